@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch — configs as they appear in tuning files, and the load report.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dispatch/export.hpp"
+
+namespace dispatch {
+
+/// One value in a config row: an integer (`"BLOCK_SIZE_M": 64`), a boolean
+/// (`"USE_TMA": true`) or a string (`"variant": "gemm_fp32__blocked"`).
+struct ConfigValue {
+  enum class Kind : uint8_t { integer, boolean, string };
+  Kind kind = Kind::integer;
+  int64_t i = 0;  ///< integer value, or 0/1 for a boolean
+  std::string s;  ///< string value
+
+  static ConfigValue integer(int64_t v) { return ConfigValue{Kind::integer, v, {}}; }
+  static ConfigValue boolean(bool v) { return ConfigValue{Kind::boolean, v ? 1 : 0, {}}; }
+  static ConfigValue string(std::string v) { return ConfigValue{Kind::string, 0, std::move(v)}; }
+  friend bool operator==(const ConfigValue&, const ConfigValue&) = default;
+};
+
+/// One config row: parameter name -> value, in the order of the file
+/// (e.g. {BLOCK_SIZE_M:64, BLOCK_SIZE_N:32, ..., num_warps:4, num_stages:3}).
+using Config = std::vector<std::pair<std::string, ConfigValue>>;
+
+/// The value of `name` in `config`, or nullptr.
+KDISPATCH_API const ConfigValue* config_find(const Config& config, std::string_view name) noexcept;
+
+/// The row as a JSON object text, keys in row order: {"BLOCK_SIZE_M": 64, ...}.
+KDISPATCH_API std::string config_to_json(const Config& config);
+
+/// How one config file fared at load.
+struct FileReport {
+  enum class State : uint8_t {
+    loaded,   ///< every row usable
+    partial,  ///< some rows dropped (null rows, unknown variants, bad values); the rest serve
+    skipped,  ///< nothing from this file serves (unparsable, foreign layout, bad file name)
+  };
+  /// Path relative to the config dir it was found in (e.g.
+  /// "triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,...json").
+  std::string path;
+  /// The config dir (as given) the file was found in.
+  std::string dir;
+  State state = State::loaded;
+  /// One entry per problem: reason, and the byte offset for parse errors
+  /// ("parse error at byte 100: ..."), the M key for dropped rows.
+  std::vector<std::string> problems;
+  /// Rows that serve lookups.
+  int32_t rows = 0;
+  /// The file's device_name matches no known device. The file is still
+  /// loaded and serves a device that reports exactly that name.
+  bool unknown_device = false;
+};
+
+/// "loaded" | "partial" | "skipped".
+KDISPATCH_API std::string_view file_state_name(FileReport::State s) noexcept;
+
+/// Everything loading found, one entry per *.json file under the dirs.
+/// `notes` holds table-level remarks (e.g. a key served from another
+/// triton version folder than the running one).
+struct KDISPATCH_API LoadReport {
+  std::vector<FileReport> files;
+  std::vector<std::string> notes;
+  /// Static keys and rows in the published table.
+  int64_t keys = 0;
+  int64_t rows = 0;
+  /// True when every file loaded fully or partially (none skipped).
+  bool all_usable() const noexcept;
+  /// The report as JSON: {"files": [{"path", "status", "problems"}], ...}.
+  std::string to_json() const;
+};
+
+}  // namespace dispatch

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch — DLPack interop: a DLTensor (dlpack.h, Debian's libdlpack-dev)
+// becomes a TensorRef without copying data. Include this header only where
+// DLPack is available; the rest of the API does not need it.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include "dispatch/export.hpp"
+#include "dispatch/status.hpp"
+#include "dispatch/types.hpp"
+
+namespace dispatch {
+
+/// Views a DLTensor as a TensorRef.
+/// - data: `t.data + t.byte_offset`.
+/// - dtype: kDLFloat 32 -> fp32, kDLFloat 16 -> fp16, kDLBfloat 16 -> bf16
+///   (lanes must be 1).
+/// - device: kDLCPU/kDLCUDAHost -> cpu, kDLCUDA -> cuda, kDLROCM -> hip, with
+///   t.device.device_id as the ordinal.
+/// - strides: `t.strides` in elements, or the compact row-major strides
+///   when `t.strides` is null (DLPack's convention).
+/// Errors: invalid_argument (null tensor, ndim > kMaxRank or < 0, negative
+/// shape), unsupported_problem (a dtype kdispatch does not compute),
+/// unsupported_device (a device type kdispatch has no backend for).
+/// Thread-safe; no allocation on success.
+KDISPATCH_API Result<TensorRef> from_dlpack(const DLTensor* t) noexcept;
+
+}  // namespace dispatch

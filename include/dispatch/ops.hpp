@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch — the ops and the config lookup service.
+//
+// Every op: validate the tensors -> build the static key (device_name, arch,
+// op, dtypes, static dims, stride classes) -> find it in the published
+// table (one acquire load, no lock, no allocation) -> nearest M inside the
+// key's bucket -> launch the plan resolved at load time. A miss runs the
+// op's analytical get_default. The backend follows the tensors' device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dispatch/config.hpp"
+#include "dispatch/export.hpp"
+#include "dispatch/runtime.hpp"
+#include "dispatch/status.hpp"
+#include "dispatch/types.hpp"
+
+namespace dispatch {
+
+/// Where the plan of one call came from.
+enum class PlanSource : uint8_t {
+  table = 0,    ///< a row of a loaded config table (hit)
+  fallback = 1, ///< the op's analytical get_default (miss)
+  forced = 2,   ///< a forced variant/config override
+};
+/// "table" | "default" | "forced".
+KDISPATCH_API const char* plan_source_name(PlanSource s) noexcept;
+
+/// Optional out-parameter of an op call: what ran and why. Filling it costs
+/// a few stores; no allocation.
+struct DispatchInfo {
+  PlanSource source = PlanSource::fallback;
+  /// Stable variant name (static storage), e.g. "gemm_fp32__blocked".
+  const char* variant = "";
+  /// The table's M key that served (nearest M), or -1 for a default plan.
+  int64_t table_m = -1;
+  /// Config source of the row; Runtime::source_path(source_id) names the
+  /// file. 0 for a default plan.
+  uint32_t source_id = 0;
+};
+
+/// Per-call options. Plain struct; all fields optional.
+struct CallOptions {
+  /// The caller's stream is being captured into a CUDA/HIP graph. The GPU
+  /// backends query the capture state themselves (on a miss only); the flag
+  /// lets a caller say so explicitly (and lets the CPU backend test it).
+  /// During capture a call never benchmarks, synchronises or allocates.
+  bool capturing = false;
+  /// Filled with where the plan came from when non-null.
+  DispatchInfo* info = nullptr;
+};
+
+/// Arguments of gemm: D[M,N] = A[M,K] · B[N,K]^T (+ bias[N]).
+/// - a: [M, K], unit stride along K, row stride lda >= K.
+/// - b: [N, K], the weight, row-major as torch.nn.Linear stores it
+///      (unit stride along K, row stride >= K).
+/// - d: [M, N], unit stride along N, row stride >= N.
+/// - bias: empty, or [N] contiguous, dtype of d.
+/// dtypes: a and b the same (fp32, bf16 on the CPU; bf16, fp16 on GPUs);
+/// d fp32 or the input dtype. Accumulation is fp32.
+struct GemmArgs {
+  TensorRef a;
+  TensorRef b;
+  TensorRef d;
+  TensorRef bias;  ///< optional: leave data null for none
+};
+
+/// Arguments of rmsnorm: y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w.
+/// - x, y: [tokens, hidden]; unit stride along hidden; row strides may be
+///   larger than hidden (and differ between x and y); y may alias x only
+///   when both have the same row stride.
+/// - w: [hidden], contiguous.
+/// dtypes: x, y and w the same (fp32, bf16; fp16 where the backend has it).
+/// Sum of squares in fp32. eps > 0 (typically 1e-5 or 1e-6).
+struct RmsNormArgs {
+  TensorRef y;
+  TensorRef x;
+  TensorRef w;
+  float eps = 1e-6f;
+};
+
+/// Arguments of fused_add_rmsnorm, in place as vLLM/SGLang define it:
+///   residual[t, :] += x[t, :];   x[t, :] = rmsnorm(residual[t, :]) * w.
+/// The sum is rounded to the residual dtype before the norm (so the stored
+/// residual and the normalised value agree, as in vLLM's kernel).
+/// - x, residual: [tokens, hidden], unit stride along hidden, row strides
+///   >= hidden, must not overlap each other.
+/// - w: [hidden], contiguous. dtypes as rmsnorm.
+struct FusedAddRmsNormArgs {
+  TensorRef x;
+  TensorRef residual;
+  TensorRef w;
+  float eps = 1e-6f;
+};
+
+/// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
+/// on a GPU it is queued on `stream`.
+/// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
+/// naming the argument), unsupported_problem (dtype combination),
+/// unsupported_device (tensors on a device whose backend is not available,
+/// or on different devices), backend_error.
+KDISPATCH_API Status gemm(Runtime& rt, const GemmArgs& args, Stream stream = {},
+                          const CallOptions& opts = {}) noexcept;
+
+/// RMSNorm. Thread-safe. Errors as gemm, plus invalid_argument for eps <= 0.
+KDISPATCH_API Status rmsnorm(Runtime& rt, const RmsNormArgs& args, Stream stream = {},
+                             const CallOptions& opts = {}) noexcept;
+
+/// Fused residual add + RMSNorm, in place on x and residual. Thread-safe for
+/// distinct buffers. Errors as rmsnorm, plus invalid_argument when x and
+/// residual overlap.
+KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& args,
+                                       Stream stream = {}, const CallOptions& opts = {}) noexcept;
+
+/// A config query: which tuned config serves this kernel at this M?
+/// Serves kdispatch's own ops and kernels the engine owns (its Triton
+/// fused-MoE kernel, its block-fp8 GEMM) from the same table, so an engine
+/// can use kdispatch purely as its config service.
+struct LookupQuery {
+  /// "fused_moe" (SGLang/vLLM fused-MoE tables, keyed E=,N=,...),
+  /// "triton_gemm" (SGLang's dense w8a8/block-fp8 GEMM tables, N=,K=,...),
+  /// or an own op: "gemm", "rmsnorm", "fused_add_rmsnorm". Empty: inferred
+  /// (the one op the table holds, else "fused_moe" for a key with E=,
+  /// else "triton_gemm" for N= and K=).
+  std::string op;
+  /// The file name's fields other than device_name, in any order, e.g.
+  /// "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]" (block_shape with or
+  /// without the space after the comma).
+  std::string key;
+  /// The device name as the runtime reports it ("NVIDIA H200") or as a file
+  /// spells it ("NVIDIA_H200"). Empty: the host CPU's ISA class.
+  std::string device;
+  /// Optional hardware identity for the resolver (see resolve_device_name).
+  std::string arch;
+  int32_t compute_units = 0;
+  int64_t memory_bytes = 0;
+  /// Own ops only: "cpu", "cuda" or "hip"; empty = inferred from the device.
+  std::string backend;
+  /// The dynamic dimension: batch size / tokens (>= 1).
+  int64_t M = 1;
+  /// Select the `_down` table; falls back to the up table when the key has
+  /// no `_down` table, as SGLang does.
+  bool down = false;
+};
+
+/// Answer of lookup().
+struct LookupResult {
+  enum class Match : uint8_t {
+    exact,     ///< the table has a row at exactly M
+    nearest,   ///< the nearest M key served (ties to the smaller key)
+    fallback,  ///< no table row: the op's default config
+  };
+  Config config;
+  /// File the row came from, relative to its config dir, or "default".
+  std::string source;
+  /// The config dir of `source` ("" for a default).
+  std::string source_dir;
+  Match match = Match::fallback;
+  /// The table key that served, or -1 for a default.
+  int64_t table_m = -1;
+  /// Own ops: the variant name of the row.
+  std::string variant;
+  /// The canonical static key that was looked up (byte-identical to the key
+  /// an op call builds for the same problem).
+  std::string key;
+  /// Why this config: device-name resolution, version folder, match, source.
+  std::string why;
+};
+/// "exact" | "nearest" | "default".
+KDISPATCH_API const char* match_name(LookupResult::Match m) noexcept;
+
+/// Looks up a config. Thread-safe; allocates (not meant for a per-token hot
+/// path of an op; the ops themselves do not allocate).
+/// Errors: invalid_argument (malformed key, M < 1, unknown op, naming it),
+/// not_found (an engine-owned op with no table row and no default rule).
+KDISPATCH_API Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& query) noexcept;
+
+/// The result as one JSON object: {"config": {...}, "source": ...,
+/// "match": ..., "M": <table key or null>, "variant": ..., "key": ..., "why": ...}
+/// (the CLI's `lookup --json` format).
+KDISPATCH_API std::string lookup_result_to_json(const LookupResult& r);
+
+}  // namespace dispatch

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch — the CPU backend: real, tunable CPU kernels for every op, so
+// the whole dispatch/tuning machinery runs and is tested without a GPU.
+#pragma once
+
+#include <span>
+
+#include "core/op.hpp"
+#include "dispatch/device.hpp"
+
+namespace dispatch::cpu {
+
+/// Every CPU variant of every op, in list order (the per-op lists in
+/// kernels/cpu/*_list.hpp). Registration, tests and benchmarks iterate this.
+std::span<const core::VariantDef* const> variants() noexcept;
+
+/// Analytical default for a CPU problem (a small model of the machine, not
+/// a table in disguise). Never returns an invalid plan for a dtype the CPU
+/// backend implements.
+core::Plan get_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+
+}  // namespace dispatch::cpu

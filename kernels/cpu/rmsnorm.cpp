@@ -1,0 +1,553 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CPU backend — rmsnorm and fused_add_rmsnorm variants.
+//
+// Both ops are two passes over a row: sum of squares, then scale. They are
+// memory-bound, so the SIMD body is written once, with GCC vector extensions
+// (`float __attribute__((vector_size))`), as an always-inline template on the
+// vector width W and the unroll U. Three thin entry points instantiate it
+// inside functions carrying a target attribute — W=4 baseline (SSE2 on
+// x86-64, NEON elsewhere), W=8 AVX2, W=16 AVX-512 — so each width is lowered
+// to native instructions while the library stays baseline x86-64. Generic
+// vectors (not intrinsics) are what make the single body possible: an
+// intrinsic cannot be inlined into a function of a narrower target.
+// Vectors are passed by reference between helpers, so no vector crosses a
+// call boundary of the default target (no -Wpsabi ABI change).
+//
+// bf16: loads widen exactly (a 16-bit shift); stores round to nearest even
+// with NaN kept (the rule of core/numeric.hpp, in SIMD). The fused op rounds
+// z = x + residual to the storage dtype before storing it and before the sum
+// of squares, and pass 2 re-reads the stored residual: the norm is taken of z
+// as stored, exactly as vLLM's fused_add_rms_norm.
+#include "cpu/norm_list.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "core/numeric.hpp"
+#include "cpu/cpu_common.hpp"
+
+#define KDISPATCH_INLINE [[gnu::always_inline]] inline
+
+namespace dispatch::cpu {
+namespace {
+
+using core::LaunchArgs;
+using core::OpKind;
+using core::ParamDef;
+using core::ParamKind;
+using core::Plan;
+using core::Problem;
+using core::VariantDef;
+using Bf16 = uint16_t;
+
+inline float to_float(float v) noexcept { return v; }
+inline float to_float(Bf16 v) noexcept { return core::bf16_to_float(v); }
+inline void store_as(float* d, float v) noexcept { *d = v; }
+inline void store_as(Bf16* d, float v) noexcept { *d = core::float_to_bf16(v); }
+/// The value a float becomes once stored as T (identity for fp32).
+inline float stored_value(float v, float*) noexcept { return v; }
+inline float stored_value(float v, Bf16*) noexcept { return core::round_to_bf16(v); }
+
+// ------------------------------------------------------------------ W-lane vectors
+
+template <int W>
+struct Vec {
+  typedef float F __attribute__((vector_size(W * 4)));
+  typedef uint32_t U __attribute__((vector_size(W * 4)));
+  typedef uint16_t H __attribute__((vector_size(W * 2)));   // W bf16 values
+  typedef int32_t I __attribute__((vector_size(W * 4)));
+  typedef int16_t S __attribute__((vector_size(W * 2)));
+};
+
+// bf16 <-> fp32 as lane shuffles and a signed narrowing, which every ISA
+// lowers to a few instructions; the obvious unsigned __builtin_convertvector
+// forms get scalarised on SSE2 (no unsigned pack before SSE4.1). Needs
+// __builtin_shufflevector: GCC >= 12 or Clang.
+
+/// The W bf16 values as the high halves of W 32-bit lanes (little endian).
+template <int W, int... I>
+KDISPATCH_INLINE void widen_bf16(typename Vec<W>::F& v, const typename Vec<W>::H& h,
+                                 std::integer_sequence<int, I...>) {
+  const typename Vec<W>::H zero = {};
+  v = reinterpret_cast<typename Vec<W>::F>(__builtin_shufflevector(zero, h, ((I & 1) ? W + I / 2 : I / 2)...));
+}
+
+/// The high half of each 32-bit lane of u. The arithmetic shift keeps every
+/// lane within int16, so the narrowing is exact (packssdw on SSE2).
+template <int W>
+KDISPATCH_INLINE void high_halves(typename Vec<W>::H& h, const typename Vec<W>::U& u) {
+  h = reinterpret_cast<typename Vec<W>::H>(
+      __builtin_convertvector(reinterpret_cast<typename Vec<W>::I>(u) >> 16, typename Vec<W>::S));
+}
+
+template <int W>
+KDISPATCH_INLINE void vload(typename Vec<W>::F& v, const float* p) {
+  __builtin_memcpy(&v, p, sizeof v);
+}
+template <int W>
+KDISPATCH_INLINE void vload(typename Vec<W>::F& v, const Bf16* p) {
+  typename Vec<W>::H h;
+  __builtin_memcpy(&h, p, sizeof h);
+  widen_bf16<W>(v, h, std::make_integer_sequence<int, 2 * W>{});
+}
+
+/// v rounded to bf16, kept as the high half of each lane (the low half is
+/// garbage): round to nearest even, NaN quietened.
+template <int W>
+KDISPATCH_INLINE void round_bf16_high(typename Vec<W>::U& bits, const typename Vec<W>::F& v) {
+  using U = typename Vec<W>::U;
+  const U u = reinterpret_cast<U>(v);
+  const U rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  const U quiet = u | 0x400000u;
+  bits = (v != v) ? quiet : rounded;
+}
+
+template <int W>
+KDISPATCH_INLINE void vstore(float* p, const typename Vec<W>::F& v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+template <int W>
+KDISPATCH_INLINE void vstore(Bf16* p, const typename Vec<W>::F& v) {
+  typename Vec<W>::U bits;
+  round_bf16_high<W>(bits, v);
+  typename Vec<W>::H h;
+  high_halves<W>(h, bits);
+  __builtin_memcpy(p, &h, sizeof h);
+}
+
+/// Stores v as T at p and replaces v by the value stored (v rounded to T).
+template <int W>
+KDISPATCH_INLINE void store_rounded(float* p, typename Vec<W>::F& v) {
+  vstore<W>(p, v);
+}
+template <int W>
+KDISPATCH_INLINE void store_rounded(Bf16* p, typename Vec<W>::F& v) {
+  typename Vec<W>::U bits;
+  round_bf16_high<W>(bits, v);
+  typename Vec<W>::H h;
+  high_halves<W>(h, bits);
+  __builtin_memcpy(p, &h, sizeof h);
+  v = reinterpret_cast<typename Vec<W>::F>(bits & 0xffff0000u);
+}
+
+template <int W>
+KDISPATCH_INLINE float hsum(const typename Vec<W>::F& v) {
+  float s = 0.f;
+  for (int i = 0; i < W; ++i) s += v[i];
+  return s;
+}
+
+// ------------------------------------------------------------------ row bodies
+
+/// y = x * inv * w over one row; x is read as TI, y written as TO.
+template <int W, int U, class TI, class TO>
+KDISPATCH_INLINE void scale_row(TO* y, const TI* x, const TI* w, int64_t n, float inv) {
+  using F = typename Vec<W>::F;
+  const F vinv = F{} + inv;
+  int64_t h = 0;
+  for (; h + W * U <= n; h += W * U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      F xv, wv;
+      vload<W>(xv, x + h + u * W);
+      vload<W>(wv, w + h + u * W);
+      vstore<W>(y + h + u * W, xv * vinv * wv);
+    }
+  }
+  for (; h + W <= n; h += W) {
+    F xv, wv;
+    vload<W>(xv, x + h);
+    vload<W>(wv, w + h);
+    vstore<W>(y + h, xv * vinv * wv);
+  }
+  for (; h < n; ++h) store_as(y + h, to_float(x[h]) * inv * to_float(w[h]));
+}
+
+/// U independent sum-of-squares chains over a row.
+template <int W, int U, class T>
+KDISPATCH_INLINE float sum_squares(const T* x, int64_t n) {
+  using F = typename Vec<W>::F;
+  F acc[U] = {};
+  int64_t h = 0;
+  for (; h + W * U <= n; h += W * U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      F v;
+      vload<W>(v, x + h + u * W);
+      acc[u] += v * v;
+    }
+  }
+  for (; h + W <= n; h += W) {
+    F v;
+    vload<W>(v, x + h);
+    acc[0] += v * v;
+  }
+#pragma GCC unroll 4
+  for (int u = 1; u < U; ++u) acc[0] += acc[u];
+  float ss = hsum<W>(acc[0]);
+  for (; h < n; ++h) ss += to_float(x[h]) * to_float(x[h]);
+  return ss;
+}
+
+inline float inv_rms(float ss, int64_t n, float eps) noexcept {
+  return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
+template <int W, int U, class TI, class TO>
+KDISPATCH_INLINE void rmsnorm_rows(const LaunchArgs& a, const Problem& p) {
+  const auto* x = static_cast<const TI*>(a.x);
+  const auto* w = static_cast<const TI*>(a.w);
+  auto* y = static_cast<TO*>(a.y);
+  const int64_t n = p.n;
+  for (int64_t t = 0; t < p.m; ++t) {
+    const TI* xr = x + t * a.ldx;
+    const float inv = inv_rms(sum_squares<W, U>(xr, n), n, a.eps);
+    scale_row<W, U>(y + t * a.ldy, xr, w, n, inv);
+  }
+}
+
+/// Pass 1 of the fused op: r = x + r rounded to T; returns sum(r^2) of r as stored.
+template <int W, int U, class T>
+KDISPATCH_INLINE float add_residual(const T* x, T* r, int64_t n) {
+  using F = typename Vec<W>::F;
+  F acc[U] = {};
+  int64_t h = 0;
+  for (; h + W * U <= n; h += W * U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      F xv, rv;
+      vload<W>(xv, x + h + u * W);
+      vload<W>(rv, r + h + u * W);
+      F z = xv + rv;
+      store_rounded<W>(r + h + u * W, z);
+      acc[u] += z * z;
+    }
+  }
+  for (; h + W <= n; h += W) {
+    F xv, rv;
+    vload<W>(xv, x + h);
+    vload<W>(rv, r + h);
+    F z = xv + rv;
+    store_rounded<W>(r + h, z);
+    acc[0] += z * z;
+  }
+#pragma GCC unroll 4
+  for (int u = 1; u < U; ++u) acc[0] += acc[u];
+  float ss = hsum<W>(acc[0]);
+  for (; h < n; ++h) {
+    const float z = stored_value(to_float(x[h]) + to_float(r[h]), static_cast<T*>(nullptr));
+    store_as(r + h, z);
+    ss += z * z;
+  }
+  return ss;
+}
+
+template <int W, int U, class T>
+KDISPATCH_INLINE void fused_rows(const LaunchArgs& a, const Problem& p) {
+  auto* x = static_cast<T*>(a.x);
+  auto* r = static_cast<T*>(a.residual);
+  const auto* w = static_cast<const T*>(a.w);
+  const int64_t n = p.n;
+  for (int64_t t = 0; t < p.m; ++t) {
+    T* xr = x + t * a.ldx;
+    T* rr = r + t * a.ldr;
+    const float inv = inv_rms(add_residual<W, U>(xr, rr, n), n, a.eps);
+    scale_row<W, U>(xr, rr, w, n, inv);  // the norm of z as stored
+  }
+}
+
+// ------------------------------------------------------------------ ISA entry points
+
+template <int U, class TI, class TO>
+void rmsnorm_w4(const LaunchArgs& a, const Problem& p) { rmsnorm_rows<4, U, TI, TO>(a, p); }
+template <int U, class T>
+void fused_w4(const LaunchArgs& a, const Problem& p) { fused_rows<4, U, T>(a, p); }
+
+#if KDISPATCH_CPU_X86
+template <int U, class TI, class TO>
+KDISPATCH_TARGET_AVX2 void rmsnorm_w8(const LaunchArgs& a, const Problem& p) { rmsnorm_rows<8, U, TI, TO>(a, p); }
+template <int U, class T>
+KDISPATCH_TARGET_AVX2 void fused_w8(const LaunchArgs& a, const Problem& p) { fused_rows<8, U, T>(a, p); }
+template <int U, class TI, class TO>
+KDISPATCH_TARGET_AVX512 void rmsnorm_w16(const LaunchArgs& a, const Problem& p) { rmsnorm_rows<16, U, TI, TO>(a, p); }
+template <int U, class T>
+KDISPATCH_TARGET_AVX512 void fused_w16(const LaunchArgs& a, const Problem& p) { fused_rows<16, U, T>(a, p); }
+#endif
+
+using RowsFn = void (*)(const LaunchArgs&, const Problem&);
+
+/// fn[vec index][unroll index] for vec {4, 8, 16} x unroll {1, 2, 4}; null
+/// where the ISA is not compiled in.
+struct RowsTable {
+  RowsFn fn[3][3] = {};
+};
+
+template <class TI, class TO>
+constexpr RowsTable make_rmsnorm_table() {
+  RowsTable t;
+  t.fn[0][0] = &rmsnorm_w4<1, TI, TO>;
+  t.fn[0][1] = &rmsnorm_w4<2, TI, TO>;
+  t.fn[0][2] = &rmsnorm_w4<4, TI, TO>;
+#if KDISPATCH_CPU_X86
+  t.fn[1][0] = &rmsnorm_w8<1, TI, TO>;
+  t.fn[1][1] = &rmsnorm_w8<2, TI, TO>;
+  t.fn[1][2] = &rmsnorm_w8<4, TI, TO>;
+  t.fn[2][0] = &rmsnorm_w16<1, TI, TO>;
+  t.fn[2][1] = &rmsnorm_w16<2, TI, TO>;
+  t.fn[2][2] = &rmsnorm_w16<4, TI, TO>;
+#endif
+  return t;
+}
+
+template <class T>
+constexpr RowsTable make_fused_table() {
+  RowsTable t;
+  t.fn[0][0] = &fused_w4<1, T>;
+  t.fn[0][1] = &fused_w4<2, T>;
+  t.fn[0][2] = &fused_w4<4, T>;
+#if KDISPATCH_CPU_X86
+  t.fn[1][0] = &fused_w8<1, T>;
+  t.fn[1][1] = &fused_w8<2, T>;
+  t.fn[1][2] = &fused_w8<4, T>;
+  t.fn[2][0] = &fused_w16<1, T>;
+  t.fn[2][1] = &fused_w16<2, T>;
+  t.fn[2][2] = &fused_w16<4, T>;
+#endif
+  return t;
+}
+
+constexpr RowsTable kRmsnormF32 = make_rmsnorm_table<float, float>();
+constexpr RowsTable kRmsnormBf16 = make_rmsnorm_table<Bf16, Bf16>();
+constexpr RowsTable kRmsnormBf16F32 = make_rmsnorm_table<Bf16, float>();
+constexpr RowsTable kFusedF32 = make_fused_table<float>();
+constexpr RowsTable kFusedBf16 = make_fused_table<Bf16>();
+
+/// Index of a vec / unroll value in {4, 8, 16} / {1, 2, 4}; -1 when outside.
+constexpr int vec_index(int64_t v) { return v == 4 ? 0 : v == 8 ? 1 : v == 16 ? 2 : -1; }
+constexpr int unroll_index(int64_t u) { return u == 1 ? 0 : u == 2 ? 1 : u == 4 ? 2 : -1; }
+
+/// Whether the host runs `vec`-lane code.
+bool host_runs_vec(int64_t vec) noexcept {
+  if (vec == 4) return true;
+  if (!KDISPATCH_CPU_X86) return false;
+  return vec == 8 ? host_isa().avx2 : host_isa().avx512;
+}
+
+// ------------------------------------------------------------------ references
+
+template <class TI, class TO>
+void rmsnorm_ref_rows(const LaunchArgs& a, const Problem& p) {
+  const auto* x = static_cast<const TI*>(a.x);
+  const auto* w = static_cast<const TI*>(a.w);
+  auto* y = static_cast<TO*>(a.y);
+  for (int64_t t = 0; t < p.m; ++t) {
+    const TI* xr = x + t * a.ldx;
+    float ss = 0.f;
+    for (int64_t h = 0; h < p.n; ++h) ss += to_float(xr[h]) * to_float(xr[h]);
+    const float inv = inv_rms(ss, p.n, a.eps);
+    for (int64_t h = 0; h < p.n; ++h) store_as(y + t * a.ldy + h, to_float(xr[h]) * inv * to_float(w[h]));
+  }
+}
+
+template <class T>
+void fused_ref_rows(const LaunchArgs& a, const Problem& p) {
+  auto* x = static_cast<T*>(a.x);
+  auto* r = static_cast<T*>(a.residual);
+  const auto* w = static_cast<const T*>(a.w);
+  for (int64_t t = 0; t < p.m; ++t) {
+    T* xr = x + t * a.ldx;
+    T* rr = r + t * a.ldr;
+    float ss = 0.f;
+    for (int64_t h = 0; h < p.n; ++h) {
+      store_as(rr + h, to_float(xr[h]) + to_float(rr[h]));  // z rounded to storage
+      const float z = to_float(rr[h]);
+      ss += z * z;
+    }
+    const float inv = inv_rms(ss, p.n, a.eps);
+    for (int64_t h = 0; h < p.n; ++h) store_as(xr + h, to_float(rr[h]) * inv * to_float(w[h]));
+  }
+}
+
+// ------------------------------------------------------------------ config space
+
+constexpr int64_t kVecValues[] = {4, 8, 16};
+constexpr int64_t kUnrollValues[] = {1, 2, 4};
+constexpr ParamDef kVecParams[] = {
+    {"vec", ParamKind::integer, kVecValues, {}, 4},
+    {"unroll", ParamKind::integer, kUnrollValues, {}, 1},
+};
+
+// ------------------------------------------------------------------ supports / launch
+
+Status check_problem(const VariantDef& v, const Problem& p) noexcept {
+  if (p.op != v.op) {
+    return decline(v, StatusCode::unsupported_problem,
+                   v.op == OpKind::rmsnorm ? "not an rmsnorm problem" : "not a fused_add_rmsnorm problem");
+  }
+  if (p.device.type != DeviceType::cpu)
+    return decline(v, StatusCode::unsupported_device, "CPU variant, problem is on another device");
+  if (p.in_dtype != v.in_dtype) {
+    return decline(v, StatusCode::unsupported_problem,
+                   v.in_dtype == DType::fp32 ? "input dtype must be fp32" : "input dtype must be bf16");
+  }
+  if (v.op == OpKind::fused_add_rmsnorm && p.out_dtype != p.in_dtype)
+    return decline(v, StatusCode::unsupported_problem, "in place: the output dtype must be the input dtype");
+  if (p.out_dtype != DType::fp32 && p.out_dtype != p.in_dtype)
+    return decline(v, StatusCode::unsupported_problem, "output dtype must be fp32 or the input dtype");
+  if (p.n < 1) return decline(v, StatusCode::invalid_argument, "hidden must be >= 1");
+  return Status::Ok();
+}
+
+Status check_vec_params(const VariantDef& v, const int64_t* prm) noexcept {
+  if (!params_in_space(v, prm))
+    return decline(v, StatusCode::invalid_argument, "a param value is outside its config space");
+  if (!host_runs_vec(prm[kNormVec])) {
+    return decline(v, StatusCode::unsupported_problem,
+                   prm[kNormVec] == 8 ? "vec 8 needs AVX2, which this host lacks"
+                                      : "vec 16 needs AVX-512, which this host lacks");
+  }
+  return Status::Ok();
+}
+
+Status check_args(const LaunchArgs& a, OpKind op) noexcept {
+  if (op == OpKind::rmsnorm ? (a.x == nullptr || a.y == nullptr || a.w == nullptr)
+                            : (a.x == nullptr || a.residual == nullptr || a.w == nullptr)) {
+    return make_status(StatusCode::invalid_argument,
+                       op == OpKind::rmsnorm ? "rmsnorm: x, y and w must not be null"
+                                             : "fused_add_rmsnorm: x, residual and w must not be null");
+  }
+  return Status::Ok();
+}
+
+/// The table entry for a vec plan, or null (with `*err` set) when the host
+/// cannot run it.
+RowsFn pick(const RowsTable& t, const int64_t* prm, Status* err) noexcept {
+  const int vi = vec_index(prm[kNormVec]);
+  const int ui = unroll_index(prm[kNormUnroll]);
+  RowsFn fn = (vi < 0 || ui < 0) ? nullptr : t.fn[vi][ui];
+  if (fn == nullptr || !host_runs_vec(prm[kNormVec])) {
+    *err = make_status(StatusCode::unsupported_problem, "norm: the plan's vec width needs an ISA this host lacks");
+    return nullptr;
+  }
+  return fn;
+}
+
+template <const VariantDef& V>
+Status vec_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) {
+  if (Status s = check_problem(V, p); !s.ok()) return s;
+  return check_vec_params(V, prm);
+}
+
+template <const VariantDef& V>
+Status ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
+  return check_problem(V, p);
+}
+
+Status rmsnorm_vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
+  if (p.m < 1) return Status::Ok();
+  if (Status s = check_args(a, OpKind::rmsnorm); !s.ok()) return s;
+  const RowsTable& t = p.in_dtype == DType::fp32   ? kRmsnormF32
+                       : p.out_dtype == DType::fp32 ? kRmsnormBf16F32
+                                                    : kRmsnormBf16;
+  Status err;
+  RowsFn fn = pick(t, prm, &err);
+  if (fn == nullptr) return err;
+  fn(a, p);
+  return Status::Ok();
+}
+
+Status fused_vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
+  if (p.m < 1) return Status::Ok();
+  if (Status s = check_args(a, OpKind::fused_add_rmsnorm); !s.ok()) return s;
+  Status err;
+  RowsFn fn = pick(p.in_dtype == DType::fp32 ? kFusedF32 : kFusedBf16, prm, &err);
+  if (fn == nullptr) return err;
+  fn(a, p);
+  return Status::Ok();
+}
+
+Status rmsnorm_ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
+  if (p.m < 1) return Status::Ok();
+  if (Status s = check_args(a, OpKind::rmsnorm); !s.ok()) return s;
+  if (p.in_dtype == DType::fp32) {
+    rmsnorm_ref_rows<float, float>(a, p);
+  } else if (p.out_dtype == DType::fp32) {
+    rmsnorm_ref_rows<Bf16, float>(a, p);
+  } else {
+    rmsnorm_ref_rows<Bf16, Bf16>(a, p);
+  }
+  return Status::Ok();
+}
+
+Status fused_ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
+  if (p.m < 1) return Status::Ok();
+  if (Status s = check_args(a, OpKind::fused_add_rmsnorm); !s.ok()) return s;
+  if (p.in_dtype == DType::fp32) {
+    fused_ref_rows<float>(a, p);
+  } else {
+    fused_ref_rows<Bf16>(a, p);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ the lists
+
+constinit const core::VariantDef kRmsnormFp32Vec{
+    "rmsnorm_fp32__vec", OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kVecParams,
+    0, 1, &vec_supports<kRmsnormFp32Vec>, &rmsnorm_vec_launch};
+constinit const core::VariantDef kRmsnormBf16Vec{
+    "rmsnorm_bf16__vec", OpKind::rmsnorm, DeviceType::cpu, DType::bf16, kVecParams,
+    0, 1, &vec_supports<kRmsnormBf16Vec>, &rmsnorm_vec_launch};
+constinit const core::VariantDef kRmsnormFp32Ref{
+    "rmsnorm_fp32__ref", OpKind::rmsnorm, DeviceType::cpu, DType::fp32, {},
+    core::kVariantReference, 1, &ref_supports<kRmsnormFp32Ref>, &rmsnorm_ref_launch};
+constinit const core::VariantDef kRmsnormBf16Ref{
+    "rmsnorm_bf16__ref", OpKind::rmsnorm, DeviceType::cpu, DType::bf16, {},
+    core::kVariantReference, 1, &ref_supports<kRmsnormBf16Ref>, &rmsnorm_ref_launch};
+constinit const core::VariantDef kFusedAddRmsnormFp32Vec{
+    "fused_add_rmsnorm_fp32__vec", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::fp32, kVecParams,
+    0, 1, &vec_supports<kFusedAddRmsnormFp32Vec>, &fused_vec_launch};
+constinit const core::VariantDef kFusedAddRmsnormBf16Vec{
+    "fused_add_rmsnorm_bf16__vec", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::bf16, kVecParams,
+    0, 1, &vec_supports<kFusedAddRmsnormBf16Vec>, &fused_vec_launch};
+constinit const core::VariantDef kFusedAddRmsnormFp32Ref{
+    "fused_add_rmsnorm_fp32__ref", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::fp32, {},
+    core::kVariantReference, 1, &ref_supports<kFusedAddRmsnormFp32Ref>, &fused_ref_launch};
+constinit const core::VariantDef kFusedAddRmsnormBf16Ref{
+    "fused_add_rmsnorm_bf16__ref", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::bf16, {},
+    core::kVariantReference, 1, &ref_supports<kFusedAddRmsnormBf16Ref>, &fused_ref_launch};
+
+// The model: the op is a streaming pass (two reads, one or two writes per
+// element), so take the widest vector the host runs, no wider than the row,
+// and the deepest unroll whose step still fits in the row (independent
+// sum-of-squares chains hide the add latency: at 64x4096 fp32, unroll 4 vs 1
+// was 1.2x (vec 16) to 1.7x (vec 4) faster). Rows shorter than 4 elements have
+// nothing to vectorise: the reference.
+core::Plan norm_default(const core::Problem& p, const DeviceInfo&) noexcept {
+  core::Plan plan;
+  if (p.op != OpKind::rmsnorm && p.op != OpKind::fused_add_rmsnorm) return plan;
+  const bool fused = p.op == OpKind::fused_add_rmsnorm;
+  const bool bf16 = p.in_dtype == DType::bf16;
+  if (p.in_dtype != DType::fp32 && !bf16) return plan;
+  if (p.out_dtype != p.in_dtype && (fused || p.out_dtype != DType::fp32)) return plan;
+  if (p.n < 4) {
+    plan.variant = fused ? (bf16 ? &kFusedAddRmsnormBf16Ref : &kFusedAddRmsnormFp32Ref)
+                         : (bf16 ? &kRmsnormBf16Ref : &kRmsnormFp32Ref);
+    return plan;
+  }
+  int64_t vec = host_runs_vec(16) ? 16 : host_runs_vec(8) ? 8 : 4;
+  while (vec > 4 && vec > p.n) vec /= 2;
+  int64_t unroll = 4;
+  while (unroll > 1 && vec * unroll > p.n) unroll /= 2;
+  plan.variant = fused ? (bf16 ? &kFusedAddRmsnormBf16Vec : &kFusedAddRmsnormFp32Vec)
+                       : (bf16 ? &kRmsnormBf16Vec : &kRmsnormFp32Vec);
+  plan.params[kNormVec] = vec;
+  plan.params[kNormUnroll] = unroll;
+  return plan;
+}
+
+}  // namespace dispatch::cpu

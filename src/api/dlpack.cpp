@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "dispatch/dlpack.hpp"
+
+#include <string>
+
+namespace dispatch {
+
+Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
+  if (t == nullptr) return make_status(StatusCode::invalid_argument, "DLTensor is null");
+  if (t->ndim < 0 || t->ndim > kMaxRank)
+    return make_status(StatusCode::invalid_argument,
+                       "DLTensor ndim " + std::to_string(t->ndim) + " is outside 0.." + std::to_string(kMaxRank));
+  TensorRef r;
+  if (t->dtype.lanes != 1)
+    return make_status(StatusCode::unsupported_problem, "DLTensor dtype lanes must be 1");
+  if (t->dtype.code == kDLFloat && t->dtype.bits == 32) r.dtype = DType::fp32;
+  else if (t->dtype.code == kDLFloat && t->dtype.bits == 16) r.dtype = DType::fp16;
+  else if (t->dtype.code == kDLBfloat && t->dtype.bits == 16) r.dtype = DType::bf16;
+  else
+    return make_status(StatusCode::unsupported_problem,
+                       "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +
+                           std::to_string(t->dtype.bits) + ") is not fp32, fp16 or bf16");
+  switch (t->device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost: r.device = Device{DeviceType::cpu, 0}; break;
+    case kDLCUDA: r.device = Device{DeviceType::cuda, t->device.device_id}; break;
+    case kDLROCM: r.device = Device{DeviceType::hip, t->device.device_id}; break;
+    default:
+      return make_status(StatusCode::unsupported_device,
+                         "DLTensor device type " + std::to_string(static_cast<int>(t->device.device_type)) +
+                             " has no kdispatch backend");
+  }
+  r.rank = t->ndim;
+  int64_t stride = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] < 0) return make_status(StatusCode::invalid_argument, "DLTensor has a negative shape");
+    r.shape[i] = t->shape[i];
+    r.strides[i] = t->strides ? t->strides[i] : stride;
+    stride *= t->shape[i];
+  }
+  r.data = t->data ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
+  return r;
+}
+
+}  // namespace dispatch

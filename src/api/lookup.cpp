@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+// dispatch::lookup — kdispatch as a config service, for its own ops and for
+// kernels the engine owns (Triton fused-MoE, block-fp8 GEMM), from the same
+// table the ops read.
+#include <charconv>
+#include <tuple>
+#include <set>
+#include <string>
+
+#include "api/runtime_impl.hpp"
+#include "core/json_write.hpp"
+#include "core/registry.hpp"
+#include "dispatch/ops.hpp"
+#include "store/filename.hpp"
+#include "store/loader.hpp"
+#include "table/epoch.hpp"
+#include "table/key.hpp"
+
+namespace dispatch {
+namespace {
+
+bool field_int(const store::Fields& f, std::string_view name, int64_t* v) {
+  const std::string* s = store::find_field(f, name);
+  if (!s) return false;
+  auto r = std::from_chars(s->data(), s->data() + s->size(), *v);
+  return r.ec == std::errc() && r.ptr == s->data() + s->size();
+}
+
+// "[128,128]" -> {128, 128}
+bool block_shape(const store::Fields& f, int64_t* bn, int64_t* bk) {
+  const std::string* s = store::find_field(f, "block_shape");
+  if (!s || s->size() < 5 || s->front() != '[' || s->back() != ']') return false;
+  const auto comma = s->find(',');
+  if (comma == std::string::npos) return false;
+  auto r1 = std::from_chars(s->data() + 1, s->data() + comma, *bn);
+  auto r2 = std::from_chars(s->data() + comma + 1, s->data() + s->size() - 1, *bk);
+  return r1.ec == std::errc() && r2.ec == std::errc();
+}
+
+void put(Config* c, const char* k, int64_t v) { c->emplace_back(k, ConfigValue::integer(v)); }
+
+// SGLang's get_default_config for its Triton fused-MoE kernel
+// (python/sglang/srt/layers/moe/fused_moe_triton/fused_moe_triton_config.py),
+// reproduced so an engine using kdispatch as its config service gets the
+// same answer on a miss. `hip` selects the ROCm num_stages.
+Config fused_moe_default(const store::Fields& f, int64_t M, bool hip, std::string* why) {
+  Config c;
+  int64_t E = 0;
+  field_int(f, "E", &E);
+  const std::string* dtype = store::find_field(f, "dtype");
+  int64_t bn = 0, bk = 0;
+  const bool block = block_shape(f, &bn, &bk) && bn > 0 && bk > 0;
+  if (dtype && *dtype == "fp8_w8a8") {
+    if (!block) {
+      if (M <= E) {
+        put(&c, "BLOCK_SIZE_M", 64), put(&c, "BLOCK_SIZE_N", 128), put(&c, "BLOCK_SIZE_K", 128);
+        put(&c, "GROUP_SIZE_M", 1), put(&c, "num_warps", 4), put(&c, "num_stages", hip ? 2 : 4);
+      } else {
+        put(&c, "BLOCK_SIZE_M", 128), put(&c, "BLOCK_SIZE_N", 256), put(&c, "BLOCK_SIZE_K", 128);
+        put(&c, "GROUP_SIZE_M", 32), put(&c, "num_warps", 8), put(&c, "num_stages", hip ? 2 : 4);
+      }
+    } else {
+      put(&c, "BLOCK_SIZE_M", 64), put(&c, "BLOCK_SIZE_N", bn), put(&c, "BLOCK_SIZE_K", bk);
+      put(&c, "GROUP_SIZE_M", 32), put(&c, "num_warps", 4), put(&c, "num_stages", hip ? 2 : 3);
+    }
+  } else if (M <= E) {
+    put(&c, "BLOCK_SIZE_M", 16), put(&c, "BLOCK_SIZE_N", 32), put(&c, "BLOCK_SIZE_K", 64), put(&c, "GROUP_SIZE_M", 1);
+  } else {
+    put(&c, "BLOCK_SIZE_M", 64), put(&c, "BLOCK_SIZE_N", 64), put(&c, "BLOCK_SIZE_K", 32), put(&c, "GROUP_SIZE_M", 8);
+  }
+  *why += "no table row: SGLang's fused-MoE get_default_config rule";
+  return c;
+}
+
+// SGLang's default for its block-quantised Triton GEMM (w8a8_block_fp8_matmul).
+bool triton_gemm_default(const store::Fields& f, Config* c, std::string* why) {
+  int64_t bn = 0, bk = 0;
+  if (!block_shape(f, &bn, &bk) || bn <= 0 || bk <= 0) return false;
+  put(c, "BLOCK_SIZE_M", 64), put(c, "BLOCK_SIZE_N", bn), put(c, "BLOCK_SIZE_K", bk);
+  put(c, "GROUP_SIZE_M", 32), put(c, "num_warps", 4), put(c, "num_stages", 3);
+  *why += "no table row: SGLang's block-GEMM default (BLOCK_SIZE_N/K = block_shape)";
+  return true;
+}
+
+std::optional<DeviceType> backend_from_name(std::string_view s) {
+  if (s == "cpu") return DeviceType::cpu;
+  if (s == "cuda") return DeviceType::cuda;
+  if (s == "hip") return DeviceType::hip;
+  return std::nullopt;
+}
+
+DeviceType infer_backend(std::string_view canonical_device) {
+  if (canonical_device.rfind("CPU_", 0) == 0) return DeviceType::cpu;
+  if (canonical_device.rfind("AMD_", 0) == 0 || canonical_device.find("Radeon") != std::string_view::npos)
+    return DeviceType::hip;
+  return DeviceType::cuda;
+}
+
+}  // namespace
+
+const char* match_name(LookupResult::Match m) noexcept {
+  switch (m) {
+    case LookupResult::Match::exact: return "exact";
+    case LookupResult::Match::nearest: return "nearest";
+    case LookupResult::Match::fallback: return "default";
+  }
+  return "?";
+}
+
+Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
+  try {
+    const Runtime::Impl& impl = rt.impl();
+    if (q.M < 1) return make_status(StatusCode::invalid_argument, "M must be >= 1, got " + std::to_string(q.M));
+    auto fields_r = store::parse_key_fields(q.key);
+    if (!fields_r.ok()) return make_status(StatusCode::invalid_argument, "key: " + fields_r.status().message());
+    const store::Fields fields = std::move(fields_r.value());
+
+    // Device name: resolved through aliases and hardware identity.
+    const DeviceInfo& cpu = cpu_device_info();
+    const std::string reported = q.device.empty() ? cpu.device_name : q.device;
+    DeviceNameResolution dev =
+        resolve_device_name(reported, q.arch, q.compute_units, q.memory_bytes, impl.options.device_aliases);
+
+    LookupResult res;
+    std::string why = dev.why;
+
+    // Op: given, or inferred from what the table holds, or from the fields.
+    std::string op = q.op;
+    {
+      table::EpochDomain::Guard guard(table::EpochDomain::global());
+      const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+      if (op.empty()) {
+        // The key's fields decide first (E= is fused-MoE; N,K a GEMM;
+        // hidden a norm); the table's contents break the remaining ties.
+        std::set<std::string> names;
+        for (const auto& prefix : snap->ops()) names.insert(prefix.substr(prefix.find('/') + 1));
+        std::vector<std::string> fits;
+        if (store::find_field(fields, "E")) {
+          fits = {"fused_moe"};
+        } else if (store::find_field(fields, "hidden")) {
+          fits = {"rmsnorm", "fused_add_rmsnorm"};
+        } else if (store::find_field(fields, "N") && store::find_field(fields, "K")) {
+          fits = {"triton_gemm", "gemm"};
+        }
+        std::vector<std::string> present;
+        for (const auto& f : fits)
+          if (names.count(f)) present.push_back(f);
+        if (present.size() == 1) {
+          op = present.front();
+        } else if (fits.size() == 1) {
+          op = fits.front();
+        } else if (present.empty() && !fits.empty() && fits.front() == "triton_gemm") {
+          op = "triton_gemm";
+        } else {
+          return make_status(StatusCode::invalid_argument,
+                             "cannot infer the op from key '" + q.key + "'" +
+                                 (present.size() > 1 ? " (the table holds several ops it could be)" : "") +
+                                 ": pass op (--op)");
+        }
+        why += "; op " + op + " (inferred)";
+      }
+    }
+    const std::optional<core::OpKind> own = core::parse_op(op);
+    if (!own && op != "fused_moe" && op != "triton_gemm")
+      return make_status(StatusCode::invalid_argument,
+                         "unknown op '" + op + "' (expected fused_moe, triton_gemm, gemm, rmsnorm or fused_add_rmsnorm)");
+    if (q.down && op != "fused_moe")
+      return make_status(StatusCode::invalid_argument, "down tables exist only for fused_moe");
+
+    // Candidate keys, most specific first.
+    struct Candidate {
+      std::string key;
+      std::string why;
+    };
+    std::vector<Candidate> cands;
+    core::Problem prob;
+    DeviceType backend = DeviceType::cpu;
+    if (own) {
+      if (!q.backend.empty()) {
+        auto b = backend_from_name(q.backend);
+        if (!b) return make_status(StatusCode::invalid_argument, "unknown backend '" + q.backend + "' (cpu, cuda, hip)");
+        backend = *b;
+      } else {
+        backend = infer_backend(dev.canonical);
+      }
+      auto p = store::own_problem_from_fields(*own, fields);
+      if (!p.ok()) return make_status(StatusCode::invalid_argument, "key: " + p.status().message());
+      prob = *p;
+      prob.m = q.M;
+      prob.device = Device{backend, 0};
+      for (const auto& name : dev.candidates) {
+        table::KeyBuffer kb;
+        table::build_own_key(prob, device_type_name(backend), name, &kb);
+        cands.push_back({std::string(kb.view()), ""});
+      }
+    } else {
+      const std::string joined = store::join_fields(fields);
+      for (const auto& name : dev.candidates) {
+        if (q.down) {
+          cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, true), ""});
+          cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, false),
+                           "no _down table for this key: the up table serves, as SGLang does"});
+        } else {
+          cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, false), ""});
+        }
+      }
+    }
+    res.key = cands.front().key;
+
+    {
+      table::EpochDomain::Guard guard(table::EpochDomain::global());
+      const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+      for (const auto& c : cands) {
+        const table::Bucket* b = snap->find(c.key, table::key_hash(c.key));
+        if (!b) continue;
+        size_t idx = 0;
+        const table::Row* row = table::Snapshot::nearest(*b, q.M, impl.policy, &idx);
+        if (!row) {
+          why += "; key " + c.key + " found but M=" + std::to_string(q.M) +
+                 " is outside its bounded range [" + std::to_string(b->ms.front()) + ", " +
+                 std::to_string(b->ms.back()) + "]";
+          continue;
+        }
+        res.key = c.key;
+        res.config = snap->config(*row);
+        res.table_m = b->ms[idx];
+        res.match = res.table_m == q.M ? LookupResult::Match::exact : LookupResult::Match::nearest;
+        std::tie(res.source_dir, res.source) = impl.source(row->source_id);
+        if (row->plan.valid()) res.variant = std::string(row->plan.variant->name);
+        else if (const ConfigValue* v = config_find(res.config, "variant")) res.variant = v->s;
+        if (!c.why.empty()) why += "; " + c.why;
+        why += "; key " + c.key;
+        if (!b->note.empty()) why += "; " + b->note;
+        why += "; " + std::string(match_name(res.match)) + " M=" + std::to_string(res.table_m) +
+               (res.match == LookupResult::Match::nearest
+                    ? " (nearest to " + std::to_string(q.M) + "; ties go to the smaller key)"
+                    : "");
+        why += "; from " + res.source;
+        // Documented defaults for Triton rows that leave a launch field out.
+        if (!own && config_find(res.config, "BLOCK_SIZE_M")) {
+          if (!config_find(res.config, "num_warps")) {
+            res.config.emplace_back("num_warps", ConfigValue::integer(store::kTritonDefaultNumWarps));
+            why += "; num_warps not in the row: Triton's default 4";
+          }
+          if (!config_find(res.config, "num_stages")) {
+            res.config.emplace_back("num_stages", ConfigValue::integer(store::kTritonDefaultNumStages));
+            why += "; num_stages not in the row: Triton's default 3";
+          }
+        }
+        res.why = why;
+        return res;
+      }
+    }
+
+    // Miss: the op's default.
+    res.match = LookupResult::Match::fallback;
+    res.source = "default";
+    res.table_m = -1;
+    why += "; no table for key " + res.key;
+    if (own) {
+      const DeviceInfo* local = core::local_device_info(backend);
+      if (!local)
+        return make_status(StatusCode::not_found,
+                           "no table row for " + res.key + ", and no " + std::string(device_type_name(backend)) +
+                               " backend in this build to compute a default");
+      core::Plan plan = core::get_default(prob, *local);
+      if (!plan.valid())
+        return make_status(StatusCode::not_found, "no table row for " + res.key + " and no variant computes it");
+      res.config = core::plan_to_config(plan);
+      res.variant = std::string(plan.variant->name);
+      why += "; get_default -> " + core::plan_to_string(plan);
+      if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
+    } else if (op == "fused_moe") {
+      why += "; ";
+      res.config = fused_moe_default(fields, q.M, infer_backend(dev.canonical) == DeviceType::hip, &why);
+    } else if (!triton_gemm_default(fields, &res.config, &(why += "; "))) {
+      return make_status(StatusCode::not_found, "no table row for " + res.key + " and no default rule for it");
+    }
+    res.why = why;
+    return res;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "lookup");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::internal, std::string("lookup: ") + e.what());
+  }
+}
+
+std::string lookup_result_to_json(const LookupResult& r) {
+  std::string s = "{\"config\": " + config_to_json(r.config) + ", \"source\": ";
+  core::json_append_string(s, r.source);
+  s += ", \"match\": ";
+  core::json_append_string(s, match_name(r.match));
+  s += ", \"M\": ";
+  if (r.table_m >= 0) core::json_append_int(s, r.table_m);
+  else s += "null";
+  s += ", \"variant\": ";
+  if (r.variant.empty()) s += "null";
+  else core::json_append_string(s, r.variant);
+  s += ", \"key\": ";
+  core::json_append_string(s, r.key);
+  s += ", \"why\": ";
+  core::json_append_string(s, r.why);
+  s += "}";
+  return s;
+}
+
+}  // namespace dispatch

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — argument validation: TensorRefs -> (Problem, LaunchArgs).
+// Every error names the argument. Runs on every call: no allocation unless
+// an error message is built.
+#pragma once
+
+#include "core/op.hpp"
+#include "dispatch/ops.hpp"
+
+namespace dispatch::api {
+
+/// Validates gemm arguments. On success fills `p` (m, n, k, dtypes, bias,
+/// stride classes, device) and `la`. `*empty` is set for M == 0 (a no-op).
+Status validate_gemm(const GemmArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty) noexcept;
+Status validate_rmsnorm(const RmsNormArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty) noexcept;
+Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& a, core::Problem* p, core::LaunchArgs* la,
+                                  bool* empty) noexcept;
+
+/// Stride class of dimension `dim` of a rank-2 tensor (see StrideClass).
+StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept;
+
+}  // namespace dispatch::api

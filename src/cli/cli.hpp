@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CLI — declarations shared by the tool's translation units: the
+// model table and traces (models.cpp), the replay driver (replay.cpp) and the
+// config inspection commands (configs.cpp). The CLI links the shared
+// libkdispatch, so it uses only the public API (include/dispatch/*.hpp) plus
+// two header-only helpers (core/json_write.hpp, core/numeric.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kdispatch_cli {
+
+/// Exit codes of every subcommand.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  ///< an op failed, not_found, unusable config files
+inline constexpr int kExitUsage = 2;    ///< a bad argument or input file
+
+/// A decoder-only transformer's dimensions, as its config.json publishes them.
+struct ModelSpec {
+  const char* name;    ///< CLI name, e.g. "qwen2.5-0.5b"
+  const char* source;  ///< where the numbers come from (Hugging Face config.json)
+  int64_t hidden;      ///< hidden_size
+  int64_t intermediate;  ///< intermediate_size
+  int64_t heads;       ///< num_attention_heads
+  int64_t kv_heads;    ///< num_key_value_heads
+  int64_t head_dim;    ///< hidden_size / num_attention_heads unless the config says otherwise
+  int64_t layers;      ///< num_hidden_layers
+  double rms_eps;      ///< rms_norm_eps
+  bool qkv_bias;       ///< Qwen2 has a bias on q/k/v; Llama has none
+  int64_t tp;          ///< tensor-parallel degree the shapes are sharded for (1 = none)
+
+  // Per-rank GEMM shapes (N, K) of the four projections, as torch.nn.Linear
+  // weights [N, K]. q/k/v and gate/up are fused as SGLang/vLLM fuse them.
+  int64_t qkv_n() const { return (heads + 2 * kv_heads) * head_dim / tp; }
+  int64_t qkv_k() const { return hidden; }
+  int64_t o_n() const { return hidden; }
+  int64_t o_k() const { return heads * head_dim / tp; }
+  int64_t gate_up_n() const { return 2 * intermediate / tp; }
+  int64_t gate_up_k() const { return hidden; }
+  int64_t down_n() const { return hidden; }
+  int64_t down_k() const { return intermediate / tp; }
+};
+
+/// Every model the replay knows, the default first.
+const std::vector<ModelSpec>& models();
+/// The model called `name`, or nullptr.
+const ModelSpec* find_model(const std::string& name);
+/// "qwen2.5-0.5b, llama-3-8b, ...".
+std::string model_names();
+
+/// A sequence of M values (tokens per forward pass).
+struct Trace {
+  std::string name;        ///< "decode" | "prefill" | "mixed" | the file path
+  std::vector<int64_t> ms;
+};
+
+/// The built-in trace called `name`, or nullopt for another name.
+std::optional<Trace> builtin_trace(const std::string& name);
+/// Reads a trace file: M values (>= 1) separated by whitespace, ',' or
+/// newlines; '#' starts a comment. On failure returns nullopt and sets
+/// `*error` to "<file>:<line>: ..." (or "<file>: ..." for I/O errors).
+std::optional<Trace> read_trace_file(const std::string& path, std::string* error);
+
+/// Options of `kdispatch replay`.
+struct ReplayOptions {
+  std::string model = "qwen2.5-0.5b";
+  std::string trace = "decode";
+  int64_t steps = 0;  ///< 0 = one pass over the trace
+  std::vector<std::string> config_dirs;
+  std::string dtype = "bf16";
+  bool json = false;
+};
+/// Runs the replay; returns the process exit code.
+int run_replay(const ReplayOptions& o);
+
+/// Options of `kdispatch lookup`.
+struct LookupOptions {
+  std::string config_dir;
+  std::string device;
+  std::string op;
+  std::string key;
+  int64_t m = 0;
+  bool down = false;
+  std::string backend_version;
+  std::string backend;
+  std::string arch;
+  int32_t compute_units = 0;
+  int64_t memory_bytes = 0;
+  std::vector<std::string> aliases;  ///< "FROM=TO"
+  bool json = false;
+};
+int run_lookup(const LookupOptions& o);
+
+/// Options of `kdispatch validate`.
+struct ValidateOptions {
+  std::vector<std::string> dirs;
+  std::string backend_version;
+  bool json = false;
+};
+int run_validate(const ValidateOptions& o);
+
+}  // namespace kdispatch_cli

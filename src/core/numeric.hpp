@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — scalar conversions between fp32 and the 16-bit float
+// formats, on raw uint16_t storage (no dependency on a compiler's __bf16 or
+// _Float16, so every TU, test and tool can use them on any x86-64 or aarch64).
+//
+// - bf16: round-to-nearest-even; NaN stays NaN (quietened, sign and top
+//   payload bits kept); ±inf and signed zeros exact; subnormals kept
+//   (no flush to zero).
+// - fp16: IEEE binary16, round-to-nearest-even, overflow to ±inf, gradual
+//   underflow to subnormals, NaN stays NaN (quietened, top payload bits kept).
+//
+// Both directions are constexpr and branch-light; the CPU kernels have their
+// own SIMD versions of the same rules (kernels/cpu/*), and the tests compare
+// those against these.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace dispatch::core {
+
+/// bf16 bits -> float (exact).
+constexpr float bf16_to_float(uint16_t h) noexcept {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
+
+/// float -> bf16 bits, round to nearest even; NaN preserved (quiet bit set).
+constexpr uint16_t float_to_bf16(float f) noexcept {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  // Adding 0x7fff plus the lowest kept bit rounds ties to even; a carry out
+  // of the mantissa correctly bumps the exponent (up to inf).
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// Rounds a float to the nearest bf16 value, returned as a float.
+constexpr float round_to_bf16(float f) noexcept { return bf16_to_float(float_to_bf16(f)); }
+
+/// fp16 bits -> float (exact, subnormals included).
+constexpr float fp16_to_float(uint16_t h) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp != 0) return std::bit_cast<float>(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
+  // Zero or subnormal: mant * 2^-24, exact in fp32.
+  const float mag = static_cast<float>(mant) * 5.9604644775390625e-8f;
+  return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(mag));
+}
+
+/// float -> fp16 bits, round to nearest even (F. Giesen's float_to_half_fast3_rtne).
+constexpr uint16_t float_to_fp16(float f) noexcept {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint32_t out = 0;
+  if (u >= (127u + 16u) << 23) {  // >= 65536 (rounds to inf), inf or NaN
+    out = u > 0x7f800000u ? (0x7e00u | ((u >> 13) & 0x3ffu)) : 0x7c00u;
+  } else if (u < (127u - 14u) << 23) {  // result is subnormal or zero
+    // Adding 0.5 (as a float with the exponent that puts fp16's subnormal
+    // unit at fp32's last mantissa bit) lets the FPU do the RNE rounding.
+    constexpr uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    const float sum = std::bit_cast<float>(u) + std::bit_cast<float>(kDenormMagic);
+    out = std::bit_cast<uint32_t>(sum) - kDenormMagic;
+  } else {  // normal: rebias the exponent and round the 13 dropped bits to even
+    const uint32_t mant_odd = (u >> 13) & 1u;
+    u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;
+    u += mant_odd;
+    out = u >> 13;  // a carry into the exponent overflows to inf, as it should
+  }
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+}  // namespace dispatch::core

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — ops, problems, launch arguments, variants and plans.
+//
+// Description / configuration / arguments, as CUTLASS's library separates
+// them: the static key (what is computed) selects a Plan (variant + typed
+// params, resolved when the table is built); the tensors and the stream are
+// the per-call LaunchArgs. The hot path only builds LaunchArgs and calls
+// plan.variant->launch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "dispatch/device.hpp"
+#include "dispatch/status.hpp"
+#include "dispatch/types.hpp"
+
+namespace dispatch::core {
+
+enum class OpKind : uint8_t { gemm = 0, rmsnorm = 1, fused_add_rmsnorm = 2 };
+inline constexpr int kOpCount = 3;
+
+/// "gemm" | "rmsnorm" | "fused_add_rmsnorm".
+std::string_view op_name(OpKind op) noexcept;
+std::optional<OpKind> parse_op(std::string_view name) noexcept;
+
+/// Static + dynamic description of one call.
+/// gemm: m = M, n = N, k = K. Norms: m = tokens, n = hidden, k = 0.
+struct Problem {
+  OpKind op = OpKind::gemm;
+  Device device{};
+  DType in_dtype = DType::fp32;   ///< A and B / x, residual and w
+  DType out_dtype = DType::fp32;  ///< D / y (x for the fused op)
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool has_bias = false;
+  /// Stride classes of the operands, packed 2 bits per (operand, dim):
+  /// see stride_code() in api/validate.hpp. 0 = the default (row-major,
+  /// contiguous rows) layout of every operand.
+  uint32_t stride_code = 0;
+};
+
+/// Per-call arguments, in elements (strides) and raw pointers.
+/// gemm: a[m*lda + k], b[n*ldb + k], d[m*ldd + n], bias[n] (or null).
+/// rmsnorm: y[t*ldy + h] = norm(x[t*ldx + h]) * w[h].
+/// fused_add_rmsnorm: residual[t*ldr + h] += x[t*ldx + h];
+///                    x[t*ldx + h] = norm(residual) * w[h].
+struct LaunchArgs {
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* d = nullptr;
+  int64_t ldd = 0;
+  const void* bias = nullptr;
+
+  void* x = nullptr;
+  int64_t ldx = 0;
+  void* y = nullptr;
+  int64_t ldy = 0;
+  void* residual = nullptr;
+  int64_t ldr = 0;
+  const void* w = nullptr;
+  float eps = 0.f;
+
+  void* stream = nullptr;
+};
+
+/// How a config parameter's value is written in a file.
+enum class ParamKind : uint8_t {
+  integer,      ///< JSON number
+  boolean,      ///< JSON true/false (stored 0/1)
+  enumeration,  ///< JSON string, one of `labels` (stored as the label's index)
+};
+
+/// One knob of a variant's config space.
+struct ParamDef {
+  std::string_view name;                     ///< e.g. "BLOCK_SIZE_M", "num_warps"
+  ParamKind kind = ParamKind::integer;
+  std::span<const int64_t> values;           ///< the space: allowed stored values
+  std::span<const std::string_view> labels;  ///< enumeration labels (index = stored value)
+  int64_t default_value = 0;                 ///< used when a row leaves the param out
+};
+
+inline constexpr int kMaxParams = 8;
+
+enum VariantFlags : uint32_t {
+  kVariantReference = 1u << 0,         ///< the op's reference implementation (validation baseline)
+  kVariantNondeterministic = 1u << 1,  ///< results depend on scheduling (atomics, split-K races)
+};
+
+struct Plan;
+
+/// A precompiled kernel family with a config space. One list per op and
+/// backend names every variant (kernels/<backend>/<op>_list); registration,
+/// the correctness tests and the benchmarks all iterate that list.
+struct VariantDef {
+  /// Stable id used in config files: "<what>__<how>", e.g.
+  /// "gemm_fp32__blocked", "rmsnorm_bf16__vec8_warp_per_row".
+  std::string_view name;
+  OpKind op = OpKind::gemm;
+  DeviceType backend = DeviceType::cpu;
+  /// Input dtype this variant computes (A/B or x/w).
+  DType in_dtype = DType::fp32;
+  /// Knobs, in the order launch() reads them from Plan::params.
+  std::span<const ParamDef> params;
+  uint32_t flags = 0;
+  /// Schema version of this variant's config space; bumped when a knob's
+  /// meaning changes so stale committed rows are rejected at load.
+  int32_t schema_version = 1;
+  /// Accepts the problem with these params, or declines with a reason
+  /// (invalid_argument/unsupported_problem). Must not depend on m beyond
+  /// m >= 1: a row tuned at one M serves every M through nearest-M.
+  Status (*supports)(const Problem& p, const int64_t* params, const DeviceInfo& dev) = nullptr;
+  /// Runs (CPU) or enqueues (GPU) the op. Must handle any m >= 1.
+  Status (*launch)(const LaunchArgs& args, const Problem& p, const int64_t* params) = nullptr;
+};
+
+/// A variant plus its resolved params: what the table stores per row.
+struct Plan {
+  const VariantDef* variant = nullptr;
+  int64_t params[kMaxParams] = {};
+  bool valid() const noexcept { return variant != nullptr; }
+};
+
+}  // namespace dispatch::core

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: Apache-2.0
+// The variant registry: the concatenation of every compiled backend's lists.
+#include "core/registry.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "cpu/cpu_backend.hpp"
+
+namespace dispatch::core {
+namespace {
+
+struct Registry {
+  std::vector<const VariantDef*> all;
+  Registry() {
+    for (const VariantDef* v : cpu::variants()) all.push_back(v);
+    // GPU backends append their lists here once compiled in.
+  }
+};
+
+const Registry& registry() {
+  static const Registry r;
+  return r;
+}
+
+std::string value_text(const ParamDef& p, int64_t v) {
+  if (p.kind == ParamKind::boolean) return v ? "true" : "false";
+  if (p.kind == ParamKind::enumeration && v >= 0 && static_cast<size_t>(v) < p.labels.size())
+    return std::string(p.labels[static_cast<size_t>(v)]);
+  return std::to_string(v);
+}
+
+}  // namespace
+
+bool backend_compiled(DeviceType backend) noexcept { return backend == DeviceType::cpu; }
+
+const DeviceInfo* local_device_info(DeviceType backend) noexcept {
+  if (backend == DeviceType::cpu) return &cpu_device_info();
+  return nullptr;
+}
+
+std::span<const VariantDef* const> all_variants() noexcept {
+  const auto& r = registry();
+  return {r.all.data(), r.all.size()};
+}
+
+const VariantDef* find_variant(std::string_view name) noexcept {
+  for (const VariantDef* v : registry().all)
+    if (v->name == name) return v;
+  return nullptr;
+}
+
+std::vector<const VariantDef*> variants_for(OpKind op, DeviceType backend) {
+  std::vector<const VariantDef*> out;
+  for (const VariantDef* v : registry().all)
+    if (v->op == op && v->backend == backend) out.push_back(v);
+  return out;
+}
+
+const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtype) noexcept {
+  for (const VariantDef* v : registry().all)
+    if (v->op == op && v->backend == backend && v->in_dtype == in_dtype && (v->flags & kVariantReference))
+      return v;
+  return nullptr;
+}
+
+Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept {
+  switch (p.device.type) {
+    case DeviceType::cpu: return cpu::get_default(p, dev);
+    default: return Plan{};
+  }
+}
+
+std::vector<Plan> config_space(const VariantDef& v, const Problem& p, const DeviceInfo& dev) {
+  std::vector<Plan> out;
+  const size_t n = v.params.size();
+  std::vector<size_t> idx(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    if (v.params[i].values.empty()) return out;
+  while (true) {
+    Plan plan;
+    plan.variant = &v;
+    for (size_t i = 0; i < n; ++i) plan.params[i] = v.params[i].values[idx[i]];
+    if (v.supports == nullptr || v.supports(p, plan.params, dev).ok()) out.push_back(plan);
+    size_t i = 0;
+    while (i < n && ++idx[i] == v.params[i].values.size()) idx[i++] = 0;
+    if (i == n) break;
+  }
+  return out;
+}
+
+Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) noexcept {
+  try {
+    const ConfigValue* vn = config_find(row, "variant");
+    if (vn == nullptr || vn->kind != ConfigValue::Kind::string)
+      return make_status(StatusCode::config_error, "row has no \"variant\" string");
+    const VariantDef* v = find_variant(vn->s);
+    if (v == nullptr)
+      return make_status(StatusCode::config_error, "unknown variant '" + vn->s + "'");
+    if (v->op != op || v->backend != backend)
+      return make_status(StatusCode::config_error,
+                         "variant '" + vn->s + "' is a " + std::string(device_type_name(v->backend)) + " " +
+                             std::string(op_name(v->op)) + " variant, not " +
+                             std::string(device_type_name(backend)) + " " + std::string(op_name(op)));
+    Plan plan;
+    plan.variant = v;
+    for (size_t i = 0; i < v->params.size(); ++i) plan.params[i] = v->params[i].default_value;
+    for (const auto& [name, value] : row) {
+      if (name == "variant") continue;
+      size_t i = 0;
+      while (i < v->params.size() && v->params[i].name != name) ++i;
+      if (i == v->params.size())
+        return make_status(StatusCode::config_error,
+                           "'" + name + "' is not a parameter of variant " + std::string(v->name));
+      const ParamDef& pd = v->params[i];
+      int64_t stored = 0;
+      switch (pd.kind) {
+        case ParamKind::integer:
+          if (value.kind != ConfigValue::Kind::integer)
+            return make_status(StatusCode::config_error, "'" + name + "' must be an integer");
+          stored = value.i;
+          break;
+        case ParamKind::boolean:
+          if (value.kind != ConfigValue::Kind::boolean)
+            return make_status(StatusCode::config_error, "'" + name + "' must be true or false");
+          stored = value.i;
+          break;
+        case ParamKind::enumeration: {
+          if (value.kind != ConfigValue::Kind::string)
+            return make_status(StatusCode::config_error, "'" + name + "' must be a string");
+          auto it = std::find(pd.labels.begin(), pd.labels.end(), value.s);
+          if (it == pd.labels.end())
+            return make_status(StatusCode::config_error, "'" + name + "'=\"" + value.s + "\" is not one of its labels");
+          stored = it - pd.labels.begin();
+          break;
+        }
+      }
+      if (std::find(pd.values.begin(), pd.values.end(), stored) == pd.values.end())
+        return make_status(StatusCode::config_error, "'" + name + "'=" + value_text(pd, stored) +
+                                                         " is not a point of " + std::string(v->name) + "'s space");
+      plan.params[i] = stored;
+    }
+    return plan;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "resolving a config row");
+  }
+}
+
+Config plan_to_config(const Plan& plan) {
+  Config c;
+  if (!plan.variant) return c;
+  c.emplace_back("variant", ConfigValue::string(std::string(plan.variant->name)));
+  for (size_t i = 0; i < plan.variant->params.size(); ++i) {
+    const ParamDef& pd = plan.variant->params[i];
+    const int64_t v = plan.params[i];
+    switch (pd.kind) {
+      case ParamKind::integer: c.emplace_back(std::string(pd.name), ConfigValue::integer(v)); break;
+      case ParamKind::boolean: c.emplace_back(std::string(pd.name), ConfigValue::boolean(v != 0)); break;
+      case ParamKind::enumeration:
+        c.emplace_back(std::string(pd.name), ConfigValue::string(value_text(pd, v)));
+        break;
+    }
+  }
+  return c;
+}
+
+std::string plan_to_string(const Plan& plan) {
+  if (!plan.variant) return "<none>";
+  std::string s(plan.variant->name);
+  s += '{';
+  for (size_t i = 0; i < plan.variant->params.size(); ++i) {
+    if (i) s += ',';
+    s += plan.variant->params[i].name;
+    s += '=';
+    s += value_text(plan.variant->params[i], plan.params[i]);
+  }
+  s += '}';
+  return s;
+}
+
+}  // namespace dispatch::core

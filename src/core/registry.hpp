@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the variant registry, built from the per-op lists of
+// every compiled backend (no static-initialiser self-registration: a static
+// library would drop unreferenced objects, and init order is unspecified).
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/op.hpp"
+#include "dispatch/config.hpp"
+#include "dispatch/device.hpp"
+#include "dispatch/status.hpp"
+
+namespace dispatch::core {
+
+/// True when `backend`'s kernels are compiled into this build (the CPU
+/// always is).
+bool backend_compiled(DeviceType backend) noexcept;
+
+/// The description of the backend's first local device (ordinal 0), or
+/// nullptr when the backend is not compiled in or has no device.
+const DeviceInfo* local_device_info(DeviceType backend) noexcept;
+
+/// Every compiled variant of every backend, in list order.
+std::span<const VariantDef* const> all_variants() noexcept;
+
+/// The variant with this stable name, or nullptr.
+const VariantDef* find_variant(std::string_view name) noexcept;
+
+/// Variants of one op on one backend, in list order.
+std::vector<const VariantDef*> variants_for(OpKind op, DeviceType backend);
+
+/// The op's reference variant for (backend, input dtype), or nullptr.
+const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtype) noexcept;
+
+/// The analytical default plan for a problem. Never fails for a problem
+/// that passed validation on a compiled backend: the reference variant is
+/// the last resort. Returns an invalid Plan only when the backend has no
+/// variant for the problem's dtypes.
+Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept;
+
+/// Every point of `v`'s config space that `v` accepts for `p`: the
+/// cartesian product of its params' values, filtered by supports().
+std::vector<Plan> config_space(const VariantDef& v, const Problem& p, const DeviceInfo& dev);
+
+/// Resolves a config row of an own-op file into a Plan: the row's
+/// "variant" names a compiled variant of `op` on `backend`; every other key
+/// must be one of its params with a value in the param's space; missing
+/// params take their default. Errors: config_error naming the key.
+Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) noexcept;
+
+/// The inverse: {"variant": name, <param>: value, ...} in param order.
+Config plan_to_config(const Plan& plan);
+
+/// A one-line description: "gemm_fp32__blocked{BLOCK_SIZE_M=64,...}".
+std::string plan_to_string(const Plan& plan);
+
+}  // namespace dispatch::core

@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: Apache-2.0
+// Config-file JSON reader. simdjson On Demand, error codes only (no
+// exceptions). Every problem is reported with its byte offset or M key; a
+// bad row is dropped, a bad file is reported and skipped, and the caller
+// keeps going. Notes on simdjson 3.0.1 (see shared/notes/toolchain.md):
+// unescaped_key() may be called once per field; On Demand is forward-only.
+#include "store/json_file.hpp"
+
+#include <simdjson.h>
+
+#include <charconv>
+#include <string>
+#include <string_view>
+
+namespace dispatch::store {
+namespace {
+
+using simdjson::error_code;
+namespace od = simdjson::ondemand;
+
+// Where an error lies that simdjson reports without a position (a string,
+// object or array still open when the input ends, or content after the
+// top-level value): the first non-blank byte after the top-level value when
+// there is one (trailing content), else the end of the input (truncated).
+size_t structural_error_offset(const char* p, size_t len) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < len; ++i) {
+    const char c = p[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth < 0) return i;  // a closer without an opener
+      if (depth == 0) {
+        size_t j = i + 1;
+        while (j < len && (p[j] == ' ' || p[j] == '\n' || p[j] == '\r' || p[j] == '\t')) ++j;
+        return j;  // trailing content, or len
+      }
+    }
+  }
+  return len;
+}
+
+std::string offset_text(od::document& doc, const char* base, size_t len, error_code e) {
+  if (e == simdjson::INCOMPLETE_ARRAY_OR_OBJECT || e == simdjson::UNCLOSED_STRING)
+    return std::to_string(structural_error_offset(base, len));
+  const char* loc = nullptr;
+  if (doc.current_location().get(loc) == simdjson::SUCCESS && loc != nullptr && loc >= base)
+    return std::to_string(static_cast<size_t>(loc - base));
+  return std::to_string(len);  // the error is at the end of the input (truncated file)
+}
+
+// The raw JSON text of any value (objects and arrays are consumed whole,
+// which also validates their structure).
+error_code raw_value(od::value& v, od::json_type t, std::string_view* out) {
+  if (t == od::json_type::object) {
+    od::object o;
+    if (auto e = v.get_object().get(o)) return e;
+    return o.raw_json().get(*out);
+  }
+  if (t == od::json_type::array) {
+    od::array a;
+    if (auto e = v.get_array().get(a)) return e;
+    return a.raw_json().get(*out);
+  }
+  // Scalars: read them once with their typed getter so a malformed token
+  // ("tru", "1.2.3") is an error, then take the raw token text.
+  *out = v.raw_json_token();
+  switch (t) {
+    case od::json_type::string: {
+      std::string_view s;
+      return v.get_string().get(s);
+    }
+    case od::json_type::number: {
+      double d;
+      return v.get_double().get(d);
+    }
+    case od::json_type::boolean: {
+      bool b;
+      return v.get_bool().get(b);
+    }
+    default: {
+      bool n;
+      return v.is_null().get(n);
+    }
+  }
+}
+
+// A key repeated inside one row: the last value serves, as Python's
+// json.load (which SGLang uses) would have it.
+void set_field(Config* cfg, std::string key, ConfigValue v) {
+  for (auto& [k, old] : *cfg)
+    if (k == key) {
+      old = std::move(v);
+      return;
+    }
+  cfg->emplace_back(std::move(key), std::move(v));
+}
+
+bool parse_m_key(std::string_view key, int64_t* m) {
+  if (key.empty() || key.size() > 18) return false;
+  for (char c : key)
+    if (c < '0' || c > '9') return false;
+  auto r = std::from_chars(key.data(), key.data() + key.size(), *m);
+  return r.ec == std::errc() && r.ptr == key.data() + key.size();
+}
+
+// Reads one row object into `cfg`. Returns "" on success, else the reason.
+// Hard JSON errors are returned through `err`.
+std::string read_row(od::value row, Config* cfg, error_code* err) {
+  od::object obj;
+  if ((*err = row.get_object().get(obj))) return "";
+  std::string reason;
+  for (auto field_res : obj) {
+    od::field field;
+    if ((*err = std::move(field_res).get(field))) return "";
+    std::string_view k;
+    if ((*err = field.unescaped_key().get(k))) return "";
+    std::string key(k);
+    od::value v = field.value();
+    od::json_type t;
+    if ((*err = v.type().get(t))) return "";
+    switch (t) {
+      case od::json_type::number: {
+        int64_t i = 0;
+        if (v.get_int64().get(i) == simdjson::SUCCESS) {
+          set_field(cfg, std::move(key), ConfigValue::integer(i));
+        } else {
+          double d = 0;
+          if ((*err = v.get_double().get(d))) return "";
+          if (reason.empty()) reason = "'" + key + "' is not an integer (" + std::to_string(d) + ")";
+        }
+        break;
+      }
+      case od::json_type::boolean: {
+        bool b = false;
+        if ((*err = v.get_bool().get(b))) return "";
+        set_field(cfg, std::move(key), ConfigValue::boolean(b));
+        break;
+      }
+      case od::json_type::string: {
+        std::string_view s;
+        if ((*err = v.get_string().get(s))) return "";
+        set_field(cfg, std::move(key), ConfigValue::string(std::string(s)));
+        break;
+      }
+      case od::json_type::null: {
+        bool is_null = false;
+        if ((*err = v.is_null().get(is_null))) return "";
+        if (reason.empty()) reason = "'" + key + "' is null";
+        break;
+      }
+      default: {  // object or array: not a config value
+        std::string_view raw;
+        if ((*err = raw_value(v, t, &raw))) return "";
+        if (reason.empty()) reason = "'" + key + "' is not a scalar";
+        break;
+      }
+    }
+  }
+  return reason;
+}
+
+}  // namespace
+
+size_t json_padding() noexcept { return simdjson::SIMDJSON_PADDING; }
+
+ParsedFile parse_config_json(const char* data, size_t len) {
+  thread_local od::parser parser;
+  ParsedFile out;
+  od::document doc;
+  error_code err = parser.iterate(data, len, len + simdjson::SIMDJSON_PADDING).get(doc);
+  auto fail = [&](error_code e) {
+    out.kind = ParsedFile::Kind::error;
+    out.rows.clear();
+    out.problems.insert(out.problems.begin(), "parse error at byte " + offset_text(doc, data, len, e) +
+                                                  ": " + simdjson::error_message(e));
+    return out;
+  };
+  if (err) {
+    // Stage 1 failed (empty input, a string never closed, bad UTF-8).
+    const size_t at = err == simdjson::UNCLOSED_STRING ? structural_error_offset(data, len) : 0;
+    out.kind = ParsedFile::Kind::error;
+    out.problems.push_back("parse error at byte " + std::to_string(at) + ": " + simdjson::error_message(err));
+    return out;
+  }
+  od::object top;
+  if ((err = doc.get_object().get(top))) {
+    if (err == simdjson::INCORRECT_TYPE) {
+      out.kind = ParsedFile::Kind::foreign;
+      out.problems.push_back("top level is not a JSON object");
+      return out;
+    }
+    return fail(err);
+  }
+  int64_t object_keys = 0;
+  std::vector<std::string> foreign_keys;
+  for (auto field_res : top) {
+    od::field field;
+    if ((err = std::move(field_res).get(field))) return fail(err);
+    std::string_view k;
+    if ((err = field.unescaped_key().get(k))) return fail(err);
+    std::string key(k);
+    od::value v = field.value();
+    od::json_type t;
+    if ((err = v.type().get(t))) return fail(err);
+    int64_t m = 0;
+    if (parse_m_key(key, &m)) {
+      if (m < 1) {
+        std::string_view raw;
+        if ((err = raw_value(v, t, &raw))) return fail(err);
+        out.problems.push_back("M=" + key + ": batch size must be >= 1; row dropped");
+        ++out.dropped_rows;
+        continue;
+      }
+      if (t == od::json_type::null) {
+        bool is_null = false;
+        if ((err = v.is_null().get(is_null))) return fail(err);
+        out.problems.push_back("M=" + key + ": null row dropped");
+        ++out.dropped_rows;
+        continue;
+      }
+      if (t != od::json_type::object) {
+        std::string_view raw;
+        if ((err = raw_value(v, t, &raw))) return fail(err);
+        out.problems.push_back("M=" + key + ": row is not an object; dropped");
+        ++out.dropped_rows;
+        continue;
+      }
+      ++object_keys;
+      ParsedRow row;
+      row.m = m;
+      std::string reason = read_row(v, &row.config, &err);
+      if (err) return fail(err);
+      if (!reason.empty()) {
+        out.problems.push_back("M=" + key + ": " + reason + "; row dropped");
+        ++out.dropped_rows;
+        continue;
+      }
+      bool replaced = false;
+      for (auto& r : out.rows) {
+        if (r.m == m) {
+          out.problems.push_back("M=" + key + ": duplicate key; the last one serves (as json.load)");
+          ++out.dropped_rows;  // the earlier row is dropped: the file is partial
+          r = std::move(row);
+          replaced = true;
+          break;
+        }
+      }
+      if (!replaced) out.rows.push_back(std::move(row));
+      continue;
+    }
+    // Not a batch size: metadata (scalars, our "kdispatch" object) or foreign.
+    std::string_view raw;
+    if ((err = raw_value(v, t, &raw))) return fail(err);
+    if (t == od::json_type::object || t == od::json_type::array) {
+      if (key == "kdispatch") {
+        out.metadata.emplace_back(std::move(key), std::string(raw));
+      } else {
+        foreign_keys.push_back(key);
+      }
+    } else {
+      out.metadata.emplace_back(std::move(key), std::string(raw));
+    }
+  }
+  // Content after the top-level object. simdjson catches it at the first
+  // access only when the input does not end in '}' ("{...} xx"); "{...} {...}"
+  // (two writes appended) and "{...} }" get through, so check here.
+  {
+    const char* loc = nullptr;
+    if (doc.current_location().get(loc) == simdjson::SUCCESS && loc != nullptr) {
+      out.kind = ParsedFile::Kind::error;
+      out.rows.clear();
+      out.problems.insert(out.problems.begin(),
+                          "parse error at byte " + std::to_string(static_cast<size_t>(loc - data)) +
+                              ": content after the top-level object");
+      return out;
+    }
+  }
+  if (out.rows.empty() && out.dropped_rows == 0 && object_keys == 0) {
+    out.kind = ParsedFile::Kind::foreign;
+    std::string keys;
+    for (size_t i = 0; i < foreign_keys.size() && i < 4; ++i) keys += (i ? ", " : "") + foreign_keys[i];
+    out.problems.push_back(foreign_keys.empty() ? "no batch-size keys (empty table)"
+                                                : "not a config table: no batch-size keys (keys: " + keys + ")");
+    return out;
+  }
+  for (const auto& k : foreign_keys)
+    out.problems.push_back("key '" + k + "' is not a batch size; ignored");
+  return out;
+}
+
+}  // namespace dispatch::store

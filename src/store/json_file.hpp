@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — reading one config file's JSON (simdjson On Demand).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dispatch/config.hpp"
+
+namespace dispatch::store {
+
+struct ParsedRow {
+  int64_t m = 0;
+  Config config;
+};
+
+/// What a config file holds.
+struct ParsedFile {
+  enum class Kind : uint8_t {
+    table,    ///< {"<M>": {row} | null, ..., optional metadata keys}
+    foreign,  ///< valid JSON of another layout (no batch-size keys)
+    error,    ///< not parsable; `problems[0]` has the byte offset
+  };
+  Kind kind = Kind::table;
+  std::vector<ParsedRow> rows;  ///< usable rows, file order; a duplicate M keeps the last
+  /// Non-batch-size keys with scalar values ("triton_version": "3.4.0") and
+  /// the "kdispatch" metadata object, as raw JSON text.
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::vector<std::string> problems;
+  int32_t dropped_rows = 0;  ///< null rows and rows with bad values
+};
+
+/// Parses `len` bytes at `data`; `data` must have at least
+/// simdjson::SIMDJSON_PADDING readable bytes after `len`.
+/// Thread-safety: one call per thread at a time (uses a thread_local parser).
+ParsedFile parse_config_json(const char* data, size_t len);
+
+/// Required padding after the data passed to parse_config_json.
+size_t json_padding() noexcept;
+
+}  // namespace dispatch::store

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "store/loader.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <simdjson.h>
+#include <string_view>
+
+#include "core/registry.hpp"
+#include "store/filename.hpp"
+#include "store/json_file.hpp"
+#include "table/key.hpp"
+
+namespace dispatch::store {
+namespace fs = std::filesystem;
+namespace {
+
+std::optional<DeviceType> own_backend(std::string_view name) {
+  if (name == "cpu") return DeviceType::cpu;
+  if (name == "cuda") return DeviceType::cuda;
+  if (name == "hip") return DeviceType::hip;
+  return std::nullopt;
+}
+
+// Reads a whole file into `buf` (with simdjson padding after it).
+bool read_file(const std::string& path, std::vector<char>* buf, size_t* len, std::string* err) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *err = std::string("cannot open: ") + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    *err = std::string("cannot stat: ") + std::strerror(errno);
+    ::close(fd);
+    return false;
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  const size_t need = size + json_padding();
+  if (buf->size() < need) buf->resize(std::max(need, buf->size() * 2));
+  size_t got = 0;
+  while (got < size) {
+    const ssize_t r = ::read(fd, buf->data() + got, size - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      *err = std::string("read error: ") + std::strerror(errno);
+      ::close(fd);
+      return false;
+    }
+    if (r == 0) break;  // file shrank while reading: parse what is there
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  std::memset(buf->data() + got, 0, json_padding());
+  *len = got;
+  return true;
+}
+
+// Per-variant config-space schema versions from our metadata object
+// {"kdispatch": {"schema": {"<variant>": <int>, ...}, ...}}.
+std::vector<std::pair<std::string, int64_t>> schema_versions(const std::string& raw) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  simdjson::padded_string json(raw);
+  simdjson::ondemand::parser parser;
+  simdjson::ondemand::document doc;
+  if (parser.iterate(json).get(doc)) return out;
+  simdjson::ondemand::object schema;
+  if (doc["schema"].get_object().get(schema)) return out;
+  for (auto f : schema) {
+    std::string_view k;
+    int64_t v = 0;
+    if (f.unescaped_key().get(k) || f.value().get_int64().get(v)) break;
+    out.emplace_back(std::string(k), v);
+  }
+  return out;
+}
+
+void load_file(const SourceDir& src, const fs::path& path, const std::vector<DeviceAlias>& aliases,
+               const InternFn& intern, std::vector<char>* buf, LoadOutput* out) {
+  FileReport rep;
+  rep.dir = src.dir;
+  std::error_code ec;
+  rep.path = fs::relative(path, src.dir, ec).generic_string();
+  if (ec || rep.path.empty()) rep.path = path.generic_string();
+  auto skip = [&](std::string why) {
+    rep.state = FileReport::State::skipped;
+    rep.problems.insert(rep.problems.begin(), std::move(why));
+    out->report.files.push_back(std::move(rep));
+  };
+
+  const std::string base = path.filename().string();
+  auto key_r = parse_file_name(base);
+  if (!key_r.ok()) return skip("file name is not a config key: " + key_r.status().message());
+  FileKey key = std::move(key_r.value());
+
+  // Where the file sits: <backend>/<op>/ for own ops, triton_X_Y_Z/ for versions.
+  const fs::path parent = path.parent_path();
+  const std::string parent_name = parent.filename().string();
+  const std::string grand_name = parent.parent_path().filename().string();
+  std::optional<core::OpKind> own_op;
+  std::optional<DeviceType> backend = own_backend(grand_name);
+  if (backend) own_op = core::parse_op(parent_name);
+  std::vector<int> version;
+  const bool versioned = !own_op && parse_version_folder(parent_name, &version);
+
+  size_t len = 0;
+  std::string err;
+  if (!read_file(path.string(), buf, &len, &err)) return skip(err);
+  ParsedFile parsed = parse_config_json(buf->data(), len);
+  if (parsed.kind == ParsedFile::Kind::error) {
+    rep.problems = std::move(parsed.problems);
+    rep.state = FileReport::State::skipped;
+    out->report.files.push_back(std::move(rep));
+    return;
+  }
+  if (parsed.kind == ParsedFile::Kind::foreign) {
+    std::string why = parsed.problems.empty() ? "not a config table" : parsed.problems.front();
+    return skip("foreign JSON layout, skipped: " + why);
+  }
+  if (!key.has_device_name) return skip("file name has no device_name field");
+
+  bool known = false;
+  const std::string device = canonical_file_device_name(key.device_name, aliases, &known);
+  if (!known) {
+    rep.unknown_device = true;
+    rep.problems.push_back("device name '" + key.device_name +
+                           "' matches no known device (served only to a device reporting exactly that name)");
+  }
+
+  table::TableInput in;
+  in.source_rank = src.rank;
+  in.versioned = versioned;
+  in.version = version;
+  if (versioned) in.version_folder = parent_name;
+  in.path = rep.path;
+
+  if (own_op) {
+    if (key.down) return skip("_down tables exist only for fused_moe, not for own op " + parent_name);
+    auto prob = own_problem_from_fields(*own_op, key.fields);
+    if (!prob.ok()) return skip("file name: " + prob.status().message());
+    core::Problem p = *prob;
+    p.device = Device{*backend, 0};
+    table::KeyBuffer kb;
+    table::build_own_key(p, grand_name, device, &kb);
+    if (kb.overflow) return skip("key longer than " + std::to_string(table::kMaxKeyBytes) + " bytes");
+    in.key = std::string(kb.view());
+    std::vector<std::pair<std::string, int64_t>> schema;
+    for (const auto& [mk, raw] : parsed.metadata)
+      if (mk == "kdispatch") schema = schema_versions(raw);
+    const bool compiled = core::backend_compiled(*backend);
+    if (!compiled)
+      rep.problems.push_back("backend '" + grand_name +
+                             "' is not compiled into this build: rows kept for lookup, not checked against variants");
+    const DeviceInfo* local = core::local_device_info(*backend);
+    const bool check_supports = compiled && local && local->device_name == device;
+    for (auto& row : parsed.rows) {
+      const std::string mtxt = "M=" + std::to_string(row.m) + ": ";
+      table::TableInput::InputRow ir;
+      ir.m = row.m;
+      if (compiled) {
+        auto plan = core::plan_from_config(row.config, *own_op, *backend);
+        if (!plan.ok()) {
+          rep.problems.push_back(mtxt + plan.status().message() + "; row dropped");
+          ++parsed.dropped_rows;
+          continue;
+        }
+        const core::VariantDef* v = plan->variant;
+        bool stale = false;
+        for (const auto& [vn, ver] : schema)
+          if (vn == v->name && ver != v->schema_version) stale = true;
+        if (stale) {
+          rep.problems.push_back(mtxt + "variant " + std::string(v->name) + " has config schema " +
+                                 std::to_string(v->schema_version) + " but the file was written for another; row dropped");
+          ++parsed.dropped_rows;
+          continue;
+        }
+        if (v->in_dtype != p.in_dtype) {
+          rep.problems.push_back(mtxt + "variant " + std::string(v->name) + " computes " +
+                                 std::string(dtype_name(v->in_dtype)) + ", the key is " +
+                                 std::string(dtype_name(p.in_dtype)) + "; row dropped");
+          ++parsed.dropped_rows;
+          continue;
+        }
+        if (check_supports) {
+          core::Problem pm = p;
+          pm.m = row.m;
+          Status s = v->supports(pm, plan->params, *local);
+          if (!s.ok()) {
+            rep.problems.push_back(mtxt + std::string(v->name) + " declines this key: " + s.message() +
+                                   "; row dropped");
+            ++parsed.dropped_rows;
+            continue;
+          }
+        }
+        ir.plan = *plan;
+      } else {
+        const ConfigValue* vn = config_find(row.config, "variant");
+        if (!vn || vn->kind != ConfigValue::Kind::string) {
+          rep.problems.push_back(mtxt + "row has no \"variant\"; row dropped");
+          ++parsed.dropped_rows;
+          continue;
+        }
+      }
+      ir.config = std::move(row.config);
+      in.rows.push_back(std::move(ir));
+    }
+  } else {
+    std::string op;
+    if (find_field(key.fields, "E")) op = "fused_moe";
+    else if (find_field(key.fields, "N") && find_field(key.fields, "K")) op = "triton_gemm";
+    else return skip("file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)");
+    in.key = table::make_key(table::kForeignBackend, op, device, join_fields(key.fields), key.down);
+    for (auto& row : parsed.rows) {
+      table::TableInput::InputRow ir;
+      ir.m = row.m;
+      ir.config = std::move(row.config);
+      in.rows.push_back(std::move(ir));
+    }
+  }
+  for (auto& p : parsed.problems) rep.problems.push_back(std::move(p));
+  rep.rows = static_cast<int32_t>(in.rows.size());
+  if (in.rows.empty()) {
+    rep.state = FileReport::State::skipped;
+    rep.problems.insert(rep.problems.begin(), "no usable rows");
+    out->report.files.push_back(std::move(rep));
+    return;
+  }
+  rep.state = parsed.dropped_rows > 0 ? FileReport::State::partial : FileReport::State::loaded;
+  in.source_id = intern(src.dir, rep.path);
+  out->inputs.push_back(std::move(in));
+  out->report.files.push_back(std::move(rep));
+}
+
+}  // namespace
+
+LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
+                            const InternFn& intern) {
+  LoadOutput out;
+  std::vector<char> buf(64 * 1024);
+  for (const auto& src : dirs) {
+    std::error_code ec;
+    std::vector<fs::path> files;
+    fs::recursive_directory_iterator it(src.dir, fs::directory_options::skip_permission_denied, ec);
+    if (ec) {
+      out.report.notes.push_back("config dir '" + src.dir + "': " + ec.message());
+      continue;
+    }
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) {
+        out.report.notes.push_back("config dir '" + src.dir + "': " + ec.message());
+        break;
+      }
+      const auto& e = *it;
+      std::error_code ec2;
+      if (!e.is_regular_file(ec2)) continue;
+      if (e.path().extension() != ".json") continue;
+      const std::string name = e.path().filename().string();
+      if (!name.empty() && name[0] == '.') continue;  // editor temp files, our own .tmp writes
+      files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      try {
+        load_file(src, f, aliases, intern, &buf, &out);
+      } catch (const std::exception& e) {
+        FileReport rep;
+        rep.dir = src.dir;
+        rep.path = f.generic_string();
+        rep.state = FileReport::State::skipped;
+        rep.problems.push_back(std::string("internal error while loading: ") + e.what());
+        out.report.files.push_back(std::move(rep));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace dispatch::store

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "table/snapshot.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "table/key.hpp"
+
+namespace dispatch::table {
+namespace {
+
+std::string version_text(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "." : "") + std::to_string(v[i]);
+  return s;
+}
+
+// Compares versions numerically; missing trailing parts count as 0.
+int compare_versions(const std::vector<int>& a, const std::vector<int>& b) {
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const int x = i < a.size() ? a[i] : 0;
+    const int y = i < b.size() ? b[i] : 0;
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Snapshot> Snapshot::empty() { return std::unique_ptr<Snapshot>(new Snapshot()); }
+
+const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& policy,
+                             size_t* index) noexcept {
+  const size_t n = b.ms.size();
+  if (n == 0) return nullptr;
+  if (policy.bounded) {
+    const double lo = static_cast<double>(b.ms.front()) / policy.ratio;
+    const double hi = static_cast<double>(b.ms.back()) * policy.ratio;
+    if (static_cast<double>(m) < lo || static_cast<double>(m) > hi) return nullptr;
+  }
+  // First key >= m.
+  const auto it = std::lower_bound(b.ms.begin(), b.ms.end(), m);
+  size_t i = static_cast<size_t>(it - b.ms.begin());
+  if (i == n) {
+    i = n - 1;
+  } else if (b.ms[i] != m && i > 0) {
+    // Candidates ms[i-1] < m < ms[i]: the smaller distance wins, a tie goes
+    // to the smaller key.
+    const int64_t below = m - b.ms[i - 1];
+    const int64_t above = b.ms[i] - m;
+    if (below <= above) i = i - 1;
+  }
+  if (index) *index = i;
+  return &b.rows[i];
+}
+
+std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
+                                          const std::vector<int>& backend_version,
+                                          std::vector<std::string>* notes) {
+  auto snap = std::unique_ptr<Snapshot>(new Snapshot());
+
+  // Group inputs by key, then by source rank.
+  std::map<std::string, std::map<int32_t, std::vector<TableInput*>>> by_key;
+  for (auto& in : inputs) by_key[in.key][in.source_rank].push_back(&in);
+
+  std::set<std::string> ops;
+  snap->buckets_.reserve(by_key.size());
+  for (auto& [key, by_rank] : by_key) {
+    Bucket bucket;
+    bucket.key = key;
+    bucket.hash = key_hash(key);
+    // M -> (row, already taken by a higher-precedence source)
+    std::map<int64_t, std::pair<TableInput::InputRow*, TableInput*>> merged;
+    std::string note;
+    for (auto& [rank, group] : by_rank) {
+      // Version folder selection inside one source.
+      std::vector<TableInput*> versioned, plain;
+      for (TableInput* t : group) (t->versioned ? versioned : plain).push_back(t);
+      std::vector<TableInput*> chosen;
+      if (!versioned.empty()) {
+        std::vector<int> pick;
+        bool have = false;
+        std::string how;
+        if (!backend_version.empty()) {
+          for (TableInput* t : versioned)
+            if (compare_versions(t->version, backend_version) == 0) {
+              pick = t->version;
+              have = true;
+              how = "exact version";
+            }
+          if (!have) {
+            for (TableInput* t : versioned)
+              if (compare_versions(t->version, backend_version) < 0 &&
+                  (!have || compare_versions(t->version, pick) > 0)) {
+                pick = t->version;
+                have = true;
+              }
+            if (have) how = "newest folder older than " + version_text(backend_version);
+          }
+          if (!have) {
+            for (TableInput* t : versioned)
+              if (!have || compare_versions(t->version, pick) > 0) {
+                pick = t->version;
+                have = true;
+              }
+            how = "no folder at or below " + version_text(backend_version) + "; newest newer folder";
+          }
+        } else {
+          for (TableInput* t : versioned)
+            if (!have || compare_versions(t->version, pick) > 0) {
+              pick = t->version;
+              have = true;
+            }
+          how = "no version given; newest folder";
+        }
+        for (TableInput* t : versioned)
+          if (compare_versions(t->version, pick) == 0) chosen.push_back(t);
+        const std::string folder = chosen.front()->version_folder;
+        note += (note.empty() ? "" : "; ") + std::string("served from ") + folder + " (" + how + ")";
+        if (!backend_version.empty() && how != "exact version" && notes)
+          notes->push_back(key + ": " + folder + " serves (" + how + ")");
+        if (!plain.empty())
+          note += "; unversioned file(s) of this source ignored in favour of " + folder;
+      } else {
+        chosen = plain;
+      }
+      std::sort(chosen.begin(), chosen.end(),
+                [](const TableInput* a, const TableInput* b) { return a->path < b->path; });
+      for (TableInput* t : chosen)
+        for (auto& row : t->rows) merged.emplace(row.m, std::make_pair(&row, t));  // first wins
+    }
+    bucket.note = note;
+    for (auto& [m, pr] : merged) {
+      Row r;
+      r.plan = pr.first->plan;
+      r.source_id = pr.second->source_id;
+      r.config_index = static_cast<uint32_t>(snap->configs_.size());
+      snap->configs_.push_back(std::move(pr.first->config));
+      bucket.ms.push_back(m);
+      bucket.rows.push_back(r);
+    }
+    if (bucket.ms.empty()) continue;
+    snap->rows_ += static_cast<int64_t>(bucket.ms.size());
+    const auto bar = key.find('|');
+    ops.insert(key.substr(0, bar));
+    snap->buckets_.push_back(std::move(bucket));
+  }
+  snap->ops_.assign(ops.begin(), ops.end());
+
+  // Open addressing, capacity a power of two >= 2 * buckets.
+  size_t cap = 16;
+  while (cap < snap->buckets_.size() * 2) cap <<= 1;
+  snap->slots_.assign(cap, Slot{});
+  const size_t mask = cap - 1;
+  for (size_t b = 0; b < snap->buckets_.size(); ++b) {
+    const uint64_t h = snap->buckets_[b].hash;
+    size_t i = h & mask;
+    while (snap->slots_[i].bucket != 0) i = (i + 1) & mask;
+    snap->slots_[i] = Slot{h, static_cast<uint32_t>(b + 1)};
+  }
+  return snap;
+}
+
+}  // namespace dispatch::table
