@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CPU backend's kernels: every variant of dispatch::cpu::variants() at
+// The CPU backend's kernels: every CPU variant of the registry (the
+// backend's lists, dispatch::cpu::variants(), plus those of the CPU plugins
+// that loaded: gemm_fp32__openblas) at
 // every point of its config space (the cartesian product of its params,
 // filtered by supports()) against the float64 references of
 // tests/reference.hpp, on shapes chosen to hit every tail path; plus the
@@ -25,8 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "api/validate.hpp"
 #include "core/numeric.hpp"
 #include "core/op.hpp"
+#include "core/registry.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_common.hpp"
 #include "cpu/gemm_list.hpp"
@@ -80,6 +84,15 @@ std::vector<Plan> config_points(const VariantDef& v, const Problem& p, const Dev
     }
   };
   rec(rec, 0);
+  return out;
+}
+
+/// Every CPU variant the registry holds: the backend's lists plus the
+/// plugins' (core::plugin_status() says whether OpenBLAS's loaded).
+std::vector<const VariantDef*> cpu_variants() {
+  std::vector<const VariantDef*> out;
+  for (const VariantDef* v : core::all_variants())
+    if (v->backend == DeviceType::cpu) out.push_back(v);
   return out;
 }
 
@@ -302,25 +315,21 @@ void check_gemm(DType in, DType out, const GemmShape& s, std::mt19937& rng) {
   const std::vector<float> af = a.floats(), bf = b.floats(), biasf = bias.floats();
   const auto want = kdtest::ref::gemm(s.m, s.n, s.k, af.data(), lda, bf.data(), ldb, s.bias ? biasf.data() : nullptr);
 
+  // The Problem and LaunchArgs as an op call builds them (stride classes
+  // included: lda = 0 is the "zero" class that BLAS-backed variants decline).
+  dispatch::GemmArgs ga;
+  ga.a = dispatch::make_tensor_2d(a.data(), in, s.m, s.k, lda);
+  ga.b = dispatch::make_tensor_2d(b.data(), in, s.n, s.k, ldb);
+  ga.d = dispatch::make_tensor_2d(d.data(), out, s.m, s.n, ldd);
+  if (s.bias) ga.bias = dispatch::make_tensor_1d(bias.data(), out, s.n);
   Problem p;
-  p.op = OpKind::gemm;
-  p.in_dtype = in;
-  p.out_dtype = out;
-  p.m = s.m;
-  p.n = s.n;
-  p.k = s.k;
-  p.has_bias = s.bias;
   LaunchArgs args;
-  args.a = a.data();
-  args.lda = lda;
-  args.b = b.data();
-  args.ldb = ldb;
-  args.d = d.data();
-  args.ldd = ldd;
-  args.bias = s.bias ? bias.data() : nullptr;
+  bool empty = false;
+  const dispatch::Status vs = dispatch::api::validate_gemm(ga, &p, &args, &empty);
+  REQUIRE_MESSAGE(vs.ok(), vs.to_string());
 
   int points = 0;
-  for (const VariantDef* v : cpu::variants()) {
+  for (const VariantDef* v : cpu_variants()) {
     if (v->op != OpKind::gemm || v->in_dtype != in) continue;
     for (const Plan& plan : config_points(*v, p, dev)) {
       ++points;
@@ -396,7 +405,7 @@ TEST_CASE("cpu gemm: a row with a NaN gives NaN in that row only") {
     args.ldb = K;
     args.d = d.data();
     args.ldd = N;
-    for (const VariantDef* v : cpu::variants()) {
+    for (const VariantDef* v : cpu_variants()) {
       if (v->op != OpKind::gemm || v->in_dtype != in) continue;
       for (const Plan& plan : config_points(*v, p, dev)) {
         INFO(plan_string(plan));
@@ -443,7 +452,7 @@ void check_rmsnorm(DType in, DType out, const NormShape& s, std::mt19937& rng) {
   args.w = w.data();
   args.eps = eps;
   int points = 0;
-  for (const VariantDef* v : cpu::variants()) {
+  for (const VariantDef* v : cpu_variants()) {
     if (v->op != OpKind::rmsnorm || v->in_dtype != in) continue;
     for (const Plan& plan : config_points(*v, p, dev)) {
       ++points;
@@ -499,7 +508,7 @@ void check_fused_inputs(DType dt, int64_t tokens, int64_t hidden, int64_t ldx, i
   p.m = tokens;
   p.n = hidden;
   int points = 0;
-  for (const VariantDef* v : cpu::variants()) {
+  for (const VariantDef* v : cpu_variants()) {
     if (v->op != OpKind::fused_add_rmsnorm || v->in_dtype != dt) continue;
     for (const Plan& plan : config_points(*v, p, dev)) {
       ++points;
@@ -617,7 +626,7 @@ TEST_CASE("cpu norms: a NaN in a row gives NaN in that row only (bf16 NaN is not
     args.ldy = H;
     args.w = w.data();
     args.eps = 1e-6f;
-    for (const VariantDef* v : cpu::variants()) {
+    for (const VariantDef* v : cpu_variants()) {
       if (v->op != OpKind::rmsnorm || v->in_dtype != dt) continue;
       for (const Plan& plan : config_points(*v, p, dev)) {
         INFO(plan_string(plan));
@@ -717,7 +726,7 @@ TEST_CASE("cpu variants: ukernels and vector widths the host lacks are declined 
 
 TEST_CASE("cpu variants: fp16 problems are declined by every CPU variant; get_default gives no plan") {
   const DeviceInfo dev = host_device();
-  for (const VariantDef* v : cpu::variants()) {
+  for (const VariantDef* v : cpu_variants()) {
     Problem p;
     p.op = v->op;
     p.in_dtype = p.out_dtype = DType::fp16;
@@ -740,7 +749,8 @@ TEST_CASE("cpu variants: fp16 problems are declined by every CPU variant; get_de
   g.out_dtype = DType::bf16;
   g.m = g.n = g.k = 16;
   CHECK(!cpu::get_default(g, dev).valid());
-  for (const VariantDef* v : cpu::gemm_variants()) {
+  for (const VariantDef* v : cpu_variants()) {
+    if (v->op != OpKind::gemm) continue;
     int64_t prm[core::kMaxParams] = {};
     for (std::size_t i = 0; i < v->params.size(); ++i) prm[i] = v->params[i].default_value;
     CHECK(!v->supports(g, prm, dev).ok());
@@ -827,7 +837,7 @@ TEST_CASE("cpu get_default: a valid, supported plan across a spread of problems"
 
 TEST_CASE("cpu variants: launch with m = 0 is a no-op; null operands are invalid arguments") {
   const DeviceInfo dev = host_device();
-  for (const VariantDef* v : cpu::variants()) {
+  for (const VariantDef* v : cpu_variants()) {
     INFO(v->name);
     Problem p;
     p.op = v->op;

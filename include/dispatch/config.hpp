@@ -57,6 +57,10 @@ struct FileReport {
   /// The file's device_name matches no known device. The file is still
   /// loaded and serves a device that reports exactly that name.
   bool unknown_device = false;
+  /// A tuning-cache file whose validity fingerprint (kernel sources,
+  /// compiler, library, arch, runtime, env) differs from this process's:
+  /// never served; re-tuned when tuning is on.
+  bool stale = false;
 };
 
 /// "loaded" | "partial" | "skipped".

@@ -39,6 +39,11 @@ struct DispatchInfo {
   /// Config source of the row; Runtime::source_path(source_id) names the
   /// file. 0 for a default plan.
   uint32_t source_id = 0;
+  /// The call searched configs itself (sync tuning) before running.
+  bool tuned_now = false;
+  /// When non-null, receives the canonical static key the call looked up
+  /// (allocates; for tools and tests).
+  std::string* key = nullptr;
 };
 
 /// Per-call options. Plain struct; all fields optional.
@@ -151,6 +156,7 @@ struct LookupResult {
     exact,     ///< the table has a row at exactly M
     nearest,   ///< the nearest M key served (ties to the smaller key)
     fallback,  ///< no table row: the op's default config
+    forced,    ///< a forced variant (RuntimeOptions::force / KDISPATCH_FORCE)
   };
   Config config;
   /// File the row came from, relative to its config dir, or "default".
@@ -168,7 +174,7 @@ struct LookupResult {
   /// Why this config: device-name resolution, version folder, match, source.
   std::string why;
 };
-/// "exact" | "nearest" | "default".
+/// "exact" | "nearest" | "default" | "forced".
 KDISPATCH_API const char* match_name(LookupResult::Match m) noexcept;
 
 /// Looks up a config. Thread-safe; allocates (not meant for a per-token hot
@@ -176,6 +182,33 @@ KDISPATCH_API const char* match_name(LookupResult::Match m) noexcept;
 /// Errors: invalid_argument (malformed key, M < 1, unknown op, naming it),
 /// not_found (an engine-owned op with no table row and no default rule).
 KDISPATCH_API Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& query) noexcept;
+
+/// What pretune() found.
+struct PretuneResult {
+  /// The canonical static key, byte-identical to the key an op call with
+  /// the same arguments builds (DispatchInfo::key).
+  std::string key;
+  int64_t m = 0;            ///< the M tuned (the problem's M)
+  Config config;            ///< the winner: {"variant": ..., params...}
+  std::string variant;
+  double best_us = 0.0;     ///< the winner's median, µs
+  double default_us = 0.0;  ///< get_default's plan's median, µs
+  int32_t candidates = 0;   ///< configs benchmarked
+  int32_t rejected = 0;     ///< failed validation against the reference
+  int32_t failed = 0;       ///< failed to launch
+  bool persisted = false;   ///< written to the tuning cache
+};
+
+/// Tunes a problem ahead of traffic, on scratch buffers of the same shape,
+/// strides and dtypes (the args' data pointers are not read or written and
+/// may be null), then persists and publishes the winner: the next call with
+/// the same arguments is a table hit. Works in every tuning mode (not when
+/// frozen). Thread-safe; blocks for the search (up to the time budget).
+/// Errors: as the op for bad arguments, failed_precondition when frozen,
+/// out_of_memory over the scratch budget, no_variant when nothing runs.
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept;
 
 /// The result as one JSON object: {"config": {...}, "source": ...,
 /// "match": ..., "M": <table key or null>, "variant": ..., "key": ..., "why": ...}

@@ -23,6 +23,56 @@ KDISPATCH_API const char* version() noexcept;
 /// dispatch hot path logs; loading, tuning and reloads do.
 enum class LogLevel : uint8_t { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
 
+/// Online tuning mode.
+enum class TuneMode : uint8_t {
+  /// Table lookup + get_default only (the default).
+  off = 0,
+  /// A miss is tuned on the first call, on the caller's thread and buffers
+  /// (arguments modified in place are restored, so the call's result is
+  /// exactly one application of the op); for development.
+  sync = 1,
+  /// A miss returns at once on get_default's plan; the shape is queued
+  /// (bounded, lock-free; dropped and counted when full) and one background
+  /// thread tunes queued shapes on its own scratch buffers, most-missed
+  /// first, and publishes a new table.
+  background = 2,
+};
+/// "off" | "sync" | "background".
+KDISPATCH_API const char* tune_mode_name(TuneMode m) noexcept;
+
+/// Tuning knobs. Every field has a working default; the environment
+/// variables in brackets set them on the default runtime.
+struct TuneOptions {
+  TuneMode mode = TuneMode::off;                 ///< [KDISPATCH_TUNE]
+  /// Where winners are persisted and read back from, in the config-file
+  /// format. Empty: $KDISPATCH_CACHE_DIR, else $XDG_CACHE_HOME/kdispatch,
+  /// else ~/.cache/kdispatch.                      [KDISPATCH_CACHE_DIR]
+  std::string cache_dir;
+  bool persist = true;      ///< write winners to the cache dir
+  bool load_cache = true;   ///< serve valid (same-fingerprint) cached winners
+  /// Scratch memory the background tuner may hold for one shape, bytes;
+  /// a shape needing more is skipped and counted.  [KDISPATCH_TUNE_MEM]
+  int64_t memory_budget_bytes = 1LL << 30;
+  /// Time spent searching one shape before the best so far wins, ms.
+  double time_budget_ms = 2000.0;
+  /// Busy fraction of the background tuner thread (0 < d <= 1).
+  double duty_cycle = 0.5;
+  /// Timed repeats per candidate (after one warm-up); median wins.
+  int32_t reps = 5;
+  /// Perf-model top-k (variants with a model): points kept per variant.
+  int32_t max_candidates = 96;
+  /// Capacity of the background miss queue (rounded up to a power of 2).
+  int32_t queue_capacity = 1024;
+  /// Compare every candidate's output with the reference variant's.
+  bool validate = true;
+  /// Make the caches cold before every timed rep (the published benchmarks'
+  /// method); off only for quick tests.
+  bool cold_cache = true;
+  /// Tensor-parallel ranks sharing a cache dir tune each shape once:
+  /// a shape is claimed in the cache dir before tuning.
+  bool claim_shapes = true;
+};
+
 /// How a Runtime is set up. Every field has a working default.
 struct RuntimeOptions {
   /// Extra config dirs, highest precedence first. They outrank the shipped
@@ -46,6 +96,47 @@ struct RuntimeOptions {
   bool bounded_nearest = false;
   double bound_ratio = 2.0;
   LogLevel log_level = LogLevel::warn;
+  /// Reload automatically when files in the config dirs change (inotify on
+  /// Linux; changes are coalesced for ~100 ms).          [KDISPATCH_WATCH=1]
+  bool watch = false;
+  /// Forced plans, for debugging and A/B runs: "<op>=<variant>" or
+  /// "<op>=<variant>:<param>=<value>,<param>=<value>" (e.g.
+  /// "rmsnorm=rmsnorm_bf16__vec:vec=8,unroll=2"). A forced variant serves
+  /// every call of that op whose dtype it computes; lookup's "why" shows it.
+  /// Errors at create: no_variant / config_error naming the entry.
+  ///                                         [KDISPATCH_FORCE, ';'-separated]
+  std::vector<std::string> force;
+  /// Deterministic serving: variants whose results depend on scheduling
+  /// (atomics, split-K reductions) are never served or tuned; table rows
+  /// naming one fall back to get_default.       [KDISPATCH_DETERMINISTIC=1]
+  bool deterministic = false;
+  TuneOptions tune;
+};
+
+/// Options from the KDISPATCH_* environment, on top of `base`:
+/// KDISPATCH_CONFIG_DIRS (':'-separated, highest precedence first),
+/// KDISPATCH_SHIPPED_CONFIGS (a dir, or "0" to load none),
+/// KDISPATCH_BACKEND_VERSION, KDISPATCH_LOG_LEVEL (off|error|warn|info|debug),
+/// KDISPATCH_WATCH, KDISPATCH_FORCE, KDISPATCH_DETERMINISTIC, KDISPATCH_TUNE
+/// (off|sync|background), KDISPATCH_CACHE_DIR, KDISPATCH_TUNE_MEM (bytes,
+/// K/M/G suffixes), KDISPATCH_TUNE_BUDGET_MS. Errors: invalid_argument
+/// naming the variable and its value.
+KDISPATCH_API Result<RuntimeOptions> options_from_env(RuntimeOptions base = {}) noexcept;
+
+/// Tuning counters of a runtime (a snapshot; values only grow).
+struct TuneStats {
+  int64_t misses = 0;           ///< calls that found no table row (served by get_default)
+  int64_t queued = 0;           ///< miss events queued for the background tuner
+  int64_t dropped = 0;          ///< miss events dropped: queue full
+  int64_t shapes_tuned = 0;     ///< shapes searched and published
+  int64_t shapes_skipped = 0;   ///< over the memory budget, claimed by another process, or failed
+  int64_t candidates_run = 0;   ///< candidate configs benchmarked
+  int64_t candidates_rejected = 0;  ///< failed validation
+  int64_t candidates_failed = 0;    ///< failed to launch
+  int64_t publishes = 0;        ///< tables published by the tuner
+  int64_t pending = 0;          ///< distinct shapes waiting in the tuner
+  double tune_seconds = 0.0;    ///< wall time spent searching
+  bool frozen = false;
 };
 
 /// A loaded, immutable dispatch table plus the options it was built from.
@@ -93,6 +184,27 @@ class KDISPATCH_API Runtime {
   /// "" for an unknown id.
   std::string source_dir(uint32_t source_id) const;
 
+  /// Stops (true) or resumes (false) all tuning and all table changes:
+  /// no search starts, the tuner's queue is ignored, reload() and the
+  /// watcher publish nothing. For deterministic serving. Thread-safe.
+  void freeze(bool frozen = true) noexcept;
+  bool frozen() const noexcept;
+
+  /// Tuning counters. Thread-safe.
+  TuneStats tune_stats() const noexcept;
+
+  /// Waits until the background tuner has nothing queued or in flight, or
+  /// `timeout_s` passed. True when idle. For tools and tests.
+  bool wait_tuner_idle(double timeout_s) noexcept;
+
+  /// Writes the shapes that missed the table so far as an untuned-shapes CSV
+  /// (aiter's offline loop): one row per (op, dtype, shape, M) with the
+  /// miss count. Errors: io_error naming the path.
+  Status export_misses(const std::string& path) const noexcept;
+
+  /// The tuning cache dir in use ("" when tuning and the cache are off).
+  std::string cache_dir() const;
+
   struct Impl;
   Impl& impl() noexcept { return *impl_; }
   const Impl& impl() const noexcept { return *impl_; }
@@ -101,5 +213,11 @@ class KDISPATCH_API Runtime {
   explicit Runtime(std::unique_ptr<Impl> impl) noexcept;
   std::unique_ptr<Impl> impl_;
 };
+
+/// The process-wide runtime configured from the environment
+/// (options_from_env()), built on first use and kept until exit. Every call
+/// returns the same runtime; when building it failed, every call returns
+/// that error. Thread-safe.
+KDISPATCH_API Result<Runtime*> default_runtime() noexcept;
 
 }  // namespace dispatch

@@ -51,6 +51,9 @@ enum class StatusCode : int32_t {
   internal = 9,
   /// An I/O failure (a file could not be read or written).
   io_error = 10,
+  /// The runtime is not in a state that allows the call (e.g. frozen:
+  /// no tuning and no table changes).
+  failed_precondition = 11,
 };
 
 /// The stable lower-case name of a code ("ok", "invalid_argument", ...).

@@ -12,6 +12,9 @@ namespace dispatch::cpu {
 
 /// Every CPU variant of every op, in list order (the per-op lists in
 /// kernels/cpu/*_list.hpp). Registration, tests and benchmarks iterate this.
+/// Variants of CPU plugins (gemm_fp32__openblas, kernels/cpu/openblas) are
+/// not here: the registry adds them when their module loads, so tests and
+/// benchmarks that must see them iterate core::all_variants().
 std::span<const core::VariantDef* const> variants() noexcept;
 
 /// Analytical default for a CPU problem (a small model of the machine, not

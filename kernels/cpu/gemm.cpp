@@ -751,3 +751,69 @@ core::Plan gemm_default(const core::Problem& p, const DeviceInfo& dev) noexcept 
 }
 
 }  // namespace dispatch::cpu
+
+// ------------------------------------------------------------------ the blocked nest as a building block
+
+namespace dispatch::cpu {
+namespace {
+
+template <class Uk>
+void accumulate_fp32(const GemmAccumulate& g) noexcept {
+  static constexpr UkTable<float, float> kTable = make_table<Uk, float, float>();
+  for (int64_t n0 = 0; n0 < g.n; n0 += g.bn) {
+    const int64_t nb = std::min(g.bn, g.n - n0);
+    for (int64_t m0 = 0; m0 < g.m; m0 += g.bm) {
+      const int64_t mb = std::min(g.bm, g.m - m0);
+      for (int64_t k0 = 0; k0 < g.k; k0 += g.bk) {
+        const int64_t kc = std::min(g.bk, g.k - k0);
+        for (int64_t j0 = 0; j0 < nb; j0 += kTable.nr) {
+          const int nr = static_cast<int>(std::min<int64_t>(kTable.nr, nb - j0));
+          const float* bj = g.b + (n0 + j0) * g.ldb + k0;
+          for (int64_t i0 = 0; i0 < mb; i0 += kTable.mr) {
+            const int mr = static_cast<int>(std::min<int64_t>(kTable.mr, mb - i0));
+            kTable.fn[mr - 1][nr - 1](g.a + (m0 + i0) * g.lda + k0, g.lda, bj, g.ldb, kc,
+                                      g.c + (m0 + i0) * g.ldc + n0 + j0, g.ldc);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool gemm_fp32_accumulate(const GemmAccumulate& g, GemmUkernel uk) noexcept {
+  if (g.m < 1 || g.n < 1 || g.k < 1) return true;
+  if (g.bm < 1 || g.bn < 1 || g.bk < 1) return false;
+  [[maybe_unused]] const HostIsa& isa = host_isa();
+  switch (uk) {
+#if KDISPATCH_CPU_X86
+    case GemmUkernel::avx512:
+      if (!isa.avx512) return false;
+      accumulate_fp32<Avx512Uk>(g);
+      return true;
+    case GemmUkernel::avx2:
+      if (!isa.avx2) return false;
+      accumulate_fp32<Avx2Uk>(g);
+      return true;
+#endif
+    case GemmUkernel::scalar:
+      accumulate_fp32<ScalarUk>(g);
+      return true;
+    default:
+      return false;
+  }
+}
+
+int gemm_ukernel_mr(GemmUkernel uk) noexcept {
+  switch (uk) {
+#if KDISPATCH_CPU_X86
+    case GemmUkernel::avx512: return Avx512Uk::kMr;
+    case GemmUkernel::avx2: return Avx2Uk::kMr;
+    case GemmUkernel::avx512bf16: return Avx512Bf16Uk::kMr;
+#endif
+    default: return ScalarUk::kMr;
+  }
+}
+
+}  // namespace dispatch::cpu

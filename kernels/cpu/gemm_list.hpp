@@ -7,6 +7,8 @@
 //
 //   gemm_fp32__blocked  A,B fp32 -> D fp32
 //   gemm_bf16__blocked  A,B bf16 -> D bf16 or fp32 (fp32 accumulate)
+//   gemm_fp32__splitk   A,B fp32 -> D fp32, K split over a thread pool (gemm_splitk.cpp);
+//                       flagged nondeterministic: partial sums reach D in finish order
 //   gemm_fp32__ref      plain loops, fp32 accumulate (validation baseline)
 //   gemm_bf16__ref      plain loops, fp32 accumulate (validation baseline)
 //
@@ -46,10 +48,19 @@ extern const core::VariantDef kGemmBf16Blocked;
 extern const core::VariantDef kGemmFp32Ref;
 extern const core::VariantDef kGemmBf16Ref;
 
+/// Index of each split-K param in Plan::params.
+inline constexpr int kSplitKSlices = 0;
+inline constexpr int kSplitKUkernel = 1;
+
+extern const core::VariantDef kGemmFp32SplitK;
+
 /// The list: every CPU GEMM variant, in priority order (references last).
+/// (OpenBLAS's family, gemm_fp32__openblas, is not here: it lives in a
+/// plugin module that the registry loads at run time, kernels/cpu/openblas.)
 inline constexpr const core::VariantDef* kGemmVariants[] = {
     &kGemmFp32Blocked,
     &kGemmBf16Blocked,
+    &kGemmFp32SplitK,
     &kGemmFp32Ref,
     &kGemmBf16Ref,
 };
@@ -59,5 +70,27 @@ inline std::span<const core::VariantDef* const> gemm_variants() noexcept { retur
 /// Analytical default plan for a CPU GEMM problem; an invalid Plan for
 /// dtypes no CPU GEMM computes (fp16).
 core::Plan gemm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+
+/// One fp32 block product for kernels built on the blocked loop nest
+/// (gemm_fp32__splitk): c[i*ldc + j] += sum_{k < K} a[i*lda + k] * b[j*ldb + k]
+/// for i < m, j < n, with BLOCK_SIZE_M/N/K = bm/bn/bk. c is the caller's
+/// fp32 buffer (nothing is allocated).
+struct GemmAccumulate {
+  int64_t m = 0, n = 0, k = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t bm = 32, bn = 64, bk = 512;
+};
+
+/// Runs `g` with micro-kernel `uk`; false when the host lacks its ISA (or a
+/// block size is < 1).
+bool gemm_fp32_accumulate(const GemmAccumulate& g, GemmUkernel uk) noexcept;
+
+/// Rows of A per register tile of micro-kernel `uk` (MR).
+int gemm_ukernel_mr(GemmUkernel uk) noexcept;
 
 }  // namespace dispatch::cpu

@@ -103,6 +103,7 @@ const char* match_name(LookupResult::Match m) noexcept {
     case LookupResult::Match::exact: return "exact";
     case LookupResult::Match::nearest: return "nearest";
     case LookupResult::Match::fallback: return "default";
+    case LookupResult::Match::forced: return "forced";
   }
   return "?";
 }
@@ -206,6 +207,25 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
       }
     }
     res.key = cands.front().key;
+
+    // A forced plan (RuntimeOptions::force / KDISPATCH_FORCE) serves every
+    // call of the op whose dtype it computes: say so.
+    if (own && impl.any_forced) {
+      const int oi = static_cast<int>(*own);
+      for (size_t i = 0; i < impl.forced[oi].size(); ++i) {
+        const core::Plan& f = impl.forced[oi][i];
+        if (f.variant->backend != backend || f.variant->in_dtype != prob.in_dtype) continue;
+        res.config = core::plan_to_config(f);
+        res.variant = std::string(f.variant->name);
+        res.match = LookupResult::Match::forced;
+        res.source = "forced";
+        res.table_m = -1;
+        res.why = why + "; forced by '" + impl.forced_text[oi][i] + "' (RuntimeOptions::force / KDISPATCH_FORCE): " +
+                  core::plan_to_string(f) + " serves every " + op + " call with " +
+                  std::string(dtype_name(prob.in_dtype)) + " inputs, whatever the table holds";
+        return res;
+      }
+    }
 
     {
       table::EpochDomain::Guard guard(table::EpochDomain::global());

@@ -1,18 +1,58 @@
 // SPDX-License-Identifier: Apache-2.0
 // The op entry points: validate -> key -> table -> plan -> launch.
-// Hot path rules: no lock, no allocation, no syscall, no logging on a hit;
-// the table is read inside an epoch guard and the plan is copied out, so
-// the guard is released before the kernel runs.
+//
+// Hot path rules (a table hit): no lock, no allocation, no syscall, no
+// logging, no shared write; the table is read inside an epoch guard and the
+// plan is copied out, so the guard is released before the kernel runs.
+// A miss is the slow path: get_default's plan, the miss recorded (lock-free),
+// and depending on the tuning mode the shape queued for the background tuner
+// or tuned right here on the caller's buffers (sync). While the caller's
+// stream is being captured into a graph a miss never tunes: it returns the
+// default and queues the shape.
 #include "dispatch/ops.hpp"
+
+#include <cstring>
 
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
 #include "core/registry.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"
+#include "tune/tuner.hpp"
 
 namespace dispatch {
 namespace {
+
+// Zeroes the reset_to_zero arguments of `plan` before a real launch (the
+// same role the tuner enforces between reps), without allocating.
+void zero_reset_args(const core::Problem& p, const core::LaunchArgs& la, const core::Plan& plan) noexcept {
+  const uint32_t mask = plan.variant->reset_args;
+  if (mask == 0) return;
+  auto zero_rows = [](void* ptr, int64_t rows, int64_t cols, int64_t ld, DType t) {
+    if (!ptr) return;
+    const size_t es = dtype_size(t);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memset(static_cast<char*>(ptr) + static_cast<size_t>(r * ld) * es, 0, static_cast<size_t>(cols) * es);
+  };
+  switch (p.op) {
+    case core::OpKind::gemm:
+      if (mask & (1u << core::kGemmArgD)) zero_rows(la.d, p.m, p.n, la.ldd, p.out_dtype);
+      break;
+    case core::OpKind::rmsnorm:
+      if (mask & (1u << core::kNormArgY)) zero_rows(la.y, p.m, p.n, la.ldy, p.out_dtype);
+      break;
+    case core::OpKind::fused_add_rmsnorm:
+      break;  // in-place arguments are restore_value, never reset_to_zero
+  }
+}
+
+// Far from every tuned M (outside [m/2, 2m]): a hit by nearest-M, but worth
+// tuning. Sampled: one in 16 such calls per thread notes it.
+bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
+  if (table_m * 2 >= m && m * 2 >= table_m) return false;
+  thread_local uint32_t n = 0;
+  return (++n & 15u) == 0;
+}
 
 Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
            const CallOptions& opts) noexcept {
@@ -33,21 +73,63 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   PlanSource source = PlanSource::fallback;
   int64_t table_m = -1;
   uint32_t source_id = 0;
-  {
-    table::EpochDomain::Guard guard(table::EpochDomain::global());
-    const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
-    if (const table::Bucket* b = snap->find(key.view(), hash)) {
-      size_t idx = 0;
-      if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
-        plan = r->plan;
-        source = PlanSource::table;
-        table_m = b->ms[idx];
-        source_id = r->source_id;
+  bool tuned_now = false;
+
+  if (impl.any_forced) {
+    for (const core::Plan& f : impl.forced[static_cast<int>(p.op)]) {
+      if (f.variant->backend != p.device.type || f.variant->in_dtype != p.in_dtype) continue;
+      if (Status s = f.variant->supports(p, f.params, *dev); !s.ok())
+        return make_status(StatusCode::no_variant, "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
+      plan = f;
+      source = PlanSource::forced;
+      break;
+    }
+  }
+  if (!plan.valid()) {
+    {
+      table::EpochDomain::Guard guard(table::EpochDomain::global());
+      const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+      if (const table::Bucket* b = snap->find(key.view(), hash)) {
+        size_t idx = 0;
+        if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
+          plan = r->plan;
+          source = PlanSource::table;
+          table_m = b->ms[idx];
+          source_id = r->source_id;
+        }
       }
+    }
+    if (plan.valid() && impl.options.deterministic && (plan.variant->flags & core::kVariantNondeterministic)) {
+      plan = core::Plan{};  // deterministic serving never runs a scheduling-dependent variant
+      source = PlanSource::fallback;
+      table_m = -1;
+      source_id = 0;
+    }
+    const TuneMode mode = impl.tuner ? impl.tuner->mode() : TuneMode::off;
+    if (!plan.valid()) {
+      // Miss: recorded always (for export), queued in background mode, tuned
+      // here in sync mode unless the stream is being captured.
+      if (impl.tuner) impl.tuner->note_miss(p, la, hash, /*queue=*/true);
+      if (mode == TuneMode::sync && !opts.capturing) {
+        auto r = impl.tuner->tune_on_caller(p, la, *dev, std::string(key.view()));
+        if (r.ok()) {
+          plan = *r;
+          source = PlanSource::table;
+          table_m = p.m;
+          tuned_now = true;
+        }
+      }
+    } else if (mode != TuneMode::off && source == PlanSource::table && far_hit_sample(table_m, p.m)) {
+      impl.tuner->note_miss(p, la, hash, /*queue=*/true);
     }
   }
   if (!plan.valid()) {
     plan = core::get_default(p, *dev);
+    if (plan.valid() && impl.options.deterministic && (plan.variant->flags & core::kVariantNondeterministic)) {
+      const core::VariantDef* ref = core::reference_variant(p.op, p.device.type, p.in_dtype);
+      plan = core::Plan{};
+      if (ref) plan.variant = ref;
+    }
     if (!plan.valid())
       return make_status(StatusCode::unsupported_problem,
                          std::string("no ") + std::string(device_type_name(p.device.type)) + " variant computes " +
@@ -59,9 +141,51 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     opts.info->variant = plan.variant->name.data();
     opts.info->table_m = table_m;
     opts.info->source_id = source_id;
+    opts.info->tuned_now = tuned_now;
+    if (opts.info->key) {
+      try {
+        opts.info->key->assign(key.view());
+      } catch (...) {
+      }
+    }
   }
   la.stream = stream.handle;
+  zero_reset_args(p, la, plan);
   return plan.variant->launch(la, p, plan.params);
+}
+
+Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const core::LaunchArgs& la) noexcept {
+  try {
+    Runtime::Impl& impl = rt.impl();
+    const DeviceInfo* dev = impl.device_for(p.device);
+    if (!dev) return make_status(StatusCode::unsupported_device, "no usable backend for the tensors' device");
+    if (impl.frozen.load(std::memory_order_acquire))
+      return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
+    tune::MissEvent ev;
+    ev.problem = p;
+    switch (p.op) {
+      case core::OpKind::gemm: ev.ld[0] = la.lda, ev.ld[1] = la.ldb, ev.ld[2] = la.ldd; break;
+      case core::OpKind::rmsnorm: ev.ld[0] = la.ldy, ev.ld[1] = la.ldx; break;
+      case core::OpKind::fused_add_rmsnorm: ev.ld[0] = la.ldx, ev.ld[1] = la.ldr; break;
+    }
+    const std::string key = tune::Tuner::key_of(p, *dev);
+    auto r = impl.tuner->tune_on_scratch(ev, *dev, key);
+    if (!r.ok()) return r.status();
+    PretuneResult out;
+    out.key = key;
+    out.m = p.m;
+    out.config = core::plan_to_config(r->plan);
+    out.variant = std::string(r->plan.variant->name);
+    out.best_us = r->search.best_us;
+    out.default_us = r->search.default_us;
+    out.candidates = static_cast<int32_t>(r->search.tried.size());
+    out.rejected = r->search.rejected;
+    out.failed = r->search.failed;
+    out.persisted = r->persisted;
+    return out;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "pretune");
+  }
 }
 
 }  // namespace
@@ -101,6 +225,33 @@ Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& args, Stream st
   if (Status s = api::validate_fused_add_rmsnorm(args, &p, &la, &empty); !s.ok()) return s;
   if (empty) return Status();
   return run(rt, p, la, stream, opts);
+}
+
+Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) noexcept {
+  core::Problem p;
+  core::LaunchArgs la;
+  bool empty = false;
+  if (Status s = api::validate_gemm(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;
+  if (empty) return make_status(StatusCode::invalid_argument, "a: M is 0, nothing to tune");
+  return pretune_problem(rt, p, la);
+}
+
+Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept {
+  core::Problem p;
+  core::LaunchArgs la;
+  bool empty = false;
+  if (Status s = api::validate_rmsnorm(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;
+  if (empty) return make_status(StatusCode::invalid_argument, "x: tokens is 0, nothing to tune");
+  return pretune_problem(rt, p, la);
+}
+
+Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept {
+  core::Problem p;
+  core::LaunchArgs la;
+  bool empty = false;
+  if (Status s = api::validate_fused_add_rmsnorm(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;
+  if (empty) return make_status(StatusCode::invalid_argument, "x: tokens is 0, nothing to tune");
+  return pretune_problem(rt, p, la);
 }
 
 }  // namespace dispatch

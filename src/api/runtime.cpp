@@ -10,7 +10,11 @@
 #include "core/registry.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"
+#include "store/writer.hpp"
 #include "table/epoch.hpp"
+#include "table/key.hpp"
+#include "api/watcher.hpp"
+#include "tune/tuner.hpp"
 
 namespace dispatch {
 namespace fs = std::filesystem;
@@ -19,17 +23,32 @@ namespace {
 
 void delete_snapshot(void* p) { delete static_cast<const table::Snapshot*>(p); }
 
-// Where the shipped configs live: <prefix>/share/kdispatch/configs next to
-// an installed libkdispatch, else the source tree's configs/ (build tree).
+// Where the shipped configs live: <datadir>/kdispatch/configs of the prefix
+// the loaded libkdispatch sits in, else the source tree's configs/ (build
+// tree), else the configured install path. The prefix is found from the
+// library's own path (dladdr), so a relocated install (--prefix at install
+// time, DESTDIR staging) works. The library dir is not always <prefix>/lib:
+// GNUInstallDirs gives lib/x86_64-linux-gnu on Debian for /usr, where
+// <libdir>/../share would miss, so the libdir -> datadir path computed at
+// configure time (KDISPATCH_LIBDIR_TO_DATADIR, e.g. "../../share") comes
+// first, then plain <libdir>/../share.
 std::string find_shipped_dir(const RuntimeOptions& o) {
   if (!o.shipped_configs_dir.empty()) return o.shipped_configs_dir;
   std::error_code ec;
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&find_shipped_dir), &info) != 0 && info.dli_fname) {
-    const fs::path lib = fs::weakly_canonical(fs::path(info.dli_fname), ec);
-    if (!ec) {
-      const fs::path cand = lib.parent_path().parent_path() / "share" / "kdispatch" / "configs";
-      if (fs::is_directory(cand, ec)) return cand.string();
+  if (dladdr(reinterpret_cast<void*>(&find_shipped_dir), &info) != 0 && info.dli_fname &&
+      info.dli_fname[0] != '\0') {
+    const fs::path lib_dir = fs::weakly_canonical(fs::path(info.dli_fname), ec).parent_path();
+    if (!ec && !lib_dir.empty()) {
+      const fs::path rel[] = {
+#ifdef KDISPATCH_LIBDIR_TO_DATADIR
+          fs::path(KDISPATCH_LIBDIR_TO_DATADIR),
+#endif
+          fs::path("..") / "share"};
+      for (const fs::path& r : rel) {
+        const fs::path cand = (lib_dir / r / "kdispatch" / "configs").lexically_normal();
+        if (fs::is_directory(cand, ec)) return cand.string();
+      }
     }
   }
 #ifdef KDISPATCH_SOURCE_CONFIG_DIR
@@ -44,6 +63,10 @@ std::string find_shipped_dir(const RuntimeOptions& o) {
 }  // namespace
 
 Runtime::Impl::~Impl() {
+  // Stop the writers first: the watcher, then the tuner thread (mid-search
+  // included); then free the tables.
+  watcher.reset();
+  tuner.reset();
   delete current.load(std::memory_order_acquire);
   table::EpochDomain::global().drop_owner(this);
 }
@@ -54,12 +77,59 @@ const DeviceInfo* Runtime::Impl::device_for(Device d) const noexcept {
 }
 
 std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const {
+  // Precedence on the same M: dirs given at run time (first given first),
+  // then rows tuned in this process, then the tuning cache on disk (only
+  // files whose fingerprint matches), then the shipped configs/.
   std::vector<std::pair<std::string, int32_t>> out;
-  int32_t rank = 0;
-  for (const auto& d : options.config_dirs) out.emplace_back(d, rank++);
-  ++rank;  // reserved: the tuning cache
-  if (options.load_shipped_configs && !shipped_dir.empty()) out.emplace_back(shipped_dir, rank);
+  for (const auto& d : options.config_dirs) out.emplace_back(d, static_cast<int32_t>(out.size()));
+  std::error_code ec;
+  if (!cache_dir.empty() && options.tune.load_cache && fs::is_directory(cache_dir, ec))
+    out.emplace_back(cache_dir, cache_rank);
+  if (options.load_shipped_configs && !shipped_dir.empty()) out.emplace_back(shipped_dir, shipped_rank);
   return out;
+}
+
+void Runtime::Impl::rebuild_locked(std::vector<std::string>* notes) {
+  std::vector<table::TableInput> all = base_inputs;
+  all.insert(all.end(), tuned_inputs.begin(), tuned_inputs.end());
+  auto snap = table::Snapshot::build(std::move(all), backend_version, notes);
+  {
+    std::lock_guard<std::mutex> lock(report_mu);
+    report.keys = static_cast<int64_t>(snap->buckets().size());
+    report.rows = snap->row_count();
+  }
+  publish_locked(std::move(snap));
+}
+
+bool Runtime::Impl::publish_tuned(std::vector<table::TableInput> rows) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (frozen.load(std::memory_order_acquire)) return false;
+  for (auto& in : rows) {
+    // One in-process row per (key, M): a re-tune replaces the old row.
+    for (auto& old : tuned_inputs)
+      if (old.key == in.key)
+        std::erase_if(old.rows, [&](const table::TableInput::InputRow& r) {
+          for (const auto& n : in.rows)
+            if (n.m == r.m) return true;
+          return false;
+        });
+    std::erase_if(tuned_inputs, [](const table::TableInput& t) { return t.rows.empty(); });
+    tuned_inputs.push_back(std::move(in));
+  }
+  rebuild_locked(nullptr);
+  return true;
+}
+
+bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
+  table::EpochDomain::Guard guard(table::EpochDomain::global());
+  const table::Snapshot* snap = current.load(std::memory_order_seq_cst);
+  const table::Bucket* b = snap->find(key, table::key_hash(key));
+  if (!b) return false;
+  size_t idx = 0;
+  const table::Row* r = table::Snapshot::nearest(*b, m, table::NearestPolicy{}, &idx);
+  if (!r || !r->plan.valid()) return false;
+  const int64_t k = b->ms[idx];
+  return k * 2 >= m && m * 2 >= k;
 }
 
 void Runtime::Impl::publish_locked(std::unique_ptr<table::Snapshot> snap) {
@@ -70,27 +140,23 @@ void Runtime::Impl::publish_locked(std::unique_ptr<table::Snapshot> snap) {
 Status Runtime::Impl::load_and_publish_locked() {
   std::vector<store::SourceDir> dirs;
   for (const auto& [d, r] : source_dirs()) dirs.push_back(store::SourceDir{d, r});
-  auto intern = [this](const std::string& dir, const std::string& rel) -> uint32_t {
-    std::lock_guard<std::mutex> lock(sources_mu);
-    auto key = std::make_pair(dir, rel);
-    auto it = source_ids.find(key);
-    if (it != source_ids.end()) return it->second;
-    sources.push_back(key);
-    const auto id = static_cast<uint32_t>(sources.size());
-    source_ids.emplace(std::move(key), id);
-    return id;
-  };
+  auto intern = [this](const std::string& dir, const std::string& rel) { return this->intern(dir, rel); };
+  for (auto& d : dirs) d.check_fingerprint = d.rank == cache_rank && !cache_dir.empty() && d.dir == cache_dir;
   store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern);
+  base_inputs = std::move(out.inputs);
+  std::vector<table::TableInput> all = base_inputs;
+  all.insert(all.end(), tuned_inputs.begin(), tuned_inputs.end());
   std::vector<std::string> notes;
-  auto snap = table::Snapshot::build(std::move(out.inputs), backend_version, &notes);
+  auto snap = table::Snapshot::build(std::move(all), backend_version, &notes);
   out.report.keys = static_cast<int64_t>(snap->buckets().size());
   out.report.rows = snap->row_count();
   for (auto& n : notes) out.report.notes.push_back(std::move(n));
-  if (options.log_level >= LogLevel::warn) {
-    for (const auto& f : out.report.files)
-      if (f.state == FileReport::State::skipped && options.log_level >= LogLevel::info)
-        std::fprintf(stderr, "kdispatch: skipped %s/%s: %s\n", f.dir.c_str(), f.path.c_str(),
-                     f.problems.empty() ? "" : f.problems.front().c_str());
+  for (const auto& f : out.report.files) {
+    const bool stale_news = f.stale && reported_stale.insert(f.dir + "/" + f.path).second;  // once per file
+    if ((stale_news && options.log_level >= LogLevel::warn) ||
+        (f.state == FileReport::State::skipped && options.log_level >= LogLevel::info))
+      std::fprintf(stderr, "kdispatch: skipped %s/%s: %s\n", f.dir.c_str(), f.path.c_str(),
+                   f.problems.empty() ? "" : f.problems.front().c_str());
   }
   {
     std::lock_guard<std::mutex> lock(report_mu);
@@ -100,8 +166,80 @@ Status Runtime::Impl::load_and_publish_locked() {
   return Status();
 }
 
+uint32_t Runtime::Impl::intern(const std::string& dir, const std::string& rel) {
+  std::lock_guard<std::mutex> lock(sources_mu);
+  auto key = std::make_pair(dir, rel);
+  auto it = source_ids.find(key);
+  if (it != source_ids.end()) return it->second;
+  sources.push_back(key);
+  const auto id = static_cast<uint32_t>(sources.size());
+  source_ids.emplace(std::move(key), id);
+  return id;
+}
+
+// "<op>=<variant>" or "<op>=<variant>:<param>=<value>,..." -> a Plan.
+Status Runtime::Impl::parse_forced(const RuntimeOptions& o) {
+  for (const std::string& entry : o.force) {
+    const auto eq = entry.find('=');
+    if (eq == std::string::npos)
+      return make_status(StatusCode::config_error, "force entry '" + entry + "' is not <op>=<variant>[:param=value,...]");
+    const std::string opname = entry.substr(0, eq);
+    const auto op = core::parse_op(opname);
+    if (!op) return make_status(StatusCode::config_error, "force entry '" + entry + "': unknown op '" + opname + "'");
+    std::string rest = entry.substr(eq + 1);
+    std::string vname = rest, params;
+    if (const auto colon = rest.find(':'); colon != std::string::npos) {
+      vname = rest.substr(0, colon);
+      params = rest.substr(colon + 1);
+    }
+    const core::VariantDef* v = core::find_variant(vname);
+    if (!v || v->op != *op)
+      return make_status(StatusCode::no_variant, "force entry '" + entry + "': no " + opname + " variant named '" + vname + "'");
+    Config row;
+    row.emplace_back("variant", ConfigValue::string(vname));
+    size_t start = 0;
+    while (start < params.size()) {
+      size_t comma = params.find(',', start);
+      if (comma == std::string::npos) comma = params.size();
+      const std::string kv = params.substr(start, comma - start);
+      start = comma + 1;
+      const auto e2 = kv.find('=');
+      if (e2 == std::string::npos)
+        return make_status(StatusCode::config_error, "force entry '" + entry + "': '" + kv + "' is not param=value");
+      const std::string pn = kv.substr(0, e2), pv = kv.substr(e2 + 1);
+      const core::ParamDef* pd = nullptr;
+      for (const auto& d : v->params)
+        if (d.name == pn) pd = &d;
+      if (!pd) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + vname + " has no param '" + pn + "'");
+      if (pd->kind == core::ParamKind::integer) {
+        char* end = nullptr;
+        const long long x = std::strtoll(pv.c_str(), &end, 10);
+        if (pv.empty() || *end) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + pn + " needs an integer");
+        row.emplace_back(pn, ConfigValue::integer(x));
+      } else if (pd->kind == core::ParamKind::boolean) {
+        row.emplace_back(pn, ConfigValue::boolean(pv == "true" || pv == "1"));
+      } else {
+        row.emplace_back(pn, ConfigValue::string(pv));
+      }
+    }
+    auto plan = core::plan_from_config(row, *op, v->backend);
+    if (!plan.ok()) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + plan.status().message());
+    forced[static_cast<int>(*op)].push_back(*plan);
+    forced_text[static_cast<int>(*op)].push_back(entry);
+    any_forced = true;
+  }
+  return Status();
+}
+
 Runtime::Runtime(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  // The watcher and the tuner call back into this runtime: stop them while
+  // it is still whole.
+  if (impl_) {
+    impl_->watcher.reset();
+    impl_->tuner.reset();
+  }
+}
 
 Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcept {
   try {
@@ -122,12 +260,41 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     impl->policy.bounded = options.bounded_nearest;
     impl->policy.ratio = options.bound_ratio;
     impl->shipped_dir = find_shipped_dir(options);
+    if (options.tune.duty_cycle <= 0.0 || options.tune.duty_cycle > 1.0)
+      return make_status(StatusCode::invalid_argument, "tune.duty_cycle must be in (0, 1]");
+    if (options.tune.reps < 1) return make_status(StatusCode::invalid_argument, "tune.reps must be >= 1");
+    if (options.tune.persist || options.tune.load_cache)
+      impl->cache_dir = options.tune.cache_dir.empty() ? store::default_cache_dir() : options.tune.cache_dir;
+    impl->tuned_rank = static_cast<int32_t>(options.config_dirs.size());
+    impl->cache_rank = impl->tuned_rank + 1;
+    impl->shipped_rank = impl->tuned_rank + 2;
+    if (auto s = impl->parse_forced(options); !s.ok()) return s;
     impl->options = std::move(options);
     {
       std::lock_guard<std::mutex> lock(impl->mu);
       if (auto s = impl->load_and_publish_locked(); !s.ok()) return s;
     }
-    return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+    Impl* raw = impl.get();
+    tune::TunerHooks hooks;
+    hooks.publish = [raw](std::vector<table::TableInput> rows) { return raw->publish_tuned(std::move(rows)); };
+    hooks.intern = [raw](const std::string& dir, const std::string& rel) { return raw->intern(dir, rel); };
+    hooks.covered = [raw](const std::string& key, int64_t m) { return raw->covered(key, m); };
+    hooks.reload = [raw]() {
+      std::lock_guard<std::mutex> lock(raw->mu);
+      if (!raw->frozen.load()) (void)raw->load_and_publish_locked();
+    };
+    impl->tuner = std::make_unique<tune::Tuner>(impl->options, impl->cache_dir, std::move(hooks));
+    impl->tuner->set_rank(impl->tuned_rank);
+    auto rt = std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+    if (rt->impl_->options.watch) {
+      Runtime* r = rt.get();
+      std::vector<std::string> dirs;
+      for (const auto& [d, rank] : rt->impl_->source_dirs()) dirs.push_back(d);
+      auto w = api::DirWatcher::start(dirs, [r]() { (void)r->reload(); });
+      if (!w.ok()) return w.status();
+      rt->impl_->watcher = std::move(w.value());
+    }
+    return rt;
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "creating the runtime");
   } catch (const std::exception& e) {
@@ -145,6 +312,8 @@ LoadReport Runtime::load_report() const {
 Status Runtime::reload() noexcept {
   try {
     std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->frozen.load(std::memory_order_acquire))
+      return make_status(StatusCode::failed_precondition, "runtime is frozen: the table does not change");
     return impl_->load_and_publish_locked();
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "reloading configs (the old table keeps serving)");
@@ -177,6 +346,65 @@ std::pair<std::string, std::string> Runtime::Impl::source(uint32_t id) const {
 std::string Runtime::source_path(uint32_t id) const { return impl_->source(id).second; }
 
 std::string Runtime::source_dir(uint32_t id) const { return impl_->source(id).first; }
+
+void Runtime::freeze(bool f) noexcept {
+  std::lock_guard<std::mutex> lock(impl_->mu);  // waits out a publish in flight
+  impl_->frozen.store(f, std::memory_order_release);
+  if (impl_->tuner) impl_->tuner->freeze(f);
+}
+
+bool Runtime::frozen() const noexcept { return impl_->frozen.load(std::memory_order_acquire); }
+
+TuneStats Runtime::tune_stats() const noexcept {
+  TuneStats s = impl_->tuner ? impl_->tuner->stats() : TuneStats{};
+  s.frozen = frozen();
+  return s;
+}
+
+bool Runtime::wait_tuner_idle(double timeout_s) noexcept {
+  return impl_->tuner ? impl_->tuner->wait_idle(timeout_s) : true;
+}
+
+std::string Runtime::cache_dir() const { return impl_->cache_dir; }
+
+const char* tune_mode_name(TuneMode m) noexcept {
+  switch (m) {
+    case TuneMode::off: return "off";
+    case TuneMode::sync: return "sync";
+    case TuneMode::background: return "background";
+  }
+  return "?";
+}
+
+Status Runtime::export_misses(const std::string& path) const noexcept {
+  try {
+    if (!impl_->tuner) return Status();
+    std::string csv = "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key\n";
+    for (const auto& [ev, count] : impl_->tuner->misses()) {
+      const core::Problem& p = ev.problem;
+      const DeviceInfo* dev = impl_->device_for(p.device);
+      if (!dev) continue;
+      table::KeyBuffer stride;
+      table::append_stride_field(p, &stride);
+      const bool g = p.op == core::OpKind::gemm;
+      csv += std::string(core::op_name(p.op)) + "," + std::string(device_type_name(p.device.type)) + "," +
+             dev->device_name + "," + std::string(dtype_name(p.in_dtype)) + "," +
+             std::string(dtype_name(p.out_dtype)) + "," + std::to_string(p.m) + "," +
+             (g ? std::to_string(p.n) : "") + "," + (g ? std::to_string(p.k) : "") + "," +
+             (g ? "" : std::to_string(p.n)) + "," + (p.has_bias ? "true" : "false") + "," +
+             std::string(stride.view()) + "," + std::to_string(count) + "," + tune::Tuner::key_of(p, *dev) + "\n";
+    }
+    const std::string tmp = path + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f) return make_status(StatusCode::io_error, "cannot write '" + path + "'");
+    const bool ok = std::fwrite(csv.data(), 1, csv.size(), f) == csv.size();
+    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+      return make_status(StatusCode::io_error, "cannot write '" + path + "'");
+    return Status();
+  } catch (...) {
+    return make_status(StatusCode::out_of_memory, "export_misses");
+  }
+}
 
 const char* version() noexcept { return KDISPATCH_VERSION_STRING; }
 
@@ -214,6 +442,7 @@ std::string LoadReport::to_json() const {
     core::json_append_int(s, f.rows);
     s += ", \"unknown_device\": ";
     s += f.unknown_device ? "true" : "false";
+    if (f.stale) s += ", \"stale\": true";
     s += ", \"problems\": [";
     for (size_t j = 0; j < f.problems.size(); ++j) {
       if (j) s += ", ";

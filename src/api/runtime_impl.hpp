@@ -4,14 +4,23 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/op.hpp"
 #include "dispatch/runtime.hpp"
 #include "table/snapshot.hpp"
+
+namespace dispatch::tune {
+class Tuner;
+}
+namespace dispatch::api {
+class DirWatcher;
+}
 
 namespace dispatch {
 
@@ -37,6 +46,41 @@ struct Runtime::Impl {
 
   /// (dir, path) of a source id, or empty strings.
   std::pair<std::string, std::string> source(uint32_t id) const;
+
+  /// Table inputs of the last load from disk, and rows tuned in this process
+  /// (kept so a publish can rebuild the table without re-reading files).
+  std::vector<table::TableInput> base_inputs;
+  std::vector<table::TableInput> tuned_inputs;
+
+  /// Forced plans per op (RuntimeOptions::force), empty when none.
+  std::vector<core::Plan> forced[core::kOpCount];
+  bool any_forced = false;
+  /// Entries of RuntimeOptions::force, as given (for lookup's "why").
+  std::vector<std::string> forced_text[core::kOpCount];
+
+  /// The tuning cache dir ("" = none) and the source ranks.
+  std::string cache_dir;
+  int32_t tuned_rank = 0;
+  int32_t cache_rank = 0;
+  int32_t shipped_rank = 0;
+
+  std::atomic<bool> frozen{false};
+  std::unique_ptr<tune::Tuner> tuner;
+  std::unique_ptr<api::DirWatcher> watcher;
+
+  /// Adds tuned rows and publishes a rebuilt table (false when frozen).
+  bool publish_tuned(std::vector<table::TableInput> rows);
+  /// True when (key, m) is served by a row whose M is within 2x of m.
+  bool covered(const std::string& key, int64_t m) const;
+  /// Interns a (dir, path) config source; returns its id (>= 1).
+  uint32_t intern(const std::string& dir, const std::string& rel);
+  /// Parses RuntimeOptions::force into `forced`.
+  Status parse_forced(const RuntimeOptions& o);
+  /// Stale cache files already reported (reported once per process).
+  std::set<std::string> reported_stale;
+  /// Rebuilds the table from base_inputs + tuned_inputs and publishes it.
+  /// Caller holds `mu`.
+  void rebuild_locked(std::vector<std::string>* notes);
 
   ~Impl();
 

@@ -26,10 +26,10 @@ std::string shape_text(const TensorRef& t) {
 // Rank-2 checks shared by every 2-D operand: data, rank, non-negative
 // shape, unit stride along the last dim, row stride >= cols (or 0 for a
 // read-only broadcast input).
-Status check_2d(const TensorRef& t, std::string_view name, bool output) noexcept {
+Status check_2d(const TensorRef& t, std::string_view name, bool output, bool require_data) noexcept {
   if (t.rank != 2) return bad(name, "must be rank 2, got rank " + std::to_string(t.rank));
   if (t.shape[0] < 0 || t.shape[1] < 0) return bad(name, "negative shape " + shape_text(t));
-  if (t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return bad(name, "data is null");
+  if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return bad(name, "data is null");
   if (t.shape[1] > 1 && t.strides[1] != 1)
     return bad(name, "needs unit stride along its last dimension, got stride " + std::to_string(t.strides[1]));
   if (t.shape[0] > 1) {
@@ -42,9 +42,9 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output) noexcept
   return Status();
 }
 
-Status check_1d(const TensorRef& t, std::string_view name, int64_t n) noexcept {
+Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool require_data) noexcept {
   if (t.rank != 1) return bad(name, "must be rank 1, got rank " + std::to_string(t.rank));
-  if (t.data == nullptr) return bad(name, "data is null");
+  if (require_data && t.data == nullptr) return bad(name, "data is null");
   if (t.shape[0] != n) return bad(name, "must have " + std::to_string(n) + " elements, has " + std::to_string(t.shape[0]));
   if (n > 1 && t.strides[0] != 1) return bad(name, "must be contiguous (stride 1), got stride " + std::to_string(t.strides[0]));
   return Status();
@@ -117,11 +117,12 @@ uint32_t stride_code(const TensorRef* const* ops, int n) noexcept {
 }
 }  // namespace
 
-Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, bool* empty) noexcept {
+Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, bool* empty,
+                     bool require_data) noexcept {
   *empty = false;
-  if (auto s = check_2d(g.a, "a", false); !s.ok()) return s;
-  if (auto s = check_2d(g.b, "b", false); !s.ok()) return s;
-  if (auto s = check_2d(g.d, "d", true); !s.ok()) return s;
+  if (auto s = check_2d(g.a, "a", false, require_data); !s.ok()) return s;
+  if (auto s = check_2d(g.b, "b", false, require_data); !s.ok()) return s;
+  if (auto s = check_2d(g.d, "d", true, require_data); !s.ok()) return s;
   const int64_t M = g.a.shape[0], K = g.a.shape[1], N = g.b.shape[0];
   if (g.b.shape[1] != K)
     return bad("b", "shape " + shape_text(g.b) + " does not match a " + shape_text(g.a) + ": b must be [N, K] with K = " + std::to_string(K));
@@ -132,16 +133,18 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
     return Status(StatusCode::unsupported_problem,
                   "a is " + std::string(dtype_name(g.a.dtype)) + " but b is " + std::string(dtype_name(g.b.dtype)) +
                       ": mixed input dtypes are not supported");
-  const bool has_bias = !g.bias.empty();
+  // An absent bias is a null TensorRef (rank 0); pretune may pass a rank-1
+  // bias with null data to describe one.
+  const bool has_bias = !g.bias.empty() || (!require_data && g.bias.rank == 1);
   if (has_bias) {
-    if (auto s = check_1d(g.bias, "bias", N); !s.ok()) return s;
+    if (auto s = check_1d(g.bias, "bias", N, require_data); !s.ok()) return s;
     if (g.bias.dtype != g.d.dtype)
       return bad("bias", "dtype " + std::string(dtype_name(g.bias.dtype)) + " must equal d's dtype " + std::string(dtype_name(g.d.dtype)));
   }
   const TensorRef* ts[4] = {&g.a, &g.b, &g.d, &g.bias};
   const char* names[4] = {"a", "b", "d", "bias"};
   if (auto s = same_device(ts, names, has_bias ? 4 : 3); !s.ok()) return s;
-  if (M > 0 && (overlaps(g.d, g.a) || overlaps(g.d, g.b))) return bad("d", "overlaps an input");
+  if (require_data && M > 0 && (overlaps(g.d, g.a) || overlaps(g.d, g.b))) return bad("d", "overlaps an input");
 
   p->op = core::OpKind::gemm;
   p->device = g.a.device;
@@ -164,15 +167,16 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
   return Status();
 }
 
-Status validate_rmsnorm(const RmsNormArgs& r, core::Problem* p, core::LaunchArgs* la, bool* empty) noexcept {
+Status validate_rmsnorm(const RmsNormArgs& r, core::Problem* p, core::LaunchArgs* la, bool* empty,
+                        bool require_data) noexcept {
   *empty = false;
-  if (auto s = check_2d(r.x, "x", false); !s.ok()) return s;
-  if (auto s = check_2d(r.y, "y", true); !s.ok()) return s;
+  if (auto s = check_2d(r.x, "x", false, require_data); !s.ok()) return s;
+  if (auto s = check_2d(r.y, "y", true, require_data); !s.ok()) return s;
   const int64_t T = r.x.shape[0], H = r.x.shape[1];
   if (H < 1) return bad("x", "hidden must be >= 1, got shape " + shape_text(r.x));
   if (r.y.shape[0] != T || r.y.shape[1] != H)
     return bad("y", "shape " + shape_text(r.y) + " must equal x's " + shape_text(r.x));
-  if (auto s = check_1d(r.w, "w", H); !s.ok()) return s;
+  if (auto s = check_1d(r.w, "w", H, require_data); !s.ok()) return s;
   if (!(r.eps > 0.f)) return bad("eps", "must be > 0, got " + std::to_string(r.eps));
   if (r.x.dtype != r.y.dtype || r.x.dtype != r.w.dtype)
     return Status(StatusCode::unsupported_problem,
@@ -181,7 +185,7 @@ Status validate_rmsnorm(const RmsNormArgs& r, core::Problem* p, core::LaunchArgs
   const TensorRef* ts[3] = {&r.x, &r.y, &r.w};
   const char* names[3] = {"x", "y", "w"};
   if (auto s = same_device(ts, names, 3); !s.ok()) return s;
-  if (T > 0 && overlaps(r.x, r.y) &&
+  if (require_data && T > 0 && overlaps(r.x, r.y) &&
       !(r.x.data == r.y.data && (T == 1 || r.x.strides[0] == r.y.strides[0])))
     return bad("y", "partially overlaps x (in place is allowed only with y == x and equal row strides)");
   p->op = core::OpKind::rmsnorm;
@@ -205,15 +209,15 @@ Status validate_rmsnorm(const RmsNormArgs& r, core::Problem* p, core::LaunchArgs
 }
 
 Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& r, core::Problem* p, core::LaunchArgs* la,
-                                  bool* empty) noexcept {
+                                  bool* empty, bool require_data) noexcept {
   *empty = false;
-  if (auto s = check_2d(r.x, "x", true); !s.ok()) return s;
-  if (auto s = check_2d(r.residual, "residual", true); !s.ok()) return s;
+  if (auto s = check_2d(r.x, "x", true, require_data); !s.ok()) return s;
+  if (auto s = check_2d(r.residual, "residual", true, require_data); !s.ok()) return s;
   const int64_t T = r.x.shape[0], H = r.x.shape[1];
   if (H < 1) return bad("x", "hidden must be >= 1, got shape " + shape_text(r.x));
   if (r.residual.shape[0] != T || r.residual.shape[1] != H)
     return bad("residual", "shape " + shape_text(r.residual) + " must equal x's " + shape_text(r.x));
-  if (auto s = check_1d(r.w, "w", H); !s.ok()) return s;
+  if (auto s = check_1d(r.w, "w", H, require_data); !s.ok()) return s;
   if (!(r.eps > 0.f)) return bad("eps", "must be > 0, got " + std::to_string(r.eps));
   if (r.x.dtype != r.residual.dtype || r.x.dtype != r.w.dtype)
     return Status(StatusCode::unsupported_problem,
@@ -222,7 +226,7 @@ Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& r, core::Problem* p
   const TensorRef* ts[3] = {&r.x, &r.residual, &r.w};
   const char* names[3] = {"x", "residual", "w"};
   if (auto s = same_device(ts, names, 3); !s.ok()) return s;
-  if (T > 0 && overlaps(r.x, r.residual)) return bad("residual", "overlaps x (both are written in place)");
+  if (require_data && T > 0 && overlaps(r.x, r.residual)) return bad("residual", "overlaps x (both are written in place)");
   p->op = core::OpKind::fused_add_rmsnorm;
   p->device = r.x.device;
   p->in_dtype = r.x.dtype;

@@ -11,10 +11,13 @@ namespace dispatch::api {
 
 /// Validates gemm arguments. On success fills `p` (m, n, k, dtypes, bias,
 /// stride classes, device) and `la`. `*empty` is set for M == 0 (a no-op).
-Status validate_gemm(const GemmArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty) noexcept;
-Status validate_rmsnorm(const RmsNormArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty) noexcept;
+/// `require_data` = false (pretune) accepts null data pointers.
+Status validate_gemm(const GemmArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty,
+                     bool require_data = true) noexcept;
+Status validate_rmsnorm(const RmsNormArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty,
+                        bool require_data = true) noexcept;
 Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& a, core::Problem* p, core::LaunchArgs* la,
-                                  bool* empty) noexcept;
+                                  bool* empty, bool require_data = true) noexcept;
 
 /// Stride class of dimension `dim` of a rank-2 tensor (see StrideClass).
 StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept;

@@ -87,6 +87,20 @@ struct ParamDef {
 
 inline constexpr int kMaxParams = 8;
 
+/// Argument slots of each op, as the tuner and the roles see them.
+/// gemm: a, b, d, bias. rmsnorm: y, x, w. fused_add_rmsnorm: x, residual, w.
+inline constexpr int kMaxArgs = 4;
+inline constexpr int kGemmArgA = 0, kGemmArgB = 1, kGemmArgD = 2, kGemmArgBias = 3;
+inline constexpr int kNormArgY = 0, kNormArgX = 1, kNormArgW = 2;
+inline constexpr int kFusedArgX = 0, kFusedArgResidual = 1, kFusedArgW = 2;
+
+/// The name of argument `slot` of `op` ("a", "residual", ...), "" past the end.
+std::string_view arg_name(OpKind op, int slot) noexcept;
+/// Number of argument slots of `op`.
+int arg_count(OpKind op) noexcept;
+/// Bit `slot` set when the op writes that argument (d; y; x and residual).
+uint32_t written_args(OpKind op) noexcept;
+
 enum VariantFlags : uint32_t {
   kVariantReference = 1u << 0,         ///< the op's reference implementation (validation baseline)
   kVariantNondeterministic = 1u << 1,  ///< results depend on scheduling (atomics, split-K races)
@@ -117,7 +131,31 @@ struct VariantDef {
   Status (*supports)(const Problem& p, const int64_t* params, const DeviceInfo& dev) = nullptr;
   /// Runs (CPU) or enqueues (GPU) the op. Must handle any m >= 1.
   Status (*launch)(const LaunchArgs& args, const Problem& p, const int64_t* params) = nullptr;
+  /// Argument roles, as Triton's autotuner has them but enforced (bit =
+  /// argument slot, see kGemmArgA...). Only the variants that need them pay:
+  /// - restore_args ("restore_value"): arguments the variant modifies in place
+  ///   and also reads; the tuner snapshots them before a search and restores
+  ///   them before every rep and after the search, so the caller's real call
+  ///   sees its own data exactly once.
+  /// - reset_args ("reset_to_zero"): arguments the variant accumulates into
+  ///   (an atomic split-K writes D with +=); zeroed before every rep AND
+  ///   before every real launch, so a call gives the same result whether or
+  ///   not it tuned.
+  /// One argument may not carry both roles: validate_variant refuses it,
+  /// naming the argument.
+  uint32_t restore_args = 0;
+  uint32_t reset_args = 0;
+  /// Optional perf model: estimated µs for (problem, params); the search
+  /// keeps the top-k points by estimate when the space is large.
+  double (*estimate_us)(const Problem& p, const int64_t* params, const DeviceInfo& dev) = nullptr;
 };
+
+/// Checks a variant's declaration: a name, launch and supports functions,
+/// at most kMaxParams params each with a non-empty space holding its
+/// default, enumeration labels for enum params, and no argument declared
+/// both restore_value and reset_to_zero. Errors: invalid_argument naming
+/// the variant and the argument or param.
+Status validate_variant(const VariantDef& v, int arg_slots, std::string_view (*arg_names)(int)) noexcept;
 
 /// A variant plus its resolved params: what the table stores per row.
 struct Plan {

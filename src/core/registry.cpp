@@ -5,16 +5,42 @@
 #include <algorithm>
 #include <string>
 
+#include "core/plugin_loader.hpp"
 #include "cpu/cpu_backend.hpp"
 
 namespace dispatch::core {
+
+Status register_check(const VariantDef& v) noexcept {
+  // Arg names of the variant's op, for messages.
+  static thread_local OpKind op_for_names = OpKind::gemm;
+  op_for_names = v.op;
+  return validate_variant(v, arg_count(v.op), [](int slot) { return arg_name(op_for_names, slot); });
+}
+
 namespace {
 
 struct Registry {
   std::vector<const VariantDef*> all;
+  std::vector<std::string> errors;  ///< variants refused at registration
+  std::string plugin_status;        ///< one line per CPU plugin (plugin_loader.hpp)
   Registry() {
-    for (const VariantDef* v : cpu::variants()) all.push_back(v);
+    for (const VariantDef* v : cpu::variants()) add(v);
+    // CPU plugins (OpenBLAS's sgemm): loaded here, on the first registry
+    // use, with RTLD_LOCAL; absent or disabled is not an error.
+    PluginLoadResult plugins = load_cpu_plugins(plugin_options_from_env());
+    for (const VariantDef* v : plugins.variants) add(v);
+    plugin_status = std::move(plugins.status);
     // GPU backends append their lists here once compiled in.
+  }
+  // Registration checks every declaration (roles, params) and refuses a bad
+  // one with the reason, instead of letting it misbehave in a search.
+  void add(const VariantDef* v) {
+    Status s = register_check(*v);
+    if (!s.ok()) {
+      errors.push_back(s.message());
+      return;
+    }
+    all.push_back(v);
   }
 };
 
@@ -31,6 +57,10 @@ std::string value_text(const ParamDef& p, int64_t v) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& registry_errors() noexcept { return registry().errors; }
+
+const std::string& plugin_status() noexcept { return registry().plugin_status; }
 
 bool backend_compiled(DeviceType backend) noexcept { return backend == DeviceType::cpu; }
 

@@ -24,6 +24,21 @@ bool backend_compiled(DeviceType backend) noexcept;
 /// nullptr when the backend is not compiled in or has no device.
 const DeviceInfo* local_device_info(DeviceType backend) noexcept;
 
+/// Registration check of one variant of a built-in op (validate_variant
+/// with the op's argument names): refuses, e.g., an argument declared both
+/// restore_value and reset_to_zero, naming it.
+Status register_check(const VariantDef& v) noexcept;
+
+/// Messages of variants refused at registration (empty when all are fine).
+const std::vector<std::string>& registry_errors() noexcept;
+
+/// What became of the CPU backend plugins, one line each (loads the
+/// registry): "openblas: loaded <path> (OpenBLAS 0.3.21 ...; 1 variant)", or
+/// why not ("disabled by KDISPATCH_OPENBLAS=0", "... not found in <dirs>",
+/// "not built", "dlopen failed: ..."). A plugin's variants (e.g.
+/// gemm_fp32__openblas) are in all_variants() only when it loaded.
+const std::string& plugin_status() noexcept;
+
 /// Every compiled variant of every backend, in list order.
 std::span<const VariantDef* const> all_variants() noexcept;
 

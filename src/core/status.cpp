@@ -18,6 +18,7 @@ std::string_view status_code_name(StatusCode code) noexcept {
     case StatusCode::not_found: return "not_found";
     case StatusCode::internal: return "internal";
     case StatusCode::io_error: return "io_error";
+    case StatusCode::failed_precondition: return "failed_precondition";
   }
   return "unknown";
 }

@@ -92,6 +92,69 @@ std::string_view op_name(OpKind op) noexcept {
   return "?";
 }
 
+std::string_view arg_name(OpKind op, int slot) noexcept {
+  static constexpr std::string_view kGemm[] = {"a", "b", "d", "bias"};
+  static constexpr std::string_view kNorm[] = {"y", "x", "w"};
+  static constexpr std::string_view kFused[] = {"x", "residual", "w"};
+  if (slot < 0) return {};
+  switch (op) {
+    case OpKind::gemm: return slot < 4 ? kGemm[slot] : std::string_view{};
+    case OpKind::rmsnorm: return slot < 3 ? kNorm[slot] : std::string_view{};
+    case OpKind::fused_add_rmsnorm: return slot < 3 ? kFused[slot] : std::string_view{};
+  }
+  return {};
+}
+
+int arg_count(OpKind op) noexcept { return op == OpKind::gemm ? 4 : 3; }
+
+uint32_t written_args(OpKind op) noexcept {
+  switch (op) {
+    case OpKind::gemm: return 1u << kGemmArgD;
+    case OpKind::rmsnorm: return 1u << kNormArgY;
+    case OpKind::fused_add_rmsnorm: return (1u << kFusedArgX) | (1u << kFusedArgResidual);
+  }
+  return 0;
+}
+
+Status validate_variant(const VariantDef& v, int arg_slots, std::string_view (*names)(int)) noexcept {
+  try {
+    const std::string vn(v.name);
+    if (v.name.empty()) return make_status(StatusCode::invalid_argument, "a variant has no name");
+    if (!v.launch || !v.supports)
+      return make_status(StatusCode::invalid_argument, "variant " + vn + " has no launch or supports function");
+    if (v.params.size() > static_cast<size_t>(kMaxParams))
+      return make_status(StatusCode::invalid_argument, "variant " + vn + " has more than 8 params");
+    for (const ParamDef& pd : v.params) {
+      bool has_default = false;
+      for (int64_t x : pd.values) has_default |= x == pd.default_value;
+      if (pd.values.empty() || !has_default)
+        return make_status(StatusCode::invalid_argument, "variant " + vn + " param " + std::string(pd.name) +
+                                                             ": empty space or default not in its space");
+      if (pd.kind == ParamKind::enumeration)
+        for (int64_t x : pd.values)
+          if (x < 0 || static_cast<size_t>(x) >= pd.labels.size())
+            return make_status(StatusCode::invalid_argument,
+                               "variant " + vn + " param " + std::string(pd.name) + ": value without a label");
+    }
+    const uint32_t both = v.restore_args & v.reset_args;
+    if (both != 0) {
+      int slot = 0;
+      while (!(both & (1u << slot))) ++slot;
+      const std::string an = names ? std::string(names(slot)) : "#" + std::to_string(slot);
+      return make_status(StatusCode::invalid_argument,
+                         "variant " + vn + " declares argument '" + an +
+                             "' both restore_value and reset_to_zero (choose one: an argument is either "
+                             "restored to its value or zeroed before each run)");
+    }
+    const uint32_t all = arg_slots >= 32 ? ~0u : ((1u << arg_slots) - 1);
+    if ((v.restore_args | v.reset_args) & ~all)
+      return make_status(StatusCode::invalid_argument, "variant " + vn + " declares a role for an argument slot the op does not have");
+    return Status();
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, std::string());
+  }
+}
+
 std::optional<OpKind> parse_op(std::string_view name) noexcept {
   if (name == "gemm") return OpKind::gemm;
   if (name == "rmsnorm") return OpKind::rmsnorm;

@@ -11,6 +11,8 @@
 #include <charconv>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <vector>
 
 namespace dispatch::store {
 namespace {
@@ -94,15 +96,29 @@ error_code raw_value(od::value& v, od::json_type t, std::string_view* out) {
   }
 }
 
+// One field of a row as parsed: views into the parser's string buffer,
+// valid for the whole document (On Demand unescapes keys and strings into
+// an append-only buffer).
+struct RawField {
+  std::string_view key;
+  ConfigValue::Kind kind;
+  int64_t i;
+  std::string_view s;
+};
+
 // A key repeated inside one row: the last value serves, as Python's
 // json.load (which SGLang uses) would have it.
-void set_field(Config* cfg, std::string key, ConfigValue v) {
-  for (auto& [k, old] : *cfg)
-    if (k == key) {
-      old = std::move(v);
+void set_field(std::vector<RawField>* fields, std::string_view key, ConfigValue::Kind kind, int64_t i,
+               std::string_view s = {}) {
+  for (RawField& f : *fields)
+    // Last byte first: BLOCK_SIZE_M/_N/_K share a size, and a memcmp call per pair adds up.
+    if (f.key.size() == key.size() && (key.empty() || f.key.back() == key.back()) && f.key == key) {
+      f.kind = kind;
+      f.i = i;
+      f.s = s;
       return;
     }
-  cfg->emplace_back(std::move(key), std::move(v));
+  fields->push_back(RawField{key, kind, i, s});
 }
 
 bool parse_m_key(std::string_view key, int64_t* m) {
@@ -113,18 +129,44 @@ bool parse_m_key(std::string_view key, int64_t* m) {
   return r.ec == std::errc() && r.ptr == key.data() + key.size();
 }
 
+std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err);
+
+// "'<key>' <what>", the reason a row is dropped.
+std::string field_reason(std::string_view key, std::string_view what) {
+  std::string r;
+  r.reserve(key.size() + what.size() + 3);
+  r.append(1, '\'').append(key).append("' ").append(what);
+  return r;
+}
+
 // Reads one row object into `cfg`. Returns "" on success, else the reason.
 // Hard JSON errors are returned through `err`.
+//
+// The fields are gathered as views in a per-thread scratch list (its
+// capacity reused), then `cfg` is built once, sized exactly, each entry
+// constructed in place: one allocation per row and no string moves, where
+// a Config growing field by field (reallocations, moved entries) was a
+// third of the load's instructions (bench/bench_load.cpp).
 std::string read_row(od::value row, Config* cfg, error_code* err) {
   od::object obj;
   if ((*err = row.get_object().get(obj))) return "";
+  thread_local std::vector<RawField> fields;
+  fields.clear();
+  std::string reason = read_row_fields(obj, &fields, err);
+  cfg->reserve(cfg->size() + fields.size());
+  for (const RawField& f : fields)
+    cfg->emplace_back(std::piecewise_construct, std::forward_as_tuple(f.key),
+                      std::forward_as_tuple(f.kind, f.i, f.s.empty() ? std::string() : std::string(f.s)));
+  return reason;
+}
+
+std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err) {
   std::string reason;
   for (auto field_res : obj) {
     od::field field;
     if ((*err = std::move(field_res).get(field))) return "";
-    std::string_view k;
-    if ((*err = field.unescaped_key().get(k))) return "";
-    std::string key(k);
+    std::string_view key;  // unescaped into the parser's string buffer: valid for the whole document
+    if ((*err = field.unescaped_key().get(key))) return "";
     od::value v = field.value();
     od::json_type t;
     if ((*err = v.type().get(t))) return "";
@@ -132,36 +174,36 @@ std::string read_row(od::value row, Config* cfg, error_code* err) {
       case od::json_type::number: {
         int64_t i = 0;
         if (v.get_int64().get(i) == simdjson::SUCCESS) {
-          set_field(cfg, std::move(key), ConfigValue::integer(i));
+          set_field(fields, key, ConfigValue::Kind::integer, i);
         } else {
           double d = 0;
           if ((*err = v.get_double().get(d))) return "";
-          if (reason.empty()) reason = "'" + key + "' is not an integer (" + std::to_string(d) + ")";
+          if (reason.empty()) reason = field_reason(key, "is not an integer (" + std::to_string(d) + ")");
         }
         break;
       }
       case od::json_type::boolean: {
         bool b = false;
         if ((*err = v.get_bool().get(b))) return "";
-        set_field(cfg, std::move(key), ConfigValue::boolean(b));
+        set_field(fields, key, ConfigValue::Kind::boolean, b ? 1 : 0);
         break;
       }
       case od::json_type::string: {
         std::string_view s;
         if ((*err = v.get_string().get(s))) return "";
-        set_field(cfg, std::move(key), ConfigValue::string(std::string(s)));
+        set_field(fields, key, ConfigValue::Kind::string, 0, s);
         break;
       }
       case od::json_type::null: {
         bool is_null = false;
         if ((*err = v.is_null().get(is_null))) return "";
-        if (reason.empty()) reason = "'" + key + "' is null";
+        if (reason.empty()) reason = field_reason(key, "is null");
         break;
       }
       default: {  // object or array: not a config value
         std::string_view raw;
         if ((*err = raw_value(v, t, &raw))) return "";
-        if (reason.empty()) reason = "'" + key + "' is not a scalar";
+        if (reason.empty()) reason = field_reason(key, "is not a scalar");
         break;
       }
     }

@@ -13,6 +13,7 @@
 
 #include "core/registry.hpp"
 #include "store/filename.hpp"
+#include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
 #include "table/key.hpp"
 
@@ -27,9 +28,44 @@ std::optional<DeviceType> own_backend(std::string_view name) {
   return std::nullopt;
 }
 
+// The directory of the previous read_file, held open: files are opened
+// relative to it (openat), so the kernel resolves one path component per
+// file instead of the whole path (bench/bench_load.cpp: the path walks were
+// a fifth of the load's system time). Closed at the end of load_config_dirs.
+struct DirCache {
+  std::string dir;
+  int fd = -1;
+  void reset() noexcept {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    dir.clear();
+  }
+  ~DirCache() { reset(); }
+};
+DirCache& dir_cache() {
+  thread_local DirCache c;
+  return c;
+}
+
+// Opens `path` read-only, through the cached directory fd when it can.
+int open_file(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0 && slash + 1 < path.size()) {
+    DirCache& c = dir_cache();
+    const std::string_view dir(path.data(), slash);
+    if (c.fd < 0 || c.dir != dir) {
+      c.reset();
+      c.fd = ::open(std::string(dir).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (c.fd >= 0) c.dir = dir;
+    }
+    if (c.fd >= 0) return ::openat(c.fd, path.c_str() + slash + 1, O_RDONLY | O_CLOEXEC);
+  }
+  return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+}
+
 // Reads a whole file into `buf` (with simdjson padding after it).
 bool read_file(const std::string& path, std::vector<char>* buf, size_t* len, std::string* err) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_file(path);
   if (fd < 0) {
     *err = std::string("cannot open: ") + std::strerror(errno);
     return false;
@@ -80,28 +116,67 @@ std::vector<std::pair<std::string, int64_t>> schema_versions(const std::string& 
   return out;
 }
 
-void load_file(const SourceDir& src, const fs::path& path, const std::vector<DeviceAlias>& aliases,
+void load_file(const SourceDir& src, const fs::path& path, bool symlink, const std::vector<DeviceAlias>& aliases,
                const InternFn& intern, std::vector<char>* buf, LoadOutput* out) {
   FileReport rep;
   rep.dir = src.dir;
   std::error_code ec;
-  rep.path = fs::relative(path, src.dir, ec).generic_string();
-  if (ec || rep.path.empty()) rep.path = path.generic_string();
+  // `path` is src.dir / <rel> as the directory walk built it, so <rel> is
+  // its lexical remainder. fs::relative would canonicalise both sides (a
+  // readlink syscall per path component, most of the load's system time:
+  // bench/bench_load.cpp); it stays for a symlinked file, whose report path
+  // it resolves to the link's target.
+  const std::string& native = path.native();
+  const bool plain_path = !native.empty() && native.back() != '/' && native.find("//") == std::string::npos;
+  if (!symlink && plain_path && !src.dir.empty() && native.size() > src.dir.size() &&
+      native.compare(0, src.dir.size(), src.dir) == 0) {
+    // What lexically_relative answers here, by string: src.dir, a separator, the rest.
+    const size_t from = src.dir.back() == '/' ? src.dir.size() : src.dir.size() + 1;
+    if (from == src.dir.size() || native[src.dir.size()] == '/') rep.path = native.substr(from);
+  }
+  if (rep.path.empty() && !symlink) {
+    const fs::path rel = path.lexically_relative(src.dir);
+    if (!rel.empty() && *rel.begin() != "..") rep.path = rel.generic_string();
+  }
+  if (rep.path.empty()) {
+    rep.path = fs::relative(path, src.dir, ec).generic_string();
+    if (ec || rep.path.empty()) rep.path = path.generic_string();
+  }
   auto skip = [&](std::string why) {
     rep.state = FileReport::State::skipped;
     rep.problems.insert(rep.problems.begin(), std::move(why));
     out->report.files.push_back(std::move(rep));
   };
 
-  const std::string base = path.filename().string();
+  // The file name, its folder and the folder above: what path.filename(),
+  // parent_path().filename() and parent_path().parent_path().filename()
+  // answer, found by string search on a plain path (fs::path splits the
+  // path anew on every call: bench/bench_load.cpp); fs::path otherwise.
+  std::string base, parent_name, grand_name;
+  if (plain_path) {
+    const size_t a = native.rfind('/');
+    base = native.substr(a == std::string::npos ? 0 : a + 1);
+    if (a != std::string::npos && a > 0) {
+      const size_t b = native.rfind('/', a - 1);
+      const size_t b0 = b == std::string::npos ? 0 : b + 1;
+      parent_name = native.substr(b0, a - b0);
+      if (b != std::string::npos && b > 0) {
+        const size_t c = native.rfind('/', b - 1);
+        const size_t c0 = c == std::string::npos ? 0 : c + 1;
+        grand_name = native.substr(c0, b - c0);
+      }
+    }
+  } else {
+    const fs::path parent = path.parent_path();
+    base = path.filename().string();
+    parent_name = parent.filename().string();
+    grand_name = parent.parent_path().filename().string();
+  }
   auto key_r = parse_file_name(base);
   if (!key_r.ok()) return skip("file name is not a config key: " + key_r.status().message());
   FileKey key = std::move(key_r.value());
 
   // Where the file sits: <backend>/<op>/ for own ops, triton_X_Y_Z/ for versions.
-  const fs::path parent = path.parent_path();
-  const std::string parent_name = parent.filename().string();
-  const std::string grand_name = parent.parent_path().filename().string();
   std::optional<core::OpKind> own_op;
   std::optional<DeviceType> backend = own_backend(grand_name);
   if (backend) own_op = core::parse_op(parent_name);
@@ -152,6 +227,20 @@ void load_file(const SourceDir& src, const fs::path& path, const std::vector<Dev
     std::vector<std::pair<std::string, int64_t>> schema;
     for (const auto& [mk, raw] : parsed.metadata)
       if (mk == "kdispatch") schema = schema_versions(raw);
+    if (src.check_fingerprint) {
+      // A persisted tuning result is served only while every axis of its
+      // validity fingerprint matches this process.
+      std::string meta;
+      for (const auto& [mk, raw] : parsed.metadata)
+        if (mk == "kdispatch") meta = raw;
+      const Fingerprint* now = *backend == DeviceType::cpu ? &cpu_fingerprint() : nullptr;
+      if (now == nullptr) return skip("tuning result for backend '" + grand_name + "' with no local device to check it on");
+      const std::string why = fingerprint_mismatch(parse_fingerprint(meta), *now);
+      if (!why.empty()) {
+        rep.stale = true;
+        return skip("stale tuning result, not served: " + why);
+      }
+    }
     const bool compiled = core::backend_compiled(*backend);
     if (!compiled)
       rep.problems.push_back("backend '" + grand_name +
@@ -244,7 +333,12 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
   std::vector<char> buf(64 * 1024);
   for (const auto& src : dirs) {
     std::error_code ec;
-    std::vector<fs::path> files;
+    struct Found {
+      std::string order;  // the path with '/' -> '\0': sorts as fs::path compares, component-wise
+      fs::path path;
+      bool symlink;       // from the entry's cached type: no syscall
+    };
+    std::vector<Found> files;
     fs::recursive_directory_iterator it(src.dir, fs::directory_options::skip_permission_denied, ec);
     if (ec) {
       out.report.notes.push_back("config dir '" + src.dir + "': " + ec.message());
@@ -261,12 +355,18 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
       if (e.path().extension() != ".json") continue;
       const std::string name = e.path().filename().string();
       if (!name.empty() && name[0] == '.') continue;  // editor temp files, our own .tmp writes
-      files.push_back(e.path());
+      std::error_code ec3;
+      std::string order = e.path().native();
+      std::replace(order.begin(), order.end(), '/', '\0');
+      files.push_back(Found{std::move(order), e.path(), e.is_symlink(ec3)});
     }
-    std::sort(files.begin(), files.end());
-    for (const auto& f : files) {
+    // The order of fs::path's operator<, on plain strings: path::compare
+    // splits both paths into components on every call (bench/bench_load.cpp).
+    std::sort(files.begin(), files.end(), [](const Found& a, const Found& b) { return a.order < b.order; });
+    for (const Found& found : files) {
+      const fs::path& f = found.path;
       try {
-        load_file(src, f, aliases, intern, &buf, &out);
+        load_file(src, f, found.symlink, aliases, intern, &buf, &out);
       } catch (const std::exception& e) {
         FileReport rep;
         rep.dir = src.dir;
@@ -277,6 +377,7 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
       }
     }
   }
+  dir_cache().reset();
   return out;
 }
 

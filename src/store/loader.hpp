@@ -29,6 +29,9 @@ namespace dispatch::store {
 struct SourceDir {
   std::string dir;
   int32_t rank = 0;  ///< 0 = highest precedence
+  /// A tuning cache: own-op files must carry a fingerprint equal to this
+  /// process's (store/fingerprint.hpp) or they are skipped as stale.
+  bool check_fingerprint = false;
 };
 
 /// Interns (dir, path relative to dir) into a stable source id (>= 1).

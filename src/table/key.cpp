@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "table/key.hpp"
 
+// Inline XXH3: the hash runs on every op call; inlined, the short-key path
+// skips the call into libxxhash (same algorithm, same values).
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <charconv>
@@ -52,53 +55,161 @@ uint32_t pack_stride_code(const uint8_t classes[4][2], const int ranks[4], int o
   return non_default ? (code | 0x80000000u) : 0u;
 }
 
-void append_stride_field(const core::Problem& p, KeyBuffer* out) noexcept {
-  if (p.stride_code == 0) return;
+namespace {
+
+// Copies the short pieces of a key (names, dtypes, field labels: mostly
+// 1..32 bytes) as a few fixed-size moves instead of a libc memcpy call.
+inline void copy_key_bytes(char* d, const char* s, size_t n) noexcept {
+  if (n > 32) {
+    std::memcpy(d, s, n);
+  } else if (n > 16) {
+    char a[16], b[16];
+    std::memcpy(a, s, 16);
+    std::memcpy(b, s + n - 16, 16);
+    std::memcpy(d, a, 16);
+    std::memcpy(d + n - 16, b, 16);
+  } else if (n >= 8) {
+    uint64_t a, b;
+    std::memcpy(&a, s, 8);
+    std::memcpy(&b, s + n - 8, 8);
+    std::memcpy(d, &a, 8);
+    std::memcpy(d + n - 8, &b, 8);
+  } else if (n >= 4) {
+    uint32_t a, b;
+    std::memcpy(&a, s, 4);
+    std::memcpy(&b, s + n - 4, 4);
+    std::memcpy(d, &a, 4);
+    std::memcpy(d + n - 4, &b, 4);
+  } else if (n > 0) {
+    const char a = s[0], b = s[n / 2], c = s[n - 1];
+    d[0] = a;
+    d[n / 2] = b;
+    d[n - 1] = c;
+  }
+}
+
+// The op path builds a key on every call (bench/bench_lookup.cpp). This
+// writer keeps its cursor in registers and stores size/overflow back into
+// the KeyBuffer once, when it dies: KeyBuffer::append keeps `size` in
+// memory, and since a char store may alias it the compiler reloads it
+// after every piece. Same semantics as KeyBuffer's appends: past an
+// overflow nothing more is written.
+class KeyWriter {
+ public:
+  explicit KeyWriter(KeyBuffer* b) noexcept
+      : b_(b), p_(b->data + b->size), end_(b->data + kMaxKeyBytes), overflow_(b->overflow) {}
+  ~KeyWriter() {
+    b_->size = static_cast<size_t>(p_ - b_->data);
+    b_->overflow = overflow_;
+  }
+  KeyWriter(const KeyWriter&) = delete;
+  KeyWriter& operator=(const KeyWriter&) = delete;
+
+  void append(std::string_view s) noexcept {
+    if (overflow_ || s.size() > static_cast<size_t>(end_ - p_)) {
+      overflow_ = true;
+      return;
+    }
+    copy_key_bytes(p_, s.data(), s.size());
+    p_ += s.size();
+  }
+  void append(char c) noexcept {
+    if (overflow_ || p_ == end_) {
+      overflow_ = true;
+      return;
+    }
+    *p_++ = c;
+  }
+  void append_int(int64_t v) noexcept {
+    if (overflow_) return;
+    const auto r = std::to_chars(p_, end_, v);  // digits straight into the key
+    if (r.ec != std::errc()) {
+      overflow_ = true;
+      return;
+    }
+    p_ = r.ptr;
+  }
+
+ private:
+  KeyBuffer* b_;
+  char* p_;
+  char* end_;
+  bool overflow_;
+};
+
+// The stride field's text ("01_o1_o1"; at most 4 operands x 2 dims + 3
+// separators) into `buf`; returns its length.
+size_t stride_field_text(const core::Problem& p, char (&buf)[16]) noexcept {
+  size_t n = 0;
+  if (p.stride_code == 0) return n;
   constexpr char kChar[4] = {'0', '1', 'o', '?'};
   for (int i = 0; i < 4; ++i) {
     const uint32_t op = (p.stride_code >> (8 * i)) & 0x7f;
     const int rank = static_cast<int>((op >> 4) & 3);
     if (rank == 0) break;
-    if (i) out->append('_');
-    for (int d = 0; d < rank; ++d) out->append(kChar[(op >> (2 * d)) & 3]);
+    if (i) buf[n++] = '_';
+    for (int d = 0; d < rank; ++d) buf[n++] = kChar[(op >> (2 * d)) & 3];
+  }
+  return n;
+}
+
+void write_stride_field(const core::Problem& p, KeyWriter& out) noexcept {
+  char buf[16];
+  const size_t n = stride_field_text(p, buf);
+  for (size_t i = 0; i < n; ++i) out.append(buf[i]);  // char by char, as the field always was
+}
+
+// Inlined into build_own_key so the writer stays in registers.
+[[gnu::always_inline]] inline void write_own_fields(const core::Problem& p, KeyWriter& out) noexcept {
+  // Fields in byte order of their names: upper case sorts before lower case.
+  if (p.op == core::OpKind::gemm) {
+    out.append("K=");
+    out.append_int(p.k);
+    out.append(",N=");
+    out.append_int(p.n);
+    if (p.has_bias) out.append(",bias=true");
+    out.append(",dtype=");
+    out.append(dtype_name(p.in_dtype));
+    if (p.out_dtype != p.in_dtype) {
+      out.append(",out_dtype=");
+      out.append(dtype_name(p.out_dtype));
+    }
+  } else {
+    out.append("dtype=");
+    out.append(dtype_name(p.in_dtype));
+    out.append(",hidden=");
+    out.append_int(p.n);
+  }
+  if (p.stride_code != 0) {
+    out.append(",stride=");
+    char buf[16];
+    const size_t n = stride_field_text(p, buf);
+    for (size_t i = 0; i < n; ++i) out.append(buf[i]);
   }
 }
 
+}  // namespace
+
+void append_stride_field(const core::Problem& p, KeyBuffer* out) noexcept {
+  KeyWriter w(out);
+  write_stride_field(p, w);
+}
+
 void append_own_fields(const core::Problem& p, KeyBuffer* out) noexcept {
-  // Fields in byte order of their names: upper case sorts before lower case.
-  if (p.op == core::OpKind::gemm) {
-    out->append("K=");
-    out->append_int(p.k);
-    out->append(",N=");
-    out->append_int(p.n);
-    if (p.has_bias) out->append(",bias=true");
-    out->append(",dtype=");
-    out->append(dtype_name(p.in_dtype));
-    if (p.out_dtype != p.in_dtype) {
-      out->append(",out_dtype=");
-      out->append(dtype_name(p.out_dtype));
-    }
-  } else {
-    out->append("dtype=");
-    out->append(dtype_name(p.in_dtype));
-    out->append(",hidden=");
-    out->append_int(p.n);
-  }
-  if (p.stride_code != 0) {
-    out->append(",stride=");
-    append_stride_field(p, out);
-  }
+  KeyWriter w(out);
+  write_own_fields(p, w);
 }
 
 void build_own_key(const core::Problem& p, std::string_view backend, std::string_view device_name,
                    KeyBuffer* out) noexcept {
-  out->append(backend);
-  out->append('/');
-  out->append(core::op_name(p.op));
-  out->append('|');
-  out->append(device_name);
-  out->append('|');
-  append_own_fields(p, out);
+  KeyWriter w(out);
+  w.append(backend);
+  w.append('/');
+  w.append(core::op_name(p.op));
+  w.append('|');
+  w.append(device_name);
+  w.append('|');
+  write_own_fields(p, w);
 }
 
 std::string make_key(std::string_view backend, std::string_view op, std::string_view device_name,

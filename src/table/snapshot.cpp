@@ -40,9 +40,19 @@ const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& po
     const double hi = static_cast<double>(b.ms.back()) * policy.ratio;
     if (static_cast<double>(m) < lo || static_cast<double>(m) > hi) return nullptr;
   }
-  // First key >= m.
-  const auto it = std::lower_bound(b.ms.begin(), b.ms.end(), m);
-  size_t i = static_cast<size_t>(it - b.ms.begin());
+  // First key >= m, by a branchless binary search: M changes from call to
+  // call, and std::lower_bound's data-dependent branches mispredict
+  // (bench/bench_lookup.cpp, BM_Hit). Each step keeps [base, base + len]
+  // holding the answer; the step is masked arithmetic, not a branch (GCC
+  // turns a ?: here into a jump).
+  const int64_t* const ms = b.ms.data();
+  const int64_t* base = ms;
+  for (size_t len = n; len > 1;) {
+    const size_t half = len / 2;
+    base += half & (size_t{0} - static_cast<size_t>(base[half - 1] < m));
+    len -= half;
+  }
+  size_t i = static_cast<size_t>(base - ms) + (*base < m ? 1 : 0);
   if (i == n) {
     i = n - 1;
   } else if (b.ms[i] != m && i > 0) {
@@ -67,12 +77,23 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
 
   std::set<std::string> ops;
   snap->buckets_.reserve(by_key.size());
+  size_t total_rows = 0;
+  for (const auto& in : inputs) total_rows += in.rows.size();
+  snap->configs_.reserve(total_rows);  // an upper bound: no regrowth, no Config moves
+  // Candidate rows of one key in precedence order (source rank, then file
+  // path, then file order); a stable sort by M then keeps the first of each
+  // M. A vector reused across keys: a std::map here cost a node per row.
+  struct Candidate {
+    int64_t m;
+    TableInput::InputRow* row;
+    TableInput* input;
+  };
+  std::vector<Candidate> merged;
   for (auto& [key, by_rank] : by_key) {
     Bucket bucket;
     bucket.key = key;
     bucket.hash = key_hash(key);
-    // M -> (row, already taken by a higher-precedence source)
-    std::map<int64_t, std::pair<TableInput::InputRow*, TableInput*>> merged;
+    merged.clear();
     std::string note;
     for (auto& [rank, group] : by_rank) {
       // Version folder selection inside one source.
@@ -129,16 +150,23 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
       std::sort(chosen.begin(), chosen.end(),
                 [](const TableInput* a, const TableInput* b) { return a->path < b->path; });
       for (TableInput* t : chosen)
-        for (auto& row : t->rows) merged.emplace(row.m, std::make_pair(&row, t));  // first wins
+        for (auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
     }
     bucket.note = note;
-    for (auto& [m, pr] : merged) {
+    std::stable_sort(merged.begin(), merged.end(),
+                     [](const Candidate& a, const Candidate& b) { return a.m < b.m; });
+    size_t unique = 0;
+    for (size_t c = 0; c < merged.size(); ++c) unique += (c == 0 || merged[c].m != merged[c - 1].m);
+    bucket.ms.reserve(unique);
+    bucket.rows.reserve(unique);
+    for (size_t c = 0; c < merged.size(); ++c) {
+      if (c > 0 && merged[c].m == merged[c - 1].m) continue;  // first wins
       Row r;
-      r.plan = pr.first->plan;
-      r.source_id = pr.second->source_id;
+      r.plan = merged[c].row->plan;
+      r.source_id = merged[c].input->source_id;
       r.config_index = static_cast<uint32_t>(snap->configs_.size());
-      snap->configs_.push_back(std::move(pr.first->config));
-      bucket.ms.push_back(m);
+      snap->configs_.push_back(std::move(merged[c].row->config));
+      bucket.ms.push_back(merged[c].m);
       bucket.rows.push_back(r);
     }
     if (bucket.ms.empty()) continue;

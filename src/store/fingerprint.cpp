@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "store/fingerprint.hpp"
+
+#include <simdjson.h>
+
+#include <cstdlib>
+
+#include "core/json_write.hpp"
+#include "kdispatch_kernel_fingerprint.hpp"  // generated at build time (see CMakeLists.txt)
+
+#ifndef KDISPATCH_COMPILER_ID
+#define KDISPATCH_COMPILER_ID "unknown"
+#endif
+
+namespace dispatch::store {
+
+std::string_view kernel_sources_fingerprint() noexcept { return KDISPATCH_KERNEL_FINGERPRINT; }
+
+const std::string* Fingerprint::find(std::string_view axis) const noexcept {
+  for (const auto& [k, v] : axes)
+    if (k == axis) return &v;
+  return nullptr;
+}
+
+std::string Fingerprint::to_json() const {
+  std::string s = "{";
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (i) s += ", ";
+    core::json_append_string(s, axes[i].first);
+    s += ": ";
+    core::json_append_string(s, axes[i].second);
+  }
+  return s + "}";
+}
+
+Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_versions) {
+  Fingerprint f;
+  f.axes.emplace_back("kernels", std::string(KDISPATCH_KERNEL_FINGERPRINT));
+  f.axes.emplace_back("compiler", std::string(KDISPATCH_COMPILER_ID));
+  f.axes.emplace_back("library", std::string(KDISPATCH_VERSION_STRING));
+  f.axes.emplace_back("arch", dev.arch);
+  f.axes.emplace_back("runtime", std::string(runtime_versions));
+  std::string env;
+  for (std::string_view name : kFingerprintEnv) {
+    const char* v = std::getenv(std::string(name).c_str());
+    if (!v) continue;
+    if (!env.empty()) env += ';';
+    env += std::string(name) + "=" + v;
+  }
+  f.axes.emplace_back("env", env);
+  return f;
+}
+
+const Fingerprint& cpu_fingerprint() {
+  static const Fingerprint f = current_fingerprint(cpu_device_info(), "cpu");
+  return f;
+}
+
+Fingerprint parse_fingerprint(std::string_view meta) {
+  Fingerprint f;
+  simdjson::padded_string json(meta);
+  simdjson::ondemand::parser parser;
+  simdjson::ondemand::document doc;
+  if (parser.iterate(json).get(doc)) return f;
+  simdjson::ondemand::object obj;
+  if (doc["fingerprint"].get_object().get(obj)) return f;
+  for (auto field : obj) {
+    std::string_view k, v;
+    if (field.unescaped_key().get(k)) break;
+    if (field.value().get_string().get(v)) continue;
+    f.axes.emplace_back(std::string(k), std::string(v));
+  }
+  return f;
+}
+
+std::string fingerprint_mismatch(const Fingerprint& file, const Fingerprint& now) {
+  if (file.axes.empty()) return "no fingerprint in the file";
+  for (const auto& [axis, value] : now.axes) {
+    const std::string* fv = file.find(axis);
+    if (!fv) return "axis '" + axis + "' missing in the file";
+    if (*fv != value) return "axis '" + axis + "' differs (file '" + *fv + "', now '" + value + "')";
+  }
+  return {};
+}
+
+}  // namespace dispatch::store

@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "store/writer.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <simdjson.h>
+
+#include "core/json_write.hpp"
+#include "store/json_file.hpp"
+
+namespace dispatch::store {
+namespace fs = std::filesystem;
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+Status io_error(const std::string& what, const std::string& path) {
+  return make_status(StatusCode::io_error, what + " '" + path + "': " + errno_text());
+}
+
+// Reads the metadata numbers map "us"/"default_us" from our metadata object.
+std::map<int64_t, double> read_us_map(std::string_view meta, const char* field) {
+  std::map<int64_t, double> out;
+  simdjson::padded_string json(meta);
+  simdjson::ondemand::parser parser;
+  simdjson::ondemand::document doc;
+  if (parser.iterate(json).get(doc)) return out;
+  simdjson::ondemand::object obj;
+  if (doc[field].get_object().get(obj)) return out;
+  for (auto f : obj) {
+    std::string_view k;
+    double v = 0;
+    if (f.unescaped_key().get(k) || f.value().get_double().get(v)) break;
+    out[std::atoll(std::string(k).c_str())] = v;
+  }
+  return out;
+}
+
+bool write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t w = ::write(fd, s.data() + off, s.size() - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+void append_config_json(std::string& s, const Config& c) {
+  s += "{";
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (i) s += ", ";
+    core::json_append_string(s, c[i].first);
+    s += ": ";
+    const ConfigValue& v = c[i].second;
+    switch (v.kind) {
+      case ConfigValue::Kind::integer: core::json_append_int(s, v.i); break;
+      case ConfigValue::Kind::boolean: s += v.i ? "true" : "false"; break;
+      case ConfigValue::Kind::string: core::json_append_string(s, v.s); break;
+    }
+  }
+  s += "}";
+}
+
+std::string claim_path(const std::string& dir, const std::string& key, int64_t m) {
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return dir + "/.claims/" + hex + "-M" + std::to_string(m) + ".claim";
+}
+
+}  // namespace
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("KDISPATCH_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kdispatch";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kdispatch";
+  return "/tmp/kdispatch-cache";
+}
+
+std::string own_file_name(std::string_view fields, std::string_view device_name) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= fields.size()) {
+    size_t comma = fields.find(',', start);
+    if (comma == std::string_view::npos) comma = fields.size();
+    if (comma > start) parts.emplace_back(fields.substr(start, comma - start));
+    start = comma + 1;
+  }
+  // SGLang's order: the dims first (N before K), then device_name, then the rest.
+  auto rank = [](const std::string& f) {
+    if (f.rfind("N=", 0) == 0) return 0;
+    if (f.rfind("K=", 0) == 0) return 1;
+    if (f.rfind("hidden=", 0) == 0) return 2;
+    return 4;
+  };
+  std::stable_sort(parts.begin(), parts.end(), [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+  std::string out;
+  bool dev_done = false;
+  for (const auto& p : parts) {
+    if (!dev_done && rank(p) == 4) {
+      out += (out.empty() ? "" : ",") + std::string("device_name=") + std::string(device_name);
+      dev_done = true;
+    }
+    out += (out.empty() ? "" : ",") + p;
+  }
+  if (!dev_done) out += (out.empty() ? "" : ",") + std::string("device_name=") + std::string(device_name);
+  return out + ".json";
+}
+
+std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerprint& fp,
+                         const std::vector<std::pair<std::string, int32_t>>& schema) {
+  std::vector<const PersistRow*> rows;
+  for (const auto& r : rows_in) rows.push_back(&r);
+  std::sort(rows.begin(), rows.end(), [](const PersistRow* a, const PersistRow* b) { return a->m < b->m; });
+  std::string s = "{\n    \"kdispatch\": {\"tool\": ";
+  core::json_append_string(s, std::string("kdispatch ") + KDISPATCH_VERSION_STRING);
+  s += ", \"schema\": {";
+  for (size_t i = 0; i < schema.size(); ++i) {
+    if (i) s += ", ";
+    core::json_append_string(s, schema[i].first);
+    s += ": ";
+    core::json_append_int(s, schema[i].second);
+  }
+  s += "}, \"fingerprint\": " + fp.to_json();
+  for (const char* field : {"us", "default_us"}) {
+    s += std::string(", \"") + field + "\": {";
+    bool first = true;
+    for (const PersistRow* r : rows) {
+      const double v = std::string_view(field) == "us" ? r->us : r->default_us;
+      if (!(v > 0)) continue;
+      if (!first) s += ", ";
+      first = false;
+      s += "\"" + std::to_string(r->m) + "\": ";
+      core::json_append_double(s, std::round(v * 1000.0) / 1000.0);
+    }
+    s += "}";
+  }
+  s += "}";
+  for (const PersistRow* r : rows) {
+    s += ",\n    \"" + std::to_string(r->m) + "\": ";
+    append_config_json(s, r->config);
+  }
+  s += "\n}\n";
+  return s;
+}
+
+Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
+                    const Fingerprint& fp, const std::vector<std::pair<std::string, int32_t>>& schema,
+                    bool* dropped_stale) noexcept {
+  try {
+    if (dropped_stale) *dropped_stale = false;
+    const fs::path target = fs::path(dir) / rel_path;
+    const fs::path parent = target.parent_path();
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) return make_status(StatusCode::io_error, "cannot create '" + parent.string() + "': " + ec.message());
+    const std::string name = target.filename().string();
+    const std::string lock_path = (parent / ("." + name + ".lock")).string();
+
+    const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd < 0) return io_error("cannot open lock file", lock_path);
+    struct Unlock {
+      int fd;
+      ~Unlock() {
+        ::flock(fd, LOCK_UN);
+        ::close(fd);
+      }
+    } unlock{lock_fd};
+    while (::flock(lock_fd, LOCK_EX) != 0) {
+      if (errno != EINTR) return io_error("cannot lock", lock_path);
+    }
+
+    // Re-read the current file under the lock and merge.
+    std::map<int64_t, PersistRow> merged;
+    {
+      const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        std::string data;
+        char buf[65536];
+        ssize_t r;
+        while ((r = ::read(fd, buf, sizeof buf)) > 0) data.append(buf, static_cast<size_t>(r));
+        ::close(fd);
+        data.append(json_padding(), '\0');
+        ParsedFile pf = parse_config_json(data.data(), data.size() - json_padding());
+        if (pf.kind == ParsedFile::Kind::table) {
+          std::string meta;
+          for (const auto& [k, v] : pf.metadata)
+            if (k == "kdispatch") meta = v;
+          const Fingerprint old = parse_fingerprint(meta);
+          if (fingerprint_mismatch(old, fp).empty()) {
+            const auto us = read_us_map(meta, "us");
+            const auto dus = read_us_map(meta, "default_us");
+            for (auto& row : pf.rows) {
+              PersistRow pr;
+              pr.m = row.m;
+              pr.config = std::move(row.config);
+              if (auto it = us.find(row.m); it != us.end()) pr.us = it->second;
+              if (auto it = dus.find(row.m); it != dus.end()) pr.default_us = it->second;
+              merged[row.m] = std::move(pr);
+            }
+          } else if (dropped_stale) {
+            *dropped_stale = true;
+          }
+        }
+      }
+    }
+    for (const auto& r : rows) merged[r.m] = r;
+    std::vector<PersistRow> all;
+    for (auto& [m, r] : merged) all.push_back(std::move(r));
+    const std::string text = render_table(all, fp, schema);
+
+    const std::string tmp = (parent / ("." + name + ".tmp." + std::to_string(::getpid()))).string();
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error("cannot create", tmp);
+    if (!write_all(fd, text) || ::fsync(fd) != 0) {
+      Status s = io_error("cannot write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      Status s = io_error("cannot rename into", target.string());
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    const int dfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+    return Status();
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "persisting tuning results");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::io_error, std::string("persisting tuning results: ") + e.what());
+  }
+}
+
+bool try_claim(const std::string& dir, const std::string& key, int64_t m, double ttl_s) noexcept {
+  try {
+    std::error_code ec;
+    fs::create_directories(fs::path(dir) / ".claims", ec);
+    const std::string path = claim_path(dir, key, m);
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        const std::string body = std::to_string(::getpid()) + " " + host + "\n" + key + "\n";
+        write_all(fd, body);
+        ::close(fd);
+        return true;
+      }
+      if (errno != EEXIST) return false;
+      // Held: take it over when it is older than the TTL or its owner (on
+      // this host) is gone.
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) continue;
+      const double age = static_cast<double>(::time(nullptr) - st.st_mtime);
+      bool dead = false;
+      {
+        const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (rfd >= 0) {
+          char buf[512] = {0};
+          const ssize_t r = ::read(rfd, buf, sizeof buf - 1);
+          ::close(rfd);
+          if (r > 0) {
+            long pid = 0;
+            char owner[256] = {0};
+            if (std::sscanf(buf, "%ld %255s", &pid, owner) == 2 && std::strcmp(owner, host) == 0 && pid > 0 &&
+                ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+              dead = true;
+          }
+        }
+      }
+      if (age > ttl_s || dead) {
+        ::unlink(path.c_str());
+        continue;
+      }
+      return false;
+    }
+    return false;
+  } catch (...) {
+    return false;
+  }
+}
+
+void release_claim(const std::string& dir, const std::string& key, int64_t m) noexcept {
+  try {
+    ::unlink(claim_path(dir, key, m).c_str());
+  } catch (...) {
+  }
+}
+
+}  // namespace dispatch::store

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — writing tuning results: the same file format the
+// loader reads, so a tuning cache or an `--emit` dir can be committed as is.
+//
+// Safety, in order:
+//  - Atomic: write a temp file in the same dir, fsync it, rename it over the
+//    target, fsync the dir. A reader sees the old file or the new one,
+//    never a torn one.
+//  - Merge, never overwrite: several processes (tensor-parallel ranks, two
+//    servers sharing a cache dir) writing the same file take an exclusive
+//    flock on a side lock file, re-read the current file, merge their rows
+//    into it (their row wins on the same M) and write the result. Case C10a.
+//  - Stale rows are dropped on merge: rows of a file whose fingerprint
+//    differs from the writer's are not carried over.
+//  - Claims: before tuning a (key, M) a process creates a claim file with
+//    O_EXCL; others skip that shape and pick up the result from the cache.
+//    A claim older than its TTL, or held by a dead process on this host, is
+//    taken over.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dispatch/config.hpp"
+#include "dispatch/status.hpp"
+#include "store/fingerprint.hpp"
+
+namespace dispatch::store {
+
+struct PersistRow {
+  int64_t m = 0;
+  Config config;          ///< {"variant": ..., params...}
+  double us = 0.0;        ///< measured median of the winner (0 = unknown)
+  double default_us = 0.0;///< measured median of get_default's plan (0 = unknown)
+};
+
+/// The default tuning cache dir: $KDISPATCH_CACHE_DIR, else
+/// $XDG_CACHE_HOME/kdispatch, else $HOME/.cache/kdispatch.
+std::string default_cache_dir();
+
+/// Merges `rows` into <dir>/<rel_path> (creating dirs), atomically and
+/// under a file lock. `schema` lists (variant, schema_version) to record.
+/// `*dropped_stale` (optional) is set when the existing file's rows were
+/// dropped because its fingerprint differed. Errors: io_error naming the
+/// path.
+Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
+                    const Fingerprint& fp, const std::vector<std::pair<std::string, int32_t>>& schema,
+                    bool* dropped_stale = nullptr) noexcept;
+
+/// The JSON text persist_rows writes (deterministic: metadata first, then
+/// rows by ascending M).
+std::string render_table(const std::vector<PersistRow>& rows, const Fingerprint& fp,
+                         const std::vector<std::pair<std::string, int32_t>>& schema);
+
+/// Tries to claim (key, m) in `dir`/.claims. True when this process holds it.
+bool try_claim(const std::string& dir, const std::string& key, int64_t m, double ttl_s = 600.0) noexcept;
+/// Releases a claim taken by try_claim.
+void release_claim(const std::string& dir, const std::string& key, int64_t m) noexcept;
+
+/// The own-op file name of a problem's key fields:
+/// "N=..,K=..,device_name=..,dtype=..[,bias=true][,out_dtype=..][,stride=..].json".
+std::string own_file_name(std::string_view fields_sorted, std::string_view device_name);
+
+}  // namespace dispatch::store

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tune/harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+namespace dispatch::tune {
+
+namespace {
+// The sweep buffer, shared read-only by every CpuClock (allocated once).
+// Its size: 3x the last-level cache, clamped to [8, 96] MiB — a VM can
+// report a socket-wide L3 (hundreds of MB) while a core only ever uses its
+// CCD's slice, and a sweep per rep must stay affordable.
+const std::vector<uint64_t>& sweep_buffer(int64_t llc_bytes) {
+  static const std::vector<uint64_t> buf = [llc_bytes] {
+    const int64_t llc = llc_bytes > 0 ? llc_bytes : (32LL << 20);
+    const int64_t bytes = std::clamp<int64_t>(3 * llc, 8LL << 20, 96LL << 20);
+    return std::vector<uint64_t>(static_cast<size_t>(bytes / 8), 1);
+  }();
+  return buf;
+}
+}  // namespace
+
+CpuClock::CpuClock(int64_t llc_bytes) : llc_bytes_(llc_bytes) {}
+
+void CpuClock::flush() {
+  if (!sweep_) sweep_ = &sweep_buffer(llc_bytes_);  // allocated on first use only
+  uint64_t s = 0;
+  // One read per cache line is enough to evict; the stride keeps it cheap.
+  const std::vector<uint64_t>& b = *sweep_;
+  for (size_t i = 0; i < b.size(); i += 8) s += b[i];
+  sink_ = sink_ + s;
+}
+
+Result<double> CpuClock::time_us(const std::function<Status()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = fn();
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!s.ok()) return s;
+  return std::chrono::duration<double, std::micro>(t1 - t0).count();
+}
+
+Timing summarize(std::vector<double> v) {
+  Timing t;
+  if (v.empty()) return t;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(pos);
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  t.median_us = at(0.5);
+  t.p10_us = at(0.1);
+  t.p90_us = at(0.9);
+  t.min_us = v.front();
+  t.max_us = v.back();
+  t.reps = static_cast<int32_t>(v.size());
+  return t;
+}
+
+Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, const std::function<Status()>& fn,
+                       const MeasureOptions& o) {
+  for (int32_t i = 0; i < o.warmup; ++i) {
+    if (prepare) {
+      if (Status s = prepare(); !s.ok()) return s;
+    }
+    if (Status s = fn(); !s.ok()) return s;
+  }
+  std::vector<double> samples;
+  samples.reserve(static_cast<size_t>(std::max(o.reps, 1)));
+  double total = 0.0;
+  for (int32_t i = 0; i < std::max(o.reps, 1); ++i) {
+    if (prepare) {
+      if (Status s = prepare(); !s.ok()) return s;
+    }
+    if (o.cold_cache) clock.flush();
+    auto t = clock.time_us(fn);
+    if (!t.ok()) return t.status();
+    samples.push_back(*t);
+    total += *t;
+    if (samples.size() >= 3) {
+      if (o.max_total_us > 0 && total > o.max_total_us) break;
+      if (o.abandon_above_us > 0) {
+        std::vector<double> c = samples;
+        std::nth_element(c.begin(), c.begin() + c.size() / 2, c.end());
+        if (c[c.size() / 2] > o.abandon_above_us) break;
+      }
+    }
+  }
+  return summarize(std::move(samples));
+}
+
+}  // namespace dispatch::tune

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the benchmark harness shared by the tuner and the
+// published benchmarks (bench/), so a tuned pick reproduces in the tables.
+//
+// Method: warm up, then repeat; before every rep run `prepare` (restore
+// in-place arguments, zero accumulators) and make the cache cold; time the
+// launch alone; report the median and the spread (p10/p90, min/max).
+// CPU: "cold" = read a buffer several times the last-level cache before the
+// rep (so neither inputs nor weights are cache-resident, as in a serving
+// loop between layers) and time with steady_clock around the call, which
+// runs to completion. The GPU backends plug their own clock in (CUDA events,
+// a 256 MiB L2-evicting read before each rep, as ../shared/peers/README.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "dispatch/status.hpp"
+
+namespace dispatch::tune {
+
+struct Timing {
+  double median_us = 0.0;
+  double p10_us = 0.0;
+  double p90_us = 0.0;
+  double min_us = 0.0;
+  double max_us = 0.0;
+  int32_t reps = 0;
+};
+
+struct MeasureOptions {
+  int32_t warmup = 1;     ///< untimed runs first
+  int32_t reps = 5;       ///< timed runs
+  /// Stop repeating once this much time went into timed reps (µs); at least
+  /// 3 reps are always taken. 0 = no limit.
+  double max_total_us = 0.0;
+  /// Stop early when, after 3 reps, the median is above this (µs): a
+  /// candidate already 1.5x slower than the best need not be timed exactly.
+  double abandon_above_us = 0.0;
+  bool cold_cache = true;
+};
+
+/// A clock and cache policy for one backend.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  /// Makes the caches cold for the next rep.
+  virtual void flush() = 0;
+  /// Runs `fn` once and returns its duration in µs, or a failed Status
+  /// from fn.
+  virtual Result<double> time_us(const std::function<Status()>& fn) = 0;
+};
+
+/// The CPU clock: steady_clock around the call; flush() reads a buffer of
+/// 3x the last-level cache, clamped to [8, 96] MiB (allocated once per
+/// process, shared read-only).
+class CpuClock final : public Clock {
+ public:
+  explicit CpuClock(int64_t llc_bytes);
+  void flush() override;
+  Result<double> time_us(const std::function<Status()>& fn) override;
+
+ private:
+  int64_t llc_bytes_ = 0;
+  const std::vector<uint64_t>* sweep_ = nullptr;
+  volatile uint64_t sink_ = 0;
+};
+
+/// Measures `fn`: `prepare` runs before every (warm-up and timed) rep, then
+/// the clock's flush when cold_cache is set. Errors: the first failure of
+/// `fn` or `prepare`.
+Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, const std::function<Status()>& fn,
+                       const MeasureOptions& o);
+
+/// Median/percentiles of samples (µs). Empty input gives zeros.
+Timing summarize(std::vector<double> samples_us);
+
+}  // namespace dispatch::tune

@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tune/search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "core/numeric.hpp"
+#include "core/registry.hpp"
+
+namespace dispatch::tune {
+namespace {
+
+// Poison bit patterns: signalling NaNs with a payload no arithmetic yields
+// (arithmetic on a signalling NaN returns a quiet one), so a pattern left in
+// an output after a run means the element was never written.
+constexpr uint32_t kPoison32 = 0x7FBADBADu;
+constexpr uint16_t kPoison16bf = 0x7FBDu;  // bf16: exponent all ones, quiet bit clear
+constexpr uint16_t kPoison16h = 0x7D5Bu;   // fp16: exponent all ones, quiet bit clear
+
+double load(const ArgBuffer& a, int64_t r, int64_t c) {
+  const int64_t i = r * a.ld + c;
+  switch (a.dtype) {
+    case DType::fp32: return static_cast<const float*>(a.ptr)[i];
+    case DType::bf16: return core::bf16_to_float(static_cast<const uint16_t*>(a.ptr)[i]);
+    case DType::fp16: return core::fp16_to_float(static_cast<const uint16_t*>(a.ptr)[i]);
+  }
+  return 0.0;
+}
+
+bool is_poison(const ArgBuffer& a, int64_t r, int64_t c) {
+  const int64_t i = r * a.ld + c;
+  if (a.dtype == DType::fp32) {
+    uint32_t bits;
+    std::memcpy(&bits, static_cast<const float*>(a.ptr) + i, 4);
+    return bits == kPoison32;
+  }
+  const uint16_t bits = static_cast<const uint16_t*>(a.ptr)[i];
+  return bits == (a.dtype == DType::bf16 ? kPoison16bf : kPoison16h);
+}
+
+void poison(const ArgBuffer& a) {
+  for (int64_t r = 0; r < a.rows; ++r) {
+    if (a.dtype == DType::fp32) {
+      float* row = static_cast<float*>(a.ptr) + r * a.ld;
+      for (int64_t c = 0; c < a.cols; ++c) std::memcpy(row + c, &kPoison32, 4);
+    } else {
+      uint16_t* row = static_cast<uint16_t*>(a.ptr) + r * a.ld;
+      const uint16_t p = a.dtype == DType::bf16 ? kPoison16bf : kPoison16h;
+      for (int64_t c = 0; c < a.cols; ++c) row[c] = p;
+    }
+  }
+}
+
+void zero(const ArgBuffer& a) {
+  const size_t es = dtype_size(a.dtype);
+  for (int64_t r = 0; r < a.rows; ++r)
+    std::memset(static_cast<char*>(a.ptr) + static_cast<size_t>(r * a.ld) * es, 0, static_cast<size_t>(a.cols) * es);
+}
+
+// Tolerance per output dtype: |c - r| <= atol * max|ref| + rtol * |r|.
+// fp32 outputs differ between variants only by summation order; bf16/fp16
+// outputs by a rounding step or two of the final conversion.
+void tolerance(DType t, double* atol, double* rtol) {
+  switch (t) {
+    case DType::fp32: *atol = 1e-5, *rtol = 1e-4; break;
+    case DType::bf16: *atol = 8e-3, *rtol = 1.6e-2; break;
+    case DType::fp16: *atol = 1e-3, *rtol = 2e-3; break;
+  }
+}
+
+struct Saved {
+  std::vector<std::unique_ptr<char[]>> bytes;  // per arg: the whole extent, or null
+};
+
+}  // namespace
+
+size_t ArgBuffer::extent_bytes() const noexcept {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<size_t>((rows - 1) * ld + cols) * dtype_size(dtype);
+}
+
+TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
+  TuneTarget t;
+  t.problem = p;
+  auto buf = [](std::string name, const void* ptr, DType dt, int64_t rows, int64_t cols, int64_t ld, bool read,
+                bool written) {
+    ArgBuffer a;
+    a.name = std::move(name);
+    a.ptr = const_cast<void*>(ptr);
+    a.dtype = dt;
+    a.rows = rows;
+    a.cols = cols;
+    a.ld = rows > 1 ? ld : cols;
+    a.read = read;
+    a.written = written;
+    return a;
+  };
+  switch (p.op) {
+    case core::OpKind::gemm:
+      t.args.push_back(buf("a", la.a, p.in_dtype, p.m, p.k, la.lda, true, false));
+      t.args.push_back(buf("b", la.b, p.in_dtype, p.n, p.k, la.ldb, true, false));
+      t.args.push_back(buf("d", la.d, p.out_dtype, p.m, p.n, la.ldd, false, true));
+      t.args.push_back(buf("bias", la.bias, p.out_dtype, la.bias ? 1 : 0, p.n, p.n, true, false));
+      break;
+    case core::OpKind::rmsnorm: {
+      // In place (y == x) makes y a read-and-written argument.
+      const bool in_place = la.y == la.x;
+      t.args.push_back(buf("y", la.y, p.out_dtype, p.m, p.n, la.ldy, in_place, true));
+      t.args.push_back(buf("x", la.x, p.in_dtype, p.m, p.n, la.ldx, true, in_place));
+      t.args.push_back(buf("w", la.w, p.in_dtype, 1, p.n, p.n, true, false));
+      break;
+    }
+    case core::OpKind::fused_add_rmsnorm:
+      t.args.push_back(buf("x", la.x, p.in_dtype, p.m, p.n, la.ldx, true, true));
+      t.args.push_back(buf("residual", la.residual, p.in_dtype, p.m, p.n, la.ldr, true, true));
+      t.args.push_back(buf("w", la.w, p.in_dtype, 1, p.n, p.n, true, false));
+      break;
+  }
+  const core::Problem prob = p;
+  t.launch = [la, prob](const core::Plan& plan) { return plan.variant->launch(la, prob, plan.params); };
+  return t;
+}
+
+void zero_reset_args(const TuneTarget& target, const core::Plan& plan) noexcept {
+  if (!plan.variant || plan.variant->reset_args == 0) return;
+  for (size_t i = 0; i < target.args.size(); ++i)
+    if ((plan.variant->reset_args >> i) & 1u)
+      if (target.args[i].ptr) zero(target.args[i]);
+}
+
+std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo& dev, const core::Plan& def,
+                                       const SearchOptions& o, int32_t* space, int32_t* pruned) {
+  struct Scored {
+    core::Plan plan;
+    double score;
+  };
+  std::vector<Scored> pts;
+  int32_t n_space = 0, n_pruned = 0;
+  for (const core::VariantDef* v : core::variants_for(p.op, p.device.type)) {
+    if (v->in_dtype != p.in_dtype) continue;
+    if (v->flags & core::kVariantReference) continue;
+    if (o.deterministic && (v->flags & core::kVariantNondeterministic)) continue;
+    std::vector<core::Plan> sp = core::config_space(*v, p, dev);
+    n_space += static_cast<int32_t>(sp.size());
+    std::vector<Scored> mine;
+    for (const core::Plan& plan : sp) {
+      double score;
+      if (v->estimate_us) {
+        score = v->estimate_us(p, plan.params, dev);
+      } else {
+        // No model: explore outward from the default (fewest differing params).
+        score = 0.0;
+        if (def.variant != v) score += 100.0;
+        for (size_t i = 0; i < v->params.size(); ++i)
+          if (def.variant != v || plan.params[i] != def.params[i]) score += 1.0;
+      }
+      mine.push_back({plan, score});
+    }
+    if (v->estimate_us && o.max_candidates > 0 && static_cast<int>(mine.size()) > o.max_candidates) {
+      std::stable_sort(mine.begin(), mine.end(), [](const Scored& a, const Scored& b) { return a.score < b.score; });
+      n_pruned += static_cast<int32_t>(mine.size()) - o.max_candidates;
+      mine.resize(static_cast<size_t>(o.max_candidates));
+    }
+    for (auto& s : mine) pts.push_back(s);
+  }
+  std::stable_sort(pts.begin(), pts.end(), [](const Scored& a, const Scored& b) { return a.score < b.score; });
+  std::vector<core::Plan> out;
+  if (def.valid() && !(o.deterministic && (def.variant->flags & core::kVariantNondeterministic))) out.push_back(def);
+  for (const auto& s : pts) {
+    const bool is_def = def.valid() && s.plan.variant == def.variant &&
+                        std::equal(s.plan.params, s.plan.params + core::kMaxParams, def.params);
+    if (!is_def) out.push_back(s.plan);
+  }
+  if (space) *space = n_space;
+  if (pruned) *pruned = n_pruned;
+  return out;
+}
+
+Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candidates, const core::Plan& reference,
+                            const SearchOptions& o) noexcept {
+  try {
+    SearchResult res;
+    if (candidates.empty()) return make_status(StatusCode::no_variant, "no candidate accepts this problem");
+    res.default_plan = candidates.front();
+    const auto t_start = std::chrono::steady_clock::now();
+    const size_t n = t.args.size();
+
+    // 1. Snapshot every written argument (in-place ones to restore before
+    //    each rep; pure outputs so the caller gets its bytes back at the end).
+    Saved saved;
+    saved.bytes.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const ArgBuffer& a = t.args[i];
+      if (!a.ptr || !a.written) continue;
+      const size_t b = a.extent_bytes();
+      saved.bytes[i].reset(new char[b]);
+      std::memcpy(saved.bytes[i].get(), a.ptr, b);
+    }
+    auto restore = [&](uint32_t extra_restore) {
+      for (size_t i = 0; i < n; ++i) {
+        const ArgBuffer& a = t.args[i];
+        if (!saved.bytes[i]) continue;
+        if ((a.read && a.written) || ((extra_restore >> i) & 1u))
+          std::memcpy(a.ptr, saved.bytes[i].get(), a.extent_bytes());
+      }
+    };
+    auto restore_all = [&]() {
+      for (size_t i = 0; i < n; ++i)
+        if (saved.bytes[i]) std::memcpy(t.args[i].ptr, saved.bytes[i].get(), t.args[i].extent_bytes());
+    };
+    // Restores the search's own changes whatever happens below.
+    struct Guard {
+      std::function<void()> f;
+      ~Guard() { f(); }
+    } guard{restore_all};
+
+    auto prepare_for = [&](const core::Plan& plan) {
+      restore(plan.variant->restore_args);
+      zero_reset_args(t, plan);
+    };
+    auto poison_outputs = [&]() {
+      for (size_t i = 0; i < n; ++i)
+        if (t.args[i].ptr && t.args[i].written && !t.args[i].read) poison(t.args[i]);
+    };
+
+    // 2. Reference output on the same inputs.
+    std::vector<std::vector<double>> ref(n);
+    if (o.validate) {
+      if (!reference.valid()) return make_status(StatusCode::no_variant, "no reference variant for this problem");
+      prepare_for(reference);
+      poison_outputs();
+      if (Status s = t.launch(reference); !s.ok()) return s;
+      for (size_t i = 0; i < n; ++i) {
+        const ArgBuffer& a = t.args[i];
+        if (!a.ptr || !a.written) continue;
+        ref[i].resize(static_cast<size_t>(a.rows * a.cols));
+        for (int64_t r = 0; r < a.rows; ++r)
+          for (int64_t c = 0; c < a.cols; ++c) ref[i][static_cast<size_t>(r * a.cols + c)] = load(a, r, c);
+      }
+    }
+    auto check = [&](const core::Plan& plan) -> Status {
+      for (size_t i = 0; i < n; ++i) {
+        const ArgBuffer& a = t.args[i];
+        if (!a.ptr || !a.written) continue;
+        double atol, rtol;
+        tolerance(a.dtype, &atol, &rtol);
+        double scale = 0.0;
+        for (double v : ref[i])
+          if (std::isfinite(v)) scale = std::max(scale, std::fabs(v));
+        for (int64_t r = 0; r < a.rows; ++r)
+          for (int64_t c = 0; c < a.cols; ++c) {
+            auto where = [&] {
+              return "'" + a.name + "'[" + std::to_string(r) + "," + std::to_string(c) + "]";
+            };
+            if (!a.read && is_poison(a, r, c))
+              return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where() + " unwritten");
+            const double got = load(a, r, c);
+            const double want = ref[i][static_cast<size_t>(r * a.cols + c)];
+            if (std::isnan(want)) continue;  // the reference's NaN (NaN input): any NaN matches
+            if (std::isnan(got) || std::fabs(got - want) > atol * scale + rtol * std::fabs(want))
+              return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
+                                                           where() + ": " + std::to_string(got) + " vs " + std::to_string(want));
+          }
+      }
+      return Status();
+    };
+
+    CpuClock clock(o.device ? o.device->l2_bytes : 0);
+    double best = 0.0;
+    for (size_t ci = 0; ci < candidates.size(); ++ci) {
+      const core::Plan& plan = candidates[ci];
+      if (o.stop && o.stop->load(std::memory_order_relaxed)) {
+        res.stopped = true;
+        break;
+      }
+      const double elapsed_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+      if (ci > 0 && elapsed_ms > o.time_budget_ms) {
+        res.out_of_time = true;
+        break;
+      }
+      const auto c_start = std::chrono::steady_clock::now();
+      CandidateResult cr;
+      cr.plan = plan;
+      // Validation run on poisoned outputs.
+      if (o.validate) {
+        prepare_for(plan);
+        poison_outputs();
+        Status s = t.launch(plan);
+        if (!s.ok()) {
+          cr.status = s;
+          ++res.failed;
+          res.tried.push_back(std::move(cr));
+          continue;
+        }
+        if (Status v = check(plan); !v.ok()) {
+          cr.status = v;
+          ++res.rejected;
+          res.tried.push_back(std::move(cr));
+          continue;
+        }
+      }
+      MeasureOptions mo = o.measure;
+      if (best > 0) mo.abandon_above_us = best * 1.5;
+      std::atomic<bool> stop_seen{false};
+      auto prepare = [&]() -> Status {
+        if (o.stop && o.stop->load(std::memory_order_relaxed)) {
+          stop_seen = true;
+          return make_status(StatusCode::internal, "stopped");
+        }
+        prepare_for(plan);
+        return Status();
+      };
+      auto timing = measure(clock, prepare, [&]() { return t.launch(plan); }, mo);
+      if (!timing.ok()) {
+        if (stop_seen) {
+          res.stopped = true;
+          break;
+        }
+        cr.status = timing.status();
+        ++res.failed;
+        res.tried.push_back(std::move(cr));
+        continue;
+      }
+      cr.timing = *timing;
+      if (ci == 0) res.default_us = cr.timing.median_us;
+      if (!res.best.valid() || cr.timing.median_us < best) {
+        best = cr.timing.median_us;
+        res.best = plan;
+        res.best_us = best;
+      }
+      res.tried.push_back(std::move(cr));
+      if (o.duty_cycle > 0 && o.duty_cycle < 1) {
+        const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - c_start).count();
+        const double idle = busy * (1.0 - o.duty_cycle) / o.duty_cycle;
+        // Sleep in small slices so a stop request is honoured quickly.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(idle);
+        while (std::chrono::steady_clock::now() < until) {
+          if (o.stop && o.stop->load(std::memory_order_relaxed)) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    }
+    if (!res.best.valid() && !res.stopped)
+      return make_status(StatusCode::no_variant,
+                         "every candidate failed to launch or was rejected (" + std::to_string(res.failed) +
+                             " failed, " + std::to_string(res.rejected) + " rejected)" +
+                             (res.tried.empty() ? std::string() : ": " + res.tried.front().status.message()));
+    return res;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "tuning search (snapshots of the written arguments)");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::internal, std::string("tuning search: ") + e.what());
+  }
+}
+
+}  // namespace dispatch::tune

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the search: config space -> constraint prune ->
+// optional perf-model top-k -> benchmark -> validate -> pick.
+//
+// Why this is the core of the library: an autotuner that benchmarks an
+// in-place kernel on live buffers measures garbage and hands the caller
+// corrupted data (fused add+RMSNorm applied N times), and one that times a
+// candidate without checking its output can crown a kernel that skips half
+// its work. So, per candidate, on the same inputs:
+//   1. restore every argument the op or the variant modifies in place
+//      (restore_value) from a snapshot taken before the search, and zero
+//      every argument the variant accumulates into (reset_to_zero);
+//   2. poison the pure outputs (a NaN bit pattern no arithmetic produces);
+//   3. run once and compare every written element with the reference
+//      variant's output (tolerance per dtype); a poison pattern left over
+//      (an unwritten element) or a NaN the reference does not have rejects
+//      the candidate; a launch error skips it (never aborts the search);
+//   4. time it with the shared harness (warm-up, repeats, median and spread,
+//      cold cache before each rep), restoring/zeroing before every rep.
+// After the search every written argument is restored to what the caller
+// had, so the caller's real launch (with reset_to_zero args zeroed first)
+// sees its own data exactly once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/op.hpp"
+#include "dispatch/device.hpp"
+#include "tune/harness.hpp"
+
+namespace dispatch::tune {
+
+/// One argument as the search sees it: a strided 2-D view (a 1-D tensor is
+/// one row). Only its logical elements are poisoned or compared; bytes
+/// between rows (row stride > cols) are never touched.
+struct ArgBuffer {
+  std::string name;
+  void* ptr = nullptr;
+  DType dtype = DType::fp32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;        ///< row stride in elements (may be 0 for a broadcast input)
+  bool read = true;      ///< the op reads it
+  bool written = false;  ///< the op writes it
+
+  /// Bytes from element [0,0] to one past the last element.
+  size_t extent_bytes() const noexcept;
+};
+
+/// What a search runs on: the buffers, and how to launch a plan on them.
+struct TuneTarget {
+  core::Problem problem;
+  std::vector<ArgBuffer> args;  ///< in the op's argument-slot order
+  std::function<Status(const core::Plan&)> launch;
+};
+
+/// The target of a built-in op over the buffers of `la` (the caller's, or
+/// scratch buffers laid out the same way).
+TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la);
+
+struct SearchOptions {
+  const DeviceInfo* device = nullptr;
+  MeasureOptions measure;
+  /// Stop starting new candidates after this long (the default plan is
+  /// always measured first). Milliseconds.
+  double time_budget_ms = 2000.0;
+  /// Perf-model top-k: when a variant has estimate_us and the space is
+  /// larger, keep the k best estimates. 0 = keep all.
+  int max_candidates = 96;
+  /// Compare each candidate's output with the reference variant's.
+  bool validate = true;
+  /// Exclude variants whose results depend on scheduling.
+  bool deterministic = false;
+  /// Busy fraction of the tuning thread (1 = flat out). After each
+  /// candidate the search sleeps busy_time * (1 - d) / d.
+  double duty_cycle = 1.0;
+  /// Checked between reps: a set flag ends the search early.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+struct CandidateResult {
+  core::Plan plan;
+  Status status;        ///< launch failure or validation failure (with the reason)
+  Timing timing;        ///< valid when status is ok
+};
+
+struct SearchResult {
+  core::Plan best;
+  double best_us = 0.0;
+  core::Plan default_plan;
+  double default_us = 0.0;   ///< the default plan's median (0 when it failed)
+  std::vector<CandidateResult> tried;
+  int32_t space = 0;         ///< points after constraint prune
+  int32_t pruned_by_model = 0;
+  int32_t rejected = 0;      ///< failed validation
+  int32_t failed = 0;        ///< failed to launch
+  bool stopped = false;      ///< ended by the stop flag
+  bool out_of_time = false;  ///< the time budget ran out before the space did
+};
+
+/// Candidate plans for a problem, in search order: the default plan first,
+/// then the rest of every accepting variant's space ordered by the perf
+/// model when present, else by closeness to the default (fewest differing
+/// params first). References and, in deterministic mode, nondeterministic
+/// variants are left out.
+std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo& dev,
+                                       const core::Plan& default_plan, const SearchOptions& o,
+                                       int32_t* space, int32_t* pruned);
+
+/// Runs the search over `candidates` (first = the baseline) with
+/// `reference` as the validation baseline. On return every written
+/// argument holds what it held before the call. Errors: only when the
+/// reference itself cannot run (backend_error/...) or out_of_memory; a
+/// failing candidate is recorded, never fatal.
+Result<SearchResult> search(TuneTarget& target, const std::vector<core::Plan>& candidates,
+                            const core::Plan& reference, const SearchOptions& o) noexcept;
+
+/// Zeroes the reset_to_zero arguments of `plan` in `target` (the real launch
+/// does this too, so a call gives the same answer whether or not it tuned).
+void zero_reset_args(const TuneTarget& target, const core::Plan& plan) noexcept;
+
+}  // namespace dispatch::tune

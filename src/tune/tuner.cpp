@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tune/tuner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "core/numeric.hpp"
+#include "core/registry.hpp"
+#include "store/fingerprint.hpp"
+#include "store/writer.hpp"
+#include "table/key.hpp"
+
+namespace dispatch::tune {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Layout of each argument slot of a problem: rows, cols, row stride.
+struct Slot {
+  int64_t rows = 0, cols = 0, ld = 0;
+  DType dtype = DType::fp32;
+  bool present = true;
+};
+
+std::vector<Slot> layout(const MissEvent& ev) {
+  const core::Problem& p = ev.problem;
+  auto ld_or = [](int64_t ld, int64_t rows, int64_t cols) { return rows > 1 && ld > 0 ? ld : cols; };
+  std::vector<Slot> s(core::kMaxArgs);
+  switch (p.op) {
+    case core::OpKind::gemm:
+      s[0] = {p.m, p.k, ld_or(ev.ld[0], p.m, p.k), p.in_dtype, true};
+      s[1] = {p.n, p.k, ld_or(ev.ld[1], p.n, p.k), p.in_dtype, true};
+      s[2] = {p.m, p.n, ld_or(ev.ld[2], p.m, p.n), p.out_dtype, true};
+      s[3] = {1, p.n, p.n, p.out_dtype, p.has_bias};
+      break;
+    case core::OpKind::rmsnorm:
+      s[0] = {p.m, p.n, ld_or(ev.ld[0], p.m, p.n), p.out_dtype, true};
+      s[1] = {p.m, p.n, ld_or(ev.ld[1], p.m, p.n), p.in_dtype, true};
+      s[2] = {1, p.n, p.n, p.in_dtype, true};
+      s[3].present = false;
+      break;
+    case core::OpKind::fused_add_rmsnorm:
+      s[0] = {p.m, p.n, ld_or(ev.ld[0], p.m, p.n), p.in_dtype, true};
+      s[1] = {p.m, p.n, ld_or(ev.ld[1], p.m, p.n), p.in_dtype, true};
+      s[2] = {1, p.n, p.n, p.in_dtype, true};
+      s[3].present = false;
+      break;
+  }
+  return s;
+}
+
+size_t slot_bytes(const Slot& s) {
+  if (!s.present || s.rows <= 0 || s.cols <= 0) return 0;
+  return static_cast<size_t>((s.rows - 1) * s.ld + s.cols) * dtype_size(s.dtype);
+}
+
+int64_t scratch_bytes(const MissEvent& ev) {
+  int64_t total = 0;
+  for (const Slot& s : layout(ev)) total += static_cast<int64_t>(slot_bytes(s));
+  return total;
+}
+
+void fill(void* ptr, const Slot& s, std::mt19937& rng, bool weight) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const size_t n = slot_bytes(s) / dtype_size(s.dtype);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = weight ? 1.f + 0.1f * u(rng) : u(rng);
+    switch (s.dtype) {
+      case DType::fp32: static_cast<float*>(ptr)[i] = v; break;
+      case DType::bf16: static_cast<uint16_t*>(ptr)[i] = core::float_to_bf16(v); break;
+      case DType::fp16: static_cast<uint16_t*>(ptr)[i] = core::float_to_fp16(v); break;
+    }
+  }
+}
+
+std::string key_prefix(const std::string& key) { return key.substr(0, key.find('|')); }
+std::string key_fields(const std::string& key) {
+  const size_t a = key.find('|');
+  const size_t b = key.find('|', a + 1);
+  return b == std::string::npos ? std::string() : key.substr(b + 1);
+}
+std::string key_device(const std::string& key) {
+  const size_t a = key.find('|');
+  const size_t b = key.find('|', a + 1);
+  return key.substr(a + 1, b - a - 1);
+}
+
+}  // namespace
+
+Tuner::Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks)
+    : options_(options),
+      mode_(options.tune.mode),
+      cache_dir_(std::move(cache_dir)),
+      hooks_(std::move(hooks)),
+      queue_(static_cast<size_t>(std::max(options.tune.queue_capacity, 2))) {
+  if (mode_ == TuneMode::background) thread_ = std::thread([this] { background_loop(); });
+}
+
+Tuner::~Tuner() {
+  stop_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Tuner::key_of(const core::Problem& p, const DeviceInfo& dev) {
+  table::KeyBuffer kb;
+  table::build_own_key(p, device_type_name(p.device.type), dev.device_name, &kb);
+  return std::string(kb.view());
+}
+
+void Tuner::note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash, bool queue) noexcept {
+  MissEvent ev;
+  ev.problem = p;
+  ev.key_hash = key_hash;
+  switch (p.op) {
+    case core::OpKind::gemm: ev.ld[0] = la.lda, ev.ld[1] = la.ldb, ev.ld[2] = la.ldd; break;
+    case core::OpKind::rmsnorm: ev.ld[0] = la.ldy, ev.ld[1] = la.ldx; break;
+    case core::OpKind::fused_add_rmsnorm: ev.ld[0] = la.ldx, ev.ld[1] = la.ldr; break;
+  }
+  n_misses_.fetch_add(1, std::memory_order_relaxed);
+  misses_.record(ev);
+  if (queue && mode_ == TuneMode::background && !frozen()) {
+    if (queue_.push(ev)) n_queued_.fetch_add(1, std::memory_order_relaxed);
+    else n_dropped_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
+                                const SearchResult& sr, std::string* why) {
+  const std::string rel = key_prefix(key) + "/" + store::own_file_name(key_fields(key), key_device(key));
+  Config cfg = core::plan_to_config(plan);
+  bool persisted = false;
+  const std::string prefix = key_prefix(key);
+  const bool own_key = prefix.rfind("cpu/", 0) == 0 && core::parse_op(prefix.substr(4)).has_value();
+  if (options_.tune.persist && !cache_dir_.empty() && own_key) {
+    store::PersistRow row;
+    row.m = p.m;
+    row.config = cfg;
+    row.us = sr.best_us;
+    row.default_us = sr.default_us;
+    std::vector<std::pair<std::string, int32_t>> schema = {
+        {std::string(plan.variant->name), plan.variant->schema_version}};
+    Status s = store::persist_rows(cache_dir_, rel, {row}, store::cpu_fingerprint(), schema);
+    if (s.ok()) persisted = true;
+    else if (why) *why = s.message();
+  }
+  table::TableInput in;
+  in.key = key;
+  in.source_rank = rank_;
+  in.path = rel;
+  in.source_id = hooks_.intern(cache_dir_.empty() ? std::string("<in-process tuning>") : cache_dir_, rel);
+  table::TableInput::InputRow row;
+  row.m = p.m;
+  row.config = std::move(cfg);
+  row.plan = plan;
+  in.rows.push_back(std::move(row));
+  if (hooks_.publish({std::move(in)})) n_publishes_.fetch_add(1, std::memory_order_relaxed);
+  return persisted;
+}
+
+SearchOptions Tuner::search_options(const DeviceInfo& dev, bool background) const {
+  SearchOptions so;
+  so.device = &dev;
+  so.measure.warmup = 1;
+  so.measure.reps = std::max(options_.tune.reps, 1);
+  so.measure.cold_cache = options_.tune.cold_cache;
+  so.time_budget_ms = options_.tune.time_budget_ms;
+  so.max_candidates = options_.tune.max_candidates;
+  so.validate = options_.tune.validate;
+  so.deterministic = options_.deterministic;
+  so.stop = &stop_;
+  if (background) so.duty_cycle = options_.tune.duty_cycle;  // the user's own calls run flat out
+  return so;
+}
+
+Result<ShapeOutcome> Tuner::tune_target(TuneTarget& target, const DeviceInfo& dev, const std::string& key,
+                                        bool background) noexcept {
+  try {
+    const core::Problem& p = target.problem;
+    const SearchOptions so = search_options(dev, background);
+    core::Plan def = core::get_default(p, dev);
+    const core::VariantDef* refv = core::reference_variant(p.op, p.device.type, p.in_dtype);
+    core::Plan ref;
+    if (refv) {
+      ref.variant = refv;
+      for (size_t i = 0; i < refv->params.size(); ++i) ref.params[i] = refv->params[i].default_value;
+    }
+    if (!def.valid()) def = ref;
+    int32_t space = 0, pruned = 0;
+    std::vector<core::Plan> cands = candidates_for(p, dev, def, so, &space, &pruned);
+    return search_and_publish(target, cands, ref, dev, key, so, space, pruned);
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "tuning");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::internal, std::string("tuning: ") + e.what());
+  }
+}
+
+Result<ShapeOutcome> Tuner::tune_custom(TuneTarget& target, const std::vector<core::Plan>& candidates,
+                                        const core::Plan& reference, const DeviceInfo& dev,
+                                        const std::string& key) noexcept {
+  if (frozen()) return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
+  try {
+    const SearchOptions so = search_options(dev, false);
+    return search_and_publish(target, candidates, reference, dev, key, so, static_cast<int32_t>(candidates.size()), 0);
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "tuning");
+  }
+}
+
+Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::vector<core::Plan>& cands,
+                                               const core::Plan& ref, const DeviceInfo& dev, const std::string& key,
+                                               const SearchOptions& so, int32_t space, int32_t pruned) {
+  const core::Problem& p = target.problem;
+  const auto t0 = SteadyClock::now();
+  auto sr = search(target, cands, ref, so);
+  tune_us_.fetch_add(std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - t0).count(),
+                     std::memory_order_relaxed);
+  if (!sr.ok()) return sr.status();
+  sr->space = space;
+  sr->pruned_by_model = pruned;
+  n_run_.fetch_add(static_cast<int64_t>(sr->tried.size()), std::memory_order_relaxed);
+  n_rejected_.fetch_add(sr->rejected, std::memory_order_relaxed);
+  n_failed_.fetch_add(sr->failed, std::memory_order_relaxed);
+  if (sr->stopped && !sr->best.valid())
+    return make_status(StatusCode::failed_precondition, "tuning stopped (runtime shutting down)");
+  ShapeOutcome out;
+  out.plan = sr->best;
+  std::string why;
+  if (!frozen()) {
+    out.persisted = persist_and_publish(key, p, sr->best, *sr, &why);
+    n_tuned_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!why.empty() && options_.log_level >= LogLevel::warn)
+    std::fprintf(stderr, "kdispatch: tuned %s M=%lld but could not persist it: %s\n", key.c_str(),
+                 static_cast<long long>(p.m), why.c_str());
+  if (options_.log_level >= LogLevel::info)
+    std::fprintf(stderr, "kdispatch: tuned %s M=%lld -> %s %.2f us (default %.2f us, %zu candidates)\n",
+                 key.c_str(), static_cast<long long>(p.m), core::plan_to_string(sr->best).c_str(), sr->best_us,
+                 sr->default_us, sr->tried.size());
+  (void)dev;
+  out.search = std::move(*sr);
+  return out;
+}
+
+Result<core::Plan> Tuner::tune_on_caller(const core::Problem& p, const core::LaunchArgs& la, const DeviceInfo& dev,
+                                         const std::string& key) noexcept {
+  if (frozen()) return make_status(StatusCode::failed_precondition, "runtime is frozen");
+  std::unique_lock<std::mutex> lock(sync_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return make_status(StatusCode::failed_precondition, "another sync search is running");
+  try {
+    TuneTarget target = make_target(p, la);
+    auto r = tune_target(target, dev, key, false);
+    if (!r.ok()) return r.status();
+    return r->plan;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "sync tuning");
+  }
+}
+
+Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInfo& dev, const std::string& key,
+                                            bool background) noexcept {
+  if (frozen()) return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
+  try {
+    const int64_t need = scratch_bytes(ev);
+    if (need > options_.tune.memory_budget_bytes)
+      return make_status(StatusCode::out_of_memory, "scratch for " + key + " needs " + std::to_string(need) +
+                                                        " bytes, over the tuning memory budget of " +
+                                                        std::to_string(options_.tune.memory_budget_bytes));
+    const std::vector<Slot> slots = layout(ev);
+    std::vector<std::unique_ptr<uint64_t[]>> bufs(slots.size());
+    std::vector<void*> ptr(slots.size(), nullptr);
+    std::mt19937 rng(0x6b646973u ^ static_cast<uint32_t>(ev.problem.m));
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const size_t b = slot_bytes(slots[i]);
+      if (b == 0) continue;
+      bufs[i].reset(new uint64_t[(b + 7) / 8 + 8]);
+      ptr[i] = bufs[i].get();
+      const bool weight = ev.problem.op != core::OpKind::gemm && i == 2;
+      fill(ptr[i], slots[i], rng, weight);
+    }
+    core::LaunchArgs la;
+    const core::Problem& p = ev.problem;
+    switch (p.op) {
+      case core::OpKind::gemm:
+        la.a = ptr[0], la.lda = slots[0].ld, la.b = ptr[1], la.ldb = slots[1].ld;
+        la.d = ptr[2], la.ldd = slots[2].ld, la.bias = p.has_bias ? ptr[3] : nullptr;
+        break;
+      case core::OpKind::rmsnorm:
+        la.y = ptr[0], la.ldy = slots[0].ld, la.x = ptr[1], la.ldx = slots[1].ld, la.w = ptr[2], la.eps = 1e-6f;
+        break;
+      case core::OpKind::fused_add_rmsnorm:
+        la.x = ptr[0], la.ldx = slots[0].ld, la.residual = ptr[1], la.ldr = slots[1].ld, la.w = ptr[2], la.eps = 1e-6f;
+        break;
+    }
+    TuneTarget target = make_target(p, la);
+    return tune_target(target, dev, key, background);
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "allocating tuning scratch for " + key);
+  }
+}
+
+void Tuner::background_loop() {
+  struct Pending {
+    MissEvent ev;
+    int64_t count = 0;
+    SteadyClock::time_point not_before{};
+    int claim_waits = 0;
+  };
+  std::map<std::pair<std::string, int64_t>, Pending> pending;
+  while (!stop_.load(std::memory_order_acquire)) {
+    busy_.store(true, std::memory_order_release);
+    MissEvent ev;
+    while (queue_.pop(&ev)) {
+      if (frozen()) continue;  // frozen: the queue is ignored
+      const DeviceInfo* dev = core::local_device_info(ev.problem.device.type);
+      if (!dev) continue;
+      const std::string key = key_of(ev.problem, *dev);
+      Pending& p = pending[{key, ev.problem.m}];
+      p.ev = ev;
+      ++p.count;
+    }
+    if (frozen()) pending.clear();
+    n_pending_.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);
+    const auto now = SteadyClock::now();
+    auto best = pending.end();
+    for (auto it = pending.begin(); it != pending.end(); ++it)
+      if (it->second.not_before <= now && (best == pending.end() || it->second.count > best->second.count)) best = it;
+    if (best == pending.end()) {
+      busy_.store(false, std::memory_order_release);
+      std::this_thread::sleep_for(std::chrono::milliseconds(pending.empty() ? 5 : 50));
+      continue;
+    }
+    const std::string key = best->first.first;
+    Pending item = best->second;
+    pending.erase(best);
+    n_pending_.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);
+    const core::Problem& p = item.ev.problem;
+    const DeviceInfo* dev = core::local_device_info(p.device.type);
+    if (!dev || hooks_.covered(key, p.m)) continue;
+    if (scratch_bytes(item.ev) > options_.tune.memory_budget_bytes) {
+      n_skipped_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const bool claim = options_.tune.claim_shapes && options_.tune.persist && !cache_dir_.empty();
+    if (claim && !store::try_claim(cache_dir_, key, p.m)) {
+      // Another process is tuning it: pick its result up from the cache.
+      if (item.claim_waits++ < 30) {
+        item.not_before = SteadyClock::now() + std::chrono::seconds(2);
+        hooks_.reload();
+        if (!hooks_.covered(key, p.m)) pending[{key, p.m}] = item;
+      } else {
+        n_skipped_.fetch_add(1, std::memory_order_relaxed);
+      }
+      continue;
+    }
+    auto r = tune_on_scratch(item.ev, *dev, key, /*background=*/true);
+    if (claim) store::release_claim(cache_dir_, key, p.m);
+    if (!r.ok()) {
+      n_skipped_.fetch_add(1, std::memory_order_relaxed);
+      if (options_.log_level >= LogLevel::warn && r.status().code() != StatusCode::failed_precondition)
+        std::fprintf(stderr, "kdispatch: background tuning of %s M=%lld failed: %s\n", key.c_str(),
+                     static_cast<long long>(p.m), r.status().to_string().c_str());
+    }
+  }
+  busy_.store(false, std::memory_order_release);
+}
+
+TuneStats Tuner::stats() const noexcept {
+  TuneStats s;
+  s.misses = n_misses_.load(std::memory_order_relaxed);
+  s.queued = n_queued_.load(std::memory_order_relaxed);
+  s.dropped = n_dropped_.load(std::memory_order_relaxed);
+  s.shapes_tuned = n_tuned_.load(std::memory_order_relaxed);
+  s.shapes_skipped = n_skipped_.load(std::memory_order_relaxed);
+  s.candidates_run = n_run_.load(std::memory_order_relaxed);
+  s.candidates_rejected = n_rejected_.load(std::memory_order_relaxed);
+  s.candidates_failed = n_failed_.load(std::memory_order_relaxed);
+  s.publishes = n_publishes_.load(std::memory_order_relaxed);
+  s.pending = n_pending_.load(std::memory_order_relaxed);
+  s.tune_seconds = static_cast<double>(tune_us_.load(std::memory_order_relaxed)) * 1e-6;
+  s.frozen = frozen();
+  return s;
+}
+
+bool Tuner::wait_idle(double timeout_s) noexcept {
+  const auto until = SteadyClock::now() + std::chrono::duration<double>(timeout_s);
+  int quiet = 0;
+  while (SteadyClock::now() < until) {
+    const bool idle = queue_.empty() && !busy_.load(std::memory_order_acquire) &&
+                      n_pending_.load(std::memory_order_relaxed) == 0;
+    quiet = idle ? quiet + 1 : 0;
+    if (quiet >= 3 || mode_ != TuneMode::background) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace dispatch::tune

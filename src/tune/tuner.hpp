@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the online tuner of one Runtime: sync tuning on a
+// miss, the background thread, pretune, freeze, persistence and publishing.
+//
+// Where it sits: the op path calls note_miss() on a miss (always: misses are
+// recorded for export) and, in sync mode, tune_on_caller() before launching.
+// The background thread pops miss events, ranks shapes by miss count, tunes
+// the most-missed one on its own scratch buffers (same shape, strides and
+// dtypes; never the caller's), within a time budget per shape, a duty
+// cycle and a scratch-memory budget, then persists the winner (atomic,
+// merged, claimed — store/writer.hpp) and publishes a new table through
+// the runtime. Stopping the runtime stops the thread, mid-search included.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dispatch/ops.hpp"
+#include "dispatch/runtime.hpp"
+#include "table/snapshot.hpp"
+#include "tune/queue.hpp"
+#include "tune/search.hpp"
+
+namespace dispatch::tune {
+
+/// What the tuner needs from its runtime.
+struct TunerHooks {
+  /// Adds tuned rows to the in-process tuning layer and publishes a table.
+  /// Returns false when the runtime is frozen (nothing published).
+  std::function<bool(std::vector<table::TableInput>)> publish;
+  /// Interns a (dir, relative path) source, returning its id.
+  std::function<uint32_t(const std::string&, const std::string&)> intern;
+  /// True when the current table already serves (key, m) from a row whose
+  /// M is within 2x of m (so tuning it again would gain little).
+  std::function<bool(const std::string& key, int64_t m)> covered;
+  /// Re-reads the config dirs (to pick up another process's results).
+  std::function<void()> reload;
+};
+
+/// One shape's outcome.
+struct ShapeOutcome {
+  core::Plan plan;
+  SearchResult search;
+  bool persisted = false;
+};
+
+class Tuner {
+ public:
+  Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks);
+  ~Tuner();
+  Tuner(const Tuner&) = delete;
+  Tuner& operator=(const Tuner&) = delete;
+
+  TuneMode mode() const noexcept { return mode_; }
+  const std::string& cache_dir() const noexcept { return cache_dir_; }
+  /// The source rank of in-process tuned rows.
+  void set_rank(int32_t rank) noexcept { rank_ = rank; }
+
+  /// Op path, on a miss (or a far nearest-M hit while tuning): record the
+  /// shape; in background mode queue it. Lock-free; never blocks.
+  void note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash, bool queue) noexcept;
+
+  /// Sync mode: search on the caller's buffers (restoring them), persist
+  /// and publish. Returns the winner, or an error (the caller then runs
+  /// get_default). Only one sync search runs at a time; a concurrent miss
+  /// gets failed_precondition and serves the default.
+  Result<core::Plan> tune_on_caller(const core::Problem& p, const core::LaunchArgs& la, const DeviceInfo& dev,
+                                    const std::string& key) noexcept;
+
+  /// Tunes on scratch buffers laid out as `ld` (pretune and the background
+  /// thread). Blocking.
+  Result<ShapeOutcome> tune_on_scratch(const MissEvent& ev, const DeviceInfo& dev, const std::string& key,
+                                       bool background = false) noexcept;
+
+  /// Searches `candidates` of a target that is not a built-in op (tests, and
+  /// kernels a caller wraps itself) with the same search, validation and
+  /// publishing as every op: the winner is published under `key` at the
+  /// target's problem.m. Not persisted.
+  Result<ShapeOutcome> tune_custom(TuneTarget& target, const std::vector<core::Plan>& candidates,
+                                   const core::Plan& reference, const DeviceInfo& dev, const std::string& key) noexcept;
+
+  void freeze(bool f) noexcept { frozen_.store(f, std::memory_order_release); }
+  bool frozen() const noexcept { return frozen_.load(std::memory_order_acquire); }
+
+  TuneStats stats() const noexcept;
+  bool wait_idle(double timeout_s) noexcept;
+  /// Misses so far, with counts.
+  std::vector<std::pair<MissEvent, int64_t>> misses() const { return misses_.snapshot(); }
+
+  /// The key builder the tuner uses (same as the op path).
+  static std::string key_of(const core::Problem& p, const DeviceInfo& dev);
+
+ private:
+  Result<ShapeOutcome> tune_target(TuneTarget& target, const DeviceInfo& dev, const std::string& key,
+                                   bool background) noexcept;
+  SearchOptions search_options(const DeviceInfo& dev, bool background) const;
+  Result<ShapeOutcome> search_and_publish(TuneTarget& target, const std::vector<core::Plan>& cands,
+                                          const core::Plan& ref, const DeviceInfo& dev, const std::string& key,
+                                          const SearchOptions& so, int32_t space, int32_t pruned);
+  void background_loop();
+  bool persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
+                           const SearchResult& sr, std::string* why);
+
+  const RuntimeOptions options_;
+  const TuneMode mode_;
+  const std::string cache_dir_;
+  TunerHooks hooks_;
+  int32_t rank_ = 0;
+
+  BoundedQueue<MissEvent> queue_;
+  MissTable misses_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> frozen_{false};
+  std::atomic<bool> busy_{false};  ///< the background thread is between pop and publish
+  std::mutex sync_mu_;             ///< one sync search at a time
+
+  // Counters (relaxed; read by stats()).
+  std::atomic<int64_t> n_misses_{0}, n_queued_{0}, n_dropped_{0}, n_tuned_{0}, n_skipped_{0}, n_run_{0},
+      n_rejected_{0}, n_failed_{0}, n_publishes_{0}, n_pending_{0};
+  std::atomic<int64_t> tune_us_{0};
+
+  std::thread thread_;
+};
+
+}  // namespace dispatch::tune
