@@ -17,10 +17,12 @@
 // widest micro-kernel the host runs only. Not every point: the whole grid is
 // the tuner's job, and the default run stays near a minute.
 //
-// Counters: GFLOP/s (2·M·N·K per call) for gemm; GB/s for the norms (bytes
-// that must move: x read, y written, w read once; the fused op reads and
-// writes x and residual). Wall time (UseRealTime): the split-K and OpenBLAS
-// threads=2 points use more than the calling thread.
+// Counters (rates, printed per second): GFLOP (2·M·N·K per call) for gemm,
+// so "GFLOP=61.3/s" is 61.3 GFLOP/s; GB for the norms (bytes that must move:
+// x read, y written, w read once; the fused op reads and writes x and
+// residual). Wall time (UseRealTime): the split-K and OpenBLAS threads=2
+// points use more than the calling thread. On a busy machine compare with
+// --benchmark_repetitions=N --benchmark_enable_random_interleaving=true.
 //
 // Caveat when reading OpenBLAS's numbers: after a multi-threaded call its
 // helper threads spin for a while, which can slow the next benchmark on a

@@ -44,3 +44,111 @@ endif()
 
 message(STATUS "kdispatch backends: cpu=ON cuda=${KDISPATCH_ENABLE_CUDA} (KDISPATCH_CUDA=${KDISPATCH_CUDA}) hip=${KDISPATCH_ENABLE_HIP} (KDISPATCH_HIP=${KDISPATCH_HIP})")
 # The GPU issues add their kernels here; until then the backends are empty.
+
+# ---------------------------------------------------------------- GPU sources
+# What the enabled backends add to the library (used by CMakeLists.txt):
+#   KDISPATCH_GPU_SOURCES      sources of kdispatch_objects
+#   KDISPATCH_GPU_OBJECTS      extra object libraries ($<TARGET_OBJECTS:...>)
+#   KDISPATCH_GPU_LIBS         runtime libraries (cudart static, libamdhip64)
+#   KDISPATCH_GPU_DEFINITIONS  KDISPATCH_HAVE_CUDA=1 / KDISPATCH_HAVE_HIP=1
+# and kdispatch_gpu_setup(<target>) sets a target's GPU compile properties.
+# Layout: kernels/gpu/ portable kernel sources (port.hpp, norm_kernels.cuh,
+# norm_variants.inc), kernels/cuda|hip/ one thin TU per (op, dtype) plus the
+# variant list, src/gpu/ the device probe and the tuner's memory and clock.
+set(KDISPATCH_GPU_SOURCES "")
+set(KDISPATCH_GPU_OBJECTS "")
+set(KDISPATCH_GPU_LIBS "")
+set(KDISPATCH_GPU_DEFINITIONS "")
+set(_kd_norm_tus rmsnorm_bf16 rmsnorm_fp16 rmsnorm_fp32 fused_add_rmsnorm_bf16 fused_add_rmsnorm_fp16 fused_add_rmsnorm_fp32)
+
+if(KDISPATCH_ENABLE_CUDA)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  # CMake 3.25 knows no CUDA20 dialect for nvcc, and the project's
+  # CXX_STANDARD 20 makes it ask for one ("requires the language dialect
+  # CUDA20"): teach it the flag (nvcc >= 12 accepts -std=c++20; CMake >= 3.26
+  # knows it already).
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION OR CMAKE_CUDA20_STANDARD_COMPILE_OPTION STREQUAL "")
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  # sm_90a SASS (H100/H200) plus compute_90 PTX, which the driver JIT-compiles
+  # on newer parts. The norm kernels use no sm_90a-only instruction, so the
+  # PTX serves them everywhere from CC 9.0 up; add e.g. "80-real" for A100.
+  set(KDISPATCH_CUDA_ARCHITECTURES "90a-real;90-virtual" CACHE STRING
+      "CUDA_ARCHITECTURES of the CUDA kernels (CMake syntax: 90a-real = SASS, 90-virtual = PTX)")
+  foreach(_tu IN LISTS _kd_norm_tus)
+    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/${_tu}.cu)
+  endforeach()
+  list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/norm_list.cpp
+       ${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu)
+  # The arch probe: sm_90a SASS only, so that its image loading means "this
+  # build's sm_90a code runs here" (src/gpu/cuda_sm90a_probe.cu).
+  add_library(kdispatch_cuda_sm90a_probe OBJECT ${PROJECT_SOURCE_DIR}/src/gpu/cuda_sm90a_probe.cu)
+  set_target_properties(kdispatch_cuda_sm90a_probe PROPERTIES
+    CUDA_ARCHITECTURES "90a-real" CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
+  list(APPEND KDISPATCH_GPU_OBJECTS $<TARGET_OBJECTS:kdispatch_cuda_sm90a_probe>)
+  # Static cudart: libkdispatch.so then loads on a machine without the CUDA
+  # toolkit or a driver (every call reports error 35 and the backend says
+  # "unavailable"); the version script keeps cudart's symbols local.
+  list(APPEND KDISPATCH_GPU_LIBS CUDA::cudart_static)
+  list(APPEND KDISPATCH_GPU_DEFINITIONS KDISPATCH_HAVE_CUDA=1)
+endif()
+
+if(KDISPATCH_ENABLE_HIP)
+  # --- Debian bookworm ROCm 5.2.3 + CMake 3.25 glue (../shared/notes/toolchain.md
+  # section 3): CMake 3.25 looks for hip-lang-config.cmake only under
+  # <rocm root>/lib/cmake, Debian puts it under lib/<multiarch>/cmake; the
+  # amd_comgr dependency is found inside try_compile only through the
+  # environment; the compiler must be clang++-15 itself, not the hipcc wrapper.
+  set(_deb_hiplang /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/hip-lang)
+  if(NOT CMAKE_HIP_COMPILER_ROCM_ROOT AND EXISTS ${_deb_hiplang}/hip-lang-config.cmake
+     AND NOT EXISTS /usr/lib/cmake/hip-lang/hip-lang-config.cmake)
+    file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/deb-rocm-root/lib/cmake)
+    if(NOT EXISTS ${CMAKE_BINARY_DIR}/deb-rocm-root/lib/cmake/hip-lang)
+      file(CREATE_LINK ${_deb_hiplang} ${CMAKE_BINARY_DIR}/deb-rocm-root/lib/cmake/hip-lang SYMBOLIC)
+    endif()
+    set(CMAKE_HIP_COMPILER_ROCM_ROOT ${CMAKE_BINARY_DIR}/deb-rocm-root)
+  endif()
+  set(ENV{CMAKE_PREFIX_PATH} "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake:$ENV{CMAKE_PREFIX_PATH}")
+  if(NOT CMAKE_HIP_COMPILER)
+    set(CMAKE_HIP_COMPILER "${_kd_hipclang}")
+  endif()
+  if(EXISTS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/amdgcn/bitcode)
+    set(CMAKE_HIP_FLAGS_INIT "--rocm-path=/usr --hip-device-lib-path=/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/amdgcn/bitcode")
+  endif()
+  # gfx90a = MI200 (MI210/MI250/MI250X). gfx940 stands in for the MI300
+  # family as a COMPILE CHECK ONLY: its code objects do not load on a gfx942
+  # MI300X/MI325X, and Debian's LLVM 15 / ROCm 5.2 device libraries cannot
+  # emit gfx942 (or gfx950). A real MI300 build needs a ROCm >= 6 toolchain
+  # and -DKDISPATCH_HIP_ARCHITECTURES="gfx942".
+  set(KDISPATCH_HIP_ARCHITECTURES "gfx90a;gfx940" CACHE STRING "HIP_ARCHITECTURES of the HIP kernels")
+  if(NOT DEFINED CMAKE_HIP_ARCHITECTURES)
+    set(CMAKE_HIP_ARCHITECTURES ${KDISPATCH_HIP_ARCHITECTURES})
+  endif()
+  enable_language(HIP)
+  find_package(hip CONFIG REQUIRED)
+  foreach(_tu IN LISTS _kd_norm_tus)
+    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/${_tu}.hip)
+  endforeach()
+  list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/norm_list.cpp
+       ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
+  list(APPEND KDISPATCH_GPU_LIBS hip::host)
+  list(APPEND KDISPATCH_GPU_DEFINITIONS KDISPATCH_HAVE_HIP=1)
+endif()
+
+# GPU compile properties of a target holding GPU sources.
+function(kdispatch_gpu_setup target)
+  if(KDISPATCH_ENABLE_CUDA)
+    set_target_properties(${target} PROPERTIES
+      CUDA_ARCHITECTURES "${KDISPATCH_CUDA_ARCHITECTURES}" CUDA_VISIBILITY_PRESET hidden)
+    # --threads 0: nvcc compiles the SASS and PTX targets of a TU in parallel.
+    # 2810: nodiscard on a type is ignored in some host-side uses (Status).
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CUDA>:--threads 0 -diag-suppress=2810 -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+  endif()
+  if(KDISPATCH_ENABLE_HIP)
+    set_target_properties(${target} PROPERTIES
+      HIP_ARCHITECTURES "${KDISPATCH_HIP_ARCHITECTURES}" HIP_STANDARD 20 HIP_VISIBILITY_PRESET hidden)
+  endif()
+endfunction()

@@ -336,7 +336,7 @@ TEST_CASE("C09 nearest-M ties do not depend on file order") {
   }
 }
 
-TEST_CASE("C10 b: a torn file is reported with its byte offset and skipped; the rest serves") {
+TEST_CASE("C10 b: a torn file is reported with its byte offset and skipped, the rest serves") {
   TempDir dir;
   const std::string f1 = "N=2304,K=7168,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[128, 128].json";
   const std::string f2 = "N=2304,K=7168,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json";

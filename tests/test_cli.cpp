@@ -58,10 +58,15 @@ struct TempDir {
 };
 
 // Runs the CLI with `args`; stdout through a pipe, stderr through a file.
+// The child's tuning cache is an empty temp dir (never the user's cache, whose
+// winners would turn misses into hits), and the variables that change what
+// it loads or tunes are unset.
 CliResult run_cli(const std::vector<std::string>& args) {
   TempDir tmp("stderr");
   const fs::path err_file = tmp.path / "stderr.txt";
-  std::string cmd = shell_quote(KDISPATCH_CLI_PATH);
+  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
+                    "-u KDISPATCH_MISSES_EXPORT KDISPATCH_CACHE_DIR=" +
+                    shell_quote((tmp.path / "cache").string()) + " " + shell_quote(KDISPATCH_CLI_PATH);
   for (const auto& a : args) {
     cmd += ' ';
     cmd += shell_quote(a);
@@ -93,7 +98,9 @@ TEST_CASE("cli: --help and --version") {
   CHECK(h.out.find("replay") != std::string::npos);
   CHECK(h.out.find("lookup") != std::string::npos);
   CHECK(h.out.find("validate") != std::string::npos);
-  for (const char* sub : {"replay", "lookup", "validate"}) {
+  CHECK(h.out.find("misses") != std::string::npos);
+  CHECK(h.out.find("tune") != std::string::npos);
+  for (const char* sub : {"replay", "misses", "tune", "lookup", "validate"}) {
     CliResult s = run_cli({sub, "--help"});
     CHECK(s.exit_code == 0);
     CHECK(s.out.find("Examples:") != std::string::npos);
@@ -249,6 +256,8 @@ TEST_CASE("cli: replay --json counts every call and finds configs given with --c
   CHECK(str(doc["trace"]) == "decode");
   const int64_t steps = doc["steps"];
   CHECK(steps > 0);
+  CHECK(int64_t(doc["passes"]) == 1);
+  CHECK(str(doc["tune"]["mode"]) == "off");
   CHECK(bool(doc["output_finite"]));
   const std::pair<const char*, int64_t> per_step[] = {{"rmsnorm", 1}, {"fused_add_rmsnorm", 48}, {"gemm", 96}};
   for (const auto& [op, n] : per_step) {

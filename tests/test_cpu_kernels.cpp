@@ -724,7 +724,7 @@ TEST_CASE("cpu variants: ukernels and vector widths the host lacks are declined 
   }
 }
 
-TEST_CASE("cpu variants: fp16 problems are declined by every CPU variant; get_default gives no plan") {
+TEST_CASE("cpu variants: fp16 problems are declined by every CPU variant, get_default gives no plan") {
   const DeviceInfo dev = host_device();
   for (const VariantDef* v : cpu_variants()) {
     Problem p;
@@ -835,7 +835,7 @@ TEST_CASE("cpu get_default: a valid, supported plan across a spread of problems"
   CHECK(cpu::get_default(row, dev).variant == &cpu::kRmsnormBf16Vec);
 }
 
-TEST_CASE("cpu variants: launch with m = 0 is a no-op; null operands are invalid arguments") {
+TEST_CASE("cpu variants: launch with m = 0 is a no-op, null operands are invalid arguments") {
   const DeviceInfo dev = host_device();
   for (const VariantDef* v : cpu_variants()) {
     INFO(v->name);

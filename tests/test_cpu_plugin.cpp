@@ -175,7 +175,7 @@ int64_t best_ukernel() {
 
 // ------------------------------------------------------------------ loading
 
-TEST_CASE("cpu plugin: the OpenBLAS plugin loads in this binary, or the test says why it cannot") {
+TEST_CASE("cpu plugin: the OpenBLAS plugin loads in this binary or the test says why it cannot") {
   const std::string& status = core::plugin_status();
   MESSAGE("plugin status: ", status);
   CHECK(!status.empty());
@@ -227,7 +227,7 @@ TEST_CASE("cpu plugin: loading it adds no symbol to the process's global namespa
     MESSAGE("(the plugin is not loaded in this run: ", core::plugin_status(), ")");
 }
 
-TEST_CASE("cpu plugin: KDISPATCH_OPENBLAS=0 disables it; a missing plugin is a status, not an error") {
+TEST_CASE("cpu plugin: KDISPATCH_OPENBLAS=0 disables it and a missing plugin is a status not an error") {
   // The environment, as the registry reads it.
   const char* saved = std::getenv("KDISPATCH_OPENBLAS");
   const std::string saved_value = saved ? saved : "";
@@ -334,7 +334,7 @@ TEST_CASE("cpu plugin: a table from another build or with bad variants is refuse
 
 // ------------------------------------------------------------------ gemm_fp32__openblas
 
-TEST_CASE("cpu gemm: gemm_fp32__openblas declines lda = 0, ldb = 0, bf16 and threads beyond the host") {
+TEST_CASE("cpu gemm: gemm_fp32__openblas declines lda = 0 and ldb = 0 and bf16 and threads beyond the host") {
   const VariantDef* v = openblas_variant();
   if (v == nullptr) return;
   const DeviceInfo dev = host_device();
@@ -395,7 +395,7 @@ TEST_CASE("cpu gemm: gemm_fp32__openblas declines lda = 0, ldb = 0, bf16 and thr
   CHECK(v->supports(GemmCase(4, 8, 8).p, three_threads, host_device(8)).code() == StatusCode::invalid_argument);
 }
 
-TEST_CASE("cpu gemm: gemm_fp32__openblas matches the float64 reference at serving shapes, 1 and 2 threads") {
+TEST_CASE("cpu gemm: gemm_fp32__openblas matches the float64 reference at serving shapes with 1 and 2 threads") {
   const VariantDef* v = openblas_variant();
   if (v == nullptr) return;
   struct Shape {
@@ -422,7 +422,7 @@ TEST_CASE("cpu gemm: gemm_fp32__openblas matches the float64 reference at servin
 
 // ------------------------------------------------------------------ gemm_fp32__splitk
 
-TEST_CASE("cpu gemm: gemm_fp32__splitk is flagged nondeterministic and matches the reference at any M, N, K") {
+TEST_CASE("cpu gemm: gemm_fp32__splitk is flagged nondeterministic and matches the reference at any shape") {
   CHECK((cpu::kGemmFp32SplitK.flags & core::kVariantNondeterministic) != 0);
   CHECK((cpu::kGemmFp32Blocked.flags & core::kVariantNondeterministic) == 0);
   CHECK(core::find_variant("gemm_fp32__splitk") == &cpu::kGemmFp32SplitK);
@@ -490,7 +490,7 @@ struct Counts {
 
 void count_task(void* ctx, int t) noexcept { static_cast<Counts*>(ctx)->hits[static_cast<size_t>(t)]++; }
 
-TEST_CASE("cpu thread pool: every task runs exactly once, whatever the threads; nested calls run inline") {
+TEST_CASE("cpu thread pool: every task runs exactly once whatever the threads and nested calls run inline") {
   const int hw = cpu::hardware_threads();
   CHECK(hw >= 1);
   CHECK(cpu::parallel_for(0, 4, &count_task, nullptr) == 0);
@@ -542,6 +542,10 @@ TEST_CASE("cpu thread pool: concurrent callers and a fork()ed child all complete
   for (std::thread& t : callers) t.join();
   CHECK(wrong.load() == 0);
 
+#if defined(__SANITIZE_THREAD__)
+  MESSAGE("fork() part skipped: ThreadSanitizer cannot start threads after a multi-threaded fork");
+  return;
+#endif
   // The parent's helpers are running; the child has none and must start its own.
   Counts warm(8);
   cpu::parallel_for(8, 8, &count_task, &warm);

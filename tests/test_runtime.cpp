@@ -100,7 +100,7 @@ TEST_CASE("runtime: create refuses a missing dir, naming it") {
   CHECK(rt->load_report().keys == 0);
 }
 
-TEST_CASE("runtime: reload() picks up a new file; a broken one changes only the report") {
+TEST_CASE("runtime: reload() picks up a new file, a broken one changes only the report") {
   TempDir dir;
   auto rt = make_runtime({dir.str()});
   CHECK(lookup_ok(*rt, query("E=8,N=64", "NVIDIA H200", 1)).match == LookupResult::Match::fallback);

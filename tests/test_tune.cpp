@@ -148,7 +148,7 @@ CallOutcome call_custom(Runtime& rt, const std::string& key, tune::TuneTarget& t
 
 }  // namespace
 
-TEST_CASE("C01 tuning an in-place op applies it exactly once; both roles on one argument is refused") {
+TEST_CASE("C01 tuning an in-place op applies it exactly once, both roles on one argument is refused") {
   TempDir cache;
   auto rt = Runtime::create(tune_options(cache, TuneMode::sync)).value();
   const core::VariantDef v = double_variant(/*restore=*/1u << 0, 0);
@@ -456,7 +456,7 @@ TEST_CASE("C10 a two processes persisting into one file at the same moment lose 
   }
 }
 
-TEST_CASE("C11 the first request for a new shape never waits for tuning; pretune keys are byte-identical") {
+TEST_CASE("C11 the first request for a new shape never waits for tuning, pretune keys are byte-identical") {
   TempDir cache;
   RuntimeOptions o = tune_options(cache, TuneMode::background);
   o.tune.duty_cycle = 1.0;
@@ -499,7 +499,7 @@ TEST_CASE("C11 the first request for a new shape never waits for tuning; pretune
   CHECK(call_key != pr->key);
 }
 
-TEST_CASE("tuning: capture never tunes; freeze stops tuning and table changes") {
+TEST_CASE("tuning: capture never tunes, freeze stops tuning and table changes") {
   TempDir cache;
   auto rt = Runtime::create(tune_options(cache, TuneMode::sync)).value();
   std::vector<float> x(4 * 32, 1.f), y(4 * 32), w(32, 1.f);
@@ -565,7 +565,7 @@ TEST_CASE("tuning: deterministic mode never tunes or serves a scheduling-depende
   }
 }
 
-TEST_CASE("tuning: pretune over the memory budget is refused; the search skips failing candidates") {
+TEST_CASE("tuning: pretune over the memory budget is refused, the search skips failing candidates") {
   TempDir cache;
   RuntimeOptions o = tune_options(cache, TuneMode::off);
   o.tune.memory_budget_bytes = 1000;
@@ -575,7 +575,7 @@ TEST_CASE("tuning: pretune over the memory budget is refused; the search skips f
   CHECK(r.status().message().find("memory budget") != std::string::npos);
 }
 
-TEST_CASE("tuning: the miss queue is bounded and drops when full; claims make ranks tune a shape once") {
+TEST_CASE("tuning: the miss queue is bounded and drops when full, claims make ranks tune a shape once") {
   tune::BoundedQueue<int> q(4);
   for (int i = 0; i < 4; ++i) CHECK(q.push(i));
   CHECK_FALSE(q.push(99));  // full: the caller counts a drop, never waits

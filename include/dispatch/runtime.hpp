@@ -68,6 +68,11 @@ struct TuneOptions {
   /// Make the caches cold before every timed rep (the published benchmarks'
   /// method); off only for quick tests.
   bool cold_cache = true;
+  /// When persisting into a file written by another build (a different
+  /// fingerprint), keep its rows instead of dropping them as stale. For
+  /// dirs of committed configs (`kdispatch tune --emit`), which are checked
+  /// by variant and config space at load, not by fingerprint.
+  bool keep_rows_of_other_builds = false;
   /// Tensor-parallel ranks sharing a cache dir tune each shape once:
   /// a shape is claimed in the cache dir before tuning.
   bool claim_shapes = true;

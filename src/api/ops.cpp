@@ -113,9 +113,10 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
       if (mode == TuneMode::sync && !opts.capturing) {
         auto r = impl.tuner->tune_on_caller(p, la, *dev, std::string(key.view()));
         if (r.ok()) {
-          plan = *r;
+          plan = r->plan;
           source = PlanSource::table;
           table_m = p.m;
+          source_id = r->source_id;
           tuned_now = true;
         }
       }

@@ -8,6 +8,7 @@
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
 #include "core/registry.hpp"
+#include "gpu/gpu_backend.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"
 #include "store/writer.hpp"
@@ -73,7 +74,11 @@ Runtime::Impl::~Impl() {
 
 const DeviceInfo* Runtime::Impl::device_for(Device d) const noexcept {
   if (d.type == DeviceType::cpu) return &cpu_device_info();
-  return nullptr;  // GPU backends are added by the GPU issues
+  // A GPU tensor gets the probed description of its own ordinal (probed once,
+  // then a few loads), or nullptr when the backend is not compiled in or has
+  // no usable device: the op then answers unsupported_device.
+  const gpu::BackendOps* b = gpu::backend_ops(d.type);
+  return b ? b->device_info(d.ordinal) : nullptr;
 }
 
 std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const {
@@ -325,10 +330,21 @@ Status Runtime::reload() noexcept {
 Result<DeviceInfo> Runtime::device_info(Device device) const noexcept {
   try {
     const DeviceInfo* d = impl_->device_for(device);
+    if (d == nullptr && device.type != DeviceType::cpu) {
+      const gpu::BackendOps* b = gpu::backend_ops(device.type);
+      if (b == nullptr)
+        return make_status(StatusCode::unsupported_device,
+                           "no " + std::string(device_type_name(device.type)) + " backend in this build");
+      const DeviceInfo& st = b->status();
+      return make_status(StatusCode::unsupported_device,
+                         !st.available ? st.unavailable_reason
+                                       : std::string(device_type_name(device.type)) + " device " +
+                                             std::to_string(device.ordinal) + " does not exist");
+    }
     if (d == nullptr)
       return make_status(StatusCode::unsupported_device,
                          "no " + std::string(device_type_name(device.type)) + " backend in this build");
-    if (device.ordinal != 0)
+    if (device.type == DeviceType::cpu && device.ordinal != 0)
       return make_status(StatusCode::unsupported_device,
                          std::string(device_type_name(device.type)) + " device " + std::to_string(device.ordinal) + " does not exist");
     return *d;
@@ -379,6 +395,7 @@ const char* tune_mode_name(TuneMode m) noexcept {
 Status Runtime::export_misses(const std::string& path) const noexcept {
   try {
     if (!impl_->tuner) return Status();
+    // RFC 4180: the key holds commas, so it is quoted (it holds no quotes).
     std::string csv = "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key\n";
     for (const auto& [ev, count] : impl_->tuner->misses()) {
       const core::Problem& p = ev.problem;
@@ -392,7 +409,7 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
              std::string(dtype_name(p.out_dtype)) + "," + std::to_string(p.m) + "," +
              (g ? std::to_string(p.n) : "") + "," + (g ? std::to_string(p.k) : "") + "," +
              (g ? "" : std::to_string(p.n)) + "," + (p.has_bias ? "true" : "false") + "," +
-             std::string(stride.view()) + "," + std::to_string(count) + "," + tune::Tuner::key_of(p, *dev) + "\n";
+             std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) + "\"\n";
     }
     const std::string tmp = path + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "w");

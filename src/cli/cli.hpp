@@ -64,17 +64,73 @@ std::optional<Trace> builtin_trace(const std::string& name);
 /// `*error` to "<file>:<line>: ..." (or "<file>: ..." for I/O errors).
 std::optional<Trace> read_trace_file(const std::string& path, std::string* error);
 
-/// Options of `kdispatch replay`.
+/// Options of `kdispatch replay` (and of the workload `kdispatch misses` runs).
 struct ReplayOptions {
   std::string model = "qwen2.5-0.5b";
   std::string trace = "decode";
-  int64_t steps = 0;  ///< 0 = one pass over the trace
-  std::vector<std::string> config_dirs;
+  int64_t steps = 0;  ///< forward passes per pass; 0 = one pass over the trace
+  std::vector<std::string> config_dirs;   ///< --configs: on top of the shipped configs
+  std::vector<std::string> only_configs;  ///< --only-configs: these dirs, no shipped configs
+  bool no_shipped_configs = false;        ///< --no-shipped-configs
   std::string dtype = "bf16";
   bool json = false;
+
+  // Online tuning (the KDISPATCH_* environment is the base; flags override it).
+  std::string tune;          ///< "off" | "sync" | "background"; "" = $KDISPATCH_TUNE, else off
+  double max_seconds = 60.0; ///< tuning modes: stop replaying after this long
+  std::string cache_dir;     ///< "" = the library's default ($KDISPATCH_CACHE_DIR, XDG cache)
+  double budget_ms = 0.0;    ///< TuneOptions::time_budget_ms; 0 = the library's default
+  double duty_cycle = 0.0;   ///< TuneOptions::duty_cycle; 0 = the library's default
+  bool no_cold_cache = false;///< TuneOptions::cold_cache = false (quick tests)
+  /// Write the misses (untuned-shapes CSV) here at exit; "" = $KDISPATCH_MISSES_EXPORT or none.
+  std::string export_misses;
+
+  /// `kdispatch misses`: tuning off, a short summary instead of the report.
+  bool misses_summary = false;
 };
 /// Runs the replay; returns the process exit code.
 int run_replay(const ReplayOptions& o);
+
+/// One shape of a shape list: a row of kdispatch's misses CSV
+/// (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key)
+/// or of an aiter untuned CSV (M,N,K[,bias,dtype,outdtype,...]; M,hidden).
+struct ShapeRow {
+  int line = 0;             ///< 1-based line in the file
+  std::string op;           ///< "" when the file has no op column
+  std::string backend;      ///< "" when not given
+  std::string device_name;  ///< "" when not given
+  std::string dtype;        ///< as written ("bf16", "torch.bfloat16"); "" = not given
+  std::string out_dtype;    ///< as written; "" = the input dtype
+  int64_t m = 0, n = 0, k = 0, hidden = 0;
+  int64_t batch = 0;        ///< aiter's batched CSVs (B column); 0 = none
+  bool bias = false;
+  std::string stride;       ///< the key's stride field ("" = row-major contiguous)
+  int64_t count = 0;        ///< misses CSV: calls that missed
+};
+/// Reads a shape CSV: the first non-blank line is the header (column names,
+/// case-insensitive, spaces around fields ignored; unknown columns are
+/// ignored; fields past the header's last column belong to it, as the
+/// misses CSV's unquoted key). On failure returns nullopt and sets *error to
+/// "<file>:<line>: ...".
+std::optional<std::vector<ShapeRow>> read_shape_csv(const std::string& path, std::string* error);
+
+/// Options of `kdispatch tune`.
+struct TuneCmdOptions {
+  std::vector<std::string> shapes;  ///< CSV files
+  std::string op;
+  std::string emit;
+  std::string dtype = "bf16";       ///< rows whose file names no dtype
+  double budget_ms = 0.0;           ///< 0 = the library's default
+  bool resume = true;
+  /// Shapes costing more per call are skipped: at ~150 GFLOP/s (bf16, 2 cores)
+  /// 2e9 flops is ~13 ms a call, so ~20 candidates fit the default 2 s budget;
+  /// at 2e10 only the default plan would be measured.
+  double max_flops = 2e9;
+  bool no_cold_cache = false;
+  int32_t reps = 0;                 ///< 0 = the library's default
+  bool json = false;
+};
+int run_tune(const TuneCmdOptions& o);
 
 /// Options of `kdispatch lookup`.
 struct LookupOptions {

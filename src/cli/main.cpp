@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CLI — entry point: the command line (CLI11) of `kdispatch replay`,
-// `kdispatch lookup` and `kdispatch validate`. Each subcommand fills an
-// options struct and hands it to its run_* function (replay.cpp,
-// configs.cpp); exit codes: 0 ok, 1 failure, 2 usage error.
+// `kdispatch misses`, `kdispatch tune`, `kdispatch lookup` and `kdispatch
+// validate`. Each subcommand fills an options struct and hands it to its
+// run_* function (replay.cpp, tune.cpp, configs.cpp); exit codes: 0 ok,
+// 1 failure, 2 usage error.
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
@@ -35,12 +36,49 @@ const CLI::Validator kAtLeastOne(
     },
     "", "at least one");
 
+// The workload options `replay` and `misses` share: model, trace, dtype and
+// where the configs come from.
+void add_workload_options(CLI::App* app, ReplayOptions& ro) {
+  app->add_option("--model", ro.model, "Model whose shapes to replay: " + model_names())
+      ->type_name("NAME")
+      ->capture_default_str();
+  app->add_option("--trace", ro.trace,
+                  "M per forward pass: decode (batch sizes 1..16), prefill (prompt lengths), mixed, or a FILE of "
+                  "M values (whitespace/comma separated, '#' comments)")
+      ->type_name("NAME|FILE")
+      ->capture_default_str();
+  app->add_option("--steps", ro.steps,
+                  "Forward passes to run, cycling through the trace (default: one pass over the trace); with "
+                  "--tune, the forward passes of one pass")
+      ->type_name("N")
+      ->check(kAtLeastOne);
+  app->add_option("--configs", ro.config_dirs, "Extra config dir on top of the shipped configs (repeatable)")
+      ->type_name("DIR")
+      ->take_all()
+      ->allow_extra_args(false);
+  app->add_option("--only-configs", ro.only_configs,
+                  "Use only this config dir, not the shipped configs (repeatable); a run can start from nothing")
+      ->type_name("DIR")
+      ->take_all()
+      ->allow_extra_args(false);
+  app->add_flag("--no-shipped-configs", ro.no_shipped_configs,
+                "Do not load the shipped configs (start from --configs/--only-configs dirs and the cache only)");
+  app->add_option("--dtype", ro.dtype, "Activation and weight dtype: fp32 or bf16")
+      ->type_name("DTYPE")
+      ->capture_default_str();
+  app->add_option("--cache-dir", ro.cache_dir,
+                  "Tuning cache dir: tuned winners are written there and read back by later runs (default: "
+                  "$KDISPATCH_CACHE_DIR, else $XDG_CACHE_HOME/kdispatch, else ~/.cache/kdispatch)")
+      ->type_name("DIR");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "kdispatch: per-call kernel variant and launch-config dispatch from tuned config tables.\n"
-      "Replays a model's shapes through the ops, answers config lookups, validates config trees."};
+      "Replays a model's shapes through the ops (and tunes them online), exports the misses and tunes them offline, "
+      "answers config lookups, validates config trees."};
   app.name("kdispatch");
   app.set_version_flag("--version", version_text);
   app.require_subcommand(1);
@@ -48,6 +86,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  kdispatch replay\n"
       "  kdispatch replay --model llama-3-8b --steps 4\n"
+      "  kdispatch replay --tune background\n"
+      "  kdispatch misses --export misses.csv && kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
       "  kdispatch lookup --configs sglang-configs/fused_moe_triton --backend-version 3.5.1 \\\n"
       "      --device \"NVIDIA H200\" --key \"E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]\" --M 1\n"
       "  kdispatch validate sglang-configs\n"
@@ -59,25 +99,29 @@ int main(int argc, char** argv) {
       "replay",
       "Push a model's per-layer shapes through rmsnorm, fused_add_rmsnorm and gemm on the CPU, as a decoder "
       "forward pass per trace entry, and report per op: calls, table hits, defaults, us/call and config sources.");
-  replay->add_option("--model", ro.model, "Model whose shapes to replay: " + model_names())
-      ->type_name("NAME")
-      ->capture_default_str();
+  add_workload_options(replay, ro);
   replay
-      ->add_option("--trace", ro.trace,
-                   "M per forward pass: decode (batch sizes 1..16), prefill (prompt lengths), mixed, or a FILE of "
-                   "M values (whitespace/comma separated, '#' comments)")
-      ->type_name("NAME|FILE")
+      ->add_option("--tune", ro.tune,
+                   "Online tuning: off (table + get_default), sync (a miss tunes on the caller's thread), background "
+                   "(a miss is queued for the tuner thread). With sync/background the trace is replayed in passes "
+                   "until the tuner converges or --max-seconds; the first pass is a baseline with tuning paused "
+                   "(default: $KDISPATCH_TUNE, else off)")
+      ->type_name("MODE")
+      ->check(CLI::IsMember({"off", "sync", "background"}));
+  replay->add_option("--max-seconds", ro.max_seconds, "With --tune: stop replaying after this many seconds")
+      ->type_name("S")
       ->capture_default_str();
-  replay->add_option("--steps", ro.steps, "Forward passes to run, cycling through the trace (default: one pass)")
-      ->type_name("N")
-      ->check(kAtLeastOne);
-  replay->add_option("--configs", ro.config_dirs, "Extra config dir on top of the shipped configs (repeatable)")
-      ->type_name("DIR")
-      ->take_all()
-      ->allow_extra_args(false);
-  replay->add_option("--dtype", ro.dtype, "Activation and weight dtype: fp32 or bf16")
-      ->type_name("DTYPE")
-      ->capture_default_str();
+  replay->add_option("--budget-ms", ro.budget_ms, "Search time per shape, ms (TuneOptions::time_budget_ms; default 2000)")
+      ->type_name("MS");
+  replay->add_option("--duty-cycle", ro.duty_cycle,
+                     "Busy fraction of the background tuner thread, (0, 1] (TuneOptions::duty_cycle; default 0.5)")
+      ->type_name("D");
+  replay->add_flag("--no-cold-cache", ro.no_cold_cache,
+                   "Time candidates with warm caches (faster tuning, less faithful timings; for tests)");
+  replay->add_option("--export-misses", ro.export_misses,
+                     "Write the shapes that missed the table to FILE at exit, as an untuned-shapes CSV "
+                     "(default: $KDISPATCH_MISSES_EXPORT)")
+      ->type_name("FILE");
   replay->add_flag("--json", ro.json, "Print one JSON object instead of tables");
   replay->footer(
       "Examples:\n"
@@ -85,10 +129,74 @@ int main(int argc, char** argv) {
       "  kdispatch replay --model llama-3-8b --steps 4\n"
       "  kdispatch replay --trace prefill --dtype fp32 --json\n"
       "  kdispatch replay --trace ms.txt --configs ./my-configs\n"
+      "  kdispatch replay --tune background --max-seconds 120       # watch misses turn into hits\n"
+      "  kdispatch replay --tune background --no-shipped-configs --cache-dir /tmp/kd-cache\n"
+      "  kdispatch replay --tune off --cache-dir /tmp/kd-cache         # a later run: the cached winners hit\n"
+      "The KDISPATCH_* environment applies (KDISPATCH_TUNE, KDISPATCH_CACHE_DIR, KDISPATCH_CONFIG_DIRS, ...);\n"
+      "flags override it.\n"
       "Config files for the CPU ops: <dir>/cpu/<op>/<fields>.json, e.g.\n"
       "  cpu/rmsnorm/hidden=896,device_name=CPU_x86_64_AVX512,dtype=bf16.json\n"
       "  cpu/gemm/N=1152,K=896,device_name=CPU_x86_64_AVX512,dtype=bf16,bias=true.json\n"
       "holding {\"<M>\": {\"variant\": \"<name>\", <param>: <value>, ...}, ...}.");
+
+  // ------------------------------------------------------------ misses
+  ReplayOptions mo;
+  mo.misses_summary = true;
+  CLI::App* misses = app.add_subcommand(
+      "misses",
+      "Run the replay workload with tuning off and write the shapes that missed the table as an untuned-shapes "
+      "CSV (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key): the input of "
+      "`kdispatch tune` (aiter's offline loop).");
+  misses->add_option("--export", mo.export_misses, "The CSV to write")->type_name("FILE")->required();
+  add_workload_options(misses, mo);
+  misses->add_flag("--json", mo.json, "Print the summary as one JSON object");
+  misses->footer(
+      "Examples:\n"
+      "  kdispatch misses --export misses.csv\n"
+      "  kdispatch misses --export misses.csv --model llama-3-8b --trace prefill\n"
+      "  kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
+      "Exit codes: 0 written, 1 an op or the write failed, 2 bad argument.");
+
+  // ------------------------------------------------------------ tune
+  TuneCmdOptions to;
+  CLI::App* tune = app.add_subcommand(
+      "tune",
+      "Tune every shape of a shape list (a `kdispatch misses` CSV, or an aiter untuned CSV: M,N,K[,bias,dtype,"
+      "outdtype]; M,hidden for norms) for one op with dispatch::pretune, writing the winners into an emit dir as "
+      "config files (<dir>/cpu/<op>/<key>.json, the format configs/ holds). Resumes: shapes the emit dir already "
+      "holds are skipped.");
+  tune->add_option("--shapes", to.shapes, "Shape CSV (repeatable)")
+      ->type_name("FILE")
+      ->required()
+      ->take_all()
+      ->allow_extra_args(false);
+  tune->add_option("--op", to.op, "gemm, rmsnorm or fused_add_rmsnorm: the rows of this op are tuned")
+      ->type_name("OP")
+      ->required();
+  tune->add_option("--emit", to.emit, "Dir the config files are written to (created; also read to resume)")
+      ->type_name("DIR")
+      ->required();
+  tune->add_option("--dtype", to.dtype, "dtype of rows whose file names none (aiter's M,N,K files)")
+      ->type_name("DTYPE")
+      ->capture_default_str();
+  tune->add_option("--budget-ms", to.budget_ms, "Search time per shape, ms (default 2000)")->type_name("MS");
+  tune->add_option("--reps", to.reps, "Timed repeats per candidate (default 5)")->type_name("N");
+  tune->add_flag("--resume,!--no-resume", to.resume,
+                 "Skip shapes the emit dir already has a row for (default), or tune them again");
+  tune->add_option("--max-flops", to.max_flops,
+                   "Skip (and report) shapes whose call costs more flops than this (2*M*N*K for a GEMM): too slow "
+                   "to tune on this host")
+      ->type_name("X")
+      ->capture_default_str();
+  tune->add_flag("--no-cold-cache", to.no_cold_cache, "Time candidates with warm caches (faster; for tests)");
+  tune->add_flag("--json", to.json, "Print the summary and every shape's result as one JSON object");
+  tune->footer(
+      "Examples:\n"
+      "  kdispatch misses --export misses.csv && kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
+      "  kdispatch tune --shapes aiter/configs/bf16_untuned_gemm.csv --op gemm --emit my-configs --max-flops 1e10\n"
+      "  kdispatch validate my-configs && kdispatch replay --configs my-configs\n"
+      "Progress goes to stderr, one line per shape; the summary to stdout.\n"
+      "Exit codes: 0 every shape tuned or skipped, 1 some shape failed, 2 bad argument or shape file.");
 
   // ------------------------------------------------------------ lookup
   LookupOptions lo;
@@ -152,6 +260,8 @@ int main(int argc, char** argv) {
 
   try {
     if (replay->parsed()) return run_replay(ro);
+    if (misses->parsed()) return run_replay(mo);
+    if (tune->parsed()) return run_tune(to);
     if (lookup->parsed()) return run_lookup(lo);
     if (validate->parsed()) return run_validate(vo);
   } catch (const std::exception& e) {

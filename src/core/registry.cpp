@@ -7,6 +7,7 @@
 
 #include "core/plugin_loader.hpp"
 #include "cpu/cpu_backend.hpp"
+#include "gpu/gpu_backend.hpp"
 
 namespace dispatch::core {
 
@@ -30,7 +31,12 @@ struct Registry {
     PluginLoadResult plugins = load_cpu_plugins(plugin_options_from_env());
     for (const VariantDef* v : plugins.variants) add(v);
     plugin_status = std::move(plugins.status);
-    // GPU backends append their lists here once compiled in.
+    // GPU backends compiled into this build (their lists are compiled in
+    // whether or not a device is present; supports() declines kernels with
+    // no loadable image on the probed device).
+    for (DeviceType t : {DeviceType::cuda, DeviceType::hip})
+      if (const gpu::BackendOps* b = gpu::backend_ops(t))
+        for (const VariantDef* v : b->variants()) add(v);
   }
   // Registration checks every declaration (roles, params) and refuses a bad
   // one with the reason, instead of letting it misbehave in a search.
@@ -62,11 +68,19 @@ const std::vector<std::string>& registry_errors() noexcept { return registry().e
 
 const std::string& plugin_status() noexcept { return registry().plugin_status; }
 
-bool backend_compiled(DeviceType backend) noexcept { return backend == DeviceType::cpu; }
+bool backend_compiled(DeviceType backend) noexcept {
+  return backend == DeviceType::cpu || gpu::backend_ops(backend) != nullptr;
+}
+
+tune::DeviceMemory* backend_memory(DeviceType backend) noexcept {
+  const gpu::BackendOps* b = gpu::backend_ops(backend);
+  return b ? b->memory() : nullptr;
+}
 
 const DeviceInfo* local_device_info(DeviceType backend) noexcept {
   if (backend == DeviceType::cpu) return &cpu_device_info();
-  return nullptr;
+  const gpu::BackendOps* b = gpu::backend_ops(backend);
+  return b ? b->device_info(0) : nullptr;
 }
 
 std::span<const VariantDef* const> all_variants() noexcept {
@@ -97,7 +111,11 @@ const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtyp
 Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept {
   switch (p.device.type) {
     case DeviceType::cpu: return cpu::get_default(p, dev);
-    default: return Plan{};
+    case DeviceType::cuda:
+    case DeviceType::hip: {
+      const gpu::BackendOps* b = gpu::backend_ops(p.device.type);
+      return b ? b->get_default(p, dev) : Plan{};
+    }
   }
 }
 

@@ -39,6 +39,16 @@ const std::vector<std::string>& registry_errors() noexcept;
 /// gemm_fp32__openblas) are in all_variants() only when it loaded.
 const std::string& plugin_status() noexcept;
 
+}  // namespace dispatch::core
+namespace dispatch::tune {
+class DeviceMemory;
+}
+namespace dispatch::core {
+
+/// The tuner's memory interface of a GPU backend (nullptr for the CPU,
+/// which uses host memory, and for backends not compiled in).
+tune::DeviceMemory* backend_memory(DeviceType backend) noexcept;
+
 /// Every compiled variant of every backend, in list order.
 std::span<const VariantDef* const> all_variants() noexcept;
 

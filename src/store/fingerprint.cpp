@@ -4,8 +4,11 @@
 #include <simdjson.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 
 #include "core/json_write.hpp"
+#include "gpu/gpu_backend.hpp"
 #include "kdispatch_kernel_fingerprint.hpp"  // generated at build time (see CMakeLists.txt)
 
 #ifndef KDISPATCH_COMPILER_ID
@@ -54,6 +57,19 @@ Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_
 const Fingerprint& cpu_fingerprint() {
   static const Fingerprint f = current_fingerprint(cpu_device_info(), "cpu");
   return f;
+}
+
+const Fingerprint* backend_fingerprint(DeviceType backend) {
+  if (backend == DeviceType::cpu) return &cpu_fingerprint();
+  const gpu::BackendOps* b = gpu::backend_ops(backend);
+  if (b == nullptr) return nullptr;
+  const DeviceInfo* dev = b->device_info(0);
+  if (dev == nullptr) return nullptr;
+  static std::once_flag once[2];
+  static std::optional<Fingerprint> fp[2];
+  const int i = backend == DeviceType::cuda ? 0 : 1;
+  std::call_once(once[i], [&] { fp[i] = current_fingerprint(*dev, b->runtime_versions()); });
+  return fp[i] ? &*fp[i] : nullptr;
 }
 
 Fingerprint parse_fingerprint(std::string_view meta) {

@@ -50,6 +50,12 @@ Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_
 /// The CPU backend's current fingerprint (cached).
 const Fingerprint& cpu_fingerprint();
 
+/// The current fingerprint of `backend`'s results (cached per backend): the
+/// CPU's, or a GPU backend's for its device 0 (arch such as "sm_90a",
+/// runtime "cuda runtime 13000, driver 13000"). nullptr when the backend is
+/// not compiled in or has no usable device (nothing can be tuned or checked).
+const Fingerprint* backend_fingerprint(DeviceType backend);
+
 /// Parses the "fingerprint" object of a file's "kdispatch" metadata text.
 /// An absent object yields an empty fingerprint.
 Fingerprint parse_fingerprint(std::string_view kdispatch_metadata_json);

@@ -233,7 +233,7 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
       std::string meta;
       for (const auto& [mk, raw] : parsed.metadata)
         if (mk == "kdispatch") meta = raw;
-      const Fingerprint* now = *backend == DeviceType::cpu ? &cpu_fingerprint() : nullptr;
+      const Fingerprint* now = backend_fingerprint(*backend);
       if (now == nullptr) return skip("tuning result for backend '" + grand_name + "' with no local device to check it on");
       const std::string why = fingerprint_mismatch(parse_fingerprint(meta), *now);
       if (!why.empty()) {

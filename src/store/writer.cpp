@@ -162,7 +162,7 @@ std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerpri
 
 Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
                     const Fingerprint& fp, const std::vector<std::pair<std::string, int32_t>>& schema,
-                    bool* dropped_stale) noexcept {
+                    bool* dropped_stale, bool keep_stale) noexcept {
   try {
     if (dropped_stale) *dropped_stale = false;
     const fs::path target = fs::path(dir) / rel_path;
@@ -203,7 +203,7 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
           for (const auto& [k, v] : pf.metadata)
             if (k == "kdispatch") meta = v;
           const Fingerprint old = parse_fingerprint(meta);
-          if (fingerprint_mismatch(old, fp).empty()) {
+          if (keep_stale || fingerprint_mismatch(old, fp).empty()) {
             const auto us = read_us_map(meta, "us");
             const auto dus = read_us_map(meta, "default_us");
             for (auto& row : pf.rows) {

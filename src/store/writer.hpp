@@ -44,9 +44,11 @@ std::string default_cache_dir();
 /// `*dropped_stale` (optional) is set when the existing file's rows were
 /// dropped because its fingerprint differed. Errors: io_error naming the
 /// path.
+/// `keep_stale` keeps the rows of a file written with another fingerprint
+/// (committed-config dirs); by default they are dropped as stale.
 Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
                     const Fingerprint& fp, const std::vector<std::pair<std::string, int32_t>>& schema,
-                    bool* dropped_stale = nullptr) noexcept;
+                    bool* dropped_stale = nullptr, bool keep_stale = false) noexcept;
 
 /// The JSON text persist_rows writes (deterministic: metadata first, then
 /// rows by ascending M).

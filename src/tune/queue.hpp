@@ -29,6 +29,7 @@ struct MissEvent {
   core::Problem problem;
   int64_t ld[core::kMaxArgs] = {0, 0, 0, 0};
   uint64_t key_hash = 0;
+  int64_t count = 1;  ///< misses of this shape so far (set when queued)
 };
 
 template <class T>
@@ -103,8 +104,9 @@ class MissTable {
  public:
   static constexpr size_t kCapacity = 4096;
 
-  /// Counts one miss of (event.key_hash, event.problem.m).
-  void record(const MissEvent& ev) noexcept {
+  /// Counts one miss of (event.key_hash, event.problem.m); returns the
+  /// shape's count after it (0 when the table is full).
+  int64_t record(const MissEvent& ev) noexcept {
     const uint64_t h = mix(ev.key_hash, ev.problem.m);
     for (size_t probe = 0; probe < 64; ++probe) {
       Entry& e = entries_[(h + probe) & (kCapacity - 1)];
@@ -113,16 +115,13 @@ class MissTable {
         if (e.hash.compare_exchange_strong(cur, h, std::memory_order_acq_rel)) {
           e.event = ev;
           e.ready.store(true, std::memory_order_release);
-          e.count.fetch_add(1, std::memory_order_relaxed);
-          return;
+          return e.count.fetch_add(1, std::memory_order_relaxed) + 1;
         }
       }
-      if (cur == h) {
-        e.count.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
+      if (cur == h) return e.count.fetch_add(1, std::memory_order_relaxed) + 1;
     }
     dropped_.fetch_add(1, std::memory_order_relaxed);
+    return 0;
   }
 
   /// Every recorded shape with its count (readers see only published cells).

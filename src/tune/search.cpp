@@ -21,44 +21,71 @@ constexpr uint32_t kPoison32 = 0x7FBADBADu;
 constexpr uint16_t kPoison16bf = 0x7FBDu;  // bf16: exponent all ones, quiet bit clear
 constexpr uint16_t kPoison16h = 0x7D5Bu;   // fp16: exponent all ones, quiet bit clear
 
-double load(const ArgBuffer& a, int64_t r, int64_t c) {
+// Element access on a host copy of an argument's extent.
+double load(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
   const int64_t i = r * a.ld + c;
   switch (a.dtype) {
-    case DType::fp32: return static_cast<const float*>(a.ptr)[i];
-    case DType::bf16: return core::bf16_to_float(static_cast<const uint16_t*>(a.ptr)[i]);
-    case DType::fp16: return core::fp16_to_float(static_cast<const uint16_t*>(a.ptr)[i]);
+    case DType::fp32: {
+      float f;
+      std::memcpy(&f, host + i * 4, 4);
+      return f;
+    }
+    case DType::bf16: {
+      uint16_t h;
+      std::memcpy(&h, host + i * 2, 2);
+      return core::bf16_to_float(h);
+    }
+    case DType::fp16: {
+      uint16_t h;
+      std::memcpy(&h, host + i * 2, 2);
+      return core::fp16_to_float(h);
+    }
   }
   return 0.0;
 }
 
-bool is_poison(const ArgBuffer& a, int64_t r, int64_t c) {
+bool is_poison(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
   const int64_t i = r * a.ld + c;
   if (a.dtype == DType::fp32) {
     uint32_t bits;
-    std::memcpy(&bits, static_cast<const float*>(a.ptr) + i, 4);
+    std::memcpy(&bits, host + i * 4, 4);
     return bits == kPoison32;
   }
-  const uint16_t bits = static_cast<const uint16_t*>(a.ptr)[i];
+  uint16_t bits;
+  std::memcpy(&bits, host + i * 2, 2);
   return bits == (a.dtype == DType::bf16 ? kPoison16bf : kPoison16h);
 }
 
-void poison(const ArgBuffer& a) {
+// Writes the poison pattern over the logical elements of a host copy.
+void poison_host(const ArgBuffer& a, char* host) {
   for (int64_t r = 0; r < a.rows; ++r) {
     if (a.dtype == DType::fp32) {
-      float* row = static_cast<float*>(a.ptr) + r * a.ld;
-      for (int64_t c = 0; c < a.cols; ++c) std::memcpy(row + c, &kPoison32, 4);
+      for (int64_t c = 0; c < a.cols; ++c) std::memcpy(host + (r * a.ld + c) * 4, &kPoison32, 4);
     } else {
-      uint16_t* row = static_cast<uint16_t*>(a.ptr) + r * a.ld;
       const uint16_t p = a.dtype == DType::bf16 ? kPoison16bf : kPoison16h;
-      for (int64_t c = 0; c < a.cols; ++c) row[c] = p;
+      for (int64_t c = 0; c < a.cols; ++c) std::memcpy(host + (r * a.ld + c) * 2, &p, 2);
     }
   }
 }
 
-void zero(const ArgBuffer& a) {
+class HostMemory final : public DeviceMemory {
+ public:
+  void* alloc(size_t bytes) override { return ::operator new(bytes, std::nothrow); }
+  void release(void* p) override { ::operator delete(p); }
+  Status to_host(void* d, const void* s, size_t n) override { return (std::memcpy(d, s, n), Status()); }
+  Status from_host(void* d, const void* s, size_t n) override { return (std::memcpy(d, s, n), Status()); }
+  Status copy(void* d, const void* s, size_t n) override { return (std::memmove(d, s, n), Status()); }
+  Status zero_2d(void* d, size_t pitch, size_t width, size_t rows) override {
+    for (size_t r = 0; r < rows; ++r) std::memset(static_cast<char*>(d) + r * pitch, 0, width);
+    return Status();
+  }
+  Status sync() override { return Status(); }
+  std::unique_ptr<Clock> make_clock(const DeviceInfo& dev) override { return std::make_unique<CpuClock>(dev.l2_bytes); }
+};
+
+Status zero_arg(DeviceMemory& mem, const ArgBuffer& a) {
   const size_t es = dtype_size(a.dtype);
-  for (int64_t r = 0; r < a.rows; ++r)
-    std::memset(static_cast<char*>(a.ptr) + static_cast<size_t>(r * a.ld) * es, 0, static_cast<size_t>(a.cols) * es);
+  return mem.zero_2d(a.ptr, static_cast<size_t>(a.ld) * es, static_cast<size_t>(a.cols) * es, static_cast<size_t>(a.rows));
 }
 
 // Tolerance per output dtype: |c - r| <= atol * max|ref| + rtol * |r|.
@@ -72,11 +99,18 @@ void tolerance(DType t, double* atol, double* rtol) {
   }
 }
 
-struct Saved {
-  std::vector<std::unique_ptr<char[]>> bytes;  // per arg: the whole extent, or null
-};
 
 }  // namespace
+
+DeviceMemory& host_memory() noexcept {
+  static HostMemory m;
+  return m;
+}
+
+DeviceMemory* memory_for(DeviceType backend) noexcept {
+  if (backend == DeviceType::cpu) return &host_memory();
+  return core::backend_memory(backend);
+}
 
 size_t ArgBuffer::extent_bytes() const noexcept {
   if (rows <= 0 || cols <= 0) return 0;
@@ -127,9 +161,10 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
 
 void zero_reset_args(const TuneTarget& target, const core::Plan& plan) noexcept {
   if (!plan.variant || plan.variant->reset_args == 0) return;
+  DeviceMemory& mem = target.mem ? *target.mem : host_memory();
   for (size_t i = 0; i < target.args.size(); ++i)
     if ((plan.variant->reset_args >> i) & 1u)
-      if (target.args[i].ptr) zero(target.args[i]);
+      if (target.args[i].ptr) (void)zero_arg(mem, target.args[i]);
 }
 
 std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo& dev, const core::Plan& def,
@@ -191,26 +226,38 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
 
     // 1. Snapshot every written argument (in-place ones to restore before
     //    each rep; pure outputs so the caller gets its bytes back at the end).
-    Saved saved;
-    saved.bytes.resize(n);
+    //    Snapshots live in the backend's memory; validation reads host copies.
+    DeviceMemory& mem = t.mem ? *t.mem : host_memory();
+    struct Snap {
+      DeviceMemory* mem = nullptr;
+      void* p = nullptr;
+      ~Snap() {
+        if (p) mem->release(p);
+      }
+    };
+    std::vector<Snap> saved(n);
+    std::vector<std::vector<char>> host(n);  // host staging per written arg
     for (size_t i = 0; i < n; ++i) {
       const ArgBuffer& a = t.args[i];
       if (!a.ptr || !a.written) continue;
       const size_t b = a.extent_bytes();
-      saved.bytes[i].reset(new char[b]);
-      std::memcpy(saved.bytes[i].get(), a.ptr, b);
+      saved[i].mem = &mem;
+      saved[i].p = mem.alloc(b);
+      if (!saved[i].p) return make_status(StatusCode::out_of_memory, "snapshot of '" + a.name + "'");
+      if (Status s = mem.copy(saved[i].p, a.ptr, b); !s.ok()) return s;
+      host[i].resize(b);
     }
     auto restore = [&](uint32_t extra_restore) {
       for (size_t i = 0; i < n; ++i) {
         const ArgBuffer& a = t.args[i];
-        if (!saved.bytes[i]) continue;
-        if ((a.read && a.written) || ((extra_restore >> i) & 1u))
-          std::memcpy(a.ptr, saved.bytes[i].get(), a.extent_bytes());
+        if (!saved[i].p) continue;
+        if ((a.read && a.written) || ((extra_restore >> i) & 1u)) (void)mem.copy(a.ptr, saved[i].p, a.extent_bytes());
       }
     };
     auto restore_all = [&]() {
       for (size_t i = 0; i < n; ++i)
-        if (saved.bytes[i]) std::memcpy(t.args[i].ptr, saved.bytes[i].get(), t.args[i].extent_bytes());
+        if (saved[i].p) (void)mem.copy(t.args[i].ptr, saved[i].p, t.args[i].extent_bytes());
+      (void)mem.sync();
     };
     // Restores the search's own changes whatever happens below.
     struct Guard {
@@ -222,10 +269,22 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       restore(plan.variant->restore_args);
       zero_reset_args(t, plan);
     };
+    // Pure outputs: a host copy of the snapshot with the logical elements
+    // poisoned, written over the output (the gaps between rows keep the
+    // caller's bytes).
+    std::vector<std::vector<char>> poisoned(n);
+    for (size_t i = 0; i < n; ++i) {
+      const ArgBuffer& a = t.args[i];
+      if (!saved[i].p || a.read) continue;
+      poisoned[i].resize(a.extent_bytes());
+      if (Status s = mem.to_host(poisoned[i].data(), saved[i].p, a.extent_bytes()); !s.ok()) return s;
+      poison_host(a, poisoned[i].data());
+    }
     auto poison_outputs = [&]() {
       for (size_t i = 0; i < n; ++i)
-        if (t.args[i].ptr && t.args[i].written && !t.args[i].read) poison(t.args[i]);
+        if (!poisoned[i].empty()) (void)mem.from_host(t.args[i].ptr, poisoned[i].data(), poisoned[i].size());
     };
+    auto fetch = [&](size_t i) { return mem.to_host(host[i].data(), t.args[i].ptr, host[i].size()); };
 
     // 2. Reference output on the same inputs.
     std::vector<std::vector<double>> ref(n);
@@ -234,19 +293,25 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       prepare_for(reference);
       poison_outputs();
       if (Status s = t.launch(reference); !s.ok()) return s;
+      if (Status s = mem.sync(); !s.ok()) return s;
       for (size_t i = 0; i < n; ++i) {
         const ArgBuffer& a = t.args[i];
         if (!a.ptr || !a.written) continue;
+        if (Status s = fetch(i); !s.ok()) return s;
         ref[i].resize(static_cast<size_t>(a.rows * a.cols));
         for (int64_t r = 0; r < a.rows; ++r)
-          for (int64_t c = 0; c < a.cols; ++c) ref[i][static_cast<size_t>(r * a.cols + c)] = load(a, r, c);
+          for (int64_t c = 0; c < a.cols; ++c)
+            ref[i][static_cast<size_t>(r * a.cols + c)] = load(a, host[i].data(), r, c);
       }
     }
     auto check = [&](const core::Plan& plan) -> Status {
+      if (Status s = mem.sync(); !s.ok()) return s;
       for (size_t i = 0; i < n; ++i) {
         const ArgBuffer& a = t.args[i];
         if (!a.ptr || !a.written) continue;
-        double atol, rtol;
+        if (Status s = fetch(i); !s.ok()) return s;
+        const char* h = host[i].data();
+        double atol = 0, rtol = 0;
         tolerance(a.dtype, &atol, &rtol);
         double scale = 0.0;
         for (double v : ref[i])
@@ -256,9 +321,9 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
             auto where = [&] {
               return "'" + a.name + "'[" + std::to_string(r) + "," + std::to_string(c) + "]";
             };
-            if (!a.read && is_poison(a, r, c))
+            if (!a.read && is_poison(a, h, r, c))
               return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where() + " unwritten");
-            const double got = load(a, r, c);
+            const double got = load(a, h, r, c);
             const double want = ref[i][static_cast<size_t>(r * a.cols + c)];
             if (std::isnan(want)) continue;  // the reference's NaN (NaN input): any NaN matches
             if (std::isnan(got) || std::fabs(got - want) > atol * scale + rtol * std::fabs(want))
@@ -269,7 +334,9 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       return Status();
     };
 
-    CpuClock clock(o.device ? o.device->l2_bytes : 0);
+    DeviceInfo no_dev;
+    std::unique_ptr<Clock> clock_ptr = mem.make_clock(o.device ? *o.device : no_dev);
+    Clock& clock = *clock_ptr;
     double best = 0.0;
     for (size_t ci = 0; ci < candidates.size(); ++ci) {
       const core::Plan& plan = candidates[ci];

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -52,11 +53,40 @@ struct ArgBuffer {
   size_t extent_bytes() const noexcept;
 };
 
+/// How the search reaches a backend's memory and clock. The CPU's is plain
+/// host memory (host_memory()); a GPU backend supplies its own (device
+/// allocations, copies through the host for validation, events for timing).
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  /// Allocates `bytes` of the backend's memory (nullptr on failure).
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual Status to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual Status from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
+  /// Zeroes `rows` rows of `width_bytes` each, `pitch_bytes` apart.
+  virtual Status zero_2d(void* dst, size_t pitch_bytes, size_t width_bytes, size_t rows) = 0;
+  /// Waits for queued work (GPU); a no-op on the CPU.
+  virtual Status sync() = 0;
+  /// The benchmark clock of this backend for `dev`.
+  virtual std::unique_ptr<Clock> make_clock(const DeviceInfo& dev) = 0;
+};
+
+/// Plain host memory and the CPU clock.
+DeviceMemory& host_memory() noexcept;
+
+/// The memory of `backend` (host memory for the CPU; a GPU backend's when
+/// compiled in; nullptr otherwise).
+DeviceMemory* memory_for(DeviceType backend) noexcept;
+
 /// What a search runs on: the buffers, and how to launch a plan on them.
 struct TuneTarget {
   core::Problem problem;
   std::vector<ArgBuffer> args;  ///< in the op's argument-slot order
   std::function<Status(const core::Plan&)> launch;
+  /// Where the buffers live; nullptr = host memory.
+  DeviceMemory* mem = nullptr;
 };
 
 /// The target of a built-in op over the buffers of `la` (the caller's, or

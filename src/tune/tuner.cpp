@@ -120,21 +120,35 @@ void Tuner::note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64
     case core::OpKind::fused_add_rmsnorm: ev.ld[0] = la.ldx, ev.ld[1] = la.ldr; break;
   }
   n_misses_.fetch_add(1, std::memory_order_relaxed);
-  misses_.record(ev);
-  if (queue && mode_ == TuneMode::background && !frozen()) {
+  const int64_t count = misses_.record(ev);
+  // Queue a shape when its miss count reaches 1, 2, 4, 8, ...: the tuner
+  // learns of every new shape at once and of its growing count, while a
+  // hot shape costs O(log n) queue slots instead of one per call. (With the
+  // miss table full, every miss is queued.)
+  const bool notify = count == 0 || (count & (count - 1)) == 0;
+  if (queue && notify && mode_ == TuneMode::background && !frozen()) {
+    ev.count = count > 0 ? count : 1;
     if (queue_.push(ev)) n_queued_.fetch_add(1, std::memory_order_relaxed);
     else n_dropped_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
 bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
-                                const SearchResult& sr, std::string* why) {
+                                const SearchResult& sr, std::string* why, uint32_t* source_id) {
   const std::string rel = key_prefix(key) + "/" + store::own_file_name(key_fields(key), key_device(key));
   Config cfg = core::plan_to_config(plan);
   bool persisted = false;
   const std::string prefix = key_prefix(key);
-  const bool own_key = prefix.rfind("cpu/", 0) == 0 && core::parse_op(prefix.substr(4)).has_value();
-  if (options_.tune.persist && !cache_dir_.empty() && own_key) {
+  // Own-op keys of every backend persist, each with its backend's
+  // fingerprint ("<backend>/<op>": cpu/, cuda/, hip/).
+  const size_t slash = prefix.find('/');
+  const bool own_key = slash != std::string::npos && core::parse_op(prefix.substr(slash + 1)).has_value() &&
+                       (prefix.compare(0, slash, "cpu") == 0 || prefix.compare(0, slash, "cuda") == 0 ||
+                        prefix.compare(0, slash, "hip") == 0);
+  const store::Fingerprint* fingerprint = store::backend_fingerprint(p.device.type);
+  if (options_.tune.persist && !cache_dir_.empty() && own_key && fingerprint == nullptr && why)
+    *why = "no fingerprint for the " + std::string(device_type_name(p.device.type)) + " backend (no usable device)";
+  if (options_.tune.persist && !cache_dir_.empty() && own_key && fingerprint != nullptr) {
     store::PersistRow row;
     row.m = p.m;
     row.config = cfg;
@@ -142,7 +156,8 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
     row.default_us = sr.default_us;
     std::vector<std::pair<std::string, int32_t>> schema = {
         {std::string(plan.variant->name), plan.variant->schema_version}};
-    Status s = store::persist_rows(cache_dir_, rel, {row}, store::cpu_fingerprint(), schema);
+    Status s = store::persist_rows(cache_dir_, rel, {row}, *fingerprint, schema, nullptr,
+                                   options_.tune.keep_rows_of_other_builds);
     if (s.ok()) persisted = true;
     else if (why) *why = s.message();
   }
@@ -151,6 +166,7 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
   in.source_rank = rank_;
   in.path = rel;
   in.source_id = hooks_.intern(cache_dir_.empty() ? std::string("<in-process tuning>") : cache_dir_, rel);
+  if (source_id) *source_id = in.source_id;
   table::TableInput::InputRow row;
   row.m = p.m;
   row.config = std::move(cfg);
@@ -230,7 +246,7 @@ Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::ve
   out.plan = sr->best;
   std::string why;
   if (!frozen()) {
-    out.persisted = persist_and_publish(key, p, sr->best, *sr, &why);
+    out.persisted = persist_and_publish(key, p, sr->best, *sr, &why, &out.source_id);
     n_tuned_.fetch_add(1, std::memory_order_relaxed);
   }
   if (!why.empty() && options_.log_level >= LogLevel::warn)
@@ -245,16 +261,15 @@ Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::ve
   return out;
 }
 
-Result<core::Plan> Tuner::tune_on_caller(const core::Problem& p, const core::LaunchArgs& la, const DeviceInfo& dev,
-                                         const std::string& key) noexcept {
+Result<ShapeOutcome> Tuner::tune_on_caller(const core::Problem& p, const core::LaunchArgs& la, const DeviceInfo& dev,
+                                           const std::string& key) noexcept {
   if (frozen()) return make_status(StatusCode::failed_precondition, "runtime is frozen");
   std::unique_lock<std::mutex> lock(sync_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return make_status(StatusCode::failed_precondition, "another sync search is running");
   try {
     TuneTarget target = make_target(p, la);
-    auto r = tune_target(target, dev, key, false);
-    if (!r.ok()) return r.status();
-    return r->plan;
+    target.mem = memory_for(p.device.type);
+    return tune_target(target, dev, key, false);
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "sync tuning");
   }
@@ -270,16 +285,30 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
                                                         " bytes, over the tuning memory budget of " +
                                                         std::to_string(options_.tune.memory_budget_bytes));
     const std::vector<Slot> slots = layout(ev);
-    std::vector<std::unique_ptr<uint64_t[]>> bufs(slots.size());
+    DeviceMemory* mem = memory_for(ev.problem.device.type);
+    if (!mem) return make_status(StatusCode::unsupported_device, "no memory interface for this backend");
+    struct Buf {
+      DeviceMemory* mem = nullptr;
+      void* p = nullptr;
+      ~Buf() {
+        if (p) mem->release(p);
+      }
+    };
+    std::vector<Buf> bufs(slots.size());
     std::vector<void*> ptr(slots.size(), nullptr);
     std::mt19937 rng(0x6b646973u ^ static_cast<uint32_t>(ev.problem.m));
+    std::vector<uint64_t> staging;
     for (size_t i = 0; i < slots.size(); ++i) {
       const size_t b = slot_bytes(slots[i]);
       if (b == 0) continue;
-      bufs[i].reset(new uint64_t[(b + 7) / 8 + 8]);
-      ptr[i] = bufs[i].get();
+      bufs[i].mem = mem;
+      bufs[i].p = mem->alloc(b + 64);
+      if (!bufs[i].p) return make_status(StatusCode::out_of_memory, "tuning scratch for " + key);
+      ptr[i] = bufs[i].p;
+      staging.assign((b + 7) / 8, 0);
       const bool weight = ev.problem.op != core::OpKind::gemm && i == 2;
-      fill(ptr[i], slots[i], rng, weight);
+      fill(staging.data(), slots[i], rng, weight);
+      if (Status s = mem->from_host(ptr[i], staging.data(), b); !s.ok()) return s;
     }
     core::LaunchArgs la;
     const core::Problem& p = ev.problem;
@@ -296,6 +325,7 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
         break;
     }
     TuneTarget target = make_target(p, la);
+    target.mem = mem;
     return tune_target(target, dev, key, background);
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "allocating tuning scratch for " + key);
@@ -320,7 +350,7 @@ void Tuner::background_loop() {
       const std::string key = key_of(ev.problem, *dev);
       Pending& p = pending[{key, ev.problem.m}];
       p.ev = ev;
-      ++p.count;
+      p.count = std::max(p.count, ev.count);
     }
     if (frozen()) pending.clear();
     n_pending_.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);

@@ -48,6 +48,7 @@ struct ShapeOutcome {
   core::Plan plan;
   SearchResult search;
   bool persisted = false;
+  uint32_t source_id = 0;  ///< the published row's source (cache file)
 };
 
 class Tuner {
@@ -70,8 +71,8 @@ class Tuner {
   /// and publish. Returns the winner, or an error (the caller then runs
   /// get_default). Only one sync search runs at a time; a concurrent miss
   /// gets failed_precondition and serves the default.
-  Result<core::Plan> tune_on_caller(const core::Problem& p, const core::LaunchArgs& la, const DeviceInfo& dev,
-                                    const std::string& key) noexcept;
+  Result<ShapeOutcome> tune_on_caller(const core::Problem& p, const core::LaunchArgs& la, const DeviceInfo& dev,
+                                      const std::string& key) noexcept;
 
   /// Tunes on scratch buffers laid out as `ld` (pretune and the background
   /// thread). Blocking.
@@ -105,7 +106,7 @@ class Tuner {
                                           const SearchOptions& so, int32_t space, int32_t pruned);
   void background_loop();
   bool persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
-                           const SearchResult& sr, std::string* why);
+                           const SearchResult& sr, std::string* why, uint32_t* source_id);
 
   const RuntimeOptions options_;
   const TuneMode mode_;

@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kdispatch — the C ABI.
+ *
+ * A C99 interface over libkdispatch for engines and languages that cannot
+ * use the C++ API (Python through ctypes, Rust, Go, ...). It is exported from
+ * libkdispatch.so itself; include this header and link -lkdispatch.
+ *
+ *   #include <dispatch/c_api.h>
+ *
+ *   kdispatch_options o;
+ *   kdispatch_options_init(&o);
+ *   const char* dirs[] = {"/opt/engine/moe-configs"};
+ *   o.config_dirs = dirs;
+ *   o.config_dirs_count = 1;
+ *   o.backend_version = "3.5.1";
+ *   kdispatch_runtime* rt = NULL;
+ *   if (kdispatch_runtime_create(&o, &rt) != KDISPATCH_OK)
+ *     fprintf(stderr, "%s\n", kdispatch_last_error_message());
+ *   kdispatch_rmsnorm(rt, &y, &x, &w, 1e-6f, stream, 0, NULL);   // DLTensor*s
+ *   kdispatch_runtime_destroy(rt);
+ *
+ * Conventions (every function):
+ * - Nothing throws across this interface; every entry point catches
+ *   everything. Functions that can fail return a kdispatch_status whose
+ *   numbers are dispatch::StatusCode's (0 = KDISPATCH_OK).
+ * - Error messages: every function that returns a kdispatch_status sets the
+ *   calling thread's last error message — the failure's text (naming the
+ *   argument, file or variable), or "" on success. Read it with
+ *   kdispatch_last_error_message() before the next kdispatch call on the same
+ *   thread. Functions that do not return a status (kdispatch_version,
+ *   kdispatch_abi_version, kdispatch_status_name, kdispatch_last_error_message,
+ *   kdispatch_free, the *_init helpers) leave it alone.
+ * - Output parameters are written only on success, except that out-pointers
+ *   to handles and strings are set to NULL on failure when they are non-null.
+ * - A null `rt` handle, or a null required pointer argument, is
+ *   KDISPATCH_INVALID_ARGUMENT.
+ * - Strings returned to the caller (JSON texts) are allocated by the
+ *   library, NUL-terminated UTF-8, owned by the caller, and released with
+ *   kdispatch_free().
+ * - Tensors are DLPack DLTensor views (dlpack/dlpack.h, DLPack >= 0.6):
+ *   `data + byte_offset` is element [0,...]; strides are in elements (NULL =
+ *   compact row-major); kDLFloat 32 / kDLFloat 16 / kDLBfloat 16 with
+ *   lanes 1; kDLCPU/kDLCUDAHost (host), kDLCUDA, kDLROCM. No data is copied
+ *   and nothing is retained after the call returns (for a GPU tensor, the
+ *   memory must stay valid until the work queued on `stream` is done).
+ * - Thread-safety: as the C++ API. Ops, lookups and stats may run
+ *   concurrently on one runtime from any number of threads; reload and
+ *   freeze may run concurrently with them. Destroying a runtime while any
+ *   call on it is in flight is undefined behaviour.
+ *
+ * Versioning: KDISPATCH_ABI_VERSION is the version of this header's ABI;
+ * kdispatch_abi_version() is the version the loaded library implements.
+ * They must be equal (check once at start-up; a Python/ctypes binding does).
+ * Additions that keep old callers working — new functions, new fields
+ * appended to the structs that carry a `struct_size`, new flag bits, new
+ * status codes — do not change it; a removal or a change of meaning does.
+ * Structs with `struct_size` must be filled with their *_init function (or
+ * zeroed and given struct_size = sizeof), so a library can tell which fields
+ * an older caller knows.
+ */
+#ifndef KDISPATCH_C_API_H
+#define KDISPATCH_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#if defined(_WIN32)
+#if defined(KDISPATCH_BUILDING)
+#define KDISPATCH_C_API __declspec(dllexport)
+#else
+#define KDISPATCH_C_API __declspec(dllimport)
+#endif
+#else
+#define KDISPATCH_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** ABI version of this header. */
+#define KDISPATCH_ABI_VERSION 1
+
+/* ------------------------------------------------------------------ status */
+
+/** Status codes: the numbers of dispatch::StatusCode. */
+typedef int32_t kdispatch_status;
+#define KDISPATCH_OK 0
+#define KDISPATCH_INVALID_ARGUMENT 1     /* null pointer, bad shape/stride/dtype name, eps <= 0, bad struct_size */
+#define KDISPATCH_UNSUPPORTED_PROBLEM 2  /* well formed, but nothing in this build computes it (dtype) */
+#define KDISPATCH_UNSUPPORTED_DEVICE 3   /* tensor on a device whose backend is not in this build */
+#define KDISPATCH_NO_VARIANT 4           /* a forced variant that does not exist or declines */
+#define KDISPATCH_CONFIG_ERROR 5         /* an invalid config (file, row, value, force entry) */
+#define KDISPATCH_BACKEND_ERROR 6        /* CUDA/HIP/BLAS error; the message has its code */
+#define KDISPATCH_OUT_OF_MEMORY 7        /* host or device allocation failed */
+#define KDISPATCH_NOT_FOUND 8            /* a lookup found nothing */
+#define KDISPATCH_INTERNAL 9             /* a bug in kdispatch */
+#define KDISPATCH_IO_ERROR 10            /* a file could not be read or written */
+#define KDISPATCH_FAILED_PRECONDITION 11 /* not allowed in this state (frozen runtime, default runtime) */
+
+/** The stable lower-case name of a code ("ok", "invalid_argument", ...);
+ *  "unknown" for a number that is not a code. Never NULL; static storage. */
+KDISPATCH_C_API const char* kdispatch_status_name(kdispatch_status code);
+
+/** The calling thread's last error message (see Conventions): "" after a
+ *  success. Never NULL. Valid until the next kdispatch call on this thread. */
+KDISPATCH_C_API const char* kdispatch_last_error_message(void);
+
+/* ---------------------------------------------------------------- versions */
+
+/** The ABI version the loaded library implements (KDISPATCH_ABI_VERSION of
+ *  the header it was built with). */
+KDISPATCH_C_API int32_t kdispatch_abi_version(void);
+
+/** The library version, "MAJOR.MINOR.PATCH". Static storage. */
+KDISPATCH_C_API const char* kdispatch_version(void);
+
+/** Releases a string returned by kdispatch. NULL is a no-op. */
+KDISPATCH_C_API void kdispatch_free(void* p);
+
+/* ----------------------------------------------------------------- options */
+
+/** Online tuning mode (dispatch::TuneMode). */
+typedef enum kdispatch_tune_mode {
+  KDISPATCH_TUNE_OFF = 0,        /* table + get_default only */
+  KDISPATCH_TUNE_SYNC = 1,       /* a miss is tuned on the calling thread, then served */
+  KDISPATCH_TUNE_BACKGROUND = 2  /* a miss is served by get_default and queued for a tuner thread */
+} kdispatch_tune_mode;
+
+/** Log level of messages written to stderr (dispatch::LogLevel). */
+typedef enum kdispatch_log_level {
+  KDISPATCH_LOG_OFF = 0,
+  KDISPATCH_LOG_ERROR = 1,
+  KDISPATCH_LOG_WARN = 2,
+  KDISPATCH_LOG_INFO = 3,
+  KDISPATCH_LOG_DEBUG = 4
+} kdispatch_log_level;
+
+/** Runtime options: dispatch::RuntimeOptions. Fill with kdispatch_options_init,
+ *  then set what differs. Strings are copied at create time; NULL or "" =
+ *  the default. Arrays are (pointer, count); NULL with count 0 = none. */
+typedef struct kdispatch_options {
+  uint32_t struct_size;                    /* sizeof(kdispatch_options), set by init */
+  /* Extra config dirs, highest precedence first (SGLang/vLLM trees as they are). */
+  const char* const* config_dirs;
+  size_t config_dirs_count;
+  int32_t load_shipped_configs;            /* 1 (default): load kdispatch's shipped configs */
+  const char* shipped_configs_dir;         /* override for the shipped dir */
+  const char* backend_version;             /* triton.__version__, picks triton_X_Y_Z/ folders */
+  /* Device-name aliases: alias_from[i] -> alias_to[i] (e.g. "NVIDIA H200 NVL" -> "NVIDIA_H200"). */
+  const char* const* alias_from;
+  const char* const* alias_to;
+  size_t aliases_count;
+  int32_t bounded_nearest;                 /* 0 (default): nearest M always serves */
+  double bound_ratio;                      /* 2.0 */
+  int32_t log_level;                       /* kdispatch_log_level; KDISPATCH_LOG_WARN */
+  int32_t watch;                           /* 1: reload on config-dir changes (inotify) */
+  /* Forced plans, "<op>=<variant>[:<param>=<v>,...]" each. */
+  const char* const* force;
+  size_t force_count;
+  int32_t deterministic;                   /* 1: never serve scheduling-dependent variants */
+  /* Tuning (dispatch::TuneOptions). */
+  int32_t tune_mode;                       /* kdispatch_tune_mode; KDISPATCH_TUNE_OFF */
+  const char* cache_dir;                   /* NULL: $KDISPATCH_CACHE_DIR, $XDG_CACHE_HOME/kdispatch, ~/.cache/kdispatch */
+  int32_t tune_persist;                    /* 1 */
+  int32_t tune_load_cache;                 /* 1 */
+  int64_t tune_memory_budget_bytes;        /* 1 GiB */
+  double tune_time_budget_ms;              /* 2000 */
+  double tune_duty_cycle;                  /* 0.5 */
+  int32_t tune_reps;                       /* 5 */
+  int32_t tune_max_candidates;             /* 96 */
+  int32_t tune_queue_capacity;             /* 1024 */
+  int32_t tune_validate;                   /* 1 */
+  int32_t tune_cold_cache;                 /* 1 */
+  int32_t tune_claim_shapes;               /* 1 */
+} kdispatch_options;
+
+/** Fills `o` with the defaults of dispatch::RuntimeOptions and sets
+ *  struct_size. NULL is a no-op. */
+KDISPATCH_C_API void kdispatch_options_init(kdispatch_options* o);
+
+/* ----------------------------------------------------------------- runtime */
+
+/** An opaque runtime: a loaded, immutable dispatch table plus its options
+ *  (dispatch::Runtime). */
+typedef struct kdispatch_runtime kdispatch_runtime;
+
+/** Creates a runtime from `options` (NULL = all defaults) and loads its
+ *  config dirs. A bad or foreign config file never fails creation (it is
+ *  skipped and listed in the load report).
+ *  Errors: INVALID_ARGUMENT (out == NULL; struct_size not a known size;
+ *  a config dir that does not exist or is not a directory, naming it; a
+ *  tune_mode/log_level out of range; a count > 0 with a NULL array or a NULL
+ *  entry), NO_VARIANT / CONFIG_ERROR (a bad force entry), OUT_OF_MEMORY. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_create(const kdispatch_options* options,
+                                                          kdispatch_runtime** out);
+
+/** Creates a runtime from the KDISPATCH_* environment on top of `base`
+ *  (NULL = defaults): KDISPATCH_CONFIG_DIRS, KDISPATCH_SHIPPED_CONFIGS,
+ *  KDISPATCH_BACKEND_VERSION, KDISPATCH_LOG_LEVEL, KDISPATCH_WATCH,
+ *  KDISPATCH_FORCE, KDISPATCH_DETERMINISTIC, KDISPATCH_TUNE,
+ *  KDISPATCH_CACHE_DIR, KDISPATCH_TUNE_MEM, KDISPATCH_TUNE_BUDGET_MS. Config
+ *  dirs from the environment come after base's.
+ *  Errors: as kdispatch_runtime_create, plus INVALID_ARGUMENT naming a
+ *  variable whose value is malformed. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_create_from_env(const kdispatch_options* base,
+                                                                   kdispatch_runtime** out);
+
+/** The process-wide runtime configured from the environment
+ *  (dispatch::default_runtime()), built on first use. The handle is
+ *  borrowed: it lives until exit, and destroying it is refused.
+ *  Errors: INVALID_ARGUMENT (out == NULL); the error that building it
+ *  failed with (every call returns the same one). */
+KDISPATCH_C_API kdispatch_status kdispatch_default_runtime(kdispatch_runtime** out);
+
+/** Destroys a runtime made by a create function. NULL is a no-op (OK).
+ *  Errors: FAILED_PRECONDITION for the default runtime (left alive). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt);
+
+/** Re-reads every config dir and atomically publishes a new table; on a
+ *  failure the old table keeps serving. Readers are never blocked.
+ *  Errors: INVALID_ARGUMENT (rt == NULL), FAILED_PRECONDITION (the runtime
+ *  is frozen: the table does not change), OUT_OF_MEMORY, INTERNAL. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt);
+
+/** Stops (frozen != 0) or resumes (0) all tuning and table changes: no
+ *  search starts, reload and the watcher publish nothing.
+ *  Errors: INVALID_ARGUMENT (rt == NULL). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_freeze(kdispatch_runtime* rt, int32_t frozen);
+
+/** Whether the runtime is frozen: *out = 1 or 0.
+ *  Errors: INVALID_ARGUMENT (rt or out NULL). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_frozen(const kdispatch_runtime* rt, int32_t* out);
+
+/** The report of the most recent (re)load as JSON (LoadReport::to_json:
+ *  {"files": [{"path", "dir", "status", "rows", "problems", ...}], "notes",
+ *  "keys", "rows"}). *json_out is caller-owned (kdispatch_free).
+ *  Errors: INVALID_ARGUMENT (rt or json_out NULL), OUT_OF_MEMORY. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_load_report(const kdispatch_runtime* rt, char** json_out);
+
+/** The tuning cache dir in use ("" when tuning and the cache are off), as a
+ *  caller-owned string (kdispatch_free).
+ *  Errors: INVALID_ARGUMENT (rt or out NULL), OUT_OF_MEMORY. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_cache_dir(const kdispatch_runtime* rt, char** out);
+
+/** A device description as JSON: {"device_type", "ordinal", "device_name",
+ *  "reported_name", "arch", "compute_units", "memory_bytes", "l2_bytes",
+ *  "smem_per_block_bytes", "warp_size", "available", "unavailable_reason"}.
+ *  device_type is a DLDeviceType (kDLCPU, kDLCUDA, kDLROCM).
+ *  Errors: INVALID_ARGUMENT (rt or json_out NULL), UNSUPPORTED_DEVICE (a
+ *  device type or ordinal this build has no backend or device for). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int32_t device_type,
+                                                               int32_t ordinal, char** json_out);
+
+/** Tuning counters (dispatch::TuneStats). */
+typedef struct kdispatch_tune_stats {
+  uint32_t struct_size; /* set by the caller: sizeof(kdispatch_tune_stats) */
+  int64_t misses;
+  int64_t queued;
+  int64_t dropped;
+  int64_t shapes_tuned;
+  int64_t shapes_skipped;
+  int64_t candidates_run;
+  int64_t candidates_rejected;
+  int64_t candidates_failed;
+  int64_t publishes;
+  int64_t pending;
+  double tune_seconds;
+  int32_t frozen;
+} kdispatch_tune_stats;
+
+/** Fills *out (whose struct_size the caller set to sizeof).
+ *  Errors: INVALID_ARGUMENT (rt or out NULL, struct_size not a known size). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_tune_stats(const kdispatch_runtime* rt, kdispatch_tune_stats* out);
+
+/** Waits until the background tuner is idle or timeout_s passed; *idle = 1
+ *  when idle (always 1 without a background tuner). For tools and tests.
+ *  Errors: INVALID_ARGUMENT (rt or idle NULL, timeout_s < 0 or NaN). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_wait_tuner_idle(kdispatch_runtime* rt, double timeout_s,
+                                                                   int32_t* idle);
+
+/** Writes the shapes that missed the table so far as an untuned-shapes CSV.
+ *  Errors: INVALID_ARGUMENT (rt or path NULL/empty), IO_ERROR naming the path. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_export_misses(const kdispatch_runtime* rt, const char* path);
+
+/* --------------------------------------------------------------------- ops */
+
+/** Flags of an op call (bitwise or). */
+#define KDISPATCH_CALL_CAPTURING 1u /* the stream is being captured into a CUDA/HIP graph:
+                                       never benchmark, synchronise or allocate */
+
+/** Where the plan of one call came from (dispatch::DispatchInfo). */
+typedef struct kdispatch_dispatch_info {
+  uint32_t struct_size;  /* set by the caller: sizeof(kdispatch_dispatch_info) */
+  int32_t source;        /* 0 table (hit), 1 default (miss), 2 forced */
+  const char* variant;   /* variant name, static storage ("gemm_fp32__blocked") */
+  int64_t table_m;       /* the table's M key that served, -1 for a default plan */
+  uint32_t source_id;    /* config source of the row (0 for a default); see kdispatch_runtime_source_path */
+  int32_t tuned_now;     /* 1 when the call tuned the shape itself (sync tuning) */
+} kdispatch_dispatch_info;
+
+/** The config file (relative to its dir) and its dir of a source id from
+ *  kdispatch_dispatch_info, as caller-owned strings (either out may be NULL
+ *  when not wanted). Errors: INVALID_ARGUMENT (rt NULL, both outs NULL),
+ *  NOT_FOUND (an unknown id). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint32_t source_id,
+                                                               char** path_out, char** dir_out);
+
+/** D[M,N] = A[M,K] · B[N,K]^T (+ bias[N]); bias may be NULL. B is the weight
+ *  row-major as torch.nn.Linear stores it. `stream` is a cudaStream_t /
+ *  hipStream_t (NULL = default stream), ignored for host tensors (the work
+ *  is done on return). `flags`: KDISPATCH_CALL_*. `info` may be NULL.
+ *  Errors: INVALID_ARGUMENT (rt/a/b/d NULL, null data, rank, shapes that
+ *  disagree, strides; naming the argument; a non-NULL bias whose data is
+ *  NULL), UNSUPPORTED_PROBLEM (a dtype or
+ *  dtype combination not computed), UNSUPPORTED_DEVICE (a device with no
+ *  backend here, or tensors on different devices), BACKEND_ERROR,
+ *  INVALID_ARGUMENT (info with a bad struct_size). */
+KDISPATCH_C_API kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                                const DLTensor* d, const DLTensor* bias, void* stream,
+                                                uint32_t flags, kdispatch_dispatch_info* info);
+
+/** y = x / sqrt(mean(x^2) + eps) * w, per row. x, y: [tokens, hidden]
+ *  (unit stride along hidden; y may alias x with the same row stride);
+ *  w: [hidden]. Errors: as kdispatch_gemm, plus INVALID_ARGUMENT for
+ *  eps <= 0. */
+KDISPATCH_C_API kdispatch_status kdispatch_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, const DLTensor* x,
+                                                   const DLTensor* w, float eps, void* stream, uint32_t flags,
+                                                   kdispatch_dispatch_info* info);
+
+/** In place, as vLLM/SGLang: residual += x (rounded to the storage dtype);
+ *  x = rmsnorm(residual) * w. Errors: as kdispatch_rmsnorm, plus
+ *  INVALID_ARGUMENT when x and residual overlap. */
+KDISPATCH_C_API kdispatch_status kdispatch_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x,
+                                                             const DLTensor* residual, const DLTensor* w, float eps,
+                                                             void* stream, uint32_t flags,
+                                                             kdispatch_dispatch_info* info);
+
+/* ------------------------------------------------------------------ tuning */
+
+/** Tunes a problem ahead of traffic on scratch buffers of the same shapes,
+ *  strides and dtypes (the tensors' data are not read or written and may be
+ *  NULL; a non-NULL bias without data describes a bias), persists and
+ *  publishes the winner. *json_out (caller-owned):
+ *  {"key", "M", "config", "variant", "best_us", "default_us", "candidates",
+ *  "rejected", "failed", "persisted"}. Blocks for the search.
+ *  Errors: as the op for bad tensors (data may be NULL), INVALID_ARGUMENT
+ *  (json_out NULL), FAILED_PRECONDITION (frozen), OUT_OF_MEMORY (over the
+ *  scratch budget), NO_VARIANT (nothing runs). */
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                                        const DLTensor* d, const DLTensor* bias, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_rmsnorm(kdispatch_runtime* rt, const DLTensor* y,
+                                                           const DLTensor* x, const DLTensor* w, float eps,
+                                                           char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x,
+                                                                     const DLTensor* residual, const DLTensor* w,
+                                                                     float eps, char** json_out);
+
+/* ------------------------------------------------------------------ lookup */
+
+/** A config query (dispatch::LookupQuery). Zero it, set struct_size =
+ *  sizeof(kdispatch_lookup_query) (or use kdispatch_lookup_query_init), key
+ *  and M. Strings: NULL = "". */
+typedef struct kdispatch_lookup_query {
+  uint32_t struct_size;
+  const char* op;          /* "fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"; NULL: inferred */
+  const char* key;         /* file-name fields other than device_name: "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]" */
+  const char* device;      /* "NVIDIA H200" or "NVIDIA_H200"; NULL: the host CPU's ISA class */
+  const char* arch;        /* optional hardware identity for the device-name resolver */
+  int32_t compute_units;
+  int64_t memory_bytes;
+  const char* backend;     /* own ops: "cpu", "cuda", "hip"; NULL: inferred from the device */
+  int64_t M;               /* >= 1 (ignored by kdispatch_lookup_table) */
+  int32_t down;            /* 1: the _down table (falls back to the up table, as SGLang) */
+} kdispatch_lookup_query;
+
+/** Zeroes `q`, sets struct_size and M = 1. NULL is a no-op. */
+KDISPATCH_C_API void kdispatch_lookup_query_init(kdispatch_lookup_query* q);
+
+/** Looks up a config. *json_out (caller-owned): {"config": {...},
+ *  "source": file or "default", "source_dir", "match": "exact" | "nearest" |
+ *  "default" | "forced", "M": table key or null, "variant": name or null,
+ *  "key": canonical key, "why": text}. Nearest-M ties go to the smaller key.
+ *  Errors: INVALID_ARGUMENT (rt/q/json_out NULL, bad struct_size, key NULL
+ *  or malformed, M < 1, unknown op or backend, down for an op other than
+ *  fused_moe), NOT_FOUND (no row and no default rule for the key). */
+KDISPATCH_C_API kdispatch_status kdispatch_lookup(const kdispatch_runtime* rt, const kdispatch_lookup_query* q,
+                                                  char** json_out);
+
+/** The whole table that serves a key (what SGLang's get_moe_configs returns
+ *  from one file, here merged across config dirs by precedence), rows as
+ *  written in the files (no defaults filled in). q->M is ignored.
+ *  *json_out (caller-owned): {"key": canonical key, "rows": {"<M>": {...},
+ *  ...} ascending, "sources": {"<M>": file}, "source_dirs": {"<M>": dir}}.
+ *  Errors: as kdispatch_lookup, plus NOT_FOUND when no table serves the key
+ *  (a lookup would answer with the default). */
+KDISPATCH_C_API kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdispatch_lookup_query* q,
+                                                        char** json_out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KDISPATCH_C_API_H */

@@ -1,0 +1,32 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kdispatch: per-call kernel-variant and launch-config dispatch, and a tuned
+config service for kernels the engine owns.
+
+    import numpy as np, kdispatch
+    rt = kdispatch.Runtime(config_dirs=["/opt/engine/moe-configs"], backend_version="3.5.1")
+    x = np.random.rand(4, 64).astype(np.float32); w = np.ones(64, np.float32)
+    rt.rmsnorm(x, x, w, 1e-6)                       # in place, any __dlpack__ arrays
+    rt.lookup(key="E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]", device="NVIDIA H200", M=64)
+
+Modules: kdispatch.sglang (SGLang-compatible fused-MoE config lookup),
+kdispatch.torch_ops (torch.ops.kdispatch.*; imports torch).
+"""
+
+from . import _backend
+from ._errors import Error, StatusCode
+from ._runtime import Runtime, default_runtime
+
+#: The C ABI version the loaded libkdispatch implements.
+ABI_VERSION = _backend.impl.abi_version()
+#: The low-level layer in use: "native" (pybind11) or "ctypes".
+BACKEND = _backend.name
+__version__ = _backend.impl.version()
+
+
+def library_path():
+    """The path of the libkdispatch in use."""
+    return _backend.impl.library_path()
+
+
+__all__ = ["Runtime", "default_runtime", "Error", "StatusCode", "ABI_VERSION", "BACKEND", "library_path",
+           "__version__"]

@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kdispatch.Runtime: the Python face of dispatch::Runtime."""
+
+import json
+import os
+import threading
+
+from . import _backend
+from ._errors import Error, StatusCode
+
+_TUNE_MODES = {"off": 0, "sync": 1, "background": 2}
+_LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "debug": 4}
+_TUNE_OPTION_KEYS = ("persist", "load_cache", "memory_budget_bytes", "time_budget_ms", "duty_cycle", "reps",
+                     "max_candidates", "queue_capacity", "validate", "cold_cache", "claim_shapes")
+_DEVICE_TYPES = {"cpu": 1, "cuda": 2, "hip": 10, "rocm": 10}
+
+
+def _stream_handle(stream):
+    """None, an int (cudaStream_t / hipStream_t as an integer), or an object
+    with `.cuda_stream` (torch.cuda.Stream, cupy's Stream.ptr)."""
+    if stream is None:
+        return None
+    for attr in ("cuda_stream", "ptr"):
+        v = getattr(stream, attr, None)
+        if v is not None:
+            return int(v)
+    return int(stream)
+
+
+def _options(config_dirs, tune, cache_dir, backend_version, shipped_configs, shipped_configs_dir, device_aliases,
+             bounded_nearest, bound_ratio, log_level, watch, force, deterministic, tune_options):
+    if isinstance(config_dirs, (str, bytes, os.PathLike)):
+        config_dirs = [config_dirs]
+    if tune not in _TUNE_MODES:
+        raise Error(StatusCode.invalid_argument, f"tune='{tune}' is not off, sync or background")
+    if log_level not in _LOG_LEVELS:
+        raise Error(StatusCode.invalid_argument, f"log_level='{log_level}' is not off, error, warn, info or debug")
+    if isinstance(force, str):
+        force = [force]
+    o = {
+        "config_dirs": [os.fspath(d) for d in (config_dirs or ())],
+        "tune_mode": _TUNE_MODES[tune],
+        "cache_dir": os.fspath(cache_dir) if cache_dir is not None else None,
+        "backend_version": backend_version,
+        "load_shipped_configs": bool(shipped_configs),
+        "shipped_configs_dir": os.fspath(shipped_configs_dir) if shipped_configs_dir is not None else None,
+        "device_aliases": dict(device_aliases or {}),
+        "bounded_nearest": bool(bounded_nearest),
+        "bound_ratio": float(bound_ratio),
+        "log_level": _LOG_LEVELS[log_level],
+        "watch": bool(watch),
+        "force": list(force or ()),
+        "deterministic": bool(deterministic),
+    }
+    for k, v in (tune_options or {}).items():
+        if k not in _TUNE_OPTION_KEYS:
+            raise Error(StatusCode.invalid_argument,
+                        f"unknown tune option '{k}' (expected one of {', '.join(_TUNE_OPTION_KEYS)})")
+        o["tune_" + k] = v
+    return o
+
+
+class Runtime:
+    """A loaded, immutable dispatch table plus its options (dispatch::Runtime).
+
+    Runtime(config_dirs=(), *, tune="off", cache_dir=None, backend_version=None,
+            shipped_configs=True, shipped_configs_dir=None, device_aliases=None,
+            bounded_nearest=False, bound_ratio=2.0, log_level="warn", watch=False,
+            force=(), deterministic=False, tune_options=None)
+
+    - config_dirs: the engine's config dirs, highest precedence first; SGLang
+      and vLLM trees are read as they are (point it at SGLang's
+      ``.../fused_moe_triton/configs`` folder).
+    - tune: "off" | "sync" | "background"; cache_dir: where tuning results are
+      persisted (None: $KDISPATCH_CACHE_DIR, $XDG_CACHE_HOME/kdispatch, ~/.cache/kdispatch).
+    - backend_version: the engine's Triton version (``triton.__version__``);
+      it picks the ``triton_X_Y_Z/`` folders.
+    - shipped_configs: also load the configs shipped with kdispatch.
+    - device_aliases: {"reported or file name": "canonical name"}.
+    - tune_options: {"time_budget_ms", "reps", "cold_cache", "validate",
+      "persist", "load_cache", "memory_budget_bytes", "duty_cycle",
+      "max_candidates", "queue_capacity", "claim_shapes"}.
+
+    Errors raise kdispatch.Error (a config dir that does not exist:
+    invalid_argument naming it). Thread-safe as the C++ runtime: ops, lookups
+    and stats from any thread (the GIL is released during calls with the
+    pybind11 layer). ``close()`` (or a ``with`` block) destroys it; calls in
+    flight on other threads must be finished first.
+    """
+
+    def __init__(self, config_dirs=(), *, tune="off", cache_dir=None, backend_version=None, shipped_configs=True,
+                 shipped_configs_dir=None, device_aliases=None, bounded_nearest=False, bound_ratio=2.0,
+                 log_level="warn", watch=False, force=(), deterministic=False, tune_options=None):
+        opts = _options(config_dirs, tune, cache_dir, backend_version, shipped_configs, shipped_configs_dir,
+                        device_aliases, bounded_nearest, bound_ratio, log_level, watch, force, deterministic,
+                        tune_options)
+        self._init(_backend.impl.Handle.create(opts))
+
+    def _init(self, handle):
+        self._h = handle
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _wrap(cls, handle):
+        rt = cls.__new__(cls)
+        rt._init(handle)
+        return rt
+
+    @classmethod
+    def from_env(cls, config_dirs=(), **kwargs):
+        """A runtime configured from the KDISPATCH_* environment on top of the
+        given options (the same keywords as Runtime()); the environment's
+        config dirs come after `config_dirs`, its other variables override."""
+        defaults = dict(tune="off", cache_dir=None, backend_version=None, shipped_configs=True,
+                        shipped_configs_dir=None, device_aliases=None, bounded_nearest=False, bound_ratio=2.0,
+                        log_level="warn", watch=False, force=(), deterministic=False, tune_options=None)
+        unknown = set(kwargs) - set(defaults)
+        if unknown:
+            raise TypeError(f"from_env() got unexpected keyword arguments {sorted(unknown)}")
+        defaults.update(kwargs)
+        opts = _options(config_dirs, **defaults)
+        return cls._wrap(_backend.impl.Handle.create_from_env(opts))
+
+    # ---- lifetime
+    def close(self):
+        """Destroys the runtime (a no-op for the default runtime)."""
+        h = getattr(self, "_h", None)
+        if h is not None and h.owned:
+            h.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def handle(self):
+        """The kdispatch_runtime* as an integer (for the C ABI, ctypes)."""
+        return self._h.address
+
+    @property
+    def generation(self):
+        """Bumped by every reload() through this object (caches key on it)."""
+        return self._generation
+
+    # ---- ops
+    def rmsnorm(self, y, x, w, eps=1e-6, *, stream=None, capturing=False, info=False):
+        """y = x / sqrt(mean(x**2, -1) + eps) * w, rows of [tokens, hidden]
+        arrays (any objects with __dlpack__: numpy, torch, cupy; y may be x).
+        Nothing is copied. `stream`: a CUDA/HIP stream (int or an object with
+        .cuda_stream) for GPU arrays. `capturing`: the stream is being captured
+        into a graph. Returns None, or with info=True a dict: {"source":
+        "table"|"default"|"forced", "variant", "M", "source_id", "tuned_now"}."""
+        return self._h.rmsnorm(y, x, w, float(eps), _stream_handle(stream), 1 if capturing else 0, bool(info))
+
+    def fused_add_rmsnorm(self, x, residual, w, eps=1e-6, *, stream=None, capturing=False, info=False):
+        """In place, as vLLM/SGLang: residual += x (rounded to its dtype);
+        x = rmsnorm(residual) * w."""
+        return self._h.fused_add_rmsnorm(x, residual, w, float(eps), _stream_handle(stream),
+                                         1 if capturing else 0, bool(info))
+
+    def gemm(self, a, b, d, bias=None, *, stream=None, capturing=False, info=False):
+        """d[M,N] = a[M,K] @ b[N,K].T (+ bias[N]); b as torch.nn.Linear stores
+        its weight. fp32 accumulate."""
+        return self._h.gemm(a, b, d, bias, _stream_handle(stream), 1 if capturing else 0, bool(info))
+
+    # ---- tuning
+    def pretune(self, op, *tensors, bias=None, eps=1e-6):
+        """Tunes one problem ahead of traffic (on scratch buffers shaped like
+        the arrays; their data are not touched), persists and publishes the
+        winner. op: "gemm" (a, b, d[, bias=]), "rmsnorm" (y, x, w[, eps=]),
+        "fused_add_rmsnorm" (x, residual, w[, eps=]). Returns {"key", "M",
+        "config", "variant", "best_us", "default_us", "candidates",
+        "rejected", "failed", "persisted"}. Errors: failed_precondition when
+        frozen."""
+        if op == "gemm":
+            if len(tensors) != 3:
+                raise TypeError("pretune('gemm', a, b, d, bias=None)")
+            text = self._h.pretune_gemm(*tensors, bias)
+        elif op == "rmsnorm":
+            if len(tensors) != 3:
+                raise TypeError("pretune('rmsnorm', y, x, w, eps=1e-6)")
+            text = self._h.pretune_rmsnorm(*tensors, float(eps))
+        elif op == "fused_add_rmsnorm":
+            if len(tensors) != 3:
+                raise TypeError("pretune('fused_add_rmsnorm', x, residual, w, eps=1e-6)")
+            text = self._h.pretune_fused_add_rmsnorm(*tensors, float(eps))
+        else:
+            raise Error(StatusCode.invalid_argument, f"unknown op '{op}' (gemm, rmsnorm, fused_add_rmsnorm)")
+        return json.loads(text)
+
+    def tune_stats(self):
+        """Tuning counters: misses, queued, dropped, shapes_tuned,
+        shapes_skipped, candidates_run/rejected/failed, publishes, pending,
+        tune_seconds, frozen."""
+        return self._h.tune_stats()
+
+    def wait_tuner_idle(self, timeout_s=60.0):
+        return self._h.wait_tuner_idle(float(timeout_s))
+
+    def export_misses(self, path):
+        """Writes the shapes that missed the table as an untuned-shapes CSV."""
+        self._h.export_misses(os.fspath(path))
+
+    # ---- table
+    def reload(self):
+        """Re-reads the config dirs and publishes a new table atomically.
+        Errors: failed_precondition when frozen."""
+        self._h.reload()
+        with self._lock:
+            self._generation += 1
+
+    def freeze(self, frozen=True):
+        """Stops (or resumes) all tuning and table changes."""
+        self._h.freeze(bool(frozen))
+
+    @property
+    def frozen(self):
+        return self._h.frozen()
+
+    @property
+    def cache_dir(self):
+        return self._h.cache_dir()
+
+    def load_report(self):
+        """What loading found: {"files": [{"path", "dir", "status", "rows",
+        "unknown_device", "problems"}...], "notes", "keys", "rows"}."""
+        return json.loads(self._h.load_report())
+
+    def device_info(self, device="cpu", ordinal=0):
+        """{"device_name", "reported_name", "arch", "compute_units", ...} of
+        "cpu", "cuda" or "hip" device `ordinal`. Errors: unsupported_device."""
+        if device not in _DEVICE_TYPES:
+            raise Error(StatusCode.invalid_argument, f"device '{device}' is not cpu, cuda or hip")
+        return json.loads(self._h.device_info(_DEVICE_TYPES[device], int(ordinal)))
+
+    def source_path(self, source_id):
+        """(file relative to its config dir, the dir) of a source id (info["source_id"])."""
+        return self._h.source_path(int(source_id))
+
+    @staticmethod
+    def _query(op, key, device, M, down, arch, compute_units, memory_bytes, backend):
+        if key is None:
+            raise Error(StatusCode.invalid_argument, "key is required (e.g. 'E=257,N=256,dtype=fp8_w8a8')")
+        return {"op": op, "key": key, "device": device, "M": int(M), "down": bool(down), "arch": arch,
+                "compute_units": int(compute_units), "memory_bytes": int(memory_bytes), "backend": backend}
+
+    def lookup(self, op=None, key=None, device=None, M=1, down=False, *, arch=None, compute_units=0,
+               memory_bytes=0, backend=None):
+        """Which config serves this kernel at this M (dispatch::lookup).
+
+        op: "fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"
+        or None (inferred from the key); key: the config file name's fields
+        other than device_name ("E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]");
+        device: as torch reports it ("NVIDIA H200") or as files spell it
+        (None: the host CPU). Returns {"config": {...}, "source": file or
+        "default", "source_dir", "match": "exact"|"nearest"|"default"|"forced",
+        "M": the table key that served or None, "variant", "key", "why"}.
+        Nearest-M ties go to the smaller key.
+        """
+        q = self._query(op, key, device, M, down, arch, compute_units, memory_bytes, backend)
+        return json.loads(self._h.lookup(q))
+
+    def lookup_table(self, op=None, key=None, device=None, down=False, *, arch=None, compute_units=0,
+                     memory_bytes=0, backend=None):
+        """The whole table serving a key (rows as in the files, merged across
+        config dirs): {"key", "rows": {M: config}, "sources": {M: file},
+        "source_dirs": {M: dir}} with int M keys, ascending. Errors:
+        not_found when no table serves the key."""
+        q = self._query(op, key, device, 1, down, arch, compute_units, memory_bytes, backend)
+        t = json.loads(self._h.lookup_table(q))
+        for k in ("rows", "sources", "source_dirs"):
+            t[k] = {int(m): v for m, v in t[k].items()}
+        return t
+
+    def __repr__(self):
+        return f"<kdispatch.Runtime handle=0x{self._h.address:x} backend={_backend.name}>"
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_runtime():
+    """The process-wide runtime configured from the KDISPATCH_* environment
+    (built on first use, shared with every other user of libkdispatch in the
+    process; close() on it does nothing). Errors: the error building it
+    failed with, every time."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Runtime._wrap(_backend.impl.Handle.default_runtime())
+        return _default

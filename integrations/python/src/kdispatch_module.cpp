@@ -1,0 +1,546 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch._kdispatch — the pybind11 layer of the Python package, over the
+// C ABI (dispatch/c_api.h). Same interface as kdispatch/_capi.py (ctypes):
+// module functions abi_version/version/status_name/library_path and a
+// Handle class; the Python package (kdispatch/_runtime.py) builds the public
+// API on either. Errors raise kdispatch._errors.Error(code, message).
+//
+// Tensors arrive as objects with __dlpack__ (numpy >= 1.22, torch, cupy,
+// jax...). Each is exported once per call, its capsule consumed: renamed
+// "used_dltensor[_versioned]" (so the producer's capsule destructor leaves
+// it alone) and its deleter called when the call returns. Data is never
+// copied. The GIL is released around the kdispatch call.
+#include <dlfcn.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dispatch/c_api.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// DLPack 1.0's versioned managed tensor (Debian's dlpack.h is 0.6, which
+// predates it; the layout is fixed by the DLPack 1.0 ABI).
+struct DLPackVersionCompat {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorVersionedCompat {
+  DLPackVersionCompat version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersionedCompat* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint64_t kFlagReadOnly = 1;  // DLPACK_FLAG_BITMASK_READ_ONLY
+constexpr uint64_t kFlagIsCopied = 2;  // DLPACK_FLAG_BITMASK_IS_COPIED
+
+py::object error_class() {
+  // Leaked on purpose: a static py::object would be released after the
+  // interpreter has finalised.
+  static py::object* cls = new py::object(py::module_::import("kdispatch._errors").attr("Error"));
+  return *cls;
+}
+
+[[noreturn]] void raise(kdispatch_status code, const std::string& message) {
+  py::object e = error_class()(code, message);
+  PyErr_SetObject(error_class().ptr(), e.ptr());
+  throw py::error_already_set();
+}
+
+void check(kdispatch_status s) {
+  if (s != KDISPATCH_OK) raise(s, kdispatch_last_error_message());
+}
+
+// A caller-owned string from the library, as a Python str.
+std::string take(char* p) {
+  std::string s = p ? p : "";
+  kdispatch_free(p);
+  return s;
+}
+
+// One consumed DLPack export; the deleter runs when it goes (GIL held).
+class Exported {
+ public:
+  Exported() = default;
+  Exported(const Exported&) = delete;
+  Exported& operator=(const Exported&) = delete;
+  ~Exported() { release(); }
+
+  // `obj` exported as `name`; None is an absent optional tensor. `output`:
+  // the call writes it (refused when the producer marks it read-only or a
+  // copy). `stream`: the consumer stream for GPU producers.
+  void take_from(py::handle obj, const char* name, bool optional, bool output, std::optional<intptr_t> stream) {
+    if (obj.is_none()) {
+      if (optional) return;
+      raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + " is None");
+    }
+    if (!py::hasattr(obj, "__dlpack__"))
+      raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + ": an object of type " +
+                                            std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
+                                            " does not support DLPack (no __dlpack__)");
+    py::dict kw;
+    if (py::hasattr(obj, "__dlpack_device__")) {
+      py::tuple dev = obj.attr("__dlpack_device__")();
+      const int type = dev[0].cast<int>();
+      if ((type == kDLCUDA || type == kDLROCM) && stream && *stream != 0) kw["stream"] = *stream;
+    }
+    py::object cap;
+    {
+      py::dict kwv;  // a new dict (py::dict kwv = kw would alias kw)
+      for (auto item : kw) kwv[item.first] = item.second;
+      kwv["max_version"] = py::make_tuple(1, 0);
+      try {
+        cap = obj.attr("__dlpack__")(**kwv);
+      } catch (py::error_already_set& e) {
+        if (!e.matches(PyExc_TypeError)) throw;
+        cap = obj.attr("__dlpack__")(**kw);  // a producer older than DLPack 1.0
+      }
+    }
+    if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned")) {
+      auto* m = static_cast<DLManagedTensorVersionedCompat*>(PyCapsule_GetPointer(cap.ptr(), "dltensor_versioned"));
+      if (m->version.major != 1)
+        raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + ": DLPack major version " +
+                                              std::to_string(m->version.major) + " is not supported");
+      PyCapsule_SetName(cap.ptr(), "used_dltensor_versioned");
+      versioned_ = m;
+      tensor_ = &m->dl_tensor;
+      if (output && (m->flags & kFlagReadOnly))
+        raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + " is read-only (DLPack flag) but is written");
+      if (output && (m->flags & kFlagIsCopied))
+        raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + " was exported as a copy, but is written");
+    } else if (PyCapsule_IsValid(cap.ptr(), "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
+      PyCapsule_SetName(cap.ptr(), "used_dltensor");
+      legacy_ = m;
+      tensor_ = &m->dl_tensor;
+    } else {
+      raise(KDISPATCH_INVALID_ARGUMENT,
+            std::string(name) + ": __dlpack__() returned no unused DLPack capsule");
+    }
+  }
+
+  const DLTensor* get() const { return tensor_; }
+
+ private:
+  void release() {
+    if (versioned_ && versioned_->deleter) versioned_->deleter(versioned_);
+    if (legacy_ && legacy_->deleter) legacy_->deleter(legacy_);
+    versioned_ = nullptr;
+    legacy_ = nullptr;
+    tensor_ = nullptr;
+  }
+  DLManagedTensorVersionedCompat* versioned_ = nullptr;
+  DLManagedTensor* legacy_ = nullptr;
+  const DLTensor* tensor_ = nullptr;
+};
+
+std::optional<intptr_t> stream_of(py::handle s) {
+  if (s.is_none()) return std::nullopt;
+  return s.cast<intptr_t>();
+}
+
+// ------------------------------------------------------------ options / query
+
+template <class T>
+T get(const py::dict& d, const char* k, T dflt) {
+  return d.contains(k) && !d[k].is_none() ? d[k].cast<T>() : dflt;
+}
+
+struct Options {
+  kdispatch_options o{};
+  std::vector<std::string> strings;  // owns every string the struct points at
+  std::vector<std::string> dirs, force, alias_from, alias_to;
+  std::vector<const char*> dirs_p, force_p, from_p, to_p;
+  std::string shipped, backend_version, cache_dir;
+
+  explicit Options(const py::object& opts) {
+    kdispatch_options_init(&o);
+    if (opts.is_none()) return;
+    py::dict d = opts;
+    static const char* const known[] = {
+        "config_dirs", "load_shipped_configs", "shipped_configs_dir", "backend_version", "device_aliases",
+        "bounded_nearest", "bound_ratio", "log_level", "watch", "force", "deterministic", "tune_mode",
+        "cache_dir", "tune_persist", "tune_load_cache", "tune_memory_budget_bytes", "tune_time_budget_ms",
+        "tune_duty_cycle", "tune_reps", "tune_max_candidates", "tune_queue_capacity", "tune_validate",
+        "tune_cold_cache", "tune_claim_shapes"};
+    for (auto item : d) {
+      const std::string k = py::str(item.first);
+      bool ok = false;
+      for (const char* n : known) ok = ok || k == n;
+      if (!ok) raise(KDISPATCH_INVALID_ARGUMENT, "unknown runtime option '" + k + "'");
+    }
+    dirs = get<std::vector<std::string>>(d, "config_dirs", {});
+    for (auto& s : dirs) dirs_p.push_back(s.c_str());
+    o.config_dirs = dirs_p.data();
+    o.config_dirs_count = dirs_p.size();
+    o.load_shipped_configs = get<bool>(d, "load_shipped_configs", true);
+    shipped = get<std::string>(d, "shipped_configs_dir", "");
+    o.shipped_configs_dir = shipped.empty() ? nullptr : shipped.c_str();
+    backend_version = get<std::string>(d, "backend_version", "");
+    o.backend_version = backend_version.empty() ? nullptr : backend_version.c_str();
+    if (d.contains("device_aliases") && !d["device_aliases"].is_none()) {
+      for (auto kv : py::dict(d["device_aliases"])) {
+        alias_from.push_back(py::str(kv.first));
+        alias_to.push_back(py::str(kv.second));
+      }
+      for (size_t i = 0; i < alias_from.size(); ++i) {
+        from_p.push_back(alias_from[i].c_str());
+        to_p.push_back(alias_to[i].c_str());
+      }
+    }
+    o.alias_from = from_p.data();
+    o.alias_to = to_p.data();
+    o.aliases_count = from_p.size();
+    o.bounded_nearest = get<bool>(d, "bounded_nearest", false);
+    o.bound_ratio = get<double>(d, "bound_ratio", o.bound_ratio);
+    o.log_level = get<int32_t>(d, "log_level", o.log_level);
+    o.watch = get<bool>(d, "watch", false);
+    force = get<std::vector<std::string>>(d, "force", {});
+    for (auto& s : force) force_p.push_back(s.c_str());
+    o.force = force_p.data();
+    o.force_count = force_p.size();
+    o.deterministic = get<bool>(d, "deterministic", false);
+    o.tune_mode = get<int32_t>(d, "tune_mode", o.tune_mode);
+    cache_dir = get<std::string>(d, "cache_dir", "");
+    o.cache_dir = cache_dir.empty() ? nullptr : cache_dir.c_str();
+    o.tune_persist = get<bool>(d, "tune_persist", o.tune_persist != 0);
+    o.tune_load_cache = get<bool>(d, "tune_load_cache", o.tune_load_cache != 0);
+    o.tune_memory_budget_bytes = get<int64_t>(d, "tune_memory_budget_bytes", o.tune_memory_budget_bytes);
+    o.tune_time_budget_ms = get<double>(d, "tune_time_budget_ms", o.tune_time_budget_ms);
+    o.tune_duty_cycle = get<double>(d, "tune_duty_cycle", o.tune_duty_cycle);
+    o.tune_reps = get<int32_t>(d, "tune_reps", o.tune_reps);
+    o.tune_max_candidates = get<int32_t>(d, "tune_max_candidates", o.tune_max_candidates);
+    o.tune_queue_capacity = get<int32_t>(d, "tune_queue_capacity", o.tune_queue_capacity);
+    o.tune_validate = get<bool>(d, "tune_validate", o.tune_validate != 0);
+    o.tune_cold_cache = get<bool>(d, "tune_cold_cache", o.tune_cold_cache != 0);
+    o.tune_claim_shapes = get<bool>(d, "tune_claim_shapes", o.tune_claim_shapes != 0);
+  }
+};
+
+struct Query {
+  kdispatch_lookup_query q{};
+  std::string op, key, device, arch, backend;
+  explicit Query(const py::dict& d) {
+    kdispatch_lookup_query_init(&q);
+    op = get<std::string>(d, "op", "");
+    key = get<std::string>(d, "key", "");
+    device = get<std::string>(d, "device", "");
+    arch = get<std::string>(d, "arch", "");
+    backend = get<std::string>(d, "backend", "");
+    q.op = op.empty() ? nullptr : op.c_str();
+    q.key = key.c_str();
+    q.device = device.empty() ? nullptr : device.c_str();
+    q.arch = arch.empty() ? nullptr : arch.c_str();
+    q.backend = backend.empty() ? nullptr : backend.c_str();
+    q.compute_units = get<int32_t>(d, "compute_units", 0);
+    q.memory_bytes = get<int64_t>(d, "memory_bytes", 0);
+    q.M = get<int64_t>(d, "M", 1);
+    q.down = get<bool>(d, "down", false);
+  }
+};
+
+py::object info_dict(const kdispatch_dispatch_info& i) {
+  static const char* const names[] = {"table", "default", "forced"};
+  py::dict d;
+  d["source"] = (i.source >= 0 && i.source <= 2) ? names[i.source] : "?";
+  d["variant"] = i.variant ? i.variant : "";
+  d["M"] = i.table_m >= 0 ? py::object(py::int_(i.table_m)) : py::object(py::none());
+  d["source_id"] = i.source_id;
+  d["tuned_now"] = i.tuned_now != 0;
+  return d;
+}
+
+// ---------------------------------------------------------------- the handle
+
+class Handle {
+ public:
+  explicit Handle(kdispatch_runtime* rt, bool owned) : rt_(rt), owned_(owned) {}
+  ~Handle() { close(); }
+
+  static std::unique_ptr<Handle> create(const py::object& opts) {
+    Options o(opts);
+    kdispatch_runtime* rt = nullptr;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_runtime_create(&o.o, &rt);
+    }
+    check(s);
+    return std::make_unique<Handle>(rt, true);
+  }
+  static std::unique_ptr<Handle> create_from_env(const py::object& opts) {
+    Options o(opts);
+    kdispatch_runtime* rt = nullptr;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_runtime_create_from_env(&o.o, &rt);
+    }
+    check(s);
+    return std::make_unique<Handle>(rt, true);
+  }
+  static std::unique_ptr<Handle> default_runtime() {
+    kdispatch_runtime* rt = nullptr;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_default_runtime(&rt);
+    }
+    check(s);
+    return std::make_unique<Handle>(rt, false);
+  }
+
+  void close() {
+    if (rt_ && owned_) (void)kdispatch_runtime_destroy(rt_);
+    rt_ = nullptr;
+  }
+  kdispatch_runtime* rt() const {
+    if (!rt_) raise(KDISPATCH_FAILED_PRECONDITION, "the runtime was closed");
+    return rt_;
+  }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(rt()); }
+  bool owned() const { return owned_; }
+
+  void reload() {
+    kdispatch_runtime* r = rt();
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_runtime_reload(r);
+    }
+    check(s);
+  }
+  void freeze(bool f) { check(kdispatch_runtime_freeze(rt(), f ? 1 : 0)); }
+  bool frozen() const {
+    int32_t f = 0;
+    check(kdispatch_runtime_frozen(rt(), &f));
+    return f != 0;
+  }
+  std::string load_report() const {
+    char* j = nullptr;
+    check(kdispatch_runtime_load_report(rt(), &j));
+    return take(j);
+  }
+  std::string cache_dir() const {
+    char* j = nullptr;
+    check(kdispatch_runtime_cache_dir(rt(), &j));
+    return take(j);
+  }
+  std::string device_info(int32_t type, int32_t ordinal) const {
+    char* j = nullptr;
+    check(kdispatch_runtime_device_info(rt(), type, ordinal, &j));
+    return take(j);
+  }
+  py::dict tune_stats() const {
+    kdispatch_tune_stats t{};
+    t.struct_size = sizeof t;
+    check(kdispatch_runtime_tune_stats(rt(), &t));
+    py::dict d;
+    d["misses"] = t.misses;
+    d["queued"] = t.queued;
+    d["dropped"] = t.dropped;
+    d["shapes_tuned"] = t.shapes_tuned;
+    d["shapes_skipped"] = t.shapes_skipped;
+    d["candidates_run"] = t.candidates_run;
+    d["candidates_rejected"] = t.candidates_rejected;
+    d["candidates_failed"] = t.candidates_failed;
+    d["publishes"] = t.publishes;
+    d["pending"] = t.pending;
+    d["tune_seconds"] = t.tune_seconds;
+    d["frozen"] = t.frozen != 0;
+    return d;
+  }
+  bool wait_tuner_idle(double timeout_s) {
+    kdispatch_runtime* r = rt();
+    int32_t idle = 0;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_runtime_wait_tuner_idle(r, timeout_s, &idle);
+    }
+    check(s);
+    return idle != 0;
+  }
+  void export_misses(const std::string& path) const { check(kdispatch_runtime_export_misses(rt(), path.c_str())); }
+  py::tuple source_path(uint32_t id) const {
+    char* p = nullptr;
+    char* d = nullptr;
+    check(kdispatch_runtime_source_path(rt(), id, &p, &d));
+    std::string ps = take(p), ds = take(d);
+    return py::make_tuple(ps, ds);
+  }
+
+  py::object gemm(py::handle a, py::handle b, py::handle d, py::handle bias, py::handle stream, uint32_t flags,
+                  bool want_info) {
+    kdispatch_runtime* r = rt();
+    const auto st = stream_of(stream);
+    Exported ea, eb, ed, ebias;
+    ea.take_from(a, "a", false, false, st);
+    eb.take_from(b, "b", false, false, st);
+    ed.take_from(d, "d", false, true, st);
+    ebias.take_from(bias, "bias", true, false, st);
+    kdispatch_dispatch_info info{};
+    info.struct_size = sizeof info;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_gemm(r, ea.get(), eb.get(), ed.get(), ebias.get(), reinterpret_cast<void*>(st.value_or(0)),
+                         flags, want_info ? &info : nullptr);
+    }
+    check(s);
+    return want_info ? info_dict(info) : py::none();
+  }
+
+  py::object rmsnorm(py::handle y, py::handle x, py::handle w, float eps, py::handle stream, uint32_t flags,
+                     bool want_info) {
+    kdispatch_runtime* r = rt();
+    const auto st = stream_of(stream);
+    Exported ey, ex, ew;
+    ey.take_from(y, "y", false, true, st);
+    ex.take_from(x, "x", false, false, st);
+    ew.take_from(w, "w", false, false, st);
+    kdispatch_dispatch_info info{};
+    info.struct_size = sizeof info;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_rmsnorm(r, ey.get(), ex.get(), ew.get(), eps, reinterpret_cast<void*>(st.value_or(0)), flags,
+                            want_info ? &info : nullptr);
+    }
+    check(s);
+    return want_info ? info_dict(info) : py::none();
+  }
+
+  py::object fused_add_rmsnorm(py::handle x, py::handle residual, py::handle w, float eps, py::handle stream,
+                               uint32_t flags, bool want_info) {
+    kdispatch_runtime* r = rt();
+    const auto st = stream_of(stream);
+    Exported ex, er, ew;
+    ex.take_from(x, "x", false, true, st);
+    er.take_from(residual, "residual", false, true, st);
+    ew.take_from(w, "w", false, false, st);
+    kdispatch_dispatch_info info{};
+    info.struct_size = sizeof info;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_fused_add_rmsnorm(r, ex.get(), er.get(), ew.get(), eps, reinterpret_cast<void*>(st.value_or(0)),
+                                      flags, want_info ? &info : nullptr);
+    }
+    check(s);
+    return want_info ? info_dict(info) : py::none();
+  }
+
+  std::string pretune_gemm(py::handle a, py::handle b, py::handle d, py::handle bias) {
+    kdispatch_runtime* r = rt();
+    Exported ea, eb, ed, ebias;
+    ea.take_from(a, "a", false, false, std::nullopt);
+    eb.take_from(b, "b", false, false, std::nullopt);
+    ed.take_from(d, "d", false, false, std::nullopt);
+    ebias.take_from(bias, "bias", true, false, std::nullopt);
+    char* j = nullptr;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_pretune_gemm(r, ea.get(), eb.get(), ed.get(), ebias.get(), &j);
+    }
+    check(s);
+    return take(j);
+  }
+  std::string pretune_rmsnorm(py::handle y, py::handle x, py::handle w, float eps) {
+    kdispatch_runtime* r = rt();
+    Exported ey, ex, ew;
+    ey.take_from(y, "y", false, false, std::nullopt);
+    ex.take_from(x, "x", false, false, std::nullopt);
+    ew.take_from(w, "w", false, false, std::nullopt);
+    char* j = nullptr;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_pretune_rmsnorm(r, ey.get(), ex.get(), ew.get(), eps, &j);
+    }
+    check(s);
+    return take(j);
+  }
+  std::string pretune_fused_add_rmsnorm(py::handle x, py::handle residual, py::handle w, float eps) {
+    kdispatch_runtime* r = rt();
+    Exported ex, er, ew;
+    ex.take_from(x, "x", false, false, std::nullopt);
+    er.take_from(residual, "residual", false, false, std::nullopt);
+    ew.take_from(w, "w", false, false, std::nullopt);
+    char* j = nullptr;
+    kdispatch_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = kdispatch_pretune_fused_add_rmsnorm(r, ex.get(), er.get(), ew.get(), eps, &j);
+    }
+    check(s);
+    return take(j);
+  }
+
+  std::string lookup(const py::dict& q) const {
+    Query query(q);
+    char* j = nullptr;
+    check(kdispatch_lookup(rt(), &query.q, &j));
+    return take(j);
+  }
+  std::string lookup_table(const py::dict& q) const {
+    Query query(q);
+    char* j = nullptr;
+    check(kdispatch_lookup_table(rt(), &query.q, &j));
+    return take(j);
+  }
+
+ private:
+  kdispatch_runtime* rt_ = nullptr;
+  bool owned_ = false;
+};
+
+std::string library_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&kdispatch_abi_version), &info) && info.dli_fname) return info.dli_fname;
+  return "";
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kdispatch, m) {
+  m.doc() = "kdispatch's pybind11 layer over the C ABI (use the kdispatch package, not this module)";
+  m.def("abi_version", &kdispatch_abi_version);
+  m.attr("HEADER_ABI_VERSION") = KDISPATCH_ABI_VERSION;
+  m.def("version", []() { return std::string(kdispatch_version()); });
+  m.def("status_name", [](int32_t c) { return std::string(kdispatch_status_name(c)); });
+  m.def("library_path", &library_path, "Path of the libkdispatch this module uses");
+  py::class_<Handle>(m, "Handle")
+      .def_static("create", &Handle::create, py::arg("options") = py::none())
+      .def_static("create_from_env", &Handle::create_from_env, py::arg("options") = py::none())
+      .def_static("default_runtime", &Handle::default_runtime)
+      .def("close", &Handle::close)
+      .def_property_readonly("address", &Handle::address)
+      .def_property_readonly("owned", &Handle::owned)
+      .def("reload", &Handle::reload)
+      .def("freeze", &Handle::freeze)
+      .def("frozen", &Handle::frozen)
+      .def("load_report", &Handle::load_report)
+      .def("cache_dir", &Handle::cache_dir)
+      .def("device_info", &Handle::device_info)
+      .def("tune_stats", &Handle::tune_stats)
+      .def("wait_tuner_idle", &Handle::wait_tuner_idle)
+      .def("export_misses", &Handle::export_misses)
+      .def("source_path", &Handle::source_path)
+      .def("gemm", &Handle::gemm)
+      .def("rmsnorm", &Handle::rmsnorm)
+      .def("fused_add_rmsnorm", &Handle::fused_add_rmsnorm)
+      .def("pretune_gemm", &Handle::pretune_gemm)
+      .def("pretune_rmsnorm", &Handle::pretune_rmsnorm)
+      .def("pretune_fused_add_rmsnorm", &Handle::pretune_fused_add_rmsnorm)
+      .def("lookup", &Handle::lookup)
+      .def("lookup_table", &Handle::lookup_table);
+}

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — what the pieces of one GPU backend (CUDA or HIP)
+// declare to each other. Included with KDISPATCH_GPU_NS defined: by
+// gpu/port.hpp in the device translation units, by hand in the plain C++ ones
+// (kernels/cuda/norm_list.cpp, kernels/hip/norm_list.cpp). Plain C++: no GPU
+// headers.
+//
+//   kernels/<backend>/<op>_<dtype>.{cu,hip}   the kernels of one (op, dtype),
+//                                             their launcher and image probe
+//   kernels/<backend>/norm_list.cpp           the variant list, supports(),
+//                                             launch(), get_default()
+//   src/gpu/<backend>_device.{cu,hip}         device probe, tuner memory and
+//                                             clock, the backend's entry table
+#pragma once
+
+#ifndef KDISPATCH_GPU_NS
+#error "define KDISPATCH_GPU_NS (cuda or hip) before including gpu/backend_decls.hpp"
+#endif
+
+#include <cstdint>
+#include <span>
+
+#include "core/op.hpp"
+#include "dispatch/device.hpp"
+#include "gpu/norm_plan.hpp"
+
+namespace dispatch::gpu {
+struct BackendOps;
+}
+
+namespace dispatch::KDISPATCH_GPU_NS {
+
+/// Whether a compiled kernel has a loadable image on a device, and what the
+/// runtime says about it (cudaFuncGetAttributes / hipFuncGetAttributes).
+struct KernelImage {
+  bool loadable = false;
+  int32_t max_threads = 0;  ///< launch bound honoured by the compiler
+  int32_t num_regs = 0;
+  int32_t error = 0;        ///< native error of the query when not loadable
+  int64_t local_bytes = 0;  ///< stack frame per thread (spills)
+};
+
+/// One device as probed once: the public description plus the kernel images.
+struct DeviceState {
+  DeviceInfo info;
+  /// [op: 0 rmsnorm, 1 fused][dtype: DType order][gpu::norm::kernel_index]
+  KernelImage norm[gpu::norm::kNormOps][gpu::norm::kNormDtypes][gpu::norm::kKernelsPerDtype];
+};
+
+/// The probed state of a device (probed on first use, once), or nullptr when
+/// the backend has no usable device of that ordinal. Thread-safe.
+const DeviceState* device_state(int32_t ordinal) noexcept;
+
+/// The description of ordinal 0, or of why the backend is unavailable
+/// (available = false, one-line unavailable_reason). Thread-safe.
+const DeviceInfo& backend_status() noexcept;
+
+/// True when the process sees more than one device of this backend (the
+/// launchers then make the tensor's device current around a launch).
+bool multi_device() noexcept;
+
+/// The backend's entry table (src/gpu/gpu_backend.hpp).
+const gpu::BackendOps& backend_ops() noexcept;
+
+// ---- norm kernels: one launcher and one image probe per (op, dtype) TU.
+#define KDISPATCH_DECLARE_NORM_TU(op, dt)                                                                 \
+  Status launch_##op##_##dt(const gpu::norm::Launch& l, const core::LaunchArgs& la,                        \
+                            const core::Problem& p) noexcept;                                              \
+  void probe_##op##_##dt(KernelImage* out) noexcept;
+KDISPATCH_DECLARE_NORM_TU(rmsnorm, fp32)
+KDISPATCH_DECLARE_NORM_TU(rmsnorm, fp16)
+KDISPATCH_DECLARE_NORM_TU(rmsnorm, bf16)
+KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, fp32)
+KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, fp16)
+KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, bf16)
+#undef KDISPATCH_DECLARE_NORM_TU
+
+/// Every norm variant of this backend, in list order (references last per op).
+std::span<const core::VariantDef* const> norm_variants() noexcept;
+
+/// The analytical default plan for a norm problem on this backend.
+core::Plan norm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+
+}  // namespace dispatch::KDISPATCH_GPU_NS

@@ -1,0 +1,711 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch — the C ABI (include/dispatch/c_api.h) over the C++ API.
+//
+// Every entry point catches everything (nothing throws across the ABI),
+// converts the C arguments, calls the noexcept C++ function and turns its
+// Status into a code plus the thread's last error message. The ops add no
+// allocation to the C++ path: DLTensor -> TensorRef is a copy of a few
+// fields, and clearing the thread-local message keeps its capacity.
+#include "dispatch/c_api.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/runtime_impl.hpp"
+#include "core/json_write.hpp"
+#include "dispatch/dispatch.hpp"
+#include "dispatch/dlpack.hpp"
+#include "table/epoch.hpp"
+#include "table/key.hpp"
+#include "table/snapshot.hpp"
+
+struct kdispatch_runtime {
+  dispatch::Runtime* rt = nullptr;
+  std::unique_ptr<dispatch::Runtime> owned;  // null for the default runtime (borrowed)
+};
+
+namespace {
+
+using dispatch::Status;
+using dispatch::StatusCode;
+
+static_assert(KDISPATCH_OK == static_cast<int>(StatusCode::ok));
+static_assert(KDISPATCH_INVALID_ARGUMENT == static_cast<int>(StatusCode::invalid_argument));
+static_assert(KDISPATCH_UNSUPPORTED_PROBLEM == static_cast<int>(StatusCode::unsupported_problem));
+static_assert(KDISPATCH_UNSUPPORTED_DEVICE == static_cast<int>(StatusCode::unsupported_device));
+static_assert(KDISPATCH_NO_VARIANT == static_cast<int>(StatusCode::no_variant));
+static_assert(KDISPATCH_CONFIG_ERROR == static_cast<int>(StatusCode::config_error));
+static_assert(KDISPATCH_BACKEND_ERROR == static_cast<int>(StatusCode::backend_error));
+static_assert(KDISPATCH_OUT_OF_MEMORY == static_cast<int>(StatusCode::out_of_memory));
+static_assert(KDISPATCH_NOT_FOUND == static_cast<int>(StatusCode::not_found));
+static_assert(KDISPATCH_INTERNAL == static_cast<int>(StatusCode::internal));
+static_assert(KDISPATCH_IO_ERROR == static_cast<int>(StatusCode::io_error));
+static_assert(KDISPATCH_FAILED_PRECONDITION == static_cast<int>(StatusCode::failed_precondition));
+static_assert(KDISPATCH_TUNE_OFF == static_cast<int>(dispatch::TuneMode::off));
+static_assert(KDISPATCH_TUNE_SYNC == static_cast<int>(dispatch::TuneMode::sync));
+static_assert(KDISPATCH_TUNE_BACKGROUND == static_cast<int>(dispatch::TuneMode::background));
+static_assert(KDISPATCH_LOG_DEBUG == static_cast<int>(dispatch::LogLevel::debug));
+static_assert(static_cast<int>(dispatch::PlanSource::forced) == 2);
+
+// The calling thread's last error message. Cleared (capacity kept) on
+// success, so a successful op allocates nothing here.
+thread_local std::string t_last_error;
+
+kdispatch_status ok() noexcept {
+  t_last_error.clear();
+  return KDISPATCH_OK;
+}
+
+kdispatch_status fail(kdispatch_status code, std::string_view message) noexcept {
+  try {
+    t_last_error.assign(message.data(), message.size());
+  } catch (...) {
+    t_last_error.clear();
+  }
+  return code;
+}
+
+kdispatch_status finish(const Status& s) noexcept {
+  if (s.ok()) return ok();
+  return fail(static_cast<kdispatch_status>(s.code()), s.message());
+}
+
+// Runs `body` (returning kdispatch_status), mapping any escaping exception.
+template <class F>
+kdispatch_status guarded(const char* what, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(KDISPATCH_OUT_OF_MEMORY, std::string("out of memory in ") + what);
+  } catch (const std::exception& e) {
+    return fail(KDISPATCH_INTERNAL, std::string(what) + ": " + e.what());
+  } catch (...) {
+    return fail(KDISPATCH_INTERNAL, std::string(what) + ": unknown exception");
+  }
+}
+
+kdispatch_status null_arg(const char* fn, const char* arg) noexcept {
+  return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": " + arg + " is NULL");
+}
+
+// A caller-owned copy of `s` (released with kdispatch_free).
+char* dup(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (!p) throw std::bad_alloc();
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = '\0';
+  return p;
+}
+
+std::string str(const char* s) { return s ? std::string(s) : std::string(); }
+
+// DLTensor -> TensorRef; messages name the argument. An absent optional
+// tensor (NULL) is an empty TensorRef.
+Status to_tensor(const DLTensor* t, const char* name, bool optional, dispatch::TensorRef* out) noexcept {
+  if (t == nullptr) {
+    if (optional) {
+      *out = dispatch::TensorRef{};
+      return Status();
+    }
+    return dispatch::make_status(StatusCode::invalid_argument, std::string(name) + " is NULL");
+  }
+  auto r = dispatch::from_dlpack(t);
+  if (!r.ok()) return dispatch::make_status(r.status().code(), std::string(name) + ": " + r.status().message());
+  *out = *r;
+  return Status();
+}
+
+Status string_array(const char* const* a, size_t n, const char* name, std::vector<std::string>* out) {
+  if (n > 0 && a == nullptr)
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 std::string("options.") + name + " is NULL with a count of " + std::to_string(n));
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] == nullptr)
+      return dispatch::make_status(StatusCode::invalid_argument,
+                                   std::string("options.") + name + "[" + std::to_string(i) + "] is NULL");
+    out->emplace_back(a[i]);
+  }
+  return Status();
+}
+
+Status to_options(const kdispatch_options* o, dispatch::RuntimeOptions* out) {
+  dispatch::RuntimeOptions r;
+  if (o == nullptr) {
+    *out = std::move(r);
+    return Status();
+  }
+  if (o->struct_size != sizeof(kdispatch_options))
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "options.struct_size is " + std::to_string(o->struct_size) + ", expected " +
+                                     std::to_string(sizeof(kdispatch_options)) +
+                                     " (fill the struct with kdispatch_options_init)");
+  if (auto s = string_array(o->config_dirs, o->config_dirs_count, "config_dirs", &r.config_dirs); !s.ok()) return s;
+  r.load_shipped_configs = o->load_shipped_configs != 0;
+  r.shipped_configs_dir = str(o->shipped_configs_dir);
+  r.backend_version = str(o->backend_version);
+  {
+    std::vector<std::string> from, to;
+    if (auto s = string_array(o->alias_from, o->aliases_count, "alias_from", &from); !s.ok()) return s;
+    if (auto s = string_array(o->alias_to, o->aliases_count, "alias_to", &to); !s.ok()) return s;
+    for (size_t i = 0; i < from.size(); ++i) r.device_aliases.push_back({from[i], to[i]});
+  }
+  r.bounded_nearest = o->bounded_nearest != 0;
+  r.bound_ratio = o->bound_ratio;
+  if (o->log_level < KDISPATCH_LOG_OFF || o->log_level > KDISPATCH_LOG_DEBUG)
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "options.log_level " + std::to_string(o->log_level) + " is not 0..4 (off..debug)");
+  r.log_level = static_cast<dispatch::LogLevel>(o->log_level);
+  r.watch = o->watch != 0;
+  if (auto s = string_array(o->force, o->force_count, "force", &r.force); !s.ok()) return s;
+  r.deterministic = o->deterministic != 0;
+  if (o->tune_mode < KDISPATCH_TUNE_OFF || o->tune_mode > KDISPATCH_TUNE_BACKGROUND)
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "options.tune_mode " + std::to_string(o->tune_mode) +
+                                     " is not 0, 1 or 2 (off, sync, background)");
+  r.tune.mode = static_cast<dispatch::TuneMode>(o->tune_mode);
+  r.tune.cache_dir = str(o->cache_dir);
+  r.tune.persist = o->tune_persist != 0;
+  r.tune.load_cache = o->tune_load_cache != 0;
+  r.tune.memory_budget_bytes = o->tune_memory_budget_bytes;
+  r.tune.time_budget_ms = o->tune_time_budget_ms;
+  r.tune.duty_cycle = o->tune_duty_cycle;
+  r.tune.reps = o->tune_reps;
+  r.tune.max_candidates = o->tune_max_candidates;
+  r.tune.queue_capacity = o->tune_queue_capacity;
+  r.tune.validate = o->tune_validate != 0;
+  r.tune.cold_cache = o->tune_cold_cache != 0;
+  r.tune.claim_shapes = o->tune_claim_shapes != 0;
+  if (!(r.tune.time_budget_ms > 0))
+    return dispatch::make_status(StatusCode::invalid_argument, "options.tune_time_budget_ms must be > 0");
+  if (r.tune.max_candidates < 1 || r.tune.queue_capacity < 1 || r.tune.memory_budget_bytes < 0)
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "options.tune_max_candidates and tune_queue_capacity must be >= 1, "
+                                 "tune_memory_budget_bytes >= 0");
+  *out = std::move(r);
+  return Status();
+}
+
+kdispatch_status make_handle(dispatch::Result<std::unique_ptr<dispatch::Runtime>> r, kdispatch_runtime** out) {
+  if (!r.ok()) return finish(r.status());
+  auto h = std::make_unique<kdispatch_runtime>();
+  h->owned = std::move(r.value());
+  h->rt = h->owned.get();
+  *out = h.release();
+  return ok();
+}
+
+Status to_info(kdispatch_dispatch_info* info, dispatch::DispatchInfo* di, dispatch::CallOptions* co) noexcept {
+  if (info == nullptr) return Status();
+  if (info->struct_size != sizeof(kdispatch_dispatch_info))
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "info->struct_size is " + std::to_string(info->struct_size) + ", expected " +
+                                     std::to_string(sizeof(kdispatch_dispatch_info)));
+  co->info = di;
+  return Status();
+}
+
+void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) noexcept {
+  if (info == nullptr) return;
+  info->source = static_cast<int32_t>(di.source);
+  info->variant = di.variant ? di.variant : "";
+  info->table_m = di.table_m;
+  info->source_id = di.source_id;
+  info->tuned_now = di.tuned_now ? 1 : 0;
+}
+
+Status to_query(const kdispatch_lookup_query* q, dispatch::LookupQuery* out) {
+  if (q->struct_size != sizeof(kdispatch_lookup_query))
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "q->struct_size is " + std::to_string(q->struct_size) + ", expected " +
+                                     std::to_string(sizeof(kdispatch_lookup_query)) +
+                                     " (fill the struct with kdispatch_lookup_query_init)");
+  if (q->key == nullptr) return dispatch::make_status(StatusCode::invalid_argument, "q->key is NULL");
+  out->op = str(q->op);
+  out->key = q->key;
+  out->device = str(q->device);
+  out->arch = str(q->arch);
+  out->compute_units = q->compute_units;
+  out->memory_bytes = q->memory_bytes;
+  out->backend = str(q->backend);
+  out->M = q->M;
+  out->down = q->down != 0;
+  return Status();
+}
+
+void put_key(std::string& s, const char* k) {
+  dispatch::core::json_append_string(s, k);
+  s += ": ";
+}
+
+std::string pretune_json(const dispatch::PretuneResult& r) {
+  using namespace dispatch::core;
+  std::string s = "{";
+  put_key(s, "key"), json_append_string(s, r.key);
+  s += ", ", put_key(s, "M"), json_append_int(s, r.m);
+  s += ", ", put_key(s, "config"), s += dispatch::config_to_json(r.config);
+  s += ", ", put_key(s, "variant"), json_append_string(s, r.variant);
+  s += ", ", put_key(s, "best_us"), json_append_double(s, r.best_us);
+  s += ", ", put_key(s, "default_us"), json_append_double(s, r.default_us);
+  s += ", ", put_key(s, "candidates"), json_append_int(s, r.candidates);
+  s += ", ", put_key(s, "rejected"), json_append_int(s, r.rejected);
+  s += ", ", put_key(s, "failed"), json_append_int(s, r.failed);
+  s += ", ", put_key(s, "persisted"), s += r.persisted ? "true" : "false";
+  return s + "}";
+}
+
+template <class Args>
+kdispatch_status pretune_out(kdispatch_runtime* rt, const Args& args, char** json_out) {
+  auto r = dispatch::pretune(*rt->rt, args);
+  if (!r.ok()) return finish(r.status());
+  *json_out = dup(pretune_json(*r));
+  return ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kdispatch_status_name(kdispatch_status code) {
+  if (code < KDISPATCH_OK || code > KDISPATCH_FAILED_PRECONDITION) return "unknown";
+  return dispatch::status_code_name(static_cast<StatusCode>(code)).data();
+}
+
+const char* kdispatch_last_error_message(void) { return t_last_error.c_str(); }
+
+int32_t kdispatch_abi_version(void) { return KDISPATCH_ABI_VERSION; }
+
+const char* kdispatch_version(void) { return dispatch::version(); }
+
+void kdispatch_free(void* p) { std::free(p); }
+
+void kdispatch_options_init(kdispatch_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof *o);
+  const dispatch::RuntimeOptions d;
+  o->struct_size = sizeof *o;
+  o->load_shipped_configs = d.load_shipped_configs ? 1 : 0;
+  o->bounded_nearest = d.bounded_nearest ? 1 : 0;
+  o->bound_ratio = d.bound_ratio;
+  o->log_level = static_cast<int32_t>(d.log_level);
+  o->watch = d.watch ? 1 : 0;
+  o->deterministic = d.deterministic ? 1 : 0;
+  o->tune_mode = static_cast<int32_t>(d.tune.mode);
+  o->tune_persist = d.tune.persist ? 1 : 0;
+  o->tune_load_cache = d.tune.load_cache ? 1 : 0;
+  o->tune_memory_budget_bytes = d.tune.memory_budget_bytes;
+  o->tune_time_budget_ms = d.tune.time_budget_ms;
+  o->tune_duty_cycle = d.tune.duty_cycle;
+  o->tune_reps = d.tune.reps;
+  o->tune_max_candidates = d.tune.max_candidates;
+  o->tune_queue_capacity = d.tune.queue_capacity;
+  o->tune_validate = d.tune.validate ? 1 : 0;
+  o->tune_cold_cache = d.tune.cold_cache ? 1 : 0;
+  o->tune_claim_shapes = d.tune.claim_shapes ? 1 : 0;
+}
+
+void kdispatch_lookup_query_init(kdispatch_lookup_query* q) {
+  if (q == nullptr) return;
+  std::memset(q, 0, sizeof *q);
+  q->struct_size = sizeof *q;
+  q->M = 1;
+}
+
+// ------------------------------------------------------------------ runtime
+
+kdispatch_status kdispatch_runtime_create(const kdispatch_options* options, kdispatch_runtime** out) {
+  return guarded("kdispatch_runtime_create", [&]() -> kdispatch_status {
+    if (out == nullptr) return null_arg("kdispatch_runtime_create", "out");
+    *out = nullptr;
+    dispatch::RuntimeOptions o;
+    if (auto s = to_options(options, &o); !s.ok()) return finish(s);
+    return make_handle(dispatch::Runtime::create(std::move(o)), out);
+  });
+}
+
+kdispatch_status kdispatch_runtime_create_from_env(const kdispatch_options* base, kdispatch_runtime** out) {
+  return guarded("kdispatch_runtime_create_from_env", [&]() -> kdispatch_status {
+    if (out == nullptr) return null_arg("kdispatch_runtime_create_from_env", "out");
+    *out = nullptr;
+    dispatch::RuntimeOptions o;
+    if (auto s = to_options(base, &o); !s.ok()) return finish(s);
+    auto env = dispatch::options_from_env(std::move(o));
+    if (!env.ok()) return finish(env.status());
+    return make_handle(dispatch::Runtime::create(std::move(env.value())), out);
+  });
+}
+
+kdispatch_status kdispatch_default_runtime(kdispatch_runtime** out) {
+  return guarded("kdispatch_default_runtime", [&]() -> kdispatch_status {
+    if (out == nullptr) return null_arg("kdispatch_default_runtime", "out");
+    *out = nullptr;
+    auto r = dispatch::default_runtime();
+    if (!r.ok()) return finish(r.status());
+    // One borrowed handle per process, never freed (as the runtime itself).
+    static kdispatch_runtime* handle = [&] {
+      auto* h = new kdispatch_runtime();
+      h->rt = r.value();
+      return h;
+    }();
+    *out = handle;
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt) {
+  return guarded("kdispatch_runtime_destroy", [&]() -> kdispatch_status {
+    if (rt == nullptr) return ok();
+    if (!rt->owned)
+      return fail(KDISPATCH_FAILED_PRECONDITION,
+                  "kdispatch_runtime_destroy: the default runtime lives until exit and cannot be destroyed");
+    delete rt;
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt) {
+  return guarded("kdispatch_runtime_reload", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_reload", "rt");
+    return finish(rt->rt->reload());
+  });
+}
+
+kdispatch_status kdispatch_runtime_freeze(kdispatch_runtime* rt, int32_t frozen) {
+  return guarded("kdispatch_runtime_freeze", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_freeze", "rt");
+    rt->rt->freeze(frozen != 0);
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_frozen(const kdispatch_runtime* rt, int32_t* out) {
+  return guarded("kdispatch_runtime_frozen", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_frozen", "rt");
+    if (out == nullptr) return null_arg("kdispatch_runtime_frozen", "out");
+    *out = rt->rt->frozen() ? 1 : 0;
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_load_report(const kdispatch_runtime* rt, char** json_out) {
+  return guarded("kdispatch_runtime_load_report", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_runtime_load_report", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_runtime_load_report", "rt");
+    *json_out = dup(rt->rt->load_report().to_json());
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_cache_dir(const kdispatch_runtime* rt, char** out) {
+  return guarded("kdispatch_runtime_cache_dir", [&]() -> kdispatch_status {
+    if (out == nullptr) return null_arg("kdispatch_runtime_cache_dir", "out");
+    *out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_runtime_cache_dir", "rt");
+    *out = dup(rt->rt->cache_dir());
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int32_t device_type, int32_t ordinal,
+                                               char** json_out) {
+  return guarded("kdispatch_runtime_device_info", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_runtime_device_info", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_runtime_device_info", "rt");
+    dispatch::Device dev;
+    switch (device_type) {
+      case kDLCPU:
+      case kDLCUDAHost: dev = {dispatch::DeviceType::cpu, ordinal}; break;
+      case kDLCUDA: dev = {dispatch::DeviceType::cuda, ordinal}; break;
+      case kDLROCM: dev = {dispatch::DeviceType::hip, ordinal}; break;
+      default:
+        return fail(KDISPATCH_UNSUPPORTED_DEVICE,
+                    "DLPack device type " + std::to_string(device_type) + " has no kdispatch backend");
+    }
+    auto r = rt->rt->device_info(dev);
+    if (!r.ok()) return finish(r.status());
+    using namespace dispatch::core;
+    const dispatch::DeviceInfo& d = *r;
+    std::string s = "{";
+    put_key(s, "device_type"), json_append_int(s, device_type);
+    s += ", ", put_key(s, "backend"), json_append_string(s, dispatch::device_type_name(d.device.type));
+    s += ", ", put_key(s, "ordinal"), json_append_int(s, d.device.ordinal);
+    s += ", ", put_key(s, "device_name"), json_append_string(s, d.device_name);
+    s += ", ", put_key(s, "reported_name"), json_append_string(s, d.reported_name);
+    s += ", ", put_key(s, "arch"), json_append_string(s, d.arch);
+    s += ", ", put_key(s, "compute_units"), json_append_int(s, d.compute_units);
+    s += ", ", put_key(s, "memory_bytes"), json_append_int(s, d.memory_bytes);
+    s += ", ", put_key(s, "l2_bytes"), json_append_int(s, d.l2_bytes);
+    s += ", ", put_key(s, "smem_per_block_bytes"), json_append_int(s, d.smem_per_block_bytes);
+    s += ", ", put_key(s, "warp_size"), json_append_int(s, d.warp_size);
+    s += ", ", put_key(s, "available"), s += d.available ? "true" : "false";
+    s += ", ", put_key(s, "unavailable_reason"), json_append_string(s, d.unavailable_reason);
+    *json_out = dup(s + "}");
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_tune_stats(const kdispatch_runtime* rt, kdispatch_tune_stats* out) {
+  return guarded("kdispatch_runtime_tune_stats", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_tune_stats", "rt");
+    if (out == nullptr) return null_arg("kdispatch_runtime_tune_stats", "out");
+    if (out->struct_size != sizeof(kdispatch_tune_stats))
+      return fail(KDISPATCH_INVALID_ARGUMENT, "out->struct_size is " + std::to_string(out->struct_size) +
+                                                  ", expected " + std::to_string(sizeof(kdispatch_tune_stats)));
+    const dispatch::TuneStats t = rt->rt->tune_stats();
+    out->misses = t.misses;
+    out->queued = t.queued;
+    out->dropped = t.dropped;
+    out->shapes_tuned = t.shapes_tuned;
+    out->shapes_skipped = t.shapes_skipped;
+    out->candidates_run = t.candidates_run;
+    out->candidates_rejected = t.candidates_rejected;
+    out->candidates_failed = t.candidates_failed;
+    out->publishes = t.publishes;
+    out->pending = t.pending;
+    out->tune_seconds = t.tune_seconds;
+    out->frozen = t.frozen ? 1 : 0;
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_wait_tuner_idle(kdispatch_runtime* rt, double timeout_s, int32_t* idle) {
+  return guarded("kdispatch_runtime_wait_tuner_idle", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_wait_tuner_idle", "rt");
+    if (idle == nullptr) return null_arg("kdispatch_runtime_wait_tuner_idle", "idle");
+    if (!(timeout_s >= 0)) return fail(KDISPATCH_INVALID_ARGUMENT, "timeout_s must be >= 0");
+    *idle = rt->rt->wait_tuner_idle(timeout_s) ? 1 : 0;
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_runtime_export_misses(const kdispatch_runtime* rt, const char* path) {
+  return guarded("kdispatch_runtime_export_misses", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_export_misses", "rt");
+    if (path == nullptr || *path == '\0')
+      return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_export_misses: path is NULL or empty");
+    return finish(rt->rt->export_misses(path));
+  });
+}
+
+kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint32_t source_id, char** path_out,
+                                               char** dir_out) {
+  return guarded("kdispatch_runtime_source_path", [&]() -> kdispatch_status {
+    if (path_out) *path_out = nullptr;
+    if (dir_out) *dir_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_runtime_source_path", "rt");
+    if (path_out == nullptr && dir_out == nullptr)
+      return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_source_path: path_out and dir_out are both NULL");
+    const std::string path = rt->rt->source_path(source_id);
+    const std::string dir = rt->rt->source_dir(source_id);
+    if (path.empty())
+      return fail(KDISPATCH_NOT_FOUND, "no config source with id " + std::to_string(source_id));
+    std::unique_ptr<char, decltype(&std::free)> p(path_out ? dup(path) : nullptr, &std::free);
+    std::unique_ptr<char, decltype(&std::free)> d(dir_out ? dup(dir) : nullptr, &std::free);
+    if (path_out) *path_out = p.release();
+    if (dir_out) *dir_out = d.release();
+    return ok();
+  });
+}
+
+// ---------------------------------------------------------------------- ops
+
+kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b, const DLTensor* d,
+                                const DLTensor* bias, void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
+  return guarded("kdispatch_gemm", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_gemm", "rt");
+    dispatch::GemmArgs args;
+    if (auto s = to_tensor(a, "a", false, &args.a); !s.ok()) return finish(s);
+    if (auto s = to_tensor(b, "b", false, &args.b); !s.ok()) return finish(s);
+    if (auto s = to_tensor(d, "d", false, &args.d); !s.ok()) return finish(s);
+    if (auto s = to_tensor(bias, "bias", true, &args.bias); !s.ok()) return finish(s);
+    // A bias DLTensor without data is an error, never "no bias" (the C++
+    // API reads a null-data bias as absent).
+    if (bias != nullptr && args.bias.data == nullptr)
+      return fail(KDISPATCH_INVALID_ARGUMENT, "bias: data is NULL (pass a NULL DLTensor* for no bias)");
+    dispatch::DispatchInfo di;
+    dispatch::CallOptions co;
+    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
+    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
+    const Status s = dispatch::gemm(*rt->rt, args, dispatch::Stream{stream}, co);
+    if (s.ok()) from_info(di, info);
+    return finish(s);
+  });
+}
+
+kdispatch_status kdispatch_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, const DLTensor* x, const DLTensor* w,
+                                   float eps, void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
+  return guarded("kdispatch_rmsnorm", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_rmsnorm", "rt");
+    dispatch::RmsNormArgs args;
+    if (auto s = to_tensor(y, "y", false, &args.y); !s.ok()) return finish(s);
+    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
+    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
+    args.eps = eps;
+    dispatch::DispatchInfo di;
+    dispatch::CallOptions co;
+    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
+    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
+    const Status s = dispatch::rmsnorm(*rt->rt, args, dispatch::Stream{stream}, co);
+    if (s.ok()) from_info(di, info);
+    return finish(s);
+  });
+}
+
+kdispatch_status kdispatch_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x, const DLTensor* residual,
+                                             const DLTensor* w, float eps, void* stream, uint32_t flags,
+                                             kdispatch_dispatch_info* info) {
+  return guarded("kdispatch_fused_add_rmsnorm", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_fused_add_rmsnorm", "rt");
+    dispatch::FusedAddRmsNormArgs args;
+    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
+    if (auto s = to_tensor(residual, "residual", false, &args.residual); !s.ok()) return finish(s);
+    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
+    args.eps = eps;
+    dispatch::DispatchInfo di;
+    dispatch::CallOptions co;
+    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
+    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
+    const Status s = dispatch::fused_add_rmsnorm(*rt->rt, args, dispatch::Stream{stream}, co);
+    if (s.ok()) from_info(di, info);
+    return finish(s);
+  });
+}
+
+// ------------------------------------------------------------------- tuning
+
+kdispatch_status kdispatch_pretune_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                        const DLTensor* d, const DLTensor* bias, char** json_out) {
+  return guarded("kdispatch_pretune_gemm", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_pretune_gemm", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_pretune_gemm", "rt");
+    dispatch::GemmArgs args;
+    if (auto s = to_tensor(a, "a", false, &args.a); !s.ok()) return finish(s);
+    if (auto s = to_tensor(b, "b", false, &args.b); !s.ok()) return finish(s);
+    if (auto s = to_tensor(d, "d", false, &args.d); !s.ok()) return finish(s);
+    if (auto s = to_tensor(bias, "bias", true, &args.bias); !s.ok()) return finish(s);
+    return pretune_out(rt, args, json_out);
+  });
+}
+
+kdispatch_status kdispatch_pretune_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, const DLTensor* x,
+                                           const DLTensor* w, float eps, char** json_out) {
+  return guarded("kdispatch_pretune_rmsnorm", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_pretune_rmsnorm", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_pretune_rmsnorm", "rt");
+    dispatch::RmsNormArgs args;
+    if (auto s = to_tensor(y, "y", false, &args.y); !s.ok()) return finish(s);
+    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
+    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
+    args.eps = eps;
+    return pretune_out(rt, args, json_out);
+  });
+}
+
+kdispatch_status kdispatch_pretune_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x,
+                                                     const DLTensor* residual, const DLTensor* w, float eps,
+                                                     char** json_out) {
+  return guarded("kdispatch_pretune_fused_add_rmsnorm", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_pretune_fused_add_rmsnorm", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_pretune_fused_add_rmsnorm", "rt");
+    dispatch::FusedAddRmsNormArgs args;
+    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
+    if (auto s = to_tensor(residual, "residual", false, &args.residual); !s.ok()) return finish(s);
+    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
+    args.eps = eps;
+    return pretune_out(rt, args, json_out);
+  });
+}
+
+// ------------------------------------------------------------------- lookup
+
+kdispatch_status kdispatch_lookup(const kdispatch_runtime* rt, const kdispatch_lookup_query* q, char** json_out) {
+  return guarded("kdispatch_lookup", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_lookup", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_lookup", "rt");
+    if (q == nullptr) return null_arg("kdispatch_lookup", "q");
+    dispatch::LookupQuery query;
+    if (auto s = to_query(q, &query); !s.ok()) return finish(s);
+    auto r = dispatch::lookup(*rt->rt, query);
+    if (!r.ok()) return finish(r.status());
+    std::string s = dispatch::lookup_result_to_json(*r);
+    // + the config dir of the source, which the C++ JSON leaves out.
+    s.pop_back();
+    s += ", \"source_dir\": ";
+    dispatch::core::json_append_string(s, r->source_dir);
+    s += "}";
+    *json_out = dup(s);
+    return ok();
+  });
+}
+
+kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdispatch_lookup_query* q,
+                                        char** json_out) {
+  return guarded("kdispatch_lookup_table", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_lookup_table", "json_out");
+    *json_out = nullptr;
+    if (rt == nullptr) return null_arg("kdispatch_lookup_table", "rt");
+    if (q == nullptr) return null_arg("kdispatch_lookup_table", "q");
+    dispatch::LookupQuery query;
+    if (auto s = to_query(q, &query); !s.ok()) return finish(s);
+    const dispatch::Runtime::Impl& impl = rt->rt->impl();
+    // Which table serves the key: the one a lookup lands on (same device
+    // resolution, the same _down -> up fallback). Under the bounded policy
+    // M = 1 may lie outside a table's range, so probe powers of two.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::string served;
+      std::string last_key;
+      for (int64_t m = 1; m > 0 && m <= (int64_t{1} << 40); m *= 2) {
+        query.M = m;
+        auto r = dispatch::lookup(*rt->rt, query);
+        if (!r.ok()) return finish(r.status());
+        last_key = r->key;
+        if (r->match == dispatch::LookupResult::Match::exact || r->match == dispatch::LookupResult::Match::nearest) {
+          served = r->key;
+          break;
+        }
+        if (r->match == dispatch::LookupResult::Match::forced)
+          return fail(KDISPATCH_NOT_FOUND, "a forced plan serves " + r->key + " at every M: no table applies");
+        if (!impl.policy.bounded) break;
+      }
+      if (served.empty()) return fail(KDISPATCH_NOT_FOUND, "no table serves key " + last_key);
+      std::string s = "{\"key\": ";
+      dispatch::core::json_append_string(s, served);
+      std::string rows = "{", sources = "{", dirs = "{";
+      bool found = false;
+      {
+        dispatch::table::EpochDomain::Guard guard(dispatch::table::EpochDomain::global());
+        const dispatch::table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+        const dispatch::table::Bucket* b = snap->find(served, dispatch::table::key_hash(served));
+        if (b != nullptr) {
+          found = true;
+          for (size_t i = 0; i < b->ms.size(); ++i) {
+            const char* sep = i ? ", " : "";
+            std::string m = "\"" + std::to_string(b->ms[i]) + "\": ";
+            const auto [dir, path] = impl.source(b->rows[i].source_id);
+            rows += sep + m + dispatch::config_to_json(snap->config(b->rows[i]));
+            sources += sep + m, dispatch::core::json_append_string(sources, path);
+            dirs += sep + m, dispatch::core::json_append_string(dirs, dir);
+          }
+        }
+      }
+      if (!found) continue;  // the table was replaced between the probe and the read: once more
+      s += ", \"rows\": " + rows + "}, \"sources\": " + sources + "}, \"source_dirs\": " + dirs + "}}";
+      *json_out = dup(s);
+      return ok();
+    }
+    return fail(KDISPATCH_NOT_FOUND, "the table serving the key changed while it was read");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the GPU backends as the rest of the library sees them:
+// one entry table per compiled backend (CUDA, HIP), nullptr for a backend
+// this build does not have. Plain C++: the registry, the runtime, the store
+// and the tests reach the GPU code only through this header, never through
+// a CUDA or HIP header.
+//
+// Availability: a backend compiled in but with no usable device (no driver:
+// CUDA error 35 or 34; no GPU: 100; HIP 100) still has its table; its
+// status() says available = false with a one-line reason, device_info()
+// returns nullptr, and tensors on it get unsupported_device.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "core/op.hpp"
+#include "dispatch/device.hpp"
+
+namespace dispatch::tune {
+class DeviceMemory;
+}
+
+namespace dispatch::gpu {
+
+struct BackendOps {
+  DeviceType type = DeviceType::cuda;
+  /// Every variant of the backend, in list order.
+  std::span<const core::VariantDef* const> (*variants)() noexcept = nullptr;
+  /// The analytical default plan (an invalid Plan for an op the backend lacks).
+  core::Plan (*get_default)(const core::Problem& p, const DeviceInfo& dev) noexcept = nullptr;
+  /// The probed description of device `ordinal` (probed once, on first use),
+  /// or nullptr when the backend has no usable device of that ordinal.
+  /// After the first call per ordinal: a few loads, no lock, no allocation.
+  const DeviceInfo* (*device_info)(int32_t ordinal) noexcept = nullptr;
+  /// Ordinal 0's description, or why the backend is unavailable
+  /// (available = false and a one-line unavailable_reason).
+  const DeviceInfo& (*status)() noexcept = nullptr;
+  /// The tuner's memory and clock for this backend (device 0: the current
+  /// device of the calling thread).
+  tune::DeviceMemory* (*memory)() noexcept = nullptr;
+  /// "cuda runtime 13000, driver 13000" — the runtime axis of the tuning
+  /// fingerprint.
+  const std::string& (*runtime_versions)() noexcept = nullptr;
+  /// True when `stream` is being captured into a graph (false on errors).
+  bool (*stream_capturing)(void* stream) noexcept = nullptr;
+};
+
+/// The entry table of a GPU backend, or nullptr when it is not compiled in
+/// (and for the CPU).
+const BackendOps* backend_ops(DeviceType type) noexcept;
+
+}  // namespace dispatch::gpu

@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the CLI's tuning commands, run through the built binary
+// (KDISPATCH_CLI_PATH) as tests/test_cli.cpp does: `replay --tune
+// background|sync` converges and persists, a second run with the same cache
+// dir hits; `misses --export` writes the untuned-shapes CSV; `tune --shapes
+// --emit` writes loadable config files and resumes.
+//
+// Kept small for CI on 2 cores: Qwen2.5-0.5B with a 2-entry trace file,
+// --budget-ms 50, --no-cold-cache; every run uses temp dirs and its own
+// cache dir (never the user's), with the KDISPATCH_* tuning variables unset.
+#include <doctest/doctest.h>
+#include <simdjson.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dispatch/device.hpp"
+
+#ifdef KDISPATCH_CLI_PATH
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Scratch {
+  fs::path path;
+  explicit Scratch(const std::string& tag) {
+    path = fs::temp_directory_path() / ("kdispatch-cli-tune-" + tag + "-" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& rel) const { return (path / rel).string(); }
+};
+
+// Runs the CLI with `args`; the child gets KDISPATCH_CACHE_DIR=`cache_dir`
+// and none of the variables that would change what it tunes or loads.
+CliRun run(const std::vector<std::string>& args, const std::string& cache_dir) {
+  Scratch tmp("stderr");
+  const fs::path err_file = tmp.path / "stderr.txt";
+  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
+                    "-u KDISPATCH_MISSES_EXPORT -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_LOG_LEVEL KDISPATCH_CACHE_DIR=" +
+                    quote(cache_dir) + " " + quote(KDISPATCH_CLI_PATH);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " 2>" + quote(err_file.string());
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = slurp(err_file);
+  return r;
+}
+
+std::string s(simdjson::dom::element e) { return std::string(std::string_view(e)); }
+
+const char* const kOps[] = {"rmsnorm", "fused_add_rmsnorm", "gemm"};
+
+// The tiny workload: Qwen2.5-0.5B, two forward passes (M = 1 and 4).
+std::vector<std::string> workload(const Scratch& dir) {
+  const std::string trace = dir / "trace.txt";
+  if (!fs::exists(trace)) std::ofstream(trace) << "1 4\n";
+  return {"--model", "qwen2.5-0.5b", "--trace", trace, "--no-shipped-configs"};
+}
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+int64_t count_json_files(const fs::path& dir) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    n += it->is_regular_file() && it->path().extension() == ".json";
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("cli tune: replay --tune background converges, and a second run hits the persisted cache") {
+  Scratch dir("bg");
+  const std::string cache = dir / "cache";
+  const auto base = workload(dir);
+
+  // Run 1: from nothing (no shipped configs, empty cache), background tuning.
+  CliRun r = run(cat({"replay", "--json", "--tune", "background", "--budget-ms", "50", "--no-cold-cache",
+                      "--max-seconds", "40", "--cache-dir", cache},
+                     base),
+                 dir / "unused-cache");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(r.out));
+  simdjson::dom::element tune = doc["tune"];
+  CHECK(s(tune["mode"]) == "background");
+  CHECK_MESSAGE(s(tune["stop"]) == "converged", "stderr:\n" << r.err);
+  CHECK(bool(tune["converged"]));
+  CHECK(double(tune["seconds"]) <= 40.0 + 10.0);  // the last pass may run past the limit
+  CHECK(int64_t(tune["shapes_tuned"]) > 0);
+  CHECK(int64_t(tune["candidates_run"]) >= int64_t(tune["shapes_tuned"]));
+  CHECK(int64_t(tune["pending"]) == 0);
+  CHECK(int64_t(tune["publishes"]) > 0);
+  CHECK(double(tune["tune_seconds"]) > 0.0);
+  CHECK(double(tune["budget_ms"]) == 50.0);
+  CHECK_FALSE(bool(tune["cold_cache"]));
+
+  const int64_t steps = doc["steps"], passes = doc["passes"];
+  CHECK(steps == 2);
+  CHECK(passes >= 2);
+  simdjson::dom::array pass_list = tune["passes"];
+  CHECK(int64_t(pass_list.size()) == passes);
+  CHECK(bool(pass_list.at(0)["baseline"]));
+  const std::map<std::string, int64_t> per_step = {{"rmsnorm", 1}, {"fused_add_rmsnorm", 48}, {"gemm", 96}};
+  for (const char* op : kOps) {
+    CAPTURE(op);
+    simdjson::dom::element o = doc["ops"][op];
+    const int64_t per_pass = per_step.at(op) * steps;
+    CHECK(int64_t(o["calls_per_pass"]) == per_pass);
+    CHECK(int64_t(o["calls"]) == per_pass * passes);
+    CHECK(int64_t(o["hits_first"]) == 0);  // nothing to hit at the start
+    CHECK(int64_t(o["hits_last"]) == per_pass);
+    CHECK(int64_t(o["hits_last"]) > int64_t(o["hits_first"]));
+    CHECK(int64_t(o["defaults_last"]) == 0);
+    CHECK(int64_t(o["tuned"]) > 0);
+    CHECK(int64_t(o["tuned_shapes"]) > 0);
+    CHECK(double(o["us_per_call_first"]) > 0.0);
+    CHECK(double(o["us_per_call_last"]) > 0.0);
+    CHECK(double(o["speedup"]) > 0.0);
+    CHECK(int64_t(pass_list.at(0)["ops"][op]["hits"]) == 0);
+    CHECK(int64_t(pass_list.at(static_cast<size_t>(passes - 1))["ops"][op]["hits"]) == per_pass);
+  }
+  CHECK(r.err.find("baseline") != std::string::npos);  // the per-pass lines go to stderr with --json
+  // The winners were persisted, one file per key: 4 GEMM keys, 2 norms.
+  CHECK(count_json_files(fs::path(cache) / "cpu" / "gemm") == 4);
+  CHECK(count_json_files(fs::path(cache) / "cpu" / "rmsnorm") == 1);
+  CHECK(count_json_files(fs::path(cache) / "cpu" / "fused_add_rmsnorm") == 1);
+
+  // Run 2: tuning off, same cache dir: the persisted winners serve from the start.
+  CliRun r2 = run(cat({"replay", "--json", "--tune", "off", "--cache-dir", cache}, base), dir / "unused-cache");
+  REQUIRE_MESSAGE(r2.exit_code == 0, r2.err);
+  simdjson::dom::element doc2 = parser.parse(simdjson::padded_string(r2.out));
+  CHECK(s(doc2["tune"]["mode"]) == "off");
+  CHECK(s(doc2["cache_dir"]) == cache);
+  for (const char* op : kOps) {
+    CAPTURE(op);
+    simdjson::dom::element o = doc2["ops"][op];
+    CHECK(int64_t(o["hits"]) > 0);
+    CHECK(int64_t(o["hits"]) == int64_t(o["calls"]));
+    CHECK(int64_t(o["tuned"]) == 0);
+    int64_t from_cache = 0;
+    for (auto [file, n] : simdjson::dom::object(o["sources"]))
+      if (std::string_view(file).rfind(cache + "/cpu/" + op + "/", 0) == 0) from_cache += int64_t(n);
+    CHECK(from_cache == int64_t(o["hits"]));
+  }
+
+  // The same run through KDISPATCH_CACHE_DIR (no --cache-dir): the library's default.
+  CliRun r3 = run(cat({"replay", "--json"}, base), cache);
+  REQUIRE_MESSAGE(r3.exit_code == 0, r3.err);
+  simdjson::dom::element doc3 = parser.parse(simdjson::padded_string(r3.out));
+  CHECK(s(doc3["cache_dir"]) == cache);
+  CHECK(int64_t(doc3["ops"]["gemm"]["hits"]) == int64_t(doc3["ops"]["gemm"]["calls"]));
+}
+
+TEST_CASE("cli tune: replay --tune sync tunes on the first pass after the baseline, then hits") {
+  Scratch dir("sync");
+  CliRun r = run(cat({"replay", "--tune", "sync", "--budget-ms", "50", "--no-cold-cache", "--max-seconds", "40",
+                      "--cache-dir", dir / "cache"},
+                     workload(dir)),
+                 dir / "unused-cache");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  // Text mode: the pass lines and the tuning table on stdout.
+  CHECK(r.out.find("baseline: the table as it started, tuning paused") != std::string::npos);
+  CHECK(r.out.find("tuned on the caller's thread") != std::string::npos);
+  CHECK(r.out.find("converged after 3 passes") != std::string::npos);
+  CHECK(r.out.find("us/call first") != std::string::npos);
+
+  CliRun j = run(cat({"replay", "--json", "--tune", "sync", "--budget-ms", "50", "--no-cold-cache", "--cache-dir",
+                      dir / "cache2"},
+                     workload(dir)),
+                 dir / "unused-cache");
+  REQUIRE_MESSAGE(j.exit_code == 0, j.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(j.out));
+  CHECK(s(doc["tune"]["stop"]) == "converged");
+  CHECK(int64_t(doc["passes"]) == 3);  // baseline, the tuning pass, a pass of hits only
+  for (const char* op : kOps) {
+    CAPTURE(op);
+    simdjson::dom::element o = doc["ops"][op];
+    CHECK(int64_t(o["tuned_now"]) > 0);  // calls that searched on the caller's thread
+    CHECK(int64_t(o["hits_first"]) == 0);
+    CHECK(int64_t(o["hits_last"]) == int64_t(o["calls_per_pass"]));
+    CHECK(int64_t(doc["tune"]["passes"].at(1)["ops"][op]["defaults"]) == 0);  // a tuned call serves its winner
+  }
+}
+
+TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
+  Scratch dir("offline");
+  const std::string cache = dir / "cache";  // stays empty: nothing is tuned online
+  const std::string csv = dir / "misses.csv";
+  const auto base = workload(dir);
+
+  // 1. The workload's misses.
+  CliRun m = run(cat({"misses", "--export", csv, "--json"}, base), cache);
+  REQUIRE_MESSAGE(m.exit_code == 0, m.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element mdoc = parser.parse(simdjson::padded_string(m.out));
+  CHECK(s(mdoc["export"]) == csv);
+  CHECK(int64_t(mdoc["rows"]) == 12);  // (4 GEMM keys + 2 norms) x M in {1, 4}
+  CHECK(int64_t(mdoc["ops"]["gemm"]["keys"]) == 4);
+  CHECK(int64_t(mdoc["ops"]["gemm"]["shapes"]) == 8);
+  CHECK(int64_t(mdoc["ops"]["rmsnorm"]["shapes"]) == 2);
+  CHECK(int64_t(mdoc["ops"]["fused_add_rmsnorm"]["shapes"]) == 2);
+
+  const std::string text = slurp(csv);
+  std::istringstream lines(text);
+  std::string header;
+  std::getline(lines, header);
+  CHECK(header == "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key");
+  const std::string device = dispatch::cpu_device_info().device_name;
+  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, std::string>> got;
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+    REQUIRE(f.size() >= 13);
+    CHECK(f[1] == "cpu");
+    CHECK(f[2] == device);
+    CHECK(f[3] == "bf16");
+    CHECK(f[4] == "bf16");
+    CHECK(std::stoll(f[11]) >= 1);  // count
+    // The canonical key, quoted (it holds commas).
+    CHECK(f[12].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
+    CHECK(line.back() == '"');
+    auto num = [](const std::string& v) { return v.empty() ? int64_t(0) : int64_t(std::stoll(v)); };
+    got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), f[9]});
+  }
+  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, std::string>> expected;
+  for (int64_t M : {1, 4}) {
+    expected.insert({"rmsnorm", M, 0, 0, 896, "false"});
+    expected.insert({"fused_add_rmsnorm", M, 0, 0, 896, "false"});
+    expected.insert({"gemm", M, 1152, 896, 0, "true"});  // qkv_proj (Qwen2 has a q/k/v bias)
+    expected.insert({"gemm", M, 896, 896, 0, "false"});  // o_proj
+    expected.insert({"gemm", M, 9728, 896, 0, "false"});  // gate_up_proj
+    expected.insert({"gemm", M, 896, 4864, 0, "false"});  // down_proj
+  }
+  CHECK(got == expected);
+  CHECK_FALSE(fs::exists(cache));  // tuning off: nothing written to the cache
+
+  // 2. Tune the rmsnorm rows into an emit dir.
+  const std::string emit = dir / "emit";
+  const std::vector<std::string> tune_args = {"tune", "--shapes", csv, "--op", "rmsnorm", "--emit", emit,
+                                              "--budget-ms", "50", "--no-cold-cache", "--json"};
+  CliRun t = run(tune_args, cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::element tdoc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(int64_t(tdoc["shapes"]) == 2);
+  CHECK(int64_t(tdoc["tuned"]) == 2);
+  CHECK(int64_t(tdoc["skipped"]) == 0);
+  CHECK(int64_t(tdoc["failed"]) == 0);
+  CHECK(double(tdoc["geomean_speedup"]) > 0.0);
+  const std::string file = "cpu/rmsnorm/hidden=896,device_name=" + device + ",dtype=bf16.json";
+  REQUIRE(simdjson::dom::array(tdoc["files"]).size() == 1);
+  CHECK(s(tdoc["files"].at(0)) == file);
+  for (simdjson::dom::element res : tdoc["results"].get_array()) {
+    CHECK(s(res["status"]) == "tuned");
+    CHECK(s(res["key"]) == "cpu/rmsnorm|" + device + "|dtype=bf16,hidden=896");
+    CHECK(s(res["variant"]).rfind("rmsnorm_bf16__", 0) == 0);
+  }
+  CHECK(t.err.find("[1/2] hidden=896,bf16 M=") != std::string::npos);  // the progress lines
+  // Only config files: no lock or temp files left to commit by mistake.
+  for (const auto& e : fs::recursive_directory_iterator(emit))
+    if (e.is_regular_file()) CHECK_MESSAGE(e.path().extension() == ".json", e.path());
+
+  // 3. The files load cleanly and answer the lookup exactly.
+  CliRun v = run({"validate", emit}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
+  CHECK(v.out.find("1 files: 1 loaded") != std::string::npos);
+  for (const char* M : {"1", "4"}) {
+    CliRun l = run({"lookup", "--configs", emit, "--op", "rmsnorm", "--key", "hidden=896,dtype=bf16", "--M", M, "--json"},
+                   cache);
+    REQUIRE_MESSAGE(l.exit_code == 0, l.err);
+    simdjson::dom::element ldoc = parser.parse(simdjson::padded_string(l.out));
+    CHECK(s(ldoc["match"]) == "exact");
+    CHECK(s(ldoc["source"]) == file);
+    CHECK(s(ldoc["variant"]).rfind("rmsnorm_bf16__", 0) == 0);
+    CHECK(s(ldoc["config"]["variant"]) == s(ldoc["variant"]));
+  }
+
+  // 4. A second identical run resumes: every shape is already there.
+  CliRun t2 = run(tune_args, cache);
+  REQUIRE_MESSAGE(t2.exit_code == 0, t2.err);
+  simdjson::dom::element t2doc = parser.parse(simdjson::padded_string(t2.out));
+  CHECK(int64_t(t2doc["tuned"]) == 0);
+  CHECK(int64_t(t2doc["skipped_done"]) == 2);
+  CHECK(int64_t(t2doc["skipped"]) == 2);
+  for (simdjson::dom::element res : t2doc["results"].get_array()) CHECK(s(res["status"]) == "done");
+  CHECK(t2.err.find("already in the emit dir") != std::string::npos);
+  // Text mode says so too.
+  CliRun t3 = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--emit", emit}, cache);
+  CHECK(t3.exit_code == 0);
+  CHECK(t3.out.find("0 tuned, 2 skipped (2 already in") != std::string::npos);
+
+  // 5. The emitted dir as the only configs of a replay: rmsnorm hits it, the rest misses.
+  CliRun rp = run(cat({"replay", "--json", "--only-configs", emit}, base), cache);
+  REQUIRE_MESSAGE(rp.exit_code == 0, rp.err);
+  simdjson::dom::element rdoc = parser.parse(simdjson::padded_string(rp.out));
+  simdjson::dom::element rms = rdoc["ops"]["rmsnorm"];
+  CHECK(int64_t(rms["hits"]) == int64_t(rms["calls"]));
+  CHECK(int64_t(rms["sources"][emit + "/" + file]) == int64_t(rms["calls"]));
+  CHECK(int64_t(rdoc["ops"]["gemm"]["hits"]) == 0);
+
+  // 6. replay --export-misses writes the same CSV format.
+  const std::string csv2 = dir / "misses2.csv";
+  CliRun rx = run(cat({"replay", "--json", "--export-misses", csv2, "--only-configs", emit}, base), cache);
+  REQUIRE_MESSAGE(rx.exit_code == 0, rx.err);
+  const std::string text2 = slurp(csv2);
+  CHECK(text2.rfind(header + "\n", 0) == 0);
+  CHECK(text2.find("\nrmsnorm,") == std::string::npos);  // served by the emitted file
+  CHECK(text2.find("\ngemm,") != std::string::npos);
+}
+
+TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files") {
+  Scratch dir("aiter");
+  const std::string cache = dir / "cache";
+  simdjson::dom::parser parser;
+
+  // An aiter-style list with spaces after the commas; one shape too big for --max-flops.
+  const std::string gemm_csv = dir / "untuned.csv";
+  std::ofstream(gemm_csv) << "M,N,K\n1, 64, 128\n2, 64, 128\n4096, 4096, 4096\n2,64,128\n";
+  const std::string emit = dir / "emit";
+  CliRun g = run({"tune", "--shapes", gemm_csv, "--op", "gemm", "--emit", emit, "--budget-ms", "50", "--no-cold-cache",
+                  "--max-flops", "1e8", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(g.exit_code == 0, g.err);
+  simdjson::dom::element gdoc = parser.parse(simdjson::padded_string(g.out));
+  CHECK(int64_t(gdoc["shapes"]) == 3);  // the repeated row is one shape
+  CHECK(int64_t(gdoc["tuned"]) == 2);
+  CHECK(int64_t(gdoc["skipped_too_large"]) == 1);
+  CHECK(int64_t(gdoc["failed"]) == 0);
+  CliRun l = run({"lookup", "--configs", emit, "--op", "gemm", "--key", "N=64,K=128,dtype=bf16", "--M", "2", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(l.exit_code == 0, l.err);
+  CHECK(s(parser.parse(simdjson::padded_string(l.out))["match"]) == "exact");
+
+  // aiter's own files parse (every shape here is over a tiny --max-flops, so nothing runs).
+  const std::string aiter = std::string(KDISPATCH_SHARED_DIR) + "/data/aiter-csv";
+  const std::pair<const char*, int64_t> files[] = {{"/bf16_untuned_gemm.csv", 442},
+                                                   {"/model_configs/llama70B_untuned_gemm.csv", 305},
+                                                   {"/a8w8_bpreshuffle_untuned_gemm.csv", 32}};
+  for (const auto& [f, rows] : files) {
+    CAPTURE(f);
+    CliRun a = run({"tune", "--shapes", aiter + f, "--op", "gemm", "--emit", dir / "emit-aiter", "--max-flops", "1",
+                    "--json"},
+                   cache);
+    REQUIRE_MESSAGE(a.exit_code == 0, a.err);
+    simdjson::dom::element adoc = parser.parse(simdjson::padded_string(a.out));
+    CHECK(int64_t(adoc["tuned"]) == 0);
+    CHECK(int64_t(adoc["failed"]) == 0);
+    CHECK(int64_t(adoc["shapes"]) <= rows);  // repeated rows count once
+    CHECK(int64_t(adoc["shapes"]) > rows / 2);
+    CHECK(int64_t(adoc["skipped_too_large"]) == int64_t(adoc["shapes"]));
+  }
+
+  // A norm list: M,hidden; the op comes from --op.
+  const std::string norm_csv = dir / "norms.csv";
+  std::ofstream(norm_csv) << "M,hidden\n2, 128\n";
+  CliRun n = run({"tune", "--shapes", norm_csv, "--op", "fused_add_rmsnorm", "--emit", emit, "--budget-ms", "50",
+                  "--no-cold-cache", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(n.exit_code == 0, n.err);
+  simdjson::dom::element ndoc = parser.parse(simdjson::padded_string(n.out));
+  CHECK(int64_t(ndoc["tuned"]) == 1);
+  CHECK(count_json_files(fs::path(emit) / "cpu" / "fused_add_rmsnorm") == 1);
+  CliRun v = run({"validate", emit}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out);
+
+  // Errors: a bad value names the file and line; a bad op; a missing file.
+  const std::string bad = dir / "bad.csv";
+  std::ofstream(bad) << "M,N,K\n1,64,128\n1,x,3\n";
+  CliRun b = run({"tune", "--shapes", bad, "--op", "gemm", "--emit", emit}, cache);
+  CHECK(b.exit_code == 2);
+  CHECK(b.err.find(bad + ":3") != std::string::npos);
+  CliRun o = run({"tune", "--shapes", gemm_csv, "--op", "conv9d", "--emit", emit}, cache);
+  CHECK(o.exit_code == 2);
+  CHECK(o.err.find("conv9d") != std::string::npos);
+  CliRun nf = run({"tune", "--shapes", dir / "missing.csv", "--op", "gemm", "--emit", emit}, cache);
+  CHECK(nf.exit_code == 2);
+  CHECK(nf.err.find("missing.csv") != std::string::npos);
+  CliRun req = run({"tune", "--op", "gemm", "--emit", emit}, cache);
+  CHECK(req.exit_code == 2);
+  CliRun mt = run({"replay", "--tune", "sometimes"}, cache);
+  CHECK(mt.exit_code == 2);
+  CliRun me = run({"misses"}, cache);  // --export is required
+  CHECK(me.exit_code == 2);
+  CHECK(me.err.find("--export") != std::string::npos);
+}
+
+#endif  // KDISPATCH_CLI_PATH

@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GPU backends, host side: what a CPU-only machine (CI: nvcc, no driver)
+// can check of a build with the CUDA/HIP backend compiled in. The device
+// side is tests/gpu (kdispatch_gpu_tests).
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/registry.hpp"
+#include "dispatch/ops.hpp"
+#include "dispatch/runtime.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using dispatch::Device;
+using dispatch::DeviceInfo;
+using dispatch::DeviceType;
+using dispatch::DType;
+using dispatch::core::OpKind;
+using dispatch::core::Plan;
+using dispatch::core::Problem;
+using dispatch::core::VariantDef;
+
+constexpr DeviceType kGpuTypes[] = {DeviceType::cuda, DeviceType::hip};
+
+/// A described (not probed) device of a backend, for the host-side checks of
+/// supports() and get_default(): an H200 for CUDA, an MI250X for HIP.
+DeviceInfo described(DeviceType t) {
+  DeviceInfo d;
+  d.device = Device{t, 0};
+  d.available = true;
+  if (t == DeviceType::cuda) {
+    d.device_name = "NVIDIA_H200";
+    d.reported_name = "NVIDIA H200";
+    d.arch = "sm_90a";
+    d.compute_units = 132;
+    d.memory_bytes = 150109880320;
+    d.l2_bytes = 62914560;
+    d.smem_per_block_bytes = 49152;
+    d.warp_size = 32;
+  } else {
+    d.device_name = "AMD_Instinct_MI250X";
+    d.reported_name = "AMD Instinct MI250X";
+    d.arch = "gfx90a";
+    d.compute_units = 110;
+    d.memory_bytes = 68702699520;
+    d.l2_bytes = 8388608;
+    d.smem_per_block_bytes = 65536;
+    d.warp_size = 64;
+  }
+  return d;
+}
+
+Problem norm_problem(DeviceType t, OpKind op, DType dt, int64_t tokens, int64_t hidden) {
+  Problem p;
+  p.op = op;
+  p.device = Device{t, 0};
+  p.in_dtype = p.out_dtype = dt;
+  p.m = tokens;
+  p.n = hidden;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("gpu host: a backend compiled in without a usable device says why in one line and refuses GPU tensors") {
+  int compiled = 0;
+  for (DeviceType t : kGpuTypes) {
+    const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
+    CHECK(dispatch::core::backend_compiled(t) == (b != nullptr));
+    if (!b) continue;
+    ++compiled;
+    CHECK(dispatch::core::backend_memory(t) != nullptr);
+    const DeviceInfo& st = b->status();
+    INFO(dispatch::device_type_name(t), ": ", st.available ? "available" : st.unavailable_reason);
+    if (st.available) {
+      MESSAGE(dispatch::device_type_name(t), " device present (", st.device_name, "): the no-device checks do not apply");
+      continue;
+    }
+    // One line, with the native code (CUDA: 35 no driver, 34 stub, 100 no device; HIP: 100).
+    REQUIRE(!st.unavailable_reason.empty());
+    CHECK(st.unavailable_reason.find('\n') == std::string::npos);
+    CHECK(st.unavailable_reason.find(" error ") != std::string::npos);
+    MESSAGE(dispatch::device_type_name(t), " unavailable: ", st.unavailable_reason);
+    CHECK(b->device_info(0) == nullptr);
+    CHECK(dispatch::core::local_device_info(t) == nullptr);
+
+    auto rt = kdtest::make_runtime(std::vector<std::string>{});
+    auto di = rt->device_info(Device{t, 0});
+    REQUIRE(!di.ok());
+    CHECK(di.status().code() == dispatch::StatusCode::unsupported_device);
+    CHECK(di.status().message() == st.unavailable_reason);
+
+    // A GPU tensor is never run on the CPU: unsupported_device, with a message.
+    std::vector<uint16_t> x(64 * 8), y(64 * 8), w(64);
+    const Device d{t, 0};
+    dispatch::RmsNormArgs args{dispatch::make_tensor_2d(y.data(), DType::bf16, 8, 64, 64, d),
+                               dispatch::make_tensor_2d(x.data(), DType::bf16, 8, 64, 64, d),
+                               dispatch::make_tensor_1d(w.data(), DType::bf16, 64, d), 1e-6f};
+    const dispatch::Status s = dispatch::rmsnorm(*rt, args, dispatch::Stream{nullptr});
+    CHECK(s.code() == dispatch::StatusCode::unsupported_device);
+    CHECK(!s.message().empty());
+    dispatch::FusedAddRmsNormArgs fargs{dispatch::make_tensor_2d(x.data(), DType::bf16, 8, 64, 64, d),
+                                        dispatch::make_tensor_2d(y.data(), DType::bf16, 8, 64, 64, d),
+                                        dispatch::make_tensor_1d(w.data(), DType::bf16, 64, d), 1e-6f};
+    CHECK(dispatch::fused_add_rmsnorm(*rt, fargs, dispatch::Stream{nullptr}).code() ==
+          dispatch::StatusCode::unsupported_device);
+    // Nothing was written.
+    for (uint16_t v : y) CHECK(v == 0);
+  }
+#if KDISPATCH_HAVE_CUDA
+  CHECK(dispatch::gpu::backend_ops(DeviceType::cuda) != nullptr);
+#else
+  CHECK(dispatch::gpu::backend_ops(DeviceType::cuda) == nullptr);
+#endif
+#if KDISPATCH_HAVE_HIP
+  CHECK(dispatch::gpu::backend_ops(DeviceType::hip) != nullptr);
+#else
+  CHECK(dispatch::gpu::backend_ops(DeviceType::hip) == nullptr);
+#endif
+  MESSAGE(compiled, " GPU backend(s) compiled in");
+}
+
+TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and unique across backends") {
+  CHECK(dispatch::core::registry_errors().empty());
+  std::set<std::string> names;
+  for (const VariantDef* v : dispatch::core::all_variants()) CHECK(names.insert(std::string(v->name)).second);
+  for (DeviceType t : kGpuTypes) {
+    const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
+    if (!b) continue;
+    CHECK(b->variants().size() == 24);  // 2 ops x 3 dtypes x (warp, block, generic, reference)
+    for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
+      for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
+        int refs = 0, n = 0;
+        for (const VariantDef* v : dispatch::core::variants_for(op, t)) {
+          if (v->in_dtype != dt) continue;
+          ++n;
+          INFO(v->name);
+          const std::string what = std::string(dispatch::core::op_name(op)) + "_" + std::string(dispatch::dtype_name(dt)) + "__";
+          CHECK(v->name.rfind(what, 0) == 0);
+          CHECK(v->backend == t);
+          CHECK((v->supports != nullptr && v->launch != nullptr));
+          if (v->flags & dispatch::core::kVariantReference) ++refs;
+          const uint32_t in_place =
+              (1u << dispatch::core::kFusedArgX) | (1u << dispatch::core::kFusedArgResidual);
+          CHECK(v->restore_args == (op == OpKind::fused_add_rmsnorm ? in_place : 0u));
+          CHECK(v->reset_args == 0u);
+        }
+        CHECK(n == 4);
+        CHECK(refs == 1);
+        const VariantDef* ref = dispatch::core::reference_variant(op, t, dt);
+        REQUIRE(ref != nullptr);
+        CHECK(ref->params.empty());
+      }
+    }
+  }
+#if KDISPATCH_HAVE_CUDA
+  for (const char* n : {"rmsnorm_bf16__warp_vec8", "rmsnorm_bf16__block_vec8", "rmsnorm_bf16__generic",
+                        "rmsnorm_bf16__cuda_ref", "fused_add_rmsnorm_fp16__block_vec8", "rmsnorm_fp32__warp_vec4",
+                        "fused_add_rmsnorm_fp32__block_vec4"})
+    CHECK_MESSAGE(dispatch::core::find_variant(n) != nullptr, n);
+#endif
+#if KDISPATCH_HAVE_HIP
+  CHECK(dispatch::core::find_variant("rmsnorm_bf16__hip_warp_vec8") != nullptr);
+  CHECK(dispatch::core::find_variant("fused_add_rmsnorm_bf16__hip_ref") != nullptr);
+#endif
+}
+
+TEST_CASE("gpu host: config spaces keep the points that hold the row in registers, decline the rest with reasons") {
+  for (DeviceType t : kGpuTypes) {
+    if (!dispatch::gpu::backend_ops(t)) continue;
+    const DeviceInfo dev = described(t);
+    const int warp = dev.warp_size;
+    // bf16, hidden 4096: 512 16-byte chunks per row.
+    const Problem p = norm_problem(t, OpKind::rmsnorm, DType::bf16, 64, 4096);
+    for (const VariantDef* v : dispatch::core::variants_for(OpKind::rmsnorm, t)) {
+      if (v->in_dtype != DType::bf16) continue;
+      INFO(v->name);
+      const auto space = dispatch::core::config_space(*v, p, dev);
+      const std::string n(v->name);
+      if (n.find("warp_vec8") != std::string::npos) {
+        // the row fits one warp only at unroll 512/warp; launch bound of that unroll caps rows_per_block
+        for (const Plan& pl : space) CHECK(pl.params[1] == 512 / warp);
+        CHECK(space.size() == (warp == 32 ? 4u : 5u));
+      } else if (n.find("block_vec8") != std::string::npos) {
+        CHECK(space.size() == 5u);  // unroll 1..16: 512..32 threads (CUDA)
+      } else if (n.find("generic") != std::string::npos) {
+        CHECK(space.size() == 5u);
+      } else {
+        CHECK(space.size() == 1u);  // the reference: one point
+      }
+    }
+    // Declines say why.
+    const Problem odd = norm_problem(t, OpKind::rmsnorm, DType::bf16, 4, 1001);
+    const VariantDef* block = dispatch::core::find_variant(t == DeviceType::cuda ? "rmsnorm_bf16__block_vec8"
+                                                                                  : "rmsnorm_bf16__hip_block_vec8");
+    REQUIRE(block != nullptr);
+    const int64_t u2[] = {2, 0};
+    const dispatch::Status s = block->supports(odd, u2, dev);
+    CHECK(s.code() == dispatch::StatusCode::unsupported_problem);
+    CHECK(kdtest::contains(s.message(), "multiple of 8"));
+    const Problem fp16 = norm_problem(t, OpKind::rmsnorm, DType::fp16, 4, 4096);
+    CHECK(!block->supports(fp16, u2, dev).ok());
+    Problem cpu = p;
+    cpu.device = Device{};
+    CHECK(block->supports(cpu, u2, dev).code() == dispatch::StatusCode::unsupported_device);
+  }
+}
+
+TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a described device") {
+  for (DeviceType t : kGpuTypes) {
+    if (!dispatch::gpu::backend_ops(t)) continue;
+    const DeviceInfo dev = described(t);
+    for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm})
+      for (DType dt : {DType::bf16, DType::fp16, DType::fp32})
+        for (int64_t hidden : {1, 7, 64, 512, 1000, 1001, 2048, 4096, 4104, 5120, 7168, 8192, 16384, 32768, 131072})
+          for (int64_t tokens : {1, 16, 128, 1024, 8192, 32768}) {
+            const Problem p = norm_problem(t, op, dt, tokens, hidden);
+            INFO(dispatch::core::op_name(op), " ", dispatch::dtype_name(dt), " hidden=", hidden, " tokens=", tokens);
+            const Plan plan = dispatch::core::get_default(p, dev);
+            REQUIRE(plan.valid());
+            CHECK(plan.variant->supports(p, plan.params, dev).ok());
+            CHECK((plan.variant->flags & dispatch::core::kVariantReference) == 0);
+            const std::string n(plan.variant->name);
+            if (hidden % (dt == DType::fp32 ? 4 : 8) != 0) CHECK(n.find("generic") != std::string::npos);
+          }
+    // Few tokens: one block per row, the widest block (latency).
+    if (t == DeviceType::cuda) {
+      const Plan one = dispatch::core::get_default(norm_problem(t, OpKind::rmsnorm, DType::bf16, 1, 4096), dev);
+      CHECK(std::string(one.variant->name) == "rmsnorm_bf16__block_vec8");
+      CHECK(one.params[0] == 1);
+    }
+    // Mixed problems get no plan rather than a wrong one.
+    Problem mixed = norm_problem(t, OpKind::rmsnorm, DType::bf16, 4, 4096);
+    mixed.out_dtype = DType::fp32;
+    CHECK(!dispatch::core::get_default(mixed, dev).valid());
+  }
+}

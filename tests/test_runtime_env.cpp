@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+// The KDISPATCH_* environment, forced plans, the inotify watcher, DLPack.
+#include <doctest/doctest.h>
+#include <dlpack/dlpack.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "dispatch/dispatch.hpp"
+#include "dispatch/dlpack.hpp"
+#include "test_util.hpp"
+
+using namespace dispatch;
+using kdtest::TempDir;
+
+namespace {
+// Sets environment variables for the scope of a test, restoring them after.
+class EnvGuard {
+ public:
+  EnvGuard(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      ::setenv(k, v, 1);
+    }
+  }
+  ~EnvGuard() {
+    for (auto& [k, v] : saved_) {
+      if (v) ::setenv(k.c_str(), v->c_str(), 1);
+      else ::unsetenv(k.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+std::string norm_file(const std::string& hidden, const std::string& dtype) {
+  return "hidden=" + hidden + ",device_name=" + cpu_device_info().device_name + ",dtype=" + dtype + ".json";
+}
+}  // namespace
+
+TEST_CASE("env: options_from_env reads every KDISPATCH_* variable") {
+  TempDir a, b;
+  EnvGuard env({{"KDISPATCH_CONFIG_DIRS", (a.str() + ":" + b.str()).c_str()},
+                {"KDISPATCH_SHIPPED_CONFIGS", "0"},
+                {"KDISPATCH_BACKEND_VERSION", "3.5.1"},
+                {"KDISPATCH_LOG_LEVEL", "error"},
+                {"KDISPATCH_WATCH", "1"},
+                {"KDISPATCH_FORCE", "rmsnorm=rmsnorm_fp32__ref;gemm=gemm_fp32__ref"},
+                {"KDISPATCH_DETERMINISTIC", "1"},
+                {"KDISPATCH_TUNE", "background"},
+                {"KDISPATCH_CACHE_DIR", "/tmp/kd-cache-x"},
+                {"KDISPATCH_TUNE_MEM", "512M"},
+                {"KDISPATCH_TUNE_BUDGET_MS", "250"}});
+  auto o = options_from_env();
+  REQUIRE(o.ok());
+  CHECK(o->config_dirs == std::vector<std::string>{a.str(), b.str()});
+  CHECK_FALSE(o->load_shipped_configs);
+  CHECK(o->backend_version == "3.5.1");
+  CHECK(o->log_level == LogLevel::error);
+  CHECK(o->watch);
+  CHECK(o->force == std::vector<std::string>{"rmsnorm=rmsnorm_fp32__ref", "gemm=gemm_fp32__ref"});
+  CHECK(o->deterministic);
+  CHECK(o->tune.mode == TuneMode::background);
+  CHECK(o->tune.cache_dir == "/tmp/kd-cache-x");
+  CHECK(o->tune.memory_budget_bytes == 512LL * 1024 * 1024);
+  CHECK(o->tune.time_budget_ms == 250.0);
+}
+
+TEST_CASE("env: a bad value is refused naming the variable") {
+  {
+    EnvGuard env({{"KDISPATCH_TUNE", "sometimes"}});
+    auto o = options_from_env();
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.status().code() == StatusCode::invalid_argument);
+    CHECK(o.status().message() == "KDISPATCH_TUNE='sometimes' is not valid (expected off|sync|background)");
+  }
+  {
+    EnvGuard env({{"KDISPATCH_TUNE_MEM", "lots"}});
+    CHECK(options_from_env().status().message().find("KDISPATCH_TUNE_MEM='lots'") == 0);
+  }
+}
+
+TEST_CASE("force: a forced variant serves every call of its op and dtype, lookup's why says so") {
+  RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.tune.load_cache = o.tune.persist = false;
+  o.force = {"rmsnorm=rmsnorm_fp32__vec:vec=4,unroll=2"};
+  auto rt = Runtime::create(o).value();
+  std::vector<float> x(3 * 40, 1.f), y(3 * 40), w(40, 2.f);
+  RmsNormArgs args{make_tensor_2d(y.data(), DType::fp32, 3, 40, 40), make_tensor_2d(x.data(), DType::fp32, 3, 40, 40),
+                   make_tensor_1d(w.data(), DType::fp32, 40), 1e-6f};
+  DispatchInfo info;
+  REQUIRE(rmsnorm(*rt, args, {}, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::forced);
+  CHECK(std::string(info.variant) == "rmsnorm_fp32__vec");
+  CHECK(std::fabs(y[0] - 2.f) < 1e-5);
+  auto r = lookup(*rt, LookupQuery{.op = "rmsnorm", .key = "hidden=40,dtype=fp32", .M = 3});
+  REQUIRE(r.ok());
+  CHECK(r->match == LookupResult::Match::forced);
+  CHECK(r->why.find("forced by 'rmsnorm=rmsnorm_fp32__vec:vec=4,unroll=2'") != std::string::npos);
+  CHECK(config_to_json(r->config) == R"({"variant": "rmsnorm_fp32__vec", "vec": 4, "unroll": 2})");
+  // Another dtype is not affected.
+  r = lookup(*rt, LookupQuery{.op = "rmsnorm", .key = "hidden=40,dtype=bf16", .M = 3});
+  REQUIRE(r.ok());
+  CHECK(r->match == LookupResult::Match::fallback);
+
+  // Bad entries are refused at create, naming the entry.
+  o.force = {"rmsnorm=no_such_variant"};
+  auto bad = Runtime::create(o);
+  CHECK(bad.status().code() == StatusCode::no_variant);
+  CHECK(bad.status().message().find("'rmsnorm=no_such_variant'") != std::string::npos);
+  o.force = {"rmsnorm=rmsnorm_fp32__vec:vec=3"};
+  CHECK(Runtime::create(o).status().code() == StatusCode::config_error);
+}
+
+TEST_CASE("watch: a file dropped into a watched dir is served without a restart") {
+  TempDir dir;
+  kdtest::fs::create_directories(dir / "cpu/rmsnorm");
+  RuntimeOptions o;
+  o.config_dirs = {dir.str()};
+  o.load_shipped_configs = false;
+  o.tune.load_cache = o.tune.persist = false;
+  o.watch = true;
+  auto rt = Runtime::create(o).value();
+  const LookupQuery q{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8};
+  CHECK(lookup(*rt, q)->match == LookupResult::Match::fallback);
+  // Written as a tool would: temp file, then rename into place.
+  kdtest::write_text(dir / "cpu/rmsnorm/.tmp", R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+  kdtest::fs::rename(dir / "cpu/rmsnorm/.tmp", dir / ("cpu/rmsnorm/" + norm_file("64", "fp32")));
+  bool hit = false;
+  for (int i = 0; i < 500 && !hit; ++i) {  // the watcher coalesces for ~100 ms
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    hit = lookup(*rt, q)->match == LookupResult::Match::exact;
+  }
+  CHECK(hit);
+  // A broken file dropped in changes nothing but the report.
+  kdtest::write_text(dir / ("cpu/rmsnorm/" + norm_file("128", "fp32")), R"({"8": {"variant": )");
+  bool reported = false;
+  for (int i = 0; i < 500 && !reported; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const auto& f : rt->load_report().files) reported |= f.state == FileReport::State::skipped;
+  }
+  CHECK(reported);
+  CHECK(lookup(*rt, q)->match == LookupResult::Match::exact);
+  // A new subdirectory is watched too.
+  kdtest::fs::create_directories(dir / "cpu/fused_add_rmsnorm");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kdtest::write_text(dir / ("cpu/fused_add_rmsnorm/" + norm_file("64", "fp32")),
+                     R"({"8": {"variant": "fused_add_rmsnorm_fp32__ref"}})");
+  const LookupQuery qf{.op = "fused_add_rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8};
+  bool fused_hit = false;
+  for (int i = 0; i < 500 && !fused_hit; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    fused_hit = lookup(*rt, qf)->match == LookupResult::Match::exact;
+  }
+  CHECK(fused_hit);
+}
+
+TEST_CASE("dlpack: a DLTensor becomes a TensorRef without a copy") {
+  float buf[2 * 3 + 5] = {};
+  int64_t shape[2] = {2, 3};
+  int64_t strides[2] = {4, 1};
+  DLTensor t{};
+  t.data = buf;
+  t.byte_offset = 4;
+  t.ndim = 2;
+  t.shape = shape;
+  t.strides = strides;
+  t.dtype = DLDataType{kDLFloat, 32, 1};
+  t.device = DLDevice{kDLCPU, 0};
+  auto r = from_dlpack(&t);
+  REQUIRE(r.ok());
+  CHECK(r->data == static_cast<void*>(buf + 1));
+  CHECK(r->dtype == DType::fp32);
+  CHECK(r->rank == 2);
+  CHECK(r->shape[0] == 2);
+  CHECK(r->strides[0] == 4);
+  t.strides = nullptr;  // compact row-major
+  CHECK(from_dlpack(&t)->strides[0] == 3);
+  t.dtype = DLDataType{kDLBfloat, 16, 1};
+  CHECK(from_dlpack(&t)->dtype == DType::bf16);
+  t.device = DLDevice{kDLCUDA, 1};
+  CHECK(from_dlpack(&t)->device == Device{DeviceType::cuda, 1});
+  t.dtype = DLDataType{kDLInt, 8, 1};
+  CHECK(from_dlpack(&t).status().code() == StatusCode::unsupported_problem);
+  t.dtype = DLDataType{kDLFloat, 32, 1};
+  t.device = DLDevice{kDLVulkan, 0};
+  CHECK(from_dlpack(&t).status().code() == StatusCode::unsupported_device);
+  CHECK(from_dlpack(nullptr).status().code() == StatusCode::invalid_argument);
+}
+
+TEST_CASE("default_runtime: built once from the environment") {
+  auto a = default_runtime();
+  auto b = default_runtime();
+  REQUIRE(a.ok());
+  CHECK(*a == *b);
+}
