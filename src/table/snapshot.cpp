@@ -40,19 +40,9 @@ const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& po
     const double hi = static_cast<double>(b.ms.back()) * policy.ratio;
     if (static_cast<double>(m) < lo || static_cast<double>(m) > hi) return nullptr;
   }
-  // First key >= m, by a branchless binary search: M changes from call to
-  // call, and std::lower_bound's data-dependent branches mispredict
-  // (bench/bench_lookup.cpp, BM_Hit). Each step keeps [base, base + len]
-  // holding the answer; the step is masked arithmetic, not a branch (GCC
-  // turns a ?: here into a jump).
-  const int64_t* const ms = b.ms.data();
-  const int64_t* base = ms;
-  for (size_t len = n; len > 1;) {
-    const size_t half = len / 2;
-    base += half & (size_t{0} - static_cast<size_t>(base[half - 1] < m));
-    len -= half;
-  }
-  size_t i = static_cast<size_t>(base - ms) + (*base < m ? 1 : 0);
+  // First key >= m.
+  const auto it = std::lower_bound(b.ms.begin(), b.ms.end(), m);
+  size_t i = static_cast<size_t>(it - b.ms.begin());
   if (i == n) {
     i = n - 1;
   } else if (b.ms[i] != m && i > 0) {
