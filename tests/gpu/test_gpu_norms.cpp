@@ -87,7 +87,7 @@ void check_rmsnorm(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, C
   std::vector<double> want(size_t(s.tokens * s.hidden));
   std::vector<double> scale(size_t(s.tokens));
   for (int64_t t = 0; t < s.tokens; ++t) {
-    std::vector<double> row(size_t(s.hidden));
+    std::vector<double> row(static_cast<size_t>(s.hidden));
     for (int64_t h = 0; h < s.hidden; ++h) row[size_t(h)] = x.get(t, h);
     const double inv = inv_rms(row, 1e-6);
     for (int64_t h = 0; h < s.hidden; ++h) {
@@ -170,7 +170,7 @@ void check_fused(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, Cou
   z.poison_all();
   std::vector<double> want(size_t(s.tokens * s.hidden)), scale(size_t(s.tokens));
   for (int64_t t = 0; t < s.tokens; ++t) {
-    std::vector<double> row(size_t(s.hidden));
+    std::vector<double> row(static_cast<size_t>(s.hidden));
     for (int64_t h = 0; h < s.hidden; ++h) {
       z.set(t, h, x0.get(t, h) + r0.get(t, h));  // fp32 add, then round to dt
       row[size_t(h)] = z.get(t, h);
@@ -438,7 +438,7 @@ TEST_CASE("gpu runtime: dispatch::rmsnorm on device tensors runs the default pla
     MESSAGE("default plan: ", info.variant, " key ", key);
     REQUIRE(dy.download(&y).ok());
     for (int64_t t = 0; t < T; ++t) {
-      std::vector<double> row(size_t(H));
+      std::vector<double> row(static_cast<size_t>(H));
       for (int64_t h = 0; h < H; ++h) row[size_t(h)] = x.get(t, h);
       const double inv = inv_rms(row, 1e-6);
       for (int64_t h = 0; h < H; ++h) {
@@ -497,7 +497,7 @@ TEST_CASE("gpu tuning: sync tuning of fused_add_rmsnorm on device buffers applie
     REQUIRE(dr.download(&r).ok());
     int64_t bad = 0;
     for (int64_t t = 0; t < T; ++t) {
-      std::vector<double> row(size_t(H));
+      std::vector<double> row(static_cast<size_t>(H));
       for (int64_t h = 0; h < H; ++h) {
         const float z = r.round(x0.get(t, h) + r0.get(t, h));
         bad += r.get(t, h) != z;  // exactly one application: residual = x0 + r0 once
