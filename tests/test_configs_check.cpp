@@ -32,6 +32,12 @@ void require_clean(const dispatch::LoadReport& rep) {
 
 TEST_CASE("configs: every committed file under configs/ loads with no skipped file and no dropped row") {
   const std::string dir = std::string(KDISPATCH_SOURCE_DIR) + "/configs";
+  if (!kdtest::fs::is_directory(dir)) {
+    // git keeps no empty folders: a clean clone has no configs/ until a
+    // table is committed.
+    MESSAGE("no configs/ directory in this checkout: nothing committed to check");
+    return;
+  }
   auto rt = kdtest::make_runtime(std::vector<std::string>{dir});
   const dispatch::LoadReport rep = rt->load_report();
   require_clean(rep);
@@ -41,7 +47,7 @@ TEST_CASE("configs: every committed file under configs/ loads with no skipped fi
 }
 
 #if KDISPATCH_HAVE_CUDA
-TEST_CASE("configs: a CUDA norm table names compiled variants and points of their spaces; a broken one is caught") {
+TEST_CASE("configs: a CUDA norm table names compiled variants and points of their spaces, and a broken one is caught") {
   kdtest::TempDir tmp;
   kdtest::write_text(tmp / "cuda/rmsnorm/hidden=4096,device_name=NVIDIA_H200,dtype=bf16.json",
                      R"({"kdispatch": {"schema": {"rmsnorm_bf16__block_vec8": 1}},

@@ -43,6 +43,8 @@ struct KernelImage {
 /// One device as probed once: the public description plus the kernel images.
 struct DeviceState {
   DeviceInfo info;
+  /// Launch with programmatic dependent launch (see pdl_enabled()).
+  bool pdl = false;
   /// [op: 0 rmsnorm, 1 fused][dtype: DType order][gpu::norm::kernel_index]
   KernelImage norm[gpu::norm::kNormOps][gpu::norm::kNormDtypes][gpu::norm::kKernelsPerDtype];
 };
@@ -58,6 +60,12 @@ const DeviceInfo& backend_status() noexcept;
 /// True when the process sees more than one device of this backend (the
 /// launchers then make the tensor's device current around a launch).
 bool multi_device() noexcept;
+
+/// True when launches on device `ordinal` use programmatic dependent launch
+/// (CUDA on compute capability >= 9.0, unless KDISPATCH_PDL=0): a kernel's
+/// launch then overlaps the tail of the previous kernel in the stream (one
+/// griddepcontrol.wait in the kernel keeps the order). False on HIP.
+bool pdl_enabled(int32_t ordinal) noexcept;
 
 /// The backend's entry table (src/gpu/gpu_backend.hpp).
 const gpu::BackendOps& backend_ops() noexcept;

@@ -122,10 +122,11 @@ KDISPATCH_DEVICE_INLINE float block_sum(float v, float* red) {
 
 /// warp / block families: 16-byte chunks, the row held in registers.
 template <DType DT, int U, bool kWarp, bool kFused>
-__global__ void __launch_bounds__(gpu::norm::max_threads_for_unroll(U)) resident_kernel(Args a) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(gpu::norm::max_threads_for_unroll(U, kWarp)) resident_kernel(Args a) {
   using E = Elem<DT>;
   using S = typename E::S;
   constexpr int V = E::kVec;
+  port::grid_dependency_wait_and_release();
   int row, lane, width;
   if constexpr (kWarp) {
     row = static_cast<int>(blockIdx.x) * (static_cast<int>(blockDim.x) / kWarpSize) +
@@ -213,10 +214,11 @@ __global__ void __launch_bounds__(gpu::norm::max_threads_for_unroll(U)) resident
 /// row (pass 2 re-reads x, or the residual as stored, mostly from L1/L2).
 /// Each thread re-reads in pass 2 exactly the elements it wrote in pass 1.
 template <DType DT, bool kFused>
-__global__ void __launch_bounds__(gpu::norm::kMaxBlockThreads) generic_kernel(Args a) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(gpu::norm::kMaxBlockThreads) generic_kernel(Args a) {
   using E = Elem<DT>;
   using S = typename E::S;
   __shared__ float red[gpu::norm::kMaxBlockThreads / kWarpSize];
+  port::grid_dependency_wait_and_release();
   const int row = static_cast<int>(blockIdx.x);
   const int n = a.hidden;
   const int step = static_cast<int>(blockDim.x);
@@ -259,11 +261,12 @@ __global__ void __launch_bounds__(gpu::norm::kMaxBlockThreads) generic_kernel(Ar
 /// reduction, IEEE division and square root), sharing no code path with
 /// the fast kernels beyond the element conversions.
 template <DType DT, bool kFused>
-__global__ void __launch_bounds__(gpu::norm::kReferenceThreads) reference_kernel(Args a) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(gpu::norm::kReferenceThreads) reference_kernel(Args a) {
   using E = Elem<DT>;
   using S = typename E::S;
   constexpr int T = gpu::norm::kReferenceThreads;
   __shared__ float part[T];
+  port::grid_dependency_wait_and_release();
   const int row = static_cast<int>(blockIdx.x);
   const int tid = static_cast<int>(threadIdx.x);
   const S* xr = static_cast<const S*>(a.x) + row * a.ldx;
@@ -325,12 +328,9 @@ inline int32_t generic_threads_for(int64_t hidden) noexcept {
 }
 
 template <DType DT, int U, bool kFused>
-inline void launch_resident(bool warp, dim3 grid, dim3 block, port::Stream s, const Args& a) {
-  if (warp) {
-    resident_kernel<DT, U, true, kFused><<<grid, block, 0, s>>>(a);
-  } else {
-    resident_kernel<DT, U, false, kFused><<<grid, block, 0, s>>>(a);
-  }
+inline port::Error launch_resident(bool warp, dim3 grid, dim3 block, port::Stream s, bool pdl, const Args& a) {
+  return warp ? port::launch(resident_kernel<DT, U, true, kFused>, grid, block, s, pdl, a)
+              : port::launch(resident_kernel<DT, U, false, kFused>, grid, block, s, pdl, a);
 }
 
 /// Enqueues one launch on la.stream. Checks the launch (not the kernel's
@@ -369,6 +369,8 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
   }
   const port::Stream s = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
+  const bool pdl = pdl_enabled(p.device.ordinal);
+  port::Error e = port::kSuccess;
   switch (k.family) {
     case Family::warp:
     case Family::block: {
@@ -376,21 +378,23 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
       const dim3 block(static_cast<unsigned>(k.threads));
       const dim3 grid(static_cast<unsigned>(warp ? gpu::norm::ceil_div(p.m, k.rows_per_block) : p.m));
       switch (k.unroll) {
-        case 1: launch_resident<DT, 1, kFused>(warp, grid, block, s, a); break;
-        case 2: launch_resident<DT, 2, kFused>(warp, grid, block, s, a); break;
-        case 4: launch_resident<DT, 4, kFused>(warp, grid, block, s, a); break;
-        case 8: launch_resident<DT, 8, kFused>(warp, grid, block, s, a); break;
-        case 16: launch_resident<DT, 16, kFused>(warp, grid, block, s, a); break;
+        case 1: e = launch_resident<DT, 1, kFused>(warp, grid, block, s, pdl, a); break;
+        case 2: e = launch_resident<DT, 2, kFused>(warp, grid, block, s, pdl, a); break;
+        case 4: e = launch_resident<DT, 4, kFused>(warp, grid, block, s, pdl, a); break;
+        case 8: e = launch_resident<DT, 8, kFused>(warp, grid, block, s, pdl, a); break;
+        case 16: e = launch_resident<DT, 16, kFused>(warp, grid, block, s, pdl, a); break;
         default: return make_status(StatusCode::invalid_argument, "norm: unroll is not one of 1, 2, 4, 8, 16");
       }
-      return port::check_launch(warp ? "norm warp kernel launch" : "norm block kernel launch");
+      return port::status(e, warp ? "norm warp kernel launch" : "norm block kernel launch");
     }
     case Family::generic:
-      generic_kernel<DT, kFused><<<dim3(static_cast<unsigned>(p.m)), dim3(static_cast<unsigned>(k.threads)), 0, s>>>(a);
-      return port::check_launch("norm generic kernel launch");
+      e = port::launch(generic_kernel<DT, kFused>, dim3(static_cast<unsigned>(p.m)),
+                       dim3(static_cast<unsigned>(k.threads)), s, pdl, a);
+      return port::status(e, "norm generic kernel launch");
     case Family::reference:
-      reference_kernel<DT, kFused><<<dim3(static_cast<unsigned>(p.m)), dim3(gpu::norm::kReferenceThreads), 0, s>>>(a);
-      return port::check_launch("norm reference kernel launch");
+      e = port::launch(reference_kernel<DT, kFused>, dim3(static_cast<unsigned>(p.m)),
+                       dim3(gpu::norm::kReferenceThreads), s, pdl, a);
+      return port::status(e, "norm reference kernel launch");
   }
   return make_status(StatusCode::internal, "norm: unknown family");
 }

@@ -55,6 +55,15 @@
 #define KDISPATCH_DEVICE_INLINE inline
 #endif
 
+// clang's HIP gives kernel handles default visibility even under
+// -fvisibility=hidden, which would export every kernel from libkdispatch.so;
+// nvcc's -fvisibility=hidden already hides them.
+#if KDISPATCH_GPU_HIP
+#define KDISPATCH_KERNEL_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define KDISPATCH_KERNEL_HIDDEN
+#endif
+
 namespace dispatch::KDISPATCH_GPU_NS::port {
 
 // ------------------------------------------------------------------ names
@@ -275,6 +284,35 @@ inline Status check_launch(std::string_view kernel) noexcept {
   return e == kSuccess ? Status() : status(e, kernel);
 }
 
+/// Launches `kernel` on `stream`. `pdl`: allow programmatic dependent launch
+/// (CUDA, compute capability >= 9.0): the kernel may be scheduled while the
+/// previous kernel of the stream still runs; it must call
+/// grid_dependency_wait() before touching memory that kernel may write
+/// (every kernel here does so first thing). HIP has no such launch: plain.
+template <class... KernelParams, class... Args>
+inline Error launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, Stream stream, bool pdl,
+                    Args&&... args) noexcept {
+#if KDISPATCH_GPU_HIP
+  (void)pdl;
+  kernel<<<grid, block, 0, stream>>>(static_cast<Args&&>(args)...);
+  return hipGetLastError();
+#else
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const Error e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+  if (e != kSuccess) (void)cudaGetLastError();
+  return e;
+#endif
+}
+
 // ------------------------------------------------------------------ device helpers
 #if defined(__CUDACC__) || defined(__HIP__)
 
@@ -332,6 +370,19 @@ KDISPATCH_DEVICE_INLINE uint32_t float2_to_fp16x2(float a, float b) {
   uint32_t u;
   memcpy(&u, &h, sizeof u);
   return u;
+}
+
+/// Programmatic dependent launch, device side (sm_90+; no-ops elsewhere):
+/// wait until the previous kernel of the stream has completed and its
+/// memory is visible, then let the next kernel of the stream be scheduled
+/// (it waits for our completion the same way before it reads anything).
+/// Called first thing by every kernel, so a launch with the PDL attribute is
+/// as safe as a plain one whatever kernel precedes or follows it.
+KDISPATCH_DEVICE_INLINE void grid_dependency_wait_and_release() {
+#if !KDISPATCH_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 /// 1/sqrt, the fast hardware approximation (rel. error < 2^-22).

@@ -126,6 +126,7 @@ struct TuneCmdOptions {
   /// 2e9 flops is ~13 ms a call, so ~20 candidates fit the default 2 s budget;
   /// at 2e10 only the default plan would be measured.
   double max_flops = 2e9;
+  std::string backend = "cpu";  ///< cpu | cuda | hip: where the shapes are tuned
   bool no_cold_cache = false;
   int32_t reps = 0;                 ///< 0 = the library's default
   bool json = false;

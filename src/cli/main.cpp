@@ -188,6 +188,9 @@ int main(int argc, char** argv) {
                    "to tune on this host")
       ->type_name("X")
       ->capture_default_str();
+  tune->add_option("--backend", to.backend, "cpu, cuda or hip: the device the shapes are tuned on (ordinal 0)")
+      ->type_name("BACKEND")
+      ->capture_default_str();
   tune->add_flag("--no-cold-cache", to.no_cold_cache, "Time candidates with warm caches (faster; for tests)");
   tune->add_flag("--json", to.json, "Print the summary and every shape's result as one JSON object");
   tune->footer(

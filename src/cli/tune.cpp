@@ -369,6 +369,10 @@ int run_tune(const TuneCmdOptions& o) {
     std::fprintf(stderr, "%s: --reps must be >= 1, got %d\n", cmd, o.reps);
     return kExitUsage;
   }
+  if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "hip") {
+    std::fprintf(stderr, "%s: --backend '%s' is not cpu, cuda or hip\n", cmd, o.backend.c_str());
+    return kExitUsage;
+  }
 
   // ---- the shapes: read, keep --op's rows, drop duplicates
   std::vector<Job> jobs;
@@ -416,8 +420,8 @@ int run_tune(const TuneCmdOptions& o) {
         j.dtype = *dt;
         j.out_dtype = gemm ? *out : *dt;
         bad.label = j.label(gemm);
-        if (!r.backend.empty() && r.backend != "cpu") {
-          bad.message = "backend '" + r.backend + "': this build tunes on the CPU";
+        if (!r.backend.empty() && r.backend != o.backend) {
+          bad.message = "backend '" + r.backend + "': this run tunes on " + o.backend + " (--backend)";
         } else if (r.batch > 1) {
           bad.message = "batched GEMM (B=" + std::to_string(r.batch) + ") is not a kdispatch op";
         } else if (gemm && (j.n < 1 || j.k < 1)) {
@@ -485,7 +489,22 @@ int run_tune(const TuneCmdOptions& o) {
   std::vector<Outcome> results;
   Progress progress(jobs.size());
   const auto t0 = Clock::now();
-  const std::string device = dsp::cpu_device_info().device_name;
+  // The device the shapes are tuned on: its tensors' device selects the
+  // backend, and its device_name goes into the emitted file names.
+  const dsp::Device dev{o.backend == "cuda" ? dsp::DeviceType::cuda
+                        : o.backend == "hip" ? dsp::DeviceType::hip
+                                             : dsp::DeviceType::cpu,
+                        0};
+  std::string device = dsp::cpu_device_info().device_name;
+  if (dev.type != dsp::DeviceType::cpu) {
+    auto di = rt.device_info(dev);
+    if (!di.ok() || !di->available) {
+      std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(),
+                   di.ok() ? di->unavailable_reason.c_str() : di.status().to_string().c_str());
+      return kExitUsage;
+    }
+    device = di->device_name;
+  }
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Job& j = jobs[i];
     Outcome out;
@@ -503,7 +522,8 @@ int run_tune(const TuneCmdOptions& o) {
       dsp::LookupQuery q;
       q.op = op;
       q.key = j.key_fields(gemm);
-      q.backend = "cpu";
+      q.backend = o.backend;
+      q.device = device;
       q.M = j.m;
       auto lr = dsp::lookup(rt, q);
       if (lr.ok() && lr->match == dsp::LookupResult::Match::exact) {
@@ -521,26 +541,26 @@ int run_tune(const TuneCmdOptions& o) {
     dsp::Result<dsp::PretuneResult> r = dsp::make_status(dsp::StatusCode::internal, "not run");
     if (gemm) {
       dsp::GemmArgs a;
-      a.a = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.k, j.k);
-      a.b = dsp::make_tensor_2d(nullptr, j.dtype, j.n, j.k, j.k);
-      a.d = dsp::make_tensor_2d(nullptr, j.out_dtype, j.m, j.n, j.n);
-      if (j.bias) a.bias = dsp::make_tensor_1d(nullptr, j.out_dtype, j.n);  // rank 1, no data: "has a bias"
+      a.a = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.k, j.k, dev);
+      a.b = dsp::make_tensor_2d(nullptr, j.dtype, j.n, j.k, j.k, dev);
+      a.d = dsp::make_tensor_2d(nullptr, j.out_dtype, j.m, j.n, j.n, dev);
+      if (j.bias) a.bias = dsp::make_tensor_1d(nullptr, j.out_dtype, j.n, dev);  // rank 1, no data: "has a bias"
       dsp::TensorRef* ops[3] = {&a.a, &a.b, &a.d};
       if (!apply_stride(j.stride, ops, 3)) r = dsp::make_status(dsp::StatusCode::invalid_argument, "bad stride field '" + j.stride + "'");
       else r = dsp::pretune(rt, a);
     } else if (op == "rmsnorm") {
       dsp::RmsNormArgs a;
-      a.x = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden);
-      a.y = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden);
-      a.w = dsp::make_tensor_1d(nullptr, j.dtype, j.hidden);
+      a.x = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
+      a.y = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
+      a.w = dsp::make_tensor_1d(nullptr, j.dtype, j.hidden, dev);
       dsp::TensorRef* ops[3] = {&a.x, &a.y, &a.w};
       if (!apply_stride(j.stride, ops, 3)) r = dsp::make_status(dsp::StatusCode::invalid_argument, "bad stride field '" + j.stride + "'");
       else r = dsp::pretune(rt, a);
     } else {
       dsp::FusedAddRmsNormArgs a;
-      a.x = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden);
-      a.residual = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden);
-      a.w = dsp::make_tensor_1d(nullptr, j.dtype, j.hidden);
+      a.x = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
+      a.residual = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
+      a.w = dsp::make_tensor_1d(nullptr, j.dtype, j.hidden, dev);
       dsp::TensorRef* ops[3] = {&a.x, &a.residual, &a.w};
       if (!apply_stride(j.stride, ops, 3)) r = dsp::make_status(dsp::StatusCode::invalid_argument, "bad stride field '" + j.stride + "'");
       else r = dsp::pretune(rt, a);
@@ -602,7 +622,7 @@ int run_tune(const TuneCmdOptions& o) {
   const double geomean = n_speed ? std::exp(log_sum / static_cast<double>(n_speed)) : 0.0;
   // The files under <emit>/cpu/<op>/ (what a commit would add).
   std::vector<std::string> files;
-  for (auto it = fs::recursive_directory_iterator(fs::path(o.emit) / "cpu" / op, ec);
+  for (auto it = fs::recursive_directory_iterator(fs::path(o.emit) / o.backend / op, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
     if (it->is_regular_file(ec) && it->path().extension() == ".json" && it->path().filename().string()[0] != '.')
       files.push_back(fs::relative(it->path(), o.emit, ec).generic_string());
@@ -694,7 +714,7 @@ int run_tune(const TuneCmdOptions& o) {
                 (long long)n_unsupported, (long long)n_failed, seconds);
     if (n_speed)
       std::printf("geomean speedup vs get_default: %.2fx over %lld tuned shapes\n", geomean, (long long)n_speed);
-    std::printf("%zu config file(s) under %s/cpu/%s/%s\n", files.size(), o.emit.c_str(), op.c_str(),
+    std::printf("%zu config file(s) under %s/%s/%s/%s\n", files.size(), o.emit.c_str(), o.backend.c_str(), op.c_str(),
                 files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
   }
   return n_failed > 0 ? kExitFailure : kExitOk;

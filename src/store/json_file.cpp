@@ -146,7 +146,7 @@ std::string field_reason(std::string_view key, std::string_view what) {
 // capacity reused), then `cfg` is built once, sized exactly, each entry
 // constructed in place: one allocation per row and no string moves, where
 // a Config growing field by field (reallocations, moved entries) was a
-// third of the load's instructions (bench/bench_load.cpp).
+// quarter of the load's instructions (bench/bench_load.cpp).
 std::string read_row(od::value row, Config* cfg, error_code* err) {
   od::object obj;
   if ((*err = row.get_object().get(obj))) return "";
@@ -218,6 +218,7 @@ size_t json_padding() noexcept { return simdjson::SIMDJSON_PADDING; }
 ParsedFile parse_config_json(const char* data, size_t len) {
   thread_local od::parser parser;
   ParsedFile out;
+  out.rows.reserve(32);  // SGLang's tables have up to ~20 batch sizes: no regrowth
   od::document doc;
   error_code err = parser.iterate(data, len, len + simdjson::SIMDJSON_PADDING).get(doc);
   auto fail = [&](error_code e) {

@@ -28,44 +28,9 @@ std::optional<DeviceType> own_backend(std::string_view name) {
   return std::nullopt;
 }
 
-// The directory of the previous read_file, held open: files are opened
-// relative to it (openat), so the kernel resolves one path component per
-// file instead of the whole path (bench/bench_load.cpp: the path walks were
-// a fifth of the load's system time). Closed at the end of load_config_dirs.
-struct DirCache {
-  std::string dir;
-  int fd = -1;
-  void reset() noexcept {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-    dir.clear();
-  }
-  ~DirCache() { reset(); }
-};
-DirCache& dir_cache() {
-  thread_local DirCache c;
-  return c;
-}
-
-// Opens `path` read-only, through the cached directory fd when it can.
-int open_file(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0 && slash + 1 < path.size()) {
-    DirCache& c = dir_cache();
-    const std::string_view dir(path.data(), slash);
-    if (c.fd < 0 || c.dir != dir) {
-      c.reset();
-      c.fd = ::open(std::string(dir).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (c.fd >= 0) c.dir = dir;
-    }
-    if (c.fd >= 0) return ::openat(c.fd, path.c_str() + slash + 1, O_RDONLY | O_CLOEXEC);
-  }
-  return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-}
-
 // Reads a whole file into `buf` (with simdjson padding after it).
 bool read_file(const std::string& path, std::vector<char>* buf, size_t* len, std::string* err) {
-  const int fd = open_file(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     *err = std::string("cannot open: ") + std::strerror(errno);
     return false;
@@ -213,6 +178,7 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
   in.version = version;
   if (versioned) in.version_folder = parent_name;
   in.path = rep.path;
+  in.rows.reserve(parsed.rows.size());
 
   if (own_op) {
     if (key.down) return skip("_down tables exist only for fused_moe, not for own op " + parent_name);
@@ -363,6 +329,8 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
     // The order of fs::path's operator<, on plain strings: path::compare
     // splits both paths into components on every call (bench/bench_load.cpp).
     std::sort(files.begin(), files.end(), [](const Found& a, const Found& b) { return a.order < b.order; });
+    out.report.files.reserve(out.report.files.size() + files.size());  // one entry per file
+    out.inputs.reserve(out.inputs.size() + files.size());              // at most one per file
     for (const Found& found : files) {
       const fs::path& f = found.path;
       try {
@@ -377,7 +345,6 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
       }
     }
   }
-  dir_cache().reset();
   return out;
 }
 

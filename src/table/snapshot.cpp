@@ -79,6 +79,7 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
     TableInput* input;
   };
   std::vector<Candidate> merged;
+  std::vector<TableInput*> versioned, plain, chosen;  // per source; reused, as `merged`
   for (auto& [key, by_rank] : by_key) {
     Bucket bucket;
     bucket.key = key;
@@ -87,9 +88,10 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
     std::string note;
     for (auto& [rank, group] : by_rank) {
       // Version folder selection inside one source.
-      std::vector<TableInput*> versioned, plain;
+      versioned.clear();
+      plain.clear();
+      chosen.clear();
       for (TableInput* t : group) (t->versioned ? versioned : plain).push_back(t);
-      std::vector<TableInput*> chosen;
       if (!versioned.empty()) {
         std::vector<int> pick;
         bool have = false;

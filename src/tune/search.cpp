@@ -17,9 +17,9 @@ namespace {
 // Poison bit patterns: signalling NaNs with a payload no arithmetic yields
 // (arithmetic on a signalling NaN returns a quiet one), so a pattern left in
 // an output after a run means the element was never written.
-constexpr uint32_t kPoison32 = 0x7FBADBADu;
-constexpr uint16_t kPoison16bf = 0x7FBDu;  // bf16: exponent all ones, quiet bit clear
-constexpr uint16_t kPoison16h = 0x7D5Bu;   // fp16: exponent all ones, quiet bit clear
+constexpr uint32_t kPoison32 = kPoisonFp32;
+constexpr uint16_t kPoison16bf = kPoisonBf16;  // bf16: exponent all ones, quiet bit clear
+constexpr uint16_t kPoison16h = kPoisonFp16;   // fp16: exponent all ones, quiet bit clear
 
 // Element access on a host copy of an argument's extent.
 double load(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
@@ -91,7 +91,7 @@ Status zero_arg(DeviceMemory& mem, const ArgBuffer& a) {
 // Tolerance per output dtype: |c - r| <= atol * max|ref| + rtol * |r|.
 // fp32 outputs differ between variants only by summation order; bf16/fp16
 // outputs by a rounding step or two of the final conversion.
-void tolerance(DType t, double* atol, double* rtol) {
+void tolerance(DType t, double* atol, double* rtol) noexcept {
   switch (t) {
     case DType::fp32: *atol = 1e-5, *rtol = 1e-4; break;
     case DType::bf16: *atol = 8e-3, *rtol = 1.6e-2; break;
@@ -101,6 +101,8 @@ void tolerance(DType t, double* atol, double* rtol) {
 
 
 }  // namespace
+
+void validation_tolerance(DType t, double* atol_rel, double* rtol) noexcept { tolerance(t, atol_rel, rtol); }
 
 DeviceMemory& host_memory() noexcept {
   static HostMemory m;
@@ -286,15 +288,34 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     };
     auto fetch = [&](size_t i) { return mem.to_host(host[i].data(), t.args[i].ptr, host[i].size()); };
 
-    // 2. Reference output on the same inputs.
+    // 2. Reference output on the same inputs: a copy in the backend's memory
+    //    (compared there when the backend can), and a host copy otherwise.
     std::vector<std::vector<double>> ref(n);
+    std::vector<Snap> ref_dev(n);
+    bool device_compare = false;
     if (o.validate) {
       if (!reference.valid()) return make_status(StatusCode::no_variant, "no reference variant for this problem");
       prepare_for(reference);
       poison_outputs();
       if (Status s = t.launch(reference); !s.ok()) return s;
       if (Status s = mem.sync(); !s.ok()) return s;
-      for (size_t i = 0; i < n; ++i) {
+      device_compare = true;
+      for (size_t i = 0; i < n && device_compare; ++i) {
+        const ArgBuffer& a = t.args[i];
+        if (!a.ptr || !a.written) continue;
+        ref_dev[i].mem = &mem;
+        ref_dev[i].p = mem.alloc(a.extent_bytes());
+        if (!ref_dev[i].p) return make_status(StatusCode::out_of_memory, "reference copy of '" + a.name + "'");
+        if (Status s = mem.copy(ref_dev[i].p, a.ptr, a.extent_bytes()); !s.ok()) return s;
+        double atol = 0, rtol = 0;
+        tolerance(a.dtype, &atol, &rtol);
+        // Probe: the reference against itself tells whether the backend
+        // compares on its own (and must pass).
+        auto probe = mem.compare(a, ref_dev[i].p, atol, rtol, false);
+        if (!probe.ok()) device_compare = false;
+        else if (!probe->ok) return make_status(StatusCode::internal, "device compare of the reference with itself failed");
+      }
+      for (size_t i = 0; i < n && !device_compare; ++i) {
         const ArgBuffer& a = t.args[i];
         if (!a.ptr || !a.written) continue;
         if (Status s = fetch(i); !s.ok()) return s;
@@ -309,6 +330,22 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       for (size_t i = 0; i < n; ++i) {
         const ArgBuffer& a = t.args[i];
         if (!a.ptr || !a.written) continue;
+        if (device_compare) {
+          double atol = 0, rtol = 0;
+          tolerance(a.dtype, &atol, &rtol);
+          auto m = mem.compare(a, ref_dev[i].p, atol, rtol, !a.read);
+          if (!m.ok()) return m.status();
+          if (!m->ok) {
+            const std::string where =
+                "'" + a.name + "'[" + std::to_string(m->row) + "," + std::to_string(m->col) + "]";
+            if (m->unwritten)
+              return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where + " unwritten");
+            return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
+                                                         where + ": " + std::to_string(m->got) + " vs " +
+                                                         std::to_string(m->want));
+          }
+          continue;
+        }
         if (Status s = fetch(i); !s.ok()) return s;
         const char* h = host[i].data();
         double atol = 0, rtol = 0;

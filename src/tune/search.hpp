@@ -71,7 +71,37 @@ class DeviceMemory {
   virtual Status sync() = 0;
   /// The benchmark clock of this backend for `dev`.
   virtual std::unique_ptr<Clock> make_clock(const DeviceInfo& dev) = 0;
+
+  /// Outcome of compare(): `ok`, or the first bad element and why.
+  struct Mismatch {
+    bool ok = true;
+    bool unwritten = false;  ///< the poison pattern survived at (row, col)
+    int64_t row = 0, col = 0;
+    double got = 0.0, want = 0.0;
+  };
+  /// Compares the logical elements of `out` (rows x cols, row stride ld)
+  /// with `ref`, a copy of the reference output in the same layout in this
+  /// backend's memory: an element fails when it still holds the poison
+  /// pattern (check_poison), is NaN where the reference is not, or differs
+  /// by more than atol_rel * max|ref| + rtol * |ref|. A GPU backend runs it
+  /// on the device, so validating a 1 GB output costs a kernel, not a copy
+  /// to the host. The default (host memory) returns unsupported_problem and
+  /// the search compares on the host.
+  virtual Result<Mismatch> compare(const ArgBuffer& out, const void* ref, double atol_rel, double rtol,
+                                   bool check_poison) {
+    (void)out, (void)ref, (void)atol_rel, (void)rtol, (void)check_poison;
+    return make_status(StatusCode::unsupported_problem, "compare on the host");
+  }
 };
+
+/// The poison bit patterns the search writes into pure outputs before a
+/// validation run (signalling NaNs with a payload no arithmetic produces).
+inline constexpr uint32_t kPoisonFp32 = 0x7FBADBADu;
+inline constexpr uint16_t kPoisonBf16 = 0x7FBDu;
+inline constexpr uint16_t kPoisonFp16 = 0x7D5Bu;
+
+/// Validation tolerance of an output dtype (see compare()).
+void validation_tolerance(DType t, double* atol_rel, double* rtol) noexcept;
 
 /// Plain host memory and the CPU clock.
 DeviceMemory& host_memory() noexcept;

@@ -278,7 +278,7 @@ TEST_CASE("gpu rmsnorm: every variant and config point matches the float64 refer
   }
 }
 
-TEST_CASE("gpu fused_add_rmsnorm: every variant and point; residual bit-exact to the rounded sum") {
+TEST_CASE("gpu fused_add_rmsnorm: every variant and point, residual bit-exact to the rounded sum") {
   std::mt19937 rng(4321);
   for (DeviceType bt : usable_backends()) {
     Counters c;
@@ -435,7 +435,7 @@ TEST_CASE("gpu runtime: dispatch::rmsnorm on device tensors runs the default pla
     CHECK(info.source == dispatch::PlanSource::fallback);
     CHECK(std::string(dispatch::plan_source_name(info.source)) == "default");
     CHECK(key.rfind(std::string(dispatch::device_type_name(bt)) + "/rmsnorm|" + dev_of(bt).device_name + "|", 0) == 0);
-    MESSAGE("default plan: ", info.variant, " key ", key);
+    MESSAGE("default plan: ", std::string(info.variant), " key ", key);
     REQUIRE(dy.download(&y).ok());
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> row(static_cast<size_t>(H));
@@ -488,7 +488,7 @@ TEST_CASE("gpu tuning: sync tuning of fused_add_rmsnorm on device buffers applie
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     CHECK(info.tuned_now);
     CHECK(info.source == dispatch::PlanSource::table);
-    MESSAGE("sync tuning picked ", info.variant, "; stats: ", (*rt)->tune_stats().candidates_run, " candidates run, ",
+    MESSAGE("sync tuning picked ", std::string(info.variant), "; stats: ", (*rt)->tune_stats().candidates_run, " candidates run, ",
             (*rt)->tune_stats().candidates_rejected, " rejected, ", (*rt)->tune_stats().candidates_failed, " failed");
     CHECK((*rt)->tune_stats().candidates_rejected == 0);
     CHECK((*rt)->tune_stats().candidates_failed == 0);
