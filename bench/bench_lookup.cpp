@@ -204,15 +204,33 @@ struct ThreadClock {
   }
 };
 
-// The lookup as src/api/ops.cpp run() does it, up to (not including) the
-// launch: key, hash, guard, find, nearest, plan copy. Returns true on a hit.
-inline bool table_lookup(const World& w, const core::Problem& p, core::Plan* plan) noexcept {
+// The text-key lookup (what dispatch::lookup and the tuner use; the ops
+// used it before the binary key): kept as a comparison point.
+inline bool table_lookup_text(const World& w, const core::Problem& p, core::Plan* plan) noexcept {
   table::KeyBuffer key;
   table::build_own_key(p, dispatch::device_type_name(p.device.type), w.device_name, &key);
   const uint64_t hash = table::key_hash(key.view());
   table::EpochDomain::Guard guard(table::EpochDomain::global());
   const table::Snapshot* snap = w.current.load(std::memory_order_seq_cst);
   if (const table::Bucket* b = snap->find(key.view(), hash)) {
+    size_t idx = 0;
+    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && r->plan.valid()) {
+      *plan = r->plan;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The lookup as src/api/ops.cpp run() does it, up to (not including) the
+// launch: binary key (OwnKey), hash, guard, find_own, nearest, plan copy.
+// Returns true on a hit.
+inline bool table_lookup(const World& w, const core::Problem& p, core::Plan* plan) noexcept {
+  const table::OwnKey key = table::make_own_key(p, table::key_hash(w.device_name));
+  const uint64_t hash = table::own_key_hash(key);
+  table::EpochDomain::Guard guard(table::EpochDomain::global());
+  const table::Snapshot* snap = w.current.load(std::memory_order_seq_cst);
+  if (const table::Bucket* b = snap->find_own(key, hash, w.device_name)) {
     size_t idx = 0;
     if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && r->plan.valid()) {
       *plan = r->plan;
@@ -271,6 +289,19 @@ void BM_Part_BuildKey(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Part_BuildKey);
+
+void BM_HitTextKey(benchmark::State& state) {
+  const World& w = world();
+  size_t q = 0;
+  int64_t hits = 0;
+  for (auto _ : state) {
+    core::Plan plan;
+    hits += table_lookup_text(w, w.hits[q++ & (kQueries - 1)], &plan);
+    benchmark::DoNotOptimize(plan);
+  }
+  if (hits != static_cast<int64_t>(state.iterations())) state.SkipWithError("a text-key query missed");
+}
+BENCHMARK(BM_HitTextKey);
 
 void BM_Part_Hash(benchmark::State& state) {
   const World& w = world();

@@ -210,7 +210,15 @@ class KDISPATCH_API Runtime {
   /// The tuning cache dir in use ("" when tuning and the cache are off).
   std::string cache_dir() const;
 
+  /// Internal (src/api/runtime_impl.hpp). Hidden: a nested class would
+  /// otherwise inherit the exported visibility of Runtime, and its methods
+  /// would become ABI of libkdispatch.so. Code that reaches into it links
+  /// the static kdispatch_internal.
+#if defined(__GNUC__) && !defined(_WIN32)
+  struct [[gnu::visibility("hidden")]] Impl;
+#else
   struct Impl;
+#endif
   Impl& impl() noexcept { return *impl_; }
   const Impl& impl() const noexcept { return *impl_; }
 

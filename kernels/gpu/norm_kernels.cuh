@@ -27,7 +27,13 @@
 //    unroll x vec;
 //  - the weight goes through the read-only path (it is re-read by every row
 //    and stays in L1/L2); x and the residual use plain coherent loads because
-//    the op may write them in place.
+//    the op may write them in place;
+//  - on sm_90+ every kernel is launched with programmatic dependent launch
+//    and starts with griddepcontrol.wait + launch_dependents: back-to-back
+//    kernels (a CUDA graph of a model's layers) overlap the next launch with
+//    the current kernel, the largest single gain at few tokens (graph replay
+//    geomean vs the best peer 1.09x without, 1.23x with, tokens <= 1024 on an
+//    H200). KDISPATCH_PDL=0 turns it off.
 #pragma once
 
 #include <climits>

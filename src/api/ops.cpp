@@ -65,9 +65,15 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
                            : "tensors are on a GPU but this build has no usable GPU backend for it; "
                              "kdispatch never runs GPU tensors on the CPU");
   }
-  table::KeyBuffer key;
-  table::build_own_key(p, device_type_name(p.device.type), dev->device_name, &key);
-  const uint64_t hash = table::key_hash(key.view());
+  // The binary static key (table/key.hpp: OwnKey): 40 bytes hashed and
+  // compared; the text form is built only off the hit path (tuning, info).
+  const uint64_t name_hash =
+      p.device.type == DeviceType::cpu ? impl.cpu_name_hash : table::key_hash(dev->device_name);
+  const table::OwnKey okey = table::make_own_key(p, name_hash);
+  const uint64_t hash = table::own_key_hash(okey);
+  auto text_key = [&](table::KeyBuffer* kb) {
+    table::build_own_key(p, device_type_name(p.device.type), dev->device_name, kb);
+  };
 
   core::Plan plan;
   PlanSource source = PlanSource::fallback;
@@ -89,7 +95,7 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     {
       table::EpochDomain::Guard guard(table::EpochDomain::global());
       const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
-      if (const table::Bucket* b = snap->find(key.view(), hash)) {
+      if (const table::Bucket* b = snap->find_own(okey, hash, dev->device_name)) {
         size_t idx = 0;
         if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
           plan = r->plan;
@@ -111,6 +117,8 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
       // here in sync mode unless the stream is being captured.
       if (impl.tuner) impl.tuner->note_miss(p, la, hash, /*queue=*/true);
       if (mode == TuneMode::sync && !opts.capturing) {
+        table::KeyBuffer key;
+        text_key(&key);
         auto r = impl.tuner->tune_on_caller(p, la, *dev, std::string(key.view()));
         if (r.ok()) {
           plan = r->plan;
@@ -145,6 +153,8 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     opts.info->tuned_now = tuned_now;
     if (opts.info->key) {
       try {
+        table::KeyBuffer key;
+        text_key(&key);
         opts.info->key->assign(key.view());
       } catch (...) {
       }

@@ -94,10 +94,16 @@ std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const 
   return out;
 }
 
+std::vector<const table::TableInput*> Runtime::Impl::all_inputs() const {
+  std::vector<const table::TableInput*> all;
+  all.reserve(base_inputs.size() + tuned_inputs.size());
+  for (const auto& in : base_inputs) all.push_back(&in);
+  for (const auto& in : tuned_inputs) all.push_back(&in);
+  return all;
+}
+
 void Runtime::Impl::rebuild_locked(std::vector<std::string>* notes) {
-  std::vector<table::TableInput> all = base_inputs;
-  all.insert(all.end(), tuned_inputs.begin(), tuned_inputs.end());
-  auto snap = table::Snapshot::build(std::move(all), backend_version, notes);
+  auto snap = table::Snapshot::build(all_inputs(), backend_version, notes);
   {
     std::lock_guard<std::mutex> lock(report_mu);
     report.keys = static_cast<int64_t>(snap->buckets().size());
@@ -149,10 +155,8 @@ Status Runtime::Impl::load_and_publish_locked() {
   for (auto& d : dirs) d.check_fingerprint = d.rank == cache_rank && !cache_dir.empty() && d.dir == cache_dir;
   store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern);
   base_inputs = std::move(out.inputs);
-  std::vector<table::TableInput> all = base_inputs;
-  all.insert(all.end(), tuned_inputs.begin(), tuned_inputs.end());
   std::vector<std::string> notes;
-  auto snap = table::Snapshot::build(std::move(all), backend_version, &notes);
+  auto snap = table::Snapshot::build(all_inputs(), backend_version, &notes);
   out.report.keys = static_cast<int64_t>(snap->buckets().size());
   out.report.rows = snap->row_count();
   for (auto& n : notes) out.report.notes.push_back(std::move(n));
@@ -265,6 +269,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     impl->policy.bounded = options.bounded_nearest;
     impl->policy.ratio = options.bound_ratio;
     impl->shipped_dir = find_shipped_dir(options);
+    impl->cpu_name_hash = table::key_hash(cpu_device_info().device_name);
     if (options.tune.duty_cycle <= 0.0 || options.tune.duty_cycle > 1.0)
       return make_status(StatusCode::invalid_argument, "tune.duty_cycle must be in (0, 1]");
     if (options.tune.reps < 1) return make_status(StatusCode::invalid_argument, "tune.reps must be >= 1");

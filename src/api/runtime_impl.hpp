@@ -65,6 +65,9 @@ struct Runtime::Impl {
   int32_t shipped_rank = 0;
 
   std::atomic<bool> frozen{false};
+  /// key_hash(cpu_device_info().device_name), computed once (the op hot path
+  /// hashes the device name into its binary key).
+  uint64_t cpu_name_hash = 0;
   std::unique_ptr<tune::Tuner> tuner;
   std::unique_ptr<api::DirWatcher> watcher;
 
@@ -78,6 +81,8 @@ struct Runtime::Impl {
   Status parse_forced(const RuntimeOptions& o);
   /// Stale cache files already reported (reported once per process).
   std::set<std::string> reported_stale;
+  /// base_inputs then tuned_inputs, as pointers (no copy).
+  std::vector<const table::TableInput*> all_inputs() const;
   /// Rebuilds the table from base_inputs + tuned_inputs and publishes it.
   /// Caller holds `mu`.
   void rebuild_locked(std::vector<std::string>* notes);

@@ -117,6 +117,7 @@ Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept {
       return b ? b->get_default(p, dev) : Plan{};
     }
   }
+  return Plan{};
 }
 
 std::vector<Plan> config_space(const VariantDef& v, const Problem& p, const DeviceInfo& dev) {

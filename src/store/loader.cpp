@@ -190,6 +190,9 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
     table::build_own_key(p, grand_name, device, &kb);
     if (kb.overflow) return skip("key longer than " + std::to_string(table::kMaxKeyBytes) + " bytes");
     in.key = std::string(kb.view());
+    in.has_own_key = true;
+    in.own_key = table::make_own_key(p, table::key_hash(device));
+    in.device_name = device;
     std::vector<std::pair<std::string, int64_t>> schema;
     for (const auto& [mk, raw] : parsed.metadata)
       if (mk == "kdispatch") schema = schema_versions(raw);

@@ -221,6 +221,8 @@ std::string make_key(std::string_view backend, std::string_view op, std::string_
   return k;
 }
 
+uint64_t own_key_hash(const OwnKey& k) noexcept { return XXH3_64bits(&k, sizeof k); }
+
 uint64_t key_hash(std::string_view key) noexcept { return XXH3_64bits(key.data(), key.size()); }
 
 }  // namespace dispatch::table

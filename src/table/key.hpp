@@ -63,6 +63,46 @@ std::string make_key(std::string_view backend, std::string_view op, std::string_
 /// XXH3-64 of the key text.
 uint64_t key_hash(std::string_view key) noexcept;
 
+/// The binary form of an own-op static key, for the op hot path: the same
+/// information as the text key (device, backend, op, dtypes, static dims,
+/// bias, stride classes) in a fixed 40-byte POD, so a call hashes 40 bytes
+/// and compares them with one memcmp instead of formatting and comparing
+/// text. The device enters as the XXH3 of its canonical device_name; a hit
+/// also compares the bucket's device_name string, so a hash collision can
+/// never serve another device's table. Padding is always zero.
+struct OwnKey {
+  uint64_t device_hash = 0;
+  int64_t n = 0;  ///< N (gemm) or hidden (norms)
+  int64_t k = 0;  ///< K (gemm), 0 for norms
+  uint32_t stride_code = 0;
+  uint8_t backend = 0;
+  uint8_t op = 0;
+  uint8_t in_dtype = 0;
+  uint8_t out_dtype = 0;
+  uint8_t bias = 0;
+  uint8_t pad[7] = {0, 0, 0, 0, 0, 0, 0};
+};
+static_assert(sizeof(OwnKey) == 40, "OwnKey is hashed and compared as 40 raw bytes");
+
+/// The binary key of a problem on the device whose name hashes to
+/// `device_hash` (key_hash(device_name)).
+inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcept {
+  OwnKey k;
+  k.device_hash = device_hash;
+  k.n = p.n;
+  k.k = p.op == core::OpKind::gemm ? p.k : 0;
+  k.stride_code = p.stride_code;
+  k.backend = static_cast<uint8_t>(p.device.type);
+  k.op = static_cast<uint8_t>(p.op);
+  k.in_dtype = static_cast<uint8_t>(p.in_dtype);
+  k.out_dtype = static_cast<uint8_t>(p.out_dtype);
+  k.bias = p.has_bias ? 1 : 0;
+  return k;
+}
+
+/// XXH3-64 of the 40 bytes of an OwnKey.
+uint64_t own_key_hash(const OwnKey& k) noexcept;
+
 /// Packs per-operand stride classes into Problem::stride_code (0 = default).
 /// classes[i][d] for operand i (up to 4) and dim d (up to 2); ranks[i] 1 or 2.
 uint32_t pack_stride_code(const uint8_t classes[4][2], const int ranks[4], int operands) noexcept;

@@ -59,31 +59,49 @@ const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& po
 std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
                                           const std::vector<int>& backend_version,
                                           std::vector<std::string>* notes) {
+  std::vector<const TableInput*> ptrs;
+  ptrs.reserve(inputs.size());
+  for (const auto& in : inputs) ptrs.push_back(&in);
+  return build(ptrs, backend_version, notes);
+}
+
+std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& inputs,
+                                          const std::vector<int>& backend_version,
+                                          std::vector<std::string>* notes) {
   auto snap = std::unique_ptr<Snapshot>(new Snapshot());
 
-  // Group inputs by key, then by source rank.
-  std::map<std::string, std::map<int32_t, std::vector<TableInput*>>> by_key;
-  for (auto& in : inputs) by_key[in.key][in.source_rank].push_back(&in);
+  // Group inputs by key, then by source rank. The inputs stay untouched (the
+  // runtime keeps them to rebuild after a tuner publish): only the rows that
+  // serve are copied into the snapshot.
+  using TableInputP = const TableInput*;
+  std::map<std::string, std::map<int32_t, std::vector<TableInputP>>> by_key;
+  for (const TableInput* in : inputs) by_key[in->key][in->source_rank].push_back(in);
 
   std::set<std::string> ops;
   snap->buckets_.reserve(by_key.size());
   size_t total_rows = 0;
-  for (const auto& in : inputs) total_rows += in.rows.size();
+  for (const TableInput* in : inputs) total_rows += in->rows.size();
   snap->configs_.reserve(total_rows);  // an upper bound: no regrowth, no Config moves
   // Candidate rows of one key in precedence order (source rank, then file
   // path, then file order); a stable sort by M then keeps the first of each
   // M. A vector reused across keys: a std::map here cost a node per row.
   struct Candidate {
     int64_t m;
-    TableInput::InputRow* row;
-    TableInput* input;
+    const TableInput::InputRow* row;
+    const TableInput* input;
   };
   std::vector<Candidate> merged;
-  std::vector<TableInput*> versioned, plain, chosen;  // per source; reused, as `merged`
+  std::vector<TableInputP> versioned, plain, chosen;  // per source; reused, as `merged`
   for (auto& [key, by_rank] : by_key) {
     Bucket bucket;
     bucket.key = key;
     bucket.hash = key_hash(key);
+    {
+      const TableInput* first = by_rank.begin()->second.front();
+      bucket.has_own_key = first->has_own_key;
+      bucket.own_key = first->own_key;
+      bucket.device_name = first->device_name;
+    }
     merged.clear();
     std::string note;
     for (auto& [rank, group] : by_rank) {
@@ -91,20 +109,20 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
       versioned.clear();
       plain.clear();
       chosen.clear();
-      for (TableInput* t : group) (t->versioned ? versioned : plain).push_back(t);
+      for (TableInputP t : group) (t->versioned ? versioned : plain).push_back(t);
       if (!versioned.empty()) {
         std::vector<int> pick;
         bool have = false;
         std::string how;
         if (!backend_version.empty()) {
-          for (TableInput* t : versioned)
+          for (TableInputP t : versioned)
             if (compare_versions(t->version, backend_version) == 0) {
               pick = t->version;
               have = true;
               how = "exact version";
             }
           if (!have) {
-            for (TableInput* t : versioned)
+            for (TableInputP t : versioned)
               if (compare_versions(t->version, backend_version) < 0 &&
                   (!have || compare_versions(t->version, pick) > 0)) {
                 pick = t->version;
@@ -113,7 +131,7 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
             if (have) how = "newest folder older than " + version_text(backend_version);
           }
           if (!have) {
-            for (TableInput* t : versioned)
+            for (TableInputP t : versioned)
               if (!have || compare_versions(t->version, pick) > 0) {
                 pick = t->version;
                 have = true;
@@ -121,14 +139,14 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
             how = "no folder at or below " + version_text(backend_version) + "; newest newer folder";
           }
         } else {
-          for (TableInput* t : versioned)
+          for (TableInputP t : versioned)
             if (!have || compare_versions(t->version, pick) > 0) {
               pick = t->version;
               have = true;
             }
           how = "no version given; newest folder";
         }
-        for (TableInput* t : versioned)
+        for (TableInputP t : versioned)
           if (compare_versions(t->version, pick) == 0) chosen.push_back(t);
         const std::string folder = chosen.front()->version_folder;
         note += (note.empty() ? "" : "; ") + std::string("served from ") + folder + " (" + how + ")";
@@ -140,9 +158,9 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
         chosen = plain;
       }
       std::sort(chosen.begin(), chosen.end(),
-                [](const TableInput* a, const TableInput* b) { return a->path < b->path; });
-      for (TableInput* t : chosen)
-        for (auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
+                [](TableInputP a, TableInputP b) { return a->path < b->path; });
+      for (TableInputP t : chosen)
+        for (const auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
     }
     bucket.note = note;
     std::stable_sort(merged.begin(), merged.end(),
@@ -157,7 +175,7 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
       r.plan = merged[c].row->plan;
       r.source_id = merged[c].input->source_id;
       r.config_index = static_cast<uint32_t>(snap->configs_.size());
-      snap->configs_.push_back(std::move(merged[c].row->config));
+      snap->configs_.push_back(merged[c].row->config);
       bucket.ms.push_back(merged[c].m);
       bucket.rows.push_back(r);
     }
@@ -174,11 +192,25 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
   while (cap < snap->buckets_.size() * 2) cap <<= 1;
   snap->slots_.assign(cap, Slot{});
   const size_t mask = cap - 1;
+  size_t n_own = 0;
   for (size_t b = 0; b < snap->buckets_.size(); ++b) {
     const uint64_t h = snap->buckets_[b].hash;
     size_t i = h & mask;
     while (snap->slots_[i].bucket != 0) i = (i + 1) & mask;
     snap->slots_[i] = Slot{h, static_cast<uint32_t>(b + 1)};
+    n_own += snap->buckets_[b].has_own_key;
+  }
+  // The own-op index: the same scheme over the binary keys.
+  size_t own_cap = 16;
+  while (own_cap < n_own * 2) own_cap <<= 1;
+  snap->own_slots_.assign(own_cap, Slot{});
+  const size_t own_mask = own_cap - 1;
+  for (size_t b = 0; b < snap->buckets_.size(); ++b) {
+    if (!snap->buckets_[b].has_own_key) continue;
+    const uint64_t h = own_key_hash(snap->buckets_[b].own_key);
+    size_t i = h & own_mask;
+    while (snap->own_slots_[i].bucket != 0) i = (i + 1) & own_mask;
+    snap->own_slots_[i] = Slot{h, static_cast<uint32_t>(b + 1)};
   }
   return snap;
 }

@@ -23,12 +23,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/op.hpp"
+#include "table/key.hpp"
 #include "dispatch/config.hpp"
 
 namespace dispatch::table {
@@ -42,6 +44,9 @@ struct Row {
 struct Bucket {
   std::string key;              ///< canonical static key
   uint64_t hash = 0;
+  bool has_own_key = false;     ///< an own-op key: also reachable by find_own()
+  OwnKey own_key;
+  std::string device_name;      ///< the key's device_name (own-op keys)
   std::vector<int64_t> ms;      ///< M keys, ascending
   std::vector<Row> rows;        ///< parallel to ms
   std::string note;             ///< how the bucket was assembled (version folder, merged sources)
@@ -60,6 +65,11 @@ struct TableInput {
     core::Plan plan;
   };
   std::string key;
+  /// Own-op inputs: the binary key (OwnKey) and the device_name, so the op
+  /// hot path finds the bucket without text (see find_own).
+  bool has_own_key = false;
+  OwnKey own_key;
+  std::string device_name;
   int32_t source_rank = 0;       ///< 0 = highest precedence
   bool versioned = false;        ///< found under a triton_X_Y_Z/ folder
   std::vector<int> version;      ///< that folder's version
@@ -75,6 +85,10 @@ class Snapshot {
   /// exactly `backend_version` first, else the newest older, else the newest
   /// newer (noted); no version given = the newest. Sources merge per M, the
   /// lower source_rank winning on the same M. Notes go to `notes`.
+  static std::unique_ptr<Snapshot> build(const std::vector<const TableInput*>& inputs,
+                                         const std::vector<int>& backend_version,
+                                         std::vector<std::string>* notes);
+  /// Convenience: the same over owned inputs.
   static std::unique_ptr<Snapshot> build(std::vector<TableInput> inputs,
                                          const std::vector<int>& backend_version,
                                          std::vector<std::string>* notes);
@@ -97,6 +111,21 @@ class Snapshot {
     }
   }
 
+  /// The bucket of an own-op binary key (`hash == own_key_hash(k)`) on the
+  /// device named `device_name`, or nullptr. Lock-free, allocation-free.
+  const Bucket* find_own(const OwnKey& k, uint64_t hash, std::string_view device_name) const noexcept {
+    if (own_slots_.empty()) return nullptr;
+    const size_t mask = own_slots_.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+      const Slot& s = own_slots_[i];
+      if (s.bucket == 0) return nullptr;
+      if (s.hash == hash) {
+        const Bucket& b = buckets_[s.bucket - 1];
+        if (std::memcmp(&b.own_key, &k, sizeof k) == 0 && b.device_name == device_name) return &b;
+      }
+    }
+  }
+
   /// Nearest-M row of a bucket (see file comment), or nullptr under the
   /// bounded policy. `*index` receives the row's index in the bucket.
   static const Row* nearest(const Bucket& b, int64_t m, const NearestPolicy& policy,
@@ -114,6 +143,7 @@ class Snapshot {
     uint32_t bucket = 0;  ///< index + 1; 0 = empty slot
   };
   std::vector<Slot> slots_;
+  std::vector<Slot> own_slots_;  ///< own_key_hash -> bucket, own-op buckets only
   std::vector<Bucket> buckets_;
   std::vector<Config> configs_;
   std::vector<std::string> ops_;

@@ -163,6 +163,11 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
   }
   table::TableInput in;
   in.key = key;
+  if (own_key) {
+    in.has_own_key = true;
+    in.device_name = key_device(key);
+    in.own_key = table::make_own_key(p, table::key_hash(in.device_name));
+  }
   in.source_rank = rank_;
   in.path = rel;
   in.source_id = hooks_.intern(cache_dir_.empty() ? std::string("<in-process tuning>") : cache_dir_, rel);
