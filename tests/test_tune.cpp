@@ -593,6 +593,36 @@ TEST_CASE("tuning: the miss queue is bounded and drops when full, claims make ra
   CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));
 }
 
+TEST_CASE("tuning: a shape whose notification was dropped on a full queue is still tuned (miss-table sweep)") {
+  TempDir cache;
+  RuntimeOptions o = tune_options(cache, TuneMode::background);
+  o.tune.duty_cycle = 1.0;
+  o.tune.queue_capacity = 2;  // rounds up to 2 cells: most of the burst below is dropped
+  auto rt = Runtime::create(o).value();
+  const int H = 64;
+  const int kShapes = 6;
+  // M four times apart: no shape's row covers another (covered = nearest row within 2x).
+  const int ms[kShapes] = {1, 4, 16, 64, 256, 1024};
+  std::vector<uint16_t> x(1024 * H, 0x3f80), y(1024 * H), w(H, 0x3f80);
+  auto args_for = [&](int t) {
+    return RmsNormArgs{make_tensor_2d(y.data(), DType::bf16, t, H, H), make_tensor_2d(x.data(), DType::bf16, t, H, H),
+                       make_tensor_1d(w.data(), DType::bf16, H), 1e-6f};
+  };
+  DispatchInfo info;
+  for (int t : ms) REQUIRE(rmsnorm(*rt, args_for(t), {}, {.info = &info}).ok());
+  const TuneStats first = rt->tune_stats();
+  CHECK(first.misses == kShapes);
+  CHECK(first.queued + first.dropped == kShapes);  // a burst of 6 into 2 cells: drops (the tuner polls every 5 ms)
+  REQUIRE(rt->wait_tuner_idle(60.0));
+  // Every shape is served from the table now, dropped or not, with no further miss.
+  for (int t : ms) {
+    CAPTURE(t);
+    REQUIRE(rmsnorm(*rt, args_for(t), {}, {.info = &info}).ok());
+    CHECK(info.source == PlanSource::table);
+  }
+  CHECK(rt->tune_stats().shapes_tuned == kShapes);
+}
+
 TEST_CASE("tuning: stopping the runtime stops the background tuner mid-search") {
   TempDir cache;
   RuntimeOptions o = tune_options(cache, TuneMode::background);

@@ -1143,7 +1143,15 @@ int run_replay(const ReplayOptions& o) {
         bool same_misses = true;
         for (int op = 0; op < kOps; ++op)
           same_misses = same_misses && replay.pass_stats(op).default_shapes == prev[op].default_shapes;
-        if (quiet && defaults > 0 && same_misses && idle()) {
+        // Stalled only when the tuner, once idle, had done nothing since the
+        // pass began: a long search in flight shows no candidates until it
+        // ends, so "quiet" alone is not enough.
+        const auto still = [&] {
+          const dsp::TuneStats now = rt.tune_stats();
+          return now.candidates_run == before.candidates_run && now.publishes == before.publishes &&
+                 now.shapes_tuned == before.shapes_tuned;
+        };
+        if (quiet && defaults > 0 && same_misses && idle() && still()) {
           tr.stop_reason = "stalled";
           break;
         }

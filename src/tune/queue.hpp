@@ -11,6 +11,9 @@
 // exporting untuned shapes. An insert claims an empty cell with one CAS and
 // publishes its payload with a release store; later misses of the same
 // shape are one fetch_add. Full table: the miss is counted as dropped.
+// The tuner thread marks a cell settled once the shape is tuned or given up
+// on, so its idle sweep (which re-finds shapes whose queue notification was
+// dropped or whose search failed) skips it in one load.
 #pragma once
 
 #include <atomic>
@@ -134,6 +137,30 @@ class MissTable {
 
   int64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
 
+  /// Calls f(cell index, event, count) for every published, unsettled shape.
+  template <class F>
+  void for_each_unsettled(F&& f) const {
+    for (size_t i = 0; i < kCapacity; ++i) {
+      const Entry& e = entries_[i];
+      if (e.ready.load(std::memory_order_acquire) && !e.settled.load(std::memory_order_relaxed))
+        f(i, e.event, e.count.load(std::memory_order_relaxed));
+    }
+  }
+
+  /// Marks the shape of (key_hash, m) settled (tuned, covered or given up).
+  void settle(uint64_t key_hash, int64_t m) noexcept {
+    const uint64_t h = mix(key_hash, m);
+    for (size_t probe = 0; probe < 64; ++probe) {
+      Entry& e = entries_[(h + probe) & (kCapacity - 1)];
+      const uint64_t cur = e.hash.load(std::memory_order_acquire);
+      if (cur == 0) return;
+      if (cur == h) {
+        e.settled.store(true, std::memory_order_relaxed);
+        return;
+      }
+    }
+  }
+
  private:
   static uint64_t mix(uint64_t h, int64_t m) noexcept {
     uint64_t x = h ^ (static_cast<uint64_t>(m) * 0x9E3779B97F4A7C15ull);
@@ -144,6 +171,7 @@ class MissTable {
     std::atomic<uint64_t> hash{0};
     std::atomic<bool> ready{false};
     std::atomic<int64_t> count{0};
+    std::atomic<bool> settled{false};
     MissEvent event;
   };
   Entry entries_[kCapacity];

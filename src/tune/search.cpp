@@ -383,7 +383,9 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       }
       const double elapsed_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
-      if (ci > 0 && elapsed_ms > o.time_budget_ms) {
+      // The budget ends a search only once it has a valid pick: a default
+      // that failed on a busy machine never leaves the shape with nothing.
+      if (ci > 0 && res.best.valid() && elapsed_ms > o.time_budget_ms) {
         res.out_of_time = true;
         break;
       }

@@ -338,34 +338,61 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
 }
 
 void Tuner::background_loop() {
+  // A shape reaches the tuner by the queue (notified at miss counts 1, 2, 4,
+  // ...) or, when the queue is drained, by a sweep of the miss table for
+  // shapes still unsettled: a notification dropped on a full queue, or a
+  // search that failed (retried kMaxAttempts times with backoff), never
+  // leaves a missed shape untuned for good.
+  constexpr int kMaxAttempts = 3;
   struct Pending {
     MissEvent ev;
     int64_t count = 0;
     SteadyClock::time_point not_before{};
     int claim_waits = 0;
+    int attempts = 0;
   };
   std::map<std::pair<std::string, int64_t>, Pending> pending;
+  // sweep=true: only shapes the table does not cover yet (else settled).
+  auto enqueue = [&](const MissEvent& ev, int64_t count, bool sweep) {
+    const DeviceInfo* dev = core::local_device_info(ev.problem.device.type);
+    if (!dev) return;
+    const std::string key = key_of(ev.problem, *dev);
+    if (sweep && hooks_.covered(key, ev.problem.m)) {
+      misses_.settle(ev.key_hash, ev.problem.m);
+      return;
+    }
+    auto [it, fresh] = pending.try_emplace({key, ev.problem.m});
+    if (fresh) it->second.ev = ev;
+    it->second.count = std::max(it->second.count, count);
+  };
+  auto settle = [&](const Pending& item) { misses_.settle(item.ev.key_hash, item.ev.problem.m); };
   while (!stop_.load(std::memory_order_acquire)) {
     busy_.store(true, std::memory_order_release);
     MissEvent ev;
     while (queue_.pop(&ev)) {
       if (frozen()) continue;  // frozen: the queue is ignored
-      const DeviceInfo* dev = core::local_device_info(ev.problem.device.type);
-      if (!dev) continue;
-      const std::string key = key_of(ev.problem, *dev);
-      Pending& p = pending[{key, ev.problem.m}];
-      p.ev = ev;
-      p.count = std::max(p.count, ev.count);
+      enqueue(ev, ev.count, false);
     }
     if (frozen()) pending.clear();
+    auto now = SteadyClock::now();
+    const auto ready = [&] {
+      auto best = pending.end();
+      for (auto it = pending.begin(); it != pending.end(); ++it)
+        if (it->second.not_before <= now && (best == pending.end() || it->second.count > best->second.count))
+          best = it;
+      return best;
+    };
+    auto best = ready();
+    if (best == pending.end() && !frozen()) {
+      // Nothing ready: sweep the miss table for shapes the queue lost.
+      misses_.for_each_unsettled([&](size_t, const MissEvent& e, int64_t count) { enqueue(e, count, true); });
+      now = SteadyClock::now();
+      best = ready();
+    }
     n_pending_.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);
-    const auto now = SteadyClock::now();
-    auto best = pending.end();
-    for (auto it = pending.begin(); it != pending.end(); ++it)
-      if (it->second.not_before <= now && (best == pending.end() || it->second.count > best->second.count)) best = it;
     if (best == pending.end()) {
       busy_.store(false, std::memory_order_release);
-      std::this_thread::sleep_for(std::chrono::milliseconds(pending.empty() ? 5 : 50));
+      std::this_thread::sleep_for(std::chrono::milliseconds(pending.empty() ? 5 : 20));
       continue;
     }
     const std::string key = best->first.first;
@@ -374,9 +401,14 @@ void Tuner::background_loop() {
     n_pending_.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);
     const core::Problem& p = item.ev.problem;
     const DeviceInfo* dev = core::local_device_info(p.device.type);
-    if (!dev || hooks_.covered(key, p.m)) continue;
+    if (!dev) continue;
+    if (hooks_.covered(key, p.m)) {
+      settle(item);
+      continue;
+    }
     if (scratch_bytes(item.ev) > options_.tune.memory_budget_bytes) {
       n_skipped_.fetch_add(1, std::memory_order_relaxed);
+      settle(item);
       continue;
     }
     const bool claim = options_.tune.claim_shapes && options_.tune.persist && !cache_dir_.empty();
@@ -386,19 +418,32 @@ void Tuner::background_loop() {
         item.not_before = SteadyClock::now() + std::chrono::seconds(2);
         hooks_.reload();
         if (!hooks_.covered(key, p.m)) pending[{key, p.m}] = item;
+        else settle(item);
       } else {
         n_skipped_.fetch_add(1, std::memory_order_relaxed);
+        settle(item);
       }
       continue;
     }
     auto r = tune_on_scratch(item.ev, *dev, key, /*background=*/true);
     if (claim) store::release_claim(cache_dir_, key, p.m);
-    if (!r.ok()) {
-      n_skipped_.fetch_add(1, std::memory_order_relaxed);
-      if (options_.log_level >= LogLevel::warn && r.status().code() != StatusCode::failed_precondition)
-        std::fprintf(stderr, "kdispatch: background tuning of %s M=%lld failed: %s\n", key.c_str(),
-                     static_cast<long long>(p.m), r.status().to_string().c_str());
+    if (r.ok()) {
+      settle(item);
+      continue;
     }
+    if (r.status().code() == StatusCode::failed_precondition) continue;  // stopping or frozen
+    if (++item.attempts < kMaxAttempts) {
+      // Retry later: a search can fail for passing reasons (a busy machine
+      // running out of its time budget, a transient allocation failure).
+      item.not_before = SteadyClock::now() + std::chrono::milliseconds(200 << (2 * (item.attempts - 1)));
+      pending[{key, p.m}] = item;
+      continue;
+    }
+    n_skipped_.fetch_add(1, std::memory_order_relaxed);
+    settle(item);
+    if (options_.log_level >= LogLevel::warn)
+      std::fprintf(stderr, "kdispatch: background tuning of %s M=%lld failed %d times, giving up: %s\n", key.c_str(),
+                   static_cast<long long>(p.m), kMaxAttempts, r.status().to_string().c_str());
   }
   busy_.store(false, std::memory_order_release);
 }
