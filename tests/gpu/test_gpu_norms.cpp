@@ -453,6 +453,95 @@ TEST_CASE("gpu runtime: dispatch::rmsnorm on device tensors runs the default pla
   }
 }
 
+TEST_CASE("gpu tuning: the backend validates on the device with the host search's rule") {
+  for (DeviceType bt : usable_backends()) {
+    auto* mem = mem_of(bt);
+    for (DType dt : {DType::fp32, DType::fp16, DType::bf16}) {
+      INFO(dispatch::device_type_name(bt), " ", dispatch::dtype_name(dt));
+      const int64_t R = 37, C = 1000, LD = 1003;  // strided rows; the gaps hold NaNs nobody compares
+      const uint32_t poison = dt == DType::fp32 ? dispatch::tune::kPoisonFp32
+                              : dt == DType::bf16 ? dispatch::tune::kPoisonBf16
+                                                  : dispatch::tune::kPoisonFp16;
+      double atol = 0, rtol = 0;
+      dispatch::tune::validation_tolerance(dt, &atol, &rtol);
+      std::mt19937 rng(5);
+      HostTensor ref(dt, R, C, LD);
+      ref.poison_all();  // 0xFFFF..: NaN in the gaps between rows
+      ref.fill_uniform(rng, -3.f, 3.f);
+      ref.set(4, 5, 8.f);  // scale = 8
+      DeviceBuffer dref(mem, ref.bytes()), dout(mem, ref.bytes());
+      REQUIRE((dref.ok() && dout.ok()));
+      REQUIRE(dref.upload(ref).ok());
+      dispatch::tune::ArgBuffer a;
+      a.name = "y";
+      a.ptr = dout.get();
+      a.dtype = dt;
+      a.rows = R;
+      a.cols = C;
+      a.ld = LD;
+      a.read = false;
+      a.written = true;
+      auto run = [&](const HostTensor& out, bool check_poison) {
+        REQUIRE(dout.upload(out).ok());
+        auto m = mem->compare(a, dref.get(), atol, rtol, check_poison);
+        REQUIRE_MESSAGE(m.ok(), m.status().to_string());
+        return *m;
+      };
+      // Identical: ok (the search's probe of the reference against itself).
+      CHECK(run(ref, true).ok);
+      // Within tolerance (atol x scale): ok; beyond it: the element, both values.
+      HostTensor out = ref;
+      const float base = out.get(20, 300);
+      out.set(20, 300, base + float(0.25 * atol * 8.0));
+      if (out.get(20, 300) != base) CHECK(run(out, true).ok);
+      out = ref;
+      out.set(20, 300, base + 1.0f);
+      out.set(30, 999, out.get(30, 999) + 1.0f);
+      auto m = run(out, true);
+      CHECK(!m.ok);
+      CHECK(!m.unwritten);
+      CHECK(m.row == 20);
+      CHECK(m.col == 300);
+      CHECK(m.got == doctest::Approx(out.get(20, 300)));
+      CHECK(m.want == doctest::Approx(base));
+      // The poison pattern left over is "unwritten" (and comes first in row-major order) ...
+      out.bits[size_t(2 * LD + 999)] = poison;
+      m = run(out, true);
+      CHECK(!m.ok);
+      CHECK(m.unwritten);
+      CHECK(m.row == 2);
+      CHECK(m.col == 999);
+      // ... and, without the poison check (in-place arguments), a NaN that differs.
+      m = run(out, false);
+      CHECK(!m.ok);
+      CHECK(!m.unwritten);
+      CHECK(m.row == 2);
+      // A NaN in the reference matches anything; a NaN in the output alone does not.
+      HostTensor ref2 = ref;
+      ref2.set(0, 0, std::numeric_limits<float>::quiet_NaN());
+      REQUIRE(dref.upload(ref2).ok());
+      out = ref2;
+      out.set(0, 0, 1.f);
+      CHECK(run(out, true).ok);
+      out = ref2;
+      out.set(36, 0, std::numeric_limits<float>::quiet_NaN());
+      m = run(out, true);
+      CHECK(!m.ok);
+      CHECK(m.row == 36);
+      CHECK(m.col == 0);
+      // One row (a weight-like 1-D output) and an empty one.
+      a.rows = 1;
+      out = ref2;
+      out.set(0, 17, 100.f);
+      m = run(out, true);
+      CHECK(!m.ok);
+      CHECK(m.col == 17);
+      a.rows = 0;
+      CHECK(run(out, true).ok);
+    }
+  }
+}
+
 TEST_CASE("gpu tuning: sync tuning of fused_add_rmsnorm on device buffers applies the op exactly once") {
   for (DeviceType bt : usable_backends()) {
     const fs::path cache = fs::temp_directory_path() / ("kdispatch-gpu-tune-" + std::to_string(::getpid()));
