@@ -17,7 +17,9 @@
 namespace dispatch::core {
 namespace {
 
-bool is_file(const std::string& path) {
+// is_file, own_binary_dir and search_dirs serve only a build with the
+// OpenBLAS plugin (KDISPATCH_OPENBLAS=OFF leaves them unused).
+[[maybe_unused]] bool is_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
@@ -38,7 +40,7 @@ std::string own_binary_dir() {
   return dir_of(info.dli_fname);
 }
 
-std::vector<std::string> search_dirs(const PluginLoadOptions& opts) {
+[[maybe_unused]] std::vector<std::string> search_dirs(const PluginLoadOptions& opts) {
   if (!opts.plugin_dir.empty()) return {opts.plugin_dir};
   std::vector<std::string> dirs;
   if (std::string own = own_binary_dir(); !own.empty()) dirs.push_back(std::move(own));
