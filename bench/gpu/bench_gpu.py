@@ -21,13 +21,20 @@ before it is timed.
 
 Usage (on the GPU machine, after bench/gpu/run_h200.sh built the library):
   python3 bench/gpu/bench_gpu.py --lib build/gpu/libkdispatch.so --configs configs \
-      --peers <dir with h200_kernels.py> --sections norms --out OUT
+      --peers <dir with h200_kernels.py> --sections norms --out OUT [--resume PREVIOUS/bench_gpu.json]
+
+--resume takes the bench_gpu.json of an earlier (partial) run: its measured points
+are kept as they are and not measured again. Exit status: 0 when every point of the
+grid is in bench_gpu.json, 3 when the time budget (--budget-s) left points out (run
+again with --resume), 1 on an error.
 """
 import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 T0 = time.time()
@@ -49,6 +56,7 @@ def main():
     ap.add_argument("--hiddens", default="1024,2048,2560,3584,4096,5120,7168,8192,12288,16384")
     ap.add_argument("--rep-ms", type=float, default=20.0, help="cold timing budget per implementation and point")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new points after this")
+    ap.add_argument("--resume", default=None, help="bench_gpu.json of an earlier run: keep its points")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     os.environ["KDISPATCH_LIBRARY"] = os.path.abspath(args.lib)
@@ -72,6 +80,24 @@ def main():
         res["meta"]["triton"] = triton.__version__
     except Exception as e:  # noqa: BLE001
         res["meta"]["triton"] = f"unavailable: {e!r}"
+    try:
+        res["meta"]["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True,
+            timeout=20).stdout.strip().splitlines()[0]
+    except Exception as e:  # noqa: BLE001
+        res["meta"]["driver"] = f"unknown ({e!r})"
+    prev = {}
+    if args.resume and os.path.isfile(args.resume):
+        try:
+            with open(args.resume) as f:
+                old = json.load(f)
+            for row in old.get("norms", []):
+                if "impls" in row:
+                    prev[(row["op"], row["dtype"], row["hidden"], row["tokens"])] = row
+            res["meta"]["resumed_from"] = {"points": len(prev), "meta": old.get("meta", {})}
+            log(f"resume: {len(prev)} point(s) from {args.resume}")
+        except Exception as e:  # noqa: BLE001
+            res["errors"].append({"where": "resume", "error": repr(e)})
     deadline = T0 + args.budget_s
 
     def save():
@@ -95,9 +121,10 @@ def main():
         return float((o - ref).norm() / max(float(ref.norm()), 1e-30))
 
     # ---------------- kdispatch runtimes: tuned table vs get_default ----------------
+    nocache = tempfile.mkdtemp(prefix="kd-bench-no-cache-")  # outside --out: only results go there
     rt_tuned = kdispatch.Runtime(config_dirs=[args.configs] if os.path.isdir(args.configs) else [],
-                                 shipped_configs=False, cache_dir=os.path.join(args.out, "no-cache"))
-    rt_default = kdispatch.Runtime(shipped_configs=False, cache_dir=os.path.join(args.out, "no-cache"))
+                                 shipped_configs=False, cache_dir=nocache)
+    rt_default = kdispatch.Runtime(shipped_configs=False, cache_dir=nocache)
     res["meta"]["load_report"] = {k: v for k, v in rt_tuned.load_report().items() if k != "files"}
 
     def with_rt(rt, fn):
@@ -242,6 +269,7 @@ def main():
              f"{row.get('ratio_graph_vs_best_peer', float('nan')):.2f}x graph" if "ratio_cold_vs_best_peer" in row else ""))
 
     # ---------------- norms ----------------
+    incomplete = [0]  # points left out by the time budget
     if "norms" in args.sections.split(","):
         rows = []
         res["norms"] = rows
@@ -252,8 +280,11 @@ def main():
                 dt = DT[dname]
                 for H in hiddens:
                     for T in tokens:
+                        if (op, dname, H, T) in prev:
+                            rows.append(prev[(op, dname, H, T)])
+                            continue
                         if time.time() > deadline:
-                            res["errors"].append({"where": f"{op} {dname} H{H} T{T}", "error": "skipped: time budget"})
+                            incomplete[0] += 1  # left for a resumed run
                             continue
                         row = {"op": op, "dtype": dname, "hidden": H, "tokens": T}
                         nbytes = (2 * T * H * 2 + H * 2) if op == "rmsnorm" else (4 * T * H * 2 + H * 2)
@@ -268,8 +299,13 @@ def main():
                     torch.cuda.empty_cache()
         save()
 
+    done = sum(1 for r in res.get("norms", []) if "impls" in r)
+    res["meta"]["points_done"] = done
+    res["meta"]["points_left"] = incomplete[0]
     save()
+    log(f"norms: {done} point(s) measured (this run and resumed), {incomplete[0]} left for another run")
+    return 3 if incomplete[0] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

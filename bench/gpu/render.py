@@ -27,10 +27,15 @@ def main():
     r = json.load(open(a.json))
     m = r.get("meta", {})
     out = [f"# kdispatch on the H200 — {datetime.date.today().isoformat()}, commit {a.commit}", "",
-           f"Device `{m.get('device')}`; torch {m.get('torch')} (CUDA {m.get('torch_cuda')}), "
-           f"Triton {m.get('triton')}; L2 {m.get('l2_bytes')} B. Produced by `bench/gpu/run_h200.sh "
-           f"--sections bench` (bench/gpu/bench_gpu.py); method: bench/gpu/gpu_timing.py (cold = L2 evicted "
-           "before each call, host cost hidden; graph = CUDA-graph replay per node).", ""]
+           f"Device `{m.get('device')}`, driver {m.get('driver', 'unknown')}; torch {m.get('torch')} "
+           f"(CUDA {m.get('torch_cuda')}), Triton {m.get('triton')}; L2 {m.get('l2_bytes')} B. Produced by "
+           "`bench/gpu/run_h200.sh --sections bench` (bench/gpu/bench_gpu.py); method: bench/gpu/gpu_timing.py "
+           "(cold = L2 evicted before each call, host cost hidden; graph = CUDA-graph replay per node). "
+           "Every row's implementations, copy ceiling and ratios come from one run.", ""]
+    if m.get("resumed_from"):
+        out += [f"The grid took more than one device call: {m['resumed_from'].get('points', '?')} point(s) come from "
+                f"earlier calls (resumed), {m.get('points_done', '?')} in all; {m.get('points_left', 0)} not measured.",
+                ""]
     rows = r.get("norms", [])
     if rows:
         for op in sorted({x["op"] for x in rows}):

@@ -1,125 +1,214 @@
 #!/usr/bin/env bash
-# kdispatch on the H200: build, GPU tests, tuning, benchmarks, the regression
-# gate — one script, in sections that each fit one device call (< 10 min) and
-# resume from what the previous call returned.
+# kdispatch on the H200: build, GPU tests, tuning, benchmarks and the
+# regression gate — one script, in sections that each fit one device call
+# (10 minutes) on a bare machine, and resume from what the previous call
+# returned.
 #
-#   bench/gpu/run_h200.sh --sections build,test          # build + GPU/torch tests
-#   bench/gpu/run_h200.sh --sections tune                # tune the grid (resumes)
-#   bench/gpu/run_h200.sh --sections bench,check         # peers side by side, gate
+#   bench/gpu/run_h200.sh --sections build       # configure + build everything (timed)
+#   bench/gpu/run_h200.sh --sections test        # GPU tests, host GPU/config tests, torch ops
+#   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
+#   bench/gpu/run_h200.sh --sections bench       # kdispatch beside the peers (resumes)
+#   bench/gpu/run_h200.sh --sections check       # committed rows vs get_default, gate 1.10x
 #
-# The device machine (Ubuntu 24.04, nvcc 13, CMake 4, torch, Triton) reaches no
-# package registry: the Debian .debs kdispatch needs travel in .deps/ (git-ignored;
-# `bench/gpu/run_h200.sh --fetch-deps` fills it on a machine with apt) and are
-# unpacked into /tmp/deps, never into /. The peers' Triton kernels are read from
-# $KDISPATCH_PEERS_DIR (default ../shared/peers; carry a copy as .peers/).
+# The device machine (Ubuntu 24.04, nvcc 13, CMake 4, torch + Triton in
+# python3) reaches no package registry and starts bare on every call. What it
+# needs travels with the call:
+#   .deps/   (git-ignored; carry it) the Debian 12 .debs of simdjson, xxHash,
+#            doctest, DLPack and CLI11 (`--fetch-deps` fills it where apt
+#            works), unpacked into /tmp/deps (never into /), plus the peers'
+#            Triton kernels h200_kernels.py (a copy of ../shared/peers/).
+#   .h200/   (git-ignored; carry it when it exists) what earlier calls
+#            returned under $OUT, copied in as is: configs.tar (tuned files),
+#            bench_gpu.json and check.json (partial results). tune, bench and
+#            check unpack configs.tar over configs/ and skip the grid points
+#            those files already hold.
+# Every section builds what it needs first (build/gpu, 1-2 min on 16 cores;
+# nothing when the machine is still warm), stops starting new work when its
+# time budget (KD_SECTION_S, default 540 s) runs out, and prints a last line
+# "::: <section>: complete" or "::: <section>: INCOMPLETE (...)": then copy
+# the returned files into .h200/ and run the same section again.
 #
-# Results land in $OUT (default ./out): logs, bench_gpu.json, h200.md, and
-# configs.tar (tuned files, config-file format, under cuda/<op>/) — unpack it
-# into configs/ to commit. Each section is idempotent: build skips when
-# build/gpu is current; tune resumes (kdispatch tune skips rows the emit dir has).
-set -euo pipefail
+# $OUT (default ./out) gets at most 6 files per section, no folders:
+#   build  build.log
+#   test   build.log gpu_tests.log host_tests.log torch_ops.log
+#   tune   build.log configs.tar tune.log validate.log
+#   bench  build.log bench_gpu.json bench.log h200.md
+#   check  build.log check.json check.log
+# KD_COMMIT names the commit in h200.md (the device has no .git).
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-SECTIONS=build,test
+SECTIONS=build
 OUT=${OUT:-$ROOT/out}
+RESUME=${KD_RESUME:-$ROOT/.h200}
+SECTION_S=${KD_SECTION_S:-540}
 BUDGET_MS=${KD_TUNE_BUDGET_MS:-250}
 TOKENS=${KD_TOKENS:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768}
 HIDDENS=${KD_HIDDENS:-1024,2048,2560,3584,4096,5120,7168,8192,12288,16384}
 DTYPES=${KD_DTYPES:-bf16,fp16}
 NORM_OPS=${KD_NORM_OPS:-rmsnorm,fused_add_rmsnorm}
-PEERS=${KDISPATCH_PEERS_DIR:-}
-[ -z "$PEERS" ] && for d in "$ROOT/.peers" "$ROOT/../shared/peers"; do [ -f "$d/h200_kernels.py" ] && PEERS=$d && break; done
+TUNE_BACKEND=${KD_TUNE_BACKEND:-cuda}  # cpu: a dry run of the tune section's logic on a machine without a GPU
 while [ $# -gt 0 ]; do
   case "$1" in
     --sections) SECTIONS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --fetch-deps)
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
-        libdlpack-dev libxxhash-dev libxxhash0)
-      exit 0 ;;
+        libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
+      exit $? ;;
     *) echo "usage: $0 [--sections build,test,tune,bench,check] [--out DIR] | --fetch-deps" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
 has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 t0=$(date +%s)
-stamp() { echo "::: [$(( $(date +%s) - t0 )) s] $*"; }
+deadline=$((t0 + SECTION_S))
+left() { echo $((deadline - $(date +%s))); }
+stamp() { echo "::: [$(($(date +%s) - t0)) s] $*"; }
 PY=python3
 [ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
+export PYTHONUNBUFFERED=1
+status=0
 
-# ---- dependencies: unpack the carried .debs (never into /)
-DEPS=/tmp/deps
-if [ ! -d "$DEPS/usr" ] && ls .deps/*.deb >/dev/null 2>&1; then
-  for f in .deps/*.deb; do dpkg -x "$f" "$DEPS"; done
+# ---- peers' Triton kernels: .deps/ (carried), else the shared folder beside the repo
+PEERS=${KDISPATCH_PEERS_DIR:-}
+if [ -z "$PEERS" ]; then
+  for d in "$ROOT/.deps" "$ROOT/../shared/peers"; do [ -f "$d/h200_kernels.py" ] && PEERS=$d && break; done
 fi
-export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:${PKG_CONFIG_PATH:-}"
-export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-export PATH=/usr/local/cuda/bin:$PATH
+
+# ---- dependencies: the carried .debs, unpacked into /tmp/deps (never into /)
+DEPS=/tmp/deps
+ARCHLIB=$DEPS/usr/lib/x86_64-linux-gnu
+if [ ! -d "$DEPS/usr" ]; then
+  if ! ls .deps/*.deb >/dev/null 2>&1; then
+    echo "no .deps/*.deb here: carry .deps (bench/gpu/run_h200.sh --fetch-deps fills it where apt works)" >&2
+    exit 2
+  fi
+  mkdir -p "$DEPS"
+  for f in .deps/*.deb; do dpkg -x "$f" "$DEPS"; done
+  # libxxhash.pc says prefix=/usr: point it at the unpacked tree.
+  sed -i "s|^prefix=/usr\$|prefix=$DEPS/usr|" "$ARCHLIB/pkgconfig/libxxhash.pc"
+fi
+export PKG_CONFIG_PATH="$ARCHLIB/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="$ARCHLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
 BUILD=$ROOT/build/gpu
 LIB=$BUILD/libkdispatch.so
 
-build() {
-  stamp "build: configure"
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DKDISPATCH_CUDA=ON -DKDISPATCH_HIP=OFF -DKDISPATCH_OPENBLAS=OFF -DKDISPATCH_PYTHON=OFF \
-    -DKDISPATCH_BUILD_BENCH=OFF -DKDISPATCH_BUILD_TESTS=ON \
-    -DCMAKE_PREFIX_PATH="$DEPS/usr;$DEPS/usr/lib/x86_64-linux-gnu/cmake;$DEPS/usr/share/cmake" \
-    -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
-  stamp "build: compile"
-  cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; return 1; }
-  stamp "build: done ($(grep -c 'Building CUDA' "$OUT/build.log" || true) CUDA objects)"
-}
-ensure_build() { [ -f "$LIB" ] && [ -x "$BUILD/kdispatch" ] || build; }
-
-if has build; then build; fi
-
-if has test; then
-  ensure_build
-  stamp "test: GPU tests"
-  if [ -x "$BUILD/tests/gpu/kdispatch_gpu_tests" ]; then
-    "$BUILD/tests/gpu/kdispatch_gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-  else
-    echo "no GPU test binary" | tee "$OUT/gpu_tests.log"
-  fi
-  stamp "test: CPU suite (sanity on this host)"
-  (cd "$BUILD" && KDISPATCH_CACHE_DIR=$BUILD/no-cache ctest -j 8 -E "python|cli tune" 2>&1 | tail -5) | tee "$OUT/cpu_tests.log"
-  stamp "test: torch custom ops"
-  (cd integrations/python/tests && PYTHONPATH="$ROOT/integrations/python" KDISPATCH_LIBRARY="$LIB" \
-    "$PY" -m unittest -v test_torch_ops 2>&1 | tail -25) | tee "$OUT/torch_ops.log"
+# ---- resume: the tuned files an earlier call returned, over configs/
+if [ -f "$RESUME/configs.tar" ] && { has tune || has bench || has check; }; then
+  tar xf "$RESUME/configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/configs.tar" | grep -c '\.json$') tuned file(s) from $RESUME/configs.tar over configs/"
 fi
 
+# ensure_build <target...>: configure once, then build the targets (a no-op when current).
+ensure_build() {
+  local s; s=$(date +%s)
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DKDISPATCH_CUDA=ON -DKDISPATCH_HIP=OFF -DKDISPATCH_OPENBLAS=OFF -DKDISPATCH_PYTHON=OFF \
+      -DKDISPATCH_BUILD_BENCH=OFF -DKDISPATCH_BUILD_TESTS=ON -DKDISPATCH_BUILD_CLI=ON \
+      -DCMAKE_PREFIX_PATH="$DEPS/usr;$ARCHLIB/cmake;$DEPS/usr/share/cmake" \
+      -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" >>"$OUT/build.log" 2>&1 ||
+      { tail -30 "$OUT/build.log"; return 1; }
+  fi
+  cmake --build "$BUILD" -j "$(nproc)" --target "$@" >>"$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -30; return 1; }
+  stamp "build: $* current ($(($(date +%s) - s)) s; $(grep -c 'Building CUDA' "$OUT/build.log") CUDA objects compiled)"
+}
+
+# ================================================================ build
+if has build; then
+  stamp "build: configure + every target (CUDA sm_90a + compute_90 PTX)"
+  ensure_build all || { echo "::: build: FAILED (build.log)"; exit 1; }
+  grep -q -i "warning" "$OUT/build.log" && echo "build: $(grep -c -i warning "$OUT/build.log") warning line(s) in build.log"
+  echo "::: build: complete"
+fi
+
+# ================================================================ test
+if has test; then
+  ensure_build kdispatch_gpu_tests kdispatch_tests kdispatch || { echo "::: test: FAILED to build (build.log)"; exit 1; }
+  stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning)"
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache "$BUILD/tests/gpu/kdispatch_gpu_tests" >"$OUT/gpu_tests.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "kdispatch_gpu_tests rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)|skipped' "$OUT/gpu_tests.log" | tr '\n' ' ')"
+  [ $rc -eq 0 ] || grep -E "ERROR|FAILED|error" "$OUT/gpu_tests.log" | head -20
+  stamp "test: host-side GPU and committed-configs tests"
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache "$BUILD/tests/kdispatch_tests" -tc='gpu host*,configs*' >"$OUT/host_tests.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "kdispatch_tests (gpu host, configs) rc=$rc: $(grep -E '^\[doctest\] test cases' "$OUT/host_tests.log")"
+  stamp "test: torch custom ops on CUDA tensors (streams, graph capture)"
+  (cd integrations/python/tests && PYTHONPATH="$ROOT/integrations/python" KDISPATCH_LIBRARY="$LIB" \
+    "$PY" -m unittest -v test_torch_ops) >"$OUT/torch_ops.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "test_torch_ops rc=$rc: $(tail -3 "$OUT/torch_ops.log" | tr '\n' ' ')"
+  [ $status -eq 0 ] && echo "::: test: complete" || echo "::: test: FAILED (see the logs)"
+fi
+
+# ================================================================ tune
 if has tune; then
-  ensure_build
-  EMIT=$ROOT/configs
-  grid=$OUT/norm_grid.csv
+  ensure_build kdispatch_cli || { echo "::: tune: FAILED to build (build.log)"; exit 1; }
+  grid=/tmp/kd_norm_grid.csv
   echo "M,hidden" >"$grid"
   for h in ${HIDDENS//,/ }; do for m in ${TOKENS//,/ }; do echo "$m,$h" >>"$grid"; done; done
+  npts=$(($(wc -l <"$grid") - 1))
+  incomplete=""
   for op in ${NORM_OPS//,/ }; do
     for dt in ${DTYPES//,/ }; do
-      stamp "tune: $op $dt ($(($(wc -l <"$grid") - 1)) shapes, ${BUDGET_MS} ms each at most)"
-      "$BUILD/kdispatch" tune --backend cuda --shapes "$grid" --op "$op" --dtype "$dt" --emit "$EMIT" \
-        --budget-ms "$BUDGET_MS" >"$OUT/tune_${op}_${dt}.log" 2>&1 || true
-      tail -3 "$OUT/tune_${op}_${dt}.log"
+      # Keep 30 s for packing and validating what was tuned.
+      budget=$(($(left) - 30))
+      if [ $budget -lt 20 ]; then incomplete="$incomplete $op/$dt(not started)"; continue; fi
+      stamp "tune: $op $dt ($npts shapes, ${BUDGET_MS} ms search each, ${budget} s left)"
+      echo "===== $op $dt" >>"$OUT/tune.log"
+      # Each shape is written to its file as soon as it is tuned (tmp file +
+      # rename), so a run stopped here loses only the shape in progress.
+      timeout "$budget" "$BUILD/kdispatch" tune --backend "$TUNE_BACKEND" --shapes "$grid" --op "$op" --dtype "$dt" \
+        --emit "$ROOT/configs" --budget-ms "$BUDGET_MS" >>"$OUT/tune.log" 2>&1
+      rc=$?
+      if [ $rc -eq 124 ]; then incomplete="$incomplete $op/$dt(stopped)"; echo "stopped: time budget" >>"$OUT/tune.log"
+      elif [ $rc -ne 0 ]; then status=1; echo "tune $op $dt rc=$rc: $(tail -1 "$OUT/tune.log")"; fi
+      [ $rc -eq 2 ] && break 2  # a usage error (no usable device): the other runs would say the same
+      grep -E "^[0-9]+ .* shapes: |^geomean" "$OUT/tune.log" | tail -2
     done
   done
-  (cd "$ROOT" && tar cf "$OUT/configs.tar" configs/cuda)
-  "$BUILD/kdispatch" validate "$EMIT" >"$OUT/validate.log" 2>&1 && stamp "tune: configs validate" || tail -5 "$OUT/validate.log"
+  (cd "$ROOT" && find "configs/$TUNE_BACKEND" -name '*.json' ! -name '.*' 2>/dev/null | sort | tar cf "$OUT/configs.tar" -T -)
+  stamp "tune: $(tar tf "$OUT/configs.tar" | wc -l) file(s) in configs.tar"
+  "$BUILD/kdispatch" validate "$ROOT/configs" >"$OUT/validate.log" 2>&1 || { status=1; tail -5 "$OUT/validate.log"; }
+  if [ -n "$incomplete" ]; then echo "::: tune: INCOMPLETE ($incomplete ): copy configs.tar into .h200/ and run tune again"
+  elif [ $status -ne 0 ]; then echo "::: tune: FAILED (tune.log, validate.log)"
+  else echo "::: tune: complete (unpack configs.tar in the repo root and commit configs/cuda)"; fi
 fi
 
+# ================================================================ bench
 if has bench; then
-  ensure_build
-  stamp "bench: norms (peers: ${PEERS:-none})"
+  ensure_build kdispatch || { echo "::: bench: FAILED to build (build.log)"; exit 1; }
+  budget=$(($(left) - 20))
+  stamp "bench: norms beside the peers (peers: ${PEERS:-none}; ${budget} s)"
   "$PY" bench/gpu/bench_gpu.py --lib "$LIB" --configs "$ROOT/configs" ${PEERS:+--peers "$PEERS"} \
     --sections norms --dtypes "$DTYPES" --ops "$NORM_OPS" --tokens "$TOKENS" --hiddens "$HIDDENS" \
-    --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -20
-  "$PY" bench/gpu/render.py "$OUT/bench_gpu.json" --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-    >"$OUT/h200.md" && stamp "bench: table in $OUT/h200.md"
+    --resume "$RESUME/bench_gpu.json" --budget-s "$budget" --out "$OUT" >"$OUT/bench.log" 2>&1
+  rc=$?
+  tail -4 "$OUT/bench.log"
+  "$PY" bench/gpu/render.py "$OUT/bench_gpu.json" --commit "${KD_COMMIT:-unknown}" >"$OUT/h200.md" 2>>"$OUT/bench.log"
+  grep -E "^Summary" "$OUT/h200.md"
+  if [ $rc -eq 3 ]; then echo "::: bench: INCOMPLETE (time budget): copy bench_gpu.json into .h200/ and run bench again"
+  elif [ $rc -ne 0 ]; then echo "::: bench: FAILED rc=$rc (bench.log)"
+  else echo "::: bench: complete (h200.md -> bench/results/)"; fi
 fi
 
+# ================================================================ check
 if has check; then
-  ensure_build
-  stamp "check: committed H200 rows vs get_default (gate: 1.10x)"
+  ensure_build kdispatch || { echo "::: check: FAILED to build (build.log)"; exit 1; }
+  budget=$(($(left) - 10))
+  stamp "check: committed H200 rows vs get_default (gate 1.10x; ${budget} s)"
   "$PY" bench/gpu/check_configs.py --lib "$LIB" --configs "$ROOT/configs" --device-name NVIDIA_H200 \
-    --max-ratio 1.10 --out "$OUT" 2>&1 | tee "$OUT/check.log" | tail -15
+    --max-ratio 1.10 --resume "$RESUME/check.json" --budget-s "$budget" --out "$OUT" >"$OUT/check.log" 2>&1
+  rc=$?
+  grep -E "^FAIL|^check:" "$OUT/check.log" | tail -20
+  case $rc in
+    0) echo "::: check: complete, every committed row within 1.10x of get_default" ;;
+    3) echo "::: check: INCOMPLETE (time budget): copy check.json into .h200/ and run check again" ;;
+    *) echo "::: check: FAILED rc=$rc (check.log)" ;;
+  esac
 fi
 stamp "done: $SECTIONS"
+exit $status
