@@ -16,6 +16,7 @@
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
 #include "core/registry.hpp"
+#include "gpu/gpu_backend.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"
 #include "tune/tuner.hpp"
@@ -116,9 +117,20 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
       // Miss: recorded always (for export), queued in background mode, tuned
       // here in sync mode unless the stream is being captured.
       if (impl.tuner) impl.tuner->note_miss(p, la, hash, /*queue=*/true);
-      if (mode == TuneMode::sync && !opts.capturing) {
+      // The capture query is asked only here, on a miss in sync mode: a hit
+      // never pays for it.
+      const gpu::BackendOps* gops = p.device.type == DeviceType::cpu ? nullptr : gpu::backend_ops(p.device.type);
+      const bool capturing =
+          opts.capturing || (mode == TuneMode::sync && gops && gops->stream_capturing &&
+                             gops->stream_capturing(stream.handle));
+      if (mode == TuneMode::sync && !capturing) {
         table::KeyBuffer key;
         text_key(&key);
+        // The search launches on the legacy default stream: first let the
+        // caller's stream finish writing the inputs (sync mode is for
+        // development; one synchronisation on a miss is its price).
+        if (gops && gops->stream_synchronize && stream.handle)
+          if (Status s = gops->stream_synchronize(stream.handle); !s.ok()) return s;
         auto r = impl.tuner->tune_on_caller(p, la, *dev, std::string(key.view()));
         if (r.ok()) {
           plan = r->plan;

@@ -45,6 +45,10 @@ struct BackendOps {
   const std::string& (*runtime_versions)() noexcept = nullptr;
   /// True when `stream` is being captured into a graph (false on errors).
   bool (*stream_capturing)(void* stream) noexcept = nullptr;
+  /// Waits for the work queued on `stream` (sync-mode tuning on the caller's
+  /// buffers: the tuner's launches run on the legacy default stream, which a
+  /// non-blocking caller stream does not order against).
+  Status (*stream_synchronize)(void* stream) noexcept = nullptr;
 };
 
 /// The entry table of a GPU backend, or nullptr when it is not compiled in
