@@ -82,6 +82,13 @@ if(KDISPATCH_ENABLE_CUDA)
   endforeach()
   list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/norm_list.cpp
        ${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu)
+  # The tuner's memory, clock and compare (device.inc) use stream 0: make it
+  # the calling thread's per-thread default stream, which does not order
+  # against the engine's own blocking streams (or invalidate their graph
+  # captures) the way the legacy default stream does. The kernels' TUs keep
+  # the legacy meaning of a null stream for callers.
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu PROPERTIES
+    COMPILE_OPTIONS "--default-stream=per-thread")
   # The arch probe: sm_90a SASS only, so that its image loading means "this
   # build's sm_90a code runs here" (src/gpu/cuda_sm90a_probe.cu).
   add_library(kdispatch_cuda_sm90a_probe OBJECT ${PROJECT_SOURCE_DIR}/src/gpu/cuda_sm90a_probe.cu)
@@ -136,6 +143,9 @@ if(KDISPATCH_ENABLE_HIP)
   endforeach()
   list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/norm_list.cpp
        ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
+  # Not per-thread default streams as for CUDA: Debian's libamdhip64 5.2
+  # lacks the _spt entry points (hipEventRecord_spt is undefined at link);
+  # with ROCm >= 5.3 add -fgpu-default-stream=per-thread to hip_device.hip.
   list(APPEND KDISPATCH_GPU_LIBS hip::host)
   list(APPEND KDISPATCH_GPU_DEFINITIONS KDISPATCH_HAVE_HIP=1)
 endif()

@@ -168,6 +168,12 @@ inline Error event_record(Event e, Stream s) noexcept { return hipEventRecord(e,
 inline Error event_synchronize(Event e) noexcept { return hipEventSynchronize(e); }
 inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return hipEventElapsedTime(ms, a, b); }
 inline Error runtime_version(int* v) noexcept { *v = 0; return hipRuntimeGetVersion(v); }
+/// This thread may make "unsafe" calls (malloc, synchronous copies) while
+/// another thread captures a graph in global mode.
+inline Error relax_capture_mode() noexcept {
+  hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
+  return hipThreadExchangeStreamCaptureMode(&m);
+}
 inline Error driver_version(int* v) noexcept { *v = 0; return hipDriverGetVersion(v); }
 inline Error stream_capturing(Stream s, bool* yes) noexcept {
   hipStreamCaptureStatus st = hipStreamCaptureStatusNone;
@@ -192,6 +198,12 @@ inline Error event_record(Event e, Stream s) noexcept { return cudaEventRecord(e
 inline Error event_synchronize(Event e) noexcept { return cudaEventSynchronize(e); }
 inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return cudaEventElapsedTime(ms, a, b); }
 inline Error runtime_version(int* v) noexcept { *v = 0; return cudaRuntimeGetVersion(v); }
+/// This thread may make "unsafe" calls (malloc, synchronous copies) while
+/// another thread captures a graph in global mode.
+inline Error relax_capture_mode() noexcept {
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  return cudaThreadExchangeStreamCaptureMode(&m);
+}
 inline Error driver_version(int* v) noexcept { *v = 0; return cudaDriverGetVersion(v); }
 inline Error stream_capturing(Stream s, bool* yes) noexcept {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

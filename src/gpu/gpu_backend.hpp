@@ -49,6 +49,14 @@ struct BackendOps {
   /// buffers: the tuner's launches run on the legacy default stream, which a
   /// non-blocking caller stream does not order against).
   Status (*stream_synchronize)(void* stream) noexcept = nullptr;
+  /// Called once on the background tuner's thread before its first GPU
+  /// call: relaxed capture mode, so its allocations and copies neither fail
+  /// nor invalidate an engine thread's CUDA-graph capture (global mode).
+  /// On CUDA the tuner's own work runs on its thread's per-thread default
+  /// stream (cuda_device.cu is built with --default-stream=per-thread),
+  /// never on the legacy stream that orders against the engine's blocking
+  /// streams (not yet on HIP: cmake/backends.cmake says why).
+  void (*prepare_tuner_thread)() noexcept = nullptr;
 };
 
 /// The entry table of a GPU backend, or nullptr when it is not compiled in

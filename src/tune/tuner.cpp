@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tune/tuner.hpp"
 
+#include "gpu/gpu_backend.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -366,6 +368,15 @@ void Tuner::background_loop() {
     it->second.count = std::max(it->second.count, count);
   };
   auto settle = [&](const Pending& item) { misses_.settle(item.ev.key_hash, item.ev.problem.m); };
+  // Before this thread's first GPU call (never for CPU-only use: that
+  // would create a GPU context): relaxed capture mode.
+  bool gpu_prepared[2] = {false, false};
+  auto prepare_gpu = [&](DeviceType t) {
+    const int i = t == DeviceType::cuda ? 0 : t == DeviceType::hip ? 1 : -1;
+    if (i < 0 || gpu_prepared[i]) return;
+    gpu_prepared[i] = true;
+    if (const gpu::BackendOps* b = gpu::backend_ops(t); b && b->prepare_tuner_thread) b->prepare_tuner_thread();
+  };
   while (!stop_.load(std::memory_order_acquire)) {
     busy_.store(true, std::memory_order_release);
     MissEvent ev;
@@ -425,6 +436,7 @@ void Tuner::background_loop() {
       }
       continue;
     }
+    prepare_gpu(p.device.type);
     auto r = tune_on_scratch(item.ev, *dev, key, /*background=*/true);
     if (claim) store::release_claim(cache_dir_, key, p.m);
     if (r.ok()) {

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA graphs and the background tuner (CUDA only): an engine thread captures
+// its decode step in global capture mode (torch.cuda.graph's default) on a
+// non-blocking stream while kdispatch's tuner thread allocates scratch,
+// copies, launches and synchronises for other shapes. Every capture must
+// succeed, the captured graph must compute the right result, and the tuner
+// must finish its shapes without a failure: its GPU work runs on its
+// thread's per-thread default stream in relaxed capture mode
+// (src/gpu/gpu_backend.hpp, prepare_tuner_thread), never on the legacy
+// stream that would order against (and invalidate) the engine's capture.
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "dispatch/dispatch.hpp"
+#include "gpu_test_util.hpp"
+
+namespace {
+
+using namespace kdgpu;
+using dispatch::Device;
+using dispatch::Status;
+
+struct TempCache {
+  std::filesystem::path path;
+  TempCache() {
+    path = std::filesystem::temp_directory_path() / ("kdispatch-gpu-capture-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempCache() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gpu capture: graphs captured in global mode while the background tuner works stay valid") {
+  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  if (!b || !b->status().available) return;  // HIP-only machine: nothing to capture with here
+  TempCache cache;
+  dispatch::RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.log_level = dispatch::LogLevel::warn;
+  o.tune.mode = dispatch::TuneMode::background;
+  o.tune.cache_dir = cache.path.string();
+  o.tune.duty_cycle = 1.0;
+  o.tune.time_budget_ms = 300;
+  auto rt = dispatch::Runtime::create(o);
+  REQUIRE(rt.ok());
+  auto* mem = dispatch::core::backend_memory(DeviceType::cuda);
+  const Device d{DeviceType::cuda, 0};
+
+  // Bait for the tuner: big rmsnorm shapes of several hidden sizes (misses).
+  const int64_t BT = 4096;
+  const std::vector<int64_t> hiddens = {1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192};
+  DeviceBuffer bx(mem, size_t(BT * 8192 * 2)), by(mem, size_t(BT * 8192 * 2)), bw(mem, size_t(8192 * 2));
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  for (int64_t h : hiddens) {
+    dispatch::RmsNormArgs a{dispatch::make_tensor_2d(by.get(), DType::bf16, BT, h, h, d),
+                            dispatch::make_tensor_2d(bx.get(), DType::bf16, BT, h, h, d),
+                            dispatch::make_tensor_1d(bw.get(), DType::bf16, h, d), 1e-6f};
+    REQUIRE(dispatch::rmsnorm(**rt, a, dispatch::Stream{s}).ok());
+  }
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+
+  // The engine's step: 64 rmsnorms of [5, 4096] bf16 into one graph.
+  const int64_t T = 5, H = 4096;
+  std::mt19937 rng(11);
+  HostTensor x(DType::bf16, T, H, H), w(DType::bf16, 1, H, H), y(DType::bf16, T, H, H);
+  x.fill_uniform(rng, -2, 2);
+  w.fill_uniform(rng, 0.5f, 1.5f);
+  y.poison_all();
+  DeviceBuffer dx(mem, x.bytes()), dw(mem, w.bytes()), dy(mem, y.bytes());
+  REQUIRE(dx.upload(x).ok());
+  REQUIRE(dw.upload(w).ok());
+  REQUIRE(dy.upload(y).ok());
+  dispatch::RmsNormArgs args{dispatch::make_tensor_2d(dy.get(), DType::bf16, T, H, H, d),
+                             dispatch::make_tensor_2d(dx.get(), DType::bf16, T, H, H, d),
+                             dispatch::make_tensor_1d(dw.get(), DType::bf16, H, d), 1e-6f};
+  int captures = 0, overlapped = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    const int64_t before = (*rt)->tune_stats().candidates_run;
+    const bool busy = (*rt)->tune_stats().shapes_tuned < int64_t(hiddens.size());
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    Status st;
+    for (int i = 0; i < 64 && st.ok(); ++i) st = dispatch::rmsnorm(**rt, args, dispatch::Stream{s});
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(s, &g);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE_MESSAGE(end == cudaSuccess, "capture ", captures, " invalidated: ", cudaGetErrorString(end));
+    cudaGraphExec_t ge = nullptr;
+    REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    (void)cudaGraphExecDestroy(ge);
+    (void)cudaGraphDestroy(g);
+    ++captures;
+    overlapped += busy && (*rt)->tune_stats().candidates_run > before;
+    if (!busy && (*rt)->tune_stats().shapes_tuned >= int64_t(hiddens.size())) break;
+  }
+  MESSAGE(captures, " captures, ", overlapped, " while the tuner ran candidates");
+  CHECK(captures > 0);
+  REQUIRE((*rt)->wait_tuner_idle(120.0));
+  const dispatch::TuneStats ts = (*rt)->tune_stats();
+  CHECK(ts.shapes_tuned >= int64_t(hiddens.size()));
+  CHECK(ts.shapes_skipped == 0);
+  CHECK(ts.candidates_failed == 0);
+  // The last graph's output is the norm.
+  REQUIRE(dy.download(&y).ok());
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> row(static_cast<size_t>(H));
+    for (int64_t h = 0; h < H; ++h) row[size_t(h)] = x.get(t, h);
+    const double inv = inv_rms(row, 1e-6);
+    for (int64_t h = 0; h < H; ++h) {
+      const double want = row[size_t(h)] * inv * w.get(0, h);
+      REQUIRE(std::fabs(y.get(t, h) - want) <= tolerance(DType::bf16, want, 8.0));
+    }
+  }
+  (void)cudaStreamDestroy(s);
+}
