@@ -372,6 +372,21 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   CHECK(int64_t(gdoc["tuned"]) == 2);
   CHECK(int64_t(gdoc["skipped_too_large"]) == 1);
   CHECK(int64_t(gdoc["failed"]) == 0);
+  // --mem-gib: a norm shape whose scratch (x, y, w, their snapshots and the
+  // reference copy: a few MiB at 4096 x 4096 bf16) is over a 1 MiB budget is
+  // "too large here"; the small one is tuned.
+  const std::string mem_csv = dir / "mem-norms.csv";
+  std::ofstream(mem_csv) << "M,hidden\n1,64\n4096,4096\n";
+  CliRun m = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--budget-ms", "50",
+                  "--no-cold-cache", "--mem-gib", "0.0009765625", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(m.exit_code == 0, m.err);
+  simdjson::dom::element mdoc = parser.parse(simdjson::padded_string(m.out));
+  CHECK(int64_t(mdoc["tuned"]) == 1);
+  CHECK(int64_t(mdoc["skipped_too_large"]) == 1);
+  CHECK(run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--mem-gib", "-1"}, cache)
+            .exit_code == 2);
+
   CliRun l = run({"lookup", "--configs", emit, "--op", "gemm", "--key", "N=64,K=128,dtype=bf16", "--M", "2", "--json"},
                  cache);
   REQUIRE_MESSAGE(l.exit_code == 0, l.err);

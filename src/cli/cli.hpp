@@ -121,6 +121,7 @@ struct TuneCmdOptions {
   std::string emit;
   std::string dtype = "bf16";       ///< rows whose file names no dtype
   double budget_ms = 0.0;           ///< 0 = the library's default
+  double mem_gib = 0.0;             ///< scratch budget per shape, GiB; 0 = $KDISPATCH_TUNE_MEM, else 1 GiB
   bool resume = true;
   /// Shapes costing more per call are skipped: at ~150 GFLOP/s (bf16, 2 cores)
   /// 2e9 flops is ~13 ms a call, so ~20 candidates fit the default 2 s budget;

@@ -361,6 +361,10 @@ int run_tune(const TuneCmdOptions& o) {
     std::fprintf(stderr, "%s: --max-flops must be > 0, got %g\n", cmd, o.max_flops);
     return kExitUsage;
   }
+  if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) {
+    std::fprintf(stderr, "%s: --mem-gib must be > 0, got %g\n", cmd, o.mem_gib);
+    return kExitUsage;
+  }
   if (o.budget_ms < 0 || !std::isfinite(o.budget_ms)) {
     std::fprintf(stderr, "%s: --budget-ms must be > 0, got %g\n", cmd, o.budget_ms);
     return kExitUsage;
@@ -458,6 +462,16 @@ int run_tune(const TuneCmdOptions& o) {
   ro.tune.load_cache = true;          // its rows (this build's) are the "done" set
   ro.tune.keep_rows_of_other_builds = true;  // an emit dir is committed configs: never drop rows on merge
   if (o.budget_ms > 0) ro.tune.time_budget_ms = o.budget_ms;
+  if (o.mem_gib > 0) {
+    ro.tune.memory_budget_bytes = static_cast<int64_t>(o.mem_gib * 1073741824.0);
+  } else if (std::getenv("KDISPATCH_TUNE_MEM")) {
+    auto env = dsp::options_from_env();
+    if (!env.ok()) {
+      std::fprintf(stderr, "%s: %s\n", cmd, env.status().to_string().c_str());
+      return kExitUsage;
+    }
+    ro.tune.memory_budget_bytes = env->tune.memory_budget_bytes;
+  }
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;
   auto rt_r = dsp::Runtime::create(ro);
