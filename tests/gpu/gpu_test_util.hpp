@@ -164,4 +164,23 @@ inline double tolerance(DType t, double want, double row_scale) {
   return std::ldexp(1.0, std::max(e - 1, -14) - 11) + fp32_slack + 1e-6 * a;  // fp16
 }
 
+/// The first element of y (T x H) off the float64 rmsnorm of x by w beyond
+/// tolerance(y.dtype, want, row_scale), as "[t,h] got G want W"; "" when
+/// every element is within it.
+inline std::string rmsnorm_mismatch(const HostTensor& x, const HostTensor& w, const HostTensor& y, double eps,
+                                    double row_scale) {
+  for (int64_t t = 0; t < y.rows; ++t) {
+    std::vector<double> row(static_cast<size_t>(y.cols));
+    for (int64_t h = 0; h < y.cols; ++h) row[size_t(h)] = x.get(t, h);
+    const double inv = inv_rms(row, eps);
+    for (int64_t h = 0; h < y.cols; ++h) {
+      const double want = row[size_t(h)] * inv * w.get(0, h);
+      if (!(std::fabs(y.get(t, h) - want) <= tolerance(y.dtype, want, row_scale)))
+        return "[" + std::to_string(t) + "," + std::to_string(h) + "] got " + std::to_string(y.get(t, h)) + " want " +
+               std::to_string(want);
+    }
+  }
+  return {};
+}
+
 }  // namespace kdgpu
