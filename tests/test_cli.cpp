@@ -278,7 +278,9 @@ TEST_CASE("cli: replay --json counts every call and finds configs given with --c
   fs::create_directories(norm_dir);
   const std::string name = "hidden=896,device_name=" + device_name + ",dtype=bf16.json";
   std::ofstream(norm_dir / name) << R"({"1": {"variant": "rmsnorm_bf16__ref"}, "16": {"variant": "rmsnorm_bf16__ref"}})";
-  CliResult c = run_cli({"replay", "--json", "--steps", "3", "--configs", tmp.path.string()});
+  // (Without the shipped configs: their exact-M rows would win over this
+  // dir's nearest rows for the M values in between, as the merge rule says.)
+  CliResult c = run_cli({"replay", "--json", "--steps", "3", "--no-shipped-configs", "--configs", tmp.path.string()});
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
   simdjson::dom::element cdoc = parser.parse(simdjson::padded_string(c.out));
   CHECK(int64_t(cdoc["steps"]) == 3);

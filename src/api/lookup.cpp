@@ -146,6 +146,33 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
         std::vector<std::string> present;
         for (const auto& f : fits)
           if (names.count(f)) present.push_back(f);
+        if (present.size() > 1) {
+          // Several ops of that shape in the table (an engine's triton_gemm
+          // files beside kdispatch's own gemm configs): the ones that hold
+          // this very key for this device decide.
+          const auto holds = [&](const std::string& o) {
+            for (const auto& name : dev.candidates) {
+              std::string key;
+              if (const auto own_op = core::parse_op(o)) {
+                auto p = store::own_problem_from_fields(*own_op, fields);
+                if (!p.ok()) return false;
+                const DeviceType b = infer_backend(dev.canonical);
+                p->device = Device{b, 0};
+                table::KeyBuffer kb;
+                table::build_own_key(*p, device_type_name(b), name, &kb);
+                key = std::string(kb.view());
+              } else {
+                key = table::make_key(table::kForeignBackend, o, name, store::join_fields(fields), q.down);
+              }
+              if (snap->find(key, table::key_hash(key))) return true;
+            }
+            return false;
+          };
+          std::vector<std::string> holding;
+          for (const auto& o : present)
+            if (holds(o)) holding.push_back(o);
+          if (!holding.empty()) present = std::move(holding);
+        }
         if (present.size() == 1) {
           op = present.front();
         } else if (fits.size() == 1) {
