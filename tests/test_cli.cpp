@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli_util.hpp"
 #include "dispatch/device.hpp"
 
 #ifdef KDISPATCH_CLI_PATH
@@ -24,24 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using kdtest::CliResult;
+using kdtest::run_cli;
 
 // A fresh temp dir per test, removed on scope exit.
 struct TempDir {
@@ -56,34 +41,6 @@ struct TempDir {
     fs::remove_all(path, ec);
   }
 };
-
-// Runs the CLI with `args`; stdout through a pipe, stderr through a file.
-// The child's tuning cache is an empty temp dir (never the user's cache, whose
-// winners would turn misses into hits), and the variables that change what
-// it loads or tunes are unset.
-CliResult run_cli(const std::vector<std::string>& args) {
-  TempDir tmp("stderr");
-  const fs::path err_file = tmp.path / "stderr.txt";
-  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
-                    "-u KDISPATCH_MISSES_EXPORT KDISPATCH_CACHE_DIR=" +
-                    shell_quote((tmp.path / "cache").string()) + " " + shell_quote(KDISPATCH_CLI_PATH);
-  for (const auto& a : args) {
-    cmd += ' ';
-    cmd += shell_quote(a);
-  }
-  cmd += " 2>";
-  cmd += shell_quote(err_file.string());
-  CliResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_all(err_file);
-  return r;
-}
 
 const std::string kShared = KDISPATCH_SHARED_DIR;
 const std::string kSglang = kShared + "/data/sglang-configs";

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cli_util.hpp"
 #include "dispatch/device.hpp"
 
 #ifdef KDISPATCH_CLI_PATH
@@ -31,24 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using CliRun = kdtest::CliResult;
 
 struct Scratch {
   fs::path path;
@@ -64,27 +48,8 @@ struct Scratch {
   std::string operator/(const std::string& rel) const { return (path / rel).string(); }
 };
 
-// Runs the CLI with `args`; the child gets KDISPATCH_CACHE_DIR=`cache_dir`
-// and none of the variables that would change what it tunes or loads.
-CliRun run(const std::vector<std::string>& args, const std::string& cache_dir) {
-  Scratch tmp("stderr");
-  const fs::path err_file = tmp.path / "stderr.txt";
-  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
-                    "-u KDISPATCH_MISSES_EXPORT -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_LOG_LEVEL KDISPATCH_CACHE_DIR=" +
-                    quote(cache_dir) + " " + quote(KDISPATCH_CLI_PATH);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " 2>" + quote(err_file.string());
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = slurp(err_file);
-  return r;
-}
+// Runs the CLI with `args` and KDISPATCH_CACHE_DIR=`cache_dir`.
+CliRun run(const std::vector<std::string>& args, const std::string& cache_dir) { return kdtest::run_cli(args, cache_dir); }
 
 std::string s(simdjson::dom::element e) { return std::string(std::string_view(e)); }
 
@@ -246,7 +211,7 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   CHECK(int64_t(mdoc["ops"]["rmsnorm"]["shapes"]) == 2);
   CHECK(int64_t(mdoc["ops"]["fused_add_rmsnorm"]["shapes"]) == 2);
 
-  const std::string text = slurp(csv);
+  const std::string text = kdtest::read_text(csv);
   std::istringstream lines(text);
   std::string header;
   std::getline(lines, header);
@@ -348,7 +313,7 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   const std::string csv2 = dir / "misses2.csv";
   CliRun rx = run(cat({"replay", "--json", "--export-misses", csv2, "--only-configs", emit}, base), cache);
   REQUIRE_MESSAGE(rx.exit_code == 0, rx.err);
-  const std::string text2 = slurp(csv2);
+  const std::string text2 = kdtest::read_text(csv2);
   CHECK(text2.rfind(header + "\n", 0) == 0);
   CHECK(text2.find("\nrmsnorm,") == std::string::npos);  // served by the emitted file
   CHECK(text2.find("\ngemm,") != std::string::npos);
