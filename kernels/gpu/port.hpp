@@ -170,6 +170,7 @@ inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return hip
 inline Error runtime_version(int* v) noexcept { *v = 0; return hipRuntimeGetVersion(v); }
 /// This thread may make "unsafe" calls (malloc, synchronous copies) while
 /// another thread captures a graph in global mode.
+inline void* tuner_stream() noexcept { return nullptr; }  // no per-thread streams in Debian's HIP 5.2
 inline Error relax_capture_mode() noexcept {
   hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
   return hipThreadExchangeStreamCaptureMode(&m);
@@ -200,6 +201,7 @@ inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return cud
 inline Error runtime_version(int* v) noexcept { *v = 0; return cudaRuntimeGetVersion(v); }
 /// This thread may make "unsafe" calls (malloc, synchronous copies) while
 /// another thread captures a graph in global mode.
+inline void* tuner_stream() noexcept { return static_cast<void*>(cudaStreamPerThread); }
 inline Error relax_capture_mode() noexcept {
   cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
   return cudaThreadExchangeStreamCaptureMode(&m);

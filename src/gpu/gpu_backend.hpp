@@ -57,6 +57,10 @@ struct BackendOps {
   /// never on the legacy stream that orders against the engine's blocking
   /// streams (not yet on HIP: cmake/backends.cmake says why).
   void (*prepare_tuner_thread)() noexcept = nullptr;
+  /// The stream the tuner launches candidates on, the one its clock and
+  /// memory use: CUDA's per-thread default stream (cudaStreamPerThread) of
+  /// the tuning thread; null (the legacy stream) on HIP.
+  void* tuner_stream = nullptr;
 };
 
 /// The entry table of a GPU backend, or nullptr when it is not compiled in

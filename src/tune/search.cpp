@@ -10,6 +10,7 @@
 
 #include "core/numeric.hpp"
 #include "core/registry.hpp"
+#include "gpu/gpu_backend.hpp"
 
 namespace dispatch::tune {
 namespace {
@@ -157,7 +158,13 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
       break;
   }
   const core::Problem prob = p;
-  t.launch = [la, prob](const core::Plan& plan) { return plan.variant->launch(la, prob, plan.params); };
+  // Candidates launch on the stream the backend's clock and memory use (a
+  // CUDA tuning thread's per-thread default stream), never on the caller's.
+  core::LaunchArgs tla = la;
+  tla.stream = nullptr;
+  if (p.device.type != DeviceType::cpu)
+    if (const gpu::BackendOps* b = gpu::backend_ops(p.device.type)) tla.stream = b->tuner_stream;
+  t.launch = [tla, prob](const core::Plan& plan) { return plan.variant->launch(tla, prob, plan.params); };
   return t;
 }
 
