@@ -219,6 +219,20 @@ void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) 
   info->tuned_now = di.tuned_now ? 1 : 0;
 }
 
+// The common tail of the op calls: flags and the info struct into
+// CallOptions, the call on `stream`, the info struct filled on success.
+template <class Args, class Op>
+kdispatch_status run_op(kdispatch_runtime* rt, Op op, const Args& args, void* stream, uint32_t flags,
+                        kdispatch_dispatch_info* info) {
+  dispatch::DispatchInfo di;
+  dispatch::CallOptions co;
+  co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
+  if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
+  const Status s = op(*rt->rt, args, dispatch::Stream{stream}, co);
+  if (s.ok()) from_info(di, info);
+  return finish(s);
+}
+
 Status to_query(const kdispatch_lookup_query* q, dispatch::LookupQuery* out) {
   if (q->struct_size != sizeof(kdispatch_lookup_query))
     return dispatch::make_status(StatusCode::invalid_argument,
@@ -516,6 +530,7 @@ kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint
 
 // ---------------------------------------------------------------------- ops
 
+
 kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b, const DLTensor* d,
                                 const DLTensor* bias, void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
   return guarded("kdispatch_gemm", [&]() -> kdispatch_status {
@@ -529,13 +544,7 @@ kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const 
     // API reads a null-data bias as absent).
     if (bias != nullptr && args.bias.data == nullptr)
       return fail(KDISPATCH_INVALID_ARGUMENT, "bias: data is NULL (pass a NULL DLTensor* for no bias)");
-    dispatch::DispatchInfo di;
-    dispatch::CallOptions co;
-    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
-    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
-    const Status s = dispatch::gemm(*rt->rt, args, dispatch::Stream{stream}, co);
-    if (s.ok()) from_info(di, info);
-    return finish(s);
+    return run_op(rt, &dispatch::gemm, args, stream, flags, info);
   });
 }
 
@@ -548,13 +557,7 @@ kdispatch_status kdispatch_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, con
     if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
     if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
     args.eps = eps;
-    dispatch::DispatchInfo di;
-    dispatch::CallOptions co;
-    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
-    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
-    const Status s = dispatch::rmsnorm(*rt->rt, args, dispatch::Stream{stream}, co);
-    if (s.ok()) from_info(di, info);
-    return finish(s);
+    return run_op(rt, &dispatch::rmsnorm, args, stream, flags, info);
   });
 }
 
@@ -568,13 +571,7 @@ kdispatch_status kdispatch_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTens
     if (auto s = to_tensor(residual, "residual", false, &args.residual); !s.ok()) return finish(s);
     if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
     args.eps = eps;
-    dispatch::DispatchInfo di;
-    dispatch::CallOptions co;
-    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
-    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
-    const Status s = dispatch::fused_add_rmsnorm(*rt->rt, args, dispatch::Stream{stream}, co);
-    if (s.ok()) from_info(di, info);
-    return finish(s);
+    return run_op(rt, &dispatch::fused_add_rmsnorm, args, stream, flags, info);
   });
 }
 
