@@ -80,8 +80,18 @@ if(KDISPATCH_ENABLE_CUDA)
   foreach(_tu IN LISTS _kd_norm_tus)
     list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/${_tu}.cu)
   endforeach()
+  # GEMM: one TU per (family, input dtype); the cuBLASLt family is plain
+  # C++ that dlopens libcublasLt at run time (never linked: see
+  # src/gpu/cublaslt.hpp), so it needs the CUDA headers only.
+  foreach(_tu gemm_skinny_bf16 gemm_skinny_fp16 gemm_tiled_bf16 gemm_tiled_fp16)
+    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/${_tu}.cu)
+  endforeach()
   list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/norm_list.cpp
+       ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp ${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp
        ${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu)
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp
+    PROPERTIES INCLUDE_DIRECTORIES "${CUDAToolkit_INCLUDE_DIRS}")
+  list(APPEND KDISPATCH_GPU_LIBS ${CMAKE_DL_LIBS})
   # The tuner's memory, clock and compare (device.inc) use stream 0: make it
   # the calling thread's per-thread default stream, which does not order
   # against the engine's own blocking streams (or invalidate their graph
@@ -141,8 +151,11 @@ if(KDISPATCH_ENABLE_HIP)
   foreach(_tu IN LISTS _kd_norm_tus)
     list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/${_tu}.hip)
   endforeach()
+  foreach(_tu gemm_skinny_bf16 gemm_skinny_fp16)
+    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/${_tu}.hip)
+  endforeach()
   list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/norm_list.cpp
-       ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
+       ${PROJECT_SOURCE_DIR}/kernels/hip/gemm_list.cpp ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
   # Not per-thread default streams as for CUDA: Debian's libamdhip64 5.2
   # lacks the _spt entry points (hipEventRecord_spt is undefined at link);
   # with ROCm >= 5.3 add -fgpu-default-stream=per-thread to hip_device.hip.

@@ -9,6 +9,16 @@
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections bench       # kdispatch beside the peers (resumes)
 #   bench/gpu/run_h200.sh --sections check       # committed rows vs get_default, gate 1.10x
+#   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
+#   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
+#   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
+#
+# The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
+# $KD_GEMM_M (defaults: the 8 weight shapes x M 1..8192 of bench_gpu.py). e2e
+# runs bench/gpu/e2e_decode.py four ways: (a) Llama-3-8B dims on the committed
+# configs, (b) Qwen2.5-0.5B dims on them too (no committed row covers its
+# shapes: get_default), (c) `kdispatch tune` of Qwen's GEMM and norm shapes at
+# batch 1, 8, 64 into a scratch dir, (d) Qwen again on that dir.
 #
 # The device machine (Ubuntu 24.04, nvcc 13, CMake 4, torch + Triton in
 # python3) reaches no package registry and starts bare on every call. What it
@@ -21,7 +31,10 @@
 #            returned under $OUT, copied in as is: configs.tar (tuned files),
 #            bench_gpu.json and check.json (partial results). tune, bench and
 #            check unpack configs.tar over configs/ and skip the grid points
-#            those files already hold.
+#            those files already hold. Likewise gemm_configs.tar (unpacked by
+#            gemm-tune, gemm-bench and e2e; configs.tar too by gemm-bench and
+#            e2e), bench_gemm.json (gemm-bench), e2e.json and
+#            e2e_qwen_configs.tar (e2e).
 # Every section builds what it needs first (build/gpu, 1-2 min on 16 cores;
 # nothing when the machine is still warm), stops starting new work when its
 # time budget (KD_SECTION_S, default 540 s) runs out, and prints a last line
@@ -34,7 +47,10 @@
 #   tune   build.log configs.tar tune.log validate.log
 #   bench  build.log bench_gpu.json bench.log h200.md
 #   check  build.log check.json check.log
-# KD_COMMIT names the commit in h200.md (the device has no .git).
+#   gemm-tune   build.log gemm_configs.tar gemm_tune.log gemm_validate.log
+#   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
+#   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
+# KD_COMMIT names the commit in h200.md / h200_gemm.md (the device has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -48,6 +64,18 @@ HIDDENS=${KD_HIDDENS:-1024,2048,2560,3584,4096,5120,7168,8192,12288,16384}
 DTYPES=${KD_DTYPES:-bf16,fp16}
 NORM_OPS=${KD_NORM_OPS:-rmsnorm,fused_add_rmsnorm}
 TUNE_BACKEND=${KD_TUNE_BACKEND:-cuda}  # cpu: a dry run of the tune section's logic on a machine without a GPU
+GEMM_NK=${KD_GEMM_NK:-6144x4096,4096x4096,28672x4096,4096x14336,1280x8192,8192x1024,7168x8192,8192x3584}
+GEMM_M=${KD_GEMM_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192}
+GEMM_BUDGET_MS=${KD_GEMM_TUNE_BUDGET_MS:-300}
+# `kdispatch tune` skips shapes over --max-flops (default 2e9, sized for CPUs: it
+# would skip most of this grid) and over --mem-gib of scratch (default 1 GiB:
+# M=8192 x 28672x4096 needs ~0.75 GiB before any split-K workspace).
+GEMM_MAX_FLOPS=${KD_GEMM_MAX_FLOPS:-1e13}
+GEMM_MEM_GIB=${KD_GEMM_TUNE_MEM_GIB:-16}
+E2E_LAYERS=${KD_E2E_LAYERS:-2}
+E2E_BATCHES=${KD_E2E_BATCHES:-1,8,64}
+E2E_TUNE_BUDGET_MS=${KD_E2E_TUNE_BUDGET_MS:-300}
+E2E_DEVICE=${KD_E2E_DEVICE:-cuda}  # cpu (with KD_TUNE_BACKEND=cpu): a dry run of the e2e section's logic without a GPU
 while [ $# -gt 0 ]; do
   case "$1" in
     --sections) SECTIONS=$2; shift 2 ;;
@@ -56,7 +84,8 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,tune,bench,check] [--out DIR] | --fetch-deps" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,e2e] [--out DIR] | --fetch-deps" >&2
+       exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
@@ -96,8 +125,12 @@ BUILD=$ROOT/build/gpu
 LIB=$BUILD/libkdispatch.so
 
 # ---- resume: the tuned files an earlier call returned, over configs/
-if [ -f "$RESUME/configs.tar" ] && { has tune || has bench || has check; }; then
+if [ -f "$RESUME/configs.tar" ] && { has tune || has bench || has check || has gemm-bench || has e2e; }; then
   tar xf "$RESUME/configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/configs.tar" | grep -c '\.json$') tuned file(s) from $RESUME/configs.tar over configs/"
+fi
+# ---- and the tuned GEMM files (gemm-tune's configs.tar)
+if [ -f "$RESUME/gemm_configs.tar" ] && { has gemm-tune || has gemm-bench || has e2e; }; then
+  tar xf "$RESUME/gemm_configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/gemm_configs.tar" | grep -c '\.json$') tuned GEMM file(s) from $RESUME/gemm_configs.tar over configs/"
 fi
 
 # ensure_build <target...>: configure once, then build the targets (a no-op when current).
@@ -209,6 +242,112 @@ if has check; then
     3) echo "::: check: INCOMPLETE (time budget): copy check.json into .h200/ and run check again" ;;
     *) echo "::: check: FAILED rc=$rc (check.log)" ;;
   esac
+fi
+# ================================================================ gemm-tune
+if has gemm-tune; then
+  ensure_build kdispatch_cli || { echo "::: gemm-tune: FAILED to build (build.log)"; exit 1; }
+  # M outermost: a call that runs out of time has done the small-M (decode) shapes of every (N,K).
+  grid=/tmp/kd_gemm_grid.csv
+  echo "M,N,K" >"$grid"
+  for m in ${GEMM_M//,/ }; do for nk in ${GEMM_NK//,/ }; do echo "$m,${nk%x*},${nk#*x}" >>"$grid"; done; done
+  npts=$(($(wc -l <"$grid") - 1))
+  incomplete=""
+  gstatus=0
+  budget=$(($(left) - 30))  # keep 30 s for packing and validating
+  if [ $budget -lt 20 ]; then incomplete="gemm/bf16(not started)"
+  else
+    stamp "gemm-tune: gemm bf16 ($npts shapes, ${GEMM_BUDGET_MS} ms search each, ${budget} s left)"
+    echo "===== gemm bf16" >>"$OUT/gemm_tune.log"
+    # Each shape is written as soon as it is tuned; a rerun skips the shapes configs/ holds.
+    timeout "$budget" "$BUILD/kdispatch" tune --backend "$TUNE_BACKEND" --op gemm --dtype bf16 --shapes "$grid" \
+      --emit "$ROOT/configs" --budget-ms "$GEMM_BUDGET_MS" --max-flops "$GEMM_MAX_FLOPS" --mem-gib "$GEMM_MEM_GIB" \
+      >>"$OUT/gemm_tune.log" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ]; then incomplete="gemm/bf16(stopped)"; echo "stopped: time budget" >>"$OUT/gemm_tune.log"
+    elif [ $rc -ne 0 ]; then gstatus=1; echo "tune gemm bf16 rc=$rc: $(tail -1 "$OUT/gemm_tune.log")"; fi
+    grep -E "^[0-9]+ .* shapes: |^geomean" "$OUT/gemm_tune.log" | tail -2
+    grep -E "FAILED|skipped: " "$OUT/gemm_tune.log" | grep -v "already in" | head -5
+  fi
+  (cd "$ROOT" && find "configs/$TUNE_BACKEND/gemm" -name '*.json' ! -name '.*' 2>/dev/null | sort | tar cf "$OUT/gemm_configs.tar" -T -)
+  stamp "gemm-tune: $(tar tf "$OUT/gemm_configs.tar" | wc -l) file(s) in gemm_configs.tar"
+  "$BUILD/kdispatch" validate "$ROOT/configs" >"$OUT/gemm_validate.log" 2>&1 || { gstatus=1; tail -5 "$OUT/gemm_validate.log"; }
+  if [ -n "$incomplete" ]; then echo "::: gemm-tune: INCOMPLETE ($incomplete): copy gemm_configs.tar into .h200/ and run gemm-tune again"
+  elif [ $gstatus -ne 0 ]; then status=1; echo "::: gemm-tune: FAILED (gemm_tune.log, gemm_validate.log)"
+  else echo "::: gemm-tune: complete (unpack gemm_configs.tar in the repo root and commit configs/cuda/gemm)"; fi
+fi
+
+# ================================================================ gemm-bench
+if has gemm-bench; then
+  ensure_build kdispatch || { echo "::: gemm-bench: FAILED to build (build.log)"; exit 1; }
+  budget=$(($(left) - 20))
+  stamp "gemm-bench: bf16 GEMM beside torch (cuBLAS) and Triton (peers: ${PEERS:-none}; ${budget} s)"
+  "$PY" bench/gpu/bench_gpu.py --lib "$LIB" --configs "$ROOT/configs" ${PEERS:+--peers "$PEERS"} \
+    --sections gemm --gemm-nk "$GEMM_NK" --gemm-m "$GEMM_M" --json-name bench_gemm.json \
+    --resume "$RESUME/bench_gemm.json" --budget-s "$budget" --out "$OUT" >"$OUT/bench_gemm.log" 2>&1
+  rc=$?
+  tail -4 "$OUT/bench_gemm.log"
+  "$PY" bench/gpu/render.py "$OUT/bench_gemm.json" --commit "${KD_COMMIT:-unknown}" >"$OUT/h200_gemm.md" 2>>"$OUT/bench_gemm.log"
+  sed -n '/^### GEMM summary/,/^Graph replay/p' "$OUT/h200_gemm.md" | grep -vE '^###|^\|---|^\| target|^$'
+  if [ $rc -eq 3 ]; then echo "::: gemm-bench: INCOMPLETE (time budget): copy bench_gemm.json into .h200/ and run gemm-bench again"
+  elif [ $rc -ne 0 ]; then echo "::: gemm-bench: FAILED rc=$rc (bench_gemm.log)"; status=1
+  else echo "::: gemm-bench: complete (h200_gemm.md -> bench/results/)"; fi
+fi
+
+# ================================================================ e2e
+if has e2e; then
+  ensure_build kdispatch kdispatch_cli || { echo "::: e2e: FAILED to build (build.log)"; exit 1; }
+  QDIR=/tmp/kd_e2e_qwen_configs  # the "engine team's" dir: Qwen's shapes tuned here, never into configs/
+  mkdir -p "$QDIR"
+  [ -f "$RESUME/e2e_qwen_configs.tar" ] && tar xf "$RESUME/e2e_qwen_configs.tar" -C "$QDIR" &&
+    stamp "resume: $(tar tf "$RESUME/e2e_qwen_configs.tar" | grep -c '\.json$') tuned Qwen file(s) into $QDIR"
+  e2e_incomplete=""
+  e2e_failed=""
+  # e2e_run <label> <model> <configs>: one e2e_decode.py run; its rows go into $OUT/e2e.json under <label>.
+  e2e_run() {
+    local budget=$(($(left) - 15))
+    if [ $budget -lt 30 ]; then e2e_incomplete="$e2e_incomplete [$1](not started)"; return; fi
+    stamp "e2e: $1 (${budget} s)"
+    local from=$(($(cat "$OUT/e2e.log" 2>/dev/null | wc -l) + 1))
+    "$PY" bench/gpu/e2e_decode.py --lib "$LIB" --model "$2" --configs "$3" --label "$1" --layers "$E2E_LAYERS" \
+      --batches "$E2E_BATCHES" --device "$E2E_DEVICE" --resume "$RESUME/e2e.json" --budget-s "$budget" \
+      --out "$OUT" >>"$OUT/e2e.log" 2>&1
+    local rc=$?
+    tail -n +"$from" "$OUT/e2e.log" | grep -E "batch [0-9]+ (eager|graph):|ERROR|FAILED|Traceback|Error" | tail -8
+    case $rc in
+      0) ;;
+      3) e2e_incomplete="$e2e_incomplete [$1](time budget)" ;;
+      *) e2e_failed="$e2e_failed [$1](rc=$rc)"; status=1 ;;
+    esac
+  }
+  e2e_run "Llama-3-8B, committed configs" llama3-8b "$ROOT/configs"
+  e2e_run "Qwen2.5-0.5B, committed configs (get_default)" qwen2.5-0.5b "$ROOT/configs"
+  # (c) what an engine team would do for shapes no committed config covers: tune them.
+  budget=$(($(left) - 60))  # keep time for run (d)
+  if [ $budget -lt 20 ]; then e2e_incomplete="$e2e_incomplete [Qwen tuning](not started)"
+  else
+    "$PY" bench/gpu/e2e_decode.py --model qwen2.5-0.5b --batches "$E2E_BATCHES" --write-shapes /tmp/kd_e2e_qwen_shapes >/dev/null
+    stamp "e2e: kdispatch tune of Qwen2.5-0.5B's shapes (M $E2E_BATCHES) into $QDIR (${E2E_TUNE_BUDGET_MS} ms each, ${budget} s)"
+    tune_end=$(($(date +%s) + budget))
+    for op in gemm rmsnorm fused_add_rmsnorm; do
+      csv=/tmp/kd_e2e_qwen_shapes/$([ $op = gemm ] && echo gemm || echo norms).csv
+      b=$((tune_end - $(date +%s)))
+      if [ $b -lt 5 ]; then e2e_incomplete="$e2e_incomplete [tune $op](not started)"; continue; fi
+      echo "===== $op bf16" >>"$OUT/e2e_tune.log"
+      timeout "$b" "$BUILD/kdispatch" tune --backend "$TUNE_BACKEND" --op $op --dtype bf16 --shapes "$csv" \
+        --emit "$QDIR" --budget-ms "$E2E_TUNE_BUDGET_MS" --max-flops "$GEMM_MAX_FLOPS" >>"$OUT/e2e_tune.log" 2>&1
+      rc=$?
+      if [ $rc -eq 124 ]; then e2e_incomplete="$e2e_incomplete [tune $op](stopped)"
+      elif [ $rc -ne 0 ]; then e2e_failed="$e2e_failed [tune $op](rc=$rc)"; status=1; fi
+      grep -E "^[0-9]+ .* shapes: |^geomean" "$OUT/e2e_tune.log" | tail -2
+    done
+    (cd "$QDIR" && find . -name '*.json' ! -name '.*' | sort | tar cf "$OUT/e2e_qwen_configs.tar" -T -)
+  fi
+  e2e_run "Qwen2.5-0.5B, tuned by kdispatch tune" qwen2.5-0.5b "$QDIR,$ROOT/configs"
+  [ -f "$OUT/e2e.md" ] && grep -E "^- \*\*" "$OUT/e2e.md"
+  if [ -n "$e2e_failed" ]; then echo "::: e2e: FAILED ($e2e_failed ) (e2e.log, e2e_tune.log)"
+  elif [ -n "$e2e_incomplete" ]; then
+    echo "::: e2e: INCOMPLETE ($e2e_incomplete ): copy e2e.json and e2e_qwen_configs.tar into .h200/ and run e2e again"
+  else echo "::: e2e: complete (e2e.md -> bench/results/)"; fi
 fi
 stamp "done: $SECTIONS"
 exit $status

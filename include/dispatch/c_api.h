@@ -228,6 +228,16 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt)
 /** Stops (frozen != 0) or resumes (0) all tuning and table changes: no
  *  search starts, reload and the watcher publish nothing.
  *  Errors: INVALID_ARGUMENT (rt == NULL). */
+/** Gives `stream` of GPU device (device_type kDLCUDA = 2 or kDLROCM = 10,
+ *  ordinal) a gemm workspace of `workspace_bytes` (allocated now, freed with
+ *  the runtime; 33554432 = 32 MiB is torch's cuBLAS size on Hopper): gemm
+ *  calls on that stream can then run split-K plans. Call when the stream is
+ *  set up, not while it is captured. Errors: INVALID_ARGUMENT (rt NULL, a
+ *  non-GPU device_type, bytes < 0), UNSUPPORTED_DEVICE, OUT_OF_MEMORY. */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_attach_stream(kdispatch_runtime* rt, int32_t device_type,
+                                                                 int32_t ordinal, void* stream,
+                                                                 int64_t workspace_bytes);
+
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_freeze(kdispatch_runtime* rt, int32_t frozen);
 
 /** Whether the runtime is frozen: *out = 1 or 0.
@@ -321,6 +331,18 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_source_path(const kdispatch_r
 KDISPATCH_C_API kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
                                                 const DLTensor* d, const DLTensor* bias, void* stream,
                                                 uint32_t flags, kdispatch_dispatch_info* info);
+
+/** kdispatch_gemm with a workspace for this call: `workspace_bytes` of
+ *  device memory on the tensors' device, used in stream order on `stream`
+ *  by this call only (cuBLASLt's and the tiled family's split-K). NULL/0:
+ *  the workspace kdispatch_runtime_attach_stream gave `stream`, else none;
+ *  a plan that needs more falls back to the default plan inside the call.
+ *  Errors: as kdispatch_gemm, plus INVALID_ARGUMENT for workspace_bytes < 0
+ *  or a NULL workspace with workspace_bytes != 0. */
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_ws(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                                   const DLTensor* d, const DLTensor* bias, void* workspace,
+                                                   int64_t workspace_bytes, void* stream, uint32_t flags,
+                                                   kdispatch_dispatch_info* info);
 
 /** y = x / sqrt(mean(x^2) + eps) * w, per row. x, y: [tokens, hidden]
  *  (unit stride along hidden; y may alias x with the same row stride);

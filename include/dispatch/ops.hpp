@@ -55,6 +55,15 @@ struct CallOptions {
   bool capturing = false;
   /// Filled with where the plan came from when non-null.
   DispatchInfo* info = nullptr;
+  /// gemm on a GPU: scratch device memory for this call (cuBLASLt's and the
+  /// tiled family's split-K), on the tensors' device, used in stream order
+  /// on `stream` only by this call (as cublasLtMatmul's workspace). Null:
+  /// the workspace Runtime::attach_stream gave this stream, else none. A
+  /// plan that needs more than it gets falls back to get_default's plan in
+  /// the same call (DispatchInfo::source says "default"); never allocated
+  /// inside a call.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;  ///< bytes at `workspace`
 };
 
 /// Arguments of gemm: D[M,N] = A[M,K] · B[N,K]^T (+ bias[N]).

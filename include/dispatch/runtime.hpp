@@ -189,6 +189,20 @@ class KDISPATCH_API Runtime {
   /// "" for an unknown id.
   std::string source_dir(uint32_t source_id) const;
 
+  /// Gives `stream` of a GPU device a gemm workspace of `workspace_bytes`
+  /// (device memory allocated now, on `device`, kept until the runtime is
+  /// destroyed): calls on that stream then run plans that need one
+  /// (cuBLASLt's split-K algorithms, the tiled family's split_k > 1).
+  /// Call it when the stream is set up — never while it is being captured
+  /// into a graph; the workspace is used in stream order, so one stream's
+  /// calls never race on it. A stream attached again keeps its first
+  /// workspace. Up to 64 streams per runtime. Default size 32 MiB (torch's
+  /// cuBLAS workspace on Hopper). Thread-safe; calls may run meanwhile.
+  /// Errors: invalid_argument (a CPU device, bytes < 0), unsupported_device
+  /// (backend not available), out_of_memory (the allocation, or 64 streams
+  /// already attached).
+  Status attach_stream(Device device, Stream stream, int64_t workspace_bytes = int64_t{32} << 20) noexcept;
+
   /// Stops (true) or resumes (false) all tuning and all table changes:
   /// no search starts, the tuner's queue is ignored, reload() and the
   /// watcher publish nothing. For deterministic serving. Thread-safe.

@@ -22,11 +22,21 @@
 
 #include "core/op.hpp"
 #include "dispatch/device.hpp"
+#include "gpu/gemm_plan.hpp"
 #include "gpu/norm_plan.hpp"
 
 namespace dispatch::gpu {
 struct BackendOps;
 }
+
+// The tiled tensor-core GEMM family exists on CUDA only.
+#ifndef KDISPATCH_GPU_HAS_TILED
+#if defined(__HIP__) || defined(__HIPCC__) || defined(KDISPATCH_GPU_IS_HIP)
+#define KDISPATCH_GPU_HAS_TILED 0
+#else
+#define KDISPATCH_GPU_HAS_TILED 1
+#endif
+#endif
 
 namespace dispatch::KDISPATCH_GPU_NS {
 
@@ -47,7 +57,15 @@ struct DeviceState {
   bool pdl = false;
   /// [op: 0 rmsnorm, 1 fused][dtype: DType order][gpu::norm::kernel_index]
   KernelImage norm[gpu::norm::kNormOps][gpu::norm::kNormDtypes][gpu::norm::kKernelsPerDtype];
+  /// GEMM kernels per input dtype [0 fp16, 1 bf16] (gemm_dtype_index).
+  KernelImage gemm_skinny[2][gpu::gemm::kSkinnyKernels];
+  KernelImage gemm_ref[2];
+  KernelImage gemm_tiled[2][gpu::gemm::kTiledKernels];  ///< CUDA only (all unloadable on HIP)
+  int64_t smem_optin = 0;  ///< opt-in shared memory per block (bytes)
 };
+
+/// Index of a GEMM input dtype in DeviceState's gemm tables: fp16 0, bf16 1, -1 else.
+constexpr int gemm_dtype_index(DType t) { return t == DType::fp16 ? 0 : t == DType::bf16 ? 1 : -1; }
 
 /// The probed state of a device (probed on first use, once), or nullptr when
 /// the backend has no usable device of that ordinal. Thread-safe.
@@ -82,6 +100,35 @@ KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, fp32)
 KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, fp16)
 KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, bf16)
 #undef KDISPATCH_DECLARE_NORM_TU
+
+// ---- GEMM kernels: one TU per (family, input dtype). The skinny TU also
+// holds the reference kernel. out: kSkinnyKernels images, then the reference.
+#define KDISPATCH_DECLARE_GEMM_SKINNY_TU(dt)                                                              \
+  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,                   \
+                                 const core::Problem& p) noexcept;                                         \
+  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept;               \
+  void probe_gemm_skinny_##dt(KernelImage* skinny, KernelImage* ref) noexcept;
+KDISPATCH_DECLARE_GEMM_SKINNY_TU(fp16)
+KDISPATCH_DECLARE_GEMM_SKINNY_TU(bf16)
+#undef KDISPATCH_DECLARE_GEMM_SKINNY_TU
+#if KDISPATCH_GPU_HAS_TILED
+// The tiled (mma.sync) family, CUDA only: kernels/cuda/gemm_tiled_<dt>.cu.
+// probe: kTiledKernels images, in tiled_kernel_index order; it also raises
+// each kernel's dynamic shared memory limit (cudaFuncSetAttribute) once.
+#define KDISPATCH_DECLARE_GEMM_TILED_TU(dt)                                                               \
+  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,                    \
+                                const core::Problem& p) noexcept;                                          \
+  void probe_gemm_tiled_##dt(KernelImage* out) noexcept;
+KDISPATCH_DECLARE_GEMM_TILED_TU(fp16)
+KDISPATCH_DECLARE_GEMM_TILED_TU(bf16)
+#undef KDISPATCH_DECLARE_GEMM_TILED_TU
+#endif
+
+/// Every GEMM variant of this backend (skinny, tiled and cuBLASLt on CUDA, reference last).
+std::span<const core::VariantDef* const> gemm_variants() noexcept;
+
+/// The analytical default plan for a GEMM problem on this backend.
+core::Plan gemm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
 
 /// Every norm variant of this backend, in list order (references last per op).
 std::span<const core::VariantDef* const> norm_variants() noexcept;

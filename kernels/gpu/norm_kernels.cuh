@@ -41,6 +41,7 @@
 #include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
 
 #include "gpu/backend_decls.hpp"
+#include "gpu/launch_util.hpp"
 #include "gpu/norm_plan.hpp"
 
 namespace dispatch::KDISPATCH_GPU_NS::norm {
@@ -303,28 +304,6 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(gpu::norm::kReferenceT
 
 // ------------------------------------------------------------------ host side
 
-/// Makes the tensor's device current around a launch when the process sees
-/// several devices (a single-device process pays one relaxed load).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int32_t ordinal) noexcept {
-    if (!multi_device()) return;
-    int cur = 0;
-    if (port::get_device(&cur) == port::kSuccess && cur != ordinal && port::set_device(ordinal) == port::kSuccess)
-      prev_ = cur;
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0) (void)port::set_device(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = -1;
-};
-
-inline bool aligned16(const void* p) noexcept { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 /// Generic-kernel threads for a row: the smallest power of two >= hidden/4
 /// in [64, 1024] (about four elements per thread and pass).
 inline int32_t generic_threads_for(int64_t hidden) noexcept {
@@ -403,18 +382,6 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
       return port::status(e, "norm reference kernel launch");
   }
   return make_status(StatusCode::internal, "norm: unknown family");
-}
-
-template <class K>
-inline KernelImage image_of(K* kernel) noexcept {
-  const port::FuncInfo fi = port::func_info(kernel);
-  KernelImage k;
-  k.loadable = fi.loadable;
-  k.max_threads = fi.max_threads;
-  k.num_regs = fi.num_regs;
-  k.local_bytes = fi.local_bytes;
-  k.error = static_cast<int32_t>(fi.error);
-  return k;
 }
 
 /// Fills out[kernel_index] for every kernel of (DT, kFused) on the current device.

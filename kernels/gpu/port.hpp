@@ -327,6 +327,33 @@ inline Error launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, Stre
 #endif
 }
 
+/// launch() with `smem` bytes of dynamic shared memory (kernels whose
+/// `extern __shared__` size depends on the launch; above 48 KiB the kernel
+/// must have raised its cudaFuncAttributeMaxDynamicSharedMemorySize first).
+template <class... KernelParams, class... Args>
+inline Error launch_smem(void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t smem, Stream stream, bool pdl,
+                         Args&&... args) noexcept {
+#if KDISPATCH_GPU_HIP
+  (void)pdl;
+  kernel<<<grid, block, smem, stream>>>(static_cast<Args&&>(args)...);
+  return hipGetLastError();
+#else
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const Error e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+  if (e != kSuccess) (void)cudaGetLastError();
+  return e;
+#endif
+}
+
 // ------------------------------------------------------------------ device helpers
 #if defined(__CUDACC__) || defined(__HIP__)
 

@@ -11,6 +11,7 @@
 // default and queues the shape.
 #include "dispatch/ops.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "api/runtime_impl.hpp"
@@ -173,8 +174,50 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     }
   }
   la.stream = stream.handle;
+  if (p.op == core::OpKind::gemm && p.device.type != DeviceType::cpu) {
+    // The call's workspace: the caller's, else the one attached to its stream.
+    if (opts.workspace != nullptr) {
+      la.workspace = opts.workspace;
+      la.workspace_bytes = opts.workspace_bytes;
+    } else if (const Runtime::Impl::StreamSlot* slot = impl.stream_slot(p.device, stream.handle)) {
+      la.workspace = slot->workspace;
+      la.workspace_bytes = slot->bytes;
+    }
+    // A table row was checked for 16-byte aligned operands; a call with
+    // less aligned ones re-asks the row (rare: sliced or odd-sized tensors).
+    if (p.align_bytes < 16 && source != PlanSource::fallback && !plan.variant->supports(p, plan.params, *dev).ok()) {
+      plan = core::get_default(p, *dev);
+      source = PlanSource::fallback;
+      if (!plan.valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
+    }
+  }
   zero_reset_args(p, la, plan);
-  return plan.variant->launch(la, p, plan.params);
+  Status st = plan.variant->launch(la, p, plan.params);
+  // A plan the call cannot run although its key accepted it (a workspace
+  // too small, cuBLASLt refusing an algorithm for this M): get_default's
+  // plan, then the reference, in the same call. Nothing was enqueued.
+  for (int step = 0; step < 2 && !st.ok() && st.code() == StatusCode::unsupported_problem &&
+                     st.message().starts_with(core::kNeedsFallback);
+       ++step) {
+    core::Plan next = core::get_default(p, *dev);
+    const bool is_default = next.valid() && next.variant == plan.variant &&
+                            std::equal(next.params, next.params + core::kMaxParams, plan.params);
+    if (!next.valid() || is_default) {
+      next = core::Plan{};
+      next.variant = core::reference_variant(p.op, p.device.type, p.in_dtype);
+      if (next.variant == nullptr || next.variant == plan.variant) break;
+    }
+    plan = next;
+    source = PlanSource::fallback;
+    if (opts.info) {
+      opts.info->source = source;
+      opts.info->variant = plan.variant->name.data();
+      opts.info->table_m = -1;
+      opts.info->source_id = 0;
+    }
+    st = plan.variant->launch(la, p, plan.params);
+  }
+  return st;
 }
 
 Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const core::LaunchArgs& la) noexcept {

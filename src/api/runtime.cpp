@@ -68,6 +68,10 @@ Runtime::Impl::~Impl() {
   // included); then free the tables.
   watcher.reset();
   tuner.reset();
+  // The attached streams' workspaces (cudaFree waits for the device).
+  for (int i = 0; i < n_streams.load(std::memory_order_acquire); ++i)
+    if (const gpu::BackendOps* b = gpu::backend_ops(streams[i].device.type); b && b->free_device)
+      b->free_device(streams[i].workspace);
   delete current.load(std::memory_order_acquire);
   table::EpochDomain::global().drop_owner(this);
 }
@@ -367,6 +371,38 @@ std::pair<std::string, std::string> Runtime::Impl::source(uint32_t id) const {
 std::string Runtime::source_path(uint32_t id) const { return impl_->source(id).second; }
 
 std::string Runtime::source_dir(uint32_t id) const { return impl_->source(id).first; }
+
+Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_bytes) noexcept {
+  if (device.type == DeviceType::cpu)
+    return make_status(StatusCode::invalid_argument, "attach_stream: device is the CPU (a workspace is for GPU gemm)");
+  if (workspace_bytes < 0)
+    return make_status(StatusCode::invalid_argument,
+                       "attach_stream: workspace_bytes must be >= 0, got " + std::to_string(workspace_bytes));
+  const gpu::BackendOps* b = gpu::backend_ops(device.type);
+  if (b == nullptr || impl_->device_for(device) == nullptr || b->alloc_device == nullptr)
+    return make_status(StatusCode::unsupported_device, "attach_stream: no usable " +
+                                                           std::string(device_type_name(device.type)) + " device " +
+                                                           std::to_string(device.ordinal));
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.streams_mu);
+  if (im.stream_slot(device, stream.handle) != nullptr) return Status();
+  const int n = im.n_streams.load(std::memory_order_relaxed);
+  if (n >= Impl::kMaxStreams)
+    return make_status(StatusCode::out_of_memory, "attach_stream: " + std::to_string(Impl::kMaxStreams) +
+                                                      " streams already attached to this runtime");
+  void* ws = nullptr;
+  if (workspace_bytes > 0) {
+    ws = b->alloc_device(device.ordinal, workspace_bytes);
+    if (ws == nullptr)
+      return make_status(StatusCode::out_of_memory, "attach_stream: allocating a " + std::to_string(workspace_bytes) +
+                                                        "-byte workspace on " +
+                                                        std::string(device_type_name(device.type)) + ":" +
+                                                        std::to_string(device.ordinal));
+  }
+  im.streams[n] = Impl::StreamSlot{device, stream.handle, ws, ws ? workspace_bytes : 0};
+  im.n_streams.store(n + 1, std::memory_order_release);
+  return Status();
+}
 
 void Runtime::freeze(bool f) noexcept {
   std::lock_guard<std::mutex> lock(impl_->mu);  // waits out a publish in flight

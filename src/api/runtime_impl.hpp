@@ -65,6 +65,28 @@ struct Runtime::Impl {
   int32_t shipped_rank = 0;
 
   std::atomic<bool> frozen{false};
+
+  /// Streams given a gemm workspace (attach_stream): slots [0, n_streams)
+  /// are complete and never change once published (n_streams is stored
+  /// with release after the slot is written); the op reads them lock-free.
+  struct StreamSlot {
+    Device device{};
+    void* stream = nullptr;
+    void* workspace = nullptr;
+    int64_t bytes = 0;
+  };
+  static constexpr int kMaxStreams = 64;
+  StreamSlot streams[kMaxStreams];
+  std::atomic<int> n_streams{0};
+  std::mutex streams_mu;  ///< serialises attach_stream
+  /// The slot of (device, stream), or nullptr. Hot path: a few loads.
+  const StreamSlot* stream_slot(Device d, void* stream) const noexcept {
+    const int n = n_streams.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i)
+      if (streams[i].stream == stream && streams[i].device.ordinal == d.ordinal && streams[i].device.type == d.type)
+        return &streams[i];
+    return nullptr;
+  }
   /// key_hash(cpu_device_info().device_name), computed once (the op hot path
   /// hashes the device name into its binary key).
   uint64_t cpu_name_hash = 0;

@@ -163,6 +163,18 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
   la->d = g.d.data;
   la->ldd = g.d.shape[0] > 1 ? g.d.strides[0] : N;
   la->bias = has_bias ? g.bias.data : nullptr;
+  // The smallest alignment of the operands' pointers and row strides (the
+  // vector kernels need 16 bytes of A and B); a description without data is aligned.
+  if (require_data) {
+    // (D and the bias are written/read element by element: not counted.)
+    uintptr_t bits = reinterpret_cast<uintptr_t>(la->a) | reinterpret_cast<uintptr_t>(la->b);
+    const size_t ie = dtype_size(g.a.dtype);
+    if (M > 1) bits |= static_cast<uintptr_t>(la->lda) * ie;
+    if (N > 1) bits |= static_cast<uintptr_t>(la->ldb) * ie;
+    uint8_t al = 16;
+    while (al > 1 && (bits & (al - 1u)) != 0) al = static_cast<uint8_t>(al / 2);
+    p->align_bytes = al;
+  }
   *empty = M == 0;
   return Status();
 }

@@ -223,10 +223,12 @@ void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) 
 // CallOptions, the call on `stream`, the info struct filled on success.
 template <class Args, class Op>
 kdispatch_status run_op(kdispatch_runtime* rt, Op op, const Args& args, void* stream, uint32_t flags,
-                        kdispatch_dispatch_info* info) {
+                        kdispatch_dispatch_info* info, void* workspace = nullptr, int64_t workspace_bytes = 0) {
   dispatch::DispatchInfo di;
   dispatch::CallOptions co;
   co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
+  co.workspace = workspace;
+  co.workspace_bytes = workspace ? workspace_bytes : 0;
   if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
   const Status s = op(*rt->rt, args, dispatch::Stream{stream}, co);
   if (s.ok()) from_info(di, info);
@@ -389,6 +391,23 @@ kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt) {
   });
 }
 
+kdispatch_status kdispatch_runtime_attach_stream(kdispatch_runtime* rt, int32_t device_type, int32_t ordinal,
+                                                 void* stream, int64_t workspace_bytes) {
+  return guarded("kdispatch_runtime_attach_stream", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_attach_stream", "rt");
+    dispatch::Device dev;
+    switch (device_type) {
+      case kDLCUDA: dev.type = dispatch::DeviceType::cuda; break;
+      case kDLROCM: dev.type = dispatch::DeviceType::hip; break;
+      default:
+        return fail(KDISPATCH_INVALID_ARGUMENT, "device_type: " + std::to_string(device_type) +
+                                                    " is not a GPU (kDLCUDA = 2 or kDLROCM = 10)");
+    }
+    dev.ordinal = ordinal;
+    return finish(rt->rt->attach_stream(dev, dispatch::Stream{stream}, workspace_bytes));
+  });
+}
+
 kdispatch_status kdispatch_runtime_freeze(kdispatch_runtime* rt, int32_t frozen) {
   return guarded("kdispatch_runtime_freeze", [&]() -> kdispatch_status {
     if (rt == nullptr) return null_arg("kdispatch_runtime_freeze", "rt");
@@ -533,8 +552,17 @@ kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint
 
 kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b, const DLTensor* d,
                                 const DLTensor* bias, void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
+  return kdispatch_gemm_ws(rt, a, b, d, bias, nullptr, 0, stream, flags, info);
+}
+
+kdispatch_status kdispatch_gemm_ws(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b, const DLTensor* d,
+                                   const DLTensor* bias, void* workspace, int64_t workspace_bytes, void* stream,
+                                   uint32_t flags, kdispatch_dispatch_info* info) {
   return guarded("kdispatch_gemm", [&]() -> kdispatch_status {
     if (rt == nullptr) return null_arg("kdispatch_gemm", "rt");
+    if (workspace_bytes < 0 || (workspace == nullptr && workspace_bytes != 0))
+      return fail(KDISPATCH_INVALID_ARGUMENT, "workspace_bytes: must be >= 0, and 0 when workspace is NULL (got " +
+                                                  std::to_string(workspace_bytes) + ")");
     dispatch::GemmArgs args;
     if (auto s = to_tensor(a, "a", false, &args.a); !s.ok()) return finish(s);
     if (auto s = to_tensor(b, "b", false, &args.b); !s.ok()) return finish(s);
@@ -544,7 +572,7 @@ kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const 
     // API reads a null-data bias as absent).
     if (bias != nullptr && args.bias.data == nullptr)
       return fail(KDISPATCH_INVALID_ARGUMENT, "bias: data is NULL (pass a NULL DLTensor* for no bias)");
-    return run_op(rt, &dispatch::gemm, args, stream, flags, info);
+    return run_op(rt, &dispatch::gemm, args, stream, flags, info, workspace, workspace_bytes);
   });
 }
 

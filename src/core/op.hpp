@@ -41,6 +41,12 @@ struct Problem {
   /// see stride_code() in api/validate.hpp. 0 = the default (row-major,
   /// contiguous rows) layout of every operand.
   uint32_t stride_code = 0;
+  /// The smallest alignment (bytes, a power of two, at most 16) of the
+  /// operands' base pointers and row strides at this call; 16 for a problem
+  /// described without data (a config row, a tuning key). Not part of the
+  /// key: a table row is checked against it only when it is below 16 (the
+  /// vector kernels then decline and the call falls back to get_default).
+  uint8_t align_bytes = 16;
 };
 
 /// Per-call arguments, in elements (strides) and raw pointers.
@@ -67,6 +73,13 @@ struct LaunchArgs {
   float eps = 0.f;
 
   void* stream = nullptr;
+  /// Scratch device memory for the call (gemm: cuBLASLt's split-K
+  /// workspace, the tiled family's split-K partials), stream-ordered on
+  /// `stream`; null/0 when the call has none. A plan that needs more than
+  /// `workspace_bytes` declines at launch (kNeedsFallback) and the call
+  /// falls back to get_default, which never needs a workspace.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 };
 
 /// How a config parameter's value is written in a file.
@@ -85,7 +98,7 @@ struct ParamDef {
   int64_t default_value = 0;                 ///< used when a row leaves the param out
 };
 
-inline constexpr int kMaxParams = 8;
+inline constexpr int kMaxParams = 12;
 
 /// Argument slots of each op, as the tuner and the roles see them.
 /// gemm: a, b, d, bias. rmsnorm: y, x, w. fused_add_rmsnorm: x, residual, w.
@@ -104,7 +117,19 @@ uint32_t written_args(OpKind op) noexcept;
 enum VariantFlags : uint32_t {
   kVariantReference = 1u << 0,         ///< the op's reference implementation (validation baseline)
   kVariantNondeterministic = 1u << 1,  ///< results depend on scheduling (atomics, split-K races)
+  /// A dynamic family (cuBLASLt): its candidates are discovered per problem
+  /// by enumerate(), not by a cartesian product of `values`; a row's params
+  /// are any integers (every param must be present), and supports() is the
+  /// whole check (the library's own algorithm check).
+  kVariantDynamicSpace = 1u << 2,
 };
+
+/// The launch message prefix a variant returns when this call cannot run
+/// its plan although the key accepted it (a workspace too small, a pointer
+/// less aligned than the plan needs, a cuBLASLt algorithm the library
+/// refuses for this M): the op then runs get_default's plan instead, inside
+/// the same call. Code: unsupported_problem.
+inline constexpr std::string_view kNeedsFallback = "needs fallback: ";
 
 struct Plan;
 
@@ -148,6 +173,11 @@ struct VariantDef {
   /// Optional perf model: estimated µs for (problem, params); the search
   /// keeps the top-k points by estimate when the space is large.
   double (*estimate_us)(const Problem& p, const int64_t* params, const DeviceInfo& dev) = nullptr;
+  /// Dynamic families only (kVariantDynamicSpace): writes up to `cap`
+  /// candidate param sets for `p` into out[i * kMaxParams ...] and returns
+  /// how many (cuBLASLt: its heuristic's top results). Called by the tuner
+  /// and config_space(), never on a call's hit path.
+  int (*enumerate)(const Problem& p, const DeviceInfo& dev, int64_t* out, int cap) = nullptr;
 };
 
 /// Checks a variant's declaration: a name, launch and supports functions,

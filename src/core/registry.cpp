@@ -122,6 +122,20 @@ Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept {
 
 std::vector<Plan> config_space(const VariantDef& v, const Problem& p, const DeviceInfo& dev) {
   std::vector<Plan> out;
+  if (v.flags & kVariantDynamicSpace) {
+    // Discovered per problem (cuBLASLt's heuristic), then checked like any row.
+    if (v.enumerate == nullptr) return out;
+    constexpr int kCap = 16;
+    std::vector<int64_t> rows(static_cast<size_t>(kCap * kMaxParams), 0);
+    const int n = v.enumerate(p, dev, rows.data(), kCap);
+    for (int i = 0; i < n && i < kCap; ++i) {
+      Plan plan;
+      plan.variant = &v;
+      std::copy(rows.begin() + i * kMaxParams, rows.begin() + (i + 1) * kMaxParams, plan.params);
+      if (v.supports == nullptr || v.supports(p, plan.params, dev).ok()) out.push_back(plan);
+    }
+    return out;
+  }
   const size_t n = v.params.size();
   std::vector<size_t> idx(n, 0);
   for (size_t i = 0; i < n; ++i)
@@ -154,6 +168,16 @@ Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) 
     Plan plan;
     plan.variant = v;
     for (size_t i = 0; i < v->params.size(); ++i) plan.params[i] = v->params[i].default_value;
+    const bool dynamic = (v->flags & kVariantDynamicSpace) != 0;
+    if (dynamic) {
+      // A dynamic family's row is a whole algorithm: every param must be
+      // there (a default would silently describe another algorithm).
+      for (const ParamDef& pd : v->params)
+        if (config_find(row, std::string(pd.name)) == nullptr)
+          return make_status(StatusCode::config_error,
+                             "'" + std::string(pd.name) + "' missing: a " + std::string(v->name) +
+                                 " row must give every parameter of its algorithm");
+    }
     for (const auto& [name, value] : row) {
       if (name == "variant") continue;
       size_t i = 0;
@@ -184,7 +208,7 @@ Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) 
           break;
         }
       }
-      if (std::find(pd.values.begin(), pd.values.end(), stored) == pd.values.end())
+      if (!dynamic && std::find(pd.values.begin(), pd.values.end(), stored) == pd.values.end())
         return make_status(StatusCode::config_error, "'" + name + "'=" + value_text(pd, stored) +
                                                          " is not a point of " + std::string(v->name) + "'s space");
       plan.params[i] = stored;

@@ -61,6 +61,16 @@ struct BackendOps {
   /// memory use: CUDA's per-thread default stream (cudaStreamPerThread) of
   /// the tuning thread; null (the legacy stream) on HIP.
   void* tuner_stream = nullptr;
+  /// The calling tuning thread's GEMM workspace (allocated on its first
+  /// use, kept for the process; *bytes = 0 and nullptr when that failed).
+  void* (*tuner_workspace)(int64_t* bytes) noexcept = nullptr;
+  /// Device memory on device `ordinal` (Runtime::attach_stream's
+  /// workspaces), nullptr on failure; and its release.
+  void* (*alloc_device)(int32_t ordinal, int64_t bytes) noexcept = nullptr;
+  void (*free_device)(void* p) noexcept = nullptr;
+  /// The vendor GEMM library the backend uses, one line ("cuBLASLt 130100
+  /// (/usr/local/cuda/lib/libcublasLt.so.13)"), or why there is none.
+  const std::string& (*library_versions)() noexcept = nullptr;
 };
 
 /// The entry table of a GPU backend, or nullptr when it is not compiled in

@@ -163,7 +163,14 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
   core::LaunchArgs tla = la;
   tla.stream = nullptr;
   if (p.device.type != DeviceType::cpu)
-    if (const gpu::BackendOps* b = gpu::backend_ops(p.device.type)) tla.stream = b->tuner_stream;
+    if (const gpu::BackendOps* b = gpu::backend_ops(p.device.type)) {
+      tla.stream = b->tuner_stream;
+      // GEMM candidates get the tuning thread's own workspace (the caller's
+      // would be ordered on the caller's stream, not the tuner's).
+      tla.workspace = nullptr;
+      tla.workspace_bytes = 0;
+      if (p.op == core::OpKind::gemm && b->tuner_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
+    }
   t.launch = [tla, prob](const core::Plan& plan) { return plan.variant->launch(tla, prob, plan.params); };
   return t;
 }

@@ -141,6 +141,8 @@ _PROTOTYPES = {
     "kdispatch_runtime_export_misses": (_STATUS, [_RT, c_char_p]),
     "kdispatch_runtime_source_path": (_STATUS, [_RT, c_uint32, _STR_OUT, _STR_OUT]),
     "kdispatch_gemm": (_STATUS, [_RT, _T, _T, _T, _T, c_void_p, c_uint32, POINTER(DispatchInfo)]),
+    "kdispatch_gemm_ws": (_STATUS, [_RT, _T, _T, _T, _T, c_void_p, c_int64, c_void_p, c_uint32, POINTER(DispatchInfo)]),
+    "kdispatch_runtime_attach_stream": (_STATUS, [_RT, c_int32, c_int32, c_void_p, c_int64]),
     "kdispatch_rmsnorm": (_STATUS, [_RT, _T, _T, _T, c_float, c_void_p, c_uint32, POINTER(DispatchInfo)]),
     "kdispatch_fused_add_rmsnorm": (_STATUS, [_RT, _T, _T, _T, c_float, c_void_p, c_uint32, POINTER(DispatchInfo)]),
     "kdispatch_pretune_gemm": (_STATUS, [_RT, _T, _T, _T, _T, _STR_OUT]),

@@ -90,9 +90,27 @@ def _dl(t, keep):
     return ctypes.byref(d)
 
 
-def _launch(fn, tensors, tail):
+# GEMM workspace per (device, stream): torch memory, allocated on a stream's
+# first gemm and kept (inside a graph capture it comes from the graph's
+# private pool, which torch allows; kdispatch itself never allocates in a
+# call). 32 MiB, torch's own cuBLAS workspace size on Hopper.
+_WORKSPACE_BYTES = 32 << 20
+_WORKSPACES = {}
+
+
+def _workspace(device, stream):
+    key = (device.index or 0, stream)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        _WORKSPACES[key] = ws
+    return ws
+
+
+def _launch(fn, tensors, tail, workspace=False):
     """Calls a C ABI op on `tensors` (None = absent) on torch's current
-    stream, with the capture flag when that stream is being captured."""
+    stream, with the capture flag when that stream is being captured.
+    workspace=True (gemm): kdispatch_gemm_ws with the stream's workspace."""
     rt = get_runtime()
     first = tensors[0]
     stream, flags = None, 0
@@ -102,6 +120,10 @@ def _launch(fn, tensors, tail):
             flags |= _capi.CALL_CAPTURING
     keep = []
     args = [_dl(t, keep) if t is not None else None for t in tensors]
+    if workspace:
+        ws = _workspace(first.device, stream) if first.device.type == "cuda" else None
+        tail = (*tail, ctypes.c_void_p(ws.data_ptr() if ws is not None else 0),
+                ctypes.c_int64(ws.numel() if ws is not None else 0))
     _capi.check(fn(ctypes.c_void_p(rt.handle), *args, *tail, ctypes.c_void_p(stream or 0), flags, None))
 
 
@@ -154,7 +176,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) 
         if bias is not None:
             d += bias
         return d
-    _launch(_capi.lib.kdispatch_gemm, [_rows(a, "a", False), b, _rows(d, "d", True), bias], ())
+    _launch(_capi.lib.kdispatch_gemm_ws, [_rows(a, "a", False), b, _rows(d, "d", True), bias], (), workspace=True)
     return d
 
 

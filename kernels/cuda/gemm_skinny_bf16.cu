@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — GEMM skinny family and reference kernels for bf16
+// inputs (one translation unit per family and dtype). The kernels are the
+// portable ones in kernels/gpu/gemm_kernels.cuh.
+#include "gpu/gemm_kernels.cuh"
+
+KDISPATCH_GEMM_SKINNY_TU(bf16)

@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — GEMM D[M,N] = A[M,K] · B[N,K]^T (+ bias[N]): the
+// families of our own kernels, their config spaces and how a config point
+// becomes a launch. Plain C++ (no GPU headers): the variant list (host code),
+// the kernels' launchers and the tests share it.
+//
+// Families (the cuBLASLt family, CUDA only, is in src/gpu/cublaslt.hpp):
+//
+//   skinny  decode-time GEMV-like shapes (M <= 16 or so): the weight B is
+//           streamed once at full bandwidth with 16-byte loads, each warp
+//           owning `rows_per_warp` rows of B (columns of D) and the block's
+//           `split_k` warps splitting K between them; the split-K partial
+//           sums are added in a fixed order through shared memory inside the
+//           block (no atomics, no workspace: deterministic). A, the few
+//           activation rows, is re-read from L1/L2 by every warp. M is
+//           processed in chunks of `m_tile` rows (compile time: 1, 2, 4, 8,
+//           16; the launcher picks the smallest chunk that covers M, and
+//           loops over chunks above 16 — correct for any M, fast for small).
+//             rows_per_warp  {1, 2, 4}     (compile time)
+//             split_k        {1, 2, 4, 8}  warps per block along K (runtime)
+//           Needs K % 8 == 0, 16-byte aligned A and B rows (lda, ldb % 8 == 0
+//           and 16-byte aligned pointers): checked by supports() (K) and at
+//           the call (pointers, strides; Problem::align_bytes).
+//   tiled   (CUDA only) tensor cores through mma.sync.m16n8k16 with a
+//           cp.async multi-stage shared-memory pipeline and ldmatrix; fp32
+//           accumulation. A block computes a BLOCK_SIZE_M x BLOCK_SIZE_N tile
+//           of D with num_warps warps; num_stages K-tiles of BLOCK_SIZE_K are
+//           in flight. split_k > 1 splits K over gridDim.z: each split writes
+//           an fp32 partial tile to the caller's workspace and a second
+//           kernel adds the splits in order (deterministic), adds the bias
+//           and converts. Only the (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+//           num_warps) shapes of kTiledShapes are compiled (each with
+//           num_stages 2, 3, 4): supports() declines the other points of the
+//           space. Needs K % 8 == 0 and 16-byte aligned rows, like skinny.
+//             BLOCK_SIZE_M {64, 128, 256}  BLOCK_SIZE_N {64, 128, 256}
+//             BLOCK_SIZE_K {32, 64}        num_warps {4, 8}
+//             num_stages {2, 3, 4}         split_k {1, 2, 4}
+//   reference  one thread per output element, scalar fp32 accumulation in
+//           K order, any M/N/K, any alignment and row stride: the tuner's
+//           validation baseline (kVariantReference) and the last resort of
+//           get_default.
+//
+// dtypes: A and B bf16 or fp16 (the same); D bf16, fp16 (= input dtype) or
+// fp32; bias (optional) the dtype of D. Accumulation is fp32 everywhere.
+#pragma once
+
+#include <cstdint>
+
+namespace dispatch::gpu::gemm {
+
+// ------------------------------------------------------------------ skinny
+
+inline constexpr int64_t kSkinnyRowsPerWarpValues[] = {1, 2, 4};
+inline constexpr int64_t kSkinnySplitKValues[] = {1, 2, 4, 8};
+inline constexpr int kSkinnyMTiles[] = {1, 2, 4, 8, 16};
+inline constexpr int kSkinnyMaxMTile = 16;
+/// Param slots (Plan::params) of the skinny family.
+inline constexpr int kSkinnyRowsPerWarp = 0, kSkinnySplitK = 1;
+/// Kernels per input dtype: m_tile (5) x rows_per_warp (3).
+inline constexpr int kSkinnyKernels = 15;
+
+constexpr int skinny_rpw_index(int64_t r) { return r == 1 ? 0 : r == 2 ? 1 : r == 4 ? 2 : -1; }
+constexpr int skinny_mtile_index(int m) { return m == 1 ? 0 : m == 2 ? 1 : m == 4 ? 2 : m == 8 ? 3 : m == 16 ? 4 : -1; }
+/// The chunk of M rows one skinny launch covers: the smallest m_tile >= m, 16 above.
+constexpr int skinny_mtile_for(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16; }
+constexpr int skinny_kernel_index(int mtile, int64_t rows_per_warp) {
+  return skinny_mtile_index(mtile) * 3 + skinny_rpw_index(rows_per_warp);
+}
+
+/// A skinny launch: a block of 32 * split_k threads (warp size 32; 64 on
+/// CDNA) covers 32/64-lane warps x rows_per_warp rows of B.
+struct Skinny {
+  int rows_per_warp = 1;
+  int split_k = 1;
+  int m_tile = 1;
+};
+
+/// Resolves skinny params for (N, K); nullptr when accepted, else why not.
+inline const char* resolve_skinny(int64_t n, int64_t k, const int64_t* params, Skinny* out) {
+  const int64_t rpw = params[kSkinnyRowsPerWarp], sk = params[kSkinnySplitK];
+  if (skinny_rpw_index(rpw) < 0) return "rows_per_warp must be 1, 2 or 4";
+  if (sk != 1 && sk != 2 && sk != 4 && sk != 8) return "split_k must be 1, 2, 4 or 8";
+  if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
+  if (n < 1 || k < 1) return "N and K must be >= 1";
+  out->rows_per_warp = static_cast<int>(rpw);
+  out->split_k = static_cast<int>(sk);
+  return nullptr;
+}
+
+// ------------------------------------------------------------------ tiled (CUDA)
+
+inline constexpr int64_t kTiledBlockMValues[] = {64, 128, 256};
+inline constexpr int64_t kTiledBlockNValues[] = {64, 128, 256};
+inline constexpr int64_t kTiledBlockKValues[] = {32, 64};
+inline constexpr int64_t kTiledWarpsValues[] = {4, 8};
+inline constexpr int64_t kTiledStagesValues[] = {2, 3, 4};
+inline constexpr int64_t kTiledSplitKValues[] = {1, 2, 4};
+/// Param slots of the tiled family.
+inline constexpr int kTiledBM = 0, kTiledBN = 1, kTiledBK = 2, kTiledWarps = 3, kTiledStages = 4, kTiledSplitK = 5;
+
+/// The compiled block shapes (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+/// num_warps); each is compiled for num_stages 2, 3 and 4.
+struct TiledShape {
+  int bm, bn, bk, warps;
+};
+inline constexpr TiledShape kTiledShapes[] = {
+    {128, 128, 32, 4}, {128, 128, 32, 8}, {128, 256, 32, 8}, {256, 128, 32, 8},
+    {64, 128, 32, 4},  {128, 64, 32, 4},  {64, 64, 64, 4},
+};
+inline constexpr int kTiledShapeCount = 7;
+inline constexpr int kTiledStageCount = 3;  // 2, 3, 4
+/// Kernels per input dtype (the split-K reduction kernel not counted).
+inline constexpr int kTiledKernels = kTiledShapeCount * kTiledStageCount;
+
+constexpr int tiled_shape_index(int64_t bm, int64_t bn, int64_t bk, int64_t warps) {
+  for (int i = 0; i < kTiledShapeCount; ++i)
+    if (kTiledShapes[i].bm == bm && kTiledShapes[i].bn == bn && kTiledShapes[i].bk == bk &&
+        kTiledShapes[i].warps == warps)
+      return i;
+  return -1;
+}
+constexpr int tiled_kernel_index(int shape, int64_t stages) {
+  return shape < 0 || stages < 2 || stages > 4 ? -1 : shape * kTiledStageCount + static_cast<int>(stages - 2);
+}
+/// Shared memory of one block (bytes): the A and B stage buffers (2-byte
+/// elements). The launcher opts in to > 48 KiB where needed.
+constexpr int64_t tiled_smem_bytes(int64_t bm, int64_t bn, int64_t bk, int64_t stages) {
+  return stages * (bm + bn) * bk * 2;
+}
+
+/// A tiled launch, resolved.
+struct Tiled {
+  int shape = 0;  ///< index into kTiledShapes
+  int bm = 0, bn = 0, bk = 0, warps = 0, stages = 0, split_k = 1;
+  int kernel = 0;  ///< tiled_kernel_index
+};
+
+/// Resolves tiled params for (N, K); nullptr when accepted, else why not.
+/// The smem limit is the device's opt-in maximum per block (0 = unknown:
+/// 227 KiB, an H100/H200).
+inline const char* resolve_tiled(int64_t n, int64_t k, const int64_t* params, int64_t smem_optin, Tiled* out) {
+  const int shape =
+      tiled_shape_index(params[kTiledBM], params[kTiledBN], params[kTiledBK], params[kTiledWarps]);
+  if (shape < 0) return "(BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps) is not a compiled block shape";
+  const int64_t st = params[kTiledStages], sk = params[kTiledSplitK];
+  if (st < 2 || st > 4) return "num_stages must be 2, 3 or 4";
+  if (sk != 1 && sk != 2 && sk != 4) return "split_k must be 1, 2 or 4";
+  if (k % 8 != 0) return "K must be a multiple of 8 (16-byte cp.async)";
+  if (n < 1 || k < 1) return "N and K must be >= 1";
+  const int64_t limit = smem_optin > 0 ? smem_optin : 227 * 1024;
+  if (tiled_smem_bytes(params[kTiledBM], params[kTiledBN], params[kTiledBK], st) > limit)
+    return "the stages do not fit the device's shared memory";
+  // Each split must get at least one K-tile.
+  if (sk > 1 && k < sk * params[kTiledBK]) return "split_k leaves a split without a K-tile";
+  out->shape = shape;
+  out->bm = static_cast<int>(params[kTiledBM]);
+  out->bn = static_cast<int>(params[kTiledBN]);
+  out->bk = static_cast<int>(params[kTiledBK]);
+  out->warps = static_cast<int>(params[kTiledWarps]);
+  out->stages = static_cast<int>(st);
+  out->split_k = static_cast<int>(sk);
+  out->kernel = tiled_kernel_index(shape, st);
+  return nullptr;
+}
+
+/// Workspace (bytes) a tiled launch needs: the fp32 partial tiles of split_k
+/// > 1 (split_k x M x N x 4), 0 without split-K.
+constexpr int64_t tiled_workspace_bytes(int64_t m, int64_t n, int split_k) {
+  return split_k > 1 ? int64_t{split_k} * m * n * 4 : 0;
+}
+
+}  // namespace dispatch::gpu::gemm

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — host-side helpers every kernel family's launcher
+// shares (norms, GEMM): the device guard, alignment tests and the kernel
+// image probe. Device-compiled TUs only (after gpu/port.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
+
+#include "gpu/backend_decls.hpp"
+
+namespace dispatch::KDISPATCH_GPU_NS {
+
+/// Makes the tensor's device current around a launch when the process sees
+/// several devices (a single-device process pays one relaxed load).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int32_t ordinal) noexcept {
+    if (!multi_device()) return;
+    int cur = 0;
+    if (port::get_device(&cur) == port::kSuccess && cur != ordinal && port::set_device(ordinal) == port::kSuccess)
+      prev_ = cur;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) (void)port::set_device(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+inline bool aligned16(const void* p) noexcept { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+/// What the runtime says about one compiled kernel on the current device.
+template <class K>
+inline KernelImage image_of(K* kernel) noexcept {
+  const port::FuncInfo fi = port::func_info(kernel);
+  KernelImage k;
+  k.loadable = fi.loadable;
+  k.max_threads = fi.max_threads;
+  k.num_regs = fi.num_regs;
+  k.local_bytes = fi.local_bytes;
+  k.error = static_cast<int32_t>(fi.error);
+  return k;
+}
+
+}  // namespace dispatch::KDISPATCH_GPU_NS

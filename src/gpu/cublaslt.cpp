@@ -1,0 +1,381 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — cuBLASLt as a dynamic gemm family (see cublaslt.hpp).
+#include "gpu/cublaslt.hpp"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+
+namespace dispatch::cuda::lt {
+namespace {
+
+struct Api {
+  void* so = nullptr;
+  cublasLtHandle_t handle = nullptr;
+  int64_t version = 0;
+  std::string describe;
+
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtGetVersion) get_version = nullptr;
+  decltype(&cublasLtMatmulDescInit_internal) desc_init = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutInit_internal) layout_init = nullptr;
+  decltype(&cublasLtMatmulPreferenceInit_internal) pref_init = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmulAlgoInit) algo_init = nullptr;
+  decltype(&cublasLtMatmulAlgoConfigSetAttribute) algo_set = nullptr;
+  decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_get = nullptr;
+  decltype(&cublasLtMatmulAlgoCheck) algo_check = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+  decltype(&cublasLtGetStatusName) status_name = nullptr;
+};
+
+template <class F>
+bool sym(void* so, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(so, name));
+  return *out != nullptr;
+}
+
+Api* open_api() {
+  auto* a = new Api;  // kept for the process lifetime
+  const char* env = std::getenv("KDISPATCH_CUBLASLT");
+  if (env && std::string_view(env) == "0") {
+    a->describe = "cuBLASLt disabled by KDISPATCH_CUBLASLT=0";
+    return a;
+  }
+  std::string tried;
+  auto try_open = [&](const std::string& name) {
+    if (a->so) return;
+    a->so = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!a->so) {
+      if (!tried.empty()) tried += ", ";
+      tried += name;
+    }
+  };
+  if (env && *env) {
+    try_open(env);
+  } else {
+    try_open("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
+    try_open("libcublasLt.so");
+  }
+  if (!a->so) {
+    a->describe = "cuBLASLt unavailable: dlopen failed for " + tried;
+    return a;
+  }
+  const bool ok = sym(a->so, "cublasLtCreate", &a->create) && sym(a->so, "cublasLtGetVersion", &a->get_version) &&
+                  sym(a->so, "cublasLtMatmulDescInit_internal", &a->desc_init) &&
+                  sym(a->so, "cublasLtMatmulDescSetAttribute", &a->desc_set) &&
+                  sym(a->so, "cublasLtMatrixLayoutInit_internal", &a->layout_init) &&
+                  sym(a->so, "cublasLtMatmulPreferenceInit_internal", &a->pref_init) &&
+                  sym(a->so, "cublasLtMatmulPreferenceSetAttribute", &a->pref_set) &&
+                  sym(a->so, "cublasLtMatmulAlgoGetHeuristic", &a->heuristic) &&
+                  sym(a->so, "cublasLtMatmulAlgoInit", &a->algo_init) &&
+                  sym(a->so, "cublasLtMatmulAlgoConfigSetAttribute", &a->algo_set) &&
+                  sym(a->so, "cublasLtMatmulAlgoConfigGetAttribute", &a->algo_get) &&
+                  sym(a->so, "cublasLtMatmulAlgoCheck", &a->algo_check) && sym(a->so, "cublasLtMatmul", &a->matmul) &&
+                  sym(a->so, "cublasLtGetStatusName", &a->status_name);
+  char path[512] = "?";
+  if (a->create) {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(a->create), &info) && info.dli_fname)
+      std::snprintf(path, sizeof path, "%s", info.dli_fname);
+  }
+  if (!ok) {
+    a->describe = std::string("cuBLASLt unavailable: ") + path + " lacks an entry point we use";
+    return a;
+  }
+  a->version = static_cast<int64_t>(a->get_version());
+  // The internal *Init entry points take the opaque struct's size: a library
+  // whose structs grew past the headers we built with would write past ours.
+  if (a->version / 10000 != CUBLAS_VER_MAJOR) {
+    a->describe = "cuBLASLt unavailable: " + std::string(path) + " is version " + std::to_string(a->version) +
+                  ", this build's headers are major " + std::to_string(CUBLAS_VER_MAJOR);
+    a->version = 0;
+    return a;
+  }
+  if (a->create(&a->handle) != CUBLAS_STATUS_SUCCESS) {
+    a->describe = std::string("cuBLASLt unavailable: cublasLtCreate failed (") + path + ")";
+    a->handle = nullptr;
+    a->version = 0;
+    return a;
+  }
+  a->describe = "cuBLASLt " + std::to_string(a->version) + " (" + path + ")";
+  return a;
+}
+
+const Api& api() {
+  static const Api* a = open_api();
+  return *a;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::fp32: return CUDA_R_32F;
+    case DType::fp16: return CUDA_R_16F;
+    case DType::bf16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+std::string status_text(cublasStatus_t s) {
+  const Api& a = api();
+  return a.status_name ? a.status_name(s) : std::to_string(static_cast<int>(s));
+}
+
+/// The descriptors of one call, initialised in place (no allocation).
+struct Descs {
+  cublasLtMatmulDescOpaque_t op;
+  cublasLtMatrixLayoutOpaque_t a, b, c;  // cuBLASLt's A (our B), B (our A), C = D
+};
+
+cublasStatus_t make_descs(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd,
+                          const void* bias, Descs* d) {
+  cublasStatus_t s = api.desc_init(&d->op, sizeof d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t)) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n)) != CUBLAS_STATUS_SUCCESS) return s;
+  if (p.has_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) != CUBLAS_STATUS_SUCCESS) return s;
+    const cudaDataType_t bt = cuda_type(p.out_dtype);
+    if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)) != CUBLAS_STATUS_SUCCESS)
+      return s;
+    if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) != CUBLAS_STATUS_SUCCESS)
+      return s;
+  }
+  const cudaDataType_t in = cuda_type(p.in_dtype), out = cuda_type(p.out_dtype);
+  // ld must be >= rows even for one column (M = 1): cuBLASLt checks it.
+  if ((s = api.layout_init(&d->a, sizeof d->a, in, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n),
+                           std::max<int64_t>(ldb, p.k))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  if ((s = api.layout_init(&d->b, sizeof d->b, in, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.m),
+                           std::max<int64_t>(lda, p.k))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  return api.layout_init(&d->c, sizeof d->c, out, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m),
+                         std::max<int64_t>(ldd, p.n));
+}
+
+/// The algorithm of a row, rebuilt from its config attributes.
+cublasStatus_t make_algo(const Api& api, const core::Problem& p, const int64_t* prm, cublasLtMatmulAlgo_t* algo) {
+  const cudaDataType_t in = cuda_type(p.in_dtype), out = cuda_type(p.out_dtype);
+  cublasStatus_t s = api.algo_init(api.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, out, out,
+                                   static_cast<int>(prm[kAlgoId]), algo);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  auto set32 = [&](cublasLtMatmulAlgoConfigAttributes_t attr, int64_t v) {
+    const uint32_t u = static_cast<uint32_t>(v);
+    return api.algo_set(algo, attr, &u, sizeof u);
+  };
+  auto set16 = [&](cublasLtMatmulAlgoConfigAttributes_t attr, int64_t v) {
+    const uint16_t u = static_cast<uint16_t>(v);
+    return api.algo_set(algo, attr, &u, sizeof u);
+  };
+  const int32_t split = static_cast<int32_t>(prm[kSplitK]);
+  if ((s = set32(CUBLASLT_ALGO_CONFIG_TILE_ID, prm[kTile])) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = set32(CUBLASLT_ALGO_CONFIG_STAGES_ID, prm[kStages])) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = api.algo_set(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split)) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = set32(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, prm[kReduction])) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = set32(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, prm[kSwizzle])) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = set32(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, prm[kCustom])) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = set16(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, prm[kInnerShape])) != CUBLAS_STATUS_SUCCESS) return s;
+  return set16(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, prm[kClusterShape]);
+}
+
+/// A heuristic result as a param row.
+void algo_to_params(const Api& api, const cublasLtMatmulHeuristicResult_t& r, int64_t* out) {
+  for (int i = 0; i < core::kMaxParams; ++i) out[i] = 0;
+  int32_t id = 0, split = 1;
+  uint32_t tile = 0, stages = 0, red = 0, swz = 0, custom = 0;
+  uint16_t inner = 0, cluster = 0;
+  size_t w = 0;
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof inner, &w);
+  (void)api.algo_get(&r.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &w);
+  out[kAlgoId] = id;
+  out[kTile] = tile;
+  out[kStages] = stages;
+  out[kSplitK] = split;
+  out[kReduction] = red;
+  out[kSwizzle] = swz;
+  out[kCustom] = custom;
+  out[kInnerShape] = inner;
+  out[kClusterShape] = cluster;
+  out[kWorkspace] = static_cast<int64_t>(r.workspaceSize);
+  out[kVersion] = api.version;
+}
+
+int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd, const void* bias,
+              int64_t workspace_bytes, cublasLtMatmulHeuristicResult_t* res, int cap) {
+  Descs d;
+  if (make_descs(api, p, lda, ldb, ldd, bias, &d) != CUBLAS_STATUS_SUCCESS) return 0;
+  cublasLtMatmulPreferenceOpaque_t pref;
+  if (api.pref_init(&pref, sizeof pref) != CUBLAS_STATUS_SUCCESS) return 0;
+  const uint64_t ws = static_cast<uint64_t>(workspace_bytes > 0 ? workspace_bytes : 0);
+  if (api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) != CUBLAS_STATUS_SUCCESS) return 0;
+  int n = 0;
+  if (api.heuristic(api.handle, &d.op, &d.a, &d.b, &d.c, &d.c, &pref, cap, res, &n) != CUBLAS_STATUS_SUCCESS) return 0;
+  int kept = 0;
+  for (int i = 0; i < n; ++i)
+    if (res[i].state == CUBLAS_STATUS_SUCCESS) res[kept++] = res[i];
+  return kept;
+}
+
+// ---- the get_default pick (algo_id = -1): the heuristic's first result per
+// exact call shape, asked once (a miss path only), kept for the process.
+struct PickKey {
+  int64_t m, n, k, lda, ldb, ldd, ws;
+  int32_t in, out, bias;
+  bool operator==(const PickKey&) const = default;
+};
+struct PickHash {
+  size_t operator()(const PickKey& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}}) {
+      h ^= static_cast<uint64_t>(v);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+struct Pick {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace = 0;
+};
+struct PickCache {
+  std::mutex mu;
+  std::unordered_map<PickKey, Pick, PickHash> map;
+};
+PickCache& picks() {
+  static auto* c = new PickCache;
+  return *c;
+}
+constexpr size_t kMaxPicks = 1 << 14;
+
+}  // namespace
+
+bool available() noexcept {
+  try {
+    return api().handle != nullptr;
+  } catch (...) {
+    return false;
+  }
+}
+
+int64_t version() noexcept { return available() ? api().version : 0; }
+
+const std::string& describe() noexcept { return api().describe; }
+
+Status check(const core::Problem& p, const int64_t* prm) noexcept {
+  if (!available()) return make_status(StatusCode::unsupported_problem, describe());
+  const Api& a = api();
+  if (prm[kAlgoId] < 0) return Status();  // the heuristic's pick: asked at the call
+  if (prm[kVersion] != a.version)
+    return make_status(StatusCode::unsupported_problem, "tuned with cuBLASLt " + std::to_string(prm[kVersion]) +
+                                                            ", this process has " + std::to_string(a.version));
+  Descs d;
+  const int64_t lda = p.k, ldb = p.k, ldd = p.n;
+  static const char kBias = 0;
+  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, p.has_bias ? &kBias : nullptr, &d);
+  cublasLtMatmulAlgo_t algo;
+  if (s == CUBLAS_STATUS_SUCCESS) s = make_algo(a, p, prm, &algo);
+  cublasLtMatmulHeuristicResult_t r;
+  std::memset(&r, 0, sizeof r);
+  if (s == CUBLAS_STATUS_SUCCESS) s = a.algo_check(a.handle, &d.op, &d.a, &d.b, &d.c, &d.c, &algo, &r);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    return make_status(StatusCode::unsupported_problem, "cublasLtMatmulAlgoCheck: " + status_text(s));
+  return Status();
+}
+
+Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
+  if (!available()) return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + describe());
+  const Api& a = api();
+  if (la.a == nullptr || la.b == nullptr || la.d == nullptr)
+    return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
+  Descs d;
+  cublasStatus_t s = make_descs(a, p, la.lda, la.ldb, la.ldd, la.bias, &d);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    return make_status(StatusCode::backend_error, "cuBLASLt descriptors: " + status_text(s));
+  cublasLtMatmulAlgo_t algo;
+  size_t ws_need = 0;
+  if (prm[kAlgoId] < 0) {
+    // get_default's plan: the heuristic's first pick for this exact shape,
+    // offered the call's workspace (up to 32 MiB).
+    const int64_t offer = std::min<int64_t>(la.workspace ? la.workspace_bytes : 0, kDefaultWorkspaceBytes);
+    const PickKey key{p.m, p.n, p.k, la.lda, la.ldb, la.ldd, offer,
+                      static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), la.bias ? 1 : 0};
+    Pick pick;
+    bool cached = false;
+    try {
+      PickCache& c = picks();
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        auto it = c.map.find(key);
+        if (it != c.map.end()) pick = it->second, cached = true;
+      }
+      if (!cached) {
+        cublasLtMatmulHeuristicResult_t r[1];
+        if (heuristic(a, p, la.lda, la.ldb, la.ldd, la.bias, offer, r, 1) == 1) {
+          pick.found = true;
+          pick.algo = r[0].algo;
+          pick.workspace = r[0].workspaceSize;
+        }
+        std::lock_guard<std::mutex> lock(c.mu);
+        if (c.map.size() < kMaxPicks) c.map.emplace(key, pick);
+      }
+    } catch (...) {
+      return make_status(StatusCode::out_of_memory, "cuBLASLt heuristic cache");
+    }
+    if (!pick.found)
+      return make_status(StatusCode::unsupported_problem,
+                         std::string(core::kNeedsFallback) + "cuBLASLt's heuristic has no algorithm for this call");
+    algo = pick.algo;
+    ws_need = pick.workspace;
+  } else {
+    if (prm[kVersion] != a.version)
+      return make_status(StatusCode::unsupported_problem,
+                         std::string(core::kNeedsFallback) + "row tuned with cuBLASLt " + std::to_string(prm[kVersion]));
+    if ((s = make_algo(a, p, prm, &algo)) != CUBLAS_STATUS_SUCCESS)
+      return make_status(StatusCode::unsupported_problem,
+                         std::string(core::kNeedsFallback) + "cublasLtMatmulAlgoInit: " + status_text(s));
+    ws_need = static_cast<size_t>(prm[kWorkspace]);
+  }
+  if (ws_need > 0 && (la.workspace == nullptr || static_cast<int64_t>(ws_need) > la.workspace_bytes))
+    return make_status(StatusCode::unsupported_problem,
+                       std::string(core::kNeedsFallback) + "cuBLASLt algorithm needs " + std::to_string(ws_need) +
+                           " bytes of workspace, the call has " + std::to_string(la.workspace ? la.workspace_bytes : 0));
+  const float alpha = 1.f, beta = 0.f;
+  s = a.matmul(a.handle, &d.op, &alpha, la.b, &d.a, la.a, &d.b, &beta, la.d, &d.c, la.d, &d.c, &algo,
+               ws_need > 0 ? la.workspace : nullptr, ws_need, static_cast<cudaStream_t>(la.stream));
+  if (s == CUBLAS_STATUS_SUCCESS) return Status();
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
+    return make_status(StatusCode::unsupported_problem,
+                       std::string(core::kNeedsFallback) + "cublasLtMatmul refused the algorithm: " + status_text(s));
+  return make_status(StatusCode::backend_error, "cublasLtMatmul: " + status_text(s));
+}
+
+int enumerate(const core::Problem& p, int64_t workspace_bytes, int64_t* out, int cap) noexcept {
+  if (!available() || cap <= 0) return 0;
+  const Api& a = api();
+  constexpr int kMax = 16;
+  cublasLtMatmulHeuristicResult_t r[kMax];
+  static const char kBias = 0;
+  const int n = heuristic(a, p, p.k, p.k, p.n, p.has_bias ? &kBias : nullptr, workspace_bytes, r,
+                          cap < kMax ? cap : kMax);
+  for (int i = 0; i < n; ++i) algo_to_params(a, r[i], out + i * core::kMaxParams);
+  return n;
+}
+
+}  // namespace dispatch::cuda::lt

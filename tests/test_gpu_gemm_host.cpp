@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GPU GEMM variant lists on the host (CI: nvcc and HIP compile, no GPU):
+// the lists' shape and names, the spaces' accepted and declined points with
+// their reasons, get_default's analytical picks on a described H200, and
+// the cuBLASLt rows' schema (what CI can check without a driver: every
+// param present and an integer, a round trip through JSON; the algorithm
+// check itself needs the library and a device: tests/gpu).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/registry.hpp"
+#include "dispatch/config.hpp"
+#include "gpu/gemm_plan.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "store/json_file.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using dispatch::ConfigValue;
+using dispatch::Device;
+using dispatch::DeviceInfo;
+using dispatch::DeviceType;
+using dispatch::DType;
+using dispatch::StatusCode;
+using dispatch::core::OpKind;
+using dispatch::core::Plan;
+using dispatch::core::Problem;
+using dispatch::core::VariantDef;
+
+DeviceInfo h200() {
+  DeviceInfo d;
+  d.device = Device{DeviceType::cuda, 0};
+  d.available = true;
+  d.device_name = "NVIDIA_H200";
+  d.reported_name = "NVIDIA H200";
+  d.arch = "sm_90a";
+  d.compute_units = 132;
+  d.memory_bytes = 150109880320;
+  d.l2_bytes = 62914560;
+  d.smem_per_block_bytes = 49152;
+  d.warp_size = 32;
+  return d;
+}
+
+Problem gemm_problem(DeviceType t, int64_t m, int64_t n, int64_t k, DType out = DType::bf16) {
+  Problem p;
+  p.op = OpKind::gemm;
+  p.device = Device{t, 0};
+  p.in_dtype = DType::bf16;
+  p.out_dtype = out;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  return p;
+}
+
+Plan plan_of(const char* variant, std::initializer_list<std::pair<const char*, int64_t>> params) {
+  const VariantDef* v = dispatch::core::find_variant(variant);
+  REQUIRE_MESSAGE(v != nullptr, variant);
+  Plan p;
+  p.variant = v;
+  for (size_t i = 0; i < v->params.size(); ++i) p.params[i] = v->params[i].default_value;
+  for (const auto& [name, value] : params) {
+    size_t i = 0;
+    while (i < v->params.size() && v->params[i].name != name) ++i;
+    REQUIRE_MESSAGE(i < v->params.size(), name);
+    p.params[i] = value;
+  }
+  return p;
+}
+
+/// A cuBLASLt row as the tuner writes it (an H200's nvjet split-K pick).
+dispatch::Config cublaslt_row() {
+  dispatch::Config c;
+  c.emplace_back("variant", ConfigValue::string("gemm_bf16__cublaslt"));
+  const std::pair<const char*, int64_t> vals[] = {
+      {"algo_id", 66},         {"tile_id", 0},          {"stages_id", 0},          {"split_k", 4},
+      {"reduction_scheme", 2}, {"cta_swizzling", 0},    {"custom_option", 0},      {"inner_shape_id", 0},
+      {"cluster_shape_id", 0}, {"workspace_bytes", 1048576}, {"cublaslt_version", 130100}};
+  for (const auto& [k, v] : vals) c.emplace_back(k, ConfigValue::integer(v));
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gpu gemm host: each backend lists skinny (+ tiled, cuBLASLt on CUDA) and one reference per dtype") {
+  for (DeviceType t : {DeviceType::cuda, DeviceType::hip}) {
+    if (!dispatch::gpu::backend_ops(t)) continue;
+    for (DType dt : {DType::bf16, DType::fp16}) {
+      std::vector<std::string> names;
+      int refs = 0, dynamic = 0;
+      for (const VariantDef* v : dispatch::core::variants_for(OpKind::gemm, t)) {
+        if (v->in_dtype != dt) continue;
+        names.emplace_back(v->name);
+        INFO(v->name);
+        CHECK(v->name.rfind("gemm_" + std::string(dispatch::dtype_name(dt)) + "__", 0) == 0);
+        CHECK(v->restore_args == 0u);
+        CHECK(v->reset_args == 0u);  // split-K sums in order: no reset_to_zero, deterministic
+        CHECK((v->flags & dispatch::core::kVariantNondeterministic) == 0u);
+        if (v->flags & dispatch::core::kVariantReference) ++refs;
+        if (v->flags & dispatch::core::kVariantDynamicSpace) {
+          ++dynamic;
+          CHECK((v->enumerate != nullptr));
+        }
+      }
+      const std::string d(dispatch::dtype_name(dt));
+      if (t == DeviceType::cuda) {
+        CHECK(names == std::vector<std::string>{"gemm_" + d + "__skinny", "gemm_" + d + "__tiled_mma",
+                                                "gemm_" + d + "__cublaslt", "gemm_" + d + "__cuda_ref"});
+        CHECK(dynamic == 1);
+      } else {
+        CHECK(names == std::vector<std::string>{"gemm_" + d + "__hip_skinny", "gemm_" + d + "__hip_ref"});
+        CHECK(dynamic == 0);
+      }
+      CHECK(refs == 1);
+    }
+  }
+}
+
+TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points and decline the rest, saying why") {
+  if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
+  const DeviceInfo dev = h200();
+  const Problem p = gemm_problem(DeviceType::cuda, 1, 4096, 4096);
+  auto why = [&](const Plan& plan, const Problem& q) { return plan.variant->supports(q, plan.params, dev); };
+
+  CHECK(why(plan_of("gemm_bf16__skinny", {{"rows_per_warp", 4}, {"split_k", 8}}), p).ok());
+  Problem odd_k = p;
+  odd_k.k = 4100;  // not a multiple of 8
+  const auto s = why(plan_of("gemm_bf16__skinny", {}), odd_k);
+  CHECK(s.code() == StatusCode::unsupported_problem);
+  CHECK(kdtest::contains(s.message(), "gemm_bf16__skinny: K must be a multiple of 8"));
+  Problem unaligned = p;
+  unaligned.align_bytes = 2;
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny", {}), unaligned).message(), "not 16-byte aligned"));
+  CHECK(why(plan_of("gemm_bf16__cuda_ref", {}), unaligned).ok());  // the reference takes anything
+  Problem fp16_out = p;
+  fp16_out.out_dtype = DType::fp16;
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny", {}), fp16_out).message(),
+                         "output dtype must be the input dtype or fp32"));
+
+  // Tiled: only the compiled block shapes; the smem of the stages must fit.
+  CHECK(why(plan_of("gemm_bf16__tiled_mma", {}), p).ok());  // 128x128x32 w4 s3
+  CHECK(why(plan_of("gemm_bf16__tiled_mma", {{"BLOCK_SIZE_M", 256}, {"BLOCK_SIZE_N", 128}, {"num_warps", 8},
+                                             {"num_stages", 4}}),
+            p)
+            .ok());
+  CHECK(kdtest::contains(
+      why(plan_of("gemm_bf16__tiled_mma", {{"BLOCK_SIZE_M", 256}, {"BLOCK_SIZE_N", 256}}), p).message(),
+      "is not a compiled block shape"));
+  Problem short_k = p;
+  short_k.k = 64;
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__tiled_mma", {{"split_k", 4}}), short_k).message(),
+                         "split_k leaves a split without a K-tile"));
+  // Every point of the tiled space the variant accepts is a compiled kernel:
+  // 7 shapes x 3 stage counts x 3 split_k (K = 4096 gives each split a tile).
+  const VariantDef* tiled = dispatch::core::find_variant("gemm_bf16__tiled_mma");
+  CHECK(dispatch::core::config_space(*tiled, p, dev).size() == 7u * 3u * 3u);
+  const VariantDef* skinny = dispatch::core::find_variant("gemm_bf16__skinny");
+  CHECK(dispatch::core::config_space(*skinny, p, dev).size() == 3u * 4u);
+  CHECK(dispatch::gpu::gemm::tiled_workspace_bytes(64, 4096, 2) == 2 * 64 * 4096 * 4);
+}
+
+TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills the machine through split_k") {
+  if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
+  const DeviceInfo dev = h200();
+  struct Case {
+    int64_t m, n, k, rpw, split_k;
+  };
+  // rows_per_warp 2 up to M = 4, then 1; the smallest split_k giving >= 16
+  // warps per SM on 132 SMs (2112 warps).
+  for (const Case& c : {Case{1, 4096, 4096, 2, 2}, Case{1, 28672, 4096, 2, 1}, Case{4, 1280, 8192, 2, 4},
+                        Case{8, 1280, 8192, 1, 2}, Case{16, 8192, 1024, 1, 1}, Case{16, 896, 896, 1, 4}}) {
+    INFO("M=", c.m, " N=", c.n, " K=", c.k);
+    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
+    REQUIRE(plan.valid());
+    CHECK(plan.variant->name == "gemm_bf16__skinny");
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == c.rpw);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == c.split_k);
+  }
+  // Above M = 16: cuBLASLt's own first pick when libcublasLt opened here,
+  // else our tiled family; K % 8 != 0 at small M: never the vector kernels.
+  const Plan big = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 4096, 4096, 4096), dev);
+  REQUIRE(big.valid());
+  CHECK((big.variant->name == "gemm_bf16__cublaslt" || big.variant->name == "gemm_bf16__tiled_mma"));
+  if (big.variant->name == "gemm_bf16__cublaslt") CHECK(big.params[0] == -1);  // "ask the heuristic"
+  const Plan odd = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 1, 4096, 4095), dev);
+  REQUIRE(odd.valid());
+  CHECK((odd.variant->name == "gemm_bf16__cublaslt" || odd.variant->name == "gemm_bf16__cuda_ref"));
+  // fp16 output of bf16 inputs is no GEMM of ours: no plan, the op says unsupported.
+  CHECK(!dispatch::core::get_default(gemm_problem(DeviceType::cuda, 1, 64, 64, DType::fp16), dev).valid());
+}
+
+TEST_CASE("gpu gemm host: a cuBLASLt row needs every algorithm param, as integers, and survives a JSON round trip") {
+  if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
+  const dispatch::Config row = cublaslt_row();
+  auto plan = dispatch::core::plan_from_config(row, OpKind::gemm, DeviceType::cuda);
+  REQUIRE(plan.ok());
+  CHECK(plan->variant->name == "gemm_bf16__cublaslt");
+  CHECK(plan->params[0] == 66);   // algo_id
+  CHECK(plan->params[3] == 4);    // split_k
+  CHECK(plan->params[9] == 1048576);
+  CHECK(plan->params[10] == 130100);
+  // Round trip: plan -> row -> plan, identical params.
+  auto again = dispatch::core::plan_from_config(dispatch::core::plan_to_config(*plan), OpKind::gemm, DeviceType::cuda);
+  REQUIRE(again.ok());
+  CHECK(std::equal(again->params, again->params + dispatch::core::kMaxParams, plan->params));
+
+  // A missing param is an error naming it (a default would be another algorithm).
+  dispatch::Config missing;
+  for (const auto& kv : row)
+    if (kv.first != "cta_swizzling") missing.push_back(kv);
+  auto m = dispatch::core::plan_from_config(missing, OpKind::gemm, DeviceType::cuda);
+  CHECK(m.status().code() == StatusCode::config_error);
+  CHECK(kdtest::contains(m.status().message(), "'cta_swizzling' missing"));
+  // A string where an integer belongs.
+  dispatch::Config bad = row;
+  for (auto& kv : bad)
+    if (kv.first == "tile_id") kv.second = ConfigValue::string("64x8");
+  auto b = dispatch::core::plan_from_config(bad, OpKind::gemm, DeviceType::cuda);
+  CHECK(b.status().code() == StatusCode::config_error);
+  CHECK(kdtest::contains(b.status().message(), "'tile_id' must be an integer"));
+  // Any integer is a legal value (the dynamic family has no fixed space):
+  // validity is cuBLASLt's algorithm check, on the device.
+  dispatch::Config other = row;
+  for (auto& kv : other)
+    if (kv.first == "tile_id") kv.second = ConfigValue::integer(31);
+  CHECK(dispatch::core::plan_from_config(other, OpKind::gemm, DeviceType::cuda).ok());
+  // Our own families keep their spaces: a point outside is refused.
+  dispatch::Config sk;
+  sk.emplace_back("variant", ConfigValue::string("gemm_bf16__skinny"));
+  sk.emplace_back("split_k", ConfigValue::integer(3));
+  auto s = dispatch::core::plan_from_config(sk, OpKind::gemm, DeviceType::cuda);
+  CHECK(s.status().code() == StatusCode::config_error);
+  CHECK(kdtest::contains(s.status().message(), "'split_k'=3 is not a point of gemm_bf16__skinny's space"));
+}
