@@ -256,7 +256,7 @@ TEST_CASE("gpu gemm: the op through a Runtime: aligned, misaligned A, no workspa
         const Status st = dispatch::gemm(**rt, g, dispatch::Stream{nullptr}, opts);
         INFO(text(sh), " a_offset=", a_off);
         REQUIRE_MESSAGE(st.ok(), st.to_string());
-        MESSAGE(text(sh), " a_offset=", a_off, ": ", info.variant);
+        MESSAGE(text(sh), " a_offset=", a_off, ": ", std::string(info.variant));
         CHECK(c.mismatch() == "");
         if (a_off != 0) {
           // Misaligned A: never a 16-byte vector family.
