@@ -83,7 +83,7 @@ if(KDISPATCH_ENABLE_CUDA)
   # GEMM: one TU per (family, input dtype); the cuBLASLt family is plain
   # C++ that dlopens libcublasLt at run time (never linked: see
   # src/gpu/cublaslt.hpp), so it needs the CUDA headers only.
-  foreach(_tu gemm_skinny_bf16 gemm_skinny_fp16 gemm_tiled_bf16 gemm_tiled_fp16)
+  foreach(_tu gemm_skinny_bf16 gemm_skinny_fp16 gemm_skinny_mma_bf16 gemm_skinny_mma_fp16 gemm_tiled_bf16 gemm_tiled_fp16)
     list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/${_tu}.cu)
   endforeach()
   list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/norm_list.cpp

@@ -108,8 +108,9 @@ TEST_CASE("gpu gemm host: each backend lists skinny (+ tiled, cuBLASLt on CUDA) 
       }
       const std::string d(dispatch::dtype_name(dt));
       if (t == DeviceType::cuda) {
-        CHECK(names == std::vector<std::string>{"gemm_" + d + "__skinny", "gemm_" + d + "__tiled_mma",
-                                                "gemm_" + d + "__cublaslt", "gemm_" + d + "__cuda_ref"});
+        CHECK(names == std::vector<std::string>{"gemm_" + d + "__skinny", "gemm_" + d + "__skinny_mma",
+                                                "gemm_" + d + "__tiled_mma", "gemm_" + d + "__cublaslt",
+                                                "gemm_" + d + "__cuda_ref"});
         CHECK(dynamic == 1);
       } else {
         CHECK(names == std::vector<std::string>{"gemm_" + d + "__hip_skinny", "gemm_" + d + "__hip_ref"});
@@ -167,18 +168,30 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills 
   if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
   const DeviceInfo dev = h200();
   struct Case {
-    int64_t m, n, k, rpw, split_k;
+    int64_t m, n, k, split_k;
   };
-  // rows_per_warp 2 up to M = 4, then 1; the smallest split_k giving >= 16
-  // warps per SM on 132 SMs (2112 warps).
-  for (const Case& c : {Case{1, 4096, 4096, 2, 2}, Case{1, 28672, 4096, 2, 1}, Case{4, 1280, 8192, 2, 4},
-                        Case{8, 1280, 8192, 1, 2}, Case{16, 8192, 1024, 1, 1}, Case{16, 896, 896, 1, 4}}) {
+  // CUDA, M <= 16: the tensor-core stream, one 16-row tile per warp, the
+  // smallest split_k giving >= 8 warps per SM on 132 SMs (1056 warps).
+  for (const Case& c : {Case{1, 4096, 4096, 8}, Case{1, 28672, 4096, 1}, Case{4, 1280, 8192, 8},
+                        Case{8, 6144, 4096, 4}, Case{16, 8192, 1024, 4}, Case{16, 896, 896, 8}}) {
     INFO("M=", c.m, " N=", c.n, " K=", c.k);
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
     REQUIRE(plan.valid());
-    CHECK(plan.variant->name == "gemm_bf16__skinny");
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == c.rpw);
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == c.split_k);
+    CHECK(plan.variant->name == "gemm_bf16__skinny_mma");
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaRowTiles] == 1);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaSplitK] == c.split_k);
+  }
+  // HIP (no tensor-core family): the CUDA-core stream, rows_per_warp 2 up to
+  // M = 4, then 1; split_k for >= 16 warps per SM.
+  if (dispatch::gpu::backend_ops(DeviceType::hip)) {
+    DeviceInfo mi = dev;
+    mi.device = Device{DeviceType::hip, 0};
+    mi.compute_units = 110;
+    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::hip, 4, 1280, 8192), mi);
+    REQUIRE(plan.valid());
+    CHECK(plan.variant->name == "gemm_bf16__hip_skinny");
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 2);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == 4);  // 640 x 4 >= 1760
   }
   // Above M = 16: cuBLASLt's own first pick when libcublasLt opened here,
   // else our tiled family; K % 8 != 0 at small M: never the vector kernels.

@@ -133,9 +133,9 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
     if (!b) continue;
     // Norms: 2 ops x 3 dtypes x (warp, block, generic, reference); GEMM: 2
-    // dtypes x (skinny, tiled, cuBLASLt, reference) on CUDA, (skinny,
+    // dtypes x (skinny, skinny_mma, tiled, cuBLASLt, reference) on CUDA, (skinny,
     // reference) on HIP.
-    CHECK(b->variants().size() == 24u + (t == DeviceType::cuda ? 8u : 4u));
+    CHECK(b->variants().size() == 24u + (t == DeviceType::cuda ? 10u : 4u));
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
         int refs = 0, n = 0;

@@ -61,6 +61,7 @@ struct DeviceState {
   KernelImage gemm_skinny[2][gpu::gemm::kSkinnyKernels];
   KernelImage gemm_ref[2];
   KernelImage gemm_tiled[2][gpu::gemm::kTiledKernels];  ///< CUDA only (all unloadable on HIP)
+  KernelImage gemm_skinny_mma[2][gpu::gemm::kSkinnyMmaKernels];  ///< CUDA only
   int64_t smem_optin = 0;  ///< opt-in shared memory per block (bytes)
 };
 
@@ -122,6 +123,15 @@ KDISPATCH_DECLARE_GEMM_SKINNY_TU(bf16)
 KDISPATCH_DECLARE_GEMM_TILED_TU(fp16)
 KDISPATCH_DECLARE_GEMM_TILED_TU(bf16)
 #undef KDISPATCH_DECLARE_GEMM_TILED_TU
+// The skinny_mma family (tensor-core weight stream), CUDA only:
+// kernels/cuda/gemm_skinny_mma_<dt>.cu; probe: kSkinnyMmaKernels images.
+#define KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(dt)                                                          \
+  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,           \
+                                     const core::Problem& p) noexcept;                                     \
+  void probe_gemm_skinny_mma_##dt(KernelImage* out) noexcept;
+KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(fp16)
+KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
+#undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU
 #endif
 
 /// Every GEMM variant of this backend (skinny, tiled and cuBLASLt on CUDA, reference last).

@@ -87,6 +87,38 @@ inline const char* resolve_skinny(int64_t n, int64_t k, const int64_t* params, S
   return nullptr;
 }
 
+// ------------------------------------------------------------------ skinny_mma (CUDA)
+//
+//   skinny_mma  the skinny family's weight stream with the multiply on
+//           tensor cores (mma.sync, the transposed product D^T = B A^T:
+//           kernels/cuda/gemm_skinny_mma.cuh), so M up to 16 stays a stream.
+//             row_tiles  {1, 2}        16-row tiles of B per warp (compile time)
+//             split_k    {1, 2, 4, 8}  warps per block along K (runtime)
+//           Needs K % 8 == 0 and 16-byte aligned A and B rows, like skinny.
+
+inline constexpr int64_t kSkinnyMmaRowTilesValues[] = {1, 2};
+inline constexpr int64_t kSkinnyMmaSplitKValues[] = {1, 2, 4, 8};
+inline constexpr int kSkinnyMmaRowTiles = 0, kSkinnyMmaSplitK = 1;
+/// Kernels per input dtype: row_tiles (2) x n-tiles of A (1: M <= 8, 2: 9..16).
+inline constexpr int kSkinnyMmaKernels = 4;
+constexpr int skinny_mma_kernel_index(int row_tiles, int n_tiles) { return (row_tiles - 1) * 2 + (n_tiles - 1); }
+
+struct SkinnyMma {
+  int row_tiles = 1;
+  int split_k = 1;
+};
+
+inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* params, SkinnyMma* out) {
+  const int64_t rt = params[kSkinnyMmaRowTiles], sk = params[kSkinnyMmaSplitK];
+  if (rt != 1 && rt != 2) return "row_tiles must be 1 or 2";
+  if (sk != 1 && sk != 2 && sk != 4 && sk != 8) return "split_k must be 1, 2, 4 or 8";
+  if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
+  if (n < 1 || k < 1) return "N and K must be >= 1";
+  out->row_tiles = static_cast<int>(rt);
+  out->split_k = static_cast<int>(sk);
+  return nullptr;
+}
+
 // ------------------------------------------------------------------ tiled (CUDA)
 
 inline constexpr int64_t kTiledBlockMValues[] = {64, 128, 256};

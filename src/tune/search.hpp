@@ -134,6 +134,9 @@ struct SearchOptions {
   int max_candidates = 96;
   /// Compare each candidate's output with the reference variant's.
   bool validate = true;
+  /// Measure the winner and the default again (interleaved, twice) and keep
+  /// the default unless the winner is still > 1% faster (winner's curse).
+  bool confirm = true;
   /// Exclude variants whose results depend on scheduling.
   bool deterministic = false;
   /// Busy fraction of the tuning thread (1 = flat out). After each
@@ -161,6 +164,8 @@ struct SearchResult {
   int32_t failed = 0;        ///< failed to launch
   bool stopped = false;      ///< ended by the stop flag
   bool out_of_time = false;  ///< the time budget ran out before the space did
+  bool confirmed = false;    ///< the winner was measured again against the default
+  bool kept_default = false; ///< ... and was not > 1% faster: the default stays
 };
 
 /// Candidate plans for a problem, in search order: the default plan first,

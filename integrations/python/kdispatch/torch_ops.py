@@ -107,10 +107,11 @@ def _workspace(device, stream):
     return ws
 
 
-def _launch(fn, tensors, tail, workspace=False):
+def _launch(fn, tensors, tail, workspace=False, info=None):
     """Calls a C ABI op on `tensors` (None = absent) on torch's current
     stream, with the capture flag when that stream is being captured.
-    workspace=True (gemm): kdispatch_gemm_ws with the stream's workspace."""
+    workspace=True (gemm): kdispatch_gemm_ws with the stream's workspace.
+    info: a _capi.DispatchInfo to fill (what served the call)."""
     rt = get_runtime()
     first = tensors[0]
     stream, flags = None, 0
@@ -124,7 +125,8 @@ def _launch(fn, tensors, tail, workspace=False):
         ws = _workspace(first.device, stream) if first.device.type == "cuda" else None
         tail = (*tail, ctypes.c_void_p(ws.data_ptr() if ws is not None else 0),
                 ctypes.c_int64(ws.numel() if ws is not None else 0))
-    _capi.check(fn(ctypes.c_void_p(rt.handle), *args, *tail, ctypes.c_void_p(stream or 0), flags, None))
+    _capi.check(fn(ctypes.c_void_p(rt.handle), *args, *tail, ctypes.c_void_p(stream or 0), flags,
+                   ctypes.byref(info) if info is not None else None))
 
 
 def _rows(t, name, view):
@@ -180,9 +182,22 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) 
     return d
 
 
+def gemm_info(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    """Runs gemm exactly as torch.ops.kdispatch.gemm does (same stream, same
+    workspace) and returns (d, info): info is what served the call, as
+    kdispatch.Runtime ops report it ({"source", "variant", "M", ...}). For
+    benchmarks and debugging; not a registered op."""
+    d = torch.empty((*a.shape[:-1], b.shape[0]), dtype=a.dtype, device=a.device)
+    i = _capi.DispatchInfo()
+    i.struct_size = ctypes.sizeof(_capi.DispatchInfo)
+    _launch(_capi.lib.kdispatch_gemm_ws, [_rows(a, "a", False), b, _rows(d, "d", True), bias], (), workspace=True,
+            info=i)
+    return d, _capi.info_dict(i)
+
+
 @torch.library.register_fake("kdispatch::gemm")
 def _gemm_fake(a, b, bias=None):
     return a.new_empty((*a.shape[:-1], b.shape[0]))
 
 
-__all__ = ["rmsnorm", "fused_add_rmsnorm_", "gemm", "set_runtime", "get_runtime"]
+__all__ = ["rmsnorm", "fused_add_rmsnorm_", "gemm", "gemm_info", "set_runtime", "get_runtime"]
