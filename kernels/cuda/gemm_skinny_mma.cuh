@@ -22,7 +22,7 @@
 // Accumulator c0, c1 = D^T[g][2t, 2t+1], c2, c3 = D^T[g+8][2t, 2t+1].
 //
 // Config: row_tiles (16-row tiles of B per warp: 1, 2) and split_k (warps
-// per block along K: chunk c of K goes to warp c % split_k); the warps'
+// per block along K, each a contiguous range of 32-element chunks); the warps'
 // partial tiles meet in shared memory and are added in warp order
 // (deterministic). M above 16 runs in chunks of 16 (gridDim.y): correct for
 // any M, fast for M <= 16.
@@ -64,7 +64,7 @@ KDISPATCH_DEVICE_INLINE void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32
 /// Chunks of 32 K per warp per loop trip (loads in flight before use).
 template <int RT, int NT>
 struct Unroll {
-  static constexpr int value = RT * 2 + NT <= 3 ? 4 : 2;
+  static constexpr int value = RT * 2 + NT <= 3 ? 8 : RT * 2 + NT <= 4 ? 4 : 2;
 };
 
 /// RT 16-row tiles of B per warp, NT 8-row tiles of A (M chunk 8 * NT).
@@ -108,13 +108,21 @@ __global__ void __launch_bounds__(256) skinny_mma_kernel(Args g) {
       for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.f;
 
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  const int64_t stride = int64_t{32} * split_k;  // K elements between a warp's chunks
-  for (int64_t k0 = int64_t{32} * warp; k0 < g.k; k0 += stride * U) {
+  // Warp w owns a contiguous range of K (whole 32-element chunks), so each
+  // weight row is read in long runs (U x 64 bytes per trip and row): with
+  // 16 rows per warp and every row of B in flight at once, short
+  // interleaved pieces per row cost DRAM page locality.
+  const int64_t chunks = (static_cast<int64_t>(g.k) + 31) / 32;
+  const int64_t per_warp = (chunks + split_k - 1) / split_k;
+  const int64_t k_begin = per_warp * warp * 32;
+  const int64_t k_end = k_begin + per_warp * 32 < g.k ? k_begin + per_warp * 32 : static_cast<int64_t>(g.k);
+  constexpr int64_t stride = 32;  // K elements between a warp's consecutive chunks
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += stride * U) {
     uint4 w[U][RT][2], x[U][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t k = k0 + u * stride + 8 * t;  // this lane's first element
-      const bool in = k < g.k;
+      const bool in = k < k_end;
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
