@@ -136,19 +136,27 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(256) skinny_kernel(Arg
   int64_t k0 = (static_cast<int64_t>(warp) * kWarpSize + lane) * kChunk;
   for (; k0 < g.k; k0 += stride * U) {
     uint4 bv[U][R];
+    // No branch around a load (it would split the trip into basic blocks and
+    // the loads would stop overlapping): the offset is clamped to this
+    // trip's first chunk (in range), the value zeroed after.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t k = k0 + u * stride;
+      const int64_t kc = k < g.k ? k : k0;
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        bv[u][r] = k < g.k ? port::load16_ro(brow[r] + k) : make_uint4(0u, 0u, 0u, 0u);
+      for (int r = 0; r < R; ++r) {
+        const uint4 v = port::load16_ro(brow[r] + kc);
+        bv[u][r] = k < g.k ? v : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t k = k0 + u * stride;
-        const uint4 av = k < g.k ? port::load16_ro(arow[i] + k) : make_uint4(0u, 0u, 0u, 0u);
+        const int64_t kc = k < g.k ? k : k0;
+        const uint4 av0 = port::load16_ro(arow[i] + kc);
+        const uint4 av = k < g.k ? av0 : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[i][r] = dot8<DT>(av, bv[u][r], acc[i][r]);
       }
