@@ -129,7 +129,7 @@ if [ -f "$RESUME/configs.tar" ] && { has tune || has bench || has check || has g
   tar xf "$RESUME/configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/configs.tar" | grep -c '\.json$') tuned file(s) from $RESUME/configs.tar over configs/"
 fi
 # ---- and the tuned GEMM files (gemm-tune's configs.tar)
-if [ -f "$RESUME/gemm_configs.tar" ] && { has gemm-tune || has gemm-bench || has e2e; }; then
+if [ -f "$RESUME/gemm_configs.tar" ] && { has gemm-tune || has gemm-bench || has check || has e2e; }; then
   tar xf "$RESUME/gemm_configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/gemm_configs.tar" | grep -c '\.json$') tuned GEMM file(s) from $RESUME/gemm_configs.tar over configs/"
 fi
 
