@@ -11,6 +11,7 @@
 #   bench/gpu/run_h200.sh --sections check       # committed rows vs get_default, gate 1.10x
 #   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
+#   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
@@ -84,7 +85,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,e2e] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-host,e2e] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -129,7 +130,7 @@ if [ -f "$RESUME/configs.tar" ] && { has tune || has bench || has check || has g
   tar xf "$RESUME/configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/configs.tar" | grep -c '\.json$') tuned file(s) from $RESUME/configs.tar over configs/"
 fi
 # ---- and the tuned GEMM files (gemm-tune's configs.tar)
-if [ -f "$RESUME/gemm_configs.tar" ] && { has gemm-tune || has gemm-bench || has check || has e2e; }; then
+if [ -f "$RESUME/gemm_configs.tar" ] && { has gemm-tune || has gemm-bench || has gemm-host || has check || has e2e; }; then
   tar xf "$RESUME/gemm_configs.tar" -C "$ROOT" && stamp "resume: $(tar tf "$RESUME/gemm_configs.tar" | grep -c '\.json$') tuned GEMM file(s) from $RESUME/gemm_configs.tar over configs/"
 fi
 
@@ -291,6 +292,20 @@ if has gemm-bench; then
   if [ $rc -eq 3 ]; then echo "::: gemm-bench: INCOMPLETE (time budget): copy bench_gemm.json into .h200/ and run gemm-bench again"
   elif [ $rc -ne 0 ]; then echo "::: gemm-bench: FAILED rc=$rc (bench_gemm.log)"; status=1
   else echo "::: gemm-bench: complete (h200_gemm.md -> bench/results/)"; fi
+fi
+
+# ================================================================ gemm-host
+# Host dispatch overhead of dispatch::gemm on a table hit, and the tiled
+# family alone vs cuBLASLt at M >= 1024 (tests/gpu/gpu_gemm_bench.cpp).
+if has gemm-host; then
+  ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-host: FAILED to build (build.log)"; exit 1; }
+  stamp "gemm-host: dispatch overhead and the tiled family alone"
+  timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_host.csv" \
+    >"$OUT/gemm_host.log" 2>&1
+  rc=$?
+  grep -E "^overhead median|^tiled / cuBLASLt" "$OUT/gemm_host.log"
+  if [ $rc -ne 0 ]; then echo "::: gemm-host: FAILED rc=$rc (gemm_host.log)"; status=1
+  else echo "::: gemm-host: complete (gemm_host.log -> bench/results/)"; fi
 fi
 
 # ================================================================ e2e

@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch_gpu_gemm_bench: two GEMM measurements the Python benchmark
+// (bench/gpu/bench_gpu.py --sections gemm) cannot make, on a CUDA device:
+//
+//  overhead  host-side dispatch cost of dispatch::gemm on a table hit:
+//            host time of N calls of dispatch::gemm minus host time of N
+//            direct calls of the same plan (plan.variant->launch with the
+//            same arguments), per call, median of 15 bursts of 400 calls
+//            (a burst never fills the launch queue; the stream is drained
+//            between bursts, untimed). Shapes: the committed table's.
+//  tiled     our tiled mma.sync family alone at M >= 1024: the best of its
+//            compiled points (every block shape x stages, split_k 1) against
+//            cuBLASLt's own first pick (get_default's cuBLASLt plan), CUDA
+//            events around 20 back-to-back launches after warm-up, median of
+//            5; M = 1024 and 4096 on the Llama (N, K) grid.
+//
+//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.hpp"
+#include "core/registry.hpp"
+#include "dispatch/ops.hpp"
+#include "dispatch/runtime.hpp"
+#include "gpu/gemm_plan.hpp"
+#include "gpu/gpu_backend.hpp"
+
+using namespace dispatch;
+
+namespace {
+
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+void* dalloc(size_t n) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, n));
+  return p;
+}
+
+void fill(void* d, size_t elems, std::mt19937& rng) {
+  std::vector<uint16_t> h(elems);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  for (auto& v : h) v = core::float_to_bf16(nd(rng));
+  CK(cudaMemcpy(d, h.data(), elems * 2, cudaMemcpyHostToDevice));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string configs = "configs", csv_path = "gpu_gemm_bench.csv";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--configs") configs = argv[i + 1];
+    else if (a == "--csv") csv_path = argv[i + 1];
+  }
+  const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
+  if (!ops || !ops->status().available) {
+    std::printf("kdispatch_gpu_gemm_bench: no usable CUDA device\n");
+    return 0;
+  }
+  const DeviceInfo& dev = *ops->device_info(0);
+  RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.config_dirs = {configs};
+  o.log_level = LogLevel::off;
+  auto rt = Runtime::create(o);
+  if (!rt.ok()) {
+    std::fprintf(stderr, "runtime: %s\n", rt.status().to_string().c_str());
+    return 1;
+  }
+  const Device d{DeviceType::cuda, 0};
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (Status s = (*rt)->attach_stream(d, Stream{stream}); !s.ok()) {
+    std::fprintf(stderr, "attach_stream: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  FILE* csv = std::fopen(csv_path.c_str(), "w");
+  std::fprintf(csv, "what,M,N,K,variant,a_us,b_us,value\n");
+  std::mt19937 rng(1);
+  const std::pair<int64_t, int64_t> nks[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336},
+                                             {1280, 8192}, {8192, 1024}, {7168, 8192}, {8192, 3584}};
+  const int64_t maxM = 4096, maxN = 28672, maxK = 14336;
+  void* A = dalloc(size_t(maxM) * maxK * 2);
+  void* B = dalloc(size_t(maxN) * maxK * 2);
+  void* D = dalloc(size_t(maxM) * maxN * 2);
+  void* ws = dalloc(size_t{32} << 20);
+  fill(A, size_t(maxM) * maxK, rng);
+  fill(B, size_t(4096) * 4096, rng);  // the values do not matter for timing; a part is enough
+
+  // ---------------------------------------------------------------- overhead
+  std::printf("host dispatch overhead on a table hit (dispatch::gemm - direct plan launch), per call:\n");
+  std::vector<double> overheads;
+  for (auto [N, K] : nks) {
+    for (int64_t M : {1, 16, 256}) {
+      GemmArgs g{make_tensor_2d(A, DType::bf16, M, K, K, d), make_tensor_2d(B, DType::bf16, N, K, K, d),
+                 make_tensor_2d(D, DType::bf16, M, N, N, d), TensorRef{}};
+      DispatchInfo info;
+      CallOptions co;
+      co.info = &info;
+      if (Status s = gemm(**rt, g, Stream{stream}, co); !s.ok() || info.source != PlanSource::table) {
+        std::printf("  N=%lld K=%lld M=%lld: not a table hit (%s), skipped\n", (long long)N, (long long)K,
+                    (long long)M, s.ok() ? "default" : s.to_string().c_str());
+        continue;
+      }
+      // The same plan, launched directly (what the table hit resolves to).
+      core::Problem p;
+      p.op = core::OpKind::gemm;
+      p.device = d;
+      p.in_dtype = p.out_dtype = DType::bf16;
+      p.m = M, p.n = N, p.k = K;
+      // The plan the table serves, through the public lookup.
+      LookupQuery q;
+      q.op = "gemm";
+      q.key = "N=" + std::to_string(N) + ",K=" + std::to_string(K) + ",dtype=bf16";
+      q.device = dev.device_name;
+      q.backend = "cuda";
+      q.M = M;
+      auto lr = lookup(**rt, q);
+      if (!lr.ok()) {
+        std::printf("  lookup failed: %s\n", lr.status().to_string().c_str());
+        continue;
+      }
+      auto lk = core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cuda);
+      if (!lk.ok()) {
+        std::printf("  plan_from_config failed: %s\n", lk.status().to_string().c_str());
+        continue;
+      }
+      core::LaunchArgs la;
+      la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
+      la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      constexpr int kBurst = 400;
+      std::vector<double> t_api, t_direct;
+      for (int rep = 0; rep < 15; ++rep) {
+        CK(cudaStreamSynchronize(stream));
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kBurst; ++i) (void)gemm(**rt, g, Stream{stream});
+        auto t1 = std::chrono::steady_clock::now();
+        CK(cudaStreamSynchronize(stream));
+        auto t2 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kBurst; ++i) (void)lk->variant->launch(la, p, lk->params);
+        auto t3 = std::chrono::steady_clock::now();
+        t_api.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / kBurst);
+        t_direct.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count() / kBurst);
+      }
+      CK(cudaStreamSynchronize(stream));
+      const double a = median(t_api), b = median(t_direct);
+      overheads.push_back((a - b) * 1e3);
+      std::printf("  N=%5lld K=%5lld M=%4lld %-26s dispatch::gemm %.3f us, direct %.3f us, overhead %.0f ns\n",
+                  (long long)N, (long long)K, (long long)M, std::string(info.variant).c_str(), a, b, (a - b) * 1e3);
+      std::fprintf(csv, "overhead,%lld,%lld,%lld,%s,%.4f,%.4f,%.1f\n", (long long)M, (long long)N, (long long)K,
+                   info.variant, a, b, (a - b) * 1e3);
+    }
+  }
+  std::printf("overhead median %.0f ns over %zu table hits\n", median(overheads), overheads.size());
+
+  // ---------------------------------------------------------------- tiled alone
+  std::printf("tiled mma.sync family alone (best point) vs cuBLASLt's first pick, M >= 1024:\n");
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const core::VariantDef* tiled = core::find_variant("gemm_bf16__tiled_mma");
+  const core::VariantDef* lt = core::find_variant("gemm_bf16__cublaslt");
+  std::vector<double> fractions;
+  for (auto [N, K] : nks) {
+    for (int64_t M : {1024, 4096}) {
+      core::Problem p;
+      p.op = core::OpKind::gemm;
+      p.device = d;
+      p.in_dtype = p.out_dtype = DType::bf16;
+      p.m = M, p.n = N, p.k = K;
+      core::LaunchArgs la;
+      la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
+      la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      auto time_plan = [&](const core::Plan& pl) -> double {
+        for (int i = 0; i < 3; ++i)
+          if (!pl.variant->launch(la, p, pl.params).ok()) return -1;
+        std::vector<double> v;
+        for (int r = 0; r < 5; ++r) {
+          CK(cudaEventRecord(e0, stream));
+          for (int i = 0; i < 20; ++i) (void)pl.variant->launch(la, p, pl.params);
+          CK(cudaEventRecord(e1, stream));
+          CK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          v.push_back(ms * 1e3 / 20);
+        }
+        return median(v);
+      };
+      double best = 1e30;
+      std::string best_s;
+      for (const core::Plan& pl : core::config_space(*tiled, p, dev)) {
+        if (pl.params[gpu::gemm::kTiledSplitK] != 1) continue;
+        const double t = time_plan(pl);
+        if (t > 0 && t < best) best = t, best_s = core::plan_to_string(pl);
+      }
+      core::Plan ltp;
+      ltp.variant = lt;
+      ltp.params[0] = -1;
+      const double tl = time_plan(ltp);
+      fractions.push_back(tl / best);
+      std::printf("  N=%5lld K=%5lld M=%4lld tiled %.1f us (%s), cuBLASLt %.1f us: tiled at %.0f%% of cuBLASLt\n",
+                  (long long)N, (long long)K, (long long)M, best, best_s.c_str(), tl, 100 * tl / best);
+      std::fprintf(csv, "tiled,%lld,%lld,%lld,\"%s\",%.3f,%.3f,%.4f\n", (long long)M, (long long)N, (long long)K,
+                   best_s.c_str(), best, tl, tl / best);
+    }
+  }
+  std::sort(fractions.begin(), fractions.end());
+  double gm = 0;
+  for (double f : fractions) gm += std::log(f);
+  std::printf("tiled / cuBLASLt at M >= 1024: geomean %.0f%%, min %.0f%%, max %.0f%% of cuBLASLt's speed\n",
+              100 * std::exp(gm / fractions.size()), 100 * fractions.front(), 100 * fractions.back());
+  std::fclose(csv);
+  return 0;
+}
