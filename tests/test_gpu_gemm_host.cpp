@@ -170,19 +170,26 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills 
   struct Case {
     int64_t m, n, k, split_k;
   };
-  // CUDA, M <= 16: the tensor-core stream, one 16-row tile per warp, the
-  // smallest split_k giving >= 8 warps per SM on 132 SMs (1056 warps).
-  for (const Case& c : {Case{1, 4096, 4096, 8}, Case{1, 28672, 4096, 1}, Case{4, 1280, 8192, 8},
-                        Case{8, 6144, 4096, 4}, Case{16, 8192, 1024, 4}, Case{16, 896, 896, 8}}) {
+  // M <= 2 on CUDA: the CUDA-core stream, rows_per_warp 2, the smallest
+  // split_k giving >= 16 warps per SM on 132 SMs (2112 warps).
+  for (const Case& c : {Case{1, 4096, 4096, 2}, Case{1, 28672, 4096, 1}, Case{2, 1280, 8192, 4},
+                        Case{2, 896, 896, 8}, Case{1, 8192, 1024, 1}}) {
     INFO("M=", c.m, " N=", c.n, " K=", c.k);
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
     REQUIRE(plan.valid());
-    CHECK(plan.variant->name == "gemm_bf16__skinny_mma");
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaRowTiles] == 1);
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaSplitK] == c.split_k);
+    CHECK(plan.variant->name == "gemm_bf16__skinny");
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 2);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == c.split_k);
   }
-  // HIP (no tensor-core family): the CUDA-core stream, rows_per_warp 2 up to
-  // M = 4, then 1; split_k for >= 16 warps per SM.
+  // M 3..16 on CUDA: cuBLASLt's own pick (torch's speed) when libcublasLt
+  // opened here, else the tiled family — never skinny_mma by default.
+  for (int64_t m : {3, 8, 16}) {
+    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, m, 6144, 4096), dev);
+    REQUIRE(plan.valid());
+    CHECK((plan.variant->name == "gemm_bf16__cublaslt" || plan.variant->name == "gemm_bf16__tiled_mma"));
+  }
+  // HIP (no cuBLASLt, no tensor-core family): the CUDA-core stream up to
+  // M = 16, rows_per_warp 2 up to M = 4, then 1.
   if (dispatch::gpu::backend_ops(DeviceType::hip)) {
     DeviceInfo mi = dev;
     mi.device = Device{DeviceType::hip, 0};
@@ -192,6 +199,9 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills 
     CHECK(plan.variant->name == "gemm_bf16__hip_skinny");
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 2);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == 4);  // 640 x 4 >= 1760
+    const Plan p16 = dispatch::core::get_default(gemm_problem(DeviceType::hip, 16, 1280, 8192), mi);
+    REQUIRE(p16.valid());
+    CHECK(p16.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 1);
   }
   // Above M = 16: cuBLASLt's own first pick when libcublasLt opened here,
   // else our tiled family; K % 8 != 0 at small M: never the vector kernels.
