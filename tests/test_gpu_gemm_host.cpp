@@ -30,20 +30,7 @@ using dispatch::core::Plan;
 using dispatch::core::Problem;
 using dispatch::core::VariantDef;
 
-DeviceInfo h200() {
-  DeviceInfo d;
-  d.device = Device{DeviceType::cuda, 0};
-  d.available = true;
-  d.device_name = "NVIDIA_H200";
-  d.reported_name = "NVIDIA H200";
-  d.arch = "sm_90a";
-  d.compute_units = 132;
-  d.memory_bytes = 150109880320;
-  d.l2_bytes = 62914560;
-  d.smem_per_block_bytes = 49152;
-  d.warp_size = 32;
-  return d;
-}
+DeviceInfo h200() { return kdtest::described(DeviceType::cuda); }
 
 Problem gemm_problem(DeviceType t, int64_t m, int64_t n, int64_t k, DType out = DType::bf16) {
   Problem p;

@@ -138,4 +138,32 @@ inline void copy_data_file(const fs::path& src, const fs::path& dst) {
   fs::copy_file(src, dst, fs::copy_options::overwrite_existing);
 }
 
+/// A described (not probed) device of a backend, for the host-side checks of
+/// supports() and get_default(): an H200 for CUDA, an MI250X for HIP.
+inline dispatch::DeviceInfo described(dispatch::DeviceType t) {
+  dispatch::DeviceInfo d;
+  d.device = dispatch::Device{t, 0};
+  d.available = true;
+  if (t == dispatch::DeviceType::cuda) {
+    d.device_name = "NVIDIA_H200";
+    d.reported_name = "NVIDIA H200";
+    d.arch = "sm_90a";
+    d.compute_units = 132;
+    d.memory_bytes = 150109880320;
+    d.l2_bytes = 62914560;
+    d.smem_per_block_bytes = 49152;
+    d.warp_size = 32;
+  } else {
+    d.device_name = "AMD_Instinct_MI250X";
+    d.reported_name = "AMD Instinct MI250X";
+    d.arch = "gfx90a";
+    d.compute_units = 110;
+    d.memory_bytes = 68702699520;
+    d.l2_bytes = 8388608;
+    d.smem_per_block_bytes = 65536;
+    d.warp_size = 64;
+  }
+  return d;
+}
+
 }  // namespace kdtest

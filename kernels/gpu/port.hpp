@@ -305,27 +305,7 @@ inline Status check_launch(std::string_view kernel) noexcept {
 /// (every kernel here does so first thing). HIP has no such launch: plain.
 template <class... KernelParams, class... Args>
 inline Error launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, Stream stream, bool pdl,
-                    Args&&... args) noexcept {
-#if KDISPATCH_GPU_HIP
-  (void)pdl;
-  kernel<<<grid, block, 0, stream>>>(static_cast<Args&&>(args)...);
-  return hipGetLastError();
-#else
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const Error e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
-  if (e != kSuccess) (void)cudaGetLastError();
-  return e;
-#endif
-}
+                    Args&&... args) noexcept;
 
 /// launch() with `smem` bytes of dynamic shared memory (kernels whose
 /// `extern __shared__` size depends on the launch; above 48 KiB the kernel
@@ -352,6 +332,12 @@ inline Error launch_smem(void (*kernel)(KernelParams...), dim3 grid, dim3 block,
   if (e != kSuccess) (void)cudaGetLastError();
   return e;
 #endif
+}
+
+template <class... KernelParams, class... Args>
+inline Error launch(void (*kernel)(KernelParams...), dim3 grid, dim3 block, Stream stream, bool pdl,
+                    Args&&... args) noexcept {
+  return launch_smem(kernel, grid, block, 0, stream, pdl, static_cast<Args&&>(args)...);
 }
 
 // ------------------------------------------------------------------ device helpers
