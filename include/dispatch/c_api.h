@@ -225,9 +225,6 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt
  *  is frozen: the table does not change), OUT_OF_MEMORY, INTERNAL. */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt);
 
-/** Stops (frozen != 0) or resumes (0) all tuning and table changes: no
- *  search starts, reload and the watcher publish nothing.
- *  Errors: INVALID_ARGUMENT (rt == NULL). */
 /** Gives `stream` of GPU device (device_type kDLCUDA = 2 or kDLROCM = 10,
  *  ordinal) a gemm workspace of `workspace_bytes` (allocated now, freed with
  *  the runtime; 33554432 = 32 MiB is torch's cuBLAS size on Hopper): gemm
@@ -238,6 +235,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_attach_stream(kdispatch_runti
                                                                  int32_t ordinal, void* stream,
                                                                  int64_t workspace_bytes);
 
+/** Stops (frozen != 0) or resumes (0) all tuning and table changes: no
+ *  search starts, reload and the watcher publish nothing.
+ *  Errors: INVALID_ARGUMENT (rt == NULL). */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_freeze(kdispatch_runtime* rt, int32_t frozen);
 
 /** Whether the runtime is frozen: *out = 1 or 0.

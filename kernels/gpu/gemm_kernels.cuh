@@ -101,8 +101,10 @@ struct SkinnyUnroll {
 
 /// One block: rows [n0, n0 + R) of B (columns of D), M rows [m0, m0 + MT)
 /// of A (blockIdx.y chunk), split_k = blockDim.x / warp warps along K.
+/// Launch bound: split_k <= 8 warps (256 threads on NVIDIA, 512 on CDNA's
+/// 64-wide wavefronts).
 template <DType DT, int MT, int R>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(256) skinny_kernel(Args g) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(8 * port::kWarpSize) skinny_kernel(Args g) {
   constexpr int U = SkinnyUnroll<MT>::value;
   constexpr int kChunk = 8;  // elements per 16-byte load
   port::grid_dependency_wait_and_release();
@@ -268,6 +270,8 @@ Status launch_skinny(const gpu::gemm::Skinny& sk, const core::LaunchArgs& la, co
   const int mt = gpu::gemm::skinny_mtile_for(p.m);
   const dim3 grid(static_cast<unsigned>((p.n + sk.rows_per_warp - 1) / sk.rows_per_warp),
                   static_cast<unsigned>((p.m + mt - 1) / mt));
+  if (grid.y > 65535u)
+    return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + "skinny: M too large");
   const dim3 block(static_cast<unsigned>(kWarpSize * sk.split_k));
   const size_t smem = sizeof(float) * static_cast<size_t>(sk.split_k * mt * sk.rows_per_warp);
   const port::Stream s = static_cast<port::Stream>(la.stream);

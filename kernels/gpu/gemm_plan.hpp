@@ -15,7 +15,8 @@
 //           activation rows, is re-read from L1/L2 by every warp. M is
 //           processed in chunks of `m_tile` rows (compile time: 1, 2, 4, 8,
 //           16; the launcher picks the smallest chunk that covers M, and
-//           loops over chunks above 16 — correct for any M, fast for small).
+//           gridDim.y covers chunks of 16 above — correct for any M up to
+//           2^20, fast for small).
 //             rows_per_warp  {1, 2, 4}     (compile time)
 //             split_k        {1, 2, 4, 8}  warps per block along K (runtime)
 //           Needs K % 8 == 0, 16-byte aligned A and B rows (lda, ldb % 8 == 0

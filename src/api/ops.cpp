@@ -189,6 +189,12 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
       plan = core::get_default(p, *dev);
       source = PlanSource::fallback;
       if (!plan.valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
+      if (opts.info) {
+        opts.info->source = source;
+        opts.info->variant = plan.variant->name.data();
+        opts.info->table_m = -1;
+        opts.info->source_id = 0;
+      }
     }
   }
   zero_reset_args(p, la, plan);

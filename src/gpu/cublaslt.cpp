@@ -220,12 +220,28 @@ void algo_to_params(const Api& api, const cublasLtMatmulHeuristicResult_t& r, in
 /// type" when the output is 16-bit (fp32 accumulation end to end).
 uint32_t reduction_mask(const core::Problem& p) {
   uint32_t m = CUBLASLT_REDUCTION_SCHEME_MASK;
-  if (p.out_dtype != DType::fp32) m &= ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
+  // OUTPUT_TYPE reduces in a workspace of the output type; INPLACE adds the
+  // parts up in the output buffer, in the output type too (cuBLASLt's
+  // documentation): both lose fp32 accumulation for a 16-bit D.
+  if (p.out_dtype != DType::fp32)
+    m &= ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE | CUBLASLT_REDUCTION_SCHEME_INPLACE);
   return m;
 }
 
+/// Alignment (bytes, a power of two up to 256) of a pointer and a row stride.
+uint32_t align_of(const void* ptr, int64_t ld_bytes) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(ptr) | static_cast<uintptr_t>(ld_bytes) | uintptr_t{256};
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+/// The operands' alignments as cuBLASLt's preferences see them ("A" = our
+/// B, "B" = our A, C = D): 256 (its default) for a problem without data.
+struct Aligns {
+  uint32_t a = 256, b = 256, c = 256;
+};
+
 int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd, const void* bias,
-              int64_t workspace_bytes, cublasLtMatmulHeuristicResult_t* res, int cap) {
+              int64_t workspace_bytes, cublasLtMatmulHeuristicResult_t* res, int cap, const Aligns& al = {}) {
   Descs d;
   if (make_descs(api, p, lda, ldb, ldd, bias, &d) != CUBLAS_STATUS_SUCCESS) return 0;
   cublasLtMatmulPreferenceOpaque_t pref;
@@ -237,6 +253,13 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
   // M = 300), beyond what a bf16 GEMM with fp32 accumulation may return.
   const uint32_t mask = reduction_mask(p);
   if (api.pref_set(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask) != CUBLAS_STATUS_SUCCESS)
+    return 0;
+  // Less aligned operands (an odd K, a sliced tensor): ask for algorithms
+  // that take them, as cuBLAS does, instead of ones the call would refuse.
+  if (api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al.a, sizeof al.a) != CUBLAS_STATUS_SUCCESS ||
+      api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al.b, sizeof al.b) != CUBLAS_STATUS_SUCCESS ||
+      api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al.c, sizeof al.c) != CUBLAS_STATUS_SUCCESS ||
+      api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al.c, sizeof al.c) != CUBLAS_STATUS_SUCCESS)
     return 0;
   int n = 0;
   if (api.heuristic(api.handle, &d.op, &d.a, &d.b, &d.c, &d.c, &pref, cap, res, &n) != CUBLAS_STATUS_SUCCESS) return 0;
@@ -251,12 +274,14 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
 struct PickKey {
   int64_t m, n, k, lda, ldb, ldd, ws;
   int32_t in, out, bias;
+  uint32_t align_a, align_b, align_c;
   bool operator==(const PickKey&) const = default;
 };
 struct PickHash {
   size_t operator()(const PickKey& k) const noexcept {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}}) {
+    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias},
+                      int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
       h ^= static_cast<uint64_t>(v);
       h *= 1099511628211ull;
     }
@@ -322,6 +347,11 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
   const Api& a = api();
   if (la.a == nullptr || la.b == nullptr || la.d == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
+  // cuBLASLt's layouts need ld >= rows: a broadcast operand (row stride 0)
+  // or overlapping rows go to our kernels, which take any stride.
+  if ((p.m > 1 && (la.lda < p.k || la.ldd < p.n)) || (p.n > 1 && la.ldb < p.k))
+    return make_status(StatusCode::unsupported_problem,
+                       std::string(core::kNeedsFallback) + "cuBLASLt needs row strides >= the row length");
   Descs d;
   cublasStatus_t s = make_descs(a, p, la.lda, la.ldb, la.ldd, la.bias, &d);
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -332,8 +362,14 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     // get_default's plan: the heuristic's first pick for this exact shape,
     // offered the call's workspace (up to 32 MiB).
     const int64_t offer = std::min<int64_t>(la.workspace ? la.workspace_bytes : 0, kDefaultWorkspaceBytes);
+    const int64_t ie = p.in_dtype == DType::fp32 ? 4 : 2, oe = p.out_dtype == DType::fp32 ? 4 : 2;
+    Aligns al;
+    al.a = align_of(la.b, la.ldb * ie);
+    al.b = align_of(la.a, la.lda * ie);
+    al.c = align_of(la.d, la.ldd * oe);
     const PickKey key{p.m, p.n, p.k, la.lda, la.ldb, la.ldd, offer,
-                      static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), la.bias ? 1 : 0};
+                      static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), la.bias ? 1 : 0,
+                      al.a, al.b, al.c};
     Pick pick;
     bool cached = false;
     try {
@@ -345,7 +381,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       }
       if (!cached) {
         cublasLtMatmulHeuristicResult_t r[1];
-        if (heuristic(a, p, la.lda, la.ldb, la.ldd, la.bias, offer, r, 1) == 1) {
+        if (heuristic(a, p, la.lda, la.ldb, la.ldd, la.bias, offer, r, 1, al) == 1) {
           pick.found = true;
           pick.algo = r[0].algo;
           pick.workspace = r[0].workspaceSize;
@@ -375,8 +411,12 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
                        std::string(core::kNeedsFallback) + "cuBLASLt algorithm needs " + std::to_string(ws_need) +
                            " bytes of workspace, the call has " + std::to_string(la.workspace ? la.workspace_bytes : 0));
   const float alpha = 1.f, beta = 0.f;
+  // The call's whole workspace (a row tuned at another M may need more than
+  // it recorded; cuBLASLt takes what it needs).
+  const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0;
   s = a.matmul(a.handle, &d.op, &alpha, la.b, &d.a, la.a, &d.b, &beta, la.d, &d.c, la.d, &d.c, &algo,
-               ws_need > 0 ? la.workspace : nullptr, ws_need, static_cast<cudaStream_t>(la.stream));
+               has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(la.workspace_bytes) : 0,
+               static_cast<cudaStream_t>(la.stream));
   if (s == CUBLAS_STATUS_SUCCESS) return Status();
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
     return make_status(StatusCode::unsupported_problem,

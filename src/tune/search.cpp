@@ -504,6 +504,19 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         res.default_us = again_def / 2;
       }
     }
+    // A dynamic family's "resolve at run time" point (cuBLASLt's algo_id
+    // -1: its heuristic's first pick, asked on the call) is not what a table
+    // should hold: a hit on it would query and lock. It is the same
+    // algorithm as that family's first enumerated candidate (the heuristic's
+    // top pick, offered the tuner's workspace), which was measured too:
+    // persist that one.
+    if (res.best.valid() && (res.best.variant->flags & core::kVariantDynamicSpace) && res.best.params[0] < 0) {
+      for (const CandidateResult& cr : res.tried)
+        if (cr.plan.variant == res.best.variant && cr.plan.params[0] >= 0 && cr.status.ok()) {
+          res.best = cr.plan;
+          break;
+        }
+    }
     if (!res.best.valid() && !res.stopped)
       return make_status(StatusCode::no_variant,
                          "every candidate failed to launch or was rejected (" + std::to_string(res.failed) +

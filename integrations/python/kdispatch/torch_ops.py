@@ -91,17 +91,22 @@ def _dl(t, keep):
 
 
 # GEMM workspace per (device, stream): torch memory, allocated on a stream's
-# first gemm and kept (inside a graph capture it comes from the graph's
-# private pool, which torch allows; kdispatch itself never allocates in a
-# call). 32 MiB, torch's own cuBLAS workspace size on Hopper.
+# first gemm outside a graph capture and kept (kdispatch itself never
+# allocates in a call). 32 MiB, the size kdispatch's tuner measures with.
 _WORKSPACE_BYTES = 32 << 20
 _WORKSPACES = {}
 
 
-def _workspace(device, stream):
+def _workspace(device, stream, capturing):
+    """The stream's workspace, allocated on its first gemm outside a graph
+    capture. A stream first seen while it is being captured gets none (its
+    split-K plans fall back to the default plan inside the call): memory
+    taken from a graph's private pool and kept here could be handed to
+    other tensors when the pool is reused (cudagraph trees), while the
+    captured kernels still write into it."""
     key = (device.index or 0, stream)
     ws = _WORKSPACES.get(key)
-    if ws is None:
+    if ws is None and not capturing:
         ws = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         _WORKSPACES[key] = ws
     return ws
@@ -122,7 +127,7 @@ def _launch(fn, tensors, tail, workspace=False, info=None):
     keep = []
     args = [_dl(t, keep) if t is not None else None for t in tensors]
     if workspace:
-        ws = _workspace(first.device, stream) if first.device.type == "cuda" else None
+        ws = _workspace(first.device, stream, bool(flags & _capi.CALL_CAPTURING)) if first.device.type == "cuda" else None
         tail = (*tail, ctypes.c_void_p(ws.data_ptr() if ws is not None else 0),
                 ctypes.c_int64(ws.numel() if ws is not None else 0))
     _capi.check(fn(ctypes.c_void_p(rt.handle), *args, *tail, ctypes.c_void_p(stream or 0), flags,
@@ -187,6 +192,8 @@ def gemm_info(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = N
     workspace) and returns (d, info): info is what served the call, as
     kdispatch.Runtime ops report it ({"source", "variant", "M", ...}). For
     benchmarks and debugging; not a registered op."""
+    if a.shape[-1] == 0 or b.shape[0] == 0 or a.numel() == 0:
+        return gemm(a, b, bias), {"source": None, "variant": "", "M": None, "source_id": 0, "tuned_now": False}
     d = torch.empty((*a.shape[:-1], b.shape[0]), dtype=a.dtype, device=a.device)
     i = _capi.DispatchInfo()
     i.struct_size = ctypes.sizeof(_capi.DispatchInfo)
