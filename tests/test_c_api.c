@@ -479,6 +479,43 @@ static void test_ops(void) {
   /* the capture flag: accepted (no tuning in this runtime anyway) */
   EXPECT(KDISPATCH_OK, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), dl(&tbias), NULL, KDISPATCH_CALL_CAPTURING, NULL));
 
+  /* gemm with a per-call workspace (the CPU backend has no use for it: the
+     same result) */
+  {
+    static char wsbuf[4096];
+    memset(d, 0, sizeof d);
+    EXPECT(KDISPATCH_OK,
+           kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), dl(&tbias), wsbuf, (int64_t)sizeof wsbuf, NULL, 0, &info));
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double ref = bias[j];
+        for (int k = 0; k < K; ++k) ref += (double)a[i * K + k] * b[j * K + k];
+        CHECK(close_to(d[i * N + j], ref, 1e-5));
+      }
+    EXPECT(KDISPATCH_OK, kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(NULL, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 64, NULL, 0, NULL));
+    CONTAINS(kdispatch_last_error_message(), "workspace_bytes");
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, wsbuf, -1, NULL, 0, NULL));
+    CONTAINS(kdispatch_last_error_message(), "workspace_bytes");
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(rt, NULL, dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
+    CONTAINS(kdispatch_last_error_message(), "a is NULL");
+  }
+
+  /* attach_stream: GPU devices only; a machine without a usable CUDA device
+     says unsupported_device, one with a device allocates the workspace */
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_attach_stream(NULL, kDLCUDA, 0, NULL, 1024));
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_attach_stream(rt, kDLCPU, 0, NULL, 1024));
+  CONTAINS(kdispatch_last_error_message(), "is not a GPU");
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_attach_stream(rt, kDLCUDA, 0, NULL, -5));
+  CONTAINS(kdispatch_last_error_message(), "workspace_bytes must be >= 0");
+  {
+    const kdispatch_status st = kdispatch_runtime_attach_stream(rt, kDLCUDA, 0, NULL, 1024);
+    CHECK(st == KDISPATCH_OK || st == KDISPATCH_UNSUPPORTED_DEVICE);
+    if (st == KDISPATCH_UNSUPPORTED_DEVICE) CONTAINS(kdispatch_last_error_message(), "no usable cuda device 0");
+    EXPECT(KDISPATCH_UNSUPPORTED_DEVICE, kdispatch_runtime_attach_stream(rt, kDLCUDA, 63, NULL, 1024));
+  }
+
   /* gemm errors */
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(NULL, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, NULL, dl(&tb), dl(&td), NULL, NULL, 0, NULL));
