@@ -32,36 +32,19 @@
 #include "dispatch/runtime.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "gpu_bench_util.hpp"
 
 using namespace dispatch;
+using kdbench::dalloc;
+using kdbench::median;
 
 namespace {
-
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
-
-void* dalloc(size_t n) {
-  void* p = nullptr;
-  CK(cudaMalloc(&p, n));
-  return p;
-}
 
 void fill(void* d, size_t elems, std::mt19937& rng) {
   std::vector<uint16_t> h(elems);
   std::normal_distribution<float> nd(0.f, 0.5f);
   for (auto& v : h) v = core::float_to_bf16(nd(rng));
   CK(cudaMemcpy(d, h.data(), elems * 2, cudaMemcpyHostToDevice));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 }  // namespace

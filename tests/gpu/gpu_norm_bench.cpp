@@ -28,9 +28,12 @@
 #include "core/numeric.hpp"
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "gpu_bench_util.hpp"
 #include "tune/search.hpp"
 
 using namespace dispatch;
+using kdbench::dalloc;
+using kdbench::median;
 using core::LaunchArgs;
 using core::OpKind;
 using core::Plan;
@@ -38,27 +41,12 @@ using core::Problem;
 
 namespace {
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
-
 std::vector<int64_t> parse_list(const char* s) {
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) v.push_back(std::stoll(item));
   return v;
-}
-
-void* dalloc(size_t n) {
-  void* p = nullptr;
-  CK(cudaMalloc(&p, n));
-  return p;
 }
 
 /// randn-like bf16 data (weights 1 + 0.1 randn, as the peers'): a random
@@ -74,11 +62,6 @@ void fill_random(void* d, size_t elems, std::mt19937& rng, bool weight) {
     CK(cudaMemcpy(static_cast<uint16_t*>(d) + off, h.data() + (off / tile * 7919) % (tile - n + 1), n * 2,
                   cudaMemcpyHostToDevice));
   }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 struct Bufs {
