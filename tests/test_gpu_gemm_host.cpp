@@ -148,6 +148,31 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
   CHECK(dispatch::core::config_space(*tiled, p, dev).size() == 7u * 3u * 3u);
   const VariantDef* skinny = dispatch::core::find_variant("gemm_bf16__skinny");
   CHECK(dispatch::core::config_space(*skinny, p, dev).size() == 3u * 4u);
+
+  // skinny_mma: row_tiles x split_k x num_stages x cluster_k (no probed
+  // device here: no shared-memory or compute-capability limit applied).
+  const VariantDef* smma = dispatch::core::find_variant("gemm_bf16__skinny_mma");
+  CHECK(dispatch::core::config_space(*smma, p, dev).size() == 2u * 4u * 3u * 3u);
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"num_stages", 5}}), p).message(),
+                         "num_stages must be 3, 4 or 6"));
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"cluster_k", 8}}), p).message(),
+                         "cluster_k must be 1, 2 or 4"));
+  namespace g = dispatch::gpu::gemm;
+  const int64_t big[] = {2, 8, 6, 1};  // (32 + 16 rows) x 128 B x 6 stages x 8 warps = 288 KiB
+  g::SkinnyMma sm;
+  CHECK(g::skinny_mma_smem_bytes(2, 2, 6, 8) == 48 * 128 * 6 * 8);
+  CHECK(std::string(g::resolve_skinny_mma(16, 4096, 4096, big, 232448, 9, &sm)) ==
+        "split_k x num_stages x stage bytes exceed the device's shared memory per block");
+  CHECK(g::resolve_skinny_mma(8, 4096, 4096, big, 232448, 9, &sm) != nullptr);  // one A tile: still 240 KiB
+  const int64_t one_tile[] = {1, 8, 6, 1};                                          // (16 + 8) rows: 144 KiB
+  CHECK(g::resolve_skinny_mma(8, 4096, 4096, one_tile, 232448, 9, &sm) == nullptr);
+  const int64_t clustered[] = {1, 4, 4, 2};
+  CHECK(std::string(g::resolve_skinny_mma(8, 4096, 4096, clustered, 232448, 8, &sm)) ==
+        "cluster_k > 1 needs thread-block clusters (compute capability 9.0)");
+  REQUIRE(g::resolve_skinny_mma(8, 4096, 4096, clustered, 232448, 9, &sm) == nullptr);
+  CHECK((sm.row_tiles == 1 && sm.split_k == 4 && sm.stages == 4 && sm.cluster_k == 2));
+  CHECK(g::skinny_mma_kernel_index(2, 2, 6) == g::kSkinnyMmaKernels - 1);
+  CHECK(g::skinny_mma_kernel_index(1, 1, 3) == 0);
   CHECK(dispatch::gpu::gemm::tiled_workspace_bytes(64, 4096, 2) == 2 * 64 * 4096 * 4);
 }
 
@@ -168,13 +193,23 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills 
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 2);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == c.split_k);
   }
-  // M 3..16 on CUDA: cuBLASLt's own pick (torch's speed) when libcublasLt
-  // opened here, else the tiled family — never skinny_mma by default.
-  for (int64_t m : {3, 8, 16}) {
-    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, m, 6144, 4096), dev);
+  // M 3..16 on CUDA: the tensor-core stream, row_tiles 1, 4 stages, no
+  // cluster; split_k 8 when the 16-row tiles are < 1.5 or >= 8 per SM, else 4.
+  for (const Case& c : {Case{3, 6144, 4096, 4}, Case{8, 1280, 8192, 8}, Case{16, 28672, 4096, 8},
+                        Case{16, 4096, 14336, 4}}) {
+    INFO("M=", c.m, " N=", c.n, " K=", c.k);
+    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
     REQUIRE(plan.valid());
-    CHECK((plan.variant->name == "gemm_bf16__cublaslt" || plan.variant->name == "gemm_bf16__tiled_mma"));
+    CHECK(plan.variant->name == "gemm_bf16__skinny_mma");
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaRowTiles] == 1);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaSplitK] == c.split_k);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaStages] == 4);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaCluster] == 1);
   }
+  // ... but not with K % 8 != 0 (16-byte loads): cuBLASLt's pick or the reference.
+  const Plan odd16 = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 8, 4096, 4100), dev);
+  REQUIRE(odd16.valid());
+  CHECK((odd16.variant->name == "gemm_bf16__cublaslt" || odd16.variant->name == "gemm_bf16__cuda_ref"));
   // HIP (no cuBLASLt, no tensor-core family): the CUDA-core stream up to
   // M = 16, rows_per_warp 2 up to M = 4, then 1.
   if (dispatch::gpu::backend_ops(DeviceType::hip)) {

@@ -1,32 +1,39 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CUDA backend — the skinny_mma GEMM family: decode-time shapes
-// (M <= 16) on tensor cores, a weight stream like the skinny family but with
-// the multiply on mma.sync, so it stays a stream up to M = 16 (the CUDA-core
-// skinny kernel re-reads the activation rows from L1 per weight chunk and
-// becomes L1-bound from M ~ 4: 108 µs instead of 14 µs at M = 16, N = K =
-// 4096 on an H200). CUDA only (mma.sync); one TU per input dtype.
+// (M <= 16) as a weight stream with the multiply on tensor cores. The
+// CUDA-core skinny kernel re-reads the activation rows per weight chunk and
+// becomes L1- then FMA-bound from M ~ 4; here the activation rows ride along
+// with the weights and the multiply is mma.sync, so the kernel stays a read
+// of B up to M = 16. CUDA only; one TU per input dtype.
 //
-// The transposed product: D^T[N, M] = B[N, K] · A^T — the weight rows are
-// mma's 16-row "A" operand, the activation rows its 8-column "B" operand
-// (M <= 8: one n-tile; 9..16: two). No shared memory staging and no
-// ldmatrix: a dot product does not care in which order K is visited, so the
-// fragments use a K permutation both operands share. In a 32-wide chunk of
-// K, lane (g = lane / 4, t = lane % 4) loads 16 bytes (8 elements, physical
-// k 8t..8t+7) of weight rows g and g + 8 and of activation row g; the mma's
-// logical columns {2t, 2t+1} and {2t+8, 2t+9} of the first k-step are
-// physical 8t+{0,1} and 8t+{2,3}, of the second step 8t+{4,5}, 8t+{6,7}:
-//   step 1: a = {w.x, v.x, w.y, v.y}, b = {x.x, x.y}
-//   step 2: a = {w.z, v.z, w.w, v.w}, b = {x.z, x.w}
-// (w, v: the 16-byte loads of rows g and g + 8; x: of activation row g).
-// Every load is 16 bytes, 4 lanes read a row's 64 contiguous bytes.
-// Accumulator c0, c1 = D^T[g][2t, 2t+1], c2, c3 = D^T[g+8][2t, 2t+1].
+// The transposed product D^T[N, M] = B[N, K] · A^T: weight rows are mma's
+// 16-row "A" operand, activation rows its 8-column "B" operand (M <= 8: one
+// n-tile; 9..16: two).
 //
-// Config: row_tiles (16-row tiles of B per warp: 1, 2) and split_k (warps
-// per block along K, each a contiguous range of 32-element chunks); the warps'
-// partial tiles meet in shared memory and are added in warp order
-// (deterministic). M above 16 runs in chunks of 16 (gridDim.y): correct for
-// any M, fast for M <= 16.
+// Each warp owns a contiguous range of K (64-element chunks) for its block's
+// 16 * RT rows of B and streams it through its own ring of S stages in
+// shared memory (no block barrier in the loop): a stage holds 128 bytes
+// (64 elements) of every B row and every A row of the tile, loaded with
+// cp.async.cg 16 bytes per lane (8 lanes read one row's whole 128-byte line;
+// B with an L2 evict-first policy, it is read once), chunk c of row r stored
+// at chunk c ^ (r & 7) so that ldmatrix reads are free of bank conflicts.
+// The loads of stage it + S - 1 are issued before stage it is used, so S - 1
+// stages per warp are in flight. Bytes past K and rows past N or M are
+// zero-filled by cp.async (src-size 0..16), never read.
+//
+// A block's split_k warps cover consecutive K ranges; a cluster of
+// cluster_k blocks (gridDim.y, thread-block cluster (1, cluster_k, 1))
+// covers consecutive ranges of the same rows again. Partial tiles are added
+// in warp order through shared memory, then in cluster-rank order through
+// distributed shared memory by rank 0: deterministic, no workspace. M above
+// 16 runs in chunks of 16 (gridDim.z): correct for any M, fast for M <= 16.
+//
+// Measured on an H200 (scratch harness, cold L2): 88-97% of a same-size read
+// at M <= 8 and 80-91% at M = 16 over the Llama-3 8B/70B-TP8 weight shapes;
+// the tuner picks per shape (bench/results/h200_gemm.md).
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
 
@@ -39,149 +46,250 @@ namespace dispatch::cuda::gemm_skinny_mma {
 
 using gemm::Args;
 
-template <DType DT>
-KDISPATCH_DEVICE_INLINE void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                 uint32_t b1) {
+inline constexpr int kChunk = 64;       // K elements per stage (128 bytes of a bf16/fp16 row)
+inline constexpr int kRowBytes = 128;   // bytes of one row in a stage
+inline constexpr int kMaxWarps = 8;     // split_k values <= 8
+
+KDISPATCH_DEVICE_INLINE uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16 bytes global -> shared, of which `src_bytes` (0..16) are read and the
+/// rest zero-filled; `policy`: an L2 cache policy (createpolicy).
+KDISPATCH_DEVICE_INLINE void cp_async16(uint32_t dst, const void* src, int src_bytes, uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  // Not volatile: a pure function of its operands, so the compiler may keep
-  // every load of a trip in flight ahead of the first mma.
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy));
+#endif
+}
+KDISPATCH_DEVICE_INLINE void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#endif
+}
+KDISPATCH_DEVICE_INLINE void cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+KDISPATCH_DEVICE_INLINE void cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+KDISPATCH_DEVICE_INLINE void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+template <DType DT>
+KDISPATCH_DEVICE_INLINE void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // Not volatile: a pure function of its operands.
   if constexpr (DT == DType::bf16) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 #else
   __trap();
 #endif
 }
 
-/// Chunks of 32 K per warp per loop trip (loads in flight before use).
-template <int RT, int NT>
-struct Unroll {
-  static constexpr int value = RT * 2 + NT <= 3 ? 8 : RT * 2 + NT <= 4 ? 4 : 2;
-};
-
-/// RT 16-row tiles of B per warp, NT 8-row tiles of A (M chunk 8 * NT).
-template <DType DT, int RT, int NT>
-__global__ void __launch_bounds__(256) skinny_mma_kernel(Args g) {
-  constexpr int U = Unroll<RT, NT>::value;
-  constexpr int kAcc = RT * NT * 4;
-  port::grid_dependency_wait_and_release();
-  extern __shared__ float partial[];  // [split_k][32 lanes][kAcc]
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int split_k = static_cast<int>(blockDim.x) / 32;
-  const int gq = lane / 4, t = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (16 * RT);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (8 * NT);
-  const auto* A = static_cast<const uint16_t*>(g.a);
-  const auto* B = static_cast<const uint16_t*>(g.b);
-
-  // Rows past N / M read the last row (their sums are never stored).
-  const uint16_t* brow[RT][2];
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + r * 16 + h * 8 + gq;
-      brow[r][h] = B + (n < g.n ? n : g.n - 1) * g.ldb + 8 * t;
-    }
-  const uint16_t* arow[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int64_t m = m0 + j * 8 + gq;
-    arow[j] = A + (m < g.m ? m : g.m - 1) * g.lda + 8 * t;
-  }
-
-  float acc[RT][NT][4];
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.f;
-
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  // Warp w owns a contiguous range of K (whole 32-element chunks), so each
-  // weight row is read in long runs (U x 64 bytes per trip and row): with
-  // 16 rows per warp and every row of B in flight at once, short
-  // interleaved pieces per row cost DRAM page locality.
-  const int64_t chunks = (static_cast<int64_t>(g.k) + 31) / 32;
-  const int64_t per_warp = (chunks + split_k - 1) / split_k;
-  const int64_t k_begin = per_warp * warp * 32;
-  const int64_t k_end = k_begin + per_warp * 32 < g.k ? k_begin + per_warp * 32 : static_cast<int64_t>(g.k);
-  constexpr int64_t stride = 32;  // K elements between a warp's consecutive chunks
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += stride * U) {
-    uint4 w[U][RT][2], x[U][NT];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // Loads without a branch around them (a branch per load splits the
-      // trip into basic blocks and the loads stop overlapping: 2x slower on
-      // an H200): the offset is clamped into the row, the value zeroed after.
-      const int64_t k = k0 + u * stride + 8 * t;  // this lane's first element
-      const bool in = k < k_end;
-      const int64_t off = in ? k0 + u * stride : k_begin - 8 * t;  // k_begin + lane piece: in range
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 v = port::load16_ro(brow[r][h] + off);
-          w[u][r][h] = in ? v : zero;
-        }
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint4 v = port::load16_ro(arow[j] + off);
-        x[u][j] = in ? v : zero;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint4& wv = w[u][r][0];
-          const uint4& vv = w[u][r][1];
-          const uint4& xv = x[u][j];
-          mma<DT>(acc[r][j], wv.x, vv.x, wv.y, vv.y, xv.x, xv.y);
-          mma<DT>(acc[r][j], wv.z, vv.z, wv.w, vv.w, xv.z, xv.w);
-        }
-  }
-
-  // The warps' partial tiles, summed in warp order.
-  float* mine = partial + (static_cast<int64_t>(warp) * 32 + lane) * kAcc;
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(r * NT + j) * 4 + e] = acc[r][j][e];
-  __syncthreads();
-  for (int idx = static_cast<int>(threadIdx.x); idx < 32 * kAcc; idx += static_cast<int>(blockDim.x)) {
-    const int ln = idx / kAcc, q = idx % kAcc;
-    const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
-    const int lg = ln / 4, lt = ln % 4;
-    const int64_t n = n0 + r * 16 + lg + (e >= 2 ? 8 : 0);
-    const int64_t m = m0 + j * 8 + 2 * lt + (e & 1);
-    if (n >= g.n || m >= g.m) continue;
-    float v = 0.f;
-    for (int wi = 0; wi < split_k; ++wi) v += partial[(static_cast<int64_t>(wi) * 32 + ln) * kAcc + q];
-    if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
-    gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
-  }
+/// Byte offset of (row, 16-byte chunk) in a stage (chunk swizzled by row).
+KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+/// RT 16-row tiles of B per warp, NT 8-row tiles of A, S ring stages.
+/// Launch: grid (ceil(N / 16RT), cluster_k, ceil(M / 8NT)), 32 * split_k
+/// threads, skinny_mma_smem_bytes(RT, NT, S, split_k) of dynamic shared
+/// memory, cluster (1, cluster_k, 1) when cluster_k > 1.
+template <DType DT, int RT, int NT, int S>
+__global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k) {
+  constexpr int kBRows = 16 * RT, kARows = 8 * NT;
+  constexpr int kStage = (kBRows + kARows) * kRowBytes;
+  constexpr int kAcc = RT * NT * 4;
+  port::grid_dependency_wait_and_release();
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  const uint32_t ring = smem_addr(smem) + static_cast<uint32_t>(warp * S * kStage);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBRows;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.z) * kARows;
+  const int rank = static_cast<int>(blockIdx.y);  // == the block's rank in its (1, cluster_k, 1) cluster
+
+  // This warp's chunks [c_begin, c_end) of K: worker rank * warps + warp of
+  // cluster_k * warps, consecutive ranges.
+  const int64_t chunks = (static_cast<int64_t>(g.k) + kChunk - 1) / kChunk;
+  const int64_t workers = static_cast<int64_t>(cluster_k) * warps;
+  const int64_t per = (chunks + workers - 1) / workers;
+  const int64_t wk = static_cast<int64_t>(rank) * warps + warp;
+  const int64_t c_begin = wk * per < chunks ? wk * per : chunks;
+  const int64_t c_end = c_begin + per < chunks ? c_begin + per : chunks;
+  const int iters = static_cast<int>(c_end - c_begin);
+
+  uint64_t evict_first = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
+#endif
+  // Lane l copies chunk (l & 7) of rows (l >> 3) + 4i: 8 lanes per row line.
+  const int prow = lane >> 3, pch = lane & 7;
+  const auto* A = static_cast<const uint16_t*>(g.a);
+  const auto* B = static_cast<const uint16_t*>(g.b);
+  const uint16_t* bsrc[RT * 4];
+  bool bok[RT * 4];
+#pragma unroll
+  for (int i = 0; i < RT * 4; ++i) {
+    const int64_t n = n0 + prow + 4 * i;
+    bok[i] = n < g.n;
+    bsrc[i] = B + (bok[i] ? n : 0) * g.ldb;
+  }
+  const uint16_t* asrc[NT * 2];
+  bool aok[NT * 2];
+#pragma unroll
+  for (int i = 0; i < NT * 2; ++i) {
+    const int64_t m = m0 + prow + 4 * i;
+    aok[i] = m < g.m;
+    asrc[i] = A + (aok[i] ? m : 0) * g.lda;
+  }
+  auto issue = [&](int slot, int64_t chunk) {
+    const uint32_t st = ring + static_cast<uint32_t>(slot * kStage);
+    const int64_t k = chunk * kChunk + pch * 8;  // this lane's first element
+    const int bytes = k < g.k ? static_cast<int>(g.k - k < 8 ? g.k - k : 8) * 2 : 0;
+    const int64_t off = bytes ? k : 0;  // a valid address even when nothing is read
+#pragma unroll
+    for (int i = 0; i < RT * 4; ++i)
+      cp_async16(st + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
+#pragma unroll
+    for (int i = 0; i < NT * 2; ++i)
+      cp_async16(st + kBRows * kRowBytes + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
+  };
+
+  // Two accumulator sets (even and odd k16 steps): half the mma dependency chain.
+  float acc[2][RT][NT][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][r][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < iters) issue(s, c_begin + s);
+    cp_commit();  // empty groups keep the wait_group count uniform
+  }
+  // ldmatrix.x4 lane addresses: B (mma A operand) rows lane & 15 of a 16-row
+  // tile, chunk + (lane >> 4); A (mma B operand) row lane & 7, chunk + (lane >> 3).
+  const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_ch = lane >> 4;
+  const int a_row = lane & 7, a_ch = lane >> 3;
+  int slot = 0;
+  for (int it = 0; it < iters; ++it) {
+    cp_wait<S - 2>();  // stage `it` has landed (this lane's copies) ...
+    __syncwarp();      // ... and every lane's; the slot of it - 1 is free
+    {
+      int next = slot + S - 1;
+      if (next >= S) next -= S;
+      if (it + S - 1 < iters) issue(next, c_begin + it + S - 1);
+      cp_commit();
+    }
+    const uint32_t st = ring + static_cast<uint32_t>(slot * kStage);
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {  // two k16 steps per A load: chunks 4kp .. 4kp + 3
+      uint32_t b[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) ldsm_x4(st + kBRows * kRowBytes + swz(j * 8 + a_row, 4 * kp + a_ch), b[j]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          uint32_t a[4];
+          ldsm_x4(st + swz(r * 16 + b_row, 4 * kp + 2 * h + b_ch), a);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma<DT>(acc[h][r][j], a, b[j][2 * h], b[j][2 * h + 1]);
+        }
+    }
+    if (++slot == S) slot = 0;
+    // The slot just read is refilled one trip later, after that trip's
+    // __syncwarp: every lane has finished reading it by then.
+  }
+  cp_wait<0>();
+  __syncthreads();  // the rings are reused for the reduction
+
+  // Partial tiles: warps in warp order, then blocks in cluster-rank order.
+  float* part = reinterpret_cast<float*>(smem);  // [warps][32 lanes][kAcc]
+  float* mine = part + (warp * 32 + lane) * kAcc;
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(r * NT + j) * 4 + e] = acc[0][r][j][e] + acc[1][r][j][e];
+  __syncthreads();
+  float* block_sum = part + warps * 32 * kAcc;  // [32 lanes][kAcc]
+  for (int idx = static_cast<int>(threadIdx.x); idx < 32 * kAcc; idx += static_cast<int>(blockDim.x)) {
+    float v = 0.f;
+    for (int w = 0; w < warps; ++w) v += part[w * 32 * kAcc + idx];
+    block_sum[idx] = v;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  if (cluster_k > 1) cg::this_cluster().sync();  // every rank's block_sum is written
+  else __syncthreads();
+#else
+  __syncthreads();
+#endif
+  if (rank == 0) {
+    for (int idx = static_cast<int>(threadIdx.x); idx < 32 * kAcc; idx += static_cast<int>(blockDim.x)) {
+      float v = block_sum[idx];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      for (int rk = 1; rk < cluster_k; ++rk) v += cg::this_cluster().map_shared_rank(block_sum, rk)[idx];
+#endif
+      const int ln = idx / kAcc, q = idx % kAcc;
+      const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
+      // mma C layout: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = row g + 8.
+      const int64_t n = n0 + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
+      const int64_t m = m0 + j * 8 + 2 * (ln & 3) + (e & 1);
+      if (n >= g.n || m >= g.m) continue;
+      if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
+      gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster_k > 1) cg::this_cluster().sync();  // no block leaves while rank 0 reads its shared memory
+#endif
+}
+
+using KernelFn = void (*)(Args, int);
+
 template <DType DT, int RT, int NT>
-port::Error launch_rt_nt(dim3 grid, dim3 block, size_t smem, port::Stream s, bool pdl, const Args& g) {
-  return port::launch_smem(skinny_mma_kernel<DT, RT, NT>, grid, block, smem, s, pdl, g);
+constexpr KernelFn kernel_for_stages(int stages) {
+  return stages == 3 ? skinny_mma_kernel<DT, RT, NT, 3> : stages == 4 ? skinny_mma_kernel<DT, RT, NT, 4>
+                                                                      : skinny_mma_kernel<DT, RT, NT, 6>;
+}
+
+/// The compiled kernels of DT in skinny_mma_kernel_index order.
+template <DType DT>
+const KernelFn* kernels() {
+  static const KernelFn k[gpu::gemm::kSkinnyMmaKernels] = {
+      kernel_for_stages<DT, 1, 1>(3), kernel_for_stages<DT, 1, 1>(4), kernel_for_stages<DT, 1, 1>(6),
+      kernel_for_stages<DT, 1, 2>(3), kernel_for_stages<DT, 1, 2>(4), kernel_for_stages<DT, 1, 2>(6),
+      kernel_for_stages<DT, 2, 1>(3), kernel_for_stages<DT, 2, 1>(4), kernel_for_stages<DT, 2, 1>(6),
+      kernel_for_stages<DT, 2, 2>(3), kernel_for_stages<DT, 2, 2>(4), kernel_for_stages<DT, 2, 2>(6)};
+  return k;
 }
 
 template <DType DT>
@@ -191,28 +299,59 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
   if (!gemm::vector_aligned(la, p))
     return make_status(StatusCode::unsupported_problem,
                        std::string(core::kNeedsFallback) + "skinny_mma: A/B pointers or row strides not 16-byte aligned");
-  const int nt = p.m <= 8 ? 1 : 2;
+  const int nt = gpu::gemm::skinny_mma_n_tiles(p.m);
   const int rt = sk.row_tiles;
-  const dim3 grid(static_cast<unsigned>((p.n + 16 * rt - 1) / (16 * rt)), static_cast<unsigned>((p.m + 8 * nt - 1) / (8 * nt)));
-  if (grid.y > 65535u) return make_status(StatusCode::unsupported_problem, "skinny_mma: M too large");
-  const dim3 block(static_cast<unsigned>(32 * sk.split_k));
-  const size_t smem = sizeof(float) * static_cast<size_t>(sk.split_k) * 32 * static_cast<size_t>(rt * nt * 4);
-  const port::Stream s = static_cast<port::Stream>(la.stream);
+  const int64_t mchunks = (p.m + 8 * nt - 1) / (8 * nt);
+  if (mchunks > 65535)
+    return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + "skinny_mma: M too large");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((p.n + 16 * rt - 1) / (16 * rt)), static_cast<unsigned>(sk.cluster_k),
+                     static_cast<unsigned>(mchunks));
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * sk.split_k));
+  cfg.dynamicSmemBytes = static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k));
+  cfg.stream = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
-  const bool pdl = pdl_enabled(p.device.ordinal);
-  port::Error e;
-  if (rt == 1) e = nt == 1 ? launch_rt_nt<DT, 1, 1>(grid, block, smem, s, pdl, g) : launch_rt_nt<DT, 1, 2>(grid, block, smem, s, pdl, g);
-  else e = nt == 1 ? launch_rt_nt<DT, 2, 1>(grid, block, smem, s, pdl, g) : launch_rt_nt<DT, 2, 2>(grid, block, smem, s, pdl, g);
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  if (pdl_enabled(p.device.ordinal)) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  if (sk.cluster_k > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = 1;
+    attr[na].val.clusterDim.y = static_cast<unsigned>(sk.cluster_k);
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = static_cast<unsigned>(na);
+  const KernelFn k = kernels<DT>()[gpu::gemm::skinny_mma_kernel_index(rt, nt, sk.stages)];
+  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sk.cluster_k);
+  if (e != port::kSuccess) (void)cudaGetLastError();
   return port::status(e, "gemm skinny_mma kernel launch");
 }
 
+/// Fills out[skinny_mma_kernel_index] on the current device and raises each
+/// kernel's dynamic shared memory limit to the device's opt-in maximum (the
+/// space's resolve checks each launch against it).
 template <DType DT>
-void probe(KernelImage* out) noexcept {
-  using gpu::gemm::skinny_mma_kernel_index;
-  out[skinny_mma_kernel_index(1, 1)] = image_of(skinny_mma_kernel<DT, 1, 1>);
-  out[skinny_mma_kernel_index(1, 2)] = image_of(skinny_mma_kernel<DT, 1, 2>);
-  out[skinny_mma_kernel_index(2, 1)] = image_of(skinny_mma_kernel<DT, 2, 1>);
-  out[skinny_mma_kernel_index(2, 2)] = image_of(skinny_mma_kernel<DT, 2, 2>);
+void probe(KernelImage* out, int64_t smem_optin) noexcept {
+  const KernelFn* k = kernels<DT>();
+  for (int i = 0; i < gpu::gemm::kSkinnyMmaKernels; ++i) {
+    KernelImage im = image_of(k[i]);
+    if (im.loadable && smem_optin > 48 * 1024) {
+      const port::Error e =
+          cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_optin));
+      if (e != port::kSuccess) {
+        (void)cudaGetLastError();
+        im.loadable = false;
+        im.error = static_cast<int32_t>(e);
+      }
+    }
+    out[i] = im;
+  }
 }
 
 }  // namespace dispatch::cuda::gemm_skinny_mma
@@ -224,5 +363,7 @@ void probe(KernelImage* out) noexcept {
                                      const core::Problem& p) noexcept {                                    \
     return gemm_skinny_mma::launch<DType::dt>(s, la, p);                                                  \
   }                                                                                                       \
-  void probe_gemm_skinny_mma_##dt(KernelImage* out) noexcept { gemm_skinny_mma::probe<DType::dt>(out); } \
+  void probe_gemm_skinny_mma_##dt(KernelImage* out, int64_t smem_optin) noexcept {                        \
+    gemm_skinny_mma::probe<DType::dt>(out, smem_optin);                                                   \
+  }                                                                                                       \
   }

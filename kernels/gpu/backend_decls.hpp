@@ -63,6 +63,7 @@ struct DeviceState {
   KernelImage gemm_tiled[2][gpu::gemm::kTiledKernels];  ///< CUDA only (all unloadable on HIP)
   KernelImage gemm_skinny_mma[2][gpu::gemm::kSkinnyMmaKernels];  ///< CUDA only
   int64_t smem_optin = 0;  ///< opt-in shared memory per block (bytes)
+  int cc_major = 0;        ///< compute capability major (CUDA; 0 on HIP)
 };
 
 /// Index of a GEMM input dtype in DeviceState's gemm tables: fp16 0, bf16 1, -1 else.
@@ -128,7 +129,7 @@ KDISPATCH_DECLARE_GEMM_TILED_TU(bf16)
 #define KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(dt)                                                          \
   Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,           \
                                      const core::Problem& p) noexcept;                                     \
-  void probe_gemm_skinny_mma_##dt(KernelImage* out) noexcept;
+  void probe_gemm_skinny_mma_##dt(KernelImage* out, int64_t smem_optin) noexcept;
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(fp16)
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
 #undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU

@@ -90,33 +90,74 @@ inline const char* resolve_skinny(int64_t n, int64_t k, const int64_t* params, S
 
 // ------------------------------------------------------------------ skinny_mma (CUDA)
 //
-//   skinny_mma  the skinny family's weight stream with the multiply on
-//           tensor cores (mma.sync, the transposed product D^T = B A^T:
-//           kernels/cuda/gemm_skinny_mma.cuh), so M up to 16 stays a stream.
-//             row_tiles  {1, 2}        16-row tiles of B per warp (compile time)
-//             split_k    {1, 2, 4, 8}  warps per block along K (runtime)
+//   skinny_mma  a weight stream for decode shapes (M <= 16) with the multiply
+//           on tensor cores: each warp streams its own contiguous range of K
+//           for 16 * row_tiles rows of B through a cp.async ring of
+//           num_stages 64-wide chunks in shared memory (whole 128-byte lines
+//           per row, L2 evict-first), then ldmatrix + mma.sync on the
+//           transposed product D^T = B A^T (kernels/cuda/gemm_skinny_mma.cuh).
+//           The K ranges of split_k warps of a block and of cluster_k blocks
+//           of a thread-block cluster are added in a fixed order (warps in
+//           shared memory, blocks through distributed shared memory), so the
+//           result does not depend on scheduling.
+//             row_tiles   {1, 2}        16-row tiles of B per warp (compile time)
+//             split_k     {1, 2, 4, 8}  warps per block along K (runtime)
+//             num_stages  {3, 4, 6}     cp.async ring depth (compile time)
+//             cluster_k   {1, 2, 4}     blocks per cluster along K (runtime;
+//                                       > 1 needs compute capability 9.0)
 //           Needs K % 8 == 0 and 16-byte aligned A and B rows, like skinny.
+//           M above 16 runs in chunks of 16 (correct, not fast).
 
 inline constexpr int64_t kSkinnyMmaRowTilesValues[] = {1, 2};
 inline constexpr int64_t kSkinnyMmaSplitKValues[] = {1, 2, 4, 8};
-inline constexpr int kSkinnyMmaRowTiles = 0, kSkinnyMmaSplitK = 1;
-/// Kernels per input dtype: row_tiles (2) x n-tiles of A (1: M <= 8, 2: 9..16).
-inline constexpr int kSkinnyMmaKernels = 4;
-constexpr int skinny_mma_kernel_index(int row_tiles, int n_tiles) { return (row_tiles - 1) * 2 + (n_tiles - 1); }
+inline constexpr int64_t kSkinnyMmaStagesValues[] = {3, 4, 6};
+inline constexpr int64_t kSkinnyMmaClusterValues[] = {1, 2, 4};
+inline constexpr int kSkinnyMmaRowTiles = 0, kSkinnyMmaSplitK = 1, kSkinnyMmaStages = 2, kSkinnyMmaCluster = 3;
+/// Kernels per input dtype: row_tiles (2) x n-tiles of A (1: M <= 8, 2: 9..16) x num_stages (3).
+inline constexpr int kSkinnyMmaKernels = 12;
+constexpr int skinny_mma_stage_index(int stages) { return stages == 3 ? 0 : stages == 4 ? 1 : 2; }
+constexpr int skinny_mma_kernel_index(int row_tiles, int n_tiles, int stages) {
+  return ((row_tiles - 1) * 2 + (n_tiles - 1)) * 3 + skinny_mma_stage_index(stages);
+}
+/// 8-row tiles of A a launch for M rows uses (1: M <= 8, else 2).
+constexpr int skinny_mma_n_tiles(int64_t m) { return m <= 8 ? 1 : 2; }
+/// Bytes of one ring stage: 64 K elements (128 bytes) of every B and A row.
+constexpr int64_t skinny_mma_stage_bytes(int row_tiles, int n_tiles) { return (16 * row_tiles + 8 * n_tiles) * 128; }
+/// Dynamic shared memory of a launch (the ring; the reduction reuses it).
+constexpr int64_t skinny_mma_smem_bytes(int row_tiles, int n_tiles, int stages, int split_k) {
+  const int64_t ring = split_k * stages * skinny_mma_stage_bytes(row_tiles, n_tiles);
+  const int64_t red = (split_k + 1) * 32 * row_tiles * n_tiles * 4 * 4;
+  return ring > red ? ring : red;
+}
 
 struct SkinnyMma {
   int row_tiles = 1;
   int split_k = 1;
+  int stages = 4;
+  int cluster_k = 1;
 };
 
-inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* params, SkinnyMma* out) {
+/// Checks a skinny_mma point for (M, N, K): nullptr, or why it is declined.
+/// smem_optin: the device's opt-in shared memory per block (0: unknown, not
+/// checked); cc_major: its compute capability (0: unknown, not checked).
+inline const char* resolve_skinny_mma(int64_t m, int64_t n, int64_t k, const int64_t* params, int64_t smem_optin,
+                                      int cc_major, SkinnyMma* out) {
   const int64_t rt = params[kSkinnyMmaRowTiles], sk = params[kSkinnyMmaSplitK];
+  const int64_t st = params[kSkinnyMmaStages], ck = params[kSkinnyMmaCluster];
   if (rt != 1 && rt != 2) return "row_tiles must be 1 or 2";
   if (sk != 1 && sk != 2 && sk != 4 && sk != 8) return "split_k must be 1, 2, 4 or 8";
+  if (st != 3 && st != 4 && st != 6) return "num_stages must be 3, 4 or 6";
+  if (ck != 1 && ck != 2 && ck != 4) return "cluster_k must be 1, 2 or 4";
   if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
   if (n < 1 || k < 1) return "N and K must be >= 1";
+  if (ck > 1 && cc_major > 0 && cc_major < 9) return "cluster_k > 1 needs thread-block clusters (compute capability 9.0)";
+  const int nt = skinny_mma_n_tiles(m);
+  if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), nt, static_cast<int>(st), static_cast<int>(sk)) > smem_optin)
+    return "split_k x num_stages x stage bytes exceed the device's shared memory per block";
   out->row_tiles = static_cast<int>(rt);
   out->split_k = static_cast<int>(sk);
+  out->stages = static_cast<int>(st);
+  out->cluster_k = static_cast<int>(ck);
   return nullptr;
 }
 

@@ -54,7 +54,6 @@ struct Runtime::Impl {
 
   /// Forced plans per op (RuntimeOptions::force), empty when none.
   std::vector<core::Plan> forced[core::kOpCount];
-  bool any_forced = false;
   /// Entries of RuntimeOptions::force, as given (for lookup's "why").
   std::vector<std::string> forced_text[core::kOpCount];
 
@@ -76,8 +75,18 @@ struct Runtime::Impl {
     int64_t bytes = 0;
   };
   static constexpr int kMaxStreams = 64;
-  StreamSlot streams[kMaxStreams];
+  // What a memoised table hit reads (ops.cpp), kept in one cache line with
+  // the first stream slots: behind a GPU launch the host caches are cold,
+  // and the hit path's cost is the lines it touches.
+  /// The published table's generation: a process-wide unique number (never
+  /// 0, never reused by another table or Runtime), stored with release
+  /// after `current`. The op hot path keeps a per-thread memo of recent
+  /// table hits tagged with it (ops.cpp: HitMemo); a publish invalidates
+  /// every memo at once.
+  alignas(64) std::atomic<uint64_t> table_gen{0};
   std::atomic<int> n_streams{0};
+  bool any_forced = false;
+  StreamSlot streams[kMaxStreams];
   std::mutex streams_mu;  ///< serialises attach_stream
   /// The slot of (device, stream), or nullptr. Hot path: a few loads.
   const StreamSlot* stream_slot(Device d, void* stream) const noexcept {
