@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   constexpr int kBRows = 16 * RT, kARows = 8 * NT;
   constexpr int kStage = (kBRows + kARows) * kRowBytes;
   constexpr int kAcc = RT * NT * 4;
-  port::grid_dependency_wait_and_release();
+  port::grid_dependency_wait();  // released after the stream (port.hpp says why)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int warps = static_cast<int>(blockDim.x) >> 5;
@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
     // __syncwarp: every lane has finished reading it by then.
   }
   cp_wait<0>();
+  port::grid_dependency_release();
   __syncthreads();  // the rings are reused for the reduction
 
   // Partial tiles: warps in warp order, then blocks in cluster-rank order.
