@@ -4,6 +4,7 @@
 #include <dlpack/dlpack.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -160,6 +161,54 @@ TEST_CASE("watch: a file dropped into a watched dir is served without a restart"
     fused_hit = lookup(*rt, qf)->match == LookupResult::Match::exact;
   }
   CHECK(fused_hit);
+}
+
+TEST_CASE("hit memo: a call served from the table follows every reload, and each runtime serves its own table") {
+  // ops.cpp keeps a per-thread memo of table hits tagged with the table's
+  // generation: a reload must reach the very next call, and two runtimes
+  // called from one thread with the same shape must not see each other's rows.
+  TempDir a, b;
+  for (const TempDir* d : {&a, &b}) kdtest::fs::create_directories(*d / "cpu/rmsnorm");
+  const auto file = [](const TempDir& d) { return d / ("cpu/rmsnorm/" + norm_file("40", "fp32")); };
+  kdtest::write_text(file(a), R"({"3": {"variant": "rmsnorm_fp32__ref"}})");
+  kdtest::write_text(file(b), R"({"3": {"variant": "rmsnorm_fp32__vec", "vec": 4, "unroll": 2}})");
+  auto make = [](const TempDir& d) {
+    RuntimeOptions o;
+    o.config_dirs = {d.str()};
+    o.load_shipped_configs = false;
+    o.tune.load_cache = o.tune.persist = false;
+    return Runtime::create(o).value();
+  };
+  auto ra = make(a), rb = make(b);
+  std::vector<float> x(3 * 40, 1.f), y(3 * 40), w(40, 2.f);
+  RmsNormArgs args{make_tensor_2d(y.data(), DType::fp32, 3, 40, 40), make_tensor_2d(x.data(), DType::fp32, 3, 40, 40),
+                   make_tensor_1d(w.data(), DType::fp32, 40), 1e-6f};
+  auto served = [&](Runtime& rt) {
+    DispatchInfo info;
+    std::fill(y.begin(), y.end(), 0.f);
+    REQUIRE(rmsnorm(rt, args, {}, {.info = &info}).ok());
+    CHECK(std::fabs(y[3 * 40 - 1] - 2.f) < 1e-5);  // x = 1: y = w
+    return std::string(plan_source_name(info.source)) + ":" + info.variant;
+  };
+  for (int i = 0; i < 3; ++i) {  // the second and third calls of each are memo hits
+    CHECK(served(*ra) == "table:rmsnorm_fp32__ref");
+    CHECK(served(*rb) == "table:rmsnorm_fp32__vec");
+  }
+  // A reload of `a` with another row: its next call serves the new row.
+  kdtest::write_text(file(a), R"({"3": {"variant": "rmsnorm_fp32__vec", "vec": 8, "unroll": 1}})");
+  REQUIRE(ra->reload().ok());
+  CHECK(served(*ra) == "table:rmsnorm_fp32__vec");
+  CHECK(served(*rb) == "table:rmsnorm_fp32__vec");
+  // The row removed: the next call is a miss again (get_default).
+  kdtest::fs::remove(file(a));
+  REQUIRE(ra->reload().ok());
+  CHECK(served(*ra).rfind("default:", 0) == 0);
+  CHECK(served(*rb) == "table:rmsnorm_fp32__vec");
+  // A runtime destroyed and another created in its place: a new generation.
+  ra.reset();
+  kdtest::write_text(file(a), R"({"3": {"variant": "rmsnorm_fp32__ref"}})");
+  ra = make(a);
+  CHECK(served(*ra) == "table:rmsnorm_fp32__ref");
 }
 
 TEST_CASE("dlpack: a DLTensor becomes a TensorRef without a copy") {

@@ -236,6 +236,42 @@ TEST_CASE("C02 a candidate that writes only part of its output never wins") {
 }
 
 namespace {
+// A dynamic family (cuBLASLt's shape): params[0] = -1 means "the library's
+// own pick, resolved at the call"; >= 0 names an algorithm. Every point
+// computes y = 3x.
+constexpr int64_t kPicks[] = {-1};
+constexpr core::ParamDef kPickParam[] = {{"algo_id", core::ParamKind::integer, kPicks, {}, -1}};
+const core::VariantDef kDynamic{"scale__dynamic", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kPickParam,
+                                core::kVariantDynamicSpace, 1, &ok_supports, &scale_full};
+}  // namespace
+
+TEST_CASE("a dynamic family's run-time pick (algo_id -1) is never what the search returns") {
+  // A table row must name a concrete algorithm (a hit on -1 would query the
+  // library and lock). The search returns the family's first enumerated
+  // candidate, the same heuristic query, in place of a winning -1: measured
+  // or, when the time budget ended the search after the default, unmeasured.
+  std::vector<float> y(256, 0.f), x(256, 1.f);
+  tune::TuneTarget t;
+  t = scale_target(y.data(), x.data(), 256, &t);
+  const core::Plan def{&kDynamic, {-1}}, first{&kDynamic, {7}}, second{&kDynamic, {3}};
+  const core::Plan ref{&kScaleRef, {1}};
+  for (double budget_ms : {0.0, 2000.0}) {
+    INFO("budget ", budget_ms, " ms");
+    tune::SearchOptions o;
+    o.device = &cpu_device_info();
+    o.measure.cold_cache = false;
+    o.measure.reps = 3;
+    o.time_budget_ms = budget_ms;
+    auto r = tune::search(t, {def, first, second}, ref, o);
+    REQUIRE(r.ok());
+    CHECK(r->best.variant == &kDynamic);
+    CHECK(r->best.params[0] >= 0);
+    if (budget_ms == 0.0) CHECK(r->best.params[0] == 7);  // only the default was measured
+  }
+  for (float v : y) REQUIRE(v == 0.f);  // the search restores what it wrote
+}
+
+namespace {
 // C03: counter += n, counter declared reset_to_zero.
 Status accumulate(const core::LaunchArgs&, const core::Problem&, const int64_t* prm) {
   auto* counter = static_cast<float*>(g_target->args[0].ptr);

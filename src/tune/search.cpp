@@ -511,11 +511,23 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     // top pick, offered the tuner's workspace), which was measured too:
     // persist that one.
     if (res.best.valid() && (res.best.variant->flags & core::kVariantDynamicSpace) && res.best.params[0] < 0) {
+      bool resolved = false;
       for (const CandidateResult& cr : res.tried)
         if (cr.plan.variant == res.best.variant && cr.plan.params[0] >= 0 && cr.status.ok()) {
           res.best = cr.plan;
+          resolved = true;
           break;
         }
+      // The budget ran out before that candidate was measured (large M: the
+      // default alone takes much of it): the first enumerated candidate of
+      // the family is still the same heuristic query with the same workspace,
+      // so the same algorithm the default ran and validated; persist it.
+      if (!resolved)
+        for (const core::Plan& c : candidates)
+          if (c.variant == res.best.variant && c.params[0] >= 0) {
+            res.best = c;
+            break;
+          }
     }
     if (!res.best.valid() && !res.stopped)
       return make_status(StatusCode::no_variant,
