@@ -158,18 +158,20 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
   CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"cluster_k", 8}}), p).message(),
                          "cluster_k must be 1, 2 or 4"));
   namespace g = dispatch::gpu::gemm;
-  const int64_t big[] = {2, 8, 6, 1};  // (32 + 16 rows) x 128 B x 6 stages x 8 warps = 288 KiB
+  const int64_t big[] = {1, 8, 6, 2};  // (16 + 16 rows) x 128 B x 6 stages x 8 warps = 192 KiB
+  const int64_t huge[] = {2, 8, 6, 1};  // (32 + 16 rows): 288 KiB
   g::SkinnyMma sm;
   CHECK(g::skinny_mma_smem_bytes(2, 2, 6, 8) == 48 * 128 * 6 * 8);
-  CHECK(std::string(g::resolve_skinny_mma(16, 4096, 4096, big, 232448, 9, &sm)) ==
+  // Checked for two A tiles whatever M is (a row serves other M by nearest-M).
+  CHECK(std::string(g::resolve_skinny_mma(4096, 4096, huge, 232448, 9, &sm)) ==
         "split_k x num_stages x stage bytes exceed the device's shared memory per block");
-  CHECK(g::resolve_skinny_mma(8, 4096, 4096, big, 232448, 9, &sm) != nullptr);  // one A tile: still 240 KiB
-  const int64_t one_tile[] = {1, 8, 6, 1};                                          // (16 + 8) rows: 144 KiB
-  CHECK(g::resolve_skinny_mma(8, 4096, 4096, one_tile, 232448, 9, &sm) == nullptr);
+  CHECK(g::resolve_skinny_mma(4096, 4096, big, 232448, 9, &sm) == nullptr);
+  CHECK(std::string(g::resolve_skinny_mma(4096, 4096, big, 101376, 12, &sm)) ==  // a 99 KiB part
+        "split_k x num_stages x stage bytes exceed the device's shared memory per block");
   const int64_t clustered[] = {1, 4, 4, 2};
-  CHECK(std::string(g::resolve_skinny_mma(8, 4096, 4096, clustered, 232448, 8, &sm)) ==
+  CHECK(std::string(g::resolve_skinny_mma(4096, 4096, clustered, 232448, 8, &sm)) ==
         "cluster_k > 1 needs thread-block clusters (compute capability 9.0)");
-  REQUIRE(g::resolve_skinny_mma(8, 4096, 4096, clustered, 232448, 9, &sm) == nullptr);
+  REQUIRE(g::resolve_skinny_mma(4096, 4096, clustered, 232448, 9, &sm) == nullptr);
   CHECK((sm.row_tiles == 1 && sm.split_k == 4 && sm.stages == 4 && sm.cluster_k == 2));
   CHECK(g::skinny_mma_kernel_index(2, 2, 6) == g::kSkinnyMmaKernels - 1);
   CHECK(g::skinny_mma_kernel_index(1, 1, 3) == 0);

@@ -251,6 +251,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   if (cluster_k > 1) cg::this_cluster().sync();  // every rank's block_sum is written
   else __syncthreads();
 #else
+  if (cluster_k > 1) __trap();  // no clusters in this image: never drop the other ranks' sums
   __syncthreads();
 #endif
   if (rank == 0) {

@@ -137,11 +137,13 @@ struct SkinnyMma {
   int cluster_k = 1;
 };
 
-/// Checks a skinny_mma point for (M, N, K): nullptr, or why it is declined.
+/// Checks a skinny_mma point for (N, K): nullptr, or why it is declined.
 /// smem_optin: the device's opt-in shared memory per block (0: unknown, not
 /// checked); cc_major: its compute capability (0: unknown, not checked).
-inline const char* resolve_skinny_mma(int64_t m, int64_t n, int64_t k, const int64_t* params, int64_t smem_optin,
-                                      int cc_major, SkinnyMma* out) {
+/// Independent of M (a row tuned at one M serves others by nearest-M): the
+/// shared memory is checked for the larger launch, two 8-row tiles of A.
+inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* params, int64_t smem_optin, int cc_major,
+                                      SkinnyMma* out) {
   const int64_t rt = params[kSkinnyMmaRowTiles], sk = params[kSkinnyMmaSplitK];
   const int64_t st = params[kSkinnyMmaStages], ck = params[kSkinnyMmaCluster];
   if (rt != 1 && rt != 2) return "row_tiles must be 1 or 2";
@@ -151,8 +153,7 @@ inline const char* resolve_skinny_mma(int64_t m, int64_t n, int64_t k, const int
   if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
   if (n < 1 || k < 1) return "N and K must be >= 1";
   if (ck > 1 && cc_major > 0 && cc_major < 9) return "cluster_k > 1 needs thread-block clusters (compute capability 9.0)";
-  const int nt = skinny_mma_n_tiles(m);
-  if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), nt, static_cast<int>(st), static_cast<int>(sk)) > smem_optin)
+  if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), 2, static_cast<int>(st), static_cast<int>(sk)) > smem_optin)
     return "split_k x num_stages x stage bytes exceed the device's shared memory per block";
   out->row_tiles = static_cast<int>(rt);
   out->split_k = static_cast<int>(sk);

@@ -58,32 +58,79 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
 
 // The rest of a call once its plan is chosen: the info, the workspace, the
 // alignment re-check, the launch and the in-call fallback. `dev` may be null
-// (a memo hit never needs it unless the call leaves the fast path).
+// (a memo hit never needs it unless the call leaves the fast path). The
+// rare parts are out of line and marked cold, so that the hit path's code
+// is a few contiguous cache lines (behind a GPU launch they are cold).
+
+const DeviceInfo& device_of(Runtime::Impl& impl, const core::Problem& p, const DeviceInfo*& dev) noexcept {
+  if (dev == nullptr) dev = impl.device_for(p.device);  // non-null: a memo entry was made with it
+  return *dev;
+}
+
+void set_info(const CallOptions& opts, const core::Plan& plan, PlanSource source, int64_t table_m,
+              uint32_t source_id) noexcept {
+  opts.info->source = source;
+  opts.info->variant = plan.variant->name.data();
+  opts.info->table_m = table_m;
+  opts.info->source_id = source_id;
+}
+
+[[gnu::cold, gnu::noinline]] void fill_info(Runtime::Impl& impl, const core::Problem& p, const CallOptions& opts,
+                                            const DeviceInfo*& dev, const core::Plan& plan, PlanSource source,
+                                            int64_t table_m, uint32_t source_id, bool tuned_now) noexcept {
+  set_info(opts, plan, source, table_m, source_id);
+  opts.info->tuned_now = tuned_now;
+  if (opts.info->key) {
+    try {
+      table::KeyBuffer key;
+      table::build_own_key(p, device_type_name(p.device.type), device_of(impl, p, dev).device_name, &key);
+      opts.info->key->assign(key.view());
+    } catch (...) {
+    }
+  }
+}
+
+// A table row was checked for 16-byte aligned operands; a call with less
+// aligned ones re-asks the row (rare: sliced or odd-sized tensors).
+[[gnu::cold, gnu::noinline]] Status realign(Runtime::Impl& impl, const core::Problem& p, const CallOptions& opts,
+                                            const DeviceInfo*& dev, core::Plan* plan, PlanSource* source) noexcept {
+  if (plan->variant->supports(p, plan->params, device_of(impl, p, dev)).ok()) return Status();
+  *plan = core::get_default(p, device_of(impl, p, dev));
+  *source = PlanSource::fallback;
+  if (!plan->valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
+  if (opts.info) set_info(opts, *plan, *source, -1, 0);
+  return Status();
+}
+
+// A plan the call cannot run although its key accepted it (a workspace too
+// small, cuBLASLt refusing an algorithm for this M): get_default's plan,
+// then the reference, in the same call. Nothing was enqueued.
+[[gnu::cold, gnu::noinline]] Status launch_fallback(Runtime::Impl& impl, const core::Problem& p,
+                                                    const core::LaunchArgs& la, const CallOptions& opts,
+                                                    const DeviceInfo*& dev, core::Plan plan, Status st) noexcept {
+  for (int step = 0; step < 2 && !st.ok() && st.code() == StatusCode::unsupported_problem &&
+                     st.message().starts_with(core::kNeedsFallback);
+       ++step) {
+    core::Plan next = core::get_default(p, device_of(impl, p, dev));
+    const bool is_default = next.valid() && next.variant == plan.variant &&
+                            std::equal(next.params, next.params + core::kMaxParams, plan.params);
+    if (!next.valid() || is_default) {
+      next = core::Plan{};
+      next.variant = core::reference_variant(p.op, p.device.type, p.in_dtype);
+      if (next.variant == nullptr || next.variant == plan.variant) break;
+    }
+    plan = next;
+    if (opts.info) set_info(opts, plan, PlanSource::fallback, -1, 0);
+    st = plan.variant->launch(la, p, plan.params);
+  }
+  return st;
+}
+
 Status serve(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
              const CallOptions& opts, const DeviceInfo* dev, core::Plan plan, PlanSource source, int64_t table_m,
              uint32_t source_id, bool tuned_now) noexcept {
-  auto device = [&]() -> const DeviceInfo& {
-    if (dev == nullptr) dev = impl.device_for(p.device);  // non-null: the memo entry was made with it
-    return *dev;
-  };
-  auto text_key = [&](table::KeyBuffer* kb) {
-    table::build_own_key(p, device_type_name(p.device.type), device().device_name, kb);
-  };
-  if (opts.info) {
-    opts.info->source = source;
-    opts.info->variant = plan.variant->name.data();
-    opts.info->table_m = table_m;
-    opts.info->source_id = source_id;
-    opts.info->tuned_now = tuned_now;
-    if (opts.info->key) {
-      try {
-        table::KeyBuffer key;
-        text_key(&key);
-        opts.info->key->assign(key.view());
-      } catch (...) {
-      }
-    }
-  }
+  if (opts.info) [[unlikely]]
+    fill_info(impl, p, opts, dev, plan, source, table_m, source_id, tuned_now);
   la.stream = stream.handle;
   if (p.op == core::OpKind::gemm && p.device.type != DeviceType::cpu) {
     // The call's workspace: the caller's, else the one attached to its stream.
@@ -94,46 +141,15 @@ Status serve(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, 
       la.workspace = slot->workspace;
       la.workspace_bytes = slot->bytes;
     }
-    // A table row was checked for 16-byte aligned operands; a call with
-    // less aligned ones re-asks the row (rare: sliced or odd-sized tensors).
-    if (p.align_bytes < 16 && source != PlanSource::fallback && !plan.variant->supports(p, plan.params, device()).ok()) {
-      plan = core::get_default(p, device());
-      source = PlanSource::fallback;
-      if (!plan.valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
-      if (opts.info) {
-        opts.info->source = source;
-        opts.info->variant = plan.variant->name.data();
-        opts.info->table_m = -1;
-        opts.info->source_id = 0;
-      }
+    if (p.align_bytes < 16 && source != PlanSource::fallback) [[unlikely]] {
+      if (Status s = realign(impl, p, opts, dev, &plan, &source); !s.ok()) return s;
     }
   }
-  zero_reset_args(p, la, plan);
+  if (plan.variant->reset_args != 0) [[unlikely]]
+    zero_reset_args(p, la, plan);
   Status st = plan.variant->launch(la, p, plan.params);
-  // A plan the call cannot run although its key accepted it (a workspace
-  // too small, cuBLASLt refusing an algorithm for this M): get_default's
-  // plan, then the reference, in the same call. Nothing was enqueued.
-  for (int step = 0; step < 2 && !st.ok() && st.code() == StatusCode::unsupported_problem &&
-                     st.message().starts_with(core::kNeedsFallback);
-       ++step) {
-    core::Plan next = core::get_default(p, device());
-    const bool is_default = next.valid() && next.variant == plan.variant &&
-                            std::equal(next.params, next.params + core::kMaxParams, plan.params);
-    if (!next.valid() || is_default) {
-      next = core::Plan{};
-      next.variant = core::reference_variant(p.op, p.device.type, p.in_dtype);
-      if (next.variant == nullptr || next.variant == plan.variant) break;
-    }
-    plan = next;
-    source = PlanSource::fallback;
-    if (opts.info) {
-      opts.info->source = source;
-      opts.info->variant = plan.variant->name.data();
-      opts.info->table_m = -1;
-      opts.info->source_id = 0;
-    }
-    st = plan.variant->launch(la, p, plan.params);
-  }
+  if (!st.ok()) [[unlikely]]
+    return launch_fallback(impl, p, la, opts, dev, plan, std::move(st));
   return st;
 }
 
@@ -195,6 +211,18 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   return memo[(h >> 40) % kMemoSlots];
 }
 
+// A memo hit far from its row's M, sampled for the tuner's queue.
+[[gnu::cold, gnu::noinline]] void note_far_hit(Runtime::Impl& impl, const core::Problem& p,
+                                               const core::LaunchArgs& la) noexcept {
+  if (const DeviceInfo* d = impl.device_for(p.device)) {
+    const uint64_t nh = p.device.type == DeviceType::cpu ? impl.cpu_name_hash : table::key_hash(d->device_name);
+    impl.tuner->note_miss(p, la, table::own_key_hash(table::make_own_key(p, nh)), /*queue=*/true);
+  }
+}
+
+Status run_full(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
+                const CallOptions& opts, const CallKey& ckey, HitMemo& memo, uint64_t gen) noexcept;
+
 Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
            const CallOptions& opts) noexcept {
   Runtime::Impl& impl = rt.impl();
@@ -203,17 +231,19 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   // Loaded before the table (acquire; the writer stores it after `current`):
   // an entry made below is tagged with a generation no newer than its table.
   const uint64_t gen = impl.table_gen.load(std::memory_order_acquire);
-  if (!impl.any_forced && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) {
+  if (!impl.any_forced && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
     const bool near = memo.table_m * 2 >= p.m && p.m * 2 >= memo.table_m;
-    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off && far_hit_sample(memo.table_m, p.m)) {
-      if (const DeviceInfo* d = impl.device_for(p.device)) {
-        const uint64_t nh = p.device.type == DeviceType::cpu ? impl.cpu_name_hash : table::key_hash(d->device_name);
-        impl.tuner->note_miss(p, la, table::own_key_hash(table::make_own_key(p, nh)), /*queue=*/true);
-      }
-    }
+    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off && far_hit_sample(memo.table_m, p.m)) [[unlikely]]
+      note_far_hit(impl, p, la);
     return serve(impl, p, la, stream, opts, nullptr, memo.plan, PlanSource::table, memo.table_m, memo.source_id,
                  false);
   }
+  return run_full(impl, p, la, stream, opts, ckey, memo, gen);
+}
+
+// Everything but a memo hit: the device, the key, the table, the tuner, get_default.
+[[gnu::noinline]] Status run_full(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
+                                  const CallOptions& opts, const CallKey& ckey, HitMemo& memo, uint64_t gen) noexcept {
   const DeviceInfo* dev = impl.device_for(p.device);
   if (dev == nullptr) {
     return make_status(StatusCode::unsupported_device,

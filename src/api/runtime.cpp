@@ -148,10 +148,14 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
 }
 
 void Runtime::Impl::publish_locked(std::unique_ptr<table::Snapshot> snap) {
-  const table::Snapshot* old = current.exchange(snap.release(), std::memory_order_seq_cst);
-  // After the new table: a reader that sees the new generation sees the new
-  // table (it loads table_gen with acquire before it loads `current`).
+  // Generation 0 while the table changes: readers neither use nor make memo
+  // entries then, so no thread serves an older memo entry after it has seen
+  // the new table. After the new table, a fresh generation: a reader that
+  // sees it sees the new table (it loads table_gen with acquire before it
+  // loads `current`).
   static std::atomic<uint64_t> generations{0};
+  table_gen.store(0, std::memory_order_seq_cst);
+  const table::Snapshot* old = current.exchange(snap.release(), std::memory_order_seq_cst);
   table_gen.store(generations.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_release);
   if (old) table::EpochDomain::global().retire(const_cast<table::Snapshot*>(old), &delete_snapshot, this);
 }

@@ -3,13 +3,20 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "table/key.hpp"
 
 namespace dispatch::api {
 namespace {
 
-Status bad(std::string_view arg, std::string_view what) noexcept {
+// Error results are built out of line (cold): the checks before them stay a
+// few contiguous instructions on the hot path.
+[[gnu::cold, gnu::noinline]] Status unsupported(std::string what) noexcept {
+  return Status(StatusCode::unsupported_problem, std::move(what));
+}
+
+[[gnu::cold, gnu::noinline]] Status bad(std::string_view arg, std::string_view what) noexcept {
   try {
     return Status(StatusCode::invalid_argument, std::string(arg) + ": " + std::string(what));
   } catch (...) {
@@ -50,21 +57,25 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   return Status();
 }
 
+[[gnu::cold, gnu::noinline]] Status device_mismatch(const TensorRef* const* ts, const char* const* names,
+                                                   int i) noexcept;
+
 Status same_device(const TensorRef* const* ts, const char* const* names, int n) noexcept {
-  for (int i = 1; i < n; ++i) {
-    if (!(ts[i]->device == ts[0]->device)) {
-      try {
-        return Status(StatusCode::unsupported_device,
-                      std::string(names[i]) + " is on " + std::string(device_type_name(ts[i]->device.type)) + ":" +
-                          std::to_string(ts[i]->device.ordinal) + " but " + names[0] + " is on " +
-                          std::string(device_type_name(ts[0]->device.type)) + ":" +
-                          std::to_string(ts[0]->device.ordinal));
-      } catch (...) {
-        return Status(StatusCode::unsupported_device, std::string());
-      }
-    }
-  }
+  for (int i = 1; i < n; ++i)
+    if (!(ts[i]->device == ts[0]->device)) [[unlikely]]
+      return device_mismatch(ts, names, i);
   return Status();
+}
+
+Status device_mismatch(const TensorRef* const* ts, const char* const* names, int i) noexcept {
+  try {
+    return Status(StatusCode::unsupported_device,
+                  std::string(names[i]) + " is on " + std::string(device_type_name(ts[i]->device.type)) + ":" +
+                      std::to_string(ts[i]->device.ordinal) + " but " + names[0] + " is on " +
+                      std::string(device_type_name(ts[0]->device.type)) + ":" + std::to_string(ts[0]->device.ordinal));
+  } catch (...) {
+    return Status(StatusCode::unsupported_device, std::string());
+  }
 }
 
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding spans).
@@ -130,7 +141,7 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
     return bad("d", "shape " + shape_text(g.d) + " must be [M, N] = [" + std::to_string(M) + ", " + std::to_string(N) + "]");
   if (N < 1 || K < 1) return bad("b", "N and K must be >= 1, got " + shape_text(g.b));
   if (g.a.dtype != g.b.dtype)
-    return Status(StatusCode::unsupported_problem,
+    return unsupported(
                   "a is " + std::string(dtype_name(g.a.dtype)) + " but b is " + std::string(dtype_name(g.b.dtype)) +
                       ": mixed input dtypes are not supported");
   // An absent bias is a null TensorRef (rank 0); pretune may pass a rank-1
@@ -191,7 +202,7 @@ Status validate_rmsnorm(const RmsNormArgs& r, core::Problem* p, core::LaunchArgs
   if (auto s = check_1d(r.w, "w", H, require_data); !s.ok()) return s;
   if (!(r.eps > 0.f)) return bad("eps", "must be > 0, got " + std::to_string(r.eps));
   if (r.x.dtype != r.y.dtype || r.x.dtype != r.w.dtype)
-    return Status(StatusCode::unsupported_problem,
+    return unsupported(
                   "x, y and w must share one dtype (x " + std::string(dtype_name(r.x.dtype)) + ", y " +
                       std::string(dtype_name(r.y.dtype)) + ", w " + std::string(dtype_name(r.w.dtype)) + ")");
   const TensorRef* ts[3] = {&r.x, &r.y, &r.w};
@@ -232,7 +243,7 @@ Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& r, core::Problem* p
   if (auto s = check_1d(r.w, "w", H, require_data); !s.ok()) return s;
   if (!(r.eps > 0.f)) return bad("eps", "must be > 0, got " + std::to_string(r.eps));
   if (r.x.dtype != r.residual.dtype || r.x.dtype != r.w.dtype)
-    return Status(StatusCode::unsupported_problem,
+    return unsupported(
                   "x, residual and w must share one dtype (x " + std::string(dtype_name(r.x.dtype)) + ", residual " +
                       std::string(dtype_name(r.residual.dtype)) + ", w " + std::string(dtype_name(r.w.dtype)) + ")");
   const TensorRef* ts[3] = {&r.x, &r.residual, &r.w};
