@@ -5,9 +5,11 @@
 //  overhead  host-side dispatch cost of dispatch::gemm on a table hit:
 //            host time of N calls of dispatch::gemm minus host time of N
 //            direct calls of the same plan (plan.variant->launch with the
-//            same arguments), per call, median of 15 bursts of 400 calls
-//            (a burst never fills the launch queue; the stream is drained
-//            between bursts, untimed). Shapes: the committed table's.
+//            same arguments), per call: the median over 31 pairs of
+//            400-call bursts (the two in alternating order) of their
+//            difference (a burst never fills the launch queue; the stream
+//            is drained before each burst, untimed). Shapes: the committed
+//            table's.
 //  tiled     our tiled mma.sync family alone at M >= 1024: the best of its
 //            compiled points (every block shape x stages, split_k 1) against
 //            cuBLASLt's own first pick (get_default's cuBLASLt plan), CUDA
@@ -133,26 +135,33 @@ int main(int argc, char** argv) {
       la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
       la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
       constexpr int kBurst = 400;
-      std::vector<double> t_api, t_direct;
-      for (int rep = 0; rep < 15; ++rep) {
+      std::vector<double> t_api, t_direct, t_diff;
+      auto burst = [&](bool api) {
         CK(cudaStreamSynchronize(stream));
-        auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < kBurst; ++i) (void)gemm(**rt, g, Stream{stream});
-        auto t1 = std::chrono::steady_clock::now();
-        CK(cudaStreamSynchronize(stream));
-        auto t2 = std::chrono::steady_clock::now();
-        for (int i = 0; i < kBurst; ++i) (void)lk->variant->launch(la, p, lk->params);
-        auto t3 = std::chrono::steady_clock::now();
-        t_api.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / kBurst);
-        t_direct.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count() / kBurst);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (api)
+          for (int i = 0; i < kBurst; ++i) (void)gemm(**rt, g, Stream{stream});
+        else
+          for (int i = 0; i < kBurst; ++i) (void)lk->variant->launch(la, p, lk->params);
+        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kBurst;
+      };
+      for (int rep = 0; rep < 31; ++rep) {
+        // Alternating which burst goes first cancels order effects (a
+        // warmer host cache, the driver's queue state).
+        const bool api_first = rep % 2 == 0;
+        const double first = burst(api_first), second = burst(!api_first);
+        const double a = api_first ? first : second, b = api_first ? second : first;
+        t_api.push_back(a);
+        t_direct.push_back(b);
+        t_diff.push_back(a - b);
       }
       CK(cudaStreamSynchronize(stream));
-      const double a = median(t_api), b = median(t_direct);
-      overheads.push_back((a - b) * 1e3);
+      const double a = median(t_api), b = median(t_direct), d = median(t_diff);
+      overheads.push_back(d * 1e3);
       std::printf("  N=%5lld K=%5lld M=%4lld %-26s dispatch::gemm %.3f us, direct %.3f us, overhead %.0f ns\n",
-                  (long long)N, (long long)K, (long long)M, std::string(info.variant).c_str(), a, b, (a - b) * 1e3);
+                  (long long)N, (long long)K, (long long)M, std::string(info.variant).c_str(), a, b, d * 1e3);
       std::fprintf(csv, "overhead,%lld,%lld,%lld,%s,%.4f,%.4f,%.1f\n", (long long)M, (long long)N, (long long)K,
-                   info.variant, a, b, (a - b) * 1e3);
+                   info.variant, a, b, d * 1e3);
     }
   }
   std::printf("overhead median %.0f ns over %zu table hits\n", median(overheads), overheads.size());
