@@ -62,6 +62,18 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
 // rare parts are out of line and marked cold, so that the hit path's code
 // is a few contiguous cache lines (behind a GPU launch they are cold).
 
+// get_default's plan, with deterministic serving's rule applied: a
+// scheduling-dependent default is replaced by the reference. Every place a
+// call falls back uses it (the miss, the re-alignment, the in-call fallback).
+core::Plan default_plan(const Runtime::Impl& impl, const core::Problem& p, const DeviceInfo& dev) noexcept {
+  core::Plan plan = core::get_default(p, dev);
+  if (plan.valid() && impl.options.deterministic && (plan.variant->flags & core::kVariantNondeterministic)) {
+    plan = core::Plan{};
+    plan.variant = core::reference_variant(p.op, p.device.type, p.in_dtype);
+  }
+  return plan;
+}
+
 const DeviceInfo& device_of(Runtime::Impl& impl, const core::Problem& p, const DeviceInfo*& dev) noexcept {
   if (dev == nullptr) dev = impl.device_for(p.device);  // non-null: a memo entry was made with it
   return *dev;
@@ -95,7 +107,7 @@ void set_info(const CallOptions& opts, const core::Plan& plan, PlanSource source
 [[gnu::cold, gnu::noinline]] Status realign(Runtime::Impl& impl, const core::Problem& p, const CallOptions& opts,
                                             const DeviceInfo*& dev, core::Plan* plan, PlanSource* source) noexcept {
   if (plan->variant->supports(p, plan->params, device_of(impl, p, dev)).ok()) return Status();
-  *plan = core::get_default(p, device_of(impl, p, dev));
+  *plan = default_plan(impl, p, device_of(impl, p, dev));
   *source = PlanSource::fallback;
   if (!plan->valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
   if (opts.info) set_info(opts, *plan, *source, -1, 0);
@@ -111,7 +123,7 @@ void set_info(const CallOptions& opts, const core::Plan& plan, PlanSource source
   for (int step = 0; step < 2 && !st.ok() && st.code() == StatusCode::unsupported_problem &&
                      st.message().starts_with(core::kNeedsFallback);
        ++step) {
-    core::Plan next = core::get_default(p, device_of(impl, p, dev));
+    core::Plan next = default_plan(impl, p, device_of(impl, p, dev));
     const bool is_default = next.valid() && next.variant == plan.variant &&
                             std::equal(next.params, next.params + core::kMaxParams, plan.params);
     if (!next.valid() || is_default) {
@@ -331,12 +343,7 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     }
   }
   if (!plan.valid()) {
-    plan = core::get_default(p, *dev);
-    if (plan.valid() && impl.options.deterministic && (plan.variant->flags & core::kVariantNondeterministic)) {
-      const core::VariantDef* ref = core::reference_variant(p.op, p.device.type, p.in_dtype);
-      plan = core::Plan{};
-      if (ref) plan.variant = ref;
-    }
+    plan = default_plan(impl, p, *dev);
     if (!plan.valid())
       return make_status(StatusCode::unsupported_problem,
                          std::string("no ") + std::string(device_type_name(p.device.type)) + " variant computes " +
