@@ -194,6 +194,18 @@ TEST_CASE("hit memo: a call served from the table follows every reload, and each
     CHECK(served(*ra) == "table:rmsnorm_fp32__ref");
     CHECK(served(*rb) == "table:rmsnorm_fp32__vec");
   }
+  // The dtype is part of the memo's key (CASES.md C05's kind): the same
+  // shape in bf16 right after memoised fp32 hits is a miss (no bf16 table).
+  {
+    std::vector<uint16_t> xb(3 * 40, 0x3F80), yb(3 * 40, 0), wb(40, 0x4000);  // 1.0, 0, 2.0
+    RmsNormArgs bargs{make_tensor_2d(yb.data(), DType::bf16, 3, 40, 40), make_tensor_2d(xb.data(), DType::bf16, 3, 40, 40),
+                      make_tensor_1d(wb.data(), DType::bf16, 40), 1e-6f};
+    DispatchInfo info;
+    REQUIRE(rmsnorm(*ra, bargs, {}, {.info = &info}).ok());
+    CHECK(info.source == PlanSource::fallback);
+    CHECK(std::string(info.variant).rfind("rmsnorm_bf16__", 0) == 0);
+    CHECK(yb[3 * 40 - 1] == 0x4000);  // y = w = 2.0
+  }
   // A reload of `a` with another row: its next call serves the new row.
   kdtest::write_text(file(a), R"({"3": {"variant": "rmsnorm_fp32__vec", "vec": 8, "unroll": 1}})");
   REQUIRE(ra->reload().ok());

@@ -383,6 +383,14 @@ TEST_CASE("C04 a persisted winner is never served for another shape") {
   CHECK(info.source == PlanSource::table);
   CHECK(info.table_m == 256);
   CHECK(rt->source_dir(info.source_id) == cache.str());
+  // Again from the same thread: now from the per-thread hit memo (ops.cpp),
+  // still W; and the doubled shape right after a memoised hit is still a miss.
+  REQUIRE(gemm(*rt, gemm_desc(256, 256, 256, DType::fp32, a.data(), b.data(), d2.data()), {}, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::table);
+  CHECK(winner.rfind(info.variant, 0) == 0);
+  REQUIRE(gemm(*rt, gemm_desc(256, 512, 512, DType::fp32, a.data(), b.data(), d.data()), {}, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::fallback);
+  CHECK(info.table_m == -1);
   LookupQuery q{.op = "gemm", .key = "N=256,K=256,dtype=fp32", .M = 256};
   auto lr = lookup(*rt, q);
   REQUIRE(lr.ok());
