@@ -497,48 +497,10 @@ void BM_DirectRmsnorm(benchmark::State& state) {
 }
 BENCHMARK(BM_DirectRmsnorm);
 
-void BM_DispatchGemm(benchmark::State& state) {
-  World& w = world();
-  Tiny t;
-  const dispatch::GemmArgs args = t.gemm_args();
-  dispatch::DispatchInfo info;
-  if (!dispatch::gemm(*w.rt, args, {}, {.info = &info}).ok() || info.source != dispatch::PlanSource::table) {
-    state.SkipWithError("dispatch::gemm did not hit the table");
-    return;
-  }
-  for (auto _ : state) {
-    dispatch::Status s = dispatch::gemm(*w.rt, args);
-    benchmark::DoNotOptimize(s);
-    benchmark::ClobberMemory();
-  }
-}
-BENCHMARK(BM_DispatchGemm);
-
-void BM_DirectGemm(benchmark::State& state) {
-  World& w = world();
-  Tiny t;
-  const dispatch::GemmArgs args = t.gemm_args();
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  core::Plan plan;
-  if (!dispatch::api::validate_gemm(args, &p, &la, &empty).ok() || !runtime_plan(*w.rt, p, &plan)) {
-    state.SkipWithError("no plan for the tiny gemm");
-    return;
-  }
-  for (auto _ : state) {
-    dispatch::Status s = plan.variant->launch(la, p, plan.params);
-    benchmark::DoNotOptimize(s);
-    benchmark::ClobberMemory();
-  }
-}
-BENCHMARK(BM_DirectGemm);
-
-
-// The pair above with the host caches disturbed between calls, as a GPU
-// driver's launch path does (it walks several hundred KiB of its own state):
-// the hit path's cost is then the cache lines it touches, not its
-// instructions. The sweep is outside the timed region (manual time).
+// The host caches disturbed between calls, as a GPU driver's launch path
+// does (it walks several hundred KiB of its own state): the hit path's cost
+// is then the cache lines it touches, not its instructions. The sweep is
+// outside the timed region (manual time).
 std::vector<char>& sweep_buffer() {
   static std::vector<char> buf(static_cast<size_t>(1) << 20, 1);
   return buf;
@@ -549,22 +511,10 @@ void sweep_caches() {
   benchmark::ClobberMemory();
 }
 
-void BM_DispatchGemmColdCache(benchmark::State& state) {
-  World& w = world();
-  Tiny t;
-  const dispatch::GemmArgs args = t.gemm_args();
-  for (auto _ : state) {
-    sweep_caches();
-    const auto t0 = std::chrono::steady_clock::now();
-    dispatch::Status s = dispatch::gemm(*w.rt, args);
-    benchmark::DoNotOptimize(s);
-    benchmark::ClobberMemory();
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-}
-BENCHMARK(BM_DispatchGemmColdCache)->UseManualTime()->Iterations(20000);
-
-void BM_DirectGemmColdCache(benchmark::State& state) {
+// dispatch::gemm on a table hit (kDispatch) or a direct launch of the plan
+// it serves; warm, or with the caches swept before each call (kCold).
+template <bool kDispatch, bool kCold>
+void gemm_hit(benchmark::State& state) {
   World& w = world();
   Tiny t;
   const dispatch::GemmArgs args = t.gemm_args();
@@ -572,19 +522,38 @@ void BM_DirectGemmColdCache(benchmark::State& state) {
   core::LaunchArgs la;
   bool empty = false;
   core::Plan plan;
-  if (!dispatch::api::validate_gemm(args, &p, &la, &empty).ok() || !runtime_plan(*w.rt, p, &plan)) {
+  if constexpr (kDispatch) {
+    dispatch::DispatchInfo info;
+    if (!dispatch::gemm(*w.rt, args, {}, {.info = &info}).ok() || info.source != dispatch::PlanSource::table) {
+      state.SkipWithError("dispatch::gemm did not hit the table");
+      return;
+    }
+  } else if (!dispatch::api::validate_gemm(args, &p, &la, &empty).ok() || !runtime_plan(*w.rt, p, &plan)) {
     state.SkipWithError("no plan for the tiny gemm");
     return;
   }
   for (auto _ : state) {
-    sweep_caches();
-    const auto t0 = std::chrono::steady_clock::now();
-    dispatch::Status s = plan.variant->launch(la, p, plan.params);
+    std::chrono::steady_clock::time_point t0;
+    if constexpr (kCold) {
+      sweep_caches();
+      t0 = std::chrono::steady_clock::now();
+    }
+    dispatch::Status s;
+    if constexpr (kDispatch) s = dispatch::gemm(*w.rt, args);
+    else s = plan.variant->launch(la, p, plan.params);
     benchmark::DoNotOptimize(s);
     benchmark::ClobberMemory();
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if constexpr (kCold)
+      state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
+void BM_DispatchGemm(benchmark::State& state) { gemm_hit<true, false>(state); }
+void BM_DirectGemm(benchmark::State& state) { gemm_hit<false, false>(state); }
+void BM_DispatchGemmColdCache(benchmark::State& state) { gemm_hit<true, true>(state); }
+void BM_DirectGemmColdCache(benchmark::State& state) { gemm_hit<false, true>(state); }
+BENCHMARK(BM_DispatchGemm);
+BENCHMARK(BM_DirectGemm);
+BENCHMARK(BM_DispatchGemmColdCache)->UseManualTime()->Iterations(20000);
 BENCHMARK(BM_DirectGemmColdCache)->UseManualTime()->Iterations(20000);
 
 }  // namespace
