@@ -149,26 +149,40 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
   const VariantDef* skinny = dispatch::core::find_variant("gemm_bf16__skinny");
   CHECK(dispatch::core::config_space(*skinny, p, dev).size() == 3u * 4u);
 
-  // skinny_mma: row_tiles x split_k x num_stages x cluster_k (no probed
-  // device here: no shared-memory or compute-capability limit applied).
+  // skinny_mma: row_tiles x num_stages x cluster_k x the 9 (split_k,
+  // warps_n) pairs with split_k * warps_n <= 8 (no probed device here: no
+  // shared-memory or compute-capability limit applied).
   const VariantDef* smma = dispatch::core::find_variant("gemm_bf16__skinny_mma");
-  CHECK(dispatch::core::config_space(*smma, p, dev).size() == 2u * 4u * 3u * 3u);
+  CHECK(dispatch::core::config_space(*smma, p, dev).size() == 2u * 3u * 3u * 9u);
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"warps_n", 3}}), p).message(),
+                         "warps_n must be 1, 2 or 4"));
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"warps_n", 4}, {"split_k", 4}}), p).message(),
+                         "split_k x warps_n must be <= 8 (warps per block)"));
   CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"num_stages", 5}}), p).message(),
                          "num_stages must be 3, 4 or 6"));
   CHECK(kdtest::contains(why(plan_of("gemm_bf16__skinny_mma", {{"cluster_k", 8}}), p).message(),
                          "cluster_k must be 1, 2 or 4"));
   namespace g = dispatch::gpu::gemm;
-  const int64_t big[] = {1, 8, 6, 2};  // (16 + 16 rows) x 128 B x 6 stages x 8 warps = 192 KiB
-  const int64_t huge[] = {2, 8, 6, 1};  // (32 + 16 rows): 288 KiB
+  const int64_t big[] = {1, 8, 6, 2, 1};   // (16 + 16 rows) x 128 B x 6 stages x 8 warps = 192 KiB
+  const int64_t huge[] = {2, 8, 6, 1, 1};  // (32 + 16 rows): 288 KiB
   g::SkinnyMma sm;
   CHECK(g::skinny_mma_smem_bytes(2, 2, 6, 8) == 48 * 128 * 6 * 8);
+  // warps_n 4 x split_k 2: two rings of (4 x 16 B rows + 16 A rows) per stage.
+  CHECK(g::skinny_mma_smem_bytes(1, 2, 4, 2, 4) == 2 * 4 * (64 + 16) * 128);
+  CHECK(g::skinny_mma_smem_bytes(2, 1, 6, 2, 4) == 2 * 6 * (128 + 8) * 128);
+  const int64_t wide[] = {2, 4, 6, 1, 2};  // 4 rings of (64 + 16) x 128 B x 6 = 240 KiB > 227 KiB
+  CHECK(std::string(g::resolve_skinny_mma(4096, 4096, wide, 232448, 9, &sm)) ==
+        "split_k x num_stages x stage bytes exceed the device's shared memory per block");
+  const int64_t shared_a[] = {1, 2, 4, 1, 4};
+  REQUIRE(g::resolve_skinny_mma(4096, 4096, shared_a, 232448, 9, &sm) == nullptr);
+  CHECK((sm.row_tiles == 1 && sm.split_k == 2 && sm.stages == 4 && sm.cluster_k == 1 && sm.warps_n == 4));
   // Checked for two A tiles whatever M is (a row serves other M by nearest-M).
   CHECK(std::string(g::resolve_skinny_mma(4096, 4096, huge, 232448, 9, &sm)) ==
         "split_k x num_stages x stage bytes exceed the device's shared memory per block");
   CHECK(g::resolve_skinny_mma(4096, 4096, big, 232448, 9, &sm) == nullptr);
   CHECK(std::string(g::resolve_skinny_mma(4096, 4096, big, 101376, 12, &sm)) ==  // a 99 KiB part
         "split_k x num_stages x stage bytes exceed the device's shared memory per block");
-  const int64_t clustered[] = {1, 4, 4, 2};
+  const int64_t clustered[] = {1, 4, 4, 2, 1};
   CHECK(std::string(g::resolve_skinny_mma(4096, 4096, clustered, 232448, 8, &sm)) ==
         "cluster_k > 1 needs thread-block clusters (compute capability 9.0)");
   REQUIRE(g::resolve_skinny_mma(4096, 4096, clustered, 232448, 9, &sm) == nullptr);
@@ -207,6 +221,7 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills 
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaSplitK] == c.split_k);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaStages] == 4);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaCluster] == 1);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaWarpsN] == 1);
   }
   // ... but not with K % 8 != 0 (16-byte loads): cuBLASLt's pick or the reference.
   const Plan odd16 = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 8, 4096, 4100), dev);

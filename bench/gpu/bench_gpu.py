@@ -338,17 +338,20 @@ def gemm_point(c, row, N, K, M, w, wd, wsets, ceil, tri, devname):
         row["kd_lookup"] = {k: lk.get(k) for k in ("match", "variant", "M", "source", "why")}
     except Exception as ex:  # noqa: BLE001
         row["kd_lookup"] = {"error": repr(ex)}
-    for name, fn in impls.items():  # cold timing of what passed
+    # cold timing of what passed, the implementations in turns (one drift for all)
+    passed = {name: (lambda fn=fn: fn(x, w)) for name, fn in impls.items() if out[name].get("ok")}
+    try:
+        colds = c.cold_many(passed)
+    except Exception as ex:  # noqa: BLE001
+        colds = {}
+        for name in passed:
+            out[name]["cold_error"] = repr(ex)
+    for name, r in colds.items():
         e = out[name]
-        if not e.get("ok"):
-            continue
-        try:
-            e["cold"] = c.cold(lambda: fn(x, w))
-            us = e["cold"]["us"]
-            e["tflops"] = 2.0 * M * N * K / us / 1e6
-            e["w_gbps"] = N * K * 2 / us / 1e3
-        except Exception as ex:  # noqa: BLE001
-            e["cold_error"] = repr(ex)
+        e["cold"] = r
+        us = r["us"]
+        e["tflops"] = 2.0 * M * N * K / us / 1e6
+        e["w_gbps"] = N * K * 2 / us / 1e3
     if M <= c.args.gemm_graph_max_m and wsets:  # graph replay over rotating weight copies (>= 3x L2)
         xs = [torch.randn(M, K, dtype=dt, device=c.dev) for _ in wsets]
         n = len(wsets)
@@ -558,6 +561,9 @@ def main():
     def cold(fn, rep_ms=args.rep_ms):
         return timer.cold(fn, rep_ms=rep_ms)
 
+    def cold_many(fns, rep_ms=args.rep_ms):
+        return timer.cold_interleaved(fns, rep_ms=rep_ms)
+
     graph = timer.graph
 
     def rel_err(out, ref):
@@ -755,7 +761,7 @@ def main():
         import types
         gemm_section(types.SimpleNamespace(
             torch=torch, F=F, kdispatch=kdispatch, kops=kops, res=res, args=args, nks=gemm_nk, ms=gemm_ms,
-            prev=prev_gemm, deadline=deadline, incomplete=incomplete, save=save, cold=cold, graph=graph,
+            prev=prev_gemm, deadline=deadline, incomplete=incomplete, save=save, cold=cold, cold_many=cold_many, graph=graph,
             rel_err=rel_err, with_rt=with_rt, rt_tuned=rt_tuned, rt_default=rt_default, L2=L2, dev=dev))
 
     done = sum(1 for r in res.get("norms", []) if "impls" in r)

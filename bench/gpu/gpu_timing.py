@@ -5,6 +5,8 @@ gate (the same method as ../shared/peers/README.md):
 - cold(fn): CUDA events around each call, each call preceded by a 256 MiB read
   that evicts L2; calls enqueued in chunks behind a GPU sleep kernel that outlasts
   the host's enqueue time, so host launch cost never enters the interval; median.
+- cold_interleaved(fns): cold() of several implementations in turns (chunks of
+  each, order rotated per round), so slow drift affects all of them alike.
 - graph(calls): the calls captured back to back in one CUDA graph; median replay
   time / number of nodes (the inter-kernel gap inside a graph, no host cost).
 """
@@ -68,6 +70,54 @@ class Timer:
         torch.cuda.synchronize()
         t = [a.elapsed_time(b) * 1e3 for a, b in zip(ss, ee)]
         return {"us": q(t, 0.5), "p20": q(t, 0.2), "p80": q(t, 0.8), "n": n}
+
+    def cold_interleaved(self, fns, rep_ms=20.0, chunk=5, max_iters=200, min_iters=10):
+        """cold() for several implementations of one call, measured in turns:
+        chunks of `chunk` calls of each, the order rotated every round, so a
+        drift of the clocks or of the memory system over the run falls on all
+        of them alike (ratios between them are what the tables report).
+        fns: {name: fn}; returns {name: cold()'s dict}."""
+        torch = self.torch
+        names = list(fns)
+        est, host = {}, {}
+        for nm in names:
+            fn = fns[nm]
+            fn()
+            torch.cuda.synchronize()
+            s, e = self.ev(), self.ev()
+            s.record()
+            for _ in range(3):
+                fn()
+            e.record()
+            torch.cuda.synchronize()
+            est[nm] = max(s.elapsed_time(e) / 3.0, 1e-3)
+            t0 = time.perf_counter()
+            for _ in range(5):
+                fn()
+            host[nm] = (time.perf_counter() - t0) / 5 * 1e3
+            torch.cuda.synchronize()
+        # the same number of calls of each, as many as the slowest allows
+        n = int(min(max_iters, max(min_iters, rep_ms / (max(est.values()) + self.flush_ms))))
+        n = max(chunk, (n + chunk - 1) // chunk * chunk)
+        sleep_cycles = int((chunk * len(names) * (max(host.values()) + 0.03) * 1.5 + 0.05) * 1e-3 * 2.0e9)
+        ss = {nm: [self.ev() for _ in range(n)] for nm in names}
+        ee = {nm: [self.ev() for _ in range(n)] for nm in names}
+        for r in range(n // chunk):
+            torch.cuda._sleep(sleep_cycles)
+            k = r % len(names)
+            for nm in names[k:] + names[:k]:
+                fn = fns[nm]
+                for i in range(r * chunk, (r + 1) * chunk):
+                    self.flush()
+                    ss[nm][i].record()
+                    fn()
+                    ee[nm][i].record()
+        torch.cuda.synchronize()
+        out = {}
+        for nm in names:
+            t = [a.elapsed_time(b) * 1e3 for a, b in zip(ss[nm], ee[nm])]
+            out[nm] = {"us": q(t, 0.5), "p20": q(t, 0.2), "p80": q(t, 0.8), "n": n, "interleaved": len(names)}
+        return out
 
     def graph(self, calls, target_ms=8.0):
         torch = self.torch

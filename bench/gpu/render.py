@@ -167,7 +167,9 @@ def main():
            + ("`bench/gpu/run_h200.sh --sections gemm-bench` (bench/gpu/bench_gpu.py --sections gemm)"
               if gemm_only else "`bench/gpu/run_h200.sh --sections bench` (bench/gpu/bench_gpu.py)") +
            "; method: bench/gpu/gpu_timing.py "
-           "(cold = L2 evicted before each call, host cost hidden; graph = CUDA-graph replay per node). "
+           "(cold = L2 evicted before each call, host cost hidden" +
+           ("; a GEMM point's implementations timed in turns, 5 calls each, the order rotated per round"
+            if gemm_only else "") + "; graph = CUDA-graph replay per node). "
            "Every row's implementations, " + ("read" if gemm_only else "copy") +
            " ceiling and ratios come from one run.", ""]
     if m.get("resumed_from"):

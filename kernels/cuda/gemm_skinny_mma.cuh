@@ -10,21 +10,26 @@
 // 16-row "A" operand, activation rows its 8-column "B" operand (M <= 8: one
 // n-tile; 9..16: two).
 //
-// Each warp owns a contiguous range of K (64-element chunks) for its block's
-// 16 * RT rows of B and streams it through its own ring of S stages in
-// shared memory (no block barrier in the loop): a stage holds 128 bytes
-// (64 elements) of every B row and every A row of the tile, loaded with
+// A block's warps form split_k groups of warps_n warps. A group owns a
+// contiguous range of K (64-element chunks) for the block's
+// warps_n * 16 * RT rows of B, each warp 16 * RT of them, and streams it
+// through the group's ring of S stages in shared memory: a stage holds 128
+// bytes (64 elements) of every B row of the group and of every A row of the
+// tile, so the activation rows are read once per group, not once per warp
+// (at M = 16 with one warp per group they are as many bytes as the weights'),
+// at the cost of a barrier of the group's warps per stage (none when
+// warps_n = 1: __syncwarp). Stages are loaded with
 // cp.async.cg 16 bytes per lane (8 lanes read one row's whole 128-byte line;
 // B with an L2 evict-first policy, it is read once), chunk c of row r stored
 // at chunk c ^ (r & 7) so that ldmatrix reads are free of bank conflicts.
 // The loads of stage it + S - 1 are issued before stage it is used, so S - 1
-// stages per warp are in flight. Bytes past K and rows past N or M are
+// stages per group are in flight. Bytes past K and rows past N or M are
 // zero-filled by cp.async (src-size 0..16), never read.
 //
-// A block's split_k warps cover consecutive K ranges; a cluster of
+// A block's split_k groups cover consecutive K ranges; a cluster of
 // cluster_k blocks (gridDim.y, thread-block cluster (1, cluster_k, 1))
 // covers consecutive ranges of the same rows again. Partial tiles are added
-// in warp order through shared memory, then in cluster-rank order through
+// in group order through shared memory, then in cluster-rank order through
 // distributed shared memory by rank 0: deterministic, no workspace. M above
 // 16 runs in chunks of 16 (gridDim.z): correct for any M, fast for M <= 16.
 //
@@ -48,7 +53,7 @@ using gemm::Args;
 
 inline constexpr int kChunk = 64;       // K elements per stage (128 bytes of a bf16/fp16 row)
 inline constexpr int kRowBytes = 128;   // bytes of one row in a stage
-inline constexpr int kMaxWarps = 8;     // split_k values <= 8
+inline constexpr int kMaxWarps = 8;     // split_k * warps_n <= 8
 
 KDISPATCH_DEVICE_INLINE uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -77,6 +82,10 @@ KDISPATCH_DEVICE_INLINE void cp_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
+}
+/// Barrier `id` (1..15; 0 is __syncthreads) of `threads` threads, a multiple of 32.
+KDISPATCH_DEVICE_INLINE void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 KDISPATCH_DEVICE_INLINE void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -111,30 +120,38 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-/// RT 16-row tiles of B per warp, NT 8-row tiles of A, S ring stages.
-/// Launch: grid (ceil(N / 16RT), cluster_k, ceil(M / 8NT)), 32 * split_k
-/// threads, skinny_mma_smem_bytes(RT, NT, S, split_k) of dynamic shared
-/// memory, cluster (1, cluster_k, 1) when cluster_k > 1.
+/// RT 16-row tiles of B per warp, NT 8-row tiles of A, S ring stages;
+/// warps_n (1, 2 or 4) warps per group along N.
+/// Launch: grid (ceil(N / (16 RT warps_n)), cluster_k, ceil(M / 8NT)),
+/// 32 * split_k * warps_n threads, skinny_mma_smem_bytes(RT, NT, S, split_k,
+/// warps_n) of dynamic shared memory, cluster (1, cluster_k, 1) when
+/// cluster_k > 1.
 template <DType DT, int RT, int NT, int S>
-__global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k) {
+__global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k, int warps_n) {
   constexpr int kBRows = 16 * RT, kARows = 8 * NT;
-  constexpr int kStage = (kBRows + kARows) * kRowBytes;
   constexpr int kAcc = RT * NT * 4;
   port::grid_dependency_wait();  // released after the stream (port.hpp says why)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int warps = static_cast<int>(blockDim.x) >> 5;
-  const uint32_t ring = smem_addr(smem) + static_cast<uint32_t>(warp * S * kStage);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBRows;
+  const int groups = warps / warps_n;                    // split_k
+  const int wn = warp % warps_n, grp = warp / warps_n;  // this warp's rows, its group
+  const int group_rows = warps_n * kBRows;               // B rows of the block (and of a stage)
+  const uint32_t stage_bytes = static_cast<uint32_t>((group_rows + kARows) * kRowBytes);
+  const uint32_t ring = smem_addr(smem) + static_cast<uint32_t>(grp * S) * stage_bytes;
+  const uint32_t b_off = static_cast<uint32_t>(wn * kBRows * kRowBytes);  // this warp's B rows in a stage
+  const uint32_t a_off = static_cast<uint32_t>(group_rows * kRowBytes);    // the A rows in a stage
+  const int64_t nb = static_cast<int64_t>(blockIdx.x) * group_rows;        // the block's first row of B
+  const int64_t n0 = nb + wn * kBRows;
   const int64_t m0 = static_cast<int64_t>(blockIdx.z) * kARows;
   const int rank = static_cast<int>(blockIdx.y);  // == the block's rank in its (1, cluster_k, 1) cluster
 
-  // This warp's chunks [c_begin, c_end) of K: worker rank * warps + warp of
-  // cluster_k * warps, consecutive ranges.
+  // This group's chunks [c_begin, c_end) of K: worker rank * groups + grp of
+  // cluster_k * groups, consecutive ranges.
   const int64_t chunks = (static_cast<int64_t>(g.k) + kChunk - 1) / kChunk;
-  const int64_t workers = static_cast<int64_t>(cluster_k) * warps;
+  const int64_t workers = static_cast<int64_t>(cluster_k) * groups;
   const int64_t per = (chunks + workers - 1) / workers;
-  const int64_t wk = static_cast<int64_t>(rank) * warps + warp;
+  const int64_t wk = static_cast<int64_t>(rank) * groups + grp;
   const int64_t c_begin = wk * per < chunks ? wk * per : chunks;
   const int64_t c_end = c_begin + per < chunks ? c_begin + per : chunks;
   const int iters = static_cast<int>(c_end - c_begin);
@@ -163,17 +180,20 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
     aok[i] = m < g.m;
     asrc[i] = A + (aok[i] ? m : 0) * g.lda;
   }
+  // The group's A rows: instruction i (rows prow + 4i) is this warp's when
+  // i % warps_n == wn.
   auto issue = [&](int slot, int64_t chunk) {
-    const uint32_t st = ring + static_cast<uint32_t>(slot * kStage);
+    const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
     const int64_t k = chunk * kChunk + pch * 8;  // this lane's first element
     const int bytes = k < g.k ? static_cast<int>(g.k - k < 8 ? g.k - k : 8) * 2 : 0;
     const int64_t off = bytes ? k : 0;  // a valid address even when nothing is read
 #pragma unroll
     for (int i = 0; i < RT * 4; ++i)
-      cp_async16(st + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
+      cp_async16(st + b_off + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
 #pragma unroll
     for (int i = 0; i < NT * 2; ++i)
-      cp_async16(st + kBRows * kRowBytes + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
+      if ((i & (warps_n - 1)) == wn)
+        cp_async16(st + a_off + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
   };
 
   // Two accumulator sets (even and odd k16 steps): half the mma dependency chain.
@@ -199,39 +219,41 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   int slot = 0;
   for (int it = 0; it < iters; ++it) {
     cp_wait<S - 2>();  // stage `it` has landed (this lane's copies) ...
-    __syncwarp();      // ... and every lane's; the slot of it - 1 is free
+    // ... and every lane's of the group; the slot of it - 1 is free.
+    if (warps_n == 1) __syncwarp();
+    else named_barrier(1 + grp, 32 * warps_n);
     {
       int next = slot + S - 1;
       if (next >= S) next -= S;
       if (it + S - 1 < iters) issue(next, c_begin + it + S - 1);
       cp_commit();
     }
-    const uint32_t st = ring + static_cast<uint32_t>(slot * kStage);
+    const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
 #pragma unroll
     for (int kp = 0; kp < 2; ++kp) {  // two k16 steps per A load: chunks 4kp .. 4kp + 3
       uint32_t b[NT][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) ldsm_x4(st + kBRows * kRowBytes + swz(j * 8 + a_row, 4 * kp + a_ch), b[j]);
+      for (int j = 0; j < NT; ++j) ldsm_x4(st + a_off + swz(j * 8 + a_row, 4 * kp + a_ch), b[j]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
           uint32_t a[4];
-          ldsm_x4(st + swz(r * 16 + b_row, 4 * kp + 2 * h + b_ch), a);
+          ldsm_x4(st + b_off + swz(r * 16 + b_row, 4 * kp + 2 * h + b_ch), a);
 #pragma unroll
           for (int j = 0; j < NT; ++j) mma<DT>(acc[h][r][j], a, b[j][2 * h], b[j][2 * h + 1]);
         }
     }
     if (++slot == S) slot = 0;
     // The slot just read is refilled one trip later, after that trip's
-    // __syncwarp: every lane has finished reading it by then.
+    // barrier: every lane of the group has finished reading it by then.
   }
   cp_wait<0>();
   port::grid_dependency_release();
   __syncthreads();  // the rings are reused for the reduction
 
-  // Partial tiles: warps in warp order, then blocks in cluster-rank order.
-  float* part = reinterpret_cast<float*>(smem);  // [warps][32 lanes][kAcc]
+  // Partial tiles: groups in group order, then blocks in cluster-rank order.
+  float* part = reinterpret_cast<float*>(smem);  // [warps][32 lanes][kAcc], warp = grp * warps_n + wn
   float* mine = part + (warp * 32 + lane) * kAcc;
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -240,10 +262,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
 #pragma unroll
       for (int e = 0; e < 4; ++e) mine[(r * NT + j) * 4 + e] = acc[0][r][j][e] + acc[1][r][j][e];
   __syncthreads();
-  float* block_sum = part + warps * 32 * kAcc;  // [32 lanes][kAcc]
-  for (int idx = static_cast<int>(threadIdx.x); idx < 32 * kAcc; idx += static_cast<int>(blockDim.x)) {
+  constexpr int kWarpTile = 32 * kAcc;
+  float* block_sum = part + warps * kWarpTile;  // [warps_n][32 lanes][kAcc]
+  for (int idx = static_cast<int>(threadIdx.x); idx < warps_n * kWarpTile; idx += static_cast<int>(blockDim.x)) {
     float v = 0.f;
-    for (int w = 0; w < warps; ++w) v += part[w * 32 * kAcc + idx];
+    for (int gi = 0; gi < groups; ++gi) v += part[gi * warps_n * kWarpTile + idx];
     block_sum[idx] = v;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -255,15 +278,15 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   __syncthreads();
 #endif
   if (rank == 0) {
-    for (int idx = static_cast<int>(threadIdx.x); idx < 32 * kAcc; idx += static_cast<int>(blockDim.x)) {
+    for (int idx = static_cast<int>(threadIdx.x); idx < warps_n * kWarpTile; idx += static_cast<int>(blockDim.x)) {
       float v = block_sum[idx];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       for (int rk = 1; rk < cluster_k; ++rk) v += cg::this_cluster().map_shared_rank(block_sum, rk)[idx];
 #endif
-      const int ln = idx / kAcc, q = idx % kAcc;
+      const int w = idx / kWarpTile, ln = (idx % kWarpTile) / kAcc, q = idx % kAcc;
       const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
       // mma C layout: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = row g + 8.
-      const int64_t n = n0 + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
+      const int64_t n = nb + w * kBRows + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
       const int64_t m = m0 + j * 8 + 2 * (ln & 3) + (e & 1);
       if (n >= g.n || m >= g.m) continue;
       if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
@@ -275,7 +298,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
 #endif
 }
 
-using KernelFn = void (*)(Args, int);
+using KernelFn = void (*)(Args, int, int);
 
 template <DType DT, int RT, int NT>
 constexpr KernelFn kernel_for_stages(int stages) {
@@ -302,15 +325,15 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
     return make_status(StatusCode::unsupported_problem,
                        std::string(core::kNeedsFallback) + "skinny_mma: A/B pointers or row strides not 16-byte aligned");
   const int nt = gpu::gemm::skinny_mma_n_tiles(p.m);
-  const int rt = sk.row_tiles;
+  const int rt = sk.row_tiles, wn = sk.warps_n;
   const int64_t mchunks = (p.m + 8 * nt - 1) / (8 * nt);
   if (mchunks > 65535)
     return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + "skinny_mma: M too large");
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>((p.n + 16 * rt - 1) / (16 * rt)), static_cast<unsigned>(sk.cluster_k),
-                     static_cast<unsigned>(mchunks));
-  cfg.blockDim = dim3(static_cast<unsigned>(32 * sk.split_k));
-  cfg.dynamicSmemBytes = static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k));
+  cfg.gridDim = dim3(static_cast<unsigned>((p.n + 16 * rt * wn - 1) / (16 * rt * wn)),
+                     static_cast<unsigned>(sk.cluster_k), static_cast<unsigned>(mchunks));
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * sk.split_k * wn));
+  cfg.dynamicSmemBytes = static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn));
   cfg.stream = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
   cudaLaunchAttribute attr[2];
@@ -330,7 +353,7 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
   cfg.attrs = attr;
   cfg.numAttrs = static_cast<unsigned>(na);
   const KernelFn k = kernels<DT>()[gpu::gemm::skinny_mma_kernel_index(rt, nt, sk.stages)];
-  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sk.cluster_k);
+  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sk.cluster_k, wn);
   if (e != port::kSuccess) (void)cudaGetLastError();
   return port::status(e, "gemm skinny_mma kernel launch");
 }

@@ -91,20 +91,25 @@ inline const char* resolve_skinny(int64_t n, int64_t k, const int64_t* params, S
 // ------------------------------------------------------------------ skinny_mma (CUDA)
 //
 //   skinny_mma  a weight stream for decode shapes (M <= 16) with the multiply
-//           on tensor cores: each warp streams its own contiguous range of K
-//           for 16 * row_tiles rows of B through a cp.async ring of
-//           num_stages 64-wide chunks in shared memory (whole 128-byte lines
-//           per row, L2 evict-first), then ldmatrix + mma.sync on the
-//           transposed product D^T = B A^T (kernels/cuda/gemm_skinny_mma.cuh).
-//           The K ranges of split_k warps of a block and of cluster_k blocks
-//           of a thread-block cluster are added in a fixed order (warps in
+//           on tensor cores: a group of warps_n warps streams its own
+//           contiguous range of K for warps_n * 16 * row_tiles rows of B
+//           (each warp 16 * row_tiles) and the activation rows, which the
+//           group shares, through a cp.async ring of num_stages 64-wide
+//           chunks in shared memory (whole 128-byte lines per row, B with L2
+//           evict-first), then ldmatrix + mma.sync on the transposed product
+//           D^T = B A^T (kernels/cuda/gemm_skinny_mma.cuh). The K ranges of
+//           split_k groups of a block and of cluster_k blocks of a
+//           thread-block cluster are added in a fixed order (groups in
 //           shared memory, blocks through distributed shared memory), so the
 //           result does not depend on scheduling.
 //             row_tiles   {1, 2}        16-row tiles of B per warp (compile time)
-//             split_k     {1, 2, 4, 8}  warps per block along K (runtime)
+//             split_k     {1, 2, 4, 8}  warp groups per block along K (runtime)
 //             num_stages  {3, 4, 6}     cp.async ring depth (compile time)
 //             cluster_k   {1, 2, 4}     blocks per cluster along K (runtime;
 //                                       > 1 needs compute capability 9.0)
+//             warps_n     {1, 2, 4}     warps per group along N sharing one
+//                                       copy of the activation rows (runtime;
+//                                       split_k * warps_n <= 8 warps a block)
 //           Needs K % 8 == 0 and 16-byte aligned A and B rows, like skinny.
 //           M above 16 runs in chunks of 16 (correct, not fast).
 
@@ -112,7 +117,9 @@ inline constexpr int64_t kSkinnyMmaRowTilesValues[] = {1, 2};
 inline constexpr int64_t kSkinnyMmaSplitKValues[] = {1, 2, 4, 8};
 inline constexpr int64_t kSkinnyMmaStagesValues[] = {3, 4, 6};
 inline constexpr int64_t kSkinnyMmaClusterValues[] = {1, 2, 4};
-inline constexpr int kSkinnyMmaRowTiles = 0, kSkinnyMmaSplitK = 1, kSkinnyMmaStages = 2, kSkinnyMmaCluster = 3;
+inline constexpr int64_t kSkinnyMmaWarpsNValues[] = {1, 2, 4};
+inline constexpr int kSkinnyMmaRowTiles = 0, kSkinnyMmaSplitK = 1, kSkinnyMmaStages = 2, kSkinnyMmaCluster = 3,
+                     kSkinnyMmaWarpsN = 4;
 /// Kernels per input dtype: row_tiles (2) x n-tiles of A (1: M <= 8, 2: 9..16) x num_stages (3).
 inline constexpr int kSkinnyMmaKernels = 12;
 constexpr int skinny_mma_stage_index(int stages) { return stages == 3 ? 0 : stages == 4 ? 1 : 2; }
@@ -121,12 +128,16 @@ constexpr int skinny_mma_kernel_index(int row_tiles, int n_tiles, int stages) {
 }
 /// 8-row tiles of A a launch for M rows uses (1: M <= 8, else 2).
 constexpr int skinny_mma_n_tiles(int64_t m) { return m <= 8 ? 1 : 2; }
-/// Bytes of one ring stage: 64 K elements (128 bytes) of every B and A row.
-constexpr int64_t skinny_mma_stage_bytes(int row_tiles, int n_tiles) { return (16 * row_tiles + 8 * n_tiles) * 128; }
-/// Dynamic shared memory of a launch (the ring; the reduction reuses it).
-constexpr int64_t skinny_mma_smem_bytes(int row_tiles, int n_tiles, int stages, int split_k) {
-  const int64_t ring = split_k * stages * skinny_mma_stage_bytes(row_tiles, n_tiles);
-  const int64_t red = (split_k + 1) * 32 * row_tiles * n_tiles * 4 * 4;
+/// Bytes of one ring stage of a group: 64 K elements (128 bytes) of every B
+/// row of its warps_n warps and of every A row.
+constexpr int64_t skinny_mma_stage_bytes(int row_tiles, int n_tiles, int warps_n = 1) {
+  return (16 * row_tiles * warps_n + 8 * n_tiles) * 128;
+}
+/// Dynamic shared memory of a launch (the split_k rings; the reduction,
+/// (split_k + 1) * warps_n warp tiles of fp32 partial sums, reuses it).
+constexpr int64_t skinny_mma_smem_bytes(int row_tiles, int n_tiles, int stages, int split_k, int warps_n = 1) {
+  const int64_t ring = split_k * stages * skinny_mma_stage_bytes(row_tiles, n_tiles, warps_n);
+  const int64_t red = (split_k + 1) * warps_n * 32 * row_tiles * n_tiles * 4 * 4;
   return ring > red ? ring : red;
 }
 
@@ -135,6 +146,7 @@ struct SkinnyMma {
   int split_k = 1;
   int stages = 4;
   int cluster_k = 1;
+  int warps_n = 1;
 };
 
 /// Checks a skinny_mma point for (N, K): nullptr, or why it is declined.
@@ -146,19 +158,24 @@ inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* param
                                       SkinnyMma* out) {
   const int64_t rt = params[kSkinnyMmaRowTiles], sk = params[kSkinnyMmaSplitK];
   const int64_t st = params[kSkinnyMmaStages], ck = params[kSkinnyMmaCluster];
+  const int64_t wn = params[kSkinnyMmaWarpsN];
   if (rt != 1 && rt != 2) return "row_tiles must be 1 or 2";
   if (sk != 1 && sk != 2 && sk != 4 && sk != 8) return "split_k must be 1, 2, 4 or 8";
   if (st != 3 && st != 4 && st != 6) return "num_stages must be 3, 4 or 6";
   if (ck != 1 && ck != 2 && ck != 4) return "cluster_k must be 1, 2 or 4";
+  if (wn != 1 && wn != 2 && wn != 4) return "warps_n must be 1, 2 or 4";
+  if (sk * wn > 8) return "split_k x warps_n must be <= 8 (warps per block)";
   if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
   if (n < 1 || k < 1) return "N and K must be >= 1";
   if (ck > 1 && cc_major > 0 && cc_major < 9) return "cluster_k > 1 needs thread-block clusters (compute capability 9.0)";
-  if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), 2, static_cast<int>(st), static_cast<int>(sk)) > smem_optin)
+  if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), 2, static_cast<int>(st), static_cast<int>(sk),
+                                              static_cast<int>(wn)) > smem_optin)
     return "split_k x num_stages x stage bytes exceed the device's shared memory per block";
   out->row_tiles = static_cast<int>(rt);
   out->split_k = static_cast<int>(sk);
   out->stages = static_cast<int>(st);
   out->cluster_k = static_cast<int>(ck);
+  out->warps_n = static_cast<int>(wn);
   return nullptr;
 }
 

@@ -468,16 +468,21 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     // Confirmation: the fastest of many noisy measurements is biased low
     // (the winner's curse: a GEMM whose candidates are all cuBLASLt
     // algorithms within 2% of each other picked one 8% slower on the H200).
-    // The winner and the default are measured again, interleaved; the
-    // default stays unless the winner is still > 1% faster.
+    // The winner and the default are measured again, interleaved over
+    // kConfirmRounds rounds with the order alternating (a drift of the
+    // clocks falls on both alike); the default stays unless the winner is
+    // still > 1% faster.
     const core::Plan& def = candidates.front();
     const bool def_ok = !res.tried.empty() && res.tried.front().status.ok() && res.tried.front().timing.median_us > 0;
     if (res.best.valid() && def_ok && !res.stopped && o.confirm &&
         !(res.best.variant == def.variant && std::equal(res.best.params, res.best.params + core::kMaxParams, def.params))) {
+      constexpr int kConfirmRounds = 3;
       double again_best = 0, again_def = 0;
       bool ok = true;
-      for (int round = 0; round < 2 && ok; ++round) {
-        for (const core::Plan* plan : {static_cast<const core::Plan*>(&def), static_cast<const core::Plan*>(&res.best)}) {
+      for (int round = 0; round < kConfirmRounds && ok; ++round) {
+        const core::Plan* first = round % 2 ? &res.best : &def;
+        const core::Plan* second = round % 2 ? &def : &res.best;
+        for (const core::Plan* plan : {first, second}) {
           MeasureOptions mo = o.measure;
           auto prepare = [&]() -> Status {
             prepare_for(*plan);
@@ -496,12 +501,12 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         res.confirmed = true;
         if (again_best > 0.99 * again_def) {
           res.best = def;
-          res.best_us = again_def / 2;
+          res.best_us = again_def / kConfirmRounds;
           res.kept_default = true;
         } else {
-          res.best_us = again_best / 2;
+          res.best_us = again_best / kConfirmRounds;
         }
-        res.default_us = again_def / 2;
+        res.default_us = again_def / kConfirmRounds;
       }
     }
     // A dynamic family's "resolve at run time" point (cuBLASLt's algo_id
