@@ -16,7 +16,15 @@
 //            events around 20 back-to-back launches after warm-up, median of
 //            5; M = 1024 and 4096 on the Llama (N, K) grid.
 //
-//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE]
+//  sweep     (--sweep M,M,...: only this) every point of the skinny and
+//            skinny_mma spaces, get_default's plan and cuBLASLt's first pick
+//            on the Llama (N, K) grid at the given M: the tuner's clock (a
+//            256 MiB L2-evicting read before each launch, CUDA events around
+//            the launch alone), the points timed in turns over --reps rounds
+//            (default 15), the order rotated per round; median per point.
+//            The design data behind the decode families' spaces and defaults.
+//
+//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +43,8 @@
 #include "gpu/gemm_plan.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "gpu_bench_util.hpp"
+#include "tune/harness.hpp"
+#include "tune/search.hpp"
 
 using namespace dispatch;
 using kdbench::dalloc;
@@ -52,11 +62,14 @@ void fill(void* d, size_t elems, std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string configs = "configs", csv_path = "gpu_gemm_bench.csv";
+  std::string configs = "configs", csv_path = "gpu_gemm_bench.csv", sweep_ms;
+  int sweep_reps = 15;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--configs") configs = argv[i + 1];
     else if (a == "--csv") csv_path = argv[i + 1];
+    else if (a == "--sweep") sweep_ms = argv[i + 1];
+    else if (a == "--reps") sweep_reps = std::max(3, std::atoi(argv[i + 1]));
   }
   const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
   if (!ops || !ops->status().available) {
@@ -92,6 +105,71 @@ int main(int argc, char** argv) {
   void* ws = dalloc(size_t{32} << 20);
   fill(A, size_t(maxM) * maxK, rng);
   fill(B, size_t(4096) * 4096, rng);  // the values do not matter for timing; a part is enough
+
+  // ---------------------------------------------------------------- sweep
+  if (!sweep_ms.empty()) {
+    std::vector<int64_t> ms;
+    for (size_t pos = 0; pos < sweep_ms.size();) {
+      const size_t c = sweep_ms.find(',', pos);
+      ms.push_back(std::atoll(sweep_ms.substr(pos, c - pos).c_str()));
+      pos = c == std::string::npos ? sweep_ms.size() : c + 1;
+    }
+    tune::DeviceMemory* mem = ops->memory();
+    std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
+    const core::VariantDef* fams[] = {core::find_variant("gemm_bf16__skinny"), core::find_variant("gemm_bf16__skinny_mma")};
+    const core::VariantDef* ltv = core::find_variant("gemm_bf16__cublaslt");
+    std::printf("sweep: %d rounds per point, cold L2, the tuner's clock\n", sweep_reps);
+    for (int64_t M : ms) {
+      for (auto [N, K] : nks) {
+        core::Problem p;
+        p.op = core::OpKind::gemm;
+        p.device = d;
+        p.in_dtype = p.out_dtype = DType::bf16;
+        p.m = M, p.n = N, p.k = K;
+        p.align_bytes = 16;
+        core::LaunchArgs la;
+        la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
+        la.stream = ops->tuner_stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+        std::vector<core::Plan> plans;
+        for (const core::VariantDef* v : fams)
+          for (const core::Plan& pl : core::config_space(*v, p, dev)) plans.push_back(pl);
+        const core::Plan def = core::get_default(p, dev);
+        plans.push_back(def);
+        core::Plan ltp;
+        ltp.variant = ltv;
+        ltp.params[0] = -1;
+        plans.push_back(ltp);
+        std::vector<std::vector<double>> t(plans.size());
+        for (int r = 0; r < sweep_reps; ++r)
+          for (size_t j = 0; j < plans.size(); ++j) {
+            const size_t i = (j + static_cast<size_t>(r) * 7) % plans.size();
+            clock->flush();
+            auto us = clock->time_us([&] { return plans[i].variant->launch(la, p, plans[i].params); });
+            if (us.ok()) t[i].push_back(*us);
+          }
+        size_t best = 0, best_wn1 = 0;
+        bool have_wn1 = false;
+        const size_t n_def = plans.size() - 2, n_lt = plans.size() - 1;
+        std::vector<double> med(plans.size());
+        for (size_t i = 0; i < plans.size(); ++i) {
+          med[i] = t[i].empty() ? 1e30 : median(t[i]);
+          if (med[i] < med[best]) best = i;
+          if (plans[i].variant == fams[1] && plans[i].params[gpu::gemm::kSkinnyMmaWarpsN] == 1 &&
+              (!have_wn1 || med[i] < med[best_wn1]))
+            best_wn1 = i, have_wn1 = true;
+          std::fprintf(csv, "sweep,%lld,%lld,%lld,\"%s\",%.3f,%.3f,%zu\n", (long long)M, (long long)N, (long long)K,
+                       core::plan_to_string(plans[i]).c_str(), med[i], med[n_lt], t[i].size());
+        }
+        std::printf("  M=%3lld N=%5lld K=%5lld best %.2f us %s | warps_n 1: %.2f us %s | default %.2f | cuBLASLt %.2f\n",
+                    (long long)M, (long long)N, (long long)K, med[best], core::plan_to_string(plans[best]).c_str(),
+                    have_wn1 ? med[best_wn1] : 0.0, have_wn1 ? core::plan_to_string(plans[best_wn1]).c_str() : "-",
+                    med[n_def], med[n_lt]);
+        std::fflush(stdout);
+      }
+    }
+    std::fclose(csv);
+    return 0;
+  }
 
   // ---------------------------------------------------------------- overhead
   std::printf("host dispatch overhead on a table hit (dispatch::gemm - direct plan launch), per call:\n");
