@@ -192,36 +192,54 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
   CHECK(dispatch::gpu::gemm::tiled_workspace_bytes(64, 4096, 2) == 2 * 64 * 4096 * 4);
 }
 
-TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, fills the machine through split_k") {
+TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-row tiles of B per SM") {
   if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
-  const DeviceInfo dev = h200();
-  struct Case {
-    int64_t m, n, k, split_k;
+  const DeviceInfo dev = h200();  // 132 SMs
+  struct Skinny {
+    int64_t m, n, k, rows_per_warp, split_k;
   };
-  // M <= 2 on CUDA: the CUDA-core stream, rows_per_warp 2, the smallest
-  // split_k giving >= 16 warps per SM on 132 SMs (2112 warps).
-  for (const Case& c : {Case{1, 4096, 4096, 2}, Case{1, 28672, 4096, 1}, Case{2, 1280, 8192, 4},
-                        Case{2, 896, 896, 8}, Case{1, 8192, 1024, 1}}) {
+  // M <= 2 with < 1 tile of 16 rows per SM (N < 2112): the CUDA-core
+  // stream, rows_per_warp 1 (M = 1) or 4 (M = 2), the smallest split_k
+  // giving >= 32 warps per SM (4224 warps).
+  for (const Skinny& c : {Skinny{1, 1280, 8192, 1, 4}, Skinny{2, 1280, 8192, 4, 8}, Skinny{1, 896, 896, 1, 8},
+                          Skinny{2, 2048, 512, 4, 8}}) {
     INFO("M=", c.m, " N=", c.n, " K=", c.k);
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
     REQUIRE(plan.valid());
     CHECK(plan.variant->name == "gemm_bf16__skinny");
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 2);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == c.rows_per_warp);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == c.split_k);
   }
-  // M 3..16 on CUDA: the tensor-core stream, row_tiles 1, 4 stages, no
-  // cluster; split_k 8 when the 16-row tiles are < 1.5 or >= 8 per SM, else 4.
-  for (const Case& c : {Case{3, 6144, 4096, 4}, Case{8, 1280, 8192, 8}, Case{16, 28672, 4096, 8},
-                        Case{16, 4096, 14336, 4}}) {
+  // Otherwise up to M = 8, and at M 9..16 below 3.5 tiles per SM: the
+  // tensor-core stream, by t = tiles per SM (the H200 sweep's tiers).
+  struct Mma {
+    int64_t m, n, k, row_tiles, split_k, stages, cluster_k;
+  };
+  for (const Mma& c : {Mma{1, 4096, 4096, 1, 4, 6, 1},     // t 1.9
+                       Mma{1, 28672, 4096, 1, 8, 3, 1},    // t 13.6
+                       Mma{2, 8192, 1024, 1, 4, 3, 1},     // t 3.9
+                       Mma{3, 6144, 4096, 1, 4, 6, 1},     // t 2.9
+                       Mma{8, 1280, 8192, 1, 8, 6, 1},     // t 0.6
+                       Mma{8, 7168, 8192, 1, 4, 3, 1},     // t 3.4
+                       Mma{16, 1280, 8192, 2, 8, 4, 2},    // t 0.6: two-block clusters along K
+                       Mma{9, 4096, 14336, 2, 8, 4, 1},    // t 1.9
+                       Mma{16, 6144, 4096, 2, 4, 3, 1}}) {  // t 2.9
     INFO("M=", c.m, " N=", c.n, " K=", c.k);
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
     REQUIRE(plan.valid());
     CHECK(plan.variant->name == "gemm_bf16__skinny_mma");
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaRowTiles] == 1);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaRowTiles] == c.row_tiles);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaSplitK] == c.split_k);
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaStages] == 4);
-    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaCluster] == 1);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaStages] == c.stages);
+    CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaCluster] == c.cluster_k);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaWarpsN] == 1);
+  }
+  // M 9..16 with >= 3.5 tiles per SM: cuBLASLt's pick (95-100% of the read
+  // there), or the tiled family where libcublasLt is not there.
+  for (int64_t n : {8192, 28672}) {
+    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 16, n, 4096), dev);
+    REQUIRE(plan.valid());
+    CHECK((plan.variant->name == "gemm_bf16__cublaslt" || plan.variant->name == "gemm_bf16__tiled_mma"));
   }
   // ... but not with K % 8 != 0 (16-byte loads): cuBLASLt's pick or the reference.
   const Plan odd16 = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 8, 4096, 4100), dev);

@@ -12,7 +12,7 @@
 #   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
-#                 (KD_GEMM_SWEEP_M=1,8,16: instead, every skinny/skinny_mma point of the grid at those M)
+#                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M)
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
@@ -50,6 +50,7 @@
 #   bench  build.log bench_gpu.json bench.log h200.md
 #   check  build.log check.json check.log
 #   gemm-tune   build.log gemm_configs.tar gemm_tune.log gemm_validate.log
+#   gemm-host   build.log gemm_host.log gemm_host.csv (+ gemm_sweep.csv gemm_sweep.log h200_gemm_sweep.md)
 #   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
 #   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
 # KD_COMMIT names the commit in h200.md / h200_gemm.md (the device has no .git).
@@ -68,7 +69,11 @@ NORM_OPS=${KD_NORM_OPS:-rmsnorm,fused_add_rmsnorm}
 TUNE_BACKEND=${KD_TUNE_BACKEND:-cuda}  # cpu: a dry run of the tune section's logic on a machine without a GPU
 GEMM_NK=${KD_GEMM_NK:-6144x4096,4096x4096,28672x4096,4096x14336,1280x8192,8192x1024,7168x8192,8192x3584}
 GEMM_M=${KD_GEMM_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192}
-GEMM_BUDGET_MS=${KD_GEMM_TUNE_BUDGET_MS:-300}
+# 1 s, 9 reps and all 162 skinny_mma points per shape: every decode point
+# (~190 candidates) is timed, and the median of 9 cold reps separates
+# points 2% apart.
+GEMM_BUDGET_MS=${KD_GEMM_TUNE_BUDGET_MS:-1000}
+GEMM_REPS=${KD_GEMM_TUNE_REPS:-9}
 # `kdispatch tune` skips shapes over --max-flops (default 2e9, sized for CPUs: it
 # would skip most of this grid) and over --mem-gib of scratch (default 1 GiB:
 # M=8192 x 28672x4096 needs ~0.75 GiB before any split-K workspace).
@@ -262,7 +267,7 @@ if has gemm-tune; then
     echo "===== gemm bf16" >>"$OUT/gemm_tune.log"
     # Each shape is written as soon as it is tuned; a rerun skips the shapes configs/ holds.
     timeout "$budget" "$BUILD/kdispatch" tune --backend "$TUNE_BACKEND" --op gemm --dtype bf16 --shapes "$grid" \
-      --emit "$ROOT/configs" --budget-ms "$GEMM_BUDGET_MS" --max-flops "$GEMM_MAX_FLOPS" --mem-gib "$GEMM_MEM_GIB" \
+      --emit "$ROOT/configs" --budget-ms "$GEMM_BUDGET_MS" --reps "$GEMM_REPS" --max-candidates 192 --max-flops "$GEMM_MAX_FLOPS" --mem-gib "$GEMM_MEM_GIB" \
       >>"$OUT/gemm_tune.log" 2>&1
     rc=$?
     if [ $rc -eq 124 ]; then incomplete="gemm/bf16(stopped)"; echo "stopped: time budget" >>"$OUT/gemm_tune.log"
@@ -300,19 +305,19 @@ fi
 # family alone vs cuBLASLt at M >= 1024 (tests/gpu/gpu_gemm_bench.cpp).
 if has gemm-host; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-host: FAILED to build (build.log)"; exit 1; }
-  if [ -n "${KD_GEMM_SWEEP_M:-}" ]; then
-    # The design sweep instead: every skinny / skinny_mma point at these M.
-    stamp "gemm-host: sweep of the decode families at M=$KD_GEMM_SWEEP_M"
-    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
-      --csv "$OUT/gemm_sweep.csv" --sweep "$KD_GEMM_SWEEP_M" --reps "${KD_GEMM_SWEEP_REPS:-15}" >"$OUT/gemm_sweep.log" 2>&1
-    rc=$?
-    grep -E "^  M=" "$OUT/gemm_sweep.log"
-  else
   stamp "gemm-host: dispatch overhead and the tiled family alone"
   timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_host.csv" \
     >"$OUT/gemm_host.log" 2>&1
   rc=$?
   grep -E "^overhead median|^tiled / cuBLASLt" "$OUT/gemm_host.log"
+  if [ -n "${KD_GEMM_SWEEP_M:-}" ] && [ $rc -eq 0 ]; then
+    # Then the design sweep: every skinny / skinny_mma point at these M.
+    stamp "gemm-host: sweep of the decode families at M=$KD_GEMM_SWEEP_M"
+    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
+      --csv "$OUT/gemm_sweep.csv" --sweep "$KD_GEMM_SWEEP_M" --reps "${KD_GEMM_SWEEP_REPS:-15}" >"$OUT/gemm_sweep.log" 2>&1
+    rc=$?
+    "$PY" bench/gpu/render_sweep.py "$OUT/gemm_sweep.csv" --commit "${KD_COMMIT:-unknown}" >"$OUT/h200_gemm_sweep.md"
+    sed -n '/^| M | get_default/,$p' "$OUT/h200_gemm_sweep.md"
   fi
   if [ $rc -ne 0 ]; then echo "::: gemm-host: FAILED rc=$rc (gemm_host.log)"; status=1
   else echo "::: gemm-host: complete (gemm_host.log -> bench/results/)"; fi

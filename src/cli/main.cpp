@@ -181,6 +181,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tune->add_option("--budget-ms", to.budget_ms, "Search time per shape, ms (default 2000)")->type_name("MS");
   tune->add_option("--reps", to.reps, "Timed repeats per candidate (default 5)")->type_name("N");
+  tune->add_option("--max-candidates", to.max_candidates,
+                   "Points of a variant's space kept after the perf model's ordering (default 96)")
+      ->type_name("N");
   tune->add_option("--mem-gib", to.mem_gib,
                    "Scratch memory one shape may use, GiB (default $KDISPATCH_TUNE_MEM, else 1); larger shapes are "
                    "reported too large here")
