@@ -71,11 +71,13 @@ class Timer:
         t = [a.elapsed_time(b) * 1e3 for a, b in zip(ss, ee)]
         return {"us": q(t, 0.5), "p20": q(t, 0.2), "p80": q(t, 0.8), "n": n}
 
-    def cold_interleaved(self, fns, rep_ms=20.0, chunk=5, max_iters=200, min_iters=10):
+    def cold_interleaved(self, fns, rep_ms=20.0, chunk=5, max_iters=200, min_iters=30):
         """cold() for several implementations of one call, measured in turns:
         chunks of `chunk` calls of each, the order rotated every round, so a
         drift of the clocks or of the memory system over the run falls on all
         of them alike (ratios between them are what the tables report).
+        At least 30 calls each (6 rounds): a GEMM of milliseconds runs at the
+        power limit, and its times spread over two clock levels.
         fns: {name: fn}; returns {name: cold()'s dict}."""
         torch = self.torch
         names = list(fns)
