@@ -7,8 +7,11 @@
 #include <chrono>
 #include <future>
 #include <thread>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "api/validate.hpp"
 #include "table/epoch.hpp"
 #include "test_util.hpp"
 
@@ -237,4 +240,101 @@ TEST_CASE("runtime: EpochDomain frees a retired object once the readers that cou
     CHECK(other.load() == 1);
     CHECK(d.pending() == base);
   }
+}
+
+// validate_gemm tests every condition at once and builds a message only when
+// that fails (check_gemm_detailed, the same checks one by one): each bad
+// argument is named, and the two paths accept exactly the same arguments.
+TEST_CASE("gemm arguments: each bad argument is named; the hot check and the detailed checks agree") {
+  using dispatch::GemmArgs;
+  using dispatch::make_tensor_1d;
+  using dispatch::make_tensor_2d;
+  std::vector<float> buf(4096, 1.f);
+  float* a = buf.data();
+  float* b = buf.data() + 1024;
+  float* d = buf.data() + 2048;
+  float* bias = buf.data() + 3072;
+  auto ok_args = [&] {
+    return GemmArgs{make_tensor_2d(a, DType::fp32, 4, 8, 8), make_tensor_2d(b, DType::fp32, 16, 8, 8),
+                    make_tensor_2d(d, DType::fp32, 4, 16, 16), make_tensor_1d(bias, DType::fp32, 16)};
+  };
+  auto msg = [](const GemmArgs& g) {
+    dispatch::core::Problem p;
+    dispatch::core::LaunchArgs la;
+    bool empty = false;
+    const Status s = dispatch::api::validate_gemm(g, &p, &la, &empty);
+    return s.ok() ? std::string("ok") : s.message();
+  };
+  CHECK(msg(ok_args()) == "ok");
+  GemmArgs g = ok_args();
+  g.a.rank = 3;
+  CHECK(msg(g) == "a: must be rank 2, got rank 3");
+  g = ok_args();
+  g.b.data = nullptr;
+  CHECK(msg(g) == "b: data is null");
+  g = ok_args();
+  g.a.strides[1] = 2;
+  CHECK(msg(g) == "a: needs unit stride along its last dimension, got stride 2");
+  g = ok_args();
+  g.d.strides[0] = 0;
+  CHECK(msg(g) == "d: an output cannot have row stride 0");
+  g = ok_args();
+  g.b.strides[0] = 4;
+  CHECK(msg(g) == "b: row stride 4 is smaller than its row length 8 (rows overlap)");
+  g = ok_args();
+  g.b = make_tensor_2d(b, DType::fp32, 16, 7, 7);
+  CHECK(msg(g) == "b: shape [16, 7] does not match a [4, 8]: b must be [N, K] with K = 8");
+  g = ok_args();
+  g.d = make_tensor_2d(d, DType::fp32, 4, 15, 16);
+  CHECK(msg(g) == "d: shape [4, 15] must be [M, N] = [4, 16]");
+  g = ok_args();
+  g.a.dtype = DType::bf16;
+  CHECK(msg(g) == "a is bf16 but b is fp32: mixed input dtypes are not supported");
+  g = ok_args();
+  g.bias = make_tensor_1d(bias, DType::fp32, 15);
+  CHECK(msg(g) == "bias: must have 16 elements, has 15");
+  g = ok_args();
+  g.bias.dtype = DType::bf16;
+  CHECK(msg(g) == "bias: dtype bf16 must equal d's dtype fp32");
+  g = ok_args();
+  g.d.device = Device{DeviceType::cuda, 1};
+  CHECK(msg(g) == "d is on cuda:1 but a is on cpu:0");
+  g = ok_args();
+  g.d.data = a + 4;
+  CHECK(msg(g) == "d: overlaps an input");
+
+  // Random arguments around the valid ones: the two paths agree on every one
+  // (the hot path answers "the fast and the detailed checks disagree" when
+  // it rejects what the detailed checks accept; the reverse is checked here).
+  std::mt19937 rng(17);
+  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+  int accepted = 0;
+  for (int it = 0; it < 20000; ++it) {
+    g = ok_args();
+    TensorRef* ts[4] = {&g.a, &g.b, &g.d, &g.bias};
+    for (int n = static_cast<int>(rng() % 3); n >= 0; --n) {
+      TensorRef& t = *ts[rng() % 4];
+      switch (rng() % 8) {
+        case 0: t.rank = static_cast<int32_t>(pick({0, 1, 2, 3})); break;
+        case 1: t.shape[rng() % 2] = pick({-1, 0, 1, 2, 4, 7, 8, 15, 16}); break;
+        case 2: t.strides[rng() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32}); break;
+        case 3: t.data = rng() % 2 ? nullptr : static_cast<void*>(buf.data() + rng() % 3072); break;
+        case 4: t.dtype = static_cast<DType>(pick({0, 1, 2})); break;
+        case 5: t.device = Device{rng() % 2 ? DeviceType::cpu : DeviceType::cuda, static_cast<int32_t>(rng() % 2)}; break;
+        case 6: t = TensorRef{}; break;
+        default: break;
+      }
+    }
+    const bool require_data = rng() % 4 != 0;
+    dispatch::core::Problem p;
+    dispatch::core::LaunchArgs la;
+    bool empty = false;
+    const Status fast = dispatch::api::validate_gemm(g, &p, &la, &empty, require_data);
+    const Status slow = dispatch::api::check_gemm_detailed(g, require_data);
+    INFO("iteration ", it);
+    REQUIRE(fast.ok() == slow.ok());
+    if (!fast.ok()) REQUIRE(fast.message() == slow.message());
+    accepted += fast.ok();
+  }
+  CHECK(accepted > 1000);  // the random walk also stays on valid arguments
 }

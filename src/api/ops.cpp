@@ -138,9 +138,22 @@ void set_info(const CallOptions& opts, const core::Plan& plan, PlanSource source
   return st;
 }
 
+Status launch_plan(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, const CallOptions& opts,
+                   const DeviceInfo* dev, const core::Plan& plan) noexcept;
+
+// The call's operands are less aligned than the row was checked for: the
+// row again, or get_default's plan, then the launch (out of line: rare).
+[[gnu::cold, gnu::noinline]] Status serve_realigned(Runtime::Impl& impl, const core::Problem& p,
+                                                    core::LaunchArgs& la, const CallOptions& opts,
+                                                    const DeviceInfo* dev, core::Plan plan,
+                                                    PlanSource source) noexcept {
+  if (Status s = realign(impl, p, opts, dev, &plan, &source); !s.ok()) return s;
+  return launch_plan(impl, p, la, opts, dev, plan);
+}
+
 Status serve(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
-             const CallOptions& opts, const DeviceInfo* dev, core::Plan plan, PlanSource source, int64_t table_m,
-             uint32_t source_id, bool tuned_now) noexcept {
+             const CallOptions& opts, const DeviceInfo* dev, const core::Plan& plan, PlanSource source,
+             int64_t table_m, uint32_t source_id, bool tuned_now) noexcept {
   if (opts.info) [[unlikely]]
     fill_info(impl, p, opts, dev, plan, source, table_m, source_id, tuned_now);
   la.stream = stream.handle;
@@ -153,10 +166,14 @@ Status serve(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, 
       la.workspace = slot->workspace;
       la.workspace_bytes = slot->bytes;
     }
-    if (p.align_bytes < 16 && source != PlanSource::fallback) [[unlikely]] {
-      if (Status s = realign(impl, p, opts, dev, &plan, &source); !s.ok()) return s;
-    }
+    if (p.align_bytes < 16 && source != PlanSource::fallback) [[unlikely]]
+      return serve_realigned(impl, p, la, opts, dev, plan, source);
   }
+  return launch_plan(impl, p, la, opts, dev, plan);
+}
+
+Status launch_plan(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la,
+                   const CallOptions& opts, const DeviceInfo* dev, const core::Plan& plan) noexcept {
   if (plan.variant->reset_args != 0) [[unlikely]]
     zero_reset_args(p, la, plan);
   Status st = plan.variant->launch(la, p, plan.params);

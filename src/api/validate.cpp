@@ -30,9 +30,37 @@ std::string shape_text(const TensorRef& t) {
   return s + "]";
 }
 
+constexpr size_t elem_bytes(DType t) noexcept { return t == DType::fp32 ? 4 : 2; }
+
+[[gnu::always_inline]] inline StrideClass stride_class_of(const TensorRef& t, int dim) noexcept {
+  const int64_t size = t.shape[dim];
+  if (size == 1) {
+    // The class the contiguous layout would give: last dim unit; rows
+    // stride = cols, so unit only when a row has one element.
+    if (dim == 1) return StrideClass::unit;
+    return t.shape[1] == 1 ? StrideClass::unit : StrideClass::other;
+  }
+  const int64_t s = t.strides[dim];
+  if (s == 0) return StrideClass::zero;
+  if (s == 1) return StrideClass::unit;
+  return StrideClass::other;
+}
+
 // Rank-2 checks shared by every 2-D operand: data, rank, non-negative
 // shape, unit stride along the last dim, row stride >= cols (or 0 for a
-// read-only broadcast input).
+// read-only broadcast input). ok_2d is the same test without the message
+// (the hot path); check_2d, the one that names what failed: keep them equal.
+[[gnu::always_inline]] inline bool ok_2d(const TensorRef& t, bool output, bool require_data) noexcept {
+  if (t.rank != 2 || t.shape[0] < 0 || t.shape[1] < 0) return false;
+  if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return false;
+  if (t.shape[1] > 1 && t.strides[1] != 1) return false;
+  if (t.shape[0] > 1) {
+    if (t.strides[0] < 0) return false;
+    if (t.strides[0] == 0 && output) return false;
+    if (t.strides[0] != 0 && t.strides[0] < t.shape[1]) return false;
+  }
+  return true;
+}
 Status check_2d(const TensorRef& t, std::string_view name, bool output, bool require_data) noexcept {
   if (t.rank != 2) return bad(name, "must be rank 2, got rank " + std::to_string(t.rank));
   if (t.shape[0] < 0 || t.shape[1] < 0) return bad(name, "negative shape " + shape_text(t));
@@ -49,6 +77,9 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
   return Status();
 }
 
+[[gnu::always_inline]] inline bool ok_1d(const TensorRef& t, int64_t n, bool require_data) noexcept {
+  return t.rank == 1 && !(require_data && t.data == nullptr) && t.shape[0] == n && !(n > 1 && t.strides[0] != 1);
+}
 Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool require_data) noexcept {
   if (t.rank != 1) return bad(name, "must be rank 1, got rank " + std::to_string(t.rank));
   if (require_data && t.data == nullptr) return bad(name, "data is null");
@@ -79,7 +110,7 @@ Status device_mismatch(const TensorRef* const* ts, const char* const* names, int
 }
 
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding spans).
-bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
+[[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
   auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
     const int64_t rows = t.rank == 2 ? t.shape[0] : 1;
@@ -87,7 +118,7 @@ bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
     const int64_t rs = t.rank == 2 ? t.strides[0] : 0;
     const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? cols - 1 : 0);
     *lo = base;
-    *hi = base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype);
+    *hi = base + static_cast<uintptr_t>(last + 1) * elem_bytes(t.dtype);
   };
   uintptr_t alo, ahi, blo, bhi;
   span(a, &alo, &ahi);
@@ -97,40 +128,29 @@ bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
 
 }  // namespace
 
-StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept {
-  const int64_t size = t.shape[dim];
-  if (size == 1) {
-    // The class the contiguous layout would give: last dim unit; rows
-    // stride = cols, so unit only when a row has one element.
-    if (dim == 1) return StrideClass::unit;
-    return t.shape[1] == 1 ? StrideClass::unit : StrideClass::other;
-  }
-  const int64_t s = t.strides[dim];
-  if (s == 0) return StrideClass::zero;
-  if (s == 1) return StrideClass::unit;
-  return StrideClass::other;
-}
+StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return stride_class_of(t, dim); }
 
 namespace {
 // Stride classes of up to three operands (rank 2 or 1) packed for the key.
-uint32_t stride_code(const TensorRef* const* ops, int n) noexcept {
+[[gnu::always_inline]] inline uint32_t stride_code(const TensorRef* const* ops, int n) noexcept {
   uint8_t classes[4][2] = {};
   int ranks[4] = {0, 0, 0, 0};
   for (int i = 0; i < n; ++i) {
     ranks[i] = ops[i]->rank;
     if (ops[i]->rank == 2) {
-      for (int d = 0; d < 2; ++d) classes[i][d] = static_cast<uint8_t>(stride_class_2d(*ops[i], d));
+      for (int d = 0; d < 2; ++d) classes[i][d] = static_cast<uint8_t>(stride_class_of(*ops[i], d));
     } else {
       classes[i][0] = static_cast<uint8_t>(StrideClass::unit);  // 1-D operands are checked contiguous
     }
   }
   return table::pack_stride_code(classes, ranks, n);
 }
+
 }  // namespace
 
-Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, bool* empty,
-                     bool require_data) noexcept {
-  *empty = false;
+// The gemm checks in order, with the message of the first that fails: the
+// slow path of validate_gemm, which tested the same conditions without them.
+[[gnu::cold, gnu::noinline]] Status check_gemm_detailed(const GemmArgs& g, bool require_data) noexcept {
   if (auto s = check_2d(g.a, "a", false, require_data); !s.ok()) return s;
   if (auto s = check_2d(g.b, "b", false, require_data); !s.ok()) return s;
   if (auto s = check_2d(g.d, "d", true, require_data); !s.ok()) return s;
@@ -144,8 +164,6 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
     return unsupported(
                   "a is " + std::string(dtype_name(g.a.dtype)) + " but b is " + std::string(dtype_name(g.b.dtype)) +
                       ": mixed input dtypes are not supported");
-  // An absent bias is a null TensorRef (rank 0); pretune may pass a rank-1
-  // bias with null data to describe one.
   const bool has_bias = !g.bias.empty() || (!require_data && g.bias.rank == 1);
   if (has_bias) {
     if (auto s = check_1d(g.bias, "bias", N, require_data); !s.ok()) return s;
@@ -156,6 +174,29 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
   const char* names[4] = {"a", "b", "d", "bias"};
   if (auto s = same_device(ts, names, has_bias ? 4 : 3); !s.ok()) return s;
   if (require_data && M > 0 && (overlaps(g.d, g.a) || overlaps(g.d, g.b))) return bad("d", "overlaps an input");
+  return Status();
+}
+
+Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, bool* empty,
+                     bool require_data) noexcept {
+  *empty = false;
+  // The conditions of gemm_error, without building a Status per check: on
+  // a hit this function is most of dispatch::gemm's own host time.
+  const int64_t M = g.a.shape[0], K = g.a.shape[1], N = g.b.shape[0];
+  // An absent bias is a null TensorRef (rank 0); pretune may pass a rank-1
+  // bias with null data to describe one.
+  const bool has_bias = !g.bias.empty() || (!require_data && g.bias.rank == 1);
+  bool ok = ok_2d(g.a, false, require_data) & ok_2d(g.b, false, require_data) & ok_2d(g.d, true, require_data);
+  ok = ok && g.b.shape[1] == K && g.d.shape[0] == M && g.d.shape[1] == N && N >= 1 && K >= 1 &&
+       g.a.dtype == g.b.dtype && g.b.device == g.a.device && g.d.device == g.a.device;
+  if (has_bias)
+    ok = ok && ok_1d(g.bias, N, require_data) && g.bias.dtype == g.d.dtype && g.bias.device == g.a.device;
+  ok = ok && !(require_data && M > 0 && (overlaps(g.d, g.a) || overlaps(g.d, g.b)));
+  if (!ok) [[unlikely]] {
+    Status s = check_gemm_detailed(g, require_data);
+    if (s.ok()) return Status(StatusCode::internal, "gemm arguments: the fast and the detailed checks disagree");
+    return s;
+  }
 
   p->op = core::OpKind::gemm;
   p->device = g.a.device;
@@ -179,7 +220,7 @@ Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, 
   if (require_data) {
     // (D and the bias are written/read element by element: not counted.)
     uintptr_t bits = reinterpret_cast<uintptr_t>(la->a) | reinterpret_cast<uintptr_t>(la->b);
-    const size_t ie = dtype_size(g.a.dtype);
+    const size_t ie = elem_bytes(g.a.dtype);
     if (M > 1) bits |= static_cast<uintptr_t>(la->lda) * ie;
     if (N > 1) bits |= static_cast<uintptr_t>(la->ldb) * ie;
     uint8_t al = 16;

@@ -14,6 +14,10 @@ namespace dispatch::api {
 /// `require_data` = false (pretune) accepts null data pointers.
 Status validate_gemm(const GemmArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty,
                      bool require_data = true) noexcept;
+/// validate_gemm's checks one by one, each with its message (its slow path,
+/// taken when its combined test fails); Status() when all pass. Exposed so
+/// tests can hold the two paths equal.
+Status check_gemm_detailed(const GemmArgs& a, bool require_data = true) noexcept;
 Status validate_rmsnorm(const RmsNormArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty,
                         bool require_data = true) noexcept;
 Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& a, core::Problem* p, core::LaunchArgs* la,

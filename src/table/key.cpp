@@ -38,23 +38,6 @@ void KeyBuffer::append_int(int64_t v) noexcept {
 
 // Stride code layout: bit 31 = non-default; bits [8*i .. 8*i+7] operand i:
 // bits 0-1 class of dim 0, bits 2-3 class of dim 1, bits 4-5 rank.
-uint32_t pack_stride_code(const uint8_t classes[4][2], const int ranks[4], int operands) noexcept {
-  uint32_t code = 0;
-  bool non_default = false;
-  for (int i = 0; i < operands && i < 4; ++i) {
-    const int r = ranks[i];
-    uint32_t op = static_cast<uint32_t>(r & 3) << 4;
-    for (int d = 0; d < r && d < 2; ++d) op |= static_cast<uint32_t>(classes[i][d] & 3) << (2 * d);
-    // Default: rank 2 -> (other, unit); rank 1 -> (unit).
-    const bool def = r == 2 ? (classes[i][0] == static_cast<uint8_t>(StrideClass::other) &&
-                               classes[i][1] == static_cast<uint8_t>(StrideClass::unit))
-                            : classes[i][0] == static_cast<uint8_t>(StrideClass::unit);
-    non_default |= !def;
-    code |= op << (8 * i);
-  }
-  return non_default ? (code | 0x80000000u) : 0u;
-}
-
 namespace {
 
 // Copies the short pieces of a key (names, dtypes, field labels: mostly

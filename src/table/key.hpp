@@ -105,6 +105,21 @@ uint64_t own_key_hash(const OwnKey& k) noexcept;
 
 /// Packs per-operand stride classes into Problem::stride_code (0 = default).
 /// classes[i][d] for operand i (up to 4) and dim d (up to 2); ranks[i] 1 or 2.
-uint32_t pack_stride_code(const uint8_t classes[4][2], const int ranks[4], int operands) noexcept;
+inline uint32_t pack_stride_code(const uint8_t classes[4][2], const int ranks[4], int operands) noexcept {
+  uint32_t code = 0;
+  bool non_default = false;
+  for (int i = 0; i < operands && i < 4; ++i) {
+    const int r = ranks[i];
+    uint32_t op = static_cast<uint32_t>(r & 3) << 4;
+    for (int d = 0; d < r && d < 2; ++d) op |= static_cast<uint32_t>(classes[i][d] & 3) << (2 * d);
+    // Default: rank 2 -> (other, unit); rank 1 -> (unit).
+    const bool def = r == 2 ? (classes[i][0] == static_cast<uint8_t>(StrideClass::other) &&
+                               classes[i][1] == static_cast<uint8_t>(StrideClass::unit))
+                            : classes[i][0] == static_cast<uint8_t>(StrideClass::unit);
+    non_default |= !def;
+    code |= op << (8 * i);
+  }
+  return non_default ? (code | 0x80000000u) : 0u;
+}
 
 }  // namespace dispatch::table
