@@ -245,7 +245,7 @@ TEST_CASE("runtime: EpochDomain frees a retired object once the readers that cou
 // validate_gemm tests every condition at once and builds a message only when
 // that fails (check_gemm_detailed, the same checks one by one): each bad
 // argument is named, and the two paths accept exactly the same arguments.
-TEST_CASE("gemm arguments: each bad argument is named; the hot check and the detailed checks agree") {
+TEST_CASE("gemm arguments: each bad argument is named, the hot check and the detailed checks agree") {
   using dispatch::GemmArgs;
   using dispatch::make_tensor_1d;
   using dispatch::make_tensor_2d;
