@@ -117,7 +117,8 @@ def fnum(v, fmt="{:.0f}"):
 
 def render(doc):
     m = doc.get("meta", {})
-    out = ["# End-to-end decode: torch ops vs kdispatch ops", "",
+    when = time.strftime("%Y-%m-%d", time.gmtime())  # the day of rendering (the run's day in run_h200.sh)
+    out = [f"# End-to-end decode: torch ops vs kdispatch ops — {when}, commit {os.environ.get('KD_COMMIT', 'unknown')}", "",
            f"Device `{m.get('device', '?')}`; torch {m.get('torch', '?')} (CUDA {m.get('torch_cuda', '?')}); "
            f"kdispatch {m.get('kdispatch', '?')}. Produced by `bench/gpu/run_h200.sh --sections e2e` "
            "(bench/gpu/e2e_decode.py). A Llama-style decoder with the real dimensions and random weights; "
