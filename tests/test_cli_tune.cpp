@@ -351,6 +351,17 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   CHECK(int64_t(mdoc["skipped_too_large"]) == 1);
   CHECK(run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--mem-gib", "-1"}, cache)
             .exit_code == 2);
+  // --max-candidates: at least 1. (It prunes the spaces of variants with a
+  // perf model, the GPU families; the CPU variants here have none.)
+  CliRun mc = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--max-candidates", "-3"},
+                  cache);
+  CHECK(mc.exit_code == 2);
+  CHECK(mc.err.find("--max-candidates must be >= 1, got -3") != std::string::npos);
+  CliRun mc1 = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mc", "--budget-ms", "50",
+                    "--no-cold-cache", "--max-candidates", "1", "--max-flops", "1e6", "--json"},
+                   cache);
+  REQUIRE_MESSAGE(mc1.exit_code == 0, mc1.err);
+  CHECK(int64_t(parser.parse(simdjson::padded_string(mc1.out))["tuned"]) == 1);
 
   CliRun l = run({"lookup", "--configs", emit, "--op", "gemm", "--key", "N=64,K=128,dtype=bf16", "--M", "2", "--json"},
                  cache);
