@@ -357,6 +357,10 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
                   cache);
   CHECK(mc.exit_code == 2);
   CHECK(mc.err.find("--max-candidates must be >= 1, got -3") != std::string::npos);
+  CliRun mc0 = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--max-candidates", "0"},
+                   cache);
+  CHECK(mc0.exit_code == 2);
+  CHECK(mc0.err.find("--max-candidates must be >= 1, got 0") != std::string::npos);
   CliRun mc1 = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mc", "--budget-ms", "50",
                     "--no-cold-cache", "--max-candidates", "1", "--max-flops", "1e6", "--json"},
                    cache);

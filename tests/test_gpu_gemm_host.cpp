@@ -198,7 +198,7 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
   struct Skinny {
     int64_t m, n, k, rows_per_warp, split_k;
   };
-  // M <= 2 with < 1 tile of 16 rows per SM (N < 2112): the CUDA-core
+  // M <= 2 with < 1 tile of 16 rows per SM (N <= 2096): the CUDA-core
   // stream, rows_per_warp 1 (M = 1) or 4 (M = 2), the smallest split_k
   // giving >= 32 warps per SM (4224 warps).
   for (const Skinny& c : {Skinny{1, 1280, 8192, 1, 4}, Skinny{2, 1280, 8192, 4, 8}, Skinny{1, 896, 896, 1, 8},
@@ -234,12 +234,19 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaCluster] == c.cluster_k);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaWarpsN] == 1);
   }
-  // M 9..16 with >= 3.5 tiles per SM: cuBLASLt's pick (95-100% of the read
-  // there), or the tiled family where libcublasLt is not there.
+  // M 9..16 with >= 3.5 tiles per SM: cuBLASLt's pick, or where libcublasLt
+  // is not there the stream with two tiles per warp and split_k 2.
   for (int64_t n : {8192, 28672}) {
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 16, n, 4096), dev);
     REQUIRE(plan.valid());
-    CHECK((plan.variant->name == "gemm_bf16__cublaslt" || plan.variant->name == "gemm_bf16__tiled_mma"));
+    if (plan.variant->name == "gemm_bf16__cublaslt") {
+      CHECK(plan.params[0] == -1);
+    } else {
+      CHECK(plan.variant->name == "gemm_bf16__skinny_mma");
+      CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaRowTiles] == 2);
+      CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaSplitK] == 2);
+      CHECK(plan.params[dispatch::gpu::gemm::kSkinnyMmaStages] == 4);
+    }
   }
   // ... but not with K % 8 != 0 (16-byte loads): cuBLASLt's pick or the reference.
   const Plan odd16 = dispatch::core::get_default(gemm_problem(DeviceType::cuda, 8, 4096, 4100), dev);

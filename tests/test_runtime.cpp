@@ -302,6 +302,25 @@ TEST_CASE("gemm arguments: each bad argument is named, the hot check and the det
   g = ok_args();
   g.d.data = a + 4;
   CHECK(msg(g) == "d: overlaps an input");
+  g = ok_args();
+  g.a.shape[1] = -1;
+  CHECK(msg(g) == "a: negative shape [4, -1]");
+  g = ok_args();
+  g.b.strides[0] = -8;
+  CHECK(msg(g) == "b: negative row stride");
+  g = ok_args();
+  g.a = make_tensor_2d(a, DType::fp32, 4, 0, 0);
+  g.b = make_tensor_2d(b, DType::fp32, 16, 0, 0);
+  CHECK(msg(g) == "b: N and K must be >= 1, got [16, 0]");
+  g = ok_args();
+  g.bias.rank = 2;
+  CHECK(msg(g) == "bias: must be rank 1, got rank 2");
+  g = ok_args();
+  g.bias.strides[0] = 2;
+  CHECK(msg(g) == "bias: must be contiguous (stride 1), got stride 2");
+  g = ok_args();
+  g.bias.data = nullptr;  // no data: no bias (a rank-1 description is a bias only for pretune)
+  CHECK(msg(g) == "ok");
 
   // Random arguments around the valid ones: the two paths agree on every one
   // (the hot path answers "the fast and the detailed checks disagree" when
@@ -310,9 +329,15 @@ TEST_CASE("gemm arguments: each bad argument is named, the hot check and the det
   auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
   int accepted = 0;
   for (int it = 0; it < 20000; ++it) {
-    g = ok_args();
+    // Consistent operands of a random (M, N, K) incl. 0 and 1, then up to
+    // three fields changed.
+    const int64_t M = pick({0, 1, 7, 8, 16}), N = pick({0, 1, 7, 8, 16}), K = pick({0, 1, 7, 8, 16});
+    g = GemmArgs{make_tensor_2d(a, DType::fp32, M, K, K), make_tensor_2d(b, DType::fp32, N, K, K),
+                 make_tensor_2d(d, DType::fp32, M, N, N),
+                 rng() % 2 ? make_tensor_1d(bias, DType::fp32, N) : TensorRef{}};
+    if (rng() % 8 == 0) g.d.data = a + rng() % 64;  // overlapping a (M = 0 skips that check)
     TensorRef* ts[4] = {&g.a, &g.b, &g.d, &g.bias};
-    for (int n = static_cast<int>(rng() % 3); n >= 0; --n) {
+    for (int n = static_cast<int>(rng() % 4) - 1; n >= 0; --n) {
       TensorRef& t = *ts[rng() % 4];
       switch (rng() % 8) {
         case 0: t.rank = static_cast<int32_t>(pick({0, 1, 2, 3})); break;

@@ -12,7 +12,8 @@
 #   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
-#                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M)
+#                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M;
+#                  KD_GEMM_SWEEP_ONLY=1: the sweep alone)
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
@@ -305,17 +306,21 @@ fi
 # family alone vs cuBLASLt at M >= 1024 (tests/gpu/gpu_gemm_bench.cpp).
 if has gemm-host; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-host: FAILED to build (build.log)"; exit 1; }
-  stamp "gemm-host: dispatch overhead and the tiled family alone"
-  timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_host.csv" \
-    >"$OUT/gemm_host.log" 2>&1
-  rc=$?
-  grep -E "^overhead median|^tiled / cuBLASLt" "$OUT/gemm_host.log"
+  rc=0
+  if [ -z "${KD_GEMM_SWEEP_ONLY:-}" ]; then
+    stamp "gemm-host: dispatch overhead and the tiled family alone"
+    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_host.csv" \
+      >"$OUT/gemm_host.log" 2>&1
+    rc=$?
+    grep -E "^overhead median|^tiled / cuBLASLt" "$OUT/gemm_host.log"
+  fi
   if [ -n "${KD_GEMM_SWEEP_M:-}" ] && [ $rc -eq 0 ]; then
     # Then the design sweep: every skinny / skinny_mma point at these M.
     stamp "gemm-host: sweep of the decode families at M=$KD_GEMM_SWEEP_M"
     timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
       --csv "$OUT/gemm_sweep.csv" --sweep "$KD_GEMM_SWEEP_M" --reps "${KD_GEMM_SWEEP_REPS:-15}" >"$OUT/gemm_sweep.log" 2>&1
     rc=$?
+    # (a stopped run leaves its last point incomplete: the renderer skips it and says so)
     "$PY" bench/gpu/render_sweep.py "$OUT/gemm_sweep.csv" --commit "${KD_COMMIT:-unknown}" >"$OUT/h200_gemm_sweep.md"
     sed -n '/^| M | get_default/,$p' "$OUT/h200_gemm_sweep.md"
   fi

@@ -130,7 +130,7 @@ struct TuneCmdOptions {
   std::string backend = "cpu";  ///< cpu | cuda | hip: where the shapes are tuned
   bool no_cold_cache = false;
   int32_t reps = 0;                 ///< 0 = the library's default
-  int32_t max_candidates = 0;       ///< 0 = the library's default (TuneOptions::max_candidates)
+  int32_t max_candidates = -1;      ///< -1 (not given) = the library's default (TuneOptions::max_candidates)
   bool json = false;
 };
 int run_tune(const TuneCmdOptions& o);

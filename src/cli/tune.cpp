@@ -369,7 +369,7 @@ int run_tune(const TuneCmdOptions& o) {
     std::fprintf(stderr, "%s: --budget-ms must be > 0, got %g\n", cmd, o.budget_ms);
     return kExitUsage;
   }
-  if (o.max_candidates < 0) {
+  if (o.max_candidates != -1 && o.max_candidates < 1) {
     std::fprintf(stderr, "%s: --max-candidates must be >= 1, got %d\n", cmd, o.max_candidates);
     return kExitUsage;
   }
@@ -478,7 +478,7 @@ int run_tune(const TuneCmdOptions& o) {
   }
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;
-  if (o.max_candidates > 0) ro.tune.max_candidates = o.max_candidates;
+  if (o.max_candidates >= 1) ro.tune.max_candidates = o.max_candidates;
   auto rt_r = dsp::Runtime::create(ro);
   if (!rt_r.ok()) {
     std::fprintf(stderr, "%s: cannot create the runtime over '%s': %s\n", cmd, o.emit.c_str(),

@@ -469,19 +469,20 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     // (the winner's curse: a GEMM whose candidates are all cuBLASLt
     // algorithms within 2% of each other picked one 8% slower on the H200).
     // The winner and the default are measured again, interleaved over
-    // kConfirmRounds rounds with the order alternating (a drift of the
-    // clocks falls on both alike); the default stays unless the winner is
-    // still > 1% faster.
+    // kConfirmRounds rounds in the order def, best | best, def | best, def |
+    // def, best (a linear drift of the clocks falls on both alike); the
+    // default stays unless the winner is still > 1% faster.
     const core::Plan& def = candidates.front();
     const bool def_ok = !res.tried.empty() && res.tried.front().status.ok() && res.tried.front().timing.median_us > 0;
     if (res.best.valid() && def_ok && !res.stopped && o.confirm &&
         !(res.best.variant == def.variant && std::equal(res.best.params, res.best.params + core::kMaxParams, def.params))) {
-      constexpr int kConfirmRounds = 3;
+      constexpr int kConfirmRounds = 4;  // ABBA BAAB: a linear drift costs both the same
       double again_best = 0, again_def = 0;
       bool ok = true;
       for (int round = 0; round < kConfirmRounds && ok; ++round) {
-        const core::Plan* first = round % 2 ? &res.best : &def;
-        const core::Plan* second = round % 2 ? &def : &res.best;
+        const bool def_first = round == 0 || round == 3;
+        const core::Plan* first = def_first ? &def : &res.best;
+        const core::Plan* second = def_first ? &res.best : &def;
         for (const core::Plan* plan : {first, second}) {
           MeasureOptions mo = o.measure;
           auto prepare = [&]() -> Status {

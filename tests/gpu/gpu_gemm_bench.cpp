@@ -21,7 +21,7 @@
 //            on the Llama (N, K) grid at the given M: the tuner's clock (a
 //            256 MiB L2-evicting read before each launch, CUDA events around
 //            the launch alone), the points timed in turns over --reps rounds
-//            (default 15), the order rotated per round; median per point.
+//            (default 15), a fresh random order each round; median per point.
 //            The design data behind the decode families' spaces and defaults.
 //
 //   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]]
@@ -133,23 +133,35 @@ int main(int argc, char** argv) {
         std::vector<core::Plan> plans;
         for (const core::VariantDef* v : fams)
           for (const core::Plan& pl : core::config_space(*v, p, dev)) plans.push_back(pl);
-        const core::Plan def = core::get_default(p, dev);
-        plans.push_back(def);
+        // cuBLASLt's pick and get_default's plan, each once: a plan equal to
+        // one already listed is that one (never timed against itself).
+        auto index_of = [&](const core::Plan& q) {
+          for (size_t i = 0; i < plans.size(); ++i)
+            if (plans[i].variant == q.variant && std::equal(q.params, q.params + core::kMaxParams, plans[i].params))
+              return i;
+          plans.push_back(q);
+          return plans.size() - 1;
+        };
         core::Plan ltp;
         ltp.variant = ltv;
         ltp.params[0] = -1;
-        plans.push_back(ltp);
+        const size_t n_lt = index_of(ltp);
+        const size_t n_def = index_of(core::get_default(p, dev));
+        // A fresh random order every round: no point always follows the same one.
+        std::vector<size_t> order(plans.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::mt19937 shuffle_rng(static_cast<uint32_t>(M * 1000003 + N * 131 + K));
         std::vector<std::vector<double>> t(plans.size());
-        for (int r = 0; r < sweep_reps; ++r)
-          for (size_t j = 0; j < plans.size(); ++j) {
-            const size_t i = (j + static_cast<size_t>(r) * 7) % plans.size();
+        for (int r = 0; r < sweep_reps; ++r) {
+          std::shuffle(order.begin(), order.end(), shuffle_rng);
+          for (size_t i : order) {
             clock->flush();
             auto us = clock->time_us([&] { return plans[i].variant->launch(la, p, plans[i].params); });
             if (us.ok()) t[i].push_back(*us);
           }
+        }
         size_t best = 0, best_wn1 = 0;
         bool have_wn1 = false;
-        const size_t n_def = plans.size() - 2, n_lt = plans.size() - 1;
         std::vector<double> med(plans.size());
         for (size_t i = 0; i < plans.size(); ++i) {
           med[i] = t[i].empty() ? 1e30 : median(t[i]);
@@ -157,9 +169,17 @@ int main(int argc, char** argv) {
           if (plans[i].variant == fams[1] && plans[i].params[gpu::gemm::kSkinnyMmaWarpsN] == 1 &&
               (!have_wn1 || med[i] < med[best_wn1]))
             best_wn1 = i, have_wn1 = true;
-          std::fprintf(csv, "sweep,%lld,%lld,%lld,\"%s\",%.3f,%.3f,%zu\n", (long long)M, (long long)N, (long long)K,
-                       core::plan_to_string(plans[i]).c_str(), med[i], med[n_lt], t[i].size());
         }
+        // Rows: "sweep" per point (value = timed rounds, 0: it failed), then
+        // which of them get_default and cuBLASLt's pick are.
+        auto row = [&](const char* what, size_t i) {
+          std::fprintf(csv, "%s,%lld,%lld,%lld,\"%s\",%.3f,%.3f,%zu\n", what, (long long)M, (long long)N, (long long)K,
+                       core::plan_to_string(plans[i]).c_str(), med[i], med[n_lt], t[i].size());
+        };
+        for (size_t i = 0; i < plans.size(); ++i) row("sweep", i);
+        row("sweep_default", n_def);
+        row("sweep_cublaslt", n_lt);
+        std::fflush(csv);
         std::printf("  M=%3lld N=%5lld K=%5lld best %.2f us %s | warps_n 1: %.2f us %s | default %.2f | cuBLASLt %.2f\n",
                     (long long)M, (long long)N, (long long)K, med[best], core::plan_to_string(plans[best]).c_str(),
                     have_wn1 ? med[best_wn1] : 0.0, have_wn1 ? core::plan_to_string(plans[best_wn1]).c_str() : "-",
