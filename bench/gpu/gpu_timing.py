@@ -40,7 +40,8 @@ class Timer:
     def flush(self):
         self.flush_buf.sum()
 
-    def cold(self, fn, rep_ms=20.0, chunk=25, max_iters=200, min_iters=10):
+    def _probe(self, fn):
+        """Warms fn up; returns (GPU ms per call back to back, host ms to enqueue one call)."""
         torch = self.torch
         fn()
         torch.cuda.synchronize()
@@ -56,6 +57,11 @@ class Timer:
             fn()
         host_ms = (time.perf_counter() - t0) / 5 * 1e3
         torch.cuda.synchronize()
+        return est_ms, host_ms
+
+    def cold(self, fn, rep_ms=20.0, chunk=25, max_iters=200, min_iters=10):
+        torch = self.torch
+        est_ms, host_ms = self._probe(fn)
         n = int(min(max_iters, max(min_iters, rep_ms / (est_ms + self.flush_ms))))
         sleep_cycles = int((chunk * (host_ms + 0.03) * 1.5 + 0.05) * 1e-3 * 2.0e9)
         ss = [self.ev() for _ in range(n)]
@@ -83,21 +89,7 @@ class Timer:
         names = list(fns)
         est, host = {}, {}
         for nm in names:
-            fn = fns[nm]
-            fn()
-            torch.cuda.synchronize()
-            s, e = self.ev(), self.ev()
-            s.record()
-            for _ in range(3):
-                fn()
-            e.record()
-            torch.cuda.synchronize()
-            est[nm] = max(s.elapsed_time(e) / 3.0, 1e-3)
-            t0 = time.perf_counter()
-            for _ in range(5):
-                fn()
-            host[nm] = (time.perf_counter() - t0) / 5 * 1e3
-            torch.cuda.synchronize()
+            est[nm], host[nm] = self._probe(fns[nm])
         # the same number of calls of each, as many as the slowest allows
         n = int(min(max_iters, max(min_iters, rep_ms / (max(est.values()) + self.flush_ms))))
         n = max(chunk, (n + chunk - 1) // chunk * chunk)
