@@ -51,6 +51,7 @@
 #   bench  build.log bench_gpu.json bench.log h200.md
 #   check  build.log check.json check.log
 #   gemm-tune   build.log gemm_configs.tar gemm_tune.log gemm_validate.log
+#   gemm-probe  build.log gemm_probe.log gemm_probe.csv gemm_ncu.txt
 #   gemm-host   build.log gemm_host.log gemm_host.csv (+ gemm_sweep.csv gemm_sweep.log h200_gemm_sweep.md)
 #   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
 #   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
@@ -299,6 +300,32 @@ if has gemm-bench; then
   if [ $rc -eq 3 ]; then echo "::: gemm-bench: INCOMPLETE (time budget): copy bench_gemm.json into .h200/ and run gemm-bench again"
   elif [ $rc -ne 0 ]; then echo "::: gemm-bench: FAILED rc=$rc (bench_gemm.log)"; status=1
   else echo "::: gemm-bench: complete (h200_gemm.md -> bench/results/)"; fi
+fi
+
+# ================================================================ gemm-probe
+# Diagnostics behind the sweep's cuBLASLt column and the decode kernels'
+# efficiency: cuBLASLt's pick timed right after each of a few of our plans on
+# three streams (--probe-lt), then ncu (when it can read the counters) on
+# get_default's plan and cuBLASLt's pick at $KD_GEMM_PROFILE (M,N,K/...).
+if has gemm-probe; then
+  ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-probe: FAILED to build (build.log)"; exit 1; }
+  stamp "gemm-probe: cuBLASLt after other plans"
+  timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_probe.csv" \
+    --probe-lt >"$OUT/gemm_probe.log" 2>&1
+  rc=$?
+  cat "$OUT/gemm_probe.log"
+  PROFILE=${KD_GEMM_PROFILE:-16,1280,8192/8,8192,1024/16,6144,4096/1,4096,4096}
+  if [ $rc -eq 0 ] && command -v ncu >/dev/null 2>&1 && [ "$PROFILE" != none ]; then
+    stamp "gemm-probe: ncu at $PROFILE"
+    timeout $(($(left) - 5)) ncu --clock-control none --cache-control all \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section SchedulerStats \
+      "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --profile "$PROFILE" >"$OUT/gemm_ncu.txt" 2>&1
+    echo "ncu rc=$?"
+    grep -E "^  [a-z_A-Z].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size" "$OUT/gemm_ncu.txt" | head -80
+  fi
+  if [ $rc -ne 0 ]; then echo "::: gemm-probe: FAILED rc=$rc (gemm_probe.log)"; status=1
+  else echo "::: gemm-probe: complete"; fi
 fi
 
 # ================================================================ gemm-host

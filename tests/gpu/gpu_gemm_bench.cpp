@@ -24,7 +24,19 @@
 //            (default 15), a fresh random order each round; median per point.
 //            The design data behind the decode families' spaces and defaults.
 //
-//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]]
+//  probe-lt  (--probe-lt: only this) cuBLASLt's first pick timed cold right
+//            after each of a few of our plans (and after itself), on three
+//            streams (legacy, per-thread, a non-blocking one, events on the
+//            launch's stream; L2 evicted by a 256 MiB memset on it), with
+//            the host time of its launch call: why the sweep's random order
+//            reads it slower than the grid bench's back-to-back calls.
+//
+//  profile   (--profile M,N,K/M,N,K...: only this) get_default's plan and
+//            cuBLASLt's pick launched twice each per shape after a 256 MiB
+//            memset: a short program to run under ncu.
+//
+//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]] [--probe-lt]
+//                            [--profile M,N,K/...]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -64,12 +76,17 @@ void fill(void* d, size_t elems, std::mt19937& rng) {
 int main(int argc, char** argv) {
   std::string configs = "configs", csv_path = "gpu_gemm_bench.csv", sweep_ms;
   int sweep_reps = 15;
+  bool probe_lt = false;
+  std::string profile;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--probe-lt") probe_lt = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--configs") configs = argv[i + 1];
     else if (a == "--csv") csv_path = argv[i + 1];
     else if (a == "--sweep") sweep_ms = argv[i + 1];
     else if (a == "--reps") sweep_reps = std::max(3, std::atoi(argv[i + 1]));
+    else if (a == "--profile") profile = argv[i + 1];
   }
   const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
   if (!ops || !ops->status().available) {
@@ -105,6 +122,138 @@ int main(int argc, char** argv) {
   void* ws = dalloc(size_t{32} << 20);
   fill(A, size_t(maxM) * maxK, rng);
   fill(B, size_t(4096) * 4096, rng);  // the values do not matter for timing; a part is enough
+
+  // ---------------------------------------------------------------- profile
+  if (!profile.empty()) {
+    void* flushbuf = dalloc(size_t{256} << 20);
+    for (size_t pos = 0; pos < profile.size();) {
+      size_t e = profile.find('/', pos);
+      if (e == std::string::npos) e = profile.size();
+      long long m = 0, n = 0, k = 0;
+      if (std::sscanf(profile.substr(pos, e - pos).c_str(), "%lld,%lld,%lld", &m, &n, &k) != 3) return 2;
+      pos = e + 1;
+      core::Problem p;
+      p.op = core::OpKind::gemm;
+      p.device = d;
+      p.in_dtype = p.out_dtype = DType::bf16;
+      p.m = m, p.n = n, p.k = k;
+      p.align_bytes = 16;
+      core::Plan ltp;
+      ltp.variant = core::find_variant("gemm_bf16__cublaslt");
+      ltp.params[0] = -1;
+      core::LaunchArgs la;
+      la.a = A, la.lda = k, la.b = B, la.ldb = k, la.d = D, la.ldd = n;
+      la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      for (const core::Plan& pl : {core::get_default(p, dev), ltp}) {
+        std::printf("profile M=%lld N=%lld K=%lld: %s\n", m, n, k, core::plan_to_string(pl).c_str());
+        for (int r = 0; r < 2; ++r) {
+          CK(cudaMemsetAsync(flushbuf, 0, size_t{256} << 20, stream));
+          if (!pl.variant->launch(la, p, pl.params).ok()) std::printf("  launch failed\n");
+        }
+      }
+    }
+    CK(cudaStreamSynchronize(stream));
+    std::fflush(stdout);
+    return 0;
+  }
+
+  // ---------------------------------------------------------------- probe-lt
+  if (probe_lt) {
+    void* flushbuf = dalloc(size_t{256} << 20);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const core::VariantDef* ltv = core::find_variant("gemm_bf16__cublaslt");
+    const core::VariantDef* sk = core::find_variant("gemm_bf16__skinny");
+    const core::VariantDef* sm = core::find_variant("gemm_bf16__skinny_mma");
+    struct Shape { int64_t m, n, k; };
+    const Shape shapes[] = {{1, 4096, 4096}, {1, 1280, 8192}, {16, 8192, 1024}, {4, 4096, 4096}, {16, 28672, 4096}};
+    const std::pair<const char*, cudaStream_t> streams[] = {
+        {"legacy", nullptr}, {"per-thread", cudaStreamPerThread}, {"non-blocking", stream}};
+    std::printf("probe-lt: cuBLASLt's pick (algo -1) timed cold right after another plan, 15 rounds, medians\n");
+    for (const Shape& sh : shapes) {
+      core::Problem p;
+      p.op = core::OpKind::gemm;
+      p.device = d;
+      p.in_dtype = p.out_dtype = DType::bf16;
+      p.m = sh.m, p.n = sh.n, p.k = sh.k;
+      p.align_bytes = 16;
+      core::Plan ltp;
+      ltp.variant = ltv;
+      ltp.params[0] = -1;
+      // Predecessors: itself, get_default, skinny, skinny_mma without and with a cluster.
+      std::vector<std::pair<std::string, core::Plan>> preds = {{"cublaslt", ltp}, {"default", core::get_default(p, dev)}};
+      auto first_of = [&](const core::VariantDef* v, auto pred) -> const core::Plan* {
+        static std::vector<core::Plan> keep;
+        keep = core::config_space(*v, p, dev);
+        for (const core::Plan& q : keep)
+          if (pred(q)) return &q;
+        return nullptr;
+      };
+      if (auto* q = first_of(sk, [](const core::Plan&) { return true; })) preds.push_back({"skinny", *q});
+      if (auto* q = first_of(sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] == 1; }))
+        preds.push_back({"smma", *q});
+      if (auto* q = first_of(sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] > 1; }))
+        preds.push_back({"smma-cluster", *q});
+      for (const auto& [sname, st] : streams) {
+        core::LaunchArgs la;
+        la.a = A, la.lda = sh.k, la.b = B, la.ldb = sh.k, la.d = D, la.ldd = sh.n;
+        la.stream = st, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+        auto timed = [&](const core::Plan& pl, double* host_us) {
+          CK(cudaMemsetAsync(flushbuf, 0, size_t{256} << 20, st));
+          CK(cudaEventRecord(e0, st));
+          const auto t0 = std::chrono::steady_clock::now();
+          const Status s = pl.variant->launch(la, p, pl.params);
+          if (host_us) *host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+          CK(cudaEventRecord(e1, st));
+          CK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          return s.ok() ? ms * 1e3 : -1.0;
+        };
+        for (const auto& [pname, pl] : preds) {
+          std::vector<double> tl, th, tp;
+          for (int r = 0; r < 15; ++r) {
+            tp.push_back(timed(pl, nullptr));
+            double h = 0;
+            tl.push_back(timed(ltp, &h));
+            th.push_back(h);
+          }
+          std::printf("  M=%3lld N=%5lld K=%5lld %-12s after %-12s: cuBLASLt %7.2f us (host %6.2f us) | before it %7.2f us  %s\n",
+                      (long long)sh.m, (long long)sh.n, (long long)sh.k, sname, pname.c_str(), median(tl), median(th),
+                      median(tp), core::plan_to_string(pl).c_str());
+          std::fprintf(csv, "probe_lt,%lld,%lld,%lld,\"%s after %s\",%.3f,%.3f,%.3f\n", (long long)sh.m,
+                       (long long)sh.n, (long long)sh.k, sname, pname.c_str(), median(tl), median(tp), median(th));
+        }
+      }
+      // The tuner's clock (legacy-stream events and flush kernel, launch on
+      // the per-thread stream), as the sweep and the tuner time it.
+      tune::DeviceMemory* mem = ops->memory();
+      std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
+      core::LaunchArgs la;
+      la.a = A, la.lda = sh.k, la.b = B, la.ldb = sh.k, la.d = D, la.ldd = sh.n;
+      la.stream = ops->tuner_stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      for (const auto& [pname, pl] : preds) {
+        std::vector<double> tl, tp;
+        for (int r = 0; r < 15; ++r) {
+          clock->flush();
+          auto a = clock->time_us([&] { return pl.variant->launch(la, p, pl.params); });
+          clock->flush();
+          auto b = clock->time_us([&] { return ltp.variant->launch(la, p, ltp.params); });
+          tp.push_back(a.ok() ? *a : -1);
+          tl.push_back(b.ok() ? *b : -1);
+        }
+        std::printf("  M=%3lld N=%5lld K=%5lld tuner-clock  after %-12s: cuBLASLt %7.2f us | before it %7.2f us\n",
+                    (long long)sh.m, (long long)sh.n, (long long)sh.k, pname.c_str(), median(tl), median(tp));
+        std::fprintf(csv, "probe_lt,%lld,%lld,%lld,\"tuner-clock after %s\",%.3f,%.3f,0\n", (long long)sh.m,
+                     (long long)sh.n, (long long)sh.k, pname.c_str(), median(tl), median(tp));
+      }
+      std::fflush(stdout);
+      std::fflush(csv);
+    }
+    std::fclose(csv);
+    return 0;
+  }
 
   // ---------------------------------------------------------------- sweep
   if (!sweep_ms.empty()) {
