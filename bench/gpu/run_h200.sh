@@ -51,7 +51,7 @@
 #   bench  build.log bench_gpu.json bench.log h200.md
 #   check  build.log check.json check.log
 #   gemm-tune   build.log gemm_configs.tar gemm_tune.log gemm_validate.log
-#   gemm-probe  build.log gemm_probe.log gemm_probe.csv gemm_ncu.txt
+#   gemm-probe  gemm_fixed_pdl{1,0}.{log,csv} gemm_probe.log gemm_probe.csv gemm_ncu.txt
 #   gemm-host   build.log gemm_host.log gemm_host.csv (+ gemm_sweep.csv gemm_sweep.log h200_gemm_sweep.md)
 #   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
 #   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
@@ -309,11 +309,20 @@ fi
 # get_default's plan and cuBLASLt's pick at $KD_GEMM_PROFILE (M,N,K/...).
 if has gemm-probe; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-probe: FAILED to build (build.log)"; exit 1; }
-  stamp "gemm-probe: cuBLASLt after other plans"
-  timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_probe.csv" \
-    --probe-lt >"$OUT/gemm_probe.log" 2>&1
-  rc=$?
-  cat "$OUT/gemm_probe.log"
+  stamp "gemm-probe: fixed cost and streaming rate (PDL on, then KDISPATCH_PDL=0)"
+  rc=0
+  for pdl in 1 0; do
+    KDISPATCH_PDL=$pdl timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
+      --csv "$OUT/gemm_fixed_pdl$pdl.csv" --fixed-cost >"$OUT/gemm_fixed_pdl$pdl.log" 2>&1 || rc=$?
+    echo "--- KDISPATCH_PDL=$pdl"; cat "$OUT/gemm_fixed_pdl$pdl.log"
+  done
+  if [ "${KD_GEMM_PROBE_LT:-1}" != 0 ] && [ $rc -eq 0 ]; then
+    stamp "gemm-probe: cuBLASLt after other plans"
+    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_probe.csv" \
+      --probe-lt >"$OUT/gemm_probe.log" 2>&1
+    rc=$?
+    cat "$OUT/gemm_probe.log"
+  fi
   PROFILE=${KD_GEMM_PROFILE:-16,1280,8192/8,8192,1024/16,6144,4096/1,4096,4096}
   if [ $rc -eq 0 ] && command -v ncu >/dev/null 2>&1 && [ "$PROFILE" != none ]; then
     stamp "gemm-probe: ncu at $PROFILE"

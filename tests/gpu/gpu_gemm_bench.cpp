@@ -35,7 +35,16 @@
 //            cuBLASLt's pick launched twice each per shape after a 256 MiB
 //            memset: a short program to run under ncu.
 //
-//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]] [--probe-lt]
+//  fixed-cost (--fixed-cost: only this) time against bytes, cold, in one
+//            clock (256 MiB memset, events on the launch's stream, the
+//            implementations in turns, 31 rounds, median): an empty kernel,
+//            cudaMemcpyAsync of half the weight bytes (the bench's read
+//            ceiling), a plain read kernel (tests/gpu/gpu_read_kernels.cu),
+//            get_default's plan and cuBLASLt's pick at M = 1, 8, 16 for
+//            weights of 16 to 224 MiB: the fixed cost and the streaming rate
+//            of each.
+//
+//   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]] [--probe-lt] [--fixed-cost]
 //                            [--profile M,N,K/...]
 #include <cuda_runtime.h>
 
@@ -44,6 +53,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,6 +72,9 @@ using namespace dispatch;
 using kdbench::dalloc;
 using kdbench::median;
 
+cudaError_t kd_launch_empty(float* out, cudaStream_t s);
+cudaError_t kd_launch_read(const void* p, int64_t bytes, int blocks, float* out, cudaStream_t s);
+
 namespace {
 
 void fill(void* d, size_t elems, std::mt19937& rng) {
@@ -76,10 +89,11 @@ void fill(void* d, size_t elems, std::mt19937& rng) {
 int main(int argc, char** argv) {
   std::string configs = "configs", csv_path = "gpu_gemm_bench.csv", sweep_ms;
   int sweep_reps = 15;
-  bool probe_lt = false;
+  bool probe_lt = false, fixed_cost = false;
   std::string profile;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--probe-lt") probe_lt = true;
+    else if (std::string(argv[i]) == "--fixed-cost") fixed_cost = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--configs") configs = argv[i + 1];
@@ -122,6 +136,83 @@ int main(int argc, char** argv) {
   void* ws = dalloc(size_t{32} << 20);
   fill(A, size_t(maxM) * maxK, rng);
   fill(B, size_t(4096) * 4096, rng);  // the values do not matter for timing; a part is enough
+
+  // ---------------------------------------------------------------- fixed-cost
+  if (fixed_cost) {
+    void* flushbuf = dalloc(size_t{256} << 20);
+    void* copy_dst = dalloc(size_t{128} << 20);
+    float* out = static_cast<float*>(dalloc(size_t{1} << 20));
+    CK(cudaMemset(out, 0, size_t{1} << 20));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int sms = dev.compute_units > 0 ? dev.compute_units : 132;
+    const std::pair<int64_t, int64_t> wk[] = {{8192, 1024}, {4096, 4096}, {6144, 4096}, {7168, 8192}, {28672, 4096}};
+    std::printf("fixed-cost: cold us per implementation (median of 31 rounds, in turns); W = N*K*2 bytes\n");
+    for (auto [N, K] : wk) {
+      const int64_t wbytes = N * K * 2;
+      std::vector<std::pair<std::string, std::function<bool()>>> impls;
+      impls.push_back({"empty kernel", [&] { return kd_launch_empty(out, stream) == cudaSuccess; }});
+      impls.push_back({"memcpy W/2", [&] {
+                         return cudaMemcpyAsync(copy_dst, B, wbytes / 2, cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+                       }});
+      for (int per_sm : {2, 4, 8})
+        impls.push_back({"read " + std::to_string(per_sm) + "/SM", [&, per_sm] {
+                           return kd_launch_read(B, wbytes, sms * per_sm, out, stream) == cudaSuccess;
+                         }});
+      std::vector<core::Problem> probs;
+      for (int64_t M : {1, 8, 16}) {
+        core::Problem p;
+        p.op = core::OpKind::gemm;
+        p.device = d;
+        p.in_dtype = p.out_dtype = DType::bf16;
+        p.m = M, p.n = N, p.k = K;
+        p.align_bytes = 16;
+        probs.push_back(p);
+      }
+      core::LaunchArgs la;
+      la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
+      la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      std::vector<core::Plan> plans(probs.size() * 2);
+      for (size_t i = 0; i < probs.size(); ++i) {
+        plans[2 * i] = core::get_default(probs[i], dev);
+        plans[2 * i + 1].variant = core::find_variant("gemm_bf16__cublaslt");
+        plans[2 * i + 1].params[0] = -1;
+        for (int j = 0; j < 2; ++j) {
+          const core::Plan* pl = &plans[2 * i + j];
+          const core::Problem* pp = &probs[i];
+          impls.push_back({(j ? "cuBLASLt M=" : "default M=") + std::to_string(pp->m) + " " +
+                               std::string(pl->variant->name),
+                           [&, pl, pp] { return pl->variant->launch(la, *pp, pl->params).ok(); }});
+        }
+      }
+      std::vector<std::vector<double>> t(impls.size());
+      for (auto& im : impls) (void)im.second();  // warm-up (module load, heuristic pick)
+      CK(cudaStreamSynchronize(stream));
+      for (int r = 0; r < 31; ++r)
+        for (size_t q = 0; q < impls.size(); ++q) {
+          const size_t i = (q + r) % impls.size();
+          CK(cudaMemsetAsync(flushbuf, r, size_t{256} << 20, stream));
+          CK(cudaEventRecord(e0, stream));
+          const bool ok = impls[i].second();
+          CK(cudaEventRecord(e1, stream));
+          CK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          if (ok) t[i].push_back(ms * 1e3);
+        }
+      for (size_t i = 0; i < impls.size(); ++i) {
+        const double us = median(t[i]);
+        std::printf("  W=%4lld MiB (N=%5lld K=%5lld) %-36s %8.2f us  %6.0f GB/s\n", (long long)(wbytes >> 20),
+                    (long long)N, (long long)K, impls[i].first.c_str(), us, wbytes / us * 1e-3);
+        std::fprintf(csv, "fixed_cost,0,%lld,%lld,\"%s\",%.3f,0,%zu\n", (long long)N, (long long)K,
+                     impls[i].first.c_str(), us, t[i].size());
+      }
+      std::fflush(stdout);
+    }
+    std::fclose(csv);
+    return 0;
+  }
 
   // ---------------------------------------------------------------- profile
   if (!profile.empty()) {
