@@ -15,8 +15,8 @@ Sections (--sections, comma-separated):
           needs --peers); cold, plus CUDA-graph replay of kdispatch and torch for
           M <= --gemm-graph-max-m; the variant kdispatch served (its dispatch
           info and lookup); the read ceiling of the weight's bytes (min of a
-          bf16 sum in fp32 and a copy moving the same bytes) measured in the same
-          run; the cuBLASLt libraries loaded in the process with their versions.
+          bf16 sum in fp32 and a plain read kernel, --read-lib) measured in the
+          same run; the cuBLASLt libraries loaded in the process with their versions.
   check   the regression gate: every committed H200 row vs get_default, fails when a
           committed row is > 1.10x slower than the default (bench/gpu/check_configs.py).
 
@@ -262,17 +262,40 @@ def make_triton_mm(c):
 
 
 def gemm_ceiling(c, w):
-    """The same-size read ceiling of W's bytes, cold, this run: a bf16 sum in fp32
-    (reads N*K*2 bytes) and a copy moving as many bytes (N*K read + N*K written);
-    the faster is the ceiling."""
+    """The same-size read ceiling of W's bytes, cold, this run: the faster of two
+    reads of all N*K*2 bytes, a bf16 sum in fp32 (torch) and the plain read kernel
+    of tests/gpu/gpu_read_kernels.cu (--read-lib, 4 and 8 blocks per SM).
+
+    A copy moving as many bytes (N*K read + N*K written) is measured too but is
+    not a read ceiling: its writes land in L2 (60 MiB) and reach DRAM after the
+    interval, so below ~100 MiB it reads half the bytes from DRAM in the timed
+    window (on the H200 a 16 MiB weight's copy took 8.4 us, a read of the 16 MiB
+    10.1 us: bench/results/h200_gemm_fixed.md). The ceiling up to 606c4b1 was
+    min(sum, copy), i.e. the copy at every shape."""
     torch = c.torch
     nbytes = w.numel() * w.element_size()
     rd = c.cold(lambda: torch.sum(w, dtype=torch.float32))
+    out = {"bytes": nbytes, "sum_us": rd["us"]}
+    best, kind = rd["us"], "sum"
+    if c.read_lib is not None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        sink = torch.empty(8 * sms, dtype=torch.float32, device=c.dev)
+        for per_sm in (4, 8):
+            def fn(per_sm=per_sm):
+                e = c.read_lib.kd_bench_read(ctypes.c_void_p(w.data_ptr()), ctypes.c_int64(nbytes // 16 * 16),
+                                             per_sm * sms, ctypes.c_void_p(sink.data_ptr()),
+                                             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+                if e != 0:
+                    raise RuntimeError(f"kd_bench_read: cudaError {e}")
+            t = c.cold(fn)["us"]
+            out[f"read{per_sm}_us"] = t
+            if t < best:
+                best, kind = t, f"read kernel, {per_sm} blocks/SM"
     src = torch.empty(max(nbytes // 2, 2), dtype=torch.uint8, device=c.dev)
     dst = torch.empty_like(src)
-    cp = c.cold(lambda: dst.copy_(src))
-    kind = "read" if rd["us"] <= cp["us"] else "copy"
-    return {"bytes": nbytes, "read_us": rd["us"], "copy_us": cp["us"], "us": min(rd["us"], cp["us"]), "kind": kind}
+    out["copy_us"] = c.cold(lambda: dst.copy_(src))["us"]  # reference only (see above)
+    out.update({"us": best, "kind": kind})
+    return out
 
 
 def gemm_point(c, row, N, K, M, w, wd, wsets, ceil, tri, devname):
@@ -410,7 +433,10 @@ def gemm_section(c):
     gm = c.res["meta"].setdefault("gemm", {})
     gm.update({"dtype": GEMM_DTYPE, "nk": [list(x) for x in c.nks], "m": list(c.ms), "tol": c.args.gemm_tol,
                "graph_max_m": c.args.gemm_graph_max_m, "weight_init": "randn * 0.05 (bf16)",
-               "ceiling": "min(cold bf16 sum in fp32 of N*K elements, cold copy of N*K bytes), per (N,K), this run"})
+               "ceiling": "min(cold bf16 sum in fp32 of N*K elements, cold plain read kernel of the N*K*2 bytes"
+                          + ("" if c.read_lib is not None else " [not loaded: sum alone]") +
+                          "), per (N,K), this run; a copy of N*K bytes is listed but is no read ceiling "
+                          "(its writes stay in L2)"})
     tri, note = make_triton_mm(c)
     if note:
         gm["triton_note"] = note
@@ -471,6 +497,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True, help="path of libkdispatch.so (with the CUDA backend)")
     ap.add_argument("--configs", default="configs", help="committed configs dir (the tuned table)")
+    ap.add_argument("--read-lib", default=None,
+                    help="libkdispatch_bench_read.so (build/gpu/tests/gpu): the plain read kernel of the GEMM "
+                         "table's read ceiling; without it the ceiling is the bf16 sum alone")
     ap.add_argument("--peers", default=None, help="dir holding the peers' h200_kernels.py (Triton kernels)")
     ap.add_argument("--sections", default="norms", help="comma-separated: norms, gemm (default norms)")
     ap.add_argument("--dtypes", default="bf16,fp16")
@@ -764,7 +793,17 @@ def main():
     # ---------------- gemm ----------------
     if "gemm" in sections:
         import types
-        gemm_section(types.SimpleNamespace(
+        read_lib = None
+        if args.read_lib:
+            try:
+                read_lib = ctypes.CDLL(args.read_lib)
+                read_lib.kd_bench_read.restype = ctypes.c_int
+                read_lib.kd_bench_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                                                   ctypes.c_void_p]
+            except OSError as e:
+                log(f"--read-lib {args.read_lib}: {e} (the read ceiling is the bf16 sum alone)")
+                read_lib = None
+        gemm_section(types.SimpleNamespace(read_lib=read_lib,
             torch=torch, F=F, kdispatch=kdispatch, kops=kops, res=res, args=args, nks=gemm_nk, ms=gemm_ms,
             prev=prev_gemm, deadline=deadline, incomplete=incomplete, save=save, cold=cold, cold_many=cold_many, graph=graph,
             rel_err=rel_err, with_rt=with_rt, rt_tuned=rt_tuned, rt_default=rt_default, L2=L2, dev=dev))

@@ -92,7 +92,11 @@ def render_gemm(r):
         sel = [x for x in rows if x["N"] == N and x["K"] == K]
         ceil = next((x["ceiling"] for x in sel if x.get("ceiling")), None)
         out += [f"### N={N}, K={K} (weights {N * K * 2 / 2**20:.0f} MiB" +
-                (f"; read ceiling {f(ceil['us'])} µs = {ceil['bytes'] / ceil['us'] / 1e3:.0f} GB/s, {ceil['kind']})"
+                (f"; read ceiling {f(ceil['us'])} µs = {ceil['bytes'] / ceil['us'] / 1e3:.0f} GB/s, {ceil['kind']}" +
+                 "".join(f"; {lbl} {f(ceil[k])} µs" for k, lbl in
+                         (("sum_us", "sum"), ("read4_us", "read kernel 4/SM"), ("read8_us", "8/SM"),
+                          ("copy_us", "copy of N*K bytes (not a read ceiling: its writes stay in L2)"))
+                         if ceil.get(k)) + ")"
                  if ceil and ceil.get("us") else ")"), "",
                 "| M | kdispatch µs | variant | torch µs | speedup | triton µs | vs triton | TFLOP/s | "
                 "W GB/s (%ceiling) | default µs |",

@@ -287,10 +287,11 @@ fi
 
 # ================================================================ gemm-bench
 if has gemm-bench; then
-  ensure_build kdispatch || { echo "::: gemm-bench: FAILED to build (build.log)"; exit 1; }
+  ensure_build kdispatch kdispatch_bench_read || { echo "::: gemm-bench: FAILED to build (build.log)"; exit 1; }
   budget=$(($(left) - 20))
   stamp "gemm-bench: bf16 GEMM beside torch (cuBLAS) and Triton (peers: ${PEERS:-none}; ${budget} s)"
   "$PY" bench/gpu/bench_gpu.py --lib "$LIB" --configs "$ROOT/configs" ${PEERS:+--peers "$PEERS"} \
+    --read-lib "$BUILD/tests/gpu/libkdispatch_bench_read.so" \
     --sections gemm --gemm-nk "$GEMM_NK" --gemm-m "$GEMM_M" --json-name bench_gemm.json \
     --resume "$RESUME/bench_gemm.json" --budget-s "$budget" --out "$OUT" >"$OUT/bench_gemm.log" 2>&1
   rc=$?

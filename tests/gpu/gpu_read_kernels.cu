@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reference kernels for kdispatch_gpu_gemm_bench --fixed-cost: an empty
-// kernel (launch and event cost alone) and a plain read of a buffer (what a
-// weight stream costs with nothing else in it: 16-byte non-caching loads, four
-// in flight per thread, a grid-stride loop over 132 x 4 blocks of 256 threads,
-// one sum per block written out so the loads are not dead).
+// Reference kernels of the GEMM benchmarks: an empty kernel (launch and event
+// cost alone) and a plain read of a buffer (what a weight stream costs with
+// nothing else in it: 16-byte non-caching loads, four in flight per thread, a
+// grid-stride loop over `blocks` blocks of 256 threads, one value per block
+// written out so the loads are not dead). Linked into
+// kdispatch_gpu_gemm_bench (--fixed-cost) and built as the shared library
+// kdispatch_bench_read, which bench/gpu/bench_gpu.py loads with ctypes for
+// the GEMM table's same-size read ceiling (kd_bench_read).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -55,4 +58,11 @@ cudaError_t kd_launch_empty(float* out, cudaStream_t s) {
 cudaError_t kd_launch_read(const void* p, int64_t bytes, int blocks, float* out, cudaStream_t s) {
   read_kernel<<<blocks, 256, 0, s>>>(static_cast<const uint4*>(p), bytes / 16, out);
   return cudaGetLastError();
+}
+
+/// For ctypes: reads `bytes` (a multiple of 16) at `p` with `blocks` blocks on
+/// `stream` (a cudaStream_t; 0: the legacy stream); `out` holds `blocks`
+/// floats. Returns the cudaError_t of the launch.
+extern "C" int kd_bench_read(const void* p, int64_t bytes, int blocks, float* out, void* stream) {
+  return static_cast<int>(kd_launch_read(p, bytes, blocks, out, static_cast<cudaStream_t>(stream)));
 }
