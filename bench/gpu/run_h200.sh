@@ -13,7 +13,7 @@
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
 #                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M;
-#                  KD_GEMM_SWEEP_ONLY=1: the sweep alone)
+#                  KD_GEMM_SWEEP_ONLY=1: the sweep alone; KD_GEMM_SWEEP_NK=1280x8192,...: these shapes only)
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
@@ -355,7 +355,8 @@ if has gemm-host; then
     # Then the design sweep: every skinny / skinny_mma point at these M.
     stamp "gemm-host: sweep of the decode families at M=$KD_GEMM_SWEEP_M"
     timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
-      --csv "$OUT/gemm_sweep.csv" --sweep "$KD_GEMM_SWEEP_M" --reps "${KD_GEMM_SWEEP_REPS:-15}" >"$OUT/gemm_sweep.log" 2>&1
+      --csv "$OUT/gemm_sweep.csv" --sweep "$KD_GEMM_SWEEP_M" --reps "${KD_GEMM_SWEEP_REPS:-15}" \
+      ${KD_GEMM_SWEEP_NK:+--nk "$KD_GEMM_SWEEP_NK"} >"$OUT/gemm_sweep.log" 2>&1
     rc=$?
     # (a stopped run leaves its last point incomplete: the renderer skips it and says so)
     "$PY" bench/gpu/render_sweep.py "$OUT/gemm_sweep.csv" --commit "${KD_COMMIT:-unknown}" >"$OUT/h200_gemm_sweep.md"

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   std::string configs = "configs", csv_path = "gpu_gemm_bench.csv", sweep_ms;
   int sweep_reps = 15;
   bool probe_lt = false, fixed_cost = false;
-  std::string profile;
+  std::string profile, nk_filter;  // --nk 1280x8192,...: the sweep's shapes (default: all eight)
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--probe-lt") probe_lt = true;
     else if (std::string(argv[i]) == "--fixed-cost") fixed_cost = true;
@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep_ms = argv[i + 1];
     else if (a == "--reps") sweep_reps = std::max(3, std::atoi(argv[i + 1]));
     else if (a == "--profile") profile = argv[i + 1];
+    else if (a == "--nk") nk_filter = "," + std::string(argv[i + 1]) + ",";
   }
   const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
   if (!ops || !ops->status().available) {
@@ -361,6 +362,9 @@ int main(int argc, char** argv) {
     std::printf("sweep: %d rounds per point, cold L2, the tuner's clock\n", sweep_reps);
     for (int64_t M : ms) {
       for (auto [N, K] : nks) {
+        if (!nk_filter.empty() &&
+            nk_filter.find("," + std::to_string(N) + "x" + std::to_string(K) + ",") == std::string::npos)
+          continue;
         core::Problem p;
         p.op = core::OpKind::gemm;
         p.device = d;
@@ -391,13 +395,19 @@ int main(int argc, char** argv) {
         std::vector<size_t> order(plans.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = i;
         std::mt19937 shuffle_rng(static_cast<uint32_t>(M * 1000003 + N * 131 + K));
-        std::vector<std::vector<double>> t(plans.size());
+        std::vector<std::vector<double>> t(plans.size()), host(plans.size());
         for (int r = 0; r < sweep_reps; ++r) {
           std::shuffle(order.begin(), order.end(), shuffle_rng);
           for (size_t i : order) {
             clock->flush();
-            auto us = clock->time_us([&] { return plans[i].variant->launch(la, p, plans[i].params); });
-            if (us.ok()) t[i].push_back(*us);
+            double h = 0;
+            auto us = clock->time_us([&] {
+              const auto t0 = std::chrono::steady_clock::now();
+              Status st = plans[i].variant->launch(la, p, plans[i].params);
+              h = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+              return st;
+            });
+            if (us.ok()) t[i].push_back(*us), host[i].push_back(h);
           }
         }
         size_t best = 0, best_wn1 = 0;
@@ -420,10 +430,18 @@ int main(int argc, char** argv) {
         row("sweep_default", n_def);
         row("sweep_cublaslt", n_lt);
         std::fflush(csv);
-        std::printf("  M=%3lld N=%5lld K=%5lld best %.2f us %s | warps_n 1: %.2f us %s | default %.2f | cuBLASLt %.2f\n",
+        std::printf("  M=%3lld N=%5lld K=%5lld best %.2f us %s | warps_n 1: %.2f us %s | default %.2f | cuBLASLt %.2f "
+                    "(host launch: cuBLASLt %.1f us, max %.1f; the best %.1f us)\n",
                     (long long)M, (long long)N, (long long)K, med[best], core::plan_to_string(plans[best]).c_str(),
                     have_wn1 ? med[best_wn1] : 0.0, have_wn1 ? core::plan_to_string(plans[best_wn1]).c_str() : "-",
-                    med[n_def], med[n_lt]);
+                    med[n_def], med[n_lt], median(host[n_lt]),
+                    host[n_lt].empty() ? 0.0 : *std::max_element(host[n_lt].begin(), host[n_lt].end()),
+                    median(host[best]));
+        std::vector<size_t> rank(plans.size());
+        for (size_t i = 0; i < rank.size(); ++i) rank[i] = i;
+        std::sort(rank.begin(), rank.end(), [&](size_t a, size_t b) { return med[a] < med[b]; });
+        for (size_t r = 0; r < std::min<size_t>(5, rank.size()); ++r)
+          std::printf("      #%zu %.2f us %s\n", r + 1, med[rank[r]], core::plan_to_string(plans[rank[r]]).c_str());
         std::fflush(stdout);
       }
     }
