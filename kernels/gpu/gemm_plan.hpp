@@ -105,9 +105,8 @@ inline const char* resolve_skinny(int64_t n, int64_t k, const int64_t* params, S
 //             row_tiles   {1, 2}        16-row tiles of B per warp (compile time)
 //             split_k     {1, 2, 4, 8}  warp groups per block along K (runtime)
 //             num_stages  {3, 4, 6}     cp.async ring depth (compile time)
-//             cluster_k   {1, 2, 4, 8}  blocks per cluster along K (runtime;
-//                                       > 1 needs compute capability 9.0;
-//                                       8 is the portable cluster limit)
+//             cluster_k   {1, 2, 4}     blocks per cluster along K (runtime;
+//                                       > 1 needs compute capability 9.0)
 //             warps_n     {1, 2, 4}     warps per group along N sharing one
 //                                       copy of the activation rows (runtime;
 //                                       split_k * warps_n <= 8 warps a block)
@@ -117,7 +116,7 @@ inline const char* resolve_skinny(int64_t n, int64_t k, const int64_t* params, S
 inline constexpr int64_t kSkinnyMmaRowTilesValues[] = {1, 2};
 inline constexpr int64_t kSkinnyMmaSplitKValues[] = {1, 2, 4, 8};
 inline constexpr int64_t kSkinnyMmaStagesValues[] = {3, 4, 6};
-inline constexpr int64_t kSkinnyMmaClusterValues[] = {1, 2, 4, 8};
+inline constexpr int64_t kSkinnyMmaClusterValues[] = {1, 2, 4};
 inline constexpr int64_t kSkinnyMmaWarpsNValues[] = {1, 2, 4};
 inline constexpr int kSkinnyMmaRowTiles = 0, kSkinnyMmaSplitK = 1, kSkinnyMmaStages = 2, kSkinnyMmaCluster = 3,
                      kSkinnyMmaWarpsN = 4;
@@ -163,7 +162,7 @@ inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* param
   if (rt != 1 && rt != 2) return "row_tiles must be 1 or 2";
   if (sk != 1 && sk != 2 && sk != 4 && sk != 8) return "split_k must be 1, 2, 4 or 8";
   if (st != 3 && st != 4 && st != 6) return "num_stages must be 3, 4 or 6";
-  if (ck != 1 && ck != 2 && ck != 4 && ck != 8) return "cluster_k must be 1, 2, 4 or 8";
+  if (ck != 1 && ck != 2 && ck != 4) return "cluster_k must be 1, 2 or 4";
   if (wn != 1 && wn != 2 && wn != 4) return "warps_n must be 1, 2 or 4";
   if (sk * wn > 8) return "split_k x warps_n must be <= 8 (warps per block)";
   if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
