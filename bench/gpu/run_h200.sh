@@ -311,16 +311,8 @@ fi
 if has gemm-probe; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-probe: FAILED to build (build.log)"; exit 1; }
   rc=0
-  if [ -n "${KD_GEMM_PROTO:-}" ]; then
-    # The register-direct decode GEMM prototype (tests/gpu/gpu_proto_gemv.cu) on $KD_GEMM_PROTO (NxK,... or all).
-    stamp "gemm-probe: prototype at ${KD_GEMM_PROTO}"
-    nk=(); [ "$KD_GEMM_PROTO" != all ] && nk=(--nk "$KD_GEMM_PROTO")
-    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
-      --csv "$OUT/gemm_proto.csv" --proto "${nk[@]}" >"$OUT/gemm_proto.log" 2>&1 || rc=$?
-    cat "$OUT/gemm_proto.log"
-  fi
-  [ -n "${KD_GEMM_PROTO:-}" ] || stamp "gemm-probe: fixed cost and streaming rate (PDL on, then KDISPATCH_PDL=0)"
-  [ -n "${KD_GEMM_PROTO:-}" ] || for pdl in 1 0; do
+  stamp "gemm-probe: fixed cost and streaming rate (PDL on, then KDISPATCH_PDL=0)"
+  for pdl in 1 0; do
     KDISPATCH_PDL=$pdl timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
       --csv "$OUT/gemm_fixed_pdl$pdl.csv" --fixed-cost >"$OUT/gemm_fixed_pdl$pdl.log" 2>&1 || rc=$?
     echo "--- KDISPATCH_PDL=$pdl"; cat "$OUT/gemm_fixed_pdl$pdl.log"

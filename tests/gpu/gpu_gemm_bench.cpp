@@ -74,9 +74,6 @@ using kdbench::median;
 
 cudaError_t kd_launch_empty(float* out, cudaStream_t s);
 cudaError_t kd_launch_read(const void* p, int64_t bytes, int blocks, float* out, cudaStream_t s);
-cudaError_t kd_launch_gemv_mma(const void* a, const void* b, void* d, int m, int n, int k, int rt, int warps, int ck,
-                               int u, cudaStream_t s);
-cudaError_t kd_fill_bf16(void* p, int64_t n, uint32_t seed, cudaStream_t s);
 
 namespace {
 
@@ -92,12 +89,11 @@ void fill(void* d, size_t elems, std::mt19937& rng) {
 int main(int argc, char** argv) {
   std::string configs = "configs", csv_path = "gpu_gemm_bench.csv", sweep_ms;
   int sweep_reps = 15;
-  bool probe_lt = false, fixed_cost = false, proto = false;
+  bool probe_lt = false, fixed_cost = false;
   std::string profile, nk_filter;  // --nk 1280x8192,...: the sweep's shapes (default: all eight)
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--probe-lt") probe_lt = true;
     else if (std::string(argv[i]) == "--fixed-cost") fixed_cost = true;
-    else if (std::string(argv[i]) == "--proto") proto = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--configs") configs = argv[i + 1];
@@ -141,126 +137,6 @@ int main(int argc, char** argv) {
   void* ws = dalloc(size_t{32} << 20);
   fill(A, size_t(maxM) * maxK, rng);
   fill(B, size_t(4096) * 4096, rng);  // the values do not matter for timing; a part is enough
-
-  // ---------------------------------------------------------------- proto
-  // The register-direct decode GEMM prototype (tests/gpu/gpu_proto_gemv.cu)
-  // against the read kernel, get_default's plan and cuBLASLt's pick: checked
-  // against cuBLASLt's output, then timed in turns (memset flush, 15 rounds).
-  if (proto) {
-    void* flushbuf = dalloc(size_t{256} << 20);
-    float* out = static_cast<float*>(dalloc(size_t{1} << 20));
-    void* Dref = dalloc(size_t(16) * maxN * 2);
-    CK(kd_fill_bf16(B, int64_t(maxN) * maxK, 7u, stream));
-    CK(kd_fill_bf16(A, int64_t(maxM) * maxK, 11u, stream));
-    CK(cudaStreamSynchronize(stream));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    const int sms = dev.compute_units > 0 ? dev.compute_units : 132;
-    auto bf = [](uint16_t v) { return core::bf16_to_float(v); };
-    for (auto [N, K] : nks) {
-      if (!nk_filter.empty() &&
-          nk_filter.find("," + std::to_string(N) + "x" + std::to_string(K) + ",") == std::string::npos)
-        continue;
-      for (int64_t M : {1, 4, 8, 16}) {
-        core::Problem p;
-        p.op = core::OpKind::gemm;
-        p.device = d;
-        p.in_dtype = p.out_dtype = DType::bf16;
-        p.m = M, p.n = N, p.k = K;
-        p.align_bytes = 16;
-        core::LaunchArgs la;
-        la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
-        la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
-        core::Plan ltp;
-        ltp.variant = core::find_variant("gemm_bf16__cublaslt");
-        ltp.params[0] = -1;
-        core::LaunchArgs lref = la;
-        lref.d = Dref;
-        if (!ltp.variant->launch(lref, p, ltp.params).ok()) continue;
-        std::vector<uint16_t> href(size_t(M) * N), hout(size_t(M) * N);
-        CK(cudaMemcpyAsync(href.data(), Dref, href.size() * 2, cudaMemcpyDeviceToHost, stream));
-        CK(cudaStreamSynchronize(stream));
-        struct Impl {
-          std::string name;
-          std::function<bool()> fn;
-          bool proto = false;
-        };
-        std::vector<Impl> impls;
-        impls.push_back({"read 8/SM", [&] { return kd_launch_read(B, N * K * 2, sms * 8, out, stream) == cudaSuccess; }});
-        const core::Plan def = core::get_default(p, dev);
-        impls.push_back({"default " + core::plan_to_string(def), [&] { return def.variant->launch(la, p, def.params).ok(); }});
-        impls.push_back({"cuBLASLt", [&] { return ltp.variant->launch(la, p, ltp.params).ok(); }});
-        for (int rt : {1, 2})
-          for (int w : {4, 8})
-            for (int ck : {1, 2, 4})
-              for (int u : {2, 4, 8}) {
-                char nm[96];
-                std::snprintf(nm, sizeof nm, "proto rt=%d warps=%d ck=%d u=%d", rt, w, ck, u);
-                impls.push_back({nm, [&, rt, w, ck, u] {
-                                   return kd_launch_gemv_mma(A, B, D, int(M), int(N), int(K), rt, w, ck, u, stream) ==
-                                          cudaSuccess;
-                                 }, true});
-              }
-        // Correctness of each prototype point against cuBLASLt's output.
-        std::vector<bool> ok(impls.size(), true);
-        int bad = 0;
-        double worst = 0;
-        for (size_t i = 0; i < impls.size(); ++i) {
-          if (!impls[i].proto) continue;
-          CK(cudaMemsetAsync(D, 0xff, size_t(M) * N * 2, stream));  // NaN-poisoned
-          if (!impls[i].fn()) {
-            (void)cudaGetLastError();
-            ok[i] = false;
-            continue;
-          }
-          CK(cudaMemcpyAsync(hout.data(), D, hout.size() * 2, cudaMemcpyDeviceToHost, stream));
-          CK(cudaStreamSynchronize(stream));
-          double num = 0, den = 0;
-          for (size_t q = 0; q < hout.size(); ++q) {
-            const double a = bf(hout[q]), r = bf(href[q]);
-            num += (a - r) * (a - r);
-            den += r * r;
-          }
-          const double rel = std::sqrt(num / std::max(den, 1e-30));
-          worst = std::max(worst, std::isnan(rel) ? 1e9 : rel);
-          if (!(rel < 1e-2)) ok[i] = false, ++bad;
-        }
-        std::vector<std::vector<double>> t(impls.size());
-        for (int r = 0; r < 15; ++r)
-          for (size_t q = 0; q < impls.size(); ++q) {
-            const size_t i = (q + r * 7) % impls.size();
-            if (!ok[i]) continue;
-            CK(cudaMemsetAsync(flushbuf, r, size_t{256} << 20, stream));
-            CK(cudaEventRecord(e0, stream));
-            const bool okl = impls[i].fn();
-            CK(cudaEventRecord(e1, stream));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (okl) t[i].push_back(ms * 1e3);
-          }
-        std::vector<size_t> rank;
-        for (size_t i = 3; i < impls.size(); ++i)
-          if (!t[i].empty()) rank.push_back(i);
-        std::sort(rank.begin(), rank.end(), [&](size_t a, size_t b) { return median(t[a]) < median(t[b]); });
-        const double rd = median(t[0]), df = median(t[1]), lt = median(t[2]);
-        std::printf("M=%2lld N=%5lld K=%5lld read %.2f | default %.2f (%.0f%%) | cuBLASLt %.2f (%.0f%%) | proto best %.2f "
-                    "(%.0f%% of read, %.3fx default) %s | %d proto point(s) wrong (worst rel %.2g)\n",
-                    (long long)M, (long long)N, (long long)K, rd, df, 100 * rd / df, lt, 100 * rd / lt,
-                    rank.empty() ? 0.0 : median(t[rank[0]]), rank.empty() ? 0.0 : 100 * rd / median(t[rank[0]]),
-                    rank.empty() ? 0.0 : df / median(t[rank[0]]), rank.empty() ? "-" : impls[rank[0]].name.c_str(), bad,
-                    worst);
-        for (size_t r = 1; r < std::min<size_t>(4, rank.size()); ++r)
-          std::printf("      #%zu %.2f %s\n", r + 1, median(t[rank[r]]), impls[rank[r]].name.c_str());
-        std::fprintf(csv, "proto,%lld,%lld,%lld,\"%s\",%.3f,%.3f,%.3f\n", (long long)M, (long long)N, (long long)K,
-                     rank.empty() ? "-" : impls[rank[0]].name.c_str(), rank.empty() ? 0.0 : median(t[rank[0]]), df, rd);
-        std::fflush(stdout);
-      }
-    }
-    std::fclose(csv);
-    return 0;
-  }
 
   // ---------------------------------------------------------------- fixed-cost
   if (fixed_cost) {
