@@ -14,6 +14,9 @@
 #   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
 #                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M;
 #                  KD_GEMM_SWEEP_ONLY=1: the sweep alone; KD_GEMM_SWEEP_NK=1280x8192,...: these shapes only)
+#   bench/gpu/run_h200.sh --sections gemm-probe  # diagnostics: time against bytes (empty kernel, copy, read
+#                 kernel, get_default, cuBLASLt; PDL on and off), cuBLASLt after other plans (KD_GEMM_PROBE_LT=0:
+#                 skip), ncu on KD_GEMM_PROFILE=M,N,K/... (none: skip); results in bench/results/h200_gemm_fixed.md
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
@@ -304,10 +307,12 @@ if has gemm-bench; then
 fi
 
 # ================================================================ gemm-probe
-# Diagnostics behind the sweep's cuBLASLt column and the decode kernels'
-# efficiency: cuBLASLt's pick timed right after each of a few of our plans on
-# three streams (--probe-lt), then ncu (when it can read the counters) on
-# get_default's plan and cuBLASLt's pick at $KD_GEMM_PROFILE (M,N,K/...).
+# Diagnostics behind the GEMM table's read ceiling, the sweep's cuBLASLt column
+# and the decode kernels' efficiency: time against bytes in one clock
+# (--fixed-cost, PDL on and off), cuBLASLt's pick timed right after each of a
+# few of our plans on three streams (--probe-lt), then ncu (when it can read
+# the counters) on get_default's plan and cuBLASLt's pick at $KD_GEMM_PROFILE
+# (M,N,K/...).
 if has gemm-probe; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-probe: FAILED to build (build.log)"; exit 1; }
   rc=0

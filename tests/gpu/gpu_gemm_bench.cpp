@@ -273,20 +273,19 @@ int main(int argc, char** argv) {
       core::Plan ltp;
       ltp.variant = ltv;
       ltp.params[0] = -1;
-      // Predecessors: itself, get_default, skinny, skinny_mma without and with a cluster.
+      // Predecessors: itself, get_default, then the first points below.
       std::vector<std::pair<std::string, core::Plan>> preds = {{"cublaslt", ltp}, {"default", core::get_default(p, dev)}};
-      auto first_of = [&](const core::VariantDef* v, auto pred) -> const core::Plan* {
-        static std::vector<core::Plan> keep;
-        keep = core::config_space(*v, p, dev);
-        for (const core::Plan& q : keep)
-          if (pred(q)) return &q;
-        return nullptr;
+      // The first point of each space: a skinny plan, skinny_mma without and with a cluster.
+      auto add_first = [&](const char* name, const core::VariantDef* v, const std::function<bool(const core::Plan&)>& pred) {
+        for (const core::Plan& q : core::config_space(*v, p, dev))
+          if (pred(q)) {
+            preds.push_back({name, q});
+            return;
+          }
       };
-      if (auto* q = first_of(sk, [](const core::Plan&) { return true; })) preds.push_back({"skinny", *q});
-      if (auto* q = first_of(sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] == 1; }))
-        preds.push_back({"smma", *q});
-      if (auto* q = first_of(sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] > 1; }))
-        preds.push_back({"smma-cluster", *q});
+      add_first("skinny", sk, [](const core::Plan&) { return true; });
+      add_first("smma", sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] == 1; });
+      add_first("smma-cluster", sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] > 1; });
       for (const auto& [sname, st] : streams) {
         core::LaunchArgs la;
         la.a = A, la.lda = sh.k, la.b = B, la.ldb = sh.k, la.d = D, la.ldd = sh.n;
