@@ -77,6 +77,33 @@ cudaError_t kd_launch_read(const void* p, int64_t bytes, int blocks, float* out,
 
 namespace {
 
+/// A bf16 GEMM problem on `d` with 16-byte aligned rows (what the modes below time).
+core::Problem bf16_problem(Device d, int64_t m, int64_t n, int64_t k) {
+  core::Problem p;
+  p.op = core::OpKind::gemm;
+  p.device = d;
+  p.in_dtype = p.out_dtype = DType::bf16;
+  p.m = m, p.n = n, p.k = k;
+  p.align_bytes = 16;
+  return p;
+}
+
+/// Contiguous A [m, k], B [n, k], D [m, n] on `stream` with a 32 MiB workspace.
+core::LaunchArgs contiguous_args(void* A, void* B, void* D, int64_t n, int64_t k, void* stream, void* ws) {
+  core::LaunchArgs la;
+  la.a = A, la.lda = k, la.b = B, la.ldb = k, la.d = D, la.ldd = n;
+  la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+  return la;
+}
+
+/// cuBLASLt's first heuristic pick (get_default's cuBLASLt plan, algo_id -1).
+core::Plan cublaslt_pick() {
+  core::Plan pl;
+  pl.variant = core::find_variant("gemm_bf16__cublaslt");
+  pl.params[0] = -1;
+  return pl;
+}
+
 void fill(void* d, size_t elems, std::mt19937& rng) {
   std::vector<uint16_t> h(elems);
   std::normal_distribution<float> nd(0.f, 0.5f);
@@ -162,23 +189,12 @@ int main(int argc, char** argv) {
                            return kd_launch_read(B, wbytes, sms * per_sm, out, stream) == cudaSuccess;
                          }});
       std::vector<core::Problem> probs;
-      for (int64_t M : {1, 8, 16}) {
-        core::Problem p;
-        p.op = core::OpKind::gemm;
-        p.device = d;
-        p.in_dtype = p.out_dtype = DType::bf16;
-        p.m = M, p.n = N, p.k = K;
-        p.align_bytes = 16;
-        probs.push_back(p);
-      }
-      core::LaunchArgs la;
-      la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
-      la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      for (int64_t M : {1, 8, 16}) probs.push_back(bf16_problem(d, M, N, K));
+      const core::LaunchArgs la = contiguous_args(A, B, D, N, K, stream, ws);
       std::vector<core::Plan> plans(probs.size() * 2);
       for (size_t i = 0; i < probs.size(); ++i) {
         plans[2 * i] = core::get_default(probs[i], dev);
-        plans[2 * i + 1].variant = core::find_variant("gemm_bf16__cublaslt");
-        plans[2 * i + 1].params[0] = -1;
+        plans[2 * i + 1] = cublaslt_pick();
         for (int j = 0; j < 2; ++j) {
           const core::Plan* pl = &plans[2 * i + j];
           const core::Problem* pp = &probs[i];
@@ -224,19 +240,9 @@ int main(int argc, char** argv) {
       long long m = 0, n = 0, k = 0;
       if (std::sscanf(profile.substr(pos, e - pos).c_str(), "%lld,%lld,%lld", &m, &n, &k) != 3) return 2;
       pos = e + 1;
-      core::Problem p;
-      p.op = core::OpKind::gemm;
-      p.device = d;
-      p.in_dtype = p.out_dtype = DType::bf16;
-      p.m = m, p.n = n, p.k = k;
-      p.align_bytes = 16;
-      core::Plan ltp;
-      ltp.variant = core::find_variant("gemm_bf16__cublaslt");
-      ltp.params[0] = -1;
-      core::LaunchArgs la;
-      la.a = A, la.lda = k, la.b = B, la.ldb = k, la.d = D, la.ldd = n;
-      la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
-      for (const core::Plan& pl : {core::get_default(p, dev), ltp}) {
+      const core::Problem p = bf16_problem(d, m, n, k);
+      const core::LaunchArgs la = contiguous_args(A, B, D, n, k, stream, ws);
+      for (const core::Plan& pl : {core::get_default(p, dev), cublaslt_pick()}) {
         std::printf("profile M=%lld N=%lld K=%lld: %s\n", m, n, k, core::plan_to_string(pl).c_str());
         for (int r = 0; r < 2; ++r) {
           CK(cudaMemsetAsync(flushbuf, 0, size_t{256} << 20, stream));
@@ -255,7 +261,6 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const core::VariantDef* ltv = core::find_variant("gemm_bf16__cublaslt");
     const core::VariantDef* sk = core::find_variant("gemm_bf16__skinny");
     const core::VariantDef* sm = core::find_variant("gemm_bf16__skinny_mma");
     struct Shape { int64_t m, n, k; };
@@ -264,15 +269,8 @@ int main(int argc, char** argv) {
         {"legacy", nullptr}, {"per-thread", cudaStreamPerThread}, {"non-blocking", stream}};
     std::printf("probe-lt: cuBLASLt's pick (algo -1) timed cold right after another plan, 15 rounds, medians\n");
     for (const Shape& sh : shapes) {
-      core::Problem p;
-      p.op = core::OpKind::gemm;
-      p.device = d;
-      p.in_dtype = p.out_dtype = DType::bf16;
-      p.m = sh.m, p.n = sh.n, p.k = sh.k;
-      p.align_bytes = 16;
-      core::Plan ltp;
-      ltp.variant = ltv;
-      ltp.params[0] = -1;
+      const core::Problem p = bf16_problem(d, sh.m, sh.n, sh.k);
+      const core::Plan ltp = cublaslt_pick();
       // Predecessors: itself, get_default, then the first points below.
       std::vector<std::pair<std::string, core::Plan>> preds = {{"cublaslt", ltp}, {"default", core::get_default(p, dev)}};
       // The first point of each space: a skinny plan, skinny_mma without and with a cluster.
@@ -287,9 +285,7 @@ int main(int argc, char** argv) {
       add_first("smma", sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] == 1; });
       add_first("smma-cluster", sm, [](const core::Plan& q) { return q.params[gpu::gemm::kSkinnyMmaCluster] > 1; });
       for (const auto& [sname, st] : streams) {
-        core::LaunchArgs la;
-        la.a = A, la.lda = sh.k, la.b = B, la.ldb = sh.k, la.d = D, la.ldd = sh.n;
-        la.stream = st, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+        const core::LaunchArgs la = contiguous_args(A, B, D, sh.n, sh.k, st, ws);
         auto timed = [&](const core::Plan& pl, double* host_us) {
           CK(cudaMemsetAsync(flushbuf, 0, size_t{256} << 20, st));
           CK(cudaEventRecord(e0, st));
@@ -321,9 +317,7 @@ int main(int argc, char** argv) {
       // the per-thread stream), as the sweep and the tuner time it.
       tune::DeviceMemory* mem = ops->memory();
       std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
-      core::LaunchArgs la;
-      la.a = A, la.lda = sh.k, la.b = B, la.ldb = sh.k, la.d = D, la.ldd = sh.n;
-      la.stream = ops->tuner_stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+      const core::LaunchArgs la = contiguous_args(A, B, D, sh.n, sh.k, ops->tuner_stream, ws);
       for (const auto& [pname, pl] : preds) {
         std::vector<double> tl, tp;
         for (int r = 0; r < 15; ++r) {
@@ -357,22 +351,14 @@ int main(int argc, char** argv) {
     tune::DeviceMemory* mem = ops->memory();
     std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
     const core::VariantDef* fams[] = {core::find_variant("gemm_bf16__skinny"), core::find_variant("gemm_bf16__skinny_mma")};
-    const core::VariantDef* ltv = core::find_variant("gemm_bf16__cublaslt");
     std::printf("sweep: %d rounds per point, cold L2, the tuner's clock\n", sweep_reps);
     for (int64_t M : ms) {
       for (auto [N, K] : nks) {
         if (!nk_filter.empty() &&
             nk_filter.find("," + std::to_string(N) + "x" + std::to_string(K) + ",") == std::string::npos)
           continue;
-        core::Problem p;
-        p.op = core::OpKind::gemm;
-        p.device = d;
-        p.in_dtype = p.out_dtype = DType::bf16;
-        p.m = M, p.n = N, p.k = K;
-        p.align_bytes = 16;
-        core::LaunchArgs la;
-        la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
-        la.stream = ops->tuner_stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
+        const core::Problem p = bf16_problem(d, M, N, K);
+        const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream, ws);
         std::vector<core::Plan> plans;
         for (const core::VariantDef* v : fams)
           for (const core::Plan& pl : core::config_space(*v, p, dev)) plans.push_back(pl);
@@ -385,10 +371,7 @@ int main(int argc, char** argv) {
           plans.push_back(q);
           return plans.size() - 1;
         };
-        core::Plan ltp;
-        ltp.variant = ltv;
-        ltp.params[0] = -1;
-        const size_t n_lt = index_of(ltp);
+        const size_t n_lt = index_of(cublaslt_pick());
         const size_t n_def = index_of(core::get_default(p, dev));
         // A fresh random order every round: no point always follows the same one.
         std::vector<size_t> order(plans.size());
