@@ -270,7 +270,7 @@ def gemm_ceiling(c, w):
     not a read ceiling: its writes land in L2 (60 MiB) and reach DRAM after the
     interval, so below ~100 MiB it reads half the bytes from DRAM in the timed
     window (on the H200 a 16 MiB weight's copy took 8.4 us, a read of the 16 MiB
-    10.1 us: bench/results/h200_gemm_fixed.md). The ceiling up to 606c4b1 was
+    10.1 us: bench/results/h200_gemm_fixed.md). The ceiling before 4bdee27 was
     min(sum, copy), i.e. the copy at every shape."""
     torch = c.torch
     nbytes = w.numel() * w.element_size()
