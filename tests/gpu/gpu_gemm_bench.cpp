@@ -44,7 +44,12 @@
 //            weights of 16 to 224 MiB: the fixed cost and the streaming rate
 //            of each.
 //
+//  data-probe (--data-probe M,N,K: only this) the table's plan against
+//            cuBLASLt's pick on the tuner's data and on the grid bench's,
+//            with the tuner's clock: whether the data moves a tuned winner.
+//
 //   kdispatch_gpu_gemm_bench --configs DIR [--csv FILE] [--sweep 1,8,16 [--reps N]] [--probe-lt] [--fixed-cost]
+//                            [--data-probe M,N,K]
 //                            [--profile M,N,K/...]
 #include <cuda_runtime.h>
 
@@ -117,7 +122,7 @@ int main(int argc, char** argv) {
   std::string configs = "configs", csv_path = "gpu_gemm_bench.csv", sweep_ms;
   int sweep_reps = 15;
   bool probe_lt = false, fixed_cost = false;
-  std::string profile, nk_filter;  // --nk 1280x8192,...: the sweep's shapes (default: all eight)
+  std::string profile, nk_filter, data_probe;  // --nk 1280x8192,...: the sweep's shapes (default: all eight)
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--probe-lt") probe_lt = true;
     else if (std::string(argv[i]) == "--fixed-cost") fixed_cost = true;
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep_ms = argv[i + 1];
     else if (a == "--reps") sweep_reps = std::max(3, std::atoi(argv[i + 1]));
     else if (a == "--profile") profile = argv[i + 1];
+    else if (a == "--data-probe") data_probe = argv[i + 1];
     else if (a == "--nk") nk_filter = "," + std::string(argv[i + 1]) + ",";
   }
   const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
@@ -164,6 +170,63 @@ int main(int argc, char** argv) {
   void* ws = dalloc(size_t{32} << 20);
   fill(A, size_t(maxM) * maxK, rng);
   fill(B, size_t(4096) * 4096, rng);  // the values do not matter for timing; a part is enough
+
+  // ---------------------------------------------------------------- data-probe
+  // --data-probe M,N,K: the table's plan vs cuBLASLt's pick on the tuner's
+  // data (uniform(-1, 1)) and on the grid bench's (weights randn * 0.05, x
+  // randn), with the tuner's clock, in turns, 31 rounds.
+  if (!data_probe.empty()) {
+    long long M = 0, N = 0, K = 0;
+    if (std::sscanf(data_probe.c_str(), "%lld,%lld,%lld", &M, &N, &K) != 3 || M < 1 || M > maxM || N < 1 ||
+        N > maxN || K < 1 || K > maxK) {
+      std::fprintf(stderr, "--data-probe M,N,K (M <= %lld, N <= %lld, K <= %lld)\n", (long long)maxM,
+                   (long long)maxN, (long long)maxK);
+      return 2;
+    }
+    const core::Problem p = bf16_problem(d, M, N, K);
+    LookupQuery q;
+    q.op = "gemm";
+    q.key = "N=" + std::to_string(N) + ",K=" + std::to_string(K) + ",dtype=bf16";
+    q.device = dev.device_name;
+    q.backend = "cuda";
+    q.M = M;
+    auto lr = lookup(**rt, q);
+    if (!lr.ok()) {
+      std::fprintf(stderr, "data-probe: no table row: %s\n", lr.status().to_string().c_str());
+      return 1;
+    }
+    auto lk = core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cuda);
+    if (!lk.ok()) {
+      std::fprintf(stderr, "data-probe: %s\n", lk.status().to_string().c_str());
+      return 1;
+    }
+    const core::Plan tuned = *lk, pick = cublaslt_pick();
+    const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream, ws);
+    std::unique_ptr<tune::Clock> clock = ops->memory()->make_clock(dev);
+    for (int data = 0; data < 2; ++data) {
+      std::vector<uint16_t> ha(size_t(M) * K), hb(size_t(N) * K);
+      std::mt19937 g(5);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      for (auto& v : ha) v = core::float_to_bf16(data == 0 ? u(g) : nd(g));
+      for (auto& v : hb) v = core::float_to_bf16(data == 0 ? u(g) : 0.05f * nd(g));
+      CK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+      std::vector<double> tt, tp;
+      for (int r = 0; r < 31; ++r)
+        for (int w = 0; w < 2; ++w) {
+          const bool first_tuned = (r + w) % 2 == 0;
+          const core::Plan& pl = first_tuned ? tuned : pick;
+          clock->flush();
+          auto us = clock->time_us([&] { return pl.variant->launch(la, p, pl.params); });
+          if (us.ok()) (first_tuned ? tt : tp).push_back(*us);
+        }
+      std::printf("data-probe M=%lld N=%lld K=%lld %s: table plan %.2f us, cuBLASLt's pick %.2f us (%s)\n", M, N, K,
+                  data == 0 ? "uniform(-1,1) (the tuner's)" : "randn, weights x0.05 (the grid's)", median(tt),
+                  median(tp), core::plan_to_string(tuned).c_str());
+    }
+    return 0;
+  }
 
   // ---------------------------------------------------------------- fixed-cost
   if (fixed_cost) {
