@@ -109,6 +109,20 @@ core::Plan cublaslt_pick() {
   return pl;
 }
 
+/// The plan a runtime's table serves for bf16 (N, K) at M, through the public
+/// lookup (what a table hit of dispatch::gemm resolves to).
+Result<core::Plan> table_plan(const Runtime& rt, const DeviceInfo& dev, int64_t m, int64_t n, int64_t k) {
+  LookupQuery q;
+  q.op = "gemm";
+  q.key = "N=" + std::to_string(n) + ",K=" + std::to_string(k) + ",dtype=bf16";
+  q.device = dev.device_name;
+  q.backend = "cuda";
+  q.M = m;
+  auto lr = lookup(rt, q);
+  if (!lr.ok()) return lr.status();
+  return core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cuda);
+}
+
 void fill(void* d, size_t elems, std::mt19937& rng) {
   std::vector<uint16_t> h(elems);
   std::normal_distribution<float> nd(0.f, 0.5f);
@@ -184,20 +198,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     const core::Problem p = bf16_problem(d, M, N, K);
-    LookupQuery q;
-    q.op = "gemm";
-    q.key = "N=" + std::to_string(N) + ",K=" + std::to_string(K) + ",dtype=bf16";
-    q.device = dev.device_name;
-    q.backend = "cuda";
-    q.M = M;
-    auto lr = lookup(**rt, q);
-    if (!lr.ok()) {
-      std::fprintf(stderr, "data-probe: no table row: %s\n", lr.status().to_string().c_str());
-      return 1;
-    }
-    auto lk = core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cuda);
+    auto lk = table_plan(**rt, dev, M, N, K);
     if (!lk.ok()) {
-      std::fprintf(stderr, "data-probe: %s\n", lk.status().to_string().c_str());
+      std::fprintf(stderr, "data-probe: no table plan: %s\n", lk.status().to_string().c_str());
       return 1;
     }
     const core::Plan tuned = *lk, pick = cublaslt_pick();
@@ -516,20 +519,9 @@ int main(int argc, char** argv) {
       p.in_dtype = p.out_dtype = DType::bf16;
       p.m = M, p.n = N, p.k = K;
       // The plan the table serves, through the public lookup.
-      LookupQuery q;
-      q.op = "gemm";
-      q.key = "N=" + std::to_string(N) + ",K=" + std::to_string(K) + ",dtype=bf16";
-      q.device = dev.device_name;
-      q.backend = "cuda";
-      q.M = M;
-      auto lr = lookup(**rt, q);
-      if (!lr.ok()) {
-        std::printf("  lookup failed: %s\n", lr.status().to_string().c_str());
-        continue;
-      }
-      auto lk = core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cuda);
+      auto lk = table_plan(**rt, dev, M, N, K);
       if (!lk.ok()) {
-        std::printf("  plan_from_config failed: %s\n", lk.status().to_string().c_str());
+        std::printf("  no table plan: %s\n", lk.status().to_string().c_str());
         continue;
       }
       core::LaunchArgs la;
