@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -680,4 +682,97 @@ TEST_CASE("tuning: stopping the runtime stops the background tuner mid-search") 
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   rt.reset();  // returns once the thread has stopped (the test finishing is the assertion)
   CHECK(rt == nullptr);
+}
+
+namespace {
+// The confirmation's rule, with a scripted clock: plan `id` (params[0]) of
+// kTimed takes script(id, n) µs on its n-th timed run; every point computes
+// y = 3x, so validation passes and only the times decide.
+thread_local int64_t g_running = 0;
+Status timed_launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) {
+  g_running = prm[0];
+  return scale_full(la, p, prm);
+}
+constexpr int64_t kIds[] = {1, 2};
+constexpr core::ParamDef kIdParam[] = {{"id", core::ParamKind::integer, kIds, {}, 1}};
+const core::VariantDef kTimed{"scale__timed", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0, 1,
+                              &ok_supports, &timed_launch};
+
+using Script = std::function<double(int64_t id, int n)>;
+class ScriptedClock final : public tune::Clock {
+ public:
+  explicit ScriptedClock(Script s) : script_(std::move(s)) {}
+  void flush() override {}
+  Result<double> time_us(const std::function<Status()>& fn) override {
+    if (Status s = fn(); !s.ok()) return s;
+    return script_(g_running, calls_[g_running]++);
+  }
+
+ private:
+  Script script_;
+  std::map<int64_t, int> calls_;
+};
+// Host memory with the scripted clock.
+class ScriptedMemory final : public tune::DeviceMemory {
+ public:
+  explicit ScriptedMemory(Script s) : script_(std::move(s)) {}
+  void* alloc(size_t b) override { return host().alloc(b); }
+  void release(void* p) override { host().release(p); }
+  Status to_host(void* d, const void* s, size_t b) override { return host().to_host(d, s, b); }
+  Status from_host(void* d, const void* s, size_t b) override { return host().from_host(d, s, b); }
+  Status copy(void* d, const void* s, size_t b) override { return host().copy(d, s, b); }
+  Status zero_2d(void* d, size_t p, size_t w, size_t r) override { return host().zero_2d(d, p, w, r); }
+  Status sync() override { return Status(); }
+  std::unique_ptr<tune::Clock> make_clock(const DeviceInfo&) override { return std::make_unique<ScriptedClock>(script_); }
+
+ private:
+  static tune::DeviceMemory& host() { return tune::host_memory(); }
+  Script script_;
+};
+}  // namespace
+
+TEST_CASE("the confirmation keeps the default unless the winner is faster in every round and by > 1% on average") {
+  // Timed runs per plan: 3 in the search, then 3 per confirmation round
+  // (4 rounds). The default (id 1) always takes 10 µs; the candidate (id 2)
+  // 8 µs in the search and round_us[r] in confirmation round r.
+  struct Case {
+    const char* what;
+    double round_us[4];
+    bool winner_kept;
+  };
+  const Case cases[] = {
+      // One slow round of the *default* (or one fast one of the winner)
+      // used to carry a mean: 3 rounds at parity, one at 0.8 -> mean 0.95.
+      {"three ties and one big win (the H200's 6144x4096 M=256 row)", {10.0, 10.0, 8.0, 10.0}, false},
+      {"faster by 20% in three rounds, slower in one", {8.0, 8.0, 8.0, 11.0}, false},
+      {"faster by 0.5% in every round (under the 1% margin)", {9.95, 9.95, 9.95, 9.95}, false},
+      {"faster by 5% in every round", {9.5, 9.5, 9.5, 9.5}, true},
+      {"faster by 2-8% in every round", {9.8, 9.2, 9.6, 9.4}, true},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<float> y(64, 0.f), x(64, 1.f);
+    tune::TuneTarget t;
+    t = scale_target(y.data(), x.data(), 64, &t);
+    ScriptedMemory mem([&](int64_t id, int n) {
+      if (id == 1) return 10.0;
+      return n < 3 ? 8.0 : c.round_us[std::min((n - 3) / 3, 3)];
+    });
+    t.mem = &mem;
+    const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
+    tune::SearchOptions o;
+    o.device = &cpu_device_info();
+    o.measure.warmup = 0;
+    o.measure.reps = 3;
+    auto r = tune::search(t, {def, cand}, ref, o);
+    REQUIRE(r.ok());
+    CHECK(r->confirmed);
+    REQUIRE(r->confirm_ratios.size() == 4);
+    for (int i = 0; i < 4; ++i) CHECK(r->confirm_ratios[static_cast<size_t>(i)] == doctest::Approx(c.round_us[i] / 10.0));
+    CHECK(r->default_us == doctest::Approx(10.0));
+    CHECK(r->kept_default == !c.winner_kept);
+    CHECK(r->best.params[0] == (c.winner_kept ? 2 : 1));
+    const double mean_us = (c.round_us[0] + c.round_us[1] + c.round_us[2] + c.round_us[3]) / 4;
+    CHECK(r->best_us == doctest::Approx(c.winner_kept ? mean_us : 10.0));
+  }
 }

@@ -123,6 +123,10 @@ struct TuneTarget {
 /// scratch buffers laid out the same way).
 TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la);
 
+/// The confirmation's margin: a winner must be this much faster than the
+/// default on the mean of its per-round ratios (0.01 = 1%).
+inline constexpr double kConfirmMargin = 0.01;
+
 struct SearchOptions {
   const DeviceInfo* device = nullptr;
   MeasureOptions measure;
@@ -134,8 +138,9 @@ struct SearchOptions {
   int max_candidates = 96;
   /// Compare each candidate's output with the reference variant's.
   bool validate = true;
-  /// Measure the winner and the default again (interleaved, twice) and keep
-  /// the default unless the winner is still > 1% faster (winner's curse).
+  /// Measure the winner and the default again (interleaved, 4 rounds) and
+  /// keep the default unless the winner is faster in every round and
+  /// > kConfirmMargin faster on the mean ratio (winner's curse).
   bool confirm = true;
   /// Exclude variants whose results depend on scheduling.
   bool deterministic = false;
@@ -165,7 +170,9 @@ struct SearchResult {
   bool stopped = false;      ///< ended by the stop flag
   bool out_of_time = false;  ///< the time budget ran out before the space did
   bool confirmed = false;    ///< the winner was measured again against the default
-  bool kept_default = false; ///< ... and was not > 1% faster: the default stays
+  bool kept_default = false; ///< ... and lost a round or was not > 1% faster: the default stays
+  /// Winner / default median per confirmation round (empty: not confirmed).
+  std::vector<double> confirm_ratios;
 };
 
 /// Candidate plans for a problem, in search order: the default plan first,
