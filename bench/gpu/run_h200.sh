@@ -270,8 +270,9 @@ if has gemm-tune; then
   else
     stamp "gemm-tune: gemm bf16 ($npts shapes, ${GEMM_BUDGET_MS} ms search each, ${budget} s left)"
     echo "===== gemm bf16" >>"$OUT/gemm_tune.log"
-    # Each shape is written as soon as it is tuned; a rerun skips the shapes configs/ holds.
-    timeout "$budget" "$BUILD/kdispatch" tune --backend "$TUNE_BACKEND" --op gemm --dtype bf16 --shapes "$grid" \
+    # Each shape is written as soon as it is tuned; a rerun skips the shapes configs/ holds. The
+    # info log adds the confirmation rounds (winner/default per round) of every shape.
+    KDISPATCH_LOG_LEVEL=info timeout "$budget" "$BUILD/kdispatch" tune --backend "$TUNE_BACKEND" --op gemm --dtype bf16 --shapes "$grid" \
       --emit "$ROOT/configs" --budget-ms "$GEMM_BUDGET_MS" --reps "$GEMM_REPS" --max-candidates 192 --max-flops "$GEMM_MAX_FLOPS" --mem-gib "$GEMM_MEM_GIB" \
       >>"$OUT/gemm_tune.log" 2>&1
     rc=$?
