@@ -476,6 +476,14 @@ int run_tune(const TuneCmdOptions& o) {
     }
     ro.tune.memory_budget_bytes = env->tune.memory_budget_bytes;
   }
+  if (std::getenv("KDISPATCH_LOG_LEVEL")) {  // info: every shape's confirmation rounds
+    auto env = dsp::options_from_env();
+    if (!env.ok()) {
+      std::fprintf(stderr, "%s: %s\n", cmd, env.status().to_string().c_str());
+      return kExitUsage;
+    }
+    ro.log_level = env->log_level;
+  }
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;
   if (o.max_candidates >= 1) ro.tune.max_candidates = o.max_candidates;

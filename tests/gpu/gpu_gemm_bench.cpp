@@ -228,6 +228,26 @@ int main(int argc, char** argv) {
                   data == 0 ? "uniform(-1,1) (the tuner's)" : "randn, weights x0.05 (the grid's)", median(tt),
                   median(tp), core::plan_to_string(tuned).c_str());
     }
+    // The same pair on fresh copies of the weights (new allocations: other
+    // physical pages), uniform data: does the order depend on placement?
+    std::vector<void*> held;
+    for (int place = 0; place < 4; ++place) {
+      held.push_back(dalloc(size_t{64} << 20));  // a gap before the next copy
+      void* b2 = dalloc(size_t(N) * K * 2);
+      CK(cudaMemcpy(b2, B, size_t(N) * K * 2, cudaMemcpyDeviceToDevice));
+      const core::LaunchArgs la2 = contiguous_args(A, b2, D, N, K, ops->tuner_stream, ws);
+      std::vector<double> tt, tp;
+      for (int r = 0; r < 21; ++r)
+        for (int w = 0; w < 2; ++w) {
+          const bool first_tuned = (r + w) % 2 == 0;
+          const core::Plan& pl = first_tuned ? tuned : pick;
+          clock->flush();
+          auto us = clock->time_us([&] { return pl.variant->launch(la2, p, pl.params); });
+          if (us.ok()) (first_tuned ? tt : tp).push_back(*us);
+        }
+      std::printf("data-probe M=%lld N=%lld K=%lld weights copy %d: table plan %.2f us, cuBLASLt's pick %.2f us\n", M,
+                  N, K, place + 1, median(tt), median(tp));
+    }
     return 0;
   }
 
