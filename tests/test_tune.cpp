@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <random>
 #include <thread>
 #include <vector>
@@ -775,4 +776,46 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster in eve
     const double mean_us = (c.round_us[0] + c.round_us[1] + c.round_us[2] + c.round_us[3]) / 4;
     CHECK(r->best_us == doctest::Approx(c.winner_kept ? mean_us : 10.0));
   }
+}
+
+TEST_CASE("the confirmation's rounds 2-4 run on fresh copies of the read-only inputs, the outputs stay put") {
+  // launch_at records the pointers of each call; the default (id 1) is slower
+  // on every copy, so the winner stays and every round was timed.
+  std::vector<float> y(64, 0.f), x(64);
+  for (int i = 0; i < 64; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i) - 20.f;
+  tune::TuneTarget t;
+  t = scale_target(y.data(), x.data(), 64, &t);
+  ScriptedMemory mem([](int64_t id, int) { return id == 1 ? 10.0 : 9.0; });
+  t.mem = &mem;
+  std::vector<std::vector<void*>> seen;
+  std::vector<bool> same_input;
+  t.launch_at = [&](const core::Plan& plan, const std::vector<void*>& ptr) {
+    seen.push_back(ptr);
+    same_input.push_back(std::memcmp(ptr[1], x.data(), 64 * sizeof(float)) == 0);
+    tune::TuneTarget moved = t;
+    for (size_t i = 0; i < ptr.size(); ++i) moved.args[i].ptr = ptr[i];
+    g_target = &moved;
+    return plan.variant->launch(core::LaunchArgs{}, moved.problem, plan.params);
+  };
+  const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
+  tune::SearchOptions o;
+  o.device = &cpu_device_info();
+  o.measure.warmup = 0;
+  o.measure.reps = 3;
+  auto r = tune::search(t, {def, cand}, ref, o);
+  REQUIRE(r.ok());
+  CHECK(r->confirmed);
+  CHECK(!r->kept_default);
+  CHECK(r->best.params[0] == 2);
+  // Rounds 2-4, two plans, 3 reps each: 18 calls through launch_at.
+  REQUIRE(seen.size() == 18);
+  std::set<void*> input_copies;
+  for (size_t c = 0; c < seen.size(); ++c) {
+    CHECK(seen[c][0] == static_cast<void*>(y.data()));  // the written output is never moved
+    CHECK(seen[c][1] != static_cast<void*>(x.data()));  // the read-only input is a copy ...
+    CHECK(same_input[c]);                                // ... of the same bytes
+    input_copies.insert(seen[c][1]);
+  }
+  CHECK(input_copies.size() == 3);  // one per round, all alive together: three placements
+  for (float v : y) REQUIRE(v == 0.f);  // the search gives the caller's output back
 }

@@ -172,6 +172,21 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
       if (p.op == core::OpKind::gemm && b->tuner_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
     }
   t.launch = [tla, prob](const core::Plan& plan) { return plan.variant->launch(tla, prob, plan.params); };
+  t.launch_at = [tla, prob](const core::Plan& plan, const std::vector<void*>& ptr) {
+    core::LaunchArgs l = tla;
+    switch (prob.op) {
+      case core::OpKind::gemm:
+        l.a = ptr[0], l.b = ptr[1], l.d = ptr[2], l.bias = tla.bias ? ptr[3] : nullptr;
+        break;
+      case core::OpKind::rmsnorm:
+        l.y = ptr[0], l.x = ptr[1], l.w = ptr[2];
+        break;
+      case core::OpKind::fused_add_rmsnorm:
+        l.x = ptr[0], l.residual = ptr[1], l.w = ptr[2];
+        break;
+    }
+    return plan.variant->launch(l, prob, plan.params);
+  };
   return t;
 }
 
@@ -473,9 +488,13 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     // def, best (a linear drift of the clocks falls on both alike). The
     // winner replaces the default only when it is faster in every round
     // (a sign test: a tie passes 4 of 4 with probability 1/16) and > 1%
-    // faster over the rounds' mean ratio. A mean alone let one slow round of
-    // the default carry a cuBLASLt row the grid then found 2-6% slower
-    // (6144x4096 M=256 on the H200, bench/results/h200_gemm_fixed.md).
+    // faster over the rounds' mean ratio. Rounds 2-4 run on fresh copies of
+    // the read-only inputs (new allocations, other physical pages; kept until
+    // the last round so no two share pages): on the H200 the same cuBLASLt
+    // algorithm takes 22.8-25.1 us on four copies of one 6144x4096 weight at
+    // M=256, and which of two algorithms wins changes with the copy
+    // (bench/results/h200_gemm_fixed.md). A winner must win on every
+    // placement, not on the one the search happened to run on.
     const core::Plan& def = candidates.front();
     const bool def_ok = !res.tried.empty() && res.tried.front().status.ok() && res.tried.front().timing.median_us > 0;
     if (res.best.valid() && def_ok && !res.stopped && o.confirm &&
@@ -483,7 +502,33 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       constexpr int kConfirmRounds = 4;  // ABBA BAAB: a linear drift costs both the same
       double again_best = 0, again_def = 0;
       bool ok = true;
+      // Per round: the argument pointers (round 0: the originals).
+      struct Copies {
+        DeviceMemory* mem;
+        std::vector<void*> p;
+        ~Copies() {
+          for (void* q : p) mem->release(q);
+        }
+      } copies{&mem, {}};  // released when the confirmation ends
+      copies.p.reserve(static_cast<size_t>(kConfirmRounds) * n);
+      auto pointers_for = [&](int round) {
+        std::vector<void*> ptr(n, nullptr);
+        for (size_t i = 0; i < n; ++i) ptr[i] = t.args[i].ptr;
+        if (round == 0 || !t.launch_at) return ptr;
+        for (size_t i = 0; i < n; ++i) {
+          const ArgBuffer& a = t.args[i];
+          if (!a.ptr || !a.read || a.written) continue;  // written args keep their snapshots' address
+          const size_t b = a.extent_bytes();
+          void* c = mem.alloc(b);
+          if (!c) continue;  // no memory: this arg stays where it is
+          copies.p.push_back(c);
+          if (mem.copy(c, a.ptr, b).ok()) ptr[i] = c;
+        }
+        return ptr;
+      };
       for (int round = 0; round < kConfirmRounds && ok; ++round) {
+        const std::vector<void*> ptr = pointers_for(round);
+        const bool moved = round > 0 && t.launch_at;
         const bool def_first = round == 0 || round == 3;
         const core::Plan* first = def_first ? &def : &res.best;
         const core::Plan* second = def_first ? &res.best : &def;
@@ -494,7 +539,8 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
             prepare_for(*plan);
             return Status();
           };
-          auto tm = measure(clock, prepare, [&]() { return t.launch(*plan); }, mo);
+          auto tm = measure(
+              clock, prepare, [&]() { return moved ? t.launch_at(*plan, ptr) : t.launch(*plan); }, mo);
           if (!tm.ok()) {
             ok = false;
             break;

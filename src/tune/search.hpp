@@ -115,6 +115,11 @@ struct TuneTarget {
   core::Problem problem;
   std::vector<ArgBuffer> args;  ///< in the op's argument-slot order
   std::function<Status(const core::Plan&)> launch;
+  /// launch() with the arguments at `ptrs` (one per args entry, same layout)
+  /// instead of args[i].ptr: the confirmation times the winner and the
+  /// default on fresh copies of the read-only inputs (other physical pages).
+  /// Empty: the confirmation stays on the original buffers.
+  std::function<Status(const core::Plan&, const std::vector<void*>& ptrs)> launch_at;
   /// Where the buffers live; nullptr = host memory.
   DeviceMemory* mem = nullptr;
 };
@@ -138,9 +143,11 @@ struct SearchOptions {
   int max_candidates = 96;
   /// Compare each candidate's output with the reference variant's.
   bool validate = true;
-  /// Measure the winner and the default again (interleaved, 4 rounds) and
-  /// keep the default unless the winner is faster in every round and
-  /// > kConfirmMargin faster on the mean ratio (winner's curse).
+  /// Measure the winner and the default again (interleaved, 4 rounds, each
+  /// round after the first on its own fresh copy of the read-only inputs when
+  /// the target has launch_at) and keep the default unless the winner is
+  /// faster in every round and > kConfirmMargin faster on the mean ratio
+  /// (winner's curse; placement of the weights).
   bool confirm = true;
   /// Exclude variants whose results depend on scheduling.
   bool deterministic = false;
