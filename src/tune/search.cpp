@@ -483,26 +483,29 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     // Confirmation: the fastest of many noisy measurements is biased low
     // (the winner's curse: a GEMM whose candidates are all cuBLASLt
     // algorithms within 2% of each other picked one 8% slower on the H200).
-    // The winner and the default are measured again, interleaved over
-    // kConfirmRounds rounds in the order def, best | best, def | best, def |
-    // def, best (a linear drift of the clocks falls on both alike). The
-    // winner replaces the default only when it is faster in every round
-    // (a sign test: a tie passes 4 of 4 with probability 1/16) and > 1%
-    // faster over the rounds' mean ratio. Rounds 2-4 run on fresh copies of
-    // the read-only inputs (new allocations, other physical pages; kept until
-    // the last round so no two share pages): on the H200 the same cuBLASLt
-    // algorithm takes 22.8-25.1 us on four copies of one 6144x4096 weight at
-    // M=256, and which of two algorithms wins changes with the copy
-    // (bench/results/h200_gemm_fixed.md). A winner must win on every
-    // placement, not on the one the search happened to run on.
+    // The winner and the default are measured again on kConfirmPlacements
+    // placements of the read-only inputs: the search's buffers, then fresh
+    // copies (new allocations, other physical pages, all alive until the
+    // end), two rounds each, in the order def, best | best, def on the 1st
+    // and 3rd placement and best, def | def, best on the 2nd and 4th (ABBA
+    // BAAB over the 8 rounds: a linear drift falls on both alike). The
+    // winner replaces the default only when it is faster on every placement
+    // (its two rounds' sum against the default's) and > kConfirmMargin faster
+    // on the mean of the placements' ratios. Why each part, all measured on
+    // the H200 (bench/results/h200_gemm_fixed.md):
+    //  - placements: the same cuBLASLt algorithm takes 22.8-25.1 us on four
+    //    copies of one 6144x4096 weight at M=256, and which of two algorithms
+    //    wins changes with the copy; a winner of the search's buffers alone
+    //    was 2-9% slower than the default in the grid bench;
+    //  - two rounds per placement, both orders: at ~9 us (8192x1024 M=8, 16)
+    //    the plan measured first in a round came out 3-8% faster whichever
+    //    it was; a single round per placement reads that as a win or a loss.
     const core::Plan& def = candidates.front();
     const bool def_ok = !res.tried.empty() && res.tried.front().status.ok() && res.tried.front().timing.median_us > 0;
     if (res.best.valid() && def_ok && !res.stopped && o.confirm &&
         !(res.best.variant == def.variant && std::equal(res.best.params, res.best.params + core::kMaxParams, def.params))) {
-      constexpr int kConfirmRounds = 4;  // ABBA BAAB: a linear drift costs both the same
       double again_best = 0, again_def = 0;
       bool ok = true;
-      // Per round: the argument pointers (round 0: the originals).
       struct Copies {
         DeviceMemory* mem;
         std::vector<void*> p;
@@ -510,11 +513,12 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
           for (void* q : p) mem->release(q);
         }
       } copies{&mem, {}};  // released when the confirmation ends
-      copies.p.reserve(static_cast<size_t>(kConfirmRounds) * n);
-      auto pointers_for = [&](int round) {
+      copies.p.reserve(static_cast<size_t>(kConfirmPlacements) * n);
+      // The argument pointers of placement `pl` (0: the search's buffers).
+      auto pointers_for = [&](int pl) {
         std::vector<void*> ptr(n, nullptr);
         for (size_t i = 0; i < n; ++i) ptr[i] = t.args[i].ptr;
-        if (round == 0 || !t.launch_at) return ptr;
+        if (pl == 0 || !t.launch_at) return ptr;
         for (size_t i = 0; i < n; ++i) {
           const ArgBuffer& a = t.args[i];
           if (!a.ptr || !a.read || a.written) continue;  // written args keep their snapshots' address
@@ -526,51 +530,53 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         }
         return ptr;
       };
-      for (int round = 0; round < kConfirmRounds && ok; ++round) {
-        const std::vector<void*> ptr = pointers_for(round);
-        const bool moved = round > 0 && t.launch_at;
-        const bool def_first = round == 0 || round == 3;
-        const core::Plan* first = def_first ? &def : &res.best;
-        const core::Plan* second = def_first ? &res.best : &def;
-        double round_us[2] = {0, 0};  // [0] default, [1] winner
-        for (const core::Plan* plan : {first, second}) {
-          MeasureOptions mo = o.measure;
-          auto prepare = [&]() -> Status {
-            prepare_for(*plan);
-            return Status();
-          };
-          auto tm = measure(
-              clock, prepare, [&]() { return moved ? t.launch_at(*plan, ptr) : t.launch(*plan); }, mo);
-          if (!tm.ok()) {
-            ok = false;
-            break;
+      for (int pl = 0; pl < kConfirmPlacements && ok; ++pl) {
+        const std::vector<void*> ptr = pointers_for(pl);
+        const bool moved = pl > 0 && t.launch_at;
+        double us[2] = {0, 0};  // [0] default, [1] winner: the two rounds' sum
+        for (int round = 0; round < 2 && ok; ++round) {
+          const bool def_first = (pl % 2 == 0) == (round == 0);
+          const core::Plan* first = def_first ? &def : &res.best;
+          const core::Plan* second = def_first ? &res.best : &def;
+          for (const core::Plan* plan : {first, second}) {
+            MeasureOptions mo = o.measure;
+            auto prepare = [&]() -> Status {
+              prepare_for(*plan);
+              return Status();
+            };
+            auto tm = measure(
+                clock, prepare, [&]() { return moved ? t.launch_at(*plan, ptr) : t.launch(*plan); }, mo);
+            if (!tm.ok()) {
+              ok = false;
+              break;
+            }
+            us[plan == &def ? 0 : 1] += tm->median_us;
           }
-          round_us[plan == &def ? 0 : 1] = tm->median_us;
         }
-        if (!ok || round_us[0] <= 0) {
+        if (!ok || us[0] <= 0) {
           ok = false;
           break;
         }
-        again_def += round_us[0];
-        again_best += round_us[1];
-        res.confirm_ratios.push_back(round_us[1] / round_us[0]);
+        again_def += us[0] / 2;
+        again_best += us[1] / 2;
+        res.confirm_ratios.push_back(us[1] / us[0]);
       }
       if (ok && again_def > 0) {
         res.confirmed = true;
         double mean_ratio = 0;
-        bool wins_every_round = true;
+        bool wins_everywhere = true;
         for (double r : res.confirm_ratios) {
-          mean_ratio += r / kConfirmRounds;
-          wins_every_round = wins_every_round && r < 1.0;
+          mean_ratio += r / kConfirmPlacements;
+          wins_everywhere = wins_everywhere && r < 1.0;
         }
-        if (!wins_every_round || mean_ratio > 1.0 - kConfirmMargin) {
+        if (!wins_everywhere || mean_ratio > 1.0 - kConfirmMargin) {
           res.best = def;
-          res.best_us = again_def / kConfirmRounds;
+          res.best_us = again_def / kConfirmPlacements;
           res.kept_default = true;
         } else {
-          res.best_us = again_best / kConfirmRounds;
+          res.best_us = again_best / kConfirmPlacements;
         }
-        res.default_us = again_def / kConfirmRounds;
+        res.default_us = again_def / kConfirmPlacements;
       }
     }
     // A dynamic family's "resolve at run time" point (cuBLASLt's algo_id

@@ -129,8 +129,11 @@ struct TuneTarget {
 TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la);
 
 /// The confirmation's margin: a winner must be this much faster than the
-/// default on the mean of its per-round ratios (0.01 = 1%).
+/// default on the mean of its per-placement ratios (0.01 = 1%).
 inline constexpr double kConfirmMargin = 0.01;
+/// Placements of the read-only inputs the confirmation times the winner
+/// and the default on (two rounds each, both orders); see search().
+inline constexpr int kConfirmPlacements = 4;
 
 struct SearchOptions {
   const DeviceInfo* device = nullptr;
@@ -143,11 +146,12 @@ struct SearchOptions {
   int max_candidates = 96;
   /// Compare each candidate's output with the reference variant's.
   bool validate = true;
-  /// Measure the winner and the default again (interleaved, 4 rounds, each
-  /// round after the first on its own fresh copy of the read-only inputs when
-  /// the target has launch_at) and keep the default unless the winner is
-  /// faster in every round and > kConfirmMargin faster on the mean ratio
-  /// (winner's curse; placement of the weights).
+  /// Measure the winner and the default again, two rounds (both orders) on
+  /// each of kConfirmPlacements placements of the read-only inputs (fresh
+  /// copies when the target has launch_at, else the same buffers), and keep
+  /// the default unless the winner is faster on every placement and
+  /// > kConfirmMargin faster on the mean ratio (winner's curse; placement of
+  /// the weights; the order of measurement).
   bool confirm = true;
   /// Exclude variants whose results depend on scheduling.
   bool deterministic = false;
@@ -178,7 +182,8 @@ struct SearchResult {
   bool out_of_time = false;  ///< the time budget ran out before the space did
   bool confirmed = false;    ///< the winner was measured again against the default
   bool kept_default = false; ///< ... and lost a round or was not > 1% faster: the default stays
-  /// Winner / default median per confirmation round (empty: not confirmed).
+  /// Winner / default per confirmation placement (the two rounds' summed
+  /// medians; empty: not confirmed).
   std::vector<double> confirm_ratios;
 };
 

@@ -260,11 +260,11 @@ Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::ve
     std::fprintf(stderr, "kdispatch: tuned %s M=%lld but could not persist it: %s\n", key.c_str(),
                  static_cast<long long>(p.m), why.c_str());
   if (options_.log_level >= LogLevel::info) {
-    std::string rounds;  // the confirmation's winner/default ratio per round
+    std::string rounds;  // the confirmation's winner/default ratio per placement
     for (double r : sr->confirm_ratios) rounds += (rounds.empty() ? "" : " ") + std::to_string(r).substr(0, 5);
     std::fprintf(stderr, "kdispatch: tuned %s M=%lld -> %s %.2f us (default %.2f us, %zu candidates%s%s%s)\n",
                  key.c_str(), static_cast<long long>(p.m), core::plan_to_string(sr->best).c_str(), sr->best_us,
-                 sr->default_us, sr->tried.size(), rounds.empty() ? "" : "; confirmation winner/default ",
+                 sr->default_us, sr->tried.size(), rounds.empty() ? "" : "; confirmation winner/default per placement ",
                  rounds.c_str(), sr->kept_default ? ", default kept" : "");
   }
   (void)dev;
