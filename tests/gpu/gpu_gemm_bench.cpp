@@ -191,7 +191,9 @@ int main(int argc, char** argv) {
   // randn), with the tuner's clock, in turns, 31 rounds.
   if (!data_probe.empty()) {
     long long M = 0, N = 0, K = 0;
-    if (std::sscanf(data_probe.c_str(), "%lld,%lld,%lld", &M, &N, &K) != 3 || M < 1 || M > maxM || N < 1 ||
+    int copies = 4;  // --data-probe M,N,K[,copies]
+    if (std::sscanf(data_probe.c_str(), "%lld,%lld,%lld,%d", &M, &N, &K, &copies) < 3 || copies < 0 || copies > 64 ||
+        M < 1 || M > maxM || N < 1 ||
         N > maxN || K < 1 || K > maxK) {
       std::fprintf(stderr, "--data-probe M,N,K (M <= %lld, N <= %lld, K <= %lld)\n", (long long)maxM,
                    (long long)maxN, (long long)maxK);
@@ -231,7 +233,8 @@ int main(int argc, char** argv) {
     // The same pair on fresh copies of the weights (new allocations: other
     // physical pages), uniform data: does the order depend on placement?
     std::vector<void*> held;
-    for (int place = 0; place < 4; ++place) {
+    std::vector<double> ratios;
+    for (int place = 0; place < copies; ++place) {
       held.push_back(dalloc(size_t{64} << 20));  // a gap before the next copy
       void* b2 = dalloc(size_t(N) * K * 2);
       CK(cudaMemcpy(b2, B, size_t(N) * K * 2, cudaMemcpyDeviceToDevice));
@@ -247,6 +250,12 @@ int main(int argc, char** argv) {
         }
       std::printf("data-probe M=%lld N=%lld K=%lld weights copy %d: table plan %.2f us, cuBLASLt's pick %.2f us\n", M,
                   N, K, place + 1, median(tt), median(tp));
+      ratios.push_back(median(tt) / median(tp));
+    }
+    if (!ratios.empty()) {
+      std::sort(ratios.begin(), ratios.end());
+      std::printf("data-probe M=%lld N=%lld K=%lld table/pick over %d copies: min %.3f median %.3f max %.3f\n", M, N, K,
+                  copies, ratios.front(), ratios[ratios.size() / 2], ratios.back());
     }
     return 0;
   }
