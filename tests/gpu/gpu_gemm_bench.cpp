@@ -230,6 +230,43 @@ int main(int argc, char** argv) {
                   data == 0 ? "uniform(-1,1) (the tuner's)" : "randn, weights x0.05 (the grid's)", median(tt),
                   median(tp), core::plan_to_string(tuned).c_str());
     }
+    // The same pair timed the grid bench's way (gpu_timing.py): chunks of 5
+    // reps of each, every rep behind an L2 flush, the chunk behind a lead of
+    // GPU work (two more flushes) so the host never waits, no host sync
+    // inside a chunk; against the tuner's clock (a host sync after every rep).
+    {
+      constexpr int kChunk = 5, kRounds = 12;
+      std::vector<cudaEvent_t> ev(2 * 2 * kChunk * kRounds);
+      for (auto& e : ev) CK(cudaEventCreate(&e));
+      std::vector<double> t_grid[2];
+      for (int r = 0; r < kRounds; ++r) {
+        clock->flush();
+        clock->flush();
+        for (int w = 0; w < 2; ++w) {
+          const int which = (r + w) % 2;  // 0: table plan, 1: pick
+          const core::Plan& pl = which == 0 ? tuned : pick;
+          for (int i = 0; i < kChunk; ++i) {
+            clock->flush();
+            cudaEvent_t* e = &ev[static_cast<size_t>(((r * 2 + w) * kChunk + i) * 2)];
+            CK(cudaEventRecord(e[0], ops->tuner_stream ? static_cast<cudaStream_t>(ops->tuner_stream) : nullptr));
+            (void)pl.variant->launch(la, p, pl.params);
+            CK(cudaEventRecord(e[1], ops->tuner_stream ? static_cast<cudaStream_t>(ops->tuner_stream) : nullptr));
+          }
+        }
+        CK(cudaDeviceSynchronize());
+        for (int w = 0; w < 2; ++w)
+          for (int i = 0; i < kChunk; ++i) {
+            cudaEvent_t* e = &ev[static_cast<size_t>(((r * 2 + w) * kChunk + i) * 2)];
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e[0], e[1]));
+            t_grid[(r + w) % 2].push_back(ms * 1e3);
+          }
+      }
+      for (auto& e : ev) CK(cudaEventDestroy(e));
+      std::printf("data-probe M=%lld N=%lld K=%lld grid-style timing (no sync per rep): table plan %.2f us, cuBLASLt's "
+                  "pick %.2f us, ratio %.3f\n", M, N, K, median(t_grid[0]), median(t_grid[1]),
+                  median(t_grid[0]) / median(t_grid[1]));
+    }
     // The same pair on fresh copies of the weights (new allocations: other
     // physical pages), uniform data: does the order depend on placement?
     std::vector<void*> held;
