@@ -845,3 +845,54 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   CHECK(input_copies.size() == 3);  // one per placement, all alive together
   for (float v : y) REQUIRE(v == 0.f);  // the search gives the caller's output back
 }
+
+TEST_CASE("measure hands the clock its reps in batches (3, then up to 8) and stops early between batches") {
+  struct Counting final : tune::Clock {
+    std::vector<int> batches;
+    double us = 5.0;
+    void flush() override {}
+    Result<double> time_us(const std::function<Status()>& fn) override {
+      if (Status s = fn(); !s.ok()) return s;
+      return us;
+    }
+    Result<std::vector<double>> time_reps(const std::function<Status()>& prepare, const std::function<Status()>& fn,
+                                          int n, bool cold) override {
+      batches.push_back(n);
+      return tune::Clock::time_reps(prepare, fn, n, cold);
+    }
+  };
+  int calls = 0, prepared = 0;
+  auto fn = [&]() {
+    ++calls;
+    return Status();
+  };
+  auto prep = [&]() {
+    ++prepared;
+    return Status();
+  };
+  {
+    Counting c;
+    tune::MeasureOptions o;
+    o.warmup = 1;
+    o.reps = 20;
+    auto t = tune::measure(c, prep, fn, o);
+    REQUIRE(t.ok());
+    CHECK(c.batches == std::vector<int>{3, 8, 8, 1});
+    CHECK(t->reps == 20);
+    CHECK(t->median_us == 5.0);
+    CHECK(calls == 21);     // 1 warm-up + 20 timed
+    CHECK(prepared == 21);  // prepare before every one of them
+  }
+  {
+    Counting c;
+    c.us = 50.0;
+    tune::MeasureOptions o;
+    o.warmup = 0;
+    o.reps = 9;
+    o.abandon_above_us = 40.0;  // 1.5x the best so far: no need to time it exactly
+    auto t = tune::measure(c, nullptr, fn, o);
+    REQUIRE(t.ok());
+    CHECK(c.batches == std::vector<int>{3});
+    CHECK(t->reps == 3);
+  }
+}

@@ -59,6 +59,22 @@ Timing summarize(std::vector<double> v) {
   return t;
 }
 
+Result<std::vector<double>> Clock::time_reps(const std::function<Status()>& prepare, const std::function<Status()>& fn,
+                                             int n, bool cold) {
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(std::max(n, 0)));
+  for (int i = 0; i < n; ++i) {
+    if (prepare) {
+      if (Status s = prepare(); !s.ok()) return s;
+    }
+    if (cold) flush();
+    auto t = time_us(fn);
+    if (!t.ok()) return t.status();
+    out.push_back(*t);
+  }
+  return out;
+}
+
 Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, const std::function<Status()>& fn,
                        const MeasureOptions& o) {
   for (int32_t i = 0; i < o.warmup; ++i) {
@@ -67,18 +83,20 @@ Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, con
     }
     if (Status s = fn(); !s.ok()) return s;
   }
+  const int reps = std::max(o.reps, 1);
   std::vector<double> samples;
-  samples.reserve(static_cast<size_t>(std::max(o.reps, 1)));
+  samples.reserve(static_cast<size_t>(reps));
   double total = 0.0;
-  for (int32_t i = 0; i < std::max(o.reps, 1); ++i) {
-    if (prepare) {
-      if (Status s = prepare(); !s.ok()) return s;
-    }
-    if (o.cold_cache) clock.flush();
-    auto t = clock.time_us(fn);
+  while (static_cast<int>(samples.size()) < reps) {
+    const int done = static_cast<int>(samples.size());
+    const int batch = done == 0 ? std::min(reps, 3) : std::min(reps - done, 8);
+    auto t = clock.time_reps(prepare, fn, batch, o.cold_cache);
     if (!t.ok()) return t.status();
-    samples.push_back(*t);
-    total += *t;
+    if (t->empty()) return make_status(StatusCode::internal, "the clock returned no timed reps");
+    for (double v : *t) {
+      samples.push_back(v);
+      total += v;
+    }
     if (samples.size() >= 3) {
       if (o.max_total_us > 0 && total > o.max_total_us) break;
       if (o.abandon_above_us > 0) {

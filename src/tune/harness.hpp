@@ -50,6 +50,15 @@ class Clock {
   /// Runs `fn` once and returns its duration in µs, or a failed Status
   /// from fn.
   virtual Result<double> time_us(const std::function<Status()>& fn) = 0;
+  /// `n` timed reps of `fn`, each after `prepare` (when set) and, when
+  /// `cold`, flush(); durations in µs in rep order. The default runs
+  /// time_us() per rep. A GPU clock enqueues all n behind a lead of GPU
+  /// work and waits once (the peers' method, bench/gpu/gpu_timing.py): a
+  /// host wait after every rep left the GPU idle before each flush, and on
+  /// the H200 that timed our decode kernels ~0.45 µs (3-5%) faster than the
+  /// grid bench does, cuBLASLt's not (bench/results/h200_gemm_fixed.md).
+  virtual Result<std::vector<double>> time_reps(const std::function<Status()>& prepare,
+                                                const std::function<Status()>& fn, int n, bool cold);
 };
 
 /// The CPU clock: steady_clock around the call; flush() reads a buffer of
@@ -68,8 +77,9 @@ class CpuClock final : public Clock {
 };
 
 /// Measures `fn`: `prepare` runs before every (warm-up and timed) rep, then
-/// the clock's flush when cold_cache is set. Errors: the first failure of
-/// `fn` or `prepare`.
+/// the clock's flush when cold_cache is set. Timed reps go to the clock in
+/// batches (3, then up to 8 at a time; Clock::time_reps), the early stops
+/// checked after each batch. Errors: the first failure of `fn` or `prepare`.
 Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, const std::function<Status()>& fn,
                        const MeasureOptions& o);
 

@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
           if (us.ok()) (first_tuned ? tt : tp).push_back(*us);
         }
       std::printf("data-probe M=%lld N=%lld K=%lld %s: table plan %.2f us, cuBLASLt's pick %.2f us (%s)\n", M, N, K,
-                  data == 0 ? "uniform(-1,1) (the tuner's)" : "randn, weights x0.05 (the grid's)", median(tt),
+                  data == 0 ? "uniform(-1,1) (the tuner's), host wait per rep" : "randn, weights x0.05 (the grid's), host wait per rep", median(tt),
                   median(tp), core::plan_to_string(tuned).c_str());
     }
     // The same pair timed the grid bench's way (gpu_timing.py): chunks of 5
