@@ -844,6 +844,19 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   }
   CHECK(input_copies.size() == 3);  // one per placement, all alive together
   for (float v : y) REQUIRE(v == 0.f);  // the search gives the caller's output back
+
+  // A copy budget for two copies of x: the last placement stays on x.
+  seen.clear();
+  same_input.clear();
+  o.confirm_copy_bytes = 2 * 64 * sizeof(float);
+  r = tune::search(t, {def, cand}, ref, o);
+  REQUIRE(r.ok());
+  REQUIRE(seen.size() == 36);
+  std::set<void*> with_budget;
+  for (const auto& ptr : seen) with_budget.insert(ptr[1]);
+  CHECK(with_budget.size() == 3);  // two copies and x itself
+  CHECK(with_budget.count(static_cast<void*>(x.data())) == 1);
+  CHECK(seen.back()[1] == static_cast<void*>(x.data()));
 }
 
 TEST_CASE("measure hands the clock its reps in batches (3, then up to 8) and stops early between batches") {

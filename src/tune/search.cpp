@@ -515,6 +515,7 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       } copies{&mem, {}};  // released when the confirmation ends
       copies.p.reserve(static_cast<size_t>(kConfirmPlacements) * n);
       // The argument pointers of placement `pl` (0: the search's buffers).
+      int64_t copied = 0;
       auto pointers_for = [&](int pl) {
         std::vector<void*> ptr(n, nullptr);
         for (size_t i = 0; i < n; ++i) ptr[i] = t.args[i].ptr;
@@ -523,8 +524,10 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
           const ArgBuffer& a = t.args[i];
           if (!a.ptr || !a.read || a.written) continue;  // written args keep their snapshots' address
           const size_t b = a.extent_bytes();
+          if (copied + static_cast<int64_t>(b) > o.confirm_copy_bytes) continue;  // over budget: stays where it is
           void* c = mem.alloc(b);
           if (!c) continue;  // no memory: this arg stays where it is
+          copied += static_cast<int64_t>(b);
           copies.p.push_back(c);
           if (mem.copy(c, a.ptr, b).ok()) ptr[i] = c;
         }

@@ -153,6 +153,11 @@ struct SearchOptions {
   /// > kConfirmMargin faster on the mean ratio (winner's curse; placement of
   /// the weights; the order of measurement).
   bool confirm = true;
+  /// Bytes the confirmation may allocate for its copies of the read-only
+  /// inputs, all placements together; an argument whose copy would pass it
+  /// stays on its original buffer (the tuner passes its scratch memory
+  /// budget, RuntimeOptions::tune.memory_budget_bytes).
+  int64_t confirm_copy_bytes = int64_t{1} << 30;
   /// Exclude variants whose results depend on scheduling.
   bool deterministic = false;
   /// Busy fraction of the tuning thread (1 = flat out). After each

@@ -190,6 +190,7 @@ SearchOptions Tuner::search_options(const DeviceInfo& dev, bool background) cons
   so.measure.reps = std::max(options_.tune.reps, 1);
   so.measure.cold_cache = options_.tune.cold_cache;
   so.time_budget_ms = options_.tune.time_budget_ms;
+  so.confirm_copy_bytes = options_.tune.memory_budget_bytes;
   so.max_candidates = options_.tune.max_candidates;
   so.validate = options_.tune.validate;
   so.deterministic = options_.deterministic;
