@@ -700,6 +700,15 @@ const core::VariantDef kTimed{"scale__timed", core::OpKind::rmsnorm, DeviceType:
                               &ok_supports, &timed_launch};
 
 using Script = std::function<double(int64_t id, int n)>;
+// The scripted tests' search: 3 timed reps, no warm-up, so a plan's n-th
+// clock call is its n-th timed rep.
+tune::SearchOptions scripted_options() {
+  tune::SearchOptions o;
+  o.device = &cpu_device_info();
+  o.measure.warmup = 0;
+  o.measure.reps = 3;
+  return o;
+}
 class ScriptedClock final : public tune::Clock {
  public:
   explicit ScriptedClock(Script s) : script_(std::move(s)) {}
@@ -782,11 +791,7 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster on eve
     });
     t.mem = &mem;
     const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
-    tune::SearchOptions o;
-    o.device = &cpu_device_info();
-    o.measure.warmup = 0;
-    o.measure.reps = 3;
-    auto r = tune::search(t, {def, cand}, ref, o);
+    auto r = tune::search(t, {def, cand}, ref, scripted_options());
     REQUIRE(r.ok());
     CHECK(r->confirmed);
     REQUIRE(r->confirm_ratios.size() == 4);
@@ -824,10 +829,7 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
     return plan.variant->launch(core::LaunchArgs{}, moved.problem, plan.params);
   };
   const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
-  tune::SearchOptions o;
-  o.device = &cpu_device_info();
-  o.measure.warmup = 0;
-  o.measure.reps = 3;
+  tune::SearchOptions o = scripted_options();
   auto r = tune::search(t, {def, cand}, ref, o);
   REQUIRE(r.ok());
   CHECK(r->confirmed);

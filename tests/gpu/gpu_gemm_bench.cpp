@@ -208,6 +208,20 @@ int main(int argc, char** argv) {
     const core::Plan tuned = *lk, pick = cublaslt_pick();
     const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream, ws);
     std::unique_ptr<tune::Clock> clock = ops->memory()->make_clock(dev);
+    // The table plan and the pick in turns on `args`, a host wait per rep
+    // (the tuner's clock before e43801a): their medians.
+    auto in_turns = [&](const core::LaunchArgs& args, int rounds) {
+      std::vector<double> tt, tp;
+      for (int r = 0; r < rounds; ++r)
+        for (int w = 0; w < 2; ++w) {
+          const bool first_tuned = (r + w) % 2 == 0;
+          const core::Plan& pl = first_tuned ? tuned : pick;
+          clock->flush();
+          auto us = clock->time_us([&] { return pl.variant->launch(args, p, pl.params); });
+          if (us.ok()) (first_tuned ? tt : tp).push_back(*us);
+        }
+      return std::make_pair(median(tt), median(tp));
+    };
     for (int data = 0; data < 2; ++data) {
       std::vector<uint16_t> ha(size_t(M) * K), hb(size_t(N) * K);
       std::mt19937 g(5);
@@ -217,18 +231,11 @@ int main(int argc, char** argv) {
       for (auto& v : hb) v = core::float_to_bf16(data == 0 ? u(g) : 0.05f * nd(g));
       CK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-      std::vector<double> tt, tp;
-      for (int r = 0; r < 31; ++r)
-        for (int w = 0; w < 2; ++w) {
-          const bool first_tuned = (r + w) % 2 == 0;
-          const core::Plan& pl = first_tuned ? tuned : pick;
-          clock->flush();
-          auto us = clock->time_us([&] { return pl.variant->launch(la, p, pl.params); });
-          if (us.ok()) (first_tuned ? tt : tp).push_back(*us);
-        }
+      const auto [t_tuned, t_pick] = in_turns(la, 31);
       std::printf("data-probe M=%lld N=%lld K=%lld %s: table plan %.2f us, cuBLASLt's pick %.2f us (%s)\n", M, N, K,
-                  data == 0 ? "uniform(-1,1) (the tuner's), host wait per rep" : "randn, weights x0.05 (the grid's), host wait per rep", median(tt),
-                  median(tp), core::plan_to_string(tuned).c_str());
+                  data == 0 ? "uniform(-1,1) (the tuner's), host wait per rep"
+                            : "randn, weights x0.05 (the grid's), host wait per rep",
+                  t_tuned, t_pick, core::plan_to_string(tuned).c_str());
     }
     // The same pair timed the grid bench's way (gpu_timing.py): chunks of 5
     // reps of each, every rep behind an L2 flush, the chunk behind a lead of
@@ -276,18 +283,10 @@ int main(int argc, char** argv) {
       void* b2 = dalloc(size_t(N) * K * 2);
       CK(cudaMemcpy(b2, B, size_t(N) * K * 2, cudaMemcpyDeviceToDevice));
       const core::LaunchArgs la2 = contiguous_args(A, b2, D, N, K, ops->tuner_stream, ws);
-      std::vector<double> tt, tp;
-      for (int r = 0; r < 21; ++r)
-        for (int w = 0; w < 2; ++w) {
-          const bool first_tuned = (r + w) % 2 == 0;
-          const core::Plan& pl = first_tuned ? tuned : pick;
-          clock->flush();
-          auto us = clock->time_us([&] { return pl.variant->launch(la2, p, pl.params); });
-          if (us.ok()) (first_tuned ? tt : tp).push_back(*us);
-        }
+      const auto [t_tuned, t_pick] = in_turns(la2, 21);
       std::printf("data-probe M=%lld N=%lld K=%lld weights copy %d: table plan %.2f us, cuBLASLt's pick %.2f us\n", M,
-                  N, K, place + 1, median(tt), median(tp));
-      ratios.push_back(median(tt) / median(tp));
+                  N, K, place + 1, t_tuned, t_pick);
+      ratios.push_back(t_tuned / t_pick);
     }
     if (!ratios.empty()) {
       std::sort(ratios.begin(), ratios.end());
