@@ -164,7 +164,8 @@ int main(int argc, char** argv) {
       "Tune every shape of a shape list (a `kdispatch misses` CSV, or an aiter untuned CSV: M,N,K[,bias,dtype,"
       "outdtype]; M,hidden for norms) for one op with dispatch::pretune, writing the winners into an emit dir as "
       "config files (<dir>/cpu/<op>/<key>.json, the format configs/ holds). Resumes: shapes the emit dir already "
-      "holds are skipped.");
+      "holds are skipped. KDISPATCH_LOG_LEVEL=info prints the confirmation of every shape whose search winner was "
+      "not the default (winner/default time per placement of the inputs, and whether the default was kept).");
   tune->add_option("--shapes", to.shapes, "Shape CSV (repeatable)")
       ->type_name("FILE")
       ->required()
