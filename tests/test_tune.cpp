@@ -699,7 +699,8 @@ constexpr core::ParamDef kIdParam[] = {{"id", core::ParamKind::integer, kIds, {}
 const core::VariantDef kTimed{"scale__timed", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0, 1,
                               &ok_supports, &timed_launch};
 
-using Script = std::function<double(int64_t id, int n)>;
+// script(id, n, g): plan id's n-th timed run, the g-th timed run overall.
+using Script = std::function<double(int64_t id, int n, int g)>;
 // The scripted tests' search: 3 timed reps, no warm-up, so a plan's n-th
 // clock call is its n-th timed rep.
 tune::SearchOptions scripted_options() {
@@ -715,12 +716,13 @@ class ScriptedClock final : public tune::Clock {
   void flush() override {}
   Result<double> time_us(const std::function<Status()>& fn) override {
     if (Status s = fn(); !s.ok()) return s;
-    return script_(g_running, calls_[g_running]++);
+    return script_(g_running, calls_[g_running]++, total_++);
   }
 
  private:
   Script script_;
   std::map<int64_t, int> calls_;
+  int total_ = 0;
 };
 // Host memory with the scripted clock.
 class ScriptedMemory final : public tune::DeviceMemory {
@@ -782,12 +784,15 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster on eve
     std::vector<float> y(64, 0.f), x(64, 1.f);
     tune::TuneTarget t;
     t = scale_target(y.data(), x.data(), 64, &t);
-    ScriptedMemory mem([&](int64_t id, int n) {
+    // Which plan is first in a round comes from the order the clock sees,
+    // not from the schedule the search means to follow: timed runs 0-2 are
+    // the search's default, 3-5 its candidate; then blocks of 3 (one
+    // measurement), two blocks a round, two rounds a placement.
+    ScriptedMemory mem([&](int64_t id, int, int g) {
       const bool d = id == 1;
-      if (n < 3) return d ? 10.0 : 8.0;  // the search
-      const int round = (n - 3) / 3, pl = round / 2;
-      const bool def_first = (pl % 2 == 0) == (round % 2 == 0);
-      return c.us(d, pl, d == def_first);
+      if (g < 6) return d ? 10.0 : 8.0;  // the search
+      const int block = (g - 6) / 3;
+      return c.us(d, block / 4, block % 2 == 0);
     });
     t.mem = &mem;
     const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
@@ -795,12 +800,11 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster on eve
     REQUIRE(r.ok());
     CHECK(r->confirmed);
     REQUIRE(r->confirm_ratios.size() == 4);
-    double def_us = 0, win_us = 0;
+    double def_us = 0, win_us = 0;  // each plan is first in one round of each placement
     for (int pl = 0; pl < 4; ++pl) {
       CHECK(r->confirm_ratios[static_cast<size_t>(pl)] == doctest::Approx(c.want_ratio[pl]));
-      const bool def_first_r0 = pl % 2 == 0;  // round 0
-      def_us += (c.us(true, pl, def_first_r0) + c.us(true, pl, !def_first_r0)) / 8;
-      win_us += (c.us(false, pl, !def_first_r0) + c.us(false, pl, def_first_r0)) / 8;
+      def_us += (c.us(true, pl, true) + c.us(true, pl, false)) / 8;
+      win_us += (c.us(false, pl, true) + c.us(false, pl, false)) / 8;
     }
     CHECK(r->default_us == doctest::Approx(def_us));
     CHECK(r->kept_default == !c.winner_kept);
@@ -816,7 +820,7 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   for (int i = 0; i < 64; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i) - 20.f;
   tune::TuneTarget t;
   t = scale_target(y.data(), x.data(), 64, &t);
-  ScriptedMemory mem([](int64_t id, int) { return id == 1 ? 10.0 : 9.0; });
+  ScriptedMemory mem([](int64_t id, int, int) { return id == 1 ? 10.0 : 9.0; });
   t.mem = &mem;
   std::vector<std::vector<void*>> seen;
   std::vector<bool> same_input;
@@ -850,7 +854,8 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   // A copy budget for two copies of x: the last placement stays on x.
   seen.clear();
   same_input.clear();
-  o.confirm_copy_bytes = 2 * 64 * sizeof(float);
+  // (a copy takes the bytes plus the original's offset within 256 bytes)
+  o.confirm_copy_bytes = 2 * static_cast<int64_t>(64 * sizeof(float) + reinterpret_cast<uintptr_t>(x.data()) % 256);
   r = tune::search(t, {def, cand}, ref, o);
   REQUIRE(r.ok());
   REQUIRE(seen.size() == 36);
@@ -910,4 +915,133 @@ TEST_CASE("measure hands the clock its reps in batches (3, then up to 8) and sto
     CHECK(c.batches == std::vector<int>{3});
     CHECK(t->reps == 3);
   }
+}
+
+TEST_CASE("make_target's launch_at runs the op on the pointers it is given, in the args' order") {
+  // The confirmation times plans on copies through launch_at: a wrong
+  // mapping would time (and, for an in-place op, write) the wrong buffers.
+  const DeviceInfo& cpu = cpu_device_info();
+  SUBCASE("gemm: a, b, d, bias") {
+    constexpr int64_t M = 3, N = 5, K = 8;
+    std::vector<float> a(M * K), b(N * K), b2(N * K), d(M * N, -1.f), bias(N), bias2(N);
+    for (int64_t i = 0; i < M * K; ++i) a[static_cast<size_t>(i)] = static_cast<float>(i % 7) - 3.f;
+    for (int64_t i = 0; i < N * K; ++i) {
+      b[static_cast<size_t>(i)] = static_cast<float>(i % 5) - 2.f;
+      b2[static_cast<size_t>(i)] = static_cast<float>(i % 3);
+    }
+    for (int64_t j = 0; j < N; ++j) bias[static_cast<size_t>(j)] = 0.5f, bias2[static_cast<size_t>(j)] = 100.f + j;
+    core::Problem p;
+    p.op = core::OpKind::gemm;
+    p.m = M, p.n = N, p.k = K, p.has_bias = true;
+    core::LaunchArgs la;
+    la.a = a.data(), la.lda = K, la.b = b.data(), la.ldb = K, la.d = d.data(), la.ldd = N, la.bias = bias.data();
+    tune::TuneTarget t = tune::make_target(p, la);
+    REQUIRE(t.launch_at);
+    const core::Plan plan = core::get_default(p, cpu);
+    REQUIRE(plan.valid());
+    std::vector<float> d2(M * N, -1.f);
+    REQUIRE(t.launch_at(plan, {a.data(), b2.data(), d2.data(), bias2.data()}).ok());
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        float want = bias2[static_cast<size_t>(j)];
+        for (int64_t k = 0; k < K; ++k) want += a[static_cast<size_t>(i * K + k)] * b2[static_cast<size_t>(j * K + k)];
+        CHECK(d2[static_cast<size_t>(i * N + j)] == doctest::Approx(want));
+      }
+    for (float v : d) CHECK(v == -1.f);  // the target's own d untouched
+  }
+  SUBCASE("rmsnorm out of place: y, x, w") {
+    constexpr int64_t T = 2, H = 16;
+    std::vector<float> x(T * H), x2(T * H), y(T * H, -1.f), y2(T * H, -1.f), w(H, 1.f), w2(H);
+    for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] = 1.f, x2[static_cast<size_t>(i)] = 2.f;
+    for (int64_t h = 0; h < H; ++h) w2[static_cast<size_t>(h)] = static_cast<float>(h);
+    core::Problem p;
+    p.op = core::OpKind::rmsnorm;
+    p.m = T, p.n = H;
+    core::LaunchArgs la;
+    la.y = y.data(), la.ldy = H, la.x = x.data(), la.ldx = H, la.w = w.data(), la.eps = 0.f;
+    tune::TuneTarget t = tune::make_target(p, la);
+    const core::Plan plan = core::get_default(p, cpu);
+    REQUIRE(plan.valid());
+    REQUIRE(t.launch_at(plan, {y2.data(), x2.data(), w2.data()}).ok());
+    // x2 is constant, so norm(x2) = 1 and y2 = w2.
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t h = 0; h < H; ++h) CHECK(y2[static_cast<size_t>(i * H + h)] == doctest::Approx(static_cast<float>(h)));
+    for (float v : y) CHECK(v == -1.f);
+  }
+}
+
+TEST_CASE("the confirmation never moves an in-place argument: fused_add_rmsnorm confirmed on copies of w only") {
+  // x and residual are written in place: the confirmation's placements copy
+  // only w, every rep restores x and residual, and the caller gets them back.
+  constexpr int64_t T = 2, H = 32;
+  std::vector<float> x(T * H), res(T * H), w(H);
+  for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 9) - 4.f,
+                                        res[static_cast<size_t>(i)] = static_cast<float>(i % 4);
+  for (int64_t h = 0; h < H; ++h) w[static_cast<size_t>(h)] = 1.f + static_cast<float>(h) / H;
+  const std::vector<float> x0 = x, res0 = res;
+  core::Problem p;
+  p.op = core::OpKind::fused_add_rmsnorm;
+  p.m = T, p.n = H;
+  core::LaunchArgs la;
+  la.x = x.data(), la.ldx = H, la.residual = res.data(), la.ldr = H, la.w = w.data(), la.eps = 1e-6f;
+  tune::TuneTarget t = tune::make_target(p, la);
+  REQUIRE(t.args.size() == 3);
+  // Wrap launch_at: record what each placement gets, then run the real op.
+  std::vector<std::vector<void*>> seen;
+  auto real = t.launch_at;
+  t.launch_at = [&](const core::Plan& plan, const std::vector<void*>& ptr) {
+    seen.push_back(ptr);
+    // Each rep starts from the caller's x and residual (restored before it).
+    CHECK(std::memcmp(ptr[0], x0.data(), x0.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(ptr[1], res0.data(), res0.size() * sizeof(float)) == 0);
+    return real(plan, ptr);
+  };
+  // A scripted clock that makes the candidate win by 10% everywhere (the
+  // real op does not tell the clock which plan runs: the blocks follow the
+  // confirmation's schedule, def,best,best,def then best,def,def,best).
+  ScriptedMemory mem([&](int64_t, int, int g) {
+    if (g < 6) return g < 3 ? 10.0 : 9.0;
+    const int block = (g - 6) / 3, pl = block / 4, in_pl = block % 4;
+    const bool def_block = (pl % 2 == 0) ? (in_pl == 0 || in_pl == 3) : (in_pl == 1 || in_pl == 2);
+    return def_block ? 10.0 : 9.0;
+  });
+  t.mem = &mem;
+  const core::Plan def = core::get_default(p, cpu_device_info());
+  REQUIRE(def.valid());
+  // Another point of a CPU fused_add_rmsnorm variant as the candidate.
+  std::vector<core::Plan> cands{def};
+  for (const core::VariantDef* v : core::variants_for(p.op, DeviceType::cpu)) {
+    if (v->in_dtype != DType::fp32 || (v->flags & core::kVariantReference)) continue;
+    for (const core::Plan& c : core::config_space(*v, p, cpu_device_info()))
+      if (!(c.variant == def.variant && std::equal(c.params, c.params + core::kMaxParams, def.params))) {
+        cands.push_back(c);
+        break;
+      }
+    if (cands.size() == 2) break;
+  }
+  REQUIRE(cands.size() == 2);
+  core::Plan ref;
+  for (const core::VariantDef* v : core::variants_for(p.op, DeviceType::cpu))
+    if (v->in_dtype == DType::fp32 && (v->flags & core::kVariantReference)) ref = core::Plan{v, {}};
+  REQUIRE(ref.valid());
+  tune::SearchOptions o = scripted_options();
+  auto r = tune::search(t, cands, ref, o);
+  REQUIRE(r.ok());
+  CHECK(r->confirmed);
+  REQUIRE(r->confirm_ratios.size() == 4);
+  for (double q : r->confirm_ratios) CHECK(q == doctest::Approx(0.9));
+  CHECK(!r->kept_default);
+  // Placements 2-4: x and residual at the caller's addresses, w on three copies.
+  REQUIRE(seen.size() == 36);
+  std::set<void*> ws;
+  for (const auto& ptr : seen) {
+    CHECK(ptr[0] == static_cast<void*>(x.data()));
+    CHECK(ptr[1] == static_cast<void*>(res.data()));
+    CHECK(ptr[2] != static_cast<void*>(w.data()));
+    ws.insert(ptr[2]);
+  }
+  CHECK(ws.size() == 3);
+  // The caller's buffers hold what they held: the search restores them.
+  CHECK(x == x0);
+  CHECK(res == res0);
 }

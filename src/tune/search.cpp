@@ -523,13 +523,17 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         for (size_t i = 0; i < n; ++i) {
           const ArgBuffer& a = t.args[i];
           if (!a.ptr || !a.read || a.written) continue;  // written args keep their snapshots' address
+          // The copy keeps the original's offset within 256 bytes: a plan that
+          // picks by alignment (cuBLASLt's get_default pick) picks the same.
           const size_t b = a.extent_bytes();
-          if (copied + static_cast<int64_t>(b) > o.confirm_copy_bytes) continue;  // over budget: stays where it is
-          void* c = mem.alloc(b);
+          const size_t off = static_cast<size_t>(reinterpret_cast<uintptr_t>(a.ptr) % 256);
+          if (b == 0 || copied + static_cast<int64_t>(b + off) > o.confirm_copy_bytes) continue;  // stays put
+          void* c = mem.alloc(b + off);
           if (!c) continue;  // no memory: this arg stays where it is
-          copied += static_cast<int64_t>(b);
+          copied += static_cast<int64_t>(b + off);
           copies.p.push_back(c);
-          if (mem.copy(c, a.ptr, b).ok()) ptr[i] = c;
+          void* at = static_cast<char*>(c) + off;
+          if (mem.copy(at, a.ptr, b).ok()) ptr[i] = at;
         }
         return ptr;
       };
@@ -558,13 +562,20 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         }
         if (!ok || us[0] <= 0) {
           ok = false;
+          res.confirm_ratios.clear();  // not confirmed: no partial ratios
           break;
         }
         again_def += us[0] / 2;
         again_best += us[1] / 2;
         res.confirm_ratios.push_back(us[1] / us[0]);
       }
-      if (ok && again_def > 0) {
+      if (!ok) {
+        // A plan that could not be timed again (a launch refused on a copy,
+        // say) is no confirmed winner: the default stays.
+        res.best = def;
+        res.best_us = res.tried.front().timing.median_us;
+        res.kept_default = true;
+      } else if (again_def > 0) {
         res.confirmed = true;
         double mean_ratio = 0;
         bool wins_everywhere = true;
