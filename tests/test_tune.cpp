@@ -1045,3 +1045,29 @@ TEST_CASE("the confirmation never moves an in-place argument: fused_add_rmsnorm 
   CHECK(x == x0);
   CHECK(res == res0);
 }
+
+TEST_CASE("a stop request during the confirmation ends it at the next rep and keeps the default") {
+  std::vector<float> y(64, 0.f), x(64, 1.f);
+  tune::TuneTarget t;
+  t = scale_target(y.data(), x.data(), 64, &t);
+  std::atomic<bool> stop{false};
+  int timed = 0;
+  ScriptedMemory mem([&](int64_t id, int, int g) {
+    timed = g + 1;
+    if (g == 10) stop = true;  // the confirmation's second measurement
+    return id == 1 ? 10.0 : 8.0;
+  });
+  t.mem = &mem;
+  const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
+  tune::SearchOptions o = scripted_options();
+  o.stop = &stop;
+  auto r = tune::search(t, {def, cand}, ref, o);
+  REQUIRE(r.ok());
+  CHECK(r->stopped);
+  CHECK(!r->confirmed);
+  CHECK(r->kept_default);
+  CHECK(r->best.params[0] == 1);
+  CHECK(r->confirm_ratios.empty());
+  CHECK(timed == 11);  // nothing timed after the request
+  for (float v : y) REQUIRE(v == 0.f);
+}

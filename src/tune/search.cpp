@@ -548,6 +548,10 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
           for (const core::Plan* plan : {first, second}) {
             MeasureOptions mo = o.measure;
             auto prepare = [&]() -> Status {
+              if (o.stop && o.stop->load(std::memory_order_relaxed)) {  // shutting down: checked every rep
+                res.stopped = true;
+                return make_status(StatusCode::internal, "stopped");
+              }
               prepare_for(*plan);
               return Status();
             };
@@ -571,7 +575,7 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
       }
       if (!ok) {
         // A plan that could not be timed again (a launch refused on a copy,
-        // say) is no confirmed winner: the default stays.
+        // say, or a stop request) is no confirmed winner: the default stays.
         res.best = def;
         res.best_us = res.tried.front().timing.median_us;
         res.kept_default = true;
