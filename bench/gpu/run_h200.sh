@@ -11,6 +11,7 @@
 #   bench/gpu/run_h200.sh --sections check       # committed rows vs get_default, gate 1.10x
 #   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
+#   bench/gpu/run_h200.sh --sections gemm-test   # the GPU GEMM tests alone (gemm_tests.log)
 #   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
 #                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M;
 #                  KD_GEMM_SWEEP_ONLY=1: the sweep alone; KD_GEMM_SWEEP_NK=1280x8192,...: these shapes only)
@@ -96,7 +97,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-host,e2e] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -342,6 +343,21 @@ if has gemm-probe; then
   fi
   if [ $rc -ne 0 ]; then echo "::: gemm-probe: FAILED rc=$rc (gemm_probe.log)"; status=1
   else echo "::: gemm-probe: complete"; fi
+fi
+
+# ================================================================ gemm-test
+# The GPU GEMM tests alone (every variant and point against float64, the
+# runtime paths): a quick check after a kernel change, before timing it.
+if has gemm-test; then
+  ensure_build kdispatch_gpu_tests || { echo "::: gemm-test: FAILED to build (build.log)"; exit 1; }
+  stamp "gemm-test: GPU GEMM tests"
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_tests" -tc='gpu gemm*' \
+    >"$OUT/gemm_tests.log" 2>&1
+  rc=$?
+  echo "kdispatch_gpu_tests -tc='gpu gemm*' rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/gemm_tests.log" | tr '\n' ' ')"
+  grep -E "runs checked" "$OUT/gemm_tests.log" | head -3
+  if [ $rc -ne 0 ]; then grep -E "ERROR|FAILED|error" "$OUT/gemm_tests.log" | head -20; echo "::: gemm-test: FAILED"; status=1
+  else echo "::: gemm-test: complete"; fi
 fi
 
 # ================================================================ gemm-host
