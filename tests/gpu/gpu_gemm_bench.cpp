@@ -31,7 +31,8 @@
 //            the host time of its launch call: why the sweep's random order
 //            reads it slower than the grid bench's back-to-back calls.
 //
-//  profile   (--profile M,N,K/M,N,K...: only this) get_default's plan and
+//  profile   (--profile M,N,K/M,N,K...: only this) get_default's plan, the
+//            table's plan where it differs, and
 //            cuBLASLt's pick launched twice each per shape after a 256 MiB
 //            memset: a short program to run under ncu.
 //
@@ -373,7 +374,14 @@ int main(int argc, char** argv) {
       pos = e + 1;
       const core::Problem p = bf16_problem(d, m, n, k);
       const core::LaunchArgs la = contiguous_args(A, B, D, n, k, stream, ws);
-      for (const core::Plan& pl : {core::get_default(p, dev), cublaslt_pick()}) {
+      // get_default's plan, the table's (--configs) when it differs, cuBLASLt's pick.
+      std::vector<core::Plan> plans{core::get_default(p, dev)};
+      if (auto tp = table_plan(**rt, dev, m, n, k);
+          tp.ok() && !(tp->variant == plans[0].variant &&
+                       std::equal(tp->params, tp->params + core::kMaxParams, plans[0].params)))
+        plans.push_back(*tp);
+      plans.push_back(cublaslt_pick());
+      for (const core::Plan& pl : plans) {
         std::printf("profile M=%lld N=%lld K=%lld: %s\n", m, n, k, core::plan_to_string(pl).c_str());
         for (int r = 0; r < 2; ++r) {
           CK(cudaMemsetAsync(flushbuf, 0, size_t{256} << 20, stream));
