@@ -169,6 +169,11 @@ const GemmShape kShapes[] = {
     {5, 100, 4095},          // odd K: cuBLASLt and the reference only
     {2, 1000, 4104, 0, 0, false, DType::fp16, DType::fp16},
     {130, 264, 512, 0, 0, true, DType::fp32, DType::fp16},
+    // M 9..16 (two 8-row tiles of A) on the decode families: bias and padded
+    // strides, N not a multiple of any row tile, fp32 output.
+    {16, 1032, 4096, 8, 8, true},
+    {12, 2056, 2048, 0, 0, false, DType::fp32},
+    {9, 1280, 8192, 0, 0, true},
 };
 
 }  // namespace
