@@ -313,8 +313,8 @@ fi
 # and the decode kernels' efficiency: time against bytes in one clock
 # (--fixed-cost, PDL on and off), cuBLASLt's pick timed right after each of a
 # few of our plans on three streams (--probe-lt), then ncu (when it can read
-# the counters) on get_default's plan and cuBLASLt's pick at $KD_GEMM_PROFILE
-# (M,N,K/...).
+# the counters) on get_default's plan, the table's plan where it differs and
+# cuBLASLt's pick at $KD_GEMM_PROFILE (M,N,K/...).
 if has gemm-probe; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-probe: FAILED to build (build.log)"; exit 1; }
   rc=0
