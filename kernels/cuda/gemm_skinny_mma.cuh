@@ -252,49 +252,60 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   port::grid_dependency_release();
   __syncthreads();  // the rings are reused for the reduction
 
-  // Partial tiles: groups in group order, then blocks in cluster-rank order.
-  float* part = reinterpret_cast<float*>(smem);  // [warps][32 lanes][kAcc], warp = grp * warps_n + wn
-  float* mine = part + (warp * 32 + lane) * kAcc;
+  // Partial tiles: groups in group order, then blocks in cluster-rank order
+  // (the same order of additions whatever the block shape: deterministic).
+  // Shared layout element-major, [kAcc][warps][32 lanes], so the stores and
+  // the loads of the sums are free of bank conflicts. Output element
+  // o = (q * warps_n + w) * 32 + ln is lane ln's accumulator q of the group
+  // warps' w-th warp; the group sum of o is written straight to D when the
+  // block is the whole cluster, else to block_sum, and each rank of the
+  // cluster then finalises its own slice of the outputs from every rank's
+  // block_sum in rank order (all ranks in parallel, not rank 0 alone).
+  const int threads = static_cast<int>(blockDim.x);
+  float* part = reinterpret_cast<float*>(smem);  // [kAcc][warps * 32]
 #pragma unroll
   for (int r = 0; r < RT; ++r)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(r * NT + j) * 4 + e] = acc[0][r][j][e] + acc[1][r][j][e];
+      for (int e = 0; e < 4; ++e)
+        part[((r * NT + j) * 4 + e) * threads + threadIdx.x] = acc[0][r][j][e] + acc[1][r][j][e];
   __syncthreads();
-  constexpr int kWarpTile = 32 * kAcc;
-  float* block_sum = part + warps * kWarpTile;  // [warps_n][32 lanes][kAcc]
-  for (int idx = static_cast<int>(threadIdx.x); idx < warps_n * kWarpTile; idx += static_cast<int>(blockDim.x)) {
+  const int outs = kAcc * warps_n * 32;
+  float* block_sum = part + kAcc * threads;  // [outs], cluster_k > 1 only
+  // Writes output o of this block's tile with value v (+ bias) to D.
+  auto finish = [&](int o, float v) {
+    const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
+    const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
+    // mma C layout: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = row g + 8.
+    const int64_t n = nb + w * kBRows + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
+    const int64_t m = m0 + j * 8 + 2 * (ln & 3) + (e & 1);
+    if (n >= g.n || m >= g.m) return;
+    if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
+    gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
+  };
+  for (int o = static_cast<int>(threadIdx.x); o < outs; o += threads) {
+    const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
+    const float* src = part + q * threads + w * 32 + ln;  // group gi's warp: gi * warps_n + w
     float v = 0.f;
-    for (int gi = 0; gi < groups; ++gi) v += part[gi * warps_n * kWarpTile + idx];
-    block_sum[idx] = v;
+    for (int gi = 0; gi < groups; ++gi) v += src[gi * warps_n * 32];
+    if (cluster_k == 1) finish(o, v);
+    else block_sum[o] = v;
   }
+  if (cluster_k == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  if (cluster_k > 1) cg::this_cluster().sync();  // every rank's block_sum is written
-  else __syncthreads();
-#else
-  if (cluster_k > 1) __trap();  // no clusters in this image: never drop the other ranks' sums
-  __syncthreads();
-#endif
-  if (rank == 0) {
-    for (int idx = static_cast<int>(threadIdx.x); idx < warps_n * kWarpTile; idx += static_cast<int>(blockDim.x)) {
-      float v = block_sum[idx];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      for (int rk = 1; rk < cluster_k; ++rk) v += cg::this_cluster().map_shared_rank(block_sum, rk)[idx];
-#endif
-      const int w = idx / kWarpTile, ln = (idx % kWarpTile) / kAcc, q = idx % kAcc;
-      const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
-      // mma C layout: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = row g + 8.
-      const int64_t n = nb + w * kBRows + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
-      const int64_t m = m0 + j * 8 + 2 * (ln & 3) + (e & 1);
-      if (n >= g.n || m >= g.m) continue;
-      if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
-      gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
-    }
+  cg::this_cluster().sync();  // every rank's block_sum is written
+  const int slice = (outs + cluster_k - 1) / cluster_k;
+  const int o_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
+  for (int o = rank * slice + static_cast<int>(threadIdx.x); o < o_end; o += threads) {
+    float v = 0.f;
+    for (int rk = 0; rk < cluster_k; ++rk) v += cg::this_cluster().map_shared_rank(block_sum, rk)[o];
+    finish(o, v);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster_k > 1) cg::this_cluster().sync();  // no block leaves while rank 0 reads its shared memory
+  cg::this_cluster().sync();  // no block leaves while another rank reads its shared memory
+#else
+  __trap();  // no clusters in this image: never drop the other ranks' sums
 #endif
 }
 
