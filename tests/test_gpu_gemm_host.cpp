@@ -170,6 +170,10 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
   // warps_n 4 x split_k 2: two rings of (4 x 16 B rows + 16 A rows) per stage.
   CHECK(g::skinny_mma_smem_bytes(1, 2, 4, 2, 4) == 2 * 4 * (64 + 16) * 128);
   CHECK(g::skinny_mma_smem_bytes(2, 1, 6, 2, 4) == 2 * 6 * (128 + 8) * 128);
+  // cluster_k > 1: the receive area (a warp tile of fp32 sums per warp of a group) past the rings.
+  CHECK(g::skinny_mma_recv_offset(2, 2, 4, 8, 1) == 48 * 128 * 4 * 8);
+  CHECK(g::skinny_mma_smem_bytes(2, 2, 4, 8, 1, 2) == 48 * 128 * 4 * 8 + 32 * 16 * 4);
+  CHECK(g::skinny_mma_smem_bytes(1, 1, 4, 4, 2, 4) == 4 * 4 * (32 + 8) * 128 + 2 * 32 * 4 * 4);
   const int64_t wide[] = {2, 4, 6, 1, 2};  // 4 rings of (64 + 16) x 128 B x 6 = 240 KiB > 227 KiB
   CHECK(std::string(g::resolve_skinny_mma(4096, 4096, wide, 232448, 9, &sm)) ==
         "split_k x num_stages x stage bytes exceed the device's shared memory per block");

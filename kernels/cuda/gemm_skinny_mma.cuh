@@ -115,6 +115,19 @@ KDISPATCH_DEVICE_INLINE void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t
 #endif
 }
 
+/// The split cluster barrier (sm_90): every thread arrives (no memory
+/// ordering) / waits for every thread of the cluster to have arrived.
+KDISPATCH_DEVICE_INLINE void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+KDISPATCH_DEVICE_INLINE void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
 /// Byte offset of (row, 16-byte chunk) in a stage (chunk swizzled by row).
 KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
@@ -124,12 +137,16 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
 /// warps_n (1, 2 or 4) warps per group along N.
 /// Launch: grid (ceil(N / (16 RT warps_n)), cluster_k, ceil(M / 8NT)),
 /// 32 * split_k * warps_n threads, skinny_mma_smem_bytes(RT, NT, S, split_k,
-/// warps_n) of dynamic shared memory, cluster (1, cluster_k, 1) when
+/// warps_n, cluster_k) of dynamic shared memory, cluster (1, cluster_k, 1) when
 /// cluster_k > 1.
 template <DType DT, int RT, int NT, int S>
 __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k, int warps_n) {
   constexpr int kBRows = 16 * RT, kARows = 8 * NT;
   constexpr int kAcc = RT * NT * 4;
+  // A cluster's blocks write into each other's shared memory at the end; the
+  // writes wait on this arrival of every thread (all blocks have started, as
+  // the CUDA guide asks before distributed shared memory is touched).
+  if (cluster_k > 1) cluster_arrive_relaxed();
   port::grid_dependency_wait();  // released after the stream (port.hpp says why)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -257,10 +274,12 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   // Shared layout element-major, [kAcc][warps][32 lanes], so the stores and
   // the loads of the sums are free of bank conflicts. Output element
   // o = (q * warps_n + w) * 32 + ln is lane ln's accumulator q of the group
-  // warps' w-th warp; the group sum of o is written straight to D when the
-  // block is the whole cluster, else to block_sum, and each rank of the
-  // cluster then finalises its own slice of the outputs from every rank's
-  // block_sum in rank order (all ranks in parallel, not rank 0 alone).
+  // warps' w-th warp. Its group sum goes straight to D when the block is the
+  // whole cluster; else rank r owns the outputs [r * slice, (r + 1) * slice)
+  // and every rank pushes its sums of them into the owner's `recv` area
+  // (past the rings and the partials, so a rank still streaming is not
+  // disturbed), one cluster barrier, then each owner adds its slice in rank
+  // order: one barrier, no remote reads, and every rank finishes a slice.
   const int threads = static_cast<int>(blockDim.x);
   float* part = reinterpret_cast<float*>(smem);  // [kAcc][warps * 32]
 #pragma unroll
@@ -272,7 +291,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
         part[((r * NT + j) * 4 + e) * threads + threadIdx.x] = acc[0][r][j][e] + acc[1][r][j][e];
   __syncthreads();
   const int outs = kAcc * warps_n * 32;
-  float* block_sum = part + kAcc * threads;  // [outs], cluster_k > 1 only
+  const int slice = outs / cluster_k;  // outs is a multiple of 32, cluster_k of 1, 2 or 4
+  // recv[rank][slice] of cluster_k > 1: at the end of the launch's shared
+  // memory (gemm_plan.hpp's skinny_mma_smem_bytes reserves it).
+  // (= gpu::gemm::skinny_mma_recv_offset: past the rings and the partials)
+  const uint32_t ring_bytes = static_cast<uint32_t>(groups * S) * stage_bytes;
+  const uint32_t part_bytes = static_cast<uint32_t>(kAcc * threads * 4);
+  float* recv = reinterpret_cast<float*>(smem + (ring_bytes > part_bytes ? ring_bytes : part_bytes));
   // Writes output o of this block's tile with value v (+ bias) to D.
   auto finish = [&](int o, float v) {
     const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
@@ -284,26 +309,37 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
     if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
     gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
   };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  if (cluster_k > 1) cluster_wait();  // every block of the cluster has started (the arrival at the top)
+#endif
   for (int o = static_cast<int>(threadIdx.x); o < outs; o += threads) {
     const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
     const float* src = part + q * threads + w * 32 + ln;  // group gi's warp: gi * warps_n + w
+    float p[kMaxWarps];
+#pragma unroll
+    for (int gi = 0; gi < kMaxWarps; ++gi) p[gi] = gi < groups ? src[gi * warps_n * 32] : 0.f;  // loads together
     float v = 0.f;
-    for (int gi = 0; gi < groups; ++gi) v += src[gi * warps_n * 32];
-    if (cluster_k == 1) finish(o, v);
-    else block_sum[o] = v;
+#pragma unroll
+    for (int gi = 0; gi < kMaxWarps; ++gi)
+      if (gi < groups) v += p[gi];
+    if (cluster_k == 1) {
+      finish(o, v);
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      const int owner = o / slice;
+      cg::this_cluster().map_shared_rank(recv, owner)[rank * slice + (o - owner * slice)] = v;
+#endif
+    }
   }
   if (cluster_k == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::this_cluster().sync();  // every rank's block_sum is written
-  const int slice = (outs + cluster_k - 1) / cluster_k;
-  const int o_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
-  for (int o = rank * slice + static_cast<int>(threadIdx.x); o < o_end; o += threads) {
+  cg::this_cluster().sync();  // every rank's sums of every slice have landed
+  for (int o = static_cast<int>(threadIdx.x); o < slice; o += threads) {
     float v = 0.f;
-    for (int rk = 0; rk < cluster_k; ++rk) v += cg::this_cluster().map_shared_rank(block_sum, rk)[o];
-    finish(o, v);
+    for (int rk = 0; rk < cluster_k; ++rk) v += recv[rk * slice + o];
+    finish(rank * slice + o, v);
   }
-  cg::this_cluster().sync();  // no block leaves while another rank reads its shared memory
 #else
   __trap();  // no clusters in this image: never drop the other ranks' sums
 #endif
@@ -344,7 +380,8 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
   cfg.gridDim = dim3(static_cast<unsigned>((p.n + 16 * rt * wn - 1) / (16 * rt * wn)),
                      static_cast<unsigned>(sk.cluster_k), static_cast<unsigned>(mchunks));
   cfg.blockDim = dim3(static_cast<unsigned>(32 * sk.split_k * wn));
-  cfg.dynamicSmemBytes = static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn));
+  cfg.dynamicSmemBytes =
+      static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn, sk.cluster_k));
   cfg.stream = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
   cudaLaunchAttribute attr[2];

@@ -133,12 +133,22 @@ constexpr int skinny_mma_n_tiles(int64_t m) { return m <= 8 ? 1 : 2; }
 constexpr int64_t skinny_mma_stage_bytes(int row_tiles, int n_tiles, int warps_n = 1) {
   return (16 * row_tiles * warps_n + 8 * n_tiles) * 128;
 }
-/// Dynamic shared memory of a launch (the split_k rings; the reduction,
-/// (split_k + 1) * warps_n warp tiles of fp32 partial sums, reuses it).
-constexpr int64_t skinny_mma_smem_bytes(int row_tiles, int n_tiles, int stages, int split_k, int warps_n = 1) {
+/// Byte offset of the cluster reduction's receive area in a launch's dynamic
+/// shared memory: past the split_k rings and the split_k * warps_n warp
+/// tiles of fp32 partial sums that reuse them.
+constexpr int64_t skinny_mma_recv_offset(int row_tiles, int n_tiles, int stages, int split_k, int warps_n = 1) {
   const int64_t ring = split_k * stages * skinny_mma_stage_bytes(row_tiles, n_tiles, warps_n);
-  const int64_t red = (split_k + 1) * warps_n * 32 * row_tiles * n_tiles * 4 * 4;
-  return ring > red ? ring : red;
+  const int64_t part = split_k * warps_n * 32 * row_tiles * n_tiles * 4 * 4;
+  return ring > part ? ring : part;
+}
+/// Dynamic shared memory of a launch: the rings (the partial sums reuse
+/// them), then, with cluster_k > 1, the receive area: one warp tile of fp32
+/// sums per warp of a group (the cluster's ranks' sums of this block's slice
+/// of the outputs).
+constexpr int64_t skinny_mma_smem_bytes(int row_tiles, int n_tiles, int stages, int split_k, int warps_n = 1,
+                                        int cluster_k = 1) {
+  return skinny_mma_recv_offset(row_tiles, n_tiles, stages, split_k, warps_n) +
+         (cluster_k > 1 ? warps_n * 32 * row_tiles * n_tiles * 4 * 4 : 0);
 }
 
 struct SkinnyMma {
@@ -169,7 +179,7 @@ inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* param
   if (n < 1 || k < 1) return "N and K must be >= 1";
   if (ck > 1 && cc_major > 0 && cc_major < 9) return "cluster_k > 1 needs thread-block clusters (compute capability 9.0)";
   if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), 2, static_cast<int>(st), static_cast<int>(sk),
-                                              static_cast<int>(wn)) > smem_optin)
+                                              static_cast<int>(wn), static_cast<int>(ck)) > smem_optin)
     return "split_k x num_stages x stage bytes exceed the device's shared memory per block";
   out->row_tiles = static_cast<int>(rt);
   out->split_k = static_cast<int>(sk);
