@@ -140,9 +140,10 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
 /// Launch: grid (ceil(N / (16 RT warps_n)), cluster_k, ceil(M / 8NT)),
 /// 32 * split_k * warps_n threads, skinny_mma_smem_bytes(RT, NT, S, split_k,
 /// warps_n, cluster_k) of dynamic shared memory, cluster (1, cluster_k, 1) when
-/// cluster_k > 1.
+/// cluster_k > 1; recv_off = skinny_mma_recv_offset(RT, NT, S, split_k,
+/// warps_n), where the cluster reduction's receive area starts.
 template <DType DT, int RT, int NT, int S>
-__global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k, int warps_n) {
+__global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k, int warps_n, int recv_off) {
   constexpr int kBRows = 16 * RT, kARows = 8 * NT;
   constexpr int kAcc = RT * NT * 4;
   // A cluster's blocks write into each other's shared memory at the end; the
@@ -294,12 +295,9 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   __syncthreads();
   const int outs = kAcc * warps_n * 32;
   const int slice = outs / cluster_k;  // outs is a multiple of 32, cluster_k of 1, 2 or 4
-  // recv[rank][slice] of cluster_k > 1: at the end of the launch's shared
-  // memory (gemm_plan.hpp's skinny_mma_smem_bytes reserves it).
-  // (= gpu::gemm::skinny_mma_recv_offset: past the rings and the partials)
-  const uint32_t ring_bytes = static_cast<uint32_t>(groups * S) * stage_bytes;
-  const uint32_t part_bytes = static_cast<uint32_t>(kAcc * threads * 4);
-  float* recv = reinterpret_cast<float*>(smem + (ring_bytes > part_bytes ? ring_bytes : part_bytes));
+  // recv[rank][slice] of cluster_k > 1: past the rings and the partials, at
+  // the end of the launch's shared memory (skinny_mma_smem_bytes reserves it).
+  float* recv = reinterpret_cast<float*>(smem + recv_off);
   // Writes output o of this block's tile with value v (+ bias) to D.
   auto finish = [&](int o, float v) {
     const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
@@ -347,7 +345,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
 #endif
 }
 
-using KernelFn = void (*)(Args, int, int);
+using KernelFn = void (*)(Args, int, int, int);
 
 template <DType DT, int RT, int NT>
 constexpr KernelFn kernel_for_stages(int stages) {
@@ -403,7 +401,8 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
   cfg.attrs = attr;
   cfg.numAttrs = static_cast<unsigned>(na);
   const KernelFn k = kernels<DT>()[gpu::gemm::skinny_mma_kernel_index(rt, nt, sk.stages)];
-  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sk.cluster_k, wn);
+  const int recv_off = static_cast<int>(gpu::gemm::skinny_mma_recv_offset(rt, nt, sk.stages, sk.split_k, wn));
+  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sk.cluster_k, wn, recv_off);
   if (e != port::kSuccess) (void)cudaGetLastError();
   return port::status(e, "gemm skinny_mma kernel launch");
 }
