@@ -1013,7 +1013,7 @@ TEST_CASE("the confirmation never moves an in-place argument: fused_add_rmsnorm 
   for (const core::VariantDef* v : core::variants_for(p.op, DeviceType::cpu)) {
     if (v->in_dtype != DType::fp32 || (v->flags & core::kVariantReference)) continue;
     for (const core::Plan& c : core::config_space(*v, p, cpu_device_info()))
-      if (!(c.variant == def.variant && std::equal(c.params, c.params + core::kMaxParams, def.params))) {
+      if (!(c == def)) {
         cands.push_back(c);
         break;
       }

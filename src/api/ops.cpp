@@ -124,8 +124,7 @@ void set_info(const CallOptions& opts, const core::Plan& plan, PlanSource source
                      st.message().starts_with(core::kNeedsFallback);
        ++step) {
     core::Plan next = default_plan(impl, p, device_of(impl, p, dev));
-    const bool is_default = next.valid() && next.variant == plan.variant &&
-                            std::equal(next.params, next.params + core::kMaxParams, plan.params);
+    const bool is_default = next.valid() && next == plan;
     if (!next.valid() || is_default) {
       next = core::Plan{};
       next.variant = core::reference_variant(p.op, p.device.type, p.in_dtype);

@@ -192,6 +192,13 @@ struct Plan {
   const VariantDef* variant = nullptr;
   int64_t params[kMaxParams] = {};
   bool valid() const noexcept { return variant != nullptr; }
+  /// The same variant with the same knobs (every slot of params).
+  friend bool operator==(const Plan& a, const Plan& b) noexcept {
+    if (a.variant != b.variant) return false;
+    for (int i = 0; i < kMaxParams; ++i)
+      if (a.params[i] != b.params[i]) return false;
+    return true;
+  }
 };
 
 }  // namespace dispatch::core

@@ -237,8 +237,7 @@ std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo&
   std::vector<core::Plan> out;
   if (def.valid() && !(o.deterministic && (def.variant->flags & core::kVariantNondeterministic))) out.push_back(def);
   for (const auto& s : pts) {
-    const bool is_def = def.valid() && s.plan.variant == def.variant &&
-                        std::equal(s.plan.params, s.plan.params + core::kMaxParams, def.params);
+    const bool is_def = def.valid() && s.plan == def;
     if (!is_def) out.push_back(s.plan);
   }
   if (space) *space = n_space;
@@ -503,7 +502,7 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
     const core::Plan& def = candidates.front();
     const bool def_ok = !res.tried.empty() && res.tried.front().status.ok() && res.tried.front().timing.median_us > 0;
     if (res.best.valid() && def_ok && !res.stopped && o.confirm &&
-        !(res.best.variant == def.variant && std::equal(res.best.params, res.best.params + core::kMaxParams, def.params))) {
+        !(res.best == def)) {
       double again_best = 0, again_def = 0;
       bool ok = true;
       struct Copies {

@@ -377,8 +377,7 @@ int main(int argc, char** argv) {
       // get_default's plan, the table's (--configs) when it differs, cuBLASLt's pick.
       std::vector<core::Plan> plans{core::get_default(p, dev)};
       if (auto tp = table_plan(**rt, dev, m, n, k);
-          tp.ok() && !(tp->variant == plans[0].variant &&
-                       std::equal(tp->params, tp->params + core::kMaxParams, plans[0].params)))
+          tp.ok() && !(*tp == plans[0]))
         plans.push_back(*tp);
       plans.push_back(cublaslt_pick());
       for (const core::Plan& pl : plans) {
@@ -505,7 +504,7 @@ int main(int argc, char** argv) {
         // one already listed is that one (never timed against itself).
         auto index_of = [&](const core::Plan& q) {
           for (size_t i = 0; i < plans.size(); ++i)
-            if (plans[i].variant == q.variant && std::equal(q.params, q.params + core::kMaxParams, plans[i].params))
+            if (plans[i] == q)
               return i;
           plans.push_back(q);
           return plans.size() - 1;

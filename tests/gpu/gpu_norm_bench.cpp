@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
         for (const core::VariantDef* v : core::variants_for(op, DeviceType::cuda)) {
           if (v->in_dtype != DType::bf16 || (v->flags & core::kVariantReference)) continue;
           for (const Plan& pl : core::config_space(*v, p, dev)) {
-            const bool same = pl.variant == def.variant && std::equal(pl.params, pl.params + core::kMaxParams, def.params);
+            const bool same = pl == def;
             if (!same) plans.push_back(pl);
           }
         }
