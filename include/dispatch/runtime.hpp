@@ -46,7 +46,14 @@ struct TuneOptions {
   TuneMode mode = TuneMode::off;                 ///< [KDISPATCH_TUNE]
   /// Where winners are persisted and read back from, in the config-file
   /// format. Empty: $KDISPATCH_CACHE_DIR, else $XDG_CACHE_HOME/kdispatch,
-  /// else ~/.cache/kdispatch.                      [KDISPATCH_CACHE_DIR]
+  /// else ~/.cache/kdispatch; with none of them set, a per-user fallback:
+  /// $XDG_RUNTIME_DIR/kdispatch, else ${TMPDIR:-/tmp}/kdispatch-<uid>,
+  /// created 0700 and refused when it is a symbolic link, owned by another
+  /// uid or group/world-writable. A world-writable dir is refused whoever
+  /// chose it. A refused dir is neither read nor written (tuning still
+  /// runs, its winners live in memory only); load_report().notes names the
+  /// dir and why. Dirs kdispatch creates in it are 0700.
+  ///                                               [KDISPATCH_CACHE_DIR]
   std::string cache_dir;
   bool persist = true;      ///< write winners to the cache dir
   bool load_cache = true;   ///< serve valid (same-fingerprint) cached winners
@@ -221,7 +228,8 @@ class KDISPATCH_API Runtime {
   /// miss count. Errors: io_error naming the path.
   Status export_misses(const std::string& path) const noexcept;
 
-  /// The tuning cache dir in use ("" when tuning and the cache are off).
+  /// The tuning cache dir in use ("" when tuning and the cache are off, or
+  /// when the resolved dir was refused: see TuneOptions::cache_dir).
   std::string cache_dir() const;
 
   /// Internal (src/api/runtime_impl.hpp). Hidden: a nested class would

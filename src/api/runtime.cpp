@@ -11,6 +11,7 @@
 #include "gpu/gpu_backend.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"
+#include "store/private_fs.hpp"
 #include "store/writer.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"
@@ -171,6 +172,7 @@ Status Runtime::Impl::load_and_publish_locked() {
   auto snap = table::Snapshot::build(all_inputs(), backend_version, &notes);
   out.report.keys = static_cast<int64_t>(snap->buckets().size());
   out.report.rows = snap->row_count();
+  if (!cache_dir_refused.empty()) out.report.notes.push_back(cache_dir_refused);
   for (auto& n : notes) out.report.notes.push_back(std::move(n));
   for (const auto& f : out.report.files) {
     const bool stale_news = f.stale && reported_stale.insert(f.dir + "/" + f.path).second;  // once per file
@@ -285,8 +287,15 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     if (options.tune.duty_cycle <= 0.0 || options.tune.duty_cycle > 1.0)
       return make_status(StatusCode::invalid_argument, "tune.duty_cycle must be in (0, 1]");
     if (options.tune.reps < 1) return make_status(StatusCode::invalid_argument, "tune.reps must be >= 1");
-    if (options.tune.persist || options.tune.load_cache)
-      impl->cache_dir = options.tune.cache_dir.empty() ? store::default_cache_dir() : options.tune.cache_dir;
+    if (options.tune.persist || options.tune.load_cache) {
+      store::CacheDirChoice c = store::resolve_cache_dir(options.tune.cache_dir);
+      if (c.refused.empty()) {
+        impl->cache_dir = std::move(c.dir);
+      } else {
+        impl->cache_dir_refused = std::move(c.refused);
+        if (options.log_level >= LogLevel::warn) std::fprintf(stderr, "kdispatch: %s\n", impl->cache_dir_refused.c_str());
+      }
+    }
     impl->tuned_rank = static_cast<int32_t>(options.config_dirs.size());
     impl->cache_rank = impl->tuned_rank + 1;
     impl->shipped_rank = impl->tuned_rank + 2;

@@ -57,8 +57,11 @@ struct Runtime::Impl {
   /// Entries of RuntimeOptions::force, as given (for lookup's "why").
   std::vector<std::string> forced_text[core::kOpCount];
 
-  /// The tuning cache dir ("" = none) and the source ranks.
+  /// The tuning cache dir ("" = none, or refused) and the source ranks.
   std::string cache_dir;
+  /// Why the resolved cache dir was refused ("" = it was not): a note of
+  /// every load report, and a warning at create (store/private_fs.hpp).
+  std::string cache_dir_refused;
   int32_t tuned_rank = 0;
   int32_t cache_rank = 0;
   int32_t shipped_rank = 0;

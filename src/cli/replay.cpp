@@ -670,6 +670,12 @@ void print_json(const dsp::Runtime& rt, const Replay& r, const RunInfo& ri) {
   json_append_int(o, ri.report.keys);
   o += ", \"cache_dir\": ";
   json_append_string(o, ri.cache_dir);
+  o += ", \"load_notes\": [";
+  for (size_t i = 0; i < ri.report.notes.size(); ++i) {
+    if (i) o += ", ";
+    json_append_string(o, ri.report.notes[i]);
+  }
+  o += "]";
   o += ", \"init_s\": ";
   json_append_double(o, round3(ri.init_s));
   o += ", \"warmup_s\": ";
@@ -764,6 +770,7 @@ void print_text(const dsp::Runtime& rt, const Replay& r, const RunInfo& ri) {
                           : (ri.config_dirs.empty() ? ", shipped configs only" : ""));
   for (const auto& d : ri.config_dirs) std::printf("             + %s\n", d.c_str());
   std::printf("cache dir    %s\n", ri.cache_dir.empty() ? "(none)" : ri.cache_dir.c_str());
+  for (const auto& n : ri.report.notes) std::printf("note         %s\n", n.c_str());
   std::printf("time         %.3f s setup (%.1f MB of weights), %.3f s warm-up (one layer at M=1, not counted), "
               "%.3f s replay\n\n",
               ri.init_s, ri.weight_bytes / 1e6, ri.warmup_s, ri.run_s);

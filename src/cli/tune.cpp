@@ -8,8 +8,6 @@
 // `tune` resumes: a shape whose (key, M) already has a row in the emit dir
 // (an exact lookup match) is skipped, so an interrupted run picks up where it
 // stopped (every winner is persisted as soon as it is found).
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -260,28 +258,6 @@ bool apply_stride(const std::string& field, dsp::TensorRef* const* ops, int n) {
     }
   }
   return true;
-}
-
-// Unlinks the writer's side lock files (".<name>.json.lock") that no
-// process holds, so the emit dir holds only config files (fit to commit).
-int remove_idle_locks(const std::string& dir) {
-  int removed = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!it->is_regular_file(ec) || name.size() < 6 || name[0] != '.' ||
-        name.compare(name.size() - 5, 5, ".lock") != 0)
-      continue;
-    const int fd = ::open(it->path().c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      if (::unlink(it->path().c_str()) == 0) ++removed;
-      ::flock(fd, LOCK_UN);
-    }
-    ::close(fd);
-  }
-  return removed;
 }
 
 // The progress display on stderr: one line per shape; on a terminal, also
@@ -624,7 +600,6 @@ int run_tune(const TuneCmdOptions& o) {
   }
   progress.finish();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  remove_idle_locks(o.emit);
 
   // ---- summary
   int64_t n_tuned = 0, n_done = 0, n_large = 0, n_failed = 0;

@@ -14,12 +14,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <simdjson.h>
 
 #include "core/json_write.hpp"
 #include "store/json_file.hpp"
+#include "store/private_fs.hpp"
 
 namespace dispatch::store {
 namespace fs = std::filesystem;
@@ -87,10 +89,8 @@ std::string claim_path(const std::string& dir, const std::string& key, int64_t m
 }  // namespace
 
 std::string default_cache_dir() {
-  if (const char* d = std::getenv("KDISPATCH_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kdispatch";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kdispatch";
-  return "/tmp/kdispatch-cache";
+  const CacheDirChoice c = resolve_cache_dir("");
+  return c.refused.empty() ? c.dir : std::string();
 }
 
 std::string own_file_name(std::string_view fields, std::string_view device_name) {
@@ -160,44 +160,96 @@ std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerpri
   return s;
 }
 
+namespace {
+
+// Reads a regular file without following a link and without blocking on a
+// FIFO. *missing = true when nothing is at that name.
+Status read_target(const std::string& path, std::string* data, bool* missing) {
+  *missing = false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      *missing = true;
+      return Status();
+    }
+    if (errno == ELOOP)
+      return make_status(StatusCode::io_error, "'" + path + "' is a symbolic link: tuning results are not written "
+                                               "through it (replace it with a regular file or remove it)");
+    return io_error("cannot open", path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return make_status(StatusCode::io_error, "'" + path + "' is not a regular file: tuning results are not written "
+                                             "over it");
+  }
+  char buf[65536];
+  ssize_t r;
+  while ((r = ::read(fd, buf, sizeof buf)) != 0) {
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      Status s = io_error("cannot read", path);
+      ::close(fd);
+      return s;
+    }
+    data->append(buf, static_cast<size_t>(r));
+  }
+  ::close(fd);
+  return Status();
+}
+
+// "<target>.corrupt-<UTC time>", made unique.
+std::string corrupt_name(const fs::path& target) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm {};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  std::string base = target.string() + ".corrupt-" + stamp;
+  std::string out = base;
+  struct stat st {};
+  for (int i = 1; ::lstat(out.c_str(), &st) == 0; ++i) out = base + "-" + std::to_string(i);
+  return out;
+}
+
+// With the lock on <name> held, every temp file of <name> is a dead
+// writer's: remove them.
+void remove_dead_temps(const fs::path& parent, const std::string& name) {
+  const std::string prefix = temp_prefix_for(name);
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string f = it->path().filename().string();
+    if (f.compare(0, prefix.size(), prefix) == 0) ::unlink(it->path().c_str());
+  }
+}
+
+}  // namespace
+
 Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
                     const Fingerprint& fp, const std::vector<std::pair<std::string, int32_t>>& schema,
-                    bool* dropped_stale, bool keep_stale) noexcept {
+                    bool* dropped_stale, bool keep_stale, std::vector<std::string>* notes) noexcept {
   try {
     if (dropped_stale) *dropped_stale = false;
     const fs::path target = fs::path(dir) / rel_path;
     const fs::path parent = target.parent_path();
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec) return make_status(StatusCode::io_error, "cannot create '" + parent.string() + "': " + ec.message());
+    if (Status s = make_private_dirs(parent.string()); !s.ok()) return s;
     const std::string name = target.filename().string();
-    const std::string lock_path = (parent / ("." + name + ".lock")).string();
 
-    const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd < 0) return io_error("cannot open lock file", lock_path);
-    struct Unlock {
-      int fd;
-      ~Unlock() {
-        ::flock(fd, LOCK_UN);
-        ::close(fd);
-      }
-    } unlock{lock_fd};
-    while (::flock(lock_fd, LOCK_EX) != 0) {
-      if (errno != EINTR) return io_error("cannot lock", lock_path);
-    }
+    FileLock lock;
+    if (Status s = FileLock::acquire((parent / ("." + name + ".lock")).string(), &lock); !s.ok()) return s;
+    remove_dead_temps(parent, name);
+    remove_dead_claims(dir);
 
     // Re-read the current file under the lock and merge.
     std::map<int64_t, PersistRow> merged;
     {
-      const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        std::string data;
-        char buf[65536];
-        ssize_t r;
-        while ((r = ::read(fd, buf, sizeof buf)) > 0) data.append(buf, static_cast<size_t>(r));
-        ::close(fd);
+      std::string data;
+      bool missing = false;
+      if (Status s = read_target(target.string(), &data, &missing); !s.ok()) return s;
+      if (!missing) {
+        const size_t len = data.size();
         data.append(json_padding(), '\0');
-        ParsedFile pf = parse_config_json(data.data(), data.size() - json_padding());
+        ParsedFile pf = parse_config_json(data.data(), len);
         if (pf.kind == ParsedFile::Kind::table) {
           std::string meta;
           for (const auto& [k, v] : pf.metadata)
@@ -217,6 +269,14 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
           } else if (dropped_stale) {
             *dropped_stale = true;
           }
+        } else {
+          // Not a table we can merge into: keep it, aside, and say so.
+          const std::string aside = corrupt_name(target);
+          if (::rename(target.c_str(), aside.c_str()) != 0) return io_error("cannot move aside", target.string());
+          if (notes)
+            notes->push_back("'" + target.string() + "' did not parse as a config table (" +
+                             (pf.problems.empty() ? std::string("unknown layout") : pf.problems[0]) +
+                             "); moved aside to '" + aside + "' and started afresh");
         }
       }
     }
@@ -225,8 +285,8 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
     for (auto& [m, r] : merged) all.push_back(std::move(r));
     const std::string text = render_table(all, fp, schema);
 
-    const std::string tmp = (parent / ("." + name + ".tmp." + std::to_string(::getpid()))).string();
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const std::string tmp = temp_name_for(target.string());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return io_error("cannot create", tmp);
     if (!write_all(fd, text) || ::fsync(fd) != 0) {
       Status s = io_error("cannot write", tmp);
@@ -253,15 +313,45 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
   }
 }
 
+namespace {
+
+// The owner of a claim file: "<pid> <host>". True when it names a process
+// of this host that no longer exists.
+bool claim_owner_dead(const std::string& path, const std::string& host) {
+  const int rfd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (rfd < 0) return false;
+  char buf[512] = {0};
+  const ssize_t r = ::read(rfd, buf, sizeof buf - 1);
+  ::close(rfd);
+  if (r <= 0) return false;
+  long pid = 0;
+  char owner[256] = {0};
+  return std::sscanf(buf, "%ld %255s", &pid, owner) == 2 && host == owner && pid > 0 &&
+         ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+void remove_dead_claims(const std::string& dir) noexcept {
+  try {
+    const std::string host = host_name();
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(fs::path(dir) / ".claims", ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      if (it->path().extension() == ".claim" && claim_owner_dead(it->path().string(), host))
+        ::unlink(it->path().c_str());
+    }
+  } catch (...) {
+  }
+}
+
 bool try_claim(const std::string& dir, const std::string& key, int64_t m, double ttl_s) noexcept {
   try {
-    std::error_code ec;
-    fs::create_directories(fs::path(dir) / ".claims", ec);
+    if (!make_private_dirs((fs::path(dir) / ".claims").string()).ok()) return false;
     const std::string path = claim_path(dir, key, m);
-    char host[256] = {0};
-    ::gethostname(host, sizeof host - 1);
+    const std::string host = host_name();
     for (int attempt = 0; attempt < 2; ++attempt) {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd >= 0) {
         const std::string body = std::to_string(::getpid()) + " " + host + "\n" + key + "\n";
         write_all(fd, body);
@@ -272,25 +362,9 @@ bool try_claim(const std::string& dir, const std::string& key, int64_t m, double
       // Held: take it over when it is older than the TTL or its owner (on
       // this host) is gone.
       struct stat st {};
-      if (::stat(path.c_str(), &st) != 0) continue;
+      if (::lstat(path.c_str(), &st) != 0) continue;
       const double age = static_cast<double>(::time(nullptr) - st.st_mtime);
-      bool dead = false;
-      {
-        const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (rfd >= 0) {
-          char buf[512] = {0};
-          const ssize_t r = ::read(rfd, buf, sizeof buf - 1);
-          ::close(rfd);
-          if (r > 0) {
-            long pid = 0;
-            char owner[256] = {0};
-            if (std::sscanf(buf, "%ld %255s", &pid, owner) == 2 && std::strcmp(owner, host) == 0 && pid > 0 &&
-                ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-              dead = true;
-          }
-        }
-      }
-      if (age > ttl_s || dead) {
+      if (!S_ISREG(st.st_mode) || age > ttl_s || claim_owner_dead(path, host)) {
         ::unlink(path.c_str());
         continue;
       }

@@ -36,19 +36,29 @@ struct PersistRow {
 };
 
 /// The default tuning cache dir: $KDISPATCH_CACHE_DIR, else
-/// $XDG_CACHE_HOME/kdispatch, else $HOME/.cache/kdispatch.
+/// $XDG_CACHE_HOME/kdispatch, else $HOME/.cache/kdispatch, else the
+/// per-user fallback (resolve_cache_dir); "" when that dir is refused.
 std::string default_cache_dir();
 
-/// Merges `rows` into <dir>/<rel_path> (creating dirs), atomically and
-/// under a file lock. `schema` lists (variant, schema_version) to record.
+/// Merges `rows` into <dir>/<rel_path> (creating dirs 0700), atomically
+/// and under the file's lock (store/private_fs.hpp): temp file (O_EXCL,
+/// never through a link), fsync, rename, fsync of the dir. Under the lock,
+/// temp files of dead writers of that file and claims of dead processes of
+/// this host are removed; the lock file is removed on the way out.
+/// `schema` lists (variant, schema_version) to record.
 /// `*dropped_stale` (optional) is set when the existing file's rows were
-/// dropped because its fingerprint differed. Errors: io_error naming the
-/// path.
+/// dropped because its fingerprint differed.
 /// `keep_stale` keeps the rows of a file written with another fingerprint
 /// (committed-config dirs); by default they are dropped as stale.
+/// A file at the target that does not parse as a config table is moved
+/// aside to "<file>.corrupt-<UTC time>" and a note appended to `*notes`
+/// (optional); it is never silently overwritten.
+/// Errors: io_error naming the path (a link or a non-regular file at the
+/// target or lock name is refused, never followed).
 Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
                     const Fingerprint& fp, const std::vector<std::pair<std::string, int32_t>>& schema,
-                    bool* dropped_stale = nullptr, bool keep_stale = false) noexcept;
+                    bool* dropped_stale = nullptr, bool keep_stale = false,
+                    std::vector<std::string>* notes = nullptr) noexcept;
 
 /// The JSON text persist_rows writes (deterministic: metadata first, then
 /// rows by ascending M).
@@ -57,6 +67,9 @@ std::string render_table(const std::vector<PersistRow>& rows, const Fingerprint&
 
 /// Tries to claim (key, m) in `dir`/.claims. True when this process holds it.
 bool try_claim(const std::string& dir, const std::string& key, int64_t m, double ttl_s = 600.0) noexcept;
+/// Removes the claims under `dir`/.claims held by processes of this host
+/// that no longer exist.
+void remove_dead_claims(const std::string& dir) noexcept;
 /// Releases a claim taken by try_claim.
 void release_claim(const std::string& dir, const std::string& key, int64_t m) noexcept;
 

@@ -158,8 +158,11 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
     row.default_us = sr.default_us;
     std::vector<std::pair<std::string, int32_t>> schema = {
         {std::string(plan.variant->name), plan.variant->schema_version}};
+    std::vector<std::string> notes;
     Status s = store::persist_rows(cache_dir_, rel, {row}, *fingerprint, schema, nullptr,
-                                   options_.tune.keep_rows_of_other_builds);
+                                   options_.tune.keep_rows_of_other_builds, &notes);
+    if (options_.log_level >= LogLevel::warn)
+      for (const auto& n : notes) std::fprintf(stderr, "kdispatch: %s\n", n.c_str());
     if (s.ok()) persisted = true;
     else if (why) *why = s.message();
   }

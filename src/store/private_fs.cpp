@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "store/private_fs.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace dispatch::store {
+namespace fs = std::filesystem;
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+std::string mode_text(mode_t m) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(m & 07777));
+  return buf;
+}
+
+// A parent of a private dir is safe when nobody but this uid or root can
+// rename entries in it: owned by us or root, and not writable by others
+// unless sticky (/tmp: others may create, never rename or remove ours).
+std::string parent_problem(const std::string& dir) {
+  const std::string parent = fs::path(dir).parent_path().string();
+  if (parent.empty()) return "";
+  struct stat st {};
+  if (::stat(parent.c_str(), &st) != 0) return "";  // reported when the dir itself is checked
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return "its parent '" + parent + "' is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
+           std::to_string(::geteuid()) + ") or root";
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+    return "its parent '" + parent + "' is group/world-writable (mode " + mode_text(st.st_mode) +
+           ") without the sticky bit";
+  return "";
+}
+
+// The fallback: created 0700 if absent, then checked strictly.
+CacheDirChoice fallback(std::string dir, const char* origin) {
+  CacheDirChoice c;
+  c.dir = std::move(dir);
+  c.origin = origin;
+  if (std::string p = parent_problem(c.dir); !p.empty()) {
+    c.refused = p;
+  } else if (::mkdir(c.dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    c.refused = std::string("cannot create it: ") + std::strerror(errno);
+  } else {
+    c.refused = private_dir_problem(c.dir);
+  }
+  if (!c.refused.empty())
+    c.refused = "tuning cache dir '" + c.dir + "' (the per-user fallback: KDISPATCH_CACHE_DIR, XDG_CACHE_HOME and HOME "
+                "are unset) refused: " + c.refused +
+                "; tuning results are neither read from it nor written to it (set KDISPATCH_CACHE_DIR to a private "
+                "directory)";
+  return c;
+}
+
+// A dir of the user's choice: refused only when it exists and is
+// world-writable (anyone could plant rows in it), or is not a directory.
+CacheDirChoice chosen(std::string dir, const char* origin) {
+  CacheDirChoice c;
+  c.dir = std::move(dir);
+  c.origin = origin;
+  struct stat st {};
+  if (::stat(c.dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode))
+      c.refused = "it is not a directory";
+    else if (st.st_mode & S_IWOTH)
+      c.refused = "it is world-writable (mode " + mode_text(st.st_mode) + "): anyone could plant rows in it";
+  }
+  if (!c.refused.empty())
+    c.refused = "tuning cache dir '" + c.dir + "' (from " + origin + ") refused: " + c.refused +
+                "; tuning results are neither read from it nor written to it";
+  return c;
+}
+
+}  // namespace
+
+std::string host_name() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) != 0) return "";
+  return host;
+}
+
+std::string private_dir_problem(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return std::string("cannot stat it: ") + std::strerror(errno);
+  if (S_ISLNK(st.st_mode)) return "it is a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return "it is not a directory";
+  if (st.st_uid != ::geteuid())
+    return "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
+           std::to_string(::geteuid()) + ")";
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return "it is group/world-writable (mode " + mode_text(st.st_mode) + ")";
+  return "";
+}
+
+CacheDirChoice resolve_cache_dir(const std::string& explicit_dir) noexcept {
+  try {
+    if (!explicit_dir.empty()) return chosen(explicit_dir, "tune.cache_dir");
+    if (const char* d = env("KDISPATCH_CACHE_DIR")) return chosen(d, "KDISPATCH_CACHE_DIR");
+    if (const char* x = env("XDG_CACHE_HOME")) return chosen(std::string(x) + "/kdispatch", "XDG_CACHE_HOME");
+    if (const char* h = env("HOME")) return chosen(std::string(h) + "/.cache/kdispatch", "HOME");
+    if (const char* r = env("XDG_RUNTIME_DIR")) return fallback(std::string(r) + "/kdispatch", "XDG_RUNTIME_DIR");
+    const std::string name = "/kdispatch-" + std::to_string(::geteuid());
+    if (const char* t = env("TMPDIR")) return fallback(std::string(t) + name, "TMPDIR");
+    return fallback("/tmp" + name, "/tmp");
+  } catch (...) {
+    CacheDirChoice c;
+    c.refused = "tuning cache dir: out of memory while resolving it";
+    return c;
+  }
+}
+
+Status make_private_dirs(const std::string& dir) noexcept {
+  try {
+    fs::path p = fs::path(dir).lexically_normal();
+    // Walk up to the first existing ancestor, then create downwards, 0700.
+    std::vector<fs::path> missing;
+    for (fs::path q = p; !q.empty(); q = q.parent_path()) {
+      struct stat st {};
+      if (::stat(q.c_str(), &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+          return make_status(StatusCode::io_error, "cannot create '" + dir + "': '" + q.string() + "' is not a directory");
+        break;
+      }
+      missing.push_back(q);
+      if (q == q.parent_path()) break;
+    }
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      if (::mkdir(it->c_str(), 0700) != 0 && errno != EEXIST)
+        return make_status(StatusCode::io_error,
+                           "cannot create '" + it->string() + "': " + std::string(std::strerror(errno)));
+    }
+    return Status();
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "creating '" + dir + "'");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::io_error, "cannot create '" + dir + "': " + e.what());
+  }
+}
+
+Status FileLock::acquire(const std::string& path, FileLock* out) noexcept {
+  try {
+    out->release();
+    for (int attempt = 0;; ++attempt) {
+      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        const int e = errno;
+        return make_status(StatusCode::io_error,
+                           "cannot open lock file '" + path + "': " +
+                               (e == ELOOP ? std::string("it is a symbolic link (not followed)") : std::strerror(e)));
+      }
+      struct stat mine {};
+      if (::fstat(fd, &mine) != 0 || !S_ISREG(mine.st_mode)) {
+        ::close(fd);
+        return make_status(StatusCode::io_error, "lock file '" + path + "' is not a regular file");
+      }
+      while (::flock(fd, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+          const int e = errno;
+          ::close(fd);
+          return make_status(StatusCode::io_error, "cannot lock '" + path + "': " + std::string(std::strerror(e)));
+        }
+      }
+      // Still the file at that name? Its holder may have removed it while
+      // we waited; then our lock guards nothing and we start again.
+      struct stat now {};
+      if (::lstat(path.c_str(), &now) == 0 && now.st_dev == mine.st_dev && now.st_ino == mine.st_ino) {
+        out->fd_ = fd;
+        out->path_ = path;
+        return Status();
+      }
+      ::flock(fd, LOCK_UN);
+      ::close(fd);
+      if (attempt > 100000)
+        return make_status(StatusCode::io_error, "cannot lock '" + path + "': it keeps being replaced");
+    }
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "locking '" + path + "'");
+  }
+}
+
+void FileLock::release() noexcept {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while held: a waiter then sees another inode (or none) and retries
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
+  fd_ = -1;
+}
+
+std::string temp_prefix_for(std::string_view name) { return "." + std::string(name) + ".tmp."; }
+
+std::string temp_name_for(const std::string& target) {
+  const fs::path t(target);
+  unsigned char rnd[8] = {0};
+  size_t got = 0;
+  while (got < sizeof rnd) {
+    const ssize_t r = ::getrandom(rnd + got, sizeof rnd - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    got += static_cast<size_t>(r);
+  }
+  if (got < sizeof rnd) {  // no getrandom: the clock and the address of a local
+    const auto v = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                   reinterpret_cast<uintptr_t>(&got);
+    std::memcpy(rnd, &v, sizeof rnd);
+  }
+  char hex[17];
+  for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
+  std::string host = host_name();
+  for (char& c : host)
+    if (c == '/' || c == '\0') c = '_';
+  return (t.parent_path() / (temp_prefix_for(t.filename().string()) + host + "." + std::to_string(::getpid()) + "." +
+                             hex))
+      .string();
+}
+
+}  // namespace dispatch::store

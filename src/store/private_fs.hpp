@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the file-system rules every writer of a tuning cache
+// or an emit dir follows, so that a hostile, world-writable place (/tmp) can
+// neither make kdispatch write through a planted link nor serve planted rows,
+// and concurrent writers of one file never split over two lock files.
+//
+//  - The cache dir: the user's choice (RuntimeOptions, KDISPATCH_CACHE_DIR,
+//    XDG_CACHE_HOME, HOME) or, when none is set, a per-user fallback
+//    ($XDG_RUNTIME_DIR/kdispatch, else ${TMPDIR:-/tmp}/kdispatch-<uid>)
+//    created 0700 and refused when it is a link, not this uid's, or group/
+//    world-writable. A dir of the user's choice is refused when it is
+//    world-writable. A refused dir turns tuning persistence and the cache off.
+//  - Every dir kdispatch creates is created 0700.
+//  - Lock files: `.<file>.lock` beside the file, opened without following a
+//    link, flock'ed, then checked to still be the file at that name (same
+//    device and inode) — else closed and retried. The holder removes it
+//    before unlocking; nobody else ever unlinks a lock file. So two writers
+//    can never hold locks on two different inodes of one name.
+//  - Temp files: `.<file>.tmp.<host>.<pid>.<random>`, O_CREAT|O_EXCL|
+//    O_NOFOLLOW, written only under the lock. Every temp file of a name that
+//    exists while its lock is held belongs to a dead writer, and is removed.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "dispatch/status.hpp"
+
+namespace dispatch::store {
+
+/// Where the tuning cache is and whether it may be used.
+struct CacheDirChoice {
+  std::string dir;      ///< the path (also when refused, for the message)
+  std::string origin;   ///< what chose it: "tune.cache_dir", "KDISPATCH_CACHE_DIR", "XDG_CACHE_HOME", "HOME",
+                        ///< "XDG_RUNTIME_DIR", "TMPDIR" or "/tmp" (the last three: the per-user fallback)
+  std::string refused;  ///< "" = usable; else a sentence naming the dir and why
+  bool fallback() const noexcept { return origin == "XDG_RUNTIME_DIR" || origin == "TMPDIR" || origin == "/tmp"; }
+};
+
+/// Resolves the cache dir: `explicit_dir` (RuntimeOptions::tune.cache_dir)
+/// if not empty, else $KDISPATCH_CACHE_DIR, $XDG_CACHE_HOME/kdispatch,
+/// $HOME/.cache/kdispatch; else the per-user fallback, which is created
+/// (0700) now and checked strictly. Never throws.
+CacheDirChoice resolve_cache_dir(const std::string& explicit_dir) noexcept;
+
+/// Why `dir` must not be used as a private dir of this uid ("" = fine):
+/// a symbolic link, not a directory, owned by another uid, or group/world-
+/// writable. `dir` must exist.
+std::string private_dir_problem(const std::string& dir);
+
+/// Creates `dir` and its missing parents, each new one 0700 (existing ones
+/// are left as they are). Errors: io_error naming the path.
+Status make_private_dirs(const std::string& dir) noexcept;
+
+/// An exclusive lock on `<path>` (see the header comment). Movable RAII.
+class FileLock {
+ public:
+  FileLock() = default;
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  FileLock& operator=(FileLock&&) = delete;
+  FileLock(const FileLock&) = delete;
+  ~FileLock() { release(); }
+  /// Blocks until held. Errors: io_error naming the path (a link or a
+  /// non-regular file at that name, permissions).
+  static Status acquire(const std::string& path, FileLock* out) noexcept;
+  /// Removes the lock file (while still holding it), then unlocks.
+  void release() noexcept;
+  bool held() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+/// A new temp-file name for `target` in its dir:
+/// "<dir>/.<name>.tmp.<host>.<pid>.<16 hex random>".
+std::string temp_name_for(const std::string& target);
+
+/// The prefix every temp file of `name` starts with: ".<name>.tmp.".
+std::string temp_prefix_for(std::string_view name);
+
+/// This host's name (gethostname), "" when unknown.
+std::string host_name();
+
+}  // namespace dispatch::store
