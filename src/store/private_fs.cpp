@@ -153,50 +153,103 @@ Status make_private_dirs(const std::string& dir) noexcept {
   }
 }
 
-Status FileLock::acquire(const std::string& path, FileLock* out) noexcept {
+DirFd& DirFd::operator=(DirFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+DirFd::~DirFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status open_dir_below(const std::string& root, const std::string& rel_dir, DirFd* out) noexcept {
+  try {
+    if (Status s = make_private_dirs(root); !s.ok()) return s;
+    DirFd cur(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (cur.get() < 0)
+      return make_status(StatusCode::io_error, "cannot open '" + root + "': " + std::string(std::strerror(errno)));
+    fs::path shown(root);
+    for (const auto& part : fs::path(rel_dir)) {
+      const std::string c = part.string();
+      if (c.empty() || c == ".") continue;
+      shown /= c;
+      if (c == "..")
+        return make_status(StatusCode::io_error, "'" + shown.string() + "': '..' is not allowed below a cache dir");
+      if (::mkdirat(cur.get(), c.c_str(), 0700) != 0 && errno != EEXIST)
+        return make_status(StatusCode::io_error,
+                           "cannot create '" + shown.string() + "': " + std::string(std::strerror(errno)));
+      const int fd = ::openat(cur.get(), c.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) {
+        const int e = errno;
+        struct stat st {};
+        const bool link = ::fstatat(cur.get(), c.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+        return make_status(StatusCode::io_error,
+                           "'" + shown.string() + "' " +
+                               (link ? std::string("is a symbolic link: tuning results are not written through it")
+                                     : e == ENOTDIR ? std::string("is not a directory")
+                                                    : std::string("cannot be opened: ") + std::strerror(e)));
+      }
+      cur = DirFd(fd);
+    }
+    *out = std::move(cur);
+    return Status();
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "opening '" + root + "'");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::io_error, "cannot open '" + root + "/" + rel_dir + "': " + e.what());
+  }
+}
+
+Status FileLock::acquire(int dir_fd, const std::string& name, const std::string& shown, FileLock* out) noexcept {
   try {
     out->release();
     for (int attempt = 0;; ++attempt) {
-      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+      const int fd = ::openat(dir_fd, name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
       if (fd < 0) {
         const int e = errno;
         return make_status(StatusCode::io_error,
-                           "cannot open lock file '" + path + "': " +
+                           "cannot open lock file '" + shown + "': " +
                                (e == ELOOP ? std::string("it is a symbolic link (not followed)") : std::strerror(e)));
       }
       struct stat mine {};
       if (::fstat(fd, &mine) != 0 || !S_ISREG(mine.st_mode)) {
         ::close(fd);
-        return make_status(StatusCode::io_error, "lock file '" + path + "' is not a regular file");
+        return make_status(StatusCode::io_error, "lock file '" + shown + "' is not a regular file");
       }
       while (::flock(fd, LOCK_EX) != 0) {
         if (errno != EINTR) {
           const int e = errno;
           ::close(fd);
-          return make_status(StatusCode::io_error, "cannot lock '" + path + "': " + std::string(std::strerror(e)));
+          return make_status(StatusCode::io_error, "cannot lock '" + shown + "': " + std::string(std::strerror(e)));
         }
       }
       // Still the file at that name? Its holder may have removed it while
       // we waited; then our lock guards nothing and we start again.
       struct stat now {};
-      if (::lstat(path.c_str(), &now) == 0 && now.st_dev == mine.st_dev && now.st_ino == mine.st_ino) {
+      if (::fstatat(dir_fd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == mine.st_dev &&
+          now.st_ino == mine.st_ino) {
+        out->dir_ = dir_fd;
         out->fd_ = fd;
-        out->path_ = path;
+        out->name_ = name;
         return Status();
       }
       ::flock(fd, LOCK_UN);
       ::close(fd);
       if (attempt > 100000)
-        return make_status(StatusCode::io_error, "cannot lock '" + path + "': it keeps being replaced");
+        return make_status(StatusCode::io_error, "cannot lock '" + shown + "': it keeps being replaced");
     }
   } catch (const std::bad_alloc&) {
-    return make_status(StatusCode::out_of_memory, "locking '" + path + "'");
+    return make_status(StatusCode::out_of_memory, "locking '" + shown + "'");
   }
 }
 
 void FileLock::release() noexcept {
   if (fd_ < 0) return;
-  ::unlink(path_.c_str());  // while held: a waiter then sees another inode (or none) and retries
+  ::unlinkat(dir_, name_.c_str(), 0);  // while held: a waiter then sees another inode (or none) and retries
   ::flock(fd_, LOCK_UN);
   ::close(fd_);
   fd_ = -1;
@@ -204,8 +257,7 @@ void FileLock::release() noexcept {
 
 std::string temp_prefix_for(std::string_view name) { return "." + std::string(name) + ".tmp."; }
 
-std::string temp_name_for(const std::string& target) {
-  const fs::path t(target);
+std::string temp_name_for(std::string_view name) {
   unsigned char rnd[8] = {0};
   size_t got = 0;
   while (got < sizeof rnd) {
@@ -225,10 +277,8 @@ std::string temp_name_for(const std::string& target) {
   for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
   std::string host = host_name();
   for (char& c : host)
-    if (c == '/' || c == '\0') c = '_';
-  return (t.parent_path() / (temp_prefix_for(t.filename().string()) + host + "." + std::to_string(::getpid()) + "." +
-                             hex))
-      .string();
+    if (c == '/') c = '_';
+  return temp_prefix_for(name) + host + "." + std::to_string(::getpid()) + "." + hex;
 }
 
 }  // namespace dispatch::store

@@ -52,29 +52,55 @@ std::string private_dir_problem(const std::string& dir);
 /// are left as they are). Errors: io_error naming the path.
 Status make_private_dirs(const std::string& dir) noexcept;
 
-/// An exclusive lock on `<path>` (see the header comment). Movable RAII.
+/// An open directory (RAII), for the *at() calls that never leave it.
+class DirFd {
+ public:
+  DirFd() = default;
+  explicit DirFd(int fd) noexcept : fd_(fd) {}
+  DirFd(DirFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  DirFd& operator=(DirFd&& o) noexcept;
+  DirFd(const DirFd&) = delete;
+  DirFd& operator=(const DirFd&) = delete;
+  ~DirFd();
+  int get() const noexcept { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Opens <root>/<rel_dir> for writing into it: `root` as given (it may be a
+/// link — the user's choice — and is created 0700 if absent), then every
+/// component of `rel_dir` below it without following a link, each missing
+/// one created 0700. Errors: io_error naming the path ("... is a symbolic
+/// link", "... is not a directory").
+Status open_dir_below(const std::string& root, const std::string& rel_dir, DirFd* out) noexcept;
+
+/// An exclusive lock on the file `name` in an open dir (see the header
+/// comment). Movable RAII.
 class FileLock {
  public:
   FileLock() = default;
-  FileLock(FileLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  FileLock(FileLock&& o) noexcept : dir_(o.dir_), fd_(o.fd_), name_(std::move(o.name_)) { o.fd_ = -1; }
   FileLock& operator=(FileLock&&) = delete;
   FileLock(const FileLock&) = delete;
   ~FileLock() { release(); }
-  /// Blocks until held. Errors: io_error naming the path (a link or a
-  /// non-regular file at that name, permissions).
-  static Status acquire(const std::string& path, FileLock* out) noexcept;
+  /// Blocks until held. `shown` is the path used in messages. Errors:
+  /// io_error naming it (a link or a non-regular file at that name,
+  /// permissions).
+  static Status acquire(int dir_fd, const std::string& name, const std::string& shown, FileLock* out) noexcept;
   /// Removes the lock file (while still holding it), then unlocks.
   void release() noexcept;
   bool held() const noexcept { return fd_ >= 0; }
 
  private:
+  int dir_ = -1;
   int fd_ = -1;
-  std::string path_;
+  std::string name_;
 };
 
-/// A new temp-file name for `target` in its dir:
-/// "<dir>/.<name>.tmp.<host>.<pid>.<16 hex random>".
-std::string temp_name_for(const std::string& target);
+/// A new temp-file name for the file `name` (no dir part):
+/// ".<name>.tmp.<host>.<pid>.<16 hex random>".
+std::string temp_name_for(std::string_view name);
 
 /// The prefix every temp file of `name` starts with: ".<name>.tmp.".
 std::string temp_prefix_for(std::string_view name);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/writer.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -162,25 +163,25 @@ std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerpri
 
 namespace {
 
-// Reads a regular file without following a link and without blocking on a
-// FIFO. *missing = true when nothing is at that name.
-Status read_target(const std::string& path, std::string* data, bool* missing) {
+// Reads the regular file `name` in an open dir without following a link
+// and without blocking on a FIFO. *missing = true when nothing is there.
+Status read_target(int dir_fd, const std::string& name, const std::string& shown, std::string* data, bool* missing) {
   *missing = false;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
       *missing = true;
       return Status();
     }
     if (errno == ELOOP)
-      return make_status(StatusCode::io_error, "'" + path + "' is a symbolic link: tuning results are not written "
+      return make_status(StatusCode::io_error, "'" + shown + "' is a symbolic link: tuning results are not written "
                                                "through it (replace it with a regular file or remove it)");
-    return io_error("cannot open", path);
+    return io_error("cannot open", shown);
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return make_status(StatusCode::io_error, "'" + path + "' is not a regular file: tuning results are not written "
+    return make_status(StatusCode::io_error, "'" + shown + "' is not a regular file: tuning results are not written "
                                              "over it");
   }
   char buf[65536];
@@ -188,7 +189,7 @@ Status read_target(const std::string& path, std::string* data, bool* missing) {
   while ((r = ::read(fd, buf, sizeof buf)) != 0) {
     if (r < 0) {
       if (errno == EINTR) continue;
-      Status s = io_error("cannot read", path);
+      Status s = io_error("cannot read", shown);
       ::close(fd);
       return s;
     }
@@ -198,29 +199,37 @@ Status read_target(const std::string& path, std::string* data, bool* missing) {
   return Status();
 }
 
-// "<target>.corrupt-<UTC time>", made unique.
-std::string corrupt_name(const fs::path& target) {
+// "<name>.corrupt-<UTC time>", made unique in the dir.
+std::string corrupt_name(int dir_fd, const std::string& name) {
   const std::time_t now = std::time(nullptr);
   std::tm tm {};
   ::gmtime_r(&now, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-  std::string base = target.string() + ".corrupt-" + stamp;
+  const std::string base = name + ".corrupt-" + stamp;
   std::string out = base;
   struct stat st {};
-  for (int i = 1; ::lstat(out.c_str(), &st) == 0; ++i) out = base + "-" + std::to_string(i);
+  for (int i = 1; ::fstatat(dir_fd, out.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0; ++i) out = base + "-" + std::to_string(i);
   return out;
 }
 
 // With the lock on <name> held, every temp file of <name> is a dead
 // writer's: remove them.
-void remove_dead_temps(const fs::path& parent, const std::string& name) {
-  const std::string prefix = temp_prefix_for(name);
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string f = it->path().filename().string();
-    if (f.compare(0, prefix.size(), prefix) == 0) ::unlink(it->path().c_str());
+void remove_dead_temps(int dir_fd, const std::string& name) {
+  const int fd = ::dup(dir_fd);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    return;
   }
+  ::rewinddir(d);
+  const std::string prefix = temp_prefix_for(name);
+  std::vector<std::string> dead;
+  while (const dirent* e = ::readdir(d))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) dead.emplace_back(e->d_name);
+  ::closedir(d);
+  for (const auto& f : dead) ::unlinkat(dir_fd, f.c_str(), 0);
 }
 
 }  // namespace
@@ -231,13 +240,18 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
   try {
     if (dropped_stale) *dropped_stale = false;
     const fs::path target = fs::path(dir) / rel_path;
-    const fs::path parent = target.parent_path();
-    if (Status s = make_private_dirs(parent.string()); !s.ok()) return s;
+    const std::string shown = target.string();
     const std::string name = target.filename().string();
+    DirFd parent;
+    if (Status s = open_dir_below(dir, fs::path(rel_path).parent_path().string(), &parent); !s.ok()) return s;
+    const int pfd = parent.get();
 
     FileLock lock;
-    if (Status s = FileLock::acquire((parent / ("." + name + ".lock")).string(), &lock); !s.ok()) return s;
-    remove_dead_temps(parent, name);
+    if (Status s = FileLock::acquire(pfd, "." + name + ".lock", (target.parent_path() / ("." + name + ".lock")).string(),
+                                     &lock);
+        !s.ok())
+      return s;
+    remove_dead_temps(pfd, name);
     remove_dead_claims(dir);
 
     // Re-read the current file under the lock and merge.
@@ -245,7 +259,7 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
     {
       std::string data;
       bool missing = false;
-      if (Status s = read_target(target.string(), &data, &missing); !s.ok()) return s;
+      if (Status s = read_target(pfd, name, shown, &data, &missing); !s.ok()) return s;
       if (!missing) {
         const size_t len = data.size();
         data.append(json_padding(), '\0');
@@ -271,12 +285,12 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
           }
         } else {
           // Not a table we can merge into: keep it, aside, and say so.
-          const std::string aside = corrupt_name(target);
-          if (::rename(target.c_str(), aside.c_str()) != 0) return io_error("cannot move aside", target.string());
+          const std::string aside = corrupt_name(pfd, name);
+          if (::renameat(pfd, name.c_str(), pfd, aside.c_str()) != 0) return io_error("cannot move aside", shown);
           if (notes)
-            notes->push_back("'" + target.string() + "' did not parse as a config table (" +
+            notes->push_back("'" + shown + "' did not parse as a config table (" +
                              (pf.problems.empty() ? std::string("unknown layout") : pf.problems[0]) +
-                             "); moved aside to '" + aside + "' and started afresh");
+                             "); moved aside to '" + (target.parent_path() / aside).string() + "' and started afresh");
         }
       }
     }
@@ -285,26 +299,23 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
     for (auto& [m, r] : merged) all.push_back(std::move(r));
     const std::string text = render_table(all, fp, schema);
 
-    const std::string tmp = temp_name_for(target.string());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return io_error("cannot create", tmp);
+    const std::string tmp = temp_name_for(name);
+    const std::string tmp_shown = (target.parent_path() / tmp).string();
+    const int fd = ::openat(pfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error("cannot create", tmp_shown);
     if (!write_all(fd, text) || ::fsync(fd) != 0) {
-      Status s = io_error("cannot write", tmp);
+      Status s = io_error("cannot write", tmp_shown);
       ::close(fd);
-      ::unlink(tmp.c_str());
+      ::unlinkat(pfd, tmp.c_str(), 0);
       return s;
     }
     ::close(fd);
-    if (::rename(tmp.c_str(), target.c_str()) != 0) {
-      Status s = io_error("cannot rename into", target.string());
-      ::unlink(tmp.c_str());
+    if (::renameat(pfd, tmp.c_str(), pfd, name.c_str()) != 0) {
+      Status s = io_error("cannot rename into", shown);
+      ::unlinkat(pfd, tmp.c_str(), 0);
       return s;
     }
-    const int dfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
+    ::fsync(pfd);
     return Status();
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "persisting tuning results");
