@@ -110,7 +110,11 @@ std::string private_dir_problem(const std::string& dir) {
 
 CacheDirChoice resolve_cache_dir(const std::string& explicit_dir) noexcept {
   try {
-    if (!explicit_dir.empty()) return chosen(explicit_dir, "tune.cache_dir");
+    if (!explicit_dir.empty()) {
+      // options_from_env() copies $KDISPATCH_CACHE_DIR into the options: name the variable then.
+      const char* d = env("KDISPATCH_CACHE_DIR");
+      return chosen(explicit_dir, d && explicit_dir == d ? "KDISPATCH_CACHE_DIR" : "tune.cache_dir");
+    }
     if (const char* d = env("KDISPATCH_CACHE_DIR")) return chosen(d, "KDISPATCH_CACHE_DIR");
     if (const char* x = env("XDG_CACHE_HOME")) return chosen(std::string(x) + "/kdispatch", "XDG_CACHE_HOME");
     if (const char* h = env("HOME")) return chosen(std::string(h) + "/.cache/kdispatch", "HOME");
