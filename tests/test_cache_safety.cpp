@@ -170,7 +170,7 @@ TEST_CASE("cache dir: the per-user fallback is created 0700 and refused when a l
   }
 }
 
-TEST_CASE("cache dir: the user's choice is used as given, refused only when world-writable") {
+TEST_CASE("cache dir: the user's choice is used as given, refused when world-writable or another user's") {
   TempDir tmp;
   {
     EnvScope e({{"KDISPATCH_CACHE_DIR", (tmp.str() + "/a/b").c_str()}});
@@ -179,6 +179,17 @@ TEST_CASE("cache dir: the user's choice is used as given, refused only when worl
     CHECK(c.origin == "KDISPATCH_CACHE_DIR");
     CHECK(c.refused == "");
     CHECK_FALSE(fs::exists(c.dir));  // created 0700 on the first write, not at resolution
+  }
+  if (::geteuid() == 0) {  // another user's dir: refused unless shared with a group of ours
+    REQUIRE(::chown(tmp.str().c_str(), kNobody, kNobody) == 0);
+    REQUIRE(::chmod(tmp.str().c_str(), 0775) == 0);
+    CHECK(store::resolve_cache_dir(tmp.str()).refused ==
+          "tuning cache dir '" + tmp.str() +
+              "' (from tune.cache_dir) refused: it is owned by uid 65534, not by this process (uid 0) or root, and is "
+              "not group-writable by a group of this process; tuning results are neither read from it nor written to it");
+    REQUIRE(::chown(tmp.str().c_str(), kNobody, 0) == 0);  // group root, group-writable: a shared dir
+    CHECK(store::resolve_cache_dir(tmp.str()).refused == "");
+    REQUIRE(::chown(tmp.str().c_str(), 0, 0) == 0);
   }
   REQUIRE(::chmod(tmp.str().c_str(), 01777) == 0);
   const store::CacheDirChoice c = store::resolve_cache_dir(tmp.str());

@@ -49,8 +49,10 @@ struct TuneOptions {
   /// else ~/.cache/kdispatch; with none of them set, a per-user fallback:
   /// $XDG_RUNTIME_DIR/kdispatch, else ${TMPDIR:-/tmp}/kdispatch-<uid>,
   /// created 0700 and refused when it is a symbolic link, owned by another
-  /// uid or group/world-writable. A world-writable dir is refused whoever
-  /// chose it. A refused dir is neither read nor written (tuning still
+  /// uid or group/world-writable. A dir given here or in the environment is
+  /// refused when world-writable, or owned by another uid (not root) and not
+  /// group-writable by a group of this process. A refused dir is neither
+  /// read nor written (tuning still
   /// runs, its winners live in memory only); load_report().notes names the
   /// dir and why. Dirs kdispatch creates in it are 0700.
   ///                                               [KDISPATCH_CACHE_DIR]

@@ -68,8 +68,20 @@ CacheDirChoice fallback(std::string dir, const char* origin) {
   return c;
 }
 
-// A dir of the user's choice: refused only when it exists and is
-// world-writable (anyone could plant rows in it), or is not a directory.
+bool in_group(gid_t g) {
+  if (g == ::getegid()) return true;
+  gid_t groups[256];
+  const int n = ::getgroups(256, groups);
+  for (int i = 0; i < n; ++i)
+    if (groups[i] == g) return true;
+  return false;
+}
+
+// A dir of the user's choice, when it exists: refused when it is not a
+// directory, world-writable (anyone could plant rows in it), or another
+// user's (not root's) without being a dir shared with a group of ours
+// (group-writable, our group) — e.g. a name in /tmp taken first by someone
+// else. Absent, it is created 0700 on the first write.
 CacheDirChoice chosen(std::string dir, const char* origin) {
   CacheDirChoice c;
   c.dir = std::move(dir);
@@ -80,6 +92,9 @@ CacheDirChoice chosen(std::string dir, const char* origin) {
       c.refused = "it is not a directory";
     else if (st.st_mode & S_IWOTH)
       c.refused = "it is world-writable (mode " + mode_text(st.st_mode) + "): anyone could plant rows in it";
+    else if (st.st_uid != ::geteuid() && st.st_uid != 0 && !((st.st_mode & S_IWGRP) && in_group(st.st_gid)))
+      c.refused = "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
+                  std::to_string(::geteuid()) + ") or root, and is not group-writable by a group of this process";
   }
   if (!c.refused.empty())
     c.refused = "tuning cache dir '" + c.dir + "' (from " + origin + ") refused: " + c.refused +

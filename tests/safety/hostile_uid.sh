@@ -10,7 +10,10 @@
 #     with the dir and why; no planted row served; nothing written there.
 #  2. The fallback name is the attacker's symbolic link to a dir of theirs:
 #     refused; nothing written through it.
-#  3. A shared, group-writable cache dir (KDISPATCH_CACHE_DIR; the attacker is
+#  3. The fallback is ours: created 0700, used.
+#  4. A dir named with --cache-dir that the attacker created first (0755,
+#     planted rows): refused, no planted row served.
+#  5. A shared, group-writable cache dir (KDISPATCH_CACHE_DIR; the attacker is
 #     in the group): links planted at the file, lock and old temp names and a
 #     link in place of an op dir, all to a root-owned 0600 file or a root-only
 #     dir. Every write that would go through one fails naming it; the victims
@@ -63,10 +66,9 @@ check "replay exits 0" [ $? -eq 0 ]
 check "cache dir not used" [ "$(json_field "$root/r1.json" 'd["cache_dir"]')" = "" ]
 check "no config file loaded from it" [ "$(json_field "$root/r1.json" 'd["config_files"]')" = 0 ]
 check "no planted row served (rmsnorm hits 0)" [ "$(json_field "$root/r1.json" 'd["ops"]["rmsnorm"]["hits"]')" = 0 ]
-# Control: the same dir named by the user (KDISPATCH_CACHE_DIR; not world-writable) serves the planted row.
-KDISPATCH_CACHE_DIR=$fallback "$kd" replay --trace "$trace" --steps 1 --no-shipped-configs --json >"$root/r0.json" \
-  2>/dev/null
-check "control: named by KDISPATCH_CACHE_DIR, the planted row serves (rmsnorm hits 1)" \
+# Control: the planted file is valid: given as a config dir (--configs, read as given) it serves.
+"$kd" replay --trace "$trace" --steps 1 --no-shipped-configs --configs "$fallback" --json >"$root/r0.json" 2>/dev/null
+check "control: the same dir given with --configs serves the planted row (rmsnorm hits 1)" \
   [ "$(json_field "$root/r0.json" 'd["ops"]["rmsnorm"]["hits"]')" = 1 ]
 note=$(json_field "$root/r1.json" 'd["load_notes"][0]')
 check "the report names the dir and why: $note" \
@@ -95,7 +97,16 @@ check "cache dir is $fallback" [ "$(json_field "$root/r3.json" 'd["cache_dir"]')
 check "mode 0700, owned by root" [ "$(stat -c '%a %u' "$fallback")" = "700 0" ]
 check "tuned rows written there" [ -f "$fallback/$rel" ]
 
-echo "case 4: a shared group-writable dir, links planted by a group member (uid 65534)"
+echo "case 4: --cache-dir names a dir in /tmp that uid 65534 created first (0755, planted rows)"
+taken=$tmp/kd-cache
+as_nobody mkdir -p -m 0755 "$taken/$(dirname "$rel")"
+as_nobody cp "$legit" "$taken/$rel"
+"$kd" replay --trace "$trace" --steps 1 --no-shipped-configs --cache-dir "$taken" --json >"$root/r5.json" 2>/dev/null
+note=$(json_field "$root/r5.json" 'd["load_notes"][0]')
+check "refused: $note" grep -q "tuning cache dir '$taken' (from tune.cache_dir) refused: it is owned by uid 65534" <<<"$note"
+check "no planted row served (rmsnorm hits 0)" [ "$(json_field "$root/r5.json" 'd["ops"]["rmsnorm"]["hits"]')" = 0 ]
+
+echo "case 5: a shared group-writable dir, links planted by a group member (uid 65534)"
 shared=$root/shared && mkdir "$shared" && chgrp 65534 "$shared" && chmod 2770 "$shared"
 mkdir -p "$shared/cpu/rmsnorm" && chgrp -R 65534 "$shared/cpu" && chmod -R 2770 "$shared/cpu"
 name=$(basename "$rel")
