@@ -42,6 +42,7 @@
 
 #include "core/numeric.hpp"
 #include "core/op.hpp"
+#include "ops/specs.hpp"
 #include "core/registry.hpp"
 #include "dispatch/device.hpp"
 
@@ -104,12 +105,12 @@ Case gemm_case(DType dt, int64_t m, int64_t n, int64_t k) {
   c.p.m = m;
   c.p.n = n;
   c.p.k = k;
-  c.args.a = buffer("a", dt, m * k);
-  c.args.lda = k;
-  c.args.b = buffer("b", dt, n * k);
-  c.args.ldb = k;
-  c.args.d = buffer("d", dt, m * n);
-  c.args.ldd = n;
+  c.args.data[core::kGemmArgA] = buffer("a", dt, m * k);
+  c.args.ld[core::kGemmArgA] = k;
+  c.args.data[core::kGemmArgB] = buffer("b", dt, n * k);
+  c.args.ld[core::kGemmArgB] = k;
+  c.args.data[core::kGemmArgD] = buffer("d", dt, m * n);
+  c.args.ld[core::kGemmArgD] = n;
   c.work = 2.0 * double(m) * double(n) * double(k);
   return c;
 }
@@ -125,19 +126,22 @@ Case norm_case(OpKind op, DType dt, int64_t tokens, int64_t hidden) {
   c.p.n = hidden;
   const double esz = dt == DType::fp32 ? 4 : 2;
   const double rows = double(tokens) * double(hidden) * esz;
-  c.args.x = buffer("x", dt, tokens * hidden);
-  c.args.ldx = hidden;
-  c.args.w = buffer("w", dt, hidden);
-  c.args.eps = 1e-6f;
-  if (op == OpKind::rmsnorm) {
-    c.args.y = buffer("y", dt, tokens * hidden);
-    c.args.ldy = hidden;
+  // Slots: rmsnorm y, x, w; fused_add_rmsnorm x, residual, w.
+  const bool fused = op != OpKind::rmsnorm;
+  const int sx = fused ? core::kFusedArgX : core::kNormArgX;
+  c.args.data[sx] = buffer("x", dt, tokens * hidden);
+  c.args.ld[sx] = hidden;
+  c.args.data[fused ? core::kFusedArgW : core::kNormArgW] = buffer("w", dt, hidden);
+  c.args.scalar[0] = 1e-6f;
+  if (!fused) {
+    c.args.data[core::kNormArgY] = buffer("y", dt, tokens * hidden);
+    c.args.ld[core::kNormArgY] = hidden;
     c.work = 2 * rows + double(hidden) * esz;
   } else {
     // In place: residual += x grows by |x| <= 1 per call (no overflow in any
     // run length a benchmark reaches); x is renormalised every call.
-    c.args.residual = buffer("residual", dt, tokens * hidden);
-    c.args.ldr = hidden;
+    c.args.data[core::kFusedArgResidual] = buffer("residual", dt, tokens * hidden);
+    c.args.ld[core::kFusedArgResidual] = hidden;
     c.work = 4 * rows + double(hidden) * esz;
   }
   return c;

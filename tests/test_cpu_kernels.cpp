@@ -30,6 +30,7 @@
 #include "api/validate.hpp"
 #include "core/numeric.hpp"
 #include "core/op.hpp"
+#include "ops/specs.hpp"
 #include "core/registry.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_common.hpp"
@@ -399,12 +400,12 @@ TEST_CASE("cpu gemm: a row with a NaN gives NaN in that row only") {
     p.n = N;
     p.k = K;
     LaunchArgs args;
-    args.a = a.data();
-    args.lda = K;
-    args.b = b.data();
-    args.ldb = K;
-    args.d = d.data();
-    args.ldd = N;
+    args.data[core::kGemmArgA] = a.data();
+    args.ld[core::kGemmArgA] = K;
+    args.data[core::kGemmArgB] = b.data();
+    args.ld[core::kGemmArgB] = K;
+    args.data[core::kGemmArgD] = d.data();
+    args.ld[core::kGemmArgD] = N;
     for (const VariantDef* v : cpu_variants()) {
       if (v->op != OpKind::gemm || v->in_dtype != in) continue;
       for (const Plan& plan : config_points(*v, p, dev)) {
@@ -445,12 +446,12 @@ void check_rmsnorm(DType in, DType out, const NormShape& s, std::mt19937& rng) {
   p.m = s.tokens;
   p.n = s.hidden;
   LaunchArgs args;
-  args.x = x.data();
-  args.ldx = ldx;
-  args.y = y.data();
-  args.ldy = ldy;
-  args.w = w.data();
-  args.eps = eps;
+  args.data[core::kNormArgX] = x.data();
+  args.ld[core::kNormArgX] = ldx;
+  args.data[core::kNormArgY] = y.data();
+  args.ld[core::kNormArgY] = ldy;
+  args.data[core::kNormArgW] = w.data();
+  args.scalar[0] = eps;
   int points = 0;
   for (const VariantDef* v : cpu_variants()) {
     if (v->op != OpKind::rmsnorm || v->in_dtype != in) continue;
@@ -514,12 +515,12 @@ void check_fused_inputs(DType dt, int64_t tokens, int64_t hidden, int64_t ldx, i
       ++points;
       Buffer x = x0, r = r0;  // fresh in-place buffers, padding holds the poison
       LaunchArgs args;
-      args.x = x.data();
-      args.ldx = ldx;
-      args.residual = r.data();
-      args.ldr = ldr;
-      args.w = w.data();
-      args.eps = eps;
+      args.data[core::kFusedArgX] = x.data();
+      args.ld[core::kFusedArgX] = ldx;
+      args.data[core::kFusedArgResidual] = r.data();
+      args.ld[core::kFusedArgResidual] = ldr;
+      args.data[core::kFusedArgW] = const_cast<void*>(w.data());
+      args.scalar[0] = eps;
       const std::string what = plan_string(plan) + " " + label + " tokens=" + std::to_string(tokens) +
                                " hidden=" + std::to_string(hidden) + " ldx=" + std::to_string(ldx) +
                                " ldr=" + std::to_string(ldr);
@@ -620,12 +621,12 @@ TEST_CASE("cpu norms: a NaN in a row gives NaN in that row only (bf16 NaN is not
     p.m = T;
     p.n = H;
     LaunchArgs args;
-    args.x = x.data();
-    args.ldx = H;
-    args.y = y.data();
-    args.ldy = H;
-    args.w = w.data();
-    args.eps = 1e-6f;
+    args.data[core::kNormArgX] = x.data();
+    args.ld[core::kNormArgX] = H;
+    args.data[core::kNormArgY] = y.data();
+    args.ld[core::kNormArgY] = H;
+    args.data[core::kNormArgW] = w.data();
+    args.scalar[0] = 1e-6f;
     for (const VariantDef* v : cpu_variants()) {
       if (v->op != OpKind::rmsnorm || v->in_dtype != dt) continue;
       for (const Plan& plan : config_points(*v, p, dev)) {
@@ -636,10 +637,10 @@ TEST_CASE("cpu norms: a NaN in a row gives NaN in that row only (bf16 NaN is not
           for (int64_t h = 0; h < H; ++h) REQUIRE(std::isnan(y.get(t * H + h)) == (t == 1));
         // A NaN whose payload fills the low mantissa (here through eps) must
         // not carry into the sign when rounded to bf16 (0x7fffffff + 0x8000).
-        args.eps = std::bit_cast<float>(0x7fffffffu);
+        args.scalar[0] = std::bit_cast<float>(0x7fffffffu);
         REQUIRE(v->launch(args, p, plan.params).ok());
         for (int64_t i = 0; i < T * H; ++i) REQUIRE(std::isnan(y.get(i)));
-        args.eps = 1e-6f;
+        args.scalar[0] = 1e-6f;
       }
     }
   }
@@ -649,8 +650,9 @@ TEST_CASE("cpu norms: a NaN in a row gives NaN in that row only (bf16 NaN is not
 
 TEST_CASE("cpu variants: the backend list is the per-op lists, names are unique and well formed") {
   const auto all = cpu::variants();
-  REQUIRE(all.size() == cpu::gemm_variants().size() + cpu::rmsnorm_variants().size() +
-                            cpu::fused_add_rmsnorm_variants().size());
+  size_t listed = 0;  // every op's list (cpu_backend.cpp's table of ops)
+  for (int op = 0; op < core::kOpCount; ++op) listed += cpu::variants_of(static_cast<OpKind>(op)).size();
+  REQUIRE(all.size() == listed);
   std::vector<std::string> names;
   for (const VariantDef* v : all) {
     REQUIRE(v != nullptr);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/registry.hpp"
+#include "ops/specs.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "gpu/gpu_backend.hpp"

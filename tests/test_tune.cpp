@@ -27,6 +27,7 @@
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
 #include "core/registry.hpp"
+#include "ops/specs.hpp"
 #include "dispatch/dispatch.hpp"
 #include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
@@ -934,7 +935,7 @@ TEST_CASE("make_target's launch_at runs the op on the pointers it is given, in t
     p.op = core::OpKind::gemm;
     p.m = M, p.n = N, p.k = K, p.has_bias = true;
     core::LaunchArgs la;
-    la.a = a.data(), la.lda = K, la.b = b.data(), la.ldb = K, la.d = d.data(), la.ldd = N, la.bias = bias.data();
+    la.data[core::kGemmArgA] = a.data(), la.ld[core::kGemmArgA] = K, la.data[core::kGemmArgB] = b.data(), la.ld[core::kGemmArgB] = K, la.data[core::kGemmArgD] = d.data(), la.ld[core::kGemmArgD] = N, la.data[core::kGemmArgBias] = bias.data();
     tune::TuneTarget t = tune::make_target(p, la);
     REQUIRE(t.launch_at);
     const core::Plan plan = core::get_default(p, cpu);
@@ -958,7 +959,7 @@ TEST_CASE("make_target's launch_at runs the op on the pointers it is given, in t
     p.op = core::OpKind::rmsnorm;
     p.m = T, p.n = H;
     core::LaunchArgs la;
-    la.y = y.data(), la.ldy = H, la.x = x.data(), la.ldx = H, la.w = w.data(), la.eps = 0.f;
+    la.data[core::kNormArgY] = y.data(), la.ld[core::kNormArgY] = H, la.data[core::kNormArgX] = x.data(), la.ld[core::kNormArgX] = H, la.data[core::kNormArgW] = w.data(), la.scalar[0] = 0.f;
     tune::TuneTarget t = tune::make_target(p, la);
     const core::Plan plan = core::get_default(p, cpu);
     REQUIRE(plan.valid());
@@ -983,7 +984,7 @@ TEST_CASE("the confirmation never moves an in-place argument: fused_add_rmsnorm 
   p.op = core::OpKind::fused_add_rmsnorm;
   p.m = T, p.n = H;
   core::LaunchArgs la;
-  la.x = x.data(), la.ldx = H, la.residual = res.data(), la.ldr = H, la.w = w.data(), la.eps = 1e-6f;
+  la.data[core::kFusedArgX] = x.data(), la.ld[core::kFusedArgX] = H, la.data[core::kFusedArgResidual] = res.data(), la.ld[core::kFusedArgResidual] = H, la.data[core::kFusedArgW] = w.data(), la.scalar[0] = 1e-6f;
   tune::TuneTarget t = tune::make_target(p, la);
   REQUIRE(t.args.size() == 3);
   // Wrap launch_at: record what each placement gets, then run the real op.

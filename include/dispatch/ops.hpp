@@ -109,6 +109,19 @@ struct FusedAddRmsNormArgs {
   float eps = 1e-6f;
 };
 
+/// Arguments of silu_and_mul, the activation after a fused gate_up
+/// projection (vLLM/SGLang's silu_and_mul(out, input)):
+///   out[t, i] = silu(x[t, i]) * x[t, d + i],  silu(g) = g / (1 + exp(-g)).
+/// - x: [tokens, 2*d] (gate then up), unit stride along the last dim, row
+///   stride >= 2*d.
+/// - out: [tokens, d], unit stride, row stride >= d; must not overlap x.
+/// dtypes: x and out the same (fp32, bf16; fp16 where the backend has it);
+/// computed in fp32, rounded once to the output dtype.
+struct SiluAndMulArgs {
+  TensorRef out;
+  TensorRef x;
+};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -128,6 +141,12 @@ KDISPATCH_API Status rmsnorm(Runtime& rt, const RmsNormArgs& args, Stream stream
 KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& args,
                                        Stream stream = {}, const CallOptions& opts = {}) noexcept;
 
+/// SiLU(gate) * up. Thread-safe. On the CPU the work is done on return; on
+/// a GPU it is queued on `stream`. Errors as gemm (invalid_argument naming
+/// out or x: shapes, strides, overlap).
+KDISPATCH_API Status silu_and_mul(Runtime& rt, const SiluAndMulArgs& args, Stream stream = {},
+                                  const CallOptions& opts = {}) noexcept;
+
 /// A config query: which tuned config serves this kernel at this M?
 /// Serves kdispatch's own ops and kernels the engine owns (its Triton
 /// fused-MoE kernel, its block-fp8 GEMM) from the same table, so an engine
@@ -135,7 +154,7 @@ KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& a
 struct LookupQuery {
   /// "fused_moe" (SGLang/vLLM fused-MoE tables, keyed E=,N=,...),
   /// "triton_gemm" (SGLang's dense w8a8/block-fp8 GEMM tables, N=,K=,...),
-  /// or an own op: "gemm", "rmsnorm", "fused_add_rmsnorm". Empty: inferred
+  /// or an own op (core/op_list.hpp: "gemm", "rmsnorm", ...). Empty: inferred
   /// (the one op the table holds, else "fused_moe" for a key with E=,
   /// else "triton_gemm" for N= and K=).
   std::string op;
@@ -218,6 +237,7 @@ struct PretuneResult {
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const SiluAndMulArgs& args) noexcept;
 
 /// The result as one JSON object: {"config": {...}, "source": ...,
 /// "match": ..., "M": <table key or null>, "variant": ..., "key": ..., "why": ...}

@@ -12,20 +12,28 @@
 namespace dispatch {
 
 /// Element type of a tensor. The spelling used in config file names and
-/// in `--key` is `dtype_name()`: "fp32", "fp16", "bf16".
+/// in `--key` is `dtype_name()`: "fp32", "fp16", "bf16", ...
+/// The fp8 formats and int32 describe arguments of ops to come (an fp8
+/// GEMM's operands, a fused MoE's expert ids); no op of this version takes
+/// them, and a tensor of one is refused as an unsupported problem.
 enum class DType : uint8_t {
-  fp32 = 0,  ///< IEEE binary32, 4 bytes.
-  fp16 = 1,  ///< IEEE binary16, 2 bytes.
-  bf16 = 2,  ///< bfloat16 (8-bit exponent, 7-bit mantissa), 2 bytes.
+  fp32 = 0,          ///< IEEE binary32, 4 bytes.
+  fp16 = 1,          ///< IEEE binary16, 2 bytes.
+  bf16 = 2,          ///< bfloat16 (8-bit exponent, 7-bit mantissa), 2 bytes.
+  fp8_e4m3fn = 3,    ///< fp8 e4m3, finite (no inf; NaN 0x7f/0xff), bias 7, 1 byte (Hopper's, torch.float8_e4m3fn).
+  fp8_e4m3fnuz = 4,  ///< fp8 e4m3, finite, no negative zero, bias 8, 1 byte (gfx94x's, torch.float8_e4m3fnuz).
+  fp8_e5m2 = 5,      ///< fp8 e5m2 (IEEE-like, with inf), 1 byte (torch.float8_e5m2).
+  int32 = 6,         ///< two's complement 32-bit integer, 4 bytes.
 };
-inline constexpr int kDTypeCount = 3;
+inline constexpr int kDTypeCount = 7;
 
-/// "fp32" | "fp16" | "bf16".
+/// "fp32" | "fp16" | "bf16" | "fp8_e4m3fn" | "fp8_e4m3fnuz" | "fp8_e5m2" | "int32".
 KDISPATCH_API std::string_view dtype_name(DType t) noexcept;
-/// Size of one element in bytes (4 or 2).
+/// Size of one element in bytes (4, 2 or 1).
 KDISPATCH_API std::size_t dtype_size(DType t) noexcept;
 /// Parses "fp32"/"float32"/"float"/"f32", "fp16"/"float16"/"half"/"f16",
-/// "bf16"/"bfloat16". Errors: invalid_argument naming the text.
+/// "bf16"/"bfloat16", the fp8 names above (also "float8_e4m3fn", ... as
+/// torch spells them) and "int32". Errors: invalid_argument naming the text.
 KDISPATCH_API Result<DType> parse_dtype(std::string_view text) noexcept;
 
 /// Which backend owns a pointer. Follows DLPack's device types in spirit:

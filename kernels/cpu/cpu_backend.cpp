@@ -14,6 +14,7 @@
 
 #include "cpu/gemm_list.hpp"
 #include "cpu/norm_list.hpp"
+#include "cpu/silu_list.hpp"
 
 namespace dispatch::cpu {
 namespace {
@@ -26,20 +27,36 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
   return all;
 }
 
-constexpr auto kAllVariants = concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants);
+constexpr auto kAllVariants =
+    concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants);
+
+/// The backend's table of ops: each op's variant list and default rule.
+using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
+struct OpEntry {
+  core::OpKind op;
+  std::span<const core::VariantDef* const> variants;
+  DefaultFn get_default;
+};
+constexpr OpEntry kOps[] = {
+    {core::OpKind::gemm, kGemmVariants, &gemm_default},
+    {core::OpKind::rmsnorm, kRmsnormVariants, &norm_default},
+    {core::OpKind::fused_add_rmsnorm, kFusedAddRmsnormVariants, &norm_default},
+    {core::OpKind::silu_and_mul, kSiluAndMulVariants, &silu_default},
+};
 
 }  // namespace
 
 std::span<const core::VariantDef* const> variants() noexcept { return kAllVariants; }
 
+std::span<const core::VariantDef* const> variants_of(core::OpKind op) noexcept {
+  for (const OpEntry& e : kOps)
+    if (e.op == op) return e.variants;
+  return {};
+}
+
 core::Plan get_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
-  switch (p.op) {
-    case core::OpKind::gemm:
-      return gemm_default(p, dev);
-    case core::OpKind::rmsnorm:
-    case core::OpKind::fused_add_rmsnorm:
-      return norm_default(p, dev);
-  }
+  for (const OpEntry& e : kOps)
+    if (e.op == p.op) return e.get_default(p, dev);
   return {};
 }
 

@@ -17,6 +17,10 @@ namespace dispatch::cpu {
 /// benchmarks that must see them iterate core::all_variants().
 std::span<const core::VariantDef* const> variants() noexcept;
 
+/// The variants of one op, in its list's order (empty for an op the CPU
+/// backend lacks).
+std::span<const core::VariantDef* const> variants_of(core::OpKind op) noexcept;
+
 /// Analytical default for a CPU problem (a small model of the machine, not
 /// a table in disguise). Never returns an invalid plan for a dtype the CPU
 /// backend implements.

@@ -36,6 +36,7 @@
 // No allocation on the hot path except one thread_local scratch buffer that
 // only grows (C tile and packed panel).
 #include "cpu/gemm_list.hpp"
+#include "ops/gemm.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -391,11 +392,11 @@ Status run_blocked(const LaunchArgs& args, const Problem& p, const int64_t* prm)
   constexpr bool kPack = !std::is_same_v<TA, TU>;
   const int64_t M = p.m, N = p.n, K = p.k;
   const int64_t bm = prm[kGemmBlockM], bn = prm[kGemmBlockN], bk = prm[kGemmBlockK];
-  const auto* a = static_cast<const TA*>(args.a);
-  const auto* b = static_cast<const TA*>(args.b);
-  auto* d = static_cast<TO*>(args.d);
-  const auto* bias = static_cast<const TO*>(args.bias);
-  const int64_t lda = args.lda, ldb = args.ldb, ldd = args.ldd;
+  const auto* a = static_cast<const TA*>(args.data[core::kGemmArgA]);
+  const auto* b = static_cast<const TA*>(args.data[core::kGemmArgB]);
+  auto* d = static_cast<TO*>(args.data[core::kGemmArgD]);
+  const auto* bias = static_cast<const TO*>(args.data[core::kGemmArgBias]);
+  const int64_t lda = args.ld[core::kGemmArgA], ldb = args.ld[core::kGemmArgB], ldd = args.ld[core::kGemmArgD];
 
   // Scratch: the C tile (bm x bn) then, when packing, the B panel (bn x ldp).
   const int64_t ldc = bn;
@@ -450,18 +451,18 @@ Status run_blocked(const LaunchArgs& args, const Problem& p, const int64_t* prm)
 /// The reference: one fp32 dot product per output, in K order.
 template <class TA, class TO>
 Status run_ref(const LaunchArgs& args, const Problem& p) noexcept {
-  const auto* a = static_cast<const TA*>(args.a);
-  const auto* b = static_cast<const TA*>(args.b);
-  auto* d = static_cast<TO*>(args.d);
-  const auto* bias = static_cast<const TO*>(args.bias);
+  const auto* a = static_cast<const TA*>(args.data[core::kGemmArgA]);
+  const auto* b = static_cast<const TA*>(args.data[core::kGemmArgB]);
+  auto* d = static_cast<TO*>(args.data[core::kGemmArgD]);
+  const auto* bias = static_cast<const TO*>(args.data[core::kGemmArgBias]);
   for (int64_t m = 0; m < p.m; ++m) {
     for (int64_t n = 0; n < p.n; ++n) {
-      const TA* arow = a + m * args.lda;
-      const TA* brow = b + n * args.ldb;
+      const TA* arow = a + m * args.ld[core::kGemmArgA];
+      const TA* brow = b + n * args.ld[core::kGemmArgB];
       float acc = 0.f;
       for (int64_t k = 0; k < p.k; ++k) acc += to_float(arow[k]) * to_float(brow[k]);
       if (bias != nullptr) acc += to_float(bias[n]);
-      store_as(d + m * args.ldd + n, acc);
+      store_as(d + m * args.ld[core::kGemmArgD] + n, acc);
     }
   }
   return Status::Ok();
@@ -539,9 +540,9 @@ Status check_blocked_params(const VariantDef& v, const int64_t* prm) noexcept {
 }
 
 Status check_args(const LaunchArgs& args, const Problem& p) noexcept {
-  if (args.a == nullptr || args.b == nullptr || args.d == nullptr)
+  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr || args.data[core::kGemmArgD] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
-  if (p.has_bias && args.bias == nullptr)
+  if (p.has_bias && args.data[core::kGemmArgBias] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
   return Status::Ok();
 }

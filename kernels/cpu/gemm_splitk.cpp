@@ -38,6 +38,7 @@
 #include <new>
 
 #include "cpu/cpu_common.hpp"
+#include "ops/gemm.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/thread_pool.hpp"
 
@@ -169,9 +170,9 @@ Status splitk_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) 
 
 Status splitk_launch(const LaunchArgs& args, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status::Ok();
-  if (args.a == nullptr || args.b == nullptr || args.d == nullptr)
+  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr || args.data[core::kGemmArgD] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
-  if (p.has_bias && args.bias == nullptr)
+  if (p.has_bias && args.data[core::kGemmArgBias] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
   const auto uk = static_cast<GemmUkernel>(prm[kSplitKUkernel]);
   if (!host_runs(uk))
@@ -185,19 +186,19 @@ Status splitk_launch(const LaunchArgs& args, const Problem& p, const int64_t* pr
   const int64_t chunk_rows = std::clamp<int64_t>(kPartialFloats / N, 1, M);
   const bool decode = chunk_rows <= gemm_ukernel_mr(uk);
 
-  const auto* a = static_cast<const float*>(args.a);
-  const auto* b = static_cast<const float*>(args.b);
-  auto* d = static_cast<float*>(args.d);
+  const auto* a = static_cast<const float*>(args.data[core::kGemmArgA]);
+  const auto* b = static_cast<const float*>(args.data[core::kGemmArgB]);
+  auto* d = static_cast<float*>(args.data[core::kGemmArgD]);
   for (int64_t m0 = 0; m0 < M; m0 += chunk_rows) {
     SplitKJob job;
     job.uk = uk;
-    job.a = a + m0 * args.lda;
-    job.lda = args.lda;
+    job.a = a + m0 * args.ld[core::kGemmArgA];
+    job.lda = args.ld[core::kGemmArgA];
     job.b = b;
-    job.ldb = args.ldb;
-    job.d = d + m0 * args.ldd;
-    job.ldd = args.ldd;
-    job.bias = p.has_bias ? static_cast<const float*>(args.bias) : nullptr;
+    job.ldb = args.ld[core::kGemmArgB];
+    job.d = d + m0 * args.ld[core::kGemmArgD];
+    job.ldd = args.ld[core::kGemmArgD];
+    job.bias = p.has_bias ? static_cast<const float*>(args.data[core::kGemmArgBias]) : nullptr;
     job.rows = std::min(chunk_rows, M - m0);
     job.n = N;
     job.k = K;

@@ -27,8 +27,10 @@
 
 #include "core/numeric.hpp"
 #include "cpu/cpu_common.hpp"
+#include "cpu/cpu_simd.hpp"
+#include "ops/fused_add_rmsnorm.hpp"
+#include "ops/rmsnorm.hpp"
 
-#define KDISPATCH_INLINE [[gnu::always_inline]] inline
 
 namespace dispatch::cpu {
 namespace {
@@ -40,104 +42,7 @@ using core::ParamKind;
 using core::Plan;
 using core::Problem;
 using core::VariantDef;
-using Bf16 = uint16_t;
-
-inline float to_float(float v) noexcept { return v; }
-inline float to_float(Bf16 v) noexcept { return core::bf16_to_float(v); }
-inline void store_as(float* d, float v) noexcept { *d = v; }
-inline void store_as(Bf16* d, float v) noexcept { *d = core::float_to_bf16(v); }
-/// The value a float becomes once stored as T (identity for fp32).
-inline float stored_value(float v, float*) noexcept { return v; }
-inline float stored_value(float v, Bf16*) noexcept { return core::round_to_bf16(v); }
-
-// ------------------------------------------------------------------ W-lane vectors
-
-template <int W>
-struct Vec {
-  typedef float F __attribute__((vector_size(W * 4)));
-  typedef uint32_t U __attribute__((vector_size(W * 4)));
-  typedef uint16_t H __attribute__((vector_size(W * 2)));   // W bf16 values
-  typedef int32_t I __attribute__((vector_size(W * 4)));
-  typedef int16_t S __attribute__((vector_size(W * 2)));
-};
-
-// bf16 <-> fp32 as lane shuffles and a signed narrowing, which every ISA
-// lowers to a few instructions; the obvious unsigned __builtin_convertvector
-// forms get scalarised on SSE2 (no unsigned pack before SSE4.1). Needs
-// __builtin_shufflevector: GCC >= 12 or Clang.
-
-/// The W bf16 values as the high halves of W 32-bit lanes (little endian).
-template <int W, int... I>
-KDISPATCH_INLINE void widen_bf16(typename Vec<W>::F& v, const typename Vec<W>::H& h,
-                                 std::integer_sequence<int, I...>) {
-  const typename Vec<W>::H zero = {};
-  v = reinterpret_cast<typename Vec<W>::F>(__builtin_shufflevector(zero, h, ((I & 1) ? W + I / 2 : I / 2)...));
-}
-
-/// The high half of each 32-bit lane of u. The arithmetic shift keeps every
-/// lane within int16, so the narrowing is exact (packssdw on SSE2).
-template <int W>
-KDISPATCH_INLINE void high_halves(typename Vec<W>::H& h, const typename Vec<W>::U& u) {
-  h = reinterpret_cast<typename Vec<W>::H>(
-      __builtin_convertvector(reinterpret_cast<typename Vec<W>::I>(u) >> 16, typename Vec<W>::S));
-}
-
-template <int W>
-KDISPATCH_INLINE void vload(typename Vec<W>::F& v, const float* p) {
-  __builtin_memcpy(&v, p, sizeof v);
-}
-template <int W>
-KDISPATCH_INLINE void vload(typename Vec<W>::F& v, const Bf16* p) {
-  typename Vec<W>::H h;
-  __builtin_memcpy(&h, p, sizeof h);
-  widen_bf16<W>(v, h, std::make_integer_sequence<int, 2 * W>{});
-}
-
-/// v rounded to bf16, kept as the high half of each lane (the low half is
-/// garbage): round to nearest even, NaN quietened.
-template <int W>
-KDISPATCH_INLINE void round_bf16_high(typename Vec<W>::U& bits, const typename Vec<W>::F& v) {
-  using U = typename Vec<W>::U;
-  const U u = reinterpret_cast<U>(v);
-  const U rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  const U quiet = u | 0x400000u;
-  bits = (v != v) ? quiet : rounded;
-}
-
-template <int W>
-KDISPATCH_INLINE void vstore(float* p, const typename Vec<W>::F& v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
-template <int W>
-KDISPATCH_INLINE void vstore(Bf16* p, const typename Vec<W>::F& v) {
-  typename Vec<W>::U bits;
-  round_bf16_high<W>(bits, v);
-  typename Vec<W>::H h;
-  high_halves<W>(h, bits);
-  __builtin_memcpy(p, &h, sizeof h);
-}
-
-/// Stores v as T at p and replaces v by the value stored (v rounded to T).
-template <int W>
-KDISPATCH_INLINE void store_rounded(float* p, typename Vec<W>::F& v) {
-  vstore<W>(p, v);
-}
-template <int W>
-KDISPATCH_INLINE void store_rounded(Bf16* p, typename Vec<W>::F& v) {
-  typename Vec<W>::U bits;
-  round_bf16_high<W>(bits, v);
-  typename Vec<W>::H h;
-  high_halves<W>(h, bits);
-  __builtin_memcpy(p, &h, sizeof h);
-  v = reinterpret_cast<typename Vec<W>::F>(bits & 0xffff0000u);
-}
-
-template <int W>
-KDISPATCH_INLINE float hsum(const typename Vec<W>::F& v) {
-  float s = 0.f;
-  for (int i = 0; i < W; ++i) s += v[i];
-  return s;
-}
+using namespace simd;
 
 // ------------------------------------------------------------------ row bodies
 
@@ -197,14 +102,14 @@ inline float inv_rms(float ss, int64_t n, float eps) noexcept {
 
 template <int W, int U, class TI, class TO>
 KDISPATCH_INLINE void rmsnorm_rows(const LaunchArgs& a, const Problem& p) {
-  const auto* x = static_cast<const TI*>(a.x);
-  const auto* w = static_cast<const TI*>(a.w);
-  auto* y = static_cast<TO*>(a.y);
+  const auto* x = static_cast<const TI*>(a.data[core::kNormArgX]);
+  const auto* w = static_cast<const TI*>(a.data[core::kNormArgW]);
+  auto* y = static_cast<TO*>(a.data[core::kNormArgY]);
   const int64_t n = p.n;
   for (int64_t t = 0; t < p.m; ++t) {
-    const TI* xr = x + t * a.ldx;
-    const float inv = inv_rms(sum_squares<W, U>(xr, n), n, a.eps);
-    scale_row<W, U>(y + t * a.ldy, xr, w, n, inv);
+    const TI* xr = x + t * a.ld[core::kNormArgX];
+    const float inv = inv_rms(sum_squares<W, U>(xr, n), n, a.scalar[0]);
+    scale_row<W, U>(y + t * a.ld[core::kNormArgY], xr, w, n, inv);
   }
 }
 
@@ -246,14 +151,14 @@ KDISPATCH_INLINE float add_residual(const T* x, T* r, int64_t n) {
 
 template <int W, int U, class T>
 KDISPATCH_INLINE void fused_rows(const LaunchArgs& a, const Problem& p) {
-  auto* x = static_cast<T*>(a.x);
-  auto* r = static_cast<T*>(a.residual);
-  const auto* w = static_cast<const T*>(a.w);
+  auto* x = static_cast<T*>(a.data[core::kFusedArgX]);
+  auto* r = static_cast<T*>(a.data[core::kFusedArgResidual]);
+  const auto* w = static_cast<const T*>(a.data[core::kFusedArgW]);
   const int64_t n = p.n;
   for (int64_t t = 0; t < p.m; ++t) {
-    T* xr = x + t * a.ldx;
-    T* rr = r + t * a.ldr;
-    const float inv = inv_rms(add_residual<W, U>(xr, rr, n), n, a.eps);
+    T* xr = x + t * a.ld[core::kFusedArgX];
+    T* rr = r + t * a.ld[core::kFusedArgResidual];
+    const float inv = inv_rms(add_residual<W, U>(xr, rr, n), n, a.scalar[0]);
     scale_row<W, U>(xr, rr, w, n, inv);  // the norm of z as stored
   }
 }
@@ -339,33 +244,33 @@ bool host_runs_vec(int64_t vec) noexcept {
 
 template <class TI, class TO>
 void rmsnorm_ref_rows(const LaunchArgs& a, const Problem& p) {
-  const auto* x = static_cast<const TI*>(a.x);
-  const auto* w = static_cast<const TI*>(a.w);
-  auto* y = static_cast<TO*>(a.y);
+  const auto* x = static_cast<const TI*>(a.data[core::kNormArgX]);
+  const auto* w = static_cast<const TI*>(a.data[core::kNormArgW]);
+  auto* y = static_cast<TO*>(a.data[core::kNormArgY]);
   for (int64_t t = 0; t < p.m; ++t) {
-    const TI* xr = x + t * a.ldx;
+    const TI* xr = x + t * a.ld[core::kNormArgX];
     float ss = 0.f;
     for (int64_t h = 0; h < p.n; ++h) ss += to_float(xr[h]) * to_float(xr[h]);
-    const float inv = inv_rms(ss, p.n, a.eps);
-    for (int64_t h = 0; h < p.n; ++h) store_as(y + t * a.ldy + h, to_float(xr[h]) * inv * to_float(w[h]));
+    const float inv = inv_rms(ss, p.n, a.scalar[0]);
+    for (int64_t h = 0; h < p.n; ++h) store_as(y + t * a.ld[core::kNormArgY] + h, to_float(xr[h]) * inv * to_float(w[h]));
   }
 }
 
 template <class T>
 void fused_ref_rows(const LaunchArgs& a, const Problem& p) {
-  auto* x = static_cast<T*>(a.x);
-  auto* r = static_cast<T*>(a.residual);
-  const auto* w = static_cast<const T*>(a.w);
+  auto* x = static_cast<T*>(a.data[core::kFusedArgX]);
+  auto* r = static_cast<T*>(a.data[core::kFusedArgResidual]);
+  const auto* w = static_cast<const T*>(a.data[core::kFusedArgW]);
   for (int64_t t = 0; t < p.m; ++t) {
-    T* xr = x + t * a.ldx;
-    T* rr = r + t * a.ldr;
+    T* xr = x + t * a.ld[core::kFusedArgX];
+    T* rr = r + t * a.ld[core::kFusedArgResidual];
     float ss = 0.f;
     for (int64_t h = 0; h < p.n; ++h) {
       store_as(rr + h, to_float(xr[h]) + to_float(rr[h]));  // z rounded to storage
       const float z = to_float(rr[h]);
       ss += z * z;
     }
-    const float inv = inv_rms(ss, p.n, a.eps);
+    const float inv = inv_rms(ss, p.n, a.scalar[0]);
     for (int64_t h = 0; h < p.n; ++h) store_as(xr + h, to_float(rr[h]) * inv * to_float(w[h]));
   }
 }
@@ -412,8 +317,7 @@ Status check_vec_params(const VariantDef& v, const int64_t* prm) noexcept {
 }
 
 Status check_args(const LaunchArgs& a, OpKind op) noexcept {
-  if (op == OpKind::rmsnorm ? (a.x == nullptr || a.y == nullptr || a.w == nullptr)
-                            : (a.x == nullptr || a.residual == nullptr || a.w == nullptr)) {
+  if (a.data[0] == nullptr || a.data[1] == nullptr || a.data[2] == nullptr) {  // y, x, w / x, residual, w
     return make_status(StatusCode::invalid_argument,
                        op == OpKind::rmsnorm ? "rmsnorm: x, y and w must not be null"
                                              : "fused_add_rmsnorm: x, residual and w must not be null");

@@ -369,13 +369,12 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
   Args g;
   if (Status st = gemm::fill_args(la, p, &g); !st.ok()) return st;
   if (!gemm::vector_aligned(la, p))
-    return make_status(StatusCode::unsupported_problem,
-                       std::string(core::kNeedsFallback) + "skinny_mma: A/B pointers or row strides not 16-byte aligned");
+    return core::needs_fallback("skinny_mma: A/B pointers or row strides not 16-byte aligned");
   const int nt = gpu::gemm::skinny_mma_n_tiles(p.m);
   const int rt = sk.row_tiles, wn = sk.warps_n;
   const int64_t mchunks = (p.m + 8 * nt - 1) / (8 * nt);
   if (mchunks > 65535)
-    return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + "skinny_mma: M too large");
+    return core::needs_fallback("skinny_mma: M too large");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>((p.n + 16 * rt * wn - 1) / (16 * rt * wn)),
                      static_cast<unsigned>(sk.cluster_k), static_cast<unsigned>(mchunks));

@@ -533,15 +533,7 @@ constexpr int smem_of(int ki) {
   return static_cast<int>(gpu::gemm::tiled_smem_bytes(s.bm, s.bn, s.bk, ki % gpu::gemm::kTiledStageCount + 2));
 }
 
-/// unsupported_problem with the kNeedsFallback prefix: the call runs get_default's plan.
-inline Status needs_fallback(std::string_view why) noexcept {
-  try {
-    std::string s(core::kNeedsFallback);
-    s += why;
-    return make_status(StatusCode::unsupported_problem, s);
-  } catch (...) {
-    return make_status(StatusCode::unsupported_problem, core::kNeedsFallback);
-  }
+using core::needs_fallback;  // kNeedsFallbackCode: the call runs get_default's plan
 }
 
 inline bool aligned_to(const void* p, uintptr_t n) noexcept { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }

@@ -265,13 +265,12 @@ Status launch_skinny(const gpu::gemm::Skinny& sk, const core::LaunchArgs& la, co
   Args g;
   if (Status st = fill_args(la, p, &g); !st.ok()) return st;
   if (!vector_aligned(la, p))
-    return make_status(StatusCode::unsupported_problem,
-                       std::string(core::kNeedsFallback) + "skinny: A/B pointers or row strides not 16-byte aligned");
+    return core::needs_fallback("skinny: A/B pointers or row strides not 16-byte aligned");
   const int mt = gpu::gemm::skinny_mtile_for(p.m);
   const dim3 grid(static_cast<unsigned>((p.n + sk.rows_per_warp - 1) / sk.rows_per_warp),
                   static_cast<unsigned>((p.m + mt - 1) / mt));
   if (grid.y > 65535u)
-    return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + "skinny: M too large");
+    return core::needs_fallback("skinny: M too large");
   const dim3 block(static_cast<unsigned>(kWarpSize * sk.split_k));
   const size_t smem = sizeof(float) * static_cast<size_t>(sk.split_k * mt * sk.rows_per_warp);
   const port::Stream s = static_cast<port::Stream>(la.stream);

@@ -16,6 +16,7 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
   if (t->dtype.code == kDLFloat && t->dtype.bits == 32) r.dtype = DType::fp32;
   else if (t->dtype.code == kDLFloat && t->dtype.bits == 16) r.dtype = DType::fp16;
   else if (t->dtype.code == kDLBfloat && t->dtype.bits == 16) r.dtype = DType::bf16;
+  else if (t->dtype.code == kDLInt && t->dtype.bits == 32) r.dtype = DType::int32;
   else
     return make_status(StatusCode::unsupported_problem,
                        "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +

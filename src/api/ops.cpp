@@ -1,14 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// The op entry points: validate -> key -> table -> plan -> launch.
+// The op entry points, one per row of core/op_list.hpp, all the same call:
+//
+//   validate -> choose -> observe -> launch
+//
+//   choose   which plan serves: a forced plan, the thread's memo of recent
+//            table hits, the table (nearest M), else get_default. Takes no
+//            lock and writes nothing shared (the memo is the thread's own).
+//   observe  the tuner's one hook (Tuner::observe): it records a miss,
+//            samples hits far from their row's M, checks the stream's
+//            capture state and, in sync mode, searches on the caller's
+//            buffers and may hand back the winner. It runs before the
+//            launch because the sync search must restore those buffers
+//            before the real launch; on a table hit it is one branch.
+//   launch   the info, the workspace, the alignment re-check, reset_to_zero
+//            arguments, the variant's launch, and the in-call fallback chain
+//            (get_default, then the reference) when a plan returns
+//            core::kNeedsFallbackCode — a code, never a message's text.
 //
 // Hot path rules (a table hit): no lock, no allocation, no syscall, no
 // logging, no shared write; the table is read inside an epoch guard and the
 // plan is copied out, so the guard is released before the kernel runs.
-// A miss is the slow path: get_default's plan, the miss recorded (lock-free),
-// and depending on the tuning mode the shape queued for the background tuner
-// or tuned right here on the caller's buffers (sync). While the caller's
-// stream is being captured into a graph a miss never tunes: it returns the
-// default and queues the shape.
 #include "dispatch/ops.hpp"
 
 #include <algorithm>
@@ -16,6 +27,7 @@
 
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
+#include "core/op_spec.hpp"
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "table/epoch.hpp"
@@ -25,42 +37,29 @@
 namespace dispatch {
 namespace {
 
-// Zeroes the reset_to_zero arguments of `plan` before a real launch (the
-// same role the tuner enforces between reps), without allocating.
-void zero_reset_args(const core::Problem& p, const core::LaunchArgs& la, const core::Plan& plan) noexcept {
-  const uint32_t mask = plan.variant->reset_args;
-  if (mask == 0) return;
-  auto zero_rows = [](void* ptr, int64_t rows, int64_t cols, int64_t ld, DType t) {
-    if (!ptr) return;
-    const size_t es = dtype_size(t);
-    for (int64_t r = 0; r < rows; ++r)
-      std::memset(static_cast<char*>(ptr) + static_cast<size_t>(r * ld) * es, 0, static_cast<size_t>(cols) * es);
-  };
-  switch (p.op) {
-    case core::OpKind::gemm:
-      if (mask & (1u << core::kGemmArgD)) zero_rows(la.d, p.m, p.n, la.ldd, p.out_dtype);
-      break;
-    case core::OpKind::rmsnorm:
-      if (mask & (1u << core::kNormArgY)) zero_rows(la.y, p.m, p.n, la.ldy, p.out_dtype);
-      break;
-    case core::OpKind::fused_add_rmsnorm:
-      break;  // in-place arguments are restore_value, never reset_to_zero
-  }
-}
+// What choose() decided.
+struct Choice {
+  core::Plan plan;
+  PlanSource source = PlanSource::fallback;
+  int64_t table_m = -1;
+  uint32_t source_id = 0;
+  bool tuned_now = false;
+};
 
-// Far from every tuned M (outside [m/2, 2m]): a hit by nearest-M, but worth
-// tuning. Sampled: one in 16 such calls per thread notes it.
-bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
-  if (table_m * 2 >= m && m * 2 >= table_m) return false;
-  thread_local uint32_t n = 0;
-  return (++n & 15u) == 0;
-}
+// One call as the stages see it.
+struct Call {
+  const core::Problem& p;
+  core::LaunchArgs& la;
+  Stream stream;
+  const CallOptions& opts;
+  const DeviceInfo* dev = nullptr;  ///< probed lazily (a memo hit never needs it)
+  uint64_t key_hash = 0;            ///< hash of the binary key (0 until choose computed it)
+};
 
-// The rest of a call once its plan is chosen: the info, the workspace, the
-// alignment re-check, the launch and the in-call fallback. `dev` may be null
-// (a memo hit never needs it unless the call leaves the fast path). The
-// rare parts are out of line and marked cold, so that the hit path's code
-// is a few contiguous cache lines (behind a GPU launch they are cold).
+const DeviceInfo& device_of(Runtime::Impl& impl, Call& c) noexcept {
+  if (c.dev == nullptr) c.dev = impl.device_for(c.p.device);  // non-null: a memo entry was made with it
+  return *c.dev;
+}
 
 // get_default's plan, with deterministic serving's rule applied: a
 // scheduling-dependent default is replaced by the reference. Every place a
@@ -74,114 +73,106 @@ core::Plan default_plan(const Runtime::Impl& impl, const core::Problem& p, const
   return plan;
 }
 
-const DeviceInfo& device_of(Runtime::Impl& impl, const core::Problem& p, const DeviceInfo*& dev) noexcept {
-  if (dev == nullptr) dev = impl.device_for(p.device);  // non-null: a memo entry was made with it
-  return *dev;
+// ------------------------------------------------------------------ launch
+
+// Zeroes the reset_to_zero arguments of `plan` before a real launch (the
+// same role the tuner enforces between reps), without allocating.
+void zero_reset_args(const core::Problem& p, const core::LaunchArgs& la, const core::Plan& plan) noexcept {
+  const core::OpSpec& spec = core::spec_of(p.op);
+  for (int i = 0; i < spec.slot_count(); ++i) {
+    if (!((plan.variant->reset_args >> i) & 1u) || la.data[i] == nullptr) continue;
+    const core::SlotExtent e = core::slot_extent(spec, i, p);
+    const size_t es = dtype_size(e.dtype);
+    const int64_t ld = e.rows > 1 ? la.ld[i] : e.cols;
+    for (int64_t r = 0; r < e.rows; ++r)
+      std::memset(static_cast<char*>(la.data[i]) + static_cast<size_t>(r * ld) * es, 0, static_cast<size_t>(e.cols) * es);
+  }
 }
 
-void set_info(const CallOptions& opts, const core::Plan& plan, PlanSource source, int64_t table_m,
-              uint32_t source_id) noexcept {
-  opts.info->source = source;
-  opts.info->variant = plan.variant->name.data();
-  opts.info->table_m = table_m;
-  opts.info->source_id = source_id;
+void set_info(const CallOptions& opts, const Choice& c) noexcept {
+  opts.info->source = c.source;
+  opts.info->variant = c.plan.variant->name.data();
+  opts.info->table_m = c.table_m;
+  opts.info->source_id = c.source_id;
+  opts.info->tuned_now = c.tuned_now;
 }
 
-[[gnu::cold, gnu::noinline]] void fill_info(Runtime::Impl& impl, const core::Problem& p, const CallOptions& opts,
-                                            const DeviceInfo*& dev, const core::Plan& plan, PlanSource source,
-                                            int64_t table_m, uint32_t source_id, bool tuned_now) noexcept {
-  set_info(opts, plan, source, table_m, source_id);
-  opts.info->tuned_now = tuned_now;
-  if (opts.info->key) {
+[[gnu::cold, gnu::noinline]] void fill_info(Runtime::Impl& impl, Call& call, const Choice& c) noexcept {
+  set_info(call.opts, c);
+  if (call.opts.info->key) {
     try {
       table::KeyBuffer key;
-      table::build_own_key(p, device_type_name(p.device.type), device_of(impl, p, dev).device_name, &key);
-      opts.info->key->assign(key.view());
+      table::build_own_key(call.p, device_type_name(call.p.device.type), device_of(impl, call).device_name, &key);
+      call.opts.info->key->assign(key.view());
     } catch (...) {
     }
   }
 }
 
 // A table row was checked for 16-byte aligned operands; a call with less
-// aligned ones re-asks the row (rare: sliced or odd-sized tensors).
-[[gnu::cold, gnu::noinline]] Status realign(Runtime::Impl& impl, const core::Problem& p, const CallOptions& opts,
-                                            const DeviceInfo*& dev, core::Plan* plan, PlanSource* source) noexcept {
-  if (plan->variant->supports(p, plan->params, device_of(impl, p, dev)).ok()) return Status();
-  *plan = default_plan(impl, p, device_of(impl, p, dev));
-  *source = PlanSource::fallback;
-  if (!plan->valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
-  if (opts.info) set_info(opts, *plan, *source, -1, 0);
+// aligned ones re-asks the row, else serves get_default's plan (rare: sliced
+// or odd-sized tensors).
+[[gnu::cold, gnu::noinline]] Status realign(Runtime::Impl& impl, Call& call, Choice* c) noexcept {
+  if (c->plan.variant->supports(call.p, c->plan.params, device_of(impl, call)).ok()) return Status();
+  c->plan = default_plan(impl, call.p, device_of(impl, call));
+  c->source = PlanSource::fallback;
+  c->table_m = -1;
+  c->source_id = 0;
+  if (!c->plan.valid()) return make_status(StatusCode::unsupported_problem, "no variant accepts these operands");
+  if (call.opts.info) set_info(call.opts, *c);
   return Status();
 }
 
 // A plan the call cannot run although its key accepted it (a workspace too
-// small, cuBLASLt refusing an algorithm for this M): get_default's plan,
-// then the reference, in the same call. Nothing was enqueued.
-[[gnu::cold, gnu::noinline]] Status launch_fallback(Runtime::Impl& impl, const core::Problem& p,
-                                                    const core::LaunchArgs& la, const CallOptions& opts,
-                                                    const DeviceInfo*& dev, core::Plan plan, Status st) noexcept {
-  for (int step = 0; step < 2 && !st.ok() && st.code() == StatusCode::unsupported_problem &&
-                     st.message().starts_with(core::kNeedsFallback);
-       ++step) {
-    core::Plan next = default_plan(impl, p, device_of(impl, p, dev));
-    const bool is_default = next.valid() && next == plan;
-    if (!next.valid() || is_default) {
+// small, cuBLASLt refusing an algorithm for this M) says so with
+// kNeedsFallbackCode: get_default's plan, then the reference, in the same
+// call. Nothing was enqueued.
+[[gnu::cold, gnu::noinline]] Status launch_fallback(Runtime::Impl& impl, Call& call, Choice c, Status st) noexcept {
+  for (int step = 0; step < 2 && st.code() == core::kNeedsFallbackCode; ++step) {
+    core::Plan next = default_plan(impl, call.p, device_of(impl, call));
+    if (!next.valid() || next == c.plan) {
       next = core::Plan{};
-      next.variant = core::reference_variant(p.op, p.device.type, p.in_dtype);
-      if (next.variant == nullptr || next.variant == plan.variant) break;
+      next.variant = core::reference_variant(call.p.op, call.p.device.type, call.p.in_dtype);
+      if (next.variant == nullptr || next.variant == c.plan.variant) break;
     }
-    plan = next;
-    if (opts.info) set_info(opts, plan, PlanSource::fallback, -1, 0);
-    st = plan.variant->launch(la, p, plan.params);
+    c.plan = next;
+    c.source = PlanSource::fallback;
+    c.table_m = -1;
+    c.source_id = 0;
+    if (call.opts.info) set_info(call.opts, c);
+    st = c.plan.variant->launch(call.la, call.p, c.plan.params);
   }
+  // The code never leaves the library: nothing could run the call.
+  if (st.code() == core::kNeedsFallbackCode) return Status(StatusCode::unsupported_problem, st.message());
   return st;
 }
 
-Status launch_plan(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, const CallOptions& opts,
-                   const DeviceInfo* dev, const core::Plan& plan) noexcept;
-
-// The call's operands are less aligned than the row was checked for: the
-// row again, or get_default's plan, then the launch (out of line: rare).
-[[gnu::cold, gnu::noinline]] Status serve_realigned(Runtime::Impl& impl, const core::Problem& p,
-                                                    core::LaunchArgs& la, const CallOptions& opts,
-                                                    const DeviceInfo* dev, core::Plan plan,
-                                                    PlanSource source) noexcept {
-  if (Status s = realign(impl, p, opts, dev, &plan, &source); !s.ok()) return s;
-  return launch_plan(impl, p, la, opts, dev, plan);
-}
-
-Status serve(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
-             const CallOptions& opts, const DeviceInfo* dev, const core::Plan& plan, PlanSource source,
-             int64_t table_m, uint32_t source_id, bool tuned_now) noexcept {
-  if (opts.info) [[unlikely]]
-    fill_info(impl, p, opts, dev, plan, source, table_m, source_id, tuned_now);
-  la.stream = stream.handle;
-  if (p.op == core::OpKind::gemm && p.device.type != DeviceType::cpu) {
+Status launch(Runtime::Impl& impl, Call& call, Choice c) noexcept {
+  if (call.opts.info) [[unlikely]]
+    fill_info(impl, call, c);
+  core::LaunchArgs& la = call.la;
+  la.stream = call.stream.handle;
+  if (core::spec_of(call.p.op).uses_workspace) {
     // The call's workspace: the caller's, else the one attached to its stream.
-    if (opts.workspace != nullptr) {
-      la.workspace = opts.workspace;
-      la.workspace_bytes = opts.workspace_bytes;
-    } else if (const Runtime::Impl::StreamSlot* slot = impl.stream_slot(p.device, stream.handle)) {
+    if (call.opts.workspace != nullptr) {
+      la.workspace = call.opts.workspace;
+      la.workspace_bytes = call.opts.workspace_bytes;
+    } else if (const Runtime::Impl::StreamSlot* slot = impl.stream_slot(call.p.device, call.stream.handle)) {
       la.workspace = slot->workspace;
       la.workspace_bytes = slot->bytes;
     }
-    if (p.align_bytes < 16 && source != PlanSource::fallback) [[unlikely]]
-      return serve_realigned(impl, p, la, opts, dev, plan, source);
   }
-  return launch_plan(impl, p, la, opts, dev, plan);
-}
-
-Status launch_plan(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la,
-                   const CallOptions& opts, const DeviceInfo* dev, const core::Plan& plan) noexcept {
-  if (plan.variant->reset_args != 0) [[unlikely]]
-    zero_reset_args(p, la, plan);
-  Status st = plan.variant->launch(la, p, plan.params);
+  if (call.p.align_bytes < 16 && c.source != PlanSource::fallback) [[unlikely]]
+    if (Status s = realign(impl, call, &c); !s.ok()) return s;
+  if (c.plan.variant->reset_args != 0) [[unlikely]]
+    zero_reset_args(call.p, la, c.plan);
+  Status st = c.plan.variant->launch(la, call.p, c.plan.params);
   if (!st.ok()) [[unlikely]]
-    return launch_fallback(impl, p, la, opts, dev, plan, std::move(st));
+    return launch_fallback(impl, call, c, std::move(st));
   return st;
 }
 
-// ------------------------------------------------------------------ hit memo
+// ------------------------------------------------------------------ choose
 //
 // A table hit costs few instructions but many cache lines: device probe,
 // device name, key hash, epoch slot, bucket, M list, row, variant. Behind a
@@ -194,15 +185,17 @@ Status launch_plan(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs
 // one, so a publish (reload, tuned row) invalidates every memo at once and a
 // memo never outlives its table's answer. Reads and writes are the owning
 // thread's only: no shared write, no lock. Only table hits are memoised (a
-// miss runs its slow path every time, as before).
+// miss runs its slow path every time).
 
+// Every member of the Problem that the table key holds, plus M and the
+// device ordinal: equal call keys get equal answers.
 struct CallKey {
-  int64_t m, n, k;
+  int64_t m, n, k, extra0, extra1;
   uint32_t stride_code;
   int32_t ordinal;
   uint8_t op, device_type, in_dtype, out_dtype, has_bias, pad[3];
 };
-static_assert(sizeof(CallKey) == 40, "CallKey is compared as bytes: no implicit padding");
+static_assert(sizeof(CallKey) == 56, "CallKey is compared as bytes: no implicit padding");
 
 CallKey call_key(const core::Problem& p) noexcept {
   CallKey c;
@@ -210,6 +203,8 @@ CallKey call_key(const core::Problem& p) noexcept {
   c.m = p.m;
   c.n = p.n;
   c.k = p.k;
+  c.extra0 = p.extra[0];
+  c.extra1 = p.extra[1];
   c.stride_code = p.stride_code;
   c.ordinal = p.device.ordinal;
   c.op = static_cast<uint8_t>(p.op);
@@ -239,141 +234,136 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   return memo[(h >> 40) % kMemoSlots];
 }
 
-// A memo hit far from its row's M, sampled for the tuner's queue.
-[[gnu::cold, gnu::noinline]] void note_far_hit(Runtime::Impl& impl, const core::Problem& p,
-                                               const core::LaunchArgs& la) noexcept {
-  if (const DeviceInfo* d = impl.device_for(p.device)) {
-    const uint64_t nh = p.device.type == DeviceType::cpu ? impl.cpu_name_hash : table::key_hash(d->device_name);
-    impl.tuner->note_miss(p, la, table::own_key_hash(table::make_own_key(p, nh)), /*queue=*/true);
-  }
-}
-
-Status run_full(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
-                const CallOptions& opts, const CallKey& ckey, HitMemo& memo, uint64_t gen) noexcept;
-
-Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
-           const CallOptions& opts) noexcept {
-  Runtime::Impl& impl = rt.impl();
-  const CallKey ckey = call_key(p);
-  HitMemo& memo = memo_slot(ckey);
-  // Loaded before the table (acquire; the writer stores it after `current`):
-  // an entry made below is tagged with a generation no newer than its table.
-  const uint64_t gen = impl.table_gen.load(std::memory_order_acquire);
-  if (!impl.any_forced && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
-    const bool near = memo.table_m * 2 >= p.m && p.m * 2 >= memo.table_m;
-    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off && far_hit_sample(memo.table_m, p.m)) [[unlikely]]
-      note_far_hit(impl, p, la);
-    return serve(impl, p, la, stream, opts, nullptr, memo.plan, PlanSource::table, memo.table_m, memo.source_id,
-                 false);
-  }
-  return run_full(impl, p, la, stream, opts, ckey, memo, gen);
-}
-
-// Everything but a memo hit: the device, the key, the table, the tuner, get_default.
-[[gnu::noinline]] Status run_full(Runtime::Impl& impl, const core::Problem& p, core::LaunchArgs& la, Stream stream,
-                                  const CallOptions& opts, const CallKey& ckey, HitMemo& memo, uint64_t gen) noexcept {
+// Everything but a memo hit: the device, the binary key, a forced plan, the
+// table, get_default. Returns the choice in *c.
+[[gnu::noinline]] Status choose_full(Runtime::Impl& impl, Call& call, Choice* c) noexcept {
+  const core::Problem& p = call.p;
   const DeviceInfo* dev = impl.device_for(p.device);
-  if (dev == nullptr) {
-    return make_status(StatusCode::unsupported_device,
-                       p.device.type == DeviceType::cpu
-                           ? "the CPU backend is unavailable"
-                           : "tensors are on a GPU but this build has no usable GPU backend for it; "
-                             "kdispatch never runs GPU tensors on the CPU");
-  }
-  // The binary static key (table/key.hpp: OwnKey): 40 bytes hashed and
-  // compared; the text form is built only off the hit path (tuning, info).
-  const uint64_t name_hash =
-      p.device.type == DeviceType::cpu ? impl.cpu_name_hash : table::key_hash(dev->device_name);
-  const table::OwnKey okey = table::make_own_key(p, name_hash);
-  const uint64_t hash = table::own_key_hash(okey);
-  auto text_key = [&](table::KeyBuffer* kb) {
-    table::build_own_key(p, device_type_name(p.device.type), dev->device_name, kb);
-  };
-
-  core::Plan plan;
-  PlanSource source = PlanSource::fallback;
-  int64_t table_m = -1;
-  uint32_t source_id = 0;
-  bool tuned_now = false;
+  if (dev == nullptr) return make_status(StatusCode::unsupported_device, core::no_backend_message(p.device));
+  call.dev = dev;
+  // The binary static key (table/key.hpp: OwnKey): hashed and compared as
+  // bytes; the text form is built only off the hit path (tuning, info).
+  const table::OwnKey okey = table::make_own_key(p, impl.device_name_hash(p.device, *dev));
+  call.key_hash = table::own_key_hash(okey);
 
   if (impl.any_forced) {
     for (const core::Plan& f : impl.forced[static_cast<int>(p.op)]) {
       if (f.variant->backend != p.device.type || f.variant->in_dtype != p.in_dtype) continue;
       if (Status s = f.variant->supports(p, f.params, *dev); !s.ok())
         return make_status(StatusCode::no_variant, "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
-      plan = f;
-      source = PlanSource::forced;
-      break;
+      c->plan = f;
+      c->source = PlanSource::forced;
+      return Status();
     }
   }
-  if (!plan.valid()) {
-    {
-      table::EpochDomain::Guard guard(table::EpochDomain::global());
-      const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
-      if (const table::Bucket* b = snap->find_own(okey, hash, dev->device_name)) {
-        size_t idx = 0;
-        if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
-          plan = r->plan;
-          source = PlanSource::table;
-          table_m = b->ms[idx];
-          source_id = r->source_id;
-        }
+  {
+    table::EpochDomain::Guard guard(table::EpochDomain::global());
+    const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+    if (const table::Bucket* b = snap->find_own(okey, call.key_hash, dev->device_name)) {
+      size_t idx = 0;
+      if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
+        c->plan = r->plan;
+        c->source = PlanSource::table;
+        c->table_m = b->ms[idx];
+        c->source_id = r->source_id;
       }
-    }
-    if (plan.valid() && impl.options.deterministic && (plan.variant->flags & core::kVariantNondeterministic)) {
-      plan = core::Plan{};  // deterministic serving never runs a scheduling-dependent variant
-      source = PlanSource::fallback;
-      table_m = -1;
-      source_id = 0;
-    }
-    const TuneMode mode = impl.tuner ? impl.tuner->mode() : TuneMode::off;
-    if (!plan.valid()) {
-      // Miss: recorded always (for export), queued in background mode, tuned
-      // here in sync mode unless the stream is being captured.
-      if (impl.tuner) impl.tuner->note_miss(p, la, hash, /*queue=*/true);
-      // The capture query is asked only here, on a miss in sync mode: a hit
-      // never pays for it.
-      const gpu::BackendOps* gops = p.device.type == DeviceType::cpu ? nullptr : gpu::backend_ops(p.device.type);
-      const bool capturing =
-          opts.capturing || (mode == TuneMode::sync && gops && gops->stream_capturing &&
-                             gops->stream_capturing(stream.handle));
-      if (mode == TuneMode::sync && !capturing) {
-        table::KeyBuffer key;
-        text_key(&key);
-        // The search launches on the legacy default stream: first let the
-        // caller's stream finish writing the inputs (sync mode is for
-        // development; one synchronisation on a miss is its price).
-        if (gops && gops->stream_synchronize && stream.handle)
-          if (Status s = gops->stream_synchronize(stream.handle); !s.ok()) return s;
-        auto r = impl.tuner->tune_on_caller(p, la, *dev, std::string(key.view()));
-        if (r.ok()) {
-          plan = r->plan;
-          source = PlanSource::table;
-          table_m = p.m;
-          source_id = r->source_id;
-          tuned_now = true;
-        }
-      }
-    } else if (mode != TuneMode::off && source == PlanSource::table && far_hit_sample(table_m, p.m)) {
-      impl.tuner->note_miss(p, la, hash, /*queue=*/true);
     }
   }
-  if (!plan.valid()) {
-    plan = default_plan(impl, p, *dev);
-    if (!plan.valid())
+  if (c->plan.valid() && impl.options.deterministic && (c->plan.variant->flags & core::kVariantNondeterministic))
+    *c = Choice{};  // deterministic serving never runs a scheduling-dependent variant
+  if (!c->plan.valid()) {
+    c->plan = default_plan(impl, p, *dev);
+    if (!c->plan.valid())
       return make_status(StatusCode::unsupported_problem,
                          std::string("no ") + std::string(device_type_name(p.device.type)) + " variant computes " +
                              std::string(core::op_name(p.op)) + " with " + std::string(dtype_name(p.in_dtype)) +
                              " inputs and " + std::string(dtype_name(p.out_dtype)) + " output");
   }
-  if (source == PlanSource::table && !tuned_now && gen != 0) {
+  return Status();
+}
+
+// Far from every tuned M (outside [m/2, 2m]): a hit by nearest-M, but worth
+// tuning. Sampled: one in 16 such calls per thread notes it.
+bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
+  if (table_m * 2 >= m && m * 2 >= table_m) return false;
+  thread_local uint32_t n = 0;
+  return (++n & 15u) == 0;
+}
+
+// ------------------------------------------------------------------ observe
+//
+// The tuner's view of a call. A miss is recorded (for export), queued in
+// background mode and tuned here in sync mode unless the stream is being
+// captured (the capture query is asked only then: a hit never pays for
+// it); a hit far from its row's M is sampled. May replace the choice with
+// the sync search's winner.
+[[gnu::cold, gnu::noinline]] Status observe(Runtime::Impl& impl, Call& call, Choice* c) noexcept {
+  tune::Tuner& tuner = *impl.tuner;
+  const core::Problem& p = call.p;
+  if (call.key_hash == 0)
+    call.key_hash = table::own_key_hash(table::make_own_key(p, impl.device_name_hash(p.device, device_of(impl, call))));
+  if (c->source == PlanSource::table) {
+    if (tuner.mode() != TuneMode::off && far_hit_sample(c->table_m, p.m))
+      tuner.note_miss(p, call.la, call.key_hash, /*queue=*/true);
+    return Status();
+  }
+  if (c->source != PlanSource::fallback) return Status();  // forced: nothing to learn
+  tuner.note_miss(p, call.la, call.key_hash, /*queue=*/true);
+  if (tuner.mode() != TuneMode::sync) return Status();
+  const gpu::BackendOps* gops = gpu::backend_ops(p.device.type);
+  if (call.opts.capturing || (gops && gops->stream_capturing && gops->stream_capturing(call.stream.handle)))
+    return Status();
+  table::KeyBuffer key;
+  table::build_own_key(p, device_type_name(p.device.type), device_of(impl, call).device_name, &key);
+  // The search launches on the legacy default stream: first let the
+  // caller's stream finish writing the inputs (sync mode is for
+  // development; one synchronisation on a miss is its price).
+  if (gops && gops->stream_synchronize && call.stream.handle)
+    if (Status s = gops->stream_synchronize(call.stream.handle); !s.ok()) return s;
+  auto r = tuner.tune_on_caller(p, call.la, device_of(impl, call), std::string(key.view()));
+  if (r.ok()) {
+    c->plan = r->plan;
+    c->source = PlanSource::table;
+    c->table_m = p.m;
+    c->source_id = r->source_id;
+    c->tuned_now = true;
+  }
+  return Status();
+}
+
+// ------------------------------------------------------------------ the call
+
+Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
+           const CallOptions& opts) noexcept {
+  Runtime::Impl& impl = rt.impl();
+  Call call{p, la, stream, opts};
+  const CallKey ckey = call_key(p);
+  HitMemo& memo = memo_slot(ckey);
+  // Loaded before the table (acquire; the writer stores it after `current`):
+  // an entry made below is tagged with a generation no newer than its table.
+  const uint64_t gen = impl.table_gen.load(std::memory_order_acquire);
+  Choice c;
+  if (!impl.any_forced && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
+    c.plan = memo.plan;
+    c.source = PlanSource::table;
+    c.table_m = memo.table_m;
+    c.source_id = memo.source_id;
+    const bool near = memo.table_m * 2 >= p.m && p.m * 2 >= memo.table_m;
+    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off) [[unlikely]]
+      if (Status s = observe(impl, call, &c); !s.ok()) return s;
+    return launch(impl, call, c);
+  }
+  if (Status s = choose_full(impl, call, &c); !s.ok()) return s;
+  if (c.source == PlanSource::table && gen != 0) {
     memo.gen = gen;
     memo.key = ckey;
-    memo.table_m = table_m;
-    memo.source_id = source_id;
-    memo.plan = plan;
+    memo.table_m = c.table_m;
+    memo.source_id = c.source_id;
+    memo.plan = c.plan;
   }
-  return serve(impl, p, la, stream, opts, dev, plan, source, table_m, source_id, tuned_now);
+  if (impl.tuner && (c.source != PlanSource::table || impl.tuner->mode() != TuneMode::off))
+    if (Status s = observe(impl, call, &c); !s.ok()) return s;
+  return launch(impl, call, c);
 }
 
 Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const core::LaunchArgs& la) noexcept {
@@ -385,11 +375,7 @@ Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const
       return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
     tune::MissEvent ev;
     ev.problem = p;
-    switch (p.op) {
-      case core::OpKind::gemm: ev.ld[0] = la.lda, ev.ld[1] = la.ldb, ev.ld[2] = la.ldd; break;
-      case core::OpKind::rmsnorm: ev.ld[0] = la.ldy, ev.ld[1] = la.ldx; break;
-      case core::OpKind::fused_add_rmsnorm: ev.ld[0] = la.ldx, ev.ld[1] = la.ldr; break;
-    }
+    std::copy(std::begin(la.ld), std::end(la.ld), std::begin(ev.ld));
     const std::string key = tune::Tuner::key_of(p, *dev);
     auto r = impl.tuner->tune_on_scratch(ev, *dev, key);
     if (!r.ok()) return r.status();
@@ -410,6 +396,14 @@ Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const
   }
 }
 
+// "<first dim-binding slot>: <its M name> is 0, nothing to tune".
+[[gnu::cold]] Status nothing_to_tune(const core::OpSpec& s) {
+  const auto& first = s.slots[static_cast<size_t>(s.order[0])];
+  return make_status(StatusCode::invalid_argument,
+                     std::string(first.name) + ": " + std::string(s.dim_names[static_cast<int>(core::Dim::m)]) +
+                         " is 0, nothing to tune");
+}
+
 }  // namespace
 
 const char* plan_source_name(PlanSource s) noexcept {
@@ -421,59 +415,25 @@ const char* plan_source_name(PlanSource s) noexcept {
   return "?";
 }
 
-Status gemm(Runtime& rt, const GemmArgs& args, Stream stream, const CallOptions& opts) noexcept {
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  if (Status s = api::validate_gemm(args, &p, &la, &empty); !s.ok()) return s;
-  if (empty) return Status();
-  return run(rt, p, la, stream, opts);
-}
-
-Status rmsnorm(Runtime& rt, const RmsNormArgs& args, Stream stream, const CallOptions& opts) noexcept {
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  if (Status s = api::validate_rmsnorm(args, &p, &la, &empty); !s.ok()) return s;
-  if (empty) return Status();
-  return run(rt, p, la, stream, opts);
-}
-
-Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& args, Stream stream,
-                         const CallOptions& opts) noexcept {
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  if (Status s = api::validate_fused_add_rmsnorm(args, &p, &la, &empty); !s.ok()) return s;
-  if (empty) return Status();
-  return run(rt, p, la, stream, opts);
-}
-
-Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) noexcept {
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  if (Status s = api::validate_gemm(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;
-  if (empty) return make_status(StatusCode::invalid_argument, "a: M is 0, nothing to tune");
-  return pretune_problem(rt, p, la);
-}
-
-Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept {
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  if (Status s = api::validate_rmsnorm(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;
-  if (empty) return make_status(StatusCode::invalid_argument, "x: tokens is 0, nothing to tune");
-  return pretune_problem(rt, p, la);
-}
-
-Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept {
-  core::Problem p;
-  core::LaunchArgs la;
-  bool empty = false;
-  if (Status s = api::validate_fused_add_rmsnorm(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;
-  if (empty) return make_status(StatusCode::invalid_argument, "x: tokens is 0, nothing to tune");
-  return pretune_problem(rt, p, la);
-}
+// One entry point and one pretune per row of core/op_list.hpp.
+#define KD_OP_ENTRY(op, Args, tensors, scalars)                                                               \
+  Status op(Runtime& rt, const Args& args, Stream stream, const CallOptions& opts) noexcept {                \
+    core::Problem p;                                                                                         \
+    core::LaunchArgs la;                                                                                     \
+    bool empty = false;                                                                                      \
+    if (Status s = api::validate_##op(args, &p, &la, &empty); !s.ok()) return s;                              \
+    if (empty) return Status();                                                                              \
+    return run(rt, p, la, stream, opts);                                                                     \
+  }                                                                                                          \
+  Result<PretuneResult> pretune(Runtime& rt, const Args& args) noexcept {                                    \
+    core::Problem p;                                                                                         \
+    core::LaunchArgs la;                                                                                     \
+    bool empty = false;                                                                                      \
+    if (Status s = api::validate_##op(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;     \
+    if (empty) return nothing_to_tune(core::spec_of(core::OpKind::op));                                       \
+    return pretune_problem(rt, p, la);                                                                       \
+  }
+KDISPATCH_OP_LIST(KD_OP_ENTRY)
+#undef KD_OP_ENTRY
 
 }  // namespace dispatch

@@ -77,13 +77,18 @@ Runtime::Impl::~Impl() {
   table::EpochDomain::global().drop_owner(this);
 }
 
-const DeviceInfo* Runtime::Impl::device_for(Device d) const noexcept {
-  if (d.type == DeviceType::cpu) return &cpu_device_info();
-  // A GPU tensor gets the probed description of its own ordinal (probed once,
-  // then a few loads), or nullptr when the backend is not compiled in or has
-  // no usable device: the op then answers unsupported_device.
-  const gpu::BackendOps* b = gpu::backend_ops(d.type);
-  return b ? b->device_info(d.ordinal) : nullptr;
+const DeviceInfo* Runtime::Impl::device_for(Device d) const noexcept { return core::device_info_for(d); }
+
+uint64_t Runtime::Impl::device_name_hash(Device d, const DeviceInfo& dev) const noexcept {
+  const auto t = static_cast<size_t>(d.type);
+  if (t >= 3 || d.ordinal < 0 || d.ordinal >= 16) return table::key_hash(dev.device_name);
+  std::atomic<uint64_t>& slot = name_hashes[t][static_cast<size_t>(d.ordinal)];
+  uint64_t h = slot.load(std::memory_order_relaxed);
+  if (h == 0) [[unlikely]] {
+    h = table::key_hash(dev.device_name);
+    slot.store(h, std::memory_order_relaxed);
+  }
+  return h;
 }
 
 std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const {
@@ -283,7 +288,6 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     impl->policy.bounded = options.bounded_nearest;
     impl->policy.ratio = options.bound_ratio;
     impl->shipped_dir = find_shipped_dir(options);
-    impl->cpu_name_hash = table::key_hash(cpu_device_info().device_name);
     if (options.tune.duty_cycle <= 0.0 || options.tune.duty_cycle > 1.0)
       return make_status(StatusCode::invalid_argument, "tune.duty_cycle must be in (0, 1]");
     if (options.tune.reps < 1) return make_status(StatusCode::invalid_argument, "tune.reps must be >= 1");

@@ -99,9 +99,12 @@ struct Runtime::Impl {
         return &streams[i];
     return nullptr;
   }
-  /// key_hash(cpu_device_info().device_name), computed once (the op hot path
-  /// hashes the device name into its binary key).
-  uint64_t cpu_name_hash = 0;
+  /// key_hash(device_name) of each (backend, ordinal < 16), computed on
+  /// first use (the op hot path hashes the device name into its binary
+  /// key); 0 = not yet. Relaxed: every thread computes the same value.
+  mutable std::atomic<uint64_t> name_hashes[3][16] = {};
+  /// key_hash(dev.device_name) of the tensors' device `d`.
+  uint64_t device_name_hash(Device d, const DeviceInfo& dev) const noexcept;
   std::unique_ptr<tune::Tuner> tuner;
   std::unique_ptr<api::DirWatcher> watcher;
 

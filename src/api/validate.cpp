@@ -5,10 +5,17 @@
 #include <string>
 #include <utility>
 
+#include "ops/specs.hpp"
 #include "table/key.hpp"
 
 namespace dispatch::api {
 namespace {
+
+using core::ArgSlot;
+using core::Dim;
+using core::DimExpr;
+using core::OpSpec;
+using core::Role;
 
 // Error results are built out of line (cold): the checks before them stay a
 // few contiguous instructions on the hot path.
@@ -29,8 +36,6 @@ std::string shape_text(const TensorRef& t) {
   for (int i = 0; i < t.rank && i < kMaxRank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + "]";
 }
-
-constexpr size_t elem_bytes(DType t) noexcept { return t == DType::fp32 ? 4 : 2; }
 
 [[gnu::always_inline]] inline StrideClass stride_class_of(const TensorRef& t, int dim) noexcept {
   const int64_t size = t.shape[dim];
@@ -88,27 +93,6 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   return Status();
 }
 
-[[gnu::cold, gnu::noinline]] Status device_mismatch(const TensorRef* const* ts, const char* const* names,
-                                                   int i) noexcept;
-
-Status same_device(const TensorRef* const* ts, const char* const* names, int n) noexcept {
-  for (int i = 1; i < n; ++i)
-    if (!(ts[i]->device == ts[0]->device)) [[unlikely]]
-      return device_mismatch(ts, names, i);
-  return Status();
-}
-
-Status device_mismatch(const TensorRef* const* ts, const char* const* names, int i) noexcept {
-  try {
-    return Status(StatusCode::unsupported_device,
-                  std::string(names[i]) + " is on " + std::string(device_type_name(ts[i]->device.type)) + ":" +
-                      std::to_string(ts[i]->device.ordinal) + " but " + names[0] + " is on " +
-                      std::string(device_type_name(ts[0]->device.type)) + ":" + std::to_string(ts[0]->device.ordinal));
-  } catch (...) {
-    return Status(StatusCode::unsupported_device, std::string());
-  }
-}
-
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding spans).
 [[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
   auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
@@ -118,7 +102,7 @@ Status device_mismatch(const TensorRef* const* ts, const char* const* names, int
     const int64_t rs = t.rank == 2 ? t.strides[0] : 0;
     const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? cols - 1 : 0);
     *lo = base;
-    *hi = base + static_cast<uintptr_t>(last + 1) * elem_bytes(t.dtype);
+    *hi = base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype);
   };
   uintptr_t alo, ahi, blo, bhi;
   span(a, &alo, &ahi);
@@ -126,189 +110,369 @@ Status device_mismatch(const TensorRef* const* ts, const char* const* names, int
   return alo < bhi && blo < ahi;
 }
 
+// A write slot may be exactly its alias_of slot (in place): same data, and
+// the same row stride when there is more than one row.
+[[gnu::always_inline]] inline bool exact_alias(const TensorRef& w, const TensorRef& r) noexcept {
+  return w.data == r.data && (r.shape[0] == 1 || w.strides[0] == r.strides[0]);
+}
+
+// An optional slot counts as given when it has data, or (pretune, without
+// data) when it has the slot's rank.
+[[gnu::always_inline]] inline bool slot_present(const ArgSlot& s, const TensorRef& t, bool require_data) noexcept {
+  return !s.optional || !t.empty() || (!require_data && t.rank == s.rank);
+}
+
+[[gnu::always_inline]] inline bool is_written(const ArgSlot& s) noexcept { return s.role != Role::read; }
+
+// ------------------------------------------------------------------ the detailed path
+
+struct Binding {
+  int64_t value[core::kDimCount] = {1, 0, 0, 0, 0, 0};
+  int8_t binder[core::kDimCount] = {-1, -1, -1, -1, -1, -1};  // the slot a dim took its value from
+  bool bound(Dim d) const noexcept { return d == Dim::none || binder[static_cast<int>(d)] >= 0; }
+  int64_t eval(const DimExpr& e) const noexcept {
+    const int64_t v = value[static_cast<int>(e.dim)] * e.mul;
+    return e.div == 1 ? v : (v + e.div - 1) / e.div;
+  }
+};
+
+std::string expr_text(const OpSpec& s, const DimExpr& e) {
+  std::string name(s.dim_names[static_cast<int>(e.dim)]);
+  if (e.mul != 1) name = std::to_string(e.mul) + "*" + name;
+  if (e.div != 1) name = "ceil(" + name + "/" + std::to_string(e.div) + ")";
+  return name;
+}
+
+// Binds the unbound plain dims of a rank-2 slot and checks the rest, with
+// the message of a mismatch.
+Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Binding* b) {
+  const ArgSlot& a = s.slots[static_cast<size_t>(slot)];
+  const TensorRef& t = *ts[slot];
+  const DimExpr* axes[2] = {&a.rows, &a.cols};
+  bool binds[2] = {false, false};
+  for (int ax = 0; ax < 2; ++ax) binds[ax] = axes[ax]->plain() && !b->bound(axes[ax]->dim);
+  // Bind first (a dim may appear in both axes only when bound already).
+  Binding trial = *b;
+  for (int ax = 0; ax < 2; ++ax)
+    if (binds[ax]) {
+      trial.value[static_cast<int>(axes[ax]->dim)] = t.shape[ax];
+      trial.binder[static_cast<int>(axes[ax]->dim)] = static_cast<int8_t>(slot);
+    }
+  int bad_axis = -1;
+  for (int ax = 0; ax < 2 && bad_axis < 0; ++ax)
+    if (!binds[ax] && t.shape[ax] != trial.eval(*axes[ax])) bad_axis = ax;
+  if (bad_axis < 0) {
+    *b = trial;
+    return Status();
+  }
+  const std::string name(a.name);
+  const std::string names = "[" + expr_text(s, a.rows) + ", " + expr_text(s, a.cols) + "]";
+  if (binds[0] || binds[1]) {
+    // Partly bound: name the slot the mismatching dim came from.
+    const int from = b->binder[static_cast<int>(axes[bad_axis]->dim)];
+    std::string with;
+    for (int ax = 0; ax < 2; ++ax)
+      if (!binds[ax])
+        with += (with.empty() ? "" : ", ") + expr_text(s, *axes[ax]) + " = " + std::to_string(trial.eval(*axes[ax]));
+    const std::string from_text =
+        from >= 0 ? std::string(s.slots[static_cast<size_t>(from)].name) + " " + shape_text(*ts[from]) : "?";
+    return bad(name, "shape " + shape_text(t) + " does not match " + from_text + ": " + name + " must be " + names +
+                         " with " + with);
+  }
+  // Fully bound: an earlier slot of the same shape names it.
+  for (int8_t j : s.order) {
+    if (j == slot) break;
+    const ArgSlot& o = s.slots[static_cast<size_t>(j)];
+    if (o.rank == 2 && o.rows.dim == a.rows.dim && o.rows.mul == a.rows.mul && o.rows.div == a.rows.div &&
+        o.cols.dim == a.cols.dim && o.cols.mul == a.cols.mul && o.cols.div == a.cols.div)
+      return bad(name, "shape " + shape_text(t) + " must equal " + std::string(o.name) + "'s " + shape_text(*ts[j]));
+  }
+  return bad(name, "shape " + shape_text(t) + " must be " + names + " = [" + std::to_string(trial.eval(a.rows)) +
+                       ", " + std::to_string(trial.eval(a.cols)) + "]");
+}
+
 }  // namespace
 
 StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return stride_class_of(t, dim); }
 
+// The checks in order, each with its message: the slow path of
+// validate_slots, which tests the same conditions without them.
+[[gnu::cold, gnu::noinline]] Status check_detailed(const OpSpec& s, const TensorRef* const* t, const float* scalars,
+                                                   bool require_data) noexcept {
+  try {
+    auto slot = [&](int i) -> const ArgSlot& { return s.slots[static_cast<size_t>(i)]; };
+    auto name = [&](int i) { return std::string(slot(i).name); };
+    // 1. The layout of every required 2-D slot.
+    for (int8_t i : s.order)
+      if (!slot(i).optional && slot(i).rank == 2)
+        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data); !st.ok()) return st;
+    // 2. Shapes: bind the dims, check the rest; the sizes >= 1 once their slot bound them.
+    Binding b;
+    auto positive = [&]() -> Status {
+      for (int d = 1; d < core::kDimCount; ++d)
+        if (((s.positive.dims >> d) & 1u) && b.value[d] < 1)
+          return bad(slot(s.positive.slot).name, std::string(s.positive.text) + shape_text(*t[s.positive.slot]));
+      return Status();
+    };
+    for (int8_t i : s.order) {
+      if (slot(i).optional || slot(i).rank != 2) continue;
+      if (Status st = bind_or_check(s, i, t, &b); !st.ok()) return st;
+      if (i == s.positive.slot)
+        if (Status st = positive(); !st.ok()) return st;
+    }
+    // 3. Required 1-D slots.
+    for (int8_t i : s.order)
+      if (!slot(i).optional && slot(i).rank == 1)
+        if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
+    // 4. Scalars.
+    for (size_t j = 0; j < s.scalars.size(); ++j)
+      if (s.scalars[j].positive && !(scalars[j] > 0.f))
+        return bad(s.scalars[j].name, "must be > 0, got " + std::to_string(scalars[j]));
+    // 5. One dtype where the spec wants one.
+    if (!s.same_dtype.empty()) {
+      bool same = true;
+      for (int8_t i : s.same_dtype) same = same && t[i]->dtype == t[s.same_dtype[0]]->dtype;
+      if (!same) {
+        bool inputs = s.same_dtype.size() == 2;
+        for (int8_t i : s.same_dtype) inputs = inputs && !is_written(slot(i));
+        if (inputs) {
+          const int i0 = s.same_dtype[0], i1 = s.same_dtype[1];
+          return unsupported(name(i0) + " is " + std::string(dtype_name(t[i0]->dtype)) + " but " + name(i1) + " is " +
+                             std::string(dtype_name(t[i1]->dtype)) + ": mixed input dtypes are not supported");
+        }
+        std::string list, each;
+        for (size_t k = 0; k < s.same_dtype.size(); ++k) {
+          const int i = s.same_dtype[k];
+          list += (k == 0 ? "" : k + 1 == s.same_dtype.size() ? " and " : ", ") + name(i);
+          each += (k == 0 ? "" : ", ") + name(i) + " " + std::string(dtype_name(t[i]->dtype));
+        }
+        return unsupported(list + " must share one dtype (" + each + ")");
+      }
+    }
+    // 6. Optional slots that are given.
+    for (int i = 0; i < s.slot_count(); ++i) {
+      if (!slot(i).optional || !slot_present(slot(i), *t[i], require_data)) continue;
+      if (slot(i).rank == 1) {
+        if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
+      } else {
+        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data); !st.ok()) return st;
+        if (Status st = bind_or_check(s, i, t, &b); !st.ok()) return st;
+      }
+      if (const int like = slot(i).dtype_like; like >= 0 && t[i]->dtype != t[like]->dtype)
+        return bad(slot(i).name, "dtype " + std::string(dtype_name(t[i]->dtype)) + " must equal " + name(like) +
+                                     "'s dtype " + std::string(dtype_name(t[like]->dtype)));
+    }
+    // 7. One device.
+    const int first = s.order[0];
+    for (int i = 0; i < s.slot_count(); ++i) {
+      if (i == first || !slot_present(slot(i), *t[i], require_data)) continue;
+      if (!(t[i]->device == t[first]->device))
+        return Status(StatusCode::unsupported_device,
+                      name(i) + " is on " + std::string(device_type_name(t[i]->device.type)) + ":" +
+                          std::to_string(t[i]->device.ordinal) + " but " + name(first) + " is on " +
+                          std::string(device_type_name(t[first]->device.type)) + ":" +
+                          std::to_string(t[first]->device.ordinal));
+    }
+    // 8. Written 2-D slots overlap nothing else 2-D (in place only as the spec allows).
+    if (require_data && b.value[static_cast<int>(Dim::m)] > 0) {
+      for (size_t oi = 0; oi < s.order.size(); ++oi)
+        for (size_t oj = 0; oj < oi; ++oj) {
+          const int i = s.order[oi], j = s.order[oj];
+          if (slot(i).rank != 2 || slot(j).rank != 2) continue;
+          if (!is_written(slot(i)) && !is_written(slot(j))) continue;
+          if (!overlaps(*t[i], *t[j])) continue;
+          if (is_written(slot(i)) && is_written(slot(j)))
+            return bad(slot(i).name, "overlaps " + name(j) + " (both are written in place)");
+          const int w = is_written(slot(i)) ? i : j, r = w == i ? j : i;
+          if (slot(w).alias_of == r) {
+            if (exact_alias(*t[w], *t[r])) continue;
+            return bad(slot(w).name, "partially overlaps " + name(r) + " (in place is allowed only with " + name(w) +
+                                         " == " + name(r) + " and equal row strides)");
+          }
+          return bad(slot(w).name, "overlaps an input");
+        }
+    }
+    return Status();
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, std::string());
+  }
+}
+
 namespace {
-// Stride classes of up to three operands (rank 2 or 1) packed for the key.
-[[gnu::always_inline]] inline uint32_t stride_code(const TensorRef* const* ops, int n) noexcept {
-  uint8_t classes[4][2] = {};
-  int ranks[4] = {0, 0, 0, 0};
-  for (int i = 0; i < n; ++i) {
-    ranks[i] = ops[i]->rank;
-    if (ops[i]->rank == 2) {
-      for (int d = 0; d < 2; ++d) classes[i][d] = static_cast<uint8_t>(stride_class_of(*ops[i], d));
-    } else {
-      classes[i][0] = static_cast<uint8_t>(StrideClass::unit);  // 1-D operands are checked contiguous
+
+// ------------------------------------------------------------------ the fast path
+//
+// The spec is a constant: the slot loops unroll (index_sequence) and every
+// rule that does not apply to this op compiles away.
+
+template <const OpSpec& S, size_t... I, class F>
+[[gnu::always_inline]] inline void for_slots(std::index_sequence<I...>, F&& f) {
+  (f(std::integral_constant<int, static_cast<int>(I)>{}), ...);
+}
+template <const OpSpec& S, class F>
+[[gnu::always_inline]] inline void each_slot(F&& f) {
+  for_slots<S>(std::make_index_sequence<S.slots.size()>{}, f);
+}
+
+// Where each dim takes its value: (slot, axis) of its first plain mention
+// among the required 2-D slots, in the spec's order.
+struct Binder {
+  int8_t slot[core::kDimCount] = {-1, -1, -1, -1, -1, -1};
+  int8_t axis[core::kDimCount] = {0, 0, 0, 0, 0, 0};
+};
+constexpr Binder binders(const OpSpec& s) {
+  Binder b;
+  for (int8_t i : s.order) {
+    const ArgSlot& a = s.slots[static_cast<size_t>(i)];
+    if (a.optional || a.rank != 2) continue;
+    const DimExpr* axes[2] = {&a.rows, &a.cols};
+    for (int ax = 0; ax < 2; ++ax) {
+      const int d = static_cast<int>(axes[ax]->dim);
+      if (axes[ax]->plain() && b.slot[d] < 0) {
+        b.slot[d] = i;
+        b.axis[d] = static_cast<int8_t>(ax);
+      }
     }
   }
-  return table::pack_stride_code(classes, ranks, n);
+  return b;
 }
 
-}  // namespace
-
-// The gemm checks in order, with the message of the first that fails: the
-// slow path of validate_gemm, which tested the same conditions without them.
-[[gnu::cold, gnu::noinline]] Status check_gemm_detailed(const GemmArgs& g, bool require_data) noexcept {
-  if (auto s = check_2d(g.a, "a", false, require_data); !s.ok()) return s;
-  if (auto s = check_2d(g.b, "b", false, require_data); !s.ok()) return s;
-  if (auto s = check_2d(g.d, "d", true, require_data); !s.ok()) return s;
-  const int64_t M = g.a.shape[0], K = g.a.shape[1], N = g.b.shape[0];
-  if (g.b.shape[1] != K)
-    return bad("b", "shape " + shape_text(g.b) + " does not match a " + shape_text(g.a) + ": b must be [N, K] with K = " + std::to_string(K));
-  if (g.d.shape[0] != M || g.d.shape[1] != N)
-    return bad("d", "shape " + shape_text(g.d) + " must be [M, N] = [" + std::to_string(M) + ", " + std::to_string(N) + "]");
-  if (N < 1 || K < 1) return bad("b", "N and K must be >= 1, got " + shape_text(g.b));
-  if (g.a.dtype != g.b.dtype)
-    return unsupported(
-                  "a is " + std::string(dtype_name(g.a.dtype)) + " but b is " + std::string(dtype_name(g.b.dtype)) +
-                      ": mixed input dtypes are not supported");
-  const bool has_bias = !g.bias.empty() || (!require_data && g.bias.rank == 1);
-  if (has_bias) {
-    if (auto s = check_1d(g.bias, "bias", N, require_data); !s.ok()) return s;
-    if (g.bias.dtype != g.d.dtype)
-      return bad("bias", "dtype " + std::string(dtype_name(g.bias.dtype)) + " must equal d's dtype " + std::string(dtype_name(g.d.dtype)));
-  }
-  const TensorRef* ts[4] = {&g.a, &g.b, &g.d, &g.bias};
-  const char* names[4] = {"a", "b", "d", "bias"};
-  if (auto s = same_device(ts, names, has_bias ? 4 : 3); !s.ok()) return s;
-  if (require_data && M > 0 && (overlaps(g.d, g.a) || overlaps(g.d, g.b))) return bad("d", "overlaps an input");
-  return Status();
-}
-
-Status validate_gemm(const GemmArgs& g, core::Problem* p, core::LaunchArgs* la, bool* empty,
-                     bool require_data) noexcept {
+template <core::OpKind Op>
+[[gnu::always_inline]] inline Status validate_fast(const TensorRef* const* t, const float* scalars, core::Problem* p,
+                                                   core::LaunchArgs* la, bool* empty, bool require_data) noexcept {
+  static constexpr const OpSpec& S = core::OpSpecOf<Op>::value;
+  static constexpr Binder B = binders(S);
   *empty = false;
-  // The conditions of gemm_error, without building a Status per check: on
-  // a hit this function is most of dispatch::gemm's own host time.
-  const int64_t M = g.a.shape[0], K = g.a.shape[1], N = g.b.shape[0];
-  // An absent bias is a null TensorRef (rank 0); pretune may pass a rank-1
-  // bias with null data to describe one.
-  const bool has_bias = !g.bias.empty() || (!require_data && g.bias.rank == 1);
-  bool ok = ok_2d(g.a, false, require_data) & ok_2d(g.b, false, require_data) & ok_2d(g.d, true, require_data);
-  ok = ok && g.b.shape[1] == K && g.d.shape[0] == M && g.d.shape[1] == N && N >= 1 && K >= 1 &&
-       g.a.dtype == g.b.dtype && g.b.device == g.a.device && g.d.device == g.a.device;
-  if (has_bias)
-    ok = ok && ok_1d(g.bias, N, require_data) && g.bias.dtype == g.d.dtype && g.bias.device == g.a.device;
-  ok = ok && !(require_data && M > 0 && (overlaps(g.d, g.a) || overlaps(g.d, g.b)));
+  // The dims, from their binding slots (garbage when a rank is wrong: the
+  // checks below then fail).
+  int64_t dim[core::kDimCount] = {1, 0, 0, 0, 0, 0};
+  for (int d = 1; d < core::kDimCount; ++d)
+    if (B.slot[d] >= 0) dim[d] = t[B.slot[d]]->shape[B.axis[d]];
+  auto eval = [&](const DimExpr& e) {
+    const int64_t v = dim[static_cast<int>(e.dim)] * e.mul;
+    return e.div == 1 ? v : (v + e.div - 1) / e.div;
+  };
+  bool present[S.slots.size()];
+  bool ok = true;
+  const Device dev = t[S.order[0]]->device;
+  each_slot<S>([&](auto ic) {
+    constexpr int i = decltype(ic)::value;
+    constexpr const ArgSlot& a = S.slots[i];
+    const TensorRef& x = *t[i];
+    present[i] = slot_present(a, x, require_data);
+    if constexpr (a.rank == 2) {
+      const bool here = ok_2d(x, is_written(a), require_data) & (x.shape[0] == eval(a.rows)) &
+                        (x.shape[1] == eval(a.cols));
+      ok = ok && (a.optional ? !present[i] || here : here);
+    } else {
+      const bool here = ok_1d(x, eval(a.cols), require_data);
+      ok = ok && (a.optional ? !present[i] || here : here);
+    }
+    if constexpr (a.dtype_like >= 0) ok = ok && (!present[i] || x.dtype == t[a.dtype_like]->dtype);
+    ok = ok && (!present[i] || x.device == dev);
+  });
+  for (int d = 1; d < core::kDimCount; ++d)
+    if ((S.positive.dims >> d) & 1u) ok = ok && dim[d] >= 1;
+  for (size_t j = 0; j < S.scalars.size(); ++j)
+    if (S.scalars[j].positive) ok = ok && scalars[j] > 0.f;
+  for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
+  // Written 2-D slots against the other 2-D slots.
+  if (require_data && dim[static_cast<int>(Dim::m)] > 0) {
+    for (size_t oi = 0; oi < S.order.size(); ++oi)
+      for (size_t oj = 0; oj < oi; ++oj) {
+        const int i = S.order[oi], j = S.order[oj];
+        const ArgSlot &ai = S.slots[static_cast<size_t>(i)], &aj = S.slots[static_cast<size_t>(j)];
+        if (ai.rank != 2 || aj.rank != 2 || (!is_written(ai) && !is_written(aj))) continue;
+        if (!overlaps(*t[i], *t[j])) continue;
+        const bool both = is_written(ai) && is_written(aj);
+        const int w = is_written(ai) ? i : j, r = w == i ? j : i;
+        ok = ok && !both && S.slots[static_cast<size_t>(w)].alias_of == r && exact_alias(*t[w], *t[r]);
+      }
+  }
   if (!ok) [[unlikely]] {
-    Status s = check_gemm_detailed(g, require_data);
-    if (s.ok()) return Status(StatusCode::internal, "gemm arguments: the fast and the detailed checks disagree");
+    Status s = check_detailed(S, t, scalars, require_data);
+    if (s.ok())
+      return Status(StatusCode::internal,
+                    std::string(S.name) + " arguments: the fast and the detailed checks disagree");
     return s;
   }
 
-  p->op = core::OpKind::gemm;
-  p->device = g.a.device;
-  p->in_dtype = g.a.dtype;
-  p->out_dtype = g.d.dtype;
-  p->m = M;
-  p->n = N;
-  p->k = K;
-  p->has_bias = has_bias;
-  const TensorRef* ops[3] = {&g.a, &g.b, &g.d};
-  p->stride_code = stride_code(ops, 3);
-  la->a = g.a.data;
-  la->lda = g.a.shape[0] > 1 ? g.a.strides[0] : K;
-  la->b = g.b.data;
-  la->ldb = g.b.shape[0] > 1 ? g.b.strides[0] : K;
-  la->d = g.d.data;
-  la->ldd = g.d.shape[0] > 1 ? g.d.strides[0] : N;
-  la->bias = has_bias ? g.bias.data : nullptr;
-  // The smallest alignment of the operands' pointers and row strides (the
-  // vector kernels need 16 bytes of A and B); a description without data is aligned.
-  if (require_data) {
-    // (D and the bias are written/read element by element: not counted.)
-    uintptr_t bits = reinterpret_cast<uintptr_t>(la->a) | reinterpret_cast<uintptr_t>(la->b);
-    const size_t ie = elem_bytes(g.a.dtype);
-    if (M > 1) bits |= static_cast<uintptr_t>(la->lda) * ie;
-    if (N > 1) bits |= static_cast<uintptr_t>(la->ldb) * ie;
+  p->op = Op;
+  p->device = dev;
+  p->in_dtype = t[S.in_dtype_slot]->dtype;
+  p->out_dtype = t[S.out_dtype_slot]->dtype;
+  p->m = dim[static_cast<int>(Dim::m)];
+  p->n = dim[static_cast<int>(Dim::n)];
+  p->k = dim[static_cast<int>(Dim::k)];
+  p->extra[0] = dim[static_cast<int>(Dim::extra0)];
+  p->extra[1] = dim[static_cast<int>(Dim::extra1)];
+  bool any_optional = false;
+  uint8_t classes[4][2] = {};
+  int ranks[4] = {0, 0, 0, 0};
+  uintptr_t bits = 0;
+  each_slot<S>([&](auto ic) {
+    constexpr int i = decltype(ic)::value;
+    constexpr const ArgSlot& a = S.slots[i];
+    const TensorRef& x = *t[i];
+    if constexpr (a.optional) any_optional = any_optional || present[i];
+    la->data[i] = present[i] ? x.data : nullptr;
+    if constexpr (a.rank == 2) la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+    if constexpr (((S.align_slots >> i) & 1u) != 0) {
+      bits |= reinterpret_cast<uintptr_t>(x.data);
+      if (x.shape[0] > 1) bits |= static_cast<uintptr_t>(la->ld[i]) * dtype_size(x.dtype);
+    }
+  });
+  p->has_bias = any_optional;
+  for (size_t o = 0; o < S.order.size() && o < 4; ++o) {
+    const TensorRef& x = *t[S.order[o]];
+    ranks[o] = S.slots[static_cast<size_t>(S.order[o])].rank;
+    if (ranks[o] == 2) {
+      classes[o][0] = static_cast<uint8_t>(stride_class_of(x, 0));
+      classes[o][1] = static_cast<uint8_t>(stride_class_of(x, 1));
+    } else {
+      classes[o][0] = static_cast<uint8_t>(StrideClass::unit);  // 1-D operands are checked contiguous
+    }
+  }
+  p->stride_code = table::pack_stride_code(classes, ranks, static_cast<int>(S.order.size()));
+  // The smallest alignment of the align slots' pointers and row strides (the
+  // vector kernels need 16 bytes); a description without data is aligned.
+  if (S.align_slots != 0 && require_data) {
     uint8_t al = 16;
     while (al > 1 && (bits & (al - 1u)) != 0) al = static_cast<uint8_t>(al / 2);
     p->align_bytes = al;
   }
-  *empty = M == 0;
+  for (size_t j = 0; j < S.scalars.size(); ++j) la->scalar[j] = scalars[j];
+  *empty = p->m == 0;
   return Status();
 }
 
-Status validate_rmsnorm(const RmsNormArgs& r, core::Problem* p, core::LaunchArgs* la, bool* empty,
-                        bool require_data) noexcept {
-  *empty = false;
-  if (auto s = check_2d(r.x, "x", false, require_data); !s.ok()) return s;
-  if (auto s = check_2d(r.y, "y", true, require_data); !s.ok()) return s;
-  const int64_t T = r.x.shape[0], H = r.x.shape[1];
-  if (H < 1) return bad("x", "hidden must be >= 1, got shape " + shape_text(r.x));
-  if (r.y.shape[0] != T || r.y.shape[1] != H)
-    return bad("y", "shape " + shape_text(r.y) + " must equal x's " + shape_text(r.x));
-  if (auto s = check_1d(r.w, "w", H, require_data); !s.ok()) return s;
-  if (!(r.eps > 0.f)) return bad("eps", "must be > 0, got " + std::to_string(r.eps));
-  if (r.x.dtype != r.y.dtype || r.x.dtype != r.w.dtype)
-    return unsupported(
-                  "x, y and w must share one dtype (x " + std::string(dtype_name(r.x.dtype)) + ", y " +
-                      std::string(dtype_name(r.y.dtype)) + ", w " + std::string(dtype_name(r.w.dtype)) + ")");
-  const TensorRef* ts[3] = {&r.x, &r.y, &r.w};
-  const char* names[3] = {"x", "y", "w"};
-  if (auto s = same_device(ts, names, 3); !s.ok()) return s;
-  if (require_data && T > 0 && overlaps(r.x, r.y) &&
-      !(r.x.data == r.y.data && (T == 1 || r.x.strides[0] == r.y.strides[0])))
-    return bad("y", "partially overlaps x (in place is allowed only with y == x and equal row strides)");
-  p->op = core::OpKind::rmsnorm;
-  p->device = r.x.device;
-  p->in_dtype = r.x.dtype;
-  p->out_dtype = r.y.dtype;
-  p->m = T;
-  p->n = H;
-  p->k = 0;
-  p->has_bias = false;
-  const TensorRef* ops[3] = {&r.x, &r.y, &r.w};
-  p->stride_code = stride_code(ops, 3);
-  la->x = r.x.data;
-  la->ldx = T > 1 ? r.x.strides[0] : H;
-  la->y = r.y.data;
-  la->ldy = T > 1 ? r.y.strides[0] : H;
-  la->w = r.w.data;
-  la->eps = r.eps;
-  *empty = T == 0;
-  return Status();
+}  // namespace
+
+template <core::OpKind Op>
+Status validate_slots(const TensorRef* const* t, const float* scalars, core::Problem* p, core::LaunchArgs* la,
+                      bool* empty, bool require_data) noexcept {
+  return validate_fast<Op>(t, scalars, p, la, empty, require_data);
 }
 
-Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& r, core::Problem* p, core::LaunchArgs* la,
-                                  bool* empty, bool require_data) noexcept {
-  *empty = false;
-  if (auto s = check_2d(r.x, "x", true, require_data); !s.ok()) return s;
-  if (auto s = check_2d(r.residual, "residual", true, require_data); !s.ok()) return s;
-  const int64_t T = r.x.shape[0], H = r.x.shape[1];
-  if (H < 1) return bad("x", "hidden must be >= 1, got shape " + shape_text(r.x));
-  if (r.residual.shape[0] != T || r.residual.shape[1] != H)
-    return bad("residual", "shape " + shape_text(r.residual) + " must equal x's " + shape_text(r.x));
-  if (auto s = check_1d(r.w, "w", H, require_data); !s.ok()) return s;
-  if (!(r.eps > 0.f)) return bad("eps", "must be > 0, got " + std::to_string(r.eps));
-  if (r.x.dtype != r.residual.dtype || r.x.dtype != r.w.dtype)
-    return unsupported(
-                  "x, residual and w must share one dtype (x " + std::string(dtype_name(r.x.dtype)) + ", residual " +
-                      std::string(dtype_name(r.residual.dtype)) + ", w " + std::string(dtype_name(r.w.dtype)) + ")");
-  const TensorRef* ts[3] = {&r.x, &r.residual, &r.w};
-  const char* names[3] = {"x", "residual", "w"};
-  if (auto s = same_device(ts, names, 3); !s.ok()) return s;
-  if (require_data && T > 0 && overlaps(r.x, r.residual)) return bad("residual", "overlaps x (both are written in place)");
-  p->op = core::OpKind::fused_add_rmsnorm;
-  p->device = r.x.device;
-  p->in_dtype = r.x.dtype;
-  p->out_dtype = r.x.dtype;
-  p->m = T;
-  p->n = H;
-  p->k = 0;
-  p->has_bias = false;
-  const TensorRef* ops[3] = {&r.x, &r.residual, &r.w};
-  p->stride_code = stride_code(ops, 3);
-  la->x = r.x.data;
-  la->ldx = T > 1 ? r.x.strides[0] : H;
-  la->residual = r.residual.data;
-  la->ldr = T > 1 ? r.residual.strides[0] : H;
-  la->w = r.w.data;
-  la->eps = r.eps;
-  *empty = T == 0;
-  return Status();
-}
+#define KD_TENSOR_PTR(x) &args.x,
+#define KD_SCALAR_VAL(x) args.x,
+#define KD_VALIDATE_DEF(op, Args, tensors, scalars)                                                          \
+  template Status validate_slots<core::OpKind::op>(const TensorRef* const*, const float*, core::Problem*,    \
+                                                   core::LaunchArgs*, bool*, bool) noexcept;                 \
+  Status validate_##op(const Args& args, core::Problem* p, core::LaunchArgs* la, bool* empty,                \
+                       bool require_data) noexcept {                                                         \
+    const TensorRef* t[] = {KD_PP_FOR_EACH(KD_TENSOR_PTR, KD_PP_NOTHING, tensors)};                         \
+    const float s[] = {KD_PP_FOR_EACH(KD_SCALAR_VAL, KD_PP_NOTHING, scalars) 0.f};                           \
+    return validate_fast<core::OpKind::op>(t, s, p, la, empty, require_data);                               \
+  }                                                                                                          \
+  Status check_##op##_detailed(const Args& args, bool require_data) noexcept {                               \
+    const TensorRef* t[] = {KD_PP_FOR_EACH(KD_TENSOR_PTR, KD_PP_NOTHING, tensors)};                         \
+    const float s[] = {KD_PP_FOR_EACH(KD_SCALAR_VAL, KD_PP_NOTHING, scalars) 0.f};                           \
+    return check_detailed(core::OpSpecOf<core::OpKind::op>::value, t, s, require_data);                      \
+  }
+KDISPATCH_OP_LIST(KD_VALIDATE_DEF)
+#undef KD_VALIDATE_DEF
+#undef KD_SCALAR_VAL
+#undef KD_TENSOR_PTR
 
 }  // namespace dispatch::api

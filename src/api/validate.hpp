@@ -1,27 +1,46 @@
 // SPDX-License-Identifier: Apache-2.0
-// kdispatch internal — argument validation: TensorRefs -> (Problem, LaunchArgs).
-// Every error names the argument. Runs on every call: no allocation unless
-// an error message is built.
+// kdispatch internal — argument validation: TensorRefs -> (Problem,
+// LaunchArgs), driven by the op's spec (core/op_spec.hpp). Every error
+// names the argument. Runs on every call: no allocation unless an error
+// message is built.
+//
+// Two paths that must agree: validate_slots<Op> tests every condition at
+// once (instantiated per op from its constexpr spec, so the hot path is a
+// few straight-line compares) and derives the Problem; only when that fails
+// does check_detailed run the same checks one by one, each with its message.
 #pragma once
 
 #include "core/op.hpp"
+#include "core/op_spec.hpp"
 #include "dispatch/ops.hpp"
 
 namespace dispatch::api {
 
-/// Validates gemm arguments. On success fills `p` (m, n, k, dtypes, bias,
-/// stride classes, device) and `la`. `*empty` is set for M == 0 (a no-op).
-/// `require_data` = false (pretune) accepts null data pointers.
-Status validate_gemm(const GemmArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty,
-                     bool require_data = true) noexcept;
-/// validate_gemm's checks one by one, each with its message (its slow path,
-/// taken when its combined test fails); Status() when all pass. Exposed so
-/// tests can hold the two paths equal.
-Status check_gemm_detailed(const GemmArgs& a, bool require_data = true) noexcept;
-Status validate_rmsnorm(const RmsNormArgs& a, core::Problem* p, core::LaunchArgs* la, bool* empty,
-                        bool require_data = true) noexcept;
-Status validate_fused_add_rmsnorm(const FusedAddRmsNormArgs& a, core::Problem* p, core::LaunchArgs* la,
-                                  bool* empty, bool require_data = true) noexcept;
+/// The checks of `spec` one by one, with the message of the first that
+/// fails; Status() when all pass. `t[i]` is slot i (an absent optional slot
+/// a TensorRef without data), `scalars` the op's scalars in order.
+/// `require_data` = false (pretune) accepts null data pointers (and takes a
+/// data-less optional slot of the right rank as present).
+Status check_detailed(const core::OpSpec& spec, const TensorRef* const* t, const float* scalars,
+                      bool require_data = true) noexcept;
+
+/// Validates a call of the op `Op` and fills `p` (dims, dtypes, bias,
+/// stride classes, device, alignment) and `la`. `*empty` is set for M == 0
+/// (a no-op). Defined in api/validate_impl.hpp (instantiated by the op
+/// entry points).
+template <core::OpKind Op>
+Status validate_slots(const TensorRef* const* t, const float* scalars, core::Problem* p, core::LaunchArgs* la,
+                      bool* empty, bool require_data = true) noexcept;
+
+/// validate_<op>(const <Args>&, ...) and check_<op>_detailed(const <Args>&):
+/// the two paths on an op's public args struct, one pair per row of
+/// core/op_list.hpp.
+#define KD_VALIDATE_DECL(op, Args, tensors, scalars)                                                          \
+  Status validate_##op(const Args& args, core::Problem* p, core::LaunchArgs* la, bool* empty,                 \
+                       bool require_data = true) noexcept;                                                     \
+  Status check_##op##_detailed(const Args& args, bool require_data = true) noexcept;
+KDISPATCH_OP_LIST(KD_VALIDATE_DECL)
+#undef KD_VALIDATE_DECL
 
 /// Stride class of dimension `dim` of a rank-2 tensor (see StrideClass).
 StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept;

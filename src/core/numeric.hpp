@@ -71,4 +71,21 @@ constexpr uint16_t float_to_fp16(float f) noexcept {
   return static_cast<uint16_t>(out | (sign >> 16));
 }
 
+/// fp8 bits -> float (exact): e4m3fn (bias 7, no inf, NaN = S.1111.111),
+/// e4m3fnuz (bias 8, no inf, no -0: 0x80 is the NaN), e5m2 (bias 15, IEEE-like).
+constexpr float fp8_to_float(uint8_t b, int exp_bits, int bias, bool fn, bool uz) noexcept {
+  if (uz && b == 0x80u) return std::bit_cast<float>(0x7fc00000u);
+  const int man_bits = 7 - exp_bits;
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const int e = (b >> man_bits) & ((1 << exp_bits) - 1);
+  const uint32_t m = b & ((1u << man_bits) - 1u);
+  const int e_max = (1 << exp_bits) - 1;
+  if (!fn && e == e_max) return std::bit_cast<float>(sign | 0x7f800000u | (m << (23 - man_bits)));  // inf / NaN
+  if (fn && !uz && e == e_max && m == (1u << man_bits) - 1u) return std::bit_cast<float>(sign | 0x7fc00000u);
+  if (e != 0) return std::bit_cast<float>(sign | static_cast<uint32_t>(e - bias + 127) << 23 | (m << (23 - man_bits)));
+  float mag = static_cast<float>(m);  // subnormal: m * 2^(1 - bias - man_bits)
+  for (int i = 0; i < bias - 1 + man_bits; ++i) mag *= 0.5f;
+  return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(mag));
+}
+
 }  // namespace dispatch::core

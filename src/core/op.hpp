@@ -13,29 +13,43 @@
 #include <span>
 #include <string_view>
 
+#include "core/op_list.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/status.hpp"
 #include "dispatch/types.hpp"
 
 namespace dispatch::core {
 
-enum class OpKind : uint8_t { gemm = 0, rmsnorm = 1, fused_add_rmsnorm = 2 };
-inline constexpr int kOpCount = 3;
+/// The ops, in the order of core/op_list.hpp.
+enum class OpKind : uint8_t {
+#define KD_OPKIND_ENUM(name, args, tensors, scalars) name,
+  KDISPATCH_OP_LIST(KD_OPKIND_ENUM)
+#undef KD_OPKIND_ENUM
+};
+#define KD_OPKIND_COUNT(name, args, tensors, scalars) +1
+inline constexpr int kOpCount = 0 KDISPATCH_OP_LIST(KD_OPKIND_COUNT);
+#undef KD_OPKIND_COUNT
 
-/// "gemm" | "rmsnorm" | "fused_add_rmsnorm".
+/// The op's name as core/op_list.hpp spells it ("gemm", "rmsnorm", ...).
 std::string_view op_name(OpKind op) noexcept;
 std::optional<OpKind> parse_op(std::string_view name) noexcept;
 
-/// Static + dynamic description of one call.
-/// gemm: m = M, n = N, k = K. Norms: m = tokens, n = hidden, k = 0.
+/// Static + dynamic description of one call. Which member means what is
+/// the op's spec (src/ops/<op>.hpp): gemm m = M, n = N, k = K; norms m =
+/// tokens, n = hidden; silu_and_mul m = tokens, n = d. Members an op does
+/// not use stay 0.
 struct Problem {
   OpKind op = OpKind::gemm;
   Device device{};
-  DType in_dtype = DType::fp32;   ///< A and B / x, residual and w
-  DType out_dtype = DType::fp32;  ///< D / y (x for the fused op)
+  DType in_dtype = DType::fp32;   ///< the spec's in_dtype_slot's dtype (A and B, x, ...)
+  DType out_dtype = DType::fp32;  ///< the spec's out_dtype_slot's dtype (D, y, ...)
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
+  /// Further static dims an op's spec may name (Dim::extra0/extra1: a
+  /// fused MoE's experts and top-k); 0 otherwise.
+  int64_t extra[2] = {0, 0};
+  /// An optional argument slot is present (gemm's bias).
   bool has_bias = false;
   /// Stride classes of the operands, packed 2 bits per (operand, dim):
   /// see stride_code() in api/validate.hpp. 0 = the default (row-major,
@@ -49,37 +63,33 @@ struct Problem {
   uint8_t align_bytes = 16;
 };
 
-/// Per-call arguments, in elements (strides) and raw pointers.
-/// gemm: a[m*lda + k], b[n*ldb + k], d[m*ldd + n], bias[n] (or null).
-/// rmsnorm: y[t*ldy + h] = norm(x[t*ldx + h]) * w[h].
-/// fused_add_rmsnorm: residual[t*ldr + h] += x[t*ldx + h];
-///                    x[t*ldx + h] = norm(residual) * w[h].
-struct LaunchArgs {
-  const void* a = nullptr;
-  int64_t lda = 0;
-  const void* b = nullptr;
-  int64_t ldb = 0;
-  void* d = nullptr;
-  int64_t ldd = 0;
-  const void* bias = nullptr;
+/// Most argument slots / float scalars an op has (core/op_spec.hpp).
+inline constexpr int kMaxArgs = 8;
+inline constexpr int kMaxScalars = 4;
 
-  void* x = nullptr;
-  int64_t ldx = 0;
-  void* y = nullptr;
-  int64_t ldy = 0;
-  void* residual = nullptr;
-  int64_t ldr = 0;
-  const void* w = nullptr;
-  float eps = 0.f;
+/// Per-call arguments, by the op's argument slot (its spec's slot order:
+/// gemm a, b, d, bias; rmsnorm y, x, w; ...): raw pointers and row strides
+/// in elements. A rank-1 slot has ld 0; an absent optional slot (no bias)
+/// a null pointer. Scalars in the spec's order (eps).
+struct LaunchArgs {
+  void* data[kMaxArgs] = {};
+  int64_t ld[kMaxArgs] = {};
+  float scalar[kMaxScalars] = {};
 
   void* stream = nullptr;
   /// Scratch device memory for the call (gemm: cuBLASLt's split-K
   /// workspace, the tiled family's split-K partials), stream-ordered on
   /// `stream`; null/0 when the call has none. A plan that needs more than
-  /// `workspace_bytes` declines at launch (kNeedsFallback) and the call
+  /// `workspace_bytes` declines at launch (kNeedsFallbackCode) and the call
   /// falls back to get_default, which never needs a workspace.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+
+  /// Slot `i`'s data as T.
+  template <class T = void>
+  T* ptr(int i) const noexcept {
+    return static_cast<T*>(data[i]);
+  }
 };
 
 /// How a config parameter's value is written in a file.
@@ -100,19 +110,11 @@ struct ParamDef {
 
 inline constexpr int kMaxParams = 12;
 
-/// Argument slots of each op, as the tuner and the roles see them.
-/// gemm: a, b, d, bias. rmsnorm: y, x, w. fused_add_rmsnorm: x, residual, w.
-inline constexpr int kMaxArgs = 4;
-inline constexpr int kGemmArgA = 0, kGemmArgB = 1, kGemmArgD = 2, kGemmArgBias = 3;
-inline constexpr int kNormArgY = 0, kNormArgX = 1, kNormArgW = 2;
-inline constexpr int kFusedArgX = 0, kFusedArgResidual = 1, kFusedArgW = 2;
-
-/// The name of argument `slot` of `op` ("a", "residual", ...), "" past the end.
+/// The name of argument `slot` of `op` ("a", "residual", ...), "" past the
+/// end (the op's spec, core/op_spec.hpp).
 std::string_view arg_name(OpKind op, int slot) noexcept;
 /// Number of argument slots of `op`.
 int arg_count(OpKind op) noexcept;
-/// Bit `slot` set when the op writes that argument (d; y; x and residual).
-uint32_t written_args(OpKind op) noexcept;
 
 enum VariantFlags : uint32_t {
   kVariantReference = 1u << 0,         ///< the op's reference implementation (validation baseline)
@@ -124,12 +126,24 @@ enum VariantFlags : uint32_t {
   kVariantDynamicSpace = 1u << 2,
 };
 
-/// The launch message prefix a variant returns when this call cannot run
-/// its plan although the key accepted it (a workspace too small, a pointer
-/// less aligned than the plan needs, a cuBLASLt algorithm the library
-/// refuses for this M): the op then runs get_default's plan instead, inside
-/// the same call. Code: unsupported_problem.
+/// The code a variant's launch returns when this call cannot run its plan
+/// although the key accepted it (a workspace too small, a pointer less
+/// aligned than the plan needs, a cuBLASLt algorithm the library refuses for
+/// this M): the op then runs get_default's plan instead, inside the same
+/// call (api/ops.cpp). Internal: never returned by a public function (when
+/// nothing can run the call it becomes unsupported_problem).
+inline constexpr StatusCode kNeedsFallbackCode = static_cast<StatusCode>(64);
+/// The message prefix of such a Status.
 inline constexpr std::string_view kNeedsFallback = "needs fallback: ";
+/// A kNeedsFallbackCode Status: "needs fallback: <why>". Inline (a CPU
+/// plugin calls no library function).
+inline Status needs_fallback(std::string_view why) noexcept {
+  try {
+    return Status(kNeedsFallbackCode, std::string(kNeedsFallback) + std::string(why));
+  } catch (...) {
+    return Status(kNeedsFallbackCode, std::string());
+  }
+}
 
 struct Plan;
 

@@ -83,6 +83,21 @@ const DeviceInfo* local_device_info(DeviceType backend) noexcept {
   return b ? b->device_info(0) : nullptr;
 }
 
+const DeviceInfo* device_info_for(Device d) noexcept {
+  if (d.type == DeviceType::cpu) return &cpu_device_info();
+  // A GPU tensor gets the probed description of its own ordinal, or
+  // nullptr when the backend is not compiled in or has no usable device:
+  // the op then answers unsupported_device.
+  const gpu::BackendOps* b = gpu::backend_ops(d.type);
+  return b ? b->device_info(d.ordinal) : nullptr;
+}
+
+const char* no_backend_message(Device d) noexcept {
+  return d.type == DeviceType::cpu ? "the CPU backend is unavailable"
+                                   : "tensors are on a GPU but this build has no usable GPU backend for it; "
+                                     "kdispatch never runs GPU tensors on the CPU";
+}
+
 std::span<const VariantDef* const> all_variants() noexcept {
   const auto& r = registry();
   return {r.all.data(), r.all.size()};

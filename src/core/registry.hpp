@@ -24,6 +24,15 @@ bool backend_compiled(DeviceType backend) noexcept;
 /// nullptr when the backend is not compiled in or has no device.
 const DeviceInfo* local_device_info(DeviceType backend) noexcept;
 
+/// The probed description of a tensor's device (probed once per ordinal;
+/// then a few loads, no lock, no allocation), or nullptr when its backend
+/// is not compiled in or has no usable device of that ordinal.
+const DeviceInfo* device_info_for(Device d) noexcept;
+
+/// Why a tensor's device has no usable backend, for an op's
+/// unsupported_device error.
+const char* no_backend_message(Device d) noexcept;
+
 /// Registration check of one variant of a built-in op (validate_variant
 /// with the op's argument names): refuses, e.g., an argument declared both
 /// restore_value and reset_to_zero, naming it.

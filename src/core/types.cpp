@@ -12,16 +12,35 @@ std::string_view dtype_name(DType t) noexcept {
     case DType::fp32: return "fp32";
     case DType::fp16: return "fp16";
     case DType::bf16: return "bf16";
+    case DType::fp8_e4m3fn: return "fp8_e4m3fn";
+    case DType::fp8_e4m3fnuz: return "fp8_e4m3fnuz";
+    case DType::fp8_e5m2: return "fp8_e5m2";
+    case DType::int32: return "int32";
   }
   return "?";
 }
 
-std::size_t dtype_size(DType t) noexcept { return t == DType::fp32 ? 4 : 2; }
+std::size_t dtype_size(DType t) noexcept {
+  switch (t) {
+    case DType::fp32:
+    case DType::int32: return 4;
+    case DType::fp16:
+    case DType::bf16: return 2;
+    case DType::fp8_e4m3fn:
+    case DType::fp8_e4m3fnuz:
+    case DType::fp8_e5m2: return 1;
+  }
+  return 0;
+}
 
 Result<DType> parse_dtype(std::string_view s) noexcept {
   if (s == "fp32" || s == "float32" || s == "float" || s == "f32") return DType::fp32;
   if (s == "fp16" || s == "float16" || s == "half" || s == "f16") return DType::fp16;
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "fp8_e4m3fn" || s == "float8_e4m3fn" || s == "e4m3fn") return DType::fp8_e4m3fn;
+  if (s == "fp8_e4m3fnuz" || s == "float8_e4m3fnuz" || s == "e4m3fnuz") return DType::fp8_e4m3fnuz;
+  if (s == "fp8_e5m2" || s == "float8_e5m2" || s == "e5m2") return DType::fp8_e5m2;
+  if (s == "int32") return DType::int32;
   return make_status(StatusCode::invalid_argument,
                      "unknown dtype '" + std::string(s) + "' (expected fp32, fp16 or bf16)");
 }
@@ -83,37 +102,21 @@ bool LoadReport::all_usable() const noexcept {
 
 namespace core {
 
+namespace {
+#define KD_OP_NAME(name, args, tensors, scalars) #name,
+constexpr std::string_view kOpNames[] = {KDISPATCH_OP_LIST(KD_OP_NAME)};
+#undef KD_OP_NAME
+}  // namespace
+
 std::string_view op_name(OpKind op) noexcept {
-  switch (op) {
-    case OpKind::gemm: return "gemm";
-    case OpKind::rmsnorm: return "rmsnorm";
-    case OpKind::fused_add_rmsnorm: return "fused_add_rmsnorm";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kOpNames) ? kOpNames[i] : std::string_view("?");
 }
 
-std::string_view arg_name(OpKind op, int slot) noexcept {
-  static constexpr std::string_view kGemm[] = {"a", "b", "d", "bias"};
-  static constexpr std::string_view kNorm[] = {"y", "x", "w"};
-  static constexpr std::string_view kFused[] = {"x", "residual", "w"};
-  if (slot < 0) return {};
-  switch (op) {
-    case OpKind::gemm: return slot < 4 ? kGemm[slot] : std::string_view{};
-    case OpKind::rmsnorm: return slot < 3 ? kNorm[slot] : std::string_view{};
-    case OpKind::fused_add_rmsnorm: return slot < 3 ? kFused[slot] : std::string_view{};
-  }
-  return {};
-}
-
-int arg_count(OpKind op) noexcept { return op == OpKind::gemm ? 4 : 3; }
-
-uint32_t written_args(OpKind op) noexcept {
-  switch (op) {
-    case OpKind::gemm: return 1u << kGemmArgD;
-    case OpKind::rmsnorm: return 1u << kNormArgY;
-    case OpKind::fused_add_rmsnorm: return (1u << kFusedArgX) | (1u << kFusedArgResidual);
-  }
-  return 0;
+std::optional<OpKind> parse_op(std::string_view name) noexcept {
+  for (size_t i = 0; i < std::size(kOpNames); ++i)
+    if (kOpNames[i] == name) return static_cast<OpKind>(i);
+  return std::nullopt;
 }
 
 Status validate_variant(const VariantDef& v, int arg_slots, std::string_view (*names)(int)) noexcept {
@@ -153,13 +156,6 @@ Status validate_variant(const VariantDef& v, int arg_slots, std::string_view (*n
   } catch (...) {
     return Status(StatusCode::out_of_memory, std::string());
   }
-}
-
-std::optional<OpKind> parse_op(std::string_view name) noexcept {
-  if (name == "gemm") return OpKind::gemm;
-  if (name == "rmsnorm") return OpKind::rmsnorm;
-  if (name == "fused_add_rmsnorm") return OpKind::fused_add_rmsnorm;
-  return std::nullopt;
 }
 
 }  // namespace core

@@ -343,15 +343,14 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
 }
 
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
-  if (!available()) return make_status(StatusCode::unsupported_problem, std::string(core::kNeedsFallback) + describe());
+  if (!available()) return core::needs_fallback(std::string() + describe());
   const Api& a = api();
   if (la.a == nullptr || la.b == nullptr || la.d == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
   // cuBLASLt's layouts need ld >= rows: a broadcast operand (row stride 0)
   // or overlapping rows go to our kernels, which take any stride.
   if ((p.m > 1 && (la.lda < p.k || la.ldd < p.n)) || (p.n > 1 && la.ldb < p.k))
-    return make_status(StatusCode::unsupported_problem,
-                       std::string(core::kNeedsFallback) + "cuBLASLt needs row strides >= the row length");
+    return core::needs_fallback("cuBLASLt needs row strides >= the row length");
   Descs d;
   cublasStatus_t s = make_descs(a, p, la.lda, la.ldb, la.ldd, la.bias, &d);
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -393,22 +392,18 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       return make_status(StatusCode::out_of_memory, "cuBLASLt heuristic cache");
     }
     if (!pick.found)
-      return make_status(StatusCode::unsupported_problem,
-                         std::string(core::kNeedsFallback) + "cuBLASLt's heuristic has no algorithm for this call");
+      return core::needs_fallback("cuBLASLt's heuristic has no algorithm for this call");
     algo = pick.algo;
     ws_need = pick.workspace;
   } else {
     if (prm[kVersion] != a.version)
-      return make_status(StatusCode::unsupported_problem,
-                         std::string(core::kNeedsFallback) + "row tuned with cuBLASLt " + std::to_string(prm[kVersion]));
+      return core::needs_fallback(std::string() + "row tuned with cuBLASLt " + std::to_string(prm[kVersion]));
     if ((s = make_algo(a, p, prm, &algo)) != CUBLAS_STATUS_SUCCESS)
-      return make_status(StatusCode::unsupported_problem,
-                         std::string(core::kNeedsFallback) + "cublasLtMatmulAlgoInit: " + status_text(s));
+      return core::needs_fallback(std::string() + "cublasLtMatmulAlgoInit: " + status_text(s));
     ws_need = static_cast<size_t>(prm[kWorkspace]);
   }
   if (ws_need > 0 && (la.workspace == nullptr || static_cast<int64_t>(ws_need) > la.workspace_bytes))
-    return make_status(StatusCode::unsupported_problem,
-                       std::string(core::kNeedsFallback) + "cuBLASLt algorithm needs " + std::to_string(ws_need) +
+    return core::needs_fallback(std::string() + "cuBLASLt algorithm needs " + std::to_string(ws_need) +
                            " bytes of workspace, the call has " + std::to_string(la.workspace ? la.workspace_bytes : 0));
   const float alpha = 1.f, beta = 0.f;
   // The call's whole workspace (a row tuned at another M may need more than
@@ -419,8 +414,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
                static_cast<cudaStream_t>(la.stream));
   if (s == CUBLAS_STATUS_SUCCESS) return Status();
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
-    return make_status(StatusCode::unsupported_problem,
-                       std::string(core::kNeedsFallback) + "cublasLtMatmul refused the algorithm: " + status_text(s));
+    return core::needs_fallback(std::string() + "cublasLtMatmul refused the algorithm: " + status_text(s));
   return make_status(StatusCode::backend_error, "cublasLtMatmul: " + status_text(s));
 }
 

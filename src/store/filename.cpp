@@ -5,6 +5,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "core/op_spec.hpp"
 #include "table/key.hpp"
 
 namespace dispatch::store {
@@ -222,53 +223,101 @@ bool parse_stride_field(const std::string& v, int operands, uint32_t* code) {
 
 Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fields) noexcept {
   try {
+    using core::FieldKind;
+    const core::OpSpec& spec = core::spec_of(op);
     core::Problem p;
     p.op = op;
-    bool have_dtype = false, have_n = false, have_k = false, have_out = false;
+    uint32_t have = 0;  // bit per spec field
     for (const auto& [name, value] : fields) {
-      int64_t v = 0;
-      if (name == "dtype") {
-        auto t = parse_dtype(value);
-        if (!t.ok()) return make_status(StatusCode::invalid_argument, "dtype: " + t.status().message());
-        p.in_dtype = *t;
-        have_dtype = true;
-      } else if (op == core::OpKind::gemm && name == "out_dtype") {
-        auto t = parse_dtype(value);
-        if (!t.ok()) return make_status(StatusCode::invalid_argument, "out_dtype: " + t.status().message());
-        p.out_dtype = *t;
-        have_out = true;
-      } else if (op == core::OpKind::gemm && (name == "N" || name == "K")) {
-        if (!parse_int_field(value, &v))
-          return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not a positive integer");
-        (name == "N" ? p.n : p.k) = v;
-        (name == "N" ? have_n : have_k) = true;
-      } else if (op == core::OpKind::gemm && name == "bias") {
-        if (value != "true" && value != "false" && value != "True" && value != "False")
-          return make_status(StatusCode::invalid_argument, "field bias='" + value + "' is not true/false");
-        p.has_bias = value == "true" || value == "True";
-      } else if (op != core::OpKind::gemm && name == "hidden") {
-        if (!parse_int_field(value, &v))
-          return make_status(StatusCode::invalid_argument, "field hidden='" + value + "' is not a positive integer");
-        p.n = v;
-        have_n = have_k = true;
-      } else if (name == "stride") {
-        if (!parse_stride_field(value, 3, &p.stride_code))
-          return make_status(StatusCode::invalid_argument,
-                             "field stride='" + value + "' is not 3 operands of classes [01o] joined by '_'");
-      } else {
+      size_t fi = 0;
+      while (fi < spec.fields.size() && spec.fields[fi].name != name) ++fi;
+      if (fi == spec.fields.size())
         return make_status(StatusCode::invalid_argument,
                            "unknown field '" + name + "' for op " + std::string(core::op_name(op)));
+      const core::KeyField& f = spec.fields[fi];
+      have |= 1u << fi;
+      switch (f.kind) {
+        case FieldKind::dim: {
+          int64_t v = 0;
+          if (!parse_int_field(value, &v))
+            return make_status(StatusCode::invalid_argument,
+                               "field " + name + "='" + value + "' is not a positive integer");
+          core::set_dim(p, f.dim, v);
+          break;
+        }
+        case FieldKind::in_dtype:
+        case FieldKind::out_dtype: {
+          auto t = parse_dtype(value);
+          if (!t.ok()) return make_status(StatusCode::invalid_argument, name + ": " + t.status().message());
+          (f.kind == FieldKind::in_dtype ? p.in_dtype : p.out_dtype) = *t;
+          break;
+        }
+        case FieldKind::flag:
+          if (value != "true" && value != "false" && value != "True" && value != "False")
+            return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not true/false");
+          p.has_bias = value == "true" || value == "True";
+          break;
+        case FieldKind::stride:
+          if (!parse_stride_field(value, static_cast<int>(spec.order.size()), &p.stride_code))
+            return make_status(StatusCode::invalid_argument,
+                               "field " + name + "='" + value + "' is not " + std::to_string(spec.order.size()) +
+                                   " operands of classes [01o] joined by '_'");
+          break;
       }
     }
-    if (!have_dtype) return make_status(StatusCode::invalid_argument, "missing field dtype");
-    if (op == core::OpKind::gemm && (!have_n || !have_k))
-      return make_status(StatusCode::invalid_argument, "missing field N or K");
-    if (op != core::OpKind::gemm && !have_n) return make_status(StatusCode::invalid_argument, "missing field hidden");
-    if (!have_out) p.out_dtype = p.in_dtype;
+    bool out_given = false;
+    std::vector<const core::KeyField*> dims;  // the dim fields, in file-name order
+    for (size_t fi = 0; fi < spec.fields.size(); ++fi) {
+      const core::KeyField& f = spec.fields[fi];
+      const bool given = (have >> fi) & 1u;
+      if (f.kind == FieldKind::in_dtype && !given)
+        return make_status(StatusCode::invalid_argument, "missing field " + std::string(f.name));
+      if (f.kind == FieldKind::out_dtype) out_given = given;
+      if (f.kind == FieldKind::dim) dims.push_back(&f);
+    }
+    std::stable_sort(dims.begin(), dims.end(),
+                     [](const core::KeyField* a, const core::KeyField* b) { return a->file_pos < b->file_pos; });
+    std::string missing, all;
+    for (const core::KeyField* f : dims) {
+      all += (all.empty() ? "" : " or ") + std::string(f->name);
+      if (core::dim_value(p, f->dim) == 0) missing = f->name;
+    }
+    if (!missing.empty()) return make_status(StatusCode::invalid_argument, "missing field " + all);
+    if (!out_given) p.out_dtype = p.in_dtype;
     return p;
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "parsing key fields");
   }
+}
+
+std::string own_file_name(core::OpKind op, std::string_view fields, std::string_view device_name) {
+  // The spec's fields with a file position first (SGLang's N=...,K=...),
+  // then device_name, then the rest in key (name) order.
+  const core::OpSpec& spec = core::spec_of(op);
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= fields.size()) {
+    size_t comma = fields.find(',', start);
+    if (comma == std::string_view::npos) comma = fields.size();
+    if (comma > start) parts.emplace_back(fields.substr(start, comma - start));
+    start = comma + 1;
+  }
+  auto pos = [&](const std::string& part) -> int {
+    const std::string_view name = std::string_view(part).substr(0, part.find('='));
+    for (const core::KeyField& f : spec.fields)
+      if (f.name == name) return f.file_pos;
+    return -1;
+  };
+  std::string head, tail;
+  std::vector<std::pair<int, std::string>> front;
+  for (const auto& part : parts) {
+    const int p = pos(part);
+    if (p >= 0) front.emplace_back(p, part);
+    else tail += "," + part;
+  }
+  std::stable_sort(front.begin(), front.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [p, part] : front) head += part + ",";
+  return head + "device_name=" + std::string(device_name) + tail + ".json";
 }
 
 }  // namespace dispatch::store

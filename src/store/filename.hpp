@@ -59,10 +59,16 @@ bool parse_version_string(std::string_view text, std::vector<int>* version);
 /// numeric part of "3.4.0+git1234", "3.5.0rc1" or "3.6.0-dev" serves.
 bool parse_runtime_version(std::string_view text, std::vector<int>* version);
 
-/// The Problem an own-op key describes (m = 0): gemm needs N, K, dtype and
-/// takes out_dtype, bias=true|false, stride; the norms need hidden and dtype
-/// and take stride. Errors: invalid_argument naming the missing or unknown
-/// field.
+/// The Problem an own-op key describes (m = 0), by the op's spec key
+/// fields: every dim field and dtype are required; out_dtype, a flag
+/// (bias=true|false) and stride are optional (gemm: N, K, dtype [,
+/// out_dtype] [, bias] [, stride]; the norms: hidden, dtype [, stride]).
+/// Errors: invalid_argument naming the missing or unknown field.
 Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fields) noexcept;
+
+/// The own-op file name of a key's sorted field list and device: the op's
+/// fields with a file position first (SGLang's order), then device_name,
+/// then the rest: "N=..,K=..,device_name=..,dtype=..[,bias=true]...json".
+std::string own_file_name(core::OpKind op, std::string_view fields_sorted, std::string_view device_name);
 
 }  // namespace dispatch::store

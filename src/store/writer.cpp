@@ -94,36 +94,6 @@ std::string default_cache_dir() {
   return c.refused.empty() ? c.dir : std::string();
 }
 
-std::string own_file_name(std::string_view fields, std::string_view device_name) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= fields.size()) {
-    size_t comma = fields.find(',', start);
-    if (comma == std::string_view::npos) comma = fields.size();
-    if (comma > start) parts.emplace_back(fields.substr(start, comma - start));
-    start = comma + 1;
-  }
-  // SGLang's order: the dims first (N before K), then device_name, then the rest.
-  auto rank = [](const std::string& f) {
-    if (f.rfind("N=", 0) == 0) return 0;
-    if (f.rfind("K=", 0) == 0) return 1;
-    if (f.rfind("hidden=", 0) == 0) return 2;
-    return 4;
-  };
-  std::stable_sort(parts.begin(), parts.end(), [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
-  std::string out;
-  bool dev_done = false;
-  for (const auto& p : parts) {
-    if (!dev_done && rank(p) == 4) {
-      out += (out.empty() ? "" : ",") + std::string("device_name=") + std::string(device_name);
-      dev_done = true;
-    }
-    out += (out.empty() ? "" : ",") + p;
-  }
-  if (!dev_done) out += (out.empty() ? "" : ",") + std::string("device_name=") + std::string(device_name);
-  return out + ".json";
-}
-
 std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerprint& fp,
                          const std::vector<std::pair<std::string, int32_t>>& schema) {
   std::vector<const PersistRow*> rows;

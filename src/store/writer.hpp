@@ -73,8 +73,5 @@ void remove_dead_claims(const std::string& dir) noexcept;
 /// Releases a claim taken by try_claim.
 void release_claim(const std::string& dir, const std::string& key, int64_t m) noexcept;
 
-/// The own-op file name of a problem's key fields:
-/// "N=..,K=..,device_name=..,dtype=..[,bias=true][,out_dtype=..][,stride=..].json".
-std::string own_file_name(std::string_view fields_sorted, std::string_view device_name);
 
 }  // namespace dispatch::store

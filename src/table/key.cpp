@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "core/op_spec.hpp"
 #include "dispatch/types.hpp"
 
 namespace dispatch::table {
@@ -142,32 +143,42 @@ void write_stride_field(const core::Problem& p, KeyWriter& out) noexcept {
   for (size_t i = 0; i < n; ++i) out.append(buf[i]);  // char by char, as the field always was
 }
 
+// The op's key fields in their (byte) order, each as its spec says.
 // Inlined into build_own_key so the writer stays in registers.
 [[gnu::always_inline]] inline void write_own_fields(const core::Problem& p, KeyWriter& out) noexcept {
-  // Fields in byte order of their names: upper case sorts before lower case.
-  if (p.op == core::OpKind::gemm) {
-    out.append("K=");
-    out.append_int(p.k);
-    out.append(",N=");
-    out.append_int(p.n);
-    if (p.has_bias) out.append(",bias=true");
-    out.append(",dtype=");
-    out.append(dtype_name(p.in_dtype));
-    if (p.out_dtype != p.in_dtype) {
-      out.append(",out_dtype=");
-      out.append(dtype_name(p.out_dtype));
+  bool first = true;
+  auto field = [&](std::string_view name) {
+    if (!first) out.append(',');
+    first = false;
+    out.append(name);
+    out.append('=');
+  };
+  for (const core::KeyField& f : core::spec_of(p.op).fields) {
+    switch (f.kind) {
+      case core::FieldKind::dim:
+        field(f.name);
+        out.append_int(core::dim_value(p, f.dim));
+        break;
+      case core::FieldKind::in_dtype:
+        field(f.name);
+        out.append(dtype_name(p.in_dtype));
+        break;
+      case core::FieldKind::out_dtype:
+        if (p.out_dtype == p.in_dtype) break;
+        field(f.name);
+        out.append(dtype_name(p.out_dtype));
+        break;
+      case core::FieldKind::flag:
+        if (!p.has_bias) break;
+        field(f.name);
+        out.append("true");
+        break;
+      case core::FieldKind::stride:
+        if (p.stride_code == 0) break;
+        field(f.name);
+        write_stride_field(p, out);
+        break;
     }
-  } else {
-    out.append("dtype=");
-    out.append(dtype_name(p.in_dtype));
-    out.append(",hidden=");
-    out.append_int(p.n);
-  }
-  if (p.stride_code != 0) {
-    out.append(",stride=");
-    char buf[16];
-    const size_t n = stride_field_text(p, buf);
-    for (size_t i = 0; i < n; ++i) out.append(buf[i]);
   }
 }
 

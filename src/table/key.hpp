@@ -10,8 +10,8 @@
 //
 // The loader builds it from a file name (fields sorted, block_shape without
 // spaces); an op call builds it from the Problem into a stack buffer, in the
-// same sorted field order, without allocating. Both paths meet in one
-// function per op (append_own_fields), so a key reported by pretune or
+// same sorted field order, without allocating. Both paths meet in the op's
+// spec key fields (append_own_fields), so a key reported by pretune or
 // lookup is byte-identical to the one an op call builds. Keys are hashed
 // with XXH3-64; a hit is confirmed by comparing the full key.
 #pragma once
@@ -47,9 +47,9 @@ inline constexpr std::string_view kForeignBackend = "triton";
 /// e.g. "01_o1_o1" (A broadcast along M). Chars: '0' zero, '1' unit, 'o' other.
 void append_stride_field(const core::Problem& p, KeyBuffer* out) noexcept;
 
-/// The sorted field list of an own-op problem:
-///   gemm: K=..,N=..[,bias=true],dtype=..[,out_dtype=..][,stride=..]
-///   rmsnorm, fused_add_rmsnorm: dtype=..,hidden=..[,stride=..]
+/// The sorted field list of an own-op problem, from its op's spec key
+/// fields (core/op_spec.hpp), e.g. gemm K=..,N=..[,bias=true],dtype=..
+/// [,out_dtype=..][,stride=..]; rmsnorm dtype=..,hidden=..[,stride=..].
 void append_own_fields(const core::Problem& p, KeyBuffer* out) noexcept;
 
 /// The full key of an own-op problem on `backend` ("cpu", "cuda", "hip").
@@ -63,17 +63,20 @@ std::string make_key(std::string_view backend, std::string_view op, std::string_
 /// XXH3-64 of the key text.
 uint64_t key_hash(std::string_view key) noexcept;
 
-/// The binary form of an own-op static key, for the op hot path: the same
-/// information as the text key (device, backend, op, dtypes, static dims,
-/// bias, stride classes) in a fixed 40-byte POD, so a call hashes 40 bytes
-/// and compares them with one memcmp instead of formatting and comparing
-/// text. The device enters as the XXH3 of its canonical device_name; a hit
-/// also compares the bucket's device_name string, so a hash collision can
-/// never serve another device's table. Padding is always zero.
+/// The binary form of an own-op static key, for the op hot path: every
+/// static member of the Problem (device, backend, op, dtypes, the static
+/// dims n, k and extra, bias, stride classes) in a fixed 56-byte POD, so a
+/// call hashes 56 bytes and compares them with one memcmp instead of
+/// formatting and comparing text. Which of them an op uses is its spec's
+/// business: the ones it does not use are 0 in every Problem of that op.
+/// The device enters as the XXH3 of its canonical device_name; a hit also
+/// compares the bucket's device_name string, so a hash collision can never
+/// serve another device's table. Padding is always zero.
 struct OwnKey {
   uint64_t device_hash = 0;
-  int64_t n = 0;  ///< N (gemm) or hidden (norms)
-  int64_t k = 0;  ///< K (gemm), 0 for norms
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t extra[2] = {0, 0};
   uint32_t stride_code = 0;
   uint8_t backend = 0;
   uint8_t op = 0;
@@ -82,7 +85,7 @@ struct OwnKey {
   uint8_t bias = 0;
   uint8_t pad[7] = {0, 0, 0, 0, 0, 0, 0};
 };
-static_assert(sizeof(OwnKey) == 40, "OwnKey is hashed and compared as 40 raw bytes");
+static_assert(sizeof(OwnKey) == 56, "OwnKey is hashed and compared as 56 raw bytes");
 
 /// The binary key of a problem on the device whose name hashes to
 /// `device_hash` (key_hash(device_name)).
@@ -90,7 +93,9 @@ inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcep
   OwnKey k;
   k.device_hash = device_hash;
   k.n = p.n;
-  k.k = p.op == core::OpKind::gemm ? p.k : 0;
+  k.k = p.k;
+  k.extra[0] = p.extra[0];
+  k.extra[1] = p.extra[1];
   k.stride_code = p.stride_code;
   k.backend = static_cast<uint8_t>(p.device.type);
   k.op = static_cast<uint8_t>(p.op);
@@ -100,7 +105,7 @@ inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcep
   return k;
 }
 
-/// XXH3-64 of the 40 bytes of an OwnKey.
+/// XXH3-64 of the 56 bytes of an OwnKey.
 uint64_t own_key_hash(const OwnKey& k) noexcept;
 
 /// Packs per-operand stride classes into Problem::stride_code (0 = default).

@@ -30,7 +30,7 @@ namespace dispatch::tune {
 /// (scratch buffers are laid out the same way).
 struct MissEvent {
   core::Problem problem;
-  int64_t ld[core::kMaxArgs] = {0, 0, 0, 0};
+  int64_t ld[core::kMaxArgs] = {};  ///< row stride per argument slot (0: contiguous)
   uint64_t key_hash = 0;
   int64_t count = 1;  ///< misses of this shape so far (set when queued)
 };

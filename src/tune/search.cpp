@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/numeric.hpp"
+#include "core/op_spec.hpp"
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 
@@ -25,48 +26,56 @@ constexpr uint16_t kPoison16h = kPoisonFp16;   // fp16: exponent all ones, quiet
 // Element access on a host copy of an argument's extent.
 double load(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
   const int64_t i = r * a.ld + c;
+  const char* e = host + i * static_cast<int64_t>(dtype_size(a.dtype));
+  uint8_t b8 = 0;
+  uint16_t b16 = 0;
   switch (a.dtype) {
     case DType::fp32: {
       float f;
-      std::memcpy(&f, host + i * 4, 4);
+      std::memcpy(&f, e, 4);
       return f;
     }
-    case DType::bf16: {
-      uint16_t h;
-      std::memcpy(&h, host + i * 2, 2);
-      return core::bf16_to_float(h);
+    case DType::int32: {
+      int32_t v;
+      std::memcpy(&v, e, 4);
+      return v;
     }
-    case DType::fp16: {
-      uint16_t h;
-      std::memcpy(&h, host + i * 2, 2);
-      return core::fp16_to_float(h);
-    }
+    case DType::bf16: std::memcpy(&b16, e, 2); return core::bf16_to_float(b16);
+    case DType::fp16: std::memcpy(&b16, e, 2); return core::fp16_to_float(b16);
+    case DType::fp8_e4m3fn: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, 4, 7, true, false);
+    case DType::fp8_e4m3fnuz: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, 4, 8, true, true);
+    case DType::fp8_e5m2: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, 5, 15, false, false);
   }
   return 0.0;
 }
 
-bool is_poison(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
-  const int64_t i = r * a.ld + c;
-  if (a.dtype == DType::fp32) {
-    uint32_t bits;
-    std::memcpy(&bits, host + i * 4, 4);
-    return bits == kPoison32;
+// The poison bit pattern of a dtype, in its first dtype_size() bytes.
+uint32_t poison_bits(DType t) noexcept {
+  switch (t) {
+    case DType::fp32:
+    case DType::int32: return kPoison32;
+    case DType::bf16: return kPoison16bf;
+    case DType::fp16: return kPoison16h;
+    case DType::fp8_e4m3fn:
+    case DType::fp8_e4m3fnuz:
+    case DType::fp8_e5m2: return 0x7fu;  // a NaN (e4m3fn) / large value: fp8 outputs are not poisoned exactly
   }
-  uint16_t bits;
-  std::memcpy(&bits, host + i * 2, 2);
-  return bits == (a.dtype == DType::bf16 ? kPoison16bf : kPoison16h);
+  return 0;
+}
+
+bool is_poison(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
+  const size_t es = dtype_size(a.dtype);
+  uint32_t bits = 0;
+  std::memcpy(&bits, host + (r * a.ld + c) * static_cast<int64_t>(es), es);  // little endian
+  return bits == poison_bits(a.dtype);
 }
 
 // Writes the poison pattern over the logical elements of a host copy.
 void poison_host(const ArgBuffer& a, char* host) {
-  for (int64_t r = 0; r < a.rows; ++r) {
-    if (a.dtype == DType::fp32) {
-      for (int64_t c = 0; c < a.cols; ++c) std::memcpy(host + (r * a.ld + c) * 4, &kPoison32, 4);
-    } else {
-      const uint16_t p = a.dtype == DType::bf16 ? kPoison16bf : kPoison16h;
-      for (int64_t c = 0; c < a.cols; ++c) std::memcpy(host + (r * a.ld + c) * 2, &p, 2);
-    }
-  }
+  const size_t es = dtype_size(a.dtype);
+  const uint32_t p = poison_bits(a.dtype);
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t c = 0; c < a.cols; ++c) std::memcpy(host + (r * a.ld + c) * static_cast<int64_t>(es), &p, es);
 }
 
 class HostMemory final : public DeviceMemory {
@@ -89,21 +98,13 @@ Status zero_arg(DeviceMemory& mem, const ArgBuffer& a) {
   return mem.zero_2d(a.ptr, static_cast<size_t>(a.ld) * es, static_cast<size_t>(a.cols) * es, static_cast<size_t>(a.rows));
 }
 
-// Tolerance per output dtype: |c - r| <= atol * max|ref| + rtol * |r|.
-// fp32 outputs differ between variants only by summation order; bf16/fp16
-// outputs by a rounding step or two of the final conversion.
-void tolerance(DType t, double* atol, double* rtol) noexcept {
-  switch (t) {
-    case DType::fp32: *atol = 1e-5, *rtol = 1e-4; break;
-    case DType::bf16: *atol = 8e-3, *rtol = 1.6e-2; break;
-    case DType::fp16: *atol = 1e-3, *rtol = 2e-3; break;
-  }
-}
-
-
 }  // namespace
 
-void validation_tolerance(DType t, double* atol_rel, double* rtol) noexcept { tolerance(t, atol_rel, rtol); }
+void validation_tolerance(core::OpKind op, DType t, double* atol_rel, double* rtol) noexcept {
+  const core::Tolerance& tol = core::spec_of(op).tolerance[static_cast<size_t>(t)];
+  *atol_rel = tol.atol_rel;
+  *rtol = tol.rtol;
+}
 
 DeviceMemory& host_memory() noexcept {
   static HostMemory m;
@@ -123,68 +124,52 @@ size_t ArgBuffer::extent_bytes() const noexcept {
 TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
   TuneTarget t;
   t.problem = p;
-  auto buf = [](std::string name, const void* ptr, DType dt, int64_t rows, int64_t cols, int64_t ld, bool read,
-                bool written) {
+  const core::OpSpec& spec = core::spec_of(p.op);
+  for (int i = 0; i < spec.slot_count(); ++i) {
+    const core::ArgSlot& slot = spec.slots[static_cast<size_t>(i)];
+    const core::SlotExtent e = core::slot_extent(spec, i, p);
     ArgBuffer a;
-    a.name = std::move(name);
-    a.ptr = const_cast<void*>(ptr);
-    a.dtype = dt;
-    a.rows = rows;
-    a.cols = cols;
-    a.ld = rows > 1 ? ld : cols;
-    a.read = read;
-    a.written = written;
-    return a;
-  };
-  switch (p.op) {
-    case core::OpKind::gemm:
-      t.args.push_back(buf("a", la.a, p.in_dtype, p.m, p.k, la.lda, true, false));
-      t.args.push_back(buf("b", la.b, p.in_dtype, p.n, p.k, la.ldb, true, false));
-      t.args.push_back(buf("d", la.d, p.out_dtype, p.m, p.n, la.ldd, false, true));
-      t.args.push_back(buf("bias", la.bias, p.out_dtype, la.bias ? 1 : 0, p.n, p.n, true, false));
-      break;
-    case core::OpKind::rmsnorm: {
-      // In place (y == x) makes y a read-and-written argument.
-      const bool in_place = la.y == la.x;
-      t.args.push_back(buf("y", la.y, p.out_dtype, p.m, p.n, la.ldy, in_place, true));
-      t.args.push_back(buf("x", la.x, p.in_dtype, p.m, p.n, la.ldx, true, in_place));
-      t.args.push_back(buf("w", la.w, p.in_dtype, 1, p.n, p.n, true, false));
-      break;
+    a.name = std::string(slot.name);
+    a.ptr = la.data[i];
+    a.dtype = e.dtype;
+    a.rows = a.ptr ? e.rows : 0;
+    a.cols = e.cols;
+    a.ld = e.rows > 1 && slot.rank == 2 ? la.ld[i] : e.cols;
+    a.read = slot.role != core::Role::write;
+    a.written = slot.role != core::Role::read;
+    t.args.push_back(std::move(a));
+  }
+  // A write slot given as exactly its alias_of slot (rmsnorm with y == x)
+  // is one buffer, read and written.
+  for (int i = 0; i < spec.slot_count(); ++i) {
+    const int r = spec.slots[static_cast<size_t>(i)].alias_of;
+    if (r >= 0 && t.args[static_cast<size_t>(i)].ptr != nullptr &&
+        t.args[static_cast<size_t>(i)].ptr == t.args[static_cast<size_t>(r)].ptr) {
+      t.args[static_cast<size_t>(i)].read = true;
+      t.args[static_cast<size_t>(r)].written = true;
     }
-    case core::OpKind::fused_add_rmsnorm:
-      t.args.push_back(buf("x", la.x, p.in_dtype, p.m, p.n, la.ldx, true, true));
-      t.args.push_back(buf("residual", la.residual, p.in_dtype, p.m, p.n, la.ldr, true, true));
-      t.args.push_back(buf("w", la.w, p.in_dtype, 1, p.n, p.n, true, false));
-      break;
   }
   const core::Problem prob = p;
   // Candidates launch on the stream the backend's clock and memory use (a
   // CUDA tuning thread's per-thread default stream), never on the caller's.
   core::LaunchArgs tla = la;
   tla.stream = nullptr;
-  if (p.device.type != DeviceType::cpu)
-    if (const gpu::BackendOps* b = gpu::backend_ops(p.device.type)) {
-      tla.stream = b->tuner_stream;
-      // GEMM candidates get the tuning thread's own workspace (the caller's
-      // would be ordered on the caller's stream, not the tuner's).
-      tla.workspace = nullptr;
-      tla.workspace_bytes = 0;
-      if (p.op == core::OpKind::gemm && b->tuner_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
-    }
+  tla.workspace = nullptr;
+  tla.workspace_bytes = 0;
+  if (const gpu::BackendOps* b = gpu::backend_ops(p.device.type)) {
+    tla.stream = b->tuner_stream;
+    // Candidates get the tuning thread's own workspace (the caller's would
+    // be ordered on the caller's stream, not the tuner's).
+    if (spec.uses_workspace && b->tuner_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
+  } else if (p.device.type == DeviceType::cpu) {
+    tla.workspace = la.workspace;
+    tla.workspace_bytes = la.workspace_bytes;
+  }
   t.launch = [tla, prob](const core::Plan& plan) { return plan.variant->launch(tla, prob, plan.params); };
   t.launch_at = [tla, prob](const core::Plan& plan, const std::vector<void*>& ptr) {
     core::LaunchArgs l = tla;
-    switch (prob.op) {
-      case core::OpKind::gemm:
-        l.a = ptr[0], l.b = ptr[1], l.d = ptr[2], l.bias = tla.bias ? ptr[3] : nullptr;
-        break;
-      case core::OpKind::rmsnorm:
-        l.y = ptr[0], l.x = ptr[1], l.w = ptr[2];
-        break;
-      case core::OpKind::fused_add_rmsnorm:
-        l.x = ptr[0], l.residual = ptr[1], l.w = ptr[2];
-        break;
-    }
+    for (size_t i = 0; i < ptr.size() && i < static_cast<size_t>(core::kMaxArgs); ++i)
+      if (tla.data[i]) l.data[i] = ptr[i];
     return plan.variant->launch(l, prob, plan.params);
   };
   return t;
@@ -336,7 +321,7 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         if (!ref_dev[i].p) return make_status(StatusCode::out_of_memory, "reference copy of '" + a.name + "'");
         if (Status s = mem.copy(ref_dev[i].p, a.ptr, a.extent_bytes()); !s.ok()) return s;
         double atol = 0, rtol = 0;
-        tolerance(a.dtype, &atol, &rtol);
+        validation_tolerance(t.problem.op, a.dtype, &atol, &rtol);
         // Probe: the reference against itself tells whether the backend
         // compares on its own (and must pass).
         auto probe = mem.compare(a, ref_dev[i].p, atol, rtol, false);
@@ -360,7 +345,7 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         if (!a.ptr || !a.written) continue;
         if (device_compare) {
           double atol = 0, rtol = 0;
-          tolerance(a.dtype, &atol, &rtol);
+          validation_tolerance(t.problem.op, a.dtype, &atol, &rtol);
           auto m = mem.compare(a, ref_dev[i].p, atol, rtol, !a.read);
           if (!m.ok()) return m.status();
           if (!m->ok) {
@@ -377,7 +362,7 @@ Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candid
         if (Status s = fetch(i); !s.ok()) return s;
         const char* h = host[i].data();
         double atol = 0, rtol = 0;
-        tolerance(a.dtype, &atol, &rtol);
+        validation_tolerance(t.problem.op, a.dtype, &atol, &rtol);
         double scale = 0.0;
         for (double v : ref[i])
           if (std::isfinite(v)) scale = std::max(scale, std::fabs(v));

@@ -100,8 +100,8 @@ inline constexpr uint32_t kPoisonFp32 = 0x7FBADBADu;
 inline constexpr uint16_t kPoisonBf16 = 0x7FBDu;
 inline constexpr uint16_t kPoisonFp16 = 0x7D5Bu;
 
-/// Validation tolerance of an output dtype (see compare()).
-void validation_tolerance(DType t, double* atol_rel, double* rtol) noexcept;
+/// Validation tolerance of an output dtype of `op` (its spec; see compare()).
+void validation_tolerance(core::OpKind op, DType t, double* atol_rel, double* rtol) noexcept;
 
 /// Plain host memory and the CPU clock.
 DeviceMemory& host_memory() noexcept;

@@ -11,6 +11,8 @@
 
 #include "core/numeric.hpp"
 #include "core/registry.hpp"
+#include "ops/specs.hpp"
+#include "store/filename.hpp"
 #include "store/fingerprint.hpp"
 #include "store/writer.hpp"
 #include "table/key.hpp"
@@ -20,36 +22,28 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// Layout of each argument slot of a problem: rows, cols, row stride.
+// Layout of each argument slot of a problem (its spec's shapes): rows,
+// cols, row stride, dtype, and whether it is there (an absent bias).
 struct Slot {
   int64_t rows = 0, cols = 0, ld = 0;
   DType dtype = DType::fp32;
-  bool present = true;
+  bool present = false;
+  core::Fill fill = core::Fill::signed_unit;
 };
 
 std::vector<Slot> layout(const MissEvent& ev) {
   const core::Problem& p = ev.problem;
-  auto ld_or = [](int64_t ld, int64_t rows, int64_t cols) { return rows > 1 && ld > 0 ? ld : cols; };
-  std::vector<Slot> s(core::kMaxArgs);
-  switch (p.op) {
-    case core::OpKind::gemm:
-      s[0] = {p.m, p.k, ld_or(ev.ld[0], p.m, p.k), p.in_dtype, true};
-      s[1] = {p.n, p.k, ld_or(ev.ld[1], p.n, p.k), p.in_dtype, true};
-      s[2] = {p.m, p.n, ld_or(ev.ld[2], p.m, p.n), p.out_dtype, true};
-      s[3] = {1, p.n, p.n, p.out_dtype, p.has_bias};
-      break;
-    case core::OpKind::rmsnorm:
-      s[0] = {p.m, p.n, ld_or(ev.ld[0], p.m, p.n), p.out_dtype, true};
-      s[1] = {p.m, p.n, ld_or(ev.ld[1], p.m, p.n), p.in_dtype, true};
-      s[2] = {1, p.n, p.n, p.in_dtype, true};
-      s[3].present = false;
-      break;
-    case core::OpKind::fused_add_rmsnorm:
-      s[0] = {p.m, p.n, ld_or(ev.ld[0], p.m, p.n), p.in_dtype, true};
-      s[1] = {p.m, p.n, ld_or(ev.ld[1], p.m, p.n), p.in_dtype, true};
-      s[2] = {1, p.n, p.n, p.in_dtype, true};
-      s[3].present = false;
-      break;
+  const core::OpSpec& spec = core::spec_of(p.op);
+  std::vector<Slot> s(static_cast<size_t>(spec.slot_count()));
+  for (int i = 0; i < spec.slot_count(); ++i) {
+    const core::SlotExtent e = core::slot_extent(spec, i, p);
+    Slot& x = s[static_cast<size_t>(i)];
+    x.rows = e.rows;
+    x.cols = e.cols;
+    x.ld = e.rows > 1 && ev.ld[i] > 0 ? ev.ld[i] : e.cols;
+    x.dtype = e.dtype;
+    x.present = e.present;
+    x.fill = spec.slots[static_cast<size_t>(i)].fill;
   }
   return s;
 }
@@ -65,15 +59,20 @@ int64_t scratch_bytes(const MissEvent& ev) {
   return total;
 }
 
-void fill(void* ptr, const Slot& s, std::mt19937& rng, bool weight) {
+void fill(void* ptr, const Slot& s, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   const size_t n = slot_bytes(s) / dtype_size(s.dtype);
   for (size_t i = 0; i < n; ++i) {
-    const float v = weight ? 1.f + 0.1f * u(rng) : u(rng);
+    const float r = u(rng);
+    const float v = s.fill == core::Fill::near_one ? 1.f + 0.1f * r : s.fill == core::Fill::wide ? 4.f * r : r;
     switch (s.dtype) {
       case DType::fp32: static_cast<float*>(ptr)[i] = v; break;
       case DType::bf16: static_cast<uint16_t*>(ptr)[i] = core::float_to_bf16(v); break;
       case DType::fp16: static_cast<uint16_t*>(ptr)[i] = core::float_to_fp16(v); break;
+      case DType::int32: static_cast<int32_t*>(ptr)[i] = static_cast<int32_t>(i % 8); break;
+      case DType::fp8_e4m3fn:
+      case DType::fp8_e4m3fnuz:
+      case DType::fp8_e5m2: static_cast<uint8_t*>(ptr)[i] = 0; break;  // no fp8 op yet
     }
   }
 }
@@ -116,11 +115,7 @@ void Tuner::note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64
   MissEvent ev;
   ev.problem = p;
   ev.key_hash = key_hash;
-  switch (p.op) {
-    case core::OpKind::gemm: ev.ld[0] = la.lda, ev.ld[1] = la.ldb, ev.ld[2] = la.ldd; break;
-    case core::OpKind::rmsnorm: ev.ld[0] = la.ldy, ev.ld[1] = la.ldx; break;
-    case core::OpKind::fused_add_rmsnorm: ev.ld[0] = la.ldx, ev.ld[1] = la.ldr; break;
-  }
+  std::copy(std::begin(la.ld), std::end(la.ld), std::begin(ev.ld));
   n_misses_.fetch_add(1, std::memory_order_relaxed);
   const int64_t count = misses_.record(ev);
   // Queue a shape when its miss count reaches 1, 2, 4, 8, ...: the tuner
@@ -137,16 +132,17 @@ void Tuner::note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64
 
 bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
                                 const SearchResult& sr, std::string* why, uint32_t* source_id) {
-  const std::string rel = key_prefix(key) + "/" + store::own_file_name(key_fields(key), key_device(key));
   Config cfg = core::plan_to_config(plan);
   bool persisted = false;
   const std::string prefix = key_prefix(key);
   // Own-op keys of every backend persist, each with its backend's
   // fingerprint ("<backend>/<op>": cpu/, cuda/, hip/).
   const size_t slash = prefix.find('/');
-  const bool own_key = slash != std::string::npos && core::parse_op(prefix.substr(slash + 1)).has_value() &&
-                       (prefix.compare(0, slash, "cpu") == 0 || prefix.compare(0, slash, "cuda") == 0 ||
-                        prefix.compare(0, slash, "hip") == 0);
+  const std::optional<core::OpKind> key_op =
+      slash == std::string::npos ? std::nullopt : core::parse_op(prefix.substr(slash + 1));
+  const bool own_key = key_op && prefix.compare(0, slash, device_type_name(p.device.type)) == 0;
+  const std::string rel =
+      prefix + "/" + (key_op ? store::own_file_name(*key_op, key_fields(key), key_device(key)) : key_fields(key));
   const store::Fingerprint* fingerprint = store::backend_fingerprint(p.device.type);
   if (options_.tune.persist && !cache_dir_.empty() && own_key && fingerprint == nullptr && why)
     *why = "no fingerprint for the " + std::string(device_type_name(p.device.type)) + " backend (no usable device)";
@@ -313,6 +309,9 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
     std::vector<void*> ptr(slots.size(), nullptr);
     std::mt19937 rng(0x6b646973u ^ static_cast<uint32_t>(ev.problem.m));
     std::vector<uint64_t> staging;
+    const core::Problem& p = ev.problem;
+    const core::OpSpec& spec = core::spec_of(p.op);
+    core::LaunchArgs la;
     for (size_t i = 0; i < slots.size(); ++i) {
       const size_t b = slot_bytes(slots[i]);
       if (b == 0) continue;
@@ -321,24 +320,12 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
       if (!bufs[i].p) return make_status(StatusCode::out_of_memory, "tuning scratch for " + key);
       ptr[i] = bufs[i].p;
       staging.assign((b + 7) / 8, 0);
-      const bool weight = ev.problem.op != core::OpKind::gemm && i == 2;
-      fill(staging.data(), slots[i], rng, weight);
+      fill(staging.data(), slots[i], rng);
       if (Status s = mem->from_host(ptr[i], staging.data(), b); !s.ok()) return s;
+      la.data[i] = ptr[i];
+      la.ld[i] = spec.slots[i].rank == 2 ? slots[i].ld : 0;
     }
-    core::LaunchArgs la;
-    const core::Problem& p = ev.problem;
-    switch (p.op) {
-      case core::OpKind::gemm:
-        la.a = ptr[0], la.lda = slots[0].ld, la.b = ptr[1], la.ldb = slots[1].ld;
-        la.d = ptr[2], la.ldd = slots[2].ld, la.bias = p.has_bias ? ptr[3] : nullptr;
-        break;
-      case core::OpKind::rmsnorm:
-        la.y = ptr[0], la.ldy = slots[0].ld, la.x = ptr[1], la.ldx = slots[1].ld, la.w = ptr[2], la.eps = 1e-6f;
-        break;
-      case core::OpKind::fused_add_rmsnorm:
-        la.x = ptr[0], la.ldx = slots[0].ld, la.residual = ptr[1], la.ldr = slots[1].ld, la.w = ptr[2], la.eps = 1e-6f;
-        break;
-    }
+    for (size_t j = 0; j < spec.scalars.size(); ++j) la.scalar[j] = spec.scalars[j].default_value;
     TuneTarget target = make_target(p, la);
     target.mem = mem;
     return tune_target(target, dev, key, background);

@@ -52,6 +52,7 @@
 #include <string_view>
 
 #include "core/op.hpp"
+#include "ops/gemm.hpp"
 #include "core/plugin_abi.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/status.hpp"
@@ -187,22 +188,22 @@ std::mutex& threads_mutex() {
 
 Status launch(const LaunchArgs& args, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status();
-  if (args.a == nullptr || args.b == nullptr || args.d == nullptr)
+  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr || args.data[core::kGemmArgD] == nullptr)
     return fail(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
-  if (p.has_bias && args.bias == nullptr) return fail(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
+  if (p.has_bias && args.data[core::kGemmArgBias] == nullptr) return fail(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
   const int64_t M = p.m, N = p.n, K = p.k;
   // BLAS needs every leading dimension >= the row length (lda is unused for
   // one row, which runs as sgemv).
-  if ((M > 1 && args.lda < K) || args.ldb < K || (M > 1 && args.ldd < N))
+  if ((M > 1 && args.ld[core::kGemmArgA] < K) || args.ld[core::kGemmArgB] < K || (M > 1 && args.ld[core::kGemmArgD] < N))
     return fail(StatusCode::unsupported_problem,
                 "a row stride below the row length (lda = 0 broadcast) is not expressible in BLAS");
-  if (N > kBlasMax || K > kBlasMax || args.lda > kBlasMax || args.ldb > kBlasMax || args.ldd > kBlasMax)
+  if (N > kBlasMax || K > kBlasMax || args.ld[core::kGemmArgA] > kBlasMax || args.ld[core::kGemmArgB] > kBlasMax || args.ld[core::kGemmArgD] > kBlasMax)
     return fail(StatusCode::unsupported_problem, "a dimension or stride exceeds OpenBLAS's integer type");
   const Blas& ob = blas();
   if (!ob.ok) return fail(StatusCode::backend_error, "OpenBLAS entry points not found");
-  const auto* a = static_cast<const float*>(args.a);
-  const auto* b = static_cast<const float*>(args.b);
-  auto* d = static_cast<float*>(args.d);
+  const auto* a = static_cast<const float*>(args.data[core::kGemmArgA]);
+  const auto* b = static_cast<const float*>(args.data[core::kGemmArgB]);
+  auto* d = static_cast<float*>(args.data[core::kGemmArgD]);
   const int want = static_cast<int>(prm[kThreads]);
   {
     std::lock_guard<std::mutex> lock(threads_mutex());
@@ -210,23 +211,23 @@ Status launch(const LaunchArgs& args, const Problem& p, const int64_t* prm) {
     if (prev != want) ob.set_threads(want);
     if (M == 1) {
       ob.sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(N), static_cast<blasint>(K), 1.0f, b,
-               static_cast<blasint>(args.ldb), a, 1, 0.0f, d, 1);
+               static_cast<blasint>(args.ld[core::kGemmArgB]), a, 1, 0.0f, d, 1);
     } else {
       // M beyond blasint runs in row chunks.
       constexpr int64_t kChunk = kBlasMax < (int64_t{1} << 30) ? kBlasMax : (int64_t{1} << 30);
       for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
         const int64_t mc = M - m0 < kChunk ? M - m0 : kChunk;
         ob.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(mc), static_cast<blasint>(N),
-                 static_cast<blasint>(K), 1.0f, a + m0 * args.lda, static_cast<blasint>(args.lda), b,
-                 static_cast<blasint>(args.ldb), 0.0f, d + m0 * args.ldd, static_cast<blasint>(args.ldd));
+                 static_cast<blasint>(K), 1.0f, a + m0 * args.ld[core::kGemmArgA], static_cast<blasint>(args.ld[core::kGemmArgA]), b,
+                 static_cast<blasint>(args.ld[core::kGemmArgB]), 0.0f, d + m0 * args.ld[core::kGemmArgD], static_cast<blasint>(args.ld[core::kGemmArgD]));
       }
     }
     if (prev != want) ob.set_threads(prev);
   }
   if (p.has_bias) {
-    const auto* bias = static_cast<const float*>(args.bias);
+    const auto* bias = static_cast<const float*>(args.data[core::kGemmArgBias]);
     for (int64_t m = 0; m < M; ++m) {
-      float* row = d + m * args.ldd;
+      float* row = d + m * args.ld[core::kGemmArgD];
       for (int64_t n = 0; n < N; ++n) row[n] += bias[n];
     }
   }

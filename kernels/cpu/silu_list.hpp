@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CPU backend — the silu_and_mul variant list (silu_and_mul.cpp),
+// in priority order with the references last; registration, the
+// correctness test over every config point and the benchmarks iterate it.
+#pragma once
+
+#include <span>
+
+#include "core/op.hpp"
+#include "dispatch/device.hpp"
+
+namespace dispatch::cpu {
+
+/// Index of each vectorised param in Plan::params.
+inline constexpr int kSiluVec = 0;
+inline constexpr int kSiluUnroll = 1;
+
+extern const core::VariantDef kSiluFp32Vec;
+extern const core::VariantDef kSiluBf16Vec;
+extern const core::VariantDef kSiluFp32Ref;
+extern const core::VariantDef kSiluBf16Ref;
+
+inline constexpr const core::VariantDef* kSiluAndMulVariants[] = {
+    &kSiluFp32Vec,
+    &kSiluBf16Vec,
+    &kSiluFp32Ref,
+    &kSiluBf16Ref,
+};
+
+/// Analytical default plan for a CPU silu_and_mul problem; an invalid Plan
+/// for dtypes no CPU variant computes.
+core::Plan silu_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+
+}  // namespace dispatch::cpu

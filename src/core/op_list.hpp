@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the list of ops: one row per op, in OpKind order.
+//
+//   X(name, C++ args struct, (tensor arguments), (float scalars))
+//
+// The row's names are the public spelling: `dispatch::<name>(Runtime&,
+// const <Args>&, ...)`, `kdispatch_<name>(...)`, `kdispatch_pretune_<name>`,
+// the Python method and the torch op. The tensor and scalar names are the
+// members of the args struct, in the order of the op's argument slots
+// (src/ops/<name>.hpp holds the rest of the op's description: roles,
+// shapes, key fields, reference, tolerance). Adding an op: a row here, its
+// spec row in src/ops/, its kernels, and its public declarations (the C++
+// args struct and prototypes in dispatch/ops.hpp, the C prototypes in
+// dispatch/c_api.h). Every binding is generated from this row.
+#pragma once
+
+#define KDISPATCH_OP_LIST(X)                                          \
+  X(gemm, GemmArgs, (a, b, d, bias), ())                              \
+  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                           \
+  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))  \
+  X(silu_and_mul, SiluAndMulArgs, (out, x), ())
+
+// ---- preprocessor helpers for the rows' tuples (up to 8 elements)
+#define KD_PP_EXPAND(...) __VA_ARGS__
+#define KD_PP_CAT_(a, b) a##b
+#define KD_PP_CAT(a, b) KD_PP_CAT_(a, b)
+#define KD_PP_NARG_(_1, _2, _3, _4, _5, _6, _7, _8, N, ...) N
+#define KD_PP_NARG(...) KD_PP_NARG_(__VA_ARGS__ __VA_OPT__(, ) 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define KD_PP_FE_0(F, sep)
+#define KD_PP_FE_1(F, sep, a) F(a)
+#define KD_PP_FE_2(F, sep, a, ...) F(a) sep() KD_PP_FE_1(F, sep, __VA_ARGS__)
+#define KD_PP_FE_3(F, sep, a, ...) F(a) sep() KD_PP_FE_2(F, sep, __VA_ARGS__)
+#define KD_PP_FE_4(F, sep, a, ...) F(a) sep() KD_PP_FE_3(F, sep, __VA_ARGS__)
+#define KD_PP_FE_5(F, sep, a, ...) F(a) sep() KD_PP_FE_4(F, sep, __VA_ARGS__)
+#define KD_PP_FE_6(F, sep, a, ...) F(a) sep() KD_PP_FE_5(F, sep, __VA_ARGS__)
+#define KD_PP_FE_7(F, sep, a, ...) F(a) sep() KD_PP_FE_6(F, sep, __VA_ARGS__)
+#define KD_PP_FE_8(F, sep, a, ...) F(a) sep() KD_PP_FE_7(F, sep, __VA_ARGS__)
+/// F(e) for each element of a parenthesised tuple, separated by sep().
+#define KD_PP_FOR_EACH(F, sep, tuple) KD_PP_FOR_EACH_(F, sep, KD_PP_EXPAND tuple)
+#define KD_PP_FOR_EACH_(F, sep, ...) KD_PP_CAT(KD_PP_FE_, KD_PP_NARG(__VA_ARGS__))(F, sep __VA_OPT__(, ) __VA_ARGS__)
+#define KD_PP_COMMA() ,
+#define KD_PP_NOTHING()
+/// The number of elements of a parenthesised tuple.
+#define KD_PP_SIZE(tuple) KD_PP_NARG tuple

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch internal — the description of an op, once (XNNPACK keeps one
+// list per microkernel family; we keep one spec per op, src/ops/<op>.hpp).
+//
+// An OpSpec says everything the generic layers need to know about an op:
+//   - its argument slots: name, role (read / write / read-write in place),
+//     rank, shape as expressions of the Problem's dims (so a [M, ceil(K/128)]
+//     scale tensor or an int32 top-k id tensor is a row, not a new field),
+//     dtype rule, whether it may be absent, what it may alias;
+//   - its float scalars (eps) with their defaults and rules;
+//   - its static key fields: name, the Problem member, the default that
+//     keeps it out of a file name, its place in the file name — one table
+//     that both writes and parses keys and file names;
+//   - the checks with their messages, the slots that enter the alignment,
+//     whether it takes a workspace;
+//   - its float64 reference and its validation tolerance per dtype.
+// Validation, the key, the file-name grammar, the tuner's buffers and
+// checks, the miss export and every binding iterate the spec; none of them
+// names an op.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "core/op.hpp"
+#include "dispatch/types.hpp"
+
+namespace dispatch::core {
+
+/// A dimension of the Problem a shape or a key field refers to.
+enum class Dim : uint8_t { none = 0, m, n, k, extra0, extra1 };
+inline constexpr int kDimCount = 6;
+
+/// The value of `d` in `p` (Dim::none: 1).
+constexpr int64_t dim_value(const Problem& p, Dim d) noexcept {
+  switch (d) {
+    case Dim::none: return 1;
+    case Dim::m: return p.m;
+    case Dim::n: return p.n;
+    case Dim::k: return p.k;
+    case Dim::extra0: return p.extra[0];
+    case Dim::extra1: return p.extra[1];
+  }
+  return 0;
+}
+constexpr void set_dim(Problem& p, Dim d, int64_t v) noexcept {
+  switch (d) {
+    case Dim::none: break;
+    case Dim::m: p.m = v; break;
+    case Dim::n: p.n = v; break;
+    case Dim::k: p.k = v; break;
+    case Dim::extra0: p.extra[0] = v; break;
+    case Dim::extra1: p.extra[1] = v; break;
+  }
+}
+
+/// One extent of a slot: ceil(dim * mul / div). A plain dim (mul = div =
+/// 1) met for the first time (in the spec's order) takes its value from the
+/// tensor: it *binds*; every other extent is checked against the bound dims.
+struct DimExpr {
+  Dim dim = Dim::none;
+  int32_t mul = 1;
+  int32_t div = 1;
+  constexpr bool plain() const noexcept { return dim != Dim::none && mul == 1 && div == 1; }
+  constexpr int64_t value(const Problem& p) const noexcept {
+    const int64_t v = dim_value(p, dim) * mul;
+    return div == 1 ? v : (v + div - 1) / div;
+  }
+};
+
+/// What the op does with a slot.
+enum class Role : uint8_t {
+  read,        ///< input, never written
+  write,       ///< pure output (the tuner poisons it before a validation run)
+  read_write,  ///< modified in place (the tuner restores it before every run)
+};
+
+/// Where a slot's dtype comes from.
+enum class SlotDType : uint8_t {
+  in,     ///< Problem::in_dtype
+  out,    ///< Problem::out_dtype
+  fixed,  ///< ArgSlot::fixed_dtype (an int32 index tensor, fp32 scales)
+};
+
+/// How the tuner fills a slot of its scratch inputs.
+enum class Fill : uint8_t {
+  signed_unit,  ///< uniform in [-1, 1]
+  near_one,     ///< 1 + 0.1 * uniform[-1, 1] (norm weights)
+  wide,         ///< uniform in [-4, 4] (activations whose function bends outside [-1, 1])
+};
+
+/// One argument slot, in the op's slot order (the order of the args
+/// struct, of LaunchArgs::data and of the C and Python signatures).
+struct ArgSlot {
+  std::string_view name;
+  Role role = Role::read;
+  int8_t rank = 2;          ///< 2: [rows, cols] row-major, unit stride along cols; 1: [cols], contiguous
+  bool optional = false;    ///< absent = a TensorRef without data; its presence sets Problem::has_bias
+  DimExpr rows{};           ///< rank 2 only
+  DimExpr cols{};
+  SlotDType dtype = SlotDType::in;
+  DType fixed_dtype = DType::fp32;
+  int8_t alias_of = -1;     ///< a write slot that may be exactly this read slot (in place: y == x)
+  int8_t dtype_like = -1;   ///< an optional slot whose dtype must equal this slot's (bias like d)
+  Fill fill = Fill::signed_unit;
+};
+
+/// A float argument after the tensors (eps).
+struct ScalarSlot {
+  std::string_view name;
+  float default_value = 0.f;
+  bool positive = false;  ///< must be > 0
+};
+
+/// A static key field: how a Problem member is written in a key and in a
+/// file name, and parsed back.
+enum class FieldKind : uint8_t {
+  dim,        ///< a positive integer: Problem dim `dim` (required)
+  in_dtype,   ///< Problem::in_dtype (required)
+  out_dtype,  ///< Problem::out_dtype; left out when equal to in_dtype
+  flag,       ///< Problem::has_bias as true/false; left out when false
+  stride,     ///< Problem::stride_code as the stride classes of `stride_slots`; left out for the default layout
+};
+struct KeyField {
+  std::string_view name;
+  FieldKind kind = FieldKind::dim;
+  Dim dim = Dim::none;
+  /// >= 0: the field comes before device_name in a file name, in this order
+  /// (SGLang's N=...,K=...,device_name=...); -1: after it, by name.
+  int8_t file_pos = -1;
+  /// The column in an aiter shape CSV when it differs from `name`
+  /// ("outdtype"); "" = name.
+  std::string_view csv_name = {};
+};
+
+/// The check that sizes are >= 1, run after `slot` binds its dims: "<slot>:
+/// <text><shape>", e.g. "b: N and K must be >= 1, got [16, 0]".
+struct PositiveCheck {
+  int8_t slot = -1;
+  uint8_t dims = 0;  ///< bit (1 << Dim) per dim that must be >= 1
+  std::string_view text;
+};
+
+/// Validation tolerance of one output dtype: |got - want| <= atol_rel *
+/// max|ref| + rtol * |want|.
+struct Tolerance {
+  double atol_rel = 0.0;
+  double rtol = 0.0;
+};
+
+/// Host float64 buffers of one call, for the op's reference: slot i at
+/// data[i] (rows x cols, row stride ld[i] elements; nullptr when absent).
+struct RefArgs {
+  double* data[kMaxArgs] = {};
+  int64_t ld[kMaxArgs] = {};
+  float scalar[kMaxScalars] = {};
+};
+
+struct OpSpec {
+  OpKind op = OpKind::gemm;
+  std::string_view name;
+  std::span<const ArgSlot> slots;
+  std::span<const ScalarSlot> scalars;
+  /// Key fields in key-text order: byte order of their names.
+  std::span<const KeyField> fields;
+  /// The slots in validation order: binding, checks, the device and overlap
+  /// messages, and the operands of the stride field (all of them).
+  std::span<const int8_t> order;
+  int8_t in_dtype_slot = 0;   ///< the slot whose dtype is Problem::in_dtype
+  int8_t out_dtype_slot = 0;  ///< ... and Problem::out_dtype
+  /// Slots that must share one dtype, in message order: two inputs give
+  /// "a is bf16 but b is fp32: mixed input dtypes are not supported",
+  /// otherwise "x, y and w must share one dtype (x fp32, y bf16, w fp32)".
+  std::span<const int8_t> same_dtype;
+  PositiveCheck positive;
+  /// The names of the dims in shape messages ("M", "N", "K"), by Dim.
+  std::string_view dim_names[kDimCount] = {};
+  /// Slots whose base address and row stride enter Problem::align_bytes.
+  uint32_t align_slots = 0;
+  /// The op takes the call's GPU workspace (LaunchArgs::workspace).
+  bool uses_workspace = false;
+  /// Validation tolerance per output dtype (indexed by DType).
+  Tolerance tolerance[kDTypeCount] = {};
+  /// The float64 reference: computes the write and read_write slots of
+  /// `a` from the read ones (read_write slots hold their inputs on entry).
+  void (*reference)(const Problem& p, const RefArgs& a) = nullptr;
+
+  constexpr int slot_count() const noexcept { return static_cast<int>(slots.size()); }
+  constexpr uint32_t written_slots() const noexcept {
+    uint32_t m = 0;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].role != Role::read) m |= 1u << i;
+    return m;
+  }
+};
+
+/// The spec of `op` (every OpKind has one).
+const OpSpec& spec_of(OpKind op) noexcept;
+/// Every op's spec, in OpKind order.
+std::span<const OpSpec* const> all_specs() noexcept;
+/// The spec named `name`, or nullptr.
+const OpSpec* find_spec(std::string_view name) noexcept;
+
+/// The dtype of slot `i` of `spec` for problem `p`.
+constexpr DType slot_dtype(const OpSpec& spec, int i, const Problem& p) noexcept {
+  const ArgSlot& s = spec.slots[static_cast<size_t>(i)];
+  return s.dtype == SlotDType::in ? p.in_dtype : s.dtype == SlotDType::out ? p.out_dtype : s.fixed_dtype;
+}
+
+/// Logical extent of slot `i` for problem `p`: a rank-1 slot is one row.
+/// present = false for an absent optional slot (no bias).
+struct SlotExtent {
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::fp32;
+  bool present = true;
+};
+constexpr SlotExtent slot_extent(const OpSpec& spec, int i, const Problem& p) noexcept {
+  const ArgSlot& s = spec.slots[static_cast<size_t>(i)];
+  SlotExtent e;
+  e.rows = s.rank == 2 ? s.rows.value(p) : 1;
+  e.cols = s.cols.value(p);
+  e.dtype = slot_dtype(spec, i, p);
+  e.present = !s.optional || p.has_bias;
+  return e;
+}
+
+}  // namespace dispatch::core
