@@ -360,6 +360,40 @@ KDISPATCH_C_API kdispatch_status kdispatch_fused_add_rmsnorm(kdispatch_runtime* 
                                                              void* stream, uint32_t flags,
                                                              kdispatch_dispatch_info* info);
 
+/** out[t, i] = silu(x[t, i]) * x[t, d + i] (vLLM/SGLang's silu_and_mul(out,
+ *  input)): x [tokens, 2*d], out [tokens, d], one dtype, unit stride along
+ *  the last dim, out not overlapping x. Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_silu_and_mul(kdispatch_runtime* rt, const DLTensor* out, const DLTensor* x,
+                                                        void* stream, uint32_t flags, kdispatch_dispatch_info* info);
+
+/* ------------------------------------------------------------------ any op */
+
+/** The ops of this build and their arguments, as JSON (caller-owned):
+ *  [{"name", "doc", "args": [{"name", "read", "written", "rank", "optional",
+ *  "rows": {"dim", "mul", "div"}, "cols": {...}, "alias_of"}],
+ *  "scalars": [{"name", "default"}], "workspace"}]. kdispatch_<name>
+ *  takes the args (const DLTensor*, NULL for an absent optional one) and
+ *  then the scalars (float) in this order; bindings generate their methods
+ *  from it. rows/cols: the extent as mul * dim / div (rounded up) of the
+ *  op's named dims. Errors: INVALID_ARGUMENT (json_out NULL). */
+KDISPATCH_C_API kdispatch_status kdispatch_op_list(char** json_out);
+
+/** Any op by name (kdispatch_op_list), its tensors and scalars in argument
+ *  order: the same call as kdispatch_<op>, with a workspace as
+ *  kdispatch_gemm_ws takes it (ignored by ops without one). Errors:
+ *  INVALID_ARGUMENT (an unknown op, a count that differs from the op's),
+ *  then as the op. */
+KDISPATCH_C_API kdispatch_status kdispatch_op_call(kdispatch_runtime* rt, const char* op,
+                                                   const DLTensor* const* tensors, int32_t n_tensors,
+                                                   const float* scalars, int32_t n_scalars, void* workspace,
+                                                   int64_t workspace_bytes, void* stream, uint32_t flags,
+                                                   kdispatch_dispatch_info* info);
+
+/** kdispatch_pretune_<op> of any op by name (see kdispatch_op_call). */
+KDISPATCH_C_API kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, const char* op,
+                                                      const DLTensor* const* tensors, int32_t n_tensors,
+                                                      const float* scalars, int32_t n_scalars, char** json_out);
+
 /* ------------------------------------------------------------------ tuning */
 
 /** Tunes a problem ahead of traffic on scratch buffers of the same shapes,
@@ -379,6 +413,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_rmsnorm(kdispatch_runtime* rt
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x,
                                                                      const DLTensor* residual, const DLTensor* w,
                                                                      float eps, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_silu_and_mul(kdispatch_runtime* rt, const DLTensor* out,
+                                                                const DLTensor* x, char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

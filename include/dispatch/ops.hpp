@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "dispatch/config.hpp"
@@ -147,6 +148,46 @@ KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& a
 KDISPATCH_API Status silu_and_mul(Runtime& rt, const SiluAndMulArgs& args, Stream stream = {},
                                   const CallOptions& opts = {}) noexcept;
 
+/// An op as the bindings see it (one row of the library's op list): the
+/// C ABI's kdispatch_<op>, the Python methods and the torch ops are
+/// generated from these rows.
+struct OpArgInfo {
+  std::string_view name;  ///< "a", "x", "residual", ... (the args struct's member)
+  bool read = true;       ///< the op reads it
+  bool written = false;   ///< the op writes it (both: in place)
+  int32_t rank = 2;       ///< 2: [rows, cols]; 1: [cols]
+  bool optional = false;  ///< may be absent (a TensorRef without data; NULL in C)
+  /// rows and cols as "<mul>*<dim>/<div>" of the op's dims ("M", "K",
+  /// "2*d", ...): how a binding sizes an output from its inputs. rows is
+  /// "" for rank 1.
+  std::string_view rows_dim, cols_dim;
+  int32_t rows_mul = 1, cols_mul = 1, rows_div = 1, cols_div = 1;
+  /// A write argument that may be this argument itself (in place), or -1.
+  int32_t alias_of = -1;
+};
+struct OpScalarInfo {
+  std::string_view name;     ///< "eps"
+  float default_value = 0.f;
+};
+struct OpInfo {
+  std::string_view name;     ///< "gemm", "rmsnorm", ...
+  std::string_view doc;      ///< one line: what it computes
+  std::span<const OpArgInfo> args;
+  std::span<const OpScalarInfo> scalars;
+  bool uses_workspace = false;  ///< takes CallOptions::workspace (GPU split-K)
+};
+/// Every op of this build, in a fixed order. Thread-safe; static storage.
+KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
+
+/// Any op by name, with its tensors in argument order (an absent optional
+/// argument is a TensorRef without data) and its scalars in order: the
+/// same call as the op's own function (for bindings).
+/// Errors: invalid_argument (unknown op, wrong number of tensors or
+/// scalars), then as the op.
+KDISPATCH_API Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
+                             std::span<const float> scalars, Stream stream = {},
+                             const CallOptions& opts = {}) noexcept;
+
 /// A config query: which tuned config serves this kernel at this M?
 /// Serves kdispatch's own ops and kernels the engine owns (its Triton
 /// fused-MoE kernel, its block-fp8 GEMM) from the same table, so an engine
@@ -238,6 +279,9 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) n
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const SiluAndMulArgs& args) noexcept;
+/// pretune() of any op by name, its tensors and scalars as call_op takes them.
+KDISPATCH_API Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
+                                               std::span<const float> scalars) noexcept;
 
 /// The result as one JSON object: {"config": {...}, "source": ...,
 /// "match": ..., "M": <table key or null>, "variant": ..., "key": ..., "why": ...}

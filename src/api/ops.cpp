@@ -24,9 +24,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
+#include "ops/specs.hpp"
 #include "core/op_spec.hpp"
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
@@ -414,6 +416,117 @@ const char* plan_source_name(PlanSource s) noexcept {
   }
   return "?";
 }
+
+// ------------------------------------------------------------------ the op list, for bindings
+
+namespace {
+
+std::string_view dim_symbol(const core::OpSpec& s, core::Dim d) noexcept {
+  return d == core::Dim::none ? std::string_view() : s.dim_names[static_cast<int>(d)];
+}
+
+struct OpListStorage {
+  std::vector<std::vector<OpArgInfo>> args;
+  std::vector<std::vector<OpScalarInfo>> scalars;
+  std::vector<OpInfo> ops;
+  OpListStorage() {
+    for (const core::OpSpec* s : core::all_specs()) {
+      std::vector<OpArgInfo> a;
+      for (const core::ArgSlot& slot : s->slots) {
+        OpArgInfo i;
+        i.name = slot.name;
+        i.read = slot.role != core::Role::write;
+        i.written = slot.role != core::Role::read;
+        i.rank = slot.rank;
+        i.optional = slot.optional;
+        if (slot.rank == 2) {
+          i.rows_dim = dim_symbol(*s, slot.rows.dim);
+          i.rows_mul = slot.rows.mul;
+          i.rows_div = slot.rows.div;
+        }
+        i.cols_dim = dim_symbol(*s, slot.cols.dim);
+        i.cols_mul = slot.cols.mul;
+        i.cols_div = slot.cols.div;
+        i.alias_of = slot.alias_of;
+        a.push_back(i);
+      }
+      std::vector<OpScalarInfo> sc;
+      for (const core::ScalarSlot& x : s->scalars) sc.push_back({x.name, x.default_value});
+      args.push_back(std::move(a));
+      scalars.push_back(std::move(sc));
+    }
+    size_t i = 0;
+    for (const core::OpSpec* s : core::all_specs()) {
+      ops.push_back(OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace});
+      ++i;
+    }
+  }
+};
+
+// The args struct of `op` from slot-ordered tensors and scalars.
+[[gnu::cold]] Status count_error(const core::OpSpec& s, size_t nt, size_t ns) {
+  return make_status(StatusCode::invalid_argument,
+                     std::string(s.name) + " takes " + std::to_string(s.slots.size()) + " tensors and " +
+                         std::to_string(s.scalars.size()) + " scalars, got " + std::to_string(nt) + " and " +
+                         std::to_string(ns));
+}
+
+const core::OpSpec* spec_named(std::string_view op) noexcept { return core::find_spec(op); }
+
+}  // namespace
+
+std::span<const OpInfo> op_list() noexcept {
+  static const OpListStorage storage;
+  return storage.ops;
+}
+
+#define KD_ARG_FROM_SPAN(x) args.x = tensors[i++];
+#define KD_SCALAR_FROM_SPAN(x) args.x = scalars[j++];
+Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors, std::span<const float> scalars,
+               Stream stream, const CallOptions& opts) noexcept {
+  const core::OpSpec* s = spec_named(op);
+  if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
+  if (tensors.size() != s->slots.size() || scalars.size() != s->scalars.size())
+    return count_error(*s, tensors.size(), scalars.size());
+  switch (s->op) {
+#define KD_GENERIC_CALL(op, Args, tensors_, scalars_)                                   \
+  case core::OpKind::op: {                                                             \
+    Args args;                                                                         \
+    size_t i = 0, j = 0;                                                               \
+    KD_PP_FOR_EACH(KD_ARG_FROM_SPAN, KD_PP_NOTHING, tensors_)                          \
+    KD_PP_FOR_EACH(KD_SCALAR_FROM_SPAN, KD_PP_NOTHING, scalars_)                       \
+    (void)i, (void)j;                                                                  \
+    return dispatch::op(rt, args, stream, opts);                                       \
+  }
+    KDISPATCH_OP_LIST(KD_GENERIC_CALL)
+#undef KD_GENERIC_CALL
+  }
+  return make_status(StatusCode::internal, "call_op: op without an entry point");
+}
+
+Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
+                                 std::span<const float> scalars) noexcept {
+  const core::OpSpec* s = spec_named(op);
+  if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
+  if (tensors.size() != s->slots.size() || scalars.size() != s->scalars.size())
+    return count_error(*s, tensors.size(), scalars.size());
+  switch (s->op) {
+#define KD_GENERIC_PRETUNE(op, Args, tensors_, scalars_)                                \
+  case core::OpKind::op: {                                                             \
+    Args args;                                                                         \
+    size_t i = 0, j = 0;                                                               \
+    KD_PP_FOR_EACH(KD_ARG_FROM_SPAN, KD_PP_NOTHING, tensors_)                          \
+    KD_PP_FOR_EACH(KD_SCALAR_FROM_SPAN, KD_PP_NOTHING, scalars_)                       \
+    (void)i, (void)j;                                                                  \
+    return dispatch::pretune(rt, args);                                                \
+  }
+    KDISPATCH_OP_LIST(KD_GENERIC_PRETUNE)
+#undef KD_GENERIC_PRETUNE
+  }
+  return make_status(StatusCode::internal, "pretune_op: op without an entry point");
+}
+#undef KD_ARG_FROM_SPAN
+#undef KD_SCALAR_FROM_SPAN
 
 // One entry point and one pretune per row of core/op_list.hpp.
 #define KD_OP_ENTRY(op, Args, tensors, scalars)                                                               \

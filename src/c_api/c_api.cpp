@@ -219,18 +219,63 @@ void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) 
   info->tuned_now = di.tuned_now ? 1 : 0;
 }
 
-// The common tail of the op calls: flags and the info struct into
-// CallOptions, the call on `stream`, the info struct filled on success.
-template <class Args, class Op>
-kdispatch_status run_op(kdispatch_runtime* rt, Op op, const Args& args, void* stream, uint32_t flags,
-                        kdispatch_dispatch_info* info, void* workspace = nullptr, int64_t workspace_bytes = 0) {
+// DLTensors in argument order -> TensorRefs, by the op's row of op_list():
+// NULL is an absent optional argument, else an error naming the argument; a
+// non-NULL optional DLTensor without data is an error for a call (it
+// describes the argument for pretune).
+Status tensors_of(const dispatch::OpInfo& op, const DLTensor* const* t, int32_t n, bool pretune,
+                  std::vector<dispatch::TensorRef>* out) {
+  if (n != static_cast<int32_t>(op.args.size()) || (n > 0 && t == nullptr))
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 std::string(op.name) + " takes " + std::to_string(op.args.size()) + " tensors, got " +
+                                     std::to_string(n));
+  out->resize(op.args.size());
+  for (size_t i = 0; i < op.args.size(); ++i) {
+    const std::string name(op.args[i].name);
+    if (auto s = to_tensor(t[i], name.c_str(), op.args[i].optional, &(*out)[i]); !s.ok()) return s;
+    if (!pretune && op.args[i].optional && t[i] != nullptr && (*out)[i].data == nullptr)
+      return dispatch::make_status(StatusCode::invalid_argument,
+                                   name + ": data is NULL (pass a NULL DLTensor* for no " + name + ")");
+  }
+  return Status();
+}
+
+Status scalars_of(const dispatch::OpInfo& op, const float* s, int32_t n, std::vector<float>* out) {
+  if (n != static_cast<int32_t>(op.scalars.size()) || (n > 0 && s == nullptr))
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 std::string(op.name) + " takes " + std::to_string(op.scalars.size()) +
+                                     " scalars, got " + std::to_string(n));
+  out->assign(s, s + n);
+  return Status();
+}
+
+const dispatch::OpInfo* op_named(std::string_view name) noexcept {
+  for (const dispatch::OpInfo& o : dispatch::op_list())
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
+// Every op call of the C ABI: translate, call dispatch::call_op, translate back.
+kdispatch_status call_by_slots(const char* fn, kdispatch_runtime* rt, std::string_view op, const DLTensor* const* t,
+                               int32_t nt, const float* sc, int32_t ns, void* workspace, int64_t workspace_bytes,
+                               void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
+  if (rt == nullptr) return null_arg(fn, "rt");
+  const dispatch::OpInfo* o = op_named(op);
+  if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
+  if (workspace_bytes < 0 || (workspace == nullptr && workspace_bytes != 0))
+    return fail(KDISPATCH_INVALID_ARGUMENT, "workspace_bytes: must be >= 0, and 0 when workspace is NULL (got " +
+                                                std::to_string(workspace_bytes) + ")");
+  std::vector<dispatch::TensorRef> tensors;
+  std::vector<float> scalars;
+  if (auto s = tensors_of(*o, t, nt, false, &tensors); !s.ok()) return finish(s);
+  if (auto s = scalars_of(*o, sc, ns, &scalars); !s.ok()) return finish(s);
   dispatch::DispatchInfo di;
   dispatch::CallOptions co;
   co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
   co.workspace = workspace;
   co.workspace_bytes = workspace ? workspace_bytes : 0;
   if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
-  const Status s = op(*rt->rt, args, dispatch::Stream{stream}, co);
+  const Status s = dispatch::call_op(*rt->rt, op, tensors, scalars, dispatch::Stream{stream}, co);
   if (s.ok()) from_info(di, info);
   return finish(s);
 }
@@ -275,12 +320,65 @@ std::string pretune_json(const dispatch::PretuneResult& r) {
   return s + "}";
 }
 
-template <class Args>
-kdispatch_status pretune_out(kdispatch_runtime* rt, const Args& args, char** json_out) {
-  auto r = dispatch::pretune(*rt->rt, args);
+// Every pretune of the C ABI.
+kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::string_view op, const DLTensor* const* t,
+                                  int32_t nt, const float* sc, int32_t ns, char** json_out) {
+  if (json_out == nullptr) return null_arg(fn, "json_out");
+  *json_out = nullptr;
+  if (rt == nullptr) return null_arg(fn, "rt");
+  const dispatch::OpInfo* o = op_named(op);
+  if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
+  std::vector<dispatch::TensorRef> tensors;
+  std::vector<float> scalars;
+  if (auto s = tensors_of(*o, t, nt, true, &tensors); !s.ok()) return finish(s);
+  if (auto s = scalars_of(*o, sc, ns, &scalars); !s.ok()) return finish(s);
+  auto r = dispatch::pretune_op(*rt->rt, op, tensors, scalars);
   if (!r.ok()) return finish(r.status());
   *json_out = dup(pretune_json(*r));
   return ok();
+}
+
+// The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
+// "optional", "rows", "cols", "alias_of"}], "scalars": [{"name", "default"}],
+// "workspace"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
+std::string op_list_json() {
+  using namespace dispatch::core;
+  std::string s = "[";
+  bool first_op = true;
+  for (const dispatch::OpInfo& o : dispatch::op_list()) {
+    s += first_op ? "{" : ", {";
+    first_op = false;
+    put_key(s, "name"), json_append_string(s, o.name);
+    s += ", ", put_key(s, "doc"), json_append_string(s, o.doc);
+    s += ", ", put_key(s, "args"), s += "[";
+    for (size_t i = 0; i < o.args.size(); ++i) {
+      const dispatch::OpArgInfo& a = o.args[i];
+      s += i ? ", {" : "{";
+      put_key(s, "name"), json_append_string(s, a.name);
+      s += ", ", put_key(s, "read"), s += a.read ? "true" : "false";
+      s += ", ", put_key(s, "written"), s += a.written ? "true" : "false";
+      s += ", ", put_key(s, "rank"), json_append_int(s, a.rank);
+      s += ", ", put_key(s, "optional"), s += a.optional ? "true" : "false";
+      s += ", ", put_key(s, "rows"), s += "{", put_key(s, "dim"), json_append_string(s, a.rows_dim);
+      s += ", ", put_key(s, "mul"), json_append_int(s, a.rows_mul);
+      s += ", ", put_key(s, "div"), json_append_int(s, a.rows_div), s += "}";
+      s += ", ", put_key(s, "cols"), s += "{", put_key(s, "dim"), json_append_string(s, a.cols_dim);
+      s += ", ", put_key(s, "mul"), json_append_int(s, a.cols_mul);
+      s += ", ", put_key(s, "div"), json_append_int(s, a.cols_div), s += "}";
+      s += ", ", put_key(s, "alias_of"), json_append_int(s, a.alias_of);
+      s += "}";
+    }
+    s += "], ", put_key(s, "scalars"), s += "[";
+    for (size_t i = 0; i < o.scalars.size(); ++i) {
+      s += i ? ", {" : "{";
+      put_key(s, "name"), json_append_string(s, o.scalars[i].name);
+      s += ", ", put_key(s, "default"), json_append_double(s, o.scalars[i].default_value);
+      s += "}";
+    }
+    s += "], ", put_key(s, "workspace"), s += o.uses_workspace ? "true" : "false";
+    s += "}";
+  }
+  return s + "]";
 }
 
 }  // namespace
@@ -550,104 +648,74 @@ kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint
 // ---------------------------------------------------------------------- ops
 
 
-kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b, const DLTensor* d,
-                                const DLTensor* bias, void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
-  return kdispatch_gemm_ws(rt, a, b, d, bias, nullptr, 0, stream, flags, info);
+kdispatch_status kdispatch_op_list(char** json_out) {
+  return guarded("kdispatch_op_list", [&]() -> kdispatch_status {
+    if (json_out == nullptr) return null_arg("kdispatch_op_list", "json_out");
+    *json_out = dup(op_list_json());
+    return ok();
+  });
 }
 
+kdispatch_status kdispatch_op_call(kdispatch_runtime* rt, const char* op, const DLTensor* const* tensors,
+                                   int32_t n_tensors, const float* scalars, int32_t n_scalars, void* workspace,
+                                   int64_t workspace_bytes, void* stream, uint32_t flags,
+                                   kdispatch_dispatch_info* info) {
+  return guarded("kdispatch_op_call", [&]() -> kdispatch_status {
+    if (op == nullptr) return null_arg("kdispatch_op_call", "op");
+    return call_by_slots("kdispatch_op_call", rt, op, tensors, n_tensors, scalars, n_scalars, workspace,
+                         workspace_bytes, stream, flags, info);
+  });
+}
+
+kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, const char* op, const DLTensor* const* tensors,
+                                      int32_t n_tensors, const float* scalars, int32_t n_scalars, char** json_out) {
+  return guarded("kdispatch_op_pretune", [&]() -> kdispatch_status {
+    if (op == nullptr) return null_arg("kdispatch_op_pretune", "op");
+    return pretune_by_slots("kdispatch_op_pretune", rt, op, tensors, n_tensors, scalars, n_scalars, json_out);
+  });
+}
+
+// kdispatch_<op> and kdispatch_pretune_<op>, one pair per row of the op list
+// (core/op_list.hpp): the DLTensors and floats in argument order, then the
+// generic translation above.
+#define KD_C_TPARAM(x) const DLTensor* x,
+#define KD_C_SPARAM(x) float x,
+#define KD_C_NAME(x) x,
+#define KD_C_OP(op, Args, tensors, scalars)                                                                      \
+  kdispatch_status kdispatch_##op(kdispatch_runtime* rt, KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)      \
+                                      KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) void* stream,          \
+                                  uint32_t flags, kdispatch_dispatch_info* info) {                               \
+    const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                  \
+    const float s[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, scalars) 0.f};                                  \
+    return guarded("kdispatch_" #op, [&]() -> kdispatch_status {                                                \
+      return call_by_slots("kdispatch_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, KD_PP_SIZE(scalars), nullptr,  \
+                           0, stream, flags, info);                                                              \
+    });                                                                                                          \
+  }                                                                                                              \
+  kdispatch_status kdispatch_pretune_##op(kdispatch_runtime* rt,                                                \
+                                          KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)                   \
+                                              KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) char** json_out) { \
+    const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                  \
+    const float s[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, scalars) 0.f};                                  \
+    return guarded("kdispatch_pretune_" #op, [&]() -> kdispatch_status {                                        \
+      return pretune_by_slots("kdispatch_pretune_" #op, rt, #op, t, KD_PP_SIZE(tensors), s,                     \
+                              KD_PP_SIZE(scalars), json_out);                                                    \
+    });                                                                                                          \
+  }
+KDISPATCH_OP_LIST(KD_C_OP)
+#undef KD_C_OP
+#undef KD_C_NAME
+#undef KD_C_SPARAM
+#undef KD_C_TPARAM
+
+// kdispatch_gemm with a workspace for this call.
 kdispatch_status kdispatch_gemm_ws(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b, const DLTensor* d,
                                    const DLTensor* bias, void* workspace, int64_t workspace_bytes, void* stream,
                                    uint32_t flags, kdispatch_dispatch_info* info) {
+  const DLTensor* t[] = {a, b, d, bias};
   return guarded("kdispatch_gemm", [&]() -> kdispatch_status {
-    if (rt == nullptr) return null_arg("kdispatch_gemm", "rt");
-    if (workspace_bytes < 0 || (workspace == nullptr && workspace_bytes != 0))
-      return fail(KDISPATCH_INVALID_ARGUMENT, "workspace_bytes: must be >= 0, and 0 when workspace is NULL (got " +
-                                                  std::to_string(workspace_bytes) + ")");
-    dispatch::GemmArgs args;
-    if (auto s = to_tensor(a, "a", false, &args.a); !s.ok()) return finish(s);
-    if (auto s = to_tensor(b, "b", false, &args.b); !s.ok()) return finish(s);
-    if (auto s = to_tensor(d, "d", false, &args.d); !s.ok()) return finish(s);
-    if (auto s = to_tensor(bias, "bias", true, &args.bias); !s.ok()) return finish(s);
-    // A bias DLTensor without data is an error, never "no bias" (the C++
-    // API reads a null-data bias as absent).
-    if (bias != nullptr && args.bias.data == nullptr)
-      return fail(KDISPATCH_INVALID_ARGUMENT, "bias: data is NULL (pass a NULL DLTensor* for no bias)");
-    return run_op(rt, &dispatch::gemm, args, stream, flags, info, workspace, workspace_bytes);
-  });
-}
-
-kdispatch_status kdispatch_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, const DLTensor* x, const DLTensor* w,
-                                   float eps, void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
-  return guarded("kdispatch_rmsnorm", [&]() -> kdispatch_status {
-    if (rt == nullptr) return null_arg("kdispatch_rmsnorm", "rt");
-    dispatch::RmsNormArgs args;
-    if (auto s = to_tensor(y, "y", false, &args.y); !s.ok()) return finish(s);
-    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
-    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
-    args.eps = eps;
-    return run_op(rt, &dispatch::rmsnorm, args, stream, flags, info);
-  });
-}
-
-kdispatch_status kdispatch_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x, const DLTensor* residual,
-                                             const DLTensor* w, float eps, void* stream, uint32_t flags,
-                                             kdispatch_dispatch_info* info) {
-  return guarded("kdispatch_fused_add_rmsnorm", [&]() -> kdispatch_status {
-    if (rt == nullptr) return null_arg("kdispatch_fused_add_rmsnorm", "rt");
-    dispatch::FusedAddRmsNormArgs args;
-    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
-    if (auto s = to_tensor(residual, "residual", false, &args.residual); !s.ok()) return finish(s);
-    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
-    args.eps = eps;
-    return run_op(rt, &dispatch::fused_add_rmsnorm, args, stream, flags, info);
-  });
-}
-
-// ------------------------------------------------------------------- tuning
-
-kdispatch_status kdispatch_pretune_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
-                                        const DLTensor* d, const DLTensor* bias, char** json_out) {
-  return guarded("kdispatch_pretune_gemm", [&]() -> kdispatch_status {
-    if (json_out == nullptr) return null_arg("kdispatch_pretune_gemm", "json_out");
-    *json_out = nullptr;
-    if (rt == nullptr) return null_arg("kdispatch_pretune_gemm", "rt");
-    dispatch::GemmArgs args;
-    if (auto s = to_tensor(a, "a", false, &args.a); !s.ok()) return finish(s);
-    if (auto s = to_tensor(b, "b", false, &args.b); !s.ok()) return finish(s);
-    if (auto s = to_tensor(d, "d", false, &args.d); !s.ok()) return finish(s);
-    if (auto s = to_tensor(bias, "bias", true, &args.bias); !s.ok()) return finish(s);
-    return pretune_out(rt, args, json_out);
-  });
-}
-
-kdispatch_status kdispatch_pretune_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, const DLTensor* x,
-                                           const DLTensor* w, float eps, char** json_out) {
-  return guarded("kdispatch_pretune_rmsnorm", [&]() -> kdispatch_status {
-    if (json_out == nullptr) return null_arg("kdispatch_pretune_rmsnorm", "json_out");
-    *json_out = nullptr;
-    if (rt == nullptr) return null_arg("kdispatch_pretune_rmsnorm", "rt");
-    dispatch::RmsNormArgs args;
-    if (auto s = to_tensor(y, "y", false, &args.y); !s.ok()) return finish(s);
-    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
-    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
-    args.eps = eps;
-    return pretune_out(rt, args, json_out);
-  });
-}
-
-kdispatch_status kdispatch_pretune_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x,
-                                                     const DLTensor* residual, const DLTensor* w, float eps,
-                                                     char** json_out) {
-  return guarded("kdispatch_pretune_fused_add_rmsnorm", [&]() -> kdispatch_status {
-    if (json_out == nullptr) return null_arg("kdispatch_pretune_fused_add_rmsnorm", "json_out");
-    *json_out = nullptr;
-    if (rt == nullptr) return null_arg("kdispatch_pretune_fused_add_rmsnorm", "rt");
-    dispatch::FusedAddRmsNormArgs args;
-    if (auto s = to_tensor(x, "x", false, &args.x); !s.ok()) return finish(s);
-    if (auto s = to_tensor(residual, "residual", false, &args.residual); !s.ok()) return finish(s);
-    if (auto s = to_tensor(w, "w", false, &args.w); !s.ok()) return finish(s);
-    args.eps = eps;
-    return pretune_out(rt, args, json_out);
+    return call_by_slots("kdispatch_gemm", rt, "gemm", t, 4, nullptr, 0, workspace, workspace_bytes, stream, flags,
+                         info);
   });
 }
 

@@ -160,6 +160,8 @@ struct RefArgs {
 struct OpSpec {
   OpKind op = OpKind::gemm;
   std::string_view name;
+  /// One line: what the op computes (the bindings' docstrings).
+  std::string_view summary;
   std::span<const ArgSlot> slots;
   std::span<const ScalarSlot> scalars;
   /// Key fields in key-text order: byte order of their names.

@@ -43,6 +43,7 @@ inline void reference(const Problem& p, const RefArgs& r) {
 inline constexpr OpSpec kSpec{
     .op = OpKind::fused_add_rmsnorm,
     .name = "fused_add_rmsnorm",
+    .summary = "In place, as vLLM/SGLang: residual += x (rounded to its dtype); x = rmsnorm(residual) * w.",
     .slots = kSlots,
     .scalars = rmsnorm_spec::kScalars,
     .fields = rmsnorm_spec::kFields,

@@ -45,6 +45,7 @@ inline void reference(const Problem& p, const RefArgs& r) {
 inline constexpr OpSpec kSpec{
     .op = OpKind::gemm,
     .name = "gemm",
+    .summary = "d[M,N] = a[M,K] @ b[N,K].T (+ bias[N]); b as torch.nn.Linear stores its weight; fp32 accumulation.",
     .slots = kSlots,
     .scalars = {},
     .fields = kFields,

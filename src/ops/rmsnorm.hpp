@@ -48,6 +48,7 @@ inline void reference(const Problem& p, const RefArgs& r) {
 inline constexpr OpSpec kSpec{
     .op = OpKind::rmsnorm,
     .name = "rmsnorm",
+    .summary = "y = x / sqrt(mean(x**2, -1) + eps) * w, per row of [tokens, hidden] (y may be x).",
     .slots = kSlots,
     .scalars = kScalars,
     .fields = kFields,

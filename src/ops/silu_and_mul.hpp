@@ -42,6 +42,7 @@ inline void reference(const Problem& p, const RefArgs& r) {
 inline constexpr OpSpec kSpec{
     .op = OpKind::silu_and_mul,
     .name = "silu_and_mul",
+    .summary = "out[t, i] = silu(x[t, i]) * x[t, d + i]: the activation after a fused gate_up projection (vLLM/SGLang silu_and_mul(out, input)).",
     .slots = kSlots,
     .scalars = {},
     .fields = kFields,

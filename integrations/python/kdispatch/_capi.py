@@ -140,14 +140,13 @@ _PROTOTYPES = {
     "kdispatch_runtime_wait_tuner_idle": (_STATUS, [_RT, c_double, POINTER(c_int32)]),
     "kdispatch_runtime_export_misses": (_STATUS, [_RT, c_char_p]),
     "kdispatch_runtime_source_path": (_STATUS, [_RT, c_uint32, _STR_OUT, _STR_OUT]),
-    "kdispatch_gemm": (_STATUS, [_RT, _T, _T, _T, _T, c_void_p, c_uint32, POINTER(DispatchInfo)]),
-    "kdispatch_gemm_ws": (_STATUS, [_RT, _T, _T, _T, _T, c_void_p, c_int64, c_void_p, c_uint32, POINTER(DispatchInfo)]),
     "kdispatch_runtime_attach_stream": (_STATUS, [_RT, c_int32, c_int32, c_void_p, c_int64]),
-    "kdispatch_rmsnorm": (_STATUS, [_RT, _T, _T, _T, c_float, c_void_p, c_uint32, POINTER(DispatchInfo)]),
-    "kdispatch_fused_add_rmsnorm": (_STATUS, [_RT, _T, _T, _T, c_float, c_void_p, c_uint32, POINTER(DispatchInfo)]),
-    "kdispatch_pretune_gemm": (_STATUS, [_RT, _T, _T, _T, _T, _STR_OUT]),
-    "kdispatch_pretune_rmsnorm": (_STATUS, [_RT, _T, _T, _T, c_float, _STR_OUT]),
-    "kdispatch_pretune_fused_add_rmsnorm": (_STATUS, [_RT, _T, _T, _T, c_float, _STR_OUT]),
+    # Every op through three functions; the per-op kdispatch_<op> are the
+    # same calls (kdispatch_op_list names their arguments).
+    "kdispatch_op_list": (_STATUS, [_STR_OUT]),
+    "kdispatch_op_call": (_STATUS, [_RT, c_char_p, POINTER(_T), c_int32, POINTER(c_float), c_int32, c_void_p, c_int64,
+                                    c_void_p, c_uint32, POINTER(DispatchInfo)]),
+    "kdispatch_op_pretune": (_STATUS, [_RT, c_char_p, POINTER(_T), c_int32, POINTER(c_float), c_int32, _STR_OUT]),
     "kdispatch_lookup": (_STATUS, [_RT, POINTER(LookupQuery), _STR_OUT]),
     "kdispatch_lookup_table": (_STATUS, [_RT, POINTER(LookupQuery), _STR_OUT]),
 }
@@ -203,6 +202,13 @@ def init(prefer=None):
     if lib is None:
         lib, library = _load(prefer)
     return lib
+
+
+def op_list_json():
+    """The library's op list (kdispatch_op_list) as JSON text."""
+    p = POINTER(c_char)()
+    check(lib.kdispatch_op_list(byref(p)))
+    return take_string(p)
 
 
 def abi_version():
@@ -504,58 +510,41 @@ class Handle:
         check(lib.kdispatch_runtime_source_path(self.rt, int(source_id), byref(p), byref(d)))
         return take_string(p), take_string(d)
 
-    # ---- ops over DLPack objects
-    def _op(self, fn, tensors, tail, stream, flags, want_info):
+    # ---- ops over DLPack objects (any op of kdispatch_op_list)
+    def op(self, name, tensors, arg_meta, scalars, stream, flags, want_info, workspace=0, workspace_bytes=0):
+        """`tensors` in argument order (None: an absent optional one),
+        `arg_meta` their (name, optional, written) rows, `scalars` in order."""
         rt = self.rt
         exported = []
         try:
-            for obj, name, optional, output in tensors:
-                exported.append(Exported(obj, name, optional, output, stream))
+            for obj, (arg, optional, written) in zip(tensors, arg_meta):
+                exported.append(Exported(obj, arg, optional, written, stream))
+            n = len(exported)
+            ptrs = (_T * max(1, n))(*[e.ptr for e in exported])
+            sc = (c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
             info = DispatchInfo()
             info.struct_size = ctypes.sizeof(DispatchInfo)
-            status = fn(rt, *[e.ptr for e in exported], *tail, c_void_p(int(stream or 0)), int(flags),
-                        byref(info) if want_info else None)
-            check(status)
+            check(lib.kdispatch_op_call(rt, name.encode(), ptrs, n, sc, len(scalars), c_void_p(int(workspace or 0)),
+                                        int(workspace_bytes), c_void_p(int(stream or 0)), int(flags),
+                                        byref(info) if want_info else None))
             return info_dict(info) if want_info else None
         finally:
             _release(*exported)
 
-    def gemm(self, a, b, d, bias, stream, flags, want_info):
-        return self._op(lib.kdispatch_gemm, [(a, "a", False, False), (b, "b", False, False), (d, "d", False, True),
-                                             (bias, "bias", True, False)], (), stream, flags, want_info)
-
-    def rmsnorm(self, y, x, w, eps, stream, flags, want_info):
-        return self._op(lib.kdispatch_rmsnorm, [(y, "y", False, True), (x, "x", False, False),
-                                                (w, "w", False, False)], (float(eps),), stream, flags, want_info)
-
-    def fused_add_rmsnorm(self, x, residual, w, eps, stream, flags, want_info):
-        return self._op(lib.kdispatch_fused_add_rmsnorm,
-                        [(x, "x", False, True), (residual, "residual", False, True), (w, "w", False, False)],
-                        (float(eps),), stream, flags, want_info)
-
-    def _pretune(self, fn, tensors, tail):
+    def pretune_op(self, name, tensors, arg_meta, scalars):
         rt = self.rt
         exported = []
         try:
-            for obj, name, optional in tensors:
-                exported.append(Exported(obj, name, optional))
+            for obj, (arg, optional, _written) in zip(tensors, arg_meta):
+                exported.append(Exported(obj, arg, optional))
+            n = len(exported)
+            ptrs = (_T * max(1, n))(*[e.ptr for e in exported])
+            sc = (c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
             p = POINTER(c_char)()
-            check(fn(rt, *[e.ptr for e in exported], *tail, byref(p)))
+            check(lib.kdispatch_op_pretune(rt, name.encode(), ptrs, n, sc, len(scalars), byref(p)))
             return take_string(p)
         finally:
             _release(*exported)
-
-    def pretune_gemm(self, a, b, d, bias):
-        return self._pretune(lib.kdispatch_pretune_gemm,
-                             [(a, "a", False), (b, "b", False), (d, "d", False), (bias, "bias", True)], ())
-
-    def pretune_rmsnorm(self, y, x, w, eps):
-        return self._pretune(lib.kdispatch_pretune_rmsnorm, [(y, "y", False), (x, "x", False), (w, "w", False)],
-                             (float(eps),))
-
-    def pretune_fused_add_rmsnorm(self, x, residual, w, eps):
-        return self._pretune(lib.kdispatch_pretune_fused_add_rmsnorm,
-                             [(x, "x", False), (residual, "residual", False), (w, "w", False)], (float(eps),))
 
     def lookup(self, q):
         lq, keep = make_query(q)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """kdispatch.Runtime: the Python face of dispatch::Runtime."""
 
+import inspect
 import json
 import os
 import threading
@@ -145,50 +146,28 @@ class Runtime:
         """Bumped by every reload() through this object (caches key on it)."""
         return self._generation
 
-    # ---- ops
-    def rmsnorm(self, y, x, w, eps=1e-6, *, stream=None, capturing=False, info=False):
-        """y = x / sqrt(mean(x**2, -1) + eps) * w, rows of [tokens, hidden]
-        arrays (any objects with __dlpack__: numpy, torch, cupy; y may be x).
-        Nothing is copied. `stream`: a CUDA/HIP stream (int or an object with
-        .cuda_stream) for GPU arrays. `capturing`: the stream is being captured
-        into a graph. Returns None, or with info=True a dict: {"source":
-        "table"|"default"|"forced", "variant", "M", "source_id", "tuned_now"}."""
-        return self._h.rmsnorm(y, x, w, float(eps), _stream_handle(stream), 1 if capturing else 0, bool(info))
-
-    def fused_add_rmsnorm(self, x, residual, w, eps=1e-6, *, stream=None, capturing=False, info=False):
-        """In place, as vLLM/SGLang: residual += x (rounded to its dtype);
-        x = rmsnorm(residual) * w."""
-        return self._h.fused_add_rmsnorm(x, residual, w, float(eps), _stream_handle(stream),
-                                         1 if capturing else 0, bool(info))
-
-    def gemm(self, a, b, d, bias=None, *, stream=None, capturing=False, info=False):
-        """d[M,N] = a[M,K] @ b[N,K].T (+ bias[N]); b as torch.nn.Linear stores
-        its weight. fp32 accumulate."""
-        return self._h.gemm(a, b, d, bias, _stream_handle(stream), 1 if capturing else 0, bool(info))
+    # ---- ops: one method per op of the library's op list (see _install_ops)
 
     # ---- tuning
-    def pretune(self, op, *tensors, bias=None, eps=1e-6):
+    def pretune(self, op, *tensors, **kwargs):
         """Tunes one problem ahead of traffic (on scratch buffers shaped like
         the arrays; their data are not touched), persists and publishes the
-        winner. op: "gemm" (a, b, d[, bias=]), "rmsnorm" (y, x, w[, eps=]),
-        "fused_add_rmsnorm" (x, residual, w[, eps=]). Returns {"key", "M",
-        "config", "variant", "best_us", "default_us", "candidates",
-        "rejected", "failed", "persisted"}. Errors: failed_precondition when
-        frozen."""
-        if op == "gemm":
-            if len(tensors) != 3:
-                raise TypeError("pretune('gemm', a, b, d, bias=None)")
-            text = self._h.pretune_gemm(*tensors, bias)
-        elif op == "rmsnorm":
-            if len(tensors) != 3:
-                raise TypeError("pretune('rmsnorm', y, x, w, eps=1e-6)")
-            text = self._h.pretune_rmsnorm(*tensors, float(eps))
-        elif op == "fused_add_rmsnorm":
-            if len(tensors) != 3:
-                raise TypeError("pretune('fused_add_rmsnorm', x, residual, w, eps=1e-6)")
-            text = self._h.pretune_fused_add_rmsnorm(*tensors, float(eps))
-        else:
-            raise Error(StatusCode.invalid_argument, f"unknown op '{op}' (gemm, rmsnorm, fused_add_rmsnorm)")
+        winner. `op` is an op name ("gemm", "rmsnorm", ...), then its arrays
+        as the op method takes them (optional ones and scalars by keyword:
+        pretune("gemm", a, b, d, bias=bias), pretune("rmsnorm", y, x, w,
+        eps=1e-6)). Returns {"key", "M", "config", "variant", "best_us",
+        "default_us", "candidates", "rejected", "failed", "persisted"}.
+        Errors: failed_precondition when frozen."""
+        o = _OPS_BY_NAME.get(op)
+        if o is None:
+            raise Error(StatusCode.invalid_argument, f"unknown op '{op}' ({', '.join(_OPS_BY_NAME)})")
+        try:
+            b = o["pretune_signature"].bind(*tensors, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"pretune('{op}', {o['pretune_text']}): {e}") from None
+        b.apply_defaults()
+        text = self._h.pretune_op(op, [b.arguments[a["name"]] for a in o["args"]], o["meta"],
+                                  [float(b.arguments[x["name"]]) for x in o["scalars"]])
         return json.loads(text)
 
     def tune_stats(self):
@@ -281,6 +260,88 @@ class Runtime:
 
 _default = None
 _default_lock = threading.Lock()
+
+
+
+# ---- the op methods, generated from the library's op list -------------------
+
+def _parameters(o, keyword_tail):
+    """inspect.Parameters of an op: its arrays in argument order (trailing
+    optional ones default to None), its scalars with their defaults, then
+    (keyword_tail) stream, capturing and info."""
+    P = inspect.Parameter
+    params, required_seen = [], False
+    trailing = len(o["args"])
+    while trailing > 0 and o["args"][trailing - 1]["optional"]:
+        trailing -= 1
+    for i, a in enumerate(o["args"]):
+        params.append(P(a["name"], P.POSITIONAL_OR_KEYWORD, default=None if i >= trailing else P.empty))
+    for x in o["scalars"]:
+        params.append(P(x["name"], P.POSITIONAL_OR_KEYWORD, default=x["default"]))
+    if keyword_tail:
+        params += [P("stream", P.KEYWORD_ONLY, default=None), P("capturing", P.KEYWORD_ONLY, default=False),
+                   P("info", P.KEYWORD_ONLY, default=False)]
+    return params
+
+
+def _doc(o):
+    def role(a):
+        return "in place" if a["read"] and a["written"] else ("written" if a["written"] else "read")
+    lines = [o.get("doc", ""), "", "Arguments (any objects with __dlpack__: numpy, torch, cupy; nothing is copied):"]
+    for a in o["args"]:
+        dims = ", ".join(d for d in (_dim_text(a["rows"]), _dim_text(a["cols"])) if d)
+        lines.append(f"  {a['name']}: [{dims}], {role(a)}{', optional' if a['optional'] else ''}")
+    for x in o["scalars"]:
+        lines.append(f"  {x['name']}: float (default {x['default']:g})")
+    lines += ["stream: a CUDA/HIP stream (int or an object with .cuda_stream) for GPU arrays; capturing: the "
+              "stream is being captured into a graph. Returns None, or with info=True a dict: {\"source\": "
+              "\"table\"|\"default\"|\"forced\", \"variant\", \"M\", \"source_id\", \"tuned_now\"}."]
+    return "\n".join(lines)
+
+
+def _dim_text(e):
+    if not e["dim"]:
+        return ""
+    t = e["dim"] if e["mul"] == 1 else f"{e['mul']}*{e['dim']}"
+    return t if e["div"] == 1 else f"ceil({t}/{e['div']})"
+
+
+def _make_method(o):
+    sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
+                            _parameters(o, True))
+    name = o["name"]
+
+    def method(self, *args, **kwargs):
+        b = sig.bind(self, *args, **kwargs)
+        b.apply_defaults()
+        a = b.arguments
+        return self._h.op(name, [a[x["name"]] for x in o["args"]], o["meta"],
+                          [float(a[x["name"]]) for x in o["scalars"]], _stream_handle(a["stream"]),
+                          1 if a["capturing"] else 0, bool(a["info"]), 0, 0)
+
+    method.__name__ = method.__qualname__ = name
+    method.__signature__ = sig
+    method.__doc__ = _doc(o)
+    return method
+
+
+def _install_ops():
+    for o in json.loads(_backend.impl.op_list_json()):
+        o["meta"] = [(a["name"], a["optional"], a["written"]) for a in o["args"]]
+        o["pretune_signature"] = inspect.Signature(_parameters(o, False))
+        o["pretune_text"] = ", ".join(str(p) for p in o["pretune_signature"].parameters.values())
+        _OPS_BY_NAME[o["name"]] = o
+        setattr(Runtime, o["name"], _make_method(o))
+
+
+_OPS_BY_NAME = {}
+_install_ops()
+
+
+def ops():
+    """The library's ops: {name: {"args": [...], "scalars": [...], ...}} (kdispatch_op_list)."""
+    return {k: {kk: vv for kk, vv in v.items() if kk not in ("meta", "pretune_signature", "pretune_text")}
+            for k, v in _OPS_BY_NAME.items()}
 
 
 def default_runtime():

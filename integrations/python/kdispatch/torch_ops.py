@@ -1,15 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch custom ops over kdispatch (torch >= 2.4, torch.library.custom_op):
+"""PyTorch custom ops over kdispatch (torch >= 2.4, torch.library.custom_op),
+one per op of the library's op list (kdispatch_op_list), for example:
 
     import kdispatch.torch_ops
     y = torch.ops.kdispatch.rmsnorm(x, w, 1e-6)                   # -> new tensor
     torch.ops.kdispatch.fused_add_rmsnorm_(x, residual, w, 1e-6)  # in place, -> None
     d = torch.ops.kdispatch.gemm(a, b, bias)                      # a @ b.T + bias
+    out = torch.ops.kdispatch.silu_and_mul(x)                     # silu(x[..., :d]) * x[..., d:]
 
-- Inputs are [..., hidden] / [..., K] with unit stride on the last dim;
-  leading dims are flattened (views; the in-place op needs viewable x and
-  residual). dtypes as kdispatch computes them (float32, bfloat16; float16
-  where the backend has it); outputs have the input's dtype.
+How an op becomes a torch op (from its row: argument names, roles, shapes):
+- An op with outputs (arguments it only writes) is functional: it takes the
+  arguments it reads and its scalars, allocates its outputs (torch memory,
+  shaped from the inputs by the row's dims; leading dims of the first input
+  kept) and returns them. An op that only modifies arguments in place is
+  `<name>_`, mutates them (declared in its schema) and returns None.
+- Inputs are [..., cols] with unit stride on the last dim; leading dims are
+  flattened (views; in-place arguments must be viewable). dtypes as
+  kdispatch computes them (float32, bfloat16; float16 where the backend has
+  it).
 - Fake (meta) implementations are registered (torch.library.register_fake),
   so torch.compile traces through the ops (fullgraph works).
 - GPU tensors run on torch's current stream
@@ -27,8 +35,9 @@ nothing compiled for the running Python.
 """
 
 import ctypes
+import json
 import threading
-from typing import Optional
+from typing import Optional  # noqa: F401  (the generated signatures use it)
 
 import torch
 
@@ -87,18 +96,19 @@ def _dl(t, keep):
     d.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
     d.byte_offset = 0
     keep += [shape, strides, d]
-    return ctypes.byref(d)
+    return ctypes.pointer(d)
 
 
 # GEMM workspace per (device, stream): torch memory, allocated on a stream's
-# first gemm outside a graph capture and kept (kdispatch itself never
-# allocates in a call). 32 MiB, the size kdispatch's tuner measures with.
+# first call of an op that takes one, outside a graph capture, and kept
+# (kdispatch itself never allocates in a call). 32 MiB, the size kdispatch's
+# tuner measures with.
 _WORKSPACE_BYTES = 32 << 20
 _WORKSPACES = {}
 
 
 def _workspace(device, stream, capturing):
-    """The stream's workspace, allocated on its first gemm outside a graph
+    """The stream's workspace, allocated on its first use outside a graph
     capture. A stream first seen while it is being captured gets none (its
     split-K plans fall back to the default plan inside the call): memory
     taken from a graph's private pool and kept here could be handed to
@@ -112,26 +122,29 @@ def _workspace(device, stream, capturing):
     return ws
 
 
-def _launch(fn, tensors, tail, workspace=False, info=None):
-    """Calls a C ABI op on `tensors` (None = absent) on torch's current
-    stream, with the capture flag when that stream is being captured.
-    workspace=True (gemm): kdispatch_gemm_ws with the stream's workspace.
-    info: a _capi.DispatchInfo to fill (what served the call)."""
+def _launch(op, tensors, scalars, info=None):
+    """Calls kdispatch op `op` (a row of the op list) on `tensors` (argument
+    order, None = absent) on torch's current stream, with the capture flag
+    when that stream is being captured, and the stream's workspace when the
+    op takes one. info: a _capi.DispatchInfo to fill (what served the call)."""
     rt = get_runtime()
-    first = tensors[0]
+    first = next(t for t in tensors if t is not None)
     stream, flags = None, 0
     if first.device.type == "cuda":
         stream = torch.cuda.current_stream(first.device).cuda_stream
         if torch.cuda.is_current_stream_capturing():
             flags |= _capi.CALL_CAPTURING
     keep = []
-    args = [_dl(t, keep) if t is not None else None for t in tensors]
-    if workspace:
-        ws = _workspace(first.device, stream, bool(flags & _capi.CALL_CAPTURING)) if first.device.type == "cuda" else None
-        tail = (*tail, ctypes.c_void_p(ws.data_ptr() if ws is not None else 0),
-                ctypes.c_int64(ws.numel() if ws is not None else 0))
-    _capi.check(fn(ctypes.c_void_p(rt.handle), *args, *tail, ctypes.c_void_p(stream or 0), flags,
-                   ctypes.byref(info) if info is not None else None))
+    ptrs = (ctypes.POINTER(_capi.DLTensor) * max(1, len(tensors)))(
+        *[_dl(t, keep) if t is not None else None for t in tensors])
+    sc = (ctypes.c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
+    ws = None
+    if op["workspace"] and first.device.type == "cuda":
+        ws = _workspace(first.device, stream, bool(flags & _capi.CALL_CAPTURING))
+    _capi.check(_capi.lib.kdispatch_op_call(
+        ctypes.c_void_p(rt.handle), op["name"].encode(), ptrs, len(tensors), sc, len(scalars),
+        ctypes.c_void_p(ws.data_ptr() if ws is not None else 0), ctypes.c_int64(ws.numel() if ws is not None else 0),
+        ctypes.c_void_p(stream or 0), flags, ctypes.byref(info) if info is not None else None))
 
 
 def _rows(t, name, view):
@@ -142,69 +155,142 @@ def _rows(t, name, view):
     return t.view(-1, t.shape[-1]) if view else t.reshape(-1, t.shape[-1])
 
 
-@torch.library.custom_op("kdispatch::rmsnorm", mutates_args=())
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x / sqrt(mean(x**2, -1) + eps) * w, a new tensor shaped like x."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
-        return y
-    _launch(_capi.lib.kdispatch_rmsnorm, [_rows(y, "y", True), _rows(x, "x", False), w], (float(eps),))
-    return y
+def _extent(e, dims):
+    v = dims[e["dim"]] * e["mul"]
+    return v if e["div"] == 1 else -(-v // e["div"])
 
 
-@torch.library.register_fake("kdispatch::rmsnorm")
-def _rmsnorm_fake(x, w, eps):
-    return x.new_empty(x.shape)
+def _bind(op, given):
+    """The op's dims from the tensors it reads ({"M": .., "K": ..}), by its
+    row: a plain extent binds its dim, a multiple (2*d) binds dim = extent /
+    mul. `given`: argument name -> tensor (as [rows, cols] or [cols])."""
+    dims = {}
+    for a in op["args"]:
+        t = given.get(a["name"])
+        if t is None:
+            continue
+        exts = ([a["rows"]] if a["rank"] == 2 else []) + [a["cols"]]
+        sizes = (list(t.shape[:1]) if a["rank"] == 2 else []) + [t.shape[-1]]
+        for e, n in zip(exts, sizes):
+            if e["dim"] and e["dim"] not in dims and e["div"] == 1:
+                dims[e["dim"]] = n // e["mul"]
+    return dims
 
 
-@torch.library.custom_op("kdispatch::fused_add_rmsnorm_", mutates_args=("x", "residual"))
-def fused_add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float) -> None:
-    """In place: residual += x; x = rmsnorm(residual) * w."""
-    if x.numel() == 0:
-        return
-    _launch(_capi.lib.kdispatch_fused_add_rmsnorm, [_rows(x, "x", True), _rows(residual, "residual", True), w],
-            (float(eps),))
+def _outputs(op, inputs, alloc):
+    """Allocates (alloc = torch.empty or new_empty) the op's pure outputs,
+    shaped [..., cols] with the leading dims of its first 2-D input."""
+    given = {a["name"]: inputs[a["name"]].reshape(-1, inputs[a["name"]].shape[-1])
+             if a["rank"] == 2 and inputs.get(a["name"]) is not None else inputs.get(a["name"])
+             for a in op["args"] if a["name"] in inputs}
+    dims = _bind(op, given)
+    first = next(inputs[a["name"]] for a in op["args"] if a["name"] in inputs and a["rank"] == 2)
+    outs = {}
+    for a in op["args"]:
+        if a["written"] and not a["read"]:
+            cols = _extent(a["cols"], dims)
+            lead = tuple(first.shape[:-1]) if a["rank"] == 2 else ()
+            outs[a["name"]] = alloc((*lead, cols), first)
+    return outs
 
 
-@torch.library.register_fake("kdispatch::fused_add_rmsnorm_")
-def _fused_add_rmsnorm_fake(x, residual, w, eps):
-    return None
+# An op's answer on an empty reduction that kdispatch refuses (gemm with
+# K = 0: torch's F.linear gives bias or zeros).
+def _gemm_k0(inputs, outs):
+    d = outs["d"].zero_()
+    if inputs.get("bias") is not None:
+        d += inputs["bias"]
 
 
-@torch.library.custom_op("kdispatch::gemm", mutates_args=())
-def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """a[..., K] @ b[N, K].T (+ bias[N]) -> [..., N], a's dtype; b as
-    torch.nn.Linear stores its weight."""
-    d = torch.empty((*a.shape[:-1], b.shape[0]), dtype=a.dtype, device=a.device)
-    if d.numel() == 0:
-        return d
-    if a.shape[-1] == 0:  # K = 0: nothing to accumulate
-        d.zero_()
-        if bias is not None:
-            d += bias
-        return d
-    _launch(_capi.lib.kdispatch_gemm_ws, [_rows(a, "a", False), b, _rows(d, "d", True), bias], (), workspace=True)
-    return d
+_EMPTY_REDUCTION = {"gemm": ("K", _gemm_k0)}
+
+
+def _call(op, inputs, info=None):
+    """Runs `op` on `inputs` (argument name -> tensor or None, plus the
+    scalars by name); returns its outputs {name: tensor}."""
+    outs = _outputs(op, inputs, lambda shape, like: torch.empty(shape, dtype=like.dtype, device=like.device))
+    tensors, any_empty = [], False
+    for a in op["args"]:
+        t = outs[a["name"]] if a["name"] in outs else inputs.get(a["name"])
+        if t is not None and a["rank"] == 2:
+            any_empty = any_empty or t.numel() == 0
+            t = _rows(t, a["name"], view=a["written"])
+        tensors.append(t)
+    if any_empty:
+        reduction = _EMPTY_REDUCTION.get(op["name"])
+        dims = _bind(op, {a["name"]: t for a, t in zip(op["args"], tensors) if t is not None and not a["written"]})
+        if reduction and dims.get(reduction[0]) == 0 and all(t.numel() for t in outs.values()):
+            reduction[1](inputs, outs)
+        return outs
+    _launch(op, tensors, [inputs[s["name"]] for s in op["scalars"]], info)
+    return outs
+
+
+def _register(op):
+    """torch.ops.kdispatch.<name> (functional) or <name>_ (in place)."""
+    outputs = [a for a in op["args"] if a["written"] and not a["read"]]
+    mutated = [a["name"] for a in op["args"] if a["written"] and a["read"]]
+    params = []
+    trailing = len(op["args"])
+    while trailing > 0 and op["args"][trailing - 1]["optional"]:
+        trailing -= 1
+    for i, a in enumerate(op["args"]):
+        if a in outputs:
+            continue
+        params.append(f"{a['name']}: Optional[torch.Tensor] = None" if i >= trailing else f"{a['name']}: torch.Tensor")
+    params += [f"{s['name']}: float" for s in op["scalars"]]
+    names = [a["name"] for a in op["args"] if a not in outputs] + [s["name"] for s in op["scalars"]]
+    qual = op["name"] if outputs else op["name"] + "_"
+    ret = "None" if not outputs else "torch.Tensor" if len(outputs) == 1 else \
+        "tuple[" + ", ".join("torch.Tensor" for _ in outputs) + "]"
+    pick = "None" if not outputs else f"outs['{outputs[0]['name']}']" if len(outputs) == 1 else \
+        "(" + ", ".join(f"outs['{o['name']}']" for o in outputs) + ")"
+    src = (f"def {qual}({', '.join(params)}) -> {ret}:\n"
+           f"    outs = _call(_OP, {{{', '.join(repr(n) + ': ' + n for n in names)}}})\n"
+           f"    return {pick}\n"
+           f"def fake({', '.join(params)}):\n"
+           f"    outs = _outputs(_OP, {{{', '.join(repr(n) + ': ' + n for n in names)}}}, "
+           f"lambda shape, like: like.new_empty(shape))\n"
+           f"    return {pick}\n")
+    scope = {"torch": torch, "Optional": Optional, "_call": _call, "_outputs": _outputs, "_OP": op}
+    exec(compile(src, f"<kdispatch.torch_ops:{qual}>", "exec"), scope)
+    fn = scope[qual]
+    fn.__doc__ = op.get("doc", "")
+    registered = torch.library.custom_op(f"kdispatch::{qual}", mutates_args=tuple(mutated))(fn)
+    torch.library.register_fake(f"kdispatch::{qual}")(scope["fake"])
+    return qual, registered
+
+
+_OPS = {o["name"]: o for o in json.loads(_capi.op_list_json())}
+__all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info"]
+for _o in _OPS.values():
+    _qual, _fn = _register(_o)
+    globals()[_qual] = _fn
+    __all__.append(_qual)
+
+
+def call_info(name, *tensors, **scalars):
+    """Runs op `name` exactly as its torch op does (same stream, same
+    workspace) and returns (outputs, info): outputs as the op returns them,
+    info what served the call ({"source", "variant", "M", ...}). For
+    benchmarks and debugging; not a registered op."""
+    op = _OPS[name]
+    readable = [a for a in op["args"] if a["read"] or not a["written"]]
+    inputs = {a["name"]: t for a, t in zip(readable, tensors)}
+    for a in readable[len(tensors):]:
+        inputs.setdefault(a["name"], None)
+    for s in op["scalars"]:
+        inputs[s["name"]] = scalars.get(s["name"], s["default"])
+    i = _capi.DispatchInfo()
+    i.struct_size = ctypes.sizeof(_capi.DispatchInfo)
+    outs = _call(op, inputs, info=i)
+    result = tuple(outs.values())
+    served = _capi.info_dict(i) if i.variant else {"source": None, "variant": "", "M": None, "source_id": 0,
+                                                   "tuned_now": False}
+    return (result[0] if len(result) == 1 else result if result else None), served
 
 
 def gemm_info(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None):
-    """Runs gemm exactly as torch.ops.kdispatch.gemm does (same stream, same
-    workspace) and returns (d, info): info is what served the call, as
-    kdispatch.Runtime ops report it ({"source", "variant", "M", ...}). For
-    benchmarks and debugging; not a registered op."""
-    if a.shape[-1] == 0 or b.shape[0] == 0 or a.numel() == 0:
-        return gemm(a, b, bias), {"source": None, "variant": "", "M": None, "source_id": 0, "tuned_now": False}
-    d = torch.empty((*a.shape[:-1], b.shape[0]), dtype=a.dtype, device=a.device)
-    i = _capi.DispatchInfo()
-    i.struct_size = ctypes.sizeof(_capi.DispatchInfo)
-    _launch(_capi.lib.kdispatch_gemm_ws, [_rows(a, "a", False), b, _rows(d, "d", True), bias], (), workspace=True,
-            info=i)
-    return d, _capi.info_dict(i)
+    """call_info("gemm", a, b, bias): (d, info)."""
+    return call_info("gemm", a, b, bias)
 
-
-@torch.library.register_fake("kdispatch::gemm")
-def _gemm_fake(a, b, bias=None):
-    return a.new_empty((*a.shape[:-1], b.shape[0]))
-
-
-__all__ = ["rmsnorm", "fused_add_rmsnorm_", "gemm", "gemm_info", "set_runtime", "get_runtime"]

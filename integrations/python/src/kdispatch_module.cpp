@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -377,113 +378,60 @@ class Handle {
     return py::make_tuple(ps, ds);
   }
 
-  py::object gemm(py::handle a, py::handle b, py::handle d, py::handle bias, py::handle stream, uint32_t flags,
-                  bool want_info) {
+  // Any op of kdispatch_op_list: `tensors` in argument order (None for an
+  // absent optional one), `args` the op's rows of the list (name, optional,
+  // written: the Python layer passes them from the parsed list), `scalars`
+  // in order. Returns None, or the info dict.
+  py::object op(const std::string& name, py::sequence tensors, py::sequence arg_meta, std::vector<float> scalars,
+                py::handle stream, uint32_t flags, bool want_info, intptr_t workspace, int64_t workspace_bytes) {
     kdispatch_runtime* r = rt();
     const auto st = stream_of(stream);
-    Exported ea, eb, ed, ebias;
-    ea.take_from(a, "a", false, false, st);
-    eb.take_from(b, "b", false, false, st);
-    ed.take_from(d, "d", false, true, st);
-    ebias.take_from(bias, "bias", true, false, st);
-    kdispatch_dispatch_info info{};
-    info.struct_size = sizeof info;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_gemm(r, ea.get(), eb.get(), ed.get(), ebias.get(), reinterpret_cast<void*>(st.value_or(0)),
-                         flags, want_info ? &info : nullptr);
+    const size_t n = py::len(tensors);
+    std::vector<std::unique_ptr<Exported>> ex(n);
+    std::vector<const DLTensor*> ptrs(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      py::tuple m = arg_meta[i];  // (name, optional, written)
+      ex[i] = std::make_unique<Exported>();
+      ex[i]->take_from(tensors[i], m[0].cast<std::string>().c_str(), m[1].cast<bool>(), m[2].cast<bool>(), st);
+      ptrs[i] = ex[i]->get();
     }
-    check(s);
-    return want_info ? info_dict(info) : py::none();
-  }
-
-  py::object rmsnorm(py::handle y, py::handle x, py::handle w, float eps, py::handle stream, uint32_t flags,
-                     bool want_info) {
-    kdispatch_runtime* r = rt();
-    const auto st = stream_of(stream);
-    Exported ey, ex, ew;
-    ey.take_from(y, "y", false, true, st);
-    ex.take_from(x, "x", false, false, st);
-    ew.take_from(w, "w", false, false, st);
     kdispatch_dispatch_info info{};
     info.struct_size = sizeof info;
     kdispatch_status s;
     {
       py::gil_scoped_release nogil;
-      s = kdispatch_rmsnorm(r, ey.get(), ex.get(), ew.get(), eps, reinterpret_cast<void*>(st.value_or(0)), flags,
+      s = kdispatch_op_call(r, name.c_str(), ptrs.data(), static_cast<int32_t>(n), scalars.data(),
+                            static_cast<int32_t>(scalars.size()), reinterpret_cast<void*>(workspace),
+                            workspace_bytes, reinterpret_cast<void*>(st.value_or(0)), flags,
                             want_info ? &info : nullptr);
     }
     check(s);
     return want_info ? info_dict(info) : py::none();
   }
 
-  py::object fused_add_rmsnorm(py::handle x, py::handle residual, py::handle w, float eps, py::handle stream,
-                               uint32_t flags, bool want_info) {
+  std::string pretune_op(const std::string& name, py::sequence tensors, py::sequence arg_meta,
+                         std::vector<float> scalars) {
     kdispatch_runtime* r = rt();
-    const auto st = stream_of(stream);
-    Exported ex, er, ew;
-    ex.take_from(x, "x", false, true, st);
-    er.take_from(residual, "residual", false, true, st);
-    ew.take_from(w, "w", false, false, st);
-    kdispatch_dispatch_info info{};
-    info.struct_size = sizeof info;
+    const size_t n = py::len(tensors);
+    std::vector<std::unique_ptr<Exported>> ex(n);
+    std::vector<const DLTensor*> ptrs(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      py::tuple m = arg_meta[i];
+      ex[i] = std::make_unique<Exported>();
+      ex[i]->take_from(tensors[i], m[0].cast<std::string>().c_str(), m[1].cast<bool>(), false, std::nullopt);
+      ptrs[i] = ex[i]->get();
+    }
+    char* j = nullptr;
     kdispatch_status s;
     {
       py::gil_scoped_release nogil;
-      s = kdispatch_fused_add_rmsnorm(r, ex.get(), er.get(), ew.get(), eps, reinterpret_cast<void*>(st.value_or(0)),
-                                      flags, want_info ? &info : nullptr);
+      s = kdispatch_op_pretune(r, name.c_str(), ptrs.data(), static_cast<int32_t>(n), scalars.data(),
+                               static_cast<int32_t>(scalars.size()), &j);
     }
     check(s);
-    return want_info ? info_dict(info) : py::none();
+    return take(j);
   }
 
-  std::string pretune_gemm(py::handle a, py::handle b, py::handle d, py::handle bias) {
-    kdispatch_runtime* r = rt();
-    Exported ea, eb, ed, ebias;
-    ea.take_from(a, "a", false, false, std::nullopt);
-    eb.take_from(b, "b", false, false, std::nullopt);
-    ed.take_from(d, "d", false, false, std::nullopt);
-    ebias.take_from(bias, "bias", true, false, std::nullopt);
-    char* j = nullptr;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_pretune_gemm(r, ea.get(), eb.get(), ed.get(), ebias.get(), &j);
-    }
-    check(s);
-    return take(j);
-  }
-  std::string pretune_rmsnorm(py::handle y, py::handle x, py::handle w, float eps) {
-    kdispatch_runtime* r = rt();
-    Exported ey, ex, ew;
-    ey.take_from(y, "y", false, false, std::nullopt);
-    ex.take_from(x, "x", false, false, std::nullopt);
-    ew.take_from(w, "w", false, false, std::nullopt);
-    char* j = nullptr;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_pretune_rmsnorm(r, ey.get(), ex.get(), ew.get(), eps, &j);
-    }
-    check(s);
-    return take(j);
-  }
-  std::string pretune_fused_add_rmsnorm(py::handle x, py::handle residual, py::handle w, float eps) {
-    kdispatch_runtime* r = rt();
-    Exported ex, er, ew;
-    ex.take_from(x, "x", false, false, std::nullopt);
-    er.take_from(residual, "residual", false, false, std::nullopt);
-    ew.take_from(w, "w", false, false, std::nullopt);
-    char* j = nullptr;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_pretune_fused_add_rmsnorm(r, ex.get(), er.get(), ew.get(), eps, &j);
-    }
-    check(s);
-    return take(j);
-  }
 
   std::string lookup(const py::dict& q) const {
     Query query(q);
@@ -516,6 +464,11 @@ PYBIND11_MODULE(_kdispatch, m) {
   m.def("abi_version", &kdispatch_abi_version);
   m.attr("HEADER_ABI_VERSION") = KDISPATCH_ABI_VERSION;
   m.def("version", []() { return std::string(kdispatch_version()); });
+  m.def("op_list_json", []() {
+    char* j = nullptr;
+    check(kdispatch_op_list(&j));
+    return take(j);
+  });
   m.def("status_name", [](int32_t c) { return std::string(kdispatch_status_name(c)); });
   m.def("library_path", &library_path, "Path of the libkdispatch this module uses");
   py::class_<Handle>(m, "Handle")
@@ -535,12 +488,8 @@ PYBIND11_MODULE(_kdispatch, m) {
       .def("wait_tuner_idle", &Handle::wait_tuner_idle)
       .def("export_misses", &Handle::export_misses)
       .def("source_path", &Handle::source_path)
-      .def("gemm", &Handle::gemm)
-      .def("rmsnorm", &Handle::rmsnorm)
-      .def("fused_add_rmsnorm", &Handle::fused_add_rmsnorm)
-      .def("pretune_gemm", &Handle::pretune_gemm)
-      .def("pretune_rmsnorm", &Handle::pretune_rmsnorm)
-      .def("pretune_fused_add_rmsnorm", &Handle::pretune_fused_add_rmsnorm)
+      .def("op", &Handle::op)
+      .def("pretune_op", &Handle::pretune_op)
       .def("lookup", &Handle::lookup)
       .def("lookup_table", &Handle::lookup_table);
 }
