@@ -169,12 +169,25 @@ struct OpScalarInfo {
   std::string_view name;     ///< "eps"
   float default_value = 0.f;
 };
+/// A static key field of an op (the fields of its config file names).
+struct OpKeyFieldInfo {
+  std::string_view name;      ///< "N", "K", "hidden", "dtype", "bias", "out_dtype", "stride", ...
+  /// "dim" (a positive integer, required), "dtype" (required), "out_dtype"
+  /// (left out when it equals dtype), "flag" (true/false, left out when
+  /// false), "stride" (operand stride classes, left out for the default layout).
+  std::string_view kind;
+  std::string_view csv_name;  ///< its column in a shape CSV (aiter's "outdtype"): name when empty
+};
 struct OpInfo {
   std::string_view name;     ///< "gemm", "rmsnorm", ...
   std::string_view doc;      ///< one line: what it computes
   std::span<const OpArgInfo> args;
   std::span<const OpScalarInfo> scalars;
   bool uses_workspace = false;  ///< takes CallOptions::workspace (GPU split-K)
+  /// Key fields in key order (byte order of names); the batch dim (M,
+  /// tokens) is not one of them: its name is m_name.
+  std::span<const OpKeyFieldInfo> key_fields;
+  std::string_view m_name;  ///< "M", "tokens"
 };
 /// Every op of this build, in a fixed order. Thread-safe; static storage.
 KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
@@ -187,6 +200,21 @@ KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
 KDISPATCH_API Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
                              std::span<const float> scalars, Stream stream = {},
                              const CallOptions& opts = {}) noexcept;
+
+/// A problem given by its key: an op, the file name's fields other than
+/// device_name ("N=4096,K=4096,dtype=bf16", "hidden=4096,dtype=bf16",
+/// fields in any order) and M.
+struct KeyProblem {
+  /// The fields, canonical, in file-name order (SGLang's: the dims first):
+  /// "N=4096,K=4096,dtype=bf16"; the key a lookup takes.
+  std::string key_fields;
+  double flops = 0.0;  ///< arithmetic of one call at M (a multiply-add counts 2)
+  int64_t bytes = 0;   ///< bytes one call reads and writes at M (contiguous operands)
+};
+/// Parses and checks a key of op `op` at batch size m (>= 1). Thread-safe.
+/// Errors: invalid_argument (unknown op or field, a missing or bad value,
+/// naming it).
+KDISPATCH_API Result<KeyProblem> describe_key(std::string_view op, std::string_view key_fields, int64_t m) noexcept;
 
 /// A config query: which tuned config serves this kernel at this M?
 /// Serves kdispatch's own ops and kernels the engine owns (its Triton
@@ -279,6 +307,12 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) n
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const SiluAndMulArgs& args) noexcept;
+/// pretune() of the problem a key describes (see describe_key) at batch
+/// size m on `device`: scratch operands with contiguous rows (or the
+/// layout of the key's stride field), default scalars (eps). What
+/// `kdispatch tune` runs for each row of a shape list.
+KDISPATCH_API Result<PretuneResult> pretune_key(Runtime& rt, std::string_view op, std::string_view key_fields,
+                                                int64_t m, Device device = {}) noexcept;
 /// pretune() of any op by name, its tensors and scalars as call_op takes them.
 KDISPATCH_API Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
                                                std::span<const float> scalars) noexcept;

@@ -29,6 +29,7 @@
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
 #include "ops/specs.hpp"
+#include "store/filename.hpp"
 #include "core/op_spec.hpp"
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
@@ -425,9 +426,21 @@ std::string_view dim_symbol(const core::OpSpec& s, core::Dim d) noexcept {
   return d == core::Dim::none ? std::string_view() : s.dim_names[static_cast<int>(d)];
 }
 
+std::string_view field_kind_name(core::FieldKind k) noexcept {
+  switch (k) {
+    case core::FieldKind::dim: return "dim";
+    case core::FieldKind::in_dtype: return "dtype";
+    case core::FieldKind::out_dtype: return "out_dtype";
+    case core::FieldKind::flag: return "flag";
+    case core::FieldKind::stride: return "stride";
+  }
+  return "?";
+}
+
 struct OpListStorage {
   std::vector<std::vector<OpArgInfo>> args;
   std::vector<std::vector<OpScalarInfo>> scalars;
+  std::vector<std::vector<OpKeyFieldInfo>> fields;
   std::vector<OpInfo> ops;
   OpListStorage() {
     for (const core::OpSpec* s : core::all_specs()) {
@@ -452,12 +465,17 @@ struct OpListStorage {
       }
       std::vector<OpScalarInfo> sc;
       for (const core::ScalarSlot& x : s->scalars) sc.push_back({x.name, x.default_value});
+      std::vector<OpKeyFieldInfo> f;
+      for (const core::KeyField& k : s->fields)
+        f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name});
       args.push_back(std::move(a));
       scalars.push_back(std::move(sc));
+      fields.push_back(std::move(f));
     }
     size_t i = 0;
     for (const core::OpSpec* s : core::all_specs()) {
-      ops.push_back(OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace});
+      ops.push_back(OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace, fields[i],
+                           s->dim_names[static_cast<int>(core::Dim::m)]});
       ++i;
     }
   }
@@ -478,6 +496,56 @@ const core::OpSpec* spec_named(std::string_view op) noexcept { return core::find
 std::span<const OpInfo> op_list() noexcept {
   static const OpListStorage storage;
   return storage.ops;
+}
+
+namespace {
+
+// The Problem of an own op's key fields at batch size m (m >= 1).
+Result<core::Problem> key_problem(std::string_view op, std::string_view key_fields, int64_t m) {
+  const core::OpSpec* s = spec_named(op);
+  if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
+  if (m < 1) return make_status(StatusCode::invalid_argument, "M must be >= 1, got " + std::to_string(m));
+  auto fields = store::parse_key_fields(key_fields);
+  if (!fields.ok()) return fields.status();
+  auto p = store::own_problem_from_fields(s->op, *fields);
+  if (!p.ok()) return p.status();
+  p->m = m;
+  return p;
+}
+
+}  // namespace
+
+Result<KeyProblem> describe_key(std::string_view op, std::string_view key_fields, int64_t m) noexcept {
+  try {
+    auto p = key_problem(op, key_fields, m);
+    if (!p.ok()) return p.status();
+    const core::OpSpec& s = core::spec_of(p->op);
+    KeyProblem out;
+    table::KeyBuffer kb;
+    table::append_own_fields(*p, &kb);
+    out.key_fields = store::file_order_fields(p->op, kb.view(), "");  // file-name order, no device name
+    out.flops = s.flops ? s.flops(*p) : 0.0;
+    for (int i = 0; i < s.slot_count(); ++i) {
+      const core::SlotExtent e = core::slot_extent(s, i, *p);
+      if (e.present) out.bytes += e.rows * e.cols * static_cast<int64_t>(dtype_size(e.dtype));
+    }
+    return out;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "describe_key");
+  }
+}
+
+Result<PretuneResult> pretune_key(Runtime& rt, std::string_view op, std::string_view key_fields, int64_t m,
+                                  Device device) noexcept {
+  try {
+    auto p = key_problem(op, key_fields, m);
+    if (!p.ok()) return p.status();
+    p->device = device;
+    core::LaunchArgs la;  // contiguous rows: the scratch layout's default
+    return pretune_problem(rt, *p, la);
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "pretune_key");
+  }
 }
 
 #define KD_ARG_FROM_SPAN(x) args.x = tensors[i++];

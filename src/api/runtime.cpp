@@ -9,6 +9,7 @@
 #include "core/json_write.hpp"
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "core/op_spec.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"
 #include "store/private_fs.hpp"
@@ -457,21 +458,50 @@ const char* tune_mode_name(TuneMode m) noexcept {
 Status Runtime::export_misses(const std::string& path) const noexcept {
   try {
     if (!impl_->tuner) return Status();
+    // Columns: op, backend, device_name, dtype, out_dtype, M, then every dim
+    // field of the op list (each op's in file-name order, first mention
+    // first: N,K,hidden,...), the flag fields (bias: true/false on every
+    // row), stride, count, key.
+    std::vector<std::pair<std::string_view, core::Dim>> dim_cols;  // name, and the Problem dim of each op
+    std::vector<std::string_view> flag_cols;
+    for (const core::OpSpec* s : core::all_specs()) {
+      std::vector<const core::KeyField*> fs;
+      for (const core::KeyField& f : s->fields) fs.push_back(&f);
+      std::stable_sort(fs.begin(), fs.end(), [](const core::KeyField* a, const core::KeyField* b) {
+        return (a->file_pos < 0 ? 99 : a->file_pos) < (b->file_pos < 0 ? 99 : b->file_pos);
+      });
+      for (const core::KeyField* f : fs) {
+        if (f->kind == core::FieldKind::dim &&
+            std::none_of(dim_cols.begin(), dim_cols.end(), [&](const auto& c) { return c.first == f->name; }))
+          dim_cols.emplace_back(f->name, f->dim);
+        if (f->kind == core::FieldKind::flag && std::find(flag_cols.begin(), flag_cols.end(), f->name) == flag_cols.end())
+          flag_cols.push_back(f->name);
+      }
+    }
     // RFC 4180: the key holds commas, so it is quoted (it holds no quotes).
-    std::string csv = "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key\n";
+    std::string csv = "op,backend,device_name,dtype,out_dtype,M";
+    for (const auto& c : dim_cols) csv += "," + std::string(c.first);
+    for (std::string_view f : flag_cols) csv += "," + std::string(f);
+    csv += ",stride,count,key\n";
     for (const auto& [ev, count] : impl_->tuner->misses()) {
       const core::Problem& p = ev.problem;
+      const core::OpSpec& spec = core::spec_of(p.op);
       const DeviceInfo* dev = impl_->device_for(p.device);
       if (!dev) continue;
       table::KeyBuffer stride;
       table::append_stride_field(p, &stride);
-      const bool g = p.op == core::OpKind::gemm;
       csv += std::string(core::op_name(p.op)) + "," + std::string(device_type_name(p.device.type)) + "," +
              dev->device_name + "," + std::string(dtype_name(p.in_dtype)) + "," +
-             std::string(dtype_name(p.out_dtype)) + "," + std::to_string(p.m) + "," +
-             (g ? std::to_string(p.n) : "") + "," + (g ? std::to_string(p.k) : "") + "," +
-             (g ? "" : std::to_string(p.n)) + "," + (p.has_bias ? "true" : "false") + "," +
-             std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) + "\"\n";
+             std::string(dtype_name(p.out_dtype)) + "," + std::to_string(p.m);
+      for (const auto& c : dim_cols) {
+        const core::KeyField* f = nullptr;
+        for (const core::KeyField& k : spec.fields)
+          if (k.kind == core::FieldKind::dim && k.name == c.first) f = &k;
+        csv += "," + (f ? std::to_string(core::dim_value(p, f->dim)) : std::string());
+      }
+      for (size_t i = 0; i < flag_cols.size(); ++i) csv += p.has_bias ? ",true" : ",false";
+      csv += "," + std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) +
+             "\"\n";
     }
     const std::string tmp = path + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "w");

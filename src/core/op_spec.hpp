@@ -184,6 +184,9 @@ struct OpSpec {
   bool uses_workspace = false;
   /// Validation tolerance per output dtype (indexed by DType).
   Tolerance tolerance[kDTypeCount] = {};
+  /// Arithmetic of one call (a multiply-add counts 2): what `kdispatch tune
+  /// --max-flops` compares.
+  double (*flops)(const Problem& p) = nullptr;
   /// The float64 reference: computes the write and read_write slots of
   /// `a` from the read ones (read_write slots hold their inputs on entry).
   void (*reference)(const Problem& p, const RefArgs& a) = nullptr;

@@ -54,6 +54,7 @@ inline constexpr OpSpec kSpec{
     .positive = {.slot = kFusedArgX, .dims = 1u << int(Dim::n), .text = "hidden must be >= 1, got shape "},
     .dim_names = {"", "tokens", "hidden", "", "", ""},
     .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
+    .flops = [](const Problem& p) { return 4.0 * p.m * p.n; },
     .reference = &reference,
 };
 

@@ -60,6 +60,7 @@ inline constexpr OpSpec kSpec{
     // fp32 outputs differ between variants only by summation order; bf16/fp16
     // by a rounding step or two of the final conversion.
     .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
+    .flops = [](const Problem& p) { return 2.0 * p.m * p.n * p.k; },
     .reference = &reference,
 };
 

@@ -291,6 +291,10 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
 }
 
 std::string own_file_name(core::OpKind op, std::string_view fields, std::string_view device_name) {
+  return file_order_fields(op, fields, device_name) + ".json";
+}
+
+std::string file_order_fields(core::OpKind op, std::string_view fields, std::string_view device_name) {
   // The spec's fields with a file position first (SGLang's N=...,K=...),
   // then device_name, then the rest in key (name) order.
   const core::OpSpec& spec = core::spec_of(op);
@@ -316,8 +320,10 @@ std::string own_file_name(core::OpKind op, std::string_view fields, std::string_
     else tail += "," + part;
   }
   std::stable_sort(front.begin(), front.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [p, part] : front) head += part + ",";
-  return head + "device_name=" + std::string(device_name) + tail + ".json";
+  for (const auto& [p, part] : front) head += (head.empty() ? "" : ",") + part;
+  if (!device_name.empty()) head += (head.empty() ? "" : ",") + std::string("device_name=") + std::string(device_name);
+  if (head.empty() && !tail.empty()) tail.erase(0, 1);
+  return head + tail;
 }
 
 }  // namespace dispatch::store

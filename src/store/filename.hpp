@@ -70,5 +70,7 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
 /// fields with a file position first (SGLang's order), then device_name,
 /// then the rest: "N=..,K=..,device_name=..,dtype=..[,bias=true]...json".
 std::string own_file_name(core::OpKind op, std::string_view fields_sorted, std::string_view device_name);
+/// The same order without ".json"; without device_name when it is "".
+std::string file_order_fields(core::OpKind op, std::string_view fields_sorted, std::string_view device_name);
 
 }  // namespace dispatch::store
