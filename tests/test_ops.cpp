@@ -1,0 +1,419 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests every op enrols by its row of the op list (core/op_list.hpp,
+// src/ops/<op>.hpp), with no test code of its own:
+//   - every CPU variant x every config point against the spec's float64
+//     reference, on padded layouts, outputs poisoned (unwritten elements and
+//     writes past a row are caught);
+//   - key text <-> file name <-> Problem round trip;
+//   - pretune_key, then a call through call_op hits the tuned row;
+//   - the C ABI (kdispatch_op_call) refuses misuse by the spec's roles:
+//     NULL, a missing or extra tensor, a bad dtype, a bad stride, a written
+//     argument overlapping another.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.hpp"
+#include "core/registry.hpp"
+#include "dispatch/c_api.h"
+#include "dispatch/dispatch.hpp"
+#include "ops/specs.hpp"
+#include "store/filename.hpp"
+#include "table/key.hpp"
+#include "test_util.hpp"
+#include "tune/search.hpp"
+
+namespace {
+
+using namespace dispatch;
+using core::ArgSlot;
+using core::Dim;
+using core::OpSpec;
+using core::Plan;
+using core::Problem;
+using core::Role;
+
+bool uses_dim(const OpSpec& s, Dim d) {
+  for (const ArgSlot& a : s.slots)
+    if ((a.rank == 2 && a.rows.dim == d) || a.cols.dim == d) return true;
+  return false;
+}
+
+bool has_optional(const OpSpec& s) {
+  for (const ArgSlot& a : s.slots)
+    if (a.optional) return true;
+  return false;
+}
+
+// A problem of `s` with the given sizes (dims the op does not use stay 0).
+Problem problem_of(const OpSpec& s, DType dt, int64_t m, int64_t n, int64_t k, bool bias) {
+  Problem p;
+  p.op = s.op;
+  p.device = Device{DeviceType::cpu, 0};
+  p.in_dtype = p.out_dtype = dt;
+  p.m = m;
+  p.n = uses_dim(s, Dim::n) ? n : 0;
+  p.k = uses_dim(s, Dim::k) ? k : 0;
+  p.has_bias = bias;
+  return p;
+}
+
+double load(DType t, const std::vector<char>& buf, size_t i) {
+  switch (t) {
+    case DType::fp32: {
+      float f;
+      std::memcpy(&f, buf.data() + i * 4, 4);
+      return f;
+    }
+    case DType::bf16: {
+      uint16_t h;
+      std::memcpy(&h, buf.data() + i * 2, 2);
+      return core::bf16_to_float(h);
+    }
+    default: return 0.0;
+  }
+}
+
+void store(DType t, std::vector<char>& buf, size_t i, float v) {
+  if (t == DType::fp32) {
+    std::memcpy(buf.data() + i * 4, &v, 4);
+  } else {
+    const uint16_t h = core::float_to_bf16(v);
+    std::memcpy(buf.data() + i * 2, &h, 2);
+  }
+}
+
+// One slot's host buffer: rows x cols with row stride ld (padding between rows).
+struct SlotBuf {
+  bool present = false;
+  int64_t rows = 0, cols = 0, ld = 0;
+  DType dtype = DType::fp32;
+  std::vector<char> bytes;
+  std::vector<double> ref;  // the float64 view: inputs as the kernel sees them; outputs from the reference
+};
+
+constexpr uint32_t kPoisonWord = 0x7fc0deadu;  // a quiet NaN (fp32); as bf16 pairs: 0xdead, 0x7fc0
+
+std::vector<SlotBuf> make_buffers(const OpSpec& s, const Problem& p, int pad, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<SlotBuf> out(static_cast<size_t>(s.slot_count()));
+  for (int i = 0; i < s.slot_count(); ++i) {
+    const ArgSlot& a = s.slots[static_cast<size_t>(i)];
+    const core::SlotExtent e = core::slot_extent(s, i, p);
+    SlotBuf& b = out[static_cast<size_t>(i)];
+    b.present = e.present;
+    if (!b.present) continue;
+    b.rows = e.rows;
+    b.cols = e.cols;
+    b.ld = a.rank == 2 ? e.cols + pad : e.cols;
+    b.dtype = e.dtype;
+    const size_t n = static_cast<size_t>(b.rows * b.ld);
+    b.bytes.resize(n * dtype_size(b.dtype));
+    for (size_t w = 0; w + 4 <= b.bytes.size(); w += 4) std::memcpy(b.bytes.data() + w, &kPoisonWord, 4);
+    b.ref.assign(n, std::nan(""));
+    if (a.role == Role::write) continue;  // pure outputs stay poisoned
+    for (int64_t r = 0; r < b.rows; ++r)
+      for (int64_t c = 0; c < b.cols; ++c) {
+        const float x = u(rng);
+        const float v = a.fill == core::Fill::near_one ? 1.f + 0.1f * x : a.fill == core::Fill::wide ? 4.f * x : x;
+        const size_t at = static_cast<size_t>(r * b.ld + c);
+        store(b.dtype, b.bytes, at, v);
+        b.ref[at] = load(b.dtype, b.bytes, at);
+      }
+  }
+  return out;
+}
+
+std::string plan_text(const Plan& p) { return core::plan_to_string(p); }
+
+}  // namespace
+
+TEST_CASE("every op: every CPU variant and config point agrees with its spec's float64 reference") {
+  const DeviceInfo& dev = cpu_device_info();
+  std::mt19937 rng(20261201);
+  int ops_checked = 0;
+  for (const OpSpec* spec : core::all_specs()) {
+    CAPTURE(spec->name);
+    int points = 0;
+    for (DType dt : {DType::fp32, DType::bf16}) {
+      if (!core::reference_variant(spec->op, DeviceType::cpu, dt)) continue;
+      struct Shape {
+        int64_t m, n, k;
+      };
+      for (const Shape sh : {Shape{1, 1, 1}, Shape{3, 7, 5}, Shape{17, 64, 33}, Shape{4, 100, 9}}) {
+        for (bool bias : {false, true}) {
+          if (bias && !has_optional(*spec)) continue;
+          const Problem p = problem_of(*spec, dt, sh.m, sh.n, sh.k, bias);
+          // The reference on the inputs, in float64.
+          std::vector<SlotBuf> inputs = make_buffers(*spec, p, 3, rng);
+          core::RefArgs ra;
+          for (int i = 0; i < spec->slot_count(); ++i) ra.ld[i] = inputs[static_cast<size_t>(i)].ld;
+          for (size_t j = 0; j < spec->scalars.size(); ++j) ra.scalar[j] = spec->scalars[j].default_value;
+          std::vector<SlotBuf> want = inputs;
+          for (int i = 0; i < spec->slot_count(); ++i) {
+            SlotBuf& w = want[static_cast<size_t>(i)];
+            ra.data[i] = w.present ? w.ref.data() : nullptr;
+          }
+          spec->reference(p, ra);
+          for (const core::VariantDef* v : core::variants_for(spec->op, DeviceType::cpu)) {
+            if (v->in_dtype != dt) continue;
+            const std::vector<Plan> plans = core::config_space(*v, p, dev);
+            for (const Plan& plan : plans) {
+              ++points;
+              CAPTURE(plan_text(plan));
+              CAPTURE(sh.m);
+              CAPTURE(sh.n);
+              CAPTURE(sh.k);
+              CAPTURE(bias);
+              std::vector<SlotBuf> run = inputs;
+              core::LaunchArgs la;
+              for (int i = 0; i < spec->slot_count(); ++i) {
+                SlotBuf& b = run[static_cast<size_t>(i)];
+                la.data[i] = b.present ? b.bytes.data() : nullptr;
+                la.ld[i] = spec->slots[static_cast<size_t>(i)].rank == 2 ? b.ld : 0;
+              }
+              for (size_t j = 0; j < spec->scalars.size(); ++j) la.scalar[j] = spec->scalars[j].default_value;
+              REQUIRE(plan.variant->launch(la, p, plan.params).ok());
+              for (int i = 0; i < spec->slot_count(); ++i) {
+                const ArgSlot& a = spec->slots[static_cast<size_t>(i)];
+                const SlotBuf& got = run[static_cast<size_t>(i)];
+                if (!got.present || a.role == Role::read) {
+                  if (got.present) CHECK(got.bytes == inputs[static_cast<size_t>(i)].bytes);  // inputs untouched
+                  continue;
+                }
+                const SlotBuf& w = want[static_cast<size_t>(i)];
+                double scale = 0;
+                for (int64_t r = 0; r < got.rows; ++r)
+                  for (int64_t c = 0; c < got.cols; ++c) scale = std::max(scale, std::fabs(w.ref[static_cast<size_t>(r * got.ld + c)]));
+                const core::Tolerance tol = spec->tolerance[static_cast<size_t>(dt)];
+                int bad = 0;
+                for (int64_t r = 0; r < got.rows; ++r) {
+                  for (int64_t c = 0; c < got.ld; ++c) {
+                    const size_t at = static_cast<size_t>(r * got.ld + c);
+                    if (c >= got.cols) {  // padding: never written
+                      const size_t es = dtype_size(got.dtype);
+                      bad += std::memcmp(got.bytes.data() + at * es, inputs[static_cast<size_t>(i)].bytes.data() + at * es, es) != 0;
+                      continue;
+                    }
+                    const double g = load(got.dtype, got.bytes, at), want_v = w.ref[at];
+                    if (!(std::fabs(g - want_v) <= tol.atol_rel * scale + tol.rtol * std::fabs(want_v))) {
+                      if (bad++ == 0)
+                        FAIL_CHECK(a.name << "[" << r << "," << c << "] = " << g << ", reference " << want_v);
+                    }
+                  }
+                }
+                CHECK(bad == 0);
+              }
+            }
+          }
+        }
+      }
+    }
+    CHECK(points > 0);
+    ops_checked += points > 0;
+  }
+  CHECK(ops_checked == core::kOpCount);
+}
+
+TEST_CASE("every op: key text, file name and Problem round trip") {
+  for (const OpSpec* spec : core::all_specs()) {
+    CAPTURE(spec->name);
+    for (DType out : {DType::bf16, DType::fp32}) {
+      bool has_out = false;
+      for (const core::KeyField& f : spec->fields) has_out = has_out || f.kind == core::FieldKind::out_dtype;
+      if (out == DType::fp32 && !has_out) continue;
+      Problem p = problem_of(*spec, DType::bf16, 0, 896, 4864, has_optional(*spec));
+      p.out_dtype = out;
+      table::KeyBuffer fields;
+      table::append_own_fields(p, &fields);
+      const std::string name = store::own_file_name(spec->op, fields.view(), "NVIDIA_H200");
+      CAPTURE(name);
+      auto key = store::parse_file_name(name);
+      REQUIRE(key.ok());
+      CHECK(key->device_name == "NVIDIA_H200");
+      auto back = store::own_problem_from_fields(spec->op, key->fields);
+      REQUIRE_MESSAGE(back.ok(), back.status().to_string());
+      CHECK(back->n == p.n);
+      CHECK(back->k == p.k);
+      CHECK(back->in_dtype == p.in_dtype);
+      CHECK(back->out_dtype == p.out_dtype);
+      CHECK(back->has_bias == p.has_bias);
+      table::KeyBuffer again;
+      table::append_own_fields(*back, &again);
+      CHECK(again.view() == fields.view());
+      // The file name puts the dims first (SGLang's order), then device_name.
+      int first_pos = -1;
+      for (const core::KeyField& f : spec->fields)
+        if (f.file_pos == 0) first_pos = 0;
+      if (first_pos == 0) CHECK(name.find(",device_name=") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("every op: pretune_key persists a row, and the same call then hits it") {
+  kdtest::TempDir cache;
+  RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.log_level = LogLevel::off;
+  o.tune.cache_dir = cache.str();
+  o.tune.cold_cache = false;
+  o.tune.time_budget_ms = 20;
+  o.tune.reps = 2;
+  auto rt = Runtime::create(o).value();
+  for (const OpSpec* spec : core::all_specs()) {
+    CAPTURE(spec->name);
+    const Problem p = problem_of(*spec, DType::fp32, 3, 16, 24, false);
+    table::KeyBuffer fields;
+    table::append_own_fields(p, &fields);
+    auto d = describe_key(spec->name, fields.view(), 3);
+    REQUIRE_MESSAGE(d.ok(), d.status().to_string());
+    CHECK(d->flops > 0);
+    CHECK(d->bytes > 0);
+    auto r = pretune_key(*rt, spec->name, d->key_fields, 3);
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    CHECK(r->persisted);
+    // The same problem as real tensors through the generic entry point.
+    std::vector<std::vector<float>> bufs;
+    std::vector<TensorRef> tensors;
+    for (int i = 0; i < spec->slot_count(); ++i) {
+      const core::SlotExtent e = core::slot_extent(*spec, i, p);
+      if (!e.present) {
+        tensors.emplace_back();
+        continue;
+      }
+      bufs.emplace_back(static_cast<size_t>(e.rows * e.cols), 0.5f);
+      tensors.push_back(spec->slots[static_cast<size_t>(i)].rank == 2
+                            ? make_tensor_2d(bufs.back().data(), DType::fp32, e.rows, e.cols, e.cols)
+                            : make_tensor_1d(bufs.back().data(), DType::fp32, e.cols));
+    }
+    std::vector<float> scalars;
+    for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(sc.default_value);
+    DispatchInfo info;
+    std::string key;
+    info.key = &key;
+    REQUIRE(call_op(*rt, spec->name, tensors, scalars, {}, {.info = &info}).ok());
+    CHECK(info.source == PlanSource::table);
+    CHECK(info.table_m == 3);
+    CHECK(key == r->key);
+  }
+}
+
+namespace {
+
+// A DLTensor over a host fp32 matrix.
+struct Dl {
+  DLTensor t{};
+  int64_t shape[2] = {0, 0};
+  int64_t strides[2] = {0, 1};
+  Dl(float* data, int64_t rows, int64_t cols, int rank = 2) {
+    t.data = data;
+    t.device = {kDLCPU, 0};
+    t.ndim = rank;
+    t.dtype = {kDLFloat, 32, 1};
+    if (rank == 2) {
+      shape[0] = rows, shape[1] = cols;
+      strides[0] = cols, strides[1] = 1;
+    } else {
+      shape[0] = cols, strides[0] = 1;
+    }
+    t.shape = shape;
+    t.strides = strides;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
+  kdispatch_options opts;
+  kdispatch_options_init(&opts);
+  opts.load_shipped_configs = 0;
+  opts.log_level = KDISPATCH_LOG_OFF;
+  kdispatch_runtime* rt = nullptr;
+  REQUIRE(kdispatch_runtime_create(&opts, &rt) == KDISPATCH_OK);
+  for (const OpSpec* spec : core::all_specs()) {
+    CAPTURE(spec->name);
+    const std::string name(spec->name);
+    const Problem p = problem_of(*spec, DType::fp32, 4, 8, 8, false);
+    std::vector<std::vector<float>> bufs;
+    std::vector<Dl> dls;
+    dls.reserve(8);
+    for (int i = 0; i < spec->slot_count(); ++i) {
+      const core::SlotExtent e = core::slot_extent(*spec, i, p);
+      bufs.emplace_back(static_cast<size_t>(std::max<int64_t>(1, e.rows * e.cols)), 0.25f);
+      dls.emplace_back(bufs.back().data(), e.rows, e.cols, spec->slots[static_cast<size_t>(i)].rank);
+    }
+    std::vector<const DLTensor*> ptrs;
+    for (int i = 0; i < spec->slot_count(); ++i)
+      ptrs.push_back(spec->slots[static_cast<size_t>(i)].optional ? nullptr : &dls[static_cast<size_t>(i)].t);
+    std::vector<float> scalars;
+    for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(sc.default_value);
+    const int32_t nt = static_cast<int32_t>(ptrs.size()), ns = static_cast<int32_t>(scalars.size());
+    auto call = [&](kdispatch_runtime* r, const DLTensor* const* t, int32_t n) {
+      return kdispatch_op_call(r, name.c_str(), t, n, scalars.data(), ns, nullptr, 0, nullptr, 0, nullptr);
+    };
+    // The valid call.
+    CHECK(call(rt, ptrs.data(), nt) == KDISPATCH_OK);
+    // No runtime; an unknown op; a tensor too few.
+    CHECK(call(nullptr, ptrs.data(), nt) == KDISPATCH_INVALID_ARGUMENT);
+    CHECK(kdispatch_op_call(rt, "conv9d", ptrs.data(), nt, scalars.data(), ns, nullptr, 0, nullptr, 0, nullptr) ==
+          KDISPATCH_INVALID_ARGUMENT);
+    CHECK(call(rt, ptrs.data(), nt - 1) == KDISPATCH_INVALID_ARGUMENT);
+    CHECK(std::string(kdispatch_last_error_message()).find("takes " + std::to_string(nt) + " tensors") !=
+          std::string::npos);
+    for (int i = 0; i < spec->slot_count(); ++i) {
+      const ArgSlot& a = spec->slots[static_cast<size_t>(i)];
+      const std::string an(a.name);
+      CAPTURE(an);
+      std::vector<const DLTensor*> bad = ptrs;
+      if (!a.optional) {
+        // NULL where a tensor is required: named.
+        bad[static_cast<size_t>(i)] = nullptr;
+        CHECK(call(rt, bad.data(), nt) == KDISPATCH_INVALID_ARGUMENT);
+        CHECK(std::string(kdispatch_last_error_message()) == an + " is NULL");
+      }
+      // A dtype no variant computes (int32): unsupported, or named when the
+      // argument must match another's dtype.
+      Dl wrong = dls[static_cast<size_t>(i)];
+      wrong.t.shape = wrong.shape;
+      wrong.t.strides = wrong.strides;
+      wrong.t.dtype = {kDLInt, 32, 1};
+      bad = ptrs;
+      bad[static_cast<size_t>(i)] = &wrong.t;
+      const kdispatch_status st = call(rt, bad.data(), nt);
+      CHECK((st == KDISPATCH_UNSUPPORTED_PROBLEM || st == KDISPATCH_INVALID_ARGUMENT));
+      // A 2-D argument with a non-unit last stride: named.
+      if (a.rank == 2) {
+        Dl strided = dls[static_cast<size_t>(i)];
+        strided.t.shape = strided.shape;
+        strided.t.strides = strided.strides;
+        strided.strides[1] = 2;
+        bad = ptrs;
+        bad[static_cast<size_t>(i)] = &strided.t;
+        CHECK(call(rt, bad.data(), nt) == KDISPATCH_INVALID_ARGUMENT);
+        CHECK(std::string(kdispatch_last_error_message()).rfind(an + ": needs unit stride", 0) == 0);
+      }
+      // A written 2-D argument on top of another 2-D argument: refused,
+      // named (unless the spec allows exactly that in place).
+      if (a.role != Role::read && a.rank == 2) {
+        for (int j = 0; j < spec->slot_count(); ++j) {
+          const ArgSlot& o = spec->slots[static_cast<size_t>(j)];
+          if (j == i || o.rank != 2 || o.optional) continue;
+          Dl over = dls[static_cast<size_t>(i)];
+          over.t.shape = over.shape;
+          over.t.strides = over.strides;
+          over.t.data = static_cast<float*>(dls[static_cast<size_t>(j)].t.data) + 1;  // partly on top of j
+          if (over.shape[0] * over.shape[1] > static_cast<int64_t>(bufs[static_cast<size_t>(j)].size()) - 1) continue;
+          bad = ptrs;
+          bad[static_cast<size_t>(i)] = &over.t;
+          CHECK(call(rt, bad.data(), nt) == KDISPATCH_INVALID_ARGUMENT);
+          CHECK(std::string(kdispatch_last_error_message()).find("overlaps") != std::string::npos);
+        }
+      }
+    }
+  }
+  kdispatch_runtime_destroy(rt);
+}
