@@ -80,6 +80,7 @@
 #include "gpu/backend_decls.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/launch_util.hpp"
+#include "ops/gemm.hpp"
 
 #if KDISPATCH_GPU_HIP
 #error "kernels/cuda/gemm_tiled.cuh is CUDA only"
@@ -534,7 +535,6 @@ constexpr int smem_of(int ki) {
 }
 
 using core::needs_fallback;  // kNeedsFallbackCode: the call runs get_default's plan
-}
 
 inline bool aligned_to(const void* p, uintptr_t n) noexcept { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
@@ -542,6 +542,11 @@ inline bool aligned_to(const void* p, uintptr_t n) noexcept { return (reinterpre
 template <DType DT>
 Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core::Problem& p) noexcept {
   using namespace gpu::gemm;
+  const void* const A = la.data[core::kGemmArgA];
+  const void* const B = la.data[core::kGemmArgB];
+  void* const D = la.data[core::kGemmArgD];
+  const void* const bias = la.data[core::kGemmArgBias];
+  const int64_t lda = la.ld[core::kGemmArgA], ldb = la.ld[core::kGemmArgB], ldd = la.ld[core::kGemmArgD];
   if (t.kernel < 0 || t.kernel >= kTiledKernels)
     return make_status(StatusCode::invalid_argument, "gemm tiled: kernel index out of range");
   if (t.split_k != 1 && t.split_k != 2 && t.split_k != 4)
@@ -553,11 +558,11 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
     return make_status(StatusCode::unsupported_problem, "gemm tiled: K must be a positive multiple of 8");
   if (p.m > kMaxDim || p.n > kMaxDim || p.k > kMaxDim)
     return make_status(StatusCode::unsupported_problem, "gemm tiled: M, N and K must be below 2^31 - 1024");
-  if (la.a == nullptr || la.b == nullptr || la.d == nullptr)
+  if (A == nullptr || B == nullptr || D == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm tiled: a, b and d must not be null");
-  if (!aligned16(la.a) || !aligned16(la.b))
+  if (!aligned16(A) || !aligned16(B))
     return needs_fallback("gemm tiled: A and B must be 16-byte aligned");
-  if ((p.m > 1 && la.lda % 8 != 0) || (p.n > 1 && la.ldb % 8 != 0))
+  if ((p.m > 1 && lda % 8 != 0) || (p.n > 1 && ldb % 8 != 0))
     return needs_fallback("gemm tiled: lda and ldb must be multiples of 8 elements");
 
   const int ki = t.kernel;
@@ -572,14 +577,14 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
     return needs_fallback("gemm tiled: split_k needs a workspace of split_k * M * N * 4 bytes");
 
   Args a;
-  a.a = static_cast<const uint16_t*>(la.a);
-  a.b = static_cast<const uint16_t*>(la.b);
-  a.d = la.d;
-  a.bias = la.bias;
+  a.a = static_cast<const uint16_t*>(A);
+  a.b = static_cast<const uint16_t*>(B);
+  a.d = D;
+  a.bias = bias;
   a.ws = static_cast<float*>(la.workspace);
-  a.lda = la.lda;
-  a.ldb = la.ldb;
-  a.ldd = la.ldd;
+  a.lda = lda;
+  a.ldb = ldb;
+  a.ldd = ldd;
   a.m = static_cast<int32_t>(p.m);
   a.n = static_cast<int32_t>(p.n);
   a.k = static_cast<int32_t>(p.k);
@@ -588,7 +593,7 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
   a.k_tiles = static_cast<int32_t>((p.k + s.bk - 1) / s.bk);
   a.split_k = split;
   a.out_fp32 = out_f32 ? 1 : 0;
-  a.d_vec2 = (la.ldd % 2 == 0 || p.m == 1) && aligned_to(la.d, 2 * esize) ? 1 : 0;
+  a.d_vec2 = (ldd % 2 == 0 || p.m == 1) && aligned_to(D, 2 * esize) ? 1 : 0;
   a.ws_vec2 = p.n % 2 == 0 && aligned_to(la.workspace, 8) ? 1 : 0;
 
   const port::Stream stream = static_cast<port::Stream>(la.stream);
@@ -601,15 +606,15 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
 
   ReduceArgs r;
   r.ws = a.ws;
-  r.d = la.d;
-  r.bias = la.bias;
-  r.ldd = la.ldd;
+  r.d = D;
+  r.bias = bias;
+  r.ldd = ldd;
   r.m = a.m;
   r.n = a.n;
   r.split_k = split;
   r.out_fp32 = a.out_fp32;
   r.ws_vec4 = p.n % 4 == 0 && aligned16(la.workspace) ? 1 : 0;
-  r.d_vec4 = (la.ldd % 4 == 0 || p.m == 1) && aligned_to(la.d, 4 * esize) ? 1 : 0;
+  r.d_vec4 = (ldd % 4 == 0 || p.m == 1) && aligned_to(D, 4 * esize) ? 1 : 0;
   const int64_t items = r.ws_vec4 ? p.m * p.n / 4 : p.m * p.n;
   const int64_t blocks = std::min<int64_t>((items + kReduceThreads - 1) / kReduceThreads, int64_t{1} << 20);
   e = port::launch_smem(splitk_reduce_kernel<DT>, dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads), 0,

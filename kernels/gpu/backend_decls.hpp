@@ -7,7 +7,7 @@
 //
 //   kernels/<backend>/<op>_<dtype>.{cu,hip}   the kernels of one (op, dtype),
 //                                             their launcher and image probe
-//   kernels/<backend>/norm_list.cpp           the variant list, supports(),
+//   kernels/<backend>/<op>_list.cpp           an op's variant list, supports(),
 //                                             launch(), get_default()
 //   src/gpu/<backend>_device.{cu,hip}         device probe, tuner memory and
 //                                             clock, the backend's entry table
@@ -143,6 +143,9 @@ core::Plan gemm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
 
 /// Every norm variant of this backend, in list order (references last per op).
 std::span<const core::VariantDef* const> norm_variants() noexcept;
+/// The part of norm_variants() of one op (rmsnorm, fused_add_rmsnorm).
+std::span<const core::VariantDef* const> rmsnorm_variants() noexcept;
+std::span<const core::VariantDef* const> fused_add_rmsnorm_variants() noexcept;
 
 /// The analytical default plan for a norm problem on this backend.
 core::Plan norm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;

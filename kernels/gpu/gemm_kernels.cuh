@@ -28,6 +28,7 @@
 #include "gpu/backend_decls.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/launch_util.hpp"
+#include "ops/gemm.hpp"
 
 namespace dispatch::KDISPATCH_GPU_NS::gemm {
 
@@ -222,17 +223,18 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kRefTile* kRefTile) re
 // ------------------------------------------------------------------ host side
 
 inline Status fill_args(const core::LaunchArgs& la, const core::Problem& p, Args* g) {
-  if (la.a == nullptr || la.b == nullptr || la.d == nullptr)
+  using core::kGemmArgA, core::kGemmArgB, core::kGemmArgD;
+  if (la.data[kGemmArgA] == nullptr || la.data[kGemmArgB] == nullptr || la.data[kGemmArgD] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
   if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX)
     return make_status(StatusCode::unsupported_problem, "gemm: M, N and K must be < 2^31");
-  g->a = la.a;
-  g->b = la.b;
-  g->d = la.d;
-  g->bias = la.bias;
-  g->lda = la.lda;
-  g->ldb = la.ldb;
-  g->ldd = la.ldd;
+  g->a = la.data[core::kGemmArgA];
+  g->b = la.data[core::kGemmArgB];
+  g->d = la.data[core::kGemmArgD];
+  g->bias = la.data[core::kGemmArgBias];
+  g->lda = la.ld[core::kGemmArgA];
+  g->ldb = la.ld[core::kGemmArgB];
+  g->ldd = la.ld[core::kGemmArgD];
   g->m = static_cast<int32_t>(p.m);
   g->n = static_cast<int32_t>(p.n);
   g->k = static_cast<int32_t>(p.k);
@@ -243,7 +245,8 @@ inline Status fill_args(const core::LaunchArgs& la, const core::Problem& p, Args
 /// The 16-byte alignment the vector families need: A and B base pointers
 /// and row strides (D is stored element by element).
 inline bool vector_aligned(const core::LaunchArgs& la, const core::Problem& p) {
-  return aligned16(la.a) && aligned16(la.b) && (p.m == 1 || la.lda % 8 == 0) && (p.n == 1 || la.ldb % 8 == 0);
+  return aligned16(la.data[core::kGemmArgA]) && aligned16(la.data[core::kGemmArgB]) &&
+         (p.m == 1 || la.ld[core::kGemmArgA] % 8 == 0) && (p.n == 1 || la.ld[core::kGemmArgB] % 8 == 0);
 }
 
 template <DType DT, int MT, int R>

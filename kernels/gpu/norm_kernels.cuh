@@ -43,6 +43,8 @@
 #include "gpu/backend_decls.hpp"
 #include "gpu/launch_util.hpp"
 #include "gpu/norm_plan.hpp"
+#include "ops/fused_add_rmsnorm.hpp"
+#include "ops/rmsnorm.hpp"
 
 namespace dispatch::KDISPATCH_GPU_NS::norm {
 
@@ -327,17 +329,20 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
   if (p.m < 1) return Status();
   if (p.m > INT_MAX || p.n > INT_MAX)
     return make_status(StatusCode::invalid_argument, "norm: tokens and hidden must be below 2^31");
+  // Argument slots: rmsnorm (y, x, w), fused_add_rmsnorm (x, residual, w).
+  constexpr int kX = kFused ? core::kFusedArgX : core::kNormArgX;
+  constexpr int kW = kFused ? core::kFusedArgW : core::kNormArgW;
   Args a;
-  a.x = la.x;
-  a.y = kFused ? la.x : la.y;
-  a.r = la.residual;
-  a.w = la.w;
-  a.ldx = la.ldx;
-  a.ldy = la.ldy;
-  a.ldr = la.ldr;
+  a.x = la.data[kX];
+  a.y = kFused ? la.data[core::kFusedArgX] : la.data[core::kNormArgY];
+  a.r = kFused ? la.data[core::kFusedArgResidual] : nullptr;
+  a.w = la.data[kW];
+  a.ldx = la.ld[kX];
+  a.ldy = kFused ? 0 : la.ld[core::kNormArgY];
+  a.ldr = kFused ? la.ld[core::kFusedArgResidual] : 0;
   a.rows = static_cast<int32_t>(p.m);
   a.hidden = static_cast<int32_t>(p.n);
-  a.eps = la.eps;
+  a.eps = la.scalar[0];
   if (a.x == nullptr || a.w == nullptr || (kFused ? a.r == nullptr : a.y == nullptr))
     return make_status(StatusCode::invalid_argument,
                        kFused ? "fused_add_rmsnorm: x, residual and w must not be null"

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "ops/gemm.hpp"
+
 namespace dispatch::cuda::lt {
 namespace {
 
@@ -119,6 +121,12 @@ cudaDataType_t cuda_type(DType t) {
     case DType::fp32: return CUDA_R_32F;
     case DType::fp16: return CUDA_R_16F;
     case DType::bf16: return CUDA_R_16BF;
+    // No gemm variant of this version takes these (supports() declines
+    // them); the mapping is there for the fp8 GEMM to come.
+    case DType::fp8_e4m3fn: return CUDA_R_8F_E4M3;
+    case DType::fp8_e5m2: return CUDA_R_8F_E5M2;
+    case DType::int32: return CUDA_R_32I;
+    case DType::fp8_e4m3fnuz: break;  // no CUDA type (AMD's encoding)
   }
   return CUDA_R_32F;
 }
@@ -345,14 +353,19 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
   if (!available()) return core::needs_fallback(std::string() + describe());
   const Api& a = api();
-  if (la.a == nullptr || la.b == nullptr || la.d == nullptr)
+  const void* const A = la.data[core::kGemmArgA];
+  const void* const B = la.data[core::kGemmArgB];
+  void* const D = la.data[core::kGemmArgD];
+  const void* const bias = la.data[core::kGemmArgBias];
+  const int64_t lda = la.ld[core::kGemmArgA], ldb = la.ld[core::kGemmArgB], ldd = la.ld[core::kGemmArgD];
+  if (A == nullptr || B == nullptr || D == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
   // cuBLASLt's layouts need ld >= rows: a broadcast operand (row stride 0)
   // or overlapping rows go to our kernels, which take any stride.
-  if ((p.m > 1 && (la.lda < p.k || la.ldd < p.n)) || (p.n > 1 && la.ldb < p.k))
+  if ((p.m > 1 && (lda < p.k || ldd < p.n)) || (p.n > 1 && ldb < p.k))
     return core::needs_fallback("cuBLASLt needs row strides >= the row length");
   Descs d;
-  cublasStatus_t s = make_descs(a, p, la.lda, la.ldb, la.ldd, la.bias, &d);
+  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, bias, &d);
   if (s != CUBLAS_STATUS_SUCCESS)
     return make_status(StatusCode::backend_error, "cuBLASLt descriptors: " + status_text(s));
   cublasLtMatmulAlgo_t algo;
@@ -363,11 +376,11 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     const int64_t offer = std::min<int64_t>(la.workspace ? la.workspace_bytes : 0, kDefaultWorkspaceBytes);
     const int64_t ie = p.in_dtype == DType::fp32 ? 4 : 2, oe = p.out_dtype == DType::fp32 ? 4 : 2;
     Aligns al;
-    al.a = align_of(la.b, la.ldb * ie);
-    al.b = align_of(la.a, la.lda * ie);
-    al.c = align_of(la.d, la.ldd * oe);
-    const PickKey key{p.m, p.n, p.k, la.lda, la.ldb, la.ldd, offer,
-                      static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), la.bias ? 1 : 0,
+    al.a = align_of(B, ldb * ie);
+    al.b = align_of(A, lda * ie);
+    al.c = align_of(D, ldd * oe);
+    const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer,
+                      static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), bias ? 1 : 0,
                       al.a, al.b, al.c};
     Pick pick;
     bool cached = false;
@@ -380,7 +393,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       }
       if (!cached) {
         cublasLtMatmulHeuristicResult_t r[1];
-        if (heuristic(a, p, la.lda, la.ldb, la.ldd, la.bias, offer, r, 1, al) == 1) {
+        if (heuristic(a, p, lda, ldb, ldd, bias, offer, r, 1, al) == 1) {
           pick.found = true;
           pick.algo = r[0].algo;
           pick.workspace = r[0].workspaceSize;
@@ -409,7 +422,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
   // The call's whole workspace (a row tuned at another M may need more than
   // it recorded; cuBLASLt takes what it needs).
   const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0;
-  s = a.matmul(a.handle, &d.op, &alpha, la.b, &d.a, la.a, &d.b, &beta, la.d, &d.c, la.d, &d.c, &algo,
+  s = a.matmul(a.handle, &d.op, &alpha, B, &d.a, A, &d.b, &beta, D, &d.c, D, &d.c, &algo,
                has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(la.workspace_bytes) : 0,
                static_cast<cudaStream_t>(la.stream));
   if (s == CUBLAS_STATUS_SUCCESS) return Status();

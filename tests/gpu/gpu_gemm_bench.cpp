@@ -70,6 +70,7 @@
 #include "dispatch/runtime.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "ops/gemm.hpp"
 #include "gpu_bench_util.hpp"
 #include "tune/harness.hpp"
 #include "tune/search.hpp"
@@ -97,7 +98,9 @@ core::Problem bf16_problem(Device d, int64_t m, int64_t n, int64_t k) {
 /// Contiguous A [m, k], B [n, k], D [m, n] on `stream` with a 32 MiB workspace.
 core::LaunchArgs contiguous_args(void* A, void* B, void* D, int64_t n, int64_t k, void* stream, void* ws) {
   core::LaunchArgs la;
-  la.a = A, la.lda = k, la.b = B, la.ldb = k, la.d = D, la.ldd = n;
+  la.data[core::kGemmArgA] = A, la.ld[core::kGemmArgA] = k;
+  la.data[core::kGemmArgB] = B, la.ld[core::kGemmArgB] = k;
+  la.data[core::kGemmArgD] = D, la.ld[core::kGemmArgD] = n;
   la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
   return la;
 }
@@ -597,7 +600,9 @@ int main(int argc, char** argv) {
         continue;
       }
       core::LaunchArgs la;
-      la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
+      la.data[core::kGemmArgA] = A, la.ld[core::kGemmArgA] = K;
+      la.data[core::kGemmArgB] = B, la.ld[core::kGemmArgB] = K;
+      la.data[core::kGemmArgD] = D, la.ld[core::kGemmArgD] = N;
       la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
       constexpr int kBurst = 400;
       std::vector<double> t_api, t_direct, t_diff;
@@ -647,7 +652,9 @@ int main(int argc, char** argv) {
       p.in_dtype = p.out_dtype = DType::bf16;
       p.m = M, p.n = N, p.k = K;
       core::LaunchArgs la;
-      la.a = A, la.lda = K, la.b = B, la.ldb = K, la.d = D, la.ldd = N;
+      la.data[core::kGemmArgA] = A, la.ld[core::kGemmArgA] = K;
+      la.data[core::kGemmArgB] = B, la.ld[core::kGemmArgB] = K;
+      la.data[core::kGemmArgD] = D, la.ld[core::kGemmArgD] = N;
       la.stream = stream, la.workspace = ws, la.workspace_bytes = int64_t{32} << 20;
       auto time_plan = [&](const core::Plan& pl) -> double {
         for (int i = 0; i < 3; ++i)

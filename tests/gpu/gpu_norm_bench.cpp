@@ -29,6 +29,7 @@
 #include "core/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "gpu_bench_util.hpp"
+#include "ops/specs.hpp"
 #include "tune/search.hpp"
 
 using namespace dispatch;
@@ -150,17 +151,20 @@ int main(int argc, char** argv) {
         }
         auto args_for = [&](const Bufs& s, cudaStream_t st) {
           LaunchArgs la;
-          la.x = s.a;
-          la.ldx = H;
           if (fused) {
-            la.residual = s.b;
-            la.ldr = H;
+            la.data[core::kFusedArgX] = s.a;
+            la.ld[core::kFusedArgX] = H;
+            la.data[core::kFusedArgResidual] = s.b;
+            la.ld[core::kFusedArgResidual] = H;
+            la.data[core::kFusedArgW] = w;
           } else {
-            la.y = s.b;
-            la.ldy = H;
+            la.data[core::kNormArgX] = s.a;
+            la.ld[core::kNormArgX] = H;
+            la.data[core::kNormArgY] = s.b;
+            la.ld[core::kNormArgY] = H;
+            la.data[core::kNormArgW] = w;
           }
-          la.w = w;
-          la.eps = 1e-6f;
+          la.scalar[0] = 1e-6f;
           la.stream = st;
           return la;
         };

@@ -36,6 +36,10 @@ using dispatch::core::OpKind;
 using dispatch::core::Plan;
 using dispatch::core::Problem;
 using dispatch::core::VariantDef;
+using dispatch::core::kGemmArgA;
+using dispatch::core::kGemmArgB;
+using dispatch::core::kGemmArgBias;
+using dispatch::core::kGemmArgD;
 
 const DeviceInfo& dev_of(DeviceType t) { return *dispatch::gpu::backend_ops(t)->device_info(0); }
 dispatch::tune::DeviceMemory* mem_of(DeviceType t) { return dispatch::core::backend_memory(t); }
@@ -111,13 +115,13 @@ struct GemmCase {
   }
   LaunchArgs args(bool with_ws = true) const {
     LaunchArgs la;
-    la.a = da.get();
-    la.lda = s.k + s.lda_pad;
-    la.b = db.get();
-    la.ldb = s.k;
-    la.d = dd.get();
-    la.ldd = s.n + s.ldd_pad;
-    la.bias = s.bias ? dbias.get() : nullptr;
+    la.data[kGemmArgA] = da.get();
+    la.ld[kGemmArgA] = s.k + s.lda_pad;
+    la.data[kGemmArgB] = db.get();
+    la.ld[kGemmArgB] = s.k;
+    la.data[kGemmArgD] = dd.get();
+    la.ld[kGemmArgD] = s.n + s.ldd_pad;
+    la.data[kGemmArgBias] = s.bias ? dbias.get() : nullptr;
     la.workspace = with_ws ? ws.get() : nullptr;
     la.workspace_bytes = with_ws ? kWs : 0;
     return la;
@@ -250,11 +254,11 @@ TEST_CASE("gpu gemm: the op through a Runtime: aligned, misaligned A, no workspa
         GemmCase c(bt, sh, rng, a_off);
         c.poison();
         const LaunchArgs la = c.args(false);
-        dispatch::GemmArgs g{dispatch::make_tensor_2d(const_cast<void*>(la.a), sh.in, sh.m, sh.k, la.lda, d),
-                             dispatch::make_tensor_2d(const_cast<void*>(la.b), sh.in, sh.n, sh.k, la.ldb, d),
-                             dispatch::make_tensor_2d(la.d, sh.out, sh.m, sh.n, la.ldd, d),
-                             sh.bias ? dispatch::make_tensor_1d(const_cast<void*>(la.bias), sh.out, sh.n, d)
-                                     : dispatch::TensorRef{}};
+        dispatch::GemmArgs g{
+            dispatch::make_tensor_2d(la.data[kGemmArgA], sh.in, sh.m, sh.k, la.ld[kGemmArgA], d),
+            dispatch::make_tensor_2d(la.data[kGemmArgB], sh.in, sh.n, sh.k, la.ld[kGemmArgB], d),
+            dispatch::make_tensor_2d(la.data[kGemmArgD], sh.out, sh.m, sh.n, la.ld[kGemmArgD], d),
+            sh.bias ? dispatch::make_tensor_1d(la.data[kGemmArgBias], sh.out, sh.n, d) : dispatch::TensorRef{}};
         dispatch::DispatchInfo info;
         dispatch::CallOptions opts;
         opts.info = &info;
@@ -325,9 +329,10 @@ TEST_CASE("gpu gemm: cuBLASLt round trip: heuristic -> JSON -> table -> the same
         REQUIRE((*rt)->attach_stream(Device{bt, 0}, dispatch::Stream{nullptr}).ok());
         const LaunchArgs la = c.args(false);
         const Device d{bt, 0};
-        dispatch::GemmArgs g{dispatch::make_tensor_2d(const_cast<void*>(la.a), DType::bf16, m, k, la.lda, d),
-                             dispatch::make_tensor_2d(const_cast<void*>(la.b), DType::bf16, n, k, la.ldb, d),
-                             dispatch::make_tensor_2d(la.d, DType::bf16, m, n, la.ldd, d), dispatch::TensorRef{}};
+        dispatch::GemmArgs g{dispatch::make_tensor_2d(la.data[kGemmArgA], DType::bf16, m, k, la.ld[kGemmArgA], d),
+                             dispatch::make_tensor_2d(la.data[kGemmArgB], DType::bf16, n, k, la.ld[kGemmArgB], d),
+                             dispatch::make_tensor_2d(la.data[kGemmArgD], DType::bf16, m, n, la.ld[kGemmArgD], d),
+                             dispatch::TensorRef{}};
         dispatch::DispatchInfo info;
         dispatch::CallOptions opts;
         opts.info = &info;

@@ -102,12 +102,12 @@ void check_rmsnorm(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, C
   p.m = s.tokens;
   p.n = s.hidden;
   LaunchArgs la;
-  la.x = dx.get();
-  la.ldx = ldx;
-  la.y = dy.get();
-  la.ldy = ldy;
-  la.w = dw.get();
-  la.eps = 1e-6f;
+  la.data[dispatch::core::kNormArgX] = dx.get();
+  la.ld[dispatch::core::kNormArgX] = ldx;
+  la.data[dispatch::core::kNormArgY] = dy.get();
+  la.ld[dispatch::core::kNormArgY] = ldy;
+  la.data[dispatch::core::kNormArgW] = dw.get();
+  la.scalar[0] = 1e-6f;
   int here = 0;
   for (const VariantDef* v : variants(bt, OpKind::rmsnorm, dt)) {
     for (const Plan& plan : points(*v, p, dev)) {
@@ -188,12 +188,12 @@ void check_fused(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, Cou
   p.m = s.tokens;
   p.n = s.hidden;
   LaunchArgs la;
-  la.x = dx.get();
-  la.ldx = ldx;
-  la.residual = dr.get();
-  la.ldr = ldr;
-  la.w = dw.get();
-  la.eps = 1e-6f;
+  la.data[dispatch::core::kFusedArgX] = dx.get();
+  la.ld[dispatch::core::kFusedArgX] = ldx;
+  la.data[dispatch::core::kFusedArgResidual] = dr.get();
+  la.ld[dispatch::core::kFusedArgResidual] = ldr;
+  la.data[dispatch::core::kFusedArgW] = dw.get();
+  la.scalar[0] = 1e-6f;
   int here = 0;
   for (const VariantDef* v : variants(bt, OpKind::fused_add_rmsnorm, dt)) {
     CHECK(v->restore_args == ((1u << dispatch::core::kFusedArgX) | (1u << dispatch::core::kFusedArgResidual)));
@@ -310,12 +310,12 @@ TEST_CASE("gpu fused_add_rmsnorm: ties round to even before the norm, as vLLM st
     p.m = 1;
     p.n = H;
     LaunchArgs la;
-    la.x = dx.get();
-    la.ldx = H;
-    la.residual = dr.get();
-    la.ldr = H;
-    la.w = dw.get();
-    la.eps = 1e-6f;
+    la.data[dispatch::core::kFusedArgX] = dx.get();
+    la.ld[dispatch::core::kFusedArgX] = H;
+    la.data[dispatch::core::kFusedArgResidual] = dr.get();
+    la.ld[dispatch::core::kFusedArgResidual] = H;
+    la.data[dispatch::core::kFusedArgW] = dw.get();
+    la.scalar[0] = 1e-6f;
     for (const VariantDef* v : variants(bt, OpKind::fused_add_rmsnorm, DType::bf16)) {
       for (const Plan& plan : points(*v, p, dev_of(bt))) {
         INFO(dispatch::core::plan_to_string(plan));
@@ -358,12 +358,12 @@ TEST_CASE("gpu norms: a NaN in a row gives NaN in that row only") {
       p.m = T;
       p.n = H;
       LaunchArgs la;
-      la.x = dx.get();
-      la.ldx = H;
-      la.y = dy.get();
-      la.ldy = H;
-      la.w = dw.get();
-      la.eps = 1e-6f;
+      la.data[dispatch::core::kNormArgX] = dx.get();
+      la.ld[dispatch::core::kNormArgX] = H;
+      la.data[dispatch::core::kNormArgY] = dy.get();
+      la.ld[dispatch::core::kNormArgY] = H;
+      la.data[dispatch::core::kNormArgW] = dw.get();
+      la.scalar[0] = 1e-6f;
       for (const VariantDef* v : variants(bt, OpKind::rmsnorm, dt)) {
         for (const Plan& plan : points(*v, p, dev_of(bt))) {
           INFO(dispatch::core::plan_to_string(plan), " ", dispatch::dtype_name(dt));
@@ -455,7 +455,7 @@ TEST_CASE("gpu tuning: the backend validates on the device with the host search'
                               : dt == DType::bf16 ? dispatch::tune::kPoisonBf16
                                                   : dispatch::tune::kPoisonFp16;
       double atol = 0, rtol = 0;
-      dispatch::tune::validation_tolerance(dt, &atol, &rtol);
+      dispatch::tune::validation_tolerance(OpKind::rmsnorm, dt, &atol, &rtol);
       std::mt19937 rng(5);
       HostTensor ref(dt, R, C, LD);
       ref.poison_all();  // 0xFFFF..: NaN in the gaps between rows
