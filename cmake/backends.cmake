@@ -52,14 +52,17 @@ message(STATUS "kdispatch backends: cpu=ON cuda=${KDISPATCH_ENABLE_CUDA} (KDISPA
 #   KDISPATCH_GPU_LIBS         runtime libraries (cudart static, libamdhip64)
 #   KDISPATCH_GPU_DEFINITIONS  KDISPATCH_HAVE_CUDA=1 / KDISPATCH_HAVE_HIP=1
 # and kdispatch_gpu_setup(<target>) sets a target's GPU compile properties.
-# Layout: kernels/gpu/ portable kernel sources (port.hpp, norm_kernels.cuh,
-# norm_variants.inc), kernels/cuda|hip/ one thin TU per (op, dtype) plus the
-# variant list, src/gpu/ the device probe and the tuner's memory and clock.
+# Layout: kernels/gpu/ portable kernel sources (port.hpp, <op>_kernels.cuh,
+# <op>_variants.inc), kernels/cuda|hip/ one thin TU per (op, dtype) or (GEMM
+# family, dtype) plus one variant list per op, src/gpu/ the device probe, the
+# tuner's memory and clock and the backend's table of ops.
+# The backends' translation units are every kernels/cuda/*.cu and *.cpp and
+# every kernels/hip/*.hip and *.cpp (sorted): adding an op's kernels or list
+# is adding its files, no build file names them.
 set(KDISPATCH_GPU_SOURCES "")
 set(KDISPATCH_GPU_OBJECTS "")
 set(KDISPATCH_GPU_LIBS "")
 set(KDISPATCH_GPU_DEFINITIONS "")
-set(_kd_norm_tus rmsnorm_bf16 rmsnorm_fp16 rmsnorm_fp32 fused_add_rmsnorm_bf16 fused_add_rmsnorm_fp16 fused_add_rmsnorm_fp32)
 
 if(KDISPATCH_ENABLE_CUDA)
   enable_language(CUDA)
@@ -77,17 +80,14 @@ if(KDISPATCH_ENABLE_CUDA)
   # PTX serves them everywhere from CC 9.0 up; add e.g. "80-real" for A100.
   set(KDISPATCH_CUDA_ARCHITECTURES "90a-real;90-virtual" CACHE STRING
       "CUDA_ARCHITECTURES of the CUDA kernels (CMake syntax: 90a-real = SASS, 90-virtual = PTX)")
-  foreach(_tu IN LISTS _kd_norm_tus)
-    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/${_tu}.cu)
-  endforeach()
-  # GEMM: one TU per (family, input dtype); the cuBLASLt family is plain
-  # C++ that dlopens libcublasLt at run time (never linked: see
-  # src/gpu/cublaslt.hpp), so it needs the CUDA headers only.
-  foreach(_tu gemm_skinny_bf16 gemm_skinny_fp16 gemm_skinny_mma_bf16 gemm_skinny_mma_fp16 gemm_tiled_bf16 gemm_tiled_fp16)
-    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/${_tu}.cu)
-  endforeach()
-  list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/cuda/norm_list.cpp
-       ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp ${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp
+  # The kernels (one TU per (op, dtype), for GEMM per (family, input dtype))
+  # and the variant lists (plain C++).
+  file(GLOB _kd_cuda_tus CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu
+       ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cpp)
+  list(SORT _kd_cuda_tus)
+  # The cuBLASLt family is plain C++ that dlopens libcublasLt at run time
+  # (never linked: see src/gpu/cublaslt.hpp), so it needs the CUDA headers only.
+  list(APPEND KDISPATCH_GPU_SOURCES ${_kd_cuda_tus} ${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp
        ${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu)
   set_source_files_properties(${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp
     PROPERTIES INCLUDE_DIRECTORIES "${CUDAToolkit_INCLUDE_DIRS}")
@@ -148,14 +148,12 @@ if(KDISPATCH_ENABLE_HIP)
   endif()
   enable_language(HIP)
   find_package(hip CONFIG REQUIRED)
-  foreach(_tu IN LISTS _kd_norm_tus)
-    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/${_tu}.hip)
-  endforeach()
-  foreach(_tu gemm_skinny_bf16 gemm_skinny_fp16)
-    list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/${_tu}.hip)
-  endforeach()
-  list(APPEND KDISPATCH_GPU_SOURCES ${PROJECT_SOURCE_DIR}/kernels/hip/norm_list.cpp
-       ${PROJECT_SOURCE_DIR}/kernels/hip/gemm_list.cpp ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
+  # The kernels (one TU per (op, dtype); GEMM: the skinny family) and the
+  # variant lists (plain C++).
+  file(GLOB _kd_hip_tus CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/hip/*.hip
+       ${PROJECT_SOURCE_DIR}/kernels/hip/*.cpp)
+  list(SORT _kd_hip_tus)
+  list(APPEND KDISPATCH_GPU_SOURCES ${_kd_hip_tus} ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
   # Not per-thread default streams as for CUDA: Debian's libamdhip64 5.2
   # lacks the _spt entry points (hipEventRecord_spt is undefined at link);
   # with ROCm >= 5.3 add -fgpu-default-stream=per-thread to hip_device.hip.
