@@ -340,7 +340,7 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
 // "optional", "rows", "cols", "alias_of"}], "scalars": [{"name", "default"}],
-// "workspace"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
+// "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
 std::string op_list_json() {
   using namespace dispatch::core;
   std::string s = "[";
@@ -375,7 +375,16 @@ std::string op_list_json() {
       s += ", ", put_key(s, "default"), json_append_double(s, o.scalars[i].default_value);
       s += "}";
     }
-    s += "], ", put_key(s, "workspace"), s += o.uses_workspace ? "true" : "false";
+    s += "], ", put_key(s, "key_fields"), s += "[";
+    for (size_t i = 0; i < o.key_fields.size(); ++i) {
+      s += i ? ", {" : "{";
+      put_key(s, "name"), json_append_string(s, o.key_fields[i].name);
+      s += ", ", put_key(s, "kind"), json_append_string(s, o.key_fields[i].kind);
+      s += ", ", put_key(s, "csv_name"), json_append_string(s, o.key_fields[i].csv_name);
+      s += "}";
+    }
+    s += "], ", put_key(s, "m_name"), json_append_string(s, o.m_name);
+    s += ", ", put_key(s, "workspace"), s += o.uses_workspace ? "true" : "false";
     s += "}";
   }
   return s + "]";

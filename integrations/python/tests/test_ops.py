@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every op of the library's op list, through its generated Python method:
+arrays shaped from the op's row (its args' dims), outputs poisoned (NaN),
+one call (every output element written, finite, inputs untouched), the
+info dict, and pretune then a table hit. An op added to the library is
+tested here with no new test code."""
+
+import unittest
+
+import numpy as np
+
+import kdispatch
+from kdispatch._runtime import ops as op_rows
+from support import TempDirTest
+
+
+def extent(e, dims):
+    if not e["dim"]:
+        return None
+    v = dims[e["dim"]] * e["mul"]
+    return v if e["div"] == 1 else -(-v // e["div"])
+
+
+def arrays_for(op, m=3, other=8, seed=0):
+    """{arg name: float32 array} for `op` at batch size m, every other dim
+    `other`; outputs full of NaN, inputs random; absent: optional args."""
+    rng = np.random.default_rng(seed)
+    names = {e["dim"] for a in op["args"] for e in (a["rows"], a["cols"]) if e["dim"]}
+    dims = {d: (m if d == op["m_name"] else other) for d in names}
+    out = {}
+    for a in op["args"]:
+        if a["optional"]:
+            continue
+        shape = tuple(x for x in (extent(a["rows"], dims), extent(a["cols"], dims)) if x is not None)
+        if a["written"] and not a["read"]:
+            out[a["name"]] = np.full(shape, np.nan, np.float32)
+        else:
+            out[a["name"]] = (rng.standard_normal(shape) * 0.5 + (1.0 if a["rank"] == 1 else 0.0)).astype(np.float32)
+    return out
+
+
+class EveryOp(TempDirTest):
+    def test_the_op_list_names_every_op(self):
+        rows = op_rows()
+        for name in ("gemm", "rmsnorm", "fused_add_rmsnorm", "silu_and_mul"):
+            self.assertIn(name, rows)
+            self.assertTrue(callable(getattr(kdispatch.Runtime, name)))
+            self.assertIn(rows[name]["doc"].split(":")[0][:8], getattr(kdispatch.Runtime, name).__doc__)
+
+    def test_each_op_runs_writes_every_output_and_hits_after_pretune(self):
+        rt = self.quiet_runtime(tune_options=dict(time_budget_ms=20, reps=1, cold_cache=False))
+        for name, op in op_rows().items():
+            with self.subTest(op=name):
+                a = arrays_for(op)
+                before = {k: v.copy() for k, v in a.items()}
+                args = [a.get(x["name"]) for x in op["args"]]
+                info = getattr(rt, name)(*args, info=True)
+                self.assertEqual(info["source"], "default")
+                for x in op["args"]:
+                    v = a.get(x["name"])
+                    if v is None:
+                        continue
+                    if x["written"]:
+                        self.assertTrue(np.isfinite(v).all(), f"{name}: {x['name']} has unwritten or non-finite elements")
+                    else:
+                        np.testing.assert_array_equal(v, before[x["name"]])
+                # pretune (scalars and optional args by keyword), then the same call hits.
+                r = rt.pretune(name, *[a.get(x["name"]) for x in op["args"] if not x["optional"]])
+                self.assertTrue(r["persisted"])
+                self.assertTrue(r["key"].startswith(f"cpu/{name}|"))
+                fresh = arrays_for(op)
+                info = getattr(rt, name)(*[fresh.get(x["name"]) for x in op["args"]], info=True)
+                self.assertEqual(info["source"], "table")
+                self.assertEqual(info["M"], 3)
+
+    def test_wrong_argument_counts_are_type_errors(self):
+        rt = self.quiet_runtime()
+        for name in op_rows():
+            with self.subTest(op=name):
+                with self.assertRaises(TypeError):
+                    getattr(rt, name)()
+                with self.assertRaises(TypeError):
+                    rt.pretune(name)
+
+
+if __name__ == "__main__":
+    unittest.main()
