@@ -230,388 +230,440 @@ std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo&
   return out;
 }
 
-Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candidates, const core::Plan& reference,
-                            const SearchOptions& o) noexcept {
-  try {
-    SearchResult res;
-    if (candidates.empty()) return make_status(StatusCode::no_variant, "no candidate accepts this problem");
-    res.default_plan = candidates.front();
-    const auto t_start = std::chrono::steady_clock::now();
-    const size_t n = t.args.size();
+namespace {
 
-    // 1. Snapshot every written argument (in-place ones to restore before
-    //    each rep; pure outputs so the caller gets its bytes back at the end).
-    //    Snapshots live in the backend's memory; validation reads host copies.
-    DeviceMemory& mem = t.mem ? *t.mem : host_memory();
-    struct Snap {
-      DeviceMemory* mem = nullptr;
-      void* p = nullptr;
-      ~Snap() {
-        if (p) mem->release(p);
-      }
-    };
-    std::vector<Snap> saved(n);
-    std::vector<std::vector<char>> host(n);  // host staging per written arg
-    for (size_t i = 0; i < n; ++i) {
-      const ArgBuffer& a = t.args[i];
+// A buffer in a backend's memory, released with it.
+struct DevBuf {
+  DeviceMemory* mem = nullptr;
+  void* p = nullptr;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : mem(o.mem), p(o.p) { o.p = nullptr; }
+  ~DevBuf() {
+    if (p) mem->release(p);
+  }
+};
+
+// One search, stage by stage (see search.hpp for what and why): snapshot
+// the written arguments, run the reference, then per candidate validate and
+// time, then confirm the winner against the default, and resolve a dynamic
+// family's "pick at run time" point. On destruction every written argument
+// is back to what the caller had.
+class Searcher {
+ public:
+  Searcher(TuneTarget& t, const std::vector<core::Plan>& candidates, const core::Plan& reference,
+           const SearchOptions& o)
+      : t_(t),
+        cands_(candidates),
+        reference_(reference),
+        o_(o),
+        n_(t.args.size()),
+        mem_(t.mem ? *t.mem : host_memory()),
+        saved_(n_),
+        host_(n_),
+        poisoned_(n_),
+        ref_(n_),
+        ref_dev_(n_) {}
+  ~Searcher() { restore_all(); }
+
+  Result<SearchResult> run() {
+    res_.default_plan = cands_.front();
+    t_start_ = std::chrono::steady_clock::now();
+    if (Status s = snapshot(); !s.ok()) return s;
+    if (o_.validate)
+      if (Status s = run_reference(); !s.ok()) return s;
+    DeviceInfo no_dev;
+    clock_ = mem_.make_clock(o_.device ? *o_.device : no_dev);
+    run_candidates();
+    confirm();
+    resolve_dynamic();
+    if (!res_.best.valid() && !res_.stopped)
+      return make_status(StatusCode::no_variant,
+                         "every candidate failed to launch or was rejected (" + std::to_string(res_.failed) +
+                             " failed, " + std::to_string(res_.rejected) + " rejected)" +
+                             (res_.tried.empty() ? std::string() : ": " + res_.tried.front().status.message()));
+    return std::move(res_);
+  }
+
+ private:
+  bool stop_requested() const { return o_.stop && o_.stop->load(std::memory_order_relaxed); }
+
+  // 1. Snapshot every written argument (in-place ones to restore before each
+  //    rep; pure outputs so the caller gets its bytes back at the end), in
+  //    the backend's memory; pure outputs also get a poisoned host image.
+  Status snapshot() {
+    for (size_t i = 0; i < n_; ++i) {
+      const ArgBuffer& a = t_.args[i];
       if (!a.ptr || !a.written) continue;
       const size_t b = a.extent_bytes();
-      saved[i].mem = &mem;
-      saved[i].p = mem.alloc(b);
-      if (!saved[i].p) return make_status(StatusCode::out_of_memory, "snapshot of '" + a.name + "'");
-      if (Status s = mem.copy(saved[i].p, a.ptr, b); !s.ok()) return s;
-      host[i].resize(b);
+      saved_[i].mem = &mem_;
+      saved_[i].p = mem_.alloc(b);
+      if (!saved_[i].p) return make_status(StatusCode::out_of_memory, "snapshot of '" + a.name + "'");
+      if (Status s = mem_.copy(saved_[i].p, a.ptr, b); !s.ok()) return s;
+      host_[i].resize(b);
     }
-    auto restore = [&](uint32_t extra_restore) {
-      for (size_t i = 0; i < n; ++i) {
-        const ArgBuffer& a = t.args[i];
-        if (!saved[i].p) continue;
-        if ((a.read && a.written) || ((extra_restore >> i) & 1u)) (void)mem.copy(a.ptr, saved[i].p, a.extent_bytes());
-      }
-    };
-    auto restore_all = [&]() {
-      for (size_t i = 0; i < n; ++i)
-        if (saved[i].p) (void)mem.copy(t.args[i].ptr, saved[i].p, t.args[i].extent_bytes());
-      (void)mem.sync();
-    };
-    // Restores the search's own changes whatever happens below.
-    struct Guard {
-      std::function<void()> f;
-      ~Guard() { f(); }
-    } guard{restore_all};
-
-    auto prepare_for = [&](const core::Plan& plan) {
-      restore(plan.variant->restore_args);
-      zero_reset_args(t, plan);
-    };
     // Pure outputs: a host copy of the snapshot with the logical elements
     // poisoned, written over the output (the gaps between rows keep the
     // caller's bytes).
-    std::vector<std::vector<char>> poisoned(n);
-    for (size_t i = 0; i < n; ++i) {
-      const ArgBuffer& a = t.args[i];
-      if (!saved[i].p || a.read) continue;
-      poisoned[i].resize(a.extent_bytes());
-      if (Status s = mem.to_host(poisoned[i].data(), saved[i].p, a.extent_bytes()); !s.ok()) return s;
-      poison_host(a, poisoned[i].data());
+    for (size_t i = 0; i < n_; ++i) {
+      const ArgBuffer& a = t_.args[i];
+      if (!saved_[i].p || a.read) continue;
+      poisoned_[i].resize(a.extent_bytes());
+      if (Status s = mem_.to_host(poisoned_[i].data(), saved_[i].p, a.extent_bytes()); !s.ok()) return s;
+      poison_host(a, poisoned_[i].data());
     }
-    auto poison_outputs = [&]() {
-      for (size_t i = 0; i < n; ++i)
-        if (!poisoned[i].empty()) (void)mem.from_host(t.args[i].ptr, poisoned[i].data(), poisoned[i].size());
-    };
-    auto fetch = [&](size_t i) { return mem.to_host(host[i].data(), t.args[i].ptr, host[i].size()); };
+    return Status();
+  }
 
-    // 2. Reference output on the same inputs: a copy in the backend's memory
-    //    (compared there when the backend can), and a host copy otherwise.
-    std::vector<std::vector<double>> ref(n);
-    std::vector<Snap> ref_dev(n);
-    bool device_compare = false;
-    if (o.validate) {
-      if (!reference.valid()) return make_status(StatusCode::no_variant, "no reference variant for this problem");
-      prepare_for(reference);
-      poison_outputs();
-      if (Status s = t.launch(reference); !s.ok()) return s;
-      if (Status s = mem.sync(); !s.ok()) return s;
-      device_compare = true;
-      for (size_t i = 0; i < n && device_compare; ++i) {
-        const ArgBuffer& a = t.args[i];
-        if (!a.ptr || !a.written) continue;
-        ref_dev[i].mem = &mem;
-        ref_dev[i].p = mem.alloc(a.extent_bytes());
-        if (!ref_dev[i].p) return make_status(StatusCode::out_of_memory, "reference copy of '" + a.name + "'");
-        if (Status s = mem.copy(ref_dev[i].p, a.ptr, a.extent_bytes()); !s.ok()) return s;
-        double atol = 0, rtol = 0;
-        validation_tolerance(t.problem.op, a.dtype, &atol, &rtol);
-        // Probe: the reference against itself tells whether the backend
-        // compares on its own (and must pass).
-        auto probe = mem.compare(a, ref_dev[i].p, atol, rtol, false);
-        if (!probe.ok()) device_compare = false;
-        else if (!probe->ok) return make_status(StatusCode::internal, "device compare of the reference with itself failed");
-      }
-      for (size_t i = 0; i < n && !device_compare; ++i) {
-        const ArgBuffer& a = t.args[i];
-        if (!a.ptr || !a.written) continue;
-        if (Status s = fetch(i); !s.ok()) return s;
-        ref[i].resize(static_cast<size_t>(a.rows * a.cols));
-        for (int64_t r = 0; r < a.rows; ++r)
-          for (int64_t c = 0; c < a.cols; ++c)
-            ref[i][static_cast<size_t>(r * a.cols + c)] = load(a, host[i].data(), r, c);
-      }
+  void restore(uint32_t extra_restore) {
+    for (size_t i = 0; i < n_; ++i) {
+      const ArgBuffer& a = t_.args[i];
+      if (!saved_[i].p) continue;
+      if ((a.read && a.written) || ((extra_restore >> i) & 1u)) (void)mem_.copy(a.ptr, saved_[i].p, a.extent_bytes());
     }
-    auto check = [&](const core::Plan& plan) -> Status {
-      if (Status s = mem.sync(); !s.ok()) return s;
-      for (size_t i = 0; i < n; ++i) {
-        const ArgBuffer& a = t.args[i];
-        if (!a.ptr || !a.written) continue;
-        if (device_compare) {
-          double atol = 0, rtol = 0;
-          validation_tolerance(t.problem.op, a.dtype, &atol, &rtol);
-          auto m = mem.compare(a, ref_dev[i].p, atol, rtol, !a.read);
-          if (!m.ok()) return m.status();
-          if (!m->ok) {
-            const std::string where =
-                "'" + a.name + "'[" + std::to_string(m->row) + "," + std::to_string(m->col) + "]";
-            if (m->unwritten)
-              return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where + " unwritten");
-            return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
-                                                         where + ": " + std::to_string(m->got) + " vs " +
-                                                         std::to_string(m->want));
-          }
-          continue;
-        }
-        if (Status s = fetch(i); !s.ok()) return s;
-        const char* h = host[i].data();
-        double atol = 0, rtol = 0;
-        validation_tolerance(t.problem.op, a.dtype, &atol, &rtol);
-        double scale = 0.0;
-        for (double v : ref[i])
-          if (std::isfinite(v)) scale = std::max(scale, std::fabs(v));
-        for (int64_t r = 0; r < a.rows; ++r)
-          for (int64_t c = 0; c < a.cols; ++c) {
-            auto where = [&] {
-              return "'" + a.name + "'[" + std::to_string(r) + "," + std::to_string(c) + "]";
-            };
-            if (!a.read && is_poison(a, h, r, c))
-              return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where() + " unwritten");
-            const double got = load(a, h, r, c);
-            const double want = ref[i][static_cast<size_t>(r * a.cols + c)];
-            if (std::isnan(want)) continue;  // the reference's NaN (NaN input): any NaN matches
-            if (std::isnan(got) || std::fabs(got - want) > atol * scale + rtol * std::fabs(want))
-              return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
-                                                           where() + ": " + std::to_string(got) + " vs " + std::to_string(want));
-          }
-      }
-      return Status();
-    };
+  }
+  void restore_all() {
+    for (size_t i = 0; i < n_; ++i)
+      if (saved_[i].p) (void)mem_.copy(t_.args[i].ptr, saved_[i].p, t_.args[i].extent_bytes());
+    (void)mem_.sync();
+  }
+  void prepare_for(const core::Plan& plan) {
+    restore(plan.variant->restore_args);
+    zero_reset_args(t_, plan);
+  }
+  void poison_outputs() {
+    for (size_t i = 0; i < n_; ++i)
+      if (!poisoned_[i].empty()) (void)mem_.from_host(t_.args[i].ptr, poisoned_[i].data(), poisoned_[i].size());
+  }
+  Status fetch(size_t i) { return mem_.to_host(host_[i].data(), t_.args[i].ptr, host_[i].size()); }
 
-    DeviceInfo no_dev;
-    std::unique_ptr<Clock> clock_ptr = mem.make_clock(o.device ? *o.device : no_dev);
-    Clock& clock = *clock_ptr;
-    double best = 0.0;
-    for (size_t ci = 0; ci < candidates.size(); ++ci) {
-      const core::Plan& plan = candidates[ci];
-      if (o.stop && o.stop->load(std::memory_order_relaxed)) {
-        res.stopped = true;
-        break;
+  // 2. The reference's output on the same inputs: a copy in the backend's
+  //    memory (compared there when the backend can), else a host copy.
+  Status run_reference() {
+    if (!reference_.valid()) return make_status(StatusCode::no_variant, "no reference variant for this problem");
+    prepare_for(reference_);
+    poison_outputs();
+    if (Status s = t_.launch(reference_); !s.ok()) return s;
+    if (Status s = mem_.sync(); !s.ok()) return s;
+    device_compare_ = true;
+    for (size_t i = 0; i < n_ && device_compare_; ++i) {
+      const ArgBuffer& a = t_.args[i];
+      if (!a.ptr || !a.written) continue;
+      ref_dev_[i].mem = &mem_;
+      ref_dev_[i].p = mem_.alloc(a.extent_bytes());
+      if (!ref_dev_[i].p) return make_status(StatusCode::out_of_memory, "reference copy of '" + a.name + "'");
+      if (Status s = mem_.copy(ref_dev_[i].p, a.ptr, a.extent_bytes()); !s.ok()) return s;
+      double atol = 0, rtol = 0;
+      validation_tolerance(t_.problem.op, a.dtype, &atol, &rtol);
+      // Probe: the reference against itself tells whether the backend
+      // compares on its own (and must pass).
+      auto probe = mem_.compare(a, ref_dev_[i].p, atol, rtol, false);
+      if (!probe.ok()) device_compare_ = false;
+      else if (!probe->ok) return make_status(StatusCode::internal, "device compare of the reference with itself failed");
+    }
+    for (size_t i = 0; i < n_ && !device_compare_; ++i) {
+      const ArgBuffer& a = t_.args[i];
+      if (!a.ptr || !a.written) continue;
+      if (Status s = fetch(i); !s.ok()) return s;
+      ref_[i].resize(static_cast<size_t>(a.rows * a.cols));
+      for (int64_t r = 0; r < a.rows; ++r)
+        for (int64_t c = 0; c < a.cols; ++c) ref_[i][static_cast<size_t>(r * a.cols + c)] = load(a, host_[i].data(), r, c);
+    }
+    return Status();
+  }
+
+  // Every written argument of a validation run against the reference.
+  Status check(const core::Plan& plan) {
+    if (Status s = mem_.sync(); !s.ok()) return s;
+    for (size_t i = 0; i < n_; ++i) {
+      const ArgBuffer& a = t_.args[i];
+      if (!a.ptr || !a.written) continue;
+      double atol = 0, rtol = 0;
+      validation_tolerance(t_.problem.op, a.dtype, &atol, &rtol);
+      if (Status s = device_compare_ ? check_on_device(plan, i, atol, rtol) : check_on_host(plan, i, atol, rtol);
+          !s.ok())
+        return s;
+    }
+    return Status();
+  }
+  Status check_on_device(const core::Plan& plan, size_t i, double atol, double rtol) {
+    const ArgBuffer& a = t_.args[i];
+    auto m = mem_.compare(a, ref_dev_[i].p, atol, rtol, !a.read);
+    if (!m.ok()) return m.status();
+    if (m->ok) return Status();
+    const std::string where = "'" + a.name + "'[" + std::to_string(m->row) + "," + std::to_string(m->col) + "]";
+    if (m->unwritten)
+      return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where + " unwritten");
+    return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
+                                                 where + ": " + std::to_string(m->got) + " vs " + std::to_string(m->want));
+  }
+  Status check_on_host(const core::Plan& plan, size_t i, double atol, double rtol) {
+    const ArgBuffer& a = t_.args[i];
+    if (Status s = fetch(i); !s.ok()) return s;
+    const char* h = host_[i].data();
+    double scale = 0.0;
+    for (double v : ref_[i])
+      if (std::isfinite(v)) scale = std::max(scale, std::fabs(v));
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t c = 0; c < a.cols; ++c) {
+        auto where = [&] { return "'" + a.name + "'[" + std::to_string(r) + "," + std::to_string(c) + "]"; };
+        if (!a.read && is_poison(a, h, r, c))
+          return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where() + " unwritten");
+        const double got = load(a, h, r, c);
+        const double want = ref_[i][static_cast<size_t>(r * a.cols + c)];
+        if (std::isnan(want)) continue;  // the reference's NaN (NaN input): any NaN matches
+        if (std::isnan(got) || std::fabs(got - want) > atol * scale + rtol * std::fabs(want))
+          return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
+                                                       where() + ": " + std::to_string(got) + " vs " + std::to_string(want));
+      }
+    return Status();
+  }
+
+  // 3. Per candidate, in order: a validation run on poisoned outputs, then
+  //    the timing (the default first; the budget ends the loop only once
+  //    there is a valid pick), with the duty cycle's sleep between them.
+  void run_candidates() {
+    for (size_t ci = 0; ci < cands_.size(); ++ci) {
+      if (stop_requested()) {
+        res_.stopped = true;
+        return;
       }
       const double elapsed_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
-      // The budget ends a search only once it has a valid pick: a default
-      // that failed on a busy machine never leaves the shape with nothing.
-      if (ci > 0 && res.best.valid() && elapsed_ms > o.time_budget_ms) {
-        res.out_of_time = true;
-        break;
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start_).count();
+      if (ci > 0 && res_.best.valid() && elapsed_ms > o_.time_budget_ms) {
+        res_.out_of_time = true;
+        return;
       }
       const auto c_start = std::chrono::steady_clock::now();
-      CandidateResult cr;
-      cr.plan = plan;
-      // Validation run on poisoned outputs.
-      if (o.validate) {
-        prepare_for(plan);
-        poison_outputs();
-        Status s = t.launch(plan);
-        if (!s.ok()) {
-          cr.status = s;
-          ++res.failed;
-          res.tried.push_back(std::move(cr));
-          continue;
-        }
-        if (Status v = check(plan); !v.ok()) {
-          cr.status = v;
-          ++res.rejected;
-          res.tried.push_back(std::move(cr));
-          continue;
-        }
+      if (!try_candidate(ci)) return;  // stopped
+      idle_after(c_start);
+    }
+  }
+
+  // Validates and times candidate ci; false when a stop request ended it.
+  bool try_candidate(size_t ci) {
+    const core::Plan& plan = cands_[ci];
+    CandidateResult cr;
+    cr.plan = plan;
+    if (o_.validate) {
+      prepare_for(plan);
+      poison_outputs();
+      if (Status s = t_.launch(plan); !s.ok()) {
+        cr.status = s;
+        ++res_.failed;
+        res_.tried.push_back(std::move(cr));
+        return true;
       }
-      MeasureOptions mo = o.measure;
-      if (best > 0) mo.abandon_above_us = best * 1.5;
-      std::atomic<bool> stop_seen{false};
-      auto prepare = [&]() -> Status {
-        if (o.stop && o.stop->load(std::memory_order_relaxed)) {
-          stop_seen = true;
-          return make_status(StatusCode::internal, "stopped");
-        }
-        prepare_for(plan);
-        return Status();
-      };
-      auto timing = measure(clock, prepare, [&]() { return t.launch(plan); }, mo);
-      if (!timing.ok()) {
-        if (stop_seen) {
-          res.stopped = true;
-          break;
-        }
-        cr.status = timing.status();
-        ++res.failed;
-        res.tried.push_back(std::move(cr));
-        continue;
-      }
-      cr.timing = *timing;
-      if (ci == 0) res.default_us = cr.timing.median_us;
-      if (!res.best.valid() || cr.timing.median_us < best) {
-        best = cr.timing.median_us;
-        res.best = plan;
-        res.best_us = best;
-      }
-      res.tried.push_back(std::move(cr));
-      if (o.duty_cycle > 0 && o.duty_cycle < 1) {
-        const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - c_start).count();
-        const double idle = busy * (1.0 - o.duty_cycle) / o.duty_cycle;
-        // Sleep in small slices so a stop request is honoured quickly.
-        const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(idle);
-        while (std::chrono::steady_clock::now() < until) {
-          if (o.stop && o.stop->load(std::memory_order_relaxed)) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
+      if (Status v = check(plan); !v.ok()) {
+        cr.status = v;
+        ++res_.rejected;
+        res_.tried.push_back(std::move(cr));
+        return true;
       }
     }
-    // Confirmation: the fastest of many noisy measurements is biased low
-    // (the winner's curse: a GEMM whose candidates are all cuBLASLt
-    // algorithms within 2% of each other picked one 8% slower on the H200).
-    // The winner and the default are measured again on kConfirmPlacements
-    // placements of the read-only inputs: the search's buffers, then fresh
-    // copies (new allocations, other physical pages, all alive until the
-    // end), two rounds each, in the order def, best | best, def on the 1st
-    // and 3rd placement and best, def | def, best on the 2nd and 4th (ABBA
-    // BAAB over the 8 rounds: a linear drift falls on both alike). The
-    // winner replaces the default only when it is faster on every placement
-    // (its two rounds' sum against the default's) and > kConfirmMargin faster
-    // on the mean of the placements' ratios. Why each part, all measured on
-    // the H200 (bench/results/h200_gemm_fixed.md):
-    //  - placements: the same cuBLASLt algorithm takes 22.8-25.1 us on four
-    //    copies of one 6144x4096 weight at M=256, and which of two algorithms
-    //    wins changes with the copy; a winner of the search's buffers alone
-    //    was 2-9% slower than the default in the grid bench;
-    //  - two rounds per placement, both orders: at ~9 us (8192x1024 M=8, 16)
-    //    the plan measured first in a round came out 3-8% faster whichever
-    //    it was; a single round per placement reads that as a win or a loss.
-    const core::Plan& def = candidates.front();
-    const bool def_ok = !res.tried.empty() && res.tried.front().status.ok() && res.tried.front().timing.median_us > 0;
-    if (res.best.valid() && def_ok && !res.stopped && o.confirm &&
-        !(res.best == def)) {
-      double again_best = 0, again_def = 0;
-      bool ok = true;
-      struct Copies {
-        DeviceMemory* mem;
-        std::vector<void*> p;
-        ~Copies() {
-          for (void* q : p) mem->release(q);
-        }
-      } copies{&mem, {}};  // released when the confirmation ends
-      copies.p.reserve(static_cast<size_t>(kConfirmPlacements) * n);
-      // The argument pointers of placement `pl` (0: the search's buffers).
-      int64_t copied = 0;
-      auto pointers_for = [&](int pl) {
-        std::vector<void*> ptr(n, nullptr);
-        for (size_t i = 0; i < n; ++i) ptr[i] = t.args[i].ptr;
-        if (pl == 0 || !t.launch_at) return ptr;
-        for (size_t i = 0; i < n; ++i) {
-          const ArgBuffer& a = t.args[i];
-          if (!a.ptr || !a.read || a.written) continue;  // written args keep their snapshots' address
-          // The copy keeps the original's offset within 256 bytes: a plan that
-          // picks by alignment (cuBLASLt's get_default pick) picks the same.
-          const size_t b = a.extent_bytes();
-          const size_t off = static_cast<size_t>(reinterpret_cast<uintptr_t>(a.ptr) % 256);
-          if (b == 0 || copied + static_cast<int64_t>(b + off) > o.confirm_copy_bytes) continue;  // stays put
-          void* c = mem.alloc(b + off);
-          if (!c) continue;  // no memory: this arg stays where it is
-          copied += static_cast<int64_t>(b + off);
-          copies.p.push_back(c);
-          void* at = static_cast<char*>(c) + off;
-          if (mem.copy(at, a.ptr, b).ok()) ptr[i] = at;
-        }
-        return ptr;
-      };
-      for (int pl = 0; pl < kConfirmPlacements && ok; ++pl) {
-        const std::vector<void*> ptr = pointers_for(pl);
-        const bool moved = pl > 0 && t.launch_at;
-        double us[2] = {0, 0};  // [0] default, [1] winner: the two rounds' sum
-        for (int round = 0; round < 2 && ok; ++round) {
-          const bool def_first = (pl % 2 == 0) == (round == 0);
-          const core::Plan* first = def_first ? &def : &res.best;
-          const core::Plan* second = def_first ? &res.best : &def;
-          for (const core::Plan* plan : {first, second}) {
-            MeasureOptions mo = o.measure;
-            auto prepare = [&]() -> Status {
-              if (o.stop && o.stop->load(std::memory_order_relaxed)) {  // shutting down: checked every rep
-                res.stopped = true;
-                return make_status(StatusCode::internal, "stopped");
-              }
-              prepare_for(*plan);
-              return Status();
-            };
-            auto tm = measure(
-                clock, prepare, [&]() { return moved ? t.launch_at(*plan, ptr) : t.launch(*plan); }, mo);
-            if (!tm.ok()) {
-              ok = false;
-              break;
-            }
-            us[plan == &def ? 0 : 1] += tm->median_us;
+    MeasureOptions mo = o_.measure;
+    if (best_ > 0) mo.abandon_above_us = best_ * 1.5;
+    bool stop_seen = false;
+    auto prepare = [&]() -> Status {
+      if (stop_requested()) {
+        stop_seen = true;
+        return make_status(StatusCode::internal, "stopped");
+      }
+      prepare_for(plan);
+      return Status();
+    };
+    auto timing = measure(*clock_, prepare, [&]() { return t_.launch(plan); }, mo);
+    if (!timing.ok()) {
+      if (stop_seen) {
+        res_.stopped = true;
+        return false;
+      }
+      cr.status = timing.status();
+      ++res_.failed;
+      res_.tried.push_back(std::move(cr));
+      return true;
+    }
+    cr.timing = *timing;
+    if (ci == 0) res_.default_us = cr.timing.median_us;
+    if (!res_.best.valid() || cr.timing.median_us < best_) {
+      best_ = cr.timing.median_us;
+      res_.best = plan;
+      res_.best_us = best_;
+    }
+    res_.tried.push_back(std::move(cr));
+    return true;
+  }
+
+  // The duty cycle: sleep busy * (1 - d) / d in small slices (a stop
+  // request is honoured quickly).
+  void idle_after(std::chrono::steady_clock::time_point c_start) {
+    if (!(o_.duty_cycle > 0 && o_.duty_cycle < 1)) return;
+    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - c_start).count();
+    const double idle = busy * (1.0 - o_.duty_cycle) / o_.duty_cycle;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(idle);
+    while (std::chrono::steady_clock::now() < until) {
+      if (stop_requested()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  // The argument pointers of confirmation placement `pl` (0: the search's
+  // buffers; then fresh copies of the read-only inputs, within the copy
+  // budget). The copies keep the original's offset within 256 bytes: a plan
+  // that picks by alignment (cuBLASLt's get_default pick) picks the same.
+  std::vector<void*> placement(int pl, std::vector<DevBuf>* copies, int64_t* copied) {
+    std::vector<void*> ptr(n_, nullptr);
+    for (size_t i = 0; i < n_; ++i) ptr[i] = t_.args[i].ptr;
+    if (pl == 0 || !t_.launch_at) return ptr;
+    for (size_t i = 0; i < n_; ++i) {
+      const ArgBuffer& a = t_.args[i];
+      if (!a.ptr || !a.read || a.written) continue;  // written args keep their snapshots' address
+      const size_t b = a.extent_bytes();
+      const size_t off = static_cast<size_t>(reinterpret_cast<uintptr_t>(a.ptr) % 256);
+      if (b == 0 || *copied + static_cast<int64_t>(b + off) > o_.confirm_copy_bytes) continue;  // stays put
+      DevBuf c;
+      c.mem = &mem_;
+      c.p = mem_.alloc(b + off);
+      if (!c.p) continue;  // no memory: this arg stays where it is
+      *copied += static_cast<int64_t>(b + off);
+      void* at = static_cast<char*>(c.p) + off;
+      if (mem_.copy(at, a.ptr, b).ok()) ptr[i] = at;
+      copies->push_back(std::move(c));
+    }
+    return ptr;
+  }
+
+  // Two rounds of the default and the winner on one placement, in the
+  // order of the round plan; the rounds' summed medians in us[0] (default)
+  // and us[1] (winner). False when a plan could not be timed again.
+  bool time_placement(int pl, const std::vector<void*>& ptr, double us[2]) {
+    const core::Plan& def = cands_.front();
+    const bool moved = pl > 0 && t_.launch_at;
+    for (int round = 0; round < 2; ++round) {
+      const bool def_first = (pl % 2 == 0) == (round == 0);
+      const core::Plan* first = def_first ? &def : &res_.best;
+      const core::Plan* second = def_first ? &res_.best : &def;
+      for (const core::Plan* plan : {first, second}) {
+        auto prepare = [&]() -> Status {
+          if (stop_requested()) {  // shutting down: checked every rep
+            res_.stopped = true;
+            return make_status(StatusCode::internal, "stopped");
           }
-        }
-        if (!ok || us[0] <= 0) {
-          ok = false;
-          res.confirm_ratios.clear();  // not confirmed: no partial ratios
-          break;
-        }
-        again_def += us[0] / 2;
-        again_best += us[1] / 2;
-        res.confirm_ratios.push_back(us[1] / us[0]);
-      }
-      if (!ok) {
-        // A plan that could not be timed again (a launch refused on a copy,
-        // say, or a stop request) is no confirmed winner: the default stays.
-        res.best = def;
-        res.best_us = res.tried.front().timing.median_us;
-        res.kept_default = true;
-      } else if (again_def > 0) {
-        res.confirmed = true;
-        double mean_ratio = 0;
-        bool wins_everywhere = true;
-        for (double r : res.confirm_ratios) {
-          mean_ratio += r / kConfirmPlacements;
-          wins_everywhere = wins_everywhere && r < 1.0;
-        }
-        if (!wins_everywhere || mean_ratio > 1.0 - kConfirmMargin) {
-          res.best = def;
-          res.best_us = again_def / kConfirmPlacements;
-          res.kept_default = true;
-        } else {
-          res.best_us = again_best / kConfirmPlacements;
-        }
-        res.default_us = again_def / kConfirmPlacements;
+          prepare_for(*plan);
+          return Status();
+        };
+        auto tm = measure(
+            *clock_, prepare, [&]() { return moved ? t_.launch_at(*plan, ptr) : t_.launch(*plan); }, o_.measure);
+        if (!tm.ok()) return false;
+        us[plan == &def ? 0 : 1] += tm->median_us;
       }
     }
-    // A dynamic family's "resolve at run time" point (cuBLASLt's algo_id
-    // -1: its heuristic's first pick, asked on the call) is not what a table
-    // should hold: a hit on it would query and lock. It is the same
-    // algorithm as that family's first enumerated candidate (the heuristic's
-    // top pick, offered the tuner's workspace), which was measured too:
-    // persist that one.
-    if (res.best.valid() && (res.best.variant->flags & core::kVariantDynamicSpace) && res.best.params[0] < 0) {
-      bool resolved = false;
-      for (const CandidateResult& cr : res.tried)
-        if (cr.plan.variant == res.best.variant && cr.plan.params[0] >= 0 && cr.status.ok()) {
-          res.best = cr.plan;
-          resolved = true;
-          break;
-        }
-      // The budget ran out before that candidate was measured (large M: the
-      // default alone takes much of it): the first enumerated candidate of
-      // the family is still the same heuristic query with the same workspace,
-      // so the same algorithm the default ran and validated; persist it.
-      if (!resolved)
-        for (const core::Plan& c : candidates)
-          if (c.variant == res.best.variant && c.params[0] >= 0) {
-            res.best = c;
-            break;
-          }
+    return us[0] > 0;
+  }
+
+  // 4. The confirmation: the winner and the default again, on
+  //    kConfirmPlacements placements of the read-only inputs, two rounds
+  //    each in both orders (ABBA BAAB); the winner replaces the default only
+  //    when faster on every placement and > kConfirmMargin faster on the
+  //    mean ratio. Why each part: search.hpp and
+  //    bench/results/h200_gemm_fixed.md (the winner's curse, placements of
+  //    the weights, the order of measurement).
+  void confirm() {
+    const core::Plan& def = cands_.front();
+    const bool def_ok = !res_.tried.empty() && res_.tried.front().status.ok() && res_.tried.front().timing.median_us > 0;
+    if (!res_.best.valid() || !def_ok || res_.stopped || !o_.confirm || res_.best == def) return;
+    std::vector<DevBuf> copies;  // released when the confirmation ends
+    copies.reserve(static_cast<size_t>(kConfirmPlacements) * n_);
+    int64_t copied = 0;
+    double again_best = 0, again_def = 0;
+    bool ok = true;
+    for (int pl = 0; pl < kConfirmPlacements && ok; ++pl) {
+      const std::vector<void*> ptr = placement(pl, &copies, &copied);
+      double us[2] = {0, 0};
+      if (!time_placement(pl, ptr, us)) {
+        ok = false;
+        res_.confirm_ratios.clear();  // not confirmed: no partial ratios
+        break;
+      }
+      again_def += us[0] / 2;
+      again_best += us[1] / 2;
+      res_.confirm_ratios.push_back(us[1] / us[0]);
     }
-    if (!res.best.valid() && !res.stopped)
-      return make_status(StatusCode::no_variant,
-                         "every candidate failed to launch or was rejected (" + std::to_string(res.failed) +
-                             " failed, " + std::to_string(res.rejected) + " rejected)" +
-                             (res.tried.empty() ? std::string() : ": " + res.tried.front().status.message()));
-    return res;
+    if (!ok) {
+      // A plan that could not be timed again (a launch refused on a copy,
+      // say, or a stop request) is no confirmed winner: the default stays.
+      res_.best = def;
+      res_.best_us = res_.tried.front().timing.median_us;
+      res_.kept_default = true;
+      return;
+    }
+    if (!(again_def > 0)) return;
+    res_.confirmed = true;
+    double mean_ratio = 0;
+    bool wins_everywhere = true;
+    for (double r : res_.confirm_ratios) {
+      mean_ratio += r / kConfirmPlacements;
+      wins_everywhere = wins_everywhere && r < 1.0;
+    }
+    if (!wins_everywhere || mean_ratio > 1.0 - kConfirmMargin) {
+      res_.best = def;
+      res_.best_us = again_def / kConfirmPlacements;
+      res_.kept_default = true;
+    } else {
+      res_.best_us = again_best / kConfirmPlacements;
+    }
+    res_.default_us = again_def / kConfirmPlacements;
+  }
+
+  // 5. A dynamic family's "resolve at run time" point (cuBLASLt's algo_id
+  //    -1: its heuristic's first pick, asked on the call) is not what a table
+  //    should hold: a hit on it would query and lock. It is the same
+  //    algorithm as that family's first enumerated candidate, which was
+  //    measured too: persist that one. When the budget ran out before it was
+  //    measured (large M), the first enumerated candidate is still the same
+  //    heuristic query with the same workspace: persist it.
+  void resolve_dynamic() {
+    if (!res_.best.valid() || !(res_.best.variant->flags & core::kVariantDynamicSpace) || res_.best.params[0] >= 0)
+      return;
+    for (const CandidateResult& cr : res_.tried)
+      if (cr.plan.variant == res_.best.variant && cr.plan.params[0] >= 0 && cr.status.ok()) {
+        res_.best = cr.plan;
+        return;
+      }
+    for (const core::Plan& c : cands_)
+      if (c.variant == res_.best.variant && c.params[0] >= 0) {
+        res_.best = c;
+        return;
+      }
+  }
+
+  TuneTarget& t_;
+  const std::vector<core::Plan>& cands_;
+  const core::Plan& reference_;
+  const SearchOptions& o_;
+  const size_t n_;
+  DeviceMemory& mem_;
+  std::vector<DevBuf> saved_;                 // snapshots of the written arguments
+  std::vector<std::vector<char>> host_;       // host staging per written argument
+  std::vector<std::vector<char>> poisoned_;   // poisoned host images of the pure outputs
+  std::vector<std::vector<double>> ref_;      // the reference's output on the host
+  std::vector<DevBuf> ref_dev_;               // ... and in the backend's memory
+  bool device_compare_ = false;
+  std::unique_ptr<Clock> clock_;
+  std::chrono::steady_clock::time_point t_start_;
+  double best_ = 0.0;
+  SearchResult res_;
+};
+
+}  // namespace
+
+Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candidates, const core::Plan& reference,
+                            const SearchOptions& o) noexcept {
+  try {
+    if (candidates.empty()) return make_status(StatusCode::no_variant, "no candidate accepts this problem");
+    Searcher searcher(t, candidates, reference, o);
+    return searcher.run();
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "tuning search (snapshots of the written arguments)");
   } catch (const std::exception& e) {
