@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dispatch/config.hpp"
 #include "dispatch/export.hpp"
@@ -279,6 +280,26 @@ KDISPATCH_API const char* match_name(LookupResult::Match m) noexcept;
 /// Errors: invalid_argument (malformed key, M < 1, unknown op, naming it),
 /// not_found (an engine-owned op with no table row and no default rule).
 KDISPATCH_API Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& query) noexcept;
+
+/// The whole table that serves a key (lookup_table()).
+struct LookupTable {
+  std::string key;  ///< the canonical key of the table that serves
+  struct Row {
+    int64_t m = 0;
+    Config config;           ///< as written in its file (no defaults filled in)
+    std::string source;      ///< the file, relative to its config dir
+    std::string source_dir;  ///< the config dir
+  };
+  std::vector<Row> rows;  ///< ascending M
+};
+
+/// The whole table a lookup of `query` lands on (what SGLang's
+/// get_moe_configs returns from one file; here merged across config dirs by
+/// precedence): the same device resolution and _down -> up fallback as
+/// lookup(); query.M is ignored. Thread-safe; allocates.
+/// Errors: as lookup(), plus not_found when no table serves the key (a
+/// lookup would answer with the default) or a forced plan serves it.
+KDISPATCH_API Result<LookupTable> lookup_table(const Runtime& rt, const LookupQuery& query) noexcept;
 
 /// What pretune() found.
 struct PretuneResult {

@@ -351,4 +351,49 @@ std::string lookup_result_to_json(const LookupResult& r) {
   return s;
 }
 
+Result<LookupTable> lookup_table(const Runtime& rt, const LookupQuery& q) noexcept {
+  try {
+    const Runtime::Impl& impl = rt.impl();
+    LookupQuery query = q;
+    // Which table serves the key: the one a lookup lands on (same device
+    // resolution, the same _down -> up fallback). Under the bounded policy
+    // M = 1 may lie outside a table's range, so probe powers of two.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::string served, last_key;
+      for (int64_t m = 1; m > 0 && m <= (int64_t{1} << 40); m *= 2) {
+        query.M = m;
+        auto r = lookup(rt, query);
+        if (!r.ok()) return r.status();
+        last_key = r->key;
+        if (r->match == LookupResult::Match::exact || r->match == LookupResult::Match::nearest) {
+          served = r->key;
+          break;
+        }
+        if (r->match == LookupResult::Match::forced)
+          return make_status(StatusCode::not_found, "a forced plan serves " + r->key + " at every M: no table applies");
+        if (!impl.policy.bounded) break;
+      }
+      if (served.empty()) return make_status(StatusCode::not_found, "no table serves key " + last_key);
+      LookupTable out;
+      out.key = served;
+      bool found = false;
+      {
+        table::EpochDomain::Guard guard(table::EpochDomain::global());
+        const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+        if (const table::Bucket* b = snap->find(served, table::key_hash(served))) {
+          found = true;
+          for (size_t i = 0; i < b->ms.size(); ++i) {
+            const auto [dir, path] = impl.source(b->rows[i].source_id);
+            out.rows.push_back({b->ms[i], snap->config(b->rows[i]), path, dir});
+          }
+        }
+      }
+      if (found) return out;  // else the table was replaced between the probe and the read: once more
+    }
+    return make_status(StatusCode::not_found, "the table serving the key changed while it was read");
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "lookup_table");
+  }
+}
+
 }  // namespace dispatch

@@ -17,13 +17,10 @@
 #include <utility>
 #include <vector>
 
-#include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
+#include "core/op_list.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/dlpack.hpp"
-#include "table/epoch.hpp"
-#include "table/key.hpp"
-#include "table/snapshot.hpp"
 
 struct kdispatch_runtime {
   dispatch::Runtime* rt = nullptr;
@@ -760,53 +757,21 @@ kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdisp
     if (q == nullptr) return null_arg("kdispatch_lookup_table", "q");
     dispatch::LookupQuery query;
     if (auto s = to_query(q, &query); !s.ok()) return finish(s);
-    const dispatch::Runtime::Impl& impl = rt->rt->impl();
-    // Which table serves the key: the one a lookup lands on (same device
-    // resolution, the same _down -> up fallback). Under the bounded policy
-    // M = 1 may lie outside a table's range, so probe powers of two.
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      std::string served;
-      std::string last_key;
-      for (int64_t m = 1; m > 0 && m <= (int64_t{1} << 40); m *= 2) {
-        query.M = m;
-        auto r = dispatch::lookup(*rt->rt, query);
-        if (!r.ok()) return finish(r.status());
-        last_key = r->key;
-        if (r->match == dispatch::LookupResult::Match::exact || r->match == dispatch::LookupResult::Match::nearest) {
-          served = r->key;
-          break;
-        }
-        if (r->match == dispatch::LookupResult::Match::forced)
-          return fail(KDISPATCH_NOT_FOUND, "a forced plan serves " + r->key + " at every M: no table applies");
-        if (!impl.policy.bounded) break;
-      }
-      if (served.empty()) return fail(KDISPATCH_NOT_FOUND, "no table serves key " + last_key);
-      std::string s = "{\"key\": ";
-      dispatch::core::json_append_string(s, served);
-      std::string rows = "{", sources = "{", dirs = "{";
-      bool found = false;
-      {
-        dispatch::table::EpochDomain::Guard guard(dispatch::table::EpochDomain::global());
-        const dispatch::table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
-        const dispatch::table::Bucket* b = snap->find(served, dispatch::table::key_hash(served));
-        if (b != nullptr) {
-          found = true;
-          for (size_t i = 0; i < b->ms.size(); ++i) {
-            const char* sep = i ? ", " : "";
-            std::string m = "\"" + std::to_string(b->ms[i]) + "\": ";
-            const auto [dir, path] = impl.source(b->rows[i].source_id);
-            rows += sep + m + dispatch::config_to_json(snap->config(b->rows[i]));
-            sources += sep + m, dispatch::core::json_append_string(sources, path);
-            dirs += sep + m, dispatch::core::json_append_string(dirs, dir);
-          }
-        }
-      }
-      if (!found) continue;  // the table was replaced between the probe and the read: once more
-      s += ", \"rows\": " + rows + "}, \"sources\": " + sources + "}, \"source_dirs\": " + dirs + "}}";
-      *json_out = dup(s);
-      return ok();
+    auto t = dispatch::lookup_table(*rt->rt, query);
+    if (!t.ok()) return finish(t.status());
+    std::string s = "{\"key\": ";
+    dispatch::core::json_append_string(s, t->key);
+    std::string rows = "{", sources = "{", dirs = "{";
+    for (size_t i = 0; i < t->rows.size(); ++i) {
+      const char* sep = i ? ", " : "";
+      const std::string m = "\"" + std::to_string(t->rows[i].m) + "\": ";
+      rows += sep + m + dispatch::config_to_json(t->rows[i].config);
+      sources += sep + m, dispatch::core::json_append_string(sources, t->rows[i].source);
+      dirs += sep + m, dispatch::core::json_append_string(dirs, t->rows[i].source_dir);
     }
-    return fail(KDISPATCH_NOT_FOUND, "the table serving the key changed while it was read");
+    s += ", \"rows\": " + rows + "}, \"sources\": " + sources + "}, \"source_dirs\": " + dirs + "}}";
+    *json_out = dup(s);
+    return ok();
   });
 }
 
