@@ -451,7 +451,7 @@ bool runtime_plan(dispatch::Runtime& rt, const core::Problem& p, core::Plan* pla
   table::KeyBuffer key;
   table::build_own_key(p, dispatch::device_type_name(p.device.type), dispatch::cpu_device_info().device_name, &key);
   table::EpochDomain::Guard guard(table::EpochDomain::global());
-  const table::Snapshot* snap = rt.impl().current.load(std::memory_order_seq_cst);
+  const table::Snapshot* snap = rt.impl().table.current.load(std::memory_order_seq_cst);
   const table::Bucket* b = snap->find(key.view(), table::key_hash(key.view()));
   if (!b) return false;
   const table::Row* r = table::Snapshot::nearest(*b, p.m, rt.impl().policy, nullptr);

@@ -132,7 +132,7 @@ CallOutcome call_custom(Runtime& rt, const std::string& key, tune::TuneTarget& t
   auto& impl = rt.impl();
   {
     table::EpochDomain::Guard g(table::EpochDomain::global());
-    const table::Snapshot* snap = impl.current.load();
+    const table::Snapshot* snap = impl.table.current.load();
     if (const table::Bucket* b = snap->find(key, table::key_hash(key))) {
       size_t idx;
       if (const table::Row* r = table::Snapshot::nearest(*b, t.problem.m, impl.policy, &idx)) plan = r->plan;

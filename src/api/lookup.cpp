@@ -129,7 +129,7 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
     std::string op = q.op;
     {
       table::EpochDomain::Guard guard(table::EpochDomain::global());
-      const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+      const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
       if (op.empty()) {
         // The key's fields decide first (E= is fused-MoE; N,K a GEMM;
         // hidden a norm); the table's contents break the remaining ties.
@@ -237,17 +237,17 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
 
     // A forced plan (RuntimeOptions::force / KDISPATCH_FORCE) serves every
     // call of the op whose dtype it computes: say so.
-    if (own && impl.any_forced) {
-      const int oi = static_cast<int>(*own);
-      for (size_t i = 0; i < impl.forced[oi].size(); ++i) {
-        const core::Plan& f = impl.forced[oi][i];
+    if (own && impl.forced.any()) {
+      const auto plans = impl.forced.of(*own);
+      for (size_t i = 0; i < plans.size(); ++i) {
+        const core::Plan& f = plans[i];
         if (f.variant->backend != backend || f.variant->in_dtype != prob.in_dtype) continue;
         res.config = core::plan_to_config(f);
         res.variant = std::string(f.variant->name);
         res.match = LookupResult::Match::forced;
         res.source = "forced";
         res.table_m = -1;
-        res.why = why + "; forced by '" + impl.forced_text[oi][i] + "' (RuntimeOptions::force / KDISPATCH_FORCE): " +
+        res.why = why + "; forced by '" + impl.forced.texts(*own)[i] + "' (RuntimeOptions::force / KDISPATCH_FORCE): " +
                   core::plan_to_string(f) + " serves every " + op + " call with " +
                   std::string(dtype_name(prob.in_dtype)) + " inputs, whatever the table holds";
         return res;
@@ -256,7 +256,7 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
 
     {
       table::EpochDomain::Guard guard(table::EpochDomain::global());
-      const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+      const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
       for (const auto& c : cands) {
         const table::Bucket* b = snap->find(c.key, table::key_hash(c.key));
         if (!b) continue;
@@ -272,7 +272,7 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
         res.config = snap->config(*row);
         res.table_m = b->ms[idx];
         res.match = res.table_m == q.M ? LookupResult::Match::exact : LookupResult::Match::nearest;
-        std::tie(res.source_dir, res.source) = impl.source(row->source_id);
+        std::tie(res.source_dir, res.source) = impl.sources.get(row->source_id);
         if (row->plan.valid()) res.variant = std::string(row->plan.variant->name);
         else if (const ConfigValue* v = config_find(res.config, "variant")) res.variant = v->s;
         if (!c.why.empty()) why += "; " + c.why;
@@ -379,11 +379,11 @@ Result<LookupTable> lookup_table(const Runtime& rt, const LookupQuery& q) noexce
       bool found = false;
       {
         table::EpochDomain::Guard guard(table::EpochDomain::global());
-        const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+        const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
         if (const table::Bucket* b = snap->find(served, table::key_hash(served))) {
           found = true;
           for (size_t i = 0; i < b->ms.size(); ++i) {
-            const auto [dir, path] = impl.source(b->rows[i].source_id);
+            const auto [dir, path] = impl.sources.get(b->rows[i].source_id);
             out.rows.push_back({b->ms[i], snap->config(b->rows[i]), path, dir});
           }
         }

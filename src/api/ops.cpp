@@ -160,7 +160,7 @@ Status launch(Runtime::Impl& impl, Call& call, Choice c) noexcept {
     if (call.opts.workspace != nullptr) {
       la.workspace = call.opts.workspace;
       la.workspace_bytes = call.opts.workspace_bytes;
-    } else if (const Runtime::Impl::StreamSlot* slot = impl.stream_slot(call.p.device, call.stream.handle)) {
+    } else if (const api::StreamWorkspaces::Slot* slot = impl.streams.find(call.p.device, call.stream.handle)) {
       la.workspace = slot->workspace;
       la.workspace_bytes = slot->bytes;
     }
@@ -249,8 +249,8 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   const table::OwnKey okey = table::make_own_key(p, impl.device_name_hash(p.device, *dev));
   call.key_hash = table::own_key_hash(okey);
 
-  if (impl.any_forced) {
-    for (const core::Plan& f : impl.forced[static_cast<int>(p.op)]) {
+  if (impl.forced.any()) {
+    for (const core::Plan& f : impl.forced.of(p.op)) {
       if (f.variant->backend != p.device.type || f.variant->in_dtype != p.in_dtype) continue;
       if (Status s = f.variant->supports(p, f.params, *dev); !s.ok())
         return make_status(StatusCode::no_variant, "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
@@ -261,7 +261,7 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   }
   {
     table::EpochDomain::Guard guard(table::EpochDomain::global());
-    const table::Snapshot* snap = impl.current.load(std::memory_order_seq_cst);
+    const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
     if (const table::Bucket* b = snap->find_own(okey, call.key_hash, dev->device_name)) {
       size_t idx = 0;
       if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
@@ -344,9 +344,9 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   HitMemo& memo = memo_slot(ckey);
   // Loaded before the table (acquire; the writer stores it after `current`):
   // an entry made below is tagged with a generation no newer than its table.
-  const uint64_t gen = impl.table_gen.load(std::memory_order_acquire);
+  const uint64_t gen = impl.table.gen.load(std::memory_order_acquire);
   Choice c;
-  if (!impl.any_forced && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
+  if (!impl.forced.any() && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
     c.plan = memo.plan;
     c.source = PlanSource::table;
     c.table_m = memo.table_m;

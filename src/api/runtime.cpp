@@ -24,8 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void delete_snapshot(void* p) { delete static_cast<const table::Snapshot*>(p); }
-
 // Where the shipped configs live: <datadir>/kdispatch/configs of the prefix
 // the loaded libkdispatch sits in, else the source tree's configs/ (build
 // tree), else the configured install path. The prefix is found from the
@@ -71,10 +69,9 @@ Runtime::Impl::~Impl() {
   watcher.reset();
   tuner.reset();
   // The attached streams' workspaces (cudaFree waits for the device).
-  for (int i = 0; i < n_streams.load(std::memory_order_acquire); ++i)
-    if (const gpu::BackendOps* b = gpu::backend_ops(streams[i].device.type); b && b->free_device)
-      b->free_device(streams[i].workspace);
-  delete current.load(std::memory_order_acquire);
+  streams.release_all([](Device d, void* ws) {
+    if (const gpu::BackendOps* b = gpu::backend_ops(d.type); b && b->free_device) b->free_device(ws);
+  });
   table::EpochDomain::global().drop_owner(this);
 }
 
@@ -105,46 +102,23 @@ std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const 
   return out;
 }
 
-std::vector<const table::TableInput*> Runtime::Impl::all_inputs() const {
-  std::vector<const table::TableInput*> all;
-  all.reserve(base_inputs.size() + tuned_inputs.size());
-  for (const auto& in : base_inputs) all.push_back(&in);
-  for (const auto& in : tuned_inputs) all.push_back(&in);
-  return all;
-}
-
 void Runtime::Impl::rebuild_locked(std::vector<std::string>* notes) {
-  auto snap = table::Snapshot::build(all_inputs(), backend_version, notes);
-  {
-    std::lock_guard<std::mutex> lock(report_mu);
-    report.keys = static_cast<int64_t>(snap->buckets().size());
-    report.rows = snap->row_count();
-  }
-  publish_locked(std::move(snap));
+  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, notes);
+  reports.set_counts(static_cast<int64_t>(snap->buckets().size()), snap->row_count());
+  table.publish_locked(std::move(snap), this);
 }
 
 bool Runtime::Impl::publish_tuned(std::vector<table::TableInput> rows) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(table.mu);
   if (frozen.load(std::memory_order_acquire)) return false;
-  for (auto& in : rows) {
-    // One in-process row per (key, M): a re-tune replaces the old row.
-    for (auto& old : tuned_inputs)
-      if (old.key == in.key)
-        std::erase_if(old.rows, [&](const table::TableInput::InputRow& r) {
-          for (const auto& n : in.rows)
-            if (n.m == r.m) return true;
-          return false;
-        });
-    std::erase_if(tuned_inputs, [](const table::TableInput& t) { return t.rows.empty(); });
-    tuned_inputs.push_back(std::move(in));
-  }
+  table.add_tuned_locked(std::move(rows));
   rebuild_locked(nullptr);
   return true;
 }
 
 bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
   table::EpochDomain::Guard guard(table::EpochDomain::global());
-  const table::Snapshot* snap = current.load(std::memory_order_seq_cst);
+  const table::Snapshot* snap = table.current.load(std::memory_order_seq_cst);
   const table::Bucket* b = snap->find(key, table::key_hash(key));
   if (!b) return false;
   size_t idx = 0;
@@ -154,28 +128,15 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
   return k * 2 >= m && m * 2 >= k;
 }
 
-void Runtime::Impl::publish_locked(std::unique_ptr<table::Snapshot> snap) {
-  // Generation 0 while the table changes: readers neither use nor make memo
-  // entries then, so no thread serves an older memo entry after it has seen
-  // the new table. After the new table, a fresh generation: a reader that
-  // sees it sees the new table (it loads table_gen with acquire before it
-  // loads `current`).
-  static std::atomic<uint64_t> generations{0};
-  table_gen.store(0, std::memory_order_seq_cst);
-  const table::Snapshot* old = current.exchange(snap.release(), std::memory_order_seq_cst);
-  table_gen.store(generations.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_release);
-  if (old) table::EpochDomain::global().retire(const_cast<table::Snapshot*>(old), &delete_snapshot, this);
-}
-
 Status Runtime::Impl::load_and_publish_locked() {
   std::vector<store::SourceDir> dirs;
   for (const auto& [d, r] : source_dirs()) dirs.push_back(store::SourceDir{d, r});
-  auto intern = [this](const std::string& dir, const std::string& rel) { return this->intern(dir, rel); };
+  auto intern = [this](const std::string& dir, const std::string& rel) { return sources.intern(dir, rel); };
   for (auto& d : dirs) d.check_fingerprint = d.rank == cache_rank && !cache_dir.empty() && d.dir == cache_dir;
   store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern);
-  base_inputs = std::move(out.inputs);
+  table.base_inputs = std::move(out.inputs);
   std::vector<std::string> notes;
-  auto snap = table::Snapshot::build(all_inputs(), backend_version, &notes);
+  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, &notes);
   out.report.keys = static_cast<int64_t>(snap->buckets().size());
   out.report.rows = snap->row_count();
   if (!cache_dir_refused.empty()) out.report.notes.push_back(cache_dir_refused);
@@ -187,76 +148,8 @@ Status Runtime::Impl::load_and_publish_locked() {
       std::fprintf(stderr, "kdispatch: skipped %s/%s: %s\n", f.dir.c_str(), f.path.c_str(),
                    f.problems.empty() ? "" : f.problems.front().c_str());
   }
-  {
-    std::lock_guard<std::mutex> lock(report_mu);
-    report = std::move(out.report);
-  }
-  publish_locked(std::move(snap));
-  return Status();
-}
-
-uint32_t Runtime::Impl::intern(const std::string& dir, const std::string& rel) {
-  std::lock_guard<std::mutex> lock(sources_mu);
-  auto key = std::make_pair(dir, rel);
-  auto it = source_ids.find(key);
-  if (it != source_ids.end()) return it->second;
-  sources.push_back(key);
-  const auto id = static_cast<uint32_t>(sources.size());
-  source_ids.emplace(std::move(key), id);
-  return id;
-}
-
-// "<op>=<variant>" or "<op>=<variant>:<param>=<value>,..." -> a Plan.
-Status Runtime::Impl::parse_forced(const RuntimeOptions& o) {
-  for (const std::string& entry : o.force) {
-    const auto eq = entry.find('=');
-    if (eq == std::string::npos)
-      return make_status(StatusCode::config_error, "force entry '" + entry + "' is not <op>=<variant>[:param=value,...]");
-    const std::string opname = entry.substr(0, eq);
-    const auto op = core::parse_op(opname);
-    if (!op) return make_status(StatusCode::config_error, "force entry '" + entry + "': unknown op '" + opname + "'");
-    std::string rest = entry.substr(eq + 1);
-    std::string vname = rest, params;
-    if (const auto colon = rest.find(':'); colon != std::string::npos) {
-      vname = rest.substr(0, colon);
-      params = rest.substr(colon + 1);
-    }
-    const core::VariantDef* v = core::find_variant(vname);
-    if (!v || v->op != *op)
-      return make_status(StatusCode::no_variant, "force entry '" + entry + "': no " + opname + " variant named '" + vname + "'");
-    Config row;
-    row.emplace_back("variant", ConfigValue::string(vname));
-    size_t start = 0;
-    while (start < params.size()) {
-      size_t comma = params.find(',', start);
-      if (comma == std::string::npos) comma = params.size();
-      const std::string kv = params.substr(start, comma - start);
-      start = comma + 1;
-      const auto e2 = kv.find('=');
-      if (e2 == std::string::npos)
-        return make_status(StatusCode::config_error, "force entry '" + entry + "': '" + kv + "' is not param=value");
-      const std::string pn = kv.substr(0, e2), pv = kv.substr(e2 + 1);
-      const core::ParamDef* pd = nullptr;
-      for (const auto& d : v->params)
-        if (d.name == pn) pd = &d;
-      if (!pd) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + vname + " has no param '" + pn + "'");
-      if (pd->kind == core::ParamKind::integer) {
-        char* end = nullptr;
-        const long long x = std::strtoll(pv.c_str(), &end, 10);
-        if (pv.empty() || *end) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + pn + " needs an integer");
-        row.emplace_back(pn, ConfigValue::integer(x));
-      } else if (pd->kind == core::ParamKind::boolean) {
-        row.emplace_back(pn, ConfigValue::boolean(pv == "true" || pv == "1"));
-      } else {
-        row.emplace_back(pn, ConfigValue::string(pv));
-      }
-    }
-    auto plan = core::plan_from_config(row, *op, v->backend);
-    if (!plan.ok()) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + plan.status().message());
-    forced[static_cast<int>(*op)].push_back(*plan);
-    forced_text[static_cast<int>(*op)].push_back(entry);
-    any_forced = true;
-  }
+  reports.set(std::move(out.report));
+  table.publish_locked(std::move(snap), this);
   return Status();
 }
 
@@ -304,19 +197,19 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     impl->tuned_rank = static_cast<int32_t>(options.config_dirs.size());
     impl->cache_rank = impl->tuned_rank + 1;
     impl->shipped_rank = impl->tuned_rank + 2;
-    if (auto s = impl->parse_forced(options); !s.ok()) return s;
+    if (auto s = impl->forced.parse(options.force); !s.ok()) return s;
     impl->options = std::move(options);
     {
-      std::lock_guard<std::mutex> lock(impl->mu);
+      std::lock_guard<std::mutex> lock(impl->table.mu);
       if (auto s = impl->load_and_publish_locked(); !s.ok()) return s;
     }
     Impl* raw = impl.get();
     tune::TunerHooks hooks;
     hooks.publish = [raw](std::vector<table::TableInput> rows) { return raw->publish_tuned(std::move(rows)); };
-    hooks.intern = [raw](const std::string& dir, const std::string& rel) { return raw->intern(dir, rel); };
+    hooks.intern = [raw](const std::string& dir, const std::string& rel) { return raw->sources.intern(dir, rel); };
     hooks.covered = [raw](const std::string& key, int64_t m) { return raw->covered(key, m); };
     hooks.reload = [raw]() {
-      std::lock_guard<std::mutex> lock(raw->mu);
+      std::lock_guard<std::mutex> lock(raw->table.mu);
       if (!raw->frozen.load()) (void)raw->load_and_publish_locked();
     };
     impl->tuner = std::make_unique<tune::Tuner>(impl->options, impl->cache_dir, std::move(hooks));
@@ -340,14 +233,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
 
 const RuntimeOptions& Runtime::options() const noexcept { return impl_->options; }
 
-LoadReport Runtime::load_report() const {
-  std::lock_guard<std::mutex> lock(impl_->report_mu);
-  return impl_->report;
-}
+LoadReport Runtime::load_report() const { return impl_->reports.get(); }
 
 Status Runtime::reload() noexcept {
   try {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->table.mu);
     if (impl_->frozen.load(std::memory_order_acquire))
       return make_status(StatusCode::failed_precondition, "runtime is frozen: the table does not change");
     return impl_->load_and_publish_locked();
@@ -384,15 +274,9 @@ Result<DeviceInfo> Runtime::device_info(Device device) const noexcept {
   }
 }
 
-std::pair<std::string, std::string> Runtime::Impl::source(uint32_t id) const {
-  std::lock_guard<std::mutex> lock(sources_mu);
-  if (id == 0 || id > sources.size()) return {};
-  return sources[id - 1];
-}
+std::string Runtime::source_path(uint32_t id) const { return impl_->sources.get(id).second; }
 
-std::string Runtime::source_path(uint32_t id) const { return impl_->source(id).second; }
-
-std::string Runtime::source_dir(uint32_t id) const { return impl_->source(id).first; }
+std::string Runtime::source_dir(uint32_t id) const { return impl_->sources.get(id).first; }
 
 Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_bytes) noexcept {
   if (device.type == DeviceType::cpu)
@@ -405,29 +289,11 @@ Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_by
     return make_status(StatusCode::unsupported_device, "attach_stream: no usable " +
                                                            std::string(device_type_name(device.type)) + " device " +
                                                            std::to_string(device.ordinal));
-  Impl& im = *impl_;
-  std::lock_guard<std::mutex> lock(im.streams_mu);
-  if (im.stream_slot(device, stream.handle) != nullptr) return Status();
-  const int n = im.n_streams.load(std::memory_order_relaxed);
-  if (n >= Impl::kMaxStreams)
-    return make_status(StatusCode::out_of_memory, "attach_stream: " + std::to_string(Impl::kMaxStreams) +
-                                                      " streams already attached to this runtime");
-  void* ws = nullptr;
-  if (workspace_bytes > 0) {
-    ws = b->alloc_device(device.ordinal, workspace_bytes);
-    if (ws == nullptr)
-      return make_status(StatusCode::out_of_memory, "attach_stream: allocating a " + std::to_string(workspace_bytes) +
-                                                        "-byte workspace on " +
-                                                        std::string(device_type_name(device.type)) + ":" +
-                                                        std::to_string(device.ordinal));
-  }
-  im.streams[n] = Impl::StreamSlot{device, stream.handle, ws, ws ? workspace_bytes : 0};
-  im.n_streams.store(n + 1, std::memory_order_release);
-  return Status();
+  return impl_->streams.attach(device, stream.handle, workspace_bytes, b->alloc_device);
 }
 
 void Runtime::freeze(bool f) noexcept {
-  std::lock_guard<std::mutex> lock(impl_->mu);  // waits out a publish in flight
+  std::lock_guard<std::mutex> lock(impl_->table.mu);  // waits out a publish in flight
   impl_->frozen.store(f, std::memory_order_release);
   if (impl_->tuner) impl_->tuner->freeze(f);
 }
