@@ -43,7 +43,7 @@
 #include "core/numeric.hpp"
 #include "core/op.hpp"
 #include "ops/specs.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/device.hpp"
 
 namespace {

@@ -53,7 +53,7 @@
 
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/dispatch.hpp"
 #include "store/loader.hpp"
 #include "table/epoch.hpp"

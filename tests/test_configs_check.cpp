@@ -19,7 +19,7 @@
 
 #include <algorithm>
 
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "gpu/gpu_backend.hpp"

@@ -31,7 +31,7 @@
 #include "core/numeric.hpp"
 #include "core/op.hpp"
 #include "ops/specs.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_common.hpp"
 #include "cpu/gemm_list.hpp"

@@ -28,9 +28,9 @@
 
 #include "api/validate.hpp"
 #include "core/op.hpp"
-#include "core/plugin_abi.hpp"
-#include "core/plugin_loader.hpp"
-#include "core/registry.hpp"
+#include "backends/plugin_abi.hpp"
+#include "backends/plugin_loader.hpp"
+#include "backends/registry.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/thread_pool.hpp"
 #include "dispatch/device.hpp"

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <string>
 
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/config.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/gpu_backend.hpp"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "ops/specs.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"

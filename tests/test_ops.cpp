@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/numeric.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/c_api.h"
 #include "dispatch/dispatch.hpp"
 #include "ops/specs.hpp"

@@ -26,7 +26,7 @@
 
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "ops/specs.hpp"
 #include "dispatch/dispatch.hpp"
 #include "store/fingerprint.hpp"

@@ -26,4 +26,9 @@ namespace dispatch {
 /// Thread-safe; no allocation on success.
 KDISPATCH_API Result<TensorRef> from_dlpack(const DLTensor* t) noexcept;
 
+/// The kdispatch device of a DLPack device: kDLCPU and kDLCUDAHost the host
+/// (ordinal 0), kDLCUDA CUDA, kDLROCM HIP. Errors: unsupported_device for
+/// any other device type.
+KDISPATCH_API Result<Device> device_from_dlpack(DLDevice d) noexcept;
+
 }  // namespace dispatch

@@ -46,6 +46,9 @@ enum class DeviceType : uint8_t {
 };
 /// "cpu" | "cuda" | "hip".
 KDISPATCH_API std::string_view device_type_name(DeviceType t) noexcept;
+/// The DeviceType named `name` ("cpu", "cuda", "hip"). Errors:
+/// invalid_argument naming the text.
+KDISPATCH_API Result<DeviceType> parse_device_type(std::string_view name) noexcept;
 
 /// A device: backend type and ordinal (0 for the host).
 struct Device {

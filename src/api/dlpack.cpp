@@ -5,6 +5,19 @@
 
 namespace dispatch {
 
+Result<Device> device_from_dlpack(DLDevice d) noexcept {
+  switch (d.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost: return Device{DeviceType::cpu, 0};
+    case kDLCUDA: return Device{DeviceType::cuda, d.device_id};
+    case kDLROCM: return Device{DeviceType::hip, d.device_id};
+    default:
+      return make_status(StatusCode::unsupported_device,
+                         "DLTensor device type " + std::to_string(static_cast<int>(d.device_type)) +
+                             " has no kdispatch backend");
+  }
+}
+
 Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
   if (t == nullptr) return make_status(StatusCode::invalid_argument, "DLTensor is null");
   if (t->ndim < 0 || t->ndim > kMaxRank)
@@ -21,16 +34,9 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
     return make_status(StatusCode::unsupported_problem,
                        "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +
                            std::to_string(t->dtype.bits) + ") is not fp32, fp16 or bf16");
-  switch (t->device.device_type) {
-    case kDLCPU:
-    case kDLCUDAHost: r.device = Device{DeviceType::cpu, 0}; break;
-    case kDLCUDA: r.device = Device{DeviceType::cuda, t->device.device_id}; break;
-    case kDLROCM: r.device = Device{DeviceType::hip, t->device.device_id}; break;
-    default:
-      return make_status(StatusCode::unsupported_device,
-                         "DLTensor device type " + std::to_string(static_cast<int>(t->device.device_type)) +
-                             " has no kdispatch backend");
-  }
+  auto dev = device_from_dlpack(t->device);
+  if (!dev.ok()) return dev.status();
+  r.device = *dev;
   r.rank = t->ndim;
   int64_t stride = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {

@@ -9,7 +9,7 @@
 
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/ops.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"
@@ -82,20 +82,6 @@ bool triton_gemm_default(const store::Fields& f, Config* c, std::string* why) {
   return true;
 }
 
-std::optional<DeviceType> backend_from_name(std::string_view s) {
-  if (s == "cpu") return DeviceType::cpu;
-  if (s == "cuda") return DeviceType::cuda;
-  if (s == "hip") return DeviceType::hip;
-  return std::nullopt;
-}
-
-DeviceType infer_backend(std::string_view canonical_device) {
-  if (canonical_device.rfind("CPU_", 0) == 0) return DeviceType::cpu;
-  if (canonical_device.rfind("AMD_", 0) == 0 || canonical_device.find("Radeon") != std::string_view::npos)
-    return DeviceType::hip;
-  return DeviceType::cuda;
-}
-
 }  // namespace
 
 const char* match_name(LookupResult::Match m) noexcept {
@@ -156,7 +142,7 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
               if (const auto own_op = core::parse_op(o)) {
                 auto p = store::own_problem_from_fields(*own_op, fields);
                 if (!p.ok()) return false;
-                const DeviceType b = infer_backend(dev.canonical);
+                const DeviceType b = core::backend_of_device_name(dev.canonical);
                 p->device = Device{b, 0};
                 table::KeyBuffer kb;
                 table::build_own_key(*p, device_type_name(b), name, &kb);
@@ -202,14 +188,14 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
     };
     std::vector<Candidate> cands;
     core::Problem prob;
-    DeviceType backend = DeviceType::cpu;
+    DeviceType backend = core::backend_of_device_name(dev.canonical);
     if (own) {
       if (!q.backend.empty()) {
-        auto b = backend_from_name(q.backend);
-        if (!b) return make_status(StatusCode::invalid_argument, "unknown backend '" + q.backend + "' (cpu, cuda, hip)");
+        auto b = parse_device_type(q.backend);
+        if (!b.ok()) return make_status(StatusCode::invalid_argument, "unknown backend '" + q.backend + "' (cpu, cuda, hip)");
         backend = *b;
       } else {
-        backend = infer_backend(dev.canonical);
+        backend = core::backend_of_device_name(dev.canonical);
       }
       auto p = store::own_problem_from_fields(*own, fields);
       if (!p.ok()) return make_status(StatusCode::invalid_argument, "key: " + p.status().message());
@@ -319,7 +305,7 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
       if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
     } else if (op == "fused_moe") {
       why += "; ";
-      res.config = fused_moe_default(fields, q.M, infer_backend(dev.canonical) == DeviceType::hip, &why);
+      res.config = fused_moe_default(fields, q.M, core::backend_of_device_name(dev.canonical) == DeviceType::hip, &why);
     } else if (!triton_gemm_default(fields, &res.config, &(why += "; "))) {
       return make_status(StatusCode::not_found, "no table row for " + res.key + " and no default rule for it");
     }

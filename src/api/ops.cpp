@@ -31,7 +31,7 @@
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "core/op_spec.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"

@@ -7,7 +7,7 @@
 
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "core/op_spec.hpp"
 #include "store/filename.hpp"
@@ -248,38 +248,14 @@ Status Runtime::reload() noexcept {
   }
 }
 
-Result<DeviceInfo> Runtime::device_info(Device device) const noexcept {
-  try {
-    const DeviceInfo* d = impl_->device_for(device);
-    if (d == nullptr && device.type != DeviceType::cpu) {
-      const gpu::BackendOps* b = gpu::backend_ops(device.type);
-      if (b == nullptr)
-        return make_status(StatusCode::unsupported_device,
-                           "no " + std::string(device_type_name(device.type)) + " backend in this build");
-      const DeviceInfo& st = b->status();
-      return make_status(StatusCode::unsupported_device,
-                         !st.available ? st.unavailable_reason
-                                       : std::string(device_type_name(device.type)) + " device " +
-                                             std::to_string(device.ordinal) + " does not exist");
-    }
-    if (d == nullptr)
-      return make_status(StatusCode::unsupported_device,
-                         "no " + std::string(device_type_name(device.type)) + " backend in this build");
-    if (device.type == DeviceType::cpu && device.ordinal != 0)
-      return make_status(StatusCode::unsupported_device,
-                         std::string(device_type_name(device.type)) + " device " + std::to_string(device.ordinal) + " does not exist");
-    return *d;
-  } catch (...) {
-    return make_status(StatusCode::out_of_memory, "device_info");
-  }
-}
+Result<DeviceInfo> Runtime::device_info(Device device) const noexcept { return core::device_info_or_why(device); }
 
 std::string Runtime::source_path(uint32_t id) const { return impl_->sources.get(id).second; }
 
 std::string Runtime::source_dir(uint32_t id) const { return impl_->sources.get(id).first; }
 
 Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_bytes) noexcept {
-  if (device.type == DeviceType::cpu)
+  if (core::is_host(device.type))
     return make_status(StatusCode::invalid_argument, "attach_stream: device is the CPU (a workspace is for GPU gemm)");
   if (workspace_bytes < 0)
     return make_status(StatusCode::invalid_argument,

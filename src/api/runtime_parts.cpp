@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "table/epoch.hpp"
 
 namespace dispatch::api {

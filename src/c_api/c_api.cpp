@@ -555,16 +555,12 @@ kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int3
     if (json_out == nullptr) return null_arg("kdispatch_runtime_device_info", "json_out");
     *json_out = nullptr;
     if (rt == nullptr) return null_arg("kdispatch_runtime_device_info", "rt");
-    dispatch::Device dev;
-    switch (device_type) {
-      case kDLCPU:
-      case kDLCUDAHost: dev = {dispatch::DeviceType::cpu, ordinal}; break;
-      case kDLCUDA: dev = {dispatch::DeviceType::cuda, ordinal}; break;
-      case kDLROCM: dev = {dispatch::DeviceType::hip, ordinal}; break;
-      default:
-        return fail(KDISPATCH_UNSUPPORTED_DEVICE,
-                    "DLPack device type " + std::to_string(device_type) + " has no kdispatch backend");
-    }
+    auto mapped = dispatch::device_from_dlpack(DLDevice{static_cast<DLDeviceType>(device_type), ordinal});
+    if (!mapped.ok())
+      return fail(KDISPATCH_UNSUPPORTED_DEVICE,
+                  "DLPack device type " + std::to_string(device_type) + " has no kdispatch backend");
+    dispatch::Device dev = *mapped;
+    dev.ordinal = ordinal;  // as asked: a host ordinal other than 0 does not exist
     auto r = rt->rt->device_info(dev);
     if (!r.ok()) return finish(r.status());
     using namespace dispatch::core;

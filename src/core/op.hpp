@@ -155,7 +155,7 @@ struct VariantDef {
   /// "gemm_fp32__blocked", "rmsnorm_bf16__vec8_warp_per_row".
   std::string_view name;
   OpKind op = OpKind::gemm;
-  DeviceType backend = DeviceType::cpu;
+  DeviceType backend{};  ///< the backend that runs it (cpu, cuda, hip)
   /// Input dtype this variant computes (A/B or x/w).
   DType in_dtype = DType::fp32;
   /// Knobs, in the order launch() reads them from Plan::params.

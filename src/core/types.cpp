@@ -54,6 +54,12 @@ std::string_view device_type_name(DeviceType t) noexcept {
   return "?";
 }
 
+Result<DeviceType> parse_device_type(std::string_view name) noexcept {
+  for (DeviceType t : {DeviceType::cpu, DeviceType::cuda, DeviceType::hip})
+    if (device_type_name(t) == name) return t;
+  return make_status(StatusCode::invalid_argument, "unknown backend '" + std::string(name) + "' (expected cpu, cuda or hip)");
+}
+
 TensorRef make_tensor_1d(void* data, DType dtype, int64_t n, Device device) noexcept {
   TensorRef t;
   t.data = data;

@@ -11,7 +11,7 @@
 #include <simdjson.h>
 #include <string_view>
 
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
@@ -22,10 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::optional<DeviceType> own_backend(std::string_view name) {
-  if (name == "cpu") return DeviceType::cpu;
-  if (name == "cuda") return DeviceType::cuda;
-  if (name == "hip") return DeviceType::hip;
-  return std::nullopt;
+  auto t = parse_device_type(name);
+  return t.ok() ? std::optional<DeviceType>(*t) : std::nullopt;
 }
 
 // Reads a whole file into `buf` (with simdjson padding after it).

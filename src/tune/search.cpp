@@ -10,7 +10,7 @@
 
 #include "core/numeric.hpp"
 #include "core/op_spec.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 
 namespace dispatch::tune {
@@ -112,7 +112,8 @@ DeviceMemory& host_memory() noexcept {
 }
 
 DeviceMemory* memory_for(DeviceType backend) noexcept {
-  if (backend == DeviceType::cpu) return &host_memory();
+  // A backend without memory of its own (the host) uses host memory.
+  if (core::is_host(backend)) return &host_memory();
   return core::backend_memory(backend);
 }
 
@@ -161,8 +162,8 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
     // Candidates get the tuning thread's own workspace (the caller's would
     // be ordered on the caller's stream, not the tuner's).
     if (spec.uses_workspace && b->tuner_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
-  } else if (p.device.type == DeviceType::cpu) {
-    tla.workspace = la.workspace;
+  } else {
+    tla.workspace = la.workspace;  // the host: no stream to order against
     tla.workspace_bytes = la.workspace_bytes;
   }
   t.launch = [tla, prob](const core::Plan& plan) { return plan.variant->launch(tla, prob, plan.params); };

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "core/numeric.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"

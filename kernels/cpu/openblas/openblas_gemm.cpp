@@ -3,7 +3,7 @@
 // family, gemm_fp32__openblas, in the same config space as our own kernels.
 //
 // This file is the whole module libkdispatch_cpu_openblas.so (see
-// core/plugin_abi.hpp for why it is a separate module and what it may use:
+// backends/plugin_abi.hpp for why it is a separate module and what it may use:
 // header-inline kdispatch code only, no function of libkdispatch; the link
 // uses --no-undefined and a version script exporting one symbol).
 //
@@ -53,7 +53,7 @@
 
 #include "core/op.hpp"
 #include "ops/gemm.hpp"
-#include "core/plugin_abi.hpp"
+#include "backends/plugin_abi.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/status.hpp"
 

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The variant registry: the concatenation of every compiled backend's lists.
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 
 #include <algorithm>
 #include <string>
 
-#include "core/plugin_loader.hpp"
+#include "backends/plugin_loader.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "gpu/gpu_backend.hpp"
 
@@ -96,6 +96,41 @@ const char* no_backend_message(Device d) noexcept {
   return d.type == DeviceType::cpu ? "the CPU backend is unavailable"
                                    : "tensors are on a GPU but this build has no usable GPU backend for it; "
                                      "kdispatch never runs GPU tensors on the CPU";
+}
+
+DeviceType backend_of_device_name(std::string_view canonical) noexcept {
+  if (canonical.rfind("CPU_", 0) == 0) return DeviceType::cpu;
+  if (canonical.rfind("AMD_", 0) == 0 || canonical.find("Radeon") != std::string_view::npos) return DeviceType::hip;
+  return DeviceType::cuda;
+}
+
+bool is_host(DeviceType t) noexcept { return t == DeviceType::cpu; }
+
+Result<DeviceInfo> device_info_or_why(Device device) noexcept {
+  try {
+    const DeviceInfo* d = device_info_for(device);
+    if (d == nullptr && device.type != DeviceType::cpu) {
+      const gpu::BackendOps* b = gpu::backend_ops(device.type);
+      if (b == nullptr)
+        return make_status(StatusCode::unsupported_device,
+                           "no " + std::string(device_type_name(device.type)) + " backend in this build");
+      const DeviceInfo& st = b->status();
+      return make_status(StatusCode::unsupported_device,
+                         !st.available ? st.unavailable_reason
+                                       : std::string(device_type_name(device.type)) + " device " +
+                                             std::to_string(device.ordinal) + " does not exist");
+    }
+    if (d == nullptr)
+      return make_status(StatusCode::unsupported_device,
+                         "no " + std::string(device_type_name(device.type)) + " backend in this build");
+    if (device.type == DeviceType::cpu && device.ordinal != 0)
+      return make_status(StatusCode::unsupported_device,
+                         std::string(device_type_name(device.type)) + " device " + std::to_string(device.ordinal) +
+                             " does not exist");
+    return *d;
+  } catch (...) {
+    return make_status(StatusCode::out_of_memory, "device_info");
+  }
 }
 
 std::span<const VariantDef* const> all_variants() noexcept {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch — loading CPU backend plugins (see plugin_loader.hpp).
-#include "core/plugin_loader.hpp"
+#include "backends/plugin_loader.hpp"
 
 #include <dlfcn.h>
 #include <sys/stat.h>

@@ -33,6 +33,18 @@ const DeviceInfo* device_info_for(Device d) noexcept;
 /// unsupported_device error.
 const char* no_backend_message(Device d) noexcept;
 
+/// The backend of a device by its canonical name: CPU_* the CPU, AMD_* and
+/// Radeon HIP, the rest CUDA.
+DeviceType backend_of_device_name(std::string_view canonical) noexcept;
+
+/// True for the host backend (no device memory, no streams, no workspace).
+bool is_host(DeviceType t) noexcept;
+
+/// Runtime::device_info()'s answer: the probed description of `d`, or why
+/// there is none (no backend in this build, the backend unavailable, no
+/// such ordinal), as unsupported_device.
+Result<DeviceInfo> device_info_or_why(Device d) noexcept;
+
 /// Registration check of one variant of a built-in op (validate_variant
 /// with the op's argument names): refuses, e.g., an argument declared both
 /// restore_value and reset_to_zero, naming it.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch internal — finding, loading and checking CPU backend plugins
-// (see core/plugin_abi.hpp for the contract). The registry calls
+// (see backends/plugin_abi.hpp for the contract). The registry calls
 // load_cpu_plugins() once, from its constructor; absence of a plugin is not
 // an error: its families are just not there, and plugin_status() says why.
 //
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/op.hpp"
-#include "core/plugin_abi.hpp"
+#include "backends/plugin_abi.hpp"
 
 namespace dispatch::core {
 
