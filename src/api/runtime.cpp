@@ -16,7 +16,7 @@
 #include "store/writer.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"
-#include "api/watcher.hpp"
+#include "store/watcher.hpp"
 #include "tune/tuner.hpp"
 
 namespace dispatch {
@@ -219,7 +219,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
       Runtime* r = rt.get();
       std::vector<std::string> dirs;
       for (const auto& [d, rank] : rt->impl_->source_dirs()) dirs.push_back(d);
-      auto w = api::DirWatcher::start(dirs, [r]() { (void)r->reload(); });
+      auto w = store::DirWatcher::start(dirs, [r]() { (void)r->reload(); });
       if (!w.ok()) return w.status();
       rt->impl_->watcher = std::move(w.value());
     }

@@ -19,7 +19,7 @@
 namespace dispatch::tune {
 class Tuner;
 }
-namespace dispatch::api {
+namespace dispatch::store {
 class DirWatcher;
 }
 
@@ -57,7 +57,7 @@ struct Runtime::Impl {
   /// key_hash(dev.device_name) of the tensors' device `d`.
   uint64_t device_name_hash(Device d, const DeviceInfo& dev) const noexcept;
   std::unique_ptr<tune::Tuner> tuner;
-  std::unique_ptr<api::DirWatcher> watcher;
+  std::unique_ptr<store::DirWatcher> watcher;
 
   /// Adds tuned rows and publishes a rebuilt table (false when frozen).
   bool publish_tuned(std::vector<table::TableInput> rows);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "api/watcher.hpp"
+#include "store/watcher.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -14,7 +14,7 @@
 #include <map>
 #include <thread>
 
-namespace dispatch::api {
+namespace dispatch::store {
 namespace fs = std::filesystem;
 
 struct DirWatcher::State {
@@ -118,4 +118,4 @@ DirWatcher::~DirWatcher() {
 
 int64_t DirWatcher::reloads() const noexcept { return s_->reloads.load(std::memory_order_relaxed); }
 
-}  // namespace dispatch::api
+}  // namespace dispatch::store

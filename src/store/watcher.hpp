@@ -17,7 +17,7 @@
 
 #include "dispatch/status.hpp"
 
-namespace dispatch::api {
+namespace dispatch::store {
 
 class DirWatcher {
  public:
@@ -36,4 +36,4 @@ class DirWatcher {
   std::unique_ptr<State> s_;
 };
 
-}  // namespace dispatch::api
+}  // namespace dispatch::store
