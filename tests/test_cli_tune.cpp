@@ -215,33 +215,33 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   std::istringstream lines(text);
   std::string header;
   std::getline(lines, header);
-  CHECK(header == "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key");
+  CHECK(header == "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,bias,stride,count,key");
   const std::string device = dispatch::cpu_device_info().device_name;
-  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, std::string>> got;
+  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, std::string>> got;
   for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
-    REQUIRE(f.size() >= 13);
+    REQUIRE(f.size() >= 14);
     CHECK(f[1] == "cpu");
     CHECK(f[2] == device);
     CHECK(f[3] == "bf16");
     CHECK(f[4] == "bf16");
-    CHECK(std::stoll(f[11]) >= 1);  // count
+    CHECK(std::stoll(f[12]) >= 1);  // count
     // The canonical key, quoted (it holds commas).
-    CHECK(f[12].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
+    CHECK(f[13].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
     CHECK(line.back() == '"');
     auto num = [](const std::string& v) { return v.empty() ? int64_t(0) : int64_t(std::stoll(v)); };
-    got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), f[9]});
+    got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), num(f[9]), f[10]});
   }
-  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, std::string>> expected;
+  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, std::string>> expected;
   for (int64_t M : {1, 4}) {
-    expected.insert({"rmsnorm", M, 0, 0, 896, "false"});
-    expected.insert({"fused_add_rmsnorm", M, 0, 0, 896, "false"});
-    expected.insert({"gemm", M, 1152, 896, 0, "true"});  // qkv_proj (Qwen2 has a q/k/v bias)
-    expected.insert({"gemm", M, 896, 896, 0, "false"});  // o_proj
-    expected.insert({"gemm", M, 9728, 896, 0, "false"});  // gate_up_proj
-    expected.insert({"gemm", M, 896, 4864, 0, "false"});  // down_proj
+    expected.insert({"rmsnorm", M, 0, 0, 896, 0, "false"});
+    expected.insert({"fused_add_rmsnorm", M, 0, 0, 896, 0, "false"});
+    expected.insert({"gemm", M, 1152, 896, 0, 0, "true"});  // qkv_proj (Qwen2 has a q/k/v bias)
+    expected.insert({"gemm", M, 896, 896, 0, 0, "false"});  // o_proj
+    expected.insert({"gemm", M, 9728, 896, 0, 0, "false"});  // gate_up_proj
+    expected.insert({"gemm", M, 896, 4864, 0, 0, "false"});  // down_proj
   }
   CHECK(got == expected);
   CHECK_FALSE(fs::exists(cache));  // tuning off: nothing written to the cache

@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CLI — declarations shared by the tool's translation units: the
-// model table and traces (models.cpp), the replay driver (replay.cpp) and the
-// config inspection commands (configs.cpp). The CLI links the shared
-// libkdispatch, so it uses only the public API (include/dispatch/*.hpp) plus
-// two header-only helpers (core/json_write.hpp, core/numeric.hpp).
+// model table and traces (models.cpp), the replay driver (replay.cpp), the
+// shape lists and `tune` (tune.cpp) and the config inspection commands
+// (configs.cpp). `tune` takes its ops from dispatch::op_list()
+// (op_util.hpp). The CLI links the shared libkdispatch, so it uses only the
+// public API (include/dispatch/*.hpp) plus two header-only helpers
+// (core/json_write.hpp, core/numeric.hpp).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kdispatch_cli {
@@ -91,28 +95,34 @@ struct ReplayOptions {
 /// Runs the replay; returns the process exit code.
 int run_replay(const ReplayOptions& o);
 
-/// One shape of a shape list: a row of kdispatch's misses CSV
-/// (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key)
-/// or of an aiter untuned CSV (M,N,K[,bias,dtype,outdtype,...]; M,hidden).
+/// One row of a shape list: a row of kdispatch's misses CSV (op,backend,
+/// device_name,dtype,out_dtype,M,<every op's dims>,bias,stride,count,key) or
+/// of an aiter untuned CSV (M,N,K[,bias,dtype,outdtype,...]; M,hidden): every
+/// column of the header, by its lower-cased name.
 struct ShapeRow {
-  int line = 0;             ///< 1-based line in the file
-  std::string op;           ///< "" when the file has no op column
-  std::string backend;      ///< "" when not given
-  std::string device_name;  ///< "" when not given
-  std::string dtype;        ///< as written ("bf16", "torch.bfloat16"); "" = not given
-  std::string out_dtype;    ///< as written; "" = the input dtype
-  int64_t m = 0, n = 0, k = 0, hidden = 0;
-  int64_t batch = 0;        ///< aiter's batched CSVs (B column); 0 = none
-  bool bias = false;
-  std::string stride;       ///< the key's stride field ("" = row-major contiguous)
-  int64_t count = 0;        ///< misses CSV: calls that missed
+  int line = 0;    ///< 1-based line in the file
+  int64_t m = 0;   ///< the M column (>= 1)
+  /// (lower-cased column name, value as written without the spaces around it).
+  std::vector<std::pair<std::string, std::string>> fields;
+  /// The value of column `name` (lower-cased); "" when the file has no such column.
+  std::string_view get(std::string_view name) const {
+    for (const auto& [k, v] : fields)
+      if (k == name) return v;
+    return {};
+  }
+};
+/// A shape list: the header's column names (as written) and the rows.
+struct ShapeCsv {
+  std::vector<std::string> columns;
+  std::vector<ShapeRow> rows;
 };
 /// Reads a shape CSV: the first non-blank line is the header (column names,
-/// case-insensitive, spaces around fields ignored; unknown columns are
-/// ignored; fields past the header's last column belong to it, as the
-/// misses CSV's unquoted key). On failure returns nullopt and sets *error to
-/// "<file>:<line>: ...".
-std::optional<std::vector<ShapeRow>> read_shape_csv(const std::string& path, std::string* error);
+/// case-insensitive, spaces around fields ignored; fields past the header's
+/// last column belong to it, as the misses CSV's unquoted key). M must be an
+/// integer >= 1; the dims of every op of the op list, count and aiter's B
+/// integers >= 0 when given; flag fields (bias) true/false/1/0. On failure
+/// returns nullopt and sets *error to "<file>:<line>: ...".
+std::optional<ShapeCsv> read_shape_csv(const std::string& path, std::string* error);
 
 /// Options of `kdispatch tune`.
 struct TuneCmdOptions {

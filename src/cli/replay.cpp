@@ -894,19 +894,21 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
   using dsp::core::json_append_int;
   using dsp::core::json_append_string;
   std::string err;
-  auto rows = read_shape_csv(path, &err);
-  if (!rows) {
+  auto csv = read_shape_csv(path, &err);
+  if (!csv) {
     std::fprintf(stderr, "kdispatch misses: reading back %s: %s\n", path.c_str(), err.c_str());
     return kExitFailure;
   }
   int64_t shapes[kOps] = {}, keys[kOps] = {};
   for (int op = 0; op < kOps; ++op) {
     std::set<std::string> k;
-    for (const ShapeRow& s : *rows) {
-      if (s.op != kOpNames[op]) continue;
+    for (const ShapeRow& s : csv->rows) {
+      if (s.get("op") != kOpNames[op]) continue;
       shapes[op]++;
-      k.insert(s.dtype + "|" + s.out_dtype + "|" + std::to_string(s.n) + "|" + std::to_string(s.k) + "|" +
-               std::to_string(s.hidden) + "|" + (s.bias ? "b" : "") + "|" + s.stride);
+      std::string key;  // every column but M and count
+      for (const auto& [name, v] : s.fields)
+        if (name != "m" && name != "count") key += v + "|";
+      k.insert(std::move(key));
     }
     keys[op] = static_cast<int64_t>(k.size());
   }
@@ -922,7 +924,7 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
     j += ", \"dtype\": ";
     json_append_string(j, dsp::dtype_name(ri.dtype));
     j += ", \"rows\": ";
-    json_append_int(j, static_cast<int64_t>(rows->size()));
+    json_append_int(j, static_cast<int64_t>(csv->rows.size()));
     j += ", \"ops\": {";
     for (int op = 0; op < kOps; ++op) {
       const OpStats& s = r.stats(op);
@@ -952,9 +954,10 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
     std::printf("%-20s %9lld %9lld %9lld %8lld %6lld\n", kOpNames[op], (long long)s.calls, (long long)s.hits,
                 (long long)s.defaults, (long long)shapes[op], (long long)keys[op]);
   }
-  std::printf("\nwrote %s: %zu shapes (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key)\n",
-              path.c_str(), rows->size());
-  if (!rows->empty()) {
+  std::string columns;
+  for (const std::string& c : csv->columns) columns += (columns.empty() ? "" : ",") + c;
+  std::printf("\nwrote %s: %zu shapes (%s)\n", path.c_str(), csv->rows.size(), columns.c_str());
+  if (!csv->rows.empty()) {
     std::printf("tune them:\n");
     for (int op = 0; op < kOps; ++op)
       if (shapes[op])

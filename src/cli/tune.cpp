@@ -18,13 +18,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cli/cli.hpp"
+#include "cli/op_util.hpp"
 #include "core/json_write.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/ops.hpp"
@@ -60,20 +63,79 @@ bool parse_int(std::string_view v, int64_t* out) {
 
 }  // namespace
 
-std::optional<std::vector<ShapeRow>> read_shape_csv(const std::string& path, std::string* error) {
+namespace {
+
+// The fields of one CSV line (RFC 4180: a field in double quotes may hold
+// commas, as the misses CSV's key column does).
+std::vector<std::string_view> split_csv_line(std::string_view l) {
+  std::vector<std::string_view> f;
+  size_t start = 0;
+  while (true) {
+    size_t from = start;
+    while (from < l.size() && l[from] == ' ') ++from;
+    if (from < l.size() && l[from] == '"') {
+      const size_t close = l.find('"', from + 1);
+      if (close != std::string_view::npos) {
+        f.push_back(l.substr(from + 1, close - from - 1));
+        const size_t comma = l.find(',', close);
+        if (comma == std::string_view::npos) break;
+        start = comma + 1;
+        continue;
+      }
+    }
+    const size_t comma = l.find(',', start);
+    f.push_back(trim(l.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start)));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return f;
+}
+
+// How the reader checks a column's values: M (an integer >= 1), a count or
+// a dim of some op (an integer >= 0 when given), a flag field (true/false).
+struct ColumnRule {
+  enum Kind { any, m, count, flag } kind = any;
+  std::string name;  // as messages spell it: "M", "N", "hidden", "count", "B", "bias"
+};
+
+ColumnRule column_rule(const std::string& lname) {
+  if (lname == "m") return {ColumnRule::m, "M"};
+  if (lname == "count") return {ColumnRule::count, "count"};
+  if (lname == "b") return {ColumnRule::count, "B"};  // aiter's batched GEMM lists
+  for (const dsp::OpInfo& op : dsp::op_list())
+    for (const dsp::OpKeyFieldInfo& f : op.key_fields)
+      if (lower(f.name) == lname && (f.kind == "dim" || f.kind == "flag"))
+        return {f.kind == "dim" ? ColumnRule::count : ColumnRule::flag, std::string(f.name)};
+  return {};
+}
+
+// Checks one value against its column's rule: "" when fine, else the message.
+std::string check_value(const ColumnRule& rule, std::string_view v, int64_t* m) {
+  if (rule.kind == ColumnRule::flag) {
+    const std::string b = lower(v);
+    if (b == "true" || b == "1" || b == "false" || b == "0" || b.empty()) return {};
+    return rule.name + " '" + std::string(v) + "' is not true or false";
+  }
+  if (rule.kind == ColumnRule::any || (v.empty() && rule.kind != ColumnRule::m)) return {};
+  int64_t n = 0;
+  const bool is_m = rule.kind == ColumnRule::m;
+  if (!parse_int(v, &n) || n < 0 || (is_m && n < 1))
+    return rule.name + " '" + std::string(v) + "' is not an integer >= " + (is_m ? "1" : "0");
+  if (is_m) *m = n;
+  return {};
+}
+
+}  // namespace
+
+std::optional<ShapeCsv> read_shape_csv(const std::string& path, std::string* error) {
   std::ifstream in(path);
   if (!in) {
     *error = path + ": cannot open the shape file";
     return std::nullopt;
   }
-  enum Col { kOp, kBackend, kDevice, kDtype, kOutDtype, kM, kN, kK, kHidden, kBias, kStride, kCount, kKey, kBatch, kOther };
-  const std::map<std::string, Col> names = {
-      {"op", kOp},         {"backend", kBackend},     {"device_name", kDevice}, {"dtype", kDtype},
-      {"out_dtype", kOutDtype}, {"outdtype", kOutDtype}, {"m", kM},           {"n", kN},
-      {"k", kK},           {"hidden", kHidden},       {"bias", kBias},          {"stride", kStride},
-      {"count", kCount},   {"key", kKey},             {"b", kBatch}};
-  std::vector<Col> cols;
-  std::vector<ShapeRow> rows;
+  ShapeCsv csv;
+  std::vector<std::string> names;  // lower-cased
+  std::vector<ColumnRule> rules;
   std::string line;
   int line_no = 0;
   const auto fail = [&](const std::string& what) {
@@ -84,98 +146,44 @@ std::optional<std::vector<ShapeRow>> read_shape_csv(const std::string& path, std
     ++line_no;
     const std::string_view l = trim(line);
     if (l.empty() || l.front() == '#') continue;
-    // RFC 4180 fields: a field in double quotes may hold commas (the misses
-    // CSV quotes its key column).
-    std::vector<std::string_view> f;
-    size_t start = 0;
-    while (true) {
-      size_t from = start;
-      while (from < l.size() && l[from] == ' ') ++from;
-      if (from < l.size() && l[from] == '"') {
-        const size_t close = l.find('"', from + 1);
-        if (close != std::string_view::npos) {
-          f.push_back(l.substr(from + 1, close - from - 1));
-          const size_t comma = l.find(',', close);
-          if (comma == std::string_view::npos) break;
-          start = comma + 1;
-          continue;
-        }
-      }
-      const size_t comma = l.find(',', start);
-      f.push_back(trim(l.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start)));
-      if (comma == std::string_view::npos) break;
-      start = comma + 1;
-    }
-    if (cols.empty()) {  // the header
-      bool has_m = false;
+    std::vector<std::string_view> f = split_csv_line(l);
+    if (names.empty()) {  // the header
       for (std::string_view name : f) {
-        auto it = names.find(lower(name));
-        cols.push_back(it == names.end() ? kOther : it->second);
-        has_m = has_m || cols.back() == kM;
+        csv.columns.emplace_back(name);
+        names.push_back(lower(name));
+        rules.push_back(column_rule(names.back()));
       }
-      if (!has_m) return fail("the header names no M column (expected e.g. 'M,N,K' or 'M,hidden')");
+      if (std::find(names.begin(), names.end(), "m") == names.end())
+        return fail("the header names no M column (expected e.g. 'M,N,K' or 'M,hidden')");
       continue;
     }
     // Fields past the header's last column belong to it (an unquoted
     // last column holding commas, as older misses CSVs wrote the key).
     std::string last_joined;
-    if (f.size() > cols.size()) {
-      const size_t lastc = cols.size() - 1;
-      const char* b = f[lastc].data();
-      const char* e = f.back().data() + f.back().size();
-      last_joined.assign(b, static_cast<size_t>(e - b));
-      f.resize(cols.size());
+    if (f.size() > names.size()) {
+      const size_t lastc = names.size() - 1;
+      last_joined.assign(f[lastc].data(), static_cast<size_t>(f.back().data() + f.back().size() - f[lastc].data()));
+      f.resize(names.size());
       f[lastc] = last_joined;
     }
     ShapeRow r;
     r.line = line_no;
-    bool has_m = false;
-    for (size_t i = 0; i < cols.size() && i < f.size(); ++i) {
-      const std::string_view v = f[i];
-      int64_t* num = nullptr;
-      switch (cols[i]) {
-        case kOp: r.op = std::string(v); break;
-        case kBackend: r.backend = std::string(v); break;
-        case kDevice: r.device_name = std::string(v); break;
-        case kDtype: r.dtype = std::string(v); break;
-        case kOutDtype: r.out_dtype = std::string(v); break;
-        case kStride: r.stride = std::string(v); break;
-        case kKey:
-        case kOther: break;
-        case kBias: {
-          const std::string b = lower(v);
-          if (b == "true" || b == "1") r.bias = true;
-          else if (b == "false" || b == "0" || b.empty()) r.bias = false;
-          else return fail("bias '" + std::string(v) + "' is not true or false");
-          break;
-        }
-        case kM: num = &r.m; has_m = true; break;
-        case kN: num = &r.n; break;
-        case kK: num = &r.k; break;
-        case kHidden: num = &r.hidden; break;
-        case kCount: num = &r.count; break;
-        case kBatch: num = &r.batch; break;
-      }
-      if (num && !(v.empty() && cols[i] != kM)) {
-        const char* what = cols[i] == kM ? "M" : cols[i] == kN ? "N" : cols[i] == kK ? "K"
-                           : cols[i] == kHidden ? "hidden" : cols[i] == kCount ? "count" : "B";
-        if (!parse_int(v, num) || *num < 0 || (cols[i] == kM && *num < 1))
-          return fail(std::string(what) + " '" + std::string(v) + "' is not an integer >= " +
-                      (cols[i] == kM ? "1" : "0"));
-      }
+    for (size_t i = 0; i < names.size() && i < f.size(); ++i) {
+      if (std::string bad = check_value(rules[i], f[i], &r.m); !bad.empty()) return fail(bad);
+      r.fields.emplace_back(names[i], std::string(f[i]));
     }
-    if (!has_m) return fail("no M value");
-    rows.push_back(std::move(r));
+    if (r.m < 1) return fail("no M value");
+    csv.rows.push_back(std::move(r));
   }
   if (in.bad()) {
     *error = path + ": read error";
     return std::nullopt;
   }
-  if (cols.empty()) {
+  if (names.empty()) {
     *error = path + ": empty file (no header)";
     return std::nullopt;
   }
-  return rows;
+  return csv;
 }
 
 // ---------------------------------------------------------------- kdispatch tune
@@ -183,6 +191,7 @@ std::optional<std::vector<ShapeRow>> read_shape_csv(const std::string& path, std
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using dsp::core::JsonWriter;
 
 // "bf16", "torch.bfloat16", "float32", ... -> a DType.
 std::optional<dsp::DType> dtype_from_csv(std::string_view v) {
@@ -196,69 +205,15 @@ std::optional<dsp::DType> dtype_from_csv(std::string_view v) {
   return *r;
 }
 
-// One shape to tune.
+// One shape to tune: a key of --op (its file name's fields) at one M.
 struct Job {
   std::string file;
   int line = 0;
-  dsp::DType dtype = dsp::DType::bf16, out_dtype = dsp::DType::bf16;
-  int64_t m = 0, n = 0, k = 0, hidden = 0;
-  bool bias = false;
-  std::string stride;
+  std::string key_fields;  // canonical, file-name order (describe_key)
+  std::string label;       // the progress line's and the summary's name: "N=896,K=896,bf16", "hidden=896,bf16"
+  int64_t m = 0;
   double flops = 0;
-
-  // What the progress line and the summary call it: "N=896,K=896,bf16", "hidden=896,bf16".
-  std::string label(bool gemm) const {
-    std::string s = gemm ? "N=" + std::to_string(n) + ",K=" + std::to_string(k) : "hidden=" + std::to_string(hidden);
-    s += ",";
-    s += dsp::dtype_name(dtype);
-    if (gemm && out_dtype != dtype) s += "->" + std::string(dsp::dtype_name(out_dtype));
-    if (bias) s += ",bias";
-    if (!stride.empty()) s += ",stride=" + stride;
-    return s;
-  }
-  // The lookup key fields (the file name's fields other than device_name).
-  std::string key_fields(bool gemm) const {
-    std::string s = gemm ? "N=" + std::to_string(n) + ",K=" + std::to_string(k) : "hidden=" + std::to_string(hidden);
-    s += ",dtype=" + std::string(dsp::dtype_name(dtype));
-    if (gemm && bias) s += ",bias=true";
-    if (gemm && out_dtype != dtype) s += ",out_dtype=" + std::string(dsp::dtype_name(out_dtype));
-    if (!stride.empty()) s += ",stride=" + stride;
-    return s;
-  }
-  auto id() const { return std::make_tuple(dtype, out_dtype, n, k, hidden, bias, stride, m); }
 };
-
-// A stride field ("o1_o1_o1") applied to the operands' strides, so the
-// scratch problem has the key the misses CSV recorded: per operand, per
-// dim, '0' = broadcast, '1' = unit, 'o' = another stride (rows: the row
-// length; the last dim: the row count). False when the field is malformed.
-bool apply_stride(const std::string& field, dsp::TensorRef* const* ops, int n) {
-  if (field.empty()) return true;
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t u = field.find('_', start);
-    parts.push_back(field.substr(start, u == std::string::npos ? std::string::npos : u - start));
-    if (u == std::string::npos) break;
-    start = u + 1;
-  }
-  if (static_cast<int>(parts.size()) != n) return false;
-  for (int i = 0; i < n; ++i) {
-    dsp::TensorRef& t = *ops[i];
-    const std::string& p = parts[i];
-    if (static_cast<int>(p.size()) != t.rank) return false;
-    for (int d = 0; d < t.rank; ++d) {
-      const int64_t other = std::max<int64_t>(2, d == 0 && t.rank == 2 ? t.shape[1] : t.shape[0]);
-      switch (p[d]) {
-        case '0': t.strides[d] = 0; break;
-        case '1': t.strides[d] = 1; break;
-        case 'o': t.strides[d] = other; break;
-        default: return false;
-      }
-    }
-  }
-  return true;
-}
 
 // The progress display on stderr: one line per shape; on a terminal, also
 // a bar redrawn in place under those lines.
@@ -318,121 +273,198 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
-}  // namespace
+double round3(double v) { return std::round(v * 1000) / 1000; }
 
-int run_tune(const TuneCmdOptions& o) {
-  const char* cmd = "kdispatch tune";
-  const std::string& op = o.op;
-  if (op != "gemm" && op != "rmsnorm" && op != "fused_add_rmsnorm") {
-    std::fprintf(stderr, "%s: --op '%s' is not gemm, rmsnorm or fused_add_rmsnorm\n", cmd, op.c_str());
-    return kExitUsage;
-  }
-  const bool gemm = op == "gemm";
-  const auto default_dtype = dtype_from_csv(o.dtype);
-  if (!default_dtype) {
-    std::fprintf(stderr, "%s: --dtype '%s' is not a dtype (fp32, bf16, fp16)\n", cmd, o.dtype.c_str());
-    return kExitUsage;
-  }
-  if (!(o.max_flops > 0)) {
-    std::fprintf(stderr, "%s: --max-flops must be > 0, got %g\n", cmd, o.max_flops);
-    return kExitUsage;
-  }
-  if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) {
-    std::fprintf(stderr, "%s: --mem-gib must be > 0, got %g\n", cmd, o.mem_gib);
-    return kExitUsage;
-  }
-  if (o.budget_ms < 0 || !std::isfinite(o.budget_ms)) {
-    std::fprintf(stderr, "%s: --budget-ms must be > 0, got %g\n", cmd, o.budget_ms);
-    return kExitUsage;
-  }
-  if (o.max_candidates != -1 && o.max_candidates < 1) {
-    std::fprintf(stderr, "%s: --max-candidates must be >= 1, got %d\n", cmd, o.max_candidates);
-    return kExitUsage;
-  }
-  if (o.reps < 0) {
-    std::fprintf(stderr, "%s: --reps must be >= 1, got %d\n", cmd, o.reps);
-    return kExitUsage;
-  }
-  if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "hip") {
-    std::fprintf(stderr, "%s: --backend '%s' is not cpu, cuda or hip\n", cmd, o.backend.c_str());
-    return kExitUsage;
-  }
+// ---- the options
 
-  // ---- the shapes: read, keep --op's rows, drop duplicates
+// Checks the options that need no file: a usage error's exit code, or -1.
+int check_options(const TuneCmdOptions& o, const char* cmd) {
+  const auto bad = [&](const std::string& msg) {
+    std::fprintf(stderr, "%s: %s\n", cmd, msg.c_str());
+    return kExitUsage;
+  };
+  if (!find_op(o.op)) return bad("--op '" + o.op + "' is not " + op_names_text());
+  if (!dtype_from_csv(o.dtype)) return bad("--dtype '" + o.dtype + "' is not a dtype (fp32, bf16, fp16)");
+  if (!(o.max_flops > 0)) return bad("--max-flops must be > 0, got " + fmt("%g", o.max_flops));
+  if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) return bad("--mem-gib must be > 0, got " + fmt("%g", o.mem_gib));
+  if (o.budget_ms < 0 || !std::isfinite(o.budget_ms))
+    return bad("--budget-ms must be > 0, got " + fmt("%g", o.budget_ms));
+  if (o.max_candidates != -1 && o.max_candidates < 1)
+    return bad("--max-candidates must be >= 1, got " + std::to_string(o.max_candidates));
+  if (o.reps < 0) return bad("--reps must be >= 1, got " + std::to_string(o.reps));
+  if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "hip")
+    return bad("--backend '" + o.backend + "' is not cpu, cuda or hip");
+  return -1;
+}
+
+// ---- the shapes: a row of a shape list -> a key of --op
+
+// What the reading of the shape lists found for --op.
+struct Shapes {
   std::vector<Job> jobs;
-  std::vector<Outcome> unsupported;  // rows of --op this host cannot tune
+  std::vector<Outcome> unsupported;           // rows of --op this host cannot tune
   std::map<std::string, int64_t> other_rows;  // rows left out: another op -> count
-  {
-    std::set<decltype(Job{}.id())> seen;
-    for (const std::string& file : o.shapes) {
-      std::string err;
-      auto rows = read_shape_csv(file, &err);
-      if (!rows) {
-        std::fprintf(stderr, "%s: --shapes: %s\n", cmd, err.c_str());
-        return kExitUsage;
-      }
-      for (const ShapeRow& r : *rows) {
-        // The row's op: its own column, else what its columns describe
-        // (N,K: a GEMM; hidden: a norm, which one --op says).
-        std::string row_op = r.op;
-        if (row_op.empty()) row_op = r.n > 0 || r.k > 0 ? "gemm" : r.hidden > 0 ? (gemm ? "norm" : op) : "?";
-        if (row_op != op) {
-          other_rows[row_op == "norm" ? "rmsnorm/fused_add_rmsnorm (M,hidden)" : row_op]++;
-          continue;
-        }
-        Job j;
-        j.file = file;
-        j.line = r.line;
-        j.m = r.m;
-        j.n = r.n;
-        j.k = r.k;
-        j.hidden = r.hidden;
-        j.bias = r.bias;
-        j.stride = r.stride;
-        Outcome bad;
-        bad.kind = Outcome::Kind::unsupported;
-        bad.m = r.m;
-        const std::string where = file + ":" + std::to_string(r.line);
-        const auto dt = r.dtype.empty() ? default_dtype : dtype_from_csv(r.dtype);
-        const auto out = r.out_dtype.empty() ? dt : dtype_from_csv(r.out_dtype);
-        if (!dt || !out) {
-          bad.label = where;
-          bad.message = "dtype '" + (dt ? r.out_dtype : r.dtype) + "' has no kernel here";
-          unsupported.push_back(bad);
-          continue;
-        }
-        j.dtype = *dt;
-        j.out_dtype = gemm ? *out : *dt;
-        bad.label = j.label(gemm);
-        if (!r.backend.empty() && r.backend != o.backend) {
-          bad.message = "backend '" + r.backend + "': this run tunes on " + o.backend + " (--backend)";
-        } else if (r.batch > 1) {
-          bad.message = "batched GEMM (B=" + std::to_string(r.batch) + ") is not a kdispatch op";
-        } else if (gemm && (j.n < 1 || j.k < 1)) {
-          bad.message = where + ": a gemm row needs N and K >= 1";
-        } else if (!gemm && j.hidden < 1) {
-          bad.message = where + ": a " + op + " row needs hidden >= 1";
-        }
-        if (!bad.message.empty()) {
-          unsupported.push_back(bad);
-          continue;
-        }
-        j.flops = gemm ? 2.0 * j.m * j.n * j.k : 4.0 * j.m * j.hidden;
-        if (seen.insert(j.id()).second) jobs.push_back(std::move(j));
-      }
+};
+
+// How many of `op`'s dim key fields the row gives a value >= 1 for, of how many.
+std::pair<size_t, size_t> dims_given(const ShapeRow& r, const dsp::OpInfo& op) {
+  const auto dims = fields_of_kind(op, "dim");
+  size_t n = 0;
+  for (const dsp::OpKeyFieldInfo* f : dims) {
+    int64_t v = 0;
+    n += parse_int(r.get(lower(f->name)), &v) && v >= 1;
+  }
+  return {n, dims.size()};
+}
+
+// The op a row belongs to: its op column; else --op when the row has a
+// value for each of --op's dims; else the ops whose dims it has all of
+// ("gemm", or "rmsnorm/fused_add_rmsnorm (M,hidden)" when the dims fit
+// several); else --op when it has some of --op's dims (the row then lacks
+// the others); else "?".
+std::string row_op(const ShapeRow& r, const dsp::OpInfo& op) {
+  if (std::string_view col = r.get("op"); !col.empty()) return std::string(col);
+  const auto [given, dims] = dims_given(r, op);
+  if (given == dims) return std::string(op.name);
+  std::vector<std::string_view> fits;
+  const dsp::OpInfo* first = nullptr;
+  for (const dsp::OpInfo& o : dsp::op_list())
+    if (const auto [g, n] = dims_given(r, o); n > 0 && g == n) {
+      fits.push_back(o.name);
+      if (!first) first = &o;
+    }
+  if (fits.empty()) return given > 0 ? std::string(op.name) : "?";
+  std::string name;
+  for (std::string_view f : fits) name += (name.empty() ? "" : "/") + std::string(f);
+  if (fits.size() == 1) return name;
+  name += " (M";
+  for (std::string_view d : dims_in_file_order(*first)) name += "," + std::string(d);
+  return name + ")";
+}
+
+// The row's value of key field `f` (its name, else its CSV name).
+std::string_view field_value(const ShapeRow& r, const dsp::OpKeyFieldInfo& f) {
+  std::string_view v = r.get(lower(f.name));
+  return v.empty() ? r.get(lower(f.csv_name)) : v;
+}
+
+// A row of --op -> its key fields and label. The dims come first, in
+// file-name order; a message naming what is missing when a dim is.
+struct RowKey {
+  std::string fields, label, missing;
+};
+RowKey row_key(const ShapeRow& r, const dsp::OpInfo& op, const std::vector<std::string_view>& dims, dsp::DType dt,
+               dsp::DType out) {
+  RowKey k;
+  std::string label_dims;
+  bool missing = false;
+  for (std::string_view name : dims) {
+    int64_t v = 0;
+    if (!parse_int(r.get(lower(name)), &v) || v < 1) missing = true;
+    label_dims += (label_dims.empty() ? "" : ",") + std::string(name) + "=" + std::to_string(v < 0 ? 0 : v);
+  }
+  if (missing) k.missing = "a " + std::string(op.name) + " row needs " + join_names(dims, "and") + " >= 1";
+  k.fields = label_dims;
+  k.label = label_dims + "," + std::string(dsp::dtype_name(dt));
+  std::string flags, stride;
+  for (const dsp::OpKeyFieldInfo& f : op.key_fields) {
+    const std::string name(f.name);
+    const std::string_view v = field_value(r, f);
+    if (f.kind == "dtype") {
+      k.fields += "," + name + "=" + std::string(dsp::dtype_name(dt));
+    } else if (f.kind == "out_dtype" && out != dt) {
+      k.fields += "," + name + "=" + std::string(dsp::dtype_name(out));
+      k.label += "->" + std::string(dsp::dtype_name(out));
+    } else if (f.kind == "flag" && (lower(v) == "true" || v == "1")) {
+      k.fields += "," + name + "=true";
+      flags += "," + name;
+    } else if (f.kind == "stride" && !v.empty()) {
+      k.fields += "," + name + "=" + std::string(v);
+      stride += "," + name + "=" + std::string(v);
     }
   }
+  k.label += flags + stride;
+  return k;
+}
 
-  // ---- the emit dir and a runtime over it (no shipped configs, no other dir)
+// One row of --op: a job, or an outcome saying why it cannot be tuned here
+// (returned; .message empty when the row became a job).
+Outcome add_row(const ShapeRow& r, const std::string& file, const TuneCmdOptions& o, const dsp::OpInfo& op,
+                const std::vector<std::string_view>& dims, Job* job) {
+  Outcome bad;
+  bad.kind = Outcome::Kind::unsupported;
+  bad.m = r.m;
+  const std::string where = file + ":" + std::to_string(r.line);
+  const std::string_view dtype_text = r.get("dtype");
+  std::string_view out_text;
+  for (const dsp::OpKeyFieldInfo* f : fields_of_kind(op, "out_dtype")) out_text = field_value(r, *f);
+  const auto dt = dtype_text.empty() ? dtype_from_csv(o.dtype) : dtype_from_csv(dtype_text);
+  const auto out = out_text.empty() ? dt : dtype_from_csv(out_text);
+  if (!dt || !out) {
+    bad.label = where;
+    bad.message = "dtype '" + std::string(dt ? out_text : dtype_text) + "' has no kernel here";
+    return bad;
+  }
+  const RowKey key = row_key(r, op, dims, *dt, *out);
+  bad.label = key.label;
+  const std::string_view backend = r.get("backend");
+  int64_t batch = 0;
+  if (!backend.empty() && backend != o.backend) {
+    bad.message = "backend '" + std::string(backend) + "': this run tunes on " + o.backend + " (--backend)";
+  } else if (parse_int(r.get("b"), &batch) && batch > 1) {
+    bad.message = "batched GEMM (B=" + std::to_string(batch) + ") is not a kdispatch op";
+  } else if (!key.missing.empty()) {
+    bad.message = where + ": " + key.missing;
+  } else if (auto d = dsp::describe_key(op.name, key.fields, r.m); !d.ok()) {
+    bad.message = where + ": " + d.status().to_string();
+  } else {
+    *job = Job{file, r.line, d->key_fields, key.label, r.m, d->flops};
+  }
+  return bad;
+}
+
+// Reads the shape lists and keeps --op's rows, without duplicates. A usage
+// error's exit code, or -1.
+int read_shapes(const TuneCmdOptions& o, const char* cmd, const dsp::OpInfo& op, Shapes* out) {
+  const std::vector<std::string_view> dims = dims_in_file_order(op);
+  std::set<std::pair<std::string, int64_t>> seen;  // (key fields, M)
+  for (const std::string& file : o.shapes) {
+    std::string err;
+    auto csv = read_shape_csv(file, &err);
+    if (!csv) {
+      std::fprintf(stderr, "%s: --shapes: %s\n", cmd, err.c_str());
+      return kExitUsage;
+    }
+    for (const ShapeRow& r : csv->rows) {
+      if (std::string name = row_op(r, op); name != op.name) {
+        out->other_rows[name]++;
+        continue;
+      }
+      Job j;
+      Outcome bad = add_row(r, file, o, op, dims, &j);
+      if (!bad.message.empty()) out->unsupported.push_back(std::move(bad));
+      else if (seen.insert({j.key_fields, j.m}).second) out->jobs.push_back(std::move(j));
+    }
+  }
+  return -1;
+}
+
+// ---- the runtime over the emit dir
+
+// A runtime over the emit dir (no shipped configs, no other dir); null with
+// *exit_code set on failure.
+std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* cmd, int* exit_code) {
   std::error_code ec;
+  *exit_code = kExitUsage;
   if (fs::exists(o.emit, ec) && !fs::is_directory(o.emit, ec)) {
     std::fprintf(stderr, "%s: --emit '%s' is not a directory\n", cmd, o.emit.c_str());
-    return kExitUsage;
+    return nullptr;
   }
   fs::create_directories(o.emit, ec);
   if (ec) {
     std::fprintf(stderr, "%s: cannot create --emit dir '%s': %s\n", cmd, o.emit.c_str(), ec.message().c_str());
-    return kExitFailure;
+    *exit_code = kExitFailure;
+    return nullptr;
   }
   dsp::RuntimeOptions ro;
   ro.load_shipped_configs = false;
@@ -442,284 +474,283 @@ int run_tune(const TuneCmdOptions& o) {
   ro.tune.load_cache = true;          // its rows (this build's) are the "done" set
   ro.tune.keep_rows_of_other_builds = true;  // an emit dir is committed configs: never drop rows on merge
   if (o.budget_ms > 0) ro.tune.time_budget_ms = o.budget_ms;
-  if (o.mem_gib > 0) {
-    ro.tune.memory_budget_bytes = static_cast<int64_t>(o.mem_gib * 1073741824.0);
-  } else if (std::getenv("KDISPATCH_TUNE_MEM")) {
+  // $KDISPATCH_TUNE_MEM (unless --mem-gib) and $KDISPATCH_LOG_LEVEL (info:
+  // every shape's confirmation rounds) apply.
+  const bool env_mem = o.mem_gib <= 0 && std::getenv("KDISPATCH_TUNE_MEM");
+  if (env_mem || std::getenv("KDISPATCH_LOG_LEVEL")) {
     auto env = dsp::options_from_env();
     if (!env.ok()) {
       std::fprintf(stderr, "%s: %s\n", cmd, env.status().to_string().c_str());
-      return kExitUsage;
+      return nullptr;
     }
-    ro.tune.memory_budget_bytes = env->tune.memory_budget_bytes;
+    if (env_mem) ro.tune.memory_budget_bytes = env->tune.memory_budget_bytes;
+    if (std::getenv("KDISPATCH_LOG_LEVEL")) ro.log_level = env->log_level;
   }
-  if (std::getenv("KDISPATCH_LOG_LEVEL")) {  // info: every shape's confirmation rounds
-    auto env = dsp::options_from_env();
-    if (!env.ok()) {
-      std::fprintf(stderr, "%s: %s\n", cmd, env.status().to_string().c_str());
-      return kExitUsage;
-    }
-    ro.log_level = env->log_level;
-  }
+  if (o.mem_gib > 0) ro.tune.memory_budget_bytes = static_cast<int64_t>(o.mem_gib * 1073741824.0);
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;
   if (o.max_candidates >= 1) ro.tune.max_candidates = o.max_candidates;
-  auto rt_r = dsp::Runtime::create(ro);
-  if (!rt_r.ok()) {
+  auto rt = dsp::Runtime::create(ro);
+  if (!rt.ok()) {
     std::fprintf(stderr, "%s: cannot create the runtime over '%s': %s\n", cmd, o.emit.c_str(),
-                 rt_r.status().to_string().c_str());
-    return kExitFailure;
+                 rt.status().to_string().c_str());
+    *exit_code = kExitFailure;
+    return nullptr;
   }
-  dsp::Runtime& rt = **rt_r;
-  const dsp::LoadReport report = rt.load_report();
+  return std::move(*rt);
+}
+
+// The device the shapes are tuned on: its tensors' device selects the
+// backend, and its device_name goes into the emitted file names. False
+// (message printed) when --backend's device is not there.
+bool tune_device(dsp::Runtime& rt, const TuneCmdOptions& o, const char* cmd, dsp::Device* dev, std::string* name) {
+  *dev = dsp::Device{o.backend == "cuda"  ? dsp::DeviceType::cuda
+                     : o.backend == "hip" ? dsp::DeviceType::hip
+                                          : dsp::DeviceType::cpu,
+                     0};
+  *name = dsp::cpu_device_info().device_name;
+  if (dev->type == dsp::DeviceType::cpu) return true;
+  auto di = rt.device_info(*dev);
+  if (!di.ok() || !di->available) {
+    std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(),
+                 di.ok() ? di->unavailable_reason.c_str() : di.status().to_string().c_str());
+    return false;
+  }
+  *name = di->device_name;
+  return true;
+}
+
+void print_plan(const TuneCmdOptions& o, const char* cmd, const Shapes& sh, dsp::Runtime& rt) {
   int stale = 0;
-  for (const auto& f : report.files) stale += f.stale;
+  for (const auto& f : rt.load_report().files) stale += f.stale;
   const dsp::TuneOptions& to = rt.options().tune;
+  std::fprintf(stderr, "%s: %zu %s shapes from %zu file(s) -> %s (budget %.0f ms/shape, %d reps%s%s)\n", cmd,
+               sh.jobs.size(), o.op.c_str(), o.shapes.size(), o.emit.c_str(), to.time_budget_ms, to.reps,
+               to.cold_cache ? ", cold cache" : ", warm cache", o.resume ? ", resuming" : "");
+  for (const auto& [other, n] : sh.other_rows)
+    std::fprintf(stderr, "  left out %lld rows of %s\n", (long long)n, other.c_str());
+  if (stale)
+    std::fprintf(stderr,
+                 "  note: %d file(s) in %s were written by another build (their fingerprint differs): their rows "
+                 "do not count as done, and writing to such a file replaces them\n",
+                 stale, o.emit.c_str());
+}
 
-  if (!o.json) {
-    std::fprintf(stderr, "%s: %zu %s shapes from %zu file(s) -> %s (budget %.0f ms/shape, %d reps%s%s)\n", cmd,
-                 jobs.size(), op.c_str(), o.shapes.size(), o.emit.c_str(), to.time_budget_ms, to.reps,
-                 to.cold_cache ? ", cold cache" : ", warm cache", o.resume ? ", resuming" : "");
-    for (const auto& [other, n] : other_rows)
-      std::fprintf(stderr, "  left out %lld rows of %s\n", (long long)n, other.c_str());
-    if (stale)
-      std::fprintf(stderr,
-                   "  note: %d file(s) in %s were written by another build (their fingerprint differs): their rows "
-                   "do not count as done, and writing to such a file replaces them\n",
-                   stale, o.emit.c_str());
-  }
+// ---- tune
 
-  // ---- tune
-  std::vector<Outcome> results;
-  Progress progress(jobs.size());
-  const auto t0 = Clock::now();
-  // The device the shapes are tuned on: its tensors' device selects the
-  // backend, and its device_name goes into the emitted file names.
-  const dsp::Device dev{o.backend == "cuda" ? dsp::DeviceType::cuda
-                        : o.backend == "hip" ? dsp::DeviceType::hip
-                                             : dsp::DeviceType::cpu,
-                        0};
-  std::string device = dsp::cpu_device_info().device_name;
-  if (dev.type != dsp::DeviceType::cpu) {
-    auto di = rt.device_info(dev);
-    if (!di.ok() || !di->available) {
-      std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(),
-                   di.ok() ? di->unavailable_reason.c_str() : di.status().to_string().c_str());
-      return kExitUsage;
-    }
-    device = di->device_name;
+struct Target {
+  dsp::Runtime& rt;
+  const TuneCmdOptions& o;
+  dsp::Device dev;
+  std::string device;  // its device_name
+};
+
+// The tuner's result of one job -> its outcome and progress line.
+Outcome tuned_outcome(const dsp::PretuneResult& r, const std::string& head, const std::string& emit,
+                      std::string* line) {
+  Outcome out;
+  out.kind = Outcome::Kind::tuned;
+  out.variant = r.variant;
+  out.key = r.key;
+  out.config = r.config;
+  out.us = r.best_us;
+  out.default_us = r.default_us;
+  out.candidates = r.candidates;
+  out.rejected = r.rejected;
+  out.persisted = r.persisted;
+  *line = head + " -> " + r.variant + " " + fmt("%.1f", r.best_us) + "us (default " + fmt("%.1f", r.default_us) +
+          "us, " + (r.best_us > 0 && r.default_us > 0 ? fmt("%.2f", r.default_us / r.best_us) + "x" : "n/a") + ", " +
+          std::to_string(r.candidates) + (r.candidates == 1 ? " candidate)" : " candidates)");
+  if (!r.persisted) {
+    out.kind = Outcome::Kind::failed;
+    out.message = "tuned but not written to " + emit;
+    *line += " FAILED: not written to the emit dir";
   }
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const Job& j = jobs[i];
-    Outcome out;
-    out.label = j.label(gemm);
-    out.m = j.m;
-    const std::string head = out.label + " M=" + std::to_string(j.m);
-    if (j.flops > o.max_flops) {
-      out.kind = Outcome::Kind::too_large;
-      out.message = fmt("%.3g", j.flops) + " flops per call > --max-flops " + fmt("%.3g", o.max_flops);
-      progress.done(i + 1, head + " skipped: " + out.message);
-      results.push_back(std::move(out));
-      continue;
-    }
-    if (o.resume) {
-      dsp::LookupQuery q;
-      q.op = op;
-      q.key = j.key_fields(gemm);
-      q.backend = o.backend;
-      q.device = device;
-      q.M = j.m;
-      auto lr = dsp::lookup(rt, q);
-      if (lr.ok() && lr->match == dsp::LookupResult::Match::exact) {
-        out.kind = Outcome::Kind::done;
-        out.variant = lr->variant;
-        out.key = lr->key;
-        out.config = lr->config;
-        out.message = "already in " + o.emit;
-        progress.done(i + 1, head + " skipped: already in the emit dir (" + lr->variant + ")");
-        results.push_back(std::move(out));
-        continue;
-      }
-    }
+  return out;
+}
+
+// A job skipped before the search: its call costs more than --max-flops,
+// or (resuming) the emit dir has its (key, M) already (an exact lookup
+// match). Sets the progress line.
+std::optional<Outcome> skip(const Target& t, const Job& j, const std::string& head, std::string* line) {
+  const TuneCmdOptions& o = t.o;
+  Outcome out;
+  if (j.flops > o.max_flops) {
+    out.kind = Outcome::Kind::too_large;
+    out.message = fmt("%.3g", j.flops) + " flops per call > --max-flops " + fmt("%.3g", o.max_flops);
+    *line = head + " skipped: " + out.message;
+    return out;
+  }
+  if (!o.resume) return std::nullopt;
+  dsp::LookupQuery q;
+  q.op = o.op;
+  q.key = j.key_fields;
+  q.backend = o.backend;
+  q.device = t.device;
+  q.M = j.m;
+  auto lr = dsp::lookup(t.rt, q);
+  if (!lr.ok() || lr->match != dsp::LookupResult::Match::exact) return std::nullopt;
+  out.kind = Outcome::Kind::done;
+  out.variant = lr->variant;
+  out.key = lr->key;
+  out.config = lr->config;
+  out.message = "already in " + o.emit;
+  *line = head + " skipped: already in the emit dir (" + lr->variant + ")";
+  return out;
+}
+
+// One job: skipped, tuned (dsp::pretune_key, persisted into the emit dir) or failed.
+Outcome tune_one(const Target& t, const Job& j, size_t i, Progress& progress) {
+  const std::string head = j.label + " M=" + std::to_string(j.m);
+  std::string line;
+  Outcome out;
+  if (auto skipped = skip(t, j, head, &line)) {
+    out = std::move(*skipped);
+  } else {
     progress.start(i + 1, head);
-    dsp::Result<dsp::PretuneResult> r = dsp::make_status(dsp::StatusCode::internal, "not run");
-    if (gemm) {
-      dsp::GemmArgs a;
-      a.a = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.k, j.k, dev);
-      a.b = dsp::make_tensor_2d(nullptr, j.dtype, j.n, j.k, j.k, dev);
-      a.d = dsp::make_tensor_2d(nullptr, j.out_dtype, j.m, j.n, j.n, dev);
-      if (j.bias) a.bias = dsp::make_tensor_1d(nullptr, j.out_dtype, j.n, dev);  // rank 1, no data: "has a bias"
-      dsp::TensorRef* ops[3] = {&a.a, &a.b, &a.d};
-      if (!apply_stride(j.stride, ops, 3)) r = dsp::make_status(dsp::StatusCode::invalid_argument, "bad stride field '" + j.stride + "'");
-      else r = dsp::pretune(rt, a);
-    } else if (op == "rmsnorm") {
-      dsp::RmsNormArgs a;
-      a.x = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
-      a.y = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
-      a.w = dsp::make_tensor_1d(nullptr, j.dtype, j.hidden, dev);
-      dsp::TensorRef* ops[3] = {&a.x, &a.y, &a.w};
-      if (!apply_stride(j.stride, ops, 3)) r = dsp::make_status(dsp::StatusCode::invalid_argument, "bad stride field '" + j.stride + "'");
-      else r = dsp::pretune(rt, a);
+    auto r = dsp::pretune_key(t.rt, t.o.op, j.key_fields, j.m, t.dev);
+    if (r.ok()) {
+      out = tuned_outcome(*r, head, t.o.emit, &line);
     } else {
-      dsp::FusedAddRmsNormArgs a;
-      a.x = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
-      a.residual = dsp::make_tensor_2d(nullptr, j.dtype, j.m, j.hidden, j.hidden, dev);
-      a.w = dsp::make_tensor_1d(nullptr, j.dtype, j.hidden, dev);
-      dsp::TensorRef* ops[3] = {&a.x, &a.residual, &a.w};
-      if (!apply_stride(j.stride, ops, 3)) r = dsp::make_status(dsp::StatusCode::invalid_argument, "bad stride field '" + j.stride + "'");
-      else r = dsp::pretune(rt, a);
-    }
-    if (!r.ok()) {
       // Over the scratch-memory budget is "too large here", like --max-flops.
       out.kind = r.status().code() == dsp::StatusCode::out_of_memory ? Outcome::Kind::too_large
                                                                       : Outcome::Kind::failed;
       out.message = r.status().to_string();
-      progress.done(i + 1, head + (out.kind == Outcome::Kind::failed ? " FAILED: " : " skipped: ") + out.message);
-      results.push_back(std::move(out));
-      continue;
+      line = head + (out.kind == Outcome::Kind::failed ? " FAILED: " : " skipped: ") + out.message;
     }
-    out.kind = Outcome::Kind::tuned;
-    out.variant = r->variant;
-    out.key = r->key;
-    out.config = r->config;
-    out.us = r->best_us;
-    out.default_us = r->default_us;
-    out.candidates = r->candidates;
-    out.rejected = r->rejected;
-    out.persisted = r->persisted;
-    std::string line = head + " -> " + r->variant + " " + fmt("%.1f", r->best_us) + "us (default " +
-                       fmt("%.1f", r->default_us) + "us, " +
-                       (r->best_us > 0 && r->default_us > 0 ? fmt("%.2f", r->default_us / r->best_us) + "x" : "n/a") +
-                       ", " + std::to_string(r->candidates) + (r->candidates == 1 ? " candidate)" : " candidates)");
-    if (!r->persisted) {
-      out.kind = Outcome::Kind::failed;
-      out.message = "tuned but not written to " + o.emit;
-      line += " FAILED: not written to the emit dir";
-    }
-    progress.done(i + 1, line);
-    results.push_back(std::move(out));
   }
+  progress.done(i + 1, line);
+  out.label = j.label;
+  out.m = j.m;
+  return out;
+}
+
+// ---- the summary
+
+struct Summary {
+  int64_t shapes = 0, tuned = 0, done = 0, too_large = 0, unsupported = 0, failed = 0, with_speedup = 0;
+  double geomean = 0.0, seconds = 0.0;
+  std::vector<std::string> files;  // under <emit>/<backend>/<op>/ (what a commit would add)
+};
+
+Summary summarize(const TuneCmdOptions& o, const Shapes& sh, const std::vector<Outcome>& results, double seconds) {
+  Summary s;
+  double log_sum = 0;
+  for (const Outcome& r : results) {
+    switch (r.kind) {
+      case Outcome::Kind::tuned:
+        ++s.tuned;
+        if (r.us > 0 && r.default_us > 0) {
+          log_sum += std::log(r.default_us / r.us);
+          ++s.with_speedup;
+        }
+        break;
+      case Outcome::Kind::done: ++s.done; break;
+      case Outcome::Kind::too_large: ++s.too_large; break;
+      case Outcome::Kind::unsupported: break;
+      case Outcome::Kind::failed: ++s.failed; break;
+    }
+  }
+  s.unsupported = static_cast<int64_t>(sh.unsupported.size());
+  s.shapes = static_cast<int64_t>(sh.jobs.size()) + s.unsupported;
+  s.geomean = s.with_speedup ? std::exp(log_sum / static_cast<double>(s.with_speedup)) : 0.0;
+  s.seconds = seconds;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(fs::path(o.emit) / o.backend / o.op, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().extension() == ".json" && it->path().filename().string()[0] != '.')
+      s.files.push_back(fs::relative(it->path(), o.emit, ec).generic_string());
+  std::sort(s.files.begin(), s.files.end());
+  return s;
+}
+
+void write_outcome(JsonWriter& w, const Outcome& r) {
+  w.begin_object();
+  w.field("shape", r.label).field("M", r.m).field("status", kind_name(r.kind));
+  if (!r.variant.empty()) {
+    w.field("variant", r.variant);
+    w.key("config").json(dsp::config_to_json(r.config));
+  }
+  if (!r.key.empty()) w.field("key", r.key);
+  if (r.kind == Outcome::Kind::tuned) {
+    w.field("us", round3(r.us)).field("default_us", round3(r.default_us));
+    w.field("speedup", r.us > 0 ? round3(r.default_us / r.us) : 0.0);
+    w.field("candidates", r.candidates).field("rejected", r.rejected);
+  }
+  if (!r.message.empty()) w.field("message", r.message);
+  w.end_object();
+}
+
+void print_json(const TuneCmdOptions& o, const std::string& device, const Summary& s, double budget_ms,
+                const std::vector<Outcome>& results, const std::vector<Outcome>& unsupported) {
+  JsonWriter w;
+  w.begin_object();
+  w.field("op", o.op).field("emit", o.emit).field("device_name", device);
+  w.field("shapes", s.shapes).field("tuned", s.tuned);
+  w.field("skipped", s.done + s.too_large + s.unsupported).field("skipped_done", s.done);
+  w.field("skipped_too_large", s.too_large).field("skipped_unsupported", s.unsupported);
+  w.field("failed", s.failed).field("seconds", round3(s.seconds)).field("geomean_speedup", round3(s.geomean));
+  w.field("budget_ms", budget_ms);
+  w.key("files").begin_array();
+  for (const std::string& f : s.files) w.value(f);
+  w.end_array();
+  w.key("results").begin_array();
+  for (const Outcome& r : results) write_outcome(w, r);
+  for (const Outcome& r : unsupported) write_outcome(w, r);
+  w.end_array();
+  w.end_object();
+  std::fputs((w.take() + "\n").c_str(), stdout);
+}
+
+void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Outcome>& unsupported) {
+  for (const Outcome& r : unsupported)
+    std::fprintf(stderr, "  skipped %s M=%lld: %s\n", r.label.c_str(), (long long)r.m, r.message.c_str());
+  std::printf("%lld %s shapes: %lld tuned, %lld skipped (%lld already in %s, %lld too large here, %lld not "
+              "tunable here), %lld failed; %.1f s\n",
+              (long long)s.shapes, o.op.c_str(), (long long)s.tuned, (long long)(s.done + s.too_large + s.unsupported),
+              (long long)s.done, o.emit.c_str(), (long long)s.too_large, (long long)s.unsupported, (long long)s.failed,
+              s.seconds);
+  if (s.with_speedup)
+    std::printf("geomean speedup vs get_default: %.2fx over %lld tuned shapes\n", s.geomean,
+                (long long)s.with_speedup);
+  std::printf("%zu config file(s) under %s/%s/%s/%s\n", s.files.size(), o.emit.c_str(), o.backend.c_str(),
+              o.op.c_str(), s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
+}
+
+}  // namespace
+
+int run_tune(const TuneCmdOptions& o) {
+  const char* cmd = "kdispatch tune";
+  if (int e = check_options(o, cmd); e >= 0) return e;
+  const dsp::OpInfo& op = *find_op(o.op);
+
+  // ---- the shapes: read, keep --op's rows, drop duplicates
+  Shapes shapes;
+  if (int e = read_shapes(o, cmd, op, &shapes); e >= 0) return e;
+
+  // ---- the emit dir and a runtime over it, the device
+  int exit_code = kExitOk;
+  std::unique_ptr<dsp::Runtime> rt = emit_runtime(o, cmd, &exit_code);
+  if (!rt) return exit_code;
+  if (!o.json) print_plan(o, cmd, shapes, *rt);
+  Target target{*rt, o, {}, {}};
+  if (!tune_device(*rt, o, cmd, &target.dev, &target.device)) return kExitUsage;
+
+  // ---- tune
+  std::vector<Outcome> results;
+  Progress progress(shapes.jobs.size());
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < shapes.jobs.size(); ++i) results.push_back(tune_one(target, shapes.jobs[i], i, progress));
   progress.finish();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // ---- summary
-  int64_t n_tuned = 0, n_done = 0, n_large = 0, n_failed = 0;
-  double log_sum = 0;
-  int64_t n_speed = 0;
-  for (const Outcome& r : results) {
-    switch (r.kind) {
-      case Outcome::Kind::tuned:
-        ++n_tuned;
-        if (r.us > 0 && r.default_us > 0) {
-          log_sum += std::log(r.default_us / r.us);
-          ++n_speed;
-        }
-        break;
-      case Outcome::Kind::done: ++n_done; break;
-      case Outcome::Kind::too_large: ++n_large; break;
-      case Outcome::Kind::unsupported: break;
-      case Outcome::Kind::failed: ++n_failed; break;
-    }
-  }
-  const auto n_unsupported = static_cast<int64_t>(unsupported.size());
-  const double geomean = n_speed ? std::exp(log_sum / static_cast<double>(n_speed)) : 0.0;
-  // The files under <emit>/cpu/<op>/ (what a commit would add).
-  std::vector<std::string> files;
-  for (auto it = fs::recursive_directory_iterator(fs::path(o.emit) / o.backend / op, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().extension() == ".json" && it->path().filename().string()[0] != '.')
-      files.push_back(fs::relative(it->path(), o.emit, ec).generic_string());
-  std::sort(files.begin(), files.end());
-
-  if (o.json) {
-    using dsp::core::json_append_double;
-    using dsp::core::json_append_int;
-    using dsp::core::json_append_string;
-    std::string j = "{\"op\": ";
-    json_append_string(j, op);
-    j += ", \"emit\": ";
-    json_append_string(j, o.emit);
-    j += ", \"device_name\": ";
-    json_append_string(j, device);
-    j += ", \"shapes\": ";
-    json_append_int(j, static_cast<int64_t>(jobs.size()) + n_unsupported);
-    j += ", \"tuned\": ";
-    json_append_int(j, n_tuned);
-    j += ", \"skipped\": ";
-    json_append_int(j, n_done + n_large + n_unsupported);
-    j += ", \"skipped_done\": ";
-    json_append_int(j, n_done);
-    j += ", \"skipped_too_large\": ";
-    json_append_int(j, n_large);
-    j += ", \"skipped_unsupported\": ";
-    json_append_int(j, n_unsupported);
-    j += ", \"failed\": ";
-    json_append_int(j, n_failed);
-    j += ", \"seconds\": ";
-    json_append_double(j, std::round(seconds * 1000) / 1000);
-    j += ", \"geomean_speedup\": ";
-    json_append_double(j, std::round(geomean * 1000) / 1000);
-    j += ", \"budget_ms\": ";
-    json_append_double(j, to.time_budget_ms);
-    j += ", \"files\": [";
-    for (size_t i = 0; i < files.size(); ++i) {
-      if (i) j += ", ";
-      json_append_string(j, files[i]);
-    }
-    j += "], \"results\": [";
-    bool first = true;
-    auto add = [&](const Outcome& r) {
-      j += first ? "{\"shape\": " : ", {\"shape\": ";
-      first = false;
-      json_append_string(j, r.label);
-      j += ", \"M\": ";
-      json_append_int(j, r.m);
-      j += ", \"status\": ";
-      json_append_string(j, kind_name(r.kind));
-      if (!r.variant.empty()) {
-        j += ", \"variant\": ";
-        json_append_string(j, r.variant);
-        j += ", \"config\": " + dsp::config_to_json(r.config);
-      }
-      if (!r.key.empty()) {
-        j += ", \"key\": ";
-        json_append_string(j, r.key);
-      }
-      if (r.kind == Outcome::Kind::tuned) {
-        j += ", \"us\": ";
-        json_append_double(j, std::round(r.us * 1000) / 1000);
-        j += ", \"default_us\": ";
-        json_append_double(j, std::round(r.default_us * 1000) / 1000);
-        j += ", \"speedup\": ";
-        json_append_double(j, r.us > 0 ? std::round(r.default_us / r.us * 1000) / 1000 : 0.0);
-        j += ", \"candidates\": ";
-        json_append_int(j, r.candidates);
-        j += ", \"rejected\": ";
-        json_append_int(j, r.rejected);
-      }
-      if (!r.message.empty()) {
-        j += ", \"message\": ";
-        json_append_string(j, r.message);
-      }
-      j += "}";
-    };
-    for (const Outcome& r : results) add(r);
-    for (const Outcome& r : unsupported) add(r);
-    j += "]}\n";
-    std::fputs(j.c_str(), stdout);
-  } else {
-    for (const Outcome& r : unsupported)
-      std::fprintf(stderr, "  skipped %s M=%lld: %s\n", r.label.c_str(), (long long)r.m, r.message.c_str());
-    std::printf("%lld %s shapes: %lld tuned, %lld skipped (%lld already in %s, %lld too large here, %lld not "
-                "tunable here), %lld failed; %.1f s\n",
-                (long long)(static_cast<int64_t>(jobs.size()) + n_unsupported), op.c_str(), (long long)n_tuned,
-                (long long)(n_done + n_large + n_unsupported), (long long)n_done, o.emit.c_str(), (long long)n_large,
-                (long long)n_unsupported, (long long)n_failed, seconds);
-    if (n_speed)
-      std::printf("geomean speedup vs get_default: %.2fx over %lld tuned shapes\n", geomean, (long long)n_speed);
-    std::printf("%zu config file(s) under %s/%s/%s/%s\n", files.size(), o.emit.c_str(), o.backend.c_str(), op.c_str(),
-                files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
-  }
-  return n_failed > 0 ? kExitFailure : kExitOk;
+  const Summary s = summarize(o, shapes, results, seconds);
+  if (o.json)
+    print_json(o, target.device, s, rt->options().tune.time_budget_ms, results, shapes.unsupported);
+  else
+    print_text(o, s, shapes.unsupported);
+  return s.failed > 0 ? kExitFailure : kExitOk;
 }
 
 }  // namespace kdispatch_cli
