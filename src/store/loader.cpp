@@ -79,72 +79,195 @@ std::vector<std::pair<std::string, int64_t>> schema_versions(const std::string& 
   return out;
 }
 
-void load_file(const SourceDir& src, const fs::path& path, bool symlink, const std::vector<DeviceAlias>& aliases,
-               const InternFn& intern, std::vector<char>* buf, LoadOutput* out) {
-  FileReport rep;
-  rep.dir = src.dir;
-  std::error_code ec;
-  // `path` is src.dir / <rel> as the directory walk built it, so <rel> is
-  // its lexical remainder. fs::relative would canonicalise both sides (a
-  // readlink syscall per path component, most of the load's system time:
-  // bench/bench_load.cpp); it stays for a symlinked file, whose report path
-  // it resolves to the link's target.
+// The file's path relative to its config dir, as the report names it.
+// `path` is src.dir / <rel> as the directory walk built it, so <rel> is its
+// lexical remainder. fs::relative would canonicalise both sides (a readlink
+// syscall per path component, most of the load's system time:
+// bench/bench_load.cpp); it stays for a symlinked file, whose report path it
+// resolves to the link's target.
+std::string report_path(const SourceDir& src, const fs::path& path, bool symlink, bool plain_path) {
   const std::string& native = path.native();
-  const bool plain_path = !native.empty() && native.back() != '/' && native.find("//") == std::string::npos;
+  std::string rel;
   if (!symlink && plain_path && !src.dir.empty() && native.size() > src.dir.size() &&
       native.compare(0, src.dir.size(), src.dir) == 0) {
     // What lexically_relative answers here, by string: src.dir, a separator, the rest.
     const size_t from = src.dir.back() == '/' ? src.dir.size() : src.dir.size() + 1;
-    if (from == src.dir.size() || native[src.dir.size()] == '/') rep.path = native.substr(from);
+    if (from == src.dir.size() || native[src.dir.size()] == '/') rel = native.substr(from);
   }
-  if (rep.path.empty() && !symlink) {
-    const fs::path rel = path.lexically_relative(src.dir);
-    if (!rel.empty() && *rel.begin() != "..") rep.path = rel.generic_string();
+  if (rel.empty() && !symlink) {
+    const fs::path r = path.lexically_relative(src.dir);
+    if (!r.empty() && *r.begin() != "..") rel = r.generic_string();
   }
-  if (rep.path.empty()) {
-    rep.path = fs::relative(path, src.dir, ec).generic_string();
-    if (ec || rep.path.empty()) rep.path = path.generic_string();
+  if (rel.empty()) {
+    std::error_code ec;
+    rel = fs::relative(path, src.dir, ec).generic_string();
+    if (ec || rel.empty()) rel = path.generic_string();
   }
+  return rel;
+}
+
+// The file name, its folder and the folder above: what path.filename(),
+// parent_path().filename() and parent_path().parent_path().filename()
+// answer, found by string search on a plain path (fs::path splits the path
+// anew on every call: bench/bench_load.cpp); fs::path otherwise.
+struct PathNames {
+  std::string base, parent, grand;
+};
+PathNames path_names(const fs::path& path, bool plain_path) {
+  PathNames n;
+  if (!plain_path) {
+    const fs::path parent = path.parent_path();
+    n.base = path.filename().string();
+    n.parent = parent.filename().string();
+    n.grand = parent.parent_path().filename().string();
+    return n;
+  }
+  const std::string& native = path.native();
+  const size_t a = native.rfind('/');
+  n.base = native.substr(a == std::string::npos ? 0 : a + 1);
+  if (a != std::string::npos && a > 0) {
+    const size_t b = native.rfind('/', a - 1);
+    const size_t b0 = b == std::string::npos ? 0 : b + 1;
+    n.parent = native.substr(b0, a - b0);
+    if (b != std::string::npos && b > 0) {
+      const size_t c = native.rfind('/', b - 1);
+      const size_t c0 = c == std::string::npos ? 0 : c + 1;
+      n.grand = native.substr(c0, b - c0);
+    }
+  }
+  return n;
+}
+
+// One row of an own-op file as a plan: the variant exists and takes the
+// row's params (when the backend is compiled in), its config schema is the
+// file's, it computes the key's dtype and, on the local device, accepts
+// the key. "" or why the row is dropped.
+struct OwnFile {
+  core::OpKind op;
+  DeviceType backend;
+  core::Problem problem;
+  std::vector<std::pair<std::string, int64_t>> schema;
+  bool compiled = false;
+  const DeviceInfo* local = nullptr;  ///< the local device when it is the file's, else null
+};
+std::string own_row(const OwnFile& f, ParsedRow& row, table::TableInput::InputRow* ir) {
+  if (!f.compiled) {
+    const ConfigValue* vn = config_find(row.config, "variant");
+    if (!vn || vn->kind != ConfigValue::Kind::string) return "row has no \"variant\"";
+    return "";
+  }
+  auto plan = core::plan_from_config(row.config, f.op, f.backend);
+  if (!plan.ok()) return plan.status().message();
+  const core::VariantDef* v = plan->variant;
+  for (const auto& [vn, ver] : f.schema)
+    if (vn == v->name && ver != v->schema_version)
+      return "variant " + std::string(v->name) + " has config schema " + std::to_string(v->schema_version) +
+             " but the file was written for another";
+  if (v->in_dtype != f.problem.in_dtype)
+    return "variant " + std::string(v->name) + " computes " + std::string(dtype_name(v->in_dtype)) + ", the key is " +
+           std::string(dtype_name(f.problem.in_dtype));
+  if (f.local) {
+    core::Problem pm = f.problem;
+    pm.m = row.m;
+    if (Status s = v->supports(pm, plan->params, *f.local); !s.ok())
+      return std::string(v->name) + " declines this key: " + s.message();
+  }
+  ir->plan = *plan;
+  return "";
+}
+
+// The rows of a file under <backend>/<op>/: the key from the file name,
+// the fingerprint check of a tuning cache, every row resolved (own_row).
+// "" or why the whole file is skipped.
+std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& names, core::OpKind op,
+                     DeviceType backend, const std::string& device, ParsedFile& parsed, FileReport& rep,
+                     table::TableInput& in) {
+  if (key.down) return "_down tables exist only for fused_moe, not for own op " + names.parent;
+  auto prob = own_problem_from_fields(op, key.fields);
+  if (!prob.ok()) return "file name: " + prob.status().message();
+  OwnFile f{op, backend, *prob, {}, core::backend_compiled(backend), nullptr};
+  f.problem.device = Device{backend, 0};
+  table::KeyBuffer kb;
+  table::build_own_key(f.problem, names.grand, device, &kb);
+  if (kb.overflow) return "key longer than " + std::to_string(table::kMaxKeyBytes) + " bytes";
+  in.key = std::string(kb.view());
+  in.has_own_key = true;
+  in.own_key = table::make_own_key(f.problem, table::key_hash(device));
+  in.device_name = device;
+  std::string meta;
+  for (const auto& [mk, raw] : parsed.metadata)
+    if (mk == "kdispatch") meta = raw;
+  if (!meta.empty()) f.schema = schema_versions(meta);
+  if (src.check_fingerprint) {
+    // A persisted tuning result is served only while every axis of its
+    // validity fingerprint matches this process.
+    const Fingerprint* now = backend_fingerprint(backend);
+    if (now == nullptr) return "tuning result for backend '" + names.grand + "' with no local device to check it on";
+    const std::string why = fingerprint_mismatch(parse_fingerprint(meta), *now);
+    if (!why.empty()) {
+      rep.stale = true;
+      return "stale tuning result, not served: " + why;
+    }
+  }
+  if (!f.compiled)
+    rep.problems.push_back("backend '" + names.grand +
+                           "' is not compiled into this build: rows kept for lookup, not checked against variants");
+  const DeviceInfo* local = core::local_device_info(backend);
+  if (f.compiled && local && local->device_name == device) f.local = local;
+  for (auto& row : parsed.rows) {
+    table::TableInput::InputRow ir;
+    ir.m = row.m;
+    if (const std::string why = own_row(f, row, &ir); !why.empty()) {
+      rep.problems.push_back("M=" + std::to_string(row.m) + ": " + why + "; row dropped");
+      ++parsed.dropped_rows;
+      continue;
+    }
+    ir.config = std::move(row.config);
+    in.rows.push_back(std::move(ir));
+  }
+  return "";
+}
+
+// The rows of an engine's table (SGLang/vLLM fused-MoE or block-fp8 GEMM),
+// kept as written. "" or why the file is skipped.
+std::string foreign_file(const FileKey& key, const std::string& device, ParsedFile& parsed, table::TableInput& in) {
+  std::string op;
+  if (find_field(key.fields, "E")) op = "fused_moe";
+  else if (find_field(key.fields, "N") && find_field(key.fields, "K")) op = "triton_gemm";
+  else return "file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)";
+  in.key = table::make_key(table::kForeignBackend, op, device, join_fields(key.fields), key.down);
+  for (auto& row : parsed.rows) {
+    table::TableInput::InputRow ir;
+    ir.m = row.m;
+    ir.config = std::move(row.config);
+    in.rows.push_back(std::move(ir));
+  }
+  return "";
+}
+
+void load_file(const SourceDir& src, const fs::path& path, bool symlink, const std::vector<DeviceAlias>& aliases,
+               const InternFn& intern, std::vector<char>* buf, LoadOutput* out) {
+  FileReport rep;
+  rep.dir = src.dir;
+  const std::string& native = path.native();
+  const bool plain_path = !native.empty() && native.back() != '/' && native.find("//") == std::string::npos;
+  rep.path = report_path(src, path, symlink, plain_path);
   auto skip = [&](std::string why) {
     rep.state = FileReport::State::skipped;
     rep.problems.insert(rep.problems.begin(), std::move(why));
     out->report.files.push_back(std::move(rep));
   };
-
-  // The file name, its folder and the folder above: what path.filename(),
-  // parent_path().filename() and parent_path().parent_path().filename()
-  // answer, found by string search on a plain path (fs::path splits the
-  // path anew on every call: bench/bench_load.cpp); fs::path otherwise.
-  std::string base, parent_name, grand_name;
-  if (plain_path) {
-    const size_t a = native.rfind('/');
-    base = native.substr(a == std::string::npos ? 0 : a + 1);
-    if (a != std::string::npos && a > 0) {
-      const size_t b = native.rfind('/', a - 1);
-      const size_t b0 = b == std::string::npos ? 0 : b + 1;
-      parent_name = native.substr(b0, a - b0);
-      if (b != std::string::npos && b > 0) {
-        const size_t c = native.rfind('/', b - 1);
-        const size_t c0 = c == std::string::npos ? 0 : c + 1;
-        grand_name = native.substr(c0, b - c0);
-      }
-    }
-  } else {
-    const fs::path parent = path.parent_path();
-    base = path.filename().string();
-    parent_name = parent.filename().string();
-    grand_name = parent.parent_path().filename().string();
-  }
-  auto key_r = parse_file_name(base);
+  const PathNames names = path_names(path, plain_path);
+  auto key_r = parse_file_name(names.base);
   if (!key_r.ok()) return skip("file name is not a config key: " + key_r.status().message());
   FileKey key = std::move(key_r.value());
 
   // Where the file sits: <backend>/<op>/ for own ops, triton_X_Y_Z/ for versions.
   std::optional<core::OpKind> own_op;
-  std::optional<DeviceType> backend = own_backend(grand_name);
-  if (backend) own_op = core::parse_op(parent_name);
+  std::optional<DeviceType> backend = own_backend(names.grand);
+  if (backend) own_op = core::parse_op(names.parent);
   std::vector<int> version;
-  const bool versioned = !own_op && parse_version_folder(parent_name, &version);
+  const bool versioned = !own_op && parse_version_folder(names.parent, &version);
 
   size_t len = 0;
   std::string err;
@@ -169,123 +292,20 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
     rep.problems.push_back("device name '" + key.device_name +
                            "' matches no known device (served only to a device reporting exactly that name)");
   }
-
   table::TableInput in;
   in.source_rank = src.rank;
   in.versioned = versioned;
   in.version = version;
-  if (versioned) in.version_folder = parent_name;
+  if (versioned) in.version_folder = names.parent;
   in.path = rep.path;
   in.rows.reserve(parsed.rows.size());
+  const std::string why = own_op ? own_file(src, key, names, *own_op, *backend, device, parsed, rep, in)
+                                 : foreign_file(key, device, parsed, in);
+  if (!why.empty()) return skip(why);
 
-  if (own_op) {
-    if (key.down) return skip("_down tables exist only for fused_moe, not for own op " + parent_name);
-    auto prob = own_problem_from_fields(*own_op, key.fields);
-    if (!prob.ok()) return skip("file name: " + prob.status().message());
-    core::Problem p = *prob;
-    p.device = Device{*backend, 0};
-    table::KeyBuffer kb;
-    table::build_own_key(p, grand_name, device, &kb);
-    if (kb.overflow) return skip("key longer than " + std::to_string(table::kMaxKeyBytes) + " bytes");
-    in.key = std::string(kb.view());
-    in.has_own_key = true;
-    in.own_key = table::make_own_key(p, table::key_hash(device));
-    in.device_name = device;
-    std::vector<std::pair<std::string, int64_t>> schema;
-    for (const auto& [mk, raw] : parsed.metadata)
-      if (mk == "kdispatch") schema = schema_versions(raw);
-    if (src.check_fingerprint) {
-      // A persisted tuning result is served only while every axis of its
-      // validity fingerprint matches this process.
-      std::string meta;
-      for (const auto& [mk, raw] : parsed.metadata)
-        if (mk == "kdispatch") meta = raw;
-      const Fingerprint* now = backend_fingerprint(*backend);
-      if (now == nullptr) return skip("tuning result for backend '" + grand_name + "' with no local device to check it on");
-      const std::string why = fingerprint_mismatch(parse_fingerprint(meta), *now);
-      if (!why.empty()) {
-        rep.stale = true;
-        return skip("stale tuning result, not served: " + why);
-      }
-    }
-    const bool compiled = core::backend_compiled(*backend);
-    if (!compiled)
-      rep.problems.push_back("backend '" + grand_name +
-                             "' is not compiled into this build: rows kept for lookup, not checked against variants");
-    const DeviceInfo* local = core::local_device_info(*backend);
-    const bool check_supports = compiled && local && local->device_name == device;
-    for (auto& row : parsed.rows) {
-      const std::string mtxt = "M=" + std::to_string(row.m) + ": ";
-      table::TableInput::InputRow ir;
-      ir.m = row.m;
-      if (compiled) {
-        auto plan = core::plan_from_config(row.config, *own_op, *backend);
-        if (!plan.ok()) {
-          rep.problems.push_back(mtxt + plan.status().message() + "; row dropped");
-          ++parsed.dropped_rows;
-          continue;
-        }
-        const core::VariantDef* v = plan->variant;
-        bool stale = false;
-        for (const auto& [vn, ver] : schema)
-          if (vn == v->name && ver != v->schema_version) stale = true;
-        if (stale) {
-          rep.problems.push_back(mtxt + "variant " + std::string(v->name) + " has config schema " +
-                                 std::to_string(v->schema_version) + " but the file was written for another; row dropped");
-          ++parsed.dropped_rows;
-          continue;
-        }
-        if (v->in_dtype != p.in_dtype) {
-          rep.problems.push_back(mtxt + "variant " + std::string(v->name) + " computes " +
-                                 std::string(dtype_name(v->in_dtype)) + ", the key is " +
-                                 std::string(dtype_name(p.in_dtype)) + "; row dropped");
-          ++parsed.dropped_rows;
-          continue;
-        }
-        if (check_supports) {
-          core::Problem pm = p;
-          pm.m = row.m;
-          Status s = v->supports(pm, plan->params, *local);
-          if (!s.ok()) {
-            rep.problems.push_back(mtxt + std::string(v->name) + " declines this key: " + s.message() +
-                                   "; row dropped");
-            ++parsed.dropped_rows;
-            continue;
-          }
-        }
-        ir.plan = *plan;
-      } else {
-        const ConfigValue* vn = config_find(row.config, "variant");
-        if (!vn || vn->kind != ConfigValue::Kind::string) {
-          rep.problems.push_back(mtxt + "row has no \"variant\"; row dropped");
-          ++parsed.dropped_rows;
-          continue;
-        }
-      }
-      ir.config = std::move(row.config);
-      in.rows.push_back(std::move(ir));
-    }
-  } else {
-    std::string op;
-    if (find_field(key.fields, "E")) op = "fused_moe";
-    else if (find_field(key.fields, "N") && find_field(key.fields, "K")) op = "triton_gemm";
-    else return skip("file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)");
-    in.key = table::make_key(table::kForeignBackend, op, device, join_fields(key.fields), key.down);
-    for (auto& row : parsed.rows) {
-      table::TableInput::InputRow ir;
-      ir.m = row.m;
-      ir.config = std::move(row.config);
-      in.rows.push_back(std::move(ir));
-    }
-  }
   for (auto& p : parsed.problems) rep.problems.push_back(std::move(p));
   rep.rows = static_cast<int32_t>(in.rows.size());
-  if (in.rows.empty()) {
-    rep.state = FileReport::State::skipped;
-    rep.problems.insert(rep.problems.begin(), "no usable rows");
-    out->report.files.push_back(std::move(rep));
-    return;
-  }
+  if (in.rows.empty()) return skip("no usable rows");
   rep.state = parsed.dropped_rows > 0 ? FileReport::State::partial : FileReport::State::loaded;
   in.source_id = intern(src.dir, rep.path);
   out->inputs.push_back(std::move(in));
