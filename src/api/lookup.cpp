@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/runtime_impl.hpp"
+#include "core/op_spec.hpp"
 #include "core/json_write.hpp"
 #include "backends/registry.hpp"
 #include "dispatch/ops.hpp"
@@ -94,6 +95,192 @@ const char* match_name(LookupResult::Match m) noexcept {
   return "?";
 }
 
+namespace {
+
+// The table kinds a key's fields could be, in order: the engines' tables
+// (E= a fused MoE; N and K a block-fp8 GEMM), then every own op whose dim
+// fields the key has (the op list's key fields).
+std::vector<std::string> ops_fitting(const store::Fields& fields) {
+  std::vector<std::string> fits;
+  if (store::find_field(fields, "E")) return {"fused_moe"};
+  if (store::find_field(fields, "N") && store::find_field(fields, "K")) fits.push_back("triton_gemm");
+  for (const core::OpSpec* s : core::all_specs()) {
+    bool all = false, any_dim = false;
+    for (const core::KeyField& f : s->fields)
+      if (f.kind == core::FieldKind::dim) {
+        all = (any_dim ? all : true) && store::find_field(fields, f.name) != nullptr;
+        any_dim = true;
+      }
+    if (any_dim && all) fits.push_back(std::string(s->name));
+  }
+  return fits;
+}
+
+// The key of op `o` for `fields` on the device named `device_name`.
+std::string key_for(const std::string& o, const store::Fields& fields, const std::string& device_name,
+                    DeviceType backend, bool down) {
+  if (const auto own_op = core::parse_op(o)) {
+    auto p = store::own_problem_from_fields(*own_op, fields);
+    if (!p.ok()) return "";
+    p->device = Device{backend, 0};
+    table::KeyBuffer kb;
+    table::build_own_key(*p, device_type_name(backend), device_name, &kb);
+    return std::string(kb.view());
+  }
+  return table::make_key(table::kForeignBackend, o, device_name, store::join_fields(fields), down);
+}
+
+// The op of a query that names none: the key's fields decide first; the
+// table's contents break the remaining ties.
+Result<std::string> infer_op(const Runtime::Impl& impl, const LookupQuery& q, const store::Fields& fields,
+                             const DeviceNameResolution& dev) {
+  table::EpochDomain::Guard guard(table::EpochDomain::global());
+  const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
+  std::set<std::string> names;
+  for (const auto& prefix : snap->ops()) names.insert(prefix.substr(prefix.find('/') + 1));
+  const std::vector<std::string> fits = ops_fitting(fields);
+  std::vector<std::string> present;
+  for (const auto& f : fits)
+    if (names.count(f)) present.push_back(f);
+  if (present.size() > 1) {
+    // Several ops of that shape in the table (an engine's triton_gemm files
+    // beside kdispatch's own gemm configs): the ones that hold this very
+    // key for this device decide.
+    const DeviceType b = core::backend_of_device_name(dev.canonical);
+    std::vector<std::string> holding;
+    for (const auto& o : present)
+      for (const auto& name : dev.candidates) {
+        const std::string key = key_for(o, fields, name, b, q.down);
+        if (!key.empty() && snap->find(key, table::key_hash(key))) {
+          holding.push_back(o);
+          break;
+        }
+      }
+    if (!holding.empty()) present = std::move(holding);
+  }
+  if (present.size() == 1) return present.front();
+  if (fits.size() == 1) return fits.front();
+  if (present.empty() && !fits.empty() && fits.front() == "triton_gemm") return std::string("triton_gemm");
+  return make_status(StatusCode::invalid_argument, "cannot infer the op from key '" + q.key + "'" +
+                                                       (present.size() > 1 ? " (the table holds several ops it could be)" : "") +
+                                                       ": pass op (--op)");
+}
+
+struct Candidate {
+  std::string key;
+  std::string why;
+};
+
+// The keys to try, most specific first (one per device-name candidate; a
+// _down query also the up table, as SGLang falls back).
+std::vector<Candidate> candidates(const std::string& op, const std::optional<core::OpKind>& own,
+                                  const core::Problem& prob, DeviceType backend, const store::Fields& fields,
+                                  const DeviceNameResolution& dev, bool down) {
+  std::vector<Candidate> cands;
+  const std::string joined = store::join_fields(fields);
+  for (const auto& name : dev.candidates) {
+    if (own) {
+      table::KeyBuffer kb;
+      table::build_own_key(prob, device_type_name(backend), name, &kb);
+      cands.push_back({std::string(kb.view()), ""});
+    } else if (down) {
+      cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, true), ""});
+      cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, false),
+                       "no _down table for this key: the up table serves, as SGLang does"});
+    } else {
+      cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, false), ""});
+    }
+  }
+  return cands;
+}
+
+// The first candidate the table holds a row for at q.M; false when none.
+bool from_table(const Runtime::Impl& impl, const LookupQuery& q, bool own, const std::vector<Candidate>& cands,
+                std::string& why, LookupResult& res) {
+  table::EpochDomain::Guard guard(table::EpochDomain::global());
+  const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
+  for (const auto& c : cands) {
+    const table::Bucket* b = snap->find(c.key, table::key_hash(c.key));
+    if (!b) continue;
+    size_t idx = 0;
+    const table::Row* row = table::Snapshot::nearest(*b, q.M, impl.policy, &idx);
+    if (!row) {
+      why += "; key " + c.key + " found but M=" + std::to_string(q.M) + " is outside its bounded range [" +
+             std::to_string(b->ms.front()) + ", " + std::to_string(b->ms.back()) + "]";
+      continue;
+    }
+    res.key = c.key;
+    res.config = snap->config(*row);
+    res.table_m = b->ms[idx];
+    res.match = res.table_m == q.M ? LookupResult::Match::exact : LookupResult::Match::nearest;
+    std::tie(res.source_dir, res.source) = impl.sources.get(row->source_id);
+    if (row->plan.valid()) res.variant = std::string(row->plan.variant->name);
+    else if (const ConfigValue* v = config_find(res.config, "variant")) res.variant = v->s;
+    if (!c.why.empty()) why += "; " + c.why;
+    why += "; key " + c.key;
+    if (!b->note.empty()) why += "; " + b->note;
+    why += "; " + std::string(match_name(res.match)) + " M=" + std::to_string(res.table_m) +
+           (res.match == LookupResult::Match::nearest
+                ? " (nearest to " + std::to_string(q.M) + "; ties go to the smaller key)"
+                : "");
+    why += "; from " + res.source;
+    // Documented defaults for Triton rows that leave a launch field out.
+    if (!own && config_find(res.config, "BLOCK_SIZE_M")) {
+      if (!config_find(res.config, "num_warps")) {
+        res.config.emplace_back("num_warps", ConfigValue::integer(store::kTritonDefaultNumWarps));
+        why += "; num_warps not in the row: Triton's default 4";
+      }
+      if (!config_find(res.config, "num_stages")) {
+        res.config.emplace_back("num_stages", ConfigValue::integer(store::kTritonDefaultNumStages));
+        why += "; num_stages not in the row: Triton's default 3";
+      }
+    }
+    res.why = why;
+    return true;
+  }
+  return false;
+}
+
+// No table row: the op's default (get_default for own ops, the engines'
+// documented defaults for theirs).
+Status from_default(const std::string& op, const std::optional<core::OpKind>& own, const core::Problem& prob,
+                    DeviceType backend, const store::Fields& fields, const DeviceNameResolution& dev,
+                    const LookupQuery& q, std::string& why, LookupResult& res) {
+  res.match = LookupResult::Match::fallback;
+  res.source = "default";
+  res.table_m = -1;
+  why += "; no table for key " + res.key;
+  if (own) {
+    const DeviceInfo* local = core::local_device_info(backend);
+    if (!local)
+      return make_status(StatusCode::not_found, "no table row for " + res.key + ", and no " +
+                                                    std::string(device_type_name(backend)) +
+                                                    " backend in this build to compute a default");
+    core::Plan plan = core::get_default(prob, *local);
+    if (!plan.valid())
+      return make_status(StatusCode::not_found, "no table row for " + res.key + " and no variant computes it");
+    res.config = core::plan_to_config(plan);
+    res.variant = std::string(plan.variant->name);
+    why += "; get_default -> " + core::plan_to_string(plan);
+    if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
+  } else if (op == "fused_moe") {
+    why += "; ";
+    res.config = fused_moe_default(fields, q.M, core::backend_of_device_name(dev.canonical) == DeviceType::hip, &why);
+  } else if (!triton_gemm_default(fields, &res.config, &(why += "; "))) {
+    return make_status(StatusCode::not_found, "no table row for " + res.key + " and no default rule for it");
+  }
+  res.why = why;
+  return Status();
+}
+
+std::string known_ops() {
+  std::string s = "fused_moe, triton_gemm";
+  for (const core::OpSpec* spec : core::all_specs()) s += ", " + std::string(spec->name);
+  return s;
+}
+
+}  // namespace
+
 Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
   try {
     const Runtime::Impl& impl = rt.impl();
@@ -103,90 +290,26 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
     const store::Fields fields = std::move(fields_r.value());
 
     // Device name: resolved through aliases and hardware identity.
-    const DeviceInfo& cpu = cpu_device_info();
-    const std::string reported = q.device.empty() ? cpu.device_name : q.device;
+    const std::string reported = q.device.empty() ? cpu_device_info().device_name : q.device;
     DeviceNameResolution dev =
         resolve_device_name(reported, q.arch, q.compute_units, q.memory_bytes, impl.options.device_aliases);
-
     LookupResult res;
     std::string why = dev.why;
 
-    // Op: given, or inferred from what the table holds, or from the fields.
+    // Op: given, or inferred from the fields and what the table holds.
     std::string op = q.op;
-    {
-      table::EpochDomain::Guard guard(table::EpochDomain::global());
-      const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
-      if (op.empty()) {
-        // The key's fields decide first (E= is fused-MoE; N,K a GEMM;
-        // hidden a norm); the table's contents break the remaining ties.
-        std::set<std::string> names;
-        for (const auto& prefix : snap->ops()) names.insert(prefix.substr(prefix.find('/') + 1));
-        std::vector<std::string> fits;
-        if (store::find_field(fields, "E")) {
-          fits = {"fused_moe"};
-        } else if (store::find_field(fields, "hidden")) {
-          fits = {"rmsnorm", "fused_add_rmsnorm"};
-        } else if (store::find_field(fields, "N") && store::find_field(fields, "K")) {
-          fits = {"triton_gemm", "gemm"};
-        }
-        std::vector<std::string> present;
-        for (const auto& f : fits)
-          if (names.count(f)) present.push_back(f);
-        if (present.size() > 1) {
-          // Several ops of that shape in the table (an engine's triton_gemm
-          // files beside kdispatch's own gemm configs): the ones that hold
-          // this very key for this device decide.
-          const auto holds = [&](const std::string& o) {
-            for (const auto& name : dev.candidates) {
-              std::string key;
-              if (const auto own_op = core::parse_op(o)) {
-                auto p = store::own_problem_from_fields(*own_op, fields);
-                if (!p.ok()) return false;
-                const DeviceType b = core::backend_of_device_name(dev.canonical);
-                p->device = Device{b, 0};
-                table::KeyBuffer kb;
-                table::build_own_key(*p, device_type_name(b), name, &kb);
-                key = std::string(kb.view());
-              } else {
-                key = table::make_key(table::kForeignBackend, o, name, store::join_fields(fields), q.down);
-              }
-              if (snap->find(key, table::key_hash(key))) return true;
-            }
-            return false;
-          };
-          std::vector<std::string> holding;
-          for (const auto& o : present)
-            if (holds(o)) holding.push_back(o);
-          if (!holding.empty()) present = std::move(holding);
-        }
-        if (present.size() == 1) {
-          op = present.front();
-        } else if (fits.size() == 1) {
-          op = fits.front();
-        } else if (present.empty() && !fits.empty() && fits.front() == "triton_gemm") {
-          op = "triton_gemm";
-        } else {
-          return make_status(StatusCode::invalid_argument,
-                             "cannot infer the op from key '" + q.key + "'" +
-                                 (present.size() > 1 ? " (the table holds several ops it could be)" : "") +
-                                 ": pass op (--op)");
-        }
-        why += "; op " + op + " (inferred)";
-      }
+    if (op.empty()) {
+      auto inferred = infer_op(impl, q, fields, dev);
+      if (!inferred.ok()) return inferred.status();
+      op = *inferred;
+      why += "; op " + op + " (inferred)";
     }
     const std::optional<core::OpKind> own = core::parse_op(op);
     if (!own && op != "fused_moe" && op != "triton_gemm")
-      return make_status(StatusCode::invalid_argument,
-                         "unknown op '" + op + "' (expected fused_moe, triton_gemm, gemm, rmsnorm or fused_add_rmsnorm)");
+      return make_status(StatusCode::invalid_argument, "unknown op '" + op + "' (expected " + known_ops() + ")");
     if (q.down && op != "fused_moe")
       return make_status(StatusCode::invalid_argument, "down tables exist only for fused_moe");
 
-    // Candidate keys, most specific first.
-    struct Candidate {
-      std::string key;
-      std::string why;
-    };
-    std::vector<Candidate> cands;
     core::Problem prob;
     DeviceType backend = core::backend_of_device_name(dev.canonical);
     if (own) {
@@ -194,31 +317,14 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
         auto b = parse_device_type(q.backend);
         if (!b.ok()) return make_status(StatusCode::invalid_argument, "unknown backend '" + q.backend + "' (cpu, cuda, hip)");
         backend = *b;
-      } else {
-        backend = core::backend_of_device_name(dev.canonical);
       }
       auto p = store::own_problem_from_fields(*own, fields);
       if (!p.ok()) return make_status(StatusCode::invalid_argument, "key: " + p.status().message());
       prob = *p;
       prob.m = q.M;
       prob.device = Device{backend, 0};
-      for (const auto& name : dev.candidates) {
-        table::KeyBuffer kb;
-        table::build_own_key(prob, device_type_name(backend), name, &kb);
-        cands.push_back({std::string(kb.view()), ""});
-      }
-    } else {
-      const std::string joined = store::join_fields(fields);
-      for (const auto& name : dev.candidates) {
-        if (q.down) {
-          cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, true), ""});
-          cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, false),
-                           "no _down table for this key: the up table serves, as SGLang does"});
-        } else {
-          cands.push_back({table::make_key(table::kForeignBackend, op, name, joined, false), ""});
-        }
-      }
     }
+    const std::vector<Candidate> cands = candidates(op, own, prob, backend, fields, dev, q.down);
     res.key = cands.front().key;
 
     // A forced plan (RuntimeOptions::force / KDISPATCH_FORCE) serves every
@@ -239,77 +345,8 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
         return res;
       }
     }
-
-    {
-      table::EpochDomain::Guard guard(table::EpochDomain::global());
-      const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
-      for (const auto& c : cands) {
-        const table::Bucket* b = snap->find(c.key, table::key_hash(c.key));
-        if (!b) continue;
-        size_t idx = 0;
-        const table::Row* row = table::Snapshot::nearest(*b, q.M, impl.policy, &idx);
-        if (!row) {
-          why += "; key " + c.key + " found but M=" + std::to_string(q.M) +
-                 " is outside its bounded range [" + std::to_string(b->ms.front()) + ", " +
-                 std::to_string(b->ms.back()) + "]";
-          continue;
-        }
-        res.key = c.key;
-        res.config = snap->config(*row);
-        res.table_m = b->ms[idx];
-        res.match = res.table_m == q.M ? LookupResult::Match::exact : LookupResult::Match::nearest;
-        std::tie(res.source_dir, res.source) = impl.sources.get(row->source_id);
-        if (row->plan.valid()) res.variant = std::string(row->plan.variant->name);
-        else if (const ConfigValue* v = config_find(res.config, "variant")) res.variant = v->s;
-        if (!c.why.empty()) why += "; " + c.why;
-        why += "; key " + c.key;
-        if (!b->note.empty()) why += "; " + b->note;
-        why += "; " + std::string(match_name(res.match)) + " M=" + std::to_string(res.table_m) +
-               (res.match == LookupResult::Match::nearest
-                    ? " (nearest to " + std::to_string(q.M) + "; ties go to the smaller key)"
-                    : "");
-        why += "; from " + res.source;
-        // Documented defaults for Triton rows that leave a launch field out.
-        if (!own && config_find(res.config, "BLOCK_SIZE_M")) {
-          if (!config_find(res.config, "num_warps")) {
-            res.config.emplace_back("num_warps", ConfigValue::integer(store::kTritonDefaultNumWarps));
-            why += "; num_warps not in the row: Triton's default 4";
-          }
-          if (!config_find(res.config, "num_stages")) {
-            res.config.emplace_back("num_stages", ConfigValue::integer(store::kTritonDefaultNumStages));
-            why += "; num_stages not in the row: Triton's default 3";
-          }
-        }
-        res.why = why;
-        return res;
-      }
-    }
-
-    // Miss: the op's default.
-    res.match = LookupResult::Match::fallback;
-    res.source = "default";
-    res.table_m = -1;
-    why += "; no table for key " + res.key;
-    if (own) {
-      const DeviceInfo* local = core::local_device_info(backend);
-      if (!local)
-        return make_status(StatusCode::not_found,
-                           "no table row for " + res.key + ", and no " + std::string(device_type_name(backend)) +
-                               " backend in this build to compute a default");
-      core::Plan plan = core::get_default(prob, *local);
-      if (!plan.valid())
-        return make_status(StatusCode::not_found, "no table row for " + res.key + " and no variant computes it");
-      res.config = core::plan_to_config(plan);
-      res.variant = std::string(plan.variant->name);
-      why += "; get_default -> " + core::plan_to_string(plan);
-      if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
-    } else if (op == "fused_moe") {
-      why += "; ";
-      res.config = fused_moe_default(fields, q.M, core::backend_of_device_name(dev.canonical) == DeviceType::hip, &why);
-    } else if (!triton_gemm_default(fields, &res.config, &(why += "; "))) {
-      return make_status(StatusCode::not_found, "no table row for " + res.key + " and no default rule for it");
-    }
-    res.why = why;
+    if (from_table(impl, q, own.has_value(), cands, why, res)) return res;
+    if (Status s = from_default(op, own, prob, backend, fields, dev, q, why, res); !s.ok()) return s;
     return res;
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "lookup");
