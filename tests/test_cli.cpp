@@ -201,7 +201,7 @@ TEST_CASE("cli: lookup errors") {
 
 TEST_CASE("cli: replay --json counts every call and finds configs given with --configs") {
   // Qwen2.5-0.5B (24 layers), decode trace, one pass: per step 1 rmsnorm,
-  // 2 fused_add_rmsnorm and 4 gemm calls per layer.
+  // 2 fused_add_rmsnorm, 4 gemm and 1 silu_and_mul calls per layer.
   CliResult r = run_cli({"replay", "--json"});
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   simdjson::dom::parser parser;
@@ -216,7 +216,8 @@ TEST_CASE("cli: replay --json counts every call and finds configs given with --c
   CHECK(int64_t(doc["passes"]) == 1);
   CHECK(str(doc["tune"]["mode"]) == "off");
   CHECK(bool(doc["output_finite"]));
-  const std::pair<const char*, int64_t> per_step[] = {{"rmsnorm", 1}, {"fused_add_rmsnorm", 48}, {"gemm", 96}};
+  const std::pair<const char*, int64_t> per_step[] = {
+      {"rmsnorm", 1}, {"fused_add_rmsnorm", 48}, {"gemm", 96}, {"silu_and_mul", 24}};
   for (const auto& [op, n] : per_step) {
     CAPTURE(op);
     simdjson::dom::element s = doc["ops"][op];

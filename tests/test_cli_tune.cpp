@@ -53,7 +53,7 @@ CliRun run(const std::vector<std::string>& args, const std::string& cache_dir) {
 
 std::string s(simdjson::dom::element e) { return std::string(std::string_view(e)); }
 
-const char* const kOps[] = {"rmsnorm", "fused_add_rmsnorm", "gemm"};
+const char* const kOps[] = {"rmsnorm", "fused_add_rmsnorm", "gemm", "silu_and_mul"};
 
 // The tiny workload: Qwen2.5-0.5B, two forward passes (M = 1 and 4).
 std::vector<std::string> workload(const Scratch& dir) {
@@ -110,7 +110,8 @@ TEST_CASE("cli tune: replay --tune background converges, and a second run hits t
   simdjson::dom::array pass_list = tune["passes"];
   CHECK(int64_t(pass_list.size()) == passes);
   CHECK(bool(pass_list.at(0)["baseline"]));
-  const std::map<std::string, int64_t> per_step = {{"rmsnorm", 1}, {"fused_add_rmsnorm", 48}, {"gemm", 96}};
+  const std::map<std::string, int64_t> per_step = {
+      {"rmsnorm", 1}, {"fused_add_rmsnorm", 48}, {"gemm", 96}, {"silu_and_mul", 24}};
   for (const char* op : kOps) {
     CAPTURE(op);
     simdjson::dom::element o = doc["ops"][op];
@@ -134,6 +135,7 @@ TEST_CASE("cli tune: replay --tune background converges, and a second run hits t
   CHECK(count_json_files(fs::path(cache) / "cpu" / "gemm") == 4);
   CHECK(count_json_files(fs::path(cache) / "cpu" / "rmsnorm") == 1);
   CHECK(count_json_files(fs::path(cache) / "cpu" / "fused_add_rmsnorm") == 1);
+  CHECK(count_json_files(fs::path(cache) / "cpu" / "silu_and_mul") == 1);
 
   // Run 2: tuning off, same cache dir: the persisted winners serve from the start.
   CliRun r2 = run(cat({"replay", "--json", "--tune", "off", "--cache-dir", cache}, base), dir / "unused-cache");
@@ -205,11 +207,14 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   simdjson::dom::parser parser;
   simdjson::dom::element mdoc = parser.parse(simdjson::padded_string(m.out));
   CHECK(s(mdoc["export"]) == csv);
-  CHECK(int64_t(mdoc["rows"]) == 12);  // (4 GEMM keys + 2 norms) x M in {1, 4}
+  CHECK(int64_t(mdoc["rows"]) == 14);  // (4 GEMM keys + 2 norms + silu_and_mul) x M in {1, 4}
   CHECK(int64_t(mdoc["ops"]["gemm"]["keys"]) == 4);
   CHECK(int64_t(mdoc["ops"]["gemm"]["shapes"]) == 8);
   CHECK(int64_t(mdoc["ops"]["rmsnorm"]["shapes"]) == 2);
   CHECK(int64_t(mdoc["ops"]["fused_add_rmsnorm"]["shapes"]) == 2);
+  CHECK(int64_t(mdoc["ops"]["silu_and_mul"]["shapes"]) == 2);
+  CHECK(int64_t(mdoc["ops"]["silu_and_mul"]["keys"]) == 1);
+  CHECK(int64_t(mdoc["ops"]["silu_and_mul"]["misses"]) == int64_t(mdoc["ops"]["silu_and_mul"]["calls"]));
 
   const std::string text = kdtest::read_text(csv);
   std::istringstream lines(text);
@@ -241,6 +246,7 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
     expected.insert({"gemm", M, 1152, 896, 0, 0, "true"});  // qkv_proj (Qwen2 has a q/k/v bias)
     expected.insert({"gemm", M, 896, 896, 0, 0, "false"});  // o_proj
     expected.insert({"gemm", M, 9728, 896, 0, 0, "false"});  // gate_up_proj
+    expected.insert({"silu_and_mul", M, 0, 0, 0, 4864, "false"});  // act_fn
     expected.insert({"gemm", M, 896, 4864, 0, 0, "false"});  // down_proj
   }
   CHECK(got == expected);

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CLI — declarations shared by the tool's translation units: the
-// model table and traces (models.cpp), the replay driver (replay.cpp), the
-// shape lists and `tune` (tune.cpp) and the config inspection commands
-// (configs.cpp). `tune` takes its ops from dispatch::op_list()
-// (op_util.hpp). The CLI links the shared libkdispatch, so it uses only the
-// public API (include/dispatch/*.hpp) plus two header-only helpers
-// (core/json_write.hpp, core/numeric.hpp).
+// model table and traces (models.cpp), the replay driver (replay.cpp, over
+// the decoder model of replay_model.hpp), the shape lists and `tune`
+// (tune.cpp) and the config inspection commands (configs.cpp). Every op
+// the tool handles comes from dispatch::op_list() (op_util.hpp); only the
+// replay's model names the ops it calls. The CLI links the shared
+// libkdispatch, so it uses only the public API (include/dispatch/*.hpp)
+// plus two header-only helpers (core/json_write.hpp, core/numeric.hpp).
 #pragma once
 
 #include <cstdint>
@@ -94,6 +95,8 @@ struct ReplayOptions {
 };
 /// Runs the replay; returns the process exit code.
 int run_replay(const ReplayOptions& o);
+/// The ops the replay's model calls: "rmsnorm, ... and <last>" (replay.cpp).
+std::string replay_ops_text();
 
 /// One row of a shape list: a row of kdispatch's misses CSV (op,backend,
 /// device_name,dtype,out_dtype,M,<every op's dims>,bias,stride,count,key) or
