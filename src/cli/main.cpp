@@ -11,9 +11,9 @@
 #include <string>
 
 #include "cli/cli.hpp"
+#include "cli/op_util.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/runtime.hpp"
-
 
 namespace {
 
@@ -72,33 +72,13 @@ void add_workload_options(CLI::App* app, ReplayOptions& ro) {
       ->type_name("DIR");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "kdispatch: per-call kernel variant and launch-config dispatch from tuned config tables.\n"
-      "Replays a model's shapes through the ops (and tunes them online), exports the misses and tunes them offline, "
-      "answers config lookups, validates config trees."};
-  app.name("kdispatch");
-  app.set_version_flag("--version", version_text);
-  app.require_subcommand(1);
-  app.footer(
-      "Examples:\n"
-      "  kdispatch replay\n"
-      "  kdispatch replay --model llama-3-8b --steps 4\n"
-      "  kdispatch replay --tune background\n"
-      "  kdispatch misses --export misses.csv && kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
-      "  kdispatch lookup --configs sglang-configs/fused_moe_triton --backend-version 3.5.1 \\\n"
-      "      --device \"NVIDIA H200\" --key \"E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]\" --M 1\n"
-      "  kdispatch validate sglang-configs\n"
-      "Exit codes: 0 ok, 1 failure (op error, not found, unusable files), 2 usage error.");
-
-  // ------------------------------------------------------------ replay
-  ReplayOptions ro;
+// ------------------------------------------------------------ replay
+CLI::App* add_replay(CLI::App& app, ReplayOptions& ro) {
   CLI::App* replay = app.add_subcommand(
       "replay",
-      "Push a model's per-layer shapes through rmsnorm, fused_add_rmsnorm and gemm on the CPU, as a decoder "
-      "forward pass per trace entry, and report per op: calls, table hits, defaults, us/call and config sources.");
+      "Push a model's per-layer shapes through its ops (" + replay_ops_text() +
+          ") on the CPU, as a decoder forward pass per trace entry, and report per op: calls, table hits, "
+          "defaults, us/call and config sources.");
   add_workload_options(replay, ro);
   replay
       ->add_option("--tune", ro.tune,
@@ -138,15 +118,16 @@ int main(int argc, char** argv) {
       "  cpu/rmsnorm/hidden=896,device_name=CPU_x86_64_AVX512,dtype=bf16.json\n"
       "  cpu/gemm/N=1152,K=896,device_name=CPU_x86_64_AVX512,dtype=bf16,bias=true.json\n"
       "holding {\"<M>\": {\"variant\": \"<name>\", <param>: <value>, ...}, ...}.");
+  return replay;
+}
 
-  // ------------------------------------------------------------ misses
-  ReplayOptions mo;
+// ------------------------------------------------------------ misses
+CLI::App* add_misses(CLI::App& app, ReplayOptions& mo) {
   mo.misses_summary = true;
   CLI::App* misses = app.add_subcommand(
       "misses",
       "Run the replay workload with tuning off and write the shapes that missed the table as an untuned-shapes "
-      "CSV (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,bias,stride,count,key): the input of "
-      "`kdispatch tune` (aiter's offline loop).");
+      "CSV (" + misses_columns_text() + "): the input of `kdispatch tune` (aiter's offline loop).");
   misses->add_option("--export", mo.export_misses, "The CSV to write")->type_name("FILE")->required();
   add_workload_options(misses, mo);
   misses->add_flag("--json", mo.json, "Print the summary as one JSON object");
@@ -156,24 +137,25 @@ int main(int argc, char** argv) {
       "  kdispatch misses --export misses.csv --model llama-3-8b --trace prefill\n"
       "  kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
       "Exit codes: 0 written, 1 an op or the write failed, 2 bad argument.");
+  return misses;
+}
 
-  // ------------------------------------------------------------ tune
-  TuneCmdOptions to;
+// ------------------------------------------------------------ tune
+CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   CLI::App* tune = app.add_subcommand(
       "tune",
       "Tune every shape of a shape list (a `kdispatch misses` CSV, or an aiter untuned CSV: M,N,K[,bias,dtype,"
-      "outdtype]; M,hidden for norms) for one op with dispatch::pretune, writing the winners into an emit dir as "
-      "config files (<dir>/cpu/<op>/<key>.json, the format configs/ holds). Resumes: shapes the emit dir already "
-      "holds are skipped. KDISPATCH_LOG_LEVEL=info prints the confirmation of every shape whose search winner was "
-      "not the default (winner/default time per placement of the inputs, and whether the default was kept).");
+      "outdtype]; M and the op's dims, e.g. M,hidden, for the others) for one op with dispatch::pretune, writing the "
+      "winners into an emit dir as config files (<dir>/cpu/<op>/<key>.json, the format configs/ holds). Resumes: "
+      "shapes the emit dir already holds are skipped. KDISPATCH_LOG_LEVEL=info prints the confirmation of every "
+      "shape whose search winner was not the default (winner/default time per placement of the inputs, and whether "
+      "the default was kept).");
   tune->add_option("--shapes", to.shapes, "Shape CSV (repeatable)")
       ->type_name("FILE")
       ->required()
       ->take_all()
       ->allow_extra_args(false);
-  tune->add_option("--op", to.op, "gemm, rmsnorm or fused_add_rmsnorm: the rows of this op are tuned")
-      ->type_name("OP")
-      ->required();
+  tune->add_option("--op", to.op, op_names_text() + ": the rows of this op are tuned")->type_name("OP")->required();
   tune->add_option("--emit", to.emit, "Dir the config files are written to (created; also read to resume)")
       ->type_name("DIR")
       ->required();
@@ -208,9 +190,11 @@ int main(int argc, char** argv) {
       "  kdispatch validate my-configs && kdispatch replay --configs my-configs\n"
       "Progress goes to stderr, one line per shape; the summary to stdout.\n"
       "Exit codes: 0 every shape tuned or skipped, 1 some shape failed, 2 bad argument or shape file.");
+  return tune;
+}
 
-  // ------------------------------------------------------------ lookup
-  LookupOptions lo;
+// ------------------------------------------------------------ lookup
+CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
   CLI::App* lookup = app.add_subcommand(
       "lookup", "Which config serves this key at this M on this device: the row, its file, the match and why.");
   lookup->add_option("--configs", lo.config_dir, "Config dir (read recursively; shipped configs are not loaded)")
@@ -220,7 +204,7 @@ int main(int argc, char** argv) {
                      "Device name as the runtime reports it (\"NVIDIA H200\") or as files spell it (NVIDIA_H200); "
                      "default: the host CPU's ISA class");
   lookup->add_option("--op", lo.op,
-                     "fused_moe, triton_gemm, gemm, rmsnorm or fused_add_rmsnorm (default: inferred from the key)");
+                     "fused_moe, triton_gemm, " + op_names_text() + " (default: inferred from the key)");
   lookup->add_option("--key", lo.key, "The file name's fields other than device_name, e.g. \"E=257,N=256,dtype=fp8_w8a8\"")
       ->type_name("FIELDS")
       ->required();
@@ -245,9 +229,11 @@ int main(int argc, char** argv) {
       "      --key \"N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]\" --M 64 --json\n"
       "  kdispatch lookup --configs ./my-configs --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
       "Exit codes: 0 found (table row or default), 1 not found, 2 bad argument.");
+  return lookup;
+}
 
-  // ------------------------------------------------------------ validate
-  ValidateOptions vo;
+// ------------------------------------------------------------ validate
+CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
   CLI::App* validate = app.add_subcommand(
       "validate", "Load config dirs and print the load report: per file loaded/partial/skipped and its problems.");
   validate->add_option("dirs", vo.dirs, "Config dirs (read recursively)")->type_name("DIR...")->required();
@@ -259,6 +245,39 @@ int main(int argc, char** argv) {
       "  kdispatch validate configs/\n"
       "  kdispatch validate sglang-configs --backend-version 3.5.1 --json\n"
       "Exit codes: 0 every file usable, 1 some file skipped, 2 bad argument.");
+  return validate;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kdispatch: per-call kernel variant and launch-config dispatch from tuned config tables.\n"
+      "Replays a model's shapes through the ops (and tunes them online), exports the misses and tunes them offline, "
+      "answers config lookups, validates config trees."};
+  app.name("kdispatch");
+  app.set_version_flag("--version", version_text);
+  app.require_subcommand(1);
+  app.footer(
+      "Examples:\n"
+      "  kdispatch replay\n"
+      "  kdispatch replay --model llama-3-8b --steps 4\n"
+      "  kdispatch replay --tune background\n"
+      "  kdispatch misses --export misses.csv && kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
+      "  kdispatch lookup --configs sglang-configs/fused_moe_triton --backend-version 3.5.1 \\\n"
+      "      --device \"NVIDIA H200\" --key \"E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]\" --M 1\n"
+      "  kdispatch validate sglang-configs\n"
+      "Exit codes: 0 ok, 1 failure (op error, not found, unusable files), 2 usage error.");
+
+  ReplayOptions ro, mo;
+  TuneCmdOptions to;
+  LookupOptions lo;
+  ValidateOptions vo;
+  CLI::App* replay = add_replay(app, ro);
+  CLI::App* misses = add_misses(app, mo);
+  CLI::App* tune = add_tune(app, to);
+  CLI::App* lookup = add_lookup(app, lo);
+  CLI::App* validate = add_validate(app, vo);
 
   try {
     app.parse(argc, argv);

@@ -71,4 +71,22 @@ inline std::vector<std::string_view> dims_in_file_order(const dispatch::OpInfo& 
   return dims;
 }
 
+/// The columns of the misses CSV (Runtime::export_misses): op, backend,
+/// device_name, dtype, out_dtype, M, the dim fields of every op (each op's
+/// in file-name order, first mention first), the flag fields, stride,
+/// count, key.
+inline std::string misses_columns_text() {
+  std::vector<std::string_view> dims, flags;
+  for (const dispatch::OpInfo& op : dispatch::op_list()) {
+    for (std::string_view d : dims_in_file_order(op))
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) dims.push_back(d);
+    for (const dispatch::OpKeyFieldInfo* f : fields_of_kind(op, "flag"))
+      if (std::find(flags.begin(), flags.end(), f->name) == flags.end()) flags.push_back(f->name);
+  }
+  std::string out = "op,backend,device_name,dtype,out_dtype,M";
+  for (std::string_view d : dims) out += "," + std::string(d);
+  for (std::string_view f : flags) out += "," + std::string(f);
+  return out + ",stride,count,key";
+}
+
 }  // namespace kdispatch_cli
