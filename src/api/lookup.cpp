@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "api/json_out.hpp"
 #include "api/runtime_impl.hpp"
 #include "core/op_spec.hpp"
 #include "core/json_write.hpp"
@@ -356,22 +357,17 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
 }
 
 std::string lookup_result_to_json(const LookupResult& r) {
-  std::string s = "{\"config\": " + config_to_json(r.config) + ", \"source\": ";
-  core::json_append_string(s, r.source);
-  s += ", \"match\": ";
-  core::json_append_string(s, match_name(r.match));
-  s += ", \"M\": ";
-  if (r.table_m >= 0) core::json_append_int(s, r.table_m);
-  else s += "null";
-  s += ", \"variant\": ";
-  if (r.variant.empty()) s += "null";
-  else core::json_append_string(s, r.variant);
-  s += ", \"key\": ";
-  core::json_append_string(s, r.key);
-  s += ", \"why\": ";
-  core::json_append_string(s, r.why);
-  s += "}";
-  return s;
+  core::JsonWriter w;
+  w.begin_object().key("config");
+  config_to_json(w, r.config);
+  w.field("source", r.source).field("match", match_name(r.match)).key("M");
+  if (r.table_m >= 0) w.value(r.table_m);
+  else w.null();
+  w.key("variant");
+  if (r.variant.empty()) w.null();
+  else w.value(r.variant);
+  w.field("key", r.key).field("why", r.why).end_object();
+  return w.take();
 }
 
 Result<LookupTable> lookup_table(const Runtime& rt, const LookupQuery& q) noexcept {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "api/json_out.hpp"
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
 #include "backends/registry.hpp"
@@ -361,58 +362,43 @@ const char* version() noexcept { return KDISPATCH_VERSION_STRING; }
 
 // ------------------------------------------------------------------ JSON
 
-std::string config_to_json(const Config& config) {
-  std::string s = "{";
-  bool first = true;
+void config_to_json(core::JsonWriter& w, const Config& config) {
+  w.begin_object();
   for (const auto& [k, v] : config) {
-    if (!first) s += ", ";
-    first = false;
-    core::json_append_string(s, k);
-    s += ": ";
+    w.key(k);
     switch (v.kind) {
-      case ConfigValue::Kind::integer: core::json_append_int(s, v.i); break;
-      case ConfigValue::Kind::boolean: s += v.i ? "true" : "false"; break;
-      case ConfigValue::Kind::string: core::json_append_string(s, v.s); break;
+      case ConfigValue::Kind::integer: w.value(v.i); break;
+      case ConfigValue::Kind::boolean: w.value(v.i != 0); break;
+      case ConfigValue::Kind::string: w.value(v.s); break;
     }
   }
-  return s + "}";
+  w.end_object();
+}
+
+std::string config_to_json(const Config& config) {
+  core::JsonWriter w;
+  config_to_json(w, config);
+  return w.take();
 }
 
 std::string LoadReport::to_json() const {
-  std::string s = "{\"files\": [";
-  for (size_t i = 0; i < files.size(); ++i) {
-    const auto& f = files[i];
-    s += i ? ",\n  {" : "\n  {";
-    s += "\"path\": ";
-    core::json_append_string(s, f.path);
-    s += ", \"dir\": ";
-    core::json_append_string(s, f.dir);
-    s += ", \"status\": ";
-    core::json_append_string(s, file_state_name(f.state));
-    s += ", \"rows\": ";
-    core::json_append_int(s, f.rows);
-    s += ", \"unknown_device\": ";
-    s += f.unknown_device ? "true" : "false";
-    if (f.stale) s += ", \"stale\": true";
-    s += ", \"problems\": [";
-    for (size_t j = 0; j < f.problems.size(); ++j) {
-      if (j) s += ", ";
-      core::json_append_string(s, f.problems[j]);
-    }
-    s += "]}";
+  core::JsonWriter w;
+  w.begin_object().key("files").begin_array_lines();
+  for (const auto& f : files) {
+    w.begin_object();
+    w.field("path", f.path).field("dir", f.dir).field("status", file_state_name(f.state));
+    w.field("rows", static_cast<int64_t>(f.rows)).field("unknown_device", f.unknown_device);
+    if (f.stale) w.field("stale", true);
+    w.key("problems").begin_array();
+    for (const auto& p : f.problems) w.value(p);
+    w.end_array().end_object();
   }
-  s += files.empty() ? "]" : "\n]";
-  s += ", \"notes\": [";
-  for (size_t j = 0; j < notes.size(); ++j) {
-    if (j) s += ", ";
-    core::json_append_string(s, notes[j]);
-  }
-  s += "], \"keys\": ";
-  core::json_append_int(s, keys);
-  s += ", \"rows\": ";
-  core::json_append_int(s, rows);
-  s += "}";
-  return s;
+  w.end_array();
+  w.key("notes").begin_array();
+  for (const auto& n : notes) w.value(n);
+  w.end_array();
+  w.field("keys", keys).field("rows", rows).end_object();
+  return w.take();
 }
 
 }  // namespace dispatch

@@ -296,25 +296,13 @@ Status to_query(const kdispatch_lookup_query* q, dispatch::LookupQuery* out) {
   return Status();
 }
 
-void put_key(std::string& s, const char* k) {
-  dispatch::core::json_append_string(s, k);
-  s += ": ";
-}
-
 std::string pretune_json(const dispatch::PretuneResult& r) {
-  using namespace dispatch::core;
-  std::string s = "{";
-  put_key(s, "key"), json_append_string(s, r.key);
-  s += ", ", put_key(s, "M"), json_append_int(s, r.m);
-  s += ", ", put_key(s, "config"), s += dispatch::config_to_json(r.config);
-  s += ", ", put_key(s, "variant"), json_append_string(s, r.variant);
-  s += ", ", put_key(s, "best_us"), json_append_double(s, r.best_us);
-  s += ", ", put_key(s, "default_us"), json_append_double(s, r.default_us);
-  s += ", ", put_key(s, "candidates"), json_append_int(s, r.candidates);
-  s += ", ", put_key(s, "rejected"), json_append_int(s, r.rejected);
-  s += ", ", put_key(s, "failed"), json_append_int(s, r.failed);
-  s += ", ", put_key(s, "persisted"), s += r.persisted ? "true" : "false";
-  return s + "}";
+  dispatch::core::JsonWriter w;
+  w.begin_object().field("key", r.key).field("M", r.m).key("config").json(dispatch::config_to_json(r.config));
+  w.field("variant", r.variant).field("best_us", r.best_us).field("default_us", r.default_us);
+  w.field("candidates", static_cast<int64_t>(r.candidates)).field("rejected", static_cast<int64_t>(r.rejected));
+  w.field("failed", static_cast<int64_t>(r.failed)).field("persisted", r.persisted).end_object();
+  return w.take();
 }
 
 // Every pretune of the C ABI.
@@ -339,52 +327,31 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 // "optional", "rows", "cols", "alias_of"}], "scalars": [{"name", "default"}],
 // "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
 std::string op_list_json() {
-  using namespace dispatch::core;
-  std::string s = "[";
-  bool first_op = true;
+  dispatch::core::JsonWriter w;
+  auto extent = [&](const char* key, std::string_view dim, int32_t mul, int32_t div) {
+    w.key(key).begin_object().field("dim", dim).field("mul", static_cast<int64_t>(mul));
+    w.field("div", static_cast<int64_t>(div)).end_object();
+  };
+  w.begin_array();
   for (const dispatch::OpInfo& o : dispatch::op_list()) {
-    s += first_op ? "{" : ", {";
-    first_op = false;
-    put_key(s, "name"), json_append_string(s, o.name);
-    s += ", ", put_key(s, "doc"), json_append_string(s, o.doc);
-    s += ", ", put_key(s, "args"), s += "[";
-    for (size_t i = 0; i < o.args.size(); ++i) {
-      const dispatch::OpArgInfo& a = o.args[i];
-      s += i ? ", {" : "{";
-      put_key(s, "name"), json_append_string(s, a.name);
-      s += ", ", put_key(s, "read"), s += a.read ? "true" : "false";
-      s += ", ", put_key(s, "written"), s += a.written ? "true" : "false";
-      s += ", ", put_key(s, "rank"), json_append_int(s, a.rank);
-      s += ", ", put_key(s, "optional"), s += a.optional ? "true" : "false";
-      s += ", ", put_key(s, "rows"), s += "{", put_key(s, "dim"), json_append_string(s, a.rows_dim);
-      s += ", ", put_key(s, "mul"), json_append_int(s, a.rows_mul);
-      s += ", ", put_key(s, "div"), json_append_int(s, a.rows_div), s += "}";
-      s += ", ", put_key(s, "cols"), s += "{", put_key(s, "dim"), json_append_string(s, a.cols_dim);
-      s += ", ", put_key(s, "mul"), json_append_int(s, a.cols_mul);
-      s += ", ", put_key(s, "div"), json_append_int(s, a.cols_div), s += "}";
-      s += ", ", put_key(s, "alias_of"), json_append_int(s, a.alias_of);
-      s += "}";
+    w.begin_object().field("name", o.name).field("doc", o.doc).key("args").begin_array();
+    for (const dispatch::OpArgInfo& a : o.args) {
+      w.begin_object().field("name", a.name).field("read", a.read).field("written", a.written);
+      w.field("rank", static_cast<int64_t>(a.rank)).field("optional", a.optional);
+      extent("rows", a.rows_dim, a.rows_mul, a.rows_div);
+      extent("cols", a.cols_dim, a.cols_mul, a.cols_div);
+      w.field("alias_of", static_cast<int64_t>(a.alias_of)).end_object();
     }
-    s += "], ", put_key(s, "scalars"), s += "[";
-    for (size_t i = 0; i < o.scalars.size(); ++i) {
-      s += i ? ", {" : "{";
-      put_key(s, "name"), json_append_string(s, o.scalars[i].name);
-      s += ", ", put_key(s, "default"), json_append_double(s, o.scalars[i].default_value);
-      s += "}";
-    }
-    s += "], ", put_key(s, "key_fields"), s += "[";
-    for (size_t i = 0; i < o.key_fields.size(); ++i) {
-      s += i ? ", {" : "{";
-      put_key(s, "name"), json_append_string(s, o.key_fields[i].name);
-      s += ", ", put_key(s, "kind"), json_append_string(s, o.key_fields[i].kind);
-      s += ", ", put_key(s, "csv_name"), json_append_string(s, o.key_fields[i].csv_name);
-      s += "}";
-    }
-    s += "], ", put_key(s, "m_name"), json_append_string(s, o.m_name);
-    s += ", ", put_key(s, "workspace"), s += o.uses_workspace ? "true" : "false";
-    s += "}";
+    w.end_array().key("scalars").begin_array();
+    for (const dispatch::OpScalarInfo& x : o.scalars)
+      w.begin_object().field("name", x.name).field("default", static_cast<double>(x.default_value)).end_object();
+    w.end_array().key("key_fields").begin_array();
+    for (const dispatch::OpKeyFieldInfo& f : o.key_fields)
+      w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name).end_object();
+    w.end_array().field("m_name", o.m_name).field("workspace", o.uses_workspace).end_object();
   }
-  return s + "]";
+  w.end_array();
+  return w.take();
 }
 
 }  // namespace
@@ -563,23 +530,16 @@ kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int3
     dev.ordinal = ordinal;  // as asked: a host ordinal other than 0 does not exist
     auto r = rt->rt->device_info(dev);
     if (!r.ok()) return finish(r.status());
-    using namespace dispatch::core;
     const dispatch::DeviceInfo& d = *r;
-    std::string s = "{";
-    put_key(s, "device_type"), json_append_int(s, device_type);
-    s += ", ", put_key(s, "backend"), json_append_string(s, dispatch::device_type_name(d.device.type));
-    s += ", ", put_key(s, "ordinal"), json_append_int(s, d.device.ordinal);
-    s += ", ", put_key(s, "device_name"), json_append_string(s, d.device_name);
-    s += ", ", put_key(s, "reported_name"), json_append_string(s, d.reported_name);
-    s += ", ", put_key(s, "arch"), json_append_string(s, d.arch);
-    s += ", ", put_key(s, "compute_units"), json_append_int(s, d.compute_units);
-    s += ", ", put_key(s, "memory_bytes"), json_append_int(s, d.memory_bytes);
-    s += ", ", put_key(s, "l2_bytes"), json_append_int(s, d.l2_bytes);
-    s += ", ", put_key(s, "smem_per_block_bytes"), json_append_int(s, d.smem_per_block_bytes);
-    s += ", ", put_key(s, "warp_size"), json_append_int(s, d.warp_size);
-    s += ", ", put_key(s, "available"), s += d.available ? "true" : "false";
-    s += ", ", put_key(s, "unavailable_reason"), json_append_string(s, d.unavailable_reason);
-    *json_out = dup(s + "}");
+    dispatch::core::JsonWriter w;
+    w.begin_object().field("device_type", static_cast<int64_t>(device_type));
+    w.field("backend", dispatch::device_type_name(d.device.type)).field("ordinal", static_cast<int64_t>(d.device.ordinal));
+    w.field("device_name", d.device_name).field("reported_name", d.reported_name).field("arch", d.arch);
+    w.field("compute_units", static_cast<int64_t>(d.compute_units)).field("memory_bytes", d.memory_bytes);
+    w.field("l2_bytes", d.l2_bytes).field("smem_per_block_bytes", static_cast<int64_t>(d.smem_per_block_bytes));
+    w.field("warp_size", static_cast<int64_t>(d.warp_size)).field("available", d.available);
+    w.field("unavailable_reason", d.unavailable_reason).end_object();
+    *json_out = dup(w.take());
     return ok();
   });
 }
@@ -736,10 +696,10 @@ kdispatch_status kdispatch_lookup(const kdispatch_runtime* rt, const kdispatch_l
     std::string s = dispatch::lookup_result_to_json(*r);
     // + the config dir of the source, which the C++ JSON leaves out.
     s.pop_back();
-    s += ", \"source_dir\": ";
-    dispatch::core::json_append_string(s, r->source_dir);
-    s += "}";
-    *json_out = dup(s);
+    dispatch::core::JsonWriter w;
+    w.begin_object().field("source_dir", r->source_dir).end_object();
+    const std::string dir = w.take();  // {"source_dir": ...}
+    *json_out = dup(s + ", " + dir.substr(1));
     return ok();
   });
 }
@@ -755,17 +715,15 @@ kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdisp
     if (auto s = to_query(q, &query); !s.ok()) return finish(s);
     auto t = dispatch::lookup_table(*rt->rt, query);
     if (!t.ok()) return finish(t.status());
-    std::string s = "{\"key\": ";
-    dispatch::core::json_append_string(s, t->key);
-    std::string rows = "{", sources = "{", dirs = "{";
-    for (size_t i = 0; i < t->rows.size(); ++i) {
-      const char* sep = i ? ", " : "";
-      const std::string m = "\"" + std::to_string(t->rows[i].m) + "\": ";
-      rows += sep + m + dispatch::config_to_json(t->rows[i].config);
-      sources += sep + m, dispatch::core::json_append_string(sources, t->rows[i].source);
-      dirs += sep + m, dispatch::core::json_append_string(dirs, t->rows[i].source_dir);
-    }
-    s += ", \"rows\": " + rows + "}, \"sources\": " + sources + "}, \"source_dirs\": " + dirs + "}}";
+    dispatch::core::JsonWriter w;
+    w.begin_object().field("key", t->key).key("rows").begin_object();
+    for (const auto& row : t->rows) w.key(std::to_string(row.m)).json(dispatch::config_to_json(row.config));
+    w.end_object().key("sources").begin_object();
+    for (const auto& row : t->rows) w.field(std::to_string(row.m), row.source);
+    w.end_object().key("source_dirs").begin_object();
+    for (const auto& row : t->rows) w.field(std::to_string(row.m), row.source_dir);
+    w.end_object().end_object();
+    const std::string s = w.take();
     *json_out = dup(s);
     return ok();
   });

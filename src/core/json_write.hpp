@@ -76,7 +76,20 @@ class JsonWriter {
   JsonWriter& begin_object() { return open('{'); }
   JsonWriter& end_object() { return close('}'); }
   JsonWriter& begin_array() { return open('['); }
-  JsonWriter& end_array() { return close(']'); }
+  /// An array with one element per line ("[\n  {...},\n  {...}\n]"; "[]"
+  /// when empty): long reports stay readable.
+  JsonWriter& begin_array_lines() {
+    open('[');
+    lines_ |= 1ull << depth_;
+    return *this;
+  }
+  JsonWriter& end_array() {
+    if ((lines_ >> depth_) & 1ull) {
+      lines_ &= ~(1ull << depth_);
+      if (!first_) out_ += '\n';
+    }
+    return close(']');
+  }
   /// The next member's key (inside an object).
   JsonWriter& key(std::string_view k) {
     separate();
@@ -116,7 +129,9 @@ class JsonWriter {
  private:
   void separate() {
     if (after_key_) return;
-    if (!first_) out_ += ", ";
+    const bool lines = depth_ < 64 && ((lines_ >> depth_) & 1ull);
+    if (!first_) out_ += lines ? "," : ", ";
+    if (lines) out_ += "\n  ";
     first_ = false;
   }
   template <class F>
@@ -147,6 +162,7 @@ class JsonWriter {
   bool first_ = true;
   bool after_key_ = false;
   int depth_ = 0;
+  uint64_t lines_ = 0;  ///< bit d: the array at depth d puts one element per line
 };
 
 }  // namespace dispatch::core

@@ -26,14 +26,11 @@ const std::string* Fingerprint::find(std::string_view axis) const noexcept {
 }
 
 std::string Fingerprint::to_json() const {
-  std::string s = "{";
-  for (size_t i = 0; i < axes.size(); ++i) {
-    if (i) s += ", ";
-    core::json_append_string(s, axes[i].first);
-    s += ": ";
-    core::json_append_string(s, axes[i].second);
-  }
-  return s + "}";
+  core::JsonWriter w;
+  w.begin_object();
+  for (const auto& [axis, value] : axes) w.field(axis, value);
+  w.end_object();
+  return w.take();
 }
 
 Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_versions) {
