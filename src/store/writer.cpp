@@ -65,20 +65,17 @@ bool write_all(int fd, const std::string& s) {
   return true;
 }
 
-void append_config_json(std::string& s, const Config& c) {
-  s += "{";
-  for (size_t i = 0; i < c.size(); ++i) {
-    if (i) s += ", ";
-    core::json_append_string(s, c[i].first);
-    s += ": ";
-    const ConfigValue& v = c[i].second;
+void config_json(core::JsonWriter& w, const Config& c) {
+  w.begin_object();
+  for (const auto& [k, v] : c) {
+    w.key(k);
     switch (v.kind) {
-      case ConfigValue::Kind::integer: core::json_append_int(s, v.i); break;
-      case ConfigValue::Kind::boolean: s += v.i ? "true" : "false"; break;
-      case ConfigValue::Kind::string: core::json_append_string(s, v.s); break;
+      case ConfigValue::Kind::integer: w.value(v.i); break;
+      case ConfigValue::Kind::boolean: w.value(v.i != 0); break;
+      case ConfigValue::Kind::string: w.value(v.s); break;
     }
   }
-  s += "}";
+  w.end_object();
 }
 
 std::string claim_path(const std::string& dir, const std::string& key, int64_t m) {
@@ -99,36 +96,27 @@ std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerpri
   std::vector<const PersistRow*> rows;
   for (const auto& r : rows_in) rows.push_back(&r);
   std::sort(rows.begin(), rows.end(), [](const PersistRow* a, const PersistRow* b) { return a->m < b->m; });
-  std::string s = "{\n    \"kdispatch\": {\"tool\": ";
-  core::json_append_string(s, std::string("kdispatch ") + KDISPATCH_VERSION_STRING);
-  s += ", \"schema\": {";
-  for (size_t i = 0; i < schema.size(); ++i) {
-    if (i) s += ", ";
-    core::json_append_string(s, schema[i].first);
-    s += ": ";
-    core::json_append_int(s, schema[i].second);
-  }
-  s += "}, \"fingerprint\": " + fp.to_json();
+  // One member per line, four spaces in: the metadata object first, then
+  // the rows by ascending M (a diff of two tunings is a diff of rows).
+  core::JsonWriter w;
+  w.begin_object().field("tool", std::string("kdispatch ") + KDISPATCH_VERSION_STRING).key("schema").begin_object();
+  for (const auto& [variant, version] : schema) w.field(variant, static_cast<int64_t>(version));
+  w.end_object().key("fingerprint").json(fp.to_json());
   for (const char* field : {"us", "default_us"}) {
-    s += std::string(", \"") + field + "\": {";
-    bool first = true;
+    w.key(field).begin_object();
     for (const PersistRow* r : rows) {
       const double v = std::string_view(field) == "us" ? r->us : r->default_us;
-      if (!(v > 0)) continue;
-      if (!first) s += ", ";
-      first = false;
-      s += "\"" + std::to_string(r->m) + "\": ";
-      core::json_append_double(s, std::round(v * 1000.0) / 1000.0);
+      if (v > 0) w.field(std::to_string(r->m), std::round(v * 1000.0) / 1000.0);
     }
-    s += "}";
+    w.end_object();
   }
-  s += "}";
+  w.end_object();
+  std::string s = "{\n    \"kdispatch\": " + w.take();
   for (const PersistRow* r : rows) {
-    s += ",\n    \"" + std::to_string(r->m) + "\": ";
-    append_config_json(s, r->config);
+    config_json(w, r->config);
+    s += ",\n    \"" + std::to_string(r->m) + "\": " + w.take();
   }
-  s += "\n}\n";
-  return s;
+  return s + "\n}\n";
 }
 
 namespace {
