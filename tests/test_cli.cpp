@@ -18,6 +18,7 @@
 
 #include "cli_util.hpp"
 #include "dispatch/device.hpp"
+#include "dispatch/ops.hpp"
 
 #ifdef KDISPATCH_CLI_PATH
 
@@ -316,6 +317,68 @@ TEST_CASE("cli: replay of the sharded Llama-3-70B shapes") {
   const std::set<std::pair<int64_t, int64_t>> expected = {{1280, 8192}, {8192, 1024}, {7168, 8192}, {8192, 3584}};
   CHECK(shapes == expected);
   CHECK(int64_t(doc["ops"]["gemm"]["calls"]) == 4 * 80);
+  // act_fn's d is the rank's share of the intermediate size.
+  int64_t d = 0;
+  for (simdjson::dom::element s : doc["sites"].get_array())
+    if (str(s["op"]) == "silu_and_mul") d = int64_t(s["d"]);
+  CHECK(d == 28672 / 8);
+  CHECK(int64_t(doc["ops"]["silu_and_mul"]["calls"]) == 80);
+}
+
+TEST_CASE("cli: replay calls silu_and_mul between gate_up_proj and down_proj, once per layer") {
+  CliResult r = run_cli({"replay", "--json", "--steps", "3"});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(r.out));
+  CHECK(bool(doc["output_finite"]));
+  // Every op of the report is an op of the library's list.
+  std::set<std::string> listed;
+  for (const dispatch::OpInfo& op : dispatch::op_list()) listed.insert(std::string(op.name));
+  for (auto [name, v] : simdjson::dom::object(doc["ops"])) CHECK_MESSAGE(listed.count(std::string(name)), name);
+
+  simdjson::dom::element silu = doc["ops"]["silu_and_mul"];
+  const int64_t calls = silu["calls"];
+  CHECK(calls == 24 * 3);  // Qwen2.5-0.5B: 24 layers, 3 forward passes
+  CHECK(int64_t(silu["hits"]) + int64_t(silu["defaults"]) == calls);
+  CHECK(int64_t(silu["sources"]["default"]) == int64_t(silu["defaults"]));
+  CHECK(double(silu["us_per_call"]) > 0.0);
+  int64_t variant_calls = 0;
+  for (auto [v, n] : simdjson::dom::object(silu["variants"])) {
+    CHECK(std::string_view(v).rfind("silu_and_mul_bf16__", 0) == 0);
+    variant_calls += int64_t(n);
+  }
+  CHECK(variant_calls == calls);
+
+  // The sites in call order: act_fn right after gate_up_proj, before down_proj,
+  // called as often as every other per-layer site.
+  std::vector<std::string> names;
+  for (simdjson::dom::element s : doc["sites"].get_array()) {
+    names.push_back(str(s["name"]));
+    if (names.back() == "input_layernorm[0]") continue;  // layer 0 only
+    CHECK_MESSAGE(int64_t(s["calls"]) == calls, names.back());
+    if (str(s["op"]) != "silu_and_mul") continue;
+    CHECK(names.back() == "act_fn");
+    CHECK(int64_t(s["d"]) == 4864);  // Qwen2.5-0.5B's intermediate_size
+    CHECK(double(s["us_per_call"]) > 0.0);
+  }
+  const std::vector<std::string> order = {"input_layernorm[0]", "qkv_proj", "o_proj", "post_attention_layernorm",
+                                          "gate_up_proj", "act_fn", "down_proj", "input_layernorm[1:]+final_norm"};
+  CHECK(names == order);
+  CHECK(int64_t(doc["ops"]["fused_add_rmsnorm"]["calls"]) == 2 * calls);
+  CHECK(int64_t(doc["ops"]["gemm"]["calls"]) == 4 * calls);
+
+  // Text mode: its row in the op table, its site and where its configs came from.
+  CliResult t = run_cli({"replay", "--steps", "1"});
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  CHECK(t.out.find("\nsilu_and_mul ") != std::string::npos);
+  CHECK(t.out.find("\nact_fn ") != std::string::npos);
+  CHECK(t.out.find("d=4864") != std::string::npos);
+  CHECK(t.out.find("\n  silu_and_mul\n") != std::string::npos);
+  // The help texts name the ops from the op list: the ops replay's model calls, tune's --op.
+  CliResult h = run_cli({"replay", "--help"});
+  CHECK(h.out.find("silu_and_mul") != std::string::npos);
+  CliResult th = run_cli({"tune", "--help"});
+  for (const std::string& op : listed) CHECK_MESSAGE(th.out.find(op) != std::string::npos, op);
 }
 
 #endif  // KDISPATCH_CLI_PATH

@@ -25,6 +25,7 @@
 
 #include "cli_util.hpp"
 #include "dispatch/device.hpp"
+#include "dispatch/ops.hpp"
 
 #ifdef KDISPATCH_CLI_PATH
 
@@ -429,6 +430,98 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   CliRun me = run({"misses"}, cache);  // --export is required
   CHECK(me.exit_code == 2);
   CHECK(me.err.find("--export") != std::string::npos);
+}
+
+TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, rows of other ops left out") {
+  Scratch dir("silu");
+  const std::string cache = dir / "cache";
+  simdjson::dom::parser parser;
+  const std::string device = dispatch::cpu_device_info().device_name;
+
+  // 1. An M,d list: the op from --op, the dtype from --dtype (bf16).
+  const std::string csv = dir / "silu.csv";
+  std::ofstream(csv) << "M,d\n1, 256\n8,256\n";
+  const std::string emit = dir / "emit";
+  const std::vector<std::string> args = {"tune", "--shapes", csv, "--op", "silu_and_mul", "--emit", emit,
+                                         "--budget-ms", "50", "--no-cold-cache", "--json"};
+  CliRun t = run(args, cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(s(doc["op"]) == "silu_and_mul");
+  CHECK(int64_t(doc["shapes"]) == 2);
+  CHECK(int64_t(doc["tuned"]) == 2);
+  CHECK(int64_t(doc["failed"]) == 0);
+  const std::string file = "cpu/silu_and_mul/d=256,device_name=" + device + ",dtype=bf16.json";
+  REQUIRE(simdjson::dom::array(doc["files"]).size() == 1);
+  CHECK(s(doc["files"].at(0)) == file);
+  for (simdjson::dom::element res : doc["results"].get_array()) {
+    CHECK(s(res["status"]) == "tuned");
+    CHECK(s(res["shape"]) == "d=256,bf16");
+    CHECK(s(res["key"]) == "cpu/silu_and_mul|" + device + "|d=256,dtype=bf16");
+    CHECK(s(res["variant"]).rfind("silu_and_mul_bf16__", 0) == 0);
+  }
+  CHECK(t.err.find("[1/2] d=256,bf16 M=") != std::string::npos);  // the progress lines
+
+  // 2. The file loads cleanly and answers the lookup exactly, at both M.
+  CliRun v = run({"validate", emit}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
+  CHECK(v.out.find("1 files: 1 loaded") != std::string::npos);
+  for (const char* M : {"1", "8"}) {
+    CliRun l = run({"lookup", "--configs", emit, "--op", "silu_and_mul", "--key", "d=256,dtype=bf16", "--M", M,
+                    "--json"},
+                   cache);
+    REQUIRE_MESSAGE(l.exit_code == 0, l.err);
+    simdjson::dom::element ldoc = parser.parse(simdjson::padded_string(l.out));
+    CHECK(s(ldoc["match"]) == "exact");
+    CHECK(s(ldoc["source"]) == file);
+    CHECK(s(ldoc["variant"]).rfind("silu_and_mul_bf16__", 0) == 0);
+  }
+
+  // 3. A second run resumes: both shapes are there.
+  CliRun t2 = run(args, cache);
+  REQUIRE_MESSAGE(t2.exit_code == 0, t2.err);
+  simdjson::dom::element t2doc = parser.parse(simdjson::padded_string(t2.out));
+  CHECK(int64_t(t2doc["tuned"]) == 0);
+  CHECK(int64_t(t2doc["skipped_done"]) == 2);
+
+  // 4. The workload's misses CSV (op column): its silu_and_mul rows, d=4864 at M 1 and 4.
+  const std::string misses = dir / "misses.csv";
+  CliRun m = run(cat({"misses", "--export", misses}, workload(dir)), cache);
+  REQUIRE_MESSAGE(m.exit_code == 0, m.err);
+  CHECK(m.out.find("kdispatch tune --shapes " + misses + " --op silu_and_mul --emit DIR") != std::string::npos);
+  CliRun tm = run({"tune", "--shapes", misses, "--op", "silu_and_mul", "--emit", emit, "--budget-ms", "50",
+                   "--no-cold-cache"},
+                  cache);
+  REQUIRE_MESSAGE(tm.exit_code == 0, tm.err);
+  CHECK(tm.out.find("2 silu_and_mul shapes: 2 tuned") != std::string::npos);
+  CHECK(tm.err.find("d=4864,bf16 M=1 -> silu_and_mul_bf16__") != std::string::npos);
+  CHECK(tm.err.find("left out 8 rows of gemm") != std::string::npos);
+  CHECK(tm.err.find("left out 2 rows of rmsnorm") != std::string::npos);
+  CHECK(fs::exists(fs::path(emit) / "cpu" / "silu_and_mul" / ("d=4864,device_name=" + device + ",dtype=bf16.json")));
+
+  // 5. Without an op column, a row belongs to --op when it has --op's dims:
+  // M,d rows are left out of a gemm run, M,hidden rows out of a silu_and_mul run.
+  CliRun g = run({"tune", "--shapes", csv, "--op", "gemm", "--emit", dir / "emit-g"}, cache);
+  CHECK(g.exit_code == 0);
+  CHECK(g.err.find("left out 2 rows of silu_and_mul") != std::string::npos);
+  CHECK(g.out.find("0 gemm shapes") != std::string::npos);
+  const std::string norms = dir / "norms.csv";
+  std::ofstream(norms) << "M,hidden\n2,128\n";
+  CliRun n = run({"tune", "--shapes", norms, "--op", "silu_and_mul", "--emit", dir / "emit-n"}, cache);
+  CHECK(n.exit_code == 0);
+  CHECK(n.err.find("left out 1 rows of rmsnorm/fused_add_rmsnorm (M,hidden)") != std::string::npos);
+  // A row of the op without its dim names it.
+  const std::string nod = dir / "no-d.csv";
+  std::ofstream(nod) << "op,M,d\nsilu_and_mul,2,\n";
+  CliRun nd = run({"tune", "--shapes", nod, "--op", "silu_and_mul", "--emit", dir / "emit-n"}, cache);
+  CHECK(nd.exit_code == 0);
+  CHECK(nd.err.find(nod + ":2: a silu_and_mul row needs d >= 1") != std::string::npos);
+  // An unknown --op names the ops of the list.
+  CliRun bad = run({"tune", "--shapes", csv, "--op", "silu", "--emit", dir / "emit-n"}, cache);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("--op 'silu' is not ") != std::string::npos);
+  for (const dispatch::OpInfo& op : dispatch::op_list())
+    CHECK_MESSAGE(bad.err.find(std::string(op.name)) != std::string::npos, op.name);
 }
 
 #endif  // KDISPATCH_CLI_PATH
