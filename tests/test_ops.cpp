@@ -254,6 +254,33 @@ TEST_CASE("every op: key text, file name and Problem round trip") {
   }
 }
 
+TEST_CASE("op_list(): gemm's and silu_and_mul's key fields, exactly, with their file-name places") {
+  auto fields_of = [](std::string_view op) {
+    std::string out;
+    for (const OpInfo& o : op_list())
+      if (o.name == op)
+        for (const OpKeyFieldInfo& f : o.key_fields)
+          out += std::string(f.name) + ":" + std::string(f.kind) + ":" +
+                 std::string(f.csv_name.empty() ? f.name : f.csv_name) + ":" + std::to_string(f.file_pos) + " ";
+    return out;
+  };
+  // In key-text order (by name); file_pos gives the file name's order.
+  CHECK(fields_of("gemm") ==
+        "K:dim:K:1 N:dim:N:0 bias:flag:bias:-1 dtype:dtype:dtype:-1 out_dtype:out_dtype:outdtype:-1 "
+        "stride:stride:stride:-1 ");
+  CHECK(fields_of("silu_and_mul") == "d:dim:d:0 dtype:dtype:dtype:-1 stride:stride:stride:-1 ");
+  // The places match the file names the library writes: dims first, then device_name.
+  Problem p;
+  p.op = core::OpKind::gemm;
+  p.n = 4096;
+  p.k = 7168;
+  p.in_dtype = p.out_dtype = DType::bf16;
+  table::KeyBuffer kb;
+  table::append_own_fields(p, &kb);
+  CHECK(store::own_file_name(core::OpKind::gemm, kb.view(), "NVIDIA_H200") ==
+        "N=4096,K=7168,device_name=NVIDIA_H200,dtype=bf16.json");
+}
+
 TEST_CASE("every op: pretune_key persists a row, and the same call then hits it") {
   kdtest::TempDir cache;
   RuntimeOptions o;

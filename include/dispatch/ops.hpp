@@ -178,6 +178,9 @@ struct OpKeyFieldInfo {
   /// false), "stride" (operand stride classes, left out for the default layout).
   std::string_view kind;
   std::string_view csv_name;  ///< its column in a shape CSV (aiter's "outdtype"): name when empty
+  /// >= 0: its place before device_name in a file name (SGLang's
+  /// N=...,K=...,device_name=...); -1: after it, by name.
+  int32_t file_pos = -1;
 };
 struct OpInfo {
   std::string_view name;     ///< "gemm", "rmsnorm", ...

@@ -467,7 +467,7 @@ struct OpListStorage {
       for (const core::ScalarSlot& x : s->scalars) sc.push_back({x.name, x.default_value});
       std::vector<OpKeyFieldInfo> f;
       for (const core::KeyField& k : s->fields)
-        f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name});
+        f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name, k.file_pos});
       args.push_back(std::move(a));
       scalars.push_back(std::move(sc));
       fields.push_back(std::move(f));

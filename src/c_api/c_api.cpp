@@ -346,8 +346,10 @@ std::string op_list_json() {
     for (const dispatch::OpScalarInfo& x : o.scalars)
       w.begin_object().field("name", x.name).field("default", static_cast<double>(x.default_value)).end_object();
     w.end_array().key("key_fields").begin_array();
-    for (const dispatch::OpKeyFieldInfo& f : o.key_fields)
-      w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name).end_object();
+    for (const dispatch::OpKeyFieldInfo& f : o.key_fields) {
+      w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name);
+      w.field("file_pos", static_cast<int64_t>(f.file_pos)).end_object();
+    }
     w.end_array().field("m_name", o.m_name).field("workspace", o.uses_workspace).end_object();
   }
   w.end_array();

@@ -36,7 +36,7 @@ std::optional<OpKind> parse_op(std::string_view name) noexcept;
 
 /// Static + dynamic description of one call. Which member means what is
 /// the op's spec (src/ops/<op>.hpp): gemm m = M, n = N, k = K; norms m =
-/// tokens, n = hidden; silu_and_mul m = tokens, n = d. Members an op does
+/// tokens, n = hidden. Members an op does
 /// not use stay 0.
 struct Problem {
   OpKind op = OpKind::gemm;

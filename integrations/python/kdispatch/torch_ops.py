@@ -6,7 +6,6 @@ one per op of the library's op list (kdispatch_op_list), for example:
     y = torch.ops.kdispatch.rmsnorm(x, w, 1e-6)                   # -> new tensor
     torch.ops.kdispatch.fused_add_rmsnorm_(x, residual, w, 1e-6)  # in place, -> None
     d = torch.ops.kdispatch.gemm(a, b, bias)                      # a @ b.T + bias
-    out = torch.ops.kdispatch.silu_and_mul(x)                     # silu(x[..., :d]) * x[..., d:]
 
 How an op becomes a torch op (from its row: argument names, roles, shapes):
 - An op with outputs (arguments it only writes) is functional: it takes the
