@@ -24,6 +24,7 @@
 #include "dispatch/device.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/norm_plan.hpp"
+#include "gpu/silu_plan.hpp"
 
 namespace dispatch::gpu {
 struct BackendOps;
@@ -62,6 +63,8 @@ struct DeviceState {
   KernelImage gemm_ref[2];
   KernelImage gemm_tiled[2][gpu::gemm::kTiledKernels];  ///< CUDA only (all unloadable on HIP)
   KernelImage gemm_skinny_mma[2][gpu::gemm::kSkinnyMmaKernels];  ///< CUDA only
+  /// silu_and_mul [dtype: DType order][gpu::silu::kernel_index]
+  KernelImage silu[gpu::silu::kSiluDtypes][gpu::silu::kKernelsPerDtype];
   int64_t smem_optin = 0;  ///< opt-in shared memory per block (bytes)
   int cc_major = 0;        ///< compute capability major (CUDA; 0 on HIP)
 };
@@ -135,6 +138,17 @@ KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
 #undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU
 #endif
 
+// ---- silu_and_mul kernels: one launcher and one image probe per dtype TU
+// (kernels/<backend>/silu_and_mul_<dt>); probe: kKernelsPerDtype images.
+#define KDISPATCH_DECLARE_SILU_TU(dt)                                                                     \
+  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la,                  \
+                                  const core::Problem& p) noexcept;                                        \
+  void probe_silu_and_mul_##dt(KernelImage* out) noexcept;
+KDISPATCH_DECLARE_SILU_TU(fp32)
+KDISPATCH_DECLARE_SILU_TU(fp16)
+KDISPATCH_DECLARE_SILU_TU(bf16)
+#undef KDISPATCH_DECLARE_SILU_TU
+
 /// Every GEMM variant of this backend (skinny, tiled and cuBLASLt on CUDA, reference last).
 std::span<const core::VariantDef* const> gemm_variants() noexcept;
 
@@ -149,5 +163,11 @@ std::span<const core::VariantDef* const> fused_add_rmsnorm_variants() noexcept;
 
 /// The analytical default plan for a norm problem on this backend.
 core::Plan norm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+
+/// Every silu_and_mul variant of this backend (kernels/gpu/silu_variants.inc).
+std::span<const core::VariantDef* const> silu_variants() noexcept;
+
+/// The analytical default plan for a silu_and_mul problem on this backend.
+core::Plan silu_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
 
 }  // namespace dispatch::KDISPATCH_GPU_NS

@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch HIP backend — the silu_and_mul variant list (plain C++; the
+// kernels are in kernels/hip/silu_and_mul_<dtype>.hip). The list itself is
+// backend-neutral: kernels/gpu/silu_variants.inc. Names carry "hip_" after
+// the "__" so they stay unique next to the CUDA ones in a build with both
+// backends.
+#define KDISPATCH_GPU_NS hip
+#define KDISPATCH_GPU_BACKEND DeviceType::hip
+#define KDISPATCH_GPU_WARP 64  // CDNA (gfx90a, gfx940) wavefronts
+#define KDISPATCH_GPU_NAME(how) "hip_" how
+#define KDISPATCH_GPU_REF_NAME "hip_ref"
+#include "gpu/silu_variants.inc"
