@@ -65,7 +65,7 @@
 #include <vector>
 
 #include "core/numeric.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "gpu/gemm_plan.hpp"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/numeric.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "gpu_bench_util.hpp"
 #include "ops/specs.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/numeric.hpp"
-#include "core/registry.hpp"
+#include "backends/registry.hpp"
 #include "dispatch/device.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "ops/specs.hpp"
