@@ -19,13 +19,17 @@
 #                 kernel, get_default, cuBLASLt; PDL on and off), cuBLASLt after other plans (KD_GEMM_PROBE_LT=0:
 #                 skip), ncu on KD_GEMM_PROFILE=M,N,K/... (none: skip); results in bench/results/h200_gemm_fixed.md
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
+#   bench/gpu/run_h200.sh --sections silu        # silu_and_mul beside eager and torch.compile, and the
+#                 copy rate of the same run (resumes; bench/gpu/bench_silu.py)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
 # $KD_GEMM_M (defaults: the 8 weight shapes x M 1..8192 of bench_gpu.py). e2e
 # runs bench/gpu/e2e_decode.py four ways: (a) Llama-3-8B dims on the committed
 # configs, (b) Qwen2.5-0.5B dims on them too (no committed row covers its
 # shapes: get_default), (c) `kdispatch tune` of Qwen's GEMM and norm shapes at
-# batch 1, 8, 64 into a scratch dir, (d) Qwen again on that dir.
+# batch 1, 8, 64 into a scratch dir, (d) Qwen again on that dir. The silu
+# grid: $KD_SILU_DTYPES x d in $KD_SILU_DS x tokens in $KD_SILU_TOKENS
+# (defaults bf16,fp16 x 4864,14336,18944 x 1,8,64,512,4096,16384).
 #
 # The device machine (Ubuntu 24.04, nvcc 13, CMake 4, torch + Triton in
 # python3) reaches no package registry and starts bare on every call. What it
@@ -41,7 +45,7 @@
 #            those files already hold. Likewise gemm_configs.tar (unpacked by
 #            gemm-tune, gemm-bench and e2e; configs.tar too by gemm-bench and
 #            e2e), bench_gemm.json (gemm-bench), e2e.json and
-#            e2e_qwen_configs.tar (e2e).
+#            e2e_qwen_configs.tar (e2e), bench_silu.json (silu).
 # Every section builds what it needs first (build/gpu, 1-2 min on 16 cores;
 # nothing when the machine is still warm), stops starting new work when its
 # time budget (KD_SECTION_S, default 540 s) runs out, and prints a last line
@@ -59,7 +63,8 @@
 #   gemm-host   build.log gemm_host.log gemm_host.csv (+ gemm_sweep.csv gemm_sweep.log h200_gemm_sweep.md)
 #   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
 #   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
-# KD_COMMIT names the commit in h200.md / h200_gemm.md (the device has no .git).
+#   silu        build.log bench_silu.json bench_silu.log h200_silu.md
+# KD_COMMIT names the commit in h200.md / h200_gemm.md / h200_silu.md (the device has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -89,6 +94,9 @@ E2E_LAYERS=${KD_E2E_LAYERS:-2}
 E2E_BATCHES=${KD_E2E_BATCHES:-1,8,64}
 E2E_TUNE_BUDGET_MS=${KD_E2E_TUNE_BUDGET_MS:-300}
 E2E_DEVICE=${KD_E2E_DEVICE:-cuda}  # cpu (with KD_TUNE_BACKEND=cpu): a dry run of the e2e section's logic without a GPU
+SILU_DTYPES=${KD_SILU_DTYPES:-bf16,fp16}
+SILU_DS=${KD_SILU_DS:-4864,14336,18944}
+SILU_TOKENS=${KD_SILU_TOKENS:-1,8,64,512,4096,16384}
 while [ $# -gt 0 ]; do
   case "$1" in
     --sections) SECTIONS=$2; shift 2 ;;
@@ -97,7 +105,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -443,6 +451,30 @@ if has e2e; then
   elif [ -n "$e2e_incomplete" ]; then
     echo "::: e2e: INCOMPLETE ($e2e_incomplete ): copy e2e.json and e2e_qwen_configs.tar into .h200/ and run e2e again"
   else echo "::: e2e: complete (e2e.md -> bench/results/)"; fi
+fi
+
+# ================================================================ silu
+# silu_and_mul: kdispatch (the committed configs' rows, else get_default)
+# beside eager F.silu(g) * u and its torch.compile'd form, cold and under
+# graph replay; the copy rate B_copy of >= 4x L2 bytes measured in the same
+# run (bench/gpu/bench_silu.py says how).
+if has silu; then
+  ensure_build kdispatch || { echo "::: silu: FAILED to build (build.log)"; exit 1; }
+  budget=$(($(left) - 20))
+  stamp "silu: silu_and_mul beside eager and torch.compile ($SILU_DTYPES x d $SILU_DS x tokens $SILU_TOKENS; ${budget} s)"
+  "$PY" bench/gpu/bench_silu.py --lib "$LIB" --configs "$ROOT/configs" --dtypes "$SILU_DTYPES" --ds "$SILU_DS" \
+    --tokens "$SILU_TOKENS" --resume "$RESUME/bench_silu.json" --budget-s "$budget" --out "$OUT" \
+    >"$OUT/bench_silu.log" 2>&1
+  rc=$?
+  tail -4 "$OUT/bench_silu.log"
+  if [ -f "$OUT/bench_silu.json" ]; then
+    "$PY" bench/gpu/bench_silu.py --render "$OUT/bench_silu.json" --commit "${KD_COMMIT:-unknown}" \
+      >"$OUT/h200_silu.md" 2>>"$OUT/bench_silu.log"
+    grep -E "^- " "$OUT/h200_silu.md"
+  fi
+  if [ $rc -eq 3 ]; then echo "::: silu: INCOMPLETE (time budget): copy bench_silu.json into .h200/ and run silu again"
+  elif [ $rc -ne 0 ]; then echo "::: silu: FAILED rc=$rc (bench_silu.log)"; status=1
+  else echo "::: silu: complete (h200_silu.md -> bench/results/)"; fi
 fi
 stamp "done: $SECTIONS"
 exit $status
