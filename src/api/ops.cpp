@@ -47,6 +47,11 @@ struct Choice {
   int64_t table_m = -1;
   uint32_t source_id = 0;
   bool tuned_now = false;
+
+  Choice() = default;
+  /// A table row's answer (the memo hit: built in place, no zeroing first).
+  Choice(const core::Plan& row_plan, int64_t m, uint32_t id) noexcept
+      : plan(row_plan), source(PlanSource::table), table_m(m), source_id(id) {}
 };
 
 // One call as the stages see it.
@@ -150,12 +155,37 @@ void set_info(const CallOptions& opts, const Choice& c) noexcept {
   return st;
 }
 
-Status launch(Runtime::Impl& impl, Call& call, Choice c) noexcept {
+// Whether `op` takes CallOptions::workspace (a constant per op: no call
+// into the spec table on the hit path).
+constexpr bool uses_workspace(core::OpKind op) noexcept {
+#define KD_USES_WS(kd_op, args, tensors, scalars) core::OpSpecOf<core::OpKind::kd_op>::value.uses_workspace,
+  constexpr bool kUses[] = {KDISPATCH_OP_LIST(KD_USES_WS)};
+#undef KD_USES_WS
+  return kUses[static_cast<size_t>(op)];
+}
+
+// The plan's launch, with the in-call fallback (launch_fallback).
+[[gnu::always_inline]] inline Status launch_plan(Runtime::Impl& impl, Call& call, const Choice& c) noexcept {
+  if (c.plan.variant->reset_args != 0) [[unlikely]]
+    zero_reset_args(call.p, call.la, c.plan);
+  Status st = c.plan.variant->launch(call.la, call.p, c.plan.params);
+  if (!st.ok()) [[unlikely]]
+    return launch_fallback(impl, call, c, std::move(st));
+  return st;
+}
+
+[[gnu::cold, gnu::noinline]] Status launch_realigned(Runtime::Impl& impl, Call& call, Choice c) noexcept {
+  if (Status s = realign(impl, call, &c); !s.ok()) return s;
+  return launch_plan(impl, call, c);
+}
+
+// `c` by reference: the memo hit's choice is never copied.
+Status launch(Runtime::Impl& impl, Call& call, const Choice& c) noexcept {
   if (call.opts.info) [[unlikely]]
     fill_info(impl, call, c);
   core::LaunchArgs& la = call.la;
   la.stream = call.stream.handle;
-  if (core::spec_of(call.p.op).uses_workspace) {
+  if (uses_workspace(call.p.op)) {
     // The call's workspace: the caller's, else the one attached to its stream.
     if (call.opts.workspace != nullptr) {
       la.workspace = call.opts.workspace;
@@ -166,13 +196,8 @@ Status launch(Runtime::Impl& impl, Call& call, Choice c) noexcept {
     }
   }
   if (call.p.align_bytes < 16 && c.source != PlanSource::fallback) [[unlikely]]
-    if (Status s = realign(impl, call, &c); !s.ok()) return s;
-  if (c.plan.variant->reset_args != 0) [[unlikely]]
-    zero_reset_args(call.p, la, c.plan);
-  Status st = c.plan.variant->launch(la, call.p, c.plan.params);
-  if (!st.ok()) [[unlikely]]
-    return launch_fallback(impl, call, c, std::move(st));
-  return st;
+    return launch_realigned(impl, call, c);
+  return launch_plan(impl, call, c);
 }
 
 // ------------------------------------------------------------------ choose
@@ -336,6 +361,12 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
 
 // ------------------------------------------------------------------ the call
 
+// A memo hit far from its row's M: observed (sampled), then launched.
+[[gnu::cold, gnu::noinline]] Status observe_and_launch(Runtime::Impl& impl, Call& call, Choice c) noexcept {
+  if (Status s = observe(impl, call, &c); !s.ok()) return s;
+  return launch(impl, call, c);
+}
+
 Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
            const CallOptions& opts) noexcept {
   Runtime::Impl& impl = rt.impl();
@@ -345,17 +376,13 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   // Loaded before the table (acquire; the writer stores it after `current`):
   // an entry made below is tagged with a generation no newer than its table.
   const uint64_t gen = impl.table.gen.load(std::memory_order_acquire);
-  Choice c;
   if (!impl.forced.any() && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
-    c.plan = memo.plan;
-    c.source = PlanSource::table;
-    c.table_m = memo.table_m;
-    c.source_id = memo.source_id;
     const bool near = memo.table_m * 2 >= p.m && p.m * 2 >= memo.table_m;
     if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off) [[unlikely]]
-      if (Status s = observe(impl, call, &c); !s.ok()) return s;
-    return launch(impl, call, c);
+      return observe_and_launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
+    return launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
   }
+  Choice c;
   if (Status s = choose_full(impl, call, &c); !s.ok()) return s;
   if (c.source == PlanSource::table && gen != 0) {
     memo.gen = gen;
@@ -600,7 +627,7 @@ Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<con
 #define KD_OP_ENTRY(op, Args, tensors, scalars)                                                               \
   Status op(Runtime& rt, const Args& args, Stream stream, const CallOptions& opts) noexcept {                \
     core::Problem p;                                                                                         \
-    core::LaunchArgs la;                                                                                     \
+    core::LaunchArgs la{core::LaunchArgs::Unset{}}; /* validate sets every slot and scalar */                \
     bool empty = false;                                                                                      \
     if (Status s = api::validate_##op(args, &p, &la, &empty); !s.ok()) return s;                              \
     if (empty) return Status();                                                                              \

@@ -102,7 +102,7 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
     const int64_t rs = t.rank == 2 ? t.strides[0] : 0;
     const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? cols - 1 : 0);
     *lo = base;
-    *hi = base + static_cast<uintptr_t>(last + 1) * dtype_size(t.dtype);
+    *hi = base + static_cast<uintptr_t>(last + 1) * core::dtype_bytes(t.dtype);
   };
   uintptr_t alo, ahi, blo, bhi;
   span(a, &alo, &ahi);
@@ -122,7 +122,7 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   return !s.optional || !t.empty() || (!require_data && t.rank == s.rank);
 }
 
-[[gnu::always_inline]] inline bool is_written(const ArgSlot& s) noexcept { return s.role != Role::read; }
+constexpr bool is_written(const ArgSlot& s) noexcept { return s.role != Role::read; }
 
 // ------------------------------------------------------------------ the detailed path
 
@@ -314,6 +314,23 @@ template <const OpSpec& S, class F>
   for_slots<S>(std::make_index_sequence<S.slots.size()>{}, f);
 }
 
+// Ordered pairs (oi, oj), oj < oi, of positions in S.order, as one index
+// oi * kMaxPairSide + oj; the others are skipped at compile time.
+constexpr int kMaxPairSide = 8;
+template <const OpSpec& S, size_t... I, class F>
+[[gnu::always_inline]] inline void for_pairs(std::index_sequence<I...>, F&& f) {
+  auto one = [&](auto ip) {
+    constexpr size_t oi = decltype(ip)::value / kMaxPairSide, oj = decltype(ip)::value % kMaxPairSide;
+    if constexpr (oi < S.order.size() && oj < oi) f(ip);
+  };
+  (one(std::integral_constant<size_t, I>{}), ...);
+}
+template <const OpSpec& S, class F>
+[[gnu::always_inline]] inline void each_pair(F&& f) {
+  static_assert(S.order.size() <= kMaxPairSide);
+  for_pairs<S>(std::make_index_sequence<S.order.size() * kMaxPairSide>{}, f);
+}
+
 // Where each dim takes its value: (slot, axis) of its first plain mention
 // among the required 2-D slots, in the spec's order.
 struct Binder {
@@ -376,18 +393,21 @@ template <core::OpKind Op>
   for (size_t j = 0; j < S.scalars.size(); ++j)
     if (S.scalars[j].positive) ok = ok && scalars[j] > 0.f;
   for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
-  // Written 2-D slots against the other 2-D slots.
+  // Written 2-D slots against the other 2-D slots (the pairs are a
+  // constant of the spec: each_pair visits only those that need a test).
   if (require_data && dim[static_cast<int>(Dim::m)] > 0) {
-    for (size_t oi = 0; oi < S.order.size(); ++oi)
-      for (size_t oj = 0; oj < oi; ++oj) {
-        const int i = S.order[oi], j = S.order[oj];
-        const ArgSlot &ai = S.slots[static_cast<size_t>(i)], &aj = S.slots[static_cast<size_t>(j)];
-        if (ai.rank != 2 || aj.rank != 2 || (!is_written(ai) && !is_written(aj))) continue;
-        if (!overlaps(*t[i], *t[j])) continue;
-        const bool both = is_written(ai) && is_written(aj);
-        const int w = is_written(ai) ? i : j, r = w == i ? j : i;
-        ok = ok && !both && S.slots[static_cast<size_t>(w)].alias_of == r && exact_alias(*t[w], *t[r]);
+    each_pair<S>([&](auto ip) {
+      constexpr int i = S.order[decltype(ip)::value / kMaxPairSide];
+      constexpr int j = S.order[decltype(ip)::value % kMaxPairSide];
+      constexpr const ArgSlot &ai = S.slots[static_cast<size_t>(i)], &aj = S.slots[static_cast<size_t>(j)];
+      if constexpr (ai.rank == 2 && aj.rank == 2 && (is_written(ai) || is_written(aj))) {
+        if (overlaps(*t[i], *t[j])) {
+          constexpr bool both = is_written(ai) && is_written(aj);
+          constexpr int w = is_written(ai) ? i : j, r = w == i ? j : i;
+          ok = ok && !both && S.slots[static_cast<size_t>(w)].alias_of == r && exact_alias(*t[w], *t[r]);
+        }
       }
+    });
   }
   if (!ok) [[unlikely]] {
     Status s = check_detailed(S, t, scalars, require_data);
@@ -416,12 +436,21 @@ template <core::OpKind Op>
     const TensorRef& x = *t[i];
     if constexpr (a.optional) any_optional = any_optional || present[i];
     la->data[i] = present[i] ? x.data : nullptr;
-    if constexpr (a.rank == 2) la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+    if constexpr (a.rank == 2)
+      la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+    else
+      la->ld[i] = 0;
     if constexpr (((S.align_slots >> i) & 1u) != 0) {
       bits |= reinterpret_cast<uintptr_t>(x.data);
-      if (x.shape[0] > 1) bits |= static_cast<uintptr_t>(la->ld[i]) * dtype_size(x.dtype);
+      if (x.shape[0] > 1) bits |= static_cast<uintptr_t>(la->ld[i]) * core::dtype_bytes(x.dtype);
     }
   });
+  // The slots the op does not have, and its unused scalars: zero (`la` may
+  // come unset, LaunchArgs::Unset).
+  for (size_t i = S.slots.size(); i < static_cast<size_t>(core::kMaxArgs); ++i) {
+    la->data[i] = nullptr;
+    la->ld[i] = 0;
+  }
   p->has_bias = any_optional;
   for (size_t o = 0; o < S.order.size() && o < 4; ++o) {
     const TensorRef& x = *t[S.order[o]];
@@ -441,7 +470,8 @@ template <core::OpKind Op>
     while (al > 1 && (bits & (al - 1u)) != 0) al = static_cast<uint8_t>(al / 2);
     p->align_bytes = al;
   }
-  for (size_t j = 0; j < S.scalars.size(); ++j) la->scalar[j] = scalars[j];
+  for (size_t j = 0; j < static_cast<size_t>(core::kMaxScalars); ++j)
+    la->scalar[j] = j < S.scalars.size() ? scalars[j] : 0.f;
   *empty = p->m == 0;
   return Status();
 }

@@ -20,6 +20,20 @@
 
 namespace dispatch::core {
 
+/// Bytes per element of `t` (dispatch::dtype_size, inline for the hot path).
+constexpr std::size_t dtype_bytes(DType t) noexcept {
+  switch (t) {
+    case DType::fp32:
+    case DType::int32: return 4;
+    case DType::fp16:
+    case DType::bf16: return 2;
+    case DType::fp8_e4m3fn:
+    case DType::fp8_e4m3fnuz:
+    case DType::fp8_e5m2: return 1;
+  }
+  return 0;
+}
+
 /// The ops, in the order of core/op_list.hpp.
 enum class OpKind : uint8_t {
 #define KD_OPKIND_ENUM(name, args, tensors, scalars) name,
@@ -72,9 +86,17 @@ inline constexpr int kMaxScalars = 4;
 /// in elements. A rank-1 slot has ld 0; an absent optional slot (no bias)
 /// a null pointer. Scalars in the spec's order (eps).
 struct LaunchArgs {
-  void* data[kMaxArgs] = {};
-  int64_t ld[kMaxArgs] = {};
-  float scalar[kMaxScalars] = {};
+  void* data[kMaxArgs];
+  int64_t ld[kMaxArgs];
+  float scalar[kMaxScalars];
+
+  /// All zero (no data, ld 0, scalars 0).
+  LaunchArgs() noexcept : data{}, ld{}, scalar{} {}
+  /// Slots and scalars left unset for a writer that sets every one (the op
+  /// entry points' validation): on the hit path the 168-byte zeroing cost
+  /// more than the rest of the launch bookkeeping (a `rep stos`).
+  struct Unset {};
+  explicit LaunchArgs(Unset) noexcept {}
 
   void* stream = nullptr;
   /// Scratch device memory for the call (gemm: cuBLASLt's split-K

@@ -20,18 +20,7 @@ std::string_view dtype_name(DType t) noexcept {
   return "?";
 }
 
-std::size_t dtype_size(DType t) noexcept {
-  switch (t) {
-    case DType::fp32:
-    case DType::int32: return 4;
-    case DType::fp16:
-    case DType::bf16: return 2;
-    case DType::fp8_e4m3fn:
-    case DType::fp8_e4m3fnuz:
-    case DType::fp8_e5m2: return 1;
-  }
-  return 0;
-}
+std::size_t dtype_size(DType t) noexcept { return core::dtype_bytes(t); }
 
 Result<DType> parse_dtype(std::string_view s) noexcept {
   if (s == "fp32" || s == "float32" || s == "float" || s == "f32") return DType::fp32;
