@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """End-to-end decode: a small Llama-style decoder written in PyTorch (real model
 dimensions, random weights, --layers layers), run twice on the same weights and
-inputs: once on torch's own ops, once with RMSNorm, fused add+RMSNorm and the
-linear layers going through the kdispatch ops (torch.ops.kdispatch.*), each in
+inputs: once on torch's own ops, once with RMSNorm, fused add+RMSNorm, SiLU*mul
+and the linear layers going through the kdispatch ops (torch.ops.kdispatch.*), each in
 eager mode and with the decode step captured in a CUDA graph. Reports decode
 tokens/s of both, their ratio, and how far the outputs are apart.
 
@@ -17,17 +17,17 @@ One decode step (batch B = tokens decoded at once, one new token per sequence):
                 o = linear(a, Wo)
                 h = fused_add_rmsnorm(o, residual)
                 gu = linear(h, Wgate_up)           # N = 2 * intermediate
-                h_prev = linear(silu(gate) * up, Wdown)
+                h_prev = linear(silu_and_mul(gu), Wdown)  # silu(gu[:, :inter]) * gu[:, inter:]
     out = fused_add_rmsnorm(h_prev, residual)      # the final norm (as vLLM fuses it)
 
 The attention is NOT what kdispatch dispatches, so a cheap elementwise stand-in
 that keeps the shapes replaces it, identical in both runs: per KV group,
 a = q * head_dim**-0.5 + k + v (attention over a context of one token returns v;
 the q and k terms keep every column of the qkv GEMM in the output). No LM head,
-no KV cache, no rotary embedding. SiLU*mul is torch's in both runs.
+no KV cache, no rotary embedding.
 
-torch run: F.rms_norm, residual.add_ + F.rms_norm, F.linear (cuBLAS).
-kdispatch run: torch.ops.kdispatch.rmsnorm / fused_add_rmsnorm_ / gemm, served by
+torch run: F.rms_norm, residual.add_ + F.rms_norm, F.silu(g) * u, F.linear (cuBLAS).
+kdispatch run: torch.ops.kdispatch.rmsnorm / fused_add_rmsnorm_ / silu_and_mul / gemm, served by
 one kdispatch.Runtime over --configs (tune="off", frozen: nothing is tuned,
 reloaded or allocated by kdispatch while timing; under capture the ops pass
 KDISPATCH_CALL_CAPTURING). Modes: eager (the step called in a loop; includes the
@@ -96,7 +96,7 @@ def linear_shapes(d):
 
 
 def write_shapes(d, batches, folder):
-    """The shape CSVs `kdispatch tune` reads: gemm.csv (M,N,K,bias) and norms.csv (M,hidden)."""
+    """The shape CSVs `kdispatch tune` reads: gemm.csv (M,N,K,bias), norms.csv (M,hidden), silu.csv (M,d)."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "gemm.csv"), "w") as f:
         f.write("M,N,K,bias\n")
@@ -107,7 +107,11 @@ def write_shapes(d, batches, folder):
         f.write("M,hidden\n")
         for m in batches:
             f.write(f"{m},{d['hidden']}\n")
-    return [os.path.join(folder, "gemm.csv"), os.path.join(folder, "norms.csv")]
+    with open(os.path.join(folder, "silu.csv"), "w") as f:
+        f.write("M,d\n")
+        for m in batches:
+            f.write(f"{m},{d['inter']}\n")
+    return [os.path.join(folder, n) for n in ("gemm.csv", "norms.csv", "silu.csv")]
 
 
 # ---------------------------------------------------------------- rendering (no torch)
@@ -220,7 +224,7 @@ class Decoder:
             o = ops.linear(a, p["o"][layer], None)
             h = ops.add_rmsnorm(o, res, p["w_post"][layer], eps)
             gu = ops.linear(h, p["gate_up"][layer], None)
-            h_prev = ops.linear(F.silu(gu[:, :inter]) * gu[:, inter:], p["down"][layer], None)
+            h_prev = ops.linear(ops.silu_and_mul(gu), p["down"][layer], None)
         return ops.add_rmsnorm(h_prev, res, p["w_final"], eps)
 
 
@@ -238,9 +242,13 @@ def torch_ops_set(torch):
         res.add_(x)
         return rmsnorm(res, w, eps)
 
+    def silu_and_mul(gu):
+        d = gu.shape[-1] // 2
+        return F.silu(gu[:, :d]) * gu[:, d:]
+
     def linear(x, w, b):
         return F.linear(x, w, b)
-    return _ns(rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, linear=linear)
+    return _ns(rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, silu_and_mul=silu_and_mul, linear=linear)
 
 
 def kd_ops_set(torch):
@@ -251,9 +259,12 @@ def kd_ops_set(torch):
         torch.ops.kdispatch.fused_add_rmsnorm_(x, res, w, eps)
         return x
 
+    def silu_and_mul(gu):
+        return torch.ops.kdispatch.silu_and_mul(gu)
+
     def linear(x, w, b):
         return torch.ops.kdispatch.gemm(x, w, b)
-    return _ns(rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, linear=linear)
+    return _ns(rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, silu_and_mul=silu_and_mul, linear=linear)
 
 
 def _ns(**kw):

@@ -77,6 +77,9 @@ TOKENS=${KD_TOKENS:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768
 HIDDENS=${KD_HIDDENS:-1024,2048,2560,3584,4096,5120,7168,8192,12288,16384}
 DTYPES=${KD_DTYPES:-bf16,fp16}
 NORM_OPS=${KD_NORM_OPS:-rmsnorm,fused_add_rmsnorm}
+# The tune section's ops: the norms on $KD_TOKENS x $KD_HIDDENS, silu_and_mul
+# on $KD_TOKENS x $KD_SILU_DS.
+TUNE_OPS=${KD_TUNE_OPS:-$NORM_OPS,silu_and_mul}
 TUNE_BACKEND=${KD_TUNE_BACKEND:-cuda}  # cpu: a dry run of the tune section's logic on a machine without a GPU
 GEMM_NK=${KD_GEMM_NK:-6144x4096,4096x4096,28672x4096,4096x14336,1280x8192,8192x1024,7168x8192,8192x3584}
 GEMM_M=${KD_GEMM_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192}
@@ -201,12 +204,15 @@ fi
 # ================================================================ tune
 if has tune; then
   ensure_build kdispatch_cli || { echo "::: tune: FAILED to build (build.log)"; exit 1; }
-  grid=/tmp/kd_norm_grid.csv
-  echo "M,hidden" >"$grid"
-  for h in ${HIDDENS//,/ }; do for m in ${TOKENS//,/ }; do echo "$m,$h" >>"$grid"; done; done
-  npts=$(($(wc -l <"$grid") - 1))
+  # One grid per dim name: M x hidden (the norms), M x d (silu_and_mul).
+  for g in hidden:$HIDDENS d:$SILU_DS; do
+    echo "M,${g%%:*}" >"/tmp/kd_grid_${g%%:*}.csv"
+    for v in $(echo "${g#*:}" | tr , ' '); do for m in ${TOKENS//,/ }; do echo "$m,$v" >>"/tmp/kd_grid_${g%%:*}.csv"; done; done
+  done
   incomplete=""
-  for op in ${NORM_OPS//,/ }; do
+  for op in ${TUNE_OPS//,/ }; do
+    grid=/tmp/kd_grid_$([ "$op" = silu_and_mul ] && echo d || echo hidden).csv
+    npts=$(($(wc -l <"$grid") - 1))
     for dt in ${DTYPES//,/ }; do
       # Keep 30 s for packing and validating what was tuned.
       budget=$(($(left) - 30))
@@ -431,8 +437,9 @@ if has e2e; then
     "$PY" bench/gpu/e2e_decode.py --model qwen2.5-0.5b --batches "$E2E_BATCHES" --write-shapes /tmp/kd_e2e_qwen_shapes >/dev/null
     stamp "e2e: kdispatch tune of Qwen2.5-0.5B's shapes (M $E2E_BATCHES) into $QDIR (${E2E_TUNE_BUDGET_MS} ms each, ${budget} s)"
     tune_end=$(($(date +%s) + budget))
-    for op in gemm rmsnorm fused_add_rmsnorm; do
-      csv=/tmp/kd_e2e_qwen_shapes/$([ $op = gemm ] && echo gemm || echo norms).csv
+    for op in gemm rmsnorm fused_add_rmsnorm silu_and_mul; do
+      case $op in gemm) csv=gemm ;; silu_and_mul) csv=silu ;; *) csv=norms ;; esac
+      csv=/tmp/kd_e2e_qwen_shapes/$csv.csv
       b=$((tune_end - $(date +%s)))
       if [ $b -lt 5 ]; then e2e_incomplete="$e2e_incomplete [tune $op](not started)"; continue; fi
       echo "===== $op bf16" >>"$OUT/e2e_tune.log"

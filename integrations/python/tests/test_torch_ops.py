@@ -99,6 +99,23 @@ class TorchOpsCpuTest(unittest.TestCase):
         torch.testing.assert_close(torch.ops.kdispatch.gemm(a3, b), torch.nn.functional.linear(a3, b),
                                    rtol=1e-4, atol=1e-4)
 
+    def test_silu_and_mul(self):
+        # silu(x[..., :d]) * x[..., d:], a new [..., d] tensor (vLLM's SiluAndMul)
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+            with self.subTest(dtype=dtype):
+                x = torch.randn(6, 2 * 48, dtype=dtype)
+                out = torch.ops.kdispatch.silu_and_mul(x)
+                self.assertEqual((out.shape, out.dtype), ((6, 48), dtype))
+                g, u = x.double()[:, :48], x.double()[:, 48:]
+                torch.testing.assert_close(out.double(), g / (1 + torch.exp(-g)) * u, rtol=tol, atol=tol)
+        x3 = torch.randn(2, 3, 64)  # leading dims are flattened
+        torch.testing.assert_close(torch.ops.kdispatch.silu_and_mul(x3),
+                                   torch.nn.functional.silu(x3[..., :32]) * x3[..., 32:], rtol=1e-5, atol=1e-5)
+        self.assertEqual(torch.ops.kdispatch.silu_and_mul(torch.empty(0, 64)).shape, (0, 32))
+        with self.assertRaises(Error) as c:  # an odd last dim has no halves
+            torch.ops.kdispatch.silu_and_mul(torch.ones(2, 7))
+        self.assertIs(c.exception.code, StatusCode.invalid_argument)
+
     def test_errors(self):
         with self.assertRaises(Error) as c:
             torch.ops.kdispatch.rmsnorm(torch.ones(2, 8, dtype=torch.int32), torch.ones(8, dtype=torch.int32), 1e-6)
@@ -122,6 +139,7 @@ class TorchOpsCpuTest(unittest.TestCase):
                 (torch.randn(4, 32), torch.randn(4, 32), torch.randn(32), 1e-6))
         opcheck(torch.ops.kdispatch.gemm.default, (torch.randn(4, 32), torch.randn(8, 32), torch.randn(8)))
         opcheck(torch.ops.kdispatch.gemm.default, (torch.randn(4, 32), torch.randn(8, 32)))
+        opcheck(torch.ops.kdispatch.silu_and_mul.default, (torch.randn(4, 64),))
 
     def test_torch_compile_traces_through_the_fakes(self):
         def block(x, residual, w_norm, w_proj, bias):
@@ -152,6 +170,7 @@ class TorchOpsCpuTest(unittest.TestCase):
             x, w = torch.empty(5, 3, 16), torch.empty(16)
             self.assertEqual(torch.ops.kdispatch.rmsnorm(x, w, 1e-6).shape, (5, 3, 16))
             self.assertEqual(torch.ops.kdispatch.gemm(x, torch.empty(8, 16)).shape, (5, 3, 8))
+            self.assertEqual(torch.ops.kdispatch.silu_and_mul(x).shape, (5, 3, 8))
 
 
 @unittest.skipUnless(HAVE_TORCH, SKIP)
@@ -185,6 +204,20 @@ class TorchOpsCudaTest(unittest.TestCase):
                 torch.testing.assert_close(r2, r + x)
                 torch.testing.assert_close(x2.double(), rms_ref(r + x, w, 1e-6), rtol=tol, atol=tol)
 
+    def test_silu_and_mul_on_cuda(self):
+        F = torch.nn.functional
+        s = torch.cuda.Stream()
+        for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 2e-3), (torch.float32, 1e-5)):
+            for tokens, d in ((1, 4864), (37, 14336), (300, 18944), (5, 7)):  # d = 7: the generic family
+                with self.subTest(dtype=dtype, tokens=tokens, d=d):
+                    x = torch.randn(tokens, 2 * d, dtype=dtype, device=self.dev)
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        out = torch.ops.kdispatch.silu_and_mul(x)
+                    torch.cuda.current_stream().wait_stream(s)
+                    g, u = x.double()[:, :d], x.double()[:, d:]
+                    torch.testing.assert_close(out.double(), F.silu(g) * u, rtol=tol, atol=tol)
+
     def test_cuda_graph_capture_and_replay(self):
         rt = kdispatch.Runtime(tune="sync", log_level="off",
                                tune_options=dict(time_budget_ms=200, reps=2, cold_cache=False),
@@ -203,6 +236,7 @@ class TorchOpsCudaTest(unittest.TestCase):
                 with torch.cuda.graph(g, stream=s):
                     y = torch.ops.kdispatch.rmsnorm(x, w, 1e-6)
                     d = torch.ops.kdispatch.gemm(y, b)
+                    act = torch.ops.kdispatch.silu_and_mul(d)
             torch.cuda.current_stream().wait_stream(s)
             # nothing was tuned during the capture, even with sync tuning on
             self.assertEqual(rt.tune_stats()["shapes_tuned"], tuned_before)
@@ -213,6 +247,9 @@ class TorchOpsCudaTest(unittest.TestCase):
                 ref_y = rms_ref(x, w, 1e-6)
                 torch.testing.assert_close(y.double(), ref_y, rtol=3e-2, atol=3e-2)
                 torch.testing.assert_close(d.float(), y.float() @ b.float().T, rtol=3e-2, atol=1.0)
+                dd = d.double()
+                torch.testing.assert_close(act.double(), torch.nn.functional.silu(dd[:, :512]) * dd[:, 512:],
+                                           rtol=3e-2, atol=3e-2)
         finally:
             self.ops.set_runtime(None)
             rt.close()
