@@ -504,12 +504,12 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
 // backend, and its device_name goes into the emitted file names. False
 // (message printed) when --backend's device is not there.
 bool tune_device(dsp::Runtime& rt, const TuneCmdOptions& o, const char* cmd, dsp::Device* dev, std::string* name) {
-  *dev = dsp::Device{o.backend == "cuda"  ? dsp::DeviceType::cuda
-                     : o.backend == "hip" ? dsp::DeviceType::hip
-                                          : dsp::DeviceType::cpu,
-                     0};
-  *name = dsp::cpu_device_info().device_name;
-  if (dev->type == dsp::DeviceType::cpu) return true;
+  auto type = dsp::parse_device_type(o.backend);  // --backend's choices are the device type names
+  if (!type.ok()) {
+    std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(), type.status().to_string().c_str());
+    return false;
+  }
+  *dev = dsp::Device{*type, 0};
   auto di = rt.device_info(*dev);
   if (!di.ok() || !di->available) {
     std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(),
