@@ -126,7 +126,7 @@ def render(doc):
            f"Device `{m.get('device', '?')}`; torch {m.get('torch', '?')} (CUDA {m.get('torch_cuda', '?')}); "
            f"kdispatch {m.get('kdispatch', '?')}. Produced by `bench/gpu/run_h200.sh --sections e2e` "
            "(bench/gpu/e2e_decode.py). A Llama-style decoder with the real dimensions and random weights; "
-           "RMSNorm, fused add+RMSNorm and the linear layers on torch's ops or on kdispatch's, the same weights "
+           "RMSNorm, fused add+RMSNorm, SiLU*mul and the linear layers on torch's ops or on kdispatch's, the same weights "
            "and inputs. Attention is replaced by an elementwise stand-in that keeps the shapes "
            "(q*scale + k + v per KV group; not dispatched by kdispatch, the same in both runs); no LM head. "
            "tok/s = batch * steps / s (median of alternating repeats); eager includes each op's host cost, "
@@ -451,6 +451,13 @@ def main():
             out["fused_add_rmsnorm"] = f"{i['variant']} ({i['source']})"
         except Exception as e:  # noqa: BLE001
             out["norms"] = f"error {e!r}"
+        try:
+            gu = torch.randn(B, 2 * d["inter"], dtype=torch.bfloat16, device=dev)
+            act = torch.empty(B, d["inter"], dtype=torch.bfloat16, device=dev)
+            i = rt.silu_and_mul(act, gu, stream=stream, info=True)
+            out["silu_and_mul"] = f"{i['variant']} ({i['source']})"
+        except Exception as e:  # noqa: BLE001
+            out["silu_and_mul"] = f"error {e!r}"
         if cuda:
             torch.cuda.synchronize()
         return out

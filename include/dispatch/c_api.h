@@ -372,7 +372,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_silu_and_mul(kdispatch_runtime* rt, c
  *  [{"name", "doc", "args": [{"name", "read", "written", "rank", "optional",
  *  "rows": {"dim", "mul", "div"}, "cols": {...}, "alias_of"}],
  *  "scalars": [{"name", "default"}], "key_fields": [{"name", "kind",
- *  "csv_name"}], "m_name", "workspace"}]. kdispatch_<name>
+ *  "csv_name", "file_pos"}], "m_name", "workspace"}] (file_pos: the
+ *  field's place before device_name in a file name, -1 after it). kdispatch_<name>
  *  takes the args (const DLTensor*, NULL for an absent optional one) and
  *  then the scalars (float) in this order; bindings generate their methods
  *  from it. rows/cols: the extent as mul * dim / div (rounded up) of the
