@@ -52,10 +52,17 @@ message(STATUS "kdispatch backends: cpu=ON cuda=${KDISPATCH_ENABLE_CUDA} (KDISPA
 #   KDISPATCH_GPU_LIBS         runtime libraries (cudart static, libamdhip64)
 #   KDISPATCH_GPU_DEFINITIONS  KDISPATCH_HAVE_CUDA=1 / KDISPATCH_HAVE_HIP=1
 # and kdispatch_gpu_setup(<target>) sets a target's GPU compile properties.
-# Layout: kernels/gpu/ portable kernel sources (port.hpp, <op>_kernels.cuh,
-# <op>_variants.inc), kernels/cuda|hip/ one thin TU per (op, dtype) or (GEMM
-# family, dtype) plus one variant list per op, src/gpu/ the device probe, the
-# tuner's memory and clock and the backend's table of ops.
+# Layout (one include prefix per folder: "gpu/..." is kernels/gpu/ only):
+#   kernels/gpu/       portable kernel sources (port.hpp, <op>_kernels.cuh,
+#                      <op>_plan.hpp, <op>_variants.inc), shared by CUDA and HIP
+#   kernels/cuda|hip/  one thin TU per (op, dtype) or (GEMM family, dtype) plus
+#                      one variant list per op; kernels/cuda/cublaslt.{hpp,cpp}
+#                      the cuBLASLt GEMM family (CUDA only)
+#   src/backends/gpu/  the backends as the library sees them (gpu_backend.hpp),
+#                      the device probe, the tuner's memory and clock and each
+#                      backend's table of ops (device.inc, <backend>_device.*),
+#                      the sm_90a image probe
+#   tests/gpu/, bench/gpu/  kdispatch_gpu_tests; the GPU benchmark programs
 # The backends' translation units are every kernels/cuda/*.cu and *.cpp and
 # every kernels/hip/*.hip and *.cpp (sorted): adding an op's kernels or list
 # is adding its files, no build file names them.
@@ -80,16 +87,16 @@ if(KDISPATCH_ENABLE_CUDA)
   # PTX serves them everywhere from CC 9.0 up; add e.g. "80-real" for A100.
   set(KDISPATCH_CUDA_ARCHITECTURES "90a-real;90-virtual" CACHE STRING
       "CUDA_ARCHITECTURES of the CUDA kernels (CMake syntax: 90a-real = SASS, 90-virtual = PTX)")
-  # The kernels (one TU per (op, dtype), for GEMM per (family, input dtype))
-  # and the variant lists (plain C++).
+  # The kernels (one TU per (op, dtype), for GEMM per (family, input dtype)),
+  # the variant lists and the cuBLASLt family (plain C++).
   file(GLOB _kd_cuda_tus CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu
        ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cpp)
   list(SORT _kd_cuda_tus)
-  # The cuBLASLt family is plain C++ that dlopens libcublasLt at run time
-  # (never linked: see src/gpu/cublaslt.hpp), so it needs the CUDA headers only.
-  list(APPEND KDISPATCH_GPU_SOURCES ${_kd_cuda_tus} ${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp
-       ${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu)
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/src/gpu/cublaslt.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp
+  list(APPEND KDISPATCH_GPU_SOURCES ${_kd_cuda_tus} ${PROJECT_SOURCE_DIR}/src/backends/gpu/cuda_device.cu)
+  # The cuBLASLt family (kernels/cuda/cublaslt.cpp, in the glob above) is
+  # plain C++ that dlopens libcublasLt at run time (never linked: see
+  # kernels/cuda/cublaslt.hpp), so it needs the CUDA headers only.
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cuda/cublaslt.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp
     PROPERTIES INCLUDE_DIRECTORIES "${CUDAToolkit_INCLUDE_DIRS}")
   list(APPEND KDISPATCH_GPU_LIBS ${CMAKE_DL_LIBS})
   # The tuner's memory, clock and compare (device.inc) use stream 0: make it
@@ -97,11 +104,11 @@ if(KDISPATCH_ENABLE_CUDA)
   # against the engine's own blocking streams (or invalidate their graph
   # captures) the way the legacy default stream does. The kernels' TUs keep
   # the legacy meaning of a null stream for callers.
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/src/gpu/cuda_device.cu PROPERTIES
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/src/backends/gpu/cuda_device.cu PROPERTIES
     COMPILE_OPTIONS "--default-stream=per-thread")
   # The arch probe: sm_90a SASS only, so that its image loading means "this
-  # build's sm_90a code runs here" (src/gpu/cuda_sm90a_probe.cu).
-  add_library(kdispatch_cuda_sm90a_probe OBJECT ${PROJECT_SOURCE_DIR}/src/gpu/cuda_sm90a_probe.cu)
+  # build's sm_90a code runs here" (src/backends/gpu/cuda_sm90a_probe.cu).
+  add_library(kdispatch_cuda_sm90a_probe OBJECT ${PROJECT_SOURCE_DIR}/src/backends/gpu/cuda_sm90a_probe.cu)
   set_target_properties(kdispatch_cuda_sm90a_probe PROPERTIES
     CUDA_ARCHITECTURES "90a-real" CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
   list(APPEND KDISPATCH_GPU_OBJECTS $<TARGET_OBJECTS:kdispatch_cuda_sm90a_probe>)
@@ -153,7 +160,7 @@ if(KDISPATCH_ENABLE_HIP)
   file(GLOB _kd_hip_tus CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/hip/*.hip
        ${PROJECT_SOURCE_DIR}/kernels/hip/*.cpp)
   list(SORT _kd_hip_tus)
-  list(APPEND KDISPATCH_GPU_SOURCES ${_kd_hip_tus} ${PROJECT_SOURCE_DIR}/src/gpu/hip_device.hip)
+  list(APPEND KDISPATCH_GPU_SOURCES ${_kd_hip_tus} ${PROJECT_SOURCE_DIR}/src/backends/gpu/hip_device.hip)
   # Not per-thread default streams as for CUDA: Debian's libamdhip64 5.2
   # lacks the _spt entry points (hipEventRecord_spt is undefined at link);
   # with ROCm >= 5.3 add -fgpu-default-stream=per-thread to hip_device.hip.

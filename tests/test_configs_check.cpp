@@ -22,7 +22,7 @@
 #include "backends/registry.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "store/filename.hpp"
 #include "store/json_file.hpp"
 #include "test_util.hpp"

@@ -13,7 +13,7 @@
 #include "backends/registry.hpp"
 #include "dispatch/config.hpp"
 #include "gpu/gemm_plan.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "store/json_file.hpp"
 #include "test_util.hpp"
 

@@ -12,7 +12,7 @@
 #include "ops/specs.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -40,7 +40,7 @@
 //            clock (256 MiB memset, events on the launch's stream, the
 //            implementations in turns, 31 rounds, median): an empty kernel,
 //            cudaMemcpyAsync of half the weight bytes (the bench's read
-//            ceiling), a plain read kernel (tests/gpu/gpu_read_kernels.cu),
+//            ceiling), a plain read kernel (bench/gpu/gpu_read_kernels.cu),
 //            get_default's plan and cuBLASLt's pick at M = 1, 8, 16 for
 //            weights of 16 to 224 MiB: the fixed cost and the streaming rate
 //            of each.
@@ -69,7 +69,7 @@
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "gpu/gemm_plan.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "ops/gemm.hpp"
 #include "gpu_bench_util.hpp"
 #include "tune/harness.hpp"

@@ -4,7 +4,7 @@
 // hidden 2048..16384, tokens 1..32768, bf16, eps 1e-6), with the peers'
 // method, so ratios against h200-baseline.json from the same run compare:
 //   cold   CUDA events around each call, a 256 MiB read that evicts L2
-//          before each (the tuner's own clock: GpuClock in src/gpu/device.inc;
+//          before each (the tuner's own clock: GpuClock in src/backends/gpu/device.inc;
 //          the flush kernel also covers the host's enqueue time), median;
 //   graph  the calls captured back to back in one CUDA graph, rotating over
 //          buffer sets whose footprint is >= 3x L2 (at most 64 sets), median
@@ -27,7 +27,7 @@
 
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "gpu_bench_util.hpp"
 #include "ops/specs.hpp"
 #include "tune/search.hpp"

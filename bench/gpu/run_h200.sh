@@ -310,7 +310,7 @@ if has gemm-bench; then
   budget=$(($(left) - 20))
   stamp "gemm-bench: bf16 GEMM beside torch (cuBLAS) and Triton (peers: ${PEERS:-none}; ${budget} s)"
   "$PY" bench/gpu/bench_gpu.py --lib "$LIB" --configs "$ROOT/configs" ${PEERS:+--peers "$PEERS"} \
-    --read-lib "$BUILD/tests/gpu/libkdispatch_bench_read.so" \
+    --read-lib "$BUILD/bench/gpu/libkdispatch_bench_read.so" \
     --sections gemm --gemm-nk "$GEMM_NK" --gemm-m "$GEMM_M" --json-name bench_gemm.json \
     --resume "$RESUME/bench_gemm.json" --budget-s "$budget" --out "$OUT" >"$OUT/bench_gemm.log" 2>&1
   rc=$?
@@ -334,13 +334,13 @@ if has gemm-probe; then
   rc=0
   stamp "gemm-probe: fixed cost and streaming rate (PDL on, then KDISPATCH_PDL=0)"
   for pdl in 1 0; do
-    KDISPATCH_PDL=$pdl timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
+    KDISPATCH_PDL=$pdl timeout $(($(left) - 5)) "$BUILD/bench/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
       --csv "$OUT/gemm_fixed_pdl$pdl.csv" --fixed-cost >"$OUT/gemm_fixed_pdl$pdl.log" 2>&1 || rc=$?
     echo "--- KDISPATCH_PDL=$pdl"; cat "$OUT/gemm_fixed_pdl$pdl.log"
   done
   if [ "${KD_GEMM_PROBE_LT:-1}" != 0 ] && [ $rc -eq 0 ]; then
     stamp "gemm-probe: cuBLASLt after other plans"
-    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_probe.csv" \
+    timeout $(($(left) - 5)) "$BUILD/bench/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_probe.csv" \
       --probe-lt >"$OUT/gemm_probe.log" 2>&1
     rc=$?
     cat "$OUT/gemm_probe.log"
@@ -351,7 +351,7 @@ if has gemm-probe; then
     timeout $(($(left) - 5)) ncu --clock-control none --cache-control all \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
       --section WarpStateStats --section SchedulerStats \
-      "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --profile "$PROFILE" >"$OUT/gemm_ncu.txt" 2>&1
+      "$BUILD/bench/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --profile "$PROFILE" >"$OUT/gemm_ncu.txt" 2>&1
     echo "ncu rc=$?"
     grep -E "^  [a-z_A-Z].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size" "$OUT/gemm_ncu.txt" | head -80
   fi
@@ -376,13 +376,13 @@ fi
 
 # ================================================================ gemm-host
 # Host dispatch overhead of dispatch::gemm on a table hit, and the tiled
-# family alone vs cuBLASLt at M >= 1024 (tests/gpu/gpu_gemm_bench.cpp).
+# family alone vs cuBLASLt at M >= 1024 (bench/gpu/gpu_gemm_bench.cpp).
 if has gemm-host; then
   ensure_build kdispatch_gpu_gemm_bench || { echo "::: gemm-host: FAILED to build (build.log)"; exit 1; }
   rc=0
   if [ -z "${KD_GEMM_SWEEP_ONLY:-}" ]; then
     stamp "gemm-host: dispatch overhead and the tiled family alone"
-    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_host.csv" \
+    timeout $(($(left) - 5)) "$BUILD/bench/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" --csv "$OUT/gemm_host.csv" \
       >"$OUT/gemm_host.log" 2>&1
     rc=$?
     grep -E "^overhead median|^tiled / cuBLASLt" "$OUT/gemm_host.log"
@@ -390,7 +390,7 @@ if has gemm-host; then
   if [ -n "${KD_GEMM_SWEEP_M:-}" ] && [ $rc -eq 0 ]; then
     # Then the design sweep: every skinny / skinny_mma point at these M.
     stamp "gemm-host: sweep of the decode families at M=$KD_GEMM_SWEEP_M"
-    timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
+    timeout $(($(left) - 5)) "$BUILD/bench/gpu/kdispatch_gpu_gemm_bench" --configs "$ROOT/configs" \
       --csv "$OUT/gemm_sweep.csv" --sweep "$KD_GEMM_SWEEP_M" --reps "${KD_GEMM_SWEEP_REPS:-15}" \
       ${KD_GEMM_SWEEP_NK:+--nk "$KD_GEMM_SWEEP_NK"} >"$OUT/gemm_sweep.log" 2>&1
     rc=$?

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CUDA backend — cuBLASLt as a dynamic gemm family (see cublaslt.hpp).
-#include "gpu/cublaslt.hpp"
+#include "cuda/cublaslt.hpp"
 
 #include <cublasLt.h>
 #include <dlfcn.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CUDA backend — the GEMM variant list (plain C++; the kernels are
-// in kernels/cuda/gemm_<family>_<dtype>.cu, cuBLASLt in src/gpu/cublaslt.cpp).
+// in kernels/cuda/gemm_<family>_<dtype>.cu, cuBLASLt in kernels/cuda/cublaslt.cpp).
 // The list itself is backend-neutral: kernels/gpu/gemm_variants.inc.
 #define KDISPATCH_GPU_NS cuda
 #define KDISPATCH_GPU_BACKEND DeviceType::cuda

@@ -9,7 +9,8 @@
 //                                             their launcher and image probe
 //   kernels/<backend>/<op>_list.cpp           an op's variant list, supports(),
 //                                             launch(), get_default()
-//   src/gpu/<backend>_device.{cu,hip}         device probe, tuner memory and
+//   kernels/cuda/cublaslt.{hpp,cpp}           the cuBLASLt GEMM family (CUDA)
+//   src/backends/gpu/<backend>_device.{cu,hip} device probe, tuner memory and
 //                                             clock, the backend's entry table
 #pragma once
 
@@ -90,7 +91,7 @@ bool multi_device() noexcept;
 /// griddepcontrol.wait in the kernel keeps the order). False on HIP.
 bool pdl_enabled(int32_t ordinal) noexcept;
 
-/// The backend's entry table (src/gpu/gpu_backend.hpp).
+/// The backend's entry table (src/backends/gpu/gpu_backend.hpp).
 const gpu::BackendOps& backend_ops() noexcept;
 
 // ---- norm kernels: one launcher and one image probe per (op, dtype) TU.

@@ -4,7 +4,7 @@
 // becomes a launch. Plain C++ (no GPU headers): the variant list (host code),
 // the kernels' launchers and the tests share it.
 //
-// Families (the cuBLASLt family, CUDA only, is in src/gpu/cublaslt.hpp):
+// Families (the cuBLASLt family, CUDA only, is in kernels/cuda/cublaslt.hpp):
 //
 //   skinny  decode-time GEMV-like shapes (M <= 16 or so): the weight B is
 //           streamed once at full bandwidth with 16-byte loads, each warp

@@ -32,7 +32,7 @@
 #include "store/filename.hpp"
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"
 #include "tune/tuner.hpp"

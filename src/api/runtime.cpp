@@ -9,7 +9,7 @@
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
 #include "backends/registry.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "core/op_spec.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"

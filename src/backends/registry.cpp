@@ -7,7 +7,7 @@
 
 #include "backends/plugin_loader.hpp"
 #include "cpu/cpu_backend.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 
 namespace dispatch::core {
 

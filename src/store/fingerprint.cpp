@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "core/json_write.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "kdispatch_kernel_fingerprint.hpp"  // generated at build time (see CMakeLists.txt)
 
 #ifndef KDISPATCH_COMPILER_ID

@@ -11,7 +11,7 @@
 #include "core/numeric.hpp"
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 
 namespace dispatch::tune {
 namespace {

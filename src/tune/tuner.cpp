@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tune/tuner.hpp"
 
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 
 #include <algorithm>
 #include <chrono>

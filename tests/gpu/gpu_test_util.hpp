@@ -16,7 +16,7 @@
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
 #include "dispatch/device.hpp"
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 #include "ops/specs.hpp"
 #include "tune/search.hpp"
 

@@ -37,7 +37,7 @@ echo "build rc=$rc in $(($(date +%s) - t0)) s"
 echo "kdispatch_gpu_tests rc=$?: $(tail -2 "$OUT/gpu_tests.txt" | head -1)"
 "$B/tests/kdispatch_tests" -tc='gpu host*,configs*' >"$OUT/host_tests.txt" 2>&1
 echo "kdispatch_tests (gpu host, configs) rc=$?: $(tail -2 "$OUT/host_tests.txt" | head -1)"
-"$B/tests/gpu/kdispatch_gpu_norm_bench" --csv "$OUT/bench.csv" >/dev/null 2>"$OUT/bench_err.txt"
+"$B/bench/gpu/kdispatch_gpu_norm_bench" --csv "$OUT/bench.csv" >/dev/null 2>"$OUT/bench_err.txt"
 echo "kdispatch_gpu_norm_bench rc=$?"
 [ -s "$OUT/bench_err.txt" ] || rm -f "$OUT/bench_err.txt"
 if [ "${NO_PEERS:-0}" != 1 ]; then
@@ -45,6 +45,6 @@ if [ "${NO_PEERS:-0}" != 1 ]; then
     --out "$OUT/peers" >/dev/null 2>&1
   echo "peers rc=$?"
   rm -f "$OUT/peers/h200-baseline.md"
-  python3 tests/gpu/compare_peers.py --peers "$OUT/peers/h200-baseline.json" --ours "$OUT/bench.csv" >"$OUT/compare.txt" 2>&1
+  python3 bench/gpu/compare_peers.py --peers "$OUT/peers/h200-baseline.json" --ours "$OUT/bench.csv" >"$OUT/compare.txt" 2>&1
   tail -7 "$OUT/compare.txt"
 fi

@@ -6,7 +6,7 @@
 // succeed, the captured graph must compute the right result, and the tuner
 // must finish its shapes without a failure: its GPU work runs on its
 // thread's per-thread default stream in relaxed capture mode
-// (src/gpu/gpu_backend.hpp, prepare_tuner_thread), never on the legacy
+// (src/backends/gpu/gpu_backend.hpp, prepare_tuner_thread), never on the legacy
 // stream that would order against (and invalidate) the engine's capture.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CUDA backend — device probe, tuner memory and clock, entry table
-// (the portable source is src/gpu/device.inc).
-#include "gpu/device.inc"
+// (the portable source is src/backends/gpu/device.inc).
+#include "backends/gpu/device.inc"

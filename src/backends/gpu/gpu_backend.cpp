@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GPU backends compiled into this build (KDISPATCH_HAVE_CUDA /
 // KDISPATCH_HIP come from cmake/backends.cmake).
-#include "gpu/gpu_backend.hpp"
+#include "backends/gpu/gpu_backend.hpp"
 
 namespace dispatch {
 #if KDISPATCH_HAVE_CUDA
