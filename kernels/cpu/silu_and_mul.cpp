@@ -10,8 +10,9 @@
 //
 // exp(-g) in SIMD is Cephes' expf: n = round(x log2 e), r = x - n ln 2 (in
 // two parts), a degree-5 polynomial, times 2^n built in the exponent bits;
-// within 2 ulp of std::exp over the clamped range [-87.3, 88.3] (beyond it
-// silu is g * 0 or g * 1 to fp32 precision). Computed in fp32, the result
+// within 2 ulp of std::exp over the clamped range [-87.3, 88.3]. silu
+// takes e^-g as the square of e^(-g/2) (within ~5 ulp), which overflows and
+// underflows where std::exp's does: very negative g gives -0 (NaN for -inf). Computed in fp32, the result
 // rounded once to the output dtype (round to nearest even for bf16).
 #include <cmath>
 #include <cstdint>
@@ -64,8 +65,14 @@ KDISPATCH_INLINE void vexp(typename Vec<W>::F& y, const typename Vec<W>::F& xin)
 /// g / (1 + e^-g) * u per lane.
 template <int W>
 KDISPATCH_INLINE void vsilu_mul(typename Vec<W>::F& out, const typename Vec<W>::F& g, const typename Vec<W>::F& u) {
-  typename Vec<W>::F e;
-  vexp<W>(e, -g);
+  using F = typename Vec<W>::F;
+  // e^-g as (e^(-g/2))^2: the half stays inside vexp's range for |g| < 176,
+  // and the square overflows to inf exactly where fp32's e^-g does (g below
+  // -88.72), so silu is g / inf there: -0, or NaN for -inf, as the
+  // reference's std::exp gives (a clamped e^-g would leave g / e^88.3).
+  F h;
+  vexp<W>(h, g * -0.5f);
+  const F e = h * h;
   out = g / (e + 1.f) * u;
 }
 

@@ -531,7 +531,8 @@ namespace {
 Result<core::Problem> key_problem(std::string_view op, std::string_view key_fields, int64_t m) {
   const core::OpSpec* s = spec_named(op);
   if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
-  if (m < 1) return make_status(StatusCode::invalid_argument, "M must be >= 1, got " + std::to_string(m));
+  if (m < 1 || m > core::kMaxDim)
+    return make_status(StatusCode::invalid_argument, "M must be in [1, 2^40], got " + std::to_string(m));
   auto fields = store::parse_key_fields(key_fields);
   if (!fields.ok()) return fields.status();
   auto p = store::own_problem_from_fields(s->op, *fields);
@@ -554,7 +555,11 @@ Result<KeyProblem> describe_key(std::string_view op, std::string_view key_fields
     out.flops = s.flops ? s.flops(*p) : 0.0;
     for (int i = 0; i < s.slot_count(); ++i) {
       const core::SlotExtent e = core::slot_extent(s, i, *p);
-      if (e.present) out.bytes += e.rows * e.cols * static_cast<int64_t>(dtype_size(e.dtype));
+      int64_t b = 0;  // saturates: dims up to 2^40 can multiply past int64
+      if (e.present && (__builtin_mul_overflow(e.rows, e.cols, &b) ||
+                        __builtin_mul_overflow(b, static_cast<int64_t>(dtype_size(e.dtype)), &b) ||
+                        __builtin_add_overflow(out.bytes, b, &out.bytes)))
+        out.bytes = INT64_MAX;
     }
     return out;
   } catch (const std::bad_alloc&) {

@@ -130,10 +130,7 @@ struct Binding {
   int64_t value[core::kDimCount] = {1, 0, 0, 0, 0, 0};
   int8_t binder[core::kDimCount] = {-1, -1, -1, -1, -1, -1};  // the slot a dim took its value from
   bool bound(Dim d) const noexcept { return d == Dim::none || binder[static_cast<int>(d)] >= 0; }
-  int64_t eval(const DimExpr& e) const noexcept {
-    const int64_t v = value[static_cast<int>(e.dim)] * e.mul;
-    return e.div == 1 ? v : (v + e.div - 1) / e.div;
-  }
+  int64_t eval(const DimExpr& e) const noexcept { return core::scaled_extent(value[static_cast<int>(e.dim)], e.mul, e.div); }
 };
 
 std::string expr_text(const OpSpec& s, const DimExpr& e) {
@@ -158,6 +155,10 @@ Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Bind
       trial.value[static_cast<int>(axes[ax]->dim)] = t.shape[ax];
       trial.binder[static_cast<int>(axes[ax]->dim)] = static_cast<int8_t>(slot);
     }
+  for (int ax = 0; ax < 2; ++ax)
+    if (binds[ax] && t.shape[ax] > core::kMaxDim)
+      return bad(a.name, "shape " + shape_text(t) + ": " + std::string(s.dim_names[static_cast<int>(axes[ax]->dim)]) +
+                             " = " + std::to_string(t.shape[ax]) + " is over the largest supported size, 2^40");
   int bad_axis = -1;
   for (int ax = 0; ax < 2 && bad_axis < 0; ++ax)
     if (!binds[ax] && t.shape[ax] != trial.eval(*axes[ax])) bad_axis = ax;
@@ -291,6 +292,14 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
           }
           return bad(slot(w).name, "overlaps an input");
         }
+      // Rank-1 slots (weights, a bias) against every written slot: never in place.
+      for (int i = 0; i < s.slot_count(); ++i) {
+        if (slot(i).rank != 1 || !slot_present(slot(i), *t[i], require_data)) continue;
+        for (int w = 0; w < s.slot_count(); ++w) {
+          if (w == i || !is_written(slot(w)) || !slot_present(slot(w), *t[w], require_data)) continue;
+          if (overlaps(*t[w], *t[i])) return bad(slot(w).name, "overlaps an input (" + name(i) + ")");
+        }
+      }
     }
     return Status();
   } catch (...) {
@@ -365,10 +374,7 @@ template <core::OpKind Op>
   int64_t dim[core::kDimCount] = {1, 0, 0, 0, 0, 0};
   for (int d = 1; d < core::kDimCount; ++d)
     if (B.slot[d] >= 0) dim[d] = t[B.slot[d]]->shape[B.axis[d]];
-  auto eval = [&](const DimExpr& e) {
-    const int64_t v = dim[static_cast<int>(e.dim)] * e.mul;
-    return e.div == 1 ? v : (v + e.div - 1) / e.div;
-  };
+  auto eval = [&](const DimExpr& e) { return core::scaled_extent(dim[static_cast<int>(e.dim)], e.mul, e.div); };
   bool present[S.slots.size()];
   bool ok = true;
   const Device dev = t[S.order[0]]->device;
@@ -388,8 +394,10 @@ template <core::OpKind Op>
     if constexpr (a.dtype_like >= 0) ok = ok && (!present[i] || x.dtype == t[a.dtype_like]->dtype);
     ok = ok && (!present[i] || x.device == dev);
   });
-  for (int d = 1; d < core::kDimCount; ++d)
+  for (int d = 1; d < core::kDimCount; ++d) {
     if ((S.positive.dims >> d) & 1u) ok = ok && dim[d] >= 1;
+    ok = ok && dim[d] <= core::kMaxDim;
+  }
   for (size_t j = 0; j < S.scalars.size(); ++j)
     if (S.scalars[j].positive) ok = ok && scalars[j] > 0.f;
   for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
@@ -406,6 +414,17 @@ template <core::OpKind Op>
           constexpr int w = is_written(ai) ? i : j, r = w == i ? j : i;
           ok = ok && !both && S.slots[static_cast<size_t>(w)].alias_of == r && exact_alias(*t[w], *t[r]);
         }
+      }
+    });
+    // Rank-1 slots against every written slot (never in place).
+    each_slot<S>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      if constexpr (S.slots[i].rank == 1) {
+        each_slot<S>([&](auto wc) {
+          constexpr int w = decltype(wc)::value;
+          if constexpr (w != i && is_written(S.slots[w]))
+            ok = ok && !(present[i] && present[w] && overlaps(*t[w], *t[i]));
+        });
       }
     });
   }

@@ -222,10 +222,13 @@ void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) 
 // describes the argument for pretune).
 Status tensors_of(const dispatch::OpInfo& op, const DLTensor* const* t, int32_t n, bool pretune,
                   std::vector<dispatch::TensorRef>* out) {
-  if (n != static_cast<int32_t>(op.args.size()) || (n > 0 && t == nullptr))
+  if (n != static_cast<int32_t>(op.args.size()))
     return dispatch::make_status(StatusCode::invalid_argument,
                                  std::string(op.name) + " takes " + std::to_string(op.args.size()) + " tensors, got " +
                                      std::to_string(n));
+  if (n > 0 && t == nullptr)
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "tensors is NULL (" + std::string(op.name) + " takes " + std::to_string(n) + ")");
   out->resize(op.args.size());
   for (size_t i = 0; i < op.args.size(); ++i) {
     const std::string name(op.args[i].name);
@@ -238,10 +241,13 @@ Status tensors_of(const dispatch::OpInfo& op, const DLTensor* const* t, int32_t 
 }
 
 Status scalars_of(const dispatch::OpInfo& op, const float* s, int32_t n, std::vector<float>* out) {
-  if (n != static_cast<int32_t>(op.scalars.size()) || (n > 0 && s == nullptr))
+  if (n != static_cast<int32_t>(op.scalars.size()))
     return dispatch::make_status(StatusCode::invalid_argument,
                                  std::string(op.name) + " takes " + std::to_string(op.scalars.size()) +
                                      " scalars, got " + std::to_string(n));
+  if (n > 0 && s == nullptr)
+    return dispatch::make_status(StatusCode::invalid_argument,
+                                 "scalars is NULL (" + std::string(op.name) + " takes " + std::to_string(n) + ")");
   out->assign(s, s + n);
   return Status();
 }

@@ -55,6 +55,19 @@ constexpr void set_dim(Problem& p, Dim d, int64_t v) noexcept {
   }
 }
 
+/// The largest dim (M, N, K, hidden, d, ...) an op takes: 2^40. Larger
+/// ones are refused by validation and in file names, so that every extent
+/// and byte count derived from dims fits in int64 without checks.
+inline constexpr int64_t kMaxDim = int64_t{1} << 40;
+
+/// ceil(v * mul / div) for v in [0, kMaxDim]; -1 (an extent no tensor has)
+/// for a v outside, without overflowing.
+constexpr int64_t scaled_extent(int64_t v, int32_t mul, int32_t div) noexcept {
+  if (v < 0 || v > kMaxDim) return -1;
+  const int64_t x = v * mul;
+  return div == 1 ? x : (x + div - 1) / div;
+}
+
 /// One extent of a slot: ceil(dim * mul / div). A plain dim (mul = div =
 /// 1) met for the first time (in the spec's order) takes its value from the
 /// tensor: it *binds*; every other extent is checked against the bound dims.
@@ -63,10 +76,7 @@ struct DimExpr {
   int32_t mul = 1;
   int32_t div = 1;
   constexpr bool plain() const noexcept { return dim != Dim::none && mul == 1 && div == 1; }
-  constexpr int64_t value(const Problem& p) const noexcept {
-    const int64_t v = dim_value(p, dim) * mul;
-    return div == 1 ? v : (v + div - 1) / div;
-  }
+  constexpr int64_t value(const Problem& p) const noexcept { return scaled_extent(dim_value(p, dim), mul, div); }
 };
 
 /// What the op does with a slot.

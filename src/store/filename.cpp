@@ -188,11 +188,12 @@ namespace {
 bool parse_int_field(const std::string& v, int64_t* out) {
   if (v.empty()) return false;
   auto r = std::from_chars(v.data(), v.data() + v.size(), *out);
-  return r.ec == std::errc() && r.ptr == v.data() + v.size() && *out >= 1;
+  return r.ec == std::errc() && r.ptr == v.data() + v.size() && *out >= 1 && *out <= core::kMaxDim;
 }
 
 // "01_o1_o1" -> stride code; operands in op order (gemm a,b,d; norms x,y|residual,w).
-bool parse_stride_field(const std::string& v, int operands, uint32_t* code) {
+bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint32_t* code) {
+  const int operands = static_cast<int>(spec.order.size());
   uint8_t classes[4][2] = {};
   int ranks[4] = {0, 0, 0, 0};
   int i = 0;
@@ -203,6 +204,8 @@ bool parse_stride_field(const std::string& v, int operands, uint32_t* code) {
     const std::string part = v.substr(start, us - start);
     if (i >= 4 || part.empty() || part.size() > 2) return false;
     ranks[i] = static_cast<int>(part.size());
+    // One class per dim of the operand (spec order): "1_1" is no silu_and_mul layout.
+    if (i < operands && ranks[i] != spec.slots[static_cast<size_t>(spec.order[static_cast<size_t>(i)])].rank) return false;
     for (size_t d = 0; d < part.size(); ++d) {
       const char c = part[d];
       if (c == '0') classes[i][d] = static_cast<uint8_t>(StrideClass::zero);
@@ -241,7 +244,7 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
           int64_t v = 0;
           if (!parse_int_field(value, &v))
             return make_status(StatusCode::invalid_argument,
-                               "field " + name + "='" + value + "' is not a positive integer");
+                               "field " + name + "='" + value + "' is not an integer in [1, 2^40]");
           core::set_dim(p, f.dim, v);
           break;
         }
@@ -258,10 +261,10 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
           p.has_bias = value == "true" || value == "True";
           break;
         case FieldKind::stride:
-          if (!parse_stride_field(value, static_cast<int>(spec.order.size()), &p.stride_code))
+          if (!parse_stride_field(value, spec, &p.stride_code))
             return make_status(StatusCode::invalid_argument,
                                "field " + name + "='" + value + "' is not " + std::to_string(spec.order.size()) +
-                                   " operands of classes [01o] joined by '_'");
+                                   " operands of classes [01o] joined by '_', one class per dim of each");
           break;
       }
     }

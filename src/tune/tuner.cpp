@@ -48,20 +48,28 @@ std::vector<Slot> layout(const MissEvent& ev) {
   return s;
 }
 
-size_t slot_bytes(const Slot& s) {
+// Bytes of one slot's scratch; INT64_MAX when the count does not fit (a
+// problem no budget admits: validation bounds dims by kMaxDim, but rows x ld
+// of a strided layout can still be large).
+int64_t slot_bytes(const Slot& s) {
   if (!s.present || s.rows <= 0 || s.cols <= 0) return 0;
-  return static_cast<size_t>((s.rows - 1) * s.ld + s.cols) * dtype_size(s.dtype);
+  int64_t elems = 0, bytes = 0;
+  if (__builtin_mul_overflow(s.rows - 1, s.ld, &elems) || __builtin_add_overflow(elems, s.cols, &elems) ||
+      __builtin_mul_overflow(elems, static_cast<int64_t>(dtype_size(s.dtype)), &bytes))
+    return INT64_MAX;
+  return bytes;
 }
 
 int64_t scratch_bytes(const MissEvent& ev) {
   int64_t total = 0;
-  for (const Slot& s : layout(ev)) total += static_cast<int64_t>(slot_bytes(s));
+  for (const Slot& s : layout(ev))
+    if (__builtin_add_overflow(total, slot_bytes(s), &total)) return INT64_MAX;
   return total;
 }
 
 void fill(void* ptr, const Slot& s, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  const size_t n = slot_bytes(s) / dtype_size(s.dtype);
+  const size_t n = static_cast<size_t>(slot_bytes(s)) / dtype_size(s.dtype);
   for (size_t i = 0; i < n; ++i) {
     const float r = u(rng);
     const float v = s.fill == core::Fill::near_one ? 1.f + 0.1f * r : s.fill == core::Fill::wide ? 4.f * r : r;
@@ -313,7 +321,7 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
     const core::OpSpec& spec = core::spec_of(p.op);
     core::LaunchArgs la;
     for (size_t i = 0; i < slots.size(); ++i) {
-      const size_t b = slot_bytes(slots[i]);
+      const size_t b = static_cast<size_t>(slot_bytes(slots[i]));
       if (b == 0) continue;
       bufs[i].mem = mem;
       bufs[i].p = mem->alloc(b + 64);

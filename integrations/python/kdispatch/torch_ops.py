@@ -172,6 +172,9 @@ def _bind(op, given):
         sizes = (list(t.shape[:1]) if a["rank"] == 2 else []) + [t.shape[-1]]
         for e, n in zip(exts, sizes):
             if e["dim"] and e["dim"] not in dims and e["div"] == 1:
+                if n % e["mul"]:  # x [..., 2*d] with an odd last dim: no d (refused even when empty)
+                    raise Error(StatusCode.invalid_argument,
+                                f"{a['name']}: size {n} is not {e['mul']}*{e['dim']} (a multiple of {e['mul']})")
                 dims[e["dim"]] = n // e["mul"]
     return dims
 
