@@ -264,7 +264,7 @@ def make_triton_mm(c):
 def gemm_ceiling(c, w):
     """The same-size read ceiling of W's bytes, cold, this run: the faster of two
     reads of all N*K*2 bytes, a bf16 sum in fp32 (torch) and the plain read kernel
-    of tests/gpu/gpu_read_kernels.cu (--read-lib, 4 and 8 blocks per SM).
+    of bench/gpu/gpu_read_kernels.cu (--read-lib, 4 and 8 blocks per SM).
 
     A copy moving as many bytes (N*K read + N*K written) is measured too but is
     not a read ceiling: its writes land in L2 (60 MiB) and reach DRAM after the
@@ -498,7 +498,7 @@ def main():
     ap.add_argument("--lib", required=True, help="path of libkdispatch.so (with the CUDA backend)")
     ap.add_argument("--configs", default="configs", help="committed configs dir (the tuned table)")
     ap.add_argument("--read-lib", default=None,
-                    help="libkdispatch_bench_read.so (build/gpu/tests/gpu): the plain read kernel of the GEMM "
+                    help="libkdispatch_bench_read.so (build/gpu/bench/gpu): the plain read kernel of the GEMM "
                          "table's read ceiling; without it the ceiling is the bf16 sum alone")
     ap.add_argument("--peers", default=None, help="dir holding the peers' h200_kernels.py (Triton kernels)")
     ap.add_argument("--sections", default="norms", help="comma-separated: norms, gemm (default norms)")

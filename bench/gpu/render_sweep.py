@@ -43,7 +43,7 @@ def main():
             tagged[key]["cublaslt"] = row
     out = [f"# Decode-family sweep on the H200 — {datetime.date.today().isoformat()}, commit {a.commit}", "",
            "Produced by `KD_GEMM_SWEEP_M=1,2,4,8,16 bench/gpu/run_h200.sh --sections gemm-host` "
-           "(tests/gpu/gpu_gemm_bench.cpp --sweep; rendered by bench/gpu/render_sweep.py). Every point of the "
+           "(bench/gpu/gpu_gemm_bench.cpp --sweep; rendered by bench/gpu/render_sweep.py). Every point of the "
            "skinny and skinny_mma spaces, the plan get_default picks and cuBLASLt's first pick (algo_id -1), "
            "each timed once per round (a plan equal to another is that one), with the tuner's clock (a 256 MiB "
            "L2-evicting read before each launch, CUDA events around the launch alone), a fresh random order "
