@@ -204,7 +204,7 @@ bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint32_t
     const std::string part = v.substr(start, us - start);
     if (i >= 4 || part.empty() || part.size() > 2) return false;
     ranks[i] = static_cast<int>(part.size());
-    // One class per dim of the operand (spec order): "1_1" is no silu_and_mul layout.
+    // One class per dim of the operand (spec order): "1_1" fits no rank-2 operand.
     if (i < operands && ranks[i] != spec.slots[static_cast<size_t>(spec.order[static_cast<size_t>(i)])].rank) return false;
     for (size_t d = 0; d < part.size(); ++d) {
       const char c = part[d];
