@@ -1,298 +1,149 @@
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch custom ops over kdispatch (torch >= 2.4, torch.library.custom_op),
-one per op of the library's op list (kdispatch_op_list), for example:
+"""PyTorch ops over kdispatch: torch.ops.kdispatch.*, one set per op of the
+library's op list (kdispatch_op_list), for example:
 
     import kdispatch.torch_ops
     y = torch.ops.kdispatch.rmsnorm(x, w, 1e-6)                   # -> new tensor
+    torch.ops.kdispatch.rmsnorm_out(y, x, w, 1e-6)                # into y, allocates nothing
     torch.ops.kdispatch.fused_add_rmsnorm_(x, residual, w, 1e-6)  # in place, -> None
     d = torch.ops.kdispatch.gemm(a, b, bias)                      # a @ b.T + bias
+    torch.ops.kdispatch_vllm.rms_norm(out, x, w, 1e-6)            # vLLM's _C name and argument order
 
-How an op becomes a torch op (from its row: argument names, roles, shapes):
-- An op with outputs (arguments it only writes) is functional: it takes the
-  arguments it reads and its scalars, allocates its outputs (torch memory,
-  shaped from the inputs by the row's dims; leading dims of the first input
-  kept) and returns them. An op that only modifies arguments in place is
-  `<name>_`, mutates them (declared in its schema) and returns None.
-- Inputs are [..., cols] with unit stride on the last dim; leading dims are
-  flattened (views; in-place arguments must be viewable). dtypes as
-  kdispatch computes them (float32, bfloat16; float16 where the backend has
-  it).
-- Fake (meta) implementations are registered (torch.library.register_fake),
-  so torch.compile traces through the ops (fullgraph works).
-- GPU tensors run on torch's current stream
-  (torch.cuda.current_stream().cuda_stream). While that stream is being
-  captured into a CUDA graph (torch.cuda.is_current_stream_capturing()) the
-  call passes KDISPATCH_CALL_CAPTURING: kdispatch then never allocates,
-  synchronises or tunes. Outputs are always allocated by torch (its graph
-  pool during capture), outside the kdispatch call.
-- The runtime: set_runtime(rt), else kdispatch.default_runtime() (the
-  KDISPATCH_* environment).
+Two implementations, the same ops and semantics:
+- native (NATIVE = True): libkdispatch_torch.so, the ops registered from
+  C++ (TORCH_LIBRARY; CPU, CUDA, Meta and Autograd kernels): tensors read
+  straight off torch's dispatcher stack, torch's current stream of the
+  tensors' device (a device guard makes that device current), the capture
+  flag from the stream's capture status, a gemm workspace per (device,
+  stream) that kdispatch allocates itself (never in a graph pool). Built
+  with -DKDISPATCH_TORCH=ON for one torch; loaded only when its recorded
+  version equals torch.__version__ (torch 1.13, Debian's, works: CPU ops).
+  Adds the `<op>_out` variants and torch.ops.kdispatch_vllm (vLLM's
+  rms_norm, fused_add_rms_norm and silu_and_mul, argument order included).
+  Errors are torch's: ValueError (invalid_argument), NotImplementedError
+  (unsupported dtype or device), RuntimeError (the rest; a gradient
+  asked of these inference-only ops), the message naming the op, the
+  kdispatch status and the argument.
+- Python (NATIVE = False): torch.library.custom_op over the C ABI through
+  ctypes (torch >= 2.4; ~50 us more host time per call), used when the
+  native library is not built for this torch; import prints one line
+  saying why. Its errors are kdispatch.Error. No out variants, no
+  kdispatch_vllm namespace.
 
-The calls go through ctypes on the C ABI (pointers, shapes and strides
-straight from the tensors; no DLPack export, no copy), so this module needs
-nothing compiled for the running Python.
+$KDISPATCH_TORCH_OPS = auto (default) | native | python forces one
+(native fails the import when the library cannot be loaded).
+
+Common to both: an op with outputs (arguments it only writes) is
+functional (allocates its outputs with torch, shaped from the inputs; the
+leading dims of the first 2-D input kept); an op that only modifies
+arguments in place is `<name>_` and returns None. Inputs are [..., cols]
+with unit stride on the last dim; leading dims are flattened (views;
+in-place and output arguments must be viewable). The runtime:
+set_runtime(rt), else kdispatch.default_runtime() (the KDISPATCH_*
+environment).
 """
 
-import ctypes
-import json
+import os
+import sys
 import threading
-from typing import Optional  # noqa: F401  (the generated signatures use it)
 
 import torch
 
 from . import _backend  # noqa: F401  (loads the library the rest of the package uses)
 from . import _capi
-from ._errors import Error, StatusCode
 from ._runtime import default_runtime
 
-if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_fake"):
-    raise ImportError(f"kdispatch.torch_ops needs torch >= 2.4 (torch.library.custom_op); this is {torch.__version__}")
-
-_lock = threading.Lock()
-_runtime = None
+_mode = os.environ.get("KDISPATCH_TORCH_OPS", "auto").strip().lower() or "auto"
+if _mode not in ("auto", "native", "python"):
+    raise ImportError(f"KDISPATCH_TORCH_OPS='{_mode}' is not auto, native or python")
 
 
-def set_runtime(rt):
-    """Serves the ops from `rt` (a kdispatch.Runtime); None: the default runtime."""
-    global _runtime
-    with _lock:
-        _runtime = rt
+def _native_library():
+    """(path, None) when libkdispatch_torch.so is built for this torch, else (None, why)."""
+    try:
+        from . import _torch_build
+    except ImportError:
+        return None, "libkdispatch_torch.so is not built (configure with -DKDISPATCH_TORCH=ON)"
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _torch_build.LIBRARY)
+    if not os.path.exists(path):
+        return None, f"{path} is missing"
+    if _torch_build.TORCH_VERSION != torch.__version__:
+        return None, (f"libkdispatch_torch.so was built for torch {_torch_build.TORCH_VERSION}, "
+                      f"this is torch {torch.__version__}")
+    return path, None
 
 
-def get_runtime():
-    with _lock:
-        rt = _runtime
-    return rt if rt is not None else default_runtime()
+NATIVE = False
+_why = "KDISPATCH_TORCH_OPS=python"
+if _mode != "python":
+    _path, _why = _native_library()
+    if _path is not None:
+        torch.ops.load_library(_path)
+        _lib = torch.ops.kdispatch._library_path()
+        if os.path.realpath(_lib) != os.path.realpath(_backend.impl.library_path()):
+            raise ImportError(f"kdispatch.torch_ops: libkdispatch_torch.so uses {_lib}, the package "
+                              f"{_backend.impl.library_path()}: two copies of libkdispatch in one process")
+        NATIVE = True
+    elif _mode == "native":
+        raise ImportError(f"KDISPATCH_TORCH_OPS=native, but {_why}")
 
+if not NATIVE:
+    sys.stderr.write(f"kdispatch.torch_ops: {_why}; using the Python custom_op path (slower)\n")
+    from . import _torch_custom as _impl
+    from ._torch_custom import call_info, gemm_info, get_runtime, set_runtime  # noqa: F401
+    __all__ = list(_impl.__all__) + ["NATIVE"]
+    for _q in _impl.__all__:
+        globals()[_q] = getattr(_impl, _q)
+else:
+    import json
 
-_DTYPES = {torch.float32: (_capi.kDLFloat, 32), torch.float16: (_capi.kDLFloat, 16),
-           torch.bfloat16: (_capi.kDLBfloat, 16), torch.float64: (_capi.kDLFloat, 64)}
+    _lock = threading.Lock()
+    _runtime = None
+    _OPS = {o["name"]: o for o in json.loads(_capi.op_list_json())}
+    _SOURCES = ("table", "default", "forced")
 
+    def set_runtime(rt):
+        """Serves the ops from `rt` (a kdispatch.Runtime); None: the default
+        runtime. The runtime must stay open while ops may run."""
+        global _runtime
+        with _lock:
+            torch.ops.kdispatch._set_runtime(rt.handle if rt is not None else 0)
+            _runtime = rt
 
-def _dl(t, keep):
-    """A DLTensor viewing `t` (no copy); its buffers are appended to `keep`."""
-    if t.dtype in _DTYPES:
-        code, bits = _DTYPES[t.dtype]
-    elif t.dtype.is_complex:
-        code, bits = 5, t.element_size() * 8  # kDLComplex
-    else:
-        code, bits = (_capi.kDLInt if t.dtype.is_signed else _capi.kDLUInt), t.element_size() * 8
-    if t.device.type == "cpu":
-        dev = (_capi.kDLCPU, 0)
-    elif t.device.type == "cuda":
-        dev = (_capi.kDLROCM if torch.version.hip else _capi.kDLCUDA, t.device.index or 0)
-    else:
-        dev = (-1, 0)  # kdispatch answers unsupported_device
-    n = t.dim()
-    shape = (ctypes.c_int64 * max(1, n))(*t.shape)
-    strides = (ctypes.c_int64 * max(1, n))(*t.stride())
-    d = _capi.DLTensor()
-    d.data = t.data_ptr() or None
-    d.device = _capi.DLDevice(dev[0], dev[1])
-    d.ndim = n
-    d.dtype = _capi.DLDataType(code, bits, 1)
-    d.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-    d.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
-    d.byte_offset = 0
-    keep += [shape, strides, d]
-    return ctypes.pointer(d)
+    def get_runtime():
+        with _lock:
+            rt = _runtime
+        return rt if rt is not None else default_runtime()
 
+    def _qual(op):
+        outputs = [a for a in op["args"] if a["written"] and not a["read"]]
+        return op["name"] if outputs else op["name"] + "_"
 
-# GEMM workspace per (device, stream): torch memory, allocated on a stream's
-# first call of an op that takes one, outside a graph capture, and kept
-# (kdispatch itself never allocates in a call). 32 MiB, the size kdispatch's
-# tuner measures with.
-_WORKSPACE_BYTES = 32 << 20
-_WORKSPACES = {}
+    def call_info(name, *tensors, **scalars):
+        """Runs op `name` exactly as its torch op does and returns (outputs,
+        info): outputs as the op returns them, info what served the call
+        ({"source", "variant", "M", "source_id", "tuned_now"}). For
+        benchmarks and debugging; not a registered op."""
+        op = _OPS[name]
+        args = list(tensors)
+        readable = [a for a in op["args"] if a["read"] or not a["written"]]
+        args += [None] * (len(readable) - len(args))
+        args += [float(scalars.get(s["name"], s["default"])) for s in op["scalars"]]
+        out = getattr(torch.ops.kdispatch, _qual(op))(*args)
+        source, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
+        served = {"source": _SOURCES[source] if 0 <= source <= 2 else None, "variant": variant,
+                  "M": m if m >= 0 else None, "source_id": source_id, "tuned_now": tuned}
+        return out, served
 
+    def gemm_info(a, b, bias=None):
+        """call_info("gemm", a, b, bias): (d, info)."""
+        return call_info("gemm", a, b, bias)
 
-def _workspace(device, stream, capturing):
-    """The stream's workspace, allocated on its first use outside a graph
-    capture. A stream first seen while it is being captured gets none (its
-    split-K plans fall back to the default plan inside the call): memory
-    taken from a graph's private pool and kept here could be handed to
-    other tensors when the pool is reused (cudagraph trees), while the
-    captured kernels still write into it."""
-    key = (device.index or 0, stream)
-    ws = _WORKSPACES.get(key)
-    if ws is None and not capturing:
-        ws = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        _WORKSPACES[key] = ws
-    return ws
-
-
-def _launch(op, tensors, scalars, info=None):
-    """Calls kdispatch op `op` (a row of the op list) on `tensors` (argument
-    order, None = absent) on torch's current stream, with the capture flag
-    when that stream is being captured, and the stream's workspace when the
-    op takes one. info: a _capi.DispatchInfo to fill (what served the call)."""
-    rt = get_runtime()
-    first = next(t for t in tensors if t is not None)
-    stream, flags = None, 0
-    if first.device.type == "cuda":
-        stream = torch.cuda.current_stream(first.device).cuda_stream
-        if torch.cuda.is_current_stream_capturing():
-            flags |= _capi.CALL_CAPTURING
-    keep = []
-    ptrs = (ctypes.POINTER(_capi.DLTensor) * max(1, len(tensors)))(
-        *[_dl(t, keep) if t is not None else None for t in tensors])
-    sc = (ctypes.c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
-    ws = None
-    if op["workspace"] and first.device.type == "cuda":
-        ws = _workspace(first.device, stream, bool(flags & _capi.CALL_CAPTURING))
-    _capi.check(_capi.lib.kdispatch_op_call(
-        ctypes.c_void_p(rt.handle), op["name"].encode(), ptrs, len(tensors), sc, len(scalars),
-        ctypes.c_void_p(ws.data_ptr() if ws is not None else 0), ctypes.c_int64(ws.numel() if ws is not None else 0),
-        ctypes.c_void_p(stream or 0), flags, ctypes.byref(info) if info is not None else None))
-
-
-def _rows(t, name, view):
-    if t.dim() < 1:
-        raise Error(StatusCode.invalid_argument, f"{name} must have at least one dimension")
-    if t.dim() == 2:
-        return t
-    return t.view(-1, t.shape[-1]) if view else t.reshape(-1, t.shape[-1])
-
-
-def _extent(e, dims):
-    v = dims[e["dim"]] * e["mul"]
-    return v if e["div"] == 1 else -(-v // e["div"])
-
-
-def _bind(op, given):
-    """The op's dims from the tensors it reads ({"M": .., "K": ..}), by its
-    row: a plain extent binds its dim, a multiple (2*d) binds dim = extent /
-    mul. `given`: argument name -> tensor (as [rows, cols] or [cols])."""
-    dims = {}
-    for a in op["args"]:
-        t = given.get(a["name"])
-        if t is None:
-            continue
-        exts = ([a["rows"]] if a["rank"] == 2 else []) + [a["cols"]]
-        sizes = (list(t.shape[:1]) if a["rank"] == 2 else []) + [t.shape[-1]]
-        for e, n in zip(exts, sizes):
-            if e["dim"] and e["dim"] not in dims and e["div"] == 1:
-                if n % e["mul"]:  # x [..., 2*d] with an odd last dim: no d (refused even when empty)
-                    raise Error(StatusCode.invalid_argument,
-                                f"{a['name']}: size {n} is not {e['mul']}*{e['dim']} (a multiple of {e['mul']})")
-                dims[e["dim"]] = n // e["mul"]
-    return dims
-
-
-def _outputs(op, inputs, alloc):
-    """Allocates (alloc = torch.empty or new_empty) the op's pure outputs,
-    shaped [..., cols] with the leading dims of its first 2-D input."""
-    given = {a["name"]: inputs[a["name"]].reshape(-1, inputs[a["name"]].shape[-1])
-             if a["rank"] == 2 and inputs.get(a["name"]) is not None else inputs.get(a["name"])
-             for a in op["args"] if a["name"] in inputs}
-    dims = _bind(op, given)
-    first = next(inputs[a["name"]] for a in op["args"] if a["name"] in inputs and a["rank"] == 2)
-    outs = {}
-    for a in op["args"]:
-        if a["written"] and not a["read"]:
-            cols = _extent(a["cols"], dims)
-            lead = tuple(first.shape[:-1]) if a["rank"] == 2 else ()
-            outs[a["name"]] = alloc((*lead, cols), first)
-    return outs
-
-
-# An op's answer on an empty reduction that kdispatch refuses (gemm with
-# K = 0: torch's F.linear gives bias or zeros).
-def _gemm_k0(inputs, outs):
-    d = outs["d"].zero_()
-    if inputs.get("bias") is not None:
-        d += inputs["bias"]
-
-
-_EMPTY_REDUCTION = {"gemm": ("K", _gemm_k0)}
-
-
-def _call(op, inputs, info=None):
-    """Runs `op` on `inputs` (argument name -> tensor or None, plus the
-    scalars by name); returns its outputs {name: tensor}."""
-    outs = _outputs(op, inputs, lambda shape, like: torch.empty(shape, dtype=like.dtype, device=like.device))
-    tensors, any_empty = [], False
-    for a in op["args"]:
-        t = outs[a["name"]] if a["name"] in outs else inputs.get(a["name"])
-        if t is not None and a["rank"] == 2:
-            any_empty = any_empty or t.numel() == 0
-            t = _rows(t, a["name"], view=a["written"])
-        tensors.append(t)
-    if any_empty:
-        reduction = _EMPTY_REDUCTION.get(op["name"])
-        dims = _bind(op, {a["name"]: t for a, t in zip(op["args"], tensors) if t is not None and not a["written"]})
-        if reduction and dims.get(reduction[0]) == 0 and all(t.numel() for t in outs.values()):
-            reduction[1](inputs, outs)
-        return outs
-    _launch(op, tensors, [inputs[s["name"]] for s in op["scalars"]], info)
-    return outs
-
-
-def _register(op):
-    """torch.ops.kdispatch.<name> (functional) or <name>_ (in place)."""
-    outputs = [a for a in op["args"] if a["written"] and not a["read"]]
-    mutated = [a["name"] for a in op["args"] if a["written"] and a["read"]]
-    params = []
-    trailing = len(op["args"])
-    while trailing > 0 and op["args"][trailing - 1]["optional"]:
-        trailing -= 1
-    for i, a in enumerate(op["args"]):
-        if a in outputs:
-            continue
-        params.append(f"{a['name']}: Optional[torch.Tensor] = None" if i >= trailing else f"{a['name']}: torch.Tensor")
-    params += [f"{s['name']}: float" for s in op["scalars"]]
-    names = [a["name"] for a in op["args"] if a not in outputs] + [s["name"] for s in op["scalars"]]
-    qual = op["name"] if outputs else op["name"] + "_"
-    ret = "None" if not outputs else "torch.Tensor" if len(outputs) == 1 else \
-        "tuple[" + ", ".join("torch.Tensor" for _ in outputs) + "]"
-    pick = "None" if not outputs else f"outs['{outputs[0]['name']}']" if len(outputs) == 1 else \
-        "(" + ", ".join(f"outs['{o['name']}']" for o in outputs) + ")"
-    src = (f"def {qual}({', '.join(params)}) -> {ret}:\n"
-           f"    outs = _call(_OP, {{{', '.join(repr(n) + ': ' + n for n in names)}}})\n"
-           f"    return {pick}\n"
-           f"def fake({', '.join(params)}):\n"
-           f"    outs = _outputs(_OP, {{{', '.join(repr(n) + ': ' + n for n in names)}}}, "
-           f"lambda shape, like: like.new_empty(shape))\n"
-           f"    return {pick}\n")
-    scope = {"torch": torch, "Optional": Optional, "_call": _call, "_outputs": _outputs, "_OP": op}
-    exec(compile(src, f"<kdispatch.torch_ops:{qual}>", "exec"), scope)
-    fn = scope[qual]
-    fn.__doc__ = op.get("doc", "")
-    registered = torch.library.custom_op(f"kdispatch::{qual}", mutates_args=tuple(mutated))(fn)
-    torch.library.register_fake(f"kdispatch::{qual}")(scope["fake"])
-    return qual, registered
-
-
-_OPS = {o["name"]: o for o in json.loads(_capi.op_list_json())}
-__all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info"]
-for _o in _OPS.values():
-    _qual, _fn = _register(_o)
-    globals()[_qual] = _fn
-    __all__.append(_qual)
-
-
-def call_info(name, *tensors, **scalars):
-    """Runs op `name` exactly as its torch op does (same stream, same
-    workspace) and returns (outputs, info): outputs as the op returns them,
-    info what served the call ({"source", "variant", "M", ...}). For
-    benchmarks and debugging; not a registered op."""
-    op = _OPS[name]
-    readable = [a for a in op["args"] if a["read"] or not a["written"]]
-    inputs = {a["name"]: t for a, t in zip(readable, tensors)}
-    for a in readable[len(tensors):]:
-        inputs.setdefault(a["name"], None)
-    for s in op["scalars"]:
-        inputs[s["name"]] = scalars.get(s["name"], s["default"])
-    i = _capi.DispatchInfo()
-    i.struct_size = ctypes.sizeof(_capi.DispatchInfo)
-    outs = _call(op, inputs, info=i)
-    result = tuple(outs.values())
-    served = _capi.info_dict(i) if i.variant else {"source": None, "variant": "", "M": None, "source_id": 0,
-                                                   "tuned_now": False}
-    return (result[0] if len(result) == 1 else result if result else None), served
-
-
-def gemm_info(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None):
-    """call_info("gemm", a, b, bias): (d, info)."""
-    return call_info("gemm", a, b, bias)
-
+    __all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info", "NATIVE"]
+    for _o in _OPS.values():
+        _q = _qual(_o)
+        globals()[_q] = getattr(torch.ops.kdispatch, _q)
+        __all__.append(_q)
+        if _q == _o["name"]:
+            globals()[_q + "_out"] = getattr(torch.ops.kdispatch, _q + "_out")
+            __all__.append(_q + "_out")

@@ -1,0 +1,597 @@
+// SPDX-License-Identifier: Apache-2.0
+// libkdispatch_torch: kdispatch's ops registered with torch's dispatcher
+// from C++, one set of registrations per row of the library's op list
+// (dispatch::op_list()), never per op by hand:
+//
+//   torch.ops.kdispatch.<op>(inputs..., scalars) -> outputs   an op with outputs (allocated by torch)
+//   torch.ops.kdispatch.<op>_out(Tensor(a!) out.., inputs.., scalars) -> ()   the same, into given outputs
+//   torch.ops.kdispatch.<op>_(Tensor(a!) x.., inputs.., scalars) -> ()       an op that only works in place
+//   torch.ops.kdispatch._floor_<name>(...)  the same schema and outputs; launches one empty kernel (the
+//                                           binding's own cost, for benchmarks)
+//   torch.ops.kdispatch_vllm.{rms_norm, fused_add_rms_norm, silu_and_mul}   vLLM's _C names and argument
+//                                           order (swap torch.ops._C for torch.ops.kdispatch_vllm)
+//
+// One boxed kernel serves every registration: it reads the tensors off the
+// dispatcher's stack (no DLPack capsule, no Python), allocates outputs with
+// torch, flattens [..., cols] to rows, and calls kdispatch on torch's
+// current stream of the tensors' device (a device guard makes that device
+// current), with the capture flag when that stream is being captured.
+// Kernels: CPU, CUDA (the same function; the GPU hooks come from
+// cuda_stream.cpp), Meta (shapes only), Autograd (refuses a gradient).
+// This file includes no CUDA, HIP or DLPack header.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "bridge.hpp"
+#include "dispatch/ops.hpp"
+
+namespace kdispatch_torch {
+namespace {
+
+using torch::jit::Stack;
+
+constexpr int kMaxArgs = 8;
+
+enum class Kind : uint8_t {
+  functional,  ///< reads inputs, returns newly allocated outputs
+  out,         ///< writes given outputs (schema: the outputs first, marked (a!)), returns nothing
+  inplace,     ///< an op with no pure output: mutates its in-place arguments, returns nothing
+};
+
+/// One registered schema: which op, and where each schema parameter goes.
+struct Binding {
+  const dispatch::OpInfo* op = nullptr;
+  std::string ns;      ///< "kdispatch" | "kdispatch_vllm"
+  std::string name;    ///< the schema's operator name
+  std::string schema;  ///< the full schema text
+  Kind kind = Kind::functional;
+  bool floor = false;  ///< launch one empty kernel instead of the op
+  /// Schema parameter i: a tensor argument (op arg index) or a scalar (op scalar index).
+  struct Param {
+    bool tensor;
+    int index;
+  };
+  std::vector<Param> params;
+  std::vector<int> outputs;  ///< functional: the op args allocated and returned, in order
+};
+
+// ---------------------------------------------------------------- the op list -> schemas
+
+bool pure_output(const dispatch::OpArgInfo& a) { return a.written && !a.read; }
+
+std::string float_text(float v) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos &&
+      s.find("nan") == std::string::npos)
+    s += ".";  // "1" -> "1.": a float default in the schema grammar
+  return s;
+}
+
+// "Tensor(a!) y" / "Tensor x" / "Tensor? bias=None" / "float eps=1e-06".
+std::string param_text(const dispatch::OpInfo& op, const Binding::Param& p, const std::string& name, char* alias,
+                       bool defaults) {
+  if (!p.tensor) {
+    const dispatch::OpScalarInfo& s = op.scalars[static_cast<size_t>(p.index)];
+    return "float " + name + (defaults ? "=" + float_text(s.default_value) : "");
+  }
+  const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(p.index)];
+  if (a.written) return std::string("Tensor(") + (*alias)++ + "!) " + name;
+  if (a.optional) return "Tensor? " + name + (defaults ? "=None" : "");
+  return "Tensor " + name;
+}
+
+Binding make_binding(const dispatch::OpInfo& op, Kind kind, bool floor) {
+  Binding b;
+  b.op = &op;
+  b.ns = "kdispatch";
+  b.kind = kind;
+  b.floor = floor;
+  const std::string base(op.name);
+  b.name = (floor ? "_floor_" : "") + base + (kind == Kind::out ? "_out" : kind == Kind::inplace ? "_" : "");
+  // Parameters: (out: the pure outputs first), then every argument the op
+  // reads, in the op's order, then the scalars.
+  if (kind == Kind::out)
+    for (size_t i = 0; i < op.args.size(); ++i)
+      if (pure_output(op.args[i])) b.params.push_back({true, static_cast<int>(i)});
+  for (size_t i = 0; i < op.args.size(); ++i) {
+    if (pure_output(op.args[i])) {
+      if (kind == Kind::functional) b.outputs.push_back(static_cast<int>(i));
+      continue;
+    }
+    b.params.push_back({true, static_cast<int>(i)});
+  }
+  for (size_t i = 0; i < op.scalars.size(); ++i) b.params.push_back({false, static_cast<int>(i)});
+  char alias = 'a';
+  std::string s = b.name + "(";
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const Binding::Param& p = b.params[i];
+    const std::string name(p.tensor ? op.args[static_cast<size_t>(p.index)].name
+                                    : op.scalars[static_cast<size_t>(p.index)].name);
+    s += (i ? ", " : "") + param_text(op, p, name, &alias, true);
+  }
+  s += ") -> ";
+  if (b.outputs.empty()) s += "()";
+  else if (b.outputs.size() == 1) s += "Tensor";
+  else {
+    s += "(";
+    for (size_t i = 0; i < b.outputs.size(); ++i) s += i ? ", Tensor" : "Tensor";
+    s += ")";
+  }
+  b.schema = s;
+  return b;
+}
+
+/// vLLM's ops (csrc/torch_bindings.cpp), by name and argument order: which
+/// kdispatch op, and the op's argument or scalar behind each parameter.
+struct VllmOp {
+  const char* name;
+  const char* op;
+  std::array<std::pair<const char*, const char*>, 5> params;  // (vLLM's name, the op's name)
+};
+constexpr VllmOp kVllmOps[] = {
+    {"rms_norm", "rmsnorm", {{{"out", "y"}, {"input", "x"}, {"weight", "w"}, {"epsilon", "eps"}}}},
+    {"fused_add_rms_norm",
+     "fused_add_rmsnorm",
+     {{{"input", "x"}, {"residual", "residual"}, {"weight", "w"}, {"epsilon", "eps"}}}},
+    {"silu_and_mul", "silu_and_mul", {{{"out", "out"}, {"input", "x"}}}},
+};
+
+bool vllm_binding(const VllmOp& v, Binding* out) {
+  const dispatch::OpInfo* op = nullptr;
+  for (const dispatch::OpInfo& o : dispatch::op_list())
+    if (o.name == v.op) op = &o;
+  if (op == nullptr) return false;
+  Binding b;
+  b.op = op;
+  b.ns = "kdispatch_vllm";
+  b.name = v.name;
+  b.kind = Kind::out;
+  char alias = 'a';
+  std::string s = b.name + "(";
+  for (const auto& [theirs, ours] : v.params) {
+    if (theirs == nullptr) break;
+    Binding::Param p{true, -1};
+    for (size_t i = 0; i < op->args.size(); ++i)
+      if (op->args[i].name == ours) p = {true, static_cast<int>(i)};
+    for (size_t i = 0; i < op->scalars.size() && p.index < 0; ++i)
+      if (op->scalars[i].name == ours) p = {false, static_cast<int>(i)};
+    if (p.index < 0) return false;
+    s += (b.params.empty() ? "" : ", ") + param_text(*op, p, theirs, &alias, false);
+    b.params.push_back(p);
+  }
+  if (b.params.size() != op->args.size() + op->scalars.size()) return false;  // the op changed: no binding
+  b.schema = s + ") -> ()";
+  *out = std::move(b);
+  return true;
+}
+
+const std::vector<Binding>& bindings() {
+  static const std::vector<Binding> all = [] {
+    std::vector<Binding> v;
+    for (const dispatch::OpInfo& op : dispatch::op_list()) {
+      bool has_out = false;
+      for (const dispatch::OpArgInfo& a : op.args) has_out = has_out || pure_output(a);
+      for (bool floor : {false, true}) {
+        if (has_out) {
+          v.push_back(make_binding(op, Kind::functional, floor));
+          v.push_back(make_binding(op, Kind::out, floor));
+        } else {
+          v.push_back(make_binding(op, Kind::inplace, floor));
+        }
+      }
+    }
+    for (const VllmOp& o : kVllmOps) {
+      Binding b;
+      if (vllm_binding(o, &b)) v.push_back(std::move(b));
+    }
+    return v;
+  }();
+  return all;
+}
+
+// ---------------------------------------------------------------- errors
+
+const char* code_name(int code) {
+  switch (code) {
+    case 1: return "invalid_argument";
+    case 2: return "unsupported_problem";
+    case 3: return "unsupported_device";
+    case 6: return "backend_error";
+    case 9: return "internal";
+    case 11: return "failed_precondition";
+    default: return "error";
+  }
+}
+
+/// Raises the torch error of a kdispatch status code: "<ns>::<op>: <msg>"
+/// (msg from kdispatch already starts with the code's name).
+[[noreturn]] void raise(const Binding& b, int code, const std::string& msg) {
+  const std::string text = b.ns + "::" + b.name + ": " + msg;
+  switch (code) {
+    case 1:  // invalid_argument
+      TORCH_CHECK_VALUE(false, text);
+    case 2:  // unsupported_problem
+    case 3:  // unsupported_device
+      TORCH_CHECK_NOT_IMPLEMENTED(false, text);
+    default:
+      TORCH_CHECK(false, text);
+  }
+}
+
+/// Raises an error this library finds itself: "<ns>::<op>: <code name>: <msg>".
+[[noreturn]] void fail(const Binding& b, int code, const std::string& msg) {
+  raise(b, code, std::string(code_name(code)) + ": " + msg);
+}
+
+// ---------------------------------------------------------------- the runtime
+
+std::atomic<void*> g_runtime{nullptr};  // a kdispatch_runtime*; null: the default runtime
+
+void* runtime(const Binding& b) {
+  void* rt = g_runtime.load(std::memory_order_acquire);
+  if (rt != nullptr) return rt;
+  static char error[512];
+  static void* const def = default_runtime(error, sizeof error);
+  if (def == nullptr) raise(b, 5, std::string("the default runtime (KDISPATCH_* environment): ") + error);
+  return def;
+}
+
+void set_runtime_op(int64_t handle) {
+  g_runtime.store(reinterpret_cast<void*>(static_cast<intptr_t>(handle)), std::memory_order_release);
+}
+
+thread_local Served t_served;
+
+std::tuple<int64_t, std::string, int64_t, int64_t, bool> last_info_op() {
+  const Served s = t_served;
+  return {s.source, s.variant, s.table_m, static_cast<int64_t>(s.source_id), s.tuned_now};
+}
+
+std::string library_path_op() { return library_path(); }
+
+// The gemm workspace of a (runtime, device, stream): kdispatch's own device
+// memory, attached on the stream's first call outside a capture (never
+// from torch's allocator, so never from a graph's private pool).
+void ensure_workspace(void* rt, int32_t dl_type, int32_t dev, void* stream, bool capturing) {
+  struct Last {
+    void* rt;
+    int32_t dev;
+    void* stream;
+  };
+  thread_local Last last{nullptr, -1, nullptr};
+  if (last.rt == rt && last.dev == dev && last.stream == stream) return;
+  if (capturing) return;  // no workspace: plans that need one fall back inside the call
+  static std::mutex mu;
+  static std::set<std::tuple<void*, int32_t, void*>> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (seen.insert({rt, dev, stream}).second) (void)attach_stream(rt, dl_type, dev, stream);  // a failure: no workspace
+  }
+  last = {rt, dev, stream};
+}
+
+// ---------------------------------------------------------------- tensors
+
+bool dl_dtype(at::ScalarType s, View* v) {
+  switch (s) {
+    case at::kFloat: v->code = 2, v->bits = 32; return true;
+    case at::kHalf: v->code = 2, v->bits = 16; return true;
+    case at::kBFloat16: v->code = 4, v->bits = 16; return true;
+    case at::kDouble: v->code = 2, v->bits = 64; return true;
+    case at::kInt: v->code = 0, v->bits = 32; return true;
+    case at::kLong: v->code = 0, v->bits = 64; return true;
+    case at::kShort: v->code = 0, v->bits = 16; return true;
+    case at::kChar: v->code = 0, v->bits = 8; return true;
+    case at::kByte: v->code = 1, v->bits = 8; return true;
+    default: return false;
+  }
+}
+
+/// The sizes of `t` as [rows, cols]: the leading dims multiplied.
+int64_t rows_of(const at::Tensor& t) {
+  int64_t r = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) r *= t.size(d);
+  return r;
+}
+
+/// `t` ([..., cols]) as a [rows, cols] view; false when its leading dims do
+/// not collapse into one row stride.
+bool rows_view(const at::Tensor& t, View* v) {
+  const int64_t nd = t.dim();
+  const int64_t cols = t.size(nd - 1);
+  v->ndim = 2;
+  v->shape[1] = cols;
+  v->strides[1] = t.stride(nd - 1);
+  if (nd == 2) {
+    v->shape[0] = t.size(0);
+    v->strides[0] = t.stride(0);
+    return true;
+  }
+  int64_t rows = 1, stride = -1, expect = 0;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    const int64_t n = t.size(d);
+    rows *= n;
+    if (n == 1) continue;
+    if (stride < 0) stride = t.stride(d);
+    else if (t.stride(d) != expect) return false;
+    expect = t.stride(d) * n;
+  }
+  v->shape[0] = rows;
+  v->strides[0] = stride < 0 ? cols : stride;  // one row (or none): the contiguous stride
+  return true;
+}
+
+std::string sizes_text(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+/// The op's dims ("M", "K", "d", ...) bound from the tensors it reads.
+struct Dims {
+  std::array<std::string_view, 16> name{};
+  std::array<int64_t, 16> value{};
+  int n = 0;
+  const int64_t* find(std::string_view d) const {
+    for (int i = 0; i < n; ++i)
+      if (name[static_cast<size_t>(i)] == d) return &value[static_cast<size_t>(i)];
+    return nullptr;
+  }
+  void bind(const Binding& b, const dispatch::OpArgInfo& a, std::string_view dim, int32_t mul, int32_t div,
+            int64_t size) {
+    if (dim.empty() || div != 1 || find(dim) != nullptr || n == 16) return;
+    if (size % mul != 0)  // x [..., 2*d] with an odd last dim: no d (refused even when empty)
+      fail(b, 1, std::string(a.name) + ": size " + std::to_string(size) + " is not " + std::to_string(mul) + "*" +
+                     std::string(dim) + " (a multiple of " + std::to_string(mul) + ")");
+    name[static_cast<size_t>(n)] = dim;
+    value[static_cast<size_t>(n++)] = size / mul;
+  }
+  int64_t extent(const Binding& b, std::string_view dim, int32_t mul, int32_t div) const {
+    const int64_t* v = find(dim);
+    if (v == nullptr) fail(b, 9, "the size of dim " + std::string(dim) + " is not given by any input");
+    const int64_t x = *v * mul;
+    return div == 1 ? x : (x + div - 1) / div;
+  }
+};
+
+/// An empty reduction kdispatch refuses (K = 0), answered here as torch
+/// answers it: gemm gives bias, or zeros.
+struct EmptyReduction {
+  const char* op;
+  const char* dim;
+};
+constexpr EmptyReduction kEmptyReductions[] = {{"gemm", "K"}};
+
+// ---------------------------------------------------------------- the kernels
+
+enum class Mode : uint8_t { run, meta, autograd };
+
+class Kernel final : public c10::OperatorKernel {
+ public:
+  Kernel(const Binding* b, Mode mode) : b_(b), mode_(mode), name_(b->op->name) {}
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet ks, Stack* stack) {
+    if (mode_ == Mode::autograd) return autograd(handle, ks, stack);
+    call(stack);
+  }
+
+ private:
+  void autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet ks, Stack* stack) {
+    if (c10::GradMode::is_enabled()) {
+      for (const c10::IValue& v : torch::jit::last(*stack, b_->params.size()))
+        if (v.isTensor() && v.toTensor().requires_grad())
+          fail(*b_, 11,
+               "kdispatch ops are inference-only: an argument requires grad (run under torch.no_grad() or "
+               "torch.inference_mode(), or detach it)");
+    }
+    handle.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+  }
+
+  void call(Stack* stack) {
+    const Binding& b = *b_;
+    const dispatch::OpInfo& op = *b.op;
+    const size_t nparams = b.params.size();
+    const size_t nargs = op.args.size();
+    std::array<const at::Tensor*, kMaxArgs> t{};
+    std::array<float, kMaxArgs> scalars{};
+    auto in = torch::jit::last(*stack, nparams);
+    for (size_t i = 0; i < nparams; ++i) {
+      const Binding::Param& p = b.params[i];
+      const c10::IValue& v = in[i];
+      if (!p.tensor) scalars[static_cast<size_t>(p.index)] = static_cast<float>(v.toDouble());
+      else if (v.isTensor()) t[static_cast<size_t>(p.index)] = &v.toTensor();
+    }
+    // Dims from the tensors the op reads; the first 2-D one gives an
+    // output's leading dims.
+    Dims dims;
+    const at::Tensor* lead = nullptr;
+    for (size_t i = 0; i < nargs; ++i) {
+      const dispatch::OpArgInfo& a = op.args[i];
+      const at::Tensor* x = t[i];
+      if (x == nullptr || pure_output(a)) continue;
+      if (x->dim() < 1) fail(b, 1, std::string(a.name) + ": must have at least one dimension");
+      if (a.rank == 2) {
+        if (lead == nullptr) lead = x;
+        dims.bind(b, a, a.rows_dim, a.rows_mul, a.rows_div, rows_of(*x));
+      }
+      dims.bind(b, a, a.cols_dim, a.cols_mul, a.cols_div, x->size(-1));
+    }
+    std::array<at::Tensor, kMaxArgs> made;
+    if (b.kind == Kind::functional) {
+      if (lead == nullptr) fail(b, 9, "no 2-D input gives the outputs' leading dims");
+      for (int o : b.outputs) {
+        const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(o)];
+        std::vector<int64_t> shape;
+        if (a.rank == 2) shape.assign(lead->sizes().begin(), lead->sizes().end() - 1);
+        shape.push_back(dims.extent(b, a.cols_dim, a.cols_mul, a.cols_div));
+        made[static_cast<size_t>(o)] = at::empty(shape, lead->options());
+        t[static_cast<size_t>(o)] = &made[static_cast<size_t>(o)];
+      }
+    }
+    if (mode_ == Mode::run) launch(t, scalars);
+    torch::jit::drop(*stack, nparams);
+    for (int o : b.outputs) torch::jit::push(*stack, std::move(made[static_cast<size_t>(o)]));
+  }
+
+  void launch(const std::array<const at::Tensor*, kMaxArgs>& t, const std::array<float, kMaxArgs>& scalars) {
+    const Binding& b = *b_;
+    const dispatch::OpInfo& op = *b.op;
+    const size_t nargs = op.args.size();
+    std::array<View, kMaxArgs> views{};
+    std::array<at::Tensor, kMaxArgs> copies;  // read inputs whose leading dims do not collapse
+    const at::Tensor* first = nullptr;
+    bool empty = false;
+    for (size_t i = 0; i < nargs; ++i) {
+      const at::Tensor* x = t[i];
+      if (x == nullptr) continue;  // an absent optional argument
+      const dispatch::OpArgInfo& a = op.args[i];
+      View& v = views[i];
+      if (!dl_dtype(x->scalar_type(), &v))
+        fail(b, 2, std::string(a.name) + ": dtype " + std::string(c10::toString(x->scalar_type())) +
+                       " is not one kdispatch takes (float32, float16, bfloat16)");
+      if (first == nullptr) first = x;
+      if (a.rank == 2) {
+        if (x->dim() < 1) fail(b, 1, std::string(a.name) + ": must have at least one dimension");
+        empty = empty || x->numel() == 0;
+        if (!rows_view(*x, &v)) {
+          if (a.written)
+            fail(b, 1, std::string(a.name) + ": the leading dims of a tensor of sizes " + sizes_text(*x) +
+                           " do not collapse into rows (a view of rows, as .view(-1, cols) needs)");
+          copies[i] = x->reshape({-1, x->size(-1)});
+          if (!rows_view(copies[i], &v)) fail(b, 9, std::string(a.name) + ": reshape gave no rows view");
+          v.data = copies[i].data_ptr();
+        } else {
+          v.data = x->data_ptr();
+        }
+      } else {
+        if (x->dim() > 4) fail(b, 1, std::string(a.name) + ": " + std::to_string(x->dim()) + " dims (at most 4)");
+        v.ndim = static_cast<int32_t>(x->dim());
+        for (int64_t d = 0; d < x->dim(); ++d) v.shape[d] = x->size(d), v.strides[d] = x->stride(d);
+        v.data = x->data_ptr();
+      }
+      if (v.data == nullptr) v.data = reinterpret_cast<void*>(alignof(std::max_align_t));  // a present, empty tensor
+    }
+    if (empty) return empty_call(t);
+    const c10::Device device = first->device();
+    if (device.is_cpu()) {
+      for (View& v : views) v.device_type = 1, v.device_id = 0;
+      run(views, scalars, nullptr, false);
+      return;
+    }
+    const GpuHooks* gpu = gpu_hooks();
+    if (!device.is_cuda() || gpu == nullptr)
+      fail(b, 3, std::string(op.args[0].name) + ": tensors on " + device.str() + " are not supported" +
+                     (device.is_cuda() ? " (libkdispatch_torch was built against a torch without CUDA)" : ""));
+    const c10::DeviceGuard guard(device);
+    for (size_t i = 0; i < nargs; ++i) {
+      if (t[i] == nullptr) continue;
+      const c10::Device d = t[i]->device();
+      views[i].device_type = d.is_cuda() ? gpu->dl_device_type : d.is_cpu() ? 1 : -1;
+      views[i].device_id = d.index() < 0 ? 0 : d.index();
+    }
+    void* stream = gpu->current_stream(device.index());
+    const bool capturing = gpu->is_capturing(stream);
+    if (b.floor) {
+      if (!gpu->launch_empty(stream)) fail(b, 6, "the empty kernel did not launch");
+      return;
+    }
+    void* rt = runtime(b);
+    if (op.uses_workspace) ensure_workspace(rt, gpu->dl_device_type, device.index(), stream, capturing);
+    run(views, scalars, stream, capturing, rt);
+  }
+
+  void run(const std::array<View, kMaxArgs>& views, const std::array<float, kMaxArgs>& scalars, void* stream,
+           bool capturing, void* rt = nullptr) {
+    const Binding& b = *b_;
+    if (b.floor) return;  // CPU: the binding's cost only
+    if (rt == nullptr) rt = runtime(b);
+    char error[1024];
+    const int s = kdispatch_torch::call(rt, name_.c_str(), views.data(), static_cast<int32_t>(b.op->args.size()),
+                                        scalars.data(), static_cast<int32_t>(b.op->scalars.size()), stream, capturing,
+                                        &t_served, error, sizeof error);
+    if (s != 0) raise(b, s, error);
+  }
+
+  void empty_call(const std::array<const at::Tensor*, kMaxArgs>& t) {
+    const Binding& b = *b_;
+    const dispatch::OpInfo& op = *b.op;
+    t_served = Served{};
+    for (const EmptyReduction& r : kEmptyReductions) {
+      if (op.name != r.op) continue;
+      // outputs non-empty while the reduced dim is 0: zeros, plus the
+      // rank-1 inputs (the bias) broadcast over the rows.
+      for (size_t i = 0; i < op.args.size(); ++i) {
+        const dispatch::OpArgInfo& a = op.args[i];
+        if (t[i] == nullptr || !pure_output(a) || t[i]->numel() == 0) continue;
+        at::Tensor out = *t[i];
+        bool reduced = false;
+        for (size_t j = 0; j < op.args.size(); ++j)
+          if (t[j] != nullptr && !pure_output(op.args[j]) && op.args[j].rank == 2 && t[j]->size(-1) == 0 &&
+              op.args[j].cols_dim == r.dim)
+            reduced = true;
+        if (!reduced) continue;
+        out.zero_();
+        for (size_t j = 0; j < op.args.size(); ++j)
+          if (t[j] != nullptr && op.args[j].rank == 1 && !op.args[j].written) out.add_(*t[j]);
+      }
+    }
+  }
+
+  const Binding* b_;
+  Mode mode_;
+  std::string name_;  ///< the op's name, NUL-terminated for the C ABI
+};
+
+torch::CppFunction kernel(const Binding& b, Mode mode) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(&b, mode));
+}
+
+void register_impls(torch::Library& m, const std::string& ns, Mode mode) {
+  for (const Binding& b : bindings())
+    if (b.ns == ns) m.impl(b.name.c_str(), kernel(b, mode));
+}
+
+}  // namespace
+}  // namespace kdispatch_torch
+
+// ---------------------------------------------------------------- registrations
+
+namespace kt = kdispatch_torch;
+
+TORCH_LIBRARY(kdispatch, m) {
+  for (const kt::Binding& b : kt::bindings())
+    if (b.ns == "kdispatch") m.def(b.schema.c_str());
+  m.def("_set_runtime(int handle) -> ()", &kt::set_runtime_op);
+  m.def("_last_info() -> (int, str, int, int, bool)", &kt::last_info_op);
+  m.def("_library_path() -> str", &kt::library_path_op);
+}
+TORCH_LIBRARY(kdispatch_vllm, m) {
+  for (const kt::Binding& b : kt::bindings())
+    if (b.ns == "kdispatch_vllm") m.def(b.schema.c_str());
+}
+TORCH_LIBRARY_IMPL(kdispatch, CPU, m) { kt::register_impls(m, "kdispatch", kt::Mode::run); }
+TORCH_LIBRARY_IMPL(kdispatch, CUDA, m) { kt::register_impls(m, "kdispatch", kt::Mode::run); }
+TORCH_LIBRARY_IMPL(kdispatch, Meta, m) { kt::register_impls(m, "kdispatch", kt::Mode::meta); }
+TORCH_LIBRARY_IMPL(kdispatch, Autograd, m) { kt::register_impls(m, "kdispatch", kt::Mode::autograd); }
+TORCH_LIBRARY_IMPL(kdispatch_vllm, CPU, m) { kt::register_impls(m, "kdispatch_vllm", kt::Mode::run); }
+TORCH_LIBRARY_IMPL(kdispatch_vllm, CUDA, m) { kt::register_impls(m, "kdispatch_vllm", kt::Mode::run); }
+TORCH_LIBRARY_IMPL(kdispatch_vllm, Meta, m) { kt::register_impls(m, "kdispatch_vllm", kt::Mode::meta); }
+TORCH_LIBRARY_IMPL(kdispatch_vllm, Autograd, m) { kt::register_impls(m, "kdispatch_vllm", kt::Mode::autograd); }
