@@ -307,19 +307,25 @@ def _dim_text(e):
 
 
 def _make_method(o):
+    """Runtime.<op>: a generated function with the op's parameters (no
+    per-call signature binding: ~1 us of Python around the native call)."""
     sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
                             _parameters(o, True))
     name = o["name"]
-
-    def method(self, *args, **kwargs):
-        b = sig.bind(self, *args, **kwargs)
-        b.apply_defaults()
-        a = b.arguments
-        return self._h.op(name, [a[x["name"]] for x in o["args"]], o["meta"],
-                          [float(a[x["name"]]) for x in o["scalars"]], _stream_handle(a["stream"]),
-                          1 if a["capturing"] else 0, bool(a["info"]), 0, 0)
-
-    method.__name__ = method.__qualname__ = name
+    params = [str(p) for p in sig.parameters.values()]
+    # KEYWORD_ONLY parameters need a bare * before them.
+    first_kw = next(i for i, p in enumerate(sig.parameters.values()) if p.kind == p.KEYWORD_ONLY)
+    params.insert(first_kw, "*")
+    tensors = ", ".join(a["name"] for a in o["args"])
+    scalars = ", ".join(f"float({x['name']})" for x in o["scalars"])
+    src = (f"def {name}({', '.join(params)}):\n"
+           f"    return self._h.op(_NAME, [{tensors}], _META, [{scalars}],\n"
+           f"                      None if stream is None else _stream_handle(stream),\n"
+           f"                      1 if capturing else 0, bool(info), 0, 0)\n")
+    scope = {"_NAME": name, "_META": o["meta"], "_stream_handle": _stream_handle}
+    exec(compile(src, f"<kdispatch.Runtime.{name}>", "exec"), scope)
+    method = scope[name]
+    method.__qualname__ = "Runtime." + name
     method.__signature__ = sig
     method.__doc__ = _doc(o)
     return method

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch custom ops over kdispatch (torch >= 2.4, torch.library.custom_op),
+"""kdispatch.torch_ops' Python path, used when libkdispatch_torch.so is not
+built for the running torch: custom ops over kdispatch (torch >= 2.4, torch.library.custom_op),
 one per op of the library's op list (kdispatch_op_list), for example:
 
     import kdispatch.torch_ops
@@ -98,27 +99,26 @@ def _dl(t, keep):
     return ctypes.pointer(d)
 
 
-# GEMM workspace per (device, stream): torch memory, allocated on a stream's
-# first call of an op that takes one, outside a graph capture, and kept
-# (kdispatch itself never allocates in a call). 32 MiB, the size kdispatch's
-# tuner measures with.
-_WORKSPACE_BYTES = 32 << 20
-_WORKSPACES = {}
+# GEMM workspace per (runtime, device, stream): kdispatch's own device
+# memory (kdispatch_runtime_attach_stream), attached on a stream's first
+# call of an op that takes one, outside a graph capture. Never torch memory:
+# a tensor taken during a cudagraph-trees warm-up or capture would live in
+# a graph's private pool ("tensors in the cudagraph pool not tracked as
+# outputs"), and could be handed to other tensors when the pool is reused.
+_ATTACHED = set()
 
 
-def _workspace(device, stream, capturing):
-    """The stream's workspace, allocated on its first use outside a graph
-    capture. A stream first seen while it is being captured gets none (its
-    split-K plans fall back to the default plan inside the call): memory
-    taken from a graph's private pool and kept here could be handed to
-    other tensors when the pool is reused (cudagraph trees), while the
-    captured kernels still write into it."""
-    key = (device.index or 0, stream)
-    ws = _WORKSPACES.get(key)
-    if ws is None and not capturing:
-        ws = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        _WORKSPACES[key] = ws
-    return ws
+def _attach_workspace(rt, device, stream, capturing):
+    """Attaches the stream's workspace once. A stream first seen while it is
+    being captured gets none (its split-K plans fall back to the default
+    plan inside the call)."""
+    key = (rt.handle, device.index or 0, stream)
+    if key in _ATTACHED or capturing:
+        return
+    _ATTACHED.add(key)  # a failure (64 streams) is not retried: no workspace
+    _capi.lib.kdispatch_runtime_attach_stream(ctypes.c_void_p(rt.handle),
+                                              _capi.kDLROCM if torch.version.hip else _capi.kDLCUDA,
+                                              device.index or 0, ctypes.c_void_p(stream or 0), 32 << 20)
 
 
 def _launch(op, tensors, scalars, info=None):
@@ -137,12 +137,11 @@ def _launch(op, tensors, scalars, info=None):
     ptrs = (ctypes.POINTER(_capi.DLTensor) * max(1, len(tensors)))(
         *[_dl(t, keep) if t is not None else None for t in tensors])
     sc = (ctypes.c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
-    ws = None
     if op["workspace"] and first.device.type == "cuda":
-        ws = _workspace(first.device, stream, bool(flags & _capi.CALL_CAPTURING))
+        _attach_workspace(rt, first.device, stream, bool(flags & _capi.CALL_CAPTURING))
     _capi.check(_capi.lib.kdispatch_op_call(
         ctypes.c_void_p(rt.handle), op["name"].encode(), ptrs, len(tensors), sc, len(scalars),
-        ctypes.c_void_p(ws.data_ptr() if ws is not None else 0), ctypes.c_int64(ws.numel() if ws is not None else 0),
+        None, ctypes.c_int64(0),
         ctypes.c_void_p(stream or 0), flags, ctypes.byref(info) if info is not None else None))
 
 

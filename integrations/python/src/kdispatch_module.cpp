@@ -5,8 +5,10 @@
 // Handle class; the Python package (kdispatch/_runtime.py) builds the public
 // API on either. Errors raise kdispatch._errors.Error(code, message).
 //
-// Tensors arrive as objects with __dlpack__ (numpy >= 1.22, torch, cupy,
-// jax...). Each is exported once per call, its capsule consumed: renamed
+// Tensors arrive as host buffers (the buffer protocol: numpy arrays of
+// float32, float16, float64 and integers, read in ~0.1 us, no export) or as
+// objects with __dlpack__ (torch, cupy, jax, numpy bfloat16 types...), each
+// exported once per call, its capsule consumed: renamed
 // "used_dltensor[_versioned]" (so the producer's capsule destructor leaves
 // it alone) and its deleter called when the call returns. Data is never
 // copied. The GIL is released around the kdispatch call.
@@ -15,7 +17,10 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <optional>
+#include <unordered_set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,7 +71,31 @@ std::string take(char* p) {
   return s;
 }
 
-// One consumed DLPack export; the deleter runs when it goes (GIL held).
+// Types whose __dlpack__ takes no max_version (DLPack < 1.0 producers, such
+// as numpy < 2): asked without it from then on, so no call pays for a
+// TypeError. Touched with the GIL held.
+std::unordered_set<PyTypeObject*>& legacy_dlpack_types() {
+  static auto* s = new std::unordered_set<PyTypeObject*>();
+  return *s;
+}
+
+// The DLPack dtype of a buffer-protocol format, or false (left to DLPack).
+bool buffer_dtype(const char* fmt, Py_ssize_t itemsize, DLDataType* dt) {
+  if (fmt == nullptr) fmt = "B";
+  if (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;  // native / little-endian (x86-64, aarch64)
+  if (fmt[0] == '\0' || fmt[1] != '\0') return false;
+  const uint8_t bits = static_cast<uint8_t>(itemsize * 8);
+  switch (fmt[0]) {
+    case 'f': case 'e': case 'd': *dt = DLDataType{kDLFloat, bits, 1}; return true;
+    case 'b': case 'h': case 'i': case 'l': case 'q': *dt = DLDataType{kDLInt, bits, 1}; return true;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': *dt = DLDataType{kDLUInt, bits, 1}; return true;
+    default: return false;
+  }
+}
+
+// One tensor argument of a call: a host buffer (the buffer protocol) or a
+// consumed DLPack export; released (buffer, or the export's deleter) when it
+// goes (GIL held).
 class Exported {
  public:
   Exported() = default;
@@ -74,14 +103,53 @@ class Exported {
   Exported& operator=(const Exported&) = delete;
   ~Exported() { release(); }
 
-  // `obj` exported as `name`; None is an absent optional tensor. `output`:
-  // the call writes it (refused when the producer marks it read-only or a
-  // copy). `stream`: the consumer stream for GPU producers.
+  // `obj` as `name`; None is an absent optional tensor. `output`: the call
+  // writes it (refused when the producer marks it read-only or a copy).
+  // `stream`: the consumer stream for GPU producers.
   void take_from(py::handle obj, const char* name, bool optional, bool output, std::optional<intptr_t> stream) {
     if (obj.is_none()) {
       if (optional) return;
       raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + " is None");
     }
+    if (take_buffer(obj, output)) return;
+    take_dlpack(obj, name, output, stream);
+  }
+
+ private:
+  // The buffer protocol (numpy and any host array with a plain format):
+  // false leaves the object to DLPack (no buffer, a read-only one to be
+  // written, a format DLPack describes better, strides not in elements).
+  bool take_buffer(py::handle obj, bool output) {
+    if (!PyObject_CheckBuffer(obj.ptr())) return false;
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_STRIDES | PyBUF_FORMAT | (output ? PyBUF_WRITABLE : 0)) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    has_view_ = true;
+    DLDataType dt{};
+    bool ok = view_.ndim >= 1 && view_.ndim <= kMaxDims && view_.itemsize > 0 && view_.itemsize <= 8 &&
+              buffer_dtype(view_.format, view_.itemsize, &dt);
+    for (int d = 0; ok && d < view_.ndim; ++d) {
+      shape_[d] = view_.shape[d];
+      ok = view_.strides[d] % view_.itemsize == 0;
+      strides_[d] = view_.strides[d] / view_.itemsize;
+    }
+    if (!ok) {
+      release();
+      return false;
+    }
+    own_.data = view_.buf;
+    own_.device = DLDevice{kDLCPU, 0};
+    own_.ndim = view_.ndim;
+    own_.dtype = dt;
+    own_.shape = shape_;
+    own_.strides = strides_;
+    own_.byte_offset = 0;
+    tensor_ = &own_;
+    return true;
+  }
+
+  void take_dlpack(py::handle obj, const char* name, bool output, std::optional<intptr_t> stream) {
     if (!py::hasattr(obj, "__dlpack__"))
       raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + ": an object of type " +
                                             std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
@@ -93,7 +161,10 @@ class Exported {
       if ((type == kDLCUDA || type == kDLROCM) && stream && *stream != 0) kw["stream"] = *stream;
     }
     py::object cap;
-    {
+    PyTypeObject* type = Py_TYPE(obj.ptr());
+    if (legacy_dlpack_types().count(type) != 0) {
+      cap = obj.attr("__dlpack__")(**kw);
+    } else {
       py::dict kwv;  // a new dict (py::dict kwv = kw would alias kw)
       for (auto item : kw) kwv[item.first] = item.second;
       kwv["max_version"] = py::make_tuple(1, 0);
@@ -102,6 +173,7 @@ class Exported {
       } catch (py::error_already_set& e) {
         if (!e.matches(PyExc_TypeError)) throw;
         cap = obj.attr("__dlpack__")(**kw);  // a producer older than DLPack 1.0
+        legacy_dlpack_types().insert(type);
       }
     }
     if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned")) {
@@ -127,10 +199,14 @@ class Exported {
     }
   }
 
+ public:
   const DLTensor* get() const { return tensor_; }
 
  private:
+  static constexpr int kMaxDims = 8;
   void release() {
+    if (has_view_) PyBuffer_Release(&view_);
+    has_view_ = false;
     if (versioned_ && versioned_->deleter) versioned_->deleter(versioned_);
     if (legacy_ && legacy_->deleter) legacy_->deleter(legacy_);
     versioned_ = nullptr;
@@ -140,7 +216,14 @@ class Exported {
   DLManagedTensorVersionedCompat* versioned_ = nullptr;
   DLManagedTensor* legacy_ = nullptr;
   const DLTensor* tensor_ = nullptr;
+  Py_buffer view_{};
+  bool has_view_ = false;
+  DLTensor own_{};
+  int64_t shape_[kMaxDims] = {};
+  int64_t strides_[kMaxDims] = {};
 };
+
+constexpr size_t kMaxOpTensors = 8;
 
 std::optional<intptr_t> stream_of(py::handle s) {
   if (s.is_none()) return std::nullopt;
@@ -387,20 +470,20 @@ class Handle {
     kdispatch_runtime* r = rt();
     const auto st = stream_of(stream);
     const size_t n = py::len(tensors);
-    std::vector<std::unique_ptr<Exported>> ex(n);
-    std::vector<const DLTensor*> ptrs(n, nullptr);
+    if (n > kMaxOpTensors) raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than 8 tensors");
+    Exported ex[kMaxOpTensors];
+    const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
       py::tuple m = arg_meta[i];  // (name, optional, written)
-      ex[i] = std::make_unique<Exported>();
-      ex[i]->take_from(tensors[i], m[0].cast<std::string>().c_str(), m[1].cast<bool>(), m[2].cast<bool>(), st);
-      ptrs[i] = ex[i]->get();
+      ex[i].take_from(tensors[i], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, m[2].ptr() == Py_True, st);
+      ptrs[i] = ex[i].get();
     }
     kdispatch_dispatch_info info{};
     info.struct_size = sizeof info;
     kdispatch_status s;
     {
       py::gil_scoped_release nogil;
-      s = kdispatch_op_call(r, name.c_str(), ptrs.data(), static_cast<int32_t>(n), scalars.data(),
+      s = kdispatch_op_call(r, name.c_str(), ptrs, static_cast<int32_t>(n), scalars.data(),
                             static_cast<int32_t>(scalars.size()), reinterpret_cast<void*>(workspace),
                             workspace_bytes, reinterpret_cast<void*>(st.value_or(0)), flags,
                             want_info ? &info : nullptr);
@@ -413,19 +496,19 @@ class Handle {
                          std::vector<float> scalars) {
     kdispatch_runtime* r = rt();
     const size_t n = py::len(tensors);
-    std::vector<std::unique_ptr<Exported>> ex(n);
-    std::vector<const DLTensor*> ptrs(n, nullptr);
+    if (n > kMaxOpTensors) raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than 8 tensors");
+    Exported ex[kMaxOpTensors];
+    const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
       py::tuple m = arg_meta[i];
-      ex[i] = std::make_unique<Exported>();
-      ex[i]->take_from(tensors[i], m[0].cast<std::string>().c_str(), m[1].cast<bool>(), false, std::nullopt);
-      ptrs[i] = ex[i]->get();
+      ex[i].take_from(tensors[i], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, false, std::nullopt);
+      ptrs[i] = ex[i].get();
     }
     char* j = nullptr;
     kdispatch_status s;
     {
       py::gil_scoped_release nogil;
-      s = kdispatch_op_pretune(r, name.c_str(), ptrs.data(), static_cast<int32_t>(n), scalars.data(),
+      s = kdispatch_op_pretune(r, name.c_str(), ptrs, static_cast<int32_t>(n), scalars.data(),
                                static_cast<int32_t>(scalars.size()), &j);
     }
     check(s);

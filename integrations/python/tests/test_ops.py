@@ -85,3 +85,32 @@ class EveryOp(TempDirTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CallCost(unittest.TestCase):
+    def test_numpy_rmsnorm_call_cost_is_printed(self):
+        """rt.rmsnorm(x, x, w, eps), x float32 [1, 64]: the median host time
+        per call, kernel included, over 15 rounds of 2000 calls; printed
+        (target <= 3 us on the CI machine with the pybind11 layer), never
+        asserted. The value check keeps the loop honest."""
+        import statistics
+        import sys
+        import time
+        rt = kdispatch.Runtime(shipped_configs=False, log_level="off")
+        try:
+            x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+            w = np.ones(64, np.float32)
+            for _ in range(500):
+                rt.rmsnorm(x, x, w, 1e-6)
+            per_call = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    rt.rmsnorm(x, x, w, 1e-6)
+                per_call.append((time.perf_counter() - t0) / 2000 * 1e6)
+            sys.stderr.write(f"\nnumpy rt.rmsnorm(x, x, w) [1, 64] float32 ({kdispatch.BACKEND} layer): "
+                             f"{statistics.median(per_call):.2f} us per call (median of 15 rounds x 2000)\n")
+            # the normalised row is a fixed point: rmsnorm of a unit-RMS row with w = 1
+            np.testing.assert_allclose(np.sqrt(np.mean(x.astype(np.float64) ** 2)), 1.0, rtol=1e-5)
+        finally:
+            rt.close()
