@@ -196,6 +196,25 @@ class TorchOpsCpuTest(unittest.TestCase):
             e = tuple(t.clone() for t in a)
             torch.testing.assert_close(compiled(*a), block(*e), rtol=1e-5, atol=1e-5)
 
+    @unittest.skipUnless(HAVE_COMPILE, NO_COMPILE)
+    def test_dynamic_m_compiles_once(self):
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        def block(x, w, b):
+            return torch.ops.kdispatch.gemm(torch.ops.kdispatch.rmsnorm(x, w, 1e-6), b)
+
+        w, b = torch.randn(64), torch.randn(32, 64)
+        torch._dynamo.reset()
+        f = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)
+        for m in (3, 5, 9, 17, 1000):
+            x = torch.randn(m, 64)
+            torch.testing.assert_close(f(x, w, b), block(x, w, b), rtol=1e-5, atol=1e-5)
+        self.assertEqual(len(graphs), 1, "one graph for every M")
+
     def test_fake_tensor_shapes(self):
         from torch._subclasses.fake_tensor import FakeTensorMode
         with FakeTensorMode():
@@ -340,6 +359,102 @@ class TorchNativeTest(unittest.TestCase):
         finally:
             OPS.set_runtime(None)
             rt.close()
+
+
+@unittest.skipUnless(NATIVE, "the native ops (libkdispatch_torch.so) are not loaded here: " + SKIP)
+class TorchNativeCudaTest(unittest.TestCase):
+    """The native ops on CUDA tensors: devices, the capture flag, the
+    workspace outside every graph pool, torch.compile's re-inplacing."""
+
+    @classmethod
+    def setUpClass(cls):
+        ok, why = cuda_backend_available()
+        if not ok:
+            raise unittest.SkipTest(why)
+        cls.dev = torch.device("cuda", 0)
+
+    def test_tensors_on_another_device_than_the_current_one(self):
+        if torch.cuda.device_count() < 2:
+            self.skipTest("one CUDA device: the device guard is exercised with two")
+        d1 = torch.device("cuda", 1)
+        x, w = torch.randn(7, 512, dtype=torch.bfloat16, device=d1), torch.randn(512, dtype=torch.bfloat16, device=d1)
+        b = torch.randn(256, 512, dtype=torch.bfloat16, device=d1)
+        with torch.cuda.device(0):
+            y = torch.ops.kdispatch.rmsnorm(x, w, 1e-6)
+            d = torch.ops.kdispatch.gemm(y, b)
+            self.assertEqual(torch.cuda.current_device(), 0)
+        self.assertEqual((y.device, d.device), (d1, d1))
+        torch.cuda.synchronize(d1)
+        torch.testing.assert_close(y.double(), rms_ref(x, w, 1e-6), rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(d.float(), y.float() @ b.float().T, rtol=3e-2, atol=1.0)
+
+    def test_opcheck_on_cuda(self):
+        if not HAVE_COMPILE:
+            self.skipTest(NO_COMPILE)
+        opcheck = torch.library.opcheck
+        bf = dict(dtype=torch.bfloat16, device=self.dev)
+        opcheck(torch.ops.kdispatch.rmsnorm.default, (torch.randn(4, 256, **bf), torch.randn(256, **bf), 1e-6))
+        opcheck(torch.ops.kdispatch.rmsnorm_out.default,
+                (torch.empty(4, 256, **bf), torch.randn(4, 256, **bf), torch.randn(256, **bf), 1e-6))
+        opcheck(torch.ops.kdispatch.fused_add_rmsnorm_.default,
+                (torch.randn(4, 256, **bf), torch.randn(4, 256, **bf), torch.randn(256, **bf), 1e-6))
+        opcheck(torch.ops.kdispatch.gemm.default, (torch.randn(4, 256, **bf), torch.randn(128, 256, **bf)))
+        opcheck(torch.ops.kdispatch.silu_and_mul.default, (torch.randn(4, 512, **bf),))
+        opcheck(torch.ops.kdispatch_vllm.silu_and_mul.default, (torch.empty(4, 256, **bf), torch.randn(4, 512, **bf)))
+        opcheck(torch.ops.kdispatch_vllm.fused_add_rms_norm.default,
+                (torch.randn(4, 256, **bf), torch.randn(4, 256, **bf), torch.randn(256, **bf), 1e-6))
+
+    def test_reduce_overhead_no_skip_no_pool_error(self):
+        """torch.compile(mode="reduce-overhead") of a decoder MLP block: no
+        cudagraph skip (the gemm workspace is kdispatch's memory, attached
+        outside the warm-up and the capture), results as eager."""
+        if not HAVE_COMPILE:
+            self.skipTest(NO_COMPILE)
+        from torch._dynamo.utils import counters
+        bf = dict(dtype=torch.bfloat16, device=self.dev)
+        h, inter = 1024, 2816
+        w_norm, w_gu, w_down = torch.randn(h, **bf), torch.randn(2 * inter, h, **bf) * 0.02, \
+            torch.randn(h, inter, **bf) * 0.02
+
+        def mlp(x, residual):
+            torch.ops.kdispatch.fused_add_rmsnorm_(x, residual, w_norm, 1e-6)
+            return torch.ops.kdispatch.gemm(torch.ops.kdispatch.silu_and_mul(torch.ops.kdispatch.gemm(x, w_gu)),
+                                            w_down)
+
+        torch._dynamo.reset()
+        counters.clear()
+        f = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
+        with torch.inference_mode():
+            for step in range(4):
+                x, r = torch.randn(8, h, **bf), torch.randn(8, h, **bf)
+                xe, re_ = x.clone(), r.clone()
+                got = f(x, r).clone()
+                want = mlp(xe, re_)
+                torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+                torch.testing.assert_close((x, r), (xe, re_))
+        skips = {k: v for k, v in counters["inductor"].items() if "skip" in k}
+        self.assertEqual(sum(skips.values()), 0, f"cudagraph skips: {skips}")
+
+    def test_compiled_block_reinplaces_the_fused_norm(self):
+        """In a compiled block fused_add_rmsnorm_ runs on the graph's inputs:
+        no copy of x or residual in the generated code."""
+        if not HAVE_COMPILE:
+            self.skipTest(NO_COMPILE)
+        from torch._inductor.utils import run_and_get_code
+        bf = dict(dtype=torch.bfloat16, device=self.dev)
+        w, b = torch.randn(512, **bf), torch.randn(256, 512, **bf)
+
+        def block(x, residual):
+            torch.ops.kdispatch.fused_add_rmsnorm_(x, residual, w, 1e-6)
+            return torch.ops.kdispatch.gemm(x, b)
+
+        torch._dynamo.reset()
+        x, r = torch.randn(8, 512, **bf), torch.randn(8, 512, **bf)
+        _, codes = run_and_get_code(torch.compile(block, fullgraph=True), x, r)
+        code = "\n".join(codes)
+        self.assertIn("kdispatch.fused_add_rmsnorm_", code)
+        copies = [ln for ln in code.splitlines() if ".copy_(" in ln or "aten.copy" in ln or "clone" in ln]
+        self.assertEqual(copies, [], "a copy of x or residual around the in-place op")
 
 
 @unittest.skipUnless(OPS is not None, SKIP)
