@@ -21,6 +21,12 @@
 #   bench/gpu/run_h200.sh --sections e2e         # decode end to end: torch ops vs kdispatch ops (resumes)
 #   bench/gpu/run_h200.sh --sections silu        # silu_and_mul beside eager and torch.compile, and the
 #                 copy rate of the same run (resumes; bench/gpu/bench_silu.py)
+#   bench/gpu/run_h200.sh --sections torch       # the native torch ops (libkdispatch_torch for the machine's
+#                 torch): their tests (opcheck, torch.compile, CUDA streams, graphs) and the host cost per
+#                 eager call against torch and the floor ops (bench/tools/torch_op_host.py)
+#   bench/gpu/run_h200.sh --sections model       # a real model end to end: transformers' Llama-3-8B and
+#                 Qwen2.5-7B (all layers, random weights), stock vs fused torch vs kdispatch ops
+#                 (bench/gpu/e2e_model.py; KD_MODELS=llama3-8b,qwen2.5-7b, KD_MODEL_LAYERS=0: all)
 #
 # The GEMM grid (gemm-tune, gemm-bench): bf16, (N,K) in $KD_GEMM_NK x M in
 # $KD_GEMM_M (defaults: the 8 weight shapes x M 1..8192 of bench_gpu.py). e2e
@@ -64,6 +70,8 @@
 #   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
 #   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
 #   silu        build.log bench_silu.json bench_silu.log h200_silu.md
+#   torch       build.log torch_native.log torch_op_host.json torch_op_host.md torch_host.log
+#   model       build.log e2e_model.json e2e_model.md e2e_model.log
 # KD_COMMIT names the commit in h200.md / h200_gemm.md / h200_silu.md (the device has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -108,7 +116,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -199,6 +207,51 @@ if has test; then
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "test_torch_ops rc=$rc: $(tail -3 "$OUT/torch_ops.log" | tr '\n' ' ')"
   [ $status -eq 0 ] && echo "::: test: complete" || echo "::: test: FAILED (see the logs)"
+fi
+
+# ensure_torch: the Python package and libkdispatch_torch in build/gpu for
+# this machine's torch ($PY): the same build dir, reconfigured (the CUDA
+# kernels are not rebuilt); the package is staged in build/gpu/python.
+ensure_torch() {
+  ensure_build kdispatch || return 1
+  local s; s=$(date +%s)
+  cmake -S . -B "$BUILD" -DKDISPATCH_PYTHON=AUTO -DKDISPATCH_TORCH=ON -DKDISPATCH_TORCH_PYTHON="$PY" \
+    -DPython3_EXECUTABLE="$PY" >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; }
+  cmake --build "$BUILD" -j "$(nproc)" --target kdispatch_python_package >>"$OUT/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$OUT/build.log" | head -30; return 1; }
+  stamp "build: libkdispatch_torch for $("$PY" -c 'import torch; print(torch.__version__)') ($(($(date +%s) - s)) s): $(grep 'kdispatch torch ops:' "$OUT/build.log" | tail -1)"
+}
+
+# ================================================================ torch
+if has torch; then
+  ensure_torch || { echo "::: torch: FAILED to build (build.log)"; exit 1; }
+  stamp "torch: native ops tests (opcheck, torch.compile, CUDA streams, devices, graph capture, reduce-overhead)"
+  (cd integrations/python/tests && PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native \
+    KDISPATCH_CACHE_DIR=/tmp/kd-no-cache "$PY" -m unittest -v test_torch_ops) >"$OUT/torch_native.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "test_torch_ops (native) rc=$rc: $(tail -3 "$OUT/torch_native.log" | tr '\n' ' ')"
+  [ $rc -eq 0 ] || grep -E "^(FAIL|ERROR):|Error" "$OUT/torch_native.log" | head -20
+  stamp "torch: host cost per eager call (25 interleaved rounds x 1000 calls, one core)"
+  PYTHONPATH="$BUILD/python" "$PY" bench/tools/torch_op_host.py --device cuda --out "$OUT" >"$OUT/torch_host.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  tail -8 "$OUT/torch_host.log"
+  [ $status -eq 0 ] && echo "::: torch: complete" || echo "::: torch: FAILED (see the logs)"
+fi
+
+# ================================================================ model
+if has model; then
+  ensure_torch || { echo "::: model: FAILED to build (build.log)"; exit 1; }
+  stamp "model: ${KD_MODELS:-llama3-8b,qwen2.5-7b}, stock vs fused torch vs kdispatch ($(left) s)"
+  PYTHONPATH="$BUILD/python" "$PY" bench/gpu/e2e_model.py --out "$OUT" --models "${KD_MODELS:-llama3-8b,qwen2.5-7b}" \
+    --layers "${KD_MODEL_LAYERS:-0}" --budget-s "$(left)" >"$OUT/e2e_model.log" 2>&1
+  rc=$?
+  grep -E "rel. error|round|failed|reduce-overhead|Error|Traceback" "$OUT/e2e_model.log" | tail -12
+  cat "$OUT/e2e_model.md" 2>/dev/null
+  case $rc in
+    0) echo "::: model: complete" ;;
+    3) echo "::: model: INCOMPLETE (time budget: run again with KD_MODELS naming the rest)" ;;
+    *) status=1; echo "::: model: FAILED (rc=$rc, e2e_model.log)" ;;
+  esac
 fi
 
 # ================================================================ tune
