@@ -4,6 +4,7 @@
 import inspect
 import json
 import os
+import sys
 import threading
 
 from . import _backend
@@ -125,9 +126,14 @@ class Runtime:
 
     # ---- lifetime
     def close(self):
-        """Destroys the runtime (a no-op for the default runtime)."""
+        """Destroys the runtime (a no-op for the default runtime). When the
+        torch ops are served from it (kdispatch.torch_ops.set_runtime), they
+        go back to the default runtime first."""
         h = getattr(self, "_h", None)
         if h is not None and h.owned:
+            ops = sys.modules.get("kdispatch.torch_ops")
+            if ops is not None and hasattr(ops, "get_runtime") and ops.get_runtime() is self:
+                ops.set_runtime(None)
             h.close()
 
     def __enter__(self):

@@ -356,6 +356,12 @@ class TorchNativeTest(unittest.TestCase):
             OPS.set_runtime(None)
             _, info = OPS.call_info("rmsnorm", x, w, eps=1e-6)
             self.assertNotEqual(info["source"], "forced")
+            # closing the runtime the ops are served from sends them back to the default runtime
+            OPS.set_runtime(rt)
+            rt.close()
+            self.assertIsNot(OPS.get_runtime(), rt)
+            _, info = OPS.call_info("rmsnorm", x, w, eps=1e-6)
+            self.assertNotEqual(info["source"], "forced")
         finally:
             OPS.set_runtime(None)
             rt.close()
