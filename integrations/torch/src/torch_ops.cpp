@@ -24,6 +24,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <array>
@@ -439,8 +440,8 @@ class Kernel final : public c10::OperatorKernel {
       if (lead == nullptr) fail(b, 9, "no 2-D input gives the outputs' leading dims");
       for (int o : b.outputs) {
         const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(o)];
-        std::vector<int64_t> shape;
-        if (a.rank == 2) shape.assign(lead->sizes().begin(), lead->sizes().end() - 1);
+        c10::SmallVector<int64_t, 6> shape;  // no heap allocation for up to 6 dims
+        if (a.rank == 2) shape.append(lead->sizes().begin(), lead->sizes().end() - 1);
         shape.push_back(dims.extent(b, a.cols_dim, a.cols_mul, a.cols_div));
         made[static_cast<size_t>(o)] = at::empty(shape, lead->options());
         t[static_cast<size_t>(o)] = &made[static_cast<size_t>(o)];
