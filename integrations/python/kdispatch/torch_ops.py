@@ -51,7 +51,7 @@ import torch
 
 from . import _backend  # noqa: F401  (loads the library the rest of the package uses)
 from . import _capi
-from ._runtime import default_runtime
+from ._runtime import Runtime, default_runtime
 
 _mode = os.environ.get("KDISPATCH_TORCH_OPS", "auto").strip().lower() or "auto"
 if _mode not in ("auto", "native", "python"):
@@ -79,6 +79,10 @@ if _mode != "python":
     _path, _why = _native_library()
     if _path is not None:
         torch.ops.load_library(_path)
+        import ctypes
+        _native = ctypes.CDLL(_path)  # the same loaded library: kdispatch_torch_set_runtime
+        _native.kdispatch_torch_set_runtime.argtypes = [ctypes.c_void_p]
+        _native.kdispatch_torch_set_runtime.restype = None
         _lib = torch.ops.kdispatch._library_path()
         if os.path.realpath(_lib) != os.path.realpath(_backend.impl.library_path()):
             raise ImportError(f"kdispatch.torch_ops: libkdispatch_torch.so uses {_lib}, the package "
@@ -106,8 +110,10 @@ else:
         """Serves the ops from `rt` (a kdispatch.Runtime); None: the default
         runtime. The runtime must stay open while ops may run."""
         global _runtime
+        if rt is not None and not isinstance(rt, Runtime):
+            raise TypeError(f"set_runtime() takes a kdispatch.Runtime or None, not {type(rt).__name__}")
         with _lock:
-            torch.ops.kdispatch._set_runtime(rt.handle if rt is not None else 0)
+            _native.kdispatch_torch_set_runtime(ctypes.c_void_p(rt.handle if rt is not None else 0))  # raises for a closed runtime
             _runtime = rt
 
     def get_runtime():
@@ -125,6 +131,10 @@ else:
         ({"source", "variant", "M", "source_id", "tuned_now"}). For
         benchmarks and debugging; not a registered op."""
         op = _OPS[name]
+        unknown = set(scalars) - {s["name"] for s in op["scalars"]}
+        if unknown:
+            raise TypeError(f"call_info('{name}'): unknown scalar(s) {sorted(unknown)}; "
+                            f"{name} takes {[s['name'] for s in op['scalars']]}")
         args = list(tensors)
         readable = [a for a in op["args"] if a["read"] or not a["written"]]
         args += [None] * (len(readable) - len(args))

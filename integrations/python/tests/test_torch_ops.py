@@ -338,6 +338,65 @@ class TorchNativeTest(unittest.TestCase):
                                    bias.expand(3, 4))
         torch.testing.assert_close(torch.ops.kdispatch.gemm(torch.ones(3, 0), torch.ones(4, 0)), torch.zeros(3, 4))
 
+    def test_review_edges(self):
+        """What an attack on the native ops found (each refused with the op
+        and the argument named, or answered as torch answers it)."""
+        K, V = torch.ops.kdispatch, torch.ops.kdispatch_vllm
+        x, w = torch.randn(4, 8), torch.randn(8)
+
+        def refused(exc, text, fn, *args):
+            with self.assertRaises(exc) as c:
+                fn(*args)
+            self.assertIn(text, str(c.exception))
+
+        # a meta tensor beside CPU tensors: refused (the call lands in the meta kernel)
+        refused(ValueError, "w: on meta, while x is on cpu", K.rmsnorm, x, torch.empty(8, device="meta"), 1e-6)
+        refused(ValueError, "x: on meta, while y is on cpu", V.rms_norm, torch.empty(4, 8),
+                torch.empty(4, 8, device="meta"), w, 1e-6)
+        # the meta kernels check shapes and dtypes as the real ones
+        refused(ValueError, "w: must have 8 elements, has 5", K.rmsnorm, torch.empty(4, 8, device="meta"),
+                torch.empty(5, device="meta"), 1e-6)
+        refused(NotImplementedError, "x: dtype Double", K.rmsnorm, torch.empty(4, 8, device="meta").double(),
+                torch.empty(8, device="meta").double(), 1e-6)
+        # a dtype kdispatch has no name for is named on the input, not on the output made from it
+        refused(NotImplementedError, "x: dtype Long", K.silu_and_mul, torch.ones(2, 8, dtype=torch.long))
+        # None for a required tensor; a scalar float32 cannot hold
+        refused(ValueError, "w: a tensor is required, got None", K.rmsnorm, x, None, 1e-6)
+        refused(ValueError, "eps: 1e-50 is not representable as a float32", K.rmsnorm, x, w, 1e-50)
+        # an empty dim other than the batch: checked, then answered as torch
+        refused(ValueError, "residual: shape [0, 8] must equal x's [4, 8]", V.fused_add_rms_norm, x.clone(),
+                torch.empty(0, 8), w, 1e-6)
+        refused(ValueError, "d: sizes [5, 9] are not [4 rows, 3]", K.gemm_out, torch.empty(5, 9), torch.ones(4, 0),
+                torch.ones(3, 0), None)
+        refused(ValueError, "bias: must have 3 elements, has 1", K.gemm, torch.ones(4, 0), torch.ones(3, 0),
+                torch.ones(1))
+        refused(ValueError, "b: sizes [3, 5] are not [3 rows, 0]", K.gemm, torch.ones(4, 0), torch.ones(3, 5))
+        refused(ValueError, "eps: must be > 0", K.rmsnorm, torch.empty(4, 0), torch.empty(0), float("nan"))
+        self.assertEqual(K.gemm(torch.ones(4, 8), torch.ones(0, 8)).shape, (4, 0))
+        self.assertEqual(K.rmsnorm(torch.empty(2, 0, 8), w, 1e-6).shape, (2, 0, 8))  # no rows: any strides
+        self.assertEqual(K.silu_and_mul(torch.empty(3, 0, 2, 8)).shape, (3, 0, 2, 4))
+        # a non-unit last stride is refused whatever the rank (never copied into shape)
+        refused(ValueError, "x: needs unit stride along its last dimension", K.rmsnorm,
+                torch.randn(2, 8, 3).transpose(1, 2), torch.randn(3), 1e-6)
+        # updates bump torch's version counter (autograd sees them), and an
+        # inference tensor is refused as an output outside inference mode
+        y = torch.empty(4, 8)
+        v0 = y._version
+        K.rmsnorm_out(y, x, w, 1e-6)
+        self.assertEqual(y._version, v0 + 1)
+        with torch.inference_mode():
+            it = torch.empty(4, 8)
+        refused(RuntimeError, "y: an inference tensor cannot be updated in place outside torch.inference_mode()",
+                K.rmsnorm_out, it, x, w, 1e-6)
+        with torch.inference_mode():
+            K.rmsnorm_out(it, x, w, 1e-6)
+        # the runtime setter takes a kdispatch.Runtime; call_info names an unknown scalar
+        with self.assertRaises(TypeError):
+            OPS.set_runtime(type("Fake", (), {"handle": 12345})())
+        with self.assertRaises(TypeError):
+            OPS.call_info("rmsnorm", x, w, epz=0.1)
+        self.assertFalse(hasattr(torch.ops.kdispatch, "_set_runtime"))
+
     def test_floor_ops(self):
         # the same schema and outputs as the op, and no kdispatch call
         x, w = torch.randn(5, 64), torch.randn(64)

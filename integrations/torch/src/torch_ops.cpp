@@ -24,12 +24,15 @@
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <array>
 #include <atomic>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -255,9 +258,7 @@ void* runtime(const Binding& b) {
   return def;
 }
 
-void set_runtime_op(int64_t handle) {
-  g_runtime.store(reinterpret_cast<void*>(static_cast<intptr_t>(handle)), std::memory_order_release);
-}
+
 
 thread_local Served t_served;
 
@@ -291,17 +292,14 @@ void ensure_workspace(void* rt, int32_t dl_type, int32_t dev, void* stream, bool
 
 // ---------------------------------------------------------------- tensors
 
+/// The DLPack dtype of a torch dtype kdispatch has a DType for; false for
+/// the rest (refused here, naming the argument, before kdispatch sees it).
 bool dl_dtype(at::ScalarType s, View* v) {
   switch (s) {
     case at::kFloat: v->code = 2, v->bits = 32; return true;
     case at::kHalf: v->code = 2, v->bits = 16; return true;
     case at::kBFloat16: v->code = 4, v->bits = 16; return true;
-    case at::kDouble: v->code = 2, v->bits = 64; return true;
     case at::kInt: v->code = 0, v->bits = 32; return true;
-    case at::kLong: v->code = 0, v->bits = 64; return true;
-    case at::kShort: v->code = 0, v->bits = 16; return true;
-    case at::kChar: v->code = 0, v->bits = 8; return true;
-    case at::kByte: v->code = 1, v->bits = 8; return true;
     default: return false;
   }
 }
@@ -326,18 +324,26 @@ bool rows_view(const at::Tensor& t, View* v) {
     v->strides[0] = t.stride(0);
     return true;
   }
-  int64_t rows = 1, stride = -1, expect = 0;
+  const int64_t rows = rows_of(t);
+  v->shape[0] = rows;
+  v->strides[0] = cols;  // no rows, or one: the contiguous stride
+  if (rows <= 1) return true;
+  int64_t stride = -1, expect = 0;
   for (int64_t d = nd - 2; d >= 0; --d) {
     const int64_t n = t.size(d);
-    rows *= n;
     if (n == 1) continue;
     if (stride < 0) stride = t.stride(d);
     else if (t.stride(d) != expect) return false;
     expect = t.stride(d) * n;
   }
-  v->shape[0] = rows;
-  v->strides[0] = stride < 0 ? cols : stride;  // one row (or none): the contiguous stride
+  v->strides[0] = stride;
   return true;
+}
+
+std::string double_text(double d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", d);
+  return buf;
 }
 
 std::string sizes_text(const at::Tensor& t) {
@@ -350,6 +356,7 @@ std::string sizes_text(const at::Tensor& t) {
 struct Dims {
   std::array<std::string_view, 16> name{};
   std::array<int64_t, 16> value{};
+  std::array<const char*, 16> from{};  // the argument that gave it
   int n = 0;
   const int64_t* find(std::string_view d) const {
     for (int i = 0; i < n; ++i)
@@ -363,23 +370,22 @@ struct Dims {
       fail(b, 1, std::string(a.name) + ": size " + std::to_string(size) + " is not " + std::to_string(mul) + "*" +
                      std::string(dim) + " (a multiple of " + std::to_string(mul) + ")");
     name[static_cast<size_t>(n)] = dim;
+    from[static_cast<size_t>(n)] = a.name.data();
     value[static_cast<size_t>(n++)] = size / mul;
   }
-  int64_t extent(const Binding& b, std::string_view dim, int32_t mul, int32_t div) const {
+  /// The extent `mul * dim / div` (rounded up); -1 when the dim is unbound.
+  int64_t extent(std::string_view dim, int32_t mul, int32_t div) const {
     const int64_t* v = find(dim);
-    if (v == nullptr) fail(b, 9, "the size of dim " + std::string(dim) + " is not given by any input");
+    if (v == nullptr) return -1;
     const int64_t x = *v * mul;
     return div == 1 ? x : (x + div - 1) / div;
   }
+  bool has_zero_except(std::string_view m) const {
+    for (int i = 0; i < n; ++i)
+      if (value[static_cast<size_t>(i)] == 0 && name[static_cast<size_t>(i)] != m) return true;
+    return false;
+  }
 };
-
-/// An empty reduction kdispatch refuses (K = 0), answered here as torch
-/// answers it: gemm gives bias, or zeros.
-struct EmptyReduction {
-  const char* op;
-  const char* dim;
-};
-constexpr EmptyReduction kEmptyReductions[] = {{"gemm", "K"}};
 
 // ---------------------------------------------------------------- the kernels
 
@@ -395,10 +401,12 @@ class Kernel final : public c10::OperatorKernel {
   }
 
  private:
+  using Tensors = std::array<const at::Tensor*, kMaxArgs>;
+
   void autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet ks, Stack* stack) {
     if (c10::GradMode::is_enabled()) {
       for (const c10::IValue& v : torch::jit::last(*stack, b_->params.size()))
-        if (v.isTensor() && v.toTensor().requires_grad())
+        if (v.isTensor() && v.toTensor().defined() && v.toTensor().requires_grad())
           fail(*b_, 11,
                "kdispatch ops are inference-only: an argument requires grad (run under torch.no_grad() or "
                "torch.inference_mode(), or detach it)");
@@ -406,19 +414,46 @@ class Kernel final : public c10::OperatorKernel {
     handle.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
   }
 
+  std::string arg(size_t i) const { return std::string(b_->op->args[i].name); }
+
   void call(Stack* stack) {
     const Binding& b = *b_;
     const dispatch::OpInfo& op = *b.op;
     const size_t nparams = b.params.size();
     const size_t nargs = op.args.size();
-    std::array<const at::Tensor*, kMaxArgs> t{};
+    if (mode_ == Mode::run) t_served = Served{};
+    Tensors t{};
     std::array<float, kMaxArgs> scalars{};
     auto in = torch::jit::last(*stack, nparams);
     for (size_t i = 0; i < nparams; ++i) {
       const Binding::Param& p = b.params[i];
+      const size_t k = static_cast<size_t>(p.index);
       const c10::IValue& v = in[i];
-      if (!p.tensor) scalars[static_cast<size_t>(p.index)] = static_cast<float>(v.toDouble());
-      else if (v.isTensor()) t[static_cast<size_t>(p.index)] = &v.toTensor();
+      if (!p.tensor) {
+        const double d = v.toDouble();
+        const float f = static_cast<float>(d);
+        if (std::isfinite(d) && d != 0.0 && (f == 0.0f || !std::isfinite(f)))
+          fail(b, 1, std::string(op.scalars[k].name) + ": " + double_text(d) +
+                         " is not representable as a float32 (kdispatch's scalars are float32)");
+        scalars[k] = f;
+      } else if (v.isTensor() && v.toTensor().defined()) {
+        t[k] = &v.toTensor();
+      } else if (!op.args[k].optional) {
+        fail(b, 1, arg(k) + ": a tensor is required, got None");
+      }
+    }
+    // One device for every tensor (a meta tensor beside a CPU one brings
+    // the call here, to the meta kernel: refused, as torch's ops refuse it).
+    const at::Tensor* first = nullptr;
+    size_t first_i = 0;
+    for (size_t i = 0; i < nargs; ++i) {
+      if (t[i] == nullptr) continue;
+      if (first == nullptr) {
+        first = t[i], first_i = i;
+      } else if (t[i]->device() != first->device()) {
+        fail(b, 1, arg(i) + ": on " + t[i]->device().str() + ", while " + arg(first_i) + " is on " +
+                       first->device().str() + " (every tensor of a call on one device)");
+      }
     }
     // Dims from the tensors the op reads; the first 2-D one gives an
     // output's leading dims.
@@ -428,7 +463,7 @@ class Kernel final : public c10::OperatorKernel {
       const dispatch::OpArgInfo& a = op.args[i];
       const at::Tensor* x = t[i];
       if (x == nullptr || pure_output(a)) continue;
-      if (x->dim() < 1) fail(b, 1, std::string(a.name) + ": must have at least one dimension");
+      if (x->dim() < 1) fail(b, 1, arg(i) + ": must have at least one dimension");
       if (a.rank == 2) {
         if (lead == nullptr) lead = x;
         dims.bind(b, a, a.rows_dim, a.rows_mul, a.rows_div, rows_of(*x));
@@ -442,55 +477,140 @@ class Kernel final : public c10::OperatorKernel {
         const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(o)];
         c10::SmallVector<int64_t, 6> shape;  // no heap allocation for up to 6 dims
         if (a.rank == 2) shape.append(lead->sizes().begin(), lead->sizes().end() - 1);
-        shape.push_back(dims.extent(b, a.cols_dim, a.cols_mul, a.cols_div));
+        const int64_t cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
+        if (cols < 0) fail(b, 9, "the size of dim " + std::string(a.cols_dim) + " is not given by any input");
+        shape.push_back(cols);
         made[static_cast<size_t>(o)] = at::empty(shape, lead->options());
         t[static_cast<size_t>(o)] = &made[static_cast<size_t>(o)];
       }
     }
-    if (mode_ == Mode::run) launch(t, scalars);
+    // Arguments the call updates: an inference tensor only inside
+    // inference mode (as torch's in-place ops); version counters bumped.
+    for (size_t i = 0; i < nargs; ++i)
+      if (t[i] != nullptr && op.args[i].written && made[i].defined() == false && t[i]->is_inference() &&
+          !c10::InferenceMode::is_enabled())
+        fail(b, 11, arg(i) + ": an inference tensor cannot be updated in place outside torch.inference_mode() "
+                             "(clone it first)");
+    if (mode_ == Mode::meta) {
+      check_shapes(t, dims);  // the checks a meta call can make: shapes and dtypes (inputs first)
+      for (int pass = 0; pass < 2; ++pass)
+        for (size_t i = 0; i < nargs; ++i) {
+          View v;
+          if (t[i] != nullptr && pure_output(op.args[i]) == (pass == 1) && !dl_dtype(t[i]->scalar_type(), &v))
+            dtype_error(i, *t[i]);
+        }
+    } else if (dims.has_zero_except(op.m_name)) {
+      empty_dim_call(t, scalars, dims);
+    } else {
+      launch(t, scalars);
+    }
+    for (size_t i = 0; i < nargs; ++i)
+      if (t[i] != nullptr && op.args[i].written && !made[i].defined() && !t[i]->is_inference())
+        t[i]->unsafeGetTensorImpl()->bump_version();
     torch::jit::drop(*stack, nparams);
     for (int o : b.outputs) torch::jit::push(*stack, std::move(made[static_cast<size_t>(o)]));
   }
 
-  void launch(const std::array<const at::Tensor*, kMaxArgs>& t, const std::array<float, kMaxArgs>& scalars) {
+  [[noreturn]] void dtype_error(size_t i, const at::Tensor& x) const {
+    fail(*b_, 2, arg(i) + ": dtype " + std::string(c10::toString(x.scalar_type())) +
+                     " is not one kdispatch takes (float32, float16, bfloat16; int32 where an op reads indices)");
+  }
+
+  /// Every tensor's sizes against the bound dims (what kdispatch checks, for
+  /// the calls that do not reach it: meta calls, a dim of 0).
+  void check_shapes(const Tensors& t, const Dims& dims) const {
+    const dispatch::OpInfo& op = *b_->op;
+    for (size_t i = 0; i < op.args.size(); ++i) {
+      const at::Tensor* x = t[i];
+      if (x == nullptr) continue;
+      const dispatch::OpArgInfo& a = op.args[i];
+      const int64_t cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
+      if (a.rank == 1) {
+        if (x->dim() != 1) fail(*b_, 1, arg(i) + ": must be 1-D, got " + std::to_string(x->dim()) + "-D");
+        if (cols >= 0 && x->size(0) != cols)
+          fail(*b_, 1, arg(i) + ": must have " + std::to_string(cols) + " elements, has " + std::to_string(x->size(0)));
+        continue;
+      }
+      if (x->dim() < 1) fail(*b_, 1, arg(i) + ": must have at least one dimension");
+      const int64_t rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
+      if ((cols >= 0 && x->size(-1) != cols) || (rows >= 0 && rows_of(*x) != rows))
+        fail(*b_, 1, arg(i) + ": sizes " + sizes_text(*x) + " are not [" + (rows >= 0 ? std::to_string(rows) : "?") +
+                         " rows, " + (cols >= 0 ? std::to_string(cols) : "?") + "] (" + std::string(a.rows_dim) +
+                         ", " + std::string(a.cols_dim) + ")");
+    }
+  }
+
+  /// A dim other than the batch dim is 0 (gemm's K or N, a hidden of 0):
+  /// kdispatch refuses it, torch answers it. The shapes are checked here;
+  /// then kdispatch runs on stand-ins where that dim is 1 (zeros for what
+  /// it reads, scratch for what it writes) and on the real tensors that do
+  /// not span it — so it checks the dtypes, devices, strides and scalars,
+  /// and an output that is not empty gets the empty reduction's answer
+  /// (gemm with K = 0: zeros plus the bias, as F.linear).
+  void empty_dim_call(const Tensors& t, const std::array<float, kMaxArgs>& scalars, const Dims& dims) {
+    check_shapes(t, dims);
+    const dispatch::OpInfo& op = *b_->op;
+    Dims one = dims;
+    for (int i = 0; i < one.n; ++i)
+      if (one.value[static_cast<size_t>(i)] == 0 && one.name[static_cast<size_t>(i)] != op.m_name)
+        one.value[static_cast<size_t>(i)] = 1;
+    Tensors u = t;
+    std::array<at::Tensor, kMaxArgs> stand_in;
+    for (size_t i = 0; i < op.args.size(); ++i) {
+      const at::Tensor* x = t[i];
+      if (x == nullptr) continue;
+      const dispatch::OpArgInfo& a = op.args[i];
+      const int64_t cols = one.extent(a.cols_dim, a.cols_mul, a.cols_div);
+      const int64_t rows_one = a.rank == 2 ? one.extent(a.rows_dim, a.rows_mul, a.rows_div) : 1;
+      const int64_t rows = a.rank == 2 ? (rows_one >= 0 ? rows_one : rows_of(*x)) : 1;
+      const bool spans = x->size(-1) != cols || (a.rank == 2 && rows_of(*x) != rows);  // the zero dim is in its extents
+      if (!spans) continue;
+      stand_in[i] = a.rank == 2 ? at::zeros({rows, cols}, x->options()) : at::zeros({cols}, x->options());
+      u[i] = &stand_in[i];
+    }
+    launch(u, scalars);
+  }
+
+  void launch(const Tensors& t, const std::array<float, kMaxArgs>& scalars) {
     const Binding& b = *b_;
     const dispatch::OpInfo& op = *b.op;
     const size_t nargs = op.args.size();
     std::array<View, kMaxArgs> views{};
     std::array<at::Tensor, kMaxArgs> copies;  // read inputs whose leading dims do not collapse
-    const at::Tensor* first = nullptr;
-    bool empty = false;
-    for (size_t i = 0; i < nargs; ++i) {
-      const at::Tensor* x = t[i];
-      if (x == nullptr) continue;  // an absent optional argument
-      const dispatch::OpArgInfo& a = op.args[i];
-      View& v = views[i];
-      if (!dl_dtype(x->scalar_type(), &v))
-        fail(b, 2, std::string(a.name) + ": dtype " + std::string(c10::toString(x->scalar_type())) +
-                       " is not one kdispatch takes (float32, float16, bfloat16)");
-      if (first == nullptr) first = x;
-      if (a.rank == 2) {
-        if (x->dim() < 1) fail(b, 1, std::string(a.name) + ": must have at least one dimension");
-        empty = empty || x->numel() == 0;
-        if (!rows_view(*x, &v)) {
-          if (a.written)
-            fail(b, 1, std::string(a.name) + ": the leading dims of a tensor of sizes " + sizes_text(*x) +
-                           " do not collapse into rows (a view of rows, as .view(-1, cols) needs)");
-          copies[i] = x->reshape({-1, x->size(-1)});
-          if (!rows_view(copies[i], &v)) fail(b, 9, std::string(a.name) + ": reshape gave no rows view");
-          v.data = copies[i].data_ptr();
+    // The inputs first, then the outputs: an unusable dtype is named on
+    // the argument the caller passed, not on an output allocated from it.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < nargs; ++i) {
+        const at::Tensor* x = t[i];
+        const dispatch::OpArgInfo& a = op.args[i];
+        if (x == nullptr || pure_output(a) != (pass == 1)) continue;
+        View& v = views[i];
+        if (!dl_dtype(x->scalar_type(), &v)) dtype_error(i, *x);
+        if (a.rank == 2) {
+          if (x->size(-1) > 1 && x->stride(-1) != 1)
+            fail(b, 1, arg(i) + ": needs unit stride along its last dimension, got stride " +
+                           std::to_string(x->stride(-1)));
+          if (!rows_view(*x, &v)) {
+            if (a.written)
+              fail(b, 1, arg(i) + ": the leading dims of a tensor of sizes " + sizes_text(*x) +
+                             " do not collapse into rows (a view of rows, as .view(-1, cols) needs)");
+            copies[i] = x->reshape({-1, x->size(-1)});
+            if (!rows_view(copies[i], &v)) fail(b, 9, arg(i) + ": reshape gave no rows view");
+            v.data = copies[i].data_ptr();
+          } else {
+            v.data = x->data_ptr();
+          }
         } else {
+          if (x->dim() > 4) fail(b, 1, arg(i) + ": " + std::to_string(x->dim()) + " dims (at most 4)");
+          v.ndim = static_cast<int32_t>(x->dim());
+          for (int64_t d = 0; d < x->dim(); ++d) v.shape[d] = x->size(d), v.strides[d] = x->stride(d);
           v.data = x->data_ptr();
         }
-      } else {
-        if (x->dim() > 4) fail(b, 1, std::string(a.name) + ": " + std::to_string(x->dim()) + " dims (at most 4)");
-        v.ndim = static_cast<int32_t>(x->dim());
-        for (int64_t d = 0; d < x->dim(); ++d) v.shape[d] = x->size(d), v.strides[d] = x->stride(d);
-        v.data = x->data_ptr();
+        if (v.data == nullptr) v.data = reinterpret_cast<void*>(alignof(std::max_align_t));  // present, empty
       }
-      if (v.data == nullptr) v.data = reinterpret_cast<void*>(alignof(std::max_align_t));  // a present, empty tensor
     }
-    if (empty) return empty_call(t);
+    const at::Tensor* first = nullptr;
+    for (size_t i = 0; i < nargs && first == nullptr; ++i) first = t[i];
     const c10::Device device = first->device();
     if (device.is_cpu()) {
       for (View& v : views) v.device_type = 1, v.device_id = 0;
@@ -499,14 +619,13 @@ class Kernel final : public c10::OperatorKernel {
     }
     const GpuHooks* gpu = gpu_hooks();
     if (!device.is_cuda() || gpu == nullptr)
-      fail(b, 3, std::string(op.args[0].name) + ": tensors on " + device.str() + " are not supported" +
+      fail(b, 3, arg(0) + ": tensors on " + device.str() + " are not supported" +
                      (device.is_cuda() ? " (libkdispatch_torch was built against a torch without CUDA)" : ""));
     const c10::DeviceGuard guard(device);
     for (size_t i = 0; i < nargs; ++i) {
       if (t[i] == nullptr) continue;
-      const c10::Device d = t[i]->device();
-      views[i].device_type = d.is_cuda() ? gpu->dl_device_type : d.is_cpu() ? 1 : -1;
-      views[i].device_id = d.index() < 0 ? 0 : d.index();
+      views[i].device_type = gpu->dl_device_type;
+      views[i].device_id = device.index() < 0 ? 0 : device.index();
     }
     void* stream = gpu->current_stream(device.index());
     const bool capturing = gpu->is_capturing(stream);
@@ -531,31 +650,6 @@ class Kernel final : public c10::OperatorKernel {
     if (s != 0) raise(b, s, error);
   }
 
-  void empty_call(const std::array<const at::Tensor*, kMaxArgs>& t) {
-    const Binding& b = *b_;
-    const dispatch::OpInfo& op = *b.op;
-    t_served = Served{};
-    for (const EmptyReduction& r : kEmptyReductions) {
-      if (op.name != r.op) continue;
-      // outputs non-empty while the reduced dim is 0: zeros, plus the
-      // rank-1 inputs (the bias) broadcast over the rows.
-      for (size_t i = 0; i < op.args.size(); ++i) {
-        const dispatch::OpArgInfo& a = op.args[i];
-        if (t[i] == nullptr || !pure_output(a) || t[i]->numel() == 0) continue;
-        at::Tensor out = *t[i];
-        bool reduced = false;
-        for (size_t j = 0; j < op.args.size(); ++j)
-          if (t[j] != nullptr && !pure_output(op.args[j]) && op.args[j].rank == 2 && t[j]->size(-1) == 0 &&
-              op.args[j].cols_dim == r.dim)
-            reduced = true;
-        if (!reduced) continue;
-        out.zero_();
-        for (size_t j = 0; j < op.args.size(); ++j)
-          if (t[j] != nullptr && op.args[j].rank == 1 && !op.args[j].written) out.add_(*t[j]);
-      }
-    }
-  }
-
   const Binding* b_;
   Mode mode_;
   std::string name_;  ///< the op's name, NUL-terminated for the C ABI
@@ -575,12 +669,19 @@ void register_impls(torch::Library& m, const std::string& ns, Mode mode) {
 
 // ---------------------------------------------------------------- registrations
 
+/// The runtime the ops use from now on: a kdispatch_runtime* (the C ABI's
+/// handle), or null for the default runtime. Not a torch op (an op taking a
+/// raw address would let any caller crash the process): kdispatch.torch_ops
+/// calls it through ctypes with the handle of a kdispatch.Runtime.
+extern "C" __attribute__((visibility("default"))) void kdispatch_torch_set_runtime(void* runtime) {
+  kdispatch_torch::g_runtime.store(runtime, std::memory_order_release);
+}
+
 namespace kt = kdispatch_torch;
 
 TORCH_LIBRARY(kdispatch, m) {
   for (const kt::Binding& b : kt::bindings())
     if (b.ns == "kdispatch") m.def(b.schema.c_str());
-  m.def("_set_runtime(int handle) -> ()", &kt::set_runtime_op);
   m.def("_last_info() -> (int, str, int, int, bool)", &kt::last_info_op);
   m.def("_library_path() -> str", &kt::library_path_op);
 }
