@@ -215,6 +215,30 @@ TEST_CASE("store: JSON reading") {
     REQUIRE(p.problems.size() == 1);
     CHECK(contains(p.problems[0], "M=8: duplicate key"));
   }
+  SUBCASE("duplicates among out-of-order rows: the last serves, in the first one's place, each reported") {
+    // The first M at or below the largest so far switches to an index of
+    // the rows (linear time for any order); the result is json.load's.
+    const ParsedFile p = parse(R"({"64": {"num_warps": 1}, "8": {"num_warps": 2}, "128": {"num_warps": 3},)"
+                               R"( "8": {"num_warps": 4}, "64": {"num_warps": 5}, "16": {"num_warps": 6}})");
+    CHECK(p.kind == ParsedFile::Kind::table);
+    CHECK(rows_text(p) == "64:{\"num_warps\": 5};8:{\"num_warps\": 4};128:{\"num_warps\": 3};16:{\"num_warps\": 6};");
+    CHECK(p.dropped_rows == 2);
+    REQUIRE(p.problems.size() == 2);
+    CHECK(contains(p.problems[0], "M=8: duplicate key"));
+    CHECK(contains(p.problems[1], "M=64: duplicate key"));
+  }
+  SUBCASE("100,000 rows in one file: every row, in order (the duplicate check is no longer a scan per row)") {
+    std::string text = "{";
+    for (int m = 1; m <= 100000; ++m) text += (m > 1 ? ", \"" : "\"") + std::to_string(m) + "\": {\"num_warps\": 4}";
+    text += ", \"50000\": {\"num_warps\": 8}}";
+    const ParsedFile p = parse(text);
+    REQUIRE(p.rows.size() == 100000);
+    CHECK(p.rows[49999].m == 50000);
+    CHECK(p.rows[99999].m == 100000);
+    CHECK(p.dropped_rows == 1);
+    REQUIRE(p.problems.size() == 1);
+    CHECK(contains(p.problems[0], "M=50000: duplicate key"));
+  }
   SUBCASE("a float value drops its row") {
     const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": 1.5, "num_warps": 4}, "2": {"BLOCK_SIZE_M": 16}, "4": {"BLOCK_SIZE_M": 16.0}})");
     CHECK(p.kind == ParsedFile::Kind::table);
