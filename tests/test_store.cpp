@@ -239,6 +239,19 @@ TEST_CASE("store: JSON reading") {
     REQUIRE(p.problems.size() == 1);
     CHECK(contains(p.problems[0], "M=50000: duplicate key"));
   }
+  SUBCASE("batch-size keys as SGLang's int(key) reads them: spaces, sign, leading zeros, 1_000") {
+    const ParsedFile p = parse(R"({" 16": {"num_warps": 1}, "+32\t": {"num_warps": 2}, "064": {"num_warps": 3},)"
+                               R"( "1_024": {"num_warps": 4}, "-4": {"num_warps": 5}, "1__6": {"num_warps": 6},)"
+                               R"( "16x": {"num_warps": 7}, "_8": {"num_warps": 8}})");
+    CHECK(p.kind == ParsedFile::Kind::table);
+    CHECK(rows_text(p) == "16:{\"num_warps\": 1};32:{\"num_warps\": 2};64:{\"num_warps\": 3};1024:{\"num_warps\": 4};");
+    CHECK(p.dropped_rows == 1);  // -4: a batch size, below 1
+    REQUIRE(p.problems.size() == 4);
+    CHECK(contains(p.problems[0], "M=-4: batch size must be >= 1"));
+    CHECK(p.problems[1] == "key '1__6' is not a batch size; ignored");
+    CHECK(p.problems[2] == "key '16x' is not a batch size; ignored");
+    CHECK(p.problems[3] == "key '_8' is not a batch size; ignored");
+  }
   SUBCASE("a float value drops its row") {
     const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": 1.5, "num_warps": 4}, "2": {"BLOCK_SIZE_M": 16}, "4": {"BLOCK_SIZE_M": 16.0}})");
     CHECK(p.kind == ParsedFile::Kind::table);

@@ -123,12 +123,34 @@ void set_field(std::vector<RawField>* fields, std::string_view key, ConfigValue:
   fields->push_back(RawField{key, kind, i, s});
 }
 
+// A batch-size key as SGLang's and vLLM's loaders read it, int(key):
+// surrounding whitespace, a sign, leading zeros and '_' between digits are
+// accepted (" 16", "+16", "016", "1_6" are 16; "-4" is -4, a row dropped
+// and reported as M < 1). Anything else is not a batch size.
 bool parse_m_key(std::string_view key, int64_t* m) {
-  if (key.empty() || key.size() > 18) return false;
-  for (char c : key)
-    if (c < '0' || c > '9') return false;
-  auto r = std::from_chars(key.data(), key.data() + key.size(), *m);
-  return r.ec == std::errc() && r.ptr == key.data() + key.size();
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  while (!key.empty() && space(key.front())) key.remove_prefix(1);
+  while (!key.empty() && space(key.back())) key.remove_suffix(1);
+  bool negative = false;
+  if (!key.empty() && (key.front() == '+' || key.front() == '-')) {
+    negative = key.front() == '-';
+    key.remove_prefix(1);
+  }
+  char digits[19];
+  size_t n = 0;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const char c = key[i];
+    if (c == '_' && i > 0 && i + 1 < key.size() && key[i - 1] != '_' && key[i + 1] >= '0' && key[i + 1] <= '9')
+      continue;  // 1_000 (between two digits)
+    if (c < '0' || c > '9' || n == sizeof digits) return false;
+    digits[n++] = c;
+  }
+  if (n == 0) return false;
+  int64_t v = 0;
+  auto r = std::from_chars(digits, digits + n, v);
+  if (r.ec != std::errc() || r.ptr != digits + n) return false;
+  *m = negative ? -v : v;
+  return true;
 }
 
 std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err);
