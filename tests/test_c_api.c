@@ -381,6 +381,9 @@ static void test_runtime_functions(void) {
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_wait_tuner_idle(rt, nan(""), &idle));
   EXPECT(KDISPATCH_OK, kdispatch_runtime_wait_tuner_idle(rt, 1.0, &idle));
   CHECK(idle == 1);
+  idle = 0; /* a timeout of 0 answers "idle now?": idle without a tuner (it said "not idle") */
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_wait_tuner_idle(rt, 0.0, &idle));
+  CHECK(idle == 1);
 
   /* a table hit, its source, a default plan */
   float x[5 * 64], w[64], y[5 * 64];

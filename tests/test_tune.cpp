@@ -525,6 +525,7 @@ TEST_CASE("C11 the first request for a new shape never waits for tuning, pretune
   CHECK(rt->tune_stats().queued == 1);
   // The tuned winner replaces the default later.
   REQUIRE(rt->wait_tuner_idle(60.0));
+  CHECK(rt->wait_tuner_idle(0.0));  // idle now, with a timeout of 0 (it said "not idle")
   CHECK(rt->tune_stats().shapes_tuned == 1);
   REQUIRE(rmsnorm(*rt, args, {}, {.info = &info}).ok());
   CHECK(info.source == PlanSource::table);

@@ -481,16 +481,17 @@ TuneStats Tuner::stats() const noexcept {
 }
 
 bool Tuner::wait_idle(double timeout_s) noexcept {
+  if (mode_ != TuneMode::background) return true;  // no tuner thread: always idle
   const auto until = SteadyClock::now() + std::chrono::duration<double>(timeout_s);
   int quiet = 0;
-  while (SteadyClock::now() < until) {
+  for (;;) {  // the state is looked at once at least: a timeout of 0 answers "idle now?"
     const bool idle = queue_.empty() && !busy_.load(std::memory_order_acquire) &&
                       n_pending_.load(std::memory_order_relaxed) == 0;
     quiet = idle ? quiet + 1 : 0;
-    if (quiet >= 3 || mode_ != TuneMode::background) return true;
+    if (quiet >= 3) return true;
+    if (SteadyClock::now() >= until) return idle;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  return false;
 }
 
 }  // namespace dispatch::tune
