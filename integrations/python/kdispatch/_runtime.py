@@ -17,6 +17,18 @@ _TUNE_OPTION_KEYS = ("persist", "load_cache", "memory_budget_bytes", "time_budge
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2, "hip": 10, "rocm": 10}
 
 
+def _int64(name, v):
+    """int(v), refused when int64 cannot hold it (ctypes would wrap it
+    silently: M = 2**64 + 16 looked up M = 16), naming the argument."""
+    try:
+        i = int(v)
+    except (TypeError, ValueError) as e:
+        raise Error(StatusCode.invalid_argument, f"{name}: not an integer ({v!r})") from e
+    if not -(1 << 63) <= i < (1 << 63):
+        raise Error(StatusCode.invalid_argument, f"{name}: {i} is outside int64")
+    return i
+
+
 def _stream_handle(stream):
     """None, an int (cudaStream_t / hipStream_t as an integer), or an object
     with `.cuda_stream` (torch.cuda.Stream, cupy's Stream.ptr)."""
@@ -229,8 +241,9 @@ class Runtime:
     def _query(op, key, device, M, down, arch, compute_units, memory_bytes, backend):
         if key is None:
             raise Error(StatusCode.invalid_argument, "key is required (e.g. 'E=257,N=256,dtype=fp8_w8a8')")
-        return {"op": op, "key": key, "device": device, "M": int(M), "down": bool(down), "arch": arch,
-                "compute_units": int(compute_units), "memory_bytes": int(memory_bytes), "backend": backend}
+        return {"op": op, "key": key, "device": device, "M": _int64("M", M), "down": bool(down), "arch": arch,
+                "compute_units": _int64("compute_units", compute_units),
+                "memory_bytes": _int64("memory_bytes", memory_bytes), "backend": backend}
 
     def lookup(self, op=None, key=None, device=None, M=1, down=False, *, arch=None, compute_units=0,
                memory_bytes=0, backend=None):

@@ -84,12 +84,17 @@ class LookupTest(unittest.TestCase):
             (dict(key=C06_KEY, op="no_such_op"), StatusCode.invalid_argument),
             (dict(key="N=7,K=7", op="triton_gemm", down=True), StatusCode.invalid_argument),
             (dict(key="hidden=64,dtype=fp32", op="rmsnorm", backend="tpu"), StatusCode.invalid_argument),
+            # outside int64: an error naming M, never the row of M mod 2**64 (ctypes wrapped it)
+            (dict(key=C06_KEY, M=2**64 + 16), StatusCode.invalid_argument),
+            (dict(key=C06_KEY, M=-2**63 - 1), StatusCode.invalid_argument),
         ]:
             with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
                 with self.assertRaises(Error) as c:
                     self.rt.lookup(device="NVIDIA H200", **kwargs)
                 self.assertIs(c.exception.code, code)
                 self.assertTrue(c.exception.message)
+                if "M" in kwargs and abs(kwargs["M"]) > 2**62:
+                    self.assertIn("M: ", c.exception.message)
 
 
 @needs_shared
