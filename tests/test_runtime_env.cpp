@@ -87,6 +87,43 @@ TEST_CASE("env: a bad value is refused naming the variable") {
   }
 }
 
+TEST_CASE("env: every bad value is refused, naming the variable and why (issue 20 item 4)") {
+  TempDir dir;
+  const std::string file = (dir / "a-file").string();
+  kdtest::write_text(dir / "a-file", "x");
+  const std::string missing = dir.str() + "/missing";
+  const std::pair<const char*, std::string> bad[] = {
+      {"KDISPATCH_TUNE_MEM", "nan"},          {"KDISPATCH_TUNE_MEM", "inf"},
+      {"KDISPATCH_TUNE_MEM", "0"},            {"KDISPATCH_TUNE_MEM", "-1G"},
+      {"KDISPATCH_TUNE_MEM", " 1G"},          {"KDISPATCH_TUNE_MEM", "0x10M"},
+      {"KDISPATCH_TUNE_MEM", "1e30G"},        {"KDISPATCH_TUNE_BUDGET_MS", "nan"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "inf"},    {"KDISPATCH_TUNE_BUDGET_MS", "-5"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "1e300"},  {"KDISPATCH_TUNE_BUDGET_MS", "12ms"},
+      {"KDISPATCH_SHIPPED_CONFIGS", missing}, {"KDISPATCH_SHIPPED_CONFIGS", file},
+      {"KDISPATCH_CONFIG_DIRS", missing},     {"KDISPATCH_BACKEND_VERSION", "three"},
+      {"KDISPATCH_FORCE", "rmsnorm=no_such_variant"},
+      {"KDISPATCH_FORCE", "not-an-entry"},    {"KDISPATCH_MISSES_EXPORT", missing + "/misses.csv"},
+      {"KDISPATCH_MISSES_EXPORT", dir.str()},
+  };
+  for (const auto& [name, value] : bad) {
+    CAPTURE(name);
+    CAPTURE(value);
+    EnvGuard env({{name, value.c_str()}});
+    auto o = options_from_env();
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.status().message().find(std::string(name) + "='" + value + "'") == 0);
+  }
+  // and the good spellings still read
+  EnvGuard env({{"KDISPATCH_TUNE_MEM", "1.5G"}, {"KDISPATCH_TUNE_BUDGET_MS", "0.5"},
+                {"KDISPATCH_SHIPPED_CONFIGS", "1"}, {"KDISPATCH_MISSES_EXPORT", (dir / "misses.csv").string().c_str()}});
+  auto o = options_from_env();
+  REQUIRE(o.ok());
+  CHECK(o->tune.memory_budget_bytes == 3LL * 512 * 1024 * 1024);
+  CHECK(o->tune.time_budget_ms == 0.5);
+  CHECK(o->load_shipped_configs);
+  CHECK(o->shipped_configs_dir.empty());
+}
+
 TEST_CASE("force: a forced variant serves every call of its op and dtype, lookup's why says so") {
   RuntimeOptions o;
   o.load_shipped_configs = false;

@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // The KDISPATCH_* environment and the lazily built default runtime.
 // Every variable is listed in README.md ("Environment").
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <string>
 
+#include "api/runtime_parts.hpp"
 #include "dispatch/runtime.hpp"
+#include "store/filename.hpp"
 
 namespace dispatch {
 namespace {
@@ -26,10 +33,22 @@ bool parse_bool(const std::string& v, bool* out) {
   return false;
 }
 
-bool parse_bytes(const std::string& v, int64_t* out) {
+// A positive, finite decimal number (strtod alone takes "nan", "inf",
+// hex floats and leading spaces).
+bool parse_positive(const std::string& v, double* out, const char** rest) {
+  if (v.empty() || !((v[0] >= '0' && v[0] <= '9') || v[0] == '.')) return false;
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  if (end == v.c_str() || x < 0) return false;
+  if (end == v.c_str() || !std::isfinite(x) || !(x > 0)) return false;
+  *out = x;
+  *rest = end;
+  return true;
+}
+
+bool parse_bytes(const std::string& v, int64_t* out) {
+  double x = 0;
+  const char* end = nullptr;
+  if (!parse_positive(v, &x, &end) || v.find_first_of("xXpP") != std::string::npos) return false;
   double mult = 1;
   const std::string suf(end);
   if (suf.empty() || suf == "B") mult = 1;
@@ -37,8 +56,24 @@ bool parse_bytes(const std::string& v, int64_t* out) {
   else if (suf == "M" || suf == "MB" || suf == "MiB") mult = 1024.0 * 1024;
   else if (suf == "G" || suf == "GB" || suf == "GiB") mult = 1024.0 * 1024 * 1024;
   else return false;
-  *out = static_cast<int64_t>(x * mult);
+  const double bytes = x * mult;
+  if (!(bytes >= 1) || bytes > 9.0e18) return false;  // at least a byte; fits int64
+  *out = static_cast<int64_t>(bytes);
   return true;
+}
+
+namespace fs = std::filesystem;
+
+// "" when `path` names an existing directory, else why not.
+std::string dir_problem(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "'" + path + "' does not exist";
+  if (!fs::is_directory(path, ec)) return "'" + path + "' is not a directory";
+  return "";
+}
+
+Status env_error(const char* name, const std::string& value, const std::string& why) {
+  return make_status(StatusCode::invalid_argument, std::string(name) + "='" + value + "': " + why);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -58,12 +93,27 @@ std::vector<std::string> split(const std::string& s, char sep) {
 Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
   try {
     if (const char* v = env("KDISPATCH_CONFIG_DIRS"))
-      for (auto& d : split(v, ':')) o.config_dirs.push_back(d);
+      for (auto& d : split(v, ':')) {
+        if (std::string why = dir_problem(d); !why.empty())
+          return env_error("KDISPATCH_CONFIG_DIRS", v, "config dir " + why);
+        o.config_dirs.push_back(d);
+      }
     if (const char* v = env("KDISPATCH_SHIPPED_CONFIGS")) {
-      if (std::string(v) == "0") o.load_shipped_configs = false;
-      else o.shipped_configs_dir = v;
+      const std::string s = v;
+      if (s == "0") {
+        o.load_shipped_configs = false;
+      } else if (s != "1") {  // 1: the default (the installed shipped configs)
+        if (std::string why = dir_problem(s); !why.empty())
+          return env_error("KDISPATCH_SHIPPED_CONFIGS", s, "expected 0, 1 or a configs dir; " + why);
+        o.shipped_configs_dir = s;
+      }
     }
-    if (const char* v = env("KDISPATCH_BACKEND_VERSION")) o.backend_version = v;
+    if (const char* v = env("KDISPATCH_BACKEND_VERSION")) {
+      std::vector<int> version;
+      if (!store::parse_runtime_version(v, &version))
+        return env_error("KDISPATCH_BACKEND_VERSION", v, "not a dotted version such as 3.5.1");
+      o.backend_version = v;
+    }
     if (const char* v = env("KDISPATCH_LOG_LEVEL")) {
       const std::string s = v;
       if (s == "off") o.log_level = LogLevel::off;
@@ -75,8 +125,12 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
     }
     if (const char* v = env("KDISPATCH_WATCH"))
       if (!parse_bool(v, &o.watch)) return bad_env("KDISPATCH_WATCH", v, "0 or 1");
-    if (const char* v = env("KDISPATCH_FORCE"))
+    if (const char* v = env("KDISPATCH_FORCE")) {
       for (auto& f : split(v, ';')) o.force.push_back(f);
+      api::ForcedPlans check;  // the runtime's own parser: the same errors, naming the variable
+      if (Status s = check.parse(o.force); !s.ok())
+        return make_status(s.code(), "KDISPATCH_FORCE='" + std::string(v) + "': " + s.message());
+    }
     if (const char* v = env("KDISPATCH_DETERMINISTIC"))
       if (!parse_bool(v, &o.deterministic)) return bad_env("KDISPATCH_DETERMINISTIC", v, "0 or 1");
     if (const char* v = env("KDISPATCH_TUNE")) {
@@ -90,9 +144,23 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
     if (const char* v = env("KDISPATCH_TUNE_MEM"))
       if (!parse_bytes(v, &o.tune.memory_budget_bytes)) return bad_env("KDISPATCH_TUNE_MEM", v, "bytes, e.g. 512M or 2G");
     if (const char* v = env("KDISPATCH_TUNE_BUDGET_MS")) {
-      char* end = nullptr;
-      o.tune.time_budget_ms = std::strtod(v, &end);
-      if (*end || o.tune.time_budget_ms <= 0) return bad_env("KDISPATCH_TUNE_BUDGET_MS", v, "a positive number of ms");
+      double ms = 0;
+      const char* end = nullptr;
+      if (!parse_positive(v, &ms, &end) || *end || ms > 86.4e6)
+        return bad_env("KDISPATCH_TUNE_BUDGET_MS", v, "a positive number of ms, at most a day");
+      o.tune.time_budget_ms = ms;
+    }
+    if (const char* v = env("KDISPATCH_MISSES_EXPORT")) {
+      // Written at exit: a path that cannot be written is refused now, not
+      // lost then without a word.
+      const fs::path p(v);
+      const std::string parent = p.has_parent_path() ? p.parent_path().string() : ".";
+      if (std::string why = dir_problem(parent); !why.empty())
+        return env_error("KDISPATCH_MISSES_EXPORT", v, "its directory " + why);
+      if (::access(parent.c_str(), W_OK) != 0)
+        return env_error("KDISPATCH_MISSES_EXPORT", v, "its directory '" + parent + "' is not writable");
+      std::error_code ec;
+      if (fs::is_directory(p, ec)) return env_error("KDISPATCH_MISSES_EXPORT", v, "is a directory, not a file");
     }
     return o;
   } catch (...) {
@@ -112,7 +180,11 @@ Result<Runtime*> default_runtime() noexcept {
     if (const char* path = env("KDISPATCH_MISSES_EXPORT")) {
       static std::string export_path = path;
       static Runtime* exported = r;
-      std::atexit([] { (void)exported->export_misses(export_path); });
+      std::atexit([] {
+        if (Status s = exported->export_misses(export_path); !s.ok())
+          std::fprintf(stderr, "kdispatch: KDISPATCH_MISSES_EXPORT='%s': %s\n", export_path.c_str(),
+                       s.to_string().c_str());
+      });
     }
     return r;
   }();

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -186,6 +187,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     if (options.tune.duty_cycle <= 0.0 || options.tune.duty_cycle > 1.0)
       return make_status(StatusCode::invalid_argument, "tune.duty_cycle must be in (0, 1]");
     if (options.tune.reps < 1) return make_status(StatusCode::invalid_argument, "tune.reps must be >= 1");
+    if (!(options.tune.time_budget_ms > 0) || !std::isfinite(options.tune.time_budget_ms))
+      return make_status(StatusCode::invalid_argument, "tune.time_budget_ms must be a positive, finite number of ms");
+    if (options.tune.memory_budget_bytes < 0)
+      return make_status(StatusCode::invalid_argument, "tune.memory_budget_bytes must be >= 0");
     if (options.tune.persist || options.tune.load_cache) {
       store::CacheDirChoice c = store::resolve_cache_dir(options.tune.cache_dir);
       if (c.refused.empty()) {
