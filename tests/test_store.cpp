@@ -2,6 +2,7 @@
 // Store unit tests: the file-name grammar, `--key` parsing, version names,
 // the JSON reader (one file's content) and the loader's per-file report.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <string>
 #include <vector>
@@ -367,6 +368,47 @@ TEST_CASE("store: JSON reading") {
     CHECK(parse(full).kind == ParsedFile::Kind::table);
     CHECK(parse(full).rows.size() == 18);
   }
+}
+
+TEST_CASE("store: entries that cannot be config files are reported, never passed over (issue 20 item 3)") {
+  TempDir dir;
+  const std::string r = kRow;
+  write_text(dir / "E=8,N=64,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");  // the one usable file
+  fs::create_symlink(dir / "nowhere", dir / "E=8,N=128,device_name=NVIDIA_H200.json");   // dangling
+  fs::create_symlink(dir / "loop-b.json", dir / "loop-a.json");                         // a loop
+  fs::create_symlink(dir / "loop-a.json", dir / "loop-b.json");
+  REQUIRE(::mkfifo((dir / "E=8,N=256,device_name=NVIDIA_H200.json").c_str(), 0600) == 0);  // a FIFO (would block a reader)
+  fs::create_directories(dir / "E=8,N=512,device_name=NVIDIA_H200.json");                 // a folder named *.json
+  TempDir other;
+  write_text(other / "E=8,N=1024,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");
+  fs::create_symlink(other.path(), dir / "linked");                                      // a directory link
+  fs::path deep = dir / "d";
+  for (int i = 0; i < 17; ++i) deep /= "d";                                              // 18 levels below dir
+  fs::create_directories(deep);
+  write_text(deep / "E=8,N=2048,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");
+  write_text(dir / "README.md", "not a config");                                         // not *.json: not reported
+
+  auto rt = make_runtime({dir.str()});
+  const LoadReport rep = rt->load_report();
+  CHECK_FALSE(rep.all_usable());
+  CHECK(rep.rows == 1);
+  auto skipped = [&](const std::string& path, const std::string& why) {
+    const FileReport* f = find_file(rep, path.c_str());
+    REQUIRE_MESSAGE(f != nullptr, path);
+    CHECK(f->state == FileReport::State::skipped);
+    REQUIRE(!f->problems.empty());
+    CHECK_MESSAGE(f->problems[0].find(why) == 0, f->problems[0]);
+  };
+  skipped("E=8,N=128,device_name=NVIDIA_H200.json", "a dangling symbolic link");
+  skipped("loop-a.json", "a symbolic link loop");
+  skipped("loop-b.json", "a symbolic link loop");
+  skipped("E=8,N=256,device_name=NVIDIA_H200.json", "a FIFO, not a regular file");
+  skipped("linked", "a symbolic link to a directory: not followed");
+  skipped("d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d", "folder deeper than 16 levels");
+  CHECK(find_file(rep, "README.md") == nullptr);
+  // a folder named *.json is a folder: walked, not reported as a file
+  CHECK(find_file(rep, "E=8,N=512,device_name=NVIDIA_H200.json") == nullptr);
+  CHECK(rep.files.size() == 7);
 }
 
 TEST_CASE("store: the loader reports every file and keeps going") {

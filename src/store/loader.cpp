@@ -312,6 +312,98 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
   out->report.files.push_back(std::move(rep));
 }
 
+struct Found {
+  std::string order;  // the path with '/' -> '\0': sorts as fs::path compares, component-wise
+  fs::path path;
+  bool symlink;       // from the entry's cached type: no syscall
+};
+
+/// Deepest folder level read below a config dir (SGLang's trees are 2-3
+/// deep); deeper folders are reported, not read.
+constexpr int kMaxDirDepth = 16;
+
+// An entry under a config dir that cannot be used: reported as a skipped
+// file (so `validate` fails and the load report names it), never silently
+// passed over.
+void unusable(const SourceDir& src, const fs::path& path, const std::string& why, LoadOutput* out) {
+  FileReport rep;
+  rep.dir = src.dir;
+  const fs::path r = path.lexically_relative(src.dir);
+  rep.path = r.empty() || *r.begin() == ".." ? path.generic_string() : r.generic_string();
+  rep.state = FileReport::State::skipped;
+  rep.problems.push_back(why);
+  out->report.files.push_back(std::move(rep));
+}
+
+bool json_name(const std::string& name) {
+  return name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0;
+}
+
+// Collects the *.json regular files under `dir` (names starting with '.'
+// are editor and writer temp files: passed over). Reported: a folder that
+// cannot be read (the config dir itself included), a folder deeper than
+// kMaxDirDepth, a directory symbolic link (not followed: a tree is read
+// without leaving it through links), and a *.json entry that is not a
+// readable regular file (a dangling or looping link, a FIFO, a socket, a
+// device, a directory).
+void walk_dir(const SourceDir& src, const fs::path& dir, int depth, std::vector<Found>* files, LoadOutput* out) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    if (depth == 0) {
+      // A config dir that went away (hot reload) or a cache dir not made
+      // yet: a note. One that cannot be read: a note and an unusable entry.
+      out->report.notes.push_back("config dir '" + src.dir + "' cannot be read: " + ec.message());
+      if (ec == std::errc::no_such_file_or_directory || src.check_fingerprint) return;
+    }
+    unusable(src, dir, "folder cannot be read: " + ec.message() + " (nothing under it is loaded)", out);
+    return;
+  }
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) {
+      unusable(src, dir, "folder listing failed: " + ec.message(), out);
+      return;
+    }
+    const fs::directory_entry& e = *it;
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    std::error_code lec, sec;
+    const bool link = e.is_symlink(lec);
+    const fs::file_status st = e.status(sec);  // follows a link
+    const bool json = json_name(name);
+    if (sec || st.type() == fs::file_type::not_found) {
+      if (json || link) {
+        const std::string what = sec == std::errc::too_many_symbolic_link_levels ? "a symbolic link loop"
+                                 : link ? "a dangling symbolic link"
+                                        : "cannot be examined";
+        unusable(src, e.path(), what + (sec ? ": " + sec.message() : std::string()), out);
+      }
+      continue;
+    }
+    if (fs::is_directory(st)) {
+      if (link) {
+        unusable(src, e.path(), "a symbolic link to a directory: not followed (copy the files, or name the "
+                                "target as a config dir)", out);
+      } else if (depth + 1 > kMaxDirDepth) {
+        unusable(src, e.path(), "folder deeper than " + std::to_string(kMaxDirDepth) + " levels: not read", out);
+      } else {
+        walk_dir(src, e.path(), depth + 1, files, out);
+      }
+      continue;
+    }
+    if (!json) continue;
+    if (!fs::is_regular_file(st)) {
+      const char* kind = fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket"
+                       : fs::is_block_file(st) || fs::is_character_file(st) ? "a device" : "not a file";
+      unusable(src, e.path(), std::string(kind) + ", not a regular file", out);
+      continue;
+    }
+    std::string order = e.path().native();
+    std::replace(order.begin(), order.end(), '/', '\0');
+    files->push_back(Found{std::move(order), e.path(), link});
+  }
+}
+
 }  // namespace
 
 LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
@@ -319,34 +411,11 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
   LoadOutput out;
   std::vector<char> buf(64 * 1024);
   for (const auto& src : dirs) {
-    std::error_code ec;
-    struct Found {
-      std::string order;  // the path with '/' -> '\0': sorts as fs::path compares, component-wise
-      fs::path path;
-      bool symlink;       // from the entry's cached type: no syscall
-    };
     std::vector<Found> files;
-    fs::recursive_directory_iterator it(src.dir, fs::directory_options::skip_permission_denied, ec);
-    if (ec) {
-      out.report.notes.push_back("config dir '" + src.dir + "': " + ec.message());
-      continue;
-    }
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) {
-        out.report.notes.push_back("config dir '" + src.dir + "': " + ec.message());
-        break;
-      }
-      const auto& e = *it;
-      std::error_code ec2;
-      if (!e.is_regular_file(ec2)) continue;
-      if (e.path().extension() != ".json") continue;
-      const std::string name = e.path().filename().string();
-      if (!name.empty() && name[0] == '.') continue;  // editor temp files, our own .tmp writes
-      std::error_code ec3;
-      std::string order = e.path().native();
-      std::replace(order.begin(), order.end(), '/', '\0');
-      files.push_back(Found{std::move(order), e.path(), e.is_symlink(ec3)});
-    }
+    const size_t unusable_from = out.report.files.size();
+    walk_dir(src, fs::path(src.dir), 0, &files, &out);
+    std::sort(out.report.files.begin() + static_cast<std::ptrdiff_t>(unusable_from), out.report.files.end(),
+              [](const FileReport& a, const FileReport& b) { return a.path < b.path; });  // in a stable order
     // The order of fs::path's operator<, on plain strings: path::compare
     // splits both paths into components on every call (bench/bench_load.cpp).
     std::sort(files.begin(), files.end(), [](const Found& a, const Found& b) { return a.order < b.order; });
