@@ -157,6 +157,43 @@ TEST_CASE("force: a forced variant serves every call of its op and dtype, lookup
   CHECK(Runtime::create(o).status().code() == StatusCode::config_error);
 }
 
+TEST_CASE("reload: a file broken then fixed: its old rows serve meanwhile, the report says so (issue 20 item 2)") {
+  TempDir dir;
+  kdtest::fs::create_directories(dir / "cpu/rmsnorm");
+  const auto file = dir / ("cpu/rmsnorm/" + norm_file("64", "fp32"));
+  kdtest::write_text(file, R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+  RuntimeOptions o;
+  o.config_dirs = {dir.str()};
+  o.load_shipped_configs = false;
+  o.tune.load_cache = o.tune.persist = false;
+  auto rt = Runtime::create(o).value();
+  const LookupQuery q{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8};
+  REQUIRE(lookup(*rt, q)->match == LookupResult::Match::exact);
+  for (const char* broken : {R"({"8": {"variant": "rmsnorm_fp32__ref")",  // cut short (a half-written copy)
+                             R"([1, 2, 3])",                                // foreign layout
+                             R"({"8": {"variant": "no_such_variant"}})",    // every row invalid
+                             ""}) {
+    CAPTURE(broken);
+    kdtest::write_text(file, broken);
+    REQUIRE(rt->reload().ok());
+    auto r = lookup(*rt, q);
+    CHECK(r->match == LookupResult::Match::exact);  // the old row still serves
+    CHECK(config_to_json(r->config) == R"({"variant": "rmsnorm_fp32__ref"})");
+    const LoadReport rep = rt->load_report();
+    REQUIRE(rep.files.size() == 1);
+    CHECK(rep.files[0].state == FileReport::State::skipped);
+    CHECK(rep.files[0].problems.back() == "its previous rows (1) keep serving until the file is fixed or removed");
+    CHECK(rep.rows == 1);
+  }
+  kdtest::write_text(file, R"({"8": {"variant": "rmsnorm_fp32__vec", "vec": 4, "unroll": 1}})");  // fixed
+  REQUIRE(rt->reload().ok());
+  CHECK(config_to_json(lookup(*rt, q)->config) == R"({"variant": "rmsnorm_fp32__vec", "vec": 4, "unroll": 1})");
+  CHECK(rt->load_report().files[0].state == FileReport::State::loaded);
+  kdtest::fs::remove(file);  // removed: its rows go
+  REQUIRE(rt->reload().ok());
+  CHECK(lookup(*rt, q)->match == LookupResult::Match::fallback);
+}
+
 TEST_CASE("watch: a file dropped into a watched dir is served without a restart") {
   TempDir dir;
   kdtest::fs::create_directories(dir / "cpu/rmsnorm");

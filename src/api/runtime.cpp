@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <unordered_map>
 
 #include "api/json_out.hpp"
 #include "api/runtime_impl.hpp"
@@ -130,12 +131,38 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
   return k * 2 >= m && m * 2 >= k;
 }
 
+// A file that served rows and is now skipped (it stopped parsing, became
+// foreign, unreadable, its rows all invalid) keeps serving its previous rows
+// until it is fixed or removed, and the report says so: a bad edit or a
+// half-written copy never drops a table to the defaults. A file that is gone
+// is gone; a stale cache file is never kept.
+void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
+  if (table.base_inputs.empty()) return;
+  std::unordered_map<std::string, const table::TableInput*> previous;
+  for (const table::TableInput& in : table.base_inputs)
+    previous.emplace(std::to_string(in.source_rank) + '\n' + in.path, &in);
+  std::unordered_map<std::string, int32_t> rank_of;
+  for (const auto& [d, r] : source_dirs()) rank_of.emplace(d, r);
+  for (FileReport& f : out->report.files) {
+    if (f.state != FileReport::State::skipped || f.stale) continue;
+    const auto r = rank_of.find(f.dir);
+    if (r == rank_of.end()) continue;
+    const auto it = previous.find(std::to_string(r->second) + '\n' + f.path);
+    if (it == previous.end()) continue;
+    out->inputs.push_back(*it->second);
+    f.rows = static_cast<int32_t>(it->second->rows.size());
+    f.problems.push_back("its previous rows (" + std::to_string(f.rows) +
+                         ") keep serving until the file is fixed or removed");
+  }
+}
+
 Status Runtime::Impl::load_and_publish_locked() {
   std::vector<store::SourceDir> dirs;
   for (const auto& [d, r] : source_dirs()) dirs.push_back(store::SourceDir{d, r});
   auto intern = [this](const std::string& dir, const std::string& rel) { return sources.intern(dir, rel); };
   for (auto& d : dirs) d.check_fingerprint = d.rank == cache_rank && !cache_dir.empty() && d.dir == cache_dir;
   store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern);
+  keep_rows_of_broken_files(&out);
   table.base_inputs = std::move(out.inputs);
   std::vector<std::string> notes;
   auto snap = table::Snapshot::build(table.all_inputs(), backend_version, &notes);

@@ -16,6 +16,10 @@
 #include "dispatch/runtime.hpp"
 #include "table/snapshot.hpp"
 
+namespace dispatch::store {
+struct LoadOutput;
+}
+
 namespace dispatch::tune {
 class Tuner;
 }
@@ -76,6 +80,7 @@ struct Runtime::Impl {
   const DeviceInfo* device_for(Device d) const noexcept;
 
   /// Loads every source and publishes the new table. Caller holds table.mu.
+  void keep_rows_of_broken_files(store::LoadOutput* out) const;
   Status load_and_publish_locked();
 
   /// The config dirs in precedence order (runtime dirs, then shipped).
