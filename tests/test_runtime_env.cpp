@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -235,6 +236,89 @@ TEST_CASE("watch: a file dropped into a watched dir is served without a restart"
     fused_hit = lookup(*rt, qf)->match == LookupResult::Match::exact;
   }
   CHECK(fused_hit);
+}
+
+namespace {
+// A watched runtime over `dir` (the config dir), no shipped configs, no cache.
+std::unique_ptr<Runtime> watched(const std::string& dir) {
+  RuntimeOptions o;
+  o.config_dirs = {dir};
+  o.load_shipped_configs = false;
+  o.tune.load_cache = o.tune.persist = false;
+  o.watch = true;
+  return Runtime::create(o).value();
+}
+// Polls `q` until it is an exact hit (true) or `seconds` pass (false).
+bool hit_within(Runtime& rt, const LookupQuery& q, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (lookup(rt, q)->match == LookupResult::Match::exact) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+void drop_file(const kdtest::fs::path& file, const std::string& text) {  // as a tool writes: temp + rename
+  kdtest::write_text(file.parent_path() / ".tmp", text);
+  kdtest::fs::rename(file.parent_path() / ".tmp", file);
+}
+}  // namespace
+
+TEST_CASE("watch: an event storm does not postpone the reload (issue 20 item 2)") {
+  // Before: every event restarted the 100 ms quiet period, so events every
+  // 20 ms (any file, even not *.json) postponed the reload until they stopped.
+  for (const bool relevant : {false, true}) {
+    CAPTURE(relevant);
+    TempDir dir;
+    kdtest::fs::create_directories(dir / "cpu/rmsnorm");
+    auto rt = watched(dir.str());
+    std::atomic<bool> stop{false};
+    std::thread storm([&] {
+      for (int i = 0; !stop.load(); ++i) {
+        if (relevant)  // another table, rewritten every 20 ms
+          drop_file(dir / ("cpu/rmsnorm/" + norm_file("128", "fp32")),
+                    R"({")" + std::to_string(1 + i % 7) + R"(": {"variant": "rmsnorm_fp32__ref"}})");
+        else
+          kdtest::write_text(dir / "cpu/rmsnorm/noise.txt", std::to_string(i));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    drop_file(dir / ("cpu/rmsnorm/" + norm_file("64", "fp32")), R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+    // Served while the storm goes on: the reload comes at most ~1 s (10 x
+    // the debounce) after the first change; 5 s allows a loaded CI machine.
+    const bool hit = hit_within(*rt, {.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8}, 5.0);
+    stop = true;
+    storm.join();
+    CHECK(hit);
+  }
+}
+
+TEST_CASE("watch: a config dir replaced by a rename, or deleted and made again, is still followed (issue 20 item 2)") {
+  TempDir parent;
+  const kdtest::fs::path dir = parent / "configs";
+  kdtest::fs::create_directories(dir / "cpu/rmsnorm");
+  auto rt = watched(dir.string());
+  const LookupQuery q64{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8};
+  const LookupQuery q128{.op = "rmsnorm", .key = "hidden=128,dtype=fp32", .M = 8};
+  const LookupQuery q256{.op = "rmsnorm", .key = "hidden=256,dtype=fp32", .M = 8};
+  // 1. replaced by a rename (a deploy swaps in a new tree)
+  const kdtest::fs::path next = parent / "configs.next";
+  kdtest::fs::create_directories(next / "cpu/rmsnorm");
+  kdtest::write_text(next / ("cpu/rmsnorm/" + norm_file("64", "fp32")), R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+  kdtest::fs::rename(dir, parent / "configs.old");
+  kdtest::fs::rename(next, dir);
+  CHECK(hit_within(*rt, q64, 5.0));
+  // ... and the new tree is watched: a file dropped into it is served
+  drop_file(dir / ("cpu/rmsnorm/" + norm_file("128", "fp32")), R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+  CHECK(hit_within(*rt, q128, 5.0));
+  // 2. deleted and made again
+  kdtest::fs::remove_all(dir);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kdtest::fs::create_directories(dir / "cpu/rmsnorm");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  drop_file(dir / ("cpu/rmsnorm/" + norm_file("256", "fp32")), R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+  CHECK(hit_within(*rt, q256, 5.0));
+  CHECK(lookup(*rt, q64)->match == LookupResult::Match::fallback);  // the deleted tree's rows are gone
 }
 
 TEST_CASE("hit memo: a call served from the table follows every reload, and each runtime serves its own table") {

@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch internal — hot reload: watch config dirs and reload on change.
 //
-// Linux inotify on every directory of each tree (new subdirectories are
-// added as they appear). Events are coalesced: after the first change the
-// watcher waits until the tree has been quiet for `debounce_ms`, then calls
-// the callback once, so a tool writing many files triggers one reload, and
-// an editor's temp file + rename pair is seen as one change. Our own atomic
-// writes (temp file + rename) are picked up at the rename. Stopping is
-// prompt: the thread polls an eventfd alongside the inotify fd.
+// Linux inotify on every directory of each tree, and on each root's parent
+// folder: when folders change shape (created, moved, removed; a root
+// replaced by a rename, or deleted and made again) every watch is made anew
+// from the paths, so a tree is followed whatever happened to it. Events are
+// coalesced: after the first change the watcher waits until the tree has
+// been quiet for `debounce_ms`, or at most 10 x debounce_ms after that first
+// change while events keep coming (an event storm, relevant or not, never
+// postpones a reload for longer), then calls the callback once: a tool
+// writing many files triggers one reload, an editor's temp file + rename
+// pair is one change. Our own atomic writes (temp file + rename) are picked
+// up at the rename. Stopping is prompt: the thread polls an eventfd
+// alongside the inotify fd.
 #pragma once
 
 #include <functional>
