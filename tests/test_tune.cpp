@@ -1073,3 +1073,87 @@ TEST_CASE("a stop request during the confirmation ends it at the next rep and ke
   CHECK(timed == 11);  // nothing timed after the request
   for (float v : y) REQUIRE(v == 0.f);
 }
+
+TEST_CASE("fork: a child of a process whose runtime is tuning and watching never deadlocks (issue 20 item 6)") {
+  // The runtime is made, its background tuner kept busy and its watcher
+  // running; then the process forks 20 times. Each child: a table hit and a
+  // default plan give the right values; what needs the runtime's threads or
+  // locks is refused with a clear error; destroying the runtime returns.
+  // A child that hangs (a lock held by a thread that does not exist in it)
+  // is killed after 20 s and fails the test.
+  TempDir cache, configs;
+  kdtest::fs::create_directories(configs / "cpu/rmsnorm");
+  const std::string row_file = "cpu/rmsnorm/hidden=64,device_name=" + cpu_device_info().device_name + ",dtype=fp32.json";
+  kdtest::write_text(configs / row_file, R"({"4": {"variant": "rmsnorm_fp32__ref"}})");
+  RuntimeOptions o = tune_options(cache, TuneMode::background);
+  o.config_dirs = {configs.str()};
+  o.watch = true;
+  o.tune.duty_cycle = 1.0;
+  auto rt = Runtime::create(o).value();
+  auto norm = [&](int64_t tokens, int64_t hidden, float* err) {
+    std::vector<float> x(static_cast<size_t>(tokens * hidden)), y(x.size()), w(static_cast<size_t>(hidden), 1.f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7) % 11) - 5.f;
+    RmsNormArgs a{make_tensor_2d(y.data(), DType::fp32, tokens, hidden, hidden),
+                  make_tensor_2d(x.data(), DType::fp32, tokens, hidden, hidden),
+                  make_tensor_1d(w.data(), DType::fp32, hidden), 1e-6f};
+    DispatchInfo info;
+    const Status s = rmsnorm(*rt, a, {}, {.info = &info});
+    float e = 0.f;
+    for (int64_t t = 0; t < tokens; ++t) {
+      double ss = 0;
+      for (int64_t h = 0; h < hidden; ++h) ss += double(x[t * hidden + h]) * x[t * hidden + h];
+      const double inv = 1.0 / std::sqrt(ss / hidden + 1e-6);
+      for (int64_t h = 0; h < hidden; ++h)
+        e = std::max(e, static_cast<float>(std::fabs(y[t * hidden + h] - x[t * hidden + h] * inv)));
+    }
+    *err = e;
+    return s.ok() ? (info.source == PlanSource::table ? 1 : 2) : 0;
+  };
+  int forks = 0, hung = 0, failed = 0;
+  for (int round = 0; round < 20; ++round) {
+    float err = 0;
+    (void)norm(3 + round, 96 + 32 * (round % 8), &err);  // misses: the tuner has work
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 0;
+      if (norm(4, 64, &err) != 1 || err > 1e-5f) code = 10;             // a table hit
+      else if (norm(5, 200, &err) != 2 || err > 1e-4f) code = 11;       // a default plan (no observe)
+      else if (rt->reload().code() != StatusCode::failed_precondition ||
+               rt->reload().message().find("created before fork()") == std::string::npos) code = 12;
+      else if (rt->export_misses(cache.str() + "/child.csv").ok()) code = 13;
+      else if (!rt->wait_tuner_idle(0.0)) code = 14;
+      if (code == 0) rt.reset();  // the destructor neither joins nor waits for threads that are not here
+      ::_exit(code);
+    }
+    ++forks;
+    int status = 0;
+    bool done = false;
+    for (int i = 0; i < 2000 && !done; ++i) {  // 20 s
+      done = ::waitpid(pid, &status, WNOHANG) == pid;
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!done) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ++hung;
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      MESSAGE("round ", round, ": child exit status ", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+      ++failed;
+    }
+  }
+  CHECK(forks == 20);
+  CHECK(hung == 0);
+  CHECK(failed == 0);
+  // The parent's runtime still tunes and its cache files all parse.
+  REQUIRE(rt->wait_tuner_idle(60.0));
+  CHECK(rt->tune_stats().shapes_tuned >= 1);
+  RuntimeOptions check;
+  check.config_dirs = {cache.str()};
+  check.load_shipped_configs = false;
+  check.tune.load_cache = check.tune.persist = false;
+  check.log_level = LogLevel::off;
+  auto reread = Runtime::create(check).value();
+  CHECK(reread->load_report().all_usable());
+  CHECK_FALSE(kdtest::fs::exists(cache / "child.csv"));
+}

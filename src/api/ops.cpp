@@ -378,7 +378,7 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   const uint64_t gen = impl.table.gen.load(std::memory_order_acquire);
   if (!impl.forced.any() && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
     const bool near = memo.table_m * 2 >= p.m && p.m * 2 >= memo.table_m;
-    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off) [[unlikely]]
+    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off && !impl.forked_child()) [[unlikely]]
       return observe_and_launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
     return launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
   }
@@ -391,7 +391,7 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     memo.source_id = c.source_id;
     memo.plan = c.plan;
   }
-  if (impl.tuner && (c.source != PlanSource::table || impl.tuner->mode() != TuneMode::off))
+  if (impl.tuner && (c.source != PlanSource::table || impl.tuner->mode() != TuneMode::off) && !impl.forked_child())
     if (Status s = observe(impl, call, &c); !s.ok()) return s;
   return launch(impl, call, c);
 }
@@ -399,6 +399,7 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
 Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const core::LaunchArgs& la) noexcept {
   try {
     Runtime::Impl& impl = rt.impl();
+    if (impl.forked_child()) return impl.refuse_in_child("pretune");
     const DeviceInfo* dev = impl.device_for(p.device);
     if (!dev) return make_status(StatusCode::unsupported_device, "no usable backend for the tensors' device");
     if (impl.frozen.load(std::memory_order_acquire))

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <cmath>
 #include <cstdio>
@@ -182,11 +183,35 @@ Status Runtime::Impl::load_and_publish_locked() {
   return Status();
 }
 
+namespace {
+std::atomic<uint64_t> g_fork_generation{0};
+void on_fork_child() noexcept { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+const bool g_atfork_registered = (::pthread_atfork(nullptr, nullptr, &on_fork_child), true);
+}  // namespace
+
+uint64_t fork_generation() noexcept {
+  (void)g_atfork_registered;
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+Status Runtime::Impl::refuse_in_child(const char* what) const {
+  return make_status(StatusCode::failed_precondition,
+                     std::string(what) + ": this runtime was created before fork(); in the child it serves its table "
+                                         "and the defaults only (no tuning, reload, misses export or stream "
+                                         "workspaces): create a runtime after fork() for those");
+}
+
 Runtime::Runtime(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
 Runtime::~Runtime() {
   // The watcher and the tuner call back into this runtime: stop them while
-  // it is still whole.
+  // it is still whole. In a forked child their threads do not exist (and
+  // their locks may be held forever): they are left, not joined.
   if (impl_) {
+    if (impl_->forked_child()) {
+      (void)impl_->watcher.release();
+      (void)impl_->tuner.release();
+      return;
+    }
     impl_->watcher.reset();
     impl_->tuner.reset();
   }
@@ -202,6 +227,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
         return make_status(StatusCode::invalid_argument, "config dir '" + d + "' is not a directory");
     }
     auto impl = std::make_unique<Impl>();
+    impl->made_in_generation = fork_generation();
     if (!options.backend_version.empty() &&
         !store::parse_runtime_version(options.backend_version, &impl->backend_version))
       return make_status(StatusCode::invalid_argument,
@@ -269,6 +295,7 @@ const RuntimeOptions& Runtime::options() const noexcept { return impl_->options;
 LoadReport Runtime::load_report() const { return impl_->reports.get(); }
 
 Status Runtime::reload() noexcept {
+  if (impl_->forked_child()) return impl_->refuse_in_child("reload");
   try {
     std::lock_guard<std::mutex> lock(impl_->table.mu);
     if (impl_->frozen.load(std::memory_order_acquire))
@@ -288,6 +315,7 @@ std::string Runtime::source_path(uint32_t id) const { return impl_->sources.get(
 std::string Runtime::source_dir(uint32_t id) const { return impl_->sources.get(id).first; }
 
 Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_bytes) noexcept {
+  if (impl_->forked_child()) return impl_->refuse_in_child("attach_stream");
   if (core::is_host(device.type))
     return make_status(StatusCode::invalid_argument, "attach_stream: device is the CPU (a workspace is for GPU gemm)");
   if (workspace_bytes < 0)
@@ -302,6 +330,7 @@ Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_by
 }
 
 void Runtime::freeze(bool f) noexcept {
+  if (impl_->forked_child()) return;  // nothing changes the child's table anyway
   std::lock_guard<std::mutex> lock(impl_->table.mu);  // waits out a publish in flight
   impl_->frozen.store(f, std::memory_order_release);
   if (impl_->tuner) impl_->tuner->freeze(f);
@@ -310,13 +339,13 @@ void Runtime::freeze(bool f) noexcept {
 bool Runtime::frozen() const noexcept { return impl_->frozen.load(std::memory_order_acquire); }
 
 TuneStats Runtime::tune_stats() const noexcept {
-  TuneStats s = impl_->tuner ? impl_->tuner->stats() : TuneStats{};
+  TuneStats s = impl_->tuner && !impl_->forked_child() ? impl_->tuner->stats() : TuneStats{};
   s.frozen = frozen();
   return s;
 }
 
 bool Runtime::wait_tuner_idle(double timeout_s) noexcept {
-  return impl_->tuner ? impl_->tuner->wait_idle(timeout_s) : true;
+  return impl_->tuner && !impl_->forked_child() ? impl_->tuner->wait_idle(timeout_s) : true;
 }
 
 std::string Runtime::cache_dir() const { return impl_->cache_dir; }
@@ -331,6 +360,7 @@ const char* tune_mode_name(TuneMode m) noexcept {
 }
 
 Status Runtime::export_misses(const std::string& path) const noexcept {
+  if (impl_->forked_child()) return impl_->refuse_in_child("export_misses");
   try {
     if (!impl_->tuner) return Status();
     // Columns: op, backend, device_name, dtype, out_dtype, M, then every dim

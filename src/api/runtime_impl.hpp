@@ -29,8 +29,20 @@ class DirWatcher;
 
 namespace dispatch {
 
+/// Bumped in every child of fork() (a pthread_atfork handler): a runtime
+/// made in another generation runs in a forked child, where its watcher
+/// and tuner threads do not exist and any lock they held stays held.
+uint64_t fork_generation() noexcept;
+
 struct Runtime::Impl {
   RuntimeOptions options;
+  /// fork_generation() when the runtime was made.
+  uint64_t made_in_generation = 0;
+  /// Made before a fork(), used in the child: it serves its table and the
+  /// defaults (lock-free), and refuses what needs its threads or locks
+  /// (tuning, reload, misses export, stream workspaces).
+  bool forked_child() const noexcept { return made_in_generation != fork_generation(); }
+  Status refuse_in_child(const char* what) const;
   std::vector<int> backend_version;  ///< parsed options.backend_version
   table::NearestPolicy policy;
   std::string shipped_dir;           ///< resolved shipped-configs dir ("" = none)
