@@ -253,6 +253,20 @@ TEST_CASE("store: JSON reading") {
     CHECK(p.problems[2] == "key '16x' is not a batch size; ignored");
     CHECK(p.problems[3] == "key '_8' is not a batch size; ignored");
   }
+  SUBCASE("invalid JSON inside a value a row does not use is a parse error, not a dropped row") {
+    const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": {16, "num_warps": 4}, "2": {"BLOCK_SIZE_M": 32}})");
+    CHECK(p.kind == ParsedFile::Kind::error);
+    CHECK(p.rows.empty());
+    REQUIRE(!p.problems.empty());
+    CHECK(p.problems[0].rfind("parse error at byte ", 0) == 0);
+  }
+  SUBCASE("a key repeated inside a row: the last serves, as json.load, and it is reported") {
+    const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": 16, "num_warps": 4, "BLOCK_SIZE_M": 32}})");
+    CHECK(p.kind == ParsedFile::Kind::table);
+    CHECK(rows_text(p) == "1:{\"BLOCK_SIZE_M\": 32, \"num_warps\": 4};");
+    REQUIRE(p.problems.size() == 1);
+    CHECK(p.problems[0] == "M=1: key 'BLOCK_SIZE_M' repeated in the row; the last one serves (as json.load)");
+  }
   SUBCASE("a float value drops its row") {
     const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": 1.5, "num_warps": 4}, "2": {"BLOCK_SIZE_M": 16}, "4": {"BLOCK_SIZE_M": 16.0}})");
     CHECK(p.kind == ParsedFile::Kind::table);

@@ -110,7 +110,9 @@ struct RawField {
 
 // A key repeated inside one row: the last value serves, as Python's
 // json.load (which SGLang uses) would have it.
-void set_field(std::vector<RawField>* fields, std::string_view key, ConfigValue::Kind kind, int64_t i,
+// Sets `key`; true when the row already had it (the last one serves, as
+// json.load; the caller reports it).
+bool set_field(std::vector<RawField>* fields, std::string_view key, ConfigValue::Kind kind, int64_t i,
                std::string_view s = {}) {
   for (RawField& f : *fields)
     // Last byte first: BLOCK_SIZE_M/_N/_K share a size, and a memcmp call per pair adds up.
@@ -118,9 +120,59 @@ void set_field(std::vector<RawField>* fields, std::string_view key, ConfigValue:
       f.kind = kind;
       f.i = i;
       f.s = s;
-      return;
+      return true;
     }
   fields->push_back(RawField{key, kind, i, s});
+  return false;
+}
+
+// Walks a value whole, so that invalid JSON inside it (an object or array
+// a row does not use: "{16, ...}") is a parse error of the file, never a
+// row dropped for a misleading reason.
+error_code check_value(od::value v, int depth) {
+  if (depth > 64) return simdjson::DEPTH_ERROR;
+  od::json_type t;
+  if (auto e = v.type().get(t)) return e;
+  switch (t) {
+    case od::json_type::object: {
+      od::object o;
+      if (auto e = v.get_object().get(o)) return e;
+      for (auto f : o) {
+        od::field field;
+        if (auto e = std::move(f).get(field)) return e;
+        std::string_view k;
+        if (auto e = field.unescaped_key().get(k)) return e;
+        if (auto e = check_value(field.value(), depth + 1)) return e;
+      }
+      return simdjson::SUCCESS;
+    }
+    case od::json_type::array: {
+      od::array a;
+      if (auto e = v.get_array().get(a)) return e;
+      for (auto el : a) {
+        od::value x;
+        if (auto e = std::move(el).get(x)) return e;
+        if (auto e = check_value(x, depth + 1)) return e;
+      }
+      return simdjson::SUCCESS;
+    }
+    case od::json_type::string: {
+      std::string_view sv;
+      return v.get_string().get(sv);
+    }
+    case od::json_type::number: {
+      double d;
+      return v.get_double().get(d);
+    }
+    case od::json_type::boolean: {
+      bool b;
+      return v.get_bool().get(b);
+    }
+    default: {
+      bool n;
+      return v.is_null().get(n);
+    }
+  }
 }
 
 // A batch-size key as SGLang's and vLLM's loaders read it, int(key):
@@ -153,7 +205,8 @@ bool parse_m_key(std::string_view key, int64_t* m) {
   return true;
 }
 
-std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err);
+std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err,
+                            std::string_view* repeated);
 
 // "'<key>' <what>", the reason a row is dropped.
 std::string field_reason(std::string_view key, std::string_view what) {
@@ -171,12 +224,12 @@ std::string field_reason(std::string_view key, std::string_view what) {
 // constructed in place: one allocation per row and no string moves, where
 // a Config growing field by field (reallocations, moved entries) was a
 // quarter of the load's instructions (bench/bench_load.cpp).
-std::string read_row(od::value row, Config* cfg, error_code* err) {
+std::string read_row(od::value row, Config* cfg, error_code* err, std::string_view* repeated) {
   od::object obj;
   if ((*err = row.get_object().get(obj))) return "";
   thread_local std::vector<RawField> fields;
   fields.clear();
-  std::string reason = read_row_fields(obj, &fields, err);
+  std::string reason = read_row_fields(obj, &fields, err, repeated);
   cfg->reserve(cfg->size() + fields.size());
   for (const RawField& f : fields)
     cfg->emplace_back(std::piecewise_construct, std::forward_as_tuple(f.key),
@@ -184,8 +237,12 @@ std::string read_row(od::value row, Config* cfg, error_code* err) {
   return reason;
 }
 
-std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err) {
+std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err,
+                            std::string_view* repeated) {
   std::string reason;
+  auto set = [&](std::string_view key, ConfigValue::Kind kind, int64_t i, std::string_view sv = {}) {
+    if (set_field(fields, key, kind, i, sv) && repeated->empty()) *repeated = key;
+  };
   for (auto field_res : obj) {
     od::field field;
     if ((*err = std::move(field_res).get(field))) return "";
@@ -198,7 +255,7 @@ std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, erro
       case od::json_type::number: {
         int64_t i = 0;
         if (v.get_int64().get(i) == simdjson::SUCCESS) {
-          set_field(fields, key, ConfigValue::Kind::integer, i);
+          set(key, ConfigValue::Kind::integer, i);
         } else {
           double d = 0;
           if ((*err = v.get_double().get(d))) return "";
@@ -209,13 +266,13 @@ std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, erro
       case od::json_type::boolean: {
         bool b = false;
         if ((*err = v.get_bool().get(b))) return "";
-        set_field(fields, key, ConfigValue::Kind::boolean, b ? 1 : 0);
+        set(key, ConfigValue::Kind::boolean, b ? 1 : 0);
         break;
       }
       case od::json_type::string: {
         std::string_view s;
         if ((*err = v.get_string().get(s))) return "";
-        set_field(fields, key, ConfigValue::Kind::string, 0, s);
+        set(key, ConfigValue::Kind::string, 0, s);
         break;
       }
       case od::json_type::null: {
@@ -224,9 +281,8 @@ std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, erro
         if (reason.empty()) reason = field_reason(key, "is null");
         break;
       }
-      default: {  // object or array: not a config value
-        std::string_view raw;
-        if ((*err = raw_value(v, t, &raw))) return "";
+      default: {  // object or array: not a config value (but it must be valid JSON)
+        if ((*err = check_value(v, 0))) return "";
         if (reason.empty()) reason = field_reason(key, "is not a scalar");
         break;
       }
@@ -307,8 +363,12 @@ ParsedFile parse_config_json(const char* data, size_t len) {
       ++object_keys;
       ParsedRow row;
       row.m = m;
-      std::string reason = read_row(v, &row.config, &err);
+      std::string_view repeated;
+      std::string reason = read_row(v, &row.config, &err, &repeated);
       if (err) return fail(err);
+      if (!repeated.empty())
+        out.problems.push_back("M=" + key + ": key '" + std::string(repeated) +
+                               "' repeated in the row; the last one serves (as json.load)");
       if (!reason.empty()) {
         out.problems.push_back("M=" + key + ": " + reason + "; row dropped");
         ++out.dropped_rows;
