@@ -509,3 +509,21 @@ TEST_CASE("store: the loader reports every file and keeps going") {
     CHECK(lookup_ok(*rt, query(k, "NVIDIA H200", 1)).match == LookupResult::Match::fallback);
   }
 }
+
+TEST_CASE("store: one key from two files of one dir (MI325X and MI325_OAM) is a note, never silent (issue 20 item 5)") {
+  TempDir dir;
+  write_text(dir / "E=8,N=1024,device_name=AMD_Instinct_MI325X.json", R"({"1": {"BLOCK_SIZE_M": 16}, "2": {"BLOCK_SIZE_M": 16}})");
+  write_text(dir / "E=8,N=1024,device_name=AMD_Instinct_MI325_OAM.json", R"({"1": {"BLOCK_SIZE_M": 32}, "4": {"BLOCK_SIZE_M": 32}})");
+  auto rt = make_runtime({dir.str()});
+  const LoadReport rep = rt->load_report();
+  CHECK(rep.keys == 1);
+  CHECK(rep.rows == 3);
+  int notes = 0;
+  for (const std::string& n : rep.notes)
+    if (n.find("2 files of one config dir hold this key") != std::string::npos) {
+      ++notes;
+      CHECK(n.find("1 M value(s) are in more than one, and E=8,N=1024,device_name=AMD_Instinct_MI325X.json serves "
+                   "them (the first by path)") != std::string::npos);
+    }
+  CHECK(notes == 1);
+}

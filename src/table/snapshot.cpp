@@ -159,6 +159,21 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
       }
       std::sort(chosen.begin(), chosen.end(),
                 [](TableInputP a, TableInputP b) { return a->path < b->path; });
+      if (chosen.size() > 1 && notes) {
+        // Two spellings of one device (MI325X and MI325_OAM files), or a
+        // copy: one key from several files of one source. Said, not silent.
+        std::set<int64_t> seen, shared;
+        for (TableInputP t : chosen)
+          for (const auto& row : t->rows)
+            if (!seen.insert(row.m).second) shared.insert(row.m);
+        std::string files;
+        for (TableInputP t : chosen) files += (files.empty() ? "" : ", ") + t->path;
+        notes->push_back(key + ": " + std::to_string(chosen.size()) + " files of one config dir hold this key (" +
+                         files + "); " +
+                         (shared.empty() ? std::string("their rows are merged")
+                                         : std::to_string(shared.size()) + " M value(s) are in more than one, and " +
+                                               chosen.front()->path + " serves them (the first by path)"));
+      }
       for (TableInputP t : chosen)
         for (const auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
     }
