@@ -234,6 +234,11 @@ TEST_CASE("C08 one AMD part, several names") {
   bool known = false;
   CHECK(canonical_file_device_name("AMD_Instinct_MI325_OAM", {}, &known) == "AMD_Instinct_MI325X");
   CHECK(known);
+  // vLLM's RTX PRO 6000 workstation files name a known device (they were flagged)
+  known = false;
+  CHECK(canonical_file_device_name("NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition", {}, &known) ==
+        "NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition");
+  CHECK(known);
 
   // Lookup: the three E=256,N=256 fp8 block [128, 128] tables live only in triton_3_1_0.
   const std::string key = "E=256,N=256,dtype=fp8_w8a8,block_shape=[128, 128]";

@@ -39,6 +39,7 @@ constexpr std::string_view kKnownDevices[] = {
     "NVIDIA_GB200", "NVIDIA_B300_SXM6_AC", "NVIDIA_GB10",
     "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition",
     "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition",
+    "NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition",  // vLLM's tree (it was flagged "no known device")
     // AMD
     "AMD_Instinct_MI300X", "AMD_Instinct_MI300A", "AMD_Instinct_MI308X", "AMD_Instinct_MI325X",
     "AMD_Instinct_MI350X", "AMD_Instinct_MI355X", "AMD_Instinct_MI250X_MI250",
