@@ -527,3 +527,15 @@ TEST_CASE("store: one key from two files of one dir (MI325X and MI325_OAM) is a 
     }
   CHECK(notes == 1);
 }
+
+TEST_CASE("store: a file's metadata (vLLM's triton_version) is in the load report and its JSON (issue 20 item 5)") {
+  TempDir dir;
+  write_text(dir / "E=8,N=1024,device_name=NVIDIA_H200.json", R"({"triton_version": "3.4.0", "1": {"BLOCK_SIZE_M": 16}})");
+  auto rt = make_runtime({dir.str()});
+  const LoadReport rep = rt->load_report();
+  REQUIRE(rep.files.size() == 1);
+  REQUIRE(rep.files[0].metadata.size() == 1);
+  CHECK(rep.files[0].metadata[0].first == "triton_version");
+  CHECK(rep.files[0].metadata[0].second == "\"3.4.0\"");
+  CHECK(rep.to_json().find(R"("metadata": {"triton_version": "3.4.0"})") != std::string::npos);
+}

@@ -61,6 +61,11 @@ struct FileReport {
   /// compiler, library, arch, runtime, env) differs from this process's:
   /// never served; re-tuned when tuning is on.
   bool stale = false;
+  /// The file's metadata: its top-level keys that are not batch sizes and
+  /// hold a scalar (vLLM's "triton_version") or kdispatch's own "kdispatch"
+  /// object, each with its value as JSON text ("\"3.4.0\"", "{...}"), in
+  /// file order.
+  std::vector<std::pair<std::string, std::string>> metadata;
 };
 
 /// "loaded" | "partial" | "skipped".

@@ -451,6 +451,11 @@ std::string LoadReport::to_json() const {
     w.field("path", f.path).field("dir", f.dir).field("status", file_state_name(f.state));
     w.field("rows", static_cast<int64_t>(f.rows)).field("unknown_device", f.unknown_device);
     if (f.stale) w.field("stale", true);
+    if (!f.metadata.empty()) {
+      w.key("metadata").begin_object();
+      for (const auto& [k, raw] : f.metadata) w.key(k).json(raw);
+      w.end_object();
+    }
     w.key("problems").begin_array();
     for (const auto& p : f.problems) w.value(p);
     w.end_array().end_object();

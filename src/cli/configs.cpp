@@ -74,8 +74,24 @@ int run_lookup(const LookupOptions& o) {
     std::fprintf(stderr, "kdispatch lookup: %s\n", lookup_error_text(r.status()).c_str());
     return r.status().code() == dsp::StatusCode::invalid_argument ? kExitUsage : kExitFailure;
   }
+  // The serving file's metadata (vLLM's "triton_version", kdispatch's own
+  // object), from the load report.
+  const std::vector<std::pair<std::string, std::string>>* metadata = nullptr;
+  const dsp::LoadReport report = (*rt)->load_report();
+  for (const dsp::FileReport& f : report.files)
+    if (!r->source.empty() && f.path == r->source && f.dir == r->source_dir) metadata = &f.metadata;
   if (o.json) {
-    std::printf("%s\n", dsp::lookup_result_to_json(*r).c_str());
+    std::string text = dsp::lookup_result_to_json(*r);
+    if (metadata && !metadata->empty() && !text.empty() && text.back() == '}') {
+      std::string m = ", \"metadata\": {";
+      for (size_t i = 0; i < metadata->size(); ++i) {
+        dsp::core::JsonWriter w;
+        w.value((*metadata)[i].first);
+        m += (i ? ", " : "") + w.take() + ": " + (*metadata)[i].second;
+      }
+      text.insert(text.size() - 1, m + "}");
+    }
+    std::printf("%s\n", text.c_str());
     return kExitOk;
   }
   std::printf("config   %s\n", dsp::config_to_json(r->config).c_str());
@@ -88,6 +104,9 @@ int run_lookup(const LookupOptions& o) {
     std::printf("M        - (asked %lld)\n", (long long)o.m);
   if (!r->variant.empty()) std::printf("variant  %s\n", r->variant.c_str());
   std::printf("key      %s\n", r->key.c_str());
+  if (metadata)
+    for (const auto& [k, v] : *metadata)
+      if (k != "kdispatch") std::printf("metadata %s = %s\n", k.c_str(), v.c_str());
   std::printf("why      %s\n", r->why.c_str());
   return kExitOk;
 }

@@ -304,6 +304,7 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
   if (!why.empty()) return skip(why);
 
   for (auto& p : parsed.problems) rep.problems.push_back(std::move(p));
+  rep.metadata = std::move(parsed.metadata);
   rep.rows = static_cast<int32_t>(in.rows.size());
   if (in.rows.empty()) return skip("no usable rows");
   rep.state = parsed.dropped_rows > 0 ? FileReport::State::partial : FileReport::State::loaded;
