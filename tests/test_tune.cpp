@@ -10,6 +10,7 @@
 // real launch are the library's). The built-in ops get the same properties
 // checked through dispatch::* calls below.
 #include <doctest/doctest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1156,4 +1157,34 @@ TEST_CASE("fork: a child of a process whose runtime is tuning and watching never
   auto reread = Runtime::create(check).value();
   CHECK(reread->load_report().all_usable());
   CHECK_FALSE(kdtest::fs::exists(cache / "child.csv"));
+}
+
+TEST_CASE("fingerprint: every OPENBLAS_*, GOTO_* and OMP_* variable and the CPU affinity count (issue 20 item 5)") {
+  const DeviceInfo dev = cpu_device_info();
+  auto env_axis = [&] { return *store::current_fingerprint(dev, "cpu").find("env"); };
+  auto cpus_axis = [&] { return *store::current_fingerprint(dev, "cpu").find("cpus"); };
+  const std::string base = env_axis();
+  for (const char* name : {"OPENBLAS_VERBOSE", "GOTO_NUM_THREADS", "OMP_PROC_BIND"}) {
+    CAPTURE(name);
+    ::setenv(name, "2", 1);
+    const std::string with = env_axis();
+    ::unsetenv(name);
+    CHECK(with != base);
+    CHECK(with.find(std::string(name) + "=2") != std::string::npos);
+  }
+  CHECK(env_axis() == base);
+  // Pinned to one CPU, the process is another measurement context.
+  cpu_set_t all, one;
+  REQUIRE(::sched_getaffinity(0, sizeof all, &all) == 0);
+  const std::string cpus = cpus_axis();
+  CHECK(cpus == std::to_string(CPU_COUNT(&all)));
+  int first = 0;
+  while (first < CPU_SETSIZE && !CPU_ISSET(first, &all)) ++first;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);
+  const std::string pinned = cpus_axis();
+  REQUIRE(::sched_setaffinity(0, sizeof all, &all) == 0);
+  CHECK(pinned == "1");
+  if (CPU_COUNT(&all) > 1) CHECK(pinned != cpus);
 }

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/fingerprint.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <simdjson.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -40,14 +44,29 @@ Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_
   f.axes.emplace_back("library", std::string(KDISPATCH_VERSION_STRING));
   f.axes.emplace_back("arch", dev.arch);
   f.axes.emplace_back("runtime", std::string(runtime_versions));
-  std::string env;
-  for (std::string_view name : kFingerprintEnv) {
-    const char* v = std::getenv(std::string(name).c_str());
-    if (!v) continue;
-    if (!env.empty()) env += ';';
-    env += std::string(name) + "=" + v;
+  // The listed variables, and every variable of the families that tune a
+  // BLAS or an OpenMP runtime (OPENBLAS_*, GOTO_*, OMP_*), sorted by name.
+  std::vector<std::string> vars;
+  for (std::string_view name : kFingerprintEnv)
+    if (const char* v = std::getenv(std::string(name).c_str())) vars.push_back(std::string(name) + "=" + v);
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view kv(*e);
+    for (std::string_view prefix : kFingerprintEnvPrefixes)
+      if (kv.substr(0, prefix.size()) == prefix && kv.find('=') != std::string_view::npos) vars.emplace_back(kv);
   }
+  std::sort(vars.begin(), vars.end());
+  vars.erase(std::unique(vars.begin(), vars.end()), vars.end());
+  std::string env;
+  for (const std::string& v : vars) env += (env.empty() ? "" : ";") + v;
   f.axes.emplace_back("env", env);
+  if (dev.device.type == DeviceType::cpu) {
+    // The CPUs the process may run on: a winner timed on 2 threads is not
+    // one for a process pinned to 1 (taskset -c 0).
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int n = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    f.axes.emplace_back("cpus", std::to_string(n));
+  }
   return f;
 }
 

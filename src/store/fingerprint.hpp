@@ -15,8 +15,11 @@
 //   arch      the device's arch (sm_90a, gfx942, x86_64_avx512)
 //   runtime   backend runtime/driver and vendor-library versions
 //             ("cpu" on the CPU; CUDA runtime, driver and cuBLASLt versions)
-//   env       the environment variables that change codegen or behaviour,
-//             an explicit list (kFingerprintEnv), as NAME=value pairs
+//   env       the environment variables that change codegen or behaviour:
+//             an explicit list (kFingerprintEnv) and every variable of the
+//             families in kFingerprintEnvPrefixes (OPENBLAS_*, GOTO_*,
+//             OMP_*), as sorted NAME=value pairs
+//   cpus      (CPU only) how many CPUs the process may run on (its affinity)
 #pragma once
 
 #include <string>
@@ -33,6 +36,9 @@ inline constexpr std::string_view kFingerprintEnv[] = {
     "KDISPATCH_OPENBLAS",   "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",  "OMP_NUM_THREADS",
     "NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING", "HSA_OVERRIDE_GFX_VERSION",
 };
+
+/// Variable families that tune a BLAS or an OpenMP runtime: all of them count.
+inline constexpr std::string_view kFingerprintEnvPrefixes[] = {"OPENBLAS_", "GOTO_", "OMP_"};
 
 struct Fingerprint {
   std::vector<std::pair<std::string, std::string>> axes;  ///< in the order of the file comment
