@@ -78,7 +78,7 @@ struct Guarded {
 
 }  // namespace
 
-TEST_CASE("hostile configs: rows outside every variant's space are dropped and reported; calls stay correct and in bounds") {
+TEST_CASE("hostile configs: rows outside every variant's space are dropped and reported, and calls stay correct and in bounds") {
   const std::string device = cpu_device_info().device_name;
   TempDir dir;
   const int64_t H = 48, N = 40, K = 56;
