@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 #include <set>
 
 #include "table/key.hpp"
@@ -79,9 +80,32 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
 
   std::set<std::string> ops;
   snap->buckets_.reserve(by_key.size());
-  size_t total_rows = 0;
-  for (const TableInput* in : inputs) total_rows += in->rows.size();
-  snap->configs_.reserve(total_rows);  // an upper bound: no regrowth, no Config moves
+  // Identical rows share one stored config (a table of many batch sizes
+  // repeats a few configs): memory follows the distinct configs, not rows.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> config_ids;
+  auto config_hash = [](const Config& c) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    for (const auto& [k, v] : c) {
+      mix(k.data(), k.size());
+      mix(&v.kind, sizeof v.kind);
+      mix(&v.i, sizeof v.i);
+      mix(v.s.data(), v.s.size());
+      h = (h ^ 0xff) * 1099511628211ull;
+    }
+    return h;
+  };
+  auto intern_config = [&](const Config& c) -> uint32_t {
+    std::vector<uint32_t>& ids = config_ids[config_hash(c)];
+    for (uint32_t id : ids)
+      if (snap->configs_[id] == c) return id;
+    ids.push_back(static_cast<uint32_t>(snap->configs_.size()));
+    snap->configs_.push_back(c);
+    return ids.back();
+  };
   // Candidate rows of one key in precedence order (source rank, then file
   // path, then file order); a stable sort by M then keeps the first of each
   // M. A vector reused across keys: a std::map here cost a node per row.
@@ -189,8 +213,7 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
       Row r;
       r.plan = merged[c].row->plan;
       r.source_id = merged[c].input->source_id;
-      r.config_index = static_cast<uint32_t>(snap->configs_.size());
-      snap->configs_.push_back(merged[c].row->config);
+      r.config_index = intern_config(merged[c].row->config);
       bucket.ms.push_back(merged[c].m);
       bucket.rows.push_back(r);
     }
