@@ -23,11 +23,24 @@
 //
 // Time unit: ms. bench/load_vs_python.py runs this with
 // --benchmark_format=json and compares with Python's json.load of the same tree.
+//
+// bench_load --scaling [--assert]: load time against input size, in a temp
+// dir: one file of 10k, 100k and 1M rows, and 1k and 10k files of 100 rows
+// (Runtime::create, the median of 3 loads; the peak RSS of a child that
+// loads only that input). --assert exits 1 unless time(1M rows) /
+// time(100k rows) <= 13 and time(10k files) / time(1k files) <= 13: a
+// loader linear in its input (issue 20: 80k rows took 2.3 s, 160k 17.6 s).
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <simdjson.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
 
 #include <algorithm>
 #include <cstdio>
@@ -197,7 +210,123 @@ BENCHMARK(BM_Floor_ReadParse)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
+// ---------------------------------------------------------------- --scaling
+
+const char* kRow = R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3})";
+
+void write_table(const fs::path& file, int64_t rows, int64_t first_m = 1) {
+  std::ofstream out(file);
+  out << "{";
+  for (int64_t m = first_m; m < first_m + rows; ++m) out << (m > first_m ? ", \"" : "\"") << m << "\": " << kRow;
+  out << "}\n";
+}
+
+double load_seconds(const std::string& dir) {
+  dispatch::RuntimeOptions o;
+  o.config_dirs = {dir};
+  o.load_shipped_configs = false;
+  o.tune.load_cache = o.tune.persist = false;
+  o.log_level = dispatch::LogLevel::off;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto rt = dispatch::Runtime::create(o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!rt.ok()) {
+    std::fprintf(stderr, "bench_load: %s\n", rt.status().to_string().c_str());
+    std::exit(1);
+  }
+  return s;
+}
+
+// Peak RSS (MB) of a fresh process (this program, exec'ed) that loads `dir`
+// once: its VmHWM (the high-water mark of its own address space; rusage's
+// maxrss would count the forked parent's pages), read back through a pipe.
+double child_peak_mb(const std::string& dir) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::execl("/proc/self/exe", "bench_load", "--load-once", dir.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  char buf[64] = {0};
+  const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return n > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? std::atof(buf) / 1024.0 : -1;
+}
+
+// --load-once: loads `dir`, prints VmHWM in kB.
+int load_once(const char* dir) {
+  (void)load_seconds(dir);
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::printf("%lld\n", std::atoll(line.c_str() + 6));
+      return 0;
+    }
+  return 1;
+}
+
+int run_scaling(bool assert_ratios) {
+  char tmpl[] = "/tmp/kdispatch-bench-load-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return 1;
+  const fs::path root(tmpl);
+  struct Case {
+    std::string name;
+    fs::path dir;
+    double median_s = 0, peak_mb = 0;
+  };
+  std::vector<Case> cases;
+  for (int64_t rows : {10000, 100000, 1000000}) {
+    Case c{std::to_string(rows) + " rows in one file", root / ("rows" + std::to_string(rows))};
+    fs::create_directories(c.dir);
+    write_table(c.dir / "E=8,N=1024,device_name=NVIDIA_H200.json", rows);
+    cases.push_back(c);
+  }
+  for (int files : {1000, 10000}) {
+    Case c{std::to_string(files) + " files of 100 rows", root / ("files" + std::to_string(files))};
+    for (int f = 0; f < files; ++f) {
+      const fs::path sub = c.dir / ("d" + std::to_string(f / 500));
+      fs::create_directories(sub);
+      write_table(sub / ("E=8,N=" + std::to_string(f + 1) + ",device_name=NVIDIA_H200.json"), 100);
+    }
+    cases.push_back(c);
+  }
+  std::printf("| input | load, median of 3 (s) | peak RSS of a process loading it once (MB) |\n|---|---|---|\n");
+  for (Case& c : cases) {
+    std::vector<double> t;
+    for (int i = 0; i < 3; ++i) t.push_back(load_seconds(c.dir.string()));
+    std::sort(t.begin(), t.end());
+    c.median_s = t[1];
+    c.peak_mb = child_peak_mb(c.dir.string());
+    std::printf("| %s | %.3f | %.0f |\n", c.name.c_str(), c.median_s, c.peak_mb);
+  }
+  const double rows_ratio = cases[2].median_s / cases[1].median_s;
+  const double files_ratio = cases[4].median_s / cases[3].median_s;
+  std::printf("time(1M rows) / time(100k rows) = %.1f (linear: 10; bar 13)\n", rows_ratio);
+  std::printf("time(10k files) / time(1k files) = %.1f (linear: 10; bar 13)\n", files_ratio);
+  std::printf("1M rows: %.2f s, %.0f MB (target 1.5 s, 400 MB)\n", cases[2].median_s, cases[2].peak_mb);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  if (assert_ratios && (rows_ratio > 13 || files_ratio > 13)) {
+    std::fprintf(stderr, "bench_load --scaling: load time grows faster than the input\n");
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "--load-once") == 0) return load_once(argv[2]);
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--scaling") == 0) {
+      bool assert_ratios = false;
+      for (int j = 1; j < argc; ++j) assert_ratios = assert_ratios || std::strcmp(argv[j], "--assert") == 0;
+      return run_scaling(assert_ratios);
+    }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::error_code ec;
