@@ -106,7 +106,7 @@ RowCheck check_gpu_rows_serve_their_keys(const kdtest::fs::path& dir) {
       const dispatch::DeviceInfo dev = described(t, key->device_name);
       for (const auto& row : parsed.rows) {
         INFO("M=", row.m);
-        auto plan = dispatch::core::plan_from_config(row.config, *op, t);
+        auto plan = dispatch::core::plan_from_config(parsed.config(row), *op, t);
         REQUIRE_MESSAGE(plan.ok(), plan.status().to_string());
         dispatch::core::Problem p = *prob;
         p.device = dispatch::Device{t, 0};

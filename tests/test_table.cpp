@@ -41,12 +41,7 @@ TableInput input(std::string key, std::vector<int64_t> ms, int64_t tag, int32_t 
   in.key = std::move(key);
   in.source_rank = rank;
   in.path = "p" + std::to_string(tag);
-  for (int64_t m : ms) {
-    TableInput::InputRow r;
-    r.m = m;
-    r.config = {{"tag", ConfigValue::integer(tag)}, {"m", ConfigValue::integer(m)}};
-    in.rows.push_back(std::move(r));
-  }
+  for (int64_t m : ms) in.add_row(m, {{"tag", ConfigValue::integer(tag)}, {"m", ConfigValue::integer(m)}});
   return in;
 }
 

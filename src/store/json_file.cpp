@@ -216,24 +216,71 @@ std::string field_reason(std::string_view key, std::string_view what) {
   return r;
 }
 
-// Reads one row object into `cfg`. Returns "" on success, else the reason.
-// Hard JSON errors are returned through `err`.
-//
-// The fields are gathered as views in a per-thread scratch list (its
-// capacity reused), then `cfg` is built once, sized exactly, each entry
-// constructed in place: one allocation per row and no string moves, where
-// a Config growing field by field (reallocations, moved entries) was a
-// quarter of the load's instructions (bench/bench_load.cpp).
-std::string read_row(od::value row, Config* cfg, error_code* err, std::string_view* repeated) {
+// The file's distinct configs, found by a hash of the raw fields.
+struct ConfigPool {
+  std::vector<Config>* configs;
+  std::unordered_map<uint64_t, uint32_t> first;  // hash -> the first config with it
+  std::unordered_multimap<uint64_t, uint32_t> more;  // hash collisions between distinct configs
+
+  static uint64_t hash(const std::vector<RawField>& fields) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    for (const RawField& f : fields) {
+      mix(f.key.data(), f.key.size());
+      const uint8_t k = static_cast<uint8_t>(f.kind);
+      mix(&k, 1);
+      mix(&f.i, sizeof f.i);
+      mix(f.s.data(), f.s.size());
+      h = (h ^ 0xff) * 1099511628211ull;
+    }
+    return h;
+  }
+  static bool same(const Config& c, const std::vector<RawField>& fields) {
+    if (c.size() != fields.size()) return false;
+    for (size_t i = 0; i < fields.size(); ++i) {
+      const auto& [k, v] = c[i];
+      const RawField& f = fields[i];
+      if (k != f.key || v.kind != f.kind || v.i != f.i || v.s != f.s) return false;
+    }
+    return true;
+  }
+  uint32_t intern(const std::vector<RawField>& fields) {
+    const uint64_t h = hash(fields);
+    auto add = [&] {
+      Config c;
+      c.reserve(fields.size());
+      for (const RawField& f : fields)
+        c.emplace_back(std::piecewise_construct, std::forward_as_tuple(f.key),
+                       std::forward_as_tuple(f.kind, f.i, f.s.empty() ? std::string() : std::string(f.s)));
+      configs->push_back(std::move(c));
+      return static_cast<uint32_t>(configs->size() - 1);
+    };
+    const auto [it, fresh] = first.try_emplace(h, 0);
+    if (fresh) return it->second = add();
+    if (same((*configs)[it->second], fields)) return it->second;
+    for (auto [b, e] = more.equal_range(h); b != e; ++b)
+      if (same((*configs)[b->second], fields)) return b->second;
+    const uint32_t id = add();
+    more.emplace(h, id);
+    return id;
+  }
+};
+
+// Reads one row object; on success its config's index in the pool. Returns
+// "" on success, else the reason the row is dropped. Hard JSON errors are
+// returned through `err`. The fields are gathered as views in a per-thread
+// scratch list (its capacity reused); a config is built only the first time
+// it is seen in the file.
+std::string read_row(od::value row, ConfigPool* pool, uint32_t* config, error_code* err, std::string_view* repeated) {
   od::object obj;
   if ((*err = row.get_object().get(obj))) return "";
   thread_local std::vector<RawField> fields;
   fields.clear();
   std::string reason = read_row_fields(obj, &fields, err, repeated);
-  cfg->reserve(cfg->size() + fields.size());
-  for (const RawField& f : fields)
-    cfg->emplace_back(std::piecewise_construct, std::forward_as_tuple(f.key),
-                      std::forward_as_tuple(f.kind, f.i, f.s.empty() ? std::string() : std::string(f.s)));
+  if (reason.empty() && !*err) *config = pool->intern(fields);
   return reason;
 }
 
@@ -325,6 +372,7 @@ ParsedFile parse_config_json(const char* data, size_t len) {
     return fail(err);
   }
   int64_t object_keys = 0;
+  ConfigPool pool{&out.configs, {}, {}};
   int64_t max_m = 0;
   std::unordered_map<int64_t, size_t> row_index;  // M -> index in out.rows, once an M comes out of order
   std::vector<std::string> foreign_keys;
@@ -364,7 +412,7 @@ ParsedFile parse_config_json(const char* data, size_t len) {
       ParsedRow row;
       row.m = m;
       std::string_view repeated;
-      std::string reason = read_row(v, &row.config, &err, &repeated);
+      std::string reason = read_row(v, &pool, &row.config, &err, &repeated);
       if (err) return fail(err);
       if (!repeated.empty())
         out.problems.push_back("M=" + key + ": key '" + std::string(repeated) +

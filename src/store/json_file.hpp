@@ -14,7 +14,7 @@ namespace dispatch::store {
 
 struct ParsedRow {
   int64_t m = 0;
-  Config config;
+  uint32_t config = 0;  ///< index into ParsedFile::configs
 };
 
 /// What a config file holds.
@@ -26,6 +26,10 @@ struct ParsedFile {
   };
   Kind kind = Kind::table;
   std::vector<ParsedRow> rows;  ///< usable rows, file order; a duplicate M keeps the last
+  /// The file's distinct row configs: rows that are alike share one (a
+  /// table of 1M batch sizes with a few configs allocates a few configs).
+  std::vector<Config> configs;
+  const Config& config(const ParsedRow& r) const { return configs[r.config]; }
   /// Non-batch-size keys with scalar values ("triton_version": "3.4.0") and
   /// the "kdispatch" metadata object, as raw JSON text.
   std::vector<std::pair<std::string, std::string>> metadata;

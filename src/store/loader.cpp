@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <simdjson.h>
 #include <string_view>
 
@@ -27,7 +28,20 @@ std::optional<DeviceType> own_backend(std::string_view name) {
 }
 
 // Reads a whole file into `buf` (with simdjson padding after it).
-bool read_file(const std::string& path, std::vector<char>* buf, size_t* len, std::string* err) {
+// A read buffer that is not zero-filled when it grows (a 125 MB file was
+// written twice: memset, then read).
+struct ReadBuffer {
+  std::unique_ptr<char[]> bytes;
+  size_t capacity = 0;
+  char* data() { return bytes.get(); }
+  void ensure(size_t need) {
+    if (need <= capacity) return;
+    capacity = std::max(need, capacity * 2);
+    bytes.reset(new char[capacity]);  // default-initialised: no zeroing
+  }
+};
+
+bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::string* err) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     *err = std::string("cannot open: ") + std::strerror(errno);
@@ -41,7 +55,7 @@ bool read_file(const std::string& path, std::vector<char>* buf, size_t* len, std
   }
   const size_t size = static_cast<size_t>(st.st_size);
   const size_t need = size + json_padding();
-  if (buf->size() < need) buf->resize(std::max(need, buf->size() * 2));
+  buf->ensure(need);
   size_t got = 0;
   while (got < size) {
     const ssize_t r = ::read(fd, buf->data() + got, size - got);
@@ -150,13 +164,13 @@ struct OwnFile {
   bool compiled = false;
   const DeviceInfo* local = nullptr;  ///< the local device when it is the file's, else null
 };
-std::string own_row(const OwnFile& f, ParsedRow& row, table::TableInput::InputRow* ir) {
+std::string own_row(const OwnFile& f, const Config& config, ParsedRow& row, table::TableInput::InputRow* ir) {
   if (!f.compiled) {
-    const ConfigValue* vn = config_find(row.config, "variant");
+    const ConfigValue* vn = config_find(config, "variant");
     if (!vn || vn->kind != ConfigValue::Kind::string) return "row has no \"variant\"";
     return "";
   }
-  auto plan = core::plan_from_config(row.config, f.op, f.backend);
+  auto plan = core::plan_from_config(config, f.op, f.backend);
   if (!plan.ok()) return plan.status().message();
   const core::VariantDef* v = plan->variant;
   for (const auto& [vn, ver] : f.schema)
@@ -217,14 +231,15 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
   for (auto& row : parsed.rows) {
     table::TableInput::InputRow ir;
     ir.m = row.m;
-    if (const std::string why = own_row(f, row, &ir); !why.empty()) {
+    if (const std::string why = own_row(f, parsed.config(row), row, &ir); !why.empty()) {
       rep.problems.push_back("M=" + std::to_string(row.m) + ": " + why + "; row dropped");
       ++parsed.dropped_rows;
       continue;
     }
-    ir.config = std::move(row.config);
+    ir.config = row.config;
     in.rows.push_back(std::move(ir));
   }
+  in.configs = std::move(parsed.configs);  // rows keep their indices (a dropped row's config stays unused)
   return "";
 }
 
@@ -236,17 +251,18 @@ std::string foreign_file(const FileKey& key, const std::string& device, ParsedFi
   else if (find_field(key.fields, "N") && find_field(key.fields, "K")) op = "triton_gemm";
   else return "file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)";
   in.key = table::make_key(table::kForeignBackend, op, device, join_fields(key.fields), key.down);
+  in.configs = std::move(parsed.configs);  // rows keep their indices: no config copied
   for (auto& row : parsed.rows) {
     table::TableInput::InputRow ir;
     ir.m = row.m;
-    ir.config = std::move(row.config);
+    ir.config = row.config;
     in.rows.push_back(std::move(ir));
   }
   return "";
 }
 
 void load_file(const SourceDir& src, const fs::path& path, bool symlink, const std::vector<DeviceAlias>& aliases,
-               const InternFn& intern, std::vector<char>* buf, LoadOutput* out) {
+               const InternFn& intern, ReadBuffer* buf, LoadOutput* out) {
   FileReport rep;
   rep.dir = src.dir;
   const std::string& native = path.native();
@@ -410,7 +426,8 @@ void walk_dir(const SourceDir& src, const fs::path& dir, int depth, std::vector<
 LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
                             const InternFn& intern) {
   LoadOutput out;
-  std::vector<char> buf(64 * 1024);
+  ReadBuffer buf;
+  buf.ensure(64 * 1024);
   for (const auto& src : dirs) {
     std::vector<Found> files;
     const size_t unusable_from = out.report.files.size();

@@ -233,7 +233,7 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
             for (auto& row : pf.rows) {
               PersistRow pr;
               pr.m = row.m;
-              pr.config = std::move(row.config);
+              pr.config = pf.config(row);
               if (auto it = us.find(row.m); it != us.end()) pr.us = it->second;
               if (auto it = dus.find(row.m); it != dus.end()) pr.default_us = it->second;
               merged[row.m] = std::move(pr);

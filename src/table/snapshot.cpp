@@ -2,6 +2,7 @@
 #include "table/snapshot.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <unordered_map>
 #include <set>
@@ -98,6 +99,7 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     }
     return h;
   };
+  std::unordered_map<const TableInput*, std::vector<uint32_t>> remap;  // an input's config -> the snapshot's
   auto intern_config = [&](const Config& c) -> uint32_t {
     std::vector<uint32_t>& ids = config_ids[config_hash(c)];
     for (uint32_t id : ids)
@@ -202,8 +204,10 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
         for (const auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
     }
     bucket.note = note;
-    std::stable_sort(merged.begin(), merged.end(),
-                     [](const Candidate& a, const Candidate& b) { return a.m < b.m; });
+    auto by_m = [](const Candidate& a, const Candidate& b) { return a.m < b.m; };
+    // One source's rows in ascending M (every real table) are in order
+    // already: no n log n sort for a 1M-row file.
+    if (!std::is_sorted(merged.begin(), merged.end(), by_m)) std::stable_sort(merged.begin(), merged.end(), by_m);
     size_t unique = 0;
     for (size_t c = 0; c < merged.size(); ++c) unique += (c == 0 || merged[c].m != merged[c - 1].m);
     bucket.ms.reserve(unique);
@@ -213,7 +217,16 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
       Row r;
       r.plan = merged[c].row->plan;
       r.source_id = merged[c].input->source_id;
-      r.config_index = intern_config(merged[c].row->config);
+      {
+        // An input's configs are distinct already: each is interned once
+        // (the rows of a 1M-row table with a few configs hash a few configs).
+        const TableInput* in = merged[c].input;
+        std::vector<uint32_t>& ids = remap[in];
+        if (ids.empty()) ids.assign(in->configs.size(), UINT32_MAX);
+        uint32_t& id = ids[merged[c].row->config];
+        if (id == UINT32_MAX) id = intern_config(in->config(*merged[c].row));
+        r.config_index = id;
+      }
       bucket.ms.push_back(merged[c].m);
       bucket.rows.push_back(r);
     }

@@ -61,9 +61,17 @@ struct NearestPolicy {
 struct TableInput {
   struct InputRow {
     int64_t m = 0;
-    Config config;
+    uint32_t config = 0;  ///< index into TableInput::configs
     core::Plan plan;
   };
+  /// The input's distinct row configs (rows that are alike share one).
+  std::vector<Config> configs;
+  const Config& config(const InputRow& r) const { return configs[r.config]; }
+  /// Appends a row with its own config (tuned rows, tests).
+  void add_row(int64_t m, Config c, const core::Plan& plan = {}) {
+    configs.push_back(std::move(c));
+    rows.push_back(InputRow{m, static_cast<uint32_t>(configs.size() - 1), plan});
+  }
   std::string key;
   /// Own-op inputs: the binary key (OwnKey) and the device_name, so the op
   /// hot path finds the bucket without text (see find_own).

@@ -181,11 +181,7 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
   in.path = rel;
   in.source_id = hooks_.intern(cache_dir_.empty() ? std::string("<in-process tuning>") : cache_dir_, rel);
   if (source_id) *source_id = in.source_id;
-  table::TableInput::InputRow row;
-  row.m = p.m;
-  row.config = std::move(cfg);
-  row.plan = plan;
-  in.rows.push_back(std::move(row));
+  in.add_row(p.m, std::move(cfg), plan);
   if (hooks_.publish({std::move(in)})) n_publishes_.fetch_add(1, std::memory_order_relaxed);
   return persisted;
 }
