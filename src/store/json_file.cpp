@@ -156,21 +156,9 @@ error_code check_value(od::value v, int depth) {
       }
       return simdjson::SUCCESS;
     }
-    case od::json_type::string: {
-      std::string_view sv;
-      return v.get_string().get(sv);
-    }
-    case od::json_type::number: {
-      double d;
-      return v.get_double().get(d);
-    }
-    case od::json_type::boolean: {
-      bool b;
-      return v.get_bool().get(b);
-    }
-    default: {
-      bool n;
-      return v.is_null().get(n);
+    default: {  // a scalar: read with its typed getter (raw_value), so a malformed token is an error
+      std::string_view raw;
+      return raw_value(v, t, &raw);
     }
   }
 }
