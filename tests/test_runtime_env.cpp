@@ -258,8 +258,12 @@ bool hit_within(Runtime& rt, const LookupQuery& q, double seconds) {
   return false;
 }
 void drop_file(const kdtest::fs::path& file, const std::string& text) {  // as a tool writes: temp + rename
-  kdtest::write_text(file.parent_path() / ".tmp", text);
-  kdtest::fs::rename(file.parent_path() / ".tmp", file);
+  // A temp name of its own per call: two threads dropping files into one
+  // dir must not rename each other's temp file.
+  static std::atomic<int> n{0};
+  const auto tmp = file.parent_path() / (".tmp-" + std::to_string(n.fetch_add(1)));
+  kdtest::write_text(tmp, text);
+  kdtest::fs::rename(tmp, file);
 }
 }  // namespace
 
@@ -274,19 +278,29 @@ TEST_CASE("watch: an event storm does not postpone the reload (issue 20 item 2)"
     std::atomic<bool> stop{false};
     std::thread storm([&] {
       for (int i = 0; !stop.load(); ++i) {
-        if (relevant)  // another table, rewritten every 20 ms
-          drop_file(dir / ("cpu/rmsnorm/" + norm_file("128", "fp32")),
-                    R"({")" + std::to_string(1 + i % 7) + R"(": {"variant": "rmsnorm_fp32__ref"}})");
-        else
-          kdtest::write_text(dir / "cpu/rmsnorm/noise.txt", std::to_string(i));
+        try {  // a write error here must not terminate the process: the check below decides
+          if (relevant)  // another table, rewritten every 20 ms
+            drop_file(dir / ("cpu/rmsnorm/" + norm_file("128", "fp32")),
+                      R"({")" + std::to_string(1 + i % 7) + R"(": {"variant": "rmsnorm_fp32__ref"}})");
+          else
+            kdtest::write_text(dir / "cpu/rmsnorm/noise.txt", std::to_string(i));
+        } catch (const std::exception&) {
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    drop_file(dir / ("cpu/rmsnorm/" + norm_file("64", "fp32")), R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
-    // Served while the storm goes on: the reload comes at most ~1 s (10 x
-    // the debounce) after the first change; 5 s allows a loaded CI machine.
-    const bool hit = hit_within(*rt, {.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8}, 5.0);
+    bool hit = false;
+    try {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      drop_file(dir / ("cpu/rmsnorm/" + norm_file("64", "fp32")), R"({"8": {"variant": "rmsnorm_fp32__ref"}})");
+      // Served while the storm goes on: the reload comes at most ~1 s (10 x
+      // the debounce) after the first change; 5 s allows a loaded CI machine.
+      hit = hit_within(*rt, {.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8}, 5.0);
+    } catch (...) {
+      stop = true;
+      storm.join();
+      throw;
+    }
     stop = true;
     storm.join();
     CHECK(hit);
