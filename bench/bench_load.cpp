@@ -41,7 +41,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstring>
 #include <fstream>
 
@@ -54,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "store/loader.hpp"
 #include "table/snapshot.hpp"
@@ -346,6 +349,146 @@ int run_scaling(bool assert_ratios, double bar) {
   return 0;
 }
 
+// ---------------------------------------------------------------- --reload
+
+// Latencies (ns) of the lookups a reader thread made in a time window.
+struct Window {
+  std::vector<int64_t> ns;
+  double pct(double p) {
+    if (ns.empty()) return 0;
+    std::sort(ns.begin(), ns.end());
+    return static_cast<double>(ns[std::min(ns.size() - 1, static_cast<size_t>(p * static_cast<double>(ns.size())))]);
+  }
+};
+
+// --reload [--assert] [--bar R]: a tree of 10,000 files of 100 rows; the
+// full load (Runtime::create), a reload with nothing changed, and a reload
+// after one file changed (5 times, a different file each), each the median
+// of its runs; a reader thread calls dispatch::lookup() (a table hit)
+// throughout and its per-call latencies during the one-file reloads are
+// compared with those of an idle window of the same length. --assert exits
+// 1 unless the one-file reload's CPU time is at most R (default 0.10) of the
+// full load's.
+int run_reload(bool assert_ratio, double bar) {
+  char tmpl[] = "/tmp/kdispatch-bench-reload-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return 1;
+  const fs::path root(tmpl);
+  const int kFiles = 10000;
+  auto file_of = [&](int f) {
+    return root / ("d" + std::to_string(f / 500)) / ("E=8,N=" + std::to_string(f + 1) + ",device_name=NVIDIA_H200.json");
+  };
+  for (int f = 0; f < kFiles; ++f) {
+    fs::create_directories(file_of(f).parent_path());
+    write_table(file_of(f), 100);
+  }
+  // Files changed within 2 s of a load are read again by the next one
+  // (store::FileCache): let the tree settle first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  const std::string dir = root.string();
+
+  std::vector<double> full_wall, full_cpu;
+  for (int i = 0; i < 3; ++i) {
+    full_wall.push_back(load_seconds(dir));
+    full_cpu.push_back(g_last_cpu_s);
+  }
+  std::sort(full_wall.begin(), full_wall.end());
+  std::sort(full_cpu.begin(), full_cpu.end());
+
+  dispatch::RuntimeOptions o;
+  o.config_dirs = {dir};
+  o.load_shipped_configs = false;
+  o.tune.load_cache = o.tune.persist = false;
+  o.log_level = dispatch::LogLevel::off;
+  auto rt = std::move(dispatch::Runtime::create(o).value());
+
+  // The reader: lookups of one key, each timed, tagged by the window it fell in.
+  std::atomic<int> window{0};  // 0: none, 1: idle, 2: a reload runs
+  std::atomic<bool> stop{false};
+  Window idle, during;
+  int64_t failed = 0;
+  std::thread reader([&] {
+    const dispatch::LookupQuery q{.op = "fused_moe", .key = "E=8,N=7", .device = "NVIDIA_H200", .M = 50};
+    while (!stop.load(std::memory_order_relaxed)) {
+      const int w = window.load(std::memory_order_acquire);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = dispatch::lookup(*rt, q);
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      failed += !r.ok();
+      if (w == 1) idle.ns.push_back(ns);
+      if (w == 2) during.ns.push_back(ns);
+    }
+  });
+  auto timed_reload = [&](double* cpu) {
+    const double c0 = thread_cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!rt->reload().ok()) std::exit(1);
+    *cpu = thread_cpu_seconds() - c0;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> same_wall, same_cpu, one_wall, one_cpu;
+  int64_t read_after_one = -1, unchanged_after_one = -1, keys_unchanged = -1;
+  double reload_time_total = 0;
+  for (int i = 0; i < 5; ++i) {
+    double cpu = 0;
+    same_wall.push_back(timed_reload(&cpu));
+    same_cpu.push_back(cpu);
+  }
+  for (int i = 0; i < 5; ++i) {
+    // One file, its rows shifted: a different table. A file read within 2 s
+    // of its change is read again by the next reload (store::FileCache):
+    // each round first lets the previous round's file settle (an untimed
+    // reload caches it), so the timed reload reads exactly one file.
+    if (i > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+      if (!rt->reload().ok()) std::exit(1);
+    }
+    write_table(file_of(i * 1999 + 17), 100, 2);
+    window.store(2, std::memory_order_release);
+    double cpu = 0;
+    const double w = timed_reload(&cpu);
+    window.store(0, std::memory_order_release);
+    reload_time_total += w;
+    one_wall.push_back(w);
+    one_cpu.push_back(cpu);
+    const dispatch::LoadReport rep = rt->load_report();
+    read_after_one = rep.files_read;
+    unchanged_after_one = rep.files_unchanged;
+    keys_unchanged = rep.keys_unchanged;
+  }
+  window.store(1, std::memory_order_release);  // an idle window as long as the reloads were
+  std::this_thread::sleep_for(std::chrono::duration<double>(reload_time_total));
+  window.store(0, std::memory_order_release);
+  stop.store(true);
+  reader.join();
+  std::sort(same_wall.begin(), same_wall.end());
+  std::sort(same_cpu.begin(), same_cpu.end());
+  std::sort(one_wall.begin(), one_wall.end());
+  std::sort(one_cpu.begin(), one_cpu.end());
+
+  const double ratio = one_cpu[2] / full_cpu[1];
+  std::printf("| %d files of 100 rows | wall, median (ms) | CPU time of the loading thread, median (ms) | files read | files unchanged | keys copied |\n|---|---|---|---|---|---|\n", kFiles);
+  std::printf("| full load (Runtime::create, 3 runs) | %.1f | %.1f | %d | 0 | 0 |\n", full_wall[1] * 1e3, full_cpu[1] * 1e3, kFiles);
+  std::printf("| reload, nothing changed (5 runs) | %.1f | %.1f | 0 | %d | %d |\n", same_wall[2] * 1e3, same_cpu[2] * 1e3, kFiles, kFiles);
+  std::printf("| reload after one file changed (5 runs) | %.1f | %.1f | %lld | %lld | %lld |\n", one_wall[2] * 1e3,
+              one_cpu[2] * 1e3, (long long)read_after_one, (long long)unchanged_after_one, (long long)keys_unchanged);
+  std::printf("one-file reload / full load: %.3f of the CPU time, %.3f of the wall time (target <= 0.10)\n", ratio,
+              one_wall[2] / full_wall[1]);
+  std::printf("reader (dispatch::lookup of one key, another thread): during the reloads %zu calls, p50 %.0f ns, "
+              "p99.9 %.0f ns, max %.0f ns; idle window of the same length %zu calls, p50 %.0f ns, p99.9 %.0f ns, "
+              "max %.0f ns; failed lookups %lld\n",
+              during.ns.size(), during.pct(0.5), during.pct(0.999), during.pct(1.0), idle.ns.size(), idle.pct(0.5),
+              idle.pct(0.999), idle.pct(1.0), (long long)failed);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  if (assert_ratio && (ratio > bar || failed != 0 || read_after_one != 1)) {
+    std::fprintf(stderr, "bench_load --reload: the one-file reload costs %.3f of a full load (bar %.2f), "
+                         "read %lld files, %lld failed lookups\n", ratio, bar, (long long)read_after_one, (long long)failed);
+    return 1;
+  }
+  if (assert_ratio) std::printf("within the bar of %.2f\n", bar);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--load-once") == 0) return load_once(argv[2]);
   for (int i = 1; i < argc; ++i)
@@ -357,6 +500,14 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[j], "--bar") == 0 && j + 1 < argc) bar = std::atof(argv[j + 1]);
       }
       return run_scaling(assert_ratios, bar);
+    } else if (std::strcmp(argv[i], "--reload") == 0) {
+      bool assert_ratio = false;
+      double bar = 0.10;
+      for (int j = 1; j < argc; ++j) {
+        assert_ratio = assert_ratio || std::strcmp(argv[j], "--assert") == 0;
+        if (std::strcmp(argv[j], "--bar") == 0 && j + 1 < argc) bar = std::atof(argv[j + 1]);
+      }
+      return run_reload(assert_ratio, bar);
     }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -21,8 +21,9 @@ namespace {
 
 Bucket bucket_of(std::vector<int64_t> ms) {
   Bucket b;
-  b.ms = std::move(ms);
-  b.rows.resize(b.ms.size());
+  const size_t n = ms.size();
+  b.ms = table::SharedArray<int64_t>(std::move(ms));
+  b.rows = table::SharedArray<table::Row>(std::vector<table::Row>(n));
   return b;
 }
 
@@ -173,7 +174,7 @@ TEST_CASE("table: snapshot merges sources by rank and picks version folders") {
     auto s = Snapshot::build(std::move(in), {}, &notes);
     const Bucket* b = s->find(k, table::key_hash(k));
     REQUIRE(b != nullptr);
-    CHECK(b->ms == std::vector<int64_t>{1, 16, 64});
+    CHECK(std::vector<int64_t>(b->ms.begin(), b->ms.end()) == std::vector<int64_t>{1, 16, 64});
     CHECK(tag_of(*s, k, 1) == 10);
     CHECK(tag_of(*s, k, 16) == 10);
     CHECK(tag_of(*s, k, 64) == 20);
@@ -183,7 +184,8 @@ TEST_CASE("table: snapshot merges sources by rank and picks version folders") {
     std::vector<TableInput> in;
     in.push_back(input(k, {3840, 1792, 3584, 512}, 1));
     auto s = Snapshot::build(std::move(in), {}, nullptr);
-    CHECK(s->find(k, table::key_hash(k))->ms == std::vector<int64_t>{512, 1792, 3584, 3840});
+    const auto& ms = s->find(k, table::key_hash(k))->ms;
+    CHECK(std::vector<int64_t>(ms.begin(), ms.end()) == std::vector<int64_t>{512, 1792, 3584, 3840});
   }
   SUBCASE("version folders: exact, newest older, newest newer, none given; numeric order") {
     auto build = [&](std::vector<int> v, std::vector<std::string>* notes) {

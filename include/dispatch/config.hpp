@@ -80,6 +80,16 @@ struct KDISPATCH_API LoadReport {
   /// Static keys and rows in the published table.
   int64_t keys = 0;
   int64_t rows = 0;
+  /// Files this (re)load read and parsed, and files unchanged since the
+  /// previous load of the same Runtime (same inode, size, mtime and ctime)
+  /// whose rows were reused without reading them. A reload after one file
+  /// changed reads that file. A file changed within 2 s of the load that
+  /// read it is always read again (filesystems with coarse timestamps).
+  int64_t files_read = 0;
+  int64_t files_unchanged = 0;
+  /// Keys whose table was copied from the previous table because none of
+  /// their files changed (the others were merged anew).
+  int64_t keys_unchanged = 0;
   /// True when every file loaded fully or partially (none skipped).
   bool all_usable() const noexcept;
   /// The report as JSON: {"files": [{"path", "status", "problems"}], ...}.

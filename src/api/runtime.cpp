@@ -107,7 +107,8 @@ std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const 
 }
 
 void Runtime::Impl::rebuild_locked(std::vector<std::string>* notes) {
-  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, notes);
+  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, notes,
+                                     table.current.load(std::memory_order_relaxed));
   reports.set_counts(static_cast<int64_t>(snap->buckets().size()), snap->row_count());
   table.publish_locked(std::move(snap), this);
 }
@@ -139,9 +140,11 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
 // is gone; a stale cache file is never kept.
 void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
   if (table.base_inputs.empty()) return;
-  std::unordered_map<std::string, const table::TableInput*> previous;
-  for (const table::TableInput& in : table.base_inputs)
-    previous.emplace(std::to_string(in.source_rank) + '\n' + in.path, &in);
+  bool any_skipped = false;
+  for (const FileReport& f : out->report.files) any_skipped = any_skipped || (f.state == FileReport::State::skipped && !f.stale);
+  if (!any_skipped) return;
+  std::unordered_map<std::string, const std::shared_ptr<const table::TableInput>*> previous;
+  for (const auto& in : table.base_inputs) previous.emplace(std::to_string(in->source_rank) + '\n' + in->path, &in);
   std::unordered_map<std::string, int32_t> rank_of;
   for (const auto& [d, r] : source_dirs()) rank_of.emplace(d, r);
   for (FileReport& f : out->report.files) {
@@ -151,7 +154,7 @@ void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
     const auto it = previous.find(std::to_string(r->second) + '\n' + f.path);
     if (it == previous.end()) continue;
     out->inputs.push_back(*it->second);
-    f.rows = static_cast<int32_t>(it->second->rows.size());
+    f.rows = static_cast<int32_t>((*it->second)->rows.size());
     f.problems.push_back("its previous rows (" + std::to_string(f.rows) +
                          ") keep serving until the file is fixed or removed");
   }
@@ -162,13 +165,19 @@ Status Runtime::Impl::load_and_publish_locked() {
   for (const auto& [d, r] : source_dirs()) dirs.push_back(store::SourceDir{d, r});
   auto intern = [this](const std::string& dir, const std::string& rel) { return sources.intern(dir, rel); };
   for (auto& d : dirs) d.check_fingerprint = d.rank == cache_rank && !cache_dir.empty() && d.dir == cache_dir;
-  store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern);
+  store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern, &table.file_cache);
   keep_rows_of_broken_files(&out);
   table.base_inputs = std::move(out.inputs);
   std::vector<std::string> notes;
-  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, &notes);
+  // Incremental: the keys of unchanged files are copied from the table
+  // that serves now (Snapshot::build).
+  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, &notes,
+                                     table.current.load(std::memory_order_relaxed));
   out.report.keys = static_cast<int64_t>(snap->buckets().size());
   out.report.rows = snap->row_count();
+  out.report.files_read = out.files_read;
+  out.report.files_unchanged = out.files_reused;
+  out.report.keys_unchanged = snap->reused_buckets();
   if (!cache_dir_refused.empty()) out.report.notes.push_back(cache_dir_refused);
   for (auto& n : notes) out.report.notes.push_back(std::move(n));
   for (const auto& f : out.report.files) {
@@ -464,7 +473,8 @@ std::string LoadReport::to_json() const {
   w.key("notes").begin_array();
   for (const auto& n : notes) w.value(n);
   w.end_array();
-  w.field("keys", keys).field("rows", rows).end_object();
+  w.field("keys", keys).field("rows", rows).field("files_read", files_read);
+  w.field("files_unchanged", files_unchanged).field("keys_unchanged", keys_unchanged).end_object();
   return w.take();
 }
 

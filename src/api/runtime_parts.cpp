@@ -20,7 +20,7 @@ PublishedTable::~PublishedTable() { delete current.load(std::memory_order_acquir
 std::vector<const table::TableInput*> PublishedTable::all_inputs() const {
   std::vector<const table::TableInput*> all;
   all.reserve(base_inputs.size() + tuned_inputs.size());
-  for (const auto& in : base_inputs) all.push_back(&in);
+  for (const auto& in : base_inputs) all.push_back(in.get());
   for (const auto& in : tuned_inputs) all.push_back(&in);
   return all;
 }
@@ -50,6 +50,9 @@ void PublishedTable::add_tuned_locked(std::vector<table::TableInput> rows) {
           return false;
         });
     std::erase_if(tuned_inputs, [](const table::TableInput& t) { return t.rows.empty(); });
+    for (auto& old : tuned_inputs)
+      if (old.key == in.key) old.serial = table::next_serial();  // changed: its key is rebuilt
+    in.serial = table::next_serial();
     tuned_inputs.push_back(std::move(in));
   }
 }

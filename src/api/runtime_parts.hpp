@@ -22,6 +22,7 @@
 
 #include "core/op.hpp"
 #include "dispatch/config.hpp"
+#include "store/loader.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/status.hpp"
 #include "table/snapshot.hpp"
@@ -44,8 +45,10 @@ struct PublishedTable {
   /// Table inputs of the last load from disk, and rows tuned in this process
   /// (kept so a publish can rebuild the table without re-reading files).
   /// Guarded by `mu`.
-  std::vector<table::TableInput> base_inputs;
-  std::vector<table::TableInput> tuned_inputs;
+  std::vector<std::shared_ptr<const table::TableInput>> base_inputs;
+  std::vector<table::TableInput> tuned_inputs;  ///< each gets a new serial when it changes
+  /// The loader's per-file cache: a reload reads only changed files.
+  store::FileCache file_cache;
 
   PublishedTable() = default;
   PublishedTable(const PublishedTable&) = delete;

@@ -384,8 +384,9 @@ template <core::OpKind Op>
     const TensorRef& x = *t[i];
     present[i] = slot_present(a, x, require_data);
     if constexpr (a.rank == 2) {
-      const bool here = ok_2d(x, is_written(a), require_data) & (x.shape[0] == eval(a.rows)) &
-                        (x.shape[1] == eval(a.cols));
+      // Branchless on purpose (the hot path): ints, so no compiler reads it as a mistyped &&.
+      const bool here = (int{ok_2d(x, is_written(a), require_data)} & int{x.shape[0] == eval(a.rows)} &
+                         int{x.shape[1] == eval(a.cols)}) != 0;
       ok = ok && (a.optional ? !present[i] || here : here);
     } else {
       const bool here = ok_1d(x, eval(a.cols), require_data);

@@ -5,6 +5,7 @@
 // keeps going. Notes on simdjson 3.0.1 (see shared/notes/toolchain.md):
 // unescaped_key() may be called once per field; On Demand is forward-only.
 #include "store/json_file.hpp"
+#include "store/limits.hpp"
 
 #include <simdjson.h>
 
@@ -241,8 +242,7 @@ struct ConfigPool {
       Config c;
       c.reserve(fields.size());
       for (const RawField& f : fields)
-        c.emplace_back(std::piecewise_construct, std::forward_as_tuple(f.key),
-                       std::forward_as_tuple(f.kind, f.i, f.s.empty() ? std::string() : std::string(f.s)));
+        c.emplace_back(std::string(f.key), ConfigValue{f.kind, f.i, f.s.empty() ? std::string() : std::string(f.s)});
       configs->push_back(std::move(c));
       return static_cast<uint32_t>(configs->size() - 1);
     };
@@ -328,6 +328,11 @@ std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, erro
 
 }  // namespace
 
+namespace {
+Limits g_limits;  // constant-initialised: no guard on the parser's path
+}  // namespace
+Limits& limits() noexcept { return g_limits; }
+
 size_t json_padding() noexcept { return simdjson::SIMDJSON_PADDING; }
 
 ParsedFile parse_config_json(const char* data, size_t len) {
@@ -359,7 +364,14 @@ ParsedFile parse_config_json(const char* data, size_t len) {
     }
     return fail(err);
   }
-  int64_t object_keys = 0;
+  int64_t object_keys = 0, batch_keys = 0;
+  size_t problems_left_out = 0;
+  // Problems past limits().max_problems_per_file are counted, not kept (a file of a
+  // million bad rows reports a thousand and a count).
+  auto problem = [&](std::string text) {
+    if (out.problems.size() < limits().max_problems_per_file) out.problems.push_back(std::move(text));
+    else ++problems_left_out;
+  };
   ConfigPool pool{&out.configs, {}, {}};
   int64_t max_m = 0;
   std::unordered_map<int64_t, size_t> row_index;  // M -> index in out.rows, once an M comes out of order
@@ -375,24 +387,33 @@ ParsedFile parse_config_json(const char* data, size_t len) {
     if ((err = v.type().get(t))) return fail(err);
     int64_t m = 0;
     if (parse_m_key(key, &m)) {
+      if (++batch_keys > limits().max_rows_per_file) {
+        out.kind = ParsedFile::Kind::error;
+        out.rows.clear();
+        out.configs.clear();
+        out.problems.insert(out.problems.begin(), "more than " + std::to_string(limits().max_rows_per_file) +
+                                                      " batch-size keys, the limit for one file "
+                                                      "(docs/config-files.md#limits): file not loaded");
+        return out;
+      }
       if (m < 1) {
         std::string_view raw;
         if ((err = raw_value(v, t, &raw))) return fail(err);
-        out.problems.push_back("M=" + key + ": batch size must be >= 1; row dropped");
+        problem("M=" + key + ": batch size must be >= 1; row dropped");
         ++out.dropped_rows;
         continue;
       }
       if (t == od::json_type::null) {
         bool is_null = false;
         if ((err = v.is_null().get(is_null))) return fail(err);
-        out.problems.push_back("M=" + key + ": null row dropped");
+        problem("M=" + key + ": null row dropped");
         ++out.dropped_rows;
         continue;
       }
       if (t != od::json_type::object) {
         std::string_view raw;
         if ((err = raw_value(v, t, &raw))) return fail(err);
-        out.problems.push_back("M=" + key + ": row is not an object; dropped");
+        problem("M=" + key + ": row is not an object; dropped");
         ++out.dropped_rows;
         continue;
       }
@@ -403,10 +424,10 @@ ParsedFile parse_config_json(const char* data, size_t len) {
       std::string reason = read_row(v, &pool, &row.config, &err, &repeated);
       if (err) return fail(err);
       if (!repeated.empty())
-        out.problems.push_back("M=" + key + ": key '" + std::string(repeated) +
+        problem("M=" + key + ": key '" + std::string(repeated) +
                                "' repeated in the row; the last one serves (as json.load)");
       if (!reason.empty()) {
-        out.problems.push_back("M=" + key + ": " + reason + "; row dropped");
+        problem("M=" + key + ": " + reason + "; row dropped");
         ++out.dropped_rows;
         continue;
       }
@@ -421,7 +442,7 @@ ParsedFile parse_config_json(const char* data, size_t len) {
         if (auto it = row_index.find(m); it != row_index.end()) dup = it->second;
       }
       if (dup < out.rows.size()) {
-        out.problems.push_back("M=" + key + ": duplicate key; the last one serves (as json.load)");
+        problem("M=" + key + ": duplicate key; the last one serves (as json.load)");
         ++out.dropped_rows;  // the earlier row is dropped: the file is partial
         out.rows[dup] = std::move(row);
         continue;
@@ -438,10 +459,14 @@ ParsedFile parse_config_json(const char* data, size_t len) {
       if (key == "kdispatch") {
         out.metadata.emplace_back(std::move(key), std::string(raw));
       } else {
-        foreign_keys.push_back(key);
+        if (foreign_keys.size() < limits().max_problems_per_file) foreign_keys.push_back(key);
+        else ++problems_left_out;
       }
-    } else {
+    } else if (out.metadata.size() < limits().max_metadata_keys) {
       out.metadata.emplace_back(std::move(key), std::string(raw));
+    } else {
+      problem("key '" + key + "' is not a batch size; ignored (more than " + std::to_string(limits().max_metadata_keys) +
+              " metadata keys)");
     }
   }
   // Content after the top-level object. simdjson catches it at the first
@@ -466,8 +491,10 @@ ParsedFile parse_config_json(const char* data, size_t len) {
                                                 : "not a config table: no batch-size keys (keys: " + keys + ")");
     return out;
   }
-  for (const auto& k : foreign_keys)
-    out.problems.push_back("key '" + k + "' is not a batch size; ignored");
+  for (const auto& k : foreign_keys) problem("key '" + k + "' is not a batch size; ignored");
+  if (problems_left_out > 0)
+    out.problems.push_back("... and " + std::to_string(problems_left_out) + " more problems (only the first " +
+                           std::to_string(limits().max_problems_per_file) + " are listed)");
   return out;
 }
 

@@ -37,6 +37,9 @@ struct ParsedFile {
   int32_t dropped_rows = 0;  ///< null rows and rows with bad values
 };
 
+/// Limits (store/limits.hpp): a file with more batch-size keys than
+/// limits().max_rows_per_file is an error (not loaded); problems past
+/// max_problems_per_file are counted in one last line, not kept.
 /// Parses `len` bytes at `data`; `data` must have at least
 /// simdjson::SIMDJSON_PADDING readable bytes after `len`.
 /// Thread-safety: one call per thread at a time (uses a thread_local parser).

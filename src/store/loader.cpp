@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/loader.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
+#include "store/limits.hpp"
 #include "table/key.hpp"
 
 namespace dispatch::store {
@@ -50,6 +53,12 @@ bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::strin
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     *err = std::string("cannot stat: ") + std::strerror(errno);
+    ::close(fd);
+    return false;
+  }
+  if (st.st_size > limits().max_file_bytes) {
+    *err = "file is " + std::to_string(st.st_size) + " bytes, over the limit of " + std::to_string(limits().max_file_bytes) +
+           " bytes for one config file (docs/config-files.md#limits): not read";
     ::close(fd);
     return false;
   }
@@ -232,7 +241,8 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
     table::TableInput::InputRow ir;
     ir.m = row.m;
     if (const std::string why = own_row(f, parsed.config(row), row, &ir); !why.empty()) {
-      rep.problems.push_back("M=" + std::to_string(row.m) + ": " + why + "; row dropped");
+      if (rep.problems.size() < limits().max_problems_per_file)  // a million bad rows: the first thousand listed
+        rep.problems.push_back("M=" + std::to_string(row.m) + ": " + why + "; row dropped");
       ++parsed.dropped_rows;
       continue;
     }
@@ -320,29 +330,33 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
   if (!why.empty()) return skip(why);
 
   for (auto& p : parsed.problems) rep.problems.push_back(std::move(p));
+  if (rep.problems.size() > limits().max_problems_per_file + 1) {
+    const size_t more = rep.problems.size() - limits().max_problems_per_file;
+    rep.problems.resize(limits().max_problems_per_file);
+    rep.problems.push_back("... and " + std::to_string(more) + " more problems listed past the limit of " +
+                           std::to_string(limits().max_problems_per_file));
+  }
   rep.metadata = std::move(parsed.metadata);
   rep.rows = static_cast<int32_t>(in.rows.size());
   if (in.rows.empty()) return skip("no usable rows");
   rep.state = parsed.dropped_rows > 0 ? FileReport::State::partial : FileReport::State::loaded;
   in.source_id = intern(src.dir, rep.path);
-  out->inputs.push_back(std::move(in));
+  in.serial = table::next_serial();
+  out->inputs.push_back(std::make_shared<const table::TableInput>(std::move(in)));
   out->report.files.push_back(std::move(rep));
 }
 
 struct Found {
-  std::string order;  // the path with '/' -> '\0': sorts as fs::path compares, component-wise
-  fs::path path;
-  bool symlink;       // from the entry's cached type: no syscall
+  std::string path;  // the config dir, '/', the path under it
+  bool symlink;      // from the entry's type (readdir): no syscall
+  FileCache::Sig sig;
 };
-
-/// Deepest folder level read below a config dir (SGLang's trees are 2-3
-/// deep); deeper folders are reported, not read.
-constexpr int kMaxDirDepth = 16;
 
 // An entry under a config dir that cannot be used: reported as a skipped
 // file (so `validate` fails and the load report names it), never silently
 // passed over.
 void unusable(const SourceDir& src, const fs::path& path, const std::string& why, LoadOutput* out) {
+  // (a cold path: fs::path's lexical helpers are fine here)
   FileReport rep;
   rep.dir = src.dir;
   const fs::path r = path.lexically_relative(src.dir);
@@ -352,97 +366,189 @@ void unusable(const SourceDir& src, const fs::path& path, const std::string& why
   out->report.files.push_back(std::move(rep));
 }
 
-bool json_name(const std::string& name) {
-  return name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0;
+FileCache::Sig file_sig(const struct stat& st) {
+  return FileCache::Sig{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                        static_cast<int64_t>(st.st_size),
+                        static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                        static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec};
 }
+
+// One walk of a config dir: the entries examined so far (limits().max_entries_per_dir).
+struct Walk {
+  const SourceDir& src;
+  std::vector<Found>* files;
+  LoadOutput* out;
+  int64_t entries = 0;
+  bool stopped = false;
+};
 
 // Collects the *.json regular files under `dir` (names starting with '.'
 // are editor and writer temp files: passed over). Reported: a folder that
 // cannot be read (the config dir itself included), a folder deeper than
-// kMaxDirDepth, a directory symbolic link (not followed: a tree is read
-// without leaving it through links), and a *.json entry that is not a
+// limits().max_dir_depth, a directory symbolic link (not followed: a tree is
+// read without leaving it through links), a *.json entry that is not a
 // readable regular file (a dangling or looping link, a FIFO, a socket, a
-// device, a directory).
-void walk_dir(const SourceDir& src, const fs::path& dir, int depth, std::vector<Found>* files, LoadOutput* out) {
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) {
+// device, a directory), and a tree past limits().max_entries_per_dir
+// entries (the walk stops). POSIX directory streams: the entry's type from
+// readdir and one fstatat() relative to the folder per entry (it follows a
+// link) give the type and the FileCache signature without a full path
+// lookup per file (a reload of an unchanged 10,000-file tree is mostly
+// this walk).
+void walk_dir(Walk& w, const std::string& dir, int depth) {
+  const SourceDir& src = w.src;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    const std::error_code ec(errno, std::generic_category());
     if (depth == 0) {
       // A config dir that went away (hot reload) or a cache dir not made
       // yet: a note. One that cannot be read: a note and an unusable entry.
-      out->report.notes.push_back("config dir '" + src.dir + "' cannot be read: " + ec.message());
+      w.out->report.notes.push_back("config dir '" + src.dir + "' cannot be read: " + ec.message());
       if (ec == std::errc::no_such_file_or_directory || src.check_fingerprint) return;
     }
-    unusable(src, dir, "folder cannot be read: " + ec.message() + " (nothing under it is loaded)", out);
+    unusable(src, dir, "folder cannot be read: " + ec.message() + " (nothing under it is loaded)", w.out);
     return;
   }
-  for (; it != fs::directory_iterator(); it.increment(ec)) {
-    if (ec) {
-      unusable(src, dir, "folder listing failed: " + ec.message(), out);
-      return;
+  const int dfd = ::dirfd(d);
+  const std::string prefix = dir.empty() || dir.back() == '/' ? dir : dir + '/';
+  // The folder's entries, sorted by name before any is looked at: the walk
+  // then yields paths in fs::path order (component-wise) without a sort of
+  // whole paths afterwards. Names live in one buffer.
+  struct Ent {
+    size_t at, len;
+    unsigned char type;
+  };
+  std::vector<Ent> ents;
+  std::string names;
+  for (;;) {
+    errno = 0;
+    const struct dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0)
+        unusable(src, dir, "folder listing failed: " + std::error_code(errno, std::generic_category()).message(), w.out);
+      break;
     }
-    const fs::directory_entry& e = *it;
-    const std::string name = e.path().filename().string();
-    if (name.empty() || name[0] == '.') continue;
-    std::error_code lec, sec;
-    const bool link = e.is_symlink(lec);
-    const fs::file_status st = e.status(sec);  // follows a link
-    const bool json = json_name(name);
-    if (sec || st.type() == fs::file_type::not_found) {
+    if (e->d_name[0] == '.') continue;  // ".", "..", hidden and temp files
+    if (++w.entries > limits().max_entries_per_dir) {
+      w.stopped = true;
+      unusable(src, src.dir,
+               "more than " + std::to_string(limits().max_entries_per_dir) +
+                   " entries under this config dir (docs/config-files.md#limits): the walk stopped there; "
+                   "files not reached are not loaded",
+               w.out);
+      break;
+    }
+    const size_t len = std::strlen(e->d_name);
+    ents.push_back(Ent{names.size(), len, e->d_type});
+    names.append(e->d_name, len + 1);  // with its '\0'
+  }
+  std::sort(ents.begin(), ents.end(), [&](const Ent& a, const Ent& b) {
+    const int c = std::memcmp(names.data() + a.at, names.data() + b.at, std::min(a.len, b.len));
+    return c != 0 ? c < 0 : a.len < b.len;
+  });
+  for (const Ent& ent : ents) {
+    if (w.stopped) break;  // a folder below hit the entry limit
+    const char* name = names.data() + ent.at;
+    const size_t name_len = ent.len;
+    const bool json = name_len > 5 && std::memcmp(name + name_len - 5, ".json", 5) == 0;
+    bool link = ent.type == DT_LNK;
+    if (ent.type == DT_UNKNOWN) {  // filesystems that do not fill d_type
+      struct stat lst {};
+      link = ::fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode);
+    }
+    // Only *.json entries, links and folders matter: a plain file of
+    // another name needs no stat.
+    if (!json && !link && ent.type != DT_DIR && ent.type != DT_UNKNOWN) continue;
+    std::string path;  // one allocation per entry that matters
+    path.reserve(prefix.size() + name_len);
+    path.append(prefix).append(name, name_len);
+    struct stat st {};
+    if (::fstatat(dfd, name, &st, 0) != 0) {
+      const int err = errno;
       if (json || link) {
-        const std::string what = sec == std::errc::too_many_symbolic_link_levels ? "a symbolic link loop"
-                                 : link ? "a dangling symbolic link"
-                                        : "cannot be examined";
-        unusable(src, e.path(), what + (sec ? ": " + sec.message() : std::string()), out);
+        const std::string what = err == ELOOP ? "a symbolic link loop"
+                                 : link       ? "a dangling symbolic link"
+                                              : "cannot be examined";
+        unusable(src, path,
+                 what + (err == ENOENT ? std::string() : ": " + std::error_code(err, std::generic_category()).message()),
+                 w.out);
       }
       continue;
     }
-    if (fs::is_directory(st)) {
+    if (S_ISDIR(st.st_mode)) {
       if (link) {
-        unusable(src, e.path(), "a symbolic link to a directory: not followed (copy the files, or name the "
-                                "target as a config dir)", out);
-      } else if (depth + 1 > kMaxDirDepth) {
-        unusable(src, e.path(), "folder deeper than " + std::to_string(kMaxDirDepth) + " levels: not read", out);
+        unusable(src, path, "a symbolic link to a directory: not followed (copy the files, or name the "
+                            "target as a config dir)", w.out);
+      } else if (depth + 1 > limits().max_dir_depth) {
+        unusable(src, path,
+                 "folder deeper than " + std::to_string(limits().max_dir_depth) + " levels: not read", w.out);
       } else {
-        walk_dir(src, e.path(), depth + 1, files, out);
+        walk_dir(w, path, depth + 1);
       }
       continue;
     }
     if (!json) continue;
-    if (!fs::is_regular_file(st)) {
-      const char* kind = fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket"
-                       : fs::is_block_file(st) || fs::is_character_file(st) ? "a device" : "not a file";
-      unusable(src, e.path(), std::string(kind) + ", not a regular file", out);
+    if (!S_ISREG(st.st_mode)) {
+      const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode) ? "a device" : "not a file";
+      unusable(src, path, std::string(kind) + ", not a regular file", w.out);
       continue;
     }
-    std::string order = e.path().native();
-    std::replace(order.begin(), order.end(), '/', '\0');
-    files->push_back(Found{std::move(order), e.path(), link});
+    w.files->push_back(Found{std::move(path), link, file_sig(st)});
   }
+  ::closedir(d);
+}
+
+int64_t now_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 }  // namespace
 
 LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
-                            const InternFn& intern) {
+                            const InternFn& intern, FileCache* cache) {
   LoadOutput out;
   ReadBuffer buf;
-  buf.ensure(64 * 1024);
+  FileCache next;
+  if (cache) next.files.reserve(cache->files.size() + 16);  // no rehash while it fills
+  const int64_t started = now_ns();
   for (const auto& src : dirs) {
     std::vector<Found> files;
     const size_t unusable_from = out.report.files.size();
-    walk_dir(src, fs::path(src.dir), 0, &files, &out);
+    Walk walk{src, &files, &out};
+    walk_dir(walk, src.dir, 0);  // in fs::path order: each folder's entries sorted by name
+    if (static_cast<int64_t>(files.size()) > limits().max_files_per_dir) {
+      unusable(src, files[limits().max_files_per_dir].path,
+               "config dir holds " + std::to_string(files.size()) + " *.json files, over the limit of " +
+                   std::to_string(limits().max_files_per_dir) + " (docs/config-files.md#limits): this file and the " +
+                   std::to_string(files.size() - limits().max_files_per_dir - 1) + " after it in path order are not loaded",
+               &out);
+      files.resize(limits().max_files_per_dir);
+    }
     std::sort(out.report.files.begin() + static_cast<std::ptrdiff_t>(unusable_from), out.report.files.end(),
               [](const FileReport& a, const FileReport& b) { return a.path < b.path; });  // in a stable order
-    // The order of fs::path's operator<, on plain strings: path::compare
-    // splits both paths into components on every call (bench/bench_load.cpp).
-    std::sort(files.begin(), files.end(), [](const Found& a, const Found& b) { return a.order < b.order; });
     out.report.files.reserve(out.report.files.size() + files.size());  // one entry per file
     out.inputs.reserve(out.inputs.size() + files.size());              // at most one per file
+    const std::string cache_suffix = '\n' + std::to_string(src.rank);  // one dir may be listed twice
     for (const Found& found : files) {
-      const fs::path& f = found.path;
+      std::string cache_key;
+      if (cache) {
+        cache_key = found.path + cache_suffix;
+        if (auto it = cache->files.find(cache_key); it != cache->files.end() && it->second.sig == found.sig) {
+          if (it->second.input) out.inputs.push_back(it->second.input);
+          out.report.files.push_back(it->second.report);
+          ++out.files_reused;
+          next.files.insert(cache->files.extract(it));
+          continue;
+        }
+      }
+      const size_t inputs_before = out.inputs.size();
+      const fs::path f(found.path);
       try {
+        buf.ensure(64 * 1024);
         load_file(src, f, found.symlink, aliases, intern, &buf, &out);
+        ++out.files_read;
       } catch (const std::exception& e) {
         FileReport rep;
         rep.dir = src.dir;
@@ -450,9 +556,18 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
         rep.state = FileReport::State::skipped;
         rep.problems.push_back(std::string("internal error while loading: ") + e.what());
         out.report.files.push_back(std::move(rep));
+        continue;
+      }
+      // Cached unless changed within limits().racy_ns of this load (see FileCache).
+      const int64_t changed = std::max(found.sig.mtime_ns, found.sig.ctime_ns);
+      if (cache && started - changed > limits().racy_ns) {
+        FileCache::Entry entry{found.sig, out.report.files.back(), nullptr};
+        if (out.inputs.size() > inputs_before) entry.input = out.inputs.back();
+        next.files.emplace(std::move(cache_key), std::move(entry));
       }
     }
   }
+  if (cache) *cache = std::move(next);
   return out;
 }
 

@@ -17,7 +17,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dispatch/config.hpp"
@@ -38,13 +40,38 @@ struct SourceDir {
 using InternFn = std::function<uint32_t(const std::string& dir, const std::string& rel_path)>;
 
 struct LoadOutput {
-  std::vector<table::TableInput> inputs;
+  /// One per file with usable rows; shared with a FileCache (immutable).
+  std::vector<std::shared_ptr<const table::TableInput>> inputs;
   LoadReport report;
+  int64_t files_read = 0;    ///< files read and parsed by this load
+  int64_t files_reused = 0;  ///< files unchanged since the cached load: not read
 };
 
-/// Loads every dir. Never fails: problems land in the report.
-LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs,
-                            const std::vector<DeviceAlias>& aliases, const InternFn& intern);
+/// What a load keeps of each file for the next one (a Runtime's reloads):
+/// a file whose device, inode, size, mtime and ctime are unchanged is not
+/// read again; its report and rows are reused. A file changed less than
+/// limits().racy_ns (2 s) before the load that read it is not cached (a
+/// second edit within one timestamp tick, on a filesystem with coarse
+/// times, would look unchanged): the next load reads it again.
+struct FileCache {
+  struct Sig {
+    uint64_t dev = 0, ino = 0;
+    int64_t size = 0, mtime_ns = 0, ctime_ns = 0;
+    friend bool operator==(const Sig&, const Sig&) = default;
+  };
+  struct Entry {
+    Sig sig;
+    FileReport report;
+    std::shared_ptr<const table::TableInput> input;  ///< null for a skipped file
+  };
+  std::unordered_map<std::string, Entry> files;  ///< key: the file's path, '\n', its dir's rank
+};
+
+/// Loads every dir. Never fails: problems land in the report. With `cache`,
+/// files unchanged since the load that filled it are reused (and the cache
+/// is replaced by this load's files).
+LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
+                            const InternFn& intern, FileCache* cache = nullptr);
 
 /// Documented defaults for engine-owned Triton rows that leave a field out:
 /// Triton's own triton.Config defaults.

@@ -2,6 +2,7 @@
 #include "table/snapshot.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <unordered_map>
@@ -30,6 +31,11 @@ int compare_versions(const std::vector<int>& a, const std::vector<int>& b) {
 }
 
 }  // namespace
+
+uint64_t next_serial() noexcept {
+  static std::atomic<uint64_t> serials{0};
+  return serials.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 std::unique_ptr<Snapshot> Snapshot::empty() { return std::unique_ptr<Snapshot>(new Snapshot()); }
 
@@ -67,20 +73,48 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
   return build(ptrs, backend_version, notes);
 }
 
-std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& inputs,
+std::unique_ptr<Snapshot> Snapshot::build(const std::vector<std::shared_ptr<const TableInput>>& inputs,
                                           const std::vector<int>& backend_version,
                                           std::vector<std::string>* notes) {
+  std::vector<const TableInput*> ptrs;
+  ptrs.reserve(inputs.size());
+  for (const auto& in : inputs) ptrs.push_back(in.get());
+  return build(ptrs, backend_version, notes);
+}
+
+std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& inputs,
+                                          const std::vector<int>& backend_version,
+                                          std::vector<std::string>* notes, const Snapshot* previous) {
   auto snap = std::unique_ptr<Snapshot>(new Snapshot());
+  snap->backend_version_ = backend_version;
+  // Incremental: the previous table's configs are carried over whole (so
+  // its rows' config indices stay valid in a copied bucket); every 64th
+  // build starts afresh and drops the configs no row uses any more.
+  if (previous && (previous->backend_version_ != backend_version || previous->incremental_builds_ >= 63))
+    previous = nullptr;
+  if (previous) {
+    snap->configs_ = previous->configs_;
+    snap->incremental_builds_ = previous->incremental_builds_ + 1;
+  }
 
   // Group inputs by key, then by source rank. The inputs stay untouched (the
   // runtime keeps them to rebuild after a tuner publish): only the rows that
   // serve are copied into the snapshot.
+  // Inputs ordered by key, then source rank, then their order in `inputs`
+  // (a sort of pointers: a map of maps cost several nodes per key).
   using TableInputP = const TableInput*;
-  std::map<std::string, std::map<int32_t, std::vector<TableInputP>>> by_key;
-  for (const TableInput* in : inputs) by_key[in->key][in->source_rank].push_back(in);
-
-  std::set<std::string> ops;
-  snap->buckets_.reserve(by_key.size());
+  std::vector<std::pair<TableInputP, size_t>> order;
+  order.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) order.emplace_back(inputs[i], i);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    if (const int c = a.first->key.compare(b.first->key); c != 0) return c < 0;
+    if (a.first->source_rank != b.first->source_rank) return a.first->source_rank < b.first->source_rank;
+    return a.second < b.second;
+  });
+  // One key's inputs grouped by rank: (rank, inputs) in rank order.
+  std::vector<std::pair<int32_t, std::vector<TableInputP>>> by_rank;
+  std::vector<std::string_view> ops;
+  snap->buckets_.reserve(order.size());
   // Identical rows share one stored config (a table of many batch sizes
   // repeats a few configs): memory follows the distinct configs, not rows.
   std::unordered_map<uint64_t, std::vector<uint32_t>> config_ids;
@@ -100,6 +134,7 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     return h;
   };
   std::unordered_map<const TableInput*, std::vector<uint32_t>> remap;  // an input's config -> the snapshot's
+  for (uint32_t id = 0; id < snap->configs_.size(); ++id) config_ids[config_hash(snap->configs_[id])].push_back(id);
   auto intern_config = [&](const Config& c) -> uint32_t {
     std::vector<uint32_t>& ids = config_ids[config_hash(c)];
     for (uint32_t id : ids)
@@ -118,12 +153,39 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
   };
   std::vector<Candidate> merged;
   std::vector<TableInputP> versioned, plain, chosen;  // per source; reused, as `merged`
-  for (auto& [key, by_rank] : by_key) {
+  for (size_t next = 0; next < order.size();) {
+    const std::string& key = order[next].first->key;
+    by_rank.clear();
+    for (; next < order.size() && order[next].first->key == key; ++next) {
+      const TableInputP t = order[next].first;
+      if (by_rank.empty() || by_rank.back().first != t->source_rank) by_rank.emplace_back(t->source_rank, std::vector<TableInputP>{});
+      by_rank.back().second.push_back(t);
+    }
+    // The identity of this key's inputs: (rank, serial) of each, in order;
+    // empty when one of them has no serial (then never reused).
+    std::vector<uint64_t> ids;
+    for (const auto& [rank, group] : by_rank)
+      for (TableInputP t : group) ids.insert(ids.end(), {static_cast<uint64_t>(static_cast<uint32_t>(rank)), t->serial});
+    bool reusable = true;
+    for (size_t i = 1; i < ids.size(); i += 2) reusable = reusable && ids[i] != 0;
+    if (!reusable) ids.clear();
+    if (!ids.empty() && previous) {
+      if (const Bucket* old = previous->find(key, key_hash(key)); old && old->inputs == ids) {
+        if (notes) notes->insert(notes->end(), old->build_notes.begin(), old->build_notes.end());
+        snap->rows_ += static_cast<int64_t>(old->ms.size());
+        ops.push_back(std::string_view(key).substr(0, key.find('|')));
+        snap->buckets_.push_back(*old);
+        ++snap->reused_buckets_;
+        continue;
+      }
+    }
     Bucket bucket;
+    bucket.inputs = std::move(ids);
+    std::vector<std::string> local_notes;
     bucket.key = key;
     bucket.hash = key_hash(key);
     {
-      const TableInput* first = by_rank.begin()->second.front();
+      const TableInput* first = by_rank.front().second.front();
       bucket.has_own_key = first->has_own_key;
       bucket.own_key = first->own_key;
       bucket.device_name = first->device_name;
@@ -176,8 +238,8 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
           if (compare_versions(t->version, pick) == 0) chosen.push_back(t);
         const std::string folder = chosen.front()->version_folder;
         note += (note.empty() ? "" : "; ") + std::string("served from ") + folder + " (" + how + ")";
-        if (!backend_version.empty() && how != "exact version" && notes)
-          notes->push_back(key + ": " + folder + " serves (" + how + ")");
+        if (!backend_version.empty() && how != "exact version")
+          local_notes.push_back(key + ": " + folder + " serves (" + how + ")");
         if (!plain.empty())
           note += "; unversioned file(s) of this source ignored in favour of " + folder;
       } else {
@@ -185,7 +247,7 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
       }
       std::sort(chosen.begin(), chosen.end(),
                 [](TableInputP a, TableInputP b) { return a->path < b->path; });
-      if (chosen.size() > 1 && notes) {
+      if (chosen.size() > 1) {
         // Two spellings of one device (MI325X and MI325_OAM files), or a
         // copy: one key from several files of one source. Said, not silent.
         std::set<int64_t> seen, shared;
@@ -194,7 +256,7 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
             if (!seen.insert(row.m).second) shared.insert(row.m);
         std::string files;
         for (TableInputP t : chosen) files += (files.empty() ? "" : ", ") + t->path;
-        notes->push_back(key + ": " + std::to_string(chosen.size()) + " files of one config dir hold this key (" +
+        local_notes.push_back(key + ": " + std::to_string(chosen.size()) + " files of one config dir hold this key (" +
                          files + "); " +
                          (shared.empty() ? std::string("their rows are merged")
                                          : std::to_string(shared.size()) + " M value(s) are in more than one, and " +
@@ -210,8 +272,10 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     if (!std::is_sorted(merged.begin(), merged.end(), by_m)) std::stable_sort(merged.begin(), merged.end(), by_m);
     size_t unique = 0;
     for (size_t c = 0; c < merged.size(); ++c) unique += (c == 0 || merged[c].m != merged[c - 1].m);
-    bucket.ms.reserve(unique);
-    bucket.rows.reserve(unique);
+    std::vector<int64_t> ms;
+    std::vector<Row> rows;
+    ms.reserve(unique);
+    rows.reserve(unique);
     for (size_t c = 0; c < merged.size(); ++c) {
       if (c > 0 && merged[c].m == merged[c - 1].m) continue;  // first wins
       Row r;
@@ -227,15 +291,20 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
         if (id == UINT32_MAX) id = intern_config(in->config(*merged[c].row));
         r.config_index = id;
       }
-      bucket.ms.push_back(merged[c].m);
-      bucket.rows.push_back(r);
+      ms.push_back(merged[c].m);
+      rows.push_back(r);
     }
+    bucket.ms = SharedArray<int64_t>(std::move(ms));
+    bucket.rows = SharedArray<Row>(std::move(rows));
+    if (notes) notes->insert(notes->end(), local_notes.begin(), local_notes.end());
     if (bucket.ms.empty()) continue;
+    bucket.build_notes = std::move(local_notes);
     snap->rows_ += static_cast<int64_t>(bucket.ms.size());
-    const auto bar = key.find('|');
-    ops.insert(key.substr(0, bar));
+    ops.push_back(std::string_view(key).substr(0, key.find('|')));
     snap->buckets_.push_back(std::move(bucket));
   }
+  std::sort(ops.begin(), ops.end());
+  ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
   snap->ops_.assign(ops.begin(), ops.end());
 
   // Open addressing, capacity a power of two >= 2 * buckets.

@@ -41,15 +41,46 @@ struct Row {
   uint32_t config_index = 0;   ///< the row as written, in Snapshot::configs_
 };
 
+/// A read-only array whose storage may be shared by several snapshots (an
+/// incremental build copies an unchanged key's bucket without copying its
+/// rows). Reads go through a plain pointer: no reference count is touched
+/// on the lookup path.
+template <class T>
+class SharedArray {
+ public:
+  SharedArray() = default;
+  explicit SharedArray(std::vector<T> v)
+      : owner_(std::make_shared<const std::vector<T>>(std::move(v))), data_(owner_->data()), size_(owner_->size()) {}
+  size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  const T& operator[](size_t i) const noexcept { return data_[i]; }
+  const T& front() const noexcept { return data_[0]; }
+  const T& back() const noexcept { return data_[size_ - 1]; }
+  const T* begin() const noexcept { return data_; }
+  const T* end() const noexcept { return data_ + size_; }
+
+ private:
+  std::shared_ptr<const std::vector<T>> owner_;
+  const T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 struct Bucket {
   std::string key;              ///< canonical static key
   uint64_t hash = 0;
   bool has_own_key = false;     ///< an own-op key: also reachable by find_own()
   OwnKey own_key;
   std::string device_name;      ///< the key's device_name (own-op keys)
-  std::vector<int64_t> ms;      ///< M keys, ascending
-  std::vector<Row> rows;        ///< parallel to ms
+  SharedArray<int64_t> ms;      ///< M keys, ascending
+  SharedArray<Row> rows;        ///< parallel to ms
   std::string note;             ///< how the bucket was assembled (version folder, merged sources)
+  /// The build notes this bucket gave (version folder, several files of a
+  /// key): said again when a later build reuses the bucket.
+  std::vector<std::string> build_notes;
+  /// Identity of the inputs the bucket was built from ((rank, serial) of
+  /// each, in order); empty = not reusable. A later build whose inputs for
+  /// this key are the same copies the bucket instead of rebuilding it.
+  std::vector<uint64_t> inputs;
 };
 
 struct NearestPolicy {
@@ -85,7 +116,14 @@ struct TableInput {
   uint32_t source_id = 0;
   std::string path;              ///< for notes
   std::vector<InputRow> rows;
+  /// Identity of this input's content, unique in the process (next_serial());
+  /// whoever changes an input gives it a new serial. 0 = unknown: a key with
+  /// such an input is always rebuilt.
+  uint64_t serial = 0;
 };
+
+/// A process-wide unique, never-0 TableInput serial.
+uint64_t next_serial() noexcept;
 
 class Snapshot {
  public:
@@ -93,7 +131,18 @@ class Snapshot {
   /// exactly `backend_version` first, else the newest older, else the newest
   /// newer (noted); no version given = the newest. Sources merge per M, the
   /// lower source_rank winning on the same M. Notes go to `notes`.
+  ///
+  /// Incremental build: with `previous` (a snapshot built by this function
+  /// with the same backend_version), a key whose inputs all carry the same
+  /// serials and ranks as when `previous` built it is copied from
+  /// `previous` (rows, notes and configs included) instead of being merged
+  /// again: a reload after one file changed rebuilds one key. Every 64th
+  /// incremental build is a full one (configs no longer used are dropped).
   static std::unique_ptr<Snapshot> build(const std::vector<const TableInput*>& inputs,
+                                         const std::vector<int>& backend_version,
+                                         std::vector<std::string>* notes, const Snapshot* previous = nullptr);
+  /// Convenience: the same over shared inputs (store::LoadOutput's).
+  static std::unique_ptr<Snapshot> build(const std::vector<std::shared_ptr<const TableInput>>& inputs,
                                          const std::vector<int>& backend_version,
                                          std::vector<std::string>* notes);
   /// Convenience: the same over owned inputs.
@@ -156,6 +205,13 @@ class Snapshot {
   std::vector<Config> configs_;
   std::vector<std::string> ops_;
   int64_t rows_ = 0;
+  std::vector<int> backend_version_;  ///< what it was built for (incremental builds)
+  int incremental_builds_ = 0;        ///< builds since the last full one
+  int64_t reused_buckets_ = 0;
+
+ public:
+  /// Buckets copied from the previous snapshot by an incremental build.
+  int64_t reused_buckets() const noexcept { return reused_buckets_; }
 };
 
 }  // namespace dispatch::table
