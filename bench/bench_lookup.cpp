@@ -120,7 +120,7 @@ struct World {
 
     for (const auto& b : snap->buckets()) {
       auto& m = baseline.map[b.key];
-      for (size_t i = 0; i < b.ms.size(); ++i) m.emplace(b.ms[i], b.rows[i].plan);
+      for (size_t i = 0; i < b.ms.size(); ++i) m.emplace(b.ms[i], table::Snapshot::plan(b, i));
     }
 
     std::mt19937_64 rng(42);
@@ -214,8 +214,8 @@ inline bool table_lookup_text(const World& w, const core::Problem& p, core::Plan
   const table::Snapshot* snap = w.current.load(std::memory_order_seq_cst);
   if (const table::Bucket* b = snap->find(key.view(), hash)) {
     size_t idx = 0;
-    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && r->plan.valid()) {
-      *plan = r->plan;
+    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && table::Snapshot::plan(*b, idx).valid()) {
+      *plan = table::Snapshot::plan(*b, idx);
       return true;
     }
   }
@@ -232,8 +232,8 @@ inline bool table_lookup(const World& w, const core::Problem& p, core::Plan* pla
   const table::Snapshot* snap = w.current.load(std::memory_order_seq_cst);
   if (const table::Bucket* b = snap->find_own(key, hash, w.device_name)) {
     size_t idx = 0;
-    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && r->plan.valid()) {
-      *plan = r->plan;
+    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && table::Snapshot::plan(*b, idx).valid()) {
+      *plan = table::Snapshot::plan(*b, idx);
       return true;
     }
   }
@@ -454,9 +454,10 @@ bool runtime_plan(dispatch::Runtime& rt, const core::Problem& p, core::Plan* pla
   const table::Snapshot* snap = rt.impl().table.current.load(std::memory_order_seq_cst);
   const table::Bucket* b = snap->find(key.view(), table::key_hash(key.view()));
   if (!b) return false;
-  const table::Row* r = table::Snapshot::nearest(*b, p.m, rt.impl().policy, nullptr);
-  if (!r || !r->plan.valid()) return false;
-  *plan = r->plan;
+  size_t idx = 0;
+  const table::Row* r = table::Snapshot::nearest(*b, p.m, rt.impl().policy, &idx);
+  if (!r || !table::Snapshot::plan(*b, idx).valid()) return false;
+  *plan = table::Snapshot::plan(*b, idx);
   return true;
 }
 

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -36,6 +37,7 @@
 #include "table/epoch.hpp"
 #include "table/key.hpp"
 #include "test_util.hpp"
+#include "tune/capture.hpp"
 #include "tune/queue.hpp"
 #include "tune/search.hpp"
 #include "tune/tuner.hpp"
@@ -136,7 +138,7 @@ CallOutcome call_custom(Runtime& rt, const std::string& key, tune::TuneTarget& t
     const table::Snapshot* snap = impl.table.current.load();
     if (const table::Bucket* b = snap->find(key, table::key_hash(key))) {
       size_t idx;
-      if (const table::Row* r = table::Snapshot::nearest(*b, t.problem.m, impl.policy, &idx)) plan = r->plan;
+      if (table::Snapshot::nearest(*b, t.problem.m, impl.policy, &idx)) plan = table::Snapshot::plan(*b, idx);
     }
   }
   if (!plan.valid()) {
@@ -572,6 +574,84 @@ TEST_CASE("tuning: capture never tunes, freeze stops tuning and table changes") 
   rt->freeze(false);
   REQUIRE(rmsnorm(*rt, args, {}, {.info = &info}).ok());
   CHECK(info.tuned_now);
+}
+
+namespace {
+// Item 7's capture query, faked for the CPU backend: a stream handle is
+// "being captured" while g_capturing names it.
+std::atomic<void*> g_capturing{nullptr};
+bool fake_capturing(void* stream) noexcept { return stream != nullptr && g_capturing.load() == stream; }
+struct FakeCaptureQuery {
+  FakeCaptureQuery() { tune::set_capture_query_for_tests(DeviceType::cpu, &fake_capturing); }
+  ~FakeCaptureQuery() {
+    tune::set_capture_query_for_tests(DeviceType::cpu, nullptr);
+    g_capturing.store(nullptr);
+  }
+};
+int g_engine_stream_storage;  // its address stands for an engine's stream handle
+}  // namespace
+
+TEST_CASE("tuning: a sync-mode miss during a graph capture is deferred, then tuned after it (issue 20 item 7)") {
+  FakeCaptureQuery fake;
+  void* const engine_stream = &g_engine_stream_storage;
+  TempDir cache;
+  auto rt = Runtime::create(tune_options(cache, TuneMode::sync)).value();
+  std::vector<float> x(8 * 64, 1.f), y(8 * 64), w(64, 1.f);
+  const RmsNormArgs captured{make_tensor_2d(y.data(), DType::fp32, 4, 64, 64),
+                             make_tensor_2d(x.data(), DType::fp32, 4, 64, 64), make_tensor_1d(w.data(), DType::fp32, 64),
+                             1e-6f};
+  const RmsNormArgs later{make_tensor_2d(y.data(), DType::fp32, 8, 32, 32),
+                          make_tensor_2d(x.data(), DType::fp32, 8, 32, 32), make_tensor_1d(w.data(), DType::fp32, 32),
+                          1e-6f};
+  const LookupQuery q{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .backend = "cpu", .M = 4};
+  g_capturing.store(engine_stream);  // the engine captures on its stream
+  DispatchInfo info;
+  REQUIRE(rmsnorm(*rt, captured, Stream{engine_stream}, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::fallback);
+  CHECK_FALSE(info.tuned_now);
+  TuneStats st = rt->tune_stats();
+  CHECK(st.candidates_run == 0);  // nothing searched inside the capture
+  CHECK(st.deferred == 1);        // but the shape waits
+  CHECK(st.misses == 1);
+  CHECK(lookup(*rt, q)->match == LookupResult::Match::fallback);
+  g_capturing.store(nullptr);  // the capture ended
+  REQUIRE(rmsnorm(*rt, later, Stream{engine_stream}, {.info = &info}).ok());  // another shape misses
+  CHECK(info.tuned_now);
+  st = rt->tune_stats();
+  CHECK(st.deferred == 0);
+  CHECK(st.shapes_tuned == 2);  // the deferred shape (scratch buffers), then this call's
+  const auto r = lookup(*rt, q);
+  CHECK(r->match == LookupResult::Match::exact);  // the captured shape has its row now
+  CHECK(r->table_m == 4);
+  // The caller's buffers of the captured call were never touched by that search.
+  CHECK(std::all_of(x.begin(), x.end(), [](float v) { return v == 1.f; }));
+}
+
+TEST_CASE("tuning: the background tuner waits while a stream it saw a miss on is captured (issue 20 item 7)") {
+  FakeCaptureQuery fake;
+  void* const engine_stream = &g_engine_stream_storage;
+  TempDir cache;
+  auto rt = Runtime::create(tune_options(cache, TuneMode::background)).value();
+  std::vector<float> x(4 * 64, 1.f), y(4 * 64), w(64, 1.f);
+  const RmsNormArgs args{make_tensor_2d(y.data(), DType::fp32, 4, 64, 64), make_tensor_2d(x.data(), DType::fp32, 4, 64, 64),
+                         make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f};
+  g_capturing.store(engine_stream);
+  DispatchInfo info;
+  REQUIRE(rmsnorm(*rt, args, Stream{engine_stream}, {.info = &info}).ok());  // a miss inside the capture
+  CHECK(info.source == PlanSource::fallback);
+  CHECK(rt->tune_stats().queued == 1);  // queued as any miss
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  TuneStats st = rt->tune_stats();
+  CHECK(st.candidates_run == 0);  // no search while the capture lasts
+  CHECK(st.shapes_tuned == 0);
+  CHECK(st.capture_waits == 1);
+  g_capturing.store(nullptr);  // the capture ended
+  REQUIRE(rt->wait_tuner_idle(30.0));
+  st = rt->tune_stats();
+  CHECK(st.shapes_tuned == 1);
+  CHECK(st.capture_waits == 1);
+  const LookupQuery q{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .backend = "cpu", .M = 4};
+  CHECK(lookup(*rt, q)->match == LookupResult::Match::exact);
 }
 
 TEST_CASE("tuning: deterministic mode never tunes or serves a scheduling-dependent variant") {
@@ -1187,4 +1267,33 @@ TEST_CASE("fingerprint: every OPENBLAS_*, GOTO_* and OMP_* variable and the CPU 
   REQUIRE(::sched_setaffinity(0, sizeof all, &all) == 0);
   CHECK(pinned == "1");
   if (CPU_COUNT(&all) > 1) CHECK(pinned != cpus);
+}
+
+TEST_CASE("MIG: a partition says which GPU it is part of, and its SM count is a fingerprint axis (issue 20 item 5)") {
+  // A whole H200: no partition.
+  CHECK(gpu_partition_of("NVIDIA_H200", 132, "0000:3b:00.0", "", 0) == "");
+  CHECK(gpu_partition_of("NVIDIA_H200", 132, "0000:3b:00.0", "0,1", 1) == "");
+  // A 1g.18gb slice of it (16 SMs): the GPU, by product and PCI address.
+  CHECK(gpu_partition_of("NVIDIA_H200", 16, "0000:3b:00.0", "", 0) ==
+        "MIG instance: 16 of the 132 SMs of the NVIDIA_H200 at PCI 0000:3b:00.0");
+  // Selected by a MIG UUID (the ordinal picks the entry), any product.
+  CHECK(gpu_partition_of("NVIDIA_H200", 60, "0000:3b:00.0", "0,MIG-5c3a9b2e-1111-2222-3333-444455556666", 1) ==
+        "MIG instance: 60 of the 132 SMs of the NVIDIA_H200 at PCI 0000:3b:00.0 (CUDA_VISIBLE_DEVICES "
+        "MIG-5c3a9b2e-1111-2222-3333-444455556666)");
+  CHECK(gpu_partition_of("NVIDIA_Future_GPU", 42, "", "MIG-abc", 0) ==
+        "MIG instance: 42 SMs of the NVIDIA_Future_GPU (CUDA_VISIBLE_DEVICES MIG-abc)");
+  CHECK(gpu_partition_of("NVIDIA_Future_GPU", 42, "", "0", 0) == "");  // unknown product, whole: nothing claimed
+  // The fingerprint of a GPU names its SM count: a slice's winners are stale on the whole GPU.
+  DeviceInfo whole;
+  whole.device = Device{DeviceType::cuda, 0};
+  whole.arch = "sm_90a";
+  whole.compute_units = 132;
+  DeviceInfo slice = whole;
+  slice.compute_units = 16;
+  const store::Fingerprint fw = store::current_fingerprint(whole, "cuda runtime 13000");
+  const store::Fingerprint fs = store::current_fingerprint(slice, "cuda runtime 13000");
+  CHECK(*fw.find("compute_units") == "132");
+  CHECK(store::fingerprint_mismatch(fs, fw) == "axis 'compute_units' differs (file '16', now '132')");
+  // The CPU's fingerprint keeps its own axes (cpus), no compute_units.
+  CHECK(store::current_fingerprint(cpu_device_info(), "cpu").find("compute_units") == nullptr);
 }

@@ -46,6 +46,19 @@ struct DeviceInfo {
   int64_t smem_per_block_bytes = 0;
   /// Warp/wavefront width (32 or 64); 1 on the CPU.
   int32_t warp_size = 1;
+  /// The runtime's device UUID as text ("GPU-8c0e...-..."; for a MIG
+  /// instance CUDA reports the instance's own UUID); "" when the runtime
+  /// has none (the CPU, HIP).
+  std::string uuid;
+  /// The physical GPU's PCI address ("0000:3b:00.0"); the MIG instances of
+  /// one GPU all report it. "" on the CPU.
+  std::string pci_bus_id;
+  /// "" for a whole device. For a partition of one (an NVIDIA MIG
+  /// instance), which GPU it is a part of and how much of it:
+  /// "MIG instance: 16 of the 132 SMs of the NVIDIA_H200 at PCI
+  /// 0000:3b:00.0". A partition has its own tuning fingerprint (its SM
+  /// count is an axis): results tuned on a slice never serve the whole GPU.
+  std::string partition;
   /// False when the backend is compiled in but no usable device was found;
   /// `unavailable_reason` then says why in one line.
   bool available = false;
@@ -99,6 +112,16 @@ KDISPATCH_API DeviceNameResolution resolve_device_name(
 KDISPATCH_API std::string canonical_file_device_name(std::string_view file_name_field,
                                                      const std::vector<DeviceAlias>& extra_aliases,
                                                      bool* known);
+
+/// The partition description of a GPU (DeviceInfo::partition): "" for a
+/// whole GPU; else which GPU it is a part of. A device is a partition when
+/// its SM count is below the whole product's (known for NVIDIA's
+/// datacenter GPUs by canonical name) or when `visible_devices` (the
+/// CUDA_VISIBLE_DEVICES value) selects it by a "MIG-" UUID. `ordinal` picks
+/// the entry of `visible_devices`. Thread-safe; allocates.
+KDISPATCH_API std::string gpu_partition_of(std::string_view canonical_name, int32_t compute_units,
+                                           std::string_view pci_bus_id, std::string_view visible_devices,
+                                           int32_t ordinal);
 
 /// The host CPU as a device: ISA class name, core count, memory, LLC size.
 /// Probed once; thread-safe.

@@ -151,6 +151,12 @@ struct TuneStats {
   int64_t pending = 0;          ///< distinct shapes waiting in the tuner
   double tune_seconds = 0.0;    ///< wall time spent searching
   bool frozen = false;
+  /// Sync mode: misses seen while their stream was being captured into a
+  /// graph, waiting to be searched by the next miss outside a capture.
+  int64_t deferred = 0;
+  /// Background mode: times the tuner waited for a graph capture (on a
+  /// stream a miss was seen capturing) to end before a search.
+  int64_t capture_waits = 0;
 };
 
 /// A loaded, immutable dispatch table plus the options it was built from.

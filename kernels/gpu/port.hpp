@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -227,6 +228,8 @@ struct Props {
   int64_t l2_bytes = 0;
   int64_t smem_per_block = 0;
   int64_t smem_per_block_optin = 0;
+  std::string uuid;        ///< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (CUDA); "" on HIP
+  std::string pci_bus_id;  ///< "0000:3b:00.0"
 };
 
 inline Error device_props(int ordinal, Props* out) noexcept {
@@ -243,7 +246,24 @@ inline Error device_props(int ordinal, Props* out) noexcept {
   Error e = cudaGetDeviceProperties(&p, ordinal);
   if (e != kSuccess) return e;
   out->smem_per_block_optin = static_cast<int64_t>(p.sharedMemPerBlockOptin);
+  {
+    static const char* hex = "0123456789abcdef";
+    std::string u = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      const auto b = static_cast<unsigned char>(p.uuid.bytes[i]);
+      if (i == 4 || i == 6 || i == 8 || i == 10) u += '-';
+      u += hex[b >> 4];
+      u += hex[b & 15];
+    }
+    out->uuid = u;
+  }
 #endif
+  {
+    char pci[32];
+    std::snprintf(pci, sizeof pci, "%04x:%02x:%02x.0", static_cast<unsigned>(p.pciDomainID),
+                  static_cast<unsigned>(p.pciBusID), static_cast<unsigned>(p.pciDeviceID));
+    out->pci_bus_id = pci;
+  }
   out->name.assign(p.name, strnlen(p.name, sizeof p.name));
   out->major = p.major;
   out->minor = p.minor;

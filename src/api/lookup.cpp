@@ -215,7 +215,7 @@ bool from_table(const Runtime::Impl& impl, const LookupQuery& q, bool own, const
     res.table_m = b->ms[idx];
     res.match = res.table_m == q.M ? LookupResult::Match::exact : LookupResult::Match::nearest;
     std::tie(res.source_dir, res.source) = impl.sources.get(row->source_id);
-    if (row->plan.valid()) res.variant = std::string(row->plan.variant->name);
+    if (const core::Plan& pl = table::Snapshot::plan(*b, idx); pl.valid()) res.variant = std::string(pl.variant->name);
     else if (const ConfigValue* v = config_find(res.config, "variant")) res.variant = v->s;
     if (!c.why.empty()) why += "; " + c.why;
     why += "; key " + c.key;

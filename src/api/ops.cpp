@@ -289,8 +289,9 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
     const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
     if (const table::Bucket* b = snap->find_own(okey, call.key_hash, dev->device_name)) {
       size_t idx = 0;
-      if (const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx); r && r->plan.valid()) {
-        c->plan = r->plan;
+      const table::Row* r = table::Snapshot::nearest(*b, p.m, impl.policy, &idx);
+      if (r && table::Snapshot::plan(*b, idx).valid()) {
+        c->plan = table::Snapshot::plan(*b, idx);
         c->source = PlanSource::table;
         c->table_m = b->ms[idx];
         c->source_id = r->source_id;
@@ -337,10 +338,23 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
   }
   if (c->source != PlanSource::fallback) return Status();  // forced: nothing to learn
   tuner.note_miss(p, call.la, call.key_hash, /*queue=*/true);
-  if (tuner.mode() != TuneMode::sync) return Status();
-  const gpu::BackendOps* gops = gpu::backend_ops(p.device.type);
-  if (call.opts.capturing || (gops && gops->stream_capturing && gops->stream_capturing(call.stream.handle)))
+  // Graph captures (tune/capture.hpp). Background mode: the miss's stream
+  // is noted, no query here; the tuner asks whether it captures before
+  // each search and waits while it does. Sync mode: a captured miss is
+  // never searched now (a search inside a capture breaks it) but deferred
+  // to the next miss outside a capture.
+  if (tuner.mode() == TuneMode::background) {
+    if (call.stream.handle) tuner.note_stream(p.device.type, call.stream.handle);
     return Status();
+  }
+  if (tuner.mode() != TuneMode::sync) return Status();
+  const tune::CaptureQuery capturing = tune::capture_query(p.device.type);
+  if (call.opts.capturing || (capturing && call.stream.handle && capturing(call.stream.handle))) {
+    tuner.note_capture(p, call.la, call.key_hash);
+    return Status();
+  }
+  tuner.drain_deferred();
+  const gpu::BackendOps* gops = gpu::backend_ops(p.device.type);
   table::KeyBuffer key;
   table::build_own_key(p, device_type_name(p.device.type), device_of(impl, call).device_name, &key);
   // The search launches on the legacy default stream: first let the

@@ -128,7 +128,7 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
   if (!b) return false;
   size_t idx = 0;
   const table::Row* r = table::Snapshot::nearest(*b, m, table::NearestPolicy{}, &idx);
-  if (!r || !r->plan.valid()) return false;
+  if (!r || !table::Snapshot::plan(*b, idx).valid()) return false;
   const int64_t k = b->ms[idx];
   return k * 2 >= m && m * 2 >= k;
 }

@@ -545,7 +545,8 @@ kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int3
     w.field("device_name", d.device_name).field("reported_name", d.reported_name).field("arch", d.arch);
     w.field("compute_units", static_cast<int64_t>(d.compute_units)).field("memory_bytes", d.memory_bytes);
     w.field("l2_bytes", d.l2_bytes).field("smem_per_block_bytes", static_cast<int64_t>(d.smem_per_block_bytes));
-    w.field("warp_size", static_cast<int64_t>(d.warp_size)).field("available", d.available);
+    w.field("warp_size", static_cast<int64_t>(d.warp_size)).field("uuid", d.uuid).field("pci_bus_id", d.pci_bus_id);
+    w.field("partition", d.partition).field("available", d.available);
     w.field("unavailable_reason", d.unavailable_reason).end_object();
     *json_out = dup(w.take());
     return ok();

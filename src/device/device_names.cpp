@@ -166,4 +166,49 @@ std::string canonical_file_device_name(std::string_view field,
   return spelled;
 }
 
+namespace {
+// SMs of the whole product, by canonical name (NVIDIA's datacenter parts
+// that offer MIG, and their siblings): a device reporting fewer is a slice.
+struct WholeSms {
+  std::string_view name;
+  int32_t sms;
+};
+constexpr WholeSms kWholeSms[] = {
+    {"NVIDIA_A100-SXM4-40GB", 108}, {"NVIDIA_A100-SXM4-80GB", 108}, {"NVIDIA_A100-PCIE-40GB", 108},
+    {"NVIDIA_A100_80GB_PCIe", 108}, {"NVIDIA_A800-SXM4-80GB", 108}, {"NVIDIA_A30", 56},
+    {"NVIDIA_H100_80GB_HBM3", 132}, {"NVIDIA_H100_PCIe", 114},      {"NVIDIA_H100_NVL", 132},
+    {"NVIDIA_H800", 132},           {"NVIDIA_H20", 78},             {"NVIDIA_H200", 132},
+    {"NVIDIA_GH200_480GB", 132},    {"NVIDIA_B200", 148},
+};
+
+// The n-th comma-separated entry of a CUDA_VISIBLE_DEVICES value.
+std::string_view visible_entry(std::string_view list, int32_t n) {
+  for (int32_t i = 0; i <= n; ++i) {
+    const size_t comma = list.find(',');
+    if (i == n) return list.substr(0, comma);
+    if (comma == std::string_view::npos) return {};
+    list.remove_prefix(comma + 1);
+  }
+  return {};
+}
+}  // namespace
+
+std::string gpu_partition_of(std::string_view canonical_name, int32_t compute_units, std::string_view pci_bus_id,
+                             std::string_view visible_devices, int32_t ordinal) {
+  int32_t whole = 0;
+  for (const auto& w : kWholeSms)
+    if (w.name == canonical_name) whole = w.sms;
+  std::string_view entry = visible_entry(visible_devices, ordinal);
+  while (!entry.empty() && entry.front() == ' ') entry.remove_prefix(1);
+  const bool mig_selected = entry.substr(0, 4) == "MIG-";
+  if (!(whole > 0 && compute_units > 0 && compute_units < whole) && !mig_selected) return {};
+  std::string s = "MIG instance: ";
+  if (whole > 0 && compute_units > 0) s += std::to_string(compute_units) + " of the " + std::to_string(whole) + " SMs";
+  else s += std::to_string(compute_units) + " SMs";
+  s += " of the " + std::string(canonical_name);
+  if (!pci_bus_id.empty()) s += " at PCI " + std::string(pci_bus_id);
+  if (mig_selected) s += " (CUDA_VISIBLE_DEVICES " + std::string(entry) + ")";
+  return s;
+}
+
 }  // namespace dispatch

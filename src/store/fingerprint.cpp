@@ -59,6 +59,11 @@ Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_
   std::string env;
   for (const std::string& v : vars) env += (env.empty() ? "" : ";") + v;
   f.axes.emplace_back("env", env);
+  if (dev.device.type != DeviceType::cpu) {
+    // A MIG slice's winners are not the whole GPU's (and the reverse): the
+    // SM count the search ran on is an axis.
+    f.axes.emplace_back("compute_units", std::to_string(dev.compute_units));
+  }
   if (dev.device.type == DeviceType::cpu) {
     // The CPUs the process may run on: a winner timed on 2 threads is not
     // one for a process pinned to 1 (taskset -c 0).

@@ -274,12 +274,19 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     for (size_t c = 0; c < merged.size(); ++c) unique += (c == 0 || merged[c].m != merged[c - 1].m);
     std::vector<int64_t> ms;
     std::vector<Row> rows;
+    std::vector<core::Plan> plans;  // filled only once a row has a plan
     ms.reserve(unique);
     rows.reserve(unique);
     for (size_t c = 0; c < merged.size(); ++c) {
       if (c > 0 && merged[c].m == merged[c - 1].m) continue;  // first wins
       Row r;
-      r.plan = merged[c].row->plan;
+      if (const core::Plan* pl = merged[c].input->plan(*merged[c].row)) {
+        if (plans.empty()) plans.reserve(unique);
+        plans.resize(rows.size());  // the rows before without one
+        plans.push_back(*pl);
+      } else if (!plans.empty()) {
+        plans.emplace_back();
+      }
       r.source_id = merged[c].input->source_id;
       {
         // An input's configs are distinct already: each is interned once
@@ -296,6 +303,10 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     }
     bucket.ms = SharedArray<int64_t>(std::move(ms));
     bucket.rows = SharedArray<Row>(std::move(rows));
+    if (!plans.empty()) {
+      plans.resize(bucket.rows.size());
+      bucket.plans = SharedArray<core::Plan>(std::move(plans));
+    }
     if (notes) notes->insert(notes->end(), local_notes.begin(), local_notes.end());
     if (bucket.ms.empty()) continue;
     bucket.build_notes = std::move(local_notes);

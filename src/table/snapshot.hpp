@@ -36,7 +36,6 @@
 namespace dispatch::table {
 
 struct Row {
-  core::Plan plan;             ///< valid for own ops of a compiled backend
   uint32_t source_id = 0;      ///< file the row came from (Runtime source registry)
   uint32_t config_index = 0;   ///< the row as written, in Snapshot::configs_
 };
@@ -73,6 +72,10 @@ struct Bucket {
   std::string device_name;      ///< the key's device_name (own-op keys)
   SharedArray<int64_t> ms;      ///< M keys, ascending
   SharedArray<Row> rows;        ///< parallel to ms
+  /// Parallel to ms: each row's resolved plan (valid for own ops of a
+  /// compiled backend); empty when no row has one (an engine's table: a
+  /// million rows of a fused-MoE file carry no 104-byte Plan each).
+  SharedArray<core::Plan> plans;
   std::string note;             ///< how the bucket was assembled (version folder, merged sources)
   /// The build notes this bucket gave (version folder, several files of a
   /// key): said again when a later build reuses the bucket.
@@ -90,18 +93,28 @@ struct NearestPolicy {
 
 /// One file's contribution, as the loader hands it to the builder.
 struct TableInput {
+  static constexpr uint32_t kNoPlan = UINT32_MAX;
   struct InputRow {
     int64_t m = 0;
-    uint32_t config = 0;  ///< index into TableInput::configs
-    core::Plan plan;
+    uint32_t config = 0;        ///< index into TableInput::configs
+    uint32_t plan = kNoPlan;    ///< index into TableInput::plans, or kNoPlan
   };
   /// The input's distinct row configs (rows that are alike share one).
   std::vector<Config> configs;
   const Config& config(const InputRow& r) const { return configs[r.config]; }
+  /// Resolved plans of own-op rows (engine tables have none).
+  std::vector<core::Plan> plans;
+  /// The row's plan, or nullptr.
+  const core::Plan* plan(const InputRow& r) const { return r.plan == kNoPlan ? nullptr : &plans[r.plan]; }
   /// Appends a row with its own config (tuned rows, tests).
   void add_row(int64_t m, Config c, const core::Plan& plan = {}) {
     configs.push_back(std::move(c));
-    rows.push_back(InputRow{m, static_cast<uint32_t>(configs.size() - 1), plan});
+    uint32_t pi = kNoPlan;
+    if (plan.valid()) {
+      plans.push_back(plan);
+      pi = static_cast<uint32_t>(plans.size() - 1);
+    }
+    rows.push_back(InputRow{m, static_cast<uint32_t>(configs.size() - 1), pi});
   }
   std::string key;
   /// Own-op inputs: the binary key (OwnKey) and the device_name, so the op
@@ -189,6 +202,11 @@ class Snapshot {
                             size_t* index) noexcept;
 
   const Config& config(const Row& r) const noexcept { return configs_[r.config_index]; }
+  /// Row `i`'s resolved plan (an invalid Plan when the bucket has none).
+  static const core::Plan& plan(const Bucket& b, size_t i) noexcept {
+    static const core::Plan kNone{};
+    return b.plans.empty() ? kNone : b.plans[i];
+  }
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
   int64_t row_count() const noexcept { return rows_; }
   /// "<backend>/<op>" prefixes present in the table, sorted.

@@ -138,6 +138,57 @@ void Tuner::note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64
   }
 }
 
+void Tuner::note_capture(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash) noexcept {
+  if (mode_ != TuneMode::sync || frozen()) return;
+  MissEvent ev;
+  ev.problem = p;
+  ev.key_hash = key_hash;
+  std::copy(std::begin(la.ld), std::end(la.ld), std::begin(ev.ld));
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  for (const MissEvent& d : deferred_)
+    if (d.key_hash == key_hash && d.problem.m == p.m) return;
+  if (deferred_.size() >= 256) return;  // the miss table still has it (export)
+  deferred_.push_back(ev);
+  n_deferred_.fetch_add(1, std::memory_order_relaxed);
+}
+
+int Tuner::drain_deferred() noexcept {
+  std::vector<MissEvent> todo;
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    todo.swap(deferred_);
+  }
+  int published = 0;
+  for (const MissEvent& ev : todo) {
+    n_deferred_.fetch_sub(1, std::memory_order_relaxed);
+    const DeviceInfo* dev = core::local_device_info(ev.problem.device.type);
+    if (!dev || frozen()) continue;
+    const std::string key = key_of(ev.problem, *dev);
+    if (hooks_.covered(key, ev.problem.m)) continue;
+    if (scratch_bytes(ev) > options_.tune.memory_budget_bytes) {
+      n_skipped_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    auto r = tune_on_scratch(ev, *dev, key, /*background=*/false);
+    if (r.ok()) {
+      misses_.settle(ev.key_hash, ev.problem.m);
+      ++published;
+    } else {
+      n_skipped_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return published;
+}
+
+void Tuner::wait_for_captures() {
+  if (!captures_.any_capturing()) return;
+  n_capture_waits_.fetch_add(1, std::memory_order_relaxed);
+  // A search inside an engine's capture could break it (HIP's tuner uses
+  // the legacy stream; any backend's synchronising calls): wait it out.
+  while (!stop_.load(std::memory_order_acquire) && captures_.any_capturing())
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
 bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
                                 const SearchResult& sr, std::string* why, uint32_t* source_id) {
   Config cfg = core::plan_to_config(plan);
@@ -436,6 +487,8 @@ void Tuner::background_loop() {
       continue;
     }
     prepare_gpu(p.device.type);
+    wait_for_captures();
+    if (stop_.load(std::memory_order_acquire)) break;
     auto r = tune_on_scratch(item.ev, *dev, key, /*background=*/true);
     if (claim) store::release_claim(cache_dir_, key, p.m);
     if (r.ok()) {
@@ -473,6 +526,8 @@ TuneStats Tuner::stats() const noexcept {
   s.pending = n_pending_.load(std::memory_order_relaxed);
   s.tune_seconds = static_cast<double>(tune_us_.load(std::memory_order_relaxed)) * 1e-6;
   s.frozen = frozen();
+  s.deferred = n_deferred_.load(std::memory_order_relaxed);
+  s.capture_waits = n_capture_waits_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -24,6 +24,7 @@
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "table/snapshot.hpp"
+#include "tune/capture.hpp"
 #include "tune/queue.hpp"
 #include "tune/search.hpp"
 
@@ -67,6 +68,17 @@ class Tuner {
   /// shape; in background mode queue it. Lock-free; never blocks.
   void note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash, bool queue) noexcept;
 
+  /// Op path, background mode, on a miss: the call's stream, which the
+  /// tuner asks about before each search (it waits while it captures).
+  void note_stream(DeviceType backend, void* stream) noexcept { captures_.note(backend, stream); }
+  /// Op path, sync mode, on a miss whose stream is being captured into a
+  /// graph: the shape is deferred (no search inside a capture).
+  void note_capture(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash) noexcept;
+  /// Sync mode, on a miss outside a capture: searches the shapes deferred
+  /// during captures (scratch buffers, this thread), once each. Returns how
+  /// many were published.
+  int drain_deferred() noexcept;
+
   /// Sync mode: search on the caller's buffers (restoring them), persist
   /// and publish. Returns the winner, or an error (the caller then runs
   /// get_default). Only one sync search runs at a time; a concurrent miss
@@ -105,6 +117,8 @@ class Tuner {
                                           const core::Plan& ref, const DeviceInfo& dev, const std::string& key,
                                           const SearchOptions& so, int32_t space, int32_t pruned);
   void background_loop();
+  /// Background thread: waits while a noted stream captures (stop ends it).
+  void wait_for_captures();
   bool persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
                            const SearchResult& sr, std::string* why, uint32_t* source_id);
 
@@ -120,8 +134,12 @@ class Tuner {
   std::atomic<bool> frozen_{false};
   std::atomic<bool> busy_{false};  ///< the background thread is between pop and publish
   std::mutex sync_mu_;             ///< one sync search at a time
+  CaptureWatch captures_;
+  std::mutex deferred_mu_;
+  std::vector<MissEvent> deferred_;  ///< sync mode: misses seen during a capture (bounded: 256)
 
   // Counters (relaxed; read by stats()).
+  std::atomic<int64_t> n_deferred_{0}, n_capture_waits_{0};
   std::atomic<int64_t> n_misses_{0}, n_queued_{0}, n_dropped_{0}, n_tuned_{0}, n_skipped_{0}, n_run_{0},
       n_rejected_{0}, n_failed_{0}, n_publishes_{0}, n_pending_{0};
   std::atomic<int64_t> tune_us_{0};

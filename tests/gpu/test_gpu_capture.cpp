@@ -121,3 +121,86 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
   CHECK(rmsnorm_mismatch(x, w, y, 1e-6, 8.0) == "");
   (void)cudaStreamDestroy(s);
 }
+
+// Issue 20 item 7: an engine captures on a BLOCKING stream (cudaStreamCreate's
+// default flags: it orders against the legacy default stream) while the
+// background tuner works on other shapes, and a call inside the capture
+// misses. The capture must end with cudaSuccess (no
+// cudaErrorStreamCaptureImplicit), the miss must be queued, and the tuner
+// must tune the captured shape after the capture (it waits while a stream it
+// saw a miss on is captured).
+TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued and tuned after it") {
+  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  if (!b || !b->status().available) return;
+  TempCache cache;
+  dispatch::RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.log_level = dispatch::LogLevel::warn;
+  o.tune.mode = dispatch::TuneMode::background;
+  o.tune.cache_dir = cache.path.string();
+  o.tune.duty_cycle = 1.0;
+  o.tune.time_budget_ms = 300;
+  auto rt = dispatch::Runtime::create(o);
+  REQUIRE(rt.ok());
+  auto* mem = dispatch::core::backend_memory(DeviceType::cuda);
+  const Device d{DeviceType::cuda, 0};
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);  // blocking
+  // Bait: misses of other shapes keep the tuner busy.
+  const int64_t BT = 4096;
+  DeviceBuffer bx(mem, size_t(BT * 8192 * 2)), by(mem, size_t(BT * 8192 * 2)), bw(mem, size_t(8192 * 2));
+  for (int64_t h : {1024, 2048, 3072, 5120, 6144}) {
+    dispatch::RmsNormArgs a{dispatch::make_tensor_2d(by.get(), DType::bf16, BT, h, h, d),
+                            dispatch::make_tensor_2d(bx.get(), DType::bf16, BT, h, h, d),
+                            dispatch::make_tensor_1d(bw.get(), DType::bf16, h, d), 1e-6f};
+    REQUIRE(dispatch::rmsnorm(**rt, a, dispatch::Stream{s}).ok());
+  }
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  const int64_t queued_before = (*rt)->tune_stats().queued;
+
+  // The captured step: a shape never seen before (a miss inside the capture).
+  const int64_t T = 7, H = 4096;
+  std::mt19937 rng(12);
+  HostTensor x(DType::bf16, T, H, H), w(DType::bf16, 1, H, H), y(DType::bf16, T, H, H);
+  x.fill_uniform(rng, -2, 2);
+  w.fill_uniform(rng, 0.5f, 1.5f);
+  y.poison_all();
+  DeviceBuffer dx(mem, x.bytes()), dw(mem, w.bytes()), dy(mem, y.bytes());
+  REQUIRE(dx.upload(x).ok());
+  REQUIRE(dw.upload(w).ok());
+  REQUIRE(dy.upload(y).ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  dispatch::RmsNormArgs args{dispatch::make_tensor_2d(dy.get(), DType::bf16, T, H, H, d),
+                             dispatch::make_tensor_2d(dx.get(), DType::bf16, T, H, H, d),
+                             dispatch::make_tensor_1d(dw.get(), DType::bf16, H, d), 1e-6f};
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  dispatch::DispatchInfo info;
+  Status st;
+  for (int i = 0; i < 16 && st.ok(); ++i) st = dispatch::rmsnorm(**rt, args, dispatch::Stream{s}, {.info = &info});
+  // Hold the capture open a while: the tuner, busy with the bait, must not break it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  cudaGraph_t g = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &g);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  REQUIRE_MESSAGE(end == cudaSuccess, "capture invalidated: ", cudaGetErrorString(end));
+  CHECK(info.source == dispatch::PlanSource::fallback);  // the miss served the default inside the graph
+  CHECK((*rt)->tune_stats().queued > queued_before);     // and was queued
+  cudaGraphExec_t ge = nullptr;
+  REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(dy.download(&y).ok());
+  CHECK(rmsnorm_mismatch(x, w, y, 1e-6, 8.0) == "");
+  (void)cudaGraphExecDestroy(ge);
+  (void)cudaGraphDestroy(g);
+  REQUIRE((*rt)->wait_tuner_idle(120.0));
+  const dispatch::TuneStats ts = (*rt)->tune_stats();
+  MESSAGE("capture waits ", ts.capture_waits, ", shapes tuned ", ts.shapes_tuned);
+  CHECK(ts.candidates_failed == 0);
+  const dispatch::LookupQuery q{.op = "rmsnorm", .key = "hidden=4096,dtype=bf16", .device = b->status().device_name,
+                                .backend = "cuda", .M = T};
+  auto r = dispatch::lookup(**rt, q);
+  REQUIRE(r.ok());
+  CHECK(r->match == dispatch::LookupResult::Match::exact);  // tuned after the capture
+  (void)cudaStreamDestroy(s);
+}

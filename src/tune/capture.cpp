@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tune/capture.hpp"
+
+#include <algorithm>
+
+#include "backends/gpu/gpu_backend.hpp"
+
+namespace dispatch::tune {
+namespace {
+std::atomic<CaptureQuery> g_fake[3] = {};  // by DeviceType: cpu, cuda, hip
+size_t slot(DeviceType t) noexcept { return std::min<size_t>(static_cast<size_t>(t), 2); }
+}  // namespace
+
+CaptureQuery capture_query(DeviceType backend) noexcept {
+  if (CaptureQuery q = g_fake[slot(backend)].load(std::memory_order_acquire)) return q;
+  const gpu::BackendOps* b = gpu::backend_ops(backend);
+  return b ? b->stream_capturing : nullptr;
+}
+
+void set_capture_query_for_tests(DeviceType backend, CaptureQuery q) noexcept {
+  g_fake[slot(backend)].store(q, std::memory_order_release);
+}
+
+void CaptureWatch::note(DeviceType backend, void* stream) noexcept {
+  if (last_.load(std::memory_order_relaxed) == stream) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_.store(stream, std::memory_order_relaxed);
+  for (const auto& s : streams_)
+    if (s.first == backend && s.second == stream) return;
+  if (streams_.size() < kMax) streams_.emplace_back(backend, stream);
+}
+
+bool CaptureWatch::any_capturing() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool capturing = false;
+  for (const auto& [backend, stream] : streams_) {
+    const CaptureQuery q = capture_query(backend);
+    capturing = capturing || (q != nullptr && q(stream));
+  }
+  if (!capturing) {
+    streams_.clear();  // noted again by the next miss on them
+    last_.store(nullptr, std::memory_order_relaxed);
+  }
+  return capturing;
+}
+
+}  // namespace dispatch::tune
