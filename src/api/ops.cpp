@@ -349,7 +349,12 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
   }
   if (tuner.mode() != TuneMode::sync) return Status();
   const tune::CaptureQuery capturing = tune::capture_query(p.device.type);
-  if (call.opts.capturing || (capturing && call.stream.handle && capturing(call.stream.handle))) {
+  const bool this_captures =
+      call.opts.capturing || (capturing && call.stream.handle && capturing(call.stream.handle));
+  if (this_captures && call.stream.handle) tuner.note_stream(p.device.type, call.stream.handle);
+  // A search (on the legacy stream) while another thread's stream captures
+  // would break that capture too: deferred as well.
+  if (this_captures || tuner.capture_in_progress()) {
     tuner.note_capture(p, call.la, call.key_hash);
     return Status();
   }

@@ -98,7 +98,11 @@ std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const 
   // then rows tuned in this process, then the tuning cache on disk (only
   // files whose fingerprint matches), then the shipped configs/.
   std::vector<std::pair<std::string, int32_t>> out;
-  for (const auto& d : options.config_dirs) out.emplace_back(d, static_cast<int32_t>(out.size()));
+  // A dir listed twice is read once, at its first (highest) precedence.
+  for (size_t i = 0; i < options.config_dirs.size(); ++i)
+    if (std::find(options.config_dirs.begin(), options.config_dirs.begin() + static_cast<std::ptrdiff_t>(i),
+                  options.config_dirs[i]) == options.config_dirs.begin() + static_cast<std::ptrdiff_t>(i))
+      out.emplace_back(options.config_dirs[i], static_cast<int32_t>(i));
   std::error_code ec;
   if (!cache_dir.empty() && options.tune.load_cache && fs::is_directory(cache_dir, ec))
     out.emplace_back(cache_dir, cache_rank);
@@ -140,7 +144,7 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
 // is gone; a stale cache file is never kept.
 void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
   if (table.base_inputs.empty()) return;
-  bool any_skipped = false;
+  bool any_skipped = !out->incomplete_dirs.empty();
   for (const FileReport& f : out->report.files) any_skipped = any_skipped || (f.state == FileReport::State::skipped && !f.stale);
   if (!any_skipped) return;
   std::unordered_map<std::string, const std::shared_ptr<const table::TableInput>*> previous;
@@ -157,6 +161,26 @@ void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
     f.rows = static_cast<int32_t>((*it->second)->rows.size());
     f.problems.push_back("its previous rows (" + std::to_string(f.rows) +
                          ") keep serving until the file is fixed or removed");
+    previous.erase(it);
+  }
+  // A config dir whose walk stopped at the entry limit: the files it did
+  // not reach are not in the report; the rows they served keep serving.
+  for (const std::string& dir : out->incomplete_dirs) {
+    const auto r = rank_of.find(dir);
+    if (r == rank_of.end()) continue;
+    std::unordered_map<std::string, bool> seen;
+    for (const FileReport& f : out->report.files)
+      if (f.dir == dir) seen.emplace(f.path, true);
+    size_t kept = 0;
+    for (const auto& in : table.base_inputs)
+      if (in->source_rank == r->second && !seen.count(in->path)) {
+        out->inputs.push_back(in);
+        ++kept;
+      }
+    if (kept > 0)
+      out->report.notes.push_back("config dir '" + dir + "': " + std::to_string(kept) +
+                                  " file(s) not reached by a walk stopped at the entry limit keep serving their "
+                                  "previous rows");
   }
 }
 

@@ -17,6 +17,7 @@ struct Limits {
   int64_t max_rows_per_file = int64_t{1} << 20;    ///< batch-size keys in one file: 1,048,576
   size_t max_problems_per_file = 1000;             ///< problems listed per file; the rest counted
   size_t max_metadata_keys = 64;                   ///< scalar non-batch-size keys kept as metadata
+  size_t max_fields_per_row = 64;                  ///< fields of one row (SGLang's rows have 6-12)
   /// A file changed less than this before the load that read it is read
   /// again by the next reload whatever its stat says (FileCache).
   int64_t racy_ns = 2'000'000'000;

@@ -97,7 +97,6 @@ bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::strin
     buf->ensure(need);
     buf->data = buf->bytes.get();
   }
-  buf->ensure(need);
   size_t got = 0;
   while (got < size) {
     const ssize_t r = ::read(fd, buf->data + got, size - got);
@@ -306,7 +305,9 @@ std::string foreign_file(const FileKey& key, const std::string& device, ParsedFi
   return "";
 }
 
-void load_file(const SourceDir& src, const fs::path& path, bool symlink, const std::vector<DeviceAlias>& aliases,
+// Returns false when the file could not be read (an I/O error: EMFILE, EIO,
+// a permission): such a result is not cached, so the next reload retries.
+bool load_file(const SourceDir& src, const fs::path& path, bool symlink, const std::vector<DeviceAlias>& aliases,
                const InternFn& intern, ReadBuffer* buf, LoadOutput* out) {
   FileReport rep;
   rep.dir = src.dir;
@@ -317,6 +318,7 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
     rep.state = FileReport::State::skipped;
     rep.problems.insert(rep.problems.begin(), std::move(why));
     out->report.files.push_back(std::move(rep));
+    return true;
   };
   const PathNames names = path_names(path, plain_path);
   auto key_r = parse_file_name(names.base);
@@ -332,14 +334,17 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
 
   size_t len = 0;
   std::string err;
-  if (!read_file(path.string(), buf, &len, &err)) return skip(err);
+  if (!read_file(path.string(), buf, &len, &err)) {
+    skip(err);
+    return false;  // not cached: the next reload reads it again
+  }
   ParsedFile parsed = parse_config_json(buf->data, len);
   buf->unmap();  // a large file's mapping goes as soon as it is parsed
   if (parsed.kind == ParsedFile::Kind::error) {
     rep.problems = std::move(parsed.problems);
     rep.state = FileReport::State::skipped;
     out->report.files.push_back(std::move(rep));
-    return;
+    return true;
   }
   if (parsed.kind == ParsedFile::Kind::foreign) {
     std::string why = parsed.problems.empty() ? "not a config table" : parsed.problems.front();
@@ -380,6 +385,7 @@ void load_file(const SourceDir& src, const fs::path& path, bool symlink, const s
   in.serial = table::next_serial();
   out->inputs.push_back(std::make_shared<const table::TableInput>(std::move(in)));
   out->report.files.push_back(std::move(rep));
+  return true;
 }
 
 struct Found {
@@ -504,9 +510,7 @@ void walk_dir(Walk& w, const std::string& dir, int depth) {
         const std::string what = err == ELOOP ? "a symbolic link loop"
                                  : link       ? "a dangling symbolic link"
                                               : "cannot be examined";
-        unusable(src, path,
-                 what + (err == ENOENT ? std::string() : ": " + std::error_code(err, std::generic_category()).message()),
-                 w.out);
+        unusable(src, path, what + ": " + std::error_code(err, std::generic_category()).message(), w.out);
       }
       continue;
     }
@@ -529,7 +533,17 @@ void walk_dir(Walk& w, const std::string& dir, int depth) {
       unusable(src, path, std::string(kind) + ", not a regular file", w.out);
       continue;
     }
-    w.files->push_back(Found{std::move(path), link, file_sig(st)});
+    FileCache::Sig sig = file_sig(st);
+    if (link) {
+      // A link retargeted to another name of the same file changes the
+      // report's path: the link's own inode and ctime are in the signature.
+      struct stat lst {};
+      if (::fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0) {
+        sig.link_ino = static_cast<uint64_t>(lst.st_ino);
+        sig.link_ctime_ns = static_cast<int64_t>(lst.st_ctim.tv_sec) * 1'000'000'000 + lst.st_ctim.tv_nsec;
+      }
+    }
+    w.files->push_back(Found{std::move(path), link, sig});
   }
   ::closedir(d);
 }
@@ -555,13 +569,18 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
     Walk walk{src, &files, &out};
     walk_dir(walk, src.dir, 0);  // in fs::path order: each folder's entries sorted by name
     if (static_cast<int64_t>(files.size()) > limits().max_files_per_dir) {
-      unusable(src, files[limits().max_files_per_dir].path,
-               "config dir holds " + std::to_string(files.size()) + " *.json files, over the limit of " +
-                   std::to_string(limits().max_files_per_dir) + " (docs/config-files.md#limits): this file and the " +
-                   std::to_string(files.size() - limits().max_files_per_dir - 1) + " after it in path order are not loaded",
-               &out);
+      // Each file past the limit gets its entry (not read): the report
+      // keeps one entry per *.json file, and a reload keeps the rows such
+      // a file served before.
+      const std::string why = "not loaded: the config dir holds " + std::to_string(files.size()) +
+                              " *.json files, over the limit of " + std::to_string(limits().max_files_per_dir) +
+                              " (docs/config-files.md#limits); the first " +
+                              std::to_string(limits().max_files_per_dir) + " in path order are loaded";
+      for (size_t k = static_cast<size_t>(limits().max_files_per_dir); k < files.size(); ++k)
+        unusable(src, files[k].path, why, &out);
       files.resize(limits().max_files_per_dir);
     }
+    if (walk.stopped) out.incomplete_dirs.push_back(src.dir);
     std::sort(out.report.files.begin() + static_cast<std::ptrdiff_t>(unusable_from), out.report.files.end(),
               [](const FileReport& a, const FileReport& b) { return a.path < b.path; });  // in a stable order
     out.report.files.reserve(out.report.files.size() + files.size());  // one entry per file
@@ -581,9 +600,10 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
       }
       const size_t inputs_before = out.inputs.size();
       const fs::path f(found.path);
+      bool cacheable = true;
       try {
         buf.ensure(64 * 1024);
-        load_file(src, f, found.symlink, aliases, intern, &buf, &out);
+        cacheable = load_file(src, f, found.symlink, aliases, intern, &buf, &out);
         ++out.files_read;
       } catch (const std::exception& e) {
         FileReport rep;
@@ -596,7 +616,7 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
       }
       // Cached unless changed within limits().racy_ns of this load (see FileCache).
       const int64_t changed = std::max(found.sig.mtime_ns, found.sig.ctime_ns);
-      if (cache && started - changed > limits().racy_ns) {
+      if (cache && cacheable && started - changed > limits().racy_ns) {
         FileCache::Entry entry{found.sig, out.report.files.back(), nullptr};
         if (out.inputs.size() > inputs_before) entry.input = out.inputs.back();
         next.files.emplace(std::move(cache_key), std::move(entry));

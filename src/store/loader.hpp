@@ -45,6 +45,9 @@ struct LoadOutput {
   LoadReport report;
   int64_t files_read = 0;    ///< files read and parsed by this load
   int64_t files_reused = 0;  ///< files unchanged since the cached load: not read
+  /// Config dirs whose walk stopped at limits().max_entries_per_dir: files
+  /// not reached are not in the report (a reload keeps their previous rows).
+  std::vector<std::string> incomplete_dirs;
 };
 
 /// What a load keeps of each file for the next one (a Runtime's reloads):
@@ -57,6 +60,8 @@ struct FileCache {
   struct Sig {
     uint64_t dev = 0, ino = 0;
     int64_t size = 0, mtime_ns = 0, ctime_ns = 0;
+    uint64_t link_ino = 0;      ///< a symbolic link's own inode (0: not a link)
+    int64_t link_ctime_ns = 0;  ///< and its change time
     friend bool operator==(const Sig&, const Sig&) = default;
   };
   struct Entry {

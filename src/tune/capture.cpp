@@ -32,16 +32,13 @@ void CaptureWatch::note(DeviceType backend, void* stream) noexcept {
 
 bool CaptureWatch::any_capturing() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  bool capturing = false;
+  // Streams stay noted (at most kMax; an engine has a few): forgetting one
+  // raced with a note() that skipped the lock on its fast path.
   for (const auto& [backend, stream] : streams_) {
     const CaptureQuery q = capture_query(backend);
-    capturing = capturing || (q != nullptr && q(stream));
+    if (q != nullptr && q(stream)) return true;
   }
-  if (!capturing) {
-    streams_.clear();  // noted again by the next miss on them
-    last_.store(nullptr, std::memory_order_relaxed);
-  }
-  return capturing;
+  return false;
 }
 
 }  // namespace dispatch::tune

@@ -7,12 +7,13 @@
 // on a blocking stream, or kernels recorded into the graph). So:
 //  - sync mode: a miss on a capturing stream is not searched; it is
 //    deferred and searched (on scratch buffers) by the next sync-mode miss
-//    outside a capture;
+//    outside a capture while no noted stream captures;
 //  - background mode: the miss is queued as always and its stream noted;
 //    before each search the tuner asks whether a noted stream is being
 //    captured and waits while one is.
 // The op path asks nothing on a hit; on a miss it asks the capture query in
-// sync mode only (the tuner's thread asks in background mode).
+// sync mode only (the tuner's thread asks in background mode). A capture
+// made only of hits is never seen, and needs nothing: no search runs for it.
 #pragma once
 
 #include <atomic>
@@ -43,8 +44,9 @@ class CaptureWatch {
   /// the last note costs one atomic load, no lock).
   void note(DeviceType backend, void* stream) noexcept;
   /// True while a noted stream is capturing (each asked through its
-  /// backend's capture query; the tuner's thread). Streams are forgotten
-  /// when not capturing: a later miss notes them again.
+  /// backend's capture query). Noted streams stay noted (at most 64, the
+  /// first ones): a destroyed stream's handle answers "not capturing" (an
+  /// error) or, reused by a new stream, that stream's state.
   bool any_capturing() noexcept;
 
  private:

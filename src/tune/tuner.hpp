@@ -71,6 +71,8 @@ class Tuner {
   /// Op path, background mode, on a miss: the call's stream, which the
   /// tuner asks about before each search (it waits while it captures).
   void note_stream(DeviceType backend, void* stream) noexcept { captures_.note(backend, stream); }
+  /// True while a stream a miss was noted on is being captured.
+  bool capture_in_progress() noexcept { return captures_.any_capturing(); }
   /// Op path, sync mode, on a miss whose stream is being captured into a
   /// graph: the shape is deferred (no search inside a capture).
   void note_capture(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash) noexcept;
