@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -371,7 +372,16 @@ static void test_runtime_functions(void) {
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_tune_stats(NULL, &st));
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_tune_stats(rt, NULL));
   EXPECT(KDISPATCH_OK, kdispatch_runtime_tune_stats(rt, &st));
-  CHECK(st.shapes_tuned == 0 && st.frozen == 0);
+  CHECK(st.shapes_tuned == 0 && st.frozen == 0 && st.deferred == 0 && st.capture_waits == 0);
+  /* A caller built against the first header (struct up to `frozen`): its
+   * fields are set, the newer ones left alone. */
+  memset(&st, 0x7f, sizeof st);
+  st.struct_size = (uint32_t)offsetof(kdispatch_tune_stats, deferred);
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_tune_stats(rt, &st));
+  CHECK(st.shapes_tuned == 0 && st.frozen == 0 && st.deferred == 0x7f7f7f7f7f7f7f7fLL);
+  st.struct_size = 12;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_tune_stats(rt, &st));
+  st.struct_size = sizeof st;
 
   /* wait_tuner_idle */
   int32_t idle = 0;

@@ -279,9 +279,14 @@ typedef struct kdispatch_tune_stats {
   int64_t pending;
   double tune_seconds;
   int32_t frozen;
+  /* Since 0.2 (the struct grew; a caller built against the older header
+   * passes its smaller struct_size and gets the fields above only): */
+  int64_t deferred;      /* sync mode: misses seen during a graph capture, waiting */
+  int64_t capture_waits; /* background mode: waits for a graph capture to end */
 } kdispatch_tune_stats;
 
-/** Fills *out (whose struct_size the caller set to sizeof).
+/** Fills *out (whose struct_size the caller set to sizeof). A struct_size of
+ *  an older header (up to `frozen`) is accepted: only its fields are set.
  *  Errors: INVALID_ARGUMENT (rt or out NULL, struct_size not a known size). */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_tune_stats(const kdispatch_runtime* rt, kdispatch_tune_stats* out);
 

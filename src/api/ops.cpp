@@ -358,7 +358,7 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
     tuner.note_capture(p, call.la, call.key_hash);
     return Status();
   }
-  tuner.drain_deferred();
+  tuner.drain_deferred(call.key_hash, p.m);
   const gpu::BackendOps* gops = gpu::backend_ops(p.device.type);
   table::KeyBuffer key;
   table::build_own_key(p, device_type_name(p.device.type), device_of(impl, call).device_name, &key);

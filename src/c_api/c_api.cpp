@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -557,9 +558,12 @@ kdispatch_status kdispatch_runtime_tune_stats(const kdispatch_runtime* rt, kdisp
   return guarded("kdispatch_runtime_tune_stats", [&]() -> kdispatch_status {
     if (rt == nullptr) return null_arg("kdispatch_runtime_tune_stats", "rt");
     if (out == nullptr) return null_arg("kdispatch_runtime_tune_stats", "out");
-    if (out->struct_size != sizeof(kdispatch_tune_stats))
+    // Known sizes: this header's, and the first one's (up to `frozen`).
+    constexpr uint32_t kV1 = offsetof(kdispatch_tune_stats, deferred);
+    if (out->struct_size != sizeof(kdispatch_tune_stats) && out->struct_size != kV1)
       return fail(KDISPATCH_INVALID_ARGUMENT, "out->struct_size is " + std::to_string(out->struct_size) +
-                                                  ", expected " + std::to_string(sizeof(kdispatch_tune_stats)));
+                                                  ", expected " + std::to_string(sizeof(kdispatch_tune_stats)) +
+                                                  " (or " + std::to_string(kV1) + ", an older header's)");
     const dispatch::TuneStats t = rt->rt->tune_stats();
     out->misses = t.misses;
     out->queued = t.queued;
@@ -573,6 +577,10 @@ kdispatch_status kdispatch_runtime_tune_stats(const kdispatch_runtime* rt, kdisp
     out->pending = t.pending;
     out->tune_seconds = t.tune_seconds;
     out->frozen = t.frozen ? 1 : 0;
+    if (out->struct_size == sizeof(kdispatch_tune_stats)) {
+      out->deferred = t.deferred;
+      out->capture_waits = t.capture_waits;
+    }
     return ok();
   });
 }

@@ -152,7 +152,7 @@ void Tuner::note_capture(const core::Problem& p, const core::LaunchArgs& la, uin
   n_deferred_.fetch_add(1, std::memory_order_relaxed);
 }
 
-int Tuner::drain_deferred() noexcept {
+int Tuner::drain_deferred(uint64_t key_hash, int64_t m) noexcept {
   std::vector<MissEvent> todo;
   {
     std::lock_guard<std::mutex> lock(deferred_mu_);
@@ -161,6 +161,7 @@ int Tuner::drain_deferred() noexcept {
   int published = 0;
   for (const MissEvent& ev : todo) {
     n_deferred_.fetch_sub(1, std::memory_order_relaxed);
+    if (ev.key_hash == key_hash && ev.problem.m == m) continue;  // the caller's own shape: searched next
     const DeviceInfo* dev = core::local_device_info(ev.problem.device.type);
     if (!dev || frozen()) continue;
     const std::string key = key_of(ev.problem, *dev);

@@ -77,9 +77,10 @@ class Tuner {
   /// graph: the shape is deferred (no search inside a capture).
   void note_capture(const core::Problem& p, const core::LaunchArgs& la, uint64_t key_hash) noexcept;
   /// Sync mode, on a miss outside a capture: searches the shapes deferred
-  /// during captures (scratch buffers, this thread), once each. Returns how
-  /// many were published.
-  int drain_deferred() noexcept;
+  /// during captures (scratch buffers, this thread), once each, except the
+  /// calling shape (key_hash, m), which the caller searches on its own
+  /// buffers next. Returns how many were published.
+  int drain_deferred(uint64_t key_hash, int64_t m) noexcept;
 
   /// Sync mode: search on the caller's buffers (restoring them), persist
   /// and publish. Returns the winner, or an error (the caller then runs

@@ -97,7 +97,7 @@ class TuneStats(Structure):
     _fields_ = [("struct_size", c_uint32)] + [(n, c_int64) for n in (
         "misses", "queued", "dropped", "shapes_tuned", "shapes_skipped", "candidates_run",
         "candidates_rejected", "candidates_failed", "publishes", "pending")] + [
-        ("tune_seconds", c_double), ("frozen", c_int32)]
+        ("tune_seconds", c_double), ("frozen", c_int32), ("deferred", c_int64), ("capture_waits", c_int64)]
 
 
 class DispatchInfo(Structure):

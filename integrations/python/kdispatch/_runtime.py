@@ -191,7 +191,8 @@ class Runtime:
     def tune_stats(self):
         """Tuning counters: misses, queued, dropped, shapes_tuned,
         shapes_skipped, candidates_run/rejected/failed, publishes, pending,
-        tune_seconds, frozen."""
+        tune_seconds, frozen, deferred (sync-mode misses seen during a graph
+        capture, waiting), capture_waits (background waits for a capture)."""
         return self._h.tune_stats()
 
     def wait_tuner_idle(self, timeout_s=60.0):

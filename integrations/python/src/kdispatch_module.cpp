@@ -439,6 +439,8 @@ class Handle {
     d["pending"] = t.pending;
     d["tune_seconds"] = t.tune_seconds;
     d["frozen"] = t.frozen != 0;
+    d["deferred"] = t.deferred;
+    d["capture_waits"] = t.capture_waits;
     return d;
   }
   bool wait_tuner_idle(double timeout_s) {

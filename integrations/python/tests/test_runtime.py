@@ -264,7 +264,7 @@ class RuntimeTest(TempDirTest):
         stats = rt.tune_stats()
         self.assertEqual(set(stats), {"misses", "queued", "dropped", "shapes_tuned", "shapes_skipped",
                                       "candidates_run", "candidates_rejected", "candidates_failed", "publishes",
-                                      "pending", "tune_seconds", "frozen"})
+                                      "pending", "tune_seconds", "frozen", "deferred", "capture_waits"})
         self.assertTrue(rt.wait_tuner_idle(1.0))
 
     def test_misses_export_and_device_info(self):
