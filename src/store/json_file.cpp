@@ -346,6 +346,124 @@ Limits& limits() noexcept { return g_limits; }
 
 size_t json_padding() noexcept { return simdjson::SIMDJSON_PADDING; }
 
+namespace {
+
+// The state of one file's top-level walk: its rows, their configs, the
+// problems (past limits().max_problems_per_file counted, not kept: a file of
+// a million bad rows reports a thousand and a count).
+struct TableReader {
+  ParsedFile& out;
+  ConfigPool pool{&out.configs, {}, {}};
+  int64_t object_keys = 0, batch_keys = 0, max_m = 0;
+  size_t problems_left_out = 0;
+  std::unordered_map<int64_t, size_t> row_index;  // M -> index in out.rows, once an M comes out of order
+  std::vector<std::string> foreign_keys;
+
+  void problem(std::string text) {
+    if (out.problems.size() < limits().max_problems_per_file) out.problems.push_back(std::move(text));
+    else ++problems_left_out;
+  }
+  void drop(const std::string& key, const char* why) {
+    problem("M=" + key + ": " + why);
+    ++out.dropped_rows;
+  }
+
+  // A batch-size key's value: a row kept, replaced (a duplicate M) or
+  // dropped with the reason. Hard JSON errors come back.
+  error_code batch_row(const std::string& key, int64_t m, od::value& v, od::json_type t) {
+    error_code err = simdjson::SUCCESS;
+    std::string_view raw;
+    if (m < 1) {
+      if ((err = raw_value(v, t, &raw))) return err;
+      drop(key, "batch size must be >= 1; row dropped");
+      return err;
+    }
+    if (t == od::json_type::null) {
+      bool is_null = false;
+      if ((err = v.is_null().get(is_null))) return err;
+      drop(key, "null row dropped");
+      return err;
+    }
+    if (t != od::json_type::object) {
+      if ((err = raw_value(v, t, &raw))) return err;
+      drop(key, "row is not an object; dropped");
+      return err;
+    }
+    ++object_keys;
+    ParsedRow row;
+    row.m = m;
+    std::string_view repeated;
+    const std::string reason = read_row(v, &pool, &row.config, &err, &repeated);
+    if (err) return err;
+    if (!repeated.empty())
+      problem("M=" + key + ": key '" + std::string(repeated) + "' repeated in the row; the last one serves (as json.load)");
+    if (!reason.empty()) {
+      problem("M=" + key + ": " + reason + "; row dropped");
+      ++out.dropped_rows;
+      return err;
+    }
+    // A duplicate M needs an M at or below the largest so far: rows in
+    // ascending order (every real table) never look anything up; the
+    // first out-of-order M builds an index of the rows (linear, not a
+    // scan per row: a 1M-row file loads in linear time).
+    size_t dup = out.rows.size();
+    if (m <= max_m) {
+      if (row_index.empty())
+        for (size_t i = 0; i < out.rows.size(); ++i) row_index.emplace(out.rows[i].m, i);
+      if (auto it = row_index.find(m); it != row_index.end()) dup = it->second;
+    }
+    if (dup < out.rows.size()) {
+      problem("M=" + key + ": duplicate key; the last one serves (as json.load)");
+      ++out.dropped_rows;  // the earlier row is dropped: the file is partial
+      out.rows[dup] = row;
+      return err;
+    }
+    if (!row_index.empty()) row_index.emplace(m, out.rows.size());
+    max_m = std::max(max_m, m);
+    out.rows.push_back(row);
+    return err;
+  }
+
+  // Not a batch size: metadata (scalars, our "kdispatch" object) or foreign.
+  error_code other_key(std::string key, od::value& v, od::json_type t) {
+    std::string_view raw;
+    if (error_code err = raw_value(v, t, &raw)) return err;
+    if (t == od::json_type::object || t == od::json_type::array) {
+      if (key == "kdispatch") {
+        out.metadata.emplace_back(std::move(key), std::string(raw));
+      } else {
+        if (foreign_keys.size() < limits().max_problems_per_file) foreign_keys.push_back(std::move(key));
+        else ++problems_left_out;
+      }
+    } else if (out.metadata.size() < limits().max_metadata_keys) {
+      out.metadata.emplace_back(std::move(key), std::string(raw));
+    } else {
+      problem("key '" + key + "' is not a batch size; ignored (more than " + std::to_string(limits().max_metadata_keys) +
+              " metadata keys)");
+    }
+    return simdjson::SUCCESS;
+  }
+
+  // After the walk: a file without rows is foreign; the ignored keys and the
+  // count of problems not listed are reported.
+  void finish() {
+    if (out.rows.empty() && out.dropped_rows == 0 && object_keys == 0) {
+      out.kind = ParsedFile::Kind::foreign;
+      std::string keys;
+      for (size_t i = 0; i < foreign_keys.size() && i < 4; ++i) keys += (i ? ", " : "") + foreign_keys[i];
+      out.problems.push_back(foreign_keys.empty() ? "no batch-size keys (empty table)"
+                                                  : "not a config table: no batch-size keys (keys: " + keys + ")");
+      return;
+    }
+    for (const auto& k : foreign_keys) problem("key '" + k + "' is not a batch size; ignored");
+    if (problems_left_out > 0)
+      out.problems.push_back("... and " + std::to_string(problems_left_out) + " more problems (only the first " +
+                             std::to_string(limits().max_problems_per_file) + " are listed)");
+  }
+};
+
+}  // namespace
+
 ParsedFile parse_config_json(const char* data, size_t len) {
   thread_local od::parser parser;
   ParsedFile out;
@@ -375,18 +493,7 @@ ParsedFile parse_config_json(const char* data, size_t len) {
     }
     return fail(err);
   }
-  int64_t object_keys = 0, batch_keys = 0;
-  size_t problems_left_out = 0;
-  // Problems past limits().max_problems_per_file are counted, not kept (a file of a
-  // million bad rows reports a thousand and a count).
-  auto problem = [&](std::string text) {
-    if (out.problems.size() < limits().max_problems_per_file) out.problems.push_back(std::move(text));
-    else ++problems_left_out;
-  };
-  ConfigPool pool{&out.configs, {}, {}};
-  int64_t max_m = 0;
-  std::unordered_map<int64_t, size_t> row_index;  // M -> index in out.rows, once an M comes out of order
-  std::vector<std::string> foreign_keys;
+  TableReader r{out};
   for (auto field_res : top) {
     od::field field;
     if ((err = std::move(field_res).get(field))) return fail(err);
@@ -397,115 +504,33 @@ ParsedFile parse_config_json(const char* data, size_t len) {
     od::json_type t;
     if ((err = v.type().get(t))) return fail(err);
     int64_t m = 0;
-    if (parse_m_key(key, &m)) {
-      if (++batch_keys > limits().max_rows_per_file) {
-        out.kind = ParsedFile::Kind::error;
-        out.rows.clear();
-        out.configs.clear();
-        out.problems.insert(out.problems.begin(), "more than " + std::to_string(limits().max_rows_per_file) +
-                                                      " batch-size keys, the limit for one file "
-                                                      "(docs/config-files.md#limits): file not loaded");
-        return out;
-      }
-      if (m < 1) {
-        std::string_view raw;
-        if ((err = raw_value(v, t, &raw))) return fail(err);
-        problem("M=" + key + ": batch size must be >= 1; row dropped");
-        ++out.dropped_rows;
-        continue;
-      }
-      if (t == od::json_type::null) {
-        bool is_null = false;
-        if ((err = v.is_null().get(is_null))) return fail(err);
-        problem("M=" + key + ": null row dropped");
-        ++out.dropped_rows;
-        continue;
-      }
-      if (t != od::json_type::object) {
-        std::string_view raw;
-        if ((err = raw_value(v, t, &raw))) return fail(err);
-        problem("M=" + key + ": row is not an object; dropped");
-        ++out.dropped_rows;
-        continue;
-      }
-      ++object_keys;
-      ParsedRow row;
-      row.m = m;
-      std::string_view repeated;
-      std::string reason = read_row(v, &pool, &row.config, &err, &repeated);
-      if (err) return fail(err);
-      if (!repeated.empty())
-        problem("M=" + key + ": key '" + std::string(repeated) +
-                               "' repeated in the row; the last one serves (as json.load)");
-      if (!reason.empty()) {
-        problem("M=" + key + ": " + reason + "; row dropped");
-        ++out.dropped_rows;
-        continue;
-      }
-      // A duplicate M needs an M at or below the largest so far: rows in
-      // ascending order (every real table) never look anything up; the
-      // first out-of-order M builds an index of the rows (linear, not a
-      // scan per row: a 1M-row file loads in linear time).
-      size_t dup = out.rows.size();
-      if (m <= max_m) {
-        if (row_index.empty())
-          for (size_t i = 0; i < out.rows.size(); ++i) row_index.emplace(out.rows[i].m, i);
-        if (auto it = row_index.find(m); it != row_index.end()) dup = it->second;
-      }
-      if (dup < out.rows.size()) {
-        problem("M=" + key + ": duplicate key; the last one serves (as json.load)");
-        ++out.dropped_rows;  // the earlier row is dropped: the file is partial
-        out.rows[dup] = std::move(row);
-        continue;
-      }
-      if (!row_index.empty()) row_index.emplace(m, out.rows.size());
-      max_m = std::max(max_m, m);
-      out.rows.push_back(std::move(row));
+    if (!parse_m_key(key, &m)) {
+      if ((err = r.other_key(std::move(key), v, t))) return fail(err);
       continue;
     }
-    // Not a batch size: metadata (scalars, our "kdispatch" object) or foreign.
-    std::string_view raw;
-    if ((err = raw_value(v, t, &raw))) return fail(err);
-    if (t == od::json_type::object || t == od::json_type::array) {
-      if (key == "kdispatch") {
-        out.metadata.emplace_back(std::move(key), std::string(raw));
-      } else {
-        if (foreign_keys.size() < limits().max_problems_per_file) foreign_keys.push_back(key);
-        else ++problems_left_out;
-      }
-    } else if (out.metadata.size() < limits().max_metadata_keys) {
-      out.metadata.emplace_back(std::move(key), std::string(raw));
-    } else {
-      problem("key '" + key + "' is not a batch size; ignored (more than " + std::to_string(limits().max_metadata_keys) +
-              " metadata keys)");
+    if (++r.batch_keys > limits().max_rows_per_file) {
+      out.kind = ParsedFile::Kind::error;
+      out.rows.clear();
+      out.configs.clear();
+      out.problems.insert(out.problems.begin(), "more than " + std::to_string(limits().max_rows_per_file) +
+                                                    " batch-size keys, the limit for one file "
+                                                    "(docs/config-files.md#limits): file not loaded");
+      return out;
     }
+    if ((err = r.batch_row(key, m, v, t))) return fail(err);
   }
   // Content after the top-level object. simdjson catches it at the first
   // access only when the input does not end in '}' ("{...} xx"); "{...} {...}"
   // (two writes appended) and "{...} }" get through, so check here.
-  {
-    const char* loc = nullptr;
-    if (doc.current_location().get(loc) == simdjson::SUCCESS && loc != nullptr) {
-      out.kind = ParsedFile::Kind::error;
-      out.rows.clear();
-      out.problems.insert(out.problems.begin(),
-                          "parse error at byte " + std::to_string(static_cast<size_t>(loc - data)) +
-                              ": content after the top-level object");
-      return out;
-    }
-  }
-  if (out.rows.empty() && out.dropped_rows == 0 && object_keys == 0) {
-    out.kind = ParsedFile::Kind::foreign;
-    std::string keys;
-    for (size_t i = 0; i < foreign_keys.size() && i < 4; ++i) keys += (i ? ", " : "") + foreign_keys[i];
-    out.problems.push_back(foreign_keys.empty() ? "no batch-size keys (empty table)"
-                                                : "not a config table: no batch-size keys (keys: " + keys + ")");
+  const char* loc = nullptr;
+  if (doc.current_location().get(loc) == simdjson::SUCCESS && loc != nullptr) {
+    out.kind = ParsedFile::Kind::error;
+    out.rows.clear();
+    out.problems.insert(out.problems.begin(), "parse error at byte " + std::to_string(static_cast<size_t>(loc - data)) +
+                                                  ": content after the top-level object");
     return out;
   }
-  for (const auto& k : foreign_keys) problem("key '" + k + "' is not a batch size; ignored");
-  if (problems_left_out > 0)
-    out.problems.push_back("... and " + std::to_string(problems_left_out) + " more problems (only the first " +
-                           std::to_string(limits().max_problems_per_file) + " are listed)");
+  r.finish();
   return out;
 }
 

@@ -30,6 +30,175 @@ int compare_versions(const std::vector<int>& a, const std::vector<int>& b) {
   return 0;
 }
 
+
+using TableInputP = const TableInput*;
+
+// Version folder selection inside one source (one key, one rank): the
+// folder of exactly `backend_version`, else the newest older one, else the
+// newest newer one (none given: the newest); unversioned files of a source
+// that has version folders are ignored. Appends to the bucket's note and,
+// when the exact version is absent, to `notes`.
+std::vector<TableInputP> choose_version(const std::string& key, const std::vector<TableInputP>& group,
+                                        const std::vector<int>& backend_version, std::string* note,
+                                        std::vector<std::string>* notes) {
+  std::vector<TableInputP> versioned, plain, chosen;
+  for (TableInputP t : group) (t->versioned ? versioned : plain).push_back(t);
+  if (versioned.empty()) return plain;
+  std::vector<int> pick;
+  bool have = false;
+  std::string how;
+  auto newest = [&](auto&& admit) {
+    for (TableInputP t : versioned)
+      if (admit(t) && (!have || compare_versions(t->version, pick) > 0)) {
+        pick = t->version;
+        have = true;
+      }
+  };
+  if (!backend_version.empty()) {
+    newest([&](TableInputP t) { return compare_versions(t->version, backend_version) == 0; });
+    if (have) how = "exact version";
+    if (!have) {
+      newest([&](TableInputP t) { return compare_versions(t->version, backend_version) < 0; });
+      if (have) how = "newest folder older than " + version_text(backend_version);
+    }
+    if (!have) {
+      newest([](TableInputP) { return true; });
+      how = "no folder at or below " + version_text(backend_version) + "; newest newer folder";
+    }
+  } else {
+    newest([](TableInputP) { return true; });
+    how = "no version given; newest folder";
+  }
+  for (TableInputP t : versioned)
+    if (compare_versions(t->version, pick) == 0) chosen.push_back(t);
+  const std::string folder = chosen.front()->version_folder;
+  *note += (note->empty() ? "" : "; ") + std::string("served from ") + folder + " (" + how + ")";
+  if (!backend_version.empty() && how != "exact version") notes->push_back(key + ": " + folder + " serves (" + how + ")");
+  if (!plain.empty()) *note += "; unversioned file(s) of this source ignored in favour of " + folder;
+  return chosen;
+}
+
+// One key from several files of one source (two spellings of one device,
+// MI325X and MI325_OAM, or a copy): said, not silent. `chosen` is sorted by path.
+std::string shared_key_note(const std::string& key, const std::vector<TableInputP>& chosen) {
+  std::set<int64_t> seen, shared;
+  for (TableInputP t : chosen)
+    for (const auto& row : t->rows)
+      if (!seen.insert(row.m).second) shared.insert(row.m);
+  std::string files;
+  for (TableInputP t : chosen) files += (files.empty() ? "" : ", ") + t->path;
+  return key + ": " + std::to_string(chosen.size()) + " files of one config dir hold this key (" + files + "); " +
+         (shared.empty() ? std::string("their rows are merged")
+                         : std::to_string(shared.size()) + " M value(s) are in more than one, and " +
+                               chosen.front()->path + " serves them (the first by path)");
+}
+
+// The snapshot's config pool: identical rows share one stored config (a
+// table of many batch sizes repeats a few configs), and an input's configs
+// (distinct already) are each interned once.
+class ConfigInterner {
+ public:
+  explicit ConfigInterner(std::vector<Config>* pool) : pool_(pool) {
+    for (uint32_t id = 0; id < pool_->size(); ++id) ids_[hash((*pool_)[id])].push_back(id);
+  }
+  uint32_t of(const TableInput* in, const TableInput::InputRow& row) {
+    std::vector<uint32_t>& ids = remap_[in];
+    if (ids.empty()) ids.assign(in->configs.size(), UINT32_MAX);
+    uint32_t& id = ids[row.config];
+    if (id == UINT32_MAX) id = intern(in->config(row));
+    return id;
+  }
+
+ private:
+  static uint64_t hash(const Config& c) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    for (const auto& [k, v] : c) {
+      mix(k.data(), k.size());
+      mix(&v.kind, sizeof v.kind);
+      mix(&v.i, sizeof v.i);
+      mix(v.s.data(), v.s.size());
+      h = (h ^ 0xff) * 1099511628211ull;
+    }
+    return h;
+  }
+  uint32_t intern(const Config& c) {
+    std::vector<uint32_t>& ids = ids_[hash(c)];
+    for (uint32_t id : ids)
+      if ((*pool_)[id] == c) return id;
+    ids.push_back(static_cast<uint32_t>(pool_->size()));
+    pool_->push_back(c);
+    return ids.back();
+  }
+  std::vector<Config>* pool_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> ids_;
+  std::unordered_map<const TableInput*, std::vector<uint32_t>> remap_;  // an input's config -> the pool's
+};
+
+// A candidate row of one key, in precedence order (source rank, then file
+// path, then file order).
+struct Candidate {
+  int64_t m;
+  const TableInput::InputRow* row;
+  const TableInput* input;
+};
+
+// The bucket's rows from its candidates: sorted by M (stable: the first of
+// each M wins), plans kept only when a row has one.
+void assemble_rows(std::vector<Candidate>& merged, ConfigInterner& configs, Bucket* bucket) {
+  auto by_m = [](const Candidate& a, const Candidate& b) { return a.m < b.m; };
+  // One source's rows in ascending M (every real table) are in order
+  // already: no n log n sort for a 1M-row file.
+  if (!std::is_sorted(merged.begin(), merged.end(), by_m)) std::stable_sort(merged.begin(), merged.end(), by_m);
+  size_t unique = 0;
+  for (size_t c = 0; c < merged.size(); ++c) unique += (c == 0 || merged[c].m != merged[c - 1].m);
+  std::vector<int64_t> ms;
+  std::vector<Row> rows;
+  std::vector<core::Plan> plans;  // filled only once a row has a plan
+  ms.reserve(unique);
+  rows.reserve(unique);
+  for (size_t c = 0; c < merged.size(); ++c) {
+    if (c > 0 && merged[c].m == merged[c - 1].m) continue;  // first wins
+    if (const core::Plan* pl = merged[c].input->plan(*merged[c].row)) {
+      if (plans.empty()) plans.reserve(unique);
+      plans.resize(rows.size());  // the rows before without one
+      plans.push_back(*pl);
+    } else if (!plans.empty()) {
+      plans.emplace_back();
+    }
+    ms.push_back(merged[c].m);
+    rows.push_back(Row{merged[c].input->source_id, configs.of(merged[c].input, *merged[c].row)});
+  }
+  bucket->ms = SharedArray<int64_t>(std::move(ms));
+  bucket->rows = SharedArray<Row>(std::move(rows));
+  if (!plans.empty()) {
+    plans.resize(bucket->rows.size());
+    bucket->plans = SharedArray<core::Plan>(std::move(plans));
+  }
+}
+
+// Open addressing, capacity a power of two >= 2 * entries.
+template <class HashOf>
+std::vector<Snapshot::Slot> index_slots(const std::vector<Bucket>& buckets, HashOf hash_of) {
+  size_t n = 0;
+  for (const Bucket& b : buckets) n += hash_of(b).first;
+  size_t cap = 16;
+  while (cap < n * 2) cap <<= 1;
+  std::vector<Snapshot::Slot> slots(cap);
+  const size_t mask = cap - 1;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto [in, h] = hash_of(buckets[b]);
+    if (!in) continue;
+    size_t i = h & mask;
+    while (slots[i].bucket != 0) i = (i + 1) & mask;
+    slots[i] = Snapshot::Slot{h, static_cast<uint32_t>(b + 1)};
+  }
+  return slots;
+}
+
 }  // namespace
 
 uint64_t next_serial() noexcept {
@@ -96,13 +265,12 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     snap->configs_ = previous->configs_;
     snap->incremental_builds_ = previous->incremental_builds_ + 1;
   }
+  ConfigInterner configs(&snap->configs_);
 
-  // Group inputs by key, then by source rank. The inputs stay untouched (the
-  // runtime keeps them to rebuild after a tuner publish): only the rows that
-  // serve are copied into the snapshot.
   // Inputs ordered by key, then source rank, then their order in `inputs`
-  // (a sort of pointers: a map of maps cost several nodes per key).
-  using TableInputP = const TableInput*;
+  // (a sort of pointers: a map of maps cost several nodes per key). The
+  // inputs stay untouched (the runtime keeps them to rebuild after a tuner
+  // publish): only the rows that serve are copied into the snapshot.
   std::vector<std::pair<TableInputP, size_t>> order;
   order.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) order.emplace_back(inputs[i], i);
@@ -111,48 +279,10 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     if (a.first->source_rank != b.first->source_rank) return a.first->source_rank < b.first->source_rank;
     return a.second < b.second;
   });
-  // One key's inputs grouped by rank: (rank, inputs) in rank order.
-  std::vector<std::pair<int32_t, std::vector<TableInputP>>> by_rank;
+  std::vector<std::pair<int32_t, std::vector<TableInputP>>> by_rank;  // one key's inputs: (rank, inputs)
   std::vector<std::string_view> ops;
+  std::vector<Candidate> merged;  // reused across keys: a std::map here cost a node per row
   snap->buckets_.reserve(order.size());
-  // Identical rows share one stored config (a table of many batch sizes
-  // repeats a few configs): memory follows the distinct configs, not rows.
-  std::unordered_map<uint64_t, std::vector<uint32_t>> config_ids;
-  auto config_hash = [](const Config& c) {
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&](const void* p, size_t n) {
-      const auto* b = static_cast<const unsigned char*>(p);
-      for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    };
-    for (const auto& [k, v] : c) {
-      mix(k.data(), k.size());
-      mix(&v.kind, sizeof v.kind);
-      mix(&v.i, sizeof v.i);
-      mix(v.s.data(), v.s.size());
-      h = (h ^ 0xff) * 1099511628211ull;
-    }
-    return h;
-  };
-  std::unordered_map<const TableInput*, std::vector<uint32_t>> remap;  // an input's config -> the snapshot's
-  for (uint32_t id = 0; id < snap->configs_.size(); ++id) config_ids[config_hash(snap->configs_[id])].push_back(id);
-  auto intern_config = [&](const Config& c) -> uint32_t {
-    std::vector<uint32_t>& ids = config_ids[config_hash(c)];
-    for (uint32_t id : ids)
-      if (snap->configs_[id] == c) return id;
-    ids.push_back(static_cast<uint32_t>(snap->configs_.size()));
-    snap->configs_.push_back(c);
-    return ids.back();
-  };
-  // Candidate rows of one key in precedence order (source rank, then file
-  // path, then file order); a stable sort by M then keeps the first of each
-  // M. A vector reused across keys: a std::map here cost a node per row.
-  struct Candidate {
-    int64_t m;
-    const TableInput::InputRow* row;
-    const TableInput* input;
-  };
-  std::vector<Candidate> merged;
-  std::vector<TableInputP> versioned, plain, chosen;  // per source; reused, as `merged`
   for (size_t next = 0; next < order.size();) {
     const std::string& key = order[next].first->key;
     by_rank.clear();
@@ -181,135 +311,23 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     }
     Bucket bucket;
     bucket.inputs = std::move(ids);
-    std::vector<std::string> local_notes;
     bucket.key = key;
     bucket.hash = key_hash(key);
-    {
-      const TableInput* first = by_rank.front().second.front();
-      bucket.has_own_key = first->has_own_key;
-      bucket.own_key = first->own_key;
-      bucket.device_name = first->device_name;
-    }
+    const TableInput* first = by_rank.front().second.front();
+    bucket.has_own_key = first->has_own_key;
+    bucket.own_key = first->own_key;
+    bucket.device_name = first->device_name;
     merged.clear();
-    std::string note;
     for (auto& [rank, group] : by_rank) {
-      // Version folder selection inside one source.
-      versioned.clear();
-      plain.clear();
-      chosen.clear();
-      for (TableInputP t : group) (t->versioned ? versioned : plain).push_back(t);
-      if (!versioned.empty()) {
-        std::vector<int> pick;
-        bool have = false;
-        std::string how;
-        if (!backend_version.empty()) {
-          for (TableInputP t : versioned)
-            if (compare_versions(t->version, backend_version) == 0) {
-              pick = t->version;
-              have = true;
-              how = "exact version";
-            }
-          if (!have) {
-            for (TableInputP t : versioned)
-              if (compare_versions(t->version, backend_version) < 0 &&
-                  (!have || compare_versions(t->version, pick) > 0)) {
-                pick = t->version;
-                have = true;
-              }
-            if (have) how = "newest folder older than " + version_text(backend_version);
-          }
-          if (!have) {
-            for (TableInputP t : versioned)
-              if (!have || compare_versions(t->version, pick) > 0) {
-                pick = t->version;
-                have = true;
-              }
-            how = "no folder at or below " + version_text(backend_version) + "; newest newer folder";
-          }
-        } else {
-          for (TableInputP t : versioned)
-            if (!have || compare_versions(t->version, pick) > 0) {
-              pick = t->version;
-              have = true;
-            }
-          how = "no version given; newest folder";
-        }
-        for (TableInputP t : versioned)
-          if (compare_versions(t->version, pick) == 0) chosen.push_back(t);
-        const std::string folder = chosen.front()->version_folder;
-        note += (note.empty() ? "" : "; ") + std::string("served from ") + folder + " (" + how + ")";
-        if (!backend_version.empty() && how != "exact version")
-          local_notes.push_back(key + ": " + folder + " serves (" + how + ")");
-        if (!plain.empty())
-          note += "; unversioned file(s) of this source ignored in favour of " + folder;
-      } else {
-        chosen = plain;
-      }
-      std::sort(chosen.begin(), chosen.end(),
-                [](TableInputP a, TableInputP b) { return a->path < b->path; });
-      if (chosen.size() > 1) {
-        // Two spellings of one device (MI325X and MI325_OAM files), or a
-        // copy: one key from several files of one source. Said, not silent.
-        std::set<int64_t> seen, shared;
-        for (TableInputP t : chosen)
-          for (const auto& row : t->rows)
-            if (!seen.insert(row.m).second) shared.insert(row.m);
-        std::string files;
-        for (TableInputP t : chosen) files += (files.empty() ? "" : ", ") + t->path;
-        local_notes.push_back(key + ": " + std::to_string(chosen.size()) + " files of one config dir hold this key (" +
-                         files + "); " +
-                         (shared.empty() ? std::string("their rows are merged")
-                                         : std::to_string(shared.size()) + " M value(s) are in more than one, and " +
-                                               chosen.front()->path + " serves them (the first by path)"));
-      }
+      std::vector<TableInputP> chosen = choose_version(key, group, backend_version, &bucket.note, &bucket.build_notes);
+      std::sort(chosen.begin(), chosen.end(), [](TableInputP a, TableInputP b) { return a->path < b->path; });
+      if (chosen.size() > 1) bucket.build_notes.push_back(shared_key_note(key, chosen));
       for (TableInputP t : chosen)
         for (const auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
     }
-    bucket.note = note;
-    auto by_m = [](const Candidate& a, const Candidate& b) { return a.m < b.m; };
-    // One source's rows in ascending M (every real table) are in order
-    // already: no n log n sort for a 1M-row file.
-    if (!std::is_sorted(merged.begin(), merged.end(), by_m)) std::stable_sort(merged.begin(), merged.end(), by_m);
-    size_t unique = 0;
-    for (size_t c = 0; c < merged.size(); ++c) unique += (c == 0 || merged[c].m != merged[c - 1].m);
-    std::vector<int64_t> ms;
-    std::vector<Row> rows;
-    std::vector<core::Plan> plans;  // filled only once a row has a plan
-    ms.reserve(unique);
-    rows.reserve(unique);
-    for (size_t c = 0; c < merged.size(); ++c) {
-      if (c > 0 && merged[c].m == merged[c - 1].m) continue;  // first wins
-      Row r;
-      if (const core::Plan* pl = merged[c].input->plan(*merged[c].row)) {
-        if (plans.empty()) plans.reserve(unique);
-        plans.resize(rows.size());  // the rows before without one
-        plans.push_back(*pl);
-      } else if (!plans.empty()) {
-        plans.emplace_back();
-      }
-      r.source_id = merged[c].input->source_id;
-      {
-        // An input's configs are distinct already: each is interned once
-        // (the rows of a 1M-row table with a few configs hash a few configs).
-        const TableInput* in = merged[c].input;
-        std::vector<uint32_t>& ids = remap[in];
-        if (ids.empty()) ids.assign(in->configs.size(), UINT32_MAX);
-        uint32_t& id = ids[merged[c].row->config];
-        if (id == UINT32_MAX) id = intern_config(in->config(*merged[c].row));
-        r.config_index = id;
-      }
-      ms.push_back(merged[c].m);
-      rows.push_back(r);
-    }
-    bucket.ms = SharedArray<int64_t>(std::move(ms));
-    bucket.rows = SharedArray<Row>(std::move(rows));
-    if (!plans.empty()) {
-      plans.resize(bucket.rows.size());
-      bucket.plans = SharedArray<core::Plan>(std::move(plans));
-    }
-    if (notes) notes->insert(notes->end(), local_notes.begin(), local_notes.end());
+    assemble_rows(merged, configs, &bucket);
+    if (notes) notes->insert(notes->end(), bucket.build_notes.begin(), bucket.build_notes.end());
     if (bucket.ms.empty()) continue;
-    bucket.build_notes = std::move(local_notes);
     snap->rows_ += static_cast<int64_t>(bucket.ms.size());
     ops.push_back(std::string_view(key).substr(0, key.find('|')));
     snap->buckets_.push_back(std::move(bucket));
@@ -317,32 +335,11 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
   std::sort(ops.begin(), ops.end());
   ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
   snap->ops_.assign(ops.begin(), ops.end());
-
-  // Open addressing, capacity a power of two >= 2 * buckets.
-  size_t cap = 16;
-  while (cap < snap->buckets_.size() * 2) cap <<= 1;
-  snap->slots_.assign(cap, Slot{});
-  const size_t mask = cap - 1;
-  size_t n_own = 0;
-  for (size_t b = 0; b < snap->buckets_.size(); ++b) {
-    const uint64_t h = snap->buckets_[b].hash;
-    size_t i = h & mask;
-    while (snap->slots_[i].bucket != 0) i = (i + 1) & mask;
-    snap->slots_[i] = Slot{h, static_cast<uint32_t>(b + 1)};
-    n_own += snap->buckets_[b].has_own_key;
-  }
+  snap->slots_ = index_slots(snap->buckets_, [](const Bucket& b) { return std::pair<bool, uint64_t>{true, b.hash}; });
   // The own-op index: the same scheme over the binary keys.
-  size_t own_cap = 16;
-  while (own_cap < n_own * 2) own_cap <<= 1;
-  snap->own_slots_.assign(own_cap, Slot{});
-  const size_t own_mask = own_cap - 1;
-  for (size_t b = 0; b < snap->buckets_.size(); ++b) {
-    if (!snap->buckets_[b].has_own_key) continue;
-    const uint64_t h = own_key_hash(snap->buckets_[b].own_key);
-    size_t i = h & own_mask;
-    while (snap->own_slots_[i].bucket != 0) i = (i + 1) & own_mask;
-    snap->own_slots_[i] = Slot{h, static_cast<uint32_t>(b + 1)};
-  }
+  snap->own_slots_ = index_slots(snap->buckets_, [](const Bucket& b) {
+    return std::pair<bool, uint64_t>{b.has_own_key, b.has_own_key ? own_key_hash(b.own_key) : 0};
+  });
   return snap;
 }
 

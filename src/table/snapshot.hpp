@@ -213,12 +213,6 @@ class Snapshot {
   const std::vector<std::string>& ops() const noexcept { return ops_; }
 
  private:
-  struct Slot {
-    uint64_t hash = 0;
-    uint32_t bucket = 0;  ///< index + 1; 0 = empty slot
-  };
-  std::vector<Slot> slots_;
-  std::vector<Slot> own_slots_;  ///< own_key_hash -> bucket, own-op buckets only
   std::vector<Bucket> buckets_;
   std::vector<Config> configs_;
   std::vector<std::string> ops_;
@@ -230,6 +224,15 @@ class Snapshot {
  public:
   /// Buckets copied from the previous snapshot by an incremental build.
   int64_t reused_buckets() const noexcept { return reused_buckets_; }
+  /// A slot of the open-addressed indexes (public for the builder's helpers).
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t bucket = 0;  ///< index + 1; 0 = empty slot
+  };
+
+ private:
+  std::vector<Slot> slots_;
+  std::vector<Slot> own_slots_;  ///< own_key_hash -> bucket, own-op buckets only
 };
 
 }  // namespace dispatch::table
