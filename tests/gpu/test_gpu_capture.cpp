@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -41,12 +42,9 @@ struct TempCache {
   }
 };
 
-}  // namespace
-
-TEST_CASE("gpu capture: graphs captured in global mode while the background tuner works stay valid") {
-  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
-  if (!b || !b->status().available) return;  // HIP-only machine: nothing to capture with here
-  TempCache cache;
+// A runtime whose background tuner works flat out (duty cycle 1) on a short
+// budget per shape, tuning into `cache`.
+std::unique_ptr<dispatch::Runtime> background_runtime(const TempCache& cache) {
   dispatch::RuntimeOptions o;
   o.load_shipped_configs = false;
   o.log_level = dispatch::LogLevel::warn;
@@ -56,6 +54,16 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
   o.tune.time_budget_ms = 300;
   auto rt = dispatch::Runtime::create(o);
   REQUIRE(rt.ok());
+  return std::move(rt).value();
+}
+
+}  // namespace
+
+TEST_CASE("gpu capture: graphs captured in global mode while the background tuner works stay valid") {
+  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  if (!b || !b->status().available) return;  // HIP-only machine: nothing to capture with here
+  TempCache cache;
+  auto rt = background_runtime(cache);
   auto* mem = dispatch::core::backend_memory(DeviceType::cuda);
   const Device d{DeviceType::cuda, 0};
 
@@ -69,7 +77,7 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
     dispatch::RmsNormArgs a{dispatch::make_tensor_2d(by.get(), DType::bf16, BT, h, h, d),
                             dispatch::make_tensor_2d(bx.get(), DType::bf16, BT, h, h, d),
                             dispatch::make_tensor_1d(bw.get(), DType::bf16, h, d), 1e-6f};
-    REQUIRE(dispatch::rmsnorm(**rt, a, dispatch::Stream{s}).ok());
+    REQUIRE(dispatch::rmsnorm(*rt, a, dispatch::Stream{s}).ok());
   }
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
 
@@ -90,11 +98,11 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
   int captures = 0, overlapped = 0;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < until) {
-    const int64_t before = (*rt)->tune_stats().candidates_run;
-    const bool busy = (*rt)->tune_stats().shapes_tuned < int64_t(hiddens.size());
+    const int64_t before = rt->tune_stats().candidates_run;
+    const bool busy = rt->tune_stats().shapes_tuned < int64_t(hiddens.size());
     REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
     Status st;
-    for (int i = 0; i < 64 && st.ok(); ++i) st = dispatch::rmsnorm(**rt, args, dispatch::Stream{s});
+    for (int i = 0; i < 64 && st.ok(); ++i) st = dispatch::rmsnorm(*rt, args, dispatch::Stream{s});
     cudaGraph_t g = nullptr;
     const cudaError_t end = cudaStreamEndCapture(s, &g);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
@@ -106,13 +114,13 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
     (void)cudaGraphExecDestroy(ge);
     (void)cudaGraphDestroy(g);
     ++captures;
-    overlapped += busy && (*rt)->tune_stats().candidates_run > before;
-    if (!busy && (*rt)->tune_stats().shapes_tuned >= int64_t(hiddens.size())) break;
+    overlapped += busy && rt->tune_stats().candidates_run > before;
+    if (!busy && rt->tune_stats().shapes_tuned >= int64_t(hiddens.size())) break;
   }
   MESSAGE(captures, " captures, ", overlapped, " while the tuner ran candidates");
   CHECK(captures > 0);
-  REQUIRE((*rt)->wait_tuner_idle(120.0));
-  const dispatch::TuneStats ts = (*rt)->tune_stats();
+  REQUIRE(rt->wait_tuner_idle(120.0));
+  const dispatch::TuneStats ts = rt->tune_stats();
   CHECK(ts.shapes_tuned >= int64_t(hiddens.size()));
   CHECK(ts.shapes_skipped == 0);
   CHECK(ts.candidates_failed == 0);
@@ -133,15 +141,7 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
   if (!b || !b->status().available) return;
   TempCache cache;
-  dispatch::RuntimeOptions o;
-  o.load_shipped_configs = false;
-  o.log_level = dispatch::LogLevel::warn;
-  o.tune.mode = dispatch::TuneMode::background;
-  o.tune.cache_dir = cache.path.string();
-  o.tune.duty_cycle = 1.0;
-  o.tune.time_budget_ms = 300;
-  auto rt = dispatch::Runtime::create(o);
-  REQUIRE(rt.ok());
+  auto rt = background_runtime(cache);
   auto* mem = dispatch::core::backend_memory(DeviceType::cuda);
   const Device d{DeviceType::cuda, 0};
   cudaStream_t s = nullptr;
@@ -153,10 +153,10 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
     dispatch::RmsNormArgs a{dispatch::make_tensor_2d(by.get(), DType::bf16, BT, h, h, d),
                             dispatch::make_tensor_2d(bx.get(), DType::bf16, BT, h, h, d),
                             dispatch::make_tensor_1d(bw.get(), DType::bf16, h, d), 1e-6f};
-    REQUIRE(dispatch::rmsnorm(**rt, a, dispatch::Stream{s}).ok());
+    REQUIRE(dispatch::rmsnorm(*rt, a, dispatch::Stream{s}).ok());
   }
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-  const int64_t queued_before = (*rt)->tune_stats().queued;
+  const int64_t queued_before = rt->tune_stats().queued;
 
   // The captured step: a shape never seen before (a miss inside the capture).
   const int64_t T = 7, H = 4096;
@@ -176,7 +176,7 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
   dispatch::DispatchInfo info;
   Status st;
-  for (int i = 0; i < 16 && st.ok(); ++i) st = dispatch::rmsnorm(**rt, args, dispatch::Stream{s}, {.info = &info});
+  for (int i = 0; i < 16 && st.ok(); ++i) st = dispatch::rmsnorm(*rt, args, dispatch::Stream{s}, {.info = &info});
   // Hold the capture open a while: the tuner, busy with the bait, must not break it.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   cudaGraph_t g = nullptr;
@@ -184,7 +184,7 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   REQUIRE_MESSAGE(end == cudaSuccess, "capture invalidated: ", cudaGetErrorString(end));
   CHECK(info.source == dispatch::PlanSource::fallback);  // the miss served the default inside the graph
-  CHECK((*rt)->tune_stats().queued > queued_before);     // and was queued
+  CHECK(rt->tune_stats().queued > queued_before);     // and was queued
   cudaGraphExec_t ge = nullptr;
   REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
   REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
@@ -193,13 +193,13 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   CHECK(rmsnorm_mismatch(x, w, y, 1e-6, 8.0) == "");
   (void)cudaGraphExecDestroy(ge);
   (void)cudaGraphDestroy(g);
-  REQUIRE((*rt)->wait_tuner_idle(120.0));
-  const dispatch::TuneStats ts = (*rt)->tune_stats();
+  REQUIRE(rt->wait_tuner_idle(120.0));
+  const dispatch::TuneStats ts = rt->tune_stats();
   MESSAGE("capture waits ", ts.capture_waits, ", shapes tuned ", ts.shapes_tuned);
   CHECK(ts.candidates_failed == 0);
   const dispatch::LookupQuery q{.op = "rmsnorm", .key = "hidden=4096,dtype=bf16", .device = b->status().device_name,
                                 .backend = "cuda", .M = T};
-  auto r = dispatch::lookup(**rt, q);
+  auto r = dispatch::lookup(*rt, q);
   REQUIRE(r.ok());
   CHECK(r->match == dispatch::LookupResult::Match::exact);  // tuned after the capture
   (void)cudaStreamDestroy(s);
