@@ -57,6 +57,29 @@ std::unique_ptr<dispatch::Runtime> background_runtime(const TempCache& cache) {
   return std::move(rt).value();
 }
 
+// One engine step's rmsnorm of [T, H] bf16 on device 0: x and w drawn from
+// `seed`, y poisoned, all uploaded; `args` ready to call.
+struct NormStep {
+  HostTensor x, w, y;
+  DeviceBuffer dx, dw, dy;
+  dispatch::RmsNormArgs args;
+  NormStep(dispatch::tune::DeviceMemory* mem, int64_t T, int64_t H, uint32_t seed)
+      : x(DType::bf16, T, H, H), w(DType::bf16, 1, H, H), y(DType::bf16, T, H, H),
+        dx(mem, x.bytes()), dw(mem, w.bytes()), dy(mem, y.bytes()) {
+    std::mt19937 rng(seed);
+    x.fill_uniform(rng, -2, 2);
+    w.fill_uniform(rng, 0.5f, 1.5f);
+    y.poison_all();
+    REQUIRE(dx.upload(x).ok());
+    REQUIRE(dw.upload(w).ok());
+    REQUIRE(dy.upload(y).ok());
+    const Device d{DeviceType::cuda, 0};
+    args = dispatch::RmsNormArgs{dispatch::make_tensor_2d(dy.get(), DType::bf16, T, H, H, d),
+                                 dispatch::make_tensor_2d(dx.get(), DType::bf16, T, H, H, d),
+                                 dispatch::make_tensor_1d(dw.get(), DType::bf16, H, d), 1e-6f};
+  }
+};
+
 }  // namespace
 
 TEST_CASE("gpu capture: graphs captured in global mode while the background tuner works stay valid") {
@@ -82,19 +105,12 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
 
   // The engine's step: 64 rmsnorms of [5, 4096] bf16 into one graph.
-  const int64_t T = 5, H = 4096;
-  std::mt19937 rng(11);
-  HostTensor x(DType::bf16, T, H, H), w(DType::bf16, 1, H, H), y(DType::bf16, T, H, H);
-  x.fill_uniform(rng, -2, 2);
-  w.fill_uniform(rng, 0.5f, 1.5f);
-  y.poison_all();
-  DeviceBuffer dx(mem, x.bytes()), dw(mem, w.bytes()), dy(mem, y.bytes());
-  REQUIRE(dx.upload(x).ok());
-  REQUIRE(dw.upload(w).ok());
-  REQUIRE(dy.upload(y).ok());
-  dispatch::RmsNormArgs args{dispatch::make_tensor_2d(dy.get(), DType::bf16, T, H, H, d),
-                             dispatch::make_tensor_2d(dx.get(), DType::bf16, T, H, H, d),
-                             dispatch::make_tensor_1d(dw.get(), DType::bf16, H, d), 1e-6f};
+  NormStep step(mem, 5, 4096, 11);
+  HostTensor& x = step.x;
+  HostTensor& w = step.w;
+  HostTensor& y = step.y;
+  DeviceBuffer& dy = step.dy;
+  const dispatch::RmsNormArgs& args = step.args;
   int captures = 0, overlapped = 0;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < until) {
@@ -159,20 +175,14 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   const int64_t queued_before = rt->tune_stats().queued;
 
   // The captured step: a shape never seen before (a miss inside the capture).
-  const int64_t T = 7, H = 4096;
-  std::mt19937 rng(12);
-  HostTensor x(DType::bf16, T, H, H), w(DType::bf16, 1, H, H), y(DType::bf16, T, H, H);
-  x.fill_uniform(rng, -2, 2);
-  w.fill_uniform(rng, 0.5f, 1.5f);
-  y.poison_all();
-  DeviceBuffer dx(mem, x.bytes()), dw(mem, w.bytes()), dy(mem, y.bytes());
-  REQUIRE(dx.upload(x).ok());
-  REQUIRE(dw.upload(w).ok());
-  REQUIRE(dy.upload(y).ok());
+  const int64_t T = 7;
+  NormStep step(mem, T, 4096, 12);
+  HostTensor& x = step.x;
+  HostTensor& w = step.w;
+  HostTensor& y = step.y;
+  DeviceBuffer& dy = step.dy;
+  const dispatch::RmsNormArgs& args = step.args;
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  dispatch::RmsNormArgs args{dispatch::make_tensor_2d(dy.get(), DType::bf16, T, H, H, d),
-                             dispatch::make_tensor_2d(dx.get(), DType::bf16, T, H, H, d),
-                             dispatch::make_tensor_1d(dw.get(), DType::bf16, H, d), 1e-6f};
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
   dispatch::DispatchInfo info;
   Status st;
