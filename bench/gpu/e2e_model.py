@@ -133,7 +133,9 @@ class Ways:
 def probe_layer_return(model):
     """Whether this transformers' decoder layers return a tuple (older) or a tensor."""
     seen = {}
-    h = model.model.layers[0].register_forward_hook(lambda m, i, o: seen.setdefault("tuple", isinstance(o, tuple)))
+    def hook(m, i, o):  # returns None: a hook's return value would replace the layer's output
+        seen["tuple"] = isinstance(o, tuple)
+    h = model.model.layers[0].register_forward_hook(hook)
     with torch.inference_mode():
         model(input_ids=torch.zeros(1, 4, dtype=torch.long, device="cuda"), use_cache=False)
     h.remove()
