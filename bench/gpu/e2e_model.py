@@ -188,9 +188,14 @@ def prefill(model, batch=4, tokens=512):
 class GraphDecode:
     """One decode step captured in a CUDA graph on a StaticCache."""
 
-    def __init__(self, model, batch, steps, prompt=16):
+    def __init__(self, model, batch, steps, rounds, prompt=16):
         self.model, self.batch, self.steps = model, batch, steps
-        self.cache = make_static_cache(model, batch, prompt + 8 + steps + 4)
+        # Room for every replay of every round: transformers 5.x's StaticCache
+        # can place a replayed step by the slots already filled rather than by
+        # the cache_position rewound here, so the write position keeps
+        # growing across rounds (with room for only one round, round 2 wrote
+        # past the end: an index_copy_ device assert on the H200).
+        self.cache = make_static_cache(model, batch, prompt + 8 + steps * (rounds + 2) + 4)
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda",
                             generator=torch.Generator("cuda").manual_seed(3))
         out = model(input_ids=ids, past_key_values=self.cache, use_cache=True,
@@ -338,7 +343,7 @@ def run_model(key, a, budget_end):
             for w in WAYS:
                 ways.set(w)
                 try:
-                    graphs[(w, b)] = GraphDecode(model, b, a.steps)
+                    graphs[(w, b)] = GraphDecode(model, b, a.steps, a.rounds)
                 except Exception as e:
                     graphs[(w, b)] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                     log(f"{label}: graph capture ({w}, batch {b}) failed: {graphs[(w, b)]}")
