@@ -5,7 +5,9 @@
 # returned.
 #
 #   bench/gpu/run_h200.sh --sections build       # configure + build everything (timed)
-#   bench/gpu/run_h200.sh --sections test        # GPU tests, host GPU/config tests, torch ops
+#   bench/gpu/run_h200.sh --sections test        # GPU tests but silu_and_mul's, host GPU/config tests, torch ops
+#   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
+#                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections bench       # kdispatch beside the peers (resumes)
 #   bench/gpu/run_h200.sh --sections check       # committed rows vs get_default, gate 1.10x
@@ -61,6 +63,7 @@
 # $OUT (default ./out) gets at most 6 files per section, no folders:
 #   build  build.log
 #   test   build.log gpu_tests.log host_tests.log torch_ops.log
+#   silu-test   build.log silu_tests.log
 #   tune   build.log configs.tar tune.log validate.log
 #   bench  build.log bench_gpu.json bench.log h200.md
 #   check  build.log check.json check.log
@@ -116,7 +119,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -192,8 +195,9 @@ fi
 # ================================================================ test
 if has test; then
   ensure_build kdispatch_gpu_tests kdispatch_tests kdispatch || { echo "::: test: FAILED to build (build.log)"; exit 1; }
-  stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning)"
-  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache "$BUILD/tests/gpu/kdispatch_gpu_tests" >"$OUT/gpu_tests.log" 2>&1
+  stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning; silu-test: the rest)"
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $(($(left) - 60)) "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*' \
+    >"$OUT/gpu_tests.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_gpu_tests rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)|skipped' "$OUT/gpu_tests.log" | tr '\n' ' ')"
   [ $rc -eq 0 ] || grep -E "ERROR|FAILED|error" "$OUT/gpu_tests.log" | head -20
@@ -410,6 +414,18 @@ if has gemm-probe; then
   fi
   if [ $rc -ne 0 ]; then echo "::: gemm-probe: FAILED rc=$rc (gemm_probe.log)"; status=1
   else echo "::: gemm-probe: complete"; fi
+fi
+
+# ================================================================ silu-test
+if has silu-test; then
+  ensure_build kdispatch_gpu_tests || { echo "::: silu-test: FAILED to build (build.log)"; exit 1; }
+  stamp "silu-test: GPU silu_and_mul tests"
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_tests" \
+    -tc='gpu silu*,gpu runtime: dispatch::silu*' >"$OUT/silu_tests.log" 2>&1
+  rc=$?
+  echo "kdispatch_gpu_tests -tc='gpu silu*' rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/silu_tests.log" | tr '\n' ' ')"
+  if [ $rc -ne 0 ]; then grep -E "ERROR|FAILED|error" "$OUT/silu_tests.log" | head -20; echo "::: silu-test: FAILED"; status=1
+  else echo "::: silu-test: complete"; fi
 fi
 
 # ================================================================ gemm-test

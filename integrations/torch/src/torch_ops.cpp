@@ -36,10 +36,13 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "bridge.hpp"
@@ -304,10 +307,31 @@ bool dl_dtype(at::ScalarType s, View* v) {
   }
 }
 
+/// A size as a call reads it: int64_t from real tensors; c10::SymInt in a
+/// meta call, where torch.compile's dynamic shapes arrive as symbols (read
+/// as an int, a symbolic M would be specialized: one graph per M).
+template <class I>
+I size_at(const at::Tensor& t, int64_t d);
+template <>
+int64_t size_at<int64_t>(const at::Tensor& t, int64_t d) {
+  return t.size(d);
+}
+template <>
+c10::SymInt size_at<c10::SymInt>(const at::Tensor& t, int64_t d) {
+  return t.sym_size(d < 0 ? d + t.dim() : d);
+}
+std::string size_text(int64_t v) { return std::to_string(v); }
+std::string size_text(const c10::SymInt& v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 /// The sizes of `t` as [rows, cols]: the leading dims multiplied.
-int64_t rows_of(const at::Tensor& t) {
-  int64_t r = 1;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) r *= t.size(d);
+template <class I = int64_t>
+I rows_of(const at::Tensor& t) {
+  I r = I(1);
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) r = r * size_at<I>(t, d);
   return r;
 }
 
@@ -346,39 +370,43 @@ std::string double_text(double d) {
   return buf;
 }
 
+template <class I = int64_t>
 std::string sizes_text(const at::Tensor& t) {
   std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + size_text(size_at<I>(t, d));
   return s + "]";
 }
 
-/// The op's dims ("M", "K", "d", ...) bound from the tensors it reads.
-struct Dims {
+/// The op's dims ("M", "K", "d", ...) bound from the tensors it reads
+/// (I: int64_t, or c10::SymInt in a meta call).
+template <class I>
+struct DimsT {
   std::array<std::string_view, 16> name{};
-  std::array<int64_t, 16> value{};
+  std::array<I, 16> value{};
   std::array<const char*, 16> from{};  // the argument that gave it
   int n = 0;
-  const int64_t* find(std::string_view d) const {
+  const I* find(std::string_view d) const {
     for (int i = 0; i < n; ++i)
       if (name[static_cast<size_t>(i)] == d) return &value[static_cast<size_t>(i)];
     return nullptr;
   }
   void bind(const Binding& b, const dispatch::OpArgInfo& a, std::string_view dim, int32_t mul, int32_t div,
-            int64_t size) {
+            const I& size) {
     if (dim.empty() || div != 1 || find(dim) != nullptr || n == 16) return;
-    if (size % mul != 0)  // x [..., 2*d] with an odd last dim: no d (refused even when empty)
-      fail(b, 1, std::string(a.name) + ": size " + std::to_string(size) + " is not " + std::to_string(mul) + "*" +
+    if (mul != 1 && size % I(mul) != 0)  // x [..., 2*d] with an odd last dim: no d (refused even when empty)
+      fail(b, 1, std::string(a.name) + ": size " + size_text(size) + " is not " + std::to_string(mul) + "*" +
                      std::string(dim) + " (a multiple of " + std::to_string(mul) + ")");
     name[static_cast<size_t>(n)] = dim;
     from[static_cast<size_t>(n)] = a.name.data();
-    value[static_cast<size_t>(n++)] = size / mul;
+    value[static_cast<size_t>(n++)] = mul == 1 ? size : size / I(mul);
   }
-  /// The extent `mul * dim / div` (rounded up); -1 when the dim is unbound.
-  int64_t extent(std::string_view dim, int32_t mul, int32_t div) const {
-    const int64_t* v = find(dim);
-    if (v == nullptr) return -1;
-    const int64_t x = *v * mul;
-    return div == 1 ? x : (x + div - 1) / div;
+  /// The extent `mul * dim / div` (rounded up); none when the dim is unbound.
+  std::optional<I> extent(std::string_view dim, int32_t mul, int32_t div) const {
+    const I* v = find(dim);
+    if (v == nullptr) return std::nullopt;
+    const I x = mul == 1 ? *v : *v * I(mul);
+    if (div == 1) return x;
+    return (x + I(div - 1)) / I(div);
   }
   bool has_zero_except(std::string_view m) const {
     for (int i = 0; i < n; ++i)
@@ -386,6 +414,7 @@ struct Dims {
     return false;
   }
 };
+using Dims = DimsT<int64_t>;
 
 // ---------------------------------------------------------------- the kernels
 
@@ -397,7 +426,8 @@ class Kernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet ks, Stack* stack) {
     if (mode_ == Mode::autograd) return autograd(handle, ks, stack);
-    call(stack);
+    if (mode_ == Mode::meta) return call<c10::SymInt>(stack);
+    call<int64_t>(stack);
   }
 
  private:
@@ -416,6 +446,9 @@ class Kernel final : public c10::OperatorKernel {
 
   std::string arg(size_t i) const { return std::string(b_->op->args[i].name); }
 
+  /// One call: I is int64_t for a real call, c10::SymInt for a meta call
+  /// (shapes and dtypes only; symbolic sizes stay symbols).
+  template <class I>
   void call(Stack* stack) {
     const Binding& b = *b_;
     const dispatch::OpInfo& op = *b.op;
@@ -457,7 +490,7 @@ class Kernel final : public c10::OperatorKernel {
     }
     // Dims from the tensors the op reads; the first 2-D one gives an
     // output's leading dims.
-    Dims dims;
+    DimsT<I> dims;
     const at::Tensor* lead = nullptr;
     for (size_t i = 0; i < nargs; ++i) {
       const dispatch::OpArgInfo& a = op.args[i];
@@ -466,21 +499,25 @@ class Kernel final : public c10::OperatorKernel {
       if (x->dim() < 1) fail(b, 1, arg(i) + ": must have at least one dimension");
       if (a.rank == 2) {
         if (lead == nullptr) lead = x;
-        dims.bind(b, a, a.rows_dim, a.rows_mul, a.rows_div, rows_of(*x));
+        dims.bind(b, a, a.rows_dim, a.rows_mul, a.rows_div, rows_of<I>(*x));
       }
-      dims.bind(b, a, a.cols_dim, a.cols_mul, a.cols_div, x->size(-1));
+      dims.bind(b, a, a.cols_dim, a.cols_mul, a.cols_div, size_at<I>(*x, -1));
     }
     std::array<at::Tensor, kMaxArgs> made;
     if (b.kind == Kind::functional) {
       if (lead == nullptr) fail(b, 9, "no 2-D input gives the outputs' leading dims");
       for (int o : b.outputs) {
         const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(o)];
-        c10::SmallVector<int64_t, 6> shape;  // no heap allocation for up to 6 dims
-        if (a.rank == 2) shape.append(lead->sizes().begin(), lead->sizes().end() - 1);
-        const int64_t cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
-        if (cols < 0) fail(b, 9, "the size of dim " + std::string(a.cols_dim) + " is not given by any input");
-        shape.push_back(cols);
-        made[static_cast<size_t>(o)] = at::empty(shape, lead->options());
+        c10::SmallVector<I, 6> shape;  // no heap allocation for up to 6 dims
+        if (a.rank == 2)
+          for (int64_t d = 0; d + 1 < lead->dim(); ++d) shape.push_back(size_at<I>(*lead, d));
+        const std::optional<I> cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
+        if (!cols) fail(b, 9, "the size of dim " + std::string(a.cols_dim) + " is not given by any input");
+        shape.push_back(*cols);
+        if constexpr (std::is_same_v<I, int64_t>)
+          made[static_cast<size_t>(o)] = at::empty(shape, lead->options());
+        else
+          made[static_cast<size_t>(o)] = at::empty_symint(shape, lead->options());
         t[static_cast<size_t>(o)] = &made[static_cast<size_t>(o)];
       }
     }
@@ -491,7 +528,7 @@ class Kernel final : public c10::OperatorKernel {
           !c10::InferenceMode::is_enabled())
         fail(b, 11, arg(i) + ": an inference tensor cannot be updated in place outside torch.inference_mode() "
                              "(clone it first)");
-    if (mode_ == Mode::meta) {
+    if constexpr (!std::is_same_v<I, int64_t>) {
       check_shapes(t, dims);  // the checks a meta call can make: shapes and dtypes (inputs first)
       for (int pass = 0; pass < 2; ++pass)
         for (size_t i = 0; i < nargs; ++i) {
@@ -518,25 +555,26 @@ class Kernel final : public c10::OperatorKernel {
 
   /// Every tensor's sizes against the bound dims (what kdispatch checks, for
   /// the calls that do not reach it: meta calls, a dim of 0).
-  void check_shapes(const Tensors& t, const Dims& dims) const {
+  template <class I>
+  void check_shapes(const Tensors& t, const DimsT<I>& dims) const {
     const dispatch::OpInfo& op = *b_->op;
     for (size_t i = 0; i < op.args.size(); ++i) {
       const at::Tensor* x = t[i];
       if (x == nullptr) continue;
       const dispatch::OpArgInfo& a = op.args[i];
-      const int64_t cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
+      const std::optional<I> cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
       if (a.rank == 1) {
         if (x->dim() != 1) fail(*b_, 1, arg(i) + ": must be 1-D, got " + std::to_string(x->dim()) + "-D");
-        if (cols >= 0 && x->size(0) != cols)
-          fail(*b_, 1, arg(i) + ": must have " + std::to_string(cols) + " elements, has " + std::to_string(x->size(0)));
+        if (cols && size_at<I>(*x, 0) != *cols)
+          fail(*b_, 1, arg(i) + ": must have " + size_text(*cols) + " elements, has " + size_text(size_at<I>(*x, 0)));
         continue;
       }
       if (x->dim() < 1) fail(*b_, 1, arg(i) + ": must have at least one dimension");
-      const int64_t rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
-      if ((cols >= 0 && x->size(-1) != cols) || (rows >= 0 && rows_of(*x) != rows))
-        fail(*b_, 1, arg(i) + ": sizes " + sizes_text(*x) + " are not [" + (rows >= 0 ? std::to_string(rows) : "?") +
-                         " rows, " + (cols >= 0 ? std::to_string(cols) : "?") + "] (" + std::string(a.rows_dim) +
-                         ", " + std::string(a.cols_dim) + ")");
+      const std::optional<I> rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
+      if ((cols && size_at<I>(*x, -1) != *cols) || (rows && rows_of<I>(*x) != *rows))
+        fail(*b_, 1, arg(i) + ": sizes " + sizes_text<I>(*x) + " are not [" + (rows ? size_text(*rows) : "?") +
+                         " rows, " + (cols ? size_text(*cols) : "?") + "] (" + std::string(a.rows_dim) + ", " +
+                         std::string(a.cols_dim) + ")");
     }
   }
 
@@ -560,8 +598,8 @@ class Kernel final : public c10::OperatorKernel {
       const at::Tensor* x = t[i];
       if (x == nullptr) continue;
       const dispatch::OpArgInfo& a = op.args[i];
-      const int64_t cols = one.extent(a.cols_dim, a.cols_mul, a.cols_div);
-      const int64_t rows_one = a.rank == 2 ? one.extent(a.rows_dim, a.rows_mul, a.rows_div) : 1;
+      const int64_t cols = one.extent(a.cols_dim, a.cols_mul, a.cols_div).value_or(-1);
+      const int64_t rows_one = a.rank == 2 ? one.extent(a.rows_dim, a.rows_mul, a.rows_div).value_or(-1) : 1;
       const int64_t rows = a.rank == 2 ? (rows_one >= 0 ? rows_one : rows_of(*x)) : 1;
       const bool spans = x->size(-1) != cols || (a.rank == 2 && rows_of(*x) != rows);  // the zero dim is in its extents
       if (!spans) continue;
