@@ -27,6 +27,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <array>
 #include <atomic>
@@ -37,7 +38,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <set>
 #include <string>
 #include <string_view>
@@ -321,10 +321,13 @@ c10::SymInt size_at<c10::SymInt>(const at::Tensor& t, int64_t d) {
   return t.sym_size(d < 0 ? d + t.dim() : d);
 }
 std::string size_text(int64_t v) { return std::to_string(v); }
-std::string size_text(const c10::SymInt& v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
+std::string size_text(const c10::SymInt& v) {  // no operator<<: torch 2.x declares none beside SymInt
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (const std::optional<int64_t> i = v.maybe_as_int()) return std::to_string(*i);
+#else
+  if (!v.is_symbolic()) return std::to_string(v.expect_int());
+#endif
+  return "a symbolic size";
 }
 
 /// The sizes of `t` as [rows, cols]: the leading dims multiplied.
