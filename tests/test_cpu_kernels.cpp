@@ -242,6 +242,77 @@ TEST_CASE("numeric: bf16 conversion rounds to nearest even and keeps NaN") {
   }
 }
 
+TEST_CASE("numeric: fp8 conversion rounds to nearest even, saturates as the quantisation kernels do, overflows as torch") {
+  using core::float_to_fp8;
+  using core::fp8_to_float;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    const char* name;
+    core::Fp8Format f;
+    float max;
+    uint8_t one, max_code, nan_code;
+  };
+  const Case cases[] = {
+      {"e4m3fn", core::kE4m3fn, 448.f, 0x38, 0x7e, 0x7f},
+      {"e4m3fnuz", core::kE4m3fnuz, 240.f, 0x40, 0x7f, 0x80},
+      {"e5m2", core::kE5m2, 57344.f, 0x3c, 0x7b, 0x7e},
+  };
+  for (const Case& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    CHECK(c.f.max_finite() == c.max);
+    CHECK(float_to_fp8(1.0f, c.f, true) == c.one);
+    CHECK(fp8_to_float(c.max_code, c.f) == c.max);
+    CHECK(float_to_fp8(c.max, c.f, false) == c.max_code);
+    CHECK(float_to_fp8(-c.max, c.f, false) == (c.f.uz ? 0xff : (0x80 | c.max_code)));
+    // Saturating: beyond the largest finite value, and infinities, clamp.
+    CHECK(float_to_fp8(c.max * 4, c.f, true) == c.max_code);
+    CHECK(float_to_fp8(inf, c.f, true) == c.max_code);
+    CHECK(float_to_fp8(-inf, c.f, true) == (c.f.uz ? 0xff : (0x80 | c.max_code)));
+    CHECK(std::isnan(fp8_to_float(float_to_fp8(nan, c.f, true), c.f)));
+    CHECK(std::isnan(fp8_to_float(float_to_fp8(-nan, c.f, false), c.f)));
+    // Zeros; e4m3fnuz has no -0 (0x80 is its NaN).
+    CHECK(float_to_fp8(0.0f, c.f, true) == 0x00);
+    CHECK(float_to_fp8(-0.0f, c.f, true) == (c.f.uz ? 0x00 : 0x80));
+    CHECK(float_to_fp8(-std::ldexp(1.0f, -40), c.f, false) == (c.f.uz ? 0x00 : 0x80));
+    // Every code round-trips; every midpoint between neighbours goes to the
+    // even code, and just off it to the nearer one.
+    for (int b = 0; b < 256; ++b) {
+      const float v = fp8_to_float(static_cast<uint8_t>(b), c.f);
+      if (std::isnan(v)) continue;
+      if (c.f.uz && b == 0x80) continue;
+      REQUIRE(float_to_fp8(v, c.f, false) == b);
+      if (std::isinf(v)) continue;  // e5m2's inf: saturating gives the largest finite value (checked above)
+      REQUIRE(float_to_fp8(v, c.f, true) == b);
+      if ((b & 0x7f) >= c.max_code) continue;
+      const float w = fp8_to_float(static_cast<uint8_t>(b + 1), c.f);  // the next code away from zero
+      if (std::isnan(w) || std::isinf(w)) continue;
+      const float mid = (v + w) / 2;  // exact: fp8 values have 4 significant bits
+      const uint8_t even = (b & 1) ? static_cast<uint8_t>(b + 1) : static_cast<uint8_t>(b);
+      REQUIRE(float_to_fp8(mid, c.f, true) == even);
+      REQUIRE(float_to_fp8(std::nextafter(mid, 0.0f * v), c.f, true) == b);
+      REQUIRE(float_to_fp8(std::nextafter(mid, 2 * w), c.f, true) == b + 1);
+    }
+  }
+  // The overflow thresholds (non-saturating): torch's 464 for e4m3fn.
+  CHECK(float_to_fp8(463.9f, core::kE4m3fn, false) == 0x7e);
+  CHECK(float_to_fp8(464.0f, core::kE4m3fn, false) == 0x7f);
+  CHECK(float_to_fp8(-1e6f, core::kE4m3fn, false) == 0xff);
+  CHECK(float_to_fp8(inf, core::kE4m3fn, false) == 0x7f);
+  CHECK(float_to_fp8(247.9f, core::kE4m3fnuz, false) == 0x7f);
+  CHECK(float_to_fp8(248.0f, core::kE4m3fnuz, false) == 0x80);
+  CHECK(float_to_fp8(61439.0f, core::kE5m2, false) == 0x7b);
+  CHECK(float_to_fp8(61440.0f, core::kE5m2, false) == 0x7c);  // inf
+  CHECK(float_to_fp8(-inf, core::kE5m2, false) == 0xfc);
+  // Subnormals: e4m3fn's smallest is 2^-9; half of it ties to zero (even).
+  CHECK(float_to_fp8(std::ldexp(1.0f, -9), core::kE4m3fn, true) == 0x01);
+  CHECK(float_to_fp8(std::ldexp(1.0f, -10), core::kE4m3fn, true) == 0x00);
+  CHECK(float_to_fp8(std::ldexp(3.0f, -11), core::kE4m3fn, true) == 0x01);
+  CHECK(float_to_fp8(-2.0f, core::kE4m3fn, true) == 0xc0);
+  CHECK(float_to_fp8(0.1f, core::kE4m3fn, true) == 0x1d);  // 0.1015625, as torch.tensor(0.1).to(float8_e4m3fn)
+}
+
 TEST_CASE("numeric: fp16 conversion is IEEE binary16 with round to nearest even") {
   using core::float_to_fp16;
   using core::fp16_to_float;

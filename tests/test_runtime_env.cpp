@@ -395,7 +395,7 @@ TEST_CASE("hit memo: a call served from the table follows every reload, and each
   CHECK(served(*ra) == "table:rmsnorm_fp32__ref");
 }
 
-TEST_CASE("dlpack: a DLTensor becomes a TensorRef without a copy") {
+TEST_CASE("dlpack: a DLTensor becomes a TensorRef without a copy, fp8 by DLPack 1.1 codes") {
   float buf[2 * 3 + 5] = {};
   int64_t shape[2] = {2, 3};
   int64_t strides[2] = {4, 1};
@@ -421,6 +421,18 @@ TEST_CASE("dlpack: a DLTensor becomes a TensorRef without a copy") {
   t.device = DLDevice{kDLCUDA, 1};
   CHECK(from_dlpack(&t)->device == Device{DeviceType::cuda, 1});
   t.dtype = DLDataType{kDLInt, 8, 1};
+  CHECK(from_dlpack(&t).status().code() == StatusCode::unsupported_problem);
+  // DLPack 1.1's fp8 codes (what torch exports for torch.float8_e4m3fn, ...),
+  // whatever the installed dlpack.h knows.
+  t.dtype = DLDataType{10, 8, 1};
+  CHECK(from_dlpack(&t)->dtype == DType::fp8_e4m3fn);
+  t.dtype = DLDataType{11, 8, 1};
+  CHECK(from_dlpack(&t)->dtype == DType::fp8_e4m3fnuz);
+  t.dtype = DLDataType{12, 8, 1};
+  CHECK(from_dlpack(&t)->dtype == DType::fp8_e5m2);
+  t.dtype = DLDataType{10, 16, 1};
+  CHECK(from_dlpack(&t).status().message().find("code 10, bits 16") != std::string::npos);
+  t.dtype = DLDataType{13, 8, 1};  // kDLFloat8_e5m2fnuz: no DType for it
   CHECK(from_dlpack(&t).status().code() == StatusCode::unsupported_problem);
   t.dtype = DLDataType{kDLFloat, 32, 1};
   t.device = DLDevice{kDLVulkan, 0};

@@ -39,8 +39,9 @@
  *   kdispatch_free().
  * - Tensors are DLPack DLTensor views (dlpack/dlpack.h, DLPack >= 0.6):
  *   `data + byte_offset` is element [0,...]; strides are in elements (NULL =
- *   compact row-major); kDLFloat 32 / kDLFloat 16 / kDLBfloat 16 with
- *   lanes 1; kDLCPU/kDLCUDAHost (host), kDLCUDA, kDLROCM. No data is copied
+ *   compact row-major); kDLFloat 32 / kDLFloat 16 / kDLBfloat 16 /
+ *   kDLInt 32 and DLPack 1.1's fp8 codes (10 kDLFloat8_e4m3fn, 11
+ *   kDLFloat8_e4m3fnuz, 12 kDLFloat8_e5m2; bits 8) with lanes 1; kDLCPU/kDLCUDAHost (host), kDLCUDA, kDLROCM. No data is copied
  *   and nothing is retained after the call returns (for a GPU tensor, the
  *   memory must stay valid until the work queued on `stream` is done).
  * - Thread-safety: as the C++ API. Ops, lookups and stats may run

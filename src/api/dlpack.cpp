@@ -30,10 +30,14 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
   else if (t->dtype.code == kDLFloat && t->dtype.bits == 16) r.dtype = DType::fp16;
   else if (t->dtype.code == kDLBfloat && t->dtype.bits == 16) r.dtype = DType::bf16;
   else if (t->dtype.code == kDLInt && t->dtype.bits == 32) r.dtype = DType::int32;
+  else if (t->dtype.code == kDLPackFloat8_e4m3fn && t->dtype.bits == 8) r.dtype = DType::fp8_e4m3fn;
+  else if (t->dtype.code == kDLPackFloat8_e4m3fnuz && t->dtype.bits == 8) r.dtype = DType::fp8_e4m3fnuz;
+  else if (t->dtype.code == kDLPackFloat8_e5m2 && t->dtype.bits == 8) r.dtype = DType::fp8_e5m2;
   else
     return make_status(StatusCode::unsupported_problem,
                        "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +
-                           std::to_string(t->dtype.bits) + ") is not fp32, fp16 or bf16");
+                           std::to_string(t->dtype.bits) +
+                           ") is not fp32, fp16, bf16, int32 or an fp8 format (DLPack 1.1 codes 10, 11, 12)");
   auto dev = device_from_dlpack(t->device);
   if (!dev.ok()) return dev.status();
   r.device = *dev;

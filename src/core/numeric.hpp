@@ -88,4 +88,83 @@ constexpr float fp8_to_float(uint8_t b, int exp_bits, int bias, bool fn, bool uz
   return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(mag));
 }
 
+/// An fp8 format's parameters, as fp8_to_float and float_to_fp8 take them.
+struct Fp8Format {
+  int exp_bits = 4;
+  int bias = 7;
+  bool fn = true;   ///< finite: no inf (e4m3fn, e4m3fnuz)
+  bool uz = false;  ///< unsigned zero: no -0, 0x80 is the one NaN (e4m3fnuz)
+  /// The largest finite magnitude: 448 (e4m3fn), 240 (e4m3fnuz), 57344 (e5m2).
+  constexpr float max_finite() const noexcept {
+    const int man_bits = 7 - exp_bits;
+    const int e_max = (1 << exp_bits) - 1;
+    // e4m3fn: the top exponent holds numbers but its all-ones mantissa is
+    // NaN; e4m3fnuz: the top exponent is all numbers; e5m2: IEEE-like.
+    const int e = fn ? e_max : e_max - 1;
+    const int m = fn && !uz ? (1 << man_bits) - 2 : (1 << man_bits) - 1;
+    float v = 1.0f + static_cast<float>(m) / static_cast<float>(1 << man_bits);
+    for (int i = 0; i < e - bias; ++i) v *= 2.0f;
+    return v;
+  }
+};
+inline constexpr Fp8Format kE4m3fn{4, 7, true, false};
+inline constexpr Fp8Format kE4m3fnuz{4, 8, true, true};
+inline constexpr Fp8Format kE5m2{5, 15, false, false};
+
+constexpr float fp8_to_float(uint8_t b, const Fp8Format& f) noexcept {
+  return fp8_to_float(b, f.exp_bits, f.bias, f.fn, f.uz);
+}
+
+/// float -> fp8 bits, round to nearest even.
+/// - saturate = true (what vLLM's and SGLang's quantisation kernels do, and
+///   Hopper's cvt.rn.satfinite): a finite value beyond the largest finite
+///   one and ±inf give ±max_finite; NaN gives NaN.
+/// - saturate = false (torch's `.to(torch.float8_*)`): a magnitude at or
+///   above max_finite + half its unit in the last place overflows: to NaN
+///   for the finite formats (e4m3fn: 464 and up, as torch), to ±inf for e5m2.
+/// e4m3fnuz has no -0: negative values that round to zero give 0x00.
+constexpr uint8_t float_to_fp8(float x, const Fp8Format& f, bool saturate) noexcept {
+  const int man_bits = 7 - f.exp_bits;
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint8_t nan = f.uz ? uint8_t{0x80} : f.fn ? static_cast<uint8_t>(sign | 0x7fu) : static_cast<uint8_t>(sign | 0x7eu);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return nan;
+  const float max = f.max_finite();
+  // The top binade's unit in the last place, halved: max has exponent e_top.
+  float half_ulp = max;
+  {
+    const uint32_t mb = std::bit_cast<uint32_t>(max);
+    half_ulp = std::bit_cast<float>(mb & 0x7f800000u);  // 2^e_top
+    for (int i = 0; i <= man_bits; ++i) half_ulp *= 0.5f;
+  }
+  const float mag_in = std::bit_cast<float>(u & 0x7fffffffu);
+  float mag = mag_in;
+  if (mag > max) {
+    if (saturate) {
+      mag = max;
+    } else if (mag >= max + half_ulp) {
+      return f.fn ? nan : static_cast<uint8_t>(sign | 0x7cu);  // NaN, or e5m2's inf
+    }
+  }
+  // The quantum of mag's binade (subnormal binade below 2^(1 - bias)), then
+  // an exact division by a power of two and a round to nearest even.
+  const uint32_t mbits = std::bit_cast<uint32_t>(mag);
+  int e = static_cast<int>(mbits >> 23) - 127;  // fp32 subnormals: far below any fp8 value
+  if (e < 1 - f.bias) e = 1 - f.bias;
+  float q = 1.0f;  // 2^(e - man_bits)
+  for (int i = 0; i < man_bits - e; ++i) q *= 0.5f;
+  for (int i = 0; i < e - man_bits; ++i) q *= 2.0f;
+  const float t = mag / q;  // exact: mag has 24 bits, q a power of two in range
+  uint32_t n = static_cast<uint32_t>(t);
+  const float frac = t - static_cast<float>(n);
+  if (frac > 0.5f || (frac == 0.5f && (n & 1u))) ++n;
+  // n = the significand in units of q: below 2^man_bits only in the
+  // subnormal binade; code = (biased exponent << man_bits) + mantissa, and
+  // both cases (and a carry to the next binade) are this one sum.
+  const uint32_t base = e == 1 - f.bias && n < (1u << man_bits) ? 0u : static_cast<uint32_t>(e + f.bias - 1) << man_bits;
+  const uint32_t code = base + n;
+  if (code == 0) return f.uz ? uint8_t{0} : sign;
+  return static_cast<uint8_t>(sign | code);
+}
+
 }  // namespace dispatch::core

@@ -42,9 +42,9 @@ double load(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
     }
     case DType::bf16: std::memcpy(&b16, e, 2); return core::bf16_to_float(b16);
     case DType::fp16: std::memcpy(&b16, e, 2); return core::fp16_to_float(b16);
-    case DType::fp8_e4m3fn: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, 4, 7, true, false);
-    case DType::fp8_e4m3fnuz: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, 4, 8, true, true);
-    case DType::fp8_e5m2: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, 5, 15, false, false);
+    case DType::fp8_e4m3fn: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, core::kE4m3fn);
+    case DType::fp8_e4m3fnuz: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, core::kE4m3fnuz);
+    case DType::fp8_e5m2: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, core::kE5m2);
   }
   return 0.0;
 }

@@ -78,9 +78,9 @@ void fill(void* ptr, const Slot& s, std::mt19937& rng) {
       case DType::bf16: static_cast<uint16_t*>(ptr)[i] = core::float_to_bf16(v); break;
       case DType::fp16: static_cast<uint16_t*>(ptr)[i] = core::float_to_fp16(v); break;
       case DType::int32: static_cast<int32_t*>(ptr)[i] = static_cast<int32_t>(i % 8); break;
-      case DType::fp8_e4m3fn:
-      case DType::fp8_e4m3fnuz:
-      case DType::fp8_e5m2: static_cast<uint8_t*>(ptr)[i] = 0; break;  // no fp8 op yet
+      case DType::fp8_e4m3fn: static_cast<uint8_t*>(ptr)[i] = core::float_to_fp8(v, core::kE4m3fn, true); break;
+      case DType::fp8_e4m3fnuz: static_cast<uint8_t*>(ptr)[i] = core::float_to_fp8(v, core::kE4m3fnuz, true); break;
+      case DType::fp8_e5m2: static_cast<uint8_t*>(ptr)[i] = core::float_to_fp8(v, core::kE5m2, true); break;
     }
   }
 }

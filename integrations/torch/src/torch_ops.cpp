@@ -303,6 +303,15 @@ bool dl_dtype(at::ScalarType s, View* v) {
     case at::kHalf: v->code = 2, v->bits = 16; return true;
     case at::kBFloat16: v->code = 4, v->bits = 16; return true;
     case at::kInt: v->code = 0, v->bits = 32; return true;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    // DLPack 1.1's fp8 codes (dispatch/dlpack.hpp): ops that take fp8 say so
+    // in their dtype rules; the others refuse them naming the argument.
+    case at::kFloat8_e4m3fn: v->code = 10, v->bits = 8; return true;
+    case at::kFloat8_e5m2: v->code = 12, v->bits = 8; return true;
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+    case at::kFloat8_e4m3fnuz: v->code = 11, v->bits = 8; return true;
+#endif
     default: return false;
   }
 }
