@@ -15,12 +15,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
 #include "dispatch/c_api.h"
 #include "dispatch/dispatch.hpp"
+#include "dispatch/dlpack.hpp"
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "table/key.hpp"
@@ -50,11 +52,12 @@ bool has_optional(const OpSpec& s) {
 }
 
 // A problem of `s` with the given sizes (dims the op does not use stay 0).
-Problem problem_of(const OpSpec& s, DType dt, int64_t m, int64_t n, int64_t k, bool bias) {
+Problem problem_of(const OpSpec& s, DType dt, int64_t m, int64_t n, int64_t k, bool bias, DType out = DType(255)) {
   Problem p;
   p.op = s.op;
   p.device = Device{DeviceType::cpu, 0};
-  p.in_dtype = p.out_dtype = dt;
+  p.in_dtype = dt;
+  p.out_dtype = out == DType(255) ? dt : out;
   p.m = m;
   p.n = uses_dim(s, Dim::n) ? n : 0;
   p.k = uses_dim(s, Dim::k) ? k : 0;
@@ -74,6 +77,7 @@ double load(DType t, const std::vector<char>& buf, size_t i) {
       std::memcpy(&h, buf.data() + i * 2, 2);
       return core::bf16_to_float(h);
     }
+    case DType::fp8_e4m3fn: return core::fp8_to_float(static_cast<uint8_t>(buf[i]), core::kE4m3fn);
     default: return 0.0;
   }
 }
@@ -81,10 +85,30 @@ double load(DType t, const std::vector<char>& buf, size_t i) {
 void store(DType t, std::vector<char>& buf, size_t i, float v) {
   if (t == DType::fp32) {
     std::memcpy(buf.data() + i * 4, &v, 4);
+  } else if (t == DType::fp8_e4m3fn) {
+    buf[i] = static_cast<char>(core::float_to_fp8(v, core::kE4m3fn, true));
   } else {
     const uint16_t h = core::float_to_bf16(v);
     std::memcpy(buf.data() + i * 2, &h, 2);
   }
+}
+
+// The (input, output) dtype pairs the CPU reference variant of `s` computes
+// (fp8 GEMMs: fp8 in, fp32 or bf16 out; the rest one dtype).
+std::vector<std::pair<DType, DType>> cpu_dtype_pairs(const OpSpec& s) {
+  std::vector<std::pair<DType, DType>> out;
+  const DeviceInfo& dev = cpu_device_info();
+  for (DType in : {DType::fp32, DType::bf16, DType::fp8_e4m3fn}) {
+    const core::VariantDef* ref = core::reference_variant(s.op, DeviceType::cpu, in);
+    if (ref == nullptr) continue;
+    for (DType o : {in, DType::fp32, DType::bf16}) {
+      bool seen = false;
+      for (const auto& pr : out) seen = seen || pr == std::make_pair(in, o);
+      const Problem p = problem_of(s, in, 2, 8, 8, false, o);
+      if (!seen && ref->supports(p, nullptr, dev).ok()) out.emplace_back(in, o);
+    }
+  }
+  return out;
 }
 
 // One slot's host buffer: rows x cols with row stride ld (padding between rows).
@@ -139,15 +163,17 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
   for (const OpSpec* spec : core::all_specs()) {
     CAPTURE(spec->name);
     int points = 0;
-    for (DType dt : {DType::fp32, DType::bf16}) {
-      if (!core::reference_variant(spec->op, DeviceType::cpu, dt)) continue;
+    for (const auto& [dt, out_dt] : cpu_dtype_pairs(*spec)) {
+      CAPTURE(dtype_name(dt));
+      CAPTURE(dtype_name(out_dt));
       struct Shape {
         int64_t m, n, k;
       };
-      for (const Shape sh : {Shape{1, 1, 1}, Shape{3, 7, 5}, Shape{17, 64, 33}, Shape{4, 100, 9}}) {
+      // {5, 130, 300}: a partial last 128-block along N and K (the fp8 block scales).
+      for (const Shape sh : {Shape{1, 1, 1}, Shape{3, 7, 5}, Shape{17, 64, 33}, Shape{4, 100, 9}, Shape{5, 130, 300}}) {
         for (bool bias : {false, true}) {
           if (bias && !has_optional(*spec)) continue;
-          const Problem p = problem_of(*spec, dt, sh.m, sh.n, sh.k, bias);
+          const Problem p = problem_of(*spec, dt, sh.m, sh.n, sh.k, bias, out_dt);
           // The reference on the inputs, in float64.
           std::vector<SlotBuf> inputs = make_buffers(*spec, p, 3, rng);
           core::RefArgs ra;
@@ -189,7 +215,7 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
                 double scale = 0;
                 for (int64_t r = 0; r < got.rows; ++r)
                   for (int64_t c = 0; c < got.cols; ++c) scale = std::max(scale, std::fabs(w.ref[static_cast<size_t>(r * got.ld + c)]));
-                const core::Tolerance tol = spec->tolerance[static_cast<size_t>(dt)];
+                const core::Tolerance tol = spec->tolerance[static_cast<size_t>(got.dtype)];
                 int bad = 0;
                 for (int64_t r = 0; r < got.rows; ++r) {
                   for (int64_t c = 0; c < got.ld; ++c) {
@@ -293,7 +319,9 @@ TEST_CASE("every op: pretune_key persists a row, and the same call then hits it"
   auto rt = Runtime::create(o).value();
   for (const OpSpec* spec : core::all_specs()) {
     CAPTURE(spec->name);
-    const Problem p = problem_of(*spec, DType::fp32, 3, 16, 24, false);
+    const auto pairs = cpu_dtype_pairs(*spec);
+    REQUIRE(!pairs.empty());
+    const Problem p = problem_of(*spec, pairs[0].first, 3, 16, 24, false, pairs[0].second);
     table::KeyBuffer fields;
     table::append_own_fields(p, &fields);
     auto d = describe_key(spec->name, fields.view(), 3);
@@ -312,10 +340,10 @@ TEST_CASE("every op: pretune_key persists a row, and the same call then hits it"
         tensors.emplace_back();
         continue;
       }
-      bufs.emplace_back(static_cast<size_t>(e.rows * e.cols), 0.5f);
+      bufs.emplace_back(static_cast<size_t>(e.rows * e.cols), 0.5f);  // as fp8 bytes: 0x00, 0x3f (finite)
       tensors.push_back(spec->slots[static_cast<size_t>(i)].rank == 2
-                            ? make_tensor_2d(bufs.back().data(), DType::fp32, e.rows, e.cols, e.cols)
-                            : make_tensor_1d(bufs.back().data(), DType::fp32, e.cols));
+                            ? make_tensor_2d(bufs.back().data(), e.dtype, e.rows, e.cols, e.cols)
+                            : make_tensor_1d(bufs.back().data(), e.dtype, e.cols));
     }
     std::vector<float> scalars;
     for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(sc.default_value);
@@ -331,16 +359,24 @@ TEST_CASE("every op: pretune_key persists a row, and the same call then hits it"
 
 namespace {
 
-// A DLTensor over a host fp32 matrix.
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::bf16: return {kDLBfloat, 16, 1};
+    case DType::fp8_e4m3fn: return {kDLPackFloat8_e4m3fn, 8, 1};
+    default: return {kDLFloat, 32, 1};
+  }
+}
+
+// A DLTensor over a host matrix (fp32 unless told).
 struct Dl {
   DLTensor t{};
   int64_t shape[2] = {0, 0};
   int64_t strides[2] = {0, 1};
-  Dl(float* data, int64_t rows, int64_t cols, int rank = 2) {
+  Dl(float* data, int64_t rows, int64_t cols, int rank = 2, DType dtype = DType::fp32) {
     t.data = data;
     t.device = {kDLCPU, 0};
     t.ndim = rank;
-    t.dtype = {kDLFloat, 32, 1};
+    t.dtype = dl_dtype(dtype);
     if (rank == 2) {
       shape[0] = rows, shape[1] = cols;
       strides[0] = cols, strides[1] = 1;
@@ -364,14 +400,16 @@ TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
   for (const OpSpec* spec : core::all_specs()) {
     CAPTURE(spec->name);
     const std::string name(spec->name);
-    const Problem p = problem_of(*spec, DType::fp32, 4, 8, 8, false);
+    const auto pairs = cpu_dtype_pairs(*spec);
+    REQUIRE(!pairs.empty());
+    const Problem p = problem_of(*spec, pairs[0].first, 4, 8, 8, false, pairs[0].second);
     std::vector<std::vector<float>> bufs;
     std::vector<Dl> dls;
     dls.reserve(8);
     for (int i = 0; i < spec->slot_count(); ++i) {
       const core::SlotExtent e = core::slot_extent(*spec, i, p);
       bufs.emplace_back(static_cast<size_t>(std::max<int64_t>(1, e.rows * e.cols)), 0.25f);
-      dls.emplace_back(bufs.back().data(), e.rows, e.cols, spec->slots[static_cast<size_t>(i)].rank);
+      dls.emplace_back(bufs.back().data(), e.rows, e.cols, spec->slots[static_cast<size_t>(i)].rank, e.dtype);
     }
     std::vector<const DLTensor*> ptrs;
     for (int i = 0; i < spec->slot_count(); ++i)
@@ -412,8 +450,9 @@ TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
       bad[static_cast<size_t>(i)] = &wrong.t;
       const kdispatch_status st = call(rt, bad.data(), nt);
       CHECK((st == KDISPATCH_UNSUPPORTED_PROBLEM || st == KDISPATCH_INVALID_ARGUMENT));
-      // A 2-D argument with a non-unit last stride: named.
-      if (a.rank == 2) {
+      // A 2-D argument with a non-unit last stride: named (a stride along a
+      // dim of one element is no stride at all).
+      if (a.rank == 2 && dls[static_cast<size_t>(i)].shape[1] > 1) {
         Dl strided = dls[static_cast<size_t>(i)];
         strided.t.shape = strided.shape;
         strided.t.strides = strided.strides;

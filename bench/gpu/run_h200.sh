@@ -5,7 +5,7 @@
 # returned.
 #
 #   bench/gpu/run_h200.sh --sections build       # configure + build everything (timed)
-#   bench/gpu/run_h200.sh --sections test        # GPU tests but silu_and_mul's, host GPU/config tests, torch ops
+#   bench/gpu/run_h200.sh --sections test        # GPU tests but silu_and_mul's kernel cases, host GPU/config tests, torch ops
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
@@ -196,7 +196,8 @@ fi
 if has test; then
   ensure_build kdispatch_gpu_tests kdispatch_tests kdispatch || { echo "::: test: FAILED to build (build.log)"; exit 1; }
   stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning; silu-test: the rest)"
-  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $(($(left) - 60)) "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*' \
+  t=$(($(left) - 60)); [ $t -lt 60 ] && t=60  # timeout 0 would mean no limit, a negative one an error
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*' \
     >"$OUT/gpu_tests.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_gpu_tests rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)|skipped' "$OUT/gpu_tests.log" | tr '\n' ' ')"
@@ -420,7 +421,8 @@ fi
 if has silu-test; then
   ensure_build kdispatch_gpu_tests || { echo "::: silu-test: FAILED to build (build.log)"; exit 1; }
   stamp "silu-test: GPU silu_and_mul tests"
-  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $(($(left) - 5)) "$BUILD/tests/gpu/kdispatch_gpu_tests" \
+  t=$(($(left) - 5)); [ $t -lt 60 ] && t=60
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" \
     -tc='gpu silu*,gpu runtime: dispatch::silu*' >"$OUT/silu_tests.log" 2>&1
   rc=$?
   echo "kdispatch_gpu_tests -tc='gpu silu*' rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/silu_tests.log" | tr '\n' ' ')"

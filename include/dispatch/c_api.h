@@ -372,13 +372,36 @@ KDISPATCH_C_API kdispatch_status kdispatch_fused_add_rmsnorm(kdispatch_runtime* 
 KDISPATCH_C_API kdispatch_status kdispatch_silu_and_mul(kdispatch_runtime* rt, const DLTensor* out, const DLTensor* x,
                                                         void* stream, uint32_t flags, kdispatch_dispatch_info* info);
 
+/** The fp8 GEMMs (dispatch::GemmFp8Args): d[M,N] = (a ⊙ scale_a) · (b ⊙
+ *  scale_b)^T (+ bias[N]); a [M,K] and b [N,K] fp8 (DLPack 1.1 code 10,
+ *  kDLFloat8_e4m3fn, bits 8), scales fp32: _tensor [1] and [1]; _rowwise
+ *  [M] and [N]; _block [ceil(K/128), M] (M-major, row stride >= M) and
+ *  [ceil(N/128), ceil(K/128)]. bias may be NULL. Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_tensor(kdispatch_runtime* rt, const DLTensor* a,
+                                                           const DLTensor* b, const DLTensor* d,
+                                                           const DLTensor* scale_a, const DLTensor* scale_b,
+                                                           const DLTensor* bias, void* stream, uint32_t flags,
+                                                           kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_rowwise(kdispatch_runtime* rt, const DLTensor* a,
+                                                            const DLTensor* b, const DLTensor* d,
+                                                            const DLTensor* scale_a, const DLTensor* scale_b,
+                                                            const DLTensor* bias, void* stream, uint32_t flags,
+                                                            kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_block(kdispatch_runtime* rt, const DLTensor* a,
+                                                          const DLTensor* b, const DLTensor* d,
+                                                          const DLTensor* scale_a, const DLTensor* scale_b,
+                                                          const DLTensor* bias, void* stream, uint32_t flags,
+                                                          kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
  *  [{"name", "doc", "args": [{"name", "read", "written", "rank", "optional",
- *  "rows": {"dim", "mul", "div"}, "cols": {...}, "alias_of"}],
+ *  "rows": {"dim", "mul", "div"}, "cols": {...}, "alias_of", "dtype"}],
  *  "scalars": [{"name", "default"}], "key_fields": [{"name", "kind",
- *  "csv_name", "file_pos"}], "m_name", "workspace"}] (file_pos: the
+ *  "csv_name", "file_pos"}], "m_name", "workspace", "in_dtypes"}] (dtype:
+ *  "in", "out" or a fixed dtype such as "fp32"; in_dtypes: the input
+ *  dtypes some variant of this build computes; file_pos: the
  *  field's place before device_name in a file name, -1 after it). kdispatch_<name>
  *  takes the args (const DLTensor*, NULL for an absent optional one) and
  *  then the scalars (float) in this order; bindings generate their methods
@@ -423,6 +446,19 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_add_rmsnorm(kdispatch_r
                                                                      float eps, char** json_out);
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_silu_and_mul(kdispatch_runtime* rt, const DLTensor* out,
                                                                 const DLTensor* x, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_tensor(kdispatch_runtime* rt, const DLTensor* a,
+                                                                   const DLTensor* b, const DLTensor* d,
+                                                                   const DLTensor* scale_a, const DLTensor* scale_b,
+                                                                   const DLTensor* bias, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_rowwise(kdispatch_runtime* rt, const DLTensor* a,
+                                                                    const DLTensor* b, const DLTensor* d,
+                                                                    const DLTensor* scale_a,
+                                                                    const DLTensor* scale_b, const DLTensor* bias,
+                                                                    char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_block(kdispatch_runtime* rt, const DLTensor* a,
+                                                                  const DLTensor* b, const DLTensor* d,
+                                                                  const DLTensor* scale_a, const DLTensor* scale_b,
+                                                                  const DLTensor* bias, char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

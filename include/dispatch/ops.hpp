@@ -124,6 +124,41 @@ struct SiluAndMulArgs {
   TensorRef x;
 };
 
+/// Arguments of the fp8 GEMM ops (w8a8):
+///   D[M,N] = (A[M,K] ⊙ sa) · (B[N,K] ⊙ sb)^T (+ bias[N]),
+/// fp32 accumulation, each 128-wide K group summed in fp32 then scaled (the
+/// per-tensor and rowwise scales are the same for every group).
+/// - a: [M, K] fp8 (fp8_e4m3fn), unit stride along K, row stride >= K.
+/// - b: [N, K] fp8, the same format, the weight row-major as
+///      torch.nn.Linear stores it.
+/// - d: [M, N] bf16, fp16 or fp32, unit stride along N, row stride >= N.
+/// - scale_a, scale_b: fp32, by op:
+///     gemm_fp8_tensor   scale_a [1], scale_b [1];
+///     gemm_fp8_rowwise  scale_a [M] (per token), scale_b [N] (per output channel);
+///     gemm_fp8_block    scale_a [ceil(K/128), M] row-major: M-major, each K
+///                       group's M token scales contiguous (SGLang's column-
+///                       major scales, cuBLASLt's VEC128 layout); its row
+///                       stride may exceed M (cuBLASLt wants a multiple of 4);
+///                       scale_b [ceil(N/128), ceil(K/128)] row-major, one per
+///                       128x128 block of b. A partial last block (K or N not
+///                       a multiple of 128) takes its block's scale.
+/// - bias: empty, or [N] contiguous, dtype of d.
+/// Scales are used as given: a zero scale gives zeros, an inf or NaN scale
+/// gives inf/NaN in the outputs it touches (as torch._scaled_mm).
+struct GemmFp8Args {
+  TensorRef a;
+  TensorRef b;
+  TensorRef d;
+  TensorRef scale_a;
+  TensorRef scale_b;
+  TensorRef bias;
+};
+/// One args type per op (so pretune() overloads by op); the members are
+/// GemmFp8Args's.
+struct GemmFp8TensorArgs : GemmFp8Args {};
+struct GemmFp8RowwiseArgs : GemmFp8Args {};
+struct GemmFp8BlockArgs : GemmFp8Args {};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -149,6 +184,17 @@ KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& a
 KDISPATCH_API Status silu_and_mul(Runtime& rt, const SiluAndMulArgs& args, Stream stream = {},
                                   const CallOptions& opts = {}) noexcept;
 
+/// The fp8 GEMMs (GemmFp8Args): per-tensor, per-token x per-channel and
+/// 128-block scales. Thread-safe. Errors as gemm; unsupported_problem when
+/// no variant of the tensors' backend computes the formats (every backend
+/// computes fp8_e4m3fn inputs; CPU: d fp32 or bf16).
+KDISPATCH_API Status gemm_fp8_tensor(Runtime& rt, const GemmFp8TensorArgs& args, Stream stream = {},
+                                     const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status gemm_fp8_rowwise(Runtime& rt, const GemmFp8RowwiseArgs& args, Stream stream = {},
+                                      const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status gemm_fp8_block(Runtime& rt, const GemmFp8BlockArgs& args, Stream stream = {},
+                                    const CallOptions& opts = {}) noexcept;
+
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
 /// generated from these rows.
@@ -165,6 +211,9 @@ struct OpArgInfo {
   int32_t rows_mul = 1, cols_mul = 1, rows_div = 1, cols_div = 1;
   /// A write argument that may be this argument itself (in place), or -1.
   int32_t alias_of = -1;
+  /// Its dtype rule: "in" (the op's input dtype: a, x, ...), "out" (the
+  /// output dtype: d, y, a bias like d) or a fixed dtype ("fp32": scales).
+  std::string_view dtype = "in";
 };
 struct OpScalarInfo {
   std::string_view name;     ///< "eps"
@@ -192,6 +241,9 @@ struct OpInfo {
   /// tokens) is not one of them: its name is m_name.
   std::span<const OpKeyFieldInfo> key_fields;
   std::string_view m_name;  ///< "M", "tokens"
+  /// The input dtypes some variant of this build computes, on any backend
+  /// ("fp32", "bf16", "fp16", "fp8_e4m3fn"), in DType order.
+  std::span<const std::string_view> in_dtypes;
 };
 /// Every op of this build, in a fixed order. Thread-safe; static storage.
 KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
@@ -331,6 +383,9 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) n
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const SiluAndMulArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8TensorArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8RowwiseArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8BlockArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

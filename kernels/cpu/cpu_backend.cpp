@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 
+#include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/norm_list.hpp"
 #include "cpu/silu_list.hpp"
@@ -28,7 +29,8 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
 }
 
 constexpr auto kAllVariants =
-    concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants);
+    concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
+           kGemmFp8RowwiseVariants, kGemmFp8BlockVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -42,6 +44,9 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::rmsnorm, kRmsnormVariants, &norm_default},
     {core::OpKind::fused_add_rmsnorm, kFusedAddRmsnormVariants, &norm_default},
     {core::OpKind::silu_and_mul, kSiluAndMulVariants, &silu_default},
+    {core::OpKind::gemm_fp8_tensor, kGemmFp8TensorVariants, &gemm_fp8_default},
+    {core::OpKind::gemm_fp8_rowwise, kGemmFp8RowwiseVariants, &gemm_fp8_default},
+    {core::OpKind::gemm_fp8_block, kGemmFp8BlockVariants, &gemm_fp8_default},
 };
 
 }  // namespace

@@ -37,7 +37,11 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
     return make_status(StatusCode::unsupported_problem,
                        "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +
                            std::to_string(t->dtype.bits) +
-                           ") is not fp32, fp16, bf16, int32 or an fp8 format (DLPack 1.1 codes 10, 11, 12)");
+                           ") is not fp32, fp16, bf16, int32 or an fp8 format (DLPack 1.1 codes 10, 11, 12 with bits 8)" +
+                           (t->dtype.code == kDLUInt && t->dtype.bits == 8
+                                ? std::string("; fp8 data in a uint8 array needs its format named (Python: "
+                                              "kdispatch.fp8(array, \"e4m3fn\"))")
+                                : std::string()));
   auto dev = device_from_dlpack(t->device);
   if (!dev.ok()) return dev.status();
   r.device = *dev;

@@ -488,6 +488,7 @@ struct OpListStorage {
   std::vector<std::vector<OpArgInfo>> args;
   std::vector<std::vector<OpScalarInfo>> scalars;
   std::vector<std::vector<OpKeyFieldInfo>> fields;
+  std::vector<std::vector<std::string_view>> in_dtypes;
   std::vector<OpInfo> ops;
   OpListStorage() {
     for (const core::OpSpec* s : core::all_specs()) {
@@ -508,6 +509,9 @@ struct OpListStorage {
         i.cols_mul = slot.cols.mul;
         i.cols_div = slot.cols.div;
         i.alias_of = slot.alias_of;
+        i.dtype = slot.dtype == core::SlotDType::in    ? std::string_view("in")
+                  : slot.dtype == core::SlotDType::out ? std::string_view("out")
+                                                       : dtype_name(slot.fixed_dtype);
         a.push_back(i);
       }
       std::vector<OpScalarInfo> sc;
@@ -518,11 +522,18 @@ struct OpListStorage {
       args.push_back(std::move(a));
       scalars.push_back(std::move(sc));
       fields.push_back(std::move(f));
+      bool seen[kDTypeCount] = {};
+      for (DeviceType b : {DeviceType::cpu, DeviceType::cuda, DeviceType::hip})
+        for (const core::VariantDef* v : core::variants_for(s->op, b)) seen[static_cast<size_t>(v->in_dtype)] = true;
+      std::vector<std::string_view> dts;
+      for (int t = 0; t < kDTypeCount; ++t)
+        if (seen[t]) dts.push_back(dtype_name(static_cast<DType>(t)));
+      in_dtypes.push_back(std::move(dts));
     }
     size_t i = 0;
     for (const core::OpSpec* s : core::all_specs()) {
       ops.push_back(OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace, fields[i],
-                           s->dim_names[static_cast<int>(core::Dim::m)]});
+                           s->dim_names[static_cast<int>(core::Dim::m)], in_dtypes[i]});
       ++i;
     }
   }

@@ -250,6 +250,12 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
         return unsupported(list + " must share one dtype (" + each + ")");
       }
     }
+    // 5b. Slots of a fixed dtype (fp32 scales, int32 indices).
+    for (int i = 0; i < s.slot_count(); ++i)
+      if (slot(i).dtype == core::SlotDType::fixed && slot_present(slot(i), *t[i], require_data) &&
+          t[i]->dtype != slot(i).fixed_dtype)
+        return bad(slot(i).name, "dtype " + std::string(dtype_name(t[i]->dtype)) + " must be " +
+                                     std::string(dtype_name(slot(i).fixed_dtype)));
     // 6. Optional slots that are given.
     for (int i = 0; i < s.slot_count(); ++i) {
       if (!slot(i).optional || !slot_present(slot(i), *t[i], require_data)) continue;
@@ -393,6 +399,7 @@ template <core::OpKind Op>
       ok = ok && (a.optional ? !present[i] || here : here);
     }
     if constexpr (a.dtype_like >= 0) ok = ok && (!present[i] || x.dtype == t[a.dtype_like]->dtype);
+    if constexpr (a.dtype == core::SlotDType::fixed) ok = ok && (!present[i] || x.dtype == a.fixed_dtype);
     ok = ok && (!present[i] || x.device == dev);
   });
   for (int d = 1; d < core::kDimCount; ++d) {

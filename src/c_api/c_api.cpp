@@ -331,8 +331,8 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 }
 
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
-// "optional", "rows", "cols", "alias_of"}], "scalars": [{"name", "default"}],
-// "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
+// "optional", "rows", "cols", "alias_of", "dtype"}], "scalars": [{"name", "default"}],
+// "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace", "in_dtypes"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
 std::string op_list_json() {
   dispatch::core::JsonWriter w;
   auto extent = [&](const char* key, std::string_view dim, int32_t mul, int32_t div) {
@@ -347,7 +347,7 @@ std::string op_list_json() {
       w.field("rank", static_cast<int64_t>(a.rank)).field("optional", a.optional);
       extent("rows", a.rows_dim, a.rows_mul, a.rows_div);
       extent("cols", a.cols_dim, a.cols_mul, a.cols_div);
-      w.field("alias_of", static_cast<int64_t>(a.alias_of)).end_object();
+      w.field("alias_of", static_cast<int64_t>(a.alias_of)).field("dtype", a.dtype).end_object();
     }
     w.end_array().key("scalars").begin_array();
     for (const dispatch::OpScalarInfo& x : o.scalars)
@@ -357,7 +357,9 @@ std::string op_list_json() {
       w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name);
       w.field("file_pos", static_cast<int64_t>(f.file_pos)).end_object();
     }
-    w.end_array().field("m_name", o.m_name).field("workspace", o.uses_workspace).end_object();
+    w.end_array().field("m_name", o.m_name).field("workspace", o.uses_workspace).key("in_dtypes").begin_array();
+    for (std::string_view t : o.in_dtypes) w.value(t);
+    w.end_array().end_object();
   }
   w.end_array();
   return w.take();

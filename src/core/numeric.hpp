@@ -119,15 +119,21 @@ constexpr float fp8_to_float(uint8_t b, const Fp8Format& f) noexcept {
 /// - saturate = true (what vLLM's and SGLang's quantisation kernels do, and
 ///   Hopper's cvt.rn.satfinite): a finite value beyond the largest finite
 ///   one and ±inf give ±max_finite; NaN gives NaN.
-/// - saturate = false (torch's `.to(torch.float8_*)`): a magnitude at or
-///   above max_finite + half its unit in the last place overflows: to NaN
-///   for the finite formats (e4m3fn: 464 and up, as torch), to ±inf for e5m2.
+/// - saturate = false (torch's `.to(torch.float8_*)`): a magnitude that
+///   rounds past max_finite overflows: to NaN for the finite formats, to
+///   ±inf for e5m2. The tie at max_finite + half an ulp goes to the even
+///   code: e4m3fn's max (0x7e) is even, so 464 gives 448 and above 464 is
+///   NaN, as torch; e4m3fnuz's and e5m2's maxima are odd codes, so 248 and
+///   61440 overflow.
+/// For finite values and infinities the saturating mode is the clamp
+/// vLLM's and SGLang's kernels apply; a NaN stays NaN here (their
+/// fminf/fmaxf clamp turns it into +max).
 /// e4m3fnuz has no -0: negative values that round to zero give 0x00.
 constexpr uint8_t float_to_fp8(float x, const Fp8Format& f, bool saturate) noexcept {
   const int man_bits = 7 - f.exp_bits;
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  const uint8_t nan = f.uz ? uint8_t{0x80} : f.fn ? static_cast<uint8_t>(sign | 0x7fu) : static_cast<uint8_t>(sign | 0x7eu);
+  const uint8_t nan = f.uz ? uint8_t{0x80} : static_cast<uint8_t>(sign | 0x7fu);  // e5m2: S.11111.11, as torch
   if ((u & 0x7fffffffu) > 0x7f800000u) return nan;
   const float max = f.max_finite();
   // The top binade's unit in the last place, halved: max has exponent e_top.
@@ -142,7 +148,9 @@ constexpr uint8_t float_to_fp8(float x, const Fp8Format& f, bool saturate) noexc
   if (mag > max) {
     if (saturate) {
       mag = max;
-    } else if (mag >= max + half_ulp) {
+    } else if (mag > max + half_ulp || (mag == max + half_ulp && !(f.fn && !f.uz))) {
+      // Past the tie, or on it when max's code is odd (e4m3fnuz, e5m2): the
+      // tie rounds to even, which for e4m3fn is max itself (0x7e).
       return f.fn ? nan : static_cast<uint8_t>(sign | 0x7cu);  // NaN, or e5m2's inf
     }
   }

@@ -18,7 +18,10 @@
   X(gemm, GemmArgs, (a, b, d, bias), ())                              \
   X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                           \
   X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))  \
-  X(silu_and_mul, SiluAndMulArgs, (out, x), ())
+  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                       \
+  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), ()) \
+  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), ()) \
+  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), ())
 
 // ---- preprocessor helpers for the rows' tuples (up to 8 elements)
 #define KD_PP_EXPAND(...) __VA_ARGS__

@@ -8,6 +8,7 @@
 #include "core/op_spec.hpp"
 #include "ops/fused_add_rmsnorm.hpp"
 #include "ops/gemm.hpp"
+#include "ops/gemm_fp8.hpp"
 #include "ops/rmsnorm.hpp"
 #include "ops/silu_and_mul.hpp"
 

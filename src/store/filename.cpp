@@ -191,9 +191,13 @@ bool parse_int_field(const std::string& v, int64_t* out) {
   return r.ec == std::errc() && r.ptr == v.data() + v.size() && *out >= 1 && *out <= core::kMaxDim;
 }
 
+// The operands the stride field covers: the first four of the spec's order
+// (the stride code has room for four; an fp8 GEMM's fifth, scale_b, is left out).
+int stride_operands(const core::OpSpec& spec) { return spec.order.size() < 4 ? static_cast<int>(spec.order.size()) : 4; }
+
 // "01_o1_o1" -> stride code; operands in op order (gemm a,b,d; norms x,y|residual,w).
 bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint32_t* code) {
-  const int operands = static_cast<int>(spec.order.size());
+  const int operands = stride_operands(spec);
   uint8_t classes[4][2] = {};
   int ranks[4] = {0, 0, 0, 0};
   int i = 0;
@@ -263,7 +267,7 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
         case FieldKind::stride:
           if (!parse_stride_field(value, spec, &p.stride_code))
             return make_status(StatusCode::invalid_argument,
-                               "field " + name + "='" + value + "' is not " + std::to_string(spec.order.size()) +
+                               "field " + name + "='" + value + "' is not " + std::to_string(stride_operands(spec)) +
                                    " operands of classes [01o] joined by '_', one class per dim of each");
           break;
       }

@@ -15,6 +15,7 @@ kdispatch.torch_ops (torch.ops.kdispatch.*; imports torch).
 from . import _backend
 from ._errors import Error, StatusCode
 from ._runtime import Runtime, default_runtime
+from ._fp8 import Fp8, fp8, from_fp8, to_fp8
 
 #: The C ABI version the loaded libkdispatch implements.
 ABI_VERSION = _backend.impl.abi_version()
@@ -29,4 +30,4 @@ def library_path():
 
 
 __all__ = ["Runtime", "default_runtime", "Error", "StatusCode", "ABI_VERSION", "BACKEND", "library_path",
-           "__version__"]
+           "__version__", "Fp8", "fp8", "from_fp8", "to_fp8"]

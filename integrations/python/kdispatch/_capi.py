@@ -347,6 +347,9 @@ class Exported:
             if optional:
                 return
             raise Error(StatusCode.invalid_argument, f"{name} is None")
+        fp8_code = None
+        if getattr(obj, "_kdispatch_fp8", False):  # kdispatch.fp8(uint8 array, format)
+            fp8_code, obj = obj.dl_code, obj.array
         dl = getattr(obj, "__dlpack__", None)
         if dl is None:
             raise Error(StatusCode.invalid_argument,
@@ -383,6 +386,12 @@ class Exported:
             self.ptr = ctypes.cast(addr, _T)
         else:
             raise Error(StatusCode.invalid_argument, f"{name}: __dlpack__() returned no unused DLPack capsule")
+        if fp8_code is not None:
+            dt = self.ptr.contents.dtype
+            if dt.bits != 8 or dt.lanes != 1 or dt.code not in (kDLInt, kDLUInt):
+                self.release()
+                raise Error(StatusCode.invalid_argument, f"{name}: an fp8 view needs a uint8 array")
+            dt.code = fp8_code  # the consumed export's own DLTensor (freed by its deleter)
 
     def release(self):
         if self._managed is not None:

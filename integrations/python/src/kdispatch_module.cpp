@@ -111,6 +111,17 @@ class Exported {
       if (optional) return;
       raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + " is None");
     }
+    if (PyObject_HasAttrString(obj.ptr(), "_kdispatch_fp8")) {  // kdispatch.fp8(uint8 array, format)
+      const int code = obj.attr("dl_code").cast<int>();
+      take_from(obj.attr("array"), name, false, output, stream);
+      if (tensor_->dtype.bits != 8 || tensor_->dtype.lanes != 1 ||
+          (tensor_->dtype.code != kDLUInt && tensor_->dtype.code != kDLInt))
+        raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + ": an fp8 view needs a uint8 array");
+      if (tensor_ != &own_) own_ = *tensor_;  // the producer's DLTensor stays as exported
+      own_.dtype = DLDataType{static_cast<uint8_t>(code), 8, 1};
+      tensor_ = &own_;
+      return;
+    }
     if (take_buffer(obj, output)) return;
     take_dlpack(obj, name, output, stream);
   }

@@ -21,9 +21,17 @@ def extent(e, dims):
     return v if e["div"] == 1 else -(-v // e["div"])
 
 
+def fp8_input(op):
+    """Whether `op`'s inputs are fp8 (its only input dtypes are fp8 formats):
+    its "in" arguments are then uint8 bit patterns passed as kdispatch.fp8
+    views, its "out" arguments float32."""
+    return all(t.startswith("fp8_") for t in op["in_dtypes"]) and bool(op["in_dtypes"])
+
+
 def arrays_for(op, m=3, other=8, seed=0):
-    """{arg name: float32 array} for `op` at batch size m, every other dim
-    `other`; outputs full of NaN, inputs random; absent: optional args."""
+    """{arg name: array} for `op` at batch size m, every other dim `other`;
+    outputs full of NaN, inputs random; absent: optional args. float32,
+    except an fp8 op's inputs (uint8 e4m3fn bits: wrap with args_of)."""
     rng = np.random.default_rng(seed)
     names = {e["dim"] for a in op["args"] for e in (a["rows"], a["cols"]) if e["dim"]}
     dims = {d: (m if d == op["m_name"] else other) for d in names}
@@ -31,11 +39,24 @@ def arrays_for(op, m=3, other=8, seed=0):
     for a in op["args"]:
         if a["optional"]:
             continue
-        shape = tuple(x for x in (extent(a["rows"], dims), extent(a["cols"], dims)) if x is not None)
+        shape = tuple(x for x in (extent(a["rows"], dims), extent(a["cols"], dims)) if x is not None) or (1,)
         if a["written"] and not a["read"]:
             out[a["name"]] = np.full(shape, np.nan, np.float32)
         else:
-            out[a["name"]] = (rng.standard_normal(shape) * 0.5 + (1.0 if a["rank"] == 1 else 0.0)).astype(np.float32)
+            v = (rng.standard_normal(shape) * 0.5 + (1.0 if a["rank"] == 1 else 0.0)).astype(np.float32)
+            out[a["name"]] = kdispatch.to_fp8(v) if fp8_input(op) and a["dtype"] == "in" else v
+    return out
+
+
+def args_of(op, arrays, optional=True):
+    """The op's positional arguments from arrays_for's dict (fp8 inputs as
+    kdispatch.fp8 views; absent optional arguments None)."""
+    out = []
+    for x in op["args"]:
+        if x["optional"] and not optional:
+            continue
+        v = arrays.get(x["name"])
+        out.append(kdispatch.fp8(v) if v is not None and fp8_input(op) and x["dtype"] == "in" else v)
     return out
 
 
@@ -53,7 +74,7 @@ class EveryOp(TempDirTest):
             with self.subTest(op=name):
                 a = arrays_for(op)
                 before = {k: v.copy() for k, v in a.items()}
-                args = [a.get(x["name"]) for x in op["args"]]
+                args = args_of(op, a)
                 info = getattr(rt, name)(*args, info=True)
                 self.assertEqual(info["source"], "default")
                 for x in op["args"]:
@@ -65,11 +86,11 @@ class EveryOp(TempDirTest):
                     else:
                         np.testing.assert_array_equal(v, before[x["name"]])
                 # pretune (scalars and optional args by keyword), then the same call hits.
-                r = rt.pretune(name, *[a.get(x["name"]) for x in op["args"] if not x["optional"]])
+                r = rt.pretune(name, *args_of(op, a, optional=False))
                 self.assertTrue(r["persisted"])
                 self.assertTrue(r["key"].startswith(f"cpu/{name}|"))
                 fresh = arrays_for(op)
-                info = getattr(rt, name)(*[fresh.get(x["name"]) for x in op["args"]], info=True)
+                info = getattr(rt, name)(*args_of(op, fresh), info=True)
                 self.assertEqual(info["source"], "table")
                 self.assertEqual(info["M"], 3)
 

@@ -562,7 +562,8 @@ class Kernel final : public c10::OperatorKernel {
 
   [[noreturn]] void dtype_error(size_t i, const at::Tensor& x) const {
     fail(*b_, 2, arg(i) + ": dtype " + std::string(c10::toString(x.scalar_type())) +
-                     " is not one kdispatch takes (float32, float16, bfloat16; int32 where an op reads indices)");
+                     " is not one kdispatch takes (float32, float16, bfloat16, float8_e4m3fn / e4m3fnuz / e5m2 on torch >= 2.1; "
+                     "int32 where an op reads indices)");
   }
 
   /// Every tensor's sizes against the bound dims (what kdispatch checks, for

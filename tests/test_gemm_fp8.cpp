@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: Apache-2.0
+// The fp8 GEMM ops (gemm_fp8_tensor, gemm_fp8_rowwise, gemm_fp8_block) on
+// the CPU, beyond what every op gets from tests/test_ops.cpp: a result
+// worked by hand, every scale layout at M in {1, 3, 5, 17, 65, 1023} with
+// partial 128-blocks along N and K, the M-major scale_a with a padded row
+// stride, what zero, inf and NaN scales give, and the errors that name the
+// argument.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.hpp"
+#include "dispatch/dispatch.hpp"
+#include "ops/specs.hpp"
+#include "test_util.hpp"
+
+using namespace dispatch;
+
+namespace {
+
+std::unique_ptr<Runtime> quiet_runtime() {
+  RuntimeOptions o = kdtest::options_for({});
+  o.tune.mode = TuneMode::off;
+  return kdtest::make_runtime(o);
+}
+
+uint8_t e4m3(float v) { return core::float_to_fp8(v, core::kE4m3fn, true); }
+float dec(uint8_t b) { return core::fp8_to_float(b, core::kE4m3fn); }
+
+enum class Layout { tensor, rowwise, block };
+
+// One problem's host data: a [M, K] and b [N, K] e4m3fn bits, the scales in
+// the layout's shapes (block: scale_a [ceil(K/128), lda_s] with lda_s >= M,
+// the padding NaN so a read of it shows), d fp32, and the float64 answer.
+struct Case {
+  Layout layout;
+  int64_t m, n, k, sa_ld;
+  std::vector<uint8_t> a, b;
+  std::vector<float> sa, sb, bias, d;
+  std::vector<double> want;
+
+  Case(Layout l, int64_t m_, int64_t n_, int64_t k_, std::mt19937& rng, bool with_bias = false, int64_t pad = 0)
+      : layout(l), m(m_), n(n_), k(k_) {
+    std::uniform_real_distribution<float> u(-2.f, 2.f), s(0.25f, 2.f);
+    a.resize(static_cast<size_t>(m * k));
+    b.resize(static_cast<size_t>(n * k));
+    for (auto& x : a) x = e4m3(u(rng));
+    for (auto& x : b) x = e4m3(u(rng));
+    const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
+    sa_ld = m + pad;
+    if (l == Layout::tensor) sa = {s(rng)}, sb = {s(rng)};
+    if (l == Layout::rowwise) {
+      sa.resize(static_cast<size_t>(m));
+      sb.resize(static_cast<size_t>(n));
+    }
+    if (l == Layout::block) {
+      sa.assign(static_cast<size_t>(kb * sa_ld), std::numeric_limits<float>::quiet_NaN());
+      for (int64_t g = 0; g < kb; ++g)
+        for (int64_t i = 0; i < m; ++i) sa[static_cast<size_t>(g * sa_ld + i)] = s(rng);
+      sb.resize(static_cast<size_t>(nb * kb));
+    }
+    if (l != Layout::tensor) {
+      if (l == Layout::rowwise)
+        for (auto& x : sa) x = s(rng);
+      for (auto& x : sb) x = s(rng);
+    }
+    if (with_bias) {
+      bias.resize(static_cast<size_t>(n));
+      for (auto& x : bias) x = u(rng);
+    }
+    d.assign(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
+    want.resize(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t l0 = 0; l0 < k; ++l0) {
+          const int64_t g = l0 / 128;
+          const double scale = l == Layout::tensor    ? double(sa[0]) * sb[0]
+                               : l == Layout::rowwise ? double(sa[static_cast<size_t>(i)]) * sb[static_cast<size_t>(j)]
+                                                      : double(sa[static_cast<size_t>(g * sa_ld + i)]) *
+                                                            sb[static_cast<size_t>((j / 128) * kb + g)];
+          acc += double(dec(a[static_cast<size_t>(i * k + l0)])) * dec(b[static_cast<size_t>(j * k + l0)]) * scale;
+        }
+        if (with_bias) acc += bias[static_cast<size_t>(j)];
+        want[static_cast<size_t>(i * n + j)] = acc;
+      }
+  }
+
+  GemmFp8Args args() {
+    GemmFp8Args g;
+    g.a = make_tensor_2d(a.data(), DType::fp8_e4m3fn, m, k, k);
+    g.b = make_tensor_2d(b.data(), DType::fp8_e4m3fn, n, k, k);
+    g.d = make_tensor_2d(d.data(), DType::fp32, m, n, n);
+    const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
+    if (layout == Layout::tensor) {
+      g.scale_a = make_tensor_1d(sa.data(), DType::fp32, 1);
+      g.scale_b = make_tensor_1d(sb.data(), DType::fp32, 1);
+    } else if (layout == Layout::rowwise) {
+      g.scale_a = make_tensor_1d(sa.data(), DType::fp32, m);
+      g.scale_b = make_tensor_1d(sb.data(), DType::fp32, n);
+    } else {
+      g.scale_a = make_tensor_2d(sa.data(), DType::fp32, kb, m, sa_ld);
+      g.scale_b = make_tensor_2d(sb.data(), DType::fp32, nb, kb, kb);
+    }
+    if (!bias.empty()) g.bias = make_tensor_1d(bias.data(), DType::fp32, n);
+    return g;
+  }
+
+  Status run(Runtime& rt, const CallOptions& opts = {}) {
+    GemmFp8Args g = args();
+    switch (layout) {
+      case Layout::tensor: return gemm_fp8_tensor(rt, GemmFp8TensorArgs{g}, {}, opts);
+      case Layout::rowwise: return gemm_fp8_rowwise(rt, GemmFp8RowwiseArgs{g}, {}, opts);
+      case Layout::block: return gemm_fp8_block(rt, GemmFp8BlockArgs{g}, {}, opts);
+    }
+    return Status();
+  }
+
+  // The largest |got - want| over max|want|.
+  double rel_err() const {
+    double scale = 0, worst = 0;
+    for (double w : want) scale = std::max(scale, std::fabs(w));
+    for (size_t i = 0; i < d.size(); ++i) worst = std::max(worst, std::fabs(double(d[i]) - want[i]));
+    return worst / scale;
+  }
+};
+
+const char* layout_name(Layout l) {
+  return l == Layout::tensor ? "tensor" : l == Layout::rowwise ? "rowwise" : "block";
+}
+
+}  // namespace
+
+TEST_CASE("gemm_fp8: a result worked by hand, per-tensor scales, bf16 out with a bias") {
+  auto rt = quiet_runtime();
+  // a = [[1, 2], [-0.5, 4]], b = [[3, 0.25], [1, 1]] (all exact in e4m3fn).
+  uint8_t a[4] = {e4m3(1), e4m3(2), e4m3(-0.5f), e4m3(4)};
+  uint8_t b[4] = {e4m3(3), e4m3(0.25f), e4m3(1), e4m3(1)};
+  float sa = 0.5f, sb = 4.f;
+  uint16_t d[4] = {}, bias[2] = {core::float_to_bf16(1.f), core::float_to_bf16(-2.f)};
+  GemmFp8TensorArgs g;
+  g.a = make_tensor_2d(a, DType::fp8_e4m3fn, 2, 2, 2);
+  g.b = make_tensor_2d(b, DType::fp8_e4m3fn, 2, 2, 2);
+  g.d = make_tensor_2d(d, DType::bf16, 2, 2, 2);
+  g.scale_a = make_tensor_1d(&sa, DType::fp32, 1);
+  g.scale_b = make_tensor_1d(&sb, DType::fp32, 1);
+  g.bias = make_tensor_1d(bias, DType::bf16, 2);
+  DispatchInfo info;
+  REQUIRE(gemm_fp8_tensor(*rt, g, {}, {.info = &info}).ok());
+  // row 0: (1*3 + 2*0.25) * 2 + 1 = 8, (1 + 2) * 2 - 2 = 4; row 1: (-1.5 + 1) * 2 + 1 = 0, (3.5) * 2 - 2 = 5.
+  CHECK(core::bf16_to_float(d[0]) == 8.f);
+  CHECK(core::bf16_to_float(d[1]) == 4.f);
+  CHECK(core::bf16_to_float(d[2]) == 0.f);
+  CHECK(core::bf16_to_float(d[3]) == 5.f);
+  CHECK(info.source == PlanSource::fallback);
+}
+
+TEST_CASE("gemm_fp8: every scale layout at M in {1, 3, 5, 17, 65, 1023}, partial 128-blocks along N and K") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(2026);
+  for (Layout l : {Layout::tensor, Layout::rowwise, Layout::block})
+    for (int64_t m : {1, 3, 5, 17, 65, 1023}) {
+      CAPTURE(layout_name(l));
+      CAPTURE(m);
+      // N = 136 and K = 264: two 128-blocks and a partial third along K, a partial second along N.
+      Case c(l, m, 136, 264, rng, /*with_bias=*/m % 2 == 1, /*pad=*/l == Layout::block ? 3 : 0);
+      REQUIRE(c.run(*rt).ok());
+      CHECK(c.rel_err() < 1e-5);
+    }
+}
+
+TEST_CASE("gemm_fp8_block: scale_a M-major with a padded row stride, the padding never read") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(7);
+  Case c(Layout::block, 5, 130, 300, rng, false, /*pad=*/3);  // ld 8: cuBLASLt's multiple of 4
+  REQUIRE(c.run(*rt).ok());
+  CHECK(c.rel_err() < 1e-5);  // a NaN in the padding would have spread into d
+  for (float v : c.d) CHECK(std::isfinite(v));
+}
+
+TEST_CASE("gemm_fp8: zero scales give zeros, inf and NaN scales reach exactly the outputs they scale") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(3);
+  Case c(Layout::rowwise, 4, 8, 16, rng);
+  // Every product sum nonzero: a and b all ones.
+  std::fill(c.a.begin(), c.a.end(), e4m3(1.f));
+  std::fill(c.b.begin(), c.b.end(), e4m3(1.f));
+  c.sa = {0.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 1.f};
+  c.sb = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f};
+  REQUIRE(c.run(*rt).ok());
+  for (int64_t j = 0; j < 8; ++j) {
+    CAPTURE(j);
+    CHECK(c.d[static_cast<size_t>(0 * 8 + j)] == 0.f);                     // a zero scale: zeros
+    CHECK(std::isinf(c.d[static_cast<size_t>(1 * 8 + j)]));                // inf: inf (the sum is 16)
+    CHECK(std::isnan(c.d[static_cast<size_t>(2 * 8 + j)]));                // NaN: NaN
+    CHECK(c.d[static_cast<size_t>(3 * 8 + j)] == 16.f * float(j + 1));     // untouched rows exact
+  }
+  // A zero product sum times an inf scale is NaN (0 * inf), as in torch._scaled_mm.
+  std::fill(c.a.begin(), c.a.begin() + 16, e4m3(0.f));
+  c.sa = {std::numeric_limits<float>::infinity(), 1.f, 1.f, 1.f};
+  REQUIRE(c.run(*rt).ok());
+  CHECK(std::isnan(c.d[0]));
+}
+
+TEST_CASE("gemm_fp8: errors name the argument: scale shapes, scale dtype, mixed formats, no fp8 on a float op") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(5);
+  Case c(Layout::block, 3, 130, 200, rng);
+  GemmFp8BlockArgs g{c.args()};
+  // scale_a as a K-major [M, ceil(K/128)] (SGLang's default layout): refused, naming the shape.
+  GemmFp8BlockArgs k_major = g;
+  k_major.scale_a = make_tensor_2d(c.sa.data(), DType::fp32, 3, 2, 2);
+  Status s = gemm_fp8_block(*rt, k_major);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("scale_a:", 0) == 0);
+  // scale_b with one block too few along N.
+  GemmFp8BlockArgs short_b = g;
+  short_b.scale_b = make_tensor_2d(c.sb.data(), DType::fp32, 1, 2, 2);
+  s = gemm_fp8_block(*rt, short_b);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("scale_b:", 0) == 0);
+  // bf16 scales.
+  std::vector<uint16_t> sa16(c.sa.size());
+  GemmFp8BlockArgs bf = g;
+  bf.scale_a = make_tensor_2d(sa16.data(), DType::bf16, 2, 3, 3);
+  s = gemm_fp8_block(*rt, bf);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message() == "scale_a: dtype bf16 must be fp32");
+  // a in e5m2, b in e4m3fn.
+  GemmFp8BlockArgs mixed = g;
+  mixed.a.dtype = DType::fp8_e5m2;
+  s = gemm_fp8_block(*rt, mixed);
+  CHECK(s.code() == StatusCode::unsupported_problem);
+  CHECK(s.message() == "a is fp8_e5m2 but b is fp8_e4m3fn: mixed input dtypes are not supported");
+  // fp32 inputs: no variant (fp8 ops take fp8).
+  std::vector<float> af(3 * 200), bfl(130 * 200);
+  GemmFp8BlockArgs f32 = g;
+  f32.a = make_tensor_2d(af.data(), DType::fp32, 3, 200, 200);
+  f32.b = make_tensor_2d(bfl.data(), DType::fp32, 130, 200, 200);
+  s = gemm_fp8_block(*rt, f32);
+  CHECK(s.code() == StatusCode::unsupported_problem);
+  CHECK(s.message().find("fp32 inputs") != std::string::npos);
+  // And fp8 into the bf16/fp32 gemm: refused, not misread.
+  GemmArgs plain;
+  plain.a = g.a;
+  plain.b = g.b;
+  plain.d = g.d;
+  s = gemm(*rt, plain);
+  CHECK(s.code() == StatusCode::unsupported_problem);
+  CHECK(s.message().find("fp8_e4m3fn inputs") != std::string::npos);
+}
