@@ -292,6 +292,35 @@ class TorchNativeTest(unittest.TestCase):
         torch.ops.kdispatch_vllm.silu_and_mul(o, g)
         torch.testing.assert_close(o, torch.ops.kdispatch.silu_and_mul(g), rtol=0, atol=0)
 
+    @unittest.skipUnless(HAVE_TORCH and hasattr(torch, "float8_e4m3fn"), "torch.float8_e4m3fn needs torch >= 2.1")
+    def test_fp8_block_gemm_takes_torch_fp8_and_returns_bf16(self):
+        """gemm_fp8_block on torch.float8_e4m3fn tensors (CPU variants), the
+        functional op's d in bf16, against a float64 reference of the
+        dequantised inputs; scale_a M-major as a transposed view of SGLang's
+        column-major scales."""
+        g = torch.Generator().manual_seed(0)
+        m, n, k = 5, 136, 264
+        a8 = (torch.rand(m, k, generator=g) * 4 - 2).to(torch.float8_e4m3fn)
+        b8 = (torch.rand(n, k, generator=g) * 4 - 2).to(torch.float8_e4m3fn)
+        kb, nb = -(-k // 128), -(-n // 128)
+        sa = torch.rand(kb, m, generator=g) + 0.5  # [ceil(K/128), M]: each group's token scales contiguous
+        sb = torch.rand(nb, kb, generator=g) + 0.5
+        d = torch.ops.kdispatch.gemm_fp8_block(a8, b8, sa, sb)
+        self.assertEqual(d.dtype, torch.bfloat16)
+        self.assertEqual(tuple(d.shape), (m, n))
+        af, bf = a8.double(), b8.double()
+        want = torch.zeros(m, n, dtype=torch.float64)
+        for gi in range(kb):
+            sl = slice(gi * 128, min(k, (gi + 1) * 128))
+            sbc = sb[:, gi].double().repeat_interleave(128)[:n]
+            want += (af[:, sl] @ bf[:, sl].T) * sa[gi].double()[:, None] * sbc[None, :]
+        torch.testing.assert_close(d.double(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+        out = torch.empty(m, n, dtype=torch.float32)
+        torch.ops.kdispatch.gemm_fp8_block_out(out, a8, b8, sa, sb)
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        meta = torch.ops.kdispatch.gemm_fp8_block(a8.to("meta"), b8.to("meta"), sa.to("meta"), sb.to("meta"))
+        self.assertEqual((meta.dtype, tuple(meta.shape)), (torch.bfloat16, (m, n)))
+
     def test_meta_kernels(self):
         m = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
         self.assertEqual(torch.ops.kdispatch.rmsnorm(m(5, 3, 16), m(16), 1e-6).shape, (5, 3, 16))
