@@ -99,6 +99,30 @@ void reference(const Problem& p, const RefArgs& r) {
 // final conversion.
 inline double flops(const Problem& p) { return 2.0 * p.m * p.n * p.k; }
 
+/// The spec every layout shares but for its name, summary, slots and reference.
+constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_view summary,
+                                std::span<const ArgSlot> slots, void (*ref)(const Problem&, const RefArgs&)) {
+  return OpSpec{
+      .op = op,
+      .name = name,
+      .summary = summary,
+      .slots = slots,
+      .scalars = {},
+      .fields = kFields,
+      .order = kOrder,
+      .in_dtype_slot = kFp8ArgA,
+      .out_dtype_slot = kFp8ArgD,
+      .same_dtype = kSameDType,
+      .positive = {.slot = kFp8ArgB, .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)), .text = "N and K must be >= 1, got "},
+      .dim_names = {"", "M", "N", "K", "", ""},
+      .align_slots = (1u << kFp8ArgA) | (1u << kFp8ArgB),
+      .uses_workspace = true,
+      .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
+      .flops = &flops,
+      .reference = ref,
+  };
+}
+
 }  // namespace gemm_fp8_common
 
 namespace gemm_fp8_tensor_spec {
@@ -107,25 +131,9 @@ inline constexpr ArgSlot kSlots[] = {
     a_slot(), b_slot(), d_slot(), scale_slot("scale_a", 1, {}, {Dim::none}), scale_slot("scale_b", 1, {}, {Dim::none}),
     bias_slot(),
 };
-inline constexpr OpSpec kSpec{
-    .op = OpKind::gemm_fp8_tensor,
-    .name = "gemm_fp8_tensor",
-    .summary = "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[0] * scale_b[0] (+ bias[N]): fp8 w8a8 with per-tensor scales; fp32 accumulation.",
-    .slots = kSlots,
-    .scalars = {},
-    .fields = kFields,
-    .order = kOrder,
-    .in_dtype_slot = kFp8ArgA,
-    .out_dtype_slot = kFp8ArgD,
-    .same_dtype = kSameDType,
-    .positive = {.slot = kFp8ArgB, .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)), .text = "N and K must be >= 1, got "},
-    .dim_names = {"", "M", "N", "K", "", ""},
-    .align_slots = (1u << kFp8ArgA) | (1u << kFp8ArgB),
-    .uses_workspace = true,
-    .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
-    .flops = &flops,
-    .reference = &reference<Fp8Scales::tensor>,
-};
+inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_tensor, "gemm_fp8_tensor",
+    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[0] * scale_b[0] (+ bias[N]): fp8 w8a8 with per-tensor scales; fp32 accumulation.",
+    kSlots, &reference<Fp8Scales::tensor>);
 }  // namespace gemm_fp8_tensor_spec
 
 namespace gemm_fp8_rowwise_spec {
@@ -134,25 +142,9 @@ inline constexpr ArgSlot kSlots[] = {
     a_slot(), b_slot(), d_slot(), scale_slot("scale_a", 1, {}, {Dim::m}), scale_slot("scale_b", 1, {}, {Dim::n}),
     bias_slot(),
 };
-inline constexpr OpSpec kSpec{
-    .op = OpKind::gemm_fp8_rowwise,
-    .name = "gemm_fp8_rowwise",
-    .summary = "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[M, None] * scale_b[None, N] (+ bias[N]): fp8 w8a8 with per-token and per-channel scales; fp32 accumulation.",
-    .slots = kSlots,
-    .scalars = {},
-    .fields = kFields,
-    .order = kOrder,
-    .in_dtype_slot = kFp8ArgA,
-    .out_dtype_slot = kFp8ArgD,
-    .same_dtype = kSameDType,
-    .positive = {.slot = kFp8ArgB, .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)), .text = "N and K must be >= 1, got "},
-    .dim_names = {"", "M", "N", "K", "", ""},
-    .align_slots = (1u << kFp8ArgA) | (1u << kFp8ArgB),
-    .uses_workspace = true,
-    .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
-    .flops = &flops,
-    .reference = &reference<Fp8Scales::rowwise>,
-};
+inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_rowwise, "gemm_fp8_rowwise",
+    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[M, None] * scale_b[None, N] (+ bias[N]): fp8 w8a8 with per-token and per-channel scales; fp32 accumulation.",
+    kSlots, &reference<Fp8Scales::rowwise>);
 }  // namespace gemm_fp8_rowwise_spec
 
 namespace gemm_fp8_block_spec {
@@ -165,25 +157,9 @@ inline constexpr ArgSlot kSlots[] = {
     scale_slot("scale_b", 2, {Dim::n, 1, kFp8Block}, {Dim::k, 1, kFp8Block}),
     bias_slot(),
 };
-inline constexpr OpSpec kSpec{
-    .op = OpKind::gemm_fp8_block,
-    .name = "gemm_fp8_block",
-    .summary = "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major; fp32 accumulation.",
-    .slots = kSlots,
-    .scalars = {},
-    .fields = kFields,
-    .order = kOrder,
-    .in_dtype_slot = kFp8ArgA,
-    .out_dtype_slot = kFp8ArgD,
-    .same_dtype = kSameDType,
-    .positive = {.slot = kFp8ArgB, .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)), .text = "N and K must be >= 1, got "},
-    .dim_names = {"", "M", "N", "K", "", ""},
-    .align_slots = (1u << kFp8ArgA) | (1u << kFp8ArgB),
-    .uses_workspace = true,
-    .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
-    .flops = &flops,
-    .reference = &reference<Fp8Scales::block>,
-};
+inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_block, "gemm_fp8_block",
+    "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major; fp32 accumulation.",
+    kSlots, &reference<Fp8Scales::block>);
 }  // namespace gemm_fp8_block_spec
 
 }  // namespace dispatch::core
