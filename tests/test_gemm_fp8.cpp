@@ -253,3 +253,72 @@ TEST_CASE("gemm_fp8: errors name the argument: scale shapes, scale dtype, mixed 
   CHECK(s.code() == StatusCode::unsupported_problem);
   CHECK(s.message().find("fp8_e4m3fn inputs") != std::string::npos);
 }
+
+TEST_CASE("quant_fp8_token: scales from each token's amax, values worked by hand, an all-zero token") {
+  auto rt = quiet_runtime();
+  float x[8] = {896.f, -1.f, 0.5f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  uint8_t q[8] = {};
+  float scale[2] = {};
+  QuantFp8TokenArgs g;
+  g.q = make_tensor_2d(q, DType::fp8_e4m3fn, 2, 4, 4);
+  g.x = make_tensor_2d(x, DType::fp32, 2, 4, 4);
+  g.scale = make_tensor_1d(scale, DType::fp32, 2);
+  REQUIRE(quant_fp8_token(*rt, g).ok());
+  CHECK(scale[0] == 2.f);  // 896 / 448
+  CHECK(q[0] == 0x7e);     // 448
+  CHECK(q[1] == 0xb0);     // -0.5
+  CHECK(q[2] == 0x28);     // 0.25
+  CHECK(q[3] == 0x00);
+  CHECK(scale[1] == core::kQuantMinAmax / 448.f);  // SGLang's eps: no division by zero
+  for (int i = 4; i < 8; ++i) CHECK(q[i] == 0x00);
+}
+
+TEST_CASE("quant_fp8_group then gemm_fp8_block: the engine's fp8 path stays within fp8's precision of fp32") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  const int64_t m = 7, n = 136, k = 264, kb = 3, nb = 2, lds = 8;  // scale row stride 8: a multiple of 4
+  std::vector<float> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+  for (auto& v : x) v = u(rng);
+  for (auto& v : w) v = u(rng) * 0.05f;
+  // Activations through the op; weights quantised per 128x128 block here.
+  std::vector<uint8_t> xq(static_cast<size_t>(m * k)), wq(static_cast<size_t>(n * k));
+  std::vector<float> xs(static_cast<size_t>(kb * lds), std::numeric_limits<float>::quiet_NaN()), ws(static_cast<size_t>(nb * kb));
+  QuantFp8GroupArgs qa;
+  qa.q = make_tensor_2d(xq.data(), DType::fp8_e4m3fn, m, k, k);
+  qa.x = make_tensor_2d(x.data(), DType::fp32, m, k, k);
+  qa.scale = make_tensor_2d(xs.data(), DType::fp32, kb, m, lds);
+  REQUIRE(quant_fp8_group(*rt, qa).ok());
+  for (int64_t bj = 0; bj < nb; ++bj)
+    for (int64_t g = 0; g < kb; ++g) {
+      float amax = 0;
+      for (int64_t j = bj * 128; j < std::min(n, bj * 128 + 128); ++j)
+        for (int64_t l = g * 128; l < std::min(k, g * 128 + 128); ++l) amax = std::max(amax, std::fabs(w[static_cast<size_t>(j * k + l)]));
+      const float s = amax / 448.f;
+      ws[static_cast<size_t>(bj * kb + g)] = s;
+      for (int64_t j = bj * 128; j < std::min(n, bj * 128 + 128); ++j)
+        for (int64_t l = g * 128; l < std::min(k, g * 128 + 128); ++l)
+          wq[static_cast<size_t>(j * k + l)] = e4m3(w[static_cast<size_t>(j * k + l)] / s);
+    }
+  std::vector<float> d(static_cast<size_t>(m * n)), ref(static_cast<size_t>(m * n));
+  GemmFp8BlockArgs ga;
+  ga.a = qa.q;
+  ga.b = make_tensor_2d(wq.data(), DType::fp8_e4m3fn, n, k, k);
+  ga.d = make_tensor_2d(d.data(), DType::fp32, m, n, n);
+  ga.scale_a = qa.scale;
+  ga.scale_b = make_tensor_2d(ws.data(), DType::fp32, nb, kb, kb);
+  REQUIRE(gemm_fp8_block(*rt, ga).ok());
+  GemmArgs fa;
+  fa.a = make_tensor_2d(x.data(), DType::fp32, m, k, k);
+  fa.b = make_tensor_2d(w.data(), DType::fp32, n, k, k);
+  fa.d = make_tensor_2d(ref.data(), DType::fp32, m, n, n);
+  REQUIRE(gemm(*rt, fa).ok());
+  double scale = 0, worst = 0;
+  for (size_t i = 0; i < d.size(); ++i) {
+    scale = std::max(scale, std::fabs(double(ref[i])));
+    worst = std::max(worst, std::fabs(double(d[i]) - ref[i]));
+  }
+  MESSAGE("fp8 path vs fp32: max error " << worst / scale << " of max |d|");
+  CHECK(worst / scale < 0.05);  // e4m3 keeps 3 mantissa bits: 2^-4 relative per element, averaged down by the sums
+  CHECK(worst / scale > 1e-4);  // and it is fp8, not a float path in disguise
+}

@@ -101,7 +101,7 @@ std::vector<std::pair<DType, DType>> cpu_dtype_pairs(const OpSpec& s) {
   for (DType in : {DType::fp32, DType::bf16, DType::fp8_e4m3fn}) {
     const core::VariantDef* ref = core::reference_variant(s.op, DeviceType::cpu, in);
     if (ref == nullptr) continue;
-    for (DType o : {in, DType::fp32, DType::bf16}) {
+    for (DType o : {in, DType::fp32, DType::bf16, DType::fp8_e4m3fn}) {
       bool seen = false;
       for (const auto& pr : out) seen = seen || pr == std::make_pair(in, o);
       const Problem p = problem_of(s, in, 2, 8, 8, false, o);

@@ -393,15 +393,32 @@ KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_block(kdispatch_runtime* rt,
                                                           const DLTensor* bias, void* stream, uint32_t flags,
                                                           kdispatch_dispatch_info* info);
 
+/** fp8 activation quantisation (dispatch::QuantFp8Args): q [M,K] fp8
+ *  (code 10, bits 8) and fp32 scales from x [M,K] fp32 or bf16: _tensor
+ *  scale [1], _token [M], _group [ceil(K/128), M] (M-major). Errors: as
+ *  kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_quant_fp8_tensor(kdispatch_runtime* rt, const DLTensor* q, const DLTensor* x,
+                                                            const DLTensor* scale, void* stream, uint32_t flags,
+                                                            kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_quant_fp8_token(kdispatch_runtime* rt, const DLTensor* q, const DLTensor* x,
+                                                           const DLTensor* scale, void* stream, uint32_t flags,
+                                                           kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_quant_fp8_group(kdispatch_runtime* rt, const DLTensor* q, const DLTensor* x,
+                                                           const DLTensor* scale, void* stream, uint32_t flags,
+                                                           kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
  *  [{"name", "doc", "args": [{"name", "read", "written", "rank", "optional",
  *  "rows": {"dim", "mul", "div"}, "cols": {...}, "alias_of", "dtype"}],
  *  "scalars": [{"name", "default"}], "key_fields": [{"name", "kind",
- *  "csv_name", "file_pos"}], "m_name", "workspace", "in_dtypes"}] (dtype:
+ *  "csv_name", "file_pos"}], "m_name", "workspace", "in_dtypes",
+ *  "default_out_dtype"}] (dtype:
  *  "in", "out" or a fixed dtype such as "fp32"; in_dtypes: the input
- *  dtypes some variant of this build computes; file_pos: the
+ *  dtypes some variant of this build computes; default_out_dtype: the
+ *  dtype a binding gives "out" arguments it allocates, "" = the input
+ *  dtype; file_pos: the
  *  field's place before device_name in a file name, -1 after it). kdispatch_<name>
  *  takes the args (const DLTensor*, NULL for an absent optional one) and
  *  then the scalars (float) in this order; bindings generate their methods
@@ -459,6 +476,16 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_block(kdispatch_runt
                                                                   const DLTensor* b, const DLTensor* d,
                                                                   const DLTensor* scale_a, const DLTensor* scale_b,
                                                                   const DLTensor* bias, char** json_out);
+
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_tensor(kdispatch_runtime* rt, const DLTensor* q,
+                                                                    const DLTensor* x, const DLTensor* scale,
+                                                                    char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_token(kdispatch_runtime* rt, const DLTensor* q,
+                                                                   const DLTensor* x, const DLTensor* scale,
+                                                                   char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_group(kdispatch_runtime* rt, const DLTensor* q,
+                                                                   const DLTensor* x, const DLTensor* scale,
+                                                                   char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

@@ -159,6 +159,27 @@ struct GemmFp8TensorArgs : GemmFp8Args {};
 struct GemmFp8RowwiseArgs : GemmFp8Args {};
 struct GemmFp8BlockArgs : GemmFp8Args {};
 
+/// Arguments of the fp8 activation-quantisation ops (what an engine runs
+/// right before an fp8 GEMM): per group of x,
+///   scale = max(amax, 1e-10) / 448,  q = e4m3fn(clamp(x / scale, ±448)),
+/// round to nearest even (SGLang's per_token_group_quant_fp8, vLLM's
+/// dynamic scaled_fp8_quant).
+/// - q: [M, K] fp8_e4m3fn, unit stride along K, row stride >= K.
+/// - x: [M, K] fp32 or bf16 (fp16 on GPUs), unit stride along K.
+/// - scale: fp32, written, by op:
+///     quant_fp8_tensor  [1]  (one dynamic scale for the whole of x);
+///     quant_fp8_token   [M];
+///     quant_fp8_group   [ceil(K/128), M] row-major (M-major, row stride
+///                       >= M): gemm_fp8_block's scale_a as it reads it.
+struct QuantFp8Args {
+  TensorRef q;
+  TensorRef x;
+  TensorRef scale;
+};
+struct QuantFp8TensorArgs : QuantFp8Args {};
+struct QuantFp8TokenArgs : QuantFp8Args {};
+struct QuantFp8GroupArgs : QuantFp8Args {};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -194,6 +215,16 @@ KDISPATCH_API Status gemm_fp8_rowwise(Runtime& rt, const GemmFp8RowwiseArgs& arg
                                       const CallOptions& opts = {}) noexcept;
 KDISPATCH_API Status gemm_fp8_block(Runtime& rt, const GemmFp8BlockArgs& args, Stream stream = {},
                                     const CallOptions& opts = {}) noexcept;
+
+/// fp8 activation quantisation (QuantFp8Args): a dynamic per-tensor scale,
+/// a scale per token, a scale per token and 128-wide K group (M-major).
+/// Thread-safe. Errors as gemm.
+KDISPATCH_API Status quant_fp8_tensor(Runtime& rt, const QuantFp8TensorArgs& args, Stream stream = {},
+                                      const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status quant_fp8_token(Runtime& rt, const QuantFp8TokenArgs& args, Stream stream = {},
+                                     const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status quant_fp8_group(Runtime& rt, const QuantFp8GroupArgs& args, Stream stream = {},
+                                     const CallOptions& opts = {}) noexcept;
 
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
@@ -244,6 +275,10 @@ struct OpInfo {
   /// The input dtypes some variant of this build computes, on any backend
   /// ("fp32", "bf16", "fp16", "fp8_e4m3fn"), in DType order.
   std::span<const std::string_view> in_dtypes;
+  /// The dtype of the "out" arguments a binding allocates when the caller
+  /// names none: "" (the input dtype), "bf16" (the fp8 GEMMs),
+  /// "fp8_e4m3fn" (the quantisation ops).
+  std::string_view default_out_dtype;
 };
 /// Every op of this build, in a fixed order. Thread-safe; static storage.
 KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
@@ -386,6 +421,9 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const SiluAndMulArgs& a
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8TensorArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8RowwiseArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8BlockArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TensorArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TokenArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8GroupArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

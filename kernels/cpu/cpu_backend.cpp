@@ -15,6 +15,7 @@
 #include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/norm_list.hpp"
+#include "cpu/quant_fp8_list.hpp"
 #include "cpu/silu_list.hpp"
 
 namespace dispatch::cpu {
@@ -30,7 +31,8 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
 
 constexpr auto kAllVariants =
     concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
-           kGemmFp8RowwiseVariants, kGemmFp8BlockVariants);
+           kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
+           kQuantFp8GroupVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -47,6 +49,9 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::gemm_fp8_tensor, kGemmFp8TensorVariants, &gemm_fp8_default},
     {core::OpKind::gemm_fp8_rowwise, kGemmFp8RowwiseVariants, &gemm_fp8_default},
     {core::OpKind::gemm_fp8_block, kGemmFp8BlockVariants, &gemm_fp8_default},
+    {core::OpKind::quant_fp8_tensor, kQuantFp8TensorVariants, &quant_fp8_default},
+    {core::OpKind::quant_fp8_token, kQuantFp8TokenVariants, &quant_fp8_default},
+    {core::OpKind::quant_fp8_group, kQuantFp8GroupVariants, &quant_fp8_default},
 };
 
 }  // namespace

@@ -533,7 +533,8 @@ struct OpListStorage {
     size_t i = 0;
     for (const core::OpSpec* s : core::all_specs()) {
       ops.push_back(OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace, fields[i],
-                           s->dim_names[static_cast<int>(core::Dim::m)], in_dtypes[i]});
+                           s->dim_names[static_cast<int>(core::Dim::m)], in_dtypes[i],
+                           s->default_out_dtype < 0 ? std::string_view() : dtype_name(static_cast<DType>(s->default_out_dtype))});
       ++i;
     }
   }

@@ -359,7 +359,7 @@ std::string op_list_json() {
     }
     w.end_array().field("m_name", o.m_name).field("workspace", o.uses_workspace).key("in_dtypes").begin_array();
     for (std::string_view t : o.in_dtypes) w.value(t);
-    w.end_array().end_object();
+    w.end_array().field("default_out_dtype", o.default_out_dtype).end_object();
   }
   w.end_array();
   return w.take();

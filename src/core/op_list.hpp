@@ -21,7 +21,10 @@
   X(silu_and_mul, SiluAndMulArgs, (out, x), ())                       \
   X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), ()) \
   X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), ()) \
-  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), ())
+  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), ())  \
+  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                 \
+  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                   \
+  X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())
 
 // ---- preprocessor helpers for the rows' tuples (up to 8 elements)
 #define KD_PP_EXPAND(...) __VA_ARGS__

@@ -192,6 +192,10 @@ struct OpSpec {
   uint32_t align_slots = 0;
   /// The op takes the call's GPU workspace (LaunchArgs::workspace).
   bool uses_workspace = false;
+  /// The output dtype a binding allocates by default (a DType as int), or
+  /// -1 for the input dtype: bf16 for the fp8 GEMMs, fp8_e4m3fn for the
+  /// quantisation ops.
+  int8_t default_out_dtype = -1;
   /// Validation tolerance per output dtype (indexed by DType).
   Tolerance tolerance[kDTypeCount] = {};
   /// Arithmetic of one call (a multiply-add counts 2): what `kdispatch tune

@@ -117,6 +117,7 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
       .dim_names = {"", "M", "N", "K", "", ""},
       .align_slots = (1u << kFp8ArgA) | (1u << kFp8ArgB),
       .uses_workspace = true,
+      .default_out_dtype = static_cast<int8_t>(DType::bf16),
       .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
       .flops = &flops,
       .reference = ref,

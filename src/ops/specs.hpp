@@ -9,6 +9,7 @@
 #include "ops/fused_add_rmsnorm.hpp"
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
+#include "ops/quant_fp8.hpp"
 #include "ops/rmsnorm.hpp"
 #include "ops/silu_and_mul.hpp"
 

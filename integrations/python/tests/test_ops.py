@@ -28,6 +28,14 @@ def fp8_input(op):
     return all(t.startswith("fp8_") for t in op["in_dtypes"]) and bool(op["in_dtypes"])
 
 
+def fp8_arg(op, a):
+    """Whether argument `a` of `op` holds fp8 here: an fp8 op's inputs, or
+    the outputs of an op whose outputs default to fp8 (the quantisation ops)."""
+    if a["dtype"] == "in":
+        return fp8_input(op)
+    return a["dtype"] == "out" and op["default_out_dtype"].startswith("fp8_")
+
+
 def arrays_for(op, m=3, other=8, seed=0):
     """{arg name: array} for `op` at batch size m, every other dim `other`;
     outputs full of NaN, inputs random; absent: optional args. float32,
@@ -41,10 +49,10 @@ def arrays_for(op, m=3, other=8, seed=0):
             continue
         shape = tuple(x for x in (extent(a["rows"], dims), extent(a["cols"], dims)) if x is not None) or (1,)
         if a["written"] and not a["read"]:
-            out[a["name"]] = np.full(shape, np.nan, np.float32)
+            out[a["name"]] = np.full(shape, 0x7F, np.uint8) if fp8_arg(op, a) else np.full(shape, np.nan, np.float32)
         else:
             v = (rng.standard_normal(shape) * 0.5 + (1.0 if a["rank"] == 1 else 0.0)).astype(np.float32)
-            out[a["name"]] = kdispatch.to_fp8(v) if fp8_input(op) and a["dtype"] == "in" else v
+            out[a["name"]] = kdispatch.to_fp8(v) if fp8_arg(op, a) else v
     return out
 
 
@@ -56,7 +64,7 @@ def args_of(op, arrays, optional=True):
         if x["optional"] and not optional:
             continue
         v = arrays.get(x["name"])
-        out.append(kdispatch.fp8(v) if v is not None and fp8_input(op) and x["dtype"] == "in" else v)
+        out.append(kdispatch.fp8(v) if v is not None and fp8_arg(op, x) else v)
     return out
 
 
@@ -82,7 +90,8 @@ class EveryOp(TempDirTest):
                     if v is None:
                         continue
                     if x["written"]:
-                        self.assertTrue(np.isfinite(v).all(), f"{name}: {x['name']} has unwritten or non-finite elements")
+                        got = kdispatch.from_fp8(v) if fp8_arg(op, x) else v  # fp8's poison 0x7f decodes to NaN
+                        self.assertTrue(np.isfinite(got).all(), f"{name}: {x['name']} has unwritten or non-finite elements")
                     else:
                         np.testing.assert_array_equal(v, before[x["name"]])
                 # pretune (scalars and optional args by keyword), then the same call hits.

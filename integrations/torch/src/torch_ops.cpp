@@ -339,27 +339,22 @@ std::string size_text(const c10::SymInt& v) {  // no operator<<: torch 2.x decla
   return "a symbolic size";
 }
 
-/// Whether `t` is an fp8 dtype (none before torch 2.1).
-bool is_fp8(at::ScalarType t) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  if (t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2) return true;
-#endif
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
-  if (t == at::kFloat8_e4m3fnuz) return true;
-#endif
-  (void)t;
-  return false;
-}
-
 /// A functional op's output `a` allocated beside `lead` (its first 2-D
-/// input): the input's dtype, except an fp8 op's "out" arguments, which are
-/// bf16 (what engines run fp8 GEMMs into; the _out variants take fp32 or
-/// fp16), and fixed-dtype arguments (fp32 scales).
-at::TensorOptions output_options(const at::Tensor& lead, const dispatch::OpArgInfo& a) {
+/// input): the input's dtype, except "out" arguments of an op with a
+/// default output dtype (the fp8 GEMMs: bf16, what engines run them into;
+/// the quantisation ops: float8_e4m3fn) and fixed-dtype arguments (fp32
+/// scales).
+at::TensorOptions output_options(const at::Tensor& lead, const dispatch::OpInfo& op, const dispatch::OpArgInfo& a) {
   at::TensorOptions o = lead.options();
-  if (a.dtype == "out" && is_fp8(lead.scalar_type())) return o.dtype(at::kBFloat16);
   if (a.dtype == "fp32") return o.dtype(at::kFloat);
-  return o;
+  if (a.dtype != "out" || op.default_out_dtype.empty()) return o;
+  if (op.default_out_dtype == "bf16") return o.dtype(at::kBFloat16);
+  if (op.default_out_dtype == "fp16") return o.dtype(at::kHalf);
+  if (op.default_out_dtype == "fp32") return o.dtype(at::kFloat);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (op.default_out_dtype == "fp8_e4m3fn") return o.dtype(at::kFloat8_e4m3fn);
+#endif
+  return o;  // a dtype this torch lacks: the call then names it
 }
 
 /// The sizes of `t` as [rows, cols]: the leading dims multiplied.
@@ -549,7 +544,7 @@ class Kernel final : public c10::OperatorKernel {
         const std::optional<I> cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
         if (!cols) fail(b, 9, "the size of dim " + std::string(a.cols_dim) + " is not given by any input");
         shape.push_back(*cols);
-        const at::TensorOptions opts = output_options(*lead, a);
+        const at::TensorOptions opts = output_options(*lead, op, a);
         if constexpr (std::is_same_v<I, int64_t>)
           made[static_cast<size_t>(o)] = at::empty(shape, opts);
         else
