@@ -92,6 +92,9 @@ if _mode != "python":
         raise ImportError(f"KDISPATCH_TORCH_OPS=native, but {_why}")
 
 if not NATIVE:
+    if not hasattr(torch.library, "custom_op"):  # torch < 2.4: no Python path either, one line says both
+        raise ImportError(f"kdispatch.torch_ops: {_why}, and the Python custom_op path needs torch >= 2.4 "
+                          f"(this is {torch.__version__})")
     sys.stderr.write(f"kdispatch.torch_ops: {_why}; using the Python custom_op path (slower)\n")
     from . import _torch_custom as _impl
     from ._torch_custom import call_info, gemm_info, get_runtime, set_runtime  # noqa: F401
