@@ -6,6 +6,9 @@
 #
 #   bench/gpu/run_h200.sh --sections build       # configure + build everything (timed)
 #   bench/gpu/run_h200.sh --sections test        # GPU tests but silu_and_mul's kernel cases, host GPU/config tests, torch ops
+#   bench/gpu/run_h200.sh --sections fp8-test    # the fp8 GEMM and quantisation GPU tests (fp8_tests.log)
+#   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
+#   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
@@ -108,6 +111,12 @@ E2E_LAYERS=${KD_E2E_LAYERS:-2}
 E2E_BATCHES=${KD_E2E_BATCHES:-1,8,64}
 E2E_TUNE_BUDGET_MS=${KD_E2E_TUNE_BUDGET_MS:-300}
 E2E_DEVICE=${KD_E2E_DEVICE:-cuda}  # cpu (with KD_TUNE_BACKEND=cpu): a dry run of the e2e section's logic without a GPU
+# fp8 (issue 21): layouts, (N, K) pairs and Ms of fp8-tune and fp8-bench
+FP8_LAYOUTS=${KD_FP8_LAYOUTS:-tensor,rowwise,block}
+FP8_NK=${KD_FP8_NK:-6144x4096,4096x4096,28672x4096,4096x14336,2112x7168,7168x16384}
+FP8_M=${KD_FP8_M:-1,16,64,1024}
+FP8_TUNE_M=${KD_FP8_TUNE_M:-1,2,4,8,16}
+FP8_BUDGET_MS=${KD_FP8_TUNE_BUDGET_MS:-800}
 SILU_DTYPES=${KD_SILU_DTYPES:-bf16,fp16}
 SILU_DS=${KD_SILU_DS:-4864,14336,18944}
 SILU_TOKENS=${KD_SILU_TOKENS:-1,8,64,512,4096,16384}
@@ -119,7 +128,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,fp8-tune,fp8-bench,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -197,7 +206,7 @@ if has test; then
   ensure_build kdispatch_gpu_tests kdispatch_tests kdispatch || { echo "::: test: FAILED to build (build.log)"; exit 1; }
   stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning; silu-test: the rest)"
   t=$(($(left) - 60)); [ $t -lt 60 ] && t=60  # timeout 0 would mean no limit, a negative one an error
-  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*' \
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*,gpu fp8*' \
     >"$OUT/gpu_tests.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_gpu_tests rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)|skipped' "$OUT/gpu_tests.log" | tr '\n' ' ')"
@@ -214,6 +223,20 @@ if has test; then
   [ $status -eq 0 ] && echo "::: test: complete" || echo "::: test: FAILED (see the logs)"
 fi
 
+# ================================================================ fp8-test
+if has fp8-test; then
+  ensure_build kdispatch_gpu_tests kdispatch || { echo "::: fp8-test: FAILED to build (build.log)"; exit 1; }
+  stamp "fp8-test: the fp8 GEMMs (every variant, point and cuBLASLt candidate vs float64) and quantisation (bit for bit)"
+  t=$(($(left) - 30)); [ $t -lt 60 ] && t=60
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" -tc='gpu fp8*' \
+    >"$OUT/fp8_tests.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "kdispatch_gpu_tests (fp8) rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/fp8_tests.log" | tr '\n' ' ')"
+  grep -E "runs checked|declined at launch" "$OUT/fp8_tests.log" | sort | uniq -c | head -20
+  [ $rc -eq 0 ] || grep -E "ERROR|FAILED|error|CHECK|with expansion|got " "$OUT/fp8_tests.log" | head -40
+  [ $rc -eq 0 ] && echo "::: fp8-test: complete" || echo "::: fp8-test: FAILED (fp8_tests.log)"
+fi
+
 # ensure_torch: the Python package and libkdispatch_torch in build/gpu for
 # this machine's torch ($PY): the same build dir, reconfigured (the CUDA
 # kernels are not rebuilt); the package is staged in build/gpu/python.
@@ -226,6 +249,43 @@ ensure_torch() {
     { grep -E "error|FAILED" "$OUT/build.log" | head -30; return 1; }
   stamp "build: libkdispatch_torch for $("$PY" -c 'import torch; print(torch.__version__)') ($(($(date +%s) - s)) s): $(grep 'kdispatch torch ops:' "$OUT/build.log" | tail -1)"
 }
+
+# ================================================================ fp8-tune
+# The fp8 GEMM rows at decode Ms (FP8_TUNE_M) for FP8_NK in each layout, into
+# configs/cuda/gemm_fp8_<layout> (resumes: shapes already there are skipped).
+if has fp8-tune; then
+  ensure_build kdispatch kdispatch_cli || ensure_build kdispatch || { echo "::: fp8-tune: FAILED to build"; exit 1; }
+  [ -x "$BUILD/kdispatch" ] || ensure_build all
+  grid=$OUT/fp8_shapes.csv
+  echo "M,N,K" >"$grid"
+  for nk in ${FP8_NK//,/ }; do for m in ${FP8_TUNE_M//,/ }; do echo "$m,${nk%x*},${nk#*x}" >>"$grid"; done; done
+  for lay in ${FP8_LAYOUTS//,/ }; do
+    budget=$(($(left) - 30)); [ $budget -lt 20 ] && { echo "fp8-tune: no time left for $lay"; break; }
+    stamp "fp8-tune: gemm_fp8_$lay ($(($(wc -l <"$grid") - 1)) shapes, ${FP8_BUDGET_MS} ms each, ${budget} s left)"
+    KDISPATCH_LOG_LEVEL=info timeout "$budget" "$BUILD/kdispatch" tune --backend cuda --op "gemm_fp8_$lay" \
+      --dtype fp8_e4m3fn --shapes "$grid" --emit "$ROOT/configs" --budget-ms "$FP8_BUDGET_MS" --reps 9 \
+      --max-candidates 192 --max-flops 1e13 --mem-gib 8 >>"$OUT/fp8_tune.log" 2>&1
+    echo "tune gemm_fp8_$lay rc=$?: $(grep -E '^[0-9]+ .* shapes: ' "$OUT/fp8_tune.log" | tail -1)"
+  done
+  (cd "$ROOT" && find configs/cuda -path '*gemm_fp8*' -name '*.json' | sort | tar cf "$OUT/fp8_configs.tar" -T -)
+  stamp "fp8-tune: $(tar tf "$OUT/fp8_configs.tar" | wc -l) file(s) in fp8_configs.tar"
+fi
+
+# ================================================================ fp8-bench
+if has fp8-bench; then
+  [ -f "$RESUME/fp8_configs.tar" ] && tar xf "$RESUME/fp8_configs.tar" -C "$ROOT"
+  ensure_torch || { echo "::: fp8-bench: FAILED to build (build.log)"; exit 1; }
+  ensure_build kdispatch_bench_read || true
+  budget=$(($(left) - 20))
+  stamp "fp8-bench: layouts $FP8_LAYOUTS, N x K $FP8_NK, M $FP8_M (${budget} s)"
+  PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+    "$PY" bench/gpu/bench_fp8.py --lib "$LIB" --read-lib "$BUILD/bench/gpu/libkdispatch_bench_read.so" \
+    --layouts "$FP8_LAYOUTS" --nk "$FP8_NK" --m "$FP8_M" --budget-s "$budget" --out "$OUT" \
+    --commit "${KD_COMMIT:-unknown}" >"$OUT/bench_fp8.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  grep -E "^- |Error|error" "$OUT/bench_fp8.log" | tail -8
+  [ $rc -eq 0 ] && echo "::: fp8-bench: complete (h200_fp8.md)" || echo "::: fp8-bench: rc=$rc (bench_fp8.log)"
+fi
 
 # ================================================================ torch
 if has torch; then

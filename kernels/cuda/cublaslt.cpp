@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "ops/gemm.hpp"
+#include "ops/gemm_fp8.hpp"
 
 namespace dispatch::cuda::lt {
 namespace {
@@ -136,6 +137,38 @@ std::string status_text(cublasStatus_t s) {
   return a.status_name ? a.status_name(s) : std::to_string(static_cast<int>(s));
 }
 
+/// The argument slots of the op (gemm, or an fp8 GEMM with its scales).
+struct Slots {
+  int a, b, d, bias, sa = -1, sb = -1;
+  core::Fp8Scales scales = core::Fp8Scales::tensor;
+  bool fp8 = false;
+};
+Slots slots_of(const core::Problem& p) {
+  using namespace core;
+  switch (p.op) {
+    case OpKind::gemm_fp8_tensor: return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::tensor, true};
+    case OpKind::gemm_fp8_rowwise: return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::rowwise, true};
+    case OpKind::gemm_fp8_block: return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::block, true};
+    default: return {kGemmArgA, kGemmArgB, kGemmArgD, kGemmArgBias};
+  }
+}
+
+/// Bytes per element of a dtype cuBLASLt reads here.
+int64_t elem_bytes(DType t) { return t == DType::fp32 ? 4 : t == DType::fp8_e4m3fn || t == DType::fp8_e5m2 ? 1 : 2; }
+
+/// The scale pointers of an fp8 call ("A" = our B's, "B" = our A's); any
+/// non-null address for a problem without data (the heuristic and the
+/// algorithm check read the modes, never the scales).
+struct ScalePtrs {
+  const void* sa = nullptr;
+  const void* sb = nullptr;
+};
+const ScalePtrs& placeholder_scales() {
+  static const float one = 1.f;
+  static const ScalePtrs s{&one, &one};
+  return s;
+}
+
 /// The descriptors of one call, initialised in place (no allocation).
 struct Descs {
   cublasLtMatmulDescOpaque_t op;
@@ -143,12 +176,32 @@ struct Descs {
 };
 
 cublasStatus_t make_descs(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd,
-                          const void* bias, Descs* d) {
+                          const void* bias, Descs* d, const ScalePtrs& sc = placeholder_scales()) {
   cublasStatus_t s = api.desc_init(&d->op, sizeof d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
   if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t)) != CUBLAS_STATUS_SUCCESS) return s;
   if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n)) != CUBLAS_STATUS_SUCCESS) return s;
+  if (const Slots sl = slots_of(p); sl.fp8) {
+    // cuBLASLt's A is our B (scale_b), its B our A (scale_a). Modes: per
+    // tensor SCALAR_32F (the default, not set: older libraries lack the
+    // mode attributes); rowwise OUTER_VEC_32F; block BLK128x128_32F for
+    // the weight, VEC128_32F (1 x 128 along K, M-major) for the activation.
+    if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sc.sb, sizeof sc.sb)) != CUBLAS_STATUS_SUCCESS)
+      return s;
+    if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sc.sa, sizeof sc.sa)) != CUBLAS_STATUS_SUCCESS)
+      return s;
+    if (sl.scales != core::Fp8Scales::tensor) {
+      const int32_t ma = sl.scales == core::Fp8Scales::rowwise ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+      const int32_t mb = sl.scales == core::Fp8Scales::rowwise ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)) != CUBLAS_STATUS_SUCCESS)
+        return s;
+      if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)) != CUBLAS_STATUS_SUCCESS)
+        return s;
+    }
+  }
   if (p.has_bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) != CUBLAS_STATUS_SUCCESS) return s;
@@ -249,9 +302,10 @@ struct Aligns {
 };
 
 int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd, const void* bias,
-              int64_t workspace_bytes, cublasLtMatmulHeuristicResult_t* res, int cap, const Aligns& al = {}) {
+              int64_t workspace_bytes, cublasLtMatmulHeuristicResult_t* res, int cap, const Aligns& al = {},
+              const ScalePtrs& sc = placeholder_scales()) {
   Descs d;
-  if (make_descs(api, p, lda, ldb, ldd, bias, &d) != CUBLAS_STATUS_SUCCESS) return 0;
+  if (make_descs(api, p, lda, ldb, ldd, bias, &d, sc) != CUBLAS_STATUS_SUCCESS) return 0;
   cublasLtMatmulPreferenceOpaque_t pref;
   if (api.pref_init(&pref, sizeof pref) != CUBLAS_STATUS_SUCCESS) return 0;
   const uint64_t ws = static_cast<uint64_t>(workspace_bytes > 0 ? workspace_bytes : 0);
@@ -281,14 +335,14 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
 // exact call shape, asked once (a miss path only), kept for the process.
 struct PickKey {
   int64_t m, n, k, lda, ldb, ldd, ws;
-  int32_t in, out, bias;
+  int32_t in, out, bias, op;
   uint32_t align_a, align_b, align_c;
   bool operator==(const PickKey&) const = default;
 };
 struct PickHash {
   size_t operator()(const PickKey& k) const noexcept {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias},
+    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}, int64_t{k.op},
                       int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
       h ^= static_cast<uint64_t>(v);
       h *= 1099511628211ull;
@@ -353,19 +407,38 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
   if (!available()) return core::needs_fallback(std::string() + describe());
   const Api& a = api();
-  const void* const A = la.data[core::kGemmArgA];
-  const void* const B = la.data[core::kGemmArgB];
-  void* const D = la.data[core::kGemmArgD];
-  const void* const bias = la.data[core::kGemmArgBias];
-  const int64_t lda = la.ld[core::kGemmArgA], ldb = la.ld[core::kGemmArgB], ldd = la.ld[core::kGemmArgD];
+  const Slots sl = slots_of(p);
+  const void* const A = la.data[sl.a];
+  const void* const B = la.data[sl.b];
+  void* const D = la.data[sl.d];
+  const void* const bias = la.data[sl.bias];
+  const int64_t lda = la.ld[sl.a], ldb = la.ld[sl.b], ldd = la.ld[sl.d];
   if (A == nullptr || B == nullptr || D == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
   // cuBLASLt's layouts need ld >= rows: a broadcast operand (row stride 0)
   // or overlapping rows go to our kernels, which take any stride.
   if ((p.m > 1 && (lda < p.k || ldd < p.n)) || (p.n > 1 && ldb < p.k))
     return core::needs_fallback("cuBLASLt needs row strides >= the row length");
+  ScalePtrs sc;
+  if (sl.fp8) {
+    sc.sa = la.data[sl.sa];
+    sc.sb = la.data[sl.sb];
+    if (sc.sa == nullptr || sc.sb == nullptr)
+      return make_status(StatusCode::invalid_argument, "gemm_fp8: scale_a and scale_b must not be null");
+    if (sl.scales == core::Fp8Scales::block) {
+      // VEC128_32F reads the activation's scales M-major with no stride of
+      // their own (M rows, a multiple of 4 on sm_90), the weight's as
+      // [ceil(N/128), ceil(K/128)] with no padding.
+      if (p.m % 4 != 0)
+        return core::needs_fallback("cuBLASLt's block-scaled fp8 GEMM needs M % 4 == 0 on sm_90");
+      if (p.k > core::kFp8Block && la.ld[sl.sa] != p.m)
+        return core::needs_fallback("cuBLASLt's block-scaled fp8 GEMM needs scale_a's row stride == M");
+      if (p.n > core::kFp8Block && la.ld[sl.sb] != (p.k + core::kFp8Block - 1) / core::kFp8Block)
+        return core::needs_fallback("cuBLASLt's block-scaled fp8 GEMM needs scale_b's rows contiguous");
+    }
+  }
   Descs d;
-  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, bias, &d);
+  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, bias, &d, sc);
   if (s != CUBLAS_STATUS_SUCCESS)
     return make_status(StatusCode::backend_error, "cuBLASLt descriptors: " + status_text(s));
   cublasLtMatmulAlgo_t algo;
@@ -374,14 +447,14 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     // get_default's plan: the heuristic's first pick for this exact shape,
     // offered the call's workspace (up to 32 MiB).
     const int64_t offer = std::min<int64_t>(la.workspace ? la.workspace_bytes : 0, kDefaultWorkspaceBytes);
-    const int64_t ie = p.in_dtype == DType::fp32 ? 4 : 2, oe = p.out_dtype == DType::fp32 ? 4 : 2;
+    const int64_t ie = elem_bytes(p.in_dtype), oe = elem_bytes(p.out_dtype);
     Aligns al;
     al.a = align_of(B, ldb * ie);
     al.b = align_of(A, lda * ie);
     al.c = align_of(D, ldd * oe);
     const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer,
                       static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), bias ? 1 : 0,
-                      al.a, al.b, al.c};
+                      static_cast<int32_t>(p.op), al.a, al.b, al.c};
     Pick pick;
     bool cached = false;
     try {
@@ -393,7 +466,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       }
       if (!cached) {
         cublasLtMatmulHeuristicResult_t r[1];
-        if (heuristic(a, p, lda, ldb, ldd, bias, offer, r, 1, al) == 1) {
+        if (heuristic(a, p, lda, ldb, ldd, bias, offer, r, 1, al, sc) == 1) {
           pick.found = true;
           pick.algo = r[0].algo;
           pick.workspace = r[0].workspaceSize;

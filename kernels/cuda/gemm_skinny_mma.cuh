@@ -53,8 +53,7 @@ namespace dispatch::cuda::gemm_skinny_mma {
 
 using gemm::Args;
 
-inline constexpr int kChunk = 64;       // K elements per stage (128 bytes of a bf16/fp16 row)
-inline constexpr int kRowBytes = 128;   // bytes of one row in a stage
+inline constexpr int kRowBytes = 128;   // bytes of one row in a stage: 64 bf16/fp16 or 128 fp8 elements of K
 inline constexpr int kMaxWarps = 8;     // split_k * warps_n <= 8
 
 KDISPATCH_DEVICE_INLINE uint32_t smem_addr(const void* p) {
@@ -97,11 +96,41 @@ KDISPATCH_DEVICE_INLINE void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
 #endif
 }
 
+/// How the fp8 GEMMs scale the products (src/ops/gemm_fp8.hpp); `none` for bf16/fp16.
+enum class Scales : int { none, tensor, rowwise, block };
+
+/// The fp8 GEMMs' scales (unused when Scales::none): sa and sb with their row
+/// strides in elements (the block layout's: sa [ceil(K/128), M] M-major,
+/// sb [ceil(N/128), ceil(K/128)]).
+struct ScaleArgs {
+  const float* sa = nullptr;
+  const float* sb = nullptr;
+  int64_t ldsa = 0, ldsb = 0;
+};
+
+/// Bytes per element of an input dtype (fp8: 1).
+template <DType DT>
+inline constexpr int kElemBytes = DT == DType::fp8_e4m3fn ? 1 : 2;
+
+/// One k16 step of 16-bit inputs or one k32 step of fp8 (e4m3) inputs: the
+/// same 32 bytes of each row and the same register layout (each register
+/// holds 4 consecutive bytes of K), so the ldmatrix addressing is shared.
 template <DType DT>
 KDISPATCH_DEVICE_INLINE void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (DT == DType::fp8_e4m3fn) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return;
+  }
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // Not volatile: a pure function of its operands.
-  if constexpr (DT == DType::bf16) {
+  if constexpr (DT == DType::fp8_e4m3fn) {
+    __trap();  // no fp8 mma below sm_89 (the launcher declines it)
+  } else if constexpr (DT == DType::bf16) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -135,6 +164,11 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+/// DT the input dtype (bf16, fp16 or fp8 e4m3fn), SC how fp8 products are
+/// scaled: tensor and rowwise scale each output once at the end; block
+/// scales each stage's sums (a stage is one 128-wide K group of fp8) by
+/// sa[kb, m] * sb[n / 128, kb] before they join the accumulators, the
+/// scales of the next stage loaded while this one is multiplied.
 /// RT 16-row tiles of B per warp, NT 8-row tiles of A, S ring stages;
 /// warps_n (1, 2 or 4) warps per group along N.
 /// Launch: grid (ceil(N / (16 RT warps_n)), cluster_k, ceil(M / 8NT)),
@@ -142,9 +176,13 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
 /// warps_n, cluster_k) of dynamic shared memory, cluster (1, cluster_k, 1) when
 /// cluster_k > 1; recv_off = skinny_mma_recv_offset(RT, NT, S, split_k,
 /// warps_n), where the cluster reduction's receive area starts.
-template <DType DT, int RT, int NT, int S>
-__global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int cluster_k, int warps_n, int recv_off) {
+template <DType DT, Scales SC, int RT, int NT, int S>
+__global__ void __launch_bounds__(32 * kMaxWarps)
+    skinny_mma_kernel(Args g, ScaleArgs sc, int cluster_k, int warps_n, int recv_off) {
   constexpr int kBRows = 16 * RT, kARows = 8 * NT;
+  constexpr int kEB = kElemBytes<DT>;      // bytes per element
+  constexpr int kChunk = kRowBytes / kEB;    // K elements per stage (fp8: one 128-wide scale group)
+  constexpr int kLaneElems = 16 / kEB;       // K elements of one 16-byte copy
   constexpr int kAcc = RT * NT * 4;
   // A cluster's blocks write into each other's shared memory at the end; the
   // writes wait on this arrival of every thread (all blocks have started, as
@@ -182,31 +220,31 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
 #endif
   // Lane l copies chunk (l & 7) of rows (l >> 3) + 4i: 8 lanes per row line.
   const int prow = lane >> 3, pch = lane & 7;
-  const auto* A = static_cast<const uint16_t*>(g.a);
-  const auto* B = static_cast<const uint16_t*>(g.b);
-  const uint16_t* bsrc[RT * 4];
+  const auto* A = static_cast<const unsigned char*>(g.a);
+  const auto* B = static_cast<const unsigned char*>(g.b);
+  const unsigned char* bsrc[RT * 4];
   bool bok[RT * 4];
 #pragma unroll
   for (int i = 0; i < RT * 4; ++i) {
     const int64_t n = n0 + prow + 4 * i;
     bok[i] = n < g.n;
-    bsrc[i] = B + (bok[i] ? n : 0) * g.ldb;
+    bsrc[i] = B + (bok[i] ? n : 0) * g.ldb * kEB;
   }
-  const uint16_t* asrc[NT * 2];
+  const unsigned char* asrc[NT * 2];
   bool aok[NT * 2];
 #pragma unroll
   for (int i = 0; i < NT * 2; ++i) {
     const int64_t m = m0 + prow + 4 * i;
     aok[i] = m < g.m;
-    asrc[i] = A + (aok[i] ? m : 0) * g.lda;
+    asrc[i] = A + (aok[i] ? m : 0) * g.lda * kEB;
   }
   // The group's A rows: instruction i (rows prow + 4i) is this warp's when
   // i % warps_n == wn.
   auto issue = [&](int slot, int64_t chunk) {
     const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
-    const int64_t k = chunk * kChunk + pch * 8;  // this lane's first element
-    const int bytes = k < g.k ? static_cast<int>(g.k - k < 8 ? g.k - k : 8) * 2 : 0;
-    const int64_t off = bytes ? k : 0;  // a valid address even when nothing is read
+    const int64_t k = chunk * kChunk + pch * kLaneElems;  // this lane's first element
+    const int bytes = k < g.k ? static_cast<int>(g.k - k < kLaneElems ? g.k - k : kLaneElems) * kEB : 0;
+    const int64_t off = bytes ? k * kEB : 0;  // a valid address even when nothing is read
 #pragma unroll
     for (int i = 0; i < RT * 4; ++i)
       cp_async16(st + b_off + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
@@ -236,6 +274,24 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
   // tile, chunk + (lane >> 4); A (mma B operand) row lane & 7, chunk + (lane >> 3).
   const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_ch = lane >> 4;
   const int a_row = lane & 7, a_ch = lane >> 3;
+  // Block scales (SC == block): this thread's outputs are rows n0 + 16r +
+  // (lane >> 2) (+ 8) of B, all in one 128-row block (a warp's 16 RT rows
+  // are aligned within it), and columns m0 + 8j + 2(lane & 3) (+ 1) of A.
+  float sa_next[NT][2] = {}, sb_next = 0.f;
+  auto load_scales = [&](int64_t kb) {
+    if constexpr (SC == Scales::block) {
+      const int64_t nblk = (n0 < g.n ? n0 : g.n - 1) / kChunk;
+      sb_next = sc.sb[nblk * sc.ldsb + kb];
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t m = m0 + j * 8 + 2 * (lane & 3) + e;
+          sa_next[j][e] = m < g.m ? sc.sa[kb * sc.ldsa + m] : 0.f;
+        }
+    }
+  };
+  if (iters > 0) load_scales(c_begin);
   int slot = 0;
   for (int it = 0; it < iters; ++it) {
     cp_wait<S - 2>();  // stage `it` has landed (this lane's copies) ...
@@ -249,8 +305,27 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
       cp_commit();
     }
     const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
+    float sa_cur[NT][2], sb_cur = sb_next;
 #pragma unroll
-    for (int kp = 0; kp < 2; ++kp) {  // two k16 steps per A load: chunks 4kp .. 4kp + 3
+    for (int j = 0; j < NT; ++j) sa_cur[j][0] = sa_next[j][0], sa_cur[j][1] = sa_next[j][1];
+    if (it + 1 < iters) load_scales(c_begin + it + 1);
+    // Block scales: the stage's sums start from zero and join the
+    // accumulators scaled (the compiler drops the copy otherwise).
+    float (&out)[2][RT][NT][4] = acc;
+    float stage_acc[2][RT][NT][4];
+    if constexpr (SC == Scales::block) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) stage_acc[h][r][j][e] = 0.f;
+    }
+    float (&sum)[2][RT][NT][4] = SC == Scales::block ? stage_acc : acc;
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps per A load: chunks 4kp .. 4kp + 3
       uint32_t b[NT][4];
 #pragma unroll
       for (int j = 0; j < NT; ++j) ldsm_x4(st + a_off + swz(j * 8 + a_row, 4 * kp + a_ch), b[j]);
@@ -261,8 +336,17 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
           uint32_t a[4];
           ldsm_x4(st + b_off + swz(r * 16 + b_row, 4 * kp + 2 * h + b_ch), a);
 #pragma unroll
-          for (int j = 0; j < NT; ++j) mma<DT>(acc[h][r][j], a, b[j][2 * h], b[j][2 * h + 1]);
+          for (int j = 0; j < NT; ++j) mma<DT>(sum[h][r][j], a, b[j][2 * h], b[j][2 * h + 1]);
         }
+    }
+    if constexpr (SC == Scales::block) {
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            out[0][r][j][e] += (sum[0][r][j][e] + sum[1][r][j][e]) * (sa_cur[j][e & 1] * sb_cur);
     }
     if (++slot == S) slot = 0;
     // The slot just read is refilled one trip later, after that trip's
@@ -306,6 +390,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
     const int64_t n = nb + w * kBRows + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
     const int64_t m = m0 + j * 8 + 2 * (ln & 3) + (e & 1);
     if (n >= g.n || m >= g.m) return;
+    if constexpr (SC == Scales::tensor) v *= sc.sa[0] * sc.sb[0];
+    if constexpr (SC == Scales::rowwise) v *= sc.sa[m] * sc.sb[n];
     if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
     gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
   };
@@ -345,31 +431,31 @@ __global__ void __launch_bounds__(32 * kMaxWarps) skinny_mma_kernel(Args g, int 
 #endif
 }
 
-using KernelFn = void (*)(Args, int, int, int);
+using KernelFn = void (*)(Args, ScaleArgs, int, int, int);
 
-template <DType DT, int RT, int NT>
+template <DType DT, Scales SC, int RT, int NT>
 constexpr KernelFn kernel_for_stages(int stages) {
-  return stages == 3 ? skinny_mma_kernel<DT, RT, NT, 3> : stages == 4 ? skinny_mma_kernel<DT, RT, NT, 4>
-                                                                      : skinny_mma_kernel<DT, RT, NT, 6>;
+  return stages == 3 ? skinny_mma_kernel<DT, SC, RT, NT, 3>
+         : stages == 4 ? skinny_mma_kernel<DT, SC, RT, NT, 4>
+                       : skinny_mma_kernel<DT, SC, RT, NT, 6>;
 }
 
-/// The compiled kernels of DT in skinny_mma_kernel_index order.
-template <DType DT>
+/// The compiled kernels of (DT, SC) in skinny_mma_kernel_index order.
+template <DType DT, Scales SC>
 const KernelFn* kernels() {
   static const KernelFn k[gpu::gemm::kSkinnyMmaKernels] = {
-      kernel_for_stages<DT, 1, 1>(3), kernel_for_stages<DT, 1, 1>(4), kernel_for_stages<DT, 1, 1>(6),
-      kernel_for_stages<DT, 1, 2>(3), kernel_for_stages<DT, 1, 2>(4), kernel_for_stages<DT, 1, 2>(6),
-      kernel_for_stages<DT, 2, 1>(3), kernel_for_stages<DT, 2, 1>(4), kernel_for_stages<DT, 2, 1>(6),
-      kernel_for_stages<DT, 2, 2>(3), kernel_for_stages<DT, 2, 2>(4), kernel_for_stages<DT, 2, 2>(6)};
+      kernel_for_stages<DT, SC, 1, 1>(3), kernel_for_stages<DT, SC, 1, 1>(4), kernel_for_stages<DT, SC, 1, 1>(6),
+      kernel_for_stages<DT, SC, 1, 2>(3), kernel_for_stages<DT, SC, 1, 2>(4), kernel_for_stages<DT, SC, 1, 2>(6),
+      kernel_for_stages<DT, SC, 2, 1>(3), kernel_for_stages<DT, SC, 2, 1>(4), kernel_for_stages<DT, SC, 2, 1>(6),
+      kernel_for_stages<DT, SC, 2, 2>(3), kernel_for_stages<DT, SC, 2, 2>(4), kernel_for_stages<DT, SC, 2, 2>(6)};
   return k;
 }
 
-template <DType DT>
-Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const core::Problem& p) noexcept {
-  Args g;
-  if (Status st = gemm::fill_args(la, p, &g); !st.ok()) return st;
-  if (!gemm::vector_aligned(la, p))
-    return core::needs_fallback("skinny_mma: A/B pointers or row strides not 16-byte aligned");
+/// Launches the point `sk` on filled arguments (the bf16/fp16 GEMM's or an
+/// fp8 GEMM's, whose launchers check their own slots first).
+template <DType DT, Scales SC>
+Status launch_args(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const core::Problem& p, const Args& g,
+                   const ScaleArgs& sc) noexcept {
   const int nt = gpu::gemm::skinny_mma_n_tiles(p.m);
   const int rt = sk.row_tiles, wn = sk.warps_n;
   const int64_t mchunks = (p.m + 8 * nt - 1) / (8 * nt);
@@ -399,19 +485,28 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
   }
   cfg.attrs = attr;
   cfg.numAttrs = static_cast<unsigned>(na);
-  const KernelFn k = kernels<DT>()[gpu::gemm::skinny_mma_kernel_index(rt, nt, sk.stages)];
+  const KernelFn k = kernels<DT, SC>()[gpu::gemm::skinny_mma_kernel_index(rt, nt, sk.stages)];
   const int recv_off = static_cast<int>(gpu::gemm::skinny_mma_recv_offset(rt, nt, sk.stages, sk.split_k, wn));
-  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sk.cluster_k, wn, recv_off);
+  const port::Error e = cudaLaunchKernelEx(&cfg, k, g, sc, sk.cluster_k, wn, recv_off);
   if (e != port::kSuccess) (void)cudaGetLastError();
   return port::status(e, "gemm skinny_mma kernel launch");
+}
+
+template <DType DT>
+Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  Args g;
+  if (Status st = gemm::fill_args(la, p, &g); !st.ok()) return st;
+  if (!gemm::vector_aligned(la, p))
+    return core::needs_fallback("skinny_mma: A/B pointers or row strides not 16-byte aligned");
+  return launch_args<DT, Scales::none>(sk, la, p, g, ScaleArgs{});
 }
 
 /// Fills out[skinny_mma_kernel_index] on the current device and raises each
 /// kernel's dynamic shared memory limit to the device's opt-in maximum (the
 /// space's resolve checks each launch against it).
-template <DType DT>
+template <DType DT, Scales SC = Scales::none>
 void probe(KernelImage* out, int64_t smem_optin) noexcept {
-  const KernelFn* k = kernels<DT>();
+  const KernelFn* k = kernels<DT, SC>();
   for (int i = 0; i < gpu::gemm::kSkinnyMmaKernels; ++i) {
     KernelImage im = image_of(k[i]);
     if (im.loadable && smem_optin > 48 * 1024) {

@@ -23,6 +23,7 @@
 
 #include "core/op.hpp"
 #include "dispatch/device.hpp"
+#include "gpu/fp8_plan.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/norm_plan.hpp"
 #include "gpu/silu_plan.hpp"
@@ -66,6 +67,12 @@ struct DeviceState {
   KernelImage gemm_skinny_mma[2][gpu::gemm::kSkinnyMmaKernels];  ///< CUDA only
   /// silu_and_mul [dtype: DType order][gpu::silu::kernel_index]
   KernelImage silu[gpu::silu::kSiluDtypes][gpu::silu::kKernelsPerDtype];
+  /// fp8 GEMMs per scale layout (gpu::fp8): skinny_mma kernels and the
+  /// reference (CUDA only; all unloadable on HIP).
+  KernelImage gemm_fp8_skinny_mma[gpu::fp8::kLayouts][gpu::gemm::kSkinnyMmaKernels];
+  KernelImage gemm_fp8_ref[gpu::fp8::kLayouts];
+  /// fp8 quantisation [input dtype: DType order][layout][multiply, division] (CUDA only).
+  KernelImage quant_fp8[gpu::fp8::kQuantDtypes][gpu::fp8::kLayouts][gpu::fp8::kQuantKernels];
   int64_t smem_optin = 0;  ///< opt-in shared memory per block (bytes)
   int cc_major = 0;        ///< compute capability major (CUDA; 0 on HIP)
 };
@@ -137,6 +144,27 @@ KDISPATCH_DECLARE_GEMM_TILED_TU(bf16)
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(fp16)
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
 #undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU
+// The fp8 GEMMs, CUDA only: kernels/cuda/gemm_fp8_<layout>.cu; probe:
+// kSkinnyMmaKernels images, then the reference's.
+#define KDISPATCH_DECLARE_GEMM_FP8_TU(layout)                                                             \
+  Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,   \
+                                             const core::Problem& p) noexcept;                             \
+  Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept;       \
+  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept;
+KDISPATCH_DECLARE_GEMM_FP8_TU(tensor)
+KDISPATCH_DECLARE_GEMM_FP8_TU(rowwise)
+KDISPATCH_DECLARE_GEMM_FP8_TU(block)
+#undef KDISPATCH_DECLARE_GEMM_FP8_TU
+// fp8 quantisation, CUDA only: kernels/cuda/quant_fp8_<dt>.cu. layout 0
+// tensor, 1 token, 2 group; mul: x * (1 / scale), else x / scale.
+#define KDISPATCH_DECLARE_QUANT_FP8_TU(dt)                                                                \
+  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la,               \
+                               const core::Problem& p) noexcept;                                           \
+  void probe_quant_fp8_##dt(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept;
+KDISPATCH_DECLARE_QUANT_FP8_TU(fp32)
+KDISPATCH_DECLARE_QUANT_FP8_TU(fp16)
+KDISPATCH_DECLARE_QUANT_FP8_TU(bf16)
+#undef KDISPATCH_DECLARE_QUANT_FP8_TU
 #endif
 
 // ---- silu_and_mul kernels: one launcher and one image probe per dtype TU
@@ -170,5 +198,18 @@ std::span<const core::VariantDef* const> silu_variants() noexcept;
 
 /// The analytical default plan for a silu_and_mul problem on this backend.
 core::Plan silu_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+
+#if KDISPATCH_GPU_HAS_TILED
+/// The fp8 ops' variants (kernels/cuda/fp8_list.cpp), per op, and their
+/// default rules (CUDA only).
+std::span<const core::VariantDef* const> gemm_fp8_tensor_variants() noexcept;
+std::span<const core::VariantDef* const> gemm_fp8_rowwise_variants() noexcept;
+std::span<const core::VariantDef* const> gemm_fp8_block_variants() noexcept;
+std::span<const core::VariantDef* const> quant_fp8_tensor_variants() noexcept;
+std::span<const core::VariantDef* const> quant_fp8_token_variants() noexcept;
+std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept;
+core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+core::Plan quant_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+#endif
 
 }  // namespace dispatch::KDISPATCH_GPU_NS

@@ -284,7 +284,7 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
     return kExitUsage;
   };
   if (!find_op(o.op)) return bad("--op '" + o.op + "' is not " + op_names_text());
-  if (!dtype_from_csv(o.dtype)) return bad("--dtype '" + o.dtype + "' is not a dtype (fp32, bf16, fp16)");
+  if (!dtype_from_csv(o.dtype)) return bad("--dtype '" + o.dtype + "' is not a dtype (fp32, bf16, fp16, fp8_e4m3fn)");
   if (!(o.max_flops > 0)) return bad("--max-flops must be > 0, got " + fmt("%g", o.max_flops));
   if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) return bad("--mem-gib must be > 0, got " + fmt("%g", o.mem_gib));
   if (o.budget_ms < 0 || !std::isfinite(o.budget_ms))
@@ -399,6 +399,9 @@ Outcome add_row(const ShapeRow& r, const std::string& file, const TuneCmdOptions
   std::string_view out_text;
   for (const dsp::OpKeyFieldInfo* f : fields_of_kind(op, "out_dtype")) out_text = field_value(r, *f);
   const auto dt = dtype_text.empty() ? dtype_from_csv(o.dtype) : dtype_from_csv(dtype_text);
+  // No out dtype in the row: the op's default (bf16 for the fp8 GEMMs, fp8
+  // for the quantisation ops), else the input dtype.
+  if (out_text.empty()) out_text = op.default_out_dtype;
   const auto out = out_text.empty() ? dt : dtype_from_csv(out_text);
   if (!dt || !out) {
     bad.label = where;

@@ -59,7 +59,9 @@ struct HostTensor {
   size_t elems() const { return bits.size(); }
   size_t bytes() const { return elems() * dispatch::dtype_size(dtype); }
 
-  static uint32_t poison_bits(DType t) { return t == DType::fp32 ? 0xFFFFFFFFu : 0xFFFFu; }  // NaN in every format
+  static uint32_t poison_bits(DType t) {  // NaN in every format
+    return t == DType::fp32 ? 0xFFFFFFFFu : dispatch::dtype_size(t) == 1 ? 0xFFu : 0xFFFFu;
+  }
   float get(int64_t r, int64_t c) const { return to_float(bits[size_t(r * ld + c)]); }
   void set(int64_t r, int64_t c, float v) { bits[size_t(r * ld + c)] = from_float(v); }
   bool is_poison(int64_t r, int64_t c) const { return bits[size_t(r * ld + c)] == poison_bits(dtype); }
@@ -70,7 +72,7 @@ struct HostTensor {
       case DType::fp32: return std::bit_cast<float>(b);
       case DType::bf16: return dispatch::core::bf16_to_float(static_cast<uint16_t>(b));
       case DType::fp16: return dispatch::core::fp16_to_float(static_cast<uint16_t>(b));
-      case DType::fp8_e4m3fn:
+      case DType::fp8_e4m3fn: return dispatch::core::fp8_to_float(static_cast<uint8_t>(b), dispatch::core::kE4m3fn);
       case DType::fp8_e4m3fnuz:
       case DType::fp8_e5m2:
       case DType::int32: break;  // no GPU test holds these
@@ -82,7 +84,7 @@ struct HostTensor {
       case DType::fp32: return std::bit_cast<uint32_t>(v);
       case DType::bf16: return dispatch::core::float_to_bf16(v);
       case DType::fp16: return dispatch::core::float_to_fp16(v);
-      case DType::fp8_e4m3fn:
+      case DType::fp8_e4m3fn: return dispatch::core::float_to_fp8(v, dispatch::core::kE4m3fn, true);
       case DType::fp8_e4m3fnuz:
       case DType::fp8_e5m2:
       case DType::int32: break;  // no GPU test holds these
@@ -97,6 +99,8 @@ struct HostTensor {
     std::vector<char> out(bytes());
     if (dtype == DType::fp32) {
       std::memcpy(out.data(), bits.data(), out.size());
+    } else if (dispatch::dtype_size(dtype) == 1) {
+      for (size_t i = 0; i < elems(); ++i) out[i] = static_cast<char>(bits[i]);
     } else {
       for (size_t i = 0; i < elems(); ++i) {
         const uint16_t h = static_cast<uint16_t>(bits[i]);
@@ -108,6 +112,8 @@ struct HostTensor {
   void unpack(const std::vector<char>& in) {
     if (dtype == DType::fp32) {
       std::memcpy(bits.data(), in.data(), bytes());
+    } else if (dispatch::dtype_size(dtype) == 1) {
+      for (size_t i = 0; i < elems(); ++i) bits[i] = static_cast<uint8_t>(in[i]);
     } else {
       for (size_t i = 0; i < elems(); ++i) {
         uint16_t h;

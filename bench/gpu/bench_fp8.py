@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+"""fp8 GEMMs (w8a8 e4m3fn, issue 21) on the GPU: kdispatch's table (the torch ops
+torch.ops.kdispatch.gemm_fp8_<layout>_out on the shipped + tuned configs) beside
+torch's scaled matmul in the same layout, bf16 F.linear on the same (N, K), and
+the fp8 weight's read ceiling, per scale layout:
+
+  tensor   torch._scaled_mm(a8, b8.t(), sa, sb) with 0-d fp32 scales
+  rowwise  torch._scaled_mm with sa [M, 1], sb [1, N]
+  block    torch._scaled_mm with 1x128 activation scales ([M, K/128], outer-dim
+           major: kdispatch's M-major [K/128, M] transposed, no copy) and
+           128x128 weight scales ([K/128, N/128] view of kdispatch's
+           [N/128, K/128]); where torch refuses (M % 4 != 0 on sm_90, or a
+           version without block scaling) the point has no peer and says why
+
+Correctness first, against float64 of the dequantised inputs on a sample of
+rows (relative L2 error; bar --tol), then the times: gpu_timing's cold,
+interleaved method (L2 evicted before each call, medians, p20-p80), all
+implementations of a point in the same rounds. The read ceiling is the fastest
+of bench/gpu/gpu_read_kernels.cu's plain read of the N*K fp8 bytes at 4 and 8
+blocks per SM, this run.
+
+  python3 bench/gpu/bench_fp8.py --lib build/gpu/libkdispatch.so \
+      --read-lib build/gpu/bench/gpu/libkdispatch_bench_read.so --out out
+writes out/bench_fp8.json and prints a markdown table (render it with --render).
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gpu_timing import Timer  # noqa: E402
+
+LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+DEEPGEMM = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+
+
+def parse_nk(text):
+    return [tuple(int(v) for v in p.split("x")) for p in text.split(",") if p]
+
+
+def quantise(torch, x, layout, group=128):
+    """bf16 x [R, K] -> (q e4m3fn, scales): tensor 0-d, rowwise [R], block per
+    1 x 128 group [R, K/128] (row-major here; callers lay it out)."""
+    f = x.float()
+    if layout == "tensor":
+        s = f.abs().amax().clamp(min=1e-10) / 448.0
+        q = (f / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return q, s.reshape(())
+    if layout == "rowwise":
+        s = f.abs().amax(dim=1).clamp(min=1e-10) / 448.0
+        q = (f / s[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return q, s
+    R, K = f.shape
+    kb = (K + group - 1) // group
+    pad = torch.zeros(R, kb * group, device=x.device)
+    pad[:, :K] = f
+    g = pad.view(R, kb, group)
+    s = g.abs().amax(dim=2).clamp(min=1e-10) / 448.0
+    q = (g / s[:, :, None]).clamp(-448, 448).view(R, kb * group)[:, :K].to(torch.float8_e4m3fn)
+    return q.contiguous(), s
+
+
+def weight_block_quant(torch, w, block=128):
+    """bf16 W [N, K] -> (q, sb [N/128, K/128]): one scale per 128 x 128 block."""
+    N, K = w.shape
+    nb, kb = (N + block - 1) // block, (K + block - 1) // block
+    pad = torch.zeros(nb * block, kb * block, device=w.device)
+    pad[:N, :K] = w.float()
+    g = pad.view(nb, block, kb, block)
+    s = g.abs().amax(dim=(1, 3)).clamp(min=1e-10) / 448.0
+    q = (g / s[:, None, :, None]).clamp(-448, 448).view(nb * block, kb * block)[:N, :K].to(torch.float8_e4m3fn)
+    return q.contiguous(), s.contiguous()
+
+
+def dequant(torch, q, s, layout, rows_are_weight=False, block=128):
+    f = q.double()
+    if layout == "tensor":
+        return f * s.double()
+    if layout == "rowwise":
+        return f * s.double()[:, None]
+    R, K = f.shape
+    if rows_are_weight:  # s [N/128, K/128]
+        full = s.double().repeat_interleave(block, 0)[:R].repeat_interleave(block, 1)[:, :K]
+    else:  # s [R, K/128]
+        full = s.double().repeat_interleave(block, 1)[:, :K]
+    return f * full
+
+
+def read_ceiling(torch, timer, lib, w8):
+    nbytes = w8.numel()
+    if lib is None:
+        return {"us": timer.cold(lambda: torch.sum(w8.view(torch.uint8), dtype=torch.int32))["us"], "kind": "torch sum"}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.empty(8 * sms, dtype=torch.float32, device="cuda")
+    best = None
+    for per_sm in (4, 8):
+        def fn(per_sm=per_sm):
+            e = lib.kd_bench_read(ctypes.c_void_p(w8.data_ptr()), ctypes.c_int64(nbytes // 16 * 16), per_sm * sms,
+                                  ctypes.c_void_p(sink.data_ptr()), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            if e != 0:
+                raise RuntimeError(f"kd_bench_read: cudaError {e}")
+        t = timer.cold(fn)["us"]
+        if best is None or t < best["us"]:
+            best = {"us": t, "kind": f"read kernel, {per_sm} blocks/SM"}
+    return best
+
+
+def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol):
+    row = {"layout": layout, "N": N, "K": K, "M": M}
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    a8, sa = quantise(torch, x, layout)
+    w8, sb = wq
+    # kdispatch's layouts: block sa M-major [K/128, M]
+    sa_kd = sa.t().contiguous() if layout == "block" else sa.reshape(-1) if layout == "rowwise" else sa.reshape(1)
+    sb_kd = sb if layout == "block" else sb.reshape(-1) if layout == "rowwise" else sb.reshape(1)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    kd_op = getattr(torch.ops.kdispatch, f"gemm_fp8_{layout}_out")
+    impls = {"kdispatch": lambda: kd_op(out, a8, w8, sa_kd, sb_kd)}
+    # torch's scaled matmul in the same layout
+    b8t = w8.t()
+    if layout == "tensor":
+        args = (sa.reshape(()), sb.reshape(()))
+    elif layout == "rowwise":
+        args = (sa.reshape(M, 1), sb.reshape(1, N))
+    else:
+        args = (sa_kd.t(), sb.t())  # [M, K/128] outer-dim major; [K/128, N/128]
+    peer_err = None
+    try:
+        torch._scaled_mm(a8, b8t, *args, out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        impls["torch_scaled_mm"] = lambda: torch._scaled_mm(a8, b8t, *args, out_dtype=torch.bfloat16)
+    except Exception as e:  # noqa: BLE001
+        peer_err = str(e).splitlines()[0][:160]
+        row["peer_refused"] = peer_err
+    wb = w
+    impls["bf16_linear"] = lambda: F.linear(x, wb)
+    # correctness: float64 of the dequantised inputs on a sample of rows
+    idx = sorted(set(range(min(M, 64))) | set(range(max(0, M - 32), M)))
+    it = torch.tensor(idx, device="cuda")
+    if layout == "block":
+        da = dequant(torch, a8[it], sa[it], layout)
+        dw = dequant(torch, w8, sb, layout, rows_are_weight=True)
+    else:
+        da = dequant(torch, a8[it], sa if layout == "tensor" else sa[it], layout)
+        dw = dequant(torch, w8, sb, layout)
+    ref = da @ dw.t()
+    for name, fn in impls.items():
+        if name == "bf16_linear":
+            continue
+        out.fill_(float("nan"))
+        got = fn()
+        got = out if got is None else got
+        torch.cuda.synchronize()
+        err = float((got[it].double() - ref).norm() / ref.norm().clamp(min=1e-30))
+        row[f"{name}_err"] = err
+        if not err < tol:
+            row[f"{name}_bad"] = True
+    t = timer.cold_interleaved(impls)
+    for name, r in t.items():
+        row[f"{name}_us"] = r["us"]
+        row[f"{name}_p20"] = r["p20"]
+        row[f"{name}_p80"] = r["p80"]
+    row["ceiling_us"] = ceil["us"]
+    row["ceiling_kind"] = ceil["kind"]
+    try:
+        src, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
+        row["kd_source"], row["kd_variant"] = str(src), str(variant)
+    except Exception:  # noqa: BLE001
+        pass
+    return row
+
+
+def render(rows, commit):
+    lines = [f"fp8 GEMM on the H200, commit {commit}, {time.strftime('%Y-%m-%d')}; µs median (p20-p80) of the cold, "
+             "interleaved rounds; ratios within the run.", "",
+             "| layout | N x K | M | kdispatch | torch._scaled_mm | kd / peer | bf16 F.linear | read ceiling | kd % of ceiling | "
+             "kd rel. err | peer rel. err | kd variant |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        kd, peer = r.get("kdispatch_us"), r.get("torch_scaled_mm_us")
+        fmt = lambda k: f"{r[k + '_us']:.1f} ({r[k + '_p20']:.1f}-{r[k + '_p80']:.1f})" if k + "_us" in r else "-"
+        ratio = f"{peer / kd:.2f}x" if kd and peer else ("no peer: " + r.get("peer_refused", "?")[:60] if kd else "-")
+        frac = f"{100 * r['ceiling_us'] / kd:.0f}%" if kd else "-"
+        lines.append(f"| {r['layout']} | {r['N']}x{r['K']} | {r['M']} | {fmt('kdispatch')} | {fmt('torch_scaled_mm')} | "
+                     f"{ratio} | {fmt('bf16_linear')} | {r['ceiling_us']:.1f} | {frac} | "
+                     f"{r.get('kdispatch_err', float('nan')):.1e} | {r.get('torch_scaled_mm_err', float('nan')):.1e} | "
+                     f"{r.get('kd_variant', '?')} |")
+    # geomeans per layout, M <= 16
+    lines.append("")
+    for lay in ("tensor", "rowwise", "block"):
+        sel = [r for r in rows if r["layout"] == lay and r.get("kdispatch_us")]
+        if not sel:
+            continue
+        dec = [r for r in sel if r["M"] <= 16]
+        g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+        vs_peer = [r["torch_scaled_mm_us"] / r["kdispatch_us"] for r in sel if r.get("torch_scaled_mm_us")]
+        vs_peer_dec = [r["torch_scaled_mm_us"] / r["kdispatch_us"] for r in dec if r.get("torch_scaled_mm_us")]
+        ceil = [r["ceiling_us"] / r["kdispatch_us"] for r in dec]
+        lines.append(f"- {lay}: kd / peer geomean {g(vs_peer):.2f}x over {len(vs_peer)} points "
+                     f"(M <= 16: {g(vs_peer_dec):.2f}x over {len(vs_peer_dec)}); M <= 16 fraction of the read "
+                     f"ceiling geomean {100 * g(ceil):.0f}% over {len(ceil)} points")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", help="libkdispatch.so (KDISPATCH_LIBRARY for the torch ops)")
+    ap.add_argument("--read-lib", help="libkdispatch_bench_read.so (the read ceiling)")
+    ap.add_argument("--layouts", default="tensor,rowwise,block")
+    ap.add_argument("--nk", default=",".join(f"{n}x{k}" for n, k in LLAMA + DEEPGEMM[:1]))
+    ap.add_argument("--m", default="1,16,64,1024")
+    ap.add_argument("--tol", type=float, default=2e-2, help="relative L2 error bar against float64 (default 0.02)")
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--commit", default=os.environ.get("KD_COMMIT", "unknown"))
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--render", help="render a bench_fp8.json and exit")
+    args = ap.parse_args()
+    if args.render:
+        print(render(json.load(open(args.render))["rows"], args.commit))
+        return 0
+    if args.lib:
+        os.environ.setdefault("KDISPATCH_LIBRARY", args.lib)
+    import torch
+    import torch.nn.functional as F
+    import kdispatch.torch_ops  # noqa: F401  registers torch.ops.kdispatch
+    t_end = time.time() + args.budget_s
+    timer = Timer(torch)
+    lib = ctypes.CDLL(args.read_lib) if args.read_lib else None
+    rows = []
+    os.makedirs(args.out, exist_ok=True)
+    ms = [int(v) for v in args.m.split(",")]
+    for N, K in parse_nk(args.nk):
+        w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") * 0.02
+        quants = {"tensor": quantise(torch, w, "tensor"), "rowwise": quantise(torch, w, "rowwise"),
+                  "block": weight_block_quant(torch, w)}
+        ceil = read_ceiling(torch, timer, lib, quants["tensor"][0])
+        for layout in args.layouts.split(","):
+            for M in ms:
+                if time.time() > t_end:
+                    print("budget spent", flush=True)
+                    break
+                r = point(torch, F, timer, layout, N, K, M, w, quants[layout], ceil, args.tol)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+        json.dump({"rows": rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__},
+                  open(os.path.join(args.out, "bench_fp8.json"), "w"), indent=1)
+    md = render(rows, args.commit)
+    open(os.path.join(args.out, "h200_fp8.md"), "w").write(md + "\n")
+    print(md)
+    bad = [r for r in rows if r.get("kdispatch_bad")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — the fp8 GEMMs (w8a8 e4m3fn, src/ops/gemm_fp8.hpp),
+// one translation unit per scale layout (kernels/cuda/gemm_fp8_<layout>.cu):
+//
+//   skinny_mma  the decode-time weight stream of kernels/cuda/
+//               gemm_skinny_mma.cuh with fp8 inputs: a ring stage holds 128
+//               bytes of each row, i.e. one 128-wide K group, multiplied by
+//               mma.sync m16n8k32 e4m3 (sm_89+), the block layout's scales
+//               applied per stage in registers, the tensor and rowwise
+//               scales once per output; deterministic split-K and cluster
+//               reduction as the bf16 kernels. Same config space as the
+//               bf16 family (row_tiles, split_k, num_stages, cluster_k,
+//               warps_n); K must be a multiple of 16 (16-byte copies).
+//   reference   one thread per output, each 128-wide K group summed in fp32
+//               in K order and scaled, as the CPU variants order it: any
+//               shape, stride and alignment; the validation baseline.
+#pragma once
+
+#include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
+
+#include "cuda/gemm_skinny_mma.cuh"
+#include "gpu/fp8_plan.hpp"
+#include "ops/gemm_fp8.hpp"
+
+namespace dispatch::cuda::gemm_fp8 {
+
+using gemm::Args;
+using gemm_skinny_mma::ScaleArgs;
+using gemm_skinny_mma::Scales;
+
+/// e4m3fn bits -> float, exactly (NaN codes to NaN).
+KDISPATCH_DEVICE_INLINE float e4m3_to_float(uint32_t v) {
+  const uint32_t s = (v & 0x80u) << 24, e = (v >> 3) & 15u, m = v & 7u;
+  if (e == 15u && m == 7u) return __uint_as_float(0x7fc00000u | s);
+  if (e == 0u) {  // subnormal: m * 2^-9
+    const float f = static_cast<float>(m) * 0x1p-9f;
+    return s ? -f : f;
+  }
+  return __uint_as_float(s | ((e + 120u) << 23) | (m << 20));
+}
+
+template <Scales SC>
+KDISPATCH_DEVICE_INLINE float group_scale(const ScaleArgs& sc, int64_t m, int64_t n, int64_t kb) {
+  if constexpr (SC == Scales::tensor) return sc.sa[0] * sc.sb[0];
+  if constexpr (SC == Scales::rowwise) return sc.sa[m] * sc.sb[n];
+  return sc.sa[kb * sc.ldsa + m] * sc.sb[(n / core::kFp8Block) * sc.ldsb + kb];
+}
+
+inline constexpr int kRefTile = 16;
+
+/// 16 x 16 outputs per block, one per thread: each K group of 128 summed in
+/// fp32 in K order, times its scale (sa * sb in fp32), the groups added in
+/// order, bias, one rounding.
+template <Scales SC>
+__global__ void __launch_bounds__(kRefTile* kRefTile) fp8_reference_kernel(Args g, ScaleArgs sc) {
+  port::grid_dependency_wait_and_release();
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRefTile + threadIdx.x % kRefTile;
+  const int64_t m = static_cast<int64_t>(blockIdx.y) * kRefTile + threadIdx.x / kRefTile;
+  if (m >= g.m || n >= g.n) return;
+  const auto* a = static_cast<const uint8_t*>(g.a) + m * g.lda;
+  const auto* b = static_cast<const uint8_t*>(g.b) + n * g.ldb;
+  float acc = 0.f;
+  for (int64_t k0 = 0; k0 < g.k; k0 += core::kFp8Block) {
+    const int64_t k1 = k0 + core::kFp8Block < g.k ? k0 + core::kFp8Block : g.k;
+    float part = 0.f;
+    for (int64_t l = k0; l < k1; ++l) part += e4m3_to_float(a[l]) * e4m3_to_float(b[l]);
+    acc += part * group_scale<SC>(sc, m, n, k0 / core::kFp8Block);
+  }
+  if (g.bias) acc += gemm::load_out(g.bias, g.out_dtype, n);
+  gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, acc);
+}
+
+/// The fp8 ops' slots as the kernels' arguments.
+inline Status fill_args(const core::LaunchArgs& la, const core::Problem& p, Args* g, ScaleArgs* sc) {
+  using namespace core;
+  if (!la.data[kFp8ArgA] || !la.data[kFp8ArgB] || !la.data[kFp8ArgD] || !la.data[kFp8ArgSa] || !la.data[kFp8ArgSb])
+    return make_status(StatusCode::invalid_argument, "gemm_fp8: a, b, d, scale_a and scale_b must not be null");
+  if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX)
+    return make_status(StatusCode::unsupported_problem, "gemm_fp8: M, N and K must be < 2^31");
+  g->a = la.data[kFp8ArgA];
+  g->b = la.data[kFp8ArgB];
+  g->d = la.data[kFp8ArgD];
+  g->bias = la.data[kFp8ArgBias];
+  g->lda = la.ld[kFp8ArgA];
+  g->ldb = la.ld[kFp8ArgB];
+  g->ldd = la.ld[kFp8ArgD];
+  g->m = static_cast<int32_t>(p.m);
+  g->n = static_cast<int32_t>(p.n);
+  g->k = static_cast<int32_t>(p.k);
+  g->out_dtype = static_cast<int32_t>(p.out_dtype);
+  sc->sa = la.ptr<const float>(kFp8ArgSa);
+  sc->sb = la.ptr<const float>(kFp8ArgSb);
+  sc->ldsa = la.ld[kFp8ArgSa];
+  sc->ldsb = la.ld[kFp8ArgSb];
+  return Status();
+}
+
+template <Scales SC>
+Status launch_ref(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  Args g{};
+  ScaleArgs sc;
+  if (Status st = fill_args(la, p, &g, &sc); !st.ok()) return st;
+  const dim3 grid(static_cast<unsigned>((p.n + kRefTile - 1) / kRefTile), static_cast<unsigned>((p.m + kRefTile - 1) / kRefTile));
+  if (grid.y > 65535u) return make_status(StatusCode::unsupported_problem, "gemm_fp8 reference: M too large (> 1048560)");
+  DeviceGuard guard(p.device.ordinal);
+  const port::Error e = port::launch(fp8_reference_kernel<SC>, grid, dim3(kRefTile * kRefTile),
+                                     static_cast<port::Stream>(la.stream), pdl_enabled(p.device.ordinal), g, sc);
+  return port::status(e, "gemm_fp8 reference kernel launch");
+}
+
+template <Scales SC>
+Status launch_skinny_mma(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  Args g{};
+  ScaleArgs sc;
+  if (Status st = fill_args(la, p, &g, &sc); !st.ok()) return st;
+  // 16-byte copies of A and B rows: 16-byte aligned bases and row strides.
+  if (!aligned16(g.a) || !aligned16(g.b) || (p.m > 1 && g.lda % 16 != 0) || (p.n > 1 && g.ldb % 16 != 0))
+    return core::needs_fallback("skinny_mma fp8: A/B pointers or row strides not 16-byte aligned");
+  return gemm_skinny_mma::launch_args<DType::fp8_e4m3fn, SC>(sk, la, p, g, sc);
+}
+
+template <Scales SC>
+void probe(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {
+  gemm_skinny_mma::probe<DType::fp8_e4m3fn, SC>(skinny, smem_optin);
+  *ref = image_of(fp8_reference_kernel<SC>);
+}
+
+}  // namespace dispatch::cuda::gemm_fp8
+
+/// The body of kernels/cuda/gemm_fp8_<layout>.cu (layout: tensor, rowwise, block).
+#define KDISPATCH_GEMM_FP8_TU(layout)                                                                       \
+  namespace dispatch::cuda {                                                                                \
+  Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,     \
+                                             const core::Problem& p) noexcept {                             \
+    return gemm_fp8::launch_skinny_mma<gemm_fp8::Scales::layout>(s, la, p);                                \
+  }                                                                                                         \
+  Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept {       \
+    return gemm_fp8::launch_ref<gemm_fp8::Scales::layout>(la, p);                                          \
+  }                                                                                                         \
+  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {       \
+    gemm_fp8::probe<gemm_fp8::Scales::layout>(skinny, ref, smem_optin);                                    \
+  }                                                                                                         \
+  }
