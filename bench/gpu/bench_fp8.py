@@ -10,7 +10,13 @@ the fp8 weight's read ceiling, per scale layout:
            major: kdispatch's M-major [K/128, M] transposed, no copy) and
            128x128 weight scales ([K/128, N/128] view of kdispatch's
            [N/128, K/128]); where torch refuses (M % 4 != 0 on sm_90, or a
-           version without block scaling) the point has no peer and says why
+           version without block scaling) the point has no peer and says why;
+           and triton_sglang: bench/gpu/triton_fp8_block.py, a Triton peer of
+           SGLang's w8a8 block-fp8 GEMM run with SGLang's committed H200 config
+           for (N, K) at the nearest batch size (--sglang-configs; its default
+           config where no file exists), where Triton is missing or refuses
+           the point records triton_refused; "kd / peer" is against the
+           fastest correct peer of the layout
 
 Correctness first, against float64 of the dequantised inputs on a sample of
 rows (relative L2 error; bar --tol), then the times: gpu_timing's cold,
@@ -33,6 +39,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+SGLANG_CONFIGS = os.path.join(HERE, "..", "..", "..", "shared", "data", "sglang-configs", "quantization")
 from gpu_timing import Timer  # noqa: E402
 
 LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -110,7 +117,7 @@ def read_ceiling(torch, timer, lib, w8):
     return best
 
 
-def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol):
+def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol, sglang_configs=SGLANG_CONFIGS):
     row = {"layout": layout, "N": N, "K": K, "M": M}
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     a8, sa = quantise(torch, x, layout)
@@ -137,6 +144,20 @@ def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol):
     except Exception as e:  # noqa: BLE001
         peer_err = str(e).splitlines()[0][:160]
         row["peer_refused"] = peer_err
+    if layout == "block":
+        # the Triton peer of SGLang's block GEMM; triton is imported here only,
+        # and any failure (no triton, a refused config, a compile error) is recorded
+        try:
+            from triton_fp8_block import make_block_fp8_peer
+            tri_fn, tri_desc = make_block_fp8_peer(sglang_configs, N, K, M, out)
+            row["triton_config"] = tri_desc
+            sa_mk = sa_kd.t()  # [M, K/128] view of the M-major scales, strides (1, M)
+            tri_fn(a8, w8, sa_mk, sb)  # compiles; raises here rather than in the rounds
+            torch.cuda.synchronize()
+            impls["triton_sglang"] = lambda: tri_fn(a8, w8, sa_mk, sb)
+        except Exception as e:  # noqa: BLE001
+            lines = str(e).strip().splitlines() or [""]
+            row["triton_refused"] = f"{type(e).__name__}: {lines[0][:200]}"
     wb = w
     impls["bf16_linear"] = lambda: F.linear(x, wb)
     # correctness: float64 of the dequantised inputs on a sample of rows
@@ -175,22 +196,44 @@ def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol):
     return row
 
 
+# the peers a point may have, fastest correct one first in "kd / peer": (row key, short name)
+PEERS = (("torch_scaled_mm", "torch"), ("triton_sglang", "triton"))
+
+
+def best_peer(r):
+    """(row key, short name, µs) of the row's fastest peer among those within the
+    error bar (the fastest of all where none is), or (None, None, None)."""
+    timed = [(r[k + "_us"], k, nm) for k, nm in PEERS if r.get(k + "_us")]
+    good = [t for t in timed if not r.get(t[1] + "_bad")]
+    pick = min(good or timed, default=None)
+    return (pick[1], pick[2], pick[0]) if pick else (None, None, None)
+
+
 def render(rows, commit):
     lines = [f"fp8 GEMM on the H200, commit {commit}, {time.strftime('%Y-%m-%d')}; µs median (p20-p80) of the cold, "
-             "interleaved rounds; ratios within the run.", "",
-             "| layout | N x K | M | kdispatch | torch._scaled_mm | kd / peer | bf16 F.linear | read ceiling | kd % of ceiling | "
-             "kd rel. err | peer rel. err | kd variant |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "interleaved rounds; ratios within the run; kd / peer against the fastest peer of the point "
+             "(torch._scaled_mm or, block only, the Triton peer of SGLang's kernel on SGLang's config), named.", "",
+             "| layout | N x K | M | kdispatch | torch._scaled_mm | triton (SGLang cfg) | kd / peer | bf16 F.linear | "
+             "read ceiling | kd % of ceiling | kd rel. err | peer rel. err | kd variant |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        kd, peer = r.get("kdispatch_us"), r.get("torch_scaled_mm_us")
+        kd = r.get("kdispatch_us")
+        pk, pname, peer = best_peer(r)
         fmt = lambda k: f"{r[k + '_us']:.1f} ({r[k + '_p20']:.1f}-{r[k + '_p80']:.1f})" if k + "_us" in r else "-"
-        ratio = f"{peer / kd:.2f}x" if kd and peer else ("no peer: " + r.get("peer_refused", "?")[:60] if kd else "-")
+        if kd and peer:
+            ratio = f"{peer / kd:.2f}x ({pname}{', over the error bar' if r.get(pk + '_bad') else ''})"
+        elif kd:
+            why = [r[k][:60] for k in ("peer_refused", "triton_refused") if r.get(k)]
+            ratio = "no peer: " + ("; ".join(why) if why else "?")
+        else:
+            ratio = "-"
         frac = f"{100 * r['ceiling_us'] / kd:.0f}%" if kd else "-"
         lines.append(f"| {r['layout']} | {r['N']}x{r['K']} | {r['M']} | {fmt('kdispatch')} | {fmt('torch_scaled_mm')} | "
-                     f"{ratio} | {fmt('bf16_linear')} | {r['ceiling_us']:.1f} | {frac} | "
-                     f"{r.get('kdispatch_err', float('nan')):.1e} | {r.get('torch_scaled_mm_err', float('nan')):.1e} | "
+                     f"{fmt('triton_sglang')}{', over the error bar' if r.get('triton_sglang_bad') else ''} | {ratio} | {fmt('bf16_linear')} | {r['ceiling_us']:.1f} | {frac} | "
+                     f"{r.get('kdispatch_err', float('nan')):.1e} | "
+                     f"{r.get(pk + '_err', float('nan')) if pk else float('nan'):.1e} | "
                      f"{r.get('kd_variant', '?')} |")
-    # geomeans per layout, M <= 16
+    # geomeans per layout, against each point's fastest peer; M <= 16
     lines.append("")
     for lay in ("tensor", "rowwise", "block"):
         sel = [r for r in rows if r["layout"] == lay and r.get("kdispatch_us")]
@@ -198,10 +241,14 @@ def render(rows, commit):
             continue
         dec = [r for r in sel if r["M"] <= 16]
         g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
-        vs_peer = [r["torch_scaled_mm_us"] / r["kdispatch_us"] for r in sel if r.get("torch_scaled_mm_us")]
-        vs_peer_dec = [r["torch_scaled_mm_us"] / r["kdispatch_us"] for r in dec if r.get("torch_scaled_mm_us")]
+        vs_peer = [best_peer(r)[2] / r["kdispatch_us"] for r in sel if best_peer(r)[2]]
+        vs_peer_dec = [best_peer(r)[2] / r["kdispatch_us"] for r in dec if best_peer(r)[2]]
         ceil = [r["ceiling_us"] / r["kdispatch_us"] for r in dec]
-        lines.append(f"- {lay}: kd / peer geomean {g(vs_peer):.2f}x over {len(vs_peer)} points "
+        tally = ""
+        if any(r.get("triton_sglang_us") for r in sel):
+            names = [best_peer(r)[1] for r in sel if best_peer(r)[2]]
+            tally = " (fastest peer: " + ", ".join(f"{nm} {names.count(nm)}" for _, nm in PEERS) + ")"
+        lines.append(f"- {lay}: kd / peer geomean {g(vs_peer):.2f}x over {len(vs_peer)} points{tally} "
                      f"(M <= 16: {g(vs_peer_dec):.2f}x over {len(vs_peer_dec)}); M <= 16 fraction of the read "
                      f"ceiling geomean {100 * g(ceil):.0f}% over {len(ceil)} points")
     return "\n".join(lines)
@@ -219,6 +266,10 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("KD_COMMIT", "unknown"))
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--render", help="render a bench_fp8.json and exit")
+    ap.add_argument("--sglang-configs", default=SGLANG_CONFIGS,
+                    help="SGLang's quantization config folder (the block layout's Triton peer reads "
+                         "N=..,K=..,device_name=..,dtype=fp8_w8a8,block_shape=[128, 128].json there; "
+                         "default ../shared/data/sglang-configs/quantization beside the repo)")
     args = ap.parse_args()
     if args.render:
         print(render(json.load(open(args.render))["rows"], args.commit))
@@ -230,6 +281,9 @@ def main():
     import kdispatch.torch_ops  # noqa: F401  registers torch.ops.kdispatch
     t_end = time.time() + args.budget_s
     timer = Timer(torch)
+    if "block" in args.layouts.split(",") and not os.path.isdir(args.sglang_configs):
+        print(f"note: no SGLang config folder {args.sglang_configs}: the Triton peer runs SGLang's default config",
+              flush=True)
     lib = ctypes.CDLL(args.read_lib) if args.read_lib else None
     rows = []
     os.makedirs(args.out, exist_ok=True)
@@ -244,7 +298,8 @@ def main():
                 if time.time() > t_end:
                     print("budget spent", flush=True)
                     break
-                r = point(torch, F, timer, layout, N, K, M, w, quants[layout], ceil, args.tol)
+                r = point(torch, F, timer, layout, N, K, M, w, quants[layout], ceil, args.tol,
+                          sglang_configs=args.sglang_configs)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
         json.dump({"rows": rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__},

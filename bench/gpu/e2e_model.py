@@ -58,6 +58,34 @@ MODELS = {
                         max_position_embeddings=32768)),
 }
 WAYS = ("stock", "fused", "kdispatch")
+# --fp8 adds a fourth way (issue 21): kdispatch's ops with every projection of
+# the decoder layers in fp8 e4m3fn with DeepSeek-style block scales (weights
+# quantised once per 128 x 128 block; activations per token and 128-group by
+# quant_fp8_group right before each gemm_fp8_block); the LM head stays bf16,
+# as engines serve fp8 checkpoints.
+FP8_WAY = "kd_fp8"
+
+
+def block_quant_weight(w, block=128):
+    """bf16 W [N, K] -> (e4m3fn W, fp32 scales [ceil(N/128), ceil(K/128)])."""
+    N, K = w.shape
+    nb, kb = (N + block - 1) // block, (K + block - 1) // block
+    pad = torch.zeros(nb * block, kb * block, device=w.device, dtype=torch.float32)
+    pad[:N, :K] = w.float()
+    g = pad.view(nb, block, kb, block)
+    s = g.abs().amax(dim=(1, 3)).clamp(min=1e-10) / 448.0
+    q = (g / s[:, None, :, None]).clamp(-448, 448).view(nb * block, kb * block)[:N, :K].to(torch.float8_e4m3fn)
+    del pad, g
+    return q.contiguous(), s.contiguous()
+
+
+def fp8_linear(x, w8, sb, bias=None):
+    """kdispatch's fp8 projection: quantise x per token and 128-group, then the block-scaled GEMM."""
+    kd = torch.ops.kdispatch
+    shp = x.shape
+    q, sa = kd.quant_fp8_group(x.reshape(-1, shp[-1]))
+    y = kd.gemm_fp8_block(q, w8, sa, sb, bias)
+    return y.reshape(*shp[:-1], w8.shape[0])
 
 
 def log(msg):
@@ -70,7 +98,7 @@ class Ways:
     """Switches a model between the three ways by setting (or removing)
     instance `forward`s; the weights are shared."""
 
-    def __init__(self, model, eps):
+    def __init__(self, model, eps, fp8=False):
         self.model = model
         self.eps = eps
         self.layers = list(model.model.layers)
@@ -79,6 +107,12 @@ class Ways:
             mlp = layer.mlp
             layer._kd_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0).contiguous()
             layer._kd_inter = mlp.gate_proj.weight.shape[0]
+            if fp8:
+                layer._kd8_gate_up = block_quant_weight(layer._kd_gate_up)
+                layer._kd8_down = block_quant_weight(mlp.down_proj.weight)
+                for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                            layer.self_attn.o_proj):
+                    lin._kd8 = block_quant_weight(lin.weight)
         self.linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
     def set(self, way):
@@ -87,7 +121,7 @@ class Ways:
             if way == "stock":
                 layer.__dict__.pop("forward", None)
             else:
-                layer.forward = self._layer_forward(layer, way == "kdispatch")
+                layer.forward = self._layer_forward(layer, way != "fused", way == FP8_WAY)
         norm = self.model.model.norm
         if way == "stock":
             norm.__dict__.pop("forward", None)
@@ -96,12 +130,14 @@ class Ways:
         else:
             norm.forward = lambda x, w=norm.weight, e=self.eps: kd.rmsnorm(x, w, e)
         for lin in self.linears:  # the attention projections and the LM head (the MLP's are bypassed)
-            if way == "kdispatch":
+            if way == FP8_WAY and hasattr(lin, "_kd8"):
+                lin.forward = lambda x, l=lin: fp8_linear(x, l._kd8[0], l._kd8[1], l.bias)
+            elif way in ("kdispatch", FP8_WAY):
                 lin.forward = lambda x, l=lin: kd.gemm(x, l.weight, l.bias)
             else:
                 lin.__dict__.pop("forward", None)
 
-    def _layer_forward(self, layer, kd_ops):
+    def _layer_forward(self, layer, kd_ops, fp8=False):
         kd = torch.ops.kdispatch
         eps, ways = self.eps, self
         ln1, ln2, attn = layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.self_attn
@@ -117,8 +153,12 @@ class Ways:
             a = out[0] if isinstance(out, tuple) else out
             if kd_ops:
                 kd.fused_add_rmsnorm_(a, residual, ln2, eps)  # residual += a; a = rmsnorm(residual) * w
-                gu = kd.gemm(a, w_gu)
-                y = kd.gemm(kd.silu_and_mul(gu), w_down)
+                if fp8:
+                    gu = fp8_linear(a, *layer._kd8_gate_up)
+                    y = fp8_linear(kd.silu_and_mul(gu), *layer._kd8_down)
+                else:
+                    gu = kd.gemm(a, w_gu)
+                    y = kd.gemm(kd.silu_and_mul(gu), w_down)
             else:
                 residual.add_(a)
                 a = F.rms_norm(residual, (residual.shape[-1],), ln2, eps)
@@ -309,8 +349,9 @@ def run_model(key, a, budget_end):
     cfg = model.config
     eps = dims["rms_norm_eps"]
     row = {"model": label, "layers": dims["num_hidden_layers"], "transformers": transformers.__version__}
+    ways_all = WAYS + ((FP8_WAY,) if a.fp8 else ())
     with torch.inference_mode():
-        ways = Ways(model, eps)
+        ways = Ways(model, eps, fp8=a.fp8)
         ways.returns_tuple = probe_layer_return(model)
         # correctness: prefill logits vs an fp32 copy of the stock model
         ids = torch.randint(0, cfg.vocab_size, (1, 128), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
@@ -319,7 +360,7 @@ def run_model(key, a, budget_end):
         del ref_model
         torch.cuda.empty_cache()
         errs = {}
-        for w in WAYS:
+        for w in ways_all:
             ways.set(w)
             errs[w] = rel_err(model(input_ids=ids, use_cache=False).logits, ref)
         del ref
@@ -340,7 +381,7 @@ def run_model(key, a, budget_end):
         results = {}
         graphs = {}
         for b in a.batches:
-            for w in WAYS:
+            for w in ways_all:
                 ways.set(w)
                 try:
                     graphs[(w, b)] = GraphDecode(model, b, a.steps, a.rounds)
@@ -351,7 +392,7 @@ def run_model(key, a, budget_end):
             if time.time() > budget_end:
                 row["incomplete"] = f"time budget after {r} rounds"
                 break
-            for w in WAYS:
+            for w in ways_all:
                 ways.set(w)
                 for b in a.batches:
                     results.setdefault(("eager", b, w), []).append(eager_decode(model, b, a.steps, 16))
@@ -373,10 +414,18 @@ def run_model(key, a, budget_end):
             r_st, r_fu = stats(ratios), stats(rf)
             bar = bars[mode]
             verdict = "met" if r_st["median"] >= bar else ("within noise" if r_st["p80"] >= bar else "missed")
-            row["timings"].append({"mode": mode, "batch": b, "tok_s": s, "kd_over_stock": r_st,
-                                   "kd_over_fused": r_fu, "target": bar, "verdict": verdict})
+            t = {"mode": mode, "batch": b, "tok_s": s, "kd_over_stock": r_st, "kd_over_fused": r_fu, "target": bar,
+                 "verdict": verdict}
+            if (mode, b, FP8_WAY) in results:
+                s[FP8_WAY] = stats(results[(mode, b, FP8_WAY)])
+                t["fp8_over_stock"] = stats([f / st for f, st in zip(results[(mode, b, FP8_WAY)],
+                                                                    results[(mode, b, "stock")])])
+                t["fp8_over_kd"] = stats([f / k for f, k in zip(results[(mode, b, FP8_WAY)],
+                                                               results[(mode, b, "kdispatch")])])
+            row["timings"].append(t)
         ways.set("stock")
-        row["reduce_overhead"] = reduce_overhead_check(build, eps)
+        row["reduce_overhead"] = ({"ok": None, "error": "skipped (--skip-reduce-overhead)"}
+                                  if a.skip_reduce_overhead else reduce_overhead_check(build, eps))
         log(f"{label}: reduce-overhead: {row['reduce_overhead']}")
     del model
     torch.cuda.empty_cache()
@@ -394,13 +443,25 @@ def render(rows):
             out.append(f"| {row['model']} | {t['mode']} | {t['batch']} | {s['stock']['median']:.0f} | "
                        f"{s['fused']['median']:.0f} | {s['kdispatch']['median']:.0f} | {r['median']:.3f} "
                        f"({r['p20']:.3f}-{r['p80']:.3f}) | {f['median']:.3f} | >= {t['target']:.2f} | {t['verdict']} |")
+    fp8 = [(row, t) for row in rows for t in row.get("timings", []) if "fp8_over_stock" in t]
+    if fp8:
+        out += ["", "fp8 (kd_fp8: every decoder projection fp8 e4m3fn with 128 x 128 weight blocks and 1 x 128 "
+                "activation groups, quant_fp8_group + gemm_fp8_block; LM head bf16):", "",
+                "| model | mode | batch | stock (bf16) tok/s | kdispatch bf16 tok/s | kd_fp8 tok/s | fp8 / stock (p20-p80) "
+                "| fp8 / kdispatch bf16 |", "|---|---|---|---|---|---|---|---|"]
+        for row, t in fp8:
+            s, r, k = t["tok_s"], t["fp8_over_stock"], t["fp8_over_kd"]
+            out.append(f"| {row['model']} | {t['mode']} | {t['batch']} | {s['stock']['median']:.0f} | "
+                       f"{s['kdispatch']['median']:.0f} | {s[FP8_WAY]['median']:.0f} | {r['median']:.3f} "
+                       f"({r['p20']:.3f}-{r['p80']:.3f}) | {k['median']:.3f} |")
     out.append("")
     for row in rows:
         e = row.get("rel_err", {})
         ro = row.get("reduce_overhead", {})
         out.append(f"- **{row['model']}** ({row.get('layers')} layers, transformers {row.get('transformers')}): "
                    f"prefill logits rel. error vs fp32 stock {e.get('stock', float('nan')):.4f}, fused "
-                   f"{e.get('fused', float('nan')):.4f}, kdispatch {e.get('kdispatch', float('nan')):.4f} "
+                   f"{e.get('fused', float('nan')):.4f}, kdispatch {e.get('kdispatch', float('nan')):.4f}"
+                   + (f", kd_fp8 {e[FP8_WAY]:.4f}" if FP8_WAY in e else "") + " "
                    f"(target kdispatch <= stock x 1.10: {row.get('accuracy')}); served at M = 1: "
                    f"{row.get('served_m1')}; torch.compile(mode=\"reduce-overhead\"): "
                    f"{'ran' if ro.get('ok') else 'failed: ' + str(ro.get('error'))}, cudagraph skips "
@@ -416,6 +477,8 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--fp8", action="store_true", help="add the kd_fp8 way (block-scaled fp8 projections)")
+    ap.add_argument("--skip-reduce-overhead", action="store_true")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]

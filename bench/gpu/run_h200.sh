@@ -9,6 +9,7 @@
 #   bench/gpu/run_h200.sh --sections fp8-test    # the fp8 GEMM and quantisation GPU tests (fp8_tests.log)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
+#   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
@@ -116,7 +117,7 @@ FP8_LAYOUTS=${KD_FP8_LAYOUTS:-tensor,rowwise,block}
 FP8_NK=${KD_FP8_NK:-6144x4096,4096x4096,28672x4096,4096x14336,2112x7168,7168x16384}
 FP8_M=${KD_FP8_M:-1,16,64,1024}
 FP8_TUNE_M=${KD_FP8_TUNE_M:-1,2,4,8,16}
-FP8_BUDGET_MS=${KD_FP8_TUNE_BUDGET_MS:-800}
+FP8_BUDGET_MS=${KD_FP8_TUNE_BUDGET_MS:-800}  # KD_FP8_TUNE_FLAGS=--no-resume: tune rows configs/ has again
 SILU_DTYPES=${KD_SILU_DTYPES:-bf16,fp16}
 SILU_DS=${KD_SILU_DS:-4864,14336,18944}
 SILU_TOKENS=${KD_SILU_TOKENS:-1,8,64,512,4096,16384}
@@ -128,7 +129,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,fp8-tune,fp8-bench,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,fp8-tune,fp8-bench,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -264,7 +265,7 @@ if has fp8-tune; then
     stamp "fp8-tune: gemm_fp8_$lay ($(($(wc -l <"$grid") - 1)) shapes, ${FP8_BUDGET_MS} ms each, ${budget} s left)"
     KDISPATCH_LOG_LEVEL=info timeout "$budget" "$BUILD/kdispatch" tune --backend cuda --op "gemm_fp8_$lay" \
       --dtype fp8_e4m3fn --shapes "$grid" --emit "$ROOT/configs" --budget-ms "$FP8_BUDGET_MS" --reps 9 \
-      --max-candidates 192 --max-flops 1e13 --mem-gib 8 >>"$OUT/fp8_tune.log" 2>&1
+      --max-candidates 192 --max-flops 1e13 --mem-gib 8 ${KD_FP8_TUNE_FLAGS:-} >>"$OUT/fp8_tune.log" 2>&1
     echo "tune gemm_fp8_$lay rc=$?: $(grep -E '^[0-9]+ .* shapes: ' "$OUT/fp8_tune.log" | tail -1)"
   done
   (cd "$ROOT" && find configs/cuda -path '*gemm_fp8*' -name '*.json' | sort | tar cf "$OUT/fp8_configs.tar" -T -)
@@ -276,12 +277,15 @@ if has fp8-bench; then
   [ -f "$RESUME/fp8_configs.tar" ] && tar xf "$RESUME/fp8_configs.tar" -C "$ROOT"
   ensure_torch || { echo "::: fp8-bench: FAILED to build (build.log)"; exit 1; }
   ensure_build kdispatch_bench_read || true
+  # SGLang's H200 block-fp8 tables for the Triton peer: ../shared, or a copy carried in .deps/sglang-quant
+  SGL_QUANT=$ROOT/../shared/data/sglang-configs/quantization
+  [ -d "$SGL_QUANT" ] || SGL_QUANT=$ROOT/.deps/sglang-quant
   budget=$(($(left) - 20))
   stamp "fp8-bench: layouts $FP8_LAYOUTS, N x K $FP8_NK, M $FP8_M (${budget} s)"
   PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
     "$PY" bench/gpu/bench_fp8.py --lib "$LIB" --read-lib "$BUILD/bench/gpu/libkdispatch_bench_read.so" \
     --layouts "$FP8_LAYOUTS" --nk "$FP8_NK" --m "$FP8_M" --budget-s "$budget" --out "$OUT" \
-    --commit "${KD_COMMIT:-unknown}" >"$OUT/bench_fp8.log" 2>&1
+    --commit "${KD_COMMIT:-unknown}" --sglang-configs "$SGL_QUANT" >"$OUT/bench_fp8.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   grep -E "^- |Error|error" "$OUT/bench_fp8.log" | tail -8
   [ $rc -eq 0 ] && echo "::: fp8-bench: complete (h200_fp8.md)" || echo "::: fp8-bench: rc=$rc (bench_fp8.log)"
@@ -316,6 +320,28 @@ if has model; then
     0) echo "::: model: complete" ;;
     3) echo "::: model: INCOMPLETE (time budget: run again with KD_MODELS naming the rest)" ;;
     *) status=1; echo "::: model: FAILED (rc=$rc, e2e_model.log)" ;;
+  esac
+fi
+
+# ================================================================ fp8-model
+# The real model with fp8 weights and block scales (issue 21): e2e_model.py
+# --fp8 adds the kd_fp8 way (quant_fp8_group + gemm_fp8_block for every
+# decoder projection) beside stock bf16, fused torch and kdispatch bf16.
+if has fp8-model; then
+  ensure_torch || { echo "::: fp8-model: FAILED to build (build.log)"; exit 1; }
+  [ -f "$RESUME/fp8_configs.tar" ] && tar xf "$RESUME/fp8_configs.tar" -C "$ROOT"
+  mkdir -p "$OUT/fp8_model"
+  stamp "fp8-model: ${KD_FP8_MODELS:-llama3-8b}, batches ${KD_FP8_BATCHES:-1,8,64}, kd_fp8 beside stock/fused/kdispatch ($(left) s)"
+  PYTHONPATH="$BUILD/python" "$PY" bench/gpu/e2e_model.py --fp8 --skip-reduce-overhead --out "$OUT/fp8_model" \
+    --models "${KD_FP8_MODELS:-llama3-8b}" --batches "${KD_FP8_BATCHES:-1,8,64}" --rounds "${KD_FP8_ROUNDS:-3}" \
+    --layers "${KD_MODEL_LAYERS:-0}" --budget-s "$(($(left) - 10))" >"$OUT/fp8_model.log" 2>&1
+  rc=$?
+  grep -E "rel. error|failed|Error|Traceback" "$OUT/fp8_model.log" | tail -8
+  cat "$OUT/fp8_model/e2e_model.md" 2>/dev/null
+  case $rc in
+    0) echo "::: fp8-model: complete" ;;
+    3) echo "::: fp8-model: INCOMPLETE (time budget)" ;;
+    *) status=1; echo "::: fp8-model: FAILED (rc=$rc, fp8_model.log)"; tail -5 "$OUT/fp8_model.log" ;;
   esac
 fi
 

@@ -96,6 +96,11 @@ struct SkinnyMmaFamily {
     if (const char* why =
             gpu::gemm::resolve_skinny_mma(p.n, p.k, prm, st ? st->smem_optin : 0, st ? st->cc_major : 0, &s))
       return make_status(StatusCode::unsupported_problem, why);
+    if (layout == 2 && st && st->smem_optin > 0 &&
+        gpu::gemm::skinny_mma_smem_bytes(s.row_tiles, 2, s.stages, s.split_k, s.warps_n, s.cluster_k, true) >
+            st->smem_optin)
+      return make_status(StatusCode::unsupported_problem,
+                         "split_k x num_stages x stage bytes and the scale ring exceed the device's shared memory per block");
     if (st)
       *need = &st->gemm_fp8_skinny_mma[layout][gpu::gemm::skinny_mma_kernel_index(
           s.row_tiles, gpu::gemm::skinny_mma_n_tiles(p.m), s.stages)];

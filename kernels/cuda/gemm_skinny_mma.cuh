@@ -73,6 +73,12 @@ KDISPATCH_DEVICE_INLINE void cp_async16(uint32_t dst, const void* src, int src_b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 #endif
 }
+/// 4 bytes global -> shared (src_bytes 0 or 4; 0 zero-fills).
+KDISPATCH_DEVICE_INLINE void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#endif
+}
 KDISPATCH_DEVICE_INLINE void cp_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
@@ -167,8 +173,12 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
 /// DT the input dtype (bf16, fp16 or fp8 e4m3fn), SC how fp8 products are
 /// scaled: tensor and rowwise scale each output once at the end; block
 /// scales each stage's sums (a stage is one 128-wide K group of fp8) by
-/// sa[kb, m] * sb[n / 128, kb] before they join the accumulators, the
-/// scales of the next stage loaded while this one is multiplied.
+/// sa[kb, m] * sb[n / 128, kb] before they join the accumulators. The
+/// block scales ride the same pipeline as the data: the group's first warp
+/// copies the stage's 8 NT values of sa and its one sb (a group's rows lie
+/// in one 128-row block) into the stage's slot of a scale ring (cp.async,
+/// 4 bytes per lane, zero past M), so they are S - 1 stages ahead too
+/// (loading them from global memory per stage cost ~10% at M = 1).
 /// RT 16-row tiles of B per warp, NT 8-row tiles of A, S ring stages;
 /// warps_n (1, 2 or 4) warps per group along N.
 /// Launch: grid (ceil(N / (16 RT warps_n)), cluster_k, ceil(M / 8NT)),
@@ -203,6 +213,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   const int64_t n0 = nb + wn * kBRows;
   const int64_t m0 = static_cast<int64_t>(blockIdx.z) * kARows;
   const int rank = static_cast<int>(blockIdx.y);  // == the block's rank in its (1, cluster_k, 1) cluster
+  // The scale ring (SC == block): past the rings, the partials and the
+  // cluster's receive area (skinny_mma_smem_bytes with scale_ring).
+  const uint32_t scale_ring = smem_addr(smem) + static_cast<uint32_t>(recv_off) +
+                              static_cast<uint32_t>(cluster_k > 1 ? warps_n * 32 * RT * NT * 16 : 0) +
+                              static_cast<uint32_t>(grp * S * gpu::gemm::kSkinnyMmaScaleSlotBytes);
 
   // This group's chunks [c_begin, c_end) of K: worker rank * groups + grp of
   // cluster_k * groups, consecutive ranges.
@@ -252,6 +267,18 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     for (int i = 0; i < NT * 2; ++i)
       if ((i & (warps_n - 1)) == wn)
         cp_async16(st + a_off + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
+    if constexpr (SC == Scales::block) {
+      if (wn == 0) {
+        const uint32_t slot_addr = scale_ring + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes);
+        if (lane < kARows) {
+          const int64_t m = m0 + lane;
+          cp_async4(slot_addr + 4u * lane, sc.sa + chunk * sc.ldsa + (m < g.m ? m : 0), m < g.m ? 4 : 0);
+        } else if (lane == 16) {
+          const int64_t nblk = (nb < g.n ? nb : g.n - 1) / kChunk;
+          cp_async4(slot_addr + 64u, sc.sb + nblk * sc.ldsb + chunk, 4);
+        }
+      }
+    }
   };
 
   // Two accumulator sets (even and odd k16 steps): half the mma dependency chain.
@@ -274,24 +301,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   // tile, chunk + (lane >> 4); A (mma B operand) row lane & 7, chunk + (lane >> 3).
   const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_ch = lane >> 4;
   const int a_row = lane & 7, a_ch = lane >> 3;
-  // Block scales (SC == block): this thread's outputs are rows n0 + 16r +
-  // (lane >> 2) (+ 8) of B, all in one 128-row block (a warp's 16 RT rows
-  // are aligned within it), and columns m0 + 8j + 2(lane & 3) (+ 1) of A.
-  float sa_next[NT][2] = {}, sb_next = 0.f;
-  auto load_scales = [&](int64_t kb) {
-    if constexpr (SC == Scales::block) {
-      const int64_t nblk = (n0 < g.n ? n0 : g.n - 1) / kChunk;
-      sb_next = sc.sb[nblk * sc.ldsb + kb];
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t m = m0 + j * 8 + 2 * (lane & 3) + e;
-          sa_next[j][e] = m < g.m ? sc.sa[kb * sc.ldsa + m] : 0.f;
-        }
-    }
-  };
-  if (iters > 0) load_scales(c_begin);
   int slot = 0;
   for (int it = 0; it < iters; ++it) {
     cp_wait<S - 2>();  // stage `it` has landed (this lane's copies) ...
@@ -305,10 +314,18 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
       cp_commit();
     }
     const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
-    float sa_cur[NT][2], sb_cur = sb_next;
+    // Block scales (SC == block): this thread's outputs are rows n0 + 16r +
+    // (lane >> 2) (+ 8) of B, all in the group's 128-row block, and columns
+    // m0 + 8j + 2(lane & 3) (+ 1) of A: sa[8j + 2(lane & 3) + e] and sb of
+    // the stage's scale slot.
+    float sa_cur[NT][2] = {}, sb_cur = 0.f;
+    if constexpr (SC == Scales::block) {
+      const auto* ss = reinterpret_cast<const float*>(
+          smem + (scale_ring - smem_addr(smem)) + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes));
 #pragma unroll
-    for (int j = 0; j < NT; ++j) sa_cur[j][0] = sa_next[j][0], sa_cur[j][1] = sa_next[j][1];
-    if (it + 1 < iters) load_scales(c_begin + it + 1);
+      for (int j = 0; j < NT; ++j) sa_cur[j][0] = ss[8 * j + 2 * (lane & 3)], sa_cur[j][1] = ss[8 * j + 2 * (lane & 3) + 1];
+      sb_cur = ss[16];
+    }
     // Block scales: the stage's sums start from zero and join the
     // accumulators scaled (the compiler drops the copy otherwise).
     float (&out)[2][RT][NT][4] = acc;
@@ -466,7 +483,8 @@ Status launch_args(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, c
                      static_cast<unsigned>(sk.cluster_k), static_cast<unsigned>(mchunks));
   cfg.blockDim = dim3(static_cast<unsigned>(32 * sk.split_k * wn));
   cfg.dynamicSmemBytes =
-      static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn, sk.cluster_k));
+      static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn, sk.cluster_k,
+                                                           SC == Scales::block));
   cfg.stream = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
   cudaLaunchAttribute attr[2];

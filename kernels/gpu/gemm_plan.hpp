@@ -145,10 +145,15 @@ constexpr int64_t skinny_mma_recv_offset(int row_tiles, int n_tiles, int stages,
 /// them), then, with cluster_k > 1, the receive area: one warp tile of fp32
 /// sums per warp of a group (the cluster's ranks' sums of this block's slice
 /// of the outputs).
+/// The fp8 block-scaled GEMM adds a ring of its own per group, at the end:
+/// one 128-byte slot per stage holding that K group's scales (sa of the
+/// tile's 8 * n_tiles rows, then sb of the group's block row).
+inline constexpr int kSkinnyMmaScaleSlotBytes = 128;
 constexpr int64_t skinny_mma_smem_bytes(int row_tiles, int n_tiles, int stages, int split_k, int warps_n = 1,
-                                        int cluster_k = 1) {
+                                        int cluster_k = 1, bool scale_ring = false) {
   return skinny_mma_recv_offset(row_tiles, n_tiles, stages, split_k, warps_n) +
-         (cluster_k > 1 ? warps_n * 32 * row_tiles * n_tiles * 4 * 4 : 0);
+         (cluster_k > 1 ? warps_n * 32 * row_tiles * n_tiles * 4 * 4 : 0) +
+         (scale_ring ? int64_t{split_k} * stages * kSkinnyMmaScaleSlotBytes : 0);
 }
 
 struct SkinnyMma {

@@ -539,8 +539,16 @@ class Kernel final : public c10::OperatorKernel {
       for (int o : b.outputs) {
         const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(o)];
         c10::SmallVector<I, 6> shape;  // no heap allocation for up to 6 dims
-        if (a.rank == 2)
+        // Rows of M (y [M, N]): the lead input's leading dims, so [B, T, K]
+        // in gives [B, T, N] out. Rows of another dim (quant_fp8_group's
+        // scale [ceil(K/128), M]): that dim's extent.
+        if (a.rank == 2 && a.rows_dim == op.m_name && a.rows_mul == 1 && a.rows_div == 1) {
           for (int64_t d = 0; d + 1 < lead->dim(); ++d) shape.push_back(size_at<I>(*lead, d));
+        } else if (a.rank == 2) {
+          const std::optional<I> rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
+          if (!rows) fail(b, 9, "the size of dim " + std::string(a.rows_dim) + " is not given by any input");
+          shape.push_back(*rows);
+        }
         const std::optional<I> cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
         if (!cols) fail(b, 9, "the size of dim " + std::string(a.cols_dim) + " is not given by any input");
         shape.push_back(*cols);
