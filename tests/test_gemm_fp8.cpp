@@ -322,3 +322,43 @@ TEST_CASE("quant_fp8_group then gemm_fp8_block: the engine's fp8 path stays with
   CHECK(worst / scale < 0.05);  // e4m3 keeps 3 mantissa bits: 2^-4 relative per element, averaged down by the sums
   CHECK(worst / scale > 1e-4);  // and it is fp8, not a float path in disguise
 }
+
+TEST_CASE("gemm_fp8 and quant_fp8_group: the contiguous M-major scales of M = 1 give the key of every other M") {
+  // scale_a / scale [ceil(K/128), M] at M = 1 is a one-column matrix with row
+  // stride 1: the contiguous layout, not a "unit row stride" layout (the key
+  // of M = 1 gained a stride field, so tuned M = 1 rows were never hit).
+  auto rt = quiet_runtime();
+  constexpr int64_t N = 256, K = 384, KB = 3, NB = 2;
+  std::vector<std::string> gemm_keys, quant_keys;
+  for (int64_t M : {1, 4}) {
+    std::vector<uint8_t> a(static_cast<size_t>(M * K), e4m3(1)), b(static_cast<size_t>(N * K), e4m3(0.5f)), q(a.size());
+    std::vector<uint16_t> d(static_cast<size_t>(M * N)), x(static_cast<size_t>(M * K), core::float_to_bf16(1.f));
+    std::vector<float> sa(static_cast<size_t>(KB * M), 1.f), sb(static_cast<size_t>(NB * KB), 1.f), s(sa.size());
+    GemmFp8BlockArgs g;
+    g.a = make_tensor_2d(a.data(), DType::fp8_e4m3fn, M, K, K);
+    g.b = make_tensor_2d(b.data(), DType::fp8_e4m3fn, N, K, K);
+    g.d = make_tensor_2d(d.data(), DType::bf16, M, N, N);
+    g.scale_a = make_tensor_2d(sa.data(), DType::fp32, KB, M, M);
+    g.scale_b = make_tensor_2d(sb.data(), DType::fp32, NB, KB, KB);
+    DispatchInfo info;
+    std::string key;
+    info.key = &key;
+    REQUIRE(gemm_fp8_block(*rt, g, {}, {.info = &info}).ok());
+    CHECK(core::bf16_to_float(d[0]) == float(K) * 0.5f);
+    gemm_keys.push_back(key);
+    QuantFp8GroupArgs qa;
+    qa.q = make_tensor_2d(q.data(), DType::fp8_e4m3fn, M, K, K);
+    qa.x = make_tensor_2d(x.data(), DType::bf16, M, K, K);
+    qa.scale = make_tensor_2d(s.data(), DType::fp32, KB, M, M);
+    DispatchInfo qi;
+    std::string qkey;
+    qi.key = &qkey;
+    REQUIRE(quant_fp8_group(*rt, qa, {}, {.info = &qi}).ok());
+    CHECK(s[0] == 1.f / 448.f);
+    quant_keys.push_back(qkey);
+  }
+  CHECK(gemm_keys[0] == gemm_keys[1]);
+  CHECK(gemm_keys[0].find("stride") == std::string::npos);
+  CHECK(quant_keys[0] == quant_keys[1]);
+  CHECK(quant_keys[0].find("stride") == std::string::npos);
+}

@@ -39,14 +39,15 @@ std::string shape_text(const TensorRef& t) {
 
 [[gnu::always_inline]] inline StrideClass stride_class_of(const TensorRef& t, int dim) noexcept {
   const int64_t size = t.shape[dim];
-  if (size == 1) {
-    // The class the contiguous layout would give: last dim unit; rows
-    // stride = cols, so unit only when a row has one element.
-    if (dim == 1) return StrideClass::unit;
-    return t.shape[1] == 1 ? StrideClass::unit : StrideClass::other;
-  }
+  // A size-1 dim: the class the contiguous layout gives (last dim unit, rows
+  // other). The rows of a one-column matrix ([K/128, M] scales at M = 1):
+  // any non-zero row stride is the contiguous layout too (stride 1 is
+  // just one element per row), so they take the rows' default class, and
+  // the key of M = 1 is the key of every other M.
+  if (size == 1) return dim == 1 ? StrideClass::unit : StrideClass::other;
   const int64_t s = t.strides[dim];
   if (s == 0) return StrideClass::zero;
+  if (dim == 0 && t.shape[1] == 1) return StrideClass::other;
   if (s == 1) return StrideClass::unit;
   return StrideClass::other;
 }
