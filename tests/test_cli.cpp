@@ -7,9 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -289,7 +291,8 @@ TEST_CASE("cli: replay traces, models and errors") {
   CliResult m = run_cli({"replay", "--model", "gpt-17"});
   CHECK(m.exit_code == 2);
   CHECK(m.err.find("gpt-17") != std::string::npos);
-  for (const char* known : {"qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b", "llama-3-70b-tp8"})
+  for (const char* known :
+       {"qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b", "llama-3-70b-tp8", "llama-3-8b-fp8", "deepseek-v3-dense-fp8"})
     CHECK_MESSAGE(m.err.find(known) != std::string::npos, known);
 
   CliResult dt = run_cli({"replay", "--dtype", "fp16"});
@@ -379,6 +382,294 @@ TEST_CASE("cli: replay calls silu_and_mul between gate_up_proj and down_proj, on
   CHECK(h.out.find("silu_and_mul") != std::string::npos);
   CliResult th = run_cli({"tune", "--help"});
   for (const std::string& op : listed) CHECK_MESSAGE(th.out.find(op) != std::string::npos, op);
+}
+
+namespace {
+
+// The rows of a misses CSV as (lower-cased column -> value) maps; the key
+// column is quoted (it holds commas).
+std::vector<std::map<std::string, std::string>> read_misses_csv(const fs::path& path) {
+  const auto split = [](const std::string& line) {
+    std::vector<std::string> f;
+    std::string cur;
+    bool quoted = false;
+    for (char c : line) {
+      if (c == '"') quoted = !quoted;
+      else if (c == ',' && !quoted) f.push_back(std::exchange(cur, {}));
+      else cur += c;
+    }
+    f.push_back(cur);
+    return f;
+  };
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> header;
+  std::vector<std::map<std::string, std::string>> rows;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (header.empty()) {
+      header = split(line);
+      for (std::string& h : header)
+        for (char& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      continue;
+    }
+    const std::vector<std::string> f = split(line);
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < header.size() && i < f.size(); ++i) row[header[i]] = f[i];
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The sites of a replay's JSON: (name, op) in call order, and each one's calls.
+struct SiteRow {
+  std::string name, op;
+  int64_t calls = 0, n = 0, k = 0, hidden = 0, d = 0;
+};
+std::vector<SiteRow> sites_of(simdjson::dom::element doc) {
+  std::vector<SiteRow> out;
+  for (simdjson::dom::element s : doc["sites"].get_array()) {
+    SiteRow r{str(s["name"]), str(s["op"]), int64_t(s["calls"])};
+    const auto field = [&](const char* name) {
+      int64_t v = 0;
+      return s[name].get(v) == simdjson::SUCCESS ? v : int64_t{0};
+    };
+    r.n = field("N");
+    r.k = field("K");
+    r.hidden = field("hidden");
+    r.d = field("d");
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cli: replay of llama-3-8b-fp8 runs every projection as quant_fp8_group then gemm_fp8_block") {
+  // One decoder layer (--layers 1) of Llama-3-8B's shapes, two decode steps (M = 1, 1).
+  CliResult r = run_cli({"replay", "--json", "--model", "llama-3-8b-fp8", "--layers", "1", "--steps", "2"});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(r.out));
+  CHECK(str(doc["model"]) == "llama-3-8b-fp8");
+  CHECK(str(doc["dtype"]) == "bf16");
+  CHECK(str(doc["projections"]) == "fp8_e4m3fn block 128x128");
+  CHECK(int64_t(doc["layers"]) == 1);
+  CHECK(int64_t(doc["steps"]) == 2);
+  CHECK(bool(doc["output_finite"]));
+  // Per step: 1 rmsnorm, 2 fused_add_rmsnorm, 4 quantisations, 4 fp8 GEMMs,
+  // 1 silu_and_mul per layer; no bf16 gemm.
+  const std::pair<const char*, int64_t> per_step[] = {{"rmsnorm", 1},        {"fused_add_rmsnorm", 2},
+                                                      {"quant_fp8_group", 4}, {"gemm_fp8_block", 4},
+                                                      {"silu_and_mul", 1}};
+  std::set<std::string> ops;
+  for (auto [name, v] : simdjson::dom::object(doc["ops"])) ops.insert(std::string(name));
+  CHECK(ops == std::set<std::string>{"rmsnorm", "fused_add_rmsnorm", "quant_fp8_group", "gemm_fp8_block",
+                                     "silu_and_mul"});
+  for (const auto& [op, n] : per_step) {
+    CAPTURE(op);
+    simdjson::dom::element s = doc["ops"][op];
+    CHECK(int64_t(s["calls"]) == 2 * n);
+    CHECK(int64_t(s["hits"]) + int64_t(s["defaults"]) == 2 * n);
+  }
+  CHECK(int64_t(doc["ops"]["gemm_fp8_block"]["variants"]["gemm_fp8_block_e4m3fn__tiled"]) == 8);
+  for (auto [v, n] : simdjson::dom::object(doc["ops"]["quant_fp8_group"]["variants"]))
+    CHECK(std::string_view(v).rfind("quant_fp8_group_bf16__", 0) == 0);
+
+  // The sites in call order: each projection's quantisation right before its
+  // GEMM, with the GEMM's K; Llama-3-8B's qkv N = (32 + 2 * 8) * 128.
+  const std::vector<SiteRow> sites = sites_of(doc);
+  std::vector<std::string> names;
+  for (const SiteRow& s : sites) names.push_back(s.name);
+  const std::vector<std::string> order = {
+      "input_layernorm[0]", "qkv_proj.quant",     "qkv_proj", "o_proj.quant",    "o_proj",
+      "post_attention_layernorm", "gate_up_proj.quant", "gate_up_proj", "act_fn", "down_proj.quant",
+      "down_proj",          "input_layernorm[1:]+final_norm"};
+  CHECK(names == order);
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const SiteRow& s = sites[i];
+    CAPTURE(s.name);
+    CHECK(s.calls == 2);  // 2 steps x 1 layer (input_layernorm[0]: once per step)
+    if (s.op == "quant_fp8_group") {
+      REQUIRE(i + 1 < sites.size());
+      CHECK(sites[i + 1].op == "gemm_fp8_block");
+      CHECK(s.name == sites[i + 1].name + ".quant");
+      CHECK(s.k == sites[i + 1].k);
+    }
+  }
+  std::map<std::string, std::pair<int64_t, int64_t>> gemms;
+  for (const SiteRow& s : sites)
+    if (s.op == "gemm_fp8_block") gemms[s.name] = {s.n, s.k};
+  const std::map<std::string, std::pair<int64_t, int64_t>> expected = {
+      {"qkv_proj", {6144, 4096}}, {"o_proj", {4096, 4096}}, {"gate_up_proj", {28672, 4096}}, {"down_proj", {4096, 14336}}};
+  CHECK(gemms == expected);
+
+  // Text mode: the fp8 dtype line and the quantisation sites.
+  CliResult t = run_cli({"replay", "--model", "llama-3-8b-fp8", "--layers", "1", "--steps", "1"});
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  CHECK(t.out.find("model        llama-3-8b-fp8") != std::string::npos);
+  CHECK(t.out.find("layers       1 of 32 per forward pass") != std::string::npos);
+  CHECK(t.out.find("dtype        bf16; projections fp8_e4m3fn") != std::string::npos);
+  CHECK(t.out.find("\nqkv_proj.quant ") != std::string::npos);
+  CHECK(t.out.find("N=6144,K=4096") != std::string::npos);
+
+  // --layers beyond the model's: a usage error naming the model's count.
+  CliResult bad = run_cli({"replay", "--model", "llama-3-8b-fp8", "--layers", "33"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("1..32") != std::string::npos);
+  CHECK(run_cli({"replay", "--layers", "0"}).exit_code == 2);
+  // The help names the fp8 models, the fp8 ops and --layers.
+  CliResult h = run_cli({"replay", "--help"});
+  for (const char* word : {"llama-3-8b-fp8", "deepseek-v3-dense-fp8", "quant_fp8_group", "gemm_fp8_block", "--layers"})
+    CHECK_MESSAGE(h.out.find(word) != std::string::npos, word);
+}
+
+TEST_CASE("cli: misses of llama-3-8b-fp8 name the fp8 keys, tune --op gemm_fp8_block consumes them, replay hits") {
+  TempDir tmp("fp8-misses");
+  const fs::path csv = tmp.path / "misses.csv";
+  CliResult m = run_cli({"misses", "--export", csv.string(), "--model", "llama-3-8b-fp8", "--layers", "1", "--steps",
+                         "1", "--no-shipped-configs", "--json"});
+  REQUIRE_MESSAGE(m.exit_code == 0, m.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element mdoc = parser.parse(simdjson::padded_string(m.out));
+  CHECK(int64_t(mdoc["layers"]) == 1);
+  CHECK(int64_t(mdoc["ops"]["gemm_fp8_block"]["misses"]) == 4);
+  CHECK(int64_t(mdoc["ops"]["gemm_fp8_block"]["keys"]) == 4);
+  CHECK(int64_t(mdoc["ops"]["quant_fp8_group"]["misses"]) == 4);
+  CHECK(int64_t(mdoc["ops"]["quant_fp8_group"]["keys"]) == 2);  // K = 4096 (qkv, o, gate_up) and 14336 (down)
+
+  const auto rows = read_misses_csv(csv);
+  const auto find = [&](const std::string& op, const std::string& n, const std::string& k) {
+    for (const auto& r : rows)
+      if (r.at("op") == op && r.at("n") == n && r.at("k") == k) return &r;
+    return static_cast<const std::map<std::string, std::string>*>(nullptr);
+  };
+  const auto* qkv = find("gemm_fp8_block", "6144", "4096");
+  REQUIRE(qkv != nullptr);
+  CHECK(qkv->at("m") == "1");
+  CHECK(qkv->at("dtype") == "fp8_e4m3fn");
+  CHECK(qkv->at("out_dtype") == "bf16");
+  CHECK(qkv->at("bias") == "false");
+  CHECK(qkv->at("key").find("cpu/gemm_fp8_block|") == 0);
+  CHECK(qkv->at("key").find("N=6144,dtype=fp8_e4m3fn,out_dtype=bf16") != std::string::npos);
+  const auto* quant = find("quant_fp8_group", "", "4096");
+  REQUIRE(quant != nullptr);
+  CHECK(quant->at("dtype") == "bf16");
+  CHECK(quant->at("out_dtype") == "fp8_e4m3fn");
+  CHECK(find("gemm_fp8_block", "4096", "14336") != nullptr);
+  CHECK(find("gemm_fp8_block", "28672", "4096") != nullptr);
+  CHECK(find("quant_fp8_group", "", "14336") != nullptr);
+
+  // Tune the fp8 GEMM rows; --max-flops keeps the smallest (o_proj, N=K=4096
+  // at M=1: 3.4e7 flops) and reports the other three too large.
+  const fs::path emit = tmp.path / "emit";
+  CliResult t = run_cli({"tune", "--shapes", csv.string(), "--op", "gemm_fp8_block", "--dtype", "fp8_e4m3fn",
+                         "--emit", emit.string(), "--max-flops", "4e7", "--budget-ms", "100", "--reps", "1",
+                         "--no-cold-cache", "--json"});
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::element tdoc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(int64_t(tdoc["shapes"]) == 4);
+  CHECK(int64_t(tdoc["tuned"]) == 1);
+  CHECK(int64_t(tdoc["skipped_too_large"]) == 3);
+  CHECK(int64_t(tdoc["failed"]) == 0);
+  std::vector<std::string> files;
+  for (simdjson::dom::element f : tdoc["files"].get_array()) files.push_back(str(f));
+  REQUIRE(files.size() == 1);
+  CHECK(files[0].find("cpu/gemm_fp8_block/N=4096,K=4096,device_name=") == 0);
+  CHECK(files[0].find(",dtype=fp8_e4m3fn,out_dtype=bf16") != std::string::npos);
+
+  // The same workload over the emitted table: o_proj's call hits it.
+  CliResult r = run_cli({"replay", "--json", "--model", "llama-3-8b-fp8", "--layers", "1", "--steps", "1",
+                         "--no-shipped-configs", "--configs", emit.string()});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  simdjson::dom::element rdoc = parser.parse(simdjson::padded_string(r.out));
+  simdjson::dom::element g = rdoc["ops"]["gemm_fp8_block"];
+  CHECK(int64_t(g["calls"]) == 4);
+  CHECK(int64_t(g["hits"]) == 1);
+  CHECK(int64_t(g["defaults"]) == 3);
+  CHECK(int64_t(g["sources"][emit.string() + "/" + files[0]]) == 1);
+}
+
+TEST_CASE("cli: replay of deepseek-v3-dense-fp8 runs MLA's projections at SGLang's H200 block-fp8 shapes") {
+  TempDir tmp("deepseek-fp8");
+  const fs::path csv = tmp.path / "misses.csv";
+  CliResult r = run_cli({"replay", "--json", "--model", "deepseek-v3-dense-fp8", "--layers", "1", "--steps", "1",
+                         "--no-shipped-configs", "--export-misses", csv.string()});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(r.out));
+  CHECK(str(doc["model"]) == "deepseek-v3-dense-fp8");
+  CHECK(bool(doc["output_finite"]));
+  // One layer, M = 1: 7 projections (quant + GEMM each), the input norm and
+  // MLA's two latent norms, 2 fused add+norms, one silu_and_mul.
+  CHECK(int64_t(doc["ops"]["quant_fp8_group"]["calls"]) == 7);
+  CHECK(int64_t(doc["ops"]["gemm_fp8_block"]["calls"]) == 7);
+  CHECK(int64_t(doc["ops"]["rmsnorm"]["calls"]) == 3);
+  CHECK(int64_t(doc["ops"]["fused_add_rmsnorm"]["calls"]) == 2);
+  CHECK(int64_t(doc["ops"]["silu_and_mul"]["calls"]) == 1);
+
+  const std::vector<SiteRow> sites = sites_of(doc);
+  std::vector<std::string> names;
+  std::map<std::string, SiteRow> by_name;
+  for (const SiteRow& s : sites) {
+    names.push_back(s.name);
+    by_name[s.name] = s;
+    CHECK_MESSAGE(s.calls == 1, s.name);
+  }
+  const std::vector<std::string> order = {"input_layernorm[0]",
+                                          "q_a_proj.quant",
+                                          "q_a_proj",
+                                          "q_a_layernorm",
+                                          "q_b_proj.quant",
+                                          "q_b_proj",
+                                          "kv_a_proj_with_mqa.quant",
+                                          "kv_a_proj_with_mqa",
+                                          "kv_a_layernorm",
+                                          "kv_b_proj.quant",
+                                          "kv_b_proj",
+                                          "o_proj.quant",
+                                          "o_proj",
+                                          "post_attention_layernorm",
+                                          "gate_up_proj.quant",
+                                          "gate_up_proj",
+                                          "act_fn",
+                                          "down_proj.quant",
+                                          "down_proj",
+                                          "input_layernorm[1:]+final_norm"};
+  CHECK(names == order);
+  // DeepSeek-V3: hidden 7168, 128 heads, q_lora_rank 1536, kv_lora_rank 512,
+  // qk_nope/rope 128/64, v_head_dim 128, intermediate 18432.
+  const std::map<std::string, std::pair<int64_t, int64_t>> expected = {
+      {"q_a_proj", {1536, 7168}},         {"q_b_proj", {24576, 1536}}, {"kv_a_proj_with_mqa", {576, 7168}},
+      {"kv_b_proj", {32768, 512}},        {"o_proj", {7168, 16384}},   {"gate_up_proj", {36864, 7168}},
+      {"down_proj", {7168, 18432}}};
+  for (const auto& [name, nk] : expected) {
+    CAPTURE(name);
+    CHECK(by_name[name].op == "gemm_fp8_block");
+    CHECK(std::make_pair(by_name[name].n, by_name[name].k) == nk);
+    CHECK(by_name[name + ".quant"].k == nk.second);
+    // SGLang commits an H200 block-fp8 table for every one but q_b_proj and
+    // gate_up_proj (tuned only tensor-parallel-sharded there).
+    const fs::path sglang = fs::path(kSglang) / "quantization" /
+                            ("N=" + std::to_string(nk.first) + ",K=" + std::to_string(nk.second) +
+                             ",device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json");
+    CHECK(fs::exists(sglang) == (name != "q_b_proj" && name != "gate_up_proj"));
+  }
+  CHECK(by_name["q_a_layernorm"].hidden == 1536);
+  CHECK(by_name["kv_a_layernorm"].hidden == 512);
+  CHECK(by_name["input_layernorm[0]"].hidden == 7168);
+  CHECK(by_name["act_fn"].d == 18432);
+
+  // The misses name the fp8 keys: o_proj's N=7168,K=16384 among them.
+  const auto rows = read_misses_csv(csv);
+  bool o_proj = false, quant = false;
+  for (const auto& row : rows) {
+    o_proj = o_proj || (row.at("op") == "gemm_fp8_block" && row.at("n") == "7168" && row.at("k") == "16384" &&
+                        row.at("dtype") == "fp8_e4m3fn" && row.at("out_dtype") == "bf16");
+    quant = quant || (row.at("op") == "quant_fp8_group" && row.at("k") == "16384");
+  }
+  CHECK(o_proj);
+  CHECK(quant);
 }
 
 #endif  // KDISPATCH_CLI_PATH

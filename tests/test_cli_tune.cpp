@@ -13,7 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -522,6 +524,252 @@ TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, row
   CHECK(bad.err.find("--op 'silu' is not ") != std::string::npos);
   for (const dispatch::OpInfo& op : dispatch::op_list())
     CHECK_MESSAGE(bad.err.find(std::string(op.name)) != std::string::npos, op.name);
+}
+
+
+// ---- shards (issue 22): units (key, M), XXH3-64 of the versioned unit text mod n
+
+namespace {
+
+/// The units a `tune --list` printed: "<label> M=<m> unit=<hash>" lines.
+std::vector<std::string> listed_units(const std::string& out) {
+  std::vector<std::string> u;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(" unit=") != std::string::npos) u.push_back(line);
+  std::sort(u.begin(), u.end());
+  return u;
+}
+
+/// Unsets every launcher variable `--shard auto` reads (the test's own environment may have some).
+void clear_launcher_env() {
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT",
+                        "SLURM_ARRAY_TASK_MIN", "JOB_COMPLETION_INDEX", "KDISPATCH_SHARD_COUNT"})
+    ::unsetenv(v);
+}
+
+}  // namespace
+
+TEST_CASE("cli tune: --shard i/n splits the units by their hash, the same for any row order, union = all") {
+  Scratch dir("shard");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  // 12 units: 3 (N, K) x 4 Ms; the second file has the same rows reversed.
+  const std::string a = dir / "a.csv", b = dir / "b.csv";
+  {
+    std::ofstream fa(a), fb(b);
+    fa << "M,N,K\n";
+    fb << "M,N,K\n";
+    std::vector<std::string> rows;
+    for (const char* nk : {"64,64", "128,64", "64,256"})
+      for (int m : {1, 2, 8, 33}) rows.push_back(std::to_string(m) + "," + nk);
+    for (const auto& r : rows) fa << r << "\n";
+    for (auto it = rows.rbegin(); it != rows.rend(); ++it) fb << *it << "\n";
+  }
+  const auto list = [&](const std::string& csv, const std::string& shard) {
+    std::vector<std::string> args = {"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32", "--emit", dir / "emit",
+                                     "--list", "--budget-ms", "100"};
+    if (!shard.empty()) args.insert(args.end(), {"--shard", shard});
+    CliRun r = run(args, cache);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    return r;
+  };
+  const CliRun all = list(a, "");
+  const std::vector<std::string> every = listed_units(all.out);
+  REQUIRE(every.size() == 12);
+  CHECK(all.out.find("12 units, estimated 7 s (0.1 s search + ~0.5 s confirmation each)") != std::string::npos);
+  // The documented unit text and hash, pinned: XXH3-64 of
+  // "kdispatch-unit-v1|gemm|N=64,K=64,dtype=fp32|M=1" (seed 0).
+  CHECK(std::find(every.begin(), every.end(), "N=64,K=64,fp32 M=1 unit=58a85846d3e06d5f") != every.end());
+  std::vector<std::string> joined;
+  for (int i = 0; i < 3; ++i) {
+    const std::string shard = std::to_string(i) + "/3";
+    const CliRun ra = list(a, shard), rb = list(b, shard);
+    const auto ua = listed_units(ra.out), ub = listed_units(rb.out);
+    CHECK(ua == ub);  // the row order does not move a unit between shards
+    CHECK(ra.err.find("shard " + std::to_string(i) + "/3 from --shard " + shard + ": " + std::to_string(ua.size()) +
+                      " of 12 units") != std::string::npos);
+    for (const auto& u : ua) {
+      const uint64_t h = std::stoull(u.substr(u.find("unit=") + 5), nullptr, 16);
+      CHECK(h % 3 == uint64_t(i));
+    }
+    joined.insert(joined.end(), ua.begin(), ua.end());
+  }
+  std::sort(joined.begin(), joined.end());
+  CHECK(joined == every);  // every unit in exactly one shard
+
+  // Bad values name themselves.
+  for (const char* bad : {"3/3", "1", "a/2", "-1/2", "0/0"}) {
+    CliRun r = run({"tune", "--shapes", a, "--op", "gemm", "--dtype", "fp32", "--emit", dir / "emit", "--list",
+                    "--shard", bad},
+                   cache);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(std::string("--shard ") + bad) != std::string::npos);
+  }
+}
+
+TEST_CASE("cli tune: --shard auto reads torchrun, Slurm array and Kubernetes indexed Job variables and says which") {
+  Scratch dir("shard_auto");
+  const std::string cache = dir / "cache";
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,N,K\n1,64,64\n2,64,64\n4,64,64\n8,64,64\n";
+  const std::vector<std::string> args = {"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32",
+                                         "--emit", dir / "emit", "--list", "--shard", "auto"};
+  clear_launcher_env();
+  CliRun none = run(args, cache);
+  CHECK(none.exit_code == 2);
+  CHECK(none.err.find("no launcher variables found") != std::string::npos);
+
+  ::setenv("SLURM_ARRAY_TASK_ID", "5", 1);
+  ::setenv("SLURM_ARRAY_TASK_MIN", "4", 1);
+  ::setenv("SLURM_ARRAY_TASK_COUNT", "2", 1);
+  CliRun slurm = run(args, cache);
+  CHECK_MESSAGE(slurm.exit_code == 0, slurm.err);
+  CHECK(slurm.err.find("shard 1/2 from Slurm array (SLURM_ARRAY_TASK_ID=5, SLURM_ARRAY_TASK_MIN=4, "
+                       "SLURM_ARRAY_TASK_COUNT=2)") != std::string::npos);
+
+  // torchrun wins over Slurm (srun launching torchrun); LOCAL_RANK is the device, --device must agree.
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  CliRun tr = run(args, cache);
+  CHECK_MESSAGE(tr.exit_code == 0, tr.err);
+  CHECK(tr.err.find("shard 0/2 from torchrun (RANK=0, WORLD_SIZE=2)") != std::string::npos);
+  ::setenv("LOCAL_RANK", "1", 1);
+  // On a GPU backend the device is LOCAL_RANK (refused before any device is
+  // opened, so this runs on a CPU-only build too); the CPU has one device.
+  CliRun dev = run(cat(args, {"--device", "0", "--backend", "cuda"}), cache);
+  CHECK(dev.exit_code == 2);
+  CHECK(dev.err.find("--device 0 under torchrun: each process tunes on its LOCAL_RANK (1)") != std::string::npos);
+  // The two torchrun shards together are the whole list.
+  const auto u0 = listed_units(tr.out);
+  ::setenv("RANK", "1", 1);
+  CliRun tr1 = run(args, cache);
+  const auto u1 = listed_units(tr1.out);
+  CHECK(u0.size() + u1.size() == 4);
+
+  clear_launcher_env();
+  ::setenv("JOB_COMPLETION_INDEX", "1", 1);
+  CliRun k8s_nocount = run(args, cache);
+  CHECK(k8s_nocount.exit_code == 2);
+  CHECK(k8s_nocount.err.find("KDISPATCH_SHARD_COUNT is not") != std::string::npos);
+  ::setenv("KDISPATCH_SHARD_COUNT", "2", 1);
+  CliRun k8s = run(args, cache);
+  CHECK_MESSAGE(k8s.exit_code == 0, k8s.err);
+  CHECK(k8s.err.find("shard 1/2 from Kubernetes indexed Job (JOB_COMPLETION_INDEX=1, KDISPATCH_SHARD_COUNT=2)") !=
+        std::string::npos);
+  CHECK(listed_units(k8s.out) == u1);  // index 1 of 2 is the same shard whatever the launcher
+  clear_launcher_env();
+}
+
+TEST_CASE("cli tune: shards run one after the other into one emit dir tune every unit once, then resume finds all") {
+  Scratch dir("shard_run");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n4,64\n16,64\n1,128\n4,128\n16,128\n";
+  const std::string emit = dir / "emit";
+  int tuned = 0;
+  for (const char* shard : {"0/2", "1/2"}) {
+    CliRun r = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms",
+                    "20", "--no-cold-cache", "--shard", shard, "--json"},
+                   cache);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    simdjson::dom::parser p;
+    simdjson::dom::element doc = p.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["skipped_done"]) == 0);  // no unit of shard 1 was tuned by shard 0
+    tuned += int(int64_t(doc["tuned"]));
+  }
+  CHECK(tuned == 6);
+  CliRun whole = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms",
+                      "20", "--no-cold-cache", "--json"},
+                     cache);
+  REQUIRE_MESSAGE(whole.exit_code == 0, whole.err);
+  simdjson::dom::parser p;
+  simdjson::dom::element doc = p.parse(simdjson::padded_string(whole.out));
+  CHECK(int64_t(doc["tuned"]) == 0);
+  CHECK(int64_t(doc["skipped_done"]) == 6);
+}
+
+TEST_CASE("cli merge: two shards into one tree, byte-identical for either source order, conflicts and builds refused") {
+  Scratch dir("merge");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n4,64\n16,64\n1,128\n4,128\n16,128\n";
+  const std::string e0 = dir / "shard0", e1 = dir / "shard1";
+  for (auto [emit, shard] : {std::pair{e0, "0/2"}, std::pair{e1, "1/2"}}) {
+    CliRun r = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                    "--no-cold-cache", "--shard", shard},
+                   cache);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  }
+  const auto read_tree = [](const std::string& root) {
+    std::map<std::string, std::string> files;
+    for (auto& e : fs::recursive_directory_iterator(root))
+      if (e.is_regular_file()) files[fs::relative(e.path(), root).generic_string()] = kdtest::read_text(e.path());
+    return files;
+  };
+  // 1. Merge both orders: the same bytes; every unit present once; the tree validates.
+  const std::string m01 = dir / "m01", m10 = dir / "m10";
+  CliRun a = run({"merge", "--out", m01, e0, e1}, cache);
+  REQUIRE_MESSAGE(a.exit_code == 0, a.err);
+  CliRun b = run({"merge", "--out", m10, e1, e0}, cache);
+  REQUIRE_MESSAGE(b.exit_code == 0, b.err);
+  const auto t01 = read_tree(m01), t10 = read_tree(m10);
+  CHECK(t01.size() == 2);  // hidden=64 and hidden=128
+  CHECK(t01 == t10);
+  CHECK(a.out.find("2 table(s) written to " + m01 + " (6 rows, 0 conflicts resolved), 0 refused") != std::string::npos);
+  CliRun v = run({"validate", m01}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
+  CliRun whole = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", m01, "--budget-ms", "20",
+                      "--no-cold-cache", "--json"},
+                     cache);
+  REQUIRE_MESSAGE(whole.exit_code == 0, whole.err);
+  simdjson::dom::parser p;
+  CHECK(int64_t(p.parse(simdjson::padded_string(whole.out))["skipped_done"]) == 6);
+
+  // 2. A conflicting row (the same key and M, another config) in a third dir.
+  const std::string rel = t01.begin()->first;
+  const std::string e2 = dir / "shard2";
+  fs::create_directories(fs::path(e2) / fs::path(rel).parent_path());
+  {
+    std::string text = t01.begin()->second;
+    const size_t row = text.find("\n    \"1\": ");
+    REQUIRE(row != std::string::npos);
+    const size_t end = text.find('\n', row + 1);
+    text = text.substr(0, row) + "\n    \"1\": {\"variant\": \"rmsnorm_fp32__ref\", \"merge_test\": 1}" +
+           (text[end - 1] == ',' ? "," : "") + text.substr(end);
+    std::ofstream(fs::path(e2) / rel) << text;
+  }
+  CliRun c = run({"merge", "--out", dir / "mc", m01, e2}, cache);
+  CHECK(c.exit_code == 1);
+  CHECK(c.err.find(rel + ": refused: different configs for the same M (M=1): pass --prefer") != std::string::npos);
+  CHECK_FALSE(fs::exists(fs::path(dir / "mc") / rel));
+  CliRun cp = run({"merge", "--prefer", "--out", dir / "mp", m01, e2}, cache);
+  REQUIRE_MESSAGE(cp.exit_code == 0, cp.err);
+  const std::string merged = kdtest::read_text(fs::path(dir / "mp") / rel);
+  simdjson::dom::element doc = p.parse(simdjson::padded_string(merged));
+  CHECK(s(doc["kdispatch"]["merged"]["conflicts"]["1"]["kept"]) == m01);
+  CHECK(simdjson::dom::array(doc["kdispatch"]["merged"]["conflicts"]["1"]["candidates"]).size() == 2);
+  CHECK(merged.find("merge_test") != std::string::npos);                        // recorded as a candidate ...
+  CHECK(std::string(simdjson::minify(doc["1"])).find("merge_test") == std::string::npos);  // ... not kept
+
+  // 3. Another build's fingerprint: refused, never mixed.
+  const std::string e3 = dir / "shard3";
+  fs::create_directories(fs::path(e3) / fs::path(rel).parent_path());
+  {
+    std::string text = t01.begin()->second;
+    const size_t k = text.find("\"kernels\":");
+    REQUIRE(k != std::string::npos);
+    const size_t q = text.find('"', text.find('"', k + 10) + 1);
+    text = text.substr(0, text.find('"', k + 10) + 1) + "00000000000000000000000000000000" + text.substr(q);
+    std::ofstream(fs::path(e3) / rel) << text;
+  }
+  CliRun f = run({"merge", "--out", dir / "mf", m01, e3}, cache);
+  CHECK(f.exit_code == 1);
+  CHECK(f.err.find(rel + ": refused: the sources were tuned by different builds or devices") != std::string::npos);
+  CHECK(f.out.find("1 table(s) written") != std::string::npos);  // the other table merges
 }
 
 #endif  // KDISPATCH_CLI_PATH

@@ -23,6 +23,17 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  ///< an op failed, not_found, unusable config files
 inline constexpr int kExitUsage = 2;    ///< a bad argument or input file
 
+/// DeepSeek-V2/V3's multi-head latent attention (MLA), as config.json
+/// publishes it: q and kv pass through low-rank latents (q_a -> q_b,
+/// kv_a -> kv_b), each latent normalised (q_a_layernorm, kv_a_layernorm).
+struct MlaSpec {
+  int64_t q_lora_rank;       ///< q_lora_rank: q_a_proj's N, q_b_proj's K
+  int64_t kv_lora_rank;      ///< kv_lora_rank: the kv latent (kv_a_layernorm's hidden, kv_b_proj's K)
+  int64_t qk_nope_head_dim;  ///< qk_nope_head_dim
+  int64_t qk_rope_head_dim;  ///< qk_rope_head_dim: the shared rope key, kv_a_proj_with_mqa's extra columns
+  int64_t v_head_dim;        ///< v_head_dim
+};
+
 /// A decoder-only transformer's dimensions, as its config.json publishes them.
 struct ModelSpec {
   const char* name;    ///< CLI name, e.g. "qwen2.5-0.5b"
@@ -36,6 +47,14 @@ struct ModelSpec {
   double rms_eps;      ///< rms_norm_eps
   bool qkv_bias;       ///< Qwen2 has a bias on q/k/v; Llama has none
   int64_t tp;          ///< tensor-parallel degree the shapes are sharded for (1 = none)
+  /// Block-fp8 projections (an fp8 checkpoint's quantization_config: fp8
+  /// e4m3fn weights with weight_block_size [128, 128]): every projection
+  /// runs quant_fp8_group of its input, then gemm_fp8_block; norms and the
+  /// activation stay in the run's dtype.
+  bool fp8 = false;
+  /// MLA instead of grouped-query attention (DeepSeek); null for GQA. Its
+  /// projections replace qkv_proj; o_proj's K is heads * v_head_dim.
+  const MlaSpec* mla = nullptr;
 
   // Per-rank GEMM shapes (N, K) of the four projections, as torch.nn.Linear
   // weights [N, K]. q/k/v and gate/up are fused as SGLang/vLLM fuse them.
@@ -47,6 +66,14 @@ struct ModelSpec {
   int64_t gate_up_k() const { return hidden; }
   int64_t down_n() const { return hidden; }
   int64_t down_k() const { return intermediate / tp; }
+
+  // MLA's projections (N, K), unsharded (mla != null): q_a_proj [q_lora_rank,
+  // hidden], q_b_proj [heads * (nope + rope), q_lora_rank], kv_a_proj_with_mqa
+  // [kv_lora_rank + rope, hidden], kv_b_proj [heads * (nope + v), kv_lora_rank].
+  int64_t q_a_n() const { return mla->q_lora_rank; }
+  int64_t q_b_n() const { return heads * (mla->qk_nope_head_dim + mla->qk_rope_head_dim) / tp; }
+  int64_t kv_a_n() const { return mla->kv_lora_rank + mla->qk_rope_head_dim; }
+  int64_t kv_b_n() const { return heads * (mla->qk_nope_head_dim + mla->v_head_dim) / tp; }
 };
 
 /// Every model the replay knows, the default first.
@@ -74,6 +101,7 @@ struct ReplayOptions {
   std::string model = "qwen2.5-0.5b";
   std::string trace = "decode";
   int64_t steps = 0;  ///< forward passes per pass; 0 = one pass over the trace
+  int64_t layers = 0; ///< --layers: decoder layers per forward pass; 0 = the model's
   std::vector<std::string> config_dirs;   ///< --configs: on top of the shipped configs
   std::vector<std::string> only_configs;  ///< --only-configs: these dirs, no shipped configs
   bool no_shipped_configs = false;        ///< --no-shipped-configs
@@ -145,6 +173,12 @@ struct TuneCmdOptions {
   int32_t reps = 0;                 ///< 0 = the library's default
   int32_t max_candidates = -1;      ///< -1 (not given) = the library's default (TuneOptions::max_candidates)
   bool json = false;
+  /// --shard: "i/n" or "auto" (cli/shard.hpp); empty = every unit.
+  std::string shard;
+  /// --list: print the (shard's) units and an estimated time, tune nothing.
+  bool list = false;
+  /// --device: the ordinal tuned on; -1 = 0, or torchrun's LOCAL_RANK under --shard auto.
+  int32_t device = -1;
 };
 int run_tune(const TuneCmdOptions& o);
 
@@ -165,6 +199,15 @@ struct LookupOptions {
   bool json = false;
 };
 int run_lookup(const LookupOptions& o);
+
+/// Options of `kdispatch merge` (merge.cpp).
+struct MergeOptions {
+  std::vector<std::string> sources;  ///< emit dirs, in --prefer order
+  std::string out;
+  bool prefer = false;  ///< a conflict keeps the first source's config
+  bool retime = false;  ///< not implemented yet (refused)
+};
+int run_merge(const MergeOptions& o);
 
 /// Options of `kdispatch validate`.
 struct ValidateOptions {

@@ -52,6 +52,11 @@ void add_workload_options(CLI::App* app, ReplayOptions& ro) {
                   "--tune, the forward passes of one pass")
       ->type_name("N")
       ->check(kAtLeastOne);
+  app->add_option("--layers", ro.layers,
+                  "Decoder layers per forward pass: the model's first N (default: all of them; fewer keep the big "
+                  "models quick on a small host)")
+      ->type_name("N")
+      ->check(kAtLeastOne);
   app->add_option("--configs", ro.config_dirs, "Extra config dir on top of the shipped configs (repeatable)")
       ->type_name("DIR")
       ->take_all()
@@ -63,7 +68,9 @@ void add_workload_options(CLI::App* app, ReplayOptions& ro) {
       ->allow_extra_args(false);
   app->add_flag("--no-shipped-configs", ro.no_shipped_configs,
                 "Do not load the shipped configs (start from --configs/--only-configs dirs and the cache only)");
-  app->add_option("--dtype", ro.dtype, "Activation and weight dtype: fp32 or bf16")
+  app->add_option("--dtype", ro.dtype,
+                  "Activation and weight dtype: fp32 or bf16 (the *-fp8 models: of activations, norms and "
+                  "projection outputs; their projections' weights and inputs are fp8_e4m3fn)")
       ->type_name("DTYPE")
       ->capture_default_str();
   app->add_option("--cache-dir", ro.cache_dir,
@@ -107,6 +114,7 @@ CLI::App* add_replay(CLI::App& app, ReplayOptions& ro) {
       "Examples:\n"
       "  kdispatch replay                                   # qwen2.5-0.5b, decode trace, bf16\n"
       "  kdispatch replay --model llama-3-8b --steps 4\n"
+      "  kdispatch replay --model deepseek-v3-dense-fp8 --layers 1 --steps 4   # block-fp8 projections\n"
       "  kdispatch replay --trace prefill --dtype fp32 --json\n"
       "  kdispatch replay --trace ms.txt --configs ./my-configs\n"
       "  kdispatch replay --tune background --max-seconds 120       # watch misses turn into hits\n"
@@ -135,6 +143,8 @@ CLI::App* add_misses(CLI::App& app, ReplayOptions& mo) {
       "Examples:\n"
       "  kdispatch misses --export misses.csv\n"
       "  kdispatch misses --export misses.csv --model llama-3-8b --trace prefill\n"
+      "  kdispatch misses --export fp8.csv --model llama-3-8b-fp8 --layers 1 && \\\n"
+      "      kdispatch tune --shapes fp8.csv --op gemm_fp8_block --emit my-configs\n"
       "  kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
       "Exit codes: 0 written, 1 an op or the write failed, 2 bad argument.");
   return misses;
@@ -183,6 +193,16 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
       ->capture_default_str();
   tune->add_flag("--no-cold-cache", to.no_cold_cache, "Time candidates with warm caches (faster; for tests)");
   tune->add_flag("--json", to.json, "Print the summary and every shape's result as one JSON object");
+  tune->add_option("--shard", to.shard,
+                   "Tune one shard of the units (key, M): i/n takes the units whose XXH3-64 of "
+                   "'kdispatch-unit-v1|<op>|<key fields>|M=<M>' is i mod n (the same on every host and for any "
+                   "order of the shape lists); auto reads torchrun's RANK/WORLD_SIZE (the GPU: LOCAL_RANK), a Slurm "
+                   "array's SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or a Kubernetes indexed Job's "
+                   "JOB_COMPLETION_INDEX with KDISPATCH_SHARD_COUNT, and says which it used")
+      ->type_name("i/n|auto");
+  tune->add_flag("--list", to.list, "Print the units (of the shard) and an estimated time; tune nothing");
+  tune->add_option("--device", to.device, "Device ordinal of --backend to tune on (default 0; torchrun: LOCAL_RANK)")
+      ->type_name("N");
   tune->footer(
       "Examples:\n"
       "  kdispatch misses --export misses.csv && kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
@@ -248,6 +268,30 @@ CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
   return validate;
 }
 
+// ------------------------------------------------------------ merge
+CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
+  CLI::App* merge = app.add_subcommand(
+      "merge",
+      "Merge the emit dirs of several tuning shards (hosts, GPUs) into one config tree: rows at different M are all "
+      "kept, equal rows kept once; tables whose sources have different fingerprints (builds, devices) are refused and "
+      "reported, never mixed; the same M with different configs is refused unless --prefer keeps the first source's "
+      "(every candidate is recorded in the table's metadata). The output is canonical: without --prefer, the same "
+      "bytes for any order of the sources.");
+  merge->add_option("sources", mo.sources, "Emit dirs (kdispatch tune --emit), in --prefer order")
+      ->type_name("SRC...")
+      ->required();
+  merge->add_option("--out", mo.out, "Dir the merged tables are written to (created)")->type_name("DIR")->required();
+  merge->add_flag("--prefer", mo.prefer, "A conflict keeps the config of the source listed first");
+  merge->add_flag("--retime", mo.retime, "Time conflicting configs on this machine (not implemented yet)");
+  merge->footer(
+      "Examples:\n"
+      "  kdispatch tune --shapes grid.csv --op gemm --emit shard0 --shard 0/2   # on host A\n"
+      "  kdispatch tune --shapes grid.csv --op gemm --emit shard1 --shard 1/2   # on host B\n"
+      "  kdispatch merge --out configs-merged shard0 shard1 && kdispatch validate configs-merged\n"
+      "Exit codes: 0 every table merged, 1 some table refused or file skipped, 2 bad argument.");
+  return merge;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,11 +317,13 @@ int main(int argc, char** argv) {
   TuneCmdOptions to;
   LookupOptions lo;
   ValidateOptions vo;
+  MergeOptions gmo;
   CLI::App* replay = add_replay(app, ro);
   CLI::App* misses = add_misses(app, mo);
   CLI::App* tune = add_tune(app, to);
   CLI::App* lookup = add_lookup(app, lo);
   CLI::App* validate = add_validate(app, vo);
+  CLI::App* merge = add_merge(app, gmo);
 
   try {
     app.parse(argc, argv);
@@ -294,6 +340,7 @@ int main(int argc, char** argv) {
     if (tune->parsed()) return run_tune(to);
     if (lookup->parsed()) return run_lookup(lo);
     if (validate->parsed()) return run_validate(vo);
+    if (merge->parsed()) return run_merge(gmo);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kdispatch: %s\n", e.what());
     return kExitFailure;

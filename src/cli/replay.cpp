@@ -35,7 +35,7 @@
 
 namespace kdispatch_cli {
 
-std::string replay_ops_text() { return join_names(replay::DecoderModel::ops(), "and"); }
+std::string replay_ops_text() { return join_names(replay::all_ops(), "and"); }
 
 namespace {
 
@@ -43,7 +43,7 @@ namespace dsp = dispatch;
 using Clock = std::chrono::steady_clock;
 using dsp::core::JsonWriter;
 using replay::CallSink;
-using replay::DecoderModel;
+using replay::Model;
 using replay::Site;
 
 // ---------------------------------------------------------------- statistics
@@ -101,16 +101,16 @@ std::string site_dims(const Site& s) {
 // booked per op, per site and per pass.
 class Replay final : public CallSink {
  public:
-  Replay(dsp::Runtime& rt, const ModelSpec& m, dsp::DType dtype, int64_t max_m)
-      : model_(rt, m, dtype, max_m), dtype_(dtype) {
-    for (std::string_view name : DecoderModel::ops()) {
+  Replay(dsp::Runtime& rt, const ModelSpec& m, dsp::DType dtype, int64_t max_m, int64_t layers)
+      : model_(replay::make_model(rt, m, dtype, max_m)), dtype_(dtype), layers_(layers) {
+    for (std::string_view name : model_->ops()) {
       const dsp::OpInfo* op = find_op(name);
       if (!op) throw std::logic_error("the replay's model calls '" + std::string(name) + "', not an op of this build");
       ops_.push_back(op);
     }
     stats_.resize(ops_.size());
     pass_.resize(ops_.size());
-    for (const Site& s : model_.sites()) {
+    for (const Site& s : model_->sites()) {
       std::string k = std::string(ops_[static_cast<size_t>(s.op)]->name) + " " + site_dims(s);
       for (std::string_view f : s.flags) k += "," + std::string(f);
       auto it = std::find(keys_.begin(), keys_.end(), k);
@@ -119,12 +119,13 @@ class Replay final : public CallSink {
     }
   }
 
-  void init() { model_.init(); }
+  void init() { model_->init(); }
 
-  // One forward pass with `M` tokens. Returns false (and sets *error) when an op fails.
+  // One forward pass with `M` tokens (through --layers layers, else all of
+  // them). Returns false (and sets *error) when an op fails.
   bool forward(int64_t M, std::string* error) {
-    if (!model_.forward(M, *this, error)) return false;
-    if (counting_ && !model_.output_finite(M)) non_finite_steps_++;
+    if (!model_->forward(M, *this, error, layers_)) return false;
+    if (counting_ && !model_->output_finite(M)) non_finite_steps_++;
     return true;
   }
 
@@ -134,14 +135,14 @@ class Replay final : public CallSink {
   // per-call numbers. Returns false (and sets *error) when an op fails.
   bool warm_up(std::string* error) {
     counting_ = false;
-    const bool ok = model_.forward(1, *this, error, /*layers=*/1);
+    const bool ok = model_->forward(1, *this, error, /*layers=*/1);
     counting_ = true;
     return ok;
   }
 
   // Times one op call at site `si` and books its DispatchInfo.
   bool call(int si, int64_t M, int64_t layer, OpCall f, std::string* error) override {
-    const Site& site = model_.sites()[static_cast<size_t>(si)];
+    const Site& site = model_->sites()[static_cast<size_t>(si)];
     dsp::DispatchInfo info;
     dsp::CallOptions opts;
     opts.info = &info;
@@ -167,15 +168,15 @@ class Replay final : public CallSink {
     for (PassOp& p : pass_) p = PassOp{};
   }
   const PassOp& pass_stats(int op) const { return pass_[static_cast<size_t>(op)]; }
-  const std::vector<Site>& sites() const { return model_.sites(); }
+  const std::vector<Site>& sites() const { return model_->sites(); }
   const SiteStats& site_stats(size_t i) const { return site_stats_[i]; }
   /// Forward passes whose final hidden state held a NaN or inf.
   int64_t non_finite_steps() const { return non_finite_steps_; }
-  size_t weight_bytes() const { return model_.weight_bytes(); }
+  size_t weight_bytes() const { return model_->weight_bytes(); }
 
  private:
   void book(int si, int64_t M, double dt, const dsp::DispatchInfo& info) {
-    const Site& site = model_.sites()[static_cast<size_t>(si)];
+    const Site& site = model_->sites()[static_cast<size_t>(si)];
     SiteStats& ss = site_stats_[static_cast<size_t>(si)];
     OpStats& st = stats_[static_cast<size_t>(site.op)];
     PassOp& ps = pass_[static_cast<size_t>(site.op)];
@@ -211,17 +212,19 @@ class Replay final : public CallSink {
     st.by_variant[info.variant ? std::string_view(info.variant) : std::string_view()]++;
   }
 
-  // "M=4, N=1152, K=896, bf16, bias", "tokens=4, hidden=896, bf16".
+  // "M=4, N=1152, K=896, bf16, bias", "tokens=4, hidden=896, bf16",
+  // "M=4, N=6144, K=4096, fp8_e4m3fn->bf16".
   std::string shape_text(const Site& s, int64_t M) const {
     std::string out = std::string(ops_[static_cast<size_t>(s.op)]->m_name) + "=" + std::to_string(M);
     for (const replay::SiteField& f : s.dims) out += ", " + std::string(f.name) + "=" + std::to_string(f.value);
-    out += ", " + std::string(dsp::dtype_name(dtype_));
+    out += ", " + (s.dtypes.empty() ? std::string(dsp::dtype_name(dtype_)) : s.dtypes);
     for (std::string_view f : s.flags) out += ", " + std::string(f);
     return out;
   }
 
-  DecoderModel model_;
+  std::unique_ptr<Model> model_;
   dsp::DType dtype_;
+  int64_t layers_ = 0;  // per forward pass; 0 = the model's
   std::vector<const dsp::OpInfo*> ops_;
   std::vector<OpStats> stats_;
   std::vector<PassOp> pass_;
@@ -293,6 +296,7 @@ struct RunInfo {
   int64_t steps;
   int64_t max_m;
   dsp::DType dtype;
+  int64_t layers;  // --layers; 0 = the model's (not given)
   double init_s, warmup_s, run_s;
   size_t weight_bytes;
   dsp::LoadReport report;
@@ -406,6 +410,8 @@ void print_json(const dsp::Runtime& rt, const Replay& r, const RunInfo& ri) {
   w.field("model", ri.model->name).field("trace", ri.trace->name).field("steps", ri.steps);
   w.field("passes", tr ? static_cast<int64_t>(tr->passes.size()) : int64_t{1});
   w.field("dtype", dsp::dtype_name(ri.dtype)).field("max_m", ri.max_m);
+  if (ri.model->fp8) w.field("projections", "fp8_e4m3fn block 128x128");
+  if (ri.layers > 0) w.field("layers", ri.layers);
   w.key("ops").begin_object();
   for (int op = 0; op < r.op_count(); ++op) write_op(w, rt, r, op, tr);
   w.end_object();
@@ -433,9 +439,20 @@ void print_run_header(const RunInfo& ri) {
   std::printf("backend      cpu\n");
   std::printf("device_name  %s (%s, %d threads)\n", dev.device_name.c_str(), dev.reported_name.c_str(),
               dev.compute_units);
-  std::printf("model        %s (%s): hidden %lld, intermediate %lld, heads %lld/%lld kv, head_dim %lld, %lld layers%s\n",
-              m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads,
-              (long long)m.kv_heads, (long long)m.head_dim, (long long)m.layers, m.qkv_bias ? ", qkv bias" : "");
+  if (!m.mla)
+    std::printf("model        %s (%s): hidden %lld, intermediate %lld, heads %lld/%lld kv, head_dim %lld, %lld layers%s%s\n",
+                m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads,
+                (long long)m.kv_heads, (long long)m.head_dim, (long long)m.layers, m.qkv_bias ? ", qkv bias" : "",
+                m.fp8 ? ", fp8" : "");
+  else
+    std::printf("model        %s (%s): hidden %lld, intermediate %lld, MLA with %lld heads (q_lora_rank %lld, "
+                "kv_lora_rank %lld, qk_nope/rope_head_dim %lld/%lld, v_head_dim %lld), %lld layers%s\n",
+                m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads,
+                (long long)m.mla->q_lora_rank, (long long)m.mla->kv_lora_rank, (long long)m.mla->qk_nope_head_dim,
+                (long long)m.mla->qk_rope_head_dim, (long long)m.mla->v_head_dim, (long long)m.layers,
+                m.fp8 ? ", fp8" : "");
+  if (ri.layers > 0)
+    std::printf("layers       %lld of %lld per forward pass (--layers)\n", (long long)ri.layers, (long long)m.layers);
   std::printf("trace        %s (%zu entries, M %lld..%lld)\n", ri.trace->name.c_str(), ri.trace->ms.size(),
               (long long)*std::min_element(ri.trace->ms.begin(), ri.trace->ms.end()),
               (long long)*std::max_element(ri.trace->ms.begin(), ri.trace->ms.end()));
@@ -444,7 +461,12 @@ void print_run_header(const RunInfo& ri) {
                 tr->passes.size(), (long long)ri.max_m);
   else
     std::printf("steps        %lld (forward passes, max M %lld)\n", (long long)ri.steps, (long long)ri.max_m);
-  std::printf("dtype        %s\n", std::string(dsp::dtype_name(ri.dtype)).c_str());
+  if (m.fp8)
+    std::printf("dtype        %s; projections fp8_e4m3fn w8a8, 128x128 weight blocks, 1x128 activation groups "
+                "(quant_fp8_group + gemm_fp8_block)\n",
+                std::string(dsp::dtype_name(ri.dtype)).c_str());
+  else
+    std::printf("dtype        %s\n", std::string(dsp::dtype_name(ri.dtype)).c_str());
   int skipped = 0;
   for (const auto& f : ri.report.files) skipped += f.state == dsp::FileReport::State::skipped;
   std::printf("configs      %zu files (%d skipped), %lld keys%s\n", ri.report.files.size(), skipped,
@@ -619,6 +641,7 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
     JsonWriter w;
     w.begin_object().field("export", path).field("model", ri.model->name).field("trace", ri.trace->name);
     w.field("steps", ri.steps).field("dtype", dsp::dtype_name(ri.dtype));
+    if (ri.layers > 0) w.field("layers", ri.layers);
     w.field("rows", static_cast<int64_t>(csv->rows.size()));
     w.key("ops").begin_object();
     for (int op = 0; op < r.op_count(); ++op) {
@@ -630,8 +653,9 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
     std::fputs((w.take() + "\n").c_str(), stdout);
     return kExitOk;
   }
-  std::printf("workload     %s, trace %s, %lld forward passes, %s, tuning off\n", ri.model->name,
-              ri.trace->name.c_str(), (long long)ri.steps, std::string(dsp::dtype_name(ri.dtype)).c_str());
+  std::printf("workload     %s%s, trace %s, %lld forward passes, %s, tuning off\n", ri.model->name,
+              ri.layers > 0 ? (" (" + std::to_string(ri.layers) + (ri.layers == 1 ? " layer)" : " layers)")).c_str() : "", ri.trace->name.c_str(),
+              (long long)ri.steps, std::string(dsp::dtype_name(ri.dtype)).c_str());
   std::printf("\n%-20s %9s %9s %9s %8s %6s\n", "op", "calls", "hits", "misses", "shapes", "keys");
   for (int op = 0; op < r.op_count(); ++op) {
     const OpStats& s = r.stats(op);
@@ -660,6 +684,7 @@ struct Workload {
   Trace trace;
   int64_t steps = 0;
   int64_t max_m = 1;
+  int64_t layers = 0;  // --layers; 0 = the model's
 };
 
 // The workload options -> *w; a usage error's exit code, or -1.
@@ -692,6 +717,12 @@ int read_workload(const ReplayOptions& o, const char* cmd, Workload* w) {
     std::fprintf(stderr, "%s: --steps must be >= 1, got %lld\n", cmd, (long long)o.steps);
     return kExitUsage;
   }
+  if (o.layers < 0 || o.layers > w->model->layers) {
+    std::fprintf(stderr, "%s: --layers must be in 1..%lld (%s's layers), got %lld\n", cmd,
+                 (long long)w->model->layers, w->model->name, (long long)o.layers);
+    return kExitUsage;
+  }
+  w->layers = o.layers;
   w->steps = o.steps > 0 ? o.steps : static_cast<int64_t>(w->trace.ms.size());
   for (int64_t s = 0; s < w->steps; ++s) w->max_m = std::max(w->max_m, w->trace.ms[s % w->trace.ms.size()]);
   return -1;
@@ -887,11 +918,11 @@ int run_replay(const ReplayOptions& o) {
 
   // ---- set-up: the model's weights and activations
   (void)dsp::cpu_device_info();  // probe the host once before anything is timed (the first probe reads /proc)
-  RunInfo ri{w.model, &w.trace, w.steps, w.max_m, w.dtype, 0, 0, 0, 0, rt.load_report(), ro.config_dirs};
+  RunInfo ri{w.model, &w.trace, w.steps, w.max_m, w.dtype, w.layers, 0, 0, 0, 0, rt.load_report(), ro.config_dirs};
   ri.shipped = ro.load_shipped_configs;
   ri.cache_dir = rt.cache_dir();
   const auto t0 = Clock::now();
-  Replay replay(rt, *w.model, w.dtype, w.max_m);
+  Replay replay(rt, *w.model, w.dtype, w.max_m, w.layers);
   try {
     replay.init();
   } catch (const std::bad_alloc&) {

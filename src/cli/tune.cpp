@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -28,6 +29,7 @@
 
 #include "cli/cli.hpp"
 #include "cli/op_util.hpp"
+#include "cli/shard.hpp"
 #include "core/json_write.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/ops.hpp"
@@ -294,6 +296,7 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
   if (o.reps < 0) return bad("--reps must be >= 1, got " + std::to_string(o.reps));
   if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "hip")
     return bad("--backend '" + o.backend + "' is not cpu, cuda or hip");
+  if (o.device < -1) return bad("--device must be >= 0, got " + std::to_string(o.device));
   return -1;
 }
 
@@ -512,7 +515,7 @@ bool tune_device(dsp::Runtime& rt, const TuneCmdOptions& o, const char* cmd, dsp
     std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(), type.status().to_string().c_str());
     return false;
   }
-  *dev = dsp::Device{*type, 0};
+  *dev = dsp::Device{*type, o.device < 0 ? 0 : o.device};
   auto di = rt.device_info(*dev);
   if (!di.ok() || !di->available) {
     std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(),
@@ -722,14 +725,58 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
 
 }  // namespace
 
-int run_tune(const TuneCmdOptions& o) {
+// Keeps the units of --shard (cli/shard.hpp) in shapes->jobs; the device
+// ordinal torchrun names goes to *o. A usage error's exit code, or -1.
+int select_shard(TuneCmdOptions* o, const char* cmd, const dsp::OpInfo& op, Shapes* shapes) {
+  if (o->shard.empty()) return -1;
+  std::string err;
+  const auto s = parse_shard(o->shard, [](const char* n) { return std::getenv(n); }, &err);
+  if (!s) {
+    std::fprintf(stderr, "%s: %s\n", cmd, err.c_str());
+    return kExitUsage;
+  }
+  // The GPU of a torchrun process is its LOCAL_RANK (the CPU backend has one device, 0).
+  if (s->from_torchrun && o->backend != "cpu") {
+    if (o->device >= 0 && o->device != s->local_rank) {
+      std::fprintf(stderr, "%s: --device %d under torchrun: each process tunes on its LOCAL_RANK (%d)\n", cmd,
+                   o->device, s->local_rank);
+      return kExitUsage;
+    }
+    o->device = s->local_rank;
+  }
+  const size_t all = shapes->jobs.size();
+  std::vector<Job> kept;
+  for (Job& j : shapes->jobs)
+    if (in_shard(*s, unit_hash(op.name, j.key_fields, j.m))) kept.push_back(std::move(j));
+  shapes->jobs = std::move(kept);
+  std::fprintf(stderr, "%s: shard %lld/%lld from %s: %zu of %zu units\n", cmd, (long long)s->index,
+               (long long)s->count, s->source.c_str(), shapes->jobs.size(), all);
+  return -1;
+}
+
+// --list: the units, one per line (label, M, unit hash), and an estimate:
+// per unit the search budget plus ~0.5 s of confirmation and reference.
+int list_units(const TuneCmdOptions& o, const dsp::OpInfo& op, const Shapes& shapes) {
+  const double budget_s = (o.budget_ms > 0 ? o.budget_ms : dsp::TuneOptions{}.time_budget_ms) / 1000.0;
+  for (const Job& j : shapes.jobs)
+    std::printf("%s M=%lld unit=%016llx\n", j.label.c_str(), (long long)j.m,
+                (unsigned long long)unit_hash(op.name, j.key_fields, j.m));
+  std::printf("%zu units, estimated %.0f s (%.1f s search + ~0.5 s confirmation each)\n", shapes.jobs.size(),
+              static_cast<double>(shapes.jobs.size()) * (budget_s + 0.5), budget_s);
+  return kExitOk;
+}
+
+int run_tune(const TuneCmdOptions& opts) {
   const char* cmd = "kdispatch tune";
+  TuneCmdOptions o = opts;
   if (int e = check_options(o, cmd); e >= 0) return e;
   const dsp::OpInfo& op = *find_op(o.op);
 
-  // ---- the shapes: read, keep --op's rows, drop duplicates
+  // ---- the shapes: read, keep --op's rows, drop duplicates; the shard's units
   Shapes shapes;
   if (int e = read_shapes(o, cmd, op, &shapes); e >= 0) return e;
+  if (int e = select_shard(&o, cmd, op, &shapes); e >= 0) return e;
+  if (o.list) return list_units(o, op, shapes);
 
   // ---- the emit dir and a runtime over it, the device
   int exit_code = kExitOk;
