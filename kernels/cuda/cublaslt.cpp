@@ -13,6 +13,8 @@
 
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
+#define KDISPATCH_GPU_NS cuda
+#include "gpu/backend_decls.hpp"
 
 namespace dispatch::cuda::lt {
 namespace {
@@ -428,13 +430,23 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     if (sl.scales == core::Fp8Scales::block) {
       // VEC128_32F reads the activation's scales M-major with no stride of
       // their own (M rows, a multiple of 4 on sm_90), the weight's as
-      // [ceil(N/128), ceil(K/128)] with no padding.
-      if (p.m % 4 != 0)
-        return core::needs_fallback("cuBLASLt's block-scaled fp8 GEMM needs M % 4 == 0 on sm_90");
-      if (p.k > core::kFp8Block && la.ld[sl.sa] != p.m)
-        return core::needs_fallback("cuBLASLt's block-scaled fp8 GEMM needs scale_a's row stride == M");
-      if (p.n > core::kFp8Block && la.ld[sl.sb] != (p.k + core::kFp8Block - 1) / core::kFp8Block)
-        return core::needs_fallback("cuBLASLt's block-scaled fp8 GEMM needs scale_b's rows contiguous");
+      // [ceil(N/128), ceil(K/128)] with no padding. Calls it refuses are
+      // served by our own block family in the same call (one weight read per
+      // 16 rows: correct at any M; a split of M between cuBLASLt and it is
+      // the faster answer to come), never by the reference.
+      const bool m4 = p.m % 4 == 0;
+      const bool sa_ok = p.k <= core::kFp8Block || la.ld[sl.sa] == p.m;
+      const bool sb_ok = p.n <= core::kFp8Block || la.ld[sl.sb] == (p.k + core::kFp8Block - 1) / core::kFp8Block;
+      if (!m4 || !sa_ok || !sb_ok) {
+        gpu::gemm::SkinnyMma s;
+        s.row_tiles = 2, s.split_k = 4, s.stages = 3, s.cluster_k = 1, s.warps_n = 1;
+        const Status st = launch_gemm_fp8_skinny_mma_block(s, la, p);
+        if (st.ok() || st.code() != core::kNeedsFallbackCode) return st;
+        return core::needs_fallback(std::string("cuBLASLt's block-scaled fp8 GEMM ") +
+                                    (!m4 ? "needs M % 4 == 0 on sm_90" : !sa_ok ? "needs scale_a's row stride == M"
+                                                                                : "needs scale_b's rows contiguous") +
+                                    ", and the block family declined: " + st.message());
+      }
     }
   }
   Descs d;

@@ -334,8 +334,10 @@ std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept { r
 //     bf16 family's decode rule on t = 16-row tiles of B per SM: row_tiles
 //     1 up to M = 8, 2 above; (split_k, num_stages) = (8, 6) for t < 1.5,
 //     (4, 6) for t < 3.2, (4, 3) for t < 8, else (8, 3) (a stage is 128
-//     elements of K here, 64 in bf16: the same bytes per stage);
-//  2. cuBLASLt's heuristic pick for the exact call (algo_id = -1);
+//     elements of K here, 64 in bf16: the same bytes per stage), then the
+//     same point with 3 stages (it fits where 6 do not);
+//  2. cuBLASLt's heuristic pick for the exact call (algo_id = -1), but not
+//     for block M % 4 != 0;
 //  3. skinny_mma (any M: chunks of 16 rows), then the reference.
 // Quantisation: the multiply variant with 4 warps, then the reference.
 core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
@@ -348,7 +350,7 @@ core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexc
                                  &GemmDef<2, CublasLtFamily>::v};
   const VariantDef* refs[] = {&GemmDef<0, ReferenceFamily>::v, &GemmDef<1, ReferenceFamily>::v,
                               &GemmDef<2, ReferenceFamily>::v};
-  Plan cands[6];
+  Plan cands[8];
   int nc = 0;
   const double sms = dev.compute_units > 0 ? dev.compute_units : 132;
   const double t = std::ceil(static_cast<double>(p.n) / 16.0) / sms;
@@ -362,15 +364,19 @@ core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexc
     c.params[gpu::gemm::kSkinnyMmaWarpsN] = 1;
     cands[nc++] = c;
   };
+  // The rule's point, then the same with 3 stages where it has more (at
+  // row_tiles 2 and split_k 8, 6 stages exceed the H200's shared memory).
   auto decode_rule = [&] {
     const int64_t rt = p.m <= 8 ? 1 : 2;
-    if (t < 1.5) skinny_mma(rt, 8, 6);
-    else if (t < 3.2) skinny_mma(rt, 4, 6);
-    else if (t < 8) skinny_mma(rt, 4, 3);
-    else skinny_mma(rt, 8, 3);
+    const int64_t sk = t < 1.5 || t >= 8 ? 8 : 4;
+    const int64_t st = t < 3.2 ? 6 : 3;
+    skinny_mma(rt, sk, st);
+    if (st != 3) skinny_mma(rt, sk, 3);
   };
-  if (p.m <= 16 || (L == 2 && p.m % 4 != 0)) decode_rule();
-  if (lt::available()) {
+  // cuBLASLt's block mode declines M % 4 != 0 at launch: never its pick.
+  const bool block_m4 = L == 2 && p.m % 4 != 0;
+  if (p.m <= 16 || block_m4) decode_rule();
+  if (lt::available() && !block_m4) {
     Plan c;
     c.variant = lt_rows[L];
     c.params[lt::kAlgoId] = -1;
