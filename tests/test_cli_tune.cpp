@@ -577,7 +577,7 @@ TEST_CASE("cli tune: --shard i/n splits the units by their hash, the same for an
   const CliRun all = list(a, "");
   const std::vector<std::string> every = listed_units(all.out);
   REQUIRE(every.size() == 12);
-  CHECK(all.out.find("12 units, estimated 7 s (0.1 s search + ~0.5 s confirmation each)") != std::string::npos);
+  CHECK(all.out.find("12 units, estimated 7 s (0.1 s search + ~0.5 s confirmation each; units the emit dir holds are counted too)") != std::string::npos);
   // The documented unit text and hash, pinned: XXH3-64 of
   // "kdispatch-unit-v1|gemm|N=64,K=64,dtype=fp32|M=1" (seed 0).
   CHECK(std::find(every.begin(), every.end(), "N=64,K=64,fp32 M=1 unit=58a85846d3e06d5f") != every.end());
@@ -770,6 +770,43 @@ TEST_CASE("cli merge: two shards into one tree, byte-identical for either source
   CHECK(f.exit_code == 1);
   CHECK(f.err.find(rel + ": refused: the sources were tuned by different builds or devices") != std::string::npos);
   CHECK(f.out.find("1 table(s) written") != std::string::npos);  // the other table merges
+}
+
+// Review finding: merge read "us"/"default_us" of a table without a
+// "kdispatch" object (an SGLang/vLLM table, or "kdispatch" an array) or
+// without "us" through a default-constructed simdjson element: an assertion
+// abort in Debug, a segfault in Release. Such a table must be refused.
+TEST_CASE("cli merge: a table without kdispatch metadata or without its us map is refused, not a crash") {
+  Scratch dir("merge-foreign");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string rel = "cpu/rmsnorm/hidden=64,device_name=CPU_x86_64_AVX512,dtype=fp32.json";
+  const auto put = [&](const std::string& src, const std::string& text) {
+    fs::create_directories(fs::path(dir / src) / fs::path(rel).parent_path());
+    std::ofstream(fs::path(dir / src) / rel) << text;
+  };
+  put("foreign", "{\"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");                   // SGLang-style table
+  put("kdarray", "{\"kdispatch\": [1], \"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");  // metadata not an object
+  put("nous", "{\"kdispatch\": {\"fingerprint\": {\"kernels\": \"x\"}}, \"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");
+  for (const std::string src : {"foreign", "kdarray"}) {
+    CAPTURE(src);
+    CliRun r = run({"merge", "--out", dir / ("out-" + src), dir / src}, cache);
+    CHECK_MESSAGE(r.exit_code == 1, "exit " << r.exit_code << ": " << r.err);
+    CHECK(r.err.find(rel + ": refused: not written by kdispatch (no fingerprint)") != std::string::npos);
+  }
+  // With a fingerprint but no "us" map: merged, the row kept.
+  CliRun r = run({"merge", "--out", dir / "out-nous", dir / "nous"}, cache);
+  CHECK_MESSAGE(r.exit_code == 0, r.err);
+  CHECK(kdtest::read_text(fs::path(dir / "out-nous") / rel).find("\"1\": {\"variant\":\"rmsnorm_fp32__ref\"}") !=
+        std::string::npos);
+  // Keys the tuner never writes are refused, not guessed at; --out inside a source is refused.
+  put("odd", "{\"kdispatch\": {\"fingerprint\": {}}, \"08\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");
+  CliRun odd = run({"merge", "--out", dir / "out-odd", dir / "odd"}, cache);
+  CHECK(odd.exit_code == 1);
+  CHECK(odd.err.find("key '08' is not a batch size as the tuner writes it") != std::string::npos);
+  CliRun inside = run({"merge", "--out", dir / "nous/merged", dir / "nous"}, cache);
+  CHECK(inside.exit_code == 2);
+  CHECK(inside.err.find("is inside the source") != std::string::npos);
 }
 
 #endif  // KDISPATCH_CLI_PATH

@@ -362,3 +362,45 @@ TEST_CASE("gemm_fp8 and quant_fp8_group: the contiguous M-major scales of M = 1 
   CHECK(quant_keys[0] == quant_keys[1]);
   CHECK(quant_keys[0].find("stride") == std::string::npos);
 }
+
+TEST_CASE("review: M = 1 scales as a column slice (row stride 7) share the contiguous key and give the same result") {
+  // The one-column key fix maps [KB, 1] with row stride 1 and with row stride
+  // 7 (a column of a wider scale buffer) to one key: the kernels must read
+  // the runtime row stride, not assume the contiguous one.
+  auto rt = quiet_runtime();
+  constexpr int64_t N = 256, K = 384, KB = 3, NB = 2, M = 1;
+  std::vector<uint16_t> x(static_cast<size_t>(M * K));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = core::float_to_bf16(0.25f * float(int(i % 13) - 6) * float(1 + i / 128));
+  std::vector<uint8_t> b(static_cast<size_t>(N * K));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = e4m3(0.125f * float(int(i % 7) - 3));
+  std::vector<float> sb(static_cast<size_t>(NB * KB));
+  for (size_t i = 0; i < sb.size(); ++i) sb[i] = 0.5f + 0.25f * float(i);
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint16_t>> outs;
+  for (int64_t ld : {1, 7}) {
+    std::vector<uint8_t> q(static_cast<size_t>(M * K));
+    std::vector<float> s(static_cast<size_t>(KB * ld), -1.f);
+    QuantFp8GroupArgs qa;
+    qa.q = make_tensor_2d(q.data(), DType::fp8_e4m3fn, M, K, K);
+    qa.x = make_tensor_2d(x.data(), DType::bf16, M, K, K);
+    qa.scale = make_tensor_2d(s.data(), DType::fp32, KB, M, ld);
+    REQUIRE(quant_fp8_group(*rt, qa, {}, {}).ok());
+    for (int64_t kb = 0; kb < KB; ++kb) CHECK(s[static_cast<size_t>(kb * ld)] > 0.f);
+    if (ld > 1) CHECK(s[1] == -1.f);  // the gap is not written
+    std::vector<uint16_t> d(static_cast<size_t>(M * N));
+    GemmFp8BlockArgs g;
+    g.a = qa.q;
+    g.b = make_tensor_2d(b.data(), DType::fp8_e4m3fn, N, K, K);
+    g.d = make_tensor_2d(d.data(), DType::bf16, M, N, N);
+    g.scale_a = qa.scale;
+    g.scale_b = make_tensor_2d(sb.data(), DType::fp32, NB, KB, KB);
+    DispatchInfo info;
+    std::string key;
+    info.key = &key;
+    REQUIRE(gemm_fp8_block(*rt, g, {}, {.info = &info}).ok());
+    keys.push_back(key);
+    outs.push_back(d);
+  }
+  CHECK(keys[0] == keys[1]);
+  CHECK(outs[0] == outs[1]);
+}

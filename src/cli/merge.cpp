@@ -87,6 +87,7 @@ std::string read_table(const fs::path& file, size_t source, dom::parser& parser,
   dom::object obj;
   if (doc.get(obj) != simdjson::SUCCESS) return "not a JSON object";
   dom::element kd, us, dus;
+  bool has_us = false, has_dus = false;  // a default-constructed element must never be read
   std::string fp = "(none: not written by kdispatch)";
   const bool has_kd = obj["kdispatch"].get(kd) == simdjson::SUCCESS && kd.is_object();
   if (has_kd) {
@@ -98,17 +99,23 @@ std::string read_table(const fs::path& file, size_t source, dom::parser& parser,
         int64_t ver = 0;
         if (v.get(ver) == simdjson::SUCCESS) t->schema[std::string(k)] = std::max(t->schema[std::string(k)], ver);
       }
-    if (kd["us"].get(us) != simdjson::SUCCESS) us = dom::element();
-    if (kd["default_us"].get(dus) != simdjson::SUCCESS) dus = dom::element();
+    has_us = kd["us"].get(us) == simdjson::SUCCESS && us.is_object();
+    has_dus = kd["default_us"].get(dus) == simdjson::SUCCESS && dus.is_object();
   }
   size_t n = 0;
+  std::set<int64_t> seen;
   for (auto [k, v] : obj) {
     if (k == "kdispatch") continue;
     int64_t m = 0;
-    if (!parse_m(k, &m) || !v.is_object()) continue;  // metadata scalars of foreign files
+    // The tuner writes every batch size as canonical digits with an object:
+    // anything else (" 2", "08", a scalar) is a hand edit merge does not
+    // guess at.
+    if (!parse_m(k, &m) || k.front() == '0' || !v.is_object())
+      return "key '" + std::string(k) + "' is not a batch size as the tuner writes it (digits, an object)";
+    if (!seen.insert(m).second) return "batch size " + std::to_string(m) + " appears twice";
     Candidate c{source, simdjson::minify(v), 0, 0};
-    if (us.is_object()) c.us = number_at(us, k);
-    if (dus.is_object()) c.default_us = number_at(dus, k);
+    if (has_us) c.us = number_at(us, k);
+    if (has_dus) c.default_us = number_at(dus, k);
     t->rows[m].push_back(std::move(c));
     ++n;
   }
@@ -159,11 +166,21 @@ int run_merge(const MergeOptions& o) {
     return kExitUsage;
   }
   std::error_code ec;
-  for (const std::string& s : o.sources)
+  const fs::path out_abs = fs::weakly_canonical(fs::absolute(o.out, ec), ec);
+  for (const std::string& s : o.sources) {
     if (!fs::is_directory(s, ec)) {
       std::fprintf(stderr, "%s: source '%s' is not a directory\n", cmd, s.c_str());
       return kExitUsage;
     }
+    // --out below a source would be read back as part of it on the next run.
+    const fs::path src_abs = fs::weakly_canonical(fs::absolute(s, ec), ec);
+    const auto rel = out_abs.lexically_relative(src_abs);
+    if (!rel.empty() && *rel.begin() != ".." && rel != ".") {
+      std::fprintf(stderr, "%s: --out %s is inside the source %s: choose a dir outside every source\n", cmd,
+                   o.out.c_str(), s.c_str());
+      return kExitUsage;
+    }
+  }
   // ---- read every source's tables
   std::map<std::string, Table> tables;  // rel path -> table
   std::vector<std::string> unreadable;
@@ -210,9 +227,18 @@ int run_merge(const MergeOptions& o) {
       std::map<std::string, std::vector<const Candidate*>> by_config;
       for (const Candidate& c : cands) by_config[c.config].push_back(&c);
       const Candidate* pick = nullptr;
+      // The smallest time, then the smallest default time, then the source
+      // name: the same pick for any order of the sources.
+      const auto better = [&](const Candidate* c, const Candidate* b) {
+        const double cu = c->us > 0 ? c->us : 1e300, bu = b->us > 0 ? b->us : 1e300;
+        if (cu != bu) return cu < bu;
+        const double cd = c->default_us > 0 ? c->default_us : 1e300, bd = b->default_us > 0 ? b->default_us : 1e300;
+        if (cd != bd) return cd < bd;
+        return o.sources[c->source] < o.sources[b->source];
+      };
       if (by_config.size() == 1) {
         for (const Candidate* c : by_config.begin()->second)
-          if (!pick || (c->us > 0 && (pick->us <= 0 || c->us < pick->us))) pick = c;
+          if (!pick || better(c, pick)) pick = c;
       } else {
         ++n_conflicts;
         if (o.prefer) {

@@ -58,7 +58,12 @@ std::optional<Shard> parse_shard(std::string_view text, const EnvFn& env, std::s
     Shard s{*rank, *world, "torchrun (RANK=" + std::to_string(*rank) + ", WORLD_SIZE=" + std::to_string(*world) + ")"};
     s.from_torchrun = true;
     const auto local = env_int(env, "LOCAL_RANK", &bad);
+    if (local && (*local < 0 || *local > 1023)) bad = "LOCAL_RANK=" + std::to_string(*local) + " is not a device ordinal";
     s.local_rank = local ? static_cast<int32_t>(*local) : 0;
+    // torchrun inside each task of a Slurm array or a Kubernetes Job: each
+    // task tunes the whole catalogue split over its own ranks.
+    if (env("SLURM_ARRAY_TASK_ID") || env("JOB_COMPLETION_INDEX"))
+      s.source += "; note: the Slurm array or Kubernetes index is not used (every task tunes the whole list)";
     if (!bad.empty()) {
       *error = "--shard auto: " + bad;
       return std::nullopt;
@@ -83,8 +88,9 @@ std::optional<Shard> parse_shard(std::string_view text, const EnvFn& env, std::s
   if (index) {
     const auto count = env_int(env, "KDISPATCH_SHARD_COUNT", &bad);
     if (!count) {
-      *error = "--shard auto: JOB_COMPLETION_INDEX is set (a Kubernetes indexed Job) but KDISPATCH_SHARD_COUNT is " +
-               (bad.empty() ? std::string("not") : bad) + "; set it to the Job's completions in the manifest";
+      *error = "--shard auto: JOB_COMPLETION_INDEX is set (a Kubernetes indexed Job) but " +
+               (bad.empty() ? std::string("KDISPATCH_SHARD_COUNT is not") : bad) +
+               "; set KDISPATCH_SHARD_COUNT to the Job's completions in the manifest";
       return std::nullopt;
     }
     Shard s{*index, *count,

@@ -754,15 +754,23 @@ int select_shard(TuneCmdOptions* o, const char* cmd, const dsp::OpInfo& op, Shap
   return -1;
 }
 
-// --list: the units, one per line (label, M, unit hash), and an estimate:
-// per unit the search budget plus ~0.5 s of confirmation and reference.
+// --list: the units, one per line (label, M, unit hash; units over
+// --max-flops marked), and an estimate for the others: per unit the search
+// budget plus ~0.5 s of confirmation and reference. The emit dir is not
+// read: units it already holds are listed and counted too.
 int list_units(const TuneCmdOptions& o, const dsp::OpInfo& op, const Shapes& shapes) {
   const double budget_s = (o.budget_ms > 0 ? o.budget_ms : dsp::TuneOptions{}.time_budget_ms) / 1000.0;
-  for (const Job& j : shapes.jobs)
-    std::printf("%s M=%lld unit=%016llx\n", j.label.c_str(), (long long)j.m,
-                (unsigned long long)unit_hash(op.name, j.key_fields, j.m));
-  std::printf("%zu units, estimated %.0f s (%.1f s search + ~0.5 s confirmation each)\n", shapes.jobs.size(),
-              static_cast<double>(shapes.jobs.size()) * (budget_s + 0.5), budget_s);
+  size_t tunable = 0;
+  for (const Job& j : shapes.jobs) {
+    const bool large = j.flops > o.max_flops;
+    tunable += !large;
+    std::printf("%s M=%lld unit=%016llx%s\n", j.label.c_str(), (long long)j.m,
+                (unsigned long long)unit_hash(op.name, j.key_fields, j.m), large ? " (over --max-flops: skipped)" : "");
+  }
+  std::printf("%zu units, estimated %.0f s (%.1f s search + ~0.5 s confirmation each", shapes.jobs.size(),
+              static_cast<double>(tunable) * (budget_s + 0.5), budget_s);
+  if (tunable != shapes.jobs.size()) std::printf("; %zu over --max-flops", shapes.jobs.size() - tunable);
+  std::printf("; units the emit dir holds are counted too)\n");
   return kExitOk;
 }
 
