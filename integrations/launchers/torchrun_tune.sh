@@ -9,6 +9,11 @@
 #
 #   KD_SHAPES=grid.csv KD_TUNE_DIR=/tmp/kd-tune integrations/launchers/torchrun_tune.sh
 #
+# KD_NPROC: processes (default: the GPUs nvidia-smi lists); TORCHRUN: the
+# launcher command (default torchrun). Debian's torch 1.13 under Python 3.11
+# fails on torchrun's default --redirects/--tee ("'NoneType' object has no
+# attribute 'get'"): TORCHRUN="torchrun --redirects 1 --tee 1".
+#
 # torchrun sets OMP_NUM_THREADS=1 in its processes unless it is set: on the
 # CPU backend that value is part of the tuning fingerprint (serve with it).
 # Over several hosts: the same command on each with torchrun's --nnodes,
@@ -18,7 +23,7 @@ set -euo pipefail
 : "${KD_SHAPES:?set KD_SHAPES to the shape list}"
 : "${KD_TUNE_DIR:?set KD_TUNE_DIR to the emit dir}"
 KDISPATCH=${KDISPATCH:-kdispatch}
-NPROC=${KD_NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+NPROC=${KD_NPROC:-$( (nvidia-smi -L 2>/dev/null || true) | wc -l)}
 [ "$NPROC" -ge 1 ] || { echo "no GPU found: set KD_NPROC" >&2; exit 2; }
 ${TORCHRUN:-torchrun} --standalone --nproc_per_node="$NPROC" --no_python \
   "$KDISPATCH" tune --shapes "$KD_SHAPES" --op "${KD_OP:-gemm}" --backend "${KD_BACKEND:-cuda}" \

@@ -197,7 +197,7 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "Tune one shard of the units (key, M): i/n takes the units whose XXH3-64 of "
                    "'kdispatch-unit-v1|<op>|<key fields>|M=<M>' is i mod n (the same on every host and for any "
                    "order of the shape lists); auto reads torchrun's RANK/WORLD_SIZE (the GPU: LOCAL_RANK), a Slurm "
-                   "array's SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or a Kubernetes indexed Job's "
+                   "array's SLURM_ARRAY_TASK_ID (minus SLURM_ARRAY_TASK_MIN)/SLURM_ARRAY_TASK_COUNT or a Kubernetes indexed Job's "
                    "JOB_COMPLETION_INDEX with KDISPATCH_SHARD_COUNT, and says which it used")
       ->type_name("i/n|auto");
   tune->add_flag("--list", to.list, "Print the units (of the shard) and an estimated time; tune nothing");
