@@ -3,7 +3,8 @@
 // (KDISPATCH_CLI_PATH) as tests/test_cli.cpp does: `replay --tune
 // background|sync` converges and persists, a second run with the same cache
 // dir hits; `misses --export` writes the untuned-shapes CSV; `tune --shapes
-// --emit` writes loadable config files and resumes.
+// --emit` writes loadable config files and resumes; `--shard`, `--devices`
+// (worker processes, a SIGKILLed worker replaced) and `merge` (issue 22).
 //
 // Kept small for CI on 2 cores: Qwen2.5-0.5B with a 2-entry trace file,
 // --budget-ms 50, --no-cold-cache; every run uses temp dirs and its own
@@ -689,6 +690,269 @@ TEST_CASE("cli tune: shards run one after the other into one emit dir tune every
   simdjson::dom::element doc = p.parse(simdjson::padded_string(whole.out));
   CHECK(int64_t(doc["tuned"]) == 0);
   CHECK(int64_t(doc["skipped_done"]) == 6);
+}
+
+// ---- --devices (issue 22): one worker process per device, one queue, largest first
+
+namespace {
+
+/// A tune --json run's results: "<shape> M=<m>" -> the result object, each unit once (a
+/// second entry for a unit fails the test).
+std::map<std::string, simdjson::dom::element> results_by_unit(simdjson::dom::element doc) {
+  std::map<std::string, simdjson::dom::element> u;
+  for (simdjson::dom::element r : simdjson::dom::array(doc["results"])) {
+    const std::string name = s(r["shape"]) + " M=" + std::to_string(int64_t(r["M"]));
+    CHECK_MESSAGE(u.emplace(name, r).second, "unit listed twice: " << name);
+  }
+  return u;
+}
+
+/// The rows of an emit dir: "<file name> M=<m>" for every M key of every config file.
+std::set<std::string> emit_rows(const fs::path& emit) {
+  std::set<std::string> rows;
+  simdjson::dom::parser p;
+  for (auto& e : fs::recursive_directory_iterator(emit)) {
+    if (!e.is_regular_file() || e.path().extension() != ".json") continue;
+    simdjson::dom::element doc = p.parse(simdjson::padded_string(kdtest::read_text(e.path())));
+    for (auto [k, v] : simdjson::dom::object(doc))
+      if (k != "kdispatch") rows.insert(e.path().filename().string() + " M=" + std::string(k));
+  }
+  return rows;
+}
+
+/// Sets KDISPATCH_TEST_WORKER_DIE_AT for the runs of one scope.
+struct DieAt {
+  explicit DieAt(const char* v) { ::setenv("KDISPATCH_TEST_WORKER_DIE_AT", v, 1); }
+  ~DieAt() { ::unsetenv("KDISPATCH_TEST_WORKER_DIE_AT"); }
+};
+
+}  // namespace
+
+TEST_CASE("cli tune: --devices all with 2 workers on the CPU tunes the units of one process, each once, no row lost") {
+  Scratch dir("devices");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  ::unsetenv("KDISPATCH_TEST_WORKER_DIE_AT");
+  // 24 units in 2 files (keys): both workers write rows (different M) into the same files.
+  const std::string csv = dir / "s.csv";
+  {
+    std::ofstream f(csv);
+    f << "M,hidden\n";
+    for (int hidden : {64, 128})
+      for (int m : {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48}) f << m << "," << hidden << "\n";
+  }
+  const auto tune = [&](const std::string& emit, std::vector<std::string> extra) {
+    return run(cat({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms",
+                    "20", "--no-cold-cache"},
+                   extra),
+               cache);
+  };
+  simdjson::dom::parser p1, p2;
+  CliRun one = tune(dir / "one", {"--json"});
+  REQUIRE_MESSAGE(one.exit_code == 0, one.err);
+  simdjson::dom::element d1 = p1.parse(simdjson::padded_string(one.out));
+  CliRun two = tune(dir / "two", {"--devices", "all", "--workers-per-device", "2", "--json"});
+  REQUIRE_MESSAGE(two.exit_code == 0, two.err);
+  simdjson::dom::element d2 = p2.parse(simdjson::padded_string(two.out));
+  CHECK(int64_t(d1["tuned"]) == 24);
+  CHECK(int64_t(d2["tuned"]) == 24);
+  CHECK(int64_t(d2["failed"]) == 0);
+  CHECK(int64_t(d2["skipped"]) == 0);
+
+  // The same units as the single process, each tuned once, by worker 0 or 1 on device 0.
+  const auto u1 = results_by_unit(d1), u2 = results_by_unit(d2);
+  REQUIRE(u1.size() == 24);
+  REQUIRE(u2.size() == 24);
+  std::map<int64_t, int64_t> per_worker;
+  std::map<std::string, std::set<int64_t>> workers_of_shape;
+  for (const auto& [name, r] : u2) {
+    CAPTURE(name);
+    CHECK(u1.count(name) == 1);
+    CHECK(s(r["status"]) == "tuned");
+    CHECK(int64_t(r["attempts"]) == 1);
+    CHECK(int64_t(r["device"]) == 0);
+    const int64_t w = int64_t(r["worker"]);
+    CHECK((w == 0 || w == 1));
+    ++per_worker[w];
+    workers_of_shape[s(r["shape"])].insert(w);
+  }
+  // The summary's per-worker counts agree with the results; no restarts.
+  simdjson::dom::array workers = d2["workers"];
+  REQUIRE(workers.size() == 2);
+  int64_t sum = 0;
+  for (simdjson::dom::element w : workers) {
+    CHECK(int64_t(w["device"]) == 0);
+    CHECK(int64_t(w["restarts"]) == 0);
+    CHECK(int64_t(w["units"]) == per_worker[int64_t(w["worker"])]);
+    CHECK(int64_t(w["units"]) >= 1);  // both workers pulled units from the queue
+    sum += int64_t(w["units"]);
+  }
+  CHECK(sum == 24);
+  CHECK(two.err.find("] worker 0 (cpu:0): ") != std::string::npos);
+  CHECK(two.err.find("] worker 1 (cpu:0): ") != std::string::npos);
+  // The queue holds the units largest first (flops: M * hidden here), ties in the list's order.
+  std::vector<std::pair<int64_t, std::string>> queue(24);
+  for (const auto& [name, r] : u2) {
+    const int64_t q = int64_t(r["queue_index"]);
+    REQUIRE((q >= 0 && q < 24));
+    queue[size_t(q)] = {int64_t(r["M"]) * (s(r["shape"]).find("hidden=128") == 0 ? 128 : 64), name};
+  }
+  for (size_t i = 1; i < queue.size(); ++i) {
+    CAPTURE(queue[i].second);
+    CHECK(queue[i - 1].first >= queue[i].first);
+  }
+  CHECK(queue[0].second == "hidden=128,fp32 M=48");
+  CHECK(queue[2].second == "hidden=64,fp32 M=48");  // 3072 flops, before hidden=128 M=24 (3072): the list's order
+
+  // The emit dir holds every row of the single run: the workers' writes to
+  // one file (different M of one key) merge under the file's lock.
+  const std::set<std::string> rows1 = emit_rows(dir / "one"), rows2 = emit_rows(dir / "two");
+  CHECK(rows1.size() == 24);
+  CHECK(rows2 == rows1);
+  bool shared_file = false;
+  for (const auto& [shape, ws] : workers_of_shape) shared_file |= ws.size() == 2;
+  CHECK(shared_file);  // at least one file got rows from both workers
+  CliRun v = run({"validate", dir / "two"}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
+
+  // Resumable: a second run finds every unit in the emit dir, starts no worker.
+  CliRun again = tune(dir / "two", {"--devices", "0", "--workers-per-device", "2"});
+  REQUIRE_MESSAGE(again.exit_code == 0, again.err);
+  CHECK(again.out.find("24 rmsnorm shapes: 0 tuned, 24 skipped (24 already in") != std::string::npos);
+  CHECK(again.out.find("worker 0 (cpu:0): 0 units, 0.00 s tuning, not started") != std::string::npos);
+  CHECK(again.out.find("wall time ") != std::string::npos);
+}
+
+TEST_CASE("cli tune: --devices, a worker killed by SIGKILL is replaced and its unit retried once, twice is failed") {
+  Scratch dir("devices_kill");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  // 6 units, largest first: queue index 0 is M=32, 1 is M=16, 2 is M=8.
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n16,64\n32,64\n";
+  const auto tune = [&](const std::string& emit) {
+    return run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                "--no-cold-cache", "--devices", "0", "--workers-per-device", "2", "--json"},
+               cache);
+  };
+  const auto restarts = [](simdjson::dom::element doc) {
+    int64_t n = 0;
+    for (simdjson::dom::element w : simdjson::dom::array(doc["workers"])) n += int64_t(w["restarts"]);
+    return n;
+  };
+  simdjson::dom::parser pa, pb, pc, pd;
+  {
+    // The worker handed M=8 dies (SIGKILL) on its first attempt: a new worker tunes it.
+    DieAt hook("2");
+    CliRun r = tune(dir / "once");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    simdjson::dom::element doc = pa.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["tuned"]) == 6);
+    CHECK(int64_t(doc["failed"]) == 0);
+    const auto u = results_by_unit(doc);
+    REQUIRE(u.size() == 6);
+    for (const auto& [name, res] : u) {
+      CAPTURE(name);
+      CHECK(s(res["status"]) == "tuned");
+      CHECK(int64_t(res["attempts"]) == (name == "hidden=64,fp32 M=8" ? 2 : 1));
+    }
+    CHECK(int64_t(u.at("hidden=64,fp32 M=8")["queue_index"]) == 2);
+    CHECK(restarts(doc) == 1);
+    CHECK(r.err.find("killed by signal 9") != std::string::npos);
+    CHECK(r.err.find("while tuning hidden=64,fp32 M=8: the unit is retried on a new worker") != std::string::npos);
+    CHECK(emit_rows(dir / "once").size() == 6);
+  }
+  {
+    // It dies on every attempt: reported failed after the second, the other units tuned, exit 1.
+    DieAt hook("2:always");
+    CliRun r = tune(dir / "always");
+    CHECK(r.exit_code == 1);
+    simdjson::dom::element doc = pb.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["tuned"]) == 5);
+    CHECK(int64_t(doc["failed"]) == 1);
+    const auto u = results_by_unit(doc);
+    REQUIRE(u.count("hidden=64,fp32 M=8") == 1);
+    simdjson::dom::element bad = u.at("hidden=64,fp32 M=8");
+    CHECK(s(bad["status"]) == "failed");
+    CHECK(int64_t(bad["attempts"]) == 2);
+    CHECK(s(bad["message"]).find("its worker died on both attempts (the last killed by signal 9") == 0);
+    CHECK(restarts(doc) == 2);
+    CHECK(r.err.find("while tuning hidden=64,fp32 M=8, its second attempt: the unit failed") != std::string::npos);
+    const std::set<std::string> rows = emit_rows(dir / "always");
+    CHECK(rows.size() == 5);
+    for (const std::string& row : rows) CHECK(row.find(" M=8") == std::string::npos);
+  }
+  {
+    // Resuming that emit dir (no hook) tunes only the failed unit.
+    CliRun r = tune(dir / "always");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    simdjson::dom::element doc = pc.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["tuned"]) == 1);
+    CHECK(int64_t(doc["skipped_done"]) == 5);
+    CHECK(s(results_by_unit(doc).at("hidden=64,fp32 M=8")["status"]) == "tuned");
+    CHECK(emit_rows(dir / "always").size() == 6);
+  }
+  {
+    // A sticky device error (simulated on M=16) ends the worker too: a new one retries the unit.
+    DieAt hook("1:sticky");
+    CliRun r = tune(dir / "sticky");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    simdjson::dom::element doc = pd.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["tuned"]) == 6);
+    CHECK(int64_t(results_by_unit(doc).at("hidden=64,fp32 M=16")["attempts"]) == 2);
+    CHECK(restarts(doc) == 1);
+    CHECK(r.err.find("hidden=64,fp32 M=16 FAILED: backend_error: a simulated sticky device error") !=
+          std::string::npos);
+    CHECK(r.err.find("(a sticky device error: retried on a new worker)") != std::string::npos);
+  }
+}
+
+TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, bad lists and torchrun") {
+  Scratch dir("devices_refused");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n";
+  const std::vector<std::string> base = {"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32",
+                                         "--emit", dir / "emit", "--budget-ms", "20", "--no-cold-cache"};
+  const auto refused = [&](const std::vector<std::string>& extra, const std::string& message) {
+    CAPTURE(message);
+    CliRun r = run(cat(base, extra), cache);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(r.err.find(message) != std::string::npos, r.err);
+  };
+  refused({"--devices", "0", "--device", "0"}, "--devices and --device: give one");
+  refused({"--devices", "0,0"}, "--devices 0,0: device 0 is listed twice (for several workers on one device: "
+                                "--workers-per-device N)");
+  refused({"--devices", "1"}, "--devices 1 (--backend cpu): device 1 is not present: unsupported_device: cpu device 1 "
+                              "does not exist");
+  refused({"--devices", "0,1"}, "device 1 is not present");
+  refused({"--devices", "x"}, "--devices x: expected all or device ordinals separated by commas (e.g. 0,1), got 'x'");
+  refused({"--devices", "0,,1"}, "got ''");
+  refused({"--devices", "-1"}, "got '-1'");
+  refused({"--devices", ""}, "--devices");
+  refused({"--workers-per-device", "2"}, "--workers-per-device needs --devices");
+  refused({"--devices", "0", "--workers-per-device", "0"}, "--workers-per-device must be in [1, 64], got 0");
+  // torchrun: through --shard auto, and its variables alone.
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  refused({"--devices", "all", "--shard", "auto"},
+          "--devices under torchrun (torchrun (RANK=0, WORLD_SIZE=2)): torchrun already runs one process per GPU");
+  refused({"--devices", "all"}, "--devices under torchrun (TORCHELASTIC_RUN_ID or LOCAL_RANK and WORLD_SIZE are set)");
+  clear_launcher_env();
+  CHECK_FALSE(fs::exists(fs::path(dir / "emit") / "cpu"));  // nothing was tuned
+  // The CPU backend's one device: --devices 0 runs.
+  CliRun ok = run(cat(base, {"--devices", "0"}), cache);
+  CHECK_MESSAGE(ok.exit_code == 0, ok.err);
+  CHECK(ok.out.find("1 rmsnorm shapes: 1 tuned") != std::string::npos);
+  CHECK(ok.out.find("worker 0 (cpu:0): 1 units") != std::string::npos);
+  // --help documents --devices and --workers-per-device, not the workers' own flag.
+  CliRun help = run({"tune", "--help"}, cache);
+  CHECK(help.out.find("--devices all|N,N...") != std::string::npos);
+  CHECK(help.out.find("--workers-per-device N") != std::string::npos);
+  CHECK(help.out.find("--internal-worker") == std::string::npos);
 }
 
 TEST_CASE("cli merge: two shards into one tree, byte-identical for either source order, conflicts and builds refused") {

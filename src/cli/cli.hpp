@@ -179,6 +179,14 @@ struct TuneCmdOptions {
   bool list = false;
   /// --device: the ordinal tuned on; -1 = 0, or torchrun's LOCAL_RANK under --shard auto.
   int32_t device = -1;
+  /// --devices: "all" or ordinals "0,1,..." of --backend, one worker process
+  /// each pulling units from a shared queue; "" = tune in this process.
+  std::string devices;
+  /// --workers-per-device: worker processes per device of --devices; -1 = not given (1).
+  int32_t workers_per_device = -1;
+  /// The hidden worker mode of --devices: tune the units the parent sends
+  /// on stdin on --device, answer on fd 3 (tune.cpp).
+  bool internal_worker = false;
 };
 int run_tune(const TuneCmdOptions& o);
 

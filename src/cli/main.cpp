@@ -188,7 +188,8 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "to tune on this host")
       ->type_name("X")
       ->capture_default_str();
-  tune->add_option("--backend", to.backend, "cpu, cuda or hip: the device the shapes are tuned on (ordinal 0)")
+  tune->add_option("--backend", to.backend,
+                   "cpu, cuda or hip: the device the shapes are tuned on (ordinal 0, else --device or --devices)")
       ->type_name("BACKEND")
       ->capture_default_str();
   tune->add_flag("--no-cold-cache", to.no_cold_cache, "Time candidates with warm caches (faster; for tests)");
@@ -203,12 +204,32 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_flag("--list", to.list, "Print the units (of the shard) and an estimated time; tune nothing");
   tune->add_option("--device", to.device, "Device ordinal of --backend to tune on (default 0; torchrun: LOCAL_RANK)")
       ->type_name("N");
+  tune->add_option("--devices", to.devices,
+                   "Tune on several devices of --backend at once: all (every device the runtime reports) or "
+                   "ordinals 0,1,...; one worker process per device (its own scratch: --mem-gib is per worker) "
+                   "pulls the units (after --shard and the resume check) from one queue, largest first, into the "
+                   "one --emit dir; a worker that dies or hits a sticky GPU error is replaced and its unit retried "
+                   "once, then reported failed. Not with --device, nor under torchrun (one process per GPU "
+                   "already). The CPU backend has one device: --devices 0 (or all)")
+      ->type_name("all|N,N...")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("expected all or device ordinals, e.g. 0,1") : ""; },
+          "", "not empty"));
+  tune->add_option("--workers-per-device", to.workers_per_device,
+                   "With --devices: worker processes per device (default 1). More than one share the device, so "
+                   "their timings disturb each other: for devices one tuning process leaves idle, and for tests "
+                   "(several workers on the CPU backend)")
+      ->type_name("N");
+  tune->add_flag("--internal-worker", to.internal_worker, "A worker of --devices (internal)")->group("");
   tune->footer(
       "Examples:\n"
       "  kdispatch misses --export misses.csv && kdispatch tune --shapes misses.csv --op gemm --emit my-configs\n"
       "  kdispatch tune --shapes aiter/configs/bf16_untuned_gemm.csv --op gemm --emit my-configs --max-flops 1e10\n"
       "  kdispatch validate my-configs && kdispatch replay --configs my-configs\n"
-      "Progress goes to stderr, one line per shape; the summary to stdout.\n"
+      "  kdispatch tune --shapes grid.csv --op gemm --backend cuda --emit my-configs --devices all   # every GPU\n"
+      "  kdispatch tune --shapes grid.csv --op gemm --backend cuda --emit my-configs --devices 0,1 --shard 0/2\n"
+      "Progress goes to stderr, one line per shape (with --devices: which worker and device tuned it, and its time);\n"
+      "the summary to stdout (with --devices: units and time per worker, and the wall time).\n"
       "Exit codes: 0 every shape tuned or skipped, 1 some shape failed, 2 bad argument or shape file.");
   return tune;
 }

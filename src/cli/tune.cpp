@@ -8,16 +8,27 @@
 // `tune` resumes: a shape whose (key, M) already has a row in the emit dir
 // (an exact lookup match) is skipped, so an interrupted run picks up where it
 // stopped (every winner is persisted as soon as it is found).
+//
+// `tune --devices all|0,1,...` spreads the units over one worker process per
+// device, pulling from one queue, largest first (run_devices, below).
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -256,6 +267,15 @@ struct Outcome {
   double us = 0, default_us = 0;
   int32_t candidates = 0, rejected = 0;
   bool persisted = false;
+  // --devices: the config as a worker sent it (JSON), the worker slot and
+  // device ordinal that tuned the unit (-1: this process), the attempts (2:
+  // retried after its first worker died) and the unit's time in the worker.
+  // queue_index: its place in the queue, 0 = the largest (the index
+  // KDISPATCH_TEST_WORKER_DIE_AT names).
+  std::string config_json;
+  int32_t worker = -1, device = -1, attempts = 0;
+  int64_t queue_index = -1;
+  double seconds = 0;
 };
 
 const char* kind_name(Outcome::Kind k) {
@@ -279,6 +299,30 @@ double round3(double v) { return std::round(v * 1000) / 1000; }
 
 // ---- the options
 
+// --devices' value: "all" (*ordinals left empty) or comma-separated device
+// ordinals, each once. A message naming the problem, or "".
+std::string parse_devices(const std::string& text, std::vector<int32_t>* ordinals) {
+  ordinals->clear();
+  if (text == "all") return {};
+  const std::string what = "--devices " + text + ": ";
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string_view item =
+        trim(std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    int64_t n = 0;
+    if (!parse_int(item, &n) || n < 0 || n > 1023)
+      return what + "expected all or device ordinals separated by commas (e.g. 0,1), got '" + std::string(item) + "'";
+    if (std::find(ordinals->begin(), ordinals->end(), n) != ordinals->end())
+      return what + "device " + std::to_string(n) + " is listed twice (for several workers on one device: " +
+             "--workers-per-device N)";
+    ordinals->push_back(static_cast<int32_t>(n));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return {};
+}
+
 // Checks the options that need no file: a usage error's exit code, or -1.
 int check_options(const TuneCmdOptions& o, const char* cmd) {
   const auto bad = [&](const std::string& msg) {
@@ -297,6 +341,14 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
   if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "hip")
     return bad("--backend '" + o.backend + "' is not cpu, cuda or hip");
   if (o.device < -1) return bad("--device must be >= 0, got " + std::to_string(o.device));
+  if (!o.devices.empty()) {
+    if (o.device >= 0) return bad("--devices and --device: give one (--devices " + o.devices + " tunes on each)");
+    std::vector<int32_t> ordinals;
+    if (std::string e = parse_devices(o.devices, &ordinals); !e.empty()) return bad(e);
+  }
+  if (o.workers_per_device != -1 && o.devices.empty()) return bad("--workers-per-device needs --devices");
+  if (o.workers_per_device != -1 && (o.workers_per_device < 1 || o.workers_per_device > 64))
+    return bad("--workers-per-device must be in [1, 64], got " + std::to_string(o.workers_per_device));
   return -1;
 }
 
@@ -605,29 +657,58 @@ std::optional<Outcome> skip(const Target& t, const Job& j, const std::string& he
   return out;
 }
 
-// One job: skipped, tuned (dsp::pretune_key, persisted into the emit dir) or failed.
-Outcome tune_one(const Target& t, const Job& j, size_t i, Progress& progress) {
+// A backend error after which the device context is unusable (CUDA's and
+// HIP's sticky errors: every later call fails): only a new process recovers.
+bool is_sticky_error(const dsp::Status& s) {
+  if (s.code() != dsp::StatusCode::backend_error) return false;
+  static const char* const kSticky[] = {
+      "cudaErrorIllegalAddress",     "cudaErrorLaunchFailure",     "cudaErrorHardwareStackError",
+      "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace",
+      "cudaErrorInvalidPc",          "cudaErrorAssert",            "cudaErrorECCUncorrectable",
+      "cudaErrorLaunchTimeout",      "cudaErrorContextIsDestroyed", "hipErrorIllegalAddress",
+      "hipErrorLaunchFailure",       "hipErrorAssert",             "hipErrorECCNotCorrectable",
+      "hipErrorLaunchTimeOut",       "hipErrorContextIsDestroyed"};
+  const std::string text = s.to_string();
+  for (const char* name : kSticky)
+    if (text.find(name) != std::string::npos) return true;
+  return false;
+}
+
+// One job: skipped, tuned (dsp::pretune_key, persisted into the emit dir) or
+// failed; *line is its progress line. *sticky (optional) says whether it
+// failed with a sticky device error. `progress` (optional) shows the job
+// as started before the search.
+Outcome tune_unit(const Target& t, const Job& j, std::string* line, bool* sticky = nullptr,
+                  Progress* progress = nullptr, size_t i = 0) {
   const std::string head = j.label + " M=" + std::to_string(j.m);
-  std::string line;
   Outcome out;
-  if (auto skipped = skip(t, j, head, &line)) {
+  if (sticky) *sticky = false;
+  if (auto skipped = skip(t, j, head, line)) {
     out = std::move(*skipped);
   } else {
-    progress.start(i + 1, head);
+    if (progress) progress->start(i + 1, head);
     auto r = dsp::pretune_key(t.rt, t.o.op, j.key_fields, j.m, t.dev);
     if (r.ok()) {
-      out = tuned_outcome(*r, head, t.o.emit, &line);
+      out = tuned_outcome(*r, head, t.o.emit, line);
     } else {
       // Over the scratch-memory budget is "too large here", like --max-flops.
       out.kind = r.status().code() == dsp::StatusCode::out_of_memory ? Outcome::Kind::too_large
                                                                       : Outcome::Kind::failed;
       out.message = r.status().to_string();
-      line = head + (out.kind == Outcome::Kind::failed ? " FAILED: " : " skipped: ") + out.message;
+      *line = head + (out.kind == Outcome::Kind::failed ? " FAILED: " : " skipped: ") + out.message;
+      if (sticky) *sticky = is_sticky_error(r.status());
     }
   }
-  progress.done(i + 1, line);
   out.label = j.label;
   out.m = j.m;
+  return out;
+}
+
+// One job of this process, with its progress line.
+Outcome tune_one(const Target& t, const Job& j, size_t i, Progress& progress) {
+  std::string line;
+  Outcome out = tune_unit(t, j, &line, nullptr, &progress, i);
+  progress.done(i + 1, line);
   return out;
 }
 
@@ -675,7 +756,7 @@ void write_outcome(JsonWriter& w, const Outcome& r) {
   w.field("shape", r.label).field("M", r.m).field("status", kind_name(r.kind));
   if (!r.variant.empty()) {
     w.field("variant", r.variant);
-    w.key("config").json(dsp::config_to_json(r.config));
+    w.key("config").json(r.config_json.empty() ? dsp::config_to_json(r.config) : r.config_json);
   }
   if (!r.key.empty()) w.field("key", r.key);
   if (r.kind == Outcome::Kind::tuned) {
@@ -684,11 +765,18 @@ void write_outcome(JsonWriter& w, const Outcome& r) {
     w.field("candidates", r.candidates).field("rejected", r.rejected);
   }
   if (!r.message.empty()) w.field("message", r.message);
+  if (r.queue_index >= 0) {
+    w.field("worker", r.worker).field("device", r.device).field("queue_index", r.queue_index);
+    w.field("attempts", r.attempts);
+    w.field("unit_seconds", round3(r.seconds));
+  }
   w.end_object();
 }
 
+// `workers` (--devices): the JSON array of the worker slots, else "".
 void print_json(const TuneCmdOptions& o, const std::string& device, const Summary& s, double budget_ms,
-                const std::vector<Outcome>& results, const std::vector<Outcome>& unsupported) {
+                const std::vector<Outcome>& results, const std::vector<Outcome>& unsupported,
+                const std::string& workers = {}) {
   JsonWriter w;
   w.begin_object();
   w.field("op", o.op).field("emit", o.emit).field("device_name", device);
@@ -697,6 +785,7 @@ void print_json(const TuneCmdOptions& o, const std::string& device, const Summar
   w.field("skipped_too_large", s.too_large).field("skipped_unsupported", s.unsupported);
   w.field("failed", s.failed).field("seconds", round3(s.seconds)).field("geomean_speedup", round3(s.geomean));
   w.field("budget_ms", budget_ms);
+  if (!workers.empty()) w.key("workers").json(workers);
   w.key("files").begin_array();
   for (const std::string& f : s.files) w.value(f);
   w.end_array();
@@ -723,6 +812,620 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
               o.op.c_str(), s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
 }
 
+// ---- --devices: one worker process per device, one queue
+//
+// The parent reads the shapes, applies --shard and the resume check, and
+// orders the remaining units largest first (flops per call). Per device of
+// --devices it starts --workers-per-device workers: its own executable
+// (/proc/self/exe) as `kdispatch tune --internal-worker --device N` with the
+// run's tuning options, each with its own runtime over the emit dir, its own
+// scratch and --mem-gib. A worker takes one unit at a time; the parent hands
+// the next to whichever worker is free (the first units once every first
+// worker is ready or gone: unit i to worker i). Over pipes, one line per
+// message, tab-separated:
+//   parent -> worker (its stdin):  unit <index> <attempt> <M> <key fields> <label>
+//   worker -> parent (its fd 3):   ready <device name>
+//                                  result <index> <kind> <persisted> <sticky> <us> <default us>
+//                                         <candidates> <rejected> <variant> <key> <config> <message> <line>
+// The worker's stdout is its stderr. EOF on its stdin ends it (exit 0). A
+// worker whose result pipe ends without its result (killed, crashed) or
+// that reports a sticky device error (then it exits) is replaced by a new
+// process on the same device; its unit goes back to the front of the queue
+// once, and is reported failed when it ends its worker a second time. A
+// worker that dies twice in a row before it is ready gives up its slot.
+// The emit dir's writes merge under a per-file lock (store/writer.hpp), so
+// workers tuning different M of one key keep every row.
+//
+// Test hook (test-only, read by the workers): KDISPATCH_TEST_WORKER_DIE_AT=
+// <index>[:always|:sticky] — the worker handed the unit of queue index
+// <index> (0 = the largest) kills itself with SIGKILL before tuning it, on
+// the unit's first attempt (":always": on every attempt; ":sticky": reports
+// a sticky device error instead, on the first attempt).
+
+constexpr int kWorkerResultFd = 3;
+constexpr int kExitSticky = 3;  // a worker after a sticky device error
+
+// A message text as one field of the protocol: no tab, no newline.
+std::string one_field(std::string v) {
+  for (char& c : v)
+    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+  return v;
+}
+
+std::vector<std::string> split_tabs(std::string_view l) {
+  std::vector<std::string> f;
+  size_t start = 0;
+  while (true) {
+    const size_t tab = l.find('\t', start);
+    f.emplace_back(l.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start));
+    if (tab == std::string_view::npos) return f;
+    start = tab + 1;
+  }
+}
+
+bool write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+double parse_double(const std::string& v) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  return end && *end == '\0' && std::isfinite(d) ? d : 0.0;
+}
+
+// KDISPATCH_TEST_WORKER_DIE_AT (see above); index -1 when unset or malformed.
+struct DieHook {
+  int64_t index = -1;
+  bool always = false, sticky = false;
+};
+DieHook die_hook() {
+  DieHook h;
+  const char* v = std::getenv("KDISPATCH_TEST_WORKER_DIE_AT");
+  if (v == nullptr) return h;
+  const std::string_view text(v);
+  const size_t colon = text.find(':');
+  const std::string_view mode = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
+  int64_t i = 0;
+  if (!parse_int(text.substr(0, colon), &i) || i < 0 || !(mode.empty() || mode == "always" || mode == "sticky"))
+    return h;
+  h.index = i;
+  h.always = mode == "always";
+  h.sticky = mode == "sticky";
+  return h;
+}
+
+// The worker: a runtime over the emit dir on --device, then the units the
+// parent sends, one at a time, until its stdin ends.
+int run_worker(const TuneCmdOptions& o, const char* cmd) {
+  int exit_code = kExitOk;
+  std::unique_ptr<dsp::Runtime> rt = emit_runtime(o, cmd, &exit_code);
+  if (!rt) return exit_code;
+  Target t{*rt, o, {}, {}};
+  if (!tune_device(*rt, o, cmd, &t.dev, &t.device)) return kExitUsage;
+  if (!write_all(kWorkerResultFd, "ready\t" + one_field(t.device) + "\n")) return kExitFailure;
+  const DieHook hook = die_hook();
+  std::string in;
+  while (std::getline(std::cin, in)) {
+    const std::vector<std::string> f = split_tabs(in);
+    int64_t index = 0, attempt = 0, m = 0;
+    if (f.size() != 6 || f[0] != "unit" || !parse_int(f[1], &index) || !parse_int(f[2], &attempt) ||
+        !parse_int(f[3], &m)) {
+      std::fprintf(stderr, "%s: worker: a bad command from the parent: '%s'\n", cmd, in.c_str());
+      return kExitFailure;
+    }
+    Job j;
+    j.m = m;
+    j.key_fields = f[4];
+    j.label = f[5];
+    std::string line;
+    bool sticky = false;
+    Outcome out;
+    if (hook.index == index && (attempt == 0 || hook.always)) {
+      if (!hook.sticky) {
+        std::fflush(nullptr);
+        ::kill(::getpid(), SIGKILL);
+      }
+      sticky = true;
+      out.kind = Outcome::Kind::failed;
+      out.message = "backend_error: a simulated sticky device error (KDISPATCH_TEST_WORKER_DIE_AT)";
+      line = j.label + " M=" + std::to_string(m) + " FAILED: " + out.message;
+    } else {
+      out = tune_unit(t, j, &line, &sticky);
+    }
+    const std::string cfg = out.variant.empty() ? std::string() : dsp::config_to_json(out.config);
+    const std::string reply = "result\t" + std::to_string(index) + "\t" + kind_name(out.kind) + "\t" +
+                              (out.persisted ? "1" : "0") + "\t" + (sticky ? "1" : "0") + "\t" +
+                              fmt("%.17g", out.us) + "\t" + fmt("%.17g", out.default_us) + "\t" +
+                              std::to_string(out.candidates) + "\t" + std::to_string(out.rejected) + "\t" +
+                              one_field(out.variant) + "\t" + one_field(out.key) + "\t" + one_field(cfg) + "\t" +
+                              one_field(out.message) + "\t" + one_field(line) + "\n";
+    if (!write_all(kWorkerResultFd, reply)) return kExitFailure;
+    if (sticky) return kExitSticky;  // the device context is unusable: the parent starts a new worker
+  }
+  return kExitOk;
+}
+
+// A worker result's kind.
+Outcome::Kind kind_from_name(std::string_view n) {
+  for (Outcome::Kind k : {Outcome::Kind::tuned, Outcome::Kind::done, Outcome::Kind::too_large,
+                          Outcome::Kind::unsupported, Outcome::Kind::failed})
+    if (n == kind_name(k)) return k;
+  return Outcome::Kind::failed;
+}
+
+// How a child process ended, in words.
+std::string exit_text(int status) {
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + (name ? std::string(" (") + name + ")" : "");
+  }
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+// One worker slot of --devices: the process serving it now (pid -1: none)
+// and the totals of every process it had.
+struct WorkerSlot {
+  int32_t index = 0, ordinal = 0;
+  std::string name;  // "worker 1 (cuda:1)"
+  pid_t pid = -1;
+  int cmd_fd = -1, res_fd = -1;
+  std::string buf;  // a result line read in part
+  bool ready = false, retiring = false, abandoned = false;
+  int64_t unit = -1;  // the queue index in flight, or -1
+  Clock::time_point started;
+  int32_t startup_failures = 0, processes = 0;
+  int64_t units = 0;
+  double busy_seconds = 0;
+};
+
+// The devices of --devices: their ordinals and the one device name they
+// share. A usage error's exit code, or -1.
+int resolve_devices(const TuneCmdOptions& o, const char* cmd, dsp::Runtime& rt, std::vector<int32_t>* ordinals,
+                    std::string* device_name) {
+  auto type = dsp::parse_device_type(o.backend);
+  if (!type.ok()) {
+    std::fprintf(stderr, "%s: --backend %s: %s\n", cmd, o.backend.c_str(), type.status().to_string().c_str());
+    return kExitUsage;
+  }
+  const std::string what = "--devices " + o.devices + " (--backend " + o.backend + ")";
+  if (std::string e = parse_devices(o.devices, ordinals); !e.empty()) {  // checked before: cannot fail
+    std::fprintf(stderr, "%s: %s\n", cmd, e.c_str());
+    return kExitUsage;
+  }
+  std::vector<std::string> names;
+  if (o.devices == "all") {
+    for (int32_t n = 0; n < 1024; ++n) {
+      auto di = rt.device_info(dsp::Device{*type, n});
+      if (!di.ok() || !di->available) {
+        if (n == 0) {
+          std::fprintf(stderr, "%s: %s: no device: %s\n", cmd, what.c_str(),
+                       di.ok() ? di->unavailable_reason.c_str() : di.status().to_string().c_str());
+          return kExitUsage;
+        }
+        break;
+      }
+      ordinals->push_back(n);
+      names.push_back(di->device_name);
+    }
+  } else {
+    for (int32_t n : *ordinals) {
+      auto di = rt.device_info(dsp::Device{*type, n});
+      if (!di.ok() || !di->available) {
+        std::fprintf(stderr, "%s: %s: device %d is not present: %s\n", cmd, what.c_str(), n,
+                     di.ok() ? di->unavailable_reason.c_str() : di.status().to_string().c_str());
+        return kExitUsage;
+      }
+      names.push_back(di->device_name);
+    }
+  }
+  // The units are pulled by any worker, so every device must tune for the
+  // same config files (and resume from the same rows).
+  for (size_t i = 1; i < names.size(); ++i)
+    if (names[i] != names[0]) {
+      std::fprintf(stderr,
+                   "%s: %s: device %d is %s but device %d is %s: the devices of one run must be of one kind "
+                   "(tune each kind with its own --devices list)\n",
+                   cmd, what.c_str(), (*ordinals)[0], names[0].c_str(), (*ordinals)[i], names[i].c_str());
+      return kExitUsage;
+    }
+  *device_name = names.at(0);
+  return -1;
+}
+
+// The worker's command line: the run's tuning options on one device.
+std::vector<std::string> worker_argv(const TuneCmdOptions& o, const std::string& exe, int32_t ordinal) {
+  std::vector<std::string> a = {exe, "tune", "--internal-worker", "--shapes"};
+  a.insert(a.end(), o.shapes.begin(), o.shapes.end());  // not read by a worker; --shapes is required
+  a.insert(a.end(), {"--op", o.op, "--emit", o.emit, "--dtype", o.dtype, "--backend", o.backend, "--device",
+                     std::to_string(ordinal), "--max-flops", fmt("%.17g", o.max_flops)});
+  if (o.budget_ms > 0) a.insert(a.end(), {"--budget-ms", fmt("%.17g", o.budget_ms)});
+  if (o.mem_gib > 0) a.insert(a.end(), {"--mem-gib", fmt("%.17g", o.mem_gib)});
+  if (o.reps > 0) a.insert(a.end(), {"--reps", std::to_string(o.reps)});
+  if (o.max_candidates >= 1) a.insert(a.end(), {"--max-candidates", std::to_string(o.max_candidates)});
+  if (o.no_cold_cache) a.push_back("--no-cold-cache");
+  if (!o.resume) a.push_back("--no-resume");
+  return a;
+}
+
+// Starts the process of `w`: pipes, fork, exec. False (message printed) when
+// no process could be started.
+bool spawn_worker(WorkerSlot& w, const std::vector<std::string>& args, const char* cmd) {
+  int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
+  if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "%s: %s: cannot create a pipe: %s\n", cmd, w.name.c_str(), std::strerror(errno));
+    for (int fd : {to_child[0], to_child[1]})
+      if (fd >= 0) ::close(fd);
+    return false;
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // the child: async-signal-safe calls only, until exec
+    ::signal(SIGPIPE, SIG_DFL);
+    if (::dup2(to_child[0], 0) < 0) ::_exit(127);
+    if (from_child[1] == kWorkerResultFd) ::fcntl(kWorkerResultFd, F_SETFD, 0);  // keep it over exec
+    else if (::dup2(from_child[1], kWorkerResultFd) < 0) ::_exit(127);
+    ::dup2(2, 1);  // the worker's stdout is not the summary's
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  if (pid < 0) {
+    std::fprintf(stderr, "%s: %s: fork: %s\n", cmd, w.name.c_str(), std::strerror(errno));
+    ::close(to_child[1]);
+    ::close(from_child[0]);
+    return false;
+  }
+  w.pid = pid;
+  w.cmd_fd = to_child[1];
+  w.res_fd = from_child[0];
+  w.buf.clear();
+  w.ready = w.retiring = false;
+  w.unit = -1;
+  ++w.processes;
+  return true;
+}
+
+// The parent of --devices: the queue, the workers, their results.
+class DeviceRun {
+ public:
+  DeviceRun(const TuneCmdOptions& o, const char* cmd, const std::vector<Job>& jobs, std::vector<Outcome>* results,
+            Progress& progress)
+      : o_(o), cmd_(cmd), jobs_(jobs), results_(*results), progress_(progress) {}
+
+  // Tunes `units` (indices into jobs, largest first) on the slots' devices.
+  void run(const std::vector<size_t>& units, const std::vector<int32_t>& ordinals, int32_t per_device,
+           const std::string& exe) {
+    units_ = units;
+    attempts_.assign(units.size(), 0);
+    for (size_t i = 0; i < units.size(); ++i) queue_.push_back(static_cast<int64_t>(i));
+    // Slot order spreads the first workers over the devices.
+    for (int32_t k = 0; k < per_device; ++k)
+      for (int32_t ordinal : ordinals) {
+        WorkerSlot w;
+        w.index = static_cast<int32_t>(slots_.size());
+        w.ordinal = ordinal;
+        w.name = "worker " + std::to_string(w.index) + " (" + o_.backend + ":" + std::to_string(ordinal) + ")";
+        slots_.push_back(std::move(w));
+      }
+    exe_ = exe;
+    loop();
+    for (WorkerSlot& w : slots_) stop(w);
+  }
+
+  const std::vector<WorkerSlot>& slots() const { return slots_; }
+
+ private:
+  const Job& job_of(int64_t unit) const { return jobs_[units_[static_cast<size_t>(unit)]]; }
+  std::string head_of(int64_t unit) const { return job_of(unit).label + " M=" + std::to_string(job_of(unit).m); }
+
+  void loop() {
+    while (true) {
+      // Start workers while units wait for more than the free ones.
+      size_t free_workers = 0;
+      for (const WorkerSlot& w : slots_) free_workers += w.pid > 0 && !w.retiring && w.unit < 0;
+      for (WorkerSlot& w : slots_)
+        if (w.pid < 0 && !w.abandoned && queue_.size() > free_workers) {
+          if (spawn_worker(w, worker_argv(o_, exe_, w.ordinal), cmd_)) ++free_workers;
+          else w.abandoned = true;
+        }
+      // The first units wait until every first worker is ready (or gone):
+      // unit i goes to worker i, the largest units start together.
+      const auto live = [](const WorkerSlot& w) { return w.pid > 0; };
+      const auto starting = [](const WorkerSlot& w) { return w.pid > 0 && !w.ready; };
+      if (!started_)
+        started_ = std::any_of(slots_.begin(), slots_.end(), live) &&
+                   std::none_of(slots_.begin(), slots_.end(), starting);
+      for (WorkerSlot& w : slots_)
+        if (started_ && w.pid > 0 && w.ready && !w.retiring && w.unit < 0 && !queue_.empty()) hand_out(w);
+      const bool in_flight = std::any_of(slots_.begin(), slots_.end(), [](const WorkerSlot& w) { return w.unit >= 0; });
+      if (queue_.empty() && !in_flight) return;
+      if (std::none_of(slots_.begin(), slots_.end(), live)) {  // every slot gave up: the queued units cannot be tuned
+        while (!queue_.empty()) {
+          fail(queue_.front(), "no worker could be started on any device of --devices");
+          queue_.pop_front();
+        }
+        return;
+      }
+      wait_and_read();
+    }
+  }
+
+  void hand_out(WorkerSlot& w) {
+    const int64_t unit = queue_.front();
+    queue_.pop_front();
+    const Job& j = job_of(unit);
+    w.unit = unit;
+    w.started = Clock::now();
+    const std::string msg = "unit\t" + std::to_string(unit) + "\t" + std::to_string(attempts_[size_t(unit)]) + "\t" +
+                            std::to_string(j.m) + "\t" + j.key_fields + "\t" + one_field(j.label) + "\n";
+    // A worker that died meanwhile: its pipe's end says so (EPIPE here,
+    // EOF on its result pipe), and its unit is handled there.
+    (void)write_all(w.cmd_fd, msg);
+  }
+
+  void wait_and_read() {
+    std::vector<pollfd> fds;
+    std::vector<WorkerSlot*> who;
+    for (WorkerSlot& w : slots_)
+      if (w.pid > 0) {
+        fds.push_back(pollfd{w.res_fd, POLLIN, 0});
+        who.push_back(&w);
+      }
+    if (::poll(fds.data(), fds.size(), -1) < 0) return;  // EINTR: the loop polls again
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      WorkerSlot& w = *who[i];
+      char buf[4096];
+      const ssize_t n = ::read(w.res_fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ended(w);
+        continue;
+      }
+      w.buf.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = w.buf.find('\n')) != std::string::npos;) {
+        const std::string line = w.buf.substr(0, nl);
+        w.buf.erase(0, nl + 1);
+        message(w, line);
+      }
+    }
+  }
+
+  void message(WorkerSlot& w, const std::string& line) {
+    const std::vector<std::string> f = split_tabs(line);
+    if (f.size() == 2 && f[0] == "ready") {
+      w.ready = true;
+      w.startup_failures = 0;
+      return;
+    }
+    int64_t unit = -1, cand = 0, rej = 0;
+    if (f.size() != 14 || f[0] != "result" || !parse_int(f[1], &unit) || unit != w.unit || !parse_int(f[7], &cand) ||
+        !parse_int(f[8], &rej)) {
+      std::fprintf(stderr, "%s: %s: an unexpected message: '%s'\n", cmd_, w.name.c_str(), line.c_str());
+      return;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
+    w.unit = -1;
+    ++w.units;
+    w.busy_seconds += seconds;
+    const bool sticky = f[4] == "1";
+    const std::string where = w.name + ": ";
+    const std::string took = fmt(" [%.2f s]", seconds);
+    if (sticky) {  // the worker exits; a new one takes the unit once
+      w.retiring = true;
+      ++attempts_[size_t(unit)];
+      const bool again = attempts_[size_t(unit)] < 2;
+      progress_line(where + f[13] + took + (again ? " (a sticky device error: retried on a new worker)" : ""),
+                    !again);
+      if (again) queue_.push_front(unit);
+      else fail(unit, f[12] + " (a sticky device error, twice)", &w, seconds);
+      return;
+    }
+    Outcome out;
+    out.kind = kind_from_name(f[2]);
+    out.persisted = f[3] == "1";
+    out.us = parse_double(f[5]);
+    out.default_us = parse_double(f[6]);
+    out.candidates = static_cast<int32_t>(cand);
+    out.rejected = static_cast<int32_t>(rej);
+    out.variant = f[9];
+    out.key = f[10];
+    out.config_json = f[11];
+    out.message = f[12];
+    out.attempts = attempts_[size_t(unit)] + 1;
+    record(unit, std::move(out), &w, seconds);
+    progress_line(where + f[13] + took, true);
+  }
+
+  // The result pipe of `w` ended: its process is gone (or going).
+  void ended(WorkerSlot& w) {
+    ::close(w.res_fd);
+    ::close(w.cmd_fd);
+    int status = 0;
+    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " + exit_text(status);
+    const int64_t unit = w.unit;
+    const bool was_ready = w.ready, retiring = w.retiring;
+    w.pid = -1;
+    w.cmd_fd = w.res_fd = -1;
+    w.unit = -1;
+    w.ready = w.retiring = false;
+    if (unit >= 0) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
+      w.busy_seconds += seconds;
+      ++attempts_[size_t(unit)];
+      if (attempts_[size_t(unit)] < 2) {
+        std::fprintf(stderr, "%s: %s while tuning %s: the unit is retried on a new worker\n", cmd_, how.c_str(),
+                     head_of(unit).c_str());
+        queue_.push_front(unit);
+      } else {
+        std::fprintf(stderr, "%s: %s while tuning %s, its second attempt: the unit failed\n", cmd_, how.c_str(),
+                     head_of(unit).c_str());
+        fail(unit, "its worker died on both attempts (the last " + exit_text(status) + ")", &w, seconds);
+        progress_line(w.name + ": " + head_of(unit) + " FAILED: its worker died on both attempts", true);
+      }
+    } else if (!was_ready) {
+      ++w.startup_failures;
+      std::fprintf(stderr, "%s: %s before it was ready%s\n", cmd_, how.c_str(),
+                   w.startup_failures >= 2 ? ", twice in a row: no more workers on this slot" : "");
+      w.abandoned = w.startup_failures >= 2;
+    } else if (!retiring) {
+      std::fprintf(stderr, "%s: %s between units\n", cmd_, how.c_str());
+    }
+  }
+
+  // Ends the process of `w` at the end of the run: EOF on its stdin.
+  void stop(WorkerSlot& w) {
+    if (w.pid < 0) return;
+    ::close(w.cmd_fd);
+    ::close(w.res_fd);
+    int status = 0;
+    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    w.pid = -1;
+  }
+
+  void record(int64_t unit, Outcome out, const WorkerSlot* w, double seconds) {
+    const Job& j = job_of(unit);
+    out.label = j.label;
+    out.m = j.m;
+    out.queue_index = unit;
+    out.worker = w ? w->index : -1;
+    out.device = w ? w->ordinal : -1;
+    out.seconds = seconds;
+    results_[units_[size_t(unit)]] = std::move(out);
+  }
+
+  void fail(int64_t unit, const std::string& message, const WorkerSlot* w = nullptr, double seconds = 0) {
+    Outcome out;
+    out.kind = Outcome::Kind::failed;
+    out.message = message;
+    out.attempts = attempts_[size_t(unit)];
+    record(unit, std::move(out), w, seconds);
+  }
+
+  void progress_line(const std::string& text, bool counts) {
+    if (counts) progress_.done(++done_, text);
+    else {
+      std::fprintf(stderr, "%s\n", text.c_str());
+    }
+  }
+
+ public:
+  size_t done_ = 0;  // progress lines counted (the skipped units first)
+
+ private:
+  const TuneCmdOptions& o_;
+  const char* cmd_;
+  const std::vector<Job>& jobs_;
+  std::vector<Outcome>& results_;
+  Progress& progress_;
+  std::string exe_;
+  std::vector<size_t> units_;   // queue index -> job index
+  std::vector<int32_t> attempts_;  // queue index -> attempts that ended its worker
+  std::deque<int64_t> queue_;
+  std::vector<WorkerSlot> slots_;
+  bool started_ = false;  // the first workers were all ready (or gone) once
+};
+
+// tune --devices: the resume and --max-flops checks here, the rest in the
+// workers. Returns the exit code.
+int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, dsp::Runtime& rt) {
+  std::vector<int32_t> ordinals;
+  std::string device_name;
+  if (int e = resolve_devices(o, cmd, rt, &ordinals, &device_name); e >= 0) return e;
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "%s: --devices: cannot find this executable (/proc/self/exe): %s\n", cmd,
+                 std::strerror(errno));
+    return kExitFailure;
+  }
+  exe[n] = '\0';
+  auto type = dsp::parse_device_type(o.backend);
+  Target target{rt, o, dsp::Device{*type, ordinals[0]}, device_name};
+  const int32_t per_device = o.workers_per_device > 0 ? o.workers_per_device : 1;
+
+  const auto t0 = Clock::now();
+  Progress progress(shapes.jobs.size());
+  std::vector<Outcome> results(shapes.jobs.size());
+  std::vector<size_t> units;
+  size_t done = 0;
+  for (size_t i = 0; i < shapes.jobs.size(); ++i) {
+    const Job& j = shapes.jobs[i];
+    std::string line;
+    if (auto skipped = skip(target, j, j.label + " M=" + std::to_string(j.m), &line)) {
+      results[i] = std::move(*skipped);
+      results[i].label = j.label;
+      results[i].m = j.m;
+      progress.done(++done, line);
+    } else {
+      units.push_back(i);
+    }
+  }
+  std::stable_sort(units.begin(), units.end(),
+                   [&](size_t a, size_t b) { return shapes.jobs[a].flops > shapes.jobs[b].flops; });
+  std::string devs;
+  for (int32_t d : ordinals) devs += (devs.empty() ? "" : ",") + std::to_string(d);
+  if (!o.json)
+    std::fprintf(stderr, "%s: %zu units to tune on %s device(s) %s (%s), %d worker(s) each, largest first\n", cmd,
+                 units.size(), o.backend.c_str(), devs.c_str(), device_name.c_str(), per_device);
+
+  // A worker's pipe closing under a write must not end this process.
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, &old);
+  DeviceRun dr(o, cmd, shapes.jobs, &results, progress);
+  dr.done_ = done;
+  dr.run(units, ordinals, per_device, exe);
+  ::sigaction(SIGPIPE, &old, nullptr);
+  progress.finish();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  const Summary s = summarize(o, shapes, results, seconds);
+  if (o.json) {
+    std::string out;
+    {
+      JsonWriter w;
+      w.begin_array();
+      for (const WorkerSlot& ws : dr.slots()) {
+        w.begin_object();
+        w.field("worker", ws.index).field("device", ws.ordinal).field("units", ws.units);
+        w.field("seconds", round3(ws.busy_seconds)).field("processes", ws.processes);
+        w.field("restarts", std::max(0, ws.processes - 1));
+        w.end_object();
+      }
+      w.end_array();
+      out = w.take();
+    }
+    print_json(o, device_name, s, rt.options().tune.time_budget_ms, results, shapes.unsupported, out);
+  } else {
+    print_text(o, s, shapes.unsupported);
+    for (const WorkerSlot& ws : dr.slots())
+      std::printf("%s: %lld units, %.2f s tuning%s\n", ws.name.c_str(), (long long)ws.units, ws.busy_seconds,
+                  ws.processes > 1 ? (", " + std::to_string(ws.processes - 1) + " restart(s)").c_str()
+                  : ws.processes == 0 ? ", not started (no unit waited for it)"
+                                      : "");
+    std::printf("wall time %.1f s with %zu worker(s) on %zu device(s)\n", seconds, dr.slots().size(),
+                ordinals.size());
+  }
+  return s.failed > 0 ? kExitFailure : kExitOk;
+}
+
 }  // namespace
 
 // Keeps the units of --shard (cli/shard.hpp) in shapes->jobs; the device
@@ -733,6 +1436,13 @@ int select_shard(TuneCmdOptions* o, const char* cmd, const dsp::OpInfo& op, Shap
   const auto s = parse_shard(o->shard, [](const char* n) { return std::getenv(n); }, &err);
   if (!s) {
     std::fprintf(stderr, "%s: %s\n", cmd, err.c_str());
+    return kExitUsage;
+  }
+  if (s->from_torchrun && !o->devices.empty()) {
+    std::fprintf(stderr,
+                 "%s: --devices under torchrun (%s): torchrun already runs one process per GPU, each tuning its "
+                 "shard on its LOCAL_RANK; drop --devices (or run --devices without torchrun)\n",
+                 cmd, s->source.c_str());
     return kExitUsage;
   }
   // The GPU of a torchrun process is its LOCAL_RANK (the CPU backend has one device, 0).
@@ -778,7 +1488,18 @@ int run_tune(const TuneCmdOptions& opts) {
   const char* cmd = "kdispatch tune";
   TuneCmdOptions o = opts;
   if (int e = check_options(o, cmd); e >= 0) return e;
+  if (o.internal_worker) return run_worker(o, cmd);
   const dsp::OpInfo& op = *find_op(o.op);
+  // Under torchrun each process is one GPU's: --devices would start workers
+  // on every GPU from every process (--shard auto says so below too).
+  const bool torchrun = std::getenv("TORCHELASTIC_RUN_ID") || (std::getenv("LOCAL_RANK") && std::getenv("WORLD_SIZE"));
+  if (!o.devices.empty() && o.shard != "auto" && torchrun) {
+    std::fprintf(stderr,
+                 "%s: --devices under torchrun (TORCHELASTIC_RUN_ID or LOCAL_RANK and WORLD_SIZE are set): torchrun "
+                 "already runs one process per GPU; use --shard auto without --devices\n",
+                 cmd);
+    return kExitUsage;
+  }
 
   // ---- the shapes: read, keep --op's rows, drop duplicates; the shard's units
   Shapes shapes;
@@ -791,6 +1512,7 @@ int run_tune(const TuneCmdOptions& opts) {
   std::unique_ptr<dsp::Runtime> rt = emit_runtime(o, cmd, &exit_code);
   if (!rt) return exit_code;
   if (!o.json) print_plan(o, cmd, shapes, *rt);
+  if (!o.devices.empty()) return run_devices(o, cmd, shapes, *rt);
   Target target{*rt, o, {}, {}};
   if (!tune_device(*rt, o, cmd, &target.dev, &target.device)) return kExitUsage;
 
