@@ -1100,9 +1100,10 @@ bool spawn_worker(WorkerSlot& w, const std::vector<std::string>& args, const cha
 // The parent of --devices: the queue, the workers, their results.
 class DeviceRun {
  public:
+  // `done`: the progress lines printed before (the skipped units).
   DeviceRun(const TuneCmdOptions& o, const char* cmd, const std::vector<Job>& jobs, std::vector<Outcome>* results,
-            Progress& progress)
-      : o_(o), cmd_(cmd), jobs_(jobs), results_(*results), progress_(progress) {}
+            Progress& progress, size_t done)
+      : o_(o), cmd_(cmd), jobs_(jobs), results_(*results), progress_(progress), done_(done) {}
 
   // Tunes `units` (indices into jobs, largest first) on the slots' devices.
   void run(const std::vector<size_t>& units, const std::vector<int32_t>& ordinals, int32_t per_device,
@@ -1132,11 +1133,14 @@ class DeviceRun {
 
   void loop() {
     while (true) {
-      // Start workers while units wait for more than the free ones.
+      // Start workers while units wait for more than the free ones; replace
+      // a worker that ended while the run has work (queued or in flight).
+      const auto busy = [](const WorkerSlot& w) { return w.unit >= 0; };
+      const bool work = !queue_.empty() || std::any_of(slots_.begin(), slots_.end(), busy);
       size_t free_workers = 0;
       for (const WorkerSlot& w : slots_) free_workers += w.pid > 0 && !w.retiring && w.unit < 0;
       for (WorkerSlot& w : slots_)
-        if (w.pid < 0 && !w.abandoned && queue_.size() > free_workers) {
+        if (w.pid < 0 && !w.abandoned && (queue_.size() > free_workers || (w.processes > 0 && work))) {
           if (spawn_worker(w, worker_argv(o_, exe_, w.ordinal), cmd_)) ++free_workers;
           else w.abandoned = true;
         }
@@ -1149,8 +1153,7 @@ class DeviceRun {
                    std::none_of(slots_.begin(), slots_.end(), starting);
       for (WorkerSlot& w : slots_)
         if (started_ && w.pid > 0 && w.ready && !w.retiring && w.unit < 0 && !queue_.empty()) hand_out(w);
-      const bool in_flight = std::any_of(slots_.begin(), slots_.end(), [](const WorkerSlot& w) { return w.unit >= 0; });
-      if (queue_.empty() && !in_flight) return;
+      if (queue_.empty() && std::none_of(slots_.begin(), slots_.end(), busy)) return;
       if (std::none_of(slots_.begin(), slots_.end(), live)) {  // every slot gave up: the queued units cannot be tuned
         while (!queue_.empty()) {
           fail(queue_.front(), "no worker could be started on any device of --devices");
@@ -1218,7 +1221,6 @@ class DeviceRun {
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
     w.unit = -1;
-    ++w.units;
     w.busy_seconds += seconds;
     const bool sticky = f[4] == "1";
     const std::string where = w.name + ": ";
@@ -1229,10 +1231,15 @@ class DeviceRun {
       const bool again = attempts_[size_t(unit)] < 2;
       progress_line(where + f[13] + took + (again ? " (a sticky device error: retried on a new worker)" : ""),
                     !again);
-      if (again) queue_.push_front(unit);
-      else fail(unit, f[12] + " (a sticky device error, twice)", &w, seconds);
+      if (again) {
+        queue_.push_front(unit);
+      } else {
+        ++w.units;
+        fail(unit, f[12] + " (a sticky device error, twice)", &w, seconds);
+      }
       return;
     }
+    ++w.units;
     Outcome out;
     out.kind = kind_from_name(f[2]);
     out.persisted = f[3] == "1";
@@ -1274,6 +1281,7 @@ class DeviceRun {
       } else {
         std::fprintf(stderr, "%s: %s while tuning %s, its second attempt: the unit failed\n", cmd_, how.c_str(),
                      head_of(unit).c_str());
+        ++w.units;
         fail(unit, "its worker died on both attempts (the last " + exit_text(status) + ")", &w, seconds);
         progress_line(w.name + ": " + head_of(unit) + " FAILED: its worker died on both attempts", true);
       }
@@ -1317,17 +1325,12 @@ class DeviceRun {
     record(unit, std::move(out), w, seconds);
   }
 
+  // A line of a unit's end (`counts`: numbered as the units' progress), or of a retry.
   void progress_line(const std::string& text, bool counts) {
     if (counts) progress_.done(++done_, text);
-    else {
-      std::fprintf(stderr, "%s\n", text.c_str());
-    }
+    else std::fprintf(stderr, "%s\n", text.c_str());
   }
 
- public:
-  size_t done_ = 0;  // progress lines counted (the skipped units first)
-
- private:
   const TuneCmdOptions& o_;
   const char* cmd_;
   const std::vector<Job>& jobs_;
@@ -1338,6 +1341,7 @@ class DeviceRun {
   std::vector<int32_t> attempts_;  // queue index -> attempts that ended its worker
   std::deque<int64_t> queue_;
   std::vector<WorkerSlot> slots_;
+  size_t done_ = 0;       // progress lines numbered so far (the skipped units first)
   bool started_ = false;  // the first workers were all ready (or gone) once
 };
 
@@ -1389,8 +1393,7 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
   ignore.sa_handler = SIG_IGN;
   ::sigemptyset(&ignore.sa_mask);
   ::sigaction(SIGPIPE, &ignore, &old);
-  DeviceRun dr(o, cmd, shapes.jobs, &results, progress);
-  dr.done_ = done;
+  DeviceRun dr(o, cmd, shapes.jobs, &results, progress, done);
   dr.run(units, ordinals, per_device, exe);
   ::sigaction(SIGPIPE, &old, nullptr);
   progress.finish();
