@@ -206,6 +206,52 @@ TEST_CASE("gemm_fp8: zero scales give zeros, inf and NaN scales reach exactly th
   CHECK(std::isnan(c.d[0]));
 }
 
+TEST_CASE("gemm_fp8_block: a K-major scale_a (the column-major view [K/128, M]) gives the M-major result bit for bit under the same key") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(11);
+  for (int64_t m : {1, 3, 5, 17}) {
+    INFO("M=", m);
+    Case c(Layout::block, m, 130, 300, rng, true);
+    std::string key_m, key_k;
+    DispatchInfo info;
+    info.key = &key_m;
+    REQUIRE(c.run(*rt, {.info = &info}).ok());
+    const std::vector<float> d_m = c.d;
+    CHECK(c.rel_err() < 1e-5);
+    // SGLang's per_token_group_quant_fp8 layout: [M, K/128] row-major, here
+    // with one NaN of padding per row that must never be read.
+    const int64_t kb = (c.k + 127) / 128, ld = kb + 1;
+    std::vector<float> km(static_cast<size_t>(m * ld), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t g = 0; g < kb; ++g) km[static_cast<size_t>(i * ld + g)] = c.sa[static_cast<size_t>(g * c.sa_ld + i)];
+    GemmFp8BlockArgs g{c.args()};
+    g.scale_a.data = km.data();
+    g.scale_a.strides[0] = 1;  // the transpose of [M, K/128]: torch's x_s.t()
+    g.scale_a.strides[1] = ld;
+    std::fill(c.d.begin(), c.d.end(), std::numeric_limits<float>::quiet_NaN());
+    info.key = &key_k;
+    REQUIRE(gemm_fp8_block(*rt, g, {}, {.info = &info}).ok());
+    CHECK(c.d == d_m);  // the same variant, the same arithmetic
+    CHECK(key_k == key_m);
+    CHECK(!key_m.empty());
+    // A column-major view needs unit row stride, and columns that do not
+    // overlap (at M = 1 there is one column: any row stride is a layout).
+    if (m > 1) {
+      GemmFp8BlockArgs bad_rows = g;
+      bad_rows.scale_a.strides[0] = 2;
+      Status s = gemm_fp8_block(*rt, bad_rows);
+      CHECK(s.code() == StatusCode::invalid_argument);
+      CHECK(s.message().rfind("scale_a:", 0) == 0);
+      CHECK(s.message().find("column-major") != std::string::npos);
+      GemmFp8BlockArgs overlap = g;
+      overlap.scale_a.strides[1] = kb - 1;
+      s = gemm_fp8_block(*rt, overlap);
+      CHECK(s.code() == StatusCode::invalid_argument);
+      CHECK(s.message().find("column stride") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("gemm_fp8: errors name the argument: scale shapes, scale dtype, mixed formats, no fp8 on a float op") {
   auto rt = quiet_runtime();
   std::mt19937 rng(5);

@@ -43,7 +43,31 @@ SGLANG_CONFIGS = os.path.join(HERE, "..", "..", "..", "shared", "data", "sglang-
 from gpu_timing import Timer  # noqa: E402
 
 LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+# Llama-3-70B at TP 8 (the bf16 grid's other four pairs)
+LLAMA70 = [(1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584)]
 DEEPGEMM = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+# DeepGEMM's published H800 TFLOPS (its README), the M >= 1024 anchors: (N, K, M) -> TFLOPS
+DEEPGEMM_TFLOPS = {(4096, 7168, 4096): 1410, (7168, 16384, 4096): 1520, (2112, 7168, 64): 206}
+# SGLang's 15 committed H200 block-fp8 tables (DeepSeek-V3's linear layers)
+SGLANG15 = [(1536, 7168), (2048, 512), (2304, 7168), (24576, 7168), (3072, 1536), (32768, 512), (4096, 512),
+            (512, 7168), (576, 7168), (7168, 1024), (7168, 1152), (7168, 16384), (7168, 18432), (7168, 2304),
+            (7168, 256)]
+
+
+def full_grid():
+    """The issue's grid: (layout, N, K, Ms) in run order. tensor and rowwise:
+    the 8 Llama pairs and DeepGEMM's 6 shapes; block: SGLang's 15 H200 shapes,
+    DeepGEMM's 6 and the 8 Llama pairs. M 1, 16, 64, 1024 everywhere, and
+    M = 4096 on DeepGEMM's shapes (its M >= 1024 anchors)."""
+    out, seen = [], set()
+    for layout, shapes in (("tensor", LLAMA + LLAMA70 + DEEPGEMM), ("rowwise", LLAMA + LLAMA70 + DEEPGEMM),
+                           ("block", SGLANG15 + DEEPGEMM + LLAMA + LLAMA70)):
+        for nk in shapes:
+            if (layout,) + nk in seen:
+                continue
+            seen.add((layout,) + nk)
+            out.append((layout, nk[0], nk[1], [1, 16, 64, 1024] + ([4096] if nk in DEEPGEMM else [])))
+    return out
 
 
 def parse_nk(text):
@@ -128,6 +152,11 @@ def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol, sglang_configs=SGL
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     kd_op = getattr(torch.ops.kdispatch, f"gemm_fp8_{layout}_out")
     impls = {"kdispatch": lambda: kd_op(out, a8, w8, sa_kd, sb_kd)}
+    if layout == "block":
+        # SGLang's per_token_group_quant_fp8 layout, K-major [M, K/128], given
+        # as its transpose (a column-major view, no copy): the op converts it
+        sa_km = sa.contiguous().t()
+        impls["kdispatch_kmajor"] = lambda: kd_op(out, a8, w8, sa_km, sb_kd)
     # torch's scaled matmul in the same layout
     b8t = w8.t()
     if layout == "tensor":
@@ -160,6 +189,11 @@ def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol, sglang_configs=SGL
             row["triton_refused"] = f"{type(e).__name__}: {lines[0][:200]}"
     wb = w
     impls["bf16_linear"] = lambda: F.linear(x, wb)
+    if M <= 16 and layout == "tensor":
+        # our own bf16 table on the same (N, K): the fp8 speedup's bound is
+        # its time over the fp8 read ceiling
+        out16 = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        impls["kd_bf16"] = lambda: torch.ops.kdispatch.gemm_out(out16, x, wb)
     # correctness: float64 of the dequantised inputs on a sample of rows
     idx = sorted(set(range(min(M, 64))) | set(range(max(0, M - 32), M)))
     it = torch.tensor(idx, device="cuda")
@@ -171,7 +205,7 @@ def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol, sglang_configs=SGL
         dw = dequant(torch, w8, sb, layout)
     ref = da @ dw.t()
     for name, fn in impls.items():
-        if name == "bf16_linear":
+        if name in ("bf16_linear", "kd_bf16"):
             continue
         out.fill_(float("nan"))
         got = fn()
@@ -189,6 +223,8 @@ def point(torch, F, timer, layout, N, K, M, w, wq, ceil, tol, sglang_configs=SGL
     row["ceiling_us"] = ceil["us"]
     row["ceiling_kind"] = ceil["kind"]
     try:
+        impls["kdispatch"]()  # the info of this call, not of the last impl of the rounds
+        torch.cuda.synchronize()
         src, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
         row["kd_source"], row["kd_variant"] = str(src), str(variant)
     except Exception:  # noqa: BLE001
@@ -209,13 +245,30 @@ def best_peer(r):
     return (pick[1], pick[2], pick[0]) if pick else (None, None, None)
 
 
+def kmajor(r):
+    """The K-major scale_a call (block): its time and the conversion's cost over the M-major call."""
+    if not r.get("kdispatch_kmajor_us") or not r.get("kdispatch_us"):
+        return "-"
+    bad = ", over the error bar" if r.get("kdispatch_kmajor_bad") else ""
+    return f"{r['kdispatch_kmajor_us']:.1f} (+{r['kdispatch_kmajor_us'] - r['kdispatch_us']:.1f}){bad}"
+
+
+def tflops(r):
+    """TFLOPS of the table's choice at M >= 1024 (and DeepGEMM's anchors), with DeepGEMM's H800 figure."""
+    anchor = DEEPGEMM_TFLOPS.get((r["N"], r["K"], r["M"]))
+    if not r.get("kdispatch_us") or (r["M"] < 1024 and anchor is None):
+        return "-"
+    t = 2.0 * r["M"] * r["N"] * r["K"] / (r["kdispatch_us"] * 1e-6) / 1e12
+    return f"{t:.0f}" + (f" (DeepGEMM H800: {anchor})" if anchor else "")
+
+
 def render(rows, commit):
     lines = [f"fp8 GEMM on the H200, commit {commit}, {time.strftime('%Y-%m-%d')}; µs median (p20-p80) of the cold, "
              "interleaved rounds; ratios within the run; kd / peer against the fastest peer of the point "
              "(torch._scaled_mm or, block only, the Triton peer of SGLang's kernel on SGLang's config), named.", "",
              "| layout | N x K | M | kdispatch | torch._scaled_mm | triton (SGLang cfg) | kd / peer | bf16 F.linear | "
-             "read ceiling | kd % of ceiling | kd rel. err | peer rel. err | kd variant |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "read ceiling | kd % of ceiling | kd rel. err | peer rel. err | kd variant | kd, K-major scale_a | TFLOPS |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         kd = r.get("kdispatch_us")
         pk, pname, peer = best_peer(r)
@@ -232,7 +285,7 @@ def render(rows, commit):
                      f"{fmt('triton_sglang')}{', over the error bar' if r.get('triton_sglang_bad') else ''} | {ratio} | {fmt('bf16_linear')} | {r['ceiling_us']:.1f} | {frac} | "
                      f"{r.get('kdispatch_err', float('nan')):.1e} | "
                      f"{r.get(pk + '_err', float('nan')) if pk else float('nan'):.1e} | "
-                     f"{r.get('kd_variant', '?')} |")
+                     f"{r.get('kd_variant', '?')} | {kmajor(r)} | {tflops(r)} |")
     # geomeans per layout, against each point's fastest peer; M <= 16
     lines.append("")
     for lay in ("tensor", "rowwise", "block"):
@@ -251,6 +304,20 @@ def render(rows, commit):
         lines.append(f"- {lay}: kd / peer geomean {g(vs_peer):.2f}x over {len(vs_peer)} points{tally} "
                      f"(M <= 16: {g(vs_peer_dec):.2f}x over {len(vs_peer_dec)}); M <= 16 fraction of the read "
                      f"ceiling geomean {100 * g(ceil):.0f}% over {len(ceil)} points")
+    bf = [r for r in rows if r.get("kd_bf16_us") and r.get("kdispatch_us")]
+    if bf:
+        lines += ["", "Against our own bf16 table (tensor layout, M <= 16): the fp8 speedup beside its bound, "
+                  "bf16 table time / fp8 read ceiling (both this run); the target is >= 0.85x the bound.", "",
+                  "| N x K | M | kd bf16 | kd fp8 (tensor) | speedup | bound | speedup / bound |", "|---|---|---|---|---|---|---|"]
+        for r in bf:
+            sp, bound = r["kd_bf16_us"] / r["kdispatch_us"], r["kd_bf16_us"] / r["ceiling_us"]
+            lines.append(f"| {r['N']}x{r['K']} | {r['M']} | {r['kd_bf16_us']:.1f} | {r['kdispatch_us']:.1f} | "
+                         f"{sp:.2f}x | {bound:.2f}x | {sp / bound:.2f} |")
+    km = [r for r in rows if r.get("kdispatch_kmajor_us") and r.get("kdispatch_us")]
+    if km:
+        d = sorted(r["kdispatch_kmajor_us"] - r["kdispatch_us"] for r in km)
+        lines += ["", f"- K-major scale_a (block): the conversion costs {d[len(d) // 2]:+.1f} µs median over "
+                  f"{len(km)} points (range {d[0]:+.1f} to {d[-1]:+.1f})"]
     return "\n".join(lines)
 
 
@@ -261,6 +328,9 @@ def main():
     ap.add_argument("--layouts", default="tensor,rowwise,block")
     ap.add_argument("--nk", default=",".join(f"{n}x{k}" for n, k in LLAMA + DEEPGEMM[:1]))
     ap.add_argument("--m", default="1,16,64,1024")
+    ap.add_argument("--grid", choices=("nk", "full"), default="nk",
+                    help="nk: --nk x --m in every layout; full: the issue's grid (full_grid(): the 8 Llama pairs and "
+                         "DeepGEMM's 6 shapes per tensor/rowwise, SGLang's 15 H200 shapes + those per block)")
     ap.add_argument("--tol", type=float, default=2e-2, help="relative L2 error bar against float64 (default 0.02)")
     ap.add_argument("--out", default="out")
     ap.add_argument("--commit", default=os.environ.get("KD_COMMIT", "unknown"))
@@ -288,15 +358,27 @@ def main():
     rows = []
     os.makedirs(args.out, exist_ok=True)
     ms = [int(v) for v in args.m.split(",")]
-    for N, K in parse_nk(args.nk):
+    if args.grid == "full":
+        plan = [(lay, N, K, m) for lay, N, K, m in full_grid() if lay in args.layouts.split(",")]
+    else:
+        plan = [(lay, N, K, ms) for N, K in parse_nk(args.nk) for lay in args.layouts.split(",")]
+    # by (N, K): one weight, its quantisations and its read ceiling per shape
+    by_nk = {}
+    for lay, N, K, m in plan:
+        by_nk.setdefault((N, K), []).append((lay, m))
+    spent = False
+    for (N, K), work in by_nk.items():
+        if spent:
+            break
         w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") * 0.02
         quants = {"tensor": quantise(torch, w, "tensor"), "rowwise": quantise(torch, w, "rowwise"),
                   "block": weight_block_quant(torch, w)}
         ceil = read_ceiling(torch, timer, lib, quants["tensor"][0])
-        for layout in args.layouts.split(","):
-            for M in ms:
+        for layout, mlist in work:
+            for M in mlist:
                 if time.time() > t_end:
                     print("budget spent", flush=True)
+                    spent = True
                     break
                 r = point(torch, F, timer, layout, N, K, M, w, quants[layout], ceil, args.tol,
                           sglang_configs=args.sglang_configs)

@@ -10,6 +10,8 @@
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
+#   bench/gpu/run_h200.sh --sections fp8-profile # ncu on the fp8 decode kernel at KD_FP8_PROFILE (fp8_ncu.txt)
+#   KD_FP8_GRID=full ... --sections fp8-bench    # the issue's whole fp8 grid (bench_fp8.py full_grid(), 238 points)
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
@@ -129,7 +131,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,fp8-tune,fp8-bench,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -284,11 +286,33 @@ if has fp8-bench; then
   stamp "fp8-bench: layouts $FP8_LAYOUTS, N x K $FP8_NK, M $FP8_M (${budget} s)"
   PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
     "$PY" bench/gpu/bench_fp8.py --lib "$LIB" --read-lib "$BUILD/bench/gpu/libkdispatch_bench_read.so" \
-    --layouts "$FP8_LAYOUTS" --nk "$FP8_NK" --m "$FP8_M" --budget-s "$budget" --out "$OUT" \
+    --layouts "$FP8_LAYOUTS" --nk "$FP8_NK" --m "$FP8_M" --grid "${KD_FP8_GRID:-nk}" --budget-s "$budget" --out "$OUT" \
     --commit "${KD_COMMIT:-unknown}" --sglang-configs "$SGL_QUANT" >"$OUT/bench_fp8.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   grep -E "^- |Error|error" "$OUT/bench_fp8.log" | tail -8
   [ $rc -eq 0 ] && echo "::: fp8-bench: complete (h200_fp8.md)" || echo "::: fp8-bench: rc=$rc (bench_fp8.log)"
+fi
+
+# ================================================================ fp8-profile
+# ncu on the fp8 decode kernel (skinny_mma) of the table's choice at
+# KD_FP8_PROFILE (layout:NxK:M,...; two launches per point, in order): where
+# the block layout's time goes against per-tensor on the same weight.
+if has fp8-profile; then
+  ensure_torch || { echo "::: fp8-profile: FAILED to build (build.log)"; exit 1; }
+  PROF=${KD_FP8_PROFILE:-tensor:7168x16384:16,block:7168x16384:16,tensor:7168x16384:1,block:7168x16384:1}
+  if command -v ncu >/dev/null 2>&1; then
+    stamp "fp8-profile: ncu at $PROF"
+    PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+      timeout $(($(left) - 5)) ncu --clock-control none --cache-control all -k regex:skinny_mma_kernel \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section SchedulerStats \
+      "$PY" bench/gpu/fp8_profile.py --lib "$LIB" --points "$PROF" >"$OUT/fp8_ncu.txt" 2>&1
+    echo "ncu rc=$?"
+    grep -E "^point |skinny_mma_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|Issue Slots Busy|No Eligible" "$OUT/fp8_ncu.txt" | head -90
+    echo "::: fp8-profile: complete (fp8_ncu.txt)"
+  else
+    echo "::: fp8-profile: no ncu here"
+  fi
 fi
 
 # ================================================================ torch

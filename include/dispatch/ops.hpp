@@ -138,7 +138,16 @@ struct SiluAndMulArgs {
 ///     gemm_fp8_block    scale_a [ceil(K/128), M] row-major: M-major, each K
 ///                       group's M token scales contiguous (SGLang's column-
 ///                       major scales, cuBLASLt's VEC128 layout); its row
-///                       stride may exceed M (cuBLASLt wants a multiple of 4);
+///                       stride may exceed M (cuBLASLt wants a multiple of 4).
+///                       Also taken K-major, as SGLang's per_token_group_quant_fp8
+///                       writes it: shape [ceil(K/128), M] with strides
+///                       {1, s >= ceil(K/128)} (the transpose of a row-major
+///                       [M, ceil(K/128)] tensor; torch: x_s.t()). Same key and
+///                       rows as M-major; the call converts it with one small
+///                       kernel into the workspace (K/128 x M floats; timed in
+///                       bench/results/h200_fp8.md); without a workspace, the
+///                       reference variant reads it directly.
+///                       The canonical layout stays the fast one;
 ///                       scale_b [ceil(N/128), ceil(K/128)] row-major, one per
 ///                       128x128 block of b. A partial last block (K or N not
 ///                       a multiple of 128) takes its block's scale.
@@ -245,6 +254,10 @@ struct OpArgInfo {
   /// Its dtype rule: "in" (the op's input dtype: a, x, ...), "out" (the
   /// output dtype: d, y, a bias like d) or a fixed dtype ("fp32": scales).
   std::string_view dtype = "in";
+  /// Rank 2, read only: also taken column-major (unit row stride, column
+  /// stride >= rows: a transposed view), e.g. gemm_fp8_block's scale_a
+  /// K-major; the call converts it (see that op).
+  bool col_major_ok = false;
 };
 struct OpScalarInfo {
   std::string_view name;     ///< "eps"

@@ -58,7 +58,7 @@ KDISPATCH_INLINE float group_scale(const LaunchArgs& a, int64_t i, int64_t j, in
   const float* sb = a.ptr<const float>(core::kFp8ArgSb);
   if constexpr (L == Fp8Scales::tensor) return sa[0] * sb[0];
   if constexpr (L == Fp8Scales::rowwise) return sa[i] * sb[j];
-  return sa[kb * a.ld[core::kFp8ArgSa] + i] * sb[(j / core::kFp8Block) * a.ld[core::kFp8ArgSb] + kb];
+  return sa[core::block_sa_index(kb, i, a.ld[core::kFp8ArgSa])] * sb[(j / core::kFp8Block) * a.ld[core::kFp8ArgSb] + kb];
 }
 
 template <class Out>

@@ -406,6 +406,58 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
   return Status();
 }
 
+Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept;
+
+namespace {
+
+/// A block-scaled call cuBLASLt takes only in part: M % 4 != 0 (sm_90
+/// refuses it), or a scale_a that is padded (row stride != M) or K-major.
+/// Its first M & ~3 rows go to cuBLASLt with an M-major copy of their
+/// scale_a packed into the front of the workspace (a small kernel: K/128 x M
+/// floats); the last M % 4 rows, and any call without room or with a
+/// scale_b cuBLASLt cannot read, to our block skinny_mma (2, 4, 3), which
+/// reads any layout. Never the reference: correct at any M, one launch more.
+Status launch_block_split(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm, const Slots& sl,
+                          bool sb_ok) noexcept {
+  gpu::gemm::SkinnyMma sk;
+  sk.row_tiles = 2, sk.split_k = 4, sk.stages = 3, sk.cluster_k = 1, sk.warps_n = 1;
+  const int64_t head = p.m & ~int64_t{3};
+  const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block;
+  const int64_t bytes = (kbs * head * 4 + 255) / 256 * 256;  // the copy; cuBLASLt's workspace follows, 256-aligned
+  if (!sb_ok || head == 0 || la.workspace == nullptr || la.workspace_bytes < bytes) {
+    const Status st = launch_gemm_fp8_skinny_mma_block(sk, la, p);
+    if (st.ok() || st.code() != core::kNeedsFallbackCode) return st;
+    return core::needs_fallback(std::string("cuBLASLt's block-scaled fp8 GEMM ") +
+                                (!sb_ok ? "needs scale_b's rows contiguous" : "needs M % 4 == 0 and an M-major scale_a") +
+                                ", and the block family declined: " + st.message());
+  }
+  core::LaunchArgs lh = la;
+  core::Problem ph = p;
+  ph.m = head;
+  float* packed = static_cast<float*>(la.workspace);
+  if (Status st = launch_gemm_fp8_pack_scale_a_block(la, p, 0, head, packed, head); !st.ok()) return st;
+  lh.data[sl.sa] = packed;
+  lh.ld[sl.sa] = head;
+  lh.workspace = static_cast<char*>(la.workspace) + bytes;
+  lh.workspace_bytes = la.workspace_bytes - bytes;
+  if (Status st = launch(lh, ph, prm); !st.ok()) {
+    if (st.code() != core::kNeedsFallbackCode) return st;
+    return launch_gemm_fp8_skinny_mma_block(sk, la, p);  // cuBLASLt declined the head: ours serves every row
+  }
+  if (head == p.m) return Status();
+  // The tail rows: their A, D and scale_a rows (any scale_a layout).
+  core::LaunchArgs lt = la;
+  core::Problem pt = p;
+  pt.m = p.m - head;
+  const int64_t ldsa = la.ld[sl.sa];
+  lt.data[sl.a] = static_cast<uint8_t*>(la.data[sl.a]) + head * la.ld[sl.a];
+  lt.data[sl.d] = static_cast<char*>(la.data[sl.d]) + head * la.ld[sl.d] * elem_bytes(p.out_dtype);
+  lt.data[sl.sa] = static_cast<float*>(la.data[sl.sa]) + (ldsa >= 0 ? head : head * -ldsa);
+  return launch_gemm_fp8_skinny_mma_block(sk, lt, pt);
+}
+
+}  // namespace
+
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
   if (!available()) return core::needs_fallback(std::string() + describe());
   const Api& a = api();
@@ -430,23 +482,12 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     if (sl.scales == core::Fp8Scales::block) {
       // VEC128_32F reads the activation's scales M-major with no stride of
       // their own (M rows, a multiple of 4 on sm_90), the weight's as
-      // [ceil(N/128), ceil(K/128)] with no padding. Calls it refuses are
-      // served by our own block family in the same call (one weight read per
-      // 16 rows: correct at any M; a split of M between cuBLASLt and it is
-      // the faster answer to come), never by the reference.
+      // [ceil(N/128), ceil(K/128)] with no padding.
+      const int64_t ldsa = la.ld[sl.sa];
       const bool m4 = p.m % 4 == 0;
-      const bool sa_ok = p.k <= core::kFp8Block || la.ld[sl.sa] == p.m;
+      const bool sa_ok = ldsa >= 0 && (p.k <= core::kFp8Block || ldsa == p.m);
       const bool sb_ok = p.n <= core::kFp8Block || la.ld[sl.sb] == (p.k + core::kFp8Block - 1) / core::kFp8Block;
-      if (!m4 || !sa_ok || !sb_ok) {
-        gpu::gemm::SkinnyMma s;
-        s.row_tiles = 2, s.split_k = 4, s.stages = 3, s.cluster_k = 1, s.warps_n = 1;
-        const Status st = launch_gemm_fp8_skinny_mma_block(s, la, p);
-        if (st.ok() || st.code() != core::kNeedsFallbackCode) return st;
-        return core::needs_fallback(std::string("cuBLASLt's block-scaled fp8 GEMM ") +
-                                    (!m4 ? "needs M % 4 == 0 on sm_90" : !sa_ok ? "needs scale_a's row stride == M"
-                                                                                : "needs scale_b's rows contiguous") +
-                                    ", and the block family declined: " + st.message());
-      }
+      if (!m4 || !sa_ok || !sb_ok) return launch_block_split(la, p, prm, sl, sb_ok);
     }
   }
   Descs d;

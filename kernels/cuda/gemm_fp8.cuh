@@ -43,7 +43,50 @@ template <Scales SC>
 KDISPATCH_DEVICE_INLINE float group_scale(const ScaleArgs& sc, int64_t m, int64_t n, int64_t kb) {
   if constexpr (SC == Scales::tensor) return sc.sa[0] * sc.sb[0];
   if constexpr (SC == Scales::rowwise) return sc.sa[m] * sc.sb[n];
-  return sc.sa[kb * sc.ldsa + m] * sc.sb[(n / core::kFp8Block) * sc.ldsb + kb];
+  // ldsa < 0: a K-major scale_a (core::block_sa_index).
+  return sc.sa[sc.ldsa >= 0 ? kb * sc.ldsa + m : m * -sc.ldsa + kb] * sc.sb[(n / core::kFp8Block) * sc.ldsb + kb];
+}
+
+/// Rows [0, rows) of a block scale_a in either layout (ld >= 0 M-major, ld < 0
+/// K-major) -> dst M-major [kbs][ld_dst]: the canonical copy cuBLASLt's VEC128
+/// mode and the skinny_mma scale ring read. Templated only to keep the
+/// kernel out of the other layouts' objects.
+template <Scales SC>
+__global__ void __launch_bounds__(256) fp8_pack_scale_a_kernel(const float* src, int64_t ld, float* dst, int64_t ld_dst,
+                                                              int64_t rows, int64_t kbs) {
+  port::grid_dependency_wait_and_release();
+  const int64_t total = rows * kbs;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t kb = t / rows, m = t - kb * rows;
+    dst[kb * ld_dst + m] = src[ld >= 0 ? kb * ld + m : m * -ld + kb];
+  }
+}
+
+/// Packs rows [m0, m0 + rows) of the call's block scale_a into dst (device
+/// memory of kbs * ld_dst floats, ld_dst >= rows), on the call's stream.
+template <Scales SC>
+Status pack_scale_a(const core::LaunchArgs& la, const core::Problem& p, int64_t m0, int64_t rows, float* dst,
+                    int64_t ld_dst) noexcept {
+  const int64_t ld = la.ld[core::kFp8ArgSa];
+  const float* src = la.ptr<const float>(core::kFp8ArgSa);
+  if (src == nullptr || dst == nullptr || rows < 1 || ld_dst < rows)
+    return make_status(StatusCode::invalid_argument, "gemm_fp8_block: scale_a pack: bad arguments");
+  src += ld >= 0 ? m0 : m0 * -ld;
+  const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block;
+  const int64_t blocks = std::min<int64_t>((rows * kbs + 255) / 256, 1024);
+  DeviceGuard guard(p.device.ordinal);
+  const port::Error e = port::launch(fp8_pack_scale_a_kernel<SC>, dim3(static_cast<unsigned>(blocks)), dim3(256),
+                                     static_cast<port::Stream>(la.stream), pdl_enabled(p.device.ordinal), src, ld,
+                                     dst, ld_dst, rows, kbs);
+  return port::status(e, "gemm_fp8_block scale_a pack kernel launch");
+}
+
+/// Bytes of a packed M-major copy of `rows` rows of scale_a (row stride
+/// rounded up to 4 floats, the whole rounded up to 256 bytes).
+inline int64_t packed_scale_a_bytes(const core::Problem& p, int64_t rows) noexcept {
+  const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block;
+  return ((kbs * ((rows + 3) / 4 * 4) * 4) + 255) / 256 * 256;
 }
 
 inline constexpr int kRefTile = 16;
@@ -116,6 +159,21 @@ Status launch_skinny_mma(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs&
   // 16-byte copies of A and B rows: 16-byte aligned bases and row strides.
   if (!aligned16(g.a) || !aligned16(g.b) || (p.m > 1 && g.lda % 16 != 0) || (p.n > 1 && g.ldb % 16 != 0))
     return core::needs_fallback("skinny_mma fp8: A/B pointers or row strides not 16-byte aligned");
+  if constexpr (SC == Scales::block) {
+    if (sc.ldsa < 0) {
+      // A K-major scale_a: the scale ring reads each K group's M scales
+      // contiguous, so an M-major copy goes first, into the call's workspace
+      // (stream-ordered; this family uses no other workspace).
+      const int64_t bytes = packed_scale_a_bytes(p, p.m);
+      if (la.workspace == nullptr || la.workspace_bytes < bytes)
+        return core::needs_fallback("skinny_mma fp8: a K-major scale_a needs " + std::to_string(bytes) +
+                                    " bytes of workspace for its M-major copy");
+      const int64_t ld_dst = (p.m + 3) / 4 * 4;
+      if (Status st = pack_scale_a<SC>(la, p, 0, p.m, static_cast<float*>(la.workspace), ld_dst); !st.ok()) return st;
+      sc.sa = static_cast<const float*>(la.workspace);
+      sc.ldsa = ld_dst;
+    }
+  }
   return gemm_skinny_mma::launch_args<DType::fp8_e4m3fn, SC>(sk, la, p, g, sc);
 }
 
@@ -139,5 +197,9 @@ void probe(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {
   }                                                                                                         \
   void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {       \
     gemm_fp8::probe<gemm_fp8::Scales::layout>(skinny, ref, smem_optin);                                    \
+  }                                                                                                         \
+  Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p,         \
+                                               int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept { \
+    return gemm_fp8::pack_scale_a<gemm_fp8::Scales::layout>(la, p, m0, rows, dst, ld_dst);                 \
   }                                                                                                         \
   }

@@ -150,7 +150,10 @@ KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
   Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,   \
                                              const core::Problem& p) noexcept;                             \
   Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept;       \
-  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept;
+  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept;         \
+  /* rows [m0, m0 + rows) of a block scale_a (LaunchArgs ld < 0: K-major) -> dst M-major, row stride ld_dst */ \
+  Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p,         \
+                                               int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept;
 KDISPATCH_DECLARE_GEMM_FP8_TU(tensor)
 KDISPATCH_DECLARE_GEMM_FP8_TU(rowwise)
 KDISPATCH_DECLARE_GEMM_FP8_TU(block)

@@ -509,6 +509,7 @@ struct OpListStorage {
         i.cols_mul = slot.cols.mul;
         i.cols_div = slot.cols.div;
         i.alias_of = slot.alias_of;
+        i.col_major_ok = slot.col_major_ok;
         i.dtype = slot.dtype == core::SlotDType::in    ? std::string_view("in")
                   : slot.dtype == core::SlotDType::out ? std::string_view("out")
                                                        : dtype_name(slot.fixed_dtype);

@@ -56,9 +56,19 @@ std::string shape_text(const TensorRef& t) {
 // shape, unit stride along the last dim, row stride >= cols (or 0 for a
 // read-only broadcast input). ok_2d is the same test without the message
 // (the hot path); check_2d, the one that names what failed: keep them equal.
-[[gnu::always_inline]] inline bool ok_2d(const TensorRef& t, bool output, bool require_data) noexcept {
+// A column-major view (ArgSlot::col_major_ok): more than one column, a
+// non-unit column stride, unit row stride (or one row).
+[[gnu::always_inline]] inline bool col_major(const TensorRef& t) noexcept {
+  return t.rank == 2 && t.shape[1] > 1 && t.strides[1] != 1;
+}
+[[gnu::always_inline]] inline bool ok_col_major(const TensorRef& t) noexcept {
+  return (t.shape[0] <= 1 || t.strides[0] == 1) && t.strides[1] >= (t.shape[0] > 1 ? t.shape[0] : 1);
+}
+[[gnu::always_inline]] inline bool ok_2d(const TensorRef& t, bool output, bool require_data,
+                                         bool col_major_ok = false) noexcept {
   if (t.rank != 2 || t.shape[0] < 0 || t.shape[1] < 0) return false;
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return false;
+  if (col_major_ok && col_major(t)) return ok_col_major(t);
   if (t.shape[1] > 1 && t.strides[1] != 1) return false;
   if (t.shape[0] > 1) {
     if (t.strides[0] < 0) return false;
@@ -67,10 +77,17 @@ std::string shape_text(const TensorRef& t) {
   }
   return true;
 }
-Status check_2d(const TensorRef& t, std::string_view name, bool output, bool require_data) noexcept {
+Status check_2d(const TensorRef& t, std::string_view name, bool output, bool require_data,
+                bool col_major_ok = false) noexcept {
   if (t.rank != 2) return bad(name, "must be rank 2, got rank " + std::to_string(t.rank));
   if (t.shape[0] < 0 || t.shape[1] < 0) return bad(name, "negative shape " + shape_text(t));
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return bad(name, "data is null");
+  if (col_major_ok && col_major(t)) {
+    if (ok_col_major(t)) return Status();
+    return bad(name, "column-major (column stride " + std::to_string(t.strides[1]) +
+                         ") needs unit row stride and a column stride >= its " + std::to_string(t.shape[0]) +
+                         " rows, got row stride " + std::to_string(t.strides[0]));
+  }
   if (t.shape[1] > 1 && t.strides[1] != 1)
     return bad(name, "needs unit stride along its last dimension, got stride " + std::to_string(t.strides[1]));
   if (t.shape[0] > 1) {
@@ -101,7 +118,8 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
     const int64_t rows = t.rank == 2 ? t.shape[0] : 1;
     const int64_t cols = t.rank == 2 ? t.shape[1] : t.shape[0];
     const int64_t rs = t.rank == 2 ? t.strides[0] : 0;
-    const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? cols - 1 : 0);
+    const int64_t cs = t.rank == 2 && cols > 1 ? t.strides[1] : 1;  // != 1: a column-major view
+    const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? (cols - 1) * cs : 0);
     *lo = base;
     *hi = base + static_cast<uintptr_t>(last + 1) * core::dtype_bytes(t.dtype);
   };
@@ -207,7 +225,7 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
     // 1. The layout of every required 2-D slot.
     for (int8_t i : s.order)
       if (!slot(i).optional && slot(i).rank == 2)
-        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data); !st.ok()) return st;
+        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok); !st.ok()) return st;
     // 2. Shapes: bind the dims, check the rest; the sizes >= 1 once their slot bound them.
     Binding b;
     auto positive = [&]() -> Status {
@@ -263,7 +281,7 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       if (slot(i).rank == 1) {
         if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
       } else {
-        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data); !st.ok()) return st;
+        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok); !st.ok()) return st;
         if (Status st = bind_or_check(s, i, t, &b); !st.ok()) return st;
       }
       if (const int like = slot(i).dtype_like; like >= 0 && t[i]->dtype != t[like]->dtype)
@@ -392,7 +410,7 @@ template <core::OpKind Op>
     present[i] = slot_present(a, x, require_data);
     if constexpr (a.rank == 2) {
       // Branchless on purpose (the hot path): ints, so no compiler reads it as a mistyped &&.
-      const bool here = (int{ok_2d(x, is_written(a), require_data)} & int{x.shape[0] == eval(a.rows)} &
+      const bool here = (int{ok_2d(x, is_written(a), require_data, a.col_major_ok)} & int{x.shape[0] == eval(a.rows)} &
                          int{x.shape[1] == eval(a.cols)}) != 0;
       ok = ok && (a.optional ? !present[i] || here : here);
     } else {
@@ -464,7 +482,9 @@ template <core::OpKind Op>
     const TensorRef& x = *t[i];
     if constexpr (a.optional) any_optional = any_optional || present[i];
     la->data[i] = present[i] ? x.data : nullptr;
-    if constexpr (a.rank == 2)
+    if constexpr (a.rank == 2 && a.col_major_ok)
+      la->ld[i] = col_major(x) ? -x.strides[1] : x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+    else if constexpr (a.rank == 2)
       la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
     else
       la->ld[i] = 0;
@@ -483,7 +503,12 @@ template <core::OpKind Op>
   for (size_t o = 0; o < S.order.size() && o < 4; ++o) {
     const TensorRef& x = *t[S.order[o]];
     ranks[o] = S.slots[static_cast<size_t>(S.order[o])].rank;
-    if (ranks[o] == 2) {
+    if (ranks[o] == 2 && col_major(x)) {
+      // Only a col_major_ok slot gets here: the key of its row-major layout
+      // (the variants convert the view; a tuned row serves both).
+      classes[o][0] = static_cast<uint8_t>(StrideClass::other);
+      classes[o][1] = static_cast<uint8_t>(StrideClass::unit);
+    } else if (ranks[o] == 2) {
       classes[o][0] = static_cast<uint8_t>(stride_class_of(x, 0));
       classes[o][1] = static_cast<uint8_t>(stride_class_of(x, 1));
     } else {

@@ -114,6 +114,12 @@ struct ArgSlot {
   int8_t alias_of = -1;     ///< a write slot that may be exactly this read slot (in place: y == x)
   int8_t dtype_like = -1;   ///< an optional slot whose dtype must equal this slot's (bias like d)
   Fill fill = Fill::signed_unit;
+  /// Rank 2, read only: also accepted column-major (unit row stride, column
+  /// stride >= rows; a transposed view), e.g. the block fp8 GEMM's scale_a
+  /// as SGLang's per_token_group_quant_fp8 writes it, K-major. Its key is
+  /// the row-major layout's; the variants see LaunchArgs::ld = -(column
+  /// stride) and read or convert it (ld >= 0 is the row-major row stride).
+  bool col_major_ok = false;
 };
 
 /// A float argument after the tensors (eps).

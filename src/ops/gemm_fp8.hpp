@@ -34,6 +34,12 @@ inline constexpr int kFp8ArgA = 0, kFp8ArgB = 1, kFp8ArgD = 2, kFp8ArgSa = 3, kF
 /// The block ops' group along K (A: 1x128, B: 128x128).
 inline constexpr int kFp8Block = 128;
 
+/// scale_a[group kb, row m] of the block layout in LaunchArgs terms: ld >= 0
+/// M-major (the canonical layout, row stride ld); ld < 0 K-major (a column-
+/// major view of [ceil(K/128), M], as SGLang's per_token_group_quant_fp8
+/// writes it: row m's groups contiguous, -ld apart).
+constexpr int64_t block_sa_index(int64_t kb, int64_t m, int64_t ld) { return ld >= 0 ? kb * ld + m : m * -ld + kb; }
+
 /// How sa and sb are laid out (the three ops).
 enum class Fp8Scales : uint8_t { tensor, rowwise, block };
 
@@ -47,9 +53,9 @@ constexpr ArgSlot bias_slot() {
   return {.name = "bias", .role = Role::read, .rank = 1, .optional = true, .cols = {Dim::n}, .dtype = SlotDType::out,
           .dtype_like = kFp8ArgD};
 }
-constexpr ArgSlot scale_slot(std::string_view name, int8_t rank, DimExpr rows, DimExpr cols) {
+constexpr ArgSlot scale_slot(std::string_view name, int8_t rank, DimExpr rows, DimExpr cols, bool col_major_ok = false) {
   return {.name = name, .role = Role::read, .rank = rank, .rows = rows, .cols = cols, .dtype = SlotDType::fixed,
-          .fixed_dtype = DType::fp32, .fill = Fill::near_one};
+          .fixed_dtype = DType::fp32, .fill = Fill::near_one, .col_major_ok = col_major_ok};
 }
 
 inline constexpr KeyField kFields[] = {
@@ -85,7 +91,7 @@ void reference(const Problem& p, const RefArgs& r) {
         if constexpr (L == Fp8Scales::tensor) s = sa[0] * sb[0];
         if constexpr (L == Fp8Scales::rowwise) s = sa[i] * sb[j];
         if constexpr (L == Fp8Scales::block)
-          s = sa[kb * r.ld[kFp8ArgSa] + i] * sb[(j / kFp8Block) * r.ld[kFp8ArgSb] + kb];
+          s = sa[block_sa_index(kb, i, r.ld[kFp8ArgSa])] * sb[(j / kFp8Block) * r.ld[kFp8ArgSb] + kb];
         acc += part * s;
       }
       if (bias) acc += bias[j];
@@ -154,7 +160,7 @@ inline constexpr ArgSlot kSlots[] = {
     a_slot(),
     b_slot(),
     d_slot(),
-    scale_slot("scale_a", 2, {Dim::k, 1, kFp8Block}, {Dim::m}),
+    scale_slot("scale_a", 2, {Dim::k, 1, kFp8Block}, {Dim::m}, true),
     scale_slot("scale_b", 2, {Dim::n, 1, kFp8Block}, {Dim::k, 1, kFp8Block}),
     bias_slot(),
 };

@@ -25,7 +25,7 @@ constexpr uint16_t kPoison16h = kPoisonFp16;   // fp16: exponent all ones, quiet
 
 // Element access on a host copy of an argument's extent.
 double load(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
-  const int64_t i = r * a.ld + c;
+  const int64_t i = a.ld >= 0 ? r * a.ld + c : c * -a.ld + r;  // ld < 0: a column-major view (ArgSlot::col_major_ok)
   const char* e = host + i * static_cast<int64_t>(dtype_size(a.dtype));
   uint8_t b8 = 0;
   uint16_t b16 = 0;
@@ -119,6 +119,7 @@ DeviceMemory* memory_for(DeviceType backend) noexcept {
 
 size_t ArgBuffer::extent_bytes() const noexcept {
   if (rows <= 0 || cols <= 0) return 0;
+  if (ld < 0) return static_cast<size_t>((cols - 1) * -ld + rows) * dtype_size(dtype);  // a column-major view
   return static_cast<size_t>((rows - 1) * ld + cols) * dtype_size(dtype);
 }
 

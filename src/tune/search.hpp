@@ -45,7 +45,7 @@ struct ArgBuffer {
   DType dtype = DType::fp32;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t ld = 0;        ///< row stride in elements (may be 0 for a broadcast input)
+  int64_t ld = 0;        ///< row stride in elements (may be 0 for a broadcast input); < 0: a column-major view, column stride -ld
   bool read = true;      ///< the op reads it
   bool written = false;  ///< the op writes it
 

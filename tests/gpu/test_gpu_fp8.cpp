@@ -9,6 +9,7 @@
 // variant and point, in all three input dtypes, bit for bit against the
 // same arithmetic on the host (scale = max(amax, 1e-10) / 448 in fp32, then
 // x / scale or x * (1 / scale), clamp, round to nearest even).
+#include <cstdlib>
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -55,12 +56,16 @@ struct Fp8Shape {
   bool bias = false;
   DType out = DType::bf16;
   int64_t sa_pad = 0;  ///< block layout: scale_a's row stride M + sa_pad
+  /// block layout: scale_a K-major (SGLang's per_token_group_quant_fp8
+  /// layout: [M, ceil(K/128)] row-major, row stride ceil(K/128) + sa_pad),
+  /// passed as the column-major view LaunchArgs::ld < 0.
+  bool sa_kmajor = false;
 };
 
 std::string text(Fp8Scales l, const Fp8Shape& s) {
   return std::string(layout_name(l)) + " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n) +
          " K=" + std::to_string(s.k) + (s.bias ? " bias" : "") + " out=" + std::string(dispatch::dtype_name(s.out)) +
-         (s.sa_pad ? " sa_pad=" + std::to_string(s.sa_pad) : "");
+         (s.sa_pad ? " sa_pad=" + std::to_string(s.sa_pad) : "") + (s.sa_kmajor ? " sa K-major" : "");
 }
 
 /// One fp8 GEMM problem on the device, with its float64 reference.
@@ -75,6 +80,7 @@ struct Fp8Case {
   static HostTensor sa_of(Fp8Scales l, const Fp8Shape& s) {
     if (l == Fp8Scales::tensor) return HostTensor(DType::fp32, 1, 1, 1);
     if (l == Fp8Scales::rowwise) return HostTensor(DType::fp32, 1, s.m, s.m);
+    if (s.sa_kmajor) return HostTensor(DType::fp32, s.m, blocks(s.k), blocks(s.k) + s.sa_pad);
     return HostTensor(DType::fp32, blocks(s.k), s.m, s.m + s.sa_pad);
   }
   static HostTensor sb_of(Fp8Scales l, const Fp8Shape& s) {
@@ -85,7 +91,7 @@ struct Fp8Case {
   double scale(int64_t i, int64_t j, int64_t kb) const {
     if (l == Fp8Scales::tensor) return double(sa.get(0, 0)) * sb.get(0, 0);
     if (l == Fp8Scales::rowwise) return double(sa.get(0, i)) * sb.get(0, j);
-    return double(sa.get(kb, i)) * sb.get(j / kB, kb);
+    return double(s.sa_kmajor ? sa.get(i, kb) : sa.get(kb, i)) * sb.get(j / kB, kb);
   }
 
   Fp8Case(DeviceType bt, Fp8Scales layout, const Fp8Shape& sh, std::mt19937& rng)
@@ -160,7 +166,7 @@ struct Fp8Case {
     la.data[core::kFp8ArgD] = dd.get();
     la.ld[core::kFp8ArgD] = s.n;
     la.data[core::kFp8ArgSa] = dsa.get();
-    la.ld[core::kFp8ArgSa] = l == Fp8Scales::block ? sa.ld : 0;
+    la.ld[core::kFp8ArgSa] = l != Fp8Scales::block ? 0 : s.sa_kmajor ? -sa.ld : sa.ld;
     la.data[core::kFp8ArgSb] = dsb.get();
     la.ld[core::kFp8ArgSb] = l == Fp8Scales::block ? sb.ld : 0;
     la.data[core::kFp8ArgBias] = s.bias ? dbias.get() : nullptr;
@@ -213,6 +219,12 @@ const Fp8Shape kShapes[] = {
     {65, 264, 400, true, DType::fp32},
     {1023, 256, 512},
     {1024, 512, 1024, true},
+    // K-major scale_a (block only; the other layouts ignore it): converted
+    // by skinny_mma and cuBLASLt into the workspace, read by the reference.
+    {1, 4096, 4096, false, DType::bf16, 0, true},
+    {5, 2112, 7168, true, DType::bf16, 3, true},
+    {64, 1024, 2048, false, DType::fp16, 0, true},
+    {1023, 256, 1152, false, DType::bf16, 0, true},
 };
 
 constexpr Fp8Scales kLayouts[] = {Fp8Scales::tensor, Fp8Scales::rowwise, Fp8Scales::block};
@@ -225,6 +237,10 @@ TEST_CASE("gpu fp8 gemm: every variant, every point and every cuBLASLt candidate
     const DeviceInfo& dev = dev_of(bt);
     std::mt19937 rng(21);
     for (Fp8Scales l : kLayouts) {
+      // KD_FP8_TEST_LAYOUTS=block (a comma list): only those layouts (a short device run)
+      if (const char* only = std::getenv("KD_FP8_TEST_LAYOUTS");
+          only && *only && std::string(",") .append(only).append(",").find(std::string(",") + layout_name(l) + ",") == std::string::npos)
+        continue;
       int points = 0, lt_candidates = 0;
       double worst_mma = 0, worst_lt = 0, worst_ref = 0;
       for (const Fp8Shape& sh : kShapes) {

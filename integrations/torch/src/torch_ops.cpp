@@ -664,7 +664,13 @@ class Kernel final : public c10::OperatorKernel {
         if (x == nullptr || pure_output(a) != (pass == 1)) continue;
         View& v = views[i];
         if (!dl_dtype(x->scalar_type(), &v)) dtype_error(i, *x);
-        if (a.rank == 2) {
+        if (a.rank == 2 && a.col_major_ok && x->dim() == 2 && x->size(1) > 1 && x->stride(1) != 1) {
+          // A column-major view the op takes as it is (gemm_fp8_block's
+          // K-major scale_a: x_s.t()); the library checks its strides.
+          v.ndim = 2;
+          for (int64_t d = 0; d < 2; ++d) v.shape[d] = x->size(d), v.strides[d] = x->stride(d);
+          v.data = x->data_ptr();
+        } else if (a.rank == 2) {
           if (x->size(-1) > 1 && x->stride(-1) != 1)
             fail(b, 1, arg(i) + ": needs unit stride along its last dimension, got stride " +
                            std::to_string(x->stride(-1)));
