@@ -329,15 +329,21 @@ std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept { r
 //
 // fp8 GEMMs, in order, each checked with supports() (the next serves when it
 // declines):
-//  1. M <= 16 (and, in the block layout, any M that is not a multiple of 4,
-//     which cuBLASLt's block mode refuses on sm_90): skinny_mma with the
-//     bf16 family's decode rule on t = 16-row tiles of B per SM: row_tiles
-//     1 up to M = 8, 2 above; (split_k, num_stages) = (8, 6) for t < 1.5,
-//     (4, 6) for t < 3.2, (4, 3) for t < 8, else (8, 3) (a stage is 128
-//     elements of K here, 64 in bf16: the same bytes per stage), then the
-//     same point with 3 stages (it fits where 6 do not);
-//  2. cuBLASLt's heuristic pick for the exact call (algo_id = -1), but not
-//     for block M % 4 != 0;
+//  1. M <= 16: skinny_mma with the bf16 family's decode rule on t = 16-row
+//     tiles of B per SM: row_tiles 1 up to M = 8, 2 above; (split_k,
+//     num_stages) = (8, 6) for t < 1.5, (4, 6) for t < 3.2, (4, 3) for
+//     t < 8, else (8, 3) (a stage is 128 elements of K here, 64 in bf16: the
+//     same bytes per stage), then the same point with 3 stages (it fits
+//     where 6 do not). At t >= 8 split_k is capped at ceil(K/128) / 4
+//     (a power of two, >= 1): the tuned H200 rows of 32768x512 (1, not 8:
+//     10.5 us against 18.0) and 24576x1536 (2) say a split of a few K
+//     groups only adds partial sums;
+//  2. cuBLASLt's heuristic pick for the exact call (algo_id = -1); in the
+//     block layout its launch serves M % 4 != 0 and a padded or K-major
+//     scale_a by splitting the rows (kernels/cuda/cublaslt.cpp). Not in the
+//     block layout when ceil(K/128) % 4 != 0: cuBLASLt 13.1's heuristic has
+//     no block-scaled algorithm there on the H200 (K = 256, 1152, 2304 of
+//     SGLang's shapes; the call would go to the reference);
 //  3. skinny_mma (any M: chunks of 16 rows), then the reference.
 // Quantisation: the multiply variant with 4 warps, then the reference.
 core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
@@ -368,15 +374,18 @@ core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexc
   // row_tiles 2 and split_k 8, 6 stages exceed the H200's shared memory).
   auto decode_rule = [&] {
     const int64_t rt = p.m <= 8 ? 1 : 2;
-    const int64_t sk = t < 1.5 || t >= 8 ? 8 : 4;
+    int64_t sk = t < 1.5 || t >= 8 ? 8 : 4;
+    if (t >= 8)
+      while (sk > 1 && sk * 4 > (p.k + core::kFp8Block - 1) / core::kFp8Block) sk /= 2;
     const int64_t st = t < 3.2 ? 6 : 3;
     skinny_mma(rt, sk, st);
     if (st != 3) skinny_mma(rt, sk, 3);
   };
-  // cuBLASLt's block mode declines M % 4 != 0 at launch: never its pick.
-  const bool block_m4 = L == 2 && p.m % 4 != 0;
-  if (p.m <= 16 || block_m4) decode_rule();
-  if (lt::available() && !block_m4) {
+  // cuBLASLt's block mode has no algorithm at K/128 % 4 != 0 (H200,
+  // cuBLASLt 13.1): never its pick there.
+  const bool block_no_lt = L == 2 && ((p.k + core::kFp8Block - 1) / core::kFp8Block) % 4 != 0;
+  if (p.m <= 16) decode_rule();
+  if (lt::available() && !block_no_lt) {
     Plan c;
     c.variant = lt_rows[L];
     c.params[lt::kAlgoId] = -1;
