@@ -15,8 +15,11 @@
 //                     cuBLASLt's VEC128 mode store it: [ceil(K/128), M] row-
 //                     major, each K-group's M scales contiguous, its row
 //                     stride (the padded M; cuBLASLt wants a multiple of 4)
-//                     free. A K or N that is not a multiple of 128 has a
-//                     partial last block, as SGLang's kernel.
+//                     free. Also K-major (SGLang's per_token_group_quant_fp8
+//                     layout) as the column-major view of [ceil(K/128), M]:
+//                     same key, LaunchArgs::ld < 0 (block_sa_index). A K or
+//                     N that is not a multiple of 128 has a partial last
+//                     block, as SGLang's kernel.
 //
 // Why three ops and not one op with a `scale` key field: each layout has
 // its own scale shapes, and every generic layer (validation, the tuner's
