@@ -158,6 +158,20 @@ Slots slots_of(const core::Problem& p) {
 /// Bytes per element of a dtype cuBLASLt reads here.
 int64_t elem_bytes(DType t) { return t == DType::fp32 ? 4 : t == DType::fp8_e4m3fn || t == DType::fp8_e5m2 ? 1 : 2; }
 
+/// K as cuBLASLt runs it: the block layout's K zero-padded to a multiple of
+/// 512 where ceil(K/128) % 4 != 0 (cuBLASLt 13.1 has no block-scaled
+/// algorithm there on the H200: SGLang's K = 256, 1152, 2304), else K.
+int64_t lt_k(const core::Problem& p) noexcept {
+  if (p.op != core::OpKind::gemm_fp8_block) return p.k;
+  const int64_t kb = (p.k + core::kFp8Block - 1) / core::kFp8Block;
+  return kb % 4 == 0 ? p.k : (kb + 3) / 4 * 4 * core::kFp8Block;
+}
+core::Problem lt_problem(const core::Problem& p) noexcept {
+  core::Problem q = p;
+  q.k = lt_k(p);
+  return q;
+}
+
 /// The scale pointers of an fp8 call ("A" = our B's, "B" = our A's); any
 /// non-null address for a problem without data (the heuristic and the
 /// algorithm check read the modes, never the scales).
@@ -393,11 +407,12 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
                        "split-K partial sums reduced in the 16-bit output type (reduction_scheme " +
                            std::to_string(prm[kReduction]) + "): not fp32 accumulation");
   Descs d;
-  const int64_t lda = p.k, ldb = p.k, ldd = p.n;
+  const core::Problem q = lt_problem(p);  // the block layout's K as cuBLASLt runs it
+  const int64_t lda = q.k, ldb = q.k, ldd = q.n;
   static const char kBias = 0;
-  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, p.has_bias ? &kBias : nullptr, &d);
+  cublasStatus_t s = make_descs(a, q, lda, ldb, ldd, q.has_bias ? &kBias : nullptr, &d);
   cublasLtMatmulAlgo_t algo;
-  if (s == CUBLAS_STATUS_SUCCESS) s = make_algo(a, p, prm, &algo);
+  if (s == CUBLAS_STATUS_SUCCESS) s = make_algo(a, q, prm, &algo);
   cublasLtMatmulHeuristicResult_t r;
   std::memset(&r, 0, sizeof r);
   if (s == CUBLAS_STATUS_SUCCESS) s = a.algo_check(a.handle, &d.op, &d.a, &d.b, &d.c, &d.c, &algo, &r);
@@ -456,6 +471,46 @@ Status launch_block_split(const core::LaunchArgs& la, const core::Problem& p, co
   return launch_gemm_fp8_skinny_mma_block(sk, lt, pt);
 }
 
+/// A block-scaled call at ceil(K/128) % 4 != 0 (M % 4 == 0, scale_a
+/// M-major with row stride M): a, b and both scales copied into the front
+/// of the workspace with K zero-padded to kp (lt_k), then cuBLASLt at K = kp
+/// on the rest of the workspace. Without room, our block skinny_mma
+/// (2, 4, 3) serves the call. The copies cost about one read and write of a
+/// and b; reached only through a tuned row (the tuner validates it against
+/// float64) — get_default does not pick cuBLASLt at these K.
+Status launch_block_pad_k(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm, int64_t kp) noexcept {
+  const auto r256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t kbp = kp / core::kFp8Block, nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
+  const int64_t a_bytes = r256(p.m * kp), b_bytes = r256(p.n * kp), sa_bytes = r256(kbp * p.m * 4),
+                sb_bytes = r256(nb * kbp * 4);
+  const int64_t bytes = a_bytes + b_bytes + sa_bytes + sb_bytes;
+  if (la.workspace == nullptr || la.workspace_bytes < bytes) {
+    gpu::gemm::SkinnyMma sk;
+    sk.row_tiles = 2, sk.split_k = 4, sk.stages = 3, sk.cluster_k = 1, sk.warps_n = 1;
+    return launch_gemm_fp8_skinny_mma_block(sk, la, p);
+  }
+  char* w = static_cast<char*>(la.workspace);
+  auto* a = reinterpret_cast<uint8_t*>(w);
+  auto* b = reinterpret_cast<uint8_t*>(w + a_bytes);
+  auto* sa = reinterpret_cast<float*>(w + a_bytes + b_bytes);
+  auto* sb = reinterpret_cast<float*>(w + a_bytes + b_bytes + sa_bytes);
+  if (Status st = launch_gemm_fp8_pad_k_block(la, p, kp, a, b, sa, sb); !st.ok()) return st;
+  core::LaunchArgs lp = la;
+  core::Problem pp = p;
+  pp.k = kp;
+  lp.data[core::kFp8ArgA] = a;
+  lp.ld[core::kFp8ArgA] = kp;
+  lp.data[core::kFp8ArgB] = b;
+  lp.ld[core::kFp8ArgB] = kp;
+  lp.data[core::kFp8ArgSa] = sa;
+  lp.ld[core::kFp8ArgSa] = p.m;
+  lp.data[core::kFp8ArgSb] = sb;
+  lp.ld[core::kFp8ArgSb] = kbp;
+  lp.workspace = w + bytes;
+  lp.workspace_bytes = la.workspace_bytes - bytes;
+  return launch(lp, pp, prm);
+}
+
 }  // namespace
 
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
@@ -488,6 +543,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       const bool sa_ok = ldsa >= 0 && (p.k <= core::kFp8Block || ldsa == p.m);
       const bool sb_ok = p.n <= core::kFp8Block || la.ld[sl.sb] == (p.k + core::kFp8Block - 1) / core::kFp8Block;
       if (!m4 || !sa_ok || !sb_ok) return launch_block_split(la, p, prm, sl, sb_ok);
+      if (const int64_t kp = lt_k(p); kp != p.k) return launch_block_pad_k(la, p, prm, kp);
     }
   }
   Descs d;
@@ -563,7 +619,8 @@ int enumerate(const core::Problem& p, int64_t workspace_bytes, int64_t* out, int
   constexpr int kMax = 16;
   cublasLtMatmulHeuristicResult_t r[kMax];
   static const char kBias = 0;
-  const int n = heuristic(a, p, p.k, p.k, p.n, p.has_bias ? &kBias : nullptr, workspace_bytes, r,
+  const core::Problem q = lt_problem(p);  // the block layout's K as cuBLASLt runs it
+  const int n = heuristic(a, q, q.k, q.k, q.n, q.has_bias ? &kBias : nullptr, workspace_bytes, r,
                           cap < kMax ? cap : kMax);
   for (int i = 0; i < n; ++i) algo_to_params(a, r[i], out + i * core::kMaxParams);
   return n;

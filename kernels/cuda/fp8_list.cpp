@@ -343,7 +343,9 @@ std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept { r
 //     scale_a by splitting the rows (kernels/cuda/cublaslt.cpp). Not in the
 //     block layout when ceil(K/128) % 4 != 0: cuBLASLt 13.1's heuristic has
 //     no block-scaled algorithm there on the H200 (K = 256, 1152, 2304 of
-//     SGLang's shapes; the call would go to the reference);
+//     SGLang's shapes). The variant now runs such calls on a copy with K
+//     zero-padded to a multiple of 512 (kernels/cuda/cublaslt.cpp), which
+//     only a tuned row reaches: the tuner checks it against float64 first;
 //  3. skinny_mma (any M: chunks of 16 rows), then the reference.
 // Quantisation: the multiply variant with 4 warps, then the reference.
 core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept {

@@ -153,7 +153,10 @@ KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
   void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept;         \
   /* rows [m0, m0 + rows) of a block scale_a (LaunchArgs ld < 0: K-major) -> dst M-major, row stride ld_dst */ \
   Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p,         \
-                                               int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept;
+                                               int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept; \
+  /* a, b, scale_a (M-major, stride M) and scale_b with K zero-padded to kp (block: cuBLASLt's algorithms) */ \
+  Status launch_gemm_fp8_pad_k_##layout(const core::LaunchArgs& la, const core::Problem& p, int64_t kp,    \
+                                        uint8_t* a, uint8_t* b, float* sa, float* sb) noexcept;
 KDISPATCH_DECLARE_GEMM_FP8_TU(tensor)
 KDISPATCH_DECLARE_GEMM_FP8_TU(rowwise)
 KDISPATCH_DECLARE_GEMM_FP8_TU(block)
