@@ -13,10 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "api/validate.hpp"
 #include "core/numeric.hpp"
 #include "dispatch/dispatch.hpp"
 #include "ops/specs.hpp"
 #include "test_util.hpp"
+#include "tune/search.hpp"
 
 using namespace dispatch;
 
@@ -250,6 +252,38 @@ TEST_CASE("gemm_fp8_block: a K-major scale_a (the column-major view [K/128, M]) 
       CHECK(s.message().find("column stride") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("gemm_fp8_block: the sync tuner's copy of a K-major scale_a at K <= 128 covers what the variants read") {
+  // One K group: x_s [M, 4] padded, scale_a = x_s[:, :1].t(), a [1, M] view
+  // with column stride 4. The tuner copies extent_bytes() of it and runs
+  // candidates on the copy with ld = -4 (found by the review: the copy was
+  // M floats, the variants read (M - 1) * 4 + 1).
+  const int64_t M = 8, N = 4, K = 128, s = 4;
+  std::vector<uint8_t> a(M * K, 0x38), b(N * K, 0x38);
+  std::vector<float> d(M * N), sb(1, 1.f), sa(M * s, 1.f);
+  GemmFp8BlockArgs g;
+  g.a = make_tensor_2d(a.data(), DType::fp8_e4m3fn, M, K, K);
+  g.b = make_tensor_2d(b.data(), DType::fp8_e4m3fn, N, K, K);
+  g.d = make_tensor_2d(d.data(), DType::fp32, M, N, N);
+  g.scale_b = make_tensor_2d(sb.data(), DType::fp32, 1, 1, 1);
+  g.scale_a.data = sa.data();
+  g.scale_a.dtype = DType::fp32;
+  g.scale_a.rank = 2;
+  g.scale_a.shape[0] = 1, g.scale_a.shape[1] = M;
+  g.scale_a.strides[0] = 1, g.scale_a.strides[1] = s;
+  core::Problem p;
+  core::LaunchArgs la;
+  bool empty = false;
+  REQUIRE(api::validate_gemm_fp8_block(g, &p, &la, &empty).ok());
+  REQUIRE(la.ld[core::kFp8ArgSa] == -s);
+  const tune::TuneTarget t = tune::make_target(p, la);
+  CHECK(t.args[core::kFp8ArgSa].ld == -s);
+  CHECK(t.args[core::kFp8ArgSa].extent_bytes() == static_cast<size_t>(((M - 1) * s + 1) * 4));
+  // And the call itself, sync-tuned on its own buffers: 1 * 1 * 1 * 1 summed over K.
+  auto rt = quiet_runtime();
+  REQUIRE(gemm_fp8_block(*rt, g).ok());
+  for (float v : d) CHECK(v == float(K));
 }
 
 TEST_CASE("gemm_fp8: errors name the argument: scale shapes, scale dtype, mixed formats, no fp8 on a float op") {

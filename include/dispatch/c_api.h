@@ -375,7 +375,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_silu_and_mul(kdispatch_runtime* rt, c
 /** The fp8 GEMMs (dispatch::GemmFp8Args): d[M,N] = (a ⊙ scale_a) · (b ⊙
  *  scale_b)^T (+ bias[N]); a [M,K] and b [N,K] fp8 (DLPack 1.1 code 10,
  *  kDLFloat8_e4m3fn, bits 8), scales fp32: _tensor [1] and [1]; _rowwise
- *  [M] and [N]; _block [ceil(K/128), M] (M-major, row stride >= M) and
+ *  [M] and [N]; _block [ceil(K/128), M] (M-major, row stride >= M; or
+ *  K-major as the column-major view, strides {1, >= ceil(K/128)}) and
  *  [ceil(N/128), ceil(K/128)]. bias may be NULL. Errors: as kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_tensor(kdispatch_runtime* rt, const DLTensor* a,
                                                            const DLTensor* b, const DLTensor* d,

@@ -166,9 +166,14 @@ int64_t lt_k(const core::Problem& p) noexcept {
   const int64_t kb = (p.k + core::kFp8Block - 1) / core::kFp8Block;
   return kb % 4 == 0 ? p.k : (kb + 3) / 4 * 4 * core::kFp8Block;
 }
+/// The problem cuBLASLt sees for `p`: the padded K above; in the block
+/// layout an M % 4 != 0 above 4 runs its first M & ~3 rows on cuBLASLt
+/// (launch_block_split), so the algorithm check and the heuristic are asked
+/// at that M (sm_90 has no block algorithm at M % 4 != 0).
 core::Problem lt_problem(const core::Problem& p) noexcept {
   core::Problem q = p;
   q.k = lt_k(p);
+  if (p.op == core::OpKind::gemm_fp8_block && p.m > 4 && p.m % 4 != 0) q.m = p.m & ~int64_t{3};
   return q;
 }
 
@@ -474,8 +479,8 @@ Status launch_block_split(const core::LaunchArgs& la, const core::Problem& p, co
 /// A block-scaled call at ceil(K/128) % 4 != 0 (M % 4 == 0, scale_a
 /// M-major with row stride M): a, b and both scales copied into the front
 /// of the workspace with K zero-padded to kp (lt_k), then cuBLASLt at K = kp
-/// on the rest of the workspace. Without room, our block skinny_mma
-/// (2, 4, 3) serves the call. The copies cost about one read and write of a
+/// on the rest of the workspace. Without room it declines (needs
+/// fallback). The copies cost about one read and write of a
 /// and b; reached only through a tuned row (the tuner validates it against
 /// float64) — get_default does not pick cuBLASLt at these K.
 Status launch_block_pad_k(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm, int64_t kp) noexcept {
@@ -484,11 +489,12 @@ Status launch_block_pad_k(const core::LaunchArgs& la, const core::Problem& p, co
   const int64_t a_bytes = r256(p.m * kp), b_bytes = r256(p.n * kp), sa_bytes = r256(kbp * p.m * 4),
                 sb_bytes = r256(nb * kbp * 4);
   const int64_t bytes = a_bytes + b_bytes + sa_bytes + sb_bytes;
-  if (la.workspace == nullptr || la.workspace_bytes < bytes) {
-    gpu::gemm::SkinnyMma sk;
-    sk.row_tiles = 2, sk.split_k = 4, sk.stages = 3, sk.cluster_k = 1, sk.warps_n = 1;
-    return launch_gemm_fp8_skinny_mma_block(sk, la, p);
-  }
+  // Short of workspace: decline (the tuner then records the candidate as
+  // failed instead of timing a substitute under its name; a call falls back).
+  if (la.workspace == nullptr || la.workspace_bytes < bytes)
+    return core::needs_fallback("cuBLASLt's block fp8 GEMM at K = " + std::to_string(p.k) + " runs on a copy with K padded to " +
+                                std::to_string(kp) + ": needs " + std::to_string(bytes) + " bytes of workspace, the call has " +
+                                std::to_string(la.workspace ? la.workspace_bytes : 0));
   char* w = static_cast<char*>(la.workspace);
   auto* a = reinterpret_cast<uint8_t*>(w);
   auto* b = reinterpret_cast<uint8_t*>(w + a_bytes);

@@ -134,7 +134,9 @@ void set_info(const CallOptions& opts, const Choice& c) noexcept {
 // A plan the call cannot run although its key accepted it (a workspace too
 // small, cuBLASLt refusing an algorithm for this M) says so with
 // kNeedsFallbackCode: get_default's plan, then the reference, in the same
-// call. Nothing was enqueued.
+// call. Work may already be enqueued (cuBLASLt's block row split runs its
+// head before the tail declines): every fallback writes all of its outputs,
+// stream-ordered after it.
 [[gnu::cold, gnu::noinline]] Status launch_fallback(Runtime::Impl& impl, Call& call, Choice c, Status st) noexcept {
   for (int step = 0; step < 2 && st.code() == core::kNeedsFallbackCode; ++step) {
     core::Plan next = default_plan(impl, call.p, device_of(impl, call));

@@ -331,7 +331,7 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 }
 
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
-// "optional", "rows", "cols", "alias_of", "dtype"}], "scalars": [{"name", "default"}],
+// "optional", "rows", "cols", "alias_of", "dtype", "col_major_ok"}], "scalars": [{"name", "default"}],
 // "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace", "in_dtypes"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
 std::string op_list_json() {
   dispatch::core::JsonWriter w;
@@ -347,7 +347,8 @@ std::string op_list_json() {
       w.field("rank", static_cast<int64_t>(a.rank)).field("optional", a.optional);
       extent("rows", a.rows_dim, a.rows_mul, a.rows_div);
       extent("cols", a.cols_dim, a.cols_mul, a.cols_div);
-      w.field("alias_of", static_cast<int64_t>(a.alias_of)).field("dtype", a.dtype).end_object();
+      w.field("alias_of", static_cast<int64_t>(a.alias_of)).field("dtype", a.dtype);
+      w.field("col_major_ok", a.col_major_ok).end_object();
     }
     w.end_array().key("scalars").begin_array();
     for (const dispatch::OpScalarInfo& x : o.scalars)

@@ -136,7 +136,10 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
     a.dtype = e.dtype;
     a.rows = a.ptr ? e.rows : 0;
     a.cols = e.cols;
-    a.ld = e.rows > 1 && slot.rank == 2 ? la.ld[i] : e.cols;
+    // A column-major view (ld < 0) keeps its ld even with one row: the
+    // variants read it with the column stride (gemm_fp8_block's K-major
+    // scale_a at K <= 128), and the extent must cover what they read.
+    a.ld = slot.rank == 2 && (e.rows > 1 || la.ld[i] < 0) ? la.ld[i] : e.cols;
     a.read = slot.role != core::Role::write;
     a.written = slot.role != core::Role::read;
     t.args.push_back(std::move(a));
