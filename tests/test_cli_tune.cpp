@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1080,6 +1081,242 @@ TEST_CASE("cli merge: a table without kdispatch metadata or without its us map i
   CliRun inside = run({"merge", "--out", dir / "nous/merged", dir / "nous"}, cache);
   CHECK(inside.exit_code == 2);
   CHECK(inside.err.find("is inside the source") != std::string::npos);
+}
+
+// `merge --retime` (issue 22 item 3): conflicts timed on this machine. One
+// gemm fp32 key tuned for real (this build's fingerprint and a fast
+// config), then the same key and M in other sources with hand-written
+// configs: the reference (plain loops: many times slower), the blocked
+// kernel with its scalar register tile and the smallest tiles written
+// params first (slower, and a config text smaller than the tuned one's),
+// the tuned config with its keys in another order (the same plan, a smaller
+// text), and a variant this build does not have.
+namespace {
+
+// The merged tree's files with every "retimed_us" number blanked: the bytes
+// --retime promises to keep for any source order.
+std::map<std::string, std::string> retime_tree(const std::string& root) {
+  static const std::regex us("\"retimed_us\": ?[-+0-9.eE]+");
+  std::map<std::string, std::string> files;
+  for (auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file())
+      files[fs::relative(e.path(), root).generic_string()] =
+          std::regex_replace(kdtest::read_text(e.path()), us, "\"retimed_us\":_");
+  return files;
+}
+
+// A copy of the emitted table `rel` under `dst` with the row of M replaced by `config`.
+void put_row(const std::string& src, const std::string& dst, const std::string& rel, int64_t m,
+             const std::string& config) {
+  std::string text = kdtest::read_text(fs::path(src) / rel);
+  const std::string head = "\n    \"" + std::to_string(m) + "\": ";
+  const size_t row = text.find(head);
+  REQUIRE(row != std::string::npos);
+  const size_t end = text.find('\n', row + 1);
+  text = text.substr(0, row) + head + config + (text[end - 1] == ',' ? "," : "") + text.substr(end);
+  fs::create_directories(fs::path(dst) / fs::path(rel).parent_path());
+  std::ofstream(fs::path(dst) / rel) << text;
+}
+
+}  // namespace
+
+TEST_CASE("cli merge --retime: the faster config kept, every candidate's retimed time recorded, any source order") {
+  Scratch dir("retime");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "g.csv";
+  std::ofstream(csv) << "M,N,K\n16,128,128\n";
+  const std::string fast = dir / "fast";
+  CliRun t = run({"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32", "--emit", fast, "--budget-ms", "50",
+                  "--no-cold-cache"},
+                 cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  const std::string rel =
+      "cpu/gemm/N=128,K=128,device_name=" + dispatch::cpu_device_info().device_name + ",dtype=fp32.json";
+  REQUIRE(fs::exists(fs::path(fast) / rel));
+  simdjson::dom::parser p;
+  const std::string fast_text = kdtest::read_text(fs::path(fast) / rel);
+  const std::string tuned = std::string(simdjson::minify(p.parse(simdjson::padded_string(fast_text))["16"]));
+  CAPTURE(tuned);
+  REQUIRE(tuned.find("gemm_fp32__ref") == std::string::npos);
+  const std::string ref = "{\"variant\":\"gemm_fp32__ref\"}";
+  const std::string scalar =
+      "{\"BLOCK_SIZE_M\":8,\"BLOCK_SIZE_N\":16,\"BLOCK_SIZE_K\":128,\"ukernel\":\"scalar\","
+      "\"variant\":\"gemm_fp32__blocked\"}";
+  REQUIRE(scalar < tuned);  // the tie rule's smaller text
+  // The tuned plan, params first: the same plan, a smaller config text.
+  std::string same = tuned.substr(tuned.find(',') + 1);
+  same = "{" + same.substr(0, same.size() - 1) + "," + tuned.substr(1, tuned.find(',') - 1) + "}";
+  CAPTURE(same);
+  REQUIRE(same < tuned);
+  const std::string slow = dir / "slow", odd = dir / "odd", twin = dir / "twin";
+  put_row(fast, slow, rel, 16, ref);
+  put_row(fast, odd, rel, 16, scalar);
+  put_row(fast, twin, rel, 16, same);
+  const std::vector<std::string> timing = {"--retime", "--no-cold-cache", "--reps", "3"};
+
+  // 1. The tuned config against the reference: the tuned one is kept, in
+  //    either source order, both candidates retimed, the reference slower.
+  const std::string m1 = dir / "m1", m2 = dir / "m2";
+  CliRun a = run(cat(cat({"merge"}, timing), {"--out", m1, fast, slow}), cache);
+  REQUIRE_MESSAGE(a.exit_code == 0, a.err);
+  CHECK(a.out.find("1 table(s) written to " + m1 + " (1 rows, 1 conflicts resolved), 0 refused") != std::string::npos);
+  CHECK(a.err.find(rel + ": 1 conflicting M resolved by --retime") != std::string::npos);
+  CHECK(a.err.find(rel + ": M=16 retimed: ") != std::string::npos);
+  CliRun b = run(cat(cat({"merge"}, timing), {"--out", m2, slow, fast}), cache);
+  REQUIRE_MESSAGE(b.exit_code == 0, b.err);
+  CHECK(retime_tree(m1) == retime_tree(m2));  // byte-identical but for the measurements
+  const std::string merged = kdtest::read_text(fs::path(m1) / rel);
+  simdjson::dom::element doc = p.parse(simdjson::padded_string(merged));
+  CHECK(std::string(simdjson::minify(doc["16"])) == tuned);
+  simdjson::dom::element conflict = doc["kdispatch"]["merged"]["conflicts"]["16"];
+  CHECK(s(conflict["kept"]) == fast);
+  CHECK(s(conflict["by"]) == "retime");
+  std::map<std::string, double> retimed;  // config -> retimed us
+  for (simdjson::dom::element c : simdjson::dom::array(conflict["candidates"])) {
+    const std::string config(simdjson::minify(c["config"]));
+    CHECK(double(c["us"]) > 0);  // the source's own time, kept
+    retimed[config] = double(c["retimed_us"]);
+    CHECK(s(c["source"]) == (config == ref ? slow : fast));
+  }
+  REQUIRE(retimed.size() == 2);
+  CHECK(retimed[tuned] > 0);
+  CHECK_MESSAGE(retimed[ref] > 1.5 * retimed[tuned],
+                "ref " << retimed[ref] << " us, tuned " << retimed[tuned] << " us");
+  simdjson::dom::element by = doc["kdispatch"]["merged"]["retimed"];
+  CHECK_FALSE(s(by["host"]).empty());
+  CHECK(s(by["device"]) == "cpu:0");
+  CHECK(s(by["device_name"]) == dispatch::cpu_device_info().device_name);
+  CHECK(bool(by["same_fingerprint"]));
+  CHECK(std::string(simdjson::minify(by["fingerprint"])) ==
+        std::string(simdjson::minify(doc["kdispatch"]["fingerprint"])));
+  CHECK(int64_t(by["rounds"]) == 2);
+  CHECK(int64_t(by["reps"]) == 3);
+  CHECK_FALSE(bool(by["cold_cache"]));
+  CHECK(double(by["margin"]) == 0.02);
+  // The kept row's "us" stays the source's measurement (not the retimed one).
+  const double src_us = double(p.parse(simdjson::padded_string(fast_text))["kdispatch"]["us"]["16"]);
+  CHECK(double(doc["kdispatch"]["us"]["16"]) == doctest::Approx(src_us).epsilon(1e-3));
+  CliRun v = run({"validate", m1}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
+
+  // 2. Three sources, any order: the kept config is the measured fastest
+  //    (or, within the margin, the smallest text), not the smaller text of
+  //    the slower scalar config; two texts of one plan tie under a wide
+  //    margin: the smaller is kept.
+  const std::string m3 = dir / "m3", m4 = dir / "m4", m5 = dir / "m5";
+  CliRun c3 = run(cat(cat({"merge"}, timing), {"--out", m3, fast, slow, odd}), cache);
+  REQUIRE_MESSAGE(c3.exit_code == 0, c3.err);
+  simdjson::dom::element d3 = p.parse(simdjson::padded_string(kdtest::read_text(fs::path(m3) / rel)));
+  std::map<std::string, double> r3;
+  for (simdjson::dom::element c : simdjson::dom::array(d3["kdispatch"]["merged"]["conflicts"]["16"]["candidates"]))
+    r3[std::string(simdjson::minify(c["config"]))] = double(c["retimed_us"]);
+  REQUIRE(r3.size() == 3);
+  double best = 1e300;
+  for (const auto& [config, us] : r3) best = std::min(best, us);
+  std::string expect;  // the rule, applied to the recorded times
+  for (const auto& [config, us] : r3)
+    if (expect.empty() && us <= best * 1.02) expect = config;
+  const std::string kept3(simdjson::minify(d3["16"]));
+  CHECK(kept3 == expect);
+  CHECK_MESSAGE(kept3 == tuned, c3.err);  // the scalar tile and the reference are several times slower
+  CliRun c4 = run(cat(cat({"merge"}, timing), {"--out", m4, odd, slow, fast}), cache);
+  REQUIRE_MESSAGE(c4.exit_code == 0, c4.err);
+  CHECK(retime_tree(m3) == retime_tree(m4));  // a clear winner: the same pick, the same bytes
+  CliRun c5 = run(cat(cat({"merge"}, timing), {"--retime-margin", "1", "--out", m5, fast, twin}), cache);
+  REQUIRE_MESSAGE(c5.exit_code == 0, c5.err);
+  simdjson::dom::element d5 = p.parse(simdjson::padded_string(kdtest::read_text(fs::path(m5) / rel)));
+  CHECK_MESSAGE(std::string(simdjson::minify(d5["16"])) == same, c5.err);
+  CHECK(s(d5["kdispatch"]["merged"]["conflicts"]["16"]["kept"]) == twin);
+  CHECK(double(d5["kdispatch"]["merged"]["retimed"]["margin"]) == 1.0);
+
+  // 3. A candidate this build cannot run: the table is refused, naming M,
+  //    the config, its source and why; nothing written.
+  const std::string bad = dir / "bad";
+  put_row(fast, bad, rel, 16, "{\"variant\":\"gemm_fp32__from_a_newer_build\"}");
+  CliRun r = run(cat(cat({"merge"}, timing), {"--out", dir / "mbad", fast, bad}), cache);
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(r.err.find(rel + ": refused: cannot time M=16's config " +
+                           "{\"variant\":\"gemm_fp32__from_a_newer_build\"} (from " + bad + ") with this build: ") !=
+                    std::string::npos,
+                r.err);
+  CHECK_FALSE(fs::exists(fs::path(dir / "mbad") / rel));
+  // A value outside the variant's config space is refused the same way.
+  const std::string bad2 = dir / "bad2";
+  put_row(fast, bad2, rel, 16, "{\"variant\":\"gemm_fp32__blocked\",\"BLOCK_SIZE_M\":7}");
+  CliRun r2 = run(cat(cat({"merge"}, timing), {"--out", dir / "mbad2", fast, bad2}), cache);
+  CHECK(r2.exit_code == 1);
+  CHECK(r2.err.find(rel + ": refused: cannot time M=16's config") != std::string::npos);
+
+  // 4. Sources of another build (both: merge never mixes fingerprints) whose
+  //    configs this build still runs are retimed, the record saying so.
+  const std::string ofast = dir / "other-fast", oslow = dir / "other-slow";
+  for (const auto& [src, dst] : {std::pair{fast, ofast}, std::pair{slow, oslow}}) {
+    std::string text = kdtest::read_text(fs::path(src) / rel);
+    const size_t k = text.find("\"kernels\":");
+    REQUIRE(k != std::string::npos);
+    const size_t q0 = text.find('"', k + 10);
+    const size_t q1 = text.find('"', q0 + 1);
+    text = text.substr(0, q0 + 1) + "00000000000000000000000000000000" + text.substr(q1);
+    fs::create_directories(fs::path(dst) / fs::path(rel).parent_path());
+    std::ofstream(fs::path(dst) / rel) << text;
+  }
+  CliRun o = run(cat(cat({"merge"}, timing), {"--out", dir / "mo", ofast, oslow}), cache);
+  REQUIRE_MESSAGE(o.exit_code == 0, o.err);
+  simdjson::dom::element dob = p.parse(simdjson::padded_string(kdtest::read_text(fs::path(dir / "mo") / rel)));
+  CHECK(std::string(simdjson::minify(dob["16"])) == tuned);
+  CHECK_FALSE(bool(dob["kdispatch"]["merged"]["retimed"]["same_fingerprint"]));
+  CHECK(std::string(simdjson::minify(dob["kdispatch"]["fingerprint"])).find("00000000000000000000000000000000") !=
+        std::string::npos);  // the sources' fingerprint stays the table's
+
+  // 5. Usage: --retime with --prefer, timing flags without --retime.
+  CliRun both = run({"merge", "--retime", "--prefer", "--out", dir / "mx", fast, slow}, cache);
+  CHECK(both.exit_code == 2);
+  CHECK(both.err.find("--retime and --prefer are two rules for the same conflicts: pass one") != std::string::npos);
+  CliRun flags = run({"merge", "--reps", "3", "--out", dir / "mx", fast, slow}, cache);
+  CHECK(flags.exit_code == 2);
+  CHECK(flags.err.find("need --retime") != std::string::npos);
+  // No conflict: --retime times nothing and merges as without it.
+  CliRun none = run(cat(cat({"merge"}, timing), {"--out", dir / "mn", fast}), cache);
+  CHECK_MESSAGE(none.exit_code == 0, none.err);
+  CHECK(kdtest::read_text(fs::path(dir / "mn") / rel).find("\"retimed\"") == std::string::npos);
+  CliRun help = run({"merge", "--help"}, cache);
+  CHECK(help.out.find("--retime-margin FRACTION") != std::string::npos);
+  CHECK(help.out.find("Exclusive with --prefer") != std::string::npos);
+}
+
+TEST_CASE("cli merge --retime: a cuda table on a machine without a cuda device is refused, naming the file") {
+  Scratch dir("retime-cuda");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string rel = "cuda/gemm/N=128,K=128,device_name=NVIDIA_H200,dtype=bf16.json";
+  const auto put = [&](const std::string& src, const std::string& config) {
+    fs::create_directories(fs::path(dir / src) / fs::path(rel).parent_path());
+    std::ofstream(fs::path(dir / src) / rel)
+        << "{\n    \"kdispatch\": {\"fingerprint\": {\"kernels\": \"x\", \"arch\": \"sm_90a\"}, "
+           "\"us\": {\"4\": 5.0}},\n    \"4\": " +
+               config + "\n}\n";
+  };
+  put("a", "{\"variant\": \"gemm_bf16__a\"}");
+  put("b", "{\"variant\": \"gemm_bf16__b\"}");
+  // A cpu table in the same sources, without a conflict, still merges.
+  const std::string cpu_rel = "cpu/rmsnorm/hidden=64,device_name=CPU_x,dtype=fp32.json";
+  fs::create_directories(fs::path(dir / "a") / fs::path(cpu_rel).parent_path());
+  std::ofstream(fs::path(dir / "a") / cpu_rel)
+      << "{\"kdispatch\": {\"fingerprint\": {\"kernels\": \"x\"}}, \"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n";
+  CliRun r = run({"merge", "--retime", "--out", dir / "m", dir / "a", dir / "b"}, cache);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find(rel + ": refused: ") != std::string::npos);
+  auto rt = dispatch::Runtime::create();
+  REQUIRE(rt.ok());
+  auto di = (*rt)->device_info(dispatch::Device{dispatch::DeviceType::cuda, 0});
+  if (!di.ok() || !di->available)
+    CHECK_MESSAGE(r.err.find(rel + ": refused: --retime times this cuda table's conflicting rows on a cuda device, and "
+                                   "this machine has none (") != std::string::npos,
+                  r.err);
+  CHECK_FALSE(fs::exists(fs::path(dir / "m") / rel));
+  CHECK(fs::exists(fs::path(dir / "m") / cpu_rel));
+  CHECK(r.out.find("1 table(s) written") != std::string::npos);
 }
 
 #endif  // KDISPATCH_CLI_PATH

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <utility>
@@ -355,6 +356,51 @@ TEST_CASE("every op: pretune_key persists a row, and the same call then hits it"
     CHECK(info.table_m == 3);
     CHECK(key == r->key);
   }
+}
+
+TEST_CASE("time_configs: given configs validated and timed on scratch, per-config errors, nothing persisted") {
+  kdtest::TempDir cache;
+  RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.log_level = LogLevel::off;
+  o.tune.cache_dir = cache.str();
+  o.tune.cold_cache = false;
+  o.tune.reps = 2;
+  auto rt = Runtime::create(o).value();
+  auto unit = [](const char* k, int64_t v) { return std::pair{std::string(k), ConfigValue::integer(v)}; };
+  const Config ref = {{"variant", ConfigValue::string("rmsnorm_fp32__ref")}};
+  const Config vec = {{"variant", ConfigValue::string("rmsnorm_fp32__vec")}, unit("vec", 4), unit("unroll", 1)};
+  const Config unknown = {{"variant", ConfigValue::string("rmsnorm_fp32__nope")}};
+  const Config other_dtype = {{"variant", ConfigValue::string("rmsnorm_bf16__ref")}};
+  const std::vector<Config> configs = {ref, vec, unknown, other_dtype};
+  auto r = time_configs(*rt, "rmsnorm", "hidden=256,dtype=fp32", 8, configs, {}, 3);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  CHECK(r->key.find("hidden=256") != std::string::npos);
+  CHECK(r->device_name == cpu_device_info().device_name);
+  CHECK(r->fingerprint.find("\"kernels\"") != std::string::npos);
+  REQUIRE(r->configs.size() == 4);
+  for (int i : {0, 1}) {
+    CAPTURE(i);
+    const ConfigTiming& c = r->configs[static_cast<size_t>(i)];
+    REQUIRE_MESSAGE(c.status.ok(), c.status.to_string());
+    REQUIRE(c.round_us.size() == 3);
+    double sum = 0;
+    for (double u : c.round_us) {
+      CHECK(u > 0);
+      sum += u;
+    }
+    CHECK(c.us == doctest::Approx(sum / 3));
+  }
+  CHECK(r->configs[2].status.code() == StatusCode::config_error);
+  CHECK(r->configs[3].status.code() == StatusCode::unsupported_problem);
+  CHECK(r->configs[3].status.message().find("computes bf16, the key is fp32") != std::string::npos);
+  int64_t files = 0;  // nothing persisted
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache.str())) files += e.is_regular_file();
+  CHECK(files == 0);
+  // Errors of the call itself: rounds, the key.
+  CHECK(time_configs(*rt, "rmsnorm", "hidden=256,dtype=fp32", 8, configs, {}, 0).status().code() ==
+        StatusCode::invalid_argument);
+  CHECK(time_configs(*rt, "rmsnorm", "hidden=x", 8, configs).status().code() == StatusCode::invalid_argument);
 }
 
 namespace {

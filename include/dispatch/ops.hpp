@@ -443,6 +443,40 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8GroupArgs
 /// `kdispatch tune` runs for each row of a shape list.
 KDISPATCH_API Result<PretuneResult> pretune_key(Runtime& rt, std::string_view op, std::string_view key_fields,
                                                 int64_t m, Device device = {}) noexcept;
+
+/// One config's time by time_configs().
+struct ConfigTiming {
+  /// ok, or why the config was not timed: config_error (not a plan of this
+  /// build: an unknown variant, a param outside its space),
+  /// unsupported_problem (its variant computes another dtype, or its
+  /// supports() declines the problem on this device), or the search's
+  /// error (a launch failure, an output that differs from the reference's).
+  Status status;
+  double us = 0.0;               ///< the mean of the rounds' medians, µs (ok only)
+  std::vector<double> round_us;  ///< each round's median, µs, in round order
+};
+/// What time_configs() measured.
+struct ConfigTimings {
+  std::string key;          ///< the canonical static key (as PretuneResult::key)
+  std::string device_name;  ///< the device timed on, as config file names spell it
+  /// This build's tuning fingerprint on that backend (what a table tuned
+  /// here records): a JSON object, "" when the backend has none.
+  std::string fingerprint;
+  std::vector<ConfigTiming> configs;  ///< one per config, in the order given
+};
+/// Times given configs of the problem a key describes at batch size m on
+/// `device`: the scratch operands pretune_key() searches on, the tuner's
+/// method and options (validation against the reference variant's output,
+/// then the harness with RuntimeOptions::tune's reps and cold cache), one
+/// config at a time, no confirmation; `rounds` rounds, the configs in the
+/// given order on even rounds and reversed on odd ones. Persists and
+/// publishes nothing (runs when frozen too): `kdispatch merge --retime`.
+/// Thread-safe; blocks. Errors: as pretune_key() for the op, key, M, device
+/// and scratch budget; invalid_argument for rounds outside [1, 16]. A config
+/// that cannot be timed is reported in its ConfigTiming, not as an error.
+KDISPATCH_API Result<ConfigTimings> time_configs(Runtime& rt, std::string_view op, std::string_view key_fields,
+                                                 int64_t m, std::span<const Config> configs, Device device = {},
+                                                 int32_t rounds = 2) noexcept;
 /// pretune() of any op by name, its tensors and scalars as call_op takes them.
 KDISPATCH_API Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
                                                std::span<const float> scalars) noexcept;

@@ -30,6 +30,7 @@
 #include "api/validate.hpp"
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
+#include "store/fingerprint.hpp"
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
 #include "backends/gpu/gpu_backend.hpp"
@@ -612,6 +613,66 @@ Result<PretuneResult> pretune_key(Runtime& rt, std::string_view op, std::string_
     return pretune_problem(rt, *p, la);
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "pretune_key");
+  }
+}
+
+Result<ConfigTimings> time_configs(Runtime& rt, std::string_view op, std::string_view key_fields, int64_t m,
+                                   std::span<const Config> configs, Device device, int32_t rounds) noexcept {
+  try {
+    if (rounds < 1 || rounds > 16)
+      return make_status(StatusCode::invalid_argument, "rounds must be in [1, 16], got " + std::to_string(rounds));
+    auto p = key_problem(op, key_fields, m);
+    if (!p.ok()) return p.status();
+    p->device = device;
+    Runtime::Impl& impl = rt.impl();
+    if (impl.forked_child()) return impl.refuse_in_child("time_configs");
+    const DeviceInfo* dev = impl.device_for(device);
+    if (!dev) return make_status(StatusCode::unsupported_device, core::no_backend_message(device));
+    ConfigTimings out;
+    tune::MissEvent ev;
+    ev.problem = *p;  // contiguous rows: pretune_key's scratch layout
+    out.key = tune::Tuner::key_of(*p, *dev);
+    out.device_name = dev->device_name;
+    if (const store::Fingerprint* f = store::backend_fingerprint(device.type)) out.fingerprint = f->to_json();
+    out.configs.resize(configs.size());
+    std::vector<core::Plan> plans;
+    std::vector<size_t> index;  // plans[j] is configs[index[j]]
+    for (size_t i = 0; i < configs.size(); ++i) {
+      auto plan = core::plan_from_config(configs[i], p->op, device.type);
+      if (!plan.ok()) {
+        out.configs[i].status = plan.status();
+        continue;
+      }
+      const core::VariantDef* v = plan->variant;
+      if (v->in_dtype != p->in_dtype) {
+        out.configs[i].status = make_status(StatusCode::unsupported_problem,
+                                            std::string(v->name) + " computes " + std::string(dtype_name(v->in_dtype)) +
+                                                ", the key is " + std::string(dtype_name(p->in_dtype)));
+        continue;
+      }
+      if (Status s = v->supports(*p, plan->params, *dev); !s.ok()) {
+        out.configs[i].status = make_status(StatusCode::unsupported_problem,
+                                            std::string(v->name) + " declines this key: " + s.message());
+        continue;
+      }
+      plans.push_back(*plan);
+      index.push_back(i);
+    }
+    if (plans.empty()) return out;
+    auto t = impl.tuner->time_on_scratch(ev, *dev, out.key, plans, rounds);
+    if (!t.ok()) return t.status();
+    for (size_t j = 0; j < plans.size(); ++j) {
+      ConfigTiming& c = out.configs[index[j]];
+      c.status = (*t)[j].status;
+      if (!c.status.ok()) continue;
+      c.round_us = (*t)[j].round_us;
+      double sum = 0;
+      for (double u : c.round_us) sum += u;
+      c.us = c.round_us.empty() ? 0.0 : sum / static_cast<double>(c.round_us.size());
+    }
+    return out;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "time_configs");
   }
 }
 

@@ -213,8 +213,17 @@ struct MergeOptions {
   std::vector<std::string> sources;  ///< emit dirs, in --prefer order
   std::string out;
   bool prefer = false;  ///< a conflict keeps the first source's config
-  bool retime = false;  ///< not implemented yet (refused)
+  /// A conflict keeps the config that is fastest on this machine
+  /// (dispatch::time_configs); exclusive with prefer.
+  bool retime = false;
+  /// --retime-margin: configs within this fraction of the fastest tie (the
+  /// smallest config text is kept); < 0 = not given (kDefaultRetimeMargin).
+  double retime_margin = -1.0;
+  int32_t reps = 0;            ///< --reps: timed reps per config and round; 0 = the library's default
+  bool no_cold_cache = false;  ///< --no-cold-cache: time on warm caches (quick tests)
 };
+/// --retime's default tie margin: 2 %.
+inline constexpr double kDefaultRetimeMargin = 0.02;
 int run_merge(const MergeOptions& o);
 
 /// Options of `kdispatch validate`.

@@ -296,19 +296,37 @@ CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
       "Merge the emit dirs of several tuning shards (hosts, GPUs) into one config tree: rows at different M are all "
       "kept, equal rows kept once; tables whose sources have different fingerprints (builds, devices) are refused and "
       "reported, never mixed; the same M with different configs is refused unless --prefer keeps the first source's "
-      "(every candidate is recorded in the table's metadata). The output is canonical: without --prefer, the same "
-      "bytes for any order of the sources.");
+      "or --retime times them on this machine and keeps the faster (every candidate is recorded in the table's "
+      "metadata). The output is canonical: without --prefer, the same bytes for any order of the sources (under "
+      "--retime, but for the retimed times, as long as they pick the same configs).");
   merge->add_option("sources", mo.sources, "Emit dirs (kdispatch tune --emit), in --prefer order")
       ->type_name("SRC...")
       ->required();
   merge->add_option("--out", mo.out, "Dir the merged tables are written to (created)")->type_name("DIR")->required();
   merge->add_flag("--prefer", mo.prefer, "A conflict keeps the config of the source listed first");
-  merge->add_flag("--retime", mo.retime, "Time conflicting configs on this machine (not implemented yet)");
+  merge->add_flag("--retime", mo.retime,
+                  "A conflict keeps the config that is fastest on this machine: each candidate config validated "
+                  "against the reference and timed by the tuner's harness on its scratch operands, 2 rounds (in "
+                  "order, then reversed; the mean of the medians); configs within --retime-margin of the fastest "
+                  "tie and the smallest config text (minified JSON) wins. Refused per table: no device of the "
+                  "table's backend here (a cuda table on a machine without a GPU), device 0 of another name than "
+                  "the file's, or a candidate this build cannot run (unknown variant or value, supports() "
+                  "declining, a launch failure, an output that differs from the reference's). Exclusive with "
+                  "--prefer");
+  merge->add_option("--retime-margin", mo.retime_margin,
+                    "--retime: configs within this fraction of the fastest tie (default 0.02 = 2 %)")
+      ->type_name("FRACTION")
+      ->check(CLI::Range(0.0, 10.0));
+  merge->add_option("--reps", mo.reps, "--retime: timed repeats per config and round (default 5)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000));
+  merge->add_flag("--no-cold-cache", mo.no_cold_cache, "--retime: time with warm caches (faster; for tests)");
   merge->footer(
       "Examples:\n"
       "  kdispatch tune --shapes grid.csv --op gemm --emit shard0 --shard 0/2   # on host A\n"
       "  kdispatch tune --shapes grid.csv --op gemm --emit shard1 --shard 1/2   # on host B\n"
       "  kdispatch merge --out configs-merged shard0 shard1 && kdispatch validate configs-merged\n"
+      "  kdispatch merge --retime --out configs-merged run-a run-b   # conflicts timed here (a GPU table: on its GPU)\n"
       "Exit codes: 0 every table merged, 1 some table refused or file skipped, 2 bad argument.");
   return merge;
 }

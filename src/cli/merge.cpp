@@ -10,15 +10,29 @@
 //   - rows at different M are all kept; the same M with equal configs is
 //     kept once (the smallest "us" of the sources is recorded);
 //   - the same M with different configs is a conflict: --prefer keeps the
-//     config of the source listed first; without it the table is refused
-//     and the conflicting rows reported. Every conflict's candidates (source,
-//     config, us) are recorded in the output's metadata ("merged").
+//     config of the source listed first; --retime times every candidate
+//     config on this machine (dispatch::time_configs: the tuner's scratch
+//     operands, validation and harness) and keeps the fastest, a config
+//     within --retime-margin of the fastest tying, ties to the smallest
+//     config text; without either the table is refused and the conflicting
+//     rows reported. Every conflict's candidates (source, config, us, and
+//     under --retime the retimed us) are recorded in the output's metadata
+//     ("merged"), with who retimed them ("merged"."retimed").
+//   - --retime refuses a table it cannot time here: its backend has no
+//     device on this machine, or device 0's name is not the file's, or a
+//     candidate is not a plan this build runs on it (an unknown variant or
+//     param value, supports() declining, a launch failure, an output that
+//     differs from the reference's). Sources of another build (fingerprint)
+//     are retimed when every candidate passes that: the check is the
+//     configs', not the fingerprint's.
 // Output: canonical, as the tuner writes a table (the metadata first, then
 // the rows by ascending M, one per line), configs as their sources wrote
 // them (minified), the metadata's maps sorted, no timestamps: without
-// --prefer the output does not depend on the order of the sources; each
-// file written atomically (temp file, fsync, rename).
+// --prefer the output does not depend on the order of the sources (under
+// --retime: but for the "retimed_us" measurements, as long as they pick the
+// same configs); each file written atomically (temp file, fsync, rename).
 #include <fcntl.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +41,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -36,6 +51,7 @@
 
 #include "cli/cli.hpp"
 #include "core/json_write.hpp"
+#include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 
 namespace kdispatch_cli {
@@ -153,6 +169,73 @@ std::string write_atomic(const fs::path& target, const std::string& text) {
   return {};
 }
 
+// ---- --retime
+
+/// Rounds of time_configs per conflict (the configs in order, then reversed).
+constexpr int kRetimeRounds = 2;
+
+/// What --retime needs of a table: its op, key fields and device, from the
+/// path <backend>/<op>/<fields>.json.
+struct RetimeTable {
+  dispatch::DeviceType backend = dispatch::DeviceType::cpu;
+  std::string op, key_fields, device_name;
+};
+
+/// The table of `rel`, or why it cannot be retimed.
+std::string retime_table_of(const std::string& rel, RetimeTable* t) {
+  const fs::path p(rel);
+  std::vector<std::string> parts;
+  for (const fs::path& c : p) parts.push_back(c.string());
+  if (parts.size() != 3 || p.extension() != ".json")
+    return "not a table of an own op (<backend>/<op>/<key>.json): the key to time is unknown";
+  auto backend = dispatch::parse_device_type(parts[0]);
+  if (!backend.ok()) return "'" + parts[0] + "' is not a backend: " + backend.status().message();
+  t->backend = *backend;
+  bool known = false;
+  for (const dispatch::OpInfo& op : dispatch::op_list()) known = known || op.name == parts[1];
+  if (!known) return "'" + parts[1] + "' is not an op of this build";
+  t->op = parts[1];
+  const std::string stem = p.stem().string();
+  size_t b = 0;
+  while (b <= stem.size()) {
+    size_t e = stem.find(',', b);
+    if (e == std::string::npos) e = stem.size();
+    const std::string_view f(stem.data() + b, e - b);
+    if (f.substr(0, 12) == "device_name=") t->device_name = std::string(f.substr(12));
+    else t->key_fields += (t->key_fields.empty() ? "" : ",") + std::string(f);
+    b = e + 1;
+  }
+  if (t->device_name.empty()) return "the file name has no device_name";
+  return {};
+}
+
+/// A minified config object -> a Config, or why not.
+std::string config_of(dom::parser& parser, const std::string& text, dispatch::Config* out) {
+  dom::object obj;
+  if (parser.parse(text).get(obj) != simdjson::SUCCESS) return "not a JSON object";
+  for (auto [k, v] : obj) {
+    int64_t i = 0;
+    bool b = false;
+    std::string_view sv;
+    if (v.get(i) == simdjson::SUCCESS) out->emplace_back(std::string(k), dispatch::ConfigValue::integer(i));
+    else if (v.get(b) == simdjson::SUCCESS) out->emplace_back(std::string(k), dispatch::ConfigValue::boolean(b));
+    else if (v.get(sv) == simdjson::SUCCESS)
+      out->emplace_back(std::string(k), dispatch::ConfigValue::string(std::string(sv)));
+    else return "the value of '" + std::string(k) + "' is not an integer, a boolean or a string";
+  }
+  return {};
+}
+
+std::string minified(dom::parser& parser, const std::string& json) {
+  dom::element e;
+  return parser.parse(json).get(e) == simdjson::SUCCESS ? std::string(simdjson::minify(e)) : json;
+}
+
+std::string host_name() {
+  char buf[HOST_NAME_MAX + 1] = {};
+  return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("?");
+}
+
 }  // namespace
 
 int run_merge(const MergeOptions& o) {
@@ -161,10 +244,40 @@ int run_merge(const MergeOptions& o) {
     std::fprintf(stderr, "%s: no source dirs\n", cmd);
     return kExitUsage;
   }
-  if (o.retime) {
-    std::fprintf(stderr, "%s: --retime is not implemented yet: use --prefer (the first source listed wins)\n", cmd);
+  if (o.retime && o.prefer) {
+    std::fprintf(stderr,
+                 "%s: --retime and --prefer are two rules for the same conflicts: pass one (--prefer keeps the first "
+                 "source's config, --retime the faster on this machine)\n",
+                 cmd);
     return kExitUsage;
   }
+  if (!o.retime && (o.retime_margin >= 0 || o.reps > 0 || o.no_cold_cache)) {
+    std::fprintf(stderr, "%s: --retime-margin, --reps and --no-cold-cache time conflicts: they need --retime\n", cmd);
+    return kExitUsage;
+  }
+  const double margin = o.retime_margin >= 0 ? o.retime_margin : kDefaultRetimeMargin;
+  if (!(margin <= 10.0)) {
+    std::fprintf(stderr, "%s: --retime-margin must be in [0, 10], got %g\n", cmd, o.retime_margin);
+    return kExitUsage;
+  }
+  // --retime's runtime: created at the first conflict (a merge without one
+  // times nothing), never loading or persisting configs.
+  std::unique_ptr<dispatch::Runtime> timing_rt;
+  std::string timing_rt_error;
+  const auto timing_runtime = [&]() -> dispatch::Runtime* {
+    if (timing_rt || !timing_rt_error.empty()) return timing_rt.get();
+    dispatch::RuntimeOptions ro;
+    ro.load_shipped_configs = false;
+    ro.tune.mode = dispatch::TuneMode::off;
+    ro.tune.persist = false;
+    ro.tune.load_cache = false;
+    if (o.reps > 0) ro.tune.reps = o.reps;
+    if (o.no_cold_cache) ro.tune.cold_cache = false;
+    auto rt = dispatch::Runtime::create(ro);
+    if (!rt.ok()) timing_rt_error = rt.status().to_string();
+    else timing_rt = std::move(*rt);
+    return timing_rt.get();
+  };
   std::error_code ec;
   const fs::path out_abs = fs::weakly_canonical(fs::absolute(o.out, ec), ec);
   for (const std::string& s : o.sources) {
@@ -222,6 +335,13 @@ int run_merge(const MergeOptions& o) {
     std::vector<std::pair<int64_t, const Candidate*>> kept;
     std::vector<std::string> unresolved;
     int n_conflicts = 0;
+    // --retime: the table's op, key and device, checked at its first conflict.
+    RetimeTable rtab;
+    std::string retime_refusal;  // why this table cannot be retimed (refused)
+    bool retime_checked = false;
+    std::string timing_fingerprint;  // this build's, on the table's backend (minified)
+    dom::parser cfg_parser;
+    const std::string& source_fp = t.fingerprints.begin()->first;
     for (auto& [m, cands] : t.rows) {
       // Equal configs: one row, the smallest time of its sources.
       std::map<std::string, std::vector<const Candidate*>> by_config;
@@ -236,6 +356,14 @@ int run_merge(const MergeOptions& o) {
         if (cd != bd) return cd < bd;
         return o.sources[c->source] < o.sources[b->source];
       };
+      const auto sources_of = [&](const std::string& config) {
+        std::set<std::string> names;  // sorted: the same text for any order of the sources
+        for (const Candidate* c : by_config[config]) names.insert(o.sources[c->source]);
+        std::string text;
+        for (const std::string& n : names) text += (text.empty() ? "" : ", ") + n;
+        return text;
+      };
+      std::map<std::string, double> retimed;  // config -> retimed us
       if (by_config.size() == 1) {
         for (const Candidate* c : by_config.begin()->second)
           if (!pick || better(c, pick)) pick = c;
@@ -244,6 +372,87 @@ int run_merge(const MergeOptions& o) {
         if (o.prefer) {
           for (const Candidate& c : cands)
             if (!pick || c.source < pick->source) pick = &c;
+        } else if (o.retime) {
+          if (!retime_checked) {
+            retime_checked = true;
+            retime_refusal = retime_table_of(rel, &rtab);
+            dispatch::Runtime* rt = retime_refusal.empty() ? timing_runtime() : nullptr;
+            if (retime_refusal.empty() && !rt)
+              retime_refusal = "cannot create a runtime to time on: " + timing_rt_error;
+            if (rt) {
+              auto di = rt->device_info(dispatch::Device{rtab.backend, 0});
+              const std::string bname(dispatch::device_type_name(rtab.backend));
+              if (!di.ok() || !di->available)
+                retime_refusal = "--retime times this " + bname + " table's conflicting rows on a " + bname +
+                                 " device, and this machine has none (" +
+                                 (di.ok() ? di->unavailable_reason : di.status().message()) + ")";
+              else if (di->device_name != rtab.device_name)
+                retime_refusal = "the table is for the device " + rtab.device_name + ", this machine's " + bname +
+                                 " device 0 is " + di->device_name +
+                                 ": timing here would not measure the device the table serves";
+            }
+          }
+          std::string why = retime_refusal;
+          if (why.empty()) {
+            std::vector<dispatch::Config> configs;
+            for (const auto& [config, srcs] : by_config) {
+              dispatch::Config c;
+              if (std::string bad = config_of(cfg_parser, config, &c); !bad.empty()) {
+                why = "cannot time M=" + std::to_string(m) + "'s config " + config + " (from " + sources_of(config) +
+                      "): " + bad;
+                break;
+              }
+              configs.push_back(std::move(c));
+            }
+            if (why.empty()) {
+              auto r = dispatch::time_configs(*timing_rt, rtab.op, rtab.key_fields, m, configs,
+                                              dispatch::Device{rtab.backend, 0}, kRetimeRounds);
+              if (!r.ok()) {
+                why = "cannot time M=" + std::to_string(m) + ": " + r.status().to_string();
+              } else {
+                if (timing_fingerprint.empty() && !r->fingerprint.empty())
+                  timing_fingerprint = minified(cfg_parser, r->fingerprint);
+                size_t i = 0;
+                for (const auto& [config, srcs] : by_config) {
+                  const dispatch::ConfigTiming& ct = r->configs[i++];
+                  if (!ct.status.ok() && why.empty())
+                    why = "cannot time M=" + std::to_string(m) + "'s config " + config + " (from " +
+                          sources_of(config) + ") with this build: " + ct.status.to_string() +
+                          (timing_fingerprint != source_fp
+                               ? " (the sources were tuned by another build or environment: this build's "
+                                 "fingerprint is " +
+                                     (timing_fingerprint.empty() ? std::string("unknown") : timing_fingerprint) + ")"
+                               : "");
+                  retimed[config] = ct.us;
+                }
+              }
+            }
+          }
+          if (!why.empty()) {
+            if (retime_refusal.empty()) retime_refusal = why;
+          } else {
+            // The fastest; a config within the margin of it ties, and the
+            // smallest config text among the tied is kept (by_config's order).
+            double best = 1e300;
+            for (const auto& [config, us] : retimed) best = std::min(best, us);
+            std::string chosen;
+            for (const auto& [config, us] : retimed)
+              if (us <= best * (1.0 + margin)) {
+                chosen = config;
+                break;
+              }
+            for (const Candidate* c : by_config[chosen])
+              if (!pick || better(c, pick)) pick = c;
+            std::string line = rel + ": M=" + std::to_string(m) + " retimed:";
+            for (const auto& [config, us] : retimed)
+            {
+              char num[32];
+              std::snprintf(num, sizeof num, "%.3f", us);
+              line += " " + config + " " + num + " us" + (config == chosen ? " (kept)" : "") + ";";
+            }
+            line.pop_back();
+            report.push_back(line);
+          }
         } else {
           unresolved.push_back("M=" + std::to_string(m));
         }
@@ -254,11 +463,12 @@ int run_merge(const MergeOptions& o) {
           return a->config != b->config ? a->config < b->config : o.sources[a->source] < o.sources[b->source];
         });
         conflicts.key(std::to_string(m)).begin_object();
-        if (pick) conflicts.field("kept", o.sources[pick->source]);
+        if (pick) conflicts.field("kept", o.sources[pick->source]).field("by", o.prefer ? "prefer" : "retime");
         conflicts.key("candidates").begin_array();
         for (const Candidate* c : all) {
           conflicts.begin_object().field("source", o.sources[c->source]).key("config").json(c->config);
           if (c->us > 0) conflicts.field("us", std::round(c->us * 1000.0) / 1000.0);
+          if (pick && o.retime) conflicts.field("retimed_us", std::round(retimed[c->config] * 1000.0) / 1000.0);
           conflicts.end_object();
         }
         conflicts.end_array().end_object();
@@ -266,10 +476,15 @@ int run_merge(const MergeOptions& o) {
       if (pick) kept.emplace_back(m, pick);
     }
     conflicts.end_object();
+    if (!retime_refusal.empty()) {
+      report.push_back(rel + ": refused: " + retime_refusal);
+      ++refused;
+      continue;
+    }
     if (!unresolved.empty()) {
       std::string why = rel + ": refused: different configs for the same M (";
       for (size_t i = 0; i < unresolved.size(); ++i) why += (i ? ", " : "") + unresolved[i];
-      report.push_back(why + "): pass --prefer to keep the first source's");
+      report.push_back(why + "): pass --prefer to keep the first source's, or --retime to time them here");
       ++refused;
       continue;
     }
@@ -277,7 +492,7 @@ int run_merge(const MergeOptions& o) {
     dispatch::core::JsonWriter w;
     w.begin_object().field("tool", std::string("kdispatch ") + dispatch::version()).key("schema").begin_object();
     for (const auto& [variant, ver] : t.schema) w.field(variant, ver);
-    w.end_object().key("fingerprint").json(t.fingerprints.begin()->first);
+    w.end_object().key("fingerprint").json(source_fp);
     for (const char* field : {"us", "default_us"}) {
       w.key(field).begin_object();
       for (const auto& [m, c] : kept) {
@@ -287,6 +502,21 @@ int run_merge(const MergeOptions& o) {
       w.end_object();
     }
     w.key("merged").begin_object().field("sources", static_cast<int64_t>(o.sources.size()));
+    if (o.retime && n_conflicts) {
+      // Who timed the "retimed_us" of the conflicts: this host, device and build.
+      w.key("retimed").begin_object();
+      w.field("host", host_name())
+          .field("device", std::string(dispatch::device_type_name(rtab.backend)) + ":0")
+          .field("device_name", rtab.device_name)
+          .field("tool", std::string("kdispatch ") + dispatch::version());
+      w.key("fingerprint").json(timing_fingerprint.empty() ? std::string("null") : timing_fingerprint);
+      w.field("same_fingerprint", timing_fingerprint == source_fp)
+          .field("rounds", static_cast<int64_t>(kRetimeRounds))
+          .field("reps", static_cast<int64_t>(timing_rt->options().tune.reps))
+          .field("cold_cache", timing_rt->options().tune.cold_cache)
+          .field("margin", margin);
+      w.end_object();
+    }
     if (n_conflicts) w.key("conflicts").json(conflicts.take());
     w.end_object().end_object();
     std::string text = "{\n    \"kdispatch\": " + w.take();
@@ -300,7 +530,9 @@ int run_merge(const MergeOptions& o) {
     ++written;
     rows_out += static_cast<int>(kept.size());
     conflicts_total += n_conflicts;
-    if (n_conflicts) report.push_back(rel + ": " + std::to_string(n_conflicts) + " conflicting M resolved by --prefer");
+    if (n_conflicts)
+      report.push_back(rel + ": " + std::to_string(n_conflicts) + " conflicting M resolved by " +
+                       (o.prefer ? "--prefer" : "--retime"));
   }
   for (const std::string& u : unreadable) std::fprintf(stderr, "%s: skipped %s\n", cmd, u.c_str());
   for (const std::string& r : report) std::fprintf(stderr, "%s: %s\n", cmd, r.c_str());

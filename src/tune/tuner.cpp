@@ -97,6 +97,64 @@ std::string key_device(const std::string& key) {
   return key.substr(a + 1, b - a - 1);
 }
 
+// Scratch operands of a problem laid out as `ev.ld`, filled as every search
+// fills them (seeded by M), in its backend's memory; released with it.
+struct Scratch {
+  struct Buf {
+    DeviceMemory* mem = nullptr;
+    void* p = nullptr;
+    Buf() = default;
+    Buf(const Buf&) = delete;
+    Buf& operator=(const Buf&) = delete;
+    ~Buf() {
+      if (p) mem->release(p);
+    }
+  };
+  std::vector<Buf> bufs;
+  core::LaunchArgs la;
+  DeviceMemory* mem = nullptr;
+};
+
+Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key, Scratch* out) {
+  const int64_t need = scratch_bytes(ev);
+  if (need > budget)
+    return make_status(StatusCode::out_of_memory, "scratch for " + key + " needs " + std::to_string(need) +
+                                                      " bytes, over the tuning memory budget of " +
+                                                      std::to_string(budget));
+  const std::vector<Slot> slots = layout(ev);
+  DeviceMemory* mem = memory_for(ev.problem.device.type);
+  if (!mem) return make_status(StatusCode::unsupported_device, "no memory interface for this backend");
+  out->mem = mem;
+  out->bufs = std::vector<Scratch::Buf>(slots.size());
+  std::mt19937 rng(0x6b646973u ^ static_cast<uint32_t>(ev.problem.m));
+  std::vector<uint64_t> staging;
+  const core::OpSpec& spec = core::spec_of(ev.problem.op);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const size_t b = static_cast<size_t>(slot_bytes(slots[i]));
+    if (b == 0) continue;
+    out->bufs[i].mem = mem;
+    out->bufs[i].p = mem->alloc(b + 64);
+    if (!out->bufs[i].p) return make_status(StatusCode::out_of_memory, "tuning scratch for " + key);
+    staging.assign((b + 7) / 8, 0);
+    fill(staging.data(), slots[i], rng);
+    if (Status s = mem->from_host(out->bufs[i].p, staging.data(), b); !s.ok()) return s;
+    out->la.data[i] = out->bufs[i].p;
+    out->la.ld[i] = spec.slots[i].rank == 2 ? slots[i].ld : 0;
+  }
+  for (size_t j = 0; j < spec.scalars.size(); ++j) out->la.scalar[j] = spec.scalars[j].default_value;
+  return Status();
+}
+
+// The reference plan of a problem (invalid when the backend has none).
+core::Plan reference_plan(const core::Problem& p) {
+  core::Plan ref;
+  if (const core::VariantDef* refv = core::reference_variant(p.op, p.device.type, p.in_dtype)) {
+    ref.variant = refv;
+    for (size_t i = 0; i < refv->params.size(); ++i) ref.params[i] = refv->params[i].default_value;
+  }
+  return ref;
+}
+
 }  // namespace
 
 Tuner::Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks)
@@ -260,12 +318,7 @@ Result<ShapeOutcome> Tuner::tune_target(TuneTarget& target, const DeviceInfo& de
     const core::Problem& p = target.problem;
     const SearchOptions so = search_options(dev, background);
     core::Plan def = core::get_default(p, dev);
-    const core::VariantDef* refv = core::reference_variant(p.op, p.device.type, p.in_dtype);
-    core::Plan ref;
-    if (refv) {
-      ref.variant = refv;
-      for (size_t i = 0; i < refv->params.size(); ++i) ref.params[i] = refv->params[i].default_value;
-    }
+    core::Plan ref = reference_plan(p);
     if (!def.valid()) def = ref;
     int32_t space = 0, pruned = 0;
     std::vector<core::Plan> cands = candidates_for(p, dev, def, so, &space, &pruned);
@@ -346,47 +399,50 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
                                             bool background) noexcept {
   if (frozen()) return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
   try {
-    const int64_t need = scratch_bytes(ev);
-    if (need > options_.tune.memory_budget_bytes)
-      return make_status(StatusCode::out_of_memory, "scratch for " + key + " needs " + std::to_string(need) +
-                                                        " bytes, over the tuning memory budget of " +
-                                                        std::to_string(options_.tune.memory_budget_bytes));
-    const std::vector<Slot> slots = layout(ev);
-    DeviceMemory* mem = memory_for(ev.problem.device.type);
-    if (!mem) return make_status(StatusCode::unsupported_device, "no memory interface for this backend");
-    struct Buf {
-      DeviceMemory* mem = nullptr;
-      void* p = nullptr;
-      ~Buf() {
-        if (p) mem->release(p);
-      }
-    };
-    std::vector<Buf> bufs(slots.size());
-    std::vector<void*> ptr(slots.size(), nullptr);
-    std::mt19937 rng(0x6b646973u ^ static_cast<uint32_t>(ev.problem.m));
-    std::vector<uint64_t> staging;
-    const core::Problem& p = ev.problem;
-    const core::OpSpec& spec = core::spec_of(p.op);
-    core::LaunchArgs la;
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const size_t b = static_cast<size_t>(slot_bytes(slots[i]));
-      if (b == 0) continue;
-      bufs[i].mem = mem;
-      bufs[i].p = mem->alloc(b + 64);
-      if (!bufs[i].p) return make_status(StatusCode::out_of_memory, "tuning scratch for " + key);
-      ptr[i] = bufs[i].p;
-      staging.assign((b + 7) / 8, 0);
-      fill(staging.data(), slots[i], rng);
-      if (Status s = mem->from_host(ptr[i], staging.data(), b); !s.ok()) return s;
-      la.data[i] = ptr[i];
-      la.ld[i] = spec.slots[i].rank == 2 ? slots[i].ld : 0;
-    }
-    for (size_t j = 0; j < spec.scalars.size(); ++j) la.scalar[j] = spec.scalars[j].default_value;
-    TuneTarget target = make_target(p, la);
-    target.mem = mem;
+    Scratch scratch;
+    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, &scratch); !s.ok()) return s;
+    TuneTarget target = make_target(ev.problem, scratch.la);
+    target.mem = scratch.mem;
     return tune_target(target, dev, key, background);
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "allocating tuning scratch for " + key);
+  }
+}
+
+Result<std::vector<Tuner::PlanTiming>> Tuner::time_on_scratch(const MissEvent& ev, const DeviceInfo& dev,
+                                                              const std::string& key,
+                                                              const std::vector<core::Plan>& plans,
+                                                              int rounds) noexcept {
+  try {
+    Scratch scratch;
+    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, &scratch); !s.ok()) return s;
+    TuneTarget target = make_target(ev.problem, scratch.la);
+    target.mem = scratch.mem;
+    SearchOptions so = search_options(dev, false);
+    so.confirm = false;  // one plan per search: nothing to confirm against
+    const core::Plan ref = reference_plan(ev.problem);
+    std::vector<PlanTiming> out(plans.size());
+    for (int round = 0; round < std::max(rounds, 1); ++round)
+      for (size_t k = 0; k < plans.size(); ++k) {
+        const size_t i = round % 2 == 0 ? k : plans.size() - 1 - k;
+        if (!out[i].status.ok()) continue;  // failed in an earlier round
+        const auto t0 = SteadyClock::now();
+        auto sr = search(target, {plans[i]}, ref, so);
+        tune_us_.fetch_add(std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - t0).count(),
+                           std::memory_order_relaxed);
+        if (!sr.ok()) {
+          out[i].status = sr.status();
+          out[i].round_us.clear();
+          continue;
+        }
+        if (sr->stopped) return make_status(StatusCode::failed_precondition, "timing stopped (runtime shutting down)");
+        out[i].round_us.push_back(sr->best_us);
+      }
+    return out;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "timing plans of " + key);
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::internal, std::string("timing plans: ") + e.what());
   }
 }
 

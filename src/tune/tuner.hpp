@@ -94,6 +94,26 @@ class Tuner {
   Result<ShapeOutcome> tune_on_scratch(const MissEvent& ev, const DeviceInfo& dev, const std::string& key,
                                        bool background = false) noexcept;
 
+  /// One plan's times by time_on_scratch(): ok and one median (µs) per
+  /// round, or why the plan could not be timed (a launch failure, an output
+  /// that differs from the reference's).
+  struct PlanTiming {
+    Status status;
+    std::vector<double> round_us;
+  };
+  /// Times each of `plans` (resolved and accepted by supports() for
+  /// ev.problem) on scratch buffers laid out and filled as tune_on_scratch()
+  /// lays them out, with the search this tuner runs (validation against the
+  /// reference, then the harness with the tuning options' reps and cold
+  /// cache) over one plan at a time, no confirmation: `rounds` rounds, the
+  /// plans in order on even rounds and in reverse order on odd ones (so no
+  /// plan is always timed first). Persists and publishes nothing (so it runs
+  /// when frozen too): `kdispatch merge --retime`. Blocking. Errors: the
+  /// scratch's (over the memory budget, out of memory), the runtime
+  /// stopping; a failing plan is reported in its PlanTiming.
+  Result<std::vector<PlanTiming>> time_on_scratch(const MissEvent& ev, const DeviceInfo& dev, const std::string& key,
+                                                  const std::vector<core::Plan>& plans, int rounds) noexcept;
+
   /// Searches `candidates` of a target that is not a built-in op (tests, and
   /// kernels a caller wraps itself) with the same search, validation and
   /// publishing as every op: the winner is published under `key` at the
