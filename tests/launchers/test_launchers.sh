@@ -125,13 +125,29 @@ elif [ "$MODE" = torchrun ]; then
   for r in 0 1; do
     grep -q "from torchrun (RANK=$r, WORLD_SIZE=2)" "$work/torchrun.err" || fail "rank $r: --shard auto did not say torchrun"
   done
+  # torchrun's tee cuts a line at 4096 bytes and prefixes every piece with
+  # "[defaultN]:": rejoin each rank's pieces, then read its JSON summaries.
   tuned=$("$PY" -c "
-import json, sys
-n = 0
+import json, re, sys
+streams, last = {}, '_'
 for line in open(sys.argv[1]):
-    line = line.strip()
-    if '{' in line and '"tuned"' in line:
-        n += json.loads(line[line.index('{'):])['tuned']
+    line = line.rstrip('\n')
+    m = re.match(r'\[(default[0-9]+)\]:(.*)', line)
+    if m:
+        last, line = m.group(1), m.group(2)
+    streams[last] = streams.get(last, '') + line
+n, dec = 0, json.JSONDecoder()
+for s in streams.values():
+    i = s.find('{')
+    while i >= 0:
+        try:
+            obj, end = dec.raw_decode(s, i)
+        except ValueError:
+            i = s.find('{', i + 1)
+            continue
+        if isinstance(obj, dict) and 'tuned' in obj:
+            n += obj['tuned']
+        i = s.find('{', end)
 print(n)" "$work/torchrun.out")
   # torchrun sets OMP_NUM_THREADS=1 in its processes, and the CPU backend's
   # tuning fingerprint holds it (the env axis): check under the same value.
