@@ -136,18 +136,19 @@ struct SiluAndMulArgs {
 ///     gemm_fp8_tensor   scale_a [1], scale_b [1];
 ///     gemm_fp8_rowwise  scale_a [M] (per token), scale_b [N] (per output channel);
 ///     gemm_fp8_block    scale_a [ceil(K/128), M] row-major: M-major, each K
-///                       group's M token scales contiguous (SGLang's column-
-///                       major scales, cuBLASLt's VEC128 layout); its row
-///                       stride may exceed M (cuBLASLt wants a multiple of 4).
-///                       Also taken K-major, as SGLang's per_token_group_quant_fp8
-///                       writes it: shape [ceil(K/128), M] with strides
-///                       {1, s >= ceil(K/128)} (the transpose of a row-major
-///                       [M, ceil(K/128)] tensor; torch: x_s.t()). Same key and
-///                       rows as M-major; the call converts it with one small
-///                       kernel into the workspace (K/128 x M floats; timed in
-///                       bench/results/h200_fp8.md); without a workspace, the
-///                       reference variant reads it directly.
-///                       The canonical layout stays the fast one;
+///                       group's M token scales contiguous (SGLang's
+///                       "column_major_scales" option of per_token_group_quant_fp8,
+///                       cuBLASLt's VEC128 layout); its row stride may exceed
+///                       M (cuBLASLt wants a multiple of 4). The fast layout.
+///                       Also taken K-major, SGLang's default output of
+///                       per_token_group_quant_fp8 ([M, ceil(K/128)] row-
+///                       major), passed as its transpose: shape
+///                       [ceil(K/128), M], strides {1, s >= ceil(K/128)}
+///                       (torch: x_s.t(); numpy: xs.T). Same key and rows as
+///                       M-major; GPU variants convert it with one small
+///                       kernel into the workspace (+1.9 us median on the
+///                       H200, bench/results/h200_fp8.md); the references
+///                       and the CPU variants read it directly;
 ///                       scale_b [ceil(N/128), ceil(K/128)] row-major, one per
 ///                       128x128 block of b. A partial last block (K or N not
 ///                       a multiple of 128) takes its block's scale.

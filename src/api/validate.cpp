@@ -84,9 +84,11 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return bad(name, "data is null");
   if (col_major_ok && col_major(t)) {
     if (ok_col_major(t)) return Status();
-    return bad(name, "column-major (column stride " + std::to_string(t.strides[1]) +
-                         ") needs unit row stride and a column stride >= its " + std::to_string(t.shape[0]) +
-                         " rows, got row stride " + std::to_string(t.strides[0]));
+    if (t.shape[0] > 1 && t.strides[0] != 1)
+      return bad(name, "column-major (column stride " + std::to_string(t.strides[1]) +
+                           ") needs unit row stride, got row stride " + std::to_string(t.strides[0]));
+    return bad(name, "column-major: column stride " + std::to_string(t.strides[1]) + " is smaller than its " +
+                         std::to_string(t.shape[0]) + " rows (columns overlap)");
   }
   if (t.shape[1] > 1 && t.strides[1] != 1)
     return bad(name, "needs unit stride along its last dimension, got stride " + std::to_string(t.strides[1]));

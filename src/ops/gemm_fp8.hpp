@@ -168,7 +168,7 @@ inline constexpr ArgSlot kSlots[] = {
     bias_slot(),
 };
 inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_block, "gemm_fp8_block",
-    "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major; fp32 accumulation.",
+    "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major [K/128, M] (or K-major, SGLang's default, passed as its transpose: a column-major view); fp32 accumulation.",
     kSlots, &reference<Fp8Scales::block>);
 }  // namespace gemm_fp8_block_spec
 
