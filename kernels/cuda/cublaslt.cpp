@@ -158,21 +158,12 @@ Slots slots_of(const core::Problem& p) {
 /// Bytes per element of a dtype cuBLASLt reads here.
 int64_t elem_bytes(DType t) { return t == DType::fp32 ? 4 : t == DType::fp8_e4m3fn || t == DType::fp8_e5m2 ? 1 : 2; }
 
-/// K as cuBLASLt runs it: the block layout's K zero-padded to a multiple of
-/// 512 where ceil(K/128) % 4 != 0 (cuBLASLt 13.1 has no block-scaled
-/// algorithm there on the H200: SGLang's K = 256, 1152, 2304), else K.
-int64_t lt_k(const core::Problem& p) noexcept {
-  if (p.op != core::OpKind::gemm_fp8_block) return p.k;
-  const int64_t kb = (p.k + core::kFp8Block - 1) / core::kFp8Block;
-  return kb % 4 == 0 ? p.k : (kb + 3) / 4 * 4 * core::kFp8Block;
-}
-/// The problem cuBLASLt sees for `p`: the padded K above; in the block
-/// layout an M % 4 != 0 above 4 runs its first M & ~3 rows on cuBLASLt
-/// (launch_block_split), so the algorithm check and the heuristic are asked
-/// at that M (sm_90 has no block algorithm at M % 4 != 0).
+/// The problem cuBLASLt sees for `p`: in the block layout an M % 4 != 0
+/// above 4 runs its first M & ~3 rows on cuBLASLt (launch_block_split), so
+/// the algorithm check and the heuristic are asked at that M (sm_90 has no
+/// block algorithm at M % 4 != 0).
 core::Problem lt_problem(const core::Problem& p) noexcept {
   core::Problem q = p;
-  q.k = lt_k(p);
   if (p.op == core::OpKind::gemm_fp8_block && p.m > 4 && p.m % 4 != 0) q.m = p.m & ~int64_t{3};
   return q;
 }
@@ -476,45 +467,30 @@ Status launch_block_split(const core::LaunchArgs& la, const core::Problem& p, co
   return launch_gemm_fp8_skinny_mma_block(sk, lt, pt);
 }
 
-/// A block-scaled call at ceil(K/128) % 4 != 0 (M % 4 == 0, scale_a
-/// M-major with row stride M): a, b and both scales copied into the front
-/// of the workspace with K zero-padded to kp (lt_k), then cuBLASLt at K = kp
-/// on the rest of the workspace. Without room it declines (needs
-/// fallback). The copies cost about one read and write of a
-/// and b; reached only through a tuned row (the tuner validates it against
-/// float64) — get_default does not pick cuBLASLt at these K.
-Status launch_block_pad_k(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm, int64_t kp) noexcept {
-  const auto r256 = [](int64_t b) { return (b + 255) / 256 * 256; };
-  const int64_t kbp = kp / core::kFp8Block, nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
-  const int64_t a_bytes = r256(p.m * kp), b_bytes = r256(p.n * kp), sa_bytes = r256(kbp * p.m * 4),
-                sb_bytes = r256(nb * kbp * 4);
-  const int64_t bytes = a_bytes + b_bytes + sa_bytes + sb_bytes;
-  // Short of workspace: decline (the tuner then records the candidate as
-  // failed instead of timing a substitute under its name; a call falls back).
+/// A block-scaled call at ceil(K/128) % 4 != 0 (SGLang's K = 256, 1152,
+/// 2304): cuBLASLt's BLK128x128 mode reads scale_b with a row stride of
+/// ceil(K/128) rounded up to 4 floats, so scale_b is copied into the front
+/// of the workspace with its rows zero-padded to that stride (one small
+/// kernel: ceil(N/128) x kb4 floats), then cuBLASLt runs on the rest of the
+/// workspace. Without room it declines (needs fallback: the tuner records
+/// the candidate as failed instead of timing a substitute under its name).
+Status launch_block_pad_sb(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm,
+                           int64_t kb4) noexcept {
+  const int64_t nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
+  const int64_t bytes = (nb * kb4 * 4 + 255) / 256 * 256;
   if (la.workspace == nullptr || la.workspace_bytes < bytes)
-    return core::needs_fallback("cuBLASLt's block fp8 GEMM at K = " + std::to_string(p.k) + " runs on a copy with K padded to " +
-                                std::to_string(kp) + ": needs " + std::to_string(bytes) + " bytes of workspace, the call has " +
+    return core::needs_fallback("cuBLASLt's block fp8 GEMM at ceil(K/128) % 4 != 0 (K = " + std::to_string(p.k) +
+                                ") reads scale_b padded to rows of " + std::to_string(kb4) + " floats: needs " +
+                                std::to_string(bytes) + " bytes of workspace, the call has " +
                                 std::to_string(la.workspace ? la.workspace_bytes : 0));
-  char* w = static_cast<char*>(la.workspace);
-  auto* a = reinterpret_cast<uint8_t*>(w);
-  auto* b = reinterpret_cast<uint8_t*>(w + a_bytes);
-  auto* sa = reinterpret_cast<float*>(w + a_bytes + b_bytes);
-  auto* sb = reinterpret_cast<float*>(w + a_bytes + b_bytes + sa_bytes);
-  if (Status st = launch_gemm_fp8_pad_k_block(la, p, kp, a, b, sa, sb); !st.ok()) return st;
+  auto* sb = static_cast<float*>(la.workspace);
+  if (Status st = launch_gemm_fp8_pad_scale_b_block(la, p, sb, kb4); !st.ok()) return st;
   core::LaunchArgs lp = la;
-  core::Problem pp = p;
-  pp.k = kp;
-  lp.data[core::kFp8ArgA] = a;
-  lp.ld[core::kFp8ArgA] = kp;
-  lp.data[core::kFp8ArgB] = b;
-  lp.ld[core::kFp8ArgB] = kp;
-  lp.data[core::kFp8ArgSa] = sa;
-  lp.ld[core::kFp8ArgSa] = p.m;
   lp.data[core::kFp8ArgSb] = sb;
-  lp.ld[core::kFp8ArgSb] = kbp;
-  lp.workspace = w + bytes;
+  lp.ld[core::kFp8ArgSb] = kb4;
+  lp.workspace = static_cast<char*>(la.workspace) + bytes;
   lp.workspace_bytes = la.workspace_bytes - bytes;
-  return launch(lp, pp, prm);
+  return launch(lp, p, prm);
 }
 
 }  // namespace
@@ -546,10 +522,16 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       // [ceil(N/128), ceil(K/128)] with no padding.
       const int64_t ldsa = la.ld[sl.sa];
       const bool m4 = p.m % 4 == 0;
+      // scale_b's rows: ceil(K/128) floats as given, cuBLASLt reads them
+      // at a stride rounded up to 4 (launch_block_pad_sb copies them).
+      const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block, kb4 = (kbs + 3) / 4 * 4;
+      // One row (N <= 128) has no stride: taken as unpadded unless it is
+      // launch_block_pad_sb's copy (row stride kb4).
+      const int64_t ldsb = p.n <= core::kFp8Block && la.ld[sl.sb] != kb4 ? kbs : la.ld[sl.sb];
       const bool sa_ok = ldsa >= 0 && (p.k <= core::kFp8Block || ldsa == p.m);
-      const bool sb_ok = p.n <= core::kFp8Block || la.ld[sl.sb] == (p.k + core::kFp8Block - 1) / core::kFp8Block;
+      const bool sb_ok = ldsb == kbs || ldsb == kb4;
       if (!m4 || !sa_ok || !sb_ok) return launch_block_split(la, p, prm, sl, sb_ok);
-      if (const int64_t kp = lt_k(p); kp != p.k) return launch_block_pad_k(la, p, prm, kp);
+      if (ldsb != kb4) return launch_block_pad_sb(la, p, prm, kb4);
     }
   }
   Descs d;

@@ -340,12 +340,9 @@ std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept { r
 //     groups only adds partial sums;
 //  2. cuBLASLt's heuristic pick for the exact call (algo_id = -1); in the
 //     block layout its launch serves M % 4 != 0 and a padded or K-major
-//     scale_a by splitting the rows (kernels/cuda/cublaslt.cpp). Not in the
-//     block layout when ceil(K/128) % 4 != 0: cuBLASLt 13.1's heuristic has
-//     no block-scaled algorithm there on the H200 (K = 256, 1152, 2304 of
-//     SGLang's shapes). The variant now runs such calls on a copy with K
-//     zero-padded to a multiple of 512 (kernels/cuda/cublaslt.cpp), which
-//     only a tuned row reaches: the tuner checks it against float64 first;
+//     scale_a by splitting the rows, and ceil(K/128) % 4 != 0 (SGLang's
+//     K = 256, 1152, 2304) on a copy of scale_b with its rows padded to a
+//     multiple of 4 floats, the stride cuBLASLt reads (kernels/cuda/cublaslt.cpp);
 //  3. skinny_mma (any M: chunks of 16 rows), then the reference.
 // Quantisation: the multiply variant with 4 warps, then the reference.
 core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
@@ -383,11 +380,8 @@ core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexc
     skinny_mma(rt, sk, st);
     if (st != 3) skinny_mma(rt, sk, 3);
   };
-  // cuBLASLt's block mode has no algorithm at K/128 % 4 != 0 (H200,
-  // cuBLASLt 13.1): never its pick there.
-  const bool block_no_lt = L == 2 && ((p.k + core::kFp8Block - 1) / core::kFp8Block) % 4 != 0;
   if (p.m <= 16) decode_rule();
-  if (lt::available() && !block_no_lt) {
+  if (lt::available()) {
     Plan c;
     c.variant = lt_rows[L];
     c.params[lt::kAlgoId] = -1;

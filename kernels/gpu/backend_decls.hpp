@@ -154,9 +154,9 @@ KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
   /* rows [m0, m0 + rows) of a block scale_a (LaunchArgs ld < 0: K-major) -> dst M-major, row stride ld_dst */ \
   Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p,         \
                                                int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept; \
-  /* a, b, scale_a (M-major, stride M) and scale_b with K zero-padded to kp (block: cuBLASLt's algorithms) */ \
-  Status launch_gemm_fp8_pad_k_##layout(const core::LaunchArgs& la, const core::Problem& p, int64_t kp,    \
-                                        uint8_t* a, uint8_t* b, float* sa, float* sb) noexcept;
+  /* scale_b's rows zero-padded to ld_dst floats into dst (block: cuBLASLt's BLK128x128 row stride) */     \
+  Status launch_gemm_fp8_pad_scale_b_##layout(const core::LaunchArgs& la, const core::Problem& p,          \
+                                              float* dst, int64_t ld_dst) noexcept;
 KDISPATCH_DECLARE_GEMM_FP8_TU(tensor)
 KDISPATCH_DECLARE_GEMM_FP8_TU(rowwise)
 KDISPATCH_DECLARE_GEMM_FP8_TU(block)

@@ -225,8 +225,8 @@ const Fp8Shape kShapes[] = {
     {5, 2112, 7168, true, DType::bf16, 3, true},
     {64, 1024, 2048, false, DType::fp16, 0, true},
     {1023, 256, 1152, false, DType::bf16, 0, true},
-    // ceil(K/128) % 4 != 0 (SGLang's K = 2304): cuBLASLt's block mode runs on
-    // a copy with K zero-padded to 2560.
+    // ceil(K/128) % 4 != 0 (SGLang's K = 2304): cuBLASLt's block mode reads a
+    // copy of scale_b with its rows padded to 20 floats.
     {64, 512, 2304, true},
 };
 
