@@ -917,6 +917,54 @@ TEST_CASE("cli tune: --devices, a worker killed by SIGKILL is replaced and its u
   }
 }
 
+TEST_CASE("cli tune: --devices, a worker hung past --unit-timeout-s is killed and its unit retried once, twice is failed") {
+  Scratch dir("devices_hang");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  // 4 units, largest first: queue index 1 is M=4.
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
+  const auto tune = [&](const std::string& emit) {
+    return run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                "--no-cold-cache", "--devices", "0", "--workers-per-device", "2", "--unit-timeout-s", "1.5", "--json"},
+               cache);
+  };
+  simdjson::dom::parser pa, pb;
+  {
+    // The worker handed M=4 hangs on its first attempt: killed after 1.5 s, a new worker tunes it.
+    DieAt hook("1:hang");
+    CliRun r = tune(dir / "once");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    simdjson::dom::element doc = pa.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["tuned"]) == 4);
+    const auto u = results_by_unit(doc);
+    REQUIRE(u.size() == 4);
+    for (const auto& [name, res] : u) {
+      CAPTURE(name);
+      CHECK(s(res["status"]) == "tuned");
+      CHECK(int64_t(res["attempts"]) == (name == "hidden=64,fp32 M=4" ? 2 : 1));
+    }
+    CHECK(r.err.find("ran hidden=64,fp32 M=4 past --unit-timeout-s 1.5: killed") != std::string::npos);
+    CHECK(r.err.find("killed past --unit-timeout-s 1.5 while tuning hidden=64,fp32 M=4: the unit is retried on a new "
+                     "worker") != std::string::npos);
+    CHECK(emit_rows(dir / "once").size() == 4);
+  }
+  {
+    // It hangs on every attempt: failed after the second, the others tuned, exit 1.
+    DieAt hook("1:hang-always");
+    CliRun r = tune(dir / "always");
+    CHECK(r.exit_code == 1);
+    simdjson::dom::element doc = pb.parse(simdjson::padded_string(r.out));
+    CHECK(int64_t(doc["tuned"]) == 3);
+    CHECK(int64_t(doc["failed"]) == 1);
+    simdjson::dom::element bad = results_by_unit(doc).at("hidden=64,fp32 M=4");
+    CHECK(s(bad["status"]) == "failed");
+    CHECK(int64_t(bad["attempts"]) == 2);
+    CHECK(s(bad["message"]) == "its worker died on both attempts (the last killed past --unit-timeout-s 1.5)");
+    CHECK(emit_rows(dir / "always").size() == 3);
+  }
+}
+
 TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, bad lists and torchrun") {
   Scratch dir("devices_refused");
   const std::string cache = dir / "cache";
@@ -944,6 +992,8 @@ TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, ba
   refused({"--devices", ""}, "--devices");
   refused({"--workers-per-device", "2"}, "--workers-per-device needs --devices");
   refused({"--devices", "0", "--workers-per-device", "0"}, "--workers-per-device must be in [1, 64], got 0");
+  refused({"--unit-timeout-s", "5"}, "--unit-timeout-s needs --devices");
+  refused({"--devices", "0", "--unit-timeout-s", "-1"}, "--unit-timeout-s must be > 0 seconds, got -1");
   // torchrun: through --shard auto, and its variables alone.
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "2", 1);

@@ -220,6 +220,11 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "their timings disturb each other: for devices one tuning process leaves idle, and for tests "
                    "(several workers on the CPU backend)")
       ->type_name("N");
+  tune->add_option("--unit-timeout-s", to.unit_timeout_s,
+                   "With --devices: a worker whose unit runs longer than this is killed and the unit retried "
+                   "once on a new worker, then reported failed (a hung kernel or driver call). Default 300 s + 30 x "
+                   "the --budget-ms search time")
+      ->type_name("S");
   tune->add_flag("--internal-worker", to.internal_worker, "A worker of --devices (internal)")->group("");
   tune->footer(
       "Examples:\n"

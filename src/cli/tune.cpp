@@ -347,6 +347,9 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
     if (std::string e = parse_devices(o.devices, &ordinals); !e.empty()) return bad(e);
   }
   if (o.workers_per_device != -1 && o.devices.empty()) return bad("--workers-per-device needs --devices");
+  if (o.unit_timeout_s != 0 && o.devices.empty()) return bad("--unit-timeout-s needs --devices");
+  if (o.unit_timeout_s < 0 || !std::isfinite(o.unit_timeout_s))
+    return bad("--unit-timeout-s must be > 0 seconds, got " + fmt("%g", o.unit_timeout_s));
   if (o.workers_per_device != -1 && (o.workers_per_device < 1 || o.workers_per_device > 64))
     return bad("--workers-per-device must be in [1, 64], got " + std::to_string(o.workers_per_device));
   return -1;
@@ -883,7 +886,7 @@ double parse_double(const std::string& v) {
 // KDISPATCH_TEST_WORKER_DIE_AT (see above); index -1 when unset or malformed.
 struct DieHook {
   int64_t index = -1;
-  bool always = false, sticky = false;
+  bool always = false, sticky = false, hang = false;
 };
 DieHook die_hook() {
   DieHook h;
@@ -893,11 +896,13 @@ DieHook die_hook() {
   const size_t colon = text.find(':');
   const std::string_view mode = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
   int64_t i = 0;
-  if (!parse_int(text.substr(0, colon), &i) || i < 0 || !(mode.empty() || mode == "always" || mode == "sticky"))
+  if (!parse_int(text.substr(0, colon), &i) || i < 0 ||
+      !(mode.empty() || mode == "always" || mode == "sticky" || mode == "hang" || mode == "hang-always"))
     return h;
   h.index = i;
-  h.always = mode == "always";
+  h.always = mode == "always" || mode == "hang-always";
   h.sticky = mode == "sticky";
+  h.hang = mode == "hang" || mode == "hang-always";
   return h;
 }
 
@@ -928,6 +933,8 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
     bool sticky = false;
     Outcome out;
     if (hook.index == index && (attempt == 0 || hook.always)) {
+      if (hook.hang)
+        for (;;) ::pause();  // a hung kernel: only the parent's --unit-timeout-s ends it
       if (!hook.sticky) {
         std::fflush(nullptr);
         ::kill(::getpid(), SIGKILL);
@@ -979,6 +986,7 @@ struct WorkerSlot {
   int cmd_fd = -1, res_fd = -1;
   std::string buf;  // a result line read in part
   bool ready = false, retiring = false, abandoned = false;
+  bool timed_out = false;  // killed for running its unit past --unit-timeout-s
   int64_t unit = -1;  // the queue index in flight, or -1
   Clock::time_point started;
   int32_t startup_failures = 0, processes = 0;
@@ -1097,13 +1105,21 @@ bool spawn_worker(WorkerSlot& w, const std::vector<std::string>& args, const cha
   return true;
 }
 
+// --unit-timeout-s, or its default: 300 s + 30 x the search budget (the
+// library's 2000 ms when --budget-ms is not given).
+double unit_timeout_s(const TuneCmdOptions& o) {
+  if (o.unit_timeout_s > 0) return o.unit_timeout_s;
+  return 300.0 + 30.0 * (o.budget_ms > 0 ? o.budget_ms : 2000.0) / 1000.0;
+}
+
 // The parent of --devices: the queue, the workers, their results.
 class DeviceRun {
  public:
   // `done`: the progress lines printed before (the skipped units).
   DeviceRun(const TuneCmdOptions& o, const char* cmd, const std::vector<Job>& jobs, std::vector<Outcome>* results,
             Progress& progress, size_t done)
-      : o_(o), cmd_(cmd), jobs_(jobs), results_(*results), progress_(progress), done_(done) {}
+      : o_(o), cmd_(cmd), jobs_(jobs), results_(*results), progress_(progress), done_(done),
+        timeout_s_(unit_timeout_s(o)) {}
 
   // Tunes `units` (indices into jobs, largest first) on the slots' devices.
   void run(const std::vector<size_t>& units, const std::vector<int32_t>& ordinals, int32_t per_device,
@@ -1186,7 +1202,24 @@ class DeviceRun {
         fds.push_back(pollfd{w.res_fd, POLLIN, 0});
         who.push_back(&w);
       }
-    if (::poll(fds.data(), fds.size(), -1) < 0) return;  // EINTR: the loop polls again
+    // Wake up for the first unit deadline (--unit-timeout-s); a worker past
+    // it is killed, and its result pipe's EOF retries or fails the unit.
+    int wait_ms = -1;
+    const auto now = Clock::now();
+    for (WorkerSlot& w : slots_) {
+      if (w.pid <= 0 || w.unit < 0 || w.timed_out) continue;
+      const double left = timeout_s_ - std::chrono::duration<double>(now - w.started).count();
+      if (left <= 0) {
+        w.timed_out = true;
+        std::fprintf(stderr, "%s: %s (pid %d) ran %s past --unit-timeout-s %g: killed\n", cmd_, w.name.c_str(),
+                     static_cast<int>(w.pid), head_of(w.unit).c_str(), timeout_s_);
+        ::kill(w.pid, SIGKILL);
+        continue;
+      }
+      const int ms = static_cast<int>(std::min(left * 1000.0 + 1.0, 3.6e6));
+      wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
+    }
+    if (::poll(fds.data(), fds.size(), wait_ms) < 0) return;  // EINTR: the loop polls again
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       WorkerSlot& w = *who[i];
@@ -1263,9 +1296,11 @@ class DeviceRun {
     int status = 0;
     while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
     }
-    const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " + exit_text(status);
+    const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " +
+                            (w.timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_) : exit_text(status));
     const int64_t unit = w.unit;
     const bool was_ready = w.ready, retiring = w.retiring;
+    w.timed_out = false;
     w.pid = -1;
     w.cmd_fd = w.res_fd = -1;
     w.unit = -1;
@@ -1282,7 +1317,12 @@ class DeviceRun {
         std::fprintf(stderr, "%s: %s while tuning %s, its second attempt: the unit failed\n", cmd_, how.c_str(),
                      head_of(unit).c_str());
         ++w.units;
-        fail(unit, "its worker died on both attempts (the last " + exit_text(status) + ")", &w, seconds);
+        fail(unit,
+             "its worker died on both attempts (the last " +
+                 (how.find("--unit-timeout-s") != std::string::npos ? fmt("killed past --unit-timeout-s %g", timeout_s_)
+                                                                    : exit_text(status)) +
+                 ")",
+             &w, seconds);
         progress_line(w.name + ": " + head_of(unit) + " FAILED: its worker died on both attempts", true);
       }
     } else if (!was_ready) {
@@ -1343,6 +1383,7 @@ class DeviceRun {
   std::vector<WorkerSlot> slots_;
   size_t done_ = 0;       // progress lines numbered so far (the skipped units first)
   bool started_ = false;  // the first workers were all ready (or gone) once
+  double timeout_s_;      // --unit-timeout-s, resolved
 };
 
 // tune --devices: the resume and --max-flops checks here, the rest in the
