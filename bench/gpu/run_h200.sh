@@ -11,6 +11,8 @@
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
 #   bench/gpu/run_h200.sh --sections fp8-profile # ncu on the fp8 decode kernel at KD_FP8_PROFILE (fp8_ncu.txt)
+#   bench/gpu/run_h200.sh --sections shards      # issue 22 on one GPU: one process vs two shards one after the
+#                 other vs --devices 0 on a small bf16 GEMM grid, the merge (both orders), merge --retime (shards.json)
 #   KD_FP8_GRID=full ... --sections fp8-bench    # the issue's whole fp8 grid (bench_fp8.py full_grid(), 238 points)
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
@@ -81,6 +83,7 @@
 #   silu        build.log bench_silu.json bench_silu.log h200_silu.md
 #   torch       build.log torch_native.log torch_op_host.json torch_op_host.md torch_host.log
 #   model       build.log e2e_model.json e2e_model.md e2e_model.log
+#   shards      build.log shards.json shards.log shards_dirs.tar
 # KD_COMMIT names the commit in h200.md / h200_gemm.md / h200_silu.md (the device has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -131,7 +134,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -367,6 +370,59 @@ if has fp8-model; then
     3) echo "::: fp8-model: INCOMPLETE (time budget)" ;;
     *) status=1; echo "::: fp8-model: FAILED (rc=$rc, fp8_model.log)"; tail -5 "$OUT/fp8_model.log" ;;
   esac
+fi
+
+# ================================================================ shards
+# Issue 22 on one GPU: a small bf16 GEMM grid ($KD_SHARD_NK x $KD_SHARD_M)
+# tuned (a) by one process, (b) as --shard 0/2 then --shard 1/2 one after
+# the other, (c) by `--devices 0` (one worker process); then the shards
+# merged in both orders (byte-identical?), every unit of (a) in exactly one
+# shard, each shard's time (the static split's imbalance: slowest / mean),
+# and `merge --retime` of (a) against the merged shards on this GPU.
+if has shards; then
+  ensure_build kdispatch_cli || { echo "::: shards: FAILED to build (build.log)"; exit 1; }
+  SH=/tmp/kd_shards; rm -rf "$SH"; mkdir -p "$SH"
+  echo "M,N,K" >"$SH/grid.csv"
+  SHM=${KD_SHARD_M:-1,16,64,256}; SHNK=${KD_SHARD_NK:-4096x4096,1280x8192,8192x1024}
+  for m in ${SHM//,/ }; do for nk in ${SHNK//,/ }; do
+    echo "$m,${nk%x*},${nk#*x}" >>"$SH/grid.csv"; done; done
+  K="$BUILD/kdispatch"
+  T=(tune --backend "$TUNE_BACKEND" --op gemm --dtype bf16 --shapes "$SH/grid.csv" --budget-ms "${KD_SHARD_BUDGET_MS:-300}"
+     --reps 5 --max-flops 1e13 --mem-gib 8 --json)
+  timed() { local s; s=$(date +%s%N); "$@"; local rc=$?; echo $((($(date +%s%N) - s) / 1000000)) >>"$SH/times"; return $rc; }
+  : >"$SH/times"
+  stamp "shards: $(($(wc -l <"$SH/grid.csv") - 1)) units: one process, shard 0/2, shard 1/2, --devices 0"
+  timed "$K" "${T[@]}" --emit "$SH/single" >"$SH/single.json" 2>>"$OUT/shards.log"
+  timed "$K" "${T[@]}" --emit "$SH/s0" --shard 0/2 >"$SH/s0.json" 2>>"$OUT/shards.log"
+  timed "$K" "${T[@]}" --emit "$SH/s1" --shard 1/2 >"$SH/s1.json" 2>>"$OUT/shards.log"
+  timed "$K" "${T[@]}" --emit "$SH/dev" --devices 0 >"$SH/dev.json" 2>>"$OUT/shards.log"
+  "$K" merge --out "$SH/m01" "$SH/s0" "$SH/s1" >>"$OUT/shards.log" 2>&1; r1=$?
+  "$K" merge --out "$SH/m10" "$SH/s1" "$SH/s0" >>"$OUT/shards.log" 2>&1; r2=$?
+  diff -r "$SH/m01" "$SH/m10" >/dev/null && same=yes || same=no
+  timed "$K" merge --retime --out "$SH/retimed" "$SH/single" "$SH/m01" >"$SH/retime.log" 2>&1; r3=$?
+  cat "$SH/retime.log" >>"$OUT/shards.log"
+  "$PY" - "$SH" "$same" "$r1" "$r2" "$r3" >"$OUT/shards.json" <<'PYEOF'
+import json, sys
+sh, same, r1, r2, r3 = sys.argv[1], sys.argv[2] == "yes", *map(int, sys.argv[3:6])
+t = [int(x) / 1000.0 for x in open(sh + "/times").read().split()]
+def units(name):
+    d = json.load(open(f"{sh}/{name}.json"))
+    return [(r["shape"], r["M"]) for r in d["results"] if r["status"] == "tuned"], d
+single, ds = units("single"); s0, d0 = units("s0"); s1, d1 = units("s1"); dev, dd = units("dev")
+both = s0 + s1
+out = {"units": len(single), "shard0": len(s0), "shard1": len(s1),
+       "each_unit_once": sorted(both) == sorted(single) and len(set(both)) == len(both),
+       "devices0_same_units": sorted(dev) == sorted(single),
+       "seconds": {"single": t[0], "shard0": t[1], "shard1": t[2], "devices0": t[3], "merge_retime": t[4]},
+       "imbalance_slowest_over_mean": max(t[1], t[2]) / ((t[1] + t[2]) / 2),
+       "merge_rc": [r1, r2], "merge_byte_identical_either_order": same, "retime_rc": r3}
+print(json.dumps(out, indent=1))
+PYEOF
+  cat "$OUT/shards.json"
+  grep -E "conflict|retim|kept" "$SH/retime.log" | tail -5
+  (cd "$SH" && tar cf "$OUT/shards_dirs.tar" single s0 s1 m01 retimed 2>/dev/null)
+  if grep -q '"each_unit_once": true' "$OUT/shards.json" && [ "$same" = yes ]; then echo "::: shards: complete"
+  else status=1; echo "::: shards: FAILED (shards.json, shards.log)"; fi
 fi
 
 # ================================================================ tune
