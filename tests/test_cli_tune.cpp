@@ -11,6 +11,7 @@
 // cache dir (never the user's), with the KDISPATCH_* tuning variables unset.
 #include <doctest/doctest.h>
 #include <simdjson.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -963,6 +964,82 @@ TEST_CASE("cli tune: --devices, a worker hung past --unit-timeout-s is killed an
     CHECK(s(bad["message"]) == "its worker died on both attempts (the last killed past --unit-timeout-s 1.5)");
     CHECK(emit_rows(dir / "always").size() == 3);
   }
+}
+
+namespace {
+
+/// Runs the CLI as run() does, under `timeout -s KILL <limit_s>` (exit code
+/// 137: the run did not end by itself); then SIGKILLs the hooked hung
+/// workers listed in `pid_file` (a worker the hook hangs never exits alone).
+CliRun run_bounded(const std::vector<std::string>& args, const std::string& cache_dir, int limit_s,
+                   const std::string& pid_file) {
+  const std::string err_file = pid_file + ".stderr";
+  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_LOG_LEVEL "
+                    "KDISPATCH_CACHE_DIR=" + kdtest::shell_quote(cache_dir) +
+                    " KDISPATCH_TEST_WORKER_HANG_PIDS=" + kdtest::shell_quote(pid_file) + " timeout -s KILL " +
+                    std::to_string(limit_s) + " " + kdtest::shell_quote(KDISPATCH_CLI_PATH);
+  for (const auto& a : args) cmd += " " + kdtest::shell_quote(a);
+  cmd += " 2>" + kdtest::shell_quote(err_file);
+  CliRun out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.out.append(buf, n);
+  const int status = ::pclose(p);
+  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  out.err = kdtest::read_text(err_file);
+  std::ifstream pids(pid_file);
+  for (long pid; pids >> pid;)
+    if (pid > 1) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  return out;
+}
+
+}  // namespace
+
+// Attack (b3fb5de): --unit-timeout-s bounds a unit, not a worker's start-up:
+// a worker hung before 'ready' (a wedged GPU's cuInit or context creation,
+// e.g. the new worker started on the device whose kernel hung) keeps
+// `started_` false, so no worker gets a unit and poll() waits forever.
+TEST_CASE("cli tune: --devices, a worker hung before 'ready' does not stall the run (attack)") {
+  Scratch dir("devices_hang_start");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  ::unsetenv("KDISPATCH_TEST_WORKER_DIE_AT");
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
+  ::setenv("KDISPATCH_TEST_WORKER_HANG_START", (dir / "hang_start").c_str(), 1);
+  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
+                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
+                          "--unit-timeout-s", "1.5", "--json"},
+                         cache, 30, dir / "pids");
+  ::unsetenv("KDISPATCH_TEST_WORKER_HANG_START");
+  INFO(r.err);
+  CHECK(fs::exists(dir / "hang_start"));  // the hook fired
+  CHECK_MESSAGE(r.exit_code != 137, "the run hung (killed by timeout after 30 s)");
+  CHECK(r.exit_code == 0);
+  CHECK(emit_rows(dir / "emit").size() == 4);
+}
+
+// Attack (b3fb5de): a worker retiring after a sticky error (unit -1) has no
+// deadline; one whose exit hangs (the context teardown of a faulted GPU)
+// is waited for forever by stop() at the end of the run.
+TEST_CASE("cli tune: --devices, a retiring worker whose exit hangs does not stall the run's end (attack)") {
+  Scratch dir("devices_hang_exit");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
+  DieAt hook("1:sticky-hang");
+  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
+                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
+                          "--unit-timeout-s", "1.5", "--json"},
+                         cache, 30, dir / "pids");
+  INFO(r.err);
+  CHECK(fs::exists(dir / "pids"));  // the hook fired
+  CHECK_MESSAGE(r.exit_code != 137, "the run hung (killed by timeout after 30 s)");
+  CHECK(r.exit_code == 0);
+  CHECK(emit_rows(dir / "emit").size() == 4);
 }
 
 TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, bad lists and torchrun") {

@@ -886,8 +886,22 @@ double parse_double(const std::string& v) {
 // KDISPATCH_TEST_WORKER_DIE_AT (see above); index -1 when unset or malformed.
 struct DieHook {
   int64_t index = -1;
-  bool always = false, sticky = false, hang = false;
+  bool always = false, sticky = false, hang = false, sticky_hang = false;
 };
+
+// Test-only: a hooked hang appends this process's pid to
+// $KDISPATCH_TEST_WORKER_HANG_PIDS (so a test can end it), then waits forever.
+[[noreturn]] void test_hang() {
+  if (const char* f = std::getenv("KDISPATCH_TEST_WORKER_HANG_PIDS"); f && *f) {
+    const int fd = ::open(f, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      const std::string line = std::to_string(::getpid()) + "\n";
+      (void)!::write(fd, line.data(), line.size());
+      ::close(fd);
+    }
+  }
+  for (;;) ::pause();
+}
 DieHook die_hook() {
   DieHook h;
   const char* v = std::getenv("KDISPATCH_TEST_WORKER_DIE_AT");
@@ -897,11 +911,13 @@ DieHook die_hook() {
   const std::string_view mode = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
   int64_t i = 0;
   if (!parse_int(text.substr(0, colon), &i) || i < 0 ||
-      !(mode.empty() || mode == "always" || mode == "sticky" || mode == "hang" || mode == "hang-always"))
+      !(mode.empty() || mode == "always" || mode == "sticky" || mode == "hang" || mode == "hang-always" ||
+        mode == "sticky-hang"))
     return h;
   h.index = i;
   h.always = mode == "always" || mode == "hang-always";
-  h.sticky = mode == "sticky";
+  h.sticky = mode == "sticky" || mode == "sticky-hang";
+  h.sticky_hang = mode == "sticky-hang";
   h.hang = mode == "hang" || mode == "hang-always";
   return h;
 }
@@ -914,6 +930,15 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
   if (!rt) return exit_code;
   Target t{*rt, o, {}, {}};
   if (!tune_device(*rt, o, cmd, &t.dev, &t.device)) return kExitUsage;
+  // Test-only (KDISPATCH_TEST_WORKER_HANG_START=<path>): the first worker to
+  // create <path> hangs before 'ready' (a driver or context start-up hang).
+  if (const char* f = std::getenv("KDISPATCH_TEST_WORKER_HANG_START"); f && *f) {
+    const int fd = ::open(f, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      test_hang();
+    }
+  }
   if (!write_all(kWorkerResultFd, "ready\t" + one_field(t.device) + "\n")) return kExitFailure;
   const DieHook hook = die_hook();
   std::string in;
@@ -933,8 +958,7 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
     bool sticky = false;
     Outcome out;
     if (hook.index == index && (attempt == 0 || hook.always)) {
-      if (hook.hang)
-        for (;;) ::pause();  // a hung kernel: only the parent's --unit-timeout-s ends it
+      if (hook.hang) test_hang();  // a hung kernel: only the parent's --unit-timeout-s ends it
       if (!hook.sticky) {
         std::fflush(nullptr);
         ::kill(::getpid(), SIGKILL);
@@ -954,6 +978,8 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
                               one_field(out.variant) + "\t" + one_field(out.key) + "\t" + one_field(cfg) + "\t" +
                               one_field(out.message) + "\t" + one_field(line) + "\n";
     if (!write_all(kWorkerResultFd, reply)) return kExitFailure;
+    // sticky-hang: the exit after a sticky error hangs (a context teardown).
+    if (sticky && hook.sticky_hang && hook.index == index) test_hang();
     if (sticky) return kExitSticky;  // the device context is unusable: the parent starts a new worker
   }
   return kExitOk;
