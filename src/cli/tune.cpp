@@ -1127,6 +1127,7 @@ bool spawn_worker(WorkerSlot& w, const std::vector<std::string>& args, const cha
   w.buf.clear();
   w.ready = w.retiring = false;
   w.unit = -1;
+  w.started = Clock::now();  // --unit-timeout-s bounds the start-up too
   ++w.processes;
   return true;
 }
@@ -1230,15 +1231,24 @@ class DeviceRun {
       }
     // Wake up for the first unit deadline (--unit-timeout-s); a worker past
     // it is killed, and its result pipe's EOF retries or fails the unit.
+    // The same deadline bounds a worker's start-up (a hung driver or context
+    // creation: the first units wait for every first worker) and the exit
+    // of one retiring after a sticky error (stop() waits for it).
     int wait_ms = -1;
     const auto now = Clock::now();
     for (WorkerSlot& w : slots_) {
-      if (w.pid <= 0 || w.unit < 0 || w.timed_out) continue;
+      if (w.pid <= 0 || w.timed_out || (w.unit < 0 && w.ready && !w.retiring)) continue;
       const double left = timeout_s_ - std::chrono::duration<double>(now - w.started).count();
       if (left <= 0) {
         w.timed_out = true;
-        std::fprintf(stderr, "%s: %s (pid %d) ran %s past --unit-timeout-s %g: killed\n", cmd_, w.name.c_str(),
-                     static_cast<int>(w.pid), head_of(w.unit).c_str(), timeout_s_);
+        const std::string what = w.unit >= 0 ? "ran " + head_of(w.unit)
+                                 : !w.ready  ? std::string("was not ready")
+                                             : std::string("had not exited after its sticky device error");
+        std::fprintf(stderr, "%s: %s (pid %d) %s past --unit-timeout-s %g: killed\n", cmd_, w.name.c_str(),
+                     static_cast<int>(w.pid), what.c_str(), timeout_s_);
+        // Never handed another unit: a result read before its EOF (it
+        // finished as it was killed) must not make it look free.
+        w.retiring = true;
         ::kill(w.pid, SIGKILL);
         continue;
       }
@@ -1286,6 +1296,7 @@ class DeviceRun {
     const std::string took = fmt(" [%.2f s]", seconds);
     if (sticky) {  // the worker exits; a new one takes the unit once
       w.retiring = true;
+      w.started = Clock::now();  // its exit's deadline (--unit-timeout-s)
       ++attempts_[size_t(unit)];
       const bool again = attempts_[size_t(unit)] < 2;
       progress_line(where + f[13] + took + (again ? " (a sticky device error: retried on a new worker)" : ""),
@@ -1362,12 +1373,30 @@ class DeviceRun {
   }
 
   // Ends the process of `w` at the end of the run: EOF on its stdin.
+  // A worker still there after --unit-timeout-s (an exit that hangs) is
+  // killed; one that SIGKILL does not end within 10 s more is left behind.
   void stop(WorkerSlot& w) {
     if (w.pid < 0) return;
     ::close(w.cmd_fd);
     ::close(w.res_fd);
-    int status = 0;
-    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    const auto t0 = Clock::now();
+    bool killed = false;
+    for (;;) {
+      int status = 0;
+      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+      if (r == w.pid || (r < 0 && errno != EINTR)) break;
+      const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!killed && waited > timeout_s_) {
+        std::fprintf(stderr, "%s: %s (pid %d) had not exited %g s after the run's end (--unit-timeout-s): killed\n",
+                     cmd_, w.name.c_str(), static_cast<int>(w.pid), timeout_s_);
+        ::kill(w.pid, SIGKILL);
+        killed = true;
+      } else if (killed && waited > timeout_s_ + 10) {
+        std::fprintf(stderr, "%s: %s (pid %d) did not end on SIGKILL: left behind\n", cmd_, w.name.c_str(),
+                     static_cast<int>(w.pid));
+        break;
+      }
+      ::usleep(10000);
     }
     w.pid = -1;
   }
