@@ -472,12 +472,20 @@ Status launch_block_split(const core::LaunchArgs& la, const core::Problem& p, co
 /// ceil(K/128) rounded up to 4 floats, so scale_b is copied into the front
 /// of the workspace with its rows zero-padded to that stride (one small
 /// kernel: ceil(N/128) x kb4 floats), then cuBLASLt runs on the rest of the
-/// workspace. Without room it declines (needs fallback: the tuner records
-/// the candidate as failed instead of timing a substitute under its name).
+/// workspace. Without room a tuned row declines (needs fallback: the tuner
+/// records the candidate as failed instead of timing a substitute under its
+/// name); get_default's plan (algo_id -1, the plan a call falls back to)
+/// runs our block skinny_mma instead, as launch_block_split does: declining
+/// there would leave the call to the reference kernel.
 Status launch_block_pad_sb(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm,
                            int64_t kb4) noexcept {
   const int64_t nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
   const int64_t bytes = (nb * kb4 * 4 + 255) / 256 * 256;
+  if ((la.workspace == nullptr || la.workspace_bytes < bytes) && prm[kAlgoId] < 0) {
+    gpu::gemm::SkinnyMma sk;
+    sk.row_tiles = 2, sk.split_k = 4, sk.stages = 3, sk.cluster_k = 1, sk.warps_n = 1;
+    return launch_gemm_fp8_skinny_mma_block(sk, la, p);
+  }
   if (la.workspace == nullptr || la.workspace_bytes < bytes)
     return core::needs_fallback("cuBLASLt's block fp8 GEMM at ceil(K/128) % 4 != 0 (K = " + std::to_string(p.k) +
                                 ") reads scale_b padded to rows of " + std::to_string(kb4) + " floats: needs " +
