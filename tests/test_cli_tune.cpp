@@ -1070,7 +1070,8 @@ TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, ba
   refused({"--workers-per-device", "2"}, "--workers-per-device needs --devices");
   refused({"--devices", "0", "--workers-per-device", "0"}, "--workers-per-device must be in [1, 64], got 0");
   refused({"--unit-timeout-s", "5"}, "--unit-timeout-s needs --devices");
-  refused({"--devices", "0", "--unit-timeout-s", "-1"}, "--unit-timeout-s must be > 0 seconds, got -1");
+  refused({"--devices", "0", "--unit-timeout-s", "0"}, "--unit-timeout-s must be >= 1 second, got 0");
+  refused({"--devices", "0", "--unit-timeout-s", "0.001"}, "--unit-timeout-s must be >= 1 second, got 0.001");
   // torchrun: through --shard auto, and its variables alone.
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "2", 1);

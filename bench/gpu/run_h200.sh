@@ -395,7 +395,7 @@ if has shards; then
   timed "$K" "${T[@]}" --emit "$SH/single" >"$SH/single.json" 2>>"$OUT/shards.log"
   timed "$K" "${T[@]}" --emit "$SH/s0" --shard 0/2 >"$SH/s0.json" 2>>"$OUT/shards.log"
   timed "$K" "${T[@]}" --emit "$SH/s1" --shard 1/2 >"$SH/s1.json" 2>>"$OUT/shards.log"
-  timed "$K" "${T[@]}" --emit "$SH/dev" --devices 0 >"$SH/dev.json" 2>>"$OUT/shards.log"
+  timed "$K" "${T[@]}" --emit "$SH/dev" --devices 0 --unit-timeout-s 120 >"$SH/dev.json" 2>>"$OUT/shards.log"
   "$K" merge --out "$SH/m01" "$SH/s0" "$SH/s1" >>"$OUT/shards.log" 2>&1; r1=$?
   "$K" merge --out "$SH/m10" "$SH/s1" "$SH/s0" >>"$OUT/shards.log" 2>&1; r2=$?
   diff -r "$SH/m01" "$SH/m10" >/dev/null && same=yes || same=no

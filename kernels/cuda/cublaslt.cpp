@@ -615,7 +615,16 @@ int enumerate(const core::Problem& p, int64_t workspace_bytes, int64_t* out, int
   constexpr int kMax = 16;
   cublasLtMatmulHeuristicResult_t r[kMax];
   static const char kBias = 0;
-  const core::Problem q = lt_problem(p);  // the block layout's K as cuBLASLt runs it
+  const core::Problem q = lt_problem(p);  // the block layout's rows as cuBLASLt runs them
+  // The block launch's copies take the front of the workspace first (the
+  // packed scale_a of the M % 4 != 0 split, the padded scale_b): offer
+  // cuBLASLt what is left, as the launch will.
+  if (p.op == core::OpKind::gemm_fp8_block) {
+    const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block, nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
+    if (q.m != p.m) workspace_bytes -= (kbs * q.m * 4 + 255) / 256 * 256;
+    if (kbs % 4 != 0) workspace_bytes -= (nb * ((kbs + 3) / 4 * 4) * 4 + 255) / 256 * 256;
+    if (workspace_bytes < 0) workspace_bytes = 0;
+  }
   const int n = heuristic(a, q, q.k, q.k, q.n, q.has_bias ? &kBias : nullptr, workspace_bytes, r,
                           cap < kMax ? cap : kMax);
   for (int i = 0; i < n; ++i) algo_to_params(a, r[i], out + i * core::kMaxParams);

@@ -186,9 +186,9 @@ struct TuneCmdOptions {
   int32_t workers_per_device = -1;
   /// --unit-timeout-s: with --devices, a worker whose unit runs longer is
   /// killed (SIGKILL) and the unit retried once on a new worker, then
-  /// reported failed; 0 = the default, 300 s + 30 x the --budget-ms search
+  /// reported failed; -1 = not given: 300 s + 30 x the --budget-ms search
   /// time (a hung kernel or driver call otherwise stalls the run forever).
-  double unit_timeout_s = 0.0;
+  double unit_timeout_s = -1.0;
   /// The hidden worker mode of --devices: tune the units the parent sends
   /// on stdin on --device, answer on fd 3 (tune.cpp).
   bool internal_worker = false;

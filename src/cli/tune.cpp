@@ -347,9 +347,10 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
     if (std::string e = parse_devices(o.devices, &ordinals); !e.empty()) return bad(e);
   }
   if (o.workers_per_device != -1 && o.devices.empty()) return bad("--workers-per-device needs --devices");
-  if (o.unit_timeout_s != 0 && o.devices.empty()) return bad("--unit-timeout-s needs --devices");
-  if (o.unit_timeout_s < 0 || !std::isfinite(o.unit_timeout_s))
-    return bad("--unit-timeout-s must be > 0 seconds, got " + fmt("%g", o.unit_timeout_s));
+  if (o.unit_timeout_s != -1 && o.devices.empty()) return bad("--unit-timeout-s needs --devices");
+  // Under a second kills units as they are handed out (a value in ms?).
+  if (o.unit_timeout_s != -1 && !(o.unit_timeout_s >= 1 && std::isfinite(o.unit_timeout_s)))
+    return bad("--unit-timeout-s must be >= 1 second, got " + fmt("%g", o.unit_timeout_s));
   if (o.workers_per_device != -1 && (o.workers_per_device < 1 || o.workers_per_device > 64))
     return bad("--workers-per-device must be in [1, 64], got " + std::to_string(o.workers_per_device));
   return -1;
@@ -1333,8 +1334,9 @@ class DeviceRun {
     int status = 0;
     while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
     }
-    const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " +
-                            (w.timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_) : exit_text(status));
+    const bool timed_out = w.timed_out;
+    const std::string death = timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_) : exit_text(status);
+    const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " + death;
     const int64_t unit = w.unit;
     const bool was_ready = w.ready, retiring = w.retiring;
     w.timed_out = false;
@@ -1354,12 +1356,7 @@ class DeviceRun {
         std::fprintf(stderr, "%s: %s while tuning %s, its second attempt: the unit failed\n", cmd_, how.c_str(),
                      head_of(unit).c_str());
         ++w.units;
-        fail(unit,
-             "its worker died on both attempts (the last " +
-                 (how.find("--unit-timeout-s") != std::string::npos ? fmt("killed past --unit-timeout-s %g", timeout_s_)
-                                                                    : exit_text(status)) +
-                 ")",
-             &w, seconds);
+        fail(unit, "its worker died on both attempts (the last " + death + ")", &w, seconds);
         progress_line(w.name + ": " + head_of(unit) + " FAILED: its worker died on both attempts", true);
       }
     } else if (!was_ready) {
