@@ -297,26 +297,34 @@ TEST_CASE("gpu fp8 gemm: get_default serves every shape in every layout") {
         const Plan plan = dispatch::core::get_default(p, dev);
         REQUIRE(plan.valid());
         INFO(text(l, sh), " ", dispatch::core::plan_to_string(plan));
-        c.poison();
-        LaunchArgs la = c.args();
-        la.workspace = nullptr;  // get_default's plan needs none
-        la.workspace_bytes = 0;
-        Plan run = plan;
-        Status st = plan.variant->launch(la, p, plan.params);
-        if (st.code() == core::kNeedsFallbackCode) {
-          // As the op does: the reference serves the call (cuBLASLt's
-          // heuristic may have nothing without a workspace).
-          MESSAGE("get_default's plan declined at launch (", st.to_string(), "): the reference serves");
-          // Not for want of room for cuBLASLt's scale_b copy (ceil(K/128) % 4
-          // != 0): get_default's plan must not hand such calls (a stream
-          // first seen in a graph capture has no workspace) to the reference.
-          CHECK_MESSAGE(st.message().find("reads scale_b padded") == std::string::npos, st.to_string());
-          for (const VariantDef* v : dispatch::core::variants_for(p.op, bt))
-            if (v->flags & dispatch::core::kVariantReference) run.variant = v;
-          st = run.variant->launch(la, p, run.params);
+        // Without a workspace (get_default's plan needs none), then with the
+        // op's (the production path: cuBLASLt's copies at M % 4 != 0 and
+        // ceil(K/128) % 4 != 0 go into it).
+        for (bool with_ws : {false, true}) {
+          INFO("workspace: ", with_ws ? "yes" : "none");
+          c.poison();
+          LaunchArgs la = c.args();
+          if (!with_ws) {
+            la.workspace = nullptr;
+            la.workspace_bytes = 0;
+          }
+          Plan run = plan;
+          Status st = plan.variant->launch(la, p, plan.params);
+          if (st.code() == core::kNeedsFallbackCode) {
+            // As the op does: the reference serves the call (cuBLASLt's
+            // heuristic may have nothing without a workspace).
+            MESSAGE("get_default's plan declined at launch (", st.to_string(), "): the reference serves");
+            // Not for want of room for cuBLASLt's scale_b copy (ceil(K/128) % 4
+            // != 0): get_default's plan must not hand such calls (a stream
+            // first seen in a graph capture has no workspace) to the reference.
+            CHECK_MESSAGE(st.message().find("reads scale_b padded") == std::string::npos, st.to_string());
+            for (const VariantDef* v : dispatch::core::variants_for(p.op, bt))
+              if (v->flags & dispatch::core::kVariantReference) run.variant = v;
+            st = run.variant->launch(la, p, run.params);
+          }
+          REQUIRE_MESSAGE(st.ok(), st.to_string());
+          CHECK(c.mismatch(nullptr, (run.variant->flags & dispatch::core::kVariantDynamicSpace) ? 1e-4 : 1e-5) == "");
         }
-        REQUIRE_MESSAGE(st.ok(), st.to_string());
-        CHECK(c.mismatch(nullptr, (run.variant->flags & dispatch::core::kVariantDynamicSpace) ? 1e-4 : 1e-5) == "");
       }
   }
 }
