@@ -1447,4 +1447,230 @@ TEST_CASE("cli merge --retime: a cuda table on a machine without a cuda device i
   CHECK(r.out.find("1 table(s) written") != std::string::npos);
 }
 
+// ---- storage a cluster shares: fragments (<key>.json.d/<host>-<pid>.json)
+
+namespace {
+
+// The table text `text` (as the tuner writes it: "{", the metadata line,
+// one row a line, "}") with only the rows of `ms`.
+std::string with_rows(const std::string& text, const std::set<int64_t>& ms) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() >= 4);
+  const auto strip = [](std::string l) { return !l.empty() && l.back() == ',' ? l.substr(0, l.size() - 1) : l; };
+  std::string out = "{\n" + strip(lines[1]);
+  for (size_t i = 2; i + 1 < lines.size(); ++i) {
+    const size_t q = lines[i].find('"');
+    if (ms.count(std::stoll(lines[i].substr(q + 1)))) out += ",\n" + strip(lines[i]);
+  }
+  return out + "\n}\n";
+}
+
+std::map<std::string, std::string> read_tree(const std::string& root) {
+  std::map<std::string, std::string> files;
+  for (auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) files[fs::relative(e.path(), root).generic_string()] = kdtest::read_text(e.path());
+  return files;
+}
+
+// KDISPATCH_CACHE_LOCKING for the CLI runs of one scope.
+struct LockingEnv {
+  explicit LockingEnv(const char* v) { ::setenv("KDISPATCH_CACHE_LOCKING", v, 1); }
+  ~LockingEnv() { ::unsetenv("KDISPATCH_CACHE_LOCKING"); }
+};
+
+}  // namespace
+
+TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for any split and order, --compact in place") {
+  Scratch dir("fragments");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  ::unsetenv("KDISPATCH_CACHE_LOCKING");
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n4,64\n16,64\n";
+  const std::string whole = dir / "whole";
+  CliRun t = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", whole, "--budget-ms", "20",
+                  "--no-cold-cache"},
+                 cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  CHECK(t.err.find("  writes: each <key>.json merged under its lock file (flock is honoured on '" + whole + "'") !=
+        std::string::npos);
+  const std::string rel = "cpu/rmsnorm/hidden=64,device_name=" + dispatch::cpu_device_info().device_name +
+                          ",dtype=fp32.json";
+  const std::string table = kdtest::read_text(fs::path(whole) / rel);
+  const auto put = [&](const std::string& src, const std::string& file, const std::set<int64_t>& ms) {
+    kdtest::write_text(fs::path(dir / src) / file, with_rows(table, ms));
+  };
+  // The same rows split three ways: a main file and two fragments; fragments
+  // only; a main file and a fragment sharing a row (equal configs).
+  put("a", rel, {1});
+  put("a", rel + ".d/x-1.json", {4});
+  put("a", rel + ".d/y-2.json", {16});
+  put("b", rel + ".d/z-3.json", {1, 4, 16});
+  put("c", rel, {1, 4});
+  put("c", rel + ".d/x-1.json", {4, 16});
+  CliRun va = run({"validate", dir / "a"}, cache);
+  CHECK(va.exit_code == 0);
+  CHECK(va.out.find("loaded   " + rel + ".d/x-1.json (1 rows)") != std::string::npos);
+  CHECK(va.out.find("3 files: 3 loaded, 0 partial, 0 skipped; 0 unknown-device files; 1 keys, 3 rows") !=
+        std::string::npos);
+  std::map<std::string, std::map<std::string, std::string>> out;
+  for (const std::vector<std::string>& srcs :
+       std::vector<std::vector<std::string>>{{"whole"}, {"a"}, {"b"}, {"c"}, {"a", "c"}, {"c", "a"}, {"b", "whole"}}) {
+    std::string name = "m";
+    std::vector<std::string> args = {"merge", "--out"};
+    for (const auto& x : srcs) name += "-" + x;
+    args.push_back(dir / name);
+    for (const auto& x : srcs) args.push_back(dir / x);
+    CliRun m = run(args, cache);
+    REQUIRE_MESSAGE(m.exit_code == 0, m.err);
+    CHECK(m.out.find("1 table(s) written to " + (dir / name) + " (3 rows, 0 conflicts resolved), 0 refused") !=
+          std::string::npos);
+    out[name] = read_tree(dir / name);
+    CHECK(out[name].size() == 1);  // one file per key, no fragment
+  }
+  CHECK(out["m-a"] == out["m-whole"]);
+  CHECK(out["m-b"] == out["m-whole"]);
+  CHECK(out["m-c"] == out["m-whole"]);
+  CHECK(out["m-a-c"] == out["m-c-a"]);
+  CHECK(out["m-a-c"] == out["m-b-whole"]);
+  CHECK(out["m-a-c"].at(rel).find("\"merged\": {\"sources\": 2}") != std::string::npos);
+
+  // In place: the fragments go into the main file (the same bytes as
+  // merge --out of the dir) and are removed; a table without fragments is
+  // left as it is.
+  fs::copy(dir / "a", dir / "a2", fs::copy_options::recursive);
+  put("a2", "cpu/rmsnorm/hidden=128,device_name=X,dtype=fp32.json", {1});  // no fragments: untouched
+  const std::string untouched = kdtest::read_text(fs::path(dir / "a2") / "cpu/rmsnorm/hidden=128,device_name=X,dtype=fp32.json");
+  CliRun c = run({"merge", "--compact", dir / "a2"}, cache);
+  REQUIRE_MESSAGE(c.exit_code == 0, c.err);
+  CHECK(c.out.find("1 table(s) compacted in " + (dir / "a2") +
+                   " (3 rows, 0 conflicts resolved, 2 fragment(s) merged and removed, 0 kept), 0 refused, 0 file(s) "
+                   "skipped") != std::string::npos);
+  const auto a2 = read_tree(dir / "a2");
+  CHECK(a2.size() == 2);
+  CHECK(a2.at(rel) == out["m-a"].at(rel));
+  CHECK(a2.at("cpu/rmsnorm/hidden=128,device_name=X,dtype=fp32.json") == untouched);
+  CHECK(fs::is_empty(fs::path(dir / "a2") / (rel + ".d")));  // the fragment dir stays (a writer may be in it)
+  CHECK_FALSE(fs::exists(fs::path(dir / "a2") / ".kdispatch-compact.lock"));
+  // A writer rewrites its fragment (rows 4 and 1) between the compaction's
+  // read and its claim (test hook): the rows read are merged, the rewritten
+  // fragment is kept (nothing lost) and the next compaction takes it.
+  fs::copy(dir / "a", dir / "a4", fs::copy_options::recursive);
+  fs::remove(fs::path(dir / "a4") / (rel + ".d/y-2.json"));
+  put("rewrite", "f.json", {1, 4});
+  {
+    ::setenv("KDISPATCH_TEST_COMPACT_REPLACE", (dir / "rewrite/f.json").c_str(), 1);
+    CliRun w = run({"merge", "--compact", dir / "a4"}, cache);
+    ::unsetenv("KDISPATCH_TEST_COMPACT_REPLACE");
+    REQUIRE_MESSAGE(w.exit_code == 0, w.err);
+    CHECK(w.out.find("(2 rows, 0 conflicts resolved, 0 fragment(s) merged and removed, 1 kept)") != std::string::npos);
+    CHECK(w.err.find(rel + ": 1 fragment(s) were rewritten by their writer while compacting: kept") != std::string::npos);
+  }
+  CHECK(kdtest::read_text(fs::path(dir / "a4") / (rel + ".d/x-1.json")) == with_rows(table, {1, 4}));
+  for (auto& e : fs::recursive_directory_iterator(dir / "a4"))
+    CHECK_MESSAGE(e.path().filename().string()[0] != '.', e.path().string());  // no claim or lock left
+  CliRun again = run({"merge", "--compact", dir / "a4"}, cache);
+  REQUIRE_MESSAGE(again.exit_code == 0, again.err);
+  CHECK(again.out.find("(2 rows, 0 conflicts resolved, 1 fragment(s) merged and removed, 0 kept)") != std::string::npos);
+  put("e", rel, {1, 4});
+  REQUIRE(run({"merge", "--out", dir / "m-e", dir / "e"}, cache).exit_code == 0);
+  CHECK(read_tree(dir / "a4") == read_tree(dir / "m-e"));  // rows 1 and 4, nothing lost
+  // A compaction already running (its lock file): refused, nothing touched.
+  fs::copy(dir / "a", dir / "a3", fs::copy_options::recursive);
+  kdtest::write_text(fs::path(dir / "a3") / ".kdispatch-compact.lock", "1 otherhost\n");
+  CliRun busy = run({"merge", "--compact", dir / "a3"}, cache);
+  CHECK(busy.exit_code == 1);
+  CHECK(busy.err.find("another compaction holds " + (dir / "a3") + "/.kdispatch-compact.lock (1 otherhost); if none "
+                      "runs, remove it") != std::string::npos);
+  CHECK(read_tree(dir / "a3").size() == 4);
+  // Usage.
+  CHECK(run({"merge", "--compact", dir / "a3", "--out", dir / "x"}, cache).exit_code == 2);
+  CHECK(run({"merge", dir / "a3"}, cache).exit_code == 2);
+
+  // A conflict between the main file and a fragment: refused (nothing
+  // touched) unless --prefer, which keeps the main file's row (what the
+  // loader serves).
+  put("d", rel, {1, 4});
+  {
+    std::string other = with_rows(table, {4});
+    const size_t row = other.find("\n    \"4\": {");
+    REQUIRE(row != std::string::npos);
+    other.insert(other.find('}', row), ",\"merge_test\":1");
+    kdtest::write_text(fs::path(dir / "d") / (rel + ".d/f-9.json"), other);
+  }
+  const auto d_before = read_tree(dir / "d");
+  CliRun r = run({"merge", "--compact", dir / "d"}, cache);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find(rel + ": refused: different configs for the same M (M=4): pass --prefer") != std::string::npos);
+  CHECK(read_tree(dir / "d") == d_before);
+  CliRun p = run({"merge", "--compact", dir / "d", "--prefer"}, cache);
+  REQUIRE_MESSAGE(p.exit_code == 0, p.err);
+  const auto d_after = read_tree(dir / "d");
+  REQUIRE(d_after.size() == 1);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(d_after.at(rel)));
+  CHECK(s(doc["kdispatch"]["merged"]["conflicts"]["4"]["kept"]) == dir / "d");
+  std::set<std::string> candidates;
+  for (simdjson::dom::element c : simdjson::dom::array(doc["kdispatch"]["merged"]["conflicts"]["4"]["candidates"]))
+    candidates.insert(s(c["source"]));
+  CHECK(candidates == std::set<std::string>{dir / "d", (dir / "d") + " (fragment f-9.json)"});
+  CHECK(std::string(simdjson::minify(doc["4"])).find("merge_test") == std::string::npos);
+}
+
+TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the dir's write scheme is said") {
+  Scratch dir("validate-cache");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n";
+  const std::string emit = dir / "emit";
+  std::string fragment;
+  {
+    // Written where flock is not honoured (forced): a fragment, said so.
+    LockingEnv env("fragments");
+    CliRun t = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                    "--no-cold-cache"},
+                   cache);
+    REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+    CHECK(t.err.find("  writes: per-process fragments <key>.json.d/<host>-<pid>.json (compact them with kdispatch "
+                     "merge) (KDISPATCH_CACHE_LOCKING=fragments)") != std::string::npos);
+  }
+  const std::string rel = "cpu/rmsnorm/hidden=64,device_name=" + dispatch::cpu_device_info().device_name +
+                          ",dtype=fp32.json";
+  for (auto& e : fs::directory_iterator(fs::path(emit) / (rel + ".d"))) fragment = e.path().filename().string();
+  REQUIRE(fragment.size() > 5);
+  CHECK_FALSE(fs::exists(fs::path(emit) / rel));
+  // Another build's fragment of the same table.
+  std::string text = kdtest::read_text(fs::path(emit) / (rel + ".d/" + fragment));
+  const size_t k = text.find("\"kernels\":");
+  REQUIRE(k != std::string::npos);
+  const size_t open = text.find('"', k + 10);
+  text = text.substr(0, open + 1) + "00000000000000000000000000000000" + text.substr(text.find('"', open + 1));
+  kdtest::write_text(fs::path(emit) / (rel + ".d/oldbuild-1.json"), with_rows(text, {1}));
+  CliRun v = run({"validate", "--cache", emit}, cache);
+  CHECK(v.exit_code == 1);
+  CHECK(v.out.find("loaded   " + rel + ".d/" + fragment + " (1 rows)\n") != std::string::npos);
+  CHECK(v.out.find("skipped  " + rel + ".d/oldbuild-1.json\n           - stale tuning result, not served: axis 'kernels' differs (file '00000000000000000000000000000000', now") !=
+        std::string::npos);
+  CHECK(v.out.find("cache dir " + emit + ": writes use flock (each <key>.json merged under its lock file): flock is "
+                   "honoured on '" + emit + "'") != std::string::npos);
+  CHECK(v.out.find("2 files: 1 loaded, 0 partial, 1 skipped") != std::string::npos);
+  {
+    LockingEnv env("fragments");
+    CliRun vf = run({"validate", "--cache", emit, "--json"}, cache);
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc = parser.parse(simdjson::padded_string(vf.out));
+    CHECK(s(doc["cache"]["writes"]) ==
+          "per-process fragments (<key>.json.d/<host>-<pid>.json; compact them with kdispatch merge): "
+          "KDISPATCH_CACHE_LOCKING=fragments");
+  }
+  // As a config dir (rows taken as given, no fingerprint check) both load.
+  CliRun vc = run({"validate", emit}, cache);
+  CHECK(vc.exit_code == 0);
+  CHECK(vc.out.find("2 files: 2 loaded, 0 partial, 0 skipped") != std::string::npos);
+  CHECK(run({"validate"}, cache).exit_code == 2);
+}
+
 #endif  // KDISPATCH_CLI_PATH

@@ -267,6 +267,29 @@ void drop_file(const kdtest::fs::path& file, const std::string& text) {  // as a
 }
 }  // namespace
 
+TEST_CASE("watch: fragments (<key>.json.d/*.json) written into a new or an existing fragment dir are served") {
+  TempDir dir;
+  const std::string file = "cpu/rmsnorm/" + norm_file("64", "fp32");
+  kdtest::write_text(dir / file, R"({"8": {"variant": "rmsnorm_fp32__vec", "vec": 4, "unroll": 1}})");
+  auto rt = watched(dir.str());
+  const LookupQuery q8{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8};
+  const LookupQuery q32{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 32};
+  const LookupQuery q64{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 64};
+  REQUIRE(lookup(*rt, q8)->match == LookupResult::Match::exact);
+  // A writer where flock is not honoured: the fragment dir made, then its file.
+  kdtest::fs::create_directories(dir / (file + ".d"));
+  drop_file(dir / (file + ".d/host-1.json"),
+            R"({"8": {"variant": "rmsnorm_fp32__ref"}, "32": {"variant": "rmsnorm_fp32__ref"}})");
+  CHECK(hit_within(*rt, q32, 10.0));
+  CHECK(lookup(*rt, q32)->source == file + ".d/host-1.json");
+  // M = 8 is in both: the main file's row serves.
+  CHECK(config_to_json(lookup(*rt, q8)->config) == R"({"variant": "rmsnorm_fp32__vec", "vec": 4, "unroll": 1})");
+  CHECK(lookup(*rt, q8)->source == file);
+  drop_file(dir / (file + ".d/host-2.json"), R"({"64": {"variant": "rmsnorm_fp32__ref"}})");
+  CHECK(hit_within(*rt, q64, 10.0));
+  CHECK(lookup(*rt, q64)->source == file + ".d/host-2.json");
+}
+
 TEST_CASE("watch: an event storm does not postpone the reload (issue 20 item 2)") {
   // Before: every event restarted the 100 ms quiet period, so events every
   // 20 ms (any file, even not *.json) postponed the reload until they stopped.

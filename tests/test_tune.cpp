@@ -31,6 +31,7 @@
 #include "backends/registry.hpp"
 #include "ops/specs.hpp"
 #include "dispatch/dispatch.hpp"
+#include "locking_util.hpp"
 #include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
 #include "store/writer.hpp"
@@ -466,7 +467,12 @@ TEST_CASE("a stale persisted result is never served: one test per fingerprint ax
   CHECK_FALSE(rt3->load_report().files[0].stale);
 }
 
-TEST_CASE("C10 a two processes persisting into one file at the same moment lose nothing (50 rounds)") {
+// On both writer schemes (tests/locking_util.hpp): one file merged under
+// its flock, or each process's own fragment, which the loader reads with
+// the others as one table.
+TEST_CASE_TEMPLATE("C10 a two processes persisting into one file at the same moment lose nothing (50 rounds)", T,
+                   FlockScheme, FragmentScheme) {
+  kdtest::WriterScheme scheme(T::fragments);
   TempDir cache;
   const std::string rel = "cpu/gemm/N=8,K=8,device_name=CPU_test,dtype=fp32.json";
   const store::Fingerprint& fp = store::cpu_fingerprint();
@@ -495,15 +501,26 @@ TEST_CASE("C10 a two processes persisting into one file at the same moment lose 
       REQUIRE(::waitpid(kid, &status, 0) == kid);
       REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
     }
-    std::string text = kdtest::read_text(cache / rel);
-    text.append(store::json_padding(), '\0');
-    const store::ParsedFile pf = store::parse_config_json(text.data(), text.size() - store::json_padding());
-    REQUIRE(pf.kind == store::ParsedFile::Kind::table);
     std::vector<int64_t> ms;
-    for (const auto& r : pf.rows) ms.push_back(r.m);
-    for (int k = 0; k < 2; ++k)
-      REQUIRE_MESSAGE(std::find(ms.begin(), ms.end(), 1000 * round + k + 1) != ms.end(), "round ", round, " lost key ", k);
-    REQUIRE(ms.size() == static_cast<size_t>(2 * (round + 1)));  // and every earlier round's rows
+    if (T::fragments) {
+      // No table file; one fragment per writer process, each with its row.
+      REQUIRE_FALSE(kdtest::fs::exists(cache / rel));
+      REQUIRE(std::distance(kdtest::fs::directory_iterator(cache / (rel + ".d")), kdtest::fs::directory_iterator()) == 2 * (round + 1));
+    } else {
+      std::string text = kdtest::read_text(cache / rel);
+      text.append(store::json_padding(), '\0');
+      const store::ParsedFile pf = store::parse_config_json(text.data(), text.size() - store::json_padding());
+      REQUIRE(pf.kind == store::ParsedFile::Kind::table);
+      for (const auto& r : pf.rows) ms.push_back(r.m);
+      std::sort(ms.begin(), ms.end());
+      for (int k = 0; k < 2; ++k)
+        REQUIRE_MESSAGE(std::find(ms.begin(), ms.end(), 1000 * round + k + 1) != ms.end(), "round ", round, " lost key ", k);
+    }
+    // What the loader serves: every row of every round, exactly.
+    std::vector<int64_t> want;
+    for (int r = 0; r <= round; ++r) want.insert(want.end(), {1000 * r + 1, 1000 * r + 2});
+    if (!T::fragments) REQUIRE(ms == want);
+    REQUIRE(kdtest::served_ms(cache.str()) == want);
   }
 }
 

@@ -133,9 +133,31 @@ struct RuntimeOptions {
 /// KDISPATCH_BACKEND_VERSION, KDISPATCH_LOG_LEVEL (off|error|warn|info|debug),
 /// KDISPATCH_WATCH, KDISPATCH_FORCE, KDISPATCH_DETERMINISTIC, KDISPATCH_TUNE
 /// (off|sync|background), KDISPATCH_CACHE_DIR, KDISPATCH_TUNE_MEM (bytes,
-/// K/M/G suffixes), KDISPATCH_TUNE_BUDGET_MS. Errors: invalid_argument
-/// naming the variable and its value.
+/// K/M/G suffixes), KDISPATCH_TUNE_BUDGET_MS; KDISPATCH_CACHE_LOCKING
+/// (auto|flock|fragments) is checked here and read by the writer
+/// (cache_locking). Errors: invalid_argument naming the variable and its
+/// value.
 KDISPATCH_API Result<RuntimeOptions> options_from_env(RuntimeOptions base = {}) noexcept;
+
+/// How tuning results are written into a cache or emit dir
+/// (docs/tuning.md#storage-a-cluster-shares).
+struct CacheLocking {
+  /// false: each <key>.json is merged under a per-file flock; true: each
+  /// process writes its own fragment <key>.json.d/<host>-<pid>.json, which
+  /// the loader reads together with <key>.json as one table.
+  bool fragments = false;
+  /// Why: what the flock check saw, or "KDISPATCH_CACHE_LOCKING=...".
+  std::string reason;
+};
+
+/// The scheme the writer uses in `dir`: KDISPATCH_CACHE_LOCKING=flock or
+/// =fragments forces one; otherwise (unset, "auto") a check that a second
+/// exclusive flock on one file is refused while the first is held, run
+/// once per process per dir and cached. The check creates `dir` (0700) if
+/// absent and a probe file in it, removed at once. Errors:
+/// invalid_argument for another KDISPATCH_CACHE_LOCKING value, io_error
+/// naming the probe file when it cannot be created (a read-only dir).
+KDISPATCH_API Result<CacheLocking> cache_locking(const std::string& dir) noexcept;
 
 /// Tuning counters of a runtime (a snapshot; values only grow).
 struct TuneStats {

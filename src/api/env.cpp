@@ -13,6 +13,7 @@
 #include "api/runtime_parts.hpp"
 #include "dispatch/runtime.hpp"
 #include "store/filename.hpp"
+#include "store/private_fs.hpp"
 
 namespace dispatch {
 namespace {
@@ -141,6 +142,11 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
       else return bad_env("KDISPATCH_TUNE", s, "off|sync|background");
     }
     if (const char* v = env("KDISPATCH_CACHE_DIR")) o.tune.cache_dir = v;
+    if (const char* v = env("KDISPATCH_CACHE_LOCKING")) {  // read by the writer (store::locking_scheme)
+      const std::string s = v;
+      if (s != "auto" && s != "flock" && s != "fragments")
+        return bad_env("KDISPATCH_CACHE_LOCKING", s, "auto, flock or fragments");
+    }
     if (const char* v = env("KDISPATCH_TUNE_MEM"))
       if (!parse_bytes(v, &o.tune.memory_budget_bytes)) return bad_env("KDISPATCH_TUNE_MEM", v, "bytes, e.g. 512M or 2G");
     if (const char* v = env("KDISPATCH_TUNE_BUDGET_MS")) {
@@ -165,6 +171,16 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
     return o;
   } catch (...) {
     return make_status(StatusCode::out_of_memory, "reading the environment");
+  }
+}
+
+Result<CacheLocking> cache_locking(const std::string& dir) noexcept {
+  try {
+    store::LockingScheme ls;
+    if (Status s = store::locking_scheme(dir, &ls); !s.ok()) return s;
+    return CacheLocking{ls.fragments, std::move(ls.reason)};
+  } catch (...) {
+    return make_status(StatusCode::out_of_memory, "checking flock on '" + dir + "'");
   }
 }
 

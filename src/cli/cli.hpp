@@ -217,6 +217,9 @@ int run_lookup(const LookupOptions& o);
 struct MergeOptions {
   std::vector<std::string> sources;  ///< emit dirs, in --prefer order
   std::string out;
+  /// --compact DIR: merge DIR's fragments (<key>.json.d/*.json) into their
+  /// <key>.json in place and remove them (instead of sources and --out).
+  std::string compact;
   bool prefer = false;  ///< a conflict keeps the first source's config
   /// A conflict keeps the config that is fastest on this machine
   /// (dispatch::time_configs); exclusive with prefer.
@@ -234,6 +237,10 @@ int run_merge(const MergeOptions& o);
 /// Options of `kdispatch validate`.
 struct ValidateOptions {
   std::vector<std::string> dirs;
+  /// --cache: a tuning cache or emit dir, read as the runtime reads its
+  /// cache (every own-op file and fragment checked against this build's
+  /// fingerprint: a stale one is skipped), with the scheme its writes use.
+  std::string cache;
   std::string backend_version;
   bool json = false;
 };

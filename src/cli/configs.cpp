@@ -4,6 +4,7 @@
 // load report of config dirs). Both load only the dirs given, never the
 // shipped configs.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -112,17 +113,44 @@ int run_lookup(const LookupOptions& o) {
 }
 
 int run_validate(const ValidateOptions& o) {
+  if (o.dirs.empty() && o.cache.empty()) {
+    std::fprintf(stderr, "kdispatch validate: name config dirs, or a cache dir with --cache\n");
+    return kExitUsage;
+  }
   dsp::RuntimeOptions ro;
   ro.config_dirs = o.dirs;
   ro.load_shipped_configs = false;
   ro.backend_version = o.backend_version;
   ro.log_level = dsp::LogLevel::off;  // the report below is the output
+  std::string locking;                // --cache: how its writes are made
+  if (!o.cache.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.cache, ec)) {
+      std::fprintf(stderr, "kdispatch validate: --cache '%s' is not a directory\n", o.cache.c_str());
+      return kExitUsage;
+    }
+    ro.tune.cache_dir = o.cache;
+    ro.tune.load_cache = true;
+    ro.tune.persist = false;
+    auto cl = dsp::cache_locking(o.cache);
+    locking = !cl.ok() ? "not checked: " + cl.status().message()
+              : cl->fragments
+                  ? "per-process fragments (<key>.json.d/<host>-<pid>.json; compact them with kdispatch merge): " +
+                        cl->reason
+                  : "flock (each <key>.json merged under its lock file): " + cl->reason;
+  }
   auto rt = dsp::Runtime::create(ro);
   if (!rt.ok()) return runtime_error_exit("validate", rt.status());
   const dsp::LoadReport rep = (*rt)->load_report();
   const int exit_code = rep.all_usable() ? kExitOk : kExitFailure;
   if (o.json) {
-    std::printf("%s\n", rep.to_json().c_str());
+    std::string text = rep.to_json();
+    if (!o.cache.empty() && !text.empty() && text.back() == '}') {
+      dsp::core::JsonWriter w;
+      w.begin_object().field("dir", o.cache).field("writes", locking).end_object();
+      text.insert(text.size() - 1, ", \"cache\": " + w.take());
+    }
+    std::printf("%s\n", text.c_str());
     return exit_code;
   }
 
@@ -130,7 +158,7 @@ int run_validate(const ValidateOptions& o) {
   for (const dsp::FileReport& f : rep.files) {
     counts[static_cast<int>(f.state)]++;
     unknown += f.unknown_device;
-    const std::string path = o.dirs.size() > 1 ? f.dir + ": " + f.path : f.path;
+    const std::string path = o.dirs.size() + !o.cache.empty() > 1 ? f.dir + ": " + f.path : f.path;
     const std::string state(dsp::file_state_name(f.state));
     if (f.state == dsp::FileReport::State::skipped)
       std::printf("%-8s %s\n", state.c_str(), path.c_str());
@@ -140,6 +168,7 @@ int run_validate(const ValidateOptions& o) {
     for (const std::string& p : f.problems) std::printf("           - %s\n", p.c_str());
   }
   for (const std::string& n : rep.notes) std::printf("note: %s\n", n.c_str());
+  if (!o.cache.empty()) std::printf("cache dir %s: writes use %s\n", o.cache.c_str(), locking.c_str());
   std::printf("%zu files: %lld loaded, %lld partial, %lld skipped; %lld unknown-device files; %lld keys, %lld rows\n",
               rep.files.size(), (long long)counts[0], (long long)counts[1], (long long)counts[2], (long long)unknown,
               (long long)rep.keys, (long long)rep.rows);

@@ -282,7 +282,12 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
 CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
   CLI::App* validate = app.add_subcommand(
       "validate", "Load config dirs and print the load report: per file loaded/partial/skipped and its problems.");
-  validate->add_option("dirs", vo.dirs, "Config dirs (read recursively)")->type_name("DIR...")->required();
+  validate->add_option("dirs", vo.dirs, "Config dirs (read recursively)")->type_name("DIR...");
+  validate->add_option("--cache", vo.cache,
+                       "A tuning cache or emit dir: read as the tuning cache is (a file or fragment written by "
+                       "another build is skipped as stale), and say how writes into it are made (flock, or "
+                       "per-process fragments where flock is not honoured)")
+      ->type_name("DIR");
   validate->add_option("--backend-version", vo.backend_version,
                        "Kernel compiler version for triton_X_Y_Z/ folders, e.g. 3.5.1");
   validate->add_flag("--json", vo.json, "Print the report as JSON");
@@ -290,6 +295,7 @@ CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
       "Examples:\n"
       "  kdispatch validate configs/\n"
       "  kdispatch validate sglang-configs --backend-version 3.5.1 --json\n"
+      "  kdispatch validate --cache ~/.cache/kdispatch\n"
       "Exit codes: 0 every file usable, 1 some file skipped, 2 bad argument.");
   return validate;
 }
@@ -303,11 +309,18 @@ CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
       "reported, never mixed; the same M with different configs is refused unless --prefer keeps the first source's "
       "or --retime times them on this machine and keeps the faster (every candidate is recorded in the table's "
       "metadata). The output is canonical: without --prefer, the same bytes for any order of the sources (under "
-      "--retime, but for the retimed times, as long as they pick the same configs).");
+      "--retime, but for the retimed times, as long as they pick the same configs). A source's fragments "
+      "(<key>.json.d/*.json, written where flock is not honoured) are read with their <key>.json as more sources "
+      "of that table (for --prefer: after it, by name), so the output holds one file per key.");
   merge->add_option("sources", mo.sources, "Emit dirs (kdispatch tune --emit), in --prefer order")
-      ->type_name("SRC...")
-      ->required();
-  merge->add_option("--out", mo.out, "Dir the merged tables are written to (created)")->type_name("DIR")->required();
+      ->type_name("SRC...");
+  merge->add_option("--out", mo.out, "Dir the merged tables are written to (created)")->type_name("DIR");
+  merge->add_option("--compact", mo.compact,
+                    "Instead of sources and --out: merge each table's fragments in DIR into its <key>.json in place "
+                    "(the same rules; --prefer keeps the main file's row, as the loader serves) and remove the "
+                    "fragments merged; a fragment its writer rewrote meanwhile is kept. One compaction of a dir at a "
+                    "time (DIR/.kdispatch-compact.lock)")
+      ->type_name("DIR");
   merge->add_flag("--prefer", mo.prefer, "A conflict keeps the config of the source listed first");
   merge->add_flag("--retime", mo.retime,
                   "A conflict keeps the config that is fastest on this machine: each candidate config validated "
@@ -332,6 +345,7 @@ CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
       "  kdispatch tune --shapes grid.csv --op gemm --emit shard1 --shard 1/2   # on host B\n"
       "  kdispatch merge --out configs-merged shard0 shard1 && kdispatch validate configs-merged\n"
       "  kdispatch merge --retime --out configs-merged run-a run-b   # conflicts timed here (a GPU table: on its GPU)\n"
+      "  kdispatch merge --compact /nfs/kdispatch-emit   # fragments into their <key>.json, in place\n"
       "Exit codes: 0 every table merged, 1 some table refused or file skipped, 2 bad argument.");
   return merge;
 }

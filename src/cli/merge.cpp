@@ -25,6 +25,12 @@
 //     differs from the reference's). Sources of another build (fingerprint)
 //     are retimed when every candidate passes that: the check is the
 //     configs', not the fingerprint's.
+// Fragments: a source's <key>.json.d/<name>.json (written where flock is not
+// honoured) are more sources of its table <key>.json, labelled
+// "<SRC> (fragment <name>)"; for --prefer a source's main file comes first,
+// then its fragments by name. --compact DIR merges DIR's fragments into their
+// main files in place (compact_table says how that stays safe with writers
+// running).
 // Output: canonical, as the tuner writes a table (the metadata first, then
 // the rows by ascending M, one per line), configs as their sources wrote
 // them (minified), the metadata's maps sorted, no timestamps: without
@@ -33,9 +39,15 @@
 // same configs); each file written atomically (temp file, fsync, rename).
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -64,13 +76,22 @@ struct Candidate {
   size_t source = 0;   ///< index into the source list
   std::string config;  ///< minified JSON
   double us = 0, default_us = 0;
+  /// The source dir as given, or for a fragment "<dir> (fragment <name>)":
+  /// what reports and the metadata name. Within one source the main file's
+  /// label sorts before its fragments', and the fragments' by name.
+  std::string label;
 };
 
 struct Table {
-  std::map<std::string, std::vector<size_t>> fingerprints;  ///< minified fingerprint -> sources
+  std::map<std::string, std::set<std::string>> fingerprints;  ///< minified fingerprint -> labels
   std::map<std::string, int64_t> schema;                     ///< variant -> schema version (union)
   std::map<int64_t, std::vector<Candidate>> rows;
   std::vector<std::string> problems;
+  /// --compact: the bytes read of the main file ("" with has_main false)
+  /// and of each fragment read (path, bytes).
+  bool has_main = false;
+  std::string main_bytes;
+  std::vector<std::pair<fs::path, std::string>> fragments;
 };
 
 bool parse_m(std::string_view k, int64_t* m) {
@@ -93,10 +114,14 @@ double number_at(dom::element obj, std::string_view key) {
   return v;
 }
 
-/// Reads one source file into its table; a problem text when it is not a table.
-std::string read_table(const fs::path& file, size_t source, dom::parser& parser, Table* t) {
+/// Reads one source file (a table file or a fragment of one, named `label`)
+/// into its table; a problem text when it is not a table.
+/// `*bytes` (optional) receives the bytes read.
+std::string read_table(const fs::path& file, size_t source, const std::string& label, dom::parser& parser, Table* t,
+                       std::string* bytes = nullptr) {
   simdjson::padded_string text;
   if (simdjson::padded_string::load(file.string()).get(text) != simdjson::SUCCESS) return "cannot read";
+  if (bytes) bytes->assign(text.data(), text.size());
   dom::element doc;
   if (auto err = parser.parse(text).get(doc); err != simdjson::SUCCESS)
     return std::string("not JSON: ") + simdjson::error_message(err);
@@ -129,14 +154,14 @@ std::string read_table(const fs::path& file, size_t source, dom::parser& parser,
     if (!parse_m(k, &m) || k.front() == '0' || !v.is_object())
       return "key '" + std::string(k) + "' is not a batch size as the tuner writes it (digits, an object)";
     if (!seen.insert(m).second) return "batch size " + std::to_string(m) + " appears twice";
-    Candidate c{source, simdjson::minify(v), 0, 0};
+    Candidate c{source, simdjson::minify(v), 0, 0, label};
     if (has_us) c.us = number_at(us, k);
     if (has_dus) c.default_us = number_at(dus, k);
     t->rows[m].push_back(std::move(c));
     ++n;
   }
   if (n == 0) return "no rows (not a config table)";
-  t->fingerprints[fp].push_back(source);
+  t->fingerprints[fp].insert(label);
   return {};
 }
 
@@ -236,10 +261,190 @@ std::string host_name() {
   return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("?");
 }
 
+// ---- --compact
+
+/// The whole file at `p`; false when it cannot be read (*missing: absent).
+bool read_bytes(const fs::path& p, std::string* out, bool* missing) {
+  *missing = false;
+  out->clear();
+  const int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    *missing = errno == ENOENT;
+    return false;
+  }
+  char buf[65536];
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      ::close(fd);
+      return r == 0;
+    }
+    out->append(buf, static_cast<size_t>(r));
+  }
+}
+
+void fsync_dir(const fs::path& dir) {
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+/// One compaction of a dir at a time: "<dir>/.kdispatch-compact.lock",
+/// created O_EXCL (atomic on NFS and Lustre too, where flock may not be
+/// honoured), holding "<pid> <host>"; one left by a dead process of this
+/// host is taken over. "" when held, else why not.
+std::string take_compact_lock(const fs::path& path) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      const std::string body = std::to_string(::getpid()) + " " + host_name() + "\n";
+      const bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size());
+      ::close(fd);
+      if (ok) return {};
+      ::unlink(path.c_str());
+      return "cannot write " + path.string();
+    }
+    if (errno != EEXIST) return "cannot create " + path.string() + ": " + std::strerror(errno);
+    std::string body;
+    bool missing = false;
+    if (!read_bytes(path, &body, &missing) && missing) continue;
+    long pid = 0;
+    char host[256] = {0};
+    if (std::sscanf(body.c_str(), "%ld %255s", &pid, host) == 2 && host == host_name() && pid > 0 &&
+        ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      ::unlink(path.c_str());  // its compaction died
+      continue;
+    }
+    return "another compaction holds " + path.string() + " (" + (body.empty() ? std::string("empty") : body.substr(0, body.find('\n'))) +
+           "); if none runs, remove it";
+  }
+  return "cannot take " + path.string();
+}
+
+/// The flock writers' lock on a table file (store/private_fs.hpp's
+/// protocol: ".<name>.lock" beside it, opened without following a link,
+/// re-checked to be the file at that name after flock, removed by its
+/// holder before unlocking): where flock works, a compaction never
+/// overwrites rows such a writer merged in meanwhile.
+class TableLock {
+ public:
+  ~TableLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  std::string acquire(const fs::path& table) {
+    path_ = table.parent_path() / ("." + table.filename().string() + ".lock");
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+      if (fd < 0) return "cannot open lock file " + path_.string() + ": " + std::strerror(errno);
+      struct stat mine {}, now {};
+      if (::fstat(fd, &mine) != 0 || !S_ISREG(mine.st_mode)) {
+        ::close(fd);
+        return "lock file " + path_.string() + " is not a regular file";
+      }
+      int r;
+      while ((r = ::flock(fd, LOCK_EX)) != 0 && errno == EINTR) {
+      }
+      if (r != 0) {
+        const int e = errno;
+        ::close(fd);
+        ::unlink(path_.c_str());
+        if (e == ENOSYS || e == ENOLCK || e == EOPNOTSUPP) return {};  // no flock here: no flock writers either
+        return "cannot lock " + path_.string() + ": " + std::strerror(e);
+      }
+      if (::lstat(path_.c_str(), &now) == 0 && now.st_dev == mine.st_dev && now.st_ino == mine.st_ino) {
+        fd_ = fd;
+        return {};
+      }
+      ::close(fd);
+    }
+    return "cannot lock " + path_.string() + ": it keeps being replaced";
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+/// Compacts one table in place: its main file `main` becomes `text` (the
+/// merge of the main file and the fragments as `t` read them), then each
+/// fragment read is removed if it still holds the bytes that were merged.
+/// A fragment's writer may have replaced it meanwhile: it is first renamed
+/// to a hidden claim name (after which its writer makes a new one), and a
+/// claim whose bytes differ is put back (linked to its old name when that
+/// is free, else to "<name>.unmerged-<host>-<pid>.json"): nothing a writer
+/// wrote is lost, and the next compaction takes it. "" or why the table was
+/// left as it was; `*kept` counts fragments put back.
+std::string compact_table(const fs::path& main, const Table& t, const std::string& text, int* kept) {
+  *kept = 0;
+  TableLock lock;
+  if (std::string err = lock.acquire(main); !err.empty()) return err;
+  std::string now;
+  bool missing = false;
+  if (!read_bytes(main, &now, &missing) && !missing) return "cannot read " + main.string();
+  if (missing == t.has_main || now != t.main_bytes)
+    return main.string() + " changed while it was read: left as it was; run the compaction again";
+  if (std::string err = write_atomic(main, text); !err.empty()) return err;
+  // Test-only: a writer rewriting a fragment between its read and its claim
+  // (KDISPATCH_TEST_COMPACT_REPLACE=<file>: that file's bytes, as its writer
+  // would put them there: temp file, rename).
+  if (const char* with = std::getenv("KDISPATCH_TEST_COMPACT_REPLACE"); with && *with && !t.fragments.empty()) {
+    std::string bytes;
+    bool gone = false;
+    if (read_bytes(with, &bytes, &gone)) (void)write_atomic(t.fragments.front().first, bytes);
+  }
+  std::set<fs::path> dirs;
+  for (const auto& [frag, bytes] : t.fragments) {
+    const fs::path claim = frag.parent_path() / ("." + frag.filename().string() + ".compacting-" + std::to_string(::getpid()));
+    dirs.insert(frag.parent_path());
+    if (::rename(frag.c_str(), claim.c_str()) != 0) continue;  // gone: nothing to remove
+    std::string claimed;
+    bool gone = false;
+    if (read_bytes(claim, &claimed, &gone) && claimed == bytes) {
+      ::unlink(claim.c_str());
+      continue;
+    }
+    // Its writer replaced it after it was read: keep what it holds, under
+    // its name when that is free (link never replaces), else under a name
+    // only compactions make (and they run one at a time).
+    ++*kept;
+    if (::link(claim.c_str(), frag.c_str()) == 0) {
+      ::unlink(claim.c_str());
+      continue;
+    }
+    fs::path aside;
+    struct stat st {};
+    for (int i = 0; aside.empty() || ::lstat(aside.c_str(), &st) == 0; ++i)
+      aside = frag.parent_path() / (frag.stem().string() + ".unmerged-" + host_name() + "-" +
+                                    std::to_string(::getpid()) + (i ? "-" + std::to_string(i) : "") + ".json");
+    if (::rename(claim.c_str(), aside.c_str()) != 0)
+      return "cannot put back " + claim.string() + " as " + aside.string() + ": " + std::strerror(errno);
+  }
+  for (const fs::path& d : dirs) fsync_dir(d);
+  return {};
+}
+
 }  // namespace
 
-int run_merge(const MergeOptions& o) {
+int run_merge(const MergeOptions& options) {
   const char* cmd = "kdispatch merge";
+  MergeOptions o = options;
+  const bool compact = !o.compact.empty();
+  if (compact) {
+    if (!o.sources.empty() || !o.out.empty()) {
+      std::fprintf(stderr, "%s: --compact DIR merges DIR's fragments in place: no source dirs and no --out with it\n",
+                   cmd);
+      return kExitUsage;
+    }
+    o.sources = {o.compact};
+  } else if (o.out.empty()) {
+    std::fprintf(stderr, "%s: --out DIR is required (or --compact DIR)\n", cmd);
+    return kExitUsage;
+  }
   if (o.sources.empty()) {
     std::fprintf(stderr, "%s: no source dirs\n", cmd);
     return kExitUsage;
@@ -279,12 +484,13 @@ int run_merge(const MergeOptions& o) {
     return timing_rt.get();
   };
   std::error_code ec;
-  const fs::path out_abs = fs::weakly_canonical(fs::absolute(o.out, ec), ec);
+  const fs::path out_abs = compact ? fs::path() : fs::weakly_canonical(fs::absolute(o.out, ec), ec);
   for (const std::string& s : o.sources) {
     if (!fs::is_directory(s, ec)) {
       std::fprintf(stderr, "%s: source '%s' is not a directory\n", cmd, s.c_str());
       return kExitUsage;
     }
+    if (compact) continue;
     // --out below a source would be read back as part of it on the next run.
     const fs::path src_abs = fs::weakly_canonical(fs::absolute(s, ec), ec);
     const auto rel = out_abs.lexically_relative(src_abs);
@@ -293,6 +499,21 @@ int run_merge(const MergeOptions& o) {
                    o.out.c_str(), s.c_str());
       return kExitUsage;
     }
+  }
+  // --compact: one compaction of the dir at a time (released on return).
+  struct CompactLock {
+    fs::path path;
+    ~CompactLock() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } compact_lock;
+  if (compact) {
+    const fs::path lock = fs::path(o.compact) / ".kdispatch-compact.lock";
+    if (std::string why = take_compact_lock(lock); !why.empty()) {
+      std::fprintf(stderr, "%s: --compact %s: %s\n", cmd, o.compact.c_str(), why.c_str());
+      return kExitFailure;
+    }
+    compact_lock.path = lock;
   }
   // ---- read every source's tables
   std::map<std::string, Table> tables;  // rel path -> table
@@ -305,15 +526,35 @@ int run_merge(const MergeOptions& o) {
       const fs::path& p = it->path();
       if (!it->is_regular_file() || p.extension() != ".json" || p.filename().string().front() == '.') continue;
       const std::string rel = fs::relative(p, root).generic_string();
-      if (std::string why = read_table(p, si, parser, &tables[rel]); !why.empty())
+      // A fragment <key>.json.d/<name>.json (written where flock is not
+      // honoured) is part of the table <key>.json.
+      std::string table = rel, label = o.sources[si];
+      const std::string folder = p.parent_path().filename().string();
+      const bool fragment = folder.size() > 7 && folder.compare(folder.size() - 7, 7, ".json.d") == 0;
+      if (fragment) {
+        table = fs::relative(p.parent_path(), root).generic_string();
+        table.resize(table.size() - 2);
+        label += " (fragment " + p.filename().string() + ")";
+      }
+      Table& t = tables[table];
+      std::string bytes;
+      if (std::string why = read_table(p, si, label, parser, &t, compact ? &bytes : nullptr); !why.empty()) {
         unreadable.push_back(o.sources[si] + "/" + rel + ": " + why);
+      } else if (compact && fragment) {
+        t.fragments.emplace_back(p, std::move(bytes));
+      } else if (compact) {
+        t.has_main = true;
+        t.main_bytes = std::move(bytes);
+      }
     }
   }
+  std::sort(unreadable.begin(), unreadable.end());
   // ---- merge table by table
-  int written = 0, refused = 0, rows_out = 0, conflicts_total = 0;
+  int written = 0, refused = 0, rows_out = 0, conflicts_total = 0, fragments_merged = 0, fragments_kept = 0;
   std::vector<std::string> report;
   for (auto& [rel, t] : tables) {
     if (t.rows.empty()) continue;
+    if (compact && t.fragments.empty()) continue;  // a table without fragments stays as it is
     if (t.fingerprints.size() == 1 && t.fingerprints.begin()->first.front() == '(') {
       report.push_back(rel + ": refused: not written by kdispatch (no fingerprint); merge combines tuned tables");
       ++refused;
@@ -321,9 +562,9 @@ int run_merge(const MergeOptions& o) {
     }
     if (t.fingerprints.size() > 1) {
       std::string why = rel + ": refused: the sources were tuned by different builds or devices (fingerprints:";
-      for (const auto& [fp, srcs] : t.fingerprints) {
+      for (const auto& [fp, labels] : t.fingerprints) {
         why += " [";
-        for (size_t i = 0; i < srcs.size(); ++i) why += (i ? ", " : "") + o.sources[srcs[i]];
+        for (const std::string& l : labels) why += (why.back() == '[' ? "" : ", ") + l;
         why += "] " + fp;
       }
       report.push_back(why + "); never mixed");
@@ -354,11 +595,11 @@ int run_merge(const MergeOptions& o) {
         if (cu != bu) return cu < bu;
         const double cd = c->default_us > 0 ? c->default_us : 1e300, bd = b->default_us > 0 ? b->default_us : 1e300;
         if (cd != bd) return cd < bd;
-        return o.sources[c->source] < o.sources[b->source];
+        return c->label < b->label;
       };
       const auto sources_of = [&](const std::string& config) {
         std::set<std::string> names;  // sorted: the same text for any order of the sources
-        for (const Candidate* c : by_config[config]) names.insert(o.sources[c->source]);
+        for (const Candidate* c : by_config[config]) names.insert(c->label);
         std::string text;
         for (const std::string& n : names) text += (text.empty() ? "" : ", ") + n;
         return text;
@@ -371,7 +612,7 @@ int run_merge(const MergeOptions& o) {
         ++n_conflicts;
         if (o.prefer) {
           for (const Candidate& c : cands)
-            if (!pick || c.source < pick->source) pick = &c;
+            if (!pick || c.source < pick->source || (c.source == pick->source && c.label < pick->label)) pick = &c;
         } else if (o.retime) {
           if (!retime_checked) {
             retime_checked = true;
@@ -460,13 +701,13 @@ int run_merge(const MergeOptions& o) {
         std::vector<const Candidate*> all;
         for (const Candidate& c : cands) all.push_back(&c);
         std::sort(all.begin(), all.end(), [&](const Candidate* a, const Candidate* b) {
-          return a->config != b->config ? a->config < b->config : o.sources[a->source] < o.sources[b->source];
+          return a->config != b->config ? a->config < b->config : a->label < b->label;
         });
         conflicts.key(std::to_string(m)).begin_object();
-        if (pick) conflicts.field("kept", o.sources[pick->source]).field("by", o.prefer ? "prefer" : "retime");
+        if (pick) conflicts.field("kept", pick->label).field("by", o.prefer ? "prefer" : "retime");
         conflicts.key("candidates").begin_array();
         for (const Candidate* c : all) {
-          conflicts.begin_object().field("source", o.sources[c->source]).key("config").json(c->config);
+          conflicts.begin_object().field("source", c->label).key("config").json(c->config);
           if (c->us > 0) conflicts.field("us", std::round(c->us * 1000.0) / 1000.0);
           if (pick && o.retime) conflicts.field("retimed_us", std::round(retimed[c->config] * 1000.0) / 1000.0);
           conflicts.end_object();
@@ -522,7 +763,20 @@ int run_merge(const MergeOptions& o) {
     std::string text = "{\n    \"kdispatch\": " + w.take();
     for (const auto& [m, c] : kept) text += ",\n    \"" + std::to_string(m) + "\": " + c->config;
     text += "\n}\n";
-    if (std::string err = write_atomic(fs::path(o.out) / rel, text); !err.empty()) {
+    if (compact) {
+      int kept_back = 0;
+      if (std::string err = compact_table(fs::path(o.compact) / rel, t, text, &kept_back); !err.empty()) {
+        report.push_back(rel + ": refused: " + err);
+        ++refused;
+        continue;
+      }
+      fragments_merged += static_cast<int>(t.fragments.size()) - kept_back;
+      fragments_kept += kept_back;
+      if (kept_back)
+        report.push_back(rel + ": " + std::to_string(kept_back) +
+                         " fragment(s) were rewritten by their writer while compacting: kept (their earlier rows are "
+                         "merged); run the compaction again");
+    } else if (std::string err = write_atomic(fs::path(o.out) / rel, text); !err.empty()) {
       report.push_back(rel + ": " + err);
       ++refused;
       continue;
@@ -536,8 +790,14 @@ int run_merge(const MergeOptions& o) {
   }
   for (const std::string& u : unreadable) std::fprintf(stderr, "%s: skipped %s\n", cmd, u.c_str());
   for (const std::string& r : report) std::fprintf(stderr, "%s: %s\n", cmd, r.c_str());
-  std::printf("%d table(s) written to %s (%d rows, %d conflicts resolved), %d refused, %zu file(s) skipped\n", written,
-              o.out.c_str(), rows_out, conflicts_total, refused, unreadable.size());
+  if (compact)
+    std::printf("%d table(s) compacted in %s (%d rows, %d conflicts resolved, %d fragment(s) merged and removed, %d "
+                "kept), %d refused, %zu file(s) skipped\n",
+                written, o.compact.c_str(), rows_out, conflicts_total, fragments_merged, fragments_kept, refused,
+                unreadable.size());
+  else
+    std::printf("%d table(s) written to %s (%d rows, %d conflicts resolved), %d refused, %zu file(s) skipped\n",
+                written, o.out.c_str(), rows_out, conflicts_total, refused, unreadable.size());
   return refused > 0 || !unreadable.empty() ? kExitFailure : kExitOk;
 }
 

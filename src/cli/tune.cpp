@@ -591,6 +591,14 @@ void print_plan(const TuneCmdOptions& o, const char* cmd, const Shapes& sh, dsp:
                to.cold_cache ? ", cold cache" : ", warm cache", o.resume ? ", resuming" : "");
   for (const auto& [other, n] : sh.other_rows)
     std::fprintf(stderr, "  left out %lld rows of %s\n", (long long)n, other.c_str());
+  if (auto cl = dsp::cache_locking(o.emit); cl.ok())
+    std::fprintf(stderr, "  writes: %s (%s)\n",
+                 cl->fragments ? "per-process fragments <key>.json.d/<host>-<pid>.json (compact them with kdispatch "
+                                 "merge)"
+                               : "each <key>.json merged under its lock file",
+                 cl->reason.c_str());
+  else
+    std::fprintf(stderr, "  writes: none can be made: %s\n", cl.status().to_string().c_str());
   if (stale)
     std::fprintf(stderr,
                  "  note: %d file(s) in %s were written by another build (their fingerprint differs): their rows "

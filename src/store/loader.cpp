@@ -166,8 +166,18 @@ std::string report_path(const SourceDir& src, const fs::path& path, bool symlink
 // answer, found by string search on a plain path (fs::path splits the path
 // anew on every call: bench/bench_load.cpp); fs::path otherwise.
 struct PathNames {
-  std::string base, parent, grand;
+  std::string base, parent, grand, great;
 };
+// A fragment <dir>/<key>.json.d/<host>-<pid>.json (store/private_fs.hpp):
+// named as its table file <dir>/<key>.json, one folder up.
+void as_table_file(PathNames* n) {
+  constexpr std::string_view kFrag = ".json.d";
+  if (n->parent.size() <= kFrag.size() || n->parent.compare(n->parent.size() - kFrag.size(), kFrag.size(), kFrag) != 0)
+    return;
+  n->base = n->parent.substr(0, n->parent.size() - 2);
+  n->parent = std::move(n->grand);
+  n->grand = std::move(n->great);
+}
 PathNames path_names(const fs::path& path, bool plain_path) {
   PathNames n;
   if (!plain_path) {
@@ -175,6 +185,8 @@ PathNames path_names(const fs::path& path, bool plain_path) {
     n.base = path.filename().string();
     n.parent = parent.filename().string();
     n.grand = parent.parent_path().filename().string();
+    n.great = parent.parent_path().parent_path().filename().string();
+    as_table_file(&n);
     return n;
   }
   const std::string& native = path.native();
@@ -188,8 +200,14 @@ PathNames path_names(const fs::path& path, bool plain_path) {
       const size_t c = native.rfind('/', b - 1);
       const size_t c0 = c == std::string::npos ? 0 : c + 1;
       n.grand = native.substr(c0, b - c0);
+      if (c != std::string::npos && c > 0) {
+        const size_t d = native.rfind('/', c - 1);
+        const size_t d0 = d == std::string::npos ? 0 : d + 1;
+        n.great = native.substr(d0, c - d0);
+      }
     }
   }
+  as_table_file(&n);
   return n;
 }
 

@@ -11,6 +11,10 @@
 //    "fused_moe", and dense Triton GEMM tables (N=..,K=..,device_name=..,
 //    dtype=..[,block_shape=..]) as op "triton_gemm"; version folders
 //    triton_X_Y_Z/ are recognised anywhere in the tree;
+//  - fragments <file>.json.d/<name>.json (written where flock is not
+//    honoured: store/private_fs.hpp): read as the file <file>.json, each
+//    reported on its own; a table's rows on one M are served from the
+//    first file by path (the main file, then the fragments by name);
 //  - anything else (foreign JSON, bad names, unparsable files): skipped
 //    and reported.
 #pragma once

@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <vector>
 
 namespace dispatch::store {
@@ -298,6 +300,105 @@ std::string temp_name_for(std::string_view name) {
   for (char& c : host)
     if (c == '/') c = '_';
   return temp_prefix_for(name) + host + "." + std::to_string(::getpid()) + "." + hex;
+}
+
+namespace {
+
+std::mutex g_locking_mu;
+std::map<std::string, LockingScheme> g_locking;  // dir (lexically normal) -> the check's result
+int (*g_flock)(int, int) = nullptr;               // test hook
+
+// The check (see locking_scheme): the scheme and what was seen.
+Status check_flock(const std::string& dir, LockingScheme* out) {
+  DirFd d;
+  if (Status s = open_dir_below(dir, "", &d); !s.ok()) return s;
+  int (*lock)(int, int) = g_flock ? g_flock : &::flock;
+  const std::string name = temp_name_for("kdispatch-flock-probe");  // ".kdispatch-flock-probe.tmp.<host>.<pid>.<random>"
+  const std::string shown = (fs::path(dir) / name).string();
+  const int a = ::openat(d.get(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (a < 0)
+    return make_status(StatusCode::io_error, "cannot create the flock check's probe file '" + shown +
+                                                 "': " + std::string(std::strerror(errno)));
+  const int b = ::openat(d.get(), name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  const int open_errno = errno;
+  ::unlinkat(d.get(), name.c_str(), 0);  // the two descriptors keep the file while the check runs
+  if (b < 0) {
+    ::close(a);
+    return make_status(StatusCode::io_error, "cannot open the flock check's probe file '" + shown +
+                                                 "' a second time: " + std::string(std::strerror(open_errno)));
+  }
+  const std::string on = "on '" + dir + "'";
+  auto failed = [](const char* what) { return std::string(what) + " (" + std::strerror(errno) + ")"; };
+  out->fragments = true;
+  if (lock(a, LOCK_EX | LOCK_NB) != 0) {
+    out->reason = "flock is not available " + on + ": " + failed("an exclusive lock on a new file failed");
+  } else if (lock(b, LOCK_EX | LOCK_NB) == 0) {
+    out->reason = "flock is not honoured " + on +
+                  ": a second exclusive lock on one file was granted while the first was held";
+  } else if (errno != EWOULDBLOCK) {
+    out->reason = "flock is not usable " + on + ": " +
+                  failed("a second exclusive lock on one file failed other than by being refused");
+  } else if (lock(a, LOCK_UN) != 0 || lock(b, LOCK_EX | LOCK_NB) != 0) {
+    out->reason = "flock is not usable " + on + ": " + failed("a lock released was not granted to the next owner");
+  } else {
+    out->fragments = false;
+    out->reason = "flock is honoured " + on +
+                  " (a second exclusive lock on one file was refused while the first was held)";
+  }
+  ::close(b);
+  ::close(a);
+  return Status();
+}
+
+}  // namespace
+
+Status locking_scheme(const std::string& dir, LockingScheme* out, bool* checked_now) noexcept {
+  try {
+    if (checked_now) *checked_now = false;
+    const char* forced = env("KDISPATCH_CACHE_LOCKING");
+    const std::string f = forced ? forced : "auto";
+    if (f == "flock" || f == "fragments") {
+      out->fragments = f == "fragments";
+      out->reason = "KDISPATCH_CACHE_LOCKING=" + f;
+      return Status();
+    }
+    if (f != "auto")
+      return make_status(StatusCode::invalid_argument,
+                         "KDISPATCH_CACHE_LOCKING='" + f + "' is not valid (expected auto, flock or fragments)");
+    fs::path norm = fs::path(dir).lexically_normal();
+    if (!norm.has_filename() && norm.has_parent_path()) norm = norm.parent_path();  // "d/" is "d"
+    const std::string key = norm.string();
+    std::lock_guard<std::mutex> g(g_locking_mu);
+    if (auto it = g_locking.find(key); it != g_locking.end()) {
+      *out = it->second;
+      return Status();
+    }
+    LockingScheme r;
+    if (Status s = check_flock(dir, &r); !s.ok()) return s;
+    g_locking.emplace(key, r);
+    *out = std::move(r);
+    if (checked_now) *checked_now = true;
+    return Status();
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "checking flock on '" + dir + "'");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::io_error, "checking flock on '" + dir + "': " + e.what());
+  }
+}
+
+void set_flock_for_testing(int (*fn)(int, int)) noexcept {
+  std::lock_guard<std::mutex> g(g_locking_mu);
+  g_flock = fn;
+  g_locking.clear();
+}
+
+std::string fragment_name() {
+  std::string host = host_name();
+  for (char& c : host)
+    if (c == '/') c = '_';
+  if (host.empty()) host = "unknown-host";
+  if (host[0] == '.') host[0] = '_';  // a name starting with '.' is a temp file's
+  return host + "-" + std::to_string(::getpid()) + ".json";
 }
 
 }  // namespace dispatch::store

@@ -19,6 +19,8 @@
 //  - Temp files: `.<file>.tmp.<host>.<pid>.<random>`, O_CREAT|O_EXCL|
 //    O_NOFOLLOW, written only under the lock. Every temp file of a name that
 //    exists while its lock is held belongs to a dead writer, and is removed.
+//  - Where flock is not honoured (locking_scheme below), there are no lock
+//    files: each process writes only its own fragment file.
 #pragma once
 
 #include <string>
@@ -107,5 +109,49 @@ std::string temp_prefix_for(std::string_view name);
 
 /// This host's name (gethostname), "" when unknown.
 std::string host_name();
+
+/// How writers write into a cache or emit dir (docs/tuning.md#storage-a-cluster-shares).
+///  - flock (fragments = false): each <key>.json is merged under its lock
+///    file, as described above;
+///  - fragments: each process writes only its own fragment
+///    <key>.json.d/<host>-<pid>.json (the same table format, the same temp
+///    file + fsync + rename + dir fsync, its own previous rows merged in),
+///    with no lock; the loader reads <key>.json and its fragments as one
+///    table. For filesystems whose flock is not honoured (some NFS, Lustre
+///    and FUSE mounts grant it to everyone or refuse it).
+struct LockingScheme {
+  bool fragments = false;
+  std::string reason;  ///< the check's result, or the variable that forced it
+};
+
+/// The scheme of `dir`: KDISPATCH_CACHE_LOCKING=flock or =fragments forces
+/// one; unset or "auto" runs the flock check once per process per dir
+/// (cached): a probe file ".kdispatch-flock-probe.tmp.<host>.<pid>.<random>"
+/// is created in `dir` (made 0700 if absent) and opened a second time (two
+/// open file descriptions, which flock treats as two owners); an exclusive
+/// non-blocking flock on the first must be granted, one on the second
+/// refused with EWOULDBLOCK while the first is held, and granted once the
+/// first is released. Anything else (both granted, flock failing with
+/// ENOSYS, ENOLCK, EOPNOTSUPP, ...) selects fragments, and `reason` says
+/// what was seen. The probe file is unlinked as soon as it is open twice
+/// (a killed check leaves nothing). A filesystem whose locks are
+/// only local to a host (NFS mounted with `nolock`, Lustre's `localflock`)
+/// passes the check: force fragments there. `*checked_now` (optional) is
+/// set when this call ran the check (so that its result is logged once).
+/// Errors: invalid_argument naming KDISPATCH_CACHE_LOCKING for another
+/// value; io_error naming the probe file when it cannot be made.
+Status locking_scheme(const std::string& dir, LockingScheme* out, bool* checked_now = nullptr) noexcept;
+
+/// Test hook: the flock() the check calls (nullptr: the real one), e.g. one
+/// that grants every lock, as a filesystem that does not honour flock
+/// does. Also forgets the cached results of the check.
+void set_flock_for_testing(int (*fn)(int fd, int operation)) noexcept;
+
+/// This process's fragment file name: "<host>-<pid>.json" ('/' in the host
+/// name replaced by '_'; "unknown-host" when it has none).
+std::string fragment_name();
+
+/// The fragment dir of the table file `name` ("<key>.json" -> "<key>.json.d").
+inline std::string fragment_dir_for(std::string_view name) { return std::string(name) + ".d"; }
 
 }  // namespace dispatch::store

@@ -18,6 +18,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <simdjson.h>
 
 #include "core/json_write.hpp"
@@ -190,6 +191,43 @@ void remove_dead_temps(int dir_fd, const std::string& name) {
   for (const auto& f : dead) ::unlinkat(dir_fd, f.c_str(), 0);
 }
 
+// True when `pid` names no process of this host.
+bool pid_dead(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+// In a fragment dir, every file is written by one process: a temp file
+// ".<fragment>.tmp.<host>.<pid>.<random>" whose writer (host, pid) is a
+// process of this host that no longer exists is a dead writer's: removed.
+void remove_dead_fragment_temps(int dir_fd) {
+  const int fd = ::dup(dir_fd);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    return;
+  }
+  ::rewinddir(d);
+  std::string host = host_name();
+  for (char& c : host)
+    if (c == '/') c = '_';
+  std::vector<std::string> dead;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    const size_t rnd = n.rfind('.');
+    const size_t pid_at = rnd == std::string::npos || rnd == 0 ? std::string::npos : n.rfind('.', rnd - 1);
+    if (n[0] != '.' || pid_at == std::string::npos || pid_at < host.size() + 5) continue;
+    if (n.compare(pid_at - host.size() - 5, host.size() + 5, ".tmp." + host) != 0) continue;
+    const std::string pid = n.substr(pid_at + 1, rnd - pid_at - 1);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (pid_dead(std::atol(pid.c_str()))) dead.push_back(n);
+  }
+  ::closedir(d);
+  for (const auto& f : dead) ::unlinkat(dir_fd, f.c_str(), 0);
+}
+
+// Fragment writes of this process: one at a time (two threads merging into
+// one fragment would lose rows; no lock file is used under that scheme).
+std::mutex g_fragment_mu;
+
 }  // namespace
 
 Status persist_rows(const std::string& dir, const std::string& rel_path, const std::vector<PersistRow>& rows,
@@ -197,22 +235,38 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
                     bool* dropped_stale, bool keep_stale, std::vector<std::string>* notes) noexcept {
   try {
     if (dropped_stale) *dropped_stale = false;
-    const fs::path target = fs::path(dir) / rel_path;
+    LockingScheme scheme;
+    if (Status s = locking_scheme(dir, &scheme); !s.ok()) return s;
+    // flock: <rel_path> itself, merged under its lock. Fragments: this
+    // process's own <rel_path>.d/<host>-<pid>.json, which nobody else writes.
+    fs::path rel_dir = fs::path(rel_path).parent_path();
+    std::string name = fs::path(rel_path).filename().string();
+    if (scheme.fragments) {
+      rel_dir /= fragment_dir_for(name);
+      name = fragment_name();
+    }
+    const fs::path target = fs::path(dir) / rel_dir / name;
     const std::string shown = target.string();
-    const std::string name = target.filename().string();
     DirFd parent;
-    if (Status s = open_dir_below(dir, fs::path(rel_path).parent_path().string(), &parent); !s.ok()) return s;
+    if (Status s = open_dir_below(dir, rel_dir.string(), &parent); !s.ok()) return s;
     const int pfd = parent.get();
 
     FileLock lock;
-    if (Status s = FileLock::acquire(pfd, "." + name + ".lock", (target.parent_path() / ("." + name + ".lock")).string(),
-                                     &lock);
-        !s.ok())
-      return s;
-    remove_dead_temps(pfd, name);
+    std::unique_lock<std::mutex> fragment_lock;
+    if (scheme.fragments) {
+      fragment_lock = std::unique_lock<std::mutex>(g_fragment_mu);
+      remove_dead_temps(pfd, name);  // ours, or of a dead process that had our pid
+      remove_dead_fragment_temps(pfd);
+    } else {
+      if (Status s = FileLock::acquire(pfd, "." + name + ".lock",
+                                       (target.parent_path() / ("." + name + ".lock")).string(), &lock);
+          !s.ok())
+        return s;
+      remove_dead_temps(pfd, name);
+    }
     remove_dead_claims(dir);
 
-    // Re-read the current file under the lock and merge.
+    // Re-read the current file (under the lock, or our own fragment) and merge.
     std::map<int64_t, PersistRow> merged;
     {
       std::string data;

@@ -10,6 +10,11 @@
 //    servers sharing a cache dir) writing the same file take an exclusive
 //    flock on a side lock file, re-read the current file, merge their rows
 //    into it (their row wins on the same M) and write the result. Case C10a.
+//  - Where flock is not honoured (store/private_fs.hpp, locking_scheme:
+//    checked once per process per dir), each process writes only its own
+//    fragment <file>.d/<host>-<pid>.json instead, with the same atomic
+//    sequence and no lock; the loader reads a file and its fragments as one
+//    table (docs/tuning.md#storage-a-cluster-shares).
 //  - Stale rows are dropped on merge: rows of a file whose fingerprint
 //    differs from the writer's are not carried over.
 //  - Claims: before tuning a (key, M) a process creates a claim file with
@@ -45,6 +50,11 @@ std::string default_cache_dir();
 /// never through a link), fsync, rename, fsync of the dir. Under the lock,
 /// temp files of dead writers of that file and claims of dead processes of
 /// this host are removed; the lock file is removed on the way out.
+/// Where `dir`'s scheme is fragments (locking_scheme), the file written is
+/// this process's fragment <dir>/<rel_path>.d/<host>-<pid>.json, merged
+/// with its own earlier rows, without a lock (one fragment write of this
+/// process at a time); temp files there of dead processes of this host are
+/// removed. Errors also: invalid_argument for a bad KDISPATCH_CACHE_LOCKING.
 /// `schema` lists (variant, schema_version) to record.
 /// `*dropped_stale` (optional) is set when the existing file's rows were
 /// dropped because its fingerprint differed.

@@ -93,6 +93,39 @@ std::string shared_key_note(const std::string& key, const std::vector<TableInput
                                chosen.front()->path + " serves them (the first by path)");
 }
 
+// The table file a path names: "<x>.json" itself, and for a fragment
+// "<x>.json.d/<f>.json" (a writer's share of <x>.json where flock is not
+// honoured: store/private_fs.hpp) its "<x>.json".
+std::string_view table_file_of(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  constexpr std::string_view kFrag = ".json.d";
+  if (slash != std::string_view::npos && slash >= kFrag.size() &&
+      path.substr(slash - kFrag.size(), kFrag.size()) == kFrag)
+    return path.substr(0, slash - 2);
+  return path;
+}
+
+// One table file and its fragments: their rows are one table, so only an M
+// held by more than one of them is said. `chosen` is sorted by path, which
+// puts the main file first, then the fragments by name.
+std::string fragments_note(const std::string& key, const std::vector<TableInputP>& chosen) {
+  std::set<int64_t> seen, shared;
+  for (TableInputP t : chosen)
+    for (const auto& row : t->rows)
+      if (!seen.insert(row.m).second) shared.insert(row.m);
+  if (shared.empty()) return {};
+  size_t fragments = 0;
+  for (TableInputP t : chosen) fragments += table_file_of(t->path).size() != t->path.size();
+  std::string ms;
+  int listed = 0;
+  for (int64_t m : shared)
+    if (++listed <= 8) ms += (ms.empty() ? "" : ", ") + std::to_string(m);
+  if (shared.size() > 8) ms += ", ...";
+  return key + ": " + std::to_string(shared.size()) + " M value(s) (" + ms + ") are in more than one of " +
+         std::string(table_file_of(chosen.front()->path)) + " and its " + std::to_string(fragments) +
+         " fragment file(s): the first by path serves each (the main file, then the fragments by name)";
+}
+
 // The snapshot's config pool: identical rows share one stored config (a
 // table of many batch sizes repeats a few configs), and an input's configs
 // (distinct already) are each interned once.
@@ -321,7 +354,12 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     for (auto& [rank, group] : by_rank) {
       std::vector<TableInputP> chosen = choose_version(key, group, backend_version, &bucket.note, &bucket.build_notes);
       std::sort(chosen.begin(), chosen.end(), [](TableInputP a, TableInputP b) { return a->path < b->path; });
-      if (chosen.size() > 1) bucket.build_notes.push_back(shared_key_note(key, chosen));
+      if (chosen.size() > 1) {
+        bool one_table = true;  // a table file and its fragments (or fragments only)
+        for (TableInputP t : chosen) one_table = one_table && table_file_of(t->path) == table_file_of(chosen[0]->path);
+        std::string note = one_table ? fragments_note(key, chosen) : shared_key_note(key, chosen);
+        if (!note.empty()) bucket.build_notes.push_back(std::move(note));
+      }
       for (TableInputP t : chosen)
         for (const auto& row : t->rows) merged.push_back(Candidate{row.m, &row, t});
     }

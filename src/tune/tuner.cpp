@@ -14,6 +14,7 @@
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"
+#include "store/private_fs.hpp"
 #include "store/writer.hpp"
 #include "table/key.hpp"
 
@@ -273,6 +274,15 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
     std::vector<std::pair<std::string, int32_t>> schema = {
         {std::string(plan.variant->name), plan.variant->schema_version}};
     std::vector<std::string> notes;
+    // Which scheme the dir is written with: checked once per process per
+    // dir (store::locking_scheme), said once at info.
+    store::LockingScheme ls;
+    bool checked_now = false;
+    if (store::locking_scheme(cache_dir_, &ls, &checked_now).ok() && checked_now &&
+        options_.log_level >= LogLevel::info)
+      std::fprintf(stderr, "kdispatch: tuning cache dir '%s': %s; %s\n", cache_dir_.c_str(), ls.reason.c_str(),
+                   ls.fragments ? "each process writes its own fragment <key>.json.d/<host>-<pid>.json"
+                                : "each <key>.json is merged under its lock file");
     Status s = store::persist_rows(cache_dir_, rel, {row}, *fingerprint, schema, nullptr,
                                    options_.tune.keep_rows_of_other_builds, &notes);
     if (options_.log_level >= LogLevel::warn)

@@ -16,6 +16,11 @@
               committed before a kill is in its file; then one more write per
               file, after which no lock, temp or dead claim file is left.
 
+--scheme fragments runs every writer with KDISPATCH_CACHE_LOCKING=fragments
+(each process writes its own <key>.json.d/<host>-<pid>.json, as where flock
+is not honoured); a table's rows are then those of its file and of all its
+fragments, as the loader reads them.
+
 A row is "committed" when its writer said so after the write returned: the
 probe's "committed <key> M=<m>", tune's "[i/n] <shape> M=<m> -> ..." line,
 the tuner's "kdispatch: tuned <key> M=<m> -> ..." (info level) without a
@@ -36,6 +41,7 @@ import time
 HIDDEN = 896
 DTYPE = "bf16"
 NORM_OPS = ("rmsnorm", "fused_add_rmsnorm")
+SCHEME_ENV = {}  # --scheme fragments: {"KDISPATCH_CACHE_LOCKING": "fragments"}
 
 
 def norm_key(op):
@@ -49,8 +55,11 @@ def key_from_text(key):
 
 
 def key_from_file(rel):
-    """'cpu/gemm/N=896,K=896,device_name=X,dtype=bf16.json' -> ('gemm', {fields})."""
+    """'cpu/gemm/N=896,K=896,device_name=X,dtype=bf16.json' -> ('gemm', {fields}); a fragment
+    '.../<key>.json.d/<host>-<pid>.json' is its table's."""
     parts = rel.split("/")
+    if len(parts) >= 2 and parts[-2].endswith(".json.d"):
+        parts = parts[:-2] + [parts[-2][: -len(".d")]]
     fields = parts[-1][: -len(".json")].split(",")
     return (parts[-2], frozenset(f for f in fields if not f.startswith("device_name=")))
 
@@ -61,7 +70,7 @@ class Writer:
     def __init__(self, kind, argv, env=None, op=None):
         self.kind, self.argv, self.op = kind, argv, op
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **SCHEME_ENV, **(env or {})})
         self.out = self.err = ""
         self.killed = False
 
@@ -119,21 +128,26 @@ def start_writer(kind, args, work, ms, tag):
 
 
 def read_files(work):
-    """{key: set of M} of every config file; [problems] for files that do not parse."""
+    """{key: set of M} of every config file; [problems] for files that do not parse, and for a file
+    the scheme does not write (a table file under --scheme fragments, a fragment otherwise)."""
     tables, problems = {}, []
+    fragments = SCHEME_ENV.get("KDISPATCH_CACHE_LOCKING") == "fragments"
     for root, _dirs, files in os.walk(work):
         for name in files:
             if not name.endswith(".json") or name.startswith("."):
                 continue
             path = os.path.join(root, name)
             rel = os.path.relpath(path, work)
+            if root.endswith(".json.d") != fragments:
+                problems.append(f"{rel}: a {'fragment' if not fragments else 'table file'} under the "
+                                f"{'fragments' if fragments else 'flock'} scheme")
             try:
                 with open(path) as f:
                     doc = json.load(f)
                 if not isinstance(doc, dict):
                     raise ValueError("not an object")
                 ms = {int(k) for k in doc if k != "kdispatch"}
-                tables[key_from_file(rel)] = ms
+                tables.setdefault(key_from_file(rel), set()).update(ms)  # a file and its fragments: one table
             except Exception as e:  # torn or garbage
                 problems.append(f"{rel}: {e}")
     return tables, problems
@@ -295,9 +309,14 @@ def main():
     ap.add_argument("--budget-ms", type=int, default=5)
     ap.add_argument("--preload", type=int, default=3000, help="kill mode: rows put in each file before the kills")
     ap.add_argument("--max-delay", type=float, default=0.25, help="kill mode: latest kill, s after the start")
+    ap.add_argument("--scheme", choices=["auto", "flock", "fragments"], default="auto",
+                    help="the writers' scheme (KDISPATCH_CACHE_LOCKING; auto: the flock check decides, flock on a "
+                         "local disk); fragments: one file per writer process")
     args = ap.parse_args()
+    if args.scheme != "auto":
+        SCHEME_ENV["KDISPATCH_CACHE_LOCKING"] = args.scheme
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
-    print(f"stress_writers.py {args.mode}: seed {seed} (replay: --seed {seed})", flush=True)
+    print(f"stress_writers.py {args.mode} --scheme {args.scheme}: seed {seed} (replay: --seed {seed})", flush=True)
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="kdispatch-stress-") as scratch:
         args.scratch = scratch
