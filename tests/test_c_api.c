@@ -638,6 +638,83 @@ static void test_ops(void) {
   EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
 }
 
+/* The fp8 GEMMs' fast_accum switch: KDISPATCH_CALL_FAST_ACCUM on the per-op
+ * function (its signature unchanged), the scalar of kdispatch_op_call (0, 1,
+ * or left out), and its key field: a file named accum=fast serves the fast
+ * calls only. Every CPU variant accumulates in fp32: both give 32. */
+static void test_fp8_fast_accum(void) {
+  char dir[512], rel[512];
+  path_join(dir, sizeof dir, g_tmp, "fast-accum");
+  snprintf(rel, sizeof rel,
+           "fast-accum/cpu/gemm_fp8_tensor/N=4,K=32,device_name=%s,accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32.json",
+           g_cpu);
+  write_file(g_tmp, rel, "{\"2\": {\"variant\": \"gemm_fp8_tensor_e4m3fn__ref\"}}\n");
+  kdispatch_options o;
+  kdispatch_options_init(&o);
+  o.load_shipped_configs = 0;
+  o.log_level = KDISPATCH_LOG_OFF;
+  o.tune_mode = KDISPATCH_TUNE_OFF;
+  const char* dirs[] = {dir};
+  o.config_dirs = dirs;
+  o.config_dirs_count = 1;
+  kdispatch_runtime* rt = make_rt(&o);
+  uint8_t a[2 * 32], b[4 * 32];
+  memset(a, 0x38, sizeof a); /* e4m3fn 1.0 */
+  memset(b, 0x38, sizeof b);
+  float sa = 1.f, sb = 1.f, d[2 * 4];
+  tensor ta = make(a, (DLDataTypeCode)10, 8, 2, 2, 32), tb = make(b, (DLDataTypeCode)10, 8, 2, 4, 32);
+  tensor td = f32_2d(d, 2, 4), tsa = f32_1d(&sa, 1), tsb = f32_1d(&sb, 1);
+  kdispatch_dispatch_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  /* precise (flags 0): the file does not serve it */
+  memset(d, 0, sizeof d);
+  EXPECT(KDISPATCH_OK, kdispatch_gemm_fp8_tensor(rt, dl(&ta), dl(&tb), dl(&td), dl(&tsa), dl(&tsb), NULL, NULL, 0, &info));
+  CHECK(info.source == 1);
+  CHECK(strcmp(info.variant, "gemm_fp8_tensor_e4m3fn__tiled") == 0);
+  for (int i = 0; i < 8; ++i) CHECK(d[i] == 32.f);
+  /* fast: the file's row at M = 2 */
+  memset(d, 0, sizeof d);
+  EXPECT(KDISPATCH_OK, kdispatch_gemm_fp8_tensor(rt, dl(&ta), dl(&tb), dl(&td), dl(&tsa), dl(&tsb), NULL, NULL,
+                                                 KDISPATCH_CALL_FAST_ACCUM, &info));
+  CHECK(info.source == 0);
+  CHECK(info.table_m == 2);
+  CHECK(strcmp(info.variant, "gemm_fp8_tensor_e4m3fn__ref") == 0);
+  for (int i = 0; i < 8; ++i) CHECK(d[i] == 32.f);
+  /* kdispatch_op_call: the switch as its one scalar, or left out (off) */
+  const DLTensor* t[6] = {dl(&ta), dl(&tb), dl(&td), dl(&tsa), dl(&tsb), NULL};
+  const float on = 1.f, off = 0.f, half = 0.5f, two[2] = {1.f, 1.f};
+  EXPECT(KDISPATCH_OK, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, &on, 1, NULL, 0, NULL, 0, &info));
+  CHECK(info.source == 0);
+  EXPECT(KDISPATCH_OK, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, &off, 1, NULL, 0, NULL, 0, &info));
+  CHECK(info.source == 1);
+  EXPECT(KDISPATCH_OK, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, NULL, 0, NULL, 0, NULL, 0, &info));
+  CHECK(info.source == 1);
+  EXPECT(KDISPATCH_OK, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, NULL, 0, NULL, 0, NULL, KDISPATCH_CALL_FAST_ACCUM,
+                                         &info));
+  CHECK(info.source == 0);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, &half, 1, NULL, 0, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(),
+               "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000") == 0);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, two, 2, NULL, 0, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), "gemm_fp8_tensor takes 0 to 1 scalars, got 2") == 0);
+  /* the flag on an op without the switch */
+  float x[4] = {1.f, 2.f, 3.f, 4.f}, y[4], w[4] = {1.f, 1.f, 1.f, 1.f};
+  tensor tx = f32_2d(x, 1, 4), ty = f32_2d(y, 1, 4), tw = f32_1d(w, 4);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT,
+         kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), dl(&tw), 1e-6f, NULL, KDISPATCH_CALL_FAST_ACCUM, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(),
+               "flags: KDISPATCH_CALL_FAST_ACCUM is for ops with a fast_accum switch (the fp8 GEMMs), rmsnorm has "
+               "none") == 0);
+  /* the op list names the switch */
+  char* json = NULL;
+  EXPECT(KDISPATCH_OK, kdispatch_op_list(&json));
+  CONTAINS(json, "\"scalars\": [{\"name\": \"fast_accum\", \"default\": 0, \"kind\": \"bool\"}]");
+  CONTAINS(json, "\"scalars\": [{\"name\": \"eps\", \"default\": 9.999999974752427e-07, \"kind\": \"float\"}]");
+  kdispatch_free(json);
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
+}
+
 static kdispatch_options tune_options(const char* cache, int mode) {
   kdispatch_options o;
   kdispatch_options_init(&o);
@@ -984,6 +1061,7 @@ int main(void) {
   test_create_errors();
   test_runtime_functions();
   test_ops();
+  test_fp8_fast_accum();
   test_tuning();
   test_lookup();
   test_env_and_default();

@@ -226,24 +226,25 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   std::istringstream lines(text);
   std::string header;
   std::getline(lines, header);
-  CHECK(header == "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,bias,stride,count,key");
+  CHECK(header == "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,accum,bias,stride,count,key");
   const std::string device = dispatch::cpu_device_info().device_name;
   std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, std::string>> got;
   for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
-    REQUIRE(f.size() >= 14);
+    REQUIRE(f.size() >= 15);
     CHECK(f[1] == "cpu");
     CHECK(f[2] == device);
     CHECK(f[3] == "bf16");
     CHECK(f[4] == "bf16");
-    CHECK(std::stoll(f[12]) >= 1);  // count
+    CHECK(f[10] == "precise");  // accum (the fp8 GEMMs' field) on every row
+    CHECK(std::stoll(f[13]) >= 1);  // count
     // The canonical key, quoted (it holds commas).
-    CHECK(f[13].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
+    CHECK(f[14].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
     CHECK(line.back() == '"');
     auto num = [](const std::string& v) { return v.empty() ? int64_t(0) : int64_t(std::stoll(v)); };
-    got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), num(f[9]), f[10]});
+    got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), num(f[9]), f[11]});
   }
   std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, std::string>> expected;
   for (int64_t M : {1, 4}) {
@@ -435,6 +436,32 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   CliRun me = run({"misses"}, cache);  // --export is required
   CHECK(me.exit_code == 2);
   CHECK(me.err.find("--export") != std::string::npos);
+}
+
+TEST_CASE("cli tune: an fp8 list's accum column tunes accum=fast into its own file beside the precise one, a bad value named") {
+  Scratch dir("accum");
+  const std::string cache = dir / "cache";
+  const std::string device = dispatch::cpu_device_info().device_name;
+  simdjson::dom::parser parser;
+  const std::string csv = dir / "fp8.csv";
+  std::ofstream(csv) << "M,N,K,dtype,accum\n2,64,128,fp8_e4m3fn,fast\n2,64,128,fp8_e4m3fn,precise\n";
+  const std::string emit = dir / "emit";
+  CliRun t = run({"tune", "--shapes", csv, "--op", "gemm_fp8_tensor", "--emit", emit, "--budget-ms", "50",
+                  "--no-cold-cache", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(int64_t(doc["shapes"]) == 2);
+  CHECK(int64_t(doc["tuned"]) == 2);
+  const fs::path dir_fp8 = fs::path(emit) / "cpu" / "gemm_fp8_tensor";
+  CHECK(fs::exists(dir_fp8 / ("N=64,K=128,device_name=" + device + ",accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16.json")));
+  CHECK(fs::exists(dir_fp8 / ("N=64,K=128,device_name=" + device + ",dtype=fp8_e4m3fn,out_dtype=bf16.json")));
+  CHECK(count_json_files(dir_fp8) == 2);
+  const std::string bad = dir / "bad.csv";
+  std::ofstream(bad) << "M,N,K,dtype,accum\n2,64,128,fp8_e4m3fn,slow\n";
+  CliRun b = run({"tune", "--shapes", bad, "--op", "gemm_fp8_tensor", "--emit", emit}, cache);
+  CHECK(b.exit_code == 2);
+  CHECK(b.err.find(bad + ":2: accum 'slow' is not fast or precise") != std::string::npos);
 }
 
 TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, rows of other ops left out") {

@@ -3,11 +3,12 @@
 // the CPU, beyond what every op gets from tests/test_ops.cpp: a result
 // worked by hand, every scale layout at M in {1, 3, 5, 17, 65, 1023} with
 // partial 128-blocks along N and K, the M-major scale_a with a padded row
-// stride, what zero, inf and NaN scales give, and the errors that name the
-// argument.
+// stride, what zero, inf and NaN scales give, the errors that name the
+// argument, and the fast_accum switch (key accum=fast).
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
@@ -17,6 +18,8 @@
 #include "core/numeric.hpp"
 #include "dispatch/dispatch.hpp"
 #include "ops/specs.hpp"
+#include "store/filename.hpp"
+#include "table/key.hpp"
 #include "test_util.hpp"
 #include "tune/search.hpp"
 
@@ -41,6 +44,7 @@ enum class Layout { tensor, rowwise, block };
 struct Case {
   Layout layout;
   int64_t m, n, k, sa_ld;
+  bool fast = false;  ///< GemmFp8Args::fast_accum of args()
   std::vector<uint8_t> a, b;
   std::vector<float> sa, sb, bias, d;
   std::vector<double> want;
@@ -109,6 +113,7 @@ struct Case {
       g.scale_b = make_tensor_2d(sb.data(), DType::fp32, nb, kb, kb);
     }
     if (!bias.empty()) g.bias = make_tensor_1d(bias.data(), DType::fp32, n);
+    g.fast_accum = fast;
     return g;
   }
 
@@ -483,4 +488,269 @@ TEST_CASE("review: M = 1 scales as a column slice (row stride 7) share the conti
   }
   CHECK(keys[0] == keys[1]);
   CHECK(outs[0] == outs[1]);
+}
+
+// ---------------------------------------------------------------- fast_accum
+
+namespace {
+
+std::string fp8_op_name(Layout l) { return std::string("gemm_fp8_") + layout_name(l); }
+
+}  // namespace
+
+TEST_CASE("gemm_fp8 fast_accum: a fast call's key is the precise key plus accum=fast, and the CPU variants give the precise output bit for bit") {
+  const std::string dev = cpu_device_info().device_name;
+  RuntimeOptions forced = kdtest::options_for({});
+  forced.tune.mode = TuneMode::off;
+  forced.force = {"gemm_fp8_tensor=gemm_fp8_tensor_e4m3fn__ref", "gemm_fp8_rowwise=gemm_fp8_rowwise_e4m3fn__ref",
+                  "gemm_fp8_block=gemm_fp8_block_e4m3fn__ref"};
+  auto rt = quiet_runtime();
+  auto ref_rt = kdtest::make_runtime(forced);
+  std::mt19937 rng(21);
+  for (Layout l : {Layout::tensor, Layout::rowwise, Layout::block}) {
+    CAPTURE(layout_name(l));
+    const std::string op = fp8_op_name(l);
+    for (Runtime* r : {rt.get(), ref_rt.get()}) {
+      const bool ref = r == ref_rt.get();
+      CAPTURE(ref);
+      Case c(l, 3, 136, 264, rng, /*with_bias=*/true);
+      std::string key_precise, key_fast;
+      DispatchInfo info;
+      info.key = &key_precise;
+      REQUIRE(c.run(*r, {.info = &info}).ok());
+      const std::string variant_precise = info.variant;
+      const std::vector<float> d_precise = c.d;
+      CHECK(c.rel_err() < 1e-5);
+      c.fast = true;
+      std::fill(c.d.begin(), c.d.end(), std::numeric_limits<float>::quiet_NaN());
+      info.key = &key_fast;
+      REQUIRE(c.run(*r, {.info = &info}).ok());
+      CHECK(key_precise == "cpu/" + op + "|" + dev + "|K=264,N=136,bias=true,dtype=fp8_e4m3fn,out_dtype=fp32");
+      CHECK(key_fast == "cpu/" + op + "|" + dev + "|K=264,N=136,accum=fast,bias=true,dtype=fp8_e4m3fn,out_dtype=fp32");
+      // The same variant serves both (fp32 accumulation is a valid fast
+      // accumulation), with the same arithmetic.
+      CHECK(std::string(info.variant) == variant_precise);
+      CHECK(variant_precise == (ref ? op + "_e4m3fn__ref" : op + "_e4m3fn__tiled"));
+      CHECK(c.d == d_precise);
+    }
+  }
+}
+
+TEST_CASE("gemm_fp8 fast_accum: a precise key names the committed configs/cuda/gemm_fp8_block file byte for byte, accum=fast names another") {
+  namespace fs = std::filesystem;
+  core::Problem p;
+  p.op = core::OpKind::gemm_fp8_block;
+  p.n = 1536;
+  p.k = 7168;
+  p.in_dtype = DType::fp8_e4m3fn;
+  p.out_dtype = DType::bf16;
+  table::KeyBuffer precise, fast;
+  table::append_own_fields(p, &precise);
+  const std::string precise_name = store::own_file_name(p.op, precise.view(), "NVIDIA_H200");
+  CHECK(precise.view() == "K=7168,N=1536,dtype=fp8_e4m3fn,out_dtype=bf16");
+  CHECK(precise_name == "N=1536,K=7168,device_name=NVIDIA_H200,dtype=fp8_e4m3fn,out_dtype=bf16.json");
+  CHECK(fs::is_regular_file(fs::path(KDISPATCH_SOURCE_DIR) / "configs" / "cuda" / "gemm_fp8_block" / precise_name));
+  p.accum = core::Accum::fast;
+  table::append_own_fields(p, &fast);
+  CHECK(fast.view() == "K=7168,N=1536,accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16");
+  const std::string fast_name = store::own_file_name(p.op, fast.view(), "NVIDIA_H200");
+  CHECK(fast_name == "N=1536,K=7168,device_name=NVIDIA_H200,accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16.json");
+  // Both parse back to their accumulation; "precise" may be spelled out (the
+  // precise key), anything else is named.
+  for (const auto& [name, want] :
+       {std::pair<std::string, core::Accum>{precise_name, core::Accum::precise}, {fast_name, core::Accum::fast},
+        {"N=1536,K=7168,device_name=NVIDIA_H200,accum=precise,dtype=fp8_e4m3fn,out_dtype=bf16.json",
+         core::Accum::precise}}) {
+    CAPTURE(name);
+    auto fk = store::parse_file_name(name);
+    REQUIRE(fk.ok());
+    auto back = store::own_problem_from_fields(p.op, fk->fields);
+    REQUIRE(back.ok());
+    CHECK(back->accum == want);
+    table::KeyBuffer again;
+    table::append_own_fields(*back, &again);
+    CHECK(again.view() == (want == core::Accum::fast ? fast.view() : precise.view()));
+  }
+  auto slow = store::parse_file_name("N=1536,K=7168,device_name=NVIDIA_H200,accum=slow,dtype=fp8_e4m3fn.json");
+  REQUIRE(slow.ok());
+  auto bad = store::own_problem_from_fields(p.op, slow->fields);
+  CHECK(bad.status().code() == StatusCode::invalid_argument);
+  CHECK(bad.status().message() == "field accum='slow' is not fast/precise");
+  auto norm = store::own_problem_from_fields(core::OpKind::rmsnorm, {{"accum", "fast"}, {"dtype", "bf16"}, {"hidden", "8"}});
+  CHECK(norm.status().message() == "unknown field 'accum' for op rmsnorm");
+  // The shipped rows serve the precise key exactly as before; the fast key
+  // has no row (the tuner never wrote one): the default.
+  RuntimeOptions o = kdtest::options_for({});
+  o.load_shipped_configs = true;
+  o.tune.mode = TuneMode::off;
+  auto rt = kdtest::make_runtime(o);
+  LookupQuery q;
+  q.op = "gemm_fp8_block";
+  q.key = "N=1536,K=7168,dtype=fp8_e4m3fn,out_dtype=bf16";
+  q.device = "NVIDIA H200";
+  q.M = 64;
+  auto hit = lookup(*rt, q);
+  REQUIRE_MESSAGE(hit.ok(), hit.status().to_string());
+  CHECK(hit->key == "cuda/gemm_fp8_block|NVIDIA_H200|K=7168,N=1536,dtype=fp8_e4m3fn,out_dtype=bf16");
+  CHECK(hit->match == LookupResult::Match::exact);
+  CHECK(hit->table_m == 64);
+  CHECK(hit->source == "cuda/gemm_fp8_block/" + precise_name);
+  CHECK(hit->variant == "gemm_fp8_block_e4m3fn__cublaslt");
+  REQUIRE(config_find(hit->config, "algo_id") != nullptr);
+  CHECK(config_find(hit->config, "algo_id")->i == 66);
+  q.key += ",accum=fast";
+  auto miss = lookup(*rt, q);
+  if (miss.ok()) {  // a build with the CUDA backend: its get_default
+    CHECK(miss->key == "cuda/gemm_fp8_block|NVIDIA_H200|K=7168,N=1536,accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16");
+    CHECK(miss->match == LookupResult::Match::fallback);
+    CHECK(miss->table_m == -1);
+  } else {
+    CHECK(miss.status().code() == StatusCode::not_found);
+    CHECK(miss.status().message() ==
+          "no table row for cuda/gemm_fp8_block|NVIDIA_H200|K=7168,N=1536,accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16, "
+          "and no cuda backend in this build to compute a default");
+  }
+}
+
+TEST_CASE("gemm_fp8 fast_accum: a file named accum=fast loads and serves the fast calls only, the precise file the precise ones") {
+  const std::string dev = cpu_device_info().device_name;
+  kdtest::TempDir dir;
+  const std::string fast_file = "N=136,K=264,device_name=" + dev + ",accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32.json";
+  const std::string precise_file = "N=136,K=264,device_name=" + dev + ",dtype=fp8_e4m3fn,out_dtype=fp32.json";
+  kdtest::write_text(dir / ("cpu/gemm_fp8_rowwise/" + fast_file), R"({"4": {"variant": "gemm_fp8_rowwise_e4m3fn__ref"}})");
+  kdtest::write_text(dir / ("cpu/gemm_fp8_rowwise/" + precise_file),
+                     R"({"16": {"variant": "gemm_fp8_rowwise_e4m3fn__tiled", "BLOCK_N": 1}})");
+  RuntimeOptions o = kdtest::options_for({dir.str()});
+  o.tune.mode = TuneMode::off;
+  auto rt = kdtest::make_runtime(o);
+  std::mt19937 rng(4);
+  Case c(Layout::rowwise, 3, 136, 264, rng);
+  DispatchInfo info;
+  c.fast = true;
+  REQUIRE(c.run(*rt, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::table);
+  CHECK(info.table_m == 4);
+  CHECK(std::string(info.variant) == "gemm_fp8_rowwise_e4m3fn__ref");
+  CHECK(rt->source_path(info.source_id) == "cpu/gemm_fp8_rowwise/" + fast_file);
+  CHECK(c.rel_err() < 1e-5);
+  c.fast = false;
+  REQUIRE(c.run(*rt, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::table);
+  CHECK(info.table_m == 16);
+  CHECK(std::string(info.variant) == "gemm_fp8_rowwise_e4m3fn__tiled");
+  CHECK(rt->source_path(info.source_id) == "cpu/gemm_fp8_rowwise/" + precise_file);
+  CHECK(c.rel_err() < 1e-5);
+  // Without the precise file the precise call is a miss, never the fast row.
+  std::filesystem::remove(dir / ("cpu/gemm_fp8_rowwise/" + precise_file));
+  REQUIRE(rt->reload().ok());
+  REQUIRE(c.run(*rt, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::fallback);
+  CHECK(info.table_m == -1);
+  CHECK(std::string(info.variant) == "gemm_fp8_rowwise_e4m3fn__tiled");
+  c.fast = true;
+  REQUIRE(c.run(*rt, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::table);
+  CHECK(std::string(info.variant) == "gemm_fp8_rowwise_e4m3fn__ref");
+  // lookup() sees the same: the fast key's exact row, the precise key's default.
+  LookupQuery q;
+  q.op = "gemm_fp8_rowwise";
+  q.key = "N=136,K=264,dtype=fp8_e4m3fn,out_dtype=fp32,accum=fast";
+  q.M = 4;
+  auto r = lookup(*rt, q);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  CHECK(r->match == LookupResult::Match::exact);
+  CHECK(r->source == "cpu/gemm_fp8_rowwise/" + fast_file);
+  CHECK(config_to_json(r->config) == R"({"variant": "gemm_fp8_rowwise_e4m3fn__ref"})");
+  q.key = "N=136,K=264,dtype=fp8_e4m3fn,out_dtype=fp32";
+  r = lookup(*rt, q);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  CHECK(r->match == LookupResult::Match::fallback);
+}
+
+TEST_CASE("gemm_fp8 fast_accum: pretune tunes what the call asks under its own key and file, validated with the fast tolerance") {
+  const std::string dev = cpu_device_info().device_name;
+  kdtest::TempDir cache;
+  RuntimeOptions o = kdtest::options_for({});
+  o.tune.cache_dir = cache.str();
+  o.tune.mode = TuneMode::off;
+  o.tune.cold_cache = false;
+  o.tune.time_budget_ms = 20;
+  o.tune.reps = 2;
+  auto rt = kdtest::make_runtime(o);
+  std::mt19937 rng(9);
+  Case c(Layout::tensor, 5, 136, 264, rng);
+  c.fast = true;
+  auto r = pretune(*rt, GemmFp8TensorArgs{c.args()});
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  CHECK(r->key == "cpu/gemm_fp8_tensor|" + dev + "|K=264,N=136,accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32");
+  CHECK(r->persisted);
+  CHECK(r->rejected == 0);
+  CHECK(std::filesystem::is_regular_file(cache / ("cpu/gemm_fp8_tensor/N=136,K=264,device_name=" + dev +
+                                                  ",accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32.json")));
+  DispatchInfo info;
+  REQUIRE(c.run(*rt, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::table);
+  CHECK(info.table_m == 5);
+  c.fast = false;  // the precise call: not served by the fast row
+  REQUIRE(c.run(*rt, {.info = &info}).ok());
+  CHECK(info.source == PlanSource::fallback);
+  // By key, as `kdispatch tune` runs a shape list's row.
+  auto k = pretune_key(*rt, "gemm_fp8_tensor", "N=136,K=264,dtype=fp8_e4m3fn,out_dtype=fp32,accum=fast", 7);
+  REQUIRE_MESSAGE(k.ok(), k.status().to_string());
+  CHECK(k->key == "cpu/gemm_fp8_tensor|" + dev + "|K=264,N=136,accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32");
+  auto dk = describe_key("gemm_fp8_tensor", "accum=fast,K=264,N=136,dtype=fp8_e4m3fn,out_dtype=fp32", 7);
+  REQUIRE(dk.ok());
+  CHECK(dk->key_fields == "N=136,K=264,accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32");
+  // The validation tolerance: the spec's per dtype for a precise problem,
+  // the fast budget (atol 2e-2 x max|ref|, rtol 3.2e-2) for a fast one.
+  core::Problem p;
+  p.op = core::OpKind::gemm_fp8_block;
+  double atol = 0, rtol = 0;
+  tune::validation_tolerance(p, DType::fp32, &atol, &rtol);
+  CHECK(atol == 1e-5);
+  CHECK(rtol == 1e-4);
+  tune::validation_tolerance(p, DType::bf16, &atol, &rtol);
+  CHECK(atol == 8e-3);
+  CHECK(rtol == 1.6e-2);
+  p.accum = core::Accum::fast;
+  for (DType t : {DType::fp32, DType::fp16, DType::bf16}) {
+    tune::validation_tolerance(p, t, &atol, &rtol);
+    CHECK(atol == 2e-2);
+    CHECK(rtol == 3.2e-2);
+  }
+}
+
+TEST_CASE("gemm_fp8 fast_accum: call_op takes the switch as 0 or 1 or leaves it out, and names a bad value") {
+  auto rt = quiet_runtime();
+  std::mt19937 rng(13);
+  Case c(Layout::block, 3, 136, 264, rng);
+  GemmFp8Args g = c.args();
+  const std::vector<TensorRef> tensors = {g.a, g.b, g.d, g.scale_a, g.scale_b, g.bias};
+  std::string key;
+  DispatchInfo info;
+  info.key = &key;
+  const float on[] = {1.f}, half[] = {0.5f}, two[] = {0.f, 0.f};
+  REQUIRE(call_op(*rt, "gemm_fp8_block", tensors, on, {}, {.info = &info}).ok());
+  CHECK(key.find("|K=264,N=136,accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32") != std::string::npos);
+  REQUIRE(call_op(*rt, "gemm_fp8_block", tensors, {}, {}, {.info = &info}).ok());
+  CHECK(key.find("|K=264,N=136,dtype=fp8_e4m3fn,out_dtype=fp32") != std::string::npos);
+  Status s = call_op(*rt, "gemm_fp8_block", tensors, half);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message() == "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000");
+  s = call_op(*rt, "gemm_fp8_block", tensors, two);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message() == "gemm_fp8_block takes 6 tensors and 0 to 1 scalars, got 6 and 2");
+  auto pr = pretune_op(*rt, "gemm_fp8_block", tensors, half);
+  CHECK(pr.status().message() == "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000");
+  // The op list says what it is.
+  for (const OpInfo& op : op_list())
+    if (op.name.rfind("gemm_fp8_", 0) == 0) {
+      CAPTURE(op.name);
+      REQUIRE(op.scalars.size() == 1);
+      CHECK(op.scalars[0].name == "fast_accum");
+      CHECK(op.scalars[0].kind == "bool");
+      CHECK(op.scalars[0].default_value == 0.f);
+    } else {
+      for (const OpScalarInfo& sc : op.scalars) CHECK(sc.kind == "float");
+    }
 }

@@ -250,11 +250,14 @@ TEST_CASE("every op: key text, file name and Problem round trip") {
   for (const OpSpec* spec : core::all_specs()) {
     CAPTURE(spec->name);
     for (DType out : {DType::bf16, DType::fp32}) {
-      bool has_out = false;
+      bool has_out = false, has_accum = false;
       for (const core::KeyField& f : spec->fields) has_out = has_out || f.kind == core::FieldKind::out_dtype;
+      for (const core::KeyField& f : spec->fields) has_accum = has_accum || f.kind == core::FieldKind::accum;
       if (out == DType::fp32 && !has_out) continue;
       Problem p = problem_of(*spec, DType::bf16, 0, 896, 4864, has_optional(*spec));
       p.out_dtype = out;
+      // Ops with an accumulation field: fast with fp32 out (precise with bf16).
+      if (has_accum && out == DType::fp32) p.accum = core::Accum::fast;
       table::KeyBuffer fields;
       table::append_own_fields(p, &fields);
       const std::string name = store::own_file_name(spec->op, fields.view(), "NVIDIA_H200");
@@ -269,6 +272,8 @@ TEST_CASE("every op: key text, file name and Problem round trip") {
       CHECK(back->in_dtype == p.in_dtype);
       CHECK(back->out_dtype == p.out_dtype);
       CHECK(back->has_bias == p.has_bias);
+      CHECK(back->accum == p.accum);
+      CHECK((fields.view().find("accum=fast") != std::string_view::npos) == (p.accum == core::Accum::fast));
       table::KeyBuffer again;
       table::append_own_fields(*back, &again);
       CHECK(again.view() == fields.view());
@@ -281,7 +286,7 @@ TEST_CASE("every op: key text, file name and Problem round trip") {
   }
 }
 
-TEST_CASE("op_list(): gemm's and silu_and_mul's key fields, exactly, with their file-name places") {
+TEST_CASE("op_list(): gemm's, silu_and_mul's and gemm_fp8_block's key fields, exactly, with their file-name places") {
   auto fields_of = [](std::string_view op) {
     std::string out;
     for (const OpInfo& o : op_list())
@@ -296,6 +301,9 @@ TEST_CASE("op_list(): gemm's and silu_and_mul's key fields, exactly, with their 
         "K:dim:K:1 N:dim:N:0 bias:flag:bias:-1 dtype:dtype:dtype:-1 out_dtype:out_dtype:outdtype:-1 "
         "stride:stride:stride:-1 ");
   CHECK(fields_of("silu_and_mul") == "d:dim:d:0 dtype:dtype:dtype:-1 stride:stride:stride:-1 ");
+  CHECK(fields_of("gemm_fp8_block") ==
+        "K:dim:K:1 N:dim:N:0 accum:accum:accum:-1 bias:flag:bias:-1 dtype:dtype:dtype:-1 "
+        "out_dtype:out_dtype:outdtype:-1 stride:stride:stride:-1 ");
   // The places match the file names the library writes: dims first, then device_name.
   Problem p;
   p.op = core::OpKind::gemm;

@@ -238,7 +238,7 @@ if has fp8-test; then
     >"$OUT/fp8_tests.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_gpu_tests (fp8) rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/fp8_tests.log" | tr '\n' ' ')"
-  grep -E "runs checked|declined at launch" "$OUT/fp8_tests.log" | sort | uniq -c | head -20
+  grep -E "runs checked|declined at launch|accum=fast: |accum=fast pretune|cuBLASLt rows: " "$OUT/fp8_tests.log" | sort | uniq -c | head -30
   [ $rc -eq 0 ] || grep -E "ERROR|FAILED|error|CHECK|with expansion|got " "$OUT/fp8_tests.log" | head -40
   [ $rc -eq 0 ] && echo "::: fp8-test: complete" || echo "::: fp8-test: FAILED (fp8_tests.log)"
 fi

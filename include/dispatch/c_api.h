@@ -306,6 +306,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_export_misses(const kdispatch
 /** Flags of an op call (bitwise or). */
 #define KDISPATCH_CALL_CAPTURING 1u /* the stream is being captured into a CUDA/HIP graph:
                                        never benchmark, synchronise or allocate */
+#define KDISPATCH_CALL_FAST_ACCUM 2u /* the fp8 GEMMs: fast accumulation (their fast_accum
+                                        switch; key accum=fast; see kdispatch_gemm_fp8_tensor).
+                                        INVALID_ARGUMENT for an op without the switch */
 
 /** Where the plan of one call came from (dispatch::DispatchInfo). */
 typedef struct kdispatch_dispatch_info {
@@ -377,7 +380,13 @@ KDISPATCH_C_API kdispatch_status kdispatch_silu_and_mul(kdispatch_runtime* rt, c
  *  kDLFloat8_e4m3fn, bits 8), scales fp32: _tensor [1] and [1]; _rowwise
  *  [M] and [N]; _block [ceil(K/128), M] (M-major, row stride >= M; or
  *  K-major as the column-major view, strides {1, >= ceil(K/128)}) and
- *  [ceil(N/128), ceil(K/128)]. bias may be NULL. Errors: as kdispatch_gemm. */
+ *  [ceil(N/128), ceil(K/128)]. bias may be NULL. fp32 accumulation; with
+ *  KDISPATCH_CALL_FAST_ACCUM in `flags`, fast accumulation (the op's
+ *  fast_accum switch, GemmFp8Args::fast_accum: cuBLASLt's FAST_ACCUM where
+ *  it serves; a key field, accum=fast). kdispatch_op_call takes the switch as
+ *  the op's one scalar (0 or 1; n_scalars 0 leaves it off);
+ *  kdispatch_op_pretune tunes a fast problem (scalars {1}). Errors: as
+ *  kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_tensor(kdispatch_runtime* rt, const DLTensor* a,
                                                            const DLTensor* b, const DLTensor* d,
                                                            const DLTensor* scale_a, const DLTensor* scale_b,
@@ -413,24 +422,30 @@ KDISPATCH_C_API kdispatch_status kdispatch_quant_fp8_group(kdispatch_runtime* rt
 /** The ops of this build and their arguments, as JSON (caller-owned):
  *  [{"name", "doc", "args": [{"name", "read", "written", "rank", "optional",
  *  "rows": {"dim", "mul", "div"}, "cols": {...}, "alias_of", "dtype"}],
- *  "scalars": [{"name", "default"}], "key_fields": [{"name", "kind",
+ *  "scalars": [{"name", "default", "kind"}], "key_fields": [{"name", "kind",
  *  "csv_name", "file_pos"}], "m_name", "workspace", "in_dtypes",
  *  "default_out_dtype"}] (dtype:
  *  "in", "out" or a fixed dtype such as "fp32"; in_dtypes: the input
  *  dtypes some variant of this build computes; default_out_dtype: the
  *  dtype a binding gives "out" arguments it allocates, "" = the input
  *  dtype; file_pos: the
- *  field's place before device_name in a file name, -1 after it). kdispatch_<name>
+ *  field's place before device_name in a file name, -1 after it; a
+ *  scalar's kind: "float" (eps), or "bool", a switch: 0 or 1 as a float,
+ *  which a scalar list may leave out at its end, off). kdispatch_<name>
  *  takes the args (const DLTensor*, NULL for an absent optional one) and
- *  then the scalars (float) in this order; bindings generate their methods
+ *  then the "float" scalars in this order (a "bool" one is a flag bit of
+ *  its call: fast_accum, KDISPATCH_CALL_FAST_ACCUM); kdispatch_op_call and
+ *  kdispatch_op_pretune take every scalar; bindings generate their methods
  *  from it. rows/cols: the extent as mul * dim / div (rounded up) of the
  *  op's named dims. Errors: INVALID_ARGUMENT (json_out NULL). */
 KDISPATCH_C_API kdispatch_status kdispatch_op_list(char** json_out);
 
 /** Any op by name (kdispatch_op_list), its tensors and scalars in argument
- *  order: the same call as kdispatch_<op>, with a workspace as
- *  kdispatch_gemm_ws takes it (ignored by ops without one). Errors:
- *  INVALID_ARGUMENT (an unknown op, a count that differs from the op's),
+ *  order (trailing "bool" scalars may be left out: off; `flags` as
+ *  kdispatch_<op>'s, KDISPATCH_CALL_FAST_ACCUM turning fast_accum on): the
+ *  same call as kdispatch_<op>, with a workspace as kdispatch_gemm_ws takes
+ *  it (ignored by ops without one). Errors: INVALID_ARGUMENT (an unknown op,
+ *  a count the op does not take, a switch other than 0 or 1, naming it),
  *  then as the op. */
 KDISPATCH_C_API kdispatch_status kdispatch_op_call(kdispatch_runtime* rt, const char* op,
                                                    const DLTensor* const* tensors, int32_t n_tensors,

@@ -126,8 +126,9 @@ struct SiluAndMulArgs {
 
 /// Arguments of the fp8 GEMM ops (w8a8):
 ///   D[M,N] = (A[M,K] ⊙ sa) · (B[N,K] ⊙ sb)^T (+ bias[N]),
-/// fp32 accumulation, each 128-wide K group summed in fp32 then scaled (the
-/// per-tensor and rowwise scales are the same for every group).
+/// fp32 accumulation (unless fast_accum), each 128-wide K group summed in
+/// fp32 then scaled (the per-tensor and rowwise scales are the same for
+/// every group).
 /// - a: [M, K] fp8 (fp8_e4m3fn), unit stride along K, row stride >= K.
 /// - b: [N, K] fp8, the same format, the weight row-major as
 ///      torch.nn.Linear stores it.
@@ -153,6 +154,18 @@ struct SiluAndMulArgs {
 ///                       128x128 block of b. A partial last block (K or N not
 ///                       a multiple of 128) takes its block's scale.
 /// - bias: empty, or [N] contiguous, dtype of d.
+/// - fast_accum: false (the default): fp32 accumulation as above. true: the
+///   caller accepts fast accumulation, cuBLASLt's FAST_ACCUM on the GPU
+///   (torch._scaled_mm's use_fast_accum=True: on Hopper the fp8 tensor-core
+///   sums keep ~fp22 precision; expect relative errors up to ~1e-2 of the
+///   largest output at K in the thousands). A key field: the call's key and
+///   its config file name carry `accum=fast` (a precise call's are unchanged),
+///   and rows tuned for one accumulation never serve the other; the tuner
+///   never turns it on by itself. Variants that accumulate in fp32 anyway
+///   (skinny_mma, the references, every CPU variant) serve a fast call
+///   exactly as a precise one; where cuBLASLt refuses FAST_ACCUM (it may in
+///   the block layout, as torch refuses it with block-wise scaling), the
+///   call falls back to a variant that serves it, never an error.
 /// Scales are used as given: a zero scale gives zeros, an inf or NaN scale
 /// gives inf/NaN in the outputs it touches (as torch._scaled_mm).
 struct GemmFp8Args {
@@ -162,6 +175,7 @@ struct GemmFp8Args {
   TensorRef scale_a;
   TensorRef scale_b;
   TensorRef bias;
+  bool fast_accum = false;  ///< see above: key accum=fast
 };
 /// One args type per op (so pretune() overloads by op); the members are
 /// GemmFp8Args's.
@@ -216,9 +230,10 @@ KDISPATCH_API Status silu_and_mul(Runtime& rt, const SiluAndMulArgs& args, Strea
                                   const CallOptions& opts = {}) noexcept;
 
 /// The fp8 GEMMs (GemmFp8Args): per-tensor, per-token x per-channel and
-/// 128-block scales. Thread-safe. Errors as gemm; unsupported_problem when
-/// no variant of the tensors' backend computes the formats (every backend
-/// computes fp8_e4m3fn inputs; CPU: d fp32 or bf16).
+/// 128-block scales, fp32 or (fast_accum) fast accumulation. Thread-safe.
+/// Errors as gemm; unsupported_problem when no variant of the tensors'
+/// backend computes the formats (every backend computes fp8_e4m3fn inputs;
+/// CPU: d fp32 or bf16).
 KDISPATCH_API Status gemm_fp8_tensor(Runtime& rt, const GemmFp8TensorArgs& args, Stream stream = {},
                                      const CallOptions& opts = {}) noexcept;
 KDISPATCH_API Status gemm_fp8_rowwise(Runtime& rt, const GemmFp8RowwiseArgs& args, Stream stream = {},
@@ -261,15 +276,23 @@ struct OpArgInfo {
   bool col_major_ok = false;
 };
 struct OpScalarInfo {
-  std::string_view name;     ///< "eps"
+  std::string_view name;     ///< "eps", "fast_accum"
   float default_value = 0.f;
+  /// "float" (eps), or "bool": a switch, 0 or 1 where scalars travel as
+  /// floats (call_op, the C ABI), a bool member of the args struct; a
+  /// caller's scalar list may leave out the trailing switches (off). The
+  /// C ABI's kdispatch_<op> takes no parameter for a switch: its flags do
+  /// (KDISPATCH_CALL_FAST_ACCUM for fast_accum).
+  std::string_view kind = "float";
 };
 /// A static key field of an op (the fields of its config file names).
 struct OpKeyFieldInfo {
-  std::string_view name;      ///< "N", "K", "hidden", "dtype", "bias", "out_dtype", "stride", ...
+  std::string_view name;      ///< "N", "K", "hidden", "dtype", "bias", "out_dtype", "stride", "accum", ...
   /// "dim" (a positive integer, required), "dtype" (required), "out_dtype"
   /// (left out when it equals dtype), "flag" (true/false, left out when
-  /// false), "stride" (operand stride classes, left out for the default layout).
+  /// false), "stride" (operand stride classes, left out for the default
+  /// layout), "accum" ("fast", from the op's fast_accum switch; left out
+  /// for the default "precise").
   std::string_view kind;
   std::string_view csv_name;  ///< its column in a shape CSV (aiter's "outdtype"): name when empty
   /// >= 0: its place before device_name in a file name (SGLang's
@@ -298,10 +321,11 @@ struct OpInfo {
 KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
 
 /// Any op by name, with its tensors in argument order (an absent optional
-/// argument is a TensorRef without data) and its scalars in order: the
-/// same call as the op's own function (for bindings).
+/// argument is a TensorRef without data) and its scalars in order (a switch
+/// as 0 or 1; trailing switches may be left out: off): the same call as the
+/// op's own function (for bindings).
 /// Errors: invalid_argument (unknown op, wrong number of tensors or
-/// scalars), then as the op.
+/// scalars, a switch other than 0 or 1, naming it), then as the op.
 KDISPATCH_API Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
                              std::span<const float> scalars, Stream stream = {},
                              const CallOptions& opts = {}) noexcept;

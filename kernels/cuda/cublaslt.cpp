@@ -187,8 +187,11 @@ struct Descs {
   cublasLtMatrixLayoutOpaque_t a, b, c;  // cuBLASLt's A (our B), B (our A), C = D
 };
 
+/// `fast_refused` (when non-null) is set when the failure is cuBLASLt
+/// refusing FAST_ACCUM: the family then declines the call.
 cublasStatus_t make_descs(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd,
-                          const void* bias, Descs* d, const ScalePtrs& sc = placeholder_scales()) {
+                          const void* bias, Descs* d, const ScalePtrs& sc = placeholder_scales(),
+                          bool* fast_refused = nullptr) {
   cublasStatus_t s = api.desc_init(&d->op, sizeof d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
@@ -212,6 +215,20 @@ cublasStatus_t make_descs(const Api& api, const core::Problem& p, int64_t lda, i
         return s;
       if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)) != CUBLAS_STATUS_SUCCESS)
         return s;
+    }
+    // accum=fast: FAST_ACCUM (int8_t 1), no periodic promotion of the fp8
+    // MMAs' partial sums to fp32 (torch._scaled_mm's use_fast_accum). Set on
+    // every descriptor of the call (the heuristic, the algorithm check, the
+    // launch), so a row enumerated for a fast key is checked and run fast. A
+    // refusal here, an empty heuristic or a failed algorithm check (the
+    // block modes may refuse it, as torch refuses fast accumulation with
+    // block-wise scaling) make the family decline the call.
+    if (p.accum == core::Accum::fast) {
+      const int8_t fast = 1;
+      if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)) != CUBLAS_STATUS_SUCCESS) {
+        if (fast_refused) *fast_refused = true;
+        return s;
+      }
     }
   }
   if (p.has_bias) {
@@ -347,7 +364,7 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
 // exact call shape, asked once (a miss path only), kept for the process.
 struct PickKey {
   int64_t m, n, k, lda, ldb, ldd, ws;
-  int32_t in, out, bias, op;
+  int32_t in, out, bias, op, accum;
   uint32_t align_a, align_b, align_c;
   bool operator==(const PickKey&) const = default;
 };
@@ -355,7 +372,7 @@ struct PickHash {
   size_t operator()(const PickKey& k) const noexcept {
     uint64_t h = 1469598103934665603ull;
     for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}, int64_t{k.op},
-                      int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
+                      int64_t{k.accum}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
       h ^= static_cast<uint64_t>(v);
       h *= 1099511628211ull;
     }
@@ -406,14 +423,20 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
   const core::Problem q = lt_problem(p);  // the block layout's K as cuBLASLt runs it
   const int64_t lda = q.k, ldb = q.k, ldd = q.n;
   static const char kBias = 0;
-  cublasStatus_t s = make_descs(a, q, lda, ldb, ldd, q.has_bias ? &kBias : nullptr, &d);
+  bool fast_refused = false;
+  cublasStatus_t s = make_descs(a, q, lda, ldb, ldd, q.has_bias ? &kBias : nullptr, &d, placeholder_scales(),
+                                &fast_refused);
+  if (fast_refused)
+    return make_status(StatusCode::unsupported_problem, "cuBLASLt refuses FAST_ACCUM (accum=fast): " + status_text(s));
   cublasLtMatmulAlgo_t algo;
   if (s == CUBLAS_STATUS_SUCCESS) s = make_algo(a, q, prm, &algo);
   cublasLtMatmulHeuristicResult_t r;
   std::memset(&r, 0, sizeof r);
   if (s == CUBLAS_STATUS_SUCCESS) s = a.algo_check(a.handle, &d.op, &d.a, &d.b, &d.c, &d.c, &algo, &r);
   if (s != CUBLAS_STATUS_SUCCESS)
-    return make_status(StatusCode::unsupported_problem, "cublasLtMatmulAlgoCheck: " + status_text(s));
+    return make_status(StatusCode::unsupported_problem,
+                       "cublasLtMatmulAlgoCheck: " + status_text(s) +
+                           (q.accum == core::Accum::fast ? " (with FAST_ACCUM, accum=fast)" : ""));
   return Status();
 }
 
@@ -543,7 +566,10 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     }
   }
   Descs d;
-  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, bias, &d, sc);
+  bool fast_refused = false;
+  cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, bias, &d, sc, &fast_refused);
+  if (fast_refused)
+    return core::needs_fallback("cuBLASLt refuses FAST_ACCUM (accum=fast): " + status_text(s));
   if (s != CUBLAS_STATUS_SUCCESS)
     return make_status(StatusCode::backend_error, "cuBLASLt descriptors: " + status_text(s));
   cublasLtMatmulAlgo_t algo;
@@ -559,7 +585,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     al.c = align_of(D, ldd * oe);
     const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer,
                       static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), bias ? 1 : 0,
-                      static_cast<int32_t>(p.op), al.a, al.b, al.c};
+                      static_cast<int32_t>(p.op), static_cast<int32_t>(p.accum), al.a, al.b, al.c};
     Pick pick;
     bool cached = false;
     try {
@@ -583,7 +609,9 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
       return make_status(StatusCode::out_of_memory, "cuBLASLt heuristic cache");
     }
     if (!pick.found)
-      return core::needs_fallback("cuBLASLt's heuristic has no algorithm for this call");
+      return core::needs_fallback(p.accum == core::Accum::fast
+                                      ? "cuBLASLt's heuristic has no algorithm with FAST_ACCUM (accum=fast) for this call"
+                                      : "cuBLASLt's heuristic has no algorithm for this call");
     algo = pick.algo;
     ws_need = pick.workspace;
   } else {

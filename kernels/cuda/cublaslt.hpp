@@ -29,7 +29,9 @@
 // D^T[N,M] = op(B)[N,K] A^T[K,M] with op = transpose: "A" = B (K x N, ld
 // ldb, transa T), "B" = A (K x M, ld lda), C = D = (N x M, ld ldd): the TN
 // layout torch's F.linear uses. Bias: CUBLASLT_EPILOGUE_BIAS (a per-row
-// vector of D^T, i.e. bias[n]) in D's dtype.
+// vector of D^T, i.e. bias[n]) in D's dtype. An fp8 problem with
+// Problem::accum == fast (key accum=fast) sets CUBLASLT_MATMUL_DESC_FAST_ACCUM
+// on every descriptor (heuristic, check, launch); a refusal declines.
 #pragma once
 
 #include <cstdint>

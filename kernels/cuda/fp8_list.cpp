@@ -10,6 +10,10 @@
 //   gemm_fp8_<layout>_e4m3fn__cublaslt    cuBLASLt's fp8 algorithms in the
 //                                         layout's scale mode (dynamic)
 //   gemm_fp8_<layout>_e4m3fn__cuda_ref    the validation baseline
+// A fast-accumulation problem (Problem::accum, key accum=fast) reaches the
+// same rows: cuBLASLt runs it with FAST_ACCUM (or declines, kernels/cuda/
+// cublaslt.cpp); skinny_mma and the reference accumulate in fp32, a valid
+// (more precise) answer, and serve it unchanged.
 // The quantisation ops (quant_fp8_tensor / _token / _group), x fp32, fp16
 // or bf16, q e4m3fn:
 //   quant_fp8_<layout>_<dt>__cuda         x * (1 / scale), num_warps

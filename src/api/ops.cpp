@@ -224,7 +224,7 @@ struct CallKey {
   int64_t m, n, k, extra0, extra1;
   uint32_t stride_code;
   int32_t ordinal;
-  uint8_t op, device_type, in_dtype, out_dtype, has_bias, pad[3];
+  uint8_t op, device_type, in_dtype, out_dtype, has_bias, accum, pad[2];
 };
 static_assert(sizeof(CallKey) == 56, "CallKey is compared as bytes: no implicit padding");
 
@@ -243,6 +243,7 @@ CallKey call_key(const core::Problem& p) noexcept {
   c.in_dtype = static_cast<uint8_t>(p.in_dtype);
   c.out_dtype = static_cast<uint8_t>(p.out_dtype);
   c.has_bias = p.has_bias ? 1 : 0;
+  c.accum = static_cast<uint8_t>(p.accum);
   return c;
 }
 
@@ -483,6 +484,7 @@ std::string_view field_kind_name(core::FieldKind k) noexcept {
     case core::FieldKind::out_dtype: return "out_dtype";
     case core::FieldKind::flag: return "flag";
     case core::FieldKind::stride: return "stride";
+    case core::FieldKind::accum: return "accum";
   }
   return "?";
 }
@@ -519,7 +521,8 @@ struct OpListStorage {
         a.push_back(i);
       }
       std::vector<OpScalarInfo> sc;
-      for (const core::ScalarSlot& x : s->scalars) sc.push_back({x.name, x.default_value});
+      for (const core::ScalarSlot& x : s->scalars)
+        sc.push_back({x.name, x.default_value, x.kind == core::ScalarKind::accum ? "bool" : "float"});
       std::vector<OpKeyFieldInfo> f;
       for (const core::KeyField& k : s->fields)
         f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name, k.file_pos});
@@ -544,13 +547,40 @@ struct OpListStorage {
   }
 };
 
+// The scalars a caller must give: all but the trailing switches (left out:
+// off, as callers wrote before the op had them).
+size_t required_scalars(const core::OpSpec& s) noexcept {
+  size_t n = s.scalars.size();
+  while (n > 0 && s.scalars[n - 1].kind == core::ScalarKind::accum) --n;
+  return n;
+}
+
 // The args struct of `op` from slot-ordered tensors and scalars.
 [[gnu::cold]] Status count_error(const core::OpSpec& s, size_t nt, size_t ns) {
+  const size_t need = required_scalars(s);
   return make_status(StatusCode::invalid_argument,
                      std::string(s.name) + " takes " + std::to_string(s.slots.size()) + " tensors and " +
+                         (need == s.scalars.size() ? "" : std::to_string(need) + " to ") +
                          std::to_string(s.scalars.size()) + " scalars, got " + std::to_string(nt) + " and " +
                          std::to_string(ns));
 }
+
+// The op's scalars in full (left-out switches: their defaults), each switch
+// checked to be 0 or 1 before it becomes a bool member. Errors name it.
+Status full_scalars(const core::OpSpec& s, std::span<const float> given, float (&out)[core::kMaxScalars]) noexcept {
+  for (size_t j = 0; j < s.scalars.size(); ++j) {
+    out[j] = j < given.size() ? given[j] : s.scalars[j].default_value;
+    if (s.scalars[j].kind == core::ScalarKind::accum && out[j] != 0.f && out[j] != 1.f)
+      return make_status(StatusCode::invalid_argument,
+                         std::string(s.scalars[j].name) +
+                             ": must be 0 or 1 (false or true: 1 asks for fast accumulation), got " +
+                             std::to_string(out[j]));
+  }
+  return Status();
+}
+
+inline void set_scalar(float& member, float v) noexcept { member = v; }
+inline void set_scalar(bool& member, float v) noexcept { member = v != 0.f; }
 
 const core::OpSpec* spec_named(std::string_view op) noexcept { return core::find_spec(op); }
 
@@ -677,13 +707,16 @@ Result<ConfigTimings> time_configs(Runtime& rt, std::string_view op, std::string
 }
 
 #define KD_ARG_FROM_SPAN(x) args.x = tensors[i++];
-#define KD_SCALAR_FROM_SPAN(x) args.x = scalars[j++];
+#define KD_SCALAR_FROM_SPAN(x) set_scalar(args.x, full[j++]);
 Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors, std::span<const float> scalars,
                Stream stream, const CallOptions& opts) noexcept {
   const core::OpSpec* s = spec_named(op);
   if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
-  if (tensors.size() != s->slots.size() || scalars.size() != s->scalars.size())
+  if (tensors.size() != s->slots.size() || scalars.size() > s->scalars.size() ||
+      scalars.size() < required_scalars(*s))
     return count_error(*s, tensors.size(), scalars.size());
+  float full[core::kMaxScalars] = {};
+  if (Status st = full_scalars(*s, scalars, full); !st.ok()) return st;
   switch (s->op) {
 #define KD_GENERIC_CALL(op, Args, tensors_, scalars_)                                   \
   case core::OpKind::op: {                                                             \
@@ -704,8 +737,11 @@ Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<con
                                  std::span<const float> scalars) noexcept {
   const core::OpSpec* s = spec_named(op);
   if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
-  if (tensors.size() != s->slots.size() || scalars.size() != s->scalars.size())
+  if (tensors.size() != s->slots.size() || scalars.size() > s->scalars.size() ||
+      scalars.size() < required_scalars(*s))
     return count_error(*s, tensors.size(), scalars.size());
+  float full[core::kMaxScalars] = {};
+  if (Status st = full_scalars(*s, scalars, full); !st.ok()) return st;
   switch (s->op) {
 #define KD_GENERIC_PRETUNE(op, Args, tensors_, scalars_)                                \
   case core::OpKind::op: {                                                             \

@@ -398,10 +398,11 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
     if (!impl_->tuner) return Status();
     // Columns: op, backend, device_name, dtype, out_dtype, M, then every dim
     // field of the op list (each op's in file-name order, first mention
-    // first: N,K,hidden,...), the flag fields (bias: true/false on every
-    // row), stride, count, key.
+    // first: N,K,hidden,...), the accumulation fields (accum: fast/precise
+    // on every row), the flag fields (bias: true/false on every row),
+    // stride, count, key.
     std::vector<std::pair<std::string_view, core::Dim>> dim_cols;  // name, and the Problem dim of each op
-    std::vector<std::string_view> flag_cols;
+    std::vector<std::string_view> accum_cols, flag_cols;
     for (const core::OpSpec* s : core::all_specs()) {
       std::vector<const core::KeyField*> fs;
       for (const core::KeyField& f : s->fields) fs.push_back(&f);
@@ -414,11 +415,15 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
           dim_cols.emplace_back(f->name, f->dim);
         if (f->kind == core::FieldKind::flag && std::find(flag_cols.begin(), flag_cols.end(), f->name) == flag_cols.end())
           flag_cols.push_back(f->name);
+        if (f->kind == core::FieldKind::accum &&
+            std::find(accum_cols.begin(), accum_cols.end(), f->name) == accum_cols.end())
+          accum_cols.push_back(f->name);
       }
     }
     // RFC 4180: the key holds commas, so it is quoted (it holds no quotes).
     std::string csv = "op,backend,device_name,dtype,out_dtype,M";
     for (const auto& c : dim_cols) csv += "," + std::string(c.first);
+    for (std::string_view f : accum_cols) csv += "," + std::string(f);
     for (std::string_view f : flag_cols) csv += "," + std::string(f);
     csv += ",stride,count,key\n";
     for (const auto& [ev, count] : impl_->tuner->misses()) {
@@ -437,6 +442,7 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
           if (k.kind == core::FieldKind::dim && k.name == c.first) f = &k;
         csv += "," + (f ? std::to_string(core::dim_value(p, f->dim)) : std::string());
       }
+      for (size_t i = 0; i < accum_cols.size(); ++i) csv += p.accum == core::Accum::fast ? ",fast" : ",precise";
       for (size_t i = 0; i < flag_cols.size(); ++i) csv += p.has_bias ? ",true" : ",false";
       csv += "," + std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) +
              "\"\n";

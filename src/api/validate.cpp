@@ -145,6 +145,12 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
 
 constexpr bool is_written(const ArgSlot& s) noexcept { return s.role != Role::read; }
 
+// A switch scalar (ScalarKind::accum) is 0 or 1.
+[[gnu::always_inline]] inline bool switch_ok(float v) noexcept { return v == 0.f || v == 1.f; }
+std::string switch_text(float v) {
+  return "must be 0 or 1 (false or true: 1 asks for fast accumulation), got " + std::to_string(v);
+}
+
 // ------------------------------------------------------------------ the detailed path
 
 struct Binding {
@@ -247,9 +253,12 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       if (!slot(i).optional && slot(i).rank == 1)
         if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
     // 4. Scalars.
-    for (size_t j = 0; j < s.scalars.size(); ++j)
+    for (size_t j = 0; j < s.scalars.size(); ++j) {
       if (s.scalars[j].positive && !(scalars[j] > 0.f))
         return bad(s.scalars[j].name, "must be > 0, got " + std::to_string(scalars[j]));
+      if (s.scalars[j].kind == core::ScalarKind::accum && !switch_ok(scalars[j]))
+        return bad(s.scalars[j].name, switch_text(scalars[j]));
+    }
     // 5. One dtype where the spec wants one.
     if (!s.same_dtype.empty()) {
       bool same = true;
@@ -427,8 +436,14 @@ template <core::OpKind Op>
     if ((S.positive.dims >> d) & 1u) ok = ok && dim[d] >= 1;
     ok = ok && dim[d] <= core::kMaxDim;
   }
-  for (size_t j = 0; j < S.scalars.size(); ++j)
+  core::Accum accum = core::Accum::precise;
+  for (size_t j = 0; j < S.scalars.size(); ++j) {
     if (S.scalars[j].positive) ok = ok && scalars[j] > 0.f;
+    if (S.scalars[j].kind == core::ScalarKind::accum) {
+      ok = ok && switch_ok(scalars[j]);
+      if (scalars[j] != 0.f) accum = core::Accum::fast;
+    }
+  }
   for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
   // Written 2-D slots against the other 2-D slots (the pairs are a
   // constant of the spec: each_pair visits only those that need a test).
@@ -502,6 +517,7 @@ template <core::OpKind Op>
     la->ld[i] = 0;
   }
   p->has_bias = any_optional;
+  p->accum = accum;
   for (size_t o = 0; o < S.order.size() && o < 4; ++o) {
     const TensorRef& x = *t[S.order[o]];
     ranks[o] = S.slots[static_cast<size_t>(S.order[o])].rank;
@@ -540,7 +556,7 @@ Status validate_slots(const TensorRef* const* t, const float* scalars, core::Pro
 }
 
 #define KD_TENSOR_PTR(x) &args.x,
-#define KD_SCALAR_VAL(x) args.x,
+#define KD_SCALAR_VAL(x) static_cast<float>(args.x), /* a switch's bool: 0 or 1 */
 #define KD_VALIDATE_DEF(op, Args, tensors, scalars)                                                          \
   template Status validate_slots<core::OpKind::op>(const TensorRef* const*, const float*, core::Problem*,    \
                                                    core::LaunchArgs*, bool*, bool) noexcept;                 \

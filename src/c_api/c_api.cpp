@@ -241,15 +241,31 @@ Status tensors_of(const dispatch::OpInfo& op, const DLTensor* const* t, int32_t 
   return Status();
 }
 
-Status scalars_of(const dispatch::OpInfo& op, const float* s, int32_t n, std::vector<float>* out) {
-  if (n != static_cast<int32_t>(op.scalars.size()))
+// The op's scalars: n of them, all, or all but the trailing switches (off:
+// what a caller wrote before the op had them). KDISPATCH_CALL_FAST_ACCUM in
+// `flags` turns the op's fast_accum switch on (an op without one refuses it).
+Status scalars_of(const dispatch::OpInfo& op, const float* s, int32_t n, uint32_t flags, std::vector<float>* out) {
+  size_t need = op.scalars.size();
+  while (need > 0 && op.scalars[need - 1].kind == "bool") --need;
+  if (n < static_cast<int32_t>(need) || n > static_cast<int32_t>(op.scalars.size()))
     return dispatch::make_status(StatusCode::invalid_argument,
-                                 std::string(op.name) + " takes " + std::to_string(op.scalars.size()) +
-                                     " scalars, got " + std::to_string(n));
+                                 std::string(op.name) + " takes " +
+                                     (need == op.scalars.size() ? "" : std::to_string(need) + " to ") +
+                                     std::to_string(op.scalars.size()) + " scalars, got " + std::to_string(n));
   if (n > 0 && s == nullptr)
     return dispatch::make_status(StatusCode::invalid_argument,
                                  "scalars is NULL (" + std::string(op.name) + " takes " + std::to_string(n) + ")");
   out->assign(s, s + n);
+  for (size_t j = out->size(); j < op.scalars.size(); ++j) out->push_back(op.scalars[j].default_value);
+  if ((flags & KDISPATCH_CALL_FAST_ACCUM) != 0) {
+    size_t j = 0;
+    while (j < op.scalars.size() && !(op.scalars[j].kind == "bool" && op.scalars[j].name == "fast_accum")) ++j;
+    if (j == op.scalars.size())
+      return dispatch::make_status(StatusCode::invalid_argument,
+                                   "flags: KDISPATCH_CALL_FAST_ACCUM is for ops with a fast_accum switch (the fp8 "
+                                   "GEMMs), " + std::string(op.name) + " has none");
+    (*out)[j] = 1.f;
+  }
   return Status();
 }
 
@@ -272,7 +288,7 @@ kdispatch_status call_by_slots(const char* fn, kdispatch_runtime* rt, std::strin
   std::vector<dispatch::TensorRef> tensors;
   std::vector<float> scalars;
   if (auto s = tensors_of(*o, t, nt, false, &tensors); !s.ok()) return finish(s);
-  if (auto s = scalars_of(*o, sc, ns, &scalars); !s.ok()) return finish(s);
+  if (auto s = scalars_of(*o, sc, ns, flags, &scalars); !s.ok()) return finish(s);
   dispatch::DispatchInfo di;
   dispatch::CallOptions co;
   co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
@@ -323,7 +339,7 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
   std::vector<dispatch::TensorRef> tensors;
   std::vector<float> scalars;
   if (auto s = tensors_of(*o, t, nt, true, &tensors); !s.ok()) return finish(s);
-  if (auto s = scalars_of(*o, sc, ns, &scalars); !s.ok()) return finish(s);
+  if (auto s = scalars_of(*o, sc, ns, 0, &scalars); !s.ok()) return finish(s);
   auto r = dispatch::pretune_op(*rt->rt, op, tensors, scalars);
   if (!r.ok()) return finish(r.status());
   *json_out = dup(pretune_json(*r));
@@ -331,7 +347,7 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 }
 
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
-// "optional", "rows", "cols", "alias_of", "dtype", "col_major_ok"}], "scalars": [{"name", "default"}],
+// "optional", "rows", "cols", "alias_of", "dtype", "col_major_ok"}], "scalars": [{"name", "default", "kind"}],
 // "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace", "in_dtypes"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
 std::string op_list_json() {
   dispatch::core::JsonWriter w;
@@ -352,7 +368,7 @@ std::string op_list_json() {
     }
     w.end_array().key("scalars").begin_array();
     for (const dispatch::OpScalarInfo& x : o.scalars)
-      w.begin_object().field("name", x.name).field("default", static_cast<double>(x.default_value)).end_object();
+      w.begin_object().field("name", x.name).field("default", static_cast<double>(x.default_value)).field("kind", x.kind).end_object();
     w.end_array().key("key_fields").begin_array();
     for (const dispatch::OpKeyFieldInfo& f : o.key_fields) {
       w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name);
@@ -659,35 +675,49 @@ kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, const char* op, con
 
 // kdispatch_<op> and kdispatch_pretune_<op>, one pair per row of the op list
 // (core/op_list.hpp): the DLTensors and floats in argument order, then the
-// generic translation above.
+// generic translation above. Switch scalars (KD_PP_IS_SWITCH: fast_accum)
+// are no parameters (ABI 1's signatures stay as they were): the call's
+// flags carry them (scalars_of), a pretune of a switched-on problem goes
+// through kdispatch_op_pretune.
 #define KD_C_TPARAM(x) const DLTensor* x,
-#define KD_C_SPARAM(x) float x,
+#define KD_C_SPARAM_0(x) float x,
+#define KD_C_SPARAM_1(x)
+#define KD_C_SPARAM(x) KD_PP_CAT(KD_C_SPARAM_, KD_PP_IS_SWITCH(x))(x)
+#define KD_C_SNAME_0(x) x,
+#define KD_C_SNAME_1(x)
+#define KD_C_SNAME(x) KD_PP_CAT(KD_C_SNAME_, KD_PP_IS_SWITCH(x))(x)
 #define KD_C_NAME(x) x,
 #define KD_C_OP(op, Args, tensors, scalars)                                                                      \
   kdispatch_status kdispatch_##op(kdispatch_runtime* rt, KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)      \
                                       KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) void* stream,          \
                                   uint32_t flags, kdispatch_dispatch_info* info) {                               \
     const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                  \
-    const float s[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, scalars) 0.f};                                  \
+    const float s[] = {KD_PP_FOR_EACH(KD_C_SNAME, KD_PP_NOTHING, scalars) 0.f};                                 \
+    constexpr int32_t ns = static_cast<int32_t>(sizeof s / sizeof s[0]) - 1;                                     \
     return guarded("kdispatch_" #op, [&]() -> kdispatch_status {                                                \
-      return call_by_slots("kdispatch_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, KD_PP_SIZE(scalars), nullptr,  \
-                           0, stream, flags, info);                                                              \
+      return call_by_slots("kdispatch_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, ns, nullptr, 0, stream, flags, \
+                           info);                                                                                \
     });                                                                                                          \
   }                                                                                                              \
   kdispatch_status kdispatch_pretune_##op(kdispatch_runtime* rt,                                                \
                                           KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)                   \
                                               KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) char** json_out) { \
     const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                  \
-    const float s[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, scalars) 0.f};                                  \
+    const float s[] = {KD_PP_FOR_EACH(KD_C_SNAME, KD_PP_NOTHING, scalars) 0.f};                                 \
+    constexpr int32_t ns = static_cast<int32_t>(sizeof s / sizeof s[0]) - 1;                                     \
     return guarded("kdispatch_pretune_" #op, [&]() -> kdispatch_status {                                        \
-      return pretune_by_slots("kdispatch_pretune_" #op, rt, #op, t, KD_PP_SIZE(tensors), s,                     \
-                              KD_PP_SIZE(scalars), json_out);                                                    \
+      return pretune_by_slots("kdispatch_pretune_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, ns, json_out);      \
     });                                                                                                          \
   }
 KDISPATCH_OP_LIST(KD_C_OP)
 #undef KD_C_OP
 #undef KD_C_NAME
+#undef KD_C_SNAME
+#undef KD_C_SNAME_1
+#undef KD_C_SNAME_0
 #undef KD_C_SPARAM
+#undef KD_C_SPARAM_1
+#undef KD_C_SPARAM_0
 #undef KD_C_TPARAM
 
 // kdispatch_gemm with a workspace for this call.

@@ -40,7 +40,7 @@ inline std::string op_names_text(std::string_view conj = "or") {
 }
 
 /// The key fields of `op` of one kind ("dim", "dtype", "out_dtype", "flag",
-/// "stride"), in key order.
+/// "stride", "accum"), in key order.
 inline std::vector<const dispatch::OpKeyFieldInfo*> fields_of_kind(const dispatch::OpInfo& op, std::string_view kind) {
   std::vector<const dispatch::OpKeyFieldInfo*> out;
   for (const dispatch::OpKeyFieldInfo& f : op.key_fields)
@@ -73,18 +73,21 @@ inline std::vector<std::string_view> dims_in_file_order(const dispatch::OpInfo& 
 
 /// The columns of the misses CSV (Runtime::export_misses): op, backend,
 /// device_name, dtype, out_dtype, M, the dim fields of every op (each op's
-/// in file-name order, first mention first), the flag fields, stride,
-/// count, key.
+/// in file-name order, first mention first), the accumulation fields, the
+/// flag fields, stride, count, key.
 inline std::string misses_columns_text() {
-  std::vector<std::string_view> dims, flags;
+  std::vector<std::string_view> dims, accums, flags;
   for (const dispatch::OpInfo& op : dispatch::op_list()) {
     for (std::string_view d : dims_in_file_order(op))
       if (std::find(dims.begin(), dims.end(), d) == dims.end()) dims.push_back(d);
+    for (const dispatch::OpKeyFieldInfo* f : fields_of_kind(op, "accum"))
+      if (std::find(accums.begin(), accums.end(), f->name) == accums.end()) accums.push_back(f->name);
     for (const dispatch::OpKeyFieldInfo* f : fields_of_kind(op, "flag"))
       if (std::find(flags.begin(), flags.end(), f->name) == flags.end()) flags.push_back(f->name);
   }
   std::string out = "op,backend,device_name,dtype,out_dtype,M";
   for (std::string_view d : dims) out += "," + std::string(d);
+  for (std::string_view f : accums) out += "," + std::string(f);
   for (std::string_view f : flags) out += "," + std::string(f);
   return out + ",stride,count,key";
 }

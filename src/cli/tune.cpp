@@ -105,9 +105,10 @@ std::vector<std::string_view> split_csv_line(std::string_view l) {
 }
 
 // How the reader checks a column's values: M (an integer >= 1), a count or
-// a dim of some op (an integer >= 0 when given), a flag field (true/false).
+// a dim of some op (an integer >= 0 when given), a flag field (true/false),
+// an accumulation (fast/precise).
 struct ColumnRule {
-  enum Kind { any, m, count, flag } kind = any;
+  enum Kind { any, m, count, flag, accum } kind = any;
   std::string name;  // as messages spell it: "M", "N", "hidden", "count", "B", "bias"
 };
 
@@ -117,8 +118,9 @@ ColumnRule column_rule(const std::string& lname) {
   if (lname == "b") return {ColumnRule::count, "B"};  // aiter's batched GEMM lists
   for (const dsp::OpInfo& op : dsp::op_list())
     for (const dsp::OpKeyFieldInfo& f : op.key_fields)
-      if (lower(f.name) == lname && (f.kind == "dim" || f.kind == "flag"))
-        return {f.kind == "dim" ? ColumnRule::count : ColumnRule::flag, std::string(f.name)};
+      if (lower(f.name) == lname && (f.kind == "dim" || f.kind == "flag" || f.kind == "accum"))
+        return {f.kind == "dim" ? ColumnRule::count : f.kind == "flag" ? ColumnRule::flag : ColumnRule::accum,
+                std::string(f.name)};
   return {};
 }
 
@@ -128,6 +130,11 @@ std::string check_value(const ColumnRule& rule, std::string_view v, int64_t* m) 
     const std::string b = lower(v);
     if (b == "true" || b == "1" || b == "false" || b == "0" || b.empty()) return {};
     return rule.name + " '" + std::string(v) + "' is not true or false";
+  }
+  if (rule.kind == ColumnRule::accum) {
+    const std::string a = lower(v);
+    if (a == "fast" || a == "precise" || a.empty()) return {};
+    return rule.name + " '" + std::string(v) + "' is not fast or precise";
   }
   if (rule.kind == ColumnRule::any || (v.empty() && rule.kind != ColumnRule::m)) return {};
   int64_t n = 0;
@@ -437,6 +444,9 @@ RowKey row_key(const ShapeRow& r, const dsp::OpInfo& op, const std::vector<std::
     } else if (f.kind == "flag" && (lower(v) == "true" || v == "1")) {
       k.fields += "," + name + "=true";
       flags += "," + name;
+    } else if (f.kind == "accum" && lower(v) == "fast") {
+      k.fields += "," + name + "=fast";
+      flags += "," + name + "=fast";
     } else if (f.kind == "stride" && !v.empty()) {
       k.fields += "," + name + "=" + std::string(v);
       stride += "," + name + "=" + std::string(v);

@@ -48,6 +48,13 @@ inline constexpr int kOpCount = 0 KDISPATCH_OP_LIST(KD_OPKIND_COUNT);
 std::string_view op_name(OpKind op) noexcept;
 std::optional<OpKind> parse_op(std::string_view name) noexcept;
 
+/// How an op accumulates (the fp8 GEMMs' `accum` key field, set by their
+/// fast_accum switch): precise, fp32 (the default, left out of keys and file
+/// names); fast, a variant may accumulate at lower precision where its
+/// library offers it (cuBLASLt's FAST_ACCUM: fp8 tensor-core sums kept at
+/// ~fp22 on Hopper). A variant that always accumulates in fp32 serves both.
+enum class Accum : uint8_t { precise = 0, fast = 1 };
+
 /// Static + dynamic description of one call. Which member means what is
 /// the op's spec (src/ops/<op>.hpp): gemm m = M, n = N, k = K; norms m =
 /// tokens, n = hidden. Members an op does
@@ -75,6 +82,9 @@ struct Problem {
   /// key: a table row is checked against it only when it is below 16 (the
   /// vector kernels then decline and the call falls back to get_default).
   uint8_t align_bytes = 16;
+  /// The accumulation the caller asked for (a key field of the ops whose
+  /// spec has an Accum switch scalar; precise for every other op).
+  Accum accum = Accum::precise;
 };
 
 /// Most argument slots / float scalars an op has (core/op_spec.hpp).

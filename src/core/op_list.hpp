@@ -12,16 +12,24 @@
 // spec row in src/ops/, its kernels, and its public declarations (the C++
 // args struct and prototypes in dispatch/ops.hpp, the C prototypes in
 // dispatch/c_api.h). Every binding is generated from this row.
+//
+// A scalar may be a switch (core::ScalarKind::accum: a bool member of the
+// args struct, 0 or 1 where scalars travel as floats): each switch's name has
+// a KD_SWITCH_<name> line below, which KD_PP_IS_SWITCH reads. The C ABI's
+// kdispatch_<name> functions leave switches out of their parameters (their
+// `flags` carry them), so a switch added to an op keeps its C signature.
 #pragma once
+
+#define KD_SWITCH_fast_accum ~, 1
 
 #define KDISPATCH_OP_LIST(X)                                          \
   X(gemm, GemmArgs, (a, b, d, bias), ())                              \
   X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                           \
   X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))  \
   X(silu_and_mul, SiluAndMulArgs, (out, x), ())                       \
-  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), ()) \
-  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), ()) \
-  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), ())  \
+  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum)) \
+  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum)) \
+  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))  \
   X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                 \
   X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                   \
   X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())
@@ -48,3 +56,7 @@
 #define KD_PP_NOTHING()
 /// The number of elements of a parenthesised tuple.
 #define KD_PP_SIZE(tuple) KD_PP_NARG tuple
+/// 1 when scalar `x` is a switch (KD_SWITCH_<x> is defined as "~, 1"), else 0.
+#define KD_PP_SECOND_(a, b, ...) b
+#define KD_PP_SECOND(...) KD_PP_SECOND_(__VA_ARGS__)
+#define KD_PP_IS_SWITCH(x) KD_PP_SECOND(KD_PP_CAT(KD_SWITCH_, x), 0, ~)

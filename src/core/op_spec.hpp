@@ -122,11 +122,23 @@ struct ArgSlot {
   bool col_major_ok = false;
 };
 
-/// A float argument after the tensors (eps).
+/// What a scalar is.
+enum class ScalarKind : uint8_t {
+  real,   ///< a float argument (eps)
+  /// A switch: 0 or 1 (a bool member of the args struct; bool in the
+  /// bindings, a float 0/1 in the C ABI's scalar arrays) that chooses the
+  /// accumulation, Problem::accum (1: Accum::fast); a key field of kind
+  /// accum writes it. Part of the problem, not of the launch: variants read
+  /// Problem::accum, never its LaunchArgs scalar.
+  accum,
+};
+
+/// A scalar argument after the tensors (eps, fast_accum).
 struct ScalarSlot {
   std::string_view name;
   float default_value = 0.f;
   bool positive = false;  ///< must be > 0
+  ScalarKind kind = ScalarKind::real;
 };
 
 /// A static key field: how a Problem member is written in a key and in a
@@ -137,6 +149,7 @@ enum class FieldKind : uint8_t {
   out_dtype,  ///< Problem::out_dtype; left out when equal to in_dtype
   flag,       ///< Problem::has_bias as true/false; left out when false
   stride,     ///< Problem::stride_code as the stride classes of `stride_slots`; left out for the default layout
+  accum,      ///< Problem::accum as "fast"; left out when precise (a file name may say "precise")
 };
 struct KeyField {
   std::string_view name;
@@ -204,6 +217,10 @@ struct OpSpec {
   int8_t default_out_dtype = -1;
   /// Validation tolerance per output dtype (indexed by DType).
   Tolerance tolerance[kDTypeCount] = {};
+  /// The tolerance of a call with Problem::accum == fast, whatever the
+  /// output dtype (the accumulator, not the output's rounding, then sets the
+  /// error): each bound is the larger of this and the dtype's.
+  Tolerance fast_accum_tolerance = {};
   /// Arithmetic of one call (a multiply-add counts 2): what `kdispatch tune
   /// --max-flops` compares.
   double (*flops)(const Problem& p) = nullptr;
@@ -219,6 +236,17 @@ struct OpSpec {
     return m;
   }
 };
+
+/// The validation tolerance of output dtype `t` for problem `p`: the
+/// dtype's, widened to fast_accum_tolerance when p asks for fast accumulation.
+constexpr Tolerance tolerance_of(const OpSpec& spec, const Problem& p, DType t) noexcept {
+  Tolerance tol = spec.tolerance[static_cast<size_t>(t)];
+  if (p.accum == Accum::fast) {
+    if (spec.fast_accum_tolerance.atol_rel > tol.atol_rel) tol.atol_rel = spec.fast_accum_tolerance.atol_rel;
+    if (spec.fast_accum_tolerance.rtol > tol.rtol) tol.rtol = spec.fast_accum_tolerance.rtol;
+  }
+  return tol;
+}
 
 /// The spec of `op` (every OpKind has one).
 const OpSpec& spec_of(OpKind op) noexcept;

@@ -3,6 +3,13 @@
 //   D[M,N] = (A[M,K] ⊙ sa) · (B[N,K] ⊙ sb)^T (+ bias[N]),
 // A and B fp8 (e4m3fn), fp32 scales, fp32 accumulation, D and bias bf16,
 // fp16 or fp32. B row-major as torch.nn.Linear stores its weight.
+// fast_accum (a switch scalar, off by default) asks for fast accumulation:
+// cuBLASLt's FAST_ACCUM, the fp8 tensor-core sums kept at ~fp22 on Hopper
+// (torch._scaled_mm's use_fast_accum). A key field, `accum=fast`: rows
+// tuned for one accumulation never serve the other, and the tuner only tunes
+// what the call asked for. Variants that always accumulate in fp32
+// (skinny_mma, the references, the CPU variants) serve fast calls as they
+// are: more precise than asked is allowed.
 //
 //   gemm_fp8_tensor   sa [1], sb [1]: one scale per tensor (torch._scaled_mm's
 //                     default; vLLM's per-tensor cutlass_scaled_mm)
@@ -25,7 +32,7 @@
 // its own scale shapes, and every generic layer (validation, the tuner's
 // scratch, the bindings' shape rules) reads a slot's shape from its spec.
 // The layout is still part of every key and file name: it is the op.
-// Key: N, K, dtype (the fp8 format), out_dtype, [bias], [stride].
+// Key: N, K, dtype (the fp8 format), out_dtype, [accum=fast], [bias], [stride].
 #pragma once
 
 #include "core/op_spec.hpp"
@@ -61,9 +68,13 @@ constexpr ArgSlot scale_slot(std::string_view name, int8_t rank, DimExpr rows, D
           .fixed_dtype = DType::fp32, .fill = Fill::near_one, .col_major_ok = col_major_ok};
 }
 
+/// The switch: 1 asks for fast accumulation (Problem::accum).
+inline constexpr ScalarSlot kScalars[] = {{.name = "fast_accum", .default_value = 0.f, .kind = ScalarKind::accum}};
+
 inline constexpr KeyField kFields[] = {
     {.name = "K", .kind = FieldKind::dim, .dim = Dim::k, .file_pos = 1},
     {.name = "N", .kind = FieldKind::dim, .dim = Dim::n, .file_pos = 0},
+    {.name = "accum", .kind = FieldKind::accum},
     {.name = "bias", .kind = FieldKind::flag},
     {.name = "dtype", .kind = FieldKind::in_dtype},
     {.name = "out_dtype", .kind = FieldKind::out_dtype, .csv_name = "outdtype"},
@@ -106,6 +117,21 @@ void reference(const Problem& p, const RefArgs& r) {
 // 128-wide group sums in fp32, so variants differ by summation order and the
 // scales' roundings; bf16/fp16 outputs by a rounding step or two of the
 // final conversion.
+// Fast accumulation (accum=fast; cuBLASLt's FAST_ACCUM on sm_90): the fp8
+// MMAs keep their running sum in the tensor cores' accumulator format
+// (~fp22: 13 mantissa bits, truncated) and never promote it to fp32
+// ("intermediate results will not periodically be promoted", cublasLt.h),
+// so each 32-deep MMA step may drop up to 2^-13 of the running sum: <= 4 x
+// 2^-13 = 4.9e-4 of the partial sums over a 128-wide K-chunk, and K =
+// 4096's 128 steps bound it at 1.6% of the largest partial sum if every
+// step truncates the same way (DeepSeek-V3 reports ~2% relative error at
+// K = 4096 without promotion; sums of random sign stay far below the bound).
+// The fast budget, for every output dtype: |got - want| <= 2e-2 x max|ref|
+// + 3.2e-2 x |want|, 2.5x and 2x the bf16 budget (2000x the fp32 one); a
+// wrong scale or K group (errors of 10-50%) still fails. A model, not yet a
+// measurement: tests/gpu/test_gpu_fp8.cpp's accum=fast cases print the
+// largest error they see.
+inline constexpr Tolerance kFastAccumTolerance{2e-2, 3.2e-2};
 inline double flops(const Problem& p) { return 2.0 * p.m * p.n * p.k; }
 
 /// The spec every layout shares but for its name, summary, slots and reference.
@@ -116,7 +142,7 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
       .name = name,
       .summary = summary,
       .slots = slots,
-      .scalars = {},
+      .scalars = kScalars,
       .fields = kFields,
       .order = kOrder,
       .in_dtype_slot = kFp8ArgA,
@@ -128,6 +154,7 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
       .uses_workspace = true,
       .default_out_dtype = static_cast<int8_t>(DType::bf16),
       .tolerance = {{1e-5, 1e-4}, {1e-3, 2e-3}, {8e-3, 1.6e-2}},
+      .fast_accum_tolerance = kFastAccumTolerance,
       .flops = &flops,
       .reference = ref,
   };
@@ -142,7 +169,7 @@ inline constexpr ArgSlot kSlots[] = {
     bias_slot(),
 };
 inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_tensor, "gemm_fp8_tensor",
-    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[0] * scale_b[0] (+ bias[N]): fp8 w8a8 with per-tensor scales; fp32 accumulation.",
+    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[0] * scale_b[0] (+ bias[N]): fp8 w8a8 with per-tensor scales; fp32 accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
     kSlots, &reference<Fp8Scales::tensor>);
 }  // namespace gemm_fp8_tensor_spec
 
@@ -153,7 +180,7 @@ inline constexpr ArgSlot kSlots[] = {
     bias_slot(),
 };
 inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_rowwise, "gemm_fp8_rowwise",
-    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[M, None] * scale_b[None, N] (+ bias[N]): fp8 w8a8 with per-token and per-channel scales; fp32 accumulation.",
+    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[M, None] * scale_b[None, N] (+ bias[N]): fp8 w8a8 with per-token and per-channel scales; fp32 accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
     kSlots, &reference<Fp8Scales::rowwise>);
 }  // namespace gemm_fp8_rowwise_spec
 
@@ -168,7 +195,7 @@ inline constexpr ArgSlot kSlots[] = {
     bias_slot(),
 };
 inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_block, "gemm_fp8_block",
-    "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major [K/128, M] (or K-major, SGLang's default, passed as its transpose: a column-major view); fp32 accumulation.",
+    "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major [K/128, M] (or K-major, SGLang's default, passed as its transpose: a column-major view); fp32 accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
     kSlots, &reference<Fp8Scales::block>);
 }  // namespace gemm_fp8_block_spec
 

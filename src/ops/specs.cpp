@@ -14,13 +14,17 @@ static_assert(std::size(kSpecs) == static_cast<size_t>(kOpCount));
 
 // Each row's tensor names in core/op_list.hpp are its spec's slot names, in
 // order (the bindings take the names from the list, the layers from the spec).
+// A scalar is a switch in the row (KD_SWITCH_<name>) exactly when its
+// spec says so.
 #define KD_STR(x) #x,
+#define KD_SWITCH_BIT(x) KD_PP_IS_SWITCH(x),
 #define KD_ROW_NAMES(kd_op, args, tensors, scalars)                                               \
   static_assert(names_match(OpSpecOf<OpKind::kd_op>::value, {KD_PP_FOR_EACH(KD_STR, KD_PP_NOTHING, tensors)}, \
-                            {KD_PP_FOR_EACH(KD_STR, KD_PP_NOTHING, scalars)}),                    \
-                "core/op_list.hpp: the row of " #kd_op " and its spec disagree on argument names");
+                            {KD_PP_FOR_EACH(KD_STR, KD_PP_NOTHING, scalars)},                     \
+                            {KD_PP_FOR_EACH(KD_SWITCH_BIT, KD_PP_NOTHING, scalars)}),             \
+                "core/op_list.hpp: the row of " #kd_op " and its spec disagree on argument names or switches");
 constexpr bool names_match(const OpSpec& s, std::initializer_list<std::string_view> tensors,
-                           std::initializer_list<std::string_view> scalars) {
+                           std::initializer_list<std::string_view> scalars, std::initializer_list<int> switches) {
   if (tensors.size() != s.slots.size() || scalars.size() != s.scalars.size()) return false;
   size_t i = 0;
   for (std::string_view t : tensors)
@@ -28,10 +32,14 @@ constexpr bool names_match(const OpSpec& s, std::initializer_list<std::string_vi
   i = 0;
   for (std::string_view t : scalars)
     if (s.scalars[i++].name != t) return false;
+  i = 0;
+  for (int sw : switches)
+    if ((s.scalars[i++].kind == ScalarKind::accum) != (sw == 1)) return false;
   return s.slots.size() <= static_cast<size_t>(kMaxArgs) && s.scalars.size() <= static_cast<size_t>(kMaxScalars);
 }
 KDISPATCH_OP_LIST(KD_ROW_NAMES)
 #undef KD_ROW_NAMES
+#undef KD_SWITCH_BIT
 #undef KD_STR
 
 }  // namespace

@@ -264,6 +264,11 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
             return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not true/false");
           p.has_bias = value == "true" || value == "True";
           break;
+        case FieldKind::accum:
+          if (value != "fast" && value != "precise")
+            return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not fast/precise");
+          p.accum = value == "fast" ? core::Accum::fast : core::Accum::precise;
+          break;
         case FieldKind::stride:
           if (!parse_stride_field(value, spec, &p.stride_code))
             return make_status(StatusCode::invalid_argument,

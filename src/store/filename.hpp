@@ -61,8 +61,9 @@ bool parse_runtime_version(std::string_view text, std::vector<int>* version);
 
 /// The Problem an own-op key describes (m = 0), by the op's spec key
 /// fields: every dim field and dtype are required; out_dtype, a flag
-/// (bias=true|false) and stride are optional (gemm: N, K, dtype [,
-/// out_dtype] [, bias] [, stride]; the norms: hidden, dtype [, stride]).
+/// (bias=true|false), accum (fast|precise) and stride are optional (gemm:
+/// N, K, dtype [, out_dtype] [, bias] [, stride]; the fp8 GEMMs: those and
+/// [, accum]; the norms: hidden, dtype [, stride]).
 /// Errors: invalid_argument naming the missing or unknown field.
 Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fields) noexcept;
 

@@ -178,6 +178,11 @@ void write_stride_field(const core::Problem& p, KeyWriter& out) noexcept {
         field(f.name);
         write_stride_field(p, out);
         break;
+      case core::FieldKind::accum:
+        if (p.accum == core::Accum::precise) break;
+        field(f.name);
+        out.append("fast");
+        break;
     }
   }
 }

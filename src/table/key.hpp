@@ -49,7 +49,8 @@ void append_stride_field(const core::Problem& p, KeyBuffer* out) noexcept;
 
 /// The sorted field list of an own-op problem, from its op's spec key
 /// fields (core/op_spec.hpp), e.g. gemm K=..,N=..[,bias=true],dtype=..
-/// [,out_dtype=..][,stride=..]; rmsnorm dtype=..,hidden=..[,stride=..].
+/// [,out_dtype=..][,stride=..]; rmsnorm dtype=..,hidden=..[,stride=..]; the
+/// fp8 GEMMs K=..,N=..[,accum=fast][,bias=true],dtype=..[,out_dtype=..][,stride=..].
 void append_own_fields(const core::Problem& p, KeyBuffer* out) noexcept;
 
 /// The full key of an own-op problem on `backend` ("cpu", "cuda", "hip").
@@ -65,7 +66,7 @@ uint64_t key_hash(std::string_view key) noexcept;
 
 /// The binary form of an own-op static key, for the op hot path: every
 /// static member of the Problem (device, backend, op, dtypes, the static
-/// dims n, k and extra, bias, stride classes) in a fixed 56-byte POD, so a
+/// dims n, k and extra, bias, accumulation, stride classes) in a fixed 56-byte POD, so a
 /// call hashes 56 bytes and compares them with one memcmp instead of
 /// formatting and comparing text. Which of them an op uses is its spec's
 /// business: the ones it does not use are 0 in every Problem of that op.
@@ -83,7 +84,8 @@ struct OwnKey {
   uint8_t in_dtype = 0;
   uint8_t out_dtype = 0;
   uint8_t bias = 0;
-  uint8_t pad[7] = {0, 0, 0, 0, 0, 0, 0};
+  uint8_t accum = 0;  ///< core::Accum
+  uint8_t pad[6] = {0, 0, 0, 0, 0, 0};
 };
 static_assert(sizeof(OwnKey) == 56, "OwnKey is hashed and compared as 56 raw bytes");
 
@@ -102,6 +104,7 @@ inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcep
   k.in_dtype = static_cast<uint8_t>(p.in_dtype);
   k.out_dtype = static_cast<uint8_t>(p.out_dtype);
   k.bias = p.has_bias ? 1 : 0;
+  k.accum = static_cast<uint8_t>(p.accum);
   return k;
 }
 

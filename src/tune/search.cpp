@@ -101,7 +101,13 @@ Status zero_arg(DeviceMemory& mem, const ArgBuffer& a) {
 }  // namespace
 
 void validation_tolerance(core::OpKind op, DType t, double* atol_rel, double* rtol) noexcept {
-  const core::Tolerance& tol = core::spec_of(op).tolerance[static_cast<size_t>(t)];
+  core::Problem p;
+  p.op = op;
+  validation_tolerance(p, t, atol_rel, rtol);
+}
+
+void validation_tolerance(const core::Problem& p, DType t, double* atol_rel, double* rtol) noexcept {
+  const core::Tolerance tol = core::tolerance_of(core::spec_of(p.op), p, t);
   *atol_rel = tol.atol_rel;
   *rtol = tol.rtol;
 }
@@ -360,7 +366,7 @@ class Searcher {
       if (!ref_dev_[i].p) return make_status(StatusCode::out_of_memory, "reference copy of '" + a.name + "'");
       if (Status s = mem_.copy(ref_dev_[i].p, a.ptr, a.extent_bytes()); !s.ok()) return s;
       double atol = 0, rtol = 0;
-      validation_tolerance(t_.problem.op, a.dtype, &atol, &rtol);
+      validation_tolerance(t_.problem, a.dtype, &atol, &rtol);
       // Probe: the reference against itself tells whether the backend
       // compares on its own (and must pass).
       auto probe = mem_.compare(a, ref_dev_[i].p, atol, rtol, false);
@@ -385,7 +391,7 @@ class Searcher {
       const ArgBuffer& a = t_.args[i];
       if (!a.ptr || !a.written) continue;
       double atol = 0, rtol = 0;
-      validation_tolerance(t_.problem.op, a.dtype, &atol, &rtol);
+      validation_tolerance(t_.problem, a.dtype, &atol, &rtol);
       if (Status s = device_compare_ ? check_on_device(plan, i, atol, rtol) : check_on_host(plan, i, atol, rtol);
           !s.ok())
         return s;

@@ -100,8 +100,12 @@ inline constexpr uint32_t kPoisonFp32 = 0x7FBADBADu;
 inline constexpr uint16_t kPoisonBf16 = 0x7FBDu;
 inline constexpr uint16_t kPoisonFp16 = 0x7D5Bu;
 
-/// Validation tolerance of an output dtype of `op` (its spec; see compare()).
+/// Validation tolerance of an output dtype of `op` (its spec; see compare())
+/// for a precise problem.
 void validation_tolerance(core::OpKind op, DType t, double* atol_rel, double* rtol) noexcept;
+/// ... of problem `p`: widened to the spec's fast_accum_tolerance when p asks
+/// for fast accumulation (core::tolerance_of).
+void validation_tolerance(const core::Problem& p, DType t, double* atol_rel, double* rtol) noexcept;
 
 /// Plain host memory and the CPU clock.
 DeviceMemory& host_memory() noexcept;

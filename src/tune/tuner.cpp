@@ -142,7 +142,10 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
     out->la.data[i] = out->bufs[i].p;
     out->la.ld[i] = spec.slots[i].rank == 2 ? slots[i].ld : 0;
   }
-  for (size_t j = 0; j < spec.scalars.size(); ++j) out->la.scalar[j] = spec.scalars[j].default_value;
+  for (size_t j = 0; j < spec.scalars.size(); ++j)
+    out->la.scalar[j] = spec.scalars[j].kind == core::ScalarKind::accum
+                            ? (ev.problem.accum == core::Accum::fast ? 1.f : 0.f)  // the problem's switch
+                            : spec.scalars[j].default_value;
   return Status();
 }
 

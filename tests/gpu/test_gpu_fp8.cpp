@@ -5,19 +5,26 @@
 // poisoned first (every element checked written): M in {1, 3, 5, 16, 17, 64,
 // 65, 1023}, N and K not multiples of 128 (partial blocks), bias, bf16 /
 // fp16 / fp32 outputs, a padded block scale_a; get_default on every shape;
-// zero / inf / NaN scales as documented. The quantisation ops: every
+// zero / inf / NaN scales as documented; fast accumulation (accum=fast,
+// cuBLASLt's FAST_ACCUM): every cuBLASLt candidate of the fast key within the
+// spec's fast tolerance, the block layout served or declined (never an
+// error), the op and pretune under the accum=fast key. The quantisation ops: every
 // variant and point, in all three input dtypes, bit for bit against the
 // same arithmetic on the host (scale = max(amax, 1e-10) / 448 in fp32, then
 // x / scale or x * (1 / scale), clamp, round to nearest even).
 #include <cstdlib>
 #include <doctest/doctest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "dispatch/ops.hpp"
+#include "dispatch/runtime.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/gemm_fp8.hpp"
 #include "ops/quant_fp8.hpp"
@@ -145,8 +152,9 @@ struct Fp8Case {
         absdot[size_t(i * s.n + j)] = aa;
       }
   }
-  Problem problem(DeviceType bt) const {
+  Problem problem(DeviceType bt, core::Accum accum = core::Accum::precise) const {
     Problem p;
+    p.accum = accum;
     p.op = gemm_op(l);
     p.device = Device{bt, 0};
     p.in_dtype = DType::fp8_e4m3fn;
@@ -201,6 +209,25 @@ struct Fp8Case {
         // scales' fp32 products: a few fp32 ulps of the absolute sum.
         const double tol = ulp + acc_rel * ad + 1e-30;
         if (worst && ad > 0) *worst = std::max(*worst, std::fabs(g - w) / ad);
+        if (!(std::fabs(g - w) <= tol))
+          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) + ")";
+      }
+    return {};
+  }
+  /// The tuner's check (core::Tolerance): |got - want| <= atol_rel *
+  /// max|want| + rtol * |want| at every element, none left unwritten. *worst
+  /// (when given): the largest |got - want| / max|want|.
+  std::string mismatch_tol(double atol_rel, double rtol, double* worst = nullptr) {
+    if (Status st = dd.download(&d); !st.ok()) return "download: " + st.to_string();
+    double scale = 0;
+    for (double w : want) scale = std::max(scale, std::fabs(w));
+    for (int64_t i = 0; i < s.m; ++i)
+      for (int64_t j = 0; j < s.n; ++j) {
+        const std::string where = "[" + std::to_string(i) + "," + std::to_string(j) + "]";
+        if (d.is_poison(i, j)) return where + " left unwritten";
+        const double w = want[size_t(i * s.n + j)], g = d.get(i, j);
+        const double tol = atol_rel * scale + rtol * std::fabs(w);
+        if (worst && scale > 0) *worst = std::max(*worst, std::fabs(g - w) / scale);
         if (!(std::fabs(g - w) <= tol))
           return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) + ")";
       }
@@ -365,6 +392,193 @@ TEST_CASE("gpu fp8 gemm: zero scales give zeros, an inf or NaN scale gives NaN w
         CHECK(!std::isfinite(c.d.get(3, 5)));
       }
     }
+  }
+}
+
+// ---------------------------------------------------------------- fast accumulation
+
+TEST_CASE("gpu fp8 gemm fast_accum: tensor and rowwise, every cuBLASLt candidate of the accum=fast key within the fast tolerance of float64") {
+  for (DeviceType bt : usable_backends()) {
+    if (bt != DeviceType::cuda) continue;
+    const DeviceInfo& dev = dev_of(bt);
+    std::mt19937 rng(25);
+    for (Fp8Scales l : {Fp8Scales::tensor, Fp8Scales::rowwise}) {
+      int runs = 0, candidates = 0, differ = 0;
+      double worst = 0;
+      for (const Fp8Shape& sh : kShapes) {
+        if (sh.sa_kmajor) continue;  // a block-only layout: the same problem again here
+        Fp8Case c(bt, l, sh, rng);
+        const Problem p = c.problem(bt, core::Accum::fast);
+        double atol = 0, rtol = 0;
+        dispatch::tune::validation_tolerance(p, sh.out, &atol, &rtol);
+        CHECK(atol == 2e-2);
+        CHECK(rtol == 3.2e-2);
+        for (const VariantDef* v : dispatch::core::variants_for(p.op, bt)) {
+          if (!(v->flags & dispatch::core::kVariantDynamicSpace)) continue;
+          // enumerate() asks the heuristic with FAST_ACCUM set: these are
+          // fast algorithms, checked (supports) and launched fast.
+          const std::vector<Plan> pts = dispatch::core::config_space(*v, p, dev);
+          candidates += int(pts.size());
+          for (const Plan& pl : pts) {
+            INFO(text(l, sh), " accum=fast ", dispatch::core::plan_to_string(pl));
+            c.poison();
+            const Status st = v->launch(c.args(), p, pl.params);
+            if (st.code() == core::kNeedsFallbackCode) {
+              MESSAGE("declined at launch: ", st.to_string());
+              continue;
+            }
+            REQUIRE_MESSAGE(st.ok(), st.to_string());
+            double w = 0;
+            CHECK(c.mismatch_tol(atol, rtol, &w) == "");
+            worst = std::max(worst, w);
+            // For the record: does FAST_ACCUM change the bits against the
+            // precise tolerance (fp32 accumulation's 1e-4 of sum|a b s|)?
+            if (c.mismatch(nullptr, 1e-4) != "") ++differ;
+            ++runs;
+          }
+        }
+      }
+      MESSAGE(layout_name(l), " accum=fast: ", runs, " runs of ", candidates,
+              " cuBLASLt candidates; largest |err| / max|want| ", worst, "; ", differ,
+              " runs outside the precise bound (1e-4 of sum|a b s|)");
+      CHECK(candidates > 0);  // cuBLASLt offers FAST_ACCUM algorithms in these scale modes on sm_90
+      CHECK(runs > 0);
+    }
+  }
+}
+
+TEST_CASE("gpu fp8 gemm fast_accum: the block layout is served within the fast tolerance or declined, never an error, and get_default serves every layout") {
+  for (DeviceType bt : usable_backends()) {
+    if (bt != DeviceType::cuda) continue;
+    const DeviceInfo& dev = dev_of(bt);
+    std::mt19937 rng(27);
+    for (Fp8Scales l : kLayouts) {
+      int served = 0, declined = 0, unsupported = 0;
+      for (const Fp8Shape& sh : kShapes) {
+        if (sh.sa_kmajor && l != Fp8Scales::block) continue;
+        Fp8Case c(bt, l, sh, rng);
+        const Problem p = c.problem(bt, core::Accum::fast);
+        double atol = 0, rtol = 0;
+        dispatch::tune::validation_tolerance(p, sh.out, &atol, &rtol);
+        for (const VariantDef* v : dispatch::core::variants_for(p.op, bt)) {
+          if (!(v->flags & dispatch::core::kVariantDynamicSpace)) continue;
+          // A concrete row of the precise key, asked for the fast problem:
+          // accepted (FAST_ACCUM on) or declined with a reason.
+          for (const Plan& pl : dispatch::core::config_space(*v, c.problem(bt), dev)) {
+            INFO(text(l, sh), " accum=fast on a precise candidate ", dispatch::core::plan_to_string(pl));
+            if (Status s = v->supports(p, pl.params, dev); !s.ok()) {
+              CHECK(s.code() == dispatch::StatusCode::unsupported_problem);
+              ++unsupported;
+              continue;
+            }
+            c.poison();
+            const Status st = v->launch(c.args(), p, pl.params);
+            if (st.code() == core::kNeedsFallbackCode) {
+              ++declined;
+              continue;
+            }
+            REQUIRE_MESSAGE(st.ok(), st.to_string());
+            CHECK(c.mismatch_tol(atol, rtol) == "");
+            ++served;
+          }
+        }
+        // get_default for the fast problem, with the op's fallback to the reference.
+        const Plan plan = dispatch::core::get_default(p, dev);
+        REQUIRE(plan.valid());
+        INFO(text(l, sh), " accum=fast get_default ", dispatch::core::plan_to_string(plan));
+        c.poison();
+        Plan run = plan;
+        Status st = plan.variant->launch(c.args(), p, plan.params);
+        if (st.code() == core::kNeedsFallbackCode) {
+          MESSAGE("get_default's plan declined the fast call (", st.to_string(), "): the reference serves");
+          for (const VariantDef* v : dispatch::core::variants_for(p.op, bt))
+            if (v->flags & dispatch::core::kVariantReference) run.variant = v;
+          st = run.variant->launch(c.args(), p, run.params);
+        }
+        REQUIRE_MESSAGE(st.ok(), st.to_string());
+        CHECK(c.mismatch_tol(atol, rtol) == "");
+      }
+      MESSAGE(layout_name(l), " accum=fast on the precise key's cuBLASLt rows: ", served, " served, ", declined,
+              " declined at launch, ", unsupported, " declined by supports()");
+    }
+  }
+}
+
+TEST_CASE("gpu fp8 gemm fast_accum: the op and pretune through a Runtime use the accum=fast key, the precise key stays as it was") {
+  for (DeviceType bt : usable_backends()) {
+    if (bt != DeviceType::cuda) continue;
+    char tmpl[] = "/tmp/kdispatch-gpu-fp8-fast-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    const std::string cache = tmpl;
+    auto rt = dispatch::Runtime::create([&] {
+      dispatch::RuntimeOptions o;
+      o.load_shipped_configs = false;
+      o.log_level = dispatch::LogLevel::off;
+      o.tune.mode = dispatch::TuneMode::off;
+      o.tune.cache_dir = cache;
+      o.tune.time_budget_ms = 500;
+      return o;
+    }());
+    REQUIRE(rt.ok());
+    const DeviceInfo& dev = dev_of(bt);
+    std::mt19937 rng(29);
+    const Device d{bt, 0};
+    for (Fp8Scales l : {Fp8Scales::tensor, Fp8Scales::rowwise}) {
+      const Fp8Shape sh{1024, 4096, 4096};
+      Fp8Case c(bt, l, sh, rng);
+      const LaunchArgs la = c.args();
+      dispatch::GemmFp8Args g;
+      g.a = dispatch::make_tensor_2d(la.data[core::kFp8ArgA], DType::fp8_e4m3fn, sh.m, sh.k, sh.k, d);
+      g.b = dispatch::make_tensor_2d(la.data[core::kFp8ArgB], DType::fp8_e4m3fn, sh.n, sh.k, sh.k, d);
+      g.d = dispatch::make_tensor_2d(la.data[core::kFp8ArgD], sh.out, sh.m, sh.n, sh.n, d);
+      const int64_t na = l == Fp8Scales::tensor ? 1 : sh.m, nb = l == Fp8Scales::tensor ? 1 : sh.n;
+      g.scale_a = dispatch::make_tensor_1d(la.data[core::kFp8ArgSa], DType::fp32, na, d);
+      g.scale_b = dispatch::make_tensor_1d(la.data[core::kFp8ArgSb], DType::fp32, nb, d);
+      for (bool fast : {false, true}) {
+        g.fast_accum = fast;
+        std::string key;
+        dispatch::DispatchInfo info;
+        info.key = &key;
+        dispatch::CallOptions opts;
+        opts.info = &info;
+        opts.workspace = c.ws.get();
+        opts.workspace_bytes = Fp8Case::kWs;
+        c.poison();
+        const Status st = l == Fp8Scales::tensor
+                              ? dispatch::gemm_fp8_tensor(**rt, dispatch::GemmFp8TensorArgs{g}, {}, opts)
+                              : dispatch::gemm_fp8_rowwise(**rt, dispatch::GemmFp8RowwiseArgs{g}, {}, opts);
+        INFO(text(l, sh), fast ? " accum=fast " : " precise ", std::string(info.variant));
+        REQUIRE_MESSAGE(st.ok(), st.to_string());
+        const std::string fields = fast ? "|K=4096,N=4096,accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16"
+                                        : "|K=4096,N=4096,dtype=fp8_e4m3fn,out_dtype=bf16";
+        CHECK(key == "cuda/gemm_fp8_" + std::string(layout_name(l)) + "|" + dev.device_name + fields);
+        double atol = 0, rtol = 0;
+        dispatch::tune::validation_tolerance(c.problem(bt, fast ? core::Accum::fast : core::Accum::precise), sh.out,
+                                             &atol, &rtol);
+        CHECK(c.mismatch_tol(atol, rtol) == "");
+        MESSAGE(text(l, sh), fast ? " accum=fast: " : " precise: ", std::string(info.variant));
+        // The tuner searches the fast key's candidates (validated with the
+        // fast tolerance: none rejected) and keeps its row under that key.
+        if (fast) {
+          auto r = l == Fp8Scales::tensor ? dispatch::pretune(**rt, dispatch::GemmFp8TensorArgs{g})
+                                          : dispatch::pretune(**rt, dispatch::GemmFp8RowwiseArgs{g});
+          REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+          CHECK(r->key == key);
+          CHECK(r->rejected == 0);
+          MESSAGE(text(l, sh), " accum=fast pretune: ", r->variant, " ", r->best_us, " us (default ", r->default_us,
+                  " us), ", r->candidates, " candidates, ", r->rejected, " rejected, ", r->failed, " failed");
+          c.poison();
+          const Status again = l == Fp8Scales::tensor
+                                   ? dispatch::gemm_fp8_tensor(**rt, dispatch::GemmFp8TensorArgs{g}, {}, opts)
+                                   : dispatch::gemm_fp8_rowwise(**rt, dispatch::GemmFp8RowwiseArgs{g}, {}, opts);
+          REQUIRE_MESSAGE(again.ok(), again.to_string());
+          CHECK(info.source == dispatch::PlanSource::table);
+          CHECK(c.mismatch_tol(atol, rtol) == "");
+        }
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(cache, ec);
   }
 }
 

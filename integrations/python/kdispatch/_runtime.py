@@ -297,11 +297,17 @@ def _parameters(o, keyword_tail):
     for i, a in enumerate(o["args"]):
         params.append(P(a["name"], P.POSITIONAL_OR_KEYWORD, default=None if i >= trailing else P.empty))
     for x in o["scalars"]:
-        params.append(P(x["name"], P.POSITIONAL_OR_KEYWORD, default=x["default"]))
+        params.append(P(x["name"], P.POSITIONAL_OR_KEYWORD, default=_scalar_default(x)))
     if keyword_tail:
         params += [P("stream", P.KEYWORD_ONLY, default=None), P("capturing", P.KEYWORD_ONLY, default=False),
                    P("info", P.KEYWORD_ONLY, default=False)]
     return params
+
+
+def _scalar_default(x):
+    """A scalar's default as Python writes it: a switch (kind "bool", e.g.
+    the fp8 GEMMs' fast_accum) as False/True, a float as itself."""
+    return bool(x["default"]) if x.get("kind") == "bool" else x["default"]
 
 
 def _doc(o):
@@ -312,7 +318,10 @@ def _doc(o):
         dims = ", ".join(d for d in (_dim_text(a["rows"]), _dim_text(a["cols"])) if d)
         lines.append(f"  {a['name']}: [{dims}], {role(a)}{', optional' if a['optional'] else ''}")
     for x in o["scalars"]:
-        lines.append(f"  {x['name']}: float (default {x['default']:g})")
+        if x.get("kind") == "bool":
+            lines.append(f"  {x['name']}: bool (default {_scalar_default(x)})")
+        else:
+            lines.append(f"  {x['name']}: float (default {x['default']:g})")
     lines += ["stream: a CUDA/HIP stream (int or an object with .cuda_stream) for GPU arrays; capturing: the "
               "stream is being captured into a graph. Returns None, or with info=True a dict: {\"source\": "
               "\"table\"|\"default\"|\"forced\", \"variant\", \"M\", \"source_id\", \"tuned_now\"}."]

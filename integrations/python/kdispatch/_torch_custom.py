@@ -239,7 +239,10 @@ def _register(op):
         if a in outputs:
             continue
         params.append(f"{a['name']}: Optional[torch.Tensor] = None" if i >= trailing else f"{a['name']}: torch.Tensor")
-    params += [f"{s['name']}: float" for s in op["scalars"]]
+    # A switch (kind "bool": fast_accum) defaults to off, so calls written
+    # before the op had it keep working.
+    params += [f"{s['name']}: bool = {bool(s['default'])}" if s.get("kind") == "bool" else f"{s['name']}: float"
+               for s in op["scalars"]]
     names = [a["name"] for a in op["args"] if a not in outputs] + [s["name"] for s in op["scalars"]]
     qual = op["name"] if outputs else op["name"] + "_"
     ret = "None" if not outputs else "torch.Tensor" if len(outputs) == 1 else \

@@ -141,7 +141,8 @@ else:
         args = list(tensors)
         readable = [a for a in op["args"] if a["read"] or not a["written"]]
         args += [None] * (len(readable) - len(args))
-        args += [float(scalars.get(s["name"], s["default"])) for s in op["scalars"]]
+        args += [bool(scalars.get(s["name"], s["default"])) if s.get("kind") == "bool"
+                 else float(scalars.get(s["name"], s["default"])) for s in op["scalars"]]
         out = getattr(torch.ops.kdispatch, _qual(op))(*args)
         source, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
         served = {"source": _SOURCES[source] if 0 <= source <= 2 else None, "variant": variant,

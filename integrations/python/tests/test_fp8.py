@@ -65,6 +65,38 @@ class Fp8Gemm(TempDirTest):
             want += (af[:, s] @ bf[:, s].T) * sa[g, :m][:, None] * np.repeat(sb[:, g], 128)[:n][None, :]
         np.testing.assert_allclose(d, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
+    def test_fast_accum_switch(self):
+        """fast_accum: a keyword after bias (default False) of the fp8 GEMM
+        methods. The CPU accumulates in fp32 either way (the same bits); a
+        fast call has its own key (accum=fast) and its own tuned row; a
+        value other than 0/1 is refused, naming it."""
+        import inspect
+        rt = self.quiet_runtime()
+        params = inspect.signature(rt.gemm_fp8_tensor).parameters
+        self.assertEqual(list(params)[:7], ["a", "b", "d", "scale_a", "scale_b", "bias", "fast_accum"])
+        self.assertIs(params["fast_accum"].default, False)
+        from kdispatch._runtime import ops
+        self.assertEqual(ops()["gemm_fp8_block"]["scalars"],
+                         [{"name": "fast_accum", "default": 0, "kind": "bool"}])
+        rng = np.random.default_rng(3)
+        m, n, k = 3, 64, 256
+        a8 = kdispatch.fp8(kdispatch.to_fp8(rng.uniform(-2, 2, (m, k)).astype(np.float32)))
+        b8 = kdispatch.fp8(kdispatch.to_fp8(rng.uniform(-2, 2, (n, k)).astype(np.float32)))
+        sa, sb = np.float32([0.5]), np.float32([2.0])
+        d0, d1 = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)
+        i0 = rt.gemm_fp8_tensor(a8, b8, d0, sa, sb, info=True)
+        i1 = rt.gemm_fp8_tensor(a8, b8, d1, sa, sb, fast_accum=True, info=True)
+        np.testing.assert_array_equal(d0, d1)
+        self.assertEqual(i0["variant"], i1["variant"])
+        r = rt.pretune("gemm_fp8_tensor", a8, b8, d1, sa, sb, fast_accum=True)
+        self.assertTrue(r["key"].endswith("|K=256,N=64,accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32"), r["key"])
+        self.assertEqual(rt.gemm_fp8_tensor(a8, b8, d1, sa, sb, None, True, info=True)["source"], "table")
+        self.assertEqual(rt.gemm_fp8_tensor(a8, b8, d0, sa, sb, info=True)["source"], "default")
+        with self.assertRaises(kdispatch.Error) as c:
+            rt.gemm_fp8_tensor(a8, b8, d0, sa, sb, fast_accum=0.5)
+        self.assertIs(c.exception.code, kdispatch.StatusCode.invalid_argument)
+        self.assertIn("fast_accum: must be 0 or 1", str(c.exception))
+
     def test_fp8_needs_the_view(self):
         rt = self.quiet_runtime()
         a = np.zeros((2, 16), np.uint8)

@@ -245,6 +245,12 @@ class TorchNativeTest(unittest.TestCase):
             "silu_and_mul": "kdispatch::silu_and_mul(Tensor x) -> Tensor",
             "silu_and_mul_out": "kdispatch::silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()",
             "_floor_gemm": "kdispatch::_floor_gemm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor",
+            # The fp8 GEMMs' switch: a bool after bias, off by default (calls
+            # written before it keep working).
+            "gemm_fp8_tensor": "kdispatch::gemm_fp8_tensor(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, "
+                               "Tensor? bias=None, bool fast_accum=False) -> Tensor",
+            "gemm_fp8_block_out": "kdispatch::gemm_fp8_block_out(Tensor(a!) d, Tensor a, Tensor b, Tensor scale_a, "
+                                  "Tensor scale_b, Tensor? bias=None, bool fast_accum=False) -> ()",
         }
         for name, schema in want.items():
             self.assertEqual(str(getattr(torch.ops.kdispatch, name).default._schema), schema)
@@ -320,6 +326,25 @@ class TorchNativeTest(unittest.TestCase):
         torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
         meta = torch.ops.kdispatch.gemm_fp8_block(a8.to("meta"), b8.to("meta"), sa.to("meta"), sb.to("meta"))
         self.assertEqual((meta.dtype, tuple(meta.shape)), (torch.bfloat16, (m, n)))
+        # fast_accum=True: the CPU variants accumulate in fp32 anyway (the
+        # same bits), under the fast key (call_info passes it by name).
+        fast = torch.ops.kdispatch.gemm_fp8_block(a8, b8, sa, sb, None, True)
+        self.assertTrue(torch.equal(fast, d))
+        fast2, info = OPS.call_info("gemm_fp8_block", a8, b8, sa, sb, fast_accum=True)
+        self.assertTrue(torch.equal(fast2, d))
+        self.assertEqual(info["variant"], "gemm_fp8_block_e4m3fn__tiled")
+
+    def test_fp8_fast_accum_reaches_kdispatch(self):
+        """The bool switch is read off the stack on any torch: fp32 tensors
+        with fast_accum=True get kdispatch's own refusal (no fp8), not a
+        schema error."""
+        a, b, s = torch.randn(3, 16), torch.randn(8, 16), torch.ones(1)
+        for fast in (False, True):
+            with self.assertRaises(NotImplementedError) as c:
+                torch.ops.kdispatch.gemm_fp8_tensor(a, b, s, s, None, fast)
+            self.assertIn("fp32 inputs", str(c.exception))
+        with self.assertRaises(NotImplementedError):
+            torch.ops.kdispatch.gemm_fp8_tensor(a, b, s, s, fast_accum=True)
 
     def test_meta_kernels(self):
         m = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731

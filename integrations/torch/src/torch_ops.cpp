@@ -92,11 +92,14 @@ std::string float_text(float v) {
   return s;
 }
 
-// "Tensor(a!) y" / "Tensor x" / "Tensor? bias=None" / "float eps=1e-06".
+// "Tensor(a!) y" / "Tensor x" / "Tensor? bias=None" / "float eps=1e-06" /
+// "bool fast_accum=False" (a switch: its default keeps older calls working).
 std::string param_text(const dispatch::OpInfo& op, const Binding::Param& p, const std::string& name, char* alias,
                        bool defaults) {
   if (!p.tensor) {
     const dispatch::OpScalarInfo& s = op.scalars[static_cast<size_t>(p.index)];
+    if (s.kind == "bool")
+      return "bool " + name + (defaults ? std::string("=") + (s.default_value != 0.f ? "True" : "False") : "");
     return "float " + name + (defaults ? "=" + float_text(s.default_value) : "");
   }
   const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(p.index)];
@@ -493,6 +496,10 @@ class Kernel final : public c10::OperatorKernel {
       const size_t k = static_cast<size_t>(p.index);
       const c10::IValue& v = in[i];
       if (!p.tensor) {
+        if (v.isBool()) {  // a switch (fast_accum): 0 or 1 to kdispatch
+          scalars[k] = v.toBool() ? 1.f : 0.f;
+          continue;
+        }
         const double d = v.toDouble();
         const float f = static_cast<float>(d);
         if (std::isfinite(d) && d != 0.0 && (f == 0.0f || !std::isfinite(f)))
