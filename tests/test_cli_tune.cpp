@@ -1096,6 +1096,9 @@ TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, ba
   refused({"--devices", ""}, "--devices");
   refused({"--workers-per-device", "2"}, "--workers-per-device needs --devices");
   refused({"--devices", "0", "--workers-per-device", "0"}, "--workers-per-device must be in [1, 64], got 0");
+  ::setenv("KDISPATCH_CACHE_LOCKING", "bogus", 1);
+  refused({}, "KDISPATCH_CACHE_LOCKING='bogus' is not valid (expected auto, flock or fragments)");
+  ::unsetenv("KDISPATCH_CACHE_LOCKING");
   refused({"--unit-timeout-s", "5"}, "--unit-timeout-s needs --devices");
   refused({"--devices", "0", "--unit-timeout-s", "0"}, "--unit-timeout-s must be >= 1 second, got 0");
   refused({"--devices", "0", "--unit-timeout-s", "0.001"}, "--unit-timeout-s must be >= 1 second, got 0.001");

@@ -354,6 +354,11 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
     if (std::string e = parse_devices(o.devices, &ordinals); !e.empty()) return bad(e);
   }
   if (o.workers_per_device != -1 && o.devices.empty()) return bad("--workers-per-device needs --devices");
+  // Read by the writer at the first persisted row: a bad value would fail
+  // every row after its search.
+  if (const char* lk = std::getenv("KDISPATCH_CACHE_LOCKING"))
+    if (std::string_view v(lk); v != "auto" && v != "flock" && v != "fragments")
+      return bad("KDISPATCH_CACHE_LOCKING='" + std::string(v) + "' is not valid (expected auto, flock or fragments)");
   if (o.unit_timeout_s != -1 && o.devices.empty()) return bad("--unit-timeout-s needs --devices");
   // Under a second kills units as they are handed out (a value in ms?).
   if (o.unit_timeout_s != -1 && !(o.unit_timeout_s >= 1 && std::isfinite(o.unit_timeout_s)))
