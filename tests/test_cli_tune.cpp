@@ -938,7 +938,11 @@ TEST_CASE("cli tune: --devices, a worker killed by SIGKILL is replaced and its u
     simdjson::dom::element doc = pd.parse(simdjson::padded_string(r.out));
     CHECK(int64_t(doc["tuned"]) == 6);
     CHECK(int64_t(results_by_unit(doc).at("hidden=64,fp32 M=16")["attempts"]) == 2);
-    CHECK(restarts(doc) == 1);
+    // The retiring worker's slot is refilled only while units wait: when the
+    // other worker takes the retried unit and the last ones before the exit
+    // is read (the clean-clone asan run, 1 in 2), no new process starts.
+    const int64_t n = restarts(doc);
+    CHECK((n == 0 || n == 1));
     CHECK(r.err.find("hidden=64,fp32 M=16 FAILED: backend_error: a simulated sticky device error") !=
           std::string::npos);
     CHECK(r.err.find("(a sticky device error: retried on a new worker)") != std::string::npos);
