@@ -222,7 +222,8 @@ cublasStatus_t make_descs(const Api& api, const core::Problem& p, int64_t lda, i
     // launch), so a row enumerated for a fast key is checked and run fast. A
     // refusal here, an empty heuristic or a failed algorithm check (the
     // block modes may refuse it, as torch refuses fast accumulation with
-    // block-wise scaling) make the family decline the call.
+    // block-wise scaling) make a tuned row decline the call; get_default's
+    // plan then runs without FAST_ACCUM (launch()).
     if (p.accum == core::Accum::fast) {
       const int8_t fast = 1;
       if ((s = api.desc_set(&d->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)) != CUBLAS_STATUS_SUCCESS) {
@@ -526,7 +527,30 @@ Status launch_block_pad_sb(const core::LaunchArgs& la, const core::Problem& p, c
 
 }  // namespace
 
+namespace {
+Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept;
+}  // namespace
+
+/// accum=fast is a permission, not a demand: get_default's plan (algo_id -1)
+/// that cuBLASLt cannot run with FAST_ACCUM (the flag refused, or no
+/// algorithm with it: the H200's cuBLASLt 13.1 has none for the block modes
+/// and for some fp32-output calls) runs with fp32 accumulation instead, as
+/// skinny_mma and the reference serve fast calls. A tuned row keeps
+/// FAST_ACCUM or declines: it was validated and timed fast.
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
+  Status st = launch_one(la, p, prm);
+  if (prm[kAlgoId] < 0 && p.accum == core::Accum::fast && st.code() == core::kNeedsFallbackCode &&
+      st.message().find("FAST_ACCUM") != std::string::npos) {
+    core::Problem q = p;
+    q.accum = core::Accum::precise;
+    return launch_one(la, q, prm);
+  }
+  return st;
+}
+
+namespace {
+
+Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int64_t* prm) noexcept {
   if (!available()) return core::needs_fallback(std::string() + describe());
   const Api& a = api();
   const Slots sl = slots_of(p);
@@ -636,6 +660,8 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     return core::needs_fallback(std::string() + "cublasLtMatmul refused the algorithm: " + status_text(s));
   return make_status(StatusCode::backend_error, "cublasLtMatmul: " + status_text(s));
 }
+
+}  // namespace
 
 int enumerate(const core::Problem& p, int64_t workspace_bytes, int64_t* out, int cap) noexcept {
   if (!available() || cap <= 0) return 0;

@@ -11,9 +11,10 @@
 //                                         layout's scale mode (dynamic)
 //   gemm_fp8_<layout>_e4m3fn__cuda_ref    the validation baseline
 // A fast-accumulation problem (Problem::accum, key accum=fast) reaches the
-// same rows: cuBLASLt runs it with FAST_ACCUM (or declines, kernels/cuda/
-// cublaslt.cpp); skinny_mma and the reference accumulate in fp32, a valid
-// (more precise) answer, and serve it unchanged.
+// same rows: cuBLASLt runs it with FAST_ACCUM (a tuned row that cannot
+// declines; get_default's heuristic plan runs it precise instead, kernels/
+// cuda/cublaslt.cpp); skinny_mma and the reference accumulate in fp32, a
+// valid (more precise) answer, and serve it unchanged.
 // The quantisation ops (quant_fp8_tensor / _token / _group), x fp32, fp16
 // or bf16, q e4m3fn:
 //   quant_fp8_<layout>_<dt>__cuda         x * (1 / scale), num_warps
@@ -161,7 +162,30 @@ struct CublasLtFamily {
     if (Status s = lt::check(p, prm); !s.ok()) return make_status(StatusCode::unsupported_problem, s.message());
     return Status();
   }
-  static Status launch(int, const LaunchArgs& la, const Problem& p, const int64_t* prm) { return lt::launch(la, p, prm); }
+  /// get_default's plan (algo_id -1) that cuBLASLt declines (no algorithm
+  /// for the call: e.g. fp32 output with bias at N = 264 on cuBLASLt 13.1)
+  /// runs skinny_mma (2, 4, 3), which takes any M, instead of leaving the
+  /// call to the reference; a tuned row declines as it is.
+  static Status launch(int layout, const LaunchArgs& la, const Problem& p, const int64_t* prm) {
+    const Status st = lt::launch(la, p, prm);
+    // (The block layout's row split has tried skinny_mma already when it says so.)
+    if (prm[lt::kAlgoId] >= 0 || st.code() != core::kNeedsFallbackCode || p.k % 16 != 0 || p.align_bytes < 16 ||
+        st.message().find("skinny_mma") != std::string::npos)
+      return st;
+    int64_t sk[core::kMaxParams] = {};
+    sk[gpu::gemm::kSkinnyMmaRowTiles] = 2;
+    sk[gpu::gemm::kSkinnyMmaSplitK] = 4;
+    sk[gpu::gemm::kSkinnyMmaStages] = 3;
+    sk[gpu::gemm::kSkinnyMmaCluster] = 1;
+    sk[gpu::gemm::kSkinnyMmaWarpsN] = 1;
+    const Status s2 = SkinnyMmaFamily::launch(layout, la, p, sk);
+    if (s2.ok() || (s2.code() != core::kNeedsFallbackCode && s2.code() != StatusCode::unsupported_problem)) return s2;
+    const auto why = [](const Status& x) {
+      const std::string_view m = x.message(), pre = core::kNeedsFallback;
+      return std::string(m.substr(0, pre.size()) == pre ? m.substr(pre.size()) : m);
+    };
+    return core::needs_fallback(why(st) + "; skinny_mma (2, 4, 3): " + why(s2));
+  }
   static double estimate_us(const Problem& p, const int64_t*, const DeviceInfo& dev) {
     const double sc = sm_scale(dev);
     return kLaunchUs + 1e6 * std::max(2.0 * p.m * p.n * p.k / (kFp8Flops * sc), gemm_bytes(p) / (kBandwidth * 0.8 * sc));

@@ -305,7 +305,7 @@ TEST_CASE("gpu fp8 gemm: every variant, every point and every cuBLASLt candidate
         }
         CHECK(accepted >= 1);
       }
-      MESSAGE(layout_name(l), ": ", points, " runs checked, ", lt_candidates,
+      MESSAGE(std::string(layout_name(l)), ": ", points, " runs checked, ", lt_candidates,
               " cuBLASLt candidates; largest |err| / sum|a b s|: skinny_mma ", worst_mma, ", cuBLASLt ", worst_lt,
               ", reference ", worst_ref);
     }
@@ -328,7 +328,7 @@ TEST_CASE("gpu fp8 gemm: get_default serves every shape in every layout") {
         // op's (the production path: cuBLASLt's copies at M % 4 != 0 and
         // ceil(K/128) % 4 != 0 go into it).
         for (bool with_ws : {false, true}) {
-          INFO("workspace: ", with_ws ? "yes" : "none");
+          INFO("workspace: ", std::string(with_ws ? "yes" : "none"));
           c.poison();
           LaunchArgs la = c.args();
           if (!with_ws) {
@@ -345,6 +345,11 @@ TEST_CASE("gpu fp8 gemm: get_default serves every shape in every layout") {
             // != 0): get_default's plan must not hand such calls (a stream
             // first seen in a graph capture has no workspace) to the reference.
             CHECK_MESSAGE(st.message().find("reads scale_b padded") == std::string::npos, st.to_string());
+            // Only a K-major scale_a without room for its M-major copy is
+            // left to the reference: a call cuBLASLt's heuristic has no
+            // algorithm for (fp32 output with bias at N = 264 on 13.1) runs
+            // skinny_mma inside get_default's cuBLASLt plan.
+            CHECK_MESSAGE((sh.sa_kmajor && !with_ws), st.to_string());
             for (const VariantDef* v : dispatch::core::variants_for(p.op, bt))
               if (v->flags & dispatch::core::kVariantReference) run.variant = v;
             st = run.variant->launch(la, p, run.params);
@@ -438,7 +443,7 @@ TEST_CASE("gpu fp8 gemm fast_accum: tensor and rowwise, every cuBLASLt candidate
           }
         }
       }
-      MESSAGE(layout_name(l), " accum=fast: ", runs, " runs of ", candidates,
+      MESSAGE(std::string(layout_name(l)), " accum=fast: ", runs, " runs of ", candidates,
               " cuBLASLt candidates; largest |err| / max|want| ", worst, "; ", differ,
               " runs outside the precise bound (1e-4 of sum|a b s|)");
       CHECK(candidates > 0);  // cuBLASLt offers FAST_ACCUM algorithms in these scale modes on sm_90
@@ -491,6 +496,11 @@ TEST_CASE("gpu fp8 gemm fast_accum: the block layout is served within the fast t
         Status st = plan.variant->launch(c.args(), p, plan.params);
         if (st.code() == core::kNeedsFallbackCode) {
           MESSAGE("get_default's plan declined the fast call (", st.to_string(), "): the reference serves");
+          // accum=fast permits FAST_ACCUM, it does not demand it: where
+          // cuBLASLt has no fast algorithm (the block modes, fp32 output with
+          // bias on 13.1) the heuristic plan runs precise; with the
+          // workspace here nothing is left to the reference.
+          CHECK_MESSAGE(false, st.to_string());
           for (const VariantDef* v : dispatch::core::variants_for(p.op, bt))
             if (v->flags & dispatch::core::kVariantReference) run.variant = v;
           st = run.variant->launch(c.args(), p, run.params);
@@ -498,7 +508,7 @@ TEST_CASE("gpu fp8 gemm fast_accum: the block layout is served within the fast t
         REQUIRE_MESSAGE(st.ok(), st.to_string());
         CHECK(c.mismatch_tol(atol, rtol) == "");
       }
-      MESSAGE(layout_name(l), " accum=fast on the precise key's cuBLASLt rows: ", served, " served, ", declined,
+      MESSAGE(std::string(layout_name(l)), " accum=fast on the precise key's cuBLASLt rows: ", served, " served, ", declined,
               " declined at launch, ", unsupported, " declined by supports()");
     }
   }
