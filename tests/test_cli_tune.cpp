@@ -1073,6 +1073,29 @@ TEST_CASE("cli tune: --devices, a retiring worker whose exit hangs does not stal
   CHECK(emit_rows(dir / "emit").size() == 4);
 }
 
+// Attack: ended() waited for a worker whose result pipe ended with a
+// blocking waitpid: a process that closes its pipe but does not exit (or one
+// SIGKILL cannot end: stuck in the GPU driver) stalled the whole run.
+TEST_CASE("cli tune: --devices, a worker that closes its pipe but does not exit is killed, its unit retried") {
+  Scratch dir("devices_close_hang");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
+  DieAt hook("1:close-hang");  // queue index 1: M=4
+  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
+                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
+                          "--unit-timeout-s", "1.5", "--json"},
+                         cache, 30, dir / "pids");
+  INFO(r.err);
+  CHECK(fs::exists(dir / "pids"));  // the hook fired
+  CHECK_MESSAGE(r.exit_code != 137, "the run hung (killed by timeout after 30 s)");
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("closed its pipe and did not exit: killed while tuning hidden=64,fp32 M=4: the unit is retried on "
+                   "a new worker") != std::string::npos);
+  CHECK(emit_rows(dir / "emit").size() == 4);
+}
+
 TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, bad lists and torchrun") {
   Scratch dir("devices_refused");
   const std::string cache = dir / "cache";
@@ -1699,6 +1722,15 @@ TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the d
     CHECK(s(doc["cache"]["writes"]) ==
           "per-process fragments (<key>.json.d/<host>-<pid>.json; compact them with kdispatch merge): "
           "KDISPATCH_CACHE_LOCKING=fragments");
+  }
+  {
+    // A bad value: a usage error naming the variable, as tune refuses it.
+    LockingEnv env("sometimes");
+    CliRun vb = run({"validate", "--cache", emit}, cache);
+    CHECK(vb.exit_code == 2);
+    CHECK(vb.out.empty());
+    CHECK_MESSAGE(vb.err.find("kdispatch validate: KDISPATCH_CACHE_LOCKING='sometimes' is not valid (expected auto, "
+                              "flock or fragments)") != std::string::npos, vb.err);
   }
   // As a config dir (rows taken as given, no fingerprint check) both load.
   CliRun vc = run({"validate", emit}, cache);

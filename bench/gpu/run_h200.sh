@@ -13,7 +13,8 @@
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
 #   bench/gpu/run_h200.sh --sections fp8-profile # ncu on the fp8 decode kernel at KD_FP8_PROFILE (fp8_ncu.txt)
 #   bench/gpu/run_h200.sh --sections shards      # issue 22 on one GPU: one process vs two shards one after the
-#                 other vs --devices 0 on a small bf16 GEMM grid, the merge (both orders), merge --retime (shards.json)
+#                 other vs --devices 0 on a small bf16 GEMM grid, the merge (both orders), merge --retime (shards.json),
+#                 the grid served from the one-process and the merged configs (shard_serving.json; KD_SHARD_SERVING=0: not)
 #   KD_FP8_GRID=full ... --sections fp8-bench    # the issue's whole fp8 grid (bench_fp8.py full_grid(), 238 points)
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
@@ -390,7 +391,7 @@ if has shards; then
     echo "$m,${nk%x*},${nk#*x}" >>"$SH/grid.csv"; done; done
   K="$BUILD/kdispatch"
   T=(tune --backend "$TUNE_BACKEND" --op gemm --dtype bf16 --shapes "$SH/grid.csv" --budget-ms "${KD_SHARD_BUDGET_MS:-300}"
-     --reps 5 --max-flops 1e13 --mem-gib 8 --json)
+     --reps "${KD_SHARD_REPS:-5}" --max-flops 1e13 --mem-gib 8 --json)
   timed() { local s; s=$(date +%s%N); "$@"; local rc=$?; echo $((($(date +%s%N) - s) / 1000000)) >>"$SH/times"; return $rc; }
   : >"$SH/times"
   stamp "shards: $(($(wc -l <"$SH/grid.csv") - 1)) units: one process, shard 0/2, shard 1/2, --devices 0"
@@ -423,8 +424,17 @@ PYEOF
   cat "$OUT/shards.json"
   grep -E "conflict|retim|kept" "$SH/retime.log" | tail -5
   (cd "$SH" && tar cf "$OUT/shards_dirs.tar" single s0 s1 m01 retimed 2>/dev/null)
-  if grep -q '"each_unit_once": true' "$OUT/shards.json" && [ "$same" = yes ]; then echo "::: shards: complete"
-  else status=1; echo "::: shards: FAILED (shards.json, shards.log)"; fi
+  # Serving: the grid from the one-process configs (twice: the noise pair) and
+  # from the merged shards', interleaved per point (shard_serving.json).
+  serve=skipped
+  if [ "${KD_SHARD_SERVING:-1}" = 1 ] && ensure_torch; then
+    PYTHONPATH="$BUILD/python" "$PY" bench/gpu/shard_serving.py --single "$SH/single" --merged "$SH/m01" \
+      --grid "$SH/grid.csv" --out "$OUT/shard_serving.json" >"$OUT/shard_serving.log" 2>&1 && serve=ok || serve=FAILED
+    tail -14 "$OUT/shard_serving.log"
+  fi
+  if grep -q '"each_unit_once": true' "$OUT/shards.json" && [ "$same" = yes ] && [ "$serve" != FAILED ]; then
+    echo "::: shards: complete (serving: $serve)"
+  else status=1; echo "::: shards: FAILED (shards.json, shards.log, shard_serving.log)"; fi
 fi
 
 # ================================================================ tune

@@ -133,6 +133,10 @@ int run_validate(const ValidateOptions& o) {
     ro.tune.load_cache = true;
     ro.tune.persist = false;
     auto cl = dsp::cache_locking(o.cache);
+    if (!cl.ok() && cl.status().code() == dsp::StatusCode::invalid_argument) {  // a bad KDISPATCH_CACHE_LOCKING
+      std::fprintf(stderr, "kdispatch validate: %s\n", cl.status().message().c_str());
+      return kExitUsage;
+    }
     locking = !cl.ok() ? "not checked: " + cl.status().message()
               : cl->fragments
                   ? "per-process fragments (<key>.json.d/<host>-<pid>.json; compact them with kdispatch merge): " +

@@ -54,6 +54,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -165,14 +166,27 @@ std::string read_table(const fs::path& file, size_t source, const std::string& l
   return {};
 }
 
-/// Writes `text` to out/rel atomically (temp file in the same dir, fsync, rename).
+/// Writes `text` to out/rel atomically (temp file in the same dir, fsync,
+/// rename, dir fsync). The temp file, ".<name>.merge.<pid>.<64 random
+/// bits>", is created O_EXCL | O_NOFOLLOW: a name planted in a shared out
+/// dir (a link, or a hard link to another file) is never opened, let alone
+/// truncated.
 std::string write_atomic(const fs::path& target, const std::string& text) {
   std::error_code ec;
   fs::create_directories(target.parent_path(), ec);
   if (ec) return "cannot create " + target.parent_path().string() + ": " + ec.message();
-  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".merge-" + std::to_string(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return "cannot create " + tmp.string();
+  fs::path tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    char rnd[17];
+    std::snprintf(rnd, sizeof rnd, "%016llx", static_cast<unsigned long long>(
+                                                  (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()));
+    tmp = target.parent_path() /
+          ("." + target.filename().string() + ".merge." + std::to_string(::getpid()) + "." + rnd);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return "cannot create " + tmp.string() + ": " + std::strerror(errno);
   size_t off = 0;
   while (off < text.size()) {
     const ssize_t w = ::write(fd, text.data() + off, text.size() - off);

@@ -835,8 +835,14 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
   if (s.with_speedup)
     std::printf("geomean speedup vs get_default: %.2fx over %lld tuned shapes\n", s.geomean,
                 (long long)s.with_speedup);
-  std::printf("%zu config file(s) under %s/%s/%s/%s\n", s.files.size(), o.emit.c_str(), o.backend.c_str(),
-              o.op.c_str(), s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
+  // A fragment (<key>.json.d/<host>-<pid>.json, the fragments write scheme)
+  // is part of its table, not a table of its own.
+  const auto fragments = static_cast<size_t>(std::count_if(
+      s.files.begin(), s.files.end(), [](const std::string& f) { return f.find(".json.d/") != std::string::npos; }));
+  std::printf("%zu config file(s)%s under %s/%s/%s/%s\n", s.files.size() - fragments,
+              fragments ? (" and " + std::to_string(fragments) + " fragment(s) of them").c_str() : "", o.emit.c_str(),
+              o.backend.c_str(), o.op.c_str(),
+              s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
 }
 
 // ---- --devices: one worker process per device, one queue
@@ -867,7 +873,8 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
 // <index>[:always|:sticky] — the worker handed the unit of queue index
 // <index> (0 = the largest) kills itself with SIGKILL before tuning it, on
 // the unit's first attempt (":always": on every attempt; ":sticky": reports
-// a sticky device error instead, on the first attempt).
+// a sticky device error instead, on the first attempt; ":close-hang":
+// closes its result pipe, then hangs, on the first attempt).
 
 constexpr int kWorkerResultFd = 3;
 constexpr int kExitSticky = 3;  // a worker after a sticky device error
@@ -910,7 +917,7 @@ double parse_double(const std::string& v) {
 // KDISPATCH_TEST_WORKER_DIE_AT (see above); index -1 when unset or malformed.
 struct DieHook {
   int64_t index = -1;
-  bool always = false, sticky = false, hang = false, sticky_hang = false;
+  bool always = false, sticky = false, hang = false, sticky_hang = false, close_hang = false;
 };
 
 // Test-only: a hooked hang appends this process's pid to
@@ -936,13 +943,14 @@ DieHook die_hook() {
   int64_t i = 0;
   if (!parse_int(text.substr(0, colon), &i) || i < 0 ||
       !(mode.empty() || mode == "always" || mode == "sticky" || mode == "hang" || mode == "hang-always" ||
-        mode == "sticky-hang"))
+        mode == "sticky-hang" || mode == "close-hang"))
     return h;
   h.index = i;
   h.always = mode == "always" || mode == "hang-always";
   h.sticky = mode == "sticky" || mode == "sticky-hang";
   h.sticky_hang = mode == "sticky-hang";
   h.hang = mode == "hang" || mode == "hang-always";
+  h.close_hang = mode == "close-hang";
   return h;
 }
 
@@ -983,6 +991,10 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
     Outcome out;
     if (hook.index == index && (attempt == 0 || hook.always)) {
       if (hook.hang) test_hang();  // a hung kernel: only the parent's --unit-timeout-s ends it
+      if (hook.close_hang) {       // its pipe ends but the process stays: the parent must not wait forever
+        ::close(kWorkerResultFd);
+        test_hang();
+      }
       if (!hook.sticky) {
         std::fflush(nullptr);
         ::kill(::getpid(), SIGKILL);
@@ -1354,11 +1366,38 @@ class DeviceRun {
   void ended(WorkerSlot& w) {
     ::close(w.res_fd);
     ::close(w.cmd_fd);
+    // Its pipe ended, so it is exiting: reaped within g = min(10 s,
+    // --unit-timeout-s), else SIGKILLed and given g more; a process that
+    // outlives SIGKILL (stuck in the GPU driver, state D) is left behind,
+    // never waited on: the run goes on with a new worker in its slot.
     int status = 0;
-    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    bool reaped = false, left_behind = false, killed_now = false;
+    {
+      const auto t0 = Clock::now();
+      for (;;) {
+        const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+        if (r == w.pid || (r < 0 && errno != EINTR)) {
+          reaped = r == w.pid;
+          break;
+        }
+        const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+        const double grace = std::min(10.0, timeout_s_);
+        if (!killed_now && waited > grace) {
+          ::kill(w.pid, SIGKILL);
+          killed_now = true;
+        } else if (killed_now && waited > 2 * grace) {
+          left_behind = true;
+          break;
+        }
+        ::usleep(r == 0 && waited < 0.05 ? 1000 : 10000);
+      }
     }
     const bool timed_out = w.timed_out;
-    const std::string death = timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_) : exit_text(status);
+    const std::string death = timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_)
+                              : left_behind ? std::string("closed its pipe and did not end on SIGKILL: left behind")
+                              : killed_now  ? std::string("closed its pipe and did not exit: killed")
+                              : reaped     ? exit_text(status)
+                                           : std::string("ended (its exit status could not be read)");
     const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " + death;
     const int64_t unit = w.unit;
     const bool was_ready = w.ready, retiring = w.retiring;
