@@ -464,6 +464,31 @@ TEST_CASE("cli tune: an fp8 list's accum column tunes accum=fast into its own fi
   CHECK(b.err.find(bad + ":2: accum 'slow' is not fast or precise") != std::string::npos);
 }
 
+TEST_CASE("cli tune: an fp8 GEMM list without a dtype column and without --dtype tunes fp8_e4m3fn, --dtype bf16 fails the rows") {
+  Scratch dir("fp8_default_dtype");
+  const std::string cache = dir / "cache";
+  const std::string device = dispatch::cpu_device_info().device_name;
+  simdjson::dom::parser parser;
+  const std::string csv = dir / "fp8.csv";
+  std::ofstream(csv) << "M,N,K\n1,256,512\n";  // aiter's M,N,K: no dtype
+  const std::string emit = dir / "emit";
+  CliRun t = run({"tune", "--shapes", csv, "--op", "gemm_fp8_block", "--emit", emit, "--budget-ms", "50",
+                  "--no-cold-cache", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(int64_t(doc["tuned"]) == 1);
+  CHECK(fs::exists(fs::path(emit) / "cpu" / "gemm_fp8_block" /
+                   ("N=256,K=512,device_name=" + device + ",dtype=fp8_e4m3fn,out_dtype=bf16.json")));
+  // An explicit --dtype is taken as given: no fp8 GEMM computes bf16 inputs.
+  CliRun b = run({"tune", "--shapes", csv, "--op", "gemm_fp8_block", "--emit", dir / "emit_bf16", "--dtype", "bf16",
+                  "--budget-ms", "50", "--no-cold-cache"},
+                 cache);
+  CHECK(b.exit_code == 1);
+  CHECK_MESSAGE(b.err.find("N=256,K=512,bf16 M=1 FAILED: no_variant: no candidate accepts this problem") !=
+                    std::string::npos, b.err);
+}
+
 TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, rows of other ops left out") {
   Scratch dir("silu");
   const std::string cache = dir / "cache";

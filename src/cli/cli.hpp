@@ -160,7 +160,9 @@ struct TuneCmdOptions {
   std::vector<std::string> shapes;  ///< CSV files
   std::string op;
   std::string emit;
-  std::string dtype = "bf16";       ///< rows whose file names no dtype
+  /// Rows whose file names no dtype; "" (no --dtype): bf16, or the op's one
+  /// input dtype when it computes no bf16 input (fp8_e4m3fn for the fp8 GEMMs).
+  std::string dtype;
   double budget_ms = 0.0;           ///< 0 = the library's default
   double mem_gib = 0.0;             ///< scratch budget per shape, GiB; 0 = $KDISPATCH_TUNE_MEM, else 1 GiB
   bool resume = true;

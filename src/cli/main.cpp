@@ -169,9 +169,10 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_option("--emit", to.emit, "Dir the config files are written to (created; also read to resume)")
       ->type_name("DIR")
       ->required();
-  tune->add_option("--dtype", to.dtype, "dtype of rows whose file names none (aiter's M,N,K files)")
-      ->type_name("DTYPE")
-      ->capture_default_str();
+  tune->add_option("--dtype", to.dtype,
+                   "dtype of rows whose file names none (aiter's M,N,K files; default: bf16, or the op's only input "
+                   "dtype where it has no bf16 input: fp8_e4m3fn for the fp8 GEMMs)")
+      ->type_name("DTYPE");
   tune->add_option("--budget-ms", to.budget_ms, "Search time per shape, ms (default 2000)")->type_name("MS");
   tune->add_option("--reps", to.reps, "Timed repeats per candidate (default 5)")->type_name("N");
   tune->add_option("--max-candidates", to.max_candidates,

@@ -1645,6 +1645,12 @@ int list_units(const TuneCmdOptions& o, const dsp::OpInfo& op, const Shapes& sha
 int run_tune(const TuneCmdOptions& opts) {
   const char* cmd = "kdispatch tune";
   TuneCmdOptions o = opts;
+  if (o.dtype.empty()) {  // no --dtype: bf16, else the op's only input dtype (the fp8 GEMMs: fp8_e4m3fn)
+    o.dtype = "bf16";
+    if (const dsp::OpInfo* info = find_op(o.op);
+        info && info->in_dtypes.size() == 1 && info->in_dtypes[0] != "bf16")
+      o.dtype = std::string(info->in_dtypes[0]);
+  }
   if (int e = check_options(o, cmd); e >= 0) return e;
   if (o.internal_worker) return run_worker(o, cmd);
   const dsp::OpInfo& op = *find_op(o.op);
