@@ -1121,6 +1121,38 @@ TEST_CASE("cli tune: --devices, a worker that closes its pipe but does not exit 
   CHECK(emit_rows(dir / "emit").size() == 4);
 }
 
+// Attack (1d58e34): a worker killed past --unit-timeout-s was waited for by
+// its result pipe's EOF alone, with no deadline: a process whose pipe outlives
+// the SIGKILL (state D in the GPU driver: a thread that never leaves the
+// kernel keeps every fd open; here a child holding fd 3) stalled the run in
+// poll() forever. Hook <i>:hold-hang: the worker forks a child that keeps
+// its result pipe open, then both hang.
+TEST_CASE("cli tune: --devices, a killed worker whose result pipe stays open does not stall the run (attack)") {
+  Scratch dir("devices_hold_hang");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
+  DieAt hook("1:hold-hang");  // queue index 1: M=4
+  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
+                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
+                          "--unit-timeout-s", "1.5", "--json"},
+                         cache, 30, dir / "pids");
+  INFO(r.err);
+  {
+    std::ifstream pids(dir / "pids");
+    int n = 0;
+    for (long pid; pids >> pid;) ++n;
+    CHECK(n == 2);  // the hook fired: the worker and the child holding its pipe
+  }
+  CHECK_MESSAGE(r.exit_code != 137, "the run hung (killed by timeout after 30 s)");
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("ran hidden=64,fp32 M=4 past --unit-timeout-s 1.5: killed") != std::string::npos);
+  CHECK(r.err.find("killed past --unit-timeout-s 1.5 (its result pipe stayed open) while tuning hidden=64,fp32 M=4: "
+                   "the unit is retried on a new worker") != std::string::npos);
+  CHECK(emit_rows(dir / "emit").size() == 4);
+}
+
 TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, bad lists and torchrun") {
   Scratch dir("devices_refused");
   const std::string cache = dir / "cache";
@@ -1699,6 +1731,33 @@ TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for 
     candidates.insert(s(c["source"]));
   CHECK(candidates == std::set<std::string>{dir / "d", (dir / "d") + " (fragment f-9.json)"});
   CHECK(std::string(simdjson::minify(doc["4"])).find("merge_test") == std::string::npos);
+}
+
+// Attack (1d58e34): tune's summary counted fragments apart from tables as
+// "<tables - fragments> config file(s) and <n> fragment(s) of them": a
+// fragments-only emit dir (KDISPATCH_CACHE_LOCKING=fragments, every --devices
+// worker its own fragment) read "0 config file(s) and 2 fragment(s) of them".
+TEST_CASE("cli tune: the summary counts a table written as fragments once, with its fragments") {
+  Scratch dir("summary-fragments");
+  const std::string cache = dir / "cache";
+  clear_launcher_env();
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n1,128\n";
+  const std::string emit = dir / "emit";
+  LockingEnv env("fragments");
+  CliRun t = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                  "--no-cold-cache", "--devices", "0", "--workers-per-device", "2"},
+                 cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  size_t fragments = 0, mains = 0;
+  for (auto& e : fs::recursive_directory_iterator(fs::path(emit) / "cpu" / "rmsnorm"))
+    if (e.is_regular_file() && e.path().extension() == ".json")
+      ++(e.path().parent_path().extension() == ".d" ? fragments : mains);
+  CHECK(mains == 0);
+  REQUIRE(fragments >= 2);  // one table per hidden size, at least one fragment each
+  const std::string want = "2 config file(s) (written as " + std::to_string(fragments) +
+                           " fragment(s): compact them with kdispatch merge --compact) under " + emit + "/cpu/rmsnorm/";
+  CHECK_MESSAGE(t.out.find(want) != std::string::npos, t.out);
 }
 
 TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the dir's write scheme is said") {

@@ -836,11 +836,19 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
     std::printf("geomean speedup vs get_default: %.2fx over %lld tuned shapes\n", s.geomean,
                 (long long)s.with_speedup);
   // A fragment (<key>.json.d/<host>-<pid>.json, the fragments write scheme)
-  // is part of its table, not a table of its own.
-  const auto fragments = static_cast<size_t>(std::count_if(
-      s.files.begin(), s.files.end(), [](const std::string& f) { return f.find(".json.d/") != std::string::npos; }));
-  std::printf("%zu config file(s)%s under %s/%s/%s/%s\n", s.files.size() - fragments,
-              fragments ? (" and " + std::to_string(fragments) + " fragment(s) of them").c_str() : "", o.emit.c_str(),
+  // is part of its table <key>.json, not a table of its own: the tables are
+  // counted once each, whether written whole, as fragments or both.
+  std::set<std::string> tables;
+  size_t fragments = 0;
+  for (const std::string& f : s.files) {
+    const size_t d = f.find(".json.d/");
+    fragments += d != std::string::npos;
+    tables.insert(d != std::string::npos ? f.substr(0, d + 5) : f);
+  }
+  const std::string as = fragments ? " (written as " + std::to_string(fragments) +
+                                         " fragment(s): compact them with kdispatch merge --compact)"
+                                   : std::string();
+  std::printf("%zu config file(s)%s under %s/%s/%s/%s\n", tables.size(), as.c_str(), o.emit.c_str(),
               o.backend.c_str(), o.op.c_str(),
               s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
 }
@@ -874,7 +882,9 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
 // <index> (0 = the largest) kills itself with SIGKILL before tuning it, on
 // the unit's first attempt (":always": on every attempt; ":sticky": reports
 // a sticky device error instead, on the first attempt; ":close-hang":
-// closes its result pipe, then hangs, on the first attempt).
+// closes its result pipe, then hangs, on the first attempt; ":hold-hang":
+// forks a child that keeps its result pipe open, then both hang, on the
+// first attempt).
 
 constexpr int kWorkerResultFd = 3;
 constexpr int kExitSticky = 3;  // a worker after a sticky device error
@@ -917,17 +927,24 @@ double parse_double(const std::string& v) {
 // KDISPATCH_TEST_WORKER_DIE_AT (see above); index -1 when unset or malformed.
 struct DieHook {
   int64_t index = -1;
-  bool always = false, sticky = false, hang = false, sticky_hang = false, close_hang = false;
+  bool always = false, sticky = false, hang = false, sticky_hang = false, close_hang = false, hold_hang = false;
 };
 
 // Test-only: a hooked hang appends this process's pid to
 // $KDISPATCH_TEST_WORKER_HANG_PIDS (so a test can end it), then waits forever.
+// Async-signal-safe (no allocation): the child of hold-hang's fork calls it.
 [[noreturn]] void test_hang() {
   if (const char* f = std::getenv("KDISPATCH_TEST_WORKER_HANG_PIDS"); f && *f) {
     const int fd = ::open(f, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd >= 0) {
-      const std::string line = std::to_string(::getpid()) + "\n";
-      (void)!::write(fd, line.data(), line.size());
+      char line[24];
+      size_t n = sizeof line;
+      line[--n] = '\n';
+      for (unsigned long v = static_cast<unsigned long>(::getpid()); n > 0;) {
+        line[--n] = static_cast<char>('0' + v % 10);
+        if ((v /= 10) == 0) break;
+      }
+      (void)!::write(fd, line + n, sizeof line - n);
       ::close(fd);
     }
   }
@@ -943,7 +960,7 @@ DieHook die_hook() {
   int64_t i = 0;
   if (!parse_int(text.substr(0, colon), &i) || i < 0 ||
       !(mode.empty() || mode == "always" || mode == "sticky" || mode == "hang" || mode == "hang-always" ||
-        mode == "sticky-hang" || mode == "close-hang"))
+        mode == "sticky-hang" || mode == "close-hang" || mode == "hold-hang"))
     return h;
   h.index = i;
   h.always = mode == "always" || mode == "hang-always";
@@ -951,6 +968,7 @@ DieHook die_hook() {
   h.sticky_hang = mode == "sticky-hang";
   h.hang = mode == "hang" || mode == "hang-always";
   h.close_hang = mode == "close-hang";
+  h.hold_hang = mode == "hold-hang";
   return h;
 }
 
@@ -993,6 +1011,11 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
       if (hook.hang) test_hang();  // a hung kernel: only the parent's --unit-timeout-s ends it
       if (hook.close_hang) {       // its pipe ends but the process stays: the parent must not wait forever
         ::close(kWorkerResultFd);
+        test_hang();
+      }
+      if (hook.hold_hang) {  // a child keeps its result pipe open past its SIGKILL (as a thread stuck in D does)
+        std::fflush(nullptr);
+        if (::fork() == 0) test_hang();
         test_hang();
       }
       if (!hook.sticky) {
@@ -1049,6 +1072,7 @@ struct WorkerSlot {
   std::string buf;  // a result line read in part
   bool ready = false, retiring = false, abandoned = false;
   bool timed_out = false;  // killed for running its unit past --unit-timeout-s
+  Clock::time_point killed_at;  // when (timed_out)
   int64_t unit = -1;  // the queue index in flight, or -1
   Clock::time_point started;
   int32_t startup_failures = 0, processes = 0;
@@ -1258,22 +1282,30 @@ class DeviceRun {
   }
 
   void wait_and_read() {
-    std::vector<pollfd> fds;
-    std::vector<WorkerSlot*> who;
-    for (WorkerSlot& w : slots_)
-      if (w.pid > 0) {
-        fds.push_back(pollfd{w.res_fd, POLLIN, 0});
-        who.push_back(&w);
-      }
     // Wake up for the first unit deadline (--unit-timeout-s); a worker past
     // it is killed, and its result pipe's EOF retries or fails the unit.
     // The same deadline bounds a worker's start-up (a hung driver or context
     // creation: the first units wait for every first worker) and the exit
     // of one retiring after a sticky error (stop() waits for it).
+    // A killed worker's pipe ends with it; one whose pipe is still open
+    // grace() after the SIGKILL (a thread stuck in the GPU driver keeps every
+    // fd of the process open; a child may hold the pipe) is ended here.
     int wait_ms = -1;
+    bool gone = false;
     const auto now = Clock::now();
     for (WorkerSlot& w : slots_) {
-      if (w.pid <= 0 || w.timed_out || (w.unit < 0 && w.ready && !w.retiring)) continue;
+      if (w.pid > 0 && w.timed_out) {
+        const double left = grace() - std::chrono::duration<double>(now - w.killed_at).count();
+        if (left <= 0) {
+          ended(w, /*pipe_open=*/true);
+          gone = true;
+          continue;
+        }
+        const int ms = static_cast<int>(left * 1000.0 + 1.0);
+        wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
+        continue;
+      }
+      if (w.pid <= 0 || (w.unit < 0 && w.ready && !w.retiring)) continue;
       const double left = timeout_s_ - std::chrono::duration<double>(now - w.started).count();
       if (left <= 0) {
         w.timed_out = true;
@@ -1286,11 +1318,25 @@ class DeviceRun {
         // finished as it was killed) must not make it look free.
         w.retiring = true;
         ::kill(w.pid, SIGKILL);
+        w.killed_at = Clock::now();
+        const int ms = static_cast<int>(grace() * 1000.0 + 1.0);
+        wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
         continue;
       }
       const int ms = static_cast<int>(std::min(left * 1000.0 + 1.0, 3.6e6));
       wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
     }
+    // A unit retried or a slot freed: the loop hands it out (or starts a
+    // worker) before anything waits.
+    if (gone) return;
+    std::vector<pollfd> fds;
+    std::vector<WorkerSlot*> who;
+    for (WorkerSlot& w : slots_)
+      if (w.pid > 0) {
+        fds.push_back(pollfd{w.res_fd, POLLIN, 0});
+        who.push_back(&w);
+      }
+    if (fds.empty()) return;  // the loop starts workers (or gives up)
     if (::poll(fds.data(), fds.size(), wait_ms) < 0) return;  // EINTR: the loop polls again
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
@@ -1362,18 +1408,25 @@ class DeviceRun {
     progress_line(where + f[13] + took, true);
   }
 
-  // The result pipe of `w` ended: its process is gone (or going).
-  void ended(WorkerSlot& w) {
+  // How long a worker whose pipe ended is given to exit before SIGKILL, and
+  // then to end on it: min(10 s, --unit-timeout-s).
+  double grace() const { return std::min(10.0, timeout_s_); }
+
+  // The result pipe of `w` ended: its process is gone (or going). Or, with
+  // `pipe_open`, `w` was killed past --unit-timeout-s and its pipe did not
+  // end within grace() of that.
+  void ended(WorkerSlot& w, bool pipe_open = false) {
     ::close(w.res_fd);
     ::close(w.cmd_fd);
     // Its pipe ended, so it is exiting: reaped within g = min(10 s,
     // --unit-timeout-s), else SIGKILLed and given g more; a process that
     // outlives SIGKILL (stuck in the GPU driver, state D) is left behind,
-    // never waited on: the run goes on with a new worker in its slot.
+    // never waited on: the run goes on with a new worker in its slot. One
+    // killed past --unit-timeout-s counts from that SIGKILL.
     int status = 0;
-    bool reaped = false, left_behind = false, killed_now = false;
+    bool reaped = false, left_behind = false, killed_now = w.timed_out;
     {
-      const auto t0 = Clock::now();
+      const auto t0 = w.timed_out ? w.killed_at : Clock::now();
       for (;;) {
         const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
         if (r == w.pid || (r < 0 && errno != EINTR)) {
@@ -1381,7 +1434,7 @@ class DeviceRun {
           break;
         }
         const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-        const double grace = std::min(10.0, timeout_s_);
+        const double grace = this->grace();
         if (!killed_now && waited > grace) {
           ::kill(w.pid, SIGKILL);
           killed_now = true;
@@ -1393,7 +1446,10 @@ class DeviceRun {
       }
     }
     const bool timed_out = w.timed_out;
-    const std::string death = timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_)
+    const std::string death = timed_out ? fmt("killed past --unit-timeout-s %g", timeout_s_) +
+                                              (left_behind ? std::string(", did not end on SIGKILL: left behind")
+                                               : pipe_open ? std::string(" (its result pipe stayed open)")
+                                                           : std::string())
                               : left_behind ? std::string("closed its pipe and did not end on SIGKILL: left behind")
                               : killed_now  ? std::string("closed its pipe and did not exit: killed")
                               : reaped     ? exit_text(status)
