@@ -83,12 +83,21 @@ def hf_fp8_maker():
         return None, "transformers.integrations.finegrained_fp8 has no FP8Linear"
     params = inspect.signature(cls.__init__).parameters
 
-    def make(w8, sb):
+    def make(w8, sb, bias=None):
         n, k = w8.shape
-        want = dict(in_features=k, out_features=n, bias=False, dtype=torch.float8_e4m3fn, block_size=(128, 128),
-                    device="cuda", activation_scheme="dynamic")
+        want = dict(in_features=k, out_features=n, bias=bias is not None, dtype=torch.float8_e4m3fn,
+                    block_size=(128, 128), device="cuda", activation_scheme="dynamic")
         with torch.device("cuda"):  # its nn.Linear init on the GPU (on the CPU: ~0.3 s per projection)
             m = cls(**{a: v for a, v in want.items() if a in params})
+        # The projection's bias (Qwen2's q/k/v have one) goes with it: without
+        # it this way serves another model, and the fp8 bound (kd_fp8 <= 1.10 x
+        # this way's error) would be met against an inflated error.
+        if bias is not None:
+            if not isinstance(getattr(m, "bias", None), torch.Tensor):
+                raise RuntimeError("FP8Linear has no bias parameter, the projection has a bias")
+            m.bias = torch.nn.Parameter(bias.detach(), requires_grad=False)
+        elif getattr(m, "bias", None) is not None:
+            m.bias = None  # never an uninitialised bias
         scale = next((a for a in ("weight_scale_inv", "weight_scale") if isinstance(getattr(m, a, None), torch.Tensor)),
                      None)
         if scale is None:
@@ -160,7 +169,8 @@ class Ways:
         for layer in self.layers:
             mlp, at = layer.mlp, layer.self_attn
             for lin in (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                object.__setattr__(lin, "_hf8", make(*(lin._kd8 if hasattr(lin, "_kd8") else block_quant_weight(lin.weight))))
+                w8, sb = lin._kd8 if hasattr(lin, "_kd8") else block_quant_weight(lin.weight)
+                object.__setattr__(lin, "_hf8", make(w8, sb, lin.bias))
 
     def set(self, way):
         kd = torch.ops.kdispatch
@@ -405,9 +415,9 @@ def run_model(key, a, budget_end):
         if hf8 is not None:
             try:  # built on the kd_fp8 way's blocks; checked against our fp8 linear on one projection
                 lin = ways.layers[0].self_attn.q_proj
-                probe = hf8(*lin._kd8)
+                probe = hf8(*lin._kd8, lin.bias)
                 x = torch.randn(8, lin.weight.shape[1], dtype=torch.bfloat16, device="cuda")
-                e = rel_err(probe(x), fp8_linear(x, *lin._kd8))
+                e = rel_err(probe(x), fp8_linear(x, *lin._kd8, lin.bias))
                 if not e < 0.05:
                     raise RuntimeError(f"its output differs from kdispatch's fp8 linear by {e:.3g} (rel. L2)")
                 del probe

@@ -89,10 +89,14 @@ def main():
         row["merged_over_single"] = t["merged"]["us"] / t["single"]["us"]
         row["again_over_single"] = t["single_again"]["us"] / t["single"]["us"]
         row["config"] = {"single": row_of(a.single, m, n, k), "merged": row_of(a.merged, m, n, k)}
-        row["same_config"] = row["config"]["single"] == row["config"]["merged"]
+        # A point without a row in either dir (skipped by --max-flops, a failed unit) is not "the same config".
+        row["same_config"] = row["config"]["single"] is not None and row["config"]["single"] == row["config"]["merged"]
         rows.append(row)
         print(f"{m}x{n}x{k}: single {t['single']['us']:.2f} us, again {t['single_again']['us']:.2f}, merged "
               f"{t['merged']['us']:.2f} (same config: {row['same_config']})", flush=True)
+    if not rows:
+        print("no grid points", file=sys.stderr)
+        return 1
     gm = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))  # noqa: E731
     g_merged = gm([r["merged_over_single"] for r in rows])
     g_again = gm([r["again_over_single"] for r in rows])
