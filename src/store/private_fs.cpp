@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/private_fs.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -14,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -302,6 +306,36 @@ std::string temp_name_for(std::string_view name) {
   return temp_prefix_for(name) + host + "." + std::to_string(::getpid()) + "." + hex;
 }
 
+bool dead_local_temp(const std::string& n) {
+  std::string host = host_name();
+  for (char& c : host)
+    if (c == '/') c = '_';
+  const size_t rnd = n.rfind('.');
+  const size_t pid_at = rnd == std::string::npos || rnd == 0 ? std::string::npos : n.rfind('.', rnd - 1);
+  if (n.empty() || n[0] != '.' || pid_at == std::string::npos || pid_at < host.size() + 5) return false;
+  if (n.compare(pid_at - host.size() - 5, host.size() + 5, ".tmp." + host) != 0) return false;
+  const std::string pid = n.substr(pid_at + 1, rnd - pid_at - 1);
+  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) return false;
+  const long p = std::atol(pid.c_str());
+  return p > 0 && ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH;
+}
+
+void remove_entries_if(int dir_fd, const std::function<bool(const std::string&)>& dead) {
+  const int fd = ::dup(dir_fd);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    return;
+  }
+  ::rewinddir(d);
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d))
+    if (dead(std::string(e->d_name))) names.emplace_back(e->d_name);
+  ::closedir(d);
+  for (const auto& f : names) ::unlinkat(dir_fd, f.c_str(), 0);
+}
+
 namespace {
 
 std::mutex g_locking_mu;
@@ -313,6 +347,13 @@ Status check_flock(const std::string& dir, LockingScheme* out) {
   DirFd d;
   if (Status s = open_dir_below(dir, "", &d); !s.ok()) return s;
   int (*lock)(int, int) = g_flock ? g_flock : &::flock;
+  // A probe file outlives its check only when the checking process was
+  // killed between creating it and unlinking it (a few system calls): the
+  // next check removes those of dead processes of this host.
+  const std::string probe_prefix = temp_prefix_for("kdispatch-flock-probe");
+  remove_entries_if(d.get(), [&](const std::string& n) {
+    return n.compare(0, probe_prefix.size(), probe_prefix) == 0 && dead_local_temp(n);
+  });
   const std::string name = temp_name_for("kdispatch-flock-probe");  // ".kdispatch-flock-probe.tmp.<host>.<pid>.<random>"
   const std::string shown = (fs::path(dir) / name).string();
   const int a = ::openat(d.get(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);

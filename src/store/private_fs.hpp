@@ -23,6 +23,7 @@
 //    files: each process writes only its own fragment file.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -109,6 +110,16 @@ std::string temp_prefix_for(std::string_view name);
 
 /// This host's name (gethostname), "" when unknown.
 std::string host_name();
+
+/// True when `name` is a temp file of this host (".<file>.tmp.<host>.<pid>.
+/// <random>", temp_name_for's form, '/' in the host name as '_') whose
+/// writer pid names no process of this host any more (kill(pid, 0): ESRCH):
+/// a dead writer's, safe to remove. Other hosts' temp files: false.
+bool dead_local_temp(const std::string& name);
+
+/// Removes the entries of the open dir whose name `dead` accepts (listed
+/// first, then unlinked: never while the listing is open). Best effort.
+void remove_entries_if(int dir_fd, const std::function<bool(const std::string&)>& dead);
 
 /// How writers write into a cache or emit dir (docs/tuning.md#storage-a-cluster-shares).
 ///  - flock (fragments = false): each <key>.json is merged under its lock

@@ -172,25 +172,6 @@ std::string corrupt_name(int dir_fd, const std::string& name) {
   return out;
 }
 
-// Removes the entries of the dir whose name `dead` accepts (listed first,
-// then unlinked: never while the listing is open).
-template <class Pred>
-void remove_entries_if(int dir_fd, Pred dead) {
-  const int fd = ::dup(dir_fd);
-  if (fd < 0) return;
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    ::close(fd);
-    return;
-  }
-  ::rewinddir(d);
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d))
-    if (dead(std::string(e->d_name))) names.emplace_back(e->d_name);
-  ::closedir(d);
-  for (const auto& f : names) ::unlinkat(dir_fd, f.c_str(), 0);
-}
-
 // With the lock on <name> held, every temp file of <name> is a dead
 // writer's: remove them.
 void remove_dead_temps(int dir_fd, const std::string& name) {
@@ -198,26 +179,9 @@ void remove_dead_temps(int dir_fd, const std::string& name) {
   remove_entries_if(dir_fd, [&](const std::string& n) { return n.compare(0, prefix.size(), prefix) == 0; });
 }
 
-// True when `pid` names no process of this host.
-bool pid_dead(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
-
-// In a fragment dir, every file is written by one process: a temp file
-// ".<fragment>.tmp.<host>.<pid>.<random>" whose writer (host, pid) is a
-// process of this host that no longer exists is a dead writer's: removed.
-void remove_dead_fragment_temps(int dir_fd) {
-  std::string host = host_name();
-  for (char& c : host)
-    if (c == '/') c = '_';
-  remove_entries_if(dir_fd, [&](const std::string& n) {
-    const size_t rnd = n.rfind('.');
-    const size_t pid_at = rnd == std::string::npos || rnd == 0 ? std::string::npos : n.rfind('.', rnd - 1);
-    if (n[0] != '.' || pid_at == std::string::npos || pid_at < host.size() + 5) return false;
-    if (n.compare(pid_at - host.size() - 5, host.size() + 5, ".tmp." + host) != 0) return false;
-    const std::string pid = n.substr(pid_at + 1, rnd - pid_at - 1);
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) return false;
-    return pid_dead(std::atol(pid.c_str()));
-  });
-}
+// In a fragment dir, every file is written by one process: a temp file of
+// a dead writer of this host (dead_local_temp) is removed.
+void remove_dead_fragment_temps(int dir_fd) { remove_entries_if(dir_fd, &dead_local_temp); }
 
 // Fragment writes of this process: one at a time (two threads merging into
 // one fragment would lose rows; no lock file is used under that scheme).
