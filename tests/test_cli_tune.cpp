@@ -1051,6 +1051,18 @@ CliRun run_bounded(const std::vector<std::string>& args, const std::string& cach
   return out;
 }
 
+/// The 4-unit rmsnorm list (M = 1, 2, 4, 8; queue index 1 is M = 4) tuned
+/// into <dir>/emit by `--devices 0` with 2 workers and --unit-timeout-s 1.5,
+/// under run_bounded's 30 s limit (hooked workers listed in <dir>/pids).
+CliRun run_devices_hooked(const Scratch& dir, const std::string& cache) {
+  const std::string csv = dir / "s.csv";
+  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
+  return run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
+                      "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
+                      "--unit-timeout-s", "1.5", "--json"},
+                     cache, 30, dir / "pids");
+}
+
 }  // namespace
 
 // Attack (b3fb5de): --unit-timeout-s bounds a unit, not a worker's start-up:
@@ -1062,13 +1074,8 @@ TEST_CASE("cli tune: --devices, a worker hung before 'ready' does not stall the 
   const std::string cache = dir / "cache";
   clear_launcher_env();
   ::unsetenv("KDISPATCH_TEST_WORKER_DIE_AT");
-  const std::string csv = dir / "s.csv";
-  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
   ::setenv("KDISPATCH_TEST_WORKER_HANG_START", (dir / "hang_start").c_str(), 1);
-  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
-                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
-                          "--unit-timeout-s", "1.5", "--json"},
-                         cache, 30, dir / "pids");
+  CliRun r = run_devices_hooked(dir, cache);
   ::unsetenv("KDISPATCH_TEST_WORKER_HANG_START");
   INFO(r.err);
   CHECK(fs::exists(dir / "hang_start"));  // the hook fired
@@ -1084,13 +1091,8 @@ TEST_CASE("cli tune: --devices, a retiring worker whose exit hangs does not stal
   Scratch dir("devices_hang_exit");
   const std::string cache = dir / "cache";
   clear_launcher_env();
-  const std::string csv = dir / "s.csv";
-  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
   DieAt hook("1:sticky-hang");
-  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
-                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
-                          "--unit-timeout-s", "1.5", "--json"},
-                         cache, 30, dir / "pids");
+  CliRun r = run_devices_hooked(dir, cache);
   INFO(r.err);
   CHECK(fs::exists(dir / "pids"));  // the hook fired
   CHECK_MESSAGE(r.exit_code != 137, "the run hung (killed by timeout after 30 s)");
@@ -1105,13 +1107,8 @@ TEST_CASE("cli tune: --devices, a worker that closes its pipe but does not exit 
   Scratch dir("devices_close_hang");
   const std::string cache = dir / "cache";
   clear_launcher_env();
-  const std::string csv = dir / "s.csv";
-  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
   DieAt hook("1:close-hang");  // queue index 1: M=4
-  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
-                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
-                          "--unit-timeout-s", "1.5", "--json"},
-                         cache, 30, dir / "pids");
+  CliRun r = run_devices_hooked(dir, cache);
   INFO(r.err);
   CHECK(fs::exists(dir / "pids"));  // the hook fired
   CHECK_MESSAGE(r.exit_code != 137, "the run hung (killed by timeout after 30 s)");
@@ -1131,13 +1128,8 @@ TEST_CASE("cli tune: --devices, a killed worker whose result pipe stays open doe
   Scratch dir("devices_hold_hang");
   const std::string cache = dir / "cache";
   clear_launcher_env();
-  const std::string csv = dir / "s.csv";
-  std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
   DieAt hook("1:hold-hang");  // queue index 1: M=4
-  CliRun r = run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
-                          "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
-                          "--unit-timeout-s", "1.5", "--json"},
-                         cache, 30, dir / "pids");
+  CliRun r = run_devices_hooked(dir, cache);
   INFO(r.err);
   {
     std::ifstream pids(dir / "pids");
