@@ -225,6 +225,9 @@ bool from_table(const Runtime::Impl& impl, const LookupQuery& q, bool own, const
                 ? " (nearest to " + std::to_string(q.M) + "; ties go to the smaller key)"
                 : "");
     why += "; from " + res.source;
+    if (own)  // own-op params the row leaves out: the variant's defaults serve (the load report says so too)
+      if (const core::Plan& pl = table::Snapshot::plan(*b, idx); pl.valid())
+        if (const std::string d = store::defaulted_params(pl, res.config); !d.empty()) why += "; " + d;
     // Documented defaults for Triton rows that leave a launch field out.
     if (!own && config_find(res.config, "BLOCK_SIZE_M")) {
       if (!config_find(res.config, "num_warps")) {

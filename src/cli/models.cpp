@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "cli/cli.hpp"
+#include "store/bounded_read.hpp"
 
 namespace kdispatch_cli {
 
@@ -100,16 +101,14 @@ std::optional<Trace> builtin_trace(const std::string& name) {
 }
 
 std::optional<Trace> read_trace_file(const std::string& path, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = path + ": cannot open trace file";
-    return std::nullopt;
-  }
+  std::string text;  // a regular file of at most 256 MiB (store/bounded_read.hpp)
+  if (dispatch::store::read_bounded(path, &text, {}, error) != dispatch::store::ReadError::ok) return std::nullopt;
   Trace t;
   t.name = path;
-  std::string line;
+  std::string_view line;
+  size_t pos = 0;
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
+  while (next_line(text, &pos, &line)) {
     ++line_no;
     std::string_view v(line);
     if (const auto hash = v.find('#'); hash != std::string_view::npos) v = v.substr(0, hash);
@@ -132,10 +131,6 @@ std::optional<Trace> read_trace_file(const std::string& path, std::string* error
       }
       i = j;
     }
-  }
-  if (in.bad()) {
-    *error = path + ": read error";
-    return std::nullopt;
   }
   if (t.ms.empty()) {
     *error = path + ": no M values in the trace file";

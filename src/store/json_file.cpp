@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -164,34 +166,131 @@ error_code check_value(od::value v, int depth) {
   }
 }
 
-// A batch-size key as SGLang's and vLLM's loaders read it, int(key):
-// surrounding whitespace, a sign, leading zeros and '_' between digits are
-// accepted (" 16", "+16", "016", "1_6" are 16; "-4" is -4, a row dropped
-// and reported as M < 1). Anything else is not a batch size.
-bool parse_m_key(std::string_view key, int64_t* m) {
-  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
-  while (!key.empty() && space(key.front())) key.remove_prefix(1);
-  while (!key.empty() && space(key.back())) key.remove_suffix(1);
-  bool negative = false;
-  if (!key.empty() && (key.front() == '+' || key.front() == '-')) {
-    negative = key.front() == '-';
-    key.remove_prefix(1);
+// The first code point of each run of ten Unicode decimal digits (general
+// category Nd, values 0-9 in order) above ASCII: Python 3.12's and 3.13's
+// table (Unicode 15.0/15.1), which int() reads as digits.
+constexpr char32_t kDigitZeros[] = {
+    0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66, 0xDE6, 0xE50, 0xED0, 0xF20,
+    0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90, 0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0,
+    0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10, 0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0,
+    0x11450, 0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x11F50, 0x16A60,
+    0x16AC0, 0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E4F0, 0x1E950, 0x1FBF0};
+
+// int()'s digit value of a code point >= 128, or -1.
+int unicode_digit(char32_t c) {
+  const char32_t* it = std::upper_bound(std::begin(kDigitZeros), std::end(kDigitZeros), c);
+  if (it == std::begin(kDigitZeros)) return -1;
+  const char32_t d = c - *(it - 1);
+  return d < 10 ? static_cast<int>(d) : -1;
+}
+
+// Python's whitespace above ASCII (str.isspace(), which int() strips).
+bool unicode_space(char32_t c) {
+  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// The code point at s[*i] (UTF-8, validated by simdjson), *i moved past it.
+char32_t next_code_point(std::string_view s, size_t* i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(*i);
+  size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  if (*i + n > s.size()) n = 1;  // (not reached: valid UTF-8)
+  char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (b(*i + k) & 0x3F);
+  *i += n;
+  return cp;
+}
+
+// What int(key) makes of a top-level key.
+enum class KeyInt : uint8_t {
+  none,       ///< int() raises: not a batch size (metadata, or a foreign key)
+  value,      ///< *m holds the value (< 1 for 0 and negatives: a row dropped)
+  too_large,  ///< a value int() reads but int64 cannot hold: a row dropped
+};
+
+// A batch-size key as SGLang's and vLLM's loaders read it: exactly Python's
+// int(key) (CPython's PyLong_FromUnicodeObject, base 10). Each code point
+// above ASCII that is whitespace becomes ' ' and each Unicode decimal digit
+// (Nd) its ASCII digit; any other one fails. Then: ASCII whitespace
+// (" \t\n\v\f\r") around, one '+' or '-', digits with single '_' between
+// two digits, leading zeros allowed, at most 4300 digits (Python's
+// int_max_str_digits; leading zeros count). " 16", "+16", "016", "1_6",
+// "１６", "00000000000000000016" are 16. *plain: the key is
+// std::to_string(*m) (plain ASCII digits without a leading zero).
+KeyInt parse_m_key(std::string_view key, int64_t* m, bool* plain) {
+  *plain = false;
+  // Fast path, every real table: ASCII digits that fit an int64.
+  if (!key.empty() && key.size() <= 18) {
+    int64_t v = 0;
+    size_t i = 0;
+    for (; i < key.size() && key[i] >= '0' && key[i] <= '9'; ++i) v = v * 10 + (key[i] - '0');
+    if (i == key.size()) {
+      *m = v;
+      *plain = key.size() == 1 || key[0] != '0';
+      return KeyInt::value;
+    }
   }
-  char digits[19];
-  size_t n = 0;
-  for (size_t i = 0; i < key.size(); ++i) {
-    const char c = key[i];
-    if (c == '_' && i > 0 && i + 1 < key.size() && key[i - 1] != '_' && key[i + 1] >= '0' && key[i + 1] <= '9')
-      continue;  // 1_000 (between two digits)
-    if (c < '0' || c > '9' || n == sizeof digits) return false;
-    digits[n++] = c;
+  constexpr size_t kMaxDigits = 4300;
+  auto ascii_space = [](char32_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  enum { lead, sign, first_digit, digits, trail } phase = lead;
+  bool negative = false, prev_underscore = false, overflow = false;
+  uint64_t v = 0;
+  size_t n_digits = 0;
+  for (size_t i = 0; i < key.size();) {
+    char32_t c = next_code_point(key, &i);
+    if (c >= 127) {  // CPython maps these first (DEL and above)
+      if (unicode_space(c)) {
+        c = ' ';
+      } else if (const int d = unicode_digit(c); d >= 0) {
+        c = static_cast<char32_t>('0' + d);
+      } else {
+        return KeyInt::none;
+      }
+    }
+    if (phase == lead) {
+      if (ascii_space(c)) continue;
+      phase = sign;
+    }
+    if (phase == sign) {
+      phase = first_digit;
+      if (c == '+' || c == '-') {
+        negative = c == '-';
+        continue;
+      }
+    }
+    if (phase == trail) {
+      if (!ascii_space(c)) return KeyInt::none;
+      continue;
+    }
+    if (c >= '0' && c <= '9') {
+      phase = digits;
+      prev_underscore = false;
+      if (++n_digits > kMaxDigits) return KeyInt::none;
+      const uint64_t d = c - '0';
+      if (!overflow) {
+        if (v > (UINT64_MAX - d) / 10) overflow = true;
+        else v = v * 10 + d;
+      }
+      continue;
+    }
+    if (phase == first_digit) return KeyInt::none;  // no digit yet: "_1", "+ 1", "", "x"
+    if (c == '_' && !prev_underscore) {              // "1_000"; "1__0" is refused
+      prev_underscore = true;
+      continue;
+    }
+    if (!ascii_space(c) || prev_underscore) return KeyInt::none;  // "1x", "1_ "
+    phase = trail;
   }
-  if (n == 0) return false;
-  int64_t v = 0;
-  auto r = std::from_chars(digits, digits + n, v);
-  if (r.ec != std::errc() || r.ptr != digits + n) return false;
-  *m = negative ? -v : v;
-  return true;
+  if (phase != digits && phase != trail) return KeyInt::none;
+  if (prev_underscore) return KeyInt::none;  // "16_"
+  if (negative) {
+    *m = v == 0 ? 0 : (overflow || v > static_cast<uint64_t>(INT64_MAX)) ? -1 : -static_cast<int64_t>(v);
+    return KeyInt::value;
+  }
+  if (overflow || v > static_cast<uint64_t>(INT64_MAX)) return KeyInt::too_large;
+  *m = static_cast<int64_t>(v);
+  return KeyInt::value;
 }
 
 std::string read_row_fields(od::object& obj, std::vector<RawField>* fields, error_code* err,
@@ -357,6 +456,8 @@ struct TableReader {
   int64_t object_keys = 0, batch_keys = 0, max_m = 0;
   size_t problems_left_out = 0;
   std::unordered_map<int64_t, size_t> row_index;  // M -> index in out.rows, once an M comes out of order
+  std::unordered_map<size_t, std::string> spelled;  // row index -> its key where not std::to_string(M) (rare)
+  std::unordered_map<int64_t, std::vector<std::string>> earlier_spellings;  // M -> its keys that no longer serve
   std::vector<std::string> foreign_keys;
 
   void problem(std::string text) {
@@ -370,12 +471,15 @@ struct TableReader {
 
   // A batch-size key's value: a row kept, replaced (a duplicate M) or
   // dropped with the reason. Hard JSON errors come back.
-  error_code batch_row(const std::string& key, int64_t m, od::value& v, od::json_type t) {
+  // `plain`: the key is std::to_string(m); `too_large`: int(key) is over
+  // int64's range.
+  error_code batch_row(const std::string& key, int64_t m, bool plain, bool too_large, od::value& v, od::json_type t) {
     error_code err = simdjson::SUCCESS;
     std::string_view raw;
-    if (m < 1) {
+    if (too_large || m < 1) {
       if ((err = raw_value(v, t, &raw))) return err;
-      drop(key, "batch size must be >= 1; row dropped");
+      drop(key, too_large ? "batch size over 9223372036854775807 (int64); row dropped"
+                          : "batch size must be >= 1; row dropped");
       return err;
     }
     if (t == od::json_type::null) {
@@ -413,15 +517,44 @@ struct TableReader {
       if (auto it = row_index.find(m); it != row_index.end()) dup = it->second;
     }
     if (dup < out.rows.size()) {
-      problem("M=" + key + ": duplicate key; the last one serves (as json.load)");
-      ++out.dropped_rows;  // the earlier row is dropped: the file is partial
-      out.rows[dup] = row;
+      ++out.dropped_rows;  // one of the two rows is dropped: the file is partial
+      duplicate(key, m, plain, dup, row);
       return err;
     }
+    if (!plain) spelled.emplace(out.rows.size(), key);
     if (!row_index.empty()) row_index.emplace(m, out.rows.size());
     max_m = std::max(max_m, m);
     out.rows.push_back(row);
     return err;
+  }
+
+  // A row for an M the file already has a row for. SGLang reads a table as
+  // {int(key): row for key, row in json.load(f).items()}: json.load keeps
+  // one entry per key string (its last row, at the place of its first
+  // occurrence), then the entry placed last among the spellings of one M
+  // serves. So: the same spelling again replaces the row; a new spelling
+  // ("016" after "16") replaces it too; a spelling seen before the one
+  // that serves now is placed before it and does not serve.
+  void duplicate(const std::string& key, int64_t m, bool plain, size_t dup, const ParsedRow& row) {
+    const auto sp = spelled.find(dup);
+    const std::string serving = sp != spelled.end() ? sp->second : std::to_string(m);
+    if (key == serving) {
+      problem("M=" + key + ": duplicate key; the last one serves (as json.load)");
+      out.rows[dup] = row;
+      return;
+    }
+    std::vector<std::string>& before = earlier_spellings[m];
+    if (std::find(before.begin(), before.end(), key) != before.end()) {
+      problem("M=" + key + ": batch size " + std::to_string(m) + " again, but json.load places this key before '" +
+              serving + "', whose row serves (as SGLang's int(key)); row dropped");
+      return;
+    }
+    before.push_back(serving);
+    problem("M=" + key + ": batch size " + std::to_string(m) + " already given by key '" + serving +
+            "'; this later key's row serves (as SGLang's int(key)), the earlier one is dropped");
+    out.rows[dup] = row;
+    if (plain) spelled.erase(dup);
+    else spelled[dup] = key;
   }
 
   // Not a batch size: metadata (scalars, our "kdispatch" object) or foreign.
@@ -468,6 +601,12 @@ ParsedFile parse_config_json(const char* data, size_t len) {
   thread_local od::parser parser;
   ParsedFile out;
   out.rows.reserve(32);  // SGLang's tables have up to ~20 batch sizes: no regrowth
+  if (len >= 3 && static_cast<unsigned char>(data[0]) == 0xEF && static_cast<unsigned char>(data[1]) == 0xBB &&
+      static_cast<unsigned char>(data[2]) == 0xBF) {
+    out.kind = ParsedFile::Kind::error;
+    out.problems.push_back("UTF-8 byte-order mark at byte 0; SGLang's json.load refuses it too");
+    return out;
+  }
   od::document doc;
   error_code err = parser.iterate(data, len, len + simdjson::SIMDJSON_PADDING).get(doc);
   auto fail = [&](error_code e) {
@@ -504,7 +643,9 @@ ParsedFile parse_config_json(const char* data, size_t len) {
     od::json_type t;
     if ((err = v.type().get(t))) return fail(err);
     int64_t m = 0;
-    if (!parse_m_key(key, &m)) {
+    bool plain = false;
+    const KeyInt ki = parse_m_key(key, &m, &plain);
+    if (ki == KeyInt::none) {
       if ((err = r.other_key(std::move(key), v, t))) return fail(err);
       continue;
     }
@@ -517,7 +658,8 @@ ParsedFile parse_config_json(const char* data, size_t len) {
                                                     "(docs/config-files.md#limits): file not loaded");
       return out;
     }
-    if ((err = r.batch_row(key, m, v, t))) return fail(err);
+    if ((err = r.batch_row(key, ki == KeyInt::too_large ? -1 : m, plain, ki == KeyInt::too_large, v, t)))
+      return fail(err);
   }
   // Content after the top-level object. simdjson catches it at the first
   // access only when the input does not end in '}' ("{...} xx"); "{...} {...}"

@@ -9,9 +9,13 @@
 
 namespace dispatch::store {
 
+/// One input file's size limit (config files, merge sources, shape lists):
+/// 256 MiB. store/bounded_read.hpp's default.
+inline constexpr int64_t kMaxInputFileBytes = int64_t{256} << 20;
+
 struct Limits {
   int max_dir_depth = 16;                          ///< folder levels read below a config dir
-  int64_t max_file_bytes = int64_t{256} << 20;     ///< one config file: 256 MiB
+  int64_t max_file_bytes = kMaxInputFileBytes;      ///< one config file: 256 MiB
   int64_t max_files_per_dir = 100'000;             ///< *.json files read under one config dir
   int64_t max_entries_per_dir = 1'000'000;         ///< directory entries examined under one config dir
   int64_t max_rows_per_file = int64_t{1} << 20;    ///< batch-size keys in one file: 1,048,576

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "backends/registry.hpp"
+#include "store/bounded_read.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
@@ -63,26 +64,25 @@ struct ReadBuffer {
 
 constexpr size_t kOwnBufferAt = size_t{16} << 20;  // files from 16 MiB up get their own buffer
 
+// Opened and read through the one bounded reader (store/bounded_read.hpp):
+// O_NONBLOCK (a FIFO put in place of the file after the walk's stat is
+// refused, never waited on), a regular file only, the size checked against
+// limits().max_file_bytes before anything is allocated, and no more read
+// than that size.
 bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::string* err) {
   buf->unmap();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *err = std::string("cannot open: ") + std::strerror(errno);
-    return false;
+  BoundedRead opt;
+  opt.limit = limits().max_file_bytes;
+  int fd = -1;
+  size_t size = 0;
+  switch (open_bounded_at(AT_FDCWD, path, opt, &fd, &size, err)) {
+    case ReadError::ok: break;
+    case ReadError::too_large:
+      *err = "file is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(limits().max_file_bytes) +
+             " bytes for one config file (docs/config-files.md#limits): not read";
+      return false;
+    default: return false;  // *err names the file and why (missing, not a regular file, cannot open)
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    *err = std::string("cannot stat: ") + std::strerror(errno);
-    ::close(fd);
-    return false;
-  }
-  if (st.st_size > limits().max_file_bytes) {
-    *err = "file is " + std::to_string(st.st_size) + " bytes, over the limit of " + std::to_string(limits().max_file_bytes) +
-           " bytes for one config file (docs/config-files.md#limits): not read";
-    ::close(fd);
-    return false;
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
   const size_t need = size + json_padding();
   buf->data = nullptr;
   if (size >= kOwnBufferAt) {
@@ -97,19 +97,10 @@ bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::strin
     buf->ensure(need);
     buf->data = buf->bytes.get();
   }
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t r = ::read(fd, buf->data + got, size - got);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      *err = std::string("read error: ") + std::strerror(errno);
-      ::close(fd);
-      return false;
-    }
-    if (r == 0) break;  // file shrank while reading: parse what is there
-    got += static_cast<size_t>(r);
-  }
+  size_t got = 0;  // less than size when the file shrank while read: parse what is there
+  const bool ok = read_fd_into(fd, buf->data, size, &got, err);
   ::close(fd);
+  if (!ok) return false;
   std::memset(buf->data + got, 0, json_padding());
   *len = got;
   return true;
@@ -223,8 +214,10 @@ struct OwnFile {
   bool compiled = false;
   const DeviceInfo* local = nullptr;  ///< the local device when it is the file's, else null
 };
+// *defaulted (set when the row is kept): the params the row leaves out, which
+// take their variant's defaults (defaulted_params), or "".
 std::string own_row(const OwnFile& f, const Config& config, ParsedRow& row, table::TableInput::InputRow* ir,
-                    std::vector<core::Plan>* plans) {
+                    std::vector<core::Plan>* plans, std::string* defaulted) {
   if (!f.compiled) {
     const ConfigValue* vn = config_find(config, "variant");
     if (!vn || vn->kind != ConfigValue::Kind::string) return "row has no \"variant\"";
@@ -248,6 +241,7 @@ std::string own_row(const OwnFile& f, const Config& config, ParsedRow& row, tabl
   }
   ir->plan = static_cast<uint32_t>(plans->size());
   plans->push_back(*plan);
+  *defaulted = defaulted_params(*plan, config);
   return "";
 }
 
@@ -289,18 +283,29 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
                            "' is not compiled into this build: rows kept for lookup, not checked against variants");
   const DeviceInfo* local = core::local_device_info(backend);
   if (f.compiled && local && local->device_name == device) f.local = local;
+  int64_t defaulted_left_out = 0;  // rows with params left out, past the problems limit
   for (auto& row : parsed.rows) {
     table::TableInput::InputRow ir;
     ir.m = row.m;
-    if (const std::string why = own_row(f, parsed.config(row), row, &ir, &in.plans); !why.empty()) {
+    std::string defaulted;
+    if (const std::string why = own_row(f, parsed.config(row), row, &ir, &in.plans, &defaulted); !why.empty()) {
       if (rep.problems.size() < limits().max_problems_per_file)  // a million bad rows: the first thousand listed
         rep.problems.push_back("M=" + std::to_string(row.m) + ": " + why + "; row dropped");
       ++parsed.dropped_rows;
       continue;
     }
+    if (!defaulted.empty()) {  // served, and said: the row's config is not all written out
+      if (rep.problems.size() < limits().max_problems_per_file)
+        rep.problems.push_back("M=" + std::to_string(row.m) + ": " + defaulted);
+      else
+        ++defaulted_left_out;
+    }
     ir.config = row.config;
     in.rows.push_back(std::move(ir));
   }
+  if (defaulted_left_out > 0)
+    rep.problems.push_back("... and " + std::to_string(defaulted_left_out) +
+                           " more rows that leave params out (served with their variant's defaults)");
   in.configs = std::move(parsed.configs);  // rows keep their indices (a dropped row's config stays unused)
   return "";
 }
@@ -573,6 +578,29 @@ int64_t now_ns() {
 }
 
 }  // namespace
+
+std::string defaulted_params(const core::Plan& plan, const Config& row) {
+  if (!plan.valid()) return "";
+  std::string names, values;
+  for (size_t i = 0; i < plan.variant->params.size(); ++i) {
+    const core::ParamDef& pd = plan.variant->params[i];
+    if (config_find(row, std::string(pd.name)) != nullptr) continue;
+    const int64_t v = plan.params[i];
+    std::string text;
+    switch (pd.kind) {
+      case core::ParamKind::integer: text = std::to_string(v); break;
+      case core::ParamKind::boolean: text = v != 0 ? "true" : "false"; break;
+      case core::ParamKind::enumeration:
+        text = v >= 0 && static_cast<size_t>(v) < pd.labels.size() ? std::string(pd.labels[static_cast<size_t>(v)])
+                                                                  : std::to_string(v);
+        break;
+    }
+    names += (names.empty() ? "" : ", ") + std::string(pd.name);
+    values += (values.empty() ? "" : ", ") + std::string(pd.name) + "=" + text;
+  }
+  if (names.empty()) return "";
+  return names + " not in the row: " + std::string(plan.variant->name) + "'s defaults serve (" + values + ")";
+}
 
 LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
                             const InternFn& intern, FileCache* cache) {

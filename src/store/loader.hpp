@@ -82,6 +82,12 @@ struct FileCache {
 LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vector<DeviceAlias>& aliases,
                             const InternFn& intern, FileCache* cache = nullptr);
 
+/// The params of `plan`'s variant that an own-op `row` leaves out (they
+/// take the variant's defaults): "BLOCK_SIZE_K, pack_b not in the row:
+/// <variant>'s defaults serve (BLOCK_SIZE_K=512, pack_b=false)", or "" when
+/// the row gives every param. For the load report and lookup's why.
+std::string defaulted_params(const core::Plan& plan, const Config& row);
+
 /// Documented defaults for engine-owned Triton rows that leave a field out:
 /// Triton's own triton.Config defaults.
 inline constexpr int64_t kTritonDefaultNumWarps = 4;
