@@ -38,6 +38,9 @@
 // case shows the regime: 1M/500k is ~2.5). CI runs --assert --bar 20
 // --bar-rows 40 (bench/results/load_scaling.md).
 // bench_load --reload [--assert] [--bar R]: incremental reload (run_reload).
+// bench_load --merge KDISPATCH [--assert]: `kdispatch merge` against table
+// size (run_merge_scaling; issue 31: merge looked each row's time up by a
+// linear search, 256k rows > 120 s).
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <simdjson.h>
@@ -48,6 +51,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <thread>
 #include <cstring>
 #include <fstream>
@@ -63,6 +68,7 @@
 
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
+#include "store/fingerprint.hpp"
 #include "store/loader.hpp"
 #include "table/snapshot.hpp"
 
@@ -497,8 +503,114 @@ int run_reload(bool assert_ratio, double bar) {
   return 0;
 }
 
+// ---------------------------------------------------------------- --merge
+
+// A kdispatch table of `rows` rows (M = 1..rows) with its "us" and
+// "default_us" maps, as the tuner writes one: cpu gemm N=K=128 on this
+// machine's CPU, configs cycling over three points of the fp32 space.
+void write_kd_table(const fs::path& file, int64_t rows) {
+  static const char* const kConfigs[] = {
+      R"({"variant": "gemm_fp32__blocked", "BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128, "ukernel": "scalar"})",
+      R"({"variant": "gemm_fp32__blocked", "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 512, "ukernel": "scalar"})",
+      R"({"variant": "gemm_fp32__ref"})"};
+  std::string us, dus, body;
+  for (int64_t m = 1; m <= rows; ++m) {
+    const std::string k = "\"" + std::to_string(m) + "\": ";
+    us += (m > 1 ? ", " : "") + k + std::to_string(10 + m % 97) + ".125";
+    dus += (m > 1 ? ", " : "") + k + std::to_string(20 + m % 89) + ".5";
+    body += ",\n    " + k + kConfigs[m % 3];
+  }
+  fs::create_directories(file.parent_path());
+  std::ofstream out(file);
+  out << "{\n    \"kdispatch\": {\"tool\": \"kdispatch bench\", \"schema\": {\"gemm_fp32__blocked\": 1, "
+         "\"gemm_fp32__ref\": 1}, \"fingerprint\": "
+      << store::cpu_fingerprint().to_json() << ", \"us\": {" << us << "}, \"default_us\": {" << dus << "}}" << body
+      << "\n}\n";
+}
+
+// Wall time of one run of `argv` (stdout and stderr to /dev/null); exits
+// the bench when it fails.
+double run_seconds(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execv(args[0], args.data());
+    std::_Exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd;
+    for (const std::string& a : argv) cmd += " " + a;
+    std::fprintf(stderr, "bench_load --merge: exit status %d:%s\n", status, cmd.c_str());
+    std::exit(1);
+  }
+  return s;
+}
+
+double median_of(int n, const std::function<double()>& f) {
+  std::vector<double> t;
+  for (int i = 0; i < n; ++i) t.push_back(f());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// --merge KDISPATCH [--assert]: `kdispatch merge --out` of one table of 32k,
+// 256k and 1M rows (with its us and default_us maps; medians of 5, 3, 3
+// runs: the process, read, check, merge, write with fsync), the load of
+// the same 1M-row file (load_seconds, median of 3), and `merge --compact`
+// of a dir holding one 64k-row table and no fragments (median of 5).
+// --assert: 256k <= 12x 32k and <= 4 s, 1M <= 3x its load, the compaction
+// <= 0.2 s (issue 31).
+int run_merge_scaling(const std::string& kd, bool assert_bars) {
+  char tmpl[] = "/tmp/kdispatch-bench-merge-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return 1;
+  const fs::path root(tmpl);
+  const std::string rel = "cpu/gemm/N=128,K=128,device_name=" + dispatch::cpu_device_info().device_name +
+                          ",dtype=fp32.json";
+  std::map<int64_t, double> merge_s;
+  for (int64_t rows : {32768, 262144, 1048576}) {
+    const fs::path src = root / ("src" + std::to_string(rows)), out = root / "out";
+    write_kd_table(src / rel, rows);
+    merge_s[rows] = median_of(rows > 32768 ? 3 : 5, [&] {
+      fs::remove_all(out);
+      return run_seconds({kd, "merge", "--out", out.string(), src.string()});
+    });
+    std::printf("merge --out, %7lld rows: %.3f s\n", static_cast<long long>(rows), merge_s[rows]);
+  }
+  const double load_1m = median_of(3, [&] { return load_seconds((root / "src1048576").string()); });
+  const fs::path compact = root / "compact";
+  write_kd_table(compact / rel, 65536);
+  const double compact_s =
+      median_of(5, [&] { return run_seconds({kd, "merge", "--compact", compact.string()}); });
+  const double ratio = merge_s[262144] / merge_s[32768], vs_load = merge_s[1048576] / load_1m;
+  std::printf("merge 256k rows / 32k rows = %.2f (bar 12; linear: 8), 256k rows: %.3f s (bar 4 s)\n", ratio,
+              merge_s[262144]);
+  std::printf("merge 1M rows: %.3f s = %.2f x the load of the same file (%.3f s; bar 3)\n", merge_s[1048576], vs_load,
+              load_1m);
+  std::printf("merge --compact of a dir with one 64k-row table, no fragments: %.3f s (bar 0.2 s)\n", compact_s);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  const bool ok = ratio <= 12 && merge_s[262144] <= 4 && vs_load <= 3 && compact_s <= 0.2;
+  if (assert_bars && !ok) {
+    std::fprintf(stderr, "bench_load --merge: past a bar (issue 31)\n");
+    return 1;
+  }
+  if (assert_bars) std::printf("within the bars\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--load-once") == 0) return load_once(argv[2]);
+  if (argc >= 3 && std::strcmp(argv[1], "--merge") == 0)
+    return run_merge_scaling(argv[2], argc >= 4 && std::strcmp(argv[3], "--assert") == 0);
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--scaling") == 0) {
       bool assert_ratios = false;

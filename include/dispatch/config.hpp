@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "dispatch/export.hpp"
+#include "dispatch/status.hpp"
 
 namespace dispatch {
 
@@ -95,5 +97,38 @@ struct KDISPATCH_API LoadReport {
   /// The report as JSON: {"files": [{"path", "status", "problems"}], ...}.
   std::string to_json() const;
 };
+
+/// One row of an own-op table, for check_table_rows().
+struct TableRow {
+  int64_t m = 0;                   ///< its batch size
+  const Config* config = nullptr;  ///< its config (not owned; rows may share one)
+};
+
+/// What check_table_rows() found.
+struct TableRowsCheck {
+  /// False when the table's backend is not compiled into this build: its
+  /// rows were not checked against variants (the loader keeps such rows for
+  /// lookup); only a row without a "variant" string is dropped.
+  bool checked = false;
+  /// (index into the rows given, reason) of every row the loader drops, with
+  /// the reason its load report gives ("unknown variant 'x'", "'P'=7 is not
+  /// a point of V's space", ...), in the order of the rows.
+  std::vector<std::pair<size_t, std::string>> dropped;
+};
+
+/// Checks rows of the own-op table at `table_path` (a path under a config
+/// dir ending "<backend>/<op>/<key fields>.json", the key and device in the
+/// file name) as the loader checks a row of such a file (what `kdispatch
+/// validate` reports): the variant exists, is the op's and backend's, takes
+/// the row's params within its space, has the schema version `schema`
+/// records for it (the file's "kdispatch"."schema"), computes the key's
+/// dtype, and, when the file's device is this machine's device 0 of that
+/// backend, accepts the key at the row's M. Fingerprints are not compared.
+/// Errors: invalid_argument when `table_path` is not an own-op table path
+/// the loader reads (the message says why: it skips such a file).
+/// Thread-safe; no runtime needed.
+KDISPATCH_API Result<TableRowsCheck> check_table_rows(std::string_view table_path,
+                                                      std::span<const std::pair<std::string, int64_t>> schema,
+                                                      std::span<const TableRow> rows) noexcept;
 
 }  // namespace dispatch

@@ -22,7 +22,10 @@
 #include <simdjson.h>
 
 #include "core/json_write.hpp"
+#include "store/bounded_read.hpp"
 #include "store/json_file.hpp"
+#include "store/limits.hpp"
+#include "store/fragment_claims.hpp"
 #include "store/private_fs.hpp"
 
 namespace dispatch::store {
@@ -122,40 +125,46 @@ std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerpri
 
 namespace {
 
-// Reads the regular file `name` in an open dir without following a link
-// and without blocking on a FIFO. *missing = true when nothing is there.
-Status read_target(int dir_fd, const std::string& name, const std::string& shown, std::string* data, bool* missing) {
+std::string corrupt_name(int dir_fd, const std::string& name);
+
+// Reads the regular file `name` in an open dir through the one bounded
+// reader (store/bounded_read.hpp): without following a link, without
+// blocking on a FIFO, and never more than limits().max_file_bytes (what the
+// loader reads). *missing = true when nothing is there. A file over the
+// limit is not read: it is moved aside to "<name>.corrupt-<UTC time>" (kept
+// whole, never overwritten; the loader refuses it too, so its rows were not
+// serving), a note says so, and *missing = true: the new rows are written
+// to a fresh file. Nothing is lost.
+Status read_target(int dir_fd, const std::string& name, const std::string& shown, std::string* data, bool* missing,
+                   std::vector<std::string>* notes) {
   *missing = false;
-  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) {
+  BoundedRead opt;
+  opt.limit = limits().max_file_bytes;
+  opt.nofollow = true;
+  opt.shown = shown;
+  opt.limit_name = "the limit for one config file (docs/config-files.md#limits)";
+  std::string why;
+  switch (read_bounded_at(dir_fd, name, data, opt, &why)) {
+    case ReadError::ok: return Status();
+    case ReadError::missing: *missing = true; return Status();
+    case ReadError::symlink:
+      return make_status(StatusCode::io_error, "'" + shown + "' is a symbolic link: tuning results are not written "
+                                               "through it (replace it with a regular file or remove it)");
+    case ReadError::not_regular:
+      return make_status(StatusCode::io_error, "'" + shown + "' is not a regular file: tuning results are not written "
+                                               "over it");
+    case ReadError::too_large: {
+      const std::string aside = corrupt_name(dir_fd, name);
+      if (::renameat(dir_fd, name.c_str(), dir_fd, aside.c_str()) != 0) return io_error("cannot move aside", shown);
+      if (notes)
+        notes->push_back(why + "; moved aside to '" + (fs::path(shown).parent_path() / aside).string() +
+                         "' and started afresh (the loader does not read it either)");
       *missing = true;
       return Status();
     }
-    if (errno == ELOOP)
-      return make_status(StatusCode::io_error, "'" + shown + "' is a symbolic link: tuning results are not written "
-                                               "through it (replace it with a regular file or remove it)");
-    return io_error("cannot open", shown);
+    case ReadError::io: break;
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return make_status(StatusCode::io_error, "'" + shown + "' is not a regular file: tuning results are not written "
-                                             "over it");
-  }
-  char buf[65536];
-  ssize_t r;
-  while ((r = ::read(fd, buf, sizeof buf)) != 0) {
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      Status s = io_error("cannot read", shown);
-      ::close(fd);
-      return s;
-    }
-    data->append(buf, static_cast<size_t>(r));
-  }
-  ::close(fd);
-  return Status();
+  return make_status(StatusCode::io_error, why);
 }
 
 // "<name>.corrupt-<UTC time>", made unique in the dir.
@@ -186,6 +195,65 @@ void remove_dead_fragment_temps(int dir_fd) { remove_entries_if(dir_fd, &dead_lo
 // Fragment writes of this process: one at a time (two threads merging into
 // one fragment would lose rows; no lock file is used under that scheme).
 std::mutex g_fragment_mu;
+
+// The rows of a parsed table into *merged (replacing those of equal M),
+// unless its fingerprint differs from `fp` and !keep_stale (then
+// *dropped_stale is set).
+void add_table_rows(ParsedFile& pf, const Fingerprint& fp, bool keep_stale, std::map<int64_t, PersistRow>* merged,
+                    bool* dropped_stale) {
+  std::string meta;
+  for (const auto& [k, v] : pf.metadata)
+    if (k == "kdispatch") meta = v;
+  if (!keep_stale && !fingerprint_mismatch(parse_fingerprint(meta), fp).empty()) {
+    if (dropped_stale) *dropped_stale = true;
+    return;
+  }
+  const auto us = read_us_map(meta, "us");
+  const auto dus = read_us_map(meta, "default_us");
+  for (auto& row : pf.rows) {
+    PersistRow pr;
+    pr.m = row.m;
+    pr.config = pf.config(row);
+    if (auto it = us.find(row.m); it != us.end()) pr.us = it->second;
+    if (auto it = dus.find(row.m); it != dus.end()) pr.default_us = it->second;
+    (*merged)[row.m] = std::move(pr);
+  }
+}
+
+// A compaction killed between claiming a fragment and putting it back left
+// its claim (store/fragment_claims.hpp). Every claim in this fragment dir
+// whose compaction was a process of this host that no longer exists is
+// recovered: another fragment's is put back (or aside); one of our own
+// fragment `name` has its rows merged into *merged (this write's file and
+// rows then win on the same M) and is returned, to be removed once this
+// write is on disk. A claim that is not a table is moved aside to
+// "<name>.corrupt-<UTC time>" (not read, not lost) with a note.
+std::vector<std::string> merge_own_claims(int pfd, const std::string& name, const fs::path& shown_dir,
+                                          const Fingerprint& fp, bool keep_stale,
+                                          std::map<int64_t, PersistRow>* merged, bool* dropped_stale,
+                                          std::vector<std::string>* notes) {
+  std::vector<std::string> own;
+  for (const RecoveredClaim& r : recover_dead_claims(pfd, name)) {
+    if (!r.own) continue;  // another fragment's claim: put back or aside
+    BoundedRead opt;
+    opt.limit = limits().max_file_bytes;
+    opt.nofollow = true;
+    opt.padding = json_padding();
+    std::string data, why;
+    if (read_bounded_at(pfd, r.claim, &data, opt, &why) != ReadError::ok) continue;  // left for a compaction
+    ParsedFile pf = parse_config_json(data.data(), data.size() - opt.padding);
+    if (pf.kind != ParsedFile::Kind::table) {
+      const std::string aside = corrupt_name(pfd, name);
+      if (::renameat(pfd, r.claim.c_str(), pfd, aside.c_str()) == 0 && notes)
+        notes->push_back("'" + (shown_dir / r.claim).string() + "' (a claim of a compaction that died) did not parse "
+                         "as a config table; moved aside to '" + (shown_dir / aside).string() + "'");
+      continue;
+    }
+    add_table_rows(pf, fp, keep_stale, merged, dropped_stale);
+    own.push_back(r.claim);
+  }
+  return own;
+}
 
 }  // namespace
 
@@ -227,33 +295,20 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
 
     // Re-read the current file (under the lock, or our own fragment) and merge.
     std::map<int64_t, PersistRow> merged;
+    // A killed compaction's claims of our own fragment: their rows first.
+    const std::vector<std::string> own_claims =
+        scheme.fragments ? merge_own_claims(pfd, name, target.parent_path(), fp, keep_stale, &merged, dropped_stale, notes)
+                         : std::vector<std::string>();
     {
       std::string data;
       bool missing = false;
-      if (Status s = read_target(pfd, name, shown, &data, &missing); !s.ok()) return s;
+      if (Status s = read_target(pfd, name, shown, &data, &missing, notes); !s.ok()) return s;
       if (!missing) {
         const size_t len = data.size();
         data.append(json_padding(), '\0');
         ParsedFile pf = parse_config_json(data.data(), len);
         if (pf.kind == ParsedFile::Kind::table) {
-          std::string meta;
-          for (const auto& [k, v] : pf.metadata)
-            if (k == "kdispatch") meta = v;
-          const Fingerprint old = parse_fingerprint(meta);
-          if (keep_stale || fingerprint_mismatch(old, fp).empty()) {
-            const auto us = read_us_map(meta, "us");
-            const auto dus = read_us_map(meta, "default_us");
-            for (auto& row : pf.rows) {
-              PersistRow pr;
-              pr.m = row.m;
-              pr.config = pf.config(row);
-              if (auto it = us.find(row.m); it != us.end()) pr.us = it->second;
-              if (auto it = dus.find(row.m); it != dus.end()) pr.default_us = it->second;
-              merged[row.m] = std::move(pr);
-            }
-          } else if (dropped_stale) {
-            *dropped_stale = true;
-          }
+          add_table_rows(pf, fp, keep_stale, &merged, dropped_stale);
         } else {
           // Not a table we can merge into: keep it, aside, and say so.
           const std::string aside = corrupt_name(pfd, name);
@@ -287,6 +342,8 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
       return s;
     }
     ::fsync(pfd);
+    for (const std::string& c : own_claims) ::unlinkat(pfd, c.c_str(), 0);  // their rows are in the file now
+    if (!own_claims.empty()) ::fsync(pfd);
     return Status();
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "persisting tuning results");
