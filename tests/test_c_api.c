@@ -638,6 +638,203 @@ static void test_ops(void) {
   EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
 }
 
+/* Issue 31, item 6: hostile DLTensors and flags get INVALID_ARGUMENT naming
+ * the argument, never a crash: a NULL shape (every op), a byte_offset or a
+ * stride that overflows, sizes whose extent overflows, unknown flag bits; a
+ * quantisation scale inside x is refused by all three quant ops. */
+static void test_hostile_tensors_and_flags(void) {
+  kdispatch_options o;
+  kdispatch_options_init(&o);
+  o.load_shipped_configs = 0;
+  o.log_level = KDISPATCH_LOG_OFF;
+  kdispatch_runtime* rt = make_rt(&o);
+  enum { M = 4, N = 8, K = 32 };
+  static float a[M * K], b[N * K], d[M * N], x[M * 128], y[M * 128], w[128], sc[8];
+  static uint8_t a8[M * K], b8[N * K], q[M * 128];
+  for (int i = 0; i < M * K; ++i) a[i] = 0.5f, a8[i] = 0x38;
+  for (int i = 0; i < N * K; ++i) b[i] = 0.25f, b8[i] = 0x38;
+  for (int i = 0; i < M * 128; ++i) x[i] = (float)(i % 9) - 4.0f;
+  for (int i = 0; i < 128; ++i) w[i] = 1.0f;
+  for (int i = 0; i < 8; ++i) sc[i] = 1.0f;
+  tensor ta = f32_2d(a, M, K), tb = f32_2d(b, N, K), td = f32_2d(d, M, N);
+  tensor tx = f32_2d(x, M, 128), ty = f32_2d(y, M, 128), tw = f32_1d(w, 128);
+  tensor ta8 = make(a8, (DLDataTypeCode)10, 8, 2, M, K), tb8 = make(b8, (DLDataTypeCode)10, 8, 2, N, K);
+  tensor ts1 = f32_1d(sc, 1), ts2 = f32_1d(sc + 1, 1);
+  EXPECT(KDISPATCH_OK, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
+  EXPECT(KDISPATCH_OK, kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2), NULL, NULL, 0, NULL));
+
+  /* shape == NULL: the typed functions ... */
+  DLTensor* bad = dl(&ta);
+  bad->shape = NULL;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, bad, dl(&tb), dl(&td), NULL, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), "a: DLTensor shape is NULL (ndim 2 needs ndim sizes)") == 0);
+  bad = dl(&tw);
+  bad->shape = NULL;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), bad, 1e-6f, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), "w: DLTensor shape is NULL (ndim 1 needs ndim sizes)") == 0);
+  bad = dl(&ts2);
+  bad->shape = NULL;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT,
+         kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), bad, NULL, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), "scale_b: DLTensor shape is NULL (ndim 1 needs ndim sizes)") == 0);
+  {
+    char* json = NULL;
+    bad = dl(&ta);
+    bad->shape = NULL;
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_pretune_gemm(rt, bad, dl(&tb), dl(&td), NULL, &json));
+    CHECK(json == NULL);
+    CHECK(strcmp(kdispatch_last_error_message(), "a: DLTensor shape is NULL (ndim 2 needs ndim sizes)") == 0);
+  }
+  /* ... and every op of the list by name, each argument in turn */
+  {
+    static const struct {
+      const char* name;
+      int n_tensors, n_scalars;
+      const char* args[6];
+    } ops[] = {{"gemm", 4, 0, {"a", "b", "d", "bias"}},
+               {"rmsnorm", 3, 1, {"y", "x", "w"}},
+               {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
+               {"silu_and_mul", 2, 0, {"out", "x"}},
+               {"gemm_fp8_tensor", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+               {"gemm_fp8_rowwise", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+               {"gemm_fp8_block", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+               {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
+               {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
+               {"quant_fp8_group", 3, 0, {"q", "x", "scale"}}};
+    const int n_ops = (int)(sizeof ops / sizeof ops[0]);
+    char* list = NULL;
+    EXPECT(KDISPATCH_OK, kdispatch_op_list(&list));
+    int listed = 0;
+    for (const char* p = list; (p = strstr(p, "\"doc\": ")) != NULL; ++p) ++listed;
+    CHECK(listed == n_ops); /* an op added to the list must be added here */
+    for (int i = 0; i < n_ops; ++i) {
+      char needle[64];
+      snprintf(needle, sizeof needle, "{\"name\": \"%s\", \"doc\"", ops[i].name);
+      CONTAINS(list, needle);
+    }
+    kdispatch_free(list);
+    const float eps = 1e-6f;
+    for (int i = 0; i < n_ops; ++i)
+      for (int j = 0; j < ops[i].n_tensors; ++j) {
+        tensor t[6];
+        const DLTensor* p[6];
+        for (int k = 0; k < ops[i].n_tensors; ++k) {
+          t[k] = f32_2d(x, 2, 16);
+          p[k] = dl(&t[k]);
+        }
+        t[j].t.shape = NULL;
+        EXPECT(KDISPATCH_INVALID_ARGUMENT,
+               kdispatch_op_call(rt, ops[i].name, p, ops[i].n_tensors, &eps, ops[i].n_scalars, NULL, 0, NULL, 0, NULL));
+        char want[128];
+        snprintf(want, sizeof want, "%s: DLTensor shape is NULL (ndim 2 needs ndim sizes)", ops[i].args[j]);
+        if (strcmp(kdispatch_last_error_message(), want) != 0)
+          fprintf(stderr, "%s, arg %d: '%s', expected '%s'\n", ops[i].name, j, kdispatch_last_error_message(), want);
+        CHECK(strcmp(kdispatch_last_error_message(), want) == 0);
+      }
+  }
+
+  /* byte_offset past any address space (it segfaulted), and a usable one */
+  tx = f32_2d(x, M, 128);
+  dl(&tx)->byte_offset = (uint64_t)1 << 62;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), &tx.t, dl(&tw), 1e-6f, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(),
+               "x: DLTensor data + byte_offset overflows (byte_offset 4611686018427387904): past the end of any "
+               "64-bit address space (2^57)") == 0);
+  dl(&tx)->byte_offset = UINT64_MAX;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), &tx.t, dl(&tw), 1e-6f, NULL, 0, NULL));
+  CONTAINS(kdispatch_last_error_message(), "x: DLTensor data + byte_offset overflows (byte_offset 18446744073709551615)");
+  tx = f32_2d(x, M - 1, 128); /* rows 1..3 of x through byte_offset */
+  dl(&tx)->byte_offset = 128 * sizeof(float);
+  ty = f32_2d(y, M - 1, 128);
+  EXPECT(KDISPATCH_OK, kdispatch_rmsnorm(rt, dl(&ty), &tx.t, dl(&tw), 1e-6f, NULL, 0, NULL));
+  {
+    double ref[M * 128];
+    rmsnorm_ref(x, w, 1e-6f, M, 128, ref);
+    CHECK(close_to(y[0], ref[128], 1e-5) && close_to(y[2 * 128 + 127], ref[3 * 128 + 127], 1e-5));
+  }
+  tx = f32_2d(x, M, 128);
+  ty = f32_2d(y, M, 128);
+
+  /* strides and sizes whose extent overflows: named, not "d: overlaps an input" */
+  ta = f32_2d(a, M, K);
+  ta.strides[0] = (int64_t)1 << 62;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(),
+               "a: DLTensor size or stride overflows: shape [4, 32] with strides [4611686018427387904, 1] reaches "
+               "past the 64-bit address space (2^57 bytes)") == 0);
+  ta.strides[0] = -((int64_t)1 << 62);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
+  CONTAINS(kdispatch_last_error_message(), "a: DLTensor size or stride overflows: shape [4, 32] with strides [-4611686018427387904, 1]");
+  ta = f32_2d(a, M, K);
+  ta.strides[0] = INT64_MAX; /* (rows - 1) * stride overflows int64 */
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
+  CONTAINS(kdispatch_last_error_message(), "a: DLTensor size or stride overflows");
+  td = f32_2d(d, M, N);
+  td.strides[0] = (int64_t)1 << 60; /* the output too */
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
+  td = f32_2d(d, M, N);
+  {
+    const int64_t m40 = (int64_t)1 << 40;
+    tensor big_a = f32_2d(a, m40, (int64_t)1 << 24), big_b = f32_2d(b, N, (int64_t)1 << 24), big_d = f32_2d(d, m40, N);
+    dl(&big_a)->strides = NULL; /* compact: the row stride is K */
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, &big_a.t, dl(&big_b), dl(&big_d), NULL, NULL, 0, NULL));
+    CHECK(strcmp(kdispatch_last_error_message(),
+                 "a: DLTensor size or stride overflows: shape [1099511627776, 16777216] with strides [16777216, 1] "
+                 "reaches past the 64-bit address space (2^57 bytes)") == 0);
+    big_a = f32_2d(a, m40, (int64_t)1 << 17); /* 2^59 bytes: no int64 overflow, past the address space */
+    big_b = f32_2d(b, N, (int64_t)1 << 17);
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&big_a), dl(&big_b), dl(&big_d), NULL, NULL, 0, NULL));
+    CONTAINS(kdispatch_last_error_message(), "a: DLTensor size or stride overflows: shape [1099511627776, 131072]");
+    tensor cube = make(x, kDLFloat, 32, 2, m40, m40); /* compact strides of [2^40, 2^40, 2^40] overflow */
+    cube.t.ndim = 3;
+    cube.shape[2] = m40;
+    dl(&cube)->strides = NULL;
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), &cube.t, dl(&tw), 1e-6f, NULL, 0, NULL));
+    CONTAINS(kdispatch_last_error_message(), "x: DLTensor size or stride overflows: shape [1099511627776, 1099511627776, 1099511627776]");
+  }
+
+  /* unknown flag bits, on every entry point */
+  const char* all_bits = "flags: unknown bits 0xfffffffc (0xffffffff given; known: KDISPATCH_CALL_CAPTURING 0x1, "
+                         "KDISPATCH_CALL_FAST_ACCUM 0x2)";
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0xFFFFFFFFu, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), all_bits) == 0);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), dl(&tw), 1e-6f, NULL, 0xFFFFFFFFu, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), all_bits) == 0);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2),
+                                                               NULL, NULL, 0xFFFFFFFFu, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(), all_bits) == 0);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 4u, NULL));
+  CHECK(strcmp(kdispatch_last_error_message(),
+               "flags: unknown bits 0x4 (0x4 given; known: KDISPATCH_CALL_CAPTURING 0x1, KDISPATCH_CALL_FAST_ACCUM 0x2)") == 0);
+  {
+    const DLTensor* t[4] = {dl(&ta), dl(&tb), dl(&td), NULL};
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_call(rt, "gemm", t, 4, NULL, 0, NULL, 0, NULL, 0x80000000u, NULL));
+    CONTAINS(kdispatch_last_error_message(), "flags: unknown bits 0x80000000");
+  }
+  EXPECT(KDISPATCH_OK, kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2), NULL, NULL,
+                                                 KDISPATCH_CALL_CAPTURING | KDISPATCH_CALL_FAST_ACCUM, NULL));
+
+  /* a quantisation scale inside x: refused by _tensor and _token as by _group */
+  {
+    tensor tq = make(q, (DLDataTypeCode)10, 8, 2, M, 128), tqx = f32_2d(x, M, 128);
+    tensor s_tensor = f32_1d(x + 5, 1), s_token = f32_1d(x + 5, M);
+    tensor s_group = f32_2d(x + 5, 1, M);
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_quant_fp8_tensor(rt, dl(&tq), dl(&tqx), dl(&s_tensor), NULL, 0, NULL));
+    CHECK(strcmp(kdispatch_last_error_message(), "scale: overlaps an input (x)") == 0);
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_quant_fp8_token(rt, dl(&tq), dl(&tqx), dl(&s_token), NULL, 0, NULL));
+    CHECK(strcmp(kdispatch_last_error_message(), "scale: overlaps an input (x)") == 0);
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_quant_fp8_group(rt, dl(&tq), dl(&tqx), dl(&s_group), NULL, 0, NULL));
+    CHECK(strncmp(kdispatch_last_error_message(), "scale: overlaps an input", 24) == 0);
+    /* the scale beside x, not in it: fine */
+    float own[M];
+    s_tensor = f32_1d(own, 1);
+    s_token = f32_1d(own, M);
+    EXPECT(KDISPATCH_OK, kdispatch_quant_fp8_tensor(rt, dl(&tq), dl(&tqx), dl(&s_tensor), NULL, 0, NULL));
+    EXPECT(KDISPATCH_OK, kdispatch_quant_fp8_token(rt, dl(&tq), dl(&tqx), dl(&s_token), NULL, 0, NULL));
+  }
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
+}
+
 /* The fp8 GEMMs' fast_accum switch: KDISPATCH_CALL_FAST_ACCUM on the per-op
  * function (its signature unchanged), the scalar of kdispatch_op_call (0, 1,
  * or left out), and its key field: a file named accum=fast serves the fast
@@ -1062,6 +1259,7 @@ int main(void) {
   test_runtime_functions();
   test_ops();
   test_fp8_fast_accum();
+  test_hostile_tensors_and_flags();
   test_tuning();
   test_lookup();
   test_env_and_default();

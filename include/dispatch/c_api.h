@@ -17,7 +17,8 @@
  *   if (kdispatch_runtime_create(&o, &rt) != KDISPATCH_OK)
  *     fprintf(stderr, "%s\n", kdispatch_last_error_message());
  *   kdispatch_rmsnorm(rt, &y, &x, &w, 1e-6f, stream, 0, NULL);   // DLTensor*s
- *   kdispatch_runtime_destroy(rt);
+ *   kdispatch_runtime_close(rt, KDISPATCH_CLOSE_DEFAULT_TIMEOUT);   // other threads may still call
+ *   kdispatch_runtime_destroy(rt);                                   // once none can
  *
  * Conventions (every function):
  * - Nothing throws across this interface; every entry point catches
@@ -32,22 +33,38 @@
  *   kdispatch_free, the *_init helpers) leave it alone.
  * - Output parameters are written only on success, except that out-pointers
  *   to handles and strings are set to NULL on failure when they are non-null.
- * - A null `rt` handle, or a null required pointer argument, is
- *   KDISPATCH_INVALID_ARGUMENT.
+ * - Null pointers: a null `rt` handle, a null required pointer argument
+ *   (a DLTensor*, an out-pointer, a string), or a DLTensor whose `shape`
+ *   is NULL while ndim > 0 is KDISPATCH_INVALID_ARGUMENT, its message
+ *   naming the argument ("a: DLTensor shape is NULL (ndim 2 needs ndim
+ *   sizes)"). NULL is accepted only where a function says so (an absent
+ *   optional tensor such as bias, `strides` of a DLTensor, `info`, a NULL
+ *   options or base struct, `stream`). Pointers are otherwise trusted: a
+ *   dangling or too-short buffer is not detected.
+ * - A handle closed by kdispatch_runtime_close: every function that takes
+ *   it returns KDISPATCH_FAILED_PRECONDITION ("<function>: the runtime was
+ *   closed ...") without touching the runtime.
  * - Strings returned to the caller (JSON texts) are allocated by the
  *   library, NUL-terminated UTF-8, owned by the caller, and released with
  *   kdispatch_free().
  * - Tensors are DLPack DLTensor views (dlpack/dlpack.h, DLPack >= 0.6):
  *   `data + byte_offset` is element [0,...]; strides are in elements (NULL =
- *   compact row-major); kDLFloat 32 / kDLFloat 16 / kDLBfloat 16 /
+ *   compact row-major; every (shape - 1) * stride and their sum, in bytes,
+ *   from `data + byte_offset`, must stay inside the 64-bit address space,
+ *   below 2^57, computed without overflow: a size, stride or byte_offset
+ *   past it is INVALID_ARGUMENT "<arg>: DLTensor size or stride overflows:
+ *   ..." or "<arg>: DLTensor data + byte_offset overflows ..."); kDLFloat 32 / kDLFloat 16 / kDLBfloat 16 /
  *   kDLInt 32 and DLPack 1.1's fp8 codes (10 kDLFloat8_e4m3fn, 11
  *   kDLFloat8_e4m3fnuz, 12 kDLFloat8_e5m2; bits 8) with lanes 1; kDLCPU/kDLCUDAHost (host), kDLCUDA, kDLROCM. No data is copied
  *   and nothing is retained after the call returns (for a GPU tensor, the
  *   memory must stay valid until the work queued on `stream` is done).
  * - Thread-safety: as the C++ API. Ops, lookups and stats may run
  *   concurrently on one runtime from any number of threads; reload and
- *   freeze may run concurrently with them. Destroying a runtime while any
- *   call on it is in flight is undefined behaviour.
+ *   freeze may run concurrently with them. kdispatch_runtime_close may run
+ *   concurrently with any of them (they then fail with
+ *   KDISPATCH_FAILED_PRECONDITION or finish first); kdispatch_runtime_destroy
+ *   frees the handle itself, so a call that *starts* after it is a
+ *   use-after-free (close first when other threads may still call).
  *
  * Versioning: KDISPATCH_ABI_VERSION is the version of this header's ABI;
  * kdispatch_abi_version() is the version the loaded library implements.
@@ -216,8 +233,36 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_create_from_env(const kdispat
  *  failed with (every call returns the same one). */
 KDISPATCH_C_API kdispatch_status kdispatch_default_runtime(kdispatch_runtime** out);
 
-/** Destroys a runtime made by a create function. NULL is a no-op (OK).
- *  Errors: FAILED_PRECONDITION for the default runtime (left alive). */
+/** kdispatch_runtime_close's timeout_s for its default wait, 10 s. */
+#define KDISPATCH_CLOSE_DEFAULT_TIMEOUT (-1.0)
+
+/** Closes a runtime made by a create function, safely while other threads
+ *  still call it: from the moment close starts, a new call through `rt`
+ *  (any function taking the handle) returns FAILED_PRECONDITION at once
+ *  ("the runtime was closed") without touching the runtime; close then
+ *  waits for the calls already in flight on `rt` to return, at most
+ *  timeout_s seconds (negative, KDISPATCH_CLOSE_DEFAULT_TIMEOUT: 10 s;
+ *  0: no wait), and then destroys the runtime (its tuner and watcher
+ *  threads are joined, its memory freed). The handle itself stays valid
+ *  (a few hundred bytes) until kdispatch_runtime_destroy, so a late call
+ *  through it is refused, never a use-after-free. Closing a closed runtime
+ *  is OK (a no-op); concurrent closes wait for each other. Calls in flight
+ *  are counted per calling thread, on each thread's own cache line: a call
+ *  pays no shared atomic write.
+ *  Errors: INVALID_ARGUMENT (rt NULL, timeout_s NaN), FAILED_PRECONDITION
+ *  (the default runtime: left alive and open; or calls still in flight
+ *  when the timeout passed, their count in the message: the runtime is
+ *  left alive and closed to new calls, and a later close waits again). */
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_close(kdispatch_runtime* rt, double timeout_s);
+
+/** Closes `rt` (kdispatch_runtime_close with the default 10 s wait) and
+ *  frees the handle. NULL is a no-op (OK). After an OK return the handle
+ *  is gone: no thread may pass it again (a call that starts after the
+ *  free is a use-after-free). To stop other threads that may still call,
+ *  close first, and destroy once none can pass the handle any more.
+ *  Errors: FAILED_PRECONDITION for the default runtime (left alive), or
+ *  calls still in flight after 10 s (nothing freed; the runtime is closed
+ *  to new calls). */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt);
 
 /** Re-reads every config dir and atomically publishes a new table; on a
@@ -303,7 +348,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_export_misses(const kdispatch
 
 /* --------------------------------------------------------------------- ops */
 
-/** Flags of an op call (bitwise or). */
+/** Flags of an op call (bitwise or). Any other bit is INVALID_ARGUMENT
+ *  ("flags: unknown bits 0x..."): a library older than the caller's header
+ *  says so rather than ignore a flag it does not know. */
 #define KDISPATCH_CALL_CAPTURING 1u /* the stream is being captured into a CUDA/HIP graph:
                                        never benchmark, synchronise or allocate */
 #define KDISPATCH_CALL_FAST_ACCUM 2u /* the fp8 GEMMs: fast accumulation (their fast_accum
@@ -331,9 +378,11 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_source_path(const kdispatch_r
  *  row-major as torch.nn.Linear stores it. `stream` is a cudaStream_t /
  *  hipStream_t (NULL = default stream), ignored for host tensors (the work
  *  is done on return). `flags`: KDISPATCH_CALL_*. `info` may be NULL.
- *  Errors: INVALID_ARGUMENT (rt/a/b/d NULL, null data, rank, shapes that
- *  disagree, strides; naming the argument; a non-NULL bias whose data is
- *  NULL), UNSUPPORTED_PROBLEM (a dtype or
+ *  Errors: INVALID_ARGUMENT (rt/a/b/d NULL, a NULL shape, null data, rank,
+ *  shapes that disagree, strides, a size/stride/byte_offset that overflows;
+ *  naming the argument; a non-NULL bias whose data is NULL; flag bits other
+ *  than KDISPATCH_CALL_*: "flags: unknown bits 0x..."), FAILED_PRECONDITION
+ *  (a closed runtime), UNSUPPORTED_PROBLEM (a dtype or
  *  dtype combination not computed), UNSUPPORTED_DEVICE (a device with no
  *  backend here, or tensors on different devices), BACKEND_ERROR,
  *  INVALID_ARGUMENT (info with a bad struct_size). */
@@ -405,8 +454,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_block(kdispatch_runtime* rt,
 
 /** fp8 activation quantisation (dispatch::QuantFp8Args): q [M,K] fp8
  *  (code 10, bits 8) and fp32 scales from x [M,K] fp32 or bf16: _tensor
- *  scale [1], _token [M], _group [ceil(K/128), M] (M-major). Errors: as
- *  kdispatch_gemm. */
+ *  scale [1], _token [M], _group [ceil(K/128), M] (M-major). The outputs
+ *  (q, scale) may not overlap x or each other. Errors: as kdispatch_gemm
+ *  ("scale: overlaps an input (x)"). */
 KDISPATCH_C_API kdispatch_status kdispatch_quant_fp8_tensor(kdispatch_runtime* rt, const DLTensor* q, const DLTensor* x,
                                                             const DLTensor* scale, void* stream, uint32_t flags,
                                                             kdispatch_dispatch_info* info);

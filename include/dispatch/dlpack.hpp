@@ -32,9 +32,13 @@ inline constexpr uint8_t kDLPackFloat8_e5m2 = 12;
 ///   t.device.device_id as the ordinal.
 /// - strides: `t.strides` in elements, or the compact row-major strides
 ///   when `t.strides` is null (DLPack's convention).
-/// Errors: invalid_argument (null tensor, ndim > kMaxRank or < 0, negative
-/// shape), unsupported_problem (a dtype kdispatch does not compute),
-/// unsupported_device (a device type kdispatch has no backend for).
+/// Errors: invalid_argument (null tensor, ndim > kMaxRank or < 0, a null
+/// `shape` with ndim > 0, negative shape; a size, stride or byte_offset
+/// that overflows: the tensor's elements, from `data + byte_offset`, must
+/// lie inside the 64-bit address space, below 2^57, with every product and
+/// sum computed without overflow), unsupported_problem (a dtype kdispatch
+/// does not compute), unsupported_device (a device type kdispatch has no
+/// backend for).
 /// Thread-safe; no allocation on success.
 KDISPATCH_API Result<TensorRef> from_dlpack(const DLTensor* t) noexcept;
 

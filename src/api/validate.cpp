@@ -328,12 +328,18 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
           }
           return bad(slot(w).name, "overlaps an input");
         }
-      // Rank-1 slots (weights, a bias) against every written slot: never in place.
+      // Rank-1 slots (weights, a bias) against every written slot: never in
+      // place; a written rank-1 slot (quant_fp8_tensor/_token's scale)
+      // against every other slot, its inputs included.
       for (int i = 0; i < s.slot_count(); ++i) {
         if (slot(i).rank != 1 || !slot_present(slot(i), *t[i], require_data)) continue;
         for (int w = 0; w < s.slot_count(); ++w) {
-          if (w == i || !is_written(slot(w)) || !slot_present(slot(w), *t[w], require_data)) continue;
-          if (overlaps(*t[w], *t[i])) return bad(slot(w).name, "overlaps an input (" + name(i) + ")");
+          if (w == i || !(is_written(slot(w)) || is_written(slot(i))) ||
+              !slot_present(slot(w), *t[w], require_data))
+            continue;
+          if (!overlaps(*t[w], *t[i])) continue;
+          if (is_written(slot(w))) return bad(slot(w).name, "overlaps an input (" + name(i) + ")");
+          return bad(slot(i).name, "overlaps an input (" + name(w) + ")");
         }
       }
     }
@@ -460,13 +466,14 @@ template <core::OpKind Op>
         }
       }
     });
-    // Rank-1 slots against every written slot (never in place).
+    // Rank-1 slots against every written slot (never in place); a written
+    // rank-1 slot against every other slot.
     each_slot<S>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
       if constexpr (S.slots[i].rank == 1) {
         each_slot<S>([&](auto wc) {
           constexpr int w = decltype(wc)::value;
-          if constexpr (w != i && is_written(S.slots[w]))
+          if constexpr (w != i && (is_written(S.slots[w]) || is_written(S.slots[i])))
             ok = ok && !(present[i] && present[w] && overlaps(*t[w], *t[i]));
         });
       }

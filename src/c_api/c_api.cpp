@@ -9,23 +9,34 @@
 #include "dispatch/c_api.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "c_api/in_flight.hpp"
 #include "core/json_write.hpp"
 #include "core/op_list.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/dlpack.hpp"
 
+// A handle: the runtime, and the gate that kdispatch_runtime_close closes.
+// The handle outlives its runtime: after a close, `rt` is null and every
+// call through the handle gets FAILED_PRECONDITION until
+// kdispatch_runtime_destroy frees it.
 struct kdispatch_runtime {
   dispatch::Runtime* rt = nullptr;
   std::unique_ptr<dispatch::Runtime> owned;  // null for the default runtime (borrowed)
+  bool is_default = false;
+  dispatch::capi::Gate gate;
+  std::mutex close_mu;  // one close at a time
+  bool destroyed = false;  // the runtime is gone (under close_mu)
 };
 
 namespace {
@@ -90,6 +101,33 @@ kdispatch_status guarded(const char* what, F&& body) noexcept {
 
 kdispatch_status null_arg(const char* fn, const char* arg) noexcept {
   return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": " + arg + " is NULL");
+}
+
+[[gnu::cold, gnu::noinline]] kdispatch_status closed_runtime(const char* fn) noexcept {
+  return fail(KDISPATCH_FAILED_PRECONDITION,
+              std::string(fn) + ": the runtime was closed (kdispatch_runtime_close); no call may use it");
+}
+
+constexpr uint32_t kKnownCallFlags = KDISPATCH_CALL_CAPTURING | KDISPATCH_CALL_FAST_ACCUM;
+
+[[gnu::cold, gnu::noinline]] kdispatch_status unknown_flags(uint32_t flags) noexcept {
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "flags: unknown bits 0x%x (0x%x given; known: KDISPATCH_CALL_CAPTURING 0x1, "
+                "KDISPATCH_CALL_FAST_ACCUM 0x2)",
+                static_cast<unsigned>(flags & ~kKnownCallFlags), static_cast<unsigned>(flags));
+  return fail(KDISPATCH_INVALID_ARGUMENT, buf);
+}
+
+// Runs body(runtime) as a call in flight on handle `h` (see c_api/in_flight.hpp):
+// INVALID_ARGUMENT for a null handle, FAILED_PRECONDITION for a closed one.
+template <class H, class F>
+[[gnu::always_inline]] inline kdispatch_status on_runtime(const char* fn, H* h, F&& body) {
+  if (h == nullptr) return null_arg(fn, "rt");
+  const dispatch::capi::InFlight call(h, h->gate);
+  if (!call.entered()) [[unlikely]]
+    return closed_runtime(fn);
+  return body(*h->rt);
 }
 
 // A caller-owned copy of `s` (released with kdispatch_free).
@@ -279,25 +317,28 @@ const dispatch::OpInfo* op_named(std::string_view name) noexcept {
 kdispatch_status call_by_slots(const char* fn, kdispatch_runtime* rt, std::string_view op, const DLTensor* const* t,
                                int32_t nt, const float* sc, int32_t ns, void* workspace, int64_t workspace_bytes,
                                void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
-  if (rt == nullptr) return null_arg(fn, "rt");
-  const dispatch::OpInfo* o = op_named(op);
-  if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
-  if (workspace_bytes < 0 || (workspace == nullptr && workspace_bytes != 0))
-    return fail(KDISPATCH_INVALID_ARGUMENT, "workspace_bytes: must be >= 0, and 0 when workspace is NULL (got " +
-                                                std::to_string(workspace_bytes) + ")");
-  std::vector<dispatch::TensorRef> tensors;
-  std::vector<float> scalars;
-  if (auto s = tensors_of(*o, t, nt, false, &tensors); !s.ok()) return finish(s);
-  if (auto s = scalars_of(*o, sc, ns, flags, &scalars); !s.ok()) return finish(s);
-  dispatch::DispatchInfo di;
-  dispatch::CallOptions co;
-  co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
-  co.workspace = workspace;
-  co.workspace_bytes = workspace ? workspace_bytes : 0;
-  if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
-  const Status s = dispatch::call_op(*rt->rt, op, tensors, scalars, dispatch::Stream{stream}, co);
-  if (s.ok()) from_info(di, info);
-  return finish(s);
+  return on_runtime(fn, rt, [&](dispatch::Runtime& r) -> kdispatch_status {
+    const dispatch::OpInfo* o = op_named(op);
+    if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
+    if ((flags & ~kKnownCallFlags) != 0) [[unlikely]]
+      return unknown_flags(flags);
+    if (workspace_bytes < 0 || (workspace == nullptr && workspace_bytes != 0))
+      return fail(KDISPATCH_INVALID_ARGUMENT, "workspace_bytes: must be >= 0, and 0 when workspace is NULL (got " +
+                                                  std::to_string(workspace_bytes) + ")");
+    std::vector<dispatch::TensorRef> tensors;
+    std::vector<float> scalars;
+    if (auto s = tensors_of(*o, t, nt, false, &tensors); !s.ok()) return finish(s);
+    if (auto s = scalars_of(*o, sc, ns, flags, &scalars); !s.ok()) return finish(s);
+    dispatch::DispatchInfo di;
+    dispatch::CallOptions co;
+    co.capturing = (flags & KDISPATCH_CALL_CAPTURING) != 0;
+    co.workspace = workspace;
+    co.workspace_bytes = workspace ? workspace_bytes : 0;
+    if (auto s = to_info(info, &di, &co); !s.ok()) return finish(s);
+    const Status s = dispatch::call_op(r, op, tensors, scalars, dispatch::Stream{stream}, co);
+    if (s.ok()) from_info(di, info);
+    return finish(s);
+  });
 }
 
 Status to_query(const kdispatch_lookup_query* q, dispatch::LookupQuery* out) {
@@ -333,17 +374,18 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
                                   int32_t nt, const float* sc, int32_t ns, char** json_out) {
   if (json_out == nullptr) return null_arg(fn, "json_out");
   *json_out = nullptr;
-  if (rt == nullptr) return null_arg(fn, "rt");
-  const dispatch::OpInfo* o = op_named(op);
-  if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
-  std::vector<dispatch::TensorRef> tensors;
-  std::vector<float> scalars;
-  if (auto s = tensors_of(*o, t, nt, true, &tensors); !s.ok()) return finish(s);
-  if (auto s = scalars_of(*o, sc, ns, 0, &scalars); !s.ok()) return finish(s);
-  auto r = dispatch::pretune_op(*rt->rt, op, tensors, scalars);
-  if (!r.ok()) return finish(r.status());
-  *json_out = dup(pretune_json(*r));
-  return ok();
+  return on_runtime(fn, rt, [&](dispatch::Runtime& r) -> kdispatch_status {
+    const dispatch::OpInfo* o = op_named(op);
+    if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
+    std::vector<dispatch::TensorRef> tensors;
+    std::vector<float> scalars;
+    if (auto s = tensors_of(*o, t, nt, true, &tensors); !s.ok()) return finish(s);
+    if (auto s = scalars_of(*o, sc, ns, 0, &scalars); !s.ok()) return finish(s);
+    auto res = dispatch::pretune_op(r, op, tensors, scalars);
+    if (!res.ok()) return finish(res.status());
+    *json_out = dup(pretune_json(*res));
+    return ok();
+  });
 }
 
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
@@ -380,6 +422,33 @@ std::string op_list_json() {
   }
   w.end_array();
   return w.take();
+}
+
+constexpr double kDefaultCloseTimeoutS = 10.0;
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+// kdispatch_runtime_close's body (the handle is non-null and owned).
+kdispatch_status close_handle(const char* fn, kdispatch_runtime* h, double timeout_s) {
+  const std::lock_guard<std::mutex> lock(h->close_mu);
+  if (h->destroyed) return ok();
+  // seq_cst: the flag is ordered before the slot reads below in the single
+  // total order, against each call's slot store and flag read (in_flight.hpp).
+  h->gate.closed.store(true, std::memory_order_seq_cst);
+  const int64_t left = dispatch::capi::wait_calls_done(h, h->gate, timeout_s);
+  if (left > 0)
+    return fail(KDISPATCH_FAILED_PRECONDITION,
+                std::string(fn) + ": " + std::to_string(left) + (left == 1 ? " call is" : " calls are") +
+                    " still in flight on this runtime after " + seconds_text(timeout_s) +
+                    " s; the runtime is left alive and closed to new calls (close again to wait again)");
+  h->owned.reset();  // joins the runtime's own threads (tuner, watcher)
+  h->rt = nullptr;
+  h->destroyed = true;
+  return ok();
 }
 
 }  // namespace
@@ -465,6 +534,7 @@ kdispatch_status kdispatch_default_runtime(kdispatch_runtime** out) {
     static kdispatch_runtime* handle = [&] {
       auto* h = new kdispatch_runtime();
       h->rt = r.value();
+      h->is_default = true;
       return h;
     }();
     *out = handle;
@@ -472,12 +542,26 @@ kdispatch_status kdispatch_default_runtime(kdispatch_runtime** out) {
   });
 }
 
+kdispatch_status kdispatch_runtime_close(kdispatch_runtime* rt, double timeout_s) {
+  return guarded("kdispatch_runtime_close", [&]() -> kdispatch_status {
+    if (rt == nullptr) return null_arg("kdispatch_runtime_close", "rt");
+    if (std::isnan(timeout_s))
+      return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_close: timeout_s is NaN");
+    if (rt->is_default)
+      return fail(KDISPATCH_FAILED_PRECONDITION,
+                  "kdispatch_runtime_close: the default runtime lives until exit and cannot be closed");
+    return close_handle("kdispatch_runtime_close", rt, timeout_s < 0 ? kDefaultCloseTimeoutS : timeout_s);
+  });
+}
+
 kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt) {
   return guarded("kdispatch_runtime_destroy", [&]() -> kdispatch_status {
     if (rt == nullptr) return ok();
-    if (!rt->owned)
+    if (rt->is_default)
       return fail(KDISPATCH_FAILED_PRECONDITION,
                   "kdispatch_runtime_destroy: the default runtime lives until exit and cannot be destroyed");
+    if (kdispatch_status s = close_handle("kdispatch_runtime_destroy", rt, kDefaultCloseTimeoutS); s != KDISPATCH_OK)
+      return s;  // calls still in flight: nothing freed
     delete rt;
     return ok();
   });
@@ -485,33 +569,34 @@ kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt) {
 
 kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt) {
   return guarded("kdispatch_runtime_reload", [&]() -> kdispatch_status {
-    if (rt == nullptr) return null_arg("kdispatch_runtime_reload", "rt");
-    return finish(rt->rt->reload());
+    return on_runtime("kdispatch_runtime_reload", rt, [&](dispatch::Runtime& r) { return finish(r.reload()); });
   });
 }
 
 kdispatch_status kdispatch_runtime_attach_stream(kdispatch_runtime* rt, int32_t device_type, int32_t ordinal,
                                                  void* stream, int64_t workspace_bytes) {
   return guarded("kdispatch_runtime_attach_stream", [&]() -> kdispatch_status {
-    if (rt == nullptr) return null_arg("kdispatch_runtime_attach_stream", "rt");
-    dispatch::Device dev;
-    switch (device_type) {
-      case kDLCUDA: dev.type = dispatch::DeviceType::cuda; break;
-      case kDLROCM: dev.type = dispatch::DeviceType::hip; break;
-      default:
-        return fail(KDISPATCH_INVALID_ARGUMENT, "device_type: " + std::to_string(device_type) +
-                                                    " is not a GPU (kDLCUDA = 2 or kDLROCM = 10)");
-    }
-    dev.ordinal = ordinal;
-    return finish(rt->rt->attach_stream(dev, dispatch::Stream{stream}, workspace_bytes));
+    return on_runtime("kdispatch_runtime_attach_stream", rt, [&](dispatch::Runtime& r) -> kdispatch_status {
+      dispatch::Device dev;
+      switch (device_type) {
+        case kDLCUDA: dev.type = dispatch::DeviceType::cuda; break;
+        case kDLROCM: dev.type = dispatch::DeviceType::hip; break;
+        default:
+          return fail(KDISPATCH_INVALID_ARGUMENT, "device_type: " + std::to_string(device_type) +
+                                                      " is not a GPU (kDLCUDA = 2 or kDLROCM = 10)");
+      }
+      dev.ordinal = ordinal;
+      return finish(r.attach_stream(dev, dispatch::Stream{stream}, workspace_bytes));
+    });
   });
 }
 
 kdispatch_status kdispatch_runtime_freeze(kdispatch_runtime* rt, int32_t frozen) {
   return guarded("kdispatch_runtime_freeze", [&]() -> kdispatch_status {
-    if (rt == nullptr) return null_arg("kdispatch_runtime_freeze", "rt");
-    rt->rt->freeze(frozen != 0);
-    return ok();
+    return on_runtime("kdispatch_runtime_freeze", rt, [&](dispatch::Runtime& r) {
+      r.freeze(frozen != 0);
+      return ok();
+    });
   });
 }
 
@@ -519,8 +604,10 @@ kdispatch_status kdispatch_runtime_frozen(const kdispatch_runtime* rt, int32_t* 
   return guarded("kdispatch_runtime_frozen", [&]() -> kdispatch_status {
     if (rt == nullptr) return null_arg("kdispatch_runtime_frozen", "rt");
     if (out == nullptr) return null_arg("kdispatch_runtime_frozen", "out");
-    *out = rt->rt->frozen() ? 1 : 0;
-    return ok();
+    return on_runtime("kdispatch_runtime_frozen", rt, [&](dispatch::Runtime& r) {
+      *out = r.frozen() ? 1 : 0;
+      return ok();
+    });
   });
 }
 
@@ -528,9 +615,10 @@ kdispatch_status kdispatch_runtime_load_report(const kdispatch_runtime* rt, char
   return guarded("kdispatch_runtime_load_report", [&]() -> kdispatch_status {
     if (json_out == nullptr) return null_arg("kdispatch_runtime_load_report", "json_out");
     *json_out = nullptr;
-    if (rt == nullptr) return null_arg("kdispatch_runtime_load_report", "rt");
-    *json_out = dup(rt->rt->load_report().to_json());
-    return ok();
+    return on_runtime("kdispatch_runtime_load_report", rt, [&](dispatch::Runtime& r) {
+      *json_out = dup(r.load_report().to_json());
+      return ok();
+    });
   });
 }
 
@@ -538,9 +626,10 @@ kdispatch_status kdispatch_runtime_cache_dir(const kdispatch_runtime* rt, char**
   return guarded("kdispatch_runtime_cache_dir", [&]() -> kdispatch_status {
     if (out == nullptr) return null_arg("kdispatch_runtime_cache_dir", "out");
     *out = nullptr;
-    if (rt == nullptr) return null_arg("kdispatch_runtime_cache_dir", "rt");
-    *out = dup(rt->rt->cache_dir());
-    return ok();
+    return on_runtime("kdispatch_runtime_cache_dir", rt, [&](dispatch::Runtime& r) {
+      *out = dup(r.cache_dir());
+      return ok();
+    });
   });
 }
 
@@ -549,27 +638,28 @@ kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int3
   return guarded("kdispatch_runtime_device_info", [&]() -> kdispatch_status {
     if (json_out == nullptr) return null_arg("kdispatch_runtime_device_info", "json_out");
     *json_out = nullptr;
-    if (rt == nullptr) return null_arg("kdispatch_runtime_device_info", "rt");
-    auto mapped = dispatch::device_from_dlpack(DLDevice{static_cast<DLDeviceType>(device_type), ordinal});
-    if (!mapped.ok())
-      return fail(KDISPATCH_UNSUPPORTED_DEVICE,
-                  "DLPack device type " + std::to_string(device_type) + " has no kdispatch backend");
-    dispatch::Device dev = *mapped;
-    dev.ordinal = ordinal;  // as asked: a host ordinal other than 0 does not exist
-    auto r = rt->rt->device_info(dev);
-    if (!r.ok()) return finish(r.status());
-    const dispatch::DeviceInfo& d = *r;
-    dispatch::core::JsonWriter w;
-    w.begin_object().field("device_type", static_cast<int64_t>(device_type));
-    w.field("backend", dispatch::device_type_name(d.device.type)).field("ordinal", static_cast<int64_t>(d.device.ordinal));
-    w.field("device_name", d.device_name).field("reported_name", d.reported_name).field("arch", d.arch);
-    w.field("compute_units", static_cast<int64_t>(d.compute_units)).field("memory_bytes", d.memory_bytes);
-    w.field("l2_bytes", d.l2_bytes).field("smem_per_block_bytes", static_cast<int64_t>(d.smem_per_block_bytes));
-    w.field("warp_size", static_cast<int64_t>(d.warp_size)).field("uuid", d.uuid).field("pci_bus_id", d.pci_bus_id);
-    w.field("partition", d.partition).field("available", d.available);
-    w.field("unavailable_reason", d.unavailable_reason).end_object();
-    *json_out = dup(w.take());
-    return ok();
+    return on_runtime("kdispatch_runtime_device_info", rt, [&](dispatch::Runtime& rtm) -> kdispatch_status {
+      auto mapped = dispatch::device_from_dlpack(DLDevice{static_cast<DLDeviceType>(device_type), ordinal});
+      if (!mapped.ok())
+        return fail(KDISPATCH_UNSUPPORTED_DEVICE,
+                    "DLPack device type " + std::to_string(device_type) + " has no kdispatch backend");
+      dispatch::Device dev = *mapped;
+      dev.ordinal = ordinal;  // as asked: a host ordinal other than 0 does not exist
+      auto r = rtm.device_info(dev);
+      if (!r.ok()) return finish(r.status());
+      const dispatch::DeviceInfo& d = *r;
+      dispatch::core::JsonWriter w;
+      w.begin_object().field("device_type", static_cast<int64_t>(device_type));
+      w.field("backend", dispatch::device_type_name(d.device.type)).field("ordinal", static_cast<int64_t>(d.device.ordinal));
+      w.field("device_name", d.device_name).field("reported_name", d.reported_name).field("arch", d.arch);
+      w.field("compute_units", static_cast<int64_t>(d.compute_units)).field("memory_bytes", d.memory_bytes);
+      w.field("l2_bytes", d.l2_bytes).field("smem_per_block_bytes", static_cast<int64_t>(d.smem_per_block_bytes));
+      w.field("warp_size", static_cast<int64_t>(d.warp_size)).field("uuid", d.uuid).field("pci_bus_id", d.pci_bus_id);
+      w.field("partition", d.partition).field("available", d.available);
+      w.field("unavailable_reason", d.unavailable_reason).end_object();
+      *json_out = dup(w.take());
+      return ok();
+    });
   });
 }
 
@@ -583,24 +673,26 @@ kdispatch_status kdispatch_runtime_tune_stats(const kdispatch_runtime* rt, kdisp
       return fail(KDISPATCH_INVALID_ARGUMENT, "out->struct_size is " + std::to_string(out->struct_size) +
                                                   ", expected " + std::to_string(sizeof(kdispatch_tune_stats)) +
                                                   " (or " + std::to_string(kV1) + ", an older header's)");
-    const dispatch::TuneStats t = rt->rt->tune_stats();
-    out->misses = t.misses;
-    out->queued = t.queued;
-    out->dropped = t.dropped;
-    out->shapes_tuned = t.shapes_tuned;
-    out->shapes_skipped = t.shapes_skipped;
-    out->candidates_run = t.candidates_run;
-    out->candidates_rejected = t.candidates_rejected;
-    out->candidates_failed = t.candidates_failed;
-    out->publishes = t.publishes;
-    out->pending = t.pending;
-    out->tune_seconds = t.tune_seconds;
-    out->frozen = t.frozen ? 1 : 0;
-    if (out->struct_size == sizeof(kdispatch_tune_stats)) {
-      out->deferred = t.deferred;
-      out->capture_waits = t.capture_waits;
-    }
-    return ok();
+    return on_runtime("kdispatch_runtime_tune_stats", rt, [&](dispatch::Runtime& r) {
+      const dispatch::TuneStats t = r.tune_stats();
+      out->misses = t.misses;
+      out->queued = t.queued;
+      out->dropped = t.dropped;
+      out->shapes_tuned = t.shapes_tuned;
+      out->shapes_skipped = t.shapes_skipped;
+      out->candidates_run = t.candidates_run;
+      out->candidates_rejected = t.candidates_rejected;
+      out->candidates_failed = t.candidates_failed;
+      out->publishes = t.publishes;
+      out->pending = t.pending;
+      out->tune_seconds = t.tune_seconds;
+      out->frozen = t.frozen ? 1 : 0;
+      if (out->struct_size == sizeof(kdispatch_tune_stats)) {
+        out->deferred = t.deferred;
+        out->capture_waits = t.capture_waits;
+      }
+      return ok();
+    });
   });
 }
 
@@ -609,8 +701,10 @@ kdispatch_status kdispatch_runtime_wait_tuner_idle(kdispatch_runtime* rt, double
     if (rt == nullptr) return null_arg("kdispatch_runtime_wait_tuner_idle", "rt");
     if (idle == nullptr) return null_arg("kdispatch_runtime_wait_tuner_idle", "idle");
     if (!(timeout_s >= 0)) return fail(KDISPATCH_INVALID_ARGUMENT, "timeout_s must be >= 0");
-    *idle = rt->rt->wait_tuner_idle(timeout_s) ? 1 : 0;
-    return ok();
+    return on_runtime("kdispatch_runtime_wait_tuner_idle", rt, [&](dispatch::Runtime& r) {
+      *idle = r.wait_tuner_idle(timeout_s) ? 1 : 0;
+      return ok();
+    });
   });
 }
 
@@ -619,7 +713,8 @@ kdispatch_status kdispatch_runtime_export_misses(const kdispatch_runtime* rt, co
     if (rt == nullptr) return null_arg("kdispatch_runtime_export_misses", "rt");
     if (path == nullptr || *path == '\0')
       return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_export_misses: path is NULL or empty");
-    return finish(rt->rt->export_misses(path));
+    return on_runtime("kdispatch_runtime_export_misses", rt,
+                      [&](dispatch::Runtime& r) { return finish(r.export_misses(path)); });
   });
 }
 
@@ -631,15 +726,16 @@ kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint
     if (rt == nullptr) return null_arg("kdispatch_runtime_source_path", "rt");
     if (path_out == nullptr && dir_out == nullptr)
       return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_source_path: path_out and dir_out are both NULL");
-    const std::string path = rt->rt->source_path(source_id);
-    const std::string dir = rt->rt->source_dir(source_id);
-    if (path.empty())
-      return fail(KDISPATCH_NOT_FOUND, "no config source with id " + std::to_string(source_id));
-    std::unique_ptr<char, decltype(&std::free)> p(path_out ? dup(path) : nullptr, &std::free);
-    std::unique_ptr<char, decltype(&std::free)> d(dir_out ? dup(dir) : nullptr, &std::free);
-    if (path_out) *path_out = p.release();
-    if (dir_out) *dir_out = d.release();
-    return ok();
+    return on_runtime("kdispatch_runtime_source_path", rt, [&](dispatch::Runtime& r) -> kdispatch_status {
+      const std::string path = r.source_path(source_id);
+      const std::string dir = r.source_dir(source_id);
+      if (path.empty()) return fail(KDISPATCH_NOT_FOUND, "no config source with id " + std::to_string(source_id));
+      std::unique_ptr<char, decltype(&std::free)> p(path_out ? dup(path) : nullptr, &std::free);
+      std::unique_ptr<char, decltype(&std::free)> d(dir_out ? dup(dir) : nullptr, &std::free);
+      if (path_out) *path_out = p.release();
+      if (dir_out) *dir_out = d.release();
+      return ok();
+    });
   });
 }
 
@@ -741,16 +837,18 @@ kdispatch_status kdispatch_lookup(const kdispatch_runtime* rt, const kdispatch_l
     if (q == nullptr) return null_arg("kdispatch_lookup", "q");
     dispatch::LookupQuery query;
     if (auto s = to_query(q, &query); !s.ok()) return finish(s);
-    auto r = dispatch::lookup(*rt->rt, query);
-    if (!r.ok()) return finish(r.status());
-    std::string s = dispatch::lookup_result_to_json(*r);
-    // + the config dir of the source, which the C++ JSON leaves out.
-    s.pop_back();
-    dispatch::core::JsonWriter w;
-    w.begin_object().field("source_dir", r->source_dir).end_object();
-    const std::string dir = w.take();  // {"source_dir": ...}
-    *json_out = dup(s + ", " + dir.substr(1));
-    return ok();
+    return on_runtime("kdispatch_lookup", rt, [&](dispatch::Runtime& rtm) -> kdispatch_status {
+      auto r = dispatch::lookup(rtm, query);
+      if (!r.ok()) return finish(r.status());
+      std::string s = dispatch::lookup_result_to_json(*r);
+      // + the config dir of the source, which the C++ JSON leaves out.
+      s.pop_back();
+      dispatch::core::JsonWriter w;
+      w.begin_object().field("source_dir", r->source_dir).end_object();
+      const std::string dir = w.take();  // {"source_dir": ...}
+      *json_out = dup(s + ", " + dir.substr(1));
+      return ok();
+    });
   });
 }
 
@@ -763,19 +861,21 @@ kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdisp
     if (q == nullptr) return null_arg("kdispatch_lookup_table", "q");
     dispatch::LookupQuery query;
     if (auto s = to_query(q, &query); !s.ok()) return finish(s);
-    auto t = dispatch::lookup_table(*rt->rt, query);
-    if (!t.ok()) return finish(t.status());
-    dispatch::core::JsonWriter w;
-    w.begin_object().field("key", t->key).key("rows").begin_object();
-    for (const auto& row : t->rows) w.key(std::to_string(row.m)).json(dispatch::config_to_json(row.config));
-    w.end_object().key("sources").begin_object();
-    for (const auto& row : t->rows) w.field(std::to_string(row.m), row.source);
-    w.end_object().key("source_dirs").begin_object();
-    for (const auto& row : t->rows) w.field(std::to_string(row.m), row.source_dir);
-    w.end_object().end_object();
-    const std::string s = w.take();
-    *json_out = dup(s);
-    return ok();
+    return on_runtime("kdispatch_lookup_table", rt, [&](dispatch::Runtime& rtm) -> kdispatch_status {
+      auto t = dispatch::lookup_table(rtm, query);
+      if (!t.ok()) return finish(t.status());
+      dispatch::core::JsonWriter w;
+      w.begin_object().field("key", t->key).key("rows").begin_object();
+      for (const auto& row : t->rows) w.key(std::to_string(row.m)).json(dispatch::config_to_json(row.config));
+      w.end_object().key("sources").begin_object();
+      for (const auto& row : t->rows) w.field(std::to_string(row.m), row.source);
+      w.end_object().key("source_dirs").begin_object();
+      for (const auto& row : t->rows) w.field(std::to_string(row.m), row.source_dir);
+      w.end_object().end_object();
+      const std::string s = w.take();
+      *json_out = dup(s);
+      return ok();
+    });
   });
 }
 

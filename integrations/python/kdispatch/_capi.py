@@ -17,6 +17,7 @@ CMake), the system's libkdispatch.so.0.
 import ctypes
 import glob
 import os
+import sys
 from ctypes import (POINTER, PYFUNCTYPE, Structure, byref, c_char, c_char_p, c_double, c_float,
                     c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p, py_object)
 
@@ -130,6 +131,7 @@ _PROTOTYPES = {
     "kdispatch_runtime_create_from_env": (_STATUS, [POINTER(Options), POINTER(c_void_p)]),
     "kdispatch_default_runtime": (_STATUS, [POINTER(c_void_p)]),
     "kdispatch_runtime_destroy": (_STATUS, [_RT]),
+    "kdispatch_runtime_close": (_STATUS, [_RT, c_double]),
     "kdispatch_runtime_reload": (_STATUS, [_RT]),
     "kdispatch_runtime_freeze": (_STATUS, [_RT, c_int32]),
     "kdispatch_runtime_frozen": (_STATUS, [_RT, POINTER(c_int32)]),
@@ -243,12 +245,24 @@ def take_string(p):
         lib.kdispatch_free(p)
 
 
-def _bytes(s):
-    return None if s is None or s == "" else os.fsencode(s) if not isinstance(s, bytes) else s
+def c_bytes(s, name):
+    """`s` (str, bytes or a path) as bytes for a C string; refused when it
+    holds a NUL (the library would read only the part before it), naming
+    the argument."""
+    b = os.fsencode(s) if not isinstance(s, bytes) else s
+    i = b.find(b"\0")
+    if i >= 0:
+        raise Error(StatusCode.invalid_argument,
+                    f"{name}: contains a NUL character (at index {i}); kdispatch strings end at the first NUL")
+    return b
 
 
-def _str_array(items):
-    items = [os.fsencode(x) if not isinstance(x, bytes) else x for x in items]
+def _bytes(s, name):
+    return None if s is None or s == "" else c_bytes(s, name)
+
+
+def _str_array(items, name):
+    items = [c_bytes(x, f"{name}[{i}]") for i, x in enumerate(items)]
     arr = (c_char_p * max(1, len(items)))(*items)
     return arr, len(items)
 
@@ -274,21 +288,21 @@ def make_options(opts):
         if v is None:
             continue
         if k == "config_dirs":
-            arr, n = _str_array(v)
+            arr, n = _str_array(v, k)
             keep.append(arr)
             o.config_dirs, o.config_dirs_count = ctypes.cast(arr, POINTER(c_char_p)), n
         elif k == "force":
-            arr, n = _str_array(v)
+            arr, n = _str_array(v, k)
             keep.append(arr)
             o.force, o.force_count = ctypes.cast(arr, POINTER(c_char_p)), n
         elif k == "device_aliases":
-            fa, n = _str_array(list(v.keys()))
-            ta, _ = _str_array(list(v.values()))
+            fa, n = _str_array(list(v.keys()), "device_aliases (a name)")
+            ta, _ = _str_array(list(v.values()), "device_aliases (a name)")
             keep += [fa, ta]
             o.alias_from, o.alias_to, o.aliases_count = (ctypes.cast(fa, POINTER(c_char_p)),
                                                          ctypes.cast(ta, POINTER(c_char_p)), n)
         elif k in ("shipped_configs_dir", "backend_version", "cache_dir"):
-            b = _bytes(v)
+            b = _bytes(v, k)
             keep.append(b)
             setattr(o, k, b)
         elif isinstance(v, bool):
@@ -304,7 +318,7 @@ def make_query(q):
     keep = []
     for k in ("op", "key", "device", "arch", "backend"):
         v = q.get(k)
-        b = (v.encode() if isinstance(v, str) else v) if v not in (None, "") else None
+        b = c_bytes(v.encode() if isinstance(v, str) else v, k) if v not in (None, "") else None
         if k == "key" and b is None:
             b = b""
         keep.append(b)
@@ -420,11 +434,18 @@ def info_dict(i):
 
 
 class Handle:
-    """A kdispatch_runtime* (owned, or the borrowed default runtime)."""
+    """A kdispatch_runtime* (owned, or the borrowed default runtime).
+
+    close() is kdispatch_runtime_close: safe while other threads call (their
+    later calls get failed_precondition), it waits for the calls in flight
+    and destroys the runtime; the handle itself is freed (kdispatch_runtime_
+    destroy) only when this object goes, when no call through it is left."""
 
     def __init__(self, address, owned):
         self._rt = c_void_p(address)
         self._owned = owned
+        self._closed = False
+        self._lib = lib  # kept: module globals are cleared at interpreter exit
 
     @staticmethod
     def _create(fn, opts):
@@ -448,20 +469,36 @@ class Handle:
         check(init().kdispatch_default_runtime(byref(out)))
         return Handle(out.value, False)
 
-    def close(self):
-        if self._rt is not None and self._rt.value and self._owned and lib is not None:
-            lib.kdispatch_runtime_destroy(self._rt)
-        self._rt = None
+    def close(self, timeout_s=-1.0):
+        """kdispatch_runtime_close (timeout_s < 0: the library's 10 s)."""
+        if not self._owned or not self._rt.value:
+            return
+        self._closed = True  # closing again: the library waits for a close in progress, then it is a no-op
+        s = self._lib.kdispatch_runtime_close(self._rt, float(timeout_s))
+        if s != 0:
+            self._closed = False  # calls still in flight: alive, closed to new calls
+            check(s)
 
-    def __del__(self):
+    @property
+    def closed(self):
+        return self._closed
+
+    def __del__(self, _finalizing=sys.is_finalizing):
+        # At interpreter exit the runtime is closed and the handle itself
+        # left: the torch ops or another thread may still hold its address.
         try:
-            self.close()
+            if self._owned and self._rt.value and self._lib is not None:
+                if _finalizing():
+                    self._lib.kdispatch_runtime_close(self._rt, -1.0)
+                else:
+                    self._lib.kdispatch_runtime_destroy(self._rt)
+                    self._rt = c_void_p()
         except Exception:
             pass
 
     @property
     def rt(self):
-        if self._rt is None:
+        if self._closed or not self._rt.value:
             raise Error(StatusCode.failed_precondition, "the runtime was closed")
         return self._rt
 
@@ -512,7 +549,7 @@ class Handle:
         return bool(idle.value)
 
     def export_misses(self, path):
-        check(lib.kdispatch_runtime_export_misses(self.rt, os.fsencode(path)))
+        check(lib.kdispatch_runtime_export_misses(self.rt, c_bytes(path, "path")))
 
     def source_path(self, source_id):
         p, d = POINTER(c_char)(), POINTER(c_char)()

@@ -98,8 +98,11 @@ class Runtime:
     Errors raise kdispatch.Error (a config dir that does not exist:
     invalid_argument naming it). Thread-safe as the C++ runtime: ops, lookups
     and stats from any thread (the GIL is released during calls with the
-    pybind11 layer). ``close()`` (or a ``with`` block) destroys it; calls in
-    flight on other threads must be finished first.
+    pybind11 layer). ``close()`` (or a ``with`` block) destroys it, safely
+    while other threads still call it: from then on their calls raise
+    Error(failed_precondition, "... the runtime was closed ..."), and close
+    waits for the calls already in flight (at most 10 s) before the runtime
+    goes.
     """
 
     def __init__(self, config_dirs=(), *, tune="off", cache_dir=None, backend_version=None, shipped_configs=True,
@@ -137,16 +140,23 @@ class Runtime:
         return cls._wrap(_backend.impl.Handle.create_from_env(opts))
 
     # ---- lifetime
-    def close(self):
-        """Destroys the runtime (a no-op for the default runtime). When the
-        torch ops are served from it (kdispatch.torch_ops.set_runtime), they
-        go back to the default runtime first."""
+    def close(self, timeout_s=None):
+        """Destroys the runtime (a no-op for the default runtime, and for a
+        closed one). Safe while other threads call it (the C library's
+        kdispatch_runtime_close): their new calls raise
+        Error(failed_precondition), the calls in flight are waited for, at
+        most `timeout_s` seconds (None: 10 s); when some are still running
+        then, close raises Error(failed_precondition) naming how many and
+        leaves the runtime alive (closed to new calls: close again to wait
+        again). When the torch ops are served from it
+        (kdispatch.torch_ops.set_runtime), they go back to the default
+        runtime first."""
         h = getattr(self, "_h", None)
         if h is not None and h.owned:
             ops = sys.modules.get("kdispatch.torch_ops")
             if ops is not None and hasattr(ops, "get_runtime") and ops.get_runtime() is self:
                 ops.set_runtime(None)
-            h.close()
+            h.close(-1.0 if timeout_s is None else float(timeout_s))
 
     def __enter__(self):
         return self
@@ -240,6 +250,9 @@ class Runtime:
 
     @staticmethod
     def _query(op, key, device, M, down, arch, compute_units, memory_bytes, backend):
+        """The query dict both layers take (they refuse a string with a NUL
+        in it, naming the argument: the C library would read only the part
+        before the NUL)."""
         if key is None:
             raise Error(StatusCode.invalid_argument, "key is required (e.g. 'E=257,N=256,dtype=fp8_w8a8')")
         return {"op": op, "key": key, "device": device, "M": _int64("M", M), "down": bool(down), "arch": arch,
@@ -275,6 +288,8 @@ class Runtime:
         return t
 
     def __repr__(self):
+        if self._h.closed:
+            return f"<kdispatch.Runtime closed backend={_backend.name}>"
         return f"<kdispatch.Runtime handle=0x{self._h.address:x} backend={_backend.name}>"
 
 

@@ -83,6 +83,8 @@ if _mode != "python":
         _native = ctypes.CDLL(_path)  # the same loaded library: kdispatch_torch_set_runtime
         _native.kdispatch_torch_set_runtime.argtypes = [ctypes.c_void_p]
         _native.kdispatch_torch_set_runtime.restype = None
+        _native.kdispatch_torch_park_at_exit.argtypes = []
+        _native.kdispatch_torch_park_at_exit.restype = None
         _lib = torch.ops.kdispatch._library_path()
         if os.path.realpath(_lib) != os.path.realpath(_backend.impl.library_path()):
             raise ImportError(f"kdispatch.torch_ops: libkdispatch_torch.so uses {_lib}, the package "
@@ -104,8 +106,28 @@ if not NATIVE:
 else:
     import json
 
+    import atexit
+    import time
+
+    def _park_at_exit():
+        """At interpreter exit: a native op that returns on another thread
+        from now on parks there (never takes the GIL back: torch's binding
+        would std::terminate the process taking it back during
+        finalization); the short sleep lets the threads already waiting for
+        the GIL through first."""
+        _native.kdispatch_torch_park_at_exit()
+        if threading.active_count() > 1:
+            time.sleep(0.02)
+
+    atexit.register(_park_at_exit)
+
     _lock = threading.Lock()
     _runtime = None
+    # Every runtime the native ops were given, kept until exit: an op may
+    # have read its handle just before set_runtime() moved on, so the handle
+    # (a few hundred bytes once closed) must stay valid; a call through a
+    # closed one raises failed_precondition (kdispatch_runtime_close).
+    _given = []
     _OPS = {o["name"]: o for o in json.loads(_capi.op_list_json())}
     _SOURCES = ("table", "default", "forced")
 
@@ -117,6 +139,8 @@ else:
             raise TypeError(f"set_runtime() takes a kdispatch.Runtime or None, not {type(rt).__name__}")
         with _lock:
             _native.kdispatch_torch_set_runtime(ctypes.c_void_p(rt.handle if rt is not None else 0))  # raises for a closed runtime
+            if rt is not None and all(r is not rt for r in _given):
+                _given.append(rt)
             _runtime = rt
 
     def get_runtime():

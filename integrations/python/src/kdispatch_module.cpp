@@ -12,6 +12,7 @@
 // "used_dltensor[_versioned]" (so the producer's capsule destructor leaves
 // it alone) and its deleter called when the call returns. Data is never
 // copied. The GIL is released around the kdispatch call.
+#include <cxxabi.h>
 #include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -62,6 +63,39 @@ py::object error_class() {
 
 void check(kdispatch_status s) {
   if (s != KDISPATCH_OK) raise(s, kdispatch_last_error_message());
+}
+
+// Runs `f` (C ABI calls only: they never throw) with the GIL released.
+// Not py::gil_scoped_release: at interpreter exit, a daemon thread that
+// takes the GIL back ends in PyEval_RestoreThread (pthread_exit, a forced
+// unwind), which a noexcept frame (that class's destructor) turns into
+// std::terminate. Here the unwind passes, and the callers' frames hold
+// nothing that touches Python when unwound (Exported::abandon, py::handle
+// arguments).
+template <class F>
+auto without_gil(F&& f) -> decltype(f()) {
+  PyThreadState* ts = PyEval_SaveThread();
+  auto r = f();
+  PyEval_RestoreThread(ts);
+  return r;
+}
+
+// A C string for the library from a Python str: refused when it holds a NUL
+// (the library would read only the part before it), naming the argument.
+const char* c_string(const std::string& s, const std::string& name) {
+  const size_t nul = s.find('\0');
+  if (nul != std::string::npos)
+    raise(KDISPATCH_INVALID_ARGUMENT, name + ": contains a NUL character (at index " + std::to_string(nul) +
+                                          "); kdispatch strings end at the first NUL");
+  return s.c_str();
+}
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
 }
 
 // A caller-owned string from the library, as a Python str.
@@ -213,6 +247,15 @@ class Exported {
  public:
   const DLTensor* get() const { return tensor_; }
 
+  // Forgets the buffer and the export without releasing them (a thread that
+  // ends without the GIL at interpreter exit must not touch Python).
+  void abandon() {
+    has_view_ = false;
+    versioned_ = nullptr;
+    legacy_ = nullptr;
+    tensor_ = nullptr;
+  }
+
  private:
   static constexpr int kMaxDims = 8;
   void release() {
@@ -255,10 +298,10 @@ struct Options {
   std::vector<const char*> dirs_p, force_p, from_p, to_p;
   std::string shipped, backend_version, cache_dir;
 
-  explicit Options(const py::object& opts) {
+  explicit Options(py::handle opts) {
     kdispatch_options_init(&o);
     if (opts.is_none()) return;
-    py::dict d = opts;
+    py::dict d = py::reinterpret_borrow<py::object>(opts);
     static const char* const known[] = {
         "config_dirs", "load_shipped_configs", "shipped_configs_dir", "backend_version", "device_aliases",
         "bounded_nearest", "bound_ratio", "log_level", "watch", "force", "deterministic", "tune_mode",
@@ -272,22 +315,22 @@ struct Options {
       if (!ok) raise(KDISPATCH_INVALID_ARGUMENT, "unknown runtime option '" + k + "'");
     }
     dirs = get<std::vector<std::string>>(d, "config_dirs", {});
-    for (auto& s : dirs) dirs_p.push_back(s.c_str());
+    for (size_t i = 0; i < dirs.size(); ++i) dirs_p.push_back(c_string(dirs[i], "config_dirs[" + std::to_string(i) + "]"));
     o.config_dirs = dirs_p.data();
     o.config_dirs_count = dirs_p.size();
     o.load_shipped_configs = get<bool>(d, "load_shipped_configs", true);
     shipped = get<std::string>(d, "shipped_configs_dir", "");
-    o.shipped_configs_dir = shipped.empty() ? nullptr : shipped.c_str();
+    o.shipped_configs_dir = shipped.empty() ? nullptr : c_string(shipped, "shipped_configs_dir");
     backend_version = get<std::string>(d, "backend_version", "");
-    o.backend_version = backend_version.empty() ? nullptr : backend_version.c_str();
+    o.backend_version = backend_version.empty() ? nullptr : c_string(backend_version, "backend_version");
     if (d.contains("device_aliases") && !d["device_aliases"].is_none()) {
       for (auto kv : py::dict(d["device_aliases"])) {
         alias_from.push_back(py::str(kv.first));
         alias_to.push_back(py::str(kv.second));
       }
       for (size_t i = 0; i < alias_from.size(); ++i) {
-        from_p.push_back(alias_from[i].c_str());
-        to_p.push_back(alias_to[i].c_str());
+        from_p.push_back(c_string(alias_from[i], "device_aliases (a name)"));
+        to_p.push_back(c_string(alias_to[i], "device_aliases (a name)"));
       }
     }
     o.alias_from = from_p.data();
@@ -298,13 +341,13 @@ struct Options {
     o.log_level = get<int32_t>(d, "log_level", o.log_level);
     o.watch = get<bool>(d, "watch", false);
     force = get<std::vector<std::string>>(d, "force", {});
-    for (auto& s : force) force_p.push_back(s.c_str());
+    for (size_t i = 0; i < force.size(); ++i) force_p.push_back(c_string(force[i], "force[" + std::to_string(i) + "]"));
     o.force = force_p.data();
     o.force_count = force_p.size();
     o.deterministic = get<bool>(d, "deterministic", false);
     o.tune_mode = get<int32_t>(d, "tune_mode", o.tune_mode);
     cache_dir = get<std::string>(d, "cache_dir", "");
-    o.cache_dir = cache_dir.empty() ? nullptr : cache_dir.c_str();
+    o.cache_dir = cache_dir.empty() ? nullptr : c_string(cache_dir, "cache_dir");
     o.tune_persist = get<bool>(d, "tune_persist", o.tune_persist != 0);
     o.tune_load_cache = get<bool>(d, "tune_load_cache", o.tune_load_cache != 0);
     o.tune_memory_budget_bytes = get<int64_t>(d, "tune_memory_budget_bytes", o.tune_memory_budget_bytes);
@@ -329,11 +372,11 @@ struct Query {
     device = get<std::string>(d, "device", "");
     arch = get<std::string>(d, "arch", "");
     backend = get<std::string>(d, "backend", "");
-    q.op = op.empty() ? nullptr : op.c_str();
-    q.key = key.c_str();
-    q.device = device.empty() ? nullptr : device.c_str();
-    q.arch = arch.empty() ? nullptr : arch.c_str();
-    q.backend = backend.empty() ? nullptr : backend.c_str();
+    q.op = op.empty() ? nullptr : c_string(op, "op");
+    q.key = c_string(key, "key");
+    q.device = device.empty() ? nullptr : c_string(device, "device");
+    q.arch = arch.empty() ? nullptr : c_string(arch, "arch");
+    q.backend = backend.empty() ? nullptr : c_string(backend, "backend");
     q.compute_units = get<int32_t>(d, "compute_units", 0);
     q.memory_bytes = get<int64_t>(d, "memory_bytes", 0);
     q.M = get<int64_t>(d, "M", 1);
@@ -357,60 +400,61 @@ py::object info_dict(const kdispatch_dispatch_info& i) {
 class Handle {
  public:
   explicit Handle(kdispatch_runtime* rt, bool owned) : rt_(rt), owned_(owned) {}
-  ~Handle() { close(); }
+  // The handle is freed only here, when no Python reference (so no call
+  // through this object) is left; close() destroys the runtime before. At
+  // interpreter exit the runtime is closed and the handle itself left: the
+  // torch ops or another thread may still hold its address.
+  ~Handle() {
+    if (!rt_ || !owned_) return;
+    if (interpreter_finalizing())
+      (void)kdispatch_runtime_close(rt_, -1.0);
+    else
+      (void)kdispatch_runtime_destroy(rt_);
+  }
 
-  static std::unique_ptr<Handle> create(const py::object& opts) {
+  static std::unique_ptr<Handle> create(py::handle opts) {
     Options o(opts);
     kdispatch_runtime* rt = nullptr;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_runtime_create(&o.o, &rt);
-    }
-    check(s);
+    check(without_gil([&] { return kdispatch_runtime_create(&o.o, &rt); }));
     return std::make_unique<Handle>(rt, true);
   }
-  static std::unique_ptr<Handle> create_from_env(const py::object& opts) {
+  static std::unique_ptr<Handle> create_from_env(py::handle opts) {
     Options o(opts);
     kdispatch_runtime* rt = nullptr;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_runtime_create_from_env(&o.o, &rt);
-    }
-    check(s);
+    check(without_gil([&] { return kdispatch_runtime_create_from_env(&o.o, &rt); }));
     return std::make_unique<Handle>(rt, true);
   }
   static std::unique_ptr<Handle> default_runtime() {
     kdispatch_runtime* rt = nullptr;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_default_runtime(&rt);
-    }
-    check(s);
+    check(without_gil([&] { return kdispatch_default_runtime(&rt); }));
     return std::make_unique<Handle>(rt, false);
   }
 
-  void close() {
-    if (rt_ && owned_) (void)kdispatch_runtime_destroy(rt_);
-    rt_ = nullptr;
+  // kdispatch_runtime_close: safe while other threads call (they get
+  // failed_precondition from then on); waits for their calls in flight, at
+  // most timeout_s (negative: the library's default, 10 s). The GIL is
+  // released meanwhile.
+  void close(double timeout_s) {
+    if (!rt_ || !owned_) return;
+    closed_ = true;  // closing again: the library's close waits for a close in progress, then is a no-op
+    kdispatch_runtime* r = rt_;
+    const kdispatch_status s = without_gil([&] { return kdispatch_runtime_close(r, timeout_s); });
+    if (s != KDISPATCH_OK) {
+      closed_ = false;  // still alive (calls in flight): a later close waits again
+      check(s);
+    }
   }
   kdispatch_runtime* rt() const {
-    if (!rt_) raise(KDISPATCH_FAILED_PRECONDITION, "the runtime was closed");
+    if (!rt_ || closed_) raise(KDISPATCH_FAILED_PRECONDITION, "the runtime was closed");
     return rt_;
   }
   uintptr_t address() const { return reinterpret_cast<uintptr_t>(rt()); }
   bool owned() const { return owned_; }
+  bool closed() const { return closed_; }
 
   void reload() {
     kdispatch_runtime* r = rt();
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_runtime_reload(r);
-    }
-    check(s);
+    check(without_gil([&] { return kdispatch_runtime_reload(r); }));
   }
   void freeze(bool f) { check(kdispatch_runtime_freeze(rt(), f ? 1 : 0)); }
   bool frozen() const {
@@ -457,15 +501,12 @@ class Handle {
   bool wait_tuner_idle(double timeout_s) {
     kdispatch_runtime* r = rt();
     int32_t idle = 0;
-    kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_runtime_wait_tuner_idle(r, timeout_s, &idle);
-    }
-    check(s);
+    check(without_gil([&] { return kdispatch_runtime_wait_tuner_idle(r, timeout_s, &idle); }));
     return idle != 0;
   }
-  void export_misses(const std::string& path) const { check(kdispatch_runtime_export_misses(rt(), path.c_str())); }
+  void export_misses(const std::string& path) const {
+    check(kdispatch_runtime_export_misses(rt(), c_string(path, "path")));
+  }
   py::tuple source_path(uint32_t id) const {
     char* p = nullptr;
     char* d = nullptr;
@@ -475,10 +516,11 @@ class Handle {
   }
 
   // Any op of kdispatch_op_list: `tensors` in argument order (None for an
-  // absent optional one), `args` the op's rows of the list (name, optional,
-  // written: the Python layer passes them from the parsed list), `scalars`
-  // in order. Returns None, or the info dict.
-  py::object op(const std::string& name, py::sequence tensors, py::sequence arg_meta, std::vector<float> scalars,
+  // absent optional one), `arg_meta` the op's rows of the list (name,
+  // optional, written: the Python layer passes them from the parsed list),
+  // `scalars` in order. Returns None, or the info dict. The sequences are
+  // py::handle (borrowed: nothing to release if the thread ends in the call).
+  py::object op(const std::string& name, py::handle tensors, py::handle arg_meta, std::vector<float> scalars,
                 py::handle stream, uint32_t flags, bool want_info, intptr_t workspace, int64_t workspace_bytes) {
     kdispatch_runtime* r = rt();
     const auto st = stream_of(stream);
@@ -487,25 +529,30 @@ class Handle {
     Exported ex[kMaxOpTensors];
     const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
-      py::tuple m = arg_meta[i];  // (name, optional, written)
-      ex[i].take_from(tensors[i], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, m[2].ptr() == Py_True, st);
+      py::tuple m = arg_meta[py::int_(i)];  // (name, optional, written)
+      ex[i].take_from(tensors[py::int_(i)], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True,
+                      m[2].ptr() == Py_True, st);
       ptrs[i] = ex[i].get();
     }
     kdispatch_dispatch_info info{};
     info.struct_size = sizeof info;
     kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_op_call(r, name.c_str(), ptrs, static_cast<int32_t>(n), scalars.data(),
-                            static_cast<int32_t>(scalars.size()), reinterpret_cast<void*>(workspace),
-                            workspace_bytes, reinterpret_cast<void*>(st.value_or(0)), flags,
-                            want_info ? &info : nullptr);
+    try {
+      s = without_gil([&] {
+        return kdispatch_op_call(r, name.c_str(), ptrs, static_cast<int32_t>(n), scalars.data(),
+                                 static_cast<int32_t>(scalars.size()), reinterpret_cast<void*>(workspace),
+                                 workspace_bytes, reinterpret_cast<void*>(st.value_or(0)), flags,
+                                 want_info ? &info : nullptr);
+      });
+    } catch (abi::__forced_unwind&) {  // the thread ends at interpreter exit, without the GIL
+      for (Exported& e : ex) e.abandon();
+      throw;
     }
     check(s);
     return want_info ? info_dict(info) : py::none();
   }
 
-  std::string pretune_op(const std::string& name, py::sequence tensors, py::sequence arg_meta,
+  std::string pretune_op(const std::string& name, py::handle tensors, py::handle arg_meta,
                          std::vector<float> scalars) {
     kdispatch_runtime* r = rt();
     const size_t n = py::len(tensors);
@@ -513,21 +560,25 @@ class Handle {
     Exported ex[kMaxOpTensors];
     const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
-      py::tuple m = arg_meta[i];
-      ex[i].take_from(tensors[i], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, false, std::nullopt);
+      py::tuple m = arg_meta[py::int_(i)];
+      ex[i].take_from(tensors[py::int_(i)], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, false,
+                      std::nullopt);
       ptrs[i] = ex[i].get();
     }
     char* j = nullptr;
     kdispatch_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = kdispatch_op_pretune(r, name.c_str(), ptrs, static_cast<int32_t>(n), scalars.data(),
-                               static_cast<int32_t>(scalars.size()), &j);
+    try {
+      s = without_gil([&] {
+        return kdispatch_op_pretune(r, name.c_str(), ptrs, static_cast<int32_t>(n), scalars.data(),
+                                    static_cast<int32_t>(scalars.size()), &j);
+      });
+    } catch (abi::__forced_unwind&) {
+      for (Exported& e : ex) e.abandon();
+      throw;
     }
     check(s);
     return take(j);
   }
-
 
   std::string lookup(const py::dict& q) const {
     Query query(q);
@@ -545,6 +596,7 @@ class Handle {
  private:
   kdispatch_runtime* rt_ = nullptr;
   bool owned_ = false;
+  bool closed_ = false;
 };
 
 std::string library_path() {
@@ -571,7 +623,8 @@ PYBIND11_MODULE(_kdispatch, m) {
       .def_static("create", &Handle::create, py::arg("options") = py::none())
       .def_static("create_from_env", &Handle::create_from_env, py::arg("options") = py::none())
       .def_static("default_runtime", &Handle::default_runtime)
-      .def("close", &Handle::close)
+      .def("close", &Handle::close, py::arg("timeout_s") = -1.0)
+      .def_property_readonly("closed", &Handle::closed)
       .def_property_readonly("address", &Handle::address)
       .def_property_readonly("owned", &Handle::owned)
       .def("reload", &Handle::reload)

@@ -36,6 +36,7 @@ if HAVE_TORCH:
 SKIP = WHY_NOT
 NATIVE = bool(OPS is not None and OPS.NATIVE)
 HAVE_COMPILE = HAVE_TORCH and hasattr(torch, "compile") and hasattr(torch.library, "opcheck")
+HAVE_FP8 = HAVE_TORCH and hasattr(torch, "float8_e4m3fn")  # torch >= 2.1
 NO_COMPILE = (f"torch {torch.__version__ if HAVE_TORCH else ''} has no torch.compile / torch.library.opcheck "
               "(they came with 2.0 / 2.4): run on the GPU machine's torch")
 
@@ -336,15 +337,51 @@ class TorchNativeTest(unittest.TestCase):
 
     def test_fp8_fast_accum_reaches_kdispatch(self):
         """The bool switch is read off the stack on any torch: fp32 tensors
-        with fast_accum=True get kdispatch's own refusal (no fp8), not a
-        schema error."""
+        with fast_accum=True get kdispatch's own refusal (no fp8; on a torch
+        without float8 dtypes, that torch's), not a schema error."""
         a, b, s = torch.randn(3, 16), torch.randn(8, 16), torch.ones(1)
         for fast in (False, True):
             with self.assertRaises(NotImplementedError) as c:
                 torch.ops.kdispatch.gemm_fp8_tensor(a, b, s, s, None, fast)
-            self.assertIn("fp32 inputs", str(c.exception))
+            self.assertIn("fp32 inputs" if HAVE_FP8 else "has no float8 dtype", str(c.exception))
         with self.assertRaises(NotImplementedError):
             torch.ops.kdispatch.gemm_fp8_tensor(a, b, s, s, fast_accum=True)
+
+    @unittest.skipIf(HAVE_FP8, "this torch has float8 dtypes (>= 2.1)")
+    def test_fp8_ops_say_this_torch_has_no_float8_dtype(self):
+        """torch < 2.1 (Debian's 1.13): every fp8 op, real or meta, fails
+        saying the torch has no float8 dtype (issue 31: it said "no cpu
+        variant ... fp32", after allocating float32 outputs)."""
+        a, b, s = torch.randn(4, 32), torch.randn(8, 32), torch.ones(1)
+        calls = {"gemm_fp8_tensor": (a, b, s, s), "gemm_fp8_rowwise": (a, b, torch.ones(4), torch.ones(8)),
+                 "gemm_fp8_block": (a, b, torch.ones(1, 4), torch.ones(1, 1)), "quant_fp8_tensor": (a,),
+                 "quant_fp8_token": (a,), "quant_fp8_group": (a,)}
+        for name, args in calls.items():
+            for meta in (False, True):
+                with self.subTest(op=name, meta=meta):
+                    with self.assertRaises(NotImplementedError) as c:
+                        getattr(torch.ops.kdispatch, name)(*[x.to("meta") if meta else x for x in args])
+                    # the version libtorch's headers give (1.13.0 for Debian's 1.13.0a0)
+                    self.assertRegex(str(c.exception).splitlines()[0],
+                                     rf"^kdispatch::{name}: unsupported_problem: this torch \(1\.[0-9.]+\) has no float8 "
+                                     rf"dtype \(torch\.float8_e4m3fn came with torch 2\.1\): {name} takes or returns "
+                                     rf"float8 tensors$")
+        with self.assertRaises(NotImplementedError) as c:
+            torch.ops.kdispatch.gemm_fp8_tensor_out(torch.empty(4, 8), a, b, s, s)
+        self.assertIn("has no float8 dtype", str(c.exception))
+
+    @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
+    def test_quant_fp8_tensor_allocates_its_one_scale(self):
+        """quant_fp8_tensor's scale is [1] (no dim): the functional op
+        allocates it (it said "internal: the size of dim  is not given by
+        any input")."""
+        x = torch.randn(3, 64)
+        q, scale = torch.ops.kdispatch.quant_fp8_tensor(x)
+        self.assertEqual((q.dtype, tuple(q.shape)), (torch.float8_e4m3fn, (3, 64)))
+        self.assertEqual((scale.dtype, tuple(scale.shape)), (torch.float32, (1,)))
+        self.assertAlmostEqual(scale.item(), x.abs().max().item() / 448.0, places=5)
+        mq, ms = torch.ops.kdispatch.quant_fp8_tensor(x.to("meta"))
+        self.assertEqual((tuple(mq.shape), tuple(ms.shape)), ((3, 64), (1,)))
 
     def test_meta_kernels(self):
         m = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
@@ -673,6 +710,38 @@ class TorchOpsCudaTest(unittest.TestCase):
         w = torch.randn(256, dtype=torch.bfloat16, device=self.dev)
         f = torch.compile(lambda x, w: torch.ops.kdispatch.rmsnorm(x, w, 1e-6) + 1, fullgraph=True)
         torch.testing.assert_close(f(x, w), torch.ops.kdispatch.rmsnorm(x, w, 1e-6) + 1)
+
+
+@unittest.skipUnless(OPS is not None, SKIP)
+class TorchOpsCloseTest(unittest.TestCase):
+    """Runtime.close() while threads call the torch ops (issue 31): the C
+    library's kdispatch_runtime_close makes a call through the closed
+    runtime's handle fail (failed_precondition), never a crash; and an
+    interpreter exit with daemon threads in the ops exits 0. In child
+    processes (close_race_child.py): a signal is a negative exit status."""
+
+    def test_close_while_four_threads_call_the_ops_200_rounds(self):
+        from test_close import ROUNDS, assert_exited_cleanly, child
+        import json
+        p = child("torch-race", str(ROUNDS))
+        assert_exited_cleanly(self, p, f"{ROUNDS} torch-op races")
+        c = json.loads(p.stdout.strip().splitlines()[-1])
+        sys.stderr.write(f"torch close race: {c['rounds']} rounds, {c['ok_calls']} calls OK, {c['refused']} refused, "
+                         f"{c['wrong']} wrong, {len(c['other'])} other\n")
+        self.assertEqual(c["rounds"], ROUNDS)
+        self.assertEqual(c["other"], [])
+        self.assertEqual(c["wrong"], 0)
+        # The odd rounds close the handle under the ops (which keep it):
+        # each of their 4 threads ends refused.
+        self.assertGreaterEqual(c["refused"], 4 * (ROUNDS // 2))
+
+    def test_interpreter_exit_with_daemon_threads_in_the_ops(self):
+        from test_close import assert_exited_cleanly, child
+        for mode in ("torch-owned", "torch-default"):
+            for i in range(2):
+                p = child("exit", mode, timeout=120)
+                assert_exited_cleanly(self, p, f"exit with daemon threads calling torch ops ({mode}, run {i})")
+                self.assertIn("exiting with 4 daemon threads calling", p.stdout)
 
 
 @unittest.skipIf(HAVE_TORCH, "torch is installed: the torch tests above ran")

@@ -29,6 +29,9 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
 #include <charconv>
@@ -251,6 +254,25 @@ const char* code_name(int code) {
   raise(b, code, std::string(code_name(code)) + ": " + msg);
 }
 
+// ---------------------------------------------------------------- interpreter exit
+
+// Set by kdispatch.torch_ops' atexit handler (kdispatch_torch_park_at_exit):
+// from then on a call on any thread but the exiting one never returns. Torch
+// runs these ops with the GIL released (torch's gil_scoped_release), and a
+// daemon thread that takes the GIL back after the interpreter started to
+// finalize ends in pthread_exit, whose forced unwind through that noexcept
+// destructor is std::terminate (SIGABRT at exit). Parked here, without the
+// GIL, the thread never takes it back: the process exits around it.
+std::atomic<bool> g_parking{false};
+std::atomic<pthread_t> g_exiting_thread{};
+
+void park_if_exiting() {
+  if (!g_parking.load(std::memory_order_acquire)) [[likely]]
+    return;
+  if (pthread_equal(pthread_self(), g_exiting_thread.load(std::memory_order_acquire))) return;
+  for (;;) ::pause();
+}
+
 // ---------------------------------------------------------------- the runtime
 
 std::atomic<void*> g_runtime{nullptr};  // a kdispatch_runtime*; null: the default runtime
@@ -297,6 +319,14 @@ void ensure_workspace(void* rt, int32_t dl_type, int32_t dev, void* stream, bool
 }
 
 // ---------------------------------------------------------------- tensors
+
+/// An op whose inputs are all fp8 (the fp8 GEMMs) or whose outputs are fp8
+/// by default (the quantisation ops).
+[[maybe_unused]] bool takes_or_returns_fp8(const dispatch::OpInfo& op) {
+  bool all_fp8 = !op.in_dtypes.empty();
+  for (std::string_view t : op.in_dtypes) all_fp8 = all_fp8 && t.starts_with("fp8_");
+  return all_fp8 || op.default_out_dtype.starts_with("fp8_");
+}
 
 /// The DLPack dtype of a torch dtype kdispatch has a DType for; false for
 /// the rest (refused here, naming the argument, before kdispatch sees it).
@@ -433,9 +463,11 @@ struct DimsT {
     from[static_cast<size_t>(n)] = a.name.data();
     value[static_cast<size_t>(n++)] = mul == 1 ? size : size / I(mul);
   }
-  /// The extent `mul * dim / div` (rounded up); none when the dim is unbound.
+  /// The extent `mul * dim / div` (rounded up); none when the dim is
+  /// unbound. No dim ("": quant_fp8_tensor's scale [1]) is 1.
   std::optional<I> extent(std::string_view dim, int32_t mul, int32_t div) const {
-    const I* v = find(dim);
+    const I one(1);
+    const I* v = dim.empty() ? &one : find(dim);
     if (v == nullptr) return std::nullopt;
     const I x = mul == 1 ? *v : *v * I(mul);
     if (div == 1) return x;
@@ -460,7 +492,13 @@ class Kernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet ks, Stack* stack) {
     if (mode_ == Mode::autograd) return autograd(handle, ks, stack);
     if (mode_ == Mode::meta) return call<c10::SymInt>(stack);
-    call<int64_t>(stack);
+    try {
+      call<int64_t>(stack);
+    } catch (...) {
+      park_if_exiting();
+      throw;
+    }
+    park_if_exiting();
   }
 
  private:
@@ -488,6 +526,13 @@ class Kernel final : public c10::OperatorKernel {
     const size_t nparams = b.params.size();
     const size_t nargs = op.args.size();
     if (mode_ == Mode::run) t_served = Served{};
+#if !(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
+    // fp8 in or out: no tensor of this torch can hold it (else the call
+    // would go on with float32 and end in "no cpu variant ... fp32").
+    if (takes_or_returns_fp8(op))
+      fail(b, 2, "this torch (" TORCH_VERSION ") has no float8 dtype (torch.float8_e4m3fn came with torch 2.1): " +
+                     std::string(op.name) + " takes or returns float8 tensors");
+#endif
     Tensors t{};
     std::array<float, kMaxArgs> scalars{};
     auto in = torch::jit::last(*stack, nparams);
@@ -766,6 +811,13 @@ void register_impls(torch::Library& m, const std::string& ns, Mode mode) {
 /// calls it through ctypes with the handle of a kdispatch.Runtime.
 extern "C" __attribute__((visibility("default"))) void kdispatch_torch_set_runtime(void* runtime) {
   kdispatch_torch::g_runtime.store(runtime, std::memory_order_release);
+}
+
+/// Called by kdispatch.torch_ops' atexit handler on the exiting thread:
+/// calls on other threads park instead of returning (park_if_exiting).
+extern "C" __attribute__((visibility("default"))) void kdispatch_torch_park_at_exit(void) {
+  kdispatch_torch::g_exiting_thread.store(pthread_self(), std::memory_order_release);
+  kdispatch_torch::g_parking.store(true, std::memory_order_release);
 }
 
 namespace kt = kdispatch_torch;

@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "c_api/in_flight.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+namespace dispatch::capi {
+
+namespace {
+
+struct Slots {
+  CallSlot slot[kCallSlots];
+  /// Highest slot index ever taken + 1: close scans only that far.
+  std::atomic<size_t> high_water{0};
+};
+
+// Never destroyed: a thread may still call (and exit, giving its slot back)
+// while the process runs its static destructors.
+Slots& slots() noexcept {
+  static Slots* s = new Slots();
+  return *s;
+}
+
+// Gives this thread's slot back when the thread exits. Constructed (and
+// its destructor registered) only on the thread's first call.
+struct SlotOwner {
+  ~SlotOwner() {
+    if (CallSlot* s = t_call_slot) {
+      t_call_slot = nullptr;  // a call after this takes a slot again
+      s->in.store(nullptr, std::memory_order_release);
+      s->taken.store(false, std::memory_order_release);
+    }
+  }
+};
+
+}  // namespace
+
+CallSlot* acquire_call_slot() noexcept {
+  static thread_local SlotOwner owner;
+  (void)&owner;
+  Slots& all = slots();
+  for (size_t i = 0; i < kCallSlots; ++i) {
+    CallSlot& s = all.slot[i];
+    bool expected = false;
+    if (!s.taken.load(std::memory_order_relaxed) &&
+        s.taken.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
+      // seq_cst, as table/epoch.cpp's high-water mark: the raise is ordered
+      // before this thread's first seq_cst slot store in the single total
+      // order, so a close that reads an older mark reads the flag after it
+      // and this call sees the flag.
+      size_t hw = all.high_water.load(std::memory_order_seq_cst);
+      while (hw < i + 1 && !all.high_water.compare_exchange_weak(hw, i + 1, std::memory_order_seq_cst)) {
+      }
+      s.in.store(nullptr, std::memory_order_relaxed);
+      t_call_slot = &s;
+      return &s;
+    }
+  }
+  return nullptr;  // every slot taken: this thread counts in the handle's overflow counter
+}
+
+int64_t calls_in_flight(const void* handle, const Gate& gate) noexcept {
+  Slots& all = slots();
+  int64_t n = gate.overflow_calls.load(std::memory_order_seq_cst);
+  const size_t hw = std::min(all.high_water.load(std::memory_order_seq_cst), kCallSlots);
+  for (size_t i = 0; i < hw; ++i)
+    if (all.slot[i].in.load(std::memory_order_seq_cst) == handle) ++n;
+  return n;
+}
+
+int64_t wait_calls_done(const void* handle, const Gate& gate, double timeout_s) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto limit = std::chrono::duration<double>(std::isfinite(timeout_s) ? std::max(timeout_s, 0.0) : 1e9);
+  auto pause = std::chrono::microseconds(20);
+  for (int round = 0;; ++round) {
+    const int64_t n = calls_in_flight(handle, gate);
+    if (n == 0) return 0;
+    if (clock::now() - start >= limit) return n;
+    // A call on the CPU takes microseconds: yield first, then back off to 1 ms.
+    if (round < 16) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+}
+
+}  // namespace dispatch::capi
