@@ -401,8 +401,10 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   const uint64_t gen = impl.table.gen.load(std::memory_order_acquire);
   if (!impl.forced.any() && gen != 0 && memo.gen == gen && std::memcmp(&memo.key, &ckey, sizeof ckey) == 0) [[likely]] {
     const bool near = memo.table_m * 2 >= p.m && p.m * 2 >= memo.table_m;
-    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off && !impl.forked_child()) [[unlikely]]
-      return observe_and_launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
+    if (!near && impl.tuner && impl.tuner->mode() != TuneMode::off) [[unlikely]] {
+      if (!impl.forked_child()) return observe_and_launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
+      impl.note_no_tuning_in_child();  // once: why this child never tunes
+    }
     return launch(impl, call, Choice(memo.plan, memo.table_m, memo.source_id));
   }
   Choice c;
@@ -414,8 +416,13 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
     memo.source_id = c.source_id;
     memo.plan = c.plan;
   }
-  if (impl.tuner && (c.source != PlanSource::table || impl.tuner->mode() != TuneMode::off) && !impl.forked_child())
-    if (Status s = observe(impl, call, &c); !s.ok()) return s;
+  if (impl.tuner && (c.source != PlanSource::table || impl.tuner->mode() != TuneMode::off)) {
+    if (!impl.forked_child()) {
+      if (Status s = observe(impl, call, &c); !s.ok()) return s;
+    } else if (c.source != PlanSource::table && impl.tuner->mode() != TuneMode::off) [[unlikely]] {
+      impl.note_no_tuning_in_child();  // once: why this child never tunes its misses
+    }
+  }
   return launch(impl, call, c);
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -234,6 +235,18 @@ Status Runtime::Impl::refuse_in_child(const char* what) const {
                                          "workspaces): create a runtime after fork() for those");
 }
 
+void Runtime::Impl::note_no_tuning_in_child() const noexcept {
+  const uint64_t g = fork_generation();
+  uint64_t seen = child_tuning_noted.load(std::memory_order_relaxed);
+  if (seen == g || !child_tuning_noted.compare_exchange_strong(seen, g, std::memory_order_relaxed)) return;
+  if (options.log_level >= LogLevel::warn)
+    std::fprintf(stderr,
+                 "kdispatch: tuning is off in this process (pid %d): its runtime was created before fork() (in pid "
+                 "%d), so in this child it serves its table and the defaults only, and its misses are not tuned; "
+                 "create a runtime after fork() to tune here\n",
+                 static_cast<int>(::getpid()), made_in_pid);
+}
+
 Runtime::Runtime(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
 Runtime::~Runtime() {
   // The watcher and the tuner call back into this runtime: stop them while
@@ -261,6 +274,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     }
     auto impl = std::make_unique<Impl>();
     impl->made_in_generation = fork_generation();
+    impl->child_tuning_noted.store(impl->made_in_generation, std::memory_order_relaxed);
+    impl->made_in_pid = static_cast<int>(::getpid());
     if (!options.backend_version.empty() &&
         !store::parse_runtime_version(options.backend_version, &impl->backend_version))
       return make_status(StatusCode::invalid_argument,

@@ -43,6 +43,15 @@ struct Runtime::Impl {
   /// (tuning, reload, misses export, stream workspaces).
   bool forked_child() const noexcept { return made_in_generation != fork_generation(); }
   Status refuse_in_child(const char* what) const;
+  /// In a forked child, the first call that would tune (a miss, or a far
+  /// table row, with tuning on) logs once per process, at warn, why tuning
+  /// is off there; later calls stay silent. Thread-safe.
+  void note_no_tuning_in_child() const noexcept;
+  /// The fork_generation() in which note_no_tuning_in_child last logged
+  /// (made_in_generation at create: nothing logged).
+  mutable std::atomic<uint64_t> child_tuning_noted{0};
+  /// The pid that created the runtime (named by that note).
+  int made_in_pid = 0;
   std::vector<int> backend_version;  ///< parsed options.backend_version
   table::NearestPolicy policy;
   std::string shipped_dir;           ///< resolved shipped-configs dir ("" = none)

@@ -93,8 +93,22 @@ struct Trace {
 std::optional<Trace> builtin_trace(const std::string& name);
 /// Reads a trace file: M values (>= 1) separated by whitespace, ',' or
 /// newlines; '#' starts a comment. On failure returns nullopt and sets
-/// `*error` to "<file>:<line>: ..." (or "<file>: ..." for I/O errors).
+/// `*error` to "<file>:<line>: ..." (or a sentence naming the file for I/O
+/// errors: read through store/bounded_read.hpp, a regular file of at most
+/// 256 MiB).
 std::optional<Trace> read_trace_file(const std::string& path, std::string* error);
+
+/// The next line of `text` at *pos (without its '\n'), as std::getline
+/// splits a stream; false past the end. For a file read whole through
+/// store/bounded_read.hpp (traces, shape lists).
+inline bool next_line(std::string_view text, size_t* pos, std::string_view* line) {
+  if (*pos >= text.size()) return false;
+  const size_t nl = text.find('\n', *pos);
+  const size_t end = nl == std::string_view::npos ? text.size() : nl;
+  *line = text.substr(*pos, end - *pos);
+  *pos = nl == std::string_view::npos ? text.size() : nl + 1;
+  return true;
+}
 
 /// Options of `kdispatch replay` (and of the workload `kdispatch misses` runs).
 struct ReplayOptions {
@@ -152,7 +166,9 @@ struct ShapeCsv {
 /// last column belong to it, as the misses CSV's unquoted key). M must be an
 /// integer >= 1; the dims of every op of the op list, count and aiter's B
 /// integers >= 0 when given; flag fields (bias) true/false/1/0. On failure
-/// returns nullopt and sets *error to "<file>:<line>: ...".
+/// returns nullopt and sets *error to "<file>:<line>: ...". The file is read
+/// through store/bounded_read.hpp: a regular file of at most 256 MiB
+/// (/dev/zero, a FIFO, a directory: refused at once, *error says what it is).
 std::optional<ShapeCsv> read_shape_csv(const std::string& path, std::string* error);
 
 /// Options of `kdispatch tune`.
@@ -184,22 +200,32 @@ struct TuneCmdOptions {
   /// --devices: "all" or ordinals "0,1,..." of --backend, one worker process
   /// each pulling units from a shared queue; "" = tune in this process.
   std::string devices;
-  /// --workers-per-device: worker processes per device of --devices; -1 = not given (1).
-  int32_t workers_per_device = -1;
+  /// --workers-per-device: worker processes per device of --devices, in
+  /// [1, kMaxWorkersPerDevice]; nullopt = not given (1). (Not a sentinel
+  /// value: `--workers-per-device -1` is refused, not taken as "not given".)
+  std::optional<int32_t> workers_per_device;
   /// --unit-timeout-s: with --devices, a worker whose unit runs longer is
   /// killed (SIGKILL) and the unit retried once on a new worker, then
-  /// reported failed; -1 = not given: 300 s + 30 x the --budget-ms search
-  /// time (a hung kernel or driver call otherwise stalls the run forever).
-  double unit_timeout_s = -1.0;
+  /// reported failed; in [1, kMaxUnitTimeoutS] s; nullopt = not given: 300 s
+  /// + 30 x the --budget-ms search time (a hung kernel or driver call
+  /// otherwise stalls the run forever).
+  std::optional<double> unit_timeout_s;
   /// The hidden worker mode of --devices: tune the units the parent sends
   /// on stdin on --device, answer on fd 3 (tune.cpp).
   bool internal_worker = false;
 };
+/// The accepted ranges of `tune --workers-per-device` and `--unit-timeout-s`
+/// (a week: a longer unit is a hung one).
+inline constexpr int32_t kMaxWorkersPerDevice = 64;
+inline constexpr double kMaxUnitTimeoutS = 604800.0;
 int run_tune(const TuneCmdOptions& o);
 
 /// Options of `kdispatch lookup`.
 struct LookupOptions {
   std::string config_dir;
+  /// --cache: a tuning cache dir read with the config dir, as the runtime
+  /// reads its cache (fingerprints checked); "" = no cache is read.
+  std::string cache;
   std::string device;
   std::string op;
   std::string key;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CLI — the config inspection commands: `kdispatch lookup` (which
 // config serves this key at this M, and why) and `kdispatch validate` (the
-// load report of config dirs). Both load only the dirs given, never the
-// shipped configs.
+// load report of config dirs). Both are offline: they load only the dirs
+// given, never the shipped configs, and never the tuning cache (the user's
+// ~/.cache/kdispatch, $KDISPATCH_CACHE_DIR) unless it is named with --cache.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -37,6 +38,38 @@ std::string lookup_error_text(const dsp::Status& s) {
   return out + m;
 }
 
+// The tuning cache of an offline command: read only when named with
+// --cache (as the runtime reads its cache: files of this build's
+// fingerprint), never written; otherwise none, whatever $KDISPATCH_CACHE_DIR,
+// $XDG_CACHE_HOME or $HOME say. A usage error's exit code, or -1.
+int cache_options(const char* cmd, const std::string& cache, dsp::RuntimeOptions* ro) {
+  ro->tune.persist = false;
+  ro->tune.load_cache = !cache.empty();
+  if (cache.empty()) return -1;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(cache, ec)) {
+    std::fprintf(stderr, "kdispatch %s: --cache '%s' is not a directory\n", cmd, cache.c_str());
+    return kExitUsage;
+  }
+  ro->tune.cache_dir = cache;
+  return -1;
+}
+
+// The load report's note on a refused cache dir (the runtime adds it).
+std::string refusal_note(const dsp::LoadReport& rep, const std::string& dir) {
+  for (const std::string& n : rep.notes)
+    if (n.rfind("tuning cache dir '" + dir + "'", 0) == 0) return n;
+  return "tuning cache dir '" + dir + "' refused";
+}
+
+// `lookup --cache` of a refused dir: exit 1 naming why, else -1.
+int cache_refused(const char* cmd, const std::string& cache, const dsp::Runtime& rt) {
+  if (cache.empty() || !rt.cache_dir().empty()) return -1;
+  std::fprintf(stderr, "kdispatch %s: --cache '%s': %s\n", cmd, cache.c_str(),
+               refusal_note(rt.load_report(), cache).c_str());
+  return kExitFailure;
+}
+
 }  // namespace
 
 int run_lookup(const LookupOptions& o) {
@@ -49,6 +82,7 @@ int run_lookup(const LookupOptions& o) {
   ro.load_shipped_configs = false;
   ro.backend_version = o.backend_version;
   ro.log_level = dsp::LogLevel::error;  // foreign files are expected; `validate` reports them
+  if (int e = cache_options("lookup", o.cache, &ro); e >= 0) return e;
   for (const std::string& a : o.aliases) {
     const auto eq = a.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == a.size()) {
@@ -59,6 +93,7 @@ int run_lookup(const LookupOptions& o) {
   }
   auto rt = dsp::Runtime::create(ro);
   if (!rt.ok()) return runtime_error_exit("lookup", rt.status());
+  if (int e = cache_refused("lookup", o.cache, **rt); e >= 0) return e;
 
   dsp::LookupQuery q;
   q.op = o.op;
@@ -122,16 +157,17 @@ int run_validate(const ValidateOptions& o) {
   ro.load_shipped_configs = false;
   ro.backend_version = o.backend_version;
   ro.log_level = dsp::LogLevel::off;  // the report below is the output
-  std::string locking;                // --cache: how its writes are made
-  if (!o.cache.empty()) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(o.cache, ec)) {
-      std::fprintf(stderr, "kdispatch validate: --cache '%s' is not a directory\n", o.cache.c_str());
-      return kExitUsage;
-    }
-    ro.tune.cache_dir = o.cache;
-    ro.tune.load_cache = true;
-    ro.tune.persist = false;
+  if (int e = cache_options("validate", o.cache, &ro); e >= 0) return e;
+  auto rt = dsp::Runtime::create(ro);
+  if (!rt.ok()) return runtime_error_exit("validate", rt.status());
+  const dsp::LoadReport rep = (*rt)->load_report();
+  // A --cache dir refused by the cache-dir rules (docs/tuning.md "Safety
+  // rules") is read by no runtime: not usable, and the note says why. Its
+  // flock is not probed (no probe file is made in a refused dir).
+  const std::string refused = !o.cache.empty() && (*rt)->cache_dir().empty() ? refusal_note(rep, o.cache) : "";
+  std::string locking;  // --cache: how its writes are made
+  if (!o.cache.empty() && !refused.empty()) locking = "none: the dir is refused";
+  if (!o.cache.empty() && refused.empty()) {
     auto cl = dsp::cache_locking(o.cache);
     if (!cl.ok() && cl.status().code() == dsp::StatusCode::invalid_argument) {  // a bad KDISPATCH_CACHE_LOCKING
       std::fprintf(stderr, "kdispatch validate: %s\n", cl.status().message().c_str());
@@ -143,15 +179,14 @@ int run_validate(const ValidateOptions& o) {
                         cl->reason
                   : "flock (each <key>.json merged under its lock file): " + cl->reason;
   }
-  auto rt = dsp::Runtime::create(ro);
-  if (!rt.ok()) return runtime_error_exit("validate", rt.status());
-  const dsp::LoadReport rep = (*rt)->load_report();
-  const int exit_code = rep.all_usable() ? kExitOk : kExitFailure;
+  const int exit_code = rep.all_usable() && refused.empty() ? kExitOk : kExitFailure;
   if (o.json) {
     std::string text = rep.to_json();
     if (!o.cache.empty() && !text.empty() && text.back() == '}') {
       dsp::core::JsonWriter w;
-      w.begin_object().field("dir", o.cache).field("writes", locking).end_object();
+      w.begin_object().field("dir", o.cache).field("writes", locking);
+      if (!refused.empty()) w.field("refused", refused);
+      w.end_object();
       text.insert(text.size() - 1, ", \"cache\": " + w.take());
     }
     std::printf("%s\n", text.c_str());
@@ -172,11 +207,17 @@ int run_validate(const ValidateOptions& o) {
     for (const std::string& p : f.problems) std::printf("           - %s\n", p.c_str());
   }
   for (const std::string& n : rep.notes) std::printf("note: %s\n", n.c_str());
-  if (!o.cache.empty()) std::printf("cache dir %s: writes use %s\n", o.cache.c_str(), locking.c_str());
+  if (!o.cache.empty() && refused.empty())
+    std::printf("cache dir %s: writes use %s\n", o.cache.c_str(), locking.c_str());
   std::printf("%zu files: %lld loaded, %lld partial, %lld skipped; %lld unknown-device files; %lld keys, %lld rows\n",
               rep.files.size(), (long long)counts[0], (long long)counts[1], (long long)counts[2], (long long)unknown,
               (long long)rep.keys, (long long)rep.rows);
-  if (exit_code != kExitOk) std::printf("not every file is usable: %lld skipped\n", (long long)counts[2]);
+  if (!refused.empty()) {
+    std::printf("cache dir %s is not usable: refused, so no runtime reads it\n", o.cache.c_str());
+    std::fprintf(stderr, "kdispatch validate: --cache '%s': %s\n", o.cache.c_str(), refused.c_str());
+  } else if (exit_code != kExitOk) {
+    std::printf("not every file is usable: %lld skipped\n", (long long)counts[2]);
+  }
   return exit_code;
 }
 

@@ -37,8 +37,9 @@ const CLI::Validator kAtLeastOne(
     "", "at least one");
 
 // The workload options `replay` and `misses` share: model, trace, dtype and
-// where the configs come from.
-void add_workload_options(CLI::App* app, ReplayOptions& ro) {
+// where the configs come from. `offline` (misses): the tuning cache is read
+// only when named (--cache).
+void add_workload_options(CLI::App* app, ReplayOptions& ro, bool offline) {
   app->add_option("--model", ro.model, "Model whose shapes to replay: " + model_names())
       ->type_name("NAME")
       ->capture_default_str();
@@ -73,10 +74,18 @@ void add_workload_options(CLI::App* app, ReplayOptions& ro) {
                   "projection outputs; their projections' weights and inputs are fp8_e4m3fn)")
       ->type_name("DTYPE")
       ->capture_default_str();
-  app->add_option("--cache-dir", ro.cache_dir,
-                  "Tuning cache dir: tuned winners are written there and read back by later runs (default: "
-                  "$KDISPATCH_CACHE_DIR, else $XDG_CACHE_HOME/kdispatch, else ~/.cache/kdispatch)")
-      ->type_name("DIR");
+  if (offline)
+    app->add_option("--cache,--cache-dir", ro.cache_dir,
+                    "Also read this tuning cache dir (rows of this build's fingerprint, below the config dirs, as a "
+                    "serving process reads its cache): its rows are hits, not misses. Without it no cache is read, "
+                    "whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say: the export is the misses of the "
+                    "config dirs alone")
+        ->type_name("DIR");
+  else
+    app->add_option("--cache-dir", ro.cache_dir,
+                    "Tuning cache dir: tuned winners are written there and read back by later runs (default: "
+                    "$KDISPATCH_CACHE_DIR, else $XDG_CACHE_HOME/kdispatch, else ~/.cache/kdispatch)")
+        ->type_name("DIR");
 }
 
 // ------------------------------------------------------------ replay
@@ -86,7 +95,7 @@ CLI::App* add_replay(CLI::App& app, ReplayOptions& ro) {
       "Push a model's per-layer shapes through its ops (" + replay_ops_text() +
           ") on the CPU, as a decoder forward pass per trace entry, and report per op: calls, table hits, "
           "defaults, us/call and config sources.");
-  add_workload_options(replay, ro);
+  add_workload_options(replay, ro, false);
   replay
       ->add_option("--tune", ro.tune,
                    "Online tuning: off (table + get_default), sync (a miss tunes on the caller's thread), background "
@@ -137,7 +146,7 @@ CLI::App* add_misses(CLI::App& app, ReplayOptions& mo) {
       "Run the replay workload with tuning off and write the shapes that missed the table as an untuned-shapes "
       "CSV (" + misses_columns_text() + "): the input of `kdispatch tune` (aiter's offline loop).");
   misses->add_option("--export", mo.export_misses, "The CSV to write")->type_name("FILE")->required();
-  add_workload_options(misses, mo);
+  add_workload_options(misses, mo, true);
   misses->add_flag("--json", mo.json, "Print the summary as one JSON object");
   misses->footer(
       "Examples:\n"
@@ -201,7 +210,12 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "order of the shape lists); auto reads torchrun's RANK/WORLD_SIZE (the GPU: LOCAL_RANK), a Slurm "
                    "array's SLURM_ARRAY_TASK_ID (minus SLURM_ARRAY_TASK_MIN)/SLURM_ARRAY_TASK_COUNT or a Kubernetes indexed Job's "
                    "JOB_COMPLETION_INDEX with KDISPATCH_SHARD_COUNT, and says which it used")
-      ->type_name("i/n|auto");
+      ->type_name("i/n|auto")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() ? std::string("expected i/n (0 <= i < n, n >= 1) or auto, got ''") : std::string();
+          },
+          "", "not empty"));
   tune->add_flag("--list", to.list, "Print the units (of the shard) and an estimated time; tune nothing");
   tune->add_option("--device", to.device, "Device ordinal of --backend to tune on (default 0; torchrun: LOCAL_RANK)")
       ->type_name("N");
@@ -219,12 +233,12 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_option("--workers-per-device", to.workers_per_device,
                    "With --devices: worker processes per device (default 1). More than one share the device, so "
                    "their timings disturb each other: for devices one tuning process leaves idle, and for tests "
-                   "(several workers on the CPU backend)")
+                   "(several workers on the CPU backend). 1 to 64")
       ->type_name("N");
   tune->add_option("--unit-timeout-s", to.unit_timeout_s,
                    "With --devices: a worker whose unit runs longer than this is killed and the unit retried "
                    "once on a new worker, then reported failed (a hung kernel or driver call). Default 300 s + 30 x "
-                   "the --budget-ms search time")
+                   "the --budget-ms search time; 1 to 604800 (a week)")
       ->type_name("S");
   tune->add_flag("--internal-worker", to.internal_worker, "A worker of --devices (internal)")->group("");
   tune->footer(
@@ -244,9 +258,15 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
 CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
   CLI::App* lookup = app.add_subcommand(
       "lookup", "Which config serves this key at this M on this device: the row, its file, the match and why.");
-  lookup->add_option("--configs", lo.config_dir, "Config dir (read recursively; shipped configs are not loaded)")
+  lookup->add_option("--configs", lo.config_dir,
+                     "Config dir (read recursively; neither the shipped configs nor the tuning cache are loaded)")
       ->type_name("DIR")
       ->required();
+  lookup->add_option("--cache", lo.cache,
+                     "Also read this tuning cache dir, below the config dir, as a runtime reads its cache (a file "
+                     "written by another build is not served); without it no cache is read, whatever "
+                     "KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
+      ->type_name("DIR");
   lookup->add_option("--device", lo.device,
                      "Device name as the runtime reports it (\"NVIDIA H200\") or as files spell it (NVIDIA_H200); "
                      "default: the host CPU's ISA class");
@@ -275,7 +295,8 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
       "  kdispatch lookup --configs sglang-configs/quantization --device \"NVIDIA H20\" \\\n"
       "      --key \"N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]\" --M 64 --json\n"
       "  kdispatch lookup --configs ./my-configs --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
-      "Exit codes: 0 found (table row or default), 1 not found, 2 bad argument.");
+      "  kdispatch lookup --configs ./my-configs --cache ~/.cache/kdispatch --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
+      "Exit codes: 0 found (table row or default), 1 not found or the --cache dir refused, 2 bad argument.");
   return lookup;
 }
 
@@ -283,11 +304,15 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
 CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
   CLI::App* validate = app.add_subcommand(
       "validate", "Load config dirs and print the load report: per file loaded/partial/skipped and its problems.");
-  validate->add_option("dirs", vo.dirs, "Config dirs (read recursively)")->type_name("DIR...");
+  validate->add_option("dirs", vo.dirs,
+                       "Config dirs (read recursively; neither the shipped configs nor the tuning cache are loaded)")
+      ->type_name("DIR...");
   validate->add_option("--cache", vo.cache,
                        "A tuning cache or emit dir: read as the tuning cache is (a file or fragment written by "
                        "another build is skipped as stale), and say how writes into it are made (flock, or "
-                       "per-process fragments where flock is not honoured)")
+                       "per-process fragments where flock is not honoured); a dir the cache-dir rules refuse "
+                       "(a symbolic link, another user's, world-writable, an unsafe ancestor) exits 1 naming why. "
+                       "Without it no cache is read, whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
       ->type_name("DIR");
   validate->add_option("--backend-version", vo.backend_version,
                        "Kernel compiler version for triton_X_Y_Z/ folders, e.g. 3.5.1");
@@ -297,7 +322,7 @@ CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
       "  kdispatch validate configs/\n"
       "  kdispatch validate sglang-configs --backend-version 3.5.1 --json\n"
       "  kdispatch validate --cache ~/.cache/kdispatch\n"
-      "Exit codes: 0 every file usable, 1 some file skipped, 2 bad argument.");
+      "Exit codes: 0 every file usable, 1 some file skipped or the --cache dir refused, 2 bad argument.");
   return validate;
 }
 

@@ -9,11 +9,16 @@
 // the op's key fields) and nothing of the ops themselves: the per-op stats,
 // pass tables, JSON and summaries are sized and named from the ops the
 // model calls.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -772,6 +777,19 @@ int runtime_options(const ReplayOptions& o, const char* cmd, dsp::RuntimeOptions
     ro.config_dirs = std::move(dirs);
   }
   if (!o.cache_dir.empty()) ro.tune.cache_dir = o.cache_dir;
+  if (o.misses_summary) {
+    // Offline: the misses of the config dirs given, not of whatever the
+    // user's cache holds; the cache only when named (--cache), never written.
+    ro.tune.persist = false;
+    ro.tune.load_cache = !o.cache_dir.empty();
+    if (!o.cache_dir.empty()) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(o.cache_dir, ec)) {
+        std::fprintf(stderr, "%s: --cache '%s' is not a directory\n", cmd, o.cache_dir.c_str());
+        return kExitUsage;
+      }
+    }
+  }
   if (o.budget_ms > 0) ro.tune.time_budget_ms = o.budget_ms;
   if (o.duty_cycle > 0) ro.tune.duty_cycle = o.duty_cycle;
   if (o.no_cold_cache) ro.tune.cold_cache = false;
@@ -901,6 +919,36 @@ bool export_misses(const dsp::Runtime& rt, const ReplayOptions& o, const char* c
   return true;
 }
 
+// The misses file is written after the whole workload ran: a path that
+// cannot be written is a usage error now, naming the flag, not a failure
+// after minutes of replay. Checked by opening it for writing (created and
+// removed again when absent; an existing file is not truncated). A usage
+// error's exit code, or -1.
+int check_export_path(const ReplayOptions& o, const char* cmd) {
+  if (o.export_misses.empty()) return -1;
+  const char* flag = o.misses_summary ? "--export" : "--export-misses";
+  const std::string& path = o.export_misses;
+  const auto bad = [&](const std::string& why) {
+    std::fprintf(stderr, "%s: %s '%s': %s\n", cmd, flag, path.c_str(), why.c_str());
+    return kExitUsage;
+  };
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return bad("is a directory, not a file");
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (e == ENOENT && !parent.empty() && !std::filesystem::exists(parent, ec))
+      return bad("cannot be written: its directory '" + parent.string() + "' does not exist");
+    return bad(std::string("cannot be written: ") + std::strerror(e));
+  }
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
+  return -1;
+}
+
 }  // namespace
 
 int run_replay(const ReplayOptions& o) {
@@ -909,12 +957,22 @@ int run_replay(const ReplayOptions& o) {
   if (int e = read_workload(o, cmd, &w); e >= 0) return e;
   dsp::RuntimeOptions ro;
   if (int e = runtime_options(o, cmd, &ro); e >= 0) return e;
+  if (int e = check_export_path(o, cmd); e >= 0) return e;
   auto rt_r = dsp::Runtime::create(ro);
   if (!rt_r.ok()) {
     std::fprintf(stderr, "%s: cannot create the runtime: %s\n", cmd, rt_r.status().to_string().c_str());
     return rt_r.status().code() == dsp::StatusCode::invalid_argument ? kExitUsage : kExitFailure;
   }
   dsp::Runtime& rt = **rt_r;
+  if (o.misses_summary && !o.cache_dir.empty() && rt.cache_dir().empty()) {
+    // --cache named a dir the cache-dir rules refuse: the note says why.
+    const dsp::LoadReport rep = rt.load_report();
+    std::string why = "refused";
+    for (const std::string& n : rep.notes)
+      if (n.rfind("tuning cache dir '", 0) == 0) why = n;
+    std::fprintf(stderr, "%s: --cache '%s': %s\n", cmd, o.cache_dir.c_str(), why.c_str());
+    return kExitFailure;
+  }
 
   // ---- set-up: the model's weights and activations
   (void)dsp::cpu_device_info();  // probe the host once before anything is timed (the first probe reads /proc)

@@ -45,6 +45,7 @@
 #include "dispatch/device.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
+#include "store/bounded_read.hpp"
 
 namespace kdispatch_cli {
 
@@ -148,21 +149,22 @@ std::string check_value(const ColumnRule& rule, std::string_view v, int64_t* m) 
 }  // namespace
 
 std::optional<ShapeCsv> read_shape_csv(const std::string& path, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = path + ": cannot open the shape file";
-    return std::nullopt;
-  }
+  // Through the one bounded reader (store/bounded_read.hpp): a regular file
+  // of at most 256 MiB; /dev/zero, a FIFO (never waited on), a directory
+  // are refused with what they are, at once.
+  std::string text;
+  if (dsp::store::read_bounded(path, &text, {}, error) != dsp::store::ReadError::ok) return std::nullopt;
+  size_t pos = 0;
   ShapeCsv csv;
   std::vector<std::string> names;  // lower-cased
   std::vector<ColumnRule> rules;
-  std::string line;
+  std::string_view line;
   int line_no = 0;
   const auto fail = [&](const std::string& what) {
     *error = path + ":" + std::to_string(line_no) + ": " + what;
     return std::nullopt;
   };
-  while (std::getline(in, line)) {
+  while (next_line(text, &pos, &line)) {
     ++line_no;
     const std::string_view l = trim(line);
     if (l.empty() || l.front() == '#') continue;
@@ -194,10 +196,6 @@ std::optional<ShapeCsv> read_shape_csv(const std::string& path, std::string* err
     }
     if (r.m < 1) return fail("no M value");
     csv.rows.push_back(std::move(r));
-  }
-  if (in.bad()) {
-    *error = path + ": read error";
-    return std::nullopt;
   }
   if (names.empty()) {
     *error = path + ": empty file (no header)";
@@ -353,18 +351,23 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
     std::vector<int32_t> ordinals;
     if (std::string e = parse_devices(o.devices, &ordinals); !e.empty()) return bad(e);
   }
-  if (o.workers_per_device != -1 && o.devices.empty()) return bad("--workers-per-device needs --devices");
   // Read by the writer at the first persisted row: a bad value would fail
   // every row after its search.
   if (const char* lk = std::getenv("KDISPATCH_CACHE_LOCKING"))
     if (std::string_view v(lk); v != "auto" && v != "flock" && v != "fragments")
       return bad("KDISPATCH_CACHE_LOCKING='" + std::string(v) + "' is not valid (expected auto, flock or fragments)");
-  if (o.unit_timeout_s != -1 && o.devices.empty()) return bad("--unit-timeout-s needs --devices");
-  // Under a second kills units as they are handed out (a value in ms?).
-  if (o.unit_timeout_s != -1 && !(o.unit_timeout_s >= 1 && std::isfinite(o.unit_timeout_s)))
-    return bad("--unit-timeout-s must be >= 1 second, got " + fmt("%g", o.unit_timeout_s));
-  if (o.workers_per_device != -1 && (o.workers_per_device < 1 || o.workers_per_device > 64))
-    return bad("--workers-per-device must be in [1, 64], got " + std::to_string(o.workers_per_device));
+  // Ranges checked whether or not --devices is given, so a bad value is
+  // named for what it is. Under a second kills units as they are handed out
+  // (a value in ms?); over a week is no timeout (1e30 s overflows the
+  // deadline's clock).
+  if (o.unit_timeout_s && !(*o.unit_timeout_s >= 1 && *o.unit_timeout_s <= kMaxUnitTimeoutS))
+    return bad("--unit-timeout-s must be in [1, " + fmt("%.0f", kMaxUnitTimeoutS) + "] seconds (1 s to a week), got " +
+               fmt("%g", *o.unit_timeout_s));
+  if (o.workers_per_device && (*o.workers_per_device < 1 || *o.workers_per_device > kMaxWorkersPerDevice))
+    return bad("--workers-per-device must be in [1, " + std::to_string(kMaxWorkersPerDevice) + "], got " +
+               std::to_string(*o.workers_per_device));
+  if (o.workers_per_device && o.devices.empty()) return bad("--workers-per-device needs --devices");
+  if (o.unit_timeout_s && o.devices.empty()) return bad("--unit-timeout-s needs --devices");
   return -1;
 }
 
@@ -500,6 +503,29 @@ Outcome add_row(const ShapeRow& r, const std::string& file, const TuneCmdOptions
   return bad;
 }
 
+// A row that names no op (no op column) and has a value for none of any
+// op's dims: not another op's row to leave out, but a row of --op that
+// lacks its dims — failed, naming the row and each missing column.
+Outcome no_op_row(const ShapeRow& r, const std::string& file, const std::vector<std::string>& columns,
+                  const dsp::OpInfo& op, const std::vector<std::string_view>& dims) {
+  Outcome bad;
+  bad.kind = Outcome::Kind::failed;
+  bad.m = r.m;
+  bad.label = file + ":" + std::to_string(r.line);
+  std::string missing;
+  for (std::string_view d : dims) {
+    bool has_column = false;
+    for (const std::string& c : columns) has_column = has_column || lower(c) == lower(d);
+    missing += std::string(missing.empty() ? "" : "; ") +
+               (has_column ? "no value in its '" + std::string(d) + "' column" : "the file has no '" + std::string(d) + "' column");
+  }
+  std::string cols;
+  for (const std::string& c : columns) cols += (cols.empty() ? "" : ",") + c;
+  bad.message = "a " + std::string(op.name) + " row needs " + join_names(dims, "and") +
+                " >= 1 and the row names no other op: " + missing + " (columns: " + cols + ")";
+  return bad;
+}
+
 // Reads the shape lists and keeps --op's rows, without duplicates. A usage
 // error's exit code, or -1.
 int read_shapes(const TuneCmdOptions& o, const char* cmd, const dsp::OpInfo& op, Shapes* out) {
@@ -513,7 +539,10 @@ int read_shapes(const TuneCmdOptions& o, const char* cmd, const dsp::OpInfo& op,
       return kExitUsage;
     }
     for (const ShapeRow& r : csv->rows) {
-      if (std::string name = row_op(r, op); name != op.name) {
+      if (std::string name = row_op(r, op); name == "?") {
+        out->unsupported.push_back(no_op_row(r, file, csv->columns, op, dims));
+        continue;
+      } else if (name != op.name) {
         out->other_rows[name]++;
         continue;
       }
@@ -571,6 +600,14 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   if (!rt.ok()) {
     std::fprintf(stderr, "%s: cannot create the runtime over '%s': %s\n", cmd, o.emit.c_str(),
                  rt.status().to_string().c_str());
+    *exit_code = kExitFailure;
+    return nullptr;
+  }
+  if ((*rt)->cache_dir().empty()) {  // refused by the cache-dir rules (docs/tuning.md "Safety rules"): nothing persists
+    std::string why = "refused";
+    for (const std::string& n : (*rt)->load_report().notes)
+      if (n.rfind("tuning cache dir '", 0) == 0) why = n;
+    std::fprintf(stderr, "%s: --emit '%s': %s\n", cmd, o.emit.c_str(), why.c_str());
     *exit_code = kExitFailure;
     return nullptr;
   }
@@ -765,8 +802,10 @@ Summary summarize(const TuneCmdOptions& o, const Shapes& sh, const std::vector<O
       case Outcome::Kind::failed: ++s.failed; break;
     }
   }
-  s.unsupported = static_cast<int64_t>(sh.unsupported.size());
-  s.shapes = static_cast<int64_t>(sh.jobs.size()) + s.unsupported;
+  // Rows not tuned: unsupported here, or failed (a row of --op without its
+  // dims: no_op_row).
+  for (const Outcome& r : sh.unsupported) (r.kind == Outcome::Kind::failed ? s.failed : s.unsupported)++;
+  s.shapes = static_cast<int64_t>(sh.jobs.size() + sh.unsupported.size());
   s.geomean = s.with_speedup ? std::exp(log_sum / static_cast<double>(s.with_speedup)) : 0.0;
   s.seconds = seconds;
   std::error_code ec;
@@ -826,7 +865,8 @@ void print_json(const TuneCmdOptions& o, const std::string& device, const Summar
 
 void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Outcome>& unsupported) {
   for (const Outcome& r : unsupported)
-    std::fprintf(stderr, "  skipped %s M=%lld: %s\n", r.label.c_str(), (long long)r.m, r.message.c_str());
+    std::fprintf(stderr, "  %s %s M=%lld: %s\n", r.kind == Outcome::Kind::failed ? "failed" : "skipped",
+                 r.label.c_str(), (long long)r.m, r.message.c_str());
   std::printf("%lld %s shapes: %lld tuned, %lld skipped (%lld already in %s, %lld too large here, %lld not "
               "tunable here), %lld failed; %.1f s\n",
               (long long)s.shapes, o.op.c_str(), (long long)s.tuned, (long long)(s.done + s.too_large + s.unsupported),
@@ -1195,7 +1235,7 @@ bool spawn_worker(WorkerSlot& w, const std::vector<std::string>& args, const cha
 // --unit-timeout-s, or its default: 300 s + 30 x the search budget (the
 // library's 2000 ms when --budget-ms is not given).
 double unit_timeout_s(const TuneCmdOptions& o) {
-  if (o.unit_timeout_s > 0) return o.unit_timeout_s;
+  if (o.unit_timeout_s) return *o.unit_timeout_s;
   return 300.0 + 30.0 * (o.budget_ms > 0 ? o.budget_ms : 2000.0) / 1000.0;
 }
 
@@ -1572,7 +1612,7 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
   exe[n] = '\0';
   auto type = dsp::parse_device_type(o.backend);
   Target target{rt, o, dsp::Device{*type, ordinals[0]}, device_name};
-  const int32_t per_device = o.workers_per_device > 0 ? o.workers_per_device : 1;
+  const int32_t per_device = o.workers_per_device.value_or(1);
 
   const auto t0 = Clock::now();
   Progress progress(shapes.jobs.size());

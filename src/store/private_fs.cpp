@@ -37,21 +37,108 @@ std::string mode_text(mode_t m) {
   return buf;
 }
 
-// A parent of a private dir is safe when nobody but this uid or root can
-// rename entries in it: owned by us or root, and not writable by others
-// unless sticky (/tmp: others may create, never rename or remove ours).
-std::string parent_problem(const std::string& dir) {
-  const std::string parent = fs::path(dir).parent_path().string();
-  if (parent.empty()) return "";
+// The ancestor rule (OpenSSH's safe_path): an ancestor `a` of the cache dir
+// is safe when nobody but this uid or root can rename or replace entries in
+// it: owned by root or this uid, and not group/world-writable, except a
+// sticky dir (/tmp: others may create entries, never rename or remove ours)
+// whose next component on the path, `next`, is this uid's. `next` absent
+// (this process creates it, 0700) passes, and so does the cache dir itself
+// when it is a directory, not a link (its own rule judges it, and admits a
+// dir shared with a group of ours); a link there of another uid's is
+// refused (its owner may point it anywhere). An absent `a` passes (this
+// process creates it, 0700). `shown`: how the message names `a`.
+std::string ancestor_problem(const std::string& a, const std::string& next, bool next_is_dir,
+                             const std::string& shown) {
   struct stat st {};
-  if (::stat(parent.c_str(), &st) != 0) return "";  // reported when the dir itself is checked
-  if (st.st_uid != ::geteuid() && st.st_uid != 0)
-    return "its parent '" + parent + "' is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
-           std::to_string(::geteuid()) + ") or root";
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
-    return "its parent '" + parent + "' is group/world-writable (mode " + mode_text(st.st_mode) +
-           ") without the sticky bit";
+  if (::stat(a.c_str(), &st) != 0) return "";  // absent: made by this process, 0700
+  const uid_t me = ::geteuid();
+  if (!S_ISDIR(st.st_mode)) return shown + " is not a directory";
+  if (st.st_uid != me && st.st_uid != 0)
+    return shown + " is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
+           std::to_string(me) + ") or root";
+  if (!(st.st_mode & (S_IWGRP | S_IWOTH))) return "";
+  if (!(st.st_mode & S_ISVTX))
+    return shown + " is group/world-writable (mode " + mode_text(st.st_mode) + ") without the sticky bit";
+  struct stat ns {};
+  if (::lstat(next.c_str(), &ns) == 0 && ns.st_uid != me && (!next_is_dir || S_ISLNK(ns.st_mode)))
+    return shown + " is group/world-writable and sticky (mode " + mode_text(st.st_mode) + ") and its entry '" + next +
+           "' on the path is owned by uid " + std::to_string(ns.st_uid) + ", not by this process (uid " +
+           std::to_string(me) + ")";
   return "";
+}
+
+// Every ancestor of `dir` (its strict prefixes, from "/"), by the rule
+// above; "" when all pass. Checked twice: along the path as written (a
+// component that is a symbolic link is checked at its target, and the dir
+// holding the link must pass: nobody else can replace the link), and along
+// the path the deepest existing prefix resolves to (realpath), so a link
+// cannot lead through a dir someone else may change.
+std::string ancestors_problem(const std::string& dir) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return "";
+  if (!abs.has_filename() && abs.has_parent_path()) abs = abs.parent_path();  // "d/" is "d"
+  // One chain: every strict prefix of `p`, each with its next component.
+  const auto check = [](const fs::path& p, const std::string& via) -> std::string {
+    std::vector<fs::path> prefixes;
+    fs::path cur;
+    for (const fs::path& part : p) {
+      cur /= part;
+      prefixes.push_back(cur);
+    }
+    const fs::path parent = p.parent_path();
+    for (size_t i = 0; i + 1 < prefixes.size(); ++i) {
+      const bool is_parent = prefixes[i] == parent;
+      const std::string shown = std::string(is_parent ? "its parent '" : "its ancestor '") + prefixes[i].string() +
+                                "'" + via;
+      if (std::string why = ancestor_problem(prefixes[i].string(), prefixes[i + 1].string(), i + 2 == prefixes.size(),
+                                             shown);
+          !why.empty())
+        return why;
+    }
+    return std::string();
+  };
+  if (std::string why = check(abs, ""); !why.empty()) return why;
+  // The deepest prefix that exists, resolved.
+  fs::path existing = abs;
+  while (!existing.empty() && !fs::exists(existing, ec) && existing != existing.parent_path())
+    existing = existing.parent_path();
+  const fs::path real = fs::canonical(existing, ec);
+  if (ec || real == existing) return "";
+  fs::path resolved = existing == abs ? real : (real / abs.lexically_relative(existing)).lexically_normal();
+  if (!resolved.has_filename() && resolved.has_parent_path()) resolved = resolved.parent_path();
+  return check(resolved,
+               " (the path '" + abs.string() + "' leads there through a symbolic link: '" + existing.string() +
+                   "' is '" + real.string() + "')");
+}
+
+// `dir` is absent: can this process create it? "" when it can (checked by
+// creating its first missing component and removing it again), else why
+// not. A dir that cannot be made (KDISPATCH_CACHE_DIR=/proc/x, HOME=
+// /nonexistent for a daemon's uid) is refused at start, not at every write.
+std::string creation_problem(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return "";
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  fs::path first_missing = p;
+  for (fs::path q = p.parent_path();; q = q.parent_path()) {
+    struct stat st {};
+    if (::stat(q.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return "it does not exist and cannot be created: '" + q.string() + "' is not a directory";
+      break;
+    }
+    if (errno != ENOENT)
+      return "it does not exist and cannot be created: '" + q.string() + "': " + std::strerror(errno);
+    first_missing = q;
+    if (q == q.parent_path()) return "";
+  }
+  if (::mkdir(first_missing.c_str(), 0700) == 0) {
+    ::rmdir(first_missing.c_str());
+    return "";
+  }
+  if (errno == EEXIST) return "";
+  return "it does not exist and cannot be created: mkdir '" + first_missing.string() + "': " + std::strerror(errno);
 }
 
 // The fallback: created 0700 if absent, then checked strictly.
@@ -59,7 +146,10 @@ CacheDirChoice fallback(std::string dir, const char* origin) {
   CacheDirChoice c;
   c.dir = std::move(dir);
   c.origin = origin;
-  if (std::string p = parent_problem(c.dir); !p.empty()) {
+  struct stat lst {};
+  if (::lstat(c.dir.c_str(), &lst) == 0 && !(c.refused = private_dir_problem(c.dir)).empty()) {
+    // there already and not ours, or a link: its own rule names why
+  } else if (std::string p = ancestors_problem(c.dir); !p.empty()) {
     c.refused = p;
   } else if (::mkdir(c.dir.c_str(), 0700) != 0 && errno != EEXIST) {
     c.refused = std::string("cannot create it: ") + std::strerror(errno);
@@ -87,13 +177,16 @@ bool in_group(gid_t g) {
 // directory, world-writable (anyone could plant rows in it), or another
 // user's (not root's) without being a dir shared with a group of ours
 // (group-writable, our group) — e.g. a name in /tmp taken first by someone
-// else. Absent, it is created 0700 on the first write.
+// else. Then, existing or not, refused when an ancestor fails the ancestor
+// rule (ancestors_problem). Absent, it is created 0700 on the first write,
+// and refused now when it cannot be (creation_problem).
 CacheDirChoice chosen(std::string dir, const char* origin) {
   CacheDirChoice c;
   c.dir = std::move(dir);
   c.origin = origin;
   struct stat st {};
-  if (::stat(c.dir.c_str(), &st) == 0) {
+  const bool exists = ::stat(c.dir.c_str(), &st) == 0;
+  if (exists) {
     if (!S_ISDIR(st.st_mode))
       c.refused = "it is not a directory";
     else if (st.st_mode & S_IWOTH)
@@ -102,6 +195,8 @@ CacheDirChoice chosen(std::string dir, const char* origin) {
       c.refused = "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
                   std::to_string(::geteuid()) + ") or root, and is not group-writable by a group of this process";
   }
+  if (c.refused.empty()) c.refused = ancestors_problem(c.dir);
+  if (c.refused.empty() && !exists) c.refused = creation_problem(c.dir);
   if (!c.refused.empty())
     c.refused = "tuning cache dir '" + c.dir + "' (from " + origin + ") refused: " + c.refused +
                 "; tuning results are neither read from it nor written to it";

@@ -9,7 +9,14 @@
 //    ($XDG_RUNTIME_DIR/kdispatch, else ${TMPDIR:-/tmp}/kdispatch-<uid>)
 //    created 0700 and refused when it is a link, not this uid's, or group/
 //    world-writable. A dir of the user's choice is refused when it is
-//    world-writable. A refused dir turns tuning persistence and the cache off.
+//    world-writable or another user's (unless shared with a group of ours),
+//    or when it is absent and cannot be created. Either is refused when an
+//    ancestor fails the ancestor rule (OpenSSH's safe_path): every ancestor,
+//    along the path as written and along the path it resolves to, owned by
+//    root or this uid and not group/world-writable, except a sticky dir
+//    (/tmp) whose next component on the path is this uid's (or absent, or
+//    the cache dir itself). A refused dir turns tuning persistence and the
+//    cache off.
 //  - Every dir kdispatch creates is created 0700.
 //  - Lock files: `.<file>.lock` beside the file, opened without following a
 //    link, flock'ed, then checked to still be the file at that name (same
@@ -43,7 +50,12 @@ struct CacheDirChoice {
 /// Resolves the cache dir: `explicit_dir` (RuntimeOptions::tune.cache_dir)
 /// if not empty, else $KDISPATCH_CACHE_DIR, $XDG_CACHE_HOME/kdispatch,
 /// $HOME/.cache/kdispatch; else the per-user fallback, which is created
-/// (0700) now and checked strictly. Never throws.
+/// (0700) now and checked strictly. Refused (`refused` names the dir, the
+/// variable that chose it and why) by the rules above; the message names
+/// the ancestor that fails the ancestor rule. An absent dir of the user's
+/// choice is checked by creating its first missing component and removing
+/// it again (KDISPATCH_CACHE_DIR=/proc/x is refused here, not at every
+/// write). Never throws.
 CacheDirChoice resolve_cache_dir(const std::string& explicit_dir) noexcept;
 
 /// Why `dir` must not be used as a private dir of this uid ("" = fine):
