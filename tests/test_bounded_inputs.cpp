@@ -112,6 +112,14 @@ TEST_CASE("bounded read: a FIFO with no writer, /dev/zero, a directory and a spa
   CHECK(why == "'/dev/zero' is a character device: only a regular file is read");
   CHECK(store::read_bounded(dir.str(), &out, {}, &why) == store::ReadError::not_regular);
   CHECK(why == "'" + dir.str() + "' is a directory: only a regular file is read");
+  // A generated file: fstat says 0 bytes, a read gives content (tune --shapes
+  // /proc/cpuinfo said "empty file (no header)").
+  CHECK(store::read_bounded("/proc/self/status", &out, {}, &why) == store::ReadError::not_regular);
+  CHECK(why == "'/proc/self/status' reports a size of 0 bytes but has content (a generated file, as in /proc or /sys): "
+               "not read");
+  kdtest::write_text(dir / "empty.json", "");
+  CHECK(store::read_bounded((dir / "empty.json").string(), &out, {}, &why) == store::ReadError::ok);
+  CHECK(out.empty());
   CHECK(store::read_bounded(big.string(), &out, {}, &why) == store::ReadError::too_large);
   CHECK(why == "'" + big.string() + "' is 314572800 bytes, over the limit for one input file "
                                     "(docs/config-files.md#limits) of " + kLimit + " bytes: not read");

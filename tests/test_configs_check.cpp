@@ -166,7 +166,7 @@ TEST_CASE("configs: a CUDA norm table names compiled variants and points of thei
  "32768": {"variant": "rmsnorm_bf16__generic", "threads": 512}})");
   kdtest::write_text(tmp / "cuda/fused_add_rmsnorm/hidden=5120,device_name=NVIDIA_H200,dtype=fp16.json",
                      R"({"1": {"variant": "fused_add_rmsnorm_fp16__block_vec8", "unroll": 1},
- "4096": {"variant": "fused_add_rmsnorm_fp16__block_vec8"}})");
+ "4096": {"variant": "fused_add_rmsnorm_fp16__block_vec8", "unroll": 2}})");
   {
     auto rt = kdtest::make_runtime(std::vector<std::string>{tmp.str()});
     const dispatch::LoadReport rep = rt->load_report();

@@ -265,6 +265,16 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_close(kdispatch_runtime* rt, 
  *  to new calls). */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt);
 
+/** For a language binding at interpreter exit (Python's atexit): from this
+ *  call on, a call through any runtime handle that ends on another thread
+ *  blocks that thread forever instead of returning, and the process exits
+ *  around it; calls on the calling thread go on as before. Why: a daemon
+ *  thread returning into an interpreter that is finalizing is ended by a
+ *  forced unwind (pthread_exit), which a C++ noexcept frame of the caller's
+ *  (torch's GIL guards) turns into std::terminate (SIGABRT at exit). Not
+ *  undone. Thread-safe; costs other calls one shared read. */
+KDISPATCH_C_API void kdispatch_park_calls_at_exit(void);
+
 /** Re-reads every config dir and atomically publishes a new table; on a
  *  failure the old table keeps serving. Readers are never blocked.
  *  Errors: INVALID_ARGUMENT (rt == NULL), FAILED_PRECONDITION (the runtime

@@ -567,6 +567,8 @@ kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt) {
   });
 }
 
+void kdispatch_park_calls_at_exit(void) { dispatch::capi::park_calls_at_exit(); }
+
 kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt) {
   return guarded("kdispatch_runtime_reload", [&]() -> kdispatch_status {
     return on_runtime("kdispatch_runtime_reload", rt, [&](dispatch::Runtime& r) { return finish(r.reload()); });

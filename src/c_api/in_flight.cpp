@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "c_api/in_flight.hpp"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,11 +38,41 @@ struct SlotOwner {
   }
 };
 
+// The fork child: only the forking thread exists; every other slot's call
+// is gone with its thread, and its slot is free again.
+void clear_other_slots_in_child() {
+  Slots& all = slots();
+  for (size_t i = 0; i < kCallSlots; ++i) {
+    CallSlot& s = all.slot[i];
+    if (&s == t_call_slot) continue;
+    s.in.store(nullptr, std::memory_order_relaxed);
+    s.taken.store(false, std::memory_order_relaxed);
+  }
+}
+
+std::atomic<pthread_t> g_exiting_thread{};
+std::atomic<bool> g_exiting_set{false};
+
 }  // namespace
+
+void park_calls_at_exit() noexcept {
+  g_exiting_thread.store(pthread_self(), std::memory_order_relaxed);
+  g_exiting_set.store(true, std::memory_order_release);
+  g_park_at_exit.store(true, std::memory_order_release);
+}
+
+void park_unless_exiting() noexcept {
+  if (!g_exiting_set.load(std::memory_order_acquire) ||
+      pthread_equal(pthread_self(), g_exiting_thread.load(std::memory_order_relaxed)))
+    return;
+  for (;;) ::pause();
+}
 
 CallSlot* acquire_call_slot() noexcept {
   static thread_local SlotOwner owner;
   (void)&owner;
+  static const bool atfork = [] { return ::pthread_atfork(nullptr, nullptr, &clear_other_slots_in_child) == 0; }();
+  (void)atfork;
   Slots& all = slots();
   for (size_t i = 0; i < kCallSlots; ++i) {
     CallSlot& s = all.slot[i];

@@ -16,6 +16,13 @@
 //
 // A call inside another on the same thread (none today) keeps the outer
 // record: the inner one restores it when it leaves.
+//
+// fork(): the child has one thread, but its copy of the slots still holds
+// the parent's other threads' calls in flight, which would never end (a
+// close in the child would wait out its timeout and never free the
+// runtime). A pthread_atfork child handler, installed with the first slot,
+// clears every slot but the forking thread's and the overflow counts are
+// not touched (past kCallSlots threads only).
 #pragma once
 
 #include <atomic>
@@ -41,6 +48,20 @@ inline constexpr size_t kCallSlots = 4096;
 /// This thread's slot; null until its first call (or when every slot was
 /// taken). Plain TLS, constant-initialised (so no TLS wrapper call): one load.
 inline thread_local constinit CallSlot* t_call_slot = nullptr;
+
+/// Set by kdispatch_park_calls_at_exit(): from then on a call that ends on
+/// any thread but the one that set it blocks forever instead of returning
+/// (a language binding's interpreter exit: a daemon thread that returned
+/// would take the interpreter lock back during finalization and be ended by
+/// a forced unwind, which a C++ noexcept frame of the caller's turns into
+/// std::terminate). Read once per call: a shared read, never written on a
+/// call.
+inline constinit std::atomic<bool> g_park_at_exit{false};
+
+/// Records the calling thread as the exiting one and sets g_park_at_exit.
+void park_calls_at_exit() noexcept;
+/// Blocks forever unless this thread is the exiting one. Cold.
+[[gnu::cold]] void park_unless_exiting() noexcept;
 
 /// Takes a slot for this thread (into t_call_slot) and arranges its release
 /// at thread exit; null when all kCallSlots are taken. Cold.
@@ -68,6 +89,9 @@ class InFlight {
       slot_->in.store(prev_, std::memory_order_release);
     else
       gate_->overflow_calls.fetch_sub(1, std::memory_order_release);
+    // After the record is cleared: a parked thread never holds up a close.
+    if (g_park_at_exit.load(std::memory_order_relaxed)) [[unlikely]]
+      park_unless_exiting();
   }
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;

@@ -70,6 +70,16 @@ ReadError open_bounded_at(int dir_fd, const std::string& path, const BoundedRead
     ::close(f);
     return ReadError::too_large;
   }
+  if (st.st_size == 0) {
+    // A regular file of size 0 with content is a generated one (/proc,
+    // /sys): its size is unknown until read, so it is not read here.
+    char c;
+    if (::pread(f, &c, 1, 0) == 1) {
+      *why = "'" + shown + "' reports a size of 0 bytes but has content (a generated file, as in /proc or /sys): not read";
+      ::close(f);
+      return ReadError::not_regular;
+    }
+  }
   *fd = f;
   *size = static_cast<size_t>(st.st_size);
   return ReadError::ok;

@@ -3,6 +3,7 @@
 when it is built for this interpreter, else ctypes (kdispatch._capi).
 $KDISPATCH_PYTHON_BACKEND = native | ctypes | auto (default) forces one."""
 
+import atexit
 import os
 
 from . import _capi
@@ -29,6 +30,25 @@ else:
     impl = _capi
     name = "ctypes"
     _capi.init()
+
+
+
+def _park_calls_at_exit():
+    """At interpreter exit (atexit runs before finalization): a kdispatch call
+    that ends on another thread from now on blocks there instead of returning
+    (kdispatch_park_calls_at_exit): a daemon thread that took the GIL back
+    during finalization would be ended by a forced unwind, which a noexcept
+    C++ frame of its caller's (torch's dispatcher around a custom op) turns
+    into std::terminate. The short sleep lets threads already waiting for the
+    GIL through, into their next call."""
+    import threading
+    import time
+    _capi.lib.kdispatch_park_calls_at_exit()
+    if threading.active_count() > 1:
+        time.sleep(0.02)
+
+
+atexit.register(_park_calls_at_exit)
 
 if impl.abi_version() != _capi.ABI_VERSION:
     raise ImportError(f"kdispatch: the library implements C ABI {impl.abi_version()}, "

@@ -132,6 +132,7 @@ _PROTOTYPES = {
     "kdispatch_default_runtime": (_STATUS, [POINTER(c_void_p)]),
     "kdispatch_runtime_destroy": (_STATUS, [_RT]),
     "kdispatch_runtime_close": (_STATUS, [_RT, c_double]),
+    "kdispatch_park_calls_at_exit": (None, []),
     "kdispatch_runtime_reload": (_STATUS, [_RT]),
     "kdispatch_runtime_freeze": (_STATUS, [_RT, c_int32]),
     "kdispatch_runtime_frozen": (_STATUS, [_RT, POINTER(c_int32)]),

@@ -171,7 +171,10 @@ class Runtime:
 
     @property
     def generation(self):
-        """Bumped by every reload() through this object (caches key on it)."""
+        """Bumped by every reload() through this object (caches key on it).
+        Raises kdispatch.Error (failed_precondition) once the runtime was
+        closed, as every other method does."""
+        self._h.frozen()  # refused by the library once closed
         return self._generation
 
     # ---- ops: one method per op of the library's op list (see _install_ops)
