@@ -1006,6 +1006,26 @@ static void test_tuning(void) {
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_pretune_gemm(rt, dl(&ga), dl(&gb), dl(&gbad), NULL, &json));
   tensor gint = make(NULL, kDLInt, 8, 2, 8, 64);
   EXPECT(KDISPATCH_UNSUPPORTED_PROBLEM, kdispatch_pretune_gemm(rt, dl(&gint), dl(&gb), dl(&gd), NULL, &json));
+  /* fp32 inputs, an fp8_e5m2 output (DLPack code 12): refused as kdispatch_gemm refuses it, before any
+   * scratch or row (it used to write fp32 into a 1-byte-per-element scratch and persist a __ref row) */
+  {
+    float a32[8 * 64], b32[32 * 64];
+    uint8_t d8[8 * 32];
+    memset(a32, 0, sizeof a32);
+    memset(b32, 0, sizeof b32);
+    tensor ge5 = make(NULL, (DLDataTypeCode)12, 8, 2, 8, 32);
+    tensor ca = f32_2d(a32, 8, 64), cb = f32_2d(b32, 32, 64), cd = make(d8, (DLDataTypeCode)12, 8, 2, 8, 32);
+    char want[256];
+    EXPECT(KDISPATCH_UNSUPPORTED_PROBLEM, kdispatch_gemm(rt, dl(&ca), dl(&cb), dl(&cd), NULL, NULL, 0, NULL));
+    snprintf(want, sizeof want, "%s", kdispatch_last_error_message());
+    CHECK(strcmp(want, "no cpu variant computes gemm with fp32 inputs and fp8_e5m2 output") == 0);
+    json = (char*)"sentinel";
+    EXPECT(KDISPATCH_UNSUPPORTED_PROBLEM, kdispatch_pretune_gemm(rt, dl(&ga), dl(&gb), dl(&ge5), NULL, &json));
+    CHECK(strcmp(kdispatch_last_error_message(), want) == 0);
+    CHECK(json == NULL);
+    EXPECT(KDISPATCH_UNSUPPORTED_PROBLEM, kdispatch_pretune_gemm(rt, dl(&ca), dl(&cb), dl(&cd), NULL, &json));
+    CHECK(strcmp(kdispatch_last_error_message(), want) == 0);
+  }
 
   /* frozen: no tuning */
   EXPECT(KDISPATCH_OK, kdispatch_runtime_freeze(rt, 1));

@@ -450,8 +450,8 @@ struct PretuneResult {
 /// may be null), then persists and publishes the winner: the next call with
 /// the same arguments is a table hit. Works in every tuning mode (not when
 /// frozen). Thread-safe; blocks for the search (up to the time budget).
-/// Errors: as the op for bad arguments, failed_precondition when frozen,
-/// out_of_memory over the scratch budget, no_variant when nothing runs.
+/// Errors: the op call's, word for word, for what it refuses (arguments, device, dtypes; before any scratch or row),
+/// failed_precondition when frozen, out_of_memory over the scratch budget, no_variant when nothing runs.
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const RmsNormArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedAddRmsNormArgs& args) noexcept;

@@ -306,11 +306,7 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
     *c = Choice{};  // deterministic serving never runs a scheduling-dependent variant
   if (!c->plan.valid()) {
     c->plan = default_plan(impl, p, *dev);
-    if (!c->plan.valid())
-      return make_status(StatusCode::unsupported_problem,
-                         std::string("no ") + std::string(device_type_name(p.device.type)) + " variant computes " +
-                             std::string(core::op_name(p.op)) + " with " + std::string(dtype_name(p.in_dtype)) +
-                             " inputs and " + std::string(dtype_name(p.out_dtype)) + " output");
+    if (!c->plan.valid()) return core::no_variant_computes(p);
   }
   return Status();
 }
@@ -426,12 +422,24 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   return launch(impl, call, c);
 }
 
+// What the op call refuses after validation, before any table or plan:
+// no backend for the tensors' device, or no variant for the problem's dtype
+// combination (choose_full's answers, word for word). Pretune asks it
+// before any scratch is made or row persisted, so that it never tunes
+// (launches the reference on) a problem the op would refuse.
+Status refuse_as_the_op(Runtime::Impl& impl, const core::Problem& p, const DeviceInfo** dev) noexcept {
+  *dev = impl.device_for(p.device);
+  if (*dev == nullptr) return make_status(StatusCode::unsupported_device, core::no_backend_message(p.device));
+  if (!default_plan(impl, p, **dev).valid()) return core::no_variant_computes(p);
+  return Status();
+}
+
 Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const core::LaunchArgs& la) noexcept {
   try {
     Runtime::Impl& impl = rt.impl();
+    const DeviceInfo* dev = nullptr;
+    if (Status s = refuse_as_the_op(impl, p, &dev); !s.ok()) return s;
     if (impl.forked_child()) return impl.refuse_in_child("pretune");
-    const DeviceInfo* dev = impl.device_for(p.device);
-    if (!dev) return make_status(StatusCode::unsupported_device, "no usable backend for the tensors' device");
     if (impl.frozen.load(std::memory_order_acquire))
       return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
     tune::MissEvent ev;

@@ -170,6 +170,24 @@ Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept {
   return Plan{};
 }
 
+Status no_variant_computes(const Problem& p) {
+  return make_status(StatusCode::unsupported_problem,
+                     "no " + std::string(device_type_name(p.device.type)) + " variant computes " +
+                         std::string(op_name(p.op)) + " with " + std::string(dtype_name(p.in_dtype)) + " inputs and " +
+                         std::string(dtype_name(p.out_dtype)) + " output");
+}
+
+Status dtypes_computed(const Problem& p) noexcept {
+  if (p.device.type != DeviceType::cpu) return Status();
+  try {
+    Problem q = p;
+    q.m = q.m < 1 ? 1 : q.m;
+    return cpu::get_default(q, cpu_device_info()).valid() ? Status() : no_variant_computes(q);
+  } catch (...) {
+    return make_status(StatusCode::out_of_memory, "dtypes_computed");
+  }
+}
+
 std::vector<Plan> config_space(const VariantDef& v, const Problem& p, const DeviceInfo& dev) {
   std::vector<Plan> out;
   if (v.flags & kVariantDynamicSpace) {

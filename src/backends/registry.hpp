@@ -88,6 +88,19 @@ const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtyp
 /// variant for the problem's dtypes.
 Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept;
 
+/// An op's refusal of a problem no variant of its backend computes (its
+/// dtype combination): unsupported_problem, "no <backend> variant computes
+/// <op> with <in> inputs and <out> output". What an op call answers when
+/// get_default has no plan; pretune, the tuner and the loader answer the same.
+Status no_variant_computes(const Problem& p);
+
+/// Whether some variant of p's backend computes p's dtype combination, told
+/// without the device p is for (a config file of another machine): Status()
+/// or no_variant_computes(p). Asked of the CPU backend only, whose default
+/// rule reads no device state; Status() for a GPU backend (its default rule
+/// probes the device: only supports() on the file's own device tells).
+Status dtypes_computed(const Problem& p) noexcept;
+
 /// Every point of `v`'s config space that `v` accepts for `p`: the
 /// cartesian product of its params' values, filtered by supports().
 std::vector<Plan> config_space(const VariantDef& v, const Problem& p, const DeviceInfo& dev);

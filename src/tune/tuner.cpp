@@ -159,6 +159,24 @@ core::Plan reference_plan(const core::Problem& p) {
   return ref;
 }
 
+// Refuses a problem the search must not run: one no variant computes (its
+// dtype combination; get_default has no plan: the op's own refusal), or one
+// the reference declines. The search launches the reference (and, with no
+// default, would time it as the default) without asking supports(), on
+// buffers sized for the problem's dtypes: a reference computing other
+// dtypes would write past them.
+Status refuse_untunable(const core::Problem& p, const DeviceInfo& dev, const core::Plan& def, const core::Plan& ref) {
+  if (!def.valid()) return core::no_variant_computes(p);
+  if (ref.valid() && ref.variant->supports)
+    if (Status s = ref.variant->supports(p, ref.params, dev); !s.ok())
+      return make_status(StatusCode::unsupported_problem, "the reference " + std::string(ref.variant->name) +
+                                                              " declines this problem: " + s.message());
+  return Status();
+}
+Status refuse_untunable(const core::Problem& p, const DeviceInfo& dev) {
+  return refuse_untunable(p, dev, core::get_default(p, dev), reference_plan(p));
+}
+
 }  // namespace
 
 Tuner::Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks)
@@ -332,7 +350,7 @@ Result<ShapeOutcome> Tuner::tune_target(TuneTarget& target, const DeviceInfo& de
     const SearchOptions so = search_options(dev, background);
     core::Plan def = core::get_default(p, dev);
     core::Plan ref = reference_plan(p);
-    if (!def.valid()) def = ref;
+    if (Status s = refuse_untunable(p, dev, def, ref); !s.ok()) return s;
     int32_t space = 0, pruned = 0;
     std::vector<core::Plan> cands = candidates_for(p, dev, def, so, &space, &pruned);
     return search_and_publish(target, cands, ref, dev, key, so, space, pruned);
@@ -412,6 +430,7 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
                                             bool background) noexcept {
   if (frozen()) return make_status(StatusCode::failed_precondition, "runtime is frozen: no tuning");
   try {
+    if (Status s = refuse_untunable(ev.problem, dev); !s.ok()) return s;  // before any scratch
     Scratch scratch;
     if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, &scratch); !s.ok()) return s;
     TuneTarget target = make_target(ev.problem, scratch.la);
@@ -427,6 +446,7 @@ Result<std::vector<Tuner::PlanTiming>> Tuner::time_on_scratch(const MissEvent& e
                                                               const std::vector<core::Plan>& plans,
                                                               int rounds) noexcept {
   try {
+    if (Status s = refuse_untunable(ev.problem, dev); !s.ok()) return s;  // before any scratch
     Scratch scratch;
     if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, &scratch); !s.ok()) return s;
     TuneTarget target = make_target(ev.problem, scratch.la);
