@@ -14,14 +14,17 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/registry.hpp"
@@ -127,6 +130,22 @@ kdtest::CliResult merge(const std::vector<std::string>& args, const TempDir& dir
 }
 
 bool killed(const kdtest::CliResult& r) { return r.exit_code == -1 || r.exit_code == 128 + SIGKILL; }
+
+// Dates `p`'s mtime (and atime) `seconds` ago (utimes).
+void age_file(const fs::path& p, long seconds) {
+  const struct timeval when[2] = {{std::time(nullptr) - seconds, 0}, {std::time(nullptr) - seconds, 0}};
+  REQUIRE(::utimes(p.c_str(), when) == 0);
+}
+
+// A table text with hand-written keys: the metadata, then each (key, row).
+std::string keyed_table(const std::vector<std::pair<std::string, std::string>>& rows) {
+  std::string text = "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"gemm_fp32__ref\": 1, "
+                     "\"gemm_fp32__blocked\": 1}, \"fingerprint\": " + store::cpu_fingerprint().to_json() + "}";
+  for (const auto& [k, row] : rows) text += ",\n    \"" + k + "\": " + row;
+  return text + "\n}\n";
+}
+
+const std::string kRefRow = "{\"variant\": \"gemm_fp32__ref\"}";
 
 }  // namespace
 
@@ -468,6 +487,252 @@ TEST_CASE("merge: every row keeps its us and default_us, the maps in any key ord
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const std::string out = kdtest::read_text(dir / "out" / kRel);
   CHECK(out.find("\"us\": {\"1\": 1.25, \"16\": 3.5}, \"default_us\": {\"1\": 2.5, \"4\": 8}") != std::string::npos);
+}
+
+// Reliability attack 3, item 1: a compaction killed between its create
+// (O_EXCL) and its write left an empty lock, and every later compaction
+// refused ("another compaction holds ... (empty)") forever; so did a lock
+// "123" without a host. The lock's body is now written before its name
+// exists (link() of a temp file), and one without a pid and host is taken
+// over once kCompactLockStaleSeconds (10 s) old.
+TEST_CASE("merge --compact: an empty lock, or one without a host, older than 10 s is taken over, a young one refuses") {
+  EnvScope env({{"KDISPATCH_CACHE_LOCKING", nullptr}});
+  TempDir dir;
+  const fs::path cache = dir / "cache";
+  const fs::path lock = cache / ".kdispatch-compact.lock";
+  kdtest::write_text(cache / kRel, table_text(ref_rows({1})));
+  kdtest::write_text(cache / (kRel + ".d/a-1.json"), table_text(ref_rows({2})));
+  // A temp file of the lock left by a dead compaction of this host (killed
+  // between its create and its unlink): removed by the next one.
+  kdtest::write_text(cache / (".kdispatch-compact.lock.tmp." + host() + "." + std::to_string(dead_pid()) +
+                              ".0123456789abcdef"),
+                     "1 x\n");
+  kdtest::write_text(lock, "");
+  kdtest::CliResult young = merge({"--compact", cache.string()}, dir);
+  CHECK(young.exit_code == 1);
+  CHECK_MESSAGE(young.err.find("kdispatch merge: --compact " + cache.string() + ": another compaction may be creating " +
+                               lock.string() + " (empty, ") != std::string::npos,
+                young.err);
+  CHECK(young.err.find("run the compaction again; a lock without a pid and host is taken over once 10 s old") !=
+        std::string::npos);
+  CHECK(fs::exists(cache / (kRel + ".d/a-1.json")));  // nothing touched
+  CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1});
+
+  age_file(lock, 60);
+  kdtest::CliResult c = merge({"--compact", cache.string()}, dir);
+  REQUIRE_MESSAGE(c.exit_code == 0, c.err);
+  CHECK_MESSAGE(c.err.find("kdispatch merge: --compact " + cache.string() + ": took over " + lock.string() +
+                           ": empty, without the pid and host a compaction writes before the lock's name exists, and ") !=
+                    std::string::npos,
+                c.err);
+  CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 2});
+  CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 2});
+  CHECK_FALSE(fs::exists(lock));  // released
+  CHECK(names_in(cache, true).empty());  // no temp file of the lock left, the dead one's removed
+
+  // A body without a host ("123"): the same.
+  kdtest::write_text(cache / (kRel + ".d/a-1.json"), table_text(ref_rows({3})));
+  kdtest::write_text(lock, "123");
+  kdtest::CliResult y2 = merge({"--compact", cache.string()}, dir);
+  CHECK(y2.exit_code == 1);
+  CHECK(y2.err.find("another compaction may be creating " + lock.string() + " ('123', ") != std::string::npos);
+  age_file(lock, 3600);
+  kdtest::CliResult c2 = merge({"--compact", cache.string()}, dir);
+  REQUIRE_MESSAGE(c2.exit_code == 0, c2.err);
+  CHECK(c2.err.find("took over " + lock.string() + ": '123', without the pid and host") != std::string::npos);
+  CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 2, 3});
+  CHECK_FALSE(fs::exists(lock));
+
+  // A lock with a pid and host is judged by them, whatever its age: a live
+  // holder's is never taken over.
+  kdtest::write_text(cache / (kRel + ".d/a-1.json"), table_text(ref_rows({4})));
+  const std::string live = std::to_string(::getpid()) + " " + host() + "\n";
+  kdtest::write_text(lock, live);
+  age_file(lock, 3600);
+  kdtest::CliResult held = merge({"--compact", cache.string()}, dir);
+  CHECK(held.exit_code == 1);
+  CHECK(held.err.find("another compaction holds " + lock.string() + " (" + std::to_string(::getpid()) + " " + host() +
+                      "); if none runs, remove it") != std::string::npos);
+  CHECK(kdtest::read_text(lock) == live);
+  CHECK(fs::exists(cache / (kRel + ".d/a-1.json")));
+}
+
+// Reliability attack 3, item 2: a claim of this host whose pid is alive
+// but no compaction (pid 1 = the CLI in a container, a reused pid) was
+// never recovered nor reported, a claim with a 10-digit pid was not parsed
+// as one: their rows were hidden forever. A claim of this host older than
+// kClaimStaleSeconds (60 s) is recovered whatever its pid says; a young
+// live one, one that is not a regular file and a name that does not parse
+// are left and reported; a symbolic link is never put back.
+TEST_CASE("merge --compact: an old claim of a live pid is recovered, a young one reported, a 10-digit pid parsed, a symlink claim left") {
+  EnvScope env({{"KDISPATCH_CACHE_LOCKING", nullptr}});
+  TempDir dir;
+  const fs::path cache = dir / "cache";
+  const fs::path frag_dir = cache / (kRel + ".d");
+  kdtest::write_text(cache / kRel, table_text(ref_rows({1})));
+  const std::string me = std::to_string(::getpid());
+  const std::string old_own = ".a-1.json.compacting-" + host() + "-" + me;   // this (live) pid, an hour old
+  const std::string old_one = ".b-2.json.compacting-" + host() + "-1";       // pid 1, an hour old
+  const std::string young = ".c-3.json.compacting-" + host() + "-" + me;     // live, just made
+  const std::string wide = ".d-4.json.compacting-" + host() + "-9999999999";  // no process has it
+  const std::string dead = std::to_string(dead_pid());
+  const std::string link = ".e-5.json.compacting-" + host() + "-" + dead;    // a symbolic link
+  const std::string odd = ".f-6.json.compacting-" + host();                  // no pid: does not parse
+  kdtest::write_text(frag_dir / old_own, table_text(ref_rows({5})));
+  kdtest::write_text(frag_dir / old_one, table_text(ref_rows({6})));
+  kdtest::write_text(frag_dir / young, table_text(ref_rows({7})));
+  kdtest::write_text(frag_dir / wide, table_text(ref_rows({8})));
+  kdtest::write_text(dir / "elsewhere.json", table_text(ref_rows({9})));
+  fs::create_symlink(dir / "elsewhere.json", frag_dir / link);
+  kdtest::write_text(frag_dir / odd, table_text(ref_rows({10})));
+  age_file(frag_dir / old_own, 3600);
+  age_file(frag_dir / old_one, 3600);
+
+  kdtest::CliResult c = merge({"--compact", cache.string()}, dir);
+  REQUIRE_MESSAGE(c.exit_code == 0, c.err);
+  const std::string d = "kdispatch merge: " + kRel + ".d";
+  // "... the claim is 3600 s old: ..." (3601 when a second turned meanwhile)
+  const std::string why_old = " s old: a compaction holds a claim for moments (its pid was reused, or is this "
+                              "process's in a container)), as ";
+  for (const auto& [claim, pid, as] :
+       {std::tuple{old_own, me, "a-1.unmerged-" + host() + "-" + me + ".json"},
+        std::tuple{old_one, std::string("1"), "b-2.unmerged-" + host() + "-1.json"}}) {
+    const size_t at = c.err.find(d + ": recovered " + claim + ", the claim of a compaction of this host that is gone "
+                                 "(pid " + pid + " of this host runs, but the claim is 360");
+    CHECK_MESSAGE(at != std::string::npos, c.err);
+    CHECK(c.err.find(why_old + as + "\n", at) != std::string::npos);
+  }
+  CHECK(c.err.find(d + ": recovered " + wide + ", the claim of a compaction that died (pid 9999999999 of this host), "
+                       "as d-4.unmerged-" + host() + "-9999999999.json") != std::string::npos);
+  const size_t at = c.err.find(d + "/" + young + ": left alone: the claim of a compaction running on this host (pid " +
+                               me + ", claimed ");
+  CHECK(at != std::string::npos);
+  CHECK(c.err.find(" s ago); if none runs, it is recovered once 60 s old\n", at) != std::string::npos);
+  CHECK(c.err.find(d + "/" + link + ": left alone: a claim that is a symbolic link, not a regular file (a compaction "
+                                    "claims only regular files): never put back under a name the loader reads; remove "
+                                    "it") != std::string::npos);
+  CHECK(c.err.find(d + "/" + odd + ": left alone: named like a compaction's claim, but not "
+                                   ".<fragment>.json.compacting-<host>-<pid>; if no compaction runs, rename it to a "
+                                   "*.json name in its dir") != std::string::npos);
+  CHECK(c.out.find("1 table(s) compacted in " + cache.string() + " (4 rows, 0 conflicts resolved, 3 fragment(s) merged "
+                   "and removed, 0 kept), 0 refused, 0 file(s) skipped") != std::string::npos);
+  CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 5, 6, 8});
+  CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 5, 6, 8});
+  CHECK(names_in(frag_dir, false).empty());
+  std::vector<std::string> left = {young, link, odd};
+  std::sort(left.begin(), left.end());
+  CHECK(names_in(frag_dir, true) == left);
+  CHECK(fs::is_symlink(frag_dir / link));
+  CHECK(rows_of(dir / "elsewhere.json") == std::vector<int64_t>{9});
+
+  // Once the young claim is old, the next compaction recovers it too.
+  age_file(frag_dir / young, 61);
+  kdtest::CliResult c2 = merge({"--compact", cache.string()}, dir);
+  REQUIRE_MESSAGE(c2.exit_code == 0, c2.err);
+  CHECK(c2.err.find(d + ": recovered " + young + ", the claim of a compaction of this host that is gone") !=
+        std::string::npos);
+  CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 5, 6, 7, 8});
+}
+
+TEST_CASE("persist_rows (fragments): an old claim of its own fragment by a live pid is merged into its write") {
+  kdtest::WriterScheme scheme(true);
+  TempDir dir;
+  const fs::path frag_dir = dir / (kRel + ".d");
+  const std::string mine = host() + "-" + std::to_string(::getpid()) + ".json";
+  // A claim by this (live) pid: the CLI that made it ran as the same pid
+  // (pid 1 of a container), an hour ago.
+  const std::string claim = "." + mine + ".compacting-" + host() + "-" + std::to_string(::getpid());
+  kdtest::write_text(frag_dir / claim, table_text(ref_rows({1, 2})));
+  age_file(frag_dir / claim, 3600);
+  REQUIRE(store::persist_rows(dir.str(), kRel, {ref_row(3)}, store::cpu_fingerprint(), kSchema).ok());
+  CHECK(rows_of(frag_dir / mine) == std::vector<int64_t>{1, 2, 3});
+  CHECK(names_in(frag_dir, true).empty());
+  CHECK(kdtest::served_ms(dir.str()) == std::vector<int64_t>{1, 2, 3});
+}
+
+// Reliability attack 3, item 3: merge dropped rows whose keys the loader
+// and SGLang's int(key) read ("01", " 2", "1_0", "３"), and --compact then
+// refused such a table forever. merge reads keys with the loader's parser
+// (store/batch_key.hpp) and writes canonical keys.
+TEST_CASE("merge: keys Python's int() reads merge as their M, written canonical, and --compact compacts such a table") {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"01", kRefRow}, {" 2", kRefRow}, {"1_0", kRefRow}, {"\xEF\xBC\x93", kRefRow}, {"7", kRefRow}};  // "３": U+FF13
+  kdtest::write_text(dir / "src" / kRel, keyed_table(rows));
+  CHECK(kdtest::served_ms((dir / "src").string()) == std::vector<int64_t>{1, 2, 3, 7, 10});  // as the loader serves it
+  kdtest::CliResult r = merge({"--out", (dir / "out").string(), (dir / "src").string()}, dir);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() + " (5 rows, 0 conflicts resolved), 0 refused, 0 "
+                   "file(s) skipped, 0 row(s) dropped") != std::string::npos);
+  CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{1, 2, 3, 7, 10});
+  const std::string out = kdtest::read_text(dir / "out" / kRel);
+  for (const char* k : {"1", "2", "3", "7", "10"})
+    CHECK(out.find("\"" + std::string(k) + "\": {\"variant\":\"gemm_fp32__ref\"}") != std::string::npos);
+  for (const char* k : {"\"01\"", "\" 2\"", "\"1_0\"", "\xEF\xBC\x93"}) CHECK(out.find(k) == std::string::npos);
+
+  // In place: a table whose one fragment has such keys is compacted.
+  EnvScope env({{"KDISPATCH_CACHE_LOCKING", nullptr}});
+  const fs::path cache = dir / "cache";
+  kdtest::write_text(cache / kRel, table_text(ref_rows({4})));
+  kdtest::write_text(cache / (kRel + ".d/a-1.json"), keyed_table(rows));
+  kdtest::CliResult c = merge({"--compact", cache.string()}, dir);
+  REQUIRE_MESSAGE(c.exit_code == 0, c.err);
+  CHECK(c.out.find("1 table(s) compacted in " + cache.string() + " (6 rows, 0 conflicts resolved, 1 fragment(s) merged "
+                   "and removed, 0 kept), 0 refused, 0 file(s) skipped, 0 row(s) dropped") != std::string::npos);
+  CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 2, 3, 4, 7, 10});
+  CHECK(names_in(cache / (kRel + ".d"), false).empty());
+  CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 2, 3, 4, 7, 10});
+}
+
+// The same M spelled twice in one file: the row the loader serves (SGLang's
+// {int(k): v} over json.load's dict: the spelling placed last) is kept, the
+// other dropped and listed; a key int() does not read is dropped.
+TEST_CASE("merge: an M spelled twice keeps the row the loader serves, the other dropped and listed") {
+  TempDir dir;
+  const std::string blocked = "{\"variant\": \"gemm_fp32__blocked\"}";
+  kdtest::write_text(dir / "src" / kRel,
+                     keyed_table({{"16", kRefRow}, {"016", blocked}, {"16", kRefRow}, {"2", kRefRow}, {"2x", kRefRow}}));
+  kdtest::CliResult r = merge({"--out", (dir / "out").string(), (dir / "src").string()}, dir);
+  CHECK(r.exit_code == 1);
+  const std::string f = "kdispatch merge: " + (dir / "src" / kRel).string() + ": ";
+  CHECK_MESSAGE(r.err.find(f + "M=16: batch size 16 also given by key '016', whose row serves (as SGLang's int(key)); "
+                               "row dropped") != std::string::npos,
+                r.err);
+  CHECK(r.err.find(f + "key '2x' is not a batch size (Python's int() does not read it; the loader ignores it); row "
+                       "dropped") != std::string::npos);
+  CHECK(r.out.find("(2 rows, 0 conflicts resolved), 0 refused, 0 file(s) skipped, 3 row(s) dropped") !=
+        std::string::npos);
+  const std::string out = kdtest::read_text(dir / "out" / kRel);
+  CHECK(out.find("\"16\": {\"variant\":\"gemm_fp32__blocked\"}") != std::string::npos);
+  CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{2, 16});
+}
+
+// Reliability attack 3, item 3: merge kept an own-op row that leaves out
+// params without the note `validate` gives ("... defaults serve").
+TEST_CASE("merge: a row that leaves out params is kept with validate's \"defaults serve\" note") {
+  TempDir dir;
+  const fs::path src = dir / "src";
+  kdtest::write_text(src / kRel, keyed_table({{"1", "{\"variant\": \"gemm_fp32__blocked\", \"BLOCK_SIZE_M\": 128}"}}));
+  kdtest::CliResult v = kdtest::run_cli({"validate", src.string()}, (dir / "cli-cache").string());
+  const size_t at = v.out.find("- M=1: ");
+  REQUIRE_MESSAGE(at != std::string::npos, v.out);
+  const std::string note = v.out.substr(at + 7, v.out.find('\n', at) - at - 7);
+  CHECK(note.find("BLOCK_SIZE_N, BLOCK_SIZE_K, ukernel not in the row: gemm_fp32__blocked's defaults serve "
+                  "(BLOCK_SIZE_N=64, BLOCK_SIZE_K=512, ukernel=") == 0);
+  kdtest::CliResult r = merge({"--out", (dir / "out").string(), src.string()}, dir);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  CHECK_MESSAGE(r.err.find("kdispatch merge: " + (src / kRel).string() + ": M=1: " + note +
+                           "; row kept (as kdispatch validate reports it)") != std::string::npos,
+                r.err);
+  CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{1});
+  const Config blocked = {{"variant", ConfigValue::string("gemm_fp32__blocked")},
+                          {"BLOCK_SIZE_M", ConfigValue::integer(128)}};
+  const Config ref = {{"variant", ConfigValue::string("gemm_fp32__ref")}};
+  const std::vector<TableRow> rows = {{1, &ref}, {2, &blocked}};
+  auto c = check_table_rows(kRel, {}, rows);
+  REQUIRE(c.ok());
+  CHECK(c->dropped.empty());
+  CHECK(c->defaulted == std::vector<std::pair<size_t, std::string>>{{1, note}});
 }
 
 #endif  // KDISPATCH_CLI_PATH

@@ -114,6 +114,11 @@ struct TableRowsCheck {
   /// the reason its load report gives ("unknown variant 'x'", "'P'=7 is not
   /// a point of V's space", ...), in the order of the rows.
   std::vector<std::pair<size_t, std::string>> dropped;
+  /// (index, note) of every row kept whose config leaves out params of its
+  /// variant: the loader serves it with the variant's defaults, and its load
+  /// report says so in the same words ("BLOCK_SIZE_K not in the row:
+  /// <variant>'s defaults serve (BLOCK_SIZE_K=512)"), in the order of the rows.
+  std::vector<std::pair<size_t, std::string>> defaulted;
 };
 
 /// Checks rows of the own-op table at `table_path` (a path under a config

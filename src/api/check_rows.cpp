@@ -11,6 +11,7 @@
 #include "dispatch/config.hpp"
 #include "dispatch/device.hpp"
 #include "store/filename.hpp"
+#include "store/loader.hpp"
 
 namespace dispatch {
 namespace {
@@ -69,6 +70,7 @@ Result<TableRowsCheck> check_table_rows(std::string_view table_path,
     struct Verdict {
       core::Plan plan;
       std::string why;
+      std::string defaulted;  // params the row leaves out (store::defaulted_params), or ""
     };
     std::unordered_map<const Config*, Verdict> seen;
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -90,6 +92,7 @@ Result<TableRowsCheck> check_table_rows(std::string_view table_path,
           v.why = plan.status().message();
         } else {
           v.plan = *plan;
+          v.defaulted = store::defaulted_params(v.plan, *config);
           const core::VariantDef* var = plan->variant;
           for (const auto& [vn, ver] : schema)
             if (vn == var->name && ver != var->schema_version)
@@ -98,6 +101,8 @@ Result<TableRowsCheck> check_table_rows(std::string_view table_path,
           if (v.why.empty() && var->in_dtype != problem.in_dtype)
             v.why = "variant " + std::string(var->name) + " computes " + std::string(dtype_name(var->in_dtype)) +
                     ", the key is " + std::string(dtype_name(problem.in_dtype));
+          if (v.why.empty() && !local)  // as the loader: the key's dtype combination, off its device
+            if (Status s = core::dtypes_computed(problem); !s.ok()) v.why = s.message();
         }
         it = seen.emplace(config, std::move(v)).first;
       }
@@ -106,13 +111,15 @@ Result<TableRowsCheck> check_table_rows(std::string_view table_path,
         out.dropped.emplace_back(i, v.why);
         continue;
       }
-      if (local) {
+      if (local && v.plan.variant->supports) {
         core::Problem pm = problem;
         pm.m = rows[i].m;
-        if (!v.plan.variant->supports) continue;
-        if (Status s = v.plan.variant->supports(pm, v.plan.params, *local); !s.ok())
+        if (Status s = v.plan.variant->supports(pm, v.plan.params, *local); !s.ok()) {
           out.dropped.emplace_back(i, std::string(v.plan.variant->name) + " declines this key: " + s.message());
+          continue;
+        }
       }
+      if (!v.defaulted.empty()) out.defaulted.emplace_back(i, v.defaulted);
     }
     return out;
   } catch (const std::bad_alloc&) {

@@ -30,8 +30,11 @@
 // the variant exists and takes the row's params within its space, its
 // schema version and dtype, supports() where the file's device is this
 // machine's); a bad row is dropped and listed (exit 1), and so is a row the
-// tuner would not have written (null, not an object, M = 0, a key that is
-// not a batch size in 1..2^63-1): the file's other rows merge. A table of
+// loader drops (null, not an object, M < 1 or over 2^63-1, a key Python's
+// int() does not read: keys are read by the loader's own parser,
+// store/batch_key.hpp, and written canonical; of an M spelled twice in one
+// file the row the loader serves is kept): the file's other rows merge. A
+// kept row that leaves out params gets validate's "defaults serve" note. A table of
 // a backend this build lacks is copied unchecked and counted "not checked
 // here" (shards are merged on CPU-only login nodes). Under --compact a
 // table with a dropped row is left as it is (in place, nothing is removed
@@ -231,20 +234,15 @@ int run_merge(const MergeOptions& options) {
   // --compact: the writers' scheme, then one compaction of the dir at a
   // time (the lock released on return).
   bool flock = false;
-  struct CompactLock {
-    fs::path path;
-    ~CompactLock() {
-      if (!path.empty()) ::remove(path.c_str());
-    }
-  } compact_lock;
+  CompactLock compact_lock;
   if (compact) {
     if (int rc = compact_locking(o, &flock); rc != kExitOk) return rc;
-    const fs::path lock = fs::path(o.compact) / ".kdispatch-compact.lock";
-    if (std::string why = take_compact_lock(lock); !why.empty()) {
+    std::string note;
+    if (std::string why = compact_lock.take(fs::path(o.compact) / ".kdispatch-compact.lock", &note); !why.empty()) {
       std::fprintf(stderr, "%s: --compact %s: %s\n", kCmd, o.compact.c_str(), why.c_str());
       return kExitFailure;
     }
-    compact_lock.path = lock;
+    if (!note.empty()) std::fprintf(stderr, "%s: --compact %s: %s\n", kCmd, o.compact.c_str(), note.c_str());
   }
   Inputs in;
   read_sources(o, compact, &in);

@@ -14,6 +14,8 @@
 // docs/tuning.md.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -112,8 +114,33 @@ std::string host_name();
 /// path).
 std::string write_out(const std::string& out, const std::string& rel, const std::string& text);
 
-/// --compact: "" when DIR's one-compaction lock is taken, else why not.
-std::string take_compact_lock(const fs::path& path);
+/// A lock file without a pid and host (empty: an older build's, killed
+/// between its create and its write; or foreign) is taken over once its
+/// mtime is this many seconds old.
+inline constexpr long kCompactLockStaleSeconds = 10;
+
+/// --compact's one compaction of DIR at a time: DIR/.kdispatch-compact.lock,
+/// "<pid> <host>\n", written to a temp file link()ed to the lock's name
+/// (atomic, never replacing a file, NFS included; where hard links are
+/// refused, O_EXCL then the write). A lock of a dead pid of this host, or
+/// one without a pid and host older than kCompactLockStaleSeconds, is
+/// taken over (said). The temp files of dead compactions of this host are
+/// removed first. Released (removed when it is still this one's) on
+/// destruction.
+class CompactLock {
+ public:
+  CompactLock() = default;
+  CompactLock(const CompactLock&) = delete;
+  CompactLock& operator=(const CompactLock&) = delete;
+  ~CompactLock();
+  /// "" when taken (*note: "took over ...", or ""), else why not.
+  std::string take(const fs::path& path, std::string* note);
+
+ private:
+  fs::path path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
 
 /// --compact, one table in place (merge_write.cpp's comment says how).
 /// `require_flock`: the dir's writers use flock (KDISPATCH_CACHE_LOCKING or

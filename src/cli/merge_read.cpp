@@ -4,16 +4,24 @@
 // Listing comes first and parses nothing: a source's <key>.json files and
 // its fragment dirs <key>.json.d/ (their *.json files are fragments of
 // <key>.json). Under --compact, each fragment dir's claims left by a
-// compaction that died (a process of this host that no longer exists) are
-// recovered before the dir is listed (store/fragment_claims.hpp), and only
+// compaction of this host that is gone (its pid names no process, or the
+// claim is older than store::kClaimStaleSeconds) are recovered before the
+// dir is listed, and the claims left alone are reported
+// (store/fragment_claims.hpp), and only
 // tables with at least one fragment are read: a table without fragments is
 // never opened. Every file is read through the bounded reader
 // (store/bounded_read.hpp: a regular file only, never blocking on a FIFO,
 // refused past 256 MiB before anything is allocated). A table's timing
 // maps ("us", "default_us") are indexed once per file, so reading is
-// linear in rows. A row the tuner would not have written (a null row, a key
-// that is not a batch size in 1..2^63-1, M = 0) is dropped and listed; the
-// file's other rows are read.
+// linear in rows. A key is a batch size as the loader reads it
+// (store/batch_key.hpp: Python's int(key), so "01", " 2", "1_0" and "３"
+// are M = 1, 2, 10, 3; the output writes canonical decimal keys), and an M
+// spelled twice in one file keeps the row the loader serves (SGLang's
+// {int(k): v} over json.load's dict: the spelling placed last wins, with
+// the last row of that spelling); the other row is dropped and listed. A
+// row the loader drops (null, not an object, M < 1, over 2^63-1) or a key
+// int() does not read is dropped and listed; the file's other rows are
+// read.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -21,12 +29,12 @@
 #include <charconv>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <simdjson.h>
 
 #include "cli/merge_impl.hpp"
 #include "dispatch/config.hpp"
+#include "store/batch_key.hpp"
 #include "store/bounded_read.hpp"
 #include "store/fragment_claims.hpp"
 
@@ -42,15 +50,19 @@ bool ends_with(std::string_view s, std::string_view tail) {
   return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// "" with *m when `k` is a batch size as the tuner writes it (canonical
-// digits, 1..2^63-1); else the reason the row is dropped.
+// "" with *m when `k` is a batch size as the loader reads it
+// (store::parse_m_key: Python's int(key)); else the reason the row is
+// dropped.
 std::string batch_size_of(std::string_view k, int64_t* m) {
-  const bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || (k.size() > 1 && k.front() == '0'))
-    return "key '" + std::string(k) + "' is not a batch size as the tuner writes it (digits, no leading zero)";
-  const auto r = std::from_chars(k.data(), k.data() + k.size(), *m);
-  if (r.ec != std::errc() || r.ptr != k.data() + k.size())
-    return "key '" + std::string(k) + "' is not a batch size (1 to 9223372036854775807)";
+  bool plain = false;
+  switch (store::parse_m_key(k, m, &plain)) {
+    case store::KeyInt::none:
+      return "key '" + std::string(k) + "' is not a batch size (Python's int() does not read it; the loader ignores it)";
+    case store::KeyInt::too_large:
+      return "key '" + std::string(k) + "' is not a batch size (1 to 9223372036854775807)";
+    case store::KeyInt::value:
+      break;
+  }
   if (*m < 1) return "M=" + std::string(k) + ": batch size must be >= 1";
   return {};
 }
@@ -64,8 +76,8 @@ std::unordered_map<int64_t, double> index_times(dom::element kd, std::string_vie
   out.reserve(obj.size());
   for (auto [k, v] : obj) {
     int64_t m = 0;
-    const auto r = std::from_chars(k.data(), k.data() + k.size(), m);
-    if (r.ec != std::errc() || r.ptr != k.data() + k.size()) continue;
+    bool plain = false;
+    if (store::parse_m_key(k, &m, &plain) != store::KeyInt::value || m < 1) continue;
     double d = 0;
     if (v.get(d) != simdjson::SUCCESS) {
       int64_t i = 0;
@@ -107,10 +119,16 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
     us = index_times(kd, "us");
     dus = index_times(kd, "default_us");
   }
-  const size_t first = t->cands.size(), first_drop = in->dropped.size();
+  const size_t first_drop = in->dropped.size();
+  // The rows in file order; an M given twice is resolved below.
+  struct Row {
+    int64_t m;
+    std::string_view key;
+    dom::element v;
+  };
+  std::vector<Row> rows;
+  bool ascending = true;  // every real table: no M can repeat
   int64_t max_m = 0;
-  std::unordered_set<int64_t> seen;  // built at the first M out of ascending order
-  size_t n = 0;
   for (auto [k, v] : obj) {
     if (k == "kdispatch") continue;
     int64_t m = 0;
@@ -122,20 +140,44 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
       ++t->dropped;
       continue;
     }
-    if (m <= max_m) {
-      if (seen.empty())
-        for (size_t i = first; i < t->cands.size(); ++i) seen.insert(t->cands[i].m);
-      if (!seen.insert(m).second) {
-        t->dropped -= static_cast<int>(in->dropped.size() - first_drop);
-        t->cands.resize(first);
-        in->dropped.resize(first_drop);
-        return "batch size " + std::to_string(m) + " appears twice";
-      }
-    } else if (!seen.empty()) {
-      seen.insert(m);
-    }
+    ascending = ascending && m > max_m;
     max_m = std::max(max_m, m);
-    t->cands.push_back(Candidate{m, fi, std::string(simdjson::minify(v)), time_of(us, m), time_of(dus, m)});
+    rows.push_back(Row{m, k, v});
+  }
+  std::vector<char> serves(rows.size(), 1);
+  if (!ascending) {
+    // As SGLang reads the file, {int(k): v for k, v in json.load(f).items()}:
+    // json.load keeps one entry per key string (its last row, at the place
+    // of its first occurrence), then of the spellings of one M the entry
+    // placed last serves. So the row that serves M is the last row of the
+    // spelling whose first occurrence is last (the loader's rule:
+    // store/json_file.cpp).
+    std::unordered_map<std::string_view, size_t> first_at;  // key string -> its first row
+    std::unordered_map<int64_t, std::pair<size_t, size_t>> best;  // M -> (first_at of its key, row)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t at = first_at.try_emplace(rows[i].key, i).first->second;
+      auto [it, fresh] = best.try_emplace(rows[i].m, at, i);
+      if (!fresh && std::make_pair(at, i) > it->second) it->second = {at, i};
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t win = best.at(rows[i].m).second;
+      if (win == i) continue;
+      serves[i] = 0;
+      const std::string_view by = rows[win].key;
+      in->dropped.push_back(
+          f.path + ": M=" + std::string(rows[i].key) + ": " +
+          (by == rows[i].key ? std::string("duplicate key; the last one serves (as json.load)")
+                             : "batch size " + std::to_string(rows[i].m) + " also given by key '" + std::string(by) +
+                                   "', whose row serves (as SGLang's int(key))") +
+          "; row dropped");
+      ++t->dropped;
+    }
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!serves[i]) continue;
+    const Row& r = rows[i];
+    t->cands.push_back(Candidate{r.m, fi, std::string(simdjson::minify(r.v)), time_of(us, r.m), time_of(dus, r.m)});
     ++n;
   }
   if (n == 0 && in->dropped.size() == first_drop) return "no rows (not a config table)";
@@ -155,20 +197,21 @@ void recover_claims(const fs::path& frag_dir, const std::string& shown, Inputs* 
   const int fd = ::open(frag_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
   for (const store::RecoveredClaim& r : store::recover_dead_claims(fd, "")) {
-    store::CompactClaim c;
-    store::parse_compact_claim(r.claim, &c);
     if (r.put_as.empty() && r.error.empty()) continue;  // recovered by another process meanwhile
+    const std::string whose =
+        r.stale ? "the claim of a compaction of this host that is gone (" + r.why + ")"
+                : "the claim of a compaction that died (pid " + std::to_string(r.pid) + " of this host)";
     if (!r.error.empty())
-      in->skipped.push_back(shown + "/" + r.claim + ": the claim of a compaction that died (pid " +
-                            std::to_string(c.pid) + " of this host) cannot be recovered: " + r.error);
+      in->skipped.push_back(shown + "/" + r.claim + ": " + whose + " cannot be recovered: " + r.error);
     else
-      in->notes.push_back(shown + ": recovered " + r.claim + ", the claim of a compaction that died (pid " +
-                          std::to_string(c.pid) + " of this host), as " + r.put_as);
+      in->notes.push_back(shown + ": recovered " + r.claim + ", " + whose + ", as " + r.put_as);
   }
-  for (const std::string& n : store::foreign_claims(fd))
-    in->notes.push_back(shown + "/" + n +
-                        ": left alone: a claim of another host's compaction, or of an older build's (no host in its "
-                        "name); if no compaction runs, rename it to a *.json name in its dir");
+  for (const store::LeftClaim& c : store::left_claims(fd))
+    in->notes.push_back(shown + "/" + c.name + ": left alone: " + c.why +
+                        (c.verdict == store::ClaimVerdict::not_regular ? "; remove it"
+                         : c.verdict == store::ClaimVerdict::live
+                             ? ""
+                             : "; if no compaction runs, rename it to a *.json name in its dir"));
   ::close(fd);
 }
 

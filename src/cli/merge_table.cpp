@@ -374,6 +374,9 @@ std::string check_rows(const std::string& rel, Table* t, Inputs* in, bool* unche
     if (!r.ok()) return "kdispatch validate skips it: " + r.status().message();
     *unchecked = !r->checked;
     for (const auto& [k, reason] : r->dropped) why[which[k]] = reason;
+    for (const auto& [k, note] : r->defaulted)  // kept: served with the variant's defaults, as validate says
+      in->notes.push_back(in->files[fi].path + ": M=" + std::to_string(t->cands[which[k]].m) + ": " + note +
+                          "; row kept (as kdispatch validate reports it)");
     if (r->checked)
       for (size_t i : unconverted) why[i] = configs.at(t->cands[i].config).second;
   }

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <string_view>
 
@@ -231,7 +232,13 @@ class TableLock {
 // when it was put back; "" or an error in *err.
 bool take_fragment(int dfd, const std::string& frag, const std::string& bytes, std::string* err) {
   const std::string claim = store::compact_claim_name(frag);
+  // The claim's mtime is now (recovery takes a claim older than
+  // store::kClaimStaleSeconds as a gone compaction's): set before the
+  // rename (whatever file it moves was written or touched since) and after
+  // it. Best effort (a file of another user may refuse it).
+  (void)::utimensat(dfd, frag.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   if (::renameat(dfd, frag.c_str(), dfd, claim.c_str()) != 0) return false;  // gone: nothing to remove
+  (void)::utimensat(dfd, claim.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   std::string claimed;
   bool gone = false;
   if (read_at(dfd, claim, &claimed, &gone) && claimed == bytes) {
@@ -259,31 +266,130 @@ std::string write_out(const std::string& out, const std::string& rel, const std:
   return write_at(dir.get(), fs::path(out) / r.parent_path(), r.filename().string(), text);
 }
 
-std::string take_compact_lock(const fs::path& path) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      const std::string body = std::to_string(::getpid()) + " " + host_name() + "\n";
-      const bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size());
-      ::close(fd);
-      if (ok) return {};
-      ::unlink(path.c_str());
-      return "cannot write " + path.string();
+CompactLock::~CompactLock() {
+  if (path_.empty()) return;
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) ::unlink(path_.c_str());
+}
+
+std::string CompactLock::take(const fs::path& path, std::string* note) {
+  const std::string name = path.filename().string();
+  const fs::path dir_path = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  Fd dir(::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) return "cannot open " + dir_path.string() + ": " + std::strerror(errno);
+  const std::string me = host_name() + "." + std::to_string(::getpid());
+  const std::string body = std::to_string(::getpid()) + " " + host_name() + "\n";
+  // Temp and aside files "<name>.{tmp,stale}.<host>.<pid>.<hex>" of dead
+  // compactions of this host (killed between their create and unlink).
+  if (const int dup = ::dup(dir.get()); dup >= 0) {
+    if (DIR* d = ::fdopendir(dup)) {
+      std::vector<std::string> dead;
+      for (const dirent* e; (e = ::readdir(d)) != nullptr;) {
+        const std::string n = e->d_name;
+        for (const char* kind : {".tmp.", ".stale."}) {
+          const std::string prefix = name + kind + host_name() + ".";
+          if (n.compare(0, prefix.size(), prefix) != 0) continue;
+          const std::string rest = n.substr(prefix.size());
+          const size_t dot = rest.find('.');
+          const std::string pid = rest.substr(0, dot);
+          if (dot != std::string::npos && !pid.empty() && pid.size() <= 18 &&
+              pid.find_first_not_of("0123456789") == std::string::npos && store::local_pid_dead(std::atol(pid.c_str())))
+            dead.push_back(n);
+        }
+      }
+      ::closedir(d);
+      for (const std::string& n : dead) ::unlinkat(dir.get(), n.c_str(), 0);
+    } else {
+      ::close(dup);
     }
-    if (errno != EEXIST) return "cannot create " + path.string() + ": " + std::strerror(errno);
-    std::string body;
-    bool missing = false;
-    if (!read_at(AT_FDCWD, path.string(), &body, &missing) && missing) continue;
+  }
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // The body first, then the name: a complete temp file link()ed to the
+    // lock's name (atomic, never replacing a file, on NFS too), so no lock
+    // is ever seen without its pid and host.
+    const std::string tmp = name + ".tmp." + me + "." + random_hex();
+    Fd fd(::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return "cannot create " + (dir_path / tmp).string() + ": " + std::strerror(errno);
+    struct stat mine {};
+    if (::write(fd.get(), body.data(), body.size()) != static_cast<ssize_t>(body.size()) || ::fsync(fd.get()) != 0 ||
+        ::fstat(fd.get(), &mine) != 0) {
+      ::unlinkat(dir.get(), tmp.c_str(), 0);
+      return "cannot write " + (dir_path / tmp).string();
+    }
+    int e = ::linkat(dir.get(), tmp.c_str(), dir.get(), name.c_str(), 0) == 0 ? 0 : errno;
+    if (e != 0 && e != EEXIST) {
+      struct stat now {};  // NFS: a link done whose reply was lost
+      if (::fstat(fd.get(), &now) == 0 && now.st_nlink == 2) e = 0;
+    }
+    ::unlinkat(dir.get(), tmp.c_str(), 0);
+    if (e == EPERM || e == EOPNOTSUPP || e == ENOSYS) {  // no hard links: O_EXCL, then the body
+      Fd lf(::openat(dir.get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+      e = lf.get() >= 0 ? 0 : errno;
+      if (e == 0) {
+        if (::write(lf.get(), body.data(), body.size()) != static_cast<ssize_t>(body.size()) ||
+            ::fstat(lf.get(), &mine) != 0) {
+          ::unlinkat(dir.get(), name.c_str(), 0);
+          return "cannot write " + path.string();
+        }
+      }
+    }
+    if (e == 0) {
+      path_ = path;
+      dev_ = mine.st_dev;
+      ino_ = mine.st_ino;
+      return {};
+    }
+    if (e != EEXIST) return "cannot create " + path.string() + ": " + std::strerror(e);
+    // Held: judge the holder.
+    Fd held(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (held.get() < 0 && errno == ENOENT) continue;  // released meanwhile
+    struct stat st {};
+    if (held.get() < 0 || ::fstat(held.get(), &st) != 0 || !S_ISREG(st.st_mode))
+      return path.string() + " is not a regular file (a compaction writes one): if no compaction runs, remove it";
+    char buf[512];
+    ssize_t n = 0;
+    while ((n = ::read(held.get(), buf, sizeof buf - 1)) < 0 && errno == EINTR) {
+    }
+    buf[n > 0 ? n : 0] = '\0';
+    std::string text(buf);
+    text = text.substr(0, text.find('\n'));
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    const long age = static_cast<long>(ts.tv_sec - st.st_mtim.tv_sec);
     long pid = 0;
     char host[256] = {0};
-    if (std::sscanf(body.c_str(), "%ld %255s", &pid, host) == 2 && host == host_name() && store::local_pid_dead(pid)) {
-      ::unlink(path.c_str());  // its compaction died
-      continue;
+    const bool parsed = std::sscanf(buf, "%ld %255s", &pid, host) == 2;
+    const std::string shown = text.empty() ? std::string("empty") : "'" + text + "'";
+    std::string why;
+    if (parsed && host == host_name() && store::local_pid_dead(pid)) {
+      why = "its compaction (pid " + std::to_string(pid) + " of this host) no longer runs";
+    } else if (!parsed && (age > kCompactLockStaleSeconds || age < -kCompactLockStaleSeconds)) {
+      why = shown + ", without the pid and host a compaction writes before the lock's name exists, and " +
+            std::to_string(age) + " s old: left by a compaction killed while creating it";
+    } else if (!parsed) {
+      return "another compaction may be creating " + path.string() + " (" + shown + ", " + std::to_string(age) +
+             " s old): run the compaction again; a lock without a pid and host is taken over once " +
+             std::to_string(kCompactLockStaleSeconds) + " s old";
+    } else {
+      return "another compaction holds " + path.string() + " (" + text + "); if none runs, remove it";
     }
-    return "another compaction holds " + path.string() + " (" +
-           (body.empty() ? std::string("empty") : body.substr(0, body.find('\n'))) + "); if none runs, remove it";
+    // Take it over: moved aside, then removed if it is still the file
+    // judged (another compaction may have taken it over and re-created it
+    // meanwhile: that one is put back).
+    const std::string aside = name + ".stale." + me + "." + random_hex();
+    if (::renameat(dir.get(), name.c_str(), dir.get(), aside.c_str()) != 0) {
+      if (errno == ENOENT) continue;
+      return "cannot take over " + path.string() + ": " + std::strerror(errno);
+    }
+    struct stat moved {};
+    if (::fstatat(dir.get(), aside.c_str(), &moved, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (moved.st_dev != st.st_dev || moved.st_ino != st.st_ino))
+      (void)::linkat(dir.get(), aside.c_str(), dir.get(), name.c_str(), 0);  // not the one judged: back
+    else
+      *note += (note->empty() ? "" : "; ") + ("took over " + path.string() + ": " + why);
+    ::unlinkat(dir.get(), aside.c_str(), 0);
   }
-  return "cannot take " + path.string();
+  return "cannot take " + path.string() + ": it keeps changing";
 }
 
 /// Compacts one table in place: its main file <root>/<rel> becomes `text`

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <ctime>
 
 namespace dispatch::store {
 namespace {
@@ -18,16 +20,32 @@ namespace {
 constexpr std::string_view kClaimMark = ".compacting-";
 
 bool all_digits(std::string_view s) {
-  if (s.empty() || s.size() > 9) return false;
+  if (s.empty()) return false;
   for (char c : s)
     if (c < '0' || c > '9') return false;
   return true;
 }
 
+// Digits as a pid, any width: LONG_MAX when larger (no process has a pid
+// over INT_MAX: local_pid_dead).
 long to_long(std::string_view s) {
   long v = 0;
-  for (char c : s) v = v * 10 + (c - '0');
+  for (char c : s) {
+    if (v > (LONG_MAX - 9) / 10) return LONG_MAX;
+    v = v * 10 + (c - '0');
+  }
   return v;
+}
+
+int64_t now_s() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec);
+}
+
+const char* file_kind(mode_t mode) {
+  return S_ISLNK(mode) ? "a symbolic link" : S_ISFIFO(mode) ? "a FIFO" : S_ISDIR(mode) ? "a directory"
+       : S_ISSOCK(mode) ? "a socket" : (S_ISCHR(mode) || S_ISBLK(mode)) ? "a device" : "not a regular file";
 }
 
 // The entries of an open dir (names only); the dir's position is not moved.
@@ -65,13 +83,22 @@ std::string compact_claim_name(std::string_view fragment) {
   return "." + std::string(fragment) + std::string(kClaimMark) + name_host() + "-" + std::to_string(::getpid());
 }
 
+bool looks_like_claim(std::string_view name) {
+  return name.size() > 1 && name[0] == '.' && name.find(kClaimMark) != std::string_view::npos;
+}
+
 bool parse_compact_claim(std::string_view name, CompactClaim* out) {
-  if (name.size() < 2 || name[0] != '.') return false;
+  if (!looks_like_claim(name)) return false;
   const size_t at = name.rfind(kClaimMark);
-  if (at == std::string_view::npos || at < 2) return false;
+  if (at < 2) return false;
   const std::string_view owner = name.substr(at + kClaimMark.size());
   CompactClaim c;
   c.fragment = std::string(name.substr(1, at - 1));
+  // Only fragments are claimed: "<name>.json", not hidden.
+  constexpr std::string_view kJson = ".json";
+  if (c.fragment.size() <= kJson.size() || c.fragment[0] == '.' ||
+      c.fragment.compare(c.fragment.size() - kJson.size(), kJson.size(), kJson) != 0)
+    return false;
   if (all_digits(owner)) {  // an older build's ".<frag>.compacting-<pid>"
     c.pid = to_long(owner);
   } else {
@@ -80,12 +107,50 @@ bool parse_compact_claim(std::string_view name, CompactClaim* out) {
     c.host = std::string(owner.substr(0, dash));
     c.pid = to_long(owner.substr(dash + 1));
   }
-  if (c.pid <= 0) return false;
   *out = std::move(c);
   return true;
 }
 
-bool local_pid_dead(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+bool local_pid_dead(long pid) {
+  if (pid <= 0 || pid > INT_MAX) return true;  // no process has such a pid
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+ClaimVerdict judge_claim(int dir_fd, const std::string& name, CompactClaim* c, std::string* why) {
+  why->clear();
+  if (!looks_like_claim(name)) return ClaimVerdict::not_a_claim;
+  if (!parse_compact_claim(name, c)) {
+    *why = "named like a compaction's claim, but not .<fragment>.json.compacting-<host>-<pid>";
+    return ClaimVerdict::unparsable;
+  }
+  struct stat st {};
+  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return ClaimVerdict::not_a_claim;  // gone
+  if (!S_ISREG(st.st_mode)) {
+    *why = std::string("a claim that is ") + file_kind(st.st_mode) +
+           ", not a regular file (a compaction claims only regular files): never put back under a name the loader "
+           "reads";
+    return ClaimVerdict::not_regular;
+  }
+  if (c->host != name_host()) {
+    *why = "a claim of another host's compaction, or of an older build's (no host in its name)";
+    return ClaimVerdict::foreign;
+  }
+  if (local_pid_dead(c->pid)) {
+    *why = "pid " + std::to_string(c->pid) + " of this host no longer runs";
+    return ClaimVerdict::dead;
+  }
+  const int64_t age = now_s() - static_cast<int64_t>(st.st_mtim.tv_sec);
+  if (age > kClaimStaleSeconds || age < -kClaimStaleSeconds) {
+    *why = "pid " + std::to_string(c->pid) + " of this host runs, but the claim is " + std::to_string(age) +
+           " s old: a compaction holds a claim for moments (its pid was reused, or is this process's in a "
+           "container)";
+    return ClaimVerdict::stale;
+  }
+  *why = "the claim of a compaction running on this host (pid " + std::to_string(c->pid) + ", claimed " +
+         std::to_string(age < 0 ? 0 : age) + " s ago); if none runs, it is recovered once " +
+         std::to_string(kClaimStaleSeconds) + " s old";
+  return ClaimVerdict::live;
+}
 
 bool fragment_writer_dead(std::string_view fragment) {
   constexpr std::string_view kJson = ".json";
@@ -124,6 +189,15 @@ std::string put_back_claim(int dir_fd, const std::string& claim, const std::stri
     }
     return e;
   };
+  struct stat st {};
+  if (::fstatat(dir_fd, claim.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno != ENOENT) *error = std::string("cannot stat it: ") + std::strerror(errno);
+    return {};  // ENOENT: gone: another process recovered it first
+  }
+  if (!S_ISREG(st.st_mode)) {  // never under a name the loader reads
+    *error = std::string("it is ") + file_kind(st.st_mode) + ", not a regular file: left as it is";
+    return {};
+  }
   std::string as;
   int e = to_fragment ? place(fragment) : EEXIST;
   if (e == 0) as = fragment;
@@ -143,12 +217,16 @@ std::string put_back_claim(int dir_fd, const std::string& claim, const std::stri
 std::vector<RecoveredClaim> recover_dead_claims(int dir_fd, const std::string& own_fragment) noexcept {
   std::vector<RecoveredClaim> out;
   try {
-    const std::string host = name_host();
     for (const std::string& n : list_dir(dir_fd)) {
       CompactClaim c;
-      if (!parse_compact_claim(n, &c) || c.host != host || !local_pid_dead(c.pid)) continue;
+      std::string why;
+      const ClaimVerdict v = judge_claim(dir_fd, n, &c, &why);
+      if (v != ClaimVerdict::dead && v != ClaimVerdict::stale) continue;
       RecoveredClaim r;
       r.claim = n;
+      r.pid = c.pid;
+      r.stale = v == ClaimVerdict::stale;
+      r.why = why;
       if (!own_fragment.empty() && c.fragment == own_fragment) {
         r.own = true;  // the caller's own: its write merges it
         out.push_back(std::move(r));
@@ -163,13 +241,16 @@ std::vector<RecoveredClaim> recover_dead_claims(int dir_fd, const std::string& o
   return out;
 }
 
-std::vector<std::string> foreign_claims(int dir_fd) noexcept {
-  std::vector<std::string> out;
+std::vector<LeftClaim> left_claims(int dir_fd) noexcept {
+  std::vector<LeftClaim> out;
   try {
-    const std::string host = name_host();
     for (const std::string& n : list_dir(dir_fd)) {
       CompactClaim c;
-      if (parse_compact_claim(n, &c) && c.host != host) out.push_back(n);
+      std::string why;
+      const ClaimVerdict v = judge_claim(dir_fd, n, &c, &why);
+      if (v == ClaimVerdict::foreign || v == ClaimVerdict::live || v == ClaimVerdict::not_regular ||
+          v == ClaimVerdict::unparsable)
+        out.push_back(LeftClaim{n, v, why});
     }
   } catch (...) {
   }

@@ -233,6 +233,10 @@ std::string own_row(const OwnFile& f, const Config& config, ParsedRow& row, tabl
   if (v->in_dtype != f.problem.in_dtype)
     return "variant " + std::string(v->name) + " computes " + std::string(dtype_name(v->in_dtype)) + ", the key is " +
            std::string(dtype_name(f.problem.in_dtype));
+  // Another device's file is not asked supports(): its key's dtype
+  // combination still must be one a variant computes (the op's refusal).
+  if (!f.local)
+    if (Status s = core::dtypes_computed(f.problem); !s.ok()) return s.message();
   if (f.local) {
     core::Problem pm = f.problem;
     pm.m = row.m;

@@ -222,8 +222,9 @@ void add_table_rows(ParsedFile& pf, const Fingerprint& fp, bool keep_stale, std:
 
 // A compaction killed between claiming a fragment and putting it back left
 // its claim (store/fragment_claims.hpp). Every claim in this fragment dir
-// whose compaction was a process of this host that no longer exists is
-// recovered: another fragment's is put back (or aside); one of our own
+// of a compaction of this host that is gone (its pid names no process, or
+// the claim is older than kClaimStaleSeconds whatever its pid says; a
+// regular file only) is recovered: another fragment's is put back (or aside); one of our own
 // fragment `name` has its rows merged into *merged (this write's file and
 // rows then win on the same M) and is returned, to be removed once this
 // write is on disk. A claim that is not a table is moved aside to
