@@ -6,6 +6,7 @@
 #
 #   bench/gpu/run_h200.sh --sections build       # configure + build everything (timed)
 #   bench/gpu/run_h200.sh --sections test        # GPU tests but silu_and_mul's kernel cases, host GPU/config tests, torch ops
+#                 (KD_TEST_PARTS=gpu,host,torch: the parts to run)
 #   bench/gpu/run_h200.sh --sections fp8-test    # the fp8 GEMM and quantisation GPU tests (fp8_tests.log; ~400 s;
 #                 KD_FP8_TEST_CASES="gpu fp8 gemm: get_default*,gpu fp8 gemm fast_accum*": those cases only)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
@@ -210,8 +211,13 @@ if has build; then
 fi
 
 # ================================================================ test
+# KD_TEST_PARTS (default gpu,host,torch): the parts of the section to run.
+TEST_PARTS=${KD_TEST_PARTS:-gpu,host,torch}
+part() { [[ ",$TEST_PARTS," == *",$1,"* ]]; }
 if has test; then
   ensure_build kdispatch_gpu_tests kdispatch_tests kdispatch || { echo "::: test: FAILED to build (build.log)"; exit 1; }
+fi
+if has test && part gpu; then
   stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning; silu-test: the rest)"
   t=$(($(left) - 60)); [ $t -lt 60 ] && t=60  # timeout 0 would mean no limit, a negative one an error
   KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*,gpu fp8*' \
@@ -219,16 +225,22 @@ if has test; then
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_gpu_tests rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)|skipped' "$OUT/gpu_tests.log" | tr '\n' ' ')"
   [ $rc -eq 0 ] || grep -E "ERROR|FAILED|error" "$OUT/gpu_tests.log" | head -20
+fi
+if has test && part host; then
   stamp "test: host-side GPU and committed-configs tests"
   KDISPATCH_CACHE_DIR=/tmp/kd-no-cache "$BUILD/tests/kdispatch_tests" -tc='gpu host*,configs*' >"$OUT/host_tests.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_tests (gpu host, configs) rc=$rc: $(grep -E '^\[doctest\] test cases' "$OUT/host_tests.log")"
+fi
+if has test && part torch; then
   stamp "test: torch custom ops on CUDA tensors (streams, graph capture)"
   (cd integrations/python/tests && PYTHONPATH="$ROOT/integrations/python" KDISPATCH_LIBRARY="$LIB" \
     "$PY" -m unittest -v test_torch_ops) >"$OUT/torch_ops.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "test_torch_ops rc=$rc: $(tail -3 "$OUT/torch_ops.log" | tr '\n' ' ')"
-  [ $status -eq 0 ] && echo "::: test: complete" || echo "::: test: FAILED (see the logs)"
+fi
+if has test; then
+  [ $status -eq 0 ] && echo "::: test: complete ($TEST_PARTS)" || echo "::: test: FAILED (see the logs)"
 fi
 
 # ================================================================ fp8-test

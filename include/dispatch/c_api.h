@@ -266,13 +266,17 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_close(kdispatch_runtime* rt, 
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt);
 
 /** For a language binding at interpreter exit (Python's atexit): from this
- *  call on, a call through any runtime handle that ends on another thread
- *  blocks that thread forever instead of returning, and the process exits
- *  around it; calls on the calling thread go on as before. Why: a daemon
+ *  call on, a call through any runtime handle on another thread blocks that
+ *  thread forever, at its start, or at its end when it was in flight,
+ *  instead of running or returning, and the process exits around it; this
+ *  function waits (at most 2 s) until every such call has parked or
+ *  returned. Calls on the calling thread go on as before. Why: a daemon
  *  thread returning into an interpreter that is finalizing is ended by a
  *  forced unwind (pthread_exit), which a C++ noexcept frame of the caller's
- *  (torch's GIL guards) turns into std::terminate (SIGABRT at exit). Not
- *  undone. Thread-safe; costs other calls one shared read. */
+ *  (torch's GIL guards) turns into std::terminate (SIGABRT at exit); one
+ *  still running while the process runs its static destructors uses what
+ *  they free (SIGSEGV). Not undone. Thread-safe; costs other calls two
+ *  shared reads. */
 KDISPATCH_C_API void kdispatch_park_calls_at_exit(void);
 
 /** Re-reads every config dir and atomically publishes a new table; on a

@@ -567,7 +567,7 @@ kdispatch_status kdispatch_runtime_destroy(kdispatch_runtime* rt) {
   });
 }
 
-void kdispatch_park_calls_at_exit(void) { dispatch::capi::park_calls_at_exit(); }
+void kdispatch_park_calls_at_exit(void) { (void)dispatch::capi::park_calls_at_exit(2.0); }
 
 kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt) {
   return guarded("kdispatch_runtime_reload", [&]() -> kdispatch_status {

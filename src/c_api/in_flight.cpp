@@ -55,10 +55,31 @@ std::atomic<bool> g_exiting_set{false};
 
 }  // namespace
 
-void park_calls_at_exit() noexcept {
+int64_t park_calls_at_exit(double timeout_s) noexcept {
   g_exiting_thread.store(pthread_self(), std::memory_order_relaxed);
   g_exiting_set.store(true, std::memory_order_release);
-  g_park_at_exit.store(true, std::memory_order_release);
+  g_park_at_exit.store(true, std::memory_order_seq_cst);
+  // Every call that made its record before the flag: wait until it parked
+  // (its destructor) or returned. One made after it parks at entry.
+  using clock = std::chrono::steady_clock;
+  const auto end = clock::now() + std::chrono::duration<double>(std::max(timeout_s, 0.0));
+  Slots& all = slots();
+  for (;;) {
+    int64_t n = 0;
+    const size_t hw = std::min(all.high_water.load(std::memory_order_seq_cst), kCallSlots);
+    for (size_t i = 0; i < hw; ++i)
+      if (&all.slot[i] != t_call_slot && all.slot[i].in.load(std::memory_order_seq_cst) != nullptr) ++n;
+    if (n == 0 || clock::now() >= end) return n;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+void park_at_entry() noexcept {
+  if (!g_exiting_set.load(std::memory_order_acquire) ||
+      pthread_equal(pthread_self(), g_exiting_thread.load(std::memory_order_relaxed)))
+    return;
+  if (CallSlot* s = t_call_slot) s->in.store(nullptr, std::memory_order_seq_cst);
+  for (;;) ::pause();
 }
 
 void park_unless_exiting() noexcept {

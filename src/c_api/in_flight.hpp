@@ -49,19 +49,26 @@ inline constexpr size_t kCallSlots = 4096;
 /// taken). Plain TLS, constant-initialised (so no TLS wrapper call): one load.
 inline thread_local constinit CallSlot* t_call_slot = nullptr;
 
-/// Set by kdispatch_park_calls_at_exit(): from then on a call that ends on
-/// any thread but the one that set it blocks forever instead of returning
-/// (a language binding's interpreter exit: a daemon thread that returned
-/// would take the interpreter lock back during finalization and be ended by
-/// a forced unwind, which a C++ noexcept frame of the caller's turns into
-/// std::terminate). Read once per call: a shared read, never written on a
-/// call.
+/// Set by kdispatch_park_calls_at_exit(): from then on a call on any thread
+/// but the one that set it blocks forever, at its start or, when it was in
+/// flight, at its end, instead of running or returning (a language
+/// binding's interpreter exit: a daemon thread that returned would take the
+/// interpreter lock back during finalization and be ended by a forced
+/// unwind, which a C++ noexcept frame of the caller's turns into
+/// std::terminate; one still running while the process runs its static
+/// destructors would use what they free). Read twice per call: a shared
+/// read, never written on a call.
 inline constinit std::atomic<bool> g_park_at_exit{false};
 
-/// Records the calling thread as the exiting one and sets g_park_at_exit.
-void park_calls_at_exit() noexcept;
+/// Records the calling thread as the exiting one, sets g_park_at_exit, and
+/// waits (at most `timeout_s`) until no other thread has a call in flight:
+/// each has parked or returned. Returns the calls still in flight.
+int64_t park_calls_at_exit(double timeout_s) noexcept;
 /// Blocks forever unless this thread is the exiting one. Cold.
 [[gnu::cold]] void park_unless_exiting() noexcept;
+/// park_unless_exiting for a call that has just made its record: clears it
+/// first (a parked call is not in flight). Cold.
+[[gnu::cold]] void park_at_entry() noexcept;
 
 /// Takes a slot for this thread (into t_call_slot) and arranges its release
 /// at thread exit; null when all kCallSlots are taken. Cold.
@@ -83,6 +90,11 @@ class InFlight {
       gate.overflow_calls.fetch_add(1, std::memory_order_seq_cst);
     }
     entered_ = !gate.closed.load(std::memory_order_seq_cst);
+    // After the record is made (the Dekker pattern with park_calls_at_exit's
+    // flag store and slot scan): a call that starts once the process exits
+    // parks before it touches anything.
+    if (g_park_at_exit.load(std::memory_order_seq_cst)) [[unlikely]]
+      park_at_entry();
   }
   [[gnu::always_inline]] ~InFlight() {
     if (slot_ != nullptr) [[likely]]

@@ -384,7 +384,10 @@ std::string CompactLock::take(const fs::path& path, std::string* note) {
     struct stat moved {};
     if (::fstatat(dir.get(), aside.c_str(), &moved, AT_SYMLINK_NOFOLLOW) == 0 &&
         (moved.st_dev != st.st_dev || moved.st_ino != st.st_ino))
-      (void)::linkat(dir.get(), aside.c_str(), dir.get(), name.c_str(), 0);  // not the one judged: back
+      if (::linkat(dir.get(), aside.c_str(), dir.get(), name.c_str(), 0) != 0) {  // not the one judged: back
+        // Its name was taken meanwhile: the lock it was is released (as its
+        // holder would), the loop judges the new one.
+      }
     else
       *note += (note->empty() ? "" : "; ") + ("took over " + path.string() + ": " + why);
     ::unlinkat(dir.get(), aside.c_str(), 0);
