@@ -383,13 +383,15 @@ std::string CompactLock::take(const fs::path& path, std::string* note) {
     }
     struct stat moved {};
     if (::fstatat(dir.get(), aside.c_str(), &moved, AT_SYMLINK_NOFOLLOW) == 0 &&
-        (moved.st_dev != st.st_dev || moved.st_ino != st.st_ino))
-      if (::linkat(dir.get(), aside.c_str(), dir.get(), name.c_str(), 0) != 0) {  // not the one judged: back
-        // Its name was taken meanwhile: the lock it was is released (as its
-        // holder would), the loop judges the new one.
+        (moved.st_dev != st.st_dev || moved.st_ino != st.st_ino)) {
+      // Not the one judged: put it back. When its name was taken meanwhile,
+      // the lock it was is released (as its holder would), and the loop
+      // judges the new one.
+      if (::linkat(dir.get(), aside.c_str(), dir.get(), name.c_str(), 0) != 0) {
       }
-    else
+    } else {
       *note += (note->empty() ? "" : "; ") + ("took over " + path.string() + ": " + why);
+    }
     ::unlinkat(dir.get(), aside.c_str(), 0);
   }
   return "cannot take " + path.string() + ": it keeps changing";
