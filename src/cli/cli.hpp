@@ -55,6 +55,7 @@ struct ModelSpec {
   /// MLA instead of grouped-query attention (DeepSeek); null for GQA. Its
   /// projections replace qkv_proj; o_proj's K is heads * v_head_dim.
   const MlaSpec* mla = nullptr;
+  int64_t vocab = 0;  ///< vocab_size (`tune --model NAME`'s lm_head; the replay runs no lm_head)
 
   // Per-rank GEMM shapes (N, K) of the four projections, as torch.nn.Linear
   // weights [N, K]. q/k/v and gate/up are fused as SGLang/vLLM fuse them.
@@ -213,7 +214,45 @@ struct TuneCmdOptions {
   /// The hidden worker mode of --devices: tune the units the parent sends
   /// on stdin on --device, answer on fd 3 (tune.cpp).
   bool internal_worker = false;
+
+  // --model (tune_model.cpp): the units of a model instead of --shapes.
+  /// --model: a Hugging Face config.json, a dir holding one, or a replay model's name; "" = --shapes.
+  std::string model;
+  int64_t tp = 0;          ///< --tp: tensor-parallel degree the shapes are sharded for; 0 = not given (1)
+  std::string fp8;         ///< --fp8: tensor | rowwise | block | none; "" = the config's quantization_config
+  std::string ms;          ///< --ms: M values "1,2,4"; "" = 1, 2, 4, ..., 8192
+  bool no_lm_head = false; ///< --no-lm-head: leave lm_head out
 };
+
+/// One (op, key) a model runs, as `tune --model` derives it from the
+/// model's unit table (tune_model.cpp): tuned at each M of --ms (times
+/// each of rows_per_token).
+struct ModelUnit {
+  std::string sites;  ///< where the model calls it: "qkv_proj", "post_attention_layernorm+final_norm"
+  std::string op;     ///< an op of the op list
+  std::vector<std::pair<std::string, int64_t>> dims;  ///< the op's dim key fields: {"N", 1152}, {"K", 896}
+  bool bias = false;
+  std::string dtype;      ///< "" = the run's (--dtype)
+  std::string out_dtype;  ///< "" = the op's default
+  /// Rows per token: the unit's M is tokens x each (1; Qwen3's q_norm and
+  /// k_norm run over every head's row: heads per rank).
+  std::vector<int64_t> rows_per_token = {1};
+};
+/// What `tune --model` derived from a config: the units, and what it does
+/// not tune (said in the output, not an error).
+struct ModelPlan {
+  std::string description;  ///< "llama (LlamaForCausalLM): hidden 4096, ..., tp 1, bf16"
+  std::vector<ModelUnit> units;
+  std::vector<std::string> not_tuned;  ///< "experts.gate_up_proj ...: not tuned: no MoE op yet"
+  std::vector<std::string> notes;      ///< e.g. the fp8 layout taken from quantization_config
+};
+/// Reads --model (o.model, o.tp, o.fp8, o.dtype, o.no_lm_head) and derives
+/// its units; nullopt with *error (a usage error: an unreadable or unknown
+/// config, --tp not dividing a dimension, naming it) on failure.
+std::optional<ModelPlan> plan_model(const TuneCmdOptions& o, std::string* error);
+/// --ms: M values >= 1 separated by commas; "" gives 1, 2, 4, ..., 8192.
+/// False with *error on a bad value.
+bool parse_ms(const std::string& text, std::vector<int64_t>* ms, std::string* error);
 /// The accepted ranges of `tune --workers-per-device` and `--unit-timeout-s`
 /// (a week: a longer unit is a hung one).
 inline constexpr int32_t kMaxWorkersPerDevice = 64;

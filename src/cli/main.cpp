@@ -164,17 +164,37 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   CLI::App* tune = app.add_subcommand(
       "tune",
       "Tune every shape of a shape list (a `kdispatch misses` CSV, or an aiter untuned CSV: M,N,K[,bias,dtype,"
-      "outdtype]; M and the op's dims, e.g. M,hidden, for the others) for one op with dispatch::pretune, writing the "
+      "outdtype]; M and the op's dims, e.g. M,hidden, for the others) for one op, or every shape a model runs "
+      "(--model: its config.json), with dispatch::pretune, writing the "
       "winners into an emit dir as config files (<dir>/cpu/<op>/<key>.json, the format configs/ holds). Resumes: "
       "shapes the emit dir already holds are skipped. KDISPATCH_LOG_LEVEL=info prints the confirmation of every "
       "shape whose search winner was not the default (winner/default time per placement of the inputs, and whether "
       "the default was kept).");
-  tune->add_option("--shapes", to.shapes, "Shape CSV (repeatable)")
+  tune->add_option("--shapes", to.shapes, "Shape CSV (repeatable); with --op (or --model instead)")
       ->type_name("FILE")
-      ->required()
       ->take_all()
       ->allow_extra_args(false);
-  tune->add_option("--op", to.op, op_names_text() + ": the rows of this op are tuned")->type_name("OP")->required();
+  tune->add_option("--op", to.op,
+                   op_names_text() + ": the rows of this op are tuned (with --model: only this op's units)")
+      ->type_name("OP");
+  tune->add_option("--model", to.model,
+                   "Tune every shape a model runs: a Hugging Face config.json, a local snapshot dir holding one, or "
+                   "a replay model's name (" + model_names() + "); nothing is fetched. Llama, Mistral, Qwen2, Qwen3, "
+                   "Gemma, Gemma2, Gemma3, Phi-3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 configs; the units are its "
+                   "projections (fused qkv, o_proj, fused gate_up, down, lm_head; DeepSeek's MLA projections), norms, "
+                   "silu_and_mul and, with --fp8, its quant ops; MoE experts are listed as not tuned")
+      ->type_name("CONFIG.json|DIR|NAME");
+  tune->add_option("--tp", to.tp,
+                   "--model: tensor-parallel degree the shapes are sharded for (default 1; a replay model: its own); "
+                   "one that does not divide a dimension is refused, naming it")
+      ->type_name("N");
+  tune->add_option("--fp8", to.fp8,
+                   "--model: run the projections as fp8 (quant op + fp8 GEMM of the layout): tensor, rowwise or "
+                   "block; none: not fp8 (default: an fp8 checkpoint's quantization_config, else none)")
+      ->type_name("tensor|rowwise|block|none");
+  tune->add_option("--ms", to.ms, "--model: the M values, comma-separated (default 1,2,4,...,8192)")
+      ->type_name("LIST");
+  tune->add_flag("--no-lm-head", to.no_lm_head, "--model: leave lm_head out");
   tune->add_option("--emit", to.emit, "Dir the config files are written to (created; also read to resume)")
       ->type_name("DIR")
       ->required();
@@ -248,7 +268,10 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
       "  kdispatch validate my-configs && kdispatch replay --configs my-configs\n"
       "  kdispatch tune --shapes grid.csv --op gemm --backend cuda --emit my-configs --devices all   # every GPU\n"
       "  kdispatch tune --shapes grid.csv --op gemm --backend cuda --emit my-configs --devices 0,1 --shard 0/2\n"
-      "Progress goes to stderr, one line per shape (with --devices: which worker and device tuned it, and its time);\n"
+      "  kdispatch tune --model Qwen2.5-7B/config.json --backend cuda --emit my-configs --list   # its units\n"
+      "  kdispatch tune --model Qwen2.5-7B/ --tp 2 --backend cuda --emit my-configs --devices all\n"
+      "Progress goes to stderr, one line per unit: [n/N] ... [elapsed E, ETA T] (with --devices: which worker and\n"
+      "device tuned it, and its time);\n"
       "the summary to stdout (with --devices: units and time per worker, and the wall time).\n"
       "Exit codes: 0 every shape tuned or skipped, 1 some shape failed, 2 bad argument or shape file.");
   return tune;

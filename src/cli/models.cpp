@@ -21,22 +21,25 @@ constexpr MlaSpec kDeepSeekV3Mla{/*q_lora_rank=*/1536, /*kv_lora_rank=*/512, /*q
 const std::vector<ModelSpec>& models() {
   // Dimensions from each model's config.json on the Hugging Face hub
   // (hidden_size, intermediate_size, num_attention_heads,
-  // num_key_value_heads, num_hidden_layers, rms_norm_eps; head_dim =
+  // num_key_value_heads, num_hidden_layers, rms_norm_eps, vocab_size; head_dim =
   // hidden_size / num_attention_heads). Qwen2 adds a bias to q/k/v
   // ("attention_bias" is implied by the Qwen2 architecture); Llama has none.
   static const std::vector<ModelSpec> kModels = {
-      {"qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B config.json", 896, 4864, 14, 2, 64, 24, 1e-6, true, 1},
-      {"qwen2.5-7b", "Qwen/Qwen2.5-7B config.json", 3584, 18944, 28, 4, 128, 28, 1e-6, true, 1},
-      {"llama-3-8b", "meta-llama/Meta-Llama-3-8B config.json", 4096, 14336, 32, 8, 128, 32, 1e-5, false, 1},
+      {"qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B config.json", 896, 4864, 14, 2, 64, 24, 1e-6, true, 1, false, nullptr,
+       /*vocab=*/151936},
+      {"qwen2.5-7b", "Qwen/Qwen2.5-7B config.json", 3584, 18944, 28, 4, 128, 28, 1e-6, true, 1, false, nullptr,
+       /*vocab=*/152064},
+      {"llama-3-8b", "meta-llama/Meta-Llama-3-8B config.json", 4096, 14336, 32, 8, 128, 32, 1e-5, false, 1, false,
+       nullptr, /*vocab=*/128256},
       // One rank of an 8-way tensor-parallel Llama-3-70B: qkv and gate_up are
       // column-parallel (N / 8), o_proj and down_proj row-parallel (K / 8).
       {"llama-3-70b-tp8", "meta-llama/Meta-Llama-3-70B config.json, tensor parallel 8", 8192, 28672, 64, 8, 128, 80,
-       1e-5, false, 8},
+       1e-5, false, 8, false, nullptr, /*vocab=*/128256},
       // fp8 models: every projection quant_fp8_group + gemm_fp8_block (fp8
       // e4m3fn weights in 128x128 blocks, 1x128 activation groups: DeepSeek-
       // V3's scheme, SGLang's "fp8_w8a8, block_shape=[128, 128]").
       {"llama-3-8b-fp8", "meta-llama/Meta-Llama-3-8B config.json, block-fp8 projections", 4096, 14336, 32, 8, 128, 32,
-       1e-5, false, 1, /*fp8=*/true},
+       1e-5, false, 1, /*fp8=*/true, nullptr, /*vocab=*/128256},
       // DeepSeek-V3's dense layers: the first first_k_dense_replace = 3 of
       // its 61 layers have a dense MLP (intermediate_size 18432; the other
       // 58 are MoE). MLA attention, 128 heads; unsharded (tp 1) shapes, as
@@ -44,7 +47,8 @@ const std::vector<ModelSpec>& models() {
       // v_head_dim (o_proj's K = 128 * 128); kv_heads = heads (MLA's kv_b_proj
       // gives every head its own k and v).
       {"deepseek-v3-dense-fp8", "deepseek-ai/DeepSeek-V3 config.json, its 3 dense layers, fp8 checkpoint (block 128x128)",
-       7168, 18432, 128, 128, 128, 3, 1e-6, false, 1, /*fp8=*/true, &kDeepSeekV3Mla},
+       7168, 18432, 128, 128, 128, 3, 1e-6, false, 1, /*fp8=*/true, &kDeepSeekV3Mla,
+       /*vocab=*/129280},
   };
   return kModels;
 }

@@ -11,6 +11,11 @@
 //
 // `tune --devices all|0,1,...` spreads the units over one worker process per
 // device, pulling from one queue, largest first (run_devices, below).
+//
+// `tune --model CONFIG` takes its units from a model's config.json instead
+// of a shape list (tune_model.cpp: the unit table; model_shapes, below):
+// several ops in one run, each unit (a Job) naming its op. Every run prints
+// a progress line per unit: [n/N] ... [elapsed E, ETA T].
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
@@ -35,6 +40,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -231,13 +237,27 @@ struct Job {
   std::string label;       // the progress line's and the summary's name: "N=896,K=896,bf16", "hidden=896,bf16"
   int64_t m = 0;
   double flops = 0;
+  std::string op;     // its op (--op, or the model unit's)
+  int64_t bytes = 0;  // its operands' bytes at M (describe_key): a lower bound of its tuning scratch
 };
 
-// The progress display on stderr: one line per shape; on a terminal, also
-// a bar redrawn in place under those lines.
+// "12.3s", "4m05s", "2h07m".
+std::string duration_text(double s) {
+  char b[32];
+  if (s < 60) std::snprintf(b, sizeof b, "%.1fs", s);
+  else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  else std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
+  return b;
+}
+
+// The progress display on stderr: one line per unit, "[n/N] <what> [elapsed
+// E, ETA T]"; on a terminal, also a bar redrawn in place under those lines.
+// The ETA is the elapsed time per unit searched (not skipped) so far times
+// the units left ("?" before the first search ends).
 class Progress {
  public:
-  explicit Progress(size_t total) : total_(total), tty_(::isatty(::fileno(stderr)) == 1) {}
+  explicit Progress(size_t total)
+      : total_(total), tty_(::isatty(::fileno(stderr)) == 1), t0_(std::chrono::steady_clock::now()) {}
 
   void start(size_t i, const std::string& what) {
     if (!tty_) return;
@@ -248,10 +268,19 @@ class Progress {
     std::fprintf(stderr, "\r\033[K[%s] %zu/%zu %s ...", bar.c_str(), i, total_, what.c_str());
     std::fflush(stderr);
   }
-  void done(size_t i, const std::string& text) {
+  // Unit i of total_ ended; `searched`: it ran a search (not skipped).
+  void done(size_t i, const std::string& text, bool searched = true) {
     if (tty_) std::fprintf(stderr, "\r\033[K");
+    searched_ += searched;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const size_t left = total_ > i ? total_ - i : 0;
+    const std::string eta = left == 0       ? std::string("0.0s")
+                            : searched_ == 0 ? std::string("?")
+                                             : duration_text(elapsed / static_cast<double>(searched_) *
+                                                             static_cast<double>(left));
     const int w = static_cast<int>(std::to_string(total_).size());
-    std::fprintf(stderr, "[%*zu/%zu] %s\n", w, i, total_, text.c_str());
+    std::fprintf(stderr, "[%*zu/%zu] %s [elapsed %s, ETA %s]\n", w, i, total_, text.c_str(),
+                 duration_text(elapsed).c_str(), eta.c_str());
     std::fflush(stderr);
   }
   void finish() {
@@ -261,11 +290,14 @@ class Progress {
  private:
   size_t total_;
   bool tty_;
+  std::chrono::steady_clock::time_point t0_;
+  size_t searched_ = 0;
 };
 
 struct Outcome {
   enum class Kind { tuned, done, too_large, unsupported, failed } kind = Kind::failed;
   std::string label;
+  std::string op;
   int64_t m = 0;
   std::string variant, key, message;
   dsp::Config config;
@@ -334,7 +366,12 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
     std::fprintf(stderr, "%s: %s\n", cmd, msg.c_str());
     return kExitUsage;
   };
-  if (!find_op(o.op)) return bad("--op '" + o.op + "' is not " + op_names_text());
+  if (!o.op.empty() && !find_op(o.op)) return bad("--op '" + o.op + "' is not " + op_names_text());
+  if (o.model.empty() && (o.tp != 0 || !o.fp8.empty() || !o.ms.empty() || o.no_lm_head))
+    return bad("--tp, --fp8, --ms and --no-lm-head go with --model");
+  if (o.tp < 0 || o.tp > 1024) return bad("--tp must be in [1, 1024], got " + std::to_string(o.tp));
+  if (!o.fp8.empty() && o.fp8 != "tensor" && o.fp8 != "rowwise" && o.fp8 != "block" && o.fp8 != "none")
+    return bad("--fp8 '" + o.fp8 + "' is not tensor, rowwise, block or none");
   if (!dtype_from_csv(o.dtype)) return bad("--dtype '" + o.dtype + "' is not a dtype (fp32, bf16, fp16, fp8_e4m3fn)");
   if (!(o.max_flops > 0)) return bad("--max-flops must be > 0, got " + fmt("%g", o.max_flops));
   if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) return bad("--mem-gib must be > 0, got " + fmt("%g", o.mem_gib));
@@ -378,7 +415,16 @@ struct Shapes {
   std::vector<Job> jobs;
   std::vector<Outcome> unsupported;           // rows of --op this host cannot tune
   std::map<std::string, int64_t> other_rows;  // rows left out: another op -> count
+  std::vector<std::string> ops;               // the ops of the run: --op, or the model's
+  std::optional<ModelPlan> model;             // --model: what it derived
 };
+
+// The ops of the run as the summary names them: "gemm", or "gemm/rmsnorm/...".
+std::string ops_text(const Shapes& sh) {
+  std::string out;
+  for (const std::string& op : sh.ops) out += (out.empty() ? "" : "/") + op;
+  return out;
+}
 
 // How many of `op`'s dim key fields the row gives a value >= 1 for, of how many.
 std::pair<size_t, size_t> dims_given(const ShapeRow& r, const dsp::OpInfo& op) {
@@ -471,7 +517,8 @@ Outcome add_row(const ShapeRow& r, const std::string& file, const TuneCmdOptions
   Outcome bad;
   bad.kind = Outcome::Kind::unsupported;
   bad.m = r.m;
-  const std::string where = file + ":" + std::to_string(r.line);
+  bad.op = op.name;
+  const std::string where = r.line > 0 ? file + ":" + std::to_string(r.line) : file;
   const std::string_view dtype_text = r.get("dtype");
   std::string_view out_text;
   for (const dsp::OpKeyFieldInfo* f : fields_of_kind(op, "out_dtype")) out_text = field_value(r, *f);
@@ -498,7 +545,7 @@ Outcome add_row(const ShapeRow& r, const std::string& file, const TuneCmdOptions
   } else if (auto d = dsp::describe_key(op.name, key.fields, r.m); !d.ok()) {
     bad.message = where + ": " + d.status().to_string();
   } else {
-    *job = Job{file, r.line, d->key_fields, key.label, r.m, d->flops};
+    *job = Job{file, r.line, d->key_fields, key.label, r.m, d->flops, std::string(op.name), d->bytes};
   }
   return bad;
 }
@@ -530,6 +577,7 @@ Outcome no_op_row(const ShapeRow& r, const std::string& file, const std::vector<
 // error's exit code, or -1.
 int read_shapes(const TuneCmdOptions& o, const char* cmd, const dsp::OpInfo& op, Shapes* out) {
   const std::vector<std::string_view> dims = dims_in_file_order(op);
+  out->ops = {std::string(op.name)};
   std::set<std::pair<std::string, int64_t>> seen;  // (key fields, M)
   for (const std::string& file : o.shapes) {
     std::string err;
@@ -551,6 +599,53 @@ int read_shapes(const TuneCmdOptions& o, const char* cmd, const dsp::OpInfo& op,
       if (!bad.message.empty()) out->unsupported.push_back(std::move(bad));
       else if (seen.insert({j.key_fields, j.m}).second) out->jobs.push_back(std::move(j));
     }
+  }
+  return -1;
+}
+
+// --model: the units of the model's unit table (tune_model.cpp) at each M
+// of --ms, each the job a --shapes row of its key would be (add_row), its
+// label "<sites>: <op> <key>"; with --op, that op's units only. A usage
+// error's exit code, or -1.
+int model_shapes(const TuneCmdOptions& o, const char* cmd, Shapes* out) {
+  std::string err;
+  std::vector<int64_t> ms;
+  if (!parse_ms(o.ms, &ms, &err)) {
+    std::fprintf(stderr, "%s: %s\n", cmd, err.c_str());
+    return kExitUsage;
+  }
+  out->model = plan_model(o, &err);
+  if (!out->model) {
+    std::fprintf(stderr, "%s: --model %s: %s\n", cmd, o.model.c_str(), err.c_str());
+    return kExitUsage;
+  }
+  std::set<std::tuple<std::string, std::string, int64_t>> seen;  // (op, key fields, M)
+  for (const ModelUnit& u : out->model->units) {
+    if (!o.op.empty() && u.op != o.op) continue;
+    const dsp::OpInfo* op = find_op(u.op);
+    if (!op) continue;  // the unit table names ops of the op list only
+    if (std::find(out->ops.begin(), out->ops.end(), u.op) == out->ops.end()) out->ops.push_back(u.op);
+    const std::vector<std::string_view> dims = dims_in_file_order(*op);
+    const std::string head = u.sites + ": " + u.op + " ";
+    for (int64_t m : ms)
+      for (int64_t rows : u.rows_per_token) {
+        ShapeRow r;
+        r.m = m * rows;
+        r.fields.emplace_back("m", std::to_string(r.m));
+        for (const auto& [name, v] : u.dims) r.fields.emplace_back(lower(name), std::to_string(v));
+        if (u.bias) r.fields.emplace_back("bias", "true");
+        r.fields.emplace_back("dtype", u.dtype.empty() ? o.dtype : u.dtype);
+        if (!u.out_dtype.empty()) r.fields.emplace_back("out_dtype", u.out_dtype);
+        Job j;
+        Outcome bad = add_row(r, "--model " + u.sites, o, *op, dims, &j);
+        if (!bad.message.empty()) {
+          bad.label = head + bad.label;
+          out->unsupported.push_back(std::move(bad));
+        } else if (seen.insert({u.op, j.key_fields, j.m}).second) {
+          j.label = head + j.label;
+          out->jobs.push_back(std::move(j));
+        }
+      }
   }
   return -1;
 }
@@ -638,9 +733,14 @@ void print_plan(const TuneCmdOptions& o, const char* cmd, const Shapes& sh, dsp:
   int stale = 0;
   for (const auto& f : rt.load_report().files) stale += f.stale;
   const dsp::TuneOptions& to = rt.options().tune;
-  std::fprintf(stderr, "%s: %zu %s shapes from %zu file(s) -> %s (budget %.0f ms/shape, %d reps%s%s)\n", cmd,
-               sh.jobs.size(), o.op.c_str(), o.shapes.size(), o.emit.c_str(), to.time_budget_ms, to.reps,
+  const std::string from = sh.model ? "model units" : "shapes from " + std::to_string(o.shapes.size()) + " file(s)";
+  std::fprintf(stderr, "%s: %zu %s %s -> %s (budget %.0f ms/shape, %d reps%s%s)\n", cmd, sh.jobs.size(),
+               ops_text(sh).c_str(), from.c_str(), o.emit.c_str(), to.time_budget_ms, to.reps,
                to.cold_cache ? ", cold cache" : ", warm cache", o.resume ? ", resuming" : "");
+  if (sh.model) {
+    std::fprintf(stderr, "  model: %s\n", sh.model->description.c_str());
+    for (const std::string& n : sh.model->notes) std::fprintf(stderr, "  note: %s\n", n.c_str());
+  }
   for (const auto& [other, n] : sh.other_rows)
     std::fprintf(stderr, "  left out %lld rows of %s\n", (long long)n, other.c_str());
   if (auto cl = dsp::cache_locking(o.emit); cl.ok())
@@ -659,6 +759,13 @@ void print_plan(const TuneCmdOptions& o, const char* cmd, const Shapes& sh, dsp:
 }
 
 // ---- tune
+
+// Why a unit whose operands need `bytes` is not tuned under `budget`.
+std::string over_budget_text(int64_t bytes, int64_t budget) {
+  return "its operands need " + fmt("%.2f", static_cast<double>(bytes) / 1073741824.0) +
+         " GiB, over the tuning memory budget of " + fmt("%.2f", static_cast<double>(budget) / 1073741824.0) +
+         " GiB (--mem-gib)";
+}
 
 struct Target {
   dsp::Runtime& rt;
@@ -692,20 +799,25 @@ Outcome tuned_outcome(const dsp::PretuneResult& r, const std::string& head, cons
 }
 
 // A job skipped before the search: its call costs more than --max-flops,
-// or (resuming) the emit dir has its (key, M) already (an exact lookup
-// match). Sets the progress line.
+// its operands alone are over the tuning memory budget (--mem-gib: a
+// model's lm_head at large M), or (resuming) the emit dir has its (key, M)
+// already (an exact lookup match). Sets the progress line.
 std::optional<Outcome> skip(const Target& t, const Job& j, const std::string& head, std::string* line) {
   const TuneCmdOptions& o = t.o;
   Outcome out;
-  if (j.flops > o.max_flops) {
+  out.op = j.op;
+  const int64_t budget = t.rt.options().tune.memory_budget_bytes;
+  if (j.flops > o.max_flops || j.bytes > budget) {
     out.kind = Outcome::Kind::too_large;
-    out.message = fmt("%.3g", j.flops) + " flops per call > --max-flops " + fmt("%.3g", o.max_flops);
+    out.message = j.flops > o.max_flops
+                      ? fmt("%.3g", j.flops) + " flops per call > --max-flops " + fmt("%.3g", o.max_flops)
+                      : over_budget_text(j.bytes, budget);
     *line = head + " skipped: " + out.message;
     return out;
   }
   if (!o.resume) return std::nullopt;
   dsp::LookupQuery q;
-  q.op = o.op;
+  q.op = j.op;
   q.key = j.key_fields;
   q.backend = o.backend;
   q.device = t.device;
@@ -751,7 +863,7 @@ Outcome tune_unit(const Target& t, const Job& j, std::string* line, bool* sticky
     out = std::move(*skipped);
   } else {
     if (progress) progress->start(i + 1, head);
-    auto r = dsp::pretune_key(t.rt, t.o.op, j.key_fields, j.m, t.dev);
+    auto r = dsp::pretune_key(t.rt, j.op, j.key_fields, j.m, t.dev);
     if (r.ok()) {
       out = tuned_outcome(*r, head, t.o.emit, line);
     } else {
@@ -764,15 +876,19 @@ Outcome tune_unit(const Target& t, const Job& j, std::string* line, bool* sticky
     }
   }
   out.label = j.label;
+  out.op = j.op;
   out.m = j.m;
   return out;
 }
+
+// Whether the unit ran a search (the progress line's ETA counts those).
+bool searched(const Outcome& out) { return out.kind == Outcome::Kind::tuned || out.kind == Outcome::Kind::failed; }
 
 // One job of this process, with its progress line.
 Outcome tune_one(const Target& t, const Job& j, size_t i, Progress& progress) {
   std::string line;
   Outcome out = tune_unit(t, j, &line, nullptr, &progress, i);
-  progress.done(i + 1, line);
+  progress.done(i + 1, line, searched(out));
   return out;
 }
 
@@ -808,11 +924,13 @@ Summary summarize(const TuneCmdOptions& o, const Shapes& sh, const std::vector<O
   s.shapes = static_cast<int64_t>(sh.jobs.size() + sh.unsupported.size());
   s.geomean = s.with_speedup ? std::exp(log_sum / static_cast<double>(s.with_speedup)) : 0.0;
   s.seconds = seconds;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(fs::path(o.emit) / o.backend / o.op, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().extension() == ".json" && it->path().filename().string()[0] != '.')
-      s.files.push_back(fs::relative(it->path(), o.emit, ec).generic_string());
+  for (const std::string& op : sh.ops) {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(fs::path(o.emit) / o.backend / op, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->is_regular_file(ec) && it->path().extension() == ".json" && it->path().filename().string()[0] != '.')
+        s.files.push_back(fs::relative(it->path(), o.emit, ec).generic_string());
+  }
   std::sort(s.files.begin(), s.files.end());
   return s;
 }
@@ -820,6 +938,7 @@ Summary summarize(const TuneCmdOptions& o, const Shapes& sh, const std::vector<O
 void write_outcome(JsonWriter& w, const Outcome& r) {
   w.begin_object();
   w.field("shape", r.label).field("M", r.m).field("status", kind_name(r.kind));
+  if (!r.op.empty()) w.field("op", r.op);
   if (!r.variant.empty()) {
     w.field("variant", r.variant);
     w.key("config").json(r.config_json.empty() ? dsp::config_to_json(r.config) : r.config_json);
@@ -841,11 +960,20 @@ void write_outcome(JsonWriter& w, const Outcome& r) {
 
 // `workers` (--devices): the JSON array of the worker slots, else "".
 void print_json(const TuneCmdOptions& o, const std::string& device, const Summary& s, double budget_ms,
-                const std::vector<Outcome>& results, const std::vector<Outcome>& unsupported,
-                const std::string& workers = {}) {
+                const std::vector<Outcome>& results, const Shapes& sh, const std::string& workers = {}) {
+  const std::vector<Outcome>& unsupported = sh.unsupported;
   JsonWriter w;
   w.begin_object();
   w.field("op", o.op).field("emit", o.emit).field("device_name", device);
+  if (sh.model) {  // --model: what it derived, and what it does not tune
+    w.field("model", sh.model->description);
+    w.key("ops").begin_array();
+    for (const std::string& op : sh.ops) w.value(op);
+    w.end_array();
+    w.key("not_tuned").begin_array();
+    for (const std::string& n : sh.model->not_tuned) w.value(n);
+    w.end_array();
+  }
   w.field("shapes", s.shapes).field("tuned", s.tuned);
   w.field("skipped", s.done + s.too_large + s.unsupported).field("skipped_done", s.done);
   w.field("skipped_too_large", s.too_large).field("skipped_unsupported", s.unsupported);
@@ -863,13 +991,16 @@ void print_json(const TuneCmdOptions& o, const std::string& device, const Summar
   std::fputs((w.take() + "\n").c_str(), stdout);
 }
 
-void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Outcome>& unsupported) {
-  for (const Outcome& r : unsupported)
+void print_text(const TuneCmdOptions& o, const Summary& s, const Shapes& sh) {
+  for (const Outcome& r : sh.unsupported)
     std::fprintf(stderr, "  %s %s M=%lld: %s\n", r.kind == Outcome::Kind::failed ? "failed" : "skipped",
                  r.label.c_str(), (long long)r.m, r.message.c_str());
+  if (sh.model)
+    for (const std::string& n : sh.model->not_tuned) std::printf("%s\n", n.c_str());
+  const std::string ops = ops_text(sh);
   std::printf("%lld %s shapes: %lld tuned, %lld skipped (%lld already in %s, %lld too large here, %lld not "
               "tunable here), %lld failed; %.1f s\n",
-              (long long)s.shapes, o.op.c_str(), (long long)s.tuned, (long long)(s.done + s.too_large + s.unsupported),
+              (long long)s.shapes, ops.c_str(), (long long)s.tuned, (long long)(s.done + s.too_large + s.unsupported),
               (long long)s.done, o.emit.c_str(), (long long)s.too_large, (long long)s.unsupported, (long long)s.failed,
               s.seconds);
   if (s.with_speedup)
@@ -888,8 +1019,9 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
   const std::string as = fragments ? " (written as " + std::to_string(fragments) +
                                          " fragment(s): compact them with kdispatch merge --compact)"
                                    : std::string();
+  const std::string op_dir = sh.ops.size() == 1 ? ops : "{" + ops + "}";
   std::printf("%zu config file(s)%s under %s/%s/%s/%s\n", tables.size(), as.c_str(), o.emit.c_str(),
-              o.backend.c_str(), o.op.c_str(),
+              o.backend.c_str(), op_dir.c_str(),
               s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
 }
 
@@ -904,7 +1036,7 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const std::vector<Out
 // the next to whichever worker is free (the first units once every first
 // worker is ready or gone: unit i to worker i). Over pipes, one line per
 // message, tab-separated:
-//   parent -> worker (its stdin):  unit <index> <attempt> <M> <key fields> <label>
+//   parent -> worker (its stdin):  unit <index> <attempt> <M> <key fields> <label> <op>
 //   worker -> parent (its fd 3):   ready <device name>
 //                                  result <index> <kind> <persisted> <sticky> <us> <default us>
 //                                         <candidates> <rejected> <variant> <key> <config> <message> <line>
@@ -1035,8 +1167,8 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
   while (std::getline(std::cin, in)) {
     const std::vector<std::string> f = split_tabs(in);
     int64_t index = 0, attempt = 0, m = 0;
-    if (f.size() != 6 || f[0] != "unit" || !parse_int(f[1], &index) || !parse_int(f[2], &attempt) ||
-        !parse_int(f[3], &m)) {
+    if (f.size() != 7 || f[0] != "unit" || !parse_int(f[1], &index) || !parse_int(f[2], &attempt) ||
+        !parse_int(f[3], &m) || !find_op(f[6])) {
       std::fprintf(stderr, "%s: worker: a bad command from the parent: '%s'\n", cmd, in.c_str());
       return kExitFailure;
     }
@@ -1044,6 +1176,7 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
     j.m = m;
     j.key_fields = f[4];
     j.label = f[5];
+    j.op = f[6];
     std::string line;
     bool sticky = false;
     Outcome out;
@@ -1176,9 +1309,9 @@ int resolve_devices(const TuneCmdOptions& o, const char* cmd, dsp::Runtime& rt, 
 
 // The worker's command line: the run's tuning options on one device.
 std::vector<std::string> worker_argv(const TuneCmdOptions& o, const std::string& exe, int32_t ordinal) {
-  std::vector<std::string> a = {exe, "tune", "--internal-worker", "--shapes"};
-  a.insert(a.end(), o.shapes.begin(), o.shapes.end());  // not read by a worker; --shapes is required
-  a.insert(a.end(), {"--op", o.op, "--emit", o.emit, "--dtype", o.dtype, "--backend", o.backend, "--device",
+  // No --shapes, --op nor --model: a worker reads no shape list; each unit names its op.
+  std::vector<std::string> a = {exe, "tune", "--internal-worker"};
+  a.insert(a.end(), {"--emit", o.emit, "--dtype", o.dtype, "--backend", o.backend, "--device",
                      std::to_string(ordinal), "--max-flops", fmt("%.17g", o.max_flops)});
   if (o.budget_ms > 0) a.insert(a.end(), {"--budget-ms", fmt("%.17g", o.budget_ms)});
   if (o.mem_gib > 0) a.insert(a.end(), {"--mem-gib", fmt("%.17g", o.mem_gib)});
@@ -1315,7 +1448,8 @@ class DeviceRun {
     w.unit = unit;
     w.started = Clock::now();
     const std::string msg = "unit\t" + std::to_string(unit) + "\t" + std::to_string(attempts_[size_t(unit)]) + "\t" +
-                            std::to_string(j.m) + "\t" + j.key_fields + "\t" + one_field(j.label) + "\n";
+                            std::to_string(j.m) + "\t" + j.key_fields + "\t" + one_field(j.label) + "\t" + j.op +
+                            "\n";
     // A worker that died meanwhile: its pipe's end says so (EPIPE here,
     // EOF on its result pipe), and its unit is handled there.
     (void)write_all(w.cmd_fd, msg);
@@ -1444,8 +1578,9 @@ class DeviceRun {
     out.config_json = f[11];
     out.message = f[12];
     out.attempts = attempts_[size_t(unit)] + 1;
+    const bool ran = searched(out);
     record(unit, std::move(out), &w, seconds);
-    progress_line(where + f[13] + took, true);
+    progress_line(where + f[13] + took, true, ran);
   }
 
   // How long a worker whose pipe ended is given to exit before SIGKILL, and
@@ -1559,6 +1694,7 @@ class DeviceRun {
   void record(int64_t unit, Outcome out, const WorkerSlot* w, double seconds) {
     const Job& j = job_of(unit);
     out.label = j.label;
+    out.op = j.op;
     out.m = j.m;
     out.queue_index = unit;
     out.worker = w ? w->index : -1;
@@ -1576,8 +1712,8 @@ class DeviceRun {
   }
 
   // A line of a unit's end (`counts`: numbered as the units' progress), or of a retry.
-  void progress_line(const std::string& text, bool counts) {
-    if (counts) progress_.done(++done_, text);
+  void progress_line(const std::string& text, bool counts, bool ran = true) {
+    if (counts) progress_.done(++done_, text, ran);
     else std::fprintf(stderr, "%s\n", text.c_str());
   }
 
@@ -1626,7 +1762,7 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
       results[i] = std::move(*skipped);
       results[i].label = j.label;
       results[i].m = j.m;
-      progress.done(++done, line);
+      progress.done(++done, line, false);
     } else {
       units.push_back(i);
     }
@@ -1666,9 +1802,9 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
       w.end_array();
       out = w.take();
     }
-    print_json(o, device_name, s, rt.options().tune.time_budget_ms, results, shapes.unsupported, out);
+    print_json(o, device_name, s, rt.options().tune.time_budget_ms, results, shapes, out);
   } else {
-    print_text(o, s, shapes.unsupported);
+    print_text(o, s, shapes);
     for (const WorkerSlot& ws : dr.slots())
       std::printf("%s: %lld units, %.2f s tuning%s\n", ws.name.c_str(), (long long)ws.units, ws.busy_seconds,
                   ws.processes > 1 ? (", " + std::to_string(ws.processes - 1) + " restart(s)").c_str()
@@ -1684,7 +1820,7 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
 
 // Keeps the units of --shard (cli/shard.hpp) in shapes->jobs; the device
 // ordinal torchrun names goes to *o. A usage error's exit code, or -1.
-int select_shard(TuneCmdOptions* o, const char* cmd, const dsp::OpInfo& op, Shapes* shapes) {
+int select_shard(TuneCmdOptions* o, const char* cmd, Shapes* shapes) {
   if (o->shard.empty()) return -1;
   std::string err;
   const auto s = parse_shard(o->shard, [](const char* n) { return std::getenv(n); }, &err);
@@ -1711,29 +1847,52 @@ int select_shard(TuneCmdOptions* o, const char* cmd, const dsp::OpInfo& op, Shap
   const size_t all = shapes->jobs.size();
   std::vector<Job> kept;
   for (Job& j : shapes->jobs)
-    if (in_shard(*s, unit_hash(op.name, j.key_fields, j.m))) kept.push_back(std::move(j));
+    if (in_shard(*s, unit_hash(j.op, j.key_fields, j.m))) kept.push_back(std::move(j));
   shapes->jobs = std::move(kept);
   std::fprintf(stderr, "%s: shard %lld/%lld from %s: %zu of %zu units\n", cmd, (long long)s->index,
                (long long)s->count, s->source.c_str(), shapes->jobs.size(), all);
   return -1;
 }
 
+// The tuning memory budget the run's runtime will have (emit_runtime):
+// --mem-gib, else $KDISPATCH_TUNE_MEM, else the library's default.
+int64_t mem_budget(const TuneCmdOptions& o) {
+  if (o.mem_gib > 0) return static_cast<int64_t>(o.mem_gib * 1073741824.0);
+  if (std::getenv("KDISPATCH_TUNE_MEM"))
+    if (auto env = dsp::options_from_env(); env.ok()) return env->tune.memory_budget_bytes;
+  return dsp::TuneOptions{}.memory_budget_bytes;
+}
+
 // --list: the units, one per line (label, M, unit hash; units over
-// --max-flops marked), and an estimate for the others: per unit the search
-// budget plus ~0.5 s of confirmation and reference. The emit dir is not
-// read: units it already holds are listed and counted too.
-int list_units(const TuneCmdOptions& o, const dsp::OpInfo& op, const Shapes& shapes) {
+// --max-flops or whose operands are over the memory budget marked), and an
+// estimate for the others: per unit the search budget plus ~0.5 s of
+// confirmation and reference. The emit dir is not read: units it already
+// holds are listed and counted too. --model: the model first, its units,
+// then what it does not tune.
+int list_units(const TuneCmdOptions& o, const Shapes& shapes) {
   const double budget_s = (o.budget_ms > 0 ? o.budget_ms : dsp::TuneOptions{}.time_budget_ms) / 1000.0;
+  const int64_t mem = mem_budget(o);
+  if (shapes.model) {
+    std::printf("model %s\n", shapes.model->description.c_str());
+    for (const std::string& n : shapes.model->notes) std::printf("note: %s\n", n.c_str());
+  }
   size_t tunable = 0;
   for (const Job& j : shapes.jobs) {
-    const bool large = j.flops > o.max_flops;
-    tunable += !large;
+    const bool large = j.flops > o.max_flops, big = !large && j.bytes > mem;
+    tunable += !large && !big;
     std::printf("%s M=%lld unit=%016llx%s\n", j.label.c_str(), (long long)j.m,
-                (unsigned long long)unit_hash(op.name, j.key_fields, j.m), large ? " (over --max-flops: skipped)" : "");
+                (unsigned long long)unit_hash(j.op, j.key_fields, j.m),
+                large ? " (over --max-flops: skipped)"
+                : big ? (" (too large here: " + over_budget_text(j.bytes, mem) + ")").c_str()
+                      : "");
   }
+  for (const Outcome& r : shapes.unsupported)
+    std::printf("%s M=%lld (not tunable here: %s)\n", r.label.c_str(), (long long)r.m, r.message.c_str());
+  if (shapes.model)
+    for (const std::string& n : shapes.model->not_tuned) std::printf("%s\n", n.c_str());
   std::printf("%zu units, estimated %.0f s (%.1f s search + ~0.5 s confirmation each", shapes.jobs.size(),
               static_cast<double>(tunable) * (budget_s + 0.5), budget_s);
-  if (tunable != shapes.jobs.size()) std::printf("; %zu over --max-flops", shapes.jobs.size() - tunable);
+  if (tunable != shapes.jobs.size()) std::printf("; %zu over --max-flops or --mem-gib", shapes.jobs.size() - tunable);
   std::printf("; units the emit dir holds are counted too)\n");
   return kExitOk;
 }
@@ -1749,7 +1908,11 @@ int run_tune(const TuneCmdOptions& opts) {
   }
   if (int e = check_options(o, cmd); e >= 0) return e;
   if (o.internal_worker) return run_worker(o, cmd);
-  const dsp::OpInfo& op = *find_op(o.op);
+  if (o.model.empty() == o.shapes.empty() || (o.model.empty() && o.op.empty())) {
+    std::fprintf(stderr, "%s: give --shapes FILE... with --op OP, or --model CONFIG.json|DIR|NAME%s\n", cmd,
+                 o.model.empty() ? "" : " (not both)");
+    return kExitUsage;
+  }
   // Under torchrun each process is one GPU's: --devices would start workers
   // on every GPU from every process (--shard auto says so below too).
   const bool torchrun = std::getenv("TORCHELASTIC_RUN_ID") || (std::getenv("LOCAL_RANK") && std::getenv("WORLD_SIZE"));
@@ -1761,11 +1924,13 @@ int run_tune(const TuneCmdOptions& opts) {
     return kExitUsage;
   }
 
-  // ---- the shapes: read, keep --op's rows, drop duplicates; the shard's units
+  // ---- the shapes: read, keep --op's rows, drop duplicates (or the
+  // model's units, --op's only when given); the shard's units
   Shapes shapes;
-  if (int e = read_shapes(o, cmd, op, &shapes); e >= 0) return e;
-  if (int e = select_shard(&o, cmd, op, &shapes); e >= 0) return e;
-  if (o.list) return list_units(o, op, shapes);
+  if (int e = o.model.empty() ? read_shapes(o, cmd, *find_op(o.op), &shapes) : model_shapes(o, cmd, &shapes); e >= 0)
+    return e;
+  if (int e = select_shard(&o, cmd, &shapes); e >= 0) return e;
+  if (o.list) return list_units(o, shapes);
 
   // ---- the emit dir and a runtime over it, the device
   int exit_code = kExitOk;
@@ -1787,9 +1952,9 @@ int run_tune(const TuneCmdOptions& opts) {
   // ---- summary
   const Summary s = summarize(o, shapes, results, seconds);
   if (o.json)
-    print_json(o, target.device, s, rt->options().tune.time_budget_ms, results, shapes.unsupported);
+    print_json(o, target.device, s, rt->options().tune.time_budget_ms, results, shapes);
   else
-    print_text(o, s, shapes.unsupported);
+    print_text(o, s, shapes);
   return s.failed > 0 ? kExitFailure : kExitOk;
 }
 
