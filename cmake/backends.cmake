@@ -96,7 +96,8 @@ if(KDISPATCH_ENABLE_CUDA)
   # The cuBLASLt family (kernels/cuda/cublaslt.cpp, in the glob above) is
   # plain C++ that dlopens libcublasLt at run time (never linked: see
   # kernels/cuda/cublaslt.hpp), so it needs the CUDA headers only.
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cuda/cublaslt.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cuda/cublaslt.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/cublas.cpp
+    ${PROJECT_SOURCE_DIR}/kernels/cuda/gemm_list.cpp
     ${PROJECT_SOURCE_DIR}/kernels/cuda/fp8_list.cpp
     PROPERTIES INCLUDE_DIRECTORIES "${CUDAToolkit_INCLUDE_DIRS}")
   list(APPEND KDISPATCH_GPU_LIBS ${CMAKE_DL_LIBS})

@@ -37,6 +37,9 @@
 #   bench/gpu/run_h200.sh --sections torch       # the native torch ops (libkdispatch_torch for the machine's
 #                 torch): their tests (opcheck, torch.compile, CUDA streams, graphs) and the host cost per
 #                 eager call against torch and the floor ops (bench/tools/torch_op_host.py)
+#   bench/gpu/run_h200.sh --sections anymodel    # issue 32: the floor's test, then kdispatch vs torch on 14
+#                 projections with no committed rows, bf16 + fp8, cold and graphs, A/A (resumes; any_model.json)
+#   bench/gpu/run_h200.sh --sections fit         # the synthetic decode grid get_default is fitted on (fit.json)
 #   bench/gpu/run_h200.sh --sections model       # a real model end to end: transformers' Llama-3-8B and
 #                 Qwen2.5-7B (all layers, random weights), stock vs fused torch vs kdispatch ops
 #                 (bench/gpu/e2e_model.py; KD_MODELS=llama3-8b,qwen2.5-7b, KD_MODEL_LAYERS=0: all)
@@ -137,7 +140,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -348,6 +351,39 @@ if has torch; then
   tail -8 "$OUT/torch_host.log"
   [ $status -eq 0 ] && echo "::: torch: complete" || echo "::: torch: FAILED (see the logs)"
 fi
+
+# ================================================================ anymodel / fit
+# anymodel: issue 32's "any model" benchmark (bench/gpu/bench_any_model.py):
+# the floor's test first (TorchFloorCudaTest: kernel names under
+# torch.profiler and bitwise equality against F.linear / torch._scaled_mm),
+# then kdispatch vs torch on 14 projections of 5 model families with no
+# committed rows, bf16 and the fp8 layouts (KD_ANY_KINDS), cold and in CUDA
+# graphs, 5 interleaved rounds with the A/A controls; resumes from
+# .h200/any_model.json. fit: the synthetic grid (bench/gpu/fit_grid.csv) at
+# M <= 16, graph mode, kd vs the floor vs torch; resumes from .h200/fit.json.
+for sec in anymodel fit; do
+  has $sec || continue
+  ensure_torch || { echo "::: $sec: FAILED to build (build.log)"; exit 1; }
+  if [ $sec = anymodel ] && [ "${KD_FLOOR_TEST:-1}" = 1 ]; then
+    stamp "anymodel: the floor's test (TorchFloorCudaTest)"
+    (cd integrations/python/tests && PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native \
+      KDISPATCH_CACHE_DIR=/tmp/kd-no-cache "$PY" -m unittest -v test_torch_ops.TorchFloorCudaTest) >"$OUT/floor_test.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || status=1
+    echo "TorchFloorCudaTest rc=$rc: $(tail -3 "$OUT/floor_test.log" | tr '\n' ' ')"
+    [ $rc -eq 0 ] || grep -E "^(FAIL|ERROR):|Error|AssertionError" "$OUT/floor_test.log" | head -20
+  fi
+  f=any_model.json; [ $sec = fit ] && f=fit.json
+  budget=$(($(left) - 20))
+  stamp "$sec: ${budget} s"
+  grid=bench; [ $sec = fit ] && grid=fit
+  PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off "$PY" bench/gpu/bench_any_model.py \
+    --out "$OUT" --grid $grid --kinds "${KD_ANY_KINDS:-bf16,tensor,rowwise,block}" --budget-s "$budget" \
+    --resume "$RESUME/$f" ${KD_ANY_FLAGS:-} >"$OUT/$sec.log" 2>&1
+  rc=$?
+  tail -2 "$OUT/$sec.log"
+  [ $rc -eq 0 ] || { status=1; grep -E "Error|Traceback" "$OUT/$sec.log" | head; }
+  if grep -q "^COMPLETE" "$OUT/$sec.log"; then echo "::: $sec: complete"; else echo "::: $sec: INCOMPLETE (copy $f into .h200/ and run again)"; fi
+done
 
 # ================================================================ model
 if has model; then

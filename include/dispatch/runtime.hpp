@@ -230,8 +230,10 @@ class KDISPATCH_API Runtime {
   /// (device memory allocated now, on `device`, kept until the runtime is
   /// destroyed): calls on that stream then run plans that need one
   /// (cuBLASLt's split-K algorithms, the tiled family's split_k > 1).
-  /// Call it when the stream is set up — never while it is being captured
-  /// into a graph; the workspace is used in stream order, so one stream's
+  /// Call it when the stream is set up, or at its first call inside a graph
+  /// capture (CUDA: the allocation runs in relaxed capture mode and is not
+  /// captured, as torch's caching allocator allocates during a capture);
+  /// the workspace is used in stream order, so one stream's
   /// calls never race on it. A stream attached again keeps its first
   /// workspace. Up to 64 streams per runtime. Default size 32 MiB (torch's
   /// cuBLAS workspace on Hopper). Thread-safe; calls may run meanwhile.

@@ -328,12 +328,28 @@ uint32_t align_of(const void* ptr, int64_t ld_bytes) {
 /// The operands' alignments as cuBLASLt's preferences see them ("A" = our
 /// B, "B" = our A, C = D): 256 (its default) for a problem without data.
 struct Aligns {
-  uint32_t a = 256, b = 256, c = 256;
+  uint32_t a = 256, b = 256, c = 256, d = 256;
 };
+
+/// The workspace torch offers cuBLASLt (its Lt workspace: CUBLASLT_WORKSPACE_SIZE
+/// KiB, default 1024, as torch reads it), which the floor offers too: the
+/// heuristic's answer depends on it.
+int64_t torch_lt_workspace() {
+  static const int64_t bytes = [] {
+    int64_t kib = 1024;
+    if (const char* v = std::getenv("CUBLASLT_WORKSPACE_SIZE")) {
+      char* end = nullptr;
+      const long long x = std::strtoll(v, &end, 10);
+      if (end != v && *end == '\0' && x >= 0) kib = x;
+    }
+    return std::min<int64_t>(kib * 1024, kDefaultWorkspaceBytes);
+  }();
+  return bytes;
+}
 
 int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, int64_t ldd, const void* bias,
               int64_t workspace_bytes, cublasLtMatmulHeuristicResult_t* res, int cap, const Aligns& al = {},
-              const ScalePtrs& sc = placeholder_scales()) {
+              const ScalePtrs& sc = placeholder_scales(), bool torch_prefs = false) {
   Descs d;
   if (make_descs(api, p, lda, ldb, ldd, bias, &d, sc) != CUBLAS_STATUS_SUCCESS) return 0;
   cublasLtMatmulPreferenceOpaque_t pref;
@@ -343,15 +359,18 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
   // No split-K whose partial sums are reduced in a 16-bit output type: the
   // H200 measured 0.02 absolute error on outputs of 0.6 (3% with K = 264,
   // M = 300), beyond what a bf16 GEMM with fp32 accumulation may return.
+  // The floor (torch_prefs) asks as torch does: no mask, so the heuristic
+  // returns what it returns to torch.
   const uint32_t mask = reduction_mask(p);
-  if (api.pref_set(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask) != CUBLAS_STATUS_SUCCESS)
+  if (!torch_prefs &&
+      api.pref_set(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask) != CUBLAS_STATUS_SUCCESS)
     return 0;
   // Less aligned operands (an odd K, a sliced tensor): ask for algorithms
   // that take them, as cuBLAS does, instead of ones the call would refuse.
   if (api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al.a, sizeof al.a) != CUBLAS_STATUS_SUCCESS ||
       api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al.b, sizeof al.b) != CUBLAS_STATUS_SUCCESS ||
       api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al.c, sizeof al.c) != CUBLAS_STATUS_SUCCESS ||
-      api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al.c, sizeof al.c) != CUBLAS_STATUS_SUCCESS)
+      api.pref_set(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al.d, sizeof al.d) != CUBLAS_STATUS_SUCCESS)
     return 0;
   int n = 0;
   if (api.heuristic(api.handle, &d.op, &d.a, &d.b, &d.c, &d.c, &pref, cap, res, &n) != CUBLAS_STATUS_SUCCESS) return 0;
@@ -365,7 +384,7 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
 // exact call shape, asked once (a miss path only), kept for the process.
 struct PickKey {
   int64_t m, n, k, lda, ldb, ldd, ws;
-  int32_t in, out, bias, op, accum;
+  int32_t in, out, bias, op, accum, mode;
   uint32_t align_a, align_b, align_c;
   bool operator==(const PickKey&) const = default;
 };
@@ -373,7 +392,7 @@ struct PickHash {
   size_t operator()(const PickKey& k) const noexcept {
     uint64_t h = 1469598103934665603ull;
     for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}, int64_t{k.op},
-                      int64_t{k.accum}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
+                      int64_t{k.accum}, int64_t{k.mode}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
       h ^= static_cast<uint64_t>(v);
       h *= 1099511628211ull;
     }
@@ -412,7 +431,10 @@ const std::string& describe() noexcept { return api().describe; }
 Status check(const core::Problem& p, const int64_t* prm) noexcept {
   if (!available()) return make_status(StatusCode::unsupported_problem, describe());
   const Api& a = api();
-  if (prm[kAlgoId] < 0) return Status();  // the heuristic's pick: asked at the call
+  if (prm[kAlgoId] == kDefaultPick || prm[kAlgoId] == kTorchPick) return Status();  // asked at the call
+  if (prm[kAlgoId] < 0)
+    return make_status(StatusCode::unsupported_problem,
+                       "algo_id " + std::to_string(prm[kAlgoId]) + " is neither an algorithm nor -1/-2 (a pick)");
   if (prm[kVersion] != a.version)
     return make_status(StatusCode::unsupported_problem, "tuned with cuBLASLt " + std::to_string(prm[kVersion]) +
                                                             ", this process has " + std::to_string(a.version));
@@ -599,17 +621,31 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
   cublasLtMatmulAlgo_t algo;
   size_t ws_need = 0;
   if (prm[kAlgoId] < 0) {
-    // get_default's plan: the heuristic's first pick for this exact shape,
-    // offered the call's workspace (up to 32 MiB).
-    const int64_t offer = std::min<int64_t>(la.workspace ? la.workspace_bytes : 0, kDefaultWorkspaceBytes);
+    // A pick at the call: the heuristic's first result for this exact shape,
+    // offered the call's workspace (up to 32 MiB), asked with our
+    // preferences (kDefaultPick, get_default's plan) or torch's (kTorchPick,
+    // the floor).
+    const bool torch_pick = prm[kAlgoId] == kTorchPick;
+    const int64_t offer = std::min<int64_t>(la.workspace ? la.workspace_bytes : 0,
+                                            torch_pick ? torch_lt_workspace() : kDefaultWorkspaceBytes);
     const int64_t ie = elem_bytes(p.in_dtype), oe = elem_bytes(p.out_dtype);
     Aligns al;
-    al.a = align_of(B, ldb * ie);
-    al.b = align_of(A, lda * ie);
-    al.c = align_of(D, ldd * oe);
+    if (!torch_pick) {
+      al.a = align_of(B, ldb * ie);
+      al.b = align_of(A, lda * ie);
+      al.c = al.d = align_of(D, ldd * oe);
+    } else if (!sl.fp8) {
+      // torch's gemm_and_bias: the addresses' alignments (no strides), D's
+      // taken from the bias pointer; torch._scaled_mm sets none (256).
+      al.a = align_of(B, 0);
+      al.b = align_of(A, 0);
+      al.c = align_of(D, 0);
+      al.d = align_of(bias, 0);
+    }
     const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer,
                       static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), bias ? 1 : 0,
-                      static_cast<int32_t>(p.op), static_cast<int32_t>(p.accum), al.a, al.b, al.c};
+                      static_cast<int32_t>(p.op), static_cast<int32_t>(p.accum),
+                      static_cast<int32_t>(prm[kAlgoId]), al.a, al.b, al.c};
     Pick pick;
     bool cached = false;
     try {
@@ -621,7 +657,7 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
       }
       if (!cached) {
         cublasLtMatmulHeuristicResult_t r[1];
-        if (heuristic(a, p, lda, ldb, ldd, bias, offer, r, 1, al, sc) == 1) {
+        if (heuristic(a, p, lda, ldb, ldd, bias, offer, r, 1, al, sc, prm[kAlgoId] == kTorchPick) == 1) {
           pick.found = true;
           pick.algo = r[0].algo;
           pick.workspace = r[0].workspaceSize;

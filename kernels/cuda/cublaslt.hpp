@@ -58,6 +58,15 @@ enum Param : int {
   kParamCount
 };
 
+/// algo_id values that are not an algorithm: asked of the heuristic at the
+/// call, per exact shape (cached). kDefaultPick (get_default's cuBLASLt
+/// plan): our preferences (no split-K reduced in a 16-bit output type).
+/// kTorchPick (the floor, cublas.hpp): the preferences torch sets for the
+/// same call (addmm's bias epilogue, torch._scaled_mm), nothing more, so the
+/// same library returns the same algorithm torch runs.
+inline constexpr int64_t kDefaultPick = -1;
+inline constexpr int64_t kTorchPick = -2;
+
 /// True when libcublasLt was opened and a handle created (once, thread-safe).
 bool available() noexcept;
 /// cublasLtGetVersion() of the opened library (e.g. 130100), 0 when none.

@@ -28,6 +28,7 @@
 #define KDISPATCH_GPU_NS cuda
 #include "core/op.hpp"
 #include "cuda/cublaslt.hpp"
+#include "cuda/default_fit.hpp"
 #include "gpu/backend_decls.hpp"
 #include "gpu/fp8_plan.hpp"
 #include "gpu/gemm_plan.hpp"
@@ -191,8 +192,12 @@ struct CublasLtFamily {
     return kLaunchUs + 1e6 * std::max(2.0 * p.m * p.n * p.k / (kFp8Flops * sc), gemm_bytes(p) / (kBandwidth * 0.8 * sc));
   }
   static int enumerate(const Problem& p, const DeviceInfo& dev, int64_t* out, int cap) {
-    if (!probed(dev) || p.in_dtype != DType::fp8_e4m3fn) return 0;
-    return lt::enumerate(p, lt::kDefaultWorkspaceBytes, out, cap > 12 ? 12 : cap);
+    if (!probed(dev) || p.in_dtype != DType::fp8_e4m3fn || cap < 1) return 0;
+    // The floor first (torch._scaled_mm's pick at the call: every search
+    // races it), then the heuristic's algorithms.
+    std::fill(out, out + core::kMaxParams, int64_t{0});
+    out[lt::kAlgoId] = lt::kTorchPick;
+    return 1 + lt::enumerate(p, lt::kDefaultWorkspaceBytes, out + core::kMaxParams, cap > 12 ? 11 : cap - 1);
   }
 };
 
@@ -366,7 +371,8 @@ std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept { r
 //     (a power of two, >= 1): the tuned H200 rows of 32768x512 (1, not 8:
 //     10.5 us against 18.0) and 24576x1536 (2) say a split of a few K
 //     groups only adds partial sums;
-//  2. cuBLASLt's heuristic pick for the exact call (algo_id = -1); in the
+//  2. the floor: cuBLASLt's heuristic pick for the exact call asked as
+//     torch._scaled_mm asks it (algo_id = -2, cublaslt.hpp); in the
 //     block layout its launch serves M % 4 != 0 and a padded or K-major
 //     scale_a by splitting the rows, and ceil(K/128) % 4 != 0 (SGLang's
 //     K = 256, 1152, 2304) on a copy of scale_b with its rows padded to a
@@ -408,11 +414,14 @@ core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexc
     skinny_mma(rt, sk, st);
     if (st != 3) skinny_mma(rt, sk, 3);
   };
-  if (p.m <= 16) decode_rule();
+  // The decode rule serves the (t, M) cells where the fit says it beats the
+  // floor (kernels/cuda/default_fit.hpp), and the block layout's M % 4 != 0
+  // (torch._scaled_mm refuses those; cuBLASLt runs only the first M & ~3 rows).
+  if (p.m <= 16 && (fit::fp8_rule(L, t, p.m) || (L == 2 && p.m % 4 != 0) || !lt::available())) decode_rule();
   if (lt::available()) {
     Plan c;
     c.variant = lt_rows[L];
-    c.params[lt::kAlgoId] = -1;
+    c.params[lt::kAlgoId] = lt::kTorchPick;
     cands[nc++] = c;
   }
   skinny_mma(2, 4, 3);

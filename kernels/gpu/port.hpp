@@ -176,6 +176,14 @@ inline Error relax_capture_mode() noexcept {
   hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
   return hipThreadExchangeStreamCaptureMode(&m);
 }
+struct RelaxedCaptureScope {
+  hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
+  bool ok;
+  RelaxedCaptureScope() noexcept : ok(hipThreadExchangeStreamCaptureMode(&m) == hipSuccess) {}
+  ~RelaxedCaptureScope() {
+    if (ok) (void)hipThreadExchangeStreamCaptureMode(&m);
+  }
+};
 inline Error driver_version(int* v) noexcept { *v = 0; return hipDriverGetVersion(v); }
 inline Error stream_capturing(Stream s, bool* yes) noexcept {
   hipStreamCaptureStatus st = hipStreamCaptureStatusNone;
@@ -207,6 +215,17 @@ inline Error relax_capture_mode() noexcept {
   cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
   return cudaThreadExchangeStreamCaptureMode(&m);
 }
+/// This thread's capture mode set to relaxed until the scope ends (then
+/// restored): an allocation while this thread captures, as torch's caching
+/// allocator does it (cudaMalloc is an "unsafe" call in global mode).
+struct RelaxedCaptureScope {
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  bool ok;
+  RelaxedCaptureScope() noexcept : ok(cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess) {}
+  ~RelaxedCaptureScope() {
+    if (ok) (void)cudaThreadExchangeStreamCaptureMode(&m);
+  }
+};
 inline Error driver_version(int* v) noexcept { *v = 0; return cudaDriverGetVersion(v); }
 inline Error stream_capturing(Stream s, bool* yes) noexcept {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

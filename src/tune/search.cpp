@@ -635,7 +635,10 @@ class Searcher {
   //    measured (large M), the first enumerated candidate is still the same
   //    heuristic query with the same workspace: persist it.
   void resolve_dynamic() {
-    if (!res_.best.valid() || !(res_.best.variant->flags & core::kVariantDynamicSpace) || res_.best.params[0] >= 0)
+    // Only -1 ("the heuristic's pick at the call", get_default's point) is
+    // resolved; -2 (the floor: the pick torch's call gets) is recorded as it
+    // is, so the row keeps running what torch runs.
+    if (!res_.best.valid() || !(res_.best.variant->flags & core::kVariantDynamicSpace) || res_.best.params[0] != -1)
       return;
     for (const CandidateResult& cr : res_.tried)
       if (cr.plan.variant == res_.best.variant && cr.plan.params[0] >= 0 && cr.status.ok()) {

@@ -624,6 +624,101 @@ class TorchNativeCudaTest(unittest.TestCase):
         self.assertEqual(copies, [], "a copy of x or residual around the in-place op")
 
 
+def _gemm_kernel_names(fn):
+    """The GEMM kernels one call of fn launches, as torch.profiler names them
+    (the bias copy and elementwise kernels left out)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    hints = ("gemm", "nvjet", "xmma", "cutlass", "sm90", "splitK", "splitk", "reduce")
+    return [e.name for e in prof.events() if "cuda" in str(getattr(e, "device_type", "")).lower()
+            and any(h in e.name for h in hints) and "elementwise" not in e.name]
+
+
+@unittest.skipUnless(NATIVE, "the native ops (libkdispatch_torch.so) are not loaded here: " + SKIP)
+class TorchFloorCudaTest(unittest.TestCase):
+    """The floor (issue 32): gemm_bf16__cublas runs the kernel F.linear runs
+    (torch.profiler's names) with a bitwise-equal result, with and without a
+    bias, in eager mode and in a CUDA graph; the fp8 floor (cuBLASLt asked as
+    torch._scaled_mm asks) likewise against torch._scaled_mm per tensor."""
+
+    SHAPES = [(4608, 3584, 16), (5120, 4096, 1), (3584, 18944, 4), (9216, 3072, 64), (2560, 7680, 256),
+              (6144, 5120, 1024)]
+
+    @classmethod
+    def setUpClass(cls):
+        ok, why = cuda_backend_available()
+        if not ok or torch.version.hip:
+            raise unittest.SkipTest(why or "HIP: the floor is hipBLASLt, compile-checked only")
+        cls.dev = torch.device("cuda", 0)
+        cls.rt = kdispatch.Runtime(force=["gemm=gemm_bf16__cublas",
+                                          "gemm_fp8_tensor=gemm_fp8_tensor_e4m3fn__cublaslt:algo_id=-2"],
+                                   shipped_configs=False)
+
+    def tearDown(self):
+        OPS.set_runtime(None)
+
+    def check(self, name, torch_fn, kd_fn):
+        OPS.set_runtime(self.rt)
+        want = torch_fn()
+        got = kd_fn()
+        torch.cuda.synchronize()
+        _, variant, _, _, _ = torch.ops.kdispatch._last_info()
+        self.assertTrue(variant.endswith("__cublas") or variant.endswith("__cublaslt"), f"{name}: served by {variant}")
+        self.assertTrue(torch.equal(got.view(torch.int16), want.view(torch.int16)),
+                        f"{name}: not bitwise equal to torch (max |diff| {(got.float() - want.float()).abs().max()})")
+        tk, kk = _gemm_kernel_names(torch_fn), _gemm_kernel_names(kd_fn)
+        self.assertTrue(tk, f"{name}: torch launched no GEMM kernel the profiler names")
+        self.assertEqual(kk, tk, f"{name}: the floor ran other kernels than torch")
+
+    def test_bf16_floor_is_f_linear(self):
+        bf = dict(dtype=torch.bfloat16, device=self.dev)
+        for n, k, m in self.SHAPES:
+            x, w, b = torch.randn(m, k, **bf), torch.randn(n, k, **bf) * 0.02, torch.randn(n, **bf)
+            self.check(f"{n}x{k} M={m}", lambda: torch.nn.functional.linear(x, w), lambda: torch.ops.kdispatch.gemm(x, w))
+            self.check(f"{n}x{k} M={m} bias", lambda: torch.nn.functional.linear(x, w, b),
+                       lambda: torch.ops.kdispatch.gemm(x, w, b))
+
+    def test_bf16_floor_in_a_graph(self):
+        """Captured, the floor still has a workspace (attached at the capture
+        stream's first call) and matches F.linear captured the same way."""
+        bf = dict(dtype=torch.bfloat16, device=self.dev)
+        n, k, m = 4608, 3584, 16
+        x, w = torch.randn(m, k, **bf), torch.randn(n, k, **bf) * 0.02
+        OPS.set_runtime(self.rt)
+        outs = {}
+        for name, fn in (("torch", lambda: torch.nn.functional.linear(x, w)),
+                         ("kd", lambda: torch.ops.kdispatch.gemm(x, w))):
+            # warmed up on a side stream first, as torch's graph docs ask
+            # (torch creates its cuBLAS handle there, never inside a capture)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                outs[name] = fn()
+            g.replay()
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(outs["kd"].view(torch.int16), outs["torch"].view(torch.int16)))
+
+    @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
+    def test_fp8_tensor_floor_is_scaled_mm(self):
+        for n, k, m in self.SHAPES:
+            a = (torch.randn(m, k, device=self.dev) * 0.5).to(torch.float8_e4m3fn)
+            w = (torch.randn(n, k, device=self.dev) * 0.5).to(torch.float8_e4m3fn)
+            sa, sb = torch.tensor(0.7, device=self.dev), torch.tensor(1.3, device=self.dev)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device=self.dev)
+            self.check(f"fp8 {n}x{k} M={m}",
+                       lambda: torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16),
+                       lambda: (torch.ops.kdispatch.gemm_fp8_tensor_out(out, a, w, sa.reshape(1), sb.reshape(1)), out)[1])
+
+
 @unittest.skipUnless(OPS is not None, SKIP)
 class TorchOpsCudaTest(unittest.TestCase):
     @classmethod

@@ -298,8 +298,12 @@ std::tuple<int64_t, std::string, int64_t, int64_t, bool> last_info_op() {
 std::string library_path_op() { return library_path(); }
 
 // The gemm workspace of a (runtime, device, stream): kdispatch's own device
-// memory, attached on the stream's first call outside a capture (never
-// from torch's allocator, so never from a graph's private pool).
+// memory (never from torch's allocator, so never from a graph's private
+// pool), attached on the stream's first call — inside a capture too (the
+// allocation runs in relaxed capture mode and is not captured, as torch's
+// own cuBLAS workspace is allocated there): torch.cuda.graph captures on a
+// stream of its own, and a gemm there without a workspace would run another
+// cuBLAS kernel than the F.linear it replaces.
 void ensure_workspace(void* rt, int32_t dl_type, int32_t dev, void* stream, bool capturing) {
   struct Last {
     void* rt;
@@ -308,7 +312,7 @@ void ensure_workspace(void* rt, int32_t dl_type, int32_t dev, void* stream, bool
   };
   thread_local Last last{nullptr, -1, nullptr};
   if (last.rt == rt && last.dev == dev && last.stream == stream) return;
-  if (capturing) return;  // no workspace: plans that need one fall back inside the call
+  (void)capturing;
   static std::mutex mu;
   static std::set<std::tuple<void*, int32_t, void*>> seen;
   {

@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — the bf16/fp16 GEMM floor: cuBLAS as torch calls
+// it (see cublas.hpp).
+#include "cuda/cublas.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "cuda/cublaslt.hpp"
+#include "ops/gemm.hpp"
+
+namespace dispatch::cuda::blas {
+namespace {
+
+struct Api {
+  void* so = nullptr;
+  int version = 0;
+  std::string describe;
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasGetVersion_v2) get_version = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
+  decltype(&cublasSetMathMode) set_math = nullptr;
+  // cublas_api.h overloads cublasGemmEx for C++ (the compute type as a
+  // cudaDataType_t too): the C entry point's type, spelled out.
+  using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType_t, int, const void*, cudaDataType_t, int, const void*,
+                                    void*, cudaDataType_t, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmEx gemm_ex = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+};
+
+template <class F>
+bool sym(void* so, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(so, name));
+  return *out != nullptr;
+}
+
+Api* open_api() {
+  auto* a = new Api;  // kept for the process lifetime
+  const char* env = std::getenv("KDISPATCH_CUBLAS");
+  if (env && std::string_view(env) == "0") {
+    a->describe = "cuBLAS floor disabled by KDISPATCH_CUBLAS=0";
+    return a;
+  }
+  std::string tried;
+  auto try_open = [&](const std::string& name) {
+    if (a->so) return;
+    a->so = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!a->so) tried += (tried.empty() ? "" : ", ") + name;
+  };
+  if (env && *env) {
+    try_open(env);
+  } else {
+    try_open("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR));
+    try_open("libcublas.so");
+  }
+  if (!a->so) {
+    a->describe = "cuBLAS unavailable: dlopen failed for " + tried;
+    return a;
+  }
+  const bool ok = sym(a->so, "cublasCreate_v2", &a->create) && sym(a->so, "cublasGetVersion_v2", &a->get_version) &&
+                  sym(a->so, "cublasSetStream_v2", &a->set_stream) &&
+                  sym(a->so, "cublasSetWorkspace_v2", &a->set_workspace) &&
+                  sym(a->so, "cublasSetMathMode", &a->set_math) && sym(a->so, "cublasGemmEx", &a->gemm_ex) &&
+                  sym(a->so, "cublasGetStatusName", &a->status_name);
+  char path[512] = "?";
+  Dl_info info;
+  if (a->create && dladdr(reinterpret_cast<void*>(a->create), &info) && info.dli_fname)
+    std::snprintf(path, sizeof path, "%s", info.dli_fname);
+  if (!ok) {
+    a->describe = std::string("cuBLAS unavailable: ") + path + " lacks an entry point the floor uses";
+    return a;
+  }
+  // The version needs a handle; cublasGetProperty would too on old
+  // libraries. The major must match the headers: the enums we pass are theirs.
+  cublasHandle_t h = nullptr;
+  if (a->create(&h) == CUBLAS_STATUS_SUCCESS && a->get_version(h, &a->version) == CUBLAS_STATUS_SUCCESS &&
+      a->version / 10000 != CUBLAS_VER_MAJOR) {
+    a->describe = std::string("cuBLAS unavailable: ") + path + " is version " + std::to_string(a->version) +
+                  ", this build's headers are major " + std::to_string(CUBLAS_VER_MAJOR);
+    a->gemm_ex = nullptr;
+    return a;  // the probe handle is kept: destroying it needs one more symbol
+  }
+  if (h == nullptr) {
+    a->describe = std::string("cuBLAS unavailable: cublasCreate failed (") + path + ")";
+    a->gemm_ex = nullptr;
+    return a;
+  }
+  a->describe = "cuBLAS " + std::to_string(a->version) + " (" + path + ")";
+  return a;
+}
+
+const Api& api() {
+  static const Api* a = open_api();
+  return *a;
+}
+
+constexpr int kDevices = 64;
+
+/// Handles of threads that ended, per device, for the next thread (as
+/// torch's handle pool: a server's short-lived threads do not leak one
+/// cuBLAS handle each).
+struct Pool {
+  std::mutex mu;
+  std::vector<cublasHandle_t> free[kDevices];
+};
+Pool& pool() {
+  static auto* p = new Pool;  // outlives every thread's Handles
+  return *p;
+}
+
+struct Handles {
+  cublasHandle_t h[kDevices] = {};
+  ~Handles() {
+    try {
+      Pool& p = pool();
+      std::lock_guard<std::mutex> lock(p.mu);
+      for (int d = 0; d < kDevices; ++d)
+        if (h[d]) p.free[d].push_back(h[d]);
+    } catch (...) {
+    }
+  }
+};
+
+/// The calling thread's handle on `device` (created once, or taken from the
+/// pool; kept for the thread's life).
+cublasHandle_t handle_for(const Api& a, int device) {
+  thread_local Handles handles;
+  if (device < 0 || device >= kDevices) return nullptr;
+  cublasHandle_t& h = handles.h[device];
+  if (h != nullptr) return h;
+  {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (!p.free[device].empty()) {
+      h = p.free[device].back();
+      p.free[device].pop_back();
+      return h;
+    }
+  }
+  if (a.create(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
+  return h;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::fp32 ? CUDA_R_32F : t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+std::string status_text(const Api& a, cublasStatus_t s) { return a.status_name(s); }
+
+}  // namespace
+
+bool available() noexcept {
+  try {
+    return api().gemm_ex != nullptr;
+  } catch (...) {
+    return false;
+  }
+}
+
+const std::string& describe() noexcept { return api().describe; }
+
+Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  using core::kGemmArgA, core::kGemmArgB, core::kGemmArgD, core::kGemmArgBias;
+  if (!available()) return core::needs_fallback(describe());
+  const void* const A = la.data[kGemmArgA];
+  const void* const B = la.data[kGemmArgB];
+  void* const D = la.data[kGemmArgD];
+  const void* const bias = la.data[kGemmArgBias];
+  if (A == nullptr || B == nullptr || D == nullptr)
+    return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
+  if (p.m < 1) return Status();
+  const int64_t lda = la.ld[kGemmArgA], ldb = la.ld[kGemmArgB], ldd = la.ld[kGemmArgD];
+  // cuBLAS's leading dimensions must cover a row (a broadcast operand or
+  // overlapping rows go to our kernels, which take any stride), and its
+  // sizes are int.
+  if ((p.m > 1 && (lda < p.k || ldd < p.n)) || (p.n > 1 && ldb < p.k))
+    return core::needs_fallback("cuBLAS needs row strides >= the row length");
+  if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldd > INT32_MAX)
+    return core::needs_fallback("cuBLAS takes dimensions and strides below 2^31");
+  // torch's addmm takes cuBLASLt's bias epilogue when both matrices have
+  // more than one row and column and the result has the input dtype.
+  if (bias != nullptr && p.m > 1 && p.n > 1 && p.k > 1) {
+    int64_t prm[core::kMaxParams] = {};
+    prm[lt::kAlgoId] = lt::kTorchPick;
+    return lt::launch(la, p, prm);
+  }
+  const Api& a = api();
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return core::needs_fallback("cudaGetDevice failed");
+  cublasHandle_t h = handle_for(a, device);
+  if (h == nullptr) return core::needs_fallback("cublasCreate failed on device " + std::to_string(device));
+  const cudaStream_t stream = static_cast<cudaStream_t>(la.stream);
+  cublasStatus_t s = a.set_stream(h, stream);
+  // After the stream (cublasSetStream resets it): the call's workspace, or
+  // none (cuBLAS then picks an algorithm that needs none, and never
+  // allocates inside a capture).
+  const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = a.set_workspace(h, has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(la.workspace_bytes) : 0);
+  if (s == CUBLAS_STATUS_SUCCESS) s = a.set_math(h, CUBLAS_DEFAULT_MATH);
+  if (s != CUBLAS_STATUS_SUCCESS) return make_status(StatusCode::backend_error, "cuBLAS handle: " + status_text(a, s));
+  float beta = 0.f;
+  if (bias != nullptr) {
+    // M = 1 (or K = 1, N = 1): torch copies the bias into the result and
+    // runs the GEMM with beta 1.
+    const int64_t eb = p.out_dtype == DType::fp32 ? 4 : 2;
+    for (int64_t r = 0; r < p.m; ++r)
+      if (cudaMemcpyAsync(static_cast<char*>(D) + r * ldd * eb, bias, static_cast<size_t>(p.n * eb),
+                          cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+        return make_status(StatusCode::backend_error, "cuBLAS floor: the bias copy into d failed");
+    beta = 1.f;
+  }
+  const float alpha = 1.f;
+  const cudaDataType_t in = cuda_type(p.in_dtype), out = cuda_type(p.out_dtype);
+  // Our row-major D[M,N] = A[M,K] B[N,K]^T is cuBLAS's column-major
+  // D^T[N,M] = B^T' (K x N, transposed) x A^T (K x M): the TN call torch's
+  // F.linear makes.
+  s = a.gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k),
+                &alpha, B, in, static_cast<int>(std::max<int64_t>(ldb, p.k)), A, in,
+                static_cast<int>(std::max<int64_t>(lda, p.k)), &beta, D, out,
+                static_cast<int>(std::max<int64_t>(ldd, p.n)), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP);
+  if (s == CUBLAS_STATUS_SUCCESS) return Status();
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
+    return core::needs_fallback("cublasGemmEx refused the call: " + status_text(a, s));
+  return make_status(StatusCode::backend_error, "cublasGemmEx: " + status_text(a, s));
+}
+
+}  // namespace dispatch::cuda::blas
