@@ -58,7 +58,8 @@ TEST_CASE("env: options_from_env reads every KDISPATCH_* variable") {
                 {"KDISPATCH_TUNE", "background"},
                 {"KDISPATCH_CACHE_DIR", "/tmp/kd-cache-x"},
                 {"KDISPATCH_TUNE_MEM", "512M"},
-                {"KDISPATCH_TUNE_BUDGET_MS", "250"}});
+                {"KDISPATCH_TUNE_BUDGET_MS", "250"},
+                {"KDISPATCH_TUNE_MARGIN", "0.05"}});
   auto o = options_from_env();
   REQUIRE(o.ok());
   CHECK(o->config_dirs == std::vector<std::string>{a.str(), b.str()});
@@ -72,6 +73,7 @@ TEST_CASE("env: options_from_env reads every KDISPATCH_* variable") {
   CHECK(o->tune.cache_dir == "/tmp/kd-cache-x");
   CHECK(o->tune.memory_budget_bytes == 512LL * 1024 * 1024);
   CHECK(o->tune.time_budget_ms == 250.0);
+  CHECK(o->tune.margin == 0.05);
 }
 
 TEST_CASE("env: a bad value is refused naming the variable") {
@@ -105,6 +107,8 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
       {"KDISPATCH_FORCE", "rmsnorm=no_such_variant"},
       {"KDISPATCH_FORCE", "not-an-entry"},    {"KDISPATCH_MISSES_EXPORT", missing + "/misses.csv"},
       {"KDISPATCH_MISSES_EXPORT", dir.str()},
+      {"KDISPATCH_TUNE_MARGIN", "nan"},       {"KDISPATCH_TUNE_MARGIN", "-0.01"},
+      {"KDISPATCH_TUNE_MARGIN", "0.6"},       {"KDISPATCH_TUNE_MARGIN", "2%"},
   };
   for (const auto& [name, value] : bad) {
     CAPTURE(name);

@@ -68,6 +68,12 @@ struct TuneOptions {
   double duty_cycle = 0.5;
   /// Timed repeats per candidate (after one warm-up); median wins.
   int32_t reps = 5;
+  /// How much faster than the floor (the plan the engine would run without
+  /// us: cuBLAS / cuBLASLt as torch calls them on CUDA; get_default's plan
+  /// elsewhere) a candidate must be, on the confirmation's mean ratio and on
+  /// every placement, to replace it; otherwise the row records the floor.
+  /// 0.02 = 2%.  [KDISPATCH_TUNE_MARGIN; tune --margin]
+  double margin = 0.02;
   /// Perf-model top-k (variants with a model): points kept per variant.
   int32_t max_candidates = 96;
   /// Capacity of the background miss queue (rounded up to a power of 2).

@@ -435,6 +435,19 @@ core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexc
   return plan;
 }
 
+core::Plan gemm_fp8_floor(const core::Problem& p, const DeviceInfo& dev) noexcept {
+  const int L = gemm_layout(p.op);
+  if (L >= 0 && p.device.type == DeviceType::cuda && p.in_dtype == DType::fp8_e4m3fn && lt::available()) {
+    const VariantDef* lt_rows[] = {&GemmDef<0, CublasLtFamily>::v, &GemmDef<1, CublasLtFamily>::v,
+                                   &GemmDef<2, CublasLtFamily>::v};
+    Plan c;
+    c.variant = lt_rows[L];
+    c.params[lt::kAlgoId] = lt::kTorchPick;
+    if (c.variant->supports(p, c.params, dev).ok()) return c;
+  }
+  return gemm_fp8_default(p, dev);
+}
+
 core::Plan quant_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
   Plan plan;
   if (p.device.type != DeviceType::cuda) return plan;

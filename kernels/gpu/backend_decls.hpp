@@ -189,6 +189,10 @@ std::span<const core::VariantDef* const> gemm_variants() noexcept;
 
 /// The analytical default plan for a GEMM problem on this backend.
 core::Plan gemm_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+/// The floor of a GEMM problem: what the engine would run without us (CUDA:
+/// gemm_<dt>__cublas, kernels/cuda/cublas.hpp), the incumbent of every
+/// search; get_default's plan where the backend has no floor of its own.
+core::Plan gemm_floor(const core::Problem& p, const DeviceInfo& dev) noexcept;
 
 /// Every norm variant of this backend, in list order (references last per op).
 std::span<const core::VariantDef* const> norm_variants() noexcept;
@@ -215,6 +219,8 @@ std::span<const core::VariantDef* const> quant_fp8_tensor_variants() noexcept;
 std::span<const core::VariantDef* const> quant_fp8_token_variants() noexcept;
 std::span<const core::VariantDef* const> quant_fp8_group_variants() noexcept;
 core::Plan gemm_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
+/// The fp8 GEMMs' floor: cuBLASLt asked as torch._scaled_mm asks (algo_id -2).
+core::Plan gemm_fp8_floor(const core::Problem& p, const DeviceInfo& dev) noexcept;
 core::Plan quant_fp8_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
 #endif
 

@@ -156,6 +156,13 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
         return bad_env("KDISPATCH_TUNE_BUDGET_MS", v, "a positive number of ms, at most a day");
       o.tune.time_budget_ms = ms;
     }
+    if (const char* v = env("KDISPATCH_TUNE_MARGIN")) {
+      char* end = nullptr;
+      const double m = std::strtod(v, &end);
+      if (end == v || *end || !(m >= 0.0 && m <= 0.5))
+        return bad_env("KDISPATCH_TUNE_MARGIN", v, "a fraction in [0, 0.5], e.g. 0.02 for 2%");
+      o.tune.margin = m;
+    }
     if (const char* v = env("KDISPATCH_MISSES_EXPORT")) {
       // Written at exit: a path that cannot be written is refused now, not
       // lost then without a word.

@@ -170,6 +170,14 @@ Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept {
   return Plan{};
 }
 
+Plan floor_plan(const Problem& p, const DeviceInfo& dev) noexcept {
+  if (p.device.type == DeviceType::cuda || p.device.type == DeviceType::hip) {
+    const gpu::BackendOps* b = gpu::backend_ops(p.device.type);
+    if (b && b->floor) return b->floor(p, dev);
+  }
+  return get_default(p, dev);
+}
+
 Status no_variant_computes(const Problem& p) {
   return make_status(StatusCode::unsupported_problem,
                      "no " + std::string(device_type_name(p.device.type)) + " variant computes " +

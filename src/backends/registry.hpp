@@ -88,6 +88,11 @@ const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtyp
 /// variant for the problem's dtypes.
 Plan get_default(const Problem& p, const DeviceInfo& dev) noexcept;
 
+/// The floor of a problem: the plan the engine would run without us (CUDA
+/// GEMMs: cuBLAS / cuBLASLt called as torch calls them), the incumbent every
+/// search races; get_default's plan where the backend has none (the CPU).
+Plan floor_plan(const Problem& p, const DeviceInfo& dev) noexcept;
+
 /// An op's refusal of a problem no variant of its backend computes (its
 /// dtype combination): unsupported_problem, "no <backend> variant computes
 /// <op> with <in> inputs and <out> output". What an op call answers when

@@ -576,7 +576,7 @@ class Searcher {
   // 4. The confirmation: the winner and the default again, on
   //    kConfirmPlacements placements of the read-only inputs, two rounds
   //    each in both orders (ABBA BAAB); the winner replaces the default only
-  //    when faster on every placement and > kConfirmMargin faster on the
+  //    when faster on every placement and > o_.margin faster on the
   //    mean ratio. Why each part: search.hpp and
   //    bench/results/h200_gemm_fixed.md (the winner's curse, placements of
   //    the weights, the order of measurement).
@@ -588,6 +588,7 @@ class Searcher {
     copies.reserve(static_cast<size_t>(kConfirmPlacements) * n_);
     int64_t copied = 0;
     double again_best = 0, again_def = 0;
+    std::vector<double> def_per_placement;
     bool ok = true;
     for (int pl = 0; pl < kConfirmPlacements && ok; ++pl) {
       const std::vector<void*> ptr = placement(pl, &copies, &copied);
@@ -599,6 +600,7 @@ class Searcher {
       }
       again_def += us[0] / 2;
       again_best += us[1] / 2;
+      def_per_placement.push_back(us[0] / 2);
       res_.confirm_ratios.push_back(us[1] / us[0]);
     }
     if (!ok) {
@@ -617,7 +619,10 @@ class Searcher {
       mean_ratio += r / kConfirmPlacements;
       wins_everywhere = wins_everywhere && r < 1.0;
     }
-    if (!wins_everywhere || mean_ratio > 1.0 - kConfirmMargin) {
+    double dmin = 1e300, dmax = 0, dsum = 0;
+    for (double d : def_per_placement) dmin = std::min(dmin, d), dmax = std::max(dmax, d), dsum += d;
+    if (dsum > 0) res_.aa_spread = (dmax - dmin) / (dsum / static_cast<double>(def_per_placement.size()));
+    if (!wins_everywhere || mean_ratio > 1.0 - o_.margin) {
       res_.best = def;
       res_.best_us = again_def / kConfirmPlacements;
       res_.kept_default = true;

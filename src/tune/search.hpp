@@ -132,9 +132,11 @@ struct TuneTarget {
 /// scratch buffers laid out the same way).
 TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la);
 
-/// The confirmation's margin: a winner must be this much faster than the
-/// default on the mean of its per-placement ratios (0.01 = 1%).
-inline constexpr double kConfirmMargin = 0.01;
+/// The confirmation's default margin (SearchOptions::margin,
+/// TuneOptions::margin): a winner must be this much faster than the
+/// incumbent (the floor where the backend has one) on the mean of its
+/// per-placement ratios (0.02 = 2%).
+inline constexpr double kConfirmMargin = 0.02;
 /// Placements of the read-only inputs the confirmation times the winner
 /// and the default on (two rounds each, both orders); see search().
 inline constexpr int kConfirmPlacements = 4;
@@ -154,9 +156,11 @@ struct SearchOptions {
   /// each of kConfirmPlacements placements of the read-only inputs (fresh
   /// copies when the target has launch_at, else the same buffers), and keep
   /// the default unless the winner is faster on every placement and
-  /// > kConfirmMargin faster on the mean ratio (winner's curse; placement of
+  /// > `margin` faster on the mean ratio (winner's curse; placement of
   /// the weights; the order of measurement).
   bool confirm = true;
+  /// The confirmation's margin (0.02 = a winner must be 2% faster).
+  double margin = kConfirmMargin;
   /// Bytes the confirmation may allocate for its copies of the read-only
   /// inputs, all placements together; an argument whose copy would pass it
   /// stays on its original buffer (the tuner passes its scratch memory
@@ -190,7 +194,11 @@ struct SearchResult {
   bool stopped = false;      ///< ended by the stop flag
   bool out_of_time = false;  ///< the time budget ran out before the space did
   bool confirmed = false;    ///< the winner was measured again against the default
-  bool kept_default = false; ///< ... and lost a round or was not > 1% faster: the default stays
+  bool kept_default = false; ///< ... and lost a round or was not > margin faster: the default stays
+  /// The A/A spread of the confirmation: (max - min) / mean of the
+  /// incumbent's own per-placement times (0: not confirmed). A spread above
+  /// the margin means the margin cannot tell a win from noise here.
+  double aa_spread = 0.0;
   /// Winner / default per confirmation placement (the two rounds' summed
   /// medians; empty: not confirmed).
   std::vector<double> confirm_ratios;

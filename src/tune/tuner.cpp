@@ -336,6 +336,7 @@ SearchOptions Tuner::search_options(const DeviceInfo& dev, bool background) cons
   so.time_budget_ms = options_.tune.time_budget_ms;
   so.confirm_copy_bytes = options_.tune.memory_budget_bytes;
   so.max_candidates = options_.tune.max_candidates;
+  so.margin = options_.tune.margin;
   so.validate = options_.tune.validate;
   so.deterministic = options_.deterministic;
   so.stop = &stop_;
@@ -351,8 +352,16 @@ Result<ShapeOutcome> Tuner::tune_target(TuneTarget& target, const DeviceInfo& de
     core::Plan def = core::get_default(p, dev);
     core::Plan ref = reference_plan(p);
     if (Status s = refuse_untunable(p, dev, def, ref); !s.ok()) return s;
+    // The incumbent is the floor (what the engine would run without us):
+    // every candidate, get_default's pick included (second), must beat it
+    // by the margin in the confirmation, or the row records the floor.
+    const core::Plan floor = core::floor_plan(p, dev);
     int32_t space = 0, pruned = 0;
-    std::vector<core::Plan> cands = candidates_for(p, dev, def, so, &space, &pruned);
+    std::vector<core::Plan> cands = candidates_for(p, dev, floor.valid() ? floor : def, so, &space, &pruned);
+    if (def.valid() && !cands.empty() && !(cands.front() == def)) {
+      cands.erase(std::remove(cands.begin() + 1, cands.end(), def), cands.end());
+      cands.insert(cands.begin() + 1, def);
+    }
     return search_and_publish(target, cands, ref, dev, key, so, space, pruned);
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "tuning");
@@ -399,6 +408,13 @@ Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::ve
   if (!why.empty() && options_.log_level >= LogLevel::warn)
     std::fprintf(stderr, "kdispatch: tuned %s M=%lld but could not persist it: %s\n", key.c_str(),
                  static_cast<long long>(p.m), why.c_str());
+  if (sr->aa_spread > so.margin && options_.log_level >= LogLevel::warn &&
+      !aa_warned_.exchange(true, std::memory_order_relaxed))
+    std::fprintf(stderr,
+                 "kdispatch: tuning %s M=%lld: the floor's A/A spread over the confirmation's placements is %.1f%%, "
+                 "above the margin %.1f%% (KDISPATCH_TUNE_MARGIN / tune --margin): a win that small cannot be told "
+                 "from noise on this machine (said once per run)\n",
+                 key.c_str(), static_cast<long long>(p.m), 100.0 * sr->aa_spread, 100.0 * so.margin);
   if (options_.log_level >= LogLevel::info) {
     std::string rounds;  // the confirmation's winner/default ratio per placement
     for (double r : sr->confirm_ratios) rounds += (rounds.empty() ? "" : " ") + std::to_string(r).substr(0, 5);

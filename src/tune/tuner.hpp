@@ -155,6 +155,7 @@ class Tuner {
   MissTable misses_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
+  std::atomic<bool> aa_warned_{false};  ///< the A/A-above-margin warning was given
   std::atomic<bool> busy_{false};  ///< the background thread is between pop and publish
   std::mutex sync_mu_;             ///< one sync search at a time
   CaptureWatch captures_;

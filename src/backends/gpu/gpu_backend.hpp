@@ -71,6 +71,10 @@ struct BackendOps {
   /// The vendor GEMM library the backend uses, one line ("cuBLASLt 130100
   /// (/usr/local/cuda/lib/libcublasLt.so.13)"), or why there is none.
   const std::string& (*library_versions)() noexcept = nullptr;
+  /// The floor of a problem (the plan the engine would run without us:
+  /// cuBLAS / cuBLASLt as torch calls them), the incumbent every search
+  /// must beat; get_default's plan for an op without one.
+  core::Plan (*floor)(const core::Problem& p, const DeviceInfo& dev) noexcept = nullptr;
 };
 
 /// The entry table of a GPU backend, or nullptr when it is not compiled in
