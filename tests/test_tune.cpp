@@ -915,7 +915,7 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster on eve
   }
 }
 
-TEST_CASE("SearchOptions::margin sets the confirmation's bar; the A/A spread is the default's own spread over placements") {
+TEST_CASE("SearchOptions::margin sets the confirmation's bar, and the A/A spread is the default's own spread over placements") {
   // The default (id 1) takes 10 us on placements 0, 1, 3 and 10.4 on 2; the
   // candidate 1.5% less than the default everywhere.
   for (double margin : {0.02, 0.01}) {
