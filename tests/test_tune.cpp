@@ -798,6 +798,13 @@ constexpr int64_t kIds[] = {1, 2};
 constexpr core::ParamDef kIdParam[] = {{"id", core::ParamKind::integer, kIds, {}, 1}};
 const core::VariantDef kTimed{"scale__timed", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0, 1,
                               &ok_supports, &timed_launch};
+// A floor that declines every call at launch (cuBLAS refusing the call's
+// strides, say).
+Status declining_launch(const core::LaunchArgs&, const core::Problem&, const int64_t*) {
+  return core::needs_fallback("the floor declines this call");
+}
+const core::VariantDef kDeclines{"scale__declines", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0,
+                                 1, &ok_supports, &declining_launch};
 
 // script(id, n, g): plan id's n-th timed run, the g-th timed run overall.
 using Script = std::function<double(int64_t id, int n, int g)>;
@@ -941,6 +948,26 @@ TEST_CASE("SearchOptions::margin sets the confirmation's bar, and the A/A spread
     CHECK(r->best.params[0] == (margin > 0.015 ? 1 : 2));
     CHECK(r->aa_spread == doctest::Approx(0.4 / 10.1));
   }
+}
+
+TEST_CASE("a floor that declines at launch hands the incumbency to the second candidate: the margin still holds") {
+  // {floor (declines), get_default's plan (id 1, 10 us), a candidate (id 2,
+  // 1% faster)}: the candidate must beat get_default's plan by the margin,
+  // not win unconfirmed.
+  std::vector<float> y(64, 0.f), x(64, 1.f);
+  tune::TuneTarget t;
+  t = scale_target(y.data(), x.data(), 64, &t);
+  ScriptedMemory mem([&](int64_t id, int, int) { return id == 1 ? 10.0 : 9.9; });
+  t.mem = &mem;
+  const core::Plan floor{&kDeclines, {1}}, def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
+  auto r = tune::search(t, {floor, def, cand}, ref, scripted_options());
+  REQUIRE(r.ok());
+  CHECK(r->failed == 1);
+  CHECK(r->confirmed);
+  CHECK(r->kept_default);
+  CHECK(r->best == def);
+  CHECK(r->default_plan == def);
+  CHECK(r->default_us == doctest::Approx(10.0));
 }
 
 TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only inputs, the outputs stay put") {

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
@@ -145,7 +147,12 @@ cublasHandle_t handle_for(const Api& a, int device) {
       return h;
     }
   }
+  // cublasCreate allocates: legal inside a global-mode capture only in
+  // relaxed mode (as torch's allocator does), restored after.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
   if (a.create(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
+  if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&mode);
   return h;
 }
 
@@ -154,6 +161,38 @@ cudaDataType_t cuda_type(DType t) {
 }
 
 std::string status_text(const Api& a, cublasStatus_t s) { return a.status_name(s); }
+
+/// The bias in every row of D: one copy into row 0, then rows [0, r) into
+/// [r, 2r) (log2 M stream-ordered copies, not M), as torch's expand copy.
+bool broadcast_bias(void* D, const void* bias, int64_t m, int64_t n, int64_t ldd, int64_t eb, cudaStream_t s) {
+  char* d = static_cast<char*>(D);
+  if (cudaMemcpyAsync(d, bias, static_cast<size_t>(n * eb), cudaMemcpyDeviceToDevice, s) != cudaSuccess) return false;
+  for (int64_t r = 1; r < m; r *= 2) {
+    const int64_t rows = std::min(r, m - r);
+    const size_t pitch = static_cast<size_t>(ldd * eb);
+    if (cudaMemcpy2DAsync(d + r * ldd * eb, pitch, d, pitch, static_cast<size_t>(n * eb), static_cast<size_t>(rows),
+                          cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+      return false;
+  }
+  return true;
+}
+
+/// The call's device current for the scope (the handle is per device).
+struct DeviceScope {
+  int prev = -1;
+  bool ok = true;
+  explicit DeviceScope(int want) {
+    if (cudaGetDevice(&prev) != cudaSuccess) {
+      ok = false;
+      return;
+    }
+    if (prev != want && cudaSetDevice(want) != cudaSuccess) ok = false;
+  }
+  ~DeviceScope() {
+    int now = -1;
+    if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) (void)cudaSetDevice(prev);
+  }
+};
 
 }  // namespace
 
@@ -186,15 +225,18 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldd > INT32_MAX)
     return core::needs_fallback("cuBLAS takes dimensions and strides below 2^31");
   // torch's addmm takes cuBLASLt's bias epilogue when both matrices have
-  // more than one row and column and the result has the input dtype.
-  if (bias != nullptr && p.m > 1 && p.n > 1 && p.k > 1) {
+  // more than one row and column and the result has the input dtype; where
+  // cuBLASLt declines, torch's own fallback: the bias copied, beta 1.
+  if (bias != nullptr && p.m > 1 && p.n > 1 && p.k > 1 && p.out_dtype == p.in_dtype) {
     int64_t prm[core::kMaxParams] = {};
     prm[lt::kAlgoId] = lt::kTorchPick;
-    return lt::launch(la, p, prm);
+    const Status st = lt::launch(la, p, prm);
+    if (st.code() != core::kNeedsFallbackCode) return st;
   }
   const Api& a = api();
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return core::needs_fallback("cudaGetDevice failed");
+  const int device = static_cast<int>(p.device.ordinal);
+  DeviceScope on(device);
+  if (!on.ok) return core::needs_fallback("cannot make device " + std::to_string(device) + " current");
   cublasHandle_t h = handle_for(a, device);
   if (h == nullptr) return core::needs_fallback("cublasCreate failed on device " + std::to_string(device));
   const cudaStream_t stream = static_cast<cudaStream_t>(la.stream);
@@ -202,20 +244,21 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   // After the stream (cublasSetStream resets it): the call's workspace, or
   // none (cuBLAS then picks an algorithm that needs none, and never
   // allocates inside a capture).
-  const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0;
+  // (cuBLAS takes a workspace aligned to 256 bytes; a less aligned one is
+  // not offered: the call then runs an algorithm that needs none.)
+  const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0 &&
+                      reinterpret_cast<uintptr_t>(la.workspace) % 256 == 0;
   if (s == CUBLAS_STATUS_SUCCESS)
     s = a.set_workspace(h, has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(la.workspace_bytes) : 0);
   if (s == CUBLAS_STATUS_SUCCESS) s = a.set_math(h, CUBLAS_DEFAULT_MATH);
   if (s != CUBLAS_STATUS_SUCCESS) return make_status(StatusCode::backend_error, "cuBLAS handle: " + status_text(a, s));
   float beta = 0.f;
   if (bias != nullptr) {
-    // M = 1 (or K = 1, N = 1): torch copies the bias into the result and
-    // runs the GEMM with beta 1.
+    // M = 1 (or K = 1, N = 1, an fp32 D, cuBLASLt declining): torch copies
+    // the bias into the result and runs the GEMM with beta 1.
     const int64_t eb = p.out_dtype == DType::fp32 ? 4 : 2;
-    for (int64_t r = 0; r < p.m; ++r)
-      if (cudaMemcpyAsync(static_cast<char*>(D) + r * ldd * eb, bias, static_cast<size_t>(p.n * eb),
-                          cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
-        return make_status(StatusCode::backend_error, "cuBLAS floor: the bias copy into d failed");
+    if (!broadcast_bias(D, bias, p.m, p.n, std::max<int64_t>(ldd, p.n), eb, stream))
+      return make_status(StatusCode::backend_error, "cuBLAS floor: the bias copy into d failed");
     beta = 1.f;
   }
   const float alpha = 1.f;

@@ -16,9 +16,9 @@
 //    CUBLASLT_EPILOGUE_BIAS and the heuristic's first pick asked with
 //    torch's preferences (cublaslt.hpp, algo_id kTorchPick), as torch's
 //    addmm does (gemm_and_bias);
-//  - a bias otherwise (M = 1, or an fp32 D): the bias copied into D's rows,
-//    then cublasGemmEx with beta 1, as torch's addmm does where it does not
-//    take cuBLASLt.
+//  - a bias otherwise (M = 1, an fp32 D, or cuBLASLt declining): the bias
+//    copied into D's rows (log2 M copies), then cublasGemmEx with beta 1, as
+//    torch's addmm does where it does not take cuBLASLt.
 //
 // libcublas is opened at run time like libcublasLt (dlopen of
 // libcublas.so.<major of the headers we built with>, or KDISPATCH_CUBLAS=
@@ -43,10 +43,12 @@ bool available() noexcept;
 /// "cuBLAS 130100 (/path/libcublas.so.13)" or why it is unavailable.
 const std::string& describe() noexcept;
 
-/// The floor's launch of a gemm problem (see the header comment). Errors:
-/// kNeedsFallbackCode when cuBLAS is unavailable or refuses the call (the op
-/// then runs get_default's next plan), backend_error for a failing cuBLAS
-/// call.
+/// The floor's launch of a gemm problem (see the header comment), on
+/// p.device.ordinal (made current for the call). Errors: kNeedsFallbackCode
+/// when cuBLAS is unavailable or refuses the call (rows that overlap, sizes
+/// of 2^31 or more: the family's supports() refuses the knowable ones, a
+/// zero row stride; the rest run the reference in the same call),
+/// backend_error for a failing cuBLAS call.
 Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 
 }  // namespace dispatch::cuda::blas

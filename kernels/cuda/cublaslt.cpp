@@ -340,7 +340,7 @@ int64_t torch_lt_workspace() {
     if (const char* v = std::getenv("CUBLASLT_WORKSPACE_SIZE")) {
       char* end = nullptr;
       const long long x = std::strtoll(v, &end, 10);
-      if (end != v && *end == '\0' && x >= 0) kib = x;
+      if (end != v && *end == '\0' && x >= 0) kib = std::min<long long>(x, kDefaultWorkspaceBytes / 1024);
     }
     return std::min<int64_t>(kib * 1024, kDefaultWorkspaceBytes);
   }();
@@ -385,14 +385,15 @@ int heuristic(const Api& api, const core::Problem& p, int64_t lda, int64_t ldb, 
 struct PickKey {
   int64_t m, n, k, lda, ldb, ldd, ws;
   int32_t in, out, bias, op, accum, mode;
-  uint32_t align_a, align_b, align_c;
+  uint32_t align_a, align_b, align_c, align_d;
   bool operator==(const PickKey&) const = default;
 };
 struct PickHash {
   size_t operator()(const PickKey& k) const noexcept {
     uint64_t h = 1469598103934665603ull;
     for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}, int64_t{k.op},
-                      int64_t{k.accum}, int64_t{k.mode}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}}) {
+                      int64_t{k.accum}, int64_t{k.mode}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c},
+                      int64_t{k.align_d}}) {
       h ^= static_cast<uint64_t>(v);
       h *= 1099511628211ull;
     }
@@ -645,7 +646,7 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
     const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer,
                       static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), bias ? 1 : 0,
                       static_cast<int32_t>(p.op), static_cast<int32_t>(p.accum),
-                      static_cast<int32_t>(prm[kAlgoId]), al.a, al.b, al.c};
+                      static_cast<int32_t>(prm[kAlgoId]), al.a, al.b, al.c, al.d};
     Pick pick;
     bool cached = false;
     try {

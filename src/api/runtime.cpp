@@ -287,6 +287,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     impl->shipped_dir = find_shipped_dir(options);
     if (options.tune.duty_cycle <= 0.0 || options.tune.duty_cycle > 1.0)
       return make_status(StatusCode::invalid_argument, "tune.duty_cycle must be in (0, 1]");
+    if (!(options.tune.margin >= 0.0 && options.tune.margin <= 0.5))
+      return make_status(StatusCode::invalid_argument, "tune.margin must be a fraction in [0, 0.5]");
     if (options.tune.reps < 1) return make_status(StatusCode::invalid_argument, "tune.reps must be >= 1");
     if (!(options.tune.time_budget_ms > 0) || !std::isfinite(options.tune.time_budget_ms))
       return make_status(StatusCode::invalid_argument, "tune.time_budget_ms must be a positive, finite number of ms");

@@ -245,10 +245,12 @@ Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) 
     plan.variant = v;
     for (size_t i = 0; i < v->params.size(); ++i) plan.params[i] = v->params[i].default_value;
     const bool dynamic = (v->flags & kVariantDynamicSpace) != 0;
-    // A dynamic family's first param < 0 names a pick made at the call
-    // (cuBLASLt's algo_id -1 / -2): the other params are unused, may be left out.
+    // A dynamic family's first param -1 or -2 names a pick made at the call
+    // (cuBLASLt's algo_id: get_default's pick, the floor's): the other
+    // params are unused, may be left out. Any other negative value is no
+    // algorithm: the row must be whole (and the family refuses it).
     const ConfigValue* first = dynamic && !v->params.empty() ? config_find(row, std::string(v->params[0].name)) : nullptr;
-    const bool pick = first != nullptr && first->kind == ConfigValue::Kind::integer && first->i < 0;
+    const bool pick = first != nullptr && first->kind == ConfigValue::Kind::integer && (first->i == -1 || first->i == -2);
     if (dynamic && !pick) {
       // A dynamic family's row is a whole algorithm: every param must be
       // there (a default would silently describe another algorithm).

@@ -287,6 +287,7 @@ class Searcher {
     DeviceInfo no_dev;
     clock_ = mem_.make_clock(o_.device ? *o_.device : no_dev);
     run_candidates();
+    pick_incumbent();
     confirm();
     resolve_dynamic();
     if (!res_.best.valid() && !res_.stopped)
@@ -549,7 +550,7 @@ class Searcher {
   // order of the round plan; the rounds' summed medians in us[0] (default)
   // and us[1] (winner). False when a plan could not be timed again.
   bool time_placement(int pl, const std::vector<void*>& ptr, double us[2]) {
-    const core::Plan& def = cands_.front();
+    const core::Plan& def = cands_[inc_];
     const bool moved = pl > 0 && t_.launch_at;
     for (int round = 0; round < 2; ++round) {
       const bool def_first = (pl % 2 == 0) == (round == 0);
@@ -573,6 +574,20 @@ class Searcher {
     return us[0] > 0;
   }
 
+  // The incumbent the confirmation holds the winner against: the first
+  // candidate (the floor), or the second (get_default's plan, which the
+  // tuner puts there) when the first failed to launch or validate here (a
+  // floor that declines this call must not let any winner through
+  // unconfirmed).
+  void pick_incumbent() {
+    inc_ = 0;
+    if (!res_.tried.empty() && !res_.tried[0].status.ok() && res_.tried.size() > 1 && res_.tried[1].status.ok() &&
+        res_.tried[1].plan == cands_[1])
+      inc_ = 1;
+    res_.default_plan = cands_[inc_];
+    if (inc_ == 1 && res_.tried[1].timing.median_us > 0) res_.default_us = res_.tried[1].timing.median_us;
+  }
+
   // 4. The confirmation: the winner and the default again, on
   //    kConfirmPlacements placements of the read-only inputs, two rounds
   //    each in both orders (ABBA BAAB); the winner replaces the default only
@@ -581,8 +596,8 @@ class Searcher {
   //    bench/results/h200_gemm_fixed.md (the winner's curse, placements of
   //    the weights, the order of measurement).
   void confirm() {
-    const core::Plan& def = cands_.front();
-    const bool def_ok = !res_.tried.empty() && res_.tried.front().status.ok() && res_.tried.front().timing.median_us > 0;
+    const core::Plan& def = cands_[inc_];
+    const bool def_ok = res_.tried.size() > inc_ && res_.tried[inc_].status.ok() && res_.tried[inc_].timing.median_us > 0;
     if (!res_.best.valid() || !def_ok || res_.stopped || !o_.confirm || res_.best == def) return;
     std::vector<DevBuf> copies;  // released when the confirmation ends
     copies.reserve(static_cast<size_t>(kConfirmPlacements) * n_);
@@ -607,7 +622,7 @@ class Searcher {
       // A plan that could not be timed again (a launch refused on a copy,
       // say, or a stop request) is no confirmed winner: the default stays.
       res_.best = def;
-      res_.best_us = res_.tried.front().timing.median_us;
+      res_.best_us = res_.tried[inc_].timing.median_us;
       res_.kept_default = true;
       return;
     }
@@ -669,6 +684,7 @@ class Searcher {
   std::vector<std::vector<double>> ref_;      // the reference's output on the host
   std::vector<DevBuf> ref_dev_;               // ... and in the backend's memory
   bool device_compare_ = false;
+  size_t inc_ = 0;  // the incumbent's index in cands_ and res_.tried (pick_incumbent)
   std::unique_ptr<Clock> clock_;
   std::chrono::steady_clock::time_point t_start_;
   double best_ = 0.0;

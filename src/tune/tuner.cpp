@@ -358,7 +358,8 @@ Result<ShapeOutcome> Tuner::tune_target(TuneTarget& target, const DeviceInfo& de
     const core::Plan floor = core::floor_plan(p, dev);
     int32_t space = 0, pruned = 0;
     std::vector<core::Plan> cands = candidates_for(p, dev, floor.valid() ? floor : def, so, &space, &pruned);
-    if (def.valid() && !cands.empty() && !(cands.front() == def)) {
+    if (def.valid() && !cands.empty() && !(cands.front() == def) &&
+        !(so.deterministic && (def.variant->flags & core::kVariantNondeterministic))) {
       cands.erase(std::remove(cands.begin() + 1, cands.end(), def), cands.end());
       cands.insert(cands.begin() + 1, def);
     }
