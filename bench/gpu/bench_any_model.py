@@ -56,7 +56,9 @@ PROJECTIONS = [
     ("Mistral-Nemo-12B", "qkv", 6144, 5120), ("Mistral-Nemo-12B", "o", 5120, 4096),
     ("Mistral-Nemo-12B", "gate_up", 28672, 5120),
     ("Phi-3-mini", "qkv", 9216, 3072), ("Phi-3-mini", "gate_up", 16384, 3072), ("Phi-3-mini", "down", 3072, 8192),
-    ("Gemma-2-9B", "qkv", 8192, 3584), ("Gemma-2-9B", "down", 3584, 14336),
+    # (Gemma-2-9B's qkv, 8192x3584, is Llama-3-70B TP8's down projection, a
+    # committed shape: its gate_up instead since 2026-12-03's second run.)
+    ("Gemma-2-9B", "gate_up", 28672, 3584), ("Gemma-2-9B", "down", 3584, 14336),
     ("Qwen3-8B", "gate_up", 24576, 4096), ("Qwen3-8B", "down", 4096, 12288),
 ]
 FP8_PROJECTIONS = [(4608, 3584), (5120, 4096), (28672, 5120), (9216, 3072), (3584, 14336), (24576, 4096)]

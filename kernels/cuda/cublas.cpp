@@ -224,10 +224,10 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
     return core::needs_fallback("cuBLAS needs row strides >= the row length");
   if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldd > INT32_MAX)
     return core::needs_fallback("cuBLAS takes dimensions and strides below 2^31");
-  // torch's addmm takes cuBLASLt's bias epilogue when both matrices have
-  // more than one row and column and the result has the input dtype; where
+  // torch's addmm takes cuBLASLt's bias epilogue when N > 1, K > 1 and the
+  // result has the input dtype (torch 2.11: at M = 1 too, cublas.hpp); where
   // cuBLASLt declines, torch's own fallback: the bias copied, beta 1.
-  if (bias != nullptr && p.m > 1 && p.n > 1 && p.k > 1 && p.out_dtype == p.in_dtype) {
+  if (bias != nullptr && p.n > 1 && p.k > 1 && p.out_dtype == p.in_dtype) {
     int64_t prm[core::kMaxParams] = {};
     prm[lt::kAlgoId] = lt::kTorchPick;
     const Status st = lt::launch(la, p, prm);

@@ -12,11 +12,13 @@
 //    reduced-precision split-K reduction allowed for bf16 and fp16), whose
 //    stream is the call's and whose workspace is the call's (torch sets
 //    32 MiB on sm_90: Runtime::attach_stream's default), as at::mm does;
-//  - a bias at M > 1 (N > 1, K > 1, D in the input dtype): cuBLASLt with
+//  - a bias (N > 1, K > 1, D in the input dtype): cuBLASLt with
 //    CUBLASLT_EPILOGUE_BIAS and the heuristic's first pick asked with
 //    torch's preferences (cublaslt.hpp, algo_id kTorchPick), as torch's
-//    addmm does (gemm_and_bias);
-//  - a bias otherwise (M = 1, an fp32 D, or cuBLASLt declining): the bias
+//    addmm does (gemm_and_bias) — at M = 1 too: torch 2.11 on the H200 gave
+//    a result bitwise equal to this and not to the bias copy + beta 1 path
+//    older torch sources take at M = 1 (TorchFloorCudaTest, 2026-12-03);
+//  - a bias otherwise (N or K = 1, an fp32 D, or cuBLASLt declining): the bias
 //    copied into D's rows (log2 M copies), then cublasGemmEx with beta 1, as
 //    torch's addmm does where it does not take cuBLASLt.
 //
