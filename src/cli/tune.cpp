@@ -377,7 +377,7 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
   if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) return bad("--mem-gib must be > 0, got " + fmt("%g", o.mem_gib));
   if (o.budget_ms < 0 || !std::isfinite(o.budget_ms))
     return bad("--budget-ms must be > 0, got " + fmt("%g", o.budget_ms));
-  if (o.margin != -1.0 && !(o.margin >= 0.0 && o.margin <= 0.5))
+  if (o.margin_given && !(o.margin >= 0.0 && o.margin <= 0.5))
     return bad("--margin must be a fraction in [0, 0.5], got " + fmt("%g", o.margin));
   if (o.max_candidates != -1 && o.max_candidates < 1)
     return bad("--max-candidates must be >= 1, got " + std::to_string(o.max_candidates));
@@ -681,7 +681,7 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   // --margin) and $KDISPATCH_LOG_LEVEL (info:
   // every shape's confirmation rounds) apply.
   const bool env_mem = o.mem_gib <= 0 && std::getenv("KDISPATCH_TUNE_MEM");
-  const bool env_margin = o.margin < 0 && std::getenv("KDISPATCH_TUNE_MARGIN");
+  const bool env_margin = !o.margin_given && std::getenv("KDISPATCH_TUNE_MARGIN");
   if (env_mem || env_margin || std::getenv("KDISPATCH_LOG_LEVEL")) {
     auto env = dsp::options_from_env();
     if (!env.ok()) {
@@ -696,7 +696,7 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;
   if (o.max_candidates >= 1) ro.tune.max_candidates = o.max_candidates;
-  if (o.margin >= 0) ro.tune.margin = o.margin;
+  if (o.margin_given) ro.tune.margin = o.margin;
   auto rt = dsp::Runtime::create(ro);
   if (!rt.ok()) {
     std::fprintf(stderr, "%s: cannot create the runtime over '%s': %s\n", cmd, o.emit.c_str(),
@@ -1323,7 +1323,7 @@ std::vector<std::string> worker_argv(const TuneCmdOptions& o, const std::string&
   if (o.mem_gib > 0) a.insert(a.end(), {"--mem-gib", fmt("%.17g", o.mem_gib)});
   if (o.reps > 0) a.insert(a.end(), {"--reps", std::to_string(o.reps)});
   if (o.max_candidates >= 1) a.insert(a.end(), {"--max-candidates", std::to_string(o.max_candidates)});
-  if (o.margin >= 0) a.insert(a.end(), {"--margin", fmt("%.17g", o.margin)});
+  if (o.margin_given) a.insert(a.end(), {"--margin", fmt("%.17g", o.margin)});
   if (o.no_cold_cache) a.push_back("--no-cold-cache");
   if (!o.resume) a.push_back("--no-resume");
   return a;
