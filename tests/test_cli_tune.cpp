@@ -375,7 +375,7 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   CHECK(mc0.exit_code == 2);
   CHECK(mc0.err.find("--max-candidates must be >= 1, got 0") != std::string::npos);
   // --margin: a fraction in [0, 0.5].
-  for (const char* bad : {"-0.1", "-1", "0.7", "nan"}) {
+  for (const char* bad : {"-0.1", "-1", "0.7", "nan", "", "abc", "5%"}) {
     CAPTURE(bad);
     CliRun mg = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--margin", bad}, cache);
     CHECK(mg.exit_code == 2);

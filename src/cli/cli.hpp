@@ -191,7 +191,7 @@ struct TuneCmdOptions {
   bool no_cold_cache = false;
   int32_t reps = 0;                 ///< 0 = the library's default
   int32_t max_candidates = -1;      ///< -1 (not given) = the library's default (TuneOptions::max_candidates)
-  double margin = 0.02;             ///< --margin's value, when margin_given
+  std::string margin_text;          ///< --margin as given (checked by check_options, read by margin_of)
   bool margin_given = false;        ///< false: $KDISPATCH_TUNE_MARGIN, else TuneOptions::margin (0.02)
   bool json = false;
   /// --shard: "i/n" or "auto" (cli/shard.hpp); empty = every unit.

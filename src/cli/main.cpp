@@ -204,10 +204,11 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
       ->type_name("DTYPE");
   tune->add_option("--budget-ms", to.budget_ms, "Search time per shape, ms (default 2000)")->type_name("MS");
   tune->add_option("--reps", to.reps, "Timed repeats per candidate (default 5)")->type_name("N");
-  tune->add_option_function<double>(
-                   "--margin", [&to](const double& v) { to.margin = v, to.margin_given = true; },
-                   "How much faster than the floor (cuBLAS / cuBLASLt as torch calls them) a candidate must be to "
-                   "replace it, as a fraction (default $KDISPATCH_TUNE_MARGIN, else 0.02)")
+  tune->add_option_function<std::string>(
+                   "--margin", [&to](const std::string& v) { to.margin_text = v, to.margin_given = true; },
+                   "How much faster than the floor (GPU GEMMs: cuBLAS / cuBLASLt as torch calls them; elsewhere "
+                   "get_default's plan) a candidate must be to replace it, a fraction in [0, 0.5] (default "
+                   "$KDISPATCH_TUNE_MARGIN, else 0.02)")
       ->type_name("FRACTION");
   tune->add_option("--max-candidates", to.max_candidates,
                    "Points of a variant's space kept after the perf model's ordering (default 96)")

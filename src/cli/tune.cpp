@@ -361,6 +361,13 @@ std::string parse_devices(const std::string& text, std::vector<int32_t>* ordinal
 }
 
 // Checks the options that need no file: a usage error's exit code, or -1.
+/// --margin's value; NaN when it is not a number (empty, trailing text).
+double margin_of(const TuneCmdOptions& o) {
+  char* end = nullptr;
+  const double m = std::strtod(o.margin_text.c_str(), &end);
+  return o.margin_text.empty() || end == o.margin_text.c_str() || *end != '\0' ? std::nan("") : m;
+}
+
 int check_options(const TuneCmdOptions& o, const char* cmd) {
   const auto bad = [&](const std::string& msg) {
     std::fprintf(stderr, "%s: %s\n", cmd, msg.c_str());
@@ -377,8 +384,8 @@ int check_options(const TuneCmdOptions& o, const char* cmd) {
   if (o.mem_gib < 0 || !std::isfinite(o.mem_gib)) return bad("--mem-gib must be > 0, got " + fmt("%g", o.mem_gib));
   if (o.budget_ms < 0 || !std::isfinite(o.budget_ms))
     return bad("--budget-ms must be > 0, got " + fmt("%g", o.budget_ms));
-  if (o.margin_given && !(o.margin >= 0.0 && o.margin <= 0.5))
-    return bad("--margin must be a fraction in [0, 0.5], got " + fmt("%g", o.margin));
+  if (o.margin_given && !(margin_of(o) >= 0.0 && margin_of(o) <= 0.5))
+    return bad("--margin must be a fraction in [0, 0.5], got '" + o.margin_text + "'");
   if (o.max_candidates != -1 && o.max_candidates < 1)
     return bad("--max-candidates must be >= 1, got " + std::to_string(o.max_candidates));
   if (o.reps < 0) return bad("--reps must be >= 1, got " + std::to_string(o.reps));
@@ -696,7 +703,7 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;
   if (o.max_candidates >= 1) ro.tune.max_candidates = o.max_candidates;
-  if (o.margin_given) ro.tune.margin = o.margin;
+  if (o.margin_given) ro.tune.margin = margin_of(o);
   auto rt = dsp::Runtime::create(ro);
   if (!rt.ok()) {
     std::fprintf(stderr, "%s: cannot create the runtime over '%s': %s\n", cmd, o.emit.c_str(),
@@ -1323,7 +1330,7 @@ std::vector<std::string> worker_argv(const TuneCmdOptions& o, const std::string&
   if (o.mem_gib > 0) a.insert(a.end(), {"--mem-gib", fmt("%.17g", o.mem_gib)});
   if (o.reps > 0) a.insert(a.end(), {"--reps", std::to_string(o.reps)});
   if (o.max_candidates >= 1) a.insert(a.end(), {"--max-candidates", std::to_string(o.max_candidates)});
-  if (o.margin_given) a.insert(a.end(), {"--margin", fmt("%.17g", o.margin)});
+  if (o.margin_given) a.insert(a.end(), {"--margin", o.margin_text});
   if (o.no_cold_cache) a.push_back("--no-cold-cache");
   if (!o.resume) a.push_back("--no-resume");
   return a;
