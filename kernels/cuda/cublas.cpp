@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/cublaslt.hpp"
+#include "cuda/dl_library.hpp"
 #include "ops/gemm.hpp"
 
 namespace dispatch::cuda::blas {
@@ -38,33 +39,19 @@ struct Api {
   decltype(&cublasGetStatusName) status_name = nullptr;
 };
 
-template <class F>
-bool sym(void* so, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(so, name));
-  return *out != nullptr;
-}
+using dl::sym;
 
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
-  const char* env = std::getenv("KDISPATCH_CUBLAS");
-  if (env && std::string_view(env) == "0") {
+  dl::Opened lib =
+      dl::open_library("KDISPATCH_CUBLAS", {"libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublas.so"});
+  if (lib.disabled) {
     a->describe = "cuBLAS floor disabled by KDISPATCH_CUBLAS=0";
     return a;
   }
-  std::string tried;
-  auto try_open = [&](const std::string& name) {
-    if (a->so) return;
-    a->so = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!a->so) tried += (tried.empty() ? "" : ", ") + name;
-  };
-  if (env && *env) {
-    try_open(env);
-  } else {
-    try_open("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR));
-    try_open("libcublas.so");
-  }
+  a->so = lib.so;
   if (!a->so) {
-    a->describe = "cuBLAS unavailable: dlopen failed for " + tried;
+    a->describe = "cuBLAS unavailable: dlopen failed for " + lib.tried;
     return a;
   }
   const bool ok = sym(a->so, "cublasCreate_v2", &a->create) && sym(a->so, "cublasGetVersion_v2", &a->get_version) &&
@@ -72,10 +59,7 @@ Api* open_api() {
                   sym(a->so, "cublasSetWorkspace_v2", &a->set_workspace) &&
                   sym(a->so, "cublasSetMathMode", &a->set_math) && sym(a->so, "cublasGemmEx", &a->gemm_ex) &&
                   sym(a->so, "cublasGetStatusName", &a->status_name);
-  char path[512] = "?";
-  Dl_info info;
-  if (a->create && dladdr(reinterpret_cast<void*>(a->create), &info) && info.dli_fname)
-    std::snprintf(path, sizeof path, "%s", info.dli_fname);
+  const std::string path = dl::path_of(reinterpret_cast<void*>(a->create));
   if (!ok) {
     a->describe = std::string("cuBLAS unavailable: ") + path + " lacks an entry point the floor uses";
     return a;

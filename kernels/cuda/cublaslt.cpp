@@ -11,6 +11,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "cuda/dl_library.hpp"
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
 #define KDISPATCH_GPU_NS cuda
@@ -41,36 +42,19 @@ struct Api {
   decltype(&cublasLtGetStatusName) status_name = nullptr;
 };
 
-template <class F>
-bool sym(void* so, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(so, name));
-  return *out != nullptr;
-}
+using dl::sym;
 
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
-  const char* env = std::getenv("KDISPATCH_CUBLASLT");
-  if (env && std::string_view(env) == "0") {
+  dl::Opened lib = dl::open_library("KDISPATCH_CUBLASLT",
+                                    {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"});
+  if (lib.disabled) {
     a->describe = "cuBLASLt disabled by KDISPATCH_CUBLASLT=0";
     return a;
   }
-  std::string tried;
-  auto try_open = [&](const std::string& name) {
-    if (a->so) return;
-    a->so = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!a->so) {
-      if (!tried.empty()) tried += ", ";
-      tried += name;
-    }
-  };
-  if (env && *env) {
-    try_open(env);
-  } else {
-    try_open("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
-    try_open("libcublasLt.so");
-  }
+  a->so = lib.so;
   if (!a->so) {
-    a->describe = "cuBLASLt unavailable: dlopen failed for " + tried;
+    a->describe = "cuBLASLt unavailable: dlopen failed for " + lib.tried;
     return a;
   }
   const bool ok = sym(a->so, "cublasLtCreate", &a->create) && sym(a->so, "cublasLtGetVersion", &a->get_version) &&
@@ -85,12 +69,7 @@ Api* open_api() {
                   sym(a->so, "cublasLtMatmulAlgoConfigGetAttribute", &a->algo_get) &&
                   sym(a->so, "cublasLtMatmulAlgoCheck", &a->algo_check) && sym(a->so, "cublasLtMatmul", &a->matmul) &&
                   sym(a->so, "cublasLtGetStatusName", &a->status_name);
-  char path[512] = "?";
-  if (a->create) {
-    Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(a->create), &info) && info.dli_fname)
-      std::snprintf(path, sizeof path, "%s", info.dli_fname);
-  }
+  const std::string path = dl::path_of(reinterpret_cast<void*>(a->create));
   if (!ok) {
     a->describe = std::string("cuBLASLt unavailable: ") + path + " lacks an entry point we use";
     return a;
