@@ -375,8 +375,8 @@ for sec in anymodel fit; do
   f=any_model.json; [ $sec = fit ] && f=fit.json
   budget=$(($(left) - 20))
   stamp "$sec: ${budget} s"
-  grid=bench; [ $sec = fit ] && grid=fit
-  PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off "$PY" bench/gpu/bench_any_model.py \
+  grid=bench; rule=; [ $sec = fit ] && { grid=fit; rule=everywhere; }  # fit: time the rule in every cell
+  KDISPATCH_TEST_DEFAULT_RULE=$rule PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off "$PY" bench/gpu/bench_any_model.py \
     --out "$OUT" --grid $grid --kinds "${KD_ANY_KINDS:-bf16,tensor,rowwise,block}" --budget-s "$budget" \
     --resume "$RESUME/$f" ${KD_ANY_FLAGS:-} >"$OUT/$sec.log" 2>&1
   rc=$?
