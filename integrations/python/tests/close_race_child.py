@@ -6,6 +6,7 @@ with daemon threads still calling. Run as
     close_race_child.py race ROUNDS          # 4 threads call rt.rmsnorm, the main thread closes
     close_race_child.py torch-race ROUNDS    # the same through torch.ops.kdispatch.rmsnorm
     close_race_child.py exit owned|default|torch-owned|torch-default
+    close_race_child.py exit-control         # the same exit with torch's own op, no kdispatch call
 
 A race prints one JSON line of counts last; a crash (a signal) is the
 parent's finding: the exit status."""
@@ -182,6 +183,32 @@ def exit_with_daemon_threads(mode):
     print("exiting with 4 daemon threads calling")
 
 
+def exit_control():
+    """The control of the torch modes: 4 daemon threads calling a torch op
+    of torch's own (F.rms_norm; layer_norm where torch has none) while the
+    interpreter exits, no kdispatch call at all. torch 2.11 aborts here
+    (8 of 8 runs on the H200, 2026-12-03), and so does Debian's torch 1.13
+    ("terminate called without an active exception")."""
+    import torch
+    import torch.nn.functional as F
+    x, w = torch.rand(4, 64), torch.ones(64)
+    op = getattr(F, "rms_norm", None) or F.layer_norm
+    started = threading.Semaphore(0)
+
+    def caller():
+        op(x, (64,), w, eps=1e-6)
+        started.release()
+        while True:
+            op(x, (64,), w, eps=1e-6)
+
+    for _ in range(CALLERS):
+        threading.Thread(target=caller, daemon=True).start()
+    for _ in range(CALLERS):
+        started.acquire()
+    time.sleep(0.005)
+    print("exiting with 4 daemon threads calling")
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "race":
@@ -190,5 +217,7 @@ if __name__ == "__main__":
         torch_race(int(sys.argv[2]))
     elif what == "exit":
         exit_with_daemon_threads(sys.argv[2])
+    elif what == "exit-control":
+        exit_control()
     else:
         sys.exit(f"unknown mode {what}")

@@ -832,6 +832,14 @@ class TorchOpsCloseTest(unittest.TestCase):
 
     def test_interpreter_exit_with_daemon_threads_in_the_ops(self):
         from test_close import assert_exited_cleanly, child
+        # The control first: where torch cannot exit under daemon threads in
+        # its own ops (torch 2.11: SIGABRT in 8 of 8 runs), an exit under ours
+        # tests torch's teardown, not kdispatch's (bench/results/h200_any_model.md).
+        for i in range(2):
+            c = child("exit-control", timeout=120)
+            if c.returncode != 0:
+                self.skipTest(f"torch {torch.__version__} itself fails to exit with daemon threads in its own ops "
+                              f"(control: exit status {c.returncode})")
         for mode in ("torch-owned", "torch-default"):
             for i in range(2):
                 p = child("exit", mode, timeout=120)
