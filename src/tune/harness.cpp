@@ -75,6 +75,59 @@ Result<std::vector<double>> Clock::time_reps(const std::function<Status()>& prep
   return out;
 }
 
+double ClockScreen::median_locked() const {
+  if (ring_.empty()) return 0.0;
+  std::vector<unsigned> c = ring_;
+  std::nth_element(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(c.size() / 2), c.end());
+  return static_cast<double>(c[c.size() / 2]);
+}
+
+bool ClockScreen::accept(unsigned mhz, bool last_try) {
+  if (mhz == 0) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++batches_;
+  const bool low = static_cast<int>(ring_.size()) >= min_history_ && static_cast<double>(mhz) < ratio_ * median_locked();
+  if (low && !last_try) {
+    ++discarded_;
+    return false;  // not recorded: a throttled stretch must not drag the median down
+  }
+  if (low) ++kept_throttled_;
+  if (ring_.size() < 256) {
+    ring_.push_back(mhz);
+  } else {
+    ring_[next_] = mhz;
+    next_ = (next_ + 1) % ring_.size();
+  }
+  return true;
+}
+
+int64_t ClockScreen::batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batches_;
+}
+int64_t ClockScreen::discarded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return discarded_;
+}
+int64_t ClockScreen::kept_throttled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_throttled_;
+}
+double ClockScreen::median_mhz() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return median_locked();
+}
+
+std::string ClockScreen::note(const std::string& source) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (batches_ == 0) return {};
+  std::string s = "SM clock (" + source + "): median " + std::to_string(static_cast<int64_t>(median_locked())) +
+                  " MHz over " + std::to_string(batches_) + " batches, " + std::to_string(discarded_) +
+                  " re-timed below " + std::to_string(static_cast<int>(ratio_ * 100)) + "% of it";
+  if (kept_throttled_ > 0) s += ", " + std::to_string(kept_throttled_) + " kept throttled (third try)";
+  return s;
+}
+
 Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, const std::function<Status()>& fn,
                        const MeasureOptions& o) {
   for (int32_t i = 0; i < o.warmup; ++i) {

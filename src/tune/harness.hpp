@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "dispatch/status.hpp"
@@ -59,6 +61,40 @@ class Clock {
   /// grid bench does, cuBLASLt's not (bench/results/h200_gemm_fixed.md).
   virtual Result<std::vector<double>> time_reps(const std::function<Status()>& prepare,
                                                 const std::function<Status()>& fn, int n, bool cold);
+  /// What the clock screened so far (ClockScreen::note), "" when it does
+  /// not screen (the CPU clock).
+  virtual std::string screen_note() const { return {}; }
+};
+
+/// The SM clock screen of a run (issue 32, item 3): the clock reading (MHz)
+/// of each timed batch, taken while the batch runs. A batch whose reading
+/// is below `ratio` x the median of the readings before it (once there are
+/// `min_history` of them) is refused: the clock times it again. Readings of
+/// 0 (no reading: no NVML) are accepted and not recorded. The last 256
+/// readings make the median. One per device per process (a run's median
+/// spans every search of the process); thread-safe.
+class ClockScreen {
+ public:
+  explicit ClockScreen(double ratio = 0.9, int min_history = 5) : ratio_(ratio), min_history_(min_history) {}
+  /// Records `mhz`; whether the batch it was read during is accepted.
+  /// `last_try`: accepted whatever the reading (counted as kept throttled).
+  bool accept(unsigned mhz, bool last_try = false);
+  int64_t batches() const;
+  int64_t discarded() const;
+  int64_t kept_throttled() const;
+  double median_mhz() const;  ///< of the kept readings; 0 before any
+  /// "SM clock (<source>): median M MHz over B batches, D re-timed below
+  /// 0.9x[, K kept throttled]", or "" when no reading was taken.
+  std::string note(const std::string& source) const;
+
+ private:
+  double median_locked() const;
+  mutable std::mutex mu_;
+  double ratio_;
+  int min_history_;
+  std::vector<unsigned> ring_;
+  size_t next_ = 0;
+  int64_t batches_ = 0, discarded_ = 0, kept_throttled_ = 0;
 };
 
 /// The CPU clock: steady_clock around the call; flush() reads a buffer of
