@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -399,6 +400,10 @@ struct LookupResult {
   std::string key;
   /// Why this config: device-name resolution, version folder, match, source.
   std::string why;
+  /// A note on the row that serves, or "": a row demoted on this machine
+  /// (the floor serves its M), or a CPU row tuned on another CPU vendor or
+  /// family ("tuned on AuthenticAMD family 25; not yet verified here").
+  std::string note;
 };
 /// "exact" | "nearest" | "default" | "forced".
 KDISPATCH_API const char* match_name(LookupResult::Match m) noexcept;
@@ -502,6 +507,63 @@ struct ConfigTimings {
 KDISPATCH_API Result<ConfigTimings> time_configs(Runtime& rt, std::string_view op, std::string_view key_fields,
                                                  int64_t m, std::span<const Config> configs, Device device = {},
                                                  int32_t rounds = 2) noexcept;
+/// One committed row timed against the floor by verify_rows().
+struct RowVerification {
+  std::string op;          ///< "gemm", "rmsnorm", ...
+  std::string key;         ///< the canonical static key
+  int64_t m = 0;           ///< the row's M
+  Config config;           ///< the row as written
+  std::string variant;
+  std::string source;      ///< its file, relative to its config dir
+  std::string source_dir;  ///< the config dir (the shipped configs' dir included)
+  /// ok, or why no verdict could be reached (the floor failing here, the
+  /// scratch over the memory budget, a verdict file that cannot be written);
+  /// a row that fails to launch or validate here is a loss, not an error.
+  Status status;
+  double row_us = 0.0;    ///< the row's mean time over the confirmation's placements, µs
+  double floor_us = 0.0;  ///< the floor's, µs
+  /// The row against the floor: 1 - mean(row / floor) over the placements
+  /// (0.073: the row is 7.3% faster; negative: slower).
+  double margin = 0.0;
+  double required_margin = 0.0;  ///< the margin a row must win by (TuneOptions::margin)
+  double aa_spread = 0.0;        ///< the floor's own spread over the placements
+  std::vector<double> ratios;    ///< row / floor per placement
+  std::string timing;            ///< "cold" | "cold+graph": how the confirmation timed
+  std::string outcome;           ///< this verification: "ahead" | "within margin" | "lost"
+  /// The verdict after it: "ahead" | "within margin" | "lost once" |
+  /// "demoted" (lost by more than the margin in 2 verifications since the
+  /// last win: the floor serves the row's M).
+  std::string verdict;
+  int32_t losses = 0;        ///< losses since the last win
+  std::string tuned_on;      ///< CPU rows: "AuthenticAMD family 25" as the file records it; "" not recorded
+  bool foreign = false;      ///< a CPU row of another vendor or family than this host's (or not recorded)
+  std::string recorded_in;   ///< the verdict file ("" when kept in memory: no cache dir)
+};
+/// What verify_rows() did.
+struct VerifyReport {
+  std::vector<RowVerification> rows;  ///< in the order verified (rows tuned on another CPU first)
+  int64_t floor_rows = 0;  ///< committed rows whose plan is the floor itself: nothing to verify
+  int64_t demoted = 0;     ///< rows demoted now (the table was republished)
+};
+/// Verifies the committed rows of this machine's devices (the runtime's
+/// config dirs and shipped configs, not its tuning cache) that serve, of
+/// op `op` ("" = every op): each row's plan timed against the floor on
+/// scratch operands with the tuner's confirmation (validation against the
+/// reference, then kConfirmPlacements placements, two rounds each in both
+/// orders), judged at RuntimeOptions::tune.margin, and the verdict recorded
+/// in the tuning cache dir's verdict cache (.verify/, keyed by this build's
+/// fingerprint and, on the CPU, the CPU's vendor, family and model). A row
+/// that lost by more than the margin in two verifications is demoted: the
+/// table is republished with the floor serving its M; a win resets the
+/// count. `on_row` (optional) sees each row as it is done. Thread-safe;
+/// blocks (about 16 timings of each row and the floor per row). Works
+/// when frozen (the demotion is then applied at the next reload). Errors:
+/// invalid_argument for an unknown op; failed_precondition in a forked child.
+/// (`kdispatch verify`; RuntimeOptions::tune.verify_shipped does it in the
+/// background.)
+KDISPATCH_API Result<VerifyReport> verify_rows(Runtime& rt, std::string_view op = {},
+                                               const std::function<void(const RowVerification&)>& on_row = {}) noexcept;
+
 /// pretune() of any op by name, its tensors and scalars as call_op takes them.
 KDISPATCH_API Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
                                                std::span<const float> scalars) noexcept;

@@ -91,6 +91,17 @@ struct TuneOptions {
   /// Tensor-parallel ranks sharing a cache dir tune each shape once:
   /// a shape is claimed in the cache dir before tuning.
   bool claim_shapes = true;
+  /// Re-verify committed rows on this machine: a background thread (the
+  /// background tuner's, started for this in any mode), when it has no miss
+  /// to tune, times each committed row of this machine's devices (config
+  /// dirs and shipped configs; CPU rows tuned on another vendor or family
+  /// first) against the floor, one at a time, with the duty cycle, and
+  /// records the verdict in the cache dir (.verify/); a row that lost by
+  /// more than `margin` in two verifications is demoted (the floor serves
+  /// its M) and a new table is published. Readers never wait for it.
+  /// verify_rows() and `kdispatch verify` do the same on demand
+  /// (docs/tuning.md#verifying-shipped-rows).   [KDISPATCH_VERIFY_SHIPPED=1]
+  bool verify_shipped = false;
 };
 
 /// How a Runtime is set up. Every field has a working default.
@@ -139,7 +150,8 @@ struct RuntimeOptions {
 /// KDISPATCH_BACKEND_VERSION, KDISPATCH_LOG_LEVEL (off|error|warn|info|debug),
 /// KDISPATCH_WATCH, KDISPATCH_FORCE, KDISPATCH_DETERMINISTIC, KDISPATCH_TUNE
 /// (off|sync|background), KDISPATCH_CACHE_DIR, KDISPATCH_TUNE_MEM (bytes,
-/// K/M/G suffixes), KDISPATCH_TUNE_BUDGET_MS; KDISPATCH_CACHE_LOCKING
+/// K/M/G suffixes), KDISPATCH_TUNE_BUDGET_MS, KDISPATCH_TUNE_MARGIN,
+/// KDISPATCH_VERIFY_SHIPPED (0 or 1); KDISPATCH_CACHE_LOCKING
 /// (auto|flock|fragments) is checked here and read by the writer
 /// (cache_locking). Errors: invalid_argument naming the variable and its
 /// value.
@@ -185,6 +197,11 @@ struct TuneStats {
   /// Background mode: times the tuner waited for a graph capture (on a
   /// stream a miss was seen capturing) to end before a search.
   int64_t capture_waits = 0;
+  /// TuneOptions::verify_shipped: committed rows verified against the floor
+  /// by the background thread, rows it demoted, and rows still to verify.
+  int64_t rows_verified = 0;
+  int64_t rows_demoted = 0;
+  int64_t rows_to_verify = 0;
 };
 
 /// A loaded, immutable dispatch table plus the options it was built from.

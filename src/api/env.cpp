@@ -163,6 +163,8 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
         return bad_env("KDISPATCH_TUNE_MARGIN", v, "a fraction in [0, 0.5], e.g. 0.02 for 2%");
       o.tune.margin = m;
     }
+    if (const char* v = env("KDISPATCH_VERIFY_SHIPPED"))
+      if (!parse_bool(v, &o.tune.verify_shipped)) return bad_env("KDISPATCH_VERIFY_SHIPPED", v, "0 or 1");
     if (const char* v = env("KDISPATCH_MISSES_EXPORT")) {
       // Written at exit: a path that cannot be written is refused now, not
       // lost then without a word.

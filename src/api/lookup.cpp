@@ -225,6 +225,7 @@ bool from_table(const Runtime::Impl& impl, const LookupQuery& q, bool own, const
                 ? " (nearest to " + std::to_string(q.M) + "; ties go to the smaller key)"
                 : "");
     why += "; from " + res.source;
+    if (own) res.note = impl.row_note(c.key, res.table_m, row->source_id, res.config);  // demoted, tuned on another CPU
     if (own)  // own-op params the row leaves out: the variant's defaults serve (the load report says so too)
       if (const core::Plan& pl = table::Snapshot::plan(*b, idx); pl.valid())
         if (const std::string d = store::defaulted_params(pl, res.config); !d.empty()) why += "; " + d;
@@ -369,7 +370,9 @@ std::string lookup_result_to_json(const LookupResult& r) {
   w.key("variant");
   if (r.variant.empty()) w.null();
   else w.value(r.variant);
-  w.field("key", r.key).field("why", r.why).end_object();
+  w.field("key", r.key).field("why", r.why);
+  if (!r.note.empty()) w.field("note", r.note);
+  w.end_object();
   return w.take();
 }
 

@@ -144,12 +144,12 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
 // half-written copy never drops a table to the defaults. A file that is gone
 // is gone; a stale cache file is never kept.
 void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
-  if (table.base_inputs.empty()) return;
+  if (table.loaded_inputs.empty()) return;
   bool any_skipped = !out->incomplete_dirs.empty();
   for (const FileReport& f : out->report.files) any_skipped = any_skipped || (f.state == FileReport::State::skipped && !f.stale);
   if (!any_skipped) return;
   std::unordered_map<std::string, const std::shared_ptr<const table::TableInput>*> previous;
-  for (const auto& in : table.base_inputs) previous.emplace(std::to_string(in->source_rank) + '\n' + in->path, &in);
+  for (const auto& in : table.loaded_inputs) previous.emplace(std::to_string(in->source_rank) + '\n' + in->path, &in);
   std::unordered_map<std::string, int32_t> rank_of;
   for (const auto& [d, r] : source_dirs()) rank_of.emplace(d, r);
   for (FileReport& f : out->report.files) {
@@ -173,7 +173,7 @@ void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
     for (const FileReport& f : out->report.files)
       if (f.dir == dir) seen.emplace(f.path, true);
     size_t kept = 0;
-    for (const auto& in : table.base_inputs)
+    for (const auto& in : table.loaded_inputs)
       if (in->source_rank == r->second && !seen.count(in->path)) {
         out->inputs.push_back(in);
         ++kept;
@@ -192,7 +192,9 @@ Status Runtime::Impl::load_and_publish_locked() {
   for (auto& d : dirs) d.check_fingerprint = d.rank == cache_rank && !cache_dir.empty() && d.dir == cache_dir;
   store::LoadOutput out = store::load_config_dirs(dirs, options.device_aliases, intern, &table.file_cache);
   keep_rows_of_broken_files(&out);
-  table.base_inputs = std::move(out.inputs);
+  table.loaded_inputs = std::move(out.inputs);
+  loads.fetch_add(1, std::memory_order_release);
+  apply_verdicts_locked();  // base_inputs: a demoted committed row's M holds the floor (src/api/verify.cpp)
   std::vector<std::string> notes;
   // Incremental: the keys of unchanged files are copied from the table
   // that serves now (Snapshot::build).
@@ -308,6 +310,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     impl->shipped_rank = impl->tuned_rank + 2;
     if (auto s = impl->forced.parse(options.force); !s.ok()) return s;
     impl->options = std::move(options);
+    impl->memory_verdicts = std::make_shared<tune::MemoryVerdicts>();
     {
       std::lock_guard<std::mutex> lock(impl->table.mu);
       if (auto s = impl->load_and_publish_locked(); !s.ok()) return s;
@@ -321,6 +324,11 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
       std::lock_guard<std::mutex> lock(raw->table.mu);
       if (!raw->frozen.load()) (void)raw->load_and_publish_locked();
     };
+    hooks.committed_rows = [raw](uint64_t* seen, std::vector<tune::VerifyRow>* out) {
+      return raw->committed_rows_since(seen, out);
+    };
+    hooks.verdicts_changed = [raw]() { (void)raw->publish_verdicts(); };
+    hooks.memory_verdicts = impl->memory_verdicts;
     impl->tuner = std::make_unique<tune::Tuner>(impl->options, impl->cache_dir, std::move(hooks));
     impl->tuner->set_rank(impl->tuned_rank);
     auto rt = std::unique_ptr<Runtime>(new Runtime(std::move(impl)));

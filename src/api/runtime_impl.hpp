@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,9 @@ struct LoadOutput;
 
 namespace dispatch::tune {
 class Tuner;
+struct VerifyRow;
+class MemoryVerdicts;
+struct Verdicts;
 }
 namespace dispatch::store {
 class DirWatcher;
@@ -93,6 +97,43 @@ struct Runtime::Impl {
   std::set<std::string> reported_stale;
   /// Rebuilds the table from its inputs and publishes it. Caller holds table.mu.
   void rebuild_locked(std::vector<std::string>* notes);
+
+  // ---- verification of committed rows (src/api/verify.cpp, tune/verify.hpp)
+  /// Verdicts where there is no usable cache dir (shared with the tuner).
+  std::shared_ptr<tune::MemoryVerdicts> memory_verdicts;
+  /// What lookup notes on a row, set by apply_verdicts_locked (per input
+  /// and per verdict, never per row: a reload of a large tree pays for its
+  /// files, not for its rows). Its own lock, held to swap or read.
+  struct RowNotes {
+    mutable std::mutex mu;
+    /// Committed CPU own-op inputs of this host's ISA class, by source id.
+    std::unordered_map<uint32_t, std::shared_ptr<const table::TableInput>> cpu_inputs;
+    std::shared_ptr<const tune::Verdicts> cpu_verdicts;
+    /// Demoted rows: (key, M) -> (source id, note).
+    std::map<std::pair<std::string, int64_t>, std::pair<uint32_t, std::string>> demoted;
+  } row_notes;
+  /// lookup's note on the row at (key, m) from `source_id` holding `config`
+  /// (demoted; a CPU row tuned on another CPU), or "".
+  std::string row_note(const std::string& key, int64_t m, uint32_t source_id, const Config& config) const;
+  /// Bumped by every load of the config dirs: the committed rows may differ.
+  std::atomic<uint64_t> loads{0};
+  /// table.base_inputs from table.loaded_inputs with the verdict cache
+  /// applied: the M of a demoted committed row holds the floor's plan (one
+  /// copy of that input; the others are shared), and the row notes lookup
+  /// shows are set. Caller holds table.mu. Never on the op path: the table
+  /// built from it is what the op path reads.
+  void apply_verdicts_locked();
+  /// apply_verdicts_locked() and a rebuilt table, published (after a
+  /// verification). False when frozen (nothing changes).
+  bool publish_verdicts();
+  /// The committed rows (config dirs and shipped configs, not the tuning
+  /// cache) of own ops on this machine's devices that serve, one per (key,
+  /// M), with a plan that is not the floor itself; `op` "" = every op.
+  /// Rows tuned on another CPU (or an unrecorded one) first. Takes table.mu.
+  std::vector<tune::VerifyRow> committed_rows(std::string_view op, int64_t* floor_rows = nullptr) const;
+  /// committed_rows("") when a load happened since *seen (then *seen is
+  /// updated and true returned); false, nothing computed, otherwise.
+  bool committed_rows_since(uint64_t* seen, std::vector<tune::VerifyRow>* out) const;
 
   ~Impl();
 

@@ -47,6 +47,10 @@ struct PublishedTable {
   /// Guarded by `mu`.
   std::vector<std::shared_ptr<const table::TableInput>> base_inputs;
   std::vector<table::TableInput> tuned_inputs;  ///< each gets a new serial when it changes
+  /// The inputs as the last load read them (base_inputs is these with the
+  /// verdict cache applied: a demoted row's M holds the floor there).
+  /// Guarded by `mu`.
+  std::vector<std::shared_ptr<const table::TableInput>> loaded_inputs;
   /// The loader's per-file cache: a reload reads only changed files.
   store::FileCache file_cache;
 

@@ -303,6 +303,24 @@ struct MergeOptions {
 inline constexpr double kDefaultRetimeMargin = 0.02;
 int run_merge(const MergeOptions& o);
 
+/// Options of `kdispatch verify` (verify.cpp).
+struct VerifyOptions {
+  /// --configs: the committed rows of these dirs (in precedence order);
+  /// none: those a serving process loads (the shipped configs and
+  /// $KDISPATCH_CONFIG_DIRS).
+  std::vector<std::string> configs;
+  /// --cache: the tuning cache dir whose verdict cache (.verify/) is read
+  /// and updated; "": the runtime's ($KDISPATCH_CACHE_DIR, XDG, ~/.cache).
+  std::string cache;
+  std::string op;              ///< --op: only this op's rows
+  std::string margin_text;     ///< --margin as given
+  bool margin_given = false;   ///< false: $KDISPATCH_TUNE_MARGIN, else 0.02
+  int32_t reps = 0;            ///< --reps: timed repeats per measurement; 0 = the library's default
+  bool no_cold_cache = false;  ///< --no-cold-cache: time on warm caches (quick tests)
+  bool json = false;
+};
+int run_verify(const VerifyOptions& o);
+
 /// Options of `kdispatch validate`.
 struct ValidateOptions {
   std::vector<std::string> dirs;
@@ -314,5 +332,15 @@ struct ValidateOptions {
   bool json = false;
 };
 int run_validate(const ValidateOptions& o);
+
+/// Options of `kdispatch report` (report.cpp).
+struct ReportOptions {
+  /// Config dirs or tables, `kdispatch tune --json` output, bench JSON
+  /// (bench/gpu/*.py): each told by its content.
+  std::vector<std::string> inputs;
+  std::string out;    ///< the HTML file written
+  std::string title;  ///< "" = "kdispatch report"
+};
+int run_report(const ReportOptions& o);
 
 }  // namespace kdispatch_cli

@@ -144,6 +144,7 @@ int run_lookup(const LookupOptions& o) {
     for (const auto& [k, v] : *metadata)
       if (k != "kdispatch") std::printf("metadata %s = %s\n", k.c_str(), v.c_str());
   std::printf("why      %s\n", r->why.c_str());
+  if (!r->note.empty()) std::printf("note     %s\n", r->note.c_str());
   return kExitOk;
 }
 

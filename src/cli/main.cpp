@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CLI — entry point: the command line (CLI11) of `kdispatch replay`,
-// `kdispatch misses`, `kdispatch tune`, `kdispatch lookup` and `kdispatch
-// validate`. Each subcommand fills an options struct and hands it to its
-// run_* function (replay.cpp, tune.cpp, configs.cpp); exit codes: 0 ok,
-// 1 failure, 2 usage error.
+// `kdispatch misses`, `kdispatch tune`, `kdispatch lookup`, `kdispatch
+// validate`, `kdispatch merge` and `kdispatch report`. Each subcommand fills
+// an options struct and hands it to its run_* function (replay.cpp, tune.cpp,
+// configs.cpp, merge.cpp, report.cpp); exit codes: 0 ok, 1 failure, 2 usage
+// error.
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
@@ -332,7 +333,10 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
 // ------------------------------------------------------------ validate
 CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
   CLI::App* validate = app.add_subcommand(
-      "validate", "Load config dirs and print the load report: per file loaded/partial/skipped and its problems.");
+      "validate",
+      "Check config dirs without running anything: every file parses and every row is legal (a compiled variant, a "
+      "point of its config space); print the load report, per file loaded/partial/skipped and its problems. No "
+      "timing: `kdispatch verify` times the rows on this machine.");
   validate->add_option("dirs", vo.dirs,
                        "Config dirs (read recursively; neither the shipped configs nor the tuning cache are loaded)")
       ->type_name("DIR...");
@@ -353,6 +357,52 @@ CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
       "  kdispatch validate --cache ~/.cache/kdispatch\n"
       "Exit codes: 0 every file usable, 1 some file skipped or the --cache dir refused, 2 bad argument.");
   return validate;
+}
+
+// ------------------------------------------------------------ verify
+CLI::App* add_verify(CLI::App& app, VerifyOptions& vo) {
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Time the committed rows on this machine: each row of this machine's devices (the shipped configs, or the "
+      "--configs dirs) is run against the floor (what the engine runs without kdispatch) with the tuner's "
+      "confirmation, and its margin over the floor, the A/A spread and the verdict are printed (ahead, within "
+      "margin, lost once, demoted) and recorded in the tuning cache dir; a row that lost by more than the margin "
+      "twice is demoted (the floor serves its M). Unlike `validate`, which only checks that files parse and rows "
+      "are legal, this runs the kernels.");
+  verify->add_option("--configs", vo.configs,
+                     "Verify the rows of these config dirs (repeatable; default: the rows a serving process loads: "
+                     "the shipped configs and $KDISPATCH_CONFIG_DIRS)")
+      ->type_name("DIR")
+      ->take_all()
+      ->allow_extra_args(false);
+  verify->add_option("--cache", vo.cache,
+                     "The tuning cache dir whose verdict cache (DIR/.verify/) is read and updated, as a serving "
+                     "process over it reads it (its tuned rows are not verified); without it the verdicts are "
+                     "kept for this run only (no dir is read that is not given)")
+      ->type_name("DIR");
+  verify->add_option("--op", vo.op, op_names_text() + ": only this op's rows")->type_name("OP");
+  verify
+      ->add_option_function<std::string>(
+          "--margin",
+          [&vo](const std::string& v) {
+            vo.margin_text = v;
+            vo.margin_given = true;
+          },
+          "How much faster than the floor a row must be to count as ahead, and how much slower to count as a loss, "
+          "a fraction in [0, 0.5] (default: $KDISPATCH_TUNE_MARGIN, else 0.02 = 2 %)")
+      ->type_name("F");
+  verify->add_option("--reps", vo.reps, "Timed repeats per measurement (default 5)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000));
+  verify->add_flag("--no-cold-cache", vo.no_cold_cache, "Time with warm caches (faster; for tests)");
+  verify->add_flag("--json", vo.json, "Print one JSON object: the margin, the verdict file and one entry per row");
+  verify->footer(
+      "Examples:\n"
+      "  kdispatch verify                                  # the shipped configs' rows for this machine\n"
+      "  kdispatch verify --configs my-configs --op gemm --json\n"
+      "  KDISPATCH_VERIFY_SHIPPED=1 ...                    # a serving process does it in the background\n"
+      "Exit codes: 0 every row verified (whatever its verdict), 1 some row could not be, 2 bad argument.");
+  return verify;
 }
 
 // ------------------------------------------------------------ merge
@@ -405,13 +455,44 @@ CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
   return merge;
 }
 
+// ------------------------------------------------------------ report
+CLI::App* add_report(CLI::App& app, ReportOptions& po) {
+  CLI::App* report = app.add_subcommand(
+      "report",
+      "Write one self-contained HTML file (inline CSS and SVG, no JavaScript, nothing fetched) of what tuning "
+      "measured: per op and shape, time against M for the floor, the served plan and, where a benchmark measured "
+      "one, the peer, with the read/compute ceilings where they were measured (never a spec-sheet number); a heat "
+      "map of served / floor over (shape, M); every row with its margin, A/A spread and why; the rows that lost to "
+      "the floor; a regret histogram where two inputs tuned the same (shape, M).");
+  report
+      ->add_option("inputs", po.inputs,
+                   "Each told by its content: a config dir or table (`tune --emit`: the rows' \"kdispatch\" metadata), "
+                   "`kdispatch tune --json` output, or a bench JSON (bench/gpu/: bench_any_model.py, bench_fp8.py, "
+                   "bench_gpu.py, bench_silu.py)")
+      ->type_name("DIR|FILE...")
+      ->required();
+  report->add_option("--out,-o", po.out, "The HTML file to write (replaced atomically)")->type_name("FILE")->required();
+  report->add_option("--title", po.title, "The page's title (default: kdispatch report)")->type_name("TEXT");
+  report->footer(
+      "Examples:\n"
+      "  kdispatch report configs/cuda --out h200.html\n"
+      "  kdispatch tune --shapes grid.csv --op gemm --emit my-configs --json > tune.json && \\\n"
+      "      kdispatch report my-configs tune.json --out tune.html\n"
+      "  kdispatch report configs/cuda out/any_model.json --out any_model.html   # the benchmark's torch as the peer\n"
+      "  kdispatch report run-a run-b --out regret.html                         # two tunes: the regret histogram\n"
+      "A file named here that is none of the kinds is refused (exit 2); in a dir, foreign JSON is passed over.\n"
+      "Exit codes: 0 written, 1 written but a file in a dir could not be read, or nothing to report, or the write\n"
+      "failed, 2 bad argument or input.");
+  return report;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "kdispatch: per-call kernel variant and launch-config dispatch from tuned config tables.\n"
       "Replays a model's shapes through the ops (and tunes them online), exports the misses and tunes them offline, "
-      "answers config lookups, validates config trees."};
+      "answers config lookups, validates config trees, writes an HTML report of the tuning."};
   app.name("kdispatch");
   app.set_version_flag("--version", version_text);
   app.require_subcommand(1);
@@ -424,6 +505,7 @@ int main(int argc, char** argv) {
       "  kdispatch lookup --configs sglang-configs/fused_moe_triton --backend-version 3.5.1 \\\n"
       "      --device \"NVIDIA H200\" --key \"E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]\" --M 1\n"
       "  kdispatch validate sglang-configs\n"
+      "  kdispatch report my-configs tune.json --out report.html\n"
       "Exit codes: 0 ok, 1 failure (op error, not found, unusable files), 2 usage error.");
 
   ReplayOptions ro, mo;
@@ -431,12 +513,16 @@ int main(int argc, char** argv) {
   LookupOptions lo;
   ValidateOptions vo;
   MergeOptions gmo;
+  VerifyOptions vfo;
+  ReportOptions po;
   CLI::App* replay = add_replay(app, ro);
   CLI::App* misses = add_misses(app, mo);
   CLI::App* tune = add_tune(app, to);
   CLI::App* lookup = add_lookup(app, lo);
   CLI::App* validate = add_validate(app, vo);
   CLI::App* merge = add_merge(app, gmo);
+  CLI::App* verify = add_verify(app, vfo);
+  CLI::App* report = add_report(app, po);
 
   try {
     app.parse(argc, argv);
@@ -454,6 +540,8 @@ int main(int argc, char** argv) {
     if (lookup->parsed()) return run_lookup(lo);
     if (validate->parsed()) return run_validate(vo);
     if (merge->parsed()) return run_merge(gmo);
+    if (verify->parsed()) return run_verify(vfo);
+    if (report->parsed()) return run_report(po);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kdispatch: %s\n", e.what());
     return kExitFailure;

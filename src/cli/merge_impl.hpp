@@ -27,6 +27,7 @@
 
 #include "cli/cli.hpp"
 #include "dispatch/runtime.hpp"
+#include "store/row_meta.hpp"
 
 namespace kdispatch_cli::merge_detail {
 
@@ -46,6 +47,9 @@ struct Candidate {
   uint32_t file = 0;   ///< index into Inputs::files
   std::string config;  ///< minified JSON, as its source wrote it
   double us = 0, default_us = 0;
+  /// How it was chosen (margin, A/A spread, timing, why, cpu: store/row_meta.hpp),
+  /// carried into the merged file; null when its file records none.
+  std::shared_ptr<const dispatch::store::RowMeta> meta;
 };
 
 /// One table (a path under the sources) as read from every source.

@@ -105,6 +105,8 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
   SourceFile& f = in->files[fi];
   std::string fp = "(none: not written by kdispatch)";
   std::unordered_map<int64_t, double> us, dus;
+  store::RowMetaIndex metas;
+  bool has_meta = false;
   dom::element kd;
   if (obj["kdispatch"].get(kd) == simdjson::SUCCESS && kd.is_object()) {
     dom::element e;
@@ -118,6 +120,9 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
       }
     us = index_times(kd, "us");
     dus = index_times(kd, "default_us");
+    metas = store::read_row_meta(kd);
+    has_meta = metas.margin >= 0 || !metas.margin_by_m.empty() || !metas.aa_spread.empty() ||
+               !metas.timing.empty() || !metas.why.empty() || !metas.cpu.empty() || !metas.cpu_by_m.empty();
   }
   const size_t first_drop = in->dropped.size();
   // The rows in file order; an M given twice is resolved below.
@@ -177,7 +182,8 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
   for (size_t i = 0; i < rows.size(); ++i) {
     if (!serves[i]) continue;
     const Row& r = rows[i];
-    t->cands.push_back(Candidate{r.m, fi, std::string(simdjson::minify(r.v)), time_of(us, r.m), time_of(dus, r.m)});
+    t->cands.push_back(Candidate{r.m, fi, std::string(simdjson::minify(r.v)), time_of(us, r.m), time_of(dus, r.m), {}});
+    if (has_meta) t->cands.back().meta = std::make_shared<const store::RowMeta>(metas.at(r.m));
     ++n;
   }
   if (n == 0 && in->dropped.size() == first_drop) return "no rows (not a config table)";

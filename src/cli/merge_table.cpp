@@ -285,6 +285,16 @@ struct TableMerge {
     for (const auto& [variant, ver] : t.schema) w.field(variant, ver);
     w.end_object().key("fingerprint").json(source_fp);
     for (const bool us : {true, false}) w.key(us ? "us" : "default_us").json(times_map(us));
+    {  // each kept row's record (store/row_meta.hpp), as the tuner wrote it
+      static const dispatch::store::RowMeta kNone;
+      std::vector<std::pair<int64_t, const dispatch::store::RowMeta*>> metas;
+      bool any = false;
+      for (const auto& [m, c] : out.kept) {
+        metas.emplace_back(m, c->meta ? c->meta.get() : &kNone);
+        any = any || c->meta;
+      }
+      if (any) dispatch::store::write_row_meta(w, metas);
+    }
     w.key("merged").begin_object().field("sources", static_cast<int64_t>(o.sources.size()));
     if (o.retime && out.conflicts) {
       // Who timed the "retimed_us" of the conflicts: this host, device and build.

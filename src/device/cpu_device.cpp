@@ -3,11 +3,18 @@
 // ("CPU_x86_64_AVX512"), never the model string, so CPU config files
 // travel between hosts with the same vector ISA.
 #include <unistd.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
 
+#include <atomic>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include "core/json_write.hpp"
+#include "device/cpu_identity.hpp"
 #include "dispatch/device.hpp"
 
 namespace dispatch {
@@ -93,7 +100,85 @@ DeviceInfo probe_cpu() {
   return d;
 }
 
+// "<value>" of the first "<field>\t: <value>" line of /proc/cpuinfo, or "".
+[[maybe_unused]] std::string cpuinfo_field(const char* field) {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(f, line)) {
+    if (line.compare(0, n, field) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || line.find_first_not_of(" \t", n) != colon) continue;
+    const size_t b = line.find_first_not_of(' ', colon + 1);
+    return b == std::string::npos ? std::string() : line.substr(b);
+  }
+  return {};
+}
+
+[[maybe_unused]] int64_t parse_number(const std::string& s) {
+  if (s.empty()) return -1;
+  try {
+    return static_cast<int64_t>(std::stoll(s, nullptr, 0));  // "0x41" (aarch64) or decimal
+  } catch (...) {
+    return -1;
+  }
+}
+
+CpuIdentity probe_identity() {
+  CpuIdentity id;
+  try {
+    id.name = read_model_name();
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+      char v[13] = {};
+      std::memcpy(v, &b, 4);
+      std::memcpy(v + 4, &d, 4);
+      std::memcpy(v + 8, &c, 4);
+      id.vendor = v;
+    }
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+      const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+      const unsigned ext_family = (a >> 20) & 0xff, ext_model = (a >> 16) & 0xf;
+      id.family = base_family == 0xf ? base_family + ext_family : base_family;
+      id.model = base_family == 0x6 || base_family == 0xf ? base_model + (ext_model << 4) : base_model;
+    }
+#else
+    // /proc/cpuinfo: x86's fields where they exist, else aarch64's
+    // ("CPU implementer" 0x41 = Arm, "CPU architecture", "CPU part").
+    id.vendor = cpuinfo_field("vendor_id");
+    if (!id.vendor.empty()) {
+      id.family = parse_number(cpuinfo_field("cpu family"));
+      id.model = parse_number(cpuinfo_field("model"));
+    } else if (const std::string impl = cpuinfo_field("CPU implementer"); !impl.empty()) {
+      id.vendor = "implementer " + impl;
+      id.family = parse_number(cpuinfo_field("CPU architecture"));
+      id.model = parse_number(cpuinfo_field("CPU part"));
+    }
+#endif
+  } catch (...) {
+  }
+  return id;
+}
+
+std::atomic<const CpuIdentity*> g_cpu_for_testing{nullptr};
+
 }  // namespace
+
+std::string CpuIdentity::to_json() const {
+  core::JsonWriter w;
+  w.begin_object().field("vendor", vendor).field("family", family).field("model", model).field("name", name);
+  w.end_object();
+  return w.take();
+}
+
+const CpuIdentity& host_cpu_identity() noexcept {
+  if (const CpuIdentity* t = g_cpu_for_testing.load(std::memory_order_acquire)) return *t;
+  static const CpuIdentity id = probe_identity();  // thread-safe static init
+  return id;
+}
+
+void set_host_cpu_for_testing(const CpuIdentity* id) noexcept { g_cpu_for_testing.store(id, std::memory_order_release); }
 
 const DeviceInfo& cpu_device_info() noexcept {
   static const DeviceInfo info = probe_cpu();  // thread-safe static init

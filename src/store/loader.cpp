@@ -21,6 +21,7 @@
 #include "store/fingerprint.hpp"
 #include "store/json_file.hpp"
 #include "store/limits.hpp"
+#include "store/row_meta.hpp"
 #include "table/key.hpp"
 
 namespace dispatch::store {
@@ -271,6 +272,21 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
   for (const auto& [mk, raw] : parsed.metadata)
     if (mk == "kdispatch") meta = raw;
   if (!meta.empty()) f.schema = schema_versions(meta);
+  if (backend == DeviceType::cpu && meta.find("\"cpu") != std::string::npos) {  // the CPU the rows were tuned on (store/row_meta.hpp)
+    static thread_local simdjson::dom::parser parser;
+    simdjson::dom::element kd;
+    if (parser.parse(meta).get(kd) == simdjson::SUCCESS && kd.is_object()) {
+      simdjson::dom::element e;
+      if (kd["cpu"].get(e) == simdjson::SUCCESS && e.is_object()) in.tuned_on = row_meta_detail::restyled(e);
+      simdjson::dom::object by;
+      if (kd["cpu_by_m"].get(by) == simdjson::SUCCESS)
+        for (auto [k, v] : by) {
+          int64_t m = 0;
+          if (row_meta_detail::parse_m(k, &m))
+            in.tuned_on_by_m.emplace_back(m, v.is_object() ? row_meta_detail::restyled(v) : std::string());
+        }
+    }
+  }
   if (src.check_fingerprint) {
     // A persisted tuning result is served only while every axis of its
     // validity fingerprint matches this process.

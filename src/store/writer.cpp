@@ -114,6 +114,10 @@ std::string render_table(const std::vector<PersistRow>& rows_in, const Fingerpri
     }
     w.end_object();
   }
+  std::vector<std::pair<int64_t, const RowMeta*>> metas;
+  metas.reserve(rows.size());
+  for (const PersistRow* r : rows) metas.emplace_back(r->m, &r->meta);
+  write_row_meta(w, metas);
   w.end_object();
   std::string s = "{\n    \"kdispatch\": " + w.take();
   for (const PersistRow* r : rows) {
@@ -210,12 +214,19 @@ void add_table_rows(ParsedFile& pf, const Fingerprint& fp, bool keep_stale, std:
   }
   const auto us = read_us_map(meta, "us");
   const auto dus = read_us_map(meta, "default_us");
+  RowMetaIndex metas;  // the rows' records (margin, A/A spread, timing, why, cpu): carried over
+  if (!meta.empty()) {
+    simdjson::dom::parser parser;
+    simdjson::dom::element kd;
+    if (parser.parse(meta).get(kd) == simdjson::SUCCESS && kd.is_object()) metas = read_row_meta(kd);
+  }
   for (auto& row : pf.rows) {
     PersistRow pr;
     pr.m = row.m;
     pr.config = pf.config(row);
     if (auto it = us.find(row.m); it != us.end()) pr.us = it->second;
     if (auto it = dus.find(row.m); it != dus.end()) pr.default_us = it->second;
+    pr.meta = metas.at(row.m);
     (*merged)[row.m] = std::move(pr);
   }
 }

@@ -30,6 +30,7 @@
 #include "dispatch/config.hpp"
 #include "dispatch/status.hpp"
 #include "store/fingerprint.hpp"
+#include "store/row_meta.hpp"
 
 namespace dispatch::store {
 
@@ -37,7 +38,11 @@ struct PersistRow {
   int64_t m = 0;
   Config config;          ///< {"variant": ..., params...}
   double us = 0.0;        ///< measured median of the winner (0 = unknown)
-  double default_us = 0.0;///< measured median of get_default's plan (0 = unknown)
+  double default_us = 0.0;///< measured median of the incumbent, the floor (0 = unknown)
+  /// How the row was chosen: the margin, the A/A spread, the timing, why,
+  /// and on the CPU the CPU it was tuned on (store/row_meta.hpp); carried
+  /// over by the merge of an existing file, row by row.
+  RowMeta meta;
 };
 
 /// The default tuning cache dir: $KDISPATCH_CACHE_DIR, else
@@ -71,7 +76,9 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
                     std::vector<std::string>* notes = nullptr) noexcept;
 
 /// The JSON text persist_rows writes (deterministic: metadata first, then
-/// rows by ascending M).
+/// rows by ascending M). The metadata object "kdispatch": "tool", "schema",
+/// "fingerprint", "us" and "default_us" per M, then the rows' RowMeta
+/// (store/row_meta.hpp: "margin", "aa_spread", "timing", "why", "cpu").
 std::string render_table(const std::vector<PersistRow>& rows, const Fingerprint& fp,
                          const std::vector<std::pair<std::string, int32_t>>& schema);
 

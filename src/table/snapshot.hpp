@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/op.hpp"
@@ -129,6 +130,18 @@ struct TableInput {
   uint32_t source_id = 0;
   std::string path;              ///< for notes
   std::vector<InputRow> rows;
+  /// CPU own-op files: the CPU the rows were tuned on, the "cpu" object of
+  /// the file's "kdispatch" metadata as JsonWriter writes it ("" = not
+  /// recorded), and the rows its "cpu_by_m" records another for ("" = not
+  /// recorded). Read by the verification of committed rows, never by a build.
+  std::string tuned_on;
+  std::vector<std::pair<int64_t, std::string>> tuned_on_by_m;
+  /// The CPU row at M was tuned on (tuned_on, or its tuned_on_by_m entry).
+  const std::string& tuned_on_at(int64_t m) const {
+    for (const auto& [k, v] : tuned_on_by_m)
+      if (k == m) return v;
+    return tuned_on;
+  }
   /// Identity of this input's content, unique in the process (next_serial());
   /// whoever changes an input gives it a new serial. 0 = unknown: a key with
   /// such an input is always rebuilt.

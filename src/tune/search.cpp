@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "core/numeric.hpp"
@@ -15,6 +17,28 @@
 
 namespace dispatch::tune {
 namespace {
+
+// The test-only timing hook (set_timing_hook_for_testing); read once per search.
+std::mutex g_hook_mu;
+std::shared_ptr<const TimingHook> g_hook;
+
+std::shared_ptr<const TimingHook> timing_hook() {
+  std::lock_guard<std::mutex> lock(g_hook_mu);
+  return g_hook;
+}
+
+// "7.3" of 0.073: a percentage with one decimal; "2" of 0.02, "1.5" of 0.015
+// for a margin.
+std::string percent(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", f * 100.0);
+  return b;
+}
+std::string margin_percent(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", f * 100.0);
+  return b;
+}
 
 // Poison bit patterns: signalling NaNs with a payload no arithmetic yields
 // (arithmetic on a signalling NaN returns a quiet one), so a pattern left in
@@ -264,8 +288,10 @@ struct DevBuf {
 class Searcher {
  public:
   Searcher(TuneTarget& t, const std::vector<core::Plan>& candidates, const core::Plan& reference,
-           const SearchOptions& o)
-      : t_(t),
+           const SearchOptions& o, bool verify = false)
+      : verify_(verify),
+        hook_(timing_hook()),
+        t_(t),
         cands_(candidates),
         reference_(reference),
         o_(o),
@@ -287,9 +313,11 @@ class Searcher {
     DeviceInfo no_dev;
     clock_ = mem_.make_clock(o_.device ? *o_.device : no_dev);
     run_candidates();
+    if (verify_) return run_verify();
     pick_incumbent();
     confirm();
     resolve_dynamic();
+    if (clock_) res_.clock_note = clock_->screen_note();
     if (!res_.best.valid() && !res_.stopped)
       return make_status(StatusCode::no_variant,
                          "every candidate failed to launch or was rejected (" + std::to_string(res_.failed) +
@@ -300,6 +328,37 @@ class Searcher {
 
  private:
   bool stop_requested() const { return o_.stop && o_.stop->load(std::memory_order_relaxed); }
+
+  // A median through the test hook, when one is set.
+  double hooked(const core::Plan& plan, int placement, double us) const {
+    return hook_ && *hook_ ? (*hook_)(plan, placement, us) : us;
+  }
+
+  // verify_plan: cands_ = {floor, row}, both validated and timed by
+  // run_candidates(); the row is the challenger of the confirmation whatever
+  // the first timings said.
+  Result<SearchResult> run_verify() {
+    if (res_.stopped) return std::move(res_);
+    if (res_.tried.empty() || !res_.tried[0].status.ok())
+      return make_status(res_.tried.empty() ? StatusCode::internal : res_.tried[0].status.code(),
+                         "the floor " + core::plan_to_string(cands_[0]) + " could not be timed here: " +
+                             (res_.tried.empty() ? std::string("not run") : res_.tried[0].status.message()));
+    inc_ = 0;
+    res_.default_plan = cands_[0];
+    res_.default_us = res_.tried[0].timing.median_us;
+    if (res_.tried.size() < 2 || !res_.tried[1].status.ok()) {  // the row cannot run here: the floor stays
+      res_.best = cands_[0];
+      res_.best_us = res_.default_us;
+      res_.kept_default = true;
+      res_.why = "the row failed here: " +
+                 (res_.tried.size() < 2 ? std::string("not run") : res_.tried[1].status.message());
+      return std::move(res_);
+    }
+    res_.best = cands_[1];
+    res_.best_us = res_.tried[1].timing.median_us;
+    confirm();
+    return std::move(res_);
+  }
 
   // 1. Snapshot every written argument (in-place ones to restore before each
   //    rep; pure outputs so the caller gets its bytes back at the end), in
@@ -443,7 +502,7 @@ class Searcher {
       }
       const double elapsed_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start_).count();
-      if (ci > 0 && res_.best.valid() && elapsed_ms > o_.time_budget_ms) {
+      if (!verify_ && ci > 0 && res_.best.valid() && elapsed_ms > o_.time_budget_ms) {
         res_.out_of_time = true;
         return;
       }
@@ -475,7 +534,7 @@ class Searcher {
       }
     }
     MeasureOptions mo = o_.measure;
-    if (best_ > 0) mo.abandon_above_us = best_ * 1.5;
+    if (best_ > 0 && !verify_) mo.abandon_above_us = best_ * 1.5;
     bool stop_seen = false;
     auto prepare = [&]() -> Status {
       if (stop_requested()) {
@@ -497,6 +556,7 @@ class Searcher {
       return true;
     }
     cr.timing = *timing;
+    cr.timing.median_us = hooked(plan, -1, cr.timing.median_us);
     if (ci == 0) res_.default_us = cr.timing.median_us;
     if (!res_.best.valid() || cr.timing.median_us < best_) {
       best_ = cr.timing.median_us;
@@ -568,7 +628,7 @@ class Searcher {
         auto tm = measure(
             *clock_, prepare, [&]() { return moved ? t_.launch_at(*plan, ptr) : t_.launch(*plan); }, o_.measure);
         if (!tm.ok()) return false;
-        us[plan == &def ? 0 : 1] += tm->median_us;
+        us[plan == &def ? 0 : 1] += hooked(*plan, pl, tm->median_us);
       }
     }
     return us[0] > 0;
@@ -598,6 +658,13 @@ class Searcher {
   void confirm() {
     const core::Plan& def = cands_[inc_];
     const bool def_ok = res_.tried.size() > inc_ && res_.tried[inc_].status.ok() && res_.tried[inc_].timing.median_us > 0;
+    // The incumbent is get_default's plan when the floor declined the call.
+    const std::string who = inc_ == 0 ? "floor" : "get_default's plan (the floor declined this call)";
+    if (res_.best.valid() && !res_.stopped) {
+      if (res_.best == def) res_.why = who + " kept: no candidate beat it in the search";
+      else if (!def_ok) res_.why = "the floor could not be timed: the search's fastest kept, unconfirmed";
+      else if (!o_.confirm) res_.why = "the search's fastest, not confirmed";
+    }
     if (!res_.best.valid() || !def_ok || res_.stopped || !o_.confirm || res_.best == def) return;
     std::vector<DevBuf> copies;  // released when the confirmation ends
     copies.reserve(static_cast<size_t>(kConfirmPlacements) * n_);
@@ -624,6 +691,7 @@ class Searcher {
       res_.best = def;
       res_.best_us = res_.tried[inc_].timing.median_us;
       res_.kept_default = true;
+      res_.why = who + " kept: the winner could not be timed again";
       return;
     }
     if (!(again_def > 0)) return;
@@ -637,12 +705,18 @@ class Searcher {
     double dmin = 1e300, dmax = 0, dsum = 0;
     for (double d : def_per_placement) dmin = std::min(dmin, d), dmax = std::max(dmax, d), dsum += d;
     if (dsum > 0) res_.aa_spread = (dmax - dmin) / (dsum / static_cast<double>(def_per_placement.size()));
+    res_.challenger_us = again_best / kConfirmPlacements;
+    const std::string by = percent(1.0 - mean_ratio), margin = "margin " + margin_percent(o_.margin) + "%";
     if (!wins_everywhere || mean_ratio > 1.0 - o_.margin) {
       res_.best = def;
       res_.best_us = again_def / kConfirmPlacements;
       res_.kept_default = true;
+      res_.why = !wins_everywhere ? who + " kept: lost a placement"
+                                  : who + " kept: won by " + by + "% < " + margin;
     } else {
       res_.best_us = again_best / kConfirmPlacements;
+      res_.why = (inc_ == 0 ? "beat floor by " : "beat get_default's plan (the floor declined this call) by ") + by +
+                 "% (" + margin + ")";
     }
     res_.default_us = again_def / kConfirmPlacements;
   }
@@ -672,6 +746,8 @@ class Searcher {
       }
   }
 
+  const bool verify_;  // verify_plan: {floor, row}, the row always confirmed
+  const std::shared_ptr<const TimingHook> hook_;
   TuneTarget& t_;
   const std::vector<core::Plan>& cands_;
   const core::Plan& reference_;
@@ -692,6 +768,27 @@ class Searcher {
 };
 
 }  // namespace
+
+void set_timing_hook_for_testing(TimingHook hook) {
+  std::lock_guard<std::mutex> lock(g_hook_mu);
+  g_hook = hook ? std::make_shared<const TimingHook>(std::move(hook)) : nullptr;
+}
+
+Result<SearchResult> verify_plan(TuneTarget& t, const core::Plan& floor, const core::Plan& row,
+                                 const core::Plan& reference, const SearchOptions& o) noexcept {
+  try {
+    if (!floor.valid() || !row.valid()) return make_status(StatusCode::invalid_argument, "verify_plan: no plan");
+    const std::vector<core::Plan> cands = {floor, row};
+    SearchOptions vo = o;
+    vo.confirm = true;
+    Searcher searcher(t, cands, reference, vo, /*verify=*/true);
+    return searcher.run();
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "verifying a row (snapshots of the written arguments)");
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::internal, std::string("verifying a row: ") + e.what());
+  }
+}
 
 Result<SearchResult> search(TuneTarget& t, const std::vector<core::Plan>& candidates, const core::Plan& reference,
                             const SearchOptions& o) noexcept {

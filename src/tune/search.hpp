@@ -199,9 +199,23 @@ struct SearchResult {
   /// incumbent's own per-placement times (0: not confirmed). A spread above
   /// the margin means the margin cannot tell a win from noise here.
   double aa_spread = 0.0;
+  /// The clock's screening so far in this process (Clock::screen_note: the
+  /// SM clock's median and how many batches were re-timed; "" without one).
+  std::string clock_note;
   /// Winner / default per confirmation placement (the two rounds' summed
   /// medians; empty: not confirmed).
   std::vector<double> confirm_ratios;
+  /// The confirmation's mean time of the challenger (the search's winner, or
+  /// verify_plan's row), µs; 0: not confirmed.
+  double challenger_us = 0.0;
+  /// How the confirmation timed: "cold" (caches made cold before every rep)
+  /// or "cold+graph" (a GPU clock that also times back to back in a graph).
+  std::string timing = "cold";
+  /// Why the result holds its plan, one line for the row's metadata:
+  /// "beat floor by 7.3% (margin 2%)", "floor kept: won by 1.1% < margin 2%",
+  /// "floor kept: lost a placement", "floor kept: no candidate beat it in the
+  /// search", ... ("" when nothing was decided: a stopped search).
+  std::string why;
 };
 
 /// Candidate plans for a problem, in search order: the default plan first,
@@ -220,6 +234,28 @@ std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo&
 /// failing candidate is recorded, never fatal.
 Result<SearchResult> search(TuneTarget& target, const std::vector<core::Plan>& candidates,
                             const core::Plan& reference, const SearchOptions& o) noexcept;
+
+/// Times a committed row's plan against the floor on `target` with the
+/// search's own stages (verification of docs/tuning.md#verifying-shipped-rows):
+/// both validated against `reference` and timed, then the confirmation with
+/// the floor as the incumbent and the row as the challenger, whatever the
+/// first timings said: kConfirmPlacements placements, two rounds each in both
+/// orders. The result's confirm_ratios are row / floor per placement,
+/// default_us and challenger_us the floor's and the row's confirmation means,
+/// aa_spread the floor's own spread, kept_default whether the row failed to
+/// beat the floor by o.margin on every placement. A row that fails to launch
+/// or to validate is in tried[1] with its status (confirmed stays false).
+/// Errors: the floor itself failing (no verdict is possible), and search()'s.
+Result<SearchResult> verify_plan(TuneTarget& target, const core::Plan& floor, const core::Plan& row,
+                                 const core::Plan& reference, const SearchOptions& o) noexcept;
+
+/// Test hook: every median the search and the confirmation take goes
+/// through `hook(plan, placement, measured_us)` (placement -1: the search's
+/// own timing; 0.. the confirmation's) and the hook's answer is used in its
+/// place; an empty function removes it. For tests that need a verdict
+/// (tests/test_verify.cpp); never set otherwise.
+using TimingHook = std::function<double(const core::Plan& plan, int placement, double measured_us)>;
+void set_timing_hook_for_testing(TimingHook hook);
 
 /// Zeroes the reset_to_zero arguments of `plan` in `target` (the real launch
 /// does this too, so a call gives the same answer whether or not it tuned).

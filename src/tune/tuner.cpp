@@ -11,6 +11,7 @@
 
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
+#include "device/cpu_identity.hpp"
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"
@@ -185,7 +186,11 @@ Tuner::Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks ho
       cache_dir_(std::move(cache_dir)),
       hooks_(std::move(hooks)),
       queue_(static_cast<size_t>(std::max(options.tune.queue_capacity, 2))) {
-  if (mode_ == TuneMode::background) thread_ = std::thread([this] { background_loop(); });
+  // The thread tunes misses (background mode) and, with verify_shipped,
+  // verifies committed rows when it has no miss to tune (any mode).
+  if (options.tune.verify_shipped) n_verify_pending_.store(1, std::memory_order_relaxed);  // not looked yet
+  if (mode_ == TuneMode::background || options.tune.verify_shipped)
+    thread_ = std::thread([this] { background_loop(); });
 }
 
 Tuner::~Tuner() {
@@ -292,6 +297,11 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
     row.config = cfg;
     row.us = sr.best_us;
     row.default_us = sr.default_us;
+    row.meta.margin = options_.tune.margin;  // the bar the confirmation held the row to
+    if (sr.confirmed) row.meta.aa_spread = sr.aa_spread;
+    row.meta.timing = sr.timing;
+    row.meta.why = sr.why;
+    if (core::is_host(p.device.type) && host_cpu_identity().known()) row.meta.cpu = host_cpu_identity().to_json();
     std::vector<std::pair<std::string, int32_t>> schema = {
         {std::string(plan.variant->name), plan.variant->schema_version}};
     std::vector<std::string> notes;
@@ -419,10 +429,11 @@ Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::ve
   if (options_.log_level >= LogLevel::info) {
     std::string rounds;  // the confirmation's winner/default ratio per placement
     for (double r : sr->confirm_ratios) rounds += (rounds.empty() ? "" : " ") + std::to_string(r).substr(0, 5);
-    std::fprintf(stderr, "kdispatch: tuned %s M=%lld -> %s %.2f us (default %.2f us, %zu candidates%s%s%s)\n",
+    std::fprintf(stderr, "kdispatch: tuned %s M=%lld -> %s %.2f us (default %.2f us, %zu candidates%s%s%s)%s%s\n",
                  key.c_str(), static_cast<long long>(p.m), core::plan_to_string(sr->best).c_str(), sr->best_us,
                  sr->default_us, sr->tried.size(), rounds.empty() ? "" : "; confirmation winner/default per placement ",
-                 rounds.c_str(), sr->kept_default ? ", default kept" : "");
+                 rounds.c_str(), sr->kept_default ? ", default kept" : "", sr->clock_note.empty() ? "" : "; ",
+                 sr->clock_note.c_str());
   }
   (void)dev;
   out.search = std::move(*sr);
@@ -496,6 +507,134 @@ Result<std::vector<Tuner::PlanTiming>> Tuner::time_on_scratch(const MissEvent& e
   }
 }
 
+Result<VerifyOutcome> Tuner::verify_row(const VerifyRow& row, const DeviceInfo& dev, bool background) noexcept {
+  try {
+    const core::Problem& p = row.problem;
+    if (Status s = refuse_untunable(p, dev); !s.ok()) return s;  // before any scratch
+    const core::Plan floor = core::floor_plan(p, dev);
+    if (!floor.valid()) return core::no_variant_computes(p);
+    if (floor == row.plan)
+      return make_status(StatusCode::invalid_argument, "the row is the floor itself: nothing to verify");
+    MissEvent ev;
+    ev.problem = p;  // contiguous rows: pretune_key's scratch layout
+    Scratch scratch;
+    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, row.key, &scratch); !s.ok()) return s;
+    TuneTarget target = make_target(p, scratch.la);
+    target.mem = scratch.mem;
+    const SearchOptions so = search_options(dev, background);
+    const auto t0 = SteadyClock::now();
+    auto r = verify_plan(target, floor, row.plan, reference_plan(p), so);
+    tune_us_.fetch_add(std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - t0).count(),
+                       std::memory_order_relaxed);
+    if (!r.ok()) return r.status();
+    if (r->stopped) return make_status(StatusCode::failed_precondition, "verification stopped (runtime shutting down)");
+    const bool row_failed = r->tried.size() >= 2 && !r->tried[1].status.ok();
+    if (!row_failed && !r->confirmed)
+      return make_status(StatusCode::internal, "the row and the floor could not be timed again: " + r->why);
+    VerifyOutcome out;
+    out.outcome = judge(*r, so.margin, &out.mean_ratio);
+    const double aa = r->confirmed ? r->aa_spread : 0.0;
+    const std::string identity = verdict_identity(p.device.type);
+    if (options_.tune.persist && !cache_dir_.empty() && !identity.empty()) {
+      auto v = record_verdict(cache_dir_, p.device.type, identity, row.id(), row.config_text, out.outcome,
+                              out.mean_ratio, aa, so.margin, row.source);
+      if (!v.ok()) return v.status();
+      out.verdict = *v;
+      out.recorded_in = verdict_path(cache_dir_, p.device.type, identity);
+    } else if (hooks_.memory_verdicts) {  // no cache dir: the runtime's memory
+      out.verdict = hooks_.memory_verdicts->record(p.device.type, row.id(), row.config_text, out.outcome,
+                                                   out.mean_ratio, aa, so.margin, row.source);
+    } else {
+      apply_outcome(&out.verdict, row.config_text, out.outcome, out.mean_ratio, aa, so.margin, row.source);
+    }
+    out.search = std::move(*r);
+    return out;
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "verifying " + row.id());
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::internal, std::string("verifying a row: ") + e.what());
+  }
+}
+
+bool Tuner::verify_next_shipped(const std::function<void(DeviceType)>& prepare) {
+  VerifyQueue& q = verify_queue_;
+  const auto key_of_row = [](const VerifyRow& r) { return r.id() + "\n" + r.config_text; };
+  if (q.rows.empty()) {
+    // A new pass once the config dirs were loaded (again): the rows the
+    // table serves that have no verdict under this machine's identity, or
+    // lost once (to be verified once more), and that this thread has not
+    // verified twice.
+    std::vector<VerifyRow> all;
+    if (!hooks_.committed_rows || !hooks_.committed_rows(&q.loads_seen, &all)) {
+      n_verify_pending_.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    std::map<DeviceType, Verdicts> cached;
+    for (VerifyRow& r : all) {
+      const DeviceType b = r.problem.device.type;
+      if (!cached.count(b)) {
+        const std::string identity = verdict_identity(b);
+        cached[b] = !cache_dir_.empty() && !identity.empty() ? load_verdicts(verdict_path(cache_dir_, b, identity), identity)
+                                                             : Verdicts{};
+        if (hooks_.memory_verdicts)  // this process's, where it records none in the cache dir
+          for (auto& [id, v] : hooks_.memory_verdicts->of(b).rows) cached[b].rows[id] = v;
+      }
+      const auto done = q.done.find(key_of_row(r));
+      if (done != q.done.end() && done->second >= 2) continue;
+      const Verdict* v = cached[b].find(r.id(), r.config_text);
+      if (v && v->losses != 1) continue;  // verified here already (ahead, within the margin, or demoted)
+      if (v && done != q.done.end()) continue;  // lost once, verified again by this thread already
+      q.rows.push_back(std::move(r));
+    }
+    n_verify_pending_.store(static_cast<int64_t>(q.rows.size()), std::memory_order_relaxed);
+    if (q.rows.empty()) return false;
+  }
+  VerifyRow row = std::move(q.rows.front());
+  q.rows.erase(q.rows.begin());
+  const DeviceInfo* dev = core::local_device_info(row.problem.device.type);
+  if (!dev) {
+    n_verify_pending_.store(static_cast<int64_t>(q.rows.size()), std::memory_order_relaxed);
+    return true;
+  }
+  prepare(row.problem.device.type);
+  wait_for_captures();
+  if (stop_.load(std::memory_order_acquire)) return false;
+  const auto t0 = SteadyClock::now();
+  auto r = verify_row(row, *dev, /*background=*/true);
+  int& n = q.done[key_of_row(row)];
+  ++n;
+  if (r.ok()) {
+    n_verified_.fetch_add(1, std::memory_order_relaxed);
+    const bool demoted_now = r->outcome == Outcome::lost && r->verdict.losses == kDemoteAfterLosses;
+    if (demoted_now) n_demoted_.fetch_add(1, std::memory_order_relaxed);
+    // Lost once: verified a second time after the rest of the pass (one
+    // slow moment of the machine never demotes a row on its own).
+    if (r->verdict.losses == 1 && n < 2) q.rows.push_back(row);
+    if (hooks_.verdicts_changed) hooks_.verdicts_changed();
+    if (options_.log_level >= LogLevel::info || (demoted_now && options_.log_level >= LogLevel::warn))
+      std::fprintf(stderr,
+                   "kdispatch: verified the committed row %s (%s) against the floor: row/floor %.3f, A/A spread "
+                   "%.1f%%, margin %.1f%%: %s%s\n",
+                   row.id().c_str(), row.source.c_str(), r->mean_ratio, 100.0 * r->search.aa_spread,
+                   100.0 * options_.tune.margin, r->verdict.state().c_str(),
+                   demoted_now ? " (lost twice: the floor serves it from now on)" : "");
+  } else if (r.status().code() != StatusCode::failed_precondition && options_.log_level >= LogLevel::warn) {
+    std::fprintf(stderr, "kdispatch: could not verify the committed row %s (%s): %s\n", row.id().c_str(),
+                 row.source.c_str(), r.status().to_string().c_str());
+  }
+  n_verify_pending_.store(static_cast<int64_t>(q.rows.size()), std::memory_order_relaxed);
+  // Low priority: the duty cycle's share of idle time after the work, cut
+  // short by a miss to tune or a stop request.
+  const double d = options_.tune.duty_cycle;
+  if (d > 0 && d < 1) {
+    const double busy = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+    const auto until = SteadyClock::now() + std::chrono::duration<double>(busy * (1.0 - d) / d);
+    while (SteadyClock::now() < until && !stop_.load(std::memory_order_acquire) && queue_.empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 void Tuner::background_loop() {
   // A shape reaches the tuner by the queue (notified at miss counts 1, 2, 4,
   // ...) or, when the queue is drained, by a sweep of the miss table for
@@ -551,7 +690,7 @@ void Tuner::background_loop() {
       return best;
     };
     auto best = ready();
-    if (best == pending.end() && !frozen()) {
+    if (best == pending.end() && !frozen() && mode_ == TuneMode::background) {
       // Nothing ready: sweep the miss table for shapes the queue lost.
       misses_.for_each_unsettled([&](size_t, const MissEvent& e, int64_t count) { enqueue(e, count, true); });
       now = SteadyClock::now();
@@ -559,6 +698,10 @@ void Tuner::background_loop() {
     }
     n_pending_.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);
     if (best == pending.end()) {
+      // Idle: the next committed row to verify (TuneOptions::verify_shipped).
+      if (options_.tune.verify_shipped && pending.empty() && !frozen() && queue_.empty()) {
+        if (verify_next_shipped(prepare_gpu)) continue;
+      }
       busy_.store(false, std::memory_order_release);
       std::this_thread::sleep_for(std::chrono::milliseconds(pending.empty() ? 5 : 20));
       continue;
@@ -635,16 +778,20 @@ TuneStats Tuner::stats() const noexcept {
   s.frozen = frozen();
   s.deferred = n_deferred_.load(std::memory_order_relaxed);
   s.capture_waits = n_capture_waits_.load(std::memory_order_relaxed);
+  s.rows_verified = n_verified_.load(std::memory_order_relaxed);
+  s.rows_demoted = n_demoted_.load(std::memory_order_relaxed);
+  s.rows_to_verify = n_verify_pending_.load(std::memory_order_relaxed);
   return s;
 }
 
 bool Tuner::wait_idle(double timeout_s) noexcept {
-  if (mode_ != TuneMode::background) return true;  // no tuner thread: always idle
+  if (!thread_.joinable()) return true;  // no tuner thread: always idle
   const auto until = SteadyClock::now() + std::chrono::duration<double>(timeout_s);
   int quiet = 0;
   for (;;) {  // the state is looked at once at least: a timeout of 0 answers "idle now?"
     const bool idle = queue_.empty() && !busy_.load(std::memory_order_acquire) &&
-                      n_pending_.load(std::memory_order_relaxed) == 0;
+                      n_pending_.load(std::memory_order_relaxed) == 0 &&
+                      n_verify_pending_.load(std::memory_order_relaxed) == 0;
     quiet = idle ? quiet + 1 : 0;
     if (quiet >= 3) return true;
     if (SteadyClock::now() >= until) return idle;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -27,8 +28,34 @@
 #include "tune/capture.hpp"
 #include "tune/queue.hpp"
 #include "tune/search.hpp"
+#include "tune/verify.hpp"
 
 namespace dispatch::tune {
+
+/// A committed row to verify on this machine (tune/verify.hpp).
+struct VerifyRow {
+  std::string key;          ///< the canonical static key
+  core::Problem problem;    ///< at the row's M, on device 0 of its backend
+  core::Plan plan;          ///< the row's plan
+  Config config;            ///< as written
+  std::string config_text;  ///< config_to_json(config): what its verdict is recorded for
+  std::string source, source_dir;
+  /// CPU rows: the CPU the file records it was tuned on ("AuthenticAMD
+  /// family 25"; "" not recorded); foreign: of another vendor or family
+  /// than this host's, or not recorded (verified first, noted by lookup).
+  std::string tuned_on;
+  bool foreign = false;
+  std::string id() const { return row_id(key, problem.m); }
+};
+
+/// One verification: the search's result (verify_plan) and the verdict.
+struct VerifyOutcome {
+  SearchResult search;
+  Outcome outcome = Outcome::within_margin;
+  double mean_ratio = 0.0;  ///< row / floor over the placements (0: the row failed)
+  Verdict verdict;          ///< after this verification
+  std::string recorded_in;  ///< the verdict file ("" when kept in memory: no cache dir)
+};
 
 /// What the tuner needs from its runtime.
 struct TunerHooks {
@@ -42,7 +69,16 @@ struct TunerHooks {
   std::function<bool(const std::string& key, int64_t m)> covered;
   /// Re-reads the config dirs (to pick up another process's results).
   std::function<void()> reload;
+  /// The committed rows to verify (Runtime::Impl::committed_rows), for
+  /// RuntimeOptions::tune.verify_shipped, when the config dirs were loaded
+  /// again since *seen (which it updates); false: unchanged.
+  std::function<bool(uint64_t* seen, std::vector<VerifyRow>* out)> committed_rows;
+  /// A verdict changed: rebuild the table with the verdict cache applied.
+  std::function<void()> verdicts_changed;
+  /// Where verdicts go when there is no cache dir (the runtime's).
+  std::shared_ptr<MemoryVerdicts> memory_verdicts;
 };
+
 
 /// One shape's outcome.
 struct ShapeOutcome {
@@ -114,6 +150,16 @@ class Tuner {
   Result<std::vector<PlanTiming>> time_on_scratch(const MissEvent& ev, const DeviceInfo& dev, const std::string& key,
                                                   const std::vector<core::Plan>& plans, int rounds) noexcept;
 
+  /// Verifies a committed row against the floor on scratch buffers laid out
+  /// as pretune_key() lays them out (tune::verify_plan, the tuning options'
+  /// reps, cold cache and margin; the duty cycle when `background`), and
+  /// records the outcome in the verdict cache (tune/verify.hpp) of the cache
+  /// dir, or in memory when there is none. Runs when frozen too (it
+  /// publishes nothing; the caller republishes). Errors: the scratch's, the
+  /// floor failing here, a confirmation that could not be completed (a stop
+  /// request): nothing is recorded then.
+  Result<VerifyOutcome> verify_row(const VerifyRow& row, const DeviceInfo& dev, bool background = false) noexcept;
+
   /// Searches `candidates` of a target that is not a built-in op (tests, and
   /// kernels a caller wraps itself) with the same search, validation and
   /// publishing as every op: the winner is published under `key` at the
@@ -140,6 +186,9 @@ class Tuner {
                                           const core::Plan& ref, const DeviceInfo& dev, const std::string& key,
                                           const SearchOptions& so, int32_t space, int32_t pruned);
   void background_loop();
+  /// Background thread, idle: verifies the next committed row (verify_shipped);
+  /// false when none was left to verify.
+  bool verify_next_shipped(const std::function<void(DeviceType)>& prepare_gpu);
   /// Background thread: waits while a noted stream captures (stop ends it).
   void wait_for_captures();
   bool persist_and_publish(const std::string& key, const core::Problem& p, const core::Plan& plan,
@@ -162,11 +211,20 @@ class Tuner {
   std::mutex deferred_mu_;
   std::vector<MissEvent> deferred_;  ///< sync mode: misses seen during a capture (bounded: 256)
 
+  // Verification (verify_row; background: verify_next_shipped).
+  struct VerifyQueue {
+    std::vector<VerifyRow> rows;        ///< still to verify in this pass, in order
+    std::map<std::string, int> done;    ///< row id + config -> verifications by this thread
+    uint64_t loads_seen = 0;            ///< the runtime's load count the list was made at
+  };
+  VerifyQueue verify_queue_;  ///< the background thread's only
+
   // Counters (relaxed; read by stats()).
   std::atomic<int64_t> n_deferred_{0}, n_capture_waits_{0};
   std::atomic<int64_t> n_misses_{0}, n_queued_{0}, n_dropped_{0}, n_tuned_{0}, n_skipped_{0}, n_run_{0},
       n_rejected_{0}, n_failed_{0}, n_publishes_{0}, n_pending_{0};
   std::atomic<int64_t> tune_us_{0};
+  std::atomic<int64_t> n_verified_{0}, n_demoted_{0}, n_verify_pending_{0};
 
   std::thread thread_;
 };
