@@ -40,6 +40,7 @@
 #   bench/gpu/run_h200.sh --sections anymodel    # issue 32: the floor's test, then kdispatch vs torch on 14
 #                 projections with no committed rows, bf16 + fp8, cold and graphs, A/A (resumes; any_model.json)
 #   bench/gpu/run_h200.sh --sections fit         # the synthetic decode grid get_default is fitted on (fit.json)
+#   bench/gpu/run_h200.sh --sections nvml        # the SM clock screen: a short tune, verify and report of its rows
 #   bench/gpu/run_h200.sh --sections model       # a real model end to end: transformers' Llama-3-8B and
 #                 Qwen2.5-7B (all layers, random weights), stock vs fused torch vs kdispatch ops
 #                 (bench/gpu/e2e_model.py; KD_MODELS=llama3-8b,qwen2.5-7b, KD_MODEL_LAYERS=0: all)
@@ -140,7 +141,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,nvml,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -384,6 +385,31 @@ for sec in anymodel fit; do
   [ $rc -eq 0 ] || { status=1; grep -E "Error|Traceback" "$OUT/$sec.log" | head; }
   if grep -q "^COMPLETE" "$OUT/$sec.log"; then echo "::: $sec: complete"; else echo "::: $sec: INCOMPLETE (copy $f into .h200/ and run again)"; fi
 done
+
+# ================================================================ nvml
+# nvml: the tuner's SM clock screen and verify/report on the device: a
+# short bf16 GEMM tune (2 shapes; KDISPATCH_LOG_LEVEL=info prints each row
+# with the clock's note), `verify` of the rows it wrote against the floor,
+# and of one shipped table, and `report` of them (nvml.log, verify.json,
+# report.html).
+if has nvml; then
+  ensure_build kdispatch || { echo "::: nvml: FAILED to build (build.log)"; exit 1; }
+  printf 'M,N,K\n1,4608,3584\n16,4608,3584\n' >/tmp/nvml_shapes.csv
+  rm -rf /tmp/nvml-emit /tmp/nvml-cache
+  KDISPATCH_LOG_LEVEL=info KDISPATCH_CACHE_DIR=/tmp/nvml-cache "$BUILD/kdispatch" tune --backend cuda --op gemm \
+    --dtype bf16 --shapes /tmp/nvml_shapes.csv --budget-ms "${KD_NVML_BUDGET_MS:-400}" --emit /tmp/nvml-emit \
+    >"$OUT/nvml.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "tune rc=$rc: $(grep -c 'SM clock' "$OUT/nvml.log") line(s) with the clock's note; last: $(grep -o 'SM clock[^;]*' "$OUT/nvml.log" | tail -1)"
+  # and one shipped table (Llama-3-70B TP8's down, 14 rows; the any-model run lost 3-6 % to torch on it)
+  mkdir -p /tmp/nvml-ship/cuda/gemm && cp "configs/cuda/gemm/N=8192,K=3584,device_name=NVIDIA_H200,dtype=bf16.json" /tmp/nvml-ship/cuda/gemm/
+  "$BUILD/kdispatch" verify --configs /tmp/nvml-emit /tmp/nvml-ship --op gemm --cache /tmp/nvml-cache --json \
+    >"$OUT/verify.json" 2>>"$OUT/nvml.log"
+  echo "verify rc=$?: $(grep -o '"verdict": "[a-z ]*"' "$OUT/verify.json" | sort | uniq -c | tr '\n' ' ')"
+  "$BUILD/kdispatch" report /tmp/nvml-emit /tmp/nvml-ship --out "$OUT/report.html" >>"$OUT/nvml.log" 2>&1
+  echo "report rc=$?: $(wc -c <"$OUT/report.html" 2>/dev/null) bytes"
+  [ $status -eq 0 ] && echo "::: nvml: complete" || echo "::: nvml: FAILED (nvml.log)"
+fi
 
 # ================================================================ model
 if has model; then
