@@ -800,7 +800,7 @@ Outcome tuned_outcome(const dsp::PretuneResult& r, const std::string& head, cons
   out.candidates = r.candidates;
   out.rejected = r.rejected;
   out.persisted = r.persisted;
-  *line = head + " -> " + r.variant + " " + fmt("%.1f", r.best_us) + "us (default " + fmt("%.1f", r.default_us) +
+  *line = head + " -> " + r.variant + " " + fmt("%.1f", r.best_us) + "us (floor " + fmt("%.1f", r.default_us) +
           "us, " + (r.best_us > 0 && r.default_us > 0 ? fmt("%.2f", r.default_us / r.best_us) + "x" : "n/a") + ", " +
           std::to_string(r.candidates) + (r.candidates == 1 ? " candidate)" : " candidates)");
   if (!r.persisted) {
@@ -1017,8 +1017,9 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const Shapes& sh) {
               (long long)s.done, o.emit.c_str(), (long long)s.too_large, (long long)s.unsupported, (long long)s.failed,
               s.seconds);
   if (s.with_speedup)
-    std::printf("geomean speedup vs get_default: %.2fx over %lld tuned shapes\n", s.geomean,
-                (long long)s.with_speedup);
+    std::printf("geomean speedup vs the floor (what the engine runs without kdispatch): %.2fx over %lld tuned "
+                "shapes\n",
+                s.geomean, (long long)s.with_speedup);
   // A fragment (<key>.json.d/<host>-<pid>.json, the fragments write scheme)
   // is part of its table <key>.json, not a table of its own: the tables are
   // counted once each, whether written whole, as fragments or both.
