@@ -1449,6 +1449,39 @@ TEST_CASE("cli merge --retime: the faster config kept, every candidate's retimed
   CliRun v = run({"validate", m1}, cache);
   CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
 
+  // 1b. The floor (get_default's plan on the CPU) races every conflict as
+  //     a candidate no source had: recorded as source "floor" with its
+  //     retimed µs, and kept unless a source's config beat it by the margin
+  //     (the rule checked on the recorded times). The reference and the
+  //     scalar blocked config are not the floor's plan.
+  {
+    const std::string mf = dir / "mf";
+    CliRun f = run(cat(cat({"merge"}, timing), {"--out", mf, slow, odd}), cache);
+    REQUIRE_MESSAGE(f.exit_code == 0, f.err);
+    CHECK(f.err.find(rel + ": M=16 retimed: ") != std::string::npos);
+    CHECK(f.err.find(" floor {") != std::string::npos);
+    simdjson::dom::element df = p.parse(simdjson::padded_string(kdtest::read_text(fs::path(mf) / rel)));
+    simdjson::dom::element cf = df["kdispatch"]["merged"]["conflicts"]["16"];
+    std::map<std::string, double> rf;
+    std::string floor_config;
+    for (simdjson::dom::element c : simdjson::dom::array(cf["candidates"])) {
+      const std::string config(simdjson::minify(c["config"]));
+      rf[config] = double(c["retimed_us"]);
+      if (s(c["source"]) == "floor") floor_config = config;
+    }
+    REQUIRE(rf.size() == 3);
+    REQUIRE_FALSE(floor_config.empty());
+    CHECK(floor_config.find("gemm_fp32__ref") == std::string::npos);
+    const double best_source = std::min(rf[ref], rf[scalar]);
+    const bool floor_kept = !(best_source < rf[floor_config] * (1.0 - 0.02));
+    CAPTURE(best_source);
+    CAPTURE(rf[floor_config]);
+    CHECK(s(cf["kept"]) == (floor_kept ? "floor" : (rf[ref] < rf[scalar] ? slow : odd)));
+    if (floor_kept) CHECK(std::string(simdjson::minify(df["16"])) == floor_config);
+    CliRun vf = run({"validate", mf}, cache);
+    CHECK_MESSAGE(vf.exit_code == 0, vf.out << vf.err);
+  }
+
   // 2. Three sources, any order: the kept config is the measured fastest
   //    (or, within the margin, the smallest text), not the smaller text of
   //    the slower scalar config; two texts of one plan tie under a wide

@@ -493,13 +493,25 @@ struct ConfigTimings {
   /// here records): a JSON object, "" when the backend has none.
   std::string fingerprint;
   std::vector<ConfigTiming> configs;  ///< one per config, in the order given
+  /// The floor (what the engine runs without kdispatch: cuBLAS / cuBLASLt
+  /// as torch calls them on CUDA, get_default's plan elsewhere), timed in
+  /// the same rounds after the given configs; floor_config is its row.
+  /// floor.status is not ok (and floor_config empty) when the op has no
+  /// floor here or it declines the key; a floor equal to a given config is
+  /// that config's timing again.
+  ConfigTiming floor;
+  Config floor_config;
+  /// The given config that is the floor's plan (its timing is `floor`), or
+  /// -1 when none is.
+  int32_t floor_index = -1;
 };
 /// Times given configs of the problem a key describes at batch size m on
 /// `device`: the scratch operands pretune_key() searches on, the tuner's
 /// method and options (validation against the reference variant's output,
 /// then the harness with RuntimeOptions::tune's reps and cold cache), one
-/// config at a time, no confirmation; `rounds` rounds, the configs in the
-/// given order on even rounds and reversed on odd ones. Persists and
+/// config at a time, no confirmation; `rounds` rounds, the configs (and
+/// the floor, last) in the given order on even rounds and reversed on odd
+/// ones. Persists and
 /// publishes nothing (runs when frozen too): `kdispatch merge --retime`.
 /// Thread-safe; blocks. Errors: as pretune_key() for the op, key, M, device
 /// and scratch budget; invalid_argument for rounds outside [1, 16]. A config

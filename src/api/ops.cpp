@@ -703,17 +703,31 @@ Result<ConfigTimings> time_configs(Runtime& rt, std::string_view op, std::string
       plans.push_back(*plan);
       index.push_back(i);
     }
+    // The floor, in the same rounds (merge --retime holds the sources'
+    // configs against it).
+    out.floor.status = make_status(StatusCode::unsupported_problem, "no floor for this key here");
+    size_t floor_at = plans.size();  // plans[floor_at] is the floor (== plans.size(): not timed)
+    if (const core::Plan fp = core::floor_plan(*p, *dev);
+        fp.valid() && fp.variant->supports(*p, fp.params, *dev).ok()) {
+      out.floor_config = core::plan_to_config(fp);
+      floor_at = static_cast<size_t>(std::find(plans.begin(), plans.end(), fp) - plans.begin());
+      if (floor_at == plans.size()) plans.push_back(fp);
+    }
     if (plans.empty()) return out;
     auto t = impl.tuner->time_on_scratch(ev, *dev, out.key, plans, rounds);
     if (!t.ok()) return t.status();
     for (size_t j = 0; j < plans.size(); ++j) {
-      ConfigTiming& c = out.configs[index[j]];
+      ConfigTiming& c = j < index.size() ? out.configs[index[j]] : out.floor;
       c.status = (*t)[j].status;
       if (!c.status.ok()) continue;
       c.round_us = (*t)[j].round_us;
       double sum = 0;
       for (double u : c.round_us) sum += u;
       c.us = c.round_us.empty() ? 0.0 : sum / static_cast<double>(c.round_us.size());
+    }
+    if (floor_at < index.size()) {
+      out.floor = out.configs[index[floor_at]];
+      out.floor_index = static_cast<int32_t>(index[floor_at]);
     }
     return out;
   } catch (const std::bad_alloc&) {

@@ -96,9 +96,14 @@ struct RetimeRuntime {
 };
 
 /// One table merged.
+/// Candidate::file of a row no source had: the floor, kept by --retime
+/// where no source's config beat it by the margin.
+inline constexpr uint32_t kFloorFile = 0xffffffffu;
+
 struct Merged {
   std::string refusal;                                  ///< "" or why the table is refused
   std::vector<std::pair<int64_t, const Candidate*>> kept;  ///< the rows, by ascending M
+  std::vector<std::unique_ptr<Candidate>> floors;        ///< kept floor rows (kFloorFile), owned here
   int conflicts = 0;
   std::vector<std::string> report;                      ///< lines for stderr ("M=.. retimed: ...")
   std::string text;                                     ///< the canonical table (refusal empty)

@@ -104,7 +104,14 @@ struct TableMerge {
   std::string timing_fingerprint;  // this build's, on the table's backend (minified)
   dom::parser parser;
 
-  const std::string& label(const Candidate* c) const { return in.files[c->file].label; }
+  const std::string& label(const Candidate* c) const {
+    static const std::string kFloor = "floor";
+    return c->file == kFloorFile ? kFloor : in.files[c->file].label;
+  }
+  // The floor as timed with M's conflict (time_conflict): its config
+  // (minified) and retimed µs; empty config: not timed.
+  std::string floor_config;
+  double floor_us = 0;
 
   // The smallest time, then the smallest default time, then the source
   // name: the same pick for any order of the sources.
@@ -158,6 +165,12 @@ struct TableMerge {
                                     dispatch::Device{rtab.backend, 0}, kRetimeRounds);
     if (!r.ok()) return "cannot time M=" + std::to_string(m) + ": " + r.status().to_string();
     if (timing_fingerprint.empty() && !r->fingerprint.empty()) timing_fingerprint = minified(parser, r->fingerprint);
+    floor_config.clear();
+    floor_us = 0;
+    if (r->floor.status.ok() && r->floor.us > 0 && r->floor_index < 0) {  // a source's config is raced already
+      floor_config = minified(parser, dispatch::config_to_json(r->floor_config));
+      floor_us = r->floor.us;
+    }
     std::string why;
     size_t i = 0;
     for (const auto& [config, srcs] : by_config) {
@@ -176,6 +189,7 @@ struct TableMerge {
 
   // --retime of one conflict: the kept candidate, or null (refused).
   const Candidate* retime_pick(int64_t m, const ByConfig& by_config, std::map<std::string_view, double>* retimed) {
+    floor_config.clear();  // set by time_conflict for this M
     if (!retime_checked) check_retime();
     std::string why = retime_refusal;
     if (why.empty()) why = time_conflict(m, by_config, retimed);
@@ -196,11 +210,29 @@ struct TableMerge {
     const Candidate* pick = nullptr;
     for (const Candidate* c : by_config.at(chosen))
       if (!pick || better(c, pick)) pick = c;
+    // The floor (no source's config): kept unless the chosen config beats it
+    // by more than the margin, as the tuner holds every candidate to it.
+    const bool keep_floor = !floor_config.empty() && !(best < floor_us * (1.0 - margin));
+    if (keep_floor) {
+      auto c = std::make_unique<Candidate>();
+      c->m = m;
+      c->file = kFloorFile;
+      c->config = floor_config;
+      c->us = c->default_us = floor_us;
+      pick = c.get();
+      out.floors.push_back(std::move(c));
+    }
     std::string line = rel + ": M=" + std::to_string(m) + " retimed:";
     for (const auto& [config, us] : *retimed) {
       char num[32];
       std::snprintf(num, sizeof num, "%.3f", us);
-      line += " " + std::string(config) + " " + num + " us" + (config == chosen ? " (kept)" : "") + ";";
+      line += " " + std::string(config) + " " + num + " us" + (!keep_floor && config == chosen ? " (kept)" : "") + ";";
+    }
+    if (!floor_config.empty()) {
+      char num[32];
+      std::snprintf(num, sizeof num, "%.3f", floor_us);
+      line += " floor " + floor_config + " " + num + " us" +
+              (keep_floor ? " (kept: no config beat it by the margin)" : "") + ";";
     }
     line.pop_back();
     out.report.push_back(line);
@@ -223,6 +255,14 @@ struct TableMerge {
       if (pick && o.retime) conflicts.field("retimed_us", std::round(retimed.at(c->config) * 1000.0) / 1000.0);
       conflicts.end_object();
     }
+    // --retime's floor, a candidate no source had (its config when kept).
+    if (pick && o.retime && !floor_config.empty())
+      conflicts.begin_object()
+          .field("source", "floor")
+          .key("config")
+          .json(floor_config)
+          .field("retimed_us", std::round(floor_us * 1000.0) / 1000.0)
+          .end_object();
     conflicts.end_array().end_object();
   }
 
