@@ -2,6 +2,8 @@
 #include "tune/harness.hpp"
 
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <chrono>
 
 namespace dispatch::tune {
@@ -126,6 +128,16 @@ std::string ClockScreen::note(const std::string& source) const {
                   " re-timed below " + std::to_string(static_cast<int>(ratio_ * 100)) + "% of it";
   if (kept_throttled_ > 0) s += ", " + std::to_string(kept_throttled_) + " kept throttled (third try)";
   return s;
+}
+
+ClockScreen& clock_screen_of(const std::string& device) {
+  static std::mutex mu;
+  // Never freed: a tuner thread's clock may still screen during exit.
+  static auto* screens = new std::map<std::string, std::unique_ptr<ClockScreen>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<ClockScreen>& s = (*screens)[device];
+  if (!s) s = std::make_unique<ClockScreen>();
+  return *s;
 }
 
 Result<Timing> measure(Clock& clock, const std::function<Status()>& prepare, const std::function<Status()>& fn,

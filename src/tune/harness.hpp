@@ -112,6 +112,12 @@ class CpuClock final : public Clock {
   volatile uint64_t sink_ = 0;
 };
 
+/// The clock screen of a device (its PCI bus id, or any stable name), one
+/// per process, created on first use (a run's median spans every search).
+/// Defined here, in plain C++: the GPU TUs only call it (clang 15's HIP
+/// device pass crashes instantiating a map of these). Thread-safe.
+ClockScreen& clock_screen_of(const std::string& device);
+
 /// Measures `fn`: `prepare` runs before every (warm-up and timed) rep, then
 /// the clock's flush when cold_cache is set. Timed reps go to the clock in
 /// batches (3, then up to 8 at a time; Clock::time_reps), the early stops
