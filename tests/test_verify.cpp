@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -176,7 +177,7 @@ TEST_CASE("verify: a row slower than the floor by more than the margin is demote
   CHECK(served(*rt, 9) == core::plan_to_config(floor));
   const LookupResult demoted = kdtest::lookup_ok(*rt, norm_query(4));
   CHECK(contains(demoted.note, "demoted on this machine"));
-  CHECK(contains(demoted.note, "the floor serves: " + core::plan_to_string(floor)));
+  CHECK(contains(demoted.note, "the floor's plan at M=4 serves (at the Ms nearest it too, as the row did): " + core::plan_to_string(floor)));
 
   // A later runtime reads the verdict cache: the row stays demoted.
   auto rt2 = kdtest::make_runtime(verify_options(cfg, cache));
@@ -278,6 +279,46 @@ TEST_CASE("verify: the verdict cache holds the row's verdict under this machine'
   CHECK(tune::load_verdicts(path, other_identity).rows.empty());
 }
 
+TEST_CASE("verify: counts this library never writes, or a symlinked .verify dir, demote nothing") {
+  TempDir cache, elsewhere;
+  const std::string identity = tune::verdict_identity(DeviceType::cpu);
+  const std::string path = tune::verdict_path(cache.str(), DeviceType::cpu, identity);
+  const std::string id = tune::row_id(key_of(), 4), cfg_text = config_to_json(core::plan_to_config(row_plan(4)));
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(tune::record_verdict(cache.str(), DeviceType::cpu, identity, id, cfg_text, tune::Outcome::lost, 1.1,
+                                 0.01, 0.02, "x")
+                .ok());
+  REQUIRE(tune::load_verdicts(path, identity).find(id, cfg_text) != nullptr);
+  CHECK(tune::load_verdicts(path, identity).find(id, cfg_text)->demoted());
+  const std::string text = read_text(path);
+  const std::string two = "\"losses\": 2, \"verifications\": 2";
+  REQUIRE(contains(text, two));
+  auto rewrite = [&](const std::string& counts) {
+    std::string t = text;
+    t.replace(t.find(two), two.size(), counts);
+    std::ofstream(path, std::ios::trunc) << t;
+  };
+  // 2^32 + 2 losses (2 as an int32), more losses than verifications, none
+  // recorded, a negative count: the row reads as unverified.
+  for (const char* counts : {"\"losses\": 4294967298, \"verifications\": 4294967298",
+                             "\"losses\": 3, \"verifications\": 2", "\"verifications\": 2",
+                             "\"losses\": -1, \"verifications\": 2"}) {
+    INFO(counts);
+    rewrite(counts);
+    CHECK(tune::load_verdicts(path, identity).find(id, cfg_text) == nullptr);
+  }
+  rewrite(two);
+  REQUIRE(tune::load_verdicts(path, identity).find(id, cfg_text) != nullptr);
+  // The same file through a symlinked .verify: not read (record_verdict
+  // never writes through one either).
+  std::filesystem::rename(cache.path() / ".verify", elsewhere.path() / "v");
+  std::filesystem::create_directory_symlink(elsewhere.path() / "v", cache.path() / ".verify");
+  CHECK(tune::load_verdicts(path, identity).rows.empty());
+  CHECK_FALSE(tune::record_verdict(cache.str(), DeviceType::cpu, identity, id, cfg_text, tune::Outcome::lost, 1.1,
+                                   0.01, 0.02, "x")
+                  .ok());
+}
+
 TEST_CASE("verify: KDISPATCH_VERIFY_SHIPPED's background thread verifies committed rows when idle, rows tuned on another CPU first, and demotes after two losses") {
   TempDir cfg, cache;
   const char* kOther = "hidden=512,dtype=fp32";
@@ -377,6 +418,13 @@ TEST_CASE("verify: lookup --json notes a CPU row tuned on another vendor or fami
   CHECK(contains(kdtest::lookup_ok(*kdtest::make_runtime({same.str()}), norm_query(4)).note, "not yet verified here"));
   write_row_file(same.path(), 4, row, model.to_json());
   CHECK(kdtest::lookup_ok(*kdtest::make_runtime({same.str()}), norm_query(4)).note.empty());
+  // A row that records the floor itself: what this machine runs without it,
+  // nothing to verify, no note (whatever CPU it names).
+  TempDir floor_row;
+  write_row_file(floor_row.path(), 4, floor, "");
+  const LookupResult fr = kdtest::lookup_ok(*kdtest::make_runtime({floor_row.str()}), norm_query(4));
+  CHECK(fr.config == core::plan_to_config(floor));
+  CHECK(fr.note.empty());
 }
 
 TEST_CASE("row files record the margin, the A/A spread, the timing, why and the CPU (exact values), and old files still load") {

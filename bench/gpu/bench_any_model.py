@@ -245,6 +245,23 @@ def run_point(torch, timer, kd_mod, pt, rounds, modes, row):
     return row
 
 
+def no_nan(x):
+    """x with every NaN / inf float as None: strict JSON (NaN is not JSON; kdispatch report and
+    other readers refuse it), a point not measured reads as null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: no_nan(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [no_nan(v) for v in x]
+    return x
+
+
+def save(done, path):
+    with open(path, "w") as f:
+        json.dump(no_nan(done), f, allow_nan=False)
+
+
 def geomean(xs):
     xs = [x for x in xs if x and x == x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -253,7 +270,7 @@ def geomean(xs):
 def render(rows, commit=""):
     out = [f"# The any-model benchmark (issue 32), {time.strftime('%Y-%m-%d')}{' at ' + commit if commit else ''}", ""]
     for kind in ("bf16", "tensor", "rowwise", "block"):
-        rs = [r for r in rows if r["kind"] == kind and "cold_ratio" in r]
+        rs = [r for r in rows if r["kind"] == kind and r.get("cold_ratio") is not None and r.get("graph_ratio") is not None]
         if not rs:
             continue
         out += [f"## {kind}", ""]
@@ -345,9 +362,9 @@ def main():
                 have.add((kind, N, K, M))
                 print(json.dumps({k: v for k, v in row.items() if not k.endswith("_kernels")}), flush=True)
                 del pt
-                json.dump(done, open(path, "w"))
+                save(done, path)
     done["complete"] = complete
-    json.dump(done, open(path, "w"))
+    save(done, path)
     print(("COMPLETE" if complete else "INCOMPLETE") + f" {len(done['rows'])} points, {time.time() - t0:.0f} s")
     return 0
 

@@ -34,8 +34,10 @@ def main():
         with open(a.csv, "w") as f:
             f.write("kind,N,K,M,rule_variant,rule_graph_us,floor_graph_us,torch_graph_us\n")
             for r in rows:
+                # torch's time is empty where the sweep did not call torch (bench_any_model.py Point.torch_ok)
+                torch_us = f"{r['graph_torch_us']:.3f}" if "graph_torch_us" in r else ""
                 f.write(f"{r['kind']},{r['N']},{r['K']},{r['M']},{r['kd_variant']},{r['graph_kd_us']:.3f},"
-                        f"{r['graph_floor_us']:.3f},{r['graph_torch_us']:.3f}\n" if 'graph_torch_us' in r else f"{r['graph_floor_us']:.3f},\n")
+                        f"{r['graph_floor_us']:.3f},{torch_us}\n")
     ts = sorted({math.ceil(r["N"] / 16) / SMS for r in rows})
     bounds = [math.sqrt(ts[i] * ts[i + 1]) for i in range(len(ts) - 1)]
     print("// t bin upper bounds:", ", ".join(f"{b:.2f}" for b in bounds))
@@ -68,6 +70,7 @@ def main():
         print(f"inline constexpr uint8_t k{''.join(w.capitalize() for w in fam.split('_'))}Rule[] = "
               f"{{{', '.join(f'0x{m:02x}' for m in masks)}}};")
     print("inline constexpr double kTBounds[] = {" + ", ".join(f"{b:.3f}" for b in bounds) + "};")
+    print(f"// every rule table has {len(bounds) + 1} entries (kTBounds + 1; default_fit.hpp static_asserts it)")
 
 
 if __name__ == "__main__":

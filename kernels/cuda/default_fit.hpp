@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string_view>
 
 namespace dispatch::cuda::fit {
@@ -28,6 +29,11 @@ inline constexpr uint8_t kBf16Rule[] = {0x11, 0x1e, 0x1d, 0x1d, 0x00, 0x1f, 0x1f
 inline constexpr uint8_t kFp8TensorRule[] = {0x00, 0x00, 0x03, 0x03, 0x00, 0x03, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
 inline constexpr uint8_t kFp8RowwiseRule[] = {0x07, 0x07, 0x07, 0x07, 0x07, 0x07, 0x07, 0x07, 0x03, 0x03, 0x03, 0x03, 0x03, 0x07, 0x03, 0x00};
 inline constexpr uint8_t kFp8BlockRule[] = {0x00, 0x02, 0x02, 0x02, 0x00, 0x06, 0x06, 0x06, 0x00, 0x03, 0x03, 0x03, 0x02, 0x06, 0x02, 0x00};
+
+static_assert(std::size(kBf16Rule) == std::size(kTBounds) + 1 && std::size(kFp8TensorRule) == std::size(kTBounds) + 1 &&
+                  std::size(kFp8RowwiseRule) == std::size(kTBounds) + 1 &&
+                  std::size(kFp8BlockRule) == std::size(kTBounds) + 1,
+              "one rule byte per t bin");
 
 /// KDISPATCH_TEST_DEFAULT_RULE=everywhere (the fit's sweep only, read once):
 /// the decode rule serves every cell at M <= 16, so the sweep times the

@@ -210,12 +210,15 @@ void Runtime::Impl::apply_verdicts_locked() {
                                               " lost to the floor by more than the margin in " +
                                               std::to_string(v.losses) + " verifications (" +
                                               (path.empty() || in_memory.rows.count(id) ? std::string("in memory") : path) +
-                                              "); the floor serves: " + core::plan_to_string(floor)};
+                                              "); the floor's plan at M=" + std::to_string(m) + " serves (at the "
+                                              "Ms nearest it too, as the row did): " + core::plan_to_string(floor)};
     }
   }
   // One copy of each input with a demoted row (the others stay shared): the
-  // row's M holds the floor's plan, so that M and the Ms nearest it get
-  // what the engine would run without us.
+  // row's M holds the floor's plan at that M. On CUDA that is cuBLAS /
+  // cuBLASLt's own per-call pick (no params), so the Ms nearest it get what
+  // the engine runs; on the CPU the floor (get_default's plan) depends on M
+  // and the nearest Ms get the plan of the row's M, as they got the row.
   for (auto& [index, rows] : demote) {
     table::TableInput copy = *table.loaded_inputs[index];
     for (auto& [r, floor] : rows) {
@@ -247,6 +250,14 @@ std::string Runtime::Impl::row_note(const std::string& key, int64_t m, uint32_t 
   }
   const CpuIdentity tuned_on = cpu_of(in->tuned_on_at(m));
   if (tuned_on.known() && tuned_on.same_family(host_cpu_identity())) return {};
+  // A row that records the floor itself (get_default's plan on the CPU) is
+  // what this machine runs without the row: nothing to verify, no note.
+  KeyParts parts;
+  core::Problem p;
+  if (split_key(key, &parts) && problem_of(parts, m, &p)) {
+    auto plan = core::plan_from_config(config, p.op, DeviceType::cpu);
+    if (plan.ok() && *plan == core::floor_plan(p, cpu_device_info())) return {};
+  }
   const tune::Verdict* v = verdicts ? verdicts->find(tune::row_id(key, m), config_to_json(config)) : nullptr;
   return foreign_note(tuned_on, v);
 }

@@ -832,8 +832,11 @@ std::string chart(const Group& g, const Data& d) {
   std::map<size_t, Lines> by_source;
   std::set<int64_t> ms;
   double tmin = 0, tmax = 0;
+  // A time outside [1e-6, 1e9] µs (or not finite) is not drawn: one such
+  // value would stretch the axis over hundreds of decades.
+  const auto ok = [](double t) { return std::isfinite(t) && t >= 1e-6 && t <= 1e9; };
   const auto see = [&](double t) {
-    if (t <= 0) return;
+    if (!ok(t)) return;
     tmin = tmin <= 0 ? t : std::min(tmin, t);
     tmax = std::max(tmax, t);
   };
@@ -842,15 +845,15 @@ std::string chart(const Group& g, const Data& d) {
     Lines& l = by_source[r.source];
     const double m = static_cast<double>(r.m);
     ms.insert(r.m);
-    if (r.served > 0) l.served.emplace_back(m, r.served);
-    if (r.floor > 0) l.floor.emplace_back(m, r.floor);
-    if (r.peer > 0) l.peer.emplace_back(m, r.peer);
-    if (r.ceiling > 0) l.ceiling.emplace_back(m, r.ceiling);
+    if (ok(r.served)) l.served.emplace_back(m, r.served);
+    if (ok(r.floor)) l.floor.emplace_back(m, r.floor);
+    if (ok(r.peer)) l.peer.emplace_back(m, r.peer);
+    if (ok(r.ceiling)) l.ceiling.emplace_back(m, r.ceiling);
     for (double t : {r.served, r.floor, r.peer, r.ceiling}) see(t);
   }
   std::vector<std::pair<double, double>> roof;
   for (int64_t m : ms)
-    if (double t = roofline_us(g, m, d.ceilings); t > 0) roof.emplace_back(static_cast<double>(m), t), see(t);
+    if (double t = roofline_us(g, m, d.ceilings); ok(t)) roof.emplace_back(static_cast<double>(m), t), see(t);
   if (ms.empty() || tmax <= 0) return {};
   const Axis ax = axis_of(static_cast<double>(*ms.begin()), static_cast<double>(*ms.rbegin()), 0.04);
   const Axis ay = axis_of(tmin, tmax, 0.08);

@@ -599,8 +599,18 @@ bool Tuner::verify_next_shipped(const std::function<void(DeviceType)>& prepare) 
   prepare(row.problem.device.type);
   wait_for_captures();
   if (stop_.load(std::memory_order_acquire)) return false;
+  // Never beside a caller's sync search (KDISPATCH_TUNE=sync): two timings
+  // on the same cores or GPU would pollute both. The row waits for the
+  // next idle turn; a sync search meanwhile sees "another sync search is
+  // running" and serves its call as a miss (it tunes on a later call).
+  std::unique_lock<std::mutex> timing(sync_mu_, std::try_to_lock);
+  if (!timing.owns_lock()) {
+    q.rows.insert(q.rows.begin(), std::move(row));
+    return false;
+  }
   const auto t0 = SteadyClock::now();
   auto r = verify_row(row, *dev, /*background=*/true);
+  timing.unlock();
   int& n = q.done[key_of_row(row)];
   ++n;
   if (r.ok()) {

@@ -206,7 +206,7 @@ class Tuner {
   std::atomic<bool> frozen_{false};
   std::atomic<bool> aa_warned_{false};  ///< the A/A-above-margin warning was given
   std::atomic<bool> busy_{false};  ///< the background thread is between pop and publish
-  std::mutex sync_mu_;             ///< one sync search at a time
+  std::mutex sync_mu_;             ///< one sync search (or background verification) at a time
   CaptureWatch captures_;
   std::mutex deferred_mu_;
   std::vector<MissEvent> deferred_;  ///< sync mode: misses seen during a capture (bounded: 256)

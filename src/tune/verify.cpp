@@ -64,9 +64,12 @@ bool parse_verdicts(const std::string& text, const std::string& identity, Verdic
     Verdict d;
     simdjson::dom::element e;
     if (v["config"].get(e) == simdjson::SUCCESS) d.config = store::row_meta_detail::restyled(e);
-    int64_t i = 0;
-    if (v["losses"].get(i) == simdjson::SUCCESS) d.losses = static_cast<int32_t>(i);
-    if (v["verifications"].get(i) == simdjson::SUCCESS) d.verifications = static_cast<int32_t>(i);
+    int64_t i = 0, losses = 0, verifications = 0;
+    if (v["losses"].get(losses) != simdjson::SUCCESS || v["verifications"].get(verifications) != simdjson::SUCCESS ||
+        verifications < 0 || verifications > 1000000 || losses < 0 || losses > verifications)
+      continue;  // not a verdict this library wrote: the row reads as unverified
+    d.losses = static_cast<int32_t>(losses);
+    d.verifications = static_cast<int32_t>(verifications);
     std::string_view s;
     if (v["last"].get(s) == simdjson::SUCCESS) d.last = std::string(s);
     if (v["source"].get(s) == simdjson::SUCCESS) d.source = std::string(s);
@@ -165,6 +168,10 @@ Verdicts load_verdicts(const std::string& path, const std::string& identity) noe
   Verdicts out;
   try {
     if (identity.empty()) return out;
+    // Not through a symlinked .verify dir, as record_verdict never writes
+    // through one (open_dir_below): a verdict read is one this library wrote.
+    std::error_code ec;
+    if (fs::symlink_status(fs::path(path).parent_path(), ec).type() == fs::file_type::symlink) return out;
     store::BoundedRead opt;
     opt.nofollow = true;
     std::string text, why;
