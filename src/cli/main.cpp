@@ -366,8 +366,8 @@ CLI::App* add_verify(CLI::App& app, VerifyOptions& vo) {
       "Time the committed rows on this machine: each row of this machine's devices (the shipped configs, or the "
       "--configs dirs) is run against the floor (what the engine runs without kdispatch) with the tuner's "
       "confirmation, and its margin over the floor, the A/A spread and the verdict are printed (ahead, within "
-      "margin, lost once, demoted) and recorded in the tuning cache dir; a row that lost by more than the margin "
-      "twice is demoted (the floor serves its M). Unlike `validate`, which only checks that files parse and rows "
+      "margin, lost once, demoted) and, with --cache DIR, recorded in that tuning cache dir; a row that lost by "
+      "more than the margin twice there is demoted (the floor serves its M). Unlike `validate`, which only checks that files parse and rows "
       "are legal, this runs the kernels.");
   verify->add_option("--configs", vo.configs,
                      "Verify the rows of these config dirs (repeatable; default: the rows a serving process loads: "

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/cli.hpp"
+#include "cli/op_util.hpp"
 #include "core/json_write.hpp"
 #include "dispatch/config.hpp"
 #include "dispatch/ops.hpp"
@@ -57,6 +58,10 @@ int run_verify(const VerifyOptions& o) {
   auto env = dsp::options_from_env();
   if (!env.ok()) {
     std::fprintf(stderr, "kdispatch verify: %s\n", env.status().message().c_str());
+    return kExitUsage;
+  }
+  if (!o.op.empty() && !find_op(o.op)) {  // before the table header: a usage error prints nothing else
+    std::fprintf(stderr, "kdispatch verify: --op '%s' is not %s\n", o.op.c_str(), op_names_text().c_str());
     return kExitUsage;
   }
   dsp::RuntimeOptions ro = *env;
