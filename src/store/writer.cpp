@@ -56,19 +56,6 @@ std::map<int64_t, double> read_us_map(std::string_view meta, const char* field) 
   return out;
 }
 
-bool write_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t w = ::write(fd, s.data() + off, s.size() - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    off += static_cast<size_t>(w);
-  }
-  return true;
-}
-
 void config_json(core::JsonWriter& w, const Config& c) {
   w.begin_object();
   for (const auto& [k, v] : c) {

@@ -24,19 +24,6 @@ namespace {
 
 constexpr const char* kVerifyDir = ".verify";  // hidden: the loader passes it over
 
-bool write_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t w = ::write(fd, s.data() + off, s.size() - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    off += static_cast<size_t>(w);
-  }
-  return true;
-}
-
 double round4(double v) { return std::round(v * 1e4) / 1e4; }
 
 // The identity as the file records it, in the writer's spacing (so a file
@@ -247,7 +234,7 @@ Result<Verdict> record_verdict(const std::string& cache_dir, DeviceType backend,
     const std::string tmp = store::temp_name_for(name);
     const int fd = ::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return make_status(StatusCode::io_error, "cannot create a temp file beside '" + path + "'");
-    if (!write_all(fd, text) || ::fsync(fd) != 0) {
+    if (!store::write_all(fd, text) || ::fsync(fd) != 0) {
       ::close(fd);
       ::unlinkat(dir.get(), tmp.c_str(), 0);
       return make_status(StatusCode::io_error, "cannot write a temp file beside '" + path + "'");
