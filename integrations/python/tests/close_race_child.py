@@ -162,6 +162,12 @@ def exit_with_daemon_threads(mode):
         def call():
             rt.rmsnorm(np.empty_like(x), x, w, 1e-6)
 
+    exit_under_callers(call)
+
+
+def exit_under_callers(call):
+    """Starts CALLERS daemon threads calling `call` in a loop (a thread ends
+    when a call raises: refused at exit) and returns once each has called."""
     started = threading.Semaphore(0)
 
     def caller():
@@ -193,20 +199,7 @@ def exit_control():
     import torch.nn.functional as F
     x, w = torch.rand(4, 64), torch.ones(64)
     op = getattr(F, "rms_norm", None) or F.layer_norm
-    started = threading.Semaphore(0)
-
-    def caller():
-        op(x, (64,), w, eps=1e-6)
-        started.release()
-        while True:
-            op(x, (64,), w, eps=1e-6)
-
-    for _ in range(CALLERS):
-        threading.Thread(target=caller, daemon=True).start()
-    for _ in range(CALLERS):
-        started.acquire()
-    time.sleep(0.005)
-    print("exiting with 4 daemon threads calling")
+    exit_under_callers(lambda: op(x, (64,), w, eps=1e-6))
 
 
 if __name__ == "__main__":
