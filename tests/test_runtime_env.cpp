@@ -59,7 +59,8 @@ TEST_CASE("env: options_from_env reads every KDISPATCH_* variable") {
                 {"KDISPATCH_CACHE_DIR", "/tmp/kd-cache-x"},
                 {"KDISPATCH_TUNE_MEM", "512M"},
                 {"KDISPATCH_TUNE_BUDGET_MS", "250"},
-                {"KDISPATCH_TUNE_MARGIN", "0.05"}});
+                {"KDISPATCH_TUNE_MARGIN", "0.05"},
+                {"KDISPATCH_TUNE_GRAPH", "0"}});
   auto o = options_from_env();
   REQUIRE(o.ok());
   CHECK(o->config_dirs == std::vector<std::string>{a.str(), b.str()});
@@ -74,6 +75,7 @@ TEST_CASE("env: options_from_env reads every KDISPATCH_* variable") {
   CHECK(o->tune.memory_budget_bytes == 512LL * 1024 * 1024);
   CHECK(o->tune.time_budget_ms == 250.0);
   CHECK(o->tune.margin == 0.05);
+  CHECK_FALSE(o->tune.graph_timing);
 }
 
 TEST_CASE("env: a bad value is refused naming the variable") {
@@ -109,6 +111,7 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
       {"KDISPATCH_MISSES_EXPORT", dir.str()},
       {"KDISPATCH_TUNE_MARGIN", "nan"},       {"KDISPATCH_TUNE_MARGIN", "-0.01"},
       {"KDISPATCH_TUNE_MARGIN", "0.6"},       {"KDISPATCH_TUNE_MARGIN", "2%"},
+      {"KDISPATCH_TUNE_GRAPH", "maybe"},      {"KDISPATCH_TUNE_GRAPH", "2"},
   };
   for (const auto& [name, value] : bad) {
     CAPTURE(name);

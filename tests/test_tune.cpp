@@ -817,24 +817,42 @@ tune::SearchOptions scripted_options() {
   o.measure.reps = 3;
   return o;
 }
+// The graph mode's script: plan id's n-th graph timing (one per
+// confirmation placement) -> µs per call, or an error status (the capture
+// failed). Null: the clock has no graph mode (as the CPU's).
+using GraphScript = std::function<Result<double>(int64_t id, int n)>;
+thread_local bool g_scripted_capture = false;  // inside ScriptedClock::time_graph's calls
 class ScriptedClock final : public tune::Clock {
  public:
-  explicit ScriptedClock(Script s) : script_(std::move(s)) {}
+  explicit ScriptedClock(Script s, GraphScript g = nullptr) : script_(std::move(s)), graph_(std::move(g)) {}
   void flush() override {}
   Result<double> time_us(const std::function<Status()>& fn) override {
     if (Status s = fn(); !s.ok()) return s;
     return script_(g_running, calls_[g_running]++, total_++);
   }
+  bool has_graph() const override { return graph_ != nullptr; }
+  Result<std::vector<double>> time_graph(const std::function<Status(int)>& fn, int calls, int reps) override {
+    if (!graph_) return tune::Clock::time_graph(fn, calls, reps);
+    CHECK(calls >= 1);
+    g_scripted_capture = true;  // the "capture": every call enqueued once
+    for (int i = 0; i < calls; ++i)
+      if (Status s = fn(i); !s.ok()) return g_scripted_capture = false, s;
+    g_scripted_capture = false;
+    auto us = graph_(g_running, graphs_[g_running]++);
+    if (!us.ok()) return us.status();
+    return std::vector<double>(static_cast<size_t>(reps), *us);
+  }
 
  private:
   Script script_;
-  std::map<int64_t, int> calls_;
+  GraphScript graph_;
+  std::map<int64_t, int> calls_, graphs_;
   int total_ = 0;
 };
 // Host memory with the scripted clock.
 class ScriptedMemory final : public tune::DeviceMemory {
  public:
-  explicit ScriptedMemory(Script s) : script_(std::move(s)) {}
+  explicit ScriptedMemory(Script s, GraphScript g = nullptr) : script_(std::move(s)), graph_(std::move(g)) {}
   void* alloc(size_t b) override { return host().alloc(b); }
   void release(void* p) override { host().release(p); }
   Status to_host(void* d, const void* s, size_t b) override { return host().to_host(d, s, b); }
@@ -842,11 +860,14 @@ class ScriptedMemory final : public tune::DeviceMemory {
   Status copy(void* d, const void* s, size_t b) override { return host().copy(d, s, b); }
   Status zero_2d(void* d, size_t p, size_t w, size_t r) override { return host().zero_2d(d, p, w, r); }
   Status sync() override { return Status(); }
-  std::unique_ptr<tune::Clock> make_clock(const DeviceInfo&) override { return std::make_unique<ScriptedClock>(script_); }
+  std::unique_ptr<tune::Clock> make_clock(const DeviceInfo&) override {
+    return std::make_unique<ScriptedClock>(script_, graph_);
+  }
 
  private:
   static tune::DeviceMemory& host() { return tune::host_memory(); }
   Script script_;
+  GraphScript graph_;
 };
 }  // namespace
 
@@ -1021,6 +1042,113 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   CHECK(with_budget.size() == 3);  // two copies and x itself
   CHECK(with_budget.count(static_cast<void*>(x.data())) == 1);
   CHECK(seen.back()[1] == static_cast<void*>(x.data()));
+}
+
+TEST_CASE("timing as served: a winner must win cold and in a graph, and its row says which modes timed it (issue 32 item 3)") {
+  // Cold: the candidate (id 2) 10% faster than the floor (id 1) everywhere.
+  // The graph mode's script varies per case.
+  struct Case {
+    const char* what;
+    GraphScript graph;
+    bool winner_kept;
+    const char* timing;
+    const char* why;  // a part of the row's why
+    size_t graph_points;
+  };
+  const Case cases[] = {
+      {"the clock has no graph mode: cold decides", nullptr, true, "cold", "beat floor by 10.0% (margin 2%)", 0},
+      {"wins in a graph too", [](int64_t id, int) -> Result<double> { return id == 1 ? 5.0 : 4.5; }, true,
+       "cold+graph", "beat floor by 10.0% cold, 10.0% in a graph (margin 2%)", 4},
+      {"wins cold, ties in a graph (the launch cost a graph hides)",
+       [](int64_t id, int) -> Result<double> { return id == 1 ? 5.0 : 4.95; }, false, "cold+graph",
+       "floor kept: won cold by 10.0% but in a graph by 1.0% < margin 2%", 4},
+      {"wins cold, loses one placement in a graph",
+       [](int64_t id, int n) -> Result<double> { return id == 1 ? 5.0 : (n == 2 ? 5.5 : 4.0); }, false, "cold+graph",
+       "floor kept: won cold by 10.0% but lost a placement in a graph", 4},
+      {"the winner cannot be captured: not served",
+       [](int64_t id, int) -> Result<double> {
+         if (id == 2) return make_status(StatusCode::internal, "capture refused");
+         return 5.0;
+       },
+       false, "cold", "floor kept: the winner could not run in a graph: capture refused", 0},
+      {"the floor cannot be captured: cold decides, the why says so",
+       [](int64_t id, int) -> Result<double> {
+         if (id == 1) return make_status(StatusCode::internal, "capture refused");
+         return 4.0;
+       },
+       true, "cold", "beat floor by 10.0% (margin 2%); the floor could not run in a graph (capture refused): cold timing decided", 0},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<float> y(64, 0.f), x(64, 1.f);
+    tune::TuneTarget t;
+    t = scale_target(y.data(), x.data(), 64, &t);
+    ScriptedMemory mem([](int64_t id, int, int) { return id == 1 ? 10.0 : 9.0; }, c.graph);
+    t.mem = &mem;
+    const core::Plan def{&kTimed, {1}}, cand{&kTimed, {2}}, ref{&kScaleRef, {1}};
+    auto r = tune::search(t, {def, cand}, ref, scripted_options());
+    REQUIRE(r.ok());
+    CHECK(r->kept_default == !c.winner_kept);
+    CHECK(r->best.params[0] == (c.winner_kept ? 2 : 1));
+    CHECK(r->timing == c.timing);
+    CHECK(r->why == c.why);
+    CHECK(r->graph_ratios.size() == c.graph_points);
+    if (c.graph_points) {
+      CHECK(r->graph_default_us == doctest::Approx(5.0));
+      CHECK(r->graph_sets == 1);  // scale_target has no launch_at: no rotation
+    }
+  }
+}
+
+TEST_CASE("timing as served: the graph mode rotates the read-only inputs over copies past twice the L2") {
+  // A device whose "L2" is 1 KiB: x is 256 bytes, so 2 * 1024 / 256 + 2 = 10
+  // sets (x's own buffer and 9 copies), call i of a graph on set i % 10;
+  // y, written, never moves.
+  std::vector<float> y(64, 0.f), x(64);
+  for (int i = 0; i < 64; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i) - 20.f;
+  tune::TuneTarget t;
+  t = scale_target(y.data(), x.data(), 64, &t);
+  ScriptedMemory mem([](int64_t id, int, int) { return id == 1 ? 10.0 : 9.0; },
+                     [](int64_t id, int) -> Result<double> { return id == 1 ? 5.0 : 4.0; });
+  t.mem = &mem;
+  std::vector<void*> graph_x;  // x's pointer of every captured call, in order
+  t.launch_at = [&](const core::Plan& plan, const std::vector<void*>& ptr) {
+    CHECK(std::memcmp(ptr[1], x.data(), 64 * sizeof(float)) == 0);  // every copy holds x's bytes
+    CHECK(ptr[0] == static_cast<void*>(y.data()));
+    if (g_scripted_capture) graph_x.push_back(ptr[1]);
+    tune::TuneTarget moved = t;
+    for (size_t i = 0; i < ptr.size(); ++i) moved.args[i].ptr = ptr[i];
+    g_target = &moved;
+    return plan.variant->launch(core::LaunchArgs{}, moved.problem, plan.params);
+  };
+  DeviceInfo dev = cpu_device_info();
+  dev.l2_bytes = 1024;
+  tune::SearchOptions o = scripted_options();
+  o.device = &dev;
+  auto r = tune::search(t, {core::Plan{&kTimed, {1}}, core::Plan{&kTimed, {2}}}, core::Plan{&kScaleRef, {1}}, o);
+  REQUIRE(r.ok());
+  CHECK(r->timing == "cold+graph");
+  CHECK(!r->kept_default);
+  CHECK(r->graph_sets == 10);
+  CHECK(r->graph_set_bytes == 10 * 256);
+  // 4 placements x 2 plans x 20 calls (kGraphCalls, more than the 10 sets).
+  REQUIRE(graph_x.size() == 4 * 2 * 20);
+  std::set<void*> distinct(graph_x.begin(), graph_x.end());
+  CHECK(distinct.size() == 10);
+  CHECK(distinct.count(static_cast<void*>(x.data())) == 1);
+  for (size_t g = 0; g < 8; ++g)
+    for (size_t i = 0; i < 20; ++i) CHECK(graph_x[g * 20 + i] == graph_x[g * 20 + i % 10]);  // call i on set i % 10
+  for (size_t i = 1; i < 10; ++i) CHECK(graph_x[i] != graph_x[i - 1]);
+  for (float v : y) REQUIRE(v == 0.f);  // the caller's output given back
+
+  // With the graph mode off, cold only.
+  graph_x.clear();
+  o.graph = false;
+  r = tune::search(t, {core::Plan{&kTimed, {1}}, core::Plan{&kTimed, {2}}}, core::Plan{&kScaleRef, {1}}, o);
+  REQUIRE(r.ok());
+  CHECK(r->timing == "cold");
+  CHECK(graph_x.empty());
+  CHECK(r->graph_ratios.empty());
 }
 
 TEST_CASE("measure hands the clock its reps in batches (3, then up to 8) and stops early between batches") {

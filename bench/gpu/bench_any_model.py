@@ -308,6 +308,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--resume", default=None)
     ap.add_argument("--ms", default=None)
+    ap.add_argument("--models", default=None, help="only these model names (comma-separated; bench grid)")
+    ap.add_argument("--json-name", default=None, help="the results file's name in --out")
     ap.add_argument("--render", default=None)
     ap.add_argument("--commit", default=os.environ.get("KD_COMMIT", ""))
     a = ap.parse_args()
@@ -323,7 +325,7 @@ def main():
 
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "any_model.json" if a.grid == "bench" else "fit.json")
+    path = os.path.join(a.out, a.json_name or ("any_model.json" if a.grid == "bench" else "fit.json"))
     done = {"rows": []}
     if a.resume and os.path.exists(a.resume):
         done = json.load(open(a.resume))
@@ -341,6 +343,8 @@ def main():
         projs = [(m, p, n, k) for (m, p, n, k) in fit_grid() if kind == "bf16" or n * k <= 2**27] \
             if a.grid == "fit" else PROJECTIONS if kind == "bf16" else \
             [(m, p, n, k) for (m, p, n, k) in PROJECTIONS if (n, k) in FP8_PROJECTIONS]
+        if a.models:
+            projs = [p for p in projs if p[0] in a.models.split(",")]
         ms = [int(x) for x in a.ms.split(",")] if a.ms else (([1, 2, 4, 8, 16] if kind == "bf16" else [1, 8, 16]) if a.grid == "fit" else
                                                             MS if kind == "bf16" else FP8_MS)
         for model, proj, N, K in projs:

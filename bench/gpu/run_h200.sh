@@ -41,6 +41,10 @@
 #                 projections with no committed rows, bf16 + fp8, cold and graphs, A/A (resumes; any_model.json)
 #   bench/gpu/run_h200.sh --sections fit         # the synthetic decode grid get_default is fitted on (fit.json)
 #   bench/gpu/run_h200.sh --sections nvml        # the SM clock screen: a short tune, verify and report of its rows
+#   bench/gpu/run_h200.sh --sections graph       # issue 32 item 3: the capture tests, a tune whose rows say cold+graph
+#   bench/gpu/run_h200.sh --sections tunemodel   # issue 32 item 5: tune --model qwen2.5-7b timed (resumes), then
+#                                                #   its any-model points served from the emit dir
+#   bench/gpu/run_h200.sh --sections compile     # issue 32 item 7: reduce-overhead MLP block / decoder layer, torch vs kd
 #   bench/gpu/run_h200.sh --sections model       # a real model end to end: transformers' Llama-3-8B and
 #                 Qwen2.5-7B (all layers, random weights), stock vs fused torch vs kdispatch ops
 #                 (bench/gpu/e2e_model.py; KD_MODELS=llama3-8b,qwen2.5-7b, KD_MODEL_LAYERS=0: all)
@@ -141,7 +145,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,nvml,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -409,6 +413,86 @@ if has nvml; then
   "$BUILD/kdispatch" report /tmp/nvml-emit /tmp/nvml-ship --out "$OUT/report.html" >>"$OUT/nvml.log" 2>&1
   echo "report rc=$?: $(wc -c <"$OUT/report.html" 2>/dev/null) bytes"
   [ $status -eq 0 ] && echo "::: nvml: complete" || echo "::: nvml: FAILED (nvml.log)"
+fi
+
+# ================================================================ graph
+# graph: issue 32 item 3 on the device: the GPU capture tests (engines'
+# global-mode captures beside the background tuner; the tuner's own
+# graph-mode confirmation beside an engine's capture in another thread),
+# then a short tune whose rows must each say "cold+graph" (graph.log,
+# graph_tests.log).
+if has graph; then
+  ensure_build kdispatch_gpu_tests kdispatch_cli || { echo "::: graph: FAILED to build (build.log)"; exit 1; }
+  stamp "graph: the capture tests"
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout 300 "$BUILD/tests/gpu/kdispatch_gpu_tests" -tc='gpu capture*' -s \
+    >"$OUT/graph_tests.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "kdispatch_gpu_tests -tc='gpu capture*' rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/graph_tests.log" | tr '\n' ' ')"
+  grep -E "engine captures|captures,|ERROR|FATAL|: \"why\"" "$OUT/graph_tests.log" | head -12
+  stamp "graph: a short tune (3 bf16 GEMM shapes at M 4 and 16)"
+  printf 'M,N,K\n4,4608,3584\n16,4608,3584\n16,5120,4096\n4,3072,8192\n' >/tmp/graph_shapes.csv
+  rm -rf /tmp/graph-emit
+  KDISPATCH_LOG_LEVEL=info KDISPATCH_CACHE_DIR=/tmp/graph-cache "$BUILD/kdispatch" tune --backend cuda --op gemm \
+    --dtype bf16 --shapes /tmp/graph_shapes.csv --budget-ms "${KD_GRAPH_BUDGET_MS:-400}" --emit /tmp/graph-emit \
+    >"$OUT/graph.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  cat /tmp/graph-emit/cuda/gemm/*.json >"$OUT/graph_rows.json" 2>/dev/null
+  echo "tune rc=$rc: $(grep -o '"cold+graph"' "$OUT/graph_rows.json" | wc -l) row(s) timed cold+graph, $(grep -o '"cold"' "$OUT/graph_rows.json" | wc -l) cold"
+  grep -E "in a graph|default kept|beat" "$OUT/graph.log" | head -12
+  [ $status -eq 0 ] && echo "::: graph: complete" || echo "::: graph: FAILED (graph.log, graph_tests.log)"
+fi
+
+# ================================================================ tunemodel
+# tunemodel: issue 32 item 5's one command, timed: `kdispatch tune --model
+# qwen2.5-7b` (KD_TUNE_MODEL; every bf16 GEMM, norm and activation shape at
+# the 14 Ms) into $OUT/emit_model, resuming from .h200/emit_model (copy it
+# back between calls); its progress lines and the wall time per call in
+# tunemodel.log. When it is complete, the any-model bench's points of that
+# model are timed again served from the emit dir (KDISPATCH_CONFIG_DIRS):
+# any_model_tuned.json, resuming from .h200/any_model_tuned.json.
+if has tunemodel; then
+  ensure_torch || { echo "::: tunemodel: FAILED to build (build.log)"; exit 1; }
+  ensure_build kdispatch_cli || { echo "::: tunemodel: FAILED to build (build.log)"; exit 1; }
+  em=$OUT/emit_model; rm -rf "$em"; mkdir -p "$em"
+  [ -d "$RESUME/emit_model" ] && cp -r "$RESUME/emit_model/." "$em/"
+  model=${KD_TUNE_MODEL:-qwen2.5-7b}
+  budget=$(($(left) - 40))
+  stamp "tunemodel: tune --model $model ($budget s)"
+  s0=$(date +%s)
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout "$budget" "$BUILD/kdispatch" tune --model "$model" --backend cuda \
+    --emit "$em" ${KD_TUNE_MODEL_FLAGS:-} >>"$OUT/tunemodel.log" 2>&1
+  rc=$?
+  echo "tune --model $model rc=$rc in $(($(date +%s) - s0)) s: $(grep -E 'unit [0-9]+ of [0-9]+' "$OUT/tunemodel.log" | tail -1)"
+  tail -3 "$OUT/tunemodel.log"
+  if [ $rc -eq 0 ]; then
+    budget=$(($(left) - 20))
+    stamp "tunemodel: the any-model points of $model served from the emit dir ($budget s)"
+    KDISPATCH_CONFIG_DIRS="$em" PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off \
+      "$PY" bench/gpu/bench_any_model.py --out "$OUT" --kinds bf16 --models "${KD_BENCH_MODEL:-Qwen2.5-7B}" \
+      --json-name any_model_tuned.json --budget-s "$budget" --resume "$RESUME/any_model_tuned.json" >"$OUT/tunemodel_bench.log" 2>&1
+    tail -2 "$OUT/tunemodel_bench.log"
+    grep -q "^COMPLETE" "$OUT/tunemodel_bench.log" && echo "::: tunemodel: complete" ||
+      echo "::: tunemodel: INCOMPLETE (copy emit_model/ and any_model_tuned.json into .h200/ and run again)"
+  else
+    echo "::: tunemodel: INCOMPLETE (rc=$rc; copy emit_model/ into .h200/ and run again)"
+  fi
+fi
+
+# ================================================================ compile
+# compile: issue 32 item 7: torch.compile(mode="reduce-overhead") of a
+# Llama-3-8B MLP block and a whole decoder layer on torch's ops and on
+# torch.ops.kdispatch at batch 1, 8, 64, 256, with torch.profiler at batch
+# 64 (bench/gpu/bench_compile.py; compile.json, compile.log).
+if has compile; then
+  ensure_torch || { echo "::: compile: FAILED to build (build.log)"; exit 1; }
+  budget=$(($(left) - 20))
+  stamp "compile: MLP block and decoder layer under reduce-overhead ($budget s)"
+  PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off "$PY" bench/gpu/bench_compile.py \
+    --out "$OUT" --batches "${KD_COMPILE_BATCHES:-1,8,64,256}" --budget-s "$budget" >"$OUT/compile.log" 2>&1
+  rc=$?
+  grep -E "^\|" "$OUT/compile.log"
+  [ $rc -eq 0 ] || { status=1; grep -E "Error|Traceback" "$OUT/compile.log" | head; }
+  grep -q "^COMPLETE" "$OUT/compile.log" && echo "::: compile: complete" || echo "::: compile: INCOMPLETE (compile.log)"
 fi
 
 # ================================================================ model

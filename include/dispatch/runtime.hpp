@@ -74,6 +74,12 @@ struct TuneOptions {
   /// every placement, to replace it; otherwise the row records the floor.
   /// 0.02 = 2%.  [KDISPATCH_TUNE_MARGIN; tune --margin]
   double margin = 0.02;
+  /// Time the confirmation in serving mode as well (GPU): the winner and the
+  /// floor each back to back in a CUDA graph, the weights rotated past L2;
+  /// a winner must win cold and in the graph. Off: cold only. The row's
+  /// metadata says which ("timing": "cold" | "cold+graph").
+  ///                                               [KDISPATCH_TUNE_GRAPH=0|1]
+  bool graph_timing = true;
   /// Perf-model top-k (variants with a model): points kept per variant.
   int32_t max_candidates = 96;
   /// Capacity of the background miss queue (rounded up to a power of 2).

@@ -227,6 +227,19 @@ struct RelaxedCaptureScope {
   }
 };
 inline Error driver_version(int* v) noexcept { *v = 0; return cudaDriverGetVersion(v); }
+/// The tuner's serving-mode timing (tune::Clock::time_graph): a capture in
+/// thread-local mode (an engine thread's global-mode capture neither breaks
+/// it nor is broken by it), instantiated and replayed.
+using Graph = cudaGraph_t;
+using GraphExec = cudaGraphExec_t;
+inline Error begin_capture_thread_local(Stream s) noexcept {
+  return cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+}
+inline Error end_capture(Stream s, Graph* g) noexcept { *g = nullptr; return cudaStreamEndCapture(s, g); }
+inline Error graph_instantiate(GraphExec* x, Graph g) noexcept { *x = nullptr; return cudaGraphInstantiateWithFlags(x, g, 0); }
+inline Error graph_launch(GraphExec x, Stream s) noexcept { return cudaGraphLaunch(x, s); }
+inline Error graph_destroy(Graph g) noexcept { return cudaGraphDestroy(g); }
+inline Error graph_exec_destroy(GraphExec x) noexcept { return cudaGraphExecDestroy(x); }
 inline Error stream_capturing(Stream s, bool* yes) noexcept {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   Error e = cudaStreamIsCapturing(s, &st);

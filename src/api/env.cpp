@@ -163,6 +163,8 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
         return bad_env("KDISPATCH_TUNE_MARGIN", v, "a fraction in [0, 0.5], e.g. 0.02 for 2%");
       o.tune.margin = m;
     }
+    if (const char* v = env("KDISPATCH_TUNE_GRAPH"))
+      if (!parse_bool(v, &o.tune.graph_timing)) return bad_env("KDISPATCH_TUNE_GRAPH", v, "0 or 1");
     if (const char* v = env("KDISPATCH_VERIFY_SHIPPED"))
       if (!parse_bool(v, &o.tune.verify_shipped)) return bad_env("KDISPATCH_VERIFY_SHIPPED", v, "0 or 1");
     if (const char* v = env("KDISPATCH_MISSES_EXPORT")) {

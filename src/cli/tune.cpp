@@ -689,7 +689,7 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   // every shape's confirmation rounds) apply.
   const bool env_mem = o.mem_gib <= 0 && std::getenv("KDISPATCH_TUNE_MEM");
   const bool env_margin = !o.margin_given && std::getenv("KDISPATCH_TUNE_MARGIN");
-  if (env_mem || env_margin || std::getenv("KDISPATCH_LOG_LEVEL")) {
+  if (env_mem || env_margin || std::getenv("KDISPATCH_LOG_LEVEL") || std::getenv("KDISPATCH_TUNE_GRAPH")) {
     auto env = dsp::options_from_env();
     if (!env.ok()) {
       std::fprintf(stderr, "%s: %s\n", cmd, env.status().to_string().c_str());
@@ -698,6 +698,7 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
     if (env_mem) ro.tune.memory_budget_bytes = env->tune.memory_budget_bytes;
     if (env_margin) ro.tune.margin = env->tune.margin;
     if (std::getenv("KDISPATCH_LOG_LEVEL")) ro.log_level = env->log_level;
+    ro.tune.graph_timing = env->tune.graph_timing;
   }
   if (o.mem_gib > 0) ro.tune.memory_budget_bytes = static_cast<int64_t>(o.mem_gib * 1073741824.0);
   if (o.no_cold_cache) ro.tune.cold_cache = false;

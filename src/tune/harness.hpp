@@ -61,6 +61,21 @@ class Clock {
   /// grid bench does, cuBLASLt's not (bench/results/h200_gemm_fixed.md).
   virtual Result<std::vector<double>> time_reps(const std::function<Status()>& prepare,
                                                 const std::function<Status()>& fn, int n, bool cold);
+  /// Serving-mode timing (issue 32, item 3): `calls` launches back to back
+  /// captured into one graph on the clock's stream (thread-local capture
+  /// mode: an engine thread's global-mode capture is neither broken nor
+  /// joined), `fn(i)` enqueuing call i (the caller rotates its read-only
+  /// inputs over copies, so the weights come from memory as in a model's
+  /// layers); the graph is replayed `reps` times, each replay behind a cache
+  /// flush; the result is each replay's time divided by `calls`, µs per
+  /// call. `fn` must only enqueue work (no allocation, no synchronization).
+  /// unsupported_problem: this clock cannot capture (the CPU; HIP until its
+  /// tuner has a stream of its own); a failure of `fn`, or of the capture,
+  /// is returned as it came.
+  virtual Result<std::vector<double>> time_graph(const std::function<Status(int)>& fn, int calls, int reps);
+  /// Whether time_graph can work here at all (asked before the caller
+  /// spends memory on copies for it); false in this base class.
+  virtual bool has_graph() const { return false; }
   /// What the clock screened so far (ClockScreen::note), "" when it does
   /// not screen (the CPU clock).
   virtual std::string screen_note() const { return {}; }

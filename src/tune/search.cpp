@@ -634,6 +634,63 @@ class Searcher {
     return us[0] > 0;
   }
 
+  // The graph mode's copies of the read-only inputs: set 0 is the search's
+  // buffers, sets 1.. fresh copies, as many as make the sets together more
+  // than twice the device's L2 (a model's layers each read their own
+  // weights: back to back, nothing stays in L2), at most kGraphMaxSets and
+  // within what the copy budget has left. A target without launch_at, or
+  // without read-only inputs, gets one set (no rotation).
+  std::vector<std::vector<void*>> graph_sets(std::vector<DevBuf>* copies, int64_t* copied) {
+    std::vector<std::vector<void*>> sets;
+    sets.push_back(placement(0, copies, copied));
+    int64_t bytes = 0;
+    for (const ArgBuffer& a : t_.args)
+      if (a.ptr && a.read && !a.written) bytes += static_cast<int64_t>(a.extent_bytes());
+    res_.graph_set_bytes = bytes;
+    const int64_t l2 = o_.device ? o_.device->l2_bytes : 0;
+    if (!t_.launch_at || bytes <= 0 || l2 <= 0) return sets;
+    const int64_t want = std::min<int64_t>(kGraphMaxSets, 2 * l2 / bytes + 2);
+    while (static_cast<int64_t>(sets.size()) < want) {
+      // (room left for the cold placements' own copies, made after this)
+      const int64_t cold_left = (kConfirmPlacements - 1) * (bytes + 256 * static_cast<int64_t>(n_));
+      if (*copied + cold_left + bytes + 256 * static_cast<int64_t>(n_) > o_.confirm_copy_bytes) break;
+      const size_t before = copies->size();
+      std::vector<void*> ptr = placement(1, copies, copied);
+      if (copies->size() == before) break;  // nothing more could be copied
+      sets.push_back(std::move(ptr));
+    }
+    res_.graph_set_bytes = bytes * static_cast<int64_t>(sets.size());
+    return sets;
+  }
+
+  // The graph mode on placement `pl`: the default and the winner each
+  // captured as `calls` calls back to back (call i on set i % sets), in the
+  // round order of the placement's first cold round; medians (µs per call)
+  // in us[0] (default) and us[1] (winner). The status of the first failure:
+  // `*who` = 0 when the default's, 1 when the winner's.
+  Status time_graph_placement(int pl, const std::vector<std::vector<void*>>& sets, int calls, double us[2], int* who) {
+    const core::Plan& def = cands_[inc_];
+    const bool def_first = pl % 2 == 0;
+    for (const core::Plan* plan : {def_first ? &def : &res_.best, def_first ? &res_.best : &def}) {
+      *who = plan == &def ? 0 : 1;
+      if (stop_requested()) {
+        res_.stopped = true;
+        return make_status(StatusCode::internal, "stopped");
+      }
+      prepare_for(*plan);  // restores and zeroes outside the capture
+      const size_t n = sets.size();
+      auto r = clock_->time_graph(
+          [&](int i) {
+            const std::vector<void*>& ptr = sets[static_cast<size_t>(i) % n];
+            return t_.launch_at && n > 1 ? t_.launch_at(*plan, ptr) : t_.launch(*plan);
+          },
+          calls, kGraphReps);
+      if (!r.ok()) return r.status();
+      us[*who] = hooked(*plan, kGraphHookPlacement + pl, summarize(*r).median_us);
+    }
+    return Status();
+  }
+
   // The incumbent the confirmation holds the winner against: the first
   // candidate (the floor), or the second (get_default's plan, which the
   // tuner puts there) when the first failed to launch or validate here (a
@@ -667,11 +724,17 @@ class Searcher {
     }
     if (!res_.best.valid() || !def_ok || res_.stopped || !o_.confirm || res_.best == def) return;
     std::vector<DevBuf> copies;  // released when the confirmation ends
-    copies.reserve(static_cast<size_t>(kConfirmPlacements) * n_);
+    copies.reserve(static_cast<size_t>(kConfirmPlacements + kGraphMaxSets) * n_);
     int64_t copied = 0;
-    double again_best = 0, again_def = 0;
+    double again_best = 0, again_def = 0, graph_best = 0, graph_def = 0;
     std::vector<double> def_per_placement;
     bool ok = true;
+    // The graph mode's sets and calls; off when the option is, or when the
+    // clock answers unsupported_problem (the CPU).
+    bool graph = o_.graph && clock_ != nullptr && clock_->has_graph();
+    std::vector<std::vector<void*>> sets;
+    int calls = kGraphCalls;
+    std::string graph_failed;  // the default could not run in a graph: cold decides, the why says so
     for (int pl = 0; pl < kConfirmPlacements && ok; ++pl) {
       const std::vector<void*> ptr = placement(pl, &copies, &copied);
       double us[2] = {0, 0};
@@ -684,6 +747,31 @@ class Searcher {
       again_best += us[1] / 2;
       def_per_placement.push_back(us[0] / 2);
       res_.confirm_ratios.push_back(us[1] / us[0]);
+      if (!graph) continue;
+      if (sets.empty()) {
+        sets = graph_sets(&copies, &copied);
+        calls = std::max<int>(static_cast<int>(sets.size()), us[0] / 2 > kGraphLongUs ? kGraphCallsLong : kGraphCalls);
+      }
+      double g[2] = {0, 0};
+      int failed_plan = 0;
+      if (Status s = time_graph_placement(pl, sets, calls, g, &failed_plan); !s.ok()) {
+        graph = false;
+        res_.graph_ratios.clear();
+        if (s.code() == StatusCode::unsupported_problem && pl == 0) continue;  // the clock has no graph mode
+        if (res_.stopped || failed_plan == 1) {
+          // A winner that cannot be captured is not served: an engine runs
+          // it in a graph. (A stop request ends the confirmation too.)
+          ok = false;
+          res_.confirm_ratios.clear();
+          if (!res_.stopped) graph_failed = "the winner could not run in a graph: " + s.message();
+          break;
+        }
+        graph_failed = "the floor could not run in a graph (" + s.message() + "): cold timing decided";
+        continue;
+      }
+      graph_def += g[0];
+      graph_best += g[1];
+      res_.graph_ratios.push_back(g[1] / g[0]);
     }
     if (!ok) {
       // A plan that could not be timed again (a launch refused on a copy,
@@ -691,7 +779,7 @@ class Searcher {
       res_.best = def;
       res_.best_us = res_.tried[inc_].timing.median_us;
       res_.kept_default = true;
-      res_.why = who + " kept: the winner could not be timed again";
+      res_.why = who + " kept: " + (graph_failed.empty() ? "the winner could not be timed again" : graph_failed);
       return;
     }
     if (!(again_def > 0)) return;
@@ -702,21 +790,44 @@ class Searcher {
       mean_ratio += r / kConfirmPlacements;
       wins_everywhere = wins_everywhere && r < 1.0;
     }
+    const bool graphed = graph && res_.graph_ratios.size() == static_cast<size_t>(kConfirmPlacements);
+    double graph_mean = 0;
+    bool graph_everywhere = true;
+    if (graphed) {
+      res_.timing = "cold+graph";
+      res_.graph_sets = static_cast<int32_t>(sets.size());
+      res_.graph_default_us = graph_def / kConfirmPlacements;
+      res_.graph_challenger_us = graph_best / kConfirmPlacements;
+      for (double r : res_.graph_ratios) {
+        graph_mean += r / kConfirmPlacements;
+        graph_everywhere = graph_everywhere && r < 1.0;
+      }
+    } else {
+      res_.graph_ratios.clear();
+    }
     double dmin = 1e300, dmax = 0, dsum = 0;
     for (double d : def_per_placement) dmin = std::min(dmin, d), dmax = std::max(dmax, d), dsum += d;
     if (dsum > 0) res_.aa_spread = (dmax - dmin) / (dsum / static_cast<double>(def_per_placement.size()));
     res_.challenger_us = again_best / kConfirmPlacements;
     const std::string by = percent(1.0 - mean_ratio), margin = "margin " + margin_percent(o_.margin) + "%";
-    if (!wins_everywhere || mean_ratio > 1.0 - o_.margin) {
+    const std::string gby = percent(1.0 - graph_mean);
+    const bool cold_wins = wins_everywhere && mean_ratio <= 1.0 - o_.margin;
+    const bool graph_wins = !graphed || (graph_everywhere && graph_mean <= 1.0 - o_.margin);
+    const std::string note = graph_failed.empty() ? "" : "; " + graph_failed;
+    if (!cold_wins || !graph_wins) {
       res_.best = def;
       res_.best_us = again_def / kConfirmPlacements;
       res_.kept_default = true;
-      res_.why = !wins_everywhere ? who + " kept: lost a placement"
-                                  : who + " kept: won by " + by + "% < " + margin;
+      if (!cold_wins)
+        res_.why = !wins_everywhere ? who + " kept: lost a placement" : who + " kept: won by " + by + "% < " + margin;
+      else
+        res_.why = who + " kept: won cold by " + by + "% but " +
+                   (!graph_everywhere ? std::string("lost a placement in a graph") : "in a graph by " + gby + "% < " + margin);
+      res_.why += note;
     } else {
       res_.best_us = again_best / kConfirmPlacements;
       res_.why = (inc_ == 0 ? "beat floor by " : "beat get_default's plan (the floor declined this call) by ") + by +
-                 "% (" + margin + ")";
+                 "%" + (graphed ? " cold, " + gby + "% in a graph" : std::string()) + " (" + margin + ")" + note;
     }
     res_.default_us = again_def / kConfirmPlacements;
   }

@@ -140,6 +140,19 @@ inline constexpr double kConfirmMargin = 0.02;
 /// Placements of the read-only inputs the confirmation times the winner
 /// and the default on (two rounds each, both orders); see search().
 inline constexpr int kConfirmPlacements = 4;
+/// The graph mode (SearchOptions::graph): calls per graph (at least; more
+/// when more copies rotate), calls when the default's cold time is above
+/// kGraphLongUs (a long kernel's back-to-back effects are small, its
+/// replays are not), replays timed per graph, and the most copies of the
+/// read-only inputs.
+inline constexpr int kGraphCalls = 20;
+inline constexpr int kGraphCallsLong = 5;
+inline constexpr double kGraphLongUs = 200.0;
+inline constexpr int kGraphReps = 5;
+inline constexpr int kGraphMaxSets = 64;
+/// The TimingHook's placement for the graph mode's median on confirmation
+/// placement p: kGraphHookPlacement + p.
+inline constexpr int kGraphHookPlacement = 100;
 
 struct SearchOptions {
   const DeviceInfo* device = nullptr;
@@ -161,6 +174,14 @@ struct SearchOptions {
   bool confirm = true;
   /// The confirmation's margin (0.02 = a winner must be 2% faster).
   double margin = kConfirmMargin;
+  /// Time the confirmation in serving mode too, where the clock can
+  /// (Clock::time_graph: a GPU clock): per placement, after its cold rounds,
+  /// the winner and the incumbent each back to back in a graph
+  /// (kGraphCalls calls, the read-only inputs rotated over copies totalling
+  /// > 2x the device's L2 where the copy budget allows), in the round's
+  /// order; the winner must then win in both modes by `margin` (every
+  /// placement and the mean, as cold). Off: cold only.
+  bool graph = true;
   /// Bytes the confirmation may allocate for its copies of the read-only
   /// inputs, all placements together; an argument whose copy would pass it
   /// stays on its original buffer (the tuner passes its scratch memory
@@ -211,6 +232,16 @@ struct SearchResult {
   /// How the confirmation timed: "cold" (caches made cold before every rep)
   /// or "cold+graph" (a GPU clock that also times back to back in a graph).
   std::string timing = "cold";
+  /// Winner / default per confirmation placement in the graph mode (each a
+  /// median of kGraphReps replays, µs per call); empty: no graph timing.
+  std::vector<double> graph_ratios;
+  /// The graph mode's mean µs per call of the default and the challenger
+  /// (0: no graph timing), and how many copies of the read-only inputs the
+  /// calls rotated over (1: no rotation) and their bytes in all.
+  double graph_default_us = 0.0;
+  double graph_challenger_us = 0.0;
+  int32_t graph_sets = 0;
+  int64_t graph_set_bytes = 0;
   /// Why the result holds its plan, one line for the row's metadata:
   /// "beat floor by 7.3% (margin 2%)", "floor kept: won by 1.1% < margin 2%",
   /// "floor kept: lost a placement", "floor kept: no candidate beat it in the
@@ -251,7 +282,8 @@ Result<SearchResult> verify_plan(TuneTarget& target, const core::Plan& floor, co
 
 /// Test hook: every median the search and the confirmation take goes
 /// through `hook(plan, placement, measured_us)` (placement -1: the search's
-/// own timing; 0.. the confirmation's) and the hook's answer is used in its
+/// own timing; 0.. the confirmation's cold rounds; kGraphHookPlacement + p
+/// its graph mode on placement p) and the hook's answer is used in its
 /// place; an empty function removes it. For tests that need a verdict
 /// (tests/test_verify.cpp); never set otherwise.
 using TimingHook = std::function<double(const core::Plan& plan, int placement, double measured_us)>;

@@ -347,6 +347,7 @@ SearchOptions Tuner::search_options(const DeviceInfo& dev, bool background) cons
   so.confirm_copy_bytes = options_.tune.memory_budget_bytes;
   so.max_candidates = options_.tune.max_candidates;
   so.margin = options_.tune.margin;
+  so.graph = options_.tune.graph_timing;
   so.validate = options_.tune.validate;
   so.deterministic = options_.deterministic;
   so.stop = &stop_;
@@ -429,6 +430,8 @@ Result<ShapeOutcome> Tuner::search_and_publish(TuneTarget& target, const std::ve
   if (options_.log_level >= LogLevel::info) {
     std::string rounds;  // the confirmation's winner/default ratio per placement
     for (double r : sr->confirm_ratios) rounds += (rounds.empty() ? "" : " ") + std::to_string(r).substr(0, 5);
+    if (!sr->graph_ratios.empty()) rounds += "; in a graph";
+    for (double r : sr->graph_ratios) rounds += " " + std::to_string(r).substr(0, 5);
     std::fprintf(stderr, "kdispatch: tuned %s M=%lld -> %s %.2f us (default %.2f us, %zu candidates%s%s%s)%s%s\n",
                  key.c_str(), static_cast<long long>(p.m), core::plan_to_string(sr->best).c_str(), sr->best_us,
                  sr->default_us, sr->tried.size(), rounds.empty() ? "" : "; confirmation winner/default per placement ",

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tune/verify.hpp"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -105,19 +107,27 @@ Outcome judge(const SearchResult& r, double margin, double* mean_ratio) noexcept
   if (mean_ratio) *mean_ratio = 0.0;
   if (r.tried.size() >= 2 && !r.tried[1].status.ok()) return Outcome::lost;  // the row fails here
   if (!r.confirmed || r.confirm_ratios.empty()) return Outcome::within_margin;
-  double mean = 0, inverse = 0;
-  bool slower_everywhere = true;
-  for (double x : r.confirm_ratios) {
-    mean += x / static_cast<double>(r.confirm_ratios.size());
-    inverse += (x > 0 ? 1.0 / x : 0.0) / static_cast<double>(r.confirm_ratios.size());
-    slower_everywhere = slower_everywhere && x > 1.0;
+  // Per timing mode (cold; the graph mode where it ran): the mean of row /
+  // floor, and whether the floor won by the margin the way a winner must
+  // (faster on every placement and by more than the margin on the mean of
+  // floor / row). The row's ratio is its worse mode's.
+  bool lost = false;
+  double worst = 0;
+  for (const std::vector<double>* ratios : {&r.confirm_ratios, &r.graph_ratios}) {
+    if (ratios->empty()) continue;
+    double mean = 0, inverse = 0;
+    bool slower_everywhere = true;
+    for (double x : *ratios) {
+      mean += x / static_cast<double>(ratios->size());
+      inverse += (x > 0 ? 1.0 / x : 0.0) / static_cast<double>(ratios->size());
+      slower_everywhere = slower_everywhere && x > 1.0;
+    }
+    worst = std::max(worst, mean);
+    lost = lost || (slower_everywhere && inverse <= 1.0 - margin);
   }
-  if (mean_ratio) *mean_ratio = mean;
-  if (!r.kept_default) return Outcome::ahead;  // the rule that admits a winner: every placement, by the margin
-  // The same rule the other way round: the floor faster on every placement
-  // and by more than the margin on the mean of floor / row.
-  if (slower_everywhere && inverse <= 1.0 - margin) return Outcome::lost;
-  return Outcome::within_margin;
+  if (mean_ratio) *mean_ratio = worst;
+  if (!r.kept_default) return Outcome::ahead;  // the rule that admits a winner: both modes, every placement, by the margin
+  return lost ? Outcome::lost : Outcome::within_margin;
 }
 
 std::string Verdict::state() const {

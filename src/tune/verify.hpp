@@ -41,8 +41,10 @@ enum class Outcome : uint8_t { ahead, within_margin, lost };
 /// "ahead" | "within margin" | "lost".
 const char* outcome_name(Outcome o) noexcept;
 
-/// The outcome of a verify_plan() result at `margin`; *mean_ratio (optional)
-/// receives row / floor averaged over the placements (0 when the row failed).
+/// The outcome of a verify_plan() result at `margin` (lost: the floor won by
+/// the margin in either timing mode); *mean_ratio (optional) receives row /
+/// floor averaged over the placements in the row's worse mode (0 when the
+/// row failed).
 Outcome judge(const SearchResult& r, double margin, double* mean_ratio = nullptr) noexcept;
 
 /// One row's verdict as cached.

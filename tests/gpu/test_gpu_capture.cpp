@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "dispatch/dispatch.hpp"
 #include "gpu_test_util.hpp"
+#include "tune/search.hpp"
 
 namespace {
 
@@ -213,4 +216,101 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   REQUIRE(r.ok());
   CHECK(r->match == dispatch::LookupResult::Match::exact);  // tuned after the capture
   (void)cudaStreamDestroy(s);
+}
+
+// Issue 32 item 3: the tuner times its confirmation in a CUDA graph of its
+// own (thread-local capture mode on its thread's stream) while an engine
+// thread captures its own work in global mode on another stream, one the
+// tuner has never seen (so nothing makes the tuner wait: the two captures
+// overlap). Every engine capture must end with cudaSuccess and replay the
+// right bytes; the tuner must finish its GEMM shapes with no failed
+// candidate, and its rows must say they were timed "cold+graph". A timing
+// hook makes the floor look 3x slower in the search only, so the search's
+// winner is one of our families and the confirmation (the real timings,
+// cold and in a graph) decides.
+TEST_CASE("gpu capture: the tuner's graph-mode confirmation beside an engine's global-mode capture in another thread") {
+  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  if (!b || !b->status().available) return;
+  dispatch::tune::set_timing_hook_for_testing([](const dispatch::core::Plan& p, int placement, double us) {
+    const std::string v(p.variant->name);
+    const bool floor = v.size() > 8 && v.compare(v.size() - 8, 8, "__cublas") == 0;
+    return placement == -1 && floor ? 3 * us : us;
+  });
+  struct Unhook {
+    ~Unhook() { dispatch::tune::set_timing_hook_for_testing(nullptr); }
+  } unhook;
+  TempCache cache;
+  auto rt = background_runtime(cache);
+  auto* mem = dispatch::core::backend_memory(DeviceType::cuda);
+  const Device d{DeviceType::cuda, 0};
+
+  // The tuner's work: bf16 GEMM misses at decode M, on a stream of their own.
+  cudaStream_t tune_s = nullptr, engine_s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&tune_s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&engine_s, cudaStreamNonBlocking) == cudaSuccess);
+  const int64_t M = 16, shapes[][2] = {{4608, 3584}, {2560, 2048}, {1536, 5120}};
+  DeviceBuffer ga(mem, size_t(M * 8192 * 2)), gb(mem, size_t(8192 * 8192 * 2)), gd(mem, size_t(M * 8192 * 2));
+  for (const auto& nk : shapes) {
+    const int64_t N = nk[0], K = nk[1];
+    dispatch::GemmArgs g{dispatch::make_tensor_2d(ga.get(), DType::bf16, M, K, K, d),
+                         dispatch::make_tensor_2d(gb.get(), DType::bf16, N, K, K, d),
+                         dispatch::make_tensor_2d(gd.get(), DType::bf16, M, N, N, d), dispatch::TensorRef{}};
+    REQUIRE(dispatch::gemm(*rt, g, dispatch::Stream{tune_s}).ok());
+  }
+  REQUIRE(cudaStreamSynchronize(tune_s) == cudaSuccess);
+
+  // The engine: its own work (copies of 8 MiB through 3 buffers) captured in
+  // global mode, the capture held open 5 ms, replayed and checked.
+  const size_t bytes = size_t(8) << 20;
+  std::vector<uint8_t> src(bytes), got(bytes);
+  for (size_t i = 0; i < bytes; ++i) src[i] = uint8_t(i * 131 + 7);
+  DeviceBuffer e0(mem, bytes), e1(mem, bytes), e2(mem, bytes);
+  REQUIRE(cudaMemcpy(e0.get(), src.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  int captures = 0, overlapped = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    const int64_t before = rt->tune_stats().candidates_run;
+    const bool busy = rt->tune_stats().shapes_tuned < int64_t(std::size(shapes));
+    REQUIRE(cudaMemsetAsync(e2.get(), 0, bytes, engine_s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(engine_s) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(engine_s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(e1.get(), e0.get(), bytes, cudaMemcpyDeviceToDevice, engine_s) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(e2.get(), e1.get(), bytes, cudaMemcpyDeviceToDevice, engine_s) == cudaSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(engine_s, &g);
+    REQUIRE_MESSAGE(end == cudaSuccess, "capture ", captures, " invalidated: ", cudaGetErrorString(end));
+    cudaGraphExec_t ge = nullptr;
+    REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(ge, engine_s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(engine_s) == cudaSuccess);
+    (void)cudaGraphExecDestroy(ge);
+    (void)cudaGraphDestroy(g);
+    REQUIRE(cudaMemcpy(got.data(), e2.get(), bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(got == src);
+    ++captures;
+    overlapped += busy && rt->tune_stats().candidates_run > before;
+    if (!busy) break;
+  }
+  MESSAGE(captures, " engine captures, ", overlapped, " while the tuner ran candidates");
+  CHECK(captures > 0);
+  CHECK(overlapped > 0);
+  REQUIRE(rt->wait_tuner_idle(120.0));
+  const dispatch::TuneStats ts = rt->tune_stats();
+  CHECK(ts.shapes_tuned >= int64_t(std::size(shapes)));
+  CHECK(ts.candidates_failed == 0);
+  // The rows the tuner wrote were timed in both modes.
+  int files = 0, graphed = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache.path / "cuda" / "gemm")) {
+    if (!e.is_regular_file() || e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ++files;
+    graphed += text.find("\"cold+graph\"") != std::string::npos;
+    MESSAGE(e.path().filename().string(), ": ", text.substr(text.find("\"why\"") == std::string::npos ? 0 : text.find("\"why\""), 160));
+  }
+  CHECK(files >= int(std::size(shapes)));
+  CHECK(graphed == files);
+  (void)cudaStreamDestroy(tune_s);
+  (void)cudaStreamDestroy(engine_s);
 }
