@@ -831,12 +831,12 @@ class ScriptedClock final : public tune::Clock {
     return script_(g_running, calls_[g_running]++, total_++);
   }
   bool has_graph() const override { return graph_ != nullptr; }
-  Result<std::vector<double>> time_graph(const std::function<Status(int)>& fn, int calls, int reps) override {
+  Result<std::vector<double>> time_graph(const std::function<Status(int, void*)>& fn, int calls, int reps) override {
     if (!graph_) return tune::Clock::time_graph(fn, calls, reps);
     CHECK(calls >= 1);
     g_scripted_capture = true;  // the "capture": every call enqueued once
     for (int i = 0; i < calls; ++i)
-      if (Status s = fn(i); !s.ok()) return g_scripted_capture = false, s;
+      if (Status s = fn(i, nullptr); !s.ok()) return g_scripted_capture = false, s;
     g_scripted_capture = false;
     auto us = graph_(g_running, graphs_[g_running]++);
     if (!us.ok()) return us.status();

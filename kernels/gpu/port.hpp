@@ -232,6 +232,11 @@ inline Error driver_version(int* v) noexcept { *v = 0; return cudaDriverGetVersi
 /// it nor is broken by it), instantiated and replayed.
 using Graph = cudaGraph_t;
 using GraphExec = cudaGraphExec_t;
+inline Error stream_create_nonblocking(Stream* s) noexcept {
+  *s = nullptr;
+  return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+}
+inline Error stream_destroy(Stream s) noexcept { return cudaStreamDestroy(s); }
 inline Error begin_capture_thread_local(Stream s) noexcept {
   return cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
 }

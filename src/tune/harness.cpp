@@ -77,7 +77,7 @@ Result<std::vector<double>> Clock::time_reps(const std::function<Status()>& prep
   return out;
 }
 
-Result<std::vector<double>> Clock::time_graph(const std::function<Status(int)>& fn, int calls, int reps) {
+Result<std::vector<double>> Clock::time_graph(const std::function<Status(int, void*)>& fn, int calls, int reps) {
   (void)fn, (void)calls, (void)reps;
   return make_status(StatusCode::unsupported_problem, "this clock does not time in graphs");
 }

@@ -63,16 +63,18 @@ class Clock {
                                                 const std::function<Status()>& fn, int n, bool cold);
   /// Serving-mode timing (issue 32, item 3): `calls` launches back to back
   /// captured into one graph on the clock's stream (thread-local capture
-  /// mode: an engine thread's global-mode capture is neither broken nor
-  /// joined), `fn(i)` enqueuing call i (the caller rotates its read-only
-  /// inputs over copies, so the weights come from memory as in a model's
-  /// layers); the graph is replayed `reps` times, each replay behind a cache
-  /// flush; the result is each replay's time divided by `calls`, µs per
-  /// call. `fn` must only enqueue work (no allocation, no synchronization).
+  /// mode on a non-blocking stream of the clock's own, so that neither an
+  /// engine thread's global-mode capture nor its work on the legacy default
+  /// stream meets it), `fn(i, stream)` enqueuing call i on `stream` (the
+  /// caller rotates its read-only inputs over copies, so the weights come
+  /// from memory as in a model's layers); the graph is replayed `reps`
+  /// times on the tuner's stream, each replay behind a cache flush; the
+  /// result is each replay's time divided by `calls`, µs per call. `fn` must
+  /// only enqueue work on `stream` (no allocation, no synchronization).
   /// unsupported_problem: this clock cannot capture (the CPU; HIP until its
   /// tuner has a stream of its own); a failure of `fn`, or of the capture,
   /// is returned as it came.
-  virtual Result<std::vector<double>> time_graph(const std::function<Status(int)>& fn, int calls, int reps);
+  virtual Result<std::vector<double>> time_graph(const std::function<Status(int, void*)>& fn, int calls, int reps);
   /// Whether time_graph can work here at all (asked before the caller
   /// spends memory on copies for it); false in this base class.
   virtual bool has_graph() const { return false; }

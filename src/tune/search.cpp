@@ -207,6 +207,15 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
       if (tla.data[i]) l.data[i] = ptr[i];
     return plan.variant->launch(l, prob, plan.params);
   };
+  if (tla.stream != nullptr) {  // a device target: the graph mode may capture it elsewhere
+    t.launch_on = [tla, prob](const core::Plan& plan, const std::vector<void*>& ptr, void* stream) {
+      core::LaunchArgs l = tla;
+      for (size_t i = 0; i < ptr.size() && i < static_cast<size_t>(core::kMaxArgs); ++i)
+        if (tla.data[i]) l.data[i] = ptr[i];
+      if (stream) l.stream = stream;
+      return plan.variant->launch(l, prob, plan.params);
+    };
+  }
   return t;
 }
 
@@ -680,8 +689,9 @@ class Searcher {
       prepare_for(*plan);  // restores and zeroes outside the capture
       const size_t n = sets.size();
       auto r = clock_->time_graph(
-          [&](int i) {
+          [&](int i, void* stream) {
             const std::vector<void*>& ptr = sets[static_cast<size_t>(i) % n];
+            if (t_.launch_on) return t_.launch_on(*plan, ptr, stream);  // set 0: the search's own buffers
             return t_.launch_at && n > 1 ? t_.launch_at(*plan, ptr) : t_.launch(*plan);
           },
           calls, kGraphReps);

@@ -124,6 +124,11 @@ struct TuneTarget {
   /// default on fresh copies of the read-only inputs (other physical pages).
   /// Empty: the confirmation stays on the original buffers.
   std::function<Status(const core::Plan&, const std::vector<void*>& ptrs)> launch_at;
+  /// launch_at() on `stream` instead of the target's own (the graph mode
+  /// captures on a stream of the clock's: Clock::time_graph). Empty: the
+  /// graph mode launches through launch_at / launch, on the target's stream
+  /// (a host target, a test's).
+  std::function<Status(const core::Plan&, const std::vector<void*>& ptrs, void* stream)> launch_on;
   /// Where the buffers live; nullptr = host memory.
   DeviceMemory* mem = nullptr;
 };
