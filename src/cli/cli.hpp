@@ -187,6 +187,9 @@ struct TuneCmdOptions {
   /// 2e9 flops is ~13 ms a call, so ~20 candidates fit the default 2 s budget;
   /// at 2e10 only the default plan would be measured.
   double max_flops = 2e9;
+  /// --max-flops was given; without it a GPU backend has no limit (2e9
+  /// flops is ~3 µs of an H200: the CPU's bound, not a GPU's).
+  bool max_flops_given = false;
   std::string backend = "cpu";  ///< cpu | cuda | hip: where the shapes are tuned
   bool no_cold_cache = false;
   int32_t reps = 0;                 ///< 0 = the library's default

@@ -215,16 +215,16 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "Points of a variant's space kept after the perf model's ordering (default 96)")
       ->type_name("N");
   tune->add_option("--mem-gib", to.mem_gib,
-                   "Scratch memory one shape may use, GiB (default $KDISPATCH_TUNE_MEM, else 1); larger shapes are "
-                   "reported too large here")
+                   "Scratch memory one shape may use, GiB (default $KDISPATCH_TUNE_MEM, else 1; with --model on a "
+                   "GPU, a quarter of the device's memory per worker); larger shapes are reported too large here")
       ->type_name("GIB");
   tune->add_flag("--resume,!--no-resume", to.resume,
                  "Skip shapes the emit dir already has a row for (default), or tune them again");
-  tune->add_option("--max-flops", to.max_flops,
+  tune->add_option_function<double>(
+                   "--max-flops", [&to](double v) { to.max_flops = v, to.max_flops_given = true; },
                    "Skip (and report) shapes whose call costs more flops than this (2*M*N*K for a GEMM): too slow "
-                   "to tune on this host")
-      ->type_name("X")
-      ->capture_default_str();
+                   "to tune on this host (default 2e9 with --backend cpu; no limit on a GPU)")
+      ->type_name("X");
   tune->add_option("--backend", to.backend,
                    "cpu, cuda or hip: the device the shapes are tuned on (ordinal 0, else --device or --devices)")
       ->type_name("BACKEND")

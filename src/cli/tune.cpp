@@ -1913,6 +1913,30 @@ int list_units(const TuneCmdOptions& o, const Shapes& shapes) {
   return kExitOk;
 }
 
+// The --max-flops of a GPU backend when none is given.
+constexpr double kNoFlopsLimit = 1e18;
+
+// --model on a GPU without --mem-gib or $KDISPATCH_TUNE_MEM: the budget is
+// a quarter of the device's memory, split over --workers-per-device (the
+// lm_head of a 150k vocabulary at M = 8192 needs ~4 GiB of operands, over
+// the library's 1 GiB default), never below that default. Left as it is
+// when the device cannot be asked (the budget then says "too large here").
+void size_model_budget(TuneCmdOptions* o) {
+  if (o->mem_gib > 0 || std::getenv("KDISPATCH_TUNE_MEM") || o->model.empty() || o->backend == "cpu") return;
+  auto type = dsp::parse_device_type(o->backend);
+  if (!type.ok()) return;
+  dsp::RuntimeOptions ro;
+  ro.load_shipped_configs = false;
+  ro.log_level = dsp::LogLevel::off;
+  ro.tune.mode = dsp::TuneMode::off;
+  auto rt = dsp::Runtime::create(ro);
+  if (!rt.ok()) return;
+  auto di = (*rt)->device_info(dsp::Device{*type, o->device < 0 ? 0 : o->device});
+  if (!di.ok() || !di->available || di->memory_bytes <= 0) return;
+  const double per_worker = static_cast<double>(di->memory_bytes) / 4.0 / o->workers_per_device.value_or(1);
+  o->mem_gib = std::max(static_cast<double>(dsp::TuneOptions{}.memory_budget_bytes), per_worker) / 1073741824.0;
+}
+
 int run_tune(const TuneCmdOptions& opts) {
   const char* cmd = "kdispatch tune";
   TuneCmdOptions o = opts;
@@ -1924,6 +1948,8 @@ int run_tune(const TuneCmdOptions& opts) {
   }
   if (int e = check_options(o, cmd); e >= 0) return e;
   if (o.internal_worker) return run_worker(o, cmd);
+  if (!o.max_flops_given && o.backend != "cpu") o.max_flops = kNoFlopsLimit;
+  size_model_budget(&o);
   if (o.model.empty() == o.shapes.empty() || (o.model.empty() && o.op.empty())) {
     std::fprintf(stderr, "%s: give --shapes FILE... with --op OP, or --model CONFIG.json|DIR|NAME%s\n", cmd,
                  o.model.empty() ? "" : " (not both)");
