@@ -445,16 +445,16 @@ fi
 # ================================================================ tunemodel
 # tunemodel: issue 32 item 5's one command, timed: `kdispatch tune --model
 # qwen2.5-7b` (KD_TUNE_MODEL; every bf16 GEMM, norm and activation shape at
-# the 14 Ms) into $OUT/emit_model, resuming from .h200/emit_model (copy it
-# back between calls); its progress lines and the wall time per call in
+# the 14 Ms) into $OUT/emit_model.tgz, resuming from .h200/emit_model.tgz
+# (copy it back between calls); its progress lines and the wall time per call in
 # tunemodel.log. When it is complete, the any-model bench's points of that
 # model are timed again served from the emit dir (KDISPATCH_CONFIG_DIRS):
 # any_model_tuned.json, resuming from .h200/any_model_tuned.json.
 if has tunemodel; then
   ensure_torch || { echo "::: tunemodel: FAILED to build (build.log)"; exit 1; }
   ensure_build kdispatch_cli || { echo "::: tunemodel: FAILED to build (build.log)"; exit 1; }
-  em=$OUT/emit_model; rm -rf "$em"; mkdir -p "$em"
-  [ -d "$RESUME/emit_model" ] && cp -r "$RESUME/emit_model/." "$em/"
+  em=/tmp/emit_model; rm -rf "$em"; mkdir -p "$em"
+  [ -f "$RESUME/emit_model.tgz" ] && tar xzf "$RESUME/emit_model.tgz" -C "$em"
   model=${KD_TUNE_MODEL:-qwen2.5-7b}
   budget=$(($(left) - 40))
   stamp "tunemodel: tune --model $model ($budget s)"
@@ -462,7 +462,8 @@ if has tunemodel; then
   KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout "$budget" "$BUILD/kdispatch" tune --model "$model" --backend cuda \
     --emit "$em" ${KD_TUNE_MODEL_FLAGS:-} >>"$OUT/tunemodel.log" 2>&1
   rc=$?
-  echo "tune --model $model rc=$rc in $(($(date +%s) - s0)) s: $(grep -E 'unit [0-9]+ of [0-9]+' "$OUT/tunemodel.log" | tail -1)"
+  tar czf "$OUT/emit_model.tgz" -C "$em" .
+  echo "tune --model $model rc=$rc in $(($(date +%s) - s0)) s"
   tail -3 "$OUT/tunemodel.log"
   if [ $rc -eq 0 ]; then
     budget=$(($(left) - 20))
@@ -472,9 +473,9 @@ if has tunemodel; then
       --json-name any_model_tuned.json --budget-s "$budget" --resume "$RESUME/any_model_tuned.json" >"$OUT/tunemodel_bench.log" 2>&1
     tail -2 "$OUT/tunemodel_bench.log"
     grep -q "^COMPLETE" "$OUT/tunemodel_bench.log" && echo "::: tunemodel: complete" ||
-      echo "::: tunemodel: INCOMPLETE (copy emit_model/ and any_model_tuned.json into .h200/ and run again)"
+      echo "::: tunemodel: INCOMPLETE (copy emit_model.tgz and any_model_tuned.json into .h200/ and run again)"
   else
-    echo "::: tunemodel: INCOMPLETE (rc=$rc; copy emit_model/ into .h200/ and run again)"
+    echo "::: tunemodel: INCOMPLETE (rc=$rc; copy emit_model.tgz into .h200/ and run again)"
   fi
 fi
 
