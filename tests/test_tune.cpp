@@ -41,6 +41,7 @@
 #include "tune/capture.hpp"
 #include "tune/queue.hpp"
 #include "tune/search.hpp"
+#include "tune/verify.hpp"
 #include "tune/tuner.hpp"
 
 using namespace dispatch;
@@ -1077,6 +1078,15 @@ TEST_CASE("timing as served: a winner must win cold and in a graph, and its row 
          return 4.0;
        },
        true, "cold", "beat floor by 10.0% (margin 2%); the floor could not run in a graph (capture refused): cold timing decided", 0},
+      {"neither plan can be captured (the capture itself fails): cold decides, no plan blamed",
+       [](int64_t, int) -> Result<double> { return make_status(StatusCode::backend_error, "capture invalidated"); },
+       true, "cold", "beat floor by 10.0% (margin 2%); no plan could be timed in a graph (capture invalidated): cold timing decided", 0},
+      {"the winner alone answers unsupported: not served (not taken for a clock without a graph mode)",
+       [](int64_t id, int) -> Result<double> {
+         if (id == 2) return make_status(StatusCode::unsupported_problem, "no capture of this plan");
+         return 5.0;
+       },
+       false, "cold", "floor kept: the winner could not run in a graph: no capture of this plan", 0},
   };
   for (const Case& c : cases) {
     INFO(c.what);
@@ -1093,6 +1103,10 @@ TEST_CASE("timing as served: a winner must win cold and in a graph, and its row 
     CHECK(r->timing == c.timing);
     CHECK(r->why == c.why);
     CHECK(r->graph_ratios.size() == c.graph_points);
+    CHECK(r->challenger_not_in_graph == (std::string(c.why).find("winner could not run in a graph") != std::string::npos));
+    // verify's verdict on the challenger as a shipped row: a row that
+    // cannot run in a graph here is lost, as the tuner would not serve it.
+    if (r->challenger_not_in_graph) CHECK(tune::judge(*r, 0.02, nullptr) == tune::Outcome::lost);
     if (c.graph_points) {
       CHECK(r->graph_default_us == doctest::Approx(5.0));
       CHECK(r->graph_sets == 1);  // scale_target has no launch_at: no rotation

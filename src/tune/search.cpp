@@ -675,15 +675,20 @@ class Searcher {
   // The graph mode on placement `pl`: the default and the winner each
   // captured as `calls` calls back to back (call i on set i % sets), in the
   // round order of the placement's first cold round; medians (µs per call)
-  // in us[0] (default) and us[1] (winner). The status of the first failure:
-  // `*who` = 0 when the default's, 1 when the winner's.
+  // in us[0] (default) and us[1] (winner). The status of the first failure
+  // and whose it was: `*who` = 0 the default's, 1 the winner's, 2 both's (a
+  // plan that fails is not blamed for what fails the other plan too: the
+  // capture itself, a clock without a graph mode).
   Status time_graph_placement(int pl, const std::vector<std::vector<void*>>& sets, int calls, double us[2], int* who) {
     const core::Plan& def = cands_[inc_];
     const bool def_first = pl % 2 == 0;
+    Status first_failure;
+    *who = -1;
     for (const core::Plan* plan : {def_first ? &def : &res_.best, def_first ? &res_.best : &def}) {
-      *who = plan == &def ? 0 : 1;
+      const int mine = plan == &def ? 0 : 1;
       if (stop_requested()) {
         res_.stopped = true;
+        *who = mine;
         return make_status(StatusCode::internal, "stopped");
       }
       prepare_for(*plan);  // restores and zeroes outside the capture
@@ -695,10 +700,20 @@ class Searcher {
             return t_.launch_at && n > 1 ? t_.launch_at(*plan, ptr) : t_.launch(*plan);
           },
           calls, kGraphReps);
-      if (!r.ok()) return r.status();
-      us[*who] = hooked(*plan, kGraphHookPlacement + pl, summarize(*r).median_us);
+      if (!r.ok()) {
+        if (!first_failure.ok()) return *who = 2, first_failure;  // both failed
+        first_failure = r.status();
+        *who = mine;
+        continue;  // does the other plan fail too?
+      }
+      const double med = summarize(*r).median_us;
+      if (!(med > 0)) {  // a clock that measured nothing: no graph timing
+        *who = 2;
+        return make_status(StatusCode::internal, "a graph replay measured 0 us");
+      }
+      us[mine] = hooked(*plan, kGraphHookPlacement + pl, med);
     }
-    return Status();
+    return first_failure;
   }
 
   // The incumbent the confirmation holds the winner against: the first
@@ -767,16 +782,22 @@ class Searcher {
       if (Status s = time_graph_placement(pl, sets, calls, g, &failed_plan); !s.ok()) {
         graph = false;
         res_.graph_ratios.clear();
-        if (s.code() == StatusCode::unsupported_problem && pl == 0) continue;  // the clock has no graph mode
+        res_.graph_sets = 0;
+        res_.graph_set_bytes = 0;
         if (res_.stopped || failed_plan == 1) {
           // A winner that cannot be captured is not served: an engine runs
           // it in a graph. (A stop request ends the confirmation too.)
           ok = false;
           res_.confirm_ratios.clear();
-          if (!res_.stopped) graph_failed = "the winner could not run in a graph: " + s.message();
+          if (!res_.stopped) {
+            graph_failed = "the winner could not run in a graph: " + s.message();
+            res_.challenger_not_in_graph = true;
+          }
           break;
         }
-        graph_failed = "the floor could not run in a graph (" + s.message() + "): cold timing decided";
+        if (s.code() == StatusCode::unsupported_problem && pl == 0 && failed_plan == 2) continue;  // no graph mode
+        graph_failed = (failed_plan == 0 ? "the floor could not run in a graph (" : "no plan could be timed in a graph (") +
+                       s.message() + "): cold timing decided";
         continue;
       }
       graph_def += g[0];
@@ -789,6 +810,7 @@ class Searcher {
       res_.best = def;
       res_.best_us = res_.tried[inc_].timing.median_us;
       res_.kept_default = true;
+      res_.graph_ratios.clear();
       res_.why = who + " kept: " + (graph_failed.empty() ? "the winner could not be timed again" : graph_failed);
       return;
     }

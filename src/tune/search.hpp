@@ -247,6 +247,10 @@ struct SearchResult {
   double graph_challenger_us = 0.0;
   int32_t graph_sets = 0;
   int64_t graph_set_bytes = 0;
+  /// The challenger ran cold but could not be captured and timed in a graph
+  /// (the floor could): it is not served (an engine runs it in a graph), and
+  /// a verification counts it lost.
+  bool challenger_not_in_graph = false;
   /// Why the result holds its plan, one line for the row's metadata:
   /// "beat floor by 7.3% (margin 2%)", "floor kept: won by 1.1% < margin 2%",
   /// "floor kept: lost a placement", "floor kept: no candidate beat it in the

@@ -106,6 +106,7 @@ const char* outcome_name(Outcome o) noexcept {
 Outcome judge(const SearchResult& r, double margin, double* mean_ratio) noexcept {
   if (mean_ratio) *mean_ratio = 0.0;
   if (r.tried.size() >= 2 && !r.tried[1].status.ok()) return Outcome::lost;  // the row fails here
+  if (r.challenger_not_in_graph) return Outcome::lost;  // ... or cannot run in a graph here
   if (!r.confirmed || r.confirm_ratios.empty()) return Outcome::within_margin;
   // Per timing mode (cold; the graph mode where it ran): the mean of row /
   // floor, and whether the floor won by the margin the way a winner must
