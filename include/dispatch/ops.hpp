@@ -534,12 +534,14 @@ struct RowVerification {
   Status status;
   double row_us = 0.0;    ///< the row's mean time over the confirmation's placements, µs
   double floor_us = 0.0;  ///< the floor's, µs
-  /// The row against the floor: 1 - mean(row / floor) over the placements
-  /// (0.073: the row is 7.3% faster; negative: slower).
+  /// The row against the floor: 1 - mean(row / floor) over the placements,
+  /// in the worse of the timing modes (0.073: the row is 7.3% faster;
+  /// negative: slower).
   double margin = 0.0;
   double required_margin = 0.0;  ///< the margin a row must win by (TuneOptions::margin)
   double aa_spread = 0.0;        ///< the floor's own spread over the placements
-  std::vector<double> ratios;    ///< row / floor per placement
+  std::vector<double> ratios;    ///< row / floor per placement, cold
+  std::vector<double> graph_ratios;  ///< row / floor per placement in a CUDA graph ("cold+graph"); else empty
   std::string timing;            ///< "cold" | "cold+graph": how the confirmation timed
   std::string outcome;           ///< this verification: "ahead" | "within margin" | "lost"
   /// The verdict after it: "ahead" | "within margin" | "lost once" |

@@ -349,6 +349,7 @@ Result<VerifyReport> verify_rows(Runtime& rt, std::string_view op,
         rv.margin = r->mean_ratio > 0 ? 1.0 - r->mean_ratio : 0.0;
         rv.aa_spread = sr.aa_spread;
         rv.ratios = sr.confirm_ratios;
+        rv.graph_ratios = sr.graph_ratios;
         rv.timing = sr.timing;
         rv.outcome = tune::outcome_name(r->outcome);
         rv.verdict = r->verdict.state();

@@ -43,6 +43,9 @@ void row_json(dsp::core::JsonWriter& w, const dsp::RowVerification& r) {
     w.key("ratios").begin_array();
     for (double x : r.ratios) w.value(std::round(x * 1e4) / 1e4);
     w.end_array();
+    w.key("graph_ratios").begin_array();
+    for (double x : r.graph_ratios) w.value(std::round(x * 1e4) / 1e4);
+    w.end_array();
     w.field("timing", r.timing).field("outcome", r.outcome).field("verdict", r.verdict);
     w.field("losses", static_cast<int64_t>(r.losses)).field("recorded_in", r.recorded_in);
   }
