@@ -4,7 +4,8 @@ models the project has no rows for, against the torch call they replace, as
 served, plus the floor's check.
 
 Per point (N, K, M) and kind:
-  bf16     torch = F.linear(x, w); kd = torch.ops.kdispatch.gemm_out on the
+  bf16     torch = F.linear(x, w[, b]) (b: the projections in BIASED, as their
+           model has it); kd = torch.ops.kdispatch.gemm_out on the
            default runtime (shipped configs: no row for these shapes, so
            get_default serves); floor = the same op on a runtime forced to
            gemm_bf16__cublas (cuBLAS as F.linear calls it)
@@ -61,6 +62,10 @@ PROJECTIONS = [
     ("Gemma-2-9B", "gate_up", 28672, 3584), ("Gemma-2-9B", "down", 3584, 14336),
     ("Qwen3-8B", "gate_up", 24576, 4096), ("Qwen3-8B", "down", 4096, 12288),
 ]
+# Projections that carry a bias in their model (Qwen2's q/k/v): bf16 runs them
+# with it (F.linear's bias; kdispatch's gemm with a bias is another key, the
+# one `tune --model` tunes), since 2026-12-04 (run 4 timed them without).
+BIASED = {("Qwen2.5-7B", "qkv")}
 FP8_PROJECTIONS = [(4608, 3584), (5120, 4096), (28672, 5120), (9216, 3072), (3584, 14336), (24576, 4096)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 FP8_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]
@@ -102,7 +107,7 @@ def gemm_kernels(torch, fn):
 
 
 class Point:
-    def __init__(self, torch, F, kd, kind, N, K, M, rt_floor, rt_default):
+    def __init__(self, torch, F, kd, kind, N, K, M, rt_floor, rt_default, bias=False):
         self.torch, self.kind, self.N, self.K, self.M = torch, kind, N, K, M
         self.rt_floor, self.rt_default = rt_floor, rt_default
         # torch._scaled_mm's block mode (torch 2.11, cuBLASLt 13) reads scale_b with a row stride of
@@ -117,12 +122,13 @@ class Point:
         self.out = [torch.empty(M, N, dtype=torch.bfloat16, device=dev) for _ in range(2)]
         if kind == "bf16":
             ws = [torch.randn(N, K, dtype=torch.bfloat16, device=dev) / math.sqrt(K) for _ in range(self.copies)]
+            b = torch.randn(N, dtype=torch.bfloat16, device=dev) if bias else None
             self.x, self.ws = x, ws
             self.call = {
-                "torch": lambda i=0: F.linear(x, ws[i]),
-                "kd": lambda i=0: kd.gemm_out(self.out[0], x, ws[i]),
+                "torch": lambda i=0: F.linear(x, ws[i], b),
+                "kd": lambda i=0: kd.gemm_out(self.out[0], x, ws[i], b),
             }
-            self.ref = lambda: (x[: min(M, 64)].double() @ ws[0].double().t())
+            self.ref = lambda: (x[: min(M, 64)].double() @ ws[0].double().t() + (0 if b is None else b.double()))
         else:
             import bench_fp8 as b8
             a8, sa = b8.quantise(torch, x, kind)
@@ -354,10 +360,11 @@ def main():
                 if time.time() - t0 > a.budget_s:
                     complete = False
                     break
-                row = {"kind": kind, "model": model, "proj": proj, "N": N, "K": K, "M": M}
+                bias = kind == "bf16" and (model, proj) in BIASED
+                row = {"kind": kind, "model": model, "proj": proj, "N": N, "K": K, "M": M, "bias": bias}
                 pt = None
                 try:
-                    pt = Point(torch, F, kd, kind, N, K, M, rts[kind], rt_default)
+                    pt = Point(torch, F, kd, kind, N, K, M, rts[kind], rt_default, bias)
                     run_point(torch, timer, kd, pt, a.rounds or (3 if a.grid == "fit" else 5), modes, row)
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
