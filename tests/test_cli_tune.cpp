@@ -332,6 +332,50 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   CHECK(text2.find("\ngemm,") != std::string::npos);
 }
 
+TEST_CASE("cli tune: --json carries each row's metadata, --list needs no --emit, a bad KDISPATCH_* is refused (walkthrough)") {
+  Scratch dir("meta");
+  const std::string csv = dir / "s.csv", emit = dir / "emit", cache = dir / "cache";
+  std::ofstream(csv) << "M,N,K\n1,64,64\n4,64,64\n";
+  // 1. The results carry what the emitted rows record: margin, A/A spread, timing, why.
+  CliRun t = run({"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "50",
+                  "--no-cold-cache", "--margin", "0.03", "--json"},
+                 cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
+  const std::string file = emit + "/" + s(doc["files"].at(0));
+  simdjson::dom::parser fparser;
+  simdjson::dom::element table = fparser.load(file);
+  int n = 0;
+  for (simdjson::dom::element res : doc["results"].get_array()) {
+    ++n;
+    CHECK(s(res["status"]) == "tuned");
+    CHECK(double(res["margin"]) == 0.03);
+    CHECK(s(res["timing"]) == "cold");  // the CPU has no graph mode
+    const std::string m = std::to_string(int64_t(res["M"]));
+    CHECK(s(res["why"]) == s(table["kdispatch"]["why"][m]));  // word for word the row's
+    const std::string why = s(res["why"]);
+    CHECK((why.rfind("beat floor by ", 0) == 0 || why.rfind("floor kept: ", 0) == 0));
+    CHECK(double(res["aa_spread"]) >= 0.0);
+  }
+  CHECK(n == 2);
+  // 2. --list tunes nothing and needs no --emit; a tune without it is a usage error.
+  CliRun l = run({"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32", "--list"}, cache);
+  CHECK_MESSAGE(l.exit_code == 0, l.err);
+  CHECK(l.out.find("2 units") != std::string::npos);
+  CliRun ne = run({"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32"}, cache);
+  CHECK(ne.exit_code == 2);
+  CHECK(ne.err.find("--emit DIR is required") != std::string::npos);
+  // 3. A bad KDISPATCH_* value is refused, naming it, whether or not a
+  // variable tune reads is set (it was checked only then).
+  ::setenv("KDISPATCH_DETERMINISTIC", "bogus", 1);
+  CliRun b = run({"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32", "--emit", dir / "emit2"}, cache);
+  ::unsetenv("KDISPATCH_DETERMINISTIC");
+  CHECK(b.exit_code == 2);
+  CHECK(b.err.find("KDISPATCH_DETERMINISTIC='bogus'") != std::string::npos);
+  CHECK(count_json_files(dir / "emit2") == 0);
+}
+
 TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files") {
   Scratch dir("aiter");
   const std::string cache = dir / "cache";
@@ -834,6 +878,10 @@ TEST_CASE("cli tune: --devices all with 2 workers on the CPU tunes the units of 
     CHECK(s(r["status"]) == "tuned");
     CHECK(int64_t(r["attempts"]) == 1);
     CHECK(int64_t(r["device"]) == 0);
+    // the row's metadata came through the worker's result line
+    CHECK(s(r["timing"]) == "cold");
+    CHECK(double(r["margin"]) == 0.02);
+    CHECK(!s(r["why"]).empty());
     const int64_t w = int64_t(r["worker"]);
     CHECK((w == 0 || w == 1));
     ++per_worker[w];

@@ -448,6 +448,16 @@ struct PretuneResult {
   int32_t rejected = 0;     ///< failed validation against the reference
   int32_t failed = 0;       ///< failed to launch
   bool persisted = false;   ///< written to the tuning cache
+  /// How the row was chosen, as its metadata records it
+  /// (docs/config-files.md, "What a tuned row records"): the margin it was
+  /// held to, the floor's A/A spread over the confirmation's placements (0:
+  /// not confirmed: nothing beat the floor in the search), how the
+  /// confirmation timed ("cold" | "cold+graph") and why the row holds its
+  /// plan ("beat floor by 7.3% (margin 2%)", "floor kept: ...").
+  double margin = 0.0;
+  double aa_spread = 0.0;
+  std::string timing;
+  std::string why;
 };
 
 /// Tunes a problem ahead of traffic, on scratch buffers of the same shape,

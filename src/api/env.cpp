@@ -164,7 +164,8 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
       o.tune.margin = m;
     }
     if (const char* v = env("KDISPATCH_TUNE_GRAPH"))
-      if (!parse_bool(v, &o.tune.graph_timing)) return bad_env("KDISPATCH_TUNE_GRAPH", v, "0 or 1");
+      if (!parse_bool(v, &o.tune.graph_timing))
+        return bad_env("KDISPATCH_TUNE_GRAPH", v, "0|1 (or false|true, off|on, no|yes)");
     if (const char* v = env("KDISPATCH_VERIFY_SHIPPED"))
       if (!parse_bool(v, &o.tune.verify_shipped)) return bad_env("KDISPATCH_VERIFY_SHIPPED", v, "0 or 1");
     if (const char* v = env("KDISPATCH_MISSES_EXPORT")) {

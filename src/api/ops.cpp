@@ -459,6 +459,10 @@ Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const
     out.rejected = r->search.rejected;
     out.failed = r->search.failed;
     out.persisted = r->persisted;
+    out.margin = impl.options.tune.margin;
+    out.aa_spread = r->search.confirmed ? r->search.aa_spread : 0.0;
+    out.timing = r->search.timing;
+    out.why = r->search.why;
     return out;
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "pretune");

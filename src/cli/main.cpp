@@ -196,9 +196,9 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_option("--ms", to.ms, "--model: the M values, comma-separated (default 1,2,4,...,8192)")
       ->type_name("LIST");
   tune->add_flag("--no-lm-head", to.no_lm_head, "--model: leave lm_head out");
-  tune->add_option("--emit", to.emit, "Dir the config files are written to (created; also read to resume)")
-      ->type_name("DIR")
-      ->required();
+  tune->add_option("--emit", to.emit,
+                   "Dir the config files are written to (created; also read to resume); required but with --list")
+      ->type_name("DIR");
   tune->add_option("--dtype", to.dtype,
                    "dtype of rows whose file names none (aiter's M,N,K files; default: bf16, or the op's only input "
                    "dtype where it has no bf16 input: fp8_e4m3fn for the fp8 GEMMs)")

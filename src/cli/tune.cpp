@@ -304,6 +304,8 @@ struct Outcome {
   double us = 0, default_us = 0;
   int32_t candidates = 0, rejected = 0;
   bool persisted = false;
+  double margin = 0, aa_spread = 0;  // the row's metadata (PretuneResult)
+  std::string timing, why;
   // --devices: the config as a worker sent it (JSON), the worker slot and
   // device ordinal that tuned the unit (-1: this process), the attempts (2:
   // retried after its first worker died) and the unit's time in the worker.
@@ -685,11 +687,14 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   ro.tune.keep_rows_of_other_builds = true;  // an emit dir is committed configs: never drop rows on merge
   if (o.budget_ms > 0) ro.tune.time_budget_ms = o.budget_ms;
   // $KDISPATCH_TUNE_MEM (unless --mem-gib), $KDISPATCH_TUNE_MARGIN (unless
-  // --margin) and $KDISPATCH_LOG_LEVEL (info:
-  // every shape's confirmation rounds) apply.
+  // --margin), $KDISPATCH_TUNE_GRAPH and $KDISPATCH_LOG_LEVEL (info:
+  // every shape's confirmation rounds) apply. The whole KDISPATCH_*
+  // environment is checked as a runtime checks it, whichever variables are
+  // set: a bad value is refused naming it (it was checked only when one of
+  // these four was set).
   const bool env_mem = o.mem_gib <= 0 && std::getenv("KDISPATCH_TUNE_MEM");
   const bool env_margin = !o.margin_given && std::getenv("KDISPATCH_TUNE_MARGIN");
-  if (env_mem || env_margin || std::getenv("KDISPATCH_LOG_LEVEL") || std::getenv("KDISPATCH_TUNE_GRAPH")) {
+  {
     auto env = dsp::options_from_env();
     if (!env.ok()) {
       std::fprintf(stderr, "%s: %s\n", cmd, env.status().to_string().c_str());
@@ -801,6 +806,10 @@ Outcome tuned_outcome(const dsp::PretuneResult& r, const std::string& head, cons
   out.candidates = r.candidates;
   out.rejected = r.rejected;
   out.persisted = r.persisted;
+  out.margin = r.margin;
+  out.aa_spread = r.aa_spread;
+  out.timing = r.timing;
+  out.why = r.why;
   *line = head + " -> " + r.variant + " " + fmt("%.1f", r.best_us) + "us (floor " + fmt("%.1f", r.default_us) +
           "us, " + (r.best_us > 0 && r.default_us > 0 ? fmt("%.2f", r.default_us / r.best_us) + "x" : "n/a") + ", " +
           std::to_string(r.candidates) + (r.candidates == 1 ? " candidate)" : " candidates)");
@@ -962,6 +971,9 @@ void write_outcome(JsonWriter& w, const Outcome& r) {
     w.field("us", round3(r.us)).field("default_us", round3(r.default_us));
     w.field("speedup", r.us > 0 ? round3(r.default_us / r.us) : 0.0);
     w.field("candidates", r.candidates).field("rejected", r.rejected);
+    w.field("margin", r.margin).field("aa_spread", std::round(r.aa_spread * 1e4) / 1e4);
+    if (!r.timing.empty()) w.field("timing", r.timing);
+    if (!r.why.empty()) w.field("why", r.why);
   }
   if (!r.message.empty()) w.field("message", r.message);
   if (r.queue_index >= 0) {
@@ -1223,7 +1235,9 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
                               fmt("%.17g", out.us) + "\t" + fmt("%.17g", out.default_us) + "\t" +
                               std::to_string(out.candidates) + "\t" + std::to_string(out.rejected) + "\t" +
                               one_field(out.variant) + "\t" + one_field(out.key) + "\t" + one_field(cfg) + "\t" +
-                              one_field(out.message) + "\t" + one_field(line) + "\n";
+                              one_field(out.message) + "\t" + one_field(line) + "\t" +
+                              fmt("%.17g", out.margin) + "\t" + fmt("%.17g", out.aa_spread) + "\t" +
+                              one_field(out.timing) + "\t" + one_field(out.why) + "\n";
     if (!write_all(kWorkerResultFd, reply)) return kExitFailure;
     // sticky-hang: the exit after a sticky error hangs (a context teardown).
     if (sticky && hook.sticky_hang && hook.index == index) test_hang();
@@ -1555,7 +1569,7 @@ class DeviceRun {
       return;
     }
     int64_t unit = -1, cand = 0, rej = 0;
-    if (f.size() != 14 || f[0] != "result" || !parse_int(f[1], &unit) || unit != w.unit || !parse_int(f[7], &cand) ||
+    if (f.size() != 18 || f[0] != "result" || !parse_int(f[1], &unit) || unit != w.unit || !parse_int(f[7], &cand) ||
         !parse_int(f[8], &rej)) {
       std::fprintf(stderr, "%s: %s: an unexpected message: '%s'\n", cmd_, w.name.c_str(), line.c_str());
       return;
@@ -1593,6 +1607,10 @@ class DeviceRun {
     out.key = f[10];
     out.config_json = f[11];
     out.message = f[12];
+    out.margin = parse_double(f[14]);
+    out.aa_spread = parse_double(f[15]);
+    out.timing = f[16];
+    out.why = f[17];
     out.attempts = attempts_[size_t(unit)] + 1;
     const bool ran = searched(out);
     record(unit, std::move(out), &w, seconds);
@@ -1906,10 +1924,10 @@ int list_units(const TuneCmdOptions& o, const Shapes& shapes) {
     std::printf("%s M=%lld (not tunable here: %s)\n", r.label.c_str(), (long long)r.m, r.message.c_str());
   if (shapes.model)
     for (const std::string& n : shapes.model->not_tuned) std::printf("%s\n", n.c_str());
-  std::printf("%zu units, estimated %.0f s (%.1f s search + ~0.5 s confirmation each", shapes.jobs.size(),
-              static_cast<double>(tunable) * (budget_s + 0.5), budget_s);
+  std::printf("%zu unit%s, estimated %.0f s (%.1f s search + ~0.5 s confirmation each", shapes.jobs.size(),
+              shapes.jobs.size() == 1 ? "" : "s", static_cast<double>(tunable) * (budget_s + 0.5), budget_s);
   if (tunable != shapes.jobs.size()) std::printf("; %zu over --max-flops or --mem-gib", shapes.jobs.size() - tunable);
-  std::printf("; units the emit dir holds are counted too)\n");
+  std::printf(o.emit.empty() ? ")\n" : "; units the emit dir holds are counted too)\n");
   return kExitOk;
 }
 
@@ -1945,6 +1963,10 @@ int run_tune(const TuneCmdOptions& opts) {
     if (const dsp::OpInfo* info = find_op(o.op);
         info && info->in_dtypes.size() == 1 && info->in_dtypes[0] != "bf16")
       o.dtype = std::string(info->in_dtypes[0]);
+  }
+  if (o.emit.empty() && !o.list) {  // --list tunes nothing: no dir needed
+    std::fprintf(stderr, "%s: --emit DIR is required (the dir the config files are written to)\n", cmd);
+    return kExitUsage;
   }
   if (int e = check_options(o, cmd); e >= 0) return e;
   if (o.internal_worker) return run_worker(o, cmd);
