@@ -101,7 +101,8 @@ TEST_CASE("gpu gemm host: each backend lists skinny (+ tiled, cuBLASLt on CUDA) 
                                                 "gemm_" + d + "__cublas", "gemm_" + d + "__cuda_ref"});
         CHECK(dynamic == 1);
       } else {
-        CHECK(names == std::vector<std::string>{"gemm_" + d + "__hip_skinny", "gemm_" + d + "__hip_ref"});
+        CHECK(names == std::vector<std::string>{"gemm_" + d + "__hip_skinny", "gemm_" + d + "__hipblaslt",
+                                                "gemm_" + d + "__hip_ref"});
         CHECK(dynamic == 0);
       }
       CHECK(refs == 1);
@@ -262,20 +263,39 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
     REQUIRE(plan.valid());
     CHECK(plan.variant->name != "gemm_bf16__cublas");
   }
-  // HIP (no cuBLASLt, no tensor-core family): the CUDA-core stream up to
-  // M = 16, rows_per_warp 2 up to M = 4, then 1.
+  // HIP (no cuBLASLt, no tensor-core family): the floor, hipBLASLt as torch
+  // calls it on ROCm, wherever it serves (a description of a device is
+  // taken at its word); where it does not (a broadcast A: a zero row
+  // stride), the CUDA-core stream up to M = 16, rows_per_warp 2 up to M = 4,
+  // then 1. The floor is the search's incumbent too.
   if (dispatch::gpu::backend_ops(DeviceType::hip)) {
     DeviceInfo mi = dev;
     mi.device = Device{DeviceType::hip, 0};
     mi.compute_units = 110;
-    const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::hip, 4, 1280, 8192), mi);
+    const Plan floor4 = dispatch::core::get_default(gemm_problem(DeviceType::hip, 4, 1280, 8192), mi);
+    REQUIRE(floor4.valid());
+    CHECK(floor4.variant->name == "gemm_bf16__hipblaslt");
+    CHECK(dispatch::core::floor_plan(gemm_problem(DeviceType::hip, 4, 1280, 8192), mi) == floor4);
+    const uint8_t cls[4][2] = {{0, 1}, {2, 1}, {2, 1}, {0, 0}};
+    const int ranks[4] = {2, 2, 2, 0};
+    dispatch::core::Problem bp = gemm_problem(DeviceType::hip, 4, 1280, 8192);
+    bp.stride_code = dispatch::table::pack_stride_code(cls, ranks, 3);
+    const Plan plan = dispatch::core::get_default(bp, mi);
     REQUIRE(plan.valid());
     CHECK(plan.variant->name == "gemm_bf16__hip_skinny");
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 2);
     CHECK(plan.params[dispatch::gpu::gemm::kSkinnySplitK] == 4);  // 640 x 4 >= 1760
-    const Plan p16 = dispatch::core::get_default(gemm_problem(DeviceType::hip, 16, 1280, 8192), mi);
+    dispatch::core::Problem bp16 = bp;
+    bp16.m = 16;
+    const Plan p16 = dispatch::core::get_default(bp16, mi);
     REQUIRE(p16.valid());
     CHECK(p16.params[dispatch::gpu::gemm::kSkinnyRowsPerWarp] == 1);
+    // A bias with an fp32 output is not torch's addmm: not the floor's.
+    dispatch::core::Problem b32 = gemm_problem(DeviceType::hip, 4, 1280, 8192, DType::fp32);
+    b32.has_bias = true;
+    const Plan pb = dispatch::core::get_default(b32, mi);
+    REQUIRE(pb.valid());
+    CHECK(pb.variant->name != "gemm_bf16__hipblaslt");
   }
   // fp16 output of bf16 inputs is no GEMM of ours: no plan, the op says unsupported.
   CHECK(!dispatch::core::get_default(gemm_problem(DeviceType::cuda, 1, 64, 64, DType::fp16), dev).valid());

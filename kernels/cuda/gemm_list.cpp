@@ -8,4 +8,5 @@
 #define KDISPATCH_GPU_NAME(how) how
 #define KDISPATCH_GPU_REF_NAME "cuda_ref"
 #define KDISPATCH_GPU_HAS_TILED 1
+#define KDISPATCH_GPU_HAS_HIPBLASLT 0  // (the HIP floor: kernels/hip/hipblaslt.hpp)
 #include "gpu/gemm_variants.inc"
