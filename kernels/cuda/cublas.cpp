@@ -16,6 +16,7 @@
 
 #include "cuda/cublaslt.hpp"
 #include "cuda/dl_library.hpp"
+#include "gpu/handle_pool.hpp"
 #include "ops/gemm.hpp"
 
 namespace dispatch::cuda::blas {
@@ -88,56 +89,19 @@ const Api& api() {
   return *a;
 }
 
-constexpr int kDevices = 64;
-
-/// Handles of threads that ended, per device, for the next thread (as
-/// torch's handle pool: a server's short-lived threads do not leak one
-/// cuBLAS handle each).
-struct Pool {
-  std::mutex mu;
-  std::vector<cublasHandle_t> free[kDevices];
-};
-Pool& pool() {
-  static auto* p = new Pool;  // outlives every thread's Handles
-  return *p;
-}
-
-struct Handles {
-  cublasHandle_t h[kDevices] = {};
-  ~Handles() {
-    try {
-      Pool& p = pool();
-      std::lock_guard<std::mutex> lock(p.mu);
-      for (int d = 0; d < kDevices; ++d)
-        if (h[d]) p.free[d].push_back(h[d]);
-    } catch (...) {
-    }
-  }
-};
-
 /// The calling thread's handle on `device` (created once, or taken from the
 /// pool; kept for the thread's life).
 cublasHandle_t handle_for(const Api& a, int device) {
-  thread_local Handles handles;
-  if (device < 0 || device >= kDevices) return nullptr;
-  cublasHandle_t& h = handles.h[device];
-  if (h != nullptr) return h;
-  {
-    Pool& p = pool();
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (!p.free[device].empty()) {
-      h = p.free[device].back();
-      p.free[device].pop_back();
-      return h;
-    }
-  }
-  // cublasCreate allocates: legal inside a global-mode capture only in
-  // relaxed mode (as torch's allocator does), restored after.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  const bool swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-  if (a.create(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
-  if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  return h;
+  struct Tag;
+  return gpu::HandlePool<Tag, cublasHandle_t>::acquire(device, [&](cublasHandle_t* h) {
+    // cublasCreate allocates: legal inside a global-mode capture only in
+    // relaxed mode (as torch's allocator does), restored after.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    const bool ok = a.create(h) == CUBLAS_STATUS_SUCCESS;
+    if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    return ok;
+  });
 }
 
 cudaDataType_t cuda_type(DType t) {

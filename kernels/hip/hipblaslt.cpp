@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/dl_library.hpp"  // plain dlopen helpers (no CUDA in them)
+#include "gpu/handle_pool.hpp"
 #include "ops/gemm.hpp"
 
 namespace dispatch::hip::blaslt {
@@ -130,44 +131,10 @@ const Api& api() {
   return *a;
 }
 
-// ---- handles: one per (thread, device); a finished thread's go to a pool
-constexpr int kDevices = 64;
-struct Pool {
-  std::mutex mu;
-  std::vector<Handle> free[kDevices];
-};
-Pool& pool() {
-  static auto* p = new Pool;  // outlives every thread's Handles
-  return *p;
-}
-struct Handles {
-  Handle h[kDevices] = {};
-  ~Handles() {
-    try {
-      Pool& p = pool();
-      std::lock_guard<std::mutex> lock(p.mu);
-      for (int d = 0; d < kDevices; ++d)
-        if (h[d]) p.free[d].push_back(h[d]);
-    } catch (...) {
-    }
-  }
-};
+// ---- handles: one per (thread, device) (gpu::HandlePool)
 Handle handle_for(const Api& a, int device) {
-  thread_local Handles handles;
-  if (device < 0 || device >= kDevices) return nullptr;
-  Handle& h = handles.h[device];
-  if (h != nullptr) return h;
-  {
-    Pool& p = pool();
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (!p.free[device].empty()) {
-      h = p.free[device].back();
-      p.free[device].pop_back();
-      return h;
-    }
-  }
-  if (a.create(&h) != kOk) h = nullptr;
-  return h;
+  struct Tag;
+  return gpu::HandlePool<Tag, Handle>::acquire(device, [&](Handle* h) { return a.create(h) == kOk; });
 }
 
 /// The call's device current for the scope (the handle is per device).

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — one vendor-library handle per (thread, device)
+// (cuBLAS, hipBLASLt: their handles are not shared between threads), kept
+// for the thread's life; a finished thread's handles go to a pool the next
+// thread takes from (as torch's handle pool: a server's short-lived threads
+// do not leak one handle each). Plain C++, header only.
+#pragma once
+
+#include <mutex>
+#include <vector>
+
+namespace dispatch::gpu {
+
+/// The handles of one library; `Tag` makes one pool (and one thread_local
+/// set) per library. Thread-safe.
+template <class Tag, class Handle>
+class HandlePool {
+ public:
+  static constexpr int kDevices = 64;
+
+  /// The calling thread's handle on `device`: its own, else one from the
+  /// pool, else `create(&h)` (true on success). nullptr when none could be
+  /// had or `device` is out of range.
+  template <class Create>
+  static Handle acquire(int device, Create&& create) {
+    thread_local Owned owned;
+    if (device < 0 || device >= kDevices) return nullptr;
+    Handle& h = owned.h[device];
+    if (h != nullptr) return h;
+    {
+      Pool& p = pool();
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (!p.free[device].empty()) {
+        h = p.free[device].back();
+        p.free[device].pop_back();
+        return h;
+      }
+    }
+    if (!create(&h)) h = nullptr;
+    return h;
+  }
+
+ private:
+  struct Pool {
+    std::mutex mu;
+    std::vector<Handle> free[kDevices];
+  };
+  static Pool& pool() {
+    static auto* p = new Pool;  // outlives every thread's Owned
+    return *p;
+  }
+  struct Owned {
+    Handle h[kDevices] = {};
+    ~Owned() {
+      try {
+        Pool& p = pool();
+        std::lock_guard<std::mutex> lock(p.mu);
+        for (int d = 0; d < kDevices; ++d)
+          if (h[d]) p.free[d].push_back(h[d]);
+      } catch (...) {
+      }
+    }
+  };
+};
+
+}  // namespace dispatch::gpu
