@@ -36,8 +36,9 @@ left out).
 writes DIR/any_model.json (resumable: points already there are skipped) and
 prints one line per point; --render FILE prints the markdown summary.
 --grid fit: the synthetic (N, K) grid get_default's decode tiers are fitted on
-(bench/gpu/fit_grid.csv; fp8: the pairs with N*K <= 2^27), M 1..16, graph mode
-only, 3 rounds, kd (get_default's rule) vs the floor vs torch.
+(bench/gpu/fit_grid.csv; fp8: the pairs with N*K <= 2^27), M 1..16, cold and
+graph (--fit-modes; graph alone up to 2026-12-03), 3 rounds, kd (get_default's
+rule) vs the floor vs torch.
 """
 import argparse
 import json
@@ -178,8 +179,7 @@ class Point:
         }
 
 
-def run_point(torch, timer, kd_mod, pt, rounds, modes, row):
-    fit = modes == ("graph",)
+def run_point(torch, timer, kd_mod, pt, rounds, modes, row, fit=False):
     impls = pt.impls(kd_mod, fit)
     # correctness and the floor check
     ref = pt.ref()
@@ -314,6 +314,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--resume", default=None)
     ap.add_argument("--ms", default=None)
+    ap.add_argument("--fit-modes", default="cold,graph",
+                    help="--grid fit: the timing modes (a cell must win in each; 'graph' alone: the fits up to 2026-12-03)")
     ap.add_argument("--models", default=None, help="only these model names (comma-separated; bench grid)")
     ap.add_argument("--json-name", default=None, help="the results file's name in --out")
     ap.add_argument("--render", default=None)
@@ -343,7 +345,7 @@ def main():
         floors[L] = f"gemm_fp8_{L}=gemm_fp8_{L}_e4m3fn__cublaslt:algo_id=-2"
     rts = {k: kdispatch.Runtime(force=v, shipped_configs=False) for k, v in floors.items()}
     kinds = a.kinds.split(",")
-    modes = ("graph",) if a.grid == "fit" else ("cold", "graph")
+    modes = tuple(a.fit_modes.split(",")) if a.grid == "fit" else ("cold", "graph")
     complete = True
     for kind in kinds:
         projs = [(m, p, n, k) for (m, p, n, k) in fit_grid() if kind == "bf16" or n * k <= 2**27] \
@@ -365,7 +367,8 @@ def main():
                 pt = None
                 try:
                     pt = Point(torch, F, kd, kind, N, K, M, rts[kind], rt_default, bias)
-                    run_point(torch, timer, kd, pt, a.rounds or (3 if a.grid == "fit" else 5), modes, row)
+                    run_point(torch, timer, kd, pt, a.rounds or (3 if a.grid == "fit" else 5), modes, row,
+                              fit=a.grid == "fit")
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                     kd.set_runtime(None)

@@ -8,8 +8,10 @@ A cell is (kind, t bin, M tier): t = ceil(N/16) / SMs (16-row weight tiles per
 SM), bins bounded at the geometric midpoints of the grid's t values; M tiers
 1, 2, 3-4, 5-8, 9-16 (bf16; the grid's M 1, 2, 4, 8, 16) and 1-4, 5-8, 9-16
 (fp8; M 1, 8, 16). The rule serves a cell when, over the grid points in it
-(every K of the grid), the rule's time against the floor's in CUDA graphs has
-a geomean >= 1.03x and no point below 0.95x (0.90x in the first fit); otherwise the floor serves.
+(every K of the grid), the rule's time against the floor's has a geomean >=
+1.03x and no point below 0.95x (0.90x in the first fit) in CUDA graphs and,
+where the run timed it (--fit-modes cold,graph, since 2026-12-04), cold too:
+the tuner's rule for a winner (both modes); otherwise the floor serves.
 
   python3 bench/gpu/fit_defaults.py fit.json [--csv OUT.csv]
 prints the C++ table of kernels/cuda/default_fit.hpp and the cells' numbers.
@@ -51,7 +53,8 @@ def main():
             t = math.ceil(r["N"] / 16) / SMS
             b = sum(1 for x in bounds if t >= x)
             ti = next(i for i, (lo, hi) in enumerate(tiers) if lo <= r["M"] <= hi)
-            cells[(b, ti)].append(r["graph_floor_us"] / r["graph_kd_us"])
+            cells[(b, ti)].append((r["graph_floor_us"] / r["graph_kd_us"],
+                                   r["cold_floor_us"] / r["cold_kd_us"] if r.get("cold_kd_us") else None))
         masks = []
         for b in range(len(ts)):
             m = 0
@@ -61,10 +64,17 @@ def main():
                 if not v:
                     notes.append("   -     ")
                     continue
-                g = math.exp(sum(map(math.log, v)) / len(v))
-                ok = g >= GEO and min(v) >= MIN
+                gv = [x for x, _ in v]
+                cv = [c for _, c in v if c is not None]
+                g = math.exp(sum(map(math.log, gv)) / len(gv))
+                ok = g >= GEO and min(gv) >= MIN
+                note = f"{min(gv):.2f}/{g:.2f}"
+                if cv:  # cold timed too: the cell must win there as well
+                    gc = math.exp(sum(map(math.log, cv)) / len(cv))
+                    ok = ok and gc >= GEO and min(cv) >= MIN
+                    note += f" c{min(cv):.2f}/{gc:.2f}"
                 m |= (1 << ti) if ok else 0
-                notes.append(f"{'Y' if ok else '.'} {min(v):.2f}/{g:.2f}")
+                notes.append(f"{'Y' if ok else '.'} {note}")
             masks.append(m)
             print(f"// {fam:11} t~{ts[b]:5.2f}: " + " ".join(notes))
         print(f"inline constexpr uint8_t k{''.join(w.capitalize() for w in fam.split('_'))}Rule[] = "
