@@ -126,21 +126,7 @@ bool broadcast_bias(void* D, const void* bias, int64_t m, int64_t n, int64_t ldd
 }
 
 /// The call's device current for the scope (the handle is per device).
-struct DeviceScope {
-  int prev = -1;
-  bool ok = true;
-  explicit DeviceScope(int want) {
-    if (cudaGetDevice(&prev) != cudaSuccess) {
-      ok = false;
-      return;
-    }
-    if (prev != want && cudaSetDevice(want) != cudaSuccess) ok = false;
-  }
-  ~DeviceScope() {
-    int now = -1;
-    if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) (void)cudaSetDevice(prev);
-  }
-};
+using DeviceScope = gpu::DeviceScope<cudaError_t, &cudaGetDevice, &cudaSetDevice, cudaSuccess>;
 
 }  // namespace
 

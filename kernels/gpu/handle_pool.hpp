@@ -3,7 +3,8 @@
 // (cuBLAS, hipBLASLt: their handles are not shared between threads), kept
 // for the thread's life; a finished thread's handles go to a pool the next
 // thread takes from (as torch's handle pool: a server's short-lived threads
-// do not leak one handle each). Plain C++, header only.
+// do not leak one handle each); the call's device made current around a
+// library call. Plain C++, header only.
 #pragma once
 
 #include <mutex>
@@ -61,6 +62,30 @@ class HandlePool {
       }
     }
   };
+};
+
+/// The call's device current for the scope, the previous one restored
+/// after (a vendor library's handle is per device): `Get` / `Set` are the
+/// runtime's cudaGetDevice / hipGetDevice and cudaSetDevice / hipSetDevice,
+/// `kOk` its success value. `ok` false when the device could not be made
+/// current.
+template <class Err, Err (*Get)(int*), Err (*Set)(int), Err kOk>
+struct DeviceScope {
+  int prev = -1;
+  bool ok = true;
+  explicit DeviceScope(int want) {
+    if (Get(&prev) != kOk) {
+      ok = false;
+      return;
+    }
+    if (prev != want && Set(want) != kOk) ok = false;
+  }
+  ~DeviceScope() {
+    int now = -1;
+    if (prev >= 0 && Get(&now) == kOk && now != prev) (void)Set(prev);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
 };
 
 }  // namespace dispatch::gpu

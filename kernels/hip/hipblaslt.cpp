@@ -138,21 +138,7 @@ Handle handle_for(const Api& a, int device) {
 }
 
 /// The call's device current for the scope (the handle is per device).
-struct DeviceScope {
-  int prev = -1;
-  bool ok = true;
-  explicit DeviceScope(int want) {
-    if (hipGetDevice(&prev) != hipSuccess) {
-      ok = false;
-      return;
-    }
-    if (prev != want && hipSetDevice(want) != hipSuccess) ok = false;
-  }
-  ~DeviceScope() {
-    int now = -1;
-    if (prev >= 0 && hipGetDevice(&now) == hipSuccess && now != prev) (void)hipSetDevice(prev);
-  }
-};
+using DeviceScope = gpu::DeviceScope<hipError_t, &hipGetDevice, &hipSetDevice, hipSuccess>;
 
 int hip_type(DType t) { return t == DType::fp32 ? kR32F : t == DType::fp16 ? kR16F : kR16BF; }
 
