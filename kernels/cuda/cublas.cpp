@@ -44,17 +44,9 @@ using dl::sym;
 
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
-  dl::Opened lib =
-      dl::open_library("KDISPATCH_CUBLAS", {"libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublas.so"});
-  if (lib.disabled) {
-    a->describe = "cuBLAS floor disabled by KDISPATCH_CUBLAS=0";
-    return a;
-  }
-  a->so = lib.so;
-  if (!a->so) {
-    a->describe = "cuBLAS unavailable: dlopen failed for " + lib.tried;
-    return a;
-  }
+  a->so = dl::open_or_say("KDISPATCH_CUBLAS", {"libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublas.so"},
+                          "cuBLAS", "cuBLAS floor", &a->describe);
+  if (!a->so) return a;
   const bool ok = sym(a->so, "cublasCreate_v2", &a->create) && sym(a->so, "cublasGetVersion_v2", &a->get_version) &&
                   sym(a->so, "cublasSetStream_v2", &a->set_stream) &&
                   sym(a->so, "cublasSetWorkspace_v2", &a->set_workspace) &&

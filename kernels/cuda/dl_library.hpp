@@ -44,6 +44,17 @@ inline Opened open_library(const char* env_var, std::initializer_list<std::strin
   return o;
 }
 
+/// open_library, saying in `*why` what a library's describe() says when it
+/// is not there: "<floor> disabled by <env_var>=0" or "<name> unavailable:
+/// dlopen failed for <the names tried>". The handle, or null.
+inline void* open_or_say(const char* env_var, std::initializer_list<std::string> sonames, const std::string& name,
+                         const std::string& floor, std::string* why) {
+  Opened lib = open_library(env_var, sonames);
+  if (lib.disabled) *why = floor + " disabled by " + env_var + "=0";
+  else if (!lib.so) *why = name + " unavailable: dlopen failed for " + lib.tried;
+  return lib.so;
+}
+
 /// `*out` = the symbol `name` of `so`; false when it is missing.
 template <class F>
 bool sym(void* so, const char* name, F* out) {

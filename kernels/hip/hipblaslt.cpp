@@ -84,16 +84,9 @@ using cuda::dl::sym;
 
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
-  cuda::dl::Opened lib = cuda::dl::open_library("KDISPATCH_HIPBLASLT", {"libhipblaslt.so.0", "libhipblaslt.so"});
-  if (lib.disabled) {
-    a->describe = "hipBLASLt floor disabled by KDISPATCH_HIPBLASLT=0";
-    return a;
-  }
-  a->so = lib.so;
-  if (!a->so) {
-    a->describe = "hipBLASLt unavailable: dlopen failed for " + lib.tried;
-    return a;
-  }
+  a->so = cuda::dl::open_or_say("KDISPATCH_HIPBLASLT", {"libhipblaslt.so.0", "libhipblaslt.so"}, "hipBLASLt",
+                                 "hipBLASLt floor", &a->describe);
+  if (!a->so) return a;
   const bool all = sym(a->so, "hipblasLtCreate", &a->create) && sym(a->so, "hipblasLtGetVersion", &a->get_version) &&
                    sym(a->so, "hipblasLtMatmulDescCreate", &a->desc_create) &&
                    sym(a->so, "hipblasLtMatmulDescDestroy", &a->desc_destroy) &&
