@@ -109,10 +109,10 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     if (!b) continue;
     // Norms: 2 ops x 3 dtypes x (warp, block, generic, reference); silu_and_mul:
     // 3 dtypes x (vec, generic, reference); GEMM: 2 dtypes x (skinny, skinny_mma,
-    // tiled, cuBLASLt, cuBLAS, reference) on CUDA, (skinny, reference) on HIP; the fp8
-    // ops on CUDA only: 3 GEMM layouts x (skinny_mma, cuBLASLt, reference) and 3
+    // tiled, cuBLASLt, cuBLAS, reference) on CUDA, (skinny, hipBLASLt, reference) on HIP;
+    // the fp8 ops on CUDA only: 3 GEMM layouts x (skinny_mma, cuBLASLt, reference) and 3
     // quantisation layouts x 3 input dtypes x (multiply, division).
-    CHECK(b->variants().size() == 24u + 9u + (t == DeviceType::cuda ? 12u + 9u + 18u : 4u));
+    CHECK(b->variants().size() == 24u + 9u + (t == DeviceType::cuda ? 12u + 9u + 18u : 6u));
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
         int refs = 0, n = 0;
