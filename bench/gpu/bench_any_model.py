@@ -32,9 +32,12 @@ are the ones it records for one torch call (names; the bias/copy kernels
 left out).
 
   python3 bench/gpu/bench_any_model.py --out DIR [--kinds bf16,tensor,rowwise,block]
-         [--grid bench|fit] [--rounds 5] [--budget-s 500] [--resume FILE]
+         [--grid bench|fit|committed] [--rounds 5] [--budget-s 500] [--resume FILE]
 writes DIR/any_model.json (resumable: points already there are skipped) and
 prints one line per point; --render FILE prints the markdown summary.
+--grid committed: the shapes configs/cuda has rows for (COMMITTED: the 8 bf16
+Llama pairs x the 14 Ms; COMMITTED_FP8 x M 1, 16, 64, 1024 per fp8 layout),
+kd served from those rows: committed.json.
 --grid fit: the synthetic (N, K) grid get_default's decode tiers are fitted on
 (bench/gpu/fit_grid.csv; fp8: the pairs with N*K <= 2^27), M 1..16, cold and
 graph (--fit-modes; graph alone up to 2026-12-03), 3 rounds, kd (get_default's
@@ -67,6 +70,18 @@ PROJECTIONS = [
 # with it (F.linear's bias; kdispatch's gemm with a bias is another key, the
 # one `tune --model` tunes), since 2026-12-04 (run 4 timed them without).
 BIASED = {("Qwen2.5-7B", "qkv")}
+# --grid committed: the shapes configs/cuda holds rows for (bench_gpu.py's and
+# run_h200.sh's fp8 grids), served from those rows: "committed shapes" of
+# issue 32's targets.
+COMMITTED = [
+    ("Llama-3-8B", "qkv", 6144, 4096), ("Llama-3-8B", "o", 4096, 4096), ("Llama-3-8B", "gate_up", 28672, 4096),
+    ("Llama-3-8B", "down", 4096, 14336), ("Llama-3-70B-TP8", "qkv", 1280, 8192), ("Llama-3-70B-TP8", "o", 8192, 1024),
+    ("Llama-3-70B-TP8", "gate_up", 7168, 8192), ("Llama-3-70B-TP8", "down", 8192, 3584),
+]
+COMMITTED_FP8 = [("Llama-3-8B", "qkv", 6144, 4096), ("Llama-3-8B", "o", 4096, 4096),
+                 ("Llama-3-8B", "gate_up", 28672, 4096), ("Llama-3-8B", "down", 4096, 14336),
+                 ("DeepSeek-V3", "q_a/kv_a", 2112, 7168), ("DeepSeek-V3", "o", 7168, 16384)]
+COMMITTED_FP8_MS = [1, 16, 64, 1024]
 FP8_PROJECTIONS = [(4608, 3584), (5120, 4096), (28672, 5120), (9216, 3072), (3584, 14336), (24576, 4096)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 FP8_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]
@@ -309,7 +324,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
     ap.add_argument("--kinds", default="bf16,tensor,rowwise,block")
-    ap.add_argument("--grid", default="bench", choices=("bench", "fit"))
+    ap.add_argument("--grid", default="bench", choices=("bench", "fit", "committed"))
     ap.add_argument("--rounds", type=int, default=None, help="5 (bench), 3 (fit)")
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--resume", default=None)
@@ -333,7 +348,8 @@ def main():
 
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, a.json_name or ("any_model.json" if a.grid == "bench" else "fit.json"))
+    path = os.path.join(a.out, a.json_name or {"bench": "any_model.json", "fit": "fit.json",
+                                                "committed": "committed.json"}[a.grid])
     done = {"rows": []}
     if a.resume and os.path.exists(a.resume):
         done = json.load(open(a.resume))
@@ -348,13 +364,21 @@ def main():
     modes = tuple(a.fit_modes.split(",")) if a.grid == "fit" else ("cold", "graph")
     complete = True
     for kind in kinds:
-        projs = [(m, p, n, k) for (m, p, n, k) in fit_grid() if kind == "bf16" or n * k <= 2**27] \
-            if a.grid == "fit" else PROJECTIONS if kind == "bf16" else \
-            [(m, p, n, k) for (m, p, n, k) in PROJECTIONS if (n, k) in FP8_PROJECTIONS]
+        if a.grid == "fit":
+            projs = [(m, p, n, k) for (m, p, n, k) in fit_grid() if kind == "bf16" or n * k <= 2**27]
+        elif a.grid == "committed":
+            projs = COMMITTED if kind == "bf16" else COMMITTED_FP8
+        else:
+            projs = PROJECTIONS if kind == "bf16" else \
+                [(m, p, n, k) for (m, p, n, k) in PROJECTIONS if (n, k) in FP8_PROJECTIONS]
         if a.models:
             projs = [p for p in projs if p[0] in a.models.split(",")]
-        ms = [int(x) for x in a.ms.split(",")] if a.ms else (([1, 2, 4, 8, 16] if kind == "bf16" else [1, 8, 16]) if a.grid == "fit" else
-                                                            MS if kind == "bf16" else FP8_MS)
+        if a.ms:
+            ms = [int(x) for x in a.ms.split(",")]
+        elif a.grid == "fit":
+            ms = [1, 2, 4, 8, 16] if kind == "bf16" else [1, 8, 16]
+        else:
+            ms = MS if kind == "bf16" else COMMITTED_FP8_MS if a.grid == "committed" else FP8_MS
         for model, proj, N, K in projs:
             for M in ms:
                 if (kind, N, K, M) in have:

@@ -13,12 +13,14 @@ SM), bins bounded at the geometric midpoints of the grid's t values; M tiers
 where the run timed it (--fit-modes cold,graph, since 2026-12-04), cold too:
 the tuner's rule for a winner (both modes); otherwise the floor serves.
 
-  python3 bench/gpu/fit_defaults.py fit.json [--csv OUT.csv]
-prints the C++ table of kernels/cuda/default_fit.hpp and the cells' numbers.
+  python3 bench/gpu/fit_defaults.py fit.json [--csv OUT.csv] [--apply kernels/cuda/default_fit.hpp]
+prints the C++ table of kernels/cuda/default_fit.hpp and the cells' numbers;
+--apply also writes the table's lines (kTBounds, k*Rule) into that header.
 """
 import argparse
 import json
 import math
+import re
 from collections import defaultdict
 
 SMS = 132
@@ -30,7 +32,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("fit")
     ap.add_argument("--csv")
+    ap.add_argument("--apply", help="rewrite the kTBounds / k*Rule lines of this header")
     a = ap.parse_args()
+    table = []
     rows = [r for r in json.load(open(a.fit))["rows"] if "graph_kd_us" in r]
     if a.csv:
         with open(a.csv, "w") as f:
@@ -77,10 +81,29 @@ def main():
                 notes.append(f"{'Y' if ok else '.'} {note}")
             masks.append(m)
             print(f"// {fam:11} t~{ts[b]:5.2f}: " + " ".join(notes))
-        print(f"inline constexpr uint8_t k{''.join(w.capitalize() for w in fam.split('_'))}Rule[] = "
-              f"{{{', '.join(f'0x{m:02x}' for m in masks)}}};")
-    print("inline constexpr double kTBounds[] = {" + ", ".join(f"{b:.3f}" for b in bounds) + "};")
+        table.append(f"inline constexpr uint8_t k{''.join(w.capitalize() for w in fam.split('_'))}Rule[] = "
+                     f"{{{', '.join(f'0x{m:02x}' for m in masks)}}};")
+        print(table[-1])
+    table.append("inline constexpr double kTBounds[] = {" + ", ".join(f"{b:.3f}" for b in bounds) + "};")
+    print(table[-1])
     print(f"// every rule table has {len(bounds) + 1} entries (kTBounds + 1; default_fit.hpp static_asserts it)")
+    if a.apply:
+        apply(a.apply, table)
+
+
+def apply(header, table):
+    """Replaces each `inline constexpr ... kName[] = {...};` line of header
+    with the fitted one of the same name; every name must be there once."""
+    text = open(header).read()
+    for line in table:
+        name = line.split("[]")[0].split()[-1]
+        pat = re.compile(r"^inline constexpr [a-z0-9_]+ " + name + r"\[\] = \{[^}]*\};$", re.M)
+        text, n = pat.subn(line, text)
+        if n != 1:
+            raise SystemExit(f"fit_defaults.py --apply: {header} has {n} lines defining {name} (want 1)")
+    with open(header, "w") as f:
+        f.write(text)
+    print(f"// wrote {len(table)} table lines into {header}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@
 #   bench/gpu/run_h200.sh --sections anymodel    # issue 32: the floor's test, then kdispatch vs torch on 14
 #                 projections with no committed rows, bf16 + fp8, cold and graphs, A/A (resumes; any_model.json)
 #   bench/gpu/run_h200.sh --sections fit         # the synthetic decode grid get_default is fitted on (fit.json)
+#   bench/gpu/run_h200.sh --sections committed   # the any-model harness on the committed shapes (committed.json)
 #   bench/gpu/run_h200.sh --sections nvml        # the SM clock screen: a short tune, verify and report of its rows
 #   bench/gpu/run_h200.sh --sections graph       # issue 32 item 3: the capture tests, a tune whose rows say cold+graph
 #   bench/gpu/run_h200.sh --sections tunemodel   # issue 32 item 5: tune --model qwen2.5-7b timed (resumes), then
@@ -145,7 +146,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -365,8 +366,11 @@ fi
 # committed rows, bf16 and the fp8 layouts (KD_ANY_KINDS), cold and in CUDA
 # graphs, 5 interleaved rounds with the A/A controls; resumes from
 # .h200/any_model.json. fit: the synthetic grid (bench/gpu/fit_grid.csv) at
-# M <= 16, graph mode, kd vs the floor vs torch; resumes from .h200/fit.json.
-for sec in anymodel fit; do
+# M <= 16, cold and graph modes, kd vs the floor vs torch; resumes from
+# .h200/fit.json (then `fit_defaults.py fit.json --apply
+# kernels/cuda/default_fit.hpp`). committed: the same harness on the shapes
+# configs/cuda has rows for, served from them (committed.json).
+for sec in anymodel fit committed; do
   has $sec || continue
   ensure_torch || { echo "::: $sec: FAILED to build (build.log)"; exit 1; }
   if [ $sec = anymodel ] && [ "${KD_FLOOR_TEST:-1}" = 1 ]; then
@@ -377,10 +381,11 @@ for sec in anymodel fit; do
     echo "TorchFloorCudaTest rc=$rc: $(tail -3 "$OUT/floor_test.log" | tr '\n' ' ')"
     [ $rc -eq 0 ] || grep -E "^(FAIL|ERROR):|Error|AssertionError" "$OUT/floor_test.log" | head -20
   fi
-  f=any_model.json; [ $sec = fit ] && f=fit.json
+  f=$sec.json; [ $sec = anymodel ] && f=any_model.json
   budget=$(($(left) - 20))
   stamp "$sec: ${budget} s"
   grid=bench; rule=; [ $sec = fit ] && { grid=fit; rule=everywhere; }  # fit: time the rule in every cell
+  [ $sec = committed ] && grid=committed
   KDISPATCH_TEST_DEFAULT_RULE=$rule PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off "$PY" bench/gpu/bench_any_model.py \
     --out "$OUT" --grid $grid --kinds "${KD_ANY_KINDS:-bf16,tensor,rowwise,block}" --budget-s "$budget" \
     --resume "$RESUME/$f" ${KD_ANY_FLAGS:-} >"$OUT/$sec.log" 2>&1
