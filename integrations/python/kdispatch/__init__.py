@@ -29,5 +29,36 @@ def library_path():
     return _backend.impl.library_path()
 
 
+def _where(what):
+    try:
+        from . import _build_config
+    except ImportError:
+        raise Error(StatusCode.not_found, "this kdispatch package has no _build_config.py (a copy of the sources, "
+                    "not built by CMake or installed by pip): no " + what) from None
+    return getattr(_build_config, what, None)
+
+
+def get_include():
+    """The directory holding <dispatch/dispatch.hpp> and <dispatch/c_api.h>
+    (pass it as -I). A pip-installed package: <package>/include; a CMake
+    build tree (PYTHONPATH=<build>/python): the source tree's include/.
+    Raises kdispatch.Error (not_found) for a package not built by CMake/pip."""
+    return _where("INCLUDE_DIR")
+
+
+def get_lib_dir():
+    """The directory holding libkdispatch.so (pass it as -L and as the
+    rpath). A pip-installed package: <package>/lib."""
+    return _where("LIB_DIR")
+
+
+def get_cmake_dir():
+    """The directory holding kdispatchConfig.cmake (pass it as kdispatch_DIR
+    or put it on CMAKE_PREFIX_PATH) of a pip-installed package:
+    <package>/lib/cmake/kdispatch. None in a CMake build tree (it has no
+    installed CMake package)."""
+    return _where("CMAKE_DIR")
+
+
 __all__ = ["Runtime", "default_runtime", "Error", "StatusCode", "ABI_VERSION", "BACKEND", "library_path",
-           "__version__", "Fp8", "fp8", "from_fp8", "to_fp8"]
+           "get_include", "get_lib_dir", "get_cmake_dir", "__version__", "Fp8", "fp8", "from_fp8", "to_fp8"]

@@ -73,6 +73,13 @@ def _native_library():
     return path, None
 
 
+try:
+    from . import _torch_build as _tb
+    #: The torch version libkdispatch_torch.so was built for (None: not built).
+    #: The native ops load only under that exact torch.
+    BUILT_FOR = _tb.TORCH_VERSION
+except ImportError:
+    BUILT_FOR = None
 NATIVE = False
 _why = "KDISPATCH_TORCH_OPS=python"
 if _mode != "python":
@@ -100,7 +107,7 @@ if not NATIVE:
     sys.stderr.write(f"kdispatch.torch_ops: {_why}; using the Python custom_op path (slower)\n")
     from . import _torch_custom as _impl
     from ._torch_custom import call_info, gemm_info, get_runtime, set_runtime  # noqa: F401
-    __all__ = list(_impl.__all__) + ["NATIVE"]
+    __all__ = list(_impl.__all__) + ["NATIVE", "BUILT_FOR"]
     for _q in _impl.__all__:
         globals()[_q] = getattr(_impl, _q)
 else:
@@ -177,7 +184,7 @@ else:
         """call_info("gemm", a, b, bias): (d, info)."""
         return call_info("gemm", a, b, bias)
 
-    __all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info", "NATIVE"]
+    __all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info", "NATIVE", "BUILT_FOR"]
     for _o in _OPS.values():
         _q = _qual(_o)
         globals()[_q] = getattr(torch.ops.kdispatch, _q)
