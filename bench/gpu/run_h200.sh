@@ -41,6 +41,7 @@
 #                 projections with no committed rows, bf16 + fp8, cold and graphs, A/A (resumes; any_model.json)
 #   bench/gpu/run_h200.sh --sections fit         # the synthetic decode grid get_default is fitted on (fit.json)
 #   bench/gpu/run_h200.sh --sections committed   # the any-model harness on the committed shapes (committed.json)
+#   bench/gpu/run_h200.sh --sections pip         # issue 33: pip install . (CUDA) into a venv, the GPU torch tests against it
 #   bench/gpu/run_h200.sh --sections nvml        # the SM clock screen: a short tune, verify and report of its rows
 #   bench/gpu/run_h200.sh --sections graph       # issue 32 item 3: the capture tests, a tune whose rows say cold+graph
 #   bench/gpu/run_h200.sh --sections tunemodel   # issue 32 item 5: tune --model qwen2.5-7b timed (resumes), then
@@ -146,7 +147,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -394,6 +395,34 @@ for sec in anymodel fit committed; do
   [ $rc -eq 0 ] || { status=1; grep -E "Error|Traceback" "$OUT/$sec.log" | head; }
   if grep -q "^COMPLETE" "$OUT/$sec.log"; then echo "::: $sec: complete"; else echo "::: $sec: INCOMPLETE (copy $f into .h200/ and run again)"; fi
 done
+
+# ================================================================ pip
+# pip: issue 33 on the device: `pip install --no-build-isolation --no-index .`
+# (the CUDA build, sm_90a; pybind11 where the machine has it: AUTO) into a
+# venv over the machine's torch, then, from outside the tree, the GPU torch
+# tests (test_torch_ops, native ops required) and test_installed against the
+# installed package (pip.log, pip_tests.log).
+if has pip; then
+  stamp "pip: pip install . into a venv over $PY's torch"
+  venv=/tmp/kd-pip-venv; rm -rf "$venv" "$ROOT/build/pip"
+  "$PY" -m venv --system-site-packages "$venv" >>"$OUT/pip.log" 2>&1
+  s0=$(date +%s)
+  KDISPATCH_CMAKE_ARGS="-DKDISPATCH_PYTHON=AUTO -DKDISPATCH_HIP=OFF -DKDISPATCH_CUDA=ON -DKDISPATCH_OPENBLAS=OFF \
+-DCMAKE_PREFIX_PATH=$DEPS/usr;$ARCHLIB/cmake;$DEPS/usr/share/cmake -DCMAKE_INCLUDE_PATH=$DEPS/usr/include" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install --no-build-isolation --no-index "$ROOT" >>"$OUT/pip.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/pip.log"; }
+  echo "pip install rc=$rc in $(($(date +%s) - s0)) s"
+  if [ $rc -eq 0 ]; then
+    (cd /tmp && "$venv/bin/python" -c "import kdispatch, kdispatch.torch_ops as t; print('NATIVE', t.NATIVE, 'BUILT_FOR', t.BUILT_FOR, kdispatch.BACKEND, kdispatch.__file__)" &&
+     KDISPATCH_TEST_INSTALLED="$ROOT" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+       "$venv/bin/python" -m unittest discover -v -s "$ROOT/integrations/python/tests" -t "$ROOT/integrations/python/tests" \
+       -p 'test_[it][no]*.py') >"$OUT/pip_tests.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || status=1
+    echo "installed package's tests rc=$rc: $(tail -3 "$OUT/pip_tests.log" | tr '\n' ' ')"
+    grep -E "^(FAIL|ERROR):|NATIVE" "$OUT/pip_tests.log" | head -10
+  fi
+  [ $status -eq 0 ] && echo "::: pip: complete" || echo "::: pip: FAILED (pip.log, pip_tests.log)"
+fi
 
 # ================================================================ nvml
 # nvml: the tuner's SM clock screen and verify/report on the device: a
