@@ -8,7 +8,7 @@ config service for kernels the engine owns.
     rt.rmsnorm(x, x, w, 1e-6)                       # in place, any __dlpack__ arrays
     rt.lookup(key="E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]", device="NVIDIA H200", M=64)
 
-Modules: kdispatch.sglang (SGLang-compatible fused-MoE config lookup),
+Modules: kdispatch.sglang (SGLang's fused-MoE and block-fp8 GEMM config lookups, drop-in),
 kdispatch.torch_ops (torch.ops.kdispatch.*; imports torch).
 """
 
