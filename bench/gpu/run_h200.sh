@@ -404,12 +404,14 @@ done
 # installed package (pip.log, pip_tests.log).
 if has pip; then
   stamp "pip: pip install . into a venv over $PY's torch"
-  venv=/tmp/kd-pip-venv; rm -rf "$venv" "$ROOT/build/pip"
+  venv=/tmp/kd-pip-venv; rm -rf "$venv"
   "$PY" -m venv --system-site-packages "$venv" >>"$OUT/pip.log" 2>&1
+  # a venv over a venv sees the base interpreter's packages, not its parent's: a .pth adds $PY's (torch, numpy)
+  "$PY" -c "import site; print(site.getsitepackages()[0])" >"$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])")/kd-parent-venv.pth"
   s0=$(date +%s)
   KDISPATCH_CMAKE_ARGS="-DKDISPATCH_PYTHON=AUTO -DKDISPATCH_HIP=OFF -DKDISPATCH_CUDA=ON -DKDISPATCH_OPENBLAS=OFF \
 -DCMAKE_PREFIX_PATH=$DEPS/usr;$ARCHLIB/cmake;$DEPS/usr/share/cmake -DCMAKE_INCLUDE_PATH=$DEPS/usr/include" \
-    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install --no-build-isolation --no-index "$ROOT" >>"$OUT/pip.log" 2>&1
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/pip" install --no-build-isolation --no-index ${KD_PIP_FLAGS:-} "$ROOT" >>"$OUT/pip.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/pip.log"; }
   echo "pip install rc=$rc in $(($(date +%s) - s0)) s"
   if [ $rc -eq 0 ]; then
