@@ -2,7 +2,10 @@
 // The KDISPATCH_* environment, forced plans, the inotify watcher, DLPack.
 #include <doctest/doctest.h>
 #include <dlpack/dlpack.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +21,7 @@
 
 using namespace dispatch;
 using kdtest::TempDir;
+namespace fs = std::filesystem;
 
 namespace {
 // Sets environment variables for the scope of a test, restoring them after.
@@ -105,7 +109,7 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
       {"KDISPATCH_TUNE_BUDGET_MS", "inf"},    {"KDISPATCH_TUNE_BUDGET_MS", "-5"},
       {"KDISPATCH_TUNE_BUDGET_MS", "1e300"},  {"KDISPATCH_TUNE_BUDGET_MS", "12ms"},
       {"KDISPATCH_SHIPPED_CONFIGS", missing}, {"KDISPATCH_SHIPPED_CONFIGS", file},
-      {"KDISPATCH_CONFIG_DIRS", missing},     {"KDISPATCH_BACKEND_VERSION", "three"},
+      {"KDISPATCH_BACKEND_VERSION", "three"},
       {"KDISPATCH_FORCE", "rmsnorm=no_such_variant"},
       {"KDISPATCH_FORCE", "not-an-entry"},    {"KDISPATCH_MISSES_EXPORT", missing + "/misses.csv"},
       {"KDISPATCH_MISSES_EXPORT", dir.str()},
@@ -130,6 +134,60 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
   CHECK(o->tune.time_budget_ms == 0.5);
   CHECK(o->load_shipped_configs);
   CHECK(o->shipped_configs_dir.empty());
+}
+
+TEST_CASE("env: a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped, said once on stderr, the rest serve "
+          "(issue 33)") {
+  TempDir a, out;
+  kdtest::write_text(a / ("cpu/rmsnorm/" + norm_file("64", "fp32")), R"({"3": {"variant": "rmsnorm_fp32__ref"}})");
+  kdtest::write_text(out / "a-file", "x");
+  const std::string missing = out.str() + "/not-mounted", file = (out / "a-file").string();
+  const std::string value = missing + ":" + a.str() + ":" + file;
+  const fs::path log = out / "stderr.txt";
+  // In a child: the "once" is per process, and the default runtime is built
+  // once per process.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ::dup2(fd, 2) < 0) ::_exit(20);
+    ::setenv("KDISPATCH_CONFIG_DIRS", value.c_str(), 1);
+    ::setenv("KDISPATCH_SHIPPED_CONFIGS", "0", 1);
+    ::unsetenv("KDISPATCH_LOG_LEVEL");
+    for (int i = 0; i < 2; ++i) {  // said once, however often the environment is read
+      auto o = options_from_env();
+      if (!o.ok() || o->config_dirs != std::vector<std::string>{a.str()}) ::_exit(21);
+    }
+    // What default_runtime() builds (the runtime the C ABI, Python and the
+    // torch ops serve from; not called itself: another test of this process
+    // may have built it before the fork).
+    auto o = options_from_env();
+    if (!o.ok()) ::_exit(22);
+    auto rt = Runtime::create(std::move(*o));
+    if (!rt.ok()) ::_exit(22);
+    std::vector<float> x(3 * 64, 1.f), y(x.size()), w(64, 1.f);
+    DispatchInfo info;
+    const Status s = rmsnorm(**rt, {make_tensor_2d(y.data(), DType::fp32, 3, 64, 64),
+                                    make_tensor_2d(x.data(), DType::fp32, 3, 64, 64),
+                                    make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f},
+                             {}, {.info = &info});
+    if (!s.ok() || info.source != PlanSource::table || info.table_m != 3 || (*rt)->source_dir(info.source_id) != a.str())
+      ::_exit(23);
+    // At KDISPATCH_LOG_LEVEL=error nothing is said (and nothing more at warn: said already).
+    ::setenv("KDISPATCH_LOG_LEVEL", "error", 1);
+    ::setenv("KDISPATCH_CONFIG_DIRS", (out.str() + "/other-missing").c_str(), 1);
+    if (!options_from_env().ok()) ::_exit(24);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(kdtest::read_text(log) ==
+        "kdispatch: KDISPATCH_CONFIG_DIRS='" + value + "': config dir '" + missing +
+            "' does not exist; serving without it\n"
+            "kdispatch: KDISPATCH_CONFIG_DIRS='" + value + "': config dir '" + file +
+            "' is not a directory; serving without it\n");
 }
 
 TEST_CASE("force: a forced variant serves every call of its op and dtype, lookup's why says so") {

@@ -220,7 +220,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_create(const kdispatch_option
  *  KDISPATCH_BACKEND_VERSION, KDISPATCH_LOG_LEVEL, KDISPATCH_WATCH,
  *  KDISPATCH_FORCE, KDISPATCH_DETERMINISTIC, KDISPATCH_TUNE,
  *  KDISPATCH_CACHE_DIR, KDISPATCH_TUNE_MEM, KDISPATCH_TUNE_BUDGET_MS. Config
- *  dirs from the environment come after base's.
+ *  dirs from the environment come after base's; one of KDISPATCH_CONFIG_DIRS
+ *  that does not exist or is not a directory is skipped and said once per
+ *  process on stderr (dispatch::options_from_env).
  *  Errors: as kdispatch_runtime_create, plus INVALID_ARGUMENT naming a
  *  variable whose value is malformed. */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_create_from_env(const kdispatch_options* base,

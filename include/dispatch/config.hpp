@@ -36,6 +36,8 @@ using Config = std::vector<std::pair<std::string, ConfigValue>>;
 KDISPATCH_API const ConfigValue* config_find(const Config& config, std::string_view name) noexcept;
 
 /// The row as a JSON object text, keys in row order: {"BLOCK_SIZE_M": 64, ...}.
+/// Thread-safe. Not noexcept: allocates its result, and throws
+/// std::bad_alloc (only) when memory runs out.
 KDISPATCH_API std::string config_to_json(const Config& config);
 
 /// How one config file fared at load.
@@ -95,6 +97,8 @@ struct KDISPATCH_API LoadReport {
   /// True when every file loaded fully or partially (none skipped).
   bool all_usable() const noexcept;
   /// The report as JSON: {"files": [{"path", "status", "problems"}], ...}.
+  /// Not noexcept: allocates the text, and throws std::bad_alloc (only)
+  /// when memory runs out.
   std::string to_json() const;
 };
 

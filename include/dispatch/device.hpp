@@ -67,6 +67,8 @@ struct DeviceInfo {
 
 /// SGLang's spelling of a reported device name: spaces become '_'. Nothing
 /// else changes ("NVIDIA A100-SXM4-80GB" -> "NVIDIA_A100-SXM4-80GB").
+/// Thread-safe. Not noexcept: allocates its result, and throws
+/// std::bad_alloc (only) when memory runs out.
 KDISPATCH_API std::string sglang_device_name(std::string_view reported);
 
 /// A user-supplied alias: a reported or file name that should be treated as
@@ -101,14 +103,17 @@ struct DeviceNameResolution {
 /// `compute_units` and `memory_bytes` (gfx942 with 304 CUs and < 224 GB is
 /// an MI300X, with more memory an MI325X; gfx942 with 80 CUs is an MI308X);
 /// (3) otherwise the SGLang spelling unchanged. Pass 0/empty for unknown
-/// hardware fields. Thread-safe; allocates.
+/// hardware fields. Thread-safe; allocates. Not noexcept: throws
+/// std::bad_alloc (only) when memory runs out.
 KDISPATCH_API DeviceNameResolution resolve_device_name(
     std::string_view reported, std::string_view arch = {}, int32_t compute_units = 0,
     int64_t memory_bytes = 0, const std::vector<DeviceAlias>& extra_aliases = {});
 
 /// Canonical form of a device name found in a config file name, through the
 /// same alias tables (no hardware identity is known for a file). Sets
-/// `*known` to whether the result is a known device name.
+/// `*known` to whether the result is a known device name (when `known` is
+/// not null). Thread-safe. Not noexcept: allocates its result, and throws
+/// std::bad_alloc (only) when memory runs out.
 KDISPATCH_API std::string canonical_file_device_name(std::string_view file_name_field,
                                                      const std::vector<DeviceAlias>& extra_aliases,
                                                      bool* known);
@@ -118,7 +123,8 @@ KDISPATCH_API std::string canonical_file_device_name(std::string_view file_name_
 /// its SM count is below the whole product's (known for NVIDIA's
 /// datacenter GPUs by canonical name) or when `visible_devices` (the
 /// CUDA_VISIBLE_DEVICES value) selects it by a "MIG-" UUID. `ordinal` picks
-/// the entry of `visible_devices`. Thread-safe; allocates.
+/// the entry of `visible_devices`. Thread-safe; allocates. Not noexcept:
+/// throws std::bad_alloc (only) when memory runs out.
 KDISPATCH_API std::string gpu_partition_of(std::string_view canonical_name, int32_t compute_units,
                                            std::string_view pci_bus_id, std::string_view visible_devices,
                                            int32_t ordinal);

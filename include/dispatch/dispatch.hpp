@@ -7,9 +7,9 @@
 //
 // Headers: status.hpp (Status, Result), types.hpp (DType, TensorRef),
 // device.hpp (DeviceInfo, device-name resolution), config.hpp (configs and
-// the load report), runtime.hpp (Runtime), ops.hpp (gemm, rmsnorm,
-// fused_add_rmsnorm, lookup), dlpack.hpp (DLTensor interop, separate so the
-// rest needs no DLPack headers).
+// the load report), runtime.hpp (Runtime), ops.hpp (the ops of op_list(),
+// lookup), dlpack.hpp (DLTensor interop, separate so the rest needs no DLPack
+// headers).
 #pragma once
 
 #include "dispatch/config.hpp"

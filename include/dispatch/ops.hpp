@@ -594,7 +594,8 @@ KDISPATCH_API Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op,
 
 /// The result as one JSON object: {"config": {...}, "source": ...,
 /// "match": ..., "M": <table key or null>, "variant": ..., "key": ..., "why": ...}
-/// (the CLI's `lookup --json` format).
+/// (the CLI's `lookup --json` format). Thread-safe. Not noexcept: allocates
+/// the text, and throws std::bad_alloc (only) when memory runs out.
 KDISPATCH_API std::string lookup_result_to_json(const LookupResult& r);
 
 }  // namespace dispatch

@@ -159,8 +159,13 @@ struct RuntimeOptions {
 /// K/M/G suffixes), KDISPATCH_TUNE_BUDGET_MS, KDISPATCH_TUNE_MARGIN,
 /// KDISPATCH_VERIFY_SHIPPED (0 or 1); KDISPATCH_CACHE_LOCKING
 /// (auto|flock|fragments) is checked here and read by the writer
-/// (cache_locking). Errors: invalid_argument naming the variable and its
-/// value.
+/// (cache_locking). A KDISPATCH_CONFIG_DIRS entry that does not exist or is
+/// not a directory is skipped (the other dirs serve), and said once per
+/// process and dir on stderr at warn ("kdispatch:
+/// KDISPATCH_CONFIG_DIRS='<value>': config dir '<dir>' does not exist;
+/// serving without it"; KDISPATCH_LOG_LEVEL, else base.log_level): failing
+/// would fail the default runtime and every call through it. Thread-safe.
+/// Errors: invalid_argument naming the variable and its value.
 KDISPATCH_API Result<RuntimeOptions> options_from_env(RuntimeOptions base = {}) noexcept;
 
 /// How tuning results are written into a cache or emit dir
@@ -234,6 +239,8 @@ class KDISPATCH_API Runtime {
   const RuntimeOptions& options() const noexcept;
 
   /// The report of the most recent (re)load. Allocates a copy.
+  /// Thread-safe.
+  /// Not noexcept: throws std::bad_alloc (only) when memory runs out.
   LoadReport load_report() const;
 
   /// Re-reads every config dir, builds a new table and publishes it
@@ -248,11 +255,13 @@ class KDISPATCH_API Runtime {
 
   /// Path of a config source (file relative to its dir) by the id found in
   /// DispatchInfo::source_id; "" for an unknown id. Ids stay valid for the
-  /// runtime's lifetime.
+  /// runtime's lifetime. Thread-safe.
+  /// Not noexcept: throws std::bad_alloc (only) when memory runs out.
   std::string source_path(uint32_t source_id) const;
 
   /// The config dir (as given, or the shipped-configs dir) of a source id;
-  /// "" for an unknown id.
+  /// "" for an unknown id. Thread-safe.
+  /// Not noexcept: throws std::bad_alloc (only) when memory runs out.
   std::string source_dir(uint32_t source_id) const;
 
   /// Gives `stream` of a GPU device a gemm workspace of `workspace_bytes`
@@ -291,6 +300,8 @@ class KDISPATCH_API Runtime {
 
   /// The tuning cache dir in use ("" when tuning and the cache are off, or
   /// when the resolved dir was refused: see TuneOptions::cache_dir).
+  /// Thread-safe.
+  /// Not noexcept: throws std::bad_alloc (only) when memory runs out.
   std::string cache_dir() const;
 
   /// Internal (src/api/runtime_impl.hpp). Hidden: a nested class would

@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch — Status and Result<T>: the only error channel of the public API.
 //
-// No exception crosses the public API. Every public function is noexcept and
-// returns a Status (or a Result<T>, which is a Status plus a value). The shape
-// follows simdjson's error_code/simdjson_result: cheap on success (an ok Status
-// holds no heap memory), a message naming the file, key or argument on failure.
+// Every exported function that can fail is noexcept and returns a Status (or
+// a Result<T>, which is a Status plus a value); those that cannot fail are
+// noexcept and return their value. The exceptions, twelve functions that only
+// build a string or a copy and throw std::bad_alloc alone, are listed in
+// docs/architecture.md ("Errors"; tests/test_docs.cpp keeps the list exact).
+// The shape follows simdjson's error_code/simdjson_result: cheap on success
+// (an ok Status holds no heap memory), a message naming the file, key or
+// argument on failure.
 #pragma once
 
 #include <cstdint>
@@ -75,7 +79,8 @@ class [[nodiscard]] KDISPATCH_API Status {
   StatusCode code() const noexcept { return code_; }
   /// Human-readable detail; empty for ok.
   const std::string& message() const noexcept { return message_; }
-  /// "<code name>: <message>".
+  /// "<code name>: <message>". Not noexcept: allocates the text, and throws
+  /// std::bad_alloc (only) when memory runs out.
   std::string to_string() const;
 
  private:

@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "api/runtime_parts.hpp"
 #include "dispatch/runtime.hpp"
@@ -89,15 +91,30 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// A KDISPATCH_CONFIG_DIRS entry that is not a directory (a volume not
+// mounted yet, a typo in a deployment) is skipped, not fatal: failing here
+// would fail the default runtime, and with it every op call of the process
+// (the torch ops at the first forward pass). Said on stderr once per process
+// and dir, at warn.
+void warn_skipped_config_dirs(const std::string& value, const std::vector<std::string>& whys, LogLevel level) {
+  static std::mutex mu;
+  static auto* said = new std::set<std::string>;  // never destroyed: a runtime may be built during exit
+  std::lock_guard<std::mutex> lock(mu);
+  for (const std::string& why : whys)
+    if (level >= LogLevel::warn && said->insert(why).second)
+      std::fprintf(stderr, "kdispatch: KDISPATCH_CONFIG_DIRS='%s': config dir %s; serving without it\n",
+                   value.c_str(), why.c_str());
+}
+
 }  // namespace
 
 Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
   try {
+    std::vector<std::string> skipped;  // why each skipped KDISPATCH_CONFIG_DIRS entry was skipped
     if (const char* v = env("KDISPATCH_CONFIG_DIRS"))
       for (auto& d : split(v, ':')) {
-        if (std::string why = dir_problem(d); !why.empty())
-          return env_error("KDISPATCH_CONFIG_DIRS", v, "config dir " + why);
-        o.config_dirs.push_back(d);
+        if (std::string why = dir_problem(d); !why.empty()) skipped.push_back(std::move(why));
+        else o.config_dirs.push_back(d);
       }
     if (const char* v = env("KDISPATCH_SHIPPED_CONFIGS")) {
       const std::string s = v;
@@ -180,6 +197,7 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
       std::error_code ec;
       if (fs::is_directory(p, ec)) return env_error("KDISPATCH_MISSES_EXPORT", v, "is a directory, not a file");
     }
+    if (!skipped.empty()) warn_skipped_config_dirs(env("KDISPATCH_CONFIG_DIRS"), skipped, o.log_level);
     return o;
   } catch (...) {
     return make_status(StatusCode::out_of_memory, "reading the environment");

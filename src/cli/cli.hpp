@@ -266,7 +266,11 @@ int run_tune(const TuneCmdOptions& o);
 
 /// Options of `kdispatch lookup`.
 struct LookupOptions {
-  std::string config_dir;
+  std::string config_dir;  ///< --configs; "" only with --env
+  /// --env: answer as a serving process would: the KDISPATCH_* environment
+  /// (options_from_env), the shipped configs and the tuning cache it reads
+  /// (read only; nothing tuned, verified or written).
+  bool env = false;
   /// --cache: a tuning cache dir read with the config dir, as the runtime
   /// reads its cache (fingerprints checked); "" = no cache is read.
   std::string cache;

@@ -3,7 +3,10 @@
 // config serves this key at this M, and why) and `kdispatch validate` (the
 // load report of config dirs). Both are offline: they load only the dirs
 // given, never the shipped configs, and never the tuning cache (the user's
-// ~/.cache/kdispatch, $KDISPATCH_CACHE_DIR) unless it is named with --cache.
+// ~/.cache/kdispatch, $KDISPATCH_CACHE_DIR) unless it is named with --cache;
+// `lookup --env` instead answers as a serving process would (the KDISPATCH_*
+// environment, the shipped configs and the tuning cache, read only).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -70,6 +73,51 @@ int cache_refused(const char* cmd, const std::string& cache, const dsp::Runtime&
   return kExitFailure;
 }
 
+// The runtime a lookup answers from. Offline (no --env): the --configs dir
+// only, and the --cache dir when named. --env: what a serving process's
+// default runtime builds from the KDISPATCH_* environment (the shipped
+// configs, KDISPATCH_CONFIG_DIRS, the tuning cache, forced plans, ...), the
+// --configs dir above its dirs, read only: no tuner thread, no watcher, no
+// verification, nothing written. A usage error's exit code, or -1.
+int lookup_runtime_options(const LookupOptions& o, dsp::RuntimeOptions* ro) {
+  if (!o.env) {
+    if (o.config_dir.empty()) {
+      std::fprintf(stderr,
+                   "kdispatch lookup: --configs DIR is required (or --env: the KDISPATCH_* environment and the "
+                   "shipped configs, as a serving process loads them)\n");
+      return kExitUsage;
+    }
+    ro->config_dirs = {o.config_dir};
+    ro->load_shipped_configs = false;
+    ro->backend_version = o.backend_version;
+    ro->log_level = dsp::LogLevel::error;  // foreign files are expected; `validate` reports them
+    return cache_options("lookup", o.cache, ro);
+  }
+  auto env = dsp::options_from_env();
+  if (!env.ok()) {
+    std::fprintf(stderr, "kdispatch lookup: --env: %s\n", env.status().to_string().c_str());
+    return kExitUsage;
+  }
+  *ro = std::move(*env);
+  if (!o.config_dir.empty()) ro->config_dirs.insert(ro->config_dirs.begin(), o.config_dir);
+  if (!o.backend_version.empty()) ro->backend_version = o.backend_version;
+  ro->tune.mode = dsp::TuneMode::off;
+  ro->tune.persist = false;
+  ro->tune.verify_shipped = false;
+  ro->watch = false;
+  ro->log_level = std::min(ro->log_level, dsp::LogLevel::error);
+  if (!o.cache.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.cache, ec)) {
+      std::fprintf(stderr, "kdispatch lookup: --cache '%s' is not a directory\n", o.cache.c_str());
+      return kExitUsage;
+    }
+    ro->tune.load_cache = true;
+    ro->tune.cache_dir = o.cache;
+  }
+  return -1;
+}
+
 }  // namespace
 
 int run_lookup(const LookupOptions& o) {
@@ -78,11 +126,7 @@ int run_lookup(const LookupOptions& o) {
     return kExitUsage;
   }
   dsp::RuntimeOptions ro;
-  ro.config_dirs = {o.config_dir};
-  ro.load_shipped_configs = false;
-  ro.backend_version = o.backend_version;
-  ro.log_level = dsp::LogLevel::error;  // foreign files are expected; `validate` reports them
-  if (int e = cache_options("lookup", o.cache, &ro); e >= 0) return e;
+  if (int e = lookup_runtime_options(o, &ro); e >= 0) return e;
   for (const std::string& a : o.aliases) {
     const auto eq = a.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == a.size()) {

@@ -289,13 +289,19 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
   CLI::App* lookup = app.add_subcommand(
       "lookup", "Which config serves this key at this M on this device: the row, its file, the match and why.");
   lookup->add_option("--configs", lo.config_dir,
-                     "Config dir (read recursively; neither the shipped configs nor the tuning cache are loaded)")
-      ->type_name("DIR")
-      ->required();
+                     "Config dir (read recursively; without --env neither the shipped configs nor the tuning cache "
+                     "are loaded); required but with --env, where it ranks above the environment's dirs")
+      ->type_name("DIR");
+  lookup->add_flag("--env", lo.env,
+                   "Answer what a serving process would serve: apply the KDISPATCH_* environment "
+                   "(KDISPATCH_CONFIG_DIRS, KDISPATCH_SHIPPED_CONFIGS, KDISPATCH_FORCE, KDISPATCH_BACKEND_VERSION, "
+                   "KDISPATCH_DETERMINISTIC, KDISPATCH_CACHE_DIR, ...) and load the shipped configs and the tuning "
+                   "cache as the default runtime does (read only: nothing is tuned, verified or written); "
+                   "--backend-version and --cache override the environment's");
   lookup->add_option("--cache", lo.cache,
                      "Also read this tuning cache dir, below the config dir, as a runtime reads its cache (a file "
-                     "written by another build is not served); without it no cache is read, whatever "
-                     "KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
+                     "written by another build is not served); without it (and without --env) no cache is read, "
+                     "whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
       ->type_name("DIR");
   lookup->add_option("--device", lo.device,
                      "Device name as the runtime reports it (\"NVIDIA H200\") or as files spell it (NVIDIA_H200); "
@@ -326,7 +332,9 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
       "      --key \"N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]\" --M 64 --json\n"
       "  kdispatch lookup --configs ./my-configs --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
       "  kdispatch lookup --configs ./my-configs --cache ~/.cache/kdispatch --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
-      "Exit codes: 0 found (table row or default), 1 not found or the --cache dir refused, 2 bad argument.");
+      "  KDISPATCH_FORCE=rmsnorm=rmsnorm_bf16__ref kdispatch lookup --env --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
+      "Exit codes: 0 found (table row, forced plan or default), 1 not found or the --cache dir refused,\n"
+      "2 bad argument (with --env also a KDISPATCH_* variable whose value is not valid, naming it).");
   return lookup;
 }
 

@@ -14,12 +14,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -295,6 +297,86 @@ struct TuneReport {
   }
 };
 
+// The loaded config files by the backend they are for. An own-op file,
+// <backend>/<op>/<fields>.json, serves that backend's calls, and only on a
+// device of the name it holds; any other file (SGLang's and vLLM's trees)
+// is a table of a kernel the engine owns, served to lookups, never to an op.
+// The replay runs its ops on the CPU: a cuda file applies to no call of it.
+struct BackendFiles {
+  std::string backend;      // "cpu", "cuda", "hip"; "" for the engine-kernel tables
+  int64_t files = 0;
+  int64_t this_device = 0;  // of them, the files whose device_name is this host's device of the backend
+  std::string device;       // this host's device of the backend (ordinal 0); "" when it has none
+  std::string no_device;    // then why (Runtime::device_info's error)
+};
+
+// The file's backend ("" when it is not an own-op file) and its device_name
+// field. The backend folder is two above the file, as the loader reads it
+// (a fragment <key>.json.d/<host>-<pid>.json counts as its <key>.json).
+std::pair<std::string, std::string> file_backend_and_device(const dsp::FileReport& f) {
+  std::vector<std::string> parts;
+  for (const auto& c : std::filesystem::path(f.dir + "/" + f.path)) parts.push_back(c.string());
+  std::string base = parts.empty() ? std::string() : parts.back();
+  size_t up = 1;
+  if (parts.size() >= 2 && parts[parts.size() - 2].size() > 7 &&
+      parts[parts.size() - 2].compare(parts[parts.size() - 2].size() - 7, 7, ".json.d") == 0) {
+    base = parts[parts.size() - 2].substr(0, parts[parts.size() - 2].size() - 2);
+    up = 2;
+  }
+  std::string device;
+  if (const size_t at = base.find("device_name="); at != std::string::npos) {
+    size_t end = base.find(',', at);
+    if (end == std::string::npos) end = base.rfind(".json");
+    const size_t from = at + 12;  // after "device_name="
+    const size_t len = end == std::string::npos ? end : end - from;
+    device = dsp::canonical_file_device_name(base.substr(from, len), {}, nullptr);
+  }
+  if (parts.size() < up + 2) return {"", device};
+  const std::string& op = parts[parts.size() - up - 1];
+  const std::string& backend = parts[parts.size() - up - 2];
+  if (!dsp::parse_device_type(backend).ok() || !find_op(op)) return {"", device};
+  return {backend, device};
+}
+
+// The report's files per backend: cpu first, then cuda and hip, then the
+// engine-kernel tables; backends without files are left out.
+std::vector<BackendFiles> files_by_backend(const dsp::Runtime& rt, const dsp::LoadReport& report) {
+  std::vector<BackendFiles> out;
+  for (dsp::DeviceType t : {dsp::DeviceType::cpu, dsp::DeviceType::cuda, dsp::DeviceType::hip}) {
+    BackendFiles b;
+    b.backend = std::string(dsp::device_type_name(t));
+    if (auto d = rt.device_info(dsp::Device{t, 0}); d.ok() && d->available) b.device = d->device_name;
+    else b.no_device = d.ok() ? d->unavailable_reason : d.status().message();
+    out.push_back(std::move(b));
+  }
+  out.push_back(BackendFiles{});
+  for (const dsp::FileReport& f : report.files) {
+    const auto [backend, device] = file_backend_and_device(f);
+    for (BackendFiles& b : out)
+      if (b.backend == backend) {
+        b.files++;
+        b.this_device += !backend.empty() && !b.device.empty() && device == b.device;
+      }
+  }
+  std::erase_if(out, [](const BackendFiles& b) { return b.files == 0; });
+  return out;
+}
+
+// "7 files", "1 file".
+std::string files_text(int64_t n) { return std::to_string(n) + (n == 1 ? " file" : " files"); }
+
+// One line per backend under the report's "configs" line: which files apply
+// to what this replay runs.
+std::string backend_line(const BackendFiles& b) {
+  if (b.backend.empty())
+    return files_text(b.files) + " of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the "
+           "replay's ops";
+  std::string s = b.backend + ": " + files_text(b.files);
+  if (b.device.empty()) return s + ": not used by this replay (no " + b.backend + " device: " + b.no_device + ")";
+  s += ", " + std::to_string(b.this_device) + " for this host's " + b.device;
+  return s + (b.backend == "cpu" ? ": the backend this replay runs" : ": not used by this replay (it runs on the CPU)");
+}
+
 struct RunInfo {
   const ModelSpec* model;
   const Trace* trace;
@@ -309,6 +391,7 @@ struct RunInfo {
   bool shipped = true;
   std::string cache_dir;
   const TuneReport* tune = nullptr;  // null when tuning is off
+  std::vector<BackendFiles> backends;  // the report's files by backend
 };
 
 // Table hits per config file (its config dir / path relative to the dir).
@@ -423,6 +506,20 @@ void print_json(const dsp::Runtime& rt, const Replay& r, const RunInfo& ri) {
   write_sites(w, r);
   w.field("output_finite", r.non_finite_steps() == 0);
   w.field("config_files", static_cast<int64_t>(ri.report.files.size())).field("config_keys", ri.report.keys);
+  // Which of them apply to what this replay runs (the CPU ops).
+  w.key("config_files_by_backend").begin_object();
+  for (const BackendFiles& b : ri.backends) {
+    w.key(b.backend.empty() ? "engine_kernel_tables" : b.backend).begin_object().field("files", b.files);
+    if (!b.backend.empty()) {
+      w.field("this_device", b.this_device).key("device");
+      if (b.device.empty()) w.null();
+      else w.value(b.device);
+      if (b.device.empty()) w.field("no_device", b.no_device);
+      w.field("replayed", b.backend == "cpu");
+    }
+    w.end_object();
+  }
+  w.end_object();
   w.field("cache_dir", ri.cache_dir);
   w.key("load_notes").begin_array();
   for (const std::string& n : ri.report.notes) w.value(n);
@@ -479,6 +576,7 @@ void print_run_header(const RunInfo& ri) {
               !ri.shipped ? (ri.config_dirs.empty() ? ", no shipped configs, no config dirs" : ", no shipped configs")
                           : (ri.config_dirs.empty() ? ", shipped configs only" : ""));
   for (const auto& d : ri.config_dirs) std::printf("             + %s\n", d.c_str());
+  for (const BackendFiles& b : ri.backends) std::printf("             %s\n", backend_line(b).c_str());
   std::printf("cache dir    %s\n", ri.cache_dir.empty() ? "(none)" : ri.cache_dir.c_str());
   for (const auto& n : ri.report.notes) std::printf("note         %s\n", n.c_str());
   std::printf("time         %.3f s setup (%.1f MB of weights), %.3f s warm-up (one layer at M=1, not counted), "
@@ -669,7 +767,8 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
   }
   std::string columns;
   for (const std::string& c : csv->columns) columns += (columns.empty() ? "" : ",") + c;
-  std::printf("\nwrote %s: %zu shapes (%s)\n", path.c_str(), csv->rows.size(), columns.c_str());
+  std::printf("\nwrote %s: %zu shapes (%s); the warm-up's calls (one layer at M=1) left out\n", path.c_str(),
+              csv->rows.size(), columns.c_str());
   if (!csv->rows.empty()) {
     std::printf("tune them:\n");
     for (int op = 0; op < r.op_count(); ++op)
@@ -903,19 +1002,98 @@ bool run_tuning_passes(dsp::Runtime& rt, Replay& replay, const Workload& w, cons
   return true;
 }
 
-// The misses (aiter's offline loop): --export-misses / `misses --export`,
-// else $KDISPATCH_MISSES_EXPORT as the default runtime honours it. Sets
-// *path ("" = none); false (message printed) when the write failed.
-bool export_misses(const dsp::Runtime& rt, const ReplayOptions& o, const char* cmd, std::string* path) {
-  *path = o.export_misses;
-  if (path->empty())
-    if (const char* e = std::getenv("KDISPATCH_MISSES_EXPORT"); e && *e) *path = e;
-  if (path->empty()) return true;
-  if (dsp::Status s = rt.export_misses(*path); !s.ok()) {
+// Where the misses go (aiter's offline loop): --export-misses / `misses
+// --export`, else $KDISPATCH_MISSES_EXPORT as the default runtime honours
+// it; "" = nowhere.
+std::string misses_path(const ReplayOptions& o) {
+  if (!o.export_misses.empty()) return o.export_misses;
+  if (const char* e = std::getenv("KDISPATCH_MISSES_EXPORT"); e && *e) return e;
+  return {};
+}
+
+// A misses CSV's rows (Runtime::export_misses) by identity, every column
+// but the count, -> count.
+using MissCounts = std::map<std::string, int64_t>;
+
+// A row ends ",<count>,\"<key>\"" (the key, last and quoted, holds commas
+// but no quotes): its identity (the row without the count) and its count.
+// False for the header or a line of another shape.
+bool split_miss_row(const std::string& line, std::string* id, size_t* count_at, int64_t* count) {
+  const size_t q = line.rfind(",\"");
+  if (q == std::string::npos || q == 0) return false;
+  const size_t c = line.rfind(',', q - 1);
+  if (c == std::string::npos) return false;
+  const auto r = std::from_chars(line.data() + c + 1, line.data() + q, *count);
+  if (r.ec != std::errc() || r.ptr != line.data() + q) return false;
+  *id = line.substr(0, c) + line.substr(q);
+  *count_at = c;
+  return true;
+}
+
+// The runtime's misses so far (the warm-up's), written next to the export
+// (`path`, whose directory is known writable) and read back. False (message
+// printed) when that failed.
+bool snapshot_misses(const dsp::Runtime& rt, const std::string& path, const char* cmd, MissCounts* out) {
+  const std::string tmp = path + ".warm-up";
+  const dsp::Status s = rt.export_misses(tmp);
+  std::ifstream f(tmp);
+  std::string line, id;
+  size_t at = 0;
+  int64_t n = 0;
+  while (s.ok() && std::getline(f, line))
+    if (split_miss_row(line, &id, &at, &n)) (*out)[id] += n;
+  std::error_code ec;
+  std::filesystem::remove(tmp, ec);
+  if (!s.ok()) std::fprintf(stderr, "%s: cannot write the misses: %s\n", cmd, s.to_string().c_str());
+  return s.ok();
+}
+
+// The export at `path` less the warm-up's calls (`warm`): each row's count
+// lowered by the warm-up's, a row the warm-up alone missed left out.
+// Replaced atomically, as the runtime writes it. False when that failed.
+bool subtract_misses(const std::string& path, const MissCounts& warm) {
+  std::ifstream f(path);
+  if (!f) return false;
+  std::string text, line, id;
+  size_t at = 0;
+  int64_t n = 0;
+  while (std::getline(f, line)) {
+    if (split_miss_row(line, &id, &at, &n)) {
+      if (const auto it = warm.find(id); it != warm.end()) n -= it->second;
+      if (n <= 0) continue;
+      line = line.substr(0, at + 1) + std::to_string(n) + line.substr(line.find(",\"", at));
+    }
+    text += line + "\n";
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream w(tmp, std::ios::binary | std::ios::trunc);
+  w << text;
+  w.close();
+  std::error_code ec;
+  if (!w || (std::filesystem::rename(tmp, path, ec), ec)) {
+    std::filesystem::remove(tmp, ec);
+    return false;
+  }
+  return true;
+}
+
+// The misses of the replay, its warm-up's calls left out (`warm`: the
+// misses the runtime had recorded when the warm-up ended), to `path` ("" =
+// none); false (message printed) when the write failed.
+bool export_misses(const dsp::Runtime& rt, const ReplayOptions& o, const char* cmd, const std::string& path,
+                   const MissCounts& warm) {
+  if (path.empty()) return true;
+  if (dsp::Status s = rt.export_misses(path); !s.ok()) {
     std::fprintf(stderr, "%s: cannot write the misses: %s\n", cmd, s.to_string().c_str());
     return false;
   }
-  if (!o.misses_summary) std::fprintf(stderr, "%s: wrote the misses to %s\n", cmd, path->c_str());
+  if (!warm.empty() && !subtract_misses(path, warm)) {
+    std::fprintf(stderr, "%s: cannot write the misses: io_error: cannot rewrite '%s' without the warm-up's calls\n",
+                 cmd, path.c_str());
+    return false;
+  }
+  if (!o.misses_summary)
+    std::fprintf(stderr, "%s: wrote the misses to %s (the warm-up's calls left out)\n", cmd, path.c_str());
   return true;
 }
 
@@ -979,6 +1157,7 @@ int run_replay(const ReplayOptions& o) {
   RunInfo ri{w.model, &w.trace, w.steps, w.max_m, w.dtype, w.layers, 0, 0, 0, 0, rt.load_report(), ro.config_dirs};
   ri.shipped = ro.load_shipped_configs;
   ri.cache_dir = rt.cache_dir();
+  ri.backends = files_by_backend(rt, ri.report);
   const auto t0 = Clock::now();
   Replay replay(rt, *w.model, w.dtype, w.max_m, w.layers);
   try {
@@ -999,6 +1178,11 @@ int run_replay(const ReplayOptions& o) {
     std::fprintf(stderr, "%s: warm-up: %s\n", cmd, err.c_str());
     return kExitFailure;
   }
+  // The warm-up's misses, left out of the export: it counts the workload's
+  // calls only (a prefill trace's misses hold no M = 1 row of the warm-up).
+  const std::string export_path = misses_path(o);
+  MissCounts warm_misses;
+  if (!export_path.empty() && !snapshot_misses(rt, export_path, cmd, &warm_misses)) return kExitFailure;
 
   // ---- the replay: one pass, or tuning passes
   const auto t1 = Clock::now();
@@ -1016,8 +1200,7 @@ int run_replay(const ReplayOptions& o) {
   ri.weight_bytes = replay.weight_bytes();
 
   // ---- the misses and the report
-  std::string export_path;
-  if (!export_misses(rt, o, cmd, &export_path)) return kExitFailure;
+  if (!export_misses(rt, o, cmd, export_path, warm_misses)) return kExitFailure;
   if (o.misses_summary) return print_misses_summary(replay, o, ri, export_path);
   if (o.json)
     print_json(rt, replay, ri);

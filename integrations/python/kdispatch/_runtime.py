@@ -6,9 +6,29 @@ import json
 import os
 import sys
 import threading
+import warnings
 
 from . import _backend
 from ._errors import Error, StatusCode
+
+def _warn_skipped_config_dirs():
+    """At import: each KDISPATCH_CONFIG_DIRS entry that is not a directory,
+    as a RuntimeWarning (an engine's logging and warning filters see it).
+    The library skips such a dir and serves from the others
+    (dispatch::options_from_env, which also says so once on stderr when it
+    builds a runtime from the environment); KDISPATCH_LOG_LEVEL=off or error
+    silences both."""
+    value = os.environ.get("KDISPATCH_CONFIG_DIRS", "")
+    if not value or os.environ.get("KDISPATCH_LOG_LEVEL", "") in ("off", "error"):
+        return
+    for d in value.split(":"):
+        if d and not os.path.isdir(d):
+            why = "is not a directory" if os.path.exists(d) else "does not exist"
+            warnings.warn(f"KDISPATCH_CONFIG_DIRS='{value}': config dir '{d}' {why}; serving without it",
+                          RuntimeWarning, stacklevel=2)
+
+
+_warn_skipped_config_dirs()
 
 _TUNE_MODES = {"off": 0, "sync": 1, "background": 2}
 _LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "debug": 4}

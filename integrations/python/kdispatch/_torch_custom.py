@@ -27,7 +27,8 @@ How an op becomes a torch op (from its row: argument names, roles, shapes):
   synchronises or tunes. Outputs are always allocated by torch (its graph
   pool during capture), outside the kdispatch call.
 - The runtime: set_runtime(rt), else kdispatch.default_runtime() (the
-  KDISPATCH_* environment).
+  KDISPATCH_* environment; a KDISPATCH_CONFIG_DIRS dir that does not exist
+  is skipped, with a RuntimeWarning at import).
 
 The calls go through ctypes on the C ABI (pointers, shapes and strides
 straight from the tensors; no DLPack export, no copy), so this module needs

@@ -40,7 +40,9 @@ arguments in place is `<name>_` and returns None. Inputs are [..., cols]
 with unit stride on the last dim; leading dims are flattened (views;
 in-place and output arguments must be viewable). The runtime:
 set_runtime(rt), else kdispatch.default_runtime() (the KDISPATCH_*
-environment).
+environment; a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped,
+with a RuntimeWarning at import, and the ops serve from the other dirs
+instead of raising at the first call).
 """
 
 import os
