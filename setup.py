@@ -103,7 +103,8 @@ class EggInfo(egg_info):
 setup(
     version=version(),
     packages=["kdispatch"],
-    package_dir={"kdispatch": "integrations/python/kdispatch"},
+    py_modules=["kdispatch_cli"],  # the `kdispatch` command (kdispatch_cli.py: finds the package without importing it)
+    package_dir={"": "integrations/python"},
     ext_modules=[CMakeExtension("kdispatch._kdispatch")],
     cmdclass={"build_ext": CMakeBuild, "egg_info": EggInfo},
     zip_safe=False,
