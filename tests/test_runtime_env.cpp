@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <dlpack/dlpack.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/config_dir.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/dlpack.hpp"
 #include "test_util.hpp"
@@ -188,6 +190,48 @@ TEST_CASE("env: a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped, said
             "' does not exist; serving without it\n"
             "kdispatch: KDISPATCH_CONFIG_DIRS='" + value + "': config dir '" + file +
             "' is not a directory; serving without it\n");
+}
+
+TEST_CASE("env: an unreadable config dir is refused or skipped as a missing one is, and says permission denied "
+          "(issue 33, the attack's finding 3)") {
+  TempDir t;
+  ::chmod(t.str().c_str(), 0755);
+  const std::string locked = t.str() + "/locked", hidden = t.str() + "/private/inner", ok = t.str() + "/ok";
+  REQUIRE(::mkdir(locked.c_str(), 0755) == 0);
+  REQUIRE(::mkdir((t.str() + "/private").c_str(), 0755) == 0);
+  REQUIRE(::mkdir(hidden.c_str(), 0755) == 0);
+  REQUIRE(::mkdir(ok.c_str(), 0755) == 0);
+  REQUIRE(::chmod(locked.c_str(), 0) == 0);
+  REQUIRE(::chmod((t.str() + "/private").c_str(), 0700) == 0);
+  CHECK(dispatch::api::config_dir_problem(t.str() + "/nope") == "'" + t.str() + "/nope' does not exist");
+  CHECK(dispatch::api::config_dir_problem(ok).empty());
+  // As a user the modes apply to (root reads through them: the child drops to nobody).
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(30);
+    if (dispatch::api::config_dir_problem(locked) != "'" + locked + "' cannot be read (permission denied)") ::_exit(31);
+    if (dispatch::api::config_dir_problem(hidden) !=
+        "'" + hidden + "' cannot be reached (permission denied on a parent directory)")
+      ::_exit(32);
+    RuntimeOptions o;
+    o.load_shipped_configs = false;
+    o.config_dirs = {locked};
+    auto rt = Runtime::create(o);
+    if (rt.ok() || rt.status().message() != "config dir '" + locked + "' cannot be read (permission denied)")
+      ::_exit(33);
+    ::setenv("KDISPATCH_CONFIG_DIRS", (locked + ":" + ok).c_str(), 1);
+    ::setenv("KDISPATCH_LOG_LEVEL", "off", 1);
+    auto e = options_from_env();
+    if (!e.ok() || e->config_dirs != std::vector<std::string>{ok}) ::_exit(34);  // skipped, the rest serve
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  ::chmod(locked.c_str(), 0755);
+  ::chmod((t.str() + "/private").c_str(), 0755);
 }
 
 TEST_CASE("force: a forced variant serves every call of its op and dtype, lookup's why says so") {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "api/config_dir.hpp"
 #include "api/runtime_parts.hpp"
 #include "dispatch/runtime.hpp"
 #include "store/filename.hpp"
@@ -68,12 +69,7 @@ bool parse_bytes(const std::string& v, int64_t* out) {
 namespace fs = std::filesystem;
 
 // "" when `path` names an existing directory, else why not.
-std::string dir_problem(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return "'" + path + "' does not exist";
-  if (!fs::is_directory(path, ec)) return "'" + path + "' is not a directory";
-  return "";
-}
+std::string dir_problem(const std::string& path) { return api::config_dir_problem(path); }
 
 Status env_error(const char* name, const std::string& value, const std::string& why) {
   return make_status(StatusCode::invalid_argument, std::string(name) + "='" + value + "': " + why);

@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "api/config_dir.hpp"
 #include "api/json_out.hpp"
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
@@ -267,13 +268,9 @@ Runtime::~Runtime() {
 
 Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcept {
   try {
-    for (const auto& d : options.config_dirs) {
-      std::error_code ec;
-      if (!fs::exists(d, ec))
-        return make_status(StatusCode::invalid_argument, "config dir '" + d + "' does not exist");
-      if (!fs::is_directory(d, ec))
-        return make_status(StatusCode::invalid_argument, "config dir '" + d + "' is not a directory");
-    }
+    for (const auto& d : options.config_dirs)  // missing, not a dir, unreadable: refused, naming why
+      if (std::string why = api::config_dir_problem(d); !why.empty())
+        return make_status(StatusCode::invalid_argument, "config dir " + why);
     auto impl = std::make_unique<Impl>();
     impl->made_in_generation = fork_generation();
     impl->child_tuning_noted.store(impl->made_in_generation, std::memory_order_relaxed);

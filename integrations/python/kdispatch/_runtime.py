@@ -22,10 +22,29 @@ def _warn_skipped_config_dirs():
     if not value or os.environ.get("KDISPATCH_LOG_LEVEL", "") in ("off", "error"):
         return
     for d in value.split(":"):
-        if d and not os.path.isdir(d):
-            why = "is not a directory" if os.path.exists(d) else "does not exist"
+        why = _config_dir_problem(d) if d else ""
+        if why:
             warnings.warn(f"KDISPATCH_CONFIG_DIRS='{value}': config dir '{d}' {why}; serving without it",
                           RuntimeWarning, stacklevel=2)
+
+
+def _config_dir_problem(d):
+    """The library's rule (src/api/config_dir.hpp): why d cannot be read, or ""."""
+    import errno
+    import stat
+    try:
+        st = os.stat(d)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        if e.errno == errno.EACCES:
+            return "cannot be reached (permission denied on a parent directory)"
+        return f"cannot be read ({os.strerror(e.errno)})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if not os.access(d, os.R_OK | os.X_OK):
+        return "cannot be read (permission denied)"
+    return ""
 
 
 _warn_skipped_config_dirs()
@@ -131,17 +150,21 @@ class Runtime:
         opts = _options(config_dirs, tune, cache_dir, backend_version, shipped_configs, shipped_configs_dir,
                         device_aliases, bounded_nearest, bound_ratio, log_level, watch, force, deterministic,
                         tune_options)
-        self._init(_backend.impl.Handle.create(opts))
+        self._init(_backend.impl.Handle.create(opts), watching=bool(watch))
 
-    def _init(self, handle):
+    def _init(self, handle, watching=False):
         self._h = handle
         self._generation = 0
         self._lock = threading.Lock()
+        # True when the library's file watcher may publish a new table behind
+        # this object's back (watch=True or KDISPATCH_WATCH): `generation`
+        # does not see those reloads, so caches keyed on it must not cache.
+        self._watching = watching
 
     @classmethod
-    def _wrap(cls, handle):
+    def _wrap(cls, handle, watching=False):
         rt = cls.__new__(cls)
-        rt._init(handle)
+        rt._init(handle, watching)
         return rt
 
     @classmethod
@@ -157,7 +180,8 @@ class Runtime:
             raise TypeError(f"from_env() got unexpected keyword arguments {sorted(unknown)}")
         defaults.update(kwargs)
         opts = _options(config_dirs, **defaults)
-        return cls._wrap(_backend.impl.Handle.create_from_env(opts))
+        env_watch = os.environ.get("KDISPATCH_WATCH", "").strip() not in ("", "0")
+        return cls._wrap(_backend.impl.Handle.create_from_env(opts), watching=bool(defaults["watch"]) or env_watch)
 
     # ---- lifetime
     def close(self, timeout_s=None):
@@ -191,7 +215,9 @@ class Runtime:
 
     @property
     def generation(self):
-        """Bumped by every reload() through this object (caches key on it).
+        """Bumped by every reload() through this object (caches key on it;
+        a watched runtime's file-watcher reloads do not bump it: a cache must
+        not cache over a runtime made with watch=True / KDISPATCH_WATCH=1).
         Raises kdispatch.Error (failed_precondition) once the runtime was
         closed, as every other method does."""
         self._h.frozen()  # refused by the library once closed
@@ -425,5 +451,6 @@ def default_runtime():
     global _default
     with _default_lock:
         if _default is None:
-            _default = Runtime._wrap(_backend.impl.Handle.default_runtime())
+            _default = Runtime._wrap(_backend.impl.Handle.default_runtime(),
+                                     watching=os.environ.get("KDISPATCH_WATCH", "").strip() not in ("", "0"))
         return _default

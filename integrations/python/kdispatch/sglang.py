@@ -276,7 +276,11 @@ _clears = 0  # bumped by cache_clear(): every runtime's cache starts over
 
 def _cached(rt, key, compute):
     """Per-runtime cache (kept on the Runtime object, so it dies with it),
-    invalidated by Runtime.reload() and cache_clear()."""
+    invalidated by Runtime.reload() and cache_clear(). A watched runtime
+    (watch=True, KDISPATCH_WATCH=1) is not cached: its watcher publishes new
+    tables that Runtime.generation does not count."""
+    if getattr(rt, "_watching", False):
+        return compute()
     stamp = (rt.generation, _clears)
     c = getattr(rt, "_sglang_cache", None)
     if c is None or c[0] != stamp:

@@ -646,6 +646,31 @@ class SglangRuntimeTest(TempDirTest):
         with self.assertRaises(TypeError):
             ks.configure(rt, config_dirs=[d])
 
+    def test_a_watched_runtime_is_not_cached_past_its_watcher(self):
+        # The file watcher publishes a new table without Runtime.reload(): the
+        # shim must answer the new row (the third attack's finding 1).
+        import time
+        d = os.path.join(self.tmp, "configs")
+        name = "triton_3_5_1/E=8,N=16,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+        self.write("configs/" + name, '{"1": {"BLOCK_SIZE_M": 16}, "64": {"BLOCK_SIZE_M": 64}}')
+        rt = ks.configure(config_dirs=[d], backend_version="3.5.1", shipped_configs=False, log_level="off",
+                          watch=True)
+        self.addCleanup(rt.close)
+        args = ((8, 32, 128), (8, 128, 16), 2, "fp8_w8a8", 40)
+        self.assertEqual(ks.try_get_optimal_moe_config(*args, device_name="NVIDIA H200"), {"BLOCK_SIZE_M": 64})
+        tmp = self.write("configs/" + name + ".tmp", '{"1": {"BLOCK_SIZE_M": 16}, "32": {"BLOCK_SIZE_M": 32}}')
+        os.rename(tmp, os.path.join(d, name))
+        key = "E=8,N=16,dtype=fp8_w8a8"
+        for _ in range(100):  # the watcher's reload, up to 10 s
+            if rt.lookup("fused_moe", key, "NVIDIA H200", M=40)["config"]["BLOCK_SIZE_M"] == 32:
+                break
+            time.sleep(0.1)
+        self.assertEqual(rt.lookup("fused_moe", key, "NVIDIA H200", M=40)["config"]["BLOCK_SIZE_M"], 32)
+        self.assertEqual(rt.generation, 0)  # the watcher does not count here: hence no cache
+        self.assertEqual(ks.try_get_optimal_moe_config(*args, device_name="NVIDIA H200"), {"BLOCK_SIZE_M": 32})
+        self.assertEqual(ks.get_moe_configs(8, 16, "fp8_w8a8", device_name="NVIDIA H200"),
+                         {1: {"BLOCK_SIZE_M": 16}, 32: {"BLOCK_SIZE_M": 32}})
+
     def test_the_down_config_takes_the_up_block_size_m(self):
         # FMC lines 324-338: both GEMMs share one moe_align_block_size sort
         self.write("configs/triton_3_5_1/E=8,N=16,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
