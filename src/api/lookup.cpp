@@ -70,7 +70,14 @@ Config fused_moe_default(const store::Fields& f, int64_t M, bool hip, std::strin
   } else {
     put(&c, "BLOCK_SIZE_M", 64), put(&c, "BLOCK_SIZE_N", 64), put(&c, "BLOCK_SIZE_K", 32), put(&c, "GROUP_SIZE_M", 8);
   }
-  *why += "no table row: SGLang's fused-MoE get_default_config rule";
+  // (SGLang at d55f1c28 gives fp8 without a block shape a smaller tile on a
+  // CUDA GPU with < 128 KiB of shared memory per block, L40S / RTX 4090 class;
+  // this rule is the >= 128 KiB one: kdispatch.sglang.get_default_config has both.)
+  *why += (dtype && *dtype == "fp8_w8a8" && !block && !hip)
+              ? "no table row: SGLang's fused-MoE get_default_config rule for a GPU with >= 128 KiB of shared "
+                "memory per block (below that, L40S / RTX 4090 class, SGLang uses a smaller fp8 tile: "
+                "kdispatch.sglang.get_default_config)"
+              : "no table row: SGLang's fused-MoE get_default_config rule";
   return c;
 }
 
