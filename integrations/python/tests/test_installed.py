@@ -27,8 +27,10 @@ class InstalledPackageTest(unittest.TestCase):
             cls.version = re.search(r"project\(\s*kdispatch\s+VERSION\s+([0-9.]+)", f.read()).group(1)
 
     def test_the_package_is_the_installed_one(self):
-        self.assertFalse(self.pkg.startswith(os.path.realpath(SRC) + os.sep), self.pkg)
-        self.assertIn("site-packages", self.pkg)
+        # not the sources nor a CMake build's staged copy (the venv itself may sit under build/)
+        self.assertNotEqual(self.pkg, os.path.realpath(os.path.join(SRC, "integrations", "python", "kdispatch")))
+        self.assertIn(os.sep + "site-packages" + os.sep, self.pkg + os.sep)
+        self.assertFalse(os.path.exists(os.path.join(os.path.dirname(self.pkg), "..", "CMakeCache.txt")), self.pkg)
         self.assertEqual(os.path.realpath(self.kd.library_path()),
                          os.path.realpath(os.path.join(self.pkg, "lib", "libkdispatch.so.0")))
 
