@@ -33,27 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Sets environment variables for one scope and puts the old values back.
-class EnvScope {
- public:
-  EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      if (v) ::setenv(k, v, 1);
-      else ::unsetenv(k);
-    }
-  }
-  ~EnvScope() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using kdtest::EnvScope;
 
 mode_t mode_of(const fs::path& p) {
   struct stat st {};

@@ -30,28 +30,7 @@ namespace {
 
 std::string dev() { return cpu_device_info().device_name; }
 
-// Sets environment variables for one scope (nullptr: unset) and puts the
-// old values back.
-class Env {
- public:
-  Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      if (v) ::setenv(k, v, 1);
-      else ::unsetenv(k);
-    }
-  }
-  ~Env() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using kdtest::EnvScope;
 
 // rmsnorm hidden=64 fp32 of this host's CPU: `dir` holds a row at M = `m`
 // whose variant is `variant`.
@@ -125,7 +104,7 @@ TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_
   // ... which is what dispatch::lookup answers on the runtime the default
   // runtime would build from the same environment.
   {
-    Env env({{"KDISPATCH_CONFIG_DIRS", dirs.str().c_str()}, {"KDISPATCH_SHIPPED_CONFIGS", shipped.str().c_str()},
+    EnvScope env({{"KDISPATCH_CONFIG_DIRS", dirs.str().c_str()}, {"KDISPATCH_SHIPPED_CONFIGS", shipped.str().c_str()},
              {"KDISPATCH_FORCE", "rmsnorm=rmsnorm_fp32__vec:vec=8,unroll=2"}, {"KDISPATCH_CACHE_DIR", cache.str().c_str()},
              {"KDISPATCH_TUNE", nullptr}, {"KDISPATCH_LOG_LEVEL", nullptr}, {"KDISPATCH_BACKEND_VERSION", nullptr}});
     auto o = options_from_env();
@@ -168,7 +147,7 @@ TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_
   CHECK(bad.exit_code == 2);
   CHECK(bad.out == "");
   {
-    Env env({{"KDISPATCH_FORCE", "rmsnorm=no_such_variant"}});
+    EnvScope env({{"KDISPATCH_FORCE", "rmsnorm=no_such_variant"}});
     CHECK(bad.err == "kdispatch lookup: --env: " + options_from_env().status().to_string() + "\n");
   }
   CHECK(bad.err.find("KDISPATCH_FORCE='rmsnorm=no_such_variant'") != std::string::npos);

@@ -101,27 +101,7 @@ pid_t dead_pid() {
   return kid;
 }
 
-// Environment variables for one scope.
-class EnvScope {
- public:
-  EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      if (v) ::setenv(k, v, 1);
-      else ::unsetenv(k);
-    }
-  }
-  ~EnvScope() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using kdtest::EnvScope;
 
 kdtest::CliResult merge(const std::vector<std::string>& args, const TempDir& dir) {
   std::vector<std::string> a = {"merge"};

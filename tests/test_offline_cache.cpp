@@ -32,27 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Sets environment variables for one scope and puts the old values back.
-class Env {
- public:
-  Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      if (v) ::setenv(k, v, 1);
-      else ::unsetenv(k);
-    }
-  }
-  ~Env() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using kdtest::EnvScope;
 
 constexpr uid_t kNobody = 65534;
 
@@ -368,7 +348,7 @@ TEST_CASE("tune: a shape row without the op's dim column fails naming the column
 #endif  // KDISPATCH_CLI_PATH
 
 TEST_CASE("cache dir: KDISPATCH_CACHE_DIR that cannot be created is refused at start, naming the variable") {
-  Env e({{"KDISPATCH_CACHE_DIR", "/proc/x"}, {"KDISPATCH_TUNE", nullptr}});
+  EnvScope e({{"KDISPATCH_CACHE_DIR", "/proc/x"}, {"KDISPATCH_TUNE", nullptr}});
   auto o = options_from_env();
   REQUIRE(o.ok());
   o->load_shipped_configs = false;
@@ -411,7 +391,7 @@ TEST_CASE("cache dir: the ancestor rule: /tmp and a private home pass, unsafe an
     REQUIRE(::chmod(tmp.str().c_str(), 0750) == 0);
     fs::create_directories(tmp / ".cache");
     REQUIRE(::chmod((tmp / ".cache").c_str(), 0755) == 0);
-    Env e({{"KDISPATCH_CACHE_DIR", nullptr}, {"XDG_CACHE_HOME", nullptr}, {"HOME", tmp.str().c_str()}});
+    EnvScope e({{"KDISPATCH_CACHE_DIR", nullptr}, {"XDG_CACHE_HOME", nullptr}, {"HOME", tmp.str().c_str()}});
     const store::CacheDirChoice c = store::resolve_cache_dir("");
     CHECK(c.origin == "HOME");
     CHECK(c.dir == tmp.str() + "/.cache/kdispatch");

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -23,6 +24,31 @@ namespace kdtest {
 namespace fs = std::filesystem;
 
 /// The project's shared folder (read in place, never copied into the repo).
+/// Sets environment variables for one scope (nullptr: unset) and puts the
+/// old values back when it ends. Not thread-safe (setenv).
+class EnvScope {
+ public:
+  EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      if (v) ::setenv(k, v, 1);
+      else ::unsetenv(k);
+    }
+  }
+  ~EnvScope() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else ::unsetenv(it->first.c_str());
+    }
+  }
+  EnvScope(const EnvScope&) = delete;
+  EnvScope& operator=(const EnvScope&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
 inline fs::path shared_dir() { return fs::path(KDISPATCH_SHARED_DIR); }
 inline fs::path sglang_dir() { return shared_dir() / "data" / "sglang-configs"; }
 inline fs::path moe_dir() { return sglang_dir() / "fused_moe_triton"; }
