@@ -49,12 +49,12 @@
 namespace {
 
 namespace core = dispatch::core;
-using dispatch::DType;
 using core::LaunchArgs;
 using core::OpKind;
 using core::Plan;
 using core::Problem;
 using core::VariantDef;
+using dispatch::DType;
 
 // ------------------------------------------------------------------ buffers
 
@@ -151,8 +151,7 @@ Case norm_case(OpKind op, DType dt, int64_t tokens, int64_t hidden) {
 
 /// Up to `want` points of v's space that v accepts for p, evenly spaced; at
 /// the widest accepted `ukernel` when v has one.
-std::vector<Plan> sample_points(const VariantDef& v, const Problem& p, const dispatch::DeviceInfo& dev,
-                                size_t want) {
+std::vector<Plan> sample_points(const VariantDef& v, const Problem& p, const dispatch::DeviceInfo& dev, size_t want) {
   std::vector<Plan> space = core::config_space(v, p, dev);
   for (size_t i = 0; i < v.params.size(); ++i) {
     if (v.params[i].name != "ukernel") continue;

@@ -229,7 +229,8 @@ BENCHMARK(BM_Floor_ReadParse)->Unit(benchmark::kMillisecond);
 
 // ---------------------------------------------------------------- --scaling
 
-const char* kRow = R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3})";
+const char* kRow =
+    R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3})";
 
 void write_table(const fs::path& file, int64_t rows, int64_t first_m = 1) {
   std::ofstream out(file);
@@ -239,7 +240,7 @@ void write_table(const fs::path& file, int64_t rows, int64_t first_m = 1) {
 }
 
 double thread_cpu_seconds() {
-  struct rusage ru{};
+  struct rusage ru {};
   ::getrusage(RUSAGE_THREAD, &ru);
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
@@ -324,7 +325,9 @@ int run_scaling(bool assert_ratios, double bar, double bar_rows) {
     }
     cases.push_back(c);
   }
-  std::printf("| input | load, median of 5 (s) | fastest of 5 (s) | CPU time of the load, least of 5 (s) | peak RSS of a process loading it once (MB) |\n|---|---|---|---|---|\n");
+  std::printf(
+      "| input | load, median of 5 (s) | fastest of 5 (s) | CPU time of the load, least of 5 (s) | peak RSS of a "
+      "process loading it once (MB) |\n|---|---|---|---|---|\n");
   for (Case& c : cases) {
     std::vector<double> t, cpu;
     for (int i = 0; i < 5; ++i) {
@@ -349,8 +352,8 @@ int run_scaling(bool assert_ratios, double bar, double bar_rows) {
               cases[3].min_s / cases[1].min_s);
   std::printf("CPU time(1M rows) / CPU time(500k rows) = %.2f (linear: 2; quadratic: 4)\n",
               cases[3].cpu_s / cases[2].cpu_s);
-  std::printf("CPU time(10k files) / CPU time(1k files) = %.1f (linear: 10; issue bar 13); wall: %.1f\n",
-              files_ratio, cases[5].min_s / cases[4].min_s);
+  std::printf("CPU time(10k files) / CPU time(1k files) = %.1f (linear: 10; issue bar 13); wall: %.1f\n", files_ratio,
+              cases[5].min_s / cases[4].min_s);
   std::printf("1M rows: %.2f s, %.0f MB (target 1.5 s, 400 MB)\n", cases[3].median_s, cases[3].peak_mb);
   std::error_code ec;
   fs::remove_all(root, ec);
@@ -389,7 +392,8 @@ int run_reload(bool assert_ratio, double bar) {
   const fs::path root(tmpl);
   const int kFiles = 10000;
   auto file_of = [&](int f) {
-    return root / ("d" + std::to_string(f / 500)) / ("E=8,N=" + std::to_string(f + 1) + ",device_name=NVIDIA_H200.json");
+    return root / ("d" + std::to_string(f / 500)) /
+           ("E=8,N=" + std::to_string(f + 1) + ",device_name=NVIDIA_H200.json");
   };
   for (int f = 0; f < kFiles; ++f) {
     fs::create_directories(file_of(f).parent_path());
@@ -426,7 +430,8 @@ int run_reload(bool assert_ratio, double bar) {
       const int w = window.load(std::memory_order_acquire);
       const auto t0 = std::chrono::steady_clock::now();
       auto r = dispatch::lookup(*rt, q);
-      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      const int64_t ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       failed += !r.ok();
       if (w == 1) idle.ns.push_back(ns);
       if (w == 2) during.ns.push_back(ns);
@@ -480,23 +485,31 @@ int run_reload(bool assert_ratio, double bar) {
   std::sort(one_cpu.begin(), one_cpu.end());
 
   const double ratio = one_cpu[2] / full_cpu[1];
-  std::printf("| %d files of 100 rows | wall, median (ms) | CPU time of the loading thread, median (ms) | files read | files unchanged | keys copied |\n|---|---|---|---|---|---|\n", kFiles);
-  std::printf("| full load (Runtime::create, 3 runs) | %.1f | %.1f | %d | 0 | 0 |\n", full_wall[1] * 1e3, full_cpu[1] * 1e3, kFiles);
-  std::printf("| reload, nothing changed (5 runs) | %.1f | %.1f | 0 | %d | %d |\n", same_wall[2] * 1e3, same_cpu[2] * 1e3, kFiles, kFiles);
+  std::printf(
+      "| %d files of 100 rows | wall, median (ms) | CPU time of the loading thread, median (ms) | files read | files "
+      "unchanged | keys copied |\n|---|---|---|---|---|---|\n",
+      kFiles);
+  std::printf("| full load (Runtime::create, 3 runs) | %.1f | %.1f | %d | 0 | 0 |\n", full_wall[1] * 1e3,
+              full_cpu[1] * 1e3, kFiles);
+  std::printf("| reload, nothing changed (5 runs) | %.1f | %.1f | 0 | %d | %d |\n", same_wall[2] * 1e3,
+              same_cpu[2] * 1e3, kFiles, kFiles);
   std::printf("| reload after one file changed (5 runs) | %.1f | %.1f | %lld | %lld | %lld |\n", one_wall[2] * 1e3,
               one_cpu[2] * 1e3, (long long)read_after_one, (long long)unchanged_after_one, (long long)keys_unchanged);
   std::printf("one-file reload / full load: %.3f of the CPU time, %.3f of the wall time (target <= 0.10)\n", ratio,
               one_wall[2] / full_wall[1]);
-  std::printf("reader (dispatch::lookup of one key, another thread): during the reloads %zu calls, p50 %.0f ns, "
-              "p99.9 %.0f ns, max %.0f ns; idle window of the same length %zu calls, p50 %.0f ns, p99.9 %.0f ns, "
-              "max %.0f ns; failed lookups %lld\n",
-              during.ns.size(), during.pct(0.5), during.pct(0.999), during.pct(1.0), idle.ns.size(), idle.pct(0.5),
-              idle.pct(0.999), idle.pct(1.0), (long long)failed);
+  std::printf(
+      "reader (dispatch::lookup of one key, another thread): during the reloads %zu calls, p50 %.0f ns, "
+      "p99.9 %.0f ns, max %.0f ns; idle window of the same length %zu calls, p50 %.0f ns, p99.9 %.0f ns, "
+      "max %.0f ns; failed lookups %lld\n",
+      during.ns.size(), during.pct(0.5), during.pct(0.999), during.pct(1.0), idle.ns.size(), idle.pct(0.5),
+      idle.pct(0.999), idle.pct(1.0), (long long)failed);
   std::error_code ec;
   fs::remove_all(root, ec);
   if (assert_ratio && (ratio > bar || failed != 0 || read_after_one != 1)) {
-    std::fprintf(stderr, "bench_load --reload: the one-file reload costs %.3f of a full load (bar %.2f), "
-                         "read %lld files, %lld failed lookups\n", ratio, bar, (long long)read_after_one, (long long)failed);
+    std::fprintf(stderr,
+                 "bench_load --reload: the one-file reload costs %.3f of a full load (bar %.2f), "
+                 "read %lld files, %lld failed lookups\n",
+                 ratio, bar, (long long)read_after_one, (long long)failed);
     return 1;
   }
   if (assert_ratio) std::printf("within the bar of %.2f\n", bar);
@@ -587,8 +600,8 @@ int run_merge_scaling(const std::string& kd, bool assert_bars) {
   char tmpl[] = "/tmp/kdispatch-bench-merge-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return 1;
   const fs::path root(tmpl);
-  const std::string rel = "cpu/gemm/N=128,K=128,device_name=" + dispatch::cpu_device_info().device_name +
-                          ",dtype=fp32.json";
+  const std::string rel =
+      "cpu/gemm/N=128,K=128,device_name=" + dispatch::cpu_device_info().device_name + ",dtype=fp32.json";
   std::map<int64_t, double> merge_s, merge_cpu;
   for (int64_t rows : {32768, 262144, 1048576}) {
     const fs::path src = root / ("src" + std::to_string(rows)), out = root / "out";
@@ -615,15 +628,16 @@ int run_merge_scaling(const std::string& kd, bool assert_bars) {
   const double load_1m_cpu = load_cpu[load_cpu.size() / 2];
   const fs::path compact = root / "compact";
   write_kd_table(compact / rel, 65536);
-  const double compact_s =
-      median_of(5, [&] { return run_seconds({kd, "merge", "--compact", compact.string()}); });
+  const double compact_s = median_of(5, [&] { return run_seconds({kd, "merge", "--compact", compact.string()}); });
   const double ratio = merge_cpu[262144] / merge_cpu[32768], vs_load = merge_cpu[1048576] / load_1m_cpu;
-  std::printf("merge 256k rows / 32k rows = %.2f in CPU time (bar 12; linear: 8; wall %.2f), 256k rows: %.3f s wall "
-              "(bar 4 s)\n",
-              ratio, merge_s[262144] / merge_s[32768], merge_s[262144]);
-  std::printf("merge 1M rows: %.3f s CPU = %.2f x the load of the same file (%.3f s CPU; bar 3); wall %.3f s = %.2f x "
-              "the load's %.3f s\n",
-              merge_cpu[1048576], vs_load, load_1m_cpu, merge_s[1048576], merge_s[1048576] / load_1m, load_1m);
+  std::printf(
+      "merge 256k rows / 32k rows = %.2f in CPU time (bar 12; linear: 8; wall %.2f), 256k rows: %.3f s wall "
+      "(bar 4 s)\n",
+      ratio, merge_s[262144] / merge_s[32768], merge_s[262144]);
+  std::printf(
+      "merge 1M rows: %.3f s CPU = %.2f x the load of the same file (%.3f s CPU; bar 3); wall %.3f s = %.2f x "
+      "the load's %.3f s\n",
+      merge_cpu[1048576], vs_load, load_1m_cpu, merge_s[1048576], merge_s[1048576] / load_1m, load_1m);
   std::printf("merge --compact of a dir with one 64k-row table, no fragments: %.3f s (bar 0.2 s)\n", compact_s);
   std::error_code ec;
   fs::remove_all(root, ec);

@@ -78,7 +78,7 @@ int64_t synth_k(int i) { return 128 * (1 + i / 20); }
 /// Everything the benchmarks share; built once (thread-safe static).
 struct World {
   fs::path tmp;
-  std::string device_name;          ///< cpu_device_info().device_name
+  std::string device_name;  ///< cpu_device_info().device_name
   std::unique_ptr<table::Snapshot> snap;
   std::atomic<const table::Snapshot*> current{nullptr};
   table::NearestPolicy policy;
@@ -174,9 +174,9 @@ struct World {
                               ",device_name=" + device_name + ",dtype=fp32.json"));
       f << "{";
       for (int j = 0; j < 14; ++j)
-        f << (j ? ",\n " : "") << "\"" << kSynthMs[j] << "\": {\"variant\": \"gemm_fp32__blocked\", \"BLOCK_SIZE_M\": "
-          << kBm[j % 3] << ", \"BLOCK_SIZE_N\": " << kBn[(j / 3) % 3]
-          << ", \"BLOCK_SIZE_K\": 512, \"ukernel\": \"scalar\"}";
+        f << (j ? ",\n " : "") << "\"" << kSynthMs[j]
+          << "\": {\"variant\": \"gemm_fp32__blocked\", \"BLOCK_SIZE_M\": " << kBm[j % 3]
+          << ", \"BLOCK_SIZE_N\": " << kBn[(j / 3) % 3] << ", \"BLOCK_SIZE_K\": 512, \"ukernel\": \"scalar\"}";
       f << "}\n";
     }
     std::ofstream(gemm / ("N=16,K=16,device_name=" + device_name + ",dtype=fp32.json"))
@@ -198,9 +198,8 @@ struct ThreadClock {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   void finish(benchmark::State& state) {
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-    state.counters["ns_per_call"] =
-        benchmark::Counter(state.iterations() ? ns / static_cast<double>(state.iterations()) : 0.0,
-                           benchmark::Counter::kAvgThreads);
+    state.counters["ns_per_call"] = benchmark::Counter(
+        state.iterations() ? ns / static_cast<double>(state.iterations()) : 0.0, benchmark::Counter::kAvgThreads);
   }
 };
 
@@ -214,7 +213,8 @@ inline bool table_lookup_text(const World& w, const core::Problem& p, core::Plan
   const table::Snapshot* snap = w.current.load(std::memory_order_seq_cst);
   if (const table::Bucket* b = snap->find(key.view(), hash)) {
     size_t idx = 0;
-    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && table::Snapshot::plan(*b, idx).valid()) {
+    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx);
+        r && table::Snapshot::plan(*b, idx).valid()) {
       *plan = table::Snapshot::plan(*b, idx);
       return true;
     }
@@ -232,7 +232,8 @@ inline bool table_lookup(const World& w, const core::Problem& p, core::Plan* pla
   const table::Snapshot* snap = w.current.load(std::memory_order_seq_cst);
   if (const table::Bucket* b = snap->find_own(key, hash, w.device_name)) {
     size_t idx = 0;
-    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx); r && table::Snapshot::plan(*b, idx).valid()) {
+    if (const table::Row* r = table::Snapshot::nearest(*b, p.m, w.policy, &idx);
+        r && table::Snapshot::plan(*b, idx).valid()) {
       *plan = table::Snapshot::plan(*b, idx);
       return true;
     }
@@ -375,9 +376,9 @@ BENCHMARK(BM_GetDefault);
 
 inline bool baseline_lookup(const World& w, const core::Problem& p, core::Plan* plan) {
   // What a first implementation writes: the key as a std::string per call.
-  std::string key = std::string(dispatch::device_type_name(p.device.type)) + "/" +
-                    std::string(core::op_name(p.op)) + "|" + w.device_name + "|K=" + std::to_string(p.k) +
-                    ",N=" + std::to_string(p.n) + ",dtype=" + std::string(dispatch::dtype_name(p.in_dtype));
+  std::string key = std::string(dispatch::device_type_name(p.device.type)) + "/" + std::string(core::op_name(p.op)) +
+                    "|" + w.device_name + "|K=" + std::to_string(p.k) + ",N=" + std::to_string(p.n) +
+                    ",dtype=" + std::string(dispatch::dtype_name(p.in_dtype));
   std::shared_lock<std::shared_mutex> lock(w.baseline.mu);
   auto it = w.baseline.map.find(key);
   if (it == w.baseline.map.end() || it->second.empty()) return false;
@@ -415,8 +416,7 @@ bool check_same_answers(const World& w) {
     core::Plan a, b;
     const bool ha = table_lookup(w, w.hits[q], &a);
     const bool hb = baseline_lookup(w, w.hits[q], &b);
-    if (ha != hb || !ha || a.variant != b.variant ||
-        std::memcmp(a.params, b.params, sizeof a.params) != 0) {
+    if (ha != hb || !ha || a.variant != b.variant || std::memcmp(a.params, b.params, sizeof a.params) != 0) {
       std::fprintf(stderr, "table and baseline disagree on query %zu (M=%lld)\n", q,
                    static_cast<long long>(w.hits[q].m));
       return false;
@@ -430,8 +430,12 @@ bool check_same_answers(const World& w) {
 struct Tiny {
   std::vector<float> x, y, w, a, b, d;
   Tiny()
-      : x(kTinyHidden, 0.5f), y(kTinyHidden), w(kTinyHidden, 1.0f),
-        a(kTinyGemm, 0.25f), b(kTinyGemm * kTinyGemm, 0.5f), d(kTinyGemm) {}
+      : x(kTinyHidden, 0.5f),
+        y(kTinyHidden),
+        w(kTinyHidden, 1.0f),
+        a(kTinyGemm, 0.25f),
+        b(kTinyGemm * kTinyGemm, 0.5f),
+        d(kTinyGemm) {}
   dispatch::RmsNormArgs norm_args() {
     return {.y = dispatch::make_tensor_2d(y.data(), dispatch::DType::fp32, 1, kTinyHidden, kTinyHidden),
             .x = dispatch::make_tensor_2d(x.data(), dispatch::DType::fp32, 1, kTinyHidden, kTinyHidden),
@@ -540,8 +544,10 @@ void gemm_hit(benchmark::State& state) {
       t0 = std::chrono::steady_clock::now();
     }
     dispatch::Status s;
-    if constexpr (kDispatch) s = dispatch::gemm(*w.rt, args);
-    else s = plan.variant->launch(la, p, plan.params);
+    if constexpr (kDispatch)
+      s = dispatch::gemm(*w.rt, args);
+    else
+      s = plan.variant->launch(la, p, plan.params);
     benchmark::DoNotOptimize(s);
     benchmark::ClobberMemory();
     if constexpr (kCold)

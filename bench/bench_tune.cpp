@@ -205,8 +205,10 @@ void BM_ForegroundRmsnorm(benchmark::State& state) {
       constexpr int64_t kN = 4096, kK = 4096, kMaxM = 24;
       Bf16Buffer a(kMaxM * kK), b(kN * kK), d(kMaxM * kN);
       for (int64_t m = 1; m <= kMaxM; ++m) {
-        dsp::GemmArgs g{dsp::make_tensor_2d(a.get(), bf16, m, kK, kK), dsp::make_tensor_2d(b.get(), bf16, kN, kK, kK),
-                        dsp::make_tensor_2d(d.get(), bf16, m, kN, kN), {}};
+        dsp::GemmArgs g{dsp::make_tensor_2d(a.get(), bf16, m, kK, kK),
+                        dsp::make_tensor_2d(b.get(), bf16, kN, kK, kK),
+                        dsp::make_tensor_2d(d.get(), bf16, m, kN, kN),
+                        {}};
         (void)dsp::gemm(rt, g);
       }
     });
@@ -232,7 +234,9 @@ void BM_ForegroundRmsnorm(benchmark::State& state) {
   const dsp::TuneStats after = rt.tune_stats();
   const bool busy_after = !rt.wait_tuner_idle(0.05);
   std::sort(lat.begin(), lat.end());
-  auto pct = [&](double p) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(p * lat.size()))]; };
+  auto pct = [&](double p) {
+    return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(p * lat.size()))];
+  };
   state.counters["p50_us"] = pct(0.50);
   state.counters["p99_us"] = pct(0.99);
   state.counters["max_us"] = lat.empty() ? 0.0 : lat.back();

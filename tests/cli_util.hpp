@@ -37,11 +37,12 @@ inline CliResult run_cli(const std::vector<std::string>& args, const std::string
                          const std::vector<std::string>& env = {}) {
   TempDir tmp;
   const fs::path err_file = tmp / "stderr.txt";
-  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
-                    "-u KDISPATCH_MISSES_EXPORT -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_TUNE_MEM "
-                    "-u KDISPATCH_LOG_LEVEL -u KDISPATCH_VERIFY_SHIPPED -u KDISPATCH_TUNE_GRAPH -u KDISPATCH_TUNE_MARGIN "
-                    "KDISPATCH_CACHE_DIR=" +
-                    shell_quote(cache_dir.empty() ? (tmp / "cache").string() : cache_dir) + " ";
+  std::string cmd =
+      "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
+      "-u KDISPATCH_MISSES_EXPORT -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_TUNE_MEM "
+      "-u KDISPATCH_LOG_LEVEL -u KDISPATCH_VERIFY_SHIPPED -u KDISPATCH_TUNE_GRAPH -u KDISPATCH_TUNE_MARGIN "
+      "KDISPATCH_CACHE_DIR=" +
+      shell_quote(cache_dir.empty() ? (tmp / "cache").string() : cache_dir) + " ";
   for (const auto& e : env) cmd += shell_quote(e) + " ";
   cmd += shell_quote(KDISPATCH_CLI_PATH);
   for (const auto& a : args) cmd += " " + shell_quote(a);

@@ -69,7 +69,8 @@ inline std::filesystem::path written_file(const std::filesystem::path& dir, cons
 inline std::vector<int64_t> served_ms(const std::string& dir) {
   std::vector<dispatch::store::SourceDir> dirs = {{dir, 0, true}};
   uint32_t next = 1;
-  auto out = dispatch::store::load_config_dirs(dirs, {}, [&](const std::string&, const std::string&) { return next++; });
+  auto out =
+      dispatch::store::load_config_dirs(dirs, {}, [&](const std::string&, const std::string&) { return next++; });
   auto snap = dispatch::table::Snapshot::build(out.inputs, {}, nullptr);
   std::vector<int64_t> ms;
   for (const auto& b : snap->buckets()) ms.insert(ms.end(), b.ms.begin(), b.ms.end());

@@ -24,8 +24,8 @@ struct GemmResult {
   std::vector<double> scale;
 };
 
-inline GemmResult gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                       int64_t ldb, const float* bias) {
+inline GemmResult gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       const float* bias) {
   GemmResult r;
   r.d.resize(static_cast<size_t>(M * N));
   r.scale.resize(static_cast<size_t>(M * N));
@@ -51,8 +51,7 @@ inline GemmResult gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t 
 }
 
 /// y[t*H + h] = x[t*ldx + h] / sqrt(mean_h(x^2) + eps) * w[h], in double.
-inline std::vector<double> rmsnorm(int64_t T, int64_t H, const float* x, int64_t ldx, const float* w,
-                                   double eps) {
+inline std::vector<double> rmsnorm(int64_t T, int64_t H, const float* x, int64_t ldx, const float* w, double eps) {
   std::vector<double> y(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0;
@@ -73,9 +72,8 @@ struct FusedResult {
   std::vector<double> out;      ///< [T*H]
 };
 
-inline FusedResult fused_add_rmsnorm(int64_t T, int64_t H, const float* x, int64_t ldx,
-                                     const float* residual, int64_t ldr, const float* w, double eps,
-                                     bool bf16_storage, bool round_z = true) {
+inline FusedResult fused_add_rmsnorm(int64_t T, int64_t H, const float* x, int64_t ldx, const float* residual,
+                                     int64_t ldr, const float* w, double eps, bool bf16_storage, bool round_z = true) {
   FusedResult r;
   r.residual.resize(static_cast<size_t>(T * H));
   std::vector<float> z(static_cast<size_t>(T * H));

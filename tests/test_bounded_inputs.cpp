@@ -95,7 +95,9 @@ fs::path aside_of(const fs::path& target) {
 
 }  // namespace
 
-TEST_CASE("bounded read: a FIFO with no writer, /dev/zero, a directory and a sparse file over the limit are refused at once, with the reason") {
+TEST_CASE(
+    "bounded read: a FIFO with no writer, /dev/zero, a directory and a sparse file over the limit are refused at once, "
+    "with the reason") {
   TempDir dir;
   const fs::path fifo = dir / "x.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -115,14 +117,17 @@ TEST_CASE("bounded read: a FIFO with no writer, /dev/zero, a directory and a spa
   // A generated file: fstat says 0 bytes, a read gives content (tune --shapes
   // /proc/cpuinfo said "empty file (no header)").
   CHECK(store::read_bounded("/proc/self/status", &out, {}, &why) == store::ReadError::not_regular);
-  CHECK(why == "'/proc/self/status' reports a size of 0 bytes but has content (a generated file, as in /proc or /sys): "
-               "not read");
+  CHECK(why ==
+        "'/proc/self/status' reports a size of 0 bytes but has content (a generated file, as in /proc or /sys): "
+        "not read");
   kdtest::write_text(dir / "empty.json", "");
   CHECK(store::read_bounded((dir / "empty.json").string(), &out, {}, &why) == store::ReadError::ok);
   CHECK(out.empty());
   CHECK(store::read_bounded(big.string(), &out, {}, &why) == store::ReadError::too_large);
-  CHECK(why == "'" + big.string() + "' is 314572800 bytes, over the limit for one input file "
-                                    "(docs/config-files.md#limits) of " + kLimit + " bytes: not read");
+  CHECK(why == "'" + big.string() +
+                   "' is 314572800 bytes, over the limit for one input file "
+                   "(docs/config-files.md#limits) of " +
+                   kLimit + " bytes: not read");
   CHECK(out.empty());
   int fd = 7;
   size_t size = 0;
@@ -182,12 +187,13 @@ TEST_CASE("loader: a config file swapped for a FIFO or /dev/zero after the walk 
     CHECK(fa->rows == 4);
     CHECK(fb->state == FileReport::State::skipped);
     REQUIRE(!fb->problems.empty());
-    CHECK(fb->problems.front() == "'" + target.string() + "' is " + (fifo ? "a FIFO" : "a character device") +
-                                      ": only a regular file is read");
+    CHECK(fb->problems.front() ==
+          "'" + target.string() + "' is " + (fifo ? "a FIFO" : "a character device") + ": only a regular file is read");
   }
 }
 
-TEST_CASE("loader: a sparse 300 MiB config file is refused with its size and the limit, nothing allocated, the rest serves") {
+TEST_CASE(
+    "loader: a sparse 300 MiB config file is refused with its size and the limit, nothing allocated, the rest serves") {
   TempDir dir;
   const std::string a = "E=8,N=1,device_name=NVIDIA_H200.json", b = "E=8,N=2,device_name=NVIDIA_H200.json";
   kdtest::write_text(dir / a, moe_table(4));
@@ -208,8 +214,9 @@ TEST_CASE("loader: a sparse 300 MiB config file is refused with its size and the
   CHECK(kdtest::lookup_ok(*rt, kdtest::query("E=8,N=1", "NVIDIA_H200", 3)).match == LookupResult::Match::exact);
 }
 
-TEST_CASE_TEMPLATE("persist_rows: a table over the size limit is moved aside whole, never read, and the new rows are written", T,
-                   FlockScheme, FragmentScheme) {
+TEST_CASE_TEMPLATE(
+    "persist_rows: a table over the size limit is moved aside whole, never read, and the new rows are written", T,
+    FlockScheme, FragmentScheme) {
   kdtest::WriterScheme scheme(T::fragments);
   LimitsGuard g;
   TempDir dir;
@@ -224,8 +231,8 @@ TEST_CASE_TEMPLATE("persist_rows: a table over the size limit is moved aside who
   SUBCASE("over a lowered limit: the rows are kept aside byte for byte, the new row is written alone") {
     store::limits().max_file_bytes = 4096;
     std::vector<std::string> notes;
-    const Status s = store::persist_rows(dir.str(), rel, {ref_row(200)}, store::cpu_fingerprint(), kSchema, nullptr,
-                                         false, &notes);
+    const Status s =
+        store::persist_rows(dir.str(), rel, {ref_row(200)}, store::cpu_fingerprint(), kSchema, nullptr, false, &notes);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     CHECK(rows_of(target) == std::vector<int64_t>{200});
     const fs::path aside = aside_of(target);
@@ -233,16 +240,16 @@ TEST_CASE_TEMPLATE("persist_rows: a table over the size limit is moved aside who
     REQUIRE(notes.size() == 1);
     CHECK(notes[0] == "'" + target.string() + "' is " + std::to_string(before.size()) +
                           " bytes, over the limit for one config file (docs/config-files.md#limits) of 4096 bytes: "
-                          "not read; moved aside to '" + aside.string() +
-                          "' and started afresh (the loader does not read it either)");
+                          "not read; moved aside to '" +
+                          aside.string() + "' and started afresh (the loader does not read it either)");
   }
   SUBCASE("a sparse 300 MiB file at the default limit: moved aside at once, nothing allocated") {
     fs::resize_file(target, static_cast<uintmax_t>(kSparse));
     const int64_t rss0 = peak_rss();
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> notes;
-    const Status s = store::persist_rows(dir.str(), rel, {ref_row(200)}, store::cpu_fingerprint(), kSchema, nullptr,
-                                         false, &notes);
+    const Status s =
+        store::persist_rows(dir.str(), rel, {ref_row(200)}, store::cpu_fingerprint(), kSchema, nullptr, false, &notes);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     CHECK(seconds_since(t0) < 2.0);
     CHECK(peak_rss() - rss0 < (int64_t{32} << 20));
@@ -250,9 +257,11 @@ TEST_CASE_TEMPLATE("persist_rows: a table over the size limit is moved aside who
     const fs::path aside = aside_of(target);
     CHECK(fs::file_size(aside) == static_cast<uintmax_t>(kSparse));
     REQUIRE(notes.size() == 1);
-    CHECK(notes[0] == "'" + target.string() + "' is 314572800 bytes, over the limit for one config file "
-                      "(docs/config-files.md#limits) of " + kLimit + " bytes: not read; moved aside to '" +
-                          aside.string() + "' and started afresh (the loader does not read it either)");
+    CHECK(notes[0] == "'" + target.string() +
+                          "' is 314572800 bytes, over the limit for one config file "
+                          "(docs/config-files.md#limits) of " +
+                          kLimit + " bytes: not read; moved aside to '" + aside.string() +
+                          "' and started afresh (the loader does not read it either)");
   }
 }
 
@@ -277,8 +286,8 @@ constexpr bool kSanitized = false;
 kdtest::CliResult run_capped(const std::vector<std::string>& args) {
   TempDir tmp;
   const fs::path err_file = tmp / "stderr.txt";
-  std::string cmd = std::string(kSanitized ? "" : "ulimit -v 4194304; ") + "KDISPATCH_CACHE_DIR=" +
-                    kdtest::shell_quote((tmp / "cache").string()) + " timeout -s KILL 20 " +
+  std::string cmd = std::string(kSanitized ? "" : "ulimit -v 4194304; ") +
+                    "KDISPATCH_CACHE_DIR=" + kdtest::shell_quote((tmp / "cache").string()) + " timeout -s KILL 20 " +
                     kdtest::shell_quote(KDISPATCH_CLI_PATH);
   for (const auto& a : args) cmd += " " + kdtest::shell_quote(a);
   cmd += " 2>" + kdtest::shell_quote(err_file.string()) + " >/dev/null";
@@ -291,14 +300,18 @@ kdtest::CliResult run_capped(const std::vector<std::string>& args) {
 
 }  // namespace
 
-TEST_CASE("tune --shapes and replay --trace: /dev/zero, a FIFO with no writer and a sparse 300 MiB file are refused at once, with what they are") {
+TEST_CASE(
+    "tune --shapes and replay --trace: /dev/zero, a FIFO with no writer and a sparse 300 MiB file are refused at once, "
+    "with what they are") {
   TempDir dir;
   const fs::path fifo = dir / "shapes.csv";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const fs::path big = dir / "big.csv";
   make_sparse(big);
-  const std::string big_why = "'" + big.string() + "' is 314572800 bytes, over the limit for one input file "
-                              "(docs/config-files.md#limits) of " + kLimit + " bytes: not read";
+  const std::string big_why = "'" + big.string() +
+                              "' is 314572800 bytes, over the limit for one input file "
+                              "(docs/config-files.md#limits) of " +
+                              kLimit + " bytes: not read";
   const std::vector<std::pair<std::string, std::string>> inputs = {
       {fifo.string(), "'" + fifo.string() + "' is a FIFO: only a regular file is read"},
       {"/dev/zero", "'/dev/zero' is a character device: only a regular file is read"},

@@ -28,33 +28,33 @@
 static int g_failures = 0;
 static int g_checks = 0;
 
-#define CHECK(cond)                                                                          \
-  do {                                                                                       \
-    ++g_checks;                                                                              \
-    if (!(cond)) {                                                                           \
-      ++g_failures;                                                                          \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: '%s'\n", __FILE__, __LINE__,     \
-              #cond, kdispatch_last_error_message());                                        \
-    }                                                                                        \
+#define CHECK(cond)                                                                             \
+  do {                                                                                          \
+    ++g_checks;                                                                                 \
+    if (!(cond)) {                                                                              \
+      ++g_failures;                                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: '%s'\n", __FILE__, __LINE__, #cond, \
+              kdispatch_last_error_message());                                                  \
+    }                                                                                           \
   } while (0)
 
 /* The call returns `code` (and, for a failure, a non-empty message). */
-#define EXPECT(code, call)                                                                     \
-  do {                                                                                         \
-    kdispatch_status s_ = (call);                                                              \
-    ++g_checks;                                                                                \
-    if (s_ != (code)) {                                                                        \
-      ++g_failures;                                                                            \
-      fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d (%s); last error: '%s'\n",      \
-              __FILE__, __LINE__, #call, (int)s_, kdispatch_status_name(s_), (int)(code),      \
-              kdispatch_status_name(code), kdispatch_last_error_message());                    \
-    } else if ((code) != KDISPATCH_OK && kdispatch_last_error_message()[0] == '\0') {          \
-      ++g_failures;                                                                            \
-      fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__, __LINE__, #call);      \
-    } else if ((code) == KDISPATCH_OK && kdispatch_last_error_message()[0] != '\0') {          \
-      ++g_failures;                                                                            \
-      fprintf(stderr, "%s:%d: %s succeeded but left a message\n", __FILE__, __LINE__, #call);  \
-    }                                                                                          \
+#define EXPECT(code, call)                                                                                           \
+  do {                                                                                                               \
+    kdispatch_status s_ = (call);                                                                                    \
+    ++g_checks;                                                                                                      \
+    if (s_ != (code)) {                                                                                              \
+      ++g_failures;                                                                                                  \
+      fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d (%s); last error: '%s'\n", __FILE__, __LINE__, #call, \
+              (int)s_, kdispatch_status_name(s_), (int)(code), kdispatch_status_name(code),                          \
+              kdispatch_last_error_message());                                                                       \
+    } else if ((code) != KDISPATCH_OK && kdispatch_last_error_message()[0] == '\0') {                                \
+      ++g_failures;                                                                                                  \
+      fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__, __LINE__, #call);                            \
+    } else if ((code) == KDISPATCH_OK && kdispatch_last_error_message()[0] != '\0') {                                \
+      ++g_failures;                                                                                                  \
+      fprintf(stderr, "%s:%d: %s succeeded but left a message\n", __FILE__, __LINE__, #call);                        \
+    }                                                                                                                \
   } while (0)
 
 #define CONTAINS(haystack, needle) CHECK((haystack) != NULL && strstr((haystack), (needle)) != NULL)
@@ -174,9 +174,10 @@ static void test_versions_and_status(void) {
   CHECK(kdispatch_abi_version() == KDISPATCH_ABI_VERSION);
   CHECK(KDISPATCH_ABI_VERSION == 1);
   CHECK(strcmp(kdispatch_version(), KDISPATCH_TEST_VERSION) == 0);
-  static const char* const names[] = {"ok",           "invalid_argument", "unsupported_problem", "unsupported_device",
-                                      "no_variant",   "config_error",     "backend_error",       "out_of_memory",
-                                      "not_found",    "internal",         "io_error",            "failed_precondition"};
+  static const char* const names[] = {
+      "ok",           "invalid_argument",   "unsupported_problem", "unsupported_device", "no_variant",
+      "config_error", "backend_error",      "out_of_memory",       "not_found",          "internal",
+      "io_error",     "failed_precondition"};
   for (int i = 0; i <= 11; ++i) CHECK(strcmp(kdispatch_status_name(i), names[i]) == 0);
   CHECK(strcmp(kdispatch_status_name(-1), "unknown") == 0);
   CHECK(strcmp(kdispatch_status_name(12), "unknown") == 0);
@@ -506,10 +507,12 @@ static void test_ops(void) {
         CHECK(close_to(d[i * N + j], ref, 1e-5));
       }
     EXPECT(KDISPATCH_OK, kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
-    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(NULL, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
+    EXPECT(KDISPATCH_INVALID_ARGUMENT,
+           kdispatch_gemm_ws(NULL, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
     EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 64, NULL, 0, NULL));
     CONTAINS(kdispatch_last_error_message(), "workspace_bytes");
-    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, wsbuf, -1, NULL, 0, NULL));
+    EXPECT(KDISPATCH_INVALID_ARGUMENT,
+           kdispatch_gemm_ws(rt, dl(&ta), dl(&tb), dl(&td), NULL, wsbuf, -1, NULL, 0, NULL));
     CONTAINS(kdispatch_last_error_message(), "workspace_bytes");
     EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_ws(rt, NULL, dl(&tb), dl(&td), NULL, NULL, 0, NULL, 0, NULL));
     CONTAINS(kdispatch_last_error_message(), "a is NULL");
@@ -623,7 +626,8 @@ static void test_ops(void) {
   EXPECT(KDISPATCH_OK, kdispatch_fused_add_rmsnorm(rt, dl(&tx), dl(&tr), dl(&tw), 1e-6f, NULL, 0, &info));
   for (int i = 0; i < T * H; ++i) CHECK(r[i] == rsum[i]); /* the sum, rounded to fp32 */
   for (int i = 0; i < T * H; ++i) CHECK(close_to(x[i], refr[i], 1e-5));
-  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_fused_add_rmsnorm(NULL, dl(&tx), dl(&tr), dl(&tw), 1e-6f, NULL, 0, NULL));
+  EXPECT(KDISPATCH_INVALID_ARGUMENT,
+         kdispatch_fused_add_rmsnorm(NULL, dl(&tx), dl(&tr), dl(&tw), 1e-6f, NULL, 0, NULL));
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_fused_add_rmsnorm(rt, NULL, dl(&tr), dl(&tw), 1e-6f, NULL, 0, NULL));
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_fused_add_rmsnorm(rt, dl(&tx), NULL, dl(&tw), 1e-6f, NULL, 0, NULL));
   CONTAINS(kdispatch_last_error_message(), "residual is NULL");
@@ -661,7 +665,8 @@ static void test_hostile_tensors_and_flags(void) {
   tensor ta8 = make(a8, (DLDataTypeCode)10, 8, 2, M, K), tb8 = make(b8, (DLDataTypeCode)10, 8, 2, N, K);
   tensor ts1 = f32_1d(sc, 1), ts2 = f32_1d(sc + 1, 1);
   EXPECT(KDISPATCH_OK, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
-  EXPECT(KDISPATCH_OK, kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2), NULL, NULL, 0, NULL));
+  EXPECT(KDISPATCH_OK,
+         kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2), NULL, NULL, 0, NULL));
 
   /* shape == NULL: the typed functions ... */
   DLTensor* bad = dl(&ta);
@@ -742,7 +747,8 @@ static void test_hostile_tensors_and_flags(void) {
                "64-bit address space (2^57)") == 0);
   dl(&tx)->byte_offset = UINT64_MAX;
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), &tx.t, dl(&tw), 1e-6f, NULL, 0, NULL));
-  CONTAINS(kdispatch_last_error_message(), "x: DLTensor data + byte_offset overflows (byte_offset 18446744073709551615)");
+  CONTAINS(kdispatch_last_error_message(),
+           "x: DLTensor data + byte_offset overflows (byte_offset 18446744073709551615)");
   tx = f32_2d(x, M - 1, 128); /* rows 1..3 of x through byte_offset */
   dl(&tx)->byte_offset = 128 * sizeof(float);
   ty = f32_2d(y, M - 1, 128);
@@ -764,7 +770,8 @@ static void test_hostile_tensors_and_flags(void) {
                "past the 64-bit address space (2^57 bytes)") == 0);
   ta.strides[0] = -((int64_t)1 << 62);
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
-  CONTAINS(kdispatch_last_error_message(), "a: DLTensor size or stride overflows: shape [4, 32] with strides [-4611686018427387904, 1]");
+  CONTAINS(kdispatch_last_error_message(),
+           "a: DLTensor size or stride overflows: shape [4, 32] with strides [-4611686018427387904, 1]");
   ta = f32_2d(a, M, K);
   ta.strides[0] = INT64_MAX; /* (rows - 1) * stride overflows int64 */
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0, NULL));
@@ -790,22 +797,27 @@ static void test_hostile_tensors_and_flags(void) {
     cube.shape[2] = m40;
     dl(&cube)->strides = NULL;
     EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), &cube.t, dl(&tw), 1e-6f, NULL, 0, NULL));
-    CONTAINS(kdispatch_last_error_message(), "x: DLTensor size or stride overflows: shape [1099511627776, 1099511627776, 1099511627776]");
+    CONTAINS(kdispatch_last_error_message(),
+             "x: DLTensor size or stride overflows: shape [1099511627776, 1099511627776, 1099511627776]");
   }
 
   /* unknown flag bits, on every entry point */
-  const char* all_bits = "flags: unknown bits 0xfffffffc (0xffffffff given; known: KDISPATCH_CALL_CAPTURING 0x1, "
-                         "KDISPATCH_CALL_FAST_ACCUM 0x2)";
+  const char* all_bits =
+      "flags: unknown bits 0xfffffffc (0xffffffff given; known: KDISPATCH_CALL_CAPTURING 0x1, "
+      "KDISPATCH_CALL_FAST_ACCUM 0x2)";
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 0xFFFFFFFFu, NULL));
   CHECK(strcmp(kdispatch_last_error_message(), all_bits) == 0);
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), dl(&tw), 1e-6f, NULL, 0xFFFFFFFFu, NULL));
   CHECK(strcmp(kdispatch_last_error_message(), all_bits) == 0);
-  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2),
-                                                               NULL, NULL, 0xFFFFFFFFu, NULL));
+  EXPECT(KDISPATCH_INVALID_ARGUMENT,
+         kdispatch_gemm_fp8_tensor(rt, dl(&ta8), dl(&tb8), dl(&td), dl(&ts1), dl(&ts2), NULL, NULL, 0xFFFFFFFFu, NULL));
   CHECK(strcmp(kdispatch_last_error_message(), all_bits) == 0);
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_gemm(rt, dl(&ta), dl(&tb), dl(&td), NULL, NULL, 4u, NULL));
-  CHECK(strcmp(kdispatch_last_error_message(),
-               "flags: unknown bits 0x4 (0x4 given; known: KDISPATCH_CALL_CAPTURING 0x1, KDISPATCH_CALL_FAST_ACCUM 0x2)") == 0);
+  CHECK(
+      strcmp(
+          kdispatch_last_error_message(),
+          "flags: unknown bits 0x4 (0x4 given; known: KDISPATCH_CALL_CAPTURING 0x1, KDISPATCH_CALL_FAST_ACCUM 0x2)") ==
+      0);
   {
     const DLTensor* t[4] = {dl(&ta), dl(&tb), dl(&td), NULL};
     EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_call(rt, "gemm", t, 4, NULL, 0, NULL, 0, NULL, 0x80000000u, NULL));
@@ -866,7 +878,8 @@ static void test_fp8_fast_accum(void) {
   info.struct_size = sizeof info;
   /* precise (flags 0): the file does not serve it */
   memset(d, 0, sizeof d);
-  EXPECT(KDISPATCH_OK, kdispatch_gemm_fp8_tensor(rt, dl(&ta), dl(&tb), dl(&td), dl(&tsa), dl(&tsb), NULL, NULL, 0, &info));
+  EXPECT(KDISPATCH_OK,
+         kdispatch_gemm_fp8_tensor(rt, dl(&ta), dl(&tb), dl(&td), dl(&tsa), dl(&tsb), NULL, NULL, 0, &info));
   CHECK(info.source == 1);
   CHECK(strcmp(info.variant, "gemm_fp8_tensor_e4m3fn__tiled") == 0);
   for (int i = 0; i < 8; ++i) CHECK(d[i] == 32.f);
@@ -887,8 +900,8 @@ static void test_fp8_fast_accum(void) {
   CHECK(info.source == 1);
   EXPECT(KDISPATCH_OK, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, NULL, 0, NULL, 0, NULL, 0, &info));
   CHECK(info.source == 1);
-  EXPECT(KDISPATCH_OK, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, NULL, 0, NULL, 0, NULL, KDISPATCH_CALL_FAST_ACCUM,
-                                         &info));
+  EXPECT(KDISPATCH_OK,
+         kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, NULL, 0, NULL, 0, NULL, KDISPATCH_CALL_FAST_ACCUM, &info));
   CHECK(info.source == 0);
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_call(rt, "gemm_fp8_tensor", t, 6, &half, 1, NULL, 0, NULL, 0, NULL));
   CHECK(strcmp(kdispatch_last_error_message(),
@@ -987,7 +1000,8 @@ static void test_tuning(void) {
   EXPECT(KDISPATCH_OK, kdispatch_pretune_fused_add_rmsnorm(rt, dl(&px), dl(&py), dl(&pw), 1e-6f, &json));
   CONTAINS(json, "\"key\": \"cpu/fused_add_rmsnorm|");
   kdispatch_free(json);
-  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_pretune_fused_add_rmsnorm(NULL, dl(&px), dl(&py), dl(&pw), 1e-6f, &json));
+  EXPECT(KDISPATCH_INVALID_ARGUMENT,
+         kdispatch_pretune_fused_add_rmsnorm(NULL, dl(&px), dl(&py), dl(&pw), 1e-6f, &json));
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_pretune_fused_add_rmsnorm(rt, dl(&px), dl(&py), dl(&pw), 1e-6f, NULL));
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_pretune_fused_add_rmsnorm(rt, dl(&px), NULL, dl(&pw), 1e-6f, &json));
 
@@ -1031,7 +1045,8 @@ static void test_tuning(void) {
   EXPECT(KDISPATCH_OK, kdispatch_runtime_freeze(rt, 1));
   EXPECT(KDISPATCH_FAILED_PRECONDITION, kdispatch_pretune_gemm(rt, dl(&ga), dl(&gb), dl(&gd), NULL, &json));
   EXPECT(KDISPATCH_FAILED_PRECONDITION, kdispatch_pretune_rmsnorm(rt, dl(&py), dl(&px), dl(&pw), 1e-6f, &json));
-  EXPECT(KDISPATCH_FAILED_PRECONDITION, kdispatch_pretune_fused_add_rmsnorm(rt, dl(&px), dl(&py), dl(&pw), 1e-6f, &json));
+  EXPECT(KDISPATCH_FAILED_PRECONDITION,
+         kdispatch_pretune_fused_add_rmsnorm(rt, dl(&px), dl(&py), dl(&pw), 1e-6f, &json));
   CHECK(json == NULL);
   EXPECT(KDISPATCH_OK, kdispatch_runtime_tune_stats(rt, &st));
   CHECK(st.frozen == 1);
@@ -1062,7 +1077,9 @@ static void test_lookup(void) {
   CONTAINS(json, c06);
   CONTAINS(json, "\"match\": \"exact\"");
   CONTAINS(json, "\"M\": 1,");
-  CONTAINS(json, "\"source\": \"triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json\"");
+  CONTAINS(
+      json,
+      "\"source\": \"triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json\"");
   CONTAINS(json, "\"source_dir\": \"" KDISPATCH_SHARED_DIR);
   CONTAINS(json, "\"why\": ");
   kdispatch_free(json);
@@ -1075,8 +1092,9 @@ static void test_lookup(void) {
   /* the whole table */
   EXPECT(KDISPATCH_OK, kdispatch_lookup_table(rt, &q, &json));
   CONTAINS(json, "\"key\": \"triton/fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8\"");
-  CONTAINS(json, "\"rows\": {\"1\": {\"BLOCK_SIZE_M\": 16, \"BLOCK_SIZE_N\": 64, \"BLOCK_SIZE_K\": 128, \"GROUP_SIZE_M\": 1, "
-                 "\"num_warps\": 4, \"num_stages\": 5}, \"2\": ");
+  CONTAINS(json,
+           "\"rows\": {\"1\": {\"BLOCK_SIZE_M\": 16, \"BLOCK_SIZE_N\": 64, \"BLOCK_SIZE_K\": 128, \"GROUP_SIZE_M\": 1, "
+           "\"num_warps\": 4, \"num_stages\": 5}, \"2\": ");
   CONTAINS(json, "\"sources\": {\"1\": \"triton_3_5_1/");
   CONTAINS(json, "\"source_dirs\": {\"1\": \"" KDISPATCH_SHARED_DIR);
   kdispatch_free(json);

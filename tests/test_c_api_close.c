@@ -24,25 +24,25 @@ static int g_failures = 0;
 static int g_checks = 0;
 static pthread_mutex_t g_report = PTHREAD_MUTEX_INITIALIZER;
 
-#define CHECK(cond)                                                                                       \
-  do {                                                                                                    \
-    pthread_mutex_lock(&g_report);                                                                        \
-    ++g_checks;                                                                                           \
-    if (!(cond)) {                                                                                        \
-      ++g_failures;                                                                                       \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: '%s'\n", __FILE__, __LINE__, #cond,          \
-              kdispatch_last_error_message());                                                            \
-    }                                                                                                     \
-    pthread_mutex_unlock(&g_report);                                                                      \
+#define CHECK(cond)                                                                             \
+  do {                                                                                          \
+    pthread_mutex_lock(&g_report);                                                              \
+    ++g_checks;                                                                                 \
+    if (!(cond)) {                                                                              \
+      ++g_failures;                                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: '%s'\n", __FILE__, __LINE__, #cond, \
+              kdispatch_last_error_message());                                                  \
+    }                                                                                           \
+    pthread_mutex_unlock(&g_report);                                                            \
   } while (0)
 
-#define EXPECT(code, call)                                                                                \
-  do {                                                                                                    \
-    kdispatch_status s_ = (call);                                                                         \
-    if (s_ != (code))                                                                                     \
-      fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d\n", __FILE__, __LINE__, #call, (int)s_,   \
-              kdispatch_status_name(s_), (int)(code));                                                    \
-    CHECK(s_ == (code));                                                                                  \
+#define EXPECT(code, call)                                                                             \
+  do {                                                                                                 \
+    kdispatch_status s_ = (call);                                                                      \
+    if (s_ != (code))                                                                                  \
+      fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d\n", __FILE__, __LINE__, #call, (int)s_, \
+              kdispatch_status_name(s_), (int)(code));                                                 \
+    CHECK(s_ == (code));                                                                               \
   } while (0)
 
 #define CONTAINS(haystack, needle) CHECK((haystack) != NULL && strstr((haystack), (needle)) != NULL)
@@ -86,10 +86,10 @@ static DLTensor* f32(tensor* r, float* p, int ndim, int64_t d0, int64_t d1) {
   return &r->t;
 }
 
-#define REFUSED(call)                                                              \
-  do {                                                                             \
-    EXPECT(KDISPATCH_FAILED_PRECONDITION, call);                                   \
-    CONTAINS(kdispatch_last_error_message(), "the runtime was closed");            \
+#define REFUSED(call)                                                   \
+  do {                                                                  \
+    EXPECT(KDISPATCH_FAILED_PRECONDITION, call);                        \
+    CONTAINS(kdispatch_last_error_message(), "the runtime was closed"); \
   } while (0)
 
 /* Every function that takes the handle refuses a closed one; close again and
@@ -100,13 +100,13 @@ static void test_closed_runtime_refuses_everything(void) {
   for (int i = 0; i < 64; ++i) x[i] = (float)i / 64.f;
   for (int i = 0; i < 16; ++i) w[i] = 1.f;
   tensor tx, ty, tw;
-  EXPECT(KDISPATCH_OK, kdispatch_rmsnorm(rt, f32(&ty, y, 2, 4, 16), f32(&tx, x, 2, 4, 16), f32(&tw, w, 1, 16, 0),
-                                         1e-6f, NULL, 0, NULL));
+  EXPECT(KDISPATCH_OK, kdispatch_rmsnorm(rt, f32(&ty, y, 2, 4, 16), f32(&tx, x, 2, 4, 16), f32(&tw, w, 1, 16, 0), 1e-6f,
+                                         NULL, 0, NULL));
   EXPECT(KDISPATCH_OK, kdispatch_runtime_close(rt, KDISPATCH_CLOSE_DEFAULT_TIMEOUT));
   CHECK(kdispatch_last_error_message()[0] == '\0');
 
-  REFUSED(kdispatch_rmsnorm(rt, f32(&ty, y, 2, 4, 16), f32(&tx, x, 2, 4, 16), f32(&tw, w, 1, 16, 0), 1e-6f, NULL, 0,
-                            NULL));
+  REFUSED(
+      kdispatch_rmsnorm(rt, f32(&ty, y, 2, 4, 16), f32(&tx, x, 2, 4, 16), f32(&tw, w, 1, 16, 0), 1e-6f, NULL, 0, NULL));
   CHECK(strcmp(kdispatch_last_error_message(),
                "kdispatch_rmsnorm: the runtime was closed (kdispatch_runtime_close); no call may use it") == 0);
   const DLTensor* t3[3] = {&ty.t, &tx.t, &tw.t};
@@ -268,8 +268,8 @@ static void* call_until_closed(void* p) {
       s = kdispatch_lookup(c->r->rt, &q, &json);
       kdispatch_free(json);
     } else {
-      s = kdispatch_rmsnorm(c->r->rt, f32(&ty, y, 2, 2, 32), f32(&tx, x, 2, 2, 32), f32(&tw, w, 1, 32, 0), 1e-6f,
-                            NULL, 0, NULL);
+      s = kdispatch_rmsnorm(c->r->rt, f32(&ty, y, 2, 2, 32), f32(&tx, x, 2, 2, 32), f32(&tw, w, 1, 32, 0), 1e-6f, NULL,
+                            0, NULL);
     }
     if (s == KDISPATCH_OK) {
       ++c->ok_calls;
@@ -361,7 +361,7 @@ static void test_close_while_four_threads_call(void) {
          ROUNDS, ok_calls, refused, other, close_failed);
   CHECK(other == 0);
   CHECK(close_failed == 0);
-  CHECK(refused == (long)ROUNDS * CALLERS); /* every caller ends on the refusal */
+  CHECK(refused == (long)ROUNDS * CALLERS);  /* every caller ends on the refusal */
   CHECK(ok_calls >= (long)ROUNDS * CALLERS); /* each caller's first call came before close started */
 }
 
@@ -439,8 +439,10 @@ static void test_close_in_a_fork_child_while_the_parent_calls(void) {
     }
     int status = 0;
     waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) == 1) ++failed;
-    else if (WEXITSTATUS(status) == 2) ++slow;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) == 1)
+      ++failed;
+    else if (WEXITSTATUS(status) == 2)
+      ++slow;
   }
   pthread_mutex_lock(&st.mu);
   st.stop = 1;

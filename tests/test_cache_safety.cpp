@@ -89,7 +89,8 @@ EnvScope fallback_env(const std::string& tmpdir) {
 
 }  // namespace
 
-TEST_CASE("cache dir: the per-user fallback is created 0700 and refused when a link, another uid's or writable by others") {
+TEST_CASE(
+    "cache dir: the per-user fallback is created 0700 and refused when a link, another uid's or writable by others") {
   TempDir tmp;
   REQUIRE(::chmod(tmp.str().c_str(), 01777) == 0);  // a /tmp of our own: world-writable, sticky
   const std::string expect = tmp.str() + "/kdispatch-" + std::to_string(::geteuid());
@@ -131,8 +132,8 @@ TEST_CASE("cache dir: the per-user fallback is created 0700 and refused when a l
     if (::geteuid() != 0) return;
     REQUIRE(::mkdir(expect.c_str(), 0700) == 0);
     REQUIRE(::chown(expect.c_str(), kNobody, kNobody) == 0);
-    CHECK(store::resolve_cache_dir("").refused.find("refused: it is owned by uid 65534, not by this process (uid 0);") !=
-          std::string::npos);
+    CHECK(store::resolve_cache_dir("").refused.find(
+              "refused: it is owned by uid 65534, not by this process (uid 0);") != std::string::npos);
   }
   SUBCASE("XDG_RUNTIME_DIR comes before TMPDIR") {
     TempDir run;
@@ -166,10 +167,11 @@ TEST_CASE("cache dir: the user's choice is used as given, refused when world-wri
   if (::geteuid() == 0) {  // another user's dir: refused unless shared with a group of ours
     REQUIRE(::chown(tmp.str().c_str(), kNobody, kNobody) == 0);
     REQUIRE(::chmod(tmp.str().c_str(), 0775) == 0);
-    CHECK(store::resolve_cache_dir(tmp.str()).refused ==
-          "tuning cache dir '" + tmp.str() +
-              "' (from tune.cache_dir) refused: it is owned by uid 65534, not by this process (uid 0) or root, and is "
-              "not group-writable by a group of this process; tuning results are neither read from it nor written to it");
+    CHECK(
+        store::resolve_cache_dir(tmp.str()).refused ==
+        "tuning cache dir '" + tmp.str() +
+            "' (from tune.cache_dir) refused: it is owned by uid 65534, not by this process (uid 0) or root, and is "
+            "not group-writable by a group of this process; tuning results are neither read from it nor written to it");
     REQUIRE(::chown(tmp.str().c_str(), kNobody, 0) == 0);  // group root, group-writable: a shared dir
     CHECK(store::resolve_cache_dir(tmp.str()).refused == "");
     REQUIRE(::chown(tmp.str().c_str(), 0, 0) == 0);
@@ -268,8 +270,8 @@ TEST_CASE_TEMPLATE("persist_rows: a link at the file, lock or dir name is never 
     fs::create_symlink(elsewhere.path(), table.parent_path());
     Status s = store::persist_rows(dir.str(), rel, {ref_row(1)}, store::cpu_fingerprint(), kSchema);
     CHECK(s.code() == StatusCode::io_error);
-    CHECK(s.message() == "'" + table.parent_path().string() +
-                             "' is a symbolic link: tuning results are not written through it");
+    CHECK(s.message() ==
+          "'" + table.parent_path().string() + "' is a symbolic link: tuning results are not written through it");
     CHECK(dot_files(elsewhere.path()).empty());
     CHECK(std::distance(fs::directory_iterator(elsewhere.path()), fs::directory_iterator()) == 1);  // the victim only
   }
@@ -279,8 +281,8 @@ TEST_CASE_TEMPLATE("persist_rows: a link at the file, lock or dir name is never 
       fs::create_symlink(elsewhere.path(), target.parent_path());
       Status s = store::persist_rows(dir.str(), rel, {ref_row(1)}, store::cpu_fingerprint(), kSchema);
       CHECK(s.code() == StatusCode::io_error);
-      CHECK(s.message() == "'" + target.parent_path().string() +
-                               "' is a symbolic link: tuning results are not written through it");
+      CHECK(s.message() ==
+            "'" + target.parent_path().string() + "' is a symbolic link: tuning results are not written through it");
       CHECK(std::distance(fs::directory_iterator(elsewhere.path()), fs::directory_iterator()) == 1);
     }
   }
@@ -291,7 +293,8 @@ TEST_CASE_TEMPLATE("persist_rows: a link at the file, lock or dir name is never 
   }
   SUBCASE("links at the old predictable temp names are not touched") {
     for (int pid = ::getpid() - 5; pid <= ::getpid() + 5; ++pid)
-      fs::create_symlink(victim, target.parent_path() / ("." + target.filename().string() + ".tmp." + std::to_string(pid)));
+      fs::create_symlink(victim,
+                         target.parent_path() / ("." + target.filename().string() + ".tmp." + std::to_string(pid)));
     REQUIRE(store::persist_rows(dir.str(), rel, {ref_row(1)}, store::cpu_fingerprint(), kSchema).ok());
     CHECK(rows_of(target) == std::vector<int64_t>{1});
     CHECK(dot_files(target.parent_path()).empty());  // dead writers' temp names, removed (the links, not the victim)
@@ -313,7 +316,7 @@ TEST_CASE_TEMPLATE("persist_rows: new dirs are 0700, temp names carry host, pid 
   CHECK(rows_of(written) == std::vector<int64_t>{1});
   CHECK(fs::exists(dir / "cache" / rel) == !T::fragments);
   if (T::fragments) CHECK(mode_of(written.parent_path()) == 0700);  // <key>.json.d
-  CHECK(dot_files(dir / "cache").empty());  // the flock check's probe file is gone
+  CHECK(dot_files(dir / "cache").empty());                          // the flock check's probe file is gone
   const std::string t1 = store::temp_name_for("f.json"), t2 = store::temp_name_for("f.json");
   const std::string prefix = ".f.json.tmp." + store::host_name() + "." + std::to_string(::getpid()) + ".";
   CHECK(t1.rfind(prefix, 0) == 0);
@@ -344,8 +347,9 @@ TEST_CASE_TEMPLATE("persist_rows: a file that does not parse is moved aside and 
   CHECK(aside[0].extension() != ".json");
 }
 
-TEST_CASE_TEMPLATE("persist_rows: dead writers' temp files and claims are removed at the next write, no lock file stays",
-                   T, FlockScheme, FragmentScheme) {
+TEST_CASE_TEMPLATE(
+    "persist_rows: dead writers' temp files and claims are removed at the next write, no lock file stays", T,
+    FlockScheme, FragmentScheme) {
   kdtest::WriterScheme scheme(T::fragments);
   TempDir dir;
   const std::string rel = "cpu/gemm/N=8,K=8,device_name=CPU_test,dtype=fp32.json";
@@ -372,11 +376,12 @@ TEST_CASE_TEMPLATE("persist_rows: dead writers' temp files and claims are remove
     // the temp of a dead process of this host goes; a live one's (our
     // parent's) and another host's stay.
     const std::string of_dead = host + "-" + std::to_string(dead) + ".json";
-    kdtest::write_text(parent / (store::temp_prefix_for(of_dead) + host + "." + std::to_string(dead) + ".0123456789abcdef"), "{");
+    kdtest::write_text(
+        parent / (store::temp_prefix_for(of_dead) + host + "." + std::to_string(dead) + ".0123456789abcdef"), "{");
     const std::string live = "." + host + "-" + std::to_string(::getppid()) + ".json.tmp." + host + "." +
                              std::to_string(::getppid()) + ".0123456789abcdef";
-    const std::string remote = ".otherhost-" + std::to_string(dead) + ".json.tmp.otherhost." + std::to_string(dead) +
-                               ".0123456789abcdef";
+    const std::string remote =
+        ".otherhost-" + std::to_string(dead) + ".json.tmp.otherhost." + std::to_string(dead) + ".0123456789abcdef";
     kdtest::write_text(parent / live, "{");
     kdtest::write_text(parent / remote, "{");
     kept.insert(kept.end(), {live, remote});
@@ -430,8 +435,8 @@ TEST_CASE("persist_rows: lock files removed by their holders at every write neve
     REQUIRE(k >= 0);
     if (k == 0) {
       for (int i = 0; i < kRows; ++i)
-        if (Status s = store::persist_rows(dir.str(), rel, {ref_row(1 + w * kRows + i)}, store::cpu_fingerprint(),
-                                           kSchema);
+        if (Status s =
+                store::persist_rows(dir.str(), rel, {ref_row(1 + w * kRows + i)}, store::cpu_fingerprint(), kSchema);
             !s.ok()) {
           std::fprintf(stderr, "writer %d: %s\n", w, s.to_string().c_str());
           ::_exit(1);
@@ -483,7 +488,9 @@ std::vector<store::PersistRow> timed_rows(std::initializer_list<std::pair<int64_
 // ".kdispatch-flock-probe.tmp.<host>.<pid>.<rnd>" left after the next
 // write: a writer killed inside the check, between creating the probe file
 // and unlinking it. Nothing removed it, ever.
-TEST_CASE("flock check: a probe file left by a killed check is removed by the next check, a live process's and another host's kept") {
+TEST_CASE(
+    "flock check: a probe file left by a killed check is removed by the next check, a live process's and another "
+    "host's kept") {
   kdtest::WriterScheme real(false);
   TempDir dir;
   const std::string d = dir.str();
@@ -496,8 +503,10 @@ TEST_CASE("flock check: a probe file left by a killed check is removed by the ne
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);  // a pid of this host that no longer exists
   const std::string dead = ".kdispatch-flock-probe.tmp." + host + "." + std::to_string(child) + ".00112233aabbccdd";
-  const std::string live = ".kdispatch-flock-probe.tmp." + host + "." + std::to_string(::getpid()) + ".00112233aabbccdd";
-  const std::string other = ".kdispatch-flock-probe.tmp.elsewhere-" + host + "." + std::to_string(child) + ".0011223344556677";
+  const std::string live =
+      ".kdispatch-flock-probe.tmp." + host + "." + std::to_string(::getpid()) + ".00112233aabbccdd";
+  const std::string other =
+      ".kdispatch-flock-probe.tmp.elsewhere-" + host + "." + std::to_string(child) + ".0011223344556677";
   for (const std::string& n : {dead, live, other}) kdtest::write_text(dir.path() / n, "");
   store::set_flock_for_testing(nullptr);  // forgets the cached checks: the next call checks again
   store::LockingScheme ls;
@@ -516,7 +525,8 @@ TEST_CASE("flock check: a probe file left by a killed check is removed by the ne
   CHECK_FALSE(store::dead_local_temp(live));   // this process
 }
 
-TEST_CASE("flock check: honoured here, fragments where every flock is granted or flock fails, the variable forces either") {
+TEST_CASE(
+    "flock check: honoured here, fragments where every flock is granted or flock fails, the variable forces either") {
   kdtest::WriterScheme real(false);
   TempDir dir;
   const std::string d = dir.str();
@@ -532,7 +542,7 @@ TEST_CASE("flock check: honoured here, fragments where every flock is granted or
   CHECK(ls.reason ==
         "flock is honoured on '" + d + "' (a second exclusive lock on one file was refused while the first was held)");
   CHECK(g_flock_calls == 4);
-  CHECK(dot_files(dir.path()).empty());  // the probe file is gone
+  CHECK(dot_files(dir.path()).empty());                     // the probe file is gone
   REQUIRE(store::locking_scheme(d + "/", &ls, &now).ok());  // the same dir: cached
   CHECK_FALSE(now);
   CHECK(g_flock_calls == 4);
@@ -542,14 +552,14 @@ TEST_CASE("flock check: honoured here, fragments where every flock is granted or
   REQUIRE(store::locking_scheme(d, &ls, &now).ok());
   CHECK(now);
   CHECK(ls.fragments);
-  CHECK(ls.reason ==
-        "flock is not honoured on '" + d + "': a second exclusive lock on one file was granted while the first was held");
+  CHECK(ls.reason == "flock is not honoured on '" + d +
+                         "': a second exclusive lock on one file was granted while the first was held");
   // One that refuses flock.
   store::set_flock_for_testing(&refuse_flock);
   REQUIRE(store::locking_scheme(d, &ls, &now).ok());
   CHECK(ls.fragments);
-  CHECK(ls.reason == "flock is not available on '" + d +
-                         "': an exclusive lock on a new file failed (Function not implemented)");
+  CHECK(ls.reason ==
+        "flock is not available on '" + d + "': an exclusive lock on a new file failed (Function not implemented)");
   // The public answer is the same.
   auto cl = cache_locking(d);
   REQUIRE(cl.ok());
@@ -595,8 +605,10 @@ TEST_CASE("fragments: each process writes its own <key>.json.d/<host>-<pid>.json
   std::string host = store::host_name();
   std::replace(host.begin(), host.end(), '/', '_');
   const fs::path mine = frag_dir / (host + "-" + std::to_string(::getpid()) + ".json");
-  REQUIRE(store::persist_rows(dir.str(), rel, timed_rows({{1, 5.0}, {2, 6.0}}), store::cpu_fingerprint(), kSchema).ok());
-  REQUIRE(store::persist_rows(dir.str(), rel, timed_rows({{2, 4.0}, {3, 7.0}}), store::cpu_fingerprint(), kSchema).ok());
+  REQUIRE(
+      store::persist_rows(dir.str(), rel, timed_rows({{1, 5.0}, {2, 6.0}}), store::cpu_fingerprint(), kSchema).ok());
+  REQUIRE(
+      store::persist_rows(dir.str(), rel, timed_rows({{2, 4.0}, {3, 7.0}}), store::cpu_fingerprint(), kSchema).ok());
   CHECK(rows_of(mine) == std::vector<int64_t>{1, 2, 3});
   CHECK(kdtest::read_text(mine) ==
         store::render_table(timed_rows({{1, 5.0}, {2, 4.0}, {3, 7.0}}), store::cpu_fingerprint(), kSchema));
@@ -607,9 +619,10 @@ TEST_CASE("fragments: each process writes its own <key>.json.d/<host>-<pid>.json
   pid_t kid = ::fork();
   REQUIRE(kid >= 0);
   if (kid == 0)
-    ::_exit(store::persist_rows(dir.str(), rel, timed_rows({{3, 9.0}, {4, 8.0}}), store::cpu_fingerprint(), kSchema).ok()
-                ? 0
-                : 1);
+    ::_exit(
+        store::persist_rows(dir.str(), rel, timed_rows({{3, 9.0}, {4, 8.0}}), store::cpu_fingerprint(), kSchema).ok()
+            ? 0
+            : 1);
   int status = 0;
   REQUIRE(::waitpid(kid, &status, 0) == kid);
   REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
@@ -618,7 +631,8 @@ TEST_CASE("fragments: each process writes its own <key>.json.d/<host>-<pid>.json
   CHECK(kdtest::served_ms(dir.str()) == std::vector<int64_t>{1, 2, 3, 4});
 }
 
-TEST_CASE("fragments: the loader reads a table file and its fragments as one table, the main file first, then by name") {
+TEST_CASE(
+    "fragments: the loader reads a table file and its fragments as one table, the main file first, then by name") {
   // The pick for an M in several files is the snapshot's rule for one key
   // in several files of one dir: the first by path, which is the main file
   // <key>.json, then its fragments <key>.json.d/<name>.json by name.
@@ -633,7 +647,8 @@ TEST_CASE("fragments: the loader reads a table file and its fragments as one tab
   kdtest::write_text(dir / (rel + ".d/b-2.json"), store::render_table(timed_rows({{16, 1.0}, {32, 1.0}}), fp, kSchema));
   kdtest::write_text(dir / (rel + ".d/a-1.json"), store::render_table(timed_rows({{8, 0.5}, {16, 0.5}}), fp, kSchema));
   kdtest::write_text(dir / (rel + ".d/c-3.json"), store::render_table(timed_rows({{64, 1.0}}), old, kSchema));  // stale
-  kdtest::write_text(dir / (rel2 + ".d/a-1.json"), store::render_table(timed_rows({{4, 1.0}}), fp, kSchema));  // no main file
+  kdtest::write_text(dir / (rel2 + ".d/a-1.json"),
+                     store::render_table(timed_rows({{4, 1.0}}), fp, kSchema));  // no main file
   std::map<uint32_t, std::string> paths;
   auto intern = [&](const std::string&, const std::string& p) {
     const uint32_t id = static_cast<uint32_t>(paths.size() + 1);

@@ -23,8 +23,12 @@ constexpr int64_t kGiB = 1024LL * 1024 * 1024;
 
 // Row of triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json
 // at "1" (also CASES.md C06).
-const std::string kH200Moe351M1 = row({{"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 64}, {"BLOCK_SIZE_K", 128},
-                                       {"GROUP_SIZE_M", 1}, {"num_warps", 4}, {"num_stages", 5}});
+const std::string kH200Moe351M1 = row({{"BLOCK_SIZE_M", 16},
+                                       {"BLOCK_SIZE_N", 64},
+                                       {"BLOCK_SIZE_K", 128},
+                                       {"GROUP_SIZE_M", 1},
+                                       {"num_warps", 4},
+                                       {"num_stages", 5}});
 
 std::string moe_h200_351_file() {
   return (moe_dir() / "triton_3_5_1" / "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
@@ -56,11 +60,15 @@ TEST_CASE("C05 dtype is part of the key (quantization dir, NVIDIA H20)") {
 
   // Hit: quantization/N=2304,K=7168,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[128, 128].json,
   // row "64" = {64, 32, 128, 32, 4, 3} (CASES.md C05). The op is inferred: the table only holds triton_gemm.
-  const std::string expected = row({{"BLOCK_SIZE_M", 64}, {"BLOCK_SIZE_N", 32}, {"BLOCK_SIZE_K", 128},
-                                    {"GROUP_SIZE_M", 32}, {"num_warps", 4}, {"num_stages", 3}});
-  for (const char* key : {"N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]",
-                          "N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128, 128]",
-                          "block_shape=[128,128],dtype=fp8_w8a8,K=7168,N=2304"}) {
+  const std::string expected = row({{"BLOCK_SIZE_M", 64},
+                                    {"BLOCK_SIZE_N", 32},
+                                    {"BLOCK_SIZE_K", 128},
+                                    {"GROUP_SIZE_M", 32},
+                                    {"num_warps", 4},
+                                    {"num_stages", 3}});
+  for (const char* key :
+       {"N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]", "N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128, 128]",
+        "block_shape=[128,128],dtype=fp8_w8a8,K=7168,N=2304"}) {
     CAPTURE(key);
     auto r = lookup_ok(*rt, query(key, "NVIDIA H20", 64));
     CHECK(r.match == LookupResult::Match::exact);
@@ -79,8 +87,12 @@ TEST_CASE("C05 dtype is part of the key (quantization dir, NVIDIA H20)") {
   CHECK(miss.match == LookupResult::Match::fallback);
   CHECK(miss.table_m == -1);
   CHECK(miss.source == "default");
-  CHECK(config_to_json(miss.config) == row({{"BLOCK_SIZE_M", 64}, {"BLOCK_SIZE_N", 128}, {"BLOCK_SIZE_K", 128},
-                                            {"GROUP_SIZE_M", 32}, {"num_warps", 4}, {"num_stages", 3}}));
+  CHECK(config_to_json(miss.config) == row({{"BLOCK_SIZE_M", 64},
+                                            {"BLOCK_SIZE_N", 128},
+                                            {"BLOCK_SIZE_K", 128},
+                                            {"GROUP_SIZE_M", 32},
+                                            {"num_warps", 4},
+                                            {"num_stages", 3}}));
   // The int8 tables for this N,K exist for A100/A800 only: another dtype on the H20 misses too.
   auto int8 = lookup_ok(*rt, query("N=2304,K=7168,dtype=int8_w8a8,block_shape=[128,128]", "NVIDIA H20", 64));
   CHECK(int8.match == LookupResult::Match::fallback);
@@ -107,13 +119,22 @@ TEST_CASE("C05 dtype is part of the key (quantization dir, NVIDIA H20)") {
 
 TEST_CASE("C06 device aliases help one SKU without breaking another") {
   const std::string key = "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]";
-  const std::string src351 = "triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json";
+  const std::string src351 =
+      "triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json";
   // Row "64" of the same H200 3.5.1 file, and of the H20 3.5.1 file (they differ there;
   // at "1" both files hold the same row).
-  const std::string h200_m64 = row({{"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 64}, {"BLOCK_SIZE_K", 128},
-                                    {"GROUP_SIZE_M", 16}, {"num_warps", 4}, {"num_stages", 4}});
-  const std::string h20_m64 = row({{"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 128}, {"BLOCK_SIZE_K", 128},
-                                   {"GROUP_SIZE_M", 1}, {"num_warps", 4}, {"num_stages", 3}});
+  const std::string h200_m64 = row({{"BLOCK_SIZE_M", 16},
+                                    {"BLOCK_SIZE_N", 64},
+                                    {"BLOCK_SIZE_K", 128},
+                                    {"GROUP_SIZE_M", 16},
+                                    {"num_warps", 4},
+                                    {"num_stages", 4}});
+  const std::string h20_m64 = row({{"BLOCK_SIZE_M", 16},
+                                   {"BLOCK_SIZE_N", 128},
+                                   {"BLOCK_SIZE_K", 128},
+                                   {"GROUP_SIZE_M", 1},
+                                   {"num_warps", 4},
+                                   {"num_stages", 3}});
 
   for (bool user_alias : {true, false}) {
     CAPTURE(user_alias);
@@ -148,8 +169,12 @@ TEST_CASE("C06 device aliases help one SKU without breaking another") {
   auto rt = make_runtime(o);
   auto r = lookup_ok(*rt, query(key, "NVIDIA H200 NVL", 1));
   CHECK(r.source == "triton_3_3_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json");
-  CHECK(config_to_json(r.config) == row({{"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 128}, {"BLOCK_SIZE_K", 128},
-                                         {"GROUP_SIZE_M", 16}, {"num_warps", 4}, {"num_stages", 4}}));
+  CHECK(config_to_json(r.config) == row({{"BLOCK_SIZE_M", 16},
+                                         {"BLOCK_SIZE_N", 128},
+                                         {"BLOCK_SIZE_K", 128},
+                                         {"GROUP_SIZE_M", 16},
+                                         {"num_warps", 4},
+                                         {"num_stages", 4}}));
 }
 
 TEST_CASE("C07 device names that match no known device are reported, never wildcards") {
@@ -183,8 +208,12 @@ TEST_CASE("C07 device names that match no known device are reported, never wildc
   // dtypes at M <= E: {16, 32, 64, 1}).
   auto a = lookup_ok(*rt, query("E=128,N=384,dtype=fp8_w8a8,block_shape=[128,128]", "NVIDIA H100 80GB HBM3", 1));
   CHECK(a.match == LookupResult::Match::fallback);
-  CHECK(config_to_json(a.config) == row({{"BLOCK_SIZE_M", 64}, {"BLOCK_SIZE_N", 128}, {"BLOCK_SIZE_K", 128},
-                                         {"GROUP_SIZE_M", 32}, {"num_warps", 4}, {"num_stages", 3}}));
+  CHECK(config_to_json(a.config) == row({{"BLOCK_SIZE_M", 64},
+                                         {"BLOCK_SIZE_N", 128},
+                                         {"BLOCK_SIZE_K", 128},
+                                         {"GROUP_SIZE_M", 32},
+                                         {"num_warps", 4},
+                                         {"num_stages", 3}}));
   auto b = lookup_ok(*rt, query("E=384,N=128,dtype=int4_w4a16", "NVIDIA H100 80GB HBM3", 1));
   CHECK(b.match == LookupResult::Match::fallback);
   CHECK(config_to_json(b.config) ==
@@ -252,11 +281,21 @@ TEST_CASE("C08 one AMD part, several names") {
     return lookup_ok(*rt, q);
   };
   // MI300X file row "1": {32, 32, 128, 16, 4, 2, waves_per_eu 0}.
-  const std::string mi300x_m1 = row({{"BLOCK_SIZE_M", 32}, {"BLOCK_SIZE_N", 32}, {"BLOCK_SIZE_K", 128}, {"GROUP_SIZE_M", 16},
-                                     {"num_warps", 4}, {"num_stages", 2}, {"waves_per_eu", 0}});
+  const std::string mi300x_m1 = row({{"BLOCK_SIZE_M", 32},
+                                     {"BLOCK_SIZE_N", 32},
+                                     {"BLOCK_SIZE_K", 128},
+                                     {"GROUP_SIZE_M", 16},
+                                     {"num_warps", 4},
+                                     {"num_stages", 2},
+                                     {"waves_per_eu", 0}});
   // AMD_Radeon_Graphics file row "1": {32, 128, 128, 1, 2, 2, waves_per_eu 0}.
-  const std::string radeon_m1 = row({{"BLOCK_SIZE_M", 32}, {"BLOCK_SIZE_N", 128}, {"BLOCK_SIZE_K", 128}, {"GROUP_SIZE_M", 1},
-                                     {"num_warps", 2}, {"num_stages", 2}, {"waves_per_eu", 0}});
+  const std::string radeon_m1 = row({{"BLOCK_SIZE_M", 32},
+                                     {"BLOCK_SIZE_N", 128},
+                                     {"BLOCK_SIZE_K", 128},
+                                     {"GROUP_SIZE_M", 1},
+                                     {"num_warps", 2},
+                                     {"num_stages", 2},
+                                     {"waves_per_eu", 0}});
   auto r300 = amd(304, 192 * kGB);
   CHECK(r300.match == LookupResult::Match::exact);
   CHECK(r300.source == "triton_3_1_0/E=256,N=256,device_name=AMD_Instinct_MI300X" + tail);
@@ -286,10 +325,18 @@ TEST_CASE("C09 nearest-M ties do not depend on file order") {
   const std::string key = "E=16,N=6400,dtype=fp8_w8a8";
   const std::string dev = "NVIDIA H100 80GB HBM3";
   // Rows "3584" and "3840" of that file; the file lists 3840 before 3584.
-  const std::string m3584 = row({{"BLOCK_SIZE_M", 64}, {"BLOCK_SIZE_N", 256}, {"BLOCK_SIZE_K", 64},
-                                 {"GROUP_SIZE_M", 16}, {"num_warps", 4}, {"num_stages", 2}});
-  const std::string m3840 = row({{"BLOCK_SIZE_M", 128}, {"BLOCK_SIZE_N", 128}, {"BLOCK_SIZE_K", 64},
-                                 {"GROUP_SIZE_M", 8}, {"num_warps", 4}, {"num_stages", 4}});
+  const std::string m3584 = row({{"BLOCK_SIZE_M", 64},
+                                 {"BLOCK_SIZE_N", 256},
+                                 {"BLOCK_SIZE_K", 64},
+                                 {"GROUP_SIZE_M", 16},
+                                 {"num_warps", 4},
+                                 {"num_stages", 2}});
+  const std::string m3840 = row({{"BLOCK_SIZE_M", 128},
+                                 {"BLOCK_SIZE_N", 128},
+                                 {"BLOCK_SIZE_K", 64},
+                                 {"GROUP_SIZE_M", 8},
+                                 {"num_warps", 4},
+                                 {"num_stages", 4}});
   const std::string text = read_text(src);
   REQUIRE(text.find("\"3840\"") < text.find("\"3584\""));
 
@@ -321,7 +368,8 @@ TEST_CASE("C09 nearest-M ties do not depend on file order") {
   }
   SUBCASE("bounded policy: keys {1,2,4,8} at M=2048 miss") {
     TempDir dir;
-    const std::string r = R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2})";
+    const std::string r =
+        R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2})";
     write_text(dir / "E=8,N=64,device_name=NVIDIA_H200.json",
                "{\"1\": " + r + ", \"2\": " + r + ", \"4\": " + r + ", \"8\": " + r + "}");
     RuntimeOptions o = options_for({dir.str()});
@@ -331,7 +379,7 @@ TEST_CASE("C09 nearest-M ties do not depend on file order") {
     CHECK(miss.match == LookupResult::Match::fallback);
     CHECK(miss.table_m == -1);
     CHECK(contains(miss.why, "outside its bounded range [1, 8]"));
-    CHECK(lookup_ok(*bounded, query("E=8,N=64", "NVIDIA H200", 16)).table_m == 8);   // 8 * 2: inside
+    CHECK(lookup_ok(*bounded, query("E=8,N=64", "NVIDIA H200", 16)).table_m == 8);  // 8 * 2: inside
     CHECK(lookup_ok(*bounded, query("E=8,N=64", "NVIDIA H200", 17)).match == LookupResult::Match::fallback);
     // The default (unbounded) policy serves the nearest key, as SGLang does.
     auto unbounded = make_runtime({dir.str()});
@@ -376,12 +424,20 @@ TEST_CASE("C10 b: a torn file is reported with its byte offset and skipped, the 
   // F1 serves: rows "1" and "4096" of the H20 file.
   auto r1 = lookup_ok(rt, query("N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]", "NVIDIA H20", 1));
   CHECK(r1.match == LookupResult::Match::exact);
-  CHECK(config_to_json(r1.config) == row({{"BLOCK_SIZE_M", 64}, {"BLOCK_SIZE_N", 64}, {"BLOCK_SIZE_K", 128},
-                                          {"GROUP_SIZE_M", 16}, {"num_warps", 4}, {"num_stages", 4}}));
+  CHECK(config_to_json(r1.config) == row({{"BLOCK_SIZE_M", 64},
+                                          {"BLOCK_SIZE_N", 64},
+                                          {"BLOCK_SIZE_K", 128},
+                                          {"GROUP_SIZE_M", 16},
+                                          {"num_warps", 4},
+                                          {"num_stages", 4}}));
   auto r2 = lookup_ok(rt, query("N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]", "NVIDIA H20", 100000));
   CHECK(r2.table_m == 4096);
-  CHECK(config_to_json(r2.config) == row({{"BLOCK_SIZE_M", 64}, {"BLOCK_SIZE_N", 64}, {"BLOCK_SIZE_K", 128},
-                                          {"GROUP_SIZE_M", 1}, {"num_warps", 4}, {"num_stages", 3}}));
+  CHECK(config_to_json(r2.config) == row({{"BLOCK_SIZE_M", 64},
+                                          {"BLOCK_SIZE_N", 64},
+                                          {"BLOCK_SIZE_K", 128},
+                                          {"GROUP_SIZE_M", 1},
+                                          {"num_warps", 4},
+                                          {"num_stages", 3}}));
   // F2's key serves nothing from the torn file.
   auto r3 = lookup_ok(rt, query("N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]", "NVIDIA H200", 1));
   CHECK(r3.match == LookupResult::Match::fallback);

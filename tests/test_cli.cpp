@@ -100,10 +100,9 @@ TEST_CASE("cli: validate --json accounts for every SGLang config file") {
     }
   }
   CHECK(reported == on_disk);
-  for (const char* foreign : {"fused_moe_triton/causal_conv1d_fwd_sm_95.json",
-                              "fused_moe_triton/causal_conv1d_fwd_with_prefix_sm_95.json",
-                              "fused_moe_triton/minimax_m3_gfx950_mxfp8_compact_moe.json",
-                              "fused_moe_triton/update_sconv_cache_sm_90.json"})
+  for (const char* foreign :
+       {"fused_moe_triton/causal_conv1d_fwd_sm_95.json", "fused_moe_triton/causal_conv1d_fwd_with_prefix_sm_95.json",
+        "fused_moe_triton/minimax_m3_gfx950_mxfp8_compact_moe.json", "fused_moe_triton/update_sconv_cache_sm_90.json"})
     CHECK_MESSAGE(skipped.count(foreign) == 1, foreign << " should be skipped");
   MESSAGE("skipped: " << skipped.size() << " of " << reported.size());
 
@@ -125,10 +124,11 @@ TEST_CASE("cli: validate --json accounts for every SGLang config file") {
 
 TEST_CASE("cli: lookup --json of case C06") {
   const std::string dir = kSglang + "/fused_moe_triton";
-  const std::vector<std::pair<std::string, int64_t>> expected = {
-      {"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 64}, {"BLOCK_SIZE_K", 128},
-      {"GROUP_SIZE_M", 1},  {"num_warps", 4},     {"num_stages", 5}};
-  const std::string file = "triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json";
+  const std::vector<std::pair<std::string, int64_t>> expected = {{"BLOCK_SIZE_M", 16},  {"BLOCK_SIZE_N", 64},
+                                                                 {"BLOCK_SIZE_K", 128}, {"GROUP_SIZE_M", 1},
+                                                                 {"num_warps", 4},      {"num_stages", 5}};
+  const std::string file =
+      "triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json";
 
   // The expectation is the file's own "1" row.
   {
@@ -139,8 +139,15 @@ TEST_CASE("cli: lookup --json of case C06") {
     REQUIRE(in_file == expected);
   }
 
-  const std::vector<std::string> base = {"lookup", "--configs", dir, "--backend-version", "3.5.1", "--device",
-                                         "NVIDIA H200", "--key", "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]"};
+  const std::vector<std::string> base = {"lookup",
+                                         "--configs",
+                                         dir,
+                                         "--backend-version",
+                                         "3.5.1",
+                                         "--device",
+                                         "NVIDIA H200",
+                                         "--key",
+                                         "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]"};
   auto args = base;
   args.insert(args.end(), {"--M", "1", "--json"});
   CliResult r = run_cli(args);
@@ -238,7 +245,8 @@ TEST_CASE("cli: replay --json counts every call and finds configs given with --c
   const fs::path norm_dir = tmp.path / "cpu" / "rmsnorm";
   fs::create_directories(norm_dir);
   const std::string name = "hidden=896,device_name=" + device_name + ",dtype=bf16.json";
-  std::ofstream(norm_dir / name) << R"({"1": {"variant": "rmsnorm_bf16__ref"}, "16": {"variant": "rmsnorm_bf16__ref"}})";
+  std::ofstream(norm_dir / name)
+      << R"({"1": {"variant": "rmsnorm_bf16__ref"}, "16": {"variant": "rmsnorm_bf16__ref"}})";
   // (Without the shipped configs: their exact-M rows would win over this
   // dir's nearest rows for the M values in between, as the merge rule says.)
   CliResult c = run_cli({"replay", "--json", "--steps", "3", "--no-shipped-configs", "--configs", tmp.path.string()});
@@ -364,8 +372,9 @@ TEST_CASE("cli: replay calls silu_and_mul between gate_up_proj and down_proj, on
     CHECK(int64_t(s["d"]) == 4864);  // Qwen2.5-0.5B's intermediate_size
     CHECK(double(s["us_per_call"]) > 0.0);
   }
-  const std::vector<std::string> order = {"input_layernorm[0]", "qkv_proj", "o_proj", "post_attention_layernorm",
-                                          "gate_up_proj", "act_fn", "down_proj", "input_layernorm[1:]+final_norm"};
+  const std::vector<std::string> order = {
+      "input_layernorm[0]", "qkv_proj", "o_proj",    "post_attention_layernorm",
+      "gate_up_proj",       "act_fn",   "down_proj", "input_layernorm[1:]+final_norm"};
   CHECK(names == order);
   CHECK(int64_t(doc["ops"]["fused_add_rmsnorm"]["calls"]) == 2 * calls);
   CHECK(int64_t(doc["ops"]["gemm"]["calls"]) == 4 * calls);
@@ -394,9 +403,12 @@ std::vector<std::map<std::string, std::string>> read_misses_csv(const fs::path& 
     std::string cur;
     bool quoted = false;
     for (char c : line) {
-      if (c == '"') quoted = !quoted;
-      else if (c == ',' && !quoted) f.push_back(std::exchange(cur, {}));
-      else cur += c;
+      if (c == '"')
+        quoted = !quoted;
+      else if (c == ',' && !quoted)
+        f.push_back(std::exchange(cur, {}));
+      else
+        cur += c;
     }
     f.push_back(cur);
     return f;
@@ -459,13 +471,12 @@ TEST_CASE("cli: replay of llama-3-8b-fp8 runs every projection as quant_fp8_grou
   CHECK(bool(doc["output_finite"]));
   // Per step: 1 rmsnorm, 2 fused_add_rmsnorm, 4 quantisations, 4 fp8 GEMMs,
   // 1 silu_and_mul per layer; no bf16 gemm.
-  const std::pair<const char*, int64_t> per_step[] = {{"rmsnorm", 1},        {"fused_add_rmsnorm", 2},
-                                                      {"quant_fp8_group", 4}, {"gemm_fp8_block", 4},
-                                                      {"silu_and_mul", 1}};
+  const std::pair<const char*, int64_t> per_step[] = {
+      {"rmsnorm", 1}, {"fused_add_rmsnorm", 2}, {"quant_fp8_group", 4}, {"gemm_fp8_block", 4}, {"silu_and_mul", 1}};
   std::set<std::string> ops;
   for (auto [name, v] : simdjson::dom::object(doc["ops"])) ops.insert(std::string(name));
-  CHECK(ops == std::set<std::string>{"rmsnorm", "fused_add_rmsnorm", "quant_fp8_group", "gemm_fp8_block",
-                                     "silu_and_mul"});
+  CHECK(ops ==
+        std::set<std::string>{"rmsnorm", "fused_add_rmsnorm", "quant_fp8_group", "gemm_fp8_block", "silu_and_mul"});
   for (const auto& [op, n] : per_step) {
     CAPTURE(op);
     simdjson::dom::element s = doc["ops"][op];
@@ -481,10 +492,10 @@ TEST_CASE("cli: replay of llama-3-8b-fp8 runs every projection as quant_fp8_grou
   const std::vector<SiteRow> sites = sites_of(doc);
   std::vector<std::string> names;
   for (const SiteRow& s : sites) names.push_back(s.name);
-  const std::vector<std::string> order = {
-      "input_layernorm[0]", "qkv_proj.quant",     "qkv_proj", "o_proj.quant",    "o_proj",
-      "post_attention_layernorm", "gate_up_proj.quant", "gate_up_proj", "act_fn", "down_proj.quant",
-      "down_proj",          "input_layernorm[1:]+final_norm"};
+  const std::vector<std::string> order = {"input_layernorm[0]", "qkv_proj.quant", "qkv_proj",
+                                          "o_proj.quant",       "o_proj",         "post_attention_layernorm",
+                                          "gate_up_proj.quant", "gate_up_proj",   "act_fn",
+                                          "down_proj.quant",    "down_proj",      "input_layernorm[1:]+final_norm"};
   CHECK(names == order);
   for (size_t i = 0; i < sites.size(); ++i) {
     const SiteRow& s = sites[i];
@@ -500,8 +511,10 @@ TEST_CASE("cli: replay of llama-3-8b-fp8 runs every projection as quant_fp8_grou
   std::map<std::string, std::pair<int64_t, int64_t>> gemms;
   for (const SiteRow& s : sites)
     if (s.op == "gemm_fp8_block") gemms[s.name] = {s.n, s.k};
-  const std::map<std::string, std::pair<int64_t, int64_t>> expected = {
-      {"qkv_proj", {6144, 4096}}, {"o_proj", {4096, 4096}}, {"gate_up_proj", {28672, 4096}}, {"down_proj", {4096, 14336}}};
+  const std::map<std::string, std::pair<int64_t, int64_t>> expected = {{"qkv_proj", {6144, 4096}},
+                                                                       {"o_proj", {4096, 4096}},
+                                                                       {"gate_up_proj", {28672, 4096}},
+                                                                       {"down_proj", {4096, 14336}}};
   CHECK(gemms == expected);
 
   // Text mode: the fp8 dtype line and the quantisation sites.
@@ -563,9 +576,9 @@ TEST_CASE("cli: misses of llama-3-8b-fp8 name the fp8 keys, tune --op gemm_fp8_b
   // Tune the fp8 GEMM rows; --max-flops keeps the smallest (o_proj, N=K=4096
   // at M=1: 3.4e7 flops) and reports the other three too large.
   const fs::path emit = tmp.path / "emit";
-  CliResult t = run_cli({"tune", "--shapes", csv.string(), "--op", "gemm_fp8_block", "--dtype", "fp8_e4m3fn",
-                         "--emit", emit.string(), "--max-flops", "4e7", "--budget-ms", "100", "--reps", "1",
-                         "--no-cold-cache", "--json"});
+  CliResult t =
+      run_cli({"tune", "--shapes", csv.string(), "--op", "gemm_fp8_block", "--dtype", "fp8_e4m3fn", "--emit",
+               emit.string(), "--max-flops", "4e7", "--budget-ms", "100", "--reps", "1", "--no-cold-cache", "--json"});
   REQUIRE_MESSAGE(t.exit_code == 0, t.err);
   simdjson::dom::element tdoc = parser.parse(simdjson::padded_string(t.out));
   CHECK(int64_t(tdoc["shapes"]) == 4);
@@ -640,8 +653,8 @@ TEST_CASE("cli: replay of deepseek-v3-dense-fp8 runs MLA's projections at SGLang
   // DeepSeek-V3: hidden 7168, 128 heads, q_lora_rank 1536, kv_lora_rank 512,
   // qk_nope/rope 128/64, v_head_dim 128, intermediate 18432.
   const std::map<std::string, std::pair<int64_t, int64_t>> expected = {
-      {"q_a_proj", {1536, 7168}},         {"q_b_proj", {24576, 1536}}, {"kv_a_proj_with_mqa", {576, 7168}},
-      {"kv_b_proj", {32768, 512}},        {"o_proj", {7168, 16384}},   {"gate_up_proj", {36864, 7168}},
+      {"q_a_proj", {1536, 7168}},  {"q_b_proj", {24576, 1536}}, {"kv_a_proj_with_mqa", {576, 7168}},
+      {"kv_b_proj", {32768, 512}}, {"o_proj", {7168, 16384}},   {"gate_up_proj", {36864, 7168}},
       {"down_proj", {7168, 18432}}};
   for (const auto& [name, nk] : expected) {
     CAPTURE(name);

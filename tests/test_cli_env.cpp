@@ -54,10 +54,11 @@ std::string lookup_text(const LookupResult& r, int64_t asked) {
 
 }  // namespace
 
-TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_CONFIG_DIRS, the shipped configs, "
-          "KDISPATCH_FORCE") {
+TEST_CASE(
+    "cli: lookup --env answers what the default runtime serves: KDISPATCH_CONFIG_DIRS, the shipped configs, "
+    "KDISPATCH_FORCE") {
   TempDir dirs, shipped, cache;
-  norm_table(dirs.path(), 8, "rmsnorm_fp32__ref");    // KDISPATCH_CONFIG_DIRS: M = 8
+  norm_table(dirs.path(), 8, "rmsnorm_fp32__ref");      // KDISPATCH_CONFIG_DIRS: M = 8
   norm_table(shipped.path(), 16, "rmsnorm_fp32__vec");  // KDISPATCH_SHIPPED_CONFIGS: M = 16
   const std::string key = "cpu/rmsnorm|" + dev() + "|dtype=fp32,hidden=64";
   const std::string file = "cpu/rmsnorm/hidden=64,device_name=" + dev() + ",dtype=fp32.json";
@@ -82,13 +83,14 @@ TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_
   CHECK(from_dirs.exit_code == 0);
   CHECK(from_dirs.err == "");
   CHECK(from_dirs.out == "config   {\"variant\": \"rmsnorm_fp32__ref\"}\nsource   " + file + "\ndir      " +
-                             dirs.str() + "\nmatch    exact\nM        8 (asked 8)\nvariant  rmsnorm_fp32__ref\nkey      " +
-                             key + "\nwhy      device '" + dev() + "' -> " + dev() + "; key " + key +
-                             "; exact M=8; from " + file +
-                             "\nnote     tuned on a CPU its file does not record; not yet verified here\n");
+                             dirs.str() +
+                             "\nmatch    exact\nM        8 (asked 8)\nvariant  rmsnorm_fp32__ref\nkey      " + key +
+                             "\nwhy      device '" + dev() + "' -> " + dev() + "; key " + key + "; exact M=8; from " +
+                             file + "\nnote     tuned on a CPU its file does not record; not yet verified here\n");
   CliResult from_shipped = lookup("16", {env_dirs, env_shipped}, {"--env"});
   CHECK(from_shipped.exit_code == 0);
-  CHECK(from_shipped.out.find("source   " + file + "\ndir      " + shipped.str() + "\nmatch    exact\nM        16 "
+  CHECK(from_shipped.out.find("source   " + file + "\ndir      " + shipped.str() +
+                              "\nmatch    exact\nM        16 "
                               "(asked 16)\nvariant  rmsnorm_fp32__vec\n") != std::string::npos);
 
   // KDISPATCH_FORCE: the forced plan, as the runtime serves it.
@@ -97,16 +99,21 @@ TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_
   CHECK(forced.exit_code == 0);
   CHECK(forced.out ==
         "config   {\"variant\": \"rmsnorm_fp32__vec\", \"vec\": 8, \"unroll\": 2}\nsource   forced\nmatch    forced\n"
-        "M        - (asked 8)\nvariant  rmsnorm_fp32__vec\nkey      " + key + "\nwhy      device '" + dev() + "' -> " +
-        dev() + "; forced by 'rmsnorm=rmsnorm_fp32__vec:vec=8,unroll=2' (RuntimeOptions::force / KDISPATCH_FORCE): "
-        "rmsnorm_fp32__vec{vec=8,unroll=2} serves every rmsnorm call with fp32 inputs, whatever the table holds\n");
+        "M        - (asked 8)\nvariant  rmsnorm_fp32__vec\nkey      " +
+            key + "\nwhy      device '" + dev() + "' -> " + dev() +
+            "; forced by 'rmsnorm=rmsnorm_fp32__vec:vec=8,unroll=2' (RuntimeOptions::force / KDISPATCH_FORCE): "
+            "rmsnorm_fp32__vec{vec=8,unroll=2} serves every rmsnorm call with fp32 inputs, whatever the table holds\n");
 
   // ... which is what dispatch::lookup answers on the runtime the default
   // runtime would build from the same environment.
   {
-    EnvScope env({{"KDISPATCH_CONFIG_DIRS", dirs.str().c_str()}, {"KDISPATCH_SHIPPED_CONFIGS", shipped.str().c_str()},
-             {"KDISPATCH_FORCE", "rmsnorm=rmsnorm_fp32__vec:vec=8,unroll=2"}, {"KDISPATCH_CACHE_DIR", cache.str().c_str()},
-             {"KDISPATCH_TUNE", nullptr}, {"KDISPATCH_LOG_LEVEL", nullptr}, {"KDISPATCH_BACKEND_VERSION", nullptr}});
+    EnvScope env({{"KDISPATCH_CONFIG_DIRS", dirs.str().c_str()},
+                  {"KDISPATCH_SHIPPED_CONFIGS", shipped.str().c_str()},
+                  {"KDISPATCH_FORCE", "rmsnorm=rmsnorm_fp32__vec:vec=8,unroll=2"},
+                  {"KDISPATCH_CACHE_DIR", cache.str().c_str()},
+                  {"KDISPATCH_TUNE", nullptr},
+                  {"KDISPATCH_LOG_LEVEL", nullptr},
+                  {"KDISPATCH_BACKEND_VERSION", nullptr}});
     auto o = options_from_env();
     REQUIRE(o.ok());
     auto rt = Runtime::create(*o);
@@ -123,7 +130,8 @@ TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_
   // Without the forced plan and the dirs: the shipped dir alone.
   CliResult shipped_only = lookup("8", {env_shipped}, {"--env", "--json"});
   CHECK(shipped_only.exit_code == 0);
-  CHECK(shipped_only.out.find("\"source\": \"" + file + "\", \"match\": \"nearest\", \"M\": 16, \"variant\": "
+  CHECK(shipped_only.out.find("\"source\": \"" + file +
+                              "\", \"match\": \"nearest\", \"M\": 16, \"variant\": "
                               "\"rmsnorm_fp32__vec\",") != std::string::npos);
 
   // --configs with --env ranks above the environment's dirs.
@@ -131,8 +139,8 @@ TEST_CASE("cli: lookup --env answers what the default runtime serves: KDISPATCH_
   norm_table(top.path(), 8, "rmsnorm_fp32__vec");
   CliResult above = lookup("8", {env_dirs, env_shipped}, {"--env", "--configs", top.str()});
   CHECK(above.exit_code == 0);
-  CHECK(above.out.find("dir      " + top.str() + "\nmatch    exact\nM        8 (asked 8)\nvariant  rmsnorm_fp32__vec\n") !=
-        std::string::npos);
+  CHECK(above.out.find("dir      " + top.str() +
+                       "\nmatch    exact\nM        8 (asked 8)\nvariant  rmsnorm_fp32__vec\n") != std::string::npos);
 
   // A KDISPATCH_CONFIG_DIRS dir that does not exist: said once, the rest serve.
   const std::string missing = dirs.str() + "/not-there";
@@ -172,15 +180,15 @@ TEST_CASE("cli: replay's report says which config files apply to this host's bac
   // What this host has of CUDA, as the replay asks the runtime.
   auto rt = Runtime::create(kdtest::options_for({})).value();
   auto cuda = rt->device_info(Device{DeviceType::cuda, 0});
-  const std::string cuda_line =
-      cuda.ok() && cuda->available
-          ? "cuda: 1 file, " + std::string(cuda->device_name == "NVIDIA_H200" ? "1" : "0") + " for this host's " +
-                cuda->device_name + ": not used by this replay (it runs on the CPU)"
-          : "cuda: 1 file: not used by this replay (no cuda device: " +
-                (cuda.ok() ? cuda->unavailable_reason : cuda.status().message()) + ")";
+  const std::string cuda_line = cuda.ok() && cuda->available
+                                    ? "cuda: 1 file, " + std::string(cuda->device_name == "NVIDIA_H200" ? "1" : "0") +
+                                          " for this host's " + cuda->device_name +
+                                          ": not used by this replay (it runs on the CPU)"
+                                    : "cuda: 1 file: not used by this replay (no cuda device: " +
+                                          (cuda.ok() ? cuda->unavailable_reason : cuda.status().message()) + ")";
 
-  CliResult r = run_cli({"replay", "--only-configs", tree.str(), "--trace", trace.string(), "--steps", "1",
-                         "--layers", "1", "--dtype", "fp32"});
+  CliResult r = run_cli({"replay", "--only-configs", tree.str(), "--trace", trace.string(), "--steps", "1", "--layers",
+                         "1", "--dtype", "fp32"});
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const size_t at = r.out.find("configs      ");
   REQUIRE(at != std::string::npos);
@@ -188,14 +196,21 @@ TEST_CASE("cli: replay's report says which config files apply to this host's bac
   REQUIRE(end != std::string::npos);
   CHECK(r.out.substr(at, end - at) ==
         "configs      4 files (0 skipped), 4 keys, no shipped configs\n"
-        "             + " + tree.str() + "\n"
-        "             cpu: 2 files, 1 for this host's " + dev() + ": the backend this replay runs\n"
-        "             " + cuda_line + "\n"
-        "             1 file of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the replay's "
-        "ops\n");
+        "             + " +
+            tree.str() +
+            "\n"
+            "             cpu: 2 files, 1 for this host's " +
+            dev() +
+            ": the backend this replay runs\n"
+            "             " +
+            cuda_line +
+            "\n"
+            "             1 file of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the "
+            "replay's "
+            "ops\n");
 
-  CliResult j = run_cli({"replay", "--only-configs", tree.str(), "--trace", trace.string(), "--steps", "1",
-                         "--layers", "1", "--dtype", "fp32", "--json"});
+  CliResult j = run_cli({"replay", "--only-configs", tree.str(), "--trace", trace.string(), "--steps", "1", "--layers",
+                         "1", "--dtype", "fp32", "--json"});
   REQUIRE_MESSAGE(j.exit_code == 0, j.err);
   const std::string cuda_json =
       cuda.ok() && cuda->available
@@ -204,8 +219,8 @@ TEST_CASE("cli: replay's report says which config files apply to this host's bac
           : "{\"files\": 1, \"this_device\": 0, \"device\": null, \"no_device\": \"" +
                 (cuda.ok() ? cuda->unavailable_reason : cuda.status().message()) + "\", \"replayed\": false}";
   CHECK(j.out.find("\"config_files_by_backend\": {\"cpu\": {\"files\": 2, \"this_device\": 1, \"device\": \"" + dev() +
-                   "\", \"replayed\": true}, \"cuda\": " + cuda_json +
-                   ", \"engine_kernel_tables\": {\"files\": 1}}") != std::string::npos);
+                   "\", \"replayed\": true}, \"cuda\": " + cuda_json + ", \"engine_kernel_tables\": {\"files\": 1}}") !=
+        std::string::npos);
 }
 
 namespace {
@@ -217,8 +232,9 @@ using MissRow = std::tuple<std::string, std::string, std::string, int64_t>;
 std::vector<MissRow> miss_rows(const std::string& csv) {
   std::vector<MissRow> out;
   size_t line_start = csv.find('\n') + 1;  // after the header
-  REQUIRE(csv.compare(0, line_start, "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,accum,bias,stride,count,"
-                                     "key\n") == 0);
+  REQUIRE(csv.compare(0, line_start,
+                      "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,accum,bias,stride,count,"
+                      "key\n") == 0);
   while (line_start < csv.size()) {
     const size_t e = csv.find('\n', line_start);
     const std::string line = csv.substr(line_start, e - line_start);
@@ -246,8 +262,8 @@ TEST_CASE("cli: the misses export counts the workload's calls, the warm-up's lef
   kdtest::write_text(t1, "1\n");
   kdtest::write_text(t4, "4\n");
   const auto misses = [&](const fs::path& trace, const std::string& layers, const std::string& csv) {
-    return run_cli({"misses", "--export", csv, "--trace", trace.string(), "--steps", "1", "--layers", layers,
-                    "--dtype", "fp32", "--only-configs", empty.str()});
+    return run_cli({"misses", "--export", csv, "--trace", trace.string(), "--steps", "1", "--layers", layers, "--dtype",
+                    "fp32", "--only-configs", empty.str()});
   };
   // qwen2.5-0.5b, one layer at M = 1: each site once, the norms between
   // layers twice (post-attention, then the final norm). The warm-up (one
@@ -255,27 +271,32 @@ TEST_CASE("cli: the misses export counts the workload's calls, the warm-up's lef
   const std::string csv1 = (work / "m1.csv").string();
   CliResult a = misses(t1, "1", csv1);
   REQUIRE_MESSAGE(a.exit_code == 0, a.err);
-  CHECK(miss_rows(kdtest::read_text(csv1)) ==
-        std::vector<MissRow>{{"fused_add_rmsnorm", "1", ",,896,", 2}, {"gemm", "1", "1152,896,,", 1},
-                             {"gemm", "1", "896,4864,,", 1},         {"gemm", "1", "896,896,,", 1},
-                             {"gemm", "1", "9728,896,,", 1},         {"rmsnorm", "1", ",,896,", 1},
-                             {"silu_and_mul", "1", ",,,4864", 1}});
+  CHECK(miss_rows(kdtest::read_text(csv1)) == std::vector<MissRow>{{"fused_add_rmsnorm", "1", ",,896,", 2},
+                                                                   {"gemm", "1", "1152,896,,", 1},
+                                                                   {"gemm", "1", "896,4864,,", 1},
+                                                                   {"gemm", "1", "896,896,,", 1},
+                                                                   {"gemm", "1", "9728,896,,", 1},
+                                                                   {"rmsnorm", "1", ",,896,", 1},
+                                                                   {"silu_and_mul", "1", ",,,4864", 1}});
   CHECK(a.out.find("\nrmsnorm                      1         0         1        1      1\n"
                    "fused_add_rmsnorm            2         0         2        1      1\n"
                    "gemm                         4         0         4        4      4\n"
                    "silu_and_mul                 1         0         1        1      1\n") != std::string::npos);
-  CHECK(a.out.find("\nwrote " + csv1 + ": 7 shapes (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,accum,bias,"
+  CHECK(a.out.find("\nwrote " + csv1 +
+                   ": 7 shapes (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,accum,bias,"
                    "stride,count,key); the warm-up's calls (one layer at M=1) left out\n") != std::string::npos);
 
   // Two layers at M = 4: no row at the warm-up's M = 1.
   const std::string csv4 = (work / "m4.csv").string();
   CliResult b = misses(t4, "2", csv4);
   REQUIRE_MESSAGE(b.exit_code == 0, b.err);
-  CHECK(miss_rows(kdtest::read_text(csv4)) ==
-        std::vector<MissRow>{{"fused_add_rmsnorm", "4", ",,896,", 4}, {"gemm", "4", "1152,896,,", 2},
-                             {"gemm", "4", "896,4864,,", 2},         {"gemm", "4", "896,896,,", 2},
-                             {"gemm", "4", "9728,896,,", 2},         {"rmsnorm", "4", ",,896,", 1},
-                             {"silu_and_mul", "4", ",,,4864", 2}});
+  CHECK(miss_rows(kdtest::read_text(csv4)) == std::vector<MissRow>{{"fused_add_rmsnorm", "4", ",,896,", 4},
+                                                                   {"gemm", "4", "1152,896,,", 2},
+                                                                   {"gemm", "4", "896,4864,,", 2},
+                                                                   {"gemm", "4", "896,896,,", 2},
+                                                                   {"gemm", "4", "9728,896,,", 2},
+                                                                   {"rmsnorm", "4", ",,896,", 1},
+                                                                   {"silu_and_mul", "4", ",,,4864", 2}});
   CHECK_FALSE(fs::exists(csv4 + ".warm-up"));
 
   // replay --export-misses: the same rows, and it says the warm-up is out.

@@ -60,8 +60,9 @@ const char* kGemmTable = R"({
 
 }  // namespace
 
-TEST_CASE("report: a config dir, a tune --json file and a bench JSON give one self-contained HTML file with their "
-          "numbers") {
+TEST_CASE(
+    "report: a config dir, a tune --json file and a bench JSON give one self-contained HTML file with their "
+    "numbers") {
   TempDir tmp;
   write_text(tmp / "configs/cpu/gemm/N=64,K=64,device_name=CPU_TEST,dtype=bf16.json", kGemmTable);
   // A key with '<' and '>' in it: escaped wherever it is shown.
@@ -98,8 +99,8 @@ TEST_CASE("report: a config dir, a tune --json file and a bench JSON give one se
     CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
     CHECK(html.find("<style>") != std::string::npos);
     CHECK(html.find("<svg") != std::string::npos);
-    for (const char* banned : {"<script", "javascript:", "http://", "https://", "<link", "<img", "<iframe", "@import",
-                               "url("})
+    for (const char* banned :
+         {"<script", "javascript:", "http://", "https://", "<link", "<img", "<iframe", "@import", "url("})
       CHECK_MESSAGE(html.find(banned) == std::string::npos, banned);
   }
   SUBCASE("every string escaped") {
@@ -113,8 +114,8 @@ TEST_CASE("report: a config dir, a tune --json file and a bench JSON give one se
     CHECK(s.find("<td class=\"t\">3</td>") != std::string::npos);  // inputs
     CHECK(s.find("3 (1 without timings)") != std::string::npos);   // config tables
     // cells: gemm M=1 (the config dir's, the first input), 2, 4, 16 (tune); rmsnorm M=8
-    const double geo = std::exp((std::log(11.0 / 12.0) + std::log(1.0) + std::log(20.0 / 18.0) + std::log(1.0) +
-                                 std::log(3.0 / 4.0)) / 5.0);
+    const double geo = std::exp(
+        (std::log(11.0 / 12.0) + std::log(1.0) + std::log(20.0 / 18.0) + std::log(1.0) + std::log(3.0 / 4.0)) / 5.0);
     CHECK(s.find("<td class=\"t\">" + fmt3(geo) + "</td>") != std::string::npos);
     CHECK(fmt3(geo) == "0.948");
   }
@@ -161,8 +162,8 @@ TEST_CASE("report: a config dir, a tune --json file and a bench JSON give one se
     CHECK(s.find("<td>4</td><td>1</td><td class=\"t\">gemm_bf16__blocked</td><td>20.000</td><td>18.000</td>"
                  "<td>1.111</td><td class=\"t\">—</td><td>5.0%</td><td>5.0%</td><td class=\"t\">cold</td>"
                  "<td class=\"t\">merged with --prefer</td>") != std::string::npos);  // margin_by_m
-    CHECK(s.find("<td class=\"t\">torch 13.000</td>") != std::string::npos);  // the bench's row, M = 1
-    CHECK(s.find("<td>1.0%</td><td class=\"t\">cold</td>") != std::string::npos);  // its A/A spread
+    CHECK(s.find("<td class=\"t\">torch 13.000</td>") != std::string::npos);          // the bench's row, M = 1
+    CHECK(s.find("<td>1.0%</td><td class=\"t\">cold</td>") != std::string::npos);     // its A/A spread
     CHECK(s.find("RuntimeError") == std::string::npos);  // a point that failed is not a row
   }
   SUBCASE("no ceilings where none was measured") {
@@ -189,12 +190,14 @@ TEST_CASE("report: 1,000 rows stay under 2 MB (250 shapes of 4 M, and 1,000 shap
         const double t = 10.0 + i * 0.37 + j * 3.1;
         us += (j ? ", \"" : "\"") + m + "\": " + fmt3(t);
         dus += (j ? ", \"" : "\"") + m + "\": " + fmt3(t * (1.0 + 0.001 * ((i + j) % 120) - 0.02));
-        rows += ",\n \"" + m + "\": {\"variant\": \"gemm_bf16__cublaslt\", \"algo_id\": " + std::to_string(i % 70) + "}";
+        rows +=
+            ",\n \"" + m + "\": {\"variant\": \"gemm_bf16__cublaslt\", \"algo_id\": " + std::to_string(i % 70) + "}";
       }
       write_text(dir / ("N=" + std::to_string(1024 + 64 * i) + ",K=4096,device_name=NVIDIA_H200,dtype=bf16.json"),
-                 "{\"kdispatch\": {\"us\": {" + us + "}, \"default_us\": {" + dus + "}, \"margin\": 0.02, "
-                 "\"aa_spread\": {\"1\": 0.012}, \"timing\": \"cold\", \"why\": {\"1\": \"won every placement\"}}" +
-                 rows + "}");
+                 "{\"kdispatch\": {\"us\": {" + us + "}, \"default_us\": {" + dus +
+                     "}, \"margin\": 0.02, "
+                     "\"aa_spread\": {\"1\": 0.012}, \"timing\": \"cold\", \"why\": {\"1\": \"won every placement\"}}" +
+                     rows + "}");
     }
     const std::string out = (tmp / ("r" + std::to_string(shapes) + ".html")).string();
     const auto r = run_cli({"report", (tmp / ("c" + std::to_string(shapes))).string(), "--out", out});
@@ -229,7 +232,7 @@ TEST_CASE("report: an input that is none of the kinds is refused naming it (exit
   CHECK(missing.exit_code == 2);
   CHECK(missing.err.find("nowhere' does not exist") != std::string::npos);
 
-  CHECK(run_cli({"report", (tmp / "good").string()}).exit_code == 2);                 // no --out
+  CHECK(run_cli({"report", (tmp / "good").string()}).exit_code == 2);                      // no --out
   CHECK(run_cli({"report", (tmp / "good").string(), "--out", tmp.str()}).exit_code == 2);  // --out a dir
   CHECK_FALSE(fs::exists(out));
 

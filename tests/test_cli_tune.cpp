@@ -55,7 +55,9 @@ struct Scratch {
 };
 
 // Runs the CLI with `args` and KDISPATCH_CACHE_DIR=`cache_dir`.
-CliRun run(const std::vector<std::string>& args, const std::string& cache_dir) { return kdtest::run_cli(args, cache_dir); }
+CliRun run(const std::vector<std::string>& args, const std::string& cache_dir) {
+  return kdtest::run_cli(args, cache_dir);
+}
 
 std::string s(simdjson::dom::element e) { return std::string(std::string_view(e)); }
 
@@ -182,10 +184,10 @@ TEST_CASE("cli tune: replay --tune sync tunes on the first pass after the baseli
   CHECK(r.out.find("converged after 3 passes") != std::string::npos);
   CHECK(r.out.find("us/call first") != std::string::npos);
 
-  CliRun j = run(cat({"replay", "--json", "--tune", "sync", "--budget-ms", "50", "--no-cold-cache", "--cache-dir",
-                      dir / "cache2"},
-                     workload(dir)),
-                 dir / "unused-cache");
+  CliRun j = run(
+      cat({"replay", "--json", "--tune", "sync", "--budget-ms", "50", "--no-cold-cache", "--cache-dir", dir / "cache2"},
+          workload(dir)),
+      dir / "unused-cache");
   REQUIRE_MESSAGE(j.exit_code == 0, j.err);
   simdjson::dom::parser parser;
   simdjson::dom::element doc = parser.parse(simdjson::padded_string(j.out));
@@ -238,7 +240,7 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
     CHECK(f[2] == device);
     CHECK(f[3] == "bf16");
     CHECK(f[4] == "bf16");
-    CHECK(f[10] == "precise");  // accum (the fp8 GEMMs' field) on every row
+    CHECK(f[10] == "precise");      // accum (the fp8 GEMMs' field) on every row
     CHECK(std::stoll(f[13]) >= 1);  // count
     // The canonical key, quoted (it holds commas).
     CHECK(f[14].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
@@ -250,19 +252,19 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   for (int64_t M : {1, 4}) {
     expected.insert({"rmsnorm", M, 0, 0, 896, 0, "false"});
     expected.insert({"fused_add_rmsnorm", M, 0, 0, 896, 0, "false"});
-    expected.insert({"gemm", M, 1152, 896, 0, 0, "true"});  // qkv_proj (Qwen2 has a q/k/v bias)
-    expected.insert({"gemm", M, 896, 896, 0, 0, "false"});  // o_proj
-    expected.insert({"gemm", M, 9728, 896, 0, 0, "false"});  // gate_up_proj
+    expected.insert({"gemm", M, 1152, 896, 0, 0, "true"});         // qkv_proj (Qwen2 has a q/k/v bias)
+    expected.insert({"gemm", M, 896, 896, 0, 0, "false"});         // o_proj
+    expected.insert({"gemm", M, 9728, 896, 0, 0, "false"});        // gate_up_proj
     expected.insert({"silu_and_mul", M, 0, 0, 0, 4864, "false"});  // act_fn
-    expected.insert({"gemm", M, 896, 4864, 0, 0, "false"});  // down_proj
+    expected.insert({"gemm", M, 896, 4864, 0, 0, "false"});        // down_proj
   }
   CHECK(got == expected);
   CHECK_FALSE(fs::exists(cache));  // tuning off: nothing written to the cache
 
   // 2. Tune the rmsnorm rows into an emit dir.
   const std::string emit = dir / "emit";
-  const std::vector<std::string> tune_args = {"tune", "--shapes", csv, "--op", "rmsnorm", "--emit", emit,
-                                              "--budget-ms", "50", "--no-cold-cache", "--json"};
+  const std::vector<std::string> tune_args = {
+      "tune", "--shapes", csv, "--op", "rmsnorm", "--emit", emit, "--budget-ms", "50", "--no-cold-cache", "--json"};
   CliRun t = run(tune_args, cache);
   REQUIRE_MESSAGE(t.exit_code == 0, t.err);
   simdjson::dom::element tdoc = parser.parse(simdjson::padded_string(t.out));
@@ -289,8 +291,8 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
   CHECK(v.out.find("1 files: 1 loaded") != std::string::npos);
   for (const char* M : {"1", "4"}) {
-    CliRun l = run({"lookup", "--configs", emit, "--op", "rmsnorm", "--key", "hidden=896,dtype=bf16", "--M", M, "--json"},
-                   cache);
+    CliRun l = run(
+        {"lookup", "--configs", emit, "--op", "rmsnorm", "--key", "hidden=896,dtype=bf16", "--M", M, "--json"}, cache);
     REQUIRE_MESSAGE(l.exit_code == 0, l.err);
     simdjson::dom::element ldoc = parser.parse(simdjson::padded_string(l.out));
     CHECK(s(ldoc["match"]) == "exact");
@@ -332,7 +334,9 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   CHECK(text2.find("\ngemm,") != std::string::npos);
 }
 
-TEST_CASE("cli tune: --json carries each row's metadata, --list needs no --emit, a bad KDISPATCH_* is refused (walkthrough)") {
+TEST_CASE(
+    "cli tune: --json carries each row's metadata, --list needs no --emit, a bad KDISPATCH_* is refused "
+    "(walkthrough)") {
   Scratch dir("meta");
   const std::string csv = dir / "s.csv", emit = dir / "emit", cache = dir / "cache";
   std::ofstream(csv) << "M,N,K\n1,64,64\n4,64,64\n";
@@ -410,18 +414,19 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
             .exit_code == 2);
   // --max-candidates: at least 1. (It prunes the spaces of variants with a
   // perf model, the GPU families; the CPU variants here have none.)
-  CliRun mc = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--max-candidates", "-3"},
-                  cache);
+  CliRun mc = run(
+      {"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--max-candidates", "-3"}, cache);
   CHECK(mc.exit_code == 2);
   CHECK(mc.err.find("--max-candidates must be >= 1, got -3") != std::string::npos);
-  CliRun mc0 = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--max-candidates", "0"},
-                   cache);
+  CliRun mc0 =
+      run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--max-candidates", "0"}, cache);
   CHECK(mc0.exit_code == 2);
   CHECK(mc0.err.find("--max-candidates must be >= 1, got 0") != std::string::npos);
   // --margin: a fraction in [0, 0.5].
   for (const char* bad : {"-0.1", "-1", "0.7", "nan", "", "abc", "5%"}) {
     CAPTURE(bad);
-    CliRun mg = run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--margin", bad}, cache);
+    CliRun mg =
+        run({"tune", "--shapes", mem_csv, "--op", "rmsnorm", "--emit", dir / "emit-mem", "--margin", bad}, cache);
     CHECK(mg.exit_code == 2);
     CHECK(mg.err.find("--margin must be a fraction in [0, 0.5], got ") != std::string::npos);
   }
@@ -431,8 +436,8 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   REQUIRE_MESSAGE(mc1.exit_code == 0, mc1.err);
   CHECK(int64_t(parser.parse(simdjson::padded_string(mc1.out))["tuned"]) == 1);
 
-  CliRun l = run({"lookup", "--configs", emit, "--op", "gemm", "--key", "N=64,K=128,dtype=bf16", "--M", "2", "--json"},
-                 cache);
+  CliRun l =
+      run({"lookup", "--configs", emit, "--op", "gemm", "--key", "N=64,K=128,dtype=bf16", "--M", "2", "--json"}, cache);
   REQUIRE_MESSAGE(l.exit_code == 0, l.err);
   CHECK(s(parser.parse(simdjson::padded_string(l.out))["match"]) == "exact");
 
@@ -443,9 +448,9 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
                                                    {"/a8w8_bpreshuffle_untuned_gemm.csv", 32}};
   for (const auto& [f, rows] : files) {
     CAPTURE(f);
-    CliRun a = run({"tune", "--shapes", aiter + f, "--op", "gemm", "--emit", dir / "emit-aiter", "--max-flops", "1",
-                    "--json"},
-                   cache);
+    CliRun a =
+        run({"tune", "--shapes", aiter + f, "--op", "gemm", "--emit", dir / "emit-aiter", "--max-flops", "1", "--json"},
+            cache);
     REQUIRE_MESSAGE(a.exit_code == 0, a.err);
     simdjson::dom::element adoc = parser.parse(simdjson::padded_string(a.out));
     CHECK(int64_t(adoc["tuned"]) == 0);
@@ -489,7 +494,9 @@ TEST_CASE("cli tune: aiter CSVs, M,hidden lists, --max-flops and bad shape files
   CHECK(me.err.find("--export") != std::string::npos);
 }
 
-TEST_CASE("cli tune: an fp8 list's accum column tunes accum=fast into its own file beside the precise one, a bad value named") {
+TEST_CASE(
+    "cli tune: an fp8 list's accum column tunes accum=fast into its own file beside the precise one, a bad value "
+    "named") {
   Scratch dir("accum");
   const std::string cache = dir / "cache";
   const std::string device = dispatch::cpu_device_info().device_name;
@@ -505,7 +512,8 @@ TEST_CASE("cli tune: an fp8 list's accum column tunes accum=fast into its own fi
   CHECK(int64_t(doc["shapes"]) == 2);
   CHECK(int64_t(doc["tuned"]) == 2);
   const fs::path dir_fp8 = fs::path(emit) / "cpu" / "gemm_fp8_tensor";
-  CHECK(fs::exists(dir_fp8 / ("N=64,K=128,device_name=" + device + ",accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16.json")));
+  CHECK(
+      fs::exists(dir_fp8 / ("N=64,K=128,device_name=" + device + ",accum=fast,dtype=fp8_e4m3fn,out_dtype=bf16.json")));
   CHECK(fs::exists(dir_fp8 / ("N=64,K=128,device_name=" + device + ",dtype=fp8_e4m3fn,out_dtype=bf16.json")));
   CHECK(count_json_files(dir_fp8) == 2);
   const std::string bad = dir / "bad.csv";
@@ -515,7 +523,9 @@ TEST_CASE("cli tune: an fp8 list's accum column tunes accum=fast into its own fi
   CHECK(b.err.find(bad + ":2: accum 'slow' is not fast or precise") != std::string::npos);
 }
 
-TEST_CASE("cli tune: an fp8 GEMM list without a dtype column and without --dtype tunes fp8_e4m3fn, --dtype bf16 fails the rows") {
+TEST_CASE(
+    "cli tune: an fp8 GEMM list without a dtype column and without --dtype tunes fp8_e4m3fn, --dtype bf16 fails the "
+    "rows") {
   Scratch dir("fp8_default_dtype");
   const std::string cache = dir / "cache";
   const std::string device = dispatch::cpu_device_info().device_name;
@@ -552,8 +562,9 @@ TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, row
   const std::string csv = dir / "silu.csv";
   std::ofstream(csv) << "M,d\n1, 256\n8,256\n";
   const std::string emit = dir / "emit";
-  const std::vector<std::string> args = {"tune", "--shapes", csv, "--op", "silu_and_mul", "--emit", emit,
-                                         "--budget-ms", "50", "--no-cold-cache", "--json"};
+  const std::vector<std::string> args = {"tune",         "--shapes",        csv,     "--op",
+                                         "silu_and_mul", "--emit",          emit,    "--budget-ms",
+                                         "50",           "--no-cold-cache", "--json"};
   CliRun t = run(args, cache);
   REQUIRE_MESSAGE(t.exit_code == 0, t.err);
   simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
@@ -577,9 +588,8 @@ TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, row
   CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
   CHECK(v.out.find("1 files: 1 loaded") != std::string::npos);
   for (const char* M : {"1", "8"}) {
-    CliRun l = run({"lookup", "--configs", emit, "--op", "silu_and_mul", "--key", "d=256,dtype=bf16", "--M", M,
-                    "--json"},
-                   cache);
+    CliRun l = run(
+        {"lookup", "--configs", emit, "--op", "silu_and_mul", "--key", "d=256,dtype=bf16", "--M", M, "--json"}, cache);
     REQUIRE_MESSAGE(l.exit_code == 0, l.err);
     simdjson::dom::element ldoc = parser.parse(simdjson::padded_string(l.out));
     CHECK(s(ldoc["match"]) == "exact");
@@ -599,9 +609,9 @@ TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, row
   CliRun m = run(cat({"misses", "--export", misses}, workload(dir)), cache);
   REQUIRE_MESSAGE(m.exit_code == 0, m.err);
   CHECK(m.out.find("kdispatch tune --shapes " + misses + " --op silu_and_mul --emit DIR") != std::string::npos);
-  CliRun tm = run({"tune", "--shapes", misses, "--op", "silu_and_mul", "--emit", emit, "--budget-ms", "50",
-                   "--no-cold-cache"},
-                  cache);
+  CliRun tm =
+      run({"tune", "--shapes", misses, "--op", "silu_and_mul", "--emit", emit, "--budget-ms", "50", "--no-cold-cache"},
+          cache);
   REQUIRE_MESSAGE(tm.exit_code == 0, tm.err);
   CHECK(tm.out.find("2 silu_and_mul shapes: 2 tuned") != std::string::npos);
   CHECK(tm.err.find("d=4864,bf16 M=1 -> silu_and_mul_bf16__") != std::string::npos);
@@ -633,7 +643,6 @@ TEST_CASE("cli tune: --op silu_and_mul on an M,d list and on the misses CSV, row
   for (const dispatch::OpInfo& op : dispatch::op_list())
     CHECK_MESSAGE(bad.err.find(std::string(op.name)) != std::string::npos, op.name);
 }
-
 
 // ---- shards (issue 22): units (key, M), XXH3-64 of the versioned unit text mod n
 
@@ -675,8 +684,8 @@ TEST_CASE("cli tune: --shard i/n splits the units by their hash, the same for an
     for (auto it = rows.rbegin(); it != rows.rend(); ++it) fb << *it << "\n";
   }
   const auto list = [&](const std::string& csv, const std::string& shard) {
-    std::vector<std::string> args = {"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32", "--emit", dir / "emit",
-                                     "--list", "--budget-ms", "100"};
+    std::vector<std::string> args = {"tune", "--shapes", csv,          "--op",   "gemm",        "--dtype",
+                                     "fp32", "--emit",   dir / "emit", "--list", "--budget-ms", "100"};
     if (!shard.empty()) args.insert(args.end(), {"--shard", shard});
     CliRun r = run(args, cache);
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);
@@ -685,7 +694,8 @@ TEST_CASE("cli tune: --shard i/n splits the units by their hash, the same for an
   const CliRun all = list(a, "");
   const std::vector<std::string> every = listed_units(all.out);
   REQUIRE(every.size() == 12);
-  CHECK(all.out.find("12 units, estimated 7 s (0.1 s search + ~0.5 s confirmation each; units the emit dir holds are counted too)") != std::string::npos);
+  CHECK(all.out.find("12 units, estimated 7 s (0.1 s search + ~0.5 s confirmation each; units the emit dir holds are "
+                     "counted too)") != std::string::npos);
   // The documented unit text and hash, pinned: XXH3-64 of
   // "kdispatch-unit-v1|gemm|N=64,K=64,dtype=fp32|M=1" (seed 0).
   CHECK(std::find(every.begin(), every.end(), "N=64,K=64,fp32 M=1 unit=58a85846d3e06d5f") != every.end());
@@ -708,9 +718,9 @@ TEST_CASE("cli tune: --shard i/n splits the units by their hash, the same for an
 
   // Bad values name themselves.
   for (const char* bad : {"3/3", "1", "a/2", "-1/2", "0/0"}) {
-    CliRun r = run({"tune", "--shapes", a, "--op", "gemm", "--dtype", "fp32", "--emit", dir / "emit", "--list",
-                    "--shard", bad},
-                   cache);
+    CliRun r = run(
+        {"tune", "--shapes", a, "--op", "gemm", "--dtype", "fp32", "--emit", dir / "emit", "--list", "--shard", bad},
+        cache);
     CHECK(r.exit_code == 2);
     CHECK(r.err.find(std::string("--shard ") + bad) != std::string::npos);
   }
@@ -721,8 +731,8 @@ TEST_CASE("cli tune: --shard auto reads torchrun, Slurm array and Kubernetes ind
   const std::string cache = dir / "cache";
   const std::string csv = dir / "s.csv";
   std::ofstream(csv) << "M,N,K\n1,64,64\n2,64,64\n4,64,64\n8,64,64\n";
-  const std::vector<std::string> args = {"tune", "--shapes", csv, "--op", "gemm", "--dtype", "fp32",
-                                         "--emit", dir / "emit", "--list", "--shard", "auto"};
+  const std::vector<std::string> args = {"tune", "--shapes", csv,          "--op",   "gemm",    "--dtype",
+                                         "fp32", "--emit",   dir / "emit", "--list", "--shard", "auto"};
   clear_launcher_env();
   CliRun none = run(args, cache);
   CHECK(none.exit_code == 2);
@@ -779,8 +789,8 @@ TEST_CASE("cli tune: shards run one after the other into one emit dir tune every
   const std::string emit = dir / "emit";
   int tuned = 0;
   for (const char* shard : {"0/2", "1/2"}) {
-    CliRun r = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms",
-                    "20", "--no-cold-cache", "--shard", shard, "--json"},
+    CliRun r = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                    "--no-cold-cache", "--shard", shard, "--json"},
                    cache);
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);
     simdjson::dom::parser p;
@@ -849,8 +859,8 @@ TEST_CASE("cli tune: --devices all with 2 workers on the CPU tunes the units of 
       for (int m : {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48}) f << m << "," << hidden << "\n";
   }
   const auto tune = [&](const std::string& emit, std::vector<std::string> extra) {
-    return run(cat({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms",
-                    "20", "--no-cold-cache"},
+    return run(cat({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", emit, "--budget-ms", "20",
+                    "--no-cold-cache"},
                    extra),
                cache);
   };
@@ -1031,7 +1041,8 @@ TEST_CASE("cli tune: --devices, a worker killed by SIGKILL is replaced and its u
   }
 }
 
-TEST_CASE("cli tune: --devices, a worker hung past --unit-timeout-s is killed and its unit retried once, twice is failed") {
+TEST_CASE(
+    "cli tune: --devices, a worker hung past --unit-timeout-s is killed and its unit retried once, twice is failed") {
   Scratch dir("devices_hang");
   const std::string cache = dir / "cache";
   clear_launcher_env();
@@ -1087,10 +1098,11 @@ namespace {
 CliRun run_bounded(const std::vector<std::string>& args, const std::string& cache_dir, int limit_s,
                    const std::string& pid_file) {
   const std::string err_file = pid_file + ".stderr";
-  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_LOG_LEVEL "
-                    "KDISPATCH_CACHE_DIR=" + kdtest::shell_quote(cache_dir) +
-                    " KDISPATCH_TEST_WORKER_HANG_PIDS=" + kdtest::shell_quote(pid_file) + " timeout -s KILL " +
-                    std::to_string(limit_s) + " " + kdtest::shell_quote(KDISPATCH_CLI_PATH);
+  std::string cmd =
+      "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_LOG_LEVEL "
+      "KDISPATCH_CACHE_DIR=" +
+      kdtest::shell_quote(cache_dir) + " KDISPATCH_TEST_WORKER_HANG_PIDS=" + kdtest::shell_quote(pid_file) +
+      " timeout -s KILL " + std::to_string(limit_s) + " " + kdtest::shell_quote(KDISPATCH_CLI_PATH);
   for (const auto& a : args) cmd += " " + kdtest::shell_quote(a);
   cmd += " 2>" + kdtest::shell_quote(err_file);
   CliRun out;
@@ -1114,10 +1126,10 @@ CliRun run_bounded(const std::vector<std::string>& args, const std::string& cach
 CliRun run_devices_hooked(const Scratch& dir, const std::string& cache) {
   const std::string csv = dir / "s.csv";
   std::ofstream(csv) << "M,hidden\n1,64\n2,64\n4,64\n8,64\n";
-  return run_bounded({"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit",
-                      "--budget-ms", "20", "--no-cold-cache", "--devices", "0", "--workers-per-device", "2",
-                      "--unit-timeout-s", "1.5", "--json"},
-                     cache, 30, dir / "pids");
+  return run_bounded(
+      {"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32", "--emit", dir / "emit", "--budget-ms", "20",
+       "--no-cold-cache", "--devices", "0", "--workers-per-device", "2", "--unit-timeout-s", "1.5", "--json"},
+      cache, 30, dir / "pids");
 }
 
 }  // namespace
@@ -1209,8 +1221,8 @@ TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, ba
   ::unsetenv("TORCHELASTIC_RUN_ID");
   const std::string csv = dir / "s.csv";
   std::ofstream(csv) << "M,hidden\n1,64\n";
-  const std::vector<std::string> base = {"tune", "--shapes", csv, "--op", "rmsnorm", "--dtype", "fp32",
-                                         "--emit", dir / "emit", "--budget-ms", "20", "--no-cold-cache"};
+  const std::vector<std::string> base = {"tune", "--shapes", csv,          "--op",        "rmsnorm", "--dtype",
+                                         "fp32", "--emit",   dir / "emit", "--budget-ms", "20",      "--no-cold-cache"};
   const auto refused = [&](const std::vector<std::string>& extra, const std::string& message) {
     CAPTURE(message);
     CliRun r = run(cat(base, extra), cache);
@@ -1218,10 +1230,12 @@ TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, ba
     CHECK_MESSAGE(r.err.find(message) != std::string::npos, r.err);
   };
   refused({"--devices", "0", "--device", "0"}, "--devices and --device: give one");
-  refused({"--devices", "0,0"}, "--devices 0,0: device 0 is listed twice (for several workers on one device: "
-                                "--workers-per-device N)");
-  refused({"--devices", "1"}, "--devices 1 (--backend cpu): device 1 is not present: unsupported_device: cpu device 1 "
-                              "does not exist");
+  refused({"--devices", "0,0"},
+          "--devices 0,0: device 0 is listed twice (for several workers on one device: "
+          "--workers-per-device N)");
+  refused({"--devices", "1"},
+          "--devices 1 (--backend cpu): device 1 is not present: unsupported_device: cpu device 1 "
+          "does not exist");
   refused({"--devices", "0,1"}, "device 1 is not present");
   refused({"--devices", "x"}, "--devices x: expected all or device ordinals separated by commas (e.g. 0,1), got 'x'");
   refused({"--devices", "0,,1"}, "got ''");
@@ -1233,8 +1247,10 @@ TEST_CASE("cli tune: --devices refuses --device, duplicates, absent ordinals, ba
   refused({}, "KDISPATCH_CACHE_LOCKING='bogus' is not valid (expected auto, flock or fragments)");
   ::unsetenv("KDISPATCH_CACHE_LOCKING");
   refused({"--unit-timeout-s", "5"}, "--unit-timeout-s needs --devices");
-  refused({"--devices", "0", "--unit-timeout-s", "0"}, "--unit-timeout-s must be in [1, 604800] seconds (1 s to a week), got 0");
-  refused({"--devices", "0", "--unit-timeout-s", "0.001"}, "--unit-timeout-s must be in [1, 604800] seconds (1 s to a week), got 0.001");
+  refused({"--devices", "0", "--unit-timeout-s", "0"},
+          "--unit-timeout-s must be in [1, 604800] seconds (1 s to a week), got 0");
+  refused({"--devices", "0", "--unit-timeout-s", "0.001"},
+          "--unit-timeout-s must be in [1, 604800] seconds (1 s to a week), got 0.001");
   // torchrun: through --shard auto, and its variables alone.
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "2", 1);
@@ -1320,8 +1336,8 @@ TEST_CASE("cli merge: two shards into one tree, byte-identical for either source
   CHECK(s(doc["kdispatch"]["merged"]["conflicts"]["1"]["kept"]) == m01);
   CHECK(simdjson::dom::array(doc["kdispatch"]["merged"]["conflicts"]["1"]["candidates"]).size() == 2);
   const std::string other = "{\"unroll\":1,\"variant\":\"rmsnorm_fp32__vec\",\"vec\":4}";
-  CHECK(merged.find(other) != std::string::npos);                 // recorded as a candidate ...
-  CHECK(std::string(simdjson::minify(doc["1"])) != other);        // ... not kept
+  CHECK(merged.find(other) != std::string::npos);           // recorded as a candidate ...
+  CHECK(std::string(simdjson::minify(doc["1"])) != other);  // ... not kept
 
   // 3. Another build's fingerprint: refused, never mixed.
   const std::string e3 = dir / "shard3";
@@ -1353,9 +1369,10 @@ TEST_CASE("cli merge: a table without kdispatch metadata or without its us map i
     fs::create_directories(fs::path(dir / src) / fs::path(rel).parent_path());
     std::ofstream(fs::path(dir / src) / rel) << text;
   };
-  put("foreign", "{\"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");                   // SGLang-style table
+  put("foreign", "{\"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");                      // SGLang-style table
   put("kdarray", "{\"kdispatch\": [1], \"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");  // metadata not an object
-  put("nous", "{\"kdispatch\": {\"fingerprint\": {\"kernels\": \"x\"}}, \"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");
+  put("nous",
+      "{\"kdispatch\": {\"fingerprint\": {\"kernels\": \"x\"}}, \"1\": {\"variant\": \"rmsnorm_fp32__ref\"}}\n");
   for (const std::string src : {"foreign", "kdarray"}) {
     CAPTURE(src);
     CliRun r = run({"merge", "--out", dir / ("out-" + src), dir / src}, cache);
@@ -1568,18 +1585,21 @@ TEST_CASE("cli merge --retime: the faster config kept, every candidate's retimed
   put_row(fast, bad, rel, 16, "{\"variant\":\"gemm_fp32__from_a_newer_build\"}");
   CliRun r = run(cat(cat({"merge"}, timing), {"--out", dir / "mbad", fast, bad}), cache);
   CHECK(r.exit_code == 1);
-  CHECK_MESSAGE(r.err.find(bad + "/" + rel + ": M=16: unknown variant 'gemm_fp32__from_a_newer_build'; row dropped (as "
+  CHECK_MESSAGE(r.err.find(bad + "/" + rel +
+                           ": M=16: unknown variant 'gemm_fp32__from_a_newer_build'; row dropped (as "
                            "kdispatch validate drops it)") != std::string::npos,
                 r.err);
-  CHECK(r.out.find("1 table(s) written to " + (dir / "mbad") + " (1 rows, 0 conflicts resolved), 0 refused, 0 file(s) "
+  CHECK(r.out.find("1 table(s) written to " + (dir / "mbad") +
+                   " (1 rows, 0 conflicts resolved), 0 refused, 0 file(s) "
                    "skipped, 1 row(s) dropped") != std::string::npos);
-  CHECK(std::string(simdjson::minify(p.parse(simdjson::padded_string(kdtest::read_text(fs::path(dir / "mbad") / rel)))["16"])) ==
-        tuned);
+  CHECK(std::string(simdjson::minify(
+            p.parse(simdjson::padded_string(kdtest::read_text(fs::path(dir / "mbad") / rel)))["16"])) == tuned);
   const std::string bad2 = dir / "bad2";
   put_row(fast, bad2, rel, 16, "{\"variant\":\"gemm_fp32__blocked\",\"BLOCK_SIZE_M\":7}");
   CliRun r2 = run(cat(cat({"merge"}, timing), {"--out", dir / "mbad2", fast, bad2}), cache);
   CHECK(r2.exit_code == 1);
-  CHECK(r2.err.find(bad2 + "/" + rel + ": M=16: 'BLOCK_SIZE_M'=7 is not a point of gemm_fp32__blocked's space; row "
+  CHECK(r2.err.find(bad2 + "/" + rel +
+                    ": M=16: 'BLOCK_SIZE_M'=7 is not a point of gemm_fp32__blocked's space; row "
                     "dropped") != std::string::npos);
 
   // 4. Sources of another build (both: merge never mixes fingerprints) whose
@@ -1690,7 +1710,8 @@ struct LockingEnv {
 
 }  // namespace
 
-TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for any split and order, --compact in place") {
+TEST_CASE(
+    "cli merge: fragments merge into one file per key, byte-identical for any split and order, --compact in place") {
   Scratch dir("fragments");
   const std::string cache = dir / "cache";
   clear_launcher_env();
@@ -1704,8 +1725,8 @@ TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for 
   REQUIRE_MESSAGE(t.exit_code == 0, t.err);
   CHECK(t.err.find("  writes: each <key>.json merged under its lock file (flock is honoured on '" + whole + "'") !=
         std::string::npos);
-  const std::string rel = "cpu/rmsnorm/hidden=64,device_name=" + dispatch::cpu_device_info().device_name +
-                          ",dtype=fp32.json";
+  const std::string rel =
+      "cpu/rmsnorm/hidden=64,device_name=" + dispatch::cpu_device_info().device_name + ",dtype=fp32.json";
   const std::string table = kdtest::read_text(fs::path(whole) / rel);
   const auto put = [&](const std::string& src, const std::string& file, const std::set<int64_t>& ms) {
     kdtest::write_text(fs::path(dir / src) / file, with_rows(table, ms));
@@ -1750,7 +1771,8 @@ TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for 
   // left as it is.
   fs::copy(dir / "a", dir / "a2", fs::copy_options::recursive);
   put("a2", "cpu/rmsnorm/hidden=128,device_name=X,dtype=fp32.json", {1});  // no fragments: untouched
-  const std::string untouched = kdtest::read_text(fs::path(dir / "a2") / "cpu/rmsnorm/hidden=128,device_name=X,dtype=fp32.json");
+  const std::string untouched =
+      kdtest::read_text(fs::path(dir / "a2") / "cpu/rmsnorm/hidden=128,device_name=X,dtype=fp32.json");
   CliRun c = run({"merge", "--compact", dir / "a2"}, cache);
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
   CHECK(c.out.find("1 table(s) compacted in " + (dir / "a2") +
@@ -1774,7 +1796,8 @@ TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for 
     ::unsetenv("KDISPATCH_TEST_COMPACT_REPLACE");
     REQUIRE_MESSAGE(w.exit_code == 0, w.err);
     CHECK(w.out.find("(2 rows, 0 conflicts resolved, 0 fragment(s) merged and removed, 1 kept)") != std::string::npos);
-    CHECK(w.err.find(rel + ": 1 fragment(s) were rewritten by their writer while compacting: kept") != std::string::npos);
+    CHECK(w.err.find(rel + ": 1 fragment(s) were rewritten by their writer while compacting: kept") !=
+          std::string::npos);
   }
   // Put back aside (its writer, "x-1", is not a process of this host known
   // to be gone: a put-back under its name could be replaced by its next
@@ -1789,7 +1812,8 @@ TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for 
     CHECK_MESSAGE(e.path().filename().string()[0] != '.', e.path().string());  // no claim or lock left
   CliRun again = run({"merge", "--compact", dir / "a4"}, cache);
   REQUIRE_MESSAGE(again.exit_code == 0, again.err);
-  CHECK(again.out.find("(2 rows, 0 conflicts resolved, 1 fragment(s) merged and removed, 0 kept)") != std::string::npos);
+  CHECK(again.out.find("(2 rows, 0 conflicts resolved, 1 fragment(s) merged and removed, 0 kept)") !=
+        std::string::npos);
   put("e", rel, {1, 4});
   REQUIRE(run({"merge", "--out", dir / "m-e", dir / "e"}, cache).exit_code == 0);
   CHECK(read_tree(dir / "a4") == read_tree(dir / "m-e"));  // rows 1 and 4, nothing lost
@@ -1798,7 +1822,8 @@ TEST_CASE("cli merge: fragments merge into one file per key, byte-identical for 
   kdtest::write_text(fs::path(dir / "a3") / ".kdispatch-compact.lock", "1 otherhost\n");
   CliRun busy = run({"merge", "--compact", dir / "a3"}, cache);
   CHECK(busy.exit_code == 1);
-  CHECK(busy.err.find("another compaction holds " + (dir / "a3") + "/.kdispatch-compact.lock (1 otherhost); if none "
+  CHECK(busy.err.find("another compaction holds " + (dir / "a3") +
+                      "/.kdispatch-compact.lock (1 otherhost); if none "
                       "runs, remove it") != std::string::npos);
   CHECK(read_tree(dir / "a3").size() == 4);
   // Usage.
@@ -1881,8 +1906,8 @@ TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the d
     CHECK(t.err.find("  writes: per-process fragments <key>.json.d/<host>-<pid>.json (compact them with kdispatch "
                      "merge) (KDISPATCH_CACHE_LOCKING=fragments)") != std::string::npos);
   }
-  const std::string rel = "cpu/rmsnorm/hidden=64,device_name=" + dispatch::cpu_device_info().device_name +
-                          ",dtype=fp32.json";
+  const std::string rel =
+      "cpu/rmsnorm/hidden=64,device_name=" + dispatch::cpu_device_info().device_name + ",dtype=fp32.json";
   for (auto& e : fs::directory_iterator(fs::path(emit) / (rel + ".d"))) fragment = e.path().filename().string();
   REQUIRE(fragment.size() > 5);
   CHECK_FALSE(fs::exists(fs::path(emit) / rel));
@@ -1896,10 +1921,13 @@ TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the d
   CliRun v = run({"validate", "--cache", emit}, cache);
   CHECK(v.exit_code == 1);
   CHECK(v.out.find("loaded   " + rel + ".d/" + fragment + " (1 rows)\n") != std::string::npos);
-  CHECK(v.out.find("skipped  " + rel + ".d/oldbuild-1.json\n           - stale tuning result, not served: axis 'kernels' differs (file '00000000000000000000000000000000', now") !=
-        std::string::npos);
-  CHECK(v.out.find("cache dir " + emit + ": writes use flock (each <key>.json merged under its lock file): flock is "
-                   "honoured on '" + emit + "'") != std::string::npos);
+  CHECK(v.out.find("skipped  " + rel +
+                   ".d/oldbuild-1.json\n           - stale tuning result, not served: axis 'kernels' differs (file "
+                   "'00000000000000000000000000000000', now") != std::string::npos);
+  CHECK(v.out.find("cache dir " + emit +
+                   ": writes use flock (each <key>.json merged under its lock file): flock is "
+                   "honoured on '" +
+                   emit + "'") != std::string::npos);
   CHECK(v.out.find("2 files: 1 loaded, 0 partial, 1 skipped") != std::string::npos);
   {
     LockingEnv env("fragments");
@@ -1917,7 +1945,8 @@ TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the d
     CHECK(vb.exit_code == 2);
     CHECK(vb.out.empty());
     CHECK_MESSAGE(vb.err.find("kdispatch validate: KDISPATCH_CACHE_LOCKING='sometimes' is not valid (expected auto, "
-                              "flock or fragments)") != std::string::npos, vb.err);
+                              "flock or fragments)") != std::string::npos,
+                  vb.err);
   }
   // As a config dir (rows taken as given, no fingerprint check) both load.
   CliRun vc = run({"validate", emit}, cache);

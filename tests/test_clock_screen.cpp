@@ -28,7 +28,8 @@ TEST_CASE("clock screen: a batch below 0.9x the run's median is re-timed, up to 
   CHECK(s.kept_throttled() == 1);  // recorded: 1200 1500 1782 | 1975 | 1980 1980 1985
   CHECK(s.batches() == 10);
   CHECK(s.note("NVML test") ==
-        "SM clock (NVML test): median 1975 MHz over 10 batches, 3 re-timed below 90% of it, 1 kept throttled (third try)");
+        "SM clock (NVML test): median 1975 MHz over 10 batches, 3 re-timed below 90% of it, 1 kept throttled (third "
+        "try)");
   // The median is of the last 256 readings: a lasting lower clock becomes
   // the run's clock instead of refusing every batch.
   ClockScreen r;

@@ -49,30 +49,41 @@ std::string moe_row(int64_t block_m) {
 
 }  // namespace
 
-TEST_CASE("config keys: batch sizes are read as Python's int(key): Unicode digits and spaces, '_', signs, more than 19 digits") {
+TEST_CASE(
+    "config keys: batch sizes are read as Python's int(key): Unicode digits and spaces, '_', signs, more than 19 "
+    "digits") {
   const std::string zeros4301(4301, '0');
-  const store::ParsedFile pf = parse(table({
-      "\\uff11",                  // 1  FULLWIDTH DIGIT ONE: int("１") == 1
-      "00000000000000000016",     // 2  20 characters, leading zeros
-      "\\u0663\\u0662",           // 3  ARABIC-INDIC "32"
-      "\\u3000 64\\u00a0",        // 4  ideographic space, space, no-break space around
-      " 1_28 ",                   // 5  '_' between digits, spaces around
-      "+0256",                    // 6
-      "\\ud835\\udfd8\\ud835\\udfda",  // 7  MATHEMATICAL DOUBLE-STRUCK "02"
-      "\\u000b8\\u000c",          // 8  \v 8 \f
-      "9223372036854775807",      // 9  int64's largest
-      "４",                       // 10 raw UTF-8 FULLWIDTH FOUR
-      "0",                        // 11 dropped: < 1
-      "-3",                       // 12 dropped: < 1
-      "99999999999999999999",     // 13 dropped: over int64
-      "-99999999999999999999",    // 14 dropped: < 1
-      "1__6", "_16", "16_", "+ 16", "\\u001c16", "1\\uff16x", "\\uff12.0", "0x10", "1e3", "\\u007f1", "1\\u200b6",
-      zeros4301,                  // int() refuses more than 4300 digits (Python >= 3.11)
-      std::string(4299, '0') + "5"}));  // 4300 digits: 5
+  const store::ParsedFile pf = parse(table({"\\uff11",               // 1  FULLWIDTH DIGIT ONE: int("１") == 1
+                                            "00000000000000000016",  // 2  20 characters, leading zeros
+                                            "\\u0663\\u0662",        // 3  ARABIC-INDIC "32"
+                                            "\\u3000 64\\u00a0",  // 4  ideographic space, space, no-break space around
+                                            " 1_28 ",             // 5  '_' between digits, spaces around
+                                            "+0256",              // 6
+                                            "\\ud835\\udfd8\\ud835\\udfda",  // 7  MATHEMATICAL DOUBLE-STRUCK "02"
+                                            "\\u000b8\\u000c",               // 8  \v 8 \f
+                                            "9223372036854775807",           // 9  int64's largest
+                                            "４",                            // 10 raw UTF-8 FULLWIDTH FOUR
+                                            "0",                             // 11 dropped: < 1
+                                            "-3",                            // 12 dropped: < 1
+                                            "99999999999999999999",          // 13 dropped: over int64
+                                            "-99999999999999999999",         // 14 dropped: < 1
+                                            "1__6",
+                                            "_16",
+                                            "16_",
+                                            "+ 16",
+                                            "\\u001c16",
+                                            "1\\uff16x",
+                                            "\\uff12.0",
+                                            "0x10",
+                                            "1e3",
+                                            "\\u007f1",
+                                            "1\\u200b6",
+                                            zeros4301,  // int() refuses more than 4300 digits (Python >= 3.11)
+                                            std::string(4299, '0') + "5"}));  // 4300 digits: 5
   REQUIRE(pf.kind == store::ParsedFile::Kind::table);
-  CHECK(rows_of(pf) == std::vector<std::pair<int64_t, int64_t>>{
-                           {1, 1}, {16, 2}, {32, 3}, {64, 4}, {128, 5}, {256, 6}, {2, 7}, {8, 8},
-                           {INT64_MAX, 9}, {4, 10}, {5, 27}});
+  CHECK(rows_of(pf) ==
+        std::vector<std::pair<int64_t, int64_t>>{
+            {1, 1}, {16, 2}, {32, 3}, {64, 4}, {128, 5}, {256, 6}, {2, 7}, {8, 8}, {INT64_MAX, 9}, {4, 10}, {5, 27}});
   CHECK(pf.dropped_rows == 4);
   const std::vector<std::string> expected = {
       "M=0: batch size must be >= 1; row dropped",
@@ -83,12 +94,14 @@ TEST_CASE("config keys: batch sizes are read as Python's int(key): Unicode digit
       "key '_16' is not a batch size; ignored",
       "key '16_' is not a batch size; ignored",
       "key '+ 16' is not a batch size; ignored",
-      "key '\x1c" "16' is not a batch size; ignored",
+      "key '\x1c"
+      "16' is not a batch size; ignored",
       "key '1６x' is not a batch size; ignored",
       "key '２.0' is not a batch size; ignored",
       "key '0x10' is not a batch size; ignored",
       "key '1e3' is not a batch size; ignored",
-      "key '\x7f" "1' is not a batch size; ignored",
+      "key '\x7f"
+      "1' is not a batch size; ignored",
       "key '1\u200b6' is not a batch size; ignored",
       "key '" + zeros4301 + "' is not a batch size; ignored"};
   CHECK(pf.problems == expected);
@@ -110,7 +123,8 @@ TEST_CASE("config keys: batch sizes are read as Python's int(key): Unicode digit
   }
 }
 
-TEST_CASE("config keys: two spellings of one batch size: the row SGLang's int(key) over json.load's dict keeps serves") {
+TEST_CASE(
+    "config keys: two spellings of one batch size: the row SGLang's int(key) over json.load's dict keeps serves") {
   // {"16": A, "016": B, "16": C}: json.load keeps "16" -> C first and
   // "016" -> B after it; {int(k): v} then ends on B.
   store::ParsedFile pf = parse(table({"16", "016", "16"}));
@@ -133,7 +147,8 @@ TEST_CASE("config keys: two spellings of one batch size: the row SGLang's int(ke
   CHECK(rows_of(pf) == std::vector<std::pair<int64_t, int64_t>>{{8, 3}, {1, 2}});
 }
 
-TEST_CASE("config files: a UTF-8 byte-order mark is named as such and the file skipped, its previous rows keep serving") {
+TEST_CASE(
+    "config files: a UTF-8 byte-order mark is named as such and the file skipped, its previous rows keep serving") {
   const std::string name = "E=8,N=64,device_name=NVIDIA_H200.json";
   const std::string bom_why = "UTF-8 byte-order mark at byte 0; SGLang's json.load refuses it too";
   const store::ParsedFile pf = parse("\xEF\xBB\xBF{\"1\": {\"BLOCK_SIZE_M\": 16}}");
@@ -144,7 +159,8 @@ TEST_CASE("config files: a UTF-8 byte-order mark is named as such and the file s
   TempDir dir;
   kdtest::write_text(dir / name, "{\"1\": " + moe_row(16) + "}");
   auto rt = kdtest::make_runtime({dir.str()});
-  CHECK(config_find(kdtest::lookup_ok(*rt, kdtest::query("E=8,N=64", "NVIDIA_H200", 1)).config, "BLOCK_SIZE_M")->i == 16);
+  CHECK(config_find(kdtest::lookup_ok(*rt, kdtest::query("E=8,N=64", "NVIDIA_H200", 1)).config, "BLOCK_SIZE_M")->i ==
+        16);
   kdtest::write_text(dir / name, "\xEF\xBB\xBF{\"1\": " + moe_row(32) + ", \"2\": " + moe_row(32) + "}");
   REQUIRE(rt->reload().ok());
   const LoadReport rep = rt->load_report();
@@ -166,7 +182,9 @@ TEST_CASE("config files: a UTF-8 byte-order mark is named as such and the file s
   CHECK(g->problems == std::vector<std::string>{bom_why});
 }
 
-TEST_CASE("own-op rows that leave params out: served with the variant's defaults, and the load report and lookup's why say which") {
+TEST_CASE(
+    "own-op rows that leave params out: served with the variant's defaults, and the load report and lookup's why say "
+    "which") {
   const std::string device = cpu_device_info().device_name;
   const std::string name = "cpu/rmsnorm/hidden=64,device_name=" + device + ",dtype=fp32.json";
   TempDir dir;
@@ -193,8 +211,8 @@ TEST_CASE("own-op rows that leave params out: served with the variant's defaults
   r = kdtest::lookup_ok(*rt, LookupQuery{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 1});
   CHECK_FALSE(kdtest::contains(r.why, "not in the row"));
 #ifdef KDISPATCH_CLI_PATH
-  const kdtest::CliResult c = kdtest::run_cli({"lookup", "--configs", dir.str(), "--op", "rmsnorm", "--key",
-                                               "hidden=64,dtype=fp32", "--M", "2", "--json"});
+  const kdtest::CliResult c = kdtest::run_cli(
+      {"lookup", "--configs", dir.str(), "--op", "rmsnorm", "--key", "hidden=64,dtype=fp32", "--M", "2", "--json"});
   CHECK(c.exit_code == 0);
   CHECK(kdtest::contains(c.out, "; unroll not in the row: rmsnorm_fp32__vec's defaults serve (unroll=1)"));
 #endif

@@ -145,8 +145,8 @@ TEST_CASE("configs: every committed file under configs/ loads with no skipped fi
   int64_t rows = 0;
   for (const auto& f : rep.files) rows += f.rows;
   const RowCheck gpu = check_gpu_rows_serve_their_keys(dir);
-  CHECK_MESSAGE(gpu.declined.empty(), gpu.declined.size(), " committed GPU row(s) decline their own key:",
-                lines(gpu.declined));
+  CHECK_MESSAGE(gpu.declined.empty(), gpu.declined.size(),
+                " committed GPU row(s) decline their own key:", lines(gpu.declined));
   MESSAGE(rep.files.size(), " committed config file(s), ", rows, " row(s); ", gpu.rows,
           " GPU row(s) checked against their own keys",
           unchecked ? "; " + std::to_string(unchecked) +
@@ -192,7 +192,8 @@ TEST_CASE("configs: a CUDA norm table names compiled variants and points of thei
  "7": {"variant": "rmsnorm_bf16__block_vec8", "unroll": 2}})");
   auto rt = kdtest::make_runtime(std::vector<std::string>{tmp.str()});
   const dispatch::LoadReport rep = rt->load_report();
-  const dispatch::FileReport* f = kdtest::find_file(rep, "cuda/rmsnorm/hidden=4096,device_name=NVIDIA_H200,dtype=bf16.json");
+  const dispatch::FileReport* f =
+      kdtest::find_file(rep, "cuda/rmsnorm/hidden=4096,device_name=NVIDIA_H200,dtype=bf16.json");
   REQUIRE(f != nullptr);
   INFO(kdtest::problems_text(*f));
   CHECK(f->state == dispatch::FileReport::State::partial);

@@ -258,9 +258,9 @@ TEST_CASE("cpu plugin: KDISPATCH_OPENBLAS=0 disables it and a missing plugin is 
   CHECK(!r.loaded);
   CHECK(r.variants.empty());
 #ifdef KDISPATCH_TEST_OPENBLAS_PLUGIN
-  CHECK_MESSAGE(r.status.find("libkdispatch_cpu_openblas.so not found in /nonexistent/kdispatch-plugins") !=
-                    std::string::npos,
-                r.status);
+  CHECK_MESSAGE(
+      r.status.find("libkdispatch_cpu_openblas.so not found in /nonexistent/kdispatch-plugins") != std::string::npos,
+      r.status);
 
   // KDISPATCH_CPU_PLUGIN_DIR pointing at the build's module: it loads, and
   // (dlopen of an open module) hands out the very variants the registry has.
@@ -404,10 +404,10 @@ TEST_CASE("cpu gemm: gemm_fp32__openblas matches the float64 reference at servin
     int64_t ldb_pad, ldd_pad;
   };
   const Shape shapes[] = {
-      {1, 4096, 4096, false, 0, 0},  // decode: sgemv
-      {16, 4864, 896, true, 0, 0},   // small batch, bias post-pass
-      {64, 1024, 1024, false, 3, 5}, // padded rows
-      {3, 7, 1, true, 0, 0},         // K = 1
+      {1, 4096, 4096, false, 0, 0},   // decode: sgemv
+      {16, 4864, 896, true, 0, 0},    // small batch, bias post-pass
+      {64, 1024, 1024, false, 3, 5},  // padded rows
+      {3, 7, 1, true, 0, 0},          // K = 1
   };
   const int64_t host_threads = cpu::hardware_threads();
   for (const Shape& s : shapes) {
@@ -438,13 +438,13 @@ TEST_CASE("cpu gemm: gemm_fp32__splitk is flagged nondeterministic and matches t
     bool bias;
   };
   const Shape shapes[] = {
-      {1, 1, 1, true},        // one slice, on the caller
-      {3, 5, 15, false},      // K below one aligned slice
-      {2, 9, 17, true},       // a 16-wide slice and a 1-wide tail
-      {1, 4096, 4096, false}, // decode: a slice is one K pass
-      {16, 600, 896, true},   // several M tiles, 8 slices of 112
-      {5, 33, 1000, false},   // uneven slices
-      {7, 300000, 3, true},   // N so large that M runs in chunks of 3 rows
+      {1, 1, 1, true},         // one slice, on the caller
+      {3, 5, 15, false},       // K below one aligned slice
+      {2, 9, 17, true},        // a 16-wide slice and a 1-wide tail
+      {1, 4096, 4096, false},  // decode: a slice is one K pass
+      {16, 600, 896, true},    // several M tiles, 8 slices of 112
+      {5, 33, 1000, false},    // uneven slices
+      {7, 300000, 3, true},    // N so large that M runs in chunks of 3 rows
   };
   for (const Shape& s : shapes) {
     GemmCase c(s.m, s.n, s.k, s.bias, -1, 0, 0, 11);
@@ -514,12 +514,13 @@ TEST_CASE("cpu thread pool: every task runs exactly once whatever the threads an
         Counts* c;
         int base;
       } s{&n->inner, t * 16};
-      cpu::parallel_for(16, 4,
-                        [](void* x, int i) noexcept {
-                          auto* sl = static_cast<Slice*>(x);
-                          sl->c->hits[static_cast<size_t>(sl->base + i)]++;
-                        },
-                        &s);
+      cpu::parallel_for(
+          16, 4,
+          [](void* x, int i) noexcept {
+            auto* sl = static_cast<Slice*>(x);
+            sl->c->hits[static_cast<size_t>(sl->base + i)]++;
+          },
+          &s);
     }
   } nested;
   cpu::parallel_for(4, 4, &Nested::outer, &nested);

@@ -186,7 +186,8 @@ std::vector<Exported> exported_functions() {
     const std::string code = code_of(kdtest::read_text(e.path()));
     for (size_t at = code.find("KDISPATCH_API"); at != std::string::npos; at = code.find("KDISPATCH_API", at + 1)) {
       // "class [[nodiscard]] KDISPATCH_API Status {": an exported class.
-      const size_t stmt_start = code.find_last_of(";{}", at) == std::string::npos ? 0 : code.find_last_of(";{}", at) + 1;
+      const size_t stmt_start =
+          code.find_last_of(";{}", at) == std::string::npos ? 0 : code.find_last_of(";{}", at) + 1;
       const std::string before = code.substr(stmt_start, at - stmt_start);
       if (before.find("class ") != std::string::npos || before.find("struct ") != std::string::npos) {
         size_t n = at + 13;
@@ -278,8 +279,8 @@ TEST_CASE("docs: the exported functions that are not noexcept are exactly archit
   const std::vector<std::string> doc = code_spans(between_markers(architecture_md(), "may-throw"));
   const std::set<std::string> doc_set(doc.begin(), doc.end());
   CHECK_MESSAGE(doc.size() == doc_set.size(), "a name twice in the may-throw list");
-  CHECK_MESSAGE(doc_set == throwing, "docs/architecture.md's may-throw markers should hold: ",
-                as_list({throwing.begin(), throwing.end()}));
+  CHECK_MESSAGE(doc_set == throwing,
+                "docs/architecture.md's may-throw markers should hold: ", as_list({throwing.begin(), throwing.end()}));
   CHECK(throwing == std::set<std::string>{"Runtime::cache_dir", "Runtime::load_report", "Runtime::source_dir",
                                           "Runtime::source_path", "LoadReport::to_json", "Status::to_string",
                                           "canonical_file_device_name", "config_to_json", "gpu_partition_of",

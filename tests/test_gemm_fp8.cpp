@@ -201,10 +201,10 @@ TEST_CASE("gemm_fp8: zero scales give zeros, inf and NaN scales reach exactly th
   REQUIRE(c.run(*rt).ok());
   for (int64_t j = 0; j < 8; ++j) {
     CAPTURE(j);
-    CHECK(c.d[static_cast<size_t>(0 * 8 + j)] == 0.f);                     // a zero scale: zeros
-    CHECK(std::isinf(c.d[static_cast<size_t>(1 * 8 + j)]));                // inf: inf (the sum is 16)
-    CHECK(std::isnan(c.d[static_cast<size_t>(2 * 8 + j)]));                // NaN: NaN
-    CHECK(c.d[static_cast<size_t>(3 * 8 + j)] == 16.f * float(j + 1));     // untouched rows exact
+    CHECK(c.d[static_cast<size_t>(0 * 8 + j)] == 0.f);                  // a zero scale: zeros
+    CHECK(std::isinf(c.d[static_cast<size_t>(1 * 8 + j)]));             // inf: inf (the sum is 16)
+    CHECK(std::isnan(c.d[static_cast<size_t>(2 * 8 + j)]));             // NaN: NaN
+    CHECK(c.d[static_cast<size_t>(3 * 8 + j)] == 16.f * float(j + 1));  // untouched rows exact
   }
   // A zero product sum times an inf scale is NaN (0 * inf), as in torch._scaled_mm.
   std::fill(c.a.begin(), c.a.begin() + 16, e4m3(0.f));
@@ -213,7 +213,9 @@ TEST_CASE("gemm_fp8: zero scales give zeros, inf and NaN scales reach exactly th
   CHECK(std::isnan(c.d[0]));
 }
 
-TEST_CASE("gemm_fp8_block: a K-major scale_a (the column-major view [K/128, M]) gives the M-major result bit for bit under the same key") {
+TEST_CASE(
+    "gemm_fp8_block: a K-major scale_a (the column-major view [K/128, M]) gives the M-major result bit for bit under "
+    "the same key") {
   auto rt = quiet_runtime();
   std::mt19937 rng(11);
   for (int64_t m : {1, 3, 5, 17}) {
@@ -368,7 +370,8 @@ TEST_CASE("quant_fp8_group then gemm_fp8_block: the engine's fp8 path stays with
   for (auto& v : w) v = u(rng) * 0.05f;
   // Activations through the op; weights quantised per 128x128 block here.
   std::vector<uint8_t> xq(static_cast<size_t>(m * k)), wq(static_cast<size_t>(n * k));
-  std::vector<float> xs(static_cast<size_t>(kb * lds), std::numeric_limits<float>::quiet_NaN()), ws(static_cast<size_t>(nb * kb));
+  std::vector<float> xs(static_cast<size_t>(kb * lds), std::numeric_limits<float>::quiet_NaN()),
+      ws(static_cast<size_t>(nb * kb));
   QuantFp8GroupArgs qa;
   qa.q = make_tensor_2d(xq.data(), DType::fp8_e4m3fn, m, k, k);
   qa.x = make_tensor_2d(x.data(), DType::fp32, m, k, k);
@@ -378,7 +381,8 @@ TEST_CASE("quant_fp8_group then gemm_fp8_block: the engine's fp8 path stays with
     for (int64_t g = 0; g < kb; ++g) {
       float amax = 0;
       for (int64_t j = bj * 128; j < std::min(n, bj * 128 + 128); ++j)
-        for (int64_t l = g * 128; l < std::min(k, g * 128 + 128); ++l) amax = std::max(amax, std::fabs(w[static_cast<size_t>(j * k + l)]));
+        for (int64_t l = g * 128; l < std::min(k, g * 128 + 128); ++l)
+          amax = std::max(amax, std::fabs(w[static_cast<size_t>(j * k + l)]));
       const float s = amax / 448.f;
       ws[static_cast<size_t>(bj * kb + g)] = s;
       for (int64_t j = bj * 128; j < std::min(n, bj * 128 + 128); ++j)
@@ -498,7 +502,9 @@ std::string fp8_op_name(Layout l) { return std::string("gemm_fp8_") + layout_nam
 
 }  // namespace
 
-TEST_CASE("gemm_fp8 fast_accum: a fast call's key is the precise key plus accum=fast, and the CPU variants give the precise output bit for bit") {
+TEST_CASE(
+    "gemm_fp8 fast_accum: a fast call's key is the precise key plus accum=fast, and the CPU variants give the precise "
+    "output bit for bit") {
   const std::string dev = cpu_device_info().device_name;
   RuntimeOptions forced = kdtest::options_for({});
   forced.tune.mode = TuneMode::off;
@@ -536,7 +542,9 @@ TEST_CASE("gemm_fp8 fast_accum: a fast call's key is the precise key plus accum=
   }
 }
 
-TEST_CASE("gemm_fp8 fast_accum: a precise key names the committed configs/cuda/gemm_fp8_block file byte for byte, accum=fast names another") {
+TEST_CASE(
+    "gemm_fp8 fast_accum: a precise key names the committed configs/cuda/gemm_fp8_block file byte for byte, accum=fast "
+    "names another") {
   namespace fs = std::filesystem;
   core::Problem p;
   p.op = core::OpKind::gemm_fp8_block;
@@ -558,7 +566,8 @@ TEST_CASE("gemm_fp8 fast_accum: a precise key names the committed configs/cuda/g
   // Both parse back to their accumulation; "precise" may be spelled out (the
   // precise key), anything else is named.
   for (const auto& [name, want] :
-       {std::pair<std::string, core::Accum>{precise_name, core::Accum::precise}, {fast_name, core::Accum::fast},
+       {std::pair<std::string, core::Accum>{precise_name, core::Accum::precise},
+        {fast_name, core::Accum::fast},
         {"N=1536,K=7168,device_name=NVIDIA_H200,accum=precise,dtype=fp8_e4m3fn,out_dtype=bf16.json",
          core::Accum::precise}}) {
     CAPTURE(name);
@@ -576,7 +585,8 @@ TEST_CASE("gemm_fp8 fast_accum: a precise key names the committed configs/cuda/g
   auto bad = store::own_problem_from_fields(p.op, slow->fields);
   CHECK(bad.status().code() == StatusCode::invalid_argument);
   CHECK(bad.status().message() == "field accum='slow' is not fast/precise");
-  auto norm = store::own_problem_from_fields(core::OpKind::rmsnorm, {{"accum", "fast"}, {"dtype", "bf16"}, {"hidden", "8"}});
+  auto norm =
+      store::own_problem_from_fields(core::OpKind::rmsnorm, {{"accum", "fast"}, {"dtype", "bf16"}, {"hidden", "8"}});
   CHECK(norm.status().message() == "unknown field 'accum' for op rmsnorm");
   // The shipped rows serve the precise key exactly as before; the fast key
   // has no row (the tuner never wrote one): the default.
@@ -612,12 +622,15 @@ TEST_CASE("gemm_fp8 fast_accum: a precise key names the committed configs/cuda/g
   }
 }
 
-TEST_CASE("gemm_fp8 fast_accum: a file named accum=fast loads and serves the fast calls only, the precise file the precise ones") {
+TEST_CASE(
+    "gemm_fp8 fast_accum: a file named accum=fast loads and serves the fast calls only, the precise file the precise "
+    "ones") {
   const std::string dev = cpu_device_info().device_name;
   kdtest::TempDir dir;
   const std::string fast_file = "N=136,K=264,device_name=" + dev + ",accum=fast,dtype=fp8_e4m3fn,out_dtype=fp32.json";
   const std::string precise_file = "N=136,K=264,device_name=" + dev + ",dtype=fp8_e4m3fn,out_dtype=fp32.json";
-  kdtest::write_text(dir / ("cpu/gemm_fp8_rowwise/" + fast_file), R"({"4": {"variant": "gemm_fp8_rowwise_e4m3fn__ref"}})");
+  kdtest::write_text(dir / ("cpu/gemm_fp8_rowwise/" + fast_file),
+                     R"({"4": {"variant": "gemm_fp8_rowwise_e4m3fn__ref"}})");
   kdtest::write_text(dir / ("cpu/gemm_fp8_rowwise/" + precise_file),
                      R"({"16": {"variant": "gemm_fp8_rowwise_e4m3fn__tiled", "BLOCK_N": 1}})");
   RuntimeOptions o = kdtest::options_for({dir.str()});
@@ -667,7 +680,9 @@ TEST_CASE("gemm_fp8 fast_accum: a file named accum=fast loads and serves the fas
   CHECK(r->match == LookupResult::Match::fallback);
 }
 
-TEST_CASE("gemm_fp8 fast_accum: pretune tunes what the call asks under its own key and file, validated with the fast tolerance") {
+TEST_CASE(
+    "gemm_fp8 fast_accum: pretune tunes what the call asks under its own key and file, validated with the fast "
+    "tolerance") {
   const std::string dev = cpu_device_info().device_name;
   kdtest::TempDir cache;
   RuntimeOptions o = kdtest::options_for({});
@@ -741,7 +756,8 @@ TEST_CASE("gemm_fp8 fast_accum: call_op takes the switch as 0 or 1 or leaves it 
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK(s.message() == "gemm_fp8_block takes 6 tensors and 0 to 1 scalars, got 6 and 2");
   auto pr = pretune_op(*rt, "gemm_fp8_block", tensors, half);
-  CHECK(pr.status().message() == "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000");
+  CHECK(pr.status().message() ==
+        "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000");
   // The op list says what it is.
   for (const OpInfo& op : op_list())
     if (op.name.rfind("gemm_fp8_", 0) == 0) {

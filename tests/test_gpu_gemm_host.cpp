@@ -64,10 +64,17 @@ Plan plan_of(const char* variant, std::initializer_list<std::pair<const char*, i
 dispatch::Config cublaslt_row() {
   dispatch::Config c;
   c.emplace_back("variant", ConfigValue::string("gemm_bf16__cublaslt"));
-  const std::pair<const char*, int64_t> vals[] = {
-      {"algo_id", 66},         {"tile_id", 0},          {"stages_id", 0},          {"split_k", 4},
-      {"reduction_scheme", 2}, {"cta_swizzling", 0},    {"custom_option", 0},      {"inner_shape_id", 0},
-      {"cluster_shape_id", 0}, {"workspace_bytes", 1048576}, {"cublaslt_version", 130100}};
+  const std::pair<const char*, int64_t> vals[] = {{"algo_id", 66},
+                                                  {"tile_id", 0},
+                                                  {"stages_id", 0},
+                                                  {"split_k", 4},
+                                                  {"reduction_scheme", 2},
+                                                  {"cta_swizzling", 0},
+                                                  {"custom_option", 0},
+                                                  {"inner_shape_id", 0},
+                                                  {"cluster_shape_id", 0},
+                                                  {"workspace_bytes", 1048576},
+                                                  {"cublaslt_version", 130100}};
   for (const auto& [k, v] : vals) c.emplace_back(k, ConfigValue::integer(v));
   return c;
 }
@@ -133,8 +140,8 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
 
   // Tiled: only the compiled block shapes; the smem of the stages must fit.
   CHECK(why(plan_of("gemm_bf16__tiled_mma", {}), p).ok());  // 128x128x32 w4 s3
-  CHECK(why(plan_of("gemm_bf16__tiled_mma", {{"BLOCK_SIZE_M", 256}, {"BLOCK_SIZE_N", 128}, {"num_warps", 8},
-                                             {"num_stages", 4}}),
+  CHECK(why(plan_of("gemm_bf16__tiled_mma",
+                    {{"BLOCK_SIZE_M", 256}, {"BLOCK_SIZE_N", 128}, {"num_warps", 8}, {"num_stages", 4}}),
             p)
             .ok());
   CHECK(kdtest::contains(
@@ -222,9 +229,9 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
   struct Mma {
     int64_t m, n, k, row_tiles, split_k, stages, cluster_k;
   };
-  for (const Mma& c : {Mma{1, 3200, 4096, 1, 4, 6, 1},     // t 1.5
-                       Mma{1, 28672, 4096, 1, 8, 3, 1},    // t 13.6
-                       Mma{8, 1280, 8192, 1, 8, 6, 1},     // t 0.6
+  for (const Mma& c : {Mma{1, 3200, 4096, 1, 4, 6, 1},      // t 1.5
+                       Mma{1, 28672, 4096, 1, 8, 3, 1},     // t 13.6
+                       Mma{8, 1280, 8192, 1, 8, 6, 1},      // t 0.6
                        Mma{9, 4096, 14336, 2, 8, 4, 1}}) {  // t 1.9
     INFO("M=", c.m, " N=", c.n, " K=", c.k);
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
@@ -245,9 +252,9 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
   // (1 x 4096 x 4096: t 1.9 at M = 1; 16 x 4608 x 3584: t 2.2 at M = 16,
   // where the first fit's rule lost 26 % on the benchmark; 16 x 1280 x 8192:
   // t 0.6 at M = 16, the rule's until the fit timed cold too, 2026-12-04.)
-  for (const Shape& c : {Shape{1, 4096, 4096}, Shape{16, 1280, 8192}, Shape{2, 2048, 512}, Shape{2, 8192, 1024}, Shape{16, 4608, 3584},
-                         Shape{8, 7168, 8192}, Shape{16, 6144, 4096}, Shape{16, 8192, 4096}, Shape{16, 28672, 4096},
-                         Shape{8, 4096, 4100}, Shape{4096, 4096, 4096}, Shape{1, 4096, 4095}}) {
+  for (const Shape& c : {Shape{1, 4096, 4096}, Shape{16, 1280, 8192}, Shape{2, 2048, 512}, Shape{2, 8192, 1024},
+                         Shape{16, 4608, 3584}, Shape{8, 7168, 8192}, Shape{16, 6144, 4096}, Shape{16, 8192, 4096},
+                         Shape{16, 28672, 4096}, Shape{8, 4096, 4100}, Shape{4096, 4096, 4096}, Shape{1, 4096, 4095}}) {
     INFO("M=", c.m, " N=", c.n, " K=", c.k);
     const Plan plan = dispatch::core::get_default(gemm_problem(DeviceType::cuda, c.m, c.n, c.k), dev);
     REQUIRE(plan.valid());
@@ -318,8 +325,8 @@ TEST_CASE("gpu gemm host: a cuBLASLt row needs every algorithm param, as integer
   auto plan = dispatch::core::plan_from_config(row, OpKind::gemm, DeviceType::cuda);
   REQUIRE(plan.ok());
   CHECK(plan->variant->name == "gemm_bf16__cublaslt");
-  CHECK(plan->params[0] == 66);   // algo_id
-  CHECK(plan->params[3] == 4);    // split_k
+  CHECK(plan->params[0] == 66);  // algo_id
+  CHECK(plan->params[3] == 4);   // split_k
   CHECK(plan->params[9] == 1048576);
   CHECK(plan->params[10] == 130100);
   // Round trip: plan -> row -> plan, identical params.

@@ -53,7 +53,8 @@ TEST_CASE("gpu host: a backend compiled in without a usable device says why in o
     const DeviceInfo& st = b->status();
     INFO(dispatch::device_type_name(t), ": ", st.available ? "available" : st.unavailable_reason);
     if (st.available) {
-      MESSAGE(dispatch::device_type_name(t), " device present (", st.device_name, "): the no-device checks do not apply");
+      MESSAGE(dispatch::device_type_name(t), " device present (", st.device_name,
+              "): the no-device checks do not apply");
       continue;
     }
     // One line, with the native code (CUDA: 35 no driver, 34 stub, 100 no device; HIP: 100).
@@ -120,13 +121,13 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
           if (v->in_dtype != dt) continue;
           ++n;
           INFO(v->name);
-          const std::string what = std::string(dispatch::core::op_name(op)) + "_" + std::string(dispatch::dtype_name(dt)) + "__";
+          const std::string what =
+              std::string(dispatch::core::op_name(op)) + "_" + std::string(dispatch::dtype_name(dt)) + "__";
           CHECK(v->name.rfind(what, 0) == 0);
           CHECK(v->backend == t);
           CHECK((v->supports != nullptr && v->launch != nullptr));
           if (v->flags & dispatch::core::kVariantReference) ++refs;
-          const uint32_t in_place =
-              (1u << dispatch::core::kFusedArgX) | (1u << dispatch::core::kFusedArgResidual);
+          const uint32_t in_place = (1u << dispatch::core::kFusedArgX) | (1u << dispatch::core::kFusedArgResidual);
           CHECK(v->restore_args == (op == OpKind::fused_add_rmsnorm ? in_place : 0u));
           CHECK(v->reset_args == 0u);
         }
@@ -139,9 +140,9 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     }
   }
 #if KDISPATCH_HAVE_CUDA
-  for (const char* n : {"rmsnorm_bf16__warp_vec8", "rmsnorm_bf16__block_vec8", "rmsnorm_bf16__generic",
-                        "rmsnorm_bf16__cuda_ref", "fused_add_rmsnorm_fp16__block_vec8", "rmsnorm_fp32__warp_vec4",
-                        "fused_add_rmsnorm_fp32__block_vec4"})
+  for (const char* n :
+       {"rmsnorm_bf16__warp_vec8", "rmsnorm_bf16__block_vec8", "rmsnorm_bf16__generic", "rmsnorm_bf16__cuda_ref",
+        "fused_add_rmsnorm_fp16__block_vec8", "rmsnorm_fp32__warp_vec4", "fused_add_rmsnorm_fp32__block_vec4"})
     CHECK_MESSAGE(dispatch::core::find_variant(n) != nullptr, n);
 #endif
 #if KDISPATCH_HAVE_HIP
@@ -181,7 +182,7 @@ TEST_CASE("gpu host: config spaces keep the points that hold the row in register
     // Declines say why.
     const Problem odd = norm_problem(t, OpKind::rmsnorm, DType::bf16, 4, 1001);
     const VariantDef* block = dispatch::core::find_variant(t == DeviceType::cuda ? "rmsnorm_bf16__block_vec8"
-                                                                                  : "rmsnorm_bf16__hip_block_vec8");
+                                                                                 : "rmsnorm_bf16__hip_block_vec8");
     REQUIRE(block != nullptr);
     const int64_t u2[] = {2, 0};
     const dispatch::Status s = block->supports(odd, u2, dev);

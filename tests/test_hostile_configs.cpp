@@ -43,9 +43,9 @@ std::string hostile_rows(core::OpKind op, int64_t* n) {
       int64_t hi = std::numeric_limits<int64_t>::min();
       for (int64_t x : p.values) hi = std::max(hi, x);
       const std::string k = "\"" + std::string(p.name) + "\": ";
-      for (const std::string& bad : {std::to_string(hi + 1), std::string("-1"), std::string("1099511627776"),
-                                     std::string("9223372036854775807"), std::string("-9223372036854775808"),
-                                     std::string("\"abc\""), std::string("1.5"), std::string("true")})
+      for (const std::string& bad :
+           {std::to_string(hi + 1), std::string("-1"), std::string("1099511627776"), std::string("9223372036854775807"),
+            std::string("-9223372036854775808"), std::string("\"abc\""), std::string("1.5"), std::string("true")})
         row(name + ", " + k + bad);
     }
   }
@@ -78,7 +78,9 @@ struct Guarded {
 
 }  // namespace
 
-TEST_CASE("hostile configs: rows outside every variant's space are dropped and reported, and calls stay correct and in bounds") {
+TEST_CASE(
+    "hostile configs: rows outside every variant's space are dropped and reported, and calls stay correct and in "
+    "bounds") {
   const std::string device = cpu_device_info().device_name;
   TempDir dir;
   const int64_t H = 48, N = 40, K = 56;
@@ -115,8 +117,9 @@ TEST_CASE("hostile configs: rows outside every variant's space are dropped and r
     for (int64_t i = 0; i < M * H; ++i) x.data()[i] = std::sin(0.37f * static_cast<float>(i)) * 3.f;
     for (int64_t i = 0; i < H; ++i) w.data()[i] = 0.5f + 0.01f * static_cast<float>(i);
     DispatchInfo info;
-    REQUIRE(rmsnorm(*rt, {make_tensor_2d(y.data(), DType::fp32, M, H, H), make_tensor_2d(x.data(), DType::fp32, M, H, H),
-                          make_tensor_1d(w.data(), DType::fp32, H), 1e-6f},
+    REQUIRE(rmsnorm(*rt,
+                    {make_tensor_2d(y.data(), DType::fp32, M, H, H), make_tensor_2d(x.data(), DType::fp32, M, H, H),
+                     make_tensor_1d(w.data(), DType::fp32, H), 1e-6f},
                     {}, {.info = &info})
                 .ok());
     CHECK(info.source == PlanSource::fallback);
@@ -136,8 +139,10 @@ TEST_CASE("hostile configs: rows outside every variant's space are dropped and r
     Guarded a(static_cast<size_t>(M * K)), b(static_cast<size_t>(N * K)), d(static_cast<size_t>(M * N));
     for (int64_t i = 0; i < M * K; ++i) a.data()[i] = std::cos(0.11f * static_cast<float>(i));
     for (int64_t i = 0; i < N * K; ++i) b.data()[i] = std::sin(0.07f * static_cast<float>(i));
-    REQUIRE(gemm(*rt, {make_tensor_2d(a.data(), DType::fp32, M, K, K), make_tensor_2d(b.data(), DType::fp32, N, K, K),
-                       make_tensor_2d(d.data(), DType::fp32, M, N, N), {}})
+    REQUIRE(gemm(*rt, {make_tensor_2d(a.data(), DType::fp32, M, K, K),
+                       make_tensor_2d(b.data(), DType::fp32, N, K, K),
+                       make_tensor_2d(d.data(), DType::fp32, M, N, N),
+                       {}})
                 .ok());
     double gerr = 0;
     for (int64_t i = 0; i < M; ++i)

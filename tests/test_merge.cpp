@@ -119,8 +119,10 @@ void age_file(const fs::path& p, long seconds) {
 
 // A table text with hand-written keys: the metadata, then each (key, row).
 std::string keyed_table(const std::vector<std::pair<std::string, std::string>>& rows) {
-  std::string text = "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"gemm_fp32__ref\": 1, "
-                     "\"gemm_fp32__blocked\": 1}, \"fingerprint\": " + store::cpu_fingerprint().to_json() + "}";
+  std::string text =
+      "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"gemm_fp32__ref\": 1, "
+      "\"gemm_fp32__blocked\": 1}, \"fingerprint\": " +
+      store::cpu_fingerprint().to_json() + "}";
   for (const auto& [k, row] : rows) text += ",\n    \"" + k + "\": " + row;
   return text + "\n}\n";
 }
@@ -133,7 +135,9 @@ const std::string kRefRow = "{\"variant\": \"gemm_fp32__ref\"}";
 // renaming a fragment its writer had rewritten to the hidden claim and
 // putting it back left the writer's newer row only in the claim; the
 // loader, later compactions and the writer never read it: M = [1, 3] served.
-TEST_CASE("merge --compact: a compaction killed between its claim and the put-back loses no row, the next compaction recovers the claim") {
+TEST_CASE(
+    "merge --compact: a compaction killed between its claim and the put-back loses no row, the next compaction "
+    "recovers the claim") {
   kdtest::WriterScheme scheme(true);  // this process writes its own fragment
   EnvScope env({{"KDISPATCH_CACHE_LOCKING", nullptr}});
   TempDir dir;
@@ -169,7 +173,8 @@ TEST_CASE("merge --compact: a compaction killed between its claim and the put-ba
   // by the writer's next rename), and is merged.
   kdtest::CliResult c = merge({"--compact", cache.string()}, dir);
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
-  const std::string aside = host() + "-" + std::to_string(::getpid()) + ".unmerged-" + host() + "-" + killed_pid + ".json";
+  const std::string aside =
+      host() + "-" + std::to_string(::getpid()) + ".unmerged-" + host() + "-" + killed_pid + ".json";
   CHECK(c.err.find(kRel + ".d: recovered " + hidden[0] + ", the claim of a compaction that died (pid " + killed_pid +
                    " of this host), as " + aside) != std::string::npos);
   CHECK(c.out.find("1 table(s) compacted in " + cache.string() +
@@ -184,7 +189,9 @@ TEST_CASE("merge --compact: a compaction killed between its claim and the put-ba
   CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 2, 3});
 }
 
-TEST_CASE("persist_rows (fragments): the next write recovers a dead compaction's claims: its own merged in, others put back or aside") {
+TEST_CASE(
+    "persist_rows (fragments): the next write recovers a dead compaction's claims: its own merged in, others put back "
+    "or aside") {
   kdtest::WriterScheme scheme(true);
   TempDir dir;
   const std::string cache = dir.str();
@@ -231,13 +238,15 @@ TEST_CASE("persist_rows (fragments): the next write recovers a dead compaction's
   kdtest::CliResult c = merge({"--compact", cache}, dir);
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
   for (const std::string& n : left)
-    CHECK(c.err.find(kRel + ".d/" + n + ": left alone: a claim of another host's compaction, or of an older build's "
-                                        "(no host in its name)") != std::string::npos);
+    CHECK(c.err.find(kRel + ".d/" + n +
+                     ": left alone: a claim of another host's compaction, or of an older build's "
+                     "(no host in its name)") != std::string::npos);
   CHECK(rows_of(dir / kRel) == std::vector<int64_t>{1, 2, 3, 5, 6, 7, 10});
   CHECK(names_in(frag_dir, true) == left);
 }
 
-TEST_CASE("merge --compact: KDISPATCH_CACHE_LOCKING is honoured as the writers honour it, a bad value is a usage error") {
+TEST_CASE(
+    "merge --compact: KDISPATCH_CACHE_LOCKING is honoured as the writers honour it, a bad value is a usage error") {
   TempDir dir;
   const fs::path cache = dir / "cache";
   kdtest::write_text(cache / kRel, table_text(ref_rows({1})));
@@ -274,7 +283,8 @@ TEST_CASE("merge --compact: a table without fragments is not read") {
   kdtest::CliResult r = merge({"--compact", cache.string()}, dir);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   CHECK(r.err.find(other) == std::string::npos);
-  CHECK(r.out.find("1 table(s) compacted in " + cache.string() + " (2 rows, 0 conflicts resolved, 1 fragment(s) "
+  CHECK(r.out.find("1 table(s) compacted in " + cache.string() +
+                   " (2 rows, 0 conflicts resolved, 1 fragment(s) "
                    "merged and removed, 0 kept), 0 refused, 0 file(s) skipped") != std::string::npos);
   CHECK(kdtest::read_text(cache / other) == "{ not json");
 }
@@ -299,7 +309,8 @@ TEST_CASE("merge: temp files of dead merges of this host are removed from the di
 }
 
 // Issue 31, item 5: merge read a 3 GB source whole (3.15 GB RSS).
-TEST_CASE("merge: a source file over the input limit is refused naming the limit, a FIFO is reported without blocking") {
+TEST_CASE(
+    "merge: a source file over the input limit is refused naming the limit, a FIFO is reported without blocking") {
   TempDir dir;
   const fs::path src = dir / "src";
   kdtest::write_text(src / kRel, table_text(ref_rows({1})));
@@ -310,17 +321,21 @@ TEST_CASE("merge: a source file over the input limit is refused naming the limit
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   kdtest::CliResult r = merge({"--out", (dir / "out").string(), src.string()}, dir);
   CHECK(r.exit_code == 1);
-  CHECK(r.err.find("kdispatch merge: skipped '" + big.string() + "' is 268435457 bytes, over the limit for one input "
+  CHECK(r.err.find("kdispatch merge: skipped '" + big.string() +
+                   "' is 268435457 bytes, over the limit for one input "
                    "file (docs/config-files.md#limits) of 268435456 bytes: not read") != std::string::npos);
   CHECK(r.err.find("kdispatch merge: skipped '" + fifo.string() + "' is a FIFO: only a regular file is read") !=
         std::string::npos);
-  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() + " (1 rows, 0 conflicts resolved), 0 refused, 2 "
+  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() +
+                   " (1 rows, 0 conflicts resolved), 0 refused, 2 "
                    "file(s) skipped") != std::string::npos);
   CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{1});
 }
 
 // Issue 31, item 7: merge copied rows `validate` then drops, with exit 0.
-TEST_CASE("merge: rows are checked as validate checks them, a bad row dropped and listed, a backend this build lacks copied unchecked") {
+TEST_CASE(
+    "merge: rows are checked as validate checks them, a bad row dropped and listed, a backend this build lacks copied "
+    "unchecked") {
   TempDir dir;
   const fs::path src = dir / "src";
   const std::string rows =
@@ -331,18 +346,20 @@ TEST_CASE("merge: rows are checked as validate checks them, a bad row dropped an
       "    \"4\": {\"variant\": \"gemm_bf16__blocked\"}\n}\n";
   kdtest::write_text(src / kRel, rows);
   kdtest::CliResult v = kdtest::run_cli({"validate", src.string()}, (dir / "cli-cache").string());
-  const std::vector<std::string> why = {"M=2: unknown variant 'gemm_fp32__nope'; row dropped",
-                                        "M=3: 'BLOCK_SIZE_M'=7 is not a point of gemm_fp32__blocked's space; row dropped",
-                                        "M=4: variant gemm_bf16__blocked computes bf16, the key is fp32; row dropped"};
+  const std::vector<std::string> why = {
+      "M=2: unknown variant 'gemm_fp32__nope'; row dropped",
+      "M=3: 'BLOCK_SIZE_M'=7 is not a point of gemm_fp32__blocked's space; row dropped",
+      "M=4: variant gemm_bf16__blocked computes bf16, the key is fp32; row dropped"};
   for (const std::string& w : why) CHECK_MESSAGE(v.out.find("- " + w) != std::string::npos, v.out);
   kdtest::CliResult r = merge({"--out", (dir / "out").string(), src.string()}, dir);
   CHECK(r.exit_code == 1);
   for (const std::string& w : why)
-    CHECK_MESSAGE(r.err.find("kdispatch merge: " + (src / kRel).string() + ": " + w + " (as kdispatch validate drops it)") !=
-                      std::string::npos,
+    CHECK_MESSAGE(r.err.find("kdispatch merge: " + (src / kRel).string() + ": " + w +
+                             " (as kdispatch validate drops it)") != std::string::npos,
                   r.err);
   CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{1});
-  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() + " (1 rows, 0 conflicts resolved), 0 refused, 0 "
+  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() +
+                   " (1 rows, 0 conflicts resolved), 0 refused, 0 "
                    "file(s) skipped, 3 row(s) dropped, 0 row(s) not checked here") != std::string::npos);
 
   // A table of a backend this build lacks (a shard tuned on a GPU host,
@@ -356,10 +373,11 @@ TEST_CASE("merge: rows are checked as validate checks them, a bad row dropped an
   }
   const std::string b(device_type_name(*lacking));
   const std::string gpu_rel = b + "/gemm/N=8,K=8,device_name=NVIDIA_H200,dtype=bf16.json";
-  kdtest::write_text(dir / "gpu" / gpu_rel,
-                     "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {}, \"fingerprint\": {\"kernels\": "
-                     "\"x\"}},\n    \"1\": {\"variant\": \"gemm_bf16__anything\"},\n    \"2\": {\"variant\": "
-                     "\"gemm_bf16__anything\", \"BLOCK\": 3}\n}\n");
+  kdtest::write_text(
+      dir / "gpu" / gpu_rel,
+      "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {}, \"fingerprint\": {\"kernels\": "
+      "\"x\"}},\n    \"1\": {\"variant\": \"gemm_bf16__anything\"},\n    \"2\": {\"variant\": "
+      "\"gemm_bf16__anything\", \"BLOCK\": 3}\n}\n");
   kdtest::CliResult g = merge({"--out", (dir / "out-gpu").string(), (dir / "gpu").string()}, dir);
   REQUIRE_MESSAGE(g.exit_code == 0, g.err);
   CHECK(rows_of(dir / "out-gpu" / gpu_rel) == std::vector<int64_t>{1, 2});
@@ -373,8 +391,9 @@ TEST_CASE("merge: a null row, M = 0 or M = 2^63 drops that row, listed, and the 
   TempDir dir;
   const fs::path src = dir / "src";
   std::string text = table_text(ref_rows({1, 2}));
-  text.insert(text.rfind("\n}"), ",\n    \"4\": null,\n    \"0\": {\"variant\": \"gemm_fp32__ref\"},\n"
-                                 "    \"9223372036854775808\": {\"variant\": \"gemm_fp32__ref\"}");
+  text.insert(text.rfind("\n}"),
+              ",\n    \"4\": null,\n    \"0\": {\"variant\": \"gemm_fp32__ref\"},\n"
+              "    \"9223372036854775808\": {\"variant\": \"gemm_fp32__ref\"}");
   kdtest::write_text(src / kRel, text);
   kdtest::CliResult r = merge({"--out", (dir / "out").string(), src.string()}, dir);
   CHECK(r.exit_code == 1);
@@ -384,7 +403,8 @@ TEST_CASE("merge: a null row, M = 0 or M = 2^63 drops that row, listed, and the 
   CHECK(r.err.find(f + "key '9223372036854775808' is not a batch size (1 to 9223372036854775807); row dropped") !=
         std::string::npos);
   CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{1, 2});
-  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() + " (2 rows, 0 conflicts resolved), 0 refused, 0 "
+  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() +
+                   " (2 rows, 0 conflicts resolved), 0 refused, 0 "
                    "file(s) skipped, 3 row(s) dropped") != std::string::npos);
 }
 
@@ -402,7 +422,9 @@ TEST_CASE("merge --compact: a table with a row merge drops is left as it was, no
   CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1});
 }
 
-TEST_CASE("check_table_rows: the loader's reasons, a backend this build lacks unchecked, a path that is no own-op table refused") {
+TEST_CASE(
+    "check_table_rows: the loader's reasons, a backend this build lacks unchecked, a path that is no own-op table "
+    "refused") {
   const Config ref = {{"variant", ConfigValue::string("gemm_fp32__ref")}};
   const Config nope = {{"variant", ConfigValue::string("gemm_fp32__nope")}};
   const Config novariant = {{"BLOCK_SIZE_M", ConfigValue::integer(8)}};
@@ -416,8 +438,9 @@ TEST_CASE("check_table_rows: the loader's reasons, a backend this build lacks un
   r = check_table_rows("some/dir/" + kRel, old_schema, rows);
   REQUIRE(r.ok());
   REQUIRE(r->dropped.size() == 4);  // both ref rows, and the two bad ones
-  CHECK(r->dropped[0] == std::pair<size_t, std::string>{0, "variant gemm_fp32__ref has config schema 1 but the file "
-                                                           "was written for another"});
+  CHECK(r->dropped[0] == std::pair<size_t, std::string>{0,
+                                                        "variant gemm_fp32__ref has config schema 1 but the file "
+                                                        "was written for another"});
   for (DeviceType t : {DeviceType::cuda, DeviceType::hip}) {
     if (core::backend_compiled(t)) continue;
     r = check_table_rows(std::string(device_type_name(t)) + "/gemm/N=8,K=8,device_name=NVIDIA_H200,dtype=bf16.json", {},
@@ -428,13 +451,15 @@ TEST_CASE("check_table_rows: the loader's reasons, a backend this build lacks un
   }
   auto bad = check_table_rows("cpu/gemm/N=8,K=8,dtype=fp32.json", {}, rows);
   CHECK(bad.status().code() == StatusCode::invalid_argument);
-  CHECK(bad.status().message() == "'cpu/gemm/N=8,K=8,dtype=fp32.json' is not an own-op table: file name has no "
-                                  "device_name field");
+  CHECK(bad.status().message() ==
+        "'cpu/gemm/N=8,K=8,dtype=fp32.json' is not an own-op table: file name has no "
+        "device_name field");
   bad = check_table_rows("x/gemm/N=8,K=8,device_name=CPU_test,dtype=fp32.json", {}, rows);
   CHECK(bad.status().code() == StatusCode::invalid_argument);
   bad = check_table_rows("gemm.json", {}, rows);
-  CHECK(bad.status().message() == "'gemm.json' is not an own-op table: the path does not end <backend>/<op>/<key "
-                                  "fields>.json");
+  CHECK(bad.status().message() ==
+        "'gemm.json' is not an own-op table: the path does not end <backend>/<op>/<key "
+        "fields>.json");
 }
 
 // Issue 31, item 7: merge followed an --out/cpu symbolic link.
@@ -458,11 +483,14 @@ TEST_CASE("merge --out: a backend folder that is a symbolic link is not written 
 TEST_CASE("merge: every row keeps its us and default_us, the maps in any key order") {
   TempDir dir;
   const std::string fp = store::cpu_fingerprint().to_json();
-  kdtest::write_text(dir / "a" / kRel,
-                     "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"gemm_fp32__ref\": 1}, "
-                     "\"fingerprint\": " + fp + ", \"us\": {\"16\": 3.5, \"1\": 1.25, \"99\": 7}, \"default_us\": "
-                     "{\"4\": 8, \"1\": 2.5}},\n    \"1\": {\"variant\": \"gemm_fp32__ref\"},\n    \"4\": {\"variant\": "
-                     "\"gemm_fp32__ref\"},\n    \"16\": {\"variant\": \"gemm_fp32__ref\"}\n}\n");
+  kdtest::write_text(
+      dir / "a" / kRel,
+      "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"gemm_fp32__ref\": 1}, "
+      "\"fingerprint\": " +
+          fp +
+          ", \"us\": {\"16\": 3.5, \"1\": 1.25, \"99\": 7}, \"default_us\": "
+          "{\"4\": 8, \"1\": 2.5}},\n    \"1\": {\"variant\": \"gemm_fp32__ref\"},\n    \"4\": {\"variant\": "
+          "\"gemm_fp32__ref\"},\n    \"16\": {\"variant\": \"gemm_fp32__ref\"}\n}\n");
   kdtest::CliResult r = merge({"--out", (dir / "out").string(), (dir / "a").string()}, dir);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const std::string out = kdtest::read_text(dir / "out" / kRel);
@@ -484,15 +512,16 @@ TEST_CASE("merge --compact: an empty lock, or one without a host, older than 10 
   kdtest::write_text(cache / (kRel + ".d/a-1.json"), table_text(ref_rows({2})));
   // A temp file of the lock left by a dead compaction of this host (killed
   // between its create and its unlink): removed by the next one.
-  kdtest::write_text(cache / (".kdispatch-compact.lock.tmp." + host() + "." + std::to_string(dead_pid()) +
-                              ".0123456789abcdef"),
-                     "1 x\n");
+  kdtest::write_text(
+      cache / (".kdispatch-compact.lock.tmp." + host() + "." + std::to_string(dead_pid()) + ".0123456789abcdef"),
+      "1 x\n");
   kdtest::write_text(lock, "");
   kdtest::CliResult young = merge({"--compact", cache.string()}, dir);
   CHECK(young.exit_code == 1);
-  CHECK_MESSAGE(young.err.find("kdispatch merge: --compact " + cache.string() + ": another compaction may be creating " +
-                               lock.string() + " (empty, ") != std::string::npos,
-                young.err);
+  CHECK_MESSAGE(
+      young.err.find("kdispatch merge: --compact " + cache.string() + ": another compaction may be creating " +
+                     lock.string() + " (empty, ") != std::string::npos,
+      young.err);
   CHECK(young.err.find("run the compaction again; a lock without a pid and host is taken over once 10 s old") !=
         std::string::npos);
   CHECK(fs::exists(cache / (kRel + ".d/a-1.json")));  // nothing touched
@@ -501,13 +530,14 @@ TEST_CASE("merge --compact: an empty lock, or one without a host, older than 10 
   age_file(lock, 60);
   kdtest::CliResult c = merge({"--compact", cache.string()}, dir);
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
-  CHECK_MESSAGE(c.err.find("kdispatch merge: --compact " + cache.string() + ": took over " + lock.string() +
-                           ": empty, without the pid and host a compaction writes before the lock's name exists, and ") !=
-                    std::string::npos,
-                c.err);
+  CHECK_MESSAGE(
+      c.err.find("kdispatch merge: --compact " + cache.string() + ": took over " + lock.string() +
+                 ": empty, without the pid and host a compaction writes before the lock's name exists, and ") !=
+          std::string::npos,
+      c.err);
   CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 2});
   CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 2});
-  CHECK_FALSE(fs::exists(lock));  // released
+  CHECK_FALSE(fs::exists(lock));         // released
   CHECK(names_in(cache, true).empty());  // no temp file of the lock left, the dead one's removed
 
   // A body without a host ("123"): the same.
@@ -544,20 +574,22 @@ TEST_CASE("merge --compact: an empty lock, or one without a host, older than 10 
 // kClaimStaleSeconds (60 s) is recovered whatever its pid says; a young
 // live one, one that is not a regular file and a name that does not parse
 // are left and reported; a symbolic link is never put back.
-TEST_CASE("merge --compact: an old claim of a live pid is recovered, a young one reported, a 10-digit pid parsed, a symlink claim left") {
+TEST_CASE(
+    "merge --compact: an old claim of a live pid is recovered, a young one reported, a 10-digit pid parsed, a symlink "
+    "claim left") {
   EnvScope env({{"KDISPATCH_CACHE_LOCKING", nullptr}});
   TempDir dir;
   const fs::path cache = dir / "cache";
   const fs::path frag_dir = cache / (kRel + ".d");
   kdtest::write_text(cache / kRel, table_text(ref_rows({1})));
   const std::string me = std::to_string(::getpid());
-  const std::string old_own = ".a-1.json.compacting-" + host() + "-" + me;   // this (live) pid, an hour old
-  const std::string old_one = ".b-2.json.compacting-" + host() + "-1";       // pid 1, an hour old
-  const std::string young = ".c-3.json.compacting-" + host() + "-" + me;     // live, just made
+  const std::string old_own = ".a-1.json.compacting-" + host() + "-" + me;    // this (live) pid, an hour old
+  const std::string old_one = ".b-2.json.compacting-" + host() + "-1";        // pid 1, an hour old
+  const std::string young = ".c-3.json.compacting-" + host() + "-" + me;      // live, just made
   const std::string wide = ".d-4.json.compacting-" + host() + "-9999999999";  // no process has it
   const std::string dead = std::to_string(dead_pid());
-  const std::string link = ".e-5.json.compacting-" + host() + "-" + dead;    // a symbolic link
-  const std::string odd = ".f-6.json.compacting-" + host();                  // no pid: does not parse
+  const std::string link = ".e-5.json.compacting-" + host() + "-" + dead;  // a symbolic link
+  const std::string odd = ".f-6.json.compacting-" + host();                // no pid: does not parse
   kdtest::write_text(frag_dir / old_own, table_text(ref_rows({5})));
   kdtest::write_text(frag_dir / old_one, table_text(ref_rows({6})));
   kdtest::write_text(frag_dir / young, table_text(ref_rows({7})));
@@ -572,29 +604,36 @@ TEST_CASE("merge --compact: an old claim of a live pid is recovered, a young one
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
   const std::string d = "kdispatch merge: " + kRel + ".d";
   // "... the claim is 3600 s old: ..." (3601 when a second turned meanwhile)
-  const std::string why_old = " s old: a compaction holds a claim for moments (its pid was reused, or is this "
-                              "process's in a container)), as ";
-  for (const auto& [claim, pid, as] :
-       {std::tuple{old_own, me, "a-1.unmerged-" + host() + "-" + me + ".json"},
-        std::tuple{old_one, std::string("1"), "b-2.unmerged-" + host() + "-1.json"}}) {
-    const size_t at = c.err.find(d + ": recovered " + claim + ", the claim of a compaction of this host that is gone "
-                                 "(pid " + pid + " of this host runs, but the claim is 360");
+  const std::string why_old =
+      " s old: a compaction holds a claim for moments (its pid was reused, or is this "
+      "process's in a container)), as ";
+  for (const auto& [claim, pid, as] : {std::tuple{old_own, me, "a-1.unmerged-" + host() + "-" + me + ".json"},
+                                       std::tuple{old_one, std::string("1"), "b-2.unmerged-" + host() + "-1.json"}}) {
+    const size_t at = c.err.find(d + ": recovered " + claim +
+                                 ", the claim of a compaction of this host that is gone "
+                                 "(pid " +
+                                 pid + " of this host runs, but the claim is 360");
     CHECK_MESSAGE(at != std::string::npos, c.err);
     CHECK(c.err.find(why_old + as + "\n", at) != std::string::npos);
   }
-  CHECK(c.err.find(d + ": recovered " + wide + ", the claim of a compaction that died (pid 9999999999 of this host), "
-                       "as d-4.unmerged-" + host() + "-9999999999.json") != std::string::npos);
+  CHECK(c.err.find(d + ": recovered " + wide +
+                   ", the claim of a compaction that died (pid 9999999999 of this host), "
+                   "as d-4.unmerged-" +
+                   host() + "-9999999999.json") != std::string::npos);
   const size_t at = c.err.find(d + "/" + young + ": left alone: the claim of a compaction running on this host (pid " +
                                me + ", claimed ");
   CHECK(at != std::string::npos);
   CHECK(c.err.find(" s ago); if none runs, it is recovered once 60 s old\n", at) != std::string::npos);
-  CHECK(c.err.find(d + "/" + link + ": left alone: a claim that is a symbolic link, not a regular file (a compaction "
-                                    "claims only regular files): never put back under a name the loader reads; remove "
-                                    "it") != std::string::npos);
-  CHECK(c.err.find(d + "/" + odd + ": left alone: named like a compaction's claim, but not "
-                                   ".<fragment>.json.compacting-<host>-<pid>; if no compaction runs, rename it to a "
-                                   "*.json name in its dir") != std::string::npos);
-  CHECK(c.out.find("1 table(s) compacted in " + cache.string() + " (4 rows, 0 conflicts resolved, 3 fragment(s) merged "
+  CHECK(c.err.find(d + "/" + link +
+                   ": left alone: a claim that is a symbolic link, not a regular file (a compaction "
+                   "claims only regular files): never put back under a name the loader reads; remove "
+                   "it") != std::string::npos);
+  CHECK(c.err.find(d + "/" + odd +
+                   ": left alone: named like a compaction's claim, but not "
+                   ".<fragment>.json.compacting-<host>-<pid>; if no compaction runs, rename it to a "
+                   "*.json name in its dir") != std::string::npos);
+  CHECK(c.out.find("1 table(s) compacted in " + cache.string() +
+                   " (4 rows, 0 conflicts resolved, 3 fragment(s) merged "
                    "and removed, 0 kept), 0 refused, 0 file(s) skipped") != std::string::npos);
   CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 5, 6, 8});
   CHECK(kdtest::served_ms(cache.string()) == std::vector<int64_t>{1, 5, 6, 8});
@@ -642,7 +681,8 @@ TEST_CASE("merge: keys Python's int() reads merge as their M, written canonical,
   CHECK(kdtest::served_ms((dir / "src").string()) == std::vector<int64_t>{1, 2, 3, 7, 10});  // as the loader serves it
   kdtest::CliResult r = merge({"--out", (dir / "out").string(), (dir / "src").string()}, dir);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
-  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() + " (5 rows, 0 conflicts resolved), 0 refused, 0 "
+  CHECK(r.out.find("1 table(s) written to " + (dir / "out").string() +
+                   " (5 rows, 0 conflicts resolved), 0 refused, 0 "
                    "file(s) skipped, 0 row(s) dropped") != std::string::npos);
   CHECK(rows_of(dir / "out" / kRel) == std::vector<int64_t>{1, 2, 3, 7, 10});
   const std::string out = kdtest::read_text(dir / "out" / kRel);
@@ -657,7 +697,8 @@ TEST_CASE("merge: keys Python's int() reads merge as their M, written canonical,
   kdtest::write_text(cache / (kRel + ".d/a-1.json"), keyed_table(rows));
   kdtest::CliResult c = merge({"--compact", cache.string()}, dir);
   REQUIRE_MESSAGE(c.exit_code == 0, c.err);
-  CHECK(c.out.find("1 table(s) compacted in " + cache.string() + " (6 rows, 0 conflicts resolved, 1 fragment(s) merged "
+  CHECK(c.out.find("1 table(s) compacted in " + cache.string() +
+                   " (6 rows, 0 conflicts resolved, 1 fragment(s) merged "
                    "and removed, 0 kept), 0 refused, 0 file(s) skipped, 0 row(s) dropped") != std::string::npos);
   CHECK(rows_of(cache / kRel) == std::vector<int64_t>{1, 2, 3, 4, 7, 10});
   CHECK(names_in(cache / (kRel + ".d"), false).empty());
@@ -670,8 +711,9 @@ TEST_CASE("merge: keys Python's int() reads merge as their M, written canonical,
 TEST_CASE("merge: an M spelled twice keeps the row the loader serves, the other dropped and listed") {
   TempDir dir;
   const std::string blocked = "{\"variant\": \"gemm_fp32__blocked\"}";
-  kdtest::write_text(dir / "src" / kRel,
-                     keyed_table({{"16", kRefRow}, {"016", blocked}, {"16", kRefRow}, {"2", kRefRow}, {"2x", kRefRow}}));
+  kdtest::write_text(
+      dir / "src" / kRel,
+      keyed_table({{"16", kRefRow}, {"016", blocked}, {"16", kRefRow}, {"2", kRefRow}, {"2x", kRefRow}}));
   kdtest::CliResult r = merge({"--out", (dir / "out").string(), (dir / "src").string()}, dir);
   CHECK(r.exit_code == 1);
   const std::string f = "kdispatch merge: " + (dir / "src" / kRel).string() + ": ";

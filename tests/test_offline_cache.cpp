@@ -82,9 +82,10 @@ struct Run {
 Run run_planted(const std::vector<std::string>& args, const fs::path& home, const std::string& how) {
   TempDir tmp;
   const fs::path err_file = tmp / "stderr.txt";
-  std::string cmd = "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
-                    "-u KDISPATCH_MISSES_EXPORT -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_TUNE_MEM -u KDISPATCH_LOG_LEVEL "
-                    "-u XDG_CACHE_HOME ";
+  std::string cmd =
+      "env -u KDISPATCH_TUNE -u KDISPATCH_CONFIG_DIRS -u KDISPATCH_SHIPPED_CONFIGS -u KDISPATCH_FORCE "
+      "-u KDISPATCH_MISSES_EXPORT -u KDISPATCH_TUNE_BUDGET_MS -u KDISPATCH_TUNE_MEM -u KDISPATCH_LOG_LEVEL "
+      "-u XDG_CACHE_HOME ";
   if (how == "env")
     cmd += "KDISPATCH_CACHE_DIR=" + kdtest::shell_quote((home / ".cache/kdispatch").string()) + " ";
   else
@@ -141,8 +142,8 @@ TEST_CASE("offline: lookup --configs DIR answers from DIR only, the cache's row 
   const fs::path cache = home / ".cache/kdispatch";
   plant_cache(cache);
   make_tree(tree.path());
-  const std::vector<std::string> q = {"lookup", "--configs", tree.str(), "--op", "gemm", "--key", "N=8,K=8,dtype=fp32",
-                                      "--M", "8"};
+  const std::vector<std::string> q = {"lookup", "--configs",          tree.str(), "--op", "gemm",
+                                      "--key",  "N=8,K=8,dtype=fp32", "--M",      "8"};
   for (const char* how : {"env", "home"}) {
     CAPTURE(how);
     Run r = run_planted(q, home.path(), how);
@@ -178,8 +179,8 @@ TEST_CASE("offline: misses exports the misses of the config dirs, not of the use
   const fs::path trace = out / "trace.txt";
   kdtest::write_text(trace, "1\n");
   const auto misses = [&](const std::string& csv, const char* how, std::vector<std::string> extra) {
-    std::vector<std::string> a = {"misses", "--export", csv, "--trace", trace.string(), "--steps", "1", "--layers",
-                                  "1", "--dtype", "fp32", "--no-shipped-configs"};
+    std::vector<std::string> a = {"misses", "--export", csv, "--trace", trace.string(), "--steps",
+                                  "1",      "--layers", "1", "--dtype", "fp32",         "--no-shipped-configs"};
     a.insert(a.end(), extra.begin(), extra.end());
     return run_planted(a, home.path(), how);
   };
@@ -254,7 +255,8 @@ TEST_CASE("validate --cache of a refused dir exits 1 naming why") {
                           "' (from tune.cache_dir) refused: it is world-writable (mode 0777): anyone could plant rows "
                           "in it; tuning results are neither read from it nor written to it";
   CHECK(r.err == "kdispatch validate: --cache '" + dir.str() + "': " + why + "\n");
-  CHECK(r.out == "note: " + why + "\n0 files: 0 loaded, 0 partial, 0 skipped; 0 unknown-device files; 0 keys, 0 rows\n" +
+  CHECK(r.out == "note: " + why +
+                     "\n0 files: 0 loaded, 0 partial, 0 skipped; 0 unknown-device files; 0 keys, 0 rows\n" +
                      "cache dir " + dir.str() + " is not usable: refused, so no runtime reads it\n");
   kdtest::CliResult j = kdtest::run_cli({"validate", "--cache", dir.str(), "--json"});
   CHECK(j.exit_code == 1);
@@ -273,13 +275,15 @@ TEST_CASE("misses --export and replay --export-misses: an unwritable path is a u
   kdtest::CliResult m = kdtest::run_cli({"misses", "--export", "/nonexistent/x.csv"});
   CHECK(m.exit_code == 2);
   CHECK(m.out == "");
-  CHECK(m.err == "kdispatch misses: --export '/nonexistent/x.csv': cannot be written: its directory '/nonexistent' "
-                 "does not exist\n");
+  CHECK(m.err ==
+        "kdispatch misses: --export '/nonexistent/x.csv': cannot be written: its directory '/nonexistent' "
+        "does not exist\n");
   kdtest::CliResult r = kdtest::run_cli({"replay", "--export-misses", "/nonexistent/x.csv"});
   CHECK(r.exit_code == 2);
   CHECK(r.out == "");
-  CHECK(r.err == "kdispatch replay: --export-misses '/nonexistent/x.csv': cannot be written: its directory "
-                 "'/nonexistent' does not exist\n");
+  CHECK(r.err ==
+        "kdispatch replay: --export-misses '/nonexistent/x.csv': cannot be written: its directory "
+        "'/nonexistent' does not exist\n");
   TempDir d;
   kdtest::CliResult dir = kdtest::run_cli({"misses", "--export", d.str()});
   CHECK(dir.exit_code == 2);
@@ -294,9 +298,9 @@ TEST_CASE("misses --export and replay --export-misses: an unwritable path is a u
 TEST_CASE("tune: --workers-per-device, --unit-timeout-s and --shard out of range are usage errors naming the range") {
   TempDir dir;
   kdtest::write_text(dir / "s.csv", "M,hidden\n1,64\n");
-  const std::vector<std::string> base = {"tune", "--shapes", (dir / "s.csv").string(), "--op", "rmsnorm", "--dtype",
-                                         "fp32", "--emit", (dir / "emit").string(), "--budget-ms", "20",
-                                         "--no-cold-cache"};
+  const std::vector<std::string> base = {
+      "tune", "--shapes", (dir / "s.csv").string(), "--op",        "rmsnorm", "--dtype",
+      "fp32", "--emit",   (dir / "emit").string(),  "--budget-ms", "20",      "--no-cold-cache"};
   const auto refused = [&](std::vector<std::string> extra, const std::string& err) {
     CAPTURE(err);
     std::vector<std::string> a = base;
@@ -306,8 +310,10 @@ TEST_CASE("tune: --workers-per-device, --unit-timeout-s and --shard out of range
     CHECK(r.err.rfind(err, 0) == 0);
     CHECK(r.out == "");
   };
-  refused({"--devices", "0", "--workers-per-device", "-1"}, "kdispatch tune: --workers-per-device must be in [1, 64], got -1\n");
-  refused({"--devices", "0", "--workers-per-device", "65"}, "kdispatch tune: --workers-per-device must be in [1, 64], got 65\n");
+  refused({"--devices", "0", "--workers-per-device", "-1"},
+          "kdispatch tune: --workers-per-device must be in [1, 64], got -1\n");
+  refused({"--devices", "0", "--workers-per-device", "65"},
+          "kdispatch tune: --workers-per-device must be in [1, 64], got 65\n");
   refused({"--workers-per-device", "-1"}, "kdispatch tune: --workers-per-device must be in [1, 64], got -1\n");
   refused({"--devices", "0", "--unit-timeout-s", "-1"},
           "kdispatch tune: --unit-timeout-s must be in [1, 604800] seconds (1 s to a week), got -1\n");
@@ -328,7 +334,8 @@ TEST_CASE("tune: a shape row without the op's dim column fails naming the column
                                          "--budget-ms", "20", "--no-cold-cache"});
   CHECK(r.exit_code == 1);
   CHECK(r.err.find("left out") == std::string::npos);
-  CHECK(r.err.find("  failed " + csv + ":2 M=1: a rmsnorm row needs hidden >= 1 and the row names no other op: the "
+  CHECK(r.err.find("  failed " + csv +
+                   ":2 M=1: a rmsnorm row needs hidden >= 1 and the row names no other op: the "
                    "file has no 'hidden' column (columns: M,N)\n") != std::string::npos);
   CHECK(r.out.rfind("1 rmsnorm shapes: 0 tuned, 0 skipped (0 already in " + emit +
                         ", 0 too large here, 0 not tunable here), 1 failed;",
@@ -340,7 +347,8 @@ TEST_CASE("tune: a shape row without the op's dim column fails naming the column
   CHECK(e.exit_code == 1);
   CHECK(e.out.find("\"shapes\": 2, \"tuned\": 1") != std::string::npos);
   CHECK(e.out.find("\"failed\": 1") != std::string::npos);
-  CHECK(e.out.find("{\"shape\": \"" + csv + ":2\", \"M\": 1, \"status\": \"failed\", \"message\": \"a rmsnorm row "
+  CHECK(e.out.find("{\"shape\": \"" + csv +
+                   ":2\", \"M\": 1, \"status\": \"failed\", \"message\": \"a rmsnorm row "
                    "needs hidden >= 1 and the row names no other op: no value in its 'hidden' column (columns: "
                    "M,hidden,N)\"}") != std::string::npos);
 }
@@ -359,9 +367,10 @@ TEST_CASE("cache dir: KDISPATCH_CACHE_DIR that cannot be created is refused at s
   CHECK((*rt)->cache_dir() == "");
   const LoadReport rep = (*rt)->load_report();
   REQUIRE(rep.notes.size() == 1);
-  CHECK(rep.notes[0] == "tuning cache dir '/proc/x' (from KDISPATCH_CACHE_DIR) refused: it does not exist and cannot "
-                        "be created: mkdir '/proc/x': No such file or directory; tuning results are neither read from "
-                        "it nor written to it");
+  CHECK(rep.notes[0] ==
+        "tuning cache dir '/proc/x' (from KDISPATCH_CACHE_DIR) refused: it does not exist and cannot "
+        "be created: mkdir '/proc/x': No such file or directory; tuning results are neither read from "
+        "it nor written to it");
   std::vector<float> a(64, 1.f), b(64, 1.f), d(64);
   GemmArgs args{make_tensor_2d(a.data(), DType::fp32, 8, 8, 8), make_tensor_2d(b.data(), DType::fp32, 8, 8, 8),
                 make_tensor_2d(d.data(), DType::fp32, 8, 8, 8), TensorRef{}};
@@ -402,11 +411,13 @@ TEST_CASE("cache dir: the ancestor rule: /tmp and a private home pass, unsafe an
     REQUIRE(::chmod((tmp / "shared").c_str(), 0777) == 0);
     CHECK(store::resolve_cache_dir(tmp.str() + "/shared/me/cache").refused ==
           "tuning cache dir '" + tmp.str() + "/shared/me/cache' (from tune.cache_dir) refused: its ancestor '" +
-              tmp.str() + "/shared' is group/world-writable (mode 0777) without the sticky bit; tuning results are "
+              tmp.str() +
+              "/shared' is group/world-writable (mode 0777) without the sticky bit; tuning results are "
               "neither read from it nor written to it");
     REQUIRE(::chmod((tmp / "shared").c_str(), 0775) == 0);  // group-writable too
-    CHECK(store::resolve_cache_dir(tmp.str() + "/shared/me/cache").refused.find(
-              "its ancestor '" + tmp.str() + "/shared' is group/world-writable (mode 0775) without the sticky bit") !=
+    CHECK(store::resolve_cache_dir(tmp.str() + "/shared/me/cache")
+              .refused.find("its ancestor '" + tmp.str() +
+                            "/shared' is group/world-writable (mode 0775) without the sticky bit") !=
           std::string::npos);
     REQUIRE(::chmod((tmp / "shared").c_str(), 0755) == 0);
     CHECK(store::resolve_cache_dir(tmp.str() + "/shared/me/cache").refused == "");
@@ -418,8 +429,11 @@ TEST_CASE("cache dir: the ancestor rule: /tmp and a private home pass, unsafe an
     REQUIRE(::symlink((tmp / "open/x").c_str(), (tmp / "mine/link").c_str()) == 0);
     CHECK(store::resolve_cache_dir(tmp.str() + "/mine/link/cache").refused ==
           "tuning cache dir '" + tmp.str() + "/mine/link/cache' (from tune.cache_dir) refused: its ancestor '" +
-              tmp.str() + "/open' (the path '" + tmp.str() + "/mine/link/cache' leads there through a symbolic "
-              "link: '" + tmp.str() + "/mine/link' is '" + tmp.str() + "/open/x') is group/world-writable (mode 0777) "
+              tmp.str() + "/open' (the path '" + tmp.str() +
+              "/mine/link/cache' leads there through a symbolic "
+              "link: '" +
+              tmp.str() + "/mine/link' is '" + tmp.str() +
+              "/open/x') is group/world-writable (mode 0777) "
               "without the sticky bit; tuning results are neither read from it nor written to it");
   }
   SUBCASE("another user's parent with a planted link: refused, nothing written where the link points (root only)") {
@@ -497,8 +511,8 @@ TEST_CASE("fork: a child whose runtime was made before fork() says once, at warn
     for (int64_t hidden : {64, 96, 64, 128}) {  // misses, and one shape again
       std::vector<float> x(static_cast<size_t>(3 * hidden), 1.f), y(x.size()), w(static_cast<size_t>(hidden), 1.f);
       RmsNormArgs a{make_tensor_2d(y.data(), DType::fp32, 3, hidden, hidden),
-                    make_tensor_2d(x.data(), DType::fp32, 3, hidden, hidden), make_tensor_1d(w.data(), DType::fp32, hidden),
-                    1e-6f};
+                    make_tensor_2d(x.data(), DType::fp32, 3, hidden, hidden),
+                    make_tensor_1d(w.data(), DType::fp32, hidden), 1e-6f};
       DispatchInfo info;
       if (!rmsnorm(*rt, a, {}, {.info = &info}).ok() || info.source != PlanSource::fallback) code = 21;
     }

@@ -54,12 +54,13 @@ TEST_CASE("op edges: dims past 2^40 are refused by validation, keys and pretune,
   GemmArgs g;
   g.a = make_tensor_2d(nullptr, DType::fp32, 1, 1, 1);
   g.b = make_tensor_2d(nullptr, DType::fp32, std::numeric_limits<int64_t>::max(), 1, 1);
-  g.d = make_tensor_2d(nullptr, DType::fp32, 1, std::numeric_limits<int64_t>::max(),
-                       std::numeric_limits<int64_t>::max());
+  g.d =
+      make_tensor_2d(nullptr, DType::fp32, 1, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max());
   auto p = pretune(*rt, g);
   REQUIRE_FALSE(p.ok());
-  CHECK(p.status().message() == "b: shape [9223372036854775807, 1]: N = 9223372036854775807 is over the largest "
-                                "supported size, 2^40");
+  CHECK(p.status().message() ==
+        "b: shape [9223372036854775807, 1]: N = 9223372036854775807 is over the largest "
+        "supported size, 2^40");
 
   // A call: out [1, 2^62], x [1, 2^63 - 1] is refused by name (the extent 2*d is never computed).
   std::vector<float> buf(8, 0.f);
@@ -69,8 +70,9 @@ TEST_CASE("op edges: dims past 2^40 are refused by validation, keys and pretune,
                        std::numeric_limits<int64_t>::max());
   Status st = silu_and_mul(*rt, s);
   CHECK(st.code() == StatusCode::invalid_argument);
-  CHECK(st.message() == "out: shape [1, 4611686018427387904]: d = 4611686018427387904 is over the largest "
-                        "supported size, 2^40");
+  CHECK(st.message() ==
+        "out: shape [1, 4611686018427387904]: d = 4611686018427387904 is over the largest "
+        "supported size, 2^40");
   CHECK(rt->tune_stats().shapes_tuned == 0);
 }
 
@@ -112,8 +114,8 @@ TEST_CASE("op edges: a weight or bias inside a written argument is refused") {
 TEST_CASE("op edges: silu_and_mul's vector variants past fp32's exp range agree with the reference") {
   // gate values where e^-g overflows (g < -88.3), at the clamp's edges, and the specials.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> gates = {-1e30f, -100.f, -88.5f, -88.2f, -87.f, -inf, 87.5f, 100.f, 1e30f, inf, nan,
-                                    -0.f, 0.f, 1.f};
+  const std::vector<float> gates = {-1e30f, -100.f, -88.5f, -88.2f, -87.f, -inf, 87.5f,
+                                    100.f,  1e30f,  inf,    nan,    -0.f,  0.f,  1.f};
   const std::vector<float> ups = {1.f, 3e38f};
   const int64_t d = static_cast<int64_t>(gates.size() * ups.size());  // not a multiple of 16: the tail too
   std::vector<float> x(static_cast<size_t>(2 * d));

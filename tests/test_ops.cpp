@@ -215,7 +215,8 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
                 const SlotBuf& w = want[static_cast<size_t>(i)];
                 double scale = 0;
                 for (int64_t r = 0; r < got.rows; ++r)
-                  for (int64_t c = 0; c < got.cols; ++c) scale = std::max(scale, std::fabs(w.ref[static_cast<size_t>(r * got.ld + c)]));
+                  for (int64_t c = 0; c < got.cols; ++c)
+                    scale = std::max(scale, std::fabs(w.ref[static_cast<size_t>(r * got.ld + c)]));
                 const core::Tolerance tol = spec->tolerance[static_cast<size_t>(got.dtype)];
                 int bad = 0;
                 for (int64_t r = 0; r < got.rows; ++r) {
@@ -223,7 +224,8 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
                     const size_t at = static_cast<size_t>(r * got.ld + c);
                     if (c >= got.cols) {  // padding: never written
                       const size_t es = dtype_size(got.dtype);
-                      bad += std::memcmp(got.bytes.data() + at * es, inputs[static_cast<size_t>(i)].bytes.data() + at * es, es) != 0;
+                      bad += std::memcmp(got.bytes.data() + at * es,
+                                         inputs[static_cast<size_t>(i)].bytes.data() + at * es, es) != 0;
                       continue;
                     }
                     const double g = load(got.dtype, got.bytes, at), want_v = w.ref[at];

@@ -72,7 +72,8 @@ std::vector<TensorRef> tensors_of(const core::OpSpec& s, const core::Problem& p,
 
 }  // namespace
 
-TEST_CASE("pretune dtypes: every op, every refused dtype pair: pretune answers the op's code and message, writes nothing") {
+TEST_CASE(
+    "pretune dtypes: every op, every refused dtype pair: pretune answers the op's code and message, writes nothing") {
   kdtest::TempDir cache;
   RuntimeOptions o;
   o.load_shipped_configs = false;
@@ -153,9 +154,9 @@ TEST_CASE("pretune dtypes: every op, every refused dtype pair: pretune answers t
   }
   CHECK(files_under(cache.path()) == 0);
   // The dir is the one pretune writes: an accepted problem persists there.
-  auto ok = pretune(*rt, GemmArgs{make_tensor_2d(nullptr, DType::fp32, 8, 16, 16),
-                                  make_tensor_2d(nullptr, DType::fp32, 4, 16, 16),
-                                  make_tensor_2d(nullptr, DType::fp32, 8, 4, 4), TensorRef{}});
+  auto ok = pretune(
+      *rt, GemmArgs{make_tensor_2d(nullptr, DType::fp32, 8, 16, 16), make_tensor_2d(nullptr, DType::fp32, 4, 16, 16),
+                    make_tensor_2d(nullptr, DType::fp32, 8, 4, 4), TensorRef{}});
   REQUIRE_MESSAGE(ok.ok(), ok.status().to_string());
   CHECK(ok->persisted);
   CHECK(files_under(cache.path()) >= 1);

@@ -24,8 +24,12 @@ namespace {
 const char* kName = "E=8,N=64,device_name=NVIDIA_H200.json";
 const std::string kTable =
     R"({"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}})";
-const std::string kRow = row({{"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 32}, {"BLOCK_SIZE_K", 64},
-                              {"GROUP_SIZE_M", 1}, {"num_warps", 4}, {"num_stages", 2}});
+const std::string kRow = row({{"BLOCK_SIZE_M", 16},
+                              {"BLOCK_SIZE_N", 32},
+                              {"BLOCK_SIZE_K", 64},
+                              {"GROUP_SIZE_M", 1},
+                              {"num_warps", 4},
+                              {"num_stages", 2}});
 
 struct Tracked {
   std::atomic<int>* freed;
@@ -345,7 +349,9 @@ TEST_CASE("gemm arguments: each bad argument is named, the hot check and the det
         case 2: t.strides[rng() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32}); break;
         case 3: t.data = rng() % 2 ? nullptr : static_cast<void*>(buf.data() + rng() % 3072); break;
         case 4: t.dtype = static_cast<DType>(pick({0, 1, 2})); break;
-        case 5: t.device = Device{rng() % 2 ? DeviceType::cpu : DeviceType::cuda, static_cast<int32_t>(rng() % 2)}; break;
+        case 5:
+          t.device = Device{rng() % 2 ? DeviceType::cpu : DeviceType::cuda, static_cast<int32_t>(rng() % 2)};
+          break;
         case 6: t = TensorRef{}; break;
         default: break;
       }

@@ -38,8 +38,10 @@ class EnvGuard {
   }
   ~EnvGuard() {
     for (auto& [k, v] : saved_) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1);
-      else ::unsetenv(k.c_str());
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
     }
   }
 
@@ -104,20 +106,31 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
   kdtest::write_text(dir / "a-file", "x");
   const std::string missing = dir.str() + "/missing";
   const std::pair<const char*, std::string> bad[] = {
-      {"KDISPATCH_TUNE_MEM", "nan"},          {"KDISPATCH_TUNE_MEM", "inf"},
-      {"KDISPATCH_TUNE_MEM", "0"},            {"KDISPATCH_TUNE_MEM", "-1G"},
-      {"KDISPATCH_TUNE_MEM", " 1G"},          {"KDISPATCH_TUNE_MEM", "0x10M"},
-      {"KDISPATCH_TUNE_MEM", "1e30G"},        {"KDISPATCH_TUNE_BUDGET_MS", "nan"},
-      {"KDISPATCH_TUNE_BUDGET_MS", "inf"},    {"KDISPATCH_TUNE_BUDGET_MS", "-5"},
-      {"KDISPATCH_TUNE_BUDGET_MS", "1e300"},  {"KDISPATCH_TUNE_BUDGET_MS", "12ms"},
-      {"KDISPATCH_SHIPPED_CONFIGS", missing}, {"KDISPATCH_SHIPPED_CONFIGS", file},
+      {"KDISPATCH_TUNE_MEM", "nan"},
+      {"KDISPATCH_TUNE_MEM", "inf"},
+      {"KDISPATCH_TUNE_MEM", "0"},
+      {"KDISPATCH_TUNE_MEM", "-1G"},
+      {"KDISPATCH_TUNE_MEM", " 1G"},
+      {"KDISPATCH_TUNE_MEM", "0x10M"},
+      {"KDISPATCH_TUNE_MEM", "1e30G"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "nan"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "inf"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "-5"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "1e300"},
+      {"KDISPATCH_TUNE_BUDGET_MS", "12ms"},
+      {"KDISPATCH_SHIPPED_CONFIGS", missing},
+      {"KDISPATCH_SHIPPED_CONFIGS", file},
       {"KDISPATCH_BACKEND_VERSION", "three"},
       {"KDISPATCH_FORCE", "rmsnorm=no_such_variant"},
-      {"KDISPATCH_FORCE", "not-an-entry"},    {"KDISPATCH_MISSES_EXPORT", missing + "/misses.csv"},
+      {"KDISPATCH_FORCE", "not-an-entry"},
+      {"KDISPATCH_MISSES_EXPORT", missing + "/misses.csv"},
       {"KDISPATCH_MISSES_EXPORT", dir.str()},
-      {"KDISPATCH_TUNE_MARGIN", "nan"},       {"KDISPATCH_TUNE_MARGIN", "-0.01"},
-      {"KDISPATCH_TUNE_MARGIN", "0.6"},       {"KDISPATCH_TUNE_MARGIN", "2%"},
-      {"KDISPATCH_TUNE_GRAPH", "maybe"},      {"KDISPATCH_TUNE_GRAPH", "2"},
+      {"KDISPATCH_TUNE_MARGIN", "nan"},
+      {"KDISPATCH_TUNE_MARGIN", "-0.01"},
+      {"KDISPATCH_TUNE_MARGIN", "0.6"},
+      {"KDISPATCH_TUNE_MARGIN", "2%"},
+      {"KDISPATCH_TUNE_GRAPH", "maybe"},
+      {"KDISPATCH_TUNE_GRAPH", "2"},
   };
   for (const auto& [name, value] : bad) {
     CAPTURE(name);
@@ -128,8 +141,10 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
     CHECK(o.status().message().find(std::string(name) + "='" + value + "'") == 0);
   }
   // and the good spellings still read
-  EnvGuard env({{"KDISPATCH_TUNE_MEM", "1.5G"}, {"KDISPATCH_TUNE_BUDGET_MS", "0.5"},
-                {"KDISPATCH_SHIPPED_CONFIGS", "1"}, {"KDISPATCH_MISSES_EXPORT", (dir / "misses.csv").string().c_str()}});
+  EnvGuard env({{"KDISPATCH_TUNE_MEM", "1.5G"},
+                {"KDISPATCH_TUNE_BUDGET_MS", "0.5"},
+                {"KDISPATCH_SHIPPED_CONFIGS", "1"},
+                {"KDISPATCH_MISSES_EXPORT", (dir / "misses.csv").string().c_str()}});
   auto o = options_from_env();
   REQUIRE(o.ok());
   CHECK(o->tune.memory_budget_bytes == 3LL * 512 * 1024 * 1024);
@@ -138,8 +153,9 @@ TEST_CASE("env: every bad value is refused, naming the variable and why (issue 2
   CHECK(o->shipped_configs_dir.empty());
 }
 
-TEST_CASE("env: a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped, said once on stderr, the rest serve "
-          "(issue 33)") {
+TEST_CASE(
+    "env: a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped, said once on stderr, the rest serve "
+    "(issue 33)") {
   TempDir a, out;
   kdtest::write_text(a / ("cpu/rmsnorm/" + norm_file("64", "fp32")), R"({"3": {"variant": "rmsnorm_fp32__ref"}})");
   kdtest::write_text(out / "a-file", "x");
@@ -169,11 +185,13 @@ TEST_CASE("env: a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped, said
     if (!rt.ok()) ::_exit(22);
     std::vector<float> x(3 * 64, 1.f), y(x.size()), w(64, 1.f);
     DispatchInfo info;
-    const Status s = rmsnorm(**rt, {make_tensor_2d(y.data(), DType::fp32, 3, 64, 64),
-                                    make_tensor_2d(x.data(), DType::fp32, 3, 64, 64),
-                                    make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f},
-                             {}, {.info = &info});
-    if (!s.ok() || info.source != PlanSource::table || info.table_m != 3 || (*rt)->source_dir(info.source_id) != a.str())
+    const Status s =
+        rmsnorm(**rt,
+                {make_tensor_2d(y.data(), DType::fp32, 3, 64, 64), make_tensor_2d(x.data(), DType::fp32, 3, 64, 64),
+                 make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f},
+                {}, {.info = &info});
+    if (!s.ok() || info.source != PlanSource::table || info.table_m != 3 ||
+        (*rt)->source_dir(info.source_id) != a.str())
       ::_exit(23);
     // At KDISPATCH_LOG_LEVEL=error nothing is said (and nothing more at warn: said already).
     ::setenv("KDISPATCH_LOG_LEVEL", "error", 1);
@@ -185,15 +203,15 @@ TEST_CASE("env: a KDISPATCH_CONFIG_DIRS dir that does not exist is skipped, said
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK(kdtest::read_text(log) ==
-        "kdispatch: KDISPATCH_CONFIG_DIRS='" + value + "': config dir '" + missing +
-            "' does not exist; serving without it\n"
-            "kdispatch: KDISPATCH_CONFIG_DIRS='" + value + "': config dir '" + file +
-            "' is not a directory; serving without it\n");
+  CHECK(kdtest::read_text(log) == "kdispatch: KDISPATCH_CONFIG_DIRS='" + value + "': config dir '" + missing +
+                                      "' does not exist; serving without it\n"
+                                      "kdispatch: KDISPATCH_CONFIG_DIRS='" +
+                                      value + "': config dir '" + file + "' is not a directory; serving without it\n");
 }
 
-TEST_CASE("env: an unreadable config dir is refused or skipped as a missing one is, and says permission denied "
-          "(issue 33, the attack's finding 3)") {
+TEST_CASE(
+    "env: an unreadable config dir is refused or skipped as a missing one is, and says permission denied "
+    "(issue 33, the attack's finding 3)") {
   TempDir t;
   ::chmod(t.str().c_str(), 0755);
   const std::string locked = t.str() + "/locked", hidden = t.str() + "/private/inner", ok = t.str() + "/ok";
@@ -280,8 +298,8 @@ TEST_CASE("reload: a file broken then fixed: its old rows serve meanwhile, the r
   const LookupQuery q{.op = "rmsnorm", .key = "hidden=64,dtype=fp32", .M = 8};
   REQUIRE(lookup(*rt, q)->match == LookupResult::Match::exact);
   for (const char* broken : {R"({"8": {"variant": "rmsnorm_fp32__ref")",  // cut short (a half-written copy)
-                             R"([1, 2, 3])",                                // foreign layout
-                             R"({"8": {"variant": "no_such_variant"}})",    // every row invalid
+                             R"([1, 2, 3])",                              // foreign layout
+                             R"({"8": {"variant": "no_such_variant"}})",  // every row invalid
                              ""}) {
     CAPTURE(broken);
     kdtest::write_text(file, broken);
@@ -410,7 +428,7 @@ TEST_CASE("watch: an event storm does not postpone the reload (issue 20 item 2)"
     std::atomic<bool> stop{false};
     std::thread storm([&] {
       for (int i = 0; !stop.load(); ++i) {
-        try {  // a write error here must not terminate the process: the check below decides
+        try {            // a write error here must not terminate the process: the check below decides
           if (relevant)  // another table, rewritten every 20 ms
             drop_file(dir / ("cpu/rmsnorm/" + norm_file("128", "fp32")),
                       R"({")" + std::to_string(1 + i % 7) + R"(": {"variant": "rmsnorm_fp32__ref"}})");
@@ -502,8 +520,9 @@ TEST_CASE("hit memo: a call served from the table follows every reload, and each
   // shape in bf16 right after memoised fp32 hits is a miss (no bf16 table).
   {
     std::vector<uint16_t> xb(3 * 40, 0x3F80), yb(3 * 40, 0), wb(40, 0x4000);  // 1.0, 0, 2.0
-    RmsNormArgs bargs{make_tensor_2d(yb.data(), DType::bf16, 3, 40, 40), make_tensor_2d(xb.data(), DType::bf16, 3, 40, 40),
-                      make_tensor_1d(wb.data(), DType::bf16, 40), 1e-6f};
+    RmsNormArgs bargs{make_tensor_2d(yb.data(), DType::bf16, 3, 40, 40),
+                      make_tensor_2d(xb.data(), DType::bf16, 3, 40, 40), make_tensor_1d(wb.data(), DType::bf16, 40),
+                      1e-6f};
     DispatchInfo info;
     REQUIRE(rmsnorm(*ra, bargs, {}, {.info = &info}).ok());
     CHECK(info.source == PlanSource::fallback);

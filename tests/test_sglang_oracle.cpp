@@ -37,15 +37,31 @@ namespace {
 
 // data/README.md, "device_name values seen in SGLang" (all but the empty one
 // are known to the resolver).
-const std::set<std::string> kSglangDevices = {
-    "AMD_Instinct_MI300X", "AMD_Instinct_MI325X", "AMD_Radeon_Graphics", "NVIDIA_A100-SXM4-40GB",
-    "NVIDIA_A100-SXM4-80GB", "NVIDIA_A800-SXM4-80GB", "NVIDIA_B200", "NVIDIA_GB10", "NVIDIA_GeForce_RTX_4090",
-    "NVIDIA_H100_80GB_HBM3", "NVIDIA_H20", "NVIDIA_H20-3e", "NVIDIA_H200", "NVIDIA_H800", "NVIDIA_L20",
-    "NVIDIA_L20Y", "NVIDIA_L40", "NVIDIA_L40S", "NVIDIA_RTX_5880_Ada_Generation", "NVIDIA_RTX_6000_Ada_Generation",
-    "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition", "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"};
+const std::set<std::string> kSglangDevices = {"AMD_Instinct_MI300X",
+                                              "AMD_Instinct_MI325X",
+                                              "AMD_Radeon_Graphics",
+                                              "NVIDIA_A100-SXM4-40GB",
+                                              "NVIDIA_A100-SXM4-80GB",
+                                              "NVIDIA_A800-SXM4-80GB",
+                                              "NVIDIA_B200",
+                                              "NVIDIA_GB10",
+                                              "NVIDIA_GeForce_RTX_4090",
+                                              "NVIDIA_H100_80GB_HBM3",
+                                              "NVIDIA_H20",
+                                              "NVIDIA_H20-3e",
+                                              "NVIDIA_H200",
+                                              "NVIDIA_H800",
+                                              "NVIDIA_L20",
+                                              "NVIDIA_L20Y",
+                                              "NVIDIA_L40",
+                                              "NVIDIA_L40S",
+                                              "NVIDIA_RTX_5880_Ada_Generation",
+                                              "NVIDIA_RTX_6000_Ada_Generation",
+                                              "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition",
+                                              "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"};
 
 struct OracleFile {
-  std::string rel;        // relative to the config dir (sglang-configs/)
+  std::string rel;  // relative to the config dir (sglang-configs/)
   bool foreign = false;
   std::string op;         // fused_moe | triton_gemm
   std::string device;     // as written in the file name
@@ -54,8 +70,8 @@ struct OracleFile {
   bool down = false;
   bool versioned = false;
   std::vector<int> version;
-  std::vector<int64_t> all_keys;       // every M key of the file, nulls included
-  std::map<int64_t, std::string> rows; // usable rows: M -> expected config JSON
+  std::vector<int64_t> all_keys;        // every M key of the file, nulls included
+  std::map<int64_t, std::string> rows;  // usable rows: M -> expected config JSON
   int nulls = 0;
 
   std::string group() const { return op + "|" + device + "|" + fields + (down ? "|down" : ""); }
@@ -139,9 +155,12 @@ bool parse_name(std::string base, OracleFile* f) {
     has_n |= n == "N";
     has_k |= n == "K";
   }
-  if (has_e) f->op = "fused_moe";
-  else if (has_n && has_k) f->op = "triton_gemm";
-  else return false;
+  if (has_e)
+    f->op = "fused_moe";
+  else if (has_n && has_k)
+    f->op = "triton_gemm";
+  else
+    return false;
   return true;
 }
 
@@ -169,10 +188,14 @@ bool parse_content(const fs::path& path, OracleFile* f) {
       warps |= name == "num_warps";
       stages |= name == "num_stages";
       block_m |= name == "BLOCK_SIZE_M";
-      if (rv.is_bool()) c.emplace_back(name, ConfigValue::boolean(rv.get_bool().value()));
-      else if (rv.is_int64()) c.emplace_back(name, ConfigValue::integer(rv.get_int64().value()));
-      else if (rv.is_string()) c.emplace_back(name, ConfigValue::string(std::string(rv.get_string().value())));
-      else FAIL("the shared data holds only int/bool/string row values: ", path.string());
+      if (rv.is_bool())
+        c.emplace_back(name, ConfigValue::boolean(rv.get_bool().value()));
+      else if (rv.is_int64())
+        c.emplace_back(name, ConfigValue::integer(rv.get_int64().value()));
+      else if (rv.is_string())
+        c.emplace_back(name, ConfigValue::string(std::string(rv.get_string().value())));
+      else
+        FAIL("the shared data holds only int/bool/string row values: ", path.string());
     }
     if (block_m && !warps) c.emplace_back("num_warps", ConfigValue::integer(4));
     if (block_m && !stages) c.emplace_back("num_stages", ConfigValue::integer(3));
@@ -340,7 +363,8 @@ TEST_CASE("SGLang oracle: lookup over every shared SGLang file equals the brute-
   std::vector<std::string> first_mismatches;
   auto run = [&](const Runtime& rt, const Setting& s, const OracleFile& f, bool down, bool all_points) {
     std::vector<int64_t> pts = query_points(f);
-    if (!all_points) pts = {pts.front(), f.all_keys.empty() ? 1 : *std::max_element(f.all_keys.begin(), f.all_keys.end()) + 1};
+    if (!all_points)
+      pts = {pts.front(), f.all_keys.empty() ? 1 : *std::max_element(f.all_keys.begin(), f.all_keys.end()) + 1};
     for (int64_t m : pts) {
       const Expected e = oracle.expect(f, down, m, s.parsed);
       auto r = lookup(rt, query(f.query_key, f.device, m, down));
@@ -352,11 +376,11 @@ TEST_CASE("SGLang oracle: lookup over every shared SGLang file equals the brute-
         if (r->match != LookupResult::Match::fallback) why = "expected a miss, got " + r->source;
       } else {
         const auto want = e.m == m ? LookupResult::Match::exact : LookupResult::Match::nearest;
-        if (r->match != want || r->table_m != e.m || config_to_json(r->config) != e.config ||
-            r->source != e.source || r->source_dir != root.string() || r->key != e.key)
+        if (r->match != want || r->table_m != e.m || config_to_json(r->config) != e.config || r->source != e.source ||
+            r->source_dir != root.string() || r->key != e.key)
           why = "expected M=" + std::to_string(e.m) + " " + e.config + " from " + e.source + " key " + e.key +
-                "; got " + match_name(r->match) + " M=" + std::to_string(r->table_m) + " " +
-                config_to_json(r->config) + " from " + r->source + " key " + r->key;
+                "; got " + match_name(r->match) + " M=" + std::to_string(r->table_m) + " " + config_to_json(r->config) +
+                " from " + r->source + " key " + r->key;
         ++hits;
         if (down && !f.down) ++down_fallbacks;
       }

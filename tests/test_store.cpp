@@ -43,9 +43,14 @@ std::string rows_text(const ParsedFile& p) {
   return s;
 }
 
-const char* kRow = R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2})";
-const std::string kRowJson = row({{"BLOCK_SIZE_M", 16}, {"BLOCK_SIZE_N", 32}, {"BLOCK_SIZE_K", 64},
-                                  {"GROUP_SIZE_M", 1}, {"num_warps", 4}, {"num_stages", 2}});
+const char* kRow =
+    R"({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2})";
+const std::string kRowJson = row({{"BLOCK_SIZE_M", 16},
+                                  {"BLOCK_SIZE_N", 32},
+                                  {"BLOCK_SIZE_K", 64},
+                                  {"GROUP_SIZE_M", 1},
+                                  {"num_warps", 4},
+                                  {"num_stages", 2}});
 
 }  // namespace
 
@@ -87,7 +92,8 @@ TEST_CASE("store: file-name grammar") {
     CHECK(store::join_fields(d.fields) == "E=384,N=128,dtype=int4_w4a16");
   }
   SUBCASE("other fields are kept as written; no device_name field") {
-    const FileKey k = name_ok("E=64,N=1280,device_name=NVIDIA_A100-SXM4-80GB,dtype=int8_w8a16,per_channel_quant=True.json");
+    const FileKey k =
+        name_ok("E=64,N=1280,device_name=NVIDIA_A100-SXM4-80GB,dtype=int8_w8a16,per_channel_quant=True.json");
     CHECK(store::join_fields(k.fields) == "E=64,N=1280,dtype=int8_w8a16,per_channel_quant=True");
     CHECK(k.device_name == "NVIDIA_A100-SXM4-80GB");
     const FileKey n = name_ok("E=8,N=64.json");
@@ -104,7 +110,8 @@ TEST_CASE("store: file-name grammar") {
     CHECK(contains(name_error("E=1,,N=2,device_name=X.json"), "empty field"));
     CHECK(contains(name_error("E=1,foo,device_name=X.json"), "field 'foo' is not <name>=<value>"));
     CHECK(contains(name_error("=5,device_name=X.json"), "field '=5' is not <name>=<value>"));
-    CHECK(contains(name_error("causal_conv1d_fwd_sm_95.json"), "field 'causal_conv1d_fwd_sm_95' is not <name>=<value>"));
+    CHECK(
+        contains(name_error("causal_conv1d_fwd_sm_95.json"), "field 'causal_conv1d_fwd_sm_95' is not <name>=<value>"));
     CHECK(contains(name_error("E=1,N=2,device_name=X.csv"), "not a .json file"));
     CHECK(contains(name_error(".json"), "not a .json file"));
   }
@@ -182,11 +189,13 @@ TEST_CASE("store: JSON reading") {
     CHECK(p.config(p.rows[0])[1].second == ConfigValue::boolean(true));
     CHECK(p.config(p.rows[0])[2].second == ConfigValue::string("x"));
     CHECK(p.config(p.rows[0])[3].second == ConfigValue::integer(-2));
-    CHECK(config_to_json(p.config(p.rows[0])) == R"({"BLOCK_SIZE_M": 64, "USE_TMA": true, "variant": "x", "kpack": -2})");
+    CHECK(config_to_json(p.config(p.rows[0])) ==
+          R"({"BLOCK_SIZE_M": 64, "USE_TMA": true, "variant": "x", "kpack": -2})");
     CHECK(p.rows[1].m == 1);
   }
   SUBCASE("null rows are dropped and counted") {
-    const ParsedFile p = parse(std::string(R"({"1": )") + kRow + R"(, "512": null, "1024": null, "2048": )" + kRow + "}");
+    const ParsedFile p =
+        parse(std::string(R"({"1": )") + kRow + R"(, "512": null, "1024": null, "2048": )" + kRow + "}");
     CHECK(p.kind == ParsedFile::Kind::table);
     CHECK(p.dropped_rows == 2);
     CHECK(rows_text(p) == "1:" + kRowJson + ";2048:" + kRowJson + ";");
@@ -203,7 +212,8 @@ TEST_CASE("store: JSON reading") {
     CHECK(p.metadata[0].second == "\"3.4.0\"");
   }
   SUBCASE("keys out of order stay in file order here (the table sorts them)") {
-    const ParsedFile p = parse(std::string(R"({"3840": )") + kRow + R"(, "1792": )" + kRow + R"(, "3584": )" + kRow + "}");
+    const ParsedFile p =
+        parse(std::string(R"({"3840": )") + kRow + R"(, "1792": )" + kRow + R"(, "3584": )" + kRow + "}");
     REQUIRE(p.rows.size() == 3);
     CHECK(p.rows[0].m == 3840);
     CHECK(p.rows[1].m == 1792);
@@ -268,7 +278,8 @@ TEST_CASE("store: JSON reading") {
     CHECK(p.problems[0] == "M=1: key 'BLOCK_SIZE_M' repeated in the row; the last one serves (as json.load)");
   }
   SUBCASE("a float value drops its row") {
-    const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": 1.5, "num_warps": 4}, "2": {"BLOCK_SIZE_M": 16}, "4": {"BLOCK_SIZE_M": 16.0}})");
+    const ParsedFile p = parse(
+        R"({"1": {"BLOCK_SIZE_M": 1.5, "num_warps": 4}, "2": {"BLOCK_SIZE_M": 16}, "4": {"BLOCK_SIZE_M": 16.0}})");
     CHECK(p.kind == ParsedFile::Kind::table);
     CHECK(p.dropped_rows == 2);
     CHECK(rows_text(p) == "2:{\"BLOCK_SIZE_M\": 16};");
@@ -277,7 +288,8 @@ TEST_CASE("store: JSON reading") {
     CHECK(p.problems[1] == "M=4: 'BLOCK_SIZE_M' is not an integer (16.000000); row dropped");
   }
   SUBCASE("a nested object or array drops its row; a null value too") {
-    const ParsedFile p = parse(R"({"1": {"BLOCK_SIZE_M": {"a": 1}}, "2": {"x": [1, 2]}, "4": {"y": null}, "8": {"BLOCK_SIZE_M": 8}})");
+    const ParsedFile p =
+        parse(R"({"1": {"BLOCK_SIZE_M": {"a": 1}}, "2": {"x": [1, 2]}, "4": {"y": null}, "8": {"BLOCK_SIZE_M": 8}})");
     CHECK(p.dropped_rows == 3);
     CHECK(rows_text(p) == "8:{\"BLOCK_SIZE_M\": 8};");
     REQUIRE(p.problems.size() == 3);
@@ -303,8 +315,8 @@ TEST_CASE("store: JSON reading") {
     const ParsedFile h = parse(read_text(moe_dir() / "causal_conv1d_fwd_sm_95.json"));
     CHECK(h.kind == ParsedFile::Kind::foreign);
     CHECK(h.rows.empty());
-    CHECK(h.problems == std::vector<std::string>{
-                           "not a config table: no batch-size keys (keys: useful_configs, hash_configs)"});
+    CHECK(h.problems ==
+          std::vector<std::string>{"not a config table: no batch-size keys (keys: useful_configs, hash_configs)"});
     // minimax_m3_gfx950_mxfp8_compact_moe.json: {"model": ..., "top_k": 4, "tokens": {"<M>": {...}}}
     const ParsedFile m = parse(read_text(moe_dir() / "minimax_m3_gfx950_mxfp8_compact_moe.json"));
     CHECK(m.kind == ParsedFile::Kind::foreign);
@@ -359,18 +371,18 @@ TEST_CASE("store: JSON reading") {
     // quantization/...NVIDIA_H20...: 4-space indented, rows of 6 ints.
     const std::string full =
         read_text(quant_dir() / "N=2304,K=7168,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[128, 128].json");
-    const size_t first_row_end = full.find('}');       // closes row "1"
-    const size_t last_brace = full.rfind('}');         // closes the top-level object
+    const size_t first_row_end = full.find('}');  // closes row "1"
+    const size_t last_brace = full.rfind('}');    // closes the top-level object
     REQUIRE(first_row_end != std::string::npos);
-    std::vector<size_t> cuts = {1,                      // "{"
-                                10,                     // after `"1":`
-                                30,                     // inside the key "BLOCK_SIZE_M"
-                                40,                     // after `64,`
-                                100,                    // C10's cut: inside row "1", between fields
-                                first_row_end + 1,      // right after row "1" closes
-                                first_row_end + 2,      // after the comma that follows it
+    std::vector<size_t> cuts = {1,                  // "{"
+                                10,                 // after `"1":`
+                                30,                 // inside the key "BLOCK_SIZE_M"
+                                40,                 // after `64,`
+                                100,                // C10's cut: inside row "1", between fields
+                                first_row_end + 1,  // right after row "1" closes
+                                first_row_end + 2,  // after the comma that follows it
                                 full.size() / 2,
-                                last_brace};            // everything but the final '}'
+                                last_brace};  // everything but the final '}'
     for (size_t cut : cuts) {
       CAPTURE(cut);
       const ParsedFile p = parse(std::string_view(full).substr(0, cut));
@@ -387,20 +399,21 @@ TEST_CASE("store: JSON reading") {
 TEST_CASE("store: entries that cannot be config files are reported, never passed over (issue 20 item 3)") {
   TempDir dir;
   const std::string r = kRow;
-  write_text(dir / "E=8,N=64,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");  // the one usable file
-  fs::create_symlink(dir / "nowhere", dir / "E=8,N=128,device_name=NVIDIA_H200.json");   // dangling
+  write_text(dir / "E=8,N=64,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");      // the one usable file
+  fs::create_symlink(dir / "nowhere", dir / "E=8,N=128,device_name=NVIDIA_H200.json");  // dangling
   fs::create_symlink(dir / "loop-b.json", dir / "loop-a.json");                         // a loop
   fs::create_symlink(dir / "loop-a.json", dir / "loop-b.json");
-  REQUIRE(::mkfifo((dir / "E=8,N=256,device_name=NVIDIA_H200.json").c_str(), 0600) == 0);  // a FIFO (would block a reader)
-  fs::create_directories(dir / "E=8,N=512,device_name=NVIDIA_H200.json");                 // a folder named *.json
+  REQUIRE(::mkfifo((dir / "E=8,N=256,device_name=NVIDIA_H200.json").c_str(), 0600) ==
+          0);                                                              // a FIFO (would block a reader)
+  fs::create_directories(dir / "E=8,N=512,device_name=NVIDIA_H200.json");  // a folder named *.json
   TempDir other;
   write_text(other / "E=8,N=1024,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");
-  fs::create_symlink(other.path(), dir / "linked");                                      // a directory link
+  fs::create_symlink(other.path(), dir / "linked");  // a directory link
   fs::path deep = dir / "d";
-  for (int i = 0; i < 17; ++i) deep /= "d";                                              // 18 levels below dir
+  for (int i = 0; i < 17; ++i) deep /= "d";  // 18 levels below dir
   fs::create_directories(deep);
   write_text(deep / "E=8,N=2048,device_name=NVIDIA_H200.json", "{\"1\": " + r + "}");
-  write_text(dir / "README.md", "not a config");                                         // not *.json: not reported
+  write_text(dir / "README.md", "not a config");  // not *.json: not reported
 
   auto rt = make_runtime({dir.str()});
   const LoadReport rep = rt->load_report();
@@ -430,8 +443,7 @@ TEST_CASE("store: the loader reports every file and keeps going") {
   const std::string r = kRow;
   write_text(dir / "E=8,N=64,device_name=NVIDIA_H200.json", "{\"1\": " + r + ", \"2\": null, \"4\": " + r + "}");
   write_text(dir / "E=8,N=128,device_name=NVIDIA_H200.json", "{\"triton_version\": \"3.4.0\", \"1\": " + r + "}");
-  write_text(dir / "E=8,N=256,device_name=NVIDIA_H200.json",
-             "{\"1\": {\"BLOCK_SIZE_M\": 1.5}, \"2\": " + r + "}");
+  write_text(dir / "E=8,N=256,device_name=NVIDIA_H200.json", "{\"1\": {\"BLOCK_SIZE_M\": 1.5}, \"2\": " + r + "}");
   copy_data_file(moe_dir() / "causal_conv1d_fwd_sm_95.json", dir / "E=8,N=512,device_name=NVIDIA_H200.json");
   write_text(dir / "E=8,N=1024,device_name=NVIDIA_H200.json", "{}");
   write_text(dir / "E=8,N=2048,device_name=NVIDIA_H200.json", "{\"1\": null, \"2\": null}");
@@ -512,8 +524,10 @@ TEST_CASE("store: the loader reports every file and keeps going") {
 
 TEST_CASE("store: one key from two files of one dir (MI325X and MI325_OAM) is a note, never silent (issue 20 item 5)") {
   TempDir dir;
-  write_text(dir / "E=8,N=1024,device_name=AMD_Instinct_MI325X.json", R"({"1": {"BLOCK_SIZE_M": 16}, "2": {"BLOCK_SIZE_M": 16}})");
-  write_text(dir / "E=8,N=1024,device_name=AMD_Instinct_MI325_OAM.json", R"({"1": {"BLOCK_SIZE_M": 32}, "4": {"BLOCK_SIZE_M": 32}})");
+  write_text(dir / "E=8,N=1024,device_name=AMD_Instinct_MI325X.json",
+             R"({"1": {"BLOCK_SIZE_M": 16}, "2": {"BLOCK_SIZE_M": 16}})");
+  write_text(dir / "E=8,N=1024,device_name=AMD_Instinct_MI325_OAM.json",
+             R"({"1": {"BLOCK_SIZE_M": 32}, "4": {"BLOCK_SIZE_M": 32}})");
   auto rt = make_runtime({dir.str()});
   const LoadReport rep = rt->load_report();
   CHECK(rep.keys == 1);
@@ -530,7 +544,8 @@ TEST_CASE("store: one key from two files of one dir (MI325X and MI325_OAM) is a 
 
 TEST_CASE("store: a file's metadata (vLLM's triton_version) is in the load report and its JSON (issue 20 item 5)") {
   TempDir dir;
-  write_text(dir / "E=8,N=1024,device_name=NVIDIA_H200.json", R"({"triton_version": "3.4.0", "1": {"BLOCK_SIZE_M": 16}})");
+  write_text(dir / "E=8,N=1024,device_name=NVIDIA_H200.json",
+             R"({"triton_version": "3.4.0", "1": {"BLOCK_SIZE_M": 16}})");
   auto rt = make_runtime({dir.str()});
   const LoadReport rep = rt->load_report();
   REQUIRE(rep.files.size() == 1);

@@ -50,7 +50,8 @@ std::string first_problem(const LoadReport& rep, const std::string& path) {
 std::string table_text(const Runtime& rt, const std::vector<int>& ns) {
   std::string s;
   for (int n : ns) {
-    auto t = lookup_table(rt, LookupQuery{.op = "fused_moe", .key = "E=8,N=" + std::to_string(n), .device = "NVIDIA_H200"});
+    auto t =
+        lookup_table(rt, LookupQuery{.op = "fused_moe", .key = "E=8,N=" + std::to_string(n), .device = "NVIDIA_H200"});
     s += "N=" + std::to_string(n) + (t.ok() ? "" : " none") + "\n";
     if (!t.ok()) continue;
     for (const auto& r : t->rows) s += std::to_string(r.m) + " " + config_to_json(r.config) + " " + r.source + "\n";
@@ -131,7 +132,8 @@ TEST_CASE("limits: files per config dir and entries per config dir") {
     REQUIRE(rt->reload().ok());
     const LoadReport rep = rt->load_report();
     CHECK(rep.rows == 10);
-    CHECK(file(rep, moe_file(5)).problems.back() == "its previous rows (2) keep serving until the file is fixed or removed");
+    CHECK(file(rep, moe_file(5)).problems.back() ==
+          "its previous rows (2) keep serving until the file is fixed or removed");
   }
   SUBCASE("entries, on reload: the files the walk did not reach keep their previous rows") {
     auto rt = make_runtime({dir.str()});
@@ -140,7 +142,8 @@ TEST_CASE("limits: files per config dir and entries per config dir") {
     const LoadReport rep = rt->load_report();
     CHECK(rep.rows == 10);
     bool noted = false;
-    for (const auto& n : rep.notes) noted = noted || n.find("not reached by a walk stopped at the entry limit") != std::string::npos;
+    for (const auto& n : rep.notes)
+      noted = noted || n.find("not reached by a walk stopped at the entry limit") != std::string::npos;
     CHECK(noted);
   }
   SUBCASE("entries") {
@@ -194,8 +197,9 @@ TEST_CASE("reload: only changed files are read, unchanged keys are copied, the t
   CHECK(rep.keys_unchanged == 20);
   CHECK(rep.rows == 20 * 4 + 2 + 2);
   CHECK(table_text(*rt, ns) == fresh_table());
-  CHECK(config_to_json(lookup(*rt, LookupQuery{.op = "fused_moe", .key = "E=8,N=5", .device = "NVIDIA_H200", .M = 6})
-                           ->config) == R"({"BLOCK_SIZE_M": 128, "num_warps": 4, "num_stages": 3})");  // num_stages: the documented default
+  CHECK(config_to_json(
+            lookup(*rt, LookupQuery{.op = "fused_moe", .key = "E=8,N=5", .device = "NVIDIA_H200", .M = 6})->config) ==
+        R"({"BLOCK_SIZE_M": 128, "num_warps": 4, "num_stages": 3})");  // num_stages: the documented default
 
   // The same size, the mtime put back: the ctime still tells.
   const auto f7 = dir / moe_file(7);
@@ -239,7 +243,8 @@ TEST_CASE("reload: only changed files are read, unchanged keys are copied, the t
   CHECK(table_text(*rt, ns) == fresh_table());
 }
 
-TEST_CASE("limits: a row with more fields than the limit is dropped with the reason (the repeated-key scan stays bounded)") {
+TEST_CASE(
+    "limits: a row with more fields than the limit is dropped with the reason (the repeated-key scan stays bounded)") {
   TempDir dir;
   std::string wide = R"({"1": {"BLOCK_SIZE_M": 16}, "2": {)";
   for (int i = 0; i < 80000; ++i) wide += (i ? ", \"k" : "\"k") + std::to_string(i) + "\": 1";
@@ -274,7 +279,8 @@ TEST_CASE("reload: a file that could not be read is read again by the next reloa
   CHECK(file(rep, moe_file(1)).state == FileReport::State::loaded);
 }
 
-TEST_CASE("reload: a symbolic link retargeted to another name of the same file is seen (the link is in the signature)") {
+TEST_CASE(
+    "reload: a symbolic link retargeted to another name of the same file is seen (the link is in the signature)") {
   LimitsGuard g;
   store::limits().racy_ns = 0;
   TempDir dir, targets;

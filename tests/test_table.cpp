@@ -76,17 +76,17 @@ std::string moe_table(int64_t block_m_1, int64_t block_m_64) {
 
 TEST_CASE("table: nearest M") {
   const Bucket b = bucket_of({16, 64, 256});
-  CHECK(pick(b, 64) == 64);     // exact
+  CHECK(pick(b, 64) == 64);  // exact
   CHECK(pick(b, 16) == 16);
   CHECK(pick(b, 256) == 256);
-  CHECK(pick(b, 1) == 16);      // below the smallest key
+  CHECK(pick(b, 1) == 16);  // below the smallest key
   CHECK(pick(b, 15) == 16);
-  CHECK(pick(b, 257) == 256);   // above the largest key
+  CHECK(pick(b, 257) == 256);  // above the largest key
   CHECK(pick(b, 1 << 30) == 256);
-  CHECK(pick(b, 40) == 16);     // |40-16| = |64-40| = 24: the tie goes to the smaller key
+  CHECK(pick(b, 40) == 16);  // |40-16| = |64-40| = 24: the tie goes to the smaller key
   CHECK(pick(b, 39) == 16);
   CHECK(pick(b, 41) == 64);
-  CHECK(pick(b, 160) == 64);    // |160-64| = |256-160| = 96: tie -> 64
+  CHECK(pick(b, 160) == 64);  // |160-64| = |256-160| = 96: tie -> 64
   CHECK(pick(b, 161) == 256);
   CHECK(pick(bucket_of({8}), 1) == 8);
   CHECK(pick(bucket_of({8}), 1000) == 8);
@@ -194,7 +194,7 @@ TEST_CASE("table: snapshot merges sources by rank and picks version folders") {
       in.push_back(versioned(k, {3, 3, 1}, 331));
       in.push_back(versioned(k, {3, 10, 0}, 3100));  // newer than 3.5.1 numerically, older as text
       in.push_back(versioned(k, {3, 5, 1}, 351));
-      in.push_back(input(k, {1}, 999));             // an unversioned file of the same source
+      in.push_back(input(k, {1}, 999));  // an unversioned file of the same source
       return Snapshot::build(std::move(in), v, notes);
     };
     std::vector<std::string> notes;

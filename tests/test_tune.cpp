@@ -68,11 +68,12 @@ Status double_launch(const core::LaunchArgs&, const core::Problem&, const int64_
 }
 constexpr int64_t kChunks[] = {1, 2, 4};
 constexpr core::ParamDef kChunkParam[] = {{"chunk", core::ParamKind::integer, kChunks, {}, 1}};
-constexpr core::ParamDef kNoParams[] = {{"chunk", core::ParamKind::integer, std::span<const int64_t>(kChunks, 1), {}, 1}};
+constexpr core::ParamDef kNoParams[] = {
+    {"chunk", core::ParamKind::integer, std::span<const int64_t>(kChunks, 1), {}, 1}};
 
 core::VariantDef double_variant(uint32_t restore, uint32_t reset, uint32_t flags = 0) {
   core::VariantDef v{"double__loop", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kChunkParam, flags, 1,
-                     &ok_supports, &double_launch};
+                     &ok_supports,   &double_launch};
   v.restore_args = restore;
   v.reset_args = reset;
   return v;
@@ -130,8 +131,8 @@ struct CallOutcome {
   bool tuned = false;
   const core::VariantDef* variant = nullptr;
 };
-CallOutcome call_custom(Runtime& rt, const std::string& key, tune::TuneTarget& t,
-                        const std::vector<core::Plan>& cands, const core::Plan& ref) {
+CallOutcome call_custom(Runtime& rt, const std::string& key, tune::TuneTarget& t, const std::vector<core::Plan>& cands,
+                        const core::Plan& ref) {
   CallOutcome out;
   core::Plan plan;
   auto& impl = rt.impl();
@@ -201,12 +202,19 @@ Status scale_half(const core::LaunchArgs&, const core::Problem&, const int64_t*)
   return Status();
 }
 // A fast partial writer: it is also the fastest, so only validation stops it.
-const core::VariantDef kScaleA{"scale__half", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kNoParams, 0, 1,
-                               &ok_supports, &scale_half};
-const core::VariantDef kScaleB{"scale__full", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kNoParams, 0, 1,
-                               &ok_supports, &scale_full};
-const core::VariantDef kScaleRef{"scale__ref", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kNoParams,
-                                 core::kVariantReference, 1, &ok_supports, &scale_full};
+const core::VariantDef kScaleA{
+    "scale__half", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kNoParams, 0, 1, &ok_supports, &scale_half};
+const core::VariantDef kScaleB{
+    "scale__full", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kNoParams, 0, 1, &ok_supports, &scale_full};
+const core::VariantDef kScaleRef{"scale__ref",
+                                 core::OpKind::rmsnorm,
+                                 DeviceType::cpu,
+                                 DType::fp32,
+                                 kNoParams,
+                                 core::kVariantReference,
+                                 1,
+                                 &ok_supports,
+                                 &scale_full};
 
 tune::TuneTarget scale_target(float* y, float* x, int64_t n, tune::TuneTarget* self) {
   tune::TuneTarget t = one_buffer_target(y, n, /*read=*/false, /*written=*/true, self);
@@ -250,8 +258,15 @@ namespace {
 // computes y = 3x.
 constexpr int64_t kPicks[] = {-1};
 constexpr core::ParamDef kPickParam[] = {{"algo_id", core::ParamKind::integer, kPicks, {}, -1}};
-const core::VariantDef kDynamic{"scale__dynamic", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kPickParam,
-                                core::kVariantDynamicSpace, 1, &ok_supports, &scale_full};
+const core::VariantDef kDynamic{"scale__dynamic",
+                                core::OpKind::rmsnorm,
+                                DeviceType::cpu,
+                                DType::fp32,
+                                kPickParam,
+                                core::kVariantDynamicSpace,
+                                1,
+                                &ok_supports,
+                                &scale_full};
 }  // namespace
 
 TEST_CASE("a dynamic family's run-time pick (algo_id -1) is never what the search returns") {
@@ -294,8 +309,9 @@ Status accumulate(const core::LaunchArgs&, const core::Problem&, const int64_t* 
 TEST_CASE("C03 reset_to_zero holds on the real launch too, not only while benchmarking") {
   TempDir cache;
   auto rt = Runtime::create(tune_options(cache, TuneMode::sync)).value();
-  core::VariantDef v{"accumulate__loop", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kChunkParam, 0, 1,
-                     &ok_supports, &accumulate};
+  core::VariantDef v{
+      "accumulate__loop", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kChunkParam, 0, 1, &ok_supports,
+      &accumulate};
   v.reset_args = 1u << 0;
   core::VariantDef vref = v;
   vref.name = "accumulate__ref";
@@ -330,8 +346,9 @@ TEST_CASE("sync tuning of the in-place fused_add_rmsnorm leaves exactly one appl
   for (auto& v : r) v = u(rng);
   for (auto& v : w) v = 1 + 0.1f * u(rng);
   const auto x0 = x, r0 = r;
-  FusedAddRmsNormArgs a{make_tensor_2d(x.data(), DType::fp32, T, H, LD), make_tensor_2d(r.data(), DType::fp32, T, H, LD),
-                        make_tensor_1d(w.data(), DType::fp32, H), 1e-6f};
+  FusedAddRmsNormArgs a{make_tensor_2d(x.data(), DType::fp32, T, H, LD),
+                        make_tensor_2d(r.data(), DType::fp32, T, H, LD), make_tensor_1d(w.data(), DType::fp32, H),
+                        1e-6f};
   DispatchInfo info;
   REQUIRE(fused_add_rmsnorm(*rt, a, {}, {.info = &info}).ok());
   CHECK(info.tuned_now);
@@ -404,7 +421,8 @@ TEST_CASE("C04 a persisted winner is never served for another shape") {
   auto lr = lookup(*rt, q);
   REQUIRE(lr.ok());
   CHECK(lr->match == LookupResult::Match::exact);
-  CHECK(core::plan_to_string(core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cpu).value()) == winner);
+  CHECK(core::plan_to_string(core::plan_from_config(lr->config, core::OpKind::gemm, DeviceType::cpu).value()) ==
+        winner);
   q.key = "N=512,K=512,dtype=fp32";
   lr = lookup(*rt, q);
   REQUIRE(lr.ok());
@@ -458,8 +476,9 @@ TEST_CASE("a stale persisted result is never served: one test per fingerprint ax
     auto rt2 = Runtime::create(tune_options(cache, TuneMode::sync)).value();
     std::vector<float> x(4 * 64, 1.f), y(4 * 64), w(64, 1.f);
     DispatchInfo info;
-    REQUIRE(rmsnorm(*rt2, {make_tensor_2d(y.data(), DType::fp32, 4, 64, 64), make_tensor_2d(x.data(), DType::fp32, 4, 64, 64),
-                           make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f},
+    REQUIRE(rmsnorm(*rt2,
+                    {make_tensor_2d(y.data(), DType::fp32, 4, 64, 64), make_tensor_2d(x.data(), DType::fp32, 4, 64, 64),
+                     make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f},
                     {}, {.info = &info})
                 .ok());
     CHECK(info.tuned_now);
@@ -506,7 +525,8 @@ TEST_CASE_TEMPLATE("C10 a two processes persisting into one file at the same mom
     if (T::fragments) {
       // No table file; one fragment per writer process, each with its row.
       REQUIRE_FALSE(kdtest::fs::exists(cache / rel));
-      REQUIRE(std::distance(kdtest::fs::directory_iterator(cache / (rel + ".d")), kdtest::fs::directory_iterator()) == 2 * (round + 1));
+      REQUIRE(std::distance(kdtest::fs::directory_iterator(cache / (rel + ".d")), kdtest::fs::directory_iterator()) ==
+              2 * (round + 1));
     } else {
       std::string text = kdtest::read_text(cache / rel);
       text.append(store::json_padding(), '\0');
@@ -515,7 +535,8 @@ TEST_CASE_TEMPLATE("C10 a two processes persisting into one file at the same mom
       for (const auto& r : pf.rows) ms.push_back(r.m);
       std::sort(ms.begin(), ms.end());
       for (int k = 0; k < 2; ++k)
-        REQUIRE_MESSAGE(std::find(ms.begin(), ms.end(), 1000 * round + k + 1) != ms.end(), "round ", round, " lost key ", k);
+        REQUIRE_MESSAGE(std::find(ms.begin(), ms.end(), 1000 * round + k + 1) != ms.end(), "round ", round,
+                        " lost key ", k);
     }
     // What the loader serves: every row of every round, exactly.
     std::vector<int64_t> want;
@@ -616,8 +637,8 @@ TEST_CASE("tuning: a sync-mode miss during a graph capture is deferred, then tun
   auto rt = Runtime::create(tune_options(cache, TuneMode::sync)).value();
   std::vector<float> x(8 * 64, 1.f), y(8 * 64), w(64, 1.f);
   const RmsNormArgs captured{make_tensor_2d(y.data(), DType::fp32, 4, 64, 64),
-                             make_tensor_2d(x.data(), DType::fp32, 4, 64, 64), make_tensor_1d(w.data(), DType::fp32, 64),
-                             1e-6f};
+                             make_tensor_2d(x.data(), DType::fp32, 4, 64, 64),
+                             make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f};
   const RmsNormArgs later{make_tensor_2d(y.data(), DType::fp32, 8, 32, 32),
                           make_tensor_2d(x.data(), DType::fp32, 8, 32, 32), make_tensor_1d(w.data(), DType::fp32, 32),
                           1e-6f};
@@ -632,7 +653,7 @@ TEST_CASE("tuning: a sync-mode miss during a graph capture is deferred, then tun
   CHECK(st.deferred == 1);        // but the shape waits
   CHECK(st.misses == 1);
   CHECK(lookup(*rt, q)->match == LookupResult::Match::fallback);
-  g_capturing.store(nullptr);  // the capture ended
+  g_capturing.store(nullptr);                                                 // the capture ended
   REQUIRE(rmsnorm(*rt, later, Stream{engine_stream}, {.info = &info}).ok());  // another shape misses
   CHECK(info.tuned_now);
   st = rt->tune_stats();
@@ -651,8 +672,9 @@ TEST_CASE("tuning: the background tuner waits while a stream it saw a miss on is
   TempDir cache;
   auto rt = Runtime::create(tune_options(cache, TuneMode::background)).value();
   std::vector<float> x(4 * 64, 1.f), y(4 * 64), w(64, 1.f);
-  const RmsNormArgs args{make_tensor_2d(y.data(), DType::fp32, 4, 64, 64), make_tensor_2d(x.data(), DType::fp32, 4, 64, 64),
-                         make_tensor_1d(w.data(), DType::fp32, 64), 1e-6f};
+  const RmsNormArgs args{make_tensor_2d(y.data(), DType::fp32, 4, 64, 64),
+                         make_tensor_2d(x.data(), DType::fp32, 4, 64, 64), make_tensor_1d(w.data(), DType::fp32, 64),
+                         1e-6f};
   g_capturing.store(engine_stream);
   DispatchInfo info;
   REQUIRE(rmsnorm(*rt, args, Stream{engine_stream}, {.info = &info}).ok());  // a miss inside the capture
@@ -734,8 +756,8 @@ TEST_CASE("tuning: the miss queue is bounded and drops when full, claims make ra
 
   TempDir cache;
   CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));
-  CHECK_FALSE(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));  // held (by us, alive)
-  CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 32));        // another M: free
+  CHECK_FALSE(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));            // held (by us, alive)
+  CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 32));                  // another M: free
   CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16, /*ttl_s=*/-1.0));  // expired: taken over
   store::release_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16);
   CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));
@@ -780,7 +802,8 @@ TEST_CASE("tuning: stopping the runtime stops the background tuner mid-search") 
   std::vector<float> a(256 * 1024, 0.1f), b(1024 * 1024, 0.1f), d(256 * 1024);
   REQUIRE(gemm(*rt, gemm_desc(256, 1024, 1024, DType::fp32, a.data(), b.data(), d.data())).ok());
   // Wait until the tuner is in the search.
-  for (int i = 0; i < 2000 && rt->tune_stats().candidates_run == 0 && rt->tune_stats().pending + rt->tune_stats().queued == 0; ++i)
+  for (int i = 0;
+       i < 2000 && rt->tune_stats().candidates_run == 0 && rt->tune_stats().pending + rt->tune_stats().queued == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   rt.reset();  // returns once the thread has stopped (the test finishing is the assertion)
   CHECK(rt == nullptr);
@@ -798,14 +821,14 @@ Status timed_launch(const core::LaunchArgs& la, const core::Problem& p, const in
 constexpr int64_t kIds[] = {1, 2};
 constexpr core::ParamDef kIdParam[] = {{"id", core::ParamKind::integer, kIds, {}, 1}};
 const core::VariantDef kTimed{"scale__timed", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0, 1,
-                              &ok_supports, &timed_launch};
+                              &ok_supports,   &timed_launch};
 // A floor that declines every call at launch (cuBLAS refusing the call's
 // strides, say).
 Status declining_launch(const core::LaunchArgs&, const core::Problem&, const int64_t*) {
   return core::needs_fallback("the floor declines this call");
 }
-const core::VariantDef kDeclines{"scale__declines", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0,
-                                 1, &ok_supports, &declining_launch};
+const core::VariantDef kDeclines{"scale__declines", core::OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kIdParam, 0, 1,
+                                 &ok_supports,      &declining_launch};
 
 // script(id, n, g): plan id's n-th timed run, the g-th timed run overall.
 using Script = std::function<double(int64_t id, int n, int g)>;
@@ -872,7 +895,9 @@ class ScriptedMemory final : public tune::DeviceMemory {
 };
 }  // namespace
 
-TEST_CASE("the confirmation keeps the default unless the winner is faster on every placement and by > the margin (2%) on average") {
+TEST_CASE(
+    "the confirmation keeps the default unless the winner is faster on every placement and by > the margin (2%) on "
+    "average") {
   // Timed runs per plan: 3 in the search, then 3 per confirmation round:
   // 2 rounds on each of 4 placements (default first in round 0 of
   // placements 0 and 2 and in round 1 of placements 1 and 3). The default
@@ -888,27 +913,39 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster on eve
       // One slow placement of the *default* (or a fast one of the winner)
       // carried a mean: three placements at parity, one at 0.8 -> mean 0.95.
       {"three ties and one big win (the H200's 6144x4096 M=256 row)",
-       [](bool d, int pl, bool) { return d ? 10.0 : (pl == 2 ? 8.0 : 10.0); }, {1.0, 1.0, 0.8, 1.0}, false},
+       [](bool d, int pl, bool) { return d ? 10.0 : (pl == 2 ? 8.0 : 10.0); },
+       {1.0, 1.0, 0.8, 1.0},
+       false},
       {"faster by 20% on three placements, slower on one",
-       [](bool d, int pl, bool) { return d ? 10.0 : (pl == 3 ? 11.0 : 8.0); }, {0.8, 0.8, 0.8, 1.1}, false},
-      {"faster by 0.5% everywhere (under the 2% margin)", [](bool d, int, bool) { return d ? 10.0 : 9.95; },
-       {0.995, 0.995, 0.995, 0.995}, false},
+       [](bool d, int pl, bool) { return d ? 10.0 : (pl == 3 ? 11.0 : 8.0); },
+       {0.8, 0.8, 0.8, 1.1},
+       false},
+      {"faster by 0.5% everywhere (under the 2% margin)",
+       [](bool d, int, bool) { return d ? 10.0 : 9.95; },
+       {0.995, 0.995, 0.995, 0.995},
+       false},
       {"faster by 1.5% everywhere (under the 2% margin: the floor stays)",
-       [](bool d, int, bool) { return d ? 10.0 : 9.85; }, {0.985, 0.985, 0.985, 0.985}, false},
+       [](bool d, int, bool) { return d ? 10.0 : 9.85; },
+       {0.985, 0.985, 0.985, 0.985},
+       false},
       // A tie in which the plan measured first in a round runs 8% faster
       // (8192x1024 at M=8 and 16 on the H200): one round per placement
       // would see wins and losses of 8%; the two orders cancel it.
-      {"a tie where the first of a round is 8% faster", [](bool, int, bool first) { return first ? 9.2 : 10.0; },
-       {1.0, 1.0, 1.0, 1.0}, false},
+      {"a tie where the first of a round is 8% faster",
+       [](bool, int, bool first) { return first ? 9.2 : 10.0; },
+       {1.0, 1.0, 1.0, 1.0},
+       false},
       {"faster by 5% everywhere, with the same 8% order effect",
        [](bool d, int, bool first) { return (d ? 10.0 : 9.5) * (first ? 0.92 : 1.0); },
-       {0.95, 0.95, 0.95, 0.95}, true},
+       {0.95, 0.95, 0.95, 0.95},
+       true},
       {"faster by 2-8% on every placement",
        [](bool d, int pl, bool) {
          const double w[4] = {9.8, 9.2, 9.6, 9.4};
          return d ? 10.0 : w[pl];
        },
-       {0.98, 0.92, 0.96, 0.94}, true},
+       {0.98, 0.92, 0.96, 0.94},
+       true},
   };
   for (const Case& c : cases) {
     INFO(c.what);
@@ -944,7 +981,9 @@ TEST_CASE("the confirmation keeps the default unless the winner is faster on eve
   }
 }
 
-TEST_CASE("SearchOptions::margin sets the confirmation's bar, and the A/A spread is the default's own spread over placements") {
+TEST_CASE(
+    "SearchOptions::margin sets the confirmation's bar, and the A/A spread is the default's own spread over "
+    "placements") {
   // The default (id 1) takes 10 us on placements 0, 1, 3 and 10.4 on 2; the
   // candidate 1.5% less than the default everywhere.
   for (double margin : {0.02, 0.01}) {
@@ -1024,10 +1063,10 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   for (size_t c = 0; c < seen.size(); ++c) {
     CHECK(seen[c][0] == static_cast<void*>(y.data()));  // the written output is never moved
     CHECK(seen[c][1] != static_cast<void*>(x.data()));  // the read-only input is a copy ...
-    CHECK(same_input[c]);                                // ... of the same bytes
+    CHECK(same_input[c]);                               // ... of the same bytes
     input_copies.insert(seen[c][1]);
   }
-  CHECK(input_copies.size() == 3);  // one per placement, all alive together
+  CHECK(input_copies.size() == 3);      // one per placement, all alive together
   for (float v : y) REQUIRE(v == 0.f);  // the search gives the caller's output back
 
   // A copy budget for two copies of x: the last placement stays on x.
@@ -1045,7 +1084,9 @@ TEST_CASE("the confirmation's placements 2-4 are fresh copies of the read-only i
   CHECK(seen.back()[1] == static_cast<void*>(x.data()));
 }
 
-TEST_CASE("timing as served: a winner must win cold and in a graph, and its row says which modes timed it (issue 32 item 3)") {
+TEST_CASE(
+    "timing as served: a winner must win cold and in a graph, and its row says which modes timed it (issue 32 item "
+    "3)") {
   // Cold: the candidate (id 2) 10% faster than the floor (id 1) everywhere.
   // The graph mode's script varies per case.
   struct Case {
@@ -1058,8 +1099,8 @@ TEST_CASE("timing as served: a winner must win cold and in a graph, and its row 
   };
   const Case cases[] = {
       {"the clock has no graph mode: cold decides", nullptr, true, "cold", "beat floor by 10.0% (margin 2%)", 0},
-      {"wins in a graph too", [](int64_t id, int) -> Result<double> { return id == 1 ? 5.0 : 4.5; }, true,
-       "cold+graph", "beat floor by 10.0% cold, 10.0% in a graph (margin 2%)", 4},
+      {"wins in a graph too", [](int64_t id, int) -> Result<double> { return id == 1 ? 5.0 : 4.5; }, true, "cold+graph",
+       "beat floor by 10.0% cold, 10.0% in a graph (margin 2%)", 4},
       {"wins cold, ties in a graph (the launch cost a graph hides)",
        [](int64_t id, int) -> Result<double> { return id == 1 ? 5.0 : 4.95; }, false, "cold+graph",
        "floor kept: won cold by 10.0% but in a graph by 1.0% < margin 2%", 4},
@@ -1077,10 +1118,13 @@ TEST_CASE("timing as served: a winner must win cold and in a graph, and its row 
          if (id == 1) return make_status(StatusCode::internal, "capture refused");
          return 4.0;
        },
-       true, "cold", "beat floor by 10.0% (margin 2%); the floor could not run in a graph (capture refused): cold timing decided", 0},
+       true, "cold",
+       "beat floor by 10.0% (margin 2%); the floor could not run in a graph (capture refused): cold timing decided", 0},
       {"neither plan can be captured (the capture itself fails): cold decides, no plan blamed",
        [](int64_t, int) -> Result<double> { return make_status(StatusCode::backend_error, "capture invalidated"); },
-       true, "cold", "beat floor by 10.0% (margin 2%); no plan could be timed in a graph (capture invalidated): cold timing decided", 0},
+       true, "cold",
+       "beat floor by 10.0% (margin 2%); no plan could be timed in a graph (capture invalidated): cold timing decided",
+       0},
       {"the winner alone answers unsupported: not served (not taken for a clock without a graph mode)",
        [](int64_t id, int) -> Result<double> {
          if (id == 2) return make_status(StatusCode::unsupported_problem, "no capture of this plan");
@@ -1103,7 +1147,8 @@ TEST_CASE("timing as served: a winner must win cold and in a graph, and its row 
     CHECK(r->timing == c.timing);
     CHECK(r->why == c.why);
     CHECK(r->graph_ratios.size() == c.graph_points);
-    CHECK(r->challenger_not_in_graph == (std::string(c.why).find("winner could not run in a graph") != std::string::npos));
+    CHECK(r->challenger_not_in_graph ==
+          (std::string(c.why).find("winner could not run in a graph") != std::string::npos));
     // verify's verdict on the challenger as a shipped row: a row that
     // cannot run in a graph here is lost, as the tuner would not serve it.
     if (r->challenger_not_in_graph) CHECK(tune::judge(*r, 0.02, nullptr) == tune::Outcome::lost);
@@ -1233,7 +1278,9 @@ TEST_CASE("make_target's launch_at runs the op on the pointers it is given, in t
     p.op = core::OpKind::gemm;
     p.m = M, p.n = N, p.k = K, p.has_bias = true;
     core::LaunchArgs la;
-    la.data[core::kGemmArgA] = a.data(), la.ld[core::kGemmArgA] = K, la.data[core::kGemmArgB] = b.data(), la.ld[core::kGemmArgB] = K, la.data[core::kGemmArgD] = d.data(), la.ld[core::kGemmArgD] = N, la.data[core::kGemmArgBias] = bias.data();
+    la.data[core::kGemmArgA] = a.data(), la.ld[core::kGemmArgA] = K, la.data[core::kGemmArgB] = b.data(),
+    la.ld[core::kGemmArgB] = K, la.data[core::kGemmArgD] = d.data(), la.ld[core::kGemmArgD] = N,
+    la.data[core::kGemmArgBias] = bias.data();
     tune::TuneTarget t = tune::make_target(p, la);
     REQUIRE(t.launch_at);
     const core::Plan plan = core::get_default(p, cpu);
@@ -1257,14 +1304,16 @@ TEST_CASE("make_target's launch_at runs the op on the pointers it is given, in t
     p.op = core::OpKind::rmsnorm;
     p.m = T, p.n = H;
     core::LaunchArgs la;
-    la.data[core::kNormArgY] = y.data(), la.ld[core::kNormArgY] = H, la.data[core::kNormArgX] = x.data(), la.ld[core::kNormArgX] = H, la.data[core::kNormArgW] = w.data(), la.scalar[0] = 0.f;
+    la.data[core::kNormArgY] = y.data(), la.ld[core::kNormArgY] = H, la.data[core::kNormArgX] = x.data(),
+    la.ld[core::kNormArgX] = H, la.data[core::kNormArgW] = w.data(), la.scalar[0] = 0.f;
     tune::TuneTarget t = tune::make_target(p, la);
     const core::Plan plan = core::get_default(p, cpu);
     REQUIRE(plan.valid());
     REQUIRE(t.launch_at(plan, {y2.data(), x2.data(), w2.data()}).ok());
     // x2 is constant, so norm(x2) = 1 and y2 = w2.
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t h = 0; h < H; ++h) CHECK(y2[static_cast<size_t>(i * H + h)] == doctest::Approx(static_cast<float>(h)));
+      for (int64_t h = 0; h < H; ++h)
+        CHECK(y2[static_cast<size_t>(i * H + h)] == doctest::Approx(static_cast<float>(h)));
     for (float v : y) CHECK(v == -1.f);
   }
 }
@@ -1274,15 +1323,17 @@ TEST_CASE("the confirmation never moves an in-place argument: fused_add_rmsnorm 
   // only w, every rep restores x and residual, and the caller gets them back.
   constexpr int64_t T = 2, H = 32;
   std::vector<float> x(T * H), res(T * H), w(H);
-  for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 9) - 4.f,
-                                        res[static_cast<size_t>(i)] = static_cast<float>(i % 4);
+  for (int64_t i = 0; i < T * H; ++i)
+    x[static_cast<size_t>(i)] = static_cast<float>(i % 9) - 4.f,
+    res[static_cast<size_t>(i)] = static_cast<float>(i % 4);
   for (int64_t h = 0; h < H; ++h) w[static_cast<size_t>(h)] = 1.f + static_cast<float>(h) / H;
   const std::vector<float> x0 = x, res0 = res;
   core::Problem p;
   p.op = core::OpKind::fused_add_rmsnorm;
   p.m = T, p.n = H;
   core::LaunchArgs la;
-  la.data[core::kFusedArgX] = x.data(), la.ld[core::kFusedArgX] = H, la.data[core::kFusedArgResidual] = res.data(), la.ld[core::kFusedArgResidual] = H, la.data[core::kFusedArgW] = w.data(), la.scalar[0] = 1e-6f;
+  la.data[core::kFusedArgX] = x.data(), la.ld[core::kFusedArgX] = H, la.data[core::kFusedArgResidual] = res.data(),
+  la.ld[core::kFusedArgResidual] = H, la.data[core::kFusedArgW] = w.data(), la.scalar[0] = 1e-6f;
   tune::TuneTarget t = tune::make_target(p, la);
   REQUIRE(t.args.size() == 3);
   // Wrap launch_at: record what each placement gets, then run the real op.
@@ -1385,7 +1436,8 @@ TEST_CASE("fork: a child of a process whose runtime is tuning and watching never
   // cores), whatever kdispatch does.
   TempDir cache, configs;
   kdtest::fs::create_directories(configs / "cpu/rmsnorm");
-  const std::string row_file = "cpu/rmsnorm/hidden=64,device_name=" + cpu_device_info().device_name + ",dtype=fp32.json";
+  const std::string row_file =
+      "cpu/rmsnorm/hidden=64,device_name=" + cpu_device_info().device_name + ",dtype=fp32.json";
   kdtest::write_text(configs / row_file, R"({"4": {"variant": "rmsnorm_fp32__ref"}})");
   RuntimeOptions o = tune_options(cache, TuneMode::background);
   o.config_dirs = {configs.str()};
@@ -1419,12 +1471,17 @@ TEST_CASE("fork: a child of a process whose runtime is tuning and watching never
     REQUIRE(pid >= 0);
     if (pid == 0) {
       int code = 0;
-      if (norm(4, 64, &err) != 1 || err > 1e-5f) code = 10;             // a table hit
-      else if (norm(5, 200, &err) != 2 || err > 1e-4f) code = 11;       // a default plan (no observe)
+      if (norm(4, 64, &err) != 1 || err > 1e-5f)
+        code = 10;  // a table hit
+      else if (norm(5, 200, &err) != 2 || err > 1e-4f)
+        code = 11;  // a default plan (no observe)
       else if (rt->reload().code() != StatusCode::failed_precondition ||
-               rt->reload().message().find("created before fork()") == std::string::npos) code = 12;
-      else if (rt->export_misses(cache.str() + "/child.csv").ok()) code = 13;
-      else if (!rt->wait_tuner_idle(0.0)) code = 14;
+               rt->reload().message().find("created before fork()") == std::string::npos)
+        code = 12;
+      else if (rt->export_misses(cache.str() + "/child.csv").ok())
+        code = 13;
+      else if (!rt->wait_tuner_idle(0.0))
+        code = 14;
       if (code == 0) rt.reset();  // the destructor neither joins nor waits for threads that are not here
       ::_exit(code);
     }

@@ -143,9 +143,9 @@ TEST_CASE("cli tune --model: a Llama config.json's units, --tp 2 halving the sha
   CHECK_MESSAGE(r.err.find("--tp 3 does not divide num_attention_heads (4)") != std::string::npos, r.err);
   CHECK_FALSE(fs::exists(dir / "emit"));
   // intermediate_size too (4 heads, 2 kv heads and 1000 padded to 1024 go by 4).
-  const std::string odd2 = write(dir, "odd2.json",
-                                 std::regex_replace(std::string(kLlama), std::regex("\"intermediate_size\": 160"),
-                                                    "\"intermediate_size\": 162"));
+  const std::string odd2 = write(
+      dir, "odd2.json",
+      std::regex_replace(std::string(kLlama), std::regex("\"intermediate_size\": 160"), "\"intermediate_size\": 162"));
   r = run({"tune", "--model", odd2, "--emit", (dir / "emit").string(), "--tp", "4", "--list"});
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(r.err.find("--tp 4 does not divide intermediate_size (162)") != std::string::npos, r.err);
@@ -217,9 +217,9 @@ TEST_CASE("cli tune --model: Gemma's head_dim, tied lm_head and gelu activation 
   REQUIRE(l.not_tuned.size() == 1);
   CHECK(l.not_tuned[0] == "act_fn (gelu_pytorch_tanh and mul, d=80): not tuned: no gelu_and_mul op yet");
   // Gemma2: the sandwich norms (rmsnorm after attention and after the MLP).
-  const std::string g2 = write(dir, "g2.json",
-                               std::regex_replace(std::string(kGemma), std::regex("\"gemma\"|\"GemmaForCausalLM\""),
-                                                  "\"gemma2\""));
+  const std::string g2 =
+      write(dir, "g2.json",
+            std::regex_replace(std::string(kGemma), std::regex("\"gemma\"|\"GemmaForCausalLM\""), "\"gemma2\""));
   const Listed l2 = list_model(g2);
   REQUIRE(l2.units.size() == 7);
   CHECK(l2.units[0] ==
@@ -227,7 +227,9 @@ TEST_CASE("cli tune --model: Gemma's head_dim, tied lm_head and gelu activation 
   CHECK(l2.units[3] == "pre_feedforward_layernorm+input_layernorm[1:]+final_norm: fused_add_rmsnorm hidden=48,bf16");
 }
 
-TEST_CASE("cli tune --model: DeepSeek-V3's MLA projections, dense MLP, router and shared experts, the experts listed as not tuned") {
+TEST_CASE(
+    "cli tune --model: DeepSeek-V3's MLA projections, dense MLP, router and shared experts, the experts listed as not "
+    "tuned") {
   TempDir dir;
   const std::string cfg = write(dir, "config.json", kDeepSeek);
   const Listed l = list_model(cfg);
@@ -240,12 +242,12 @@ TEST_CASE("cli tune --model: DeepSeek-V3's MLA projections, dense MLP, router an
       "q_a_proj: gemm_fp8_block N=32,K=64,fp8_e4m3fn->bf16",
       "q_a_layernorm: rmsnorm hidden=32,bf16",
       "q_b_proj.quant: quant_fp8_group K=32,bf16->fp8_e4m3fn",
-      "q_b_proj: gemm_fp8_block N=64,K=32,fp8_e4m3fn->bf16",  // 4 heads x (8 + 8)
+      "q_b_proj: gemm_fp8_block N=64,K=32,fp8_e4m3fn->bf16",            // 4 heads x (8 + 8)
       "kv_a_proj_with_mqa: gemm_fp8_block N=24,K=64,fp8_e4m3fn->bf16",  // 16 + 8
       "kv_a_layernorm: rmsnorm hidden=16,bf16",
       "kv_b_proj.quant: quant_fp8_group K=16,bf16->fp8_e4m3fn",
       "kv_b_proj: gemm_fp8_block N=96,K=16,fp8_e4m3fn->bf16",  // 4 x (8 + 16)
-      "o_proj: gemm_fp8_block N=64,K=64,fp8_e4m3fn->bf16",      // K = 4 x 16: its quant is the K=64 one
+      "o_proj: gemm_fp8_block N=64,K=64,fp8_e4m3fn->bf16",     // K = 4 x 16: its quant is the K=64 one
       "post_attention_layernorm+input_layernorm[1:]+final_norm: fused_add_rmsnorm hidden=64,bf16",
       "gate_up_proj: gemm_fp8_block N=192,K=64,fp8_e4m3fn->bf16",
       "act_fn: silu_and_mul d=96,bf16",
@@ -299,16 +301,18 @@ TEST_CASE("cli tune --model: DeepSeek-V3's MLA projections, dense MLP, router an
   CHECK(r.err.find("note: quantization_config: an fp8 checkpoint: --fp8 block") != std::string::npos);
 }
 
-TEST_CASE("cli tune --model: a real tiny run writes rows validate accepts, lm_head over --mem-gib is too large, resume") {
+TEST_CASE(
+    "cli tune --model: a real tiny run writes rows validate accepts, lm_head over --mem-gib is too large, resume") {
   TempDir dir;
   // A 4000-token vocabulary: lm_head's operands (4032 x 64 bf16, ~0.5 MiB)
   // are over a 0.2 MiB budget, every other unit's are far under it.
-  const std::string cfg = write(dir, "config.json",
-                                std::regex_replace(std::string(kLlama), std::regex("\"vocab_size\": 1000"),
-                                                   "\"vocab_size\": 4000"));
+  const std::string cfg =
+      write(dir, "config.json",
+            std::regex_replace(std::string(kLlama), std::regex("\"vocab_size\": 1000"), "\"vocab_size\": 4000"));
   const std::string emit = (dir / "emit").string();
-  const std::vector<std::string> args = {"tune", "--model", cfg, "--emit", emit, "--ms", "1,2", "--budget-ms", "20",
-                                         "--no-cold-cache", "--reps", "1", "--mem-gib", "0.0002"};
+  const std::vector<std::string> args = {"tune",   "--model", cfg,           "--emit", emit,
+                                         "--ms",   "1,2",     "--budget-ms", "20",     "--no-cold-cache",
+                                         "--reps", "1",       "--mem-gib",   "0.0002"};
   std::vector<std::string> json_args = args;
   json_args.push_back("--json");
   CliResult r = run(json_args);
@@ -352,8 +356,8 @@ TEST_CASE("cli tune --model: a real tiny run writes rows validate accepts, lm_he
 TEST_CASE("cli tune: every run's progress line says unit n of N, elapsed and ETA (--shapes too)") {
   TempDir dir;
   const std::string csv = write(dir, "norms.csv", "M,hidden\n1,64\n2,64\n");
-  CliResult r = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--emit", (dir / "emit").string(), "--budget-ms",
-                     "20", "--no-cold-cache", "--reps", "1"});
+  CliResult r = run({"tune", "--shapes", csv, "--op", "rmsnorm", "--emit", (dir / "emit").string(), "--budget-ms", "20",
+                     "--no-cold-cache", "--reps", "1"});
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   CHECK(std::regex_search(r.err, std::regex(R"(\[1/2\] hidden=64,bf16 M=1 -> .* \[elapsed [0-9.]+s, ETA [0-9.]+s\])")));
   CHECK(std::regex_search(r.err, std::regex(R"(\[2/2\] hidden=64,bf16 M=2 -> .* \[elapsed [0-9.]+s, ETA 0\.0s\])")));

@@ -32,14 +32,18 @@ class EnvScope {
     for (const auto& [k, v] : vars) {
       const char* old = std::getenv(k);
       saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      if (v) ::setenv(k, v, 1);
-      else ::unsetenv(k);
+      if (v)
+        ::setenv(k, v, 1);
+      else
+        ::unsetenv(k);
     }
   }
   ~EnvScope() {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      else ::unsetenv(it->first.c_str());
+      if (it->second)
+        ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        ::unsetenv(it->first.c_str());
     }
   }
   EnvScope(const EnvScope&) = delete;

@@ -83,8 +83,8 @@ void write_row_file(const fs::path& dir, int64_t m, const core::Plan& plan, cons
   if (!cpu.empty()) meta += ", \"cpu\": " + cpu;
   meta += "}";
   write_text(dir / "cpu" / "rmsnorm" / file_name(hidden),
-             "{\n    \"kdispatch\": " + meta + ",\n    \"" + std::to_string(m) + "\": " +
-                 config_to_json(core::plan_to_config(plan)) + "\n}\n");
+             "{\n    \"kdispatch\": " + meta + ",\n    \"" + std::to_string(m) +
+                 "\": " + config_to_json(core::plan_to_config(plan)) + "\n}\n");
 }
 
 // The timing hook for a scope: the floor takes floor_us[placement] µs (the
@@ -132,7 +132,9 @@ std::string other_vendor() { return host_cpu_identity().vendor == "AuthenticAMD"
 
 }  // namespace
 
-TEST_CASE("verify: a row slower than the floor by more than the margin is demoted after exactly two verifications, and a win resets the count") {
+TEST_CASE(
+    "verify: a row slower than the floor by more than the margin is demoted after exactly two verifications, and a win "
+    "resets the count") {
   TempDir cfg, cache;
   const core::Plan floor = floor_of(4), row = row_plan(4);
   write_row_file(cfg.path(), 4, row, host_cpu_identity().to_json());
@@ -177,7 +179,8 @@ TEST_CASE("verify: a row slower than the floor by more than the margin is demote
   CHECK(served(*rt, 9) == core::plan_to_config(floor));
   const LookupResult demoted = kdtest::lookup_ok(*rt, norm_query(4));
   CHECK(contains(demoted.note, "demoted on this machine"));
-  CHECK(contains(demoted.note, "the floor's plan at M=4 serves (at the Ms nearest it too, as the row did): " + core::plan_to_string(floor)));
+  CHECK(contains(demoted.note, "the floor's plan at M=4 serves (at the Ms nearest it too, as the row did): " +
+                                   core::plan_to_string(floor)));
 
   // A later runtime reads the verdict cache: the row stays demoted.
   auto rt2 = kdtest::make_runtime(verify_options(cfg, cache));
@@ -227,7 +230,9 @@ TEST_CASE("verify: a row slower than the floor by more than the margin is demote
   CHECK(contains(kdtest::lookup_ok(*rt3, norm_query(4)).note, "(in memory)"));
 }
 
-TEST_CASE("verify: the verdict cache holds the row's verdict under this machine's fingerprint and CPU, and is ignored under another") {
+TEST_CASE(
+    "verify: the verdict cache holds the row's verdict under this machine's fingerprint and CPU, and is ignored under "
+    "another") {
   TempDir cfg, cache;
   const core::Plan floor = floor_of(4), row = row_plan(4);
   write_row_file(cfg.path(), 4, row, host_cpu_identity().to_json());
@@ -257,7 +262,8 @@ TEST_CASE("verify: the verdict cache holds the row's verdict under this machine'
   store::Fingerprint other = store::cpu_fingerprint();
   for (auto& [axis, value] : other.axes)
     if (axis == "kernels") value = "0000";
-  const std::string other_identity = "{\"fingerprint\": " + other.to_json() + ", \"cpu\": " + host_cpu_identity().to_json() + "}";
+  const std::string other_identity =
+      "{\"fingerprint\": " + other.to_json() + ", \"cpu\": " + host_cpu_identity().to_json() + "}";
   CHECK(tune::load_verdicts(path, other_identity).rows.empty());
   CHECK(tune::verdict_path(cache.str(), DeviceType::cpu, other_identity) != path);
 
@@ -285,8 +291,8 @@ TEST_CASE("verify: counts this library never writes, or a symlinked .verify dir,
   const std::string path = tune::verdict_path(cache.str(), DeviceType::cpu, identity);
   const std::string id = tune::row_id(key_of(), 4), cfg_text = config_to_json(core::plan_to_config(row_plan(4)));
   for (int i = 0; i < 2; ++i)
-    REQUIRE(tune::record_verdict(cache.str(), DeviceType::cpu, identity, id, cfg_text, tune::Outcome::lost, 1.1,
-                                 0.01, 0.02, "x")
+    REQUIRE(tune::record_verdict(cache.str(), DeviceType::cpu, identity, id, cfg_text, tune::Outcome::lost, 1.1, 0.01,
+                                 0.02, "x")
                 .ok());
   REQUIRE(tune::load_verdicts(path, identity).find(id, cfg_text) != nullptr);
   CHECK(tune::load_verdicts(path, identity).find(id, cfg_text)->demoted());
@@ -300,9 +306,9 @@ TEST_CASE("verify: counts this library never writes, or a symlinked .verify dir,
   };
   // 2^32 + 2 losses (2 as an int32), more losses than verifications, none
   // recorded, a negative count: the row reads as unverified.
-  for (const char* counts : {"\"losses\": 4294967298, \"verifications\": 4294967298",
-                             "\"losses\": 3, \"verifications\": 2", "\"verifications\": 2",
-                             "\"losses\": -1, \"verifications\": 2"}) {
+  for (const char* counts :
+       {"\"losses\": 4294967298, \"verifications\": 4294967298", "\"losses\": 3, \"verifications\": 2",
+        "\"verifications\": 2", "\"losses\": -1, \"verifications\": 2"}) {
     INFO(counts);
     rewrite(counts);
     CHECK(tune::load_verdicts(path, identity).find(id, cfg_text) == nullptr);
@@ -314,12 +320,14 @@ TEST_CASE("verify: counts this library never writes, or a symlinked .verify dir,
   std::filesystem::rename(cache.path() / ".verify", elsewhere.path() / "v");
   std::filesystem::create_directory_symlink(elsewhere.path() / "v", cache.path() / ".verify");
   CHECK(tune::load_verdicts(path, identity).rows.empty());
-  CHECK_FALSE(tune::record_verdict(cache.str(), DeviceType::cpu, identity, id, cfg_text, tune::Outcome::lost, 1.1,
-                                   0.01, 0.02, "x")
+  CHECK_FALSE(tune::record_verdict(cache.str(), DeviceType::cpu, identity, id, cfg_text, tune::Outcome::lost, 1.1, 0.01,
+                                   0.02, "x")
                   .ok());
 }
 
-TEST_CASE("verify: KDISPATCH_VERIFY_SHIPPED's background thread verifies committed rows when idle, rows tuned on another CPU first, and demotes after two losses") {
+TEST_CASE(
+    "verify: KDISPATCH_VERIFY_SHIPPED's background thread verifies committed rows when idle, rows tuned on another CPU "
+    "first, and demotes after two losses") {
   TempDir cfg, cache;
   const char* kOther = "hidden=512,dtype=fp32";
   const core::Plan floor = floor_of(4), floor2 = floor_of(4, kOther);
@@ -373,7 +381,9 @@ TEST_CASE("verify: KDISPATCH_VERIFY_SHIPPED's background thread verifies committ
   CHECK(served(*rt2, 4) == core::plan_to_config(floor));
 }
 
-TEST_CASE("verify: lookup --json notes a CPU row tuned on another vendor or family, or on an unrecorded CPU, until it is verified here") {
+TEST_CASE(
+    "verify: lookup --json notes a CPU row tuned on another vendor or family, or on an unrecorded CPU, until it is "
+    "verified here") {
   TempDir cfg, cache;
   const core::Plan floor = floor_of(4), row = row_plan(4);
   const std::string vendor = other_vendor();
@@ -427,7 +437,9 @@ TEST_CASE("verify: lookup --json notes a CPU row tuned on another vendor or fami
   CHECK(fr.note.empty());
 }
 
-TEST_CASE("row files record the margin, the A/A spread, the timing, why and the CPU (exact values), and old files still load") {
+TEST_CASE(
+    "row files record the margin, the A/A spread, the timing, why and the CPU (exact values), and old files still "
+    "load") {
   // render_table: exact members.
   std::vector<store::PersistRow> rows(2);
   rows[0].m = 1;
@@ -445,11 +457,12 @@ TEST_CASE("row files record the margin, the A/A spread, the timing, why and the 
   rows[1].meta.aa_spread = -1;  // not confirmed
   rows[1].meta.why = "floor kept: won by 1.1% < margin 5%";
   const std::string text = store::render_table(rows, store::cpu_fingerprint(), {{"rmsnorm_fp32__vec", 1}});
-  CHECK(contains(text, "\"us\": {\"1\": 9.27, \"8\": 9.27}, \"default_us\": {\"1\": 10, \"8\": 10}, \"margin\": 0.02, "
-                       "\"margin_by_m\": {\"8\": 0.05}, \"aa_spread\": {\"1\": 0.0123}, \"timing\": {\"1\": \"cold\", "
-                       "\"8\": \"cold\"}, \"why\": {\"1\": \"beat floor by 7.3% (margin 2%)\", \"8\": \"floor kept: won "
-                       "by 1.1% < margin 5%\"}, \"cpu\": {\"vendor\": \"AuthenticAMD\", \"family\": 25, \"model\": 1, "
-                       "\"name\": \"AMD EPYC 7763 64-Core Processor\"}}"));
+  CHECK(contains(text,
+                 "\"us\": {\"1\": 9.27, \"8\": 9.27}, \"default_us\": {\"1\": 10, \"8\": 10}, \"margin\": 0.02, "
+                 "\"margin_by_m\": {\"8\": 0.05}, \"aa_spread\": {\"1\": 0.0123}, \"timing\": {\"1\": \"cold\", "
+                 "\"8\": \"cold\"}, \"why\": {\"1\": \"beat floor by 7.3% (margin 2%)\", \"8\": \"floor kept: won "
+                 "by 1.1% < margin 5%\"}, \"cpu\": {\"vendor\": \"AuthenticAMD\", \"family\": 25, \"model\": 1, "
+                 "\"name\": \"AMD EPYC 7763 64-Core Processor\"}}"));
 
   // Through the tuner (pretune_key, as `kdispatch tune` runs it): the winner
   // beats the floor by 7.3% on every placement; the floor's A/A spread is
@@ -469,15 +482,19 @@ TEST_CASE("row files record the margin, the A/A spread, the timing, why and the 
   CHECK_FALSE(r->config == core::plan_to_config(floor));
   const fs::path file = cache / "cpu" / "rmsnorm" / file_name();
   std::string tuned = read_text(file);
-  CHECK(contains(tuned, "\"margin\": 0.02, \"aa_spread\": {\"4\": 0.0199}, \"timing\": {\"4\": \"cold\"}, \"why\": "
-                        "{\"4\": \"beat floor by 7.3% (margin 2%)\"}, \"cpu\": " + host_cpu_identity().to_json() + "}"));
+  CHECK(contains(tuned,
+                 "\"margin\": 0.02, \"aa_spread\": {\"4\": 0.0199}, \"timing\": {\"4\": \"cold\"}, \"why\": "
+                 "{\"4\": \"beat floor by 7.3% (margin 2%)\"}, \"cpu\": " +
+                     host_cpu_identity().to_json() + "}"));
   // A second tuning with another margin, into the same file: each row keeps its own.
   o.tune.margin = 0.1;
   auto r8 = pretune_key(*kdtest::make_runtime(o), "rmsnorm", kFields, 8);
   REQUIRE(r8.ok());
   tuned = read_text(file);
-  CHECK(contains(tuned, "\"margin\": 0.02, \"margin_by_m\": {\"8\": 0.1}, \"aa_spread\": {\"4\": 0.0199, \"8\": 0.0199}"));
-  CHECK(contains(tuned, "\"why\": {\"4\": \"beat floor by 7.3% (margin 2%)\", \"8\": \"floor kept: won by 7.3% < margin 10%\"}"));
+  CHECK(contains(tuned,
+                 "\"margin\": 0.02, \"margin_by_m\": {\"8\": 0.1}, \"aa_spread\": {\"4\": 0.0199, \"8\": 0.0199}"));
+  CHECK(contains(
+      tuned, "\"why\": {\"4\": \"beat floor by 7.3% (margin 2%)\", \"8\": \"floor kept: won by 7.3% < margin 10%\"}"));
   // The loader serves the rows and keeps the metadata as written.
   auto served_rt = kdtest::make_runtime({cache.str()});
   CHECK(served(*served_rt, 4) == r->config);
@@ -491,10 +508,12 @@ TEST_CASE("row files record the margin, the A/A spread, the timing, why and the 
   // a row tuned into it records its own, the old row records nothing.
   TempDir old;
   const fs::path old_file = old / "cpu" / "rmsnorm" / file_name();
-  write_text(old_file, "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"rmsnorm_fp32__vec\": 1}, "
-                       "\"fingerprint\": " + store::cpu_fingerprint().to_json() +
-                       ", \"us\": {\"1\": 2.5}, \"default_us\": {\"1\": 2.6}},\n    \"1\": " +
-                       config_to_json(core::plan_to_config(row_plan(1))) + "\n}\n");
+  write_text(old_file,
+             "{\n    \"kdispatch\": {\"tool\": \"kdispatch 0.1.0\", \"schema\": {\"rmsnorm_fp32__vec\": 1}, "
+             "\"fingerprint\": " +
+                 store::cpu_fingerprint().to_json() +
+                 ", \"us\": {\"1\": 2.5}, \"default_us\": {\"1\": 2.6}},\n    \"1\": " +
+                 config_to_json(core::plan_to_config(row_plan(1))) + "\n}\n");
   auto old_rt = kdtest::make_runtime({old.str()});
   CHECK(old_rt->load_report().all_usable());
   CHECK(served(*old_rt, 1) == core::plan_to_config(row_plan(1)));
@@ -517,8 +536,10 @@ TEST_CASE("env: KDISPATCH_VERIFY_SHIPPED sets TuneOptions::verify_shipped (as KD
   auto off = options_from_env();
   ::setenv("KDISPATCH_VERIFY_SHIPPED", "2", 1);
   auto bad = options_from_env();
-  if (old) ::setenv("KDISPATCH_VERIFY_SHIPPED", saved.c_str(), 1);
-  else ::unsetenv("KDISPATCH_VERIFY_SHIPPED");
+  if (old)
+    ::setenv("KDISPATCH_VERIFY_SHIPPED", saved.c_str(), 1);
+  else
+    ::unsetenv("KDISPATCH_VERIFY_SHIPPED");
   REQUIRE(on.ok());
   CHECK(on->tune.verify_shipped);
   REQUIRE(off.ok());
@@ -529,21 +550,23 @@ TEST_CASE("env: KDISPATCH_VERIFY_SHIPPED sets TuneOptions::verify_shipped (as KD
 }
 
 #ifdef KDISPATCH_CLI_PATH
-TEST_CASE("cli: verify --json prints each row's times, margin over the floor, A/A spread and verdict, merge and merge --compact keep the rows' records, --help tells verify from validate") {
+TEST_CASE(
+    "cli: verify --json prints each row's times, margin over the floor, A/A spread and verdict, merge and merge "
+    "--compact keep the rows' records, --help tells verify from validate") {
   TempDir cfg, cache;
   const core::Plan row = row_plan(4);
   write_row_file(cfg.path(), 4, row, host_cpu_identity().to_json());
-  const kdtest::CliResult r = kdtest::run_cli({"verify", "--configs", cfg.str(), "--cache", cache.str(), "--op",
-                                               "rmsnorm", "--reps", "2", "--no-cold-cache", "--margin", "0.03",
-                                               "--json"});
+  const kdtest::CliResult r =
+      kdtest::run_cli({"verify", "--configs", cfg.str(), "--cache", cache.str(), "--op", "rmsnorm", "--reps", "2",
+                       "--no-cold-cache", "--margin", "0.03", "--json"});
   INFO(r.out, r.err);
   REQUIRE(r.exit_code == 0);
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   REQUIRE(parser.parse(r.out).get(doc) == simdjson::SUCCESS);
   CHECK(double(doc["margin"]) == 0.03);
-  CHECK(std::string_view(doc["verdicts"]) == tune::verdict_path(cache.str(), DeviceType::cpu,
-                                                                 tune::verdict_identity(DeviceType::cpu)));
+  CHECK(std::string_view(doc["verdicts"]) ==
+        tune::verdict_path(cache.str(), DeviceType::cpu, tune::verdict_identity(DeviceType::cpu)));
   simdjson::dom::array rows = doc["rows"];
   REQUIRE(rows.size() == 1);
   simdjson::dom::element e = rows.at(0);
@@ -554,8 +577,9 @@ TEST_CASE("cli: verify --json prints each row's times, margin over the floor, A/
   CHECK(std::string_view(e["source"]) == "cpu/rmsnorm/" + file_name());
   CHECK(double(e["row_us"]) > 0);
   CHECK(double(e["floor_us"]) > 0);
-  const double ratio_mean = (double(e["ratios"].at(0)) + double(e["ratios"].at(1)) + double(e["ratios"].at(2)) +
-                             double(e["ratios"].at(3))) / 4;
+  const double ratio_mean =
+      (double(e["ratios"].at(0)) + double(e["ratios"].at(1)) + double(e["ratios"].at(2)) + double(e["ratios"].at(3))) /
+      4;
   CHECK(double(e["margin"]) == doctest::Approx(1.0 - ratio_mean).epsilon(1e-3));
   CHECK(double(e["required_margin"]) == 0.03);
   CHECK(double(e["aa_spread"]) >= 0);
@@ -567,8 +591,8 @@ TEST_CASE("cli: verify --json prints each row's times, margin over the floor, A/
   CHECK(std::string_view(e["tuned_on"]) == host_cpu_identity().describe());
   CHECK(contains(read_text(std::string(std::string_view(doc["verdicts"]))), "\"state\": \"" + verdict + "\""));
   // The text form: the same columns.
-  const kdtest::CliResult t = kdtest::run_cli(
-      {"verify", "--configs", cfg.str(), "--cache", cache.str(), "--reps", "2", "--no-cold-cache"});
+  const kdtest::CliResult t =
+      kdtest::run_cli({"verify", "--configs", cfg.str(), "--cache", cache.str(), "--reps", "2", "--no-cold-cache"});
   CHECK(t.exit_code == 0);
   CHECK(contains(t.out, "row us"));
   CHECK(contains(t.out, "A/A"));
@@ -611,10 +635,11 @@ TEST_CASE("cli: verify --json prints each row's times, margin over the floor, A/
   INFO(m.err);
   REQUIRE(m.exit_code == 0);
   const std::string merged = read_text(out / "cpu" / "rmsnorm" / file_name());
-  CHECK(contains(merged, "\"margin\": 0.02, \"margin_by_m\": {\"8\": 0.05}, \"aa_spread\": {\"1\": 0.0123, \"8\": "
-                         "0.02}, \"timing\": {\"1\": \"cold\", \"8\": \"cold+graph\"}, \"why\": {\"1\": \"beat floor "
-                         "by 7.3% (margin 2%)\", \"8\": \"floor kept: lost a placement\"}, \"cpu\": " +
-                             host_cpu_identity().to_json() + ", \"merged\""));
+  CHECK(contains(merged,
+                 "\"margin\": 0.02, \"margin_by_m\": {\"8\": 0.05}, \"aa_spread\": {\"1\": 0.0123, \"8\": "
+                 "0.02}, \"timing\": {\"1\": \"cold\", \"8\": \"cold+graph\"}, \"why\": {\"1\": \"beat floor "
+                 "by 7.3% (margin 2%)\", \"8\": \"floor kept: lost a placement\"}, \"cpu\": " +
+                     host_cpu_identity().to_json() + ", \"merged\""));
   // ... and so does merge --compact (a table and a fragment of it, in place).
   TempDir c;
   const fs::path main_file = c / "cpu" / "rmsnorm" / file_name();
@@ -626,7 +651,8 @@ TEST_CASE("cli: verify --json prints each row's times, margin over the floor, A/
   REQUIRE(mc.exit_code == 0);
   const std::string compacted = read_text(main_file);
   CHECK(contains(compacted, "\"margin_by_m\": {\"8\": 0.05}, \"aa_spread\": {\"1\": 0.0123, \"8\": 0.02}"));
-  CHECK(contains(compacted, "\"why\": {\"1\": \"beat floor by 7.3% (margin 2%)\", \"8\": \"floor kept: lost a placement\"}"));
+  CHECK(contains(compacted,
+                 "\"why\": {\"1\": \"beat floor by 7.3% (margin 2%)\", \"8\": \"floor kept: lost a placement\"}"));
   CHECK_FALSE(fs::exists(c / "cpu" / "rmsnorm" / (file_name() + ".d") / "otherhost-1.json"));
 }
 #endif

@@ -142,17 +142,26 @@ int main(int argc, char** argv) {
   bool probe_lt = false, fixed_cost = false;
   std::string profile, nk_filter, data_probe;  // --nk 1280x8192,...: the sweep's shapes (default: all eight)
   for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--probe-lt") probe_lt = true;
-    else if (std::string(argv[i]) == "--fixed-cost") fixed_cost = true;
+    if (std::string(argv[i]) == "--probe-lt")
+      probe_lt = true;
+    else if (std::string(argv[i]) == "--fixed-cost")
+      fixed_cost = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--configs") configs = argv[i + 1];
-    else if (a == "--csv") csv_path = argv[i + 1];
-    else if (a == "--sweep") sweep_ms = argv[i + 1];
-    else if (a == "--reps") sweep_reps = std::max(3, std::atoi(argv[i + 1]));
-    else if (a == "--profile") profile = argv[i + 1];
-    else if (a == "--data-probe") data_probe = argv[i + 1];
-    else if (a == "--nk") nk_filter = "," + std::string(argv[i + 1]) + ",";
+    if (a == "--configs")
+      configs = argv[i + 1];
+    else if (a == "--csv")
+      csv_path = argv[i + 1];
+    else if (a == "--sweep")
+      sweep_ms = argv[i + 1];
+    else if (a == "--reps")
+      sweep_reps = std::max(3, std::atoi(argv[i + 1]));
+    else if (a == "--profile")
+      profile = argv[i + 1];
+    else if (a == "--data-probe")
+      data_probe = argv[i + 1];
+    else if (a == "--nk")
+      nk_filter = "," + std::string(argv[i + 1]) + ",";
   }
   const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
   if (!ops || !ops->status().available) {
@@ -180,7 +189,7 @@ int main(int argc, char** argv) {
   std::fprintf(csv, "what,M,N,K,variant,a_us,b_us,value\n");
   std::mt19937 rng(1);
   const std::pair<int64_t, int64_t> nks[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336},
-                                             {1280, 8192}, {8192, 1024}, {7168, 8192}, {8192, 3584}};
+                                             {1280, 8192}, {8192, 1024}, {7168, 8192},  {8192, 3584}};
   const int64_t maxM = 4096, maxN = 28672, maxK = 14336;
   void* A = dalloc(size_t(maxM) * maxK * 2);
   void* B = dalloc(size_t(maxN) * maxK * 2);
@@ -197,10 +206,9 @@ int main(int argc, char** argv) {
     long long M = 0, N = 0, K = 0;
     int copies = 4;  // --data-probe M,N,K[,copies]
     if (std::sscanf(data_probe.c_str(), "%lld,%lld,%lld,%d", &M, &N, &K, &copies) < 3 || copies < 0 || copies > 64 ||
-        M < 1 || M > maxM || N < 1 ||
-        N > maxN || K < 1 || K > maxK) {
-      std::fprintf(stderr, "--data-probe M,N,K (M <= %lld, N <= %lld, K <= %lld)\n", (long long)maxM,
-                   (long long)maxN, (long long)maxK);
+        M < 1 || M > maxM || N < 1 || N > maxN || K < 1 || K > maxK) {
+      std::fprintf(stderr, "--data-probe M,N,K (M <= %lld, N <= %lld, K <= %lld)\n", (long long)maxM, (long long)maxN,
+                   (long long)maxK);
       return 2;
     }
     const core::Problem p = bf16_problem(d, M, N, K);
@@ -274,9 +282,10 @@ int main(int argc, char** argv) {
           }
       }
       for (auto& e : ev) CK(cudaEventDestroy(e));
-      std::printf("data-probe M=%lld N=%lld K=%lld grid-style timing (no sync per rep): table plan %.2f us, cuBLASLt's "
-                  "pick %.2f us, ratio %.3f\n", M, N, K, median(t_grid[0]), median(t_grid[1]),
-                  median(t_grid[0]) / median(t_grid[1]));
+      std::printf(
+          "data-probe M=%lld N=%lld K=%lld grid-style timing (no sync per rep): table plan %.2f us, cuBLASLt's "
+          "pick %.2f us, ratio %.3f\n",
+          M, N, K, median(t_grid[0]), median(t_grid[1]), median(t_grid[0]) / median(t_grid[1]));
     }
     // The same pair on fresh copies of the weights (new allocations: other
     // physical pages), uniform data: does the order depend on placement?
@@ -317,12 +326,12 @@ int main(int argc, char** argv) {
       std::vector<std::pair<std::string, std::function<bool()>>> impls;
       impls.push_back({"empty kernel", [&] { return kd_launch_empty(out, stream) == cudaSuccess; }});
       impls.push_back({"memcpy W/2", [&] {
-                         return cudaMemcpyAsync(copy_dst, B, wbytes / 2, cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+                         return cudaMemcpyAsync(copy_dst, B, wbytes / 2, cudaMemcpyDeviceToDevice, stream) ==
+                                cudaSuccess;
                        }});
       for (int per_sm : {2, 4, 8})
-        impls.push_back({"read " + std::to_string(per_sm) + "/SM", [&, per_sm] {
-                           return kd_launch_read(B, wbytes, sms * per_sm, out, stream) == cudaSuccess;
-                         }});
+        impls.push_back({"read " + std::to_string(per_sm) + "/SM",
+                         [&, per_sm] { return kd_launch_read(B, wbytes, sms * per_sm, out, stream) == cudaSuccess; }});
       std::vector<core::Problem> probs;
       for (int64_t M : {1, 8, 16}) probs.push_back(bf16_problem(d, M, N, K));
       const core::LaunchArgs la = contiguous_args(A, B, D, N, K, stream, ws);
@@ -333,9 +342,9 @@ int main(int argc, char** argv) {
         for (int j = 0; j < 2; ++j) {
           const core::Plan* pl = &plans[2 * i + j];
           const core::Problem* pp = &probs[i];
-          impls.push_back({(j ? "cuBLASLt M=" : "default M=") + std::to_string(pp->m) + " " +
-                               std::string(pl->variant->name),
-                           [&, pl, pp] { return pl->variant->launch(la, *pp, pl->params).ok(); }});
+          impls.push_back(
+              {(j ? "cuBLASLt M=" : "default M=") + std::to_string(pp->m) + " " + std::string(pl->variant->name),
+               [&, pl, pp] { return pl->variant->launch(la, *pp, pl->params).ok(); }});
         }
       }
       std::vector<std::vector<double>> t(impls.size());
@@ -379,9 +388,7 @@ int main(int argc, char** argv) {
       const core::LaunchArgs la = contiguous_args(A, B, D, n, k, stream, ws);
       // get_default's plan, the table's (--configs) when it differs, cuBLASLt's pick.
       std::vector<core::Plan> plans{core::get_default(p, dev)};
-      if (auto tp = table_plan(**rt, dev, m, n, k);
-          tp.ok() && !(*tp == plans[0]))
-        plans.push_back(*tp);
+      if (auto tp = table_plan(**rt, dev, m, n, k); tp.ok() && !(*tp == plans[0])) plans.push_back(*tp);
       plans.push_back(cublaslt_pick());
       for (const core::Plan& pl : plans) {
         std::printf("profile M=%lld N=%lld K=%lld: %s\n", m, n, k, core::plan_to_string(pl).c_str());
@@ -404,7 +411,9 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e1));
     const core::VariantDef* sk = core::find_variant("gemm_bf16__skinny");
     const core::VariantDef* sm = core::find_variant("gemm_bf16__skinny_mma");
-    struct Shape { int64_t m, n, k; };
+    struct Shape {
+      int64_t m, n, k;
+    };
     const Shape shapes[] = {{1, 4096, 4096}, {1, 1280, 8192}, {16, 8192, 1024}, {4, 4096, 4096}, {16, 28672, 4096}};
     const std::pair<const char*, cudaStream_t> streams[] = {
         {"legacy", nullptr}, {"per-thread", cudaStreamPerThread}, {"non-blocking", stream}};
@@ -413,9 +422,11 @@ int main(int argc, char** argv) {
       const core::Problem p = bf16_problem(d, sh.m, sh.n, sh.k);
       const core::Plan ltp = cublaslt_pick();
       // Predecessors: itself, get_default, then the first points below.
-      std::vector<std::pair<std::string, core::Plan>> preds = {{"cublaslt", ltp}, {"default", core::get_default(p, dev)}};
+      std::vector<std::pair<std::string, core::Plan>> preds = {{"cublaslt", ltp},
+                                                               {"default", core::get_default(p, dev)}};
       // The first point of each space: a skinny plan, skinny_mma without and with a cluster.
-      auto add_first = [&](const char* name, const core::VariantDef* v, const std::function<bool(const core::Plan&)>& pred) {
+      auto add_first = [&](const char* name, const core::VariantDef* v,
+                           const std::function<bool(const core::Plan&)>& pred) {
         for (const core::Plan& q : core::config_space(*v, p, dev))
           if (pred(q)) {
             preds.push_back({name, q});
@@ -432,7 +443,8 @@ int main(int argc, char** argv) {
           CK(cudaEventRecord(e0, st));
           const auto t0 = std::chrono::steady_clock::now();
           const Status s = pl.variant->launch(la, p, pl.params);
-          if (host_us) *host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+          if (host_us)
+            *host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
           CK(cudaEventRecord(e1, st));
           CK(cudaEventSynchronize(e1));
           float ms = 0;
@@ -447,9 +459,11 @@ int main(int argc, char** argv) {
             tl.push_back(timed(ltp, &h));
             th.push_back(h);
           }
-          std::printf("  M=%3lld N=%5lld K=%5lld %-12s after %-12s: cuBLASLt %7.2f us (host %6.2f us) | before it %7.2f us  %s\n",
-                      (long long)sh.m, (long long)sh.n, (long long)sh.k, sname, pname.c_str(), median(tl), median(th),
-                      median(tp), core::plan_to_string(pl).c_str());
+          std::printf(
+              "  M=%3lld N=%5lld K=%5lld %-12s after %-12s: cuBLASLt %7.2f us (host %6.2f us) | before it %7.2f us  "
+              "%s\n",
+              (long long)sh.m, (long long)sh.n, (long long)sh.k, sname, pname.c_str(), median(tl), median(th),
+              median(tp), core::plan_to_string(pl).c_str());
           std::fprintf(csv, "probe_lt,%lld,%lld,%lld,\"%s after %s\",%.3f,%.3f,%.3f\n", (long long)sh.m,
                        (long long)sh.n, (long long)sh.k, sname, pname.c_str(), median(tl), median(tp), median(th));
         }
@@ -491,7 +505,8 @@ int main(int argc, char** argv) {
     }
     tune::DeviceMemory* mem = ops->memory();
     std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
-    const core::VariantDef* fams[] = {core::find_variant("gemm_bf16__skinny"), core::find_variant("gemm_bf16__skinny_mma")};
+    const core::VariantDef* fams[] = {core::find_variant("gemm_bf16__skinny"),
+                                      core::find_variant("gemm_bf16__skinny_mma")};
     std::printf("sweep: %d rounds per point, cold L2, the tuner's clock\n", sweep_reps);
     for (int64_t M : ms) {
       for (auto [N, K] : nks) {
@@ -507,8 +522,7 @@ int main(int argc, char** argv) {
         // one already listed is that one (never timed against itself).
         auto index_of = [&](const core::Plan& q) {
           for (size_t i = 0; i < plans.size(); ++i)
-            if (plans[i] == q)
-              return i;
+            if (plans[i] == q) return i;
           plans.push_back(q);
           return plans.size() - 1;
         };
@@ -553,13 +567,13 @@ int main(int argc, char** argv) {
         row("sweep_default", n_def);
         row("sweep_cublaslt", n_lt);
         std::fflush(csv);
-        std::printf("  M=%3lld N=%5lld K=%5lld best %.2f us %s | warps_n 1: %.2f us %s | default %.2f | cuBLASLt %.2f "
-                    "(host launch: cuBLASLt %.1f us, max %.1f; the best %.1f us)\n",
-                    (long long)M, (long long)N, (long long)K, med[best], core::plan_to_string(plans[best]).c_str(),
-                    have_wn1 ? med[best_wn1] : 0.0, have_wn1 ? core::plan_to_string(plans[best_wn1]).c_str() : "-",
-                    med[n_def], med[n_lt], median(host[n_lt]),
-                    host[n_lt].empty() ? 0.0 : *std::max_element(host[n_lt].begin(), host[n_lt].end()),
-                    median(host[best]));
+        std::printf(
+            "  M=%3lld N=%5lld K=%5lld best %.2f us %s | warps_n 1: %.2f us %s | default %.2f | cuBLASLt %.2f "
+            "(host launch: cuBLASLt %.1f us, max %.1f; the best %.1f us)\n",
+            (long long)M, (long long)N, (long long)K, med[best], core::plan_to_string(plans[best]).c_str(),
+            have_wn1 ? med[best_wn1] : 0.0, have_wn1 ? core::plan_to_string(plans[best_wn1]).c_str() : "-", med[n_def],
+            med[n_lt], median(host[n_lt]),
+            host[n_lt].empty() ? 0.0 : *std::max_element(host[n_lt].begin(), host[n_lt].end()), median(host[best]));
         std::vector<size_t> rank(plans.size());
         for (size_t i = 0; i < rank.size(); ++i) rank[i] = i;
         std::sort(rank.begin(), rank.end(), [&](size_t a, size_t b) { return med[a] < med[b]; });
@@ -583,8 +597,8 @@ int main(int argc, char** argv) {
       CallOptions co;
       co.info = &info;
       if (Status s = gemm(**rt, g, Stream{stream}, co); !s.ok() || info.source != PlanSource::table) {
-        std::printf("  N=%lld K=%lld M=%lld: not a table hit (%s), skipped\n", (long long)N, (long long)K,
-                    (long long)M, s.ok() ? "default" : s.to_string().c_str());
+        std::printf("  N=%lld K=%lld M=%lld: not a table hit (%s), skipped\n", (long long)N, (long long)K, (long long)M,
+                    s.ok() ? "default" : s.to_string().c_str());
         continue;
       }
       // The same plan, launched directly (what the table hit resolves to).

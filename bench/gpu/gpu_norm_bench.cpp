@@ -33,12 +33,12 @@
 #include "tune/search.hpp"
 
 using namespace dispatch;
-using kdbench::dalloc;
-using kdbench::median;
 using core::LaunchArgs;
 using core::OpKind;
 using core::Plan;
 using core::Problem;
+using kdbench::dalloc;
+using kdbench::median;
 
 namespace {
 
@@ -82,16 +82,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--csv") csv_path = next();
+    if (a == "--csv")
+      csv_path = next();
     else if (a == "--ops") {
       ops.clear();
       std::stringstream ss(next());
       std::string it;
       while (std::getline(ss, it, ',')) ops.push_back(it == "fused" ? "fused_add_rmsnorm" : it);
-    } else if (a == "--hidden") hiddens = parse_list(next());
-    else if (a == "--tokens") tokens_list = parse_list(next());
-    else if (a == "--reps") reps = std::atoi(next());
-    else if (a == "--no-graph") graph = false;
+    } else if (a == "--hidden")
+      hiddens = parse_list(next());
+    else if (a == "--tokens")
+      tokens_list = parse_list(next());
+    else if (a == "--reps")
+      reps = std::atoi(next());
+    else if (a == "--no-graph")
+      graph = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -139,9 +144,10 @@ int main(int argc, char** argv) {
         const int64_t bytes = (fused ? 4 : 2) * T * H * 2 + H * 2;
         void* w = dalloc(size_t(H) * 2);
         fill_random(w, size_t(H), rng, true);
-        const int nsets = graph && T <= 1024
-                              ? int(std::min<int64_t>(64, std::max<int64_t>(1, (3 * l2 + bytes - 1) / std::max<int64_t>(bytes, 1))))
-                              : 1;
+        const int nsets =
+            graph && T <= 1024
+                ? int(std::min<int64_t>(64, std::max<int64_t>(1, (3 * l2 + bytes - 1) / std::max<int64_t>(bytes, 1))))
+                : 1;
         std::vector<Bufs> sets(static_cast<size_t>(nsets));
         for (auto& s : sets) {
           s.a = dalloc(elems * 2);
@@ -198,7 +204,8 @@ int main(int argc, char** argv) {
           const double cold = median(t);
           double gus = -1;
           if (graph && T <= 1024) {
-            const int nodes = int(std::min<double>(200, std::max<double>(nsets, std::ceil(2000.0 / std::max(cold, 0.5)))));
+            const int nodes =
+                int(std::min<double>(200, std::max<double>(nsets, std::ceil(2000.0 / std::max(cold, 0.5)))));
             cudaGraph_t g;
             cudaGraphExec_t ge;
             CK(cudaStreamBeginCapture(gs, cudaStreamCaptureModeThreadLocal));

@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
                                  dispatch::make_tensor_1d(w.data(), dispatch::DType::fp32, 64), 1e-6f};
   const dispatch::GemmArgs ga{dispatch::make_tensor_2d(a.data(), dispatch::DType::fp32, 1, 16, 16),
                               dispatch::make_tensor_2d(b.data(), dispatch::DType::fp32, 16, 16, 16),
-                              dispatch::make_tensor_2d(d.data(), dispatch::DType::fp32, 1, 16, 16), {}};
+                              dispatch::make_tensor_2d(d.data(), dispatch::DType::fp32, 1, 16, 16),
+                              {}};
   dispatch::DispatchInfo ni, gi;
   if (!dispatch::rmsnorm(**rt, na, {}, {.info = &ni}).ok() || ni.source != dispatch::PlanSource::table ||
       !dispatch::gemm(**rt, ga, {}, {.info = &gi}).ok() || gi.source != dispatch::PlanSource::table) {

@@ -55,9 +55,9 @@
  *   past it is INVALID_ARGUMENT "<arg>: DLTensor size or stride overflows:
  *   ..." or "<arg>: DLTensor data + byte_offset overflows ..."); kDLFloat 32 / kDLFloat 16 / kDLBfloat 16 /
  *   kDLInt 32 and DLPack 1.1's fp8 codes (10 kDLFloat8_e4m3fn, 11
- *   kDLFloat8_e4m3fnuz, 12 kDLFloat8_e5m2; bits 8) with lanes 1; kDLCPU/kDLCUDAHost (host), kDLCUDA, kDLROCM. No data is copied
- *   and nothing is retained after the call returns (for a GPU tensor, the
- *   memory must stay valid until the work queued on `stream` is done).
+ *   kDLFloat8_e4m3fnuz, 12 kDLFloat8_e5m2; bits 8) with lanes 1; kDLCPU/kDLCUDAHost (host), kDLCUDA, kDLROCM. No data
+ * is copied and nothing is retained after the call returns (for a GPU tensor, the memory must stay valid until the work
+ * queued on `stream` is done).
  * - Thread-safety: as the C++ API. Ops, lookups and stats may run
  *   concurrently on one runtime from any number of threads; reload and
  *   freeze may run concurrently with them. kdispatch_runtime_close may run
@@ -142,9 +142,9 @@ KDISPATCH_C_API void kdispatch_free(void* p);
 
 /** Online tuning mode (dispatch::TuneMode). */
 typedef enum kdispatch_tune_mode {
-  KDISPATCH_TUNE_OFF = 0,        /* table + get_default only */
-  KDISPATCH_TUNE_SYNC = 1,       /* a miss is tuned on the calling thread, then served */
-  KDISPATCH_TUNE_BACKGROUND = 2  /* a miss is served by get_default and queued for a tuner thread */
+  KDISPATCH_TUNE_OFF = 0,       /* table + get_default only */
+  KDISPATCH_TUNE_SYNC = 1,      /* a miss is tuned on the calling thread, then served */
+  KDISPATCH_TUNE_BACKGROUND = 2 /* a miss is served by get_default and queued for a tuner thread */
 } kdispatch_tune_mode;
 
 /** Log level of messages written to stderr (dispatch::LogLevel). */
@@ -160,39 +160,39 @@ typedef enum kdispatch_log_level {
  *  then set what differs. Strings are copied at create time; NULL or "" =
  *  the default. Arrays are (pointer, count); NULL with count 0 = none. */
 typedef struct kdispatch_options {
-  uint32_t struct_size;                    /* sizeof(kdispatch_options), set by init */
+  uint32_t struct_size; /* sizeof(kdispatch_options), set by init */
   /* Extra config dirs, highest precedence first (SGLang/vLLM trees as they are). */
   const char* const* config_dirs;
   size_t config_dirs_count;
-  int32_t load_shipped_configs;            /* 1 (default): load kdispatch's shipped configs */
-  const char* shipped_configs_dir;         /* override for the shipped dir */
-  const char* backend_version;             /* triton.__version__, picks triton_X_Y_Z/ folders */
+  int32_t load_shipped_configs;    /* 1 (default): load kdispatch's shipped configs */
+  const char* shipped_configs_dir; /* override for the shipped dir */
+  const char* backend_version;     /* triton.__version__, picks triton_X_Y_Z/ folders */
   /* Device-name aliases: alias_from[i] -> alias_to[i] (e.g. "NVIDIA H200 NVL" -> "NVIDIA_H200"). */
   const char* const* alias_from;
   const char* const* alias_to;
   size_t aliases_count;
-  int32_t bounded_nearest;                 /* 0 (default): nearest M always serves */
-  double bound_ratio;                      /* 2.0 */
-  int32_t log_level;                       /* kdispatch_log_level; KDISPATCH_LOG_WARN */
-  int32_t watch;                           /* 1: reload on config-dir changes (inotify) */
+  int32_t bounded_nearest; /* 0 (default): nearest M always serves */
+  double bound_ratio;      /* 2.0 */
+  int32_t log_level;       /* kdispatch_log_level; KDISPATCH_LOG_WARN */
+  int32_t watch;           /* 1: reload on config-dir changes (inotify) */
   /* Forced plans, "<op>=<variant>[:<param>=<v>,...]" each. */
   const char* const* force;
   size_t force_count;
-  int32_t deterministic;                   /* 1: never serve scheduling-dependent variants */
+  int32_t deterministic; /* 1: never serve scheduling-dependent variants */
   /* Tuning (dispatch::TuneOptions). */
-  int32_t tune_mode;                       /* kdispatch_tune_mode; KDISPATCH_TUNE_OFF */
-  const char* cache_dir;                   /* NULL: $KDISPATCH_CACHE_DIR, $XDG_CACHE_HOME/kdispatch, ~/.cache/kdispatch */
-  int32_t tune_persist;                    /* 1 */
-  int32_t tune_load_cache;                 /* 1 */
-  int64_t tune_memory_budget_bytes;        /* 1 GiB */
-  double tune_time_budget_ms;              /* 2000 */
-  double tune_duty_cycle;                  /* 0.5 */
-  int32_t tune_reps;                       /* 5 */
-  int32_t tune_max_candidates;             /* 96 */
-  int32_t tune_queue_capacity;             /* 1024 */
-  int32_t tune_validate;                   /* 1 */
-  int32_t tune_cold_cache;                 /* 1 */
-  int32_t tune_claim_shapes;               /* 1 */
+  int32_t tune_mode;                /* kdispatch_tune_mode; KDISPATCH_TUNE_OFF */
+  const char* cache_dir;            /* NULL: $KDISPATCH_CACHE_DIR, $XDG_CACHE_HOME/kdispatch, ~/.cache/kdispatch */
+  int32_t tune_persist;             /* 1 */
+  int32_t tune_load_cache;          /* 1 */
+  int64_t tune_memory_budget_bytes; /* 1 GiB */
+  double tune_time_budget_ms;       /* 2000 */
+  double tune_duty_cycle;           /* 0.5 */
+  int32_t tune_reps;                /* 5 */
+  int32_t tune_max_candidates;      /* 96 */
+  int32_t tune_queue_capacity;      /* 1024 */
+  int32_t tune_validate;            /* 1 */
+  int32_t tune_cold_cache;          /* 1 */
+  int32_t tune_claim_shapes;        /* 1 */
 } kdispatch_options;
 
 /** Fills `o` with the defaults of dispatch::RuntimeOptions and sets
@@ -212,8 +212,7 @@ typedef struct kdispatch_runtime kdispatch_runtime;
  *  a config dir that does not exist or is not a directory, naming it; a
  *  tune_mode/log_level out of range; a count > 0 with a NULL array or a NULL
  *  entry), NO_VARIANT / CONFIG_ERROR (a bad force entry), OUT_OF_MEMORY. */
-KDISPATCH_C_API kdispatch_status kdispatch_runtime_create(const kdispatch_options* options,
-                                                          kdispatch_runtime** out);
+KDISPATCH_C_API kdispatch_status kdispatch_runtime_create(const kdispatch_options* options, kdispatch_runtime** out);
 
 /** Creates a runtime from the KDISPATCH_* environment on top of `base`
  *  (NULL = defaults): KDISPATCH_CONFIG_DIRS, KDISPATCH_SHIPPED_CONFIGS,
@@ -367,20 +366,22 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_export_misses(const kdispatch
 /** Flags of an op call (bitwise or). Any other bit is INVALID_ARGUMENT
  *  ("flags: unknown bits 0x..."): a library older than the caller's header
  *  says so rather than ignore a flag it does not know. */
-#define KDISPATCH_CALL_CAPTURING 1u /* the stream is being captured into a CUDA/HIP graph:
-                                       never benchmark, synchronise or allocate */
-#define KDISPATCH_CALL_FAST_ACCUM 2u /* the fp8 GEMMs: fast accumulation (their fast_accum
-                                        switch; key accum=fast; see kdispatch_gemm_fp8_tensor).
-                                        INVALID_ARGUMENT for an op without the switch */
+#define KDISPATCH_CALL_CAPTURING                            \
+  1u /* the stream is being captured into a CUDA/HIP graph: \
+        never benchmark, synchronise or allocate */
+#define KDISPATCH_CALL_FAST_ACCUM                               \
+  2u /* the fp8 GEMMs: fast accumulation (their fast_accum      \
+        switch; key accum=fast; see kdispatch_gemm_fp8_tensor). \
+        INVALID_ARGUMENT for an op without the switch */
 
 /** Where the plan of one call came from (dispatch::DispatchInfo). */
 typedef struct kdispatch_dispatch_info {
-  uint32_t struct_size;  /* set by the caller: sizeof(kdispatch_dispatch_info) */
-  int32_t source;        /* 0 table (hit), 1 default (miss), 2 forced */
-  const char* variant;   /* variant name, static storage ("gemm_fp32__blocked") */
-  int64_t table_m;       /* the table's M key that served, -1 for a default plan */
-  uint32_t source_id;    /* config source of the row (0 for a default); see kdispatch_runtime_source_path */
-  int32_t tuned_now;     /* 1 when the call tuned the shape itself (sync tuning) */
+  uint32_t struct_size; /* set by the caller: sizeof(kdispatch_dispatch_info) */
+  int32_t source;       /* 0 table (hit), 1 default (miss), 2 forced */
+  const char* variant;  /* variant name, static storage ("gemm_fp32__blocked") */
+  int64_t table_m;      /* the table's M key that served, -1 for a default plan */
+  uint32_t source_id;   /* config source of the row (0 for a default); see kdispatch_runtime_source_path */
+  int32_t tuned_now;    /* 1 when the call tuned the shape itself (sync tuning) */
 } kdispatch_dispatch_info;
 
 /** The config file (relative to its dir) and its dir of a source id from
@@ -403,8 +404,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_runtime_source_path(const kdispatch_r
  *  backend here, or tensors on different devices), BACKEND_ERROR,
  *  INVALID_ARGUMENT (info with a bad struct_size). */
 KDISPATCH_C_API kdispatch_status kdispatch_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
-                                                const DLTensor* d, const DLTensor* bias, void* stream,
-                                                uint32_t flags, kdispatch_dispatch_info* info);
+                                                const DLTensor* d, const DLTensor* bias, void* stream, uint32_t flags,
+                                                kdispatch_dispatch_info* info);
 
 /** kdispatch_gemm with a workspace for this call: `workspace_bytes` of
  *  device memory on the tensors' device, used in stream order on `stream`
@@ -452,21 +453,18 @@ KDISPATCH_C_API kdispatch_status kdispatch_silu_and_mul(kdispatch_runtime* rt, c
  *  the op's one scalar (0 or 1; n_scalars 0 leaves it off);
  *  kdispatch_op_pretune tunes a fast problem (scalars {1}). Errors: as
  *  kdispatch_gemm. */
-KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_tensor(kdispatch_runtime* rt, const DLTensor* a,
-                                                           const DLTensor* b, const DLTensor* d,
-                                                           const DLTensor* scale_a, const DLTensor* scale_b,
-                                                           const DLTensor* bias, void* stream, uint32_t flags,
-                                                           kdispatch_dispatch_info* info);
-KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_rowwise(kdispatch_runtime* rt, const DLTensor* a,
-                                                            const DLTensor* b, const DLTensor* d,
-                                                            const DLTensor* scale_a, const DLTensor* scale_b,
-                                                            const DLTensor* bias, void* stream, uint32_t flags,
-                                                            kdispatch_dispatch_info* info);
-KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_block(kdispatch_runtime* rt, const DLTensor* a,
-                                                          const DLTensor* b, const DLTensor* d,
-                                                          const DLTensor* scale_a, const DLTensor* scale_b,
-                                                          const DLTensor* bias, void* stream, uint32_t flags,
-                                                          kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_tensor(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                                           const DLTensor* d, const DLTensor* scale_a,
+                                                           const DLTensor* scale_b, const DLTensor* bias, void* stream,
+                                                           uint32_t flags, kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_rowwise(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                                            const DLTensor* d, const DLTensor* scale_a,
+                                                            const DLTensor* scale_b, const DLTensor* bias, void* stream,
+                                                            uint32_t flags, kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_gemm_fp8_block(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
+                                                          const DLTensor* d, const DLTensor* scale_a,
+                                                          const DLTensor* scale_b, const DLTensor* bias, void* stream,
+                                                          uint32_t flags, kdispatch_dispatch_info* info);
 
 /** fp8 activation quantisation (dispatch::QuantFp8Args): q [M,K] fp8
  *  (code 10, bits 8) and fp32 scales from x [M,K] fp32 or bf16: _tensor
@@ -537,9 +535,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, con
  *  scratch budget), NO_VARIANT (nothing runs). */
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* b,
                                                         const DLTensor* d, const DLTensor* bias, char** json_out);
-KDISPATCH_C_API kdispatch_status kdispatch_pretune_rmsnorm(kdispatch_runtime* rt, const DLTensor* y,
-                                                           const DLTensor* x, const DLTensor* w, float eps,
-                                                           char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_rmsnorm(kdispatch_runtime* rt, const DLTensor* y, const DLTensor* x,
+                                                           const DLTensor* w, float eps, char** json_out);
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_add_rmsnorm(kdispatch_runtime* rt, const DLTensor* x,
                                                                      const DLTensor* residual, const DLTensor* w,
                                                                      float eps, char** json_out);
@@ -551,9 +548,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_tensor(kdispatch_run
                                                                    const DLTensor* bias, char** json_out);
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_rowwise(kdispatch_runtime* rt, const DLTensor* a,
                                                                     const DLTensor* b, const DLTensor* d,
-                                                                    const DLTensor* scale_a,
-                                                                    const DLTensor* scale_b, const DLTensor* bias,
-                                                                    char** json_out);
+                                                                    const DLTensor* scale_a, const DLTensor* scale_b,
+                                                                    const DLTensor* bias, char** json_out);
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_gemm_fp8_block(kdispatch_runtime* rt, const DLTensor* a,
                                                                   const DLTensor* b, const DLTensor* d,
                                                                   const DLTensor* scale_a, const DLTensor* scale_b,
@@ -576,15 +572,15 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_group(kdispatch_run
  *  and M. Strings: NULL = "". */
 typedef struct kdispatch_lookup_query {
   uint32_t struct_size;
-  const char* op;          /* "fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"; NULL: inferred */
-  const char* key;         /* file-name fields other than device_name: "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]" */
-  const char* device;      /* "NVIDIA H200" or "NVIDIA_H200"; NULL: the host CPU's ISA class */
-  const char* arch;        /* optional hardware identity for the device-name resolver */
+  const char* op;     /* "fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"; NULL: inferred */
+  const char* key;    /* file-name fields other than device_name: "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]" */
+  const char* device; /* "NVIDIA H200" or "NVIDIA_H200"; NULL: the host CPU's ISA class */
+  const char* arch;   /* optional hardware identity for the device-name resolver */
   int32_t compute_units;
   int64_t memory_bytes;
-  const char* backend;     /* own ops: "cpu", "cuda", "hip"; NULL: inferred from the device */
-  int64_t M;               /* >= 1 (ignored by kdispatch_lookup_table) */
-  int32_t down;            /* 1: the _down table (falls back to the up table, as SGLang) */
+  const char* backend; /* own ops: "cpu", "cuda", "hip"; NULL: inferred from the device */
+  int64_t M;           /* >= 1 (ignored by kdispatch_lookup_table) */
+  int32_t down;        /* 1: the _down table (falls back to the up table, as SGLang) */
 } kdispatch_lookup_query;
 
 /** Zeroes `q`, sets struct_size and M = 1. NULL is a no-op. */

@@ -105,9 +105,9 @@ struct DeviceNameResolution {
 /// (3) otherwise the SGLang spelling unchanged. Pass 0/empty for unknown
 /// hardware fields. Thread-safe; allocates. Not noexcept: throws
 /// std::bad_alloc (only) when memory runs out.
-KDISPATCH_API DeviceNameResolution resolve_device_name(
-    std::string_view reported, std::string_view arch = {}, int32_t compute_units = 0,
-    int64_t memory_bytes = 0, const std::vector<DeviceAlias>& extra_aliases = {});
+KDISPATCH_API DeviceNameResolution resolve_device_name(std::string_view reported, std::string_view arch = {},
+                                                       int32_t compute_units = 0, int64_t memory_bytes = 0,
+                                                       const std::vector<DeviceAlias>& extra_aliases = {});
 
 /// Canonical form of a device name found in a config file name, through the
 /// same alias tables (no hardware identity is known for a file). Sets
@@ -115,8 +115,7 @@ KDISPATCH_API DeviceNameResolution resolve_device_name(
 /// not null). Thread-safe. Not noexcept: allocates its result, and throws
 /// std::bad_alloc (only) when memory runs out.
 KDISPATCH_API std::string canonical_file_device_name(std::string_view file_name_field,
-                                                     const std::vector<DeviceAlias>& extra_aliases,
-                                                     bool* known);
+                                                     const std::vector<DeviceAlias>& extra_aliases, bool* known);
 
 /// The partition description of a GPU (DeviceInfo::partition): "" for a
 /// whole GPU; else which GPU it is a part of. A device is a partition when

@@ -24,9 +24,9 @@ namespace dispatch {
 
 /// Where the plan of one call came from.
 enum class PlanSource : uint8_t {
-  table = 0,    ///< a row of a loaded config table (hit)
-  fallback = 1, ///< the op's analytical get_default (miss)
-  forced = 2,   ///< a forced variant/config override
+  table = 0,     ///< a row of a loaded config table (hit)
+  fallback = 1,  ///< the op's analytical get_default (miss)
+  forced = 2,    ///< a forced variant/config override
 };
 /// "table" | "default" | "forced".
 KDISPATCH_API const char* plan_source_name(PlanSource s) noexcept;
@@ -211,8 +211,7 @@ struct QuantFp8GroupArgs : QuantFp8Args {};
 /// naming the argument), unsupported_problem (dtype combination),
 /// unsupported_device (tensors on a device whose backend is not available,
 /// or on different devices), backend_error.
-KDISPATCH_API Status gemm(Runtime& rt, const GemmArgs& args, Stream stream = {},
-                          const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status gemm(Runtime& rt, const GemmArgs& args, Stream stream = {}, const CallOptions& opts = {}) noexcept;
 
 /// RMSNorm. Thread-safe. Errors as gemm, plus invalid_argument for eps <= 0.
 KDISPATCH_API Status rmsnorm(Runtime& rt, const RmsNormArgs& args, Stream stream = {},
@@ -221,8 +220,8 @@ KDISPATCH_API Status rmsnorm(Runtime& rt, const RmsNormArgs& args, Stream stream
 /// Fused residual add + RMSNorm, in place on x and residual. Thread-safe for
 /// distinct buffers. Errors as rmsnorm, plus invalid_argument when x and
 /// residual overlap.
-KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& args,
-                                       Stream stream = {}, const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status fused_add_rmsnorm(Runtime& rt, const FusedAddRmsNormArgs& args, Stream stream = {},
+                                       const CallOptions& opts = {}) noexcept;
 
 /// SiLU(gate) * up. Thread-safe. On the CPU the work is done on return; on
 /// a GPU it is queued on `stream`. Errors as gemm (invalid_argument naming
@@ -277,7 +276,7 @@ struct OpArgInfo {
   bool col_major_ok = false;
 };
 struct OpScalarInfo {
-  std::string_view name;     ///< "eps", "fast_accum"
+  std::string_view name;  ///< "eps", "fast_accum"
   float default_value = 0.f;
   /// "float" (eps), or "bool": a switch, 0 or 1 where scalars travel as
   /// floats (call_op, the C ABI), a bool member of the args struct; a
@@ -288,7 +287,7 @@ struct OpScalarInfo {
 };
 /// A static key field of an op (the fields of its config file names).
 struct OpKeyFieldInfo {
-  std::string_view name;      ///< "N", "K", "hidden", "dtype", "bias", "out_dtype", "stride", "accum", ...
+  std::string_view name;  ///< "N", "K", "hidden", "dtype", "bias", "out_dtype", "stride", "accum", ...
   /// "dim" (a positive integer, required), "dtype" (required), "out_dtype"
   /// (left out when it equals dtype), "flag" (true/false, left out when
   /// false), "stride" (operand stride classes, left out for the default
@@ -301,8 +300,8 @@ struct OpKeyFieldInfo {
   int32_t file_pos = -1;
 };
 struct OpInfo {
-  std::string_view name;     ///< "gemm", "rmsnorm", ...
-  std::string_view doc;      ///< one line: what it computes
+  std::string_view name;  ///< "gemm", "rmsnorm", ...
+  std::string_view doc;   ///< one line: what it computes
   std::span<const OpArgInfo> args;
   std::span<const OpScalarInfo> scalars;
   bool uses_workspace = false;  ///< takes CallOptions::workspace (GPU split-K)
@@ -328,8 +327,7 @@ KDISPATCH_API std::span<const OpInfo> op_list() noexcept;
 /// Errors: invalid_argument (unknown op, wrong number of tensors or
 /// scalars, a switch other than 0 or 1, naming it), then as the op.
 KDISPATCH_API Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tensors,
-                             std::span<const float> scalars, Stream stream = {},
-                             const CallOptions& opts = {}) noexcept;
+                             std::span<const float> scalars, Stream stream = {}, const CallOptions& opts = {}) noexcept;
 
 /// A problem given by its key: an op, the file name's fields other than
 /// device_name ("N=4096,K=4096,dtype=bf16", "hidden=4096,dtype=bf16",
@@ -439,8 +437,8 @@ struct PretuneResult {
   /// The canonical static key, byte-identical to the key an op call with
   /// the same arguments builds (DispatchInfo::key).
   std::string key;
-  int64_t m = 0;            ///< the M tuned (the problem's M)
-  Config config;            ///< the winner: {"variant": ..., params...}
+  int64_t m = 0;  ///< the M tuned (the problem's M)
+  Config config;  ///< the winner: {"variant": ..., params...}
   std::string variant;
   double best_us = 0.0;     ///< the winner's median, µs
   double default_us = 0.0;  ///< get_default's plan's median, µs
@@ -531,10 +529,10 @@ KDISPATCH_API Result<ConfigTimings> time_configs(Runtime& rt, std::string_view o
                                                  int32_t rounds = 2) noexcept;
 /// One committed row timed against the floor by verify_rows().
 struct RowVerification {
-  std::string op;          ///< "gemm", "rmsnorm", ...
-  std::string key;         ///< the canonical static key
-  int64_t m = 0;           ///< the row's M
-  Config config;           ///< the row as written
+  std::string op;   ///< "gemm", "rmsnorm", ...
+  std::string key;  ///< the canonical static key
+  int64_t m = 0;    ///< the row's M
+  Config config;    ///< the row as written
   std::string variant;
   std::string source;      ///< its file, relative to its config dir
   std::string source_dir;  ///< the config dir (the shipped configs' dir included)
@@ -548,26 +546,26 @@ struct RowVerification {
   /// in the worse of the timing modes (0.073: the row is 7.3% faster;
   /// negative: slower).
   double margin = 0.0;
-  double required_margin = 0.0;  ///< the margin a row must win by (TuneOptions::margin)
-  double aa_spread = 0.0;        ///< the floor's own spread over the placements
-  std::vector<double> ratios;    ///< row / floor per placement, cold
+  double required_margin = 0.0;      ///< the margin a row must win by (TuneOptions::margin)
+  double aa_spread = 0.0;            ///< the floor's own spread over the placements
+  std::vector<double> ratios;        ///< row / floor per placement, cold
   std::vector<double> graph_ratios;  ///< row / floor per placement in a CUDA graph ("cold+graph"); else empty
-  std::string timing;            ///< "cold" | "cold+graph": how the confirmation timed
-  std::string outcome;           ///< this verification: "ahead" | "within margin" | "lost"
+  std::string timing;                ///< "cold" | "cold+graph": how the confirmation timed
+  std::string outcome;               ///< this verification: "ahead" | "within margin" | "lost"
   /// The verdict after it: "ahead" | "within margin" | "lost once" |
   /// "demoted" (lost by more than the margin in 2 verifications since the
   /// last win: the floor serves the row's M).
   std::string verdict;
-  int32_t losses = 0;        ///< losses since the last win
-  std::string tuned_on;      ///< CPU rows: "AuthenticAMD family 25" as the file records it; "" not recorded
-  bool foreign = false;      ///< a CPU row of another vendor or family than this host's (or not recorded)
-  std::string recorded_in;   ///< the verdict file ("" when kept in memory: no cache dir)
+  int32_t losses = 0;       ///< losses since the last win
+  std::string tuned_on;     ///< CPU rows: "AuthenticAMD family 25" as the file records it; "" not recorded
+  bool foreign = false;     ///< a CPU row of another vendor or family than this host's (or not recorded)
+  std::string recorded_in;  ///< the verdict file ("" when kept in memory: no cache dir)
 };
 /// What verify_rows() did.
 struct VerifyReport {
   std::vector<RowVerification> rows;  ///< in the order verified (rows tuned on another CPU first)
-  int64_t floor_rows = 0;  ///< committed rows whose plan is the floor itself: nothing to verify
-  int64_t demoted = 0;     ///< rows demoted now (the table was republished)
+  int64_t floor_rows = 0;             ///< committed rows whose plan is the floor itself: nothing to verify
+  int64_t demoted = 0;                ///< rows demoted now (the table was republished)
 };
 /// Verifies the committed rows of this machine's devices (the runtime's
 /// config dirs and shipped configs, not its tuning cache) that serve, of

@@ -43,7 +43,7 @@ KDISPATCH_API const char* tune_mode_name(TuneMode m) noexcept;
 /// Tuning knobs. Every field has a working default; the environment
 /// variables in brackets set them on the default runtime.
 struct TuneOptions {
-  TuneMode mode = TuneMode::off;                 ///< [KDISPATCH_TUNE]
+  TuneMode mode = TuneMode::off;  ///< [KDISPATCH_TUNE]
   /// Where winners are persisted and read back from, in the config-file
   /// format. Empty: $KDISPATCH_CACHE_DIR, else $XDG_CACHE_HOME/kdispatch,
   /// else ~/.cache/kdispatch; with none of them set, a per-user fallback:
@@ -57,8 +57,8 @@ struct TuneOptions {
   /// dir and why. Dirs kdispatch creates in it are 0700.
   ///                                               [KDISPATCH_CACHE_DIR]
   std::string cache_dir;
-  bool persist = true;      ///< write winners to the cache dir
-  bool load_cache = true;   ///< serve valid (same-fingerprint) cached winners
+  bool persist = true;     ///< write winners to the cache dir
+  bool load_cache = true;  ///< serve valid (same-fingerprint) cached winners
   /// Scratch memory the background tuner may hold for one shape, bytes;
   /// a shape needing more is skipped and counted.  [KDISPATCH_TUNE_MEM]
   int64_t memory_budget_bytes = 1LL << 30;
@@ -190,17 +190,17 @@ KDISPATCH_API Result<CacheLocking> cache_locking(const std::string& dir) noexcep
 
 /// Tuning counters of a runtime (a snapshot; values only grow).
 struct TuneStats {
-  int64_t misses = 0;           ///< calls that found no table row (served by get_default)
-  int64_t queued = 0;           ///< miss events queued for the background tuner
-  int64_t dropped = 0;          ///< miss events dropped: queue full
-  int64_t shapes_tuned = 0;     ///< shapes searched and published
-  int64_t shapes_skipped = 0;   ///< over the memory budget, claimed by another process, or failed
-  int64_t candidates_run = 0;   ///< candidate configs benchmarked
+  int64_t misses = 0;               ///< calls that found no table row (served by get_default)
+  int64_t queued = 0;               ///< miss events queued for the background tuner
+  int64_t dropped = 0;              ///< miss events dropped: queue full
+  int64_t shapes_tuned = 0;         ///< shapes searched and published
+  int64_t shapes_skipped = 0;       ///< over the memory budget, claimed by another process, or failed
+  int64_t candidates_run = 0;       ///< candidate configs benchmarked
   int64_t candidates_rejected = 0;  ///< failed validation
   int64_t candidates_failed = 0;    ///< failed to launch
-  int64_t publishes = 0;        ///< tables published by the tuner
-  int64_t pending = 0;          ///< distinct shapes waiting in the tuner
-  double tune_seconds = 0.0;    ///< wall time spent searching
+  int64_t publishes = 0;            ///< tables published by the tuner
+  int64_t pending = 0;              ///< distinct shapes waiting in the tuner
+  double tune_seconds = 0.0;        ///< wall time spent searching
   bool frozen = false;
   /// Sync mode: misses seen while their stream was being captured into a
   /// graph, waiting to be searched by the next miss outside a capture.

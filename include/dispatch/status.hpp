@@ -69,8 +69,7 @@ KDISPATCH_API std::string_view status_code_name(StatusCode code) noexcept;
 class [[nodiscard]] KDISPATCH_API Status {
  public:
   Status() noexcept = default;
-  Status(StatusCode code, std::string message) noexcept
-      : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message) noexcept : code_(code), message_(std::move(message)) {}
 
   static Status Ok() noexcept { return Status(); }
 

@@ -54,9 +54,7 @@ KDISPATCH_API Result<DeviceType> parse_device_type(std::string_view name) noexce
 struct Device {
   DeviceType type = DeviceType::cpu;
   int32_t ordinal = 0;
-  friend constexpr bool operator==(Device a, Device b) noexcept {
-    return a.type == b.type && a.ordinal == b.ordinal;
-  }
+  friend constexpr bool operator==(Device a, Device b) noexcept { return a.type == b.type && a.ordinal == b.ordinal; }
 };
 
 /// Largest rank a TensorRef holds. The ops use rank 1 (weights, bias) and
@@ -87,12 +85,11 @@ struct TensorRef {
 };
 
 /// A contiguous rank-1 tensor of `n` elements.
-KDISPATCH_API TensorRef make_tensor_1d(void* data, DType dtype, int64_t n,
-                                       Device device = {}) noexcept;
+KDISPATCH_API TensorRef make_tensor_1d(void* data, DType dtype, int64_t n, Device device = {}) noexcept;
 /// A rank-2 tensor [rows, cols] with row stride `row_stride` elements
 /// (>= cols; pass cols for a contiguous matrix) and unit column stride.
-KDISPATCH_API TensorRef make_tensor_2d(void* data, DType dtype, int64_t rows, int64_t cols,
-                                       int64_t row_stride, Device device = {}) noexcept;
+KDISPATCH_API TensorRef make_tensor_2d(void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                                       Device device = {}) noexcept;
 
 /// Stride class of one dimension, as it enters the lookup key: 0 (broadcast),
 /// 1 (unit) or other. Dimensions of size 1 take the class the contiguous

@@ -2,7 +2,8 @@
 /* kdispatch from C: a runtime over an engine's config dir, an RMSNorm on
  * host memory, and a fused-MoE config lookup.
  *
- *   cc -std=c99 example.c $(pkg-config --cflags --libs kdispatch) -o example && ./example /path/to/sglang/fused_moe_triton/configs
+ *   cc -std=c99 example.c $(pkg-config --cflags --libs kdispatch) -o example && ./example
+ * /path/to/sglang/fused_moe_triton/configs
  *
  * (an install outside the system dirs: PKG_CONFIG_PATH=<libdir>/pkgconfig; its
  * kdispatch.pc carries the rpath, so the program runs without LD_LIBRARY_PATH)

@@ -73,13 +73,13 @@ int main(int argc, char** argv) {
   dispatch::DispatchInfo info;
   dispatch::CallOptions opts;
   opts.info = &info;
-  const dispatch::Status s = dispatch::rmsnorm(
-      runtime,
-      {.y = dispatch::make_tensor_2d(y.data(), dispatch::DType::fp32, tokens, hidden, stride),
-       .x = dispatch::make_tensor_2d(x.data(), dispatch::DType::fp32, tokens, hidden, stride),
-       .w = dispatch::make_tensor_1d(w.data(), dispatch::DType::fp32, hidden),
-       .eps = eps},
-      {}, opts);
+  const dispatch::Status s =
+      dispatch::rmsnorm(runtime,
+                        {.y = dispatch::make_tensor_2d(y.data(), dispatch::DType::fp32, tokens, hidden, stride),
+                         .x = dispatch::make_tensor_2d(x.data(), dispatch::DType::fp32, tokens, hidden, stride),
+                         .w = dispatch::make_tensor_1d(w.data(), dispatch::DType::fp32, hidden),
+                         .eps = eps},
+                        {}, opts);
   check(s.ok(), "rmsnorm returns ok" + (s.ok() ? std::string() : ": " + s.to_string()));
 
   double max_rel = 0.0;
@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
     const std::string want = canonical(expect_shipped);
     bool listed = false;
     for (const auto& f : report.files) {
-      std::printf("shipped: %s [%s] from %s\n", f.path.c_str(),
-                  std::string(dispatch::file_state_name(f.state)).c_str(), f.dir.c_str());
+      std::printf("shipped: %s [%s] from %s\n", f.path.c_str(), std::string(dispatch::file_state_name(f.state)).c_str(),
+                  f.dir.c_str());
       if (canonical(f.dir) == want) listed = true;
     }
     check(listed, "the load report lists a file from " + want);

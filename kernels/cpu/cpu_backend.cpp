@@ -29,10 +29,9 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
   return all;
 }
 
-constexpr auto kAllVariants =
-    concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
-           kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
-           kQuantFp8GroupVariants);
+constexpr auto kAllVariants = concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants,
+                                     kGemmFp8TensorVariants, kGemmFp8RowwiseVariants, kGemmFp8BlockVariants,
+                                     kQuantFp8TensorVariants, kQuantFp8TokenVariants, kQuantFp8GroupVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;

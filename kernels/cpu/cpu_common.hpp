@@ -24,8 +24,7 @@
 #define KDISPATCH_CPU_X86 1
 #define KDISPATCH_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define KDISPATCH_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
-#define KDISPATCH_TARGET_AVX512BF16 \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define KDISPATCH_TARGET_AVX512BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #else
 #define KDISPATCH_CPU_X86 0
 #define KDISPATCH_TARGET_AVX2
@@ -36,9 +35,9 @@
 namespace dispatch::cpu {
 
 struct HostIsa {
-  bool avx2 = false;        ///< AVX2 + FMA (Haswell, Zen 1 and later)
-  bool avx512 = false;      ///< AVX-512 F/BW/VL/DQ (Skylake-SP, Zen 4 and later)
-  bool avx512_bf16 = false; ///< avx512 plus AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4)
+  bool avx2 = false;         ///< AVX2 + FMA (Haswell, Zen 1 and later)
+  bool avx512 = false;       ///< AVX-512 F/BW/VL/DQ (Skylake-SP, Zen 4 and later)
+  bool avx512_bf16 = false;  ///< avx512 plus AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4)
 };
 
 /// The host's ISA features. Thread-safe (a function-local static).

@@ -41,7 +41,7 @@ template <int W>
 struct Vec {
   typedef float F __attribute__((vector_size(W * 4)));
   typedef uint32_t U __attribute__((vector_size(W * 4)));
-  typedef uint16_t H __attribute__((vector_size(W * 2)));   // W bf16 values
+  typedef uint16_t H __attribute__((vector_size(W * 2)));  // W bf16 values
   typedef int32_t I __attribute__((vector_size(W * 4)));
   typedef int16_t S __attribute__((vector_size(W * 2)));
 };
@@ -53,8 +53,7 @@ struct Vec {
 
 /// The W bf16 values as the high halves of W 32-bit lanes (little endian).
 template <int W, int... I>
-KDISPATCH_INLINE void widen_bf16(typename Vec<W>::F& v, const typename Vec<W>::H& h,
-                                 std::integer_sequence<int, I...>) {
+KDISPATCH_INLINE void widen_bf16(typename Vec<W>::F& v, const typename Vec<W>::H& h, std::integer_sequence<int, I...>) {
   const typename Vec<W>::H zero = {};
   v = reinterpret_cast<typename Vec<W>::F>(__builtin_shufflevector(zero, h, ((I & 1) ? W + I / 2 : I / 2)...));
 }

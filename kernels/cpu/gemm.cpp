@@ -88,8 +88,7 @@ inline void store_as(Bf16* d, float v) noexcept { *d = core::float_to_bf16(v); }
 // with A(i, k) = a[i*lda + k] and B(j, k) = b[j*ldb + k]. kc >= 1.
 
 template <class TA, class TB>
-using UkFn = void (*)(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c,
-                      int64_t ldc);
+using UkFn = void (*)(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c, int64_t ldc);
 
 inline constexpr int kMaxTile = 4;  // largest MR and NR of any ISA
 
@@ -119,7 +118,8 @@ constexpr UkTable<TA, TB> make_table() {
   t.nr = Uk::kNr;
   [&]<int... I>(std::integer_sequence<int, I...>) {
     ((t.fn[I / kMaxTile][I % kMaxTile] = table_entry<Uk, TA, TB, I>()), ...);
-  }(std::make_integer_sequence<int, kMaxTile * kMaxTile>{});
+  }
+  (std::make_integer_sequence<int, kMaxTile * kMaxTile>{});
   return t;
 }
 
@@ -130,8 +130,7 @@ struct ScalarUk {
   static constexpr int kNr = 4;
 
   template <int MR, int NR, class TA, class TB>
-  static void run(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c,
-                  int64_t ldc) {
+  static void run(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c, int64_t ldc) {
     float acc[MR][NR] = {};
     for (int64_t k = 0; k < kc; ++k) {
       float av[MR];
@@ -193,7 +192,7 @@ struct Avx2Uk {
 
   template <int MR, int NR, class TA, class TB>
   KDISPATCH_TARGET_AVX2 static void run(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c,
-                          int64_t ldc) {
+                                        int64_t ldc) {
     __m256 acc[MR][NR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i)
@@ -244,8 +243,7 @@ KDISPATCH_TARGET_AVX512 inline __m512 load16(const Bf16* p, __mmask16 m) {
 
 /// Folds a 16-lane accumulator to 8 lanes (then hsum4x8 finishes the job).
 KDISPATCH_TARGET_AVX512 inline __m256 fold16(__m512 v) {
-  return _mm256_add_ps(_mm512_castps512_ps256(v),
-                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
 template <int NR>
@@ -268,7 +266,7 @@ struct Avx512Uk {
 
   template <int MR, int NR, class TA, class TB>
   KDISPATCH_TARGET_AVX512 static void run(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c,
-                            int64_t ldc) {
+                                          int64_t ldc) {
     __m512 acc[MR][NR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i)
@@ -319,8 +317,8 @@ struct Avx512Bf16Uk {
   static constexpr int kNr = 4;
 
   template <int MR, int NR, class TA, class TB>
-  KDISPATCH_TARGET_AVX512BF16 static void run(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc,
-                                float* c, int64_t ldc) {
+  KDISPATCH_TARGET_AVX512BF16 static void run(const TA* a, int64_t lda, const TB* b, int64_t ldb, int64_t kc, float* c,
+                                              int64_t ldc) {
     static_assert(std::is_same_v<TA, Bf16> && std::is_same_v<TB, Bf16>);
     __m512 acc[MR][NR];
 #pragma GCC unroll 4
@@ -336,8 +334,7 @@ struct Avx512Bf16Uk {
       for (int i = 0; i < MR; ++i) {
         const __m512i av = _mm512_loadu_si512(a + i * lda + k);
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j)
-          acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av, (__m512bh)bv[j]);
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av, (__m512bh)bv[j]);
       }
     }
     if (k < kc) {
@@ -349,8 +346,7 @@ struct Avx512Bf16Uk {
       for (int i = 0; i < MR; ++i) {
         const __m512i av = _mm512_maskz_loadu_epi16(m, a + i * lda + k);
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j)
-          acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av, (__m512bh)bv[j]);
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av, (__m512bh)bv[j]);
       }
     }
 #pragma GCC unroll 4
@@ -516,8 +512,7 @@ Status check_blocked_params(const VariantDef& v, const int64_t* prm) noexcept {
     return decline(v, StatusCode::invalid_argument, "a param value is outside its config space");
   const HostIsa& isa = host_isa();
   switch (static_cast<GemmUkernel>(prm[kGemmUkernel])) {
-    case GemmUkernel::scalar:
-      break;
+    case GemmUkernel::scalar: break;
     case GemmUkernel::avx2:
       if (!KDISPATCH_CPU_X86 || !isa.avx2)
         return decline(v, StatusCode::unsupported_problem, "ukernel avx2 needs AVX2+FMA, which this host lacks");
@@ -540,7 +535,8 @@ Status check_blocked_params(const VariantDef& v, const int64_t* prm) noexcept {
 }
 
 Status check_args(const LaunchArgs& args, const Problem& p) noexcept {
-  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr || args.data[core::kGemmArgD] == nullptr)
+  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr ||
+      args.data[core::kGemmArgD] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
   if (p.has_bias && args.data[core::kGemmArgBias] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
@@ -557,13 +553,9 @@ Status bf16_blocked_supports(const Problem& p, const int64_t* prm, const DeviceI
   return check_blocked_params(kGemmBf16Blocked, prm);
 }
 
-Status fp32_ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
-  return check_problem(kGemmFp32Ref, p);
-}
+Status fp32_ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) { return check_problem(kGemmFp32Ref, p); }
 
-Status bf16_ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
-  return check_problem(kGemmBf16Ref, p);
-}
+Status bf16_ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) { return check_problem(kGemmBf16Ref, p); }
 
 Status isa_missing() noexcept {
   return make_status(StatusCode::unsupported_problem, "gemm: the plan's ukernel needs an ISA this host lacks");
@@ -582,10 +574,8 @@ Status fp32_blocked_launch(const LaunchArgs& args, const Problem& p, const int64
       if (!isa.avx2) return isa_missing();
       return run_blocked<Avx2Uk, float, float, float>(args, p, prm);
 #endif
-    case GemmUkernel::scalar:
-      return run_blocked<ScalarUk, float, float, float>(args, p, prm);
-    default:
-      return isa_missing();
+    case GemmUkernel::scalar: return run_blocked<ScalarUk, float, float, float>(args, p, prm);
+    default: return isa_missing();
   }
 }
 
@@ -611,8 +601,7 @@ Status bf16_blocked_dispatch(const LaunchArgs& args, const Problem& p, const int
     case GemmUkernel::scalar:
       return pack ? run_blocked<ScalarUk, Bf16, float, TO>(args, p, prm)
                   : run_blocked<ScalarUk, Bf16, Bf16, TO>(args, p, prm);
-    default:
-      return isa_missing();
+    default: return isa_missing();
   }
 }
 
@@ -640,17 +629,17 @@ Status bf16_ref_launch(const LaunchArgs& args, const Problem& p, const int64_t*)
 // ------------------------------------------------------------------ the list
 
 constinit const core::VariantDef kGemmFp32Blocked{
-    "gemm_fp32__blocked", OpKind::gemm, DeviceType::cpu, DType::fp32, kFp32BlockedParams,
-    0, 1, &fp32_blocked_supports, &fp32_blocked_launch};
+    "gemm_fp32__blocked",   OpKind::gemm,        DeviceType::cpu, DType::fp32, kFp32BlockedParams, 0, 1,
+    &fp32_blocked_supports, &fp32_blocked_launch};
 constinit const core::VariantDef kGemmBf16Blocked{
-    "gemm_bf16__blocked", OpKind::gemm, DeviceType::cpu, DType::bf16, kBf16BlockedParams,
-    0, 1, &bf16_blocked_supports, &bf16_blocked_launch};
+    "gemm_bf16__blocked",   OpKind::gemm,        DeviceType::cpu, DType::bf16, kBf16BlockedParams, 0, 1,
+    &bf16_blocked_supports, &bf16_blocked_launch};
 constinit const core::VariantDef kGemmFp32Ref{
-    "gemm_fp32__ref", OpKind::gemm, DeviceType::cpu, DType::fp32, {},
-    core::kVariantReference, 1, &fp32_ref_supports, &fp32_ref_launch};
+    "gemm_fp32__ref",   OpKind::gemm,    DeviceType::cpu, DType::fp32, {}, core::kVariantReference, 1,
+    &fp32_ref_supports, &fp32_ref_launch};
 constinit const core::VariantDef kGemmBf16Ref{
-    "gemm_bf16__ref", OpKind::gemm, DeviceType::cpu, DType::bf16, {},
-    core::kVariantReference, 1, &bf16_ref_supports, &bf16_ref_launch};
+    "gemm_bf16__ref",   OpKind::gemm,    DeviceType::cpu, DType::bf16, {}, core::kVariantReference, 1,
+    &bf16_ref_supports, &bf16_ref_launch};
 
 // ------------------------------------------------------------------ the default
 
@@ -736,8 +725,7 @@ core::Plan gemm_default(const core::Problem& p, const DeviceInfo& dev) noexcept 
   const std::span<const int64_t> bk_values = blocked.params[kGemmBlockK].values;
   const std::span<const int64_t> bn_values = blocked.params[kGemmBlockN].values;
   const std::span<const int64_t> bm_values = blocked.params[kGemmBlockM].values;
-  const int64_t bk = p.m <= mr ? bk_values.back()
-                               : largest_within(bk_values, kL1 / 2 / ((mr + nr) * elt));
+  const int64_t bk = p.m <= mr ? bk_values.back() : largest_within(bk_values, kL1 / 2 / ((mr + nr) * elt));
   const int64_t slab = std::min(bk, p.k);
   const int64_t bn = fit_or_largest(bn_values, p.n, l2 / 2 / (slab * elt));
   const int64_t bm = fit_or_largest(bm_values, p.m, l2 / 4 / (slab * elt));
@@ -798,11 +786,8 @@ bool gemm_fp32_accumulate(const GemmAccumulate& g, GemmUkernel uk) noexcept {
       accumulate_fp32<Avx2Uk>(g);
       return true;
 #endif
-    case GemmUkernel::scalar:
-      accumulate_fp32<ScalarUk>(g);
-      return true;
-    default:
-      return false;
+    case GemmUkernel::scalar: accumulate_fp32<ScalarUk>(g); return true;
+    default: return false;
   }
 }
 

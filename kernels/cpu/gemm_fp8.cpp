@@ -46,7 +46,7 @@ constexpr std::array<float, 256> make_lut() {
 constexpr std::array<float, 256> kE4m3fnLut = make_lut();
 
 constexpr OpKind op_of(Fp8Scales L) {
-  return L == Fp8Scales::tensor ? OpKind::gemm_fp8_tensor
+  return L == Fp8Scales::tensor    ? OpKind::gemm_fp8_tensor
          : L == Fp8Scales::rowwise ? OpKind::gemm_fp8_rowwise
                                    : OpKind::gemm_fp8_block;
 }
@@ -58,7 +58,8 @@ KDISPATCH_INLINE float group_scale(const LaunchArgs& a, int64_t i, int64_t j, in
   const float* sb = a.ptr<const float>(core::kFp8ArgSb);
   if constexpr (L == Fp8Scales::tensor) return sa[0] * sb[0];
   if constexpr (L == Fp8Scales::rowwise) return sa[i] * sb[j];
-  return sa[core::block_sa_index(kb, i, a.ld[core::kFp8ArgSa])] * sb[(j / core::kFp8Block) * a.ld[core::kFp8ArgSb] + kb];
+  return sa[core::block_sa_index(kb, i, a.ld[core::kFp8ArgSa])] *
+         sb[(j / core::kFp8Block) * a.ld[core::kFp8ArgSb] + kb];
 }
 
 template <class Out>
@@ -137,7 +138,8 @@ Status check_problem(const VariantDef& v, Fp8Scales L, const Problem& p) noexcep
 
 Status check_args(const LaunchArgs& a) noexcept {
   for (int i : {core::kFp8ArgA, core::kFp8ArgB, core::kFp8ArgD, core::kFp8ArgSa, core::kFp8ArgSb})
-    if (a.data[i] == nullptr) return make_status(StatusCode::invalid_argument, "gemm_fp8: a, b, d and the scales must not be null");
+    if (a.data[i] == nullptr)
+      return make_status(StatusCode::invalid_argument, "gemm_fp8: a, b, d and the scales must not be null");
   return Status::Ok();
 }
 
@@ -145,8 +147,10 @@ template <Fp8Scales L>
 Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
   if (p.m < 1) return Status::Ok();
   if (Status s = check_args(a); !s.ok()) return s;
-  if (p.out_dtype == DType::fp32) ref_rows<L, float>(a, p);
-  else ref_rows<L, Bf16>(a, p);
+  if (p.out_dtype == DType::fp32)
+    ref_rows<L, float>(a, p);
+  else
+    ref_rows<L, Bf16>(a, p);
   return Status::Ok();
 }
 
@@ -167,7 +171,8 @@ Status tiled_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
 template <const VariantDef& V, Fp8Scales L>
 Status tiled_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) {
   if (Status s = check_problem(V, L, p); !s.ok()) return s;
-  if (!params_in_space(V, prm)) return decline(V, StatusCode::invalid_argument, "a param value is outside its config space");
+  if (!params_in_space(V, prm))
+    return decline(V, StatusCode::invalid_argument, "a param value is outside its config space");
   return Status::Ok();
 }
 
@@ -181,12 +186,12 @@ Status ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
 // ------------------------------------------------------------------ the lists
 
 #define KD_FP8_PAIR(Tiled, Ref, layout, L)                                                                          \
-  constinit const core::VariantDef Tiled{"gemm_fp8_" layout "_e4m3fn__tiled", op_of(L), DeviceType::cpu,          \
-                                         DType::fp8_e4m3fn, kTiledParams, 0, 1, &tiled_supports<Tiled, L>,        \
-                                         &tiled_launch<L>};                                                       \
-  constinit const core::VariantDef Ref{"gemm_fp8_" layout "_e4m3fn__ref", op_of(L), DeviceType::cpu,              \
-                                       DType::fp8_e4m3fn, {}, core::kVariantReference, 1, &ref_supports<Ref, L>, \
-                                       &ref_launch<L>};
+  constinit const core::VariantDef Tiled{                                                                           \
+      "gemm_fp8_" layout "_e4m3fn__tiled", op_of(L),        DeviceType::cpu, DType::fp8_e4m3fn, kTiledParams, 0, 1, \
+      &tiled_supports<Tiled, L>,           &tiled_launch<L>};                                                       \
+  constinit const core::VariantDef Ref{                                                                             \
+      "gemm_fp8_" layout "_e4m3fn__ref", op_of(L), DeviceType::cpu,       DType::fp8_e4m3fn, {},                    \
+      core::kVariantReference,           1,        &ref_supports<Ref, L>, &ref_launch<L>};
 KD_FP8_PAIR(kFp8TensorTiled, kFp8TensorRef, "tensor", Fp8Scales::tensor)
 KD_FP8_PAIR(kFp8RowwiseTiled, kFp8RowwiseRef, "rowwise", Fp8Scales::rowwise)
 KD_FP8_PAIR(kFp8BlockTiled, kFp8BlockRef, "block", Fp8Scales::block)

@@ -58,11 +58,7 @@ extern const core::VariantDef kGemmFp32SplitK;
 /// (OpenBLAS's family, gemm_fp32__openblas, is not here: it lives in a
 /// plugin module that the registry loads at run time, kernels/cpu/openblas.)
 inline constexpr const core::VariantDef* kGemmVariants[] = {
-    &kGemmFp32Blocked,
-    &kGemmBf16Blocked,
-    &kGemmFp32SplitK,
-    &kGemmFp32Ref,
-    &kGemmBf16Ref,
+    &kGemmFp32Blocked, &kGemmBf16Blocked, &kGemmFp32SplitK, &kGemmFp32Ref, &kGemmBf16Ref,
 };
 
 inline std::span<const core::VariantDef* const> gemm_variants() noexcept { return kGemmVariants; }

@@ -170,7 +170,8 @@ Status splitk_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) 
 
 Status splitk_launch(const LaunchArgs& args, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status::Ok();
-  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr || args.data[core::kGemmArgD] == nullptr)
+  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr ||
+      args.data[core::kGemmArgD] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
   if (p.has_bias && args.data[core::kGemmArgBias] == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm: has_bias but bias is null");

@@ -30,7 +30,7 @@ using core::VariantDef;
 using namespace simd;
 
 constexpr OpKind op_of(QuantScales L) {
-  return L == QuantScales::tensor ? OpKind::quant_fp8_tensor
+  return L == QuantScales::tensor  ? OpKind::quant_fp8_tensor
          : L == QuantScales::token ? OpKind::quant_fp8_token
                                    : OpKind::quant_fp8_group;
 }
@@ -65,8 +65,10 @@ void quant_rows(const LaunchArgs& a, const Problem& p) {
     for (int64_t i = 0; i < p.m; ++i)
       for (int64_t k0 = 0; k0 < p.k; k0 += g) {
         const float scale = quantise<In, Mul>(a, i, i + 1, k0, k0 + g < p.k ? k0 + g : p.k);
-        if constexpr (L == QuantScales::token) s[i] = scale;
-        else s[(k0 / g) * a.ld[core::kQuantArgScale] + i] = scale;
+        if constexpr (L == QuantScales::token)
+          s[i] = scale;
+        else
+          s[(k0 / g) * a.ld[core::kQuantArgScale] + i] = scale;
       }
   }
 }
@@ -86,9 +88,12 @@ template <QuantScales L, bool Mul>
 Status launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
   if (p.m < 1) return Status::Ok();
   for (int i : {core::kQuantArgQ, core::kQuantArgX, core::kQuantArgScale})
-    if (a.data[i] == nullptr) return make_status(StatusCode::invalid_argument, "quant_fp8: q, x and scale must not be null");
-  if (p.in_dtype == DType::fp32) quant_rows<L, float, Mul>(a, p);
-  else quant_rows<L, Bf16, Mul>(a, p);
+    if (a.data[i] == nullptr)
+      return make_status(StatusCode::invalid_argument, "quant_fp8: q, x and scale must not be null");
+  if (p.in_dtype == DType::fp32)
+    quant_rows<L, float, Mul>(a, p);
+  else
+    quant_rows<L, Bf16, Mul>(a, p);
   return Status::Ok();
 }
 
@@ -99,20 +104,27 @@ Status supports(const Problem& p, const int64_t*, const DeviceInfo&) {
 
 }  // namespace
 
-#define KD_QUANT_VARIANT(Def, name, L, dt, mul, flags) \
-  constinit const core::VariantDef Def{name, op_of(L), DeviceType::cpu, dt, {}, flags, 1, &supports<Def, L>, &launch<L, mul>};
+#define KD_QUANT_VARIANT(Def, name, L, dt, mul, flags)                                          \
+  constinit const core::VariantDef Def{name, op_of(L),          DeviceType::cpu, dt, {}, flags, \
+                                       1,    &supports<Def, L>, &launch<L, mul>};
 KD_QUANT_VARIANT(kQuantTensorFp32Mul, "quant_fp8_tensor_fp32__mul", QuantScales::tensor, DType::fp32, true, 0)
 KD_QUANT_VARIANT(kQuantTensorBf16Mul, "quant_fp8_tensor_bf16__mul", QuantScales::tensor, DType::bf16, true, 0)
-KD_QUANT_VARIANT(kQuantTensorFp32Ref, "quant_fp8_tensor_fp32__ref", QuantScales::tensor, DType::fp32, false, core::kVariantReference)
-KD_QUANT_VARIANT(kQuantTensorBf16Ref, "quant_fp8_tensor_bf16__ref", QuantScales::tensor, DType::bf16, false, core::kVariantReference)
+KD_QUANT_VARIANT(kQuantTensorFp32Ref, "quant_fp8_tensor_fp32__ref", QuantScales::tensor, DType::fp32, false,
+                 core::kVariantReference)
+KD_QUANT_VARIANT(kQuantTensorBf16Ref, "quant_fp8_tensor_bf16__ref", QuantScales::tensor, DType::bf16, false,
+                 core::kVariantReference)
 KD_QUANT_VARIANT(kQuantTokenFp32Mul, "quant_fp8_token_fp32__mul", QuantScales::token, DType::fp32, true, 0)
 KD_QUANT_VARIANT(kQuantTokenBf16Mul, "quant_fp8_token_bf16__mul", QuantScales::token, DType::bf16, true, 0)
-KD_QUANT_VARIANT(kQuantTokenFp32Ref, "quant_fp8_token_fp32__ref", QuantScales::token, DType::fp32, false, core::kVariantReference)
-KD_QUANT_VARIANT(kQuantTokenBf16Ref, "quant_fp8_token_bf16__ref", QuantScales::token, DType::bf16, false, core::kVariantReference)
+KD_QUANT_VARIANT(kQuantTokenFp32Ref, "quant_fp8_token_fp32__ref", QuantScales::token, DType::fp32, false,
+                 core::kVariantReference)
+KD_QUANT_VARIANT(kQuantTokenBf16Ref, "quant_fp8_token_bf16__ref", QuantScales::token, DType::bf16, false,
+                 core::kVariantReference)
 KD_QUANT_VARIANT(kQuantGroupFp32Mul, "quant_fp8_group_fp32__mul", QuantScales::group, DType::fp32, true, 0)
 KD_QUANT_VARIANT(kQuantGroupBf16Mul, "quant_fp8_group_bf16__mul", QuantScales::group, DType::bf16, true, 0)
-KD_QUANT_VARIANT(kQuantGroupFp32Ref, "quant_fp8_group_fp32__ref", QuantScales::group, DType::fp32, false, core::kVariantReference)
-KD_QUANT_VARIANT(kQuantGroupBf16Ref, "quant_fp8_group_bf16__ref", QuantScales::group, DType::bf16, false, core::kVariantReference)
+KD_QUANT_VARIANT(kQuantGroupFp32Ref, "quant_fp8_group_fp32__ref", QuantScales::group, DType::fp32, false,
+                 core::kVariantReference)
+KD_QUANT_VARIANT(kQuantGroupBf16Ref, "quant_fp8_group_bf16__ref", QuantScales::group, DType::bf16, false,
+                 core::kVariantReference)
 #undef KD_QUANT_VARIANT
 
 core::Plan quant_fp8_default(const core::Problem& p, const DeviceInfo&) noexcept {

@@ -31,7 +31,6 @@
 #include "ops/fused_add_rmsnorm.hpp"
 #include "ops/rmsnorm.hpp"
 
-
 namespace dispatch::cpu {
 namespace {
 
@@ -166,19 +165,31 @@ KDISPATCH_INLINE void fused_rows(const LaunchArgs& a, const Problem& p) {
 // ------------------------------------------------------------------ ISA entry points
 
 template <int U, class TI, class TO>
-void rmsnorm_w4(const LaunchArgs& a, const Problem& p) { rmsnorm_rows<4, U, TI, TO>(a, p); }
+void rmsnorm_w4(const LaunchArgs& a, const Problem& p) {
+  rmsnorm_rows<4, U, TI, TO>(a, p);
+}
 template <int U, class T>
-void fused_w4(const LaunchArgs& a, const Problem& p) { fused_rows<4, U, T>(a, p); }
+void fused_w4(const LaunchArgs& a, const Problem& p) {
+  fused_rows<4, U, T>(a, p);
+}
 
 #if KDISPATCH_CPU_X86
 template <int U, class TI, class TO>
-KDISPATCH_TARGET_AVX2 void rmsnorm_w8(const LaunchArgs& a, const Problem& p) { rmsnorm_rows<8, U, TI, TO>(a, p); }
+KDISPATCH_TARGET_AVX2 void rmsnorm_w8(const LaunchArgs& a, const Problem& p) {
+  rmsnorm_rows<8, U, TI, TO>(a, p);
+}
 template <int U, class T>
-KDISPATCH_TARGET_AVX2 void fused_w8(const LaunchArgs& a, const Problem& p) { fused_rows<8, U, T>(a, p); }
+KDISPATCH_TARGET_AVX2 void fused_w8(const LaunchArgs& a, const Problem& p) {
+  fused_rows<8, U, T>(a, p);
+}
 template <int U, class TI, class TO>
-KDISPATCH_TARGET_AVX512 void rmsnorm_w16(const LaunchArgs& a, const Problem& p) { rmsnorm_rows<16, U, TI, TO>(a, p); }
+KDISPATCH_TARGET_AVX512 void rmsnorm_w16(const LaunchArgs& a, const Problem& p) {
+  rmsnorm_rows<16, U, TI, TO>(a, p);
+}
 template <int U, class T>
-KDISPATCH_TARGET_AVX512 void fused_w16(const LaunchArgs& a, const Problem& p) { fused_rows<16, U, T>(a, p); }
+KDISPATCH_TARGET_AVX512 void fused_w16(const LaunchArgs& a, const Problem& p) {
+  fused_rows<16, U, T>(a, p);
+}
 #endif
 
 using RowsFn = void (*)(const LaunchArgs&, const Problem&);
@@ -252,7 +263,8 @@ void rmsnorm_ref_rows(const LaunchArgs& a, const Problem& p) {
     float ss = 0.f;
     for (int64_t h = 0; h < p.n; ++h) ss += to_float(xr[h]) * to_float(xr[h]);
     const float inv = inv_rms(ss, p.n, a.scalar[0]);
-    for (int64_t h = 0; h < p.n; ++h) store_as(y + t * a.ld[core::kNormArgY] + h, to_float(xr[h]) * inv * to_float(w[h]));
+    for (int64_t h = 0; h < p.n; ++h)
+      store_as(y + t * a.ld[core::kNormArgY] + h, to_float(xr[h]) * inv * to_float(w[h]));
   }
 }
 
@@ -309,18 +321,18 @@ Status check_vec_params(const VariantDef& v, const int64_t* prm) noexcept {
   if (!params_in_space(v, prm))
     return decline(v, StatusCode::invalid_argument, "a param value is outside its config space");
   if (!host_runs_vec(prm[kNormVec])) {
-    return decline(v, StatusCode::unsupported_problem,
-                   prm[kNormVec] == 8 ? "vec 8 needs AVX2, which this host lacks"
-                                      : "vec 16 needs AVX-512, which this host lacks");
+    return decline(
+        v, StatusCode::unsupported_problem,
+        prm[kNormVec] == 8 ? "vec 8 needs AVX2, which this host lacks" : "vec 16 needs AVX-512, which this host lacks");
   }
   return Status::Ok();
 }
 
 Status check_args(const LaunchArgs& a, OpKind op) noexcept {
   if (a.data[0] == nullptr || a.data[1] == nullptr || a.data[2] == nullptr) {  // y, x, w / x, residual, w
-    return make_status(StatusCode::invalid_argument,
-                       op == OpKind::rmsnorm ? "rmsnorm: x, y and w must not be null"
-                                             : "fused_add_rmsnorm: x, residual and w must not be null");
+    return make_status(StatusCode::invalid_argument, op == OpKind::rmsnorm
+                                                         ? "rmsnorm: x, y and w must not be null"
+                                                         : "fused_add_rmsnorm: x, residual and w must not be null");
   }
   return Status::Ok();
 }
@@ -352,7 +364,7 @@ Status ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
 Status rmsnorm_vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status::Ok();
   if (Status s = check_args(a, OpKind::rmsnorm); !s.ok()) return s;
-  const RowsTable& t = p.in_dtype == DType::fp32   ? kRmsnormF32
+  const RowsTable& t = p.in_dtype == DType::fp32    ? kRmsnormF32
                        : p.out_dtype == DType::fp32 ? kRmsnormBf16F32
                                                     : kRmsnormBf16;
   Status err;
@@ -400,30 +412,66 @@ Status fused_ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 // ------------------------------------------------------------------ the lists
 
-constinit const core::VariantDef kRmsnormFp32Vec{
-    "rmsnorm_fp32__vec", OpKind::rmsnorm, DeviceType::cpu, DType::fp32, kVecParams,
-    0, 1, &vec_supports<kRmsnormFp32Vec>, &rmsnorm_vec_launch};
-constinit const core::VariantDef kRmsnormBf16Vec{
-    "rmsnorm_bf16__vec", OpKind::rmsnorm, DeviceType::cpu, DType::bf16, kVecParams,
-    0, 1, &vec_supports<kRmsnormBf16Vec>, &rmsnorm_vec_launch};
-constinit const core::VariantDef kRmsnormFp32Ref{
-    "rmsnorm_fp32__ref", OpKind::rmsnorm, DeviceType::cpu, DType::fp32, {},
-    core::kVariantReference, 1, &ref_supports<kRmsnormFp32Ref>, &rmsnorm_ref_launch};
-constinit const core::VariantDef kRmsnormBf16Ref{
-    "rmsnorm_bf16__ref", OpKind::rmsnorm, DeviceType::cpu, DType::bf16, {},
-    core::kVariantReference, 1, &ref_supports<kRmsnormBf16Ref>, &rmsnorm_ref_launch};
+constinit const core::VariantDef kRmsnormFp32Vec{"rmsnorm_fp32__vec",
+                                                 OpKind::rmsnorm,
+                                                 DeviceType::cpu,
+                                                 DType::fp32,
+                                                 kVecParams,
+                                                 0,
+                                                 1,
+                                                 &vec_supports<kRmsnormFp32Vec>,
+                                                 &rmsnorm_vec_launch};
+constinit const core::VariantDef kRmsnormBf16Vec{"rmsnorm_bf16__vec",
+                                                 OpKind::rmsnorm,
+                                                 DeviceType::cpu,
+                                                 DType::bf16,
+                                                 kVecParams,
+                                                 0,
+                                                 1,
+                                                 &vec_supports<kRmsnormBf16Vec>,
+                                                 &rmsnorm_vec_launch};
+constinit const core::VariantDef kRmsnormFp32Ref{"rmsnorm_fp32__ref",
+                                                 OpKind::rmsnorm,
+                                                 DeviceType::cpu,
+                                                 DType::fp32,
+                                                 {},
+                                                 core::kVariantReference,
+                                                 1,
+                                                 &ref_supports<kRmsnormFp32Ref>,
+                                                 &rmsnorm_ref_launch};
+constinit const core::VariantDef kRmsnormBf16Ref{"rmsnorm_bf16__ref",
+                                                 OpKind::rmsnorm,
+                                                 DeviceType::cpu,
+                                                 DType::bf16,
+                                                 {},
+                                                 core::kVariantReference,
+                                                 1,
+                                                 &ref_supports<kRmsnormBf16Ref>,
+                                                 &rmsnorm_ref_launch};
 constinit const core::VariantDef kFusedAddRmsnormFp32Vec{
-    "fused_add_rmsnorm_fp32__vec", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::fp32, kVecParams,
-    0, 1, &vec_supports<kFusedAddRmsnormFp32Vec>, &fused_vec_launch};
+    "fused_add_rmsnorm_fp32__vec",          OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::fp32, kVecParams, 0, 1,
+    &vec_supports<kFusedAddRmsnormFp32Vec>, &fused_vec_launch};
 constinit const core::VariantDef kFusedAddRmsnormBf16Vec{
-    "fused_add_rmsnorm_bf16__vec", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::bf16, kVecParams,
-    0, 1, &vec_supports<kFusedAddRmsnormBf16Vec>, &fused_vec_launch};
-constinit const core::VariantDef kFusedAddRmsnormFp32Ref{
-    "fused_add_rmsnorm_fp32__ref", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::fp32, {},
-    core::kVariantReference, 1, &ref_supports<kFusedAddRmsnormFp32Ref>, &fused_ref_launch};
-constinit const core::VariantDef kFusedAddRmsnormBf16Ref{
-    "fused_add_rmsnorm_bf16__ref", OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::bf16, {},
-    core::kVariantReference, 1, &ref_supports<kFusedAddRmsnormBf16Ref>, &fused_ref_launch};
+    "fused_add_rmsnorm_bf16__vec",          OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::bf16, kVecParams, 0, 1,
+    &vec_supports<kFusedAddRmsnormBf16Vec>, &fused_vec_launch};
+constinit const core::VariantDef kFusedAddRmsnormFp32Ref{"fused_add_rmsnorm_fp32__ref",
+                                                         OpKind::fused_add_rmsnorm,
+                                                         DeviceType::cpu,
+                                                         DType::fp32,
+                                                         {},
+                                                         core::kVariantReference,
+                                                         1,
+                                                         &ref_supports<kFusedAddRmsnormFp32Ref>,
+                                                         &fused_ref_launch};
+constinit const core::VariantDef kFusedAddRmsnormBf16Ref{"fused_add_rmsnorm_bf16__ref",
+                                                         OpKind::fused_add_rmsnorm,
+                                                         DeviceType::cpu,
+                                                         DType::bf16,
+                                                         {},
+                                                         core::kVariantReference,
+                                                         1,
+                                                         &ref_supports<kFusedAddRmsnormBf16Ref>,
+                                                         &fused_ref_launch};
 
 // The model: the op is a streaming pass (two reads, one or two writes per
 // element), so take the widest vector the host runs, no wider than the row,

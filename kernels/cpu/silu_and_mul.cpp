@@ -130,12 +130,18 @@ void silu_ref_rows(const LaunchArgs& a, const Problem& p) {
 // ------------------------------------------------------------------ ISA entry points
 
 template <int U, class T>
-void silu_w4(const LaunchArgs& a, const Problem& p) { silu_rows<4, U, T>(a, p); }
+void silu_w4(const LaunchArgs& a, const Problem& p) {
+  silu_rows<4, U, T>(a, p);
+}
 #if KDISPATCH_CPU_X86
 template <int U, class T>
-KDISPATCH_TARGET_AVX2 void silu_w8(const LaunchArgs& a, const Problem& p) { silu_rows<8, U, T>(a, p); }
+KDISPATCH_TARGET_AVX2 void silu_w8(const LaunchArgs& a, const Problem& p) {
+  silu_rows<8, U, T>(a, p);
+}
 template <int U, class T>
-KDISPATCH_TARGET_AVX512 void silu_w16(const LaunchArgs& a, const Problem& p) { silu_rows<16, U, T>(a, p); }
+KDISPATCH_TARGET_AVX512 void silu_w16(const LaunchArgs& a, const Problem& p) {
+  silu_rows<16, U, T>(a, p);
+}
 #endif
 
 using RowsFn = void (*)(const LaunchArgs&, const Problem&);
@@ -200,9 +206,9 @@ Status vec_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) {
   if (!params_in_space(V, prm))
     return decline(V, StatusCode::invalid_argument, "a param value is outside its config space");
   if (!host_runs(prm[kSiluVec]))
-    return decline(V, StatusCode::unsupported_problem,
-                   prm[kSiluVec] == 8 ? "vec 8 needs AVX2, which this host lacks"
-                                      : "vec 16 needs AVX-512, which this host lacks");
+    return decline(
+        V, StatusCode::unsupported_problem,
+        prm[kSiluVec] == 8 ? "vec 8 needs AVX2, which this host lacks" : "vec 16 needs AVX-512, which this host lacks");
   return Status::Ok();
 }
 
@@ -224,7 +230,8 @@ Status vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
   const RowsTable& t = p.in_dtype == DType::fp32 ? kF32 : kBf16;
   RowsFn fn = vi < 0 || ui < 0 ? nullptr : t.fn[vi][ui];
   if (fn == nullptr || !host_runs(prm[kSiluVec]))
-    return make_status(StatusCode::unsupported_problem, "silu_and_mul: the plan's vec width needs an ISA this host lacks");
+    return make_status(StatusCode::unsupported_problem,
+                       "silu_and_mul: the plan's vec width needs an ISA this host lacks");
   fn(a, p);
   return Status::Ok();
 }
@@ -232,8 +239,10 @@ Status vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
 Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
   if (p.m < 1) return Status::Ok();
   if (Status s = check_args(a); !s.ok()) return s;
-  if (p.in_dtype == DType::fp32) silu_ref_rows<float>(a, p);
-  else silu_ref_rows<Bf16>(a, p);
+  if (p.in_dtype == DType::fp32)
+    silu_ref_rows<float>(a, p);
+  else
+    silu_ref_rows<Bf16>(a, p);
   return Status::Ok();
 }
 
@@ -242,17 +251,17 @@ Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 // ------------------------------------------------------------------ the list
 
 constinit const core::VariantDef kSiluFp32Vec{
-    "silu_and_mul_fp32__vec", OpKind::silu_and_mul, DeviceType::cpu, DType::fp32, kVecParams,
-    0, 1, &vec_supports<kSiluFp32Vec>, &vec_launch};
+    "silu_and_mul_fp32__vec",    OpKind::silu_and_mul, DeviceType::cpu, DType::fp32, kVecParams, 0, 1,
+    &vec_supports<kSiluFp32Vec>, &vec_launch};
 constinit const core::VariantDef kSiluBf16Vec{
-    "silu_and_mul_bf16__vec", OpKind::silu_and_mul, DeviceType::cpu, DType::bf16, kVecParams,
-    0, 1, &vec_supports<kSiluBf16Vec>, &vec_launch};
+    "silu_and_mul_bf16__vec",    OpKind::silu_and_mul, DeviceType::cpu, DType::bf16, kVecParams, 0, 1,
+    &vec_supports<kSiluBf16Vec>, &vec_launch};
 constinit const core::VariantDef kSiluFp32Ref{
-    "silu_and_mul_fp32__ref", OpKind::silu_and_mul, DeviceType::cpu, DType::fp32, {},
-    core::kVariantReference, 1, &ref_supports<kSiluFp32Ref>, &ref_launch};
+    "silu_and_mul_fp32__ref",    OpKind::silu_and_mul, DeviceType::cpu, DType::fp32, {}, core::kVariantReference, 1,
+    &ref_supports<kSiluFp32Ref>, &ref_launch};
 constinit const core::VariantDef kSiluBf16Ref{
-    "silu_and_mul_bf16__ref", OpKind::silu_and_mul, DeviceType::cpu, DType::bf16, {},
-    core::kVariantReference, 1, &ref_supports<kSiluBf16Ref>, &ref_launch};
+    "silu_and_mul_bf16__ref",    OpKind::silu_and_mul, DeviceType::cpu, DType::bf16, {}, core::kVariantReference, 1,
+    &ref_supports<kSiluBf16Ref>, &ref_launch};
 
 // The model: a streaming pass (reads 2d, writes d per token) whose exp is a
 // dozen vector instructions, so take the widest vector the host runs, no

@@ -94,7 +94,7 @@ class Pool {
     pending_.store(helpers, std::memory_order_relaxed);
     for (int i = 0; i < helpers; ++i) {
       tickets_[i].value.fetch_add(1, std::memory_order_release);  // publishes fn_, ctx_, tasks_
-      tickets_[i].value.notify_one();  // no syscall unless the helper sleeps
+      tickets_[i].value.notify_one();                             // no syscall unless the helper sleeps
     }
     drain();
     for (int left = pending_.load(std::memory_order_acquire); left != 0;

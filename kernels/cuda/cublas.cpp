@@ -172,8 +172,8 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   // allocates inside a capture).
   // (cuBLAS takes a workspace aligned to 256 bytes; a less aligned one is
   // not offered: the call then runs an algorithm that needs none.)
-  const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0 &&
-                      reinterpret_cast<uintptr_t>(la.workspace) % 256 == 0;
+  const bool has_ws =
+      la.workspace != nullptr && la.workspace_bytes > 0 && reinterpret_cast<uintptr_t>(la.workspace) % 256 == 0;
   if (s == CUBLAS_STATUS_SUCCESS)
     s = a.set_workspace(h, has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(la.workspace_bytes) : 0);
   if (s == CUBLAS_STATUS_SUCCESS) s = a.set_math(h, CUBLAS_DEFAULT_MATH);

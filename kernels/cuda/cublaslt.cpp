@@ -46,8 +46,8 @@ using dl::sym;
 
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
-  dl::Opened lib = dl::open_library("KDISPATCH_CUBLASLT",
-                                    {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"});
+  dl::Opened lib =
+      dl::open_library("KDISPATCH_CUBLASLT", {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"});
   if (lib.disabled) {
     a->describe = "cuBLASLt disabled by KDISPATCH_CUBLASLT=0";
     return a;
@@ -127,9 +127,12 @@ struct Slots {
 Slots slots_of(const core::Problem& p) {
   using namespace core;
   switch (p.op) {
-    case OpKind::gemm_fp8_tensor: return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::tensor, true};
-    case OpKind::gemm_fp8_rowwise: return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::rowwise, true};
-    case OpKind::gemm_fp8_block: return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::block, true};
+    case OpKind::gemm_fp8_tensor:
+      return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::tensor, true};
+    case OpKind::gemm_fp8_rowwise:
+      return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::rowwise, true};
+    case OpKind::gemm_fp8_block:
+      return {kFp8ArgA, kFp8ArgB, kFp8ArgD, kFp8ArgBias, kFp8ArgSa, kFp8ArgSb, Fp8Scales::block, true};
     default: return {kGemmArgA, kGemmArgB, kGemmArgD, kGemmArgBias};
   }
 }
@@ -235,8 +238,8 @@ cublasStatus_t make_descs(const Api& api, const core::Problem& p, int64_t lda, i
 /// The algorithm of a row, rebuilt from its config attributes.
 cublasStatus_t make_algo(const Api& api, const core::Problem& p, const int64_t* prm, cublasLtMatmulAlgo_t* algo) {
   const cudaDataType_t in = cuda_type(p.in_dtype), out = cuda_type(p.out_dtype);
-  cublasStatus_t s = api.algo_init(api.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, out, out,
-                                   static_cast<int>(prm[kAlgoId]), algo);
+  cublasStatus_t s =
+      api.algo_init(api.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, out, out, static_cast<int>(prm[kAlgoId]), algo);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   auto set32 = [&](cublasLtMatmulAlgoConfigAttributes_t attr, int64_t v) {
     const uint32_t u = static_cast<uint32_t>(v);
@@ -249,7 +252,8 @@ cublasStatus_t make_algo(const Api& api, const core::Problem& p, const int64_t* 
   const int32_t split = static_cast<int32_t>(prm[kSplitK]);
   if ((s = set32(CUBLASLT_ALGO_CONFIG_TILE_ID, prm[kTile])) != CUBLAS_STATUS_SUCCESS) return s;
   if ((s = set32(CUBLASLT_ALGO_CONFIG_STAGES_ID, prm[kStages])) != CUBLAS_STATUS_SUCCESS) return s;
-  if ((s = api.algo_set(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split)) != CUBLAS_STATUS_SUCCESS) return s;
+  if ((s = api.algo_set(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split)) != CUBLAS_STATUS_SUCCESS)
+    return s;
   if ((s = set32(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, prm[kReduction])) != CUBLAS_STATUS_SUCCESS) return s;
   if ((s = set32(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, prm[kSwizzle])) != CUBLAS_STATUS_SUCCESS) return s;
   if ((s = set32(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, prm[kCustom])) != CUBLAS_STATUS_SUCCESS) return s;
@@ -370,9 +374,9 @@ struct PickKey {
 struct PickHash {
   size_t operator()(const PickKey& k) const noexcept {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias}, int64_t{k.op},
-                      int64_t{k.accum}, int64_t{k.mode}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c},
-                      int64_t{k.align_d}}) {
+    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ws, int64_t{k.in}, int64_t{k.out}, int64_t{k.bias},
+                      int64_t{k.op}, int64_t{k.accum}, int64_t{k.mode}, int64_t{k.align_a}, int64_t{k.align_b},
+                      int64_t{k.align_c}, int64_t{k.align_d}}) {
       h ^= static_cast<uint64_t>(v);
       h *= 1099511628211ull;
     }
@@ -427,8 +431,8 @@ Status check(const core::Problem& p, const int64_t* prm) noexcept {
   const int64_t lda = q.k, ldb = q.k, ldd = q.n;
   static const char kBias = 0;
   bool fast_refused = false;
-  cublasStatus_t s = make_descs(a, q, lda, ldb, ldd, q.has_bias ? &kBias : nullptr, &d, placeholder_scales(),
-                                &fast_refused);
+  cublasStatus_t s =
+      make_descs(a, q, lda, ldb, ldd, q.has_bias ? &kBias : nullptr, &d, placeholder_scales(), &fast_refused);
   if (fast_refused)
     return make_status(StatusCode::unsupported_problem, "cuBLASLt refuses FAST_ACCUM (accum=fast): " + status_text(s));
   cublasLtMatmulAlgo_t algo;
@@ -464,9 +468,10 @@ Status launch_block_split(const core::LaunchArgs& la, const core::Problem& p, co
   if (!sb_ok || head == 0 || la.workspace == nullptr || la.workspace_bytes < bytes) {
     const Status st = launch_gemm_fp8_skinny_mma_block(sk, la, p);
     if (st.ok() || st.code() != core::kNeedsFallbackCode) return st;
-    return core::needs_fallback(std::string("cuBLASLt's block-scaled fp8 GEMM ") +
-                                (!sb_ok ? "needs scale_b's rows contiguous" : "needs M % 4 == 0 and an M-major scale_a") +
-                                ", and the block family declined: " + st.message());
+    return core::needs_fallback(
+        std::string("cuBLASLt's block-scaled fp8 GEMM ") +
+        (!sb_ok ? "needs scale_b's rows contiguous" : "needs M % 4 == 0 and an M-major scale_a") +
+        ", and the block family declined: " + st.message());
   }
   core::LaunchArgs lh = la;
   core::Problem ph = p;
@@ -594,8 +599,7 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
   Descs d;
   bool fast_refused = false;
   cublasStatus_t s = make_descs(a, p, lda, ldb, ldd, bias, &d, sc, &fast_refused);
-  if (fast_refused)
-    return core::needs_fallback("cuBLASLt refuses FAST_ACCUM (accum=fast): " + status_text(s));
+  if (fast_refused) return core::needs_fallback("cuBLASLt refuses FAST_ACCUM (accum=fast): " + status_text(s));
   if (s != CUBLAS_STATUS_SUCCESS)
     return make_status(StatusCode::backend_error, "cuBLASLt descriptors: " + status_text(s));
   cublasLtMatmulAlgo_t algo;
@@ -622,10 +626,23 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
       al.c = align_of(D, 0);
       al.d = align_of(bias, 0);
     }
-    const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer,
-                      static_cast<int32_t>(p.in_dtype), static_cast<int32_t>(p.out_dtype), bias ? 1 : 0,
-                      static_cast<int32_t>(p.op), static_cast<int32_t>(p.accum),
-                      static_cast<int32_t>(prm[kAlgoId]), al.a, al.b, al.c, al.d};
+    const PickKey key{p.m,
+                      p.n,
+                      p.k,
+                      lda,
+                      ldb,
+                      ldd,
+                      offer,
+                      static_cast<int32_t>(p.in_dtype),
+                      static_cast<int32_t>(p.out_dtype),
+                      bias ? 1 : 0,
+                      static_cast<int32_t>(p.op),
+                      static_cast<int32_t>(p.accum),
+                      static_cast<int32_t>(prm[kAlgoId]),
+                      al.a,
+                      al.b,
+                      al.c,
+                      al.d};
     Pick pick;
     bool cached = false;
     try {
@@ -649,9 +666,10 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
       return make_status(StatusCode::out_of_memory, "cuBLASLt heuristic cache");
     }
     if (!pick.found)
-      return core::needs_fallback(p.accum == core::Accum::fast
-                                      ? "cuBLASLt's heuristic has no algorithm with FAST_ACCUM (accum=fast) for this call"
-                                      : "cuBLASLt's heuristic has no algorithm for this call");
+      return core::needs_fallback(
+          p.accum == core::Accum::fast
+              ? "cuBLASLt's heuristic has no algorithm with FAST_ACCUM (accum=fast) for this call"
+              : "cuBLASLt's heuristic has no algorithm for this call");
     algo = pick.algo;
     ws_need = pick.workspace;
   } else {
@@ -663,7 +681,8 @@ Status launch_one(const core::LaunchArgs& la, const core::Problem& p, const int6
   }
   if (ws_need > 0 && (la.workspace == nullptr || static_cast<int64_t>(ws_need) > la.workspace_bytes))
     return core::needs_fallback(std::string() + "cuBLASLt algorithm needs " + std::to_string(ws_need) +
-                           " bytes of workspace, the call has " + std::to_string(la.workspace ? la.workspace_bytes : 0));
+                                " bytes of workspace, the call has " +
+                                std::to_string(la.workspace ? la.workspace_bytes : 0));
   const float alpha = 1.f, beta = 0.f;
   // The call's whole workspace (a row tuned at another M may need more than
   // it recorded; cuBLASLt takes what it needs).
@@ -690,13 +709,14 @@ int enumerate(const core::Problem& p, int64_t workspace_bytes, int64_t* out, int
   // packed scale_a of the M % 4 != 0 split, the padded scale_b): offer
   // cuBLASLt what is left, as the launch will.
   if (p.op == core::OpKind::gemm_fp8_block) {
-    const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block, nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
+    const int64_t kbs = (p.k + core::kFp8Block - 1) / core::kFp8Block,
+                  nb = (p.n + core::kFp8Block - 1) / core::kFp8Block;
     if (q.m != p.m) workspace_bytes -= (kbs * q.m * 4 + 255) / 256 * 256;
     if (kbs % 4 != 0) workspace_bytes -= (nb * ((kbs + 3) / 4 * 4) * 4 + 255) / 256 * 256;
     if (workspace_bytes < 0) workspace_bytes = 0;
   }
-  const int n = heuristic(a, q, q.k, q.k, q.n, q.has_bias ? &kBias : nullptr, workspace_bytes, r,
-                          cap < kMax ? cap : kMax);
+  const int n =
+      heuristic(a, q, q.k, q.k, q.n, q.has_bias ? &kBias : nullptr, workspace_bytes, r, cap < kMax ? cap : kMax);
   for (int i = 0; i < n; ++i) algo_to_params(a, r[i], out + i * core::kMaxParams);
   return n;
 }

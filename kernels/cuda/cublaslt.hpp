@@ -44,17 +44,17 @@ namespace dispatch::cuda::lt {
 
 /// Param slots of the cuBLASLt family (Plan::params).
 enum Param : int {
-  kAlgoId = 0,   ///< CUBLASLT_ALGO_CONFIG_ID; -1 = the heuristic's first pick (get_default)
-  kTile,         ///< CUBLASLT_ALGO_CONFIG_TILE_ID
-  kStages,       ///< CUBLASLT_ALGO_CONFIG_STAGES_ID
-  kSplitK,       ///< CUBLASLT_ALGO_CONFIG_SPLITK_NUM
-  kReduction,    ///< CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME
-  kSwizzle,      ///< CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING
-  kCustom,       ///< CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION
-  kInnerShape,   ///< CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID
-  kClusterShape, ///< CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
-  kWorkspace,    ///< workspace bytes the algorithm needs
-  kVersion,      ///< cublasLtGetVersion() the row was tuned with
+  kAlgoId = 0,    ///< CUBLASLT_ALGO_CONFIG_ID; -1 = the heuristic's first pick (get_default)
+  kTile,          ///< CUBLASLT_ALGO_CONFIG_TILE_ID
+  kStages,        ///< CUBLASLT_ALGO_CONFIG_STAGES_ID
+  kSplitK,        ///< CUBLASLT_ALGO_CONFIG_SPLITK_NUM
+  kReduction,     ///< CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME
+  kSwizzle,       ///< CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING
+  kCustom,        ///< CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION
+  kInnerShape,    ///< CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID
+  kClusterShape,  ///< CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
+  kWorkspace,     ///< workspace bytes the algorithm needs
+  kVersion,       ///< cublasLtGetVersion() the row was tuned with
   kParamCount
 };
 

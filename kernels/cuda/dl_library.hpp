@@ -50,8 +50,10 @@ inline Opened open_library(const char* env_var, std::initializer_list<std::strin
 inline void* open_or_say(const char* env_var, std::initializer_list<std::string> sonames, const std::string& name,
                          const std::string& floor, std::string* why) {
   Opened lib = open_library(env_var, sonames);
-  if (lib.disabled) *why = floor + " disabled by " + env_var + "=0";
-  else if (!lib.so) *why = name + " unavailable: dlopen failed for " + lib.tried;
+  if (lib.disabled)
+    *why = floor + " disabled by " + env_var + "=0";
+  else if (!lib.so)
+    *why = name + " unavailable: dlopen failed for " + lib.tried;
   return lib.so;
 }
 

@@ -62,13 +62,13 @@ const DeviceState* probed(const DeviceInfo& dev) noexcept {
 
 Status image_ok(const VariantDef& v, const KernelImage& k, const DeviceState& st) noexcept {
   if (k.loadable) return Status();
-  return decline(v, StatusCode::unsupported_problem,
-                 "no loadable kernel image for " + st.info.arch + " in this build (native error " +
-                     std::to_string(k.error) + ")");
+  return decline(
+      v, StatusCode::unsupported_problem,
+      "no loadable kernel image for " + st.info.arch + " in this build (native error " + std::to_string(k.error) + ")");
 }
 
-constexpr double kBandwidth = 3.6e12;   // bytes/s, a streaming read (H200 class)
-constexpr double kFp8Flops = 1.2e15;    // dense fp8 sustained by cuBLASLt
+constexpr double kBandwidth = 3.6e12;  // bytes/s, a streaming read (H200 class)
+constexpr double kFp8Flops = 1.2e15;   // dense fp8 sustained by cuBLASLt
 constexpr double kLaunchUs = 3.0;
 
 double sm_scale(const DeviceInfo& dev) { return dev.compute_units > 0 ? dev.compute_units / 132.0 : 1.0; }
@@ -96,7 +96,8 @@ struct SkinnyMmaFamily {
 
   static Status supports(int layout, const Problem& p, const int64_t* prm, const DeviceState* st,
                          const KernelImage** need) {
-    if (p.k % 16 != 0) return make_status(StatusCode::unsupported_problem, "K must be a multiple of 16 (16-byte copies)");
+    if (p.k % 16 != 0)
+      return make_status(StatusCode::unsupported_problem, "K must be a multiple of 16 (16-byte copies)");
     if (p.align_bytes < 16) return make_status(StatusCode::unsupported_problem, "operands are not 16-byte aligned");
     gpu::gemm::SkinnyMma s;
     if (const char* why =
@@ -105,8 +106,9 @@ struct SkinnyMmaFamily {
     if (layout == 2 && st && st->smem_optin > 0 &&
         gpu::gemm::skinny_mma_smem_bytes(s.row_tiles, 2, s.stages, s.split_k, s.warps_n, s.cluster_k, true) >
             st->smem_optin)
-      return make_status(StatusCode::unsupported_problem,
-                         "split_k x num_stages x stage bytes and the scale ring exceed the device's shared memory per block");
+      return make_status(
+          StatusCode::unsupported_problem,
+          "split_k x num_stages x stage bytes and the scale ring exceed the device's shared memory per block");
     if (st)
       *need = &st->gemm_fp8_skinny_mma[layout][gpu::gemm::skinny_mma_kernel_index(
           s.row_tiles, gpu::gemm::skinny_mma_n_tiles(p.m), s.stages)];
@@ -135,7 +137,8 @@ struct SkinnyMmaFamily {
     const double fill = std::min(1.0, warps / (sms * 8.0));
     const double chunks = std::ceil(static_cast<double>(p.m) / 16.0);
     const double a_share = 0.5 * 8.0 * gpu::gemm::skinny_mma_n_tiles(p.m) / (16.0 * rt * wn);
-    return kLaunchUs + (ck - 1) + 1e6 * gemm_bytes(p) * chunks * (1.0 + a_share) / (kBandwidth * sc * std::max(fill, 0.05));
+    return kLaunchUs + (ck - 1) +
+           1e6 * gemm_bytes(p) * chunks * (1.0 + a_share) / (kBandwidth * sc * std::max(fill, 0.05));
   }
 };
 
@@ -144,16 +147,11 @@ struct CublasLtFamily {
   static constexpr int64_t kZero[] = {0};
   static constexpr int64_t kMinusOne[] = {-1};
   static constexpr ParamDef params[] = {
-      {"algo_id", ParamKind::integer, kMinusOne, {}, -1},
-      {"tile_id", ParamKind::integer, kZero, {}, 0},
-      {"stages_id", ParamKind::integer, kZero, {}, 0},
-      {"split_k", ParamKind::integer, kZero, {}, 0},
-      {"reduction_scheme", ParamKind::integer, kZero, {}, 0},
-      {"cta_swizzling", ParamKind::integer, kZero, {}, 0},
-      {"custom_option", ParamKind::integer, kZero, {}, 0},
-      {"inner_shape_id", ParamKind::integer, kZero, {}, 0},
-      {"cluster_shape_id", ParamKind::integer, kZero, {}, 0},
-      {"workspace_bytes", ParamKind::integer, kZero, {}, 0},
+      {"algo_id", ParamKind::integer, kMinusOne, {}, -1},     {"tile_id", ParamKind::integer, kZero, {}, 0},
+      {"stages_id", ParamKind::integer, kZero, {}, 0},        {"split_k", ParamKind::integer, kZero, {}, 0},
+      {"reduction_scheme", ParamKind::integer, kZero, {}, 0}, {"cta_swizzling", ParamKind::integer, kZero, {}, 0},
+      {"custom_option", ParamKind::integer, kZero, {}, 0},    {"inner_shape_id", ParamKind::integer, kZero, {}, 0},
+      {"cluster_shape_id", ParamKind::integer, kZero, {}, 0}, {"workspace_bytes", ParamKind::integer, kZero, {}, 0},
       {"cublaslt_version", ParamKind::integer, kZero, {}, 0},
   };
   static constexpr uint32_t flags = core::kVariantDynamicSpace;
@@ -189,7 +187,8 @@ struct CublasLtFamily {
   }
   static double estimate_us(const Problem& p, const int64_t*, const DeviceInfo& dev) {
     const double sc = sm_scale(dev);
-    return kLaunchUs + 1e6 * std::max(2.0 * p.m * p.n * p.k / (kFp8Flops * sc), gemm_bytes(p) / (kBandwidth * 0.8 * sc));
+    return kLaunchUs +
+           1e6 * std::max(2.0 * p.m * p.n * p.k / (kFp8Flops * sc), gemm_bytes(p) / (kBandwidth * 0.8 * sc));
   }
   static int enumerate(const Problem& p, const DeviceInfo& dev, int64_t* out, int cap) {
     if (!probed(dev) || p.in_dtype != DType::fp8_e4m3fn || cap < 1) return 0;
@@ -224,15 +223,19 @@ template <int L, class F>
 struct GemmDef {
   static const VariantDef v;
   static Status supports(const Problem& p, const int64_t* prm, const DeviceInfo& dev) {
-    if (p.op != kGemmOps[L]) return decline(v, StatusCode::unsupported_problem, "not a " + std::string(v.name.substr(0, v.name.find("_e4m3fn"))) + " problem");
+    if (p.op != kGemmOps[L])
+      return decline(v, StatusCode::unsupported_problem,
+                     "not a " + std::string(v.name.substr(0, v.name.find("_e4m3fn"))) + " problem");
     if (p.device.type != DeviceType::cuda)
       return decline(v, StatusCode::unsupported_device,
                      "cuda variant, the problem is on " + std::string(device_type_name(p.device.type)));
-    if (p.in_dtype != DType::fp8_e4m3fn) return decline(v, StatusCode::unsupported_problem, "input dtype must be fp8_e4m3fn");
+    if (p.in_dtype != DType::fp8_e4m3fn)
+      return decline(v, StatusCode::unsupported_problem, "input dtype must be fp8_e4m3fn");
     if (p.out_dtype != DType::bf16 && p.out_dtype != DType::fp16 && p.out_dtype != DType::fp32)
       return decline(v, StatusCode::unsupported_problem, "the output dtype must be bf16, fp16 or fp32");
     if (p.n < 1 || p.k < 1) return decline(v, StatusCode::invalid_argument, "N and K must be >= 1");
-    if (p.n > INT32_MAX || p.k > INT32_MAX) return decline(v, StatusCode::unsupported_problem, "N and K must be < 2^31");
+    if (p.n > INT32_MAX || p.k > INT32_MAX)
+      return decline(v, StatusCode::unsupported_problem, "N and K must be < 2^31");
     const DeviceState* st = probed(dev);
     const KernelImage* need = nullptr;
     if (Status s = F::supports(L, p, prm, st, &need); !s.ok()) return decline(v, s.code(), s.message());
@@ -249,19 +252,30 @@ template <int L, class F>
 constexpr VariantDef gemm_variant(std::string_view name) {
   int (*en)(const Problem&, const DeviceInfo&, int64_t*, int) = nullptr;
   if constexpr (requires { &F::enumerate; }) en = &F::enumerate;
-  return VariantDef{name, kGemmOps[L], DeviceType::cuda, DType::fp8_e4m3fn, F::params, F::flags, 1,
-                    &GemmDef<L, F>::supports, &GemmDef<L, F>::launch, 0, 0, &F::estimate_us, en};
+  return VariantDef{name,
+                    kGemmOps[L],
+                    DeviceType::cuda,
+                    DType::fp8_e4m3fn,
+                    F::params,
+                    F::flags,
+                    1,
+                    &GemmDef<L, F>::supports,
+                    &GemmDef<L, F>::launch,
+                    0,
+                    0,
+                    &F::estimate_us,
+                    en};
 }
 
-#define KD_FP8_GEMM(L, layout)                                                                                  \
-  template <>                                                                                                   \
-  constinit const VariantDef GemmDef<L, SkinnyMmaFamily>::v =                                                   \
-      gemm_variant<L, SkinnyMmaFamily>("gemm_fp8_" layout "_e4m3fn__skinny_mma");                               \
-  template <>                                                                                                   \
-  constinit const VariantDef GemmDef<L, CublasLtFamily>::v =                                                    \
-      gemm_variant<L, CublasLtFamily>("gemm_fp8_" layout "_e4m3fn__cublaslt");                                  \
-  template <>                                                                                                   \
-  constinit const VariantDef GemmDef<L, ReferenceFamily>::v =                                                   \
+#define KD_FP8_GEMM(L, layout)                                                    \
+  template <>                                                                     \
+  constinit const VariantDef GemmDef<L, SkinnyMmaFamily>::v =                     \
+      gemm_variant<L, SkinnyMmaFamily>("gemm_fp8_" layout "_e4m3fn__skinny_mma"); \
+  template <>                                                                     \
+  constinit const VariantDef GemmDef<L, CublasLtFamily>::v =                      \
+      gemm_variant<L, CublasLtFamily>("gemm_fp8_" layout "_e4m3fn__cublaslt");    \
+  template <>                                                                     \
+  constinit const VariantDef GemmDef<L, ReferenceFamily>::v =                     \
       gemm_variant<L, ReferenceFamily>("gemm_fp8_" layout "_e4m3fn__cuda_ref");
 KD_FP8_GEMM(0, "tensor")
 KD_FP8_GEMM(1, "rowwise")
@@ -303,13 +317,15 @@ struct QuantDef {
     if (p.device.type != DeviceType::cuda)
       return decline(v, StatusCode::unsupported_device,
                      "cuda variant, the problem is on " + std::string(device_type_name(p.device.type)));
-    if (p.in_dtype != DT) return decline(v, StatusCode::unsupported_problem, "input dtype must be " + std::string(dtype_name(DT)));
+    if (p.in_dtype != DT)
+      return decline(v, StatusCode::unsupported_problem, "input dtype must be " + std::string(dtype_name(DT)));
     if (p.out_dtype != DType::fp8_e4m3fn) return decline(v, StatusCode::unsupported_problem, "q must be fp8_e4m3fn");
     if (p.k < 1) return decline(v, StatusCode::invalid_argument, "K must be >= 1");
     int w = 4;
     if (!Ref)
       if (const char* why = gpu::fp8::resolve_quant(prm, &w)) return decline(v, StatusCode::unsupported_problem, why);
-    if (const DeviceState* st = probed(dev)) return image_ok(v, st->quant_fp8[static_cast<int>(DT)][L][Ref ? 1 : 0], *st);
+    if (const DeviceState* st = probed(dev))
+      return image_ok(v, st->quant_fp8[static_cast<int>(DT)][L][Ref ? 1 : 0], *st);
     return Status();
   }
   static Status launch(const LaunchArgs& la, const Problem& p, const int64_t* prm) {
@@ -325,19 +341,30 @@ template <int L, DType DT, bool Ref>
 constexpr VariantDef quant_variant(std::string_view name) {
   std::span<const ParamDef> prm;
   if constexpr (!Ref) prm = QuantDef<L, DT, Ref>::kParams;
-  return VariantDef{name, kQuantOps[L], DeviceType::cuda, DT, prm, Ref ? core::kVariantReference : 0u, 1,
-                    &QuantDef<L, DT, Ref>::supports, &QuantDef<L, DT, Ref>::launch, 0, 0,
-                    &QuantDef<L, DT, Ref>::estimate_us, nullptr};
+  return VariantDef{name,
+                    kQuantOps[L],
+                    DeviceType::cuda,
+                    DT,
+                    prm,
+                    Ref ? core::kVariantReference : 0u,
+                    1,
+                    &QuantDef<L, DT, Ref>::supports,
+                    &QuantDef<L, DT, Ref>::launch,
+                    0,
+                    0,
+                    &QuantDef<L, DT, Ref>::estimate_us,
+                    nullptr};
 }
 
-#define KD_FP8_QUANT(L, layout, DT)                                                                             \
-  template <>                                                                                                   \
-  constinit const VariantDef QuantDef<L, DType::DT, false>::v =                                                 \
-      quant_variant<L, DType::DT, false>("quant_fp8_" layout "_" #DT "__cuda");                                 \
-  template <>                                                                                                   \
-  constinit const VariantDef QuantDef<L, DType::DT, true>::v =                                                  \
+#define KD_FP8_QUANT(L, layout, DT)                                             \
+  template <>                                                                   \
+  constinit const VariantDef QuantDef<L, DType::DT, false>::v =                 \
+      quant_variant<L, DType::DT, false>("quant_fp8_" layout "_" #DT "__cuda"); \
+  template <>                                                                   \
+  constinit const VariantDef QuantDef<L, DType::DT, true>::v =                  \
       quant_variant<L, DType::DT, true>("quant_fp8_" layout "_" #DT "__cuda_ref");
-#define KD_FP8_QUANT_DTYPES(L, layout) KD_FP8_QUANT(L, layout, fp32) KD_FP8_QUANT(L, layout, fp16) KD_FP8_QUANT(L, layout, bf16)
+#define KD_FP8_QUANT_DTYPES(L, layout) \
+  KD_FP8_QUANT(L, layout, fp32) KD_FP8_QUANT(L, layout, fp16) KD_FP8_QUANT(L, layout, bf16)
 KD_FP8_QUANT_DTYPES(0, "tensor")
 KD_FP8_QUANT_DTYPES(1, "token")
 KD_FP8_QUANT_DTYPES(2, "group")
@@ -345,9 +372,9 @@ KD_FP8_QUANT_DTYPES(2, "group")
 #undef KD_FP8_QUANT
 
 template <int L>
-constexpr const VariantDef* kQuantRows[] = {
-    &QuantDef<L, DType::fp32, false>::v, &QuantDef<L, DType::fp16, false>::v, &QuantDef<L, DType::bf16, false>::v,
-    &QuantDef<L, DType::fp32, true>::v,  &QuantDef<L, DType::fp16, true>::v,  &QuantDef<L, DType::bf16, true>::v};
+constexpr const VariantDef* kQuantRows[] = {&QuantDef<L, DType::fp32, false>::v, &QuantDef<L, DType::fp16, false>::v,
+                                            &QuantDef<L, DType::bf16, false>::v, &QuantDef<L, DType::fp32, true>::v,
+                                            &QuantDef<L, DType::fp16, true>::v,  &QuantDef<L, DType::bf16, true>::v};
 
 }  // namespace
 

@@ -54,7 +54,7 @@ KDISPATCH_DEVICE_INLINE float group_scale(const ScaleArgs& sc, int64_t m, int64_
 /// Groups kb >= kbs of dst (up to kbs_dst) are zero.
 template <Scales SC>
 __global__ void __launch_bounds__(256) fp8_pack_scale_a_kernel(const float* src, int64_t ld, float* dst, int64_t ld_dst,
-                                                              int64_t rows, int64_t kbs, int64_t kbs_dst) {
+                                                               int64_t rows, int64_t kbs, int64_t kbs_dst) {
   port::grid_dependency_wait_and_release();
   const int64_t total = rows * kbs_dst;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(256) fp8_pack_scale_a_kernel(const float* src,
 /// dst[r, c] = c < cols ? src[r, c] : 0 for r < rows, c < cols_dst, in units
 /// of T (uint4: 16 fp8 bytes; float: scales).
 template <class T>
-__global__ void __launch_bounds__(256) fp8_pad_cols_kernel(const T* src, int64_t ld, T* dst, int64_t ld_dst, int64_t rows,
-                                                          int64_t cols, int64_t cols_dst) {
+__global__ void __launch_bounds__(256) fp8_pad_cols_kernel(const T* src, int64_t ld, T* dst, int64_t ld_dst,
+                                                           int64_t rows, int64_t cols, int64_t cols_dst) {
   port::grid_dependency_wait_and_release();
   const int64_t total = rows * cols_dst;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
@@ -94,8 +94,8 @@ Status pack_scale_a(const core::LaunchArgs& la, const core::Problem& p, int64_t 
   const int64_t blocks = std::min<int64_t>((rows * kbs + 255) / 256, 1024);
   DeviceGuard guard(p.device.ordinal);
   const port::Error e = port::launch(fp8_pack_scale_a_kernel<SC>, dim3(static_cast<unsigned>(blocks)), dim3(256),
-                                     static_cast<port::Stream>(la.stream), pdl_enabled(p.device.ordinal), src, ld,
-                                     dst, ld_dst, rows, kbs, kbs);
+                                     static_cast<port::Stream>(la.stream), pdl_enabled(p.device.ordinal), src, ld, dst,
+                                     ld_dst, rows, kbs, kbs);
   return port::status(e, "gemm_fp8_block scale_a pack kernel launch");
 }
 
@@ -187,8 +187,10 @@ Status launch_ref(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   Args g{};
   ScaleArgs sc;
   if (Status st = fill_args(la, p, &g, &sc); !st.ok()) return st;
-  const dim3 grid(static_cast<unsigned>((p.n + kRefTile - 1) / kRefTile), static_cast<unsigned>((p.m + kRefTile - 1) / kRefTile));
-  if (grid.y > 65535u) return make_status(StatusCode::unsupported_problem, "gemm_fp8 reference: M too large (> 1048560)");
+  const dim3 grid(static_cast<unsigned>((p.n + kRefTile - 1) / kRefTile),
+                  static_cast<unsigned>((p.m + kRefTile - 1) / kRefTile));
+  if (grid.y > 65535u)
+    return make_status(StatusCode::unsupported_problem, "gemm_fp8 reference: M too large (> 1048560)");
   DeviceGuard guard(p.device.ordinal);
   const port::Error e = port::launch(fp8_reference_kernel<SC>, grid, dim3(kRefTile * kRefTile),
                                      static_cast<port::Stream>(la.stream), pdl_enabled(p.device.ordinal), g, sc);
@@ -230,24 +232,24 @@ void probe(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {
 }  // namespace dispatch::cuda::gemm_fp8
 
 /// The body of kernels/cuda/gemm_fp8_<layout>.cu (layout: tensor, rowwise, block).
-#define KDISPATCH_GEMM_FP8_TU(layout)                                                                       \
-  namespace dispatch::cuda {                                                                                \
-  Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,     \
-                                             const core::Problem& p) noexcept {                             \
-    return gemm_fp8::launch_skinny_mma<gemm_fp8::Scales::layout>(s, la, p);                                \
-  }                                                                                                         \
-  Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept {       \
-    return gemm_fp8::launch_ref<gemm_fp8::Scales::layout>(la, p);                                          \
-  }                                                                                                         \
-  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {       \
-    gemm_fp8::probe<gemm_fp8::Scales::layout>(skinny, ref, smem_optin);                                    \
-  }                                                                                                         \
-  Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p,         \
-                                               int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept { \
-    return gemm_fp8::pack_scale_a<gemm_fp8::Scales::layout>(la, p, m0, rows, dst, ld_dst);                 \
-  }                                                                                                         \
-  Status launch_gemm_fp8_pad_scale_b_##layout(const core::LaunchArgs& la, const core::Problem& p,          \
-                                              float* dst, int64_t ld_dst) noexcept {                        \
-    return gemm_fp8::pad_scale_b<gemm_fp8::Scales::layout>(la, p, dst, ld_dst);                            \
-  }                                                                                                         \
+#define KDISPATCH_GEMM_FP8_TU(layout)                                                                          \
+  namespace dispatch::cuda {                                                                                   \
+  Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,        \
+                                             const core::Problem& p) noexcept {                                \
+    return gemm_fp8::launch_skinny_mma<gemm_fp8::Scales::layout>(s, la, p);                                    \
+  }                                                                                                            \
+  Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept {           \
+    return gemm_fp8::launch_ref<gemm_fp8::Scales::layout>(la, p);                                              \
+  }                                                                                                            \
+  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {           \
+    gemm_fp8::probe<gemm_fp8::Scales::layout>(skinny, ref, smem_optin);                                        \
+  }                                                                                                            \
+  Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p, int64_t m0, \
+                                               int64_t rows, float* dst, int64_t ld_dst) noexcept {            \
+    return gemm_fp8::pack_scale_a<gemm_fp8::Scales::layout>(la, p, m0, rows, dst, ld_dst);                     \
+  }                                                                                                            \
+  Status launch_gemm_fp8_pad_scale_b_##layout(const core::LaunchArgs& la, const core::Problem& p, float* dst,  \
+                                              int64_t ld_dst) noexcept {                                       \
+    return gemm_fp8::pad_scale_b<gemm_fp8::Scales::layout>(la, p, dst, ld_dst);                                \
+  }                                                                                                            \
   }

@@ -53,12 +53,10 @@ namespace dispatch::cuda::gemm_skinny_mma {
 
 using gemm::Args;
 
-inline constexpr int kRowBytes = 128;   // bytes of one row in a stage: 64 bf16/fp16 or 128 fp8 elements of K
-inline constexpr int kMaxWarps = 8;     // split_k * warps_n <= 8
+inline constexpr int kRowBytes = 128;  // bytes of one row in a stage: 64 bf16/fp16 or 128 fp8 elements of K
+inline constexpr int kMaxWarps = 8;    // split_k * warps_n <= 8
 
-KDISPATCH_DEVICE_INLINE uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+KDISPATCH_DEVICE_INLINE uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 /// 16 bytes global -> shared, of which `src_bytes` (0..16) are read and the
 /// rest zero-filled; `policy`: an L2 cache policy (createpolicy).
@@ -191,8 +189,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     skinny_mma_kernel(Args g, ScaleArgs sc, int cluster_k, int warps_n, int recv_off) {
   constexpr int kBRows = 16 * RT, kARows = 8 * NT;
   constexpr int kEB = kElemBytes<DT>;      // bytes per element
-  constexpr int kChunk = kRowBytes / kEB;    // K elements per stage (fp8: one 128-wide scale group)
-  constexpr int kLaneElems = 16 / kEB;       // K elements of one 16-byte copy
+  constexpr int kChunk = kRowBytes / kEB;  // K elements per stage (fp8: one 128-wide scale group)
+  constexpr int kLaneElems = 16 / kEB;     // K elements of one 16-byte copy
   constexpr int kAcc = RT * NT * 4;
   // A cluster's blocks write into each other's shared memory at the end; the
   // writes wait on this arrival of every thread (all blocks have started, as
@@ -202,14 +200,14 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int warps = static_cast<int>(blockDim.x) >> 5;
-  const int groups = warps / warps_n;                    // split_k
+  const int groups = warps / warps_n;                   // split_k
   const int wn = warp % warps_n, grp = warp / warps_n;  // this warp's rows, its group
-  const int group_rows = warps_n * kBRows;               // B rows of the block (and of a stage)
+  const int group_rows = warps_n * kBRows;              // B rows of the block (and of a stage)
   const uint32_t stage_bytes = static_cast<uint32_t>((group_rows + kARows) * kRowBytes);
   const uint32_t ring = smem_addr(smem) + static_cast<uint32_t>(grp * S) * stage_bytes;
   const uint32_t b_off = static_cast<uint32_t>(wn * kBRows * kRowBytes);  // this warp's B rows in a stage
-  const uint32_t a_off = static_cast<uint32_t>(group_rows * kRowBytes);    // the A rows in a stage
-  const int64_t nb = static_cast<int64_t>(blockIdx.x) * group_rows;        // the block's first row of B
+  const uint32_t a_off = static_cast<uint32_t>(group_rows * kRowBytes);   // the A rows in a stage
+  const int64_t nb = static_cast<int64_t>(blockIdx.x) * group_rows;       // the block's first row of B
   const int64_t n0 = nb + wn * kBRows;
   const int64_t m0 = static_cast<int64_t>(blockIdx.z) * kARows;
   const int rank = static_cast<int>(blockIdx.y);  // == the block's rank in its (1, cluster_k, 1) cluster
@@ -265,8 +263,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
       cp_async16(st + b_off + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
 #pragma unroll
     for (int i = 0; i < NT * 2; ++i)
-      if ((i & (warps_n - 1)) == wn)
-        cp_async16(st + a_off + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
+      if ((i & (warps_n - 1)) == wn) cp_async16(st + a_off + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
     if constexpr (SC == Scales::block) {
       if (wn == 0) {
         const uint32_t slot_addr = scale_ring + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes);
@@ -305,8 +302,10 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   for (int it = 0; it < iters; ++it) {
     cp_wait<S - 2>();  // stage `it` has landed (this lane's copies) ...
     // ... and every lane's of the group; the slot of it - 1 is free.
-    if (warps_n == 1) __syncwarp();
-    else named_barrier(1 + grp, 32 * warps_n);
+    if (warps_n == 1)
+      __syncwarp();
+    else
+      named_barrier(1 + grp, 32 * warps_n);
     {
       int next = slot + S - 1;
       if (next >= S) next -= S;
@@ -323,12 +322,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
       const auto* ss = reinterpret_cast<const float*>(
           smem + (scale_ring - smem_addr(smem)) + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes));
 #pragma unroll
-      for (int j = 0; j < NT; ++j) sa_cur[j][0] = ss[8 * j + 2 * (lane & 3)], sa_cur[j][1] = ss[8 * j + 2 * (lane & 3) + 1];
+      for (int j = 0; j < NT; ++j)
+        sa_cur[j][0] = ss[8 * j + 2 * (lane & 3)], sa_cur[j][1] = ss[8 * j + 2 * (lane & 3) + 1];
       sb_cur = ss[16];
     }
     // Block scales: the stage's sums start from zero and join the
     // accumulators scaled (the compiler drops the copy otherwise).
-    float (&out)[2][RT][NT][4] = acc;
+    float(&out)[2][RT][NT][4] = acc;
     float stage_acc[2][RT][NT][4];
     if constexpr (SC == Scales::block) {
 #pragma unroll
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
 #pragma unroll
             for (int e = 0; e < 4; ++e) stage_acc[h][r][j][e] = 0.f;
     }
-    float (&sum)[2][RT][NT][4] = SC == Scales::block ? stage_acc : acc;
+    float(&sum)[2][RT][NT][4] = SC == Scales::block ? stage_acc : acc;
 #pragma unroll
     for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps per A load: chunks 4kp .. 4kp + 3
       uint32_t b[NT][4];
@@ -452,7 +452,7 @@ using KernelFn = void (*)(Args, ScaleArgs, int, int, int);
 
 template <DType DT, Scales SC, int RT, int NT>
 constexpr KernelFn kernel_for_stages(int stages) {
-  return stages == 3 ? skinny_mma_kernel<DT, SC, RT, NT, 3>
+  return stages == 3   ? skinny_mma_kernel<DT, SC, RT, NT, 3>
          : stages == 4 ? skinny_mma_kernel<DT, SC, RT, NT, 4>
                        : skinny_mma_kernel<DT, SC, RT, NT, 6>;
 }
@@ -476,15 +476,13 @@ Status launch_args(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, c
   const int nt = gpu::gemm::skinny_mma_n_tiles(p.m);
   const int rt = sk.row_tiles, wn = sk.warps_n;
   const int64_t mchunks = (p.m + 8 * nt - 1) / (8 * nt);
-  if (mchunks > 65535)
-    return core::needs_fallback("skinny_mma: M too large");
+  if (mchunks > 65535) return core::needs_fallback("skinny_mma: M too large");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>((p.n + 16 * rt * wn - 1) / (16 * rt * wn)),
                      static_cast<unsigned>(sk.cluster_k), static_cast<unsigned>(mchunks));
   cfg.blockDim = dim3(static_cast<unsigned>(32 * sk.split_k * wn));
-  cfg.dynamicSmemBytes =
-      static_cast<size_t>(gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn, sk.cluster_k,
-                                                           SC == Scales::block));
+  cfg.dynamicSmemBytes = static_cast<size_t>(
+      gpu::gemm::skinny_mma_smem_bytes(rt, nt, sk.stages, sk.split_k, wn, sk.cluster_k, SC == Scales::block));
   cfg.stream = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
   cudaLaunchAttribute attr[2];
@@ -543,13 +541,13 @@ void probe(KernelImage* out, int64_t smem_optin) noexcept {
 }  // namespace dispatch::cuda::gemm_skinny_mma
 
 /// The body of kernels/cuda/gemm_skinny_mma_<dtype>.cu.
-#define KDISPATCH_GEMM_SKINNY_MMA_TU(dt)                                                                  \
-  namespace dispatch::cuda {                                                                              \
-  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,           \
-                                     const core::Problem& p) noexcept {                                    \
-    return gemm_skinny_mma::launch<DType::dt>(s, la, p);                                                  \
-  }                                                                                                       \
-  void probe_gemm_skinny_mma_##dt(KernelImage* out, int64_t smem_optin) noexcept {                        \
-    gemm_skinny_mma::probe<DType::dt>(out, smem_optin);                                                   \
-  }                                                                                                       \
+#define KDISPATCH_GEMM_SKINNY_MMA_TU(dt)                                                        \
+  namespace dispatch::cuda {                                                                    \
+  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la, \
+                                     const core::Problem& p) noexcept {                         \
+    return gemm_skinny_mma::launch<DType::dt>(s, la, p);                                        \
+  }                                                                                             \
+  void probe_gemm_skinny_mma_##dt(KernelImage* out, int64_t smem_optin) noexcept {              \
+    gemm_skinny_mma::probe<DType::dt>(out, smem_optin);                                         \
+  }                                                                                             \
   }

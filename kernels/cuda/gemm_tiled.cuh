@@ -124,15 +124,11 @@ inline constexpr int kReduceThreads = 256;  ///< split-K reduction block
 inline constexpr int64_t kMaxDim = INT_MAX - 1024;
 
 /// Warps along M of a block shape (see the table at the top).
-__host__ __device__ constexpr int warps_m(int bm, int bn, int warps) {
-  return warps == 4 ? 2 : (bm >= 2 * bn ? 4 : 2);
-}
+__host__ __device__ constexpr int warps_m(int bm, int bn, int warps) { return warps == 4 ? 2 : (bm >= 2 * bn ? 4 : 2); }
 
 // ------------------------------------------------------------------ device helpers
 
-KDISPATCH_DEVICE_INLINE uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+KDISPATCH_DEVICE_INLINE uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 /// 16 bytes global -> shared, bypassing L1 (with a 128-byte L2 prefetch hint);
 /// zero-filled when !valid (src-size 0: nothing is read).
@@ -257,8 +253,8 @@ KDISPATCH_DEVICE_INLINE void store_d(const Args& p, const float (&acc)[MI][NI][4
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + mi * 16 + h * 8;
         if (row >= p.m) continue;
-        O::store2(d + static_cast<int64_t>(row) * p.ldd + col, acc[mi][ni][2 * h] + b0,
-                  acc[mi][ni][2 * h + 1] + b1, two, vec);
+        O::store2(d + static_cast<int64_t>(row) * p.ldd + col, acc[mi][ni][2 * h] + b0, acc[mi][ni][2 * h + 1] + b1,
+                  two, vec);
       }
     }
   }
@@ -560,8 +556,7 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
     return make_status(StatusCode::unsupported_problem, "gemm tiled: M, N and K must be below 2^31 - 1024");
   if (A == nullptr || B == nullptr || D == nullptr)
     return make_status(StatusCode::invalid_argument, "gemm tiled: a, b and d must not be null");
-  if (!aligned16(A) || !aligned16(B))
-    return needs_fallback("gemm tiled: A and B must be 16-byte aligned");
+  if (!aligned16(A) || !aligned16(B)) return needs_fallback("gemm tiled: A and B must be 16-byte aligned");
   if ((p.m > 1 && lda % 8 != 0) || (p.n > 1 && ldb % 8 != 0))
     return needs_fallback("gemm tiled: lda and ldb must be multiples of 8 elements");
 
@@ -617,8 +612,8 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
   r.d_vec4 = (ldd % 4 == 0 || p.m == 1) && aligned_to(D, 4 * esize) ? 1 : 0;
   const int64_t items = r.ws_vec4 ? p.m * p.n / 4 : p.m * p.n;
   const int64_t blocks = std::min<int64_t>((items + kReduceThreads - 1) / kReduceThreads, int64_t{1} << 20);
-  e = port::launch_smem(splitk_reduce_kernel<DT>, dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads), 0,
-                        stream, pdl, r);
+  e = port::launch_smem(splitk_reduce_kernel<DT>, dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads), 0, stream,
+                        pdl, r);
   return port::status(e, "gemm tiled split-K reduction launch");
 }
 
@@ -645,11 +640,11 @@ void probe(KernelImage* out) noexcept {
 
 /// The body of kernels/cuda/gemm_tiled_<dt>.cu: instantiates the tiled kernels
 /// of one input dtype and defines its launcher and image probe.
-#define KDISPATCH_GEMM_TILED_TU(dt)                                                                       \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                                  \
-  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,                    \
-                                const core::Problem& p) noexcept {                                         \
-    return gemm_tiled::launch<DType::dt>(t, la, p);                                                        \
-  }                                                                                                        \
-  void probe_gemm_tiled_##dt(KernelImage* out) noexcept { gemm_tiled::probe<DType::dt>(out); }            \
+#define KDISPATCH_GEMM_TILED_TU(dt)                                                            \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                       \
+  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,         \
+                                const core::Problem& p) noexcept {                             \
+    return gemm_tiled::launch<DType::dt>(t, la, p);                                            \
+  }                                                                                            \
+  void probe_gemm_tiled_##dt(KernelImage* out) noexcept { gemm_tiled::probe<DType::dt>(out); } \
   }

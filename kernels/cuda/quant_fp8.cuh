@@ -207,14 +207,14 @@ void probe(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept {
 }  // namespace dispatch::cuda::quant_fp8
 
 /// The body of kernels/cuda/quant_fp8_<dt>.cu.
-#define KDISPATCH_QUANT_FP8_TU(dt)                                                                         \
-  namespace dispatch::cuda {                                                                               \
-  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la,                \
-                               const core::Problem& p) noexcept {                                          \
-    return mul ? quant_fp8::launch<DType::dt, true>(layout, warps, la, p)                                 \
-               : quant_fp8::launch<DType::dt, false>(layout, warps, la, p);                               \
-  }                                                                                                        \
-  void probe_quant_fp8_##dt(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept {                       \
-    quant_fp8::probe<DType::dt>(out);                                                                      \
-  }                                                                                                        \
+#define KDISPATCH_QUANT_FP8_TU(dt)                                                          \
+  namespace dispatch::cuda {                                                                \
+  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la, \
+                               const core::Problem& p) noexcept {                           \
+    return mul ? quant_fp8::launch<DType::dt, true>(layout, warps, la, p)                   \
+               : quant_fp8::launch<DType::dt, false>(layout, warps, la, p);                 \
+  }                                                                                         \
+  void probe_quant_fp8_##dt(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept {         \
+    quant_fp8::probe<DType::dt>(out);                                                       \
+  }                                                                                         \
   }

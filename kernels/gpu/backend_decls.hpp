@@ -63,7 +63,7 @@ struct DeviceState {
   /// GEMM kernels per input dtype [0 fp16, 1 bf16] (gemm_dtype_index).
   KernelImage gemm_skinny[2][gpu::gemm::kSkinnyKernels];
   KernelImage gemm_ref[2];
-  KernelImage gemm_tiled[2][gpu::gemm::kTiledKernels];  ///< CUDA only (all unloadable on HIP)
+  KernelImage gemm_tiled[2][gpu::gemm::kTiledKernels];           ///< CUDA only (all unloadable on HIP)
   KernelImage gemm_skinny_mma[2][gpu::gemm::kSkinnyMmaKernels];  ///< CUDA only
   /// silu_and_mul [dtype: DType order][gpu::silu::kernel_index]
   KernelImage silu[gpu::silu::kSiluDtypes][gpu::silu::kKernelsPerDtype];
@@ -102,9 +102,8 @@ bool pdl_enabled(int32_t ordinal) noexcept;
 const gpu::BackendOps& backend_ops() noexcept;
 
 // ---- norm kernels: one launcher and one image probe per (op, dtype) TU.
-#define KDISPATCH_DECLARE_NORM_TU(op, dt)                                                                 \
-  Status launch_##op##_##dt(const gpu::norm::Launch& l, const core::LaunchArgs& la,                        \
-                            const core::Problem& p) noexcept;                                              \
+#define KDISPATCH_DECLARE_NORM_TU(op, dt)                                                                             \
+  Status launch_##op##_##dt(const gpu::norm::Launch& l, const core::LaunchArgs& la, const core::Problem& p) noexcept; \
   void probe_##op##_##dt(KernelImage* out) noexcept;
 KDISPATCH_DECLARE_NORM_TU(rmsnorm, fp32)
 KDISPATCH_DECLARE_NORM_TU(rmsnorm, fp16)
@@ -116,10 +115,10 @@ KDISPATCH_DECLARE_NORM_TU(fused_add_rmsnorm, bf16)
 
 // ---- GEMM kernels: one TU per (family, input dtype). The skinny TU also
 // holds the reference kernel. out: kSkinnyKernels images, then the reference.
-#define KDISPATCH_DECLARE_GEMM_SKINNY_TU(dt)                                                              \
-  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,                   \
-                                 const core::Problem& p) noexcept;                                         \
-  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept;               \
+#define KDISPATCH_DECLARE_GEMM_SKINNY_TU(dt)                                                \
+  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,    \
+                                 const core::Problem& p) noexcept;                          \
+  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept; \
   void probe_gemm_skinny_##dt(KernelImage* skinny, KernelImage* ref) noexcept;
 KDISPATCH_DECLARE_GEMM_SKINNY_TU(fp16)
 KDISPATCH_DECLARE_GEMM_SKINNY_TU(bf16)
@@ -128,45 +127,45 @@ KDISPATCH_DECLARE_GEMM_SKINNY_TU(bf16)
 // The tiled (mma.sync) family, CUDA only: kernels/cuda/gemm_tiled_<dt>.cu.
 // probe: kTiledKernels images, in tiled_kernel_index order; it also raises
 // each kernel's dynamic shared memory limit (cudaFuncSetAttribute) once.
-#define KDISPATCH_DECLARE_GEMM_TILED_TU(dt)                                                               \
-  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,                    \
-                                const core::Problem& p) noexcept;                                          \
+#define KDISPATCH_DECLARE_GEMM_TILED_TU(dt)                                            \
+  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, \
+                                const core::Problem& p) noexcept;                      \
   void probe_gemm_tiled_##dt(KernelImage* out) noexcept;
 KDISPATCH_DECLARE_GEMM_TILED_TU(fp16)
 KDISPATCH_DECLARE_GEMM_TILED_TU(bf16)
 #undef KDISPATCH_DECLARE_GEMM_TILED_TU
 // The skinny_mma family (tensor-core weight stream), CUDA only:
 // kernels/cuda/gemm_skinny_mma_<dt>.cu; probe: kSkinnyMmaKernels images.
-#define KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(dt)                                                          \
-  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,           \
-                                     const core::Problem& p) noexcept;                                     \
+#define KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(dt)                                                \
+  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la, \
+                                     const core::Problem& p) noexcept;                          \
   void probe_gemm_skinny_mma_##dt(KernelImage* out, int64_t smem_optin) noexcept;
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(fp16)
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU(bf16)
 #undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_TU
 // The fp8 GEMMs, CUDA only: kernels/cuda/gemm_fp8_<layout>.cu; probe:
 // kSkinnyMmaKernels images, then the reference's.
-#define KDISPATCH_DECLARE_GEMM_FP8_TU(layout)                                                             \
-  Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,   \
-                                             const core::Problem& p) noexcept;                             \
-  Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept;       \
-  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept;         \
+#define KDISPATCH_DECLARE_GEMM_FP8_TU(layout)                                                                  \
+  Status launch_gemm_fp8_skinny_mma_##layout(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la,        \
+                                             const core::Problem& p) noexcept;                                 \
+  Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept;            \
+  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept;            \
   /* rows [m0, m0 + rows) of a block scale_a (LaunchArgs ld < 0: K-major) -> dst M-major, row stride ld_dst */ \
-  Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p,         \
-                                               int64_t m0, int64_t rows, float* dst, int64_t ld_dst) noexcept; \
-  /* scale_b's rows zero-padded to ld_dst floats into dst (block: cuBLASLt's BLK128x128 row stride) */     \
-  Status launch_gemm_fp8_pad_scale_b_##layout(const core::LaunchArgs& la, const core::Problem& p,          \
-                                              float* dst, int64_t ld_dst) noexcept;
+  Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p, int64_t m0, \
+                                               int64_t rows, float* dst, int64_t ld_dst) noexcept;             \
+  /* scale_b's rows zero-padded to ld_dst floats into dst (block: cuBLASLt's BLK128x128 row stride) */         \
+  Status launch_gemm_fp8_pad_scale_b_##layout(const core::LaunchArgs& la, const core::Problem& p, float* dst,  \
+                                              int64_t ld_dst) noexcept;
 KDISPATCH_DECLARE_GEMM_FP8_TU(tensor)
 KDISPATCH_DECLARE_GEMM_FP8_TU(rowwise)
 KDISPATCH_DECLARE_GEMM_FP8_TU(block)
 #undef KDISPATCH_DECLARE_GEMM_FP8_TU
 // fp8 quantisation, CUDA only: kernels/cuda/quant_fp8_<dt>.cu. layout 0
 // tensor, 1 token, 2 group; mul: x * (1 / scale), else x / scale.
-#define KDISPATCH_DECLARE_QUANT_FP8_TU(dt)                                                                \
-  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la,               \
-                               const core::Problem& p) noexcept;                                           \
-  void probe_quant_fp8_##dt(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept;
+#define KDISPATCH_DECLARE_QUANT_FP8_TU(dt)                                                  \
+  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la, \
+                               const core::Problem& p) noexcept;                            \
+  void probe_quant_fp8_##dt(KernelImage(*out)[gpu::fp8::kQuantKernels]) noexcept;
 KDISPATCH_DECLARE_QUANT_FP8_TU(fp32)
 KDISPATCH_DECLARE_QUANT_FP8_TU(fp16)
 KDISPATCH_DECLARE_QUANT_FP8_TU(bf16)
@@ -175,9 +174,9 @@ KDISPATCH_DECLARE_QUANT_FP8_TU(bf16)
 
 // ---- silu_and_mul kernels: one launcher and one image probe per dtype TU
 // (kernels/<backend>/silu_and_mul_<dt>); probe: kKernelsPerDtype images.
-#define KDISPATCH_DECLARE_SILU_TU(dt)                                                                     \
-  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la,                  \
-                                  const core::Problem& p) noexcept;                                        \
+#define KDISPATCH_DECLARE_SILU_TU(dt)                                                     \
+  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la, \
+                                  const core::Problem& p) noexcept;                       \
   void probe_silu_and_mul_##dt(KernelImage* out) noexcept;
 KDISPATCH_DECLARE_SILU_TU(fp32)
 KDISPATCH_DECLARE_SILU_TU(fp16)

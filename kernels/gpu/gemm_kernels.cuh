@@ -267,13 +267,11 @@ template <DType DT>
 Status launch_skinny(const gpu::gemm::Skinny& sk, const core::LaunchArgs& la, const core::Problem& p) noexcept {
   Args g;
   if (Status st = fill_args(la, p, &g); !st.ok()) return st;
-  if (!vector_aligned(la, p))
-    return core::needs_fallback("skinny: A/B pointers or row strides not 16-byte aligned");
+  if (!vector_aligned(la, p)) return core::needs_fallback("skinny: A/B pointers or row strides not 16-byte aligned");
   const int mt = gpu::gemm::skinny_mtile_for(p.m);
   const dim3 grid(static_cast<unsigned>((p.n + sk.rows_per_warp - 1) / sk.rows_per_warp),
                   static_cast<unsigned>((p.m + mt - 1) / mt));
-  if (grid.y > 65535u)
-    return core::needs_fallback("skinny: M too large");
+  if (grid.y > 65535u) return core::needs_fallback("skinny: M too large");
   const dim3 block(static_cast<unsigned>(kWarpSize * sk.split_k));
   const size_t smem = sizeof(float) * static_cast<size_t>(sk.split_k * mt * sk.rows_per_warp);
   const port::Stream s = static_cast<port::Stream>(la.stream);
@@ -294,7 +292,8 @@ template <DType DT>
 Status launch_reference(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   Args g;
   if (Status st = fill_args(la, p, &g); !st.ok()) return st;
-  const dim3 grid(static_cast<unsigned>((p.n + kRefTile - 1) / kRefTile), static_cast<unsigned>((p.m + kRefTile - 1) / kRefTile));
+  const dim3 grid(static_cast<unsigned>((p.n + kRefTile - 1) / kRefTile),
+                  static_cast<unsigned>((p.m + kRefTile - 1) / kRefTile));
   if (grid.y > 65535u) return make_status(StatusCode::unsupported_problem, "gemm reference: M too large (> 1048560)");
   const port::Stream s = static_cast<port::Stream>(la.stream);
   DeviceGuard guard(p.device.ordinal);
@@ -324,16 +323,14 @@ void probe(KernelImage* skinny, KernelImage* ref) noexcept {
 }  // namespace dispatch::KDISPATCH_GPU_NS::gemm
 
 /// The body of kernels/<backend>/gemm_skinny_<dtype>.{cu,hip}.
-#define KDISPATCH_GEMM_SKINNY_TU(dt)                                                                      \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                                  \
-  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,                  \
-                                 const core::Problem& p) noexcept {                                        \
-    return gemm::launch_skinny<DType::dt>(s, la, p);                                                      \
-  }                                                                                                       \
-  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {             \
-    return gemm::launch_reference<DType::dt>(la, p);                                                      \
-  }                                                                                                       \
-  void probe_gemm_skinny_##dt(KernelImage* skinny, KernelImage* ref) noexcept {                           \
-    gemm::probe<DType::dt>(skinny, ref);                                                                  \
-  }                                                                                                       \
+#define KDISPATCH_GEMM_SKINNY_TU(dt)                                                                                   \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                                               \
+  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,                               \
+                                 const core::Problem& p) noexcept {                                                    \
+    return gemm::launch_skinny<DType::dt>(s, la, p);                                                                   \
+  }                                                                                                                    \
+  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {                           \
+    return gemm::launch_reference<DType::dt>(la, p);                                                                   \
+  }                                                                                                                    \
+  void probe_gemm_skinny_##dt(KernelImage* skinny, KernelImage* ref) noexcept { gemm::probe<DType::dt>(skinny, ref); } \
   }

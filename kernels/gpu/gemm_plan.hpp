@@ -182,7 +182,8 @@ inline const char* resolve_skinny_mma(int64_t n, int64_t k, const int64_t* param
   if (sk * wn > 8) return "split_k x warps_n must be <= 8 (warps per block)";
   if (k % 8 != 0) return "K must be a multiple of 8 (16-byte loads)";
   if (n < 1 || k < 1) return "N and K must be >= 1";
-  if (ck > 1 && cc_major > 0 && cc_major < 9) return "cluster_k > 1 needs thread-block clusters (compute capability 9.0)";
+  if (ck > 1 && cc_major > 0 && cc_major < 9)
+    return "cluster_k > 1 needs thread-block clusters (compute capability 9.0)";
   if (smem_optin > 0 && skinny_mma_smem_bytes(static_cast<int>(rt), 2, static_cast<int>(st), static_cast<int>(sk),
                                               static_cast<int>(wn), static_cast<int>(ck)) > smem_optin)
     return "split_k x num_stages x stage bytes exceed the device's shared memory per block";
@@ -246,8 +247,7 @@ struct Tiled {
 /// The smem limit is the device's opt-in maximum per block (0 = unknown:
 /// 227 KiB, an H100/H200).
 inline const char* resolve_tiled(int64_t n, int64_t k, const int64_t* params, int64_t smem_optin, Tiled* out) {
-  const int shape =
-      tiled_shape_index(params[kTiledBM], params[kTiledBN], params[kTiledBK], params[kTiledWarps]);
+  const int shape = tiled_shape_index(params[kTiledBM], params[kTiledBN], params[kTiledBK], params[kTiledWarps]);
   if (shape < 0) return "(BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps) is not a compiled block shape";
   const int64_t st = params[kTiledStages], sk = params[kTiledSplitK];
   if (st < 2 || st > 4) return "num_stages must be 2, 3 or 4";

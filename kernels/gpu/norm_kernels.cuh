@@ -84,7 +84,8 @@ KDISPATCH_DEVICE_INLINE float block_sum(float v, float* red) {
 
 /// warp / block families: 16-byte chunks, the row held in registers.
 template <DType DT, int U, bool kWarp, bool kFused>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(gpu::norm::max_threads_for_unroll(U, kWarp)) resident_kernel(Args a) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(gpu::norm::max_threads_for_unroll(U, kWarp))
+    resident_kernel(Args a) {
   using E = Elem<DT>;
   using S = typename E::S;
   constexpr int V = E::kVec;
@@ -297,14 +298,14 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
   a.hidden = static_cast<int32_t>(p.n);
   a.eps = la.scalar[0];
   if (a.x == nullptr || a.w == nullptr || (kFused ? a.r == nullptr : a.y == nullptr))
-    return make_status(StatusCode::invalid_argument,
-                       kFused ? "fused_add_rmsnorm: x, residual and w must not be null"
-                              : "rmsnorm: x, y and w must not be null");
+    return make_status(StatusCode::invalid_argument, kFused ? "fused_add_rmsnorm: x, residual and w must not be null"
+                                                            : "rmsnorm: x, y and w must not be null");
   Launch k = l;
   if (k.family == Family::warp || k.family == Family::block) {
     constexpr int64_t es = sizeof(typename E::S);
-    const bool ok = aligned16(a.x) && aligned16(a.y) && aligned16(a.w) && (!kFused || aligned16(a.r)) &&
-                    (p.m == 1 || ((a.ldx * es) % 16 == 0 && (kFused ? (a.ldr * es) % 16 == 0 : (a.ldy * es) % 16 == 0)));
+    const bool ok =
+        aligned16(a.x) && aligned16(a.y) && aligned16(a.w) && (!kFused || aligned16(a.r)) &&
+        (p.m == 1 || ((a.ldx * es) % 16 == 0 && (kFused ? (a.ldr * es) % 16 == 0 : (a.ldy * es) % 16 == 0)));
     if (!ok) {
       k.family = Family::generic;
       k.threads = generic_threads_for(p.n);
@@ -364,11 +365,10 @@ void probe(KernelImage* out) noexcept {
 
 /// The body of kernels/<backend>/<op>_<dtype>.{cu,hip}: instantiates the
 /// kernels of one (op, dtype) and defines its launcher and image probe.
-#define KDISPATCH_NORM_TU(op, dt, fused)                                                                  \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                                  \
-  Status launch_##op##_##dt(const gpu::norm::Launch& l, const core::LaunchArgs& la,                       \
-                            const core::Problem& p) noexcept {                                            \
-    return norm::launch<DType::dt, fused>(l, la, p);                                                      \
-  }                                                                                                       \
-  void probe_##op##_##dt(KernelImage* out) noexcept { norm::probe<DType::dt, fused>(out); }              \
+#define KDISPATCH_NORM_TU(op, dt, fused)                                                                               \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                                               \
+  Status launch_##op##_##dt(const gpu::norm::Launch& l, const core::LaunchArgs& la, const core::Problem& p) noexcept { \
+    return norm::launch<DType::dt, fused>(l, la, p);                                                                   \
+  }                                                                                                                    \
+  void probe_##op##_##dt(KernelImage* out) noexcept { norm::probe<DType::dt, fused>(out); }                            \
   }

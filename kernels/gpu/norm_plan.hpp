@@ -103,21 +103,21 @@ constexpr const char* resolve(Family f, int64_t hidden, int elem_bytes, int warp
   if (hidden > (int64_t{1} << 30)) return "hidden above 2^30 elements";
   const int64_t vec = 16 / elem_bytes;
   switch (f) {
-    case Family::reference:
-      l.threads = kReferenceThreads;
-      break;
+    case Family::reference: l.threads = kReferenceThreads; break;
     case Family::generic: {
       const int64_t t = prm[kGenericThreads];
       if (!in_set(t, kGenericThreadValues, 5)) return "threads is not a point of the generic space";
-      if (t > 64 && t / 2 >= hidden) return "more than twice as many threads as elements: a smaller block does the same";
+      if (t > 64 && t / 2 >= hidden)
+        return "more than twice as many threads as elements: a smaller block does the same";
       l.threads = static_cast<int32_t>(t);
       break;
     }
     case Family::warp:
     case Family::block: {
       if (hidden % vec != 0)
-        return elem_bytes == 4 ? "hidden must be a multiple of 4 (16-byte vectors); the generic variant takes any hidden"
-                               : "hidden must be a multiple of 8 (16-byte vectors); the generic variant takes any hidden";
+        return elem_bytes == 4
+                   ? "hidden must be a multiple of 4 (16-byte vectors); the generic variant takes any hidden"
+                   : "hidden must be a multiple of 8 (16-byte vectors); the generic variant takes any hidden";
       const int64_t nvec = hidden / vec;
       const int64_t u = f == Family::warp ? prm[kWarpUnroll] : prm[kBlockUnroll];
       if (!in_set(u, kUnrollValues, 5)) return "unroll is not a point of the space";
@@ -126,7 +126,8 @@ constexpr const char* resolve(Family f, int64_t hidden, int elem_bytes, int warp
       if (f == Family::warp) {
         const int64_t rpb = prm[kWarpRowsPerBlock];
         if (!in_set(rpb, kRowsPerBlockValues, 5)) return "rows_per_block is not a point of the space";
-        if (nvec > warp * u) return "the row does not fit in one warp's registers at this unroll (warp x unroll x vec elements)";
+        if (nvec > warp * u)
+          return "the row does not fit in one warp's registers at this unroll (warp x unroll x vec elements)";
         threads = rpb * warp;
         l.rows_per_block = static_cast<int32_t>(rpb);
       } else {

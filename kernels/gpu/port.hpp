@@ -153,7 +153,10 @@ inline Status status(Error e, std::string_view what) noexcept {
 // ------------------------------------------------------------------ runtime
 
 #if KDISPATCH_GPU_HIP
-inline Error get_device_count(int* n) noexcept { *n = 0; return hipGetDeviceCount(n); }
+inline Error get_device_count(int* n) noexcept {
+  *n = 0;
+  return hipGetDeviceCount(n);
+}
 inline Error get_device(int* d) noexcept { return hipGetDevice(d); }
 inline Error set_device(int d) noexcept { return hipSetDevice(d); }
 inline Error malloc_device(void** p, size_t n) noexcept { return hipMalloc(p, n); }
@@ -161,14 +164,19 @@ inline Error free_device(void* p) noexcept { return hipFree(p); }
 inline Error copy_d2h(void* d, const void* s, size_t n) noexcept { return hipMemcpy(d, s, n, hipMemcpyDeviceToHost); }
 inline Error copy_h2d(void* d, const void* s, size_t n) noexcept { return hipMemcpy(d, s, n, hipMemcpyHostToDevice); }
 inline Error copy_d2d(void* d, const void* s, size_t n) noexcept { return hipMemcpy(d, s, n, hipMemcpyDeviceToDevice); }
-inline Error memset_2d(void* d, size_t pitch, int v, size_t w, size_t h) noexcept { return hipMemset2D(d, pitch, v, w, h); }
+inline Error memset_2d(void* d, size_t pitch, int v, size_t w, size_t h) noexcept {
+  return hipMemset2D(d, pitch, v, w, h);
+}
 inline Error stream_synchronize(Stream s) noexcept { return hipStreamSynchronize(s); }
 inline Error event_create(Event* e) noexcept { return hipEventCreate(e); }
 inline Error event_destroy(Event e) noexcept { return hipEventDestroy(e); }
 inline Error event_record(Event e, Stream s) noexcept { return hipEventRecord(e, s); }
 inline Error event_synchronize(Event e) noexcept { return hipEventSynchronize(e); }
 inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return hipEventElapsedTime(ms, a, b); }
-inline Error runtime_version(int* v) noexcept { *v = 0; return hipRuntimeGetVersion(v); }
+inline Error runtime_version(int* v) noexcept {
+  *v = 0;
+  return hipRuntimeGetVersion(v);
+}
 /// This thread may make "unsafe" calls (malloc, synchronous copies) while
 /// another thread captures a graph in global mode.
 inline void* tuner_stream() noexcept { return nullptr; }  // no per-thread streams in Debian's HIP 5.2
@@ -184,7 +192,10 @@ struct RelaxedCaptureScope {
     if (ok) (void)hipThreadExchangeStreamCaptureMode(&m);
   }
 };
-inline Error driver_version(int* v) noexcept { *v = 0; return hipDriverGetVersion(v); }
+inline Error driver_version(int* v) noexcept {
+  *v = 0;
+  return hipDriverGetVersion(v);
+}
 inline Error stream_capturing(Stream s, bool* yes) noexcept {
   hipStreamCaptureStatus st = hipStreamCaptureStatusNone;
   Error e = hipStreamIsCapturing(s, &st);
@@ -192,22 +203,32 @@ inline Error stream_capturing(Stream s, bool* yes) noexcept {
   return e;
 }
 #else
-inline Error get_device_count(int* n) noexcept { *n = 0; return cudaGetDeviceCount(n); }
+inline Error get_device_count(int* n) noexcept {
+  *n = 0;
+  return cudaGetDeviceCount(n);
+}
 inline Error get_device(int* d) noexcept { return cudaGetDevice(d); }
 inline Error set_device(int d) noexcept { return cudaSetDevice(d); }
 inline Error malloc_device(void** p, size_t n) noexcept { return cudaMalloc(p, n); }
 inline Error free_device(void* p) noexcept { return cudaFree(p); }
 inline Error copy_d2h(void* d, const void* s, size_t n) noexcept { return cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost); }
 inline Error copy_h2d(void* d, const void* s, size_t n) noexcept { return cudaMemcpy(d, s, n, cudaMemcpyHostToDevice); }
-inline Error copy_d2d(void* d, const void* s, size_t n) noexcept { return cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice); }
-inline Error memset_2d(void* d, size_t pitch, int v, size_t w, size_t h) noexcept { return cudaMemset2D(d, pitch, v, w, h); }
+inline Error copy_d2d(void* d, const void* s, size_t n) noexcept {
+  return cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice);
+}
+inline Error memset_2d(void* d, size_t pitch, int v, size_t w, size_t h) noexcept {
+  return cudaMemset2D(d, pitch, v, w, h);
+}
 inline Error stream_synchronize(Stream s) noexcept { return cudaStreamSynchronize(s); }
 inline Error event_create(Event* e) noexcept { return cudaEventCreate(e); }
 inline Error event_destroy(Event e) noexcept { return cudaEventDestroy(e); }
 inline Error event_record(Event e, Stream s) noexcept { return cudaEventRecord(e, s); }
 inline Error event_synchronize(Event e) noexcept { return cudaEventSynchronize(e); }
 inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return cudaEventElapsedTime(ms, a, b); }
-inline Error runtime_version(int* v) noexcept { *v = 0; return cudaRuntimeGetVersion(v); }
+inline Error runtime_version(int* v) noexcept {
+  *v = 0;
+  return cudaRuntimeGetVersion(v);
+}
 /// This thread may make "unsafe" calls (malloc, synchronous copies) while
 /// another thread captures a graph in global mode.
 inline void* tuner_stream() noexcept { return static_cast<void*>(cudaStreamPerThread); }
@@ -226,7 +247,10 @@ struct RelaxedCaptureScope {
     if (ok) (void)cudaThreadExchangeStreamCaptureMode(&m);
   }
 };
-inline Error driver_version(int* v) noexcept { *v = 0; return cudaDriverGetVersion(v); }
+inline Error driver_version(int* v) noexcept {
+  *v = 0;
+  return cudaDriverGetVersion(v);
+}
 /// The tuner's serving-mode timing (tune::Clock::time_graph): a capture in
 /// thread-local mode (an engine thread's global-mode capture neither breaks
 /// it nor is broken by it), instantiated and replayed.
@@ -240,8 +264,14 @@ inline Error stream_destroy(Stream s) noexcept { return cudaStreamDestroy(s); }
 inline Error begin_capture_thread_local(Stream s) noexcept {
   return cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
 }
-inline Error end_capture(Stream s, Graph* g) noexcept { *g = nullptr; return cudaStreamEndCapture(s, g); }
-inline Error graph_instantiate(GraphExec* x, Graph g) noexcept { *x = nullptr; return cudaGraphInstantiateWithFlags(x, g, 0); }
+inline Error end_capture(Stream s, Graph* g) noexcept {
+  *g = nullptr;
+  return cudaStreamEndCapture(s, g);
+}
+inline Error graph_instantiate(GraphExec* x, Graph g) noexcept {
+  *x = nullptr;
+  return cudaGraphInstantiateWithFlags(x, g, 0);
+}
 inline Error graph_launch(GraphExec x, Stream s) noexcept { return cudaGraphLaunch(x, s); }
 inline Error graph_destroy(Graph g) noexcept { return cudaGraphDestroy(g); }
 inline Error graph_exec_destroy(GraphExec x) noexcept { return cudaGraphExecDestroy(x); }
@@ -256,8 +286,8 @@ inline Error stream_capturing(Stream s, bool* yes) noexcept {
 /// The device properties kdispatch reads, from fields every supported
 /// runtime version has.
 struct Props {
-  std::string name;       ///< "NVIDIA H200", "AMD Instinct MI250X"
-  std::string gcn_arch;   ///< HIP: "gfx90a:sramecc+:xnack-"; CUDA: empty
+  std::string name;      ///< "NVIDIA H200", "AMD Instinct MI250X"
+  std::string gcn_arch;  ///< HIP: "gfx90a:sramecc+:xnack-"; CUDA: empty
   int major = 0, minor = 0;
   int multiprocessors = 0;
   int warp_size = 0;
@@ -317,7 +347,7 @@ inline Error device_props(int ordinal, Props* out) noexcept {
 /// cudaErrorInvalidDeviceFunction) means there is no loadable image.
 struct FuncInfo {
   bool loadable = false;
-  int max_threads = 0;   ///< the launch bound the compiler honoured
+  int max_threads = 0;  ///< the launch bound the compiler honoured
   int num_regs = 0;
   int binary_version = 0;
   int64_t local_bytes = 0;  ///< stack frame (spills show here)

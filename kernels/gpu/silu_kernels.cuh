@@ -206,9 +206,12 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
   port::Error e = port::kSuccess;
   switch (l.family) {
     case Family::vec:
-      if (l.unroll == 1) e = port::launch(vec_kernel<DT, 1>, grid, block, s, pdl, a);
-      else if (l.unroll == 2) e = port::launch(vec_kernel<DT, 2>, grid, block, s, pdl, a);
-      else return make_status(StatusCode::invalid_argument, "silu_and_mul: unroll is not one of 1, 2");
+      if (l.unroll == 1)
+        e = port::launch(vec_kernel<DT, 1>, grid, block, s, pdl, a);
+      else if (l.unroll == 2)
+        e = port::launch(vec_kernel<DT, 2>, grid, block, s, pdl, a);
+      else
+        return make_status(StatusCode::invalid_argument, "silu_and_mul: unroll is not one of 1, 2");
       return port::status(e, "silu_and_mul vec kernel launch");
     case Family::generic:
       e = port::launch(generic_kernel<DT>, grid, block, s, pdl, a);
@@ -234,11 +237,11 @@ void probe(KernelImage* out) noexcept {
 
 /// The body of kernels/<backend>/silu_and_mul_<dtype>.{cu,hip}: instantiates
 /// the kernels of one dtype and defines its launcher and image probe.
-#define KDISPATCH_SILU_TU(dt)                                                                             \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                                  \
-  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la,                 \
-                                  const core::Problem& p) noexcept {                                      \
-    return silu::launch<DType::dt>(l, la, p);                                                             \
-  }                                                                                                       \
-  void probe_silu_and_mul_##dt(KernelImage* out) noexcept { silu::probe<DType::dt>(out); }               \
+#define KDISPATCH_SILU_TU(dt)                                                              \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                   \
+  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la,  \
+                                  const core::Problem& p) noexcept {                       \
+    return silu::launch<DType::dt>(l, la, p);                                              \
+  }                                                                                        \
+  void probe_silu_and_mul_##dt(KernelImage* out) noexcept { silu::probe<DType::dt>(out); } \
   }

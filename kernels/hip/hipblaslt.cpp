@@ -30,19 +30,19 @@ namespace {
 // ---- hipBLASLt's C API (>= 0.6), declared: the values and layouts of
 // hipblaslt.h, hipblas-common.h and HIP's library_types.h for the calls
 // below, nothing more.
-using LtStatus = int;                  // hipblasStatus_t
-constexpr LtStatus kOk = 0;            // HIPBLAS_STATUS_SUCCESS
-constexpr LtStatus kInvalidValue = 3;  // HIPBLAS_STATUS_INVALID_VALUE
-constexpr LtStatus kNotSupported = 7;  // HIPBLAS_STATUS_NOT_SUPPORTED
-using Handle = void*;                  // hipblasLtHandle_t
-using MatmulDesc = void*;              // hipblasLtMatmulDesc_t (pointer to an opaque struct)
-using Layout = void*;                  // hipblasLtMatrixLayout_t
-using Preference = void*;              // hipblasLtMatmulPreference_t
-constexpr int kOpN = 111, kOpT = 112;  // hipblasOperation_t
-constexpr int kCompute32F = 2;         // hipblasComputeType_t HIPBLAS_COMPUTE_32F
+using LtStatus = int;                             // hipblasStatus_t
+constexpr LtStatus kOk = 0;                       // HIPBLAS_STATUS_SUCCESS
+constexpr LtStatus kInvalidValue = 3;             // HIPBLAS_STATUS_INVALID_VALUE
+constexpr LtStatus kNotSupported = 7;             // HIPBLAS_STATUS_NOT_SUPPORTED
+using Handle = void*;                             // hipblasLtHandle_t
+using MatmulDesc = void*;                         // hipblasLtMatmulDesc_t (pointer to an opaque struct)
+using Layout = void*;                             // hipblasLtMatrixLayout_t
+using Preference = void*;                         // hipblasLtMatmulPreference_t
+constexpr int kOpN = 111, kOpT = 112;             // hipblasOperation_t
+constexpr int kCompute32F = 2;                    // hipblasComputeType_t HIPBLAS_COMPUTE_32F
 constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;  // hipDataType
 constexpr int kDescTransA = 0, kDescTransB = 1, kDescEpilogue = 2, kDescBiasPointer = 3,
-              kDescBiasDataType = 4;  // hipblasLtMatmulDescAttributes_t
+              kDescBiasDataType = 4;       // hipblasLtMatmulDescAttributes_t
 constexpr uint32_t kEpilogueBias = 4;      // hipblasLtEpilogue_t HIPBLASLT_EPILOGUE_BIAS
 constexpr int kPrefMaxWorkspaceBytes = 1;  // hipblasLtMatmulPreferenceAttributes_t
 struct Algo {                              // hipblasLtMatmulAlgo_t
@@ -85,7 +85,7 @@ using cuda::dl::sym;
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
   a->so = cuda::dl::open_or_say("KDISPATCH_HIPBLASLT", {"libhipblaslt.so.0", "libhipblaslt.so"}, "hipBLASLt",
-                                 "hipBLASLt floor", &a->describe);
+                                "hipBLASLt floor", &a->describe);
   if (!a->so) return a;
   const bool all = sym(a->so, "hipblasLtCreate", &a->create) && sym(a->so, "hipblasLtGetVersion", &a->get_version) &&
                    sym(a->so, "hipblasLtMatmulDescCreate", &a->desc_create) &&
@@ -230,8 +230,7 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
     const int64_t lda = la.ld[kGemmArgA], ldb = la.ld[kGemmArgB], ldd = la.ld[kGemmArgD];
     if ((p.m > 1 && (lda < p.k || ldd < p.n)) || (p.n > 1 && ldb < p.k))
       return core::needs_fallback("hipBLASLt needs row strides >= the row length");
-    if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
-        ldd > INT32_MAX)
+    if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldd > INT32_MAX)
       return core::needs_fallback("hipBLASLt takes dimensions and strides below 2^31");
     if (bias != nullptr && p.out_dtype != p.in_dtype)
       return core::needs_fallback("the floor's bias epilogue takes a bias in the input dtype (torch's addmm)");
@@ -246,8 +245,16 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
       return make_status(StatusCode::backend_error, "hipBLASLt descriptors: status " + std::to_string(s));
     const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0;
     const int64_t offer = std::min<int64_t>(has_ws ? la.workspace_bytes : 0, torch_workspace());
-    const PickKey key{p.m, p.n, p.k, lda, ldb, ldd, offer, static_cast<int>(p.in_dtype),
-                      static_cast<int>(p.out_dtype), bias != nullptr};
+    const PickKey key{p.m,
+                      p.n,
+                      p.k,
+                      lda,
+                      ldb,
+                      ldd,
+                      offer,
+                      static_cast<int>(p.in_dtype),
+                      static_cast<int>(p.out_dtype),
+                      bias != nullptr};
     Pick pick;
     bool cached = false;
     PickCache& c = picks();
@@ -276,7 +283,8 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
     if (!pick.found) return core::needs_fallback("hipBLASLt's heuristic has no algorithm for this call");
     if (pick.workspace > 0 && (!has_ws || static_cast<int64_t>(pick.workspace) > la.workspace_bytes))
       return core::needs_fallback("hipBLASLt's algorithm needs " + std::to_string(pick.workspace) +
-                                  " bytes of workspace, the call has " + std::to_string(has_ws ? la.workspace_bytes : 0));
+                                  " bytes of workspace, the call has " +
+                                  std::to_string(has_ws ? la.workspace_bytes : 0));
     const float alpha = 1.f, beta = 0.f;
     const LtStatus s = a.matmul(h, d.op, &alpha, B, d.la, A, d.lb, &beta, D, d.lc, D, d.lc, &pick.algo,
                                 has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(offer) : 0,

@@ -34,19 +34,18 @@ std::string dims_text(const int64_t* v, int n) {
 }
 [[gnu::cold, gnu::noinline]] Status offset_overflows(uint64_t byte_offset) noexcept {
   try {
-    return make_status(StatusCode::invalid_argument,
-                       "DLTensor data + byte_offset overflows (byte_offset " + std::to_string(byte_offset) +
-                           "): past the end of any 64-bit address space (2^57)");
+    return make_status(StatusCode::invalid_argument, "DLTensor data + byte_offset overflows (byte_offset " +
+                                                         std::to_string(byte_offset) +
+                                                         "): past the end of any 64-bit address space (2^57)");
   } catch (...) {
     return make_status(StatusCode::invalid_argument, "DLTensor data + byte_offset overflows");
   }
 }
 [[gnu::cold, gnu::noinline]] Status extent_overflows(const int64_t* shape, const int64_t* strides, int ndim) noexcept {
   try {
-    return make_status(StatusCode::invalid_argument, "DLTensor size or stride overflows: shape " +
-                                                         dims_text(shape, ndim) + " with strides " +
-                                                         dims_text(strides, ndim) +
-                                                         " reaches past the 64-bit address space (2^57 bytes)");
+    return make_status(StatusCode::invalid_argument,
+                       "DLTensor size or stride overflows: shape " + dims_text(shape, ndim) + " with strides " +
+                           dims_text(strides, ndim) + " reaches past the 64-bit address space (2^57 bytes)");
   } catch (...) {
     return make_status(StatusCode::invalid_argument, "DLTensor size or stride overflows");
   }
@@ -61,9 +60,9 @@ Result<Device> device_from_dlpack(DLDevice d) noexcept {
     case kDLCUDA: return Device{DeviceType::cuda, d.device_id};
     case kDLROCM: return Device{DeviceType::hip, d.device_id};
     default:
-      return make_status(StatusCode::unsupported_device,
-                         "DLTensor device type " + std::to_string(static_cast<int>(d.device_type)) +
-                             " has no kdispatch backend");
+      return make_status(
+          StatusCode::unsupported_device,
+          "DLTensor device type " + std::to_string(static_cast<int>(d.device_type)) + " has no kdispatch backend");
   }
 }
 
@@ -73,24 +72,30 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
     return make_status(StatusCode::invalid_argument,
                        "DLTensor ndim " + std::to_string(t->ndim) + " is outside 0.." + std::to_string(kMaxRank));
   TensorRef r;
-  if (t->dtype.lanes != 1)
-    return make_status(StatusCode::unsupported_problem, "DLTensor dtype lanes must be 1");
-  if (t->dtype.code == kDLFloat && t->dtype.bits == 32) r.dtype = DType::fp32;
-  else if (t->dtype.code == kDLFloat && t->dtype.bits == 16) r.dtype = DType::fp16;
-  else if (t->dtype.code == kDLBfloat && t->dtype.bits == 16) r.dtype = DType::bf16;
-  else if (t->dtype.code == kDLInt && t->dtype.bits == 32) r.dtype = DType::int32;
-  else if (t->dtype.code == kDLPackFloat8_e4m3fn && t->dtype.bits == 8) r.dtype = DType::fp8_e4m3fn;
-  else if (t->dtype.code == kDLPackFloat8_e4m3fnuz && t->dtype.bits == 8) r.dtype = DType::fp8_e4m3fnuz;
-  else if (t->dtype.code == kDLPackFloat8_e5m2 && t->dtype.bits == 8) r.dtype = DType::fp8_e5m2;
+  if (t->dtype.lanes != 1) return make_status(StatusCode::unsupported_problem, "DLTensor dtype lanes must be 1");
+  if (t->dtype.code == kDLFloat && t->dtype.bits == 32)
+    r.dtype = DType::fp32;
+  else if (t->dtype.code == kDLFloat && t->dtype.bits == 16)
+    r.dtype = DType::fp16;
+  else if (t->dtype.code == kDLBfloat && t->dtype.bits == 16)
+    r.dtype = DType::bf16;
+  else if (t->dtype.code == kDLInt && t->dtype.bits == 32)
+    r.dtype = DType::int32;
+  else if (t->dtype.code == kDLPackFloat8_e4m3fn && t->dtype.bits == 8)
+    r.dtype = DType::fp8_e4m3fn;
+  else if (t->dtype.code == kDLPackFloat8_e4m3fnuz && t->dtype.bits == 8)
+    r.dtype = DType::fp8_e4m3fnuz;
+  else if (t->dtype.code == kDLPackFloat8_e5m2 && t->dtype.bits == 8)
+    r.dtype = DType::fp8_e5m2;
   else
-    return make_status(StatusCode::unsupported_problem,
-                       "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +
-                           std::to_string(t->dtype.bits) +
-                           ") is not fp32, fp16, bf16, int32 or an fp8 format (DLPack 1.1 codes 10, 11, 12 with bits 8)" +
-                           (t->dtype.code == kDLUInt && t->dtype.bits == 8
-                                ? std::string("; fp8 data in a uint8 array needs its format named (Python: "
-                                              "kdispatch.fp8(array, \"e4m3fn\"))")
-                                : std::string()));
+    return make_status(
+        StatusCode::unsupported_problem,
+        "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " + std::to_string(t->dtype.bits) +
+            ") is not fp32, fp16, bf16, int32 or an fp8 format (DLPack 1.1 codes 10, 11, 12 with bits 8)" +
+            (t->dtype.code == kDLUInt && t->dtype.bits == 8
+                 ? std::string("; fp8 data in a uint8 array needs its format named (Python: "
+                               "kdispatch.fp8(array, \"e4m3fn\"))")
+                 : std::string()));
   auto dev = device_from_dlpack(t->device);
   if (!dev.ok()) return dev.status();
   r.device = *dev;
@@ -107,8 +112,10 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
     if (n < 0) [[unlikely]]
       return negative_shape();
     int64_t st = compact;
-    if (t->strides != nullptr) st = t->strides[i];
-    else overflow |= __builtin_mul_overflow(compact, n, &compact);
+    if (t->strides != nullptr)
+      st = t->strides[i];
+    else
+      overflow |= __builtin_mul_overflow(compact, n, &compact);
     r.shape[i] = n;
     r.strides[i] = st;
     empty |= n == 0;

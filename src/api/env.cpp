@@ -55,11 +55,16 @@ bool parse_bytes(const std::string& v, int64_t* out) {
   if (!parse_positive(v, &x, &end) || v.find_first_of("xXpP") != std::string::npos) return false;
   double mult = 1;
   const std::string suf(end);
-  if (suf.empty() || suf == "B") mult = 1;
-  else if (suf == "K" || suf == "KB" || suf == "KiB") mult = 1024.0;
-  else if (suf == "M" || suf == "MB" || suf == "MiB") mult = 1024.0 * 1024;
-  else if (suf == "G" || suf == "GB" || suf == "GiB") mult = 1024.0 * 1024 * 1024;
-  else return false;
+  if (suf.empty() || suf == "B")
+    mult = 1;
+  else if (suf == "K" || suf == "KB" || suf == "KiB")
+    mult = 1024.0;
+  else if (suf == "M" || suf == "MB" || suf == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suf == "G" || suf == "GB" || suf == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else
+    return false;
   const double bytes = x * mult;
   if (!(bytes >= 1) || bytes > 9.0e18) return false;  // at least a byte; fits int64
   *out = static_cast<int64_t>(bytes);
@@ -98,8 +103,8 @@ void warn_skipped_config_dirs(const std::string& value, const std::vector<std::s
   std::lock_guard<std::mutex> lock(mu);
   for (const std::string& why : whys)
     if (level >= LogLevel::warn && said->insert(why).second)
-      std::fprintf(stderr, "kdispatch: KDISPATCH_CONFIG_DIRS='%s': config dir %s; serving without it\n",
-                   value.c_str(), why.c_str());
+      std::fprintf(stderr, "kdispatch: KDISPATCH_CONFIG_DIRS='%s': config dir %s; serving without it\n", value.c_str(),
+                   why.c_str());
 }
 
 }  // namespace
@@ -109,8 +114,10 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
     std::vector<std::string> skipped;  // why each skipped KDISPATCH_CONFIG_DIRS entry was skipped
     if (const char* v = env("KDISPATCH_CONFIG_DIRS"))
       for (auto& d : split(v, ':')) {
-        if (std::string why = dir_problem(d); !why.empty()) skipped.push_back(std::move(why));
-        else o.config_dirs.push_back(d);
+        if (std::string why = dir_problem(d); !why.empty())
+          skipped.push_back(std::move(why));
+        else
+          o.config_dirs.push_back(d);
       }
     if (const char* v = env("KDISPATCH_SHIPPED_CONFIGS")) {
       const std::string s = v;
@@ -130,12 +137,18 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
     }
     if (const char* v = env("KDISPATCH_LOG_LEVEL")) {
       const std::string s = v;
-      if (s == "off") o.log_level = LogLevel::off;
-      else if (s == "error") o.log_level = LogLevel::error;
-      else if (s == "warn") o.log_level = LogLevel::warn;
-      else if (s == "info") o.log_level = LogLevel::info;
-      else if (s == "debug") o.log_level = LogLevel::debug;
-      else return bad_env("KDISPATCH_LOG_LEVEL", s, "off|error|warn|info|debug");
+      if (s == "off")
+        o.log_level = LogLevel::off;
+      else if (s == "error")
+        o.log_level = LogLevel::error;
+      else if (s == "warn")
+        o.log_level = LogLevel::warn;
+      else if (s == "info")
+        o.log_level = LogLevel::info;
+      else if (s == "debug")
+        o.log_level = LogLevel::debug;
+      else
+        return bad_env("KDISPATCH_LOG_LEVEL", s, "off|error|warn|info|debug");
     }
     if (const char* v = env("KDISPATCH_WATCH"))
       if (!parse_bool(v, &o.watch)) return bad_env("KDISPATCH_WATCH", v, "0 or 1");
@@ -149,10 +162,14 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
       if (!parse_bool(v, &o.deterministic)) return bad_env("KDISPATCH_DETERMINISTIC", v, "0 or 1");
     if (const char* v = env("KDISPATCH_TUNE")) {
       const std::string s = v;
-      if (s == "off") o.tune.mode = TuneMode::off;
-      else if (s == "sync") o.tune.mode = TuneMode::sync;
-      else if (s == "background") o.tune.mode = TuneMode::background;
-      else return bad_env("KDISPATCH_TUNE", s, "off|sync|background");
+      if (s == "off")
+        o.tune.mode = TuneMode::off;
+      else if (s == "sync")
+        o.tune.mode = TuneMode::sync;
+      else if (s == "background")
+        o.tune.mode = TuneMode::background;
+      else
+        return bad_env("KDISPATCH_TUNE", s, "off|sync|background");
     }
     if (const char* v = env("KDISPATCH_CACHE_DIR")) o.tune.cache_dir = v;
     if (const char* v = env("KDISPATCH_CACHE_LOCKING")) {  // read by the writer (store::locking_scheme)
@@ -161,7 +178,8 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
         return bad_env("KDISPATCH_CACHE_LOCKING", s, "auto, flock or fragments");
     }
     if (const char* v = env("KDISPATCH_TUNE_MEM"))
-      if (!parse_bytes(v, &o.tune.memory_budget_bytes)) return bad_env("KDISPATCH_TUNE_MEM", v, "bytes, e.g. 512M or 2G");
+      if (!parse_bytes(v, &o.tune.memory_budget_bytes))
+        return bad_env("KDISPATCH_TUNE_MEM", v, "bytes, e.g. 512M or 2G");
     if (const char* v = env("KDISPATCH_TUNE_BUDGET_MS")) {
       double ms = 0;
       const char* end = nullptr;

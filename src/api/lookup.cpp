@@ -169,9 +169,9 @@ Result<std::string> infer_op(const Runtime::Impl& impl, const LookupQuery& q, co
   if (present.size() == 1) return present.front();
   if (fits.size() == 1) return fits.front();
   if (present.empty() && !fits.empty() && fits.front() == "triton_gemm") return std::string("triton_gemm");
-  return make_status(StatusCode::invalid_argument, "cannot infer the op from key '" + q.key + "'" +
-                                                       (present.size() > 1 ? " (the table holds several ops it could be)" : "") +
-                                                       ": pass op (--op)");
+  return make_status(StatusCode::invalid_argument,
+                     "cannot infer the op from key '" + q.key + "'" +
+                         (present.size() > 1 ? " (the table holds several ops it could be)" : "") + ": pass op (--op)");
 }
 
 struct Candidate {
@@ -222,8 +222,10 @@ bool from_table(const Runtime::Impl& impl, const LookupQuery& q, bool own, const
     res.table_m = b->ms[idx];
     res.match = res.table_m == q.M ? LookupResult::Match::exact : LookupResult::Match::nearest;
     std::tie(res.source_dir, res.source) = impl.sources.get(row->source_id);
-    if (const core::Plan& pl = table::Snapshot::plan(*b, idx); pl.valid()) res.variant = std::string(pl.variant->name);
-    else if (const ConfigValue* v = config_find(res.config, "variant")) res.variant = v->s;
+    if (const core::Plan& pl = table::Snapshot::plan(*b, idx); pl.valid())
+      res.variant = std::string(pl.variant->name);
+    else if (const ConfigValue* v = config_find(res.config, "variant"))
+      res.variant = v->s;
     if (!c.why.empty()) why += "; " + c.why;
     why += "; key " + c.key;
     if (!b->note.empty()) why += "; " + b->note;
@@ -327,7 +329,8 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
     if (own) {
       if (!q.backend.empty()) {
         auto b = parse_device_type(q.backend);
-        if (!b.ok()) return make_status(StatusCode::invalid_argument, "unknown backend '" + q.backend + "' (cpu, cuda, hip)");
+        if (!b.ok())
+          return make_status(StatusCode::invalid_argument, "unknown backend '" + q.backend + "' (cpu, cuda, hip)");
         backend = *b;
       }
       auto p = store::own_problem_from_fields(*own, fields);
@@ -351,9 +354,9 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
         res.match = LookupResult::Match::forced;
         res.source = "forced";
         res.table_m = -1;
-        res.why = why + "; forced by '" + impl.forced.texts(*own)[i] + "' (RuntimeOptions::force / KDISPATCH_FORCE): " +
-                  core::plan_to_string(f) + " serves every " + op + " call with " +
-                  std::string(dtype_name(prob.in_dtype)) + " inputs, whatever the table holds";
+        res.why = why + "; forced by '" + impl.forced.texts(*own)[i] +
+                  "' (RuntimeOptions::force / KDISPATCH_FORCE): " + core::plan_to_string(f) + " serves every " + op +
+                  " call with " + std::string(dtype_name(prob.in_dtype)) + " inputs, whatever the table holds";
         return res;
       }
     }
@@ -372,11 +375,15 @@ std::string lookup_result_to_json(const LookupResult& r) {
   w.begin_object().key("config");
   config_to_json(w, r.config);
   w.field("source", r.source).field("match", match_name(r.match)).key("M");
-  if (r.table_m >= 0) w.value(r.table_m);
-  else w.null();
+  if (r.table_m >= 0)
+    w.value(r.table_m);
+  else
+    w.null();
   w.key("variant");
-  if (r.variant.empty()) w.null();
-  else w.value(r.variant);
+  if (r.variant.empty())
+    w.null();
+  else
+    w.value(r.variant);
   w.field("key", r.key).field("why", r.why);
   if (!r.note.empty()) w.field("note", r.note);
   w.end_object();

@@ -94,7 +94,8 @@ void zero_reset_args(const core::Problem& p, const core::LaunchArgs& la, const c
     const size_t es = dtype_size(e.dtype);
     const int64_t ld = e.rows > 1 ? la.ld[i] : e.cols;
     for (int64_t r = 0; r < e.rows; ++r)
-      std::memset(static_cast<char*>(la.data[i]) + static_cast<size_t>(r * ld) * es, 0, static_cast<size_t>(e.cols) * es);
+      std::memset(static_cast<char*>(la.data[i]) + static_cast<size_t>(r * ld) * es, 0,
+                  static_cast<size_t>(e.cols) * es);
   }
 }
 
@@ -282,7 +283,8 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
     for (const core::Plan& f : impl.forced.of(p.op)) {
       if (f.variant->backend != p.device.type || f.variant->in_dtype != p.in_dtype) continue;
       if (Status s = f.variant->supports(p, f.params, *dev); !s.ok())
-        return make_status(StatusCode::no_variant, "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
+        return make_status(StatusCode::no_variant,
+                           "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
       c->plan = f;
       c->source = PlanSource::forced;
       return Status();
@@ -349,8 +351,7 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
   }
   if (tuner.mode() != TuneMode::sync) return Status();
   const tune::CaptureQuery capturing = tune::capture_query(p.device.type);
-  const bool this_captures =
-      call.opts.capturing || (capturing && call.stream.handle && capturing(call.stream.handle));
+  const bool this_captures = call.opts.capturing || (capturing && call.stream.handle && capturing(call.stream.handle));
   if (this_captures && call.stream.handle) tuner.note_stream(p.device.type, call.stream.handle);
   // A search (on the legacy stream) while another thread's stream captures
   // would break that capture too: deferred as well.
@@ -386,8 +387,7 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
   return launch(impl, call, c);
 }
 
-Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
-           const CallOptions& opts) noexcept {
+Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream, const CallOptions& opts) noexcept {
   Runtime::Impl& impl = rt.impl();
   Call call{p, la, stream, opts};
   const CallKey ckey = call_key(p);
@@ -472,9 +472,9 @@ Result<PretuneResult> pretune_problem(Runtime& rt, const core::Problem& p, const
 // "<first dim-binding slot>: <its M name> is 0, nothing to tune".
 [[gnu::cold]] Status nothing_to_tune(const core::OpSpec& s) {
   const auto& first = s.slots[static_cast<size_t>(s.order[0])];
-  return make_status(StatusCode::invalid_argument,
-                     std::string(first.name) + ": " + std::string(s.dim_names[static_cast<int>(core::Dim::m)]) +
-                         " is 0, nothing to tune");
+  return make_status(StatusCode::invalid_argument, std::string(first.name) + ": " +
+                                                       std::string(s.dim_names[static_cast<int>(core::Dim::m)]) +
+                                                       " is 0, nothing to tune");
 }
 
 }  // namespace
@@ -558,9 +558,10 @@ struct OpListStorage {
     }
     size_t i = 0;
     for (const core::OpSpec* s : core::all_specs()) {
-      ops.push_back(OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace, fields[i],
-                           s->dim_names[static_cast<int>(core::Dim::m)], in_dtypes[i],
-                           s->default_out_dtype < 0 ? std::string_view() : dtype_name(static_cast<DType>(s->default_out_dtype))});
+      ops.push_back(
+          OpInfo{s->name, s->summary, args[i], scalars[i], s->uses_workspace, fields[i],
+                 s->dim_names[static_cast<int>(core::Dim::m)], in_dtypes[i],
+                 s->default_out_dtype < 0 ? std::string_view() : dtype_name(static_cast<DType>(s->default_out_dtype))});
       ++i;
     }
   }
@@ -577,11 +578,11 @@ size_t required_scalars(const core::OpSpec& s) noexcept {
 // The args struct of `op` from slot-ordered tensors and scalars.
 [[gnu::cold]] Status count_error(const core::OpSpec& s, size_t nt, size_t ns) {
   const size_t need = required_scalars(s);
-  return make_status(StatusCode::invalid_argument,
-                     std::string(s.name) + " takes " + std::to_string(s.slots.size()) + " tensors and " +
-                         (need == s.scalars.size() ? "" : std::to_string(need) + " to ") +
-                         std::to_string(s.scalars.size()) + " scalars, got " + std::to_string(nt) + " and " +
-                         std::to_string(ns));
+  return make_status(StatusCode::invalid_argument, std::string(s.name) + " takes " + std::to_string(s.slots.size()) +
+                                                       " tensors and " +
+                                                       (need == s.scalars.size() ? "" : std::to_string(need) + " to ") +
+                                                       std::to_string(s.scalars.size()) + " scalars, got " +
+                                                       std::to_string(nt) + " and " + std::to_string(ns));
 }
 
 // The op's scalars in full (left-out switches: their defaults), each switch
@@ -700,8 +701,8 @@ Result<ConfigTimings> time_configs(Runtime& rt, std::string_view op, std::string
         continue;
       }
       if (Status s = v->supports(*p, plan->params, *dev); !s.ok()) {
-        out.configs[i].status = make_status(StatusCode::unsupported_problem,
-                                            std::string(v->name) + " declines this key: " + s.message());
+        out.configs[i].status =
+            make_status(StatusCode::unsupported_problem, std::string(v->name) + " declines this key: " + s.message());
         continue;
       }
       plans.push_back(*plan);
@@ -745,20 +746,19 @@ Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tens
                Stream stream, const CallOptions& opts) noexcept {
   const core::OpSpec* s = spec_named(op);
   if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
-  if (tensors.size() != s->slots.size() || scalars.size() > s->scalars.size() ||
-      scalars.size() < required_scalars(*s))
+  if (tensors.size() != s->slots.size() || scalars.size() > s->scalars.size() || scalars.size() < required_scalars(*s))
     return count_error(*s, tensors.size(), scalars.size());
   float full[core::kMaxScalars] = {};
   if (Status st = full_scalars(*s, scalars, full); !st.ok()) return st;
   switch (s->op) {
-#define KD_GENERIC_CALL(op, Args, tensors_, scalars_)                                   \
-  case core::OpKind::op: {                                                             \
-    Args args;                                                                         \
-    size_t i = 0, j = 0;                                                               \
-    KD_PP_FOR_EACH(KD_ARG_FROM_SPAN, KD_PP_NOTHING, tensors_)                          \
-    KD_PP_FOR_EACH(KD_SCALAR_FROM_SPAN, KD_PP_NOTHING, scalars_)                       \
-    (void)i, (void)j;                                                                  \
-    return dispatch::op(rt, args, stream, opts);                                       \
+#define KD_GENERIC_CALL(op, Args, tensors_, scalars_)            \
+  case core::OpKind::op: {                                       \
+    Args args;                                                   \
+    size_t i = 0, j = 0;                                         \
+    KD_PP_FOR_EACH(KD_ARG_FROM_SPAN, KD_PP_NOTHING, tensors_)    \
+    KD_PP_FOR_EACH(KD_SCALAR_FROM_SPAN, KD_PP_NOTHING, scalars_) \
+    (void)i, (void)j;                                            \
+    return dispatch::op(rt, args, stream, opts);                 \
   }
     KDISPATCH_OP_LIST(KD_GENERIC_CALL)
 #undef KD_GENERIC_CALL
@@ -770,20 +770,19 @@ Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<con
                                  std::span<const float> scalars) noexcept {
   const core::OpSpec* s = spec_named(op);
   if (s == nullptr) return make_status(StatusCode::invalid_argument, "unknown op '" + std::string(op) + "'");
-  if (tensors.size() != s->slots.size() || scalars.size() > s->scalars.size() ||
-      scalars.size() < required_scalars(*s))
+  if (tensors.size() != s->slots.size() || scalars.size() > s->scalars.size() || scalars.size() < required_scalars(*s))
     return count_error(*s, tensors.size(), scalars.size());
   float full[core::kMaxScalars] = {};
   if (Status st = full_scalars(*s, scalars, full); !st.ok()) return st;
   switch (s->op) {
-#define KD_GENERIC_PRETUNE(op, Args, tensors_, scalars_)                                \
-  case core::OpKind::op: {                                                             \
-    Args args;                                                                         \
-    size_t i = 0, j = 0;                                                               \
-    KD_PP_FOR_EACH(KD_ARG_FROM_SPAN, KD_PP_NOTHING, tensors_)                          \
-    KD_PP_FOR_EACH(KD_SCALAR_FROM_SPAN, KD_PP_NOTHING, scalars_)                       \
-    (void)i, (void)j;                                                                  \
-    return dispatch::pretune(rt, args);                                                \
+#define KD_GENERIC_PRETUNE(op, Args, tensors_, scalars_)         \
+  case core::OpKind::op: {                                       \
+    Args args;                                                   \
+    size_t i = 0, j = 0;                                         \
+    KD_PP_FOR_EACH(KD_ARG_FROM_SPAN, KD_PP_NOTHING, tensors_)    \
+    KD_PP_FOR_EACH(KD_SCALAR_FROM_SPAN, KD_PP_NOTHING, scalars_) \
+    (void)i, (void)j;                                            \
+    return dispatch::pretune(rt, args);                          \
   }
     KDISPATCH_OP_LIST(KD_GENERIC_PRETUNE)
 #undef KD_GENERIC_PRETUNE
@@ -794,22 +793,22 @@ Result<PretuneResult> pretune_op(Runtime& rt, std::string_view op, std::span<con
 #undef KD_SCALAR_FROM_SPAN
 
 // One entry point and one pretune per row of core/op_list.hpp.
-#define KD_OP_ENTRY(op, Args, tensors, scalars)                                                               \
-  Status op(Runtime& rt, const Args& args, Stream stream, const CallOptions& opts) noexcept {                \
-    core::Problem p;                                                                                         \
-    core::LaunchArgs la{core::LaunchArgs::Unset{}}; /* validate sets every slot and scalar */                \
-    bool empty = false;                                                                                      \
-    if (Status s = api::validate_##op(args, &p, &la, &empty); !s.ok()) return s;                              \
-    if (empty) return Status();                                                                              \
-    return run(rt, p, la, stream, opts);                                                                     \
-  }                                                                                                          \
-  Result<PretuneResult> pretune(Runtime& rt, const Args& args) noexcept {                                    \
-    core::Problem p;                                                                                         \
-    core::LaunchArgs la;                                                                                     \
-    bool empty = false;                                                                                      \
-    if (Status s = api::validate_##op(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s;     \
-    if (empty) return nothing_to_tune(core::spec_of(core::OpKind::op));                                       \
-    return pretune_problem(rt, p, la);                                                                       \
+#define KD_OP_ENTRY(op, Args, tensors, scalars)                                                          \
+  Status op(Runtime& rt, const Args& args, Stream stream, const CallOptions& opts) noexcept {            \
+    core::Problem p;                                                                                     \
+    core::LaunchArgs la{core::LaunchArgs::Unset{}}; /* validate sets every slot and scalar */            \
+    bool empty = false;                                                                                  \
+    if (Status s = api::validate_##op(args, &p, &la, &empty); !s.ok()) return s;                         \
+    if (empty) return Status();                                                                          \
+    return run(rt, p, la, stream, opts);                                                                 \
+  }                                                                                                      \
+  Result<PretuneResult> pretune(Runtime& rt, const Args& args) noexcept {                                \
+    core::Problem p;                                                                                     \
+    core::LaunchArgs la;                                                                                 \
+    bool empty = false;                                                                                  \
+    if (Status s = api::validate_##op(args, &p, &la, &empty, /*require_data=*/false); !s.ok()) return s; \
+    if (empty) return nothing_to_tune(core::spec_of(core::OpKind::op));                                  \
+    return pretune_problem(rt, p, la);                                                                   \
   }
 KDISPATCH_OP_LIST(KD_OP_ENTRY)
 #undef KD_OP_ENTRY

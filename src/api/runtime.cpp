@@ -43,8 +43,7 @@ std::string find_shipped_dir(const RuntimeOptions& o) {
   if (!o.shipped_configs_dir.empty()) return o.shipped_configs_dir;
   std::error_code ec;
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&find_shipped_dir), &info) != 0 && info.dli_fname &&
-      info.dli_fname[0] != '\0') {
+  if (dladdr(reinterpret_cast<void*>(&find_shipped_dir), &info) != 0 && info.dli_fname && info.dli_fname[0] != '\0') {
     const fs::path lib_dir = fs::weakly_canonical(fs::path(info.dli_fname), ec).parent_path();
     if (!ec && !lib_dir.empty()) {
       const fs::path rel[] = {
@@ -113,8 +112,8 @@ std::vector<std::pair<std::string, int32_t>> Runtime::Impl::source_dirs() const 
 }
 
 void Runtime::Impl::rebuild_locked(std::vector<std::string>* notes) {
-  auto snap = table::Snapshot::build(table.all_inputs(), backend_version, notes,
-                                     table.current.load(std::memory_order_relaxed));
+  auto snap =
+      table::Snapshot::build(table.all_inputs(), backend_version, notes, table.current.load(std::memory_order_relaxed));
   reports.set_counts(static_cast<int64_t>(snap->buckets().size()), snap->row_count());
   table.publish_locked(std::move(snap), this);
 }
@@ -147,7 +146,8 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
 void Runtime::Impl::keep_rows_of_broken_files(store::LoadOutput* out) const {
   if (table.loaded_inputs.empty()) return;
   bool any_skipped = !out->incomplete_dirs.empty();
-  for (const FileReport& f : out->report.files) any_skipped = any_skipped || (f.state == FileReport::State::skipped && !f.stale);
+  for (const FileReport& f : out->report.files)
+    any_skipped = any_skipped || (f.state == FileReport::State::skipped && !f.stale);
   if (!any_skipped) return;
   std::unordered_map<std::string, const std::shared_ptr<const table::TableInput>*> previous;
   for (const auto& in : table.loaded_inputs) previous.emplace(std::to_string(in->source_rank) + '\n' + in->path, &in);
@@ -233,9 +233,10 @@ uint64_t fork_generation() noexcept {
 
 Status Runtime::Impl::refuse_in_child(const char* what) const {
   return make_status(StatusCode::failed_precondition,
-                     std::string(what) + ": this runtime was created before fork(); in the child it serves its table "
-                                         "and the defaults only (no tuning, reload, misses export or stream "
-                                         "workspaces): create a runtime after fork() for those");
+                     std::string(what) +
+                         ": this runtime was created before fork(); in the child it serves its table "
+                         "and the defaults only (no tuning, reload, misses export or stream "
+                         "workspaces): create a runtime after fork() for those");
 }
 
 void Runtime::Impl::note_no_tuning_in_child() const noexcept {
@@ -299,7 +300,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
         impl->cache_dir = std::move(c.dir);
       } else {
         impl->cache_dir_refused = std::move(c.refused);
-        if (options.log_level >= LogLevel::warn) std::fprintf(stderr, "kdispatch: %s\n", impl->cache_dir_refused.c_str());
+        if (options.log_level >= LogLevel::warn)
+          std::fprintf(stderr, "kdispatch: %s\n", impl->cache_dir_refused.c_str());
       }
     }
     impl->tuned_rank = static_cast<int32_t>(options.config_dirs.size());
@@ -385,7 +387,7 @@ Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_by
 }
 
 void Runtime::freeze(bool f) noexcept {
-  if (impl_->forked_child()) return;  // nothing changes the child's table anyway
+  if (impl_->forked_child()) return;                  // nothing changes the child's table anyway
   std::lock_guard<std::mutex> lock(impl_->table.mu);  // waits out a publish in flight
   impl_->frozen.store(f, std::memory_order_release);
   if (impl_->tuner) impl_->tuner->freeze(f);
@@ -435,7 +437,8 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
         if (f->kind == core::FieldKind::dim &&
             std::none_of(dim_cols.begin(), dim_cols.end(), [&](const auto& c) { return c.first == f->name; }))
           dim_cols.emplace_back(f->name, f->dim);
-        if (f->kind == core::FieldKind::flag && std::find(flag_cols.begin(), flag_cols.end(), f->name) == flag_cols.end())
+        if (f->kind == core::FieldKind::flag &&
+            std::find(flag_cols.begin(), flag_cols.end(), f->name) == flag_cols.end())
           flag_cols.push_back(f->name);
         if (f->kind == core::FieldKind::accum &&
             std::find(accum_cols.begin(), accum_cols.end(), f->name) == accum_cols.end())
@@ -456,8 +459,8 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
       table::KeyBuffer stride;
       table::append_stride_field(p, &stride);
       csv += std::string(core::op_name(p.op)) + "," + std::string(device_type_name(p.device.type)) + "," +
-             dev->device_name + "," + std::string(dtype_name(p.in_dtype)) + "," +
-             std::string(dtype_name(p.out_dtype)) + "," + std::to_string(p.m);
+             dev->device_name + "," + std::string(dtype_name(p.in_dtype)) + "," + std::string(dtype_name(p.out_dtype)) +
+             "," + std::to_string(p.m);
       for (const auto& c : dim_cols) {
         const core::KeyField* f = nullptr;
         for (const core::KeyField& k : spec.fields)

@@ -26,7 +26,7 @@ class Tuner;
 struct VerifyRow;
 class MemoryVerdicts;
 struct Verdicts;
-}
+}  // namespace dispatch::tune
 namespace dispatch::store {
 class DirWatcher;
 }
@@ -58,7 +58,7 @@ struct Runtime::Impl {
   int made_in_pid = 0;
   std::vector<int> backend_version;  ///< parsed options.backend_version
   table::NearestPolicy policy;
-  std::string shipped_dir;           ///< resolved shipped-configs dir ("" = none)
+  std::string shipped_dir;  ///< resolved shipped-configs dir ("" = none)
 
   // ---- the parts (api/runtime_parts.hpp), each with its own lock
   /// The published table; first, so its generation word starts the object's

@@ -91,10 +91,9 @@ Status StreamWorkspaces::attach(Device d, void* stream, int64_t bytes,
     if (bytes > 0) {
       ws = alloc(d.ordinal, bytes);
       if (ws == nullptr)
-        return make_status(StatusCode::out_of_memory, "attach_stream: allocating a " + std::to_string(bytes) +
-                                                          "-byte workspace on " +
-                                                          std::string(device_type_name(d.type)) + ":" +
-                                                          std::to_string(d.ordinal));
+        return make_status(StatusCode::out_of_memory,
+                           "attach_stream: allocating a " + std::to_string(bytes) + "-byte workspace on " +
+                               std::string(device_type_name(d.type)) + ":" + std::to_string(d.ordinal));
     }
     slots_[n] = Slot{d, stream, ws, ws ? bytes : 0};
     n_.store(n + 1, std::memory_order_release);
@@ -153,7 +152,8 @@ Status ForcedPlans::parse(const std::vector<std::string>& entries) {
   for (const std::string& entry : entries) {
     const auto eq = entry.find('=');
     if (eq == std::string::npos)
-      return make_status(StatusCode::config_error, "force entry '" + entry + "' is not <op>=<variant>[:param=value,...]");
+      return make_status(StatusCode::config_error,
+                         "force entry '" + entry + "' is not <op>=<variant>[:param=value,...]");
     const std::string opname = entry.substr(0, eq);
     const auto op = core::parse_op(opname);
     if (!op) return make_status(StatusCode::config_error, "force entry '" + entry + "': unknown op '" + opname + "'");
@@ -165,12 +165,14 @@ Status ForcedPlans::parse(const std::vector<std::string>& entries) {
     }
     const core::VariantDef* v = core::find_variant(vname);
     if (!v || v->op != *op)
-      return make_status(StatusCode::no_variant, "force entry '" + entry + "': no " + opname + " variant named '" + vname + "'");
+      return make_status(StatusCode::no_variant,
+                         "force entry '" + entry + "': no " + opname + " variant named '" + vname + "'");
     Config row;
     row.emplace_back("variant", ConfigValue::string(vname));
     if (Status s = parse_forced_params(entry, *v, params, &row); !s.ok()) return s;
     auto plan = core::plan_from_config(row, *op, v->backend);
-    if (!plan.ok()) return make_status(StatusCode::config_error, "force entry '" + entry + "': " + plan.status().message());
+    if (!plan.ok())
+      return make_status(StatusCode::config_error, "force entry '" + entry + "': " + plan.status().message());
     plans_[static_cast<int>(*op)].push_back(*plan);
     texts_[static_cast<int>(*op)].push_back(entry);
     any_ = true;

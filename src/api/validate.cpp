@@ -108,8 +108,10 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
 Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool require_data) noexcept {
   if (t.rank != 1) return bad(name, "must be rank 1, got rank " + std::to_string(t.rank));
   if (require_data && t.data == nullptr) return bad(name, "data is null");
-  if (t.shape[0] != n) return bad(name, "must have " + std::to_string(n) + " elements, has " + std::to_string(t.shape[0]));
-  if (n > 1 && t.strides[0] != 1) return bad(name, "must be contiguous (stride 1), got stride " + std::to_string(t.strides[0]));
+  if (t.shape[0] != n)
+    return bad(name, "must have " + std::to_string(n) + " elements, has " + std::to_string(t.shape[0]));
+  if (n > 1 && t.strides[0] != 1)
+    return bad(name, "must be contiguous (stride 1), got stride " + std::to_string(t.strides[0]));
   return Status();
 }
 
@@ -157,7 +159,9 @@ struct Binding {
   int64_t value[core::kDimCount] = {1, 0, 0, 0, 0, 0};
   int8_t binder[core::kDimCount] = {-1, -1, -1, -1, -1, -1};  // the slot a dim took its value from
   bool bound(Dim d) const noexcept { return d == Dim::none || binder[static_cast<int>(d)] >= 0; }
-  int64_t eval(const DimExpr& e) const noexcept { return core::scaled_extent(value[static_cast<int>(e.dim)], e.mul, e.div); }
+  int64_t eval(const DimExpr& e) const noexcept {
+    return core::scaled_extent(value[static_cast<int>(e.dim)], e.mul, e.div);
+  }
 };
 
 std::string expr_text(const OpSpec& s, const DimExpr& e) {
@@ -215,8 +219,8 @@ Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Bind
         o.cols.dim == a.cols.dim && o.cols.mul == a.cols.mul && o.cols.div == a.cols.div)
       return bad(name, "shape " + shape_text(t) + " must equal " + std::string(o.name) + "'s " + shape_text(*ts[j]));
   }
-  return bad(name, "shape " + shape_text(t) + " must be " + names + " = [" + std::to_string(trial.eval(a.rows)) +
-                       ", " + std::to_string(trial.eval(a.cols)) + "]");
+  return bad(name, "shape " + shape_text(t) + " must be " + names + " = [" + std::to_string(trial.eval(a.rows)) + ", " +
+                       std::to_string(trial.eval(a.cols)) + "]");
 }
 
 }  // namespace
@@ -233,7 +237,9 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
     // 1. The layout of every required 2-D slot.
     for (int8_t i : s.order)
       if (!slot(i).optional && slot(i).rank == 2)
-        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok); !st.ok()) return st;
+        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok);
+            !st.ok())
+          return st;
     // 2. Shapes: bind the dims, check the rest; the sizes >= 1 once their slot bound them.
     Binding b;
     auto positive = [&]() -> Status {
@@ -292,7 +298,9 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       if (slot(i).rank == 1) {
         if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
       } else {
-        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok); !st.ok()) return st;
+        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok);
+            !st.ok())
+          return st;
         if (Status st = bind_or_check(s, i, t, &b); !st.ok()) return st;
       }
       if (const int like = slot(i).dtype_like; like >= 0 && t[i]->dtype != t[like]->dtype)
@@ -334,8 +342,7 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       for (int i = 0; i < s.slot_count(); ++i) {
         if (slot(i).rank != 1 || !slot_present(slot(i), *t[i], require_data)) continue;
         for (int w = 0; w < s.slot_count(); ++w) {
-          if (w == i || !(is_written(slot(w)) || is_written(slot(i))) ||
-              !slot_present(slot(w), *t[w], require_data))
+          if (w == i || !(is_written(slot(w)) || is_written(slot(i))) || !slot_present(slot(w), *t[w], require_data))
             continue;
           if (!overlaps(*t[w], *t[i])) continue;
           if (is_written(slot(w))) return bad(slot(w).name, "overlaps an input (" + name(i) + ")");
@@ -564,19 +571,19 @@ Status validate_slots(const TensorRef* const* t, const float* scalars, core::Pro
 
 #define KD_TENSOR_PTR(x) &args.x,
 #define KD_SCALAR_VAL(x) static_cast<float>(args.x), /* a switch's bool: 0 or 1 */
-#define KD_VALIDATE_DEF(op, Args, tensors, scalars)                                                          \
-  template Status validate_slots<core::OpKind::op>(const TensorRef* const*, const float*, core::Problem*,    \
-                                                   core::LaunchArgs*, bool*, bool) noexcept;                 \
-  Status validate_##op(const Args& args, core::Problem* p, core::LaunchArgs* la, bool* empty,                \
-                       bool require_data) noexcept {                                                         \
-    const TensorRef* t[] = {KD_PP_FOR_EACH(KD_TENSOR_PTR, KD_PP_NOTHING, tensors)};                         \
-    const float s[] = {KD_PP_FOR_EACH(KD_SCALAR_VAL, KD_PP_NOTHING, scalars) 0.f};                           \
-    return validate_fast<core::OpKind::op>(t, s, p, la, empty, require_data);                               \
-  }                                                                                                          \
-  Status check_##op##_detailed(const Args& args, bool require_data) noexcept {                               \
-    const TensorRef* t[] = {KD_PP_FOR_EACH(KD_TENSOR_PTR, KD_PP_NOTHING, tensors)};                         \
-    const float s[] = {KD_PP_FOR_EACH(KD_SCALAR_VAL, KD_PP_NOTHING, scalars) 0.f};                           \
-    return check_detailed(core::OpSpecOf<core::OpKind::op>::value, t, s, require_data);                      \
+#define KD_VALIDATE_DEF(op, Args, tensors, scalars)                                                       \
+  template Status validate_slots<core::OpKind::op>(const TensorRef* const*, const float*, core::Problem*, \
+                                                   core::LaunchArgs*, bool*, bool) noexcept;              \
+  Status validate_##op(const Args& args, core::Problem* p, core::LaunchArgs* la, bool* empty,             \
+                       bool require_data) noexcept {                                                      \
+    const TensorRef* t[] = {KD_PP_FOR_EACH(KD_TENSOR_PTR, KD_PP_NOTHING, tensors)};                       \
+    const float s[] = {KD_PP_FOR_EACH(KD_SCALAR_VAL, KD_PP_NOTHING, scalars) 0.f};                        \
+    return validate_fast<core::OpKind::op>(t, s, p, la, empty, require_data);                             \
+  }                                                                                                       \
+  Status check_##op##_detailed(const Args& args, bool require_data) noexcept {                            \
+    const TensorRef* t[] = {KD_PP_FOR_EACH(KD_TENSOR_PTR, KD_PP_NOTHING, tensors)};                       \
+    const float s[] = {KD_PP_FOR_EACH(KD_SCALAR_VAL, KD_PP_NOTHING, scalars) 0.f};                        \
+    return check_detailed(core::OpSpecOf<core::OpKind::op>::value, t, s, require_data);                   \
   }
 KDISPATCH_OP_LIST(KD_VALIDATE_DEF)
 #undef KD_VALIDATE_DEF

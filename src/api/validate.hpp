@@ -35,9 +35,9 @@ Status validate_slots(const TensorRef* const* t, const float* scalars, core::Pro
 /// validate_<op>(const <Args>&, ...) and check_<op>_detailed(const <Args>&):
 /// the two paths on an op's public args struct, one pair per row of
 /// core/op_list.hpp.
-#define KD_VALIDATE_DECL(op, Args, tensors, scalars)                                                          \
-  Status validate_##op(const Args& args, core::Problem* p, core::LaunchArgs* la, bool* empty,                 \
-                       bool require_data = true) noexcept;                                                     \
+#define KD_VALIDATE_DECL(op, Args, tensors, scalars)                                          \
+  Status validate_##op(const Args& args, core::Problem* p, core::LaunchArgs* la, bool* empty, \
+                       bool require_data = true) noexcept;                                    \
   Status check_##op##_detailed(const Args& args, bool require_data = true) noexcept;
 KDISPATCH_OP_LIST(KD_VALIDATE_DECL)
 #undef KD_VALIDATE_DECL

@@ -142,8 +142,8 @@ tune::Verdicts verdicts_of(const Runtime::Impl& impl, DeviceType backend, std::s
 
 // What lookup says of a CPU row tuned elsewhere.
 std::string foreign_note(const CpuIdentity& tuned_on, const tune::Verdict* v) {
-  const std::string where = tuned_on.known() ? "tuned on " + tuned_on.describe()
-                                             : "tuned on a CPU its file does not record";
+  const std::string where =
+      tuned_on.known() ? "tuned on " + tuned_on.describe() : "tuned on a CPU its file does not record";
   return where + (v ? "; verified here: " + v->state() : "; not yet verified here");
 }
 
@@ -160,8 +160,7 @@ void Runtime::Impl::apply_verdicts_locked() {
     const auto& in = table.loaded_inputs[i];
     if (!in->has_own_key) continue;
     by_key[in->key].emplace_back(in.get(), i);
-    if (in->source_rank != cache_rank && in->device_name == cpu.device_name &&
-        in->key.compare(0, 4, "cpu/") == 0)
+    if (in->source_rank != cache_rank && in->device_name == cpu.device_name && in->key.compare(0, 4, "cpu/") == 0)
       cpu_inputs.emplace(in->source_id, in);
   }
   for (const table::TableInput& in : table.tuned_inputs)
@@ -206,12 +205,15 @@ void Runtime::Impl::apply_verdicts_locked() {
       const core::Plan floor = core::floor_plan(p, *dev);
       if (!floor.valid() || floor == *plan) continue;
       demote[best_index].emplace_back(best_row, floor);
-      notes[{key, m}] = {best->source_id, "demoted on this machine: " + core::plan_to_string(*plan) +
-                                              " lost to the floor by more than the margin in " +
-                                              std::to_string(v.losses) + " verifications (" +
-                                              (path.empty() || in_memory.rows.count(id) ? std::string("in memory") : path) +
-                                              "); the floor's plan at M=" + std::to_string(m) + " serves (at the "
-                                              "Ms nearest it too, as the row did): " + core::plan_to_string(floor)};
+      notes[{key, m}] = {best->source_id,
+                         "demoted on this machine: " + core::plan_to_string(*plan) +
+                             " lost to the floor by more than the margin in " + std::to_string(v.losses) +
+                             " verifications (" +
+                             (path.empty() || in_memory.rows.count(id) ? std::string("in memory") : path) +
+                             "); the floor's plan at M=" + std::to_string(m) +
+                             " serves (at the "
+                             "Ms nearest it too, as the row did): " +
+                             core::plan_to_string(floor)};
     }
   }
   // One copy of each input with a demoted row (the others stay shared): the

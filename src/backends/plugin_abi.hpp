@@ -53,10 +53,10 @@ inline constexpr const char* kCpuPluginEntryV1 = "kdispatch_cpu_plugin_v1";
 /// field added to VariantDef) is refused instead of misread.
 constexpr uint64_t plugin_layout_fingerprint() noexcept {
   const uint64_t sizes[] = {
-      sizeof(VariantDef), alignof(VariantDef), sizeof(ParamDef),   alignof(ParamDef),
-      sizeof(Problem),    alignof(Problem),    sizeof(LaunchArgs), alignof(LaunchArgs),
-      sizeof(DeviceInfo), alignof(DeviceInfo), sizeof(Status),     alignof(Status),
-      sizeof(std::string), sizeof(std::string_view), sizeof(Plan), kMaxParams,
+      sizeof(VariantDef),  alignof(VariantDef),      sizeof(ParamDef),   alignof(ParamDef),
+      sizeof(Problem),     alignof(Problem),         sizeof(LaunchArgs), alignof(LaunchArgs),
+      sizeof(DeviceInfo),  alignof(DeviceInfo),      sizeof(Status),     alignof(Status),
+      sizeof(std::string), sizeof(std::string_view), sizeof(Plan),       kMaxParams,
   };
   uint64_t h = 14695981039346656037ull;
   for (uint64_t v : sizes) {

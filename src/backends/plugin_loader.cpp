@@ -70,9 +70,7 @@ PluginLoadOptions plugin_options_from_env() {
   return o;
 }
 
-std::string plugin_file_name(std::string_view name) {
-  return "libkdispatch_cpu_" + std::string(name) + ".so";
-}
+std::string plugin_file_name(std::string_view name) { return "libkdispatch_cpu_" + std::string(name) + ".so"; }
 
 std::string check_plugin_table(const KdispatchCpuPluginV1* t) {
   if (t == nullptr) return "the entry point returned no table";

@@ -115,18 +115,17 @@ Result<DeviceInfo> device_info_or_why(Device device) noexcept {
         return make_status(StatusCode::unsupported_device,
                            "no " + std::string(device_type_name(device.type)) + " backend in this build");
       const DeviceInfo& st = b->status();
-      return make_status(StatusCode::unsupported_device,
-                         !st.available ? st.unavailable_reason
-                                       : std::string(device_type_name(device.type)) + " device " +
-                                             std::to_string(device.ordinal) + " does not exist");
+      return make_status(StatusCode::unsupported_device, !st.available
+                                                             ? st.unavailable_reason
+                                                             : std::string(device_type_name(device.type)) + " device " +
+                                                                   std::to_string(device.ordinal) + " does not exist");
     }
     if (d == nullptr)
       return make_status(StatusCode::unsupported_device,
                          "no " + std::string(device_type_name(device.type)) + " backend in this build");
     if (device.type == DeviceType::cpu && device.ordinal != 0)
-      return make_status(StatusCode::unsupported_device,
-                         std::string(device_type_name(device.type)) + " device " + std::to_string(device.ordinal) +
-                             " does not exist");
+      return make_status(StatusCode::unsupported_device, std::string(device_type_name(device.type)) + " device " +
+                                                             std::to_string(device.ordinal) + " does not exist");
     return *d;
   } catch (...) {
     return make_status(StatusCode::out_of_memory, "device_info");
@@ -153,8 +152,7 @@ std::vector<const VariantDef*> variants_for(OpKind op, DeviceType backend) {
 
 const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtype) noexcept {
   for (const VariantDef* v : registry().all)
-    if (v->op == op && v->backend == backend && v->in_dtype == in_dtype && (v->flags & kVariantReference))
-      return v;
+    if (v->op == op && v->backend == backend && v->in_dtype == in_dtype && (v->flags & kVariantReference)) return v;
   return nullptr;
 }
 
@@ -179,10 +177,10 @@ Plan floor_plan(const Problem& p, const DeviceInfo& dev) noexcept {
 }
 
 Status no_variant_computes(const Problem& p) {
-  return make_status(StatusCode::unsupported_problem,
-                     "no " + std::string(device_type_name(p.device.type)) + " variant computes " +
-                         std::string(op_name(p.op)) + " with " + std::string(dtype_name(p.in_dtype)) + " inputs and " +
-                         std::string(dtype_name(p.out_dtype)) + " output");
+  return make_status(StatusCode::unsupported_problem, "no " + std::string(device_type_name(p.device.type)) +
+                                                          " variant computes " + std::string(op_name(p.op)) + " with " +
+                                                          std::string(dtype_name(p.in_dtype)) + " inputs and " +
+                                                          std::string(dtype_name(p.out_dtype)) + " output");
 }
 
 Status dtypes_computed(const Problem& p) noexcept {
@@ -234,13 +232,12 @@ Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) 
     if (vn == nullptr || vn->kind != ConfigValue::Kind::string)
       return make_status(StatusCode::config_error, "row has no \"variant\" string");
     const VariantDef* v = find_variant(vn->s);
-    if (v == nullptr)
-      return make_status(StatusCode::config_error, "unknown variant '" + vn->s + "'");
+    if (v == nullptr) return make_status(StatusCode::config_error, "unknown variant '" + vn->s + "'");
     if (v->op != op || v->backend != backend)
       return make_status(StatusCode::config_error,
                          "variant '" + vn->s + "' is a " + std::string(device_type_name(v->backend)) + " " +
-                             std::string(op_name(v->op)) + " variant, not " +
-                             std::string(device_type_name(backend)) + " " + std::string(op_name(op)));
+                             std::string(op_name(v->op)) + " variant, not " + std::string(device_type_name(backend)) +
+                             " " + std::string(op_name(op)));
     Plan plan;
     plan.variant = v;
     for (size_t i = 0; i < v->params.size(); ++i) plan.params[i] = v->params[i].default_value;
@@ -249,16 +246,18 @@ Result<Plan> plan_from_config(const Config& row, OpKind op, DeviceType backend) 
     // (cuBLASLt's algo_id: get_default's pick, the floor's): the other
     // params are unused, may be left out. Any other negative value is no
     // algorithm: the row must be whole (and the family refuses it).
-    const ConfigValue* first = dynamic && !v->params.empty() ? config_find(row, std::string(v->params[0].name)) : nullptr;
-    const bool pick = first != nullptr && first->kind == ConfigValue::Kind::integer && (first->i == -1 || first->i == -2);
+    const ConfigValue* first =
+        dynamic && !v->params.empty() ? config_find(row, std::string(v->params[0].name)) : nullptr;
+    const bool pick =
+        first != nullptr && first->kind == ConfigValue::Kind::integer && (first->i == -1 || first->i == -2);
     if (dynamic && !pick) {
       // A dynamic family's row is a whole algorithm: every param must be
       // there (a default would silently describe another algorithm).
       for (const ParamDef& pd : v->params)
         if (config_find(row, std::string(pd.name)) == nullptr)
-          return make_status(StatusCode::config_error,
-                             "'" + std::string(pd.name) + "' missing: a " + std::string(v->name) +
-                                 " row must give every parameter of its algorithm");
+          return make_status(StatusCode::config_error, "'" + std::string(pd.name) + "' missing: a " +
+                                                           std::string(v->name) +
+                                                           " row must give every parameter of its algorithm");
     }
     for (const auto& [name, value] : row) {
       if (name == "variant") continue;
@@ -311,9 +310,7 @@ Config plan_to_config(const Plan& plan) {
     switch (pd.kind) {
       case ParamKind::integer: c.emplace_back(std::string(pd.name), ConfigValue::integer(v)); break;
       case ParamKind::boolean: c.emplace_back(std::string(pd.name), ConfigValue::boolean(v != 0)); break;
-      case ParamKind::enumeration:
-        c.emplace_back(std::string(pd.name), ConfigValue::string(value_text(pd, v)));
-        break;
+      case ParamKind::enumeration: c.emplace_back(std::string(pd.name), ConfigValue::string(value_text(pd, v))); break;
     }
   }
   return c;

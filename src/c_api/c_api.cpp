@@ -35,7 +35,7 @@ struct kdispatch_runtime {
   std::unique_ptr<dispatch::Runtime> owned;  // null for the default runtime (borrowed)
   bool is_default = false;
   dispatch::capi::Gate gate;
-  std::mutex close_mu;  // one close at a time
+  std::mutex close_mu;     // one close at a time
   bool destroyed = false;  // the runtime is gone (under close_mu)
 };
 
@@ -177,10 +177,10 @@ Status to_options(const kdispatch_options* o, dispatch::RuntimeOptions* out) {
     return Status();
   }
   if (o->struct_size != sizeof(kdispatch_options))
-    return dispatch::make_status(StatusCode::invalid_argument,
-                                 "options.struct_size is " + std::to_string(o->struct_size) + ", expected " +
-                                     std::to_string(sizeof(kdispatch_options)) +
-                                     " (fill the struct with kdispatch_options_init)");
+    return dispatch::make_status(StatusCode::invalid_argument, "options.struct_size is " +
+                                                                   std::to_string(o->struct_size) + ", expected " +
+                                                                   std::to_string(sizeof(kdispatch_options)) +
+                                                                   " (fill the struct with kdispatch_options_init)");
   if (auto s = string_array(o->config_dirs, o->config_dirs_count, "config_dirs", &r.config_dirs); !s.ok()) return s;
   r.load_shipped_configs = o->load_shipped_configs != 0;
   r.shipped_configs_dir = str(o->shipped_configs_dir);
@@ -201,9 +201,8 @@ Status to_options(const kdispatch_options* o, dispatch::RuntimeOptions* out) {
   if (auto s = string_array(o->force, o->force_count, "force", &r.force); !s.ok()) return s;
   r.deterministic = o->deterministic != 0;
   if (o->tune_mode < KDISPATCH_TUNE_OFF || o->tune_mode > KDISPATCH_TUNE_BACKGROUND)
-    return dispatch::make_status(StatusCode::invalid_argument,
-                                 "options.tune_mode " + std::to_string(o->tune_mode) +
-                                     " is not 0, 1 or 2 (off, sync, background)");
+    return dispatch::make_status(StatusCode::invalid_argument, "options.tune_mode " + std::to_string(o->tune_mode) +
+                                                                   " is not 0, 1 or 2 (off, sync, background)");
   r.tune.mode = static_cast<dispatch::TuneMode>(o->tune_mode);
   r.tune.cache_dir = str(o->cache_dir);
   r.tune.persist = o->tune_persist != 0;
@@ -239,9 +238,9 @@ kdispatch_status make_handle(dispatch::Result<std::unique_ptr<dispatch::Runtime>
 Status to_info(kdispatch_dispatch_info* info, dispatch::DispatchInfo* di, dispatch::CallOptions* co) noexcept {
   if (info == nullptr) return Status();
   if (info->struct_size != sizeof(kdispatch_dispatch_info))
-    return dispatch::make_status(StatusCode::invalid_argument,
-                                 "info->struct_size is " + std::to_string(info->struct_size) + ", expected " +
-                                     std::to_string(sizeof(kdispatch_dispatch_info)));
+    return dispatch::make_status(StatusCode::invalid_argument, "info->struct_size is " +
+                                                                   std::to_string(info->struct_size) + ", expected " +
+                                                                   std::to_string(sizeof(kdispatch_dispatch_info)));
   co->info = di;
   return Status();
 }
@@ -262,9 +261,9 @@ void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) 
 Status tensors_of(const dispatch::OpInfo& op, const DLTensor* const* t, int32_t n, bool pretune,
                   std::vector<dispatch::TensorRef>* out) {
   if (n != static_cast<int32_t>(op.args.size()))
-    return dispatch::make_status(StatusCode::invalid_argument,
-                                 std::string(op.name) + " takes " + std::to_string(op.args.size()) + " tensors, got " +
-                                     std::to_string(n));
+    return dispatch::make_status(
+        StatusCode::invalid_argument,
+        std::string(op.name) + " takes " + std::to_string(op.args.size()) + " tensors, got " + std::to_string(n));
   if (n > 0 && t == nullptr)
     return dispatch::make_status(StatusCode::invalid_argument,
                                  "tensors is NULL (" + std::string(op.name) + " takes " + std::to_string(n) + ")");
@@ -301,7 +300,8 @@ Status scalars_of(const dispatch::OpInfo& op, const float* s, int32_t n, uint32_
     if (j == op.scalars.size())
       return dispatch::make_status(StatusCode::invalid_argument,
                                    "flags: KDISPATCH_CALL_FAST_ACCUM is for ops with a fast_accum switch (the fp8 "
-                                   "GEMMs), " + std::string(op.name) + " has none");
+                                   "GEMMs), " +
+                                       std::string(op.name) + " has none");
     (*out)[j] = 1.f;
   }
   return Status();
@@ -319,7 +319,8 @@ kdispatch_status call_by_slots(const char* fn, kdispatch_runtime* rt, std::strin
                                void* stream, uint32_t flags, kdispatch_dispatch_info* info) {
   return on_runtime(fn, rt, [&](dispatch::Runtime& r) -> kdispatch_status {
     const dispatch::OpInfo* o = op_named(op);
-    if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
+    if (o == nullptr)
+      return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
     if ((flags & ~kKnownCallFlags) != 0) [[unlikely]]
       return unknown_flags(flags);
     if (workspace_bytes < 0 || (workspace == nullptr && workspace_bytes != 0))
@@ -376,7 +377,8 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
   *json_out = nullptr;
   return on_runtime(fn, rt, [&](dispatch::Runtime& r) -> kdispatch_status {
     const dispatch::OpInfo* o = op_named(op);
-    if (o == nullptr) return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
+    if (o == nullptr)
+      return fail(KDISPATCH_INVALID_ARGUMENT, std::string(fn) + ": unknown op '" + std::string(op) + "'");
     std::vector<dispatch::TensorRef> tensors;
     std::vector<float> scalars;
     if (auto s = tensors_of(*o, t, nt, true, &tensors); !s.ok()) return finish(s);
@@ -390,7 +392,8 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
 // "optional", "rows", "cols", "alias_of", "dtype", "col_major_ok"}], "scalars": [{"name", "default", "kind"}],
-// "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace", "in_dtypes"}]. rows/cols: {"dim", "mul", "div"} ("dim" "" for rank 1 rows).
+// "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace", "in_dtypes"}]. rows/cols: {"dim", "mul", "div"}
+// ("dim" "" for rank 1 rows).
 std::string op_list_json() {
   dispatch::core::JsonWriter w;
   auto extent = [&](const char* key, std::string_view dim, int32_t mul, int32_t div) {
@@ -410,7 +413,11 @@ std::string op_list_json() {
     }
     w.end_array().key("scalars").begin_array();
     for (const dispatch::OpScalarInfo& x : o.scalars)
-      w.begin_object().field("name", x.name).field("default", static_cast<double>(x.default_value)).field("kind", x.kind).end_object();
+      w.begin_object()
+          .field("name", x.name)
+          .field("default", static_cast<double>(x.default_value))
+          .field("kind", x.kind)
+          .end_object();
     w.end_array().key("key_fields").begin_array();
     for (const dispatch::OpKeyFieldInfo& f : o.key_fields) {
       w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name);
@@ -545,8 +552,7 @@ kdispatch_status kdispatch_default_runtime(kdispatch_runtime** out) {
 kdispatch_status kdispatch_runtime_close(kdispatch_runtime* rt, double timeout_s) {
   return guarded("kdispatch_runtime_close", [&]() -> kdispatch_status {
     if (rt == nullptr) return null_arg("kdispatch_runtime_close", "rt");
-    if (std::isnan(timeout_s))
-      return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_close: timeout_s is NaN");
+    if (std::isnan(timeout_s)) return fail(KDISPATCH_INVALID_ARGUMENT, "kdispatch_runtime_close: timeout_s is NaN");
     if (rt->is_default)
       return fail(KDISPATCH_FAILED_PRECONDITION,
                   "kdispatch_runtime_close: the default runtime lives until exit and cannot be closed");
@@ -584,8 +590,8 @@ kdispatch_status kdispatch_runtime_attach_stream(kdispatch_runtime* rt, int32_t 
         case kDLCUDA: dev.type = dispatch::DeviceType::cuda; break;
         case kDLROCM: dev.type = dispatch::DeviceType::hip; break;
         default:
-          return fail(KDISPATCH_INVALID_ARGUMENT, "device_type: " + std::to_string(device_type) +
-                                                      " is not a GPU (kDLCUDA = 2 or kDLROCM = 10)");
+          return fail(KDISPATCH_INVALID_ARGUMENT,
+                      "device_type: " + std::to_string(device_type) + " is not a GPU (kDLCUDA = 2 or kDLROCM = 10)");
       }
       dev.ordinal = ordinal;
       return finish(r.attach_stream(dev, dispatch::Stream{stream}, workspace_bytes));
@@ -652,7 +658,8 @@ kdispatch_status kdispatch_runtime_device_info(const kdispatch_runtime* rt, int3
       const dispatch::DeviceInfo& d = *r;
       dispatch::core::JsonWriter w;
       w.begin_object().field("device_type", static_cast<int64_t>(device_type));
-      w.field("backend", dispatch::device_type_name(d.device.type)).field("ordinal", static_cast<int64_t>(d.device.ordinal));
+      w.field("backend", dispatch::device_type_name(d.device.type))
+          .field("ordinal", static_cast<int64_t>(d.device.ordinal));
       w.field("device_name", d.device_name).field("reported_name", d.reported_name).field("arch", d.arch);
       w.field("compute_units", static_cast<int64_t>(d.compute_units)).field("memory_bytes", d.memory_bytes);
       w.field("l2_bytes", d.l2_bytes).field("smem_per_block_bytes", static_cast<int64_t>(d.smem_per_block_bytes));
@@ -743,7 +750,6 @@ kdispatch_status kdispatch_runtime_source_path(const kdispatch_runtime* rt, uint
 
 // ---------------------------------------------------------------------- ops
 
-
 kdispatch_status kdispatch_op_list(char** json_out) {
   return guarded("kdispatch_op_list", [&]() -> kdispatch_status {
     if (json_out == nullptr) return null_arg("kdispatch_op_list", "json_out");
@@ -777,7 +783,7 @@ kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, const char* op, con
 // are no parameters (ABI 1's signatures stay as they were): the call's
 // flags carry them (scalars_of), a pretune of a switched-on problem goes
 // through kdispatch_op_pretune.
-#define KD_C_TPARAM(x) const DLTensor* x,
+#define KD_C_TPARAM(x) const DLTensor *x,
 #define KD_C_SPARAM_0(x) float x,
 #define KD_C_SPARAM_1(x)
 #define KD_C_SPARAM(x) KD_PP_CAT(KD_C_SPARAM_, KD_PP_IS_SWITCH(x))(x)
@@ -785,27 +791,27 @@ kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, const char* op, con
 #define KD_C_SNAME_1(x)
 #define KD_C_SNAME(x) KD_PP_CAT(KD_C_SNAME_, KD_PP_IS_SWITCH(x))(x)
 #define KD_C_NAME(x) x,
-#define KD_C_OP(op, Args, tensors, scalars)                                                                      \
-  kdispatch_status kdispatch_##op(kdispatch_runtime* rt, KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)      \
-                                      KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) void* stream,          \
-                                  uint32_t flags, kdispatch_dispatch_info* info) {                               \
-    const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                  \
-    const float s[] = {KD_PP_FOR_EACH(KD_C_SNAME, KD_PP_NOTHING, scalars) 0.f};                                 \
-    constexpr int32_t ns = static_cast<int32_t>(sizeof s / sizeof s[0]) - 1;                                     \
-    return guarded("kdispatch_" #op, [&]() -> kdispatch_status {                                                \
-      return call_by_slots("kdispatch_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, ns, nullptr, 0, stream, flags, \
-                           info);                                                                                \
-    });                                                                                                          \
-  }                                                                                                              \
-  kdispatch_status kdispatch_pretune_##op(kdispatch_runtime* rt,                                                \
-                                          KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)                   \
-                                              KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) char** json_out) { \
-    const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                  \
-    const float s[] = {KD_PP_FOR_EACH(KD_C_SNAME, KD_PP_NOTHING, scalars) 0.f};                                 \
-    constexpr int32_t ns = static_cast<int32_t>(sizeof s / sizeof s[0]) - 1;                                     \
-    return guarded("kdispatch_pretune_" #op, [&]() -> kdispatch_status {                                        \
-      return pretune_by_slots("kdispatch_pretune_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, ns, json_out);      \
-    });                                                                                                          \
+#define KD_C_OP(op, Args, tensors, scalars)                                                                            \
+  kdispatch_status kdispatch_##op(kdispatch_runtime* rt,                                                               \
+                                  KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)                                  \
+                                      KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) void* stream,                \
+                                  uint32_t flags, kdispatch_dispatch_info* info) {                                     \
+    const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                         \
+    const float s[] = {KD_PP_FOR_EACH(KD_C_SNAME, KD_PP_NOTHING, scalars) 0.f};                                        \
+    constexpr int32_t ns = static_cast<int32_t>(sizeof s / sizeof s[0]) - 1;                                           \
+    return guarded("kdispatch_" #op, [&]() -> kdispatch_status {                                                       \
+      return call_by_slots("kdispatch_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, ns, nullptr, 0, stream, flags, info); \
+    });                                                                                                                \
+  }                                                                                                                    \
+  kdispatch_status kdispatch_pretune_##op(kdispatch_runtime* rt,                                                       \
+                                          KD_PP_FOR_EACH(KD_C_TPARAM, KD_PP_NOTHING, tensors)                          \
+                                              KD_PP_FOR_EACH(KD_C_SPARAM, KD_PP_NOTHING, scalars) char** json_out) {   \
+    const DLTensor* t[] = {KD_PP_FOR_EACH(KD_C_NAME, KD_PP_NOTHING, tensors)};                                         \
+    const float s[] = {KD_PP_FOR_EACH(KD_C_SNAME, KD_PP_NOTHING, scalars) 0.f};                                        \
+    constexpr int32_t ns = static_cast<int32_t>(sizeof s / sizeof s[0]) - 1;                                           \
+    return guarded("kdispatch_pretune_" #op, [&]() -> kdispatch_status {                                               \
+      return pretune_by_slots("kdispatch_pretune_" #op, rt, #op, t, KD_PP_SIZE(tensors), s, ns, json_out);             \
+    });                                                                                                                \
   }
 KDISPATCH_OP_LIST(KD_C_OP)
 #undef KD_C_OP
@@ -854,8 +860,7 @@ kdispatch_status kdispatch_lookup(const kdispatch_runtime* rt, const kdispatch_l
   });
 }
 
-kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdispatch_lookup_query* q,
-                                        char** json_out) {
+kdispatch_status kdispatch_lookup_table(const kdispatch_runtime* rt, const kdispatch_lookup_query* q, char** json_out) {
   return guarded("kdispatch_lookup_table", [&]() -> kdispatch_status {
     if (json_out == nullptr) return null_arg("kdispatch_lookup_table", "json_out");
     *json_out = nullptr;

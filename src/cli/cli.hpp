@@ -36,17 +36,17 @@ struct MlaSpec {
 
 /// A decoder-only transformer's dimensions, as its config.json publishes them.
 struct ModelSpec {
-  const char* name;    ///< CLI name, e.g. "qwen2.5-0.5b"
-  const char* source;  ///< where the numbers come from (Hugging Face config.json)
-  int64_t hidden;      ///< hidden_size
+  const char* name;      ///< CLI name, e.g. "qwen2.5-0.5b"
+  const char* source;    ///< where the numbers come from (Hugging Face config.json)
+  int64_t hidden;        ///< hidden_size
   int64_t intermediate;  ///< intermediate_size
-  int64_t heads;       ///< num_attention_heads
-  int64_t kv_heads;    ///< num_key_value_heads
-  int64_t head_dim;    ///< hidden_size / num_attention_heads unless the config says otherwise
-  int64_t layers;      ///< num_hidden_layers
-  double rms_eps;      ///< rms_norm_eps
-  bool qkv_bias;       ///< Qwen2 has a bias on q/k/v; Llama has none
-  int64_t tp;          ///< tensor-parallel degree the shapes are sharded for (1 = none)
+  int64_t heads;         ///< num_attention_heads
+  int64_t kv_heads;      ///< num_key_value_heads
+  int64_t head_dim;      ///< hidden_size / num_attention_heads unless the config says otherwise
+  int64_t layers;        ///< num_hidden_layers
+  double rms_eps;        ///< rms_norm_eps
+  bool qkv_bias;         ///< Qwen2 has a bias on q/k/v; Llama has none
+  int64_t tp;            ///< tensor-parallel degree the shapes are sharded for (1 = none)
   /// Block-fp8 projections (an fp8 checkpoint's quantization_config: fp8
   /// e4m3fn weights with weight_block_size [128, 128]): every projection
   /// runs quant_fp8_group of its input, then gemm_fp8_block; norms and the
@@ -86,7 +86,7 @@ std::string model_names();
 
 /// A sequence of M values (tokens per forward pass).
 struct Trace {
-  std::string name;        ///< "decode" | "prefill" | "mixed" | the file path
+  std::string name;  ///< "decode" | "prefill" | "mixed" | the file path
   std::vector<int64_t> ms;
 };
 
@@ -115,8 +115,8 @@ inline bool next_line(std::string_view text, size_t* pos, std::string_view* line
 struct ReplayOptions {
   std::string model = "qwen2.5-0.5b";
   std::string trace = "decode";
-  int64_t steps = 0;  ///< forward passes per pass; 0 = one pass over the trace
-  int64_t layers = 0; ///< --layers: decoder layers per forward pass; 0 = the model's
+  int64_t steps = 0;                      ///< forward passes per pass; 0 = one pass over the trace
+  int64_t layers = 0;                     ///< --layers: decoder layers per forward pass; 0 = the model's
   std::vector<std::string> config_dirs;   ///< --configs: on top of the shipped configs
   std::vector<std::string> only_configs;  ///< --only-configs: these dirs, no shipped configs
   bool no_shipped_configs = false;        ///< --no-shipped-configs
@@ -124,12 +124,12 @@ struct ReplayOptions {
   bool json = false;
 
   // Online tuning (the KDISPATCH_* environment is the base; flags override it).
-  std::string tune;          ///< "off" | "sync" | "background"; "" = $KDISPATCH_TUNE, else off
-  double max_seconds = 60.0; ///< tuning modes: stop replaying after this long
-  std::string cache_dir;     ///< "" = the library's default ($KDISPATCH_CACHE_DIR, XDG cache)
-  double budget_ms = 0.0;    ///< TuneOptions::time_budget_ms; 0 = the library's default
-  double duty_cycle = 0.0;   ///< TuneOptions::duty_cycle; 0 = the library's default
-  bool no_cold_cache = false;///< TuneOptions::cold_cache = false (quick tests)
+  std::string tune;            ///< "off" | "sync" | "background"; "" = $KDISPATCH_TUNE, else off
+  double max_seconds = 60.0;   ///< tuning modes: stop replaying after this long
+  std::string cache_dir;       ///< "" = the library's default ($KDISPATCH_CACHE_DIR, XDG cache)
+  double budget_ms = 0.0;      ///< TuneOptions::time_budget_ms; 0 = the library's default
+  double duty_cycle = 0.0;     ///< TuneOptions::duty_cycle; 0 = the library's default
+  bool no_cold_cache = false;  ///< TuneOptions::cold_cache = false (quick tests)
   /// Write the misses (untuned-shapes CSV) here at exit; "" = $KDISPATCH_MISSES_EXPORT or none.
   std::string export_misses;
 
@@ -146,8 +146,8 @@ std::string replay_ops_text();
 /// of an aiter untuned CSV (M,N,K[,bias,dtype,outdtype,...]; M,hidden): every
 /// column of the header, by its lower-cased name.
 struct ShapeRow {
-  int line = 0;    ///< 1-based line in the file
-  int64_t m = 0;   ///< the M column (>= 1)
+  int line = 0;   ///< 1-based line in the file
+  int64_t m = 0;  ///< the M column (>= 1)
   /// (lower-cased column name, value as written without the spaces around it).
   std::vector<std::pair<std::string, std::string>> fields;
   /// The value of column `name` (lower-cased); "" when the file has no such column.
@@ -180,8 +180,8 @@ struct TuneCmdOptions {
   /// Rows whose file names no dtype; "" (no --dtype): bf16, or the op's one
   /// input dtype when it computes no bf16 input (fp8_e4m3fn for the fp8 GEMMs).
   std::string dtype;
-  double budget_ms = 0.0;           ///< 0 = the library's default
-  double mem_gib = 0.0;             ///< scratch budget per shape, GiB; 0 = $KDISPATCH_TUNE_MEM, else 1 GiB
+  double budget_ms = 0.0;  ///< 0 = the library's default
+  double mem_gib = 0.0;    ///< scratch budget per shape, GiB; 0 = $KDISPATCH_TUNE_MEM, else 1 GiB
   bool resume = true;
   /// Shapes costing more per call are skipped: at ~150 GFLOP/s (bf16, 2 cores)
   /// 2e9 flops is ~13 ms a call, so ~20 candidates fit the default 2 s budget;
@@ -192,10 +192,10 @@ struct TuneCmdOptions {
   bool max_flops_given = false;
   std::string backend = "cpu";  ///< cpu | cuda | hip: where the shapes are tuned
   bool no_cold_cache = false;
-  int32_t reps = 0;                 ///< 0 = the library's default
-  int32_t max_candidates = -1;      ///< -1 (not given) = the library's default (TuneOptions::max_candidates)
-  std::string margin_text;          ///< --margin as given (checked by check_options, read by margin_of)
-  bool margin_given = false;        ///< false: $KDISPATCH_TUNE_MARGIN, else TuneOptions::margin (0.02)
+  int32_t reps = 0;             ///< 0 = the library's default
+  int32_t max_candidates = -1;  ///< -1 (not given) = the library's default (TuneOptions::max_candidates)
+  std::string margin_text;      ///< --margin as given (checked by check_options, read by margin_of)
+  bool margin_given = false;    ///< false: $KDISPATCH_TUNE_MARGIN, else TuneOptions::margin (0.02)
   bool json = false;
   /// --shard: "i/n" or "auto" (cli/shard.hpp); empty = every unit.
   std::string shard;
@@ -223,10 +223,10 @@ struct TuneCmdOptions {
   // --model (tune_model.cpp): the units of a model instead of --shapes.
   /// --model: a Hugging Face config.json, a dir holding one, or a replay model's name; "" = --shapes.
   std::string model;
-  int64_t tp = 0;          ///< --tp: tensor-parallel degree the shapes are sharded for; 0 = not given (1)
-  std::string fp8;         ///< --fp8: tensor | rowwise | block | none; "" = the config's quantization_config
-  std::string ms;          ///< --ms: M values "1,2,4"; "" = 1, 2, 4, ..., 8192
-  bool no_lm_head = false; ///< --no-lm-head: leave lm_head out
+  int64_t tp = 0;           ///< --tp: tensor-parallel degree the shapes are sharded for; 0 = not given (1)
+  std::string fp8;          ///< --fp8: tensor | rowwise | block | none; "" = the config's quantization_config
+  std::string ms;           ///< --ms: M values "1,2,4"; "" = 1, 2, 4, ..., 8192
+  bool no_lm_head = false;  ///< --no-lm-head: leave lm_head out
 };
 
 /// One (op, key) a model runs, as `tune --model` derives it from the

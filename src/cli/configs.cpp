@@ -218,11 +218,11 @@ int run_validate(const ValidateOptions& o) {
       std::fprintf(stderr, "kdispatch validate: %s\n", cl.status().message().c_str());
       return kExitUsage;
     }
-    locking = !cl.ok() ? "not checked: " + cl.status().message()
-              : cl->fragments
-                  ? "per-process fragments (<key>.json.d/<host>-<pid>.json; compact them with kdispatch merge): " +
-                        cl->reason
-                  : "flock (each <key>.json merged under its lock file): " + cl->reason;
+    locking =
+        !cl.ok() ? "not checked: " + cl.status().message()
+        : cl->fragments
+            ? "per-process fragments (<key>.json.d/<host>-<pid>.json; compact them with kdispatch merge): " + cl->reason
+            : "flock (each <key>.json merged under its lock file): " + cl->reason;
   }
   const int exit_code = rep.all_usable() && refused.empty() ? kExitOk : kExitFailure;
   if (o.json) {

@@ -22,8 +22,8 @@ using namespace kdispatch_cli;
 
 std::string version_text() {
   const dispatch::DeviceInfo& cpu = dispatch::cpu_device_info();
-  return std::string("kdispatch ") + dispatch::version() + " (CLI11 " CLI11_VERSION ")\nhost CPU: " +
-         cpu.device_name + " (" + cpu.reported_name + ")";
+  return std::string("kdispatch ") + dispatch::version() + " (CLI11 " CLI11_VERSION ")\nhost CPU: " + cpu.device_name +
+         " (" + cpu.reported_name + ")";
 }
 
 // An integer >= 1 (batch sizes, step counts), with a readable message.
@@ -92,10 +92,9 @@ void add_workload_options(CLI::App* app, ReplayOptions& ro, bool offline) {
 // ------------------------------------------------------------ replay
 CLI::App* add_replay(CLI::App& app, ReplayOptions& ro) {
   CLI::App* replay = app.add_subcommand(
-      "replay",
-      "Push a model's per-layer shapes through its ops (" + replay_ops_text() +
-          ") on the CPU, as a decoder forward pass per trace entry, and report per op: calls, table hits, "
-          "defaults, us/call and config sources.");
+      "replay", "Push a model's per-layer shapes through its ops (" + replay_ops_text() +
+                    ") on the CPU, as a decoder forward pass per trace entry, and report per op: calls, table hits, "
+                    "defaults, us/call and config sources.");
   add_workload_options(replay, ro, false);
   replay
       ->add_option("--tune", ro.tune,
@@ -108,16 +107,19 @@ CLI::App* add_replay(CLI::App& app, ReplayOptions& ro) {
   replay->add_option("--max-seconds", ro.max_seconds, "With --tune: stop replaying after this many seconds")
       ->type_name("S")
       ->capture_default_str();
-  replay->add_option("--budget-ms", ro.budget_ms, "Search time per shape, ms (TuneOptions::time_budget_ms; default 2000)")
+  replay
+      ->add_option("--budget-ms", ro.budget_ms, "Search time per shape, ms (TuneOptions::time_budget_ms; default 2000)")
       ->type_name("MS");
-  replay->add_option("--duty-cycle", ro.duty_cycle,
-                     "Busy fraction of the background tuner thread, (0, 1] (TuneOptions::duty_cycle; default 0.5)")
+  replay
+      ->add_option("--duty-cycle", ro.duty_cycle,
+                   "Busy fraction of the background tuner thread, (0, 1] (TuneOptions::duty_cycle; default 0.5)")
       ->type_name("D");
   replay->add_flag("--no-cold-cache", ro.no_cold_cache,
                    "Time candidates with warm caches (faster tuning, less faithful timings; for tests)");
-  replay->add_option("--export-misses", ro.export_misses,
-                     "Write the shapes that missed the table to FILE at exit, as an untuned-shapes CSV "
-                     "(default: $KDISPATCH_MISSES_EXPORT)")
+  replay
+      ->add_option("--export-misses", ro.export_misses,
+                   "Write the shapes that missed the table to FILE at exit, as an untuned-shapes CSV "
+                   "(default: $KDISPATCH_MISSES_EXPORT)")
       ->type_name("FILE");
   replay->add_flag("--json", ro.json, "Print one JSON object instead of tables");
   replay->footer(
@@ -145,7 +147,8 @@ CLI::App* add_misses(CLI::App& app, ReplayOptions& mo) {
   CLI::App* misses = app.add_subcommand(
       "misses",
       "Run the replay workload with tuning off and write the shapes that missed the table as an untuned-shapes "
-      "CSV (" + misses_columns_text() + "): the input of `kdispatch tune` (aiter's offline loop).");
+      "CSV (" +
+          misses_columns_text() + "): the input of `kdispatch tune` (aiter's offline loop).");
   misses->add_option("--export", mo.export_misses, "The CSV to write")->type_name("FILE")->required();
   add_workload_options(misses, mo, true);
   misses->add_flag("--json", mo.json, "Print the summary as one JSON object");
@@ -178,12 +181,15 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_option("--op", to.op,
                    op_names_text() + ": the rows of this op are tuned (with --model: only this op's units)")
       ->type_name("OP");
-  tune->add_option("--model", to.model,
-                   "Tune every shape a model runs: a Hugging Face config.json, a local snapshot dir holding one, or "
-                   "a replay model's name (" + model_names() + "); nothing is fetched. Llama, Mistral, Qwen2, Qwen3, "
-                   "Gemma, Gemma2, Gemma3, Phi-3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 configs; the units are its "
-                   "projections (fused qkv, o_proj, fused gate_up, down, lm_head; DeepSeek's MLA projections), norms, "
-                   "silu_and_mul and, with --fp8, its quant ops; MoE experts are listed as not tuned")
+  tune->add_option(
+          "--model", to.model,
+          "Tune every shape a model runs: a Hugging Face config.json, a local snapshot dir holding one, or "
+          "a replay model's name (" +
+              model_names() +
+              "); nothing is fetched. Llama, Mistral, Qwen2, Qwen3, "
+              "Gemma, Gemma2, Gemma3, Phi-3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 configs; the units are its "
+              "projections (fused qkv, o_proj, fused gate_up, down, lm_head; DeepSeek's MLA projections), norms, "
+              "silu_and_mul and, with --fp8, its quant ops; MoE experts are listed as not tuned")
       ->type_name("CONFIG.json|DIR|NAME");
   tune->add_option("--tp", to.tp,
                    "--model: tensor-parallel degree the shapes are sharded for (default 1; a replay model: its own); "
@@ -193,8 +199,7 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "--model: run the projections as fp8 (quant op + fp8 GEMM of the layout): tensor, rowwise or "
                    "block; none: not fp8 (default: an fp8 checkpoint's quantization_config, else none)")
       ->type_name("tensor|rowwise|block|none");
-  tune->add_option("--ms", to.ms, "--model: the M values, comma-separated (default 1,2,4,...,8192)")
-      ->type_name("LIST");
+  tune->add_option("--ms", to.ms, "--model: the M values, comma-separated (default 1,2,4,...,8192)")->type_name("LIST");
   tune->add_flag("--no-lm-head", to.no_lm_head, "--model: leave lm_head out");
   tune->add_option("--emit", to.emit,
                    "Dir the config files are written to (created; also read to resume); required but with --list")
@@ -206,10 +211,10 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_option("--budget-ms", to.budget_ms, "Search time per shape, ms (default 2000)")->type_name("MS");
   tune->add_option("--reps", to.reps, "Timed repeats per candidate (default 5)")->type_name("N");
   tune->add_option_function<std::string>(
-                   "--margin", [&to](const std::string& v) { to.margin_text = v, to.margin_given = true; },
-                   "How much faster than the floor (GPU GEMMs: cuBLAS / cuBLASLt as torch calls them; elsewhere "
-                   "get_default's plan) a candidate must be to replace it, a fraction in [0, 0.5] (default "
-                   "$KDISPATCH_TUNE_MARGIN, else 0.02)")
+          "--margin", [&to](const std::string& v) { to.margin_text = v, to.margin_given = true; },
+          "How much faster than the floor (GPU GEMMs: cuBLAS / cuBLASLt as torch calls them; elsewhere "
+          "get_default's plan) a candidate must be to replace it, a fraction in [0, 0.5] (default "
+          "$KDISPATCH_TUNE_MARGIN, else 0.02)")
       ->type_name("FRACTION");
   tune->add_option("--max-candidates", to.max_candidates,
                    "Points of a variant's space kept after the perf model's ordering (default 96)")
@@ -221,9 +226,9 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
   tune->add_flag("--resume,!--no-resume", to.resume,
                  "Skip shapes the emit dir already has a row for (default), or tune them again");
   tune->add_option_function<double>(
-                   "--max-flops", [&to](double v) { to.max_flops = v, to.max_flops_given = true; },
-                   "Skip (and report) shapes whose call costs more flops than this (2*M*N*K for a GEMM): too slow "
-                   "to tune on this host (default 2e9 with --backend cpu; no limit on a GPU)")
+          "--max-flops", [&to](double v) { to.max_flops = v, to.max_flops_given = true; },
+          "Skip (and report) shapes whose call costs more flops than this (2*M*N*K for a GEMM): too slow "
+          "to tune on this host (default 2e9 with --backend cpu; no limit on a GPU)")
       ->type_name("X");
   tune->add_option("--backend", to.backend,
                    "cpu, cuda or hip: the device the shapes are tuned on (ordinal 0, else --device or --devices)")
@@ -235,7 +240,8 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "Tune one shard of the units (key, M): i/n takes the units whose XXH3-64 of "
                    "'kdispatch-unit-v1|<op>|<key fields>|M=<M>' is i mod n (the same on every host and for any "
                    "order of the shape lists); auto reads torchrun's RANK/WORLD_SIZE (the GPU: LOCAL_RANK), a Slurm "
-                   "array's SLURM_ARRAY_TASK_ID (minus SLURM_ARRAY_TASK_MIN)/SLURM_ARRAY_TASK_COUNT or a Kubernetes indexed Job's "
+                   "array's SLURM_ARRAY_TASK_ID (minus SLURM_ARRAY_TASK_MIN)/SLURM_ARRAY_TASK_COUNT or a Kubernetes "
+                   "indexed Job's "
                    "JOB_COMPLETION_INDEX with KDISPATCH_SHARD_COUNT, and says which it used")
       ->type_name("i/n|auto")
       ->check(CLI::Validator(
@@ -255,8 +261,8 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "already). The CPU backend has one device: --devices 0 (or all)")
       ->type_name("all|N,N...")
       ->check(CLI::Validator(
-          [](std::string& v) { return v.empty() ? std::string("expected all or device ordinals, e.g. 0,1") : ""; },
-          "", "not empty"));
+          [](std::string& v) { return v.empty() ? std::string("expected all or device ordinals, e.g. 0,1") : ""; }, "",
+          "not empty"));
   tune->add_option("--workers-per-device", to.workers_per_device,
                    "With --devices: worker processes per device (default 1). More than one share the device, so "
                    "their timings disturb each other: for devices one tuning process leaves idle, and for tests "
@@ -288,9 +294,10 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
 CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
   CLI::App* lookup = app.add_subcommand(
       "lookup", "Which config serves this key at this M on this device: the row, its file, the match and why.");
-  lookup->add_option("--configs", lo.config_dir,
-                     "Config dir (read recursively; without --env neither the shipped configs nor the tuning cache "
-                     "are loaded); required but with --env, where it ranks above the environment's dirs")
+  lookup
+      ->add_option("--configs", lo.config_dir,
+                   "Config dir (read recursively; without --env neither the shipped configs nor the tuning cache "
+                   "are loaded); required but with --env, where it ranks above the environment's dirs")
       ->type_name("DIR");
   lookup->add_flag("--env", lo.env,
                    "Answer what a serving process would serve: apply the KDISPATCH_* environment "
@@ -298,17 +305,19 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
                    "KDISPATCH_DETERMINISTIC, KDISPATCH_CACHE_DIR, ...) and load the shipped configs and the tuning "
                    "cache as the default runtime does (read only: nothing is tuned, verified or written); "
                    "--backend-version and --cache override the environment's");
-  lookup->add_option("--cache", lo.cache,
-                     "Also read this tuning cache dir, below the config dir, as a runtime reads its cache (a file "
-                     "written by another build is not served); without it (and without --env) no cache is read, "
-                     "whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
+  lookup
+      ->add_option("--cache", lo.cache,
+                   "Also read this tuning cache dir, below the config dir, as a runtime reads its cache (a file "
+                   "written by another build is not served); without it (and without --env) no cache is read, "
+                   "whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
       ->type_name("DIR");
   lookup->add_option("--device", lo.device,
                      "Device name as the runtime reports it (\"NVIDIA H200\") or as files spell it (NVIDIA_H200); "
                      "default: the host CPU's ISA class");
-  lookup->add_option("--op", lo.op,
-                     "fused_moe, triton_gemm, " + op_names_text() + " (default: inferred from the key)");
-  lookup->add_option("--key", lo.key, "The file name's fields other than device_name, e.g. \"E=257,N=256,dtype=fp8_w8a8\"")
+  lookup->add_option("--op", lo.op, "fused_moe, triton_gemm, " + op_names_text() + " (default: inferred from the key)");
+  lookup
+      ->add_option("--key", lo.key,
+                   "The file name's fields other than device_name, e.g. \"E=257,N=256,dtype=fp8_w8a8\"")
       ->type_name("FIELDS")
       ->required();
   lookup->add_option("-M,--M", lo.m, "Batch size / tokens (>= 1)")->type_name("M")->check(kAtLeastOne)->required();
@@ -331,8 +340,10 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
       "  kdispatch lookup --configs sglang-configs/quantization --device \"NVIDIA H20\" \\\n"
       "      --key \"N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]\" --M 64 --json\n"
       "  kdispatch lookup --configs ./my-configs --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
-      "  kdispatch lookup --configs ./my-configs --cache ~/.cache/kdispatch --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
-      "  KDISPATCH_FORCE=rmsnorm=rmsnorm_bf16__ref kdispatch lookup --env --op rmsnorm --key \"hidden=896,dtype=bf16\" --M 8\n"
+      "  kdispatch lookup --configs ./my-configs --cache ~/.cache/kdispatch --op rmsnorm --key "
+      "\"hidden=896,dtype=bf16\" --M 8\n"
+      "  KDISPATCH_FORCE=rmsnorm=rmsnorm_bf16__ref kdispatch lookup --env --op rmsnorm --key \"hidden=896,dtype=bf16\" "
+      "--M 8\n"
       "Exit codes: 0 found (table row, forced plan or default), 1 not found or the --cache dir refused,\n"
       "2 bad argument (with --env also a KDISPATCH_* variable whose value is not valid, naming it).");
   return lookup;
@@ -345,15 +356,17 @@ CLI::App* add_validate(CLI::App& app, ValidateOptions& vo) {
       "Check config dirs without running anything: every file parses and every row is legal (a compiled variant, a "
       "point of its config space); print the load report, per file loaded/partial/skipped and its problems. No "
       "timing: `kdispatch verify` times the rows on this machine.");
-  validate->add_option("dirs", vo.dirs,
-                       "Config dirs (read recursively; neither the shipped configs nor the tuning cache are loaded)")
+  validate
+      ->add_option("dirs", vo.dirs,
+                   "Config dirs (read recursively; neither the shipped configs nor the tuning cache are loaded)")
       ->type_name("DIR...");
-  validate->add_option("--cache", vo.cache,
-                       "A tuning cache or emit dir: read as the tuning cache is (a file or fragment written by "
-                       "another build is skipped as stale), and say how writes into it are made (flock, or "
-                       "per-process fragments where flock is not honoured); a dir the cache-dir rules refuse "
-                       "(a symbolic link, another user's, world-writable, an unsafe ancestor) exits 1 naming why. "
-                       "Without it no cache is read, whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
+  validate
+      ->add_option("--cache", vo.cache,
+                   "A tuning cache or emit dir: read as the tuning cache is (a file or fragment written by "
+                   "another build is skipped as stale), and say how writes into it are made (flock, or "
+                   "per-process fragments where flock is not honoured); a dir the cache-dir rules refuse "
+                   "(a symbolic link, another user's, world-writable, an unsafe ancestor) exits 1 naming why. "
+                   "Without it no cache is read, whatever KDISPATCH_CACHE_DIR, XDG_CACHE_HOME or HOME say")
       ->type_name("DIR");
   validate->add_option("--backend-version", vo.backend_version,
                        "Kernel compiler version for triton_X_Y_Z/ folders, e.g. 3.5.1");
@@ -375,18 +388,21 @@ CLI::App* add_verify(CLI::App& app, VerifyOptions& vo) {
       "--configs dirs) is run against the floor (what the engine runs without kdispatch) with the tuner's "
       "confirmation, and its margin over the floor, the A/A spread and the verdict are printed (ahead, within "
       "margin, lost once, demoted) and, with --cache DIR, recorded in that tuning cache dir; a row that lost by "
-      "more than the margin twice there is demoted (the floor serves its M). Unlike `validate`, which only checks that files parse and rows "
+      "more than the margin twice there is demoted (the floor serves its M). Unlike `validate`, which only checks that "
+      "files parse and rows "
       "are legal, this runs the kernels.");
-  verify->add_option("--configs", vo.configs,
-                     "Verify the rows of these config dirs (repeatable; default: the rows a serving process loads: "
-                     "the shipped configs and $KDISPATCH_CONFIG_DIRS)")
+  verify
+      ->add_option("--configs", vo.configs,
+                   "Verify the rows of these config dirs (repeatable; default: the rows a serving process loads: "
+                   "the shipped configs and $KDISPATCH_CONFIG_DIRS)")
       ->type_name("DIR")
       ->take_all()
       ->allow_extra_args(false);
-  verify->add_option("--cache", vo.cache,
-                     "The tuning cache dir whose verdict cache (DIR/.verify/) is read and updated, as a serving "
-                     "process over it reads it (its tuned rows are not verified); without it the verdicts are "
-                     "kept for this run only (no dir is read that is not given)")
+  verify
+      ->add_option("--cache", vo.cache,
+                   "The tuning cache dir whose verdict cache (DIR/.verify/) is read and updated, as a serving "
+                   "process over it reads it (its tuned rows are not verified); without it the verdicts are "
+                   "kept for this run only (no dir is read that is not given)")
       ->type_name("DIR");
   verify->add_option("--op", vo.op, op_names_text() + ": only this op's rows")->type_name("OP");
   verify
@@ -425,14 +441,14 @@ CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
       "--retime, but for the retimed times, as long as they pick the same configs). A source's fragments "
       "(<key>.json.d/*.json, written where flock is not honoured) are read with their <key>.json as more sources "
       "of that table (for --prefer: after it, by name), so the output holds one file per key.");
-  merge->add_option("sources", mo.sources, "Emit dirs (kdispatch tune --emit), in --prefer order")
-      ->type_name("SRC...");
+  merge->add_option("sources", mo.sources, "Emit dirs (kdispatch tune --emit), in --prefer order")->type_name("SRC...");
   merge->add_option("--out", mo.out, "Dir the merged tables are written to (created)")->type_name("DIR");
-  merge->add_option("--compact", mo.compact,
-                    "Instead of sources and --out: merge each table's fragments in DIR into its <key>.json in place "
-                    "(the same rules; --prefer keeps the main file's row, as the loader serves) and remove the "
-                    "fragments merged; a fragment its writer rewrote meanwhile is kept. One compaction of a dir at a "
-                    "time (DIR/.kdispatch-compact.lock)")
+  merge
+      ->add_option("--compact", mo.compact,
+                   "Instead of sources and --out: merge each table's fragments in DIR into its <key>.json in place "
+                   "(the same rules; --prefer keeps the main file's row, as the loader serves) and remove the "
+                   "fragments merged; a fragment its writer rewrote meanwhile is kept. One compaction of a dir at a "
+                   "time (DIR/.kdispatch-compact.lock)")
       ->type_name("DIR");
   merge->add_flag("--prefer", mo.prefer, "A conflict keeps the config of the source listed first");
   merge->add_flag("--retime", mo.retime,
@@ -447,8 +463,9 @@ CLI::App* add_merge(CLI::App& app, MergeOptions& mo) {
                   "the file's, or a candidate this build cannot run (unknown variant or value, supports() "
                   "declining, a launch failure, an output that differs from the reference's). Exclusive with "
                   "--prefer");
-  merge->add_option("--retime-margin", mo.retime_margin,
-                    "--retime: configs within this fraction of the fastest tie (default 0.02 = 2 %)")
+  merge
+      ->add_option("--retime-margin", mo.retime_margin,
+                   "--retime: configs within this fraction of the fastest tie (default 0.02 = 2 %)")
       ->type_name("FRACTION")
       ->check(CLI::Range(0.0, 10.0));
   merge->add_option("--reps", mo.reps, "--retime: timed repeats per config and round (default 5)")

@@ -172,8 +172,9 @@ void merge_one(const std::string& rel, Table& t, Inputs& in, const MergeOptions&
   bool unchecked = false;
   if (std::string why = check_rows(rel, &t, &in, &unchecked); !why.empty()) return refuse(why);
   if (compact && t.dropped > 0)
-    return refuse(std::to_string(t.dropped) + " row(s) dropped (listed): left as it was (--compact removes no row it "
-                                               "does not carry over; fix or remove them, or merge with --out)");
+    return refuse(std::to_string(t.dropped) +
+                  " row(s) dropped (listed): left as it was (--compact removes no row it "
+                  "does not carry over; fix or remove them, or merge with --out)");
   if (t.cands.empty()) return;
   Merged m = merge_table(rel, t, in, o, margin, retime);
   for (std::string& line : m.report) r->report.push_back(std::move(line));
@@ -212,15 +213,16 @@ int report(const MergeOptions& o, bool compact, const Inputs& in, const Outcome&
   for (const std::string& d : in.dropped) std::fprintf(stderr, "%s: %s\n", kCmd, d.c_str());
   for (const std::string& line : r.report) std::fprintf(stderr, "%s: %s\n", kCmd, line.c_str());
   if (compact)
-    std::printf("%d table(s) compacted in %s (%d rows, %d conflicts resolved, %d fragment(s) merged and removed, %d "
-                "kept), %d refused, %zu file(s) skipped, %zu row(s) dropped, %d row(s) not checked here\n",
-                r.written, o.compact.c_str(), r.rows, r.conflicts, r.fragments_merged, r.fragments_kept, r.refused,
-                in.skipped.size(), in.dropped.size(), r.unchecked);
+    std::printf(
+        "%d table(s) compacted in %s (%d rows, %d conflicts resolved, %d fragment(s) merged and removed, %d "
+        "kept), %d refused, %zu file(s) skipped, %zu row(s) dropped, %d row(s) not checked here\n",
+        r.written, o.compact.c_str(), r.rows, r.conflicts, r.fragments_merged, r.fragments_kept, r.refused,
+        in.skipped.size(), in.dropped.size(), r.unchecked);
   else
-    std::printf("%d table(s) written to %s (%d rows, %d conflicts resolved), %d refused, %zu file(s) skipped, %zu "
-                "row(s) dropped, %d row(s) not checked here\n",
-                r.written, o.out.c_str(), r.rows, r.conflicts, r.refused, in.skipped.size(), in.dropped.size(),
-                r.unchecked);
+    std::printf(
+        "%d table(s) written to %s (%d rows, %d conflicts resolved), %d refused, %zu file(s) skipped, %zu "
+        "row(s) dropped, %d row(s) not checked here\n",
+        r.written, o.out.c_str(), r.rows, r.conflicts, r.refused, in.skipped.size(), in.dropped.size(), r.unchecked);
   return r.refused > 0 || !in.skipped.empty() || !in.dropped.empty() ? kExitFailure : kExitOk;
 }
 

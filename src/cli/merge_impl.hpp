@@ -55,9 +55,9 @@ struct Candidate {
 /// One table (a path under the sources) as read from every source.
 struct Table {
   std::map<std::string, std::set<std::string>> fingerprints;  ///< minified fingerprint -> labels
-  std::map<std::string, int64_t> schema;                     ///< variant -> schema version (union, the largest)
-  std::vector<Candidate> cands;                              ///< every row read
-  int dropped = 0;                                           ///< rows dropped (listed in Inputs::dropped)
+  std::map<std::string, int64_t> schema;                      ///< variant -> schema version (union, the largest)
+  std::vector<Candidate> cands;                               ///< every row read
+  int dropped = 0;                                            ///< rows dropped (listed in Inputs::dropped)
   std::string problem;  ///< --compact: why the table is left as it is (its main file not readable), or ""
   /// --compact: the main file's bytes as read ("" with has_main false) and
   /// each fragment read (path, bytes).
@@ -101,12 +101,12 @@ struct RetimeRuntime {
 inline constexpr uint32_t kFloorFile = 0xffffffffu;
 
 struct Merged {
-  std::string refusal;                                  ///< "" or why the table is refused
+  std::string refusal;                                     ///< "" or why the table is refused
   std::vector<std::pair<int64_t, const Candidate*>> kept;  ///< the rows, by ascending M
-  std::vector<std::unique_ptr<Candidate>> floors;        ///< kept floor rows (kFloorFile), owned here
+  std::vector<std::unique_ptr<Candidate>> floors;          ///< kept floor rows (kFloorFile), owned here
   int conflicts = 0;
-  std::vector<std::string> report;                      ///< lines for stderr ("M=.. retimed: ...")
-  std::string text;                                     ///< the canonical table (refusal empty)
+  std::vector<std::string> report;  ///< lines for stderr ("M=.. retimed: ...")
+  std::string text;                 ///< the canonical table (refusal empty)
 };
 
 /// Merges one table by the conflict rules (--prefer, --retime, else a

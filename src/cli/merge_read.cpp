@@ -57,11 +57,10 @@ std::string batch_size_of(std::string_view k, int64_t* m) {
   bool plain = false;
   switch (store::parse_m_key(k, m, &plain)) {
     case store::KeyInt::none:
-      return "key '" + std::string(k) + "' is not a batch size (Python's int() does not read it; the loader ignores it)";
-    case store::KeyInt::too_large:
-      return "key '" + std::string(k) + "' is not a batch size (1 to 9223372036854775807)";
-    case store::KeyInt::value:
-      break;
+      return "key '" + std::string(k) +
+             "' is not a batch size (Python's int() does not read it; the loader ignores it)";
+    case store::KeyInt::too_large: return "key '" + std::string(k) + "' is not a batch size (1 to 9223372036854775807)";
+    case store::KeyInt::value: break;
   }
   if (*m < 1) return "M=" + std::string(k) + ": batch size must be >= 1";
   return {};
@@ -121,8 +120,8 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
     us = index_times(kd, "us");
     dus = index_times(kd, "default_us");
     metas = store::read_row_meta(kd);
-    has_meta = metas.margin >= 0 || !metas.margin_by_m.empty() || !metas.aa_spread.empty() ||
-               !metas.timing.empty() || !metas.why.empty() || !metas.cpu.empty() || !metas.cpu_by_m.empty();
+    has_meta = metas.margin >= 0 || !metas.margin_by_m.empty() || !metas.aa_spread.empty() || !metas.timing.empty() ||
+               !metas.why.empty() || !metas.cpu.empty() || !metas.cpu_by_m.empty();
   }
   const size_t first_drop = in->dropped.size();
   // The rows in file order; an M given twice is resolved below.
@@ -138,8 +137,10 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
     if (k == "kdispatch") continue;
     int64_t m = 0;
     std::string why = batch_size_of(k, &m);
-    if (why.empty() && v.is_null()) why = "M=" + std::string(k) + ": the row is null, not an object";
-    else if (why.empty() && !v.is_object()) why = "M=" + std::string(k) + ": the row is not an object";
+    if (why.empty() && v.is_null())
+      why = "M=" + std::string(k) + ": the row is null, not an object";
+    else if (why.empty() && !v.is_object())
+      why = "M=" + std::string(k) + ": the row is not an object";
     if (!why.empty()) {
       in->dropped.push_back(f.path + ": " + why + "; row dropped");
       ++t->dropped;
@@ -157,7 +158,7 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
     // placed last serves. So the row that serves M is the last row of the
     // spelling whose first occurrence is last (the loader's rule:
     // store/json_file.cpp).
-    std::unordered_map<std::string_view, size_t> first_at;  // key string -> its first row
+    std::unordered_map<std::string_view, size_t> first_at;        // key string -> its first row
     std::unordered_map<int64_t, std::pair<size_t, size_t>> best;  // M -> (first_at of its key, row)
     for (size_t i = 0; i < rows.size(); ++i) {
       const size_t at = first_at.try_emplace(rows[i].key, i).first->second;
@@ -169,12 +170,11 @@ std::string read_table(const char* data, size_t len, uint32_t fi, dom::parser& p
       if (win == i) continue;
       serves[i] = 0;
       const std::string_view by = rows[win].key;
-      in->dropped.push_back(
-          f.path + ": M=" + std::string(rows[i].key) + ": " +
-          (by == rows[i].key ? std::string("duplicate key; the last one serves (as json.load)")
-                             : "batch size " + std::to_string(rows[i].m) + " also given by key '" + std::string(by) +
-                                   "', whose row serves (as SGLang's int(key))") +
-          "; row dropped");
+      in->dropped.push_back(f.path + ": M=" + std::string(rows[i].key) + ": " +
+                            (by == rows[i].key ? std::string("duplicate key; the last one serves (as json.load)")
+                                               : "batch size " + std::to_string(rows[i].m) + " also given by key '" +
+                                                     std::string(by) + "', whose row serves (as SGLang's int(key))") +
+                            "; row dropped");
       ++t->dropped;
     }
   }

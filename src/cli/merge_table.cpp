@@ -35,11 +35,14 @@ std::string config_of(dom::parser& parser, const std::string& text, dispatch::Co
     int64_t i = 0;
     bool b = false;
     std::string_view sv;
-    if (v.get(i) == simdjson::SUCCESS) out->emplace_back(std::string(k), dispatch::ConfigValue::integer(i));
-    else if (v.get(b) == simdjson::SUCCESS) out->emplace_back(std::string(k), dispatch::ConfigValue::boolean(b));
+    if (v.get(i) == simdjson::SUCCESS)
+      out->emplace_back(std::string(k), dispatch::ConfigValue::integer(i));
+    else if (v.get(b) == simdjson::SUCCESS)
+      out->emplace_back(std::string(k), dispatch::ConfigValue::boolean(b));
     else if (v.get(sv) == simdjson::SUCCESS)
       out->emplace_back(std::string(k), dispatch::ConfigValue::string(std::string(sv)));
-    else return "the value of '" + std::string(k) + "' is not an integer, a boolean or a string";
+    else
+      return "the value of '" + std::string(k) + "' is not an integer, a boolean or a string";
   }
   return {};
 }
@@ -76,8 +79,10 @@ std::string retime_table_of(const std::string& rel, RetimeTable* t) {
     size_t e = stem.find(',', b);
     if (e == std::string::npos) e = stem.size();
     const std::string_view f(stem.data() + b, e - b);
-    if (f.substr(0, 12) == "device_name=") t->device_name = std::string(f.substr(12));
-    else t->key_fields += (t->key_fields.empty() ? "" : ",") + std::string(f);
+    if (f.substr(0, 12) == "device_name=")
+      t->device_name = std::string(f.substr(12));
+    else
+      t->key_fields += (t->key_fields.empty() ? "" : ",") + std::string(f);
     b = e + 1;
   }
   if (t->device_name.empty()) return "the file name has no device_name";
@@ -148,7 +153,8 @@ struct TableMerge {
                        (di.ok() ? di->unavailable_reason : di.status().message()) + ")";
     else if (di->device_name != rtab.device_name)
       retime_refusal = "the table is for the device " + rtab.device_name + ", this machine's " + bname +
-                       " device 0 is " + di->device_name + ": timing here would not measure the device the table serves";
+                       " device 0 is " + di->device_name +
+                       ": timing here would not measure the device the table serves";
   }
 
   // Times the distinct configs of M; "" with *retimed filled, or why not.
@@ -391,8 +397,10 @@ dispatch::Runtime* RetimeRuntime::get() {
   if (options->reps > 0) ro.tune.reps = options->reps;
   if (options->no_cold_cache) ro.tune.cold_cache = false;
   auto r = dispatch::Runtime::create(ro);
-  if (!r.ok()) error = r.status().to_string();
-  else rt = std::move(*r);
+  if (!r.ok())
+    error = r.status().to_string();
+  else
+    rt = std::move(*r);
   return rt.get();
 }
 

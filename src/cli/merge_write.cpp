@@ -195,7 +195,8 @@ class TableLock {
     for (int attempt = 0; attempt < 1000; ++attempt) {
       const int fd = ::openat(dir_fd, name_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
       if (fd < 0) return "cannot open lock file " + shown + ": " + std::strerror(errno);
-      struct stat mine {}, now {};
+      struct stat mine {
+      }, now{};
       if (::fstat(fd, &mine) != 0 || !S_ISREG(mine.st_mode)) {
         ::close(fd);
         return "lock file " + shown + " is not a regular file";

@@ -46,8 +46,9 @@ const std::vector<ModelSpec>& models() {
       // one GPU with data-parallel attention runs them. head_dim is
       // v_head_dim (o_proj's K = 128 * 128); kv_heads = heads (MLA's kv_b_proj
       // gives every head its own k and v).
-      {"deepseek-v3-dense-fp8", "deepseek-ai/DeepSeek-V3 config.json, its 3 dense layers, fp8 checkpoint (block 128x128)",
-       7168, 18432, 128, 128, 128, 3, 1e-6, false, 1, /*fp8=*/true, &kDeepSeekV3Mla,
+      {"deepseek-v3-dense-fp8",
+       "deepseek-ai/DeepSeek-V3 config.json, its 3 dense layers, fp8 checkpoint (block 128x128)", 7168, 18432, 128, 128,
+       128, 3, 1e-6, false, 1, /*fp8=*/true, &kDeepSeekV3Mla,
        /*vocab=*/129280},
   };
   return kModels;
@@ -74,8 +75,8 @@ namespace {
 // finish; the batch grows to 16 and drains. Every M of 1..16 appears, many
 // of them twice, so a config table's nearest-M and the default path
 // are both exercised.
-constexpr int64_t kDecode[] = {1, 1, 2,  3,  4,  4,  5,  6,  8,  8,  7, 6, 7, 9, 10, 12,
-                               13, 14, 16, 16, 15, 13, 11, 9, 8, 6, 5, 4, 3, 2, 2, 1};
+constexpr int64_t kDecode[] = {1,  1,  2,  3,  4,  4,  5,  6, 8, 8, 7, 6, 7, 9, 10, 12,
+                               13, 14, 16, 16, 15, 13, 11, 9, 8, 6, 5, 4, 3, 2, 2,  1};
 // Prompt lengths as a server sees them: short chats, a padded 128, odd
 // lengths and a full chunk.
 constexpr int64_t kPrefill[] = {17, 128, 333, 512, 45, 256, 1, 96};

@@ -58,7 +58,7 @@ using replay::Site;
 struct OpStats {
   int64_t calls = 0, hits = 0, defaults = 0, forced = 0, tuned_now = 0;
   double seconds = 0;
-  std::map<uint32_t, int64_t> by_source;          // source_id -> table hits
+  std::map<uint32_t, int64_t> by_source;           // source_id -> table hits
   std::map<std::string_view, int64_t> by_variant;  // variant name (static storage) -> calls
 };
 
@@ -256,11 +256,11 @@ struct PassOpSummary {
 // One pass over the trace in a tuning mode, as printed while the run goes.
 struct PassSummary {
   int index = 0;
-  bool baseline = false;  // pass 1: tuning paused (the runtime frozen), the table as it started
-  double t = 0;           // seconds since the first pass started, at the end of this one
-  double seconds = 0;     // this pass's wall time
+  bool baseline = false;           // pass 1: tuning paused (the runtime frozen), the table as it started
+  double t = 0;                    // seconds since the first pass started, at the end of this one
+  double seconds = 0;              // this pass's wall time
   std::vector<PassOpSummary> ops;  // per op of the replay
-  dsp::TuneStats stats;   // at the end of the pass
+  dsp::TuneStats stats;            // at the end of the pass
 };
 
 // What a tuning run (--tune sync|background) adds to the report.
@@ -271,7 +271,7 @@ struct TuneReport {
   std::string stop_reason;          // "converged" | "stalled" | "max_seconds"
   double seconds = 0;               // all passes
   double max_seconds = 0;
-  dsp::TuneStats stats;             // at the end
+  dsp::TuneStats stats;  // at the end
   dsp::TuneOptions options;
 
   // Rows the tuner added that the last pass used: (key, table M) serving in
@@ -303,7 +303,7 @@ struct TuneReport {
 // is a table of a kernel the engine owns, served to lookups, never to an op.
 // The replay runs its ops on the CPU: a cuda file applies to no call of it.
 struct BackendFiles {
-  std::string backend;      // "cpu", "cuda", "hip"; "" for the engine-kernel tables
+  std::string backend;  // "cpu", "cuda", "hip"; "" for the engine-kernel tables
   int64_t files = 0;
   int64_t this_device = 0;  // of them, the files whose device_name is this host's device of the backend
   std::string device;       // this host's device of the backend (ordinal 0); "" when it has none
@@ -345,8 +345,10 @@ std::vector<BackendFiles> files_by_backend(const dsp::Runtime& rt, const dsp::Lo
   for (dsp::DeviceType t : {dsp::DeviceType::cpu, dsp::DeviceType::cuda, dsp::DeviceType::hip}) {
     BackendFiles b;
     b.backend = std::string(dsp::device_type_name(t));
-    if (auto d = rt.device_info(dsp::Device{t, 0}); d.ok() && d->available) b.device = d->device_name;
-    else b.no_device = d.ok() ? d->unavailable_reason : d.status().message();
+    if (auto d = rt.device_info(dsp::Device{t, 0}); d.ok() && d->available)
+      b.device = d->device_name;
+    else
+      b.no_device = d.ok() ? d->unavailable_reason : d.status().message();
     out.push_back(std::move(b));
   }
   out.push_back(BackendFiles{});
@@ -369,7 +371,8 @@ std::string files_text(int64_t n) { return std::to_string(n) + (n == 1 ? " file"
 // to what this replay runs.
 std::string backend_line(const BackendFiles& b) {
   if (b.backend.empty())
-    return files_text(b.files) + " of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the "
+    return files_text(b.files) +
+           " of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the "
            "replay's ops";
   std::string s = b.backend + ": " + files_text(b.files);
   if (b.device.empty()) return s + ": not used by this replay (no " + b.backend + " device: " + b.no_device + ")";
@@ -390,7 +393,7 @@ struct RunInfo {
   std::vector<std::string> config_dirs;
   bool shipped = true;
   std::string cache_dir;
-  const TuneReport* tune = nullptr;  // null when tuning is off
+  const TuneReport* tune = nullptr;    // null when tuning is off
   std::vector<BackendFiles> backends;  // the report's files by backend
 };
 
@@ -512,8 +515,10 @@ void print_json(const dsp::Runtime& rt, const Replay& r, const RunInfo& ri) {
     w.key(b.backend.empty() ? "engine_kernel_tables" : b.backend).begin_object().field("files", b.files);
     if (!b.backend.empty()) {
       w.field("this_device", b.this_device).key("device");
-      if (b.device.empty()) w.null();
-      else w.value(b.device);
+      if (b.device.empty())
+        w.null();
+      else
+        w.value(b.device);
       if (b.device.empty()) w.field("no_device", b.no_device);
       w.field("replayed", b.backend == "cpu");
     }
@@ -542,17 +547,17 @@ void print_run_header(const RunInfo& ri) {
   std::printf("device_name  %s (%s, %d threads)\n", dev.device_name.c_str(), dev.reported_name.c_str(),
               dev.compute_units);
   if (!m.mla)
-    std::printf("model        %s (%s): hidden %lld, intermediate %lld, heads %lld/%lld kv, head_dim %lld, %lld layers%s%s\n",
-                m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads,
-                (long long)m.kv_heads, (long long)m.head_dim, (long long)m.layers, m.qkv_bias ? ", qkv bias" : "",
-                m.fp8 ? ", fp8" : "");
+    std::printf(
+        "model        %s (%s): hidden %lld, intermediate %lld, heads %lld/%lld kv, head_dim %lld, %lld layers%s%s\n",
+        m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads, (long long)m.kv_heads,
+        (long long)m.head_dim, (long long)m.layers, m.qkv_bias ? ", qkv bias" : "", m.fp8 ? ", fp8" : "");
   else
-    std::printf("model        %s (%s): hidden %lld, intermediate %lld, MLA with %lld heads (q_lora_rank %lld, "
-                "kv_lora_rank %lld, qk_nope/rope_head_dim %lld/%lld, v_head_dim %lld), %lld layers%s\n",
-                m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads,
-                (long long)m.mla->q_lora_rank, (long long)m.mla->kv_lora_rank, (long long)m.mla->qk_nope_head_dim,
-                (long long)m.mla->qk_rope_head_dim, (long long)m.mla->v_head_dim, (long long)m.layers,
-                m.fp8 ? ", fp8" : "");
+    std::printf(
+        "model        %s (%s): hidden %lld, intermediate %lld, MLA with %lld heads (q_lora_rank %lld, "
+        "kv_lora_rank %lld, qk_nope/rope_head_dim %lld/%lld, v_head_dim %lld), %lld layers%s\n",
+        m.name, m.source, (long long)m.hidden, (long long)m.intermediate, (long long)m.heads,
+        (long long)m.mla->q_lora_rank, (long long)m.mla->kv_lora_rank, (long long)m.mla->qk_nope_head_dim,
+        (long long)m.mla->qk_rope_head_dim, (long long)m.mla->v_head_dim, (long long)m.layers, m.fp8 ? ", fp8" : "");
   if (ri.layers > 0)
     std::printf("layers       %lld of %lld per forward pass (--layers)\n", (long long)ri.layers, (long long)m.layers);
   std::printf("trace        %s (%zu entries, M %lld..%lld)\n", ri.trace->name.c_str(), ri.trace->ms.size(),
@@ -564,9 +569,10 @@ void print_run_header(const RunInfo& ri) {
   else
     std::printf("steps        %lld (forward passes, max M %lld)\n", (long long)ri.steps, (long long)ri.max_m);
   if (m.fp8)
-    std::printf("dtype        %s; projections fp8_e4m3fn w8a8, 128x128 weight blocks, 1x128 activation groups "
-                "(quant_fp8_group + gemm_fp8_block)\n",
-                std::string(dsp::dtype_name(ri.dtype)).c_str());
+    std::printf(
+        "dtype        %s; projections fp8_e4m3fn w8a8, 128x128 weight blocks, 1x128 activation groups "
+        "(quant_fp8_group + gemm_fp8_block)\n",
+        std::string(dsp::dtype_name(ri.dtype)).c_str());
   else
     std::printf("dtype        %s\n", std::string(dsp::dtype_name(ri.dtype)).c_str());
   int skipped = 0;
@@ -579,9 +585,10 @@ void print_run_header(const RunInfo& ri) {
   for (const BackendFiles& b : ri.backends) std::printf("             %s\n", backend_line(b).c_str());
   std::printf("cache dir    %s\n", ri.cache_dir.empty() ? "(none)" : ri.cache_dir.c_str());
   for (const auto& n : ri.report.notes) std::printf("note         %s\n", n.c_str());
-  std::printf("time         %.3f s setup (%.1f MB of weights), %.3f s warm-up (one layer at M=1, not counted), "
-              "%.3f s replay\n\n",
-              ri.init_s, ri.weight_bytes / 1e6, ri.warmup_s, ri.run_s);
+  std::printf(
+      "time         %.3f s setup (%.1f MB of weights), %.3f s warm-up (one layer at M=1, not counted), "
+      "%.3f s replay\n\n",
+      ri.init_s, ri.weight_bytes / 1e6, ri.warmup_s, ri.run_s);
 }
 
 // Per op, per site, and where the configs came from.
@@ -602,8 +609,8 @@ void print_op_tables(const dsp::Runtime& rt, const Replay& r, const TuneReport* 
   for (size_t i = 0; i < r.sites().size(); ++i) {
     const Site& s = r.sites()[i];
     const SiteStats& ss = r.site_stats(i);
-    std::printf("%-32s %-18s %-16s %9lld %12.2f\n", s.name, std::string(r.op_name(s.op)).c_str(),
-                site_dims(s).c_str(), (long long)ss.calls, us_per_call(ss.seconds, ss.calls));
+    std::printf("%-32s %-18s %-16s %9lld %12.2f\n", s.name, std::string(r.op_name(s.op)).c_str(), site_dims(s).c_str(),
+                (long long)ss.calls, us_per_call(ss.seconds, ss.calls));
   }
 
   std::printf("\nwhere the configs came from\n");
@@ -624,8 +631,8 @@ void print_op_tables(const dsp::Runtime& rt, const Replay& r, const TuneReport* 
 void print_tune_tables(const Replay& r, const TuneReport& tr, const std::string& cache_dir) {
   std::printf("\ntuning (%s): first pass (baseline, tuning paused) vs last pass (pass %zu)\n",
               dsp::tune_mode_name(tr.mode), tr.passes.size());
-  std::printf("%-20s %10s %10s %10s %13s %13s %8s %10s %10s %8s %6s\n", "op", "calls/pass", "hits first",
-              "hits last", "us/call first", "us/call last", "speedup", "p50 first", "p50 last", "p50 x", "tuned");
+  std::printf("%-20s %10s %10s %10s %13s %13s %8s %10s %10s %8s %6s\n", "op", "calls/pass", "hits first", "hits last",
+              "us/call first", "us/call last", "speedup", "p50 first", "p50 last", "p50 x", "tuned");
   for (int op = 0; op < r.op_count(); ++op) {
     const PassOp& f = tr.first[op];
     const PassOp& l = tr.last[op];
@@ -641,11 +648,11 @@ void print_tune_tables(const Replay& r, const TuneReport& tr, const std::string&
                     : tr.stop_reason == "stalled" ? "stalled (the tuner is idle; some shapes still miss)"
                                                   : "stopped at --max-seconds before converging";
   std::printf("\n%s after %zu passes in %.1f s\n", how, tr.passes.size(), tr.seconds);
-  std::printf("tuner        %lld shapes tuned, %lld skipped; %lld candidates run (%lld rejected by validation, "
-              "%lld failed to launch); %.1f s searching; %lld tables published\n",
-              (long long)t.shapes_tuned, (long long)t.shapes_skipped, (long long)t.candidates_run,
-              (long long)t.candidates_rejected, (long long)t.candidates_failed, t.tune_seconds,
-              (long long)t.publishes);
+  std::printf(
+      "tuner        %lld shapes tuned, %lld skipped; %lld candidates run (%lld rejected by validation, "
+      "%lld failed to launch); %.1f s searching; %lld tables published\n",
+      (long long)t.shapes_tuned, (long long)t.shapes_skipped, (long long)t.candidates_run,
+      (long long)t.candidates_rejected, (long long)t.candidates_failed, t.tune_seconds, (long long)t.publishes);
   std::printf("misses       %lld calls missed; %lld queued, %lld dropped (queue full), %lld pending\n",
               (long long)t.misses, (long long)t.queued, (long long)t.dropped, (long long)t.pending);
   std::printf("options      budget %.0f ms/shape, duty cycle %.2f, %d reps%s; cache dir %s\n",
@@ -705,8 +712,8 @@ class PassPrinter {
       std::fprintf(f_, " %lld shapes tuned on the caller's thread, %lld candidates", (long long)s.shapes_tuned,
                    (long long)s.candidates_run);
     else
-      std::fprintf(f_, " %lld shapes tuned, %lld pending, %lld candidates, %.1f s searching",
-                   (long long)s.shapes_tuned, (long long)s.pending, (long long)s.candidates_run, s.tune_seconds);
+      std::fprintf(f_, " %lld shapes tuned, %lld pending, %lld candidates, %.1f s searching", (long long)s.shapes_tuned,
+                   (long long)s.pending, (long long)s.candidates_run, s.tune_seconds);
     if (partial) std::fprintf(f_, " (%s)", partial);
     std::fprintf(f_, "\n");
     std::fflush(f_);
@@ -756,9 +763,10 @@ int print_misses_summary(const Replay& r, const ReplayOptions& o, const RunInfo&
     std::fputs((w.take() + "\n").c_str(), stdout);
     return kExitOk;
   }
-  std::printf("workload     %s%s, trace %s, %lld forward passes, %s, tuning off\n", ri.model->name,
-              ri.layers > 0 ? (" (" + std::to_string(ri.layers) + (ri.layers == 1 ? " layer)" : " layers)")).c_str() : "", ri.trace->name.c_str(),
-              (long long)ri.steps, std::string(dsp::dtype_name(ri.dtype)).c_str());
+  std::printf(
+      "workload     %s%s, trace %s, %lld forward passes, %s, tuning off\n", ri.model->name,
+      ri.layers > 0 ? (" (" + std::to_string(ri.layers) + (ri.layers == 1 ? " layer)" : " layers)")).c_str() : "",
+      ri.trace->name.c_str(), (long long)ri.steps, std::string(dsp::dtype_name(ri.dtype)).c_str());
   std::printf("\n%-20s %9s %9s %9s %8s %6s\n", "op", "calls", "hits", "misses", "shapes", "keys");
   for (int op = 0; op < r.op_count(); ++op) {
     const OpStats& s = r.stats(op);
@@ -822,8 +830,8 @@ int read_workload(const ReplayOptions& o, const char* cmd, Workload* w) {
     return kExitUsage;
   }
   if (o.layers < 0 || o.layers > w->model->layers) {
-    std::fprintf(stderr, "%s: --layers must be in 1..%lld (%s's layers), got %lld\n", cmd,
-                 (long long)w->model->layers, w->model->name, (long long)o.layers);
+    std::fprintf(stderr, "%s: --layers must be in 1..%lld (%s's layers), got %lld\n", cmd, (long long)w->model->layers,
+                 w->model->name, (long long)o.layers);
     return kExitUsage;
   }
   w->layers = o.layers;
@@ -842,9 +850,12 @@ int runtime_options(const ReplayOptions& o, const char* cmd, dsp::RuntimeOptions
   }
   dsp::RuntimeOptions ro = std::move(*env_r);
   if (!o.tune.empty()) {
-    if (o.tune == "off") ro.tune.mode = dsp::TuneMode::off;
-    else if (o.tune == "sync") ro.tune.mode = dsp::TuneMode::sync;
-    else if (o.tune == "background") ro.tune.mode = dsp::TuneMode::background;
+    if (o.tune == "off")
+      ro.tune.mode = dsp::TuneMode::off;
+    else if (o.tune == "sync")
+      ro.tune.mode = dsp::TuneMode::sync;
+    else if (o.tune == "background")
+      ro.tune.mode = dsp::TuneMode::background;
     else {
       std::fprintf(stderr, "%s: --tune '%s' is not off, sync or background\n", cmd, o.tune.c_str());
       return kExitUsage;
@@ -1163,8 +1174,8 @@ int run_replay(const ReplayOptions& o) {
   try {
     replay.init();
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: out of memory allocating %s's weights and activations (max M %lld)\n", cmd,
-                 w.model->name, (long long)w.max_m);
+    std::fprintf(stderr, "%s: out of memory allocating %s's weights and activations (max M %lld)\n", cmd, w.model->name,
+                 (long long)w.max_m);
     return kExitFailure;
   }
 

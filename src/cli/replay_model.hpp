@@ -68,10 +68,11 @@ template <class R, class... A>
 class FnRef<R(A...)> {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, FnRef> && std::is_invocable_r_v<R, F&, A...>)
-  FnRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): a lambda converts
-      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-        call_([](void* o, A... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<A>(a)...); }) {}
+  requires(!std::is_same_v<std::remove_cvref_t<F>, FnRef> && std::is_invocable_r_v<R, F&, A...>) FnRef(F&& f)
+  noexcept  // NOLINT(google-explicit-constructor): a lambda converts
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), call_([](void* o, A... a) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<A>(a)...);
+        }) {}
   R operator()(A... a) const { return call_(obj_, std::forward<A>(a)...); }
 
  private:
@@ -244,8 +245,10 @@ class DecoderModel final : public Model {
       : rt_(rt), m_(m), dtype_(dtype), max_m_(max_m) {
     const auto norm = [&](const char* name, OpIdx op) { return Site{name, op, {{"hidden", m.hidden}}, {}}; };
     const auto linear = [&](const char* name, int64_t n, int64_t k, bool bias) {
-      return Site{name, kGemm, {{"N", n}, {"K", k}}, bias ? std::vector<std::string_view>{"bias"}
-                                                          : std::vector<std::string_view>{}};
+      return Site{name,
+                  kGemm,
+                  {{"N", n}, {"K", k}},
+                  bias ? std::vector<std::string_view>{"bias"} : std::vector<std::string_view>{}};
     };
     // In call order within a layer (SiteId).
     sites_ = {
@@ -297,9 +300,12 @@ class DecoderModel final : public Model {
   bool forward(int64_t M, CallSink& sink, std::string* error, int64_t layers = 0) override {
     std::memcpy(residual_.data(), embed_.data(), static_cast<size_t>(M * m_.hidden) * residual_.bytes_per_elem());
     const Act a = activations(M);
-    if (!sink.call(kInputNorm0, M, -1, [&](const dsp::CallOptions& o) {
-          return dsp::rmsnorm(rt_, dsp::RmsNormArgs{a.h, a.residual, a.w_norm, a.eps}, {}, o);
-        }, error))
+    if (!sink.call(
+            kInputNorm0, M, -1,
+            [&](const dsp::CallOptions& o) {
+              return dsp::rmsnorm(rt_, dsp::RmsNormArgs{a.h, a.residual, a.w_norm, a.eps}, {}, o);
+            },
+            error))
       return false;
     // The input of qkv_proj: h after layer 0's rmsnorm, then h2 after each
     // layer's closing fused_add_rmsnorm (which normalises h2 in place).
@@ -325,15 +331,15 @@ class DecoderModel final : public Model {
 
  private:
   enum OpIdx : int { kRmsNorm = 0, kFusedAdd, kGemm, kSiluMul };  // index into ops()
-  enum SiteId : int {  // index into sites_
-    kInputNorm0 = 0,   // layer 0's input_layernorm (rmsnorm)
+  enum SiteId : int {                                             // index into sites_
+    kInputNorm0 = 0,                                              // layer 0's input_layernorm (rmsnorm)
     kQkvProj,
     kOProj,
-    kPostAttnNorm,     // fused_add_rmsnorm
+    kPostAttnNorm,  // fused_add_rmsnorm
     kGateUpProj,
-    kActFn,            // silu_and_mul
+    kActFn,  // silu_and_mul
     kDownProj,
-    kNextInputNorm,    // the next layer's input_layernorm, or the final norm (fused_add_rmsnorm)
+    kNextInputNorm,  // the next layer's input_layernorm, or the final norm (fused_add_rmsnorm)
   };
 
   // The tensors of one forward pass with M tokens.
@@ -375,21 +381,26 @@ class DecoderModel final : public Model {
         }))
       return false;
     fake_attention(M);
-    return op(kOProj, [&](const dsp::CallOptions& o) {
-             return dsp::gemm(rt_, dsp::GemmArgs{a.attn, a.w_o, a.h, {}}, {}, o);
-           }) &&
-           op(kPostAttnNorm, [&](const dsp::CallOptions& o) {
-             return dsp::fused_add_rmsnorm(rt_, dsp::FusedAddRmsNormArgs{a.h, a.residual, a.w_norm, a.eps}, {}, o);
-           }) &&
-           op(kGateUpProj, [&](const dsp::CallOptions& o) {
-             return dsp::gemm(rt_, dsp::GemmArgs{a.h, a.w_gate_up, a.gate_up, {}}, {}, o);
-           }) &&
-           op(kActFn, [&](const dsp::CallOptions& o) {
-             return dsp::silu_and_mul(rt_, dsp::SiluAndMulArgs{a.act, a.gate_up}, {}, o);
-           }) &&
-           op(kDownProj, [&](const dsp::CallOptions& o) {
-             return dsp::gemm(rt_, dsp::GemmArgs{a.act, a.w_down, a.h2, {}}, {}, o);
-           }) &&
+    return op(kOProj,
+              [&](const dsp::CallOptions& o) {
+                return dsp::gemm(rt_, dsp::GemmArgs{a.attn, a.w_o, a.h, {}}, {}, o);
+              }) &&
+           op(kPostAttnNorm,
+              [&](const dsp::CallOptions& o) {
+                return dsp::fused_add_rmsnorm(rt_, dsp::FusedAddRmsNormArgs{a.h, a.residual, a.w_norm, a.eps}, {}, o);
+              }) &&
+           op(kGateUpProj,
+              [&](const dsp::CallOptions& o) {
+                return dsp::gemm(rt_, dsp::GemmArgs{a.h, a.w_gate_up, a.gate_up, {}}, {}, o);
+              }) &&
+           op(kActFn,
+              [&](const dsp::CallOptions& o) {
+                return dsp::silu_and_mul(rt_, dsp::SiluAndMulArgs{a.act, a.gate_up}, {}, o);
+              }) &&
+           op(kDownProj,
+              [&](const dsp::CallOptions& o) {
+                return dsp::gemm(rt_, dsp::GemmArgs{a.act, a.w_down, a.h2, {}}, {}, o);
+              }) &&
            op(kNextInputNorm, [&](const dsp::CallOptions& o) {
              return dsp::fused_add_rmsnorm(rt_, dsp::FusedAddRmsNormArgs{a.h2, a.residual, a.w_norm, a.eps}, {}, o);
            });
@@ -472,7 +483,9 @@ class Fp8DecoderModel final : public Model {
       p.bias = bias;
       sites_.push_back(Site{quant_name, kQuant, {{"K", k}}, {}, run + "->fp8_e4m3fn"});
       p.quant_site = static_cast<int>(sites_.size() - 1);
-      sites_.push_back(Site{name, kGemm, {{"N", n}, {"K", k}},
+      sites_.push_back(Site{name,
+                            kGemm,
+                            {{"N", n}, {"K", k}},
                             bias ? std::vector<std::string_view>{"bias"} : std::vector<std::string_view>{},
                             "fp8_e4m3fn->" + run});
       p.gemm_site = static_cast<int>(sites_.size() - 1);
@@ -563,9 +576,12 @@ class Fp8DecoderModel final : public Model {
     const dsp::TensorRef residual = mat(residual_, M, m_.hidden), h = mat(h_, M, m_.hidden);
     const dsp::TensorRef w = norm_weight(m_.hidden);
     const float eps = static_cast<float>(m_.rms_eps);
-    if (!sink.call(input_norm0_, M, -1, [&](const dsp::CallOptions& o) {
-          return dsp::rmsnorm(rt_, dsp::RmsNormArgs{h, residual, w, eps}, {}, o);
-        }, error))
+    if (!sink.call(
+            input_norm0_, M, -1,
+            [&](const dsp::CallOptions& o) {
+              return dsp::rmsnorm(rt_, dsp::RmsNormArgs{h, residual, w, eps}, {}, o);
+            },
+            error))
       return false;
     for (int64_t l = 0, n = layers > 0 ? layers : m_.layers; l < n; ++l)
       if (!layer(M, l == 0 ? h_ : h2_, l, sink, error)) return false;
@@ -626,28 +642,40 @@ class Fp8DecoderModel final : public Model {
     const dsp::TensorRef sb =
         dsp::make_tensor_2d(w.scale.data(), dsp::DType::fp32, blocks(p.n), blocks(p.k), blocks(p.k));
     const dsp::TensorRef bias = p.bias ? dsp::make_tensor_1d(biases_.at(p.n).data(), dtype_, p.n) : dsp::TensorRef{};
-    return sink.call(p.quant_site, M, l, [&](const dsp::CallOptions& o) {
-             return dsp::quant_fp8_group(rt_, dsp::QuantFp8GroupArgs{{q, x, sa}}, {}, o);
-           }, error) &&
-           sink.call(p.gemm_site, M, l, [&](const dsp::CallOptions& o) {
-             return dsp::gemm_fp8_block(rt_, dsp::GemmFp8BlockArgs{{q, b, d, sa, sb, bias}}, {}, o);
-           }, error);
+    return sink.call(
+               p.quant_site, M, l,
+               [&](const dsp::CallOptions& o) {
+                 return dsp::quant_fp8_group(rt_, dsp::QuantFp8GroupArgs{{q, x, sa}}, {}, o);
+               },
+               error) &&
+           sink.call(
+               p.gemm_site, M, l,
+               [&](const dsp::CallOptions& o) {
+                 return dsp::gemm_fp8_block(rt_, dsp::GemmFp8BlockArgs{{q, b, d, sa, sb, bias}}, {}, o);
+               },
+               error);
   }
 
   bool norm(int site, const Buffer& x, int64_t hidden, int64_t M, int64_t l, CallSink& sink, std::string* error) {
     const dsp::TensorRef t = mat(x, M, hidden), w = norm_weight(hidden);
     const float eps = static_cast<float>(m_.rms_eps);
-    return sink.call(site, M, l, [&](const dsp::CallOptions& o) {
-      return dsp::rmsnorm(rt_, dsp::RmsNormArgs{t, t, w, eps}, {}, o);  // in place
-    }, error);
+    return sink.call(
+        site, M, l,
+        [&](const dsp::CallOptions& o) {
+          return dsp::rmsnorm(rt_, dsp::RmsNormArgs{t, t, w, eps}, {}, o);  // in place
+        },
+        error);
   }
 
   bool add_norm(int site, const Buffer& x, int64_t M, int64_t l, CallSink& sink, std::string* error) {
     const dsp::TensorRef t = mat(x, M, m_.hidden), r = mat(residual_, M, m_.hidden), w = norm_weight(m_.hidden);
     const float eps = static_cast<float>(m_.rms_eps);
-    return sink.call(site, M, l, [&](const dsp::CallOptions& o) {
-      return dsp::fused_add_rmsnorm(rt_, dsp::FusedAddRmsNormArgs{t, r, w, eps}, {}, o);
-    }, error);
+    return sink.call(
+        site, M, l,
+        [&](const dsp::CallOptions& o) {
+          return dsp::fused_add_rmsnorm(rt_, dsp::FusedAddRmsNormArgs{t, r, w, eps}, {}, o);
+        },
+        error);
   }
 
   // Layer l: attention block, then the MLP; `in` holds the normed input.
@@ -658,8 +686,7 @@ class Fp8DecoderModel final : public Model {
     } else {
       if (!project(q_a_, in, q_a_out_, M, l, sink, error) ||
           !norm(q_a_norm_, q_a_out_, m_.mla->q_lora_rank, M, l, sink, error) ||
-          !project(q_b_, q_a_out_, q_out_, M, l, sink, error) ||
-          !project(kv_a_, in, kv_a_out_, M, l, sink, error))
+          !project(q_b_, q_a_out_, q_out_, M, l, sink, error) || !project(kv_a_, in, kv_a_out_, M, l, sink, error))
         return false;
       // The kv latent: kv_a's first kv_lora_rank columns (the rest is the
       // rope key), made contiguous as SGLang does before kv_a_layernorm.
@@ -672,9 +699,12 @@ class Fp8DecoderModel final : public Model {
     const dsp::TensorRef act = mat(act_out_, M, m_.down_k()), gu = mat(gate_up_out_, M, m_.gate_up_n());
     return project(o_, attn_, h_, M, l, sink, error) && add_norm(post_attn_norm_, h_, M, l, sink, error) &&
            project(gate_up_, h_, gate_up_out_, M, l, sink, error) &&
-           sink.call(act_fn_, M, l, [&](const dsp::CallOptions& o) {
-             return dsp::silu_and_mul(rt_, dsp::SiluAndMulArgs{act, gu}, {}, o);
-           }, error) &&
+           sink.call(
+               act_fn_, M, l,
+               [&](const dsp::CallOptions& o) {
+                 return dsp::silu_and_mul(rt_, dsp::SiluAndMulArgs{act, gu}, {}, o);
+               },
+               error) &&
            project(down_, act_out_, h2_, M, l, sink, error) && add_norm(next_norm_, h2_, M, l, sink, error);
   }
 

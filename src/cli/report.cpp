@@ -90,8 +90,8 @@ struct Record {
 /// The read/compute ceilings a tuner measured on one device.
 struct Ceilings {
   size_t source = 0;
-  double read_gbps = 0;                        ///< GB/s; 0 = not measured
-  double compute_tflops = 0;                   ///< TFLOP/s of every dtype; 0 = not measured
+  double read_gbps = 0;                            ///< GB/s; 0 = not measured
+  double compute_tflops = 0;                       ///< TFLOP/s of every dtype; 0 = not measured
   std::map<std::string, double> compute_by_dtype;  ///< TFLOP/s per input dtype
 };
 
@@ -435,14 +435,27 @@ class Reader {
       if (!in_dir) src.kind = kind;
     };
     switch (k) {
-      case Kind::table: set_kind("config table"); read_table(si, doc, rel); break;
-      case Kind::tune: set_kind("tune --json"); read_tune(si, doc); break;
-      case Kind::bench_rows: set_kind("bench rows"); read_bench_rows(si, doc); break;
-      case Kind::bench_impls: set_kind("bench impls"); read_bench_impls(si, doc); break;
+      case Kind::table:
+        set_kind("config table");
+        read_table(si, doc, rel);
+        break;
+      case Kind::tune:
+        set_kind("tune --json");
+        read_tune(si, doc);
+        break;
+      case Kind::bench_rows:
+        set_kind("bench rows");
+        read_bench_rows(si, doc);
+        break;
+      case Kind::bench_impls:
+        set_kind("bench impls");
+        read_bench_impls(si, doc);
+        break;
       case Kind::none:
-        *why = "not a kdispatch config table (batch-size rows with the \"kdispatch\" metadata), "
-               "`kdispatch tune --json` output, nor a bench JSON (bench/gpu/: bench_any_model.py, bench_fp8.py, "
-               "bench_gpu.py, bench_silu.py)";
+        *why =
+            "not a kdispatch config table (batch-size rows with the \"kdispatch\" metadata), "
+            "`kdispatch tune --json` output, nor a bench JSON (bench/gpu/: bench_any_model.py, bench_fp8.py, "
+            "bench_gpu.py, bench_silu.py)";
         break;
     }
     return k;
@@ -794,9 +807,7 @@ std::string num_label(double v) {
 
 struct Axis {
   double lo = 0, hi = 1;  // log10 of the bounds
-  double at(double v, int p0, int p1) const {
-    return p0 + (std::log10(v) - lo) / (hi - lo) * (p1 - p0);
-  }
+  double at(double v, int p0, int p1) const { return p0 + (std::log10(v) - lo) / (hi - lo) * (p1 - p0); }
 };
 
 Axis axis_of(double mn, double mx, double pad) {
@@ -871,7 +882,8 @@ std::string chart(const Group& g, const Data& d) {
     const int x = static_cast<int>(std::lround(ax.at(v, kX0, kX1)));
     if (x < kX0 || x > kX1) continue;
     grid += "M" + std::to_string(x) + " " + std::to_string(kY0) + "V" + std::to_string(kY1);
-    labels += "<text x=\"" + std::to_string(x) + "\" y=\"" + std::to_string(kY1 + 12) + "\">" + num_label(v) + "</text>";
+    labels +=
+        "<text x=\"" + std::to_string(x) + "\" y=\"" + std::to_string(kY1 + 12) + "\">" + num_label(v) + "</text>";
   }
   std::vector<double> yt;
   for (int e = static_cast<int>(std::floor(ay.lo)) - 1; e <= static_cast<int>(std::ceil(ay.hi)); ++e)
@@ -990,8 +1002,8 @@ struct Page {
   }
 
   void head(const std::string& title) {
-    h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + esc(title) +
-         "</title>\n<style>" + kStyle + "</style></head><body>\n<h1>" + esc(title) + "</h1>\n";
+    h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + esc(title) + "</title>\n<style>" +
+         kStyle + "</style></head><body>\n<h1>" + esc(title) + "</h1>\n";
     h += "<p class=\"note\">Written by kdispatch " + esc(dispatch::version()) +
          " (<code>kdispatch report</code>). Times in µs; served ÷ floor below 1: the served plan is faster than the "
          "floor (the plan the engine runs without kdispatch, which every search races).</p>\n";
@@ -1045,7 +1057,8 @@ struct Page {
          "<th>read GB/s</th><th class=\"t\">compute TFLOP/s</th><th class=\"t\">input</th></tr>";
     for (const auto& [dev, c] : d.ceilings) {
       std::string comp = c.compute_tflops > 0 ? fmt("%.4g", c.compute_tflops) : std::string();
-      for (const auto& [dt, t] : c.compute_by_dtype) comp += (comp.empty() ? "" : ", ") + esc(dt) + " " + fmt("%.4g", t);
+      for (const auto& [dt, t] : c.compute_by_dtype)
+        comp += (comp.empty() ? "" : ", ") + esc(dt) + " " + fmt("%.4g", t);
       h += "<tr><td class=\"t\">" + esc(dev) + "</td><td>" + (c.read_gbps > 0 ? fmt("%.4g", c.read_gbps) : "—") +
            "</td><td class=\"t\">" + (comp.empty() ? "—" : comp) + "</td><td class=\"t\">" +
            esc(d.sources[c.source].name) + "</td></tr>";
@@ -1055,8 +1068,10 @@ struct Page {
   }
 
   void charts() {
-    h += "<h2 id=\"charts\">Time against M</h2>\n<p>" + legend_key("border-color:#1565c0") + "served (colour of its "
-         "input) " + legend_key("border-top-style:dashed;border-color:#555") + "floor " +
+    h += "<h2 id=\"charts\">Time against M</h2>\n<p>" + legend_key("border-color:#1565c0") +
+         "served (colour of its "
+         "input) " +
+         legend_key("border-top-style:dashed;border-color:#555") + "floor " +
          legend_key("border-top-style:dotted;border-color:#ef6c00") + "peer (a benchmark's: torch's call, Triton) " +
          legend_key("border-top-style:dashed;border-color:#999") +
          "ceiling (measured: the tuner's read/compute ceilings, or a benchmark's read of the same bytes). "
@@ -1167,11 +1182,11 @@ struct Page {
       for (size_t i : g.recs) {
         const Record& r = d.records[i];
         const bool both = r.served > 0 && r.floor > 0;
-        h += std::string(both && r.served > r.floor ? "<tr class=\"lost\">" : "<tr>") + "<td>" +
-             std::to_string(r.m) + "</td><td>" + std::to_string(r.source + 1) + "</td><td class=\"t\">" +
-             esc(r.variant) + "</td><td>" + (r.served > 0 ? us_text(r.served) : "—") + "</td><td>" +
-             (r.floor > 0 ? us_text(r.floor) : "—") + "</td><td>" + (both ? ratio_text(r.served / r.floor) : "—") +
-             "</td><td class=\"t\">" + (r.peer > 0 ? esc(r.peer_name) + " " + us_text(r.peer) : "—") + "</td><td>" +
+        h += std::string(both && r.served > r.floor ? "<tr class=\"lost\">" : "<tr>") + "<td>" + std::to_string(r.m) +
+             "</td><td>" + std::to_string(r.source + 1) + "</td><td class=\"t\">" + esc(r.variant) + "</td><td>" +
+             (r.served > 0 ? us_text(r.served) : "—") + "</td><td>" + (r.floor > 0 ? us_text(r.floor) : "—") +
+             "</td><td>" + (both ? ratio_text(r.served / r.floor) : "—") + "</td><td class=\"t\">" +
+             (r.peer > 0 ? esc(r.peer_name) + " " + us_text(r.peer) : "—") + "</td><td>" +
              (r.margin >= 0 ? pct_text(r.margin) : "—") + "</td><td>" + (r.aa >= 0 ? pct_text(r.aa) : "—") +
              "</td><td class=\"t\">" + esc(r.timing) + "</td><td class=\"t\">" + esc(r.why) + "</td></tr>\n";
       }
@@ -1235,8 +1250,7 @@ int run_report(const ReportOptions& o) {
   }
   const fs::path parent = fs::path(o.out).parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec)) {
-    std::fprintf(stderr, "%s: --out '%s': its directory '%s' does not exist\n", kCmd, o.out.c_str(),
-                 parent.c_str());
+    std::fprintf(stderr, "%s: --out '%s': its directory '%s' does not exist\n", kCmd, o.out.c_str(), parent.c_str());
     return kExitUsage;
   }
   Data d;
@@ -1246,10 +1260,13 @@ int run_report(const ReportOptions& o) {
       if (int rc = reader.input(in); rc >= 0) return rc;
   }
   for (const Source& s : d.sources)
-    for (const std::string& why : s.skipped) std::fprintf(stderr, "%s: %s: passed over %s\n", kCmd, s.name.c_str(), why.c_str());
+    for (const std::string& why : s.skipped)
+      std::fprintf(stderr, "%s: %s: passed over %s\n", kCmd, s.name.c_str(), why.c_str());
   if (d.records.empty()) {
-    std::fprintf(stderr, "%s: no timings in the inputs (a config table's timings are its \"kdispatch\" metadata's "
-                 "\"us\" map, which tables written by `kdispatch tune` carry): nothing written\n", kCmd);
+    std::fprintf(stderr,
+                 "%s: no timings in the inputs (a config table's timings are its \"kdispatch\" metadata's "
+                 "\"us\" map, which tables written by `kdispatch tune` carry): nothing written\n",
+                 kCmd);
     return kExitFailure;
   }
 

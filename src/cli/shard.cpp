@@ -58,7 +58,8 @@ std::optional<Shard> parse_shard(std::string_view text, const EnvFn& env, std::s
     Shard s{*rank, *world, "torchrun (RANK=" + std::to_string(*rank) + ", WORLD_SIZE=" + std::to_string(*world) + ")"};
     s.from_torchrun = true;
     const auto local = env_int(env, "LOCAL_RANK", &bad);
-    if (local && (*local < 0 || *local > 1023)) bad = "LOCAL_RANK=" + std::to_string(*local) + " is not a device ordinal";
+    if (local && (*local < 0 || *local > 1023))
+      bad = "LOCAL_RANK=" + std::to_string(*local) + " is not a device ordinal";
     s.local_rank = local ? static_cast<int32_t>(*local) : 0;
     // torchrun inside each task of a Slurm array or a Kubernetes Job: each
     // task tunes the whole catalogue split over its own ranks.
@@ -94,8 +95,8 @@ std::optional<Shard> parse_shard(std::string_view text, const EnvFn& env, std::s
       return std::nullopt;
     }
     Shard s{*index, *count,
-            "Kubernetes indexed Job (JOB_COMPLETION_INDEX=" + std::to_string(*index) + ", KDISPATCH_SHARD_COUNT=" +
-                std::to_string(*count) + ")"};
+            "Kubernetes indexed Job (JOB_COMPLETION_INDEX=" + std::to_string(*index) +
+                ", KDISPATCH_SHARD_COUNT=" + std::to_string(*count) + ")"};
     return checked(s, error);
   }
   *error = "--shard auto: " + (bad.empty() ? std::string() : bad + "; ") +

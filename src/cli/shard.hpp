@@ -53,6 +53,8 @@ std::string unit_text(std::string_view op, std::string_view key_fields, int64_t 
 uint64_t unit_hash(std::string_view op, std::string_view key_fields, int64_t m);
 
 /// Whether a unit of hash `h` is in `s`.
-inline bool in_shard(const Shard& s, uint64_t h) { return s.count <= 1 || h % static_cast<uint64_t>(s.count) == static_cast<uint64_t>(s.index); }
+inline bool in_shard(const Shard& s, uint64_t h) {
+  return s.count <= 1 || h % static_cast<uint64_t>(s.count) == static_cast<uint64_t>(s.index);
+}
 
 }  // namespace kdispatch_cli

@@ -126,7 +126,9 @@ ColumnRule column_rule(const std::string& lname) {
   for (const dsp::OpInfo& op : dsp::op_list())
     for (const dsp::OpKeyFieldInfo& f : op.key_fields)
       if (lower(f.name) == lname && (f.kind == "dim" || f.kind == "flag" || f.kind == "accum"))
-        return {f.kind == "dim" ? ColumnRule::count : f.kind == "flag" ? ColumnRule::flag : ColumnRule::accum,
+        return {f.kind == "dim"    ? ColumnRule::count
+                : f.kind == "flag" ? ColumnRule::flag
+                                   : ColumnRule::accum,
                 std::string(f.name)};
   return {};
 }
@@ -221,9 +223,12 @@ using dsp::core::JsonWriter;
 std::optional<dsp::DType> dtype_from_csv(std::string_view v) {
   std::string s = lower(trim(v));
   if (s.rfind("torch.", 0) == 0) s = s.substr(6);
-  if (s == "bfloat16") s = "bf16";
-  else if (s == "float32" || s == "float") s = "fp32";
-  else if (s == "float16" || s == "half") s = "fp16";
+  if (s == "bfloat16")
+    s = "bf16";
+  else if (s == "float32" || s == "float")
+    s = "fp32";
+  else if (s == "float16" || s == "half")
+    s = "fp16";
   auto r = dsp::parse_dtype(s);
   if (!r.ok()) return std::nullopt;
   return *r;
@@ -244,9 +249,12 @@ struct Job {
 // "12.3s", "4m05s", "2h07m".
 std::string duration_text(double s) {
   char b[32];
-  if (s < 60) std::snprintf(b, sizeof b, "%.1fs", s);
-  else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
-  else std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
+  if (s < 60)
+    std::snprintf(b, sizeof b, "%.1fs", s);
+  else if (s < 3600)
+    std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  else
+    std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
   return b;
 }
 
@@ -274,10 +282,10 @@ class Progress {
     searched_ += searched;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     const size_t left = total_ > i ? total_ - i : 0;
-    const std::string eta = left == 0       ? std::string("0.0s")
-                            : searched_ == 0 ? std::string("?")
-                                             : duration_text(elapsed / static_cast<double>(searched_) *
-                                                             static_cast<double>(left));
+    const std::string eta = left == 0 ? std::string("0.0s")
+                            : searched_ == 0
+                                ? std::string("?")
+                                : duration_text(elapsed / static_cast<double>(searched_) * static_cast<double>(left));
     const int w = static_cast<int>(std::to_string(total_).size());
     std::fprintf(stderr, "[%*zu/%zu] %s [elapsed %s, ETA %s]\n", w, i, total_, text.c_str(),
                  duration_text(elapsed).c_str(), eta.c_str());
@@ -353,8 +361,8 @@ std::string parse_devices(const std::string& text, std::vector<int32_t>* ordinal
     if (!parse_int(item, &n) || n < 0 || n > 1023)
       return what + "expected all or device ordinals separated by commas (e.g. 0,1), got '" + std::string(item) + "'";
     if (std::find(ordinals->begin(), ordinals->end(), n) != ordinals->end())
-      return what + "device " + std::to_string(n) + " is listed twice (for several workers on one device: " +
-             "--workers-per-device N)";
+      return what + "device " + std::to_string(n) +
+             " is listed twice (for several workers on one device: " + "--workers-per-device N)";
     ordinals->push_back(static_cast<int32_t>(n));
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -574,8 +582,9 @@ Outcome no_op_row(const ShapeRow& r, const std::string& file, const std::vector<
   for (std::string_view d : dims) {
     bool has_column = false;
     for (const std::string& c : columns) has_column = has_column || lower(c) == lower(d);
-    missing += std::string(missing.empty() ? "" : "; ") +
-               (has_column ? "no value in its '" + std::string(d) + "' column" : "the file has no '" + std::string(d) + "' column");
+    missing +=
+        std::string(missing.empty() ? "" : "; ") + (has_column ? "no value in its '" + std::string(d) + "' column"
+                                                               : "the file has no '" + std::string(d) + "' column");
   }
   std::string cols;
   for (const std::string& c : columns) cols += (cols.empty() ? "" : ",") + c;
@@ -607,8 +616,10 @@ int read_shapes(const TuneCmdOptions& o, const char* cmd, const dsp::OpInfo& op,
       }
       Job j;
       Outcome bad = add_row(r, file, o, op, dims, &j);
-      if (!bad.message.empty()) out->unsupported.push_back(std::move(bad));
-      else if (seen.insert({j.key_fields, j.m}).second) out->jobs.push_back(std::move(j));
+      if (!bad.message.empty())
+        out->unsupported.push_back(std::move(bad));
+      else if (seen.insert({j.key_fields, j.m}).second)
+        out->jobs.push_back(std::move(j));
     }
   }
   return -1;
@@ -683,7 +694,7 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
   ro.tune.mode = dsp::TuneMode::off;  // pretune works in every mode
   ro.tune.cache_dir = o.emit;         // winners persist straight into the emit dir
   ro.tune.persist = true;
-  ro.tune.load_cache = true;          // its rows (this build's) are the "done" set
+  ro.tune.load_cache = true;                 // its rows (this build's) are the "done" set
   ro.tune.keep_rows_of_other_builds = true;  // an emit dir is committed configs: never drop rows on merge
   if (o.budget_ms > 0) ro.tune.time_budget_ms = o.budget_ms;
   // $KDISPATCH_TUNE_MEM (unless --mem-gib), $KDISPATCH_TUNE_MARGIN (unless
@@ -810,8 +821,8 @@ Outcome tuned_outcome(const dsp::PretuneResult& r, const std::string& head, cons
   out.aa_spread = r.aa_spread;
   out.timing = r.timing;
   out.why = r.why;
-  *line = head + " -> " + r.variant + " " + fmt("%.1f", r.best_us) + "us (floor " + fmt("%.1f", r.default_us) +
-          "us, " + (r.best_us > 0 && r.default_us > 0 ? fmt("%.2f", r.default_us / r.best_us) + "x" : "n/a") + ", " +
+  *line = head + " -> " + r.variant + " " + fmt("%.1f", r.best_us) + "us (floor " + fmt("%.1f", r.default_us) + "us, " +
+          (r.best_us > 0 && r.default_us > 0 ? fmt("%.2f", r.default_us / r.best_us) + "x" : "n/a") + ", " +
           std::to_string(r.candidates) + (r.candidates == 1 ? " candidate)" : " candidates)");
   if (!r.persisted) {
     out.kind = Outcome::Kind::failed;
@@ -860,13 +871,15 @@ std::optional<Outcome> skip(const Target& t, const Job& j, const std::string& he
 // HIP's sticky errors: every later call fails): only a new process recovers.
 bool is_sticky_error(const dsp::Status& s) {
   if (s.code() != dsp::StatusCode::backend_error) return false;
-  static const char* const kSticky[] = {
-      "cudaErrorIllegalAddress",     "cudaErrorLaunchFailure",     "cudaErrorHardwareStackError",
-      "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace",
-      "cudaErrorInvalidPc",          "cudaErrorAssert",            "cudaErrorECCUncorrectable",
-      "cudaErrorLaunchTimeout",      "cudaErrorContextIsDestroyed", "hipErrorIllegalAddress",
-      "hipErrorLaunchFailure",       "hipErrorAssert",             "hipErrorECCNotCorrectable",
-      "hipErrorLaunchTimeOut",       "hipErrorContextIsDestroyed"};
+  static const char* const kSticky[] = {"cudaErrorIllegalAddress",     "cudaErrorLaunchFailure",
+                                        "cudaErrorHardwareStackError", "cudaErrorIllegalInstruction",
+                                        "cudaErrorMisalignedAddress",  "cudaErrorInvalidAddressSpace",
+                                        "cudaErrorInvalidPc",          "cudaErrorAssert",
+                                        "cudaErrorECCUncorrectable",   "cudaErrorLaunchTimeout",
+                                        "cudaErrorContextIsDestroyed", "hipErrorIllegalAddress",
+                                        "hipErrorLaunchFailure",       "hipErrorAssert",
+                                        "hipErrorECCNotCorrectable",   "hipErrorLaunchTimeOut",
+                                        "hipErrorContextIsDestroyed"};
   const std::string text = s.to_string();
   for (const char* name : kSticky)
     if (text.find(name) != std::string::npos) return true;
@@ -891,8 +904,7 @@ Outcome tune_unit(const Target& t, const Job& j, std::string* line, bool* sticky
       out = tuned_outcome(*r, head, t.o.emit, line);
     } else {
       // Over the scratch-memory budget is "too large here", like --max-flops.
-      out.kind = r.status().code() == dsp::StatusCode::out_of_memory ? Outcome::Kind::too_large
-                                                                      : Outcome::Kind::failed;
+      out.kind = r.status().code() == dsp::StatusCode::out_of_memory ? Outcome::Kind::too_large : Outcome::Kind::failed;
       out.message = r.status().to_string();
       *line = head + (out.kind == Outcome::Kind::failed ? " FAILED: " : " skipped: ") + out.message;
       if (sticky) *sticky = is_sticky_error(r.status());
@@ -1024,15 +1036,17 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const Shapes& sh) {
   if (sh.model)
     for (const std::string& n : sh.model->not_tuned) std::printf("%s\n", n.c_str());
   const std::string ops = ops_text(sh);
-  std::printf("%lld %s shapes: %lld tuned, %lld skipped (%lld already in %s, %lld too large here, %lld not "
-              "tunable here), %lld failed; %.1f s\n",
-              (long long)s.shapes, ops.c_str(), (long long)s.tuned, (long long)(s.done + s.too_large + s.unsupported),
-              (long long)s.done, o.emit.c_str(), (long long)s.too_large, (long long)s.unsupported, (long long)s.failed,
-              s.seconds);
+  std::printf(
+      "%lld %s shapes: %lld tuned, %lld skipped (%lld already in %s, %lld too large here, %lld not "
+      "tunable here), %lld failed; %.1f s\n",
+      (long long)s.shapes, ops.c_str(), (long long)s.tuned, (long long)(s.done + s.too_large + s.unsupported),
+      (long long)s.done, o.emit.c_str(), (long long)s.too_large, (long long)s.unsupported, (long long)s.failed,
+      s.seconds);
   if (s.with_speedup)
-    std::printf("geomean speedup vs the floor (what the engine runs without kdispatch): %.2fx over %lld tuned "
-                "shapes\n",
-                s.geomean, (long long)s.with_speedup);
+    std::printf(
+        "geomean speedup vs the floor (what the engine runs without kdispatch): %.2fx over %lld tuned "
+        "shapes\n",
+        s.geomean, (long long)s.with_speedup);
   // A fragment (<key>.json.d/<host>-<pid>.json, the fragments write scheme)
   // is part of its table <key>.json, not a table of its own: the tables are
   // counted once each, whether written whole, as fragments or both.
@@ -1047,8 +1061,8 @@ void print_text(const TuneCmdOptions& o, const Summary& s, const Shapes& sh) {
                                          " fragment(s): compact them with kdispatch merge --compact)"
                                    : std::string();
   const std::string op_dir = sh.ops.size() == 1 ? ops : "{" + ops + "}";
-  std::printf("%zu config file(s)%s under %s/%s/%s/%s\n", tables.size(), as.c_str(), o.emit.c_str(),
-              o.backend.c_str(), op_dir.c_str(),
+  std::printf("%zu config file(s)%s under %s/%s/%s/%s\n", tables.size(), as.c_str(), o.emit.c_str(), o.backend.c_str(),
+              op_dir.c_str(),
               s.files.empty() ? "" : " (the format configs/ holds; check them with `kdispatch validate`)");
 }
 
@@ -1231,11 +1245,10 @@ int run_worker(const TuneCmdOptions& o, const char* cmd) {
     }
     const std::string cfg = out.variant.empty() ? std::string() : dsp::config_to_json(out.config);
     const std::string reply = "result\t" + std::to_string(index) + "\t" + kind_name(out.kind) + "\t" +
-                              (out.persisted ? "1" : "0") + "\t" + (sticky ? "1" : "0") + "\t" +
-                              fmt("%.17g", out.us) + "\t" + fmt("%.17g", out.default_us) + "\t" +
-                              std::to_string(out.candidates) + "\t" + std::to_string(out.rejected) + "\t" +
-                              one_field(out.variant) + "\t" + one_field(out.key) + "\t" + one_field(cfg) + "\t" +
-                              one_field(out.message) + "\t" + one_field(line) + "\t" +
+                              (out.persisted ? "1" : "0") + "\t" + (sticky ? "1" : "0") + "\t" + fmt("%.17g", out.us) +
+                              "\t" + fmt("%.17g", out.default_us) + "\t" + std::to_string(out.candidates) + "\t" +
+                              std::to_string(out.rejected) + "\t" + one_field(out.variant) + "\t" + one_field(out.key) +
+                              "\t" + one_field(cfg) + "\t" + one_field(out.message) + "\t" + one_field(line) + "\t" +
                               fmt("%.17g", out.margin) + "\t" + fmt("%.17g", out.aa_spread) + "\t" +
                               one_field(out.timing) + "\t" + one_field(out.why) + "\n";
     if (!write_all(kWorkerResultFd, reply)) return kExitFailure;
@@ -1273,9 +1286,9 @@ struct WorkerSlot {
   int cmd_fd = -1, res_fd = -1;
   std::string buf;  // a result line read in part
   bool ready = false, retiring = false, abandoned = false;
-  bool timed_out = false;  // killed for running its unit past --unit-timeout-s
+  bool timed_out = false;       // killed for running its unit past --unit-timeout-s
   Clock::time_point killed_at;  // when (timed_out)
-  int64_t unit = -1;  // the queue index in flight, or -1
+  int64_t unit = -1;            // the queue index in flight, or -1
   Clock::time_point started;
   int32_t startup_failures = 0, processes = 0;
   int64_t units = 0;
@@ -1340,8 +1353,8 @@ int resolve_devices(const TuneCmdOptions& o, const char* cmd, dsp::Runtime& rt, 
 std::vector<std::string> worker_argv(const TuneCmdOptions& o, const std::string& exe, int32_t ordinal) {
   // No --shapes, --op nor --model: a worker reads no shape list; each unit names its op.
   std::vector<std::string> a = {exe, "tune", "--internal-worker"};
-  a.insert(a.end(), {"--emit", o.emit, "--dtype", o.dtype, "--backend", o.backend, "--device",
-                     std::to_string(ordinal), "--max-flops", fmt("%.17g", o.max_flops)});
+  a.insert(a.end(), {"--emit", o.emit, "--dtype", o.dtype, "--backend", o.backend, "--device", std::to_string(ordinal),
+                     "--max-flops", fmt("%.17g", o.max_flops)});
   if (o.budget_ms > 0) a.insert(a.end(), {"--budget-ms", fmt("%.17g", o.budget_ms)});
   if (o.mem_gib > 0) a.insert(a.end(), {"--mem-gib", fmt("%.17g", o.mem_gib)});
   if (o.reps > 0) a.insert(a.end(), {"--reps", std::to_string(o.reps)});
@@ -1370,8 +1383,10 @@ bool spawn_worker(WorkerSlot& w, const std::vector<std::string>& args, const cha
   if (pid == 0) {  // the child: async-signal-safe calls only, until exec
     ::signal(SIGPIPE, SIG_DFL);
     if (::dup2(to_child[0], 0) < 0) ::_exit(127);
-    if (from_child[1] == kWorkerResultFd) ::fcntl(kWorkerResultFd, F_SETFD, 0);  // keep it over exec
-    else if (::dup2(from_child[1], kWorkerResultFd) < 0) ::_exit(127);
+    if (from_child[1] == kWorkerResultFd)
+      ::fcntl(kWorkerResultFd, F_SETFD, 0);  // keep it over exec
+    else if (::dup2(from_child[1], kWorkerResultFd) < 0)
+      ::_exit(127);
     ::dup2(2, 1);  // the worker's stdout is not the summary's
     ::execv(argv[0], argv.data());
     ::_exit(127);
@@ -1408,7 +1423,12 @@ class DeviceRun {
   // `done`: the progress lines printed before (the skipped units).
   DeviceRun(const TuneCmdOptions& o, const char* cmd, const std::vector<Job>& jobs, std::vector<Outcome>* results,
             Progress& progress, size_t done)
-      : o_(o), cmd_(cmd), jobs_(jobs), results_(*results), progress_(progress), done_(done),
+      : o_(o),
+        cmd_(cmd),
+        jobs_(jobs),
+        results_(*results),
+        progress_(progress),
+        done_(done),
         timeout_s_(unit_timeout_s(o)) {}
 
   // Tunes `units` (indices into jobs, largest first) on the slots' devices.
@@ -1447,16 +1467,18 @@ class DeviceRun {
       for (const WorkerSlot& w : slots_) free_workers += w.pid > 0 && !w.retiring && w.unit < 0;
       for (WorkerSlot& w : slots_)
         if (w.pid < 0 && !w.abandoned && (queue_.size() > free_workers || (w.processes > 0 && work))) {
-          if (spawn_worker(w, worker_argv(o_, exe_, w.ordinal), cmd_)) ++free_workers;
-          else w.abandoned = true;
+          if (spawn_worker(w, worker_argv(o_, exe_, w.ordinal), cmd_))
+            ++free_workers;
+          else
+            w.abandoned = true;
         }
       // The first units wait until every first worker is ready (or gone):
       // unit i goes to worker i, the largest units start together.
       const auto live = [](const WorkerSlot& w) { return w.pid > 0; };
       const auto starting = [](const WorkerSlot& w) { return w.pid > 0 && !w.ready; };
       if (!started_)
-        started_ = std::any_of(slots_.begin(), slots_.end(), live) &&
-                   std::none_of(slots_.begin(), slots_.end(), starting);
+        started_ =
+            std::any_of(slots_.begin(), slots_.end(), live) && std::none_of(slots_.begin(), slots_.end(), starting);
       for (WorkerSlot& w : slots_)
         if (started_ && w.pid > 0 && w.ready && !w.retiring && w.unit < 0 && !queue_.empty()) hand_out(w);
       if (queue_.empty() && std::none_of(slots_.begin(), slots_.end(), busy)) return;
@@ -1478,8 +1500,7 @@ class DeviceRun {
     w.unit = unit;
     w.started = Clock::now();
     const std::string msg = "unit\t" + std::to_string(unit) + "\t" + std::to_string(attempts_[size_t(unit)]) + "\t" +
-                            std::to_string(j.m) + "\t" + j.key_fields + "\t" + one_field(j.label) + "\t" + j.op +
-                            "\n";
+                            std::to_string(j.m) + "\t" + j.key_fields + "\t" + one_field(j.label) + "\t" + j.op + "\n";
     // A worker that died meanwhile: its pipe's end says so (EPIPE here,
     // EOF on its result pipe), and its unit is handled there.
     (void)write_all(w.cmd_fd, msg);
@@ -1540,7 +1561,7 @@ class DeviceRun {
         fds.push_back(pollfd{w.res_fd, POLLIN, 0});
         who.push_back(&w);
       }
-    if (fds.empty()) return;  // the loop starts workers (or gives up)
+    if (fds.empty()) return;                                  // the loop starts workers (or gives up)
     if (::poll(fds.data(), fds.size(), wait_ms) < 0) return;  // EINTR: the loop polls again
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
@@ -1585,8 +1606,7 @@ class DeviceRun {
       w.started = Clock::now();  // its exit's deadline (--unit-timeout-s)
       ++attempts_[size_t(unit)];
       const bool again = attempts_[size_t(unit)] < 2;
-      progress_line(where + f[13] + took + (again ? " (a sticky device error: retried on a new worker)" : ""),
-                    !again);
+      progress_line(where + f[13] + took + (again ? " (a sticky device error: retried on a new worker)" : ""), !again);
       if (again) {
         queue_.push_front(unit);
       } else {
@@ -1661,8 +1681,8 @@ class DeviceRun {
                                                            : std::string())
                               : left_behind ? std::string("closed its pipe and did not end on SIGKILL: left behind")
                               : killed_now  ? std::string("closed its pipe and did not exit: killed")
-                              : reaped     ? exit_text(status)
-                                           : std::string("ended (its exit status could not be read)");
+                              : reaped      ? exit_text(status)
+                                            : std::string("ended (its exit status could not be read)");
     const std::string how = w.name + " (pid " + std::to_string(w.pid) + ") " + death;
     const int64_t unit = w.unit;
     const bool was_ready = w.ready, retiring = w.retiring;
@@ -1747,8 +1767,10 @@ class DeviceRun {
 
   // A line of a unit's end (`counts`: numbered as the units' progress), or of a retry.
   void progress_line(const std::string& text, bool counts, bool ran = true) {
-    if (counts) progress_.done(++done_, text, ran);
-    else std::fprintf(stderr, "%s\n", text.c_str());
+    if (counts)
+      progress_.done(++done_, text, ran);
+    else
+      std::fprintf(stderr, "%s\n", text.c_str());
   }
 
   const TuneCmdOptions& o_;
@@ -1757,7 +1779,7 @@ class DeviceRun {
   std::vector<Outcome>& results_;
   Progress& progress_;
   std::string exe_;
-  std::vector<size_t> units_;   // queue index -> job index
+  std::vector<size_t> units_;      // queue index -> job index
   std::vector<int32_t> attempts_;  // queue index -> attempts that ended its worker
   std::deque<int64_t> queue_;
   std::vector<WorkerSlot> slots_;
@@ -1810,7 +1832,8 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
                  units.size(), o.backend.c_str(), devs.c_str(), device_name.c_str(), per_device);
 
   // A worker's pipe closing under a write must not end this process.
-  struct sigaction ignore {}, old {};
+  struct sigaction ignore {
+  }, old{};
   ignore.sa_handler = SIG_IGN;
   ::sigemptyset(&ignore.sa_mask);
   ::sigaction(SIGPIPE, &ignore, &old);
@@ -1841,11 +1864,10 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
     print_text(o, s, shapes);
     for (const WorkerSlot& ws : dr.slots())
       std::printf("%s: %lld units, %.2f s tuning%s\n", ws.name.c_str(), (long long)ws.units, ws.busy_seconds,
-                  ws.processes > 1 ? (", " + std::to_string(ws.processes - 1) + " restart(s)").c_str()
+                  ws.processes > 1    ? (", " + std::to_string(ws.processes - 1) + " restart(s)").c_str()
                   : ws.processes == 0 ? ", not started (no unit waited for it)"
                                       : "");
-    std::printf("wall time %.1f s with %zu worker(s) on %zu device(s)\n", seconds, dr.slots().size(),
-                ordinals.size());
+    std::printf("wall time %.1f s with %zu worker(s) on %zu device(s)\n", seconds, dr.slots().size(), ordinals.size());
   }
   return s.failed > 0 ? kExitFailure : kExitOk;
 }
@@ -1857,7 +1879,8 @@ int run_devices(const TuneCmdOptions& o, const char* cmd, const Shapes& shapes, 
 int select_shard(TuneCmdOptions* o, const char* cmd, Shapes* shapes) {
   if (o->shard.empty()) return -1;
   std::string err;
-  const auto s = parse_shard(o->shard, [](const char* n) { return std::getenv(n); }, &err);
+  const auto s = parse_shard(
+      o->shard, [](const char* n) { return std::getenv(n); }, &err);
   if (!s) {
     std::fprintf(stderr, "%s: %s\n", cmd, err.c_str());
     return kExitUsage;
@@ -1883,8 +1906,8 @@ int select_shard(TuneCmdOptions* o, const char* cmd, Shapes* shapes) {
   for (Job& j : shapes->jobs)
     if (in_shard(*s, unit_hash(j.op, j.key_fields, j.m))) kept.push_back(std::move(j));
   shapes->jobs = std::move(kept);
-  std::fprintf(stderr, "%s: shard %lld/%lld from %s: %zu of %zu units\n", cmd, (long long)s->index,
-               (long long)s->count, s->source.c_str(), shapes->jobs.size(), all);
+  std::fprintf(stderr, "%s: shard %lld/%lld from %s: %zu of %zu units\n", cmd, (long long)s->index, (long long)s->count,
+               s->source.c_str(), shapes->jobs.size(), all);
   return -1;
 }
 
@@ -1960,8 +1983,7 @@ int run_tune(const TuneCmdOptions& opts) {
   TuneCmdOptions o = opts;
   if (o.dtype.empty()) {  // no --dtype: bf16, else the op's only input dtype (the fp8 GEMMs: fp8_e4m3fn)
     o.dtype = "bf16";
-    if (const dsp::OpInfo* info = find_op(o.op);
-        info && info->in_dtypes.size() == 1 && info->in_dtypes[0] != "bf16")
+    if (const dsp::OpInfo* info = find_op(o.op); info && info->in_dtypes.size() == 1 && info->in_dtypes[0] != "bf16")
       o.dtype = std::string(info->in_dtypes[0]);
   }
   if (o.emit.empty() && !o.list) {  // --list tunes nothing: no dir needed

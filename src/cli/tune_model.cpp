@@ -154,8 +154,10 @@ struct ConfigReader {
   int64_t dim(std::string_view key, int64_t dflt = 0) {
     const std::optional<int64_t> v = opt_int(key);
     if (!v && dflt > 0) return dflt;
-    if (!v) fail("no " + std::string(key));
-    else if (*v < 1) fail(std::string(key) + " must be >= 1, got " + std::to_string(*v));
+    if (!v)
+      fail("no " + std::string(key));
+    else if (*v < 1)
+      fail(std::string(key) + " must be >= 1, got " + std::to_string(*v));
     return v && *v >= 1 ? *v : 0;
   }
   std::string str(std::string_view key) {
@@ -265,8 +267,8 @@ std::optional<Arch> read_config(const std::string& path, std::string* error) {
   if (a.family->attention == Attention::gqa && !c.present("head_dim") && a.heads && a.hidden % a.heads)
     c.fail("hidden_size " + std::to_string(a.hidden) + " is not a multiple of num_attention_heads " +
            std::to_string(a.heads) + " (and there is no head_dim)");
-  const bool dense_key = a.family->mlp != Mlp::moe || a.family->model_type == "mixtral" ||
-                         c.present("intermediate_size");
+  const bool dense_key =
+      a.family->mlp != Mlp::moe || a.family->model_type == "mixtral" || c.present("intermediate_size");
   a.intermediate = dense_key ? c.dim("intermediate_size") : 0;
   a.vocab = c.opt_int("vocab_size").value_or(0);
   a.layers = c.opt_int("num_hidden_layers").value_or(0);
@@ -351,8 +353,8 @@ class PlanBuilder {
         u.sites += "+" + site;
         return;
       }
-    plan_.units.push_back(ModelUnit{site, std::string(op), std::move(dims), bias, std::move(dtype), std::move(out),
-                                    {rows}});
+    plan_.units.push_back(
+        ModelUnit{site, std::string(op), std::move(dims), bias, std::move(dtype), std::move(out), {rows}});
   }
   void norm(const std::string& site, std::string_view op, int64_t hidden, int64_t rows = 1) {
     add(site, op, {{"hidden", hidden}}, false, {}, {}, rows);
@@ -365,8 +367,11 @@ class PlanBuilder {
     }
     const bool block = fp8_ == "block", tensor = fp8_ == "tensor";
     add(site + ".quant", block ? "quant_fp8_group" : tensor ? "quant_fp8_tensor" : "quant_fp8_token", {{"K", k}});
-    add(site, block ? "gemm_fp8_block" : tensor ? "gemm_fp8_tensor" : "gemm_fp8_rowwise", {{"N", n}, {"K", k}}, bias,
-        "fp8_e4m3fn", "run");
+    add(site,
+        block    ? "gemm_fp8_block"
+        : tensor ? "gemm_fp8_tensor"
+                 : "gemm_fp8_rowwise",
+        {{"N", n}, {"K", k}}, bias, "fp8_e4m3fn", "run");
   }
   void act(const std::string& site, int64_t d) {
     if (a_.act == "silu" || a_.act == "swish") {
@@ -374,8 +379,8 @@ class PlanBuilder {
       return;
     }
     std::string name = a_.act.substr(0, a_.act.find('_'));
-    plan_.not_tuned.push_back(site + " (" + a_.act + " and mul, d=" + std::to_string(d) + "): not tuned: no " +
-                              name + "_and_mul op yet");
+    plan_.not_tuned.push_back(site + " (" + a_.act + " and mul, d=" + std::to_string(d) + "): not tuned: no " + name +
+                              "_and_mul op yet");
   }
   void mlp(const std::string& prefix, int64_t inter) {
     linear(prefix + "gate_up_proj", 2 * inter, a_.hidden);
@@ -387,10 +392,11 @@ class PlanBuilder {
     const int64_t heads = split("num_attention_heads", a_.heads);
     // kv heads fewer than the ranks: each rank holds a copy of one (SGLang, vLLM).
     int64_t kv = 1;
-    if (a_.kv_heads % tp_ == 0) kv = a_.kv_heads / tp_;
+    if (a_.kv_heads % tp_ == 0)
+      kv = a_.kv_heads / tp_;
     else if (tp_ % a_.kv_heads != 0 && error_.empty())
-      error_ = "--tp " + std::to_string(tp_) + " does not divide num_key_value_heads (" +
-               std::to_string(a_.kv_heads) + ") nor is a multiple of it";
+      error_ = "--tp " + std::to_string(tp_) + " does not divide num_key_value_heads (" + std::to_string(a_.kv_heads) +
+               ") nor is a multiple of it";
     linear("qkv_proj", (heads + 2 * kv) * a_.head_dim, a_.hidden, a_.qkv_bias);
     if (a_.family->qk_norm) {
       norm("q_norm", "rmsnorm", a_.head_dim, heads);
@@ -421,8 +427,8 @@ class PlanBuilder {
       mlp("shared_experts.", split("moe_intermediate_size x n_shared_experts", shared));
     }
     const int64_t inter = split("moe_intermediate_size", a_.moe_intermediate);
-    const std::string e = "E=" + std::to_string(a_.experts) +
-                          (a_.top_k ? ", top " + std::to_string(a_.top_k) : std::string()) + ", ";
+    const std::string e =
+        "E=" + std::to_string(a_.experts) + (a_.top_k ? ", top " + std::to_string(a_.top_k) : std::string()) + ", ";
     plan_.not_tuned.push_back("experts.gate_up_proj (" + e + "N=" + std::to_string(2 * inter) +
                               ", K=" + std::to_string(a_.hidden) + " per expert): not tuned: no MoE op yet");
     plan_.not_tuned.push_back("experts.down_proj (" + e + "N=" + std::to_string(a_.hidden) +
@@ -432,8 +438,10 @@ class PlanBuilder {
   // The decoder layer, in call order; then lm_head.
   void layer(bool lm_head) {
     norm("input_layernorm[0]", "rmsnorm", a_.hidden);
-    if (a_.family->attention == Attention::mla) attention_mla();
-    else attention_gqa();
+    if (a_.family->attention == Attention::mla)
+      attention_mla();
+    else
+      attention_gqa();
     if (a_.family->sandwich) {
       norm("post_attention_layernorm", "rmsnorm", a_.hidden);
       norm("pre_feedforward_layernorm", "fused_add_rmsnorm", a_.hidden);
@@ -499,8 +507,8 @@ bool parse_ms(const std::string& text, std::vector<int64_t>* ms, std::string* er
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
-    std::string_view item = std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos
-                                                                                           : comma - start);
+    std::string_view item =
+        std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
     int64_t m = 0;

@@ -30,7 +30,12 @@ std::string pct(double f, bool sign) {
 }
 
 void row_json(dsp::core::JsonWriter& w, const dsp::RowVerification& r) {
-  w.begin_object().field("op", r.op).field("key", r.key).field("M", r.m).key("config").json(dsp::config_to_json(r.config));
+  w.begin_object()
+      .field("op", r.op)
+      .field("key", r.key)
+      .field("M", r.m)
+      .key("config")
+      .json(dsp::config_to_json(r.config));
   w.field("variant", r.variant).field("source", r.source).field("source_dir", r.source_dir);
   if (!r.status.ok()) {
     w.field("error", r.status.to_string());
@@ -50,8 +55,10 @@ void row_json(dsp::core::JsonWriter& w, const dsp::RowVerification& r) {
     w.field("losses", static_cast<int64_t>(r.losses)).field("recorded_in", r.recorded_in);
   }
   w.key("tuned_on");
-  if (r.tuned_on.empty()) w.null();
-  else w.value(r.tuned_on);
+  if (r.tuned_on.empty())
+    w.null();
+  else
+    w.value(r.tuned_on);
   w.field("foreign_cpu", r.foreign).end_object();
 }
 
@@ -92,7 +99,7 @@ int run_verify(const VerifyOptions& o) {
   // is given: without --cache the verdicts are kept for this run only (a
   // user's cache never changes what it prints). Nothing is tuned.
   ro.tune.persist = !o.cache.empty();
-  ro.tune.load_cache = false;   // committed rows only: the tuning cache's rows were tuned here
+  ro.tune.load_cache = false;  // committed rows only: the tuning cache's rows were tuned here
   ro.tune.verify_shipped = false;
   ro.watch = false;
   if (o.margin_given) {
@@ -127,9 +134,10 @@ int run_verify(const VerifyOptions& o) {
                    why.c_str());
   }
   if (!o.json) {
-    std::printf("verify: committed rows of this machine's devices timed against the floor (margin %s; a row is "
-                "demoted after losing by more than it twice)\n",
-                pct(ro.tune.margin, false).c_str());
+    std::printf(
+        "verify: committed rows of this machine's devices timed against the floor (margin %s; a row is "
+        "demoted after losing by more than it twice)\n",
+        pct(ro.tune.margin, false).c_str());
     std::printf("%-18s %-58s %6s %10s %10s %8s %6s  %s\n", "op", "key", "M", "row us", "floor us", "margin", "A/A",
                 "verdict");
   }
@@ -142,8 +150,7 @@ int run_verify(const VerifyOptions& o) {
                   r.status.to_string().c_str());
     } else {
       std::printf("%-18s %-58s %6lld %10.3f %10.3f %8s %6s  %s%s\n", r.op.c_str(), r.key.c_str(), (long long)r.m,
-                  r.row_us, r.floor_us, pct(r.margin, true).c_str(), pct(r.aa_spread, false).c_str(),
-                  r.verdict.c_str(),
+                  r.row_us, r.floor_us, pct(r.margin, true).c_str(), pct(r.aa_spread, false).c_str(), r.verdict.c_str(),
                   r.foreign ? (r.tuned_on.empty() ? " (tuned on an unrecorded CPU)"
                                                   : (" (tuned on " + r.tuned_on + ")").c_str())
                             : "");
@@ -168,8 +175,8 @@ int run_verify(const VerifyOptions& o) {
   } else {
     std::printf("%zu rows verified%s, %lld demoted now; %lld rows record the floor itself (nothing to verify)\n",
                 report->rows.size() - static_cast<size_t>(failures),
-                failures ? (", " + std::to_string(failures) + " could not be").c_str() : "",
-                (long long)report->demoted, (long long)report->floor_rows);
+                failures ? (", " + std::to_string(failures) + " could not be").c_str() : "", (long long)report->demoted,
+                (long long)report->floor_rows);
     if (!recorded.empty()) std::printf("verdicts: %s\n", recorded.c_str());
   }
   return failures ? kExitFailure : kExitOk;

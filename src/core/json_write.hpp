@@ -98,17 +98,29 @@ class JsonWriter {
     after_key_ = true;
     return *this;
   }
-  JsonWriter& value(std::string_view v) { return raw_value([&] { json_append_string(out_, v); }); }
+  JsonWriter& value(std::string_view v) {
+    return raw_value([&] { json_append_string(out_, v); });
+  }
   JsonWriter& value(const char* v) { return value(std::string_view(v ? v : "")); }
   JsonWriter& value(const std::string& v) { return value(std::string_view(v)); }
-  JsonWriter& value(bool v) { return raw_value([&] { out_ += v ? "true" : "false"; }); }
+  JsonWriter& value(bool v) {
+    return raw_value([&] { out_ += v ? "true" : "false"; });
+  }
   JsonWriter& value(int v) { return value(static_cast<int64_t>(v)); }
-  JsonWriter& value(int64_t v) { return raw_value([&] { json_append_int(out_, v); }); }
+  JsonWriter& value(int64_t v) {
+    return raw_value([&] { json_append_int(out_, v); });
+  }
   JsonWriter& value(uint32_t v) { return value(static_cast<int64_t>(v)); }
-  JsonWriter& value(double v) { return raw_value([&] { json_append_double(out_, v); }); }
-  JsonWriter& null() { return raw_value([&] { out_ += "null"; }); }
+  JsonWriter& value(double v) {
+    return raw_value([&] { json_append_double(out_, v); });
+  }
+  JsonWriter& null() {
+    return raw_value([&] { out_ += "null"; });
+  }
   /// A value that is already JSON text (a nested document written elsewhere).
-  JsonWriter& json(std::string_view text) { return raw_value([&] { out_ += text; }); }
+  JsonWriter& json(std::string_view text) {
+    return raw_value([&] { out_ += text; });
+  }
   /// key(k).value(v) in one call.
   template <class T>
   JsonWriter& field(std::string_view k, const T& v) {

@@ -20,9 +20,7 @@
 namespace dispatch::core {
 
 /// bf16 bits -> float (exact).
-constexpr float bf16_to_float(uint16_t h) noexcept {
-  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-}
+constexpr float bf16_to_float(uint16_t h) noexcept { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
 /// float -> bf16 bits, round to nearest even; NaN preserved (quiet bit set).
 constexpr uint16_t float_to_bf16(float f) noexcept {
@@ -169,7 +167,8 @@ constexpr uint8_t float_to_fp8(float x, const Fp8Format& f, bool saturate) noexc
   // n = the significand in units of q: below 2^man_bits only in the
   // subnormal binade; code = (biased exponent << man_bits) + mantissa, and
   // both cases (and a carry to the next binade) are this one sum.
-  const uint32_t base = e == 1 - f.bias && n < (1u << man_bits) ? 0u : static_cast<uint32_t>(e + f.bias - 1) << man_bits;
+  const uint32_t base =
+      e == 1 - f.bias && n < (1u << man_bits) ? 0u : static_cast<uint32_t>(e + f.bias - 1) << man_bits;
   const uint32_t code = base + n;
   if (code == 0) return f.uz ? uint8_t{0} : sign;
   return static_cast<uint8_t>(sign | code);

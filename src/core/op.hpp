@@ -133,7 +133,7 @@ enum class ParamKind : uint8_t {
 
 /// One knob of a variant's config space.
 struct ParamDef {
-  std::string_view name;                     ///< e.g. "BLOCK_SIZE_M", "num_warps"
+  std::string_view name;  ///< e.g. "BLOCK_SIZE_M", "num_warps"
   ParamKind kind = ParamKind::integer;
   std::span<const int64_t> values;           ///< the space: allowed stored values
   std::span<const std::string_view> labels;  ///< enumeration labels (index = stored value)

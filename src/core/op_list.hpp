@@ -22,16 +22,16 @@
 
 #define KD_SWITCH_fast_accum ~, 1
 
-#define KDISPATCH_OP_LIST(X)                                          \
-  X(gemm, GemmArgs, (a, b, d, bias), ())                              \
-  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                           \
-  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))  \
-  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                       \
-  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum)) \
+#define KDISPATCH_OP_LIST(X)                                                               \
+  X(gemm, GemmArgs, (a, b, d, bias), ())                                                   \
+  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                                                \
+  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))                       \
+  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                                            \
+  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))   \
   X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum)) \
-  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))  \
-  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                 \
-  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                   \
+  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))     \
+  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                               \
+  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                                 \
   X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())
 
 // ---- preprocessor helpers for the rows' tuples (up to 8 elements)

@@ -105,14 +105,14 @@ enum class Fill : uint8_t {
 struct ArgSlot {
   std::string_view name;
   Role role = Role::read;
-  int8_t rank = 2;          ///< 2: [rows, cols] row-major, unit stride along cols; 1: [cols], contiguous
-  bool optional = false;    ///< absent = a TensorRef without data; its presence sets Problem::has_bias
-  DimExpr rows{};           ///< rank 2 only
+  int8_t rank = 2;        ///< 2: [rows, cols] row-major, unit stride along cols; 1: [cols], contiguous
+  bool optional = false;  ///< absent = a TensorRef without data; its presence sets Problem::has_bias
+  DimExpr rows{};         ///< rank 2 only
   DimExpr cols{};
   SlotDType dtype = SlotDType::in;
   DType fixed_dtype = DType::fp32;
-  int8_t alias_of = -1;     ///< a write slot that may be exactly this read slot (in place: y == x)
-  int8_t dtype_like = -1;   ///< an optional slot whose dtype must equal this slot's (bias like d)
+  int8_t alias_of = -1;    ///< a write slot that may be exactly this read slot (in place: y == x)
+  int8_t dtype_like = -1;  ///< an optional slot whose dtype must equal this slot's (bias like d)
   Fill fill = Fill::signed_unit;
   /// Rank 2, read only: also accepted column-major (unit row stride, column
   /// stride >= rows; a transposed view), e.g. the block fp8 GEMM's scale_a
@@ -124,7 +124,7 @@ struct ArgSlot {
 
 /// What a scalar is.
 enum class ScalarKind : uint8_t {
-  real,   ///< a float argument (eps)
+  real,  ///< a float argument (eps)
   /// A switch: 0 or 1 (a bool member of the args struct; bool in the
   /// bindings, a float 0/1 in the C ABI's scalar arrays) that chooses the
   /// accumulation, Problem::accum (1: Accum::fast); a key field of kind

@@ -46,7 +46,8 @@ std::string_view device_type_name(DeviceType t) noexcept {
 Result<DeviceType> parse_device_type(std::string_view name) noexcept {
   for (DeviceType t : {DeviceType::cpu, DeviceType::cuda, DeviceType::hip})
     if (device_type_name(t) == name) return t;
-  return make_status(StatusCode::invalid_argument, "unknown backend '" + std::string(name) + "' (expected cpu, cuda or hip)");
+  return make_status(StatusCode::invalid_argument,
+                     "unknown backend '" + std::string(name) + "' (expected cpu, cuda or hip)");
 }
 
 TensorRef make_tensor_1d(void* data, DType dtype, int64_t n, Device device) noexcept {
@@ -146,7 +147,8 @@ Status validate_variant(const VariantDef& v, int arg_slots, std::string_view (*n
     }
     const uint32_t all = arg_slots >= 32 ? ~0u : ((1u << arg_slots) - 1);
     if ((v.restore_args | v.reset_args) & ~all)
-      return make_status(StatusCode::invalid_argument, "variant " + vn + " declares a role for an argument slot the op does not have");
+      return make_status(StatusCode::invalid_argument,
+                         "variant " + vn + " declares a role for an argument slot the op does not have");
     return Status();
   } catch (...) {
     return Status(StatusCode::out_of_memory, std::string());

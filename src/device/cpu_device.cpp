@@ -64,8 +64,7 @@ DeviceInfo probe_cpu() {
   d.device = Device{DeviceType::cpu, 0};
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl")) {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
     d.device_name = "CPU_x86_64_AVX512";
     d.arch = "x86_64_avx512";
   } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
@@ -178,7 +177,9 @@ const CpuIdentity& host_cpu_identity() noexcept {
   return id;
 }
 
-void set_host_cpu_for_testing(const CpuIdentity* id) noexcept { g_cpu_for_testing.store(id, std::memory_order_release); }
+void set_host_cpu_for_testing(const CpuIdentity* id) noexcept {
+  g_cpu_for_testing.store(id, std::memory_order_release);
+}
 
 const DeviceInfo& cpu_device_info() noexcept {
   static const DeviceInfo info = probe_cpu();  // thread-safe static init

@@ -30,25 +30,21 @@ namespace {
 // classes kdispatch itself uses. Short or empty names are deliberately absent.
 constexpr std::string_view kKnownDevices[] = {
     // NVIDIA
-    "NVIDIA_A100-SXM4-40GB", "NVIDIA_A100-SXM4-80GB", "NVIDIA_A100_80GB_PCIe",
-    "NVIDIA_A800-SXM4-80GB", "NVIDIA_A10", "NVIDIA_A10G", "NVIDIA_L4", "NVIDIA_L20",
-    "NVIDIA_L20Y", "NVIDIA_L40", "NVIDIA_L40S", "NVIDIA_GeForce_RTX_4090",
+    "NVIDIA_A100-SXM4-40GB", "NVIDIA_A100-SXM4-80GB", "NVIDIA_A100_80GB_PCIe", "NVIDIA_A800-SXM4-80GB", "NVIDIA_A10",
+    "NVIDIA_A10G", "NVIDIA_L4", "NVIDIA_L20", "NVIDIA_L20Y", "NVIDIA_L40", "NVIDIA_L40S", "NVIDIA_GeForce_RTX_4090",
     "NVIDIA_GeForce_RTX_5090", "NVIDIA_RTX_5880_Ada_Generation", "NVIDIA_RTX_6000_Ada_Generation",
-    "NVIDIA_H100_80GB_HBM3", "NVIDIA_H100_PCIe", "NVIDIA_H100_NVL", "NVIDIA_H800",
-    "NVIDIA_H20", "NVIDIA_H20-3e", "NVIDIA_H200", "NVIDIA_GH200_480GB", "NVIDIA_B200",
-    "NVIDIA_GB200", "NVIDIA_B300_SXM6_AC", "NVIDIA_GB10",
-    "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition",
-    "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition",
+    "NVIDIA_H100_80GB_HBM3", "NVIDIA_H100_PCIe", "NVIDIA_H100_NVL", "NVIDIA_H800", "NVIDIA_H20", "NVIDIA_H20-3e",
+    "NVIDIA_H200", "NVIDIA_GH200_480GB", "NVIDIA_B200", "NVIDIA_GB200", "NVIDIA_B300_SXM6_AC", "NVIDIA_GB10",
+    "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition", "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition",
     "NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition",  // vLLM's tree (it was flagged "no known device")
     // AMD
-    "AMD_Instinct_MI300X", "AMD_Instinct_MI300A", "AMD_Instinct_MI308X", "AMD_Instinct_MI325X",
-    "AMD_Instinct_MI350X", "AMD_Instinct_MI355X", "AMD_Instinct_MI250X_MI250",
-    "AMD_Instinct_MI210", "AMD_Radeon_Graphics", "AMD_Radeon_R9700", "Radeon_8060S_Graphics",
+    "AMD_Instinct_MI300X", "AMD_Instinct_MI300A", "AMD_Instinct_MI308X", "AMD_Instinct_MI325X", "AMD_Instinct_MI350X",
+    "AMD_Instinct_MI355X", "AMD_Instinct_MI250X_MI250", "AMD_Instinct_MI210", "AMD_Radeon_Graphics", "AMD_Radeon_R9700",
+    "Radeon_8060S_Graphics",
     // Intel
     "Intel(R)_Arc(TM)_Pro_B60_Graphics",
     // CPU ISA classes (kdispatch's own)
-    "CPU_x86_64_SSE", "CPU_x86_64_AVX2", "CPU_x86_64_AVX512", "CPU_aarch64_NEON",
-    "CPU_aarch64_SVE", "CPU_generic"};
+    "CPU_x86_64_SSE", "CPU_x86_64_AVX2", "CPU_x86_64_AVX512", "CPU_aarch64_NEON", "CPU_aarch64_SVE", "CPU_generic"};
 
 struct Alias {
   std::string_view from;
@@ -118,9 +114,8 @@ std::string sglang_device_name(std::string_view reported) {
   return s;
 }
 
-DeviceNameResolution resolve_device_name(std::string_view reported, std::string_view arch,
-                                         int32_t compute_units, int64_t memory_bytes,
-                                         const std::vector<DeviceAlias>& extra_aliases) {
+DeviceNameResolution resolve_device_name(std::string_view reported, std::string_view arch, int32_t compute_units,
+                                         int64_t memory_bytes, const std::vector<DeviceAlias>& extra_aliases) {
   DeviceNameResolution r;
   const std::string spelled = sglang_device_name(reported);
   std::string aliased;
@@ -137,15 +132,14 @@ DeviceNameResolution resolve_device_name(std::string_view reported, std::string_
       // Unknown memory (0) matches only an identity with no lower bound.
       if (memory_bytes <= 0 && id.min_memory_bytes > 0) continue;
       r.canonical = std::string(id.canonical);
-      r.why = "device '" + std::string(reported) + "' (" + std::string(a) + ", " +
-              std::to_string(compute_units) + " CUs, " + std::to_string(memory_bytes / kGB) +
-              " GB) -> " + r.canonical + " (hardware identity)";
+      r.why = "device '" + std::string(reported) + "' (" + std::string(a) + ", " + std::to_string(compute_units) +
+              " CUs, " + std::to_string(memory_bytes / kGB) + " GB) -> " + r.canonical + " (hardware identity)";
       break;
     }
     if (r.canonical.empty()) {
       r.canonical = spelled;
-      r.why = "device '" + std::string(reported) + "' is a generic name and (" + std::string(a) +
-              ", " + std::to_string(compute_units) + " CUs) matches no known part; using " + spelled;
+      r.why = "device '" + std::string(reported) + "' is a generic name and (" + std::string(a) + ", " +
+              std::to_string(compute_units) + " CUs) matches no known part; using " + spelled;
     }
   } else {
     r.canonical = spelled;
@@ -157,8 +151,8 @@ DeviceNameResolution resolve_device_name(std::string_view reported, std::string_
   return r;
 }
 
-std::string canonical_file_device_name(std::string_view field,
-                                       const std::vector<DeviceAlias>& extra_aliases, bool* known) {
+std::string canonical_file_device_name(std::string_view field, const std::vector<DeviceAlias>& extra_aliases,
+                                       bool* known) {
   std::string spelled = sglang_device_name(field);
   std::string aliased;
   if (apply_alias(spelled, extra_aliases, &aliased)) spelled = aliased;
@@ -174,11 +168,20 @@ struct WholeSms {
   int32_t sms;
 };
 constexpr WholeSms kWholeSms[] = {
-    {"NVIDIA_A100-SXM4-40GB", 108}, {"NVIDIA_A100-SXM4-80GB", 108}, {"NVIDIA_A100-PCIE-40GB", 108},
-    {"NVIDIA_A100_80GB_PCIe", 108}, {"NVIDIA_A800-SXM4-80GB", 108}, {"NVIDIA_A30", 56},
-    {"NVIDIA_H100_80GB_HBM3", 132}, {"NVIDIA_H100_PCIe", 114},      {"NVIDIA_H100_NVL", 132},
-    {"NVIDIA_H800", 132},           {"NVIDIA_H20", 78},             {"NVIDIA_H200", 132},
-    {"NVIDIA_GH200_480GB", 132},    {"NVIDIA_B200", 148},
+    {"NVIDIA_A100-SXM4-40GB", 108},
+    {"NVIDIA_A100-SXM4-80GB", 108},
+    {"NVIDIA_A100-PCIE-40GB", 108},
+    {"NVIDIA_A100_80GB_PCIe", 108},
+    {"NVIDIA_A800-SXM4-80GB", 108},
+    {"NVIDIA_A30", 56},
+    {"NVIDIA_H100_80GB_HBM3", 132},
+    {"NVIDIA_H100_PCIe", 114},
+    {"NVIDIA_H100_NVL", 132},
+    {"NVIDIA_H800", 132},
+    {"NVIDIA_H20", 78},
+    {"NVIDIA_H200", 132},
+    {"NVIDIA_GH200_480GB", 132},
+    {"NVIDIA_B200", 148},
 };
 
 // The n-th comma-separated entry of a CUDA_VISIBLE_DEVICES value.
@@ -203,8 +206,10 @@ std::string gpu_partition_of(std::string_view canonical_name, int32_t compute_un
   const bool mig_selected = entry.substr(0, 4) == "MIG-";
   if (!(whole > 0 && compute_units > 0 && compute_units < whole) && !mig_selected) return {};
   std::string s = "MIG instance: ";
-  if (whole > 0 && compute_units > 0) s += std::to_string(compute_units) + " of the " + std::to_string(whole) + " SMs";
-  else s += std::to_string(compute_units) + " SMs";
+  if (whole > 0 && compute_units > 0)
+    s += std::to_string(compute_units) + " of the " + std::to_string(whole) + " SMs";
+  else
+    s += std::to_string(compute_units) + " SMs";
   s += " of the " + std::string(canonical_name);
   if (!pci_bus_id.empty()) s += " at PCI " + std::string(pci_bus_id);
   if (mig_selected) s += " (CUDA_VISIBLE_DEVICES " + std::string(entry) + ")";

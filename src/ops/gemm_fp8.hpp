@@ -56,16 +56,35 @@ enum class Fp8Scales : uint8_t { tensor, rowwise, block };
 namespace gemm_fp8_common {
 
 /// The shared slots with the layout's scale shapes.
-constexpr ArgSlot a_slot() { return {.name = "a", .role = Role::read, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::in}; }
-constexpr ArgSlot b_slot() { return {.name = "b", .role = Role::read, .rows = {Dim::n}, .cols = {Dim::k}, .dtype = SlotDType::in}; }
-constexpr ArgSlot d_slot() { return {.name = "d", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::n}, .dtype = SlotDType::out}; }
+constexpr ArgSlot a_slot() {
+  return {.name = "a", .role = Role::read, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::in};
+}
+constexpr ArgSlot b_slot() {
+  return {.name = "b", .role = Role::read, .rows = {Dim::n}, .cols = {Dim::k}, .dtype = SlotDType::in};
+}
+constexpr ArgSlot d_slot() {
+  return {.name = "d", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::n}, .dtype = SlotDType::out};
+}
 constexpr ArgSlot bias_slot() {
-  return {.name = "bias", .role = Role::read, .rank = 1, .optional = true, .cols = {Dim::n}, .dtype = SlotDType::out,
+  return {.name = "bias",
+          .role = Role::read,
+          .rank = 1,
+          .optional = true,
+          .cols = {Dim::n},
+          .dtype = SlotDType::out,
           .dtype_like = kFp8ArgD};
 }
-constexpr ArgSlot scale_slot(std::string_view name, int8_t rank, DimExpr rows, DimExpr cols, bool col_major_ok = false) {
-  return {.name = name, .role = Role::read, .rank = rank, .rows = rows, .cols = cols, .dtype = SlotDType::fixed,
-          .fixed_dtype = DType::fp32, .fill = Fill::near_one, .col_major_ok = col_major_ok};
+constexpr ArgSlot scale_slot(std::string_view name, int8_t rank, DimExpr rows, DimExpr cols,
+                             bool col_major_ok = false) {
+  return {.name = name,
+          .role = Role::read,
+          .rank = rank,
+          .rows = rows,
+          .cols = cols,
+          .dtype = SlotDType::fixed,
+          .fixed_dtype = DType::fp32,
+          .fill = Fill::near_one,
+          .col_major_ok = col_major_ok};
 }
 
 /// The switch: 1 asks for fast accumulation (Problem::accum).
@@ -148,7 +167,9 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
       .in_dtype_slot = kFp8ArgA,
       .out_dtype_slot = kFp8ArgD,
       .same_dtype = kSameDType,
-      .positive = {.slot = kFp8ArgB, .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)), .text = "N and K must be >= 1, got "},
+      .positive = {.slot = kFp8ArgB,
+                   .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)),
+                   .text = "N and K must be >= 1, got "},
       .dim_names = {"", "M", "N", "K", "", ""},
       .align_slots = (1u << kFp8ArgA) | (1u << kFp8ArgB),
       .uses_workspace = true,
@@ -165,23 +186,32 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
 namespace gemm_fp8_tensor_spec {
 using namespace gemm_fp8_common;
 inline constexpr ArgSlot kSlots[] = {
-    a_slot(), b_slot(), d_slot(), scale_slot("scale_a", 1, {}, {Dim::none}), scale_slot("scale_b", 1, {}, {Dim::none}),
+    a_slot(),
+    b_slot(),
+    d_slot(),
+    scale_slot("scale_a", 1, {}, {Dim::none}),
+    scale_slot("scale_b", 1, {}, {Dim::none}),
     bias_slot(),
 };
-inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_tensor, "gemm_fp8_tensor",
-    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[0] * scale_b[0] (+ bias[N]): fp8 w8a8 with per-tensor scales; fp32 accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
+inline constexpr OpSpec kSpec = spec_of_layout(
+    OpKind::gemm_fp8_tensor, "gemm_fp8_tensor",
+    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[0] * scale_b[0] (+ bias[N]): fp8 w8a8 with per-tensor scales; fp32 "
+    "accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
     kSlots, &reference<Fp8Scales::tensor>);
 }  // namespace gemm_fp8_tensor_spec
 
 namespace gemm_fp8_rowwise_spec {
 using namespace gemm_fp8_common;
 inline constexpr ArgSlot kSlots[] = {
-    a_slot(), b_slot(), d_slot(), scale_slot("scale_a", 1, {}, {Dim::m}), scale_slot("scale_b", 1, {}, {Dim::n}),
+    a_slot(),    b_slot(), d_slot(), scale_slot("scale_a", 1, {}, {Dim::m}), scale_slot("scale_b", 1, {}, {Dim::n}),
     bias_slot(),
 };
-inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_rowwise, "gemm_fp8_rowwise",
-    "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[M, None] * scale_b[None, N] (+ bias[N]): fp8 w8a8 with per-token and per-channel scales; fp32 accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
-    kSlots, &reference<Fp8Scales::rowwise>);
+inline constexpr OpSpec kSpec =
+    spec_of_layout(OpKind::gemm_fp8_rowwise, "gemm_fp8_rowwise",
+                   "d[M,N] = (a[M,K] @ b[N,K].T) * scale_a[M, None] * scale_b[None, N] (+ bias[N]): fp8 w8a8 with "
+                   "per-token and per-channel scales; fp32 accumulation (or, with fast_accum, cuBLASLt's fast "
+                   "accumulation where it runs: key accum=fast).",
+                   kSlots, &reference<Fp8Scales::rowwise>);
 }  // namespace gemm_fp8_rowwise_spec
 
 namespace gemm_fp8_block_spec {
@@ -194,9 +224,13 @@ inline constexpr ArgSlot kSlots[] = {
     scale_slot("scale_b", 2, {Dim::n, 1, kFp8Block}, {Dim::k, 1, kFp8Block}),
     bias_slot(),
 };
-inline constexpr OpSpec kSpec = spec_of_layout(OpKind::gemm_fp8_block, "gemm_fp8_block",
-    "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] (+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major [K/128, M] (or K-major, SGLang's default, passed as its transpose: a column-major view); fp32 accumulation (or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
-    kSlots, &reference<Fp8Scales::block>);
+inline constexpr OpSpec kSpec =
+    spec_of_layout(OpKind::gemm_fp8_block, "gemm_fp8_block",
+                   "d[M,N] = sum over 128-wide K groups g of (a[:, g] @ b[:, g].T) * scale_a[g, M] * scale_b[N/128, g] "
+                   "(+ bias[N]): fp8 w8a8 with DeepSeek-V3's 1x128 / 128x128 block scales, scale_a M-major [K/128, M] "
+                   "(or K-major, SGLang's default, passed as its transpose: a column-major view); fp32 accumulation "
+                   "(or, with fast_accum, cuBLASLt's fast accumulation where it runs: key accum=fast).",
+                   kSlots, &reference<Fp8Scales::block>);
 }  // namespace gemm_fp8_block_spec
 
 }  // namespace dispatch::core

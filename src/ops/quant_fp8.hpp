@@ -42,12 +42,20 @@ inline constexpr KeyField kFields[] = {
 };
 inline constexpr int8_t kOrder[] = {kQuantArgX, kQuantArgQ, kQuantArgScale};
 
-constexpr ArgSlot q_slot() { return {.name = "q", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::out}; }
+constexpr ArgSlot q_slot() {
+  return {.name = "q", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::out};
+}
 constexpr ArgSlot x_slot() {
-  return {.name = "x", .role = Role::read, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::in, .fill = Fill::wide};
+  return {
+      .name = "x", .role = Role::read, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::in, .fill = Fill::wide};
 }
 constexpr ArgSlot scale_slot(int8_t rank, DimExpr rows, DimExpr cols) {
-  return {.name = "scale", .role = Role::write, .rank = rank, .rows = rows, .cols = cols, .dtype = SlotDType::fixed,
+  return {.name = "scale",
+          .role = Role::write,
+          .rank = rank,
+          .rows = rows,
+          .cols = cols,
+          .dtype = SlotDType::fixed,
           .fixed_dtype = DType::fp32};
 }
 
@@ -78,8 +86,10 @@ void reference(const Problem& p, const RefArgs& r) {
     for (int64_t i = 0; i < p.m; ++i)
       for (int64_t k0 = 0; k0 < p.k; k0 += gk) {
         const double scale = quantise(i, i + 1, k0, k0 + gk < p.k ? k0 + gk : p.k);
-        if constexpr (L == QuantScales::token) s[i] = scale;
-        else s[(k0 / gk) * r.ld[kQuantArgScale] + i] = scale;
+        if constexpr (L == QuantScales::token)
+          s[i] = scale;
+        else
+          s[(k0 / gk) * r.ld[kQuantArgScale] + i] = scale;
       }
   }
 }
@@ -120,19 +130,20 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
 namespace quant_fp8_tensor_spec {
 using namespace quant_fp8_common;
 inline constexpr ArgSlot kSlots[] = {q_slot(), x_slot(), scale_slot(1, {}, {Dim::none})};
-inline constexpr OpSpec kSpec = spec_of_layout(
-    OpKind::quant_fp8_tensor, "quant_fp8_tensor",
-    "q[M,K] = e4m3fn(x / scale), scale[0] = max|x| / 448: dynamic per-tensor fp8 quantisation (vLLM's scaled_fp8_quant(out, input, scale)).",
-    kSlots, &reference<QuantScales::tensor>);
+inline constexpr OpSpec kSpec =
+    spec_of_layout(OpKind::quant_fp8_tensor, "quant_fp8_tensor",
+                   "q[M,K] = e4m3fn(x / scale), scale[0] = max|x| / 448: dynamic per-tensor fp8 quantisation (vLLM's "
+                   "scaled_fp8_quant(out, input, scale)).",
+                   kSlots, &reference<QuantScales::tensor>);
 }  // namespace quant_fp8_tensor_spec
 
 namespace quant_fp8_token_spec {
 using namespace quant_fp8_common;
 inline constexpr ArgSlot kSlots[] = {q_slot(), x_slot(), scale_slot(1, {}, {Dim::m})};
-inline constexpr OpSpec kSpec = spec_of_layout(
-    OpKind::quant_fp8_token, "quant_fp8_token",
-    "q[M,K] = e4m3fn(x / scale[M, None]), scale[i] = max|x[i]| / 448: per-token fp8 quantisation (the rowwise GEMM's scale_a).",
-    kSlots, &reference<QuantScales::token>);
+inline constexpr OpSpec kSpec = spec_of_layout(OpKind::quant_fp8_token, "quant_fp8_token",
+                                               "q[M,K] = e4m3fn(x / scale[M, None]), scale[i] = max|x[i]| / 448: "
+                                               "per-token fp8 quantisation (the rowwise GEMM's scale_a).",
+                                               kSlots, &reference<QuantScales::token>);
 }  // namespace quant_fp8_token_spec
 
 namespace quant_fp8_group_spec {
@@ -140,7 +151,8 @@ using namespace quant_fp8_common;
 inline constexpr ArgSlot kSlots[] = {q_slot(), x_slot(), scale_slot(2, {Dim::k, 1, kQuantGroup}, {Dim::m})};
 inline constexpr OpSpec kSpec = spec_of_layout(
     OpKind::quant_fp8_group, "quant_fp8_group",
-    "q[M,K] = e4m3fn(x / scale), one scale per token and 128-wide K group, written M-major [ceil(K/128), M]: the block GEMM's scale_a (SGLang's per_token_group_quant_fp8 with column-major scales).",
+    "q[M,K] = e4m3fn(x / scale), one scale per token and 128-wide K group, written M-major [ceil(K/128), M]: the block "
+    "GEMM's scale_a (SGLang's per_token_group_quant_fp8 with column-major scales).",
     kSlots, &reference<QuantScales::group>);
 }  // namespace quant_fp8_group_spec
 

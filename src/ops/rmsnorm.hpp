@@ -16,7 +16,11 @@ inline constexpr int kNormArgY = 0, kNormArgX = 1, kNormArgW = 2;
 namespace rmsnorm_spec {
 
 inline constexpr ArgSlot kSlots[] = {
-    {.name = "y", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::n}, .dtype = SlotDType::out,
+    {.name = "y",
+     .role = Role::write,
+     .rows = {Dim::m},
+     .cols = {Dim::n},
+     .dtype = SlotDType::out,
      .alias_of = kNormArgX},
     {.name = "x", .role = Role::read, .rows = {Dim::m}, .cols = {Dim::n}, .dtype = SlotDType::in},
     {.name = "w", .role = Role::read, .rank = 1, .cols = {Dim::n}, .dtype = SlotDType::in, .fill = Fill::near_one},

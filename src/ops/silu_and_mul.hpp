@@ -19,7 +19,11 @@ namespace silu_and_mul_spec {
 
 inline constexpr ArgSlot kSlots[] = {
     {.name = "out", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::n}, .dtype = SlotDType::out},
-    {.name = "x", .role = Role::read, .rows = {Dim::m}, .cols = {Dim::n, 2}, .dtype = SlotDType::in,
+    {.name = "x",
+     .role = Role::read,
+     .rows = {Dim::m},
+     .cols = {Dim::n, 2},
+     .dtype = SlotDType::in,
      .fill = Fill::wide},
 };
 inline constexpr KeyField kFields[] = {
@@ -42,7 +46,9 @@ inline void reference(const Problem& p, const RefArgs& r) {
 inline constexpr OpSpec kSpec{
     .op = OpKind::silu_and_mul,
     .name = "silu_and_mul",
-    .summary = "out[t, i] = silu(x[t, i]) * x[t, d + i]: the activation after a fused gate_up projection (vLLM/SGLang silu_and_mul(out, input)).",
+    .summary =
+        "out[t, i] = silu(x[t, i]) * x[t, d + i]: the activation after a fused gate_up projection (vLLM/SGLang "
+        "silu_and_mul(out, input)).",
     .slots = kSlots,
     .scalars = {},
     .fields = kFields,

@@ -18,10 +18,10 @@ static_assert(std::size(kSpecs) == static_cast<size_t>(kOpCount));
 // spec says so.
 #define KD_STR(x) #x,
 #define KD_SWITCH_BIT(x) KD_PP_IS_SWITCH(x),
-#define KD_ROW_NAMES(kd_op, args, tensors, scalars)                                               \
+#define KD_ROW_NAMES(kd_op, args, tensors, scalars)                                                           \
   static_assert(names_match(OpSpecOf<OpKind::kd_op>::value, {KD_PP_FOR_EACH(KD_STR, KD_PP_NOTHING, tensors)}, \
-                            {KD_PP_FOR_EACH(KD_STR, KD_PP_NOTHING, scalars)},                     \
-                            {KD_PP_FOR_EACH(KD_SWITCH_BIT, KD_PP_NOTHING, scalars)}),             \
+                            {KD_PP_FOR_EACH(KD_STR, KD_PP_NOTHING, scalars)},                                 \
+                            {KD_PP_FOR_EACH(KD_SWITCH_BIT, KD_PP_NOTHING, scalars)}),                         \
                 "core/op_list.hpp: the row of " #kd_op " and its spec disagree on argument names or switches");
 constexpr bool names_match(const OpSpec& s, std::initializer_list<std::string_view> tensors,
                            std::initializer_list<std::string_view> scalars, std::initializer_list<int> switches) {

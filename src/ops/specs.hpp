@@ -18,12 +18,12 @@ namespace dispatch::core {
 /// OpSpecOf<op>::value: the spec row of `op` (`<name>_spec::kSpec`).
 template <OpKind Op>
 struct OpSpecOf;
-#define KD_SPEC_OF(kd_op, args, tensors, scalars)                                                     \
-  template <>                                                                                      \
-  struct OpSpecOf<OpKind::kd_op> {                                                                    \
-    static constexpr const OpSpec& value = kd_op##_spec::kSpec;                                       \
-  };                                                                                               \
-  static_assert(kd_op##_spec::kSpec.op == OpKind::kd_op && kd_op##_spec::kSpec.name == #kd_op,                 \
+#define KD_SPEC_OF(kd_op, args, tensors, scalars)                                              \
+  template <>                                                                                  \
+  struct OpSpecOf<OpKind::kd_op> {                                                             \
+    static constexpr const OpSpec& value = kd_op##_spec::kSpec;                                \
+  };                                                                                           \
+  static_assert(kd_op##_spec::kSpec.op == OpKind::kd_op && kd_op##_spec::kSpec.name == #kd_op, \
                 "src/ops/" #kd_op ".hpp: its spec names another op");
 KDISPATCH_OP_LIST(KD_SPEC_OF)
 #undef KD_SPEC_OF

@@ -75,7 +75,8 @@ ReadError open_bounded_at(int dir_fd, const std::string& path, const BoundedRead
     // /sys): its size is unknown until read, so it is not read here.
     char c;
     if (::pread(f, &c, 1, 0) == 1) {
-      *why = "'" + shown + "' reports a size of 0 bytes but has content (a generated file, as in /proc or /sys): not read";
+      *why =
+          "'" + shown + "' reports a size of 0 bytes but has content (a generated file, as in /proc or /sys): not read";
       ::close(f);
       return ReadError::not_regular;
     }
@@ -110,7 +111,8 @@ ReadError read_bounded_at(int dir_fd, const std::string& path, std::string* out,
     out->resize(size + opt.padding);
   } catch (const std::bad_alloc&) {
     ::close(fd);
-    *why = "cannot allocate " + std::to_string(size) + " bytes to read '" + (opt.shown.empty() ? path : opt.shown) + "'";
+    *why =
+        "cannot allocate " + std::to_string(size) + " bytes to read '" + (opt.shown.empty() ? path : opt.shown) + "'";
     return ReadError::io;
   }
   size_t got = 0;

@@ -35,8 +35,8 @@ bool split_fields(std::string_view text, std::vector<std::string_view>* parts) {
   return true;
 }
 
-Result<Fields> parse_fields_impl(std::string_view text, bool allow_device_name,
-                                 std::string* device_name, bool* has_device_name) {
+Result<Fields> parse_fields_impl(std::string_view text, bool allow_device_name, std::string* device_name,
+                                 bool* has_device_name) {
   std::vector<std::string_view> parts;
   if (!split_fields(text, &parts))
     return make_status(StatusCode::invalid_argument, "unbalanced '[' ']' in '" + std::string(text) + "'");
@@ -46,10 +46,8 @@ Result<Fields> parse_fields_impl(std::string_view text, bool allow_device_name,
     part = trim(part);
     const auto eq = part.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      if (part.empty())
-        return make_status(StatusCode::invalid_argument, "empty field in '" + std::string(text) + "'");
-      return make_status(StatusCode::invalid_argument,
-                         "field '" + std::string(part) + "' is not <name>=<value>");
+      if (part.empty()) return make_status(StatusCode::invalid_argument, "empty field in '" + std::string(text) + "'");
+      return make_status(StatusCode::invalid_argument, "field '" + std::string(part) + "' is not <name>=<value>");
     }
     any_eq = true;
     std::string name(trim(part.substr(0, eq)));
@@ -58,15 +56,13 @@ Result<Fields> parse_fields_impl(std::string_view text, bool allow_device_name,
       if (!allow_device_name)
         return make_status(StatusCode::invalid_argument,
                            "device_name is not a key field here: pass the device separately");
-      if (*has_device_name)
-        return make_status(StatusCode::invalid_argument, "field 'device_name' appears twice");
+      if (*has_device_name) return make_status(StatusCode::invalid_argument, "field 'device_name' appears twice");
       *has_device_name = true;
       *device_name = std::string(value);
       continue;
     }
     for (const auto& f : fields)
-      if (f.first == name)
-        return make_status(StatusCode::invalid_argument, "field '" + name + "' appears twice");
+      if (f.first == name) return make_status(StatusCode::invalid_argument, "field '" + name + "' appears twice");
     fields.emplace_back(name, canonical_field_value(name, value));
   }
   if (!any_eq)
@@ -90,8 +86,7 @@ std::string canonical_field_value(std::string_view name, std::string_view value)
 }
 
 void sort_fields(Fields& fields) {
-  std::sort(fields.begin(), fields.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(fields.begin(), fields.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
 }
 
 std::string join_fields(const Fields& fields) {
@@ -193,7 +188,9 @@ bool parse_int_field(const std::string& v, int64_t* out) {
 
 // The operands the stride field covers: the first four of the spec's order
 // (the stride code has room for four; an fp8 GEMM's fifth, scale_b, is left out).
-int stride_operands(const core::OpSpec& spec) { return spec.order.size() < 4 ? static_cast<int>(spec.order.size()) : 4; }
+int stride_operands(const core::OpSpec& spec) {
+  return spec.order.size() < 4 ? static_cast<int>(spec.order.size()) : 4;
+}
 
 // "01_o1_o1" -> stride code; operands in op order (gemm a,b,d; norms x,y|residual,w).
 bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint32_t* code) {
@@ -209,13 +206,18 @@ bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint32_t
     if (i >= 4 || part.empty() || part.size() > 2) return false;
     ranks[i] = static_cast<int>(part.size());
     // One class per dim of the operand (spec order): "1_1" fits no rank-2 operand.
-    if (i < operands && ranks[i] != spec.slots[static_cast<size_t>(spec.order[static_cast<size_t>(i)])].rank) return false;
+    if (i < operands && ranks[i] != spec.slots[static_cast<size_t>(spec.order[static_cast<size_t>(i)])].rank)
+      return false;
     for (size_t d = 0; d < part.size(); ++d) {
       const char c = part[d];
-      if (c == '0') classes[i][d] = static_cast<uint8_t>(StrideClass::zero);
-      else if (c == '1') classes[i][d] = static_cast<uint8_t>(StrideClass::unit);
-      else if (c == 'o') classes[i][d] = static_cast<uint8_t>(StrideClass::other);
-      else return false;
+      if (c == '0')
+        classes[i][d] = static_cast<uint8_t>(StrideClass::zero);
+      else if (c == '1')
+        classes[i][d] = static_cast<uint8_t>(StrideClass::unit);
+      else if (c == 'o')
+        classes[i][d] = static_cast<uint8_t>(StrideClass::other);
+      else
+        return false;
     }
     ++i;
     start = us + 1;
@@ -328,8 +330,10 @@ std::string file_order_fields(core::OpKind op, std::string_view fields, std::str
   std::vector<std::pair<int, std::string>> front;
   for (const auto& part : parts) {
     const int p = pos(part);
-    if (p >= 0) front.emplace_back(p, part);
-    else tail += "," + part;
+    if (p >= 0)
+      front.emplace_back(p, part);
+    else
+      tail += "," + part;
   }
   std::stable_sort(front.begin(), front.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [p, part] : front) head += (head.empty() ? "" : ",") + part;

@@ -27,7 +27,7 @@ struct FileKey {
   Fields fields;            ///< every field but device_name, canonical values, sorted by name
   std::string device_name;  ///< the device_name field as written ("" when empty or absent)
   bool has_device_name = false;
-  bool down = false;        ///< the `_down` table of a fused-MoE pair
+  bool down = false;  ///< the `_down` table of a fused-MoE pair
 };
 
 /// Parses a file's base name ("...json"). Errors: invalid_argument with the

@@ -33,7 +33,7 @@ namespace dispatch::store {
 
 /// Environment variables that change what a kernel does or how fast it is.
 inline constexpr std::string_view kFingerprintEnv[] = {
-    "KDISPATCH_OPENBLAS",   "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",  "OMP_NUM_THREADS",
+    "KDISPATCH_OPENBLAS",   "OPENBLAS_NUM_THREADS",    "OPENBLAS_CORETYPE",   "OMP_NUM_THREADS",
     "NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING", "HSA_OVERRIDE_GFX_VERSION",
 };
 

@@ -44,8 +44,12 @@ int64_t now_s() {
 }
 
 const char* file_kind(mode_t mode) {
-  return S_ISLNK(mode) ? "a symbolic link" : S_ISFIFO(mode) ? "a FIFO" : S_ISDIR(mode) ? "a directory"
-       : S_ISSOCK(mode) ? "a socket" : (S_ISCHR(mode) || S_ISBLK(mode)) ? "a device" : "not a regular file";
+  return S_ISLNK(mode)                      ? "a symbolic link"
+         : S_ISFIFO(mode)                   ? "a FIFO"
+         : S_ISDIR(mode)                    ? "a directory"
+         : S_ISSOCK(mode)                   ? "a socket"
+         : (S_ISCHR(mode) || S_ISBLK(mode)) ? "a device"
+                                            : "not a regular file";
 }
 
 // The entries of an open dir (names only); the dir's position is not moved.

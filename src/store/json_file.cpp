@@ -36,9 +36,12 @@ size_t structural_error_offset(const char* p, size_t len) {
   for (size_t i = 0; i < len; ++i) {
     const char c = p[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') {
@@ -181,7 +184,7 @@ std::string field_reason(std::string_view key, std::string_view what) {
 // The file's distinct configs, found by a hash of the raw fields.
 struct ConfigPool {
   std::vector<Config>* configs;
-  std::unordered_map<uint64_t, uint32_t> first;  // hash -> the first config with it
+  std::unordered_map<uint64_t, uint32_t> first;      // hash -> the first config with it
   std::unordered_multimap<uint64_t, uint32_t> more;  // hash collisions between distinct configs
 
   static uint64_t hash(const std::vector<RawField>& fields) {
@@ -329,14 +332,16 @@ struct TableReader {
   ConfigPool pool{&out.configs, {}, {}};
   int64_t object_keys = 0, batch_keys = 0, max_m = 0;
   size_t problems_left_out = 0;
-  std::unordered_map<int64_t, size_t> row_index;  // M -> index in out.rows, once an M comes out of order
+  std::unordered_map<int64_t, size_t> row_index;    // M -> index in out.rows, once an M comes out of order
   std::unordered_map<size_t, std::string> spelled;  // row index -> its key where not std::to_string(M) (rare)
   std::unordered_map<int64_t, std::vector<std::string>> earlier_spellings;  // M -> its keys that no longer serve
   std::vector<std::string> foreign_keys;
 
   void problem(std::string text) {
-    if (out.problems.size() < limits().max_problems_per_file) out.problems.push_back(std::move(text));
-    else ++problems_left_out;
+    if (out.problems.size() < limits().max_problems_per_file)
+      out.problems.push_back(std::move(text));
+    else
+      ++problems_left_out;
   }
   void drop(const std::string& key, const char* why) {
     problem("M=" + key + ": " + why);
@@ -374,7 +379,8 @@ struct TableReader {
     const std::string reason = read_row(v, &pool, &row.config, &err, &repeated);
     if (err) return err;
     if (!repeated.empty())
-      problem("M=" + key + ": key '" + std::string(repeated) + "' repeated in the row; the last one serves (as json.load)");
+      problem("M=" + key + ": key '" + std::string(repeated) +
+              "' repeated in the row; the last one serves (as json.load)");
     if (!reason.empty()) {
       problem("M=" + key + ": " + reason + "; row dropped");
       ++out.dropped_rows;
@@ -427,8 +433,10 @@ struct TableReader {
     problem("M=" + key + ": batch size " + std::to_string(m) + " already given by key '" + serving +
             "'; this later key's row serves (as SGLang's int(key)), the earlier one is dropped");
     out.rows[dup] = row;
-    if (plain) spelled.erase(dup);
-    else spelled[dup] = key;
+    if (plain)
+      spelled.erase(dup);
+    else
+      spelled[dup] = key;
   }
 
   // Not a batch size: metadata (scalars, our "kdispatch" object) or foreign.
@@ -439,14 +447,16 @@ struct TableReader {
       if (key == "kdispatch") {
         out.metadata.emplace_back(std::move(key), std::string(raw));
       } else {
-        if (foreign_keys.size() < limits().max_problems_per_file) foreign_keys.push_back(std::move(key));
-        else ++problems_left_out;
+        if (foreign_keys.size() < limits().max_problems_per_file)
+          foreign_keys.push_back(std::move(key));
+        else
+          ++problems_left_out;
       }
     } else if (out.metadata.size() < limits().max_metadata_keys) {
       out.metadata.emplace_back(std::move(key), std::string(raw));
     } else {
-      problem("key '" + key + "' is not a batch size; ignored (more than " + std::to_string(limits().max_metadata_keys) +
-              " metadata keys)");
+      problem("key '" + key + "' is not a batch size; ignored (more than " +
+              std::to_string(limits().max_metadata_keys) + " metadata keys)");
     }
     return simdjson::SUCCESS;
   }
@@ -486,8 +496,8 @@ ParsedFile parse_config_json(const char* data, size_t len) {
   auto fail = [&](error_code e) {
     out.kind = ParsedFile::Kind::error;
     out.rows.clear();
-    out.problems.insert(out.problems.begin(), "parse error at byte " + offset_text(doc, data, len, e) +
-                                                  ": " + simdjson::error_message(e));
+    out.problems.insert(out.problems.begin(),
+                        "parse error at byte " + offset_text(doc, data, len, e) + ": " + simdjson::error_message(e));
     return out;
   };
   if (err) {

@@ -79,7 +79,8 @@ bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::strin
   switch (open_bounded_at(AT_FDCWD, path, opt, &fd, &size, err)) {
     case ReadError::ok: break;
     case ReadError::too_large:
-      *err = "file is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(limits().max_file_bytes) +
+      *err = "file is " + std::to_string(size) + " bytes, over the limit of " +
+             std::to_string(limits().max_file_bytes) +
              " bytes for one config file (docs/config-files.md#limits): not read";
       return false;
     default: return false;  // *err names the file and why (missing, not a regular file, cannot open)
@@ -272,7 +273,8 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
   for (const auto& [mk, raw] : parsed.metadata)
     if (mk == "kdispatch") meta = raw;
   if (!meta.empty()) f.schema = schema_versions(meta);
-  if (backend == DeviceType::cpu && meta.find("\"cpu") != std::string::npos) {  // the CPU the rows were tuned on (store/row_meta.hpp)
+  if (backend == DeviceType::cpu &&
+      meta.find("\"cpu") != std::string::npos) {  // the CPU the rows were tuned on (store/row_meta.hpp)
     static thread_local simdjson::dom::parser parser;
     simdjson::dom::element kd;
     if (parser.parse(meta).get(kd) == simdjson::SUCCESS && kd.is_object()) {
@@ -334,9 +336,12 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
 // kept as written. "" or why the file is skipped.
 std::string foreign_file(const FileKey& key, const std::string& device, ParsedFile& parsed, table::TableInput& in) {
   std::string op;
-  if (find_field(key.fields, "E")) op = "fused_moe";
-  else if (find_field(key.fields, "N") && find_field(key.fields, "K")) op = "triton_gemm";
-  else return "file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)";
+  if (find_field(key.fields, "E"))
+    op = "fused_moe";
+  else if (find_field(key.fields, "N") && find_field(key.fields, "K"))
+    op = "triton_gemm";
+  else
+    return "file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)";
   in.key = table::make_key(table::kForeignBackend, op, device, join_fields(key.fields), key.down);
   in.configs = std::move(parsed.configs);  // rows keep their indices: no config copied
   for (auto& row : parsed.rows) {
@@ -509,7 +514,8 @@ void walk_dir(Walk& w, const std::string& dir, int depth) {
     const struct dirent* e = ::readdir(d);
     if (e == nullptr) {
       if (errno != 0)
-        unusable(src, dir, "folder listing failed: " + std::error_code(errno, std::generic_category()).message(), w.out);
+        unusable(src, dir, "folder listing failed: " + std::error_code(errno, std::generic_category()).message(),
+                 w.out);
       break;
     }
     if (e->d_name[0] == '.') continue;  // ".", "..", hidden and temp files
@@ -559,11 +565,13 @@ void walk_dir(Walk& w, const std::string& dir, int depth) {
     }
     if (S_ISDIR(st.st_mode)) {
       if (link) {
-        unusable(src, path, "a symbolic link to a directory: not followed (copy the files, or name the "
-                            "target as a config dir)", w.out);
-      } else if (depth + 1 > limits().max_dir_depth) {
         unusable(src, path,
-                 "folder deeper than " + std::to_string(limits().max_dir_depth) + " levels: not read", w.out);
+                 "a symbolic link to a directory: not followed (copy the files, or name the "
+                 "target as a config dir)",
+                 w.out);
+      } else if (depth + 1 > limits().max_dir_depth) {
+        unusable(src, path, "folder deeper than " + std::to_string(limits().max_dir_depth) + " levels: not read",
+                 w.out);
       } else {
         walk_dir(w, path, depth + 1);
       }
@@ -571,8 +579,10 @@ void walk_dir(Walk& w, const std::string& dir, int depth) {
     }
     if (!json) continue;
     if (!S_ISREG(st.st_mode)) {
-      const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
-                       : S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode) ? "a device" : "not a file";
+      const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                         : S_ISSOCK(st.st_mode)                       ? "a socket"
+                         : S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode) ? "a device"
+                                                                      : "not a file";
       unusable(src, path, std::string(kind) + ", not a regular file", w.out);
       continue;
     }
@@ -612,7 +622,7 @@ std::string defaulted_params(const core::Plan& plan, const Config& row) {
       case core::ParamKind::boolean: text = v != 0 ? "true" : "false"; break;
       case core::ParamKind::enumeration:
         text = v >= 0 && static_cast<size_t>(v) < pd.labels.size() ? std::string(pd.labels[static_cast<size_t>(v)])
-                                                                  : std::to_string(v);
+                                                                   : std::to_string(v);
         break;
     }
     names += (names.empty() ? "" : ", ") + std::string(pd.name);
@@ -649,9 +659,9 @@ LoadOutput load_config_dirs(const std::vector<SourceDir>& dirs, const std::vecto
     if (walk.stopped) out.incomplete_dirs.push_back(src.dir);
     std::sort(out.report.files.begin() + static_cast<std::ptrdiff_t>(unusable_from), out.report.files.end(),
               [](const FileReport& a, const FileReport& b) { return a.path < b.path; });  // in a stable order
-    out.report.files.reserve(out.report.files.size() + files.size());  // one entry per file
-    out.inputs.reserve(out.inputs.size() + files.size());              // at most one per file
-    const std::string cache_suffix = '\n' + std::to_string(src.rank);  // one dir may be listed twice
+    out.report.files.reserve(out.report.files.size() + files.size());                     // one entry per file
+    out.inputs.reserve(out.inputs.size() + files.size());                                 // at most one per file
+    const std::string cache_suffix = '\n' + std::to_string(src.rank);                     // one dir may be listed twice
     for (const Found& found : files) {
       std::string cache_key;
       if (cache) {

@@ -89,10 +89,10 @@ std::string ancestors_problem(const std::string& dir) {
     const fs::path parent = p.parent_path();
     for (size_t i = 0; i + 1 < prefixes.size(); ++i) {
       const bool is_parent = prefixes[i] == parent;
-      const std::string shown = std::string(is_parent ? "its parent '" : "its ancestor '") + prefixes[i].string() +
-                                "'" + via;
-      if (std::string why = ancestor_problem(prefixes[i].string(), prefixes[i + 1].string(), i + 2 == prefixes.size(),
-                                             shown);
+      const std::string shown =
+          std::string(is_parent ? "its parent '" : "its ancestor '") + prefixes[i].string() + "'" + via;
+      if (std::string why =
+              ancestor_problem(prefixes[i].string(), prefixes[i + 1].string(), i + 2 == prefixes.size(), shown);
           !why.empty())
         return why;
     }
@@ -107,9 +107,8 @@ std::string ancestors_problem(const std::string& dir) {
   if (ec || real == existing) return "";
   fs::path resolved = existing == abs ? real : (real / abs.lexically_relative(existing)).lexically_normal();
   if (!resolved.has_filename() && resolved.has_parent_path()) resolved = resolved.parent_path();
-  return check(resolved,
-               " (the path '" + abs.string() + "' leads there through a symbolic link: '" + existing.string() +
-                   "' is '" + real.string() + "')");
+  return check(resolved, " (the path '" + abs.string() + "' leads there through a symbolic link: '" +
+                             existing.string() + "' is '" + real.string() + "')");
 }
 
 // `dir` is absent: can this process create it? "" when it can (checked by
@@ -125,7 +124,8 @@ std::string creation_problem(const std::string& dir) {
   for (fs::path q = p.parent_path();; q = q.parent_path()) {
     struct stat st {};
     if (::stat(q.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode)) return "it does not exist and cannot be created: '" + q.string() + "' is not a directory";
+      if (!S_ISDIR(st.st_mode))
+        return "it does not exist and cannot be created: '" + q.string() + "' is not a directory";
       break;
     }
     if (errno != ENOENT)
@@ -157,8 +157,10 @@ CacheDirChoice fallback(std::string dir, const char* origin) {
     c.refused = private_dir_problem(c.dir);
   }
   if (!c.refused.empty())
-    c.refused = "tuning cache dir '" + c.dir + "' (the per-user fallback: KDISPATCH_CACHE_DIR, XDG_CACHE_HOME and HOME "
-                "are unset) refused: " + c.refused +
+    c.refused = "tuning cache dir '" + c.dir +
+                "' (the per-user fallback: KDISPATCH_CACHE_DIR, XDG_CACHE_HOME and HOME "
+                "are unset) refused: " +
+                c.refused +
                 "; tuning results are neither read from it nor written to it (set KDISPATCH_CACHE_DIR to a private "
                 "directory)";
   return c;
@@ -219,8 +221,7 @@ std::string private_dir_problem(const std::string& dir) {
   if (st.st_uid != ::geteuid())
     return "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process (uid " +
            std::to_string(::geteuid()) + ")";
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    return "it is group/world-writable (mode " + mode_text(st.st_mode) + ")";
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) return "it is group/world-writable (mode " + mode_text(st.st_mode) + ")";
   return "";
 }
 
@@ -254,7 +255,8 @@ Status make_private_dirs(const std::string& dir) noexcept {
       struct stat st {};
       if (::stat(q.c_str(), &st) == 0) {
         if (!S_ISDIR(st.st_mode))
-          return make_status(StatusCode::io_error, "cannot create '" + dir + "': '" + q.string() + "' is not a directory");
+          return make_status(StatusCode::io_error,
+                             "cannot create '" + dir + "': '" + q.string() + "' is not a directory");
         break;
       }
       missing.push_back(q);
@@ -310,8 +312,8 @@ Status open_dir_below(const std::string& root, const std::string& rel_dir, DirFd
         return make_status(StatusCode::io_error,
                            "'" + shown.string() + "' " +
                                (link ? std::string("is a symbolic link: tuning results are not written through it")
-                                     : e == ENOTDIR ? std::string("is not a directory")
-                                                    : std::string("cannot be opened: ") + std::strerror(e)));
+                                : e == ENOTDIR ? std::string("is not a directory")
+                                               : std::string("cannot be opened: ") + std::strerror(e)));
       }
       cur = DirFd(fd);
     }
@@ -435,7 +437,7 @@ namespace {
 
 std::mutex g_locking_mu;
 std::map<std::string, LockingScheme> g_locking;  // dir (lexically normal) -> the check's result
-int (*g_flock)(int, int) = nullptr;               // test hook
+int (*g_flock)(int, int) = nullptr;              // test hook
 
 // The check (see locking_scheme): the scheme and what was seen.
 Status check_flock(const std::string& dir, LockingScheme* out) {
@@ -449,7 +451,8 @@ Status check_flock(const std::string& dir, LockingScheme* out) {
   remove_entries_if(d.get(), [&](const std::string& n) {
     return n.compare(0, probe_prefix.size(), probe_prefix) == 0 && dead_local_temp(n);
   });
-  const std::string name = temp_name_for("kdispatch-flock-probe");  // ".kdispatch-flock-probe.tmp.<host>.<pid>.<random>"
+  const std::string name =
+      temp_name_for("kdispatch-flock-probe");  // ".kdispatch-flock-probe.tmp.<host>.<pid>.<random>"
   const std::string shown = (fs::path(dir) / name).string();
   const int a = ::openat(d.get(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (a < 0)
@@ -469,8 +472,8 @@ Status check_flock(const std::string& dir, LockingScheme* out) {
   if (lock(a, LOCK_EX | LOCK_NB) != 0) {
     out->reason = "flock is not available " + on + ": " + failed("an exclusive lock on a new file failed");
   } else if (lock(b, LOCK_EX | LOCK_NB) == 0) {
-    out->reason = "flock is not honoured " + on +
-                  ": a second exclusive lock on one file was granted while the first was held";
+    out->reason =
+        "flock is not honoured " + on + ": a second exclusive lock on one file was granted while the first was held";
   } else if (errno != EWOULDBLOCK) {
     out->reason = "flock is not usable " + on + ": " +
                   failed("a second exclusive lock on one file failed other than by being refused");
@@ -478,8 +481,8 @@ Status check_flock(const std::string& dir, LockingScheme* out) {
     out->reason = "flock is not usable " + on + ": " + failed("a lock released was not granted to the next owner");
   } else {
     out->fragments = false;
-    out->reason = "flock is honoured " + on +
-                  " (a second exclusive lock on one file was refused while the first was held)";
+    out->reason =
+        "flock is honoured " + on + " (a second exclusive lock on one file was refused while the first was held)";
   }
   ::close(b);
   ::close(a);

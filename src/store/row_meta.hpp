@@ -113,15 +113,17 @@ inline bool parse_m(std::string_view k, int64_t* m) {
 inline void write_row_meta(core::JsonWriter& w, const std::vector<std::pair<int64_t, const RowMeta*>>& rows) {
   using namespace row_meta_detail;
   double margin = 0;
-  if (majority<double>(rows, [](const RowMeta& r) { return r.margin >= 0; }, [](const RowMeta& r) { return r.margin; },
-                       &margin)) {
+  if (majority<double>(
+          rows, [](const RowMeta& r) { return r.margin >= 0; }, [](const RowMeta& r) { return r.margin; }, &margin)) {
     w.field("margin", margin);
     std::string by = "{";
     for (const auto& [m, r] : rows)
       if (r->margin != margin) {
         append_key(by, m);
-        if (r->margin >= 0) core::json_append_double(by, r->margin);
-        else by += "null";
+        if (r->margin >= 0)
+          core::json_append_double(by, r->margin);
+        else
+          by += "null";
       }
     if (by.size() > 1) w.key("margin_by_m").json(by + "}");
   }
@@ -144,8 +146,8 @@ inline void write_row_meta(core::JsonWriter& w, const std::vector<std::pair<int6
   if (timing.size() > 1) w.key("timing").json(timing + "}");
   if (why.size() > 1) w.key("why").json(why + "}");
   std::string cpu;
-  if (majority<std::string>(rows, [](const RowMeta& r) { return !r.cpu.empty(); },
-                            [](const RowMeta& r) { return r.cpu; }, &cpu)) {
+  if (majority<std::string>(
+          rows, [](const RowMeta& r) { return !r.cpu.empty(); }, [](const RowMeta& r) { return r.cpu; }, &cpu)) {
     w.key("cpu").json(cpu);
     std::string by = "{";
     for (const auto& [m, r] : rows)
@@ -210,8 +212,8 @@ inline RowMetaIndex read_row_meta(simdjson::dom::element kd) {
       double d = 0;
       if (parse_m(k, &m) && number(v, &d) && d >= 0) x.aa_spread[m] = d;
     }
-  for (auto [field, map] : {std::pair<const char*, std::unordered_map<int64_t, std::string>*>{"timing", &x.timing},
-                            {"why", &x.why}})
+  for (auto [field, map] :
+       {std::pair<const char*, std::unordered_map<int64_t, std::string>*>{"timing", &x.timing}, {"why", &x.why}})
     if (kd[field].get(obj) == simdjson::SUCCESS)
       for (auto [k, v] : obj) {
         int64_t m = 0;
@@ -223,8 +225,10 @@ inline RowMetaIndex read_row_meta(simdjson::dom::element kd) {
     for (auto [k, v] : obj) {
       int64_t m = 0;
       if (!parse_m(k, &m)) continue;
-      if (v.is_null()) x.cpu_by_m[m] = "";
-      else if (v.is_object()) x.cpu_by_m[m] = restyled(v);
+      if (v.is_null())
+        x.cpu_by_m[m] = "";
+      else if (v.is_object())
+        x.cpu_by_m[m] = restyled(v);
     }
   return x;
 }

@@ -27,8 +27,8 @@ struct DirWatcher::State {
   /// while events keep coming (an event every 30 ms postponed it forever).
   int max_delay_ms = 1000;
   std::vector<std::string> roots;
-  std::map<int, std::string> wd_path;       // the trees' folders
-  std::map<int, std::string> parent_root;   // a root's parent folder -> that root (it may be replaced)
+  std::map<int, std::string> wd_path;      // the trees' folders
+  std::map<int, std::string> parent_root;  // a root's parent folder -> that root (it may be replaced)
   std::atomic<int64_t> reloads{0};
   std::thread thread;
 
@@ -104,8 +104,8 @@ struct DirWatcher::State {
     for (;;) {
       int timeout = -1;
       if (dirty) {
-        const auto due = std::min(last + std::chrono::milliseconds(debounce_ms),
-                                  first + std::chrono::milliseconds(max_delay_ms));
+        const auto due =
+            std::min(last + std::chrono::milliseconds(debounce_ms), first + std::chrono::milliseconds(max_delay_ms));
         timeout = static_cast<int>(std::max<int64_t>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count() + 1));
       }

@@ -139,11 +139,13 @@ Status read_target(int dir_fd, const std::string& name, const std::string& shown
     case ReadError::ok: return Status();
     case ReadError::missing: *missing = true; return Status();
     case ReadError::symlink:
-      return make_status(StatusCode::io_error, "'" + shown + "' is a symbolic link: tuning results are not written "
-                                               "through it (replace it with a regular file or remove it)");
+      return make_status(StatusCode::io_error, "'" + shown +
+                                                   "' is a symbolic link: tuning results are not written "
+                                                   "through it (replace it with a regular file or remove it)");
     case ReadError::not_regular:
-      return make_status(StatusCode::io_error, "'" + shown + "' is not a regular file: tuning results are not written "
-                                               "over it");
+      return make_status(StatusCode::io_error, "'" + shown +
+                                                   "' is not a regular file: tuning results are not written "
+                                                   "over it");
     case ReadError::too_large: {
       const std::string aside = corrupt_name(dir_fd, name);
       if (::renameat(dir_fd, name.c_str(), dir_fd, aside.c_str()) != 0) return io_error("cannot move aside", shown);
@@ -161,14 +163,15 @@ Status read_target(int dir_fd, const std::string& name, const std::string& shown
 // "<name>.corrupt-<UTC time>", made unique in the dir.
 std::string corrupt_name(int dir_fd, const std::string& name) {
   const std::time_t now = std::time(nullptr);
-  std::tm tm {};
+  std::tm tm{};
   ::gmtime_r(&now, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
   const std::string base = name + ".corrupt-" + stamp;
   std::string out = base;
   struct stat st {};
-  for (int i = 1; ::fstatat(dir_fd, out.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0; ++i) out = base + "-" + std::to_string(i);
+  for (int i = 1; ::fstatat(dir_fd, out.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0; ++i)
+    out = base + "-" + std::to_string(i);
   return out;
 }
 
@@ -228,9 +231,8 @@ void add_table_rows(ParsedFile& pf, const Fingerprint& fp, bool keep_stale, std:
 // write is on disk. A claim that is not a table is moved aside to
 // "<name>.corrupt-<UTC time>" (not read, not lost) with a note.
 std::vector<std::string> merge_own_claims(int pfd, const std::string& name, const fs::path& shown_dir,
-                                          const Fingerprint& fp, bool keep_stale,
-                                          std::map<int64_t, PersistRow>* merged, bool* dropped_stale,
-                                          std::vector<std::string>* notes) {
+                                          const Fingerprint& fp, bool keep_stale, std::map<int64_t, PersistRow>* merged,
+                                          bool* dropped_stale, std::vector<std::string>* notes) {
   std::vector<std::string> own;
   for (const RecoveredClaim& r : recover_dead_claims(pfd, name)) {
     if (!r.own) continue;  // another fragment's claim: put back or aside
@@ -244,8 +246,10 @@ std::vector<std::string> merge_own_claims(int pfd, const std::string& name, cons
     if (pf.kind != ParsedFile::Kind::table) {
       const std::string aside = corrupt_name(pfd, name);
       if (::renameat(pfd, r.claim.c_str(), pfd, aside.c_str()) == 0 && notes)
-        notes->push_back("'" + (shown_dir / r.claim).string() + "' (a claim of a compaction that died) did not parse "
-                         "as a config table; moved aside to '" + (shown_dir / aside).string() + "'");
+        notes->push_back("'" + (shown_dir / r.claim).string() +
+                         "' (a claim of a compaction that died) did not parse "
+                         "as a config table; moved aside to '" +
+                         (shown_dir / aside).string() + "'");
       continue;
     }
     add_table_rows(pf, fp, keep_stale, merged, dropped_stale);
@@ -296,8 +300,9 @@ Status persist_rows(const std::string& dir, const std::string& rel_path, const s
     std::map<int64_t, PersistRow> merged;
     // A killed compaction's claims of our own fragment: their rows first.
     const std::vector<std::string> own_claims =
-        scheme.fragments ? merge_own_claims(pfd, name, target.parent_path(), fp, keep_stale, &merged, dropped_stale, notes)
-                         : std::vector<std::string>();
+        scheme.fragments
+            ? merge_own_claims(pfd, name, target.parent_path(), fp, keep_stale, &merged, dropped_stale, notes)
+            : std::vector<std::string>();
     {
       std::string data;
       bool missing = false;

@@ -36,9 +36,9 @@ namespace dispatch::store {
 
 struct PersistRow {
   int64_t m = 0;
-  Config config;          ///< {"variant": ..., params...}
-  double us = 0.0;        ///< measured median of the winner (0 = unknown)
-  double default_us = 0.0;///< measured median of the incumbent, the floor (0 = unknown)
+  Config config;            ///< {"variant": ..., params...}
+  double us = 0.0;          ///< measured median of the winner (0 = unknown)
+  double default_us = 0.0;  ///< measured median of the incumbent, the floor (0 = unknown)
   /// How the row was chosen: the margin, the A/A spread, the timing, why,
   /// and on the CPU the CPU it was tuned on (store/row_meta.hpp); carried
   /// over by the merge of an existing file, row by row.
@@ -89,6 +89,5 @@ bool try_claim(const std::string& dir, const std::string& key, int64_t m, double
 void remove_dead_claims(const std::string& dir) noexcept;
 /// Releases a claim taken by try_claim.
 void release_claim(const std::string& dir, const std::string& key, int64_t m) noexcept;
-
 
 }  // namespace dispatch::store

@@ -115,8 +115,8 @@ void EpochDomain::reclaim() {
     if (retired_.empty()) return;
     if (overflow_readers_.load(std::memory_order_seq_cst) != 0) return;
     const uint64_t min_active = min_active_epoch();
-    auto keep = std::partition(retired_.begin(), retired_.end(),
-                               [&](const Retired& r) { return r.epoch > min_active; });
+    auto keep =
+        std::partition(retired_.begin(), retired_.end(), [&](const Retired& r) { return r.epoch > min_active; });
     to_free.assign(keep, retired_.end());
     retired_.erase(keep, retired_.end());
   }
@@ -127,9 +127,8 @@ void EpochDomain::drop_owner(const void* owner) {
   std::vector<Retired> to_free;
   {
     std::lock_guard<std::mutex> lock(retired_mu_);
-    auto keep = std::partition(retired_.begin(), retired_.end(), [&](const Retired& r) {
-      return owner != nullptr && r.owner != owner;
-    });
+    auto keep = std::partition(retired_.begin(), retired_.end(),
+                               [&](const Retired& r) { return owner != nullptr && r.owner != owner; });
     to_free.assign(keep, retired_.end());
     retired_.erase(keep, retired_.end());
   }

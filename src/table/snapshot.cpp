@@ -30,7 +30,6 @@ int compare_versions(const std::vector<int>& a, const std::vector<int>& b) {
   return 0;
 }
 
-
 using TableInputP = const TableInput*;
 
 // Version folder selection inside one source (one key, one rank): the
@@ -73,7 +72,8 @@ std::vector<TableInputP> choose_version(const std::string& key, const std::vecto
     if (compare_versions(t->version, pick) == 0) chosen.push_back(t);
   const std::string folder = chosen.front()->version_folder;
   *note += (note->empty() ? "" : "; ") + std::string("served from ") + folder + " (" + how + ")";
-  if (!backend_version.empty() && how != "exact version") notes->push_back(key + ": " + folder + " serves (" + how + ")");
+  if (!backend_version.empty() && how != "exact version")
+    notes->push_back(key + ": " + folder + " serves (" + how + ")");
   if (!plain.empty()) *note += "; unversioned file(s) of this source ignored in favour of " + folder;
   return chosen;
 }
@@ -241,8 +241,7 @@ uint64_t next_serial() noexcept {
 
 std::unique_ptr<Snapshot> Snapshot::empty() { return std::unique_ptr<Snapshot>(new Snapshot()); }
 
-const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& policy,
-                             size_t* index) noexcept {
+const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& policy, size_t* index) noexcept {
   const size_t n = b.ms.size();
   if (n == 0) return nullptr;
   if (policy.bounded) {
@@ -266,8 +265,7 @@ const Row* Snapshot::nearest(const Bucket& b, int64_t m, const NearestPolicy& po
   return &b.rows[i];
 }
 
-std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
-                                          const std::vector<int>& backend_version,
+std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs, const std::vector<int>& backend_version,
                                           std::vector<std::string>* notes) {
   std::vector<const TableInput*> ptrs;
   ptrs.reserve(inputs.size());
@@ -276,8 +274,7 @@ std::unique_ptr<Snapshot> Snapshot::build(std::vector<TableInput> inputs,
 }
 
 std::unique_ptr<Snapshot> Snapshot::build(const std::vector<std::shared_ptr<const TableInput>>& inputs,
-                                          const std::vector<int>& backend_version,
-                                          std::vector<std::string>* notes) {
+                                          const std::vector<int>& backend_version, std::vector<std::string>* notes) {
   std::vector<const TableInput*> ptrs;
   ptrs.reserve(inputs.size());
   for (const auto& in : inputs) ptrs.push_back(in.get());
@@ -285,8 +282,8 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<std::shared_ptr<cons
 }
 
 std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& inputs,
-                                          const std::vector<int>& backend_version,
-                                          std::vector<std::string>* notes, const Snapshot* previous) {
+                                          const std::vector<int>& backend_version, std::vector<std::string>* notes,
+                                          const Snapshot* previous) {
   auto snap = std::unique_ptr<Snapshot>(new Snapshot());
   snap->backend_version_ = backend_version;
   // Incremental: the previous table's configs are carried over whole (so
@@ -321,14 +318,16 @@ std::unique_ptr<Snapshot> Snapshot::build(const std::vector<const TableInput*>& 
     by_rank.clear();
     for (; next < order.size() && order[next].first->key == key; ++next) {
       const TableInputP t = order[next].first;
-      if (by_rank.empty() || by_rank.back().first != t->source_rank) by_rank.emplace_back(t->source_rank, std::vector<TableInputP>{});
+      if (by_rank.empty() || by_rank.back().first != t->source_rank)
+        by_rank.emplace_back(t->source_rank, std::vector<TableInputP>{});
       by_rank.back().second.push_back(t);
     }
     // The identity of this key's inputs: (rank, serial) of each, in order;
     // empty when one of them has no serial (then never reused).
     std::vector<uint64_t> ids;
     for (const auto& [rank, group] : by_rank)
-      for (TableInputP t : group) ids.insert(ids.end(), {static_cast<uint64_t>(static_cast<uint32_t>(rank)), t->serial});
+      for (TableInputP t : group)
+        ids.insert(ids.end(), {static_cast<uint64_t>(static_cast<uint32_t>(rank)), t->serial});
     bool reusable = true;
     for (size_t i = 1; i < ids.size(); i += 2) reusable = reusable && ids[i] != 0;
     if (!reusable) ids.clear();

@@ -37,8 +37,8 @@
 namespace dispatch::table {
 
 struct Row {
-  uint32_t source_id = 0;      ///< file the row came from (Runtime source registry)
-  uint32_t config_index = 0;   ///< the row as written, in Snapshot::configs_
+  uint32_t source_id = 0;     ///< file the row came from (Runtime source registry)
+  uint32_t config_index = 0;  ///< the row as written, in Snapshot::configs_
 };
 
 /// A read-only array whose storage may be shared by several snapshots (an
@@ -66,18 +66,18 @@ class SharedArray {
 };
 
 struct Bucket {
-  std::string key;              ///< canonical static key
+  std::string key;  ///< canonical static key
   uint64_t hash = 0;
-  bool has_own_key = false;     ///< an own-op key: also reachable by find_own()
+  bool has_own_key = false;  ///< an own-op key: also reachable by find_own()
   OwnKey own_key;
-  std::string device_name;      ///< the key's device_name (own-op keys)
-  SharedArray<int64_t> ms;      ///< M keys, ascending
-  SharedArray<Row> rows;        ///< parallel to ms
+  std::string device_name;  ///< the key's device_name (own-op keys)
+  SharedArray<int64_t> ms;  ///< M keys, ascending
+  SharedArray<Row> rows;    ///< parallel to ms
   /// Parallel to ms: each row's resolved plan (valid for own ops of a
   /// compiled backend); empty when no row has one (an engine's table: a
   /// million rows of a fused-MoE file carry no 104-byte Plan each).
   SharedArray<core::Plan> plans;
-  std::string note;             ///< how the bucket was assembled (version folder, merged sources)
+  std::string note;  ///< how the bucket was assembled (version folder, merged sources)
   /// The build notes this bucket gave (version folder, several files of a
   /// key): said again when a later build reuses the bucket.
   std::vector<std::string> build_notes;
@@ -97,8 +97,8 @@ struct TableInput {
   static constexpr uint32_t kNoPlan = UINT32_MAX;
   struct InputRow {
     int64_t m = 0;
-    uint32_t config = 0;        ///< index into TableInput::configs
-    uint32_t plan = kNoPlan;    ///< index into TableInput::plans, or kNoPlan
+    uint32_t config = 0;      ///< index into TableInput::configs
+    uint32_t plan = kNoPlan;  ///< index into TableInput::plans, or kNoPlan
   };
   /// The input's distinct row configs (rows that are alike share one).
   std::vector<Config> configs;
@@ -123,12 +123,12 @@ struct TableInput {
   bool has_own_key = false;
   OwnKey own_key;
   std::string device_name;
-  int32_t source_rank = 0;       ///< 0 = highest precedence
-  bool versioned = false;        ///< found under a triton_X_Y_Z/ folder
-  std::vector<int> version;      ///< that folder's version
-  std::string version_folder;    ///< "triton_3_5_1"
+  int32_t source_rank = 0;     ///< 0 = highest precedence
+  bool versioned = false;      ///< found under a triton_X_Y_Z/ folder
+  std::vector<int> version;    ///< that folder's version
+  std::string version_folder;  ///< "triton_3_5_1"
   uint32_t source_id = 0;
-  std::string path;              ///< for notes
+  std::string path;  ///< for notes
   std::vector<InputRow> rows;
   /// CPU own-op files: the CPU the rows were tuned on, the "cpu" object of
   /// the file's "kdispatch" metadata as JsonWriter writes it ("" = not
@@ -165,15 +165,13 @@ class Snapshot {
   /// again: a reload after one file changed rebuilds one key. Every 64th
   /// incremental build is a full one (configs no longer used are dropped).
   static std::unique_ptr<Snapshot> build(const std::vector<const TableInput*>& inputs,
-                                         const std::vector<int>& backend_version,
-                                         std::vector<std::string>* notes, const Snapshot* previous = nullptr);
+                                         const std::vector<int>& backend_version, std::vector<std::string>* notes,
+                                         const Snapshot* previous = nullptr);
   /// Convenience: the same over shared inputs (store::LoadOutput's).
   static std::unique_ptr<Snapshot> build(const std::vector<std::shared_ptr<const TableInput>>& inputs,
-                                         const std::vector<int>& backend_version,
-                                         std::vector<std::string>* notes);
+                                         const std::vector<int>& backend_version, std::vector<std::string>* notes);
   /// Convenience: the same over owned inputs.
-  static std::unique_ptr<Snapshot> build(std::vector<TableInput> inputs,
-                                         const std::vector<int>& backend_version,
+  static std::unique_ptr<Snapshot> build(std::vector<TableInput> inputs, const std::vector<int>& backend_version,
                                          std::vector<std::string>* notes);
 
   /// An empty table.
@@ -211,8 +209,7 @@ class Snapshot {
 
   /// Nearest-M row of a bucket (see file comment), or nullptr under the
   /// bounded policy. `*index` receives the row's index in the bucket.
-  static const Row* nearest(const Bucket& b, int64_t m, const NearestPolicy& policy,
-                            size_t* index) noexcept;
+  static const Row* nearest(const Bucket& b, int64_t m, const NearestPolicy& policy, size_t* index) noexcept;
 
   const Config& config(const Row& r) const noexcept { return configs_[r.config_index]; }
   /// Row `i`'s resolved plan (an invalid Plan when the bucket has none).

@@ -93,7 +93,8 @@ bool ClockScreen::accept(unsigned mhz, bool last_try) {
   if (mhz == 0) return true;
   std::lock_guard<std::mutex> lock(mu_);
   ++batches_;
-  const bool low = static_cast<int>(ring_.size()) >= min_history_ && static_cast<double>(mhz) < ratio_ * median_locked();
+  const bool low =
+      static_cast<int>(ring_.size()) >= min_history_ && static_cast<double>(mhz) < ratio_ * median_locked();
   if (low && !last_try) {
     ++discarded_;
     return false;  // not recorded: a throttled stretch must not drag the median down

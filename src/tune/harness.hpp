@@ -32,8 +32,8 @@ struct Timing {
 };
 
 struct MeasureOptions {
-  int32_t warmup = 1;     ///< untimed runs first
-  int32_t reps = 5;       ///< timed runs
+  int32_t warmup = 1;  ///< untimed runs first
+  int32_t reps = 5;    ///< timed runs
   /// Stop repeating once this much time went into timed reps (µs); at least
   /// 3 reps are always taken. 0 = no limit.
   double max_total_us = 0.0;

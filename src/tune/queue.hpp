@@ -88,9 +88,7 @@ class BoundedQueue {
     }
   }
 
-  bool empty() const noexcept {
-    return enq_.load(std::memory_order_acquire) == deq_.load(std::memory_order_acquire);
-  }
+  bool empty() const noexcept { return enq_.load(std::memory_order_acquire) == deq_.load(std::memory_order_acquire); }
 
  private:
   struct Cell {

@@ -119,7 +119,8 @@ class HostMemory final : public DeviceMemory {
 
 Status zero_arg(DeviceMemory& mem, const ArgBuffer& a) {
   const size_t es = dtype_size(a.dtype);
-  return mem.zero_2d(a.ptr, static_cast<size_t>(a.ld) * es, static_cast<size_t>(a.cols) * es, static_cast<size_t>(a.rows));
+  return mem.zero_2d(a.ptr, static_cast<size_t>(a.ld) * es, static_cast<size_t>(a.cols) * es,
+                     static_cast<size_t>(a.rows));
 }
 
 }  // namespace
@@ -359,8 +360,8 @@ class Searcher {
       res_.best = cands_[0];
       res_.best_us = res_.default_us;
       res_.kept_default = true;
-      res_.why = "the row failed here: " +
-                 (res_.tried.size() < 2 ? std::string("not run") : res_.tried[1].status.message());
+      res_.why =
+          "the row failed here: " + (res_.tried.size() < 2 ? std::string("not run") : res_.tried[1].status.message());
       return std::move(res_);
     }
     res_.best = cands_[1];
@@ -439,8 +440,10 @@ class Searcher {
       // Probe: the reference against itself tells whether the backend
       // compares on its own (and must pass).
       auto probe = mem_.compare(a, ref_dev_[i].p, atol, rtol, false);
-      if (!probe.ok()) device_compare_ = false;
-      else if (!probe->ok) return make_status(StatusCode::internal, "device compare of the reference with itself failed");
+      if (!probe.ok())
+        device_compare_ = false;
+      else if (!probe->ok)
+        return make_status(StatusCode::internal, "device compare of the reference with itself failed");
     }
     for (size_t i = 0; i < n_ && !device_compare_; ++i) {
       const ArgBuffer& a = t_.args[i];
@@ -448,7 +451,8 @@ class Searcher {
       if (Status s = fetch(i); !s.ok()) return s;
       ref_[i].resize(static_cast<size_t>(a.rows * a.cols));
       for (int64_t r = 0; r < a.rows; ++r)
-        for (int64_t c = 0; c < a.cols; ++c) ref_[i][static_cast<size_t>(r * a.cols + c)] = load(a, host_[i].data(), r, c);
+        for (int64_t c = 0; c < a.cols; ++c)
+          ref_[i][static_cast<size_t>(r * a.cols + c)] = load(a, host_[i].data(), r, c);
     }
     return Status();
   }
@@ -476,7 +480,8 @@ class Searcher {
     if (m->unwritten)
       return make_status(StatusCode::internal, std::string(plan.variant->name) + " left " + where + " unwritten");
     return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
-                                                 where + ": " + std::to_string(m->got) + " vs " + std::to_string(m->want));
+                                                 where + ": " + std::to_string(m->got) + " vs " +
+                                                 std::to_string(m->want));
   }
   Status check_on_host(const core::Plan& plan, size_t i, double atol, double rtol) {
     const ArgBuffer& a = t_.args[i];
@@ -495,7 +500,8 @@ class Searcher {
         if (std::isnan(want)) continue;  // the reference's NaN (NaN input): any NaN matches
         if (std::isnan(got) || std::fabs(got - want) > atol * scale + rtol * std::fabs(want))
           return make_status(StatusCode::internal, std::string(plan.variant->name) + " differs from the reference at " +
-                                                       where() + ": " + std::to_string(got) + " vs " + std::to_string(want));
+                                                       where() + ": " + std::to_string(got) + " vs " +
+                                                       std::to_string(want));
       }
     return Status();
   }
@@ -553,7 +559,8 @@ class Searcher {
       prepare_for(plan);
       return Status();
     };
-    auto timing = measure(*clock_, prepare, [&]() { return t_.launch(plan); }, mo);
+    auto timing = measure(
+        *clock_, prepare, [&]() { return t_.launch(plan); }, mo);
     if (!timing.ok()) {
       if (stop_seen) {
         res_.stopped = true;
@@ -739,13 +746,17 @@ class Searcher {
   //    the weights, the order of measurement).
   void confirm() {
     const core::Plan& def = cands_[inc_];
-    const bool def_ok = res_.tried.size() > inc_ && res_.tried[inc_].status.ok() && res_.tried[inc_].timing.median_us > 0;
+    const bool def_ok =
+        res_.tried.size() > inc_ && res_.tried[inc_].status.ok() && res_.tried[inc_].timing.median_us > 0;
     // The incumbent is get_default's plan when the floor declined the call.
     const std::string who = inc_ == 0 ? "floor" : "get_default's plan (the floor declined this call)";
     if (res_.best.valid() && !res_.stopped) {
-      if (res_.best == def) res_.why = who + " kept: no candidate beat it in the search";
-      else if (!def_ok) res_.why = "the floor could not be timed: the search's fastest kept, unconfirmed";
-      else if (!o_.confirm) res_.why = "the search's fastest, not confirmed";
+      if (res_.best == def)
+        res_.why = who + " kept: no candidate beat it in the search";
+      else if (!def_ok)
+        res_.why = "the floor could not be timed: the search's fastest kept, unconfirmed";
+      else if (!o_.confirm)
+        res_.why = "the search's fastest, not confirmed";
     }
     if (!res_.best.valid() || !def_ok || res_.stopped || !o_.confirm || res_.best == def) return;
     std::vector<DevBuf> copies;  // released when the confirmation ends
@@ -796,8 +807,9 @@ class Searcher {
           break;
         }
         if (s.code() == StatusCode::unsupported_problem && pl == 0 && failed_plan == 2) continue;  // no graph mode
-        graph_failed = (failed_plan == 0 ? "the floor could not run in a graph (" : "no plan could be timed in a graph (") +
-                       s.message() + "): cold timing decided";
+        graph_failed =
+            (failed_plan == 0 ? "the floor could not run in a graph (" : "no plan could be timed in a graph (") +
+            s.message() + "): cold timing decided";
         continue;
       }
       graph_def += g[0];
@@ -853,8 +865,9 @@ class Searcher {
       if (!cold_wins)
         res_.why = !wins_everywhere ? who + " kept: lost a placement" : who + " kept: won by " + by + "% < " + margin;
       else
-        res_.why = who + " kept: won cold by " + by + "% but " +
-                   (!graph_everywhere ? std::string("lost a placement in a graph") : "in a graph by " + gby + "% < " + margin);
+        res_.why =
+            who + " kept: won cold by " + by + "% but " +
+            (!graph_everywhere ? std::string("lost a placement in a graph") : "in a graph by " + gby + "% < " + margin);
       res_.why += note;
     } else {
       res_.best_us = again_best / kConfirmPlacements;
@@ -897,11 +910,11 @@ class Searcher {
   const SearchOptions& o_;
   const size_t n_;
   DeviceMemory& mem_;
-  std::vector<DevBuf> saved_;                 // snapshots of the written arguments
-  std::vector<std::vector<char>> host_;       // host staging per written argument
-  std::vector<std::vector<char>> poisoned_;   // poisoned host images of the pure outputs
-  std::vector<std::vector<double>> ref_;      // the reference's output on the host
-  std::vector<DevBuf> ref_dev_;               // ... and in the backend's memory
+  std::vector<DevBuf> saved_;                // snapshots of the written arguments
+  std::vector<std::vector<char>> host_;      // host staging per written argument
+  std::vector<std::vector<char>> poisoned_;  // poisoned host images of the pure outputs
+  std::vector<std::vector<double>> ref_;     // the reference's output on the host
+  std::vector<DevBuf> ref_dev_;              // ... and in the backend's memory
   bool device_compare_ = false;
   size_t inc_ = 0;  // the incumbent's index in cands_ and res_.tried (pick_incumbent)
   std::unique_ptr<Clock> clock_;

@@ -45,7 +45,8 @@ struct ArgBuffer {
   DType dtype = DType::fp32;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t ld = 0;        ///< row stride in elements (may be 0 for a broadcast input); < 0: a column-major view, column stride -ld
+  int64_t ld =
+      0;  ///< row stride in elements (may be 0 for a broadcast input); < 0: a column-major view, column stride -ld
   bool read = true;      ///< the op reads it
   bool written = false;  ///< the op writes it
 
@@ -203,24 +204,24 @@ struct SearchOptions {
 
 struct CandidateResult {
   core::Plan plan;
-  Status status;        ///< launch failure or validation failure (with the reason)
-  Timing timing;        ///< valid when status is ok
+  Status status;  ///< launch failure or validation failure (with the reason)
+  Timing timing;  ///< valid when status is ok
 };
 
 struct SearchResult {
   core::Plan best;
   double best_us = 0.0;
   core::Plan default_plan;
-  double default_us = 0.0;   ///< the default plan's median (0 when it failed)
+  double default_us = 0.0;  ///< the default plan's median (0 when it failed)
   std::vector<CandidateResult> tried;
-  int32_t space = 0;         ///< points after constraint prune
+  int32_t space = 0;  ///< points after constraint prune
   int32_t pruned_by_model = 0;
-  int32_t rejected = 0;      ///< failed validation
-  int32_t failed = 0;        ///< failed to launch
-  bool stopped = false;      ///< ended by the stop flag
-  bool out_of_time = false;  ///< the time budget ran out before the space did
-  bool confirmed = false;    ///< the winner was measured again against the default
-  bool kept_default = false; ///< ... and lost a round or was not > margin faster: the default stays
+  int32_t rejected = 0;       ///< failed validation
+  int32_t failed = 0;         ///< failed to launch
+  bool stopped = false;       ///< ended by the stop flag
+  bool out_of_time = false;   ///< the time budget ran out before the space did
+  bool confirmed = false;     ///< the winner was measured again against the default
+  bool kept_default = false;  ///< ... and lost a round or was not > margin faster: the default stays
   /// The A/A spread of the confirmation: (max - min) / mean of the
   /// incumbent's own per-placement times (0: not confirmed). A spread above
   /// the margin means the margin cannot tell a win from noise here.
@@ -263,17 +264,16 @@ struct SearchResult {
 /// model when present, else by closeness to the default (fewest differing
 /// params first). References and, in deterministic mode, nondeterministic
 /// variants are left out.
-std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo& dev,
-                                       const core::Plan& default_plan, const SearchOptions& o,
-                                       int32_t* space, int32_t* pruned);
+std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo& dev, const core::Plan& default_plan,
+                                       const SearchOptions& o, int32_t* space, int32_t* pruned);
 
 /// Runs the search over `candidates` (first = the baseline) with
 /// `reference` as the validation baseline. On return every written
 /// argument holds what it held before the call. Errors: only when the
 /// reference itself cannot run (backend_error/...) or out_of_memory; a
 /// failing candidate is recorded, never fatal.
-Result<SearchResult> search(TuneTarget& target, const std::vector<core::Plan>& candidates,
-                            const core::Plan& reference, const SearchOptions& o) noexcept;
+Result<SearchResult> search(TuneTarget& target, const std::vector<core::Plan>& candidates, const core::Plan& reference,
+                            const SearchOptions& o) noexcept;
 
 /// Times a committed row's plan against the floor on `target` with the
 /// search's own stages (verification of docs/tuning.md#verifying-shipped-rows):

@@ -170,8 +170,8 @@ Status refuse_untunable(const core::Problem& p, const DeviceInfo& dev, const cor
   if (!def.valid()) return core::no_variant_computes(p);
   if (ref.valid() && ref.variant->supports)
     if (Status s = ref.variant->supports(p, ref.params, dev); !s.ok())
-      return make_status(StatusCode::unsupported_problem, "the reference " + std::string(ref.variant->name) +
-                                                              " declines this problem: " + s.message());
+      return make_status(StatusCode::unsupported_problem,
+                         "the reference " + std::string(ref.variant->name) + " declines this problem: " + s.message());
   return Status();
 }
 Status refuse_untunable(const core::Problem& p, const DeviceInfo& dev) {
@@ -218,8 +218,10 @@ void Tuner::note_miss(const core::Problem& p, const core::LaunchArgs& la, uint64
   const bool notify = count == 0 || (count & (count - 1)) == 0;
   if (queue && notify && mode_ == TuneMode::background && !frozen()) {
     ev.count = count > 0 ? count : 1;
-    if (queue_.push(ev)) n_queued_.fetch_add(1, std::memory_order_relaxed);
-    else n_dropped_.fetch_add(1, std::memory_order_relaxed);
+    if (queue_.push(ev))
+      n_queued_.fetch_add(1, std::memory_order_relaxed);
+    else
+      n_dropped_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -318,8 +320,10 @@ bool Tuner::persist_and_publish(const std::string& key, const core::Problem& p, 
                                    options_.tune.keep_rows_of_other_builds, &notes);
     if (options_.log_level >= LogLevel::warn)
       for (const auto& n : notes) std::fprintf(stderr, "kdispatch: %s\n", n.c_str());
-    if (s.ok()) persisted = true;
-    else if (why) *why = s.message();
+    if (s.ok())
+      persisted = true;
+    else if (why)
+      *why = s.message();
   }
   table::TableInput in;
   in.key = key;
@@ -577,15 +581,16 @@ bool Tuner::verify_next_shipped(const std::function<void(DeviceType)>& prepare) 
       const DeviceType b = r.problem.device.type;
       if (!cached.count(b)) {
         const std::string identity = verdict_identity(b);
-        cached[b] = !cache_dir_.empty() && !identity.empty() ? load_verdicts(verdict_path(cache_dir_, b, identity), identity)
-                                                             : Verdicts{};
+        cached[b] = !cache_dir_.empty() && !identity.empty()
+                        ? load_verdicts(verdict_path(cache_dir_, b, identity), identity)
+                        : Verdicts{};
         if (hooks_.memory_verdicts)  // this process's, where it records none in the cache dir
           for (auto& [id, v] : hooks_.memory_verdicts->of(b).rows) cached[b].rows[id] = v;
       }
       const auto done = q.done.find(key_of_row(r));
       if (done != q.done.end() && done->second >= 2) continue;
       const Verdict* v = cached[b].find(r.id(), r.config_text);
-      if (v && v->losses != 1) continue;  // verified here already (ahead, within the margin, or demoted)
+      if (v && v->losses != 1) continue;        // verified here already (ahead, within the margin, or demoted)
       if (v && done != q.done.end()) continue;  // lost once, verified again by this thread already
       q.rows.push_back(std::move(r));
     }
@@ -698,8 +703,7 @@ void Tuner::background_loop() {
     const auto ready = [&] {
       auto best = pending.end();
       for (auto it = pending.begin(); it != pending.end(); ++it)
-        if (it->second.not_before <= now && (best == pending.end() || it->second.count > best->second.count))
-          best = it;
+        if (it->second.not_before <= now && (best == pending.end() || it->second.count > best->second.count)) best = it;
       return best;
     };
     auto best = ready();
@@ -741,8 +745,10 @@ void Tuner::background_loop() {
       if (item.claim_waits++ < 30) {
         item.not_before = SteadyClock::now() + std::chrono::seconds(2);
         hooks_.reload();
-        if (!hooks_.covered(key, p.m)) pending[{key, p.m}] = item;
-        else settle(item);
+        if (!hooks_.covered(key, p.m))
+          pending[{key, p.m}] = item;
+        else
+          settle(item);
       } else {
         n_skipped_.fetch_add(1, std::memory_order_relaxed);
         settle(item);

@@ -79,7 +79,6 @@ struct TunerHooks {
   std::shared_ptr<MemoryVerdicts> memory_verdicts;
 };
 
-
 /// One shape's outcome.
 struct ShapeOutcome {
   core::Plan plan;
@@ -205,24 +204,24 @@ class Tuner {
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
   std::atomic<bool> aa_warned_{false};  ///< the A/A-above-margin warning was given
-  std::atomic<bool> busy_{false};  ///< the background thread is between pop and publish
-  std::mutex sync_mu_;             ///< one sync search (or background verification) at a time
+  std::atomic<bool> busy_{false};       ///< the background thread is between pop and publish
+  std::mutex sync_mu_;                  ///< one sync search (or background verification) at a time
   CaptureWatch captures_;
   std::mutex deferred_mu_;
   std::vector<MissEvent> deferred_;  ///< sync mode: misses seen during a capture (bounded: 256)
 
   // Verification (verify_row; background: verify_next_shipped).
   struct VerifyQueue {
-    std::vector<VerifyRow> rows;        ///< still to verify in this pass, in order
-    std::map<std::string, int> done;    ///< row id + config -> verifications by this thread
-    uint64_t loads_seen = 0;            ///< the runtime's load count the list was made at
+    std::vector<VerifyRow> rows;      ///< still to verify in this pass, in order
+    std::map<std::string, int> done;  ///< row id + config -> verifications by this thread
+    uint64_t loads_seen = 0;          ///< the runtime's load count the list was made at
   };
   VerifyQueue verify_queue_;  ///< the background thread's only
 
   // Counters (relaxed; read by stats()).
   std::atomic<int64_t> n_deferred_{0}, n_capture_waits_{0};
-  std::atomic<int64_t> n_misses_{0}, n_queued_{0}, n_dropped_{0}, n_tuned_{0}, n_skipped_{0}, n_run_{0},
-      n_rejected_{0}, n_failed_{0}, n_publishes_{0}, n_pending_{0};
+  std::atomic<int64_t> n_misses_{0}, n_queued_{0}, n_dropped_{0}, n_tuned_{0}, n_skipped_{0}, n_run_{0}, n_rejected_{0},
+      n_failed_{0}, n_publishes_{0}, n_pending_{0};
   std::atomic<int64_t> tune_us_{0};
   std::atomic<int64_t> n_verified_{0}, n_demoted_{0}, n_verify_pending_{0};
 

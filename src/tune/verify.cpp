@@ -62,11 +62,13 @@ bool parse_verdicts(const std::string& text, const std::string& identity, Verdic
     std::string_view s;
     if (v["last"].get(s) == simdjson::SUCCESS) d.last = std::string(s);
     if (v["source"].get(s) == simdjson::SUCCESS) d.source = std::string(s);
-    for (auto [field, dst] : {std::pair<const char*, double*>{"ratio", &d.ratio}, {"aa_spread", &d.aa_spread},
-                              {"margin", &d.margin}}) {
+    for (auto [field, dst] :
+         {std::pair<const char*, double*>{"ratio", &d.ratio}, {"aa_spread", &d.aa_spread}, {"margin", &d.margin}}) {
       double x = 0;
-      if (v[field].get(x) == simdjson::SUCCESS) *dst = x;
-      else if (v[field].get(i) == simdjson::SUCCESS) *dst = static_cast<double>(i);
+      if (v[field].get(x) == simdjson::SUCCESS)
+        *dst = x;
+      else if (v[field].get(i) == simdjson::SUCCESS)
+        *dst = static_cast<double>(i);
     }
     out->rows[std::string(k)] = std::move(d);
   }
@@ -106,7 +108,7 @@ const char* outcome_name(Outcome o) noexcept {
 Outcome judge(const SearchResult& r, double margin, double* mean_ratio) noexcept {
   if (mean_ratio) *mean_ratio = 0.0;
   if (r.tried.size() >= 2 && !r.tried[1].status.ok()) return Outcome::lost;  // the row fails here
-  if (r.challenger_not_in_graph) return Outcome::lost;  // ... or cannot run in a graph here
+  if (r.challenger_not_in_graph) return Outcome::lost;                       // ... or cannot run in a graph here
   if (!r.confirmed || r.confirm_ratios.empty()) return Outcome::within_margin;
   // Per timing mode (cold; the graph mode where it ran): the mean of row /
   // floor, and whether the floor won by the margin the way a winner must
@@ -127,7 +129,8 @@ Outcome judge(const SearchResult& r, double margin, double* mean_ratio) noexcept
     lost = lost || (slower_everywhere && inverse <= 1.0 - margin);
   }
   if (mean_ratio) *mean_ratio = worst;
-  if (!r.kept_default) return Outcome::ahead;  // the rule that admits a winner: both modes, every placement, by the margin
+  if (!r.kept_default)
+    return Outcome::ahead;  // the rule that admits a winner: both modes, every placement, by the margin
   return lost ? Outcome::lost : Outcome::within_margin;
 }
 
@@ -235,8 +238,10 @@ Result<Verdict> record_verdict(const std::string& cache_dir, DeviceType backend,
       std::string text, why;
       const store::ReadError e = store::read_bounded_at(dir.get(), name, &text, opt, &why);
       if (e == store::ReadError::symlink || e == store::ReadError::not_regular)
-        return make_status(StatusCode::io_error, "'" + path + "' is not a regular file: verdicts are not written over it");
-      if (e == store::ReadError::ok && !parse_verdicts(text, identity, &v)) v.rows.clear();  // another identity's: replaced
+        return make_status(StatusCode::io_error,
+                           "'" + path + "' is not a regular file: verdicts are not written over it");
+      if (e == store::ReadError::ok && !parse_verdicts(text, identity, &v))
+        v.rows.clear();  // another identity's: replaced
     }
     Verdict& d = v.rows[id];
     apply_outcome(&d, config, o, ratio, aa_spread, margin, source);

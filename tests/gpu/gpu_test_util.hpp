@@ -22,8 +22,8 @@
 
 namespace kdgpu {
 
-using dispatch::DType;
 using dispatch::DeviceType;
+using dispatch::DType;
 
 /// The GPU backends of this build that have a usable device.
 inline std::vector<DeviceType> usable_backends() {

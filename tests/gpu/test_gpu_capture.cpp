@@ -67,8 +67,12 @@ struct NormStep {
   DeviceBuffer dx, dw, dy;
   dispatch::RmsNormArgs args;
   NormStep(dispatch::tune::DeviceMemory* mem, int64_t T, int64_t H, uint32_t seed)
-      : x(DType::bf16, T, H, H), w(DType::bf16, 1, H, H), y(DType::bf16, T, H, H),
-        dx(mem, x.bytes()), dw(mem, w.bytes()), dy(mem, y.bytes()) {
+      : x(DType::bf16, T, H, H),
+        w(DType::bf16, 1, H, H),
+        y(DType::bf16, T, H, H),
+        dx(mem, x.bytes()),
+        dw(mem, w.bytes()),
+        dy(mem, y.bytes()) {
     std::mt19937 rng(seed);
     x.fill_uniform(rng, -2, 2);
     w.fill_uniform(rng, 0.5f, 1.5f);
@@ -197,7 +201,7 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   REQUIRE_MESSAGE(end == cudaSuccess, "capture invalidated: ", cudaGetErrorString(end));
   CHECK(info.source == dispatch::PlanSource::fallback);  // the miss served the default inside the graph
-  CHECK(rt->tune_stats().queued > queued_before);     // and was queued
+  CHECK(rt->tune_stats().queued > queued_before);        // and was queued
   cudaGraphExec_t ge = nullptr;
   REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
   REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
@@ -210,8 +214,8 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
   const dispatch::TuneStats ts = rt->tune_stats();
   MESSAGE("capture waits ", ts.capture_waits, ", shapes tuned ", ts.shapes_tuned);
   CHECK(ts.candidates_failed == 0);
-  const dispatch::LookupQuery q{.op = "rmsnorm", .key = "hidden=4096,dtype=bf16", .device = b->status().device_name,
-                                .backend = "cuda", .M = T};
+  const dispatch::LookupQuery q{
+      .op = "rmsnorm", .key = "hidden=4096,dtype=bf16", .device = b->status().device_name, .backend = "cuda", .M = T};
   auto r = dispatch::lookup(*rt, q);
   REQUIRE(r.ok());
   CHECK(r->match == dispatch::LookupResult::Match::exact);  // tuned after the capture
@@ -307,7 +311,8 @@ TEST_CASE("gpu capture: the tuner's graph-mode confirmation beside an engine's g
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     ++files;
     graphed += text.find("\"cold+graph\"") != std::string::npos;
-    MESSAGE(e.path().filename().string(), ": ", text.substr(text.find("\"why\"") == std::string::npos ? 0 : text.find("\"why\""), 160));
+    MESSAGE(e.path().filename().string(), ": ",
+            text.substr(text.find("\"why\"") == std::string::npos ? 0 : text.find("\"why\""), 160));
   }
   CHECK(files >= int(std::size(shapes)));
   CHECK(graphed == files);

@@ -50,7 +50,7 @@ constexpr int64_t kB = core::kFp8Block;
 int64_t blocks(int64_t x) { return (x + kB - 1) / kB; }
 
 OpKind gemm_op(Fp8Scales l) {
-  return l == Fp8Scales::tensor ? OpKind::gemm_fp8_tensor
+  return l == Fp8Scales::tensor    ? OpKind::gemm_fp8_tensor
          : l == Fp8Scales::rowwise ? OpKind::gemm_fp8_rowwise
                                    : OpKind::gemm_fp8_block;
 }
@@ -202,7 +202,7 @@ struct Fp8Case {
         const double w = want[size_t(i * s.n + j)], g = d.get(i, j), ad = absdot[size_t(i * s.n + j)];
         int e = 0;
         std::frexp(std::max(std::fabs(w), 1e-30), &e);
-        const double ulp = s.out == DType::fp32 ? std::ldexp(1.0, e - 24)
+        const double ulp = s.out == DType::fp32   ? std::ldexp(1.0, e - 24)
                            : s.out == DType::bf16 ? std::ldexp(1.0, e - 8)
                                                   : std::ldexp(1.0, e - 11);
         // fp8 x fp8 products are exact in fp32; the sums' order and the
@@ -210,7 +210,8 @@ struct Fp8Case {
         const double tol = ulp + acc_rel * ad + 1e-30;
         if (worst && ad > 0) *worst = std::max(*worst, std::fabs(g - w) / ad);
         if (!(std::fabs(g - w) <= tol))
-          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) + ")";
+          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) +
+                 ")";
       }
     return {};
   }
@@ -229,7 +230,8 @@ struct Fp8Case {
         const double tol = atol_rel * scale + rtol * std::fabs(w);
         if (worst && scale > 0) *worst = std::max(*worst, std::fabs(g - w) / scale);
         if (!(std::fabs(g - w) <= tol))
-          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) + ")";
+          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) +
+                 ")";
       }
     return {};
   }
@@ -269,7 +271,8 @@ TEST_CASE("gpu fp8 gemm: every variant, every point and every cuBLASLt candidate
     for (Fp8Scales l : kLayouts) {
       // KD_FP8_TEST_LAYOUTS=block (a comma list): only those layouts (a short device run)
       if (const char* only = std::getenv("KD_FP8_TEST_LAYOUTS");
-          only && *only && std::string(",") .append(only).append(",").find(std::string(",") + layout_name(l) + ",") == std::string::npos)
+          only && *only &&
+          std::string(",").append(only).append(",").find(std::string(",") + layout_name(l) + ",") == std::string::npos)
         continue;
       int points = 0, lt_candidates = 0;
       double worst_mma = 0, worst_lt = 0, worst_ref = 0;
@@ -297,8 +300,12 @@ TEST_CASE("gpu fp8 gemm: every variant, every point and every cuBLASLt candidate
             REQUIRE_MESSAGE(st.ok(), st.to_string());
             double w = 0;
             CHECK(c.mismatch(&w, lt ? 1e-4 : 1e-5) == "");
-            (lt ? worst_lt : (v->flags & dispatch::core::kVariantReference) ? worst_ref : worst_mma) =
-                std::max(w, lt ? worst_lt : (v->flags & dispatch::core::kVariantReference) ? worst_ref : worst_mma);
+            (lt                                               ? worst_lt
+             : (v->flags & dispatch::core::kVariantReference) ? worst_ref
+                                                              : worst_mma) =
+                std::max(w, lt                                               ? worst_lt
+                            : (v->flags & dispatch::core::kVariantReference) ? worst_ref
+                                                                             : worst_mma);
             ++points;
             ++accepted;
           }
@@ -402,7 +409,9 @@ TEST_CASE("gpu fp8 gemm: zero scales give zeros, an inf or NaN scale gives NaN w
 
 // ---------------------------------------------------------------- fast accumulation
 
-TEST_CASE("gpu fp8 gemm fast_accum: tensor and rowwise, every cuBLASLt candidate of the accum=fast key within the fast tolerance of float64") {
+TEST_CASE(
+    "gpu fp8 gemm fast_accum: tensor and rowwise, every cuBLASLt candidate of the accum=fast key within the fast "
+    "tolerance of float64") {
   for (DeviceType bt : usable_backends()) {
     if (bt != DeviceType::cuda) continue;
     const DeviceInfo& dev = dev_of(bt);
@@ -452,7 +461,9 @@ TEST_CASE("gpu fp8 gemm fast_accum: tensor and rowwise, every cuBLASLt candidate
   }
 }
 
-TEST_CASE("gpu fp8 gemm fast_accum: the block layout is served within the fast tolerance or declined, never an error, and get_default serves every layout") {
+TEST_CASE(
+    "gpu fp8 gemm fast_accum: the block layout is served within the fast tolerance or declined, never an error, and "
+    "get_default serves every layout") {
   for (DeviceType bt : usable_backends()) {
     if (bt != DeviceType::cuda) continue;
     const DeviceInfo& dev = dev_of(bt);
@@ -508,13 +519,15 @@ TEST_CASE("gpu fp8 gemm fast_accum: the block layout is served within the fast t
         REQUIRE_MESSAGE(st.ok(), st.to_string());
         CHECK(c.mismatch_tol(atol, rtol) == "");
       }
-      MESSAGE(std::string(layout_name(l)), " accum=fast on the precise key's cuBLASLt rows: ", served, " served, ", declined,
-              " declined at launch, ", unsupported, " declined by supports()");
+      MESSAGE(std::string(layout_name(l)), " accum=fast on the precise key's cuBLASLt rows: ", served, " served, ",
+              declined, " declined at launch, ", unsupported, " declined by supports()");
     }
   }
 }
 
-TEST_CASE("gpu fp8 gemm fast_accum: the op and pretune through a Runtime use the accum=fast key, the precise key stays as it was") {
+TEST_CASE(
+    "gpu fp8 gemm fast_accum: the op and pretune through a Runtime use the accum=fast key, the precise key stays as it "
+    "was") {
   for (DeviceType bt : usable_backends()) {
     if (bt != DeviceType::cuda) continue;
     char tmpl[] = "/tmp/kdispatch-gpu-fp8-fast-XXXXXX";
@@ -622,8 +635,10 @@ void quant_host(int l, bool mul, const HostTensor& x, HostTensor* q, HostTensor*
   for (int64_t i = 0; i < x.rows; ++i)
     for (int64_t k0 = 0; k0 < x.cols; k0 += gk) {
       const float sc = group(i, i + 1, k0, std::min(x.cols, k0 + gk));
-      if (l == 1) s->set(0, i, sc);
-      else s->set(k0 / gk, i, sc);
+      if (l == 1)
+        s->set(0, i, sc);
+      else
+        s->set(k0 / gk, i, sc);
     }
 }
 
@@ -637,11 +652,11 @@ TEST_CASE("gpu fp8 quantisation: every variant and point, bit for bit against th
     int runs = 0;
     for (int l = 0; l < 3; ++l)
       for (DType dt : {DType::fp32, DType::fp16, DType::bf16})
-        for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 7}, {3, 128}, {5, 300}, {17, 7168}, {64, 4096}, {1023, 512}}) {
+        for (auto [m, k] :
+             {std::pair<int64_t, int64_t>{1, 7}, {3, 128}, {5, 300}, {17, 7168}, {64, 4096}, {1023, 512}}) {
           HostTensor x(dt, m, k, k + 8), q(DType::fp8_e4m3fn, m, k, k), want_q(DType::fp8_e4m3fn, m, k, k);
           const int64_t sld = l == 2 ? m + 3 : std::max<int64_t>(m, 1);
-          HostTensor s(DType::fp32, l == 2 ? (k + 127) / 128 : 1, l == 0 ? 1 : m, l == 0 ? 1 : sld),
-              want_s = s;
+          HostTensor s(DType::fp32, l == 2 ? (k + 127) / 128 : 1, l == 0 ? 1 : m, l == 0 ? 1 : sld), want_s = s;
           x.fill_uniform(rng, -3.f, 3.f);
           for (int64_t c = 0; c < k; c += 5) x.set(m / 2, c, x.get(m / 2, c) * 100.f);  // one loud row
           DeviceBuffer dx(mem_of(bt), x.bytes()), dq(mem_of(bt), q.bytes()), ds(mem_of(bt), s.bytes());
@@ -683,8 +698,8 @@ TEST_CASE("gpu fp8 quantisation: every variant and point, bit for bit against th
               for (int64_t i = 0; i < m; ++i)
                 for (int64_t c = 0; c < k; ++c)
                   if (q.bits[size_t(i * k + c)] != want_q.bits[size_t(i * k + c)] && bad++ == 0)
-                    first = "q[" + std::to_string(i) + "," + std::to_string(c) + "] = " +
-                            std::to_string(q.bits[size_t(i * k + c)]) + " want " +
+                    first = "q[" + std::to_string(i) + "," + std::to_string(c) +
+                            "] = " + std::to_string(q.bits[size_t(i * k + c)]) + " want " +
                             std::to_string(want_q.bits[size_t(i * k + c)]);
               CHECK_MESSAGE(bad == 0, bad, " q elements differ; first ", first);
               for (int64_t r = 0; r < s.rows; ++r)

@@ -31,15 +31,15 @@ using namespace kdgpu;
 using dispatch::Device;
 using dispatch::DeviceInfo;
 using dispatch::Status;
+using dispatch::core::kGemmArgA;
+using dispatch::core::kGemmArgB;
+using dispatch::core::kGemmArgBias;
+using dispatch::core::kGemmArgD;
 using dispatch::core::LaunchArgs;
 using dispatch::core::OpKind;
 using dispatch::core::Plan;
 using dispatch::core::Problem;
 using dispatch::core::VariantDef;
-using dispatch::core::kGemmArgA;
-using dispatch::core::kGemmArgB;
-using dispatch::core::kGemmArgBias;
-using dispatch::core::kGemmArgD;
 
 const DeviceInfo& dev_of(DeviceType t) { return *dispatch::gpu::backend_ops(t)->device_info(0); }
 dispatch::tune::DeviceMemory* mem_of(DeviceType t) { return dispatch::core::backend_memory(t); }
@@ -147,12 +147,13 @@ struct GemmCase {
         // once, either way of a boundary) + fp32 summation-order slack.
         int e = 0;
         std::frexp(std::max(std::fabs(w), 1e-30), &e);
-        const double ulp = s.out == DType::fp32 ? std::ldexp(1.0, e - 24)
+        const double ulp = s.out == DType::fp32   ? std::ldexp(1.0, e - 24)
                            : s.out == DType::bf16 ? std::ldexp(1.0, e - 8)
                                                   : std::ldexp(1.0, e - 11);
         const double tol = ulp + 2e-6 * absdot[size_t(i * s.n + j)] + 1e-30;
         if (!(std::fabs(g - w) <= tol))
-          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) + ")";
+          return where + " got " + std::to_string(g) + " want " + std::to_string(w) + " (tol " + std::to_string(tol) +
+                 ")";
       }
     }
     return {};
@@ -170,7 +171,7 @@ const GemmShape kShapes[] = {
     {300, 130, 264, 8, 6},
     {1000, 8, 40},
     {256, 512, 1024, 0, 0, true, DType::fp32},
-    {5, 100, 4095},          // odd K: cuBLASLt and the reference only
+    {5, 100, 4095},  // odd K: cuBLASLt and the reference only
     {2, 1000, 4104, 0, 0, false, DType::fp16, DType::fp16},
     {130, 264, 512, 0, 0, true, DType::fp32, DType::fp16},
     // M 9..16 (two 8-row tiles of A) on the decode families: bias and padded
@@ -249,8 +250,8 @@ TEST_CASE("gpu gemm: the op through a Runtime: aligned, misaligned A, no workspa
     std::mt19937 rng(9);
     const Device d{bt, 0};
     for (size_t a_off : {size_t{0}, size_t{2}}) {  // 2 bytes: A one bf16 element off 16-byte alignment
-      for (const GemmShape& sh : {GemmShape{4, 4096, 4096, 0, 0, true}, GemmShape{64, 1280, 8192},
-                                  GemmShape{33, 136, 264, 8, 8}}) {
+      for (const GemmShape& sh :
+           {GemmShape{4, 4096, 4096, 0, 0, true}, GemmShape{64, 1280, 8192}, GemmShape{33, 136, 264, 8, 8}}) {
         GemmCase c(bt, sh, rng, a_off);
         c.poison();
         const LaunchArgs la = c.args(false);
@@ -280,7 +281,8 @@ TEST_CASE("gpu gemm: the op through a Runtime: aligned, misaligned A, no workspa
 
 #if KDISPATCH_HAVE_CUDA
 TEST_CASE("gpu gemm: cuBLASLt round trip: heuristic -> JSON -> table -> the same result, bit for bit") {
-  if (!dispatch::gpu::backend_ops(DeviceType::cuda) || !dispatch::gpu::backend_ops(DeviceType::cuda)->status().available)
+  if (!dispatch::gpu::backend_ops(DeviceType::cuda) ||
+      !dispatch::gpu::backend_ops(DeviceType::cuda)->status().available)
     return;
   const DeviceType bt = DeviceType::cuda;
   const DeviceInfo& dev = dev_of(bt);
@@ -310,8 +312,8 @@ TEST_CASE("gpu gemm: cuBLASLt round trip: heuristic -> JSON -> table -> the same
         for (const auto& [name, value] : cfg)
           if (name != "variant") row += ", \"" + name + "\": " + std::to_string(value.i);
         row += "}}\n";
-        const std::string file = "N=" + std::to_string(n) + ",K=" + std::to_string(k) + ",device_name=" +
-                                 dev.device_name + ",dtype=bf16.json";
+        const std::string file = "N=" + std::to_string(n) + ",K=" + std::to_string(k) +
+                                 ",device_name=" + dev.device_name + ",dtype=bf16.json";
         std::ofstream(dir / "cuda" / "gemm" / file) << row;
         auto rt = dispatch::Runtime::create([&] {
           dispatch::RuntimeOptions o;

@@ -39,10 +39,25 @@ struct Shape {
 };
 
 const Shape kShapes[] = {
-    {1, 4096},          {1, 16384},         {3, 1000},        {5, 512},          {7, 4104},
-    {4, 5120},          {3, 7168},          {2, 8192},        {67, 2048},        {129, 1536},
-    {2, 16384, 8, 24},  {3, 1},             {2, 7},           {3, 37, 5, 3},     {9, 896, 8, 16},
-    {5, 4096, 3, 1},    {4, 2048, 0, 0, 1}, {2, 32768},       {33, 4096, 64, 0},
+    {1, 4096},
+    {1, 16384},
+    {3, 1000},
+    {5, 512},
+    {7, 4104},
+    {4, 5120},
+    {3, 7168},
+    {2, 8192},
+    {67, 2048},
+    {129, 1536},
+    {2, 16384, 8, 24},
+    {3, 1},
+    {2, 7},
+    {3, 37, 5, 3},
+    {9, 896, 8, 16},
+    {5, 4096, 3, 1},
+    {4, 2048, 0, 0, 1},
+    {2, 32768},
+    {33, 4096, 64, 0},
 };
 
 std::string shape_text(const Shape& s) {
@@ -125,7 +140,8 @@ void check_rmsnorm(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, C
       for (int64_t t = 0; t < s.tokens; ++t) {
         for (int64_t h = 0; h < ldy; ++h) {
           if (h >= s.hidden) {  // padding: never written
-            if (!y.is_poison(t, h) && bad++ == 0) first = "padding (" + std::to_string(t) + "," + std::to_string(h) + ") written";
+            if (!y.is_poison(t, h) && bad++ == 0)
+              first = "padding (" + std::to_string(t) + "," + std::to_string(h) + ") written";
             continue;
           }
           if (y.is_poison(t, h)) {
@@ -218,8 +234,8 @@ void check_fused(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, Cou
             continue;
           }
           if (r.bits[size_t(t * ldr + h)] != z.bits[size_t(t * ldr + h)] && bad_r++ == 0)
-            first_r = "residual(" + std::to_string(t) + "," + std::to_string(h) + ") got " + std::to_string(r.get(t, h)) +
-                      " want " + std::to_string(z.get(t, h));
+            first_r = "residual(" + std::to_string(t) + "," + std::to_string(h) + ") got " +
+                      std::to_string(r.get(t, h)) + " want " + std::to_string(z.get(t, h));
           const double wv = want[size_t(t * s.hidden + h)];
           const double got = x.get(t, h);
           if (!(std::fabs(got - wv) <= tolerance(dt, wv, scale[size_t(t)])) && bad_x++ == 0)
@@ -451,7 +467,7 @@ TEST_CASE("gpu tuning: the backend validates on the device with the host search'
     for (DType dt : {DType::fp32, DType::fp16, DType::bf16}) {
       INFO(dispatch::device_type_name(bt), " ", dispatch::dtype_name(dt));
       const int64_t R = 37, C = 1000, LD = 1003;  // strided rows; the gaps hold NaNs nobody compares
-      const uint32_t poison = dt == DType::fp32 ? dispatch::tune::kPoisonFp32
+      const uint32_t poison = dt == DType::fp32   ? dispatch::tune::kPoisonFp32
                               : dt == DType::bf16 ? dispatch::tune::kPoisonBf16
                                                   : dispatch::tune::kPoisonFp16;
       double atol = 0, rtol = 0;
@@ -569,8 +585,9 @@ TEST_CASE("gpu tuning: sync tuning of fused_add_rmsnorm on device buffers applie
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     CHECK(info.tuned_now);
     CHECK(info.source == dispatch::PlanSource::table);
-    MESSAGE("sync tuning picked ", std::string(info.variant), "; stats: ", (*rt)->tune_stats().candidates_run, " candidates run, ",
-            (*rt)->tune_stats().candidates_rejected, " rejected, ", (*rt)->tune_stats().candidates_failed, " failed");
+    MESSAGE("sync tuning picked ", std::string(info.variant), "; stats: ", (*rt)->tune_stats().candidates_run,
+            " candidates run, ", (*rt)->tune_stats().candidates_rejected, " rejected, ",
+            (*rt)->tune_stats().candidates_failed, " failed");
     CHECK((*rt)->tune_stats().candidates_rejected == 0);
     CHECK((*rt)->tune_stats().candidates_failed == 0);
     HostTensor x = x0, r = r0;

@@ -40,7 +40,7 @@ constexpr const dispatch::core::OpSpec& kSpec = dispatch::core::OpSpecOf<OpKind:
 
 struct Shape {
   int64_t tokens, d;
-  int64_t ldx_pad = 0, ldo_pad = 0;  ///< row strides: x 2d + ldx_pad, out d + ldo_pad
+  int64_t ldx_pad = 0, ldo_pad = 0;      ///< row strides: x 2d + ldx_pad, out d + ldo_pad
   int64_t x_offset = 0, out_offset = 0;  ///< elements into their allocations (misaligned bases)
 };
 
@@ -60,10 +60,10 @@ std::vector<Shape> shapes() {
     for (int64_t d : {1, 7, 64, 4864, 14336}) out.push_back({t, d});
   for (int64_t t : {1, 3, 64})
     for (int64_t d : {1, 7, 64, 4864, 14336}) {
-      out.push_back({t, d, 8, 16});          // padded, rows stay 16-byte aligned (bf16/fp16; fp32 too)
-      out.push_back({t, d, 3, 5});           // padded, rows misaligned
-      out.push_back({t, d, 0, 0, 1, 0});     // x one element off
-      out.push_back({t, d, 0, 0, 0, 3});     // out three elements off
+      out.push_back({t, d, 8, 16});       // padded, rows stay 16-byte aligned (bf16/fp16; fp32 too)
+      out.push_back({t, d, 3, 5});        // padded, rows misaligned
+      out.push_back({t, d, 0, 0, 1, 0});  // x one element off
+      out.push_back({t, d, 0, 0, 0, 3});  // out three elements off
     }
   out.push_back({4097, 4864, 8, 8});
   out.push_back({4097, 4864, 0, 0, 1, 1});
@@ -210,8 +210,10 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
     // multiple of the vector; the others serve every problem.
     const bool vec = std::string_view(v->name).find("vec") != std::string_view::npos;
     const int64_t width = 16 / int64_t(dispatch::dtype_size(dt));
-    if (vec) CHECK((pts.empty()) == (p.align_bytes < 16 || s.d % width != 0));
-    else CHECK(!pts.empty());
+    if (vec)
+      CHECK((pts.empty()) == (p.align_bytes < 16 || s.d % width != 0));
+    else
+      CHECK(!pts.empty());
     for (const Plan& plan : pts) {
       INFO(dispatch::core::plan_to_string(plan), " ", dispatch::dtype_name(dt), " ", shape_text(s));
       ++runs;
@@ -265,7 +267,7 @@ TEST_CASE("gpu silu_and_mul: NaN and infinities propagate as the reference has t
       std::mt19937 rng(8);
       const Shape s{3, 64};
       SiluCase c(bt, dt, s, rng);
-      c.x.set(1, 5, std::numeric_limits<float>::quiet_NaN());   // gate NaN
+      c.x.set(1, 5, std::numeric_limits<float>::quiet_NaN());       // gate NaN
       c.x.set(2, 64 + 9, std::numeric_limits<float>::quiet_NaN());  // up NaN
       REQUIRE(c.dx.upload(c.x).ok());
       const Problem p = c.aligned_problem();
@@ -336,8 +338,8 @@ TEST_CASE("gpu runtime: dispatch::silu_and_mul on device tensors runs the defaul
       INFO(shape_text(s));
       REQUIRE_MESSAGE(st.ok(), st.to_string());
       CHECK(info.source == dispatch::PlanSource::fallback);
-      CHECK(key.rfind(std::string(dispatch::device_type_name(bt)) + "/silu_and_mul|" + dev_of(bt).device_name + "|", 0) ==
-            0);
+      CHECK(key.rfind(std::string(dispatch::device_type_name(bt)) + "/silu_and_mul|" + dev_of(bt).device_name + "|",
+                      0) == 0);
       MESSAGE("default plan: ", std::string(info.variant), " key ", key);
       CHECK(c.mismatch() == "");
     }

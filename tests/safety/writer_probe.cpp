@@ -31,13 +31,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
-    if (k == "--cache-dir") dir = v;
-    else if (k == "--op") op = v;
-    else if (k == "--hidden") hidden = std::atol(v);
-    else if (k == "--dtype") dtype_text = v;
-    else if (k == "--m") ms_text = v;
-    else if (k == "--budget-ms") budget_ms = std::atol(v);
-    else return usage(("unknown option " + k).c_str());
+    if (k == "--cache-dir")
+      dir = v;
+    else if (k == "--op")
+      op = v;
+    else if (k == "--hidden")
+      hidden = std::atol(v);
+    else if (k == "--dtype")
+      dtype_text = v;
+    else if (k == "--m")
+      ms_text = v;
+    else if (k == "--budget-ms")
+      budget_ms = std::atol(v);
+    else
+      return usage(("unknown option " + k).c_str());
   }
   if (dir.empty() || hidden < 1 || ms_text.empty() || (op != "rmsnorm" && op != "fused_add_rmsnorm"))
     return usage("need --cache-dir, --op rmsnorm|fused_add_rmsnorm, --hidden >= 1 and --m");
@@ -66,9 +73,9 @@ int main(int argc, char** argv) {
     // pretune reads only shapes, strides and dtypes: null data.
     const dispatch::TensorRef a = dispatch::make_tensor_2d(nullptr, *dt, m, hidden, hidden);
     const dispatch::TensorRef w = dispatch::make_tensor_1d(nullptr, *dt, hidden);
-    dispatch::Result<dispatch::PretuneResult> r =
-        op == "rmsnorm" ? dispatch::pretune(**rt, dispatch::RmsNormArgs{a, a, w})
-                        : dispatch::pretune(**rt, dispatch::FusedAddRmsNormArgs{a, a, w});
+    dispatch::Result<dispatch::PretuneResult> r = op == "rmsnorm"
+                                                      ? dispatch::pretune(**rt, dispatch::RmsNormArgs{a, a, w})
+                                                      : dispatch::pretune(**rt, dispatch::FusedAddRmsNormArgs{a, a, w});
     if (r.ok() && r->persisted) {
       std::printf("committed %s M=%ld\n", r->key.c_str(), m);
     } else {

@@ -120,9 +120,19 @@ bool buffer_dtype(const char* fmt, Py_ssize_t itemsize, DLDataType* dt) {
   if (fmt[0] == '\0' || fmt[1] != '\0') return false;
   const uint8_t bits = static_cast<uint8_t>(itemsize * 8);
   switch (fmt[0]) {
-    case 'f': case 'e': case 'd': *dt = DLDataType{kDLFloat, bits, 1}; return true;
-    case 'b': case 'h': case 'i': case 'l': case 'q': *dt = DLDataType{kDLInt, bits, 1}; return true;
-    case 'B': case 'H': case 'I': case 'L': case 'Q': *dt = DLDataType{kDLUInt, bits, 1}; return true;
+    case 'f':
+    case 'e':
+    case 'd': *dt = DLDataType{kDLFloat, bits, 1}; return true;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q': *dt = DLDataType{kDLInt, bits, 1}; return true;
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q': *dt = DLDataType{kDLUInt, bits, 1}; return true;
     default: return false;
   }
 }
@@ -224,8 +234,8 @@ class Exported {
     if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned")) {
       auto* m = static_cast<DLManagedTensorVersionedCompat*>(PyCapsule_GetPointer(cap.ptr(), "dltensor_versioned"));
       if (m->version.major != 1)
-        raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + ": DLPack major version " +
-                                              std::to_string(m->version.major) + " is not supported");
+        raise(KDISPATCH_INVALID_ARGUMENT,
+              std::string(name) + ": DLPack major version " + std::to_string(m->version.major) + " is not supported");
       PyCapsule_SetName(cap.ptr(), "used_dltensor_versioned");
       versioned_ = m;
       tensor_ = &m->dl_tensor;
@@ -239,8 +249,7 @@ class Exported {
       legacy_ = m;
       tensor_ = &m->dl_tensor;
     } else {
-      raise(KDISPATCH_INVALID_ARGUMENT,
-            std::string(name) + ": __dlpack__() returned no unused DLPack capsule");
+      raise(KDISPATCH_INVALID_ARGUMENT, std::string(name) + ": __dlpack__() returned no unused DLPack capsule");
     }
   }
 
@@ -302,12 +311,30 @@ struct Options {
     kdispatch_options_init(&o);
     if (opts.is_none()) return;
     py::dict d = py::reinterpret_borrow<py::object>(opts);
-    static const char* const known[] = {
-        "config_dirs", "load_shipped_configs", "shipped_configs_dir", "backend_version", "device_aliases",
-        "bounded_nearest", "bound_ratio", "log_level", "watch", "force", "deterministic", "tune_mode",
-        "cache_dir", "tune_persist", "tune_load_cache", "tune_memory_budget_bytes", "tune_time_budget_ms",
-        "tune_duty_cycle", "tune_reps", "tune_max_candidates", "tune_queue_capacity", "tune_validate",
-        "tune_cold_cache", "tune_claim_shapes"};
+    static const char* const known[] = {"config_dirs",
+                                        "load_shipped_configs",
+                                        "shipped_configs_dir",
+                                        "backend_version",
+                                        "device_aliases",
+                                        "bounded_nearest",
+                                        "bound_ratio",
+                                        "log_level",
+                                        "watch",
+                                        "force",
+                                        "deterministic",
+                                        "tune_mode",
+                                        "cache_dir",
+                                        "tune_persist",
+                                        "tune_load_cache",
+                                        "tune_memory_budget_bytes",
+                                        "tune_time_budget_ms",
+                                        "tune_duty_cycle",
+                                        "tune_reps",
+                                        "tune_max_candidates",
+                                        "tune_queue_capacity",
+                                        "tune_validate",
+                                        "tune_cold_cache",
+                                        "tune_claim_shapes"};
     for (auto item : d) {
       const std::string k = py::str(item.first);
       bool ok = false;
@@ -315,7 +342,8 @@ struct Options {
       if (!ok) raise(KDISPATCH_INVALID_ARGUMENT, "unknown runtime option '" + k + "'");
     }
     dirs = get<std::vector<std::string>>(d, "config_dirs", {});
-    for (size_t i = 0; i < dirs.size(); ++i) dirs_p.push_back(c_string(dirs[i], "config_dirs[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < dirs.size(); ++i)
+      dirs_p.push_back(c_string(dirs[i], "config_dirs[" + std::to_string(i) + "]"));
     o.config_dirs = dirs_p.data();
     o.config_dirs_count = dirs_p.size();
     o.load_shipped_configs = get<bool>(d, "load_shipped_configs", true);
@@ -530,8 +558,8 @@ class Handle {
     const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
       py::tuple m = arg_meta[py::int_(i)];  // (name, optional, written)
-      ex[i].take_from(tensors[py::int_(i)], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True,
-                      m[2].ptr() == Py_True, st);
+      ex[i].take_from(tensors[py::int_(i)], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, m[2].ptr() == Py_True,
+                      st);
       ptrs[i] = ex[i].get();
     }
     kdispatch_dispatch_info info{};
@@ -552,8 +580,7 @@ class Handle {
     return want_info ? info_dict(info) : py::none();
   }
 
-  std::string pretune_op(const std::string& name, py::handle tensors, py::handle arg_meta,
-                         std::vector<float> scalars) {
+  std::string pretune_op(const std::string& name, py::handle tensors, py::handle arg_meta, std::vector<float> scalars) {
     kdispatch_runtime* r = rt();
     const size_t n = py::len(tensors);
     if (n > kMaxOpTensors) raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than 8 tensors");
@@ -561,8 +588,7 @@ class Handle {
     const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
       py::tuple m = arg_meta[py::int_(i)];
-      ex[i].take_from(tensors[py::int_(i)], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, false,
-                      std::nullopt);
+      ex[i].take_from(tensors[py::int_(i)], PyUnicode_AsUTF8(m[0].ptr()), m[1].ptr() == Py_True, false, std::nullopt);
       ptrs[i] = ex[i].get();
     }
     char* j = nullptr;

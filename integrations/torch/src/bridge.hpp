@@ -17,20 +17,20 @@ namespace kdispatch_torch {
 
 /// A strided view as kdispatch takes it (DLPack's fields, element strides).
 struct View {
-  void* data = nullptr;         ///< null: an absent optional argument
+  void* data = nullptr;  ///< null: an absent optional argument
   int32_t ndim = 0;
   int64_t shape[4] = {0, 0, 0, 0};
   int64_t strides[4] = {0, 0, 0, 0};
-  uint8_t code = 0;             ///< DLDataTypeCode (0 int, 1 uint, 2 float, 4 bfloat)
+  uint8_t code = 0;  ///< DLDataTypeCode (0 int, 1 uint, 2 float, 4 bfloat)
   uint8_t bits = 0;
-  int32_t device_type = 1;      ///< DLDeviceType (1 CPU, 2 CUDA, 10 ROCm)
+  int32_t device_type = 1;  ///< DLDeviceType (1 CPU, 2 CUDA, 10 ROCm)
   int32_t device_id = 0;
 };
 
 /// What served a call (kdispatch_dispatch_info, copied).
 struct Served {
-  int32_t source = -1;          ///< 0 table, 1 default, 2 forced; -1 no call
-  const char* variant = "";     ///< static storage
+  int32_t source = -1;       ///< 0 table, 1 default, 2 forced; -1 no call
+  const char* variant = "";  ///< static storage
   int64_t table_m = -1;
   uint32_t source_id = 0;
   bool tuned_now = false;
@@ -57,10 +57,10 @@ const char* library_path() noexcept;
 
 /// The GPU side (cuda_stream.cpp): null in a build against a CPU-only torch.
 struct GpuHooks {
-  int32_t dl_device_type;                           ///< 2 (CUDA) or 10 (ROCm)
-  void* (*current_stream)(int32_t device_index);    ///< torch's current stream of that device
-  bool (*is_capturing)(void* stream);               ///< the stream is being captured into a graph
-  bool (*launch_empty)(void* stream);               ///< one empty kernel (the floor op)
+  int32_t dl_device_type;                         ///< 2 (CUDA) or 10 (ROCm)
+  void* (*current_stream)(int32_t device_index);  ///< torch's current stream of that device
+  bool (*is_capturing)(void* stream);             ///< the stream is being captured into a graph
+  bool (*launch_empty)(void* stream);             ///< one empty kernel (the floor op)
 };
 const GpuHooks* gpu_hooks() noexcept;
 void set_gpu_hooks(const GpuHooks* hooks) noexcept;

@@ -141,8 +141,10 @@ Binding make_binding(const dispatch::OpInfo& op, Kind kind, bool floor) {
     s += (i ? ", " : "") + param_text(op, p, name, &alias, true);
   }
   s += ") -> ";
-  if (b.outputs.empty()) s += "()";
-  else if (b.outputs.size() == 1) s += "Tensor";
+  if (b.outputs.empty())
+    s += "()";
+  else if (b.outputs.size() == 1)
+    s += "Tensor";
   else {
     s += "(";
     for (size_t i = 0; i < b.outputs.size(); ++i) s += i ? ", Tensor" : "Tensor";
@@ -244,8 +246,7 @@ const char* code_name(int code) {
     case 2:  // unsupported_problem
     case 3:  // unsupported_device
       TORCH_CHECK_NOT_IMPLEMENTED(false, text);
-    default:
-      TORCH_CHECK(false, text);
+    default: TORCH_CHECK(false, text);
   }
 }
 
@@ -286,8 +287,6 @@ void* runtime(const Binding& b) {
   return def;
 }
 
-
-
 thread_local Served t_served;
 
 std::tuple<int64_t, std::string, int64_t, int64_t, bool> last_info_op() {
@@ -317,7 +316,8 @@ void ensure_workspace(void* rt, int32_t dl_type, int32_t dev, void* stream, bool
   static std::set<std::tuple<void*, int32_t, void*>> seen;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (seen.insert({rt, dev, stream}).second) (void)attach_stream(rt, dl_type, dev, stream);  // a failure: no workspace
+    if (seen.insert({rt, dev, stream}).second)
+      (void)attach_stream(rt, dl_type, dev, stream);  // a failure: no workspace
   }
   last = {rt, dev, stream};
 }
@@ -423,8 +423,10 @@ bool rows_view(const at::Tensor& t, View* v) {
   for (int64_t d = nd - 2; d >= 0; --d) {
     const int64_t n = t.size(d);
     if (n == 1) continue;
-    if (stride < 0) stride = t.stride(d);
-    else if (t.stride(d) != expect) return false;
+    if (stride < 0)
+      stride = t.stride(d);
+    else if (t.stride(d) != expect)
+      return false;
     expect = t.stride(d) * n;
   }
   v->strides[0] = stride;
@@ -461,8 +463,9 @@ struct DimsT {
             const I& size) {
     if (dim.empty() || div != 1 || find(dim) != nullptr || n == 16) return;
     if (mul != 1 && size % I(mul) != 0)  // x [..., 2*d] with an odd last dim: no d (refused even when empty)
-      fail(b, 1, std::string(a.name) + ": size " + size_text(size) + " is not " + std::to_string(mul) + "*" +
-                     std::string(dim) + " (a multiple of " + std::to_string(mul) + ")");
+      fail(b, 1,
+           std::string(a.name) + ": size " + size_text(size) + " is not " + std::to_string(mul) + "*" +
+               std::string(dim) + " (a multiple of " + std::to_string(mul) + ")");
     name[static_cast<size_t>(n)] = dim;
     from[static_cast<size_t>(n)] = a.name.data();
     value[static_cast<size_t>(n++)] = mul == 1 ? size : size / I(mul);
@@ -534,8 +537,9 @@ class Kernel final : public c10::OperatorKernel {
     // fp8 in or out: no tensor of this torch can hold it (else the call
     // would go on with float32 and end in "no cpu variant ... fp32").
     if (takes_or_returns_fp8(op))
-      fail(b, 2, "this torch (" TORCH_VERSION ") has no float8 dtype (torch.float8_e4m3fn came with torch 2.1): " +
-                     std::string(op.name) + " takes or returns float8 tensors");
+      fail(b, 2,
+           "this torch (" TORCH_VERSION ") has no float8 dtype (torch.float8_e4m3fn came with torch 2.1): " +
+               std::string(op.name) + " takes or returns float8 tensors");
 #endif
     Tensors t{};
     std::array<float, kMaxArgs> scalars{};
@@ -552,8 +556,9 @@ class Kernel final : public c10::OperatorKernel {
         const double d = v.toDouble();
         const float f = static_cast<float>(d);
         if (std::isfinite(d) && d != 0.0 && (f == 0.0f || !std::isfinite(f)))
-          fail(b, 1, std::string(op.scalars[k].name) + ": " + double_text(d) +
-                         " is not representable as a float32 (kdispatch's scalars are float32)");
+          fail(b, 1,
+               std::string(op.scalars[k].name) + ": " + double_text(d) +
+                   " is not representable as a float32 (kdispatch's scalars are float32)");
         scalars[k] = f;
       } else if (v.isTensor() && v.toTensor().defined()) {
         t[k] = &v.toTensor();
@@ -570,8 +575,9 @@ class Kernel final : public c10::OperatorKernel {
       if (first == nullptr) {
         first = t[i], first_i = i;
       } else if (t[i]->device() != first->device()) {
-        fail(b, 1, arg(i) + ": on " + t[i]->device().str() + ", while " + arg(first_i) + " is on " +
-                       first->device().str() + " (every tensor of a call on one device)");
+        fail(b, 1,
+             arg(i) + ": on " + t[i]->device().str() + ", while " + arg(first_i) + " is on " + first->device().str() +
+                 " (every tensor of a call on one device)");
       }
     }
     // Dims from the tensors the op reads; the first 2-D one gives an
@@ -621,8 +627,10 @@ class Kernel final : public c10::OperatorKernel {
     for (size_t i = 0; i < nargs; ++i)
       if (t[i] != nullptr && op.args[i].written && made[i].defined() == false && t[i]->is_inference() &&
           !c10::InferenceMode::is_enabled())
-        fail(b, 11, arg(i) + ": an inference tensor cannot be updated in place outside torch.inference_mode() "
-                             "(clone it first)");
+        fail(b, 11,
+             arg(i) +
+                 ": an inference tensor cannot be updated in place outside torch.inference_mode() "
+                 "(clone it first)");
     if constexpr (!std::is_same_v<I, int64_t>) {
       check_shapes(t, dims);  // the checks a meta call can make: shapes and dtypes (inputs first)
       for (int pass = 0; pass < 2; ++pass)
@@ -644,9 +652,11 @@ class Kernel final : public c10::OperatorKernel {
   }
 
   [[noreturn]] void dtype_error(size_t i, const at::Tensor& x) const {
-    fail(*b_, 2, arg(i) + ": dtype " + std::string(c10::toString(x.scalar_type())) +
-                     " is not one kdispatch takes (float32, float16, bfloat16, float8_e4m3fn / e4m3fnuz / e5m2 on torch >= 2.1; "
-                     "int32 where an op reads indices)");
+    fail(
+        *b_, 2,
+        arg(i) + ": dtype " + std::string(c10::toString(x.scalar_type())) +
+            " is not one kdispatch takes (float32, float16, bfloat16, float8_e4m3fn / e4m3fnuz / e5m2 on torch >= 2.1; "
+            "int32 where an op reads indices)");
   }
 
   /// Every tensor's sizes against the bound dims (what kdispatch checks, for
@@ -668,9 +678,10 @@ class Kernel final : public c10::OperatorKernel {
       if (x->dim() < 1) fail(*b_, 1, arg(i) + ": must have at least one dimension");
       const std::optional<I> rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
       if ((cols && size_at<I>(*x, -1) != *cols) || (rows && rows_of<I>(*x) != *rows))
-        fail(*b_, 1, arg(i) + ": sizes " + sizes_text<I>(*x) + " are not [" + (rows ? size_text(*rows) : "?") +
-                         " rows, " + (cols ? size_text(*cols) : "?") + "] (" + std::string(a.rows_dim) + ", " +
-                         std::string(a.cols_dim) + ")");
+        fail(*b_, 1,
+             arg(i) + ": sizes " + sizes_text<I>(*x) + " are not [" + (rows ? size_text(*rows) : "?") + " rows, " +
+                 (cols ? size_text(*cols) : "?") + "] (" + std::string(a.rows_dim) + ", " + std::string(a.cols_dim) +
+                 ")");
     }
   }
 
@@ -728,12 +739,13 @@ class Kernel final : public c10::OperatorKernel {
           v.data = x->data_ptr();
         } else if (a.rank == 2) {
           if (x->size(-1) > 1 && x->stride(-1) != 1)
-            fail(b, 1, arg(i) + ": needs unit stride along its last dimension, got stride " +
-                           std::to_string(x->stride(-1)));
+            fail(b, 1,
+                 arg(i) + ": needs unit stride along its last dimension, got stride " + std::to_string(x->stride(-1)));
           if (!rows_view(*x, &v)) {
             if (a.written)
-              fail(b, 1, arg(i) + ": the leading dims of a tensor of sizes " + sizes_text(*x) +
-                             " do not collapse into rows (a view of rows, as .view(-1, cols) needs)");
+              fail(b, 1,
+                   arg(i) + ": the leading dims of a tensor of sizes " + sizes_text(*x) +
+                       " do not collapse into rows (a view of rows, as .view(-1, cols) needs)");
             copies[i] = x->reshape({-1, x->size(-1)});
             if (!rows_view(copies[i], &v)) fail(b, 9, arg(i) + ": reshape gave no rows view");
             v.data = copies[i].data_ptr();
@@ -759,8 +771,9 @@ class Kernel final : public c10::OperatorKernel {
     }
     const GpuHooks* gpu = gpu_hooks();
     if (!device.is_cuda() || gpu == nullptr)
-      fail(b, 3, arg(0) + ": tensors on " + device.str() + " are not supported" +
-                     (device.is_cuda() ? " (libkdispatch_torch was built against a torch without CUDA)" : ""));
+      fail(b, 3,
+           arg(0) + ": tensors on " + device.str() + " are not supported" +
+               (device.is_cuda() ? " (libkdispatch_torch was built against a torch without CUDA)" : ""));
     const c10::DeviceGuard guard(device);
     for (size_t i = 0; i < nargs; ++i) {
       if (t[i] == nullptr) continue;

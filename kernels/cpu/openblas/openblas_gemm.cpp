@@ -188,16 +188,20 @@ std::mutex& threads_mutex() {
 
 Status launch(const LaunchArgs& args, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status();
-  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr || args.data[core::kGemmArgD] == nullptr)
+  if (args.data[core::kGemmArgA] == nullptr || args.data[core::kGemmArgB] == nullptr ||
+      args.data[core::kGemmArgD] == nullptr)
     return fail(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
-  if (p.has_bias && args.data[core::kGemmArgBias] == nullptr) return fail(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
+  if (p.has_bias && args.data[core::kGemmArgBias] == nullptr)
+    return fail(StatusCode::invalid_argument, "gemm: has_bias but bias is null");
   const int64_t M = p.m, N = p.n, K = p.k;
   // BLAS needs every leading dimension >= the row length (lda is unused for
   // one row, which runs as sgemv).
-  if ((M > 1 && args.ld[core::kGemmArgA] < K) || args.ld[core::kGemmArgB] < K || (M > 1 && args.ld[core::kGemmArgD] < N))
+  if ((M > 1 && args.ld[core::kGemmArgA] < K) || args.ld[core::kGemmArgB] < K ||
+      (M > 1 && args.ld[core::kGemmArgD] < N))
     return fail(StatusCode::unsupported_problem,
                 "a row stride below the row length (lda = 0 broadcast) is not expressible in BLAS");
-  if (N > kBlasMax || K > kBlasMax || args.ld[core::kGemmArgA] > kBlasMax || args.ld[core::kGemmArgB] > kBlasMax || args.ld[core::kGemmArgD] > kBlasMax)
+  if (N > kBlasMax || K > kBlasMax || args.ld[core::kGemmArgA] > kBlasMax || args.ld[core::kGemmArgB] > kBlasMax ||
+      args.ld[core::kGemmArgD] > kBlasMax)
     return fail(StatusCode::unsupported_problem, "a dimension or stride exceeds OpenBLAS's integer type");
   const Blas& ob = blas();
   if (!ob.ok) return fail(StatusCode::backend_error, "OpenBLAS entry points not found");
@@ -218,8 +222,9 @@ Status launch(const LaunchArgs& args, const Problem& p, const int64_t* prm) {
       for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
         const int64_t mc = M - m0 < kChunk ? M - m0 : kChunk;
         ob.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(mc), static_cast<blasint>(N),
-                 static_cast<blasint>(K), 1.0f, a + m0 * args.ld[core::kGemmArgA], static_cast<blasint>(args.ld[core::kGemmArgA]), b,
-                 static_cast<blasint>(args.ld[core::kGemmArgB]), 0.0f, d + m0 * args.ld[core::kGemmArgD], static_cast<blasint>(args.ld[core::kGemmArgD]));
+                 static_cast<blasint>(K), 1.0f, a + m0 * args.ld[core::kGemmArgA],
+                 static_cast<blasint>(args.ld[core::kGemmArgA]), b, static_cast<blasint>(args.ld[core::kGemmArgB]),
+                 0.0f, d + m0 * args.ld[core::kGemmArgD], static_cast<blasint>(args.ld[core::kGemmArgD]));
       }
     }
     if (prev != want) ob.set_threads(prev);
