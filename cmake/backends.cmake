@@ -58,9 +58,10 @@ message(STATUS "kdispatch backends: cpu=ON cuda=${KDISPATCH_ENABLE_CUDA} (KDISPA
 #   kernels/cuda|hip/  one thin TU per (op, dtype) or (GEMM family, dtype) plus
 #                      one variant list per op; kernels/cuda/cublaslt.{hpp,cpp}
 #                      the cuBLASLt GEMM family (CUDA only)
-#   src/backends/gpu/  the backends as the library sees them (gpu_backend.hpp),
-#                      the device probe, the tuner's memory and clock and each
-#                      backend's table of ops (device.inc, <backend>_device.*),
+#   src/backends/gpu/  each GPU backend as one object (backends::Backend,
+#                      src/backends/backend.hpp): the device probe, the tuner's
+#                      clock, memory and device compare, the table of ops
+#                      (device.inc and its four parts, <backend>_device.*),
 #                      the sm_90a image probe
 #   tests/gpu/, bench/gpu/  kdispatch_gpu_tests; the GPU benchmark programs
 # The backends' translation units are every kernels/cuda/*.cu and *.cpp and

@@ -22,7 +22,7 @@
 #include "backends/registry.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "store/filename.hpp"
 #include "store/json_file.hpp"
 #include "test_util.hpp"
@@ -84,7 +84,7 @@ RowCheck check_gpu_rows_serve_their_keys(const kdtest::fs::path& dir) {
   using dispatch::DeviceType;
   RowCheck out;
   for (DeviceType t : {DeviceType::cuda, DeviceType::hip}) {
-    if (!dispatch::gpu::backend_ops(t)) continue;
+    if (!dispatch::backends::find(t)) continue;
     const fs::path bdir = dir / std::string(dispatch::device_type_name(t));
     if (!fs::is_directory(bdir)) continue;
     for (const auto& e : fs::recursive_directory_iterator(bdir)) {

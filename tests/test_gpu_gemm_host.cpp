@@ -13,7 +13,7 @@
 #include "backends/registry.hpp"
 #include "dispatch/config.hpp"
 #include "gpu/gemm_plan.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "store/json_file.hpp"
 #include "table/key.hpp"
 #include "test_util.hpp"
@@ -83,7 +83,7 @@ dispatch::Config cublaslt_row() {
 
 TEST_CASE("gpu gemm host: each backend lists skinny (+ tiled, cuBLASLt on CUDA) and one reference per dtype") {
   for (DeviceType t : {DeviceType::cuda, DeviceType::hip}) {
-    if (!dispatch::gpu::backend_ops(t)) continue;
+    if (!dispatch::backends::find(t)) continue;
     for (DType dt : {DType::bf16, DType::fp16}) {
       std::vector<std::string> names;
       int refs = 0, dynamic = 0;
@@ -118,7 +118,7 @@ TEST_CASE("gpu gemm host: each backend lists skinny (+ tiled, cuBLASLt on CUDA) 
 }
 
 TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points and decline the rest, saying why") {
-  if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
+  if (!dispatch::backends::find(DeviceType::cuda)) return;
   const DeviceInfo dev = h200();
   const Problem p = gemm_problem(DeviceType::cuda, 1, 4096, 4096);
   auto why = [&](const Plan& plan, const Problem& q) { return plan.variant->supports(q, plan.params, dev); };
@@ -206,7 +206,7 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
 }
 
 TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-row tiles of B per SM") {
-  if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
+  if (!dispatch::backends::find(DeviceType::cuda)) return;
   const DeviceInfo dev = h200();  // 132 SMs
   struct Skinny {
     int64_t m, n, k, rows_per_warp, split_k;
@@ -286,7 +286,7 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
   // taken at its word); where it does not (a broadcast A: a zero row
   // stride), the CUDA-core stream up to M = 16, rows_per_warp 2 up to M = 4,
   // then 1. The floor is the search's incumbent too.
-  if (dispatch::gpu::backend_ops(DeviceType::hip)) {
+  if (dispatch::backends::find(DeviceType::hip)) {
     DeviceInfo mi = dev;
     mi.device = Device{DeviceType::hip, 0};
     mi.compute_units = 110;
@@ -320,7 +320,7 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
 }
 
 TEST_CASE("gpu gemm host: a cuBLASLt row needs every algorithm param, as integers, and survives a JSON round trip") {
-  if (!dispatch::gpu::backend_ops(DeviceType::cuda)) return;
+  if (!dispatch::backends::find(DeviceType::cuda)) return;
   const dispatch::Config row = cublaslt_row();
   auto plan = dispatch::core::plan_from_config(row, OpKind::gemm, DeviceType::cuda);
   REQUIRE(plan.ok());

@@ -12,7 +12,7 @@
 #include "ops/specs.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -45,7 +45,7 @@ Problem norm_problem(DeviceType t, OpKind op, DType dt, int64_t tokens, int64_t 
 TEST_CASE("gpu host: a backend compiled in without a usable device says why in one line and refuses GPU tensors") {
   int compiled = 0;
   for (DeviceType t : kGpuTypes) {
-    const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
+    const dispatch::backends::Backend* b = dispatch::backends::find(t);
     CHECK(dispatch::core::backend_compiled(t) == (b != nullptr));
     if (!b) continue;
     ++compiled;
@@ -89,14 +89,14 @@ TEST_CASE("gpu host: a backend compiled in without a usable device says why in o
     for (uint16_t v : y) CHECK(v == 0);
   }
 #if KDISPATCH_HAVE_CUDA
-  CHECK(dispatch::gpu::backend_ops(DeviceType::cuda) != nullptr);
+  CHECK(dispatch::backends::find(DeviceType::cuda) != nullptr);
 #else
-  CHECK(dispatch::gpu::backend_ops(DeviceType::cuda) == nullptr);
+  CHECK(dispatch::backends::find(DeviceType::cuda) == nullptr);
 #endif
 #if KDISPATCH_HAVE_HIP
-  CHECK(dispatch::gpu::backend_ops(DeviceType::hip) != nullptr);
+  CHECK(dispatch::backends::find(DeviceType::hip) != nullptr);
 #else
-  CHECK(dispatch::gpu::backend_ops(DeviceType::hip) == nullptr);
+  CHECK(dispatch::backends::find(DeviceType::hip) == nullptr);
 #endif
   MESSAGE(compiled, " GPU backend(s) compiled in");
 }
@@ -106,7 +106,7 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
   std::set<std::string> names;
   for (const VariantDef* v : dispatch::core::all_variants()) CHECK(names.insert(std::string(v->name)).second);
   for (DeviceType t : kGpuTypes) {
-    const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
+    const dispatch::backends::Backend* b = dispatch::backends::find(t);
     if (!b) continue;
     // Norms: 2 ops x 3 dtypes x (warp, block, generic, reference); silu_and_mul:
     // 3 dtypes x (vec, generic, reference); GEMM: 2 dtypes x (skinny, skinny_mma,
@@ -153,7 +153,7 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
 
 TEST_CASE("gpu host: config spaces keep the points that hold the row in registers, decline the rest with reasons") {
   for (DeviceType t : kGpuTypes) {
-    if (!dispatch::gpu::backend_ops(t)) continue;
+    if (!dispatch::backends::find(t)) continue;
     const DeviceInfo dev = described(t);
     const int warp = dev.warp_size;
     // bf16, hidden 4096: 512 16-byte chunks per row.
@@ -198,7 +198,7 @@ TEST_CASE("gpu host: config spaces keep the points that hold the row in register
 
 TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a described device") {
   for (DeviceType t : kGpuTypes) {
-    if (!dispatch::gpu::backend_ops(t)) continue;
+    if (!dispatch::backends::find(t)) continue;
     const DeviceInfo dev = described(t);
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm})
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32})

@@ -20,7 +20,7 @@
 
 #include "backends/registry.hpp"
 #include "cli_util.hpp"
-#include "device/cpu_identity.hpp"
+#include "backends/cpu/cpu_identity.hpp"
 #include "dispatch/dispatch.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"

@@ -69,7 +69,7 @@
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
 #include "gpu/gemm_plan.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "ops/gemm.hpp"
 #include "gpu_bench_util.hpp"
 #include "tune/harness.hpp"
@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     else if (a == "--nk")
       nk_filter = "," + std::string(argv[i + 1]) + ",";
   }
-  const gpu::BackendOps* ops = gpu::backend_ops(DeviceType::cuda);
+  const backends::Backend* ops = backends::find(DeviceType::cuda);
   if (!ops || !ops->status().available) {
     std::printf("kdispatch_gpu_gemm_bench: no usable CUDA device\n");
     return 0;
@@ -218,8 +218,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     const core::Plan tuned = *lk, pick = cublaslt_pick();
-    const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream, ws);
-    std::unique_ptr<tune::Clock> clock = ops->memory()->make_clock(dev);
+    const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream(), ws);
+    std::unique_ptr<tune::Clock> clock = ops->memory().make_clock(dev);
     // The table plan and the pick in turns on `args`, a host wait per rep
     // (the tuner's clock before e43801a): their medians.
     auto in_turns = [&](const core::LaunchArgs& args, int rounds) {
@@ -267,9 +267,9 @@ int main(int argc, char** argv) {
           for (int i = 0; i < kChunk; ++i) {
             clock->flush();
             cudaEvent_t* e = &ev[static_cast<size_t>(((r * 2 + w) * kChunk + i) * 2)];
-            CK(cudaEventRecord(e[0], ops->tuner_stream ? static_cast<cudaStream_t>(ops->tuner_stream) : nullptr));
+            CK(cudaEventRecord(e[0], ops->tuner_stream() ? static_cast<cudaStream_t>(ops->tuner_stream()) : nullptr));
             (void)pl.variant->launch(la, p, pl.params);
-            CK(cudaEventRecord(e[1], ops->tuner_stream ? static_cast<cudaStream_t>(ops->tuner_stream) : nullptr));
+            CK(cudaEventRecord(e[1], ops->tuner_stream() ? static_cast<cudaStream_t>(ops->tuner_stream()) : nullptr));
           }
         }
         CK(cudaDeviceSynchronize());
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
       held.push_back(dalloc(size_t{64} << 20));  // a gap before the next copy
       void* b2 = dalloc(size_t(N) * K * 2);
       CK(cudaMemcpy(b2, B, size_t(N) * K * 2, cudaMemcpyDeviceToDevice));
-      const core::LaunchArgs la2 = contiguous_args(A, b2, D, N, K, ops->tuner_stream, ws);
+      const core::LaunchArgs la2 = contiguous_args(A, b2, D, N, K, ops->tuner_stream(), ws);
       const auto [t_tuned, t_pick] = in_turns(la2, 21);
       std::printf("data-probe M=%lld N=%lld K=%lld weights copy %d: table plan %.2f us, cuBLASLt's pick %.2f us\n", M,
                   N, K, place + 1, t_tuned, t_pick);
@@ -470,9 +470,9 @@ int main(int argc, char** argv) {
       }
       // The tuner's clock (legacy-stream events and flush kernel, launch on
       // the per-thread stream), as the sweep and the tuner time it.
-      tune::DeviceMemory* mem = ops->memory();
+      tune::DeviceMemory* mem = &ops->memory();
       std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
-      const core::LaunchArgs la = contiguous_args(A, B, D, sh.n, sh.k, ops->tuner_stream, ws);
+      const core::LaunchArgs la = contiguous_args(A, B, D, sh.n, sh.k, ops->tuner_stream(), ws);
       for (const auto& [pname, pl] : preds) {
         std::vector<double> tl, tp;
         for (int r = 0; r < 15; ++r) {
@@ -503,7 +503,7 @@ int main(int argc, char** argv) {
       ms.push_back(std::atoll(sweep_ms.substr(pos, c - pos).c_str()));
       pos = c == std::string::npos ? sweep_ms.size() : c + 1;
     }
-    tune::DeviceMemory* mem = ops->memory();
+    tune::DeviceMemory* mem = &ops->memory();
     std::unique_ptr<tune::Clock> clock = mem->make_clock(dev);
     const core::VariantDef* fams[] = {core::find_variant("gemm_bf16__skinny"),
                                       core::find_variant("gemm_bf16__skinny_mma")};
@@ -514,7 +514,7 @@ int main(int argc, char** argv) {
             nk_filter.find("," + std::to_string(N) + "x" + std::to_string(K) + ",") == std::string::npos)
           continue;
         const core::Problem p = bf16_problem(d, M, N, K);
-        const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream, ws);
+        const core::LaunchArgs la = contiguous_args(A, B, D, N, K, ops->tuner_stream(), ws);
         std::vector<core::Plan> plans;
         for (const core::VariantDef* v : fams)
           for (const core::Plan& pl : core::config_space(*v, p, dev)) plans.push_back(pl);

@@ -27,7 +27,7 @@
 
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "gpu_bench_util.hpp"
 #include "ops/specs.hpp"
 #include "tune/search.hpp"
@@ -102,14 +102,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const gpu::BackendOps* be = gpu::backend_ops(DeviceType::cuda);
+  const backends::Backend* be = backends::find(DeviceType::cuda);
   if (!be || !be->status().available) {
     std::printf("kdispatch_gpu_norm_bench: skipped, no usable CUDA device: %s\n",
                 be ? be->status().unavailable_reason.c_str() : "CUDA backend not compiled in");
     return 0;
   }
   const DeviceInfo& dev = *be->device_info(0);
-  tune::DeviceMemory* mem = be->memory();
+  tune::DeviceMemory* mem = &be->memory();
   auto clock = mem->make_clock(dev);
   std::printf("device %s (%s) arch %s, %d SMs, L2 %lld KiB\n", dev.device_name.c_str(), dev.reported_name.c_str(),
               dev.arch.c_str(), dev.compute_units, static_cast<long long>(dev.l2_bytes >> 10));

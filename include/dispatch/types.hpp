@@ -44,6 +44,8 @@ enum class DeviceType : uint8_t {
   cuda = 1,  ///< NVIDIA GPU memory (DLPack kDLCUDA)
   hip = 2,   ///< AMD GPU memory (DLPack kDLROCM)
 };
+/// The number of DeviceType values (0 .. kDeviceTypeCount - 1).
+inline constexpr int kDeviceTypeCount = 3;
 /// "cpu" | "cuda" | "hip".
 KDISPATCH_API std::string_view device_type_name(DeviceType t) noexcept;
 /// The DeviceType named `name` ("cpu", "cuda", "hip"). Errors:

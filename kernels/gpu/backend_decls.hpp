@@ -28,8 +28,8 @@
 #include "gpu/norm_plan.hpp"
 #include "gpu/silu_plan.hpp"
 
-namespace dispatch::gpu {
-struct BackendOps;
+namespace dispatch::backends {
+class Backend;
 }
 
 // The tiled tensor-core GEMM family exists on CUDA only.
@@ -98,8 +98,8 @@ bool multi_device() noexcept;
 /// griddepcontrol.wait in the kernel keeps the order). False on HIP.
 bool pdl_enabled(int32_t ordinal) noexcept;
 
-/// The backend's entry table (src/backends/gpu/gpu_backend.hpp).
-const gpu::BackendOps& backend_ops() noexcept;
+/// The backend as one object (src/backends/backend.hpp).
+const backends::Backend& backend() noexcept;
 
 // ---- norm kernels: one launcher and one image probe per (op, dtype) TU.
 #define KDISPATCH_DECLARE_NORM_TU(op, dt)                                                                             \

@@ -53,19 +53,6 @@ std::string dims_text(const int64_t* v, int n) {
 
 }  // namespace
 
-Result<Device> device_from_dlpack(DLDevice d) noexcept {
-  switch (d.device_type) {
-    case kDLCPU:
-    case kDLCUDAHost: return Device{DeviceType::cpu, 0};
-    case kDLCUDA: return Device{DeviceType::cuda, d.device_id};
-    case kDLROCM: return Device{DeviceType::hip, d.device_id};
-    default:
-      return make_status(
-          StatusCode::unsupported_device,
-          "DLTensor device type " + std::to_string(static_cast<int>(d.device_type)) + " has no kdispatch backend");
-  }
-}
-
 Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
   if (t == nullptr) return make_status(StatusCode::invalid_argument, "DLTensor is null");
   if (t->ndim < 0 || t->ndim > kMaxRank)

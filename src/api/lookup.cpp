@@ -279,7 +279,7 @@ Status from_default(const std::string& op, const std::optional<core::OpKind>& ow
     if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
   } else if (op == "fused_moe") {
     why += "; ";
-    res.config = fused_moe_default(fields, q.M, core::backend_of_device_name(dev.canonical) == DeviceType::hip, &why);
+    res.config = fused_moe_default(fields, q.M, core::is_hip_device_name(dev.canonical), &why);
   } else if (!triton_gemm_default(fields, &res.config, &(why += "; "))) {
     return make_status(StatusCode::not_found, "no table row for " + res.key + " and no default rule for it");
   }

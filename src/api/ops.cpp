@@ -33,7 +33,7 @@
 #include "store/fingerprint.hpp"
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "table/epoch.hpp"
 #include "table/key.hpp"
 #include "tune/tuner.hpp"
@@ -350,8 +350,8 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
     return Status();
   }
   if (tuner.mode() != TuneMode::sync) return Status();
-  const tune::CaptureQuery capturing = tune::capture_query(p.device.type);
-  const bool this_captures = call.opts.capturing || (capturing && call.stream.handle && capturing(call.stream.handle));
+  const bool this_captures =
+      call.opts.capturing || (call.stream.handle && tune::stream_capturing(p.device.type, call.stream.handle));
   if (this_captures && call.stream.handle) tuner.note_stream(p.device.type, call.stream.handle);
   // A search (on the legacy stream) while another thread's stream captures
   // would break that capture too: deferred as well.
@@ -360,14 +360,14 @@ bool far_hit_sample(int64_t table_m, int64_t m) noexcept {
     return Status();
   }
   tuner.drain_deferred(call.key_hash, p.m);
-  const gpu::BackendOps* gops = gpu::backend_ops(p.device.type);
+  const backends::Backend* backend = backends::find(p.device.type);
   table::KeyBuffer key;
   table::build_own_key(p, device_type_name(p.device.type), device_of(impl, call).device_name, &key);
   // The search launches on the legacy default stream: first let the
   // caller's stream finish writing the inputs (sync mode is for
   // development; one synchronisation on a miss is its price).
-  if (gops && gops->stream_synchronize && call.stream.handle)
-    if (Status s = gops->stream_synchronize(call.stream.handle); !s.ok()) return s;
+  if (backend && call.stream.handle)
+    if (Status s = backend->stream_synchronize(call.stream.handle); !s.ok()) return s;
   auto r = tuner.tune_on_caller(p, call.la, device_of(impl, call), std::string(key.view()));
   if (r.ok()) {
     c->plan = r->plan;
@@ -549,8 +549,9 @@ struct OpListStorage {
       scalars.push_back(std::move(sc));
       fields.push_back(std::move(f));
       bool seen[kDTypeCount] = {};
-      for (DeviceType b : {DeviceType::cpu, DeviceType::cuda, DeviceType::hip})
-        for (const core::VariantDef* v : core::variants_for(s->op, b)) seen[static_cast<size_t>(v->in_dtype)] = true;
+      for (const backends::Backend* b : backends::compiled())
+        for (const core::VariantDef* v : core::variants_for(s->op, b->type()))
+          seen[static_cast<size_t>(v->in_dtype)] = true;
       std::vector<std::string_view> dts;
       for (int t = 0; t < kDTypeCount; ++t)
         if (seen[t]) dts.push_back(dtype_name(static_cast<DType>(t)));

@@ -14,7 +14,7 @@
 #include "api/runtime_impl.hpp"
 #include "core/json_write.hpp"
 #include "backends/registry.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "core/op_spec.hpp"
 #include "store/filename.hpp"
 #include "store/loader.hpp"
@@ -75,7 +75,7 @@ Runtime::Impl::~Impl() {
   tuner.reset();
   // The attached streams' workspaces (cudaFree waits for the device).
   streams.release_all([](Device d, void* ws) {
-    if (const gpu::BackendOps* b = gpu::backend_ops(d.type); b && b->free_device) b->free_device(ws);
+    if (const backends::Backend* b = backends::find(d.type)) b->free_device(ws);
   });
   table::EpochDomain::global().drop_owner(this);
 }
@@ -378,12 +378,13 @@ Status Runtime::attach_stream(Device device, Stream stream, int64_t workspace_by
   if (workspace_bytes < 0)
     return make_status(StatusCode::invalid_argument,
                        "attach_stream: workspace_bytes must be >= 0, got " + std::to_string(workspace_bytes));
-  const gpu::BackendOps* b = gpu::backend_ops(device.type);
-  if (b == nullptr || impl_->device_for(device) == nullptr || b->alloc_device == nullptr)
+  const backends::Backend* b = backends::find(device.type);
+  if (b == nullptr || impl_->device_for(device) == nullptr)
     return make_status(StatusCode::unsupported_device, "attach_stream: no usable " +
                                                            std::string(device_type_name(device.type)) + " device " +
                                                            std::to_string(device.ordinal));
-  return impl_->streams.attach(device, stream.handle, workspace_bytes, b->alloc_device);
+  return impl_->streams.attach(device, stream.handle, workspace_bytes,
+                               [b](int32_t ordinal, int64_t bytes) { return b->alloc_device(ordinal, bytes); });
 }
 
 void Runtime::freeze(bool f) noexcept {

@@ -79,7 +79,7 @@ std::pair<std::string, std::string> SourceIds::get(uint32_t id) const {
 // ------------------------------------------------------------------ StreamWorkspaces
 
 Status StreamWorkspaces::attach(Device d, void* stream, int64_t bytes,
-                                void* (*alloc)(int32_t ordinal, int64_t bytes)) noexcept {
+                                const std::function<void*(int32_t ordinal, int64_t bytes)>& alloc) noexcept {
   try {
     std::lock_guard<std::mutex> lock(mu_);
     if (find(d, stream) != nullptr) return Status();

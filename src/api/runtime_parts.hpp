@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,7 +108,8 @@ class StreamWorkspaces {
   /// Adds (device, stream) with a workspace from `alloc(bytes)` (none for
   /// 0 bytes); a stream already there keeps its first workspace.
   /// Errors: out_of_memory (the allocation, or kMax streams already).
-  Status attach(Device d, void* stream, int64_t bytes, void* (*alloc)(int32_t ordinal, int64_t bytes)) noexcept;
+  Status attach(Device d, void* stream, int64_t bytes,
+                const std::function<void*(int32_t ordinal, int64_t bytes)>& alloc) noexcept;
   /// Frees every workspace with `free_fn(device, workspace)`.
   void release_all(void (*free_fn)(Device d, void* workspace)) noexcept;
 

@@ -13,8 +13,9 @@
 #include <unordered_map>
 
 #include "api/runtime_impl.hpp"
+#include "backends/backend.hpp"
 #include "backends/registry.hpp"
-#include "device/cpu_identity.hpp"
+#include "backends/cpu/cpu_identity.hpp"
 #include "dispatch/ops.hpp"
 #include "store/filename.hpp"
 #include "table/key.hpp"
@@ -26,7 +27,7 @@ namespace {
 
 // "cpu/rmsnorm|CPU_x86_64_AVX512|dtype=fp32,hidden=64": backend, op and fields.
 struct KeyParts {
-  DeviceType backend = DeviceType::cpu;
+  DeviceType backend{};
   core::OpKind op{};
   std::string fields;
 };
@@ -170,13 +171,14 @@ void Runtime::Impl::apply_verdicts_locked() {
   std::map<size_t, std::vector<std::pair<size_t, core::Plan>>> demote;  // input -> (row, floor plan)
   std::map<std::pair<std::string, int64_t>, std::pair<uint32_t, std::string>> notes;
   std::shared_ptr<const tune::Verdicts> cpu_verdicts;
-  for (DeviceType b : {DeviceType::cpu, DeviceType::cuda, DeviceType::hip}) {
-    const DeviceInfo* dev = core::local_device_info(b);
+  for (const backends::Backend* backend : backends::compiled()) {
+    const DeviceType b = backend->type();
+    const DeviceInfo* dev = backend->device_info(0);
     if (!dev) continue;
     std::string path;
     auto verdicts = std::make_shared<const tune::Verdicts>(verdicts_of(*this, b, &path));
     const tune::Verdicts in_memory = memory_verdicts ? memory_verdicts->of(b) : tune::Verdicts{};
-    if (b == DeviceType::cpu) cpu_verdicts = verdicts;
+    if (backend->is_host()) cpu_verdicts = verdicts;
     for (const auto& [id, v] : verdicts->rows) {
       if (!v.demoted()) continue;
       const size_t at = id.rfind(" M=");
@@ -257,7 +259,7 @@ std::string Runtime::Impl::row_note(const std::string& key, int64_t m, uint32_t 
   KeyParts parts;
   core::Problem p;
   if (split_key(key, &parts) && problem_of(parts, m, &p)) {
-    auto plan = core::plan_from_config(config, p.op, DeviceType::cpu);
+    auto plan = core::plan_from_config(config, p.op, parts.backend);
     if (plan.ok() && *plan == core::floor_plan(p, cpu_device_info())) return {};
   }
   const tune::Verdict* v = verdicts ? verdicts->find(tune::row_id(key, m), config_to_json(config)) : nullptr;
@@ -294,7 +296,7 @@ std::vector<tune::VerifyRow> Runtime::Impl::committed_rows(std::string_view op, 
       v.config_text = config_to_json(v.config);
       v.source = in.path;
       v.source_dir = sources.get(in.source_id).first;
-      if (s.key.backend == DeviceType::cpu) {
+      if (core::is_host(s.key.backend)) {
         const CpuIdentity tuned_on = cpu_of(in.tuned_on_at(row.m));
         v.tuned_on = tuned_on.known() ? tuned_on.describe() : "";
         v.foreign = !tuned_on.known() || !tuned_on.same_family(host);

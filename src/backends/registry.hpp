@@ -37,6 +37,10 @@ const char* no_backend_message(Device d) noexcept;
 /// Radeon HIP, the rest CUDA.
 DeviceType backend_of_device_name(std::string_view canonical) noexcept;
 
+/// True when a canonical device name is an AMD GPU's (the HIP backend's,
+/// compiled in or not): engine rules that differ on ROCm ask this.
+bool is_hip_device_name(std::string_view canonical) noexcept;
+
 /// True for the host backend (no device memory, no streams, no workspace).
 bool is_host(DeviceType t) noexcept;
 
@@ -61,14 +65,14 @@ const std::vector<std::string>& registry_errors() noexcept;
 const std::string& plugin_status() noexcept;
 
 }  // namespace dispatch::core
-namespace dispatch::tune {
+namespace dispatch::backends {
 class DeviceMemory;
 }
 namespace dispatch::core {
 
 /// The tuner's memory interface of a GPU backend (nullptr for the CPU,
 /// which uses host memory, and for backends not compiled in).
-tune::DeviceMemory* backend_memory(DeviceType backend) noexcept;
+backends::DeviceMemory* backend_memory(DeviceType backend) noexcept;
 
 /// Every compiled variant of every backend, in list order.
 std::span<const VariantDef* const> all_variants() noexcept;

@@ -55,7 +55,7 @@ std::string minified(dom::parser& parser, const std::string& json) {
 /// What --retime needs of a table: its op, key fields and device, from the
 /// path <backend>/<op>/<fields>.json.
 struct RetimeTable {
-  dispatch::DeviceType backend = dispatch::DeviceType::cpu;
+  dispatch::DeviceType backend{};
   std::string op, key_fields, device_name;
 };
 

@@ -342,7 +342,8 @@ std::pair<std::string, std::string> file_backend_and_device(const dsp::FileRepor
 // engine-kernel tables; backends without files are left out.
 std::vector<BackendFiles> files_by_backend(const dsp::Runtime& rt, const dsp::LoadReport& report) {
   std::vector<BackendFiles> out;
-  for (dsp::DeviceType t : {dsp::DeviceType::cpu, dsp::DeviceType::cuda, dsp::DeviceType::hip}) {
+  for (int i = 0; i < dsp::kDeviceTypeCount; ++i) {
+    const auto t = static_cast<dsp::DeviceType>(i);
     BackendFiles b;
     b.backend = std::string(dsp::device_type_name(t));
     if (auto d = rt.device_info(dsp::Device{t, 0}); d.ok() && d->available)

@@ -35,17 +35,14 @@ Result<DType> parse_dtype(std::string_view s) noexcept {
 }
 
 std::string_view device_type_name(DeviceType t) noexcept {
-  switch (t) {
-    case DeviceType::cpu: return "cpu";
-    case DeviceType::cuda: return "cuda";
-    case DeviceType::hip: return "hip";
-  }
-  return "?";
+  static constexpr std::string_view kNames[kDeviceTypeCount] = {"cpu", "cuda", "hip"};  // in DeviceType order
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 Result<DeviceType> parse_device_type(std::string_view name) noexcept {
-  for (DeviceType t : {DeviceType::cpu, DeviceType::cuda, DeviceType::hip})
-    if (device_type_name(t) == name) return t;
+  for (int i = 0; i < kDeviceTypeCount; ++i)
+    if (device_type_name(static_cast<DeviceType>(i)) == name) return static_cast<DeviceType>(i);
   return make_status(StatusCode::invalid_argument,
                      "unknown backend '" + std::string(name) + "' (expected cpu, cuda or hip)");
 }

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/fingerprint.hpp"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <simdjson.h>
@@ -12,7 +11,7 @@
 #include <optional>
 
 #include "core/json_write.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "kdispatch_kernel_fingerprint.hpp"  // generated at build time (see CMakeLists.txt)
 
 #ifndef KDISPATCH_COMPILER_ID
@@ -59,36 +58,28 @@ Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_
   std::string env;
   for (const std::string& v : vars) env += (env.empty() ? "" : ";") + v;
   f.axes.emplace_back("env", env);
-  if (dev.device.type != DeviceType::cpu) {
-    // A MIG slice's winners are not the whole GPU's (and the reverse): the
-    // SM count the search ran on is an axis.
-    f.axes.emplace_back("compute_units", std::to_string(dev.compute_units));
-  }
-  if (dev.device.type == DeviceType::cpu) {
-    // The CPUs the process may run on: a winner timed on 2 threads is not
-    // one for a process pinned to 1 (taskset -c 0).
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const int n = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-    f.axes.emplace_back("cpus", std::to_string(n));
-  }
+  // The backend's own axes (a GPU's SM count, the CPU's affinity count).
+  if (const backends::Backend* b = backends::find(dev.device.type)) b->fingerprint_axes(dev, &f.axes);
   return f;
 }
 
 const Fingerprint& cpu_fingerprint() {
-  static const Fingerprint f = current_fingerprint(cpu_device_info(), "cpu");
+  const backends::Backend& b = cpu::backend();
+  static const Fingerprint f = current_fingerprint(*b.device_info(0), b.runtime_versions());
   return f;
 }
 
 const Fingerprint* backend_fingerprint(DeviceType backend) {
-  if (backend == DeviceType::cpu) return &cpu_fingerprint();
-  const gpu::BackendOps* b = gpu::backend_ops(backend);
+  const backends::Backend* b = backends::find(backend);
   if (b == nullptr) return nullptr;
+  if (b->is_host()) return &cpu_fingerprint();
   const DeviceInfo* dev = b->device_info(0);
   if (dev == nullptr) return nullptr;
-  static std::once_flag once[2];
-  static std::optional<Fingerprint> fp[2];
-  const int i = backend == DeviceType::cuda ? 0 : 1;
+  // One per compiled backend, in compiled() order.
+  static std::once_flag once[3];
+  static std::optional<Fingerprint> fp[3];
+  const auto all = backends::compiled();
+  const size_t i = static_cast<size_t>(std::find(all.begin(), all.end(), b) - all.begin());
   std::call_once(once[i], [&] { fp[i] = current_fingerprint(*dev, b->runtime_versions()); });
   return fp[i] ? &*fp[i] : nullptr;
 }

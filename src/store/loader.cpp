@@ -273,7 +273,7 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
   for (const auto& [mk, raw] : parsed.metadata)
     if (mk == "kdispatch") meta = raw;
   if (!meta.empty()) f.schema = schema_versions(meta);
-  if (backend == DeviceType::cpu &&
+  if (core::is_host(backend) &&
       meta.find("\"cpu") != std::string::npos) {  // the CPU the rows were tuned on (store/row_meta.hpp)
     static thread_local simdjson::dom::parser parser;
     simdjson::dom::element kd;

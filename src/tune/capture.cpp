@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 
 namespace dispatch::tune {
 namespace {
@@ -11,10 +11,10 @@ std::atomic<CaptureQuery> g_fake[3] = {};  // by DeviceType: cpu, cuda, hip
 size_t slot(DeviceType t) noexcept { return std::min<size_t>(static_cast<size_t>(t), 2); }
 }  // namespace
 
-CaptureQuery capture_query(DeviceType backend) noexcept {
-  if (CaptureQuery q = g_fake[slot(backend)].load(std::memory_order_acquire)) return q;
-  const gpu::BackendOps* b = gpu::backend_ops(backend);
-  return b ? b->stream_capturing : nullptr;
+bool stream_capturing(DeviceType backend, void* stream) noexcept {
+  if (CaptureQuery q = g_fake[slot(backend)].load(std::memory_order_acquire)) return q(stream);
+  const backends::Backend* b = backends::find(backend);
+  return b != nullptr && b->stream_capturing(stream);
 }
 
 void set_capture_query_for_tests(DeviceType backend, CaptureQuery q) noexcept {
@@ -35,8 +35,7 @@ bool CaptureWatch::any_capturing() noexcept {
   // Streams stay noted (at most kMax; an engine has a few): forgetting one
   // raced with a note() that skipped the lock on its fast path.
   for (const auto& [backend, stream] : streams_) {
-    const CaptureQuery q = capture_query(backend);
-    if (q != nullptr && q(stream)) return true;
+    if (stream_capturing(backend, stream)) return true;
   }
   return false;
 }

@@ -29,9 +29,10 @@ namespace dispatch::tune {
 /// True when `stream` is being captured into a graph; false on errors.
 using CaptureQuery = bool (*)(void* stream) noexcept;
 
-/// The capture query of a backend: the test override when one is set, else
-/// the GPU backend's stream_capturing, else nullptr (the CPU: no graphs).
-CaptureQuery capture_query(DeviceType backend) noexcept;
+/// Whether `stream` of `backend` is being captured into a graph: the test
+/// override when one is set, else the backend's answer (false for the host
+/// and for a backend not compiled in).
+bool stream_capturing(DeviceType backend, void* stream) noexcept;
 
 /// Tests: fakes the capture query of `backend` (nullptr restores the real
 /// one). Set it before the runtime under test makes calls.

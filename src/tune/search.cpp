@@ -13,7 +13,7 @@
 #include "core/numeric.hpp"
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 
 namespace dispatch::tune {
 namespace {
@@ -102,21 +102,6 @@ void poison_host(const ArgBuffer& a, char* host) {
     for (int64_t c = 0; c < a.cols; ++c) std::memcpy(host + (r * a.ld + c) * static_cast<int64_t>(es), &p, es);
 }
 
-class HostMemory final : public DeviceMemory {
- public:
-  void* alloc(size_t bytes) override { return ::operator new(bytes, std::nothrow); }
-  void release(void* p) override { ::operator delete(p); }
-  Status to_host(void* d, const void* s, size_t n) override { return (std::memcpy(d, s, n), Status()); }
-  Status from_host(void* d, const void* s, size_t n) override { return (std::memcpy(d, s, n), Status()); }
-  Status copy(void* d, const void* s, size_t n) override { return (std::memmove(d, s, n), Status()); }
-  Status zero_2d(void* d, size_t pitch, size_t width, size_t rows) override {
-    for (size_t r = 0; r < rows; ++r) std::memset(static_cast<char*>(d) + r * pitch, 0, width);
-    return Status();
-  }
-  Status sync() override { return Status(); }
-  std::unique_ptr<Clock> make_clock(const DeviceInfo& dev) override { return std::make_unique<CpuClock>(dev.l2_bytes); }
-};
-
 Status zero_arg(DeviceMemory& mem, const ArgBuffer& a) {
   const size_t es = dtype_size(a.dtype);
   return mem.zero_2d(a.ptr, static_cast<size_t>(a.ld) * es, static_cast<size_t>(a.cols) * es,
@@ -137,21 +122,9 @@ void validation_tolerance(const core::Problem& p, DType t, double* atol_rel, dou
   *rtol = tol.rtol;
 }
 
-DeviceMemory& host_memory() noexcept {
-  static HostMemory m;
-  return m;
-}
-
 DeviceMemory* memory_for(DeviceType backend) noexcept {
-  // A backend without memory of its own (the host) uses host memory.
-  if (core::is_host(backend)) return &host_memory();
+  // The host backend's is plain host memory.
   return core::backend_memory(backend);
-}
-
-size_t ArgBuffer::extent_bytes() const noexcept {
-  if (rows <= 0 || cols <= 0) return 0;
-  if (ld < 0) return static_cast<size_t>((cols - 1) * -ld + rows) * dtype_size(dtype);  // a column-major view
-  return static_cast<size_t>((rows - 1) * ld + cols) * dtype_size(dtype);
 }
 
 TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
@@ -192,11 +165,11 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
   tla.stream = nullptr;
   tla.workspace = nullptr;
   tla.workspace_bytes = 0;
-  if (const gpu::BackendOps* b = gpu::backend_ops(p.device.type)) {
-    tla.stream = b->tuner_stream;
+  if (const backends::Backend* b = backends::find(p.device.type); b && !b->is_host()) {
+    tla.stream = b->tuner_stream();
     // Candidates get the tuning thread's own workspace (the caller's would
     // be ordered on the caller's stream, not the tuner's).
-    if (spec.uses_workspace && b->tuner_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
+    if (spec.uses_workspace) tla.workspace = b->tuner_workspace(&tla.workspace_bytes);
   } else {
     tla.workspace = la.workspace;  // the host: no stream to order against
     tla.workspace_bytes = la.workspace_bytes;

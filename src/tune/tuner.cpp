@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tune/tuner.hpp"
 
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
-#include "device/cpu_identity.hpp"
+#include "backends/cpu/cpu_identity.hpp"
 #include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "store/fingerprint.hpp"
@@ -684,12 +684,12 @@ void Tuner::background_loop() {
   auto settle = [&](const Pending& item) { misses_.settle(item.ev.key_hash, item.ev.problem.m); };
   // Before this thread's first GPU call (never for CPU-only use: that
   // would create a GPU context): relaxed capture mode.
-  bool gpu_prepared[2] = {false, false};
+  std::vector<const backends::Backend*> prepared;
   auto prepare_gpu = [&](DeviceType t) {
-    const int i = t == DeviceType::cuda ? 0 : t == DeviceType::hip ? 1 : -1;
-    if (i < 0 || gpu_prepared[i]) return;
-    gpu_prepared[i] = true;
-    if (const gpu::BackendOps* b = gpu::backend_ops(t); b && b->prepare_tuner_thread) b->prepare_tuner_thread();
+    const backends::Backend* b = backends::find(t);
+    if (b == nullptr || b->is_host() || std::find(prepared.begin(), prepared.end(), b) != prepared.end()) return;
+    prepared.push_back(b);
+    b->prepare_tuner_thread();
   };
   while (!stop_.load(std::memory_order_acquire)) {
     busy_.store(true, std::memory_order_release);

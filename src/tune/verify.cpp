@@ -14,7 +14,7 @@
 
 #include "backends/registry.hpp"
 #include "core/json_write.hpp"
-#include "device/cpu_identity.hpp"
+#include "backends/cpu/cpu_identity.hpp"
 #include "store/bounded_read.hpp"
 #include "store/fingerprint.hpp"
 #include "store/private_fs.hpp"

@@ -16,7 +16,7 @@
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
 #include "dispatch/device.hpp"
-#include "backends/gpu/gpu_backend.hpp"
+#include "backends/backend.hpp"
 #include "ops/specs.hpp"
 #include "tune/search.hpp"
 
@@ -29,7 +29,7 @@ using dispatch::DType;
 inline std::vector<DeviceType> usable_backends() {
   std::vector<DeviceType> out;
   for (DeviceType t : {DeviceType::cuda, DeviceType::hip}) {
-    const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
+    const dispatch::backends::Backend* b = dispatch::backends::find(t);
     if (b && b->status().available) out.push_back(t);
   }
   return out;
@@ -39,7 +39,7 @@ inline std::vector<DeviceType> usable_backends() {
 inline std::string why_no_gpu() {
   std::string why;
   for (DeviceType t : {DeviceType::cuda, DeviceType::hip}) {
-    const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(t);
+    const dispatch::backends::Backend* b = dispatch::backends::find(t);
     if (!b) continue;
     if (b->status().available) return {};
     if (!why.empty()) why += "; ";

@@ -6,7 +6,7 @@
 // succeed, the captured graph must compute the right result, and the tuner
 // must finish its shapes without a failure: its GPU work runs on its
 // thread's per-thread default stream in relaxed capture mode
-// (src/backends/gpu/gpu_backend.hpp, prepare_tuner_thread), never on the legacy
+// (src/backends/backend.hpp, prepare_tuner_thread), never on the legacy
 // stream that would order against (and invalidate) the engine's capture.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
@@ -90,7 +90,7 @@ struct NormStep {
 }  // namespace
 
 TEST_CASE("gpu capture: graphs captured in global mode while the background tuner works stay valid") {
-  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  const dispatch::backends::Backend* b = dispatch::backends::find(DeviceType::cuda);
   if (!b || !b->status().available) return;  // HIP-only machine: nothing to capture with here
   TempCache cache;
   auto rt = background_runtime(cache);
@@ -161,7 +161,7 @@ TEST_CASE("gpu capture: graphs captured in global mode while the background tune
 // must tune the captured shape after the capture (it waits while a stream it
 // saw a miss on is captured).
 TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued and tuned after it") {
-  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  const dispatch::backends::Backend* b = dispatch::backends::find(DeviceType::cuda);
   if (!b || !b->status().available) return;
   TempCache cache;
   auto rt = background_runtime(cache);
@@ -233,7 +233,7 @@ TEST_CASE("gpu capture: a miss inside a capture on a blocking stream is queued a
 // winner is one of our families and the confirmation (the real timings,
 // cold and in a graph) decides.
 TEST_CASE("gpu capture: the tuner's graph-mode confirmation beside an engine's global-mode capture in another thread") {
-  const dispatch::gpu::BackendOps* b = dispatch::gpu::backend_ops(DeviceType::cuda);
+  const dispatch::backends::Backend* b = dispatch::backends::find(DeviceType::cuda);
   if (!b || !b->status().available) return;
   dispatch::tune::set_timing_hook_for_testing([](const dispatch::core::Plan& p, int placement, double us) {
     const std::string v(p.variant->name);

@@ -43,7 +43,7 @@ using dispatch::core::Problem;
 using dispatch::core::VariantDef;
 namespace core = dispatch::core;
 
-const DeviceInfo& dev_of(DeviceType t) { return *dispatch::gpu::backend_ops(t)->device_info(0); }
+const DeviceInfo& dev_of(DeviceType t) { return *dispatch::backends::find(t)->device_info(0); }
 dispatch::tune::DeviceMemory* mem_of(DeviceType t) { return dispatch::core::backend_memory(t); }
 
 constexpr int64_t kB = core::kFp8Block;

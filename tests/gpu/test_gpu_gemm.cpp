@@ -41,7 +41,7 @@ using dispatch::core::Plan;
 using dispatch::core::Problem;
 using dispatch::core::VariantDef;
 
-const DeviceInfo& dev_of(DeviceType t) { return *dispatch::gpu::backend_ops(t)->device_info(0); }
+const DeviceInfo& dev_of(DeviceType t) { return *dispatch::backends::find(t)->device_info(0); }
 dispatch::tune::DeviceMemory* mem_of(DeviceType t) { return dispatch::core::backend_memory(t); }
 
 struct GemmShape {
@@ -281,8 +281,7 @@ TEST_CASE("gpu gemm: the op through a Runtime: aligned, misaligned A, no workspa
 
 #if KDISPATCH_HAVE_CUDA
 TEST_CASE("gpu gemm: cuBLASLt round trip: heuristic -> JSON -> table -> the same result, bit for bit") {
-  if (!dispatch::gpu::backend_ops(DeviceType::cuda) ||
-      !dispatch::gpu::backend_ops(DeviceType::cuda)->status().available)
+  if (!dispatch::backends::find(DeviceType::cuda) || !dispatch::backends::find(DeviceType::cuda)->status().available)
     return;
   const DeviceType bt = DeviceType::cuda;
   const DeviceInfo& dev = dev_of(bt);

@@ -78,7 +78,7 @@ std::vector<Plan> points(const VariantDef& v, const Problem& p, const DeviceInfo
   return dispatch::core::config_space(v, p, dev);
 }
 
-const DeviceInfo& dev_of(DeviceType t) { return *dispatch::gpu::backend_ops(t)->device_info(0); }
+const DeviceInfo& dev_of(DeviceType t) { return *dispatch::backends::find(t)->device_info(0); }
 dispatch::tune::DeviceMemory* mem_of(DeviceType t) { return dispatch::core::backend_memory(t); }
 
 struct Counters {

@@ -77,7 +77,7 @@ std::vector<const VariantDef*> variants(DeviceType t, DType dt) {
   return out;
 }
 
-const DeviceInfo& dev_of(DeviceType t) { return *dispatch::gpu::backend_ops(t)->device_info(0); }
+const DeviceInfo& dev_of(DeviceType t) { return *dispatch::backends::find(t)->device_info(0); }
 dispatch::tune::DeviceMemory* mem_of(DeviceType t) { return dispatch::core::backend_memory(t); }
 
 /// Problem::align_bytes as the entry point computes it: the smallest

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "core/json_write.hpp"
-#include "device/cpu_identity.hpp"
+#include "backends/cpu/cpu_identity.hpp"
 #include "dispatch/device.hpp"
 
 namespace dispatch {
