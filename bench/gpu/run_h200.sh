@@ -22,6 +22,9 @@
 #   bench/gpu/run_h200.sh --sections tune        # tune the grid into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections bench       # kdispatch beside the peers (resumes)
 #   bench/gpu/run_h200.sh --sections check       # committed rows vs get_default, gate 1.10x
+#   bench/gpu/run_h200.sh --sections norm-peers  # every point of every bf16 norm variant on the peers' grid
+#                 (kdispatch_gpu_norm_bench), the peers' own h200_baseline.py (rmsnorm, fused) in the same
+#                 call and compare_peers.py's ratios and targets (KD_NO_PEERS=1: the norm benchmark alone)
 #   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-test   # the GPU GEMM tests alone (gemm_tests.log)
@@ -88,6 +91,7 @@
 #   tune   build.log configs.tar tune.log validate.log
 #   bench  build.log bench_gpu.json bench.log h200.md
 #   check  build.log check.json check.log
+#   norm-peers  build.log norm_bench.csv norm_bench_err.txt peers.log peers_baseline.json compare.txt
 #   gemm-tune   build.log gemm_configs.tar gemm_tune.log gemm_validate.log
 #   gemm-probe  gemm_fixed_pdl{1,0}.{log,csv} gemm_probe.log gemm_probe.csv gemm_ncu.txt
 #   gemm-host   build.log gemm_host.log gemm_host.csv (+ gemm_sweep.csv gemm_sweep.log h200_gemm_sweep.md)
@@ -147,7 +151,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -926,6 +930,45 @@ if has silu; then
   if [ $rc -eq 3 ]; then echo "::: silu: INCOMPLETE (time budget): copy bench_silu.json into .h200/ and run silu again"
   elif [ $rc -ne 0 ]; then echo "::: silu: FAILED rc=$rc (bench_silu.log)"; status=1
   else echo "::: silu: complete (h200_silu.md -> bench/results/)"; fi
+fi
+
+# ================================================================ norm-peers
+# The first H200 run's (2026-11-30; the table in tests/gpu/README.md): every
+# point of every bf16 norm variant and get_default's plan on the peers' grid
+# (kdispatch_gpu_norm_bench: cold and graph, one CSV row per point), the
+# peers' own h200_baseline.py --sections rmsnorm,fused ($PEERS) in the same
+# call, and bench/gpu/compare_peers.py: the ratios and the issue's targets.
+# KD_NO_PEERS=1: the norm benchmark alone.
+if has norm-peers; then
+  ensure_build kdispatch_gpu_norm_bench || { echo "::: norm-peers: FAILED to build (build.log)"; exit 1; }
+  stamp "norm-peers: kdispatch_gpu_norm_bench on the peers' grid"
+  t=$(($(left) - 5)); [ $t -lt 60 ] && t=60
+  timeout $t "$BUILD/bench/gpu/kdispatch_gpu_norm_bench" --csv "$OUT/norm_bench.csv" >/dev/null 2>"$OUT/norm_bench_err.txt"
+  rc=$?
+  echo "kdispatch_gpu_norm_bench rc=$rc"
+  [ -s "$OUT/norm_bench_err.txt" ] || rm -f "$OUT/norm_bench_err.txt"
+  if [ $rc -eq 0 ] && [ "${KD_NO_PEERS:-0}" != 1 ]; then
+    if [ -z "$PEERS" ] || [ ! -f "$PEERS/h200_baseline.py" ]; then
+      echo "norm-peers: no h200_baseline.py beside h200_kernels.py (carry .deps: --fetch-deps copies both)"; rc=2
+    elif [ $(($(left) - 30)) -lt 60 ]; then
+      echo "norm-peers: no time left for the peers: run the section again with a larger KD_SECTION_S"; rc=3
+    else
+      budget=$(($(left) - 30))
+      stamp "norm-peers: the peers' h200_baseline.py --sections rmsnorm,fused (${budget} s)"
+      rm -rf /tmp/kd_peers
+      timeout $((budget + 10)) "$PY" "$PEERS/h200_baseline.py" --sections rmsnorm,fused --budget-s "$budget" \
+        --copy-bw 4234 --out /tmp/kd_peers >"$OUT/peers.log" 2>&1
+      echo "peers rc=$?"
+      cp /tmp/kd_peers/h200-baseline.json "$OUT/peers_baseline.json" 2>/dev/null
+      "$PY" bench/gpu/compare_peers.py --peers "$OUT/peers_baseline.json" --ours "$OUT/norm_bench.csv" \
+        >"$OUT/compare.txt" 2>&1
+      rc=$?
+      tail -7 "$OUT/compare.txt"
+    fi
+  fi
+  if [ $rc -eq 3 ]; then echo "::: norm-peers: INCOMPLETE (time budget: the peers did not run)"
+  elif [ $rc -ne 0 ]; then echo "::: norm-peers: FAILED rc=$rc (norm_bench_err.txt, peers.log, compare.txt)"; status=1
+  else echo "::: norm-peers: complete (norm_bench.csv, compare.txt)"; fi
 fi
 stamp "done: $SECTIONS"
 exit $status

@@ -168,6 +168,200 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+// ------------------------------------------------------------------ the kernel's pieces
+//
+// skinny_mma_kernel below, in pieces (all forced inline): they compile to
+// the SASS of the kernel written in one piece (checked with ptxas -v and
+// the .text of every instantiation when it was split). What keeps it so:
+// the kernel's arrays (accumulators, copy sources, scales) and its
+// pipeline loop stay in the kernel; the pieces take them by reference.
+
+/// x = 0: a set of skinny_mma_kernel's accumulators.
+template <int RT, int NT>
+KDISPATCH_DEVICE_INLINE void zero(float (&x)[2][RT][NT][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[h][r][j][e] = 0.f;
+}
+
+/// Where this lane copies from, for rows first + 4i (i < N) of a row-major
+/// operand of `rows` rows, `ld` elements of EB bytes apart: src[i] the row
+/// (row 0 past the end) and ok[i] whether it is one.
+template <int EB, int N>
+KDISPATCH_DEVICE_INLINE void row_sources(const unsigned char* (&src)[N], bool (&ok)[N], const unsigned char* base,
+                                         int64_t first, int64_t rows, int64_t ld) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int64_t row = first + 4 * i;
+    ok[i] = row < rows;
+    src[i] = base + (ok[i] ? row : 0) * ld * EB;
+  }
+}
+
+/// out[0] += (sum[0] + sum[1]) * sa * sb: a stage's block-scaled sums
+/// (SC == block) joining the accumulators.
+template <int RT, int NT>
+KDISPATCH_DEVICE_INLINE void add_scaled(float (&out)[2][RT][NT][4], const float (&sum)[2][RT][NT][4],
+                                        const float (&sa)[NT][2], float sb) {
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[0][r][j][e] += (sum[0][r][j][e] + sum[1][r][j][e]) * (sa[j][e & 1] * sb);
+}
+
+/// Where a thread of skinny_mma_kernel works: its warp in the block, the
+/// block's rows of B and of A, its group's ring of stages and range of K.
+struct Place {
+  int lane, warp, warps;
+  int groups;      // split_k
+  int wn, grp;     // this warp's rows, its group
+  int group_rows;  // B rows of the block (and of a stage)
+  uint32_t stage_bytes, ring;
+  uint32_t b_off;  // this warp's B rows in a stage
+  uint32_t a_off;  // the A rows in a stage
+  int64_t nb;      // the block's first row of B
+  int64_t n0, m0;
+  int rank;             // == the block's rank in its (1, cluster_k, 1) cluster
+  uint32_t scale_ring;  // the block scales' ring (SC == block)
+  int64_t c_begin;      // this group's chunks [c_begin, c_begin + iters) of K
+  int iters;
+};
+
+/// The Place of this thread (skinny_mma_kernel's arguments).
+template <DType DT, int RT, int NT, int S>
+KDISPATCH_DEVICE_INLINE Place place_of(const Args& g, int cluster_k, int warps_n, int recv_off, unsigned char* smem) {
+  constexpr int kBRows = 16 * RT, kARows = 8 * NT;
+  constexpr int kChunk = kRowBytes / kElemBytes<DT>;  // K elements per stage
+  Place t;
+  t.lane = static_cast<int>(threadIdx.x) & 31, t.warp = static_cast<int>(threadIdx.x) >> 5;
+  t.warps = static_cast<int>(blockDim.x) >> 5;
+  t.groups = t.warps / warps_n;
+  t.wn = t.warp % warps_n, t.grp = t.warp / warps_n;
+  t.group_rows = warps_n * kBRows;
+  t.stage_bytes = static_cast<uint32_t>((t.group_rows + kARows) * kRowBytes);
+  t.ring = smem_addr(smem) + static_cast<uint32_t>(t.grp * S) * t.stage_bytes;
+  t.b_off = static_cast<uint32_t>(t.wn * kBRows * kRowBytes);
+  t.a_off = static_cast<uint32_t>(t.group_rows * kRowBytes);
+  t.nb = static_cast<int64_t>(blockIdx.x) * t.group_rows;
+  t.n0 = t.nb + t.wn * kBRows;
+  t.m0 = static_cast<int64_t>(blockIdx.z) * kARows;
+  t.rank = static_cast<int>(blockIdx.y);
+  // The scale ring (SC == block): past the rings, the partials and the
+  // cluster's receive area (skinny_mma_smem_bytes with scale_ring).
+  t.scale_ring = smem_addr(smem) + static_cast<uint32_t>(recv_off) +
+                 static_cast<uint32_t>(cluster_k > 1 ? warps_n * 32 * RT * NT * 16 : 0) +
+                 static_cast<uint32_t>(t.grp * S * gpu::gemm::kSkinnyMmaScaleSlotBytes);
+
+  // This group's chunks [c_begin, c_end) of K: worker rank * groups + grp of
+  // cluster_k * groups, consecutive ranges.
+  const int64_t chunks = (static_cast<int64_t>(g.k) + kChunk - 1) / kChunk;
+  const int64_t workers = static_cast<int64_t>(cluster_k) * t.groups;
+  const int64_t per = (chunks + workers - 1) / workers;
+  const int64_t wk = static_cast<int64_t>(t.rank) * t.groups + t.grp;
+  t.c_begin = wk * per < chunks ? wk * per : chunks;
+  const int64_t c_end = t.c_begin + per < chunks ? t.c_begin + per : chunks;
+  t.iters = static_cast<int>(c_end - t.c_begin);
+  return t;
+}
+
+/// The loads of one stage of skinny_mma_kernel's pipeline, a closure over
+/// the kernel's locals (by reference): `(*this)(slot, chunk)` issues the cp.async copies of
+/// K chunk `chunk` into ring slot `slot` of the group: this lane's 16 bytes
+/// of each of the warp's B rows (bsrc, bok), of the group's A rows that are
+/// this warp's (instruction i, rows prow + 4i: i % warps_n == wn) and, SC ==
+/// block, the stage's scales.
+template <DType DT, Scales SC, int RT, int NT>
+struct StageLoads {
+  const Args& g;
+  const ScaleArgs& sc;
+  const Place& t;
+  const int& warps_n;
+  const uint64_t& evict_first;
+  const int& prow;
+  const int& pch;
+  const unsigned char* const (&bsrc)[RT * 4];
+  const bool (&bok)[RT * 4];
+  const unsigned char* const (&asrc)[NT * 2];
+  const bool (&aok)[NT * 2];
+
+  KDISPATCH_DEVICE_INLINE void operator()(int slot, int64_t chunk) const {
+    constexpr int kARows = 8 * NT;
+    constexpr int kEB = kElemBytes<DT>;      // bytes per element
+    constexpr int kChunk = kRowBytes / kEB;  // K elements per stage
+    constexpr int kLaneElems = 16 / kEB;     // K elements of one 16-byte copy
+    const uint32_t st = t.ring + static_cast<uint32_t>(slot) * t.stage_bytes;
+    const int64_t k = chunk * kChunk + pch * kLaneElems;  // this lane's first element
+    const int bytes = k < g.k ? static_cast<int>(g.k - k < kLaneElems ? g.k - k : kLaneElems) * kEB : 0;
+    const int64_t off = bytes ? k * kEB : 0;  // a valid address even when nothing is read
+#pragma unroll
+    for (int i = 0; i < RT * 4; ++i)
+      cp_async16(st + t.b_off + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
+#pragma unroll
+    for (int i = 0; i < NT * 2; ++i)
+      if ((i & (warps_n - 1)) == t.wn)
+        cp_async16(st + t.a_off + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
+    if constexpr (SC == Scales::block) {
+      if (t.wn == 0) {
+        const uint32_t slot_addr = t.scale_ring + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes);
+        if (t.lane < kARows) {
+          const int64_t m = t.m0 + t.lane;
+          cp_async4(slot_addr + 4u * t.lane, sc.sa + chunk * sc.ldsa + (m < g.m ? m : 0), m < g.m ? 4 : 0);
+        } else if (t.lane == 16) {
+          const int64_t nblk = (t.nb < g.n ? t.nb : g.n - 1) / kChunk;
+          cp_async4(slot_addr + 64u, sc.sb + nblk * sc.ldsb + chunk, 4);
+        }
+      }
+    }
+  }
+};
+
+/// Writes output o of a skinny_mma_kernel block's tile (the kernel's
+/// reduction numbers them) with value v, scaled (tensor, rowwise) and plus
+/// the bias, to D.
+template <Scales SC, int RT, int NT>
+KDISPATCH_DEVICE_INLINE void finish_out(const Args& g, const ScaleArgs& sc, const Place& t, int warps_n, int o,
+                                        float v) {
+  constexpr int kBRows = 16 * RT;
+  const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
+  const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
+  // mma C layout: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = row g + 8.
+  const int64_t n = t.nb + w * kBRows + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
+  const int64_t m = t.m0 + j * 8 + 2 * (ln & 3) + (e & 1);
+  if (n >= g.n || m >= g.m) return;
+  if constexpr (SC == Scales::tensor) v *= sc.sa[0] * sc.sb[0];
+  if constexpr (SC == Scales::rowwise) v *= sc.sa[m] * sc.sb[n];
+  if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
+  gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
+}
+
+/// The end of skinny_mma_kernel's reduction when the cluster has more than
+/// one block (cluster_k > 1): once every rank has pushed its sums, each adds
+/// its slice of the outputs (`slice` of them, recv[rank][slice]) in rank
+/// order and finishes them (`finish(o, v)`).
+template <class Finish>
+KDISPATCH_DEVICE_INLINE void cluster_finish(const Finish& finish, const float* recv, int cluster_k, int slice, int rank,
+                                            int threads) {
+  if (cluster_k == 1) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::this_cluster().sync();  // every rank's sums of every slice have landed
+  for (int o = static_cast<int>(threadIdx.x); o < slice; o += threads) {
+    float v = 0.f;
+    for (int rk = 0; rk < cluster_k; ++rk) v += recv[rk * slice + o];
+    finish(rank * slice + o, v);
+  }
+#else
+  __trap();  // no clusters in this image: never drop the other ranks' sums
+#endif
+}
+
 /// DT the input dtype (bf16, fp16 or fp8 e4m3fn), SC how fp8 products are
 /// scaled: tensor and rowwise scale each output once at the end; block
 /// scales each stage's sums (a stage is one 128-wide K group of fp8) by
@@ -184,13 +378,23 @@ KDISPATCH_DEVICE_INLINE uint32_t swz(int row, int chunk) {
 /// warps_n, cluster_k) of dynamic shared memory, cluster (1, cluster_k, 1) when
 /// cluster_k > 1; recv_off = skinny_mma_recv_offset(RT, NT, S, split_k,
 /// warps_n), where the cluster reduction's receive area starts.
+///
+/// The reduction: partial tiles are added up in group order, then in
+/// cluster-rank order (the same order of additions whatever the block
+/// shape: deterministic). Shared layout element-major, [kAcc][warps][32
+/// lanes], so the stores and the loads of the sums are free of bank
+/// conflicts. Output element o = (q * warps_n + w) * 32 + ln is lane ln's
+/// accumulator q of the group warps' w-th warp. Its group sum goes straight
+/// to D when the block is the whole cluster; else rank r owns the outputs
+/// [r * slice, (r + 1) * slice) and every rank pushes its sums of them into
+/// the owner's `recv` area (past the rings and the partials, so a rank still
+/// streaming is not disturbed), one cluster barrier, then each owner adds
+/// its slice in rank order: one barrier, no remote reads, and every rank
+/// finishes a slice.
 template <DType DT, Scales SC, int RT, int NT, int S>
 __global__ void __launch_bounds__(32 * kMaxWarps)
     skinny_mma_kernel(Args g, ScaleArgs sc, int cluster_k, int warps_n, int recv_off) {
-  constexpr int kBRows = 16 * RT, kARows = 8 * NT;
-  constexpr int kEB = kElemBytes<DT>;      // bytes per element
-  constexpr int kChunk = kRowBytes / kEB;  // K elements per stage (fp8: one 128-wide scale group)
-  constexpr int kLaneElems = 16 / kEB;     // K elements of one 16-byte copy
+  constexpr int kEB = kElemBytes<DT>;  // bytes per element
   constexpr int kAcc = RT * NT * 4;
   // A cluster's blocks write into each other's shared memory at the end; the
   // writes wait on this arrival of every thread (all blocks have started, as
@@ -198,96 +402,29 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   if (cluster_k > 1) cluster_arrive_relaxed();
   port::grid_dependency_wait();  // released after the stream (port.hpp says why)
   extern __shared__ __align__(128) unsigned char smem[];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int warps = static_cast<int>(blockDim.x) >> 5;
-  const int groups = warps / warps_n;                   // split_k
-  const int wn = warp % warps_n, grp = warp / warps_n;  // this warp's rows, its group
-  const int group_rows = warps_n * kBRows;              // B rows of the block (and of a stage)
-  const uint32_t stage_bytes = static_cast<uint32_t>((group_rows + kARows) * kRowBytes);
-  const uint32_t ring = smem_addr(smem) + static_cast<uint32_t>(grp * S) * stage_bytes;
-  const uint32_t b_off = static_cast<uint32_t>(wn * kBRows * kRowBytes);  // this warp's B rows in a stage
-  const uint32_t a_off = static_cast<uint32_t>(group_rows * kRowBytes);   // the A rows in a stage
-  const int64_t nb = static_cast<int64_t>(blockIdx.x) * group_rows;       // the block's first row of B
-  const int64_t n0 = nb + wn * kBRows;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.z) * kARows;
-  const int rank = static_cast<int>(blockIdx.y);  // == the block's rank in its (1, cluster_k, 1) cluster
-  // The scale ring (SC == block): past the rings, the partials and the
-  // cluster's receive area (skinny_mma_smem_bytes with scale_ring).
-  const uint32_t scale_ring = smem_addr(smem) + static_cast<uint32_t>(recv_off) +
-                              static_cast<uint32_t>(cluster_k > 1 ? warps_n * 32 * RT * NT * 16 : 0) +
-                              static_cast<uint32_t>(grp * S * gpu::gemm::kSkinnyMmaScaleSlotBytes);
-
-  // This group's chunks [c_begin, c_end) of K: worker rank * groups + grp of
-  // cluster_k * groups, consecutive ranges.
-  const int64_t chunks = (static_cast<int64_t>(g.k) + kChunk - 1) / kChunk;
-  const int64_t workers = static_cast<int64_t>(cluster_k) * groups;
-  const int64_t per = (chunks + workers - 1) / workers;
-  const int64_t wk = static_cast<int64_t>(rank) * groups + grp;
-  const int64_t c_begin = wk * per < chunks ? wk * per : chunks;
-  const int64_t c_end = c_begin + per < chunks ? c_begin + per : chunks;
-  const int iters = static_cast<int>(c_end - c_begin);
+  const Place t = place_of<DT, RT, NT, S>(g, cluster_k, warps_n, recv_off, smem);
+  const int iters = t.iters;  // locals: the pipeline loop's bounds compile as in one piece
+  const int64_t c_begin = t.c_begin;
 
   uint64_t evict_first = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
 #endif
   // Lane l copies chunk (l & 7) of rows (l >> 3) + 4i: 8 lanes per row line.
-  const int prow = lane >> 3, pch = lane & 7;
+  const int prow = t.lane >> 3, pch = t.lane & 7;
   const auto* A = static_cast<const unsigned char*>(g.a);
   const auto* B = static_cast<const unsigned char*>(g.b);
   const unsigned char* bsrc[RT * 4];
   bool bok[RT * 4];
-#pragma unroll
-  for (int i = 0; i < RT * 4; ++i) {
-    const int64_t n = n0 + prow + 4 * i;
-    bok[i] = n < g.n;
-    bsrc[i] = B + (bok[i] ? n : 0) * g.ldb * kEB;
-  }
+  row_sources<kEB>(bsrc, bok, B, t.n0 + prow, g.n, g.ldb);
   const unsigned char* asrc[NT * 2];
   bool aok[NT * 2];
-#pragma unroll
-  for (int i = 0; i < NT * 2; ++i) {
-    const int64_t m = m0 + prow + 4 * i;
-    aok[i] = m < g.m;
-    asrc[i] = A + (aok[i] ? m : 0) * g.lda * kEB;
-  }
-  // The group's A rows: instruction i (rows prow + 4i) is this warp's when
-  // i % warps_n == wn.
-  auto issue = [&](int slot, int64_t chunk) {
-    const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
-    const int64_t k = chunk * kChunk + pch * kLaneElems;  // this lane's first element
-    const int bytes = k < g.k ? static_cast<int>(g.k - k < kLaneElems ? g.k - k : kLaneElems) * kEB : 0;
-    const int64_t off = bytes ? k * kEB : 0;  // a valid address even when nothing is read
-#pragma unroll
-    for (int i = 0; i < RT * 4; ++i)
-      cp_async16(st + b_off + swz(prow + 4 * i, pch), bsrc[i] + off, bok[i] ? bytes : 0, evict_first);
-#pragma unroll
-    for (int i = 0; i < NT * 2; ++i)
-      if ((i & (warps_n - 1)) == wn) cp_async16(st + a_off + swz(prow + 4 * i, pch), asrc[i] + off, aok[i] ? bytes : 0);
-    if constexpr (SC == Scales::block) {
-      if (wn == 0) {
-        const uint32_t slot_addr = scale_ring + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes);
-        if (lane < kARows) {
-          const int64_t m = m0 + lane;
-          cp_async4(slot_addr + 4u * lane, sc.sa + chunk * sc.ldsa + (m < g.m ? m : 0), m < g.m ? 4 : 0);
-        } else if (lane == 16) {
-          const int64_t nblk = (nb < g.n ? nb : g.n - 1) / kChunk;
-          cp_async4(slot_addr + 64u, sc.sb + nblk * sc.ldsb + chunk, 4);
-        }
-      }
-    }
-  };
+  row_sources<kEB>(asrc, aok, A, t.m0 + prow, g.m, g.lda);
+  const StageLoads<DT, SC, RT, NT> issue{g, sc, t, warps_n, evict_first, prow, pch, bsrc, bok, asrc, aok};
 
   // Two accumulator sets (even and odd k16 steps): half the mma dependency chain.
   float acc[2][RT][NT][4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[h][r][j][e] = 0.f;
+  zero(acc);
 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
@@ -296,6 +433,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   }
   // ldmatrix.x4 lane addresses: B (mma A operand) rows lane & 15 of a 16-row
   // tile, chunk + (lane >> 4); A (mma B operand) row lane & 7, chunk + (lane >> 3).
+  const int lane = t.lane;
   const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_ch = lane >> 4;
   const int a_row = lane & 7, a_ch = lane >> 3;
   int slot = 0;
@@ -305,14 +443,14 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     if (warps_n == 1)
       __syncwarp();
     else
-      named_barrier(1 + grp, 32 * warps_n);
+      named_barrier(1 + t.grp, 32 * warps_n);
     {
       int next = slot + S - 1;
       if (next >= S) next -= S;
       if (it + S - 1 < iters) issue(next, c_begin + it + S - 1);
       cp_commit();
     }
-    const uint32_t st = ring + static_cast<uint32_t>(slot) * stage_bytes;
+    const uint32_t st = t.ring + static_cast<uint32_t>(slot) * t.stage_bytes;
     // Block scales (SC == block): this thread's outputs are rows n0 + 16r +
     // (lane >> 2) (+ 8) of B, all in the group's 128-row block, and columns
     // m0 + 8j + 2(lane & 3) (+ 1) of A: sa[8j + 2(lane & 3) + e] and sb of
@@ -320,7 +458,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     float sa_cur[NT][2] = {}, sb_cur = 0.f;
     if constexpr (SC == Scales::block) {
       const auto* ss = reinterpret_cast<const float*>(
-          smem + (scale_ring - smem_addr(smem)) + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes));
+          smem + (t.scale_ring - smem_addr(smem)) + static_cast<uint32_t>(slot * gpu::gemm::kSkinnyMmaScaleSlotBytes));
 #pragma unroll
       for (int j = 0; j < NT; ++j)
         sa_cur[j][0] = ss[8 * j + 2 * (lane & 3)], sa_cur[j][1] = ss[8 * j + 2 * (lane & 3) + 1];
@@ -330,41 +468,24 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     // accumulators scaled (the compiler drops the copy otherwise).
     float(&out)[2][RT][NT][4] = acc;
     float stage_acc[2][RT][NT][4];
-    if constexpr (SC == Scales::block) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) stage_acc[h][r][j][e] = 0.f;
-    }
+    if constexpr (SC == Scales::block) zero(stage_acc);
     float(&sum)[2][RT][NT][4] = SC == Scales::block ? stage_acc : acc;
 #pragma unroll
     for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps per A load: chunks 4kp .. 4kp + 3
       uint32_t b[NT][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) ldsm_x4(st + a_off + swz(j * 8 + a_row, 4 * kp + a_ch), b[j]);
+      for (int j = 0; j < NT; ++j) ldsm_x4(st + t.a_off + swz(j * 8 + a_row, 4 * kp + a_ch), b[j]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
           uint32_t a[4];
-          ldsm_x4(st + b_off + swz(r * 16 + b_row, 4 * kp + 2 * h + b_ch), a);
+          ldsm_x4(st + t.b_off + swz(r * 16 + b_row, 4 * kp + 2 * h + b_ch), a);
 #pragma unroll
           for (int j = 0; j < NT; ++j) mma<DT>(sum[h][r][j], a, b[j][2 * h], b[j][2 * h + 1]);
         }
     }
-    if constexpr (SC == Scales::block) {
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            out[0][r][j][e] += (sum[0][r][j][e] + sum[1][r][j][e]) * (sa_cur[j][e & 1] * sb_cur);
-    }
+    if constexpr (SC == Scales::block) add_scaled(out, sum, sa_cur, sb_cur);
     if (++slot == S) slot = 0;
     // The slot just read is refilled one trip later, after that trip's
     // barrier: every lane of the group has finished reading it by then.
@@ -373,17 +494,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   port::grid_dependency_release();
   __syncthreads();  // the rings are reused for the reduction
 
-  // Partial tiles: groups in group order, then blocks in cluster-rank order
-  // (the same order of additions whatever the block shape: deterministic).
-  // Shared layout element-major, [kAcc][warps][32 lanes], so the stores and
-  // the loads of the sums are free of bank conflicts. Output element
-  // o = (q * warps_n + w) * 32 + ln is lane ln's accumulator q of the group
-  // warps' w-th warp. Its group sum goes straight to D when the block is the
-  // whole cluster; else rank r owns the outputs [r * slice, (r + 1) * slice)
-  // and every rank pushes its sums of them into the owner's `recv` area
-  // (past the rings and the partials, so a rank still streaming is not
-  // disturbed), one cluster barrier, then each owner adds its slice in rank
-  // order: one barrier, no remote reads, and every rank finishes a slice.
+  // Partial tiles to shared memory, then added up (the reduction above).
   const int threads = static_cast<int>(blockDim.x);
   float* part = reinterpret_cast<float*>(smem);  // [kAcc][warps * 32]
 #pragma unroll
@@ -399,19 +510,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
   // recv[rank][slice] of cluster_k > 1: past the rings and the partials, at
   // the end of the launch's shared memory (skinny_mma_smem_bytes reserves it).
   float* recv = reinterpret_cast<float*>(smem + recv_off);
-  // Writes output o of this block's tile with value v (+ bias) to D.
-  auto finish = [&](int o, float v) {
-    const int ln = o & 31, w = (o >> 5) % warps_n, q = (o >> 5) / warps_n;
-    const int r = q / (NT * 4), j = (q / 4) % NT, e = q % 4;
-    // mma C layout: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = row g + 8.
-    const int64_t n = nb + w * kBRows + r * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
-    const int64_t m = m0 + j * 8 + 2 * (ln & 3) + (e & 1);
-    if (n >= g.n || m >= g.m) return;
-    if constexpr (SC == Scales::tensor) v *= sc.sa[0] * sc.sb[0];
-    if constexpr (SC == Scales::rowwise) v *= sc.sa[m] * sc.sb[n];
-    if (g.bias) v += gemm::load_out(g.bias, g.out_dtype, n);
-    gemm::store_out(g.d, g.out_dtype, m * g.ldd + n, v);
-  };
+  auto finish = [&](int o, float v) { finish_out<SC, RT, NT>(g, sc, t, warps_n, o, v); };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   if (cluster_k > 1) cluster_wait();  // every block of the cluster has started (the arrival at the top)
@@ -421,31 +520,21 @@ __global__ void __launch_bounds__(32 * kMaxWarps)
     const float* src = part + q * threads + w * 32 + ln;  // group gi's warp: gi * warps_n + w
     float p[kMaxWarps];
 #pragma unroll
-    for (int gi = 0; gi < kMaxWarps; ++gi) p[gi] = gi < groups ? src[gi * warps_n * 32] : 0.f;  // loads together
+    for (int gi = 0; gi < kMaxWarps; ++gi) p[gi] = gi < t.groups ? src[gi * warps_n * 32] : 0.f;  // loads together
     float v = 0.f;
 #pragma unroll
     for (int gi = 0; gi < kMaxWarps; ++gi)
-      if (gi < groups) v += p[gi];
+      if (gi < t.groups) v += p[gi];
     if (cluster_k == 1) {
       finish(o, v);
     } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       const int owner = o / slice;
-      cg::this_cluster().map_shared_rank(recv, owner)[rank * slice + (o - owner * slice)] = v;
+      cg::this_cluster().map_shared_rank(recv, owner)[t.rank * slice + (o - owner * slice)] = v;
 #endif
     }
   }
-  if (cluster_k == 1) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::this_cluster().sync();  // every rank's sums of every slice have landed
-  for (int o = static_cast<int>(threadIdx.x); o < slice; o += threads) {
-    float v = 0.f;
-    for (int rk = 0; rk < cluster_k; ++rk) v += recv[rk * slice + o];
-    finish(rank * slice + o, v);
-  }
-#else
-  __trap();  // no clusters in this image: never drop the other ranks' sums
-#endif
+  cluster_finish(finish, recv, cluster_k, slice, t.rank, threads);
 }
 
 using KernelFn = void (*)(Args, ScaleArgs, int, int, int);

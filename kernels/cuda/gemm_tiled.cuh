@@ -284,6 +284,69 @@ KDISPATCH_DEVICE_INLINE void store_partial(const Args& p, const float (&acc)[MI]
   }
 }
 
+// tiled_kernel's pieces (forced inline; the kernel compiles to the SASS it
+// had in one piece, checked with ptxas when it was split).
+
+/// The epilogue of tiled_kernel: the partial tile to the workspace
+/// (split_k > 1) or acc + bias to D.
+template <DType DT, int MI, int NI>
+KDISPATCH_DEVICE_INLINE void store_tile(const Args& p, const float (&acc)[MI][NI][4], int split, int row0, int col0) {
+  if (p.split_k > 1)
+    store_partial<MI, NI>(p, acc, split, row0, col0);
+  else if (p.out_fp32)
+    store_d<DT, true, MI, NI>(p, acc, row0, col0);
+  else
+    store_d<DT, false, MI, NI>(p, acc, row0, col0);
+}
+
+/// The prologue and the main loop of tiled_kernel over the split's K-tiles
+/// [kt_begin, kt_begin + num_kt): `load_tile(kt, stage)` issues the copies of
+/// a K-tile, `load_frags(buf, stage, ks)` reads the fragments of a k-step
+/// into af[buf] and bf[buf]; the products accumulate in acc.
+template <DType DT, int MI, int NI, int KSTEPS, int STAGES, class LoadTile, class LoadFrags>
+KDISPATCH_DEVICE_INLINE void pipeline(float (&acc)[MI][NI][4], uint32_t (&af)[2][MI][4], uint32_t (&bf)[2][NI][2],
+                                      const LoadTile& load_tile, const LoadFrags& load_frags, int kt_begin,
+                                      int num_kt) {
+  // Prologue: K-tiles 0..STAGES-2 in flight, one commit group each.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < num_kt) load_tile(kt_begin + s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+
+  int read_stage = 0, write_stage = STAGES - 1;
+  load_frags(0, 0, 0);
+
+#pragma unroll 1
+  for (int it = 0; it < num_kt; ++it) {
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      if (ks == KSTEPS - 1) {
+        // K-tile it + 1 landed (its group and all before it) and every warp
+        // is done reading the stage that the next refill overwrites.
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+      }
+      load_frags((ks + 1) & 1, read_stage, (ks + 1) % KSTEPS);
+      if (ks == 0) {
+        if (it + STAGES - 1 < num_kt) load_tile(kt_begin + it + STAGES - 1, write_stage);
+        cp_async_commit();
+        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int nn = (mi & 1) ? NI - 1 - ni : ni;  // serpentine: reuse the B registers
+          mma16816<DT>(acc[mi][nn], af[ks & 1][mi], bf[ks & 1][nn]);
+        }
+    }
+  }
+}
+
 // ------------------------------------------------------------------ the GEMM kernel
 
 template <DType DT, int BM, int BN, int BK, int WARPS, int STAGES>
@@ -397,54 +460,12 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(WARPS * 32, 1) tiled_k
                   pb + nj * 16 * ROW_BYTES);
   };
 
-  // Prologue: K-tiles 0..STAGES-2 in flight, one commit group each.
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < num_kt) load_tile(kt_begin + s, s);
-    cp_async_commit();
-  }
-  cp_async_wait<STAGES - 2>();
-  __syncthreads();
-
-  int read_stage = 0, write_stage = STAGES - 1;
-  load_frags(0, 0, 0);
-
-#pragma unroll 1
-  for (int it = 0; it < num_kt; ++it) {
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      if (ks == KSTEPS - 1) {
-        // K-tile it + 1 landed (its group and all before it) and every warp
-        // is done reading the stage that the next refill overwrites.
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
-      }
-      load_frags((ks + 1) & 1, read_stage, (ks + 1) % KSTEPS);
-      if (ks == 0) {
-        if (it + STAGES - 1 < num_kt) load_tile(kt_begin + it + STAGES - 1, write_stage);
-        cp_async_commit();
-        write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
-      }
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-          const int nn = (mi & 1) ? NI - 1 - ni : ni;  // serpentine: reuse the B registers
-          mma16816<DT>(acc[mi][nn], af[ks & 1][mi], bf[ks & 1][nn]);
-        }
-    }
-  }
+  pipeline<DT, MI, NI, KSTEPS, STAGES>(acc, af, bf, load_tile, load_frags, kt_begin, num_kt);
   cp_async_wait<0>();  // only empty groups can be pending here
 
   const int row0 = m0 + wm * WTM + (lane >> 2);
   const int col0 = n0 + wn * WTN + 2 * (lane & 3);
-  if (p.split_k > 1)
-    store_partial<MI, NI>(p, acc, split, row0, col0);
-  else if (p.out_fp32)
-    store_d<DT, true, MI, NI>(p, acc, row0, col0);
-  else
-    store_d<DT, false, MI, NI>(p, acc, row0, col0);
+  store_tile<DT, MI, NI>(p, acc, split, row0, col0);
 #else
   __trap();  // compiled for sm_80+ only
 #endif
