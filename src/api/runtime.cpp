@@ -23,6 +23,7 @@
 #include "table/epoch.hpp"
 #include "table/key.hpp"
 #include "store/watcher.hpp"
+#include "tune/rules.hpp"
 #include "tune/tuner.hpp"
 
 namespace dispatch {
@@ -134,8 +135,7 @@ bool Runtime::Impl::covered(const std::string& key, int64_t m) const {
   size_t idx = 0;
   const table::Row* r = table::Snapshot::nearest(*b, m, table::NearestPolicy{}, &idx);
   if (!r || !table::Snapshot::plan(*b, idx).valid()) return false;
-  const int64_t k = b->ms[idx];
-  return k * 2 >= m && m * 2 >= k;
+  return tune::near_tuned(b->ms[idx], m);
 }
 
 // A file that served rows and is now skipped (it stopped parsing, became

@@ -90,7 +90,7 @@ struct Runtime::Impl {
 
   /// Adds tuned rows and publishes a rebuilt table (false when frozen).
   bool publish_tuned(std::vector<table::TableInput> rows);
-  /// True when (key, m) is served by a row whose M is within 2x of m.
+  /// True when (key, m) is served by a row whose M is near m (tune::near_tuned).
   bool covered(const std::string& key, int64_t m) const;
   /// Stale cache files already reported (reported once per process).
   /// Guarded by table.mu.

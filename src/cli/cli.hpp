@@ -2,7 +2,8 @@
 // kdispatch CLI — declarations shared by the tool's translation units: the
 // model table and traces (models.cpp), the replay driver (replay.cpp, over
 // the decoder model of replay_model.hpp), the shape lists and `tune`
-// (tune.cpp) and the config inspection commands (configs.cpp). Every op
+// (tune*.cpp, tune_impl.hpp) and the config inspection commands
+// (configs.cpp). Every op
 // the tool handles comes from dispatch::op_list() (op_util.hpp); only the
 // replay's model names the ops it calls. The CLI links the shared
 // libkdispatch, so it uses only the public API (include/dispatch/*.hpp)
@@ -217,7 +218,7 @@ struct TuneCmdOptions {
   /// otherwise stalls the run forever).
   std::optional<double> unit_timeout_s;
   /// The hidden worker mode of --devices: tune the units the parent sends
-  /// on stdin on --device, answer on fd 3 (tune.cpp).
+  /// on stdin on --device, answer on fd 3 (tune_worker.cpp).
   bool internal_worker = false;
 
   // --model (tune_model.cpp): the units of a model instead of --shapes.

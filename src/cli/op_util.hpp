@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CLI — the ops as the tool sees them: every op comes from
 // dispatch::op_list() (its name, key fields and batch-dim name), so no
-// command names an op of its own. Header-only helpers shared by tune.cpp,
+// command names an op of its own. Header-only helpers shared by tune*.cpp,
 // replay.cpp and main.cpp.
 #pragma once
 

@@ -14,6 +14,7 @@
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
 #include "backends/backend.hpp"
+#include "tune/rules.hpp"
 
 namespace dispatch::tune {
 namespace {
@@ -212,7 +213,7 @@ std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo&
   for (const core::VariantDef* v : core::variants_for(p.op, p.device.type)) {
     if (v->in_dtype != p.in_dtype) continue;
     if (v->flags & core::kVariantReference) continue;
-    if (o.deterministic && (v->flags & core::kVariantNondeterministic)) continue;
+    if (excluded_by_determinism(o.deterministic, *v)) continue;
     std::vector<core::Plan> sp = core::config_space(*v, p, dev);
     n_space += static_cast<int32_t>(sp.size());
     std::vector<Scored> mine;
@@ -238,7 +239,7 @@ std::vector<core::Plan> candidates_for(const core::Problem& p, const DeviceInfo&
   }
   std::stable_sort(pts.begin(), pts.end(), [](const Scored& a, const Scored& b) { return a.score < b.score; });
   std::vector<core::Plan> out;
-  if (def.valid() && !(o.deterministic && (def.variant->flags & core::kVariantNondeterministic))) out.push_back(def);
+  if (def.valid() && !excluded_by_determinism(o.deterministic, *def.variant)) out.push_back(def);
   for (const auto& s : pts) {
     const bool is_def = def.valid() && s.plan == def;
     if (!is_def) out.push_back(s.plan);

@@ -18,6 +18,7 @@
 #include "store/private_fs.hpp"
 #include "store/writer.hpp"
 #include "table/key.hpp"
+#include "tune/rules.hpp"
 
 namespace dispatch::tune {
 namespace {
@@ -374,7 +375,7 @@ Result<ShapeOutcome> Tuner::tune_target(TuneTarget& target, const DeviceInfo& de
     int32_t space = 0, pruned = 0;
     std::vector<core::Plan> cands = candidates_for(p, dev, floor.valid() ? floor : def, so, &space, &pruned);
     if (def.valid() && !cands.empty() && !(cands.front() == def) &&
-        !(so.deterministic && (def.variant->flags & core::kVariantNondeterministic))) {
+        !excluded_by_determinism(so.deterministic, *def.variant)) {
       cands.erase(std::remove(cands.begin() + 1, cands.end(), def), cands.end());
       cands.insert(cands.begin() + 1, def);
     }

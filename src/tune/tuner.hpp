@@ -65,7 +65,7 @@ struct TunerHooks {
   /// Interns a (dir, relative path) source, returning its id.
   std::function<uint32_t(const std::string&, const std::string&)> intern;
   /// True when the current table already serves (key, m) from a row whose
-  /// M is within 2x of m (so tuning it again would gain little).
+  /// M is near m (tune/rules.hpp: near_tuned; tuning it again would gain little).
   std::function<bool(const std::string& key, int64_t m)> covered;
   /// Re-reads the config dirs (to pick up another process's results).
   std::function<void()> reload;
@@ -87,6 +87,23 @@ struct ShapeOutcome {
   uint32_t source_id = 0;  ///< the published row's source (cache file)
 };
 
+/// One op call as the tuner's hook on the op path sees it (Tuner::observe).
+struct ObservedCall {
+  const core::Problem& problem;
+  const core::LaunchArgs& la;
+  void* stream;           ///< the call's stream handle (null: the legacy default stream)
+  bool capturing;         ///< CallOptions::capturing: the caller says its stream captures
+  const DeviceInfo& dev;  ///< the tensors' device
+  uint64_t key_hash;      ///< hash of the call's binary key (table/key.hpp: OwnKey)
+};
+
+/// The sync search's winner, when Tuner::observe searched the call's shape.
+struct TunedNow {
+  bool tuned = false;  ///< false: the call keeps its choice
+  core::Plan plan;
+  uint32_t source_id = 0;  ///< the published row's source
+};
+
 class Tuner {
  public:
   Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks);
@@ -98,6 +115,17 @@ class Tuner {
   const std::string& cache_dir() const noexcept { return cache_dir_; }
   /// The source rank of in-process tuned rows.
   void set_rank(int32_t rank) noexcept { rank_ = rank; }
+
+  /// The op path's one hook (tune/observe.cpp), after choose and before the
+  /// launch, for a call whose plan came from `source` (a table row tuned at
+  /// `table_m`, get_default's pick, or a forced plan). A miss is recorded
+  /// (for export), queued in background mode and, in sync mode, searched
+  /// on the caller's buffers unless a graph capture is in the way (then
+  /// deferred); a table hit far from the call's M (not near_tuned) is
+  /// sampled; a forced plan teaches nothing. *now gets the sync search's
+  /// winner. Errors: the caller's stream failing to synchronise before the
+  /// search.
+  Status observe(const ObservedCall& call, PlanSource source, int64_t table_m, TunedNow* now) noexcept;
 
   /// Op path, on a miss (or a far nearest-M hit while tuning): record the
   /// shape; in background mode queue it. Lock-free; never blocks.
