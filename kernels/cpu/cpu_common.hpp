@@ -56,17 +56,8 @@ inline const HostIsa& host_isa() noexcept {
   return isa;
 }
 
-/// A failed Status "<variant>: <why>" (oneDNN-style: every decline says why).
-inline Status decline(const core::VariantDef& v, StatusCode code, std::string_view why) noexcept {
-  std::string msg;
-  try {
-    msg.reserve(v.name.size() + 2 + why.size());
-    msg.append(v.name).append(": ").append(why);
-  } catch (...) {
-    return make_status(code, why);
-  }
-  return make_status(code, msg);
-}
+/// "<variant>: <why>" (core/op.hpp).
+using core::decline;
 
 /// True when every param of `prm` is a value of its ParamDef's space.
 inline bool params_in_space(const core::VariantDef& v, const int64_t* prm) noexcept {
