@@ -67,13 +67,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Plan;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using Bf16 = uint16_t;  // bf16 storage
 
 inline float to_float(float v) noexcept { return v; }

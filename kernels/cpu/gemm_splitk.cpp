@@ -45,12 +45,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 
 constexpr int64_t kSliceAlign = 16;          // K elements: one AVX-512 vector
 constexpr int64_t kPartialFloats = 1 << 20;  // per-thread partial: 4 MiB

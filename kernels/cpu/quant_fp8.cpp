@@ -22,11 +22,8 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::Problem;
+using namespace core::variant_names;
 using core::QuantScales;
-using core::VariantDef;
 using namespace simd;
 
 constexpr OpKind op_of(QuantScales L) {

@@ -35,13 +35,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Plan;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using namespace simd;
 
 // ------------------------------------------------------------------ row bodies

@@ -27,12 +27,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using namespace simd;
 
 // ------------------------------------------------------------------ vector math

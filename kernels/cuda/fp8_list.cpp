@@ -39,14 +39,7 @@
 namespace dispatch::cuda {
 namespace {
 
-using core::decline;
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Plan;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 
 constexpr double kBandwidth = 3.6e12;  // bytes/s, a streaming read (H200 class)
 constexpr double kFp8Flops = 1.2e15;   // dense fp8 sustained by cuBLASLt

@@ -242,6 +242,20 @@ inline Status decline(const VariantDef& v, StatusCode code, std::string_view why
   return make_status(code, msg);
 }
 
+/// The names every variant list (kernels/cpu, kernels/cuda, kernels/hip,
+/// kernels/gpu/*_variants.inc) spells unqualified, brought in at once by
+/// `using namespace core::variant_names;` in the list's namespace.
+namespace variant_names {
+using core::decline;
+using core::LaunchArgs;
+using core::OpKind;
+using core::ParamDef;
+using core::ParamKind;
+using core::Plan;
+using core::Problem;
+using core::VariantDef;
+}  // namespace variant_names
+
 /// Checks a variant's declaration: a name, launch and supports functions,
 /// at most kMaxParams params each with a non-empty space holding its
 /// default, enumeration labels for enum params, and no argument declared
