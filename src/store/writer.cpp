@@ -56,6 +56,14 @@ std::map<int64_t, double> read_us_map(std::string_view meta, const char* field) 
   return out;
 }
 
+std::string claim_path(const std::string& dir, const std::string& key, int64_t m) {
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return dir + "/.claims/" + hex + "-M" + std::to_string(m) + ".claim";
+}
+
+}  // namespace
+
 void config_json(core::JsonWriter& w, const Config& c) {
   w.begin_object();
   for (const auto& [k, v] : c) {
@@ -68,14 +76,6 @@ void config_json(core::JsonWriter& w, const Config& c) {
   }
   w.end_object();
 }
-
-std::string claim_path(const std::string& dir, const std::string& key, int64_t m) {
-  char hex[24];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  return dir + "/.claims/" + hex + "-M" + std::to_string(m) + ".claim";
-}
-
-}  // namespace
 
 std::string default_cache_dir() {
   const CacheDirChoice c = resolve_cache_dir("");
