@@ -14,6 +14,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "store/dir_entries.hpp"
+
 namespace dispatch::store {
 namespace {
 
@@ -50,22 +52,6 @@ const char* file_kind(mode_t mode) {
          : S_ISSOCK(mode)                   ? "a socket"
          : (S_ISCHR(mode) || S_ISBLK(mode)) ? "a device"
                                             : "not a regular file";
-}
-
-// The entries of an open dir (names only); the dir's position is not moved.
-std::vector<std::string> list_dir(int dir_fd) {
-  std::vector<std::string> names;
-  const int fd = ::dup(dir_fd);
-  if (fd < 0) return names;
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    ::close(fd);
-    return names;
-  }
-  ::rewinddir(d);
-  while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
-  return names;
 }
 
 bool exists_at(int dir_fd, const std::string& name) {
