@@ -45,22 +45,12 @@ template <int W, int U, class TI, class TO>
 KDISPATCH_INLINE void scale_row(TO* y, const TI* x, const TI* w, int64_t n, float inv) {
   using F = typename Vec<W>::F;
   const F vinv = F{} + inv;
-  int64_t h = 0;
-  for (; h + W * U <= n; h += W * U) {
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      F xv, wv;
-      vload<W>(xv, x + h + u * W);
-      vload<W>(wv, w + h + u * W);
-      vstore<W>(y + h + u * W, xv * vinv * wv);
-    }
-  }
-  for (; h + W <= n; h += W) {
+  int64_t h = for_each_vector<W, U>(n, [&](int64_t i, int) KDISPATCH_LAMBDA_INLINE {
     F xv, wv;
-    vload<W>(xv, x + h);
-    vload<W>(wv, w + h);
-    vstore<W>(y + h, xv * vinv * wv);
-  }
+    vload<W>(xv, x + i);
+    vload<W>(wv, w + i);
+    vstore<W>(y + i, xv * vinv * wv);
+  });
   for (; h < n; ++h) store_as(y + h, to_float(x[h]) * inv * to_float(w[h]));
 }
 
@@ -69,23 +59,12 @@ template <int W, int U, class T>
 KDISPATCH_INLINE float sum_squares(const T* x, int64_t n) {
   using F = typename Vec<W>::F;
   F acc[U] = {};
-  int64_t h = 0;
-  for (; h + W * U <= n; h += W * U) {
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      F v;
-      vload<W>(v, x + h + u * W);
-      acc[u] += v * v;
-    }
-  }
-  for (; h + W <= n; h += W) {
+  int64_t h = for_each_vector<W, U>(n, [&](int64_t i, int u) KDISPATCH_LAMBDA_INLINE {
     F v;
-    vload<W>(v, x + h);
-    acc[0] += v * v;
-  }
-#pragma GCC unroll 4
-  for (int u = 1; u < U; ++u) acc[0] += acc[u];
-  float ss = hsum<W>(acc[0]);
+    vload<W>(v, x + i);
+    acc[u] += v * v;
+  });
+  float ss = hsum_chains<W, U>(acc);
   for (; h < n; ++h) ss += to_float(x[h]) * to_float(x[h]);
   return ss;
 }
@@ -116,29 +95,15 @@ template <int W, int U, class T>
 KDISPATCH_INLINE float add_residual(const T* x, T* r, int64_t n) {
   using F = typename Vec<W>::F;
   F acc[U] = {};
-  int64_t h = 0;
-  for (; h + W * U <= n; h += W * U) {
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      F xv, rv;
-      vload<W>(xv, x + h + u * W);
-      vload<W>(rv, r + h + u * W);
-      F z = xv + rv;
-      store_rounded<W>(r + h + u * W, z);
-      acc[u] += z * z;
-    }
-  }
-  for (; h + W <= n; h += W) {
+  int64_t h = for_each_vector<W, U>(n, [&](int64_t i, int u) KDISPATCH_LAMBDA_INLINE {
     F xv, rv;
-    vload<W>(xv, x + h);
-    vload<W>(rv, r + h);
+    vload<W>(xv, x + i);
+    vload<W>(rv, r + i);
     F z = xv + rv;
-    store_rounded<W>(r + h, z);
-    acc[0] += z * z;
-  }
-#pragma GCC unroll 4
-  for (int u = 1; u < U; ++u) acc[0] += acc[u];
-  float ss = hsum<W>(acc[0]);
+    store_rounded<W>(r + i, z);
+    acc[u] += z * z;
+  });
+  float ss = hsum_chains<W, U>(acc);
   for (; h < n; ++h) {
     const float z = stored_value(to_float(x[h]) + to_float(r[h]), static_cast<T*>(nullptr));
     store_as(r + h, z);

@@ -87,24 +87,13 @@ struct SiluRows {
       const T* g = x + t * a.ld[core::kSiluArgX];
       const T* u = g + d;
       T* o = out + t * a.ld[core::kSiluArgOut];
-      int64_t i = 0;
-      for (; i + W * U <= d; i += W * U) {
-#pragma GCC unroll 4
-        for (int k = 0; k < U; ++k) {
-          F gv, uv, ov;
-          vload<W>(gv, g + i + k * W);
-          vload<W>(uv, u + i + k * W);
-          vsilu_mul<W>(ov, gv, uv);
-          vstore<W>(o + i + k * W, ov);
-        }
-      }
-      for (; i + W <= d; i += W) {
+      int64_t i = for_each_vector<W, U>(d, [&](int64_t j, int) KDISPATCH_LAMBDA_INLINE {
         F gv, uv, ov;
-        vload<W>(gv, g + i);
-        vload<W>(uv, u + i);
+        vload<W>(gv, g + j);
+        vload<W>(uv, u + j);
         vsilu_mul<W>(ov, gv, uv);
-        vstore<W>(o + i, ov);
-      }
+        vstore<W>(o + j, ov);
+      });
       for (; i < d; ++i) {
         const float gi = to_float(g[i]);
         store_as(o + i, gi / (1.f + std::exp(-gi)) * to_float(u[i]));
