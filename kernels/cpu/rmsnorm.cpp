@@ -256,16 +256,10 @@ Status fused_ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 // ------------------------------------------------------------------ the lists
 
-KDISPATCH_CPU_ROWS_VARIANTS(kRmsnormFp32Vec, kRmsnormFp32Ref, "rmsnorm_fp32", OpKind::rmsnorm, DType::fp32,
-                            check_problem, kVecParams, &rmsnorm_vec_launch, &rmsnorm_ref_launch)
-KDISPATCH_CPU_ROWS_VARIANTS(kRmsnormBf16Vec, kRmsnormBf16Ref, "rmsnorm_bf16", OpKind::rmsnorm, DType::bf16,
-                            check_problem, kVecParams, &rmsnorm_vec_launch, &rmsnorm_ref_launch)
-KDISPATCH_CPU_ROWS_VARIANTS(kFusedAddRmsnormFp32Vec, kFusedAddRmsnormFp32Ref, "fused_add_rmsnorm_fp32",
-                            OpKind::fused_add_rmsnorm, DType::fp32, check_problem, kVecParams, &fused_vec_launch,
-                            &fused_ref_launch)
-KDISPATCH_CPU_ROWS_VARIANTS(kFusedAddRmsnormBf16Vec, kFusedAddRmsnormBf16Ref, "fused_add_rmsnorm_bf16",
-                            OpKind::fused_add_rmsnorm, DType::bf16, check_problem, kVecParams, &fused_vec_launch,
-                            &fused_ref_launch)
+KDISPATCH_CPU_ROWS_VARIANTS(Rmsnorm, "rmsnorm", OpKind::rmsnorm, check_problem, kVecParams, &rmsnorm_vec_launch,
+                            &rmsnorm_ref_launch)
+KDISPATCH_CPU_ROWS_VARIANTS(FusedAddRmsnorm, "fused_add_rmsnorm", OpKind::fused_add_rmsnorm, check_problem, kVecParams,
+                            &fused_vec_launch, &fused_ref_launch)
 
 // The model: the op is a streaming pass (two reads, one or two writes per
 // element), so take the widest vector the host runs, no wider than the row,

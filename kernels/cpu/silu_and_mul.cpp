@@ -165,10 +165,8 @@ Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 // ------------------------------------------------------------------ the list
 
-KDISPATCH_CPU_ROWS_VARIANTS(kSiluFp32Vec, kSiluFp32Ref, "silu_and_mul_fp32", OpKind::silu_and_mul, DType::fp32,
-                            check_problem, kVecParams, &vec_launch, &ref_launch)
-KDISPATCH_CPU_ROWS_VARIANTS(kSiluBf16Vec, kSiluBf16Ref, "silu_and_mul_bf16", OpKind::silu_and_mul, DType::bf16,
-                            check_problem, kVecParams, &vec_launch, &ref_launch)
+KDISPATCH_CPU_ROWS_VARIANTS(Silu, "silu_and_mul", OpKind::silu_and_mul, check_problem, kVecParams, &vec_launch,
+                            &ref_launch)
 
 // The model: a streaming pass (reads 2d, writes d per token) whose exp is a
 // dozen vector instructions, so take the widest vector the host runs, no
