@@ -16,6 +16,7 @@
 
 #include "core/op.hpp"
 #include "cpu/cpu_common.hpp"
+#include "cpu/cpu_rows_list.hpp"
 
 namespace dispatch::cpu {
 
@@ -124,20 +125,3 @@ inline Status run_rows(const RowsTable& t, const int64_t* prm, const core::Launc
 }
 
 }  // namespace dispatch::cpu
-
-/// The four rows of a row family for one op, in namespace dispatch::cpu:
-/// k<Op>Fp32Vec / k<Op>Bf16Vec "<NAME>_<dt>__vec" (params VEC_PARAMS,
-/// launched by VEC_LAUNCH) and k<Op>Fp32Ref / k<Op>Bf16Ref "<NAME>_<dt>__ref"
-/// (kVariantReference, REF_LAUNCH), all checked by CHECK (a
-/// RowsProblemCheck).
-#define KDISPATCH_CPU_ROWS_VARIANTS(Op, NAME, OP, CHECK, VEC_PARAMS, VEC_LAUNCH, REF_LAUNCH)                \
-  KDISPATCH_CPU_ROWS_PAIR(k##Op##Fp32Vec, k##Op##Fp32Ref, NAME "_fp32", OP, DType::fp32, CHECK, VEC_PARAMS, \
-                          VEC_LAUNCH, REF_LAUNCH)                                                           \
-  KDISPATCH_CPU_ROWS_PAIR(k##Op##Bf16Vec, k##Op##Bf16Ref, NAME "_bf16", OP, DType::bf16, CHECK, VEC_PARAMS, \
-                          VEC_LAUNCH, REF_LAUNCH)
-#define KDISPATCH_CPU_ROWS_PAIR(Vec, Ref, NAME, OP, DT, CHECK, VEC_PARAMS, VEC_LAUNCH, REF_LAUNCH)           \
-  constinit const core::VariantDef Vec{                                                                      \
-      NAME "__vec", OP, DeviceType::cpu, DT, VEC_PARAMS, 0, 1, &rows_vec_supports<Vec, CHECK>, VEC_LAUNCH};  \
-  constinit const core::VariantDef Ref{                                                                      \
-      NAME "__ref", OP, DeviceType::cpu, DT, {}, core::kVariantReference, 1, &rows_ref_supports<Ref, CHECK>, \
-      REF_LAUNCH};
