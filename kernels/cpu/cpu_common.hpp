@@ -9,8 +9,11 @@
 // naming an ISA the host lacks is declined with a reason, never executed.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -56,16 +59,28 @@ inline const HostIsa& host_isa() noexcept {
   return isa;
 }
 
-/// A failed Status "<variant>: <why>" (oneDNN-style: every decline says why).
-inline Status decline(const core::VariantDef& v, StatusCode code, std::string_view why) noexcept {
-  std::string msg;
-  try {
-    msg.reserve(v.name.size() + 2 + why.size());
-    msg.append(v.name).append(": ").append(why);
-  } catch (...) {
-    return make_status(code, why);
+/// "<variant>: <why>" (core/op.hpp).
+using core::decline;
+
+/// The calling thread's buffer of at least `n` floats for the user `Tag`
+/// (one buffer per tag and thread), 64-byte aligned; it only grows: to
+/// `n`, or with `geometric` to at least 1.5 times its size. nullptr when
+/// the allocation fails.
+template <class Tag>
+float* thread_floats(std::size_t n, bool geometric) noexcept {
+  struct AlignedFree {
+    void operator()(float* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  thread_local std::unique_ptr<float[], AlignedFree> buf;
+  thread_local std::size_t cap = 0;
+  if (n > cap) {
+    const std::size_t want = geometric ? std::max(n, cap + cap / 2) : n;
+    auto* p = static_cast<float*>(::operator new[](want * sizeof(float), std::align_val_t{64}, std::nothrow));
+    if (p == nullptr) return nullptr;
+    buf.reset(p);
+    cap = want;
   }
-  return make_status(code, msg);
+  return buf.get();
 }
 
 /// True when every param of `prm` is a value of its ParamDef's space.

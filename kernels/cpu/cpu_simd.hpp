@@ -22,6 +22,8 @@
 #include "core/numeric.hpp"
 
 #define KDISPATCH_INLINE [[gnu::always_inline]] inline
+/// The same for a lambda (after its parameter list).
+#define KDISPATCH_LAMBDA_INLINE __attribute__((always_inline))
 
 namespace dispatch::cpu::simd {
 
@@ -121,6 +123,31 @@ KDISPATCH_INLINE float hsum(const typename Vec<W>::F& v) {
   float s = 0.f;
   for (int i = 0; i < W; ++i) s += v[i];
   return s;
+}
+
+// ------------------------------------------------------------------ rows
+
+/// The vector walk of a row of `n` elements every row kernel makes: U
+/// independent W-lane vectors per step (body(i, u) for u = 0..U-1, at
+/// i = h + u * W), then the whole vectors left one by one (u = 0). Returns
+/// where the scalar tail starts.
+template <int W, int U, class Body>
+KDISPATCH_INLINE int64_t for_each_vector(int64_t n, Body&& body) {
+  int64_t h = 0;
+  for (; h + W * U <= n; h += W * U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) body(h + u * W, u);
+  }
+  for (; h + W <= n; h += W) body(h, 0);
+  return h;
+}
+
+/// The sum of U accumulator chains' lanes.
+template <int W, int U>
+KDISPATCH_INLINE float hsum_chains(typename Vec<W>::F (&acc)[U]) {
+#pragma GCC unroll 4
+  for (int u = 1; u < U; ++u) acc[0] += acc[u];
+  return hsum<W>(acc[0]);
 }
 
 }  // namespace dispatch::cpu::simd

@@ -67,13 +67,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Plan;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using Bf16 = uint16_t;  // bf16 storage
 
 inline float to_float(float v) noexcept { return v; }
@@ -358,23 +352,9 @@ struct Avx512Bf16Uk {
 
 // ------------------------------------------------------------------ scratch
 
-/// The calling thread's scratch, at least `n` floats, 64-byte aligned; only
-/// grows. nullptr when the allocation fails.
-float* scratch_floats(std::size_t n) noexcept {
-  struct AlignedFree {
-    void operator()(float* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  thread_local std::unique_ptr<float[], AlignedFree> buf;
-  thread_local std::size_t cap = 0;
-  if (n > cap) {
-    const std::size_t want = std::max(n, cap + cap / 2);
-    auto* p = static_cast<float*>(::operator new[](want * sizeof(float), std::align_val_t{64}, std::nothrow));
-    if (p == nullptr) return nullptr;
-    buf.reset(p);
-    cap = want;
-  }
-  return buf.get();
-}
+/// The calling thread's scratch (cpu_common.hpp's thread_floats, growing
+/// geometrically): the C tile and the packed B panel.
+struct GemmScratch;
 
 inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -398,7 +378,7 @@ Status run_blocked(const LaunchArgs& args, const Problem& p, const int64_t* prm)
   const int64_t ldc = bn;
   const int64_t ctile = round_up(bm * bn, 16);
   const int64_t ldp = kPack ? round_up(K, 16) : 0;
-  float* scratch = scratch_floats(static_cast<std::size_t>(ctile + (kPack ? bn * ldp : 0)));
+  float* scratch = thread_floats<GemmScratch>(static_cast<std::size_t>(ctile + (kPack ? bn * ldp : 0)), true);
   if (scratch == nullptr) return make_status(StatusCode::out_of_memory, "gemm: scratch allocation failed");
   float* ctl = scratch;
 

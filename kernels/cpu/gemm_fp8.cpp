@@ -29,12 +29,7 @@ namespace dispatch::cpu {
 namespace {
 
 using core::Fp8Scales;
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using namespace simd;
 
 /// fp8 e4m3fn bits -> float, every code (NaN codes decode to NaN).

@@ -45,31 +45,14 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 
 constexpr int64_t kSliceAlign = 16;          // K elements: one AVX-512 vector
 constexpr int64_t kPartialFloats = 1 << 20;  // per-thread partial: 4 MiB
 
-/// The calling thread's partial buffer, at least `n` floats; only grows.
-float* partial_buffer(std::size_t n) noexcept {
-  struct AlignedFree {
-    void operator()(float* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  thread_local std::unique_ptr<float[], AlignedFree> buf;
-  thread_local std::size_t cap = 0;
-  if (n > cap) {
-    auto* p = static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t{64}, std::nothrow));
-    if (p == nullptr) return nullptr;
-    buf.reset(p);
-    cap = n;
-  }
-  return buf.get();
-}
+/// The calling thread's partial sums (cpu_common.hpp's thread_floats,
+/// grown to what a call needs).
+struct SplitKPartial;
 
 /// One M chunk of one call: what every slice task reads, and the fold state.
 struct SplitKJob {
@@ -95,7 +78,7 @@ void run_slice(void* ctx, int s) noexcept {
   const int64_t k0 = s * j.slice;
   const int64_t kc = std::min(j.slice, j.k - k0);
   const int64_t elems = j.rows * j.n;
-  float* part = partial_buffer(static_cast<std::size_t>(elems));
+  float* part = thread_floats<SplitKPartial>(static_cast<std::size_t>(elems), false);
   if (part == nullptr) {
     j.out_of_memory.store(true, std::memory_order_relaxed);
     return;

@@ -24,6 +24,7 @@
 #include <span>
 
 #include "core/op.hpp"
+#include "cpu/cpu_rows_list.hpp"
 #include "dispatch/device.hpp"
 
 namespace dispatch::cpu {
@@ -32,30 +33,10 @@ namespace dispatch::cpu {
 inline constexpr int kNormVec = 0;
 inline constexpr int kNormUnroll = 1;
 
-extern const core::VariantDef kRmsnormFp32Vec;
-extern const core::VariantDef kRmsnormBf16Vec;
-extern const core::VariantDef kRmsnormFp32Ref;
-extern const core::VariantDef kRmsnormBf16Ref;
-extern const core::VariantDef kFusedAddRmsnormFp32Vec;
-extern const core::VariantDef kFusedAddRmsnormBf16Vec;
-extern const core::VariantDef kFusedAddRmsnormFp32Ref;
-extern const core::VariantDef kFusedAddRmsnormBf16Ref;
-
-/// The rmsnorm list: every CPU rmsnorm variant, in priority order (references last).
-inline constexpr const core::VariantDef* kRmsnormVariants[] = {
-    &kRmsnormFp32Vec,
-    &kRmsnormBf16Vec,
-    &kRmsnormFp32Ref,
-    &kRmsnormBf16Ref,
-};
-
-/// The fused_add_rmsnorm list, in priority order (references last).
-inline constexpr const core::VariantDef* kFusedAddRmsnormVariants[] = {
-    &kFusedAddRmsnormFp32Vec,
-    &kFusedAddRmsnormBf16Vec,
-    &kFusedAddRmsnormFp32Ref,
-    &kFusedAddRmsnormBf16Ref,
-};
+/// The rmsnorm list and the fused_add_rmsnorm list, each in priority order
+/// (references last).
+KDISPATCH_CPU_ROWS_LIST(Rmsnorm, kRmsnormVariants)
+KDISPATCH_CPU_ROWS_LIST(FusedAddRmsnorm, kFusedAddRmsnormVariants)
 
 inline std::span<const core::VariantDef* const> rmsnorm_variants() noexcept { return kRmsnormVariants; }
 inline std::span<const core::VariantDef* const> fused_add_rmsnorm_variants() noexcept {

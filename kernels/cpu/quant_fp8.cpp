@@ -22,11 +22,8 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::Problem;
+using namespace core::variant_names;
 using core::QuantScales;
-using core::VariantDef;
 using namespace simd;
 
 constexpr OpKind op_of(QuantScales L) {
@@ -107,24 +104,21 @@ Status supports(const Problem& p, const int64_t*, const DeviceInfo&) {
 #define KD_QUANT_VARIANT(Def, name, L, dt, mul, flags)                                          \
   constinit const core::VariantDef Def{name, op_of(L),          DeviceType::cpu, dt, {}, flags, \
                                        1,    &supports<Def, L>, &launch<L, mul>};
-KD_QUANT_VARIANT(kQuantTensorFp32Mul, "quant_fp8_tensor_fp32__mul", QuantScales::tensor, DType::fp32, true, 0)
-KD_QUANT_VARIANT(kQuantTensorBf16Mul, "quant_fp8_tensor_bf16__mul", QuantScales::tensor, DType::bf16, true, 0)
-KD_QUANT_VARIANT(kQuantTensorFp32Ref, "quant_fp8_tensor_fp32__ref", QuantScales::tensor, DType::fp32, false,
-                 core::kVariantReference)
-KD_QUANT_VARIANT(kQuantTensorBf16Ref, "quant_fp8_tensor_bf16__ref", QuantScales::tensor, DType::bf16, false,
-                 core::kVariantReference)
-KD_QUANT_VARIANT(kQuantTokenFp32Mul, "quant_fp8_token_fp32__mul", QuantScales::token, DType::fp32, true, 0)
-KD_QUANT_VARIANT(kQuantTokenBf16Mul, "quant_fp8_token_bf16__mul", QuantScales::token, DType::bf16, true, 0)
-KD_QUANT_VARIANT(kQuantTokenFp32Ref, "quant_fp8_token_fp32__ref", QuantScales::token, DType::fp32, false,
-                 core::kVariantReference)
-KD_QUANT_VARIANT(kQuantTokenBf16Ref, "quant_fp8_token_bf16__ref", QuantScales::token, DType::bf16, false,
-                 core::kVariantReference)
-KD_QUANT_VARIANT(kQuantGroupFp32Mul, "quant_fp8_group_fp32__mul", QuantScales::group, DType::fp32, true, 0)
-KD_QUANT_VARIANT(kQuantGroupBf16Mul, "quant_fp8_group_bf16__mul", QuantScales::group, DType::bf16, true, 0)
-KD_QUANT_VARIANT(kQuantGroupFp32Ref, "quant_fp8_group_fp32__ref", QuantScales::group, DType::fp32, false,
-                 core::kVariantReference)
-KD_QUANT_VARIANT(kQuantGroupBf16Ref, "quant_fp8_group_bf16__ref", QuantScales::group, DType::bf16, false,
-                 core::kVariantReference)
+// The four rows of a layout: "quant_fp8_<layout>_<dt>__mul" (x * (1 / scale))
+// and "..._ref" (x / scale, the baseline), dt fp32 and bf16.
+#define KD_QUANT_VARIANTS(Layout, layout)                                                                              \
+  KD_QUANT_VARIANT(kQuant##Layout##Fp32Mul, "quant_fp8_" #layout "_fp32__mul", QuantScales::layout, DType::fp32, true, \
+                   0)                                                                                                  \
+  KD_QUANT_VARIANT(kQuant##Layout##Bf16Mul, "quant_fp8_" #layout "_bf16__mul", QuantScales::layout, DType::bf16, true, \
+                   0)                                                                                                  \
+  KD_QUANT_VARIANT(kQuant##Layout##Fp32Ref, "quant_fp8_" #layout "_fp32__ref", QuantScales::layout, DType::fp32,       \
+                   false, core::kVariantReference)                                                                     \
+  KD_QUANT_VARIANT(kQuant##Layout##Bf16Ref, "quant_fp8_" #layout "_bf16__ref", QuantScales::layout, DType::bf16,       \
+                   false, core::kVariantReference)
+KD_QUANT_VARIANTS(Tensor, tensor)
+KD_QUANT_VARIANTS(Token, token)
+KD_QUANT_VARIANTS(Group, group)
+#undef KD_QUANT_VARIANTS
 #undef KD_QUANT_VARIANT
 
 core::Plan quant_fp8_default(const core::Problem& p, const DeviceInfo&) noexcept {

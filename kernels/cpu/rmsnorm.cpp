@@ -4,8 +4,8 @@
 // Both ops are two passes over a row: sum of squares, then scale. They are
 // memory-bound, so the SIMD body is written once, with GCC vector extensions
 // (`float __attribute__((vector_size))`), as an always-inline template on the
-// vector width W and the unroll U. Three thin entry points instantiate it
-// inside functions carrying a target attribute — W=4 baseline (SSE2 on
+// vector width W and the unroll U. Three thin entry points (cpu_rows.hpp)
+// instantiate it inside functions carrying a target attribute — W=4 baseline (SSE2 on
 // x86-64, NEON elsewhere), W=8 AVX2, W=16 AVX-512 — so each width is lowered
 // to native instructions while the library stays baseline x86-64. Generic
 // vectors (not intrinsics) are what make the single body possible: an
@@ -27,6 +27,7 @@
 
 #include "core/numeric.hpp"
 #include "cpu/cpu_common.hpp"
+#include "cpu/cpu_rows.hpp"
 #include "cpu/cpu_simd.hpp"
 #include "ops/fused_add_rmsnorm.hpp"
 #include "ops/rmsnorm.hpp"
@@ -34,13 +35,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Plan;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using namespace simd;
 
 // ------------------------------------------------------------------ row bodies
@@ -50,22 +45,12 @@ template <int W, int U, class TI, class TO>
 KDISPATCH_INLINE void scale_row(TO* y, const TI* x, const TI* w, int64_t n, float inv) {
   using F = typename Vec<W>::F;
   const F vinv = F{} + inv;
-  int64_t h = 0;
-  for (; h + W * U <= n; h += W * U) {
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      F xv, wv;
-      vload<W>(xv, x + h + u * W);
-      vload<W>(wv, w + h + u * W);
-      vstore<W>(y + h + u * W, xv * vinv * wv);
-    }
-  }
-  for (; h + W <= n; h += W) {
+  int64_t h = for_each_vector<W, U>(n, [&](int64_t i, int) KDISPATCH_LAMBDA_INLINE {
     F xv, wv;
-    vload<W>(xv, x + h);
-    vload<W>(wv, w + h);
-    vstore<W>(y + h, xv * vinv * wv);
-  }
+    vload<W>(xv, x + i);
+    vload<W>(wv, w + i);
+    vstore<W>(y + i, xv * vinv * wv);
+  });
   for (; h < n; ++h) store_as(y + h, to_float(x[h]) * inv * to_float(w[h]));
 }
 
@@ -74,23 +59,12 @@ template <int W, int U, class T>
 KDISPATCH_INLINE float sum_squares(const T* x, int64_t n) {
   using F = typename Vec<W>::F;
   F acc[U] = {};
-  int64_t h = 0;
-  for (; h + W * U <= n; h += W * U) {
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      F v;
-      vload<W>(v, x + h + u * W);
-      acc[u] += v * v;
-    }
-  }
-  for (; h + W <= n; h += W) {
+  int64_t h = for_each_vector<W, U>(n, [&](int64_t i, int u) KDISPATCH_LAMBDA_INLINE {
     F v;
-    vload<W>(v, x + h);
-    acc[0] += v * v;
-  }
-#pragma GCC unroll 4
-  for (int u = 1; u < U; ++u) acc[0] += acc[u];
-  float ss = hsum<W>(acc[0]);
+    vload<W>(v, x + i);
+    acc[u] += v * v;
+  });
+  float ss = hsum_chains<W, U>(acc);
   for (; h < n; ++h) ss += to_float(x[h]) * to_float(x[h]);
   return ss;
 }
@@ -99,47 +73,37 @@ inline float inv_rms(float ss, int64_t n, float eps) noexcept {
   return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
 }
 
-template <int W, int U, class TI, class TO>
-KDISPATCH_INLINE void rmsnorm_rows(const LaunchArgs& a, const Problem& p) {
-  const auto* x = static_cast<const TI*>(a.data[core::kNormArgX]);
-  const auto* w = static_cast<const TI*>(a.data[core::kNormArgW]);
-  auto* y = static_cast<TO*>(a.data[core::kNormArgY]);
-  const int64_t n = p.n;
-  for (int64_t t = 0; t < p.m; ++t) {
-    const TI* xr = x + t * a.ld[core::kNormArgX];
-    const float inv = inv_rms(sum_squares<W, U>(xr, n), n, a.scalar[0]);
-    scale_row<W, U>(y + t * a.ld[core::kNormArgY], xr, w, n, inv);
+/// The rmsnorm row body (cpu_rows.hpp): x read as TI, y written as TO.
+template <class TI, class TO>
+struct RmsnormRows {
+  template <int W, int U>
+  KDISPATCH_INLINE static void run(const LaunchArgs& a, const Problem& p) {
+    const auto* x = static_cast<const TI*>(a.data[core::kNormArgX]);
+    const auto* w = static_cast<const TI*>(a.data[core::kNormArgW]);
+    auto* y = static_cast<TO*>(a.data[core::kNormArgY]);
+    const int64_t n = p.n;
+    for (int64_t t = 0; t < p.m; ++t) {
+      const TI* xr = x + t * a.ld[core::kNormArgX];
+      const float inv = inv_rms(sum_squares<W, U>(xr, n), n, a.scalar[0]);
+      scale_row<W, U>(y + t * a.ld[core::kNormArgY], xr, w, n, inv);
+    }
   }
-}
+};
 
 /// Pass 1 of the fused op: r = x + r rounded to T; returns sum(r^2) of r as stored.
 template <int W, int U, class T>
 KDISPATCH_INLINE float add_residual(const T* x, T* r, int64_t n) {
   using F = typename Vec<W>::F;
   F acc[U] = {};
-  int64_t h = 0;
-  for (; h + W * U <= n; h += W * U) {
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      F xv, rv;
-      vload<W>(xv, x + h + u * W);
-      vload<W>(rv, r + h + u * W);
-      F z = xv + rv;
-      store_rounded<W>(r + h + u * W, z);
-      acc[u] += z * z;
-    }
-  }
-  for (; h + W <= n; h += W) {
+  int64_t h = for_each_vector<W, U>(n, [&](int64_t i, int u) KDISPATCH_LAMBDA_INLINE {
     F xv, rv;
-    vload<W>(xv, x + h);
-    vload<W>(rv, r + h);
+    vload<W>(xv, x + i);
+    vload<W>(rv, r + i);
     F z = xv + rv;
-    store_rounded<W>(r + h, z);
-    acc[0] += z * z;
-  }
-#pragma GCC unroll 4
-  for (int u = 1; u < U; ++u) acc[0] += acc[u];
-  float ss = hsum<W>(acc[0]);
+    store_rounded<W>(r + i, z);
+    acc[u] += z * z;
+  });
+  float ss = hsum_chains<W, U>(acc);
   for (; h < n; ++h) {
     const float z = stored_value(to_float(x[h]) + to_float(r[h]), static_cast<T*>(nullptr));
     store_as(r + h, z);
@@ -148,108 +112,29 @@ KDISPATCH_INLINE float add_residual(const T* x, T* r, int64_t n) {
   return ss;
 }
 
-template <int W, int U, class T>
-KDISPATCH_INLINE void fused_rows(const LaunchArgs& a, const Problem& p) {
-  auto* x = static_cast<T*>(a.data[core::kFusedArgX]);
-  auto* r = static_cast<T*>(a.data[core::kFusedArgResidual]);
-  const auto* w = static_cast<const T*>(a.data[core::kFusedArgW]);
-  const int64_t n = p.n;
-  for (int64_t t = 0; t < p.m; ++t) {
-    T* xr = x + t * a.ld[core::kFusedArgX];
-    T* rr = r + t * a.ld[core::kFusedArgResidual];
-    const float inv = inv_rms(add_residual<W, U>(xr, rr, n), n, a.scalar[0]);
-    scale_row<W, U>(xr, rr, w, n, inv);  // the norm of z as stored
+/// The fused_add_rmsnorm row body (cpu_rows.hpp).
+template <class T>
+struct FusedRows {
+  template <int W, int U>
+  KDISPATCH_INLINE static void run(const LaunchArgs& a, const Problem& p) {
+    auto* x = static_cast<T*>(a.data[core::kFusedArgX]);
+    auto* r = static_cast<T*>(a.data[core::kFusedArgResidual]);
+    const auto* w = static_cast<const T*>(a.data[core::kFusedArgW]);
+    const int64_t n = p.n;
+    for (int64_t t = 0; t < p.m; ++t) {
+      T* xr = x + t * a.ld[core::kFusedArgX];
+      T* rr = r + t * a.ld[core::kFusedArgResidual];
+      const float inv = inv_rms(add_residual<W, U>(xr, rr, n), n, a.scalar[0]);
+      scale_row<W, U>(xr, rr, w, n, inv);  // the norm of z as stored
+    }
   }
-}
-
-// ------------------------------------------------------------------ ISA entry points
-
-template <int U, class TI, class TO>
-void rmsnorm_w4(const LaunchArgs& a, const Problem& p) {
-  rmsnorm_rows<4, U, TI, TO>(a, p);
-}
-template <int U, class T>
-void fused_w4(const LaunchArgs& a, const Problem& p) {
-  fused_rows<4, U, T>(a, p);
-}
-
-#if KDISPATCH_CPU_X86
-template <int U, class TI, class TO>
-KDISPATCH_TARGET_AVX2 void rmsnorm_w8(const LaunchArgs& a, const Problem& p) {
-  rmsnorm_rows<8, U, TI, TO>(a, p);
-}
-template <int U, class T>
-KDISPATCH_TARGET_AVX2 void fused_w8(const LaunchArgs& a, const Problem& p) {
-  fused_rows<8, U, T>(a, p);
-}
-template <int U, class TI, class TO>
-KDISPATCH_TARGET_AVX512 void rmsnorm_w16(const LaunchArgs& a, const Problem& p) {
-  rmsnorm_rows<16, U, TI, TO>(a, p);
-}
-template <int U, class T>
-KDISPATCH_TARGET_AVX512 void fused_w16(const LaunchArgs& a, const Problem& p) {
-  fused_rows<16, U, T>(a, p);
-}
-#endif
-
-using RowsFn = void (*)(const LaunchArgs&, const Problem&);
-
-/// fn[vec index][unroll index] for vec {4, 8, 16} x unroll {1, 2, 4}; null
-/// where the ISA is not compiled in.
-struct RowsTable {
-  RowsFn fn[3][3] = {};
 };
 
-template <class TI, class TO>
-constexpr RowsTable make_rmsnorm_table() {
-  RowsTable t;
-  t.fn[0][0] = &rmsnorm_w4<1, TI, TO>;
-  t.fn[0][1] = &rmsnorm_w4<2, TI, TO>;
-  t.fn[0][2] = &rmsnorm_w4<4, TI, TO>;
-#if KDISPATCH_CPU_X86
-  t.fn[1][0] = &rmsnorm_w8<1, TI, TO>;
-  t.fn[1][1] = &rmsnorm_w8<2, TI, TO>;
-  t.fn[1][2] = &rmsnorm_w8<4, TI, TO>;
-  t.fn[2][0] = &rmsnorm_w16<1, TI, TO>;
-  t.fn[2][1] = &rmsnorm_w16<2, TI, TO>;
-  t.fn[2][2] = &rmsnorm_w16<4, TI, TO>;
-#endif
-  return t;
-}
-
-template <class T>
-constexpr RowsTable make_fused_table() {
-  RowsTable t;
-  t.fn[0][0] = &fused_w4<1, T>;
-  t.fn[0][1] = &fused_w4<2, T>;
-  t.fn[0][2] = &fused_w4<4, T>;
-#if KDISPATCH_CPU_X86
-  t.fn[1][0] = &fused_w8<1, T>;
-  t.fn[1][1] = &fused_w8<2, T>;
-  t.fn[1][2] = &fused_w8<4, T>;
-  t.fn[2][0] = &fused_w16<1, T>;
-  t.fn[2][1] = &fused_w16<2, T>;
-  t.fn[2][2] = &fused_w16<4, T>;
-#endif
-  return t;
-}
-
-constexpr RowsTable kRmsnormF32 = make_rmsnorm_table<float, float>();
-constexpr RowsTable kRmsnormBf16 = make_rmsnorm_table<Bf16, Bf16>();
-constexpr RowsTable kRmsnormBf16F32 = make_rmsnorm_table<Bf16, float>();
-constexpr RowsTable kFusedF32 = make_fused_table<float>();
-constexpr RowsTable kFusedBf16 = make_fused_table<Bf16>();
-
-/// Index of a vec / unroll value in {4, 8, 16} / {1, 2, 4}; -1 when outside.
-constexpr int vec_index(int64_t v) { return v == 4 ? 0 : v == 8 ? 1 : v == 16 ? 2 : -1; }
-constexpr int unroll_index(int64_t u) { return u == 1 ? 0 : u == 2 ? 1 : u == 4 ? 2 : -1; }
-
-/// Whether the host runs `vec`-lane code.
-bool host_runs_vec(int64_t vec) noexcept {
-  if (vec == 4) return true;
-  if (!KDISPATCH_CPU_X86) return false;
-  return vec == 8 ? host_isa().avx2 : host_isa().avx512;
-}
+constexpr RowsTable kRmsnormF32 = make_rows_table<RmsnormRows<float, float>>();
+constexpr RowsTable kRmsnormBf16 = make_rows_table<RmsnormRows<Bf16, Bf16>>();
+constexpr RowsTable kRmsnormBf16F32 = make_rows_table<RmsnormRows<Bf16, float>>();
+constexpr RowsTable kFusedF32 = make_rows_table<FusedRows<float>>();
+constexpr RowsTable kFusedBf16 = make_rows_table<FusedRows<Bf16>>();
 
 // ------------------------------------------------------------------ references
 
@@ -289,11 +174,10 @@ void fused_ref_rows(const LaunchArgs& a, const Problem& p) {
 
 // ------------------------------------------------------------------ config space
 
-constexpr int64_t kVecValues[] = {4, 8, 16};
-constexpr int64_t kUnrollValues[] = {1, 2, 4};
+static_assert(kNormVec == kRowsVec && kNormUnroll == kRowsUnroll, "the row families' param slots (cpu_rows.hpp)");
 constexpr ParamDef kVecParams[] = {
-    {"vec", ParamKind::integer, kVecValues, {}, 4},
-    {"unroll", ParamKind::integer, kUnrollValues, {}, 1},
+    {"vec", ParamKind::integer, kRowsVecValues, {}, 4},
+    {"unroll", ParamKind::integer, kRowsUnrollValues, {}, 1},
 };
 
 // ------------------------------------------------------------------ supports / launch
@@ -317,17 +201,6 @@ Status check_problem(const VariantDef& v, const Problem& p) noexcept {
   return Status::Ok();
 }
 
-Status check_vec_params(const VariantDef& v, const int64_t* prm) noexcept {
-  if (!params_in_space(v, prm))
-    return decline(v, StatusCode::invalid_argument, "a param value is outside its config space");
-  if (!host_runs_vec(prm[kNormVec])) {
-    return decline(
-        v, StatusCode::unsupported_problem,
-        prm[kNormVec] == 8 ? "vec 8 needs AVX2, which this host lacks" : "vec 16 needs AVX-512, which this host lacks");
-  }
-  return Status::Ok();
-}
-
 Status check_args(const LaunchArgs& a, OpKind op) noexcept {
   if (a.data[0] == nullptr || a.data[1] == nullptr || a.data[2] == nullptr) {  // y, x, w / x, residual, w
     return make_status(StatusCode::invalid_argument, op == OpKind::rmsnorm
@@ -337,29 +210,8 @@ Status check_args(const LaunchArgs& a, OpKind op) noexcept {
   return Status::Ok();
 }
 
-/// The table entry for a vec plan, or null (with `*err` set) when the host
-/// cannot run it.
-RowsFn pick(const RowsTable& t, const int64_t* prm, Status* err) noexcept {
-  const int vi = vec_index(prm[kNormVec]);
-  const int ui = unroll_index(prm[kNormUnroll]);
-  RowsFn fn = (vi < 0 || ui < 0) ? nullptr : t.fn[vi][ui];
-  if (fn == nullptr || !host_runs_vec(prm[kNormVec])) {
-    *err = make_status(StatusCode::unsupported_problem, "norm: the plan's vec width needs an ISA this host lacks");
-    return nullptr;
-  }
-  return fn;
-}
-
-template <const VariantDef& V>
-Status vec_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) {
-  if (Status s = check_problem(V, p); !s.ok()) return s;
-  return check_vec_params(V, prm);
-}
-
-template <const VariantDef& V>
-Status ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
-  return check_problem(V, p);
-}
+/// A vec plan's launch when the host cannot run its width.
+constexpr const char* kNoIsa = "norm: the plan's vec width needs an ISA this host lacks";
 
 Status rmsnorm_vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status::Ok();
@@ -367,21 +219,13 @@ Status rmsnorm_vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* 
   const RowsTable& t = p.in_dtype == DType::fp32    ? kRmsnormF32
                        : p.out_dtype == DType::fp32 ? kRmsnormBf16F32
                                                     : kRmsnormBf16;
-  Status err;
-  RowsFn fn = pick(t, prm, &err);
-  if (fn == nullptr) return err;
-  fn(a, p);
-  return Status::Ok();
+  return run_rows(t, prm, a, p, kNoIsa);
 }
 
 Status fused_vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status::Ok();
   if (Status s = check_args(a, OpKind::fused_add_rmsnorm); !s.ok()) return s;
-  Status err;
-  RowsFn fn = pick(p.in_dtype == DType::fp32 ? kFusedF32 : kFusedBf16, prm, &err);
-  if (fn == nullptr) return err;
-  fn(a, p);
-  return Status::Ok();
+  return run_rows(p.in_dtype == DType::fp32 ? kFusedF32 : kFusedBf16, prm, a, p, kNoIsa);
 }
 
 Status rmsnorm_ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
@@ -412,66 +256,10 @@ Status fused_ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 // ------------------------------------------------------------------ the lists
 
-constinit const core::VariantDef kRmsnormFp32Vec{"rmsnorm_fp32__vec",
-                                                 OpKind::rmsnorm,
-                                                 DeviceType::cpu,
-                                                 DType::fp32,
-                                                 kVecParams,
-                                                 0,
-                                                 1,
-                                                 &vec_supports<kRmsnormFp32Vec>,
-                                                 &rmsnorm_vec_launch};
-constinit const core::VariantDef kRmsnormBf16Vec{"rmsnorm_bf16__vec",
-                                                 OpKind::rmsnorm,
-                                                 DeviceType::cpu,
-                                                 DType::bf16,
-                                                 kVecParams,
-                                                 0,
-                                                 1,
-                                                 &vec_supports<kRmsnormBf16Vec>,
-                                                 &rmsnorm_vec_launch};
-constinit const core::VariantDef kRmsnormFp32Ref{"rmsnorm_fp32__ref",
-                                                 OpKind::rmsnorm,
-                                                 DeviceType::cpu,
-                                                 DType::fp32,
-                                                 {},
-                                                 core::kVariantReference,
-                                                 1,
-                                                 &ref_supports<kRmsnormFp32Ref>,
-                                                 &rmsnorm_ref_launch};
-constinit const core::VariantDef kRmsnormBf16Ref{"rmsnorm_bf16__ref",
-                                                 OpKind::rmsnorm,
-                                                 DeviceType::cpu,
-                                                 DType::bf16,
-                                                 {},
-                                                 core::kVariantReference,
-                                                 1,
-                                                 &ref_supports<kRmsnormBf16Ref>,
-                                                 &rmsnorm_ref_launch};
-constinit const core::VariantDef kFusedAddRmsnormFp32Vec{
-    "fused_add_rmsnorm_fp32__vec",          OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::fp32, kVecParams, 0, 1,
-    &vec_supports<kFusedAddRmsnormFp32Vec>, &fused_vec_launch};
-constinit const core::VariantDef kFusedAddRmsnormBf16Vec{
-    "fused_add_rmsnorm_bf16__vec",          OpKind::fused_add_rmsnorm, DeviceType::cpu, DType::bf16, kVecParams, 0, 1,
-    &vec_supports<kFusedAddRmsnormBf16Vec>, &fused_vec_launch};
-constinit const core::VariantDef kFusedAddRmsnormFp32Ref{"fused_add_rmsnorm_fp32__ref",
-                                                         OpKind::fused_add_rmsnorm,
-                                                         DeviceType::cpu,
-                                                         DType::fp32,
-                                                         {},
-                                                         core::kVariantReference,
-                                                         1,
-                                                         &ref_supports<kFusedAddRmsnormFp32Ref>,
-                                                         &fused_ref_launch};
-constinit const core::VariantDef kFusedAddRmsnormBf16Ref{"fused_add_rmsnorm_bf16__ref",
-                                                         OpKind::fused_add_rmsnorm,
-                                                         DeviceType::cpu,
-                                                         DType::bf16,
-                                                         {},
-                                                         core::kVariantReference,
-                                                         1,
-                                                         &ref_supports<kFusedAddRmsnormBf16Ref>,
-                                                         &fused_ref_launch};
+KDISPATCH_CPU_ROWS_VARIANTS(Rmsnorm, "rmsnorm", OpKind::rmsnorm, check_problem, kVecParams, &rmsnorm_vec_launch,
+                            &rmsnorm_ref_launch)
+KDISPATCH_CPU_ROWS_VARIANTS(FusedAddRmsnorm, "fused_add_rmsnorm", OpKind::fused_add_rmsnorm, check_problem, kVecParams,
+                            &fused_vec_launch, &fused_ref_launch)
 
 // The model: the op is a streaming pass (two reads, one or two writes per
 // element), so take the widest vector the host runs, no wider than the row,
@@ -491,8 +279,7 @@ core::Plan norm_default(const core::Problem& p, const DeviceInfo&) noexcept {
                          : (bf16 ? &kRmsnormBf16Ref : &kRmsnormFp32Ref);
     return plan;
   }
-  int64_t vec = host_runs_vec(16) ? 16 : host_runs_vec(8) ? 8 : 4;
-  while (vec > 4 && vec > p.n) vec /= 2;
+  const int64_t vec = widest_vec(p.n);
   int64_t unroll = 4;
   while (unroll > 1 && vec * unroll > p.n) unroll /= 2;
   plan.variant = fused ? (bf16 ? &kFusedAddRmsnormBf16Vec : &kFusedAddRmsnormFp32Vec)

@@ -19,6 +19,7 @@
 
 #include "core/numeric.hpp"
 #include "cpu/cpu_common.hpp"
+#include "cpu/cpu_rows.hpp"
 #include "cpu/cpu_simd.hpp"
 #include "cpu/silu_list.hpp"
 #include "ops/silu_and_mul.hpp"
@@ -26,12 +27,7 @@
 namespace dispatch::cpu {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 using namespace simd;
 
 // ------------------------------------------------------------------ vector math
@@ -78,40 +74,33 @@ KDISPATCH_INLINE void vsilu_mul(typename Vec<W>::F& out, const typename Vec<W>::
 
 // ------------------------------------------------------------------ row bodies
 
-template <int W, int U, class T>
-KDISPATCH_INLINE void silu_rows(const LaunchArgs& a, const Problem& p) {
-  using F = typename Vec<W>::F;
-  const auto* x = static_cast<const T*>(a.data[core::kSiluArgX]);
-  auto* out = static_cast<T*>(a.data[core::kSiluArgOut]);
-  const int64_t d = p.n;
-  for (int64_t t = 0; t < p.m; ++t) {
-    const T* g = x + t * a.ld[core::kSiluArgX];
-    const T* u = g + d;
-    T* o = out + t * a.ld[core::kSiluArgOut];
-    int64_t i = 0;
-    for (; i + W * U <= d; i += W * U) {
-#pragma GCC unroll 4
-      for (int k = 0; k < U; ++k) {
+/// The silu_and_mul row body (cpu_rows.hpp).
+template <class T>
+struct SiluRows {
+  template <int W, int U>
+  KDISPATCH_INLINE static void run(const LaunchArgs& a, const Problem& p) {
+    using F = typename Vec<W>::F;
+    const auto* x = static_cast<const T*>(a.data[core::kSiluArgX]);
+    auto* out = static_cast<T*>(a.data[core::kSiluArgOut]);
+    const int64_t d = p.n;
+    for (int64_t t = 0; t < p.m; ++t) {
+      const T* g = x + t * a.ld[core::kSiluArgX];
+      const T* u = g + d;
+      T* o = out + t * a.ld[core::kSiluArgOut];
+      int64_t i = for_each_vector<W, U>(d, [&](int64_t j, int) KDISPATCH_LAMBDA_INLINE {
         F gv, uv, ov;
-        vload<W>(gv, g + i + k * W);
-        vload<W>(uv, u + i + k * W);
+        vload<W>(gv, g + j);
+        vload<W>(uv, u + j);
         vsilu_mul<W>(ov, gv, uv);
-        vstore<W>(o + i + k * W, ov);
+        vstore<W>(o + j, ov);
+      });
+      for (; i < d; ++i) {
+        const float gi = to_float(g[i]);
+        store_as(o + i, gi / (1.f + std::exp(-gi)) * to_float(u[i]));
       }
     }
-    for (; i + W <= d; i += W) {
-      F gv, uv, ov;
-      vload<W>(gv, g + i);
-      vload<W>(uv, u + i);
-      vsilu_mul<W>(ov, gv, uv);
-      vstore<W>(o + i, ov);
-    }
-    for (; i < d; ++i) {
-      const float gi = to_float(g[i]);
-      store_as(o + i, gi / (1.f + std::exp(-gi)) * to_float(u[i]));
-    }
   }
-}
+};
 
 template <class T>
 void silu_ref_rows(const LaunchArgs& a, const Problem& p) {
@@ -127,66 +116,15 @@ void silu_ref_rows(const LaunchArgs& a, const Problem& p) {
   }
 }
 
-// ------------------------------------------------------------------ ISA entry points
-
-template <int U, class T>
-void silu_w4(const LaunchArgs& a, const Problem& p) {
-  silu_rows<4, U, T>(a, p);
-}
-#if KDISPATCH_CPU_X86
-template <int U, class T>
-KDISPATCH_TARGET_AVX2 void silu_w8(const LaunchArgs& a, const Problem& p) {
-  silu_rows<8, U, T>(a, p);
-}
-template <int U, class T>
-KDISPATCH_TARGET_AVX512 void silu_w16(const LaunchArgs& a, const Problem& p) {
-  silu_rows<16, U, T>(a, p);
-}
-#endif
-
-using RowsFn = void (*)(const LaunchArgs&, const Problem&);
-
-/// fn[vec index][unroll index] for vec {4, 8, 16} x unroll {1, 2, 4}; null
-/// where the ISA is not compiled in.
-struct RowsTable {
-  RowsFn fn[3][3] = {};
-};
-
-template <class T>
-constexpr RowsTable make_table() {
-  RowsTable t;
-  t.fn[0][0] = &silu_w4<1, T>;
-  t.fn[0][1] = &silu_w4<2, T>;
-  t.fn[0][2] = &silu_w4<4, T>;
-#if KDISPATCH_CPU_X86
-  t.fn[1][0] = &silu_w8<1, T>;
-  t.fn[1][1] = &silu_w8<2, T>;
-  t.fn[1][2] = &silu_w8<4, T>;
-  t.fn[2][0] = &silu_w16<1, T>;
-  t.fn[2][1] = &silu_w16<2, T>;
-  t.fn[2][2] = &silu_w16<4, T>;
-#endif
-  return t;
-}
-constexpr RowsTable kF32 = make_table<float>();
-constexpr RowsTable kBf16 = make_table<Bf16>();
-
-constexpr int vec_index(int64_t v) { return v == 4 ? 0 : v == 8 ? 1 : v == 16 ? 2 : -1; }
-constexpr int unroll_index(int64_t u) { return u == 1 ? 0 : u == 2 ? 1 : u == 4 ? 2 : -1; }
-
-bool host_runs(int64_t vec) noexcept {
-  if (vec == 4) return true;
-  if (!KDISPATCH_CPU_X86) return false;
-  return vec == 8 ? host_isa().avx2 : host_isa().avx512;
-}
+constexpr RowsTable kF32 = make_rows_table<SiluRows<float>>();
+constexpr RowsTable kBf16 = make_rows_table<SiluRows<Bf16>>();
 
 // ------------------------------------------------------------------ supports / launch
 
-constexpr int64_t kVecs[] = {4, 8, 16};
-constexpr int64_t kUnrolls[] = {1, 2, 4};
+static_assert(kSiluVec == kRowsVec && kSiluUnroll == kRowsUnroll, "the row families' param slots (cpu_rows.hpp)");
 constexpr ParamDef kVecParams[] = {
-    {"vec", ParamKind::integer, kVecs, {}, 8},
-    {"unroll", ParamKind::integer, kUnrolls, {}, 2},
+    {"vec", ParamKind::integer, kRowsVecValues, {}, 8},
+    {"unroll", ParamKind::integer, kRowsUnrollValues, {}, 2},
 };
 
 Status check_problem(const VariantDef& v, const Problem& p) noexcept {
@@ -200,23 +138,6 @@ Status check_problem(const VariantDef& v, const Problem& p) noexcept {
   return Status::Ok();
 }
 
-template <const VariantDef& V>
-Status vec_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) {
-  if (Status s = check_problem(V, p); !s.ok()) return s;
-  if (!params_in_space(V, prm))
-    return decline(V, StatusCode::invalid_argument, "a param value is outside its config space");
-  if (!host_runs(prm[kSiluVec]))
-    return decline(
-        V, StatusCode::unsupported_problem,
-        prm[kSiluVec] == 8 ? "vec 8 needs AVX2, which this host lacks" : "vec 16 needs AVX-512, which this host lacks");
-  return Status::Ok();
-}
-
-template <const VariantDef& V>
-Status ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
-  return check_problem(V, p);
-}
-
 Status check_args(const LaunchArgs& a) noexcept {
   if (a.data[core::kSiluArgOut] == nullptr || a.data[core::kSiluArgX] == nullptr)
     return make_status(StatusCode::invalid_argument, "silu_and_mul: out and x must not be null");
@@ -226,14 +147,8 @@ Status check_args(const LaunchArgs& a) noexcept {
 Status vec_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
   if (p.m < 1) return Status::Ok();
   if (Status s = check_args(a); !s.ok()) return s;
-  const int vi = vec_index(prm[kSiluVec]), ui = unroll_index(prm[kSiluUnroll]);
-  const RowsTable& t = p.in_dtype == DType::fp32 ? kF32 : kBf16;
-  RowsFn fn = vi < 0 || ui < 0 ? nullptr : t.fn[vi][ui];
-  if (fn == nullptr || !host_runs(prm[kSiluVec]))
-    return make_status(StatusCode::unsupported_problem,
-                       "silu_and_mul: the plan's vec width needs an ISA this host lacks");
-  fn(a, p);
-  return Status::Ok();
+  return run_rows(p.in_dtype == DType::fp32 ? kF32 : kBf16, prm, a, p,
+                  "silu_and_mul: the plan's vec width needs an ISA this host lacks");
 }
 
 Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
@@ -250,18 +165,8 @@ Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 // ------------------------------------------------------------------ the list
 
-constinit const core::VariantDef kSiluFp32Vec{
-    "silu_and_mul_fp32__vec",    OpKind::silu_and_mul, DeviceType::cpu, DType::fp32, kVecParams, 0, 1,
-    &vec_supports<kSiluFp32Vec>, &vec_launch};
-constinit const core::VariantDef kSiluBf16Vec{
-    "silu_and_mul_bf16__vec",    OpKind::silu_and_mul, DeviceType::cpu, DType::bf16, kVecParams, 0, 1,
-    &vec_supports<kSiluBf16Vec>, &vec_launch};
-constinit const core::VariantDef kSiluFp32Ref{
-    "silu_and_mul_fp32__ref",    OpKind::silu_and_mul, DeviceType::cpu, DType::fp32, {}, core::kVariantReference, 1,
-    &ref_supports<kSiluFp32Ref>, &ref_launch};
-constinit const core::VariantDef kSiluBf16Ref{
-    "silu_and_mul_bf16__ref",    OpKind::silu_and_mul, DeviceType::cpu, DType::bf16, {}, core::kVariantReference, 1,
-    &ref_supports<kSiluBf16Ref>, &ref_launch};
+KDISPATCH_CPU_ROWS_VARIANTS(Silu, "silu_and_mul", OpKind::silu_and_mul, check_problem, kVecParams, &vec_launch,
+                            &ref_launch)
 
 // The model: a streaming pass (reads 2d, writes d per token) whose exp is a
 // dozen vector instructions, so take the widest vector the host runs, no
@@ -275,8 +180,7 @@ core::Plan silu_default(const core::Problem& p, const DeviceInfo&) noexcept {
     plan.variant = bf16 ? &kSiluBf16Ref : &kSiluFp32Ref;
     return plan;
   }
-  int64_t vec = host_runs(16) ? 16 : host_runs(8) ? 8 : 4;
-  while (vec > 4 && vec > p.n) vec /= 2;
+  const int64_t vec = widest_vec(p.n);
   const int64_t unroll = vec * 2 <= p.n ? 2 : 1;
   plan.variant = bf16 ? &kSiluBf16Vec : &kSiluFp32Vec;
   plan.params[kSiluVec] = vec;

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "core/op.hpp"
+#include "cpu/cpu_rows_list.hpp"
 #include "dispatch/device.hpp"
 
 namespace dispatch::cpu {
@@ -15,17 +16,8 @@ namespace dispatch::cpu {
 inline constexpr int kSiluVec = 0;
 inline constexpr int kSiluUnroll = 1;
 
-extern const core::VariantDef kSiluFp32Vec;
-extern const core::VariantDef kSiluBf16Vec;
-extern const core::VariantDef kSiluFp32Ref;
-extern const core::VariantDef kSiluBf16Ref;
-
-inline constexpr const core::VariantDef* kSiluAndMulVariants[] = {
-    &kSiluFp32Vec,
-    &kSiluBf16Vec,
-    &kSiluFp32Ref,
-    &kSiluBf16Ref,
-};
+/// The list, in priority order (references last).
+KDISPATCH_CPU_ROWS_LIST(Silu, kSiluAndMulVariants)
 
 /// Analytical default plan for a CPU silu_and_mul problem; an invalid Plan
 /// for dtypes no CPU variant computes.

@@ -16,6 +16,7 @@
 
 #include "cuda/cublaslt.hpp"
 #include "cuda/dl_library.hpp"
+#include "gpu/blas_floor.hpp"
 #include "gpu/handle_pool.hpp"
 #include "ops/gemm.hpp"
 
@@ -133,27 +134,13 @@ bool available() noexcept {
 const std::string& describe() noexcept { return api().describe; }
 
 Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
-  using core::kGemmArgA, core::kGemmArgB, core::kGemmArgD, core::kGemmArgBias;
   if (!available()) return core::needs_fallback(describe());
-  const void* const A = la.data[kGemmArgA];
-  const void* const B = la.data[kGemmArgB];
-  void* const D = la.data[kGemmArgD];
-  const void* const bias = la.data[kGemmArgBias];
-  if (A == nullptr || B == nullptr || D == nullptr)
-    return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
-  if (p.m < 1) return Status();
-  const int64_t lda = la.ld[kGemmArgA], ldb = la.ld[kGemmArgB], ldd = la.ld[kGemmArgD];
-  // cuBLAS's leading dimensions must cover a row (a broadcast operand or
-  // overlapping rows go to our kernels, which take any stride), and its
-  // sizes are int.
-  if ((p.m > 1 && (lda < p.k || ldd < p.n)) || (p.n > 1 && ldb < p.k))
-    return core::needs_fallback("cuBLAS needs row strides >= the row length");
-  if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldd > INT32_MAX)
-    return core::needs_fallback("cuBLAS takes dimensions and strides below 2^31");
+  gpu::BlasOperands o;
+  if (Status s = gpu::blas_operands(la, p, "cuBLAS", &o); !s.ok() || p.m < 1) return s;
   // torch's addmm takes cuBLASLt's bias epilogue when N > 1, K > 1 and the
   // result has the input dtype (torch 2.11: at M = 1 too, cublas.hpp); where
   // cuBLASLt declines, torch's own fallback: the bias copied, beta 1.
-  if (bias != nullptr && p.n > 1 && p.k > 1 && p.out_dtype == p.in_dtype) {
+  if (o.bias != nullptr && p.n > 1 && p.k > 1 && p.out_dtype == p.in_dtype) {
     int64_t prm[core::kMaxParams] = {};
     prm[lt::kAlgoId] = lt::kTorchPick;
     const Status st = lt::launch(la, p, prm);
@@ -179,11 +166,11 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   if (s == CUBLAS_STATUS_SUCCESS) s = a.set_math(h, CUBLAS_DEFAULT_MATH);
   if (s != CUBLAS_STATUS_SUCCESS) return make_status(StatusCode::backend_error, "cuBLAS handle: " + status_text(a, s));
   float beta = 0.f;
-  if (bias != nullptr) {
+  if (o.bias != nullptr) {
     // M = 1 (or K = 1, N = 1, an fp32 D, cuBLASLt declining): torch copies
     // the bias into the result and runs the GEMM with beta 1.
     const int64_t eb = p.out_dtype == DType::fp32 ? 4 : 2;
-    if (!broadcast_bias(D, bias, p.m, p.n, std::max<int64_t>(ldd, p.n), eb, stream))
+    if (!broadcast_bias(o.d, o.bias, p.m, p.n, std::max<int64_t>(o.ldd, p.n), eb, stream))
       return make_status(StatusCode::backend_error, "cuBLAS floor: the bias copy into d failed");
     beta = 1.f;
   }
@@ -193,9 +180,9 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   // D^T[N,M] = B^T' (K x N, transposed) x A^T (K x M): the TN call torch's
   // F.linear makes.
   s = a.gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k),
-                &alpha, B, in, static_cast<int>(std::max<int64_t>(ldb, p.k)), A, in,
-                static_cast<int>(std::max<int64_t>(lda, p.k)), &beta, D, out,
-                static_cast<int>(std::max<int64_t>(ldd, p.n)), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP);
+                &alpha, o.b, in, static_cast<int>(std::max<int64_t>(o.ldb, p.k)), o.a, in,
+                static_cast<int>(std::max<int64_t>(o.lda, p.k)), &beta, o.d, out,
+                static_cast<int>(std::max<int64_t>(o.ldd, p.n)), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP);
   if (s == CUBLAS_STATUS_SUCCESS) return Status();
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
     return core::needs_fallback("cublasGemmEx refused the call: " + status_text(a, s));

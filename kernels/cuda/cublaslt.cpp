@@ -46,17 +46,10 @@ using dl::sym;
 
 Api* open_api() {
   auto* a = new Api;  // kept for the process lifetime
-  dl::Opened lib =
-      dl::open_library("KDISPATCH_CUBLASLT", {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"});
-  if (lib.disabled) {
-    a->describe = "cuBLASLt disabled by KDISPATCH_CUBLASLT=0";
-    return a;
-  }
-  a->so = lib.so;
-  if (!a->so) {
-    a->describe = "cuBLASLt unavailable: dlopen failed for " + lib.tried;
-    return a;
-  }
+  a->so =
+      dl::open_or_say("KDISPATCH_CUBLASLT", {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"},
+                      "cuBLASLt", "cuBLASLt", &a->describe);
+  if (!a->so) return a;
   const bool ok = sym(a->so, "cublasLtCreate", &a->create) && sym(a->so, "cublasLtGetVersion", &a->get_version) &&
                   sym(a->so, "cublasLtMatmulDescInit_internal", &a->desc_init) &&
                   sym(a->so, "cublasLtMatmulDescSetAttribute", &a->desc_set) &&

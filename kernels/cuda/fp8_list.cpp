@@ -32,40 +32,14 @@
 #include "gpu/backend_decls.hpp"
 #include "gpu/fp8_plan.hpp"
 #include "gpu/gemm_plan.hpp"
+#include "gpu/variant_checks.hpp"
 #include "ops/gemm_fp8.hpp"
 #include "ops/quant_fp8.hpp"
 
 namespace dispatch::cuda {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Plan;
-using core::Problem;
-using core::VariantDef;
-
-Status decline(const VariantDef& v, StatusCode code, std::string_view why) noexcept {
-  try {
-    return make_status(code, std::string(v.name) + ": " + std::string(why));
-  } catch (...) {
-    return make_status(code, why);
-  }
-}
-
-const DeviceState* probed(const DeviceInfo& dev) noexcept {
-  if (!dev.available || dev.device.type != DeviceType::cuda) return nullptr;
-  const DeviceState* st = device_state(dev.device.ordinal);
-  return st != nullptr && st->info.device_name == dev.device_name ? st : nullptr;
-}
-
-Status image_ok(const VariantDef& v, const KernelImage& k, const DeviceState& st) noexcept {
-  if (k.loadable) return Status();
-  return decline(
-      v, StatusCode::unsupported_problem,
-      "no loadable kernel image for " + st.info.arch + " in this build (native error " + std::to_string(k.error) + ")");
-}
+using namespace core::variant_names;
 
 constexpr double kBandwidth = 3.6e12;  // bytes/s, a streaming read (H200 class)
 constexpr double kFp8Flops = 1.2e15;   // dense fp8 sustained by cuBLASLt
@@ -191,7 +165,7 @@ struct CublasLtFamily {
            1e6 * std::max(2.0 * p.m * p.n * p.k / (kFp8Flops * sc), gemm_bytes(p) / (kBandwidth * 0.8 * sc));
   }
   static int enumerate(const Problem& p, const DeviceInfo& dev, int64_t* out, int cap) {
-    if (!probed(dev) || p.in_dtype != DType::fp8_e4m3fn || cap < 1) return 0;
+    if (!probed(dev, DeviceType::cuda) || p.in_dtype != DType::fp8_e4m3fn || cap < 1) return 0;
     // The floor first (torch._scaled_mm's pick at the call: every search
     // races it), then the heuristic's algorithms.
     std::fill(out, out + core::kMaxParams, int64_t{0});
@@ -226,17 +200,13 @@ struct GemmDef {
     if (p.op != kGemmOps[L])
       return decline(v, StatusCode::unsupported_problem,
                      "not a " + std::string(v.name.substr(0, v.name.find("_e4m3fn"))) + " problem");
-    if (p.device.type != DeviceType::cuda)
-      return decline(v, StatusCode::unsupported_device,
-                     "cuda variant, the problem is on " + std::string(device_type_name(p.device.type)));
-    if (p.in_dtype != DType::fp8_e4m3fn)
-      return decline(v, StatusCode::unsupported_problem, "input dtype must be fp8_e4m3fn");
+    if (Status s = check_device_and_dtype(v, p); !s.ok()) return s;
     if (p.out_dtype != DType::bf16 && p.out_dtype != DType::fp16 && p.out_dtype != DType::fp32)
       return decline(v, StatusCode::unsupported_problem, "the output dtype must be bf16, fp16 or fp32");
     if (p.n < 1 || p.k < 1) return decline(v, StatusCode::invalid_argument, "N and K must be >= 1");
     if (p.n > INT32_MAX || p.k > INT32_MAX)
       return decline(v, StatusCode::unsupported_problem, "N and K must be < 2^31");
-    const DeviceState* st = probed(dev);
+    const DeviceState* st = probed(dev, DeviceType::cuda);
     const KernelImage* need = nullptr;
     if (Status s = F::supports(L, p, prm, st, &need); !s.ok()) return decline(v, s.code(), s.message());
     if (need && st) return image_ok(v, *need, *st);
@@ -314,17 +284,13 @@ struct QuantDef {
   static const VariantDef v;
   static Status supports(const Problem& p, const int64_t* prm, const DeviceInfo& dev) {
     if (p.op != kQuantOps[L]) return decline(v, StatusCode::unsupported_problem, "not this op's problem");
-    if (p.device.type != DeviceType::cuda)
-      return decline(v, StatusCode::unsupported_device,
-                     "cuda variant, the problem is on " + std::string(device_type_name(p.device.type)));
-    if (p.in_dtype != DT)
-      return decline(v, StatusCode::unsupported_problem, "input dtype must be " + std::string(dtype_name(DT)));
+    if (Status s = check_device_and_dtype(v, p); !s.ok()) return s;
     if (p.out_dtype != DType::fp8_e4m3fn) return decline(v, StatusCode::unsupported_problem, "q must be fp8_e4m3fn");
     if (p.k < 1) return decline(v, StatusCode::invalid_argument, "K must be >= 1");
     int w = 4;
     if (!Ref)
       if (const char* why = gpu::fp8::resolve_quant(prm, &w)) return decline(v, StatusCode::unsupported_problem, why);
-    if (const DeviceState* st = probed(dev))
+    if (const DeviceState* st = probed(dev, DeviceType::cuda))
       return image_ok(v, st->quant_fp8[static_cast<int>(DT)][L][Ref ? 1 : 0], *st);
     return Status();
   }

@@ -164,26 +164,24 @@ Status launch(int layout, int warps, const core::LaunchArgs& la, const core::Pro
   Args g;
   if (Status st = fill_args(la, p, &g); !st.ok()) return st;
   if (p.m < 1) return Status();
-  const port::Stream s = static_cast<port::Stream>(la.stream);
-  DeviceGuard guard(p.device.ordinal);
-  const bool pdl = pdl_enabled(p.device.ordinal);
+  const LaunchScope on(la, p);
   const dim3 block(static_cast<unsigned>(32 * warps));
   port::Error e = port::kSuccess;
   if (layout == 1) {
     if (p.m > INT32_MAX) return make_status(StatusCode::unsupported_problem, "quant_fp8_token: M must be < 2^31");
-    e = port::launch(token_kernel<DT, Mul>, dim3(static_cast<unsigned>(p.m)), block, s, pdl, g);
+    e = port::launch(token_kernel<DT, Mul>, dim3(static_cast<unsigned>(p.m)), block, on.stream, on.pdl, g);
   } else if (layout == 2) {
     const int64_t groups = (p.k + core::kQuantGroup - 1) / core::kQuantGroup * p.m;
     const int64_t blocks = (groups + warps - 1) / warps;
     if (blocks > INT32_MAX) return make_status(StatusCode::unsupported_problem, "quant_fp8_group: too many groups");
-    e = port::launch(group_kernel<DT, Mul>, dim3(static_cast<unsigned>(blocks)), block, s, pdl, g);
+    e = port::launch(group_kernel<DT, Mul>, dim3(static_cast<unsigned>(blocks)), block, on.stream, on.pdl, g);
   } else {
     const int64_t want = (p.m * p.k + 32 * warps * 8 - 1) / (32 * warps * 8);
     const dim3 grid(static_cast<unsigned>(want < 1024 ? want : 1024));
-    e = cudaMemsetAsync(g.scale, 0, sizeof(float), s);
-    if (e == port::kSuccess) e = port::launch(tensor_amax_kernel<DT>, grid, block, s, pdl, g);
-    if (e == port::kSuccess) e = port::launch(tensor_quant_kernel<DT, Mul>, grid, block, s, pdl, g);
-    if (e == port::kSuccess) e = port::launch(tensor_finish_kernel<DT>, dim3(1), dim3(1), s, pdl, g.scale);
+    e = cudaMemsetAsync(g.scale, 0, sizeof(float), on.stream);
+    if (e == port::kSuccess) e = port::launch(tensor_amax_kernel<DT>, grid, block, on.stream, on.pdl, g);
+    if (e == port::kSuccess) e = port::launch(tensor_quant_kernel<DT, Mul>, grid, block, on.stream, on.pdl, g);
+    if (e == port::kSuccess) e = port::launch(tensor_finish_kernel<DT>, dim3(1), dim3(1), on.stream, on.pdl, g.scale);
   }
   if (e != port::kSuccess) (void)cudaGetLastError();
   return port::status(e, "quant_fp8 kernel launch");

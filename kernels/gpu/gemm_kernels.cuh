@@ -274,16 +274,14 @@ Status launch_skinny(const gpu::gemm::Skinny& sk, const core::LaunchArgs& la, co
   if (grid.y > 65535u) return core::needs_fallback("skinny: M too large");
   const dim3 block(static_cast<unsigned>(kWarpSize * sk.split_k));
   const size_t smem = sizeof(float) * static_cast<size_t>(sk.split_k * mt * sk.rows_per_warp);
-  const port::Stream s = static_cast<port::Stream>(la.stream);
-  DeviceGuard guard(p.device.ordinal);
-  const bool pdl = pdl_enabled(p.device.ordinal);
+  const LaunchScope on(la, p);
   port::Error e;
   switch (mt) {
-    case 1: e = launch_skinny_r<DT, 1>(sk.rows_per_warp, grid, block, smem, s, pdl, g); break;
-    case 2: e = launch_skinny_r<DT, 2>(sk.rows_per_warp, grid, block, smem, s, pdl, g); break;
-    case 4: e = launch_skinny_r<DT, 4>(sk.rows_per_warp, grid, block, smem, s, pdl, g); break;
-    case 8: e = launch_skinny_r<DT, 8>(sk.rows_per_warp, grid, block, smem, s, pdl, g); break;
-    default: e = launch_skinny_r<DT, 16>(sk.rows_per_warp, grid, block, smem, s, pdl, g); break;
+    case 1: e = launch_skinny_r<DT, 1>(sk.rows_per_warp, grid, block, smem, on.stream, on.pdl, g); break;
+    case 2: e = launch_skinny_r<DT, 2>(sk.rows_per_warp, grid, block, smem, on.stream, on.pdl, g); break;
+    case 4: e = launch_skinny_r<DT, 4>(sk.rows_per_warp, grid, block, smem, on.stream, on.pdl, g); break;
+    case 8: e = launch_skinny_r<DT, 8>(sk.rows_per_warp, grid, block, smem, on.stream, on.pdl, g); break;
+    default: e = launch_skinny_r<DT, 16>(sk.rows_per_warp, grid, block, smem, on.stream, on.pdl, g); break;
   }
   return port::status(e, "gemm skinny kernel launch");
 }
@@ -295,10 +293,8 @@ Status launch_reference(const core::LaunchArgs& la, const core::Problem& p) noex
   const dim3 grid(static_cast<unsigned>((p.n + kRefTile - 1) / kRefTile),
                   static_cast<unsigned>((p.m + kRefTile - 1) / kRefTile));
   if (grid.y > 65535u) return make_status(StatusCode::unsupported_problem, "gemm reference: M too large (> 1048560)");
-  const port::Stream s = static_cast<port::Stream>(la.stream);
-  DeviceGuard guard(p.device.ordinal);
-  const port::Error e =
-      port::launch(reference_kernel<DT>, grid, dim3(kRefTile * kRefTile), s, pdl_enabled(p.device.ordinal), g);
+  const LaunchScope on(la, p);
+  const port::Error e = port::launch(reference_kernel<DT>, grid, dim3(kRefTile * kRefTile), on.stream, on.pdl, g);
   return port::status(e, "gemm reference kernel launch");
 }
 

@@ -32,6 +32,18 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
+/// What every launcher sets up before its launches, in this order: the
+/// call's stream, the tensor's device made current for the scope
+/// (DeviceGuard), and whether the launches use programmatic dependent
+/// launch (pdl_enabled).
+struct LaunchScope {
+  port::Stream stream;
+  DeviceGuard guard;
+  bool pdl;
+  LaunchScope(const core::LaunchArgs& la, const core::Problem& p) noexcept
+      : stream(static_cast<port::Stream>(la.stream)), guard(p.device.ordinal), pdl(pdl_enabled(p.device.ordinal)) {}
+};
+
 inline bool aligned16(const void* p) noexcept { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 /// What the runtime says about one compiled kernel on the current device.

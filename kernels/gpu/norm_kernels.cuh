@@ -311,9 +311,7 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
       k.threads = generic_threads_for(p.n);
     }
   }
-  const port::Stream s = static_cast<port::Stream>(la.stream);
-  DeviceGuard guard(p.device.ordinal);
-  const bool pdl = pdl_enabled(p.device.ordinal);
+  const LaunchScope on(la, p);
   port::Error e = port::kSuccess;
   switch (k.family) {
     case Family::warp:
@@ -322,22 +320,22 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
       const dim3 block(static_cast<unsigned>(k.threads));
       const dim3 grid(static_cast<unsigned>(warp ? gpu::norm::ceil_div(p.m, k.rows_per_block) : p.m));
       switch (k.unroll) {
-        case 1: e = launch_resident<DT, 1, kFused>(warp, grid, block, s, pdl, a); break;
-        case 2: e = launch_resident<DT, 2, kFused>(warp, grid, block, s, pdl, a); break;
-        case 4: e = launch_resident<DT, 4, kFused>(warp, grid, block, s, pdl, a); break;
-        case 8: e = launch_resident<DT, 8, kFused>(warp, grid, block, s, pdl, a); break;
-        case 16: e = launch_resident<DT, 16, kFused>(warp, grid, block, s, pdl, a); break;
+        case 1: e = launch_resident<DT, 1, kFused>(warp, grid, block, on.stream, on.pdl, a); break;
+        case 2: e = launch_resident<DT, 2, kFused>(warp, grid, block, on.stream, on.pdl, a); break;
+        case 4: e = launch_resident<DT, 4, kFused>(warp, grid, block, on.stream, on.pdl, a); break;
+        case 8: e = launch_resident<DT, 8, kFused>(warp, grid, block, on.stream, on.pdl, a); break;
+        case 16: e = launch_resident<DT, 16, kFused>(warp, grid, block, on.stream, on.pdl, a); break;
         default: return make_status(StatusCode::invalid_argument, "norm: unroll is not one of 1, 2, 4, 8, 16");
       }
       return port::status(e, warp ? "norm warp kernel launch" : "norm block kernel launch");
     }
     case Family::generic:
       e = port::launch(generic_kernel<DT, kFused>, dim3(static_cast<unsigned>(p.m)),
-                       dim3(static_cast<unsigned>(k.threads)), s, pdl, a);
+                       dim3(static_cast<unsigned>(k.threads)), on.stream, on.pdl, a);
       return port::status(e, "norm generic kernel launch");
     case Family::reference:
       e = port::launch(reference_kernel<DT, kFused>, dim3(static_cast<unsigned>(p.m)),
-                       dim3(gpu::norm::kReferenceThreads), s, pdl, a);
+                       dim3(gpu::norm::kReferenceThreads), on.stream, on.pdl, a);
       return port::status(e, "norm reference kernel launch");
   }
   return make_status(StatusCode::internal, "norm: unknown family");

@@ -69,11 +69,19 @@ namespace dispatch::KDISPATCH_GPU_NS::port {
 
 // ------------------------------------------------------------------ names
 
+// The runtime's names both vendors spell alike but for the prefix (cudaX,
+// hipX) are written once, through KDISPATCH_RT.
 #if KDISPATCH_GPU_HIP
-using Error = hipError_t;
-using Stream = hipStream_t;
-using Event = hipEvent_t;
-inline constexpr Error kSuccess = hipSuccess;
+#define KDISPATCH_RT(name) hip##name
+#else
+#define KDISPATCH_RT(name) cuda##name
+#endif
+
+using Error = KDISPATCH_RT(Error_t);
+using Stream = KDISPATCH_RT(Stream_t);
+using Event = KDISPATCH_RT(Event_t);
+inline constexpr Error kSuccess = KDISPATCH_RT(Success);
+#if KDISPATCH_GPU_HIP
 inline constexpr DeviceType kBackend = DeviceType::hip;
 inline constexpr std::string_view kApi = "hip";
 /// CDNA (gfx9) runs 64-wide wavefronts; the device pass of clang states it.
@@ -83,10 +91,6 @@ inline constexpr int kWarpSize = __AMDGCN_WAVEFRONT_SIZE;
 inline constexpr int kWarpSize = 64;
 #endif
 #else
-using Error = cudaError_t;
-using Stream = cudaStream_t;
-using Event = cudaEvent_t;
-inline constexpr Error kSuccess = cudaSuccess;
 inline constexpr DeviceType kBackend = DeviceType::cuda;
 inline constexpr std::string_view kApi = "cuda";
 inline constexpr int kWarpSize = 32;
@@ -94,19 +98,16 @@ inline constexpr int kWarpSize = 32;
 
 // ------------------------------------------------------------------ errors
 
+inline const char* error_name(Error e) noexcept { return KDISPATCH_RT(GetErrorName)(e); }
+inline const char* error_string(Error e) noexcept { return KDISPATCH_RT(GetErrorString)(e); }
+inline Error get_last_error() noexcept { return KDISPATCH_RT(GetLastError)(); }
 #if KDISPATCH_GPU_HIP
-inline const char* error_name(Error e) noexcept { return hipGetErrorName(e); }
-inline const char* error_string(Error e) noexcept { return hipGetErrorString(e); }
-inline Error get_last_error() noexcept { return hipGetLastError(); }
 /// "No usable device here": the driver is missing or no GPU is present.
 inline bool is_no_device(Error e) noexcept {
   return e == hipErrorNoDevice || e == hipErrorInsufficientDriver || e == hipErrorInvalidDevice;
 }
 inline bool is_out_of_memory(Error e) noexcept { return e == hipErrorOutOfMemory; }
 #else
-inline const char* error_name(Error e) noexcept { return cudaGetErrorName(e); }
-inline const char* error_string(Error e) noexcept { return cudaGetErrorString(e); }
-inline Error get_last_error() noexcept { return cudaGetLastError(); }
 /// "No usable device here": 35 (no driver, or one too old), 34 (the stub
 /// libcuda.so), 100 (driver but no device). Checked on a machine without a
 /// GPU: every runtime call then fails with 35 (or 34), never 100.
@@ -152,105 +153,69 @@ inline Status status(Error e, std::string_view what) noexcept {
 
 // ------------------------------------------------------------------ runtime
 
-#if KDISPATCH_GPU_HIP
 inline Error get_device_count(int* n) noexcept {
   *n = 0;
-  return hipGetDeviceCount(n);
+  return KDISPATCH_RT(GetDeviceCount)(n);
 }
-inline Error get_device(int* d) noexcept { return hipGetDevice(d); }
-inline Error set_device(int d) noexcept { return hipSetDevice(d); }
-inline Error malloc_device(void** p, size_t n) noexcept { return hipMalloc(p, n); }
-inline Error free_device(void* p) noexcept { return hipFree(p); }
-inline Error copy_d2h(void* d, const void* s, size_t n) noexcept { return hipMemcpy(d, s, n, hipMemcpyDeviceToHost); }
-inline Error copy_h2d(void* d, const void* s, size_t n) noexcept { return hipMemcpy(d, s, n, hipMemcpyHostToDevice); }
-inline Error copy_d2d(void* d, const void* s, size_t n) noexcept { return hipMemcpy(d, s, n, hipMemcpyDeviceToDevice); }
+inline Error get_device(int* d) noexcept { return KDISPATCH_RT(GetDevice)(d); }
+inline Error set_device(int d) noexcept { return KDISPATCH_RT(SetDevice)(d); }
+inline Error malloc_device(void** p, size_t n) noexcept { return KDISPATCH_RT(Malloc)(p, n); }
+inline Error free_device(void* p) noexcept { return KDISPATCH_RT(Free)(p); }
+inline Error copy_d2h(void* d, const void* s, size_t n) noexcept {
+  return KDISPATCH_RT(Memcpy)(d, s, n, KDISPATCH_RT(MemcpyDeviceToHost));
+}
+inline Error copy_h2d(void* d, const void* s, size_t n) noexcept {
+  return KDISPATCH_RT(Memcpy)(d, s, n, KDISPATCH_RT(MemcpyHostToDevice));
+}
+inline Error copy_d2d(void* d, const void* s, size_t n) noexcept {
+  return KDISPATCH_RT(Memcpy)(d, s, n, KDISPATCH_RT(MemcpyDeviceToDevice));
+}
 inline Error memset_2d(void* d, size_t pitch, int v, size_t w, size_t h) noexcept {
-  return hipMemset2D(d, pitch, v, w, h);
+  return KDISPATCH_RT(Memset2D)(d, pitch, v, w, h);
 }
-inline Error stream_synchronize(Stream s) noexcept { return hipStreamSynchronize(s); }
-inline Error event_create(Event* e) noexcept { return hipEventCreate(e); }
-inline Error event_destroy(Event e) noexcept { return hipEventDestroy(e); }
-inline Error event_record(Event e, Stream s) noexcept { return hipEventRecord(e, s); }
-inline Error event_synchronize(Event e) noexcept { return hipEventSynchronize(e); }
-inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return hipEventElapsedTime(ms, a, b); }
+inline Error stream_synchronize(Stream s) noexcept { return KDISPATCH_RT(StreamSynchronize)(s); }
+inline Error event_create(Event* e) noexcept { return KDISPATCH_RT(EventCreate)(e); }
+inline Error event_destroy(Event e) noexcept { return KDISPATCH_RT(EventDestroy)(e); }
+inline Error event_record(Event e, Stream s) noexcept { return KDISPATCH_RT(EventRecord)(e, s); }
+inline Error event_synchronize(Event e) noexcept { return KDISPATCH_RT(EventSynchronize)(e); }
+inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return KDISPATCH_RT(EventElapsedTime)(ms, a, b); }
 inline Error runtime_version(int* v) noexcept {
   *v = 0;
-  return hipRuntimeGetVersion(v);
+  return KDISPATCH_RT(RuntimeGetVersion)(v);
 }
-/// This thread may make "unsafe" calls (malloc, synchronous copies) while
-/// another thread captures a graph in global mode.
-inline void* tuner_stream() noexcept { return nullptr; }  // no per-thread streams in Debian's HIP 5.2
-inline Error relax_capture_mode() noexcept {
-  hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
-  return hipThreadExchangeStreamCaptureMode(&m);
-}
-struct RelaxedCaptureScope {
-  hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
-  bool ok;
-  RelaxedCaptureScope() noexcept : ok(hipThreadExchangeStreamCaptureMode(&m) == hipSuccess) {}
-  ~RelaxedCaptureScope() {
-    if (ok) (void)hipThreadExchangeStreamCaptureMode(&m);
-  }
-};
 inline Error driver_version(int* v) noexcept {
   *v = 0;
-  return hipDriverGetVersion(v);
-}
-inline Error stream_capturing(Stream s, bool* yes) noexcept {
-  hipStreamCaptureStatus st = hipStreamCaptureStatusNone;
-  Error e = hipStreamIsCapturing(s, &st);
-  *yes = st != hipStreamCaptureStatusNone;
-  return e;
-}
-#else
-inline Error get_device_count(int* n) noexcept {
-  *n = 0;
-  return cudaGetDeviceCount(n);
-}
-inline Error get_device(int* d) noexcept { return cudaGetDevice(d); }
-inline Error set_device(int d) noexcept { return cudaSetDevice(d); }
-inline Error malloc_device(void** p, size_t n) noexcept { return cudaMalloc(p, n); }
-inline Error free_device(void* p) noexcept { return cudaFree(p); }
-inline Error copy_d2h(void* d, const void* s, size_t n) noexcept { return cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost); }
-inline Error copy_h2d(void* d, const void* s, size_t n) noexcept { return cudaMemcpy(d, s, n, cudaMemcpyHostToDevice); }
-inline Error copy_d2d(void* d, const void* s, size_t n) noexcept {
-  return cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice);
-}
-inline Error memset_2d(void* d, size_t pitch, int v, size_t w, size_t h) noexcept {
-  return cudaMemset2D(d, pitch, v, w, h);
-}
-inline Error stream_synchronize(Stream s) noexcept { return cudaStreamSynchronize(s); }
-inline Error event_create(Event* e) noexcept { return cudaEventCreate(e); }
-inline Error event_destroy(Event e) noexcept { return cudaEventDestroy(e); }
-inline Error event_record(Event e, Stream s) noexcept { return cudaEventRecord(e, s); }
-inline Error event_synchronize(Event e) noexcept { return cudaEventSynchronize(e); }
-inline Error event_elapsed_ms(float* ms, Event a, Event b) noexcept { return cudaEventElapsedTime(ms, a, b); }
-inline Error runtime_version(int* v) noexcept {
-  *v = 0;
-  return cudaRuntimeGetVersion(v);
+  return KDISPATCH_RT(DriverGetVersion)(v);
 }
 /// This thread may make "unsafe" calls (malloc, synchronous copies) while
 /// another thread captures a graph in global mode.
+#if KDISPATCH_GPU_HIP
+inline void* tuner_stream() noexcept { return nullptr; }  // no per-thread streams in Debian's HIP 5.2
+#else
 inline void* tuner_stream() noexcept { return static_cast<void*>(cudaStreamPerThread); }
+#endif
 inline Error relax_capture_mode() noexcept {
-  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
-  return cudaThreadExchangeStreamCaptureMode(&m);
+  KDISPATCH_RT(StreamCaptureMode) m = KDISPATCH_RT(StreamCaptureModeRelaxed);
+  return KDISPATCH_RT(ThreadExchangeStreamCaptureMode)(&m);
 }
 /// This thread's capture mode set to relaxed until the scope ends (then
 /// restored): an allocation while this thread captures, as torch's caching
 /// allocator does it (cudaMalloc is an "unsafe" call in global mode).
 struct RelaxedCaptureScope {
-  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  KDISPATCH_RT(StreamCaptureMode) m = KDISPATCH_RT(StreamCaptureModeRelaxed);
   bool ok;
-  RelaxedCaptureScope() noexcept : ok(cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess) {}
+  RelaxedCaptureScope() noexcept : ok(KDISPATCH_RT(ThreadExchangeStreamCaptureMode)(&m) == kSuccess) {}
   ~RelaxedCaptureScope() {
-    if (ok) (void)cudaThreadExchangeStreamCaptureMode(&m);
+    if (ok) (void)KDISPATCH_RT(ThreadExchangeStreamCaptureMode)(&m);
   }
 };
-inline Error driver_version(int* v) noexcept {
-  *v = 0;
-  return cudaDriverGetVersion(v);
+inline Error stream_capturing(Stream s, bool* yes) noexcept {
+  KDISPATCH_RT(StreamCaptureStatus) st = KDISPATCH_RT(StreamCaptureStatusNone);
+  Error e = KDISPATCH_RT(StreamIsCapturing)(s, &st);
+  *yes = st != KDISPATCH_RT(StreamCaptureStatusNone);
+  return e;
 }
+#if !KDISPATCH_GPU_HIP
 /// The tuner's serving-mode timing (tune::Clock::time_graph): a capture in
 /// thread-local mode (an engine thread's global-mode capture neither breaks
 /// it nor is broken by it), instantiated and replayed.
@@ -275,13 +240,9 @@ inline Error graph_instantiate(GraphExec* x, Graph g) noexcept {
 inline Error graph_launch(GraphExec x, Stream s) noexcept { return cudaGraphLaunch(x, s); }
 inline Error graph_destroy(Graph g) noexcept { return cudaGraphDestroy(g); }
 inline Error graph_exec_destroy(GraphExec x) noexcept { return cudaGraphExecDestroy(x); }
-inline Error stream_capturing(Stream s, bool* yes) noexcept {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  Error e = cudaStreamIsCapturing(s, &st);
-  *yes = st != cudaStreamCaptureStatusNone;
-  return e;
-}
 #endif
+
+#undef KDISPATCH_RT
 
 /// The device properties kdispatch reads, from fields every supported
 /// runtime version has.

@@ -200,24 +200,22 @@ Status launch(const Launch& l, const core::LaunchArgs& la, const core::Problem& 
   const dim3 grid(static_cast<unsigned>(l.tiles_x),
                   static_cast<unsigned>(a.row_groups < gpu::silu::kMaxGridY ? a.row_groups : gpu::silu::kMaxGridY));
   const dim3 block(static_cast<unsigned>(l.threads));
-  const port::Stream s = static_cast<port::Stream>(la.stream);
-  DeviceGuard guard(p.device.ordinal);
-  const bool pdl = pdl_enabled(p.device.ordinal);
+  const LaunchScope on(la, p);
   port::Error e = port::kSuccess;
   switch (l.family) {
     case Family::vec:
       if (l.unroll == 1)
-        e = port::launch(vec_kernel<DT, 1>, grid, block, s, pdl, a);
+        e = port::launch(vec_kernel<DT, 1>, grid, block, on.stream, on.pdl, a);
       else if (l.unroll == 2)
-        e = port::launch(vec_kernel<DT, 2>, grid, block, s, pdl, a);
+        e = port::launch(vec_kernel<DT, 2>, grid, block, on.stream, on.pdl, a);
       else
         return make_status(StatusCode::invalid_argument, "silu_and_mul: unroll is not one of 1, 2");
       return port::status(e, "silu_and_mul vec kernel launch");
     case Family::generic:
-      e = port::launch(generic_kernel<DT>, grid, block, s, pdl, a);
+      e = port::launch(generic_kernel<DT>, grid, block, on.stream, on.pdl, a);
       return port::status(e, "silu_and_mul generic kernel launch");
     case Family::reference:
-      e = port::launch(reference_kernel<DT>, grid, block, s, pdl, a);
+      e = port::launch(reference_kernel<DT>, grid, block, on.stream, on.pdl, a);
       return port::status(e, "silu_and_mul reference kernel launch");
   }
   return make_status(StatusCode::internal, "silu_and_mul: unknown family");

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/dl_library.hpp"  // plain dlopen helpers (no CUDA in them)
+#include "gpu/blas_floor.hpp"
 #include "gpu/handle_pool.hpp"
 #include "ops/gemm.hpp"
 
@@ -217,22 +218,11 @@ bool available() noexcept {
 const std::string& describe() noexcept { return api().describe; }
 
 Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
-  using core::kGemmArgA, core::kGemmArgB, core::kGemmArgD, core::kGemmArgBias;
   try {
     if (!available()) return core::needs_fallback(describe());
-    const void* const A = la.data[kGemmArgA];
-    const void* const B = la.data[kGemmArgB];
-    void* const D = la.data[kGemmArgD];
-    const void* const bias = la.data[kGemmArgBias];
-    if (A == nullptr || B == nullptr || D == nullptr)
-      return make_status(StatusCode::invalid_argument, "gemm: a, b and d must not be null");
-    if (p.m < 1) return Status();
-    const int64_t lda = la.ld[kGemmArgA], ldb = la.ld[kGemmArgB], ldd = la.ld[kGemmArgD];
-    if ((p.m > 1 && (lda < p.k || ldd < p.n)) || (p.n > 1 && ldb < p.k))
-      return core::needs_fallback("hipBLASLt needs row strides >= the row length");
-    if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldd > INT32_MAX)
-      return core::needs_fallback("hipBLASLt takes dimensions and strides below 2^31");
-    if (bias != nullptr && p.out_dtype != p.in_dtype)
+    gpu::BlasOperands o;
+    if (Status s = gpu::blas_operands(la, p, "hipBLASLt", &o); !s.ok() || p.m < 1) return s;
+    if (o.bias != nullptr && p.out_dtype != p.in_dtype)
       return core::needs_fallback("the floor's bias epilogue takes a bias in the input dtype (torch's addmm)");
     const Api& a = api();
     const int device = static_cast<int>(p.device.ordinal);
@@ -241,20 +231,20 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
     Handle h = handle_for(a, device);
     if (h == nullptr) return core::needs_fallback("hipblasLtCreate failed on device " + std::to_string(device));
     Descs d(a);
-    if (LtStatus s = make_descs(p, lda, ldb, ldd, bias, &d); s != kOk)
+    if (LtStatus s = make_descs(p, o.lda, o.ldb, o.ldd, o.bias, &d); s != kOk)
       return make_status(StatusCode::backend_error, "hipBLASLt descriptors: status " + std::to_string(s));
     const bool has_ws = la.workspace != nullptr && la.workspace_bytes > 0;
     const int64_t offer = std::min<int64_t>(has_ws ? la.workspace_bytes : 0, torch_workspace());
     const PickKey key{p.m,
                       p.n,
                       p.k,
-                      lda,
-                      ldb,
-                      ldd,
+                      o.lda,
+                      o.ldb,
+                      o.ldd,
                       offer,
                       static_cast<int>(p.in_dtype),
                       static_cast<int>(p.out_dtype),
-                      bias != nullptr};
+                      o.bias != nullptr};
     Pick pick;
     bool cached = false;
     PickCache& c = picks();
@@ -286,7 +276,7 @@ Status gemm(const core::LaunchArgs& la, const core::Problem& p) noexcept {
                                   " bytes of workspace, the call has " +
                                   std::to_string(has_ws ? la.workspace_bytes : 0));
     const float alpha = 1.f, beta = 0.f;
-    const LtStatus s = a.matmul(h, d.op, &alpha, B, d.la, A, d.lb, &beta, D, d.lc, D, d.lc, &pick.algo,
+    const LtStatus s = a.matmul(h, d.op, &alpha, o.b, d.la, o.a, d.lb, &beta, o.d, d.lc, o.d, d.lc, &pick.algo,
                                 has_ws ? la.workspace : nullptr, has_ws ? static_cast<size_t>(offer) : 0,
                                 static_cast<hipStream_t>(la.stream));
     if (s == kOk) return Status();

@@ -489,18 +489,7 @@ const char* version() noexcept { return KDISPATCH_VERSION_STRING; }
 
 // ------------------------------------------------------------------ JSON
 
-void config_to_json(core::JsonWriter& w, const Config& config) {
-  w.begin_object();
-  for (const auto& [k, v] : config) {
-    w.key(k);
-    switch (v.kind) {
-      case ConfigValue::Kind::integer: w.value(v.i); break;
-      case ConfigValue::Kind::boolean: w.value(v.i != 0); break;
-      case ConfigValue::Kind::string: w.value(v.s); break;
-    }
-  }
-  w.end_object();
-}
+void config_to_json(core::JsonWriter& w, const Config& config) { store::config_json(w, config); }
 
 std::string config_to_json(const Config& config) {
   core::JsonWriter w;

@@ -11,7 +11,6 @@
 // dir. The first write into a dir removes the temp files there of merges
 // of this host that no longer run (a merge killed mid-write); another
 // host's are left alone.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -29,6 +28,7 @@
 
 #include "cli/merge_impl.hpp"
 #include "store/bounded_read.hpp"
+#include "store/dir_entries.hpp"
 #include "store/fragment_claims.hpp"
 
 namespace kdispatch_cli::merge_detail {
@@ -68,19 +68,8 @@ bool dead_merge_temp(const std::string& n, const std::string& host) {
 }
 
 void sweep_dead_temps(int dir_fd) {
-  const int fd = ::dup(dir_fd);
-  if (fd < 0) return;
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    ::close(fd);
-    return;
-  }
   const std::string host = host_name();
-  std::vector<std::string> dead;
-  while (const dirent* e = ::readdir(d))
-    if (dead_merge_temp(e->d_name, host)) dead.emplace_back(e->d_name);
-  ::closedir(d);
-  for (const std::string& n : dead) ::unlinkat(dir_fd, n.c_str(), 0);
+  store::remove_entries_if(dir_fd, [&](const std::string& n) { return dead_merge_temp(n, host); });
 }
 
 // Opens <root>/<rel_dir>: root as given, each component below it without
@@ -282,28 +271,19 @@ std::string CompactLock::take(const fs::path& path, std::string* note) {
   const std::string body = std::to_string(::getpid()) + " " + host_name() + "\n";
   // Temp and aside files "<name>.{tmp,stale}.<host>.<pid>.<hex>" of dead
   // compactions of this host (killed between their create and unlink).
-  if (const int dup = ::dup(dir.get()); dup >= 0) {
-    if (DIR* d = ::fdopendir(dup)) {
-      std::vector<std::string> dead;
-      for (const dirent* e; (e = ::readdir(d)) != nullptr;) {
-        const std::string n = e->d_name;
-        for (const char* kind : {".tmp.", ".stale."}) {
-          const std::string prefix = name + kind + host_name() + ".";
-          if (n.compare(0, prefix.size(), prefix) != 0) continue;
-          const std::string rest = n.substr(prefix.size());
-          const size_t dot = rest.find('.');
-          const std::string pid = rest.substr(0, dot);
-          if (dot != std::string::npos && !pid.empty() && pid.size() <= 18 &&
-              pid.find_first_not_of("0123456789") == std::string::npos && store::local_pid_dead(std::atol(pid.c_str())))
-            dead.push_back(n);
-        }
-      }
-      ::closedir(d);
-      for (const std::string& n : dead) ::unlinkat(dir.get(), n.c_str(), 0);
-    } else {
-      ::close(dup);
+  store::remove_entries_if(dir.get(), [&](const std::string& n) {
+    for (const char* kind : {".tmp.", ".stale."}) {
+      const std::string prefix = name + kind + host_name() + ".";
+      if (n.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string rest = n.substr(prefix.size());
+      const size_t dot = rest.find('.');
+      const std::string pid = rest.substr(0, dot);
+      if (dot != std::string::npos && !pid.empty() && pid.size() <= 18 &&
+          pid.find_first_not_of("0123456789") == std::string::npos && store::local_pid_dead(std::atol(pid.c_str())))
+        return true;
     }
-  }
+    return false;
+  });
   for (int attempt = 0; attempt < 8; ++attempt) {
     // The body first, then the name: a complete temp file link()ed to the
     // lock's name (atomic, never replacing a file, on NFS too), so no lock

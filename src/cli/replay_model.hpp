@@ -137,6 +137,12 @@ class Buffer {
     if (dtype_ == dsp::DType::fp32) return reinterpret_cast<const float*>(data_.get())[i];
     return dsp::core::bf16_to_float(reinterpret_cast<const uint16_t*>(data_.get())[i]);
   }
+  /// Whether the first `n` elements are finite (no NaN, no inf).
+  bool all_finite(size_t n) const {
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(get(i))) return false;
+    return true;
+  }
 
  private:
   struct Free {
@@ -317,11 +323,7 @@ class DecoderModel final : public Model {
   /// The final hidden state of the last forward pass with `M` tokens holds
   /// only finite values (a NaN or inf means a kernel computed garbage: the
   /// inputs are bounded by construction).
-  bool output_finite(int64_t M) const override {
-    for (size_t i = 0, n = static_cast<size_t>(M * m_.hidden); i < n; ++i)
-      if (!std::isfinite(h2_.get(i))) return false;
-    return true;
-  }
+  bool output_finite(int64_t M) const override { return h2_.all_finite(static_cast<size_t>(M * m_.hidden)); }
 
   size_t weight_bytes() const override {
     size_t b = 0;
@@ -588,11 +590,7 @@ class Fp8DecoderModel final : public Model {
     return true;
   }
 
-  bool output_finite(int64_t M) const override {
-    for (size_t i = 0, n = static_cast<size_t>(M * m_.hidden); i < n; ++i)
-      if (!std::isfinite(h2_.get(i))) return false;
-    return true;
-  }
+  bool output_finite(int64_t M) const override { return h2_.all_finite(static_cast<size_t>(M * m_.hidden)); }
 
   size_t weight_bytes() const override {
     size_t b = 0;

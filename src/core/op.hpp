@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/op_list.hpp"
@@ -225,6 +226,35 @@ struct VariantDef {
   /// and config_space(), never on a call's hit path.
   int (*enumerate)(const Problem& p, const DeviceInfo& dev, int64_t* out, int cap) = nullptr;
 };
+
+/// A failed Status "<variant>: <why>": what a variant's supports() returns
+/// when it declines a problem (oneDNN-style: every decline names the variant
+/// and says why). Without memory for the message, just `why`. Inline: the
+/// CPU, CUDA and HIP variant lists all build their declines with it.
+inline Status decline(const VariantDef& v, StatusCode code, std::string_view why) noexcept {
+  std::string msg;
+  try {
+    msg.reserve(v.name.size() + 2 + why.size());
+    msg.append(v.name).append(": ").append(why);
+  } catch (...) {
+    return make_status(code, why);
+  }
+  return make_status(code, msg);
+}
+
+/// The names every variant list (kernels/cpu, kernels/cuda, kernels/hip,
+/// kernels/gpu/*_variants.inc) spells unqualified, brought in at once by
+/// `using namespace core::variant_names;` in the list's namespace.
+namespace variant_names {
+using core::decline;
+using core::LaunchArgs;
+using core::OpKind;
+using core::ParamDef;
+using core::ParamKind;
+using core::Plan;
+using core::Problem;
+using core::VariantDef;
+}  // namespace variant_names
 
 /// Checks a variant's declaration: a name, launch and supports functions,
 /// at most kMaxParams params each with a non-empty space holding its

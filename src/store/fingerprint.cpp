@@ -3,13 +3,12 @@
 
 #include <unistd.h>
 
-#include <simdjson.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
 
+#include "store/row_meta.hpp"
 #include "core/json_write.hpp"
 #include "backends/backend.hpp"
 #include "kdispatch_kernel_fingerprint.hpp"  // generated at build time (see CMakeLists.txt)
@@ -86,18 +85,11 @@ const Fingerprint* backend_fingerprint(DeviceType backend) {
 
 Fingerprint parse_fingerprint(std::string_view meta) {
   Fingerprint f;
-  simdjson::padded_string json(meta);
-  simdjson::ondemand::parser parser;
-  simdjson::ondemand::document doc;
-  if (parser.iterate(json).get(doc)) return f;
-  simdjson::ondemand::object obj;
-  if (doc["fingerprint"].get_object().get(obj)) return f;
-  for (auto field : obj) {
-    std::string_view k, v;
-    if (field.unescaped_key().get(k)) break;
-    if (field.value().get_string().get(v)) continue;
-    f.axes.emplace_back(std::string(k), std::string(v));
-  }
+  for_each_meta_member(meta, "fingerprint", [&](std::string_view k, auto value) {
+    std::string_view v;
+    if (!value.get_string().get(v)) f.axes.emplace_back(std::string(k), std::string(v));
+    return true;  // an axis of another type is skipped
+  });
   return f;
 }
 

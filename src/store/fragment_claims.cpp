@@ -14,6 +14,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "store/dir_entries.hpp"
+
 namespace dispatch::store {
 namespace {
 
@@ -50,22 +52,6 @@ const char* file_kind(mode_t mode) {
          : S_ISSOCK(mode)                   ? "a socket"
          : (S_ISCHR(mode) || S_ISBLK(mode)) ? "a device"
                                             : "not a regular file";
-}
-
-// The entries of an open dir (names only); the dir's position is not moved.
-std::vector<std::string> list_dir(int dir_fd) {
-  std::vector<std::string> names;
-  const int fd = ::dup(dir_fd);
-  if (fd < 0) return names;
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    ::close(fd);
-    return names;
-  }
-  ::rewinddir(d);
-  while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
-  return names;
 }
 
 bool exists_at(int dir_fd, const std::string& name) {
@@ -218,46 +204,53 @@ std::string put_back_claim(int dir_fd, const std::string& claim, const std::stri
   return as;
 }
 
-std::vector<RecoveredClaim> recover_dead_claims(int dir_fd, const std::string& own_fragment) noexcept {
-  std::vector<RecoveredClaim> out;
+namespace {
+
+// Calls f(name, verdict, claim, why) for every entry of the open dir, as
+// judge_claim judges it; an exception (memory) ends the walk.
+template <class F>
+void for_each_judged(int dir_fd, F&& f) noexcept {
   try {
     for (const std::string& n : list_dir(dir_fd)) {
       CompactClaim c;
       std::string why;
       const ClaimVerdict v = judge_claim(dir_fd, n, &c, &why);
-      if (v != ClaimVerdict::dead && v != ClaimVerdict::stale) continue;
-      RecoveredClaim r;
-      r.claim = n;
-      r.pid = c.pid;
-      r.stale = v == ClaimVerdict::stale;
-      r.why = why;
-      if (!own_fragment.empty() && c.fragment == own_fragment) {
-        r.own = true;  // the caller's own: its write merges it
-        out.push_back(std::move(r));
-        continue;
-      }
-      const bool to_fragment = !exists_at(dir_fd, c.fragment) && fragment_writer_dead(c.fragment);
-      r.put_as = put_back_claim(dir_fd, n, c.fragment, to_fragment, c.host, c.pid, &r.error);
-      out.push_back(std::move(r));
+      f(n, v, c, why);
     }
   } catch (...) {
   }
+}
+
+}  // namespace
+
+std::vector<RecoveredClaim> recover_dead_claims(int dir_fd, const std::string& own_fragment) noexcept {
+  std::vector<RecoveredClaim> out;
+  for_each_judged(dir_fd, [&](const std::string& n, ClaimVerdict v, const CompactClaim& c, const std::string& why) {
+    if (v != ClaimVerdict::dead && v != ClaimVerdict::stale) return;
+    RecoveredClaim r;
+    r.claim = n;
+    r.pid = c.pid;
+    r.stale = v == ClaimVerdict::stale;
+    r.why = why;
+    if (!own_fragment.empty() && c.fragment == own_fragment) {
+      r.own = true;  // the caller's own: its write merges it
+      out.push_back(std::move(r));
+      return;
+    }
+    const bool to_fragment = !exists_at(dir_fd, c.fragment) && fragment_writer_dead(c.fragment);
+    r.put_as = put_back_claim(dir_fd, n, c.fragment, to_fragment, c.host, c.pid, &r.error);
+    out.push_back(std::move(r));
+  });
   return out;
 }
 
 std::vector<LeftClaim> left_claims(int dir_fd) noexcept {
   std::vector<LeftClaim> out;
-  try {
-    for (const std::string& n : list_dir(dir_fd)) {
-      CompactClaim c;
-      std::string why;
-      const ClaimVerdict v = judge_claim(dir_fd, n, &c, &why);
-      if (v == ClaimVerdict::foreign || v == ClaimVerdict::live || v == ClaimVerdict::not_regular ||
-          v == ClaimVerdict::unparsable)
-        out.push_back(LeftClaim{n, v, why});
-    }
-  } catch (...) {
-  }
+  for_each_judged(dir_fd, [&](const std::string& n, ClaimVerdict v, const CompactClaim&, const std::string& why) {
+    if (v == ClaimVerdict::foreign || v == ClaimVerdict::live || v == ClaimVerdict::not_regular ||
+        v == ClaimVerdict::unparsable)
+      out.push_back(LeftClaim{n, v, why});
+  });
   return out;
 }
 

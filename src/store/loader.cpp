@@ -112,18 +112,12 @@ bool read_file(const std::string& path, ReadBuffer* buf, size_t* len, std::strin
 // {"kdispatch": {"schema": {"<variant>": <int>, ...}, ...}}.
 std::vector<std::pair<std::string, int64_t>> schema_versions(const std::string& raw) {
   std::vector<std::pair<std::string, int64_t>> out;
-  simdjson::padded_string json(raw);
-  simdjson::ondemand::parser parser;
-  simdjson::ondemand::document doc;
-  if (parser.iterate(json).get(doc)) return out;
-  simdjson::ondemand::object schema;
-  if (doc["schema"].get_object().get(schema)) return out;
-  for (auto f : schema) {
-    std::string_view k;
+  for_each_meta_member(raw, "schema", [&](std::string_view k, auto value) {
     int64_t v = 0;
-    if (f.unescaped_key().get(k) || f.value().get_int64().get(v)) break;
+    if (value.get_int64().get(v)) return false;
     out.emplace_back(std::string(k), v);
-  }
+    return true;
+  });
   return out;
 }
 

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/private_fs.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -415,22 +414,6 @@ bool dead_local_temp(const std::string& n) {
   if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) return false;
   const long p = std::atol(pid.c_str());
   return p > 0 && ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH;
-}
-
-void remove_entries_if(int dir_fd, const std::function<bool(const std::string&)>& dead) {
-  const int fd = ::dup(dir_fd);
-  if (fd < 0) return;
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    ::close(fd);
-    return;
-  }
-  ::rewinddir(d);
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d))
-    if (dead(std::string(e->d_name))) names.emplace_back(e->d_name);
-  ::closedir(d);
-  for (const auto& f : names) ::unlinkat(dir_fd, f.c_str(), 0);
 }
 
 namespace {

@@ -35,6 +35,7 @@
 #include <string_view>
 
 #include "dispatch/status.hpp"
+#include "store/dir_entries.hpp"
 
 namespace dispatch::store {
 
@@ -128,10 +129,6 @@ std::string host_name();
 /// writer pid names no process of this host any more (kill(pid, 0): ESRCH):
 /// a dead writer's, safe to remove. Other hosts' temp files: false.
 bool dead_local_temp(const std::string& name);
-
-/// Removes the entries of the open dir whose name `dead` accepts (listed
-/// first, then unlinked: never while the listing is open). Best effort.
-void remove_entries_if(int dir_fd, const std::function<bool(const std::string&)>& dead);
 
 /// How writers write into a cache or emit dir (docs/tuning.md#storage-a-cluster-shares).
 ///  - flock (fragments = false): each <key>.json is merged under its lock

@@ -45,6 +45,25 @@ struct RowMeta {
   friend bool operator==(const RowMeta&, const RowMeta&) = default;
 };
 
+/// Calls f(key, value) (value: simdjson::simdjson_result<ondemand::value>)
+/// for each member of the object `field` of a file's metadata object
+/// `meta` (its JSON text: "fingerprint", "schema", "us", "default_us"), in
+/// order, until f returns false or a member's key cannot be read; nothing
+/// when `meta` does not parse or holds no such object.
+template <class F>
+void for_each_meta_member(std::string_view meta, const char* field, F&& f) {
+  simdjson::padded_string json(meta);
+  simdjson::ondemand::parser parser;
+  simdjson::ondemand::document doc;
+  if (parser.iterate(json).get(doc)) return;
+  simdjson::ondemand::object obj;
+  if (doc[field].get_object().get(obj)) return;
+  for (auto member : obj) {
+    std::string_view k;
+    if (member.unescaped_key().get(k) || !f(k, member.value())) return;
+  }
+}
+
 namespace row_meta_detail {
 
 inline double round4(double v) { return std::round(v * 1e4) / 1e4; }

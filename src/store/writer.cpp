@@ -41,20 +41,22 @@ Status io_error(const std::string& what, const std::string& path) {
 // Reads the metadata numbers map "us"/"default_us" from our metadata object.
 std::map<int64_t, double> read_us_map(std::string_view meta, const char* field) {
   std::map<int64_t, double> out;
-  simdjson::padded_string json(meta);
-  simdjson::ondemand::parser parser;
-  simdjson::ondemand::document doc;
-  if (parser.iterate(json).get(doc)) return out;
-  simdjson::ondemand::object obj;
-  if (doc[field].get_object().get(obj)) return out;
-  for (auto f : obj) {
-    std::string_view k;
+  for_each_meta_member(meta, field, [&](std::string_view k, auto value) {
     double v = 0;
-    if (f.unescaped_key().get(k) || f.value().get_double().get(v)) break;
+    if (value.get_double().get(v)) return false;
     out[std::atoll(std::string(k).c_str())] = v;
-  }
+    return true;
+  });
   return out;
 }
+
+std::string claim_path(const std::string& dir, const std::string& key, int64_t m) {
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return dir + "/.claims/" + hex + "-M" + std::to_string(m) + ".claim";
+}
+
+}  // namespace
 
 void config_json(core::JsonWriter& w, const Config& c) {
   w.begin_object();
@@ -68,14 +70,6 @@ void config_json(core::JsonWriter& w, const Config& c) {
   }
   w.end_object();
 }
-
-std::string claim_path(const std::string& dir, const std::string& key, int64_t m) {
-  char hex[24];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  return dir + "/.claims/" + hex + "-M" + std::to_string(m) + ".claim";
-}
-
-}  // namespace
 
 std::string default_cache_dir() {
   const CacheDirChoice c = resolve_cache_dir("");

@@ -32,7 +32,16 @@
 #include "store/fingerprint.hpp"
 #include "store/row_meta.hpp"
 
+namespace dispatch::core {
+class JsonWriter;
+}
+
 namespace dispatch::store {
+
+/// A config row as a JSON object into `w` ({"variant": ..., params...}),
+/// its entries in the Config's order: how the writer and every JSON output
+/// of the library spell a Config (api/json_out.hpp).
+void config_json(core::JsonWriter& w, const Config& c);
 
 struct PersistRow {
   int64_t m = 0;

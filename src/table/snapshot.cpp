@@ -78,13 +78,19 @@ std::vector<TableInputP> choose_version(const std::string& key, const std::vecto
   return chosen;
 }
 
-// One key from several files of one source (two spellings of one device,
-// MI325X and MI325_OAM, or a copy): said, not silent. `chosen` is sorted by path.
-std::string shared_key_note(const std::string& key, const std::vector<TableInputP>& chosen) {
+// The M values held by more than one of `chosen`.
+std::set<int64_t> shared_ms(const std::vector<TableInputP>& chosen) {
   std::set<int64_t> seen, shared;
   for (TableInputP t : chosen)
     for (const auto& row : t->rows)
       if (!seen.insert(row.m).second) shared.insert(row.m);
+  return shared;
+}
+
+// One key from several files of one source (two spellings of one device,
+// MI325X and MI325_OAM, or a copy): said, not silent. `chosen` is sorted by path.
+std::string shared_key_note(const std::string& key, const std::vector<TableInputP>& chosen) {
+  const std::set<int64_t> shared = shared_ms(chosen);
   std::string files;
   for (TableInputP t : chosen) files += (files.empty() ? "" : ", ") + t->path;
   return key + ": " + std::to_string(chosen.size()) + " files of one config dir hold this key (" + files + "); " +
@@ -109,10 +115,7 @@ std::string_view table_file_of(std::string_view path) {
 // held by more than one of them is said. `chosen` is sorted by path, which
 // puts the main file first, then the fragments by name.
 std::string fragments_note(const std::string& key, const std::vector<TableInputP>& chosen) {
-  std::set<int64_t> seen, shared;
-  for (TableInputP t : chosen)
-    for (const auto& row : t->rows)
-      if (!seen.insert(row.m).second) shared.insert(row.m);
+  const std::set<int64_t> shared = shared_ms(chosen);
   if (shared.empty()) return {};
   size_t fragments = 0;
   for (TableInputP t : chosen) fragments += table_file_of(t->path).size() != t->path.size();

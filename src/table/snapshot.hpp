@@ -180,31 +180,15 @@ class Snapshot {
   /// The bucket of `key` (with `hash == key_hash(key)`), or nullptr.
   /// Lock-free, allocation-free.
   const Bucket* find(std::string_view key, uint64_t hash) const noexcept {
-    if (slots_.empty()) return nullptr;
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = hash & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
-      if (s.bucket == 0) return nullptr;
-      if (s.hash == hash) {
-        const Bucket& b = buckets_[s.bucket - 1];
-        if (b.key == key) return &b;
-      }
-    }
+    return probe(slots_, hash, [&](const Bucket& b) { return b.key == key; });
   }
 
   /// The bucket of an own-op binary key (`hash == own_key_hash(k)`) on the
   /// device named `device_name`, or nullptr. Lock-free, allocation-free.
   const Bucket* find_own(const OwnKey& k, uint64_t hash, std::string_view device_name) const noexcept {
-    if (own_slots_.empty()) return nullptr;
-    const size_t mask = own_slots_.size() - 1;
-    for (size_t i = hash & mask;; i = (i + 1) & mask) {
-      const Slot& s = own_slots_[i];
-      if (s.bucket == 0) return nullptr;
-      if (s.hash == hash) {
-        const Bucket& b = buckets_[s.bucket - 1];
-        if (std::memcmp(&b.own_key, &k, sizeof k) == 0 && b.device_name == device_name) return &b;
-      }
-    }
+    return probe(own_slots_, hash, [&](const Bucket& b) {
+      return std::memcmp(&b.own_key, &k, sizeof k) == 0 && b.device_name == device_name;
+    });
   }
 
   /// Nearest-M row of a bucket (see file comment), or nullptr under the
@@ -243,6 +227,23 @@ class Snapshot {
  private:
   std::vector<Slot> slots_;
   std::vector<Slot> own_slots_;  ///< own_key_hash -> bucket, own-op buckets only
+
+  /// The open-addressed lookup of find and find_own: from `hash`'s slot on,
+  /// the bucket of the first slot holding `hash` that `same` accepts, or
+  /// nullptr at the first empty slot (an index is never full).
+  template <class Same>
+  const Bucket* probe(const std::vector<Slot>& slots, uint64_t hash, Same same) const noexcept {
+    if (slots.empty()) return nullptr;
+    const size_t mask = slots.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots[i];
+      if (s.bucket == 0) return nullptr;
+      if (s.hash == hash) {
+        const Bucket& b = buckets_[s.bucket - 1];
+        if (same(b)) return &b;
+      }
+    }
+  }
 };
 
 }  // namespace dispatch::table

@@ -60,12 +60,7 @@
 namespace dispatch::cpu::openblas {
 namespace {
 
-using core::LaunchArgs;
-using core::OpKind;
-using core::ParamDef;
-using core::ParamKind;
-using core::Problem;
-using core::VariantDef;
+using namespace core::variant_names;
 
 // ------------------------------------------------------------------ the OpenBLAS we call
 
