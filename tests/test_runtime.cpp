@@ -7,7 +7,6 @@
 #include <chrono>
 #include <future>
 #include <thread>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -248,8 +247,9 @@ TEST_CASE("runtime: EpochDomain frees a retired object once the readers that cou
 
 // validate_gemm tests every condition at once and builds a message only when
 // that fails (check_gemm_detailed, the same checks one by one): each bad
-// argument is named, and the two paths accept exactly the same arguments.
-TEST_CASE("gemm arguments: each bad argument is named, the hot check and the detailed checks agree") {
+// argument is named. (That the two paths agree on random arguments, for
+// every op of the list: tests/test_validate.cpp.)
+TEST_CASE("gemm arguments: each bad argument is named") {
   using dispatch::GemmArgs;
   using dispatch::make_tensor_1d;
   using dispatch::make_tensor_2d;
@@ -325,47 +325,4 @@ TEST_CASE("gemm arguments: each bad argument is named, the hot check and the det
   g = ok_args();
   g.bias.data = nullptr;  // no data: no bias (a rank-1 description is a bias only for pretune)
   CHECK(msg(g) == "ok");
-
-  // Random arguments around the valid ones: the two paths agree on every one
-  // (the hot path answers "the fast and the detailed checks disagree" when
-  // it rejects what the detailed checks accept; the reverse is checked here).
-  std::mt19937 rng(17);
-  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
-  int accepted = 0;
-  for (int it = 0; it < 20000; ++it) {
-    // Consistent operands of a random (M, N, K) incl. 0 and 1, then up to
-    // three fields changed.
-    const int64_t M = pick({0, 1, 7, 8, 16}), N = pick({0, 1, 7, 8, 16}), K = pick({0, 1, 7, 8, 16});
-    g = GemmArgs{make_tensor_2d(a, DType::fp32, M, K, K), make_tensor_2d(b, DType::fp32, N, K, K),
-                 make_tensor_2d(d, DType::fp32, M, N, N),
-                 rng() % 2 ? make_tensor_1d(bias, DType::fp32, N) : TensorRef{}};
-    if (rng() % 8 == 0) g.d.data = a + rng() % 64;  // overlapping a (M = 0 skips that check)
-    TensorRef* ts[4] = {&g.a, &g.b, &g.d, &g.bias};
-    for (int n = static_cast<int>(rng() % 4) - 1; n >= 0; --n) {
-      TensorRef& t = *ts[rng() % 4];
-      switch (rng() % 8) {
-        case 0: t.rank = static_cast<int32_t>(pick({0, 1, 2, 3})); break;
-        case 1: t.shape[rng() % 2] = pick({-1, 0, 1, 2, 4, 7, 8, 15, 16}); break;
-        case 2: t.strides[rng() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32}); break;
-        case 3: t.data = rng() % 2 ? nullptr : static_cast<void*>(buf.data() + rng() % 3072); break;
-        case 4: t.dtype = static_cast<DType>(pick({0, 1, 2})); break;
-        case 5:
-          t.device = Device{rng() % 2 ? DeviceType::cpu : DeviceType::cuda, static_cast<int32_t>(rng() % 2)};
-          break;
-        case 6: t = TensorRef{}; break;
-        default: break;
-      }
-    }
-    const bool require_data = rng() % 4 != 0;
-    dispatch::core::Problem p;
-    dispatch::core::LaunchArgs la;
-    bool empty = false;
-    const Status fast = dispatch::api::validate_gemm(g, &p, &la, &empty, require_data);
-    const Status slow = dispatch::api::check_gemm_detailed(g, require_data);
-    INFO("iteration ", it);
-    REQUIRE(fast.ok() == slow.ok());
-    if (!fast.ok()) REQUIRE(fast.message() == slow.message());
-    accepted += fast.ok();
-  }
-  CHECK(accepted > 1000);  // the random walk also stays on valid arguments
 }

@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: Apache-2.0
+// Argument validation of every op of the list (core/op_list.hpp): the fast
+// path (validate_slots: every condition at once, no message) and the
+// detailed one (check_detailed: the checks one by one, each with its
+// message) agree on random arguments around valid ones, built from the op's
+// spec: the same acceptance, and for a refusal the same code and message.
+// The arguments come from the spec's slots (ranks, shape expressions, dtype
+// rules, optional and in-place slots, scalars), so an op added to the list,
+// with however many slots, is covered without a line here.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/validate.hpp"
+#include "core/op_list.hpp"
+#include "ops/specs.hpp"
+
+using namespace dispatch;
+
+namespace {
+
+using core::ArgSlot;
+using core::Dim;
+using core::OpKind;
+using core::OpSpec;
+
+constexpr size_t kRegion = size_t{1} << 20;  // bytes of the buffer per slot: no two slots overlap unless made to
+constexpr int kIterations = 20000;           // per op
+
+/// A status as one comparable text: "ok", or its code and message.
+std::string text(const Status& s) {
+  return s.ok() ? std::string("ok") : std::to_string(static_cast<int>(s.code())) + ": " + s.message();
+}
+
+/// One call's arguments: slot i at t[i], the scalars in order.
+struct Call {
+  TensorRef t[core::kMaxArgs];
+  float scalars[core::kMaxScalars] = {};
+  bool require_data = true;
+  bool changed = false;                               ///< a field was changed after the consistent build
+  int64_t dim[core::kDimCount] = {1, 0, 0, 0, 0, 0};  ///< the dims it was built from (by Dim)
+};
+
+class Maker {
+ public:
+  Maker(const OpSpec& s, uint32_t seed) : s_(s), rng_(seed), buf_(kRegion * core::kMaxArgs) {}
+
+  /// Consistent arguments of random dims, dtypes and layouts (possibly
+  /// still invalid: a zero size, an injected overlap), then up to three
+  /// fields changed.
+  Call next() {
+    Call c;
+    for (int d = 1; d < core::kDimCount; ++d) c.dim[d] = pick({0, 1, 2, 7, 8, 16, 127, 128, 129, 300});
+    const DType dts[] = {DType::fp32, DType::fp16, DType::bf16, DType::fp8_e4m3fn};
+    const DType in = dts[rng_() % 4], out = rng_() % 2 ? in : dts[rng_() % 4];
+    const Device dev{rng_() % 4 ? DeviceType::cpu : DeviceType::cuda, 0};
+    for (int i = 0; i < s_.slot_count(); ++i) c.t[i] = consistent(i, c, in, out, dev);
+    for (int i = 0; i < s_.slot_count(); ++i) {
+      const ArgSlot& a = slot(i);
+      if (a.optional && rng_() % 2) c.t[i] = TensorRef{};  // absent
+      if (a.alias_of >= 0 && rng_() % 3 == 0) {            // in place: exactly the read slot
+        const DType own = c.t[i].dtype;
+        c.t[i] = c.t[a.alias_of];
+        c.t[i].dtype = own;
+      }
+    }
+    if (rng_() % 8 == 0)  // one slot over another (M = 0 skips the overlap checks)
+      c.t[rng_() % s_.slot_count()].data = data_of(static_cast<int>(rng_() % s_.slot_count())) + 4 * (rng_() % 16);
+    for (size_t j = 0; j < s_.scalars.size(); ++j) c.scalars[j] = s_.scalars[j].default_value;
+    for (int n = static_cast<int>(rng_() % 4) - 1; n >= 0; --n) change(c);
+    c.require_data = rng_() % 4 != 0;
+    return c;
+  }
+
+ private:
+  const ArgSlot& slot(int i) const { return s_.slots[static_cast<size_t>(i)]; }
+  unsigned char* data_of(int i) { return buf_.data() + kRegion * static_cast<size_t>(i); }
+  int64_t pick(std::initializer_list<int64_t> v) { return *(v.begin() + rng_() % v.size()); }
+  static int64_t extent(const Call& c, const core::DimExpr& e) {
+    return core::scaled_extent(c.dim[static_cast<int>(e.dim)], e.mul, e.div);
+  }
+
+  TensorRef consistent(int i, const Call& c, DType in, DType out, Device dev) {
+    const ArgSlot& a = slot(i);
+    const DType dt = a.dtype == core::SlotDType::in ? in : a.dtype == core::SlotDType::out ? out : a.fixed_dtype;
+    unsigned char* data = data_of(i) + 16 * (rng_() % 4);
+    if (a.rank == 1) return make_tensor_1d(data, dt, extent(c, a.cols), dev);
+    const int64_t rows = extent(c, a.rows), cols = extent(c, a.cols);
+    TensorRef t = make_tensor_2d(data, dt, rows, cols, cols + pick({0, 0, 0, 1, 8}), dev);
+    if (a.col_major_ok && rng_() % 3 == 0) {  // a transposed view
+      t.strides[0] = 1;
+      t.strides[1] = rows + pick({0, 0, 4});
+    }
+    return t;
+  }
+
+  void change(Call& c) {
+    c.changed = true;
+    if (!s_.scalars.empty() && rng_() % 6 == 0) {
+      const float v[] = {0.f, -1.f, 1e-6f, 0.5f, 1.f, 2.f, std::numeric_limits<float>::quiet_NaN()};
+      c.scalars[rng_() % s_.scalars.size()] = v[rng_() % 7];
+      return;
+    }
+    TensorRef& t = c.t[rng_() % s_.slot_count()];
+    switch (rng_() % 8) {
+      case 0: t.rank = static_cast<int32_t>(pick({0, 1, 2, 3})); break;
+      case 1: t.shape[rng_() % 2] = pick({-1, 0, 1, 2, 7, 8, 16, 128, 129, int64_t{1} << 41}); break;
+      case 2: t.strides[rng_() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32, 300}); break;
+      case 3: t.data = rng_() % 2 ? nullptr : data_of(static_cast<int>(rng_() % s_.slot_count())) + rng_() % 256; break;
+      case 4: t.dtype = static_cast<DType>(rng_() % kDTypeCount); break;
+      case 5:
+        t.device = Device{rng_() % 2 ? DeviceType::cpu : DeviceType::cuda, static_cast<int32_t>(rng_() % 2)};
+        break;
+      case 6: t = TensorRef{}; break;
+      default: break;
+    }
+  }
+
+  const OpSpec& s_;
+  std::mt19937 rng_;
+  std::vector<unsigned char> buf_;
+};
+
+/// An accepted call's Problem and LaunchArgs say what the arguments do.
+void check_accepted(const OpSpec& s, const Call& c, const core::Problem& p, const core::LaunchArgs& la, bool empty) {
+  CHECK(p.op == s.op);
+  CHECK(p.in_dtype == c.t[s.in_dtype_slot].dtype);
+  CHECK(p.out_dtype == c.t[s.out_dtype_slot].dtype);
+  CHECK(p.device == c.t[s.order[0]].device);
+  CHECK(empty == (p.m == 0));
+  bool any_optional = false;
+  for (int i = 0; i < s.slot_count(); ++i) {
+    const ArgSlot& a = s.slots[static_cast<size_t>(i)];
+    const bool present = !a.optional || c.t[i].data != nullptr || (!c.require_data && c.t[i].rank == a.rank);
+    any_optional = any_optional || (a.optional && present);
+    CHECK(la.data[i] == (present ? c.t[i].data : nullptr));
+    // Every extent of a present slot is its expression of the Problem's dims.
+    if (!present) continue;
+    if (a.rank == 2) CHECK(c.t[i].shape[0] == a.rows.value(p));
+    CHECK(c.t[i].shape[a.rank == 2 ? 1 : 0] == a.cols.value(p));
+  }
+  CHECK(p.has_bias == any_optional);
+  for (size_t j = 0; j < s.scalars.size(); ++j) CHECK(la.scalar[j] == c.scalars[j]);
+  if (!c.changed)  // built from these dims, untouched: the Problem has them
+    for (int d = 1; d < core::kDimCount; ++d)
+      for (const ArgSlot& a : s.slots)
+        if (!a.optional && a.rank == 2 &&
+            ((a.rows.plain() && a.rows.dim == Dim(d)) || (a.cols.plain() && a.cols.dim == Dim(d))))
+          CHECK(core::dim_value(p, Dim(d)) == c.dim[d]);
+}
+
+/// Status of validate_<op> and check_<op>_detailed on the op's args struct
+/// holding the call's slots and scalars (a switch as its bool).
+using ArgsPaths = std::pair<Status, Status> (*)(const Call& c);
+
+template <OpKind Op>
+void fast_and_detailed_agree(ArgsPaths via_args) {
+  static constexpr const OpSpec& S = core::OpSpecOf<Op>::value;
+  Maker make(S, 1000u + static_cast<uint32_t>(Op));
+  int accepted = 0, refused = 0, changed_accepted = 0, bad_argument = 0, bad_device = 0;
+  for (int it = 0; it < kIterations; ++it) {
+    const Call c = make.next();
+    const TensorRef* t[core::kMaxArgs] = {};
+    for (int i = 0; i < S.slot_count(); ++i) t[i] = &c.t[i];
+    core::Problem p;
+    core::LaunchArgs la;
+    bool empty = false;
+    const Status fast = api::validate_slots<Op>(t, c.scalars, &p, &la, &empty, c.require_data);
+    const Status slow = api::check_detailed(S, t, c.scalars, c.require_data);
+    INFO(std::string(S.name), " iteration ", it);
+    REQUIRE(text(fast) == text(slow));
+    // The args struct's entry points: the same two paths, the same answer
+    // (the raw one where every switch holds 0 or 1, as a bool does).
+    const auto [args_fast, args_slow] = via_args(c);
+    REQUIRE(text(args_fast) == text(args_slow));
+    bool bools = true;
+    for (size_t j = 0; j < S.scalars.size(); ++j)
+      if (S.scalars[j].kind == core::ScalarKind::accum) bools = bools && (c.scalars[j] == 0.f || c.scalars[j] == 1.f);
+    if (bools) REQUIRE(text(args_fast) == text(fast));
+    if (fast.ok()) {
+      ++accepted;
+      changed_accepted += c.changed;
+      check_accepted(S, c, p, la, empty);
+    } else {
+      ++refused;
+      CHECK(!fast.message().empty());  // every refusal names what is wrong
+      bad_argument += fast.code() == StatusCode::invalid_argument;
+      bad_device += fast.code() == StatusCode::unsupported_device;
+    }
+  }
+  INFO(std::string(S.name), ": ", accepted, " accepted (", changed_accepted, " after a change), ", refused, " refused");
+  // The random walk both stays on valid arguments and leaves them.
+  CHECK(accepted > kIterations / 10);
+  CHECK(changed_accepted > 0);
+  CHECK(refused > kIterations / 10);
+  CHECK(bad_argument > 0);  // among them bad shapes, strides, pointers ...
+  CHECK(bad_device > 0);    // ... and slots on two devices
+}
+
+}  // namespace
+
+#define KD_TEST_SLOT(x) &args.x,
+#define KD_TEST_SCALAR(x) args.x = static_cast<decltype(args.x)>(c.scalars[j++]);
+#define KD_TEST_AGREE(op, Args, tensors, scalars)                                                 \
+  SUBCASE(#op) {                                                                                  \
+    fast_and_detailed_agree<OpKind::op>([](const Call& c) {                                       \
+      Args args;                                                                                  \
+      TensorRef* slots[] = {KD_PP_FOR_EACH(KD_TEST_SLOT, KD_PP_NOTHING, tensors)};                \
+      for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); ++i) *slots[i] = c.t[i];           \
+      [[maybe_unused]] size_t j = 0;                                                              \
+      KD_PP_FOR_EACH(KD_TEST_SCALAR, KD_PP_NOTHING, scalars)                                      \
+      core::Problem p;                                                                            \
+      core::LaunchArgs la;                                                                        \
+      bool empty = false;                                                                         \
+      return std::pair<Status, Status>(api::validate_##op(args, &p, &la, &empty, c.require_data), \
+                                       api::check_##op##_detailed(args, c.require_data));         \
+    });                                                                                           \
+  }
+
+TEST_CASE("every op's arguments: the fast and the detailed checks agree (same answer, same code and message)") {
+  KDISPATCH_OP_LIST(KD_TEST_AGREE)
+}
+
+#undef KD_TEST_AGREE
+#undef KD_TEST_SCALAR
+#undef KD_TEST_SLOT
