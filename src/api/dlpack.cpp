@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype_table.hpp"
 #include "core/op.hpp"
 
 namespace dispatch {
@@ -13,6 +14,15 @@ namespace {
 // maps memory at or above this address: a tensor that reaches it has a size,
 // stride or byte_offset that overflowed.
 constexpr uint64_t kMaxAddress = uint64_t{1} << 57;
+
+// The dtype table (core/dtype_table.hpp) spells DLPack's codes as numbers:
+// they must be the ones of the dlpack.h this file builds with, and of the
+// public fp8 constants (dispatch/dlpack.hpp).
+static_assert(core::kDLPackCodeInt == kDLInt && core::kDLPackCodeFloat == kDLFloat &&
+              core::kDLPackCodeBfloat == kDLBfloat);
+static_assert(core::kDLPackCodeFloat8_e4m3fn == kDLPackFloat8_e4m3fn &&
+              core::kDLPackCodeFloat8_e4m3fnuz == kDLPackFloat8_e4m3fnuz &&
+              core::kDLPackCodeFloat8_e5m2 == kDLPackFloat8_e5m2);
 
 std::string dims_text(const int64_t* v, int n) {
   std::string s = "[";
@@ -60,29 +70,16 @@ Result<TensorRef> from_dlpack(const DLTensor* t) noexcept {
                        "DLTensor ndim " + std::to_string(t->ndim) + " is outside 0.." + std::to_string(kMaxRank));
   TensorRef r;
   if (t->dtype.lanes != 1) return make_status(StatusCode::unsupported_problem, "DLTensor dtype lanes must be 1");
-  if (t->dtype.code == kDLFloat && t->dtype.bits == 32)
-    r.dtype = DType::fp32;
-  else if (t->dtype.code == kDLFloat && t->dtype.bits == 16)
-    r.dtype = DType::fp16;
-  else if (t->dtype.code == kDLBfloat && t->dtype.bits == 16)
-    r.dtype = DType::bf16;
-  else if (t->dtype.code == kDLInt && t->dtype.bits == 32)
-    r.dtype = DType::int32;
-  else if (t->dtype.code == kDLPackFloat8_e4m3fn && t->dtype.bits == 8)
-    r.dtype = DType::fp8_e4m3fn;
-  else if (t->dtype.code == kDLPackFloat8_e4m3fnuz && t->dtype.bits == 8)
-    r.dtype = DType::fp8_e4m3fnuz;
-  else if (t->dtype.code == kDLPackFloat8_e5m2 && t->dtype.bits == 8)
-    r.dtype = DType::fp8_e5m2;
+  if (const core::DTypeInfo* d = core::find_dtype_dlpack(t->dtype.code, t->dtype.bits))
+    r.dtype = d->type;
   else
-    return make_status(
-        StatusCode::unsupported_problem,
-        "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " + std::to_string(t->dtype.bits) +
-            ") is not fp32, fp16, bf16, int32 or an fp8 format (DLPack 1.1 codes 10, 11, 12 with bits 8)" +
-            (t->dtype.code == kDLUInt && t->dtype.bits == 8
-                 ? std::string("; fp8 data in a uint8 array needs its format named (Python: "
-                               "kdispatch.fp8(array, \"e4m3fn\"))")
-                 : std::string()));
+    return make_status(StatusCode::unsupported_problem,
+                       "DLTensor dtype (code " + std::to_string(t->dtype.code) + ", bits " +
+                           std::to_string(t->dtype.bits) + ") is not " + core::dlpack_dtypes_text() +
+                           (t->dtype.code == kDLUInt && t->dtype.bits == 8
+                                ? std::string("; fp8 data in a uint8 array needs its format named (Python: "
+                                              "kdispatch.fp8(array, \"e4m3fn\"))")
+                                : std::string()));
   auto dev = device_from_dlpack(t->device);
   if (!dev.ok()) return dev.status();
   r.device = *dev;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backends/clock.hpp"
+#include "core/dtype_table.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/status.hpp"
 
@@ -77,10 +78,11 @@ class DeviceMemory {
 };
 
 /// The poison bit patterns the search writes into pure outputs before a
-/// validation run (signalling NaNs with a payload no arithmetic produces).
-inline constexpr uint32_t kPoisonFp32 = 0x7FBADBADu;
-inline constexpr uint16_t kPoisonBf16 = 0x7FBDu;
-inline constexpr uint16_t kPoisonFp16 = 0x7D5Bu;
+/// validation run (signalling NaNs with a payload no arithmetic produces):
+/// the dtype table's (core::DTypeInfo::poison).
+inline constexpr uint32_t kPoisonFp32 = core::dtype_info(DType::fp32).poison;
+inline constexpr uint16_t kPoisonBf16 = static_cast<uint16_t>(core::dtype_info(DType::bf16).poison);
+inline constexpr uint16_t kPoisonFp16 = static_cast<uint16_t>(core::dtype_info(DType::fp16).poison);
 
 /// Plain host memory and the CPU clock (src/backends/cpu/host.cpp).
 DeviceMemory& host_memory() noexcept;

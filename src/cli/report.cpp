@@ -50,6 +50,7 @@
 
 #include "cli/cli.hpp"
 #include "cli/op_util.hpp"
+#include "core/dtype_table.hpp"
 #include "dispatch/runtime.hpp"
 #include "store/batch_key.hpp"
 #include "store/bounded_read.hpp"
@@ -751,11 +752,12 @@ std::string group_label(const Group& g) {
          (g.device.empty() ? std::string() : " · " + g.device);
 }
 
+// Bytes per element of a key's dtype: the dtype table's, by canonical name;
+// 1 for another fp8 spelling (an engine's "fp8_w8a8"); 0 when unknown.
 double elem_bytes(const std::string& dtype) {
-  if (dtype == "fp32") return 4;
-  if (dtype == "bf16" || dtype == "fp16") return 2;
-  if (dtype.rfind("fp8", 0) == 0) return 1;
-  return 0;
+  for (const dispatch::core::DTypeInfo& d : dispatch::core::kDTypes)
+    if (d.name == dtype) return d.bytes;
+  return dtype.rfind("fp8", 0) == 0 ? 1 : 0;
 }
 
 // The roofline of one call: max(bytes / read, flops / compute), µs; 0 when

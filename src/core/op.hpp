@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/dtype_table.hpp"
 #include "core/op_list.hpp"
 #include "dispatch/device.hpp"
 #include "dispatch/status.hpp"
@@ -21,18 +22,11 @@
 
 namespace dispatch::core {
 
-/// Bytes per element of `t` (dispatch::dtype_size, inline for the hot path).
+/// Bytes per element of `t` (dispatch::dtype_size, inline for the hot path):
+/// its row of the dtype table; 0 for a value no enumerator has.
 constexpr std::size_t dtype_bytes(DType t) noexcept {
-  switch (t) {
-    case DType::fp32:
-    case DType::int32: return 4;
-    case DType::fp16:
-    case DType::bf16: return 2;
-    case DType::fp8_e4m3fn:
-    case DType::fp8_e4m3fnuz:
-    case DType::fp8_e5m2: return 1;
-  }
-  return 0;
+  const DTypeInfo* d = find_dtype(t);
+  return d ? d->bytes : 0;
 }
 
 /// The ops, in the order of core/op_list.hpp.

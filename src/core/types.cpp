@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <string>
 
+#include "core/dtype_table.hpp"
 #include "core/op.hpp"
 #include "dispatch/config.hpp"
 #include "dispatch/types.hpp"
@@ -8,30 +9,16 @@
 namespace dispatch {
 
 std::string_view dtype_name(DType t) noexcept {
-  switch (t) {
-    case DType::fp32: return "fp32";
-    case DType::fp16: return "fp16";
-    case DType::bf16: return "bf16";
-    case DType::fp8_e4m3fn: return "fp8_e4m3fn";
-    case DType::fp8_e4m3fnuz: return "fp8_e4m3fnuz";
-    case DType::fp8_e5m2: return "fp8_e5m2";
-    case DType::int32: return "int32";
-  }
-  return "?";
+  const core::DTypeInfo* d = core::find_dtype(t);
+  return d ? d->name : std::string_view("?");
 }
 
 std::size_t dtype_size(DType t) noexcept { return core::dtype_bytes(t); }
 
 Result<DType> parse_dtype(std::string_view s) noexcept {
-  if (s == "fp32" || s == "float32" || s == "float" || s == "f32") return DType::fp32;
-  if (s == "fp16" || s == "float16" || s == "half" || s == "f16") return DType::fp16;
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
-  if (s == "fp8_e4m3fn" || s == "float8_e4m3fn" || s == "e4m3fn") return DType::fp8_e4m3fn;
-  if (s == "fp8_e4m3fnuz" || s == "float8_e4m3fnuz" || s == "e4m3fnuz") return DType::fp8_e4m3fnuz;
-  if (s == "fp8_e5m2" || s == "float8_e5m2" || s == "e5m2") return DType::fp8_e5m2;
-  if (s == "int32") return DType::int32;
+  if (const core::DTypeInfo* d = core::find_dtype(s)) return d->type;
   return make_status(StatusCode::invalid_argument,
-                     "unknown dtype '" + std::string(s) + "' (expected fp32, fp16 or bf16)");
+                     "unknown dtype '" + std::string(s) + "' (expected " + core::dtype_names_text() + ")");
 }
 
 std::string_view device_type_name(DeviceType t) noexcept {

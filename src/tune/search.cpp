@@ -10,7 +10,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/numeric.hpp"
+#include "core/dtype_table.hpp"
 #include "core/op_spec.hpp"
 #include "backends/registry.hpp"
 #include "backends/backend.hpp"
@@ -41,52 +41,17 @@ std::string margin_percent(double f) {
   return b;
 }
 
-// Poison bit patterns: signalling NaNs with a payload no arithmetic yields
-// (arithmetic on a signalling NaN returns a quiet one), so a pattern left in
-// an output after a run means the element was never written.
-constexpr uint32_t kPoison32 = kPoisonFp32;
-constexpr uint16_t kPoison16bf = kPoisonBf16;  // bf16: exponent all ones, quiet bit clear
-constexpr uint16_t kPoison16h = kPoisonFp16;   // fp16: exponent all ones, quiet bit clear
-
-// Element access on a host copy of an argument's extent.
+// Element access on a host copy of an argument's extent: the dtype table's
+// host decode.
 double load(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
   const int64_t i = a.ld >= 0 ? r * a.ld + c : c * -a.ld + r;  // ld < 0: a column-major view (ArgSlot::col_major_ok)
-  const char* e = host + i * static_cast<int64_t>(dtype_size(a.dtype));
-  uint8_t b8 = 0;
-  uint16_t b16 = 0;
-  switch (a.dtype) {
-    case DType::fp32: {
-      float f;
-      std::memcpy(&f, e, 4);
-      return f;
-    }
-    case DType::int32: {
-      int32_t v;
-      std::memcpy(&v, e, 4);
-      return v;
-    }
-    case DType::bf16: std::memcpy(&b16, e, 2); return core::bf16_to_float(b16);
-    case DType::fp16: std::memcpy(&b16, e, 2); return core::fp16_to_float(b16);
-    case DType::fp8_e4m3fn: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, core::kE4m3fn);
-    case DType::fp8_e4m3fnuz: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, core::kE4m3fnuz);
-    case DType::fp8_e5m2: std::memcpy(&b8, e, 1); return core::fp8_to_float(b8, core::kE5m2);
-  }
-  return 0.0;
+  const core::DTypeInfo& d = core::dtype_info(a.dtype);
+  return core::decode_bits(d, core::load_bits(d, host, static_cast<size_t>(i)));
 }
 
-// The poison bit pattern of a dtype, in its first dtype_size() bytes.
-uint32_t poison_bits(DType t) noexcept {
-  switch (t) {
-    case DType::fp32:
-    case DType::int32: return kPoison32;
-    case DType::bf16: return kPoison16bf;
-    case DType::fp16: return kPoison16h;
-    case DType::fp8_e4m3fn:
-    case DType::fp8_e4m3fnuz:
-    case DType::fp8_e5m2: return 0x7fu;  // a NaN (e4m3fn) / large value: fp8 outputs are not poisoned exactly
-  }
-  return 0;
-}
+// The poison bit pattern of a dtype, in its first dtype_size() bytes: the
+// dtype table's (signalling NaNs a run never writes; see core::kDTypes).
+using core::poison_bits;
 
 bool is_poison(const ArgBuffer& a, const char* host, int64_t r, int64_t c) {
   const size_t es = dtype_size(a.dtype);

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/dtype_table.hpp"
 #include "core/op.hpp"
 #include "dispatch/device.hpp"
 #include "backends/memory.hpp"

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "core/numeric.hpp"
+#include "core/dtype_table.hpp"
 #include "backends/registry.hpp"
 #include "backends/cpu/cpu_identity.hpp"
 #include "ops/specs.hpp"
@@ -70,21 +70,19 @@ int64_t scratch_bytes(const MissEvent& ev) {
   return total;
 }
 
+// One draw per element (whatever the dtype, so that the next slot's values do
+// not depend on this one's dtype), stored as the dtype table's scratch fill
+// says: the slot's value encoded, or the element's index mod 8.
 void fill(void* ptr, const Slot& s, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  const size_t n = static_cast<size_t>(slot_bytes(s)) / dtype_size(s.dtype);
+  const core::DTypeInfo& d = core::dtype_info(s.dtype);
+  const size_t n = static_cast<size_t>(slot_bytes(s)) / d.bytes;
   for (size_t i = 0; i < n; ++i) {
     const float r = u(rng);
     const float v = s.fill == core::Fill::near_one ? 1.f + 0.1f * r : s.fill == core::Fill::wide ? 4.f * r : r;
-    switch (s.dtype) {
-      case DType::fp32: static_cast<float*>(ptr)[i] = v; break;
-      case DType::bf16: static_cast<uint16_t*>(ptr)[i] = core::float_to_bf16(v); break;
-      case DType::fp16: static_cast<uint16_t*>(ptr)[i] = core::float_to_fp16(v); break;
-      case DType::int32: static_cast<int32_t*>(ptr)[i] = static_cast<int32_t>(i % 8); break;
-      case DType::fp8_e4m3fn: static_cast<uint8_t*>(ptr)[i] = core::float_to_fp8(v, core::kE4m3fn, true); break;
-      case DType::fp8_e4m3fnuz: static_cast<uint8_t*>(ptr)[i] = core::float_to_fp8(v, core::kE4m3fnuz, true); break;
-      case DType::fp8_e5m2: static_cast<uint8_t*>(ptr)[i] = core::float_to_fp8(v, core::kE5m2, true); break;
-    }
+    const uint32_t bits =
+        d.scratch == core::ScratchFill::index_mod8 ? static_cast<uint32_t>(i % 8) : core::encode_value(d, v);
+    core::store_bits(d, ptr, i, bits);
   }
 }
 

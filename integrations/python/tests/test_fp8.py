@@ -97,6 +97,25 @@ class Fp8Gemm(TempDirTest):
         self.assertIs(c.exception.code, kdispatch.StatusCode.invalid_argument)
         self.assertIn("fast_accum: must be 0 or 1", str(c.exception))
 
+    def test_formats_are_the_librarys_fp8_dtypes(self):
+        """FORMATS and _ALIASES keep their own list of the library's fp8
+        dtypes (its dtype table, src/core/dtype_table.hpp): each format's
+        DLPack code must be read as the dtype fp8_<format>, which the
+        library names in its mixed-dtype error. (tests/test_dtype_table.cpp
+        compares the rest of each format with the table: exponent bits, bias,
+        finiteness, unsigned zero, the aliases.)"""
+        from kdispatch._fp8 import FORMATS, _ALIASES
+        rt = self.quiet_runtime()
+        b = np.zeros((4, 16), np.float32)
+        d = np.zeros((2, 4), np.float32)
+        for fmt in FORMATS:
+            with self.assertRaises(kdispatch.Error) as c:
+                rt.gemm(kdispatch.fp8(np.zeros((2, 16), np.uint8), fmt), b, d)
+            self.assertIn(f"a is fp8_{fmt} but b is fp32: mixed input dtypes", str(c.exception))
+        for alias, fmt in _ALIASES.items():
+            self.assertEqual(alias.split("_", 1)[1], fmt)
+            self.assertEqual(kdispatch.fp8(np.zeros(1, np.uint8), alias).format, fmt)
+
     def test_fp8_needs_the_view(self):
         rt = self.quiet_runtime()
         a = np.zeros((2, 16), np.uint8)
