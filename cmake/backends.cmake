@@ -92,6 +92,14 @@ if(KDISPATCH_ENABLE_CUDA)
   # the variant lists and the cuBLASLt family (plain C++).
   file(GLOB _kd_cuda_tus CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu
        ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cpp)
+  # KDISPATCH_TEST_OPS: the test-only family of kernels/cuda/test/ (its rows
+  # in kernels/gpu/families.inc and ops.inc are under KDISPATCH_TEST_OPS).
+  if(KDISPATCH_TEST_OPS)
+    file(GLOB _kd_cuda_test_tus CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/test/*.cu
+         ${PROJECT_SOURCE_DIR}/kernels/cuda/test/*.cpp)
+    list(APPEND _kd_cuda_tus ${_kd_cuda_test_tus})
+    list(APPEND KDISPATCH_GPU_DEFINITIONS KDISPATCH_TEST_OPS=1)
+  endif()
   list(SORT _kd_cuda_tus)
   list(APPEND KDISPATCH_GPU_SOURCES ${_kd_cuda_tus} ${PROJECT_SOURCE_DIR}/src/backends/gpu/cuda_device.cu)
   # The cuBLASLt family (kernels/cuda/cublaslt.cpp, in the glob above) is

@@ -16,6 +16,8 @@
 #   bench/gpu/run_h200.sh --sections shards      # issue 22 on one GPU: one process vs two shards one after the
 #                 other vs --devices 0 on a small bf16 GEMM grid, the merge (both orders), merge --retime (shards.json),
 #                 the grid served from the one-process and the merged configs (shard_serving.json; KD_SHARD_SERVING=0: not)
+#   KD_TEST_OPS=1 ... --sections build,silu-test  # with the test-only GPU family (kernels/cuda/test/): its
+#                                                  # fp32 silu_and_mul variant runs in the silu tests (fresh build dir)
 #   KD_FP8_GRID=full ... --sections fp8-bench    # the issue's whole fp8 grid (bench_fp8.py full_grid(), 238 points)
 #   bench/gpu/run_h200.sh --sections silu-test   # the GPU silu_and_mul tests (silu_tests.log): with test, the
 #                 whole GPU suite (together they outgrew one call: ~480 s + ~170 s on 2026-12-01)
@@ -207,6 +209,7 @@ ensure_build() {
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DKDISPATCH_CUDA=ON -DKDISPATCH_HIP=OFF -DKDISPATCH_OPENBLAS=OFF -DKDISPATCH_PYTHON=OFF \
       -DKDISPATCH_BUILD_BENCH=OFF -DKDISPATCH_BUILD_TESTS=ON -DKDISPATCH_BUILD_CLI=ON \
+      -DKDISPATCH_TEST_OPS="$([ "${KD_TEST_OPS:-0}" = 1 ] && echo ON || echo OFF)" \
       -DCMAKE_PREFIX_PATH="$DEPS/usr;$ARCHLIB/cmake;$DEPS/usr/share/cmake" \
       -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" >>"$OUT/build.log" 2>&1 ||
       { tail -30 "$OUT/build.log"; return 1; }

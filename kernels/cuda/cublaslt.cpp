@@ -15,6 +15,7 @@
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
 #define KDISPATCH_GPU_NS cuda
+#include "cuda/fp8_launch.hpp"
 #include "gpu/backend_decls.hpp"
 
 namespace dispatch::cuda::lt {

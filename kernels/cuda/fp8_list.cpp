@@ -29,6 +29,7 @@
 #include "core/op.hpp"
 #include "cuda/cublaslt.hpp"
 #include "cuda/default_fit.hpp"
+#include "cuda/fp8_launch.hpp"
 #include "gpu/backend_decls.hpp"
 #include "gpu/fp8_plan.hpp"
 #include "gpu/gemm_plan.hpp"
@@ -38,6 +39,16 @@
 
 namespace dispatch::cuda {
 namespace {
+
+/// The TUs whose kernel images a point needs (kernels/gpu/families.inc): the
+/// fp8 GEMM's per scale layout (0 tensor, 1 rowwise, 2 block), the
+/// quantisation's per input dtype.
+constexpr KernelTu kFp8GemmTus[] = {KernelTu::gemm_fp8_tensor, KernelTu::gemm_fp8_rowwise, KernelTu::gemm_fp8_block};
+constexpr KernelTu quant_tu(DType dt) {
+  return dt == DType::fp32   ? KernelTu::quant_fp8_fp32
+         : dt == DType::fp16 ? KernelTu::quant_fp8_fp16
+                             : KernelTu::quant_fp8_bf16;
+}
 
 using namespace core::variant_names;
 
@@ -84,8 +95,8 @@ struct SkinnyMmaFamily {
           StatusCode::unsupported_problem,
           "split_k x num_stages x stage bytes and the scale ring exceed the device's shared memory per block");
     if (st)
-      *need = &st->gemm_fp8_skinny_mma[layout][gpu::gemm::skinny_mma_kernel_index(
-          s.row_tiles, gpu::gemm::skinny_mma_n_tiles(p.m), s.stages)];
+      *need = &st->image(kFp8GemmTus[layout],
+                         gpu::gemm::skinny_mma_kernel_index(s.row_tiles, gpu::gemm::skinny_mma_n_tiles(p.m), s.stages));
     return Status();
   }
 
@@ -178,7 +189,7 @@ struct ReferenceFamily {
   static constexpr std::span<const ParamDef> params{};
   static constexpr uint32_t flags = core::kVariantReference;
   static Status supports(int layout, const Problem&, const int64_t*, const DeviceState* st, const KernelImage** need) {
-    if (st) *need = &st->gemm_fp8_ref[layout];
+    if (st) *need = &st->image(kFp8GemmTus[layout], kFp8RefImage);
     return Status();
   }
   static Status launch(int layout, const LaunchArgs& la, const Problem& p, const int64_t*) {
@@ -291,7 +302,7 @@ struct QuantDef {
     if (!Ref)
       if (const char* why = gpu::fp8::resolve_quant(prm, &w)) return decline(v, StatusCode::unsupported_problem, why);
     if (const DeviceState* st = probed(dev, DeviceType::cuda))
-      return image_ok(v, st->quant_fp8[static_cast<int>(DT)][L][Ref ? 1 : 0], *st);
+      return image_ok(v, st->image(quant_tu(DT), L * gpu::fp8::kQuantKernels + (Ref ? 1 : 0)), *st);
     return Status();
   }
   static Status launch(const LaunchArgs& la, const Problem& p, const int64_t* prm) {

@@ -19,6 +19,7 @@
 #include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
 
 #include "cuda/gemm_skinny_mma.cuh"
+#include "cuda/fp8_launch.hpp"
 #include "gpu/fp8_plan.hpp"
 #include "ops/gemm_fp8.hpp"
 
@@ -241,8 +242,9 @@ void probe(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {
   Status launch_gemm_fp8_ref_##layout(const core::LaunchArgs& la, const core::Problem& p) noexcept {           \
     return gemm_fp8::launch_ref<gemm_fp8::Scales::layout>(la, p);                                              \
   }                                                                                                            \
-  void probe_gemm_fp8_##layout(KernelImage* skinny, KernelImage* ref, int64_t smem_optin) noexcept {           \
-    gemm_fp8::probe<gemm_fp8::Scales::layout>(skinny, ref, smem_optin);                                        \
+  static_assert(kFp8RefImage + 1 <= kMaxImagesPerTu);                                                          \
+  void probe_gemm_fp8_##layout(KernelImage* out, const ProbeEnv& env) noexcept {                               \
+    gemm_fp8::probe<gemm_fp8::Scales::layout>(out, out + kFp8RefImage, env.smem_optin);                        \
   }                                                                                                            \
   Status launch_gemm_fp8_pack_scale_a_##layout(const core::LaunchArgs& la, const core::Problem& p, int64_t m0, \
                                                int64_t rows, float* dst, int64_t ld_dst) noexcept {            \

@@ -46,6 +46,7 @@
 
 #include "gpu/backend_decls.hpp"
 #include "gpu/gemm_kernels.cuh"
+#include "gpu/gemm_launch.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/launch_util.hpp"
 
@@ -636,7 +637,8 @@ void probe(KernelImage* out, int64_t smem_optin) noexcept {
                                      const core::Problem& p) noexcept {                         \
     return gemm_skinny_mma::launch<DType::dt>(s, la, p);                                        \
   }                                                                                             \
-  void probe_gemm_skinny_mma_##dt(KernelImage* out, int64_t smem_optin) noexcept {              \
-    gemm_skinny_mma::probe<DType::dt>(out, smem_optin);                                         \
+  static_assert(gpu::gemm::kSkinnyMmaKernels <= kMaxImagesPerTu);                               \
+  void probe_gemm_skinny_mma_##dt(KernelImage* out, const ProbeEnv& env) noexcept {             \
+    gemm_skinny_mma::probe<DType::dt>(out, env.smem_optin);                                     \
   }                                                                                             \
   }

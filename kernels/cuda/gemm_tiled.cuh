@@ -78,6 +78,7 @@
 #include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
 
 #include "gpu/backend_decls.hpp"
+#include "gpu/gemm_launch.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/launch_util.hpp"
 #include "ops/gemm.hpp"
@@ -661,11 +662,12 @@ void probe(KernelImage* out) noexcept {
 
 /// The body of kernels/cuda/gemm_tiled_<dt>.cu: instantiates the tiled kernels
 /// of one input dtype and defines its launcher and image probe.
-#define KDISPATCH_GEMM_TILED_TU(dt)                                                            \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                       \
-  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,         \
-                                const core::Problem& p) noexcept {                             \
-    return gemm_tiled::launch<DType::dt>(t, la, p);                                            \
-  }                                                                                            \
-  void probe_gemm_tiled_##dt(KernelImage* out) noexcept { gemm_tiled::probe<DType::dt>(out); } \
+#define KDISPATCH_GEMM_TILED_TU(dt)                                                                             \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                                        \
+  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,                          \
+                                const core::Problem& p) noexcept {                                              \
+    return gemm_tiled::launch<DType::dt>(t, la, p);                                                             \
+  }                                                                                                             \
+  static_assert(gpu::gemm::kTiledKernels <= kMaxImagesPerTu);                                                   \
+  void probe_gemm_tiled_##dt(KernelImage* out, const ProbeEnv&) noexcept { gemm_tiled::probe<DType::dt>(out); } \
   }

@@ -25,6 +25,7 @@
 
 #include "gpu/backend_decls.hpp"
 #include "gpu/elem.cuh"
+#include "cuda/fp8_launch.hpp"
 #include "gpu/fp8_plan.hpp"
 #include "gpu/launch_util.hpp"
 #include "ops/quant_fp8.hpp"
@@ -187,32 +188,32 @@ Status launch(int layout, int warps, const core::LaunchArgs& la, const core::Pro
   return port::status(e, "quant_fp8 kernel launch");
 }
 
-/// out[layout][0 multiply, 1 division]: the images of the kernels a point
+/// out[layout * kQuantKernels + (0 multiply, 1 division)]: the images of the kernels a point
 /// of that layout launches (the tensor layout's amax and finish kernels
 /// folded into its entries).
 template <DType DT>
-void probe(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept {
+void probe(KernelImage* out) noexcept {
+  constexpr int Q = gpu::fp8::kQuantKernels;
   auto both = [](KernelImage a, KernelImage b) { return a.loadable ? b : a; };
   const KernelImage shared = both(image_of(tensor_amax_kernel<DT>), image_of(tensor_finish_kernel<DT>));
-  out[0][0] = both(shared, image_of(tensor_quant_kernel<DT, true>));
-  out[0][1] = both(shared, image_of(tensor_quant_kernel<DT, false>));
-  out[1][0] = image_of(token_kernel<DT, true>);
-  out[1][1] = image_of(token_kernel<DT, false>);
-  out[2][0] = image_of(group_kernel<DT, true>);
-  out[2][1] = image_of(group_kernel<DT, false>);
+  out[0 * Q + 0] = both(shared, image_of(tensor_quant_kernel<DT, true>));
+  out[0 * Q + 1] = both(shared, image_of(tensor_quant_kernel<DT, false>));
+  out[1 * Q + 0] = image_of(token_kernel<DT, true>);
+  out[1 * Q + 1] = image_of(token_kernel<DT, false>);
+  out[2 * Q + 0] = image_of(group_kernel<DT, true>);
+  out[2 * Q + 1] = image_of(group_kernel<DT, false>);
 }
 
 }  // namespace dispatch::cuda::quant_fp8
 
 /// The body of kernels/cuda/quant_fp8_<dt>.cu.
-#define KDISPATCH_QUANT_FP8_TU(dt)                                                          \
-  namespace dispatch::cuda {                                                                \
-  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la, \
-                               const core::Problem& p) noexcept {                           \
-    return mul ? quant_fp8::launch<DType::dt, true>(layout, warps, la, p)                   \
-               : quant_fp8::launch<DType::dt, false>(layout, warps, la, p);                 \
-  }                                                                                         \
-  void probe_quant_fp8_##dt(KernelImage (*out)[gpu::fp8::kQuantKernels]) noexcept {         \
-    quant_fp8::probe<DType::dt>(out);                                                       \
-  }                                                                                         \
+#define KDISPATCH_QUANT_FP8_TU(dt)                                                                            \
+  namespace dispatch::cuda {                                                                                  \
+  Status launch_quant_fp8_##dt(int layout, int warps, bool mul, const core::LaunchArgs& la,                   \
+                               const core::Problem& p) noexcept {                                             \
+    return mul ? quant_fp8::launch<DType::dt, true>(layout, warps, la, p)                                     \
+               : quant_fp8::launch<DType::dt, false>(layout, warps, la, p);                                   \
+  }                                                                                                           \
+  static_assert(gpu::fp8::kLayouts * gpu::fp8::kQuantKernels <= kMaxImagesPerTu);                             \
+  void probe_quant_fp8_##dt(KernelImage* out, const ProbeEnv&) noexcept { quant_fp8::probe<DType::dt>(out); } \
   }

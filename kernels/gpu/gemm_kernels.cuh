@@ -26,6 +26,7 @@
 #include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
 
 #include "gpu/backend_decls.hpp"
+#include "gpu/gemm_launch.hpp"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/launch_util.hpp"
 #include "ops/gemm.hpp"
@@ -319,14 +320,17 @@ void probe(KernelImage* skinny, KernelImage* ref) noexcept {
 }  // namespace dispatch::KDISPATCH_GPU_NS::gemm
 
 /// The body of kernels/<backend>/gemm_skinny_<dtype>.{cu,hip}.
-#define KDISPATCH_GEMM_SKINNY_TU(dt)                                                                                   \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                                               \
-  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,                               \
-                                 const core::Problem& p) noexcept {                                                    \
-    return gemm::launch_skinny<DType::dt>(s, la, p);                                                                   \
-  }                                                                                                                    \
-  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {                           \
-    return gemm::launch_reference<DType::dt>(la, p);                                                                   \
-  }                                                                                                                    \
-  void probe_gemm_skinny_##dt(KernelImage* skinny, KernelImage* ref) noexcept { gemm::probe<DType::dt>(skinny, ref); } \
+#define KDISPATCH_GEMM_SKINNY_TU(dt)                                                         \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                     \
+  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la,     \
+                                 const core::Problem& p) noexcept {                          \
+    return gemm::launch_skinny<DType::dt>(s, la, p);                                         \
+  }                                                                                          \
+  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept { \
+    return gemm::launch_reference<DType::dt>(la, p);                                         \
+  }                                                                                          \
+  static_assert(kGemmRefImage + 1 <= kMaxImagesPerTu);                                       \
+  void probe_gemm_skinny_##dt(KernelImage* out, const ProbeEnv&) noexcept {                  \
+    gemm::probe<DType::dt>(out, out + kGemmRefImage);                                        \
+  }                                                                                          \
   }

@@ -43,6 +43,7 @@
 #include "gpu/backend_decls.hpp"
 #include "gpu/elem.cuh"
 #include "gpu/launch_util.hpp"
+#include "gpu/norm_launch.hpp"
 #include "gpu/norm_plan.hpp"
 #include "ops/fused_add_rmsnorm.hpp"
 #include "ops/rmsnorm.hpp"
@@ -368,5 +369,6 @@ void probe(KernelImage* out) noexcept {
   Status launch_##op##_##dt(const gpu::norm::Launch& l, const core::LaunchArgs& la, const core::Problem& p) noexcept { \
     return norm::launch<DType::dt, fused>(l, la, p);                                                                   \
   }                                                                                                                    \
-  void probe_##op##_##dt(KernelImage* out) noexcept { norm::probe<DType::dt, fused>(out); }                            \
+  static_assert(gpu::norm::kKernelsPerDtype <= kMaxImagesPerTu);                                                       \
+  void probe_##op##_##dt(KernelImage* out, const ProbeEnv&) noexcept { norm::probe<DType::dt, fused>(out); }           \
   }

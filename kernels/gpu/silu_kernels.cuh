@@ -35,6 +35,7 @@
 #include "gpu/backend_decls.hpp"
 #include "gpu/elem.cuh"
 #include "gpu/launch_util.hpp"
+#include "gpu/silu_launch.hpp"
 #include "gpu/silu_plan.hpp"
 #include "ops/silu_and_mul.hpp"
 
@@ -235,11 +236,12 @@ void probe(KernelImage* out) noexcept {
 
 /// The body of kernels/<backend>/silu_and_mul_<dtype>.{cu,hip}: instantiates
 /// the kernels of one dtype and defines its launcher and image probe.
-#define KDISPATCH_SILU_TU(dt)                                                              \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                   \
-  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la,  \
-                                  const core::Problem& p) noexcept {                       \
-    return silu::launch<DType::dt>(l, la, p);                                              \
-  }                                                                                        \
-  void probe_silu_and_mul_##dt(KernelImage* out) noexcept { silu::probe<DType::dt>(out); } \
+#define KDISPATCH_SILU_TU(dt)                                                                               \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                                    \
+  Status launch_silu_and_mul_##dt(const gpu::silu::Launch& l, const core::LaunchArgs& la,                   \
+                                  const core::Problem& p) noexcept {                                        \
+    return silu::launch<DType::dt>(l, la, p);                                                               \
+  }                                                                                                         \
+  static_assert(gpu::silu::kKernelsPerDtype <= kMaxImagesPerTu);                                            \
+  void probe_silu_and_mul_##dt(KernelImage* out, const ProbeEnv&) noexcept { silu::probe<DType::dt>(out); } \
   }

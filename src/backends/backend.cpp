@@ -67,6 +67,17 @@ bool is_host(DeviceType type) noexcept {
   return b != nullptr && b->is_host();
 }
 
+void fingerprint_axes(const DeviceInfo& dev, std::vector<std::pair<std::string, std::string>>* axes) {
+  if (const Backend* b = find(dev.device.type))
+    b->fingerprint_axes(dev, axes);
+  else if (dev.device.type != cpu::backend().type())
+    gpu_fingerprint_axes(dev, axes);
+}
+
+void gpu_fingerprint_axes(const DeviceInfo& dev, std::vector<std::pair<std::string, std::string>>* axes) {
+  axes->emplace_back("compute_units", std::to_string(dev.compute_units));
+}
+
 DeviceType type_of_device_name(std::string_view canonical) noexcept {
   if (canonical.rfind("CPU_", 0) == 0) return cpu::backend().type();
   if (canonical.rfind("AMD_", 0) == 0 || canonical.find("Radeon") != std::string_view::npos) return DeviceType::hip;

@@ -130,6 +130,17 @@ const Backend* find(DeviceType type) noexcept;
 /// find(type) && find(type)->is_host().
 bool is_host(DeviceType type) noexcept;
 
+/// The tuning fingerprint's axes of `dev`'s backend, appended to `axes`
+/// (Backend::fingerprint_axes); for a GPU type this build does not compile
+/// (a description of another machine's device), the GPU backends' rule,
+/// gpu_fingerprint_axes, so that its fingerprint is the one that machine
+/// computes.
+void fingerprint_axes(const DeviceInfo& dev, std::vector<std::pair<std::string, std::string>>* axes);
+
+/// The GPU backends' axes (CUDA and HIP): the SM / CU count the search ran
+/// on ("compute_units"; a MIG slice's winners are not the whole GPU's).
+void gpu_fingerprint_axes(const DeviceInfo& dev, std::vector<std::pair<std::string, std::string>>* axes);
+
 /// The device type of a canonical device name (CPU_* the CPU, AMD_* and
 /// Radeon HIP, the rest CUDA), compiled in or not (a config file of another
 /// machine names it).

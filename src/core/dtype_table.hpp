@@ -210,15 +210,17 @@ inline void store_bits(const DTypeInfo& d, void* base, size_t i, uint32_t bits) 
 
 /// Whether the device compare decodes outputs of `t`.
 constexpr bool device_decodes(DType t) noexcept {
-  const DTypeInfo* d = find_dtype(t);
-  return d && d->device != DeviceDecode::none;
+  // Index, not find_dtype's pointer: GCC's -fsanitize=undefined makes a
+  // pointer's null check non-constant.
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) && kDTypes[i].device != DeviceDecode::none;
 }
 
 /// The search's poison pattern of `t` (its first dtype_size(t) bytes); 0 for
 /// a value no enumerator has.
 constexpr uint32_t poison_bits(DType t) noexcept {
-  const DTypeInfo* d = find_dtype(t);
-  return d ? d->poison : 0;
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) ? kDTypes[i].poison : 0;
 }
 
 // Prose lists of the table's dtypes, for error messages (dtype_table.cpp):

@@ -58,7 +58,7 @@ Fingerprint current_fingerprint(const DeviceInfo& dev, std::string_view runtime_
   for (const std::string& v : vars) env += (env.empty() ? "" : ";") + v;
   f.axes.emplace_back("env", env);
   // The backend's own axes (a GPU's SM count, the CPU's affinity count).
-  if (const backends::Backend* b = backends::find(dev.device.type)) b->fingerprint_axes(dev, &f.axes);
+  backends::fingerprint_axes(dev, &f.axes);
   return f;
 }
 

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — the GEMM families' launchers: one TU per (family,
+// input dtype) (kernels/<backend>/gemm_<family>_<dt>.{cu,hip}), called by the
+// variant list (gpu/gemm_variants.inc). Included with KDISPATCH_GPU_NS
+// defined. Plain C++.
+#pragma once
+
+#include "core/op.hpp"
+#include "gpu/backend_decls.hpp"
+#include "gpu/gemm_plan.hpp"
+
+namespace dispatch::KDISPATCH_GPU_NS {
+
+/// Index of a GEMM input dtype among the families' TUs: fp16 0, bf16 1, -1 else.
+constexpr int gemm_dtype_index(DType t) { return t == DType::fp16 ? 0 : t == DType::bf16 ? 1 : -1; }
+
+// The skinny family (gpu/gemm_kernels.cuh); its TU also holds the reference
+// kernel. Images: kSkinnyKernels (skinny_kernel_index), then the reference.
+#define KDISPATCH_DECLARE_GEMM_SKINNY_LAUNCH(dt)                                         \
+  Status launch_gemm_skinny_##dt(const gpu::gemm::Skinny& s, const core::LaunchArgs& la, \
+                                 const core::Problem& p) noexcept;                       \
+  Status launch_gemm_ref_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+KDISPATCH_DECLARE_GEMM_SKINNY_LAUNCH(fp16)
+KDISPATCH_DECLARE_GEMM_SKINNY_LAUNCH(bf16)
+#undef KDISPATCH_DECLARE_GEMM_SKINNY_LAUNCH
+/// The image of the skinny TU's reference kernel (after the skinny kernels).
+inline constexpr int kGemmRefImage = gpu::gemm::kSkinnyKernels;
+
+#if KDISPATCH_GPU_HAS_TILED
+// The tiled (mma.sync) family, CUDA only: kernels/cuda/gemm_tiled_<dt>.cu.
+// Images: kTiledKernels, in tiled_kernel_index order; the probe also raises
+// each kernel's dynamic shared memory limit (cudaFuncSetAttribute) once.
+#define KDISPATCH_DECLARE_GEMM_TILED_LAUNCH(dt) \
+  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core::Problem& p) noexcept;
+KDISPATCH_DECLARE_GEMM_TILED_LAUNCH(fp16)
+KDISPATCH_DECLARE_GEMM_TILED_LAUNCH(bf16)
+#undef KDISPATCH_DECLARE_GEMM_TILED_LAUNCH
+// The skinny_mma family (tensor-core weight stream), CUDA only:
+// kernels/cuda/gemm_skinny_mma_<dt>.cu. Images: kSkinnyMmaKernels.
+#define KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH(dt)                                            \
+  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la, \
+                                     const core::Problem& p) noexcept;
+KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH(fp16)
+KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH(bf16)
+#undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH
+#endif
+
+}  // namespace dispatch::KDISPATCH_GPU_NS
