@@ -38,6 +38,7 @@
 #include "core/json_write.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
+#include "store/write_all.hpp"
 
 namespace kdispatch_cli::tune_detail {
 
@@ -226,7 +227,7 @@ std::string one_field(std::string v);
 /// The tab-separated fields of one message.
 std::vector<std::string> split_tabs(std::string_view l);
 /// All of `s` to `fd` (EINTR retried); false on an error.
-bool write_all(int fd, const std::string& s);
+using dispatch::store::write_all;  // header only: the CLI cannot link the library's hidden symbols
 /// A worker's message (split_tabs) read as a result: false when it is not
 /// one (the wrong field count, a field that is not a number); else its unit
 /// (the queue index) and outcome (the unit's label, op and M are the

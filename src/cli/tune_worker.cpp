@@ -48,17 +48,6 @@ std::vector<std::string> split_tabs(std::string_view l) {
   }
 }
 
-bool write_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 namespace {
 
 double parse_double(const std::string& v) {

@@ -523,15 +523,4 @@ std::string fragment_name() {
   return host + "-" + std::to_string(::getpid()) + ".json";
 }
 
-bool write_all(int fd, const std::string& s) noexcept {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 }  // namespace dispatch::store

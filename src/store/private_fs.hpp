@@ -174,8 +174,4 @@ std::string fragment_name();
 /// The fragment dir of the table file `name` ("<key>.json" -> "<key>.json.d").
 inline std::string fragment_dir_for(std::string_view name) { return std::string(name) + ".d"; }
 
-/// Writes all of `s` to `fd`, retrying on EINTR and short writes; false on
-/// an error (errno set) or a write that makes no progress.
-bool write_all(int fd, const std::string& s) noexcept;
-
 }  // namespace dispatch::store

@@ -27,6 +27,7 @@
 #include "store/limits.hpp"
 #include "store/fragment_claims.hpp"
 #include "store/private_fs.hpp"
+#include "store/write_all.hpp"
 
 namespace dispatch::store {
 namespace fs = std::filesystem;

@@ -19,6 +19,7 @@
 #include "store/fingerprint.hpp"
 #include "store/private_fs.hpp"
 #include "store/row_meta.hpp"
+#include "store/write_all.hpp"
 
 namespace dispatch::tune {
 namespace fs = std::filesystem;
