@@ -9,4 +9,5 @@
 #define KDISPATCH_GPU_WARP 64  // CDNA (gfx90a, gfx940) wavefronts
 #define KDISPATCH_GPU_NAME(how) "hip_" how
 #define KDISPATCH_GPU_REF_NAME "hip_ref"
+#define KDISPATCH_GPU_HAS_TILED 0  // plain C++ (no __HIP__): say it, so DeviceState is hip_device.hip's
 #include "gpu/silu_variants.inc"

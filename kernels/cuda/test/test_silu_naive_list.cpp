@@ -37,6 +37,7 @@ Status supports(const core::Problem& p, const int64_t*, const DeviceInfo& dev) {
   if (Status s = check_device_and_dtype(v, p); !s.ok()) return s;
   if (p.out_dtype != p.in_dtype)
     return core::decline(v, StatusCode::unsupported_problem, "the output dtype must be the input dtype");
+  if (p.n < 1) return core::decline(v, StatusCode::invalid_argument, "d must be >= 1");
   if (const DeviceState* st = probed(dev, DeviceType::cuda))
     return image_fits(v, st->image(KernelTu::test_silu_naive_fp32, 0), *st, kTestSiluNaiveThreads);
   return Status();
