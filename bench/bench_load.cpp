@@ -425,7 +425,7 @@ int run_reload(bool assert_ratio, double bar) {
   Window idle, during;
   int64_t failed = 0;
   std::thread reader([&] {
-    const dispatch::LookupQuery q{.op = "fused_moe", .key = "E=8,N=7", .device = "NVIDIA_H200", .M = 50};
+    const dispatch::LookupQuery q{.op = "triton_fused_moe", .key = "E=8,N=7", .device = "NVIDIA_H200", .M = 50};
     while (!stop.load(std::memory_order_relaxed)) {
       const int w = window.load(std::memory_order_acquire);
       const auto t0 = std::chrono::steady_clock::now();

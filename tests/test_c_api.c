@@ -343,7 +343,7 @@ static void test_runtime_functions(void) {
   /* reload picks up a new file */
   kdispatch_lookup_query q;
   kdispatch_lookup_query_init(&q);
-  q.op = "fused_moe";
+  q.op = "triton_fused_moe";
   q.key = "E=8,N=16,dtype=fp8_w8a8";
   q.device = "NVIDIA H200";
   q.M = 3;
@@ -1091,7 +1091,7 @@ static void test_lookup(void) {
 
   /* the whole table */
   EXPECT(KDISPATCH_OK, kdispatch_lookup_table(rt, &q, &json));
-  CONTAINS(json, "\"key\": \"triton/fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8\"");
+  CONTAINS(json, "\"key\": \"triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8\"");
   CONTAINS(json,
            "\"rows\": {\"1\": {\"BLOCK_SIZE_M\": 16, \"BLOCK_SIZE_N\": 64, \"BLOCK_SIZE_K\": 128, \"GROUP_SIZE_M\": 1, "
            "\"num_warps\": 4, \"num_stages\": 5}, \"2\": ");
@@ -1172,7 +1172,7 @@ static void test_lookup(void) {
   o.log_level = KDISPATCH_LOG_OFF;
   rt = make_rt(&o);
   kdispatch_lookup_query_init(&q);
-  q.op = "fused_moe";
+  q.op = "triton_fused_moe";
   q.key = "E=8,N=16,dtype=fp8_w8a8";
   q.device = "NVIDIA_H200";
   q.M = 1;

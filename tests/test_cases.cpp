@@ -106,7 +106,7 @@ TEST_CASE("C05 dtype is part of the key (quantization dir, NVIDIA H20)") {
   auto down = lookup(*rt, query("N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]", "NVIDIA H20", 64, true));
   REQUIRE_FALSE(down.ok());
   CHECK(down.status().code() == StatusCode::invalid_argument);
-  CHECK(down.status().message() == "down tables exist only for fused_moe");
+  CHECK(down.status().message() == "down tables exist only for triton_fused_moe");
 
   // Same answer with the shipped configs loaded too (op inference must still pick triton_gemm).
   RuntimeOptions o = options_for({quant_dir().string()});
@@ -115,6 +115,40 @@ TEST_CASE("C05 dtype is part of the key (quantization dir, NVIDIA H20)") {
   auto r2 = lookup_ok(*rt2, query("N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]", "NVIDIA H20", 64));
   CHECK(r2.match == LookupResult::Match::exact);
   CHECK(config_to_json(r2.config) == expected);
+}
+
+TEST_CASE("the engines' fused-MoE tables are op triton_fused_moe, and fused_moe still answers for one release") {
+  const std::string key = "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]";
+  RuntimeOptions o = options_for({moe_dir().string()});
+  o.backend_version = "3.5.1";
+  auto rt = make_runtime(o);
+  LookupQuery q = query(key, "NVIDIA H200", 1);
+  const LookupResult inferred = lookup_ok(*rt, q);
+  CHECK(contains(inferred.why, "op triton_fused_moe (inferred)"));
+  q.op = "triton_fused_moe";
+  const LookupResult named = lookup_ok(*rt, q);
+  q.op = "fused_moe";  // the name until 2026-12
+  const LookupResult old = lookup_ok(*rt, q);
+  for (const LookupResult* r : {&inferred, &named, &old}) {
+    CHECK(r->key == "triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8");
+    CHECK(config_to_json(r->config) == kH200Moe351M1);
+  }
+  CHECK_FALSE(contains(named.why, "deprecated"));
+  CHECK(contains(old.why,
+                 "op 'fused_moe' for the engines' fused-MoE tables is deprecated: they are 'triton_fused_moe' now"));
+  // The _down table and the whole table answer under the old name too.
+  q.down = true;
+  CHECK(lookup_ok(*rt, q).key ==
+        "triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8|down");
+  q.down = false;
+  auto table = lookup_table(*rt, q);
+  REQUIRE(table.ok());
+  CHECK(table->key == "triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8");
+  // A key without E= is not a fused-MoE table under either name.
+  q.key = "N=2304,K=7168,dtype=fp8_w8a8,block_shape=[128,128]";
+  auto wrong = lookup(*rt, q);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(contains(wrong.status().message(), "unknown op 'fused_moe' (expected triton_fused_moe, triton_gemm, gemm"));
 }
 
 TEST_CASE("C06 device aliases help one SKU without breaking another") {
@@ -149,7 +183,7 @@ TEST_CASE("C06 device aliases help one SKU without breaking another") {
       CHECK(r.table_m == 1);
       CHECK(config_to_json(r.config) == kH200Moe351M1);
       CHECK(r.source == src351);
-      CHECK(r.key == "triton/fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8");
+      CHECK(r.key == "triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8");
       CHECK(contains(r.why, "triton_3_5_1 (exact version)"));
       auto r64 = lookup_ok(*rt, query(key, dev, 64));
       CHECK(config_to_json(r64.config) == h200_m64);

@@ -194,20 +194,21 @@ TEST_CASE("cli: replay's report says which config files apply to this host's bac
   REQUIRE(at != std::string::npos);
   const size_t end = r.out.find("cache dir", at);
   REQUIRE(end != std::string::npos);
-  CHECK(r.out.substr(at, end - at) ==
-        "configs      4 files (0 skipped), 4 keys, no shipped configs\n"
-        "             + " +
-            tree.str() +
-            "\n"
-            "             cpu: 2 files, 1 for this host's " +
-            dev() +
-            ": the backend this replay runs\n"
-            "             " +
-            cuda_line +
-            "\n"
-            "             1 file of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the "
-            "replay's "
-            "ops\n");
+  CHECK(
+      r.out.substr(at, end - at) ==
+      "configs      4 files (0 skipped), 4 keys, no shipped configs\n"
+      "             + " +
+          tree.str() +
+          "\n"
+          "             cpu: 2 files, 1 for this host's " +
+          dev() +
+          ": the backend this replay runs\n"
+          "             " +
+          cuda_line +
+          "\n"
+          "             1 file of engine-kernel tables (triton_fused_moe, triton_gemm): served to lookups, not to the "
+          "replay's "
+          "ops\n");
 
   CliResult j = run_cli({"replay", "--only-configs", tree.str(), "--trace", trace.string(), "--steps", "1", "--layers",
                          "1", "--dtype", "fp32", "--json"});

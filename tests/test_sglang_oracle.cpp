@@ -6,7 +6,7 @@
 // not from the library: its own file-name splitter, simdjson DOM for the
 // content, a linear nearest-M scan. Rules it encodes:
 //  - key = the file name's fields other than device_name, sorted by name,
-//    block_shape without spaces, plus `_down`; op fused_moe (E=) or
+//    block_shape without spaces, plus `_down`; op triton_fused_moe (E=) or
 //    triton_gemm (N=, K=); device = the file's device_name as written;
 //  - version folders triton_X_Y_Z/: for a running version V the folder of
 //    exactly V, else the newest older, else the newest newer; V unset = the
@@ -63,7 +63,7 @@ const std::set<std::string> kSglangDevices = {"AMD_Instinct_MI300X",
 struct OracleFile {
   std::string rel;  // relative to the config dir (sglang-configs/)
   bool foreign = false;
-  std::string op;         // fused_moe | triton_gemm
+  std::string op;         // triton_fused_moe | triton_gemm
   std::string device;     // as written in the file name
   std::string fields;     // canonical: sorted, block_shape without spaces
   std::string query_key;  // the fields as written in the name (file order, original spelling)
@@ -156,7 +156,7 @@ bool parse_name(std::string base, OracleFile* f) {
     has_k |= n == "K";
   }
   if (has_e)
-    f->op = "fused_moe";
+    f->op = "triton_fused_moe";
   else if (has_n && has_k)
     f->op = "triton_gemm";
   else
@@ -404,7 +404,7 @@ TEST_CASE("SGLang oracle: lookup over every shared SGLang file equals the brute-
       multi_folder += multi && s.parsed.empty();
       run(*owned, s, f, f.down, s.parsed.empty() || multi);
       // An up table whose key has no _down table anywhere also answers a _down query.
-      if (s.parsed.empty() && !f.down && f.op == "fused_moe" && !oracle.has_group(f.group() + "|down"))
+      if (s.parsed.empty() && !f.down && f.op == "triton_fused_moe" && !oracle.has_group(f.group() + "|down"))
         run(*owned, s, f, true, true);
     }
   }

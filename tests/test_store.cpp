@@ -143,11 +143,11 @@ TEST_CASE("store: --key parsing") {
   // Through the public lookup: a malformed key is invalid_argument naming the problem.
   TempDir dir;
   auto rt = make_runtime({dir.str()});
-  auto r = lookup(*rt, query("E=1,E=2", "NVIDIA H200", 1, false, "fused_moe"));
+  auto r = lookup(*rt, query("E=1,E=2", "NVIDIA H200", 1, false, "triton_fused_moe"));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::invalid_argument);
   CHECK(r.status().message() == "key: field 'E' appears twice");
-  auto m0 = lookup(*rt, query("E=1,N=2", "NVIDIA H200", 0, false, "fused_moe"));
+  auto m0 = lookup(*rt, query("E=1,N=2", "NVIDIA H200", 0, false, "triton_fused_moe"));
   REQUIRE_FALSE(m0.ok());
   CHECK(m0.status().code() == StatusCode::invalid_argument);
   CHECK(contains(m0.status().message(), "M must be >= 1"));

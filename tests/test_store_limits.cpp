@@ -50,8 +50,8 @@ std::string first_problem(const LoadReport& rep, const std::string& path) {
 std::string table_text(const Runtime& rt, const std::vector<int>& ns) {
   std::string s;
   for (int n : ns) {
-    auto t =
-        lookup_table(rt, LookupQuery{.op = "fused_moe", .key = "E=8,N=" + std::to_string(n), .device = "NVIDIA_H200"});
+    auto t = lookup_table(
+        rt, LookupQuery{.op = "triton_fused_moe", .key = "E=8,N=" + std::to_string(n), .device = "NVIDIA_H200"});
     s += "N=" + std::to_string(n) + (t.ok() ? "" : " none") + "\n";
     if (!t.ok()) continue;
     for (const auto& r : t->rows) s += std::to_string(r.m) + " " + config_to_json(r.config) + " " + r.source + "\n";
@@ -198,7 +198,8 @@ TEST_CASE("reload: only changed files are read, unchanged keys are copied, the t
   CHECK(rep.rows == 20 * 4 + 2 + 2);
   CHECK(table_text(*rt, ns) == fresh_table());
   CHECK(config_to_json(
-            lookup(*rt, LookupQuery{.op = "fused_moe", .key = "E=8,N=5", .device = "NVIDIA_H200", .M = 6})->config) ==
+            lookup(*rt, LookupQuery{.op = "triton_fused_moe", .key = "E=8,N=5", .device = "NVIDIA_H200", .M = 6})
+                ->config) ==
         R"({"BLOCK_SIZE_M": 128, "num_warps": 4, "num_stages": 3})");  // num_stages: the documented default
 
   // The same size, the mtime put back: the ctime still tells.

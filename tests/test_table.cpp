@@ -120,8 +120,8 @@ TEST_CASE("table: bounded nearest policy edges") {
 }
 
 TEST_CASE("table: a hash hit is confirmed by the full key") {
-  const std::string a = "triton/fused_moe|NVIDIA_H200|E=8,N=64";
-  const std::string b = "triton/fused_moe|NVIDIA_H200|E=8,N=65";
+  const std::string a = "triton/triton_fused_moe|NVIDIA_H200|E=8,N=64";
+  const std::string b = "triton/triton_fused_moe|NVIDIA_H200|E=8,N=65";
   std::vector<std::string> notes;
   std::vector<TableInput> in;
   in.push_back(input(a, {1}, 7));
@@ -140,7 +140,7 @@ TEST_CASE("table: a hash hit is confirmed by the full key") {
   // table, different hash) probes past a and misses.
   std::string same_slot;
   for (int i = 0; i < 10000 && same_slot.empty(); ++i) {
-    std::string k = "triton/fused_moe|NVIDIA_H200|E=" + std::to_string(i) + ",N=64";
+    std::string k = "triton/triton_fused_moe|NVIDIA_H200|E=" + std::to_string(i) + ",N=64";
     if (k != a && (table::key_hash(k) & 15) == (ha & 15)) same_slot = k;
   }
   REQUIRE_FALSE(same_slot.empty());
@@ -165,7 +165,7 @@ TEST_CASE("table: a hash hit is confirmed by the full key") {
 }
 
 TEST_CASE("table: snapshot merges sources by rank and picks version folders") {
-  const std::string k = "triton/fused_moe|NVIDIA_H200|E=8,N=64";
+  const std::string k = "triton/triton_fused_moe|NVIDIA_H200|E=8,N=64";
   SUBCASE("precedence: the lower rank wins on the same M; rows merge across ranks") {
     std::vector<TableInput> in;
     in.push_back(input(k, {1, 64}, 20, /*rank=*/1));
@@ -289,7 +289,7 @@ TEST_CASE("table: version-folder selection over a synthetic tree") {
     const LoadReport rep = rt->load_report();
     bool noted = false;
     for (const auto& n : rep.notes)
-      if (contains(n, "triton/fused_moe|NVIDIA_H200|E=8,N=64: ")) noted = contains(n, c.note) && *c.note;
+      if (contains(n, "triton/triton_fused_moe|NVIDIA_H200|E=8,N=64: ")) noted = contains(n, c.note) && *c.note;
     CHECK(noted == (*c.note != 0));
     // The key that exists only in triton_3_1_0 serves under every version;
     // with a version above 3.1.0 the report says it fell back.
@@ -297,7 +297,7 @@ TEST_CASE("table: version-folder selection over a synthetic tree") {
     CHECK(config_find(old.config, "BLOCK_SIZE_M")->i == 1310);
     bool old_noted = false;
     for (const auto& n : rep.notes)
-      if (n == "triton/fused_moe|NVIDIA_H200|E=16,N=64: triton_3_1_0 serves (newest folder older than " +
+      if (n == "triton/triton_fused_moe|NVIDIA_H200|E=16,N=64: triton_3_1_0 serves (newest folder older than " +
                    std::string(c.version) + ")")
         old_noted = true;
     const bool above_310 = *c.version && std::string(c.version) != "3.0.0";

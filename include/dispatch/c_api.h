@@ -572,7 +572,7 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_group(kdispatch_run
  *  and M. Strings: NULL = "". */
 typedef struct kdispatch_lookup_query {
   uint32_t struct_size;
-  const char* op;     /* "fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"; NULL: inferred */
+  const char* op;     /* "triton_fused_moe", "triton_gemm", "gemm", "rmsnorm", ...; NULL: inferred */
   const char* key;    /* file-name fields other than device_name: "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]" */
   const char* device; /* "NVIDIA H200" or "NVIDIA_H200"; NULL: the host CPU's ISA class */
   const char* arch;   /* optional hardware identity for the device-name resolver */
@@ -592,7 +592,7 @@ KDISPATCH_C_API void kdispatch_lookup_query_init(kdispatch_lookup_query* q);
  *  "key": canonical key, "why": text}. Nearest-M ties go to the smaller key.
  *  Errors: INVALID_ARGUMENT (rt/q/json_out NULL, bad struct_size, key NULL
  *  or malformed, M < 1, unknown op or backend, down for an op other than
- *  fused_moe), NOT_FOUND (no row and no default rule for the key). */
+ *  triton_fused_moe), NOT_FOUND (no row and no default rule for the key). */
 KDISPATCH_C_API kdispatch_status kdispatch_lookup(const kdispatch_runtime* rt, const kdispatch_lookup_query* q,
                                                   char** json_out);
 

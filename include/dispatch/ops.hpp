@@ -349,11 +349,13 @@ KDISPATCH_API Result<KeyProblem> describe_key(std::string_view op, std::string_v
 /// fused-MoE kernel, its block-fp8 GEMM) from the same table, so an engine
 /// can use kdispatch purely as its config service.
 struct LookupQuery {
-  /// "fused_moe" (SGLang/vLLM fused-MoE tables, keyed E=,N=,...),
+  /// "triton_fused_moe" (SGLang/vLLM fused-MoE tables, keyed E=,N=,...),
   /// "triton_gemm" (SGLang's dense w8a8/block-fp8 GEMM tables, N=,K=,...),
   /// or an own op (core/op_list.hpp: "gemm", "rmsnorm", ...). Empty: inferred
-  /// (the one op the table holds, else "fused_moe" for a key with E=,
-  /// else "triton_gemm" for N= and K=).
+  /// (the one op the table holds, else "triton_fused_moe" for a key with E=,
+  /// else "triton_gemm" for N= and K=). Deprecated: "fused_moe" with a key
+  /// holding E= (the fused-MoE tables' name until 2026-12) answers as
+  /// "triton_fused_moe" and says so in `why`.
   std::string op;
   /// The file name's fields other than device_name, in any order, e.g.
   /// "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]" (block_shape with or

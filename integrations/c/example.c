@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   /* the Triton fused-MoE config SGLang would launch at M = 64 on an H200 */
   kdispatch_lookup_query q;
   kdispatch_lookup_query_init(&q);
-  q.op = "fused_moe";
+  q.op = "triton_fused_moe";
   q.key = "E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]";
   q.device = "NVIDIA H200";
   q.M = 64;

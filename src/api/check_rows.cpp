@@ -53,7 +53,7 @@ Result<TableRowsCheck> check_table_rows(std::string_view table_path,
     auto key = store::parse_file_name(file);
     if (!key.ok()) return bad_path(table_path, "file name is not a config key: " + key.status().message());
     if (!key->has_device_name) return bad_path(table_path, "file name has no device_name field");
-    if (key->down) return bad_path(table_path, "_down tables exist only for fused_moe");
+    if (key->down) return bad_path(table_path, "_down tables exist only for triton_fused_moe");
     auto prob = store::own_problem_from_fields(*op, key->fields);
     if (!prob.ok()) return bad_path(table_path, "file name: " + prob.status().message());
     core::Problem problem = *prob;

@@ -110,8 +110,8 @@ namespace {
 // fields the key has (the op list's key fields).
 std::vector<std::string> ops_fitting(const store::Fields& fields) {
   std::vector<std::string> fits;
-  if (store::find_field(fields, "E")) return {"fused_moe"};
-  if (store::find_field(fields, "N") && store::find_field(fields, "K")) fits.push_back("triton_gemm");
+  if (store::find_field(fields, "E")) return {std::string(store::kTritonFusedMoe)};
+  if (store::find_field(fields, "N") && store::find_field(fields, "K")) fits.push_back(std::string(store::kTritonGemm));
   for (const core::OpSpec* s : core::all_specs()) {
     bool all = false, any_dim = false;
     for (const core::KeyField& f : s->fields)
@@ -168,7 +168,7 @@ Result<std::string> infer_op(const Runtime::Impl& impl, const LookupQuery& q, co
   }
   if (present.size() == 1) return present.front();
   if (fits.size() == 1) return fits.front();
-  if (present.empty() && !fits.empty() && fits.front() == "triton_gemm") return std::string("triton_gemm");
+  if (present.empty() && !fits.empty() && fits.front() == store::kTritonGemm) return std::string(store::kTritonGemm);
   return make_status(StatusCode::invalid_argument,
                      "cannot infer the op from key '" + q.key + "'" +
                          (present.size() > 1 ? " (the table holds several ops it could be)" : "") + ": pass op (--op)");
@@ -277,7 +277,7 @@ Status from_default(const std::string& op, const std::optional<core::OpKind>& ow
     res.variant = std::string(plan.variant->name);
     why += "; get_default -> " + core::plan_to_string(plan);
     if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
-  } else if (op == "fused_moe") {
+  } else if (op == store::kTritonFusedMoe) {
     why += "; ";
     res.config = fused_moe_default(fields, q.M, core::is_hip_device_name(dev.canonical), &why);
   } else if (!triton_gemm_default(fields, &res.config, &(why += "; "))) {
@@ -288,7 +288,7 @@ Status from_default(const std::string& op, const std::optional<core::OpKind>& ow
 }
 
 std::string known_ops() {
-  std::string s = "fused_moe, triton_gemm";
+  std::string s = std::string(store::kTritonFusedMoe) + ", " + std::string(store::kTritonGemm);
   for (const core::OpSpec* spec : core::all_specs()) s += ", " + std::string(spec->name);
   return s;
 }
@@ -318,11 +318,20 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
       op = *inferred;
       why += "; op " + op + " (inferred)";
     }
+    // One release: "fused_moe" named the engines' fused-MoE tables before
+    // kdispatch's own op of that name; an SGLang key (E=..) still answers
+    // from them, and says so.
+    if (op == store::kDeprecatedFusedMoe && store::find_field(fields, "E")) {
+      op = store::kTritonFusedMoe;
+      why +=
+          "; op 'fused_moe' for the engines' fused-MoE tables is deprecated: they are 'triton_fused_moe' now "
+          "(answered from it; 'fused_moe' will name kdispatch's own MoE op)";
+    }
     const std::optional<core::OpKind> own = core::parse_op(op);
-    if (!own && op != "fused_moe" && op != "triton_gemm")
+    if (!own && op != store::kTritonFusedMoe && op != store::kTritonGemm)
       return make_status(StatusCode::invalid_argument, "unknown op '" + op + "' (expected " + known_ops() + ")");
-    if (q.down && op != "fused_moe")
-      return make_status(StatusCode::invalid_argument, "down tables exist only for fused_moe");
+    if (q.down && op != store::kTritonFusedMoe)
+      return make_status(StatusCode::invalid_argument, "down tables exist only for triton_fused_moe");
 
     core::Problem prob;
     DeviceType backend = core::backend_of_device_name(dev.canonical);

@@ -314,7 +314,9 @@ CLI::App* add_lookup(CLI::App& app, LookupOptions& lo) {
   lookup->add_option("--device", lo.device,
                      "Device name as the runtime reports it (\"NVIDIA H200\") or as files spell it (NVIDIA_H200); "
                      "default: the host CPU's ISA class");
-  lookup->add_option("--op", lo.op, "fused_moe, triton_gemm, " + op_names_text() + " (default: inferred from the key)");
+  lookup->add_option("--op", lo.op,
+                     "triton_fused_moe, triton_gemm, " + op_names_text() +
+                         " (default: inferred from the key; fused_moe with an E= key: triton_fused_moe, deprecated)");
   lookup
       ->add_option("--key", lo.key,
                    "The file name's fields other than device_name, e.g. \"E=257,N=256,dtype=fp8_w8a8\"")

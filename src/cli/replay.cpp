@@ -373,7 +373,7 @@ std::string files_text(int64_t n) { return std::to_string(n) + (n == 1 ? " file"
 std::string backend_line(const BackendFiles& b) {
   if (b.backend.empty())
     return files_text(b.files) +
-           " of engine-kernel tables (fused_moe, triton_gemm): served to lookups, not to the "
+           " of engine-kernel tables (triton_fused_moe, triton_gemm): served to lookups, not to the "
            "replay's ops";
   std::string s = b.backend + ": " + files_text(b.files);
   if (b.device.empty()) return s + ": not used by this replay (no " + b.backend + " device: " + b.no_device + ")";

@@ -251,7 +251,7 @@ std::string own_row(const OwnFile& f, const Config& config, ParsedRow& row, tabl
 std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& names, core::OpKind op,
                      DeviceType backend, const std::string& device, ParsedFile& parsed, FileReport& rep,
                      table::TableInput& in) {
-  if (key.down) return "_down tables exist only for fused_moe, not for own op " + names.parent;
+  if (key.down) return "_down tables exist only for triton_fused_moe, not for own op " + names.parent;
   auto prob = own_problem_from_fields(op, key.fields);
   if (!prob.ok()) return "file name: " + prob.status().message();
   OwnFile f{op, backend, *prob, {}, core::backend_compiled(backend), nullptr};
@@ -331,11 +331,11 @@ std::string own_file(const SourceDir& src, const FileKey& key, const PathNames& 
 std::string foreign_file(const FileKey& key, const std::string& device, ParsedFile& parsed, table::TableInput& in) {
   std::string op;
   if (find_field(key.fields, "E"))
-    op = "fused_moe";
+    op = kTritonFusedMoe;
   else if (find_field(key.fields, "N") && find_field(key.fields, "K"))
-    op = "triton_gemm";
+    op = kTritonGemm;
   else
-    return "file name fields match no known table kind (need E=.. for fused_moe or N=..,K=.. for triton_gemm)";
+    return "file name fields match no known table kind (need E=.. for triton_fused_moe or N=..,K=.. for triton_gemm)";
   in.key = table::make_key(table::kForeignBackend, op, device, join_fields(key.fields), key.down);
   in.configs = std::move(parsed.configs);  // rows keep their indices: no config copied
   for (auto& row : parsed.rows) {

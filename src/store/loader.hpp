@@ -8,7 +8,8 @@
 //    row names its "variant";
 //  - engine-owned tables read as they are: SGLang/vLLM fused-MoE
 //    (E=..,N=..,device_name=..[,dtype=..][,block_shape=[..]][_down]) as op
-//    "fused_moe", and dense Triton GEMM tables (N=..,K=..,device_name=..,
+//    "triton_fused_moe" (kTritonFusedMoe; "fused_moe" before 2026-12, a name
+//    kdispatch's own MoE op takes), and dense Triton GEMM tables (N=..,K=..,device_name=..,
 //    dtype=..[,block_shape=..]) as op "triton_gemm"; version folders
 //    triton_X_Y_Z/ are recognised anywhere in the tree;
 //  - fragments <file>.json.d/<name>.json (written where flock is not
@@ -31,6 +32,15 @@
 #include "table/snapshot.hpp"
 
 namespace dispatch::store {
+
+/// The table kinds of the engines' Triton kernels (the op part of their
+/// keys: "triton/<kind>|<device_name>|<fields>[|down]").
+inline constexpr std::string_view kTritonFusedMoe = "triton_fused_moe";  ///< SGLang/vLLM fused-MoE tables (E=..)
+inline constexpr std::string_view kTritonGemm = "triton_gemm";           ///< SGLang's block-fp8 GEMM tables (N=..,K=..)
+/// The name lookups gave the fused-MoE tables until 2026-12: for one
+/// release a lookup of it with an SGLang key (E=..) answers from
+/// kTritonFusedMoe, with a deprecation note in `why`.
+inline constexpr std::string_view kDeprecatedFusedMoe = "fused_moe";
 
 struct SourceDir {
   std::string dir;

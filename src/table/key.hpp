@@ -6,7 +6,7 @@
 //   <backend>/<op>|<device_name>|<fields sorted by name>[|down]
 //   cpu/gemm|CPU_x86_64_AVX2|K=4096,N=4096,dtype=bf16
 //   cuda/rmsnorm|NVIDIA_H200|dtype=bf16,hidden=4096
-//   triton/fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8|down
+//   triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8|down
 //
 // The loader builds it from a file name (fields sorted, block_shape without
 // spaces); an op call builds it from the Problem into a stack buffer, in the

@@ -312,7 +312,7 @@ class Runtime:
                memory_bytes=0, backend=None):
         """Which config serves this kernel at this M (dispatch::lookup).
 
-        op: "fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"
+        op: "triton_fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"
         or None (inferred from the key); key: the config file name's fields
         other than device_name ("E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]");
         device: as torch reports it ("NVIDIA H200") or as files spell it

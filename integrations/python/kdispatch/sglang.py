@@ -523,8 +523,8 @@ def _moe_table(rt, dev, E, N, dtype, block_n, block_k, per_channel_quant, down, 
                 rows = _moe_table(rt, dev, E, N, dtype, block_n, block_k, per_channel_quant, False, strict)
             return rows
         try:
-            t = rt.lookup_table(op="fused_moe", key=_key(E, N, dtype, block_n, block_k, per_channel_quant),
-                                device=dev, down=down)
+            t = _engine_moe(rt.lookup_table, key=_key(E, N, dtype, block_n, block_k, per_channel_quant),
+                            device=dev, down=down)
         except Error as e:
             if e.code == StatusCode.not_found:
                 return None
@@ -533,6 +533,17 @@ def _moe_table(rt, dev, E, N, dtype, block_n, block_k, per_channel_quant, down, 
 
     return _cached(rt, ("moe_table", strict, dev, E, N, dtype, block_n, block_k, bool(per_channel_quant),
                         bool(down)), compute)
+
+
+def _engine_moe(call, **kw):
+    """call(op=..., **kw) on the engines' fused-MoE tables: "triton_fused_moe";
+    a libkdispatch older than 2026-12 (the same ABI) knows them as "fused_moe"."""
+    try:
+        return call(op="triton_fused_moe", **kw)
+    except Error as e:
+        if e.code == StatusCode.invalid_argument and "unknown op 'triton_fused_moe'" in str(e):
+            return call(op="fused_moe", **kw)
+        raise
 
 
 def _nearest(rows, M, strict):
@@ -546,7 +557,7 @@ def _moe_row(rt, rows, dev, key, M, down, strict):
     the smaller key; a forced config wins) in default mode."""
     if strict or dev == "":
         return _nearest(rows, M, strict)
-    r = rt.lookup(op="fused_moe", key=key, device=dev, M=min(max(M, 1), _INT64_MAX), down=down)
+    r = _engine_moe(rt.lookup, key=key, device=dev, M=min(max(M, 1), _INT64_MAX), down=down)
     if r["match"] == "forced":
         return r["config"]
     if r["match"] in ("exact", "nearest") and r["M"] in rows:

@@ -27,12 +27,16 @@ class LookupTest(unittest.TestCase):
         self.assertEqual(r["source"],
                          "triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
         self.assertEqual(r["source_dir"], SGLANG_MOE)
-        self.assertTrue(r["key"].startswith("triton/fused_moe|NVIDIA_H200|"))
+        self.assertTrue(r["key"].startswith("triton/triton_fused_moe|NVIDIA_H200|"))
         self.assertIn("exact M=1", r["why"])
         # the same part under its other name, and the key spelled as SGLang spells it
-        r2 = self.rt.lookup(op="fused_moe", key="E=257,N=256,dtype=fp8_w8a8,block_shape=[128, 128]",
+        r2 = self.rt.lookup(op="triton_fused_moe", key="E=257,N=256,dtype=fp8_w8a8,block_shape=[128, 128]",
                             device="NVIDIA H200 NVL", M=1)
         self.assertEqual(r2["config"], C06_CONFIG)
+        # "fused_moe", the tables' name until 2026-12, answers for one release and says so
+        r3 = self.rt.lookup(op="fused_moe", key=C06_KEY, device="NVIDIA H200", M=1)
+        self.assertEqual((r3["config"], r3["key"]), (C06_CONFIG, r["key"]))
+        self.assertIn("'fused_moe' for the engines' fused-MoE tables is deprecated", r3["why"])
 
     def test_nearest_and_whole_table(self):
         t = self.rt.lookup_table(key=C06_KEY, device="NVIDIA H200")
@@ -50,12 +54,12 @@ class LookupTest(unittest.TestCase):
             self.assertEqual(r["config"], t["rows"][best])
 
     def test_default_and_not_found(self):
-        r = self.rt.lookup(op="fused_moe", key="E=3,N=3,dtype=fp8_w8a8", device="NVIDIA H200", M=2)
+        r = self.rt.lookup(op="triton_fused_moe", key="E=3,N=3,dtype=fp8_w8a8", device="NVIDIA H200", M=2)
         self.assertEqual((r["match"], r["M"], r["source"]), ("default", None, "default"))
         self.assertEqual(r["config"], {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
                                        "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4})
         with self.assertRaises(Error) as c:
-            self.rt.lookup_table(op="fused_moe", key="E=3,N=3,dtype=fp8_w8a8", device="NVIDIA H200")
+            self.rt.lookup_table(op="triton_fused_moe", key="E=3,N=3,dtype=fp8_w8a8", device="NVIDIA H200")
         self.assertIs(c.exception.code, StatusCode.not_found)
         with self.assertRaises(Error) as c:
             self.rt.lookup(op="triton_gemm", key="N=7,K=7,dtype=fp8_w8a8", device="NVIDIA H200")
@@ -112,7 +116,7 @@ class BoundedTest(TempDirTest):
         self.write("c/E=8,N=16,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
                    '{"256": {"BLOCK_SIZE_M": 64}, "512": {"BLOCK_SIZE_M": 128}}')
         rt = self.quiet_runtime(config_dirs=[os.path.join(self.tmp, "c")], bounded_nearest=True)
-        q = dict(op="fused_moe", key="E=8,N=16,dtype=fp8_w8a8", device="NVIDIA_H200")
+        q = dict(op="triton_fused_moe", key="E=8,N=16,dtype=fp8_w8a8", device="NVIDIA_H200")
         self.assertEqual(rt.lookup(M=1, **q)["match"], "default")
         self.assertEqual(rt.lookup(M=300, **q)["M"], 256)
         self.assertEqual(rt.lookup_table(**q)["rows"], {256: {"BLOCK_SIZE_M": 64}, 512: {"BLOCK_SIZE_M": 128}})

@@ -244,7 +244,7 @@ class RuntimeTest(TempDirTest):
     def test_reload_freeze_and_stats(self):
         d, _ = self.own_table()
         rt = self.quiet_runtime(config_dirs=d)
-        q = dict(op="fused_moe", key="E=8,N=16,dtype=fp8_w8a8", device="NVIDIA H200", M=4)
+        q = dict(op="triton_fused_moe", key="E=8,N=16,dtype=fp8_w8a8", device="NVIDIA H200", M=4)
         self.assertEqual(rt.lookup(**q)["match"], "default")
         self.write("configs/E=8,N=16,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
                    '{"4": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}}')

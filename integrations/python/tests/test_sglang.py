@@ -662,10 +662,10 @@ class SglangRuntimeTest(TempDirTest):
         os.rename(tmp, os.path.join(d, name))
         key = "E=8,N=16,dtype=fp8_w8a8"
         for _ in range(100):  # the watcher's reload, up to 10 s
-            if rt.lookup("fused_moe", key, "NVIDIA H200", M=40)["config"]["BLOCK_SIZE_M"] == 32:
+            if rt.lookup("triton_fused_moe", key, "NVIDIA H200", M=40)["config"]["BLOCK_SIZE_M"] == 32:
                 break
             time.sleep(0.1)
-        self.assertEqual(rt.lookup("fused_moe", key, "NVIDIA H200", M=40)["config"]["BLOCK_SIZE_M"], 32)
+        self.assertEqual(rt.lookup("triton_fused_moe", key, "NVIDIA H200", M=40)["config"]["BLOCK_SIZE_M"], 32)
         self.assertEqual(rt.generation, 0)  # the watcher does not count here: hence no cache
         self.assertEqual(ks.try_get_optimal_moe_config(*args, device_name="NVIDIA H200"), {"BLOCK_SIZE_M": 32})
         self.assertEqual(ks.get_moe_configs(8, 16, "fp8_w8a8", device_name="NVIDIA H200"),
