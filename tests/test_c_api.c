@@ -695,7 +695,7 @@ static void test_hostile_tensors_and_flags(void) {
     static const struct {
       const char* name;
       int n_tensors, n_scalars;
-      const char* args[6];
+      const char* args[8];
     } ops[] = {{"gemm", 4, 0, {"a", "b", "d", "bias"}},
                {"rmsnorm", 3, 1, {"y", "x", "w"}},
                {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
@@ -705,7 +705,8 @@ static void test_hostile_tensors_and_flags(void) {
                {"gemm_fp8_block", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
                {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
                {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
-               {"quant_fp8_group", 3, 0, {"q", "x", "scale"}}};
+               {"quant_fp8_group", 3, 0, {"q", "x", "scale"}},
+               {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}}};
     const int n_ops = (int)(sizeof ops / sizeof ops[0]);
     char* list = NULL;
     EXPECT(KDISPATCH_OK, kdispatch_op_list(&list));
@@ -718,18 +719,18 @@ static void test_hostile_tensors_and_flags(void) {
       CONTAINS(list, needle);
     }
     kdispatch_free(list);
-    const float eps = 1e-6f;
+    const float scal[2] = {1e-6f, 0.f}; /* eps; or routed_scaling_factor and activation */
     for (int i = 0; i < n_ops; ++i)
       for (int j = 0; j < ops[i].n_tensors; ++j) {
-        tensor t[6];
-        const DLTensor* p[6];
+        tensor t[8];
+        const DLTensor* p[8];
         for (int k = 0; k < ops[i].n_tensors; ++k) {
           t[k] = f32_2d(x, 2, 16);
           p[k] = dl(&t[k]);
         }
         t[j].t.shape = NULL;
         EXPECT(KDISPATCH_INVALID_ARGUMENT,
-               kdispatch_op_call(rt, ops[i].name, p, ops[i].n_tensors, &eps, ops[i].n_scalars, NULL, 0, NULL, 0, NULL));
+               kdispatch_op_call(rt, ops[i].name, p, ops[i].n_tensors, scal, ops[i].n_scalars, NULL, 0, NULL, 0, NULL));
         char want[128];
         snprintf(want, sizeof want, "%s: DLTensor shape is NULL (ndim 2 needs ndim sizes)", ops[i].args[j]);
         if (strcmp(kdispatch_last_error_message(), want) != 0)

@@ -372,7 +372,7 @@ TEST_CASE("cpu gemm: gemm_fp32__openblas declines lda = 0 and ldb = 0 and bf16 a
   // The decoding of Problem::stride_code in the plugin matches pack_stride_code.
   for (uint8_t a0 : {0, 1, 2}) {
     uint8_t classes[4][2] = {{a0, 1}, {2, 1}, {2, 1}, {0, 0}};
-    const int ranks[4] = {2, 2, 2, 0};
+    const int8_t ranks[4] = {2, 2, 2, 0};
     Problem q = GemmCase(4, 8, 8).p;
     q.stride_code = dispatch::table::pack_stride_code(classes, ranks, 3);
     CHECK(v->supports(q, one_thread, dev).ok() == (a0 != 0));

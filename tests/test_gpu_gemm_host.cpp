@@ -264,7 +264,7 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
   {
     dispatch::core::Problem bp = gemm_problem(DeviceType::cuda, 2, 8192, 1024);
     const uint8_t cls[4][2] = {{0, 1}, {2, 1}, {2, 1}, {0, 0}};
-    const int ranks[4] = {2, 2, 2, 0};
+    const int8_t ranks[4] = {2, 2, 2, 0};
     bp.stride_code = dispatch::table::pack_stride_code(cls, ranks, 3);
     const Plan plan = dispatch::core::get_default(bp, dev);
     REQUIRE(plan.valid());
@@ -295,7 +295,7 @@ TEST_CASE("gpu gemm host: get_default streams the weight at decode sizes, by 16-
     CHECK(floor4.variant->name == "gemm_bf16__hipblaslt");
     CHECK(dispatch::core::floor_plan(gemm_problem(DeviceType::hip, 4, 1280, 8192), mi) == floor4);
     const uint8_t cls[4][2] = {{0, 1}, {2, 1}, {2, 1}, {0, 0}};
-    const int ranks[4] = {2, 2, 2, 0};
+    const int8_t ranks[4] = {2, 2, 2, 0};
     dispatch::core::Problem bp = gemm_problem(DeviceType::hip, 4, 1280, 8192);
     bp.stride_code = dispatch::table::pack_stride_code(cls, ranks, 3);
     const Plan plan = dispatch::core::get_default(bp, mi);

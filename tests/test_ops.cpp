@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/numeric.hpp"
+#include "core/routing.hpp"
 #include "backends/registry.hpp"
 #include "dispatch/c_api.h"
 #include "dispatch/dispatch.hpp"
@@ -42,7 +43,7 @@ using core::Role;
 
 bool uses_dim(const OpSpec& s, Dim d) {
   for (const ArgSlot& a : s.slots)
-    if ((a.rank == 2 && a.rows.dim == d) || a.cols.dim == d) return true;
+    if ((a.rank >= 2 && a.rows.dim == d) || (a.rank == 3 && a.batch.dim == d) || a.cols.dim == d) return true;
   return false;
 }
 
@@ -50,6 +51,18 @@ bool has_optional(const OpSpec& s) {
   for (const ArgSlot& a : s.slots)
     if (a.optional) return true;
   return false;
+}
+
+// Slots given exactly with quantised (fp8) weights (fused_moe's block scales).
+bool has_with_quantized(const OpSpec& s) {
+  for (const ArgSlot& a : s.slots)
+    if (a.with_quantized) return true;
+  return false;
+}
+
+// The optional slots' presence a problem of input dtype `dt` may have.
+bool bias_allowed(const OpSpec& s, DType dt, bool bias) {
+  return has_with_quantized(s) ? bias == core::is_quantized(dt) : !bias || has_optional(s);
 }
 
 // A problem of `s` with the given sizes (dims the op does not use stay 0).
@@ -62,6 +75,9 @@ Problem problem_of(const OpSpec& s, DType dt, int64_t m, int64_t n, int64_t k, b
   p.m = m;
   p.n = uses_dim(s, Dim::n) ? n : 0;
   p.k = uses_dim(s, Dim::k) ? k : 0;
+  // An MoE op's experts and top_k: 4 experts, 2 per token.
+  p.extra[0] = uses_dim(s, Dim::extra0) ? 4 : 0;
+  p.extra[1] = uses_dim(s, Dim::extra1) ? 2 : 0;
   p.has_bias = bias;
   return p;
 }
@@ -79,6 +95,11 @@ double load(DType t, const std::vector<char>& buf, size_t i) {
       return core::bf16_to_float(h);
     }
     case DType::fp8_e4m3fn: return core::fp8_to_float(static_cast<uint8_t>(buf[i]), core::kE4m3fn);
+    case DType::int32: {
+      int32_t v;
+      std::memcpy(&v, buf.data() + i * 4, 4);
+      return v;
+    }
     default: return 0.0;
   }
 }
@@ -134,13 +155,33 @@ std::vector<SlotBuf> make_buffers(const OpSpec& s, const Problem& p, int pad, st
     if (!b.present) continue;
     b.rows = e.rows;
     b.cols = e.cols;
-    b.ld = a.rank == 2 ? e.cols + pad : e.cols;
+    b.ld = a.rank >= 2 ? e.cols + pad : e.cols;
     b.dtype = e.dtype;
     const size_t n = static_cast<size_t>(b.rows * b.ld);
     b.bytes.resize(n * dtype_size(b.dtype));
     for (size_t w = 0; w + 4 <= b.bytes.size(); w += 4) std::memcpy(b.bytes.data() + w, &kPoisonWord, 4);
     b.ref.assign(n, std::nan(""));
     if (a.role == Role::write) continue;  // pure outputs stay poisoned
+    if (a.fill == core::Fill::expert_ids || a.fill == core::Fill::routing_weights) {
+      // Routing: top_k distinct experts per token; the last token's last
+      // choice -1 (an expert not local under expert parallelism) when there
+      // are several tokens.
+      std::vector<int32_t> ids(static_cast<size_t>(b.rows * b.ld), 0);
+      std::vector<float> w(static_cast<size_t>(b.rows * b.ld), 0.f);
+      core::fill_expert_ids(ids.data(), b.rows, b.cols, b.ld, p.extra[0], core::Routing::uniform, rng);
+      if (b.rows > 2) ids[static_cast<size_t>((b.rows - 1) * b.ld + b.cols - 1)] = -1;
+      core::fill_routing_weights(w.data(), b.rows, b.cols, b.ld, rng);
+      for (int64_t r = 0; r < b.rows; ++r)
+        for (int64_t c = 0; c < b.cols; ++c) {
+          const size_t at = static_cast<size_t>(r * b.ld + c);
+          if (a.fill == core::Fill::expert_ids)
+            std::memcpy(b.bytes.data() + at * 4, &ids[at], 4);
+          else
+            store(b.dtype, b.bytes, at, w[at]);
+          b.ref[at] = load(b.dtype, b.bytes, at);
+        }
+      continue;
+    }
     for (int64_t r = 0; r < b.rows; ++r)
       for (int64_t c = 0; c < b.cols; ++c) {
         const float x = u(rng);
@@ -173,7 +214,7 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
       // {5, 130, 300}: a partial last 128-block along N and K (the fp8 block scales).
       for (const Shape sh : {Shape{1, 1, 1}, Shape{3, 7, 5}, Shape{17, 64, 33}, Shape{4, 100, 9}, Shape{5, 130, 300}}) {
         for (bool bias : {false, true}) {
-          if (bias && !has_optional(*spec)) continue;
+          if (!bias_allowed(*spec, dt, bias)) continue;
           const Problem p = problem_of(*spec, dt, sh.m, sh.n, sh.k, bias, out_dt);
           // The reference on the inputs, in float64.
           std::vector<SlotBuf> inputs = make_buffers(*spec, p, 3, rng);
@@ -201,7 +242,7 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
               for (int i = 0; i < spec->slot_count(); ++i) {
                 SlotBuf& b = run[static_cast<size_t>(i)];
                 la.data[i] = b.present ? b.bytes.data() : nullptr;
-                la.ld[i] = spec->slots[static_cast<size_t>(i)].rank == 2 ? b.ld : 0;
+                la.ld[i] = spec->slots[static_cast<size_t>(i)].rank >= 2 ? b.ld : 0;
               }
               for (size_t j = 0; j < spec->scalars.size(); ++j) la.scalar[j] = spec->scalars[j].default_value;
               REQUIRE(plan.variant->launch(la, p, plan.params).ok());
@@ -217,7 +258,7 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
                 for (int64_t r = 0; r < got.rows; ++r)
                   for (int64_t c = 0; c < got.cols; ++c)
                     scale = std::max(scale, std::fabs(w.ref[static_cast<size_t>(r * got.ld + c)]));
-                const core::Tolerance tol = spec->tolerance[static_cast<size_t>(got.dtype)];
+                const core::Tolerance tol = core::tolerance_of(*spec, p, got.dtype);
                 int bad = 0;
                 for (int64_t r = 0; r < got.rows; ++r) {
                   for (int64_t c = 0; c < got.ld; ++c) {
@@ -256,7 +297,9 @@ TEST_CASE("every op: key text, file name and Problem round trip") {
       for (const core::KeyField& f : spec->fields) has_out = has_out || f.kind == core::FieldKind::out_dtype;
       for (const core::KeyField& f : spec->fields) has_accum = has_accum || f.kind == core::FieldKind::accum;
       if (out == DType::fp32 && !has_out) continue;
-      Problem p = problem_of(*spec, DType::bf16, 0, 896, 4864, has_optional(*spec));
+      const DType in = has_with_quantized(*spec) && out == DType::fp32 ? DType::fp8_e4m3fn : DType::bf16;
+      Problem p =
+          problem_of(*spec, in, 0, 896, 4864, has_with_quantized(*spec) ? core::is_quantized(in) : has_optional(*spec));
       p.out_dtype = out;
       // Ops with an accumulation field: fast with fp32 out (precise with bf16).
       if (has_accum && out == DType::fp32) p.accum = core::Accum::fast;
@@ -271,6 +314,8 @@ TEST_CASE("every op: key text, file name and Problem round trip") {
       REQUIRE_MESSAGE(back.ok(), back.status().to_string());
       CHECK(back->n == p.n);
       CHECK(back->k == p.k);
+      CHECK(back->extra[0] == p.extra[0]);
+      CHECK(back->extra[1] == p.extra[1]);
       CHECK(back->in_dtype == p.in_dtype);
       CHECK(back->out_dtype == p.out_dtype);
       CHECK(back->has_bias == p.has_bias);
@@ -352,9 +397,11 @@ TEST_CASE("every op: pretune_key persists a row, and the same call then hits it"
         continue;
       }
       bufs.emplace_back(static_cast<size_t>(e.rows * e.cols), 0.5f);  // as fp8 bytes: 0x00, 0x3f (finite)
-      tensors.push_back(spec->slots[static_cast<size_t>(i)].rank == 2
-                            ? make_tensor_2d(bufs.back().data(), e.dtype, e.rows, e.cols, e.cols)
-                            : make_tensor_1d(bufs.back().data(), e.dtype, e.cols));
+      const ArgSlot& a = spec->slots[static_cast<size_t>(i)];
+      tensors.push_back(a.rank == 3   ? kdtest::tensor_3d(bufs.back().data(), e.dtype, a.batch.value(p),
+                                                          e.rows / a.batch.value(p), e.cols)
+                        : a.rank == 2 ? make_tensor_2d(bufs.back().data(), e.dtype, e.rows, e.cols, e.cols)
+                                      : make_tensor_1d(bufs.back().data(), e.dtype, e.cols));
     }
     std::vector<float> scalars;
     for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(sc.default_value);
@@ -419,6 +466,7 @@ DLDataType dl_dtype(DType t) {
   switch (t) {
     case DType::bf16: return {kDLBfloat, 16, 1};
     case DType::fp8_e4m3fn: return {kDLPackFloat8_e4m3fn, 8, 1};
+    case DType::int32: return {kDLInt, 32, 1};
     default: return {kDLFloat, 32, 1};
   }
 }
@@ -426,14 +474,18 @@ DLDataType dl_dtype(DType t) {
 // A DLTensor over a host matrix (fp32 unless told).
 struct Dl {
   DLTensor t{};
-  int64_t shape[2] = {0, 0};
-  int64_t strides[2] = {0, 1};
-  Dl(float* data, int64_t rows, int64_t cols, int rank = 2, DType dtype = DType::fp32) {
+  int64_t shape[3] = {0, 0, 0};
+  int64_t strides[3] = {0, 1, 1};
+  // rank 3: rows = batch * per-matrix rows (batch given), the batch dense.
+  Dl(float* data, int64_t rows, int64_t cols, int rank = 2, DType dtype = DType::fp32, int64_t batch = 1) {
     t.data = data;
     t.device = {kDLCPU, 0};
     t.ndim = rank;
     t.dtype = dl_dtype(dtype);
-    if (rank == 2) {
+    if (rank == 3) {
+      shape[0] = batch, shape[1] = rows / batch, shape[2] = cols;
+      strides[0] = (rows / batch) * cols, strides[1] = cols, strides[2] = 1;
+    } else if (rank == 2) {
       shape[0] = rows, shape[1] = cols;
       strides[0] = cols, strides[1] = 1;
     } else {
@@ -465,7 +517,8 @@ TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
     for (int i = 0; i < spec->slot_count(); ++i) {
       const core::SlotExtent e = core::slot_extent(*spec, i, p);
       bufs.emplace_back(static_cast<size_t>(std::max<int64_t>(1, e.rows * e.cols)), 0.25f);
-      dls.emplace_back(bufs.back().data(), e.rows, e.cols, spec->slots[static_cast<size_t>(i)].rank, e.dtype);
+      const ArgSlot& a = spec->slots[static_cast<size_t>(i)];
+      dls.emplace_back(bufs.back().data(), e.rows, e.cols, a.rank, e.dtype, a.rank == 3 ? a.batch.value(p) : 1);
     }
     std::vector<const DLTensor*> ptrs;
     for (int i = 0; i < spec->slot_count(); ++i)
@@ -501,7 +554,9 @@ TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
       Dl wrong = dls[static_cast<size_t>(i)];
       wrong.t.shape = wrong.shape;
       wrong.t.strides = wrong.strides;
-      wrong.t.dtype = {kDLInt, 32, 1};
+      // (An int32 slot, expert ids, gets fp32 instead.)
+      wrong.t.dtype = a.dtype == core::SlotDType::fixed && a.fixed_dtype == DType::int32 ? DLDataType{kDLFloat, 32, 1}
+                                                                                         : DLDataType{kDLInt, 32, 1};
       bad = ptrs;
       bad[static_cast<size_t>(i)] = &wrong.t;
       const kdispatch_status st = call(rt, bad.data(), nt);

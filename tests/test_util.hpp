@@ -53,6 +53,19 @@ class EnvScope {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
+/// A contiguous rank-3 tensor [batch, rows, cols] (an MoE op's expert weights).
+inline dispatch::TensorRef tensor_3d(void* data, dispatch::DType dtype, int64_t batch, int64_t rows, int64_t cols,
+                                     dispatch::Device device = {}) {
+  dispatch::TensorRef t;
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = 3;
+  t.shape[0] = batch, t.shape[1] = rows, t.shape[2] = cols;
+  t.strides[0] = rows * cols, t.strides[1] = cols, t.strides[2] = 1;
+  t.device = device;
+  return t;
+}
+
 inline fs::path shared_dir() { return fs::path(KDISPATCH_SHARED_DIR); }
 inline fs::path sglang_dir() { return shared_dir() / "data" / "sglang-configs"; }
 inline fs::path moe_dir() { return sglang_dir() / "fused_moe_triton"; }

@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -58,14 +59,23 @@ class Maker {
   Call next() {
     Call c;
     for (int d = 1; d < core::kDimCount; ++d) c.dim[d] = pick({0, 1, 2, 7, 8, 16, 127, 128, 129, 300});
+    // Rank-3 slots (an MoE op's [E, 2I, H] weights) hold batch x rows x
+    // cols elements: smaller dims keep each inside its slot's region.
+    bool rank3 = false;
+    for (const ArgSlot& a : s_.slots) rank3 = rank3 || a.rank == 3;
+    if (rank3)
+      for (int d = 1; d < core::kDimCount; ++d)
+        c.dim[d] = d == static_cast<int>(Dim::extra0) ? pick({0, 1, 2, 4}) : pick({0, 1, 2, 7, 8, 16, 127, 128, 129});
     const DType dts[] = {DType::fp32, DType::fp16, DType::bf16, DType::fp8_e4m3fn};
     const DType in = dts[rng_() % 4], out = rng_() % 2 ? in : dts[rng_() % 4];
     const Device dev{rng_() % 4 ? DeviceType::cpu : DeviceType::cuda, 0};
     for (int i = 0; i < s_.slot_count(); ++i) c.t[i] = consistent(i, c, in, out, dev);
     for (int i = 0; i < s_.slot_count(); ++i) {
       const ArgSlot& a = slot(i);
-      if (a.optional && rng_() % 2) c.t[i] = TensorRef{};  // absent
-      if (a.alias_of >= 0 && rng_() % 3 == 0) {            // in place: exactly the read slot
+      // absent (block scales: absent with unquantised weights, mostly)
+      if (a.with_quantized ? (core::is_quantized(in) ? rng_() % 8 == 0 : rng_() % 8 != 0) : a.optional && rng_() % 2)
+        c.t[i] = TensorRef{};
+      if (a.alias_of >= 0 && rng_() % 3 == 0) {  // in place: exactly the read slot
         const DType own = c.t[i].dtype;
         c.t[i] = c.t[a.alias_of];
         c.t[i].dtype = own;
@@ -92,6 +102,16 @@ class Maker {
     const DType dt = a.dtype == core::SlotDType::in ? in : a.dtype == core::SlotDType::out ? out : a.fixed_dtype;
     unsigned char* data = data_of(i) + 16 * (rng_() % 4);
     if (a.rank == 1) return make_tensor_1d(data, dt, extent(c, a.cols), dev);
+    if (a.rank == 3) {
+      const int64_t b = extent(c, a.batch), r = extent(c, a.rows), cl = extent(c, a.cols);
+      const int64_t ld = cl + pick({0, 0, 0, 1, 8});
+      TensorRef t = make_tensor_2d(data, dt, r, cl, ld, dev);
+      t.rank = 3;
+      t.shape[0] = b, t.shape[1] = r, t.shape[2] = cl;
+      t.strides[0] = r * ld + (rng_() % 16 == 0 ? 8 : 0), t.strides[1] = ld,
+      t.strides[2] = 1;  // rarely a strided batch
+      return t;
+    }
     const int64_t rows = extent(c, a.rows), cols = extent(c, a.cols);
     TensorRef t = make_tensor_2d(data, dt, rows, cols, cols + pick({0, 0, 0, 1, 8}), dev);
     if (a.col_major_ok && rng_() % 3 == 0) {  // a transposed view
@@ -143,16 +163,18 @@ void check_accepted(const OpSpec& s, const Call& c, const core::Problem& p, cons
     CHECK(la.data[i] == (present ? c.t[i].data : nullptr));
     // Every extent of a present slot is its expression of the Problem's dims.
     if (!present) continue;
-    if (a.rank == 2) CHECK(c.t[i].shape[0] == a.rows.value(p));
-    CHECK(c.t[i].shape[a.rank == 2 ? 1 : 0] == a.cols.value(p));
+    if (a.rank == 3) CHECK(c.t[i].shape[0] == a.batch.value(p));
+    if (a.rank >= 2) CHECK(c.t[i].shape[a.rank - 2] == a.rows.value(p));
+    CHECK(c.t[i].shape[a.rank - 1] == a.cols.value(p));
   }
   CHECK(p.has_bias == any_optional);
   for (size_t j = 0; j < s.scalars.size(); ++j) CHECK(la.scalar[j] == c.scalars[j]);
   if (!c.changed)  // built from these dims, untouched: the Problem has them
     for (int d = 1; d < core::kDimCount; ++d)
       for (const ArgSlot& a : s.slots)
-        if (!a.optional && a.rank == 2 &&
-            ((a.rows.plain() && a.rows.dim == Dim(d)) || (a.cols.plain() && a.cols.dim == Dim(d))))
+        if (!a.optional && a.rank >= 2 &&
+            ((a.rows.plain() && a.rows.dim == Dim(d)) || (a.cols.plain() && a.cols.dim == Dim(d)) ||
+             (a.rank == 3 && a.batch.plain() && a.batch.dim == Dim(d))))
           CHECK(core::dim_value(p, Dim(d)) == c.dim[d]);
 }
 
@@ -182,7 +204,10 @@ void fast_and_detailed_agree(ArgsPaths via_args) {
     REQUIRE(text(args_fast) == text(args_slow));
     bool bools = true;
     for (size_t j = 0; j < S.scalars.size(); ++j)
-      if (S.scalars[j].kind == core::ScalarKind::accum) bools = bools && (c.scalars[j] == 0.f || c.scalars[j] == 1.f);
+      if (S.scalars[j].kind == core::ScalarKind::accum)
+        bools = bools && (c.scalars[j] == 0.f || c.scalars[j] == 1.f);
+      else if (S.scalars[j].kind == core::ScalarKind::choice)  // an int member holds whole values only
+        bools = bools && c.scalars[j] >= 0.f && c.scalars[j] <= 255.f && c.scalars[j] == std::floor(c.scalars[j]);
     if (bools) REQUIRE(text(args_fast) == text(fast));
     if (fast.ok()) {
       ++accepted;
@@ -204,10 +229,18 @@ void fast_and_detailed_agree(ArgsPaths via_args) {
   CHECK(bad_device > 0);    // ... and slots on two devices
 }
 
+/// A scalar as its args member: a float as is, a switch's bool, a choice's
+/// int (a value no int holds: -1, as the generic entry points make it).
+template <class T>
+T scalar_as(float v) {
+  if constexpr (std::is_same_v<T, int32_t>) return v >= -1.f && v <= 255.f ? static_cast<int32_t>(v) : -1;
+  return static_cast<T>(v);
+}
+
 }  // namespace
 
 #define KD_TEST_SLOT(x) &args.x,
-#define KD_TEST_SCALAR(x) args.x = static_cast<decltype(args.x)>(c.scalars[j++]);
+#define KD_TEST_SCALAR(x) args.x = scalar_as<decltype(args.x)>(c.scalars[j++]);
 #define KD_TEST_AGREE(op, Args, tensors, scalars)                                                 \
   SUBCASE(#op) {                                                                                  \
     fast_and_detailed_agree<OpKind::op>([](const Call& c) {                                       \

@@ -481,6 +481,19 @@ KDISPATCH_C_API kdispatch_status kdispatch_quant_fp8_group(kdispatch_runtime* rt
                                                            const DLTensor* scale, void* stream, uint32_t flags,
                                                            kdispatch_dispatch_info* info);
 
+/** A Mixture-of-Experts layer's experts (dispatch::FusedMoeArgs): hidden
+ *  [M, H]; w1 [E, 2I, H] and w2 [E, H, I] (experts stacked densely); topk_weights
+ *  [M, top_k] fp32; topk_ids [M, top_k] int32 (an id outside [0, E)
+ *  contributes nothing); out [M, H]; w1_scale/w2_scale fp32 block scales
+ *  exactly when w1/w2 are fp8_e4m3fn (else NULL). activation: 0 silu, 1
+ *  gelu (an integer passed as a float). Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_fused_moe(kdispatch_runtime* rt, const DLTensor* hidden, const DLTensor* w1,
+                                                     const DLTensor* w2, const DLTensor* topk_weights,
+                                                     const DLTensor* topk_ids, const DLTensor* out,
+                                                     const DLTensor* w1_scale, const DLTensor* w2_scale,
+                                                     float routed_scaling_factor, float activation, void* stream,
+                                                     uint32_t flags, kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
@@ -564,6 +577,12 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_token(kdispatch_run
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_quant_fp8_group(kdispatch_runtime* rt, const DLTensor* q,
                                                                    const DLTensor* x, const DLTensor* scale,
                                                                    char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_moe(kdispatch_runtime* rt, const DLTensor* hidden,
+                                                             const DLTensor* w1, const DLTensor* w2,
+                                                             const DLTensor* topk_weights, const DLTensor* topk_ids,
+                                                             const DLTensor* out, const DLTensor* w1_scale,
+                                                             const DLTensor* w2_scale, float routed_scaling_factor,
+                                                             float activation, char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

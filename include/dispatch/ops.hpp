@@ -205,6 +205,43 @@ struct QuantFp8TensorArgs : QuantFp8Args {};
 struct QuantFp8TokenArgs : QuantFp8Args {};
 struct QuantFp8GroupArgs : QuantFp8Args {};
 
+/// Arguments of fused_moe: a Mixture-of-Experts layer's experts, as
+/// SGLang's and vLLM's fused_experts (SGLang's tensor layout):
+///   for each token t and choice j (e = topk_ids[t, j]):
+///     [g | u] = w1[e] · hidden[t];  a = act(g) * u;
+///     out[t] += topk_weights[t, j] * (w2[e] · a)
+///   then out[t] *= routed_scaling_factor.
+/// - hidden: [M, H], bf16, fp16 or fp32, unit stride along H.
+/// - w1: [E, 2I, H] (each expert's gate rows, then its up rows), w2:
+///   [E, H, I]; contiguous rows, the experts stacked densely (batch stride
+///   = rows * row stride), as a torch parameter of that shape. The dtype
+///   of hidden, or fp8_e4m3fn (block fp8, with the scales below).
+/// - topk_weights: [M, top_k] fp32; topk_ids: [M, top_k] int32. An id
+///   outside [0, E) contributes nothing (-1: an expert not local under
+///   expert parallelism).
+/// - out: [M, H], the dtype of hidden; written, overlapping no input.
+/// - w1_scale [E, ceil(2I/128), ceil(H/128)], w2_scale [E, ceil(H/128),
+///   ceil(I/128)] fp32: exactly when w1/w2 are fp8_e4m3fn (else empty), one
+///   scale per 128x128 block (DeepSeek-V3's block fp8 in SGLang's layout).
+///   The activations are then quantised inside the op per token and
+///   128-wide group (quant_fp8_group's rule) before each GEMM.
+/// - routed_scaling_factor: > 0 (DeepSeek's; 1 for most models).
+/// - activation: 0 silu (default), 1 gelu (erf), SGLang's `activation`.
+/// The GPU path takes a workspace (CallOptions / attach_stream) sized for
+/// the largest M by moe_workspace_bytes; the CPU needs none.
+struct FusedMoeArgs {
+  TensorRef hidden;
+  TensorRef w1;
+  TensorRef w2;
+  TensorRef topk_weights;
+  TensorRef topk_ids;
+  TensorRef out;
+  TensorRef w1_scale;
+  TensorRef w2_scale;
+  float routed_scaling_factor = 1.f;
+  int32_t activation = 0;  ///< 0 silu, 1 gelu
+};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -251,6 +288,13 @@ KDISPATCH_API Status quant_fp8_token(Runtime& rt, const QuantFp8TokenArgs& args,
 KDISPATCH_API Status quant_fp8_group(Runtime& rt, const QuantFp8GroupArgs& args, Stream stream = {},
                                      const CallOptions& opts = {}) noexcept;
 
+/// The experts of a Mixture-of-Experts layer (FusedMoeArgs). Thread-safe.
+/// Errors as gemm, plus invalid_argument for w1_scale/w2_scale given with
+/// non-fp8 weights or missing with fp8 ones, routed_scaling_factor <= 0,
+/// an activation outside {0, 1}, and a strided expert batch (naming it).
+KDISPATCH_API Status fused_moe(Runtime& rt, const FusedMoeArgs& args, Stream stream = {},
+                               const CallOptions& opts = {}) noexcept;
+
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
 /// generated from these rows.
@@ -258,13 +302,17 @@ struct OpArgInfo {
   std::string_view name;  ///< "a", "x", "residual", ... (the args struct's member)
   bool read = true;       ///< the op reads it
   bool written = false;   ///< the op writes it (both: in place)
-  int32_t rank = 2;       ///< 2: [rows, cols]; 1: [cols]
+  int32_t rank = 2;       ///< 2: [rows, cols]; 1: [cols]; 3: [batch, rows, cols] (experts' weights [E, N, K])
   bool optional = false;  ///< may be absent (a TensorRef without data; NULL in C)
   /// rows and cols as "<mul>*<dim>/<div>" of the op's dims ("M", "K",
   /// "2*d", ...): how a binding sizes an output from its inputs. rows is
   /// "" for rank 1.
   std::string_view rows_dim, cols_dim;
   int32_t rows_mul = 1, cols_mul = 1, rows_div = 1, cols_div = 1;
+  /// Rank 3 only: the batch extent, as rows and cols ("" otherwise). The
+  /// batch is dense: batch stride = rows * row stride.
+  std::string_view batch_dim;
+  int32_t batch_mul = 1, batch_div = 1;
   /// A write argument that may be this argument itself (in place), or -1.
   int32_t alias_of = -1;
   /// Its dtype rule: "in" (the op's input dtype: a, x, ...), "out" (the
@@ -284,6 +332,9 @@ struct OpScalarInfo {
   /// C ABI's kdispatch_<op> takes no parameter for a switch: its flags do
   /// (KDISPATCH_CALL_FAST_ACCUM for fast_accum).
   std::string_view kind = "float";
+  /// "choice" only: the names of its values, by index (an activation kind:
+  /// "silu", "gelu"); the args struct's member is the int32 index.
+  std::span<const std::string_view> labels;
 };
 /// A static key field of an op (the fields of its config file names).
 struct OpKeyFieldInfo {
@@ -477,6 +528,7 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const GemmFp8BlockArgs&
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TensorArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TokenArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8GroupArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

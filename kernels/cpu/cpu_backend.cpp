@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 
+#include "cpu/fused_moe_list.hpp"
 #include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/norm_list.hpp"
@@ -29,9 +30,10 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
   return all;
 }
 
-constexpr auto kAllVariants = concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants,
-                                     kGemmFp8TensorVariants, kGemmFp8RowwiseVariants, kGemmFp8BlockVariants,
-                                     kQuantFp8TensorVariants, kQuantFp8TokenVariants, kQuantFp8GroupVariants);
+constexpr auto kAllVariants =
+    concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
+           kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
+           kQuantFp8GroupVariants, kFusedMoeVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -51,6 +53,7 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::quant_fp8_tensor, kQuantFp8TensorVariants, &quant_fp8_default},
     {core::OpKind::quant_fp8_token, kQuantFp8TokenVariants, &quant_fp8_default},
     {core::OpKind::quant_fp8_group, kQuantFp8GroupVariants, &quant_fp8_default},
+    {core::OpKind::fused_moe, kFusedMoeVariants, &fused_moe_default},
 };
 
 }  // namespace

@@ -319,13 +319,16 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
       why += "; op " + op + " (inferred)";
     }
     // One release: "fused_moe" named the engines' fused-MoE tables before
-    // kdispatch's own op of that name; an SGLang key (E=..) still answers
+    // kdispatch's own op of that name; an SGLang key (E=.. and not a key of
+    // the own op, which also has K and top_k; or a down table) still answers
     // from them, and says so.
-    if (op == store::kDeprecatedFusedMoe && store::find_field(fields, "E")) {
+    const std::optional<core::OpKind> named = core::parse_op(op);
+    if (op == store::kDeprecatedFusedMoe && store::find_field(fields, "E") &&
+        (q.down || !named || !store::own_problem_from_fields(*named, fields).ok())) {
       op = store::kTritonFusedMoe;
       why +=
           "; op 'fused_moe' for the engines' fused-MoE tables is deprecated: they are 'triton_fused_moe' now "
-          "(answered from it; 'fused_moe' will name kdispatch's own MoE op)";
+          "(answered from it; 'fused_moe' names kdispatch's own MoE op, whose keys carry K and top_k)";
     }
     const std::optional<core::OpKind> own = core::parse_op(op);
     if (!own && op != store::kTritonFusedMoe && op != store::kTritonGemm)

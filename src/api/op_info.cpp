@@ -38,6 +38,7 @@ std::string_view field_kind_name(core::FieldKind k) noexcept {
     case core::FieldKind::flag: return "flag";
     case core::FieldKind::stride: return "stride";
     case core::FieldKind::accum: return "accum";
+    case core::FieldKind::choice: return "choice";
   }
   return "?";
 }
@@ -58,7 +59,12 @@ struct OpListStorage {
         i.written = slot.role != core::Role::read;
         i.rank = slot.rank;
         i.optional = slot.optional;
-        if (slot.rank == 2) {
+        if (slot.rank == 3) {
+          i.batch_dim = dim_symbol(*s, slot.batch.dim);
+          i.batch_mul = slot.batch.mul;
+          i.batch_div = slot.batch.div;
+        }
+        if (slot.rank >= 2) {
           i.rows_dim = dim_symbol(*s, slot.rows.dim);
           i.rows_mul = slot.rows.mul;
           i.rows_div = slot.rows.div;
@@ -75,7 +81,11 @@ struct OpListStorage {
       }
       std::vector<OpScalarInfo> sc;
       for (const core::ScalarSlot& x : s->scalars)
-        sc.push_back({x.name, x.default_value, x.kind == core::ScalarKind::accum ? "bool" : "float"});
+        sc.push_back({x.name, x.default_value,
+                      x.kind == core::ScalarKind::accum    ? "bool"
+                      : x.kind == core::ScalarKind::choice ? "choice"
+                                                           : "float",
+                      x.labels});
       std::vector<OpKeyFieldInfo> f;
       for (const core::KeyField& k : s->fields)
         f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name, k.file_pos});

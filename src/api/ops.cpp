@@ -223,11 +223,11 @@ Status launch(Runtime::Impl& impl, Call& call, const Choice& c) noexcept {
 // device ordinal: equal call keys get equal answers.
 struct CallKey {
   int64_t m, n, k, extra0, extra1;
-  uint32_t stride_code;
+  uint64_t stride_code;
   int32_t ordinal;
-  uint8_t op, device_type, in_dtype, out_dtype, has_bias, accum, pad[2];
+  uint8_t op, device_type, in_dtype, out_dtype, has_bias, accum, choice, pad;
 };
-static_assert(sizeof(CallKey) == 56, "CallKey is compared as bytes: no implicit padding");
+static_assert(sizeof(CallKey) == 64, "CallKey is compared as bytes: no implicit padding");
 
 CallKey call_key(const core::Problem& p) noexcept {
   CallKey c;
@@ -245,6 +245,7 @@ CallKey call_key(const core::Problem& p) noexcept {
   c.out_dtype = static_cast<uint8_t>(p.out_dtype);
   c.has_bias = p.has_bias ? 1 : 0;
   c.accum = static_cast<uint8_t>(p.accum);
+  c.choice = p.choice;
   return c;
 }
 

@@ -427,7 +427,7 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
     // on every row), the flag fields (bias: true/false on every row),
     // stride, count, key.
     std::vector<std::pair<std::string_view, core::Dim>> dim_cols;  // name, and the Problem dim of each op
-    std::vector<std::string_view> accum_cols, flag_cols;
+    std::vector<std::string_view> accum_cols, flag_cols, choice_cols;
     for (const core::OpSpec* s : core::all_specs()) {
       std::vector<const core::KeyField*> fs;
       for (const core::KeyField& f : s->fields) fs.push_back(&f);
@@ -444,6 +444,9 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
         if (f->kind == core::FieldKind::accum &&
             std::find(accum_cols.begin(), accum_cols.end(), f->name) == accum_cols.end())
           accum_cols.push_back(f->name);
+        if (f->kind == core::FieldKind::choice &&
+            std::find(choice_cols.begin(), choice_cols.end(), f->name) == choice_cols.end())
+          choice_cols.push_back(f->name);
       }
     }
     // RFC 4180: the key holds commas, so it is quoted (it holds no quotes).
@@ -451,6 +454,7 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
     for (const auto& c : dim_cols) csv += "," + std::string(c.first);
     for (std::string_view f : accum_cols) csv += "," + std::string(f);
     for (std::string_view f : flag_cols) csv += "," + std::string(f);
+    for (std::string_view f : choice_cols) csv += "," + std::string(f);
     csv += ",stride,count,key\n";
     for (const auto& [ev, count] : impl_->tuner->misses()) {
       const core::Problem& p = ev.problem;
@@ -469,7 +473,15 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
         csv += "," + (f ? std::to_string(core::dim_value(p, f->dim)) : std::string());
       }
       for (size_t i = 0; i < accum_cols.size(); ++i) csv += p.accum == core::Accum::fast ? ",fast" : ",precise";
-      for (size_t i = 0; i < flag_cols.size(); ++i) csv += p.has_bias ? ",true" : ",false";
+      // A flag column: the op's own text when set ("true", "[128,128]"), else false.
+      // (false for an op without that field.)
+      for (std::string_view name : flag_cols) {
+        const core::KeyField* f = nullptr;
+        for (const core::KeyField& k : spec.fields)
+          if (k.kind == core::FieldKind::flag && k.name == name) f = &k;
+        csv += f && p.has_bias ? "," + std::string(f->flag_text) : std::string(",false");
+      }
+      for (size_t i = 0; i < choice_cols.size(); ++i) csv += "," + std::string(core::choice_label(spec, p.choice));
       csv += "," + std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) +
              "\"\n";
     }

@@ -115,13 +115,61 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   return Status();
 }
 
+// Rank-3 checks (ArgSlot rank 3, [batch, rows, cols]): each matrix as a
+// rank-2 operand (unit column stride, row stride >= cols) and the batch
+// dense (batch stride = rows * row stride), so the whole is the rank-2
+// matrix [batch * rows, cols] the rest of the library sees.
+[[gnu::always_inline]] inline int64_t row_stride_3d(const TensorRef& t) noexcept {
+  return t.shape[1] > 1 ? t.strides[1] : t.shape[2];
+}
+[[gnu::always_inline]] inline bool ok_3d(const TensorRef& t, bool require_data) noexcept {
+  if (t.rank != 3 || t.shape[0] < 0 || t.shape[1] < 0 || t.shape[2] < 0) return false;
+  if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0 && t.shape[2] > 0) return false;
+  if (t.shape[2] > 1 && t.strides[2] != 1) return false;
+  const int64_t ld = row_stride_3d(t);
+  if (t.shape[1] > 1 && ld < t.shape[2]) return false;
+  return t.shape[0] <= 1 || t.strides[0] == t.shape[1] * ld;
+}
+Status check_3d(const TensorRef& t, std::string_view name, bool require_data) noexcept {
+  if (t.rank != 3) return bad(name, "must be rank 3, got rank " + std::to_string(t.rank));
+  if (t.shape[0] < 0 || t.shape[1] < 0 || t.shape[2] < 0) return bad(name, "negative shape " + shape_text(t));
+  if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0 && t.shape[2] > 0)
+    return bad(name, "data is null");
+  if (t.shape[2] > 1 && t.strides[2] != 1)
+    return bad(name, "needs unit stride along its last dimension, got stride " + std::to_string(t.strides[2]));
+  const int64_t ld = row_stride_3d(t);
+  if (t.shape[1] > 1 && ld < t.shape[2])
+    return bad(name, "row stride " + std::to_string(ld) + " is smaller than its row length " +
+                         std::to_string(t.shape[2]) + " (rows overlap)");
+  if (t.shape[0] > 1 && t.strides[0] != t.shape[1] * ld)
+    return bad(name, "batch stride " + std::to_string(t.strides[0]) +
+                         " must be rows * row stride = " + std::to_string(t.shape[1] * ld) +
+                         " (the matrices stacked densely, as a contiguous [E, N, K] weight); a strided batch is "
+                         "not supported: pass a contiguous copy");
+  return Status();
+}
+// The matrix view of a rank-3 slot's tensor [rows, cols] (its stride
+// classes are the rank-2 rules').
+[[gnu::always_inline]] inline TensorRef matrix_of(const TensorRef& t) noexcept {
+  TensorRef m = t;
+  if (t.rank == 3) {
+    m.rank = 2;
+    m.shape[0] = t.shape[1];
+    m.shape[1] = t.shape[2];
+    m.strides[0] = t.strides[1];
+    m.strides[1] = t.strides[2];
+  }
+  return m;
+}
+
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding spans).
 [[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
   auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
-    const int64_t rows = t.rank == 2 ? t.shape[0] : 1;
-    const int64_t cols = t.rank == 2 ? t.shape[1] : t.shape[0];
-    const int64_t rs = t.rank == 2 ? t.strides[0] : 0;
+    // A rank-3 tensor (dense batch, checked first) spans its [batch * rows, cols] matrix.
+    const int64_t rows = t.rank == 3 ? t.shape[0] * t.shape[1] : t.rank == 2 ? t.shape[0] : 1;
+    const int64_t cols = t.rank == 3 ? t.shape[2] : t.rank == 2 ? t.shape[1] : t.shape[0];
+    const int64_t rs = t.rank == 3 ? row_stride_3d(t) : t.rank == 2 ? t.strides[0] : 0;
     const int64_t cs = t.rank == 2 && cols > 1 ? t.strides[1] : 1;  // != 1: a column-major view
     const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? (cols - 1) * cs : 0);
     *lo = base;
@@ -152,6 +200,16 @@ constexpr bool is_written(const ArgSlot& s) noexcept { return s.role != Role::re
 std::string switch_text(float v) {
   return "must be 0 or 1 (false or true: 1 asks for fast accumulation), got " + std::to_string(v);
 }
+// A choice scalar (ScalarKind::choice) is the index of one of its labels.
+[[gnu::always_inline]] inline bool choice_ok(float v, size_t labels) noexcept {
+  return v >= 0.f && v < static_cast<float>(labels) && v == static_cast<float>(static_cast<int>(v));
+}
+std::string choice_text(const core::ScalarSlot& s, float v) {
+  std::string all;
+  for (size_t j = 0; j < s.labels.size(); ++j)
+    all += (j ? ", " : "") + std::to_string(j) + " (" + std::string(s.labels[j]) + ")";
+  return "must be one of " + all + ", got " + std::to_string(v);
+}
 
 // ------------------------------------------------------------------ the detailed path
 
@@ -171,39 +229,51 @@ std::string expr_text(const OpSpec& s, const DimExpr& e) {
   return name;
 }
 
-// Binds the unbound plain dims of a rank-2 slot and checks the rest, with
-// the message of a mismatch.
+// Binds the unbound plain dims of a rank-2 or rank-3 slot and checks the
+// rest, with the message of a mismatch.
 Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Binding* b) {
   const ArgSlot& a = s.slots[static_cast<size_t>(slot)];
   const TensorRef& t = *ts[slot];
-  const DimExpr* axes[2] = {&a.rows, &a.cols};
-  bool binds[2] = {false, false};
-  for (int ax = 0; ax < 2; ++ax) binds[ax] = axes[ax]->plain() && !b->bound(axes[ax]->dim);
-  // Bind first (a dim may appear in both axes only when bound already).
+  const int n = a.rank == 3 ? 3 : 2;
+  const DimExpr* axes[3] = {n == 3 ? &a.batch : &a.rows, n == 3 ? &a.rows : &a.cols, &a.cols};
+  bool binds[3] = {false, false, false};
+  for (int ax = 0; ax < n; ++ax) {
+    binds[ax] = axes[ax]->plain() && !b->bound(axes[ax]->dim);
+    for (int bx = 0; bx < ax; ++bx) binds[ax] = binds[ax] && !(binds[bx] && axes[bx]->dim == axes[ax]->dim);
+  }
+  // Bind first (a dim may appear in two axes only when bound already).
   Binding trial = *b;
-  for (int ax = 0; ax < 2; ++ax)
+  for (int ax = 0; ax < n; ++ax)
     if (binds[ax]) {
       trial.value[static_cast<int>(axes[ax]->dim)] = t.shape[ax];
       trial.binder[static_cast<int>(axes[ax]->dim)] = static_cast<int8_t>(slot);
     }
-  for (int ax = 0; ax < 2; ++ax)
+  for (int ax = 0; ax < n; ++ax)
     if (binds[ax] && t.shape[ax] > core::kMaxDim)
       return bad(a.name, "shape " + shape_text(t) + ": " + std::string(s.dim_names[static_cast<int>(axes[ax]->dim)]) +
                              " = " + std::to_string(t.shape[ax]) + " is over the largest supported size, 2^40");
   int bad_axis = -1;
-  for (int ax = 0; ax < 2 && bad_axis < 0; ++ax)
+  for (int ax = 0; ax < n && bad_axis < 0; ++ax)
     if (!binds[ax] && t.shape[ax] != trial.eval(*axes[ax])) bad_axis = ax;
   if (bad_axis < 0) {
     *b = trial;
     return Status();
   }
   const std::string name(a.name);
-  const std::string names = "[" + expr_text(s, a.rows) + ", " + expr_text(s, a.cols) + "]";
-  if (binds[0] || binds[1]) {
+  std::string names = "[", values = " = [";
+  for (int ax = 0; ax < n; ++ax) {
+    names += (ax ? ", " : "") + expr_text(s, *axes[ax]);
+    values += (ax ? ", " : "") + std::to_string(trial.eval(*axes[ax]));
+  }
+  names += "]";
+  values += "]";
+  bool any_binds = false;
+  for (int ax = 0; ax < n; ++ax) any_binds = any_binds || binds[ax];
+  if (any_binds) {
     // Partly bound: name the slot the mismatching dim came from.
     const int from = b->binder[static_cast<int>(axes[bad_axis]->dim)];
     std::string with;
-    for (int ax = 0; ax < 2; ++ax)
+    for (int ax = 0; ax < n; ++ax)
       if (!binds[ax])
         with += (with.empty() ? "" : ", ") + expr_text(s, *axes[ax]) + " = " + std::to_string(trial.eval(*axes[ax]));
     const std::string from_text =
@@ -212,15 +282,14 @@ Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Bind
                          " with " + with);
   }
   // Fully bound: an earlier slot of the same shape names it.
+  auto same = [](const DimExpr& x, const DimExpr& y) { return x.dim == y.dim && x.mul == y.mul && x.div == y.div; };
   for (int8_t j : s.order) {
     if (j == slot) break;
     const ArgSlot& o = s.slots[static_cast<size_t>(j)];
-    if (o.rank == 2 && o.rows.dim == a.rows.dim && o.rows.mul == a.rows.mul && o.rows.div == a.rows.div &&
-        o.cols.dim == a.cols.dim && o.cols.mul == a.cols.mul && o.cols.div == a.cols.div)
+    if (o.rank == a.rank && same(o.rows, a.rows) && same(o.cols, a.cols) && (a.rank != 3 || same(o.batch, a.batch)))
       return bad(name, "shape " + shape_text(t) + " must equal " + std::string(o.name) + "'s " + shape_text(*ts[j]));
   }
-  return bad(name, "shape " + shape_text(t) + " must be " + names + " = [" + std::to_string(trial.eval(a.rows)) + ", " +
-                       std::to_string(trial.eval(a.cols)) + "]");
+  return bad(name, "shape " + shape_text(t) + " must be " + names + values);
 }
 
 }  // namespace
@@ -234,12 +303,16 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
   try {
     auto slot = [&](int i) -> const ArgSlot& { return s.slots[static_cast<size_t>(i)]; };
     auto name = [&](int i) { return std::string(slot(i).name); };
-    // 1. The layout of every required 2-D slot.
-    for (int8_t i : s.order)
-      if (!slot(i).optional && slot(i).rank == 2)
+    // 1. The layout of every required 2-D and 3-D slot.
+    for (int8_t i : s.order) {
+      if (slot(i).optional) continue;
+      if (slot(i).rank == 2)
         if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok);
             !st.ok())
           return st;
+      if (slot(i).rank == 3)
+        if (Status st = check_3d(*t[i], slot(i).name, require_data); !st.ok()) return st;
+    }
     // 2. Shapes: bind the dims, check the rest; the sizes >= 1 once their slot bound them.
     Binding b;
     auto positive = [&]() -> Status {
@@ -249,7 +322,7 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       return Status();
     };
     for (int8_t i : s.order) {
-      if (slot(i).optional || slot(i).rank != 2) continue;
+      if (slot(i).optional || slot(i).rank < 2) continue;
       if (Status st = bind_or_check(s, i, t, &b); !st.ok()) return st;
       if (i == s.positive.slot)
         if (Status st = positive(); !st.ok()) return st;
@@ -264,6 +337,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
         return bad(s.scalars[j].name, "must be > 0, got " + std::to_string(scalars[j]));
       if (s.scalars[j].kind == core::ScalarKind::accum && !switch_ok(scalars[j]))
         return bad(s.scalars[j].name, switch_text(scalars[j]));
+      if (s.scalars[j].kind == core::ScalarKind::choice && !choice_ok(scalars[j], s.scalars[j].labels.size()))
+        return bad(s.scalars[j].name, choice_text(s.scalars[j], scalars[j]));
     }
     // 5. One dtype where the spec wants one.
     if (!s.same_dtype.empty()) {
@@ -292,13 +367,31 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
           t[i]->dtype != slot(i).fixed_dtype)
         return bad(slot(i).name, "dtype " + std::string(dtype_name(t[i]->dtype)) + " must be " +
                                      std::string(dtype_name(slot(i).fixed_dtype)));
+    // 5c. A required slot whose dtype must equal another's (hidden like out).
+    for (int i = 0; i < s.slot_count(); ++i)
+      if (const int like = slot(i).dtype_like; !slot(i).optional && like >= 0 && t[i]->dtype != t[like]->dtype)
+        return unsupported(name(i) + " is " + std::string(dtype_name(t[i]->dtype)) + " but " + name(like) + " is " +
+                           std::string(dtype_name(t[like]->dtype)) + ": they must share one dtype");
+    // 5d. Block scales: given exactly when the input dtype is quantised.
+    for (int i = 0; i < s.slot_count(); ++i) {
+      if (!slot(i).with_quantized) continue;
+      const DType in = t[s.in_dtype_slot]->dtype;
+      const bool given = slot_present(slot(i), *t[i], require_data);
+      if (given != core::is_quantized(in))
+        return bad(slot(i).name, given ? "given, but " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
+                                             ": scales go with fp8 weights only"
+                                       : "missing: " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
+                                             ", whose block scales it is");
+    }
     // 6. Optional slots that are given.
     for (int i = 0; i < s.slot_count(); ++i) {
       if (!slot(i).optional || !slot_present(slot(i), *t[i], require_data)) continue;
       if (slot(i).rank == 1) {
         if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
       } else {
-        if (Status st = check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok);
+        if (Status st = slot(i).rank == 3
+                            ? check_3d(*t[i], slot(i).name, require_data)
+                            : check_2d(*t[i], slot(i).name, is_written(slot(i)), require_data, slot(i).col_major_ok);
             !st.ok())
           return st;
         if (Status st = bind_or_check(s, i, t, &b); !st.ok()) return st;
@@ -323,7 +416,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       for (size_t oi = 0; oi < s.order.size(); ++oi)
         for (size_t oj = 0; oj < oi; ++oj) {
           const int i = s.order[oi], j = s.order[oj];
-          if (slot(i).rank != 2 || slot(j).rank != 2) continue;
+          if (slot(i).rank < 2 || slot(j).rank < 2) continue;
+          if (!slot_present(slot(i), *t[i], require_data) || !slot_present(slot(j), *t[j], require_data)) continue;
           if (!is_written(slot(i)) && !is_written(slot(j))) continue;
           if (!overlaps(*t[i], *t[j])) continue;
           if (is_written(slot(i)) && is_written(slot(j)))
@@ -374,7 +468,7 @@ template <const OpSpec& S, class F>
 
 // Ordered pairs (oi, oj), oj < oi, of positions in S.order, as one index
 // oi * kMaxPairSide + oj; the others are skipped at compile time.
-constexpr int kMaxPairSide = 8;
+constexpr int kMaxPairSide = core::kMaxArgs;
 template <const OpSpec& S, size_t... I, class F>
 [[gnu::always_inline]] inline void for_pairs(std::index_sequence<I...>, F&& f) {
   auto one = [&](auto ip) {
@@ -390,7 +484,7 @@ template <const OpSpec& S, class F>
 }
 
 // Where each dim takes its value: (slot, axis) of its first plain mention
-// among the required 2-D slots, in the spec's order.
+// among the required 2-D and 3-D slots, in the spec's order.
 struct Binder {
   int8_t slot[core::kDimCount] = {-1, -1, -1, -1, -1, -1};
   int8_t axis[core::kDimCount] = {0, 0, 0, 0, 0, 0};
@@ -399,9 +493,10 @@ constexpr Binder binders(const OpSpec& s) {
   Binder b;
   for (int8_t i : s.order) {
     const ArgSlot& a = s.slots[static_cast<size_t>(i)];
-    if (a.optional || a.rank != 2) continue;
-    const DimExpr* axes[2] = {&a.rows, &a.cols};
-    for (int ax = 0; ax < 2; ++ax) {
+    if (a.optional || a.rank < 2) continue;
+    const int n = a.rank == 3 ? 3 : 2;
+    const DimExpr* axes[3] = {n == 3 ? &a.batch : &a.rows, n == 3 ? &a.rows : &a.cols, &a.cols};
+    for (int ax = 0; ax < n; ++ax) {
       const int d = static_cast<int>(axes[ax]->dim);
       if (axes[ax]->plain() && b.slot[d] < 0) {
         b.slot[d] = i;
@@ -437,12 +532,17 @@ template <core::OpKind Op>
       const bool here = (int{ok_2d(x, is_written(a), require_data, a.col_major_ok)} & int{x.shape[0] == eval(a.rows)} &
                          int{x.shape[1] == eval(a.cols)}) != 0;
       ok = ok && (a.optional ? !present[i] || here : here);
+    } else if constexpr (a.rank == 3) {
+      const bool here = (int{ok_3d(x, require_data)} & int{x.shape[0] == eval(a.batch)} &
+                         int{x.shape[1] == eval(a.rows)} & int{x.shape[2] == eval(a.cols)}) != 0;
+      ok = ok && (a.optional ? !present[i] || here : here);
     } else {
       const bool here = ok_1d(x, eval(a.cols), require_data);
       ok = ok && (a.optional ? !present[i] || here : here);
     }
     if constexpr (a.dtype_like >= 0) ok = ok && (!present[i] || x.dtype == t[a.dtype_like]->dtype);
     if constexpr (a.dtype == core::SlotDType::fixed) ok = ok && (!present[i] || x.dtype == a.fixed_dtype);
+    if constexpr (a.with_quantized) ok = ok && present[i] == core::is_quantized(t[S.in_dtype_slot]->dtype);
     ok = ok && (!present[i] || x.device == dev);
   });
   for (int d = 1; d < core::kDimCount; ++d) {
@@ -450,11 +550,16 @@ template <core::OpKind Op>
     ok = ok && dim[d] <= core::kMaxDim;
   }
   core::Accum accum = core::Accum::precise;
+  uint8_t choice = 0;
   for (size_t j = 0; j < S.scalars.size(); ++j) {
     if (S.scalars[j].positive) ok = ok && scalars[j] > 0.f;
     if (S.scalars[j].kind == core::ScalarKind::accum) {
       ok = ok && switch_ok(scalars[j]);
       if (scalars[j] != 0.f) accum = core::Accum::fast;
+    }
+    if (S.scalars[j].kind == core::ScalarKind::choice) {
+      ok = ok && choice_ok(scalars[j], S.scalars[j].labels.size());
+      if (ok) choice = static_cast<uint8_t>(scalars[j]);
     }
   }
   for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
@@ -465,8 +570,8 @@ template <core::OpKind Op>
       constexpr int i = S.order[decltype(ip)::value / kMaxPairSide];
       constexpr int j = S.order[decltype(ip)::value % kMaxPairSide];
       constexpr const ArgSlot &ai = S.slots[static_cast<size_t>(i)], &aj = S.slots[static_cast<size_t>(j)];
-      if constexpr (ai.rank == 2 && aj.rank == 2 && (is_written(ai) || is_written(aj))) {
-        if (overlaps(*t[i], *t[j])) {
+      if constexpr (ai.rank >= 2 && aj.rank >= 2 && (is_written(ai) || is_written(aj))) {
+        if (present[i] && present[j] && overlaps(*t[i], *t[j])) {
           constexpr bool both = is_written(ai) && is_written(aj);
           constexpr int w = is_written(ai) ? i : j, r = w == i ? j : i;
           ok = ok && !both && S.slots[static_cast<size_t>(w)].alias_of == r && exact_alias(*t[w], *t[r]);
@@ -504,8 +609,6 @@ template <core::OpKind Op>
   p->extra[0] = dim[static_cast<int>(Dim::extra0)];
   p->extra[1] = dim[static_cast<int>(Dim::extra1)];
   bool any_optional = false;
-  uint8_t classes[4][2] = {};
-  int ranks[4] = {0, 0, 0, 0};
   uintptr_t bits = 0;
   each_slot<S>([&](auto ic) {
     constexpr int i = decltype(ic)::value;
@@ -513,7 +616,9 @@ template <core::OpKind Op>
     const TensorRef& x = *t[i];
     if constexpr (a.optional) any_optional = any_optional || present[i];
     la->data[i] = present[i] ? x.data : nullptr;
-    if constexpr (a.rank == 2 && a.col_major_ok)
+    if constexpr (a.rank == 3)
+      la->ld[i] = row_stride_3d(x);
+    else if constexpr (a.rank == 2 && a.col_major_ok)
       la->ld[i] = col_major(x) ? -x.strides[1] : x.shape[0] > 1 ? x.strides[0] : x.shape[1];
     else if constexpr (a.rank == 2)
       la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
@@ -521,7 +626,7 @@ template <core::OpKind Op>
       la->ld[i] = 0;
     if constexpr (((S.align_slots >> i) & 1u) != 0) {
       bits |= reinterpret_cast<uintptr_t>(x.data);
-      if (x.shape[0] > 1) bits |= static_cast<uintptr_t>(la->ld[i]) * core::dtype_bytes(x.dtype);
+      if (x.shape[a.rank == 3 ? 1 : 0] > 1) bits |= static_cast<uintptr_t>(la->ld[i]) * core::dtype_bytes(x.dtype);
     }
   });
   // The slots the op does not have, and its unused scalars: zero (`la` may
@@ -532,19 +637,23 @@ template <core::OpKind Op>
   }
   p->has_bias = any_optional;
   p->accum = accum;
-  for (size_t o = 0; o < S.order.size() && o < 4; ++o) {
-    const TensorRef& x = *t[S.order[o]];
-    ranks[o] = S.slots[static_cast<size_t>(S.order[o])].rank;
-    if (ranks[o] == 2 && col_major(x)) {
-      // Only a col_major_ok slot gets here: the key of its row-major layout
-      // (the variants convert the view; a tuned row serves both).
-      classes[o][0] = static_cast<uint8_t>(StrideClass::other);
-      classes[o][1] = static_cast<uint8_t>(StrideClass::unit);
-    } else if (ranks[o] == 2) {
-      classes[o][0] = static_cast<uint8_t>(stride_class_of(x, 0));
-      classes[o][1] = static_cast<uint8_t>(stride_class_of(x, 1));
-    } else {
-      classes[o][0] = static_cast<uint8_t>(StrideClass::unit);  // 1-D operands are checked contiguous
+  p->choice = choice;
+  // Every operand's stride classes (an absent optional one: its default).
+  uint8_t classes[S.order.size()][2];
+  int8_t ranks[S.order.size()];
+  for (size_t o = 0; o < S.order.size(); ++o) {
+    const int i = S.order[o];
+    const TensorRef& x = *t[i];
+    ranks[o] = S.slots[static_cast<size_t>(i)].rank;
+    classes[o][0] = static_cast<uint8_t>(core::stride_class(0, static_cast<int>(o), 0, ranks[o]));
+    classes[o][1] = static_cast<uint8_t>(StrideClass::unit);
+    if (!present[i] || ranks[o] == 1) continue;  // 1-D operands are checked contiguous
+    const TensorRef mx = matrix_of(x);
+    if (!col_major(mx)) {
+      // A column-major view (only a col_major_ok slot gets here) takes the
+      // key of its row-major layout: the variants convert it, a tuned row serves both.
+      classes[o][0] = static_cast<uint8_t>(stride_class_of(mx, 0));
+      classes[o][1] = static_cast<uint8_t>(stride_class_of(mx, 1));
     }
   }
   p->stride_code = table::pack_stride_code(classes, ranks, static_cast<int>(S.order.size()));

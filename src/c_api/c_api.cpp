@@ -406,18 +406,25 @@ std::string op_list_json() {
     for (const dispatch::OpArgInfo& a : o.args) {
       w.begin_object().field("name", a.name).field("read", a.read).field("written", a.written);
       w.field("rank", static_cast<int64_t>(a.rank)).field("optional", a.optional);
+      if (a.rank == 3) extent("batch", a.batch_dim, a.batch_mul, a.batch_div);
       extent("rows", a.rows_dim, a.rows_mul, a.rows_div);
       extent("cols", a.cols_dim, a.cols_mul, a.cols_div);
       w.field("alias_of", static_cast<int64_t>(a.alias_of)).field("dtype", a.dtype);
       w.field("col_major_ok", a.col_major_ok).end_object();
     }
     w.end_array().key("scalars").begin_array();
-    for (const dispatch::OpScalarInfo& x : o.scalars)
+    for (const dispatch::OpScalarInfo& x : o.scalars) {
       w.begin_object()
           .field("name", x.name)
           .field("default", static_cast<double>(x.default_value))
-          .field("kind", x.kind)
-          .end_object();
+          .field("kind", x.kind);
+      if (x.kind == "choice") {
+        w.key("labels").begin_array();
+        for (std::string_view l : x.labels) w.value(l);
+        w.end_array();
+      }
+      w.end_object();
+    }
     w.end_array().key("key_fields").begin_array();
     for (const dispatch::OpKeyFieldInfo& f : o.key_fields) {
       w.begin_object().field("name", f.name).field("kind", f.kind).field("csv_name", f.csv_name);

@@ -69,10 +69,10 @@ struct Problem {
   int64_t extra[2] = {0, 0};
   /// An optional argument slot is present (gemm's bias).
   bool has_bias = false;
-  /// Stride classes of the operands, packed 2 bits per (operand, dim):
-  /// see stride_code() in api/validate.hpp. 0 = the default (row-major,
-  /// contiguous rows) layout of every operand.
-  uint32_t stride_code = 0;
+  /// Stride classes of every operand (the spec's order), 4 bits each:
+  /// see stride_class() below and table::pack_stride_code. 0 = the default
+  /// (row-major, contiguous rows) layout of every operand.
+  uint64_t stride_code = 0;
   /// The smallest alignment (bytes, a power of two, at most 16) of the
   /// operands' base pointers and row strides at this call; 16 for a problem
   /// described without data (a config row, a tuning key). Not part of the
@@ -82,10 +82,26 @@ struct Problem {
   /// The accumulation the caller asked for (a key field of the ops whose
   /// spec has an Accum switch scalar; precise for every other op).
   Accum accum = Accum::precise;
+  /// The value of the op's choice scalar (core::ScalarKind::choice: an
+  /// activation kind), the index of its label; 0 for an op without one.
+  /// Part of the key (FieldKind::choice).
+  uint8_t choice = 0;
 };
 
+/// Bit 63 of Problem::stride_code: some operand is not in its default layout.
+inline constexpr uint64_t kStrideNonDefault = uint64_t{1} << 63;
+/// The stride class of dim `dim` of operand `operand` (its place in the
+/// spec's order) of `p`: dim 0 is the rows of a rank-2 operand (the rows
+/// of each matrix of a rank-3 one, whose batch is dense) or the only dim of
+/// a rank-1 one, dim 1 the columns. `rank` is the operand's rank in its
+/// spec. The default layout's classes for a code of 0.
+constexpr StrideClass stride_class(uint64_t code, int operand, int dim, int rank) noexcept {
+  if ((code & kStrideNonDefault) == 0) return rank >= 2 && dim == 0 ? StrideClass::other : StrideClass::unit;
+  return static_cast<StrideClass>((code >> (4 * operand + 2 * dim)) & 3u);
+}
+
 /// Most argument slots / float scalars an op has (core/op_spec.hpp).
-inline constexpr int kMaxArgs = 8;
+inline constexpr int kMaxArgs = 12;
 inline constexpr int kMaxScalars = 4;
 
 /// Per-call arguments, by the op's argument slot (its spec's slot order:
@@ -221,6 +237,12 @@ struct VariantDef {
   /// how many (cuBLASLt: its heuristic's top results). Called by the tuner
   /// and config_space(), never on a call's hit path.
   int (*enumerate)(const Problem& p, const DeviceInfo& dev, int64_t* out, int cap) = nullptr;
+  /// Scratch device memory (bytes) a launch of (problem, params) needs in
+  /// LaunchArgs::workspace, or null for none beyond what the op's spec
+  /// says (OpSpec::uses_workspace). Depends on p.m: the caller sizes a
+  /// buffer for its largest M. The tuner gives each candidate this much;
+  /// a call whose workspace is smaller falls back (kNeedsFallbackCode).
+  int64_t (*workspace_bytes)(const Problem& p, const int64_t* params) = nullptr;
 };
 
 /// A failed Status "<variant>: <why>": what a variant's supports() returns

@@ -22,24 +22,26 @@
 
 #define KD_SWITCH_fast_accum ~, 1
 
-#define KDISPATCH_OP_LIST(X)                                                               \
-  X(gemm, GemmArgs, (a, b, d, bias), ())                                                   \
-  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                                                \
-  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))                       \
-  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                                            \
-  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))   \
-  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum)) \
-  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))     \
-  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                               \
-  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                                 \
-  X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())
+#define KDISPATCH_OP_LIST(X)                                                                    \
+  X(gemm, GemmArgs, (a, b, d, bias), ())                                                        \
+  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                                                     \
+  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))                            \
+  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                                                 \
+  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))        \
+  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))      \
+  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))          \
+  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                                    \
+  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                                      \
+  X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())                                      \
+  X(fused_moe, FusedMoeArgs, (hidden, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale), \
+    (routed_scaling_factor, activation))
 
-// ---- preprocessor helpers for the rows' tuples (up to 8 elements)
+// ---- preprocessor helpers for the rows' tuples (up to 12 elements: core::kMaxArgs)
 #define KD_PP_EXPAND(...) __VA_ARGS__
 #define KD_PP_CAT_(a, b) a##b
 #define KD_PP_CAT(a, b) KD_PP_CAT_(a, b)
-#define KD_PP_NARG_(_1, _2, _3, _4, _5, _6, _7, _8, N, ...) N
-#define KD_PP_NARG(...) KD_PP_NARG_(__VA_ARGS__ __VA_OPT__(, ) 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define KD_PP_NARG_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, N, ...) N
+#define KD_PP_NARG(...) KD_PP_NARG_(__VA_ARGS__ __VA_OPT__(, ) 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
 #define KD_PP_FE_0(F, sep)
 #define KD_PP_FE_1(F, sep, a) F(a)
 #define KD_PP_FE_2(F, sep, a, ...) F(a) sep() KD_PP_FE_1(F, sep, __VA_ARGS__)
@@ -49,6 +51,10 @@
 #define KD_PP_FE_6(F, sep, a, ...) F(a) sep() KD_PP_FE_5(F, sep, __VA_ARGS__)
 #define KD_PP_FE_7(F, sep, a, ...) F(a) sep() KD_PP_FE_6(F, sep, __VA_ARGS__)
 #define KD_PP_FE_8(F, sep, a, ...) F(a) sep() KD_PP_FE_7(F, sep, __VA_ARGS__)
+#define KD_PP_FE_9(F, sep, a, ...) F(a) sep() KD_PP_FE_8(F, sep, __VA_ARGS__)
+#define KD_PP_FE_10(F, sep, a, ...) F(a) sep() KD_PP_FE_9(F, sep, __VA_ARGS__)
+#define KD_PP_FE_11(F, sep, a, ...) F(a) sep() KD_PP_FE_10(F, sep, __VA_ARGS__)
+#define KD_PP_FE_12(F, sep, a, ...) F(a) sep() KD_PP_FE_11(F, sep, __VA_ARGS__)
 /// F(e) for each element of a parenthesised tuple, separated by sep().
 #define KD_PP_FOR_EACH(F, sep, tuple) KD_PP_FOR_EACH_(F, sep, KD_PP_EXPAND tuple)
 #define KD_PP_FOR_EACH_(F, sep, ...) KD_PP_CAT(KD_PP_FE_, KD_PP_NARG(__VA_ARGS__))(F, sep __VA_OPT__(, ) __VA_ARGS__)

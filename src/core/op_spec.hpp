@@ -98,6 +98,14 @@ enum class Fill : uint8_t {
   signed_unit,  ///< uniform in [-1, 1]
   near_one,     ///< 1 + 0.1 * uniform[-1, 1] (norm weights)
   wide,         ///< uniform in [-4, 4] (activations whose function bends outside [-1, 1])
+  /// Expert ids (an int32 slot [tokens, top_k]): each row top_k distinct
+  /// ids in [0, E), E = Problem::extra[0], drawn from the tuner's routing
+  /// (tune::Routing: uniform, skewed toward a few hot experts, or a file's
+  /// rows). Read as integers, never as values.
+  expert_ids,
+  /// Router weights (an fp32 slot [tokens, top_k]): positive, each row
+  /// summing to 1 (a softmax's top-k renormalised).
+  routing_weights,
 };
 
 /// One argument slot, in the op's slot order (the order of the args
@@ -105,9 +113,16 @@ enum class Fill : uint8_t {
 struct ArgSlot {
   std::string_view name;
   Role role = Role::read;
-  int8_t rank = 2;        ///< 2: [rows, cols] row-major, unit stride along cols; 1: [cols], contiguous
+  /// 2: [rows, cols] row-major, unit stride along cols; 1: [cols],
+  /// contiguous; 3: [batch, rows, cols], each matrix as rank 2 and the
+  /// batch dense (batch stride = rows * row stride: an expert-stacked
+  /// weight [E, N, K]); past validation it is the rank-2 matrix [batch *
+  /// rows, cols] with the same row stride (LaunchArgs::ld, RefArgs,
+  /// slot_extent), so only validation and the bindings know the rank.
+  int8_t rank = 2;
   bool optional = false;  ///< absent = a TensorRef without data; its presence sets Problem::has_bias
-  DimExpr rows{};         ///< rank 2 only
+  DimExpr batch{};        ///< rank 3 only
+  DimExpr rows{};         ///< rank 2 and 3
   DimExpr cols{};
   SlotDType dtype = SlotDType::in;
   DType fixed_dtype = DType::fp32;
@@ -120,6 +135,10 @@ struct ArgSlot {
   /// the row-major layout's; the variants see LaunchArgs::ld = -(column
   /// stride) and read or convert it (ld >= 0 is the row-major row stride).
   bool col_major_ok = false;
+  /// Optional, and given exactly when the op's input dtype is quantised (an
+  /// fp8 dtype): the block scales of fp8 weights. Validation refuses a
+  /// quantised call without it and an unquantised one with it.
+  bool with_quantized = false;
 };
 
 /// What a scalar is.
@@ -131,14 +150,19 @@ enum class ScalarKind : uint8_t {
   /// accum writes it. Part of the problem, not of the launch: variants read
   /// Problem::accum, never its LaunchArgs scalar.
   accum,
+  /// One of `labels` (an activation kind): its index, an integer member of
+  /// the args struct (a float index in the C ABI's scalar arrays). Part of
+  /// the problem: Problem::choice, written by a key field of kind choice.
+  choice,
 };
 
-/// A scalar argument after the tensors (eps, fast_accum).
+/// A scalar argument after the tensors (eps, fast_accum, activation).
 struct ScalarSlot {
   std::string_view name;
   float default_value = 0.f;
   bool positive = false;  ///< must be > 0
   ScalarKind kind = ScalarKind::real;
+  std::span<const std::string_view> labels = {};  ///< choice only: the names, by index
 };
 
 /// A static key field: how a Problem member is written in a key and in a
@@ -147,9 +171,10 @@ enum class FieldKind : uint8_t {
   dim,        ///< a positive integer: Problem dim `dim` (required)
   in_dtype,   ///< Problem::in_dtype (required)
   out_dtype,  ///< Problem::out_dtype; left out when equal to in_dtype
-  flag,       ///< Problem::has_bias as true/false; left out when false
+  flag,       ///< Problem::has_bias as `flag_text` ("true"); left out when false
   stride,     ///< Problem::stride_code as the stride classes of `stride_slots`; left out for the default layout
   accum,      ///< Problem::accum as "fast"; left out when precise (a file name may say "precise")
+  choice,     ///< Problem::choice as the choice scalar's label; left out when 0 (the first label)
 };
 struct KeyField {
   std::string_view name;
@@ -161,6 +186,9 @@ struct KeyField {
   /// The column in an aiter shape CSV when it differs from `name`
   /// ("outdtype"); "" = name.
   std::string_view csv_name = {};
+  /// A flag field's text when set ("true"; SGLang's block_shape field of a
+  /// block-fp8 MoE writes "[128,128]" and reads it back).
+  std::string_view flag_text = "true";
 };
 
 /// The check that sizes are >= 1, run after `slot` binds its dims: "<slot>:
@@ -221,6 +249,10 @@ struct OpSpec {
   /// output dtype (the accumulator, not the output's rounding, then sets the
   /// error): each bound is the larger of this and the dtype's.
   Tolerance fast_accum_tolerance = {};
+  /// The tolerance of a call whose input dtype is quantised (fp8: the
+  /// activations quantised inside the op), whatever the output dtype: each
+  /// bound the larger of this and the dtype's.
+  Tolerance quantized_tolerance = {};
   /// Arithmetic of one call (a multiply-add counts 2): what `kdispatch tune
   /// --max-flops` compares.
   double (*flops)(const Problem& p) = nullptr;
@@ -237,15 +269,33 @@ struct OpSpec {
   }
 };
 
+/// A quantised dtype (an fp8 format): ArgSlot::with_quantized, quantized_tolerance.
+constexpr bool is_quantized(DType t) noexcept {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) && kDTypes[i].codec == HostCodec::fp8;
+}
+
 /// The validation tolerance of output dtype `t` for problem `p`: the
-/// dtype's, widened to fast_accum_tolerance when p asks for fast accumulation.
+/// dtype's, widened to fast_accum_tolerance when p asks for fast
+/// accumulation and to quantized_tolerance when its input dtype is fp8.
 constexpr Tolerance tolerance_of(const OpSpec& spec, const Problem& p, DType t) noexcept {
   Tolerance tol = spec.tolerance[static_cast<size_t>(t)];
-  if (p.accum == Accum::fast) {
-    if (spec.fast_accum_tolerance.atol_rel > tol.atol_rel) tol.atol_rel = spec.fast_accum_tolerance.atol_rel;
-    if (spec.fast_accum_tolerance.rtol > tol.rtol) tol.rtol = spec.fast_accum_tolerance.rtol;
-  }
+  auto widen = [&](const Tolerance& w) {
+    if (w.atol_rel > tol.atol_rel) tol.atol_rel = w.atol_rel;
+    if (w.rtol > tol.rtol) tol.rtol = w.rtol;
+  };
+  if (p.accum == Accum::fast) widen(spec.fast_accum_tolerance);
+  if (is_quantized(p.in_dtype)) widen(spec.quantized_tolerance);
   return tol;
+}
+
+/// The label of value `v` of the op's choice scalar ("" when it has none or
+/// `v` is past its labels).
+constexpr std::string_view choice_label(const OpSpec& spec, int v) noexcept {
+  for (const ScalarSlot& s : spec.scalars)
+    if (s.kind == ScalarKind::choice)
+      return v >= 0 && static_cast<size_t>(v) < s.labels.size() ? s.labels[static_cast<size_t>(v)] : "";
+  return "";
 }
 
 /// The spec of `op` (every OpKind has one).
@@ -261,7 +311,8 @@ constexpr DType slot_dtype(const OpSpec& spec, int i, const Problem& p) noexcept
   return s.dtype == SlotDType::in ? p.in_dtype : s.dtype == SlotDType::out ? p.out_dtype : s.fixed_dtype;
 }
 
-/// Logical extent of slot `i` for problem `p`: a rank-1 slot is one row.
+/// Logical extent of slot `i` for problem `p`: a rank-1 slot is one row, a
+/// rank-3 slot its batch * rows rows.
 /// present = false for an absent optional slot (no bias).
 struct SlotExtent {
   int64_t rows = 0, cols = 0;
@@ -271,7 +322,7 @@ struct SlotExtent {
 constexpr SlotExtent slot_extent(const OpSpec& spec, int i, const Problem& p) noexcept {
   const ArgSlot& s = spec.slots[static_cast<size_t>(i)];
   SlotExtent e;
-  e.rows = s.rank == 2 ? s.rows.value(p) : 1;
+  e.rows = s.rank == 3 ? s.batch.value(p) * s.rows.value(p) : s.rank == 2 ? s.rows.value(p) : 1;
   e.cols = s.cols.value(p);
   e.dtype = slot_dtype(spec, i, p);
   e.present = !s.optional || p.has_bias;

@@ -7,6 +7,7 @@
 #include "core/op_list.hpp"
 #include "core/op_spec.hpp"
 #include "ops/fused_add_rmsnorm.hpp"
+#include "ops/fused_moe.hpp"
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
 #include "ops/quant_fp8.hpp"

@@ -186,28 +186,25 @@ bool parse_int_field(const std::string& v, int64_t* out) {
   return r.ec == std::errc() && r.ptr == v.data() + v.size() && *out >= 1 && *out <= core::kMaxDim;
 }
 
-// The operands the stride field covers: the first four of the spec's order
-// (the stride code has room for four; an fp8 GEMM's fifth, scale_b, is left out).
-int stride_operands(const core::OpSpec& spec) {
-  return spec.order.size() < 4 ? static_cast<int>(spec.order.size()) : 4;
-}
+// The operands the stride field covers: every one of the spec's order.
+int stride_operands(const core::OpSpec& spec) { return static_cast<int>(spec.order.size()); }
 
-// "01_o1_o1" -> stride code; operands in op order (gemm a,b,d; norms x,y|residual,w).
-bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint32_t* code) {
+// "01_o1_o1" -> stride code; operands in op order (gemm a,b,d,bias; norms
+// x,y|residual,w), one class per dim (a rank-3 operand: its matrices' two).
+bool parse_stride_field(const std::string& v, const core::OpSpec& spec, uint64_t* code) {
   const int operands = stride_operands(spec);
-  uint8_t classes[4][2] = {};
-  int ranks[4] = {0, 0, 0, 0};
+  uint8_t classes[core::kMaxArgs][2] = {};
+  int8_t ranks[core::kMaxArgs] = {};
   int i = 0;
   size_t start = 0;
   while (start <= v.size()) {
     size_t us = v.find('_', start);
     if (us == std::string::npos) us = v.size();
     const std::string part = v.substr(start, us - start);
-    if (i >= 4 || part.empty() || part.size() > 2) return false;
-    ranks[i] = static_cast<int>(part.size());
+    if (i >= operands || part.empty() || part.size() > 2) return false;
+    ranks[i] = spec.slots[static_cast<size_t>(spec.order[static_cast<size_t>(i)])].rank;
     // One class per dim of the operand (spec order): "1_1" fits no rank-2 operand.
-    if (i < operands && ranks[i] != spec.slots[static_cast<size_t>(spec.order[static_cast<size_t>(i)])].rank)
-      return false;
+    if (part.size() != (ranks[i] >= 2 ? 2u : 1u)) return false;
     for (size_t d = 0; d < part.size(); ++d) {
       const char c = part[d];
       if (c == '0')
@@ -262,10 +259,33 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
           break;
         }
         case FieldKind::flag:
+          if (f.flag_text != "true") {
+            // A flag with its own text (block_shape=[128,128]): that text, or false.
+            if (value == "false" || value == "False") break;
+            if (value != f.flag_text)
+              return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not " +
+                                                                   std::string(f.flag_text) + " (the only one served)");
+            p.has_bias = true;
+            break;
+          }
           if (value != "true" && value != "false" && value != "True" && value != "False")
             return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not true/false");
           p.has_bias = value == "true" || value == "True";
           break;
+        case FieldKind::choice: {
+          const core::ScalarSlot* c = nullptr;
+          for (const core::ScalarSlot& sc : spec.scalars)
+            if (sc.kind == core::ScalarKind::choice) c = &sc;
+          size_t li = 0;
+          while (c && li < c->labels.size() && c->labels[li] != value) ++li;
+          if (!c || li == c->labels.size()) {
+            std::string all;
+            for (size_t j = 0; c && j < c->labels.size(); ++j) all += (j ? ", " : "") + std::string(c->labels[j]);
+            return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not one of " + all);
+          }
+          p.choice = static_cast<uint8_t>(li);
+          break;
+        }
         case FieldKind::accum:
           if (value != "fast" && value != "precise")
             return make_status(StatusCode::invalid_argument, "field " + name + "='" + value + "' is not fast/precise");

@@ -121,24 +121,26 @@ class KeyWriter {
   bool overflow_;
 };
 
-// The stride field's text ("01_o1_o1"; at most 4 operands x 2 dims + 3
-// separators) into `buf`; returns its length.
-size_t stride_field_text(const core::Problem& p, char (&buf)[16]) noexcept {
+// The stride field's text ("01_o1_o1"; every operand of the spec's order,
+// one class per dim, a rank-3 operand's rows and columns) into `buf`;
+// returns its length.
+constexpr size_t kStrideTextMax = 3 * core::kMaxArgs;
+size_t stride_field_text(const core::Problem& p, char (&buf)[kStrideTextMax]) noexcept {
   size_t n = 0;
   if (p.stride_code == 0) return n;
   constexpr char kChar[4] = {'0', '1', 'o', '?'};
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t op = (p.stride_code >> (8 * i)) & 0x7f;
-    const int rank = static_cast<int>((op >> 4) & 3);
-    if (rank == 0) break;
+  const core::OpSpec& spec = core::spec_of(p.op);
+  for (size_t i = 0; i < spec.order.size() && i < static_cast<size_t>(core::kMaxArgs); ++i) {
+    const int rank = spec.slots[static_cast<size_t>(spec.order[i])].rank;
     if (i) buf[n++] = '_';
-    for (int d = 0; d < rank; ++d) buf[n++] = kChar[(op >> (2 * d)) & 3];
+    for (int d = 0; d < (rank >= 2 ? 2 : 1); ++d)
+      buf[n++] = kChar[static_cast<int>(core::stride_class(p.stride_code, static_cast<int>(i), d, rank))];
   }
   return n;
 }
 
 void write_stride_field(const core::Problem& p, KeyWriter& out) noexcept {
-  char buf[16];
+  char buf[kStrideTextMax];
   const size_t n = stride_field_text(p, buf);
   for (size_t i = 0; i < n; ++i) out.append(buf[i]);  // char by char, as the field always was
 }
@@ -171,7 +173,7 @@ void write_stride_field(const core::Problem& p, KeyWriter& out) noexcept {
       case core::FieldKind::flag:
         if (!p.has_bias) break;
         field(f.name);
-        out.append("true");
+        out.append(f.flag_text);
         break;
       case core::FieldKind::stride:
         if (p.stride_code == 0) break;
@@ -182,6 +184,11 @@ void write_stride_field(const core::Problem& p, KeyWriter& out) noexcept {
         if (p.accum == core::Accum::precise) break;
         field(f.name);
         out.append("fast");
+        break;
+      case core::FieldKind::choice:
+        if (p.choice == 0) break;
+        field(f.name);
+        out.append(core::choice_label(core::spec_of(p.op), p.choice));
         break;
     }
   }

@@ -66,7 +66,7 @@ uint64_t key_hash(std::string_view key) noexcept;
 
 /// The binary form of an own-op static key, for the op hot path: every
 /// static member of the Problem (device, backend, op, dtypes, the static
-/// dims n, k and extra, bias, accumulation, stride classes) in a fixed 56-byte POD, so a
+/// dims n, k and extra, bias, accumulation, choice, stride classes) in a fixed 56-byte POD, so a
 /// call hashes 56 bytes and compares them with one memcmp instead of
 /// formatting and comparing text. Which of them an op uses is its spec's
 /// business: the ones it does not use are 0 in every Problem of that op.
@@ -78,14 +78,15 @@ struct OwnKey {
   int64_t n = 0;
   int64_t k = 0;
   int64_t extra[2] = {0, 0};
-  uint32_t stride_code = 0;
+  uint64_t stride_code = 0;
   uint8_t backend = 0;
   uint8_t op = 0;
   uint8_t in_dtype = 0;
   uint8_t out_dtype = 0;
   uint8_t bias = 0;
   uint8_t accum = 0;  ///< core::Accum
-  uint8_t pad[6] = {0, 0, 0, 0, 0, 0};
+  uint8_t choice = 0;
+  uint8_t pad = 0;
 };
 static_assert(sizeof(OwnKey) == 56, "OwnKey is hashed and compared as 56 raw bytes");
 
@@ -105,29 +106,31 @@ inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcep
   k.out_dtype = static_cast<uint8_t>(p.out_dtype);
   k.bias = p.has_bias ? 1 : 0;
   k.accum = static_cast<uint8_t>(p.accum);
+  k.choice = p.choice;
   return k;
 }
 
 /// XXH3-64 of the 56 bytes of an OwnKey.
 uint64_t own_key_hash(const OwnKey& k) noexcept;
 
-/// Packs per-operand stride classes into Problem::stride_code (0 = default).
-/// classes[i][d] for operand i (up to 4) and dim d (up to 2); ranks[i] 1 or 2.
-inline uint32_t pack_stride_code(const uint8_t classes[4][2], const int ranks[4], int operands) noexcept {
-  uint32_t code = 0;
+/// Packs per-operand stride classes into Problem::stride_code (0 = every
+/// operand in its default layout): classes[i][d] of operand i (the spec's
+/// order, every operand: up to core::kMaxArgs) and dim d (rank 1: d 0 only;
+/// rank 2 and rank 3: the rows and columns of each matrix), 4 bits per
+/// operand (core::stride_class decodes them); ranks[i] 1, 2 or 3.
+inline uint64_t pack_stride_code(const uint8_t (*classes)[2], const int8_t* ranks, int operands) noexcept {
+  uint64_t code = 0;
   bool non_default = false;
-  for (int i = 0; i < operands && i < 4; ++i) {
+  for (int i = 0; i < operands && i < core::kMaxArgs; ++i) {
     const int r = ranks[i];
-    uint32_t op = static_cast<uint32_t>(r & 3) << 4;
-    for (int d = 0; d < r && d < 2; ++d) op |= static_cast<uint32_t>(classes[i][d] & 3) << (2 * d);
-    // Default: rank 2 -> (other, unit); rank 1 -> (unit).
-    const bool def = r == 2 ? (classes[i][0] == static_cast<uint8_t>(StrideClass::other) &&
-                               classes[i][1] == static_cast<uint8_t>(StrideClass::unit))
-                            : classes[i][0] == static_cast<uint8_t>(StrideClass::unit);
-    non_default |= !def;
-    code |= op << (8 * i);
+    const int dims = r >= 2 ? 2 : 1;
+    for (int d = 0; d < dims; ++d) {
+      code |= static_cast<uint64_t>(classes[i][d] & 3u) << (4 * i + 2 * d);
+      non_default |= classes[i][d] != static_cast<uint8_t>(core::stride_class(0, i, d, r));
+    }
   }
-  return non_default ? (code | 0x80000000u) : 0u;
+  return non_default ? (code | core::kStrideNonDefault) : 0u;
 }
+static_assert(4 * core::kMaxArgs < 63, "the stride code holds 4 bits per operand below its flag bit");
 
 }  // namespace dispatch::table

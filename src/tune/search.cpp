@@ -109,7 +109,7 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
     // A column-major view (ld < 0) keeps its ld even with one row: the
     // variants read it with the column stride (gemm_fp8_block's K-major
     // scale_a at K <= 128), and the extent must cover what they read.
-    a.ld = slot.rank == 2 && (e.rows > 1 || la.ld[i] < 0) ? la.ld[i] : e.cols;
+    a.ld = slot.rank >= 2 && (e.rows > 1 || la.ld[i] < 0) ? la.ld[i] : e.cols;
     a.read = slot.role != core::Role::write;
     a.written = slot.role != core::Role::read;
     t.args.push_back(std::move(a));

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/dtype_table.hpp"
+#include "core/routing.hpp"
 #include "backends/registry.hpp"
 #include "backends/cpu/cpu_identity.hpp"
 #include "ops/specs.hpp"
@@ -32,6 +33,7 @@ struct Slot {
   DType dtype = DType::fp32;
   bool present = false;
   core::Fill fill = core::Fill::signed_unit;
+  int64_t experts = 0;  ///< Problem::extra[0] (Fill::expert_ids)
 };
 
 std::vector<Slot> layout(const MissEvent& ev) {
@@ -47,6 +49,7 @@ std::vector<Slot> layout(const MissEvent& ev) {
     x.dtype = e.dtype;
     x.present = e.present;
     x.fill = spec.slots[static_cast<size_t>(i)].fill;
+    x.experts = p.extra[0];
   }
   return s;
 }
@@ -73,7 +76,18 @@ int64_t scratch_bytes(const MissEvent& ev) {
 // One draw per element (whatever the dtype, so that the next slot's values do
 // not depend on this one's dtype), stored as the dtype table's scratch fill
 // says: the slot's value encoded, or the element's index mod 8.
+// Routing slots (an MoE op's expert ids and router weights) are drawn by
+// core/routing.hpp instead: uniform routing (the balanced router SGLang's
+// tuner assumes).
 void fill(void* ptr, const Slot& s, std::mt19937& rng) {
+  if (s.fill == core::Fill::expert_ids && s.dtype == DType::int32) {
+    core::fill_expert_ids(static_cast<int32_t*>(ptr), s.rows, s.cols, s.ld, s.experts, core::Routing::uniform, rng);
+    return;
+  }
+  if (s.fill == core::Fill::routing_weights && s.dtype == DType::fp32) {
+    core::fill_routing_weights(static_cast<float*>(ptr), s.rows, s.cols, s.ld, rng);
+    return;
+  }
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   const core::DTypeInfo& d = core::dtype_info(s.dtype);
   const size_t n = static_cast<size_t>(slot_bytes(s)) / d.bytes;
@@ -140,7 +154,7 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
     fill(staging.data(), slots[i], rng);
     if (Status s = mem->from_host(out->bufs[i].p, staging.data(), b); !s.ok()) return s;
     out->la.data[i] = out->bufs[i].p;
-    out->la.ld[i] = spec.slots[i].rank == 2 ? slots[i].ld : 0;
+    out->la.ld[i] = spec.slots[i].rank >= 2 ? slots[i].ld : 0;
   }
   for (size_t j = 0; j < spec.scalars.size(); ++j)
     out->la.scalar[j] = spec.scalars[j].kind == core::ScalarKind::accum

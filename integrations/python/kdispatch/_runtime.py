@@ -379,11 +379,15 @@ def _doc(o):
         return "in place" if a["read"] and a["written"] else ("written" if a["written"] else "read")
     lines = [o.get("doc", ""), "", "Arguments (any objects with __dlpack__: numpy, torch, cupy; nothing is copied):"]
     for a in o["args"]:
-        dims = ", ".join(d for d in (_dim_text(a["rows"]), _dim_text(a["cols"])) if d)
+        dims = ", ".join(d for d in (_dim_text(a.get("batch", {"dim": ""})), _dim_text(a["rows"]),
+                                     _dim_text(a["cols"])) if d)
         lines.append(f"  {a['name']}: [{dims}], {role(a)}{', optional' if a['optional'] else ''}")
     for x in o["scalars"]:
         if x.get("kind") == "bool":
             lines.append(f"  {x['name']}: bool (default {_scalar_default(x)})")
+        elif x.get("kind") == "choice":
+            labels = ", ".join(f"{i} {n}" for i, n in enumerate(x.get("labels", [])))
+            lines.append(f"  {x['name']}: int, one of {labels} (default {int(x['default'])})")
         else:
             lines.append(f"  {x['name']}: float (default {x['default']:g})")
     lines += ["stream: a CUDA/HIP stream (int or an object with .cuda_stream) for GPU arrays; capturing: the "

@@ -168,8 +168,11 @@ def _bind(op, given):
         t = given.get(a["name"])
         if t is None:
             continue
-        exts = ([a["rows"]] if a["rank"] == 2 else []) + [a["cols"]]
-        sizes = (list(t.shape[:1]) if a["rank"] == 2 else []) + [t.shape[-1]]
+        if a["rank"] == 3:  # [batch, rows, cols] as it is (experts' weights [E, N, K])
+            exts, sizes = [a["batch"], a["rows"], a["cols"]], list(t.shape[:3])
+        else:
+            exts = ([a["rows"]] if a["rank"] == 2 else []) + [a["cols"]]
+            sizes = (list(t.shape[:1]) if a["rank"] == 2 else []) + [t.shape[-1]]
         for e, n in zip(exts, sizes):
             if e["dim"] and e["dim"] not in dims and e["div"] == 1:
                 if n % e["mul"]:  # x [..., 2*d] with an odd last dim: no d (refused even when empty)

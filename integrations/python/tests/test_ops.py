@@ -41,14 +41,19 @@ def arrays_for(op, m=3, other=8, seed=0):
     outputs full of NaN, inputs random; absent: optional args. float32,
     except an fp8 op's inputs (uint8 e4m3fn bits: wrap with args_of)."""
     rng = np.random.default_rng(seed)
-    names = {e["dim"] for a in op["args"] for e in (a["rows"], a["cols"]) if e["dim"]}
+    none = {"dim": "", "mul": 1, "div": 1}
+    names = {e["dim"] for a in op["args"] for e in (a.get("batch", none), a["rows"], a["cols"]) if e["dim"]}
     dims = {d: (m if d == op["m_name"] else other) for d in names}
     out = {}
     for a in op["args"]:
         if a["optional"]:
             continue
-        shape = tuple(x for x in (extent(a["rows"], dims), extent(a["cols"], dims)) if x is not None) or (1,)
-        if a["written"] and not a["read"]:
+        shape = tuple(x for x in (extent(a.get("batch", none), dims), extent(a["rows"], dims),
+                                  extent(a["cols"], dims)) if x is not None) or (1,)
+        if a["dtype"] == "int32":  # expert ids: in [0, E) ("E", the batch dim of the op's 3-D weights)
+            experts = next(dims[x["batch"]["dim"]] for x in op["args"] if x["rank"] == 3)
+            out[a["name"]] = rng.integers(0, experts, size=shape, dtype=np.int32)
+        elif a["written"] and not a["read"]:
             out[a["name"]] = np.full(shape, 0x7F, np.uint8) if fp8_arg(op, a) else np.full(shape, np.nan, np.float32)
         else:
             v = (rng.standard_normal(shape) * 0.5 + (1.0 if a["rank"] == 1 else 0.0)).astype(np.float32)

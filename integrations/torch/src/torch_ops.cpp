@@ -589,6 +589,11 @@ class Kernel final : public c10::OperatorKernel {
       const at::Tensor* x = t[i];
       if (x == nullptr || pure_output(a)) continue;
       if (x->dim() < 1) fail(b, 1, arg(i) + ": must have at least one dimension");
+      if (a.rank == 3) {  // [batch, rows, cols] as it is (experts' weights [E, N, K])
+        if (x->dim() != 3) fail(b, 1, arg(i) + ": must be 3-D, got " + std::to_string(x->dim()) + "-D");
+        dims.bind(b, a, a.batch_dim, a.batch_mul, a.batch_div, size_at<I>(*x, 0));
+        dims.bind(b, a, a.rows_dim, a.rows_mul, a.rows_div, size_at<I>(*x, 1));
+      }
       if (a.rank == 2) {
         if (lead == nullptr) lead = x;
         dims.bind(b, a, a.rows_dim, a.rows_mul, a.rows_div, rows_of<I>(*x));
@@ -677,6 +682,16 @@ class Kernel final : public c10::OperatorKernel {
       }
       if (x->dim() < 1) fail(*b_, 1, arg(i) + ": must have at least one dimension");
       const std::optional<I> rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
+      if (a.rank == 3) {
+        const std::optional<I> batch = dims.extent(a.batch_dim, a.batch_mul, a.batch_div);
+        if (x->dim() != 3) fail(*b_, 1, arg(i) + ": must be 3-D, got " + std::to_string(x->dim()) + "-D");
+        if ((batch && size_at<I>(*x, 0) != *batch) || (rows && size_at<I>(*x, 1) != *rows) ||
+            (cols && size_at<I>(*x, 2) != *cols))
+          fail(*b_, 1,
+               arg(i) + ": sizes " + sizes_text<I>(*x) + " are not [" + std::string(a.batch_dim) + ", " +
+                   std::string(a.rows_dim) + ", " + std::string(a.cols_dim) + "]");
+        continue;
+      }
       if ((cols && size_at<I>(*x, -1) != *cols) || (rows && rows_of<I>(*x) != *rows))
         fail(*b_, 1,
              arg(i) + ": sizes " + sizes_text<I>(*x) + " are not [" + (rows ? size_text(*rows) : "?") + " rows, " +
@@ -706,6 +721,14 @@ class Kernel final : public c10::OperatorKernel {
       if (x == nullptr) continue;
       const dispatch::OpArgInfo& a = op.args[i];
       const int64_t cols = one.extent(a.cols_dim, a.cols_mul, a.cols_div).value_or(-1);
+      if (a.rank == 3) {  // a stand-in when any of its three extents is the zero dim
+        const int64_t bt = one.extent(a.batch_dim, a.batch_mul, a.batch_div).value_or(x->size(0));
+        const int64_t rw = one.extent(a.rows_dim, a.rows_mul, a.rows_div).value_or(x->size(1));
+        if (x->size(0) == bt && x->size(1) == rw && x->size(2) == cols) continue;
+        stand_in[i] = at::zeros({bt, rw, cols}, x->options());
+        u[i] = &stand_in[i];
+        continue;
+      }
       const int64_t rows_one = a.rank == 2 ? one.extent(a.rows_dim, a.rows_mul, a.rows_div).value_or(-1) : 1;
       const int64_t rows = a.rank == 2 ? (rows_one >= 0 ? rows_one : rows_of(*x)) : 1;
       const bool spans = x->size(-1) != cols || (a.rank == 2 && rows_of(*x) != rows);  // the zero dim is in its extents

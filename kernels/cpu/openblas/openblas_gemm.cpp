@@ -125,15 +125,11 @@ Status fail(StatusCode code, std::string_view why) noexcept {
   }
 }
 
-/// True when operand `i` (0 = A, 1 = B, 2 = D) has a zero row stride, as
-/// table::pack_stride_code packs Problem::stride_code: bit 31 = not the
-/// default layout; byte i = operand i, bits 4-5 its rank, bits 0-1 the class
-/// of dim 0 (0 = zero, 1 = unit, 2 = other). (tests/test_cpu_plugin.cpp
-/// checks this decoding against pack_stride_code.)
+/// True when operand `i` (0 = A, 1 = B, 2 = D; all rank 2) has a zero row
+/// stride (core::stride_class decodes Problem::stride_code, inline; the
+/// tests check it against table::pack_stride_code).
 bool zero_row_stride(const Problem& p, int i) noexcept {
-  if ((p.stride_code & 0x80000000u) == 0) return false;
-  const uint32_t op = (p.stride_code >> (8 * i)) & 0x7fu;
-  return ((op >> 4) & 3u) == 2 && (op & 3u) == 0;
+  return core::stride_class(p.stride_code, i, 0, 2) == StrideClass::zero;
 }
 
 constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();

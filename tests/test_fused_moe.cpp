@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+// fused_moe on the CPU, beyond what every op gets from tests/test_ops.cpp
+// (every variant and config point against the float64 reference, the key
+// round trip, pretune, the C ABI's refusals): results worked by hand (silu
+// and gelu, routed_scaling_factor, an expert that is not local), the
+// grouped variant equal to the reference bit for bit, the errors that name
+// the argument (block scales with the wrong weights, a strided expert
+// batch, an activation outside its labels), the key a call builds and the
+// stride field over all eight operands.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.hpp"
+#include "core/routing.hpp"
+#include "dispatch/dispatch.hpp"
+#include "store/filename.hpp"
+#include "test_util.hpp"
+
+using namespace dispatch;
+
+namespace {
+
+std::unique_ptr<Runtime> quiet_runtime() {
+  RuntimeOptions o = kdtest::options_for({});
+  o.tune.mode = TuneMode::off;
+  return kdtest::make_runtime(o);
+}
+
+// E = 2 experts, H = 2, I = 1: expert 0 w1 = [[1, 0], [0, 1]] (gate, up),
+// w2 = [[1], [2]]; expert 1 w1 = [[0, 1], [1, 0]], w2 = [[-1], [0.5]].
+// One token x = [1, 2] routed to both, weights 0.75 and 0.25.
+struct Tiny {
+  std::vector<float> hidden{1.f, 2.f};
+  std::vector<float> w1{1.f, 0.f, 0.f, 1.f, 0.f, 1.f, 1.f, 0.f};
+  std::vector<float> w2{1.f, 2.f, -1.f, 0.5f};
+  std::vector<float> tw{0.75f, 0.25f};
+  std::vector<int32_t> ids{0, 1};
+  std::vector<float> out{std::nanf(""), std::nanf("")};
+  FusedMoeArgs args(float rsf = 1.f, int32_t act = 0) {
+    FusedMoeArgs a;
+    a.hidden = make_tensor_2d(hidden.data(), DType::fp32, 1, 2, 2);
+    a.w1 = kdtest::tensor_3d(w1.data(), DType::fp32, 2, 2, 2);
+    a.w2 = kdtest::tensor_3d(w2.data(), DType::fp32, 2, 2, 1);
+    a.topk_weights = make_tensor_2d(tw.data(), DType::fp32, 1, 2, 2);
+    a.topk_ids = make_tensor_2d(ids.data(), DType::int32, 1, 2, 2);
+    a.out = make_tensor_2d(out.data(), DType::fp32, 1, 2, 2);
+    a.routed_scaling_factor = rsf;
+    a.activation = act;
+    return a;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fused_moe: results worked by hand: silu, gelu, routed_scaling_factor, an expert not local") {
+  auto rt = quiet_runtime();
+  // silu(1) = 0.7310585786, silu(2) = 1.7615941560: expert 0 gives a =
+  // 2 silu(1) = 1.4621171573, y0 = [1.4621171573, 2.9242343145]; expert 1
+  // a = silu(2) * 1, y1 = [-1.7615941560, 0.8807970780]; out = 0.75 y0 + 0.25 y1.
+  Tiny t;
+  REQUIRE(fused_moe(*rt, t.args()).ok());
+  CHECK(t.out[0] == doctest::Approx(0.6561893289).epsilon(1e-6));
+  CHECK(t.out[1] == doctest::Approx(2.4133750054).epsilon(1e-6));
+  // DeepSeek's routed_scaling_factor scales the sum.
+  REQUIRE(fused_moe(*rt, t.args(2.f)).ok());
+  CHECK(t.out[0] == doctest::Approx(1.3123786578).epsilon(1e-6));
+  CHECK(t.out[1] == doctest::Approx(4.8267500108).epsilon(1e-6));
+  // gelu (erf): gelu(1) = 0.8413447461, gelu(2) = 1.9544997361.
+  REQUIRE(fused_moe(*rt, t.args(2.f, 1)).ok());
+  CHECK(t.out[0] == doctest::Approx(1.5467843702).epsilon(1e-6));
+  CHECK(t.out[1] == doctest::Approx(5.5366934104).epsilon(1e-6));
+  // Expert 1 not local (id -1, expert parallelism): only expert 0's share.
+  t.ids[1] = -1;
+  REQUIRE(fused_moe(*rt, t.args(2.f)).ok());
+  CHECK(t.out[0] == doctest::Approx(2.1931757359).epsilon(1e-6));
+  CHECK(t.out[1] == doctest::Approx(4.3863514718).epsilon(1e-6));
+  // An id past E contributes nothing either (never read out of bounds).
+  t.ids[1] = 7;
+  REQUIRE(fused_moe(*rt, t.args(2.f)).ok());
+  CHECK(t.out[0] == doctest::Approx(2.1931757359).epsilon(1e-6));
+}
+
+TEST_CASE("fused_moe: the grouped variant (pairs sorted by expert) equals the reference bit for bit") {
+  const int64_t M = 33, H = 40, I = 24, E = 6, K = 3;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> hidden(static_cast<size_t>(M * H)), w1(static_cast<size_t>(E * 2 * I * H)),
+      w2(static_cast<size_t>(E * H * I)), tw(static_cast<size_t>(M * K));
+  for (auto* v : {&hidden, &w1, &w2})
+    for (float& x : *v) x = u(rng);
+  std::vector<int32_t> ids(static_cast<size_t>(M * K));
+  core::fill_expert_ids(ids.data(), M, K, K, E, core::Routing::skewed, rng);
+  core::fill_routing_weights(tw.data(), M, K, K, rng);
+  std::vector<std::vector<float>> outs;
+  for (const std::string force :
+       {"fused_moe=fused_moe_fp32__ref", "fused_moe=fused_moe_fp32__grouped:BLOCK_M=1",
+        "fused_moe=fused_moe_fp32__grouped:BLOCK_M=4", "fused_moe=fused_moe_fp32__grouped:BLOCK_M=16"}) {
+    CAPTURE(force);
+    RuntimeOptions ro = kdtest::options_for({});
+    ro.tune.mode = TuneMode::off;
+    ro.force = {force};
+    auto frt = kdtest::make_runtime(ro);
+    std::vector<float> out(static_cast<size_t>(M * H), std::nanf(""));
+    FusedMoeArgs a;
+    a.hidden = make_tensor_2d(hidden.data(), DType::fp32, M, H, H);
+    a.w1 = kdtest::tensor_3d(w1.data(), DType::fp32, E, 2 * I, H);
+    a.w2 = kdtest::tensor_3d(w2.data(), DType::fp32, E, H, I);
+    a.topk_weights = make_tensor_2d(tw.data(), DType::fp32, M, K, K);
+    a.topk_ids = make_tensor_2d(ids.data(), DType::int32, M, K, K);
+    a.out = make_tensor_2d(out.data(), DType::fp32, M, H, H);
+    DispatchInfo info;
+    CallOptions o;
+    o.info = &info;
+    REQUIRE(fused_moe(*frt, a, {}, o).ok());
+    CHECK(force.find(std::string(info.variant)) != std::string::npos);
+    outs.push_back(out);
+  }
+  REQUIRE(outs.size() == 4);
+  for (size_t i = 1; i < outs.size(); ++i)
+    CHECK(std::memcmp(outs[i].data(), outs[0].data(), outs[0].size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("fused_moe: errors name the argument: block scales, a strided expert batch, the activation, top_k") {
+  auto rt = quiet_runtime();
+  Tiny t;
+  // fp8 weights without their block scales; fp32 weights with scales.
+  std::vector<uint8_t> w1q(8, 0x38), w2q(4, 0x38);
+  std::vector<float> s1(2, 1.f), s2(2, 1.f);
+  FusedMoeArgs a = t.args();
+  a.w1 = kdtest::tensor_3d(w1q.data(), DType::fp8_e4m3fn, 2, 2, 2);
+  a.w2 = kdtest::tensor_3d(w2q.data(), DType::fp8_e4m3fn, 2, 2, 1);
+  Status s = fused_moe(*rt, a);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message() == "w1_scale: missing: w1 is fp8_e4m3fn, whose block scales it is");
+  a.w1_scale = kdtest::tensor_3d(s1.data(), DType::fp32, 2, 1, 1);
+  a.w2_scale = kdtest::tensor_3d(s2.data(), DType::fp32, 2, 1, 1);
+  CHECK(fused_moe(*rt, a).ok());  // block fp8, as SGLang lays it out
+  a = t.args();
+  a.w1_scale = kdtest::tensor_3d(s1.data(), DType::fp32, 2, 1, 1);
+  s = fused_moe(*rt, a);
+  CHECK(s.message() == "w1_scale: given, but w1 is fp32: scales go with fp8 weights only");
+  // A strided expert batch (every other expert of a larger stack) is refused, named.
+  std::vector<float> big(16, 0.f);
+  a = t.args();
+  a.w1 = kdtest::tensor_3d(big.data(), DType::fp32, 2, 2, 2);
+  a.w1.strides[0] = 8;
+  s = fused_moe(*rt, a);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("w1: batch stride 8 must be rows * row stride = 4", 0) == 0);
+  // An activation outside its labels.
+  s = fused_moe(*rt, t.args(1.f, 2));
+  CHECK(s.message() == "activation: must be one of 0 (silu), 1 (gelu), got 2.000000");
+  CHECK(fused_moe(*rt, t.args(0.f)).message().rfind("routed_scaling_factor: must be > 0", 0) == 0);
+  // topk_ids with another top_k than topk_weights; w2 of another I than w1.
+  a = t.args();
+  a.topk_ids = make_tensor_2d(t.ids.data(), DType::int32, 2, 1, 1);
+  s = fused_moe(*rt, a);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("topk_ids: shape [2, 1]", 0) == 0);
+  a = t.args();
+  a.w1 = kdtest::tensor_3d(t.w1.data(), DType::fp32, 2, 1, 2);
+  s = fused_moe(*rt, a);
+  CHECK(s.message().rfind("w1: shape [2, 1, 2] must be [E, 2*I, H] = [2, 2, 2]", 0) == 0);
+}
+
+TEST_CASE("fused_moe: a call's key, its file name, and the stride field over all eight operands") {
+  auto rt = quiet_runtime();
+  Tiny t;
+  std::string key;
+  DispatchInfo info;
+  info.key = &key;
+  CallOptions o;
+  o.info = &info;
+  REQUIRE(fused_moe(*rt, t.args(1.f, 1), {}, o).ok());
+  const std::string dev = cpu_device_info().device_name;
+  CHECK(key == "cpu/fused_moe|" + dev + "|E=2,K=2,N=1,activation=gelu,dtype=fp32,top_k=2");
+  auto f = store::parse_key_fields("E=2,K=2,N=1,activation=gelu,dtype=fp32,top_k=2");
+  REQUIRE(f.ok());
+  auto p = store::own_problem_from_fields(core::OpKind::fused_moe, *f);
+  REQUIRE(p.ok());
+  CHECK(p->extra[0] == 2);
+  CHECK(p->extra[1] == 2);
+  CHECK(p->choice == 1);
+  CHECK(
+      store::own_file_name(core::OpKind::fused_moe, "E=2,K=2,N=1,activation=gelu,dtype=fp32,top_k=2", "NVIDIA_H200") ==
+      "E=2,N=1,K=2,top_k=2,device_name=NVIDIA_H200,activation=gelu,dtype=fp32.json");
+  // A broadcast hidden (row stride 0, one token's activations for three
+  // rows): its class enters the key, every other operand's too.
+  std::vector<float> out3(6), tw3(6, 0.5f);
+  std::vector<int32_t> ids3{0, 1, 1, 0, 0, 1};
+  FusedMoeArgs a = t.args();
+  a.hidden = make_tensor_2d(t.hidden.data(), DType::fp32, 3, 2, 0);
+  a.topk_weights = make_tensor_2d(tw3.data(), DType::fp32, 3, 2, 2);
+  a.topk_ids = make_tensor_2d(ids3.data(), DType::int32, 3, 2, 2);
+  a.out = make_tensor_2d(out3.data(), DType::fp32, 3, 2, 2);
+  REQUIRE(fused_moe(*rt, a, {}, o).ok());
+  CHECK(key == "cpu/fused_moe|" + dev + "|E=2,K=2,N=1,dtype=fp32,stride=01_o1_o1_o1_o1_o1_o1_o1,top_k=2");
+  for (int r = 0; r < 3; ++r)
+    CHECK(out3[static_cast<size_t>(2 * r + 1)] == doctest::Approx(0.5 * (2.9242343145 + 0.8807970780)).epsilon(1e-6));
+  auto f2 = store::parse_key_fields("E=2,K=2,N=1,dtype=fp32,stride=01_o1_o1_o1_o1_o1_o1_o1,top_k=2");
+  REQUIRE(f2.ok());
+  auto p2 = store::own_problem_from_fields(core::OpKind::fused_moe, *f2);
+  REQUIRE_MESSAGE(p2.ok(), p2.status().to_string());
+  CHECK(core::stride_class(p2->stride_code, 0, 0, 2) == StrideClass::zero);
+  CHECK(core::stride_class(p2->stride_code, 7, 1, 3) == StrideClass::unit);
+  // Four operands are not eight: refused, saying what it wants.
+  auto f3 = store::parse_key_fields("E=2,K=2,N=1,dtype=fp32,stride=01_o1_o1_o1,top_k=2");
+  REQUIRE(f3.ok());
+  auto p3 = store::own_problem_from_fields(core::OpKind::fused_moe, *f3);
+  REQUIRE_FALSE(p3.ok());
+  CHECK(kdtest::contains(p3.status().message(), "is not 8 operands"));
+}
