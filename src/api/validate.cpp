@@ -37,17 +37,20 @@ std::string shape_text(const TensorRef& t) {
   return s + "]";
 }
 
-[[gnu::always_inline]] inline StrideClass stride_class_of(const TensorRef& t, int dim) noexcept {
-  const int64_t size = t.shape[dim];
+// `base`: the tensor dim of the matrix's rows (1 for a rank-3 slot's
+// [batch, rows, cols]; its batch is checked dense, so classes are the
+// matrix's).
+[[gnu::always_inline]] inline StrideClass stride_class_of(const TensorRef& t, int dim, int base = 0) noexcept {
+  const int64_t size = t.shape[base + dim];
   // A size-1 dim: the class the contiguous layout gives (last dim unit, rows
   // other). The rows of a one-column matrix ([K/128, M] scales at M = 1):
   // any non-zero row stride is the contiguous layout too (stride 1 is
   // just one element per row), so they take the rows' default class, and
   // the key of M = 1 is the key of every other M.
   if (size == 1) return dim == 1 ? StrideClass::unit : StrideClass::other;
-  const int64_t s = t.strides[dim];
+  const int64_t s = t.strides[base + dim];
   if (s == 0) return StrideClass::zero;
-  if (dim == 0 && t.shape[1] == 1) return StrideClass::other;
+  if (dim == 0 && t.shape[base + 1] == 1) return StrideClass::other;
   if (s == 1) return StrideClass::unit;
   return StrideClass::other;
 }
@@ -148,20 +151,6 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
                          "not supported: pass a contiguous copy");
   return Status();
 }
-// The matrix view of a rank-3 slot's tensor [rows, cols] (its stride
-// classes are the rank-2 rules').
-[[gnu::always_inline]] inline TensorRef matrix_of(const TensorRef& t) noexcept {
-  TensorRef m = t;
-  if (t.rank == 3) {
-    m.rank = 2;
-    m.shape[0] = t.shape[1];
-    m.shape[1] = t.shape[2];
-    m.strides[0] = t.strides[1];
-    m.strides[1] = t.strides[2];
-  }
-  return m;
-}
-
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding spans).
 [[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
   auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
@@ -465,6 +454,23 @@ template <const OpSpec& S, class F>
 [[gnu::always_inline]] inline void each_slot(F&& f) {
   for_slots<S>(std::make_index_sequence<S.slots.size()>{}, f);
 }
+// f(o) for each position o of the spec's order (an operand of the stride code).
+template <const OpSpec& S, class F>
+[[gnu::always_inline]] inline void each_operand(F&& f) {
+  for_slots<S>(std::make_index_sequence<S.order.size()>{}, f);
+}
+// The stride code's bits of every operand in its default layout (the code
+// of such a call is 0).
+constexpr uint64_t default_stride_code(const OpSpec& s) {
+  uint64_t code = 0;
+  for (size_t o = 0; o < s.order.size(); ++o) {
+    const int rank = s.slots[static_cast<size_t>(s.order[o])].rank;
+    const auto c0 = static_cast<uint64_t>(core::stride_class(0, static_cast<int>(o), 0, rank));
+    const uint64_t c1 = rank >= 2 ? static_cast<uint64_t>(StrideClass::unit) : 0;
+    code |= (c0 | c1 << 2) << (4 * o);
+  }
+  return code;
+}
 
 // Ordered pairs (oi, oj), oj < oi, of positions in S.order, as one index
 // oi * kMaxPairSide + oj; the others are skipped at compile time.
@@ -638,25 +644,29 @@ template <core::OpKind Op>
   p->has_bias = any_optional;
   p->accum = accum;
   p->choice = choice;
-  // Every operand's stride classes (an absent optional one: its default).
-  uint8_t classes[S.order.size()][2];
-  int8_t ranks[S.order.size()];
-  for (size_t o = 0; o < S.order.size(); ++o) {
-    const int i = S.order[o];
-    const TensorRef& x = *t[i];
-    ranks[o] = S.slots[static_cast<size_t>(i)].rank;
-    classes[o][0] = static_cast<uint8_t>(core::stride_class(0, static_cast<int>(o), 0, ranks[o]));
-    classes[o][1] = static_cast<uint8_t>(StrideClass::unit);
-    if (!present[i] || ranks[o] == 1) continue;  // 1-D operands are checked contiguous
-    const TensorRef mx = matrix_of(x);
-    if (!col_major(mx)) {
+  // Every operand's stride classes (an absent optional one: its default),
+  // 4 bits each in the spec's order (table::pack_stride_code's layout,
+  // core::stride_class decodes it), unrolled: the ranks are constants.
+  uint64_t code = 0;
+  each_operand<S>([&](auto oc) {
+    constexpr int o = decltype(oc)::value;
+    constexpr int i = S.order[o];
+    constexpr int rank = S.slots[static_cast<size_t>(i)].rank;
+    uint64_t c0 = static_cast<uint64_t>(core::stride_class(0, o, 0, rank)), c1 = 0;
+    if constexpr (rank >= 2) {
+      c1 = static_cast<uint64_t>(StrideClass::unit);
+      const TensorRef& x = *t[i];
       // A column-major view (only a col_major_ok slot gets here) takes the
       // key of its row-major layout: the variants convert it, a tuned row serves both.
-      classes[o][0] = static_cast<uint8_t>(stride_class_of(mx, 0));
-      classes[o][1] = static_cast<uint8_t>(stride_class_of(mx, 1));
+      if (present[i] && !(rank == 2 && col_major(x))) {
+        c0 = static_cast<uint64_t>(stride_class_of(x, 0, rank - 2));
+        c1 = static_cast<uint64_t>(stride_class_of(x, 1, rank - 2));
+      }
     }
-  }
-  p->stride_code = table::pack_stride_code(classes, ranks, static_cast<int>(S.order.size()));
+    code |= (c0 | c1 << 2) << (4 * o);
+  });
+  static constexpr uint64_t kDefaultCode = default_stride_code(S);
+  p->stride_code = code == kDefaultCode ? 0 : code | core::kStrideNonDefault;
   // The smallest alignment of the align slots' pointers and row strides (the
   // vector kernels need 16 bytes); a description without data is aligned.
   if (S.align_slots != 0 && require_data) {
