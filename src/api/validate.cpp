@@ -281,6 +281,31 @@ Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Bind
   return bad(name, "shape " + shape_text(t) + " must be " + names + values);
 }
 
+// 5c and 5d of check_detailed: a required slot whose dtype must equal
+// another's (hidden like out); block scales given exactly when the input
+// dtype is quantised.
+Status check_dtype_links(const OpSpec& s, const TensorRef* const* t, bool require_data) {
+  auto slot = [&](int i) -> const ArgSlot& { return s.slots[static_cast<size_t>(i)]; };
+  auto name = [&](int i) { return std::string(slot(i).name); };
+  // 5c. A required slot whose dtype must equal another's (hidden like out).
+  for (int i = 0; i < s.slot_count(); ++i)
+    if (const int like = slot(i).dtype_like; !slot(i).optional && like >= 0 && t[i]->dtype != t[like]->dtype)
+      return unsupported(name(i) + " is " + std::string(dtype_name(t[i]->dtype)) + " but " + name(like) + " is " +
+                         std::string(dtype_name(t[like]->dtype)) + ": they must share one dtype");
+  // 5d. Block scales: given exactly when the input dtype is quantised.
+  for (int i = 0; i < s.slot_count(); ++i) {
+    if (!slot(i).with_quantized) continue;
+    const DType in = t[s.in_dtype_slot]->dtype;
+    const bool given = slot_present(slot(i), *t[i], require_data);
+    if (given != core::is_quantized(in))
+      return bad(slot(i).name, given ? "given, but " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
+                                           ": scales go with fp8 weights only"
+                                     : "missing: " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
+                                           ", whose block scales it is");
+  }
+  return Status();
+}
+
 }  // namespace
 
 StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return stride_class_of(t, dim); }
@@ -356,22 +381,7 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
           t[i]->dtype != slot(i).fixed_dtype)
         return bad(slot(i).name, "dtype " + std::string(dtype_name(t[i]->dtype)) + " must be " +
                                      std::string(dtype_name(slot(i).fixed_dtype)));
-    // 5c. A required slot whose dtype must equal another's (hidden like out).
-    for (int i = 0; i < s.slot_count(); ++i)
-      if (const int like = slot(i).dtype_like; !slot(i).optional && like >= 0 && t[i]->dtype != t[like]->dtype)
-        return unsupported(name(i) + " is " + std::string(dtype_name(t[i]->dtype)) + " but " + name(like) + " is " +
-                           std::string(dtype_name(t[like]->dtype)) + ": they must share one dtype");
-    // 5d. Block scales: given exactly when the input dtype is quantised.
-    for (int i = 0; i < s.slot_count(); ++i) {
-      if (!slot(i).with_quantized) continue;
-      const DType in = t[s.in_dtype_slot]->dtype;
-      const bool given = slot_present(slot(i), *t[i], require_data);
-      if (given != core::is_quantized(in))
-        return bad(slot(i).name, given ? "given, but " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
-                                             ": scales go with fp8 weights only"
-                                       : "missing: " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
-                                             ", whose block scales it is");
-    }
+    if (Status st = check_dtype_links(s, t, require_data); !st.ok()) return st;
     // 6. Optional slots that are given.
     for (int i = 0; i < s.slot_count(); ++i) {
       if (!slot(i).optional || !slot_present(slot(i), *t[i], require_data)) continue;
@@ -513,6 +523,34 @@ constexpr Binder binders(const OpSpec& s) {
   return b;
 }
 
+// Problem::stride_code of an accepted call.
+template <const OpSpec& S>
+[[gnu::always_inline]] inline uint64_t stride_code_of(const TensorRef* const* t, const bool* present) noexcept {
+  // Every operand's stride classes (an absent optional one: its default),
+  // 4 bits each in the spec's order (table::pack_stride_code's layout,
+  // core::stride_class decodes it), unrolled: the ranks are constants.
+  uint64_t code = 0;
+  each_operand<S>([&](auto oc) {
+    constexpr int o = decltype(oc)::value;
+    constexpr int i = S.order[o];
+    constexpr int rank = S.slots[static_cast<size_t>(i)].rank;
+    uint64_t c0 = static_cast<uint64_t>(core::stride_class(0, o, 0, rank)), c1 = 0;
+    if constexpr (rank >= 2) {
+      c1 = static_cast<uint64_t>(StrideClass::unit);
+      const TensorRef& x = *t[i];
+      // A column-major view (only a col_major_ok slot gets here) takes the
+      // key of its row-major layout: the variants convert it, a tuned row serves both.
+      if (present[i] && !(rank == 2 && col_major(x))) {
+        c0 = static_cast<uint64_t>(stride_class_of(x, 0, rank - 2));
+        c1 = static_cast<uint64_t>(stride_class_of(x, 1, rank - 2));
+      }
+    }
+    code |= (c0 | c1 << 2) << (4 * o);
+  });
+  static constexpr uint64_t kDefaultCode = default_stride_code(S);
+  return code == kDefaultCode ? 0 : code | core::kStrideNonDefault;
+}
+
 template <core::OpKind Op>
 [[gnu::always_inline]] inline Status validate_fast(const TensorRef* const* t, const float* scalars, core::Problem* p,
                                                    core::LaunchArgs* la, bool* empty, bool require_data) noexcept {
@@ -644,29 +682,7 @@ template <core::OpKind Op>
   p->has_bias = any_optional;
   p->accum = accum;
   p->choice = choice;
-  // Every operand's stride classes (an absent optional one: its default),
-  // 4 bits each in the spec's order (table::pack_stride_code's layout,
-  // core::stride_class decodes it), unrolled: the ranks are constants.
-  uint64_t code = 0;
-  each_operand<S>([&](auto oc) {
-    constexpr int o = decltype(oc)::value;
-    constexpr int i = S.order[o];
-    constexpr int rank = S.slots[static_cast<size_t>(i)].rank;
-    uint64_t c0 = static_cast<uint64_t>(core::stride_class(0, o, 0, rank)), c1 = 0;
-    if constexpr (rank >= 2) {
-      c1 = static_cast<uint64_t>(StrideClass::unit);
-      const TensorRef& x = *t[i];
-      // A column-major view (only a col_major_ok slot gets here) takes the
-      // key of its row-major layout: the variants convert it, a tuned row serves both.
-      if (present[i] && !(rank == 2 && col_major(x))) {
-        c0 = static_cast<uint64_t>(stride_class_of(x, 0, rank - 2));
-        c1 = static_cast<uint64_t>(stride_class_of(x, 1, rank - 2));
-      }
-    }
-    code |= (c0 | c1 << 2) << (4 * o);
-  });
-  static constexpr uint64_t kDefaultCode = default_stride_code(S);
-  p->stride_code = code == kDefaultCode ? 0 : code | core::kStrideNonDefault;
+  p->stride_code = stride_code_of<S>(t, present);
   // The smallest alignment of the align slots' pointers and row strides (the
   // vector kernels need 16 bytes); a description without data is aligned.
   if (S.align_slots != 0 && require_data) {
