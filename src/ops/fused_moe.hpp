@@ -49,64 +49,46 @@ inline constexpr int kMoeActSilu = 0, kMoeActGelu = 1;
 
 namespace fused_moe_spec {
 
+/// An expert-stacked weight [E, rows, cols] (the op's dtype), and its block
+/// scales [E, ceil(rows/128), ceil(cols/128)] fp32 (fp8 weights only).
+constexpr ArgSlot expert_slot(std::string_view name, DimExpr rows, DimExpr cols, bool scales) {
+  ArgSlot a{.name = name, .role = Role::read, .rank = 3, .batch = {Dim::extra0}, .rows = rows, .cols = cols};
+  if (scales) {
+    a.optional = a.with_quantized = true;
+    a.rows = {rows.dim, rows.mul, kMoeBlock};
+    a.cols = {cols.dim, cols.mul, kMoeBlock};
+    a.dtype = SlotDType::fixed;
+    a.fill = Fill::near_one;
+  }
+  return a;
+}
+/// The router's choice per token, [M, top_k]: weights fp32, ids int32.
+constexpr ArgSlot routing_slot(std::string_view name, DType dt, Fill fill) {
+  return {.name = name,
+          .role = Role::read,
+          .rows = {Dim::m},
+          .cols = {Dim::extra1},
+          .dtype = SlotDType::fixed,
+          .fixed_dtype = dt,
+          .fill = fill};
+}
+
+/// A token's activations [M, H] in the out dtype: hidden (read, like out) and out.
+constexpr ArgSlot token_slot(std::string_view name, Role role) {
+  ArgSlot a{.name = name, .role = role, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::out};
+  if (role == Role::read) a.dtype_like = kMoeArgOut;
+  return a;
+}
+
 inline constexpr ArgSlot kSlots[] = {
-    {.name = "hidden",
-     .role = Role::read,
-     .rows = {Dim::m},
-     .cols = {Dim::k},
-     .dtype = SlotDType::out,
-     .dtype_like = kMoeArgOut},
-    {.name = "w1",
-     .role = Role::read,
-     .rank = 3,
-     .batch = {Dim::extra0},
-     .rows = {Dim::n, 2},
-     .cols = {Dim::k},
-     .dtype = SlotDType::in},
-    {.name = "w2",
-     .role = Role::read,
-     .rank = 3,
-     .batch = {Dim::extra0},
-     .rows = {Dim::k},
-     .cols = {Dim::n},
-     .dtype = SlotDType::in},
-    {.name = "topk_weights",
-     .role = Role::read,
-     .rows = {Dim::m},
-     .cols = {Dim::extra1},
-     .dtype = SlotDType::fixed,
-     .fixed_dtype = DType::fp32,
-     .fill = Fill::routing_weights},
-    {.name = "topk_ids",
-     .role = Role::read,
-     .rows = {Dim::m},
-     .cols = {Dim::extra1},
-     .dtype = SlotDType::fixed,
-     .fixed_dtype = DType::int32,
-     .fill = Fill::expert_ids},
-    {.name = "out", .role = Role::write, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::out},
-    {.name = "w1_scale",
-     .role = Role::read,
-     .rank = 3,
-     .optional = true,
-     .batch = {Dim::extra0},
-     .rows = {Dim::n, 2, kMoeBlock},
-     .cols = {Dim::k, 1, kMoeBlock},
-     .dtype = SlotDType::fixed,
-     .fixed_dtype = DType::fp32,
-     .fill = Fill::near_one,
-     .with_quantized = true},
-    {.name = "w2_scale",
-     .role = Role::read,
-     .rank = 3,
-     .optional = true,
-     .batch = {Dim::extra0},
-     .rows = {Dim::k, 1, kMoeBlock},
-     .cols = {Dim::n, 1, kMoeBlock},
-     .dtype = SlotDType::fixed,
-     .fixed_dtype = DType::fp32,
-     .fill = Fill::near_one,
-     .with_quantized = true},
+    token_slot("hidden", Role::read),
+    expert_slot("w1", {Dim::n, 2}, {Dim::k}, false),
+    expert_slot("w2", {Dim::k}, {Dim::n}, false),
+    routing_slot("topk_weights", DType::fp32, Fill::routing_weights),
+    routing_slot("topk_ids", DType::int32, Fill::expert_ids),
+    token_slot("out", Role::write),
+    expert_slot("w1_scale", {Dim::n, 2}, {Dim::k}, true),
+    expert_slot("w2_scale", {Dim::k}, {Dim::n}, true),
 };
 inline constexpr std::string_view kActivations[] = {"silu", "gelu"};
 inline constexpr ScalarSlot kScalars[] = {
@@ -158,13 +140,10 @@ inline void reference(const Problem& p, const RefArgs& r) {
   const double* w2 = r.data[kMoeArgW2];
   const int64_t ld1 = r.ld[kMoeArgW1], ld2 = r.ld[kMoeArgW2];
   const int64_t hb = (H + kMoeBlock - 1) / kMoeBlock, i2b = (2 * I + kMoeBlock - 1) / kMoeBlock;
-  // Scale of weight element (row, col) of expert e: w1_scale [E, i2b, hb], w2_scale [E, hb, ib]
-  // (rank 3, seen as [E * rows, cols] with row stride ld).
-  auto s1 = [&](int64_t e, int64_t row, int64_t col) {
-    return fp8 ? r.data[kMoeArgW1Scale][(e * i2b + row / kMoeBlock) * r.ld[kMoeArgW1Scale] + col / kMoeBlock] : 1.0;
-  };
-  auto s2 = [&](int64_t e, int64_t row, int64_t col) {
-    return fp8 ? r.data[kMoeArgW2Scale][(e * hb + row / kMoeBlock) * r.ld[kMoeArgW2Scale] + col / kMoeBlock] : 1.0;
+  // Scale of weight element (row, col) of expert e in `slot` (w1_scale [E,
+  // i2b, hb], w2_scale [E, hb, ib]; rank 3, seen as [E * rows, cols]).
+  auto scale = [&](int slot, int64_t blocks, int64_t e, int64_t row, int64_t col) {
+    return fp8 ? r.data[slot][(e * blocks + row / kMoeBlock) * r.ld[slot] + col / kMoeBlock] : 1.0;
   };
   double* x = new double[static_cast<size_t>(H + 3 * I + H)];
   double* h = x + H;
@@ -182,7 +161,8 @@ inline void reference(const Problem& p, const RefArgs& r) {
       const auto e = static_cast<int64_t>(id);
       for (int64_t n = 0; n < 2 * I; ++n) {
         double acc = 0.0;
-        for (int64_t c = 0; c < H; ++c) acc += w1[(e * 2 * I + n) * ld1 + c] * s1(e, n, c) * x[c];
+        for (int64_t c = 0; c < H; ++c)
+          acc += w1[(e * 2 * I + n) * ld1 + c] * scale(kMoeArgW1Scale, i2b, e, n, c) * x[c];
         h[n] = acc;
       }
       for (int64_t i = 0; i < I; ++i) a[i] = activate(h[i], act) * h[I + i];
@@ -190,7 +170,7 @@ inline void reference(const Problem& p, const RefArgs& r) {
       const double w = r.data[kMoeArgTopkWeights][t * r.ld[kMoeArgTopkWeights] + j];
       for (int64_t c = 0; c < H; ++c) {
         double acc = 0.0;
-        for (int64_t i = 0; i < I; ++i) acc += w2[(e * H + c) * ld2 + i] * s2(e, c, i) * a[i];
+        for (int64_t i = 0; i < I; ++i) acc += w2[(e * H + c) * ld2 + i] * scale(kMoeArgW2Scale, hb, e, c, i) * a[i];
         y[c] += w * acc;
       }
     }
