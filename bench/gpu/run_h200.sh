@@ -9,6 +9,7 @@
 #                 (KD_TEST_PARTS=gpu,host,torch: the parts to run)
 #   bench/gpu/run_h200.sh --sections fp8-test    # the fp8 GEMM and quantisation GPU tests (fp8_tests.log; ~400 s;
 #                 KD_FP8_TEST_CASES="gpu fp8 gemm: get_default*,gpu fp8 gemm fast_accum*": those cases only)
+#   bench/gpu/run_h200.sh --sections moe         # fused_moe beside SGLang's Triton MoE kernel (moe_bench.json)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
@@ -153,7 +154,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,moe,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -287,6 +288,28 @@ ensure_torch() {
     { grep -E "error|FAILED" "$OUT/build.log" | head -30; return 1; }
   stamp "build: libkdispatch_torch for $("$PY" -c 'import torch; print(torch.__version__)') ($(($(date +%s) - s)) s): $(grep 'kdispatch torch ops:' "$OUT/build.log" | tail -1)"
 }
+
+# ================================================================ moe
+# fused_moe (issue 35): kdispatch's whole op beside SGLang's Triton
+# fused_moe_kernel on SGLang's H200 configs (bench/gpu/bench_moe.py ->
+# moe_bench.json). The peer's harness and configs: ../shared/peers/sglang_moe
+# and ../shared/data/sglang-configs/fused_moe_triton, or copies carried in
+# .deps/sglang_moe (its configs/ beside it).
+if has moe; then
+  ensure_torch || { echo "::: moe: FAILED to build (build.log)"; exit 1; }
+  MOE_PEERS=$ROOT/../shared/peers/sglang_moe
+  MOE_CFG=$ROOT/../shared/data/sglang-configs/fused_moe_triton
+  [ -f "$MOE_PEERS/peer_moe.py" ] || { MOE_PEERS=$ROOT/.deps/sglang_moe; MOE_CFG=$ROOT/.deps/sglang_moe/configs; }
+  budget=$(($(left) - 20))
+  stamp "moe: bench_moe.py, M ${KD_MOE_M:-1,4,16,64} (${budget} s; peer from $MOE_PEERS)"
+  PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+    timeout "$budget" "$PY" bench/gpu/bench_moe.py --lib "$LIB" --peers "$MOE_PEERS" --configs "$MOE_CFG" \
+    --m "${KD_MOE_M:-1,4,16,64}" --budget-s $((budget - 30)) --out "$OUT" --commit "${KD_COMMIT:-unknown}" \
+    >"$OUT/bench_moe.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -20
+  [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
+fi
 
 # ================================================================ fp8-tune
 # The fp8 GEMM rows at decode Ms (FP8_TUNE_M) for FP8_NK in each layout, into
