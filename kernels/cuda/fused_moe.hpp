@@ -17,16 +17,32 @@ namespace dispatch::cuda {
 
 /// Threads per block of both kernels.
 inline constexpr int kMoeThreads = 256;
-/// Kernel images per TU: [0] up, [1] down (vector loads); [2] up, [3] down (one element at a time).
-inline constexpr int kMoeImages = 4;
+/// Kernel images per TU: [0] up, [1] down (vector loads); [2] up, [3] down
+/// (one element at a time); [4] up, [5] down (grouped by expert).
+inline constexpr int kMoeImages = 6;
 
 /// The workspace a launch needs: the activated intermediate [M * top_k, I] in fp32.
 constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept { return p.m * p.extra[1] * p.n * 4; }
+
+/// The grouped kernels' tile of output rows of the down projection, and
+/// their workspace: a [P, I] and y [P, H] in fp32, then one counter per
+/// down tile, each part 256-byte aligned (P = M * top_k).
+inline constexpr int64_t kMoeDownTile = 8 * 2;
+constexpr int64_t moe_round256(int64_t b) noexcept { return (b + 255) / 256 * 256; }
+constexpr int64_t moe_grouped_workspace_bytes(const core::Problem& p) noexcept {
+  const int64_t P = p.m * p.extra[1];
+  return moe_round256(P * p.n * 4) + moe_round256(P * p.k * 4) + ((p.k + kMoeDownTile - 1) / kMoeDownTile) * 4;
+}
+/// Experts the grouped kernels take (a bitmap in shared memory).
+inline constexpr int64_t kMoeMaxExperts = 1024;
 
 /// Enqueues fused_moe's two kernels on la.stream (bf16 or fp16 weights and
 /// activations; slots as ops/fused_moe.hpp). vec: 16-byte loads (rows of a
 /// multiple of 8 elements, 16-byte aligned), else one element at a time.
 Status launch_fused_moe_bf16(const core::LaunchArgs& la, const core::Problem& p, bool vec) noexcept;
 Status launch_fused_moe_fp16(const core::LaunchArgs& la, const core::Problem& p, bool vec) noexcept;
+/// The grouped kernels (16-byte loads only).
+Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 
 }  // namespace dispatch::cuda

@@ -181,4 +181,222 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_ker
   }
 }
 
+// ------------------------------------------------------------------ grouped by expert
+//
+//   moe_up_grouped    grid (min(P, E), ceil(I / (warps * R))): block (s, tile)
+//                     takes the s-th expert the routing touches (ascending id;
+//                     a block past the last exits), gathers its pairs CH at a
+//                     time and streams each weight row once per NT of them.
+//                     Block (0, 0) also zeroes the down kernel's tile counters.
+//   moe_down_grouped  grid (min(P, E), ceil(H / (warps * R))): y[p, c] = w2[e][c]
+//                     · a[p] for the expert's pairs into the workspace [P, H];
+//                     the last block to finish a tile (a counter per tile) sums
+//                     each token's choices in order: out[t, c] = rsf * sum_j
+//                     topk_weights[t, j] * y[(t, j), c] (deterministic).
+// Experts up to kMaxExperts (a bitmap in shared memory).
+
+inline constexpr int kMaxExperts = 1024;
+inline constexpr int kChunk = 256;  ///< pairs gathered per pass (shared memory)
+inline constexpr int kTokens = 8;   ///< pairs per weight-row pass (NT)
+
+/// The expert the block serves (the blockIdx.x-th touched one, ascending)
+/// and how many the routing touches; -1 past the last.
+KDISPATCH_DEVICE_INLINE int32_t nth_expert(const int32_t* ids, int64_t M, int64_t top_k, int64_t ldi, int64_t E,
+                                           int* n_distinct) {
+  __shared__ uint32_t bits[kMaxExperts / 32];
+  __shared__ int32_t found;
+  __shared__ int total;
+  const int words = static_cast<int>((E + 31) / 32);
+  for (int w = static_cast<int>(threadIdx.x); w < words; w += blockDim.x) bits[w] = 0;
+  __syncthreads();
+  const int64_t P = M * top_k;
+  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
+    const int32_t e = ids[(q / top_k) * ldi + q % top_k];
+    if (e >= 0 && e < E) atomicOr(&bits[e >> 5], 1u << (e & 31));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int seen = 0;
+    int32_t hit = -1;
+    const int want = static_cast<int>(blockIdx.x);
+    for (int w = 0; w < words; ++w) {
+      const uint32_t b = bits[w];
+      const int c = __popc(b);
+      if (hit < 0 && seen + c > want) {
+        uint32_t rest = b;
+        for (int k = want - seen; k > 0; --k) rest &= rest - 1;  // drop the lower set bits
+        hit = w * 32 + (__ffs(static_cast<int>(rest)) - 1);
+      }
+      seen += c;
+    }
+    found = hit;
+    total = seen;
+  }
+  __syncthreads();
+  *n_distinct = total;
+  return found;
+}
+
+/// Gathers into `list` the pairs q in [q0, q0 + kChunk) routed to expert e; returns how many.
+KDISPATCH_DEVICE_INLINE int gather(const int32_t* ids, int64_t P, int64_t top_k, int64_t ldi, int32_t e, int64_t q0,
+                                   int32_t* list) {
+  __shared__ int count;
+  __syncthreads();
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  for (int64_t q = q0 + threadIdx.x; q < P && q < q0 + kChunk; q += blockDim.x)
+    if (ids[(q / top_k) * ldi + q % top_k] == e) list[atomicAdd(&count, 1)] = static_cast<int32_t>(q);
+  __syncthreads();
+  return count;
+}
+
+/// Rows w + r * ldw (r < R) against the n (<= kTokens) vectors x(list[t]),
+/// all over a warp: out[r][t] (every lane).
+template <DType DT, class X, int R, class XOf>
+KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int64_t ldw, XOf x_of, int n, int64_t len,
+                                             float (&out)[R][kTokens]) {
+  using E = Elem<DT>;
+  constexpr int V = E::kVec;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) out[r][t] = 0.f;
+  for (int64_t c = int64_t{lane} * V; c < len; c += 32 * V) {
+    float wv[R][V];
+#pragma unroll
+    for (int r = 0; r < R; ++r) E::unpack(*reinterpret_cast<const uint4*>(w + r * ldw + c), wv[r]);
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      if (t >= n) break;
+      const X* x = x_of(t);
+      float xv[V];
+      if constexpr (sizeof(X) == 4) {
+        const float4 a = *reinterpret_cast<const float4*>(x + c), b = *reinterpret_cast<const float4*>(x + c + 4);
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+      } else {
+        E::unpack(*reinterpret_cast<const uint4*>(x + c), xv);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int v = 0; v < V; ++v) out[r][t] = fmaf(wv[r][v], xv[v], out[r][t]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+      if (t < n) out[r][t] = port::warp_sum(out[r][t]);
+}
+
+struct GroupedArgs {
+  const void* hidden;
+  const void* w1;
+  const void* w2;
+  const int32_t* ids;
+  const float* tw;
+  float* a;            ///< workspace [P, I]
+  float* y;            ///< workspace [P, H]
+  uint32_t* counters;  ///< workspace [ceil(H / down tile)]
+  void* out;
+  int64_t ldh, ldw1, ldw2, ldi, ldtw, ldo;
+  int64_t M, H, I, E, top_k;
+  int64_t down_tiles;
+  int act;
+  float rsf;
+};
+
+template <DType DT, int R>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_grouped_kernel(GroupedArgs g) {
+  port::grid_dependency_wait_and_release();
+  using S = typename Elem<DT>::S;
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    for (int64_t i = threadIdx.x; i < g.down_tiles; i += blockDim.x) g.counters[i] = 0;
+  int n_distinct = 0;
+  const int32_t e = nth_expert(g.ids, g.M, g.top_k, g.ldi, g.E, &n_distinct);
+  if (e < 0) return;
+  __shared__ int32_t list[kChunk];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t i0 = (int64_t{blockIdx.y} * kWarps + warp) * R;
+  const int64_t base = i0 + R <= g.I ? i0 : g.I - R;  // I >= R (supports): a partial group redoes rows
+  const S* w = static_cast<const S*>(g.w1) + e * 2 * g.I * g.ldw1;
+  const int64_t P = g.M * g.top_k;
+  for (int64_t q0 = 0; q0 < P; q0 += kChunk) {
+    const int n = gather(g.ids, P, g.top_k, g.ldi, e, q0, list);
+    if (i0 >= g.I) continue;  // (after gather: every thread takes part in its barriers)
+    for (int t0 = 0; t0 < n; t0 += kTokens) {
+      const int nt = n - t0 < kTokens ? n - t0 : kTokens;
+      auto x_of = [&](int t) { return static_cast<const S*>(g.hidden) + (list[t0 + t] / g.top_k) * g.ldh; };
+      float gate[R][kTokens], up[R][kTokens];
+      warp_block_dots<DT, S, R>(w + base * g.ldw1, g.ldw1, x_of, nt, g.H, gate);
+      warp_block_dots<DT, S, R>(w + (g.I + base) * g.ldw1, g.ldw1, x_of, nt, g.H, up);
+      // Lane (r, t) writes one result.
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+          if (lane == r * kTokens + t && t < nt && base + r >= i0)
+            g.a[int64_t{list[t0 + t]} * g.I + base + r] = act_of(gate[r][t], g.act) * up[r][t];
+    }
+  }
+}
+
+template <DType DT, int R>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_grouped_kernel(GroupedArgs g) {
+  port::grid_dependency_wait_and_release();
+  using S = typename Elem<DT>::S;
+  int n_distinct = 0;
+  const int32_t e = nth_expert(g.ids, g.M, g.top_k, g.ldi, g.E, &n_distinct);
+  if (n_distinct == 0 && blockIdx.x == 0) {  // no pair routed to a local expert: zeros
+    const int64_t tile = int64_t{blockIdx.y} * kWarps * R;
+    const int64_t rows = g.H - tile < int64_t{kWarps} * R ? g.H - tile : int64_t{kWarps} * R;
+    for (int64_t k = threadIdx.x; k < g.M * rows; k += blockDim.x)
+      Elem<DT>::store1(static_cast<S*>(g.out) + (k / rows) * g.ldo + tile + k % rows, 0.f);
+  }
+  if (e < 0) return;
+  __shared__ int32_t list[kChunk];
+  __shared__ bool last;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t tile0 = int64_t{blockIdx.y} * kWarps * R;
+  const int64_t c0 = tile0 + int64_t{warp} * R;
+  const int64_t base = c0 + R <= g.H ? c0 : g.H - R;  // H >= R (supports)
+  const S* w = static_cast<const S*>(g.w2) + e * g.H * g.ldw2;
+  const int64_t P = g.M * g.top_k;
+  for (int64_t q0 = 0; q0 < P; q0 += kChunk) {
+    const int n = gather(g.ids, P, g.top_k, g.ldi, e, q0, list);
+    if (c0 >= g.H) continue;
+    for (int t0 = 0; t0 < n; t0 += kTokens) {
+      const int nt = n - t0 < kTokens ? n - t0 : kTokens;
+      auto a_of = [&](int t) { return g.a + int64_t{list[t0 + t]} * g.I; };
+      float d[R][kTokens];
+      warp_block_dots<DT, float, R>(w + base * g.ldw2, g.ldw2, a_of, nt, g.I, d);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+          if (lane == r * kTokens + t && t < nt && base + r >= c0)
+            g.y[int64_t{list[t0 + t]} * g.H + base + r] = d[r][t];
+    }
+  }
+  // The tile's last block sums each token's choices, in order.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&g.counters[blockIdx.y], 1u) == static_cast<uint32_t>(n_distinct - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t rows = g.H - tile0 < int64_t{kWarps} * R ? g.H - tile0 : int64_t{kWarps} * R;
+  for (int64_t k = threadIdx.x; k < g.M * rows; k += blockDim.x) {
+    const int64_t t = k / rows, c = tile0 + k % rows;
+    float acc = 0.f;
+    for (int64_t j = 0; j < g.top_k; ++j) {
+      const int32_t ej = g.ids[t * g.ldi + j];
+      if (ej < 0 || ej >= g.E) continue;
+      acc = fmaf(g.tw[t * g.ldtw + j], __ldcg(g.y + (t * g.top_k + j) * g.H + c), acc);
+    }
+    Elem<DT>::store1(static_cast<S*>(g.out) + t * g.ldo + c, g.rsf * acc);
+  }
+}
+
 }  // namespace dispatch::KDISPATCH_GPU_NS::moe
