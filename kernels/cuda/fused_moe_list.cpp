@@ -4,7 +4,7 @@
 //
 //   fused_moe_<dt>__grouped    the pairs grouped by expert: each touched
 //                              expert's rows read once per 8 of its pairs
-//                              (E <= 1024); the default from M = 2
+//                              (E <= 1024); the default from M * top_k >= 2E
 //   fused_moe_<dt>__decode     the two per-pair kernels with 16-byte loads
 //                              (H and I multiples of 8, 16-byte aligned rows)
 //   fused_moe_<dt>__cuda_ref   the same kernels one element at a time: the
@@ -97,9 +97,10 @@ constexpr const core::VariantDef* kRows[] = {&kMoeBf16Grouped, &kMoeFp16Grouped,
 
 std::span<const core::VariantDef* const> fused_moe_variants() noexcept { return kRows; }
 
-/// One token (its top_k experts are distinct): the per-pair kernels; more:
-/// the grouped ones (each touched expert's weights read once); either where
-/// its loads fit, else the element-wise ones.
+/// Fewer pairs than two per expert (decode: most touched experts have one):
+/// the per-pair kernels; more: the grouped ones (each touched expert's
+/// weights read once per 8 pairs); either where its loads fit, else the
+/// element-wise ones.
 core::Plan fused_moe_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
   core::Plan plan;
   const bool bf16 = p.in_dtype == DType::bf16;
@@ -107,7 +108,7 @@ core::Plan fused_moe_default(const core::Problem& p, const DeviceInfo& dev) noex
   const core::VariantDef& grouped = bf16 ? kMoeBf16Grouped : kMoeFp16Grouped;
   const core::VariantDef& vec = bf16 ? kMoeBf16Decode : kMoeFp16Decode;
   const core::VariantDef& ref = bf16 ? kMoeBf16Ref : kMoeFp16Ref;
-  if (p.m > 1 && grouped.supports(p, plan.params, dev).ok())
+  if (p.m * p.extra[1] >= 2 * p.extra[0] && grouped.supports(p, plan.params, dev).ok())
     plan.variant = &grouped;
   else
     plan.variant = vec.supports(p, plan.params, dev).ok() ? &vec : &ref;

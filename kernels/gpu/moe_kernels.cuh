@@ -209,9 +209,9 @@ KDISPATCH_DEVICE_INLINE int32_t nth_expert(const int32_t* ids, int64_t M, int64_
   const int words = static_cast<int>((E + 31) / 32);
   for (int w = static_cast<int>(threadIdx.x); w < words; w += blockDim.x) bits[w] = 0;
   __syncthreads();
-  const int64_t P = M * top_k;
-  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
-    const int32_t e = ids[(q / top_k) * ldi + q % top_k];
+  const int P = static_cast<int>(M * top_k), k = static_cast<int>(top_k);  // < 2^31 (supports)
+  for (int q = static_cast<int>(threadIdx.x); q < P; q += static_cast<int>(blockDim.x)) {
+    const int32_t e = ids[(q / k) * ldi + q % k];
     if (e >= 0 && e < E) atomicOr(&bits[e >> 5], 1u << (e & 31));
   }
   __syncthreads();
@@ -244,17 +244,19 @@ KDISPATCH_DEVICE_INLINE int gather(const int32_t* ids, int64_t P, int64_t top_k,
   __syncthreads();
   if (threadIdx.x == 0) count = 0;
   __syncthreads();
-  for (int64_t q = q0 + threadIdx.x; q < P && q < q0 + kChunk; q += blockDim.x)
-    if (ids[(q / top_k) * ldi + q % top_k] == e) list[atomicAdd(&count, 1)] = static_cast<int32_t>(q);
+  const int k = static_cast<int>(top_k);
+  for (int q = static_cast<int>(q0) + static_cast<int>(threadIdx.x); q < P && q < q0 + kChunk;
+       q += static_cast<int>(blockDim.x))
+    if (ids[(q / k) * ldi + q % k] == e) list[atomicAdd(&count, 1)] = q;
   __syncthreads();
   return count;
 }
 
-/// Rows w + r * ldw (r < R) against the n (<= kTokens) vectors x(list[t]),
-/// all over a warp: out[r][t] (every lane).
-template <DType DT, class X, int R, class XOf>
-KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int64_t ldw, XOf x_of, int n, int64_t len,
-                                             float (&out)[R][kTokens]) {
+/// Rows w + r * ldw (r < R) against the n (<= kTokens) vectors xs[t], all
+/// over a warp: out[r][t] (every lane).
+template <DType DT, class X, int R>
+KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int64_t ldw, const X* const (&xs)[kTokens],
+                                             int n, int64_t len, float (&out)[R][kTokens]) {
   using E = Elem<DT>;
   constexpr int V = E::kVec;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -269,7 +271,7 @@ KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int6
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
       if (t >= n) break;
-      const X* x = x_of(t);
+      const X* x = xs[t];
       float xv[V];
       if constexpr (sizeof(X) == 4) {
         const float4 a = *reinterpret_cast<const float4*>(x + c), b = *reinterpret_cast<const float4*>(x + c + 4);
@@ -327,10 +329,13 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_group
     if (i0 >= g.I) continue;  // (after gather: every thread takes part in its barriers)
     for (int t0 = 0; t0 < n; t0 += kTokens) {
       const int nt = n - t0 < kTokens ? n - t0 : kTokens;
-      auto x_of = [&](int t) { return static_cast<const S*>(g.hidden) + (list[t0 + t] / g.top_k) * g.ldh; };
+      const S* xs[kTokens];
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t)
+        xs[t] = static_cast<const S*>(g.hidden) + (t < nt ? list[t0 + t] / static_cast<int>(g.top_k) : 0) * g.ldh;
       float gate[R][kTokens], up[R][kTokens];
-      warp_block_dots<DT, S, R>(w + base * g.ldw1, g.ldw1, x_of, nt, g.H, gate);
-      warp_block_dots<DT, S, R>(w + (g.I + base) * g.ldw1, g.ldw1, x_of, nt, g.H, up);
+      warp_block_dots<DT, S, R>(w + base * g.ldw1, g.ldw1, xs, nt, g.H, gate);
+      warp_block_dots<DT, S, R>(w + (g.I + base) * g.ldw1, g.ldw1, xs, nt, g.H, up);
       // Lane (r, t) writes one result.
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -368,9 +373,11 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_gro
     if (c0 >= g.H) continue;
     for (int t0 = 0; t0 < n; t0 += kTokens) {
       const int nt = n - t0 < kTokens ? n - t0 : kTokens;
-      auto a_of = [&](int t) { return g.a + int64_t{list[t0 + t]} * g.I; };
+      const float* as[kTokens];
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) as[t] = g.a + int64_t{t < nt ? list[t0 + t] : 0} * g.I;
       float d[R][kTokens];
-      warp_block_dots<DT, float, R>(w + base * g.ldw2, g.ldw2, a_of, nt, g.I, d);
+      warp_block_dots<DT, float, R>(w + base * g.ldw2, g.ldw2, as, nt, g.I, d);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
