@@ -12,7 +12,9 @@
 
 namespace dispatch::cuda::moe_tu {
 
-inline constexpr int kUpRows = 2, kDownRows = 2;
+inline constexpr int kUpRows = 4, kDownRows = 2;
+/// Rows per block of the per-pair down kernel (every warp on all of them).
+inline constexpr int kPairDownRows = 4;
 static_assert(int64_t{moe::kWarps} * kDownRows == kMoeDownTile, "the grouped down kernel's tile");
 
 template <DType DT, bool VEC>
@@ -48,13 +50,13 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p) noexcept {
                   p.extra[0],
                   p.extra[1],
                   la.scalar[0]};
-  constexpr int64_t up_tile = int64_t{moe::kWarps} * kUpRows, down_tile = int64_t{moe::kWarps} * kDownRows;
+  constexpr int64_t up_tile = int64_t{moe::kWarps} * kUpRows;
   const dim3 gu(static_cast<unsigned>(P), static_cast<unsigned>((p.n + up_tile - 1) / up_tile));
-  const dim3 gd(static_cast<unsigned>(p.m), static_cast<unsigned>((p.k + down_tile - 1) / down_tile));
+  const dim3 gd(static_cast<unsigned>(p.m), static_cast<unsigned>((p.k + kPairDownRows - 1) / kPairDownRows));
   const LaunchScope on(la, p);
   port::Error e = port::launch(moe::moe_up_kernel<DT, kUpRows, VEC>, gu, dim3(moe::kThreads), on.stream, on.pdl, u);
   if (e != port::kSuccess) return port::status(e, "fused_moe up kernel launch");
-  e = port::launch(moe::moe_down_kernel<DT, kDownRows, VEC>, gd, dim3(moe::kThreads), on.stream, on.pdl, d);
+  e = port::launch(moe::moe_down_kernel<DT, kPairDownRows, VEC>, gd, dim3(moe::kThreads), on.stream, on.pdl, d);
   return port::status(e, "fused_moe down kernel launch");
 }
 
@@ -104,9 +106,9 @@ Status launch_grouped(const core::LaunchArgs& la, const core::Problem& p) noexce
 template <DType DT>
 void probe(KernelImage* out) noexcept {
   out[0] = image_of(moe::moe_up_kernel<DT, kUpRows, true>);
-  out[1] = image_of(moe::moe_down_kernel<DT, kDownRows, true>);
+  out[1] = image_of(moe::moe_down_kernel<DT, kPairDownRows, true>);
   out[2] = image_of(moe::moe_up_kernel<DT, kUpRows, false>);
-  out[3] = image_of(moe::moe_down_kernel<DT, kDownRows, false>);
+  out[3] = image_of(moe::moe_down_kernel<DT, kPairDownRows, false>);
   out[4] = image_of(moe::moe_up_grouped_kernel<DT, kUpRows>);
   out[5] = image_of(moe::moe_down_grouped_kernel<DT, kDownRows>);
 }

@@ -33,11 +33,19 @@ KDISPATCH_DEVICE_INLINE float act_of(float g, int act) {
   return act == 1 ? 0.5f * g * (1.f + erff(g * 0.70710678118654752f)) : g / (1.f + expf(-g));
 }
 
-/// R dot products of weight rows w + r * ldw (n elements) with the fp32 or
-/// T vector x (n elements), summed over the warp: lane 0's out[r] hold them.
-template <DType DT, class X, int R, bool VEC>
+/// R dot products of weight rows with the fp32 or T vector x (n elements),
+/// summed over the warp: every lane's out[r] holds them. The rows: w + r *
+/// ldw, or with HALF > 0 two groups, rows r < HALF at w + r * ldw and the
+/// rest at w + (gap + r - HALF) * ldw (gate and up rows, all loads in flight
+/// together).
+/// Rows past `last` (fewer rows than R in the matrix) read row `last` again.
+template <DType DT, class X, int R, bool VEC, int HALF = 0>
 KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ldw, const X* x, int64_t n,
-                                       float (&out)[R]) {
+                                       float (&out)[R], int64_t gap = 0, int last = R - 1) {
+  const typename Elem<DT>::S* rp[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rp[r] = w + (HALF == 0 || r < HALF ? int64_t{r < last ? r : last} : gap + r - HALF) * ldw;
+  auto row = [&](int r) { return rp[r]; };
   using E = Elem<DT>;
   const int lane = static_cast<int>(threadIdx.x) & 31;
 #pragma unroll
@@ -47,7 +55,7 @@ KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ld
     for (int64_t c = int64_t{lane} * V; c < n; c += 32 * V) {
       uint4 chunk[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) chunk[r] = *reinterpret_cast<const uint4*>(w + r * ldw + c);
+      for (int r = 0; r < R; ++r) chunk[r] = *reinterpret_cast<const uint4*>(row(r) + c);
       float xv[V];
       if constexpr (sizeof(X) == 4) {
         const float4 a = *reinterpret_cast<const float4*>(x + c), b = *reinterpret_cast<const float4*>(x + c + 4);
@@ -71,7 +79,7 @@ KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ld
       else
         xv = E::load1(reinterpret_cast<const typename E::S*>(x + c));
 #pragma unroll
-      for (int r = 0; r < R; ++r) out[r] = fmaf(E::load1(w + r * ldw + c), xv, out[r]);
+      for (int r = 0; r < R; ++r) out[r] = fmaf(E::load1(row(r) + c), xv, out[r]);
     }
   }
 #pragma unroll
@@ -107,10 +115,9 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_kerne
   const S* w = static_cast<const S*>(g.w1) + e * 2 * g.I * g.ldw1;
   // A partial last group of rows: its first rows again (their results unused).
   const int64_t base = i0 + R <= g.I ? i0 : g.I - R >= 0 ? g.I - R : 0;
-  float gate[R], up[R];
+  float both[2 * R];  // gate rows, then up rows
   if (g.I >= R) {
-    warp_dots<DT, S, R, VEC>(w + base * g.ldw1, g.ldw1, x, g.H, gate);
-    warp_dots<DT, S, R, VEC>(w + (g.I + base) * g.ldw1, g.ldw1, x, g.H, up);
+    warp_dots<DT, S, 2 * R, VEC, R>(w + base * g.ldw1, g.ldw1, x, g.H, both, g.I);
   } else {
     for (int64_t i = i0; i < g.I; ++i) {
       float g1[1], u1[1];
@@ -123,7 +130,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_kerne
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (base + r >= i0 && base + r < g.I) a[base + r] = act_of(gate[r], g.act) * up[r];
+      if (base + r >= i0 && base + r < g.I) a[base + r] = act_of(both[r], g.act) * both[R + r];
 }
 
 struct DownArgs {
@@ -137,47 +144,48 @@ struct DownArgs {
   float rsf;
 };
 
+/// moe_down: block (t, tile of R rows); its warps split the token's (choice
+/// j, slice of I) units, unit u to warp u % kWarps, each warp summing its
+/// units in order; the warps' sums are then added in warp order: a fixed
+/// order whatever the timing (deterministic). With top_k < kWarps, I is cut
+/// into kWarps / top_k slices so that every warp streams rows.
 template <DType DT, int R, bool VEC>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_kernel(DownArgs g) {
   port::grid_dependency_wait_and_release();
   using S = typename Elem<DT>::S;
+  __shared__ float part[kWarps][R];
   const int64_t t = blockIdx.x;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t c0 = (int64_t{blockIdx.y} * kWarps + warp) * R;
-  if (c0 >= g.H) return;
-  const int64_t base = c0 + R <= g.H ? c0 : g.H - R >= 0 ? g.H - R : 0;
-  const int rows = g.H >= R ? R : static_cast<int>(g.H - c0);
+  const int64_t c0 = int64_t{blockIdx.y} * R;
+  const int64_t base = c0 + R <= g.H ? c0 : g.H >= R ? g.H - R : 0;
+  const int last = static_cast<int>(g.H - 1 - base < R - 1 ? g.H - 1 - base : R - 1);  // H < R: rows repeat
+  const int64_t slices = g.top_k >= kWarps ? 1 : kWarps / g.top_k;
+  const int64_t slice = ((g.I + slices - 1) / slices + 7) / 8 * 8;  // a multiple of 8: 16-byte aligned starts
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
-  for (int64_t j = 0; j < g.top_k; ++j) {
+  for (int64_t u = warp; u < g.top_k * slices; u += kWarps) {
+    const int64_t j = u / slices, s0 = (u % slices) * slice;
     const int32_t e = g.ids[t * g.ldi + j];
-    if (e < 0 || e >= g.E) continue;
+    if (e < 0 || e >= g.E || s0 >= g.I) continue;
+    const int64_t len = g.I - s0 < slice ? g.I - s0 : slice;
     const float wt = g.tw[t * g.ldtw + j];
-    const float* a = g.a + (t * g.top_k + j) * g.I;
-    const S* w = static_cast<const S*>(g.w2) + e * g.H * g.ldw2;
-    if (g.H >= R) {
-      float d[R];
-      warp_dots<DT, float, R, VEC>(w + base * g.ldw2, g.ldw2, a, g.I, d);
+    const float* a = g.a + (t * g.top_k + j) * g.I + s0;
+    const S* w = static_cast<const S*>(g.w2) + e * g.H * g.ldw2 + s0;
+    float d[R];
+    warp_dots<DT, float, R, VEC>(w + base * g.ldw2, g.ldw2, a, len, d, 0, last);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(wt, d[r], acc[r]);
-    } else {
-      for (int r = 0; r < rows; ++r) {
-        float d[1];
-        warp_dots<DT, float, 1, VEC>(w + (c0 + r) * g.ldw2, g.ldw2, a, g.I, d);
-        acc[r] = fmaf(wt, d[0], acc[r]);
-      }
-    }
+    for (int r = 0; r < R; ++r) acc[r] = fmaf(wt, d[r], acc[r]);
   }
-  if (lane == 0) {
-    S* out = static_cast<S*>(g.out) + t * g.ldo;
-    if (g.H >= R) {
+  if (lane == 0)
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (base + r >= c0) Elem<DT>::store1(out + base + r, g.rsf * acc[r]);
-    } else {
-      for (int r = 0; r < rows; ++r) Elem<DT>::store1(out + c0 + r, g.rsf * acc[r]);
-    }
+    for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+  __syncthreads();
+  if (threadIdx.x < R && base + threadIdx.x >= c0 && base + threadIdx.x < g.H) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += part[w][threadIdx.x];
+    Elem<DT>::store1(static_cast<S*>(g.out) + t * g.ldo + base + threadIdx.x, g.rsf * sum);
   }
 }
 
