@@ -113,7 +113,7 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     // tiled, cuBLASLt, cuBLAS, reference) on CUDA, (skinny, hipBLASLt, reference) on HIP;
     // the fp8 ops on CUDA only: 3 GEMM layouts x (skinny_mma, cuBLASLt, reference) and 3
     // quantisation layouts x 3 input dtypes x (multiply, division); fused_moe on CUDA: 2
-    // dtypes x (grouped, decode, reference).
+    // dtypes x (pairs, experts, reference).
     // A build with KDISPATCH_TEST_OPS=ON adds the test-only family's
     // variants ("__test_" in the name, kernels/cuda/test/), not counted here.
     size_t product = 0;

@@ -2,10 +2,12 @@
 // kdispatch CUDA backend — fused_moe's variant list (kernels/cuda/fused_moe.hpp;
 // its list function is named by its row of kernels/gpu/ops.inc). Plain C++.
 //
-//   fused_moe_<dt>__grouped    the pairs grouped by expert: each touched
+//   fused_moe_<dt>__pairs      the two per-pair decode kernels with 16-byte
+//                              loads: the default
+//   fused_moe_<dt>__experts    the pairs grouped by expert: each touched
 //                              expert's rows read once per 8 of its pairs
-//                              (E <= 1024); the default from M * top_k >= 2E
-//   fused_moe_<dt>__decode     the two per-pair kernels with 16-byte loads
+//                              (E <= 1024); a candidate only (slower than
+//                              __pairs at every measured point, 2026-12-04)
 //                              (H and I multiples of 8, 16-byte aligned rows)
 //   fused_moe_<dt>__cuda_ref   the same kernels one element at a time: the
 //                              GPU reference the tuner validates against
@@ -80,10 +82,10 @@ Status supports(const core::Problem& p, const int64_t*, const DeviceInfo& dev) {
                                        .supports = &supports<Var, K>, \
                                        .launch = &launch<DT, K>,      \
                                        .workspace_bytes = &kWorkspace};
-KD_MOE_VARIANT(kMoeBf16Grouped, "fused_moe_bf16__grouped", DType::bf16, Kind::grouped, 0, grouped_workspace_bytes)
-KD_MOE_VARIANT(kMoeFp16Grouped, "fused_moe_fp16__grouped", DType::fp16, Kind::grouped, 0, grouped_workspace_bytes)
-KD_MOE_VARIANT(kMoeBf16Decode, "fused_moe_bf16__decode", DType::bf16, Kind::decode, 0, workspace_bytes)
-KD_MOE_VARIANT(kMoeFp16Decode, "fused_moe_fp16__decode", DType::fp16, Kind::decode, 0, workspace_bytes)
+KD_MOE_VARIANT(kMoeBf16Grouped, "fused_moe_bf16__experts", DType::bf16, Kind::grouped, 0, grouped_workspace_bytes)
+KD_MOE_VARIANT(kMoeFp16Grouped, "fused_moe_fp16__experts", DType::fp16, Kind::grouped, 0, grouped_workspace_bytes)
+KD_MOE_VARIANT(kMoeBf16Decode, "fused_moe_bf16__pairs", DType::bf16, Kind::decode, 0, workspace_bytes)
+KD_MOE_VARIANT(kMoeFp16Decode, "fused_moe_fp16__pairs", DType::fp16, Kind::decode, 0, workspace_bytes)
 KD_MOE_VARIANT(kMoeBf16Ref, "fused_moe_bf16__cuda_ref", DType::bf16, Kind::ref, core::kVariantReference,
                workspace_bytes)
 KD_MOE_VARIANT(kMoeFp16Ref, "fused_moe_fp16__cuda_ref", DType::fp16, Kind::ref, core::kVariantReference,
@@ -97,21 +99,17 @@ constexpr const core::VariantDef* kRows[] = {&kMoeBf16Grouped, &kMoeFp16Grouped,
 
 std::span<const core::VariantDef* const> fused_moe_variants() noexcept { return kRows; }
 
-/// Fewer pairs than two per expert (decode: most touched experts have one):
-/// the per-pair kernels; more: the grouped ones (each touched expert's
-/// weights read once per 8 pairs); either where its loads fit, else the
-/// element-wise ones.
+/// The per-pair kernels where their loads fit, else the element-wise ones.
+/// (The expert-grouped kernels read each expert's rows once, yet measured
+/// slower at every point on the H200, bench/results/h200_moe.md: they are a
+/// candidate for tuning, not the default.)
 core::Plan fused_moe_default(const core::Problem& p, const DeviceInfo& dev) noexcept {
   core::Plan plan;
   const bool bf16 = p.in_dtype == DType::bf16;
   if (!bf16 && p.in_dtype != DType::fp16) return plan;
-  const core::VariantDef& grouped = bf16 ? kMoeBf16Grouped : kMoeFp16Grouped;
   const core::VariantDef& vec = bf16 ? kMoeBf16Decode : kMoeFp16Decode;
   const core::VariantDef& ref = bf16 ? kMoeBf16Ref : kMoeFp16Ref;
-  if (p.m * p.extra[1] >= 2 * p.extra[0] && grouped.supports(p, plan.params, dev).ok())
-    plan.variant = &grouped;
-  else
-    plan.variant = vec.supports(p, plan.params, dev).ok() ? &vec : &ref;
+  plan.variant = vec.supports(p, plan.params, dev).ok() ? &vec : &ref;
   return plan;
 }
 
