@@ -17,90 +17,76 @@ inline constexpr int kUpRows = 4, kDownRows = 2;
 inline constexpr int kPairDownRows = 4;
 static_assert(int64_t{moe::kWarps} * kDownRows == kMoeDownTile, "the grouped down kernel's tile");
 
+/// The call's arguments; a, y and counters in the workspace (the grouped
+/// kernels' layout, moe_grouped_workspace_bytes; the per-pair ones use a).
+inline moe::MoeArgs args_of(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  char* ws = static_cast<char*>(la.workspace);
+  const int64_t P = p.m * p.extra[1], a_bytes = moe_round256(P * p.n * 4);
+  return moe::MoeArgs{la.data[core::kMoeArgHidden],
+                      la.data[core::kMoeArgW1],
+                      la.data[core::kMoeArgW2],
+                      static_cast<const int32_t*>(la.data[core::kMoeArgTopkIds]),
+                      static_cast<const float*>(la.data[core::kMoeArgTopkWeights]),
+                      reinterpret_cast<float*>(ws),
+                      reinterpret_cast<float*>(ws + a_bytes),
+                      reinterpret_cast<uint32_t*>(ws + a_bytes + moe_round256(P * p.k * 4)),
+                      la.data[core::kMoeArgOut],
+                      la.ld[core::kMoeArgHidden],
+                      la.ld[core::kMoeArgW1],
+                      la.ld[core::kMoeArgW2],
+                      la.ld[core::kMoeArgTopkIds],
+                      la.ld[core::kMoeArgTopkWeights],
+                      la.ld[core::kMoeArgOut],
+                      p.m,
+                      p.k,
+                      p.n,
+                      p.extra[0],
+                      p.extra[1],
+                      (p.k + kMoeDownTile - 1) / kMoeDownTile,
+                      static_cast<int>(la.scalar[1]),
+                      la.scalar[0]};
+}
+
+/// The workspace check of a launch needing `need` bytes.
+inline Status workspace_ok(const core::LaunchArgs& la, int64_t need, std::string_view what) noexcept {
+  if (la.workspace != nullptr && la.workspace_bytes >= need) return Status();
+  return core::needs_fallback("fused_moe: the workspace holds " + std::to_string(la.workspace_bytes) + " bytes, " +
+                              std::string(what) + " need " + std::to_string(need));
+}
+
+/// Both kernels on the call's stream.
+template <class Up, class Down>
+Status launch_two(const core::LaunchArgs& la, const core::Problem& p, Up up, dim3 gu, Down down, dim3 gd,
+                  const moe::MoeArgs& g) noexcept {
+  const LaunchScope on(la, p);
+  port::Error e = port::launch(up, gu, dim3(moe::kThreads), on.stream, on.pdl, g);
+  if (e != port::kSuccess) return port::status(e, "fused_moe up kernel launch");
+  e = port::launch(down, gd, dim3(moe::kThreads), on.stream, on.pdl, g);
+  return port::status(e, "fused_moe down kernel launch");
+}
+
 template <DType DT, bool VEC>
 Status launch(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   if (p.m < 1) return Status();
-  const int64_t P = p.m * p.extra[1];
-  if (la.workspace == nullptr || la.workspace_bytes < moe_decode_workspace_bytes(p))
-    return core::needs_fallback("fused_moe: the workspace holds " + std::to_string(la.workspace_bytes) +
-                                " bytes, the call needs " + std::to_string(moe_decode_workspace_bytes(p)));
-  moe::UpArgs u{la.data[core::kMoeArgHidden],
-                la.data[core::kMoeArgW1],
-                static_cast<const int32_t*>(la.data[core::kMoeArgTopkIds]),
-                static_cast<float*>(la.workspace),
-                la.ld[core::kMoeArgHidden],
-                la.ld[core::kMoeArgW1],
-                la.ld[core::kMoeArgTopkIds],
-                p.k,
-                p.n,
-                p.extra[0],
-                p.extra[1],
-                static_cast<int>(la.scalar[1])};
-  moe::DownArgs d{la.data[core::kMoeArgW2],
-                  static_cast<const int32_t*>(la.data[core::kMoeArgTopkIds]),
-                  static_cast<const float*>(la.data[core::kMoeArgTopkWeights]),
-                  static_cast<const float*>(la.workspace),
-                  la.data[core::kMoeArgOut],
-                  la.ld[core::kMoeArgW2],
-                  la.ld[core::kMoeArgTopkIds],
-                  la.ld[core::kMoeArgTopkWeights],
-                  la.ld[core::kMoeArgOut],
-                  p.k,
-                  p.n,
-                  p.extra[0],
-                  p.extra[1],
-                  la.scalar[0]};
+  if (Status s = workspace_ok(la, moe_decode_workspace_bytes(p), "the per-pair kernels"); !s.ok()) return s;
   constexpr int64_t up_tile = int64_t{moe::kWarps} * kUpRows;
-  const dim3 gu(static_cast<unsigned>(P), static_cast<unsigned>((p.n + up_tile - 1) / up_tile));
+  const dim3 gu(static_cast<unsigned>(p.m * p.extra[1]), static_cast<unsigned>((p.n + up_tile - 1) / up_tile));
   const dim3 gd(static_cast<unsigned>(p.m), static_cast<unsigned>((p.k + kPairDownRows - 1) / kPairDownRows));
-  const LaunchScope on(la, p);
-  port::Error e = port::launch(moe::moe_up_kernel<DT, kUpRows, VEC>, gu, dim3(moe::kThreads), on.stream, on.pdl, u);
-  if (e != port::kSuccess) return port::status(e, "fused_moe up kernel launch");
-  e = port::launch(moe::moe_down_kernel<DT, kPairDownRows, VEC>, gd, dim3(moe::kThreads), on.stream, on.pdl, d);
-  return port::status(e, "fused_moe down kernel launch");
+  return launch_two(la, p, moe::moe_up_kernel<DT, kUpRows, VEC>, gu, moe::moe_down_kernel<DT, kPairDownRows, VEC>, gd,
+                    args_of(la, p));
 }
 
 template <DType DT>
 Status launch_grouped(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   if (p.m < 1) return Status();
-  const int64_t need = moe_grouped_workspace_bytes(p), P = p.m * p.extra[1];
-  if (la.workspace == nullptr || la.workspace_bytes < need)
-    return core::needs_fallback("fused_moe: the workspace holds " + std::to_string(la.workspace_bytes) +
-                                " bytes, the grouped kernels need " + std::to_string(need));
-  char* ws = static_cast<char*>(la.workspace);
-  const int64_t tiles = (p.k + kMoeDownTile - 1) / kMoeDownTile;
-  moe::GroupedArgs g{la.data[core::kMoeArgHidden],
-                     la.data[core::kMoeArgW1],
-                     la.data[core::kMoeArgW2],
-                     static_cast<const int32_t*>(la.data[core::kMoeArgTopkIds]),
-                     static_cast<const float*>(la.data[core::kMoeArgTopkWeights]),
-                     reinterpret_cast<float*>(ws),
-                     reinterpret_cast<float*>(ws + moe_round256(P * p.n * 4)),
-                     reinterpret_cast<uint32_t*>(ws + moe_round256(P * p.n * 4) + moe_round256(P * p.k * 4)),
-                     la.data[core::kMoeArgOut],
-                     la.ld[core::kMoeArgHidden],
-                     la.ld[core::kMoeArgW1],
-                     la.ld[core::kMoeArgW2],
-                     la.ld[core::kMoeArgTopkIds],
-                     la.ld[core::kMoeArgTopkWeights],
-                     la.ld[core::kMoeArgOut],
-                     p.m,
-                     p.k,
-                     p.n,
-                     p.extra[0],
-                     p.extra[1],
-                     tiles,
-                     static_cast<int>(la.scalar[1]),
-                     la.scalar[0]};
-  const int64_t slots = P < p.extra[0] ? P : p.extra[0];
+  if (Status s = workspace_ok(la, moe_grouped_workspace_bytes(p), "the grouped kernels"); !s.ok()) return s;
+  const moe::MoeArgs g = args_of(la, p);
+  const int64_t P = p.m * p.extra[1], slots = P < p.extra[0] ? P : p.extra[0];
   constexpr int64_t up_tile = int64_t{moe::kWarps} * kUpRows;
   const dim3 gu(static_cast<unsigned>(slots), static_cast<unsigned>((p.n + up_tile - 1) / up_tile));
-  const dim3 gd(static_cast<unsigned>(slots), static_cast<unsigned>(tiles));
-  const LaunchScope on(la, p);
-  port::Error e = port::launch(moe::moe_up_grouped_kernel<DT, kUpRows>, gu, dim3(moe::kThreads), on.stream, on.pdl, g);
-  if (e != port::kSuccess) return port::status(e, "fused_moe grouped up kernel launch");
-  e = port::launch(moe::moe_down_grouped_kernel<DT, kDownRows>, gd, dim3(moe::kThreads), on.stream, on.pdl, g);
-  return port::status(e, "fused_moe grouped down kernel launch");
+  const dim3 gd(static_cast<unsigned>(slots), static_cast<unsigned>(g.down_tiles));
+  return launch_two(la, p, moe::moe_up_grouped_kernel<DT, kUpRows>, gu, moe::moe_down_grouped_kernel<DT, kDownRows>, gd,
+                    g);
 }
 
 template <DType DT>

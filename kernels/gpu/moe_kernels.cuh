@@ -33,6 +33,17 @@ KDISPATCH_DEVICE_INLINE float act_of(float g, int act) {
   return act == 1 ? 0.5f * g * (1.f + erff(g * 0.70710678118654752f)) : g / (1.f + expf(-g));
 }
 
+/// 8 consecutive values of an fp32 or T vector (16- or 32-byte aligned) as floats.
+template <DType DT, class X>
+KDISPATCH_DEVICE_INLINE void load8(const X* x, float (&xv)[8]) {
+  if constexpr (sizeof(X) == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+  } else {
+    Elem<DT>::unpack(*reinterpret_cast<const uint4*>(x), xv);
+  }
+}
+
 /// R dot products of weight rows with the fp32 or T vector x (n elements),
 /// summed over the warp: every lane's out[r] holds them. The rows: w + r *
 /// ldw, or with HALF > 0 two groups, rows r < HALF at w + r * ldw and the
@@ -57,12 +68,7 @@ KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ld
 #pragma unroll
       for (int r = 0; r < R; ++r) chunk[r] = *reinterpret_cast<const uint4*>(row(r) + c);
       float xv[V];
-      if constexpr (sizeof(X) == 4) {
-        const float4 a = *reinterpret_cast<const float4*>(x + c), b = *reinterpret_cast<const float4*>(x + c + 4);
-        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-      } else {
-        E::unpack(*reinterpret_cast<const uint4*>(x + c), xv);
-      }
+      load8<DT>(x + c, xv);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wv[V];
@@ -86,18 +92,27 @@ KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ld
   for (int r = 0; r < R; ++r) out[r] = port::warp_sum(out[r]);
 }
 
-struct UpArgs {
+/// One call's arguments, every kernel of the family (the per-pair ones use
+/// a, not y and the counters).
+struct MoeArgs {
   const void* hidden;
   const void* w1;
+  const void* w2;
   const int32_t* ids;
-  float* a;  ///< workspace [P, I]
-  int64_t ldh, ldw1, ldi;
-  int64_t H, I, E, top_k;
+  const float* tw;
+  float* a;            ///< workspace [P, I]
+  float* y;            ///< workspace [P, H]
+  uint32_t* counters;  ///< workspace [ceil(H / down tile)]
+  void* out;
+  int64_t ldh, ldw1, ldw2, ldi, ldtw, ldo;
+  int64_t M, H, I, E, top_k;
+  int64_t down_tiles;
   int act;
+  float rsf;
 };
 
 template <DType DT, int R, bool VEC>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_kernel(UpArgs g) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_kernel(MoeArgs g) {
   port::grid_dependency_wait_and_release();
   using S = typename Elem<DT>::S;
   const int64_t p = blockIdx.x, t = p / g.top_k, j = p % g.top_k;
@@ -133,24 +148,13 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_kerne
       if (base + r >= i0 && base + r < g.I) a[base + r] = act_of(both[r], g.act) * both[R + r];
 }
 
-struct DownArgs {
-  const void* w2;
-  const int32_t* ids;
-  const float* tw;
-  const float* a;  ///< workspace [P, I]
-  void* out;
-  int64_t ldw2, ldi, ldtw, ldo;
-  int64_t H, I, E, top_k;
-  float rsf;
-};
-
 /// moe_down: block (t, tile of R rows); its warps split the token's (choice
 /// j, slice of I) units, unit u to warp u % kWarps, each warp summing its
 /// units in order; the warps' sums are then added in warp order: a fixed
 /// order whatever the timing (deterministic). With top_k < kWarps, I is cut
 /// into kWarps / top_k slices so that every warp streams rows.
 template <DType DT, int R, bool VEC>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_kernel(DownArgs g) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_kernel(MoeArgs g) {
   port::grid_dependency_wait_and_release();
   using S = typename Elem<DT>::S;
   __shared__ float part[kWarps][R];
@@ -281,12 +285,7 @@ KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int6
       if (t >= n) break;
       const X* x = xs[t];
       float xv[V];
-      if constexpr (sizeof(X) == 4) {
-        const float4 a = *reinterpret_cast<const float4*>(x + c), b = *reinterpret_cast<const float4*>(x + c + 4);
-        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-      } else {
-        E::unpack(*reinterpret_cast<const uint4*>(x + c), xv);
-      }
+      load8<DT>(x + c, xv);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -300,25 +299,8 @@ KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int6
       if (t < n) out[r][t] = port::warp_sum(out[r][t]);
 }
 
-struct GroupedArgs {
-  const void* hidden;
-  const void* w1;
-  const void* w2;
-  const int32_t* ids;
-  const float* tw;
-  float* a;            ///< workspace [P, I]
-  float* y;            ///< workspace [P, H]
-  uint32_t* counters;  ///< workspace [ceil(H / down tile)]
-  void* out;
-  int64_t ldh, ldw1, ldw2, ldi, ldtw, ldo;
-  int64_t M, H, I, E, top_k;
-  int64_t down_tiles;
-  int act;
-  float rsf;
-};
-
 template <DType DT, int R>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_grouped_kernel(GroupedArgs g) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_grouped_kernel(MoeArgs g) {
   port::grid_dependency_wait_and_release();
   using S = typename Elem<DT>::S;
   if (blockIdx.x == 0 && blockIdx.y == 0)
@@ -356,7 +338,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_group
 }
 
 template <DType DT, int R>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_grouped_kernel(GroupedArgs g) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_grouped_kernel(MoeArgs g) {
   port::grid_dependency_wait_and_release();
   using S = typename Elem<DT>::S;
   int n_distinct = 0;
