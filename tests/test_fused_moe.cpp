@@ -156,6 +156,26 @@ TEST_CASE("fused_moe: errors name the argument: block scales, a strided expert b
   s = fused_moe(*rt, t.args(1.f, 2));
   CHECK(s.message() == "activation: must be one of 0 (silu), 1 (gelu), got 2.000000");
   CHECK(fused_moe(*rt, t.args(0.f)).message().rfind("routed_scaling_factor: must be > 0", 0) == 0);
+  // A fractional activation is refused, never truncated to a label (0.5 is not silu).
+  {
+    const float sc[2] = {1.f, 0.5f};
+    std::vector<TensorRef> ts;
+    const FusedMoeArgs f = t.args();
+    for (const TensorRef* r : {&f.hidden, &f.w1, &f.w2, &f.topk_weights, &f.topk_ids, &f.out, &f.w1_scale, &f.w2_scale})
+      ts.push_back(*r);
+    s = call_op(*rt, "fused_moe", ts, sc);
+    CHECK(s.message() == "activation: must be one of 0 (silu), 1 (gelu), got -1.000000");
+  }
+  // bf16 activations with fp32 weights: no variant computes it, refused (never run on the wrong bits).
+  {
+    std::vector<uint16_t> hb(2, 0x3f80), ob(2, 0);
+    a = t.args();
+    a.hidden = make_tensor_2d(hb.data(), DType::bf16, 1, 2, 2);
+    a.out = make_tensor_2d(ob.data(), DType::bf16, 1, 2, 2);
+    s = fused_moe(*rt, a);
+    CHECK(s.code() == StatusCode::unsupported_problem);
+    CHECK(ob[0] == 0);
+  }
   // topk_ids with another top_k than topk_weights; w2 of another I than w1.
   a = t.args();
   a.topk_ids = make_tensor_2d(t.ids.data(), DType::int32, 2, 1, 1);

@@ -233,7 +233,8 @@ void fast_and_detailed_agree(ArgsPaths via_args) {
 /// int (a value no int holds: -1, as the generic entry points make it).
 template <class T>
 T scalar_as(float v) {
-  if constexpr (std::is_same_v<T, int32_t>) return v >= -1.f && v <= 255.f ? static_cast<int32_t>(v) : -1;
+  if constexpr (std::is_same_v<T, int32_t>)
+    return v >= 0.f && v <= 255.f && v == static_cast<float>(static_cast<int32_t>(v)) ? static_cast<int32_t>(v) : -1;
   return static_cast<T>(v);
 }
 

@@ -227,8 +227,10 @@ struct QuantFp8GroupArgs : QuantFp8Args {};
 ///   128-wide group (quant_fp8_group's rule) before each GEMM.
 /// - routed_scaling_factor: > 0 (DeepSeek's; 1 for most models).
 /// - activation: 0 silu (default), 1 gelu (erf), SGLang's `activation`.
-/// The GPU path takes a workspace (CallOptions / attach_stream) sized for
-/// the largest M by moe_workspace_bytes; the CPU needs none.
+/// The GPU path takes a 16-byte aligned workspace (CallOptions::workspace
+/// or Runtime::attach_stream) of at least M * top_k * I * 4 bytes for the
+/// largest M (the per-pair decode kernels, the default); a smaller one is
+/// refused, naming the bytes needed. The CPU needs none.
 struct FusedMoeArgs {
   TensorRef hidden;
   TensorRef w1;

@@ -268,6 +268,9 @@ core::Plan fused_moe_default(const core::Problem& p, const DeviceInfo&) noexcept
   }
   const int64_t per_expert = p.extra[0] > 0 ? p.m * p.extra[1] / p.extra[0] : 1;
   plan.params[kMoeBlockM] = per_expert >= 16 ? 16 : per_expert >= 4 ? 4 : 1;
+  // A dtype combination the variant does not compute (fp16 hidden with
+  // bf16 weights): no plan, so the call is refused, never run on the wrong bits.
+  if (!check_problem(*plan.variant, p).ok()) return {};
   return plan;
 }
 

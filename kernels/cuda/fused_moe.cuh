@@ -49,7 +49,8 @@ inline moe::MoeArgs args_of(const core::LaunchArgs& la, const core::Problem& p) 
 
 /// The workspace check of a launch needing `need` bytes.
 inline Status workspace_ok(const core::LaunchArgs& la, int64_t need, std::string_view what) noexcept {
-  if (la.workspace != nullptr && la.workspace_bytes >= need) return Status();
+  if (la.workspace != nullptr && la.workspace_bytes >= need && (reinterpret_cast<uintptr_t>(la.workspace) & 15u) == 0)
+    return Status();
   return core::needs_fallback("fused_moe: the workspace holds " + std::to_string(la.workspace_bytes) + " bytes, " +
                               std::string(what) + " need " + std::to_string(need));
 }

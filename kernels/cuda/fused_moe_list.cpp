@@ -110,6 +110,7 @@ core::Plan fused_moe_default(const core::Problem& p, const DeviceInfo& dev) noex
   const core::VariantDef& vec = bf16 ? kMoeBf16Decode : kMoeFp16Decode;
   const core::VariantDef& ref = bf16 ? kMoeBf16Ref : kMoeFp16Ref;
   plan.variant = vec.supports(p, plan.params, dev).ok() ? &vec : &ref;
+  if (plan.variant == &ref && !ref.supports(p, plan.params, dev).ok()) return {};  // e.g. fp16 hidden, bf16 weights
   return plan;
 }
 

@@ -479,7 +479,8 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
         const core::KeyField* f = nullptr;
         for (const core::KeyField& k : spec.fields)
           if (k.kind == core::FieldKind::flag && k.name == name) f = &k;
-        csv += f && p.has_bias ? "," + std::string(f->flag_text) : std::string(",false");
+        const std::string text(f && p.has_bias ? f->flag_text : std::string_view("false"));
+        csv += text.find(',') == std::string::npos ? "," + text : ",\"" + text + "\"";  // [128,128]: quoted
       }
       for (size_t i = 0; i < choice_cols.size(); ++i) csv += "," + std::string(core::choice_label(spec, p.choice));
       csv += "," + std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) +

@@ -240,8 +240,9 @@ struct VariantDef {
   /// Scratch device memory (bytes) a launch of (problem, params) needs in
   /// LaunchArgs::workspace, or null for none beyond what the op's spec
   /// says (OpSpec::uses_workspace). Depends on p.m: the caller sizes a
-  /// buffer for its largest M. The tuner gives each candidate this much;
-  /// a call whose workspace is smaller falls back (kNeedsFallbackCode).
+  /// buffer for its largest M; a call whose workspace is smaller falls back
+  /// (kNeedsFallbackCode). (The tuner still gives every candidate its fixed
+  /// 32 MiB GPU workspace: sizing it from here is issue 35's tuning step.)
   int64_t (*workspace_bytes)(const Problem& p, const int64_t* params) = nullptr;
 };
 

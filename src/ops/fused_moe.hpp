@@ -195,9 +195,10 @@ inline constexpr OpSpec kSpec{
     .in_dtype_slot = kMoeArgW1,
     .out_dtype_slot = kMoeArgOut,
     .same_dtype = kSameDType,
-    .positive = {.slot = kMoeArgW2,
-                 .dims = (1u << int(Dim::n)) | (1u << int(Dim::k)) | (1u << int(Dim::extra0)),
-                 .text = "E, H and I must be >= 1, got "},
+    .positive = {.slot = kMoeArgTopkIds,
+                 .dims =
+                     (1u << int(Dim::n)) | (1u << int(Dim::k)) | (1u << int(Dim::extra0)) | (1u << int(Dim::extra1)),
+                 .text = "E, H, I and top_k must be >= 1, got "},
     .dim_names = {"", "M", "I", "H", "E", "top_k"},
     .align_slots = (1u << kMoeArgHidden) | (1u << kMoeArgW1) | (1u << kMoeArgW2) | (1u << kMoeArgOut),
     .uses_workspace = true,

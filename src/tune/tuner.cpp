@@ -159,6 +159,8 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
   for (size_t j = 0; j < spec.scalars.size(); ++j)
     out->la.scalar[j] = spec.scalars[j].kind == core::ScalarKind::accum
                             ? (ev.problem.accum == core::Accum::fast ? 1.f : 0.f)  // the problem's switch
+                        : spec.scalars[j].kind == core::ScalarKind::choice
+                            ? static_cast<float>(ev.problem.choice)  // and its choice (activation)
                             : spec.scalars[j].default_value;
   return Status();
 }
