@@ -16,35 +16,41 @@ inline constexpr int kUpRows = 4, kDownRows = 2;
 /// Rows per block of the per-pair down kernel (every warp on all of them).
 inline constexpr int kPairDownRows = 4;
 static_assert(int64_t{moe::kWarps} * kDownRows == kMoeDownTile, "the grouped down kernel's tile");
+static_assert(moe::kSplitDownRows == kMoeSplitDownRows && moe::kSplitRows == 8,
+              "the list's checks of the split kernels");
 
 /// The call's arguments; a, y and counters in the workspace (the grouped
 /// kernels' layout, moe_grouped_workspace_bytes; the per-pair ones use a).
 inline moe::MoeArgs args_of(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   char* ws = static_cast<char*>(la.workspace);
   const int64_t P = p.m * p.extra[1], a_bytes = moe_round256(P * p.n * 4);
-  return moe::MoeArgs{la.data[core::kMoeArgHidden],
-                      la.data[core::kMoeArgW1],
-                      la.data[core::kMoeArgW2],
-                      static_cast<const int32_t*>(la.data[core::kMoeArgTopkIds]),
-                      static_cast<const float*>(la.data[core::kMoeArgTopkWeights]),
-                      reinterpret_cast<float*>(ws),
-                      reinterpret_cast<float*>(ws + a_bytes),
-                      reinterpret_cast<uint32_t*>(ws + a_bytes + moe_round256(P * p.k * 4)),
-                      la.data[core::kMoeArgOut],
-                      la.ld[core::kMoeArgHidden],
-                      la.ld[core::kMoeArgW1],
-                      la.ld[core::kMoeArgW2],
-                      la.ld[core::kMoeArgTopkIds],
-                      la.ld[core::kMoeArgTopkWeights],
-                      la.ld[core::kMoeArgOut],
-                      p.m,
-                      p.k,
-                      p.n,
-                      p.extra[0],
-                      p.extra[1],
-                      (p.k + kMoeDownTile - 1) / kMoeDownTile,
-                      static_cast<int>(la.scalar[1]),
-                      la.scalar[0]};
+  moe::MoeArgs g{la.data[core::kMoeArgHidden],
+                 la.data[core::kMoeArgW1],
+                 la.data[core::kMoeArgW2],
+                 static_cast<const int32_t*>(la.data[core::kMoeArgTopkIds]),
+                 static_cast<const float*>(la.data[core::kMoeArgTopkWeights]),
+                 reinterpret_cast<float*>(ws),
+                 reinterpret_cast<float*>(ws + a_bytes),
+                 reinterpret_cast<uint32_t*>(ws + a_bytes + moe_round256(P * p.k * 4)),
+                 la.data[core::kMoeArgOut],
+                 la.ld[core::kMoeArgHidden],
+                 la.ld[core::kMoeArgW1],
+                 la.ld[core::kMoeArgW2],
+                 la.ld[core::kMoeArgTopkIds],
+                 la.ld[core::kMoeArgTopkWeights],
+                 la.ld[core::kMoeArgOut],
+                 p.m,
+                 p.k,
+                 p.n,
+                 p.extra[0],
+                 p.extra[1],
+                 (p.k + kMoeDownTile - 1) / kMoeDownTile,
+                 static_cast<int>(la.scalar[1]),
+                 la.scalar[0]};
+  g.s1 = static_cast<const float*>(la.data[core::kMoeArgW1Scale]);
+  g.s2 = static_cast<const float*>(la.data[core::kMoeArgW2Scale]);
+  g.lds1 = la.ld[core::kMoeArgW1Scale], g.lds2 = la.ld[core::kMoeArgW2Scale];
+  return g;
 }
 
 /// The workspace check of a launch needing `need` bytes.
@@ -90,6 +96,29 @@ Status launch_grouped(const core::LaunchArgs& la, const core::Problem& p) noexce
                     g);
 }
 
+/// The split kernels (weights W, activations X; moe_kernels.cuh): I a
+/// multiple of kSplitRows, H of kSplitDownRows (the list checks).
+template <DType W, DType X>
+Status launch_split(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  if (p.m < 1) return Status();
+  if (Status s = workspace_ok(la, moe_decode_workspace_bytes(p), "the split kernels"); !s.ok()) return s;
+  const dim3 gu(static_cast<unsigned>(p.m * p.extra[1]), static_cast<unsigned>(p.n / moe::kSplitRows));
+  const dim3 gd(static_cast<unsigned>(p.m), static_cast<unsigned>(p.k / moe::kSplitDownRows));
+  return launch_two(la, p, moe::moe_up_split_kernel<W, X>, gu, moe::moe_down_split_kernel<W, X>, gd, args_of(la, p));
+}
+
+/// Block fp8's reference kernels (one thread per output).
+template <DType X>
+Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  if (p.m < 1) return Status();
+  if (Status s = workspace_ok(la, moe_decode_workspace_bytes(p), "the reference kernels"); !s.ok()) return s;
+  const int64_t up = (p.m * p.extra[1] * p.n + moe::kThreads - 1) / moe::kThreads;
+  const int64_t down = (p.m * p.k + moe::kThreads - 1) / moe::kThreads;
+  if (up > 0x7fffffff || down > 0x7fffffff) return core::needs_fallback("fused_moe fp8 reference: too many outputs");
+  return launch_two(la, p, moe::moe_up_fp8_ref_kernel<X>, dim3(static_cast<unsigned>(up)),
+                    moe::moe_down_fp8_ref_kernel<X>, dim3(static_cast<unsigned>(down)), args_of(la, p));
+}
+
 template <DType DT>
 void probe(KernelImage* out) noexcept {
   out[0] = image_of(moe::moe_up_kernel<DT, kUpRows, true>);
@@ -98,6 +127,8 @@ void probe(KernelImage* out) noexcept {
   out[3] = image_of(moe::moe_down_kernel<DT, kPairDownRows, false>);
   out[4] = image_of(moe::moe_up_grouped_kernel<DT, kUpRows>);
   out[5] = image_of(moe::moe_down_grouped_kernel<DT, kDownRows>);
+  out[6] = image_of(moe::moe_up_split_kernel<DT, DT>);
+  out[7] = image_of(moe::moe_down_split_kernel<DT, DT>);
 }
 
 }  // namespace dispatch::cuda::moe_tu
@@ -109,6 +140,9 @@ void probe(KernelImage* out) noexcept {
   }                                                                                                        \
   Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {      \
     return moe_tu::launch_grouped<DType::dt>(la, p);                                                       \
+  }                                                                                                        \
+  Status launch_fused_moe_split_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {        \
+    return moe_tu::launch_split<DType::dt, DType::dt>(la, p);                                              \
   }                                                                                                        \
   void probe_fused_moe_##dt(KernelImage* out, const ProbeEnv&) noexcept { moe_tu::probe<DType::dt>(out); } \
   }

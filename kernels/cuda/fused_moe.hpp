@@ -17,9 +17,11 @@ namespace dispatch::cuda {
 
 /// Threads per block of both kernels.
 inline constexpr int kMoeThreads = 256;
-/// Kernel images per TU: [0] up, [1] down (vector loads); [2] up, [3] down
-/// (one element at a time); [4] up, [5] down (grouped by expert).
-inline constexpr int kMoeImages = 6;
+/// Kernel images of the bf16/fp16 TUs: [0] up, [1] down (vector loads); [2]
+/// up, [3] down (one element at a time); [4] up, [5] down (grouped by
+/// expert); [6] up, [7] down (split over K). The fp8 TU: [0] up, [1] down
+/// (split over K); [2] up, [3] down (its reference).
+inline constexpr int kMoeImages = 8;
 
 /// The workspace a launch needs: the activated intermediate [M * top_k, I] in fp32.
 constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept { return p.m * p.extra[1] * p.n * 4; }
@@ -33,6 +35,8 @@ constexpr int64_t moe_grouped_workspace_bytes(const core::Problem& p) noexcept {
   const int64_t P = p.m * p.extra[1];
   return moe_round256(P * p.n * 4) + moe_round256(P * p.k * 4) + ((p.k + kMoeDownTile - 1) / kMoeDownTile) * 4;
 }
+/// Output rows per block of the split down kernel (H a multiple of it).
+inline constexpr int64_t kMoeSplitDownRows = 16;
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;
 
@@ -41,6 +45,13 @@ inline constexpr int64_t kMoeMaxExperts = 1024;
 /// multiple of 8 elements, 16-byte aligned), else one element at a time.
 Status launch_fused_moe_bf16(const core::LaunchArgs& la, const core::Problem& p, bool vec) noexcept;
 Status launch_fused_moe_fp16(const core::LaunchArgs& la, const core::Problem& p, bool vec) noexcept;
+/// The split kernels (moe_kernels.cuh; I a multiple of 8, H of 16, 16-byte
+/// aligned rows): bf16 or fp16 throughout, or (fp8) e4m3fn weights with
+/// block scales and bf16 activations; and block fp8's reference kernels.
+Status launch_fused_moe_split_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_fused_moe_split_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_fused_moe_split_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// The grouped kernels (16-byte loads only).
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;

@@ -20,6 +20,7 @@
 
 #include "cuda/gemm_skinny_mma.cuh"
 #include "cuda/fp8_launch.hpp"
+#include "gpu/elem.cuh"
 #include "gpu/fp8_plan.hpp"
 #include "ops/gemm_fp8.hpp"
 
@@ -28,17 +29,6 @@ namespace dispatch::cuda::gemm_fp8 {
 using gemm::Args;
 using gemm_skinny_mma::ScaleArgs;
 using gemm_skinny_mma::Scales;
-
-/// e4m3fn bits -> float, exactly (NaN codes to NaN).
-KDISPATCH_DEVICE_INLINE float e4m3_to_float(uint32_t v) {
-  const uint32_t s = (v & 0x80u) << 24, e = (v >> 3) & 15u, m = v & 7u;
-  if (e == 15u && m == 7u) return __uint_as_float(0x7fc00000u | s);
-  if (e == 0u) {  // subnormal: m * 2^-9
-    const float f = static_cast<float>(m) * 0x1p-9f;
-    return s ? -f : f;
-  }
-  return __uint_as_float(s | ((e + 120u) << 23) | (m << 20));
-}
 
 template <Scales SC>
 KDISPATCH_DEVICE_INLINE float group_scale(const ScaleArgs& sc, int64_t m, int64_t n, int64_t kb) {

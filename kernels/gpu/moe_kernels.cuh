@@ -109,6 +109,9 @@ struct MoeArgs {
   int64_t down_tiles;
   int act;
   float rsf;
+  const float* s1 = nullptr;  ///< block fp8: w1_scale [E * ceil(2I/128), lds1]
+  const float* s2 = nullptr;  ///< block fp8: w2_scale [E * ceil(H/128), lds2]
+  int64_t lds1 = 0, lds2 = 0;
 };
 
 template <DType DT, int R, bool VEC>
@@ -191,6 +194,277 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_ker
     for (int w = 0; w < kWarps; ++w) sum += part[w][threadIdx.x];
     Elem<DT>::store1(static_cast<S*>(g.out) + t * g.ldo + base + threadIdx.x, g.rsf * sum);
   }
+}
+
+// ------------------------------------------------------------------ split over K
+//
+//   moe_up_split    grid (P, I / kSplitRows): block (p, tile) computes the
+//                   tile's kSplitRows gate and up rows for pair p; its warps
+//                   take the 256-element steps of H in turn (step s to warp
+//                   s % kWarps, so that a short grid still has every warp
+//                   streaming), then add their sums in warp order and write
+//                   a[p, i] = act(gate) * up in fp32 to the workspace [P, I].
+//   moe_down_split  grid (M, H / kSplitDownRows): block (t, tile): its warps
+//                   take the token's (choice j, 256-element step of I) units
+//                   in turn, each adding topk_weights[t, j] * (rows · a) in
+//                   unit order; the warps' sums are added in warp order (a
+//                   fixed order: deterministic), times routed_scaling_factor.
+// A lane reads 8 consecutive weights of each row per step (16 bytes, or 8
+// for fp8) and 8 activations, every row's load issued before the FMAs.
+//
+// Block fp8 (W = fp8_e4m3fn, X the activations' dtype): a step's 256
+// elements are two 128-groups (lanes 0-15 and 16-31); the activations are
+// quantised per group as the op does (amax over the half-warp, scale =
+// max(amax, 1e-10) / 448, e4m3fn round to nearest even) and each lane's
+// products, exact in fp32, join its sums times w_scale * scale (a tile's
+// rows lie in one 128-row block of the weight scales).
+
+inline constexpr int kSplitRows = 8, kSplitDownRows = 16, kSplitStep = 32 * 8;
+
+/// The weights of the split kernels: 8 consecutive elements of a row.
+template <DType W>
+struct WeightRow {
+  using S = typename Elem<W>::S;
+  using Raw = uint4;
+  static constexpr bool kFp8 = false;
+  static KDISPATCH_DEVICE_INLINE void widen(const Raw& r, float (&f)[8]) { Elem<W>::unpack(r, f); }
+};
+template <>
+struct WeightRow<DType::fp8_e4m3fn> {
+  using S = uint8_t;
+  using Raw = uint2;
+  static constexpr bool kFp8 = true;
+  static KDISPATCH_DEVICE_INLINE void widen(const Raw& r, float (&f)[8]) {
+    const uint32_t w[2] = {r.x, r.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = e4m3x2_to_float2(w[i >> 1] >> (16 * (i & 1)));
+      f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+  }
+};
+
+/// Max over each half of a warp (lanes 0-15, 16-31).
+KDISPATCH_DEVICE_INLINE float half_warp_max(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) {
+#if KDISPATCH_GPU_HIP
+    v = fmaxf(v, __shfl_xor(v, o));
+#else
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+#endif
+  }
+  return v;
+}
+
+/// Block fp8: xv (this lane's 8 activations of a 128-group) quantised in
+/// place to e4m3fn values; returns the group's scale. Every lane of the
+/// warp takes part (a lane past the end holds zeros).
+KDISPATCH_DEVICE_INLINE float quantise8(float (&xv)[8]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int v = 0; v < 8; ++v) amax = fmaxf(amax, fabsf(xv[v]));
+  const float scale = fmaxf(half_warp_max(amax), 1e-10f) / 448.f, inv = 1.f / scale;
+#pragma unroll
+  for (int v = 0; v < 8; v += 2) {
+    const float2 q = e4m3_round2(xv[v] * inv, xv[v + 1] * inv);
+    xv[v] = q.x, xv[v + 1] = q.y;
+  }
+  return scale;
+}
+
+template <int N>
+KDISPATCH_DEVICE_INLINE float dot8(const float (&a)[N], const float (&b)[N]) {
+  float d = 0.f;
+#pragma unroll
+  for (int v = 0; v < N; ++v) d = fmaf(a[v], b[v], d);
+  return d;
+}
+
+template <DType W, DType X>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_split_kernel(MoeArgs g) {
+  port::grid_dependency_wait_and_release();
+  constexpr int R = kSplitRows;
+  using WR = WeightRow<W>;
+  __shared__ float part[kWarps][2 * R];
+  const int64_t p = blockIdx.x, t = p / g.top_k, j = p % g.top_k;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t i0 = int64_t{blockIdx.y} * R;
+  const int32_t e = g.ids[t * g.ldi + j];
+  if (e < 0 || e >= g.E) return;  // the whole block: the down kernel skips the pair
+  const auto* x = static_cast<const typename Elem<X>::S*>(g.hidden) + t * g.ldh;
+  const auto* w = static_cast<const typename WR::S*>(g.w1) + (e * 2 * g.I + i0) * g.ldw1;
+  const int64_t up = g.I * g.ldw1;  // gate row i -> up row I + i
+  const float *sg = nullptr, *su = nullptr;
+  if constexpr (WR::kFp8) {
+    const int64_t blocks = (2 * g.I + 127) / 128;
+    sg = g.s1 + (e * blocks + i0 / 128) * g.lds1;
+    su = g.s1 + (e * blocks + (g.I + i0) / 128) * g.lds1;
+  }
+  float acc[2 * R];
+#pragma unroll
+  for (int r = 0; r < 2 * R; ++r) acc[r] = 0.f;
+  for (int64_t s0 = int64_t{warp} * kSplitStep; s0 < g.H; s0 += int64_t{kWarps} * kSplitStep) {
+    const int64_t c = s0 + lane * 8;
+    const bool ok = c < g.H;
+    typename WR::Raw raw[2 * R];
+    float xv[8];
+#pragma unroll
+    for (int v = 0; v < 8; ++v) xv[v] = 0.f;
+    if (ok) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        raw[r] = *reinterpret_cast<const typename WR::Raw*>(w + r * g.ldw1 + c);
+        raw[R + r] = *reinterpret_cast<const typename WR::Raw*>(w + up + r * g.ldw1 + c);
+      }
+      load8<X>(x + c, xv);
+    }
+    float cg = 1.f, cu = 1.f;
+    if constexpr (WR::kFp8) {
+      const float scale = quantise8(xv);
+      if (ok) cg = sg[c / 128] * scale, cu = su[c / 128] * scale;
+    }
+    if (!ok) continue;
+#pragma unroll
+    for (int r = 0; r < 2 * R; ++r) {
+      float wv[8];
+      WR::widen(raw[r], wv);
+      if constexpr (WR::kFp8)
+        acc[r] = fmaf(dot8(wv, xv), r < R ? cg : cu, acc[r]);
+      else
+        acc[r] += dot8(wv, xv);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2 * R; ++r) acc[r] = port::warp_sum(acc[r]);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < 2 * R; ++r) part[warp][r] = acc[r];
+  __syncthreads();
+  if (threadIdx.x < R) {
+    float gate = 0.f, upv = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) gate += part[k][threadIdx.x], upv += part[k][R + threadIdx.x];
+    g.a[p * g.I + i0 + threadIdx.x] = act_of(gate, g.act) * upv;
+  }
+}
+
+template <DType W, DType X>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_split_kernel(MoeArgs g) {
+  port::grid_dependency_wait_and_release();
+  constexpr int R = kSplitDownRows;
+  using WR = WeightRow<W>;
+  __shared__ float part[kWarps][R];
+  const int64_t t = blockIdx.x, c0 = int64_t{blockIdx.y} * R;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t steps = (g.I + kSplitStep - 1) / kSplitStep;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int64_t u = warp; u < g.top_k * steps; u += kWarps) {
+    const int64_t j = u / steps, c = (u % steps) * kSplitStep + lane * 8;
+    const int32_t e = g.ids[t * g.ldi + j];
+    if (e < 0 || e >= g.E) continue;  // the whole warp
+    const bool ok = c < g.I;
+    typename WR::Raw raw[R];
+    float av[8];
+#pragma unroll
+    for (int v = 0; v < 8; ++v) av[v] = 0.f;
+    if (ok) {
+      const auto* w = static_cast<const typename WR::S*>(g.w2) + (e * g.H + c0) * g.ldw2 + c;
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[r] = *reinterpret_cast<const typename WR::Raw*>(w + r * g.ldw2);
+      load8<DType::fp32>(g.a + (t * g.top_k + j) * g.I + c, av);
+    }
+    float cs = g.tw[t * g.ldtw + j];
+    if constexpr (WR::kFp8) {
+      const float scale = quantise8(av);
+      if (ok) cs *= g.s2[(e * ((g.H + 127) / 128) + c0 / 128) * g.lds2 + c / 128] * scale;
+    }
+    if (!ok) continue;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float wv[8];
+      WR::widen(raw[r], wv);
+      acc[r] = fmaf(dot8(wv, av), cs, acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = port::warp_sum(acc[r]);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+  __syncthreads();
+  if (threadIdx.x < R) {
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) sum += part[k][threadIdx.x];
+    Elem<X>::store1(static_cast<typename Elem<X>::S*>(g.out) + t * g.ldo + c0 + threadIdx.x, g.rsf * sum);
+  }
+}
+
+// ------------------------------------------------------------------ block fp8's reference
+//
+// One thread per output, one element at a time, the activations quantised
+// per 128-group as the op does (each thread redoes its groups' amax): the
+// GPU baseline the tuner validates the fp8 kernels against.
+
+template <DType X>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_fp8_ref_kernel(MoeArgs g) {
+  const int64_t q = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (q >= g.M * g.top_k * g.I) return;
+  const int64_t p = q / g.I, i = q % g.I, t = p / g.top_k, j = p % g.top_k;
+  const int32_t e = g.ids[t * g.ldi + j];
+  if (e < 0 || e >= g.E) return;
+  const auto* x = static_cast<const typename Elem<X>::S*>(g.hidden) + t * g.ldh;
+  const auto* wg = static_cast<const uint8_t*>(g.w1) + (e * 2 * g.I + i) * g.ldw1;
+  const uint8_t* wu = wg + g.I * g.ldw1;
+  const int64_t blocks = (2 * g.I + 127) / 128;
+  const float* sg = g.s1 + (e * blocks + i / 128) * g.lds1;
+  const float* su = g.s1 + (e * blocks + (g.I + i) / 128) * g.lds1;
+  float gate = 0.f, upv = 0.f;
+  for (int64_t k0 = 0; k0 < g.H; k0 += 128) {
+    const int64_t k1 = k0 + 128 < g.H ? k0 + 128 : g.H;
+    float amax = 0.f;
+    for (int64_t k = k0; k < k1; ++k) amax = fmaxf(amax, fabsf(Elem<X>::load1(x + k)));
+    const float scale = fmaxf(amax, 1e-10f) / 448.f;
+    float pg = 0.f, pu = 0.f;
+    for (int64_t k = k0; k < k1; ++k) {
+      const float xq = e4m3_round2(Elem<X>::load1(x + k) / scale, 0.f).x;
+      pg = fmaf(e4m3_to_float(wg[k]), xq, pg);
+      pu = fmaf(e4m3_to_float(wu[k]), xq, pu);
+    }
+    gate = fmaf(pg, sg[k0 / 128] * scale, gate);
+    upv = fmaf(pu, su[k0 / 128] * scale, upv);
+  }
+  g.a[p * g.I + i] = act_of(gate, g.act) * upv;
+}
+
+template <DType X>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_fp8_ref_kernel(MoeArgs g) {
+  const int64_t q = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (q >= g.M * g.H) return;
+  const int64_t t = q / g.H, c = q % g.H;
+  float acc = 0.f;
+  for (int64_t j = 0; j < g.top_k; ++j) {
+    const int32_t e = g.ids[t * g.ldi + j];
+    if (e < 0 || e >= g.E) continue;
+    const float* a = g.a + (t * g.top_k + j) * g.I;
+    const uint8_t* w = static_cast<const uint8_t*>(g.w2) + (e * g.H + c) * g.ldw2;
+    const float* sw = g.s2 + (e * ((g.H + 127) / 128) + c / 128) * g.lds2;
+    float y = 0.f;
+    for (int64_t k0 = 0; k0 < g.I; k0 += 128) {
+      const int64_t k1 = k0 + 128 < g.I ? k0 + 128 : g.I;
+      float amax = 0.f;
+      for (int64_t k = k0; k < k1; ++k) amax = fmaxf(amax, fabsf(a[k]));
+      const float scale = fmaxf(amax, 1e-10f) / 448.f;
+      float part = 0.f;
+      for (int64_t k = k0; k < k1; ++k) part = fmaf(e4m3_to_float(w[k]), e4m3_round2(a[k] / scale, 0.f).x, part);
+      y = fmaf(part, sw[k0 / 128] * scale, y);
+    }
+    acc = fmaf(g.tw[t * g.ldtw + j], y, acc);
+  }
+  Elem<X>::store1(static_cast<typename Elem<X>::S*>(g.out) + t * g.ldo + c, g.rsf * acc);
 }
 
 // ------------------------------------------------------------------ grouped by expert

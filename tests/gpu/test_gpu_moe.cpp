@@ -6,6 +6,8 @@
 // multiples of the 16-byte vector (the vector variants decline them), the
 // output poisoned before each run and every element checked written; a
 // workspace too small falls back with the fallback code and writes nothing.
+// Block fp8: e4m3fn weights with random 128x128 block scales, bf16
+// activations, against the reference that quantises them as the op does.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -49,14 +51,28 @@ bool upload(dispatch::tune::DeviceMemory* mem, void* dst, const std::vector<T>& 
   return mem->from_host(dst, v.data(), v.size() * sizeof(T)).ok();
 }
 
+/// Block fp8's weight scales [E * ceil(rows/128), ceil(cols/128)], random.
+std::vector<float> block_scales(int64_t E, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.02f, 0.06f);
+  std::vector<float> v(size_t(E * ((rows + 127) / 128) * ((cols + 127) / 128)));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+/// dt: the weights' dtype (bf16, fp16, or fp8_e4m3fn: block fp8 with bf16 activations).
 int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   dispatch::tune::DeviceMemory* mem = core::backend_memory(bt);
   const DeviceInfo& dev = *dispatch::backends::find(bt)->device_info(0);
-  HostTensor hidden(dt, s.M, s.H, s.H), w1(dt, s.E * 2 * s.I, s.H, s.H), w2(dt, s.E * s.H, s.I, s.I),
-      out(dt, s.M, s.H, s.H);
+  const bool fp8 = dt == DType::fp8_e4m3fn;
+  const DType xt = fp8 ? DType::bf16 : dt;
+  HostTensor hidden(xt, s.M, s.H, s.H), w1(dt, s.E * 2 * s.I, s.H, s.H), w2(dt, s.E * s.H, s.I, s.I),
+      out(xt, s.M, s.H, s.H);
   hidden.fill_uniform(rng, -1.f, 1.f);
-  w1.fill_uniform(rng, -0.1f, 0.1f);
-  w2.fill_uniform(rng, -0.1f, 0.1f);
+  w1.fill_uniform(rng, fp8 ? -4.f : -0.1f, fp8 ? 4.f : 0.1f);  // fp8: codes across the range, scaled below
+  w2.fill_uniform(rng, fp8 ? -4.f : -0.1f, fp8 ? 4.f : 0.1f);
+  const std::vector<float> s1 = fp8 ? block_scales(s.E, 2 * s.I, s.H, rng) : std::vector<float>{},
+                           s2 = fp8 ? block_scales(s.E, s.H, s.I, rng) : std::vector<float>{};
+  const int64_t lds1 = (s.H + 127) / 128, lds2 = (s.I + 127) / 128;
   std::vector<int32_t> ids(size_t(s.M * s.top_k));
   std::vector<float> tw(size_t(s.M * s.top_k));
   core::fill_expert_ids(ids.data(), s.M, s.top_k, s.top_k, s.E,
@@ -68,9 +84,13 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   REQUIRE((dh.ok() && dw1.ok() && dw2.ok() && dout.ok() && dids.ok() && dtw.ok()));
   REQUIRE((dh.upload(hidden).ok() && dw1.upload(w1).ok() && dw2.upload(w2).ok()));
   REQUIRE((upload(mem, dids.get(), ids) && upload(mem, dtw.get(), tw)));
+  DeviceBuffer ds1(mem, fp8 ? s1.size() * 4 : 4), ds2(mem, fp8 ? s2.size() * 4 : 4);
+  REQUIRE((ds1.ok() && ds2.ok()));
+  if (fp8) REQUIRE((upload(mem, ds1.get(), s1) && upload(mem, ds2.get(), s2)));
   // The float64 reference on the inputs as stored.
   std::vector<double> rh(size_t(s.M * s.H)), r1(size_t(s.E * 2 * s.I * s.H)), r2(size_t(s.E * s.H * s.I)),
-      rids(ids.begin(), ids.end()), rtw(tw.begin(), tw.end()), want(size_t(s.M * s.H));
+      rids(ids.begin(), ids.end()), rtw(tw.begin(), tw.end()), want(size_t(s.M * s.H)), rs1(s1.begin(), s1.end()),
+      rs2(s2.begin(), s2.end());
   for (int64_t r = 0; r < s.M; ++r)
     for (int64_t c = 0; c < s.H; ++c) rh[size_t(r * s.H + c)] = hidden.get(r, c);
   for (int64_t r = 0; r < s.E * 2 * s.I; ++r)
@@ -80,7 +100,8 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   Problem p;
   p.op = OpKind::fused_moe;
   p.device = Device{bt, 0};
-  p.in_dtype = p.out_dtype = dt;
+  p.in_dtype = dt, p.out_dtype = xt;
+  p.has_bias = fp8;  // the block scales
   p.m = s.M, p.n = s.I, p.k = s.H, p.extra[0] = s.E, p.extra[1] = s.top_k;
   p.align_bytes = (s.H % 8 == 0 && s.I % 8 == 0) ? 16 : 2;
   core::RefArgs ra;
@@ -90,6 +111,10 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   ra.data[core::kMoeArgTopkIds] = rids.data(), ra.ld[core::kMoeArgTopkIds] = s.top_k;
   ra.data[core::kMoeArgTopkWeights] = rtw.data(), ra.ld[core::kMoeArgTopkWeights] = s.top_k;
   ra.data[core::kMoeArgOut] = want.data(), ra.ld[core::kMoeArgOut] = s.H;
+  if (fp8) {
+    ra.data[core::kMoeArgW1Scale] = rs1.data(), ra.ld[core::kMoeArgW1Scale] = lds1;
+    ra.data[core::kMoeArgW2Scale] = rs2.data(), ra.ld[core::kMoeArgW2Scale] = lds2;
+  }
   ra.scalar[0] = 1.f;
   kSpec.reference(p, ra);
   double scale = 0;
@@ -102,6 +127,10 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   la.data[core::kMoeArgTopkIds] = dids.get(), la.ld[core::kMoeArgTopkIds] = s.top_k;
   la.data[core::kMoeArgTopkWeights] = dtw.get(), la.ld[core::kMoeArgTopkWeights] = s.top_k;
   la.data[core::kMoeArgOut] = dout.get(), la.ld[core::kMoeArgOut] = s.H;
+  if (fp8) {
+    la.data[core::kMoeArgW1Scale] = ds1.get(), la.ld[core::kMoeArgW1Scale] = lds1;
+    la.data[core::kMoeArgW2Scale] = ds2.get(), la.ld[core::kMoeArgW2Scale] = lds2;
+  }
   la.scalar[0] = 1.f, la.scalar[1] = 0.f;
   int runs = 0;
   for (const VariantDef* v : core::variants_for(OpKind::fused_moe, bt)) {
@@ -148,10 +177,11 @@ TEST_CASE("gpu fused_moe: every variant matches the spec's float64 reference, de
   for (DeviceType bt : usable_backends()) {
     if (core::variants_for(OpKind::fused_moe, bt).empty()) continue;
     int runs = 0;
-    for (DType dt : {DType::bf16, DType::fp16})
+    for (DType dt : {DType::bf16, DType::fp16, DType::fp8_e4m3fn})
       for (const Shape& s :
            {Shape{1, 8, 256, 64, 2}, Shape{3, 16, 128, 96, 4}, Shape{5, 4, 72, 40, 2, true}, Shape{64, 8, 256, 128, 2},
-            Shape{300, 4, 64, 32, 2, true}, Shape{2, 6, 3, 5, 3}, Shape{17, 128, 512, 64, 8, true}})
+            Shape{300, 4, 64, 32, 2, true}, Shape{2, 6, 3, 5, 3}, Shape{17, 128, 512, 64, 8, true},
+            Shape{4, 16, 1024, 256, 9}, Shape{9, 32, 640, 384, 4, true}})
         runs += check_shape(bt, dt, s, rng);
     MESSAGE(dispatch::device_type_name(bt), " fused_moe: ", runs, " (variant, shape, dtype) runs checked");
     CHECK(runs > 0);
