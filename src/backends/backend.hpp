@@ -91,9 +91,14 @@ class Backend {
   /// thread's per-thread default stream), null for the legacy stream / the
   /// host.
   virtual void* tuner_stream() const noexcept { return nullptr; }
-  /// The calling tuning thread's GEMM workspace (allocated on first use,
-  /// kept for the process); *bytes = 0 and nullptr when there is none.
-  virtual void* tuner_workspace(int64_t* bytes) const noexcept { return *bytes = 0, nullptr; }
+  /// The calling tuning thread's workspace, at least `min_bytes` when that
+  /// can be allocated (allocated on first use, grown when a search needs
+  /// more, kept for the process); *bytes its size, 0 with nullptr when
+  /// there is none. A smaller one than asked (the allocation failed) makes
+  /// the candidates that need more decline with their fallback code.
+  virtual void* tuner_workspace(int64_t min_bytes, int64_t* bytes) const noexcept {
+    return (void)min_bytes, *bytes = 0, nullptr;
+  }
   /// Device memory on device `ordinal` (Runtime::attach_stream's
   /// workspaces), nullptr on failure or on the host; and its release.
   virtual void* alloc_device(int32_t ordinal, int64_t bytes) const noexcept {
