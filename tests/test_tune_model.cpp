@@ -4,7 +4,7 @@
 // Hugging Face config.json gives (Llama, Qwen2 with head_dim, Gemma,
 // DeepSeek-V3 with MLA, MoE and an fp8 quantization_config) through
 // `--list`, --tp sharding and its refusal, --no-lm-head, the MoE experts
-// listed as not tuned, lm_head over the memory budget reported too large,
+// (fused_moe) tuned, lm_head over the memory budget reported too large,
 // the progress line of every tune, and one real tiny CPU run whose rows
 // `kdispatch validate` accepts. Configs with tiny dims: CPU tuning takes
 // seconds.
@@ -228,8 +228,8 @@ TEST_CASE("cli tune --model: Gemma's head_dim, tied lm_head and gelu activation 
 }
 
 TEST_CASE(
-    "cli tune --model: DeepSeek-V3's MLA projections, dense MLP, router and shared experts, the experts listed as not "
-    "tuned") {
+    "cli tune --model: DeepSeek-V3's MLA projections, dense MLP, router, shared experts and routed experts "
+    "(fused_moe, --ep)") {
   TempDir dir;
   const std::string cfg = write(dir, "config.json", kDeepSeek);
   const Listed l = list_model(cfg);
@@ -258,14 +258,11 @@ TEST_CASE(
       "shared_experts.act_fn: silu_and_mul d=24,bf16",
       "shared_experts.down_proj.quant: quant_fp8_group K=24,bf16->fp8_e4m3fn",
       "shared_experts.down_proj: gemm_fp8_block N=64,K=24,fp8_e4m3fn->bf16",
+      "experts: fused_moe E=8,N=24,K=64,top_k=2,fp8_e4m3fn->bf16,block_shape",  // the routed experts, block fp8
       "lm_head: gemm N=320,K=64,bf16",
   };
   CHECK(l.units == expected);
-  const std::vector<std::string> moe = {
-      "experts.gate_up_proj (E=8, top 2, N=48, K=64 per expert): not tuned: no MoE op yet",
-      "experts.down_proj (E=8, top 2, N=64, K=24 per expert): not tuned: no MoE op yet",
-  };
-  CHECK(l.not_tuned == moe);
+  CHECK(l.not_tuned.empty());
 
   // --tp 2 --fp8 none: the heads, the dense and shared MLPs and the experts
   // split; q_a, kv_a (latents) and the router not.
@@ -286,18 +283,33 @@ TEST_CASE(
       "gate (router): gemm N=8,K=64,bf16",
       "shared_experts.act_fn: silu_and_mul d=12,bf16",
       "shared_experts.down_proj: gemm N=64,K=12,bf16",
+      "experts: fused_moe E=8,N=12,K=64,top_k=2,bf16",  // each expert's intermediate split over the 2 ranks
       "lm_head: gemm N=160,K=64,bf16",
   };
   CHECK(t.units == tp2);
-  CHECK(t.not_tuned.at(1) == "experts.down_proj (E=8, top 2, N=64, K=12 per expert): not tuned: no MoE op yet");
+  CHECK(t.not_tuned.empty());
+  // --ep 2: 4 whole experts a rank; --ep 3 does not divide 8; --fp8 tensor: not a layout fused_moe runs.
+  const Listed ep = list_model(cfg, {"--tp", "2", "--ep", "2", "--fp8", "none"});
+  CHECK(std::find(ep.units.begin(), ep.units.end(), "experts: fused_moe E=4,N=24,K=64,top_k=2,bf16") != ep.units.end());
+  CliResult bad_ep = run({"tune", "--model", cfg, "--emit", (dir / "emit").string(), "--ep", "3", "--list"});
+  CHECK(bad_ep.exit_code == 2);
+  CHECK(bad_ep.err.find("--ep 3 does not divide the routed experts (8)") != std::string::npos);
+  const Listed tensor = list_model(cfg, {"--fp8", "tensor"});
+  REQUIRE(tensor.not_tuned.size() == 1);
+  CHECK(tensor.not_tuned[0] ==
+        "experts (E=8, top 2, N=24, K=64): not tuned: fused_moe runs bf16/fp16 or block-fp8 experts, not --fp8 tensor");
 
-  // A real run of its norms: the MoE lines are in the output, and not an error.
+  // A real run of its norms and of its routed experts (fused_moe on the CPU, block fp8).
   TempDir emit;
   CliResult r = run({"tune", "--model", cfg, "--emit", emit.str(), "--ms", "1", "--op", "rmsnorm", "--budget-ms", "20",
                      "--no-cold-cache", "--reps", "1"});
   CHECK_MESSAGE(r.exit_code == 0, r.out << r.err);
-  CHECK(r.out.find(moe[0]) != std::string::npos);
   CHECK(r.out.find("3 rmsnorm shapes: 3 tuned") != std::string::npos);
+  CliResult m = run({"tune", "--model", cfg, "--emit", emit.str(), "--ms", "1,3", "--op", "fused_moe", "--budget-ms",
+                     "20", "--no-cold-cache", "--reps", "1"});
+  CHECK_MESSAGE(m.exit_code == 0, m.out << m.err);
+  CHECK_MESSAGE(m.out.find("2 fused_moe shapes: 2 tuned") != std::string::npos, m.out);
+  CHECK(fs::exists(emit / "cpu" / "fused_moe"));
   CHECK(r.err.find("note: quantization_config: an fp8 checkpoint: --fp8 block") != std::string::npos);
 }
 

@@ -351,6 +351,9 @@ struct OpKeyFieldInfo {
   /// >= 0: its place before device_name in a file name (SGLang's
   /// N=...,K=...,device_name=...); -1: after it, by name.
   int32_t file_pos = -1;
+  /// A flag's value in key text when set: "true", or its own text
+  /// (fused_moe's block_shape: "[128,128]"). Empty for other kinds.
+  std::string_view flag_text;
 };
 struct OpInfo {
   std::string_view name;  ///< "gemm", "rmsnorm", ...

@@ -62,6 +62,14 @@ struct TuneOptions {
   /// Scratch memory the background tuner may hold for one shape, bytes;
   /// a shape needing more is skipped and counted.  [KDISPATCH_TUNE_MEM]
   int64_t memory_budget_bytes = 1LL << 30;
+  /// The expert ids a Mixture-of-Experts op (fused_moe) is tuned on:
+  /// "uniform" (or empty; every expert equally likely, SGLang's tuner's
+  /// assumption), "skewed" (a few hot experts take most tokens), or the path
+  /// of an .npy file of int32 [tokens, top_k] ids dumped from a server
+  /// (numpy '<i4', C order; read and checked by Runtime::create, which
+  /// refuses a bad one naming the file; a problem whose top_k or E the file
+  /// does not fit is refused when it is tuned).   [KDISPATCH_TUNE_ROUTING]
+  std::string routing;
   /// Time spent searching one shape before the best so far wins, ms.
   double time_budget_ms = 2000.0;
   /// Busy fraction of the background tuner thread (0 < d <= 1).

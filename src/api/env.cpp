@@ -177,6 +177,7 @@ Result<RuntimeOptions> options_from_env(RuntimeOptions o) noexcept {
       if (s != "auto" && s != "flock" && s != "fragments")
         return bad_env("KDISPATCH_CACHE_LOCKING", s, "auto, flock or fragments");
     }
+    if (const char* v = env("KDISPATCH_TUNE_ROUTING")) o.tune.routing = v;
     if (const char* v = env("KDISPATCH_TUNE_MEM"))
       if (!parse_bytes(v, &o.tune.memory_budget_bytes))
         return bad_env("KDISPATCH_TUNE_MEM", v, "bytes, e.g. 512M or 2G");

@@ -88,7 +88,8 @@ struct OpListStorage {
                       x.labels});
       std::vector<OpKeyFieldInfo> f;
       for (const core::KeyField& k : s->fields)
-        f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name, k.file_pos});
+        f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name, k.file_pos,
+                     k.kind == core::FieldKind::flag ? k.flag_text : std::string_view()});
       args.push_back(std::move(a));
       scalars.push_back(std::move(sc));
       fields.push_back(std::move(f));

@@ -294,6 +294,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
       return make_status(StatusCode::invalid_argument, "tune.time_budget_ms must be a positive, finite number of ms");
     if (options.tune.memory_budget_bytes < 0)
       return make_status(StatusCode::invalid_argument, "tune.memory_budget_bytes must be >= 0");
+    auto routing = std::make_shared<tune::Routing>();
+    if (Status s = tune::load_routing(options.tune.routing, routing.get()); !s.ok())
+      return make_status(s.code(), "tune.routing: " + s.message());
     if (options.tune.persist || options.tune.load_cache) {
       store::CacheDirChoice c = store::resolve_cache_dir(options.tune.cache_dir);
       if (c.refused.empty()) {
@@ -328,7 +331,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(RuntimeOptions options) noexcep
     };
     hooks.verdicts_changed = [raw]() { (void)raw->publish_verdicts(); };
     hooks.memory_verdicts = impl->memory_verdicts;
-    impl->tuner = std::make_unique<tune::Tuner>(impl->options, impl->cache_dir, std::move(hooks));
+    impl->tuner = std::make_unique<tune::Tuner>(impl->options, impl->cache_dir, std::move(hooks), std::move(routing));
     impl->tuner->set_rank(impl->tuned_rank);
     auto rt = std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
     if (rt->impl_->options.watch) {

@@ -183,6 +183,8 @@ struct TuneCmdOptions {
   std::string dtype;
   double budget_ms = 0.0;  ///< 0 = the library's default
   double mem_gib = 0.0;    ///< scratch budget per shape, GiB; 0 = $KDISPATCH_TUNE_MEM, else 1 GiB
+  /// MoE ops' expert ids: uniform, skewed or an .npy path ("" = $KDISPATCH_TUNE_ROUTING, else uniform).
+  std::string routing;
   bool resume = true;
   /// Shapes costing more per call are skipped: at ~150 GFLOP/s (bf16, 2 cores)
   /// 2e9 flops is ~13 ms a call, so ~20 candidates fit the default 2 s budget;
@@ -225,6 +227,7 @@ struct TuneCmdOptions {
   /// --model: a Hugging Face config.json, a dir holding one, or a replay model's name; "" = --shapes.
   std::string model;
   int64_t tp = 0;           ///< --tp: tensor-parallel degree the shapes are sharded for; 0 = not given (1)
+  int64_t ep = 1;           ///< --ep: expert-parallel degree of the routed experts (1: TP splits them)
   std::string fp8;          ///< --fp8: tensor | rowwise | block | none; "" = the config's quantization_config
   std::string ms;           ///< --ms: M values "1,2,4"; "" = 1, 2, 4, ..., 8192
   bool no_lm_head = false;  ///< --no-lm-head: leave lm_head out
@@ -243,6 +246,8 @@ struct ModelUnit {
   /// Rows per token: the unit's M is tokens x each (1; Qwen3's q_norm and
   /// k_norm run over every head's row: heads per rank).
   std::vector<int64_t> rows_per_token = {1};
+  /// Other key fields as a shape CSV's columns: {"block_shape", "true"}.
+  std::vector<std::pair<std::string, std::string>> fields = {};
 };
 /// What `tune --model` derived from a config: the units, and what it does
 /// not tune (said in the output, not an error).

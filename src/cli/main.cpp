@@ -195,6 +195,10 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "--model: tensor-parallel degree the shapes are sharded for (default 1; a replay model: its own); "
                    "one that does not divide a dimension is refused, naming it")
       ->type_name("N");
+  tune->add_option("--ep", to.ep,
+                   "--model: expert-parallel degree of the routed experts (default 1: --tp splits each expert's "
+                   "intermediate size; N > 1: each rank holds E/N whole experts, as SGLang's --ep-size)")
+      ->type_name("N");
   tune->add_option("--fp8", to.fp8,
                    "--model: run the projections as fp8 (quant op + fp8 GEMM of the layout): tensor, rowwise or "
                    "block; none: not fp8 (default: an fp8 checkpoint's quantization_config, else none)")
@@ -223,6 +227,10 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
                    "Scratch memory one shape may use, GiB (default $KDISPATCH_TUNE_MEM, else 1; with --model on a "
                    "GPU, a quarter of the device's memory per worker); larger shapes are reported too large here")
       ->type_name("GIB");
+  tune->add_option("--routing", to.routing,
+                   "MoE ops (fused_moe): the expert ids tuned on: uniform (default), skewed, or an .npy file of "
+                   "int32 [tokens, top_k] ids dumped from a server ($KDISPATCH_TUNE_ROUTING)")
+      ->type_name("uniform|skewed|FILE");
   tune->add_flag("--resume,!--no-resume", to.resume,
                  "Skip shapes the emit dir already has a row for (default), or tune them again");
   tune->add_option_function<double>(

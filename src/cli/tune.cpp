@@ -209,7 +209,9 @@ std::unique_ptr<dsp::Runtime> emit_runtime(const TuneCmdOptions& o, const char* 
     if (env_margin) ro.tune.margin = env->tune.margin;
     if (std::getenv("KDISPATCH_LOG_LEVEL")) ro.log_level = env->log_level;
     ro.tune.graph_timing = env->tune.graph_timing;
+    ro.tune.routing = env->tune.routing;
   }
+  if (!o.routing.empty()) ro.tune.routing = o.routing;
   if (o.mem_gib > 0) ro.tune.memory_budget_bytes = static_cast<int64_t>(o.mem_gib * 1073741824.0);
   if (o.no_cold_cache) ro.tune.cold_cache = false;
   if (o.reps > 0) ro.tune.reps = o.reps;

@@ -28,8 +28,9 @@
 // first_k_dense_replace layers have the dense MLP; the others the MoE: the
 // router (gate: N=n_routed_experts, unquantised), the shared experts (a
 // dense MLP of n_shared_experts x moe_intermediate_size) and the routed
-// experts, which are listed as not tuned (no MoE op yet). Mixtral and
-// Qwen3-MoE: the router and the experts.
+// experts: one fused_moe unit (E, K=hidden, N=moe_intermediate_size / tp,
+// top_k; --ep N: E/N whole experts per rank; block fp8 as the
+// checkpoint's). Mixtral and Qwen3-MoE: the router and the experts.
 //
 // --fp8 tensor|rowwise|block (or an fp8 checkpoint's quantization_config:
 // weight_block_size [128, 128] is block, none is tensor): every projection
@@ -332,8 +333,8 @@ Arch builtin_arch(const ModelSpec& m) {
 // Builds the plan: units deduplicated by (op, key, rows), their sites joined.
 class PlanBuilder {
  public:
-  PlanBuilder(const Arch& a, int64_t tp, std::string fp8, ModelPlan* plan)
-      : a_(a), tp_(tp), fp8_(std::move(fp8)), plan_(*plan) {}
+  PlanBuilder(const Arch& a, int64_t tp, int64_t ep, std::string fp8, ModelPlan* plan)
+      : a_(a), tp_(tp), ep_(ep), fp8_(std::move(fp8)), plan_(*plan) {}
 
   const std::string& error() const { return error_; }
 
@@ -346,15 +347,16 @@ class PlanBuilder {
   }
 
   void add(const std::string& site, std::string_view op, std::vector<std::pair<std::string, int64_t>> dims,
-           bool bias = false, std::string dtype = {}, std::string out = {}, int64_t rows = 1) {
+           bool bias = false, std::string dtype = {}, std::string out = {}, int64_t rows = 1,
+           std::vector<std::pair<std::string, std::string>> fields = {}) {
     for (ModelUnit& u : plan_.units)
       if (u.op == op && u.dims == dims && u.bias == bias && u.dtype == dtype && u.out_dtype == out &&
-          u.rows_per_token == std::vector<int64_t>{rows}) {
+          u.rows_per_token == std::vector<int64_t>{rows} && u.fields == fields) {
         u.sites += "+" + site;
         return;
       }
-    plan_.units.push_back(
-        ModelUnit{site, std::string(op), std::move(dims), bias, std::move(dtype), std::move(out), {rows}});
+    plan_.units.push_back(ModelUnit{
+        site, std::string(op), std::move(dims), bias, std::move(dtype), std::move(out), {rows}, std::move(fields)});
   }
   void norm(const std::string& site, std::string_view op, int64_t hidden, int64_t rows = 1) {
     add(site, op, {{"hidden", hidden}}, false, {}, {}, rows);
@@ -426,13 +428,41 @@ class PlanBuilder {
       const int64_t shared = a_.shared_experts * a_.moe_intermediate;
       mlp("shared_experts.", split("moe_intermediate_size x n_shared_experts", shared));
     }
-    const int64_t inter = split("moe_intermediate_size", a_.moe_intermediate);
-    const std::string e =
-        "E=" + std::to_string(a_.experts) + (a_.top_k ? ", top " + std::to_string(a_.top_k) : std::string()) + ", ";
-    plan_.not_tuned.push_back("experts.gate_up_proj (" + e + "N=" + std::to_string(2 * inter) +
-                              ", K=" + std::to_string(a_.hidden) + " per expert): not tuned: no MoE op yet");
-    plan_.not_tuned.push_back("experts.down_proj (" + e + "N=" + std::to_string(a_.hidden) +
-                              ", K=" + std::to_string(inter) + " per expert): not tuned: no MoE op yet");
+    routed_experts();
+  }
+
+  // The routed experts: one fused_moe unit (both GEMMs, the activation and
+  // the top-k sum), sharded as SGLang shards them: --ep 1, each expert's
+  // moe_intermediate_size split over --tp; --ep N, E/N whole experts a rank.
+  // bf16/fp16/fp32, or block fp8 (the checkpoint's or --fp8 block).
+  void routed_experts() {
+    int64_t experts = a_.experts, inter = a_.moe_intermediate;
+    if (ep_ > 1) {
+      if (experts % ep_ != 0 && error_.empty())
+        error_ =
+            "--ep " + std::to_string(ep_) + " does not divide the routed experts (" + std::to_string(experts) + ")";
+      experts /= ep_;
+    } else {
+      inter = split("moe_intermediate_size", inter);
+    }
+    const std::string what = "experts (E=" + std::to_string(experts) + ", top " + std::to_string(a_.top_k) +
+                             ", N=" + std::to_string(inter) + ", K=" + std::to_string(a_.hidden) + ")";
+    std::string why;
+    if (a_.top_k < 1)
+      why = "the config has no num_experts_per_tok";
+    else if (a_.act != "silu" && a_.act != "swish")
+      why = "fused_moe is tuned with silu (the config's activation: " + a_.act + ")";
+    else if (!fp8_.empty() && fp8_ != "block")
+      why = "fused_moe runs bf16/fp16 or block-fp8 experts, not --fp8 " + fp8_;
+    if (!why.empty()) {
+      plan_.not_tuned.push_back(what + ": not tuned: " + why);
+      return;
+    }
+    const bool block = fp8_ == "block";
+    add("experts", "fused_moe", {{"E", experts}, {"K", a_.hidden}, {"N", inter}, {"top_k", a_.top_k}}, false,
+        block ? "fp8_e4m3fn" : "", block ? "run" : "", 1,
+        block ? std::vector<std::pair<std::string, std::string>>{{"block_shape", "true"}}
+              : std::vector<std::pair<std::string, std::string>>{});
   }
 
   // The decoder layer, in call order; then lm_head.
@@ -467,13 +497,13 @@ class PlanBuilder {
 
  private:
   const Arch& a_;
-  int64_t tp_;
+  int64_t tp_, ep_;
   std::string fp8_;
   ModelPlan& plan_;
   std::string error_;
 };
 
-std::string describe(const Arch& a, int64_t tp, const std::string& dtype, const std::string& fp8) {
+std::string describe(const Arch& a, int64_t tp, int64_t ep, const std::string& dtype, const std::string& fp8) {
   std::string d = std::string(a.family->model_type) + " (" + a.architecture + ") from " + a.source + ": hidden " +
                   std::to_string(a.hidden);
   if (a.intermediate) d += ", intermediate " + std::to_string(a.intermediate);
@@ -493,7 +523,8 @@ std::string describe(const Arch& a, int64_t tp, const std::string& dtype, const 
   char eps[32];
   std::snprintf(eps, sizeof eps, "%g", a.eps);
   if (a.eps > 0) d += ", eps " + std::string(eps);
-  return d + "; tp " + std::to_string(tp) + ", " + dtype + (fp8.empty() ? std::string() : ", fp8 " + fp8);
+  return d + "; tp " + std::to_string(tp) + (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) + ", " + dtype +
+         (fp8.empty() ? std::string() : ", fp8 " + fp8);
 }
 
 }  // namespace
@@ -551,7 +582,11 @@ std::optional<ModelPlan> plan_model(const TuneCmdOptions& o, std::string* error)
     return std::nullopt;
   }
   const int64_t tp = o.tp > 0 ? o.tp : arch->default_tp;
-  PlanBuilder b(*arch, tp, fp8, &plan);
+  if (o.ep < 1) {
+    *error = "--ep must be >= 1, got " + std::to_string(o.ep);
+    return std::nullopt;
+  }
+  PlanBuilder b(*arch, tp, o.ep, fp8, &plan);
   b.layer(!o.no_lm_head);
   if (!b.error().empty()) {
     *error = b.error();
@@ -560,7 +595,7 @@ std::optional<ModelPlan> plan_model(const TuneCmdOptions& o, std::string* error)
   // The fp8 GEMMs' output is the run's dtype.
   for (ModelUnit& u : plan.units)
     if (u.out_dtype == "run") u.out_dtype = o.dtype;
-  plan.description = describe(*arch, tp, o.dtype, fp8);
+  plan.description = describe(*arch, tp, o.ep, o.dtype, fp8);
   return plan;
 }
 

@@ -255,8 +255,8 @@ RowKey row_key(const ShapeRow& r, const dsp::OpInfo& op, const std::vector<std::
     } else if (f.kind == "out_dtype" && out != dt) {
       k.fields += "," + name + "=" + std::string(dsp::dtype_name(out));
       k.label += "->" + std::string(dsp::dtype_name(out));
-    } else if (f.kind == "flag" && (lower(v) == "true" || v == "1")) {
-      k.fields += "," + name + "=true";
+    } else if (f.kind == "flag" && (lower(v) == "true" || v == "1" || (v == f.flag_text && !v.empty()))) {
+      k.fields += "," + name + "=" + std::string(f.flag_text.empty() ? "true" : f.flag_text);
       flags += "," + name;
     } else if (f.kind == "accum" && lower(v) == "fast") {
       k.fields += "," + name + "=fast";
@@ -399,6 +399,7 @@ int model_shapes(const TuneCmdOptions& o, const char* cmd, Shapes* out) {
         r.fields.emplace_back("m", std::to_string(r.m));
         for (const auto& [name, v] : u.dims) r.fields.emplace_back(lower(name), std::to_string(v));
         if (u.bias) r.fields.emplace_back("bias", "true");
+        for (const auto& [name, v] : u.fields) r.fields.emplace_back(name, v);
         r.fields.emplace_back("dtype", u.dtype.empty() ? o.dtype : u.dtype);
         if (!u.out_dtype.empty()) r.fields.emplace_back("out_dtype", u.out_dtype);
         Job j;

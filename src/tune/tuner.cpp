@@ -77,11 +77,11 @@ int64_t scratch_bytes(const MissEvent& ev) {
 // not depend on this one's dtype), stored as the dtype table's scratch fill
 // says: the slot's value encoded, or the element's index mod 8.
 // Routing slots (an MoE op's expert ids and router weights) are drawn by
-// core/routing.hpp instead: uniform routing (the balanced router SGLang's
-// tuner assumes).
-void fill(void* ptr, const Slot& s, std::mt19937& rng) {
+// core/routing.hpp instead: the ids from TuneOptions::routing (uniform by
+// default, the balanced router SGLang's tuner assumes; tune/routing_file.hpp).
+void fill(void* ptr, const Slot& s, std::mt19937& rng, const Routing& routing) {
   if (s.fill == core::Fill::expert_ids && s.dtype == DType::int32) {
-    core::fill_expert_ids(static_cast<int32_t*>(ptr), s.rows, s.cols, s.ld, s.experts, core::Routing::uniform, rng);
+    fill_routing(routing, static_cast<int32_t*>(ptr), s.rows, s.cols, s.ld, s.experts, rng);
     return;
   }
   if (s.fill == core::Fill::routing_weights && s.dtype == DType::fp32) {
@@ -130,7 +130,7 @@ struct Scratch {
   DeviceMemory* mem = nullptr;
 };
 
-Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key, Scratch* out) {
+Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key, const Routing& routing, Scratch* out) {
   const int64_t need = scratch_bytes(ev);
   if (need > budget)
     return make_status(StatusCode::out_of_memory, "scratch for " + key + " needs " + std::to_string(need) +
@@ -151,7 +151,10 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
     out->bufs[i].p = mem->alloc(b + 64);
     if (!out->bufs[i].p) return make_status(StatusCode::out_of_memory, "tuning scratch for " + key);
     staging.assign((b + 7) / 8, 0);
-    fill(staging.data(), slots[i], rng);
+    if (slots[i].fill == core::Fill::expert_ids)
+      if (Status s = check_routing(routing, slots[i].cols, slots[i].experts); !s.ok())
+        return make_status(s.code(), key + ": " + s.message());
+    fill(staging.data(), slots[i], rng, routing);
     if (Status s = mem->from_host(out->bufs[i].p, staging.data(), b); !s.ok()) return s;
     out->la.data[i] = out->bufs[i].p;
     out->la.ld[i] = spec.slots[i].rank >= 2 ? slots[i].ld : 0;
@@ -195,8 +198,10 @@ Status refuse_untunable(const core::Problem& p, const DeviceInfo& dev) {
 
 }  // namespace
 
-Tuner::Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks)
+Tuner::Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks,
+             std::shared_ptr<const Routing> routing)
     : options_(options),
+      routing_(routing ? std::move(routing) : std::make_shared<const Routing>()),
       mode_(options.tune.mode),
       cache_dir_(std::move(cache_dir)),
       hooks_(std::move(hooks)),
@@ -482,7 +487,7 @@ Result<ShapeOutcome> Tuner::tune_on_scratch(const MissEvent& ev, const DeviceInf
   try {
     if (Status s = refuse_untunable(ev.problem, dev); !s.ok()) return s;  // before any scratch
     Scratch scratch;
-    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, &scratch); !s.ok()) return s;
+    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, *routing_, &scratch); !s.ok()) return s;
     TuneTarget target = make_target(ev.problem, scratch.la);
     target.mem = scratch.mem;
     return tune_target(target, dev, key, background);
@@ -498,7 +503,7 @@ Result<std::vector<Tuner::PlanTiming>> Tuner::time_on_scratch(const MissEvent& e
   try {
     if (Status s = refuse_untunable(ev.problem, dev); !s.ok()) return s;  // before any scratch
     Scratch scratch;
-    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, &scratch); !s.ok()) return s;
+    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, key, *routing_, &scratch); !s.ok()) return s;
     TuneTarget target = make_target(ev.problem, scratch.la);
     target.mem = scratch.mem;
     SearchOptions so = search_options(dev, false);
@@ -540,7 +545,7 @@ Result<VerifyOutcome> Tuner::verify_row(const VerifyRow& row, const DeviceInfo& 
     MissEvent ev;
     ev.problem = p;  // contiguous rows: pretune_key's scratch layout
     Scratch scratch;
-    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, row.key, &scratch); !s.ok()) return s;
+    if (Status s = make_scratch(ev, options_.tune.memory_budget_bytes, row.key, *routing_, &scratch); !s.ok()) return s;
     TuneTarget target = make_target(p, scratch.la);
     target.mem = scratch.mem;
     const SearchOptions so = search_options(dev, background);

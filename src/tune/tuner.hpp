@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "table/snapshot.hpp"
 #include "tune/capture.hpp"
 #include "tune/queue.hpp"
+#include "tune/routing_file.hpp"
 #include "tune/search.hpp"
 #include "tune/verify.hpp"
 
@@ -106,7 +108,9 @@ struct TunedNow {
 
 class Tuner {
  public:
-  Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks);
+  /// `routing`: the loaded TuneOptions::routing (null: uniform).
+  Tuner(const RuntimeOptions& options, std::string cache_dir, TunerHooks hooks,
+        std::shared_ptr<const Routing> routing = nullptr);
   ~Tuner();
   Tuner(const Tuner&) = delete;
   Tuner& operator=(const Tuner&) = delete;
@@ -222,6 +226,7 @@ class Tuner {
                            const SearchResult& sr, std::string* why, uint32_t* source_id);
 
   const RuntimeOptions options_;
+  const std::shared_ptr<const Routing> routing_;  ///< never null
   const TuneMode mode_;
   const std::string cache_dir_;
   TunerHooks hooks_;
