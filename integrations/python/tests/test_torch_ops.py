@@ -92,6 +92,46 @@ class TorchOpsCpuTest(unittest.TestCase):
             self.assertIn(text, msg)
         return msg
 
+    def test_sglang_fused_experts(self):
+        """kdispatch.sglang.fused_experts: SGLang's arguments (TopK output,
+        runner config) through torch.ops.kdispatch.fused_moe, against an fp32
+        reference; what the op does not compute is refused by name."""
+        import types
+        from kdispatch import sglang
+        E, H, I, M = 4, 32, 16, 3
+        x = torch.randn(M, H).to(torch.bfloat16)
+        w1 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16)
+        w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+        ids = torch.tensor([[0, 2], [3, 1], [1, 0]])  # int64, as a router may give them
+        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]], dtype=torch.bfloat16)
+        ref = torch.zeros(M, H)
+        for t in range(M):
+            for j in range(2):
+                e = int(ids[t, j])
+                h = w1[e].float() @ x[t].float()
+                a = torch.nn.functional.silu(h[:I]) * h[I:]
+                ref[t] += float(tw[t, j]) * (w2[e].float() @ a)
+        ref *= 2.5
+        cfg = types.SimpleNamespace(activation="silu", routed_scaling_factor=2.5, inplace=False,
+                                    apply_router_weight_on_input=False, no_combine=False)
+        out = sglang.fused_experts(x, w1, w2, (tw, ids, None), cfg)
+        self.assertEqual(out.dtype, torch.bfloat16)
+        self.assertEqual(tuple(out.shape), (M, H))
+        self.assertLessEqual(float((out.float() - ref).abs().max()), 1.6e-2 * float(ref.abs().max()))
+        topk = types.SimpleNamespace(topk_weights=tw.float(), topk_ids=ids.to(torch.int32), router_logits=None)
+        same = sglang.fused_experts(x, w1, w2, topk, cfg)
+        self.assertTrue(torch.equal(same, out))
+        cfg.inplace = True
+        y = x.clone()
+        self.assertIs(sglang.fused_experts(y, w1, w2, topk, cfg), y)
+        self.assertTrue(torch.equal(y, out))
+        with self.assertRaisesRegex(NotImplementedError, "b1 is not supported"):
+            sglang.fused_experts(x, w1, w2, topk, None, b1=torch.zeros(E, 2 * I))
+        with self.assertRaisesRegex(NotImplementedError, r"block_shape=\[128, 128\]"):
+            sglang.fused_experts(x, w1, w2, topk, None, use_fp8_w8a8=True)
+        with self.assertRaisesRegex(NotImplementedError, "activation 'relu'"):
+            sglang.fused_experts(x, w1, w2, topk, types.SimpleNamespace(activation="relu"))
+
     def test_rmsnorm(self):
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
             with self.subTest(dtype=dtype):
