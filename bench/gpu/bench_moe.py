@@ -10,18 +10,54 @@ one CUDA graph, median replay / R; correctness against an fp32 reference on
 up to 8 tokens. The read floor: the experts the routings touch (mean unique
 experts x per-expert weight bytes) at the read bandwidth measured here.
 
+Per point (case, routing, M): --rounds rounds, each timing kdispatch (the
+default plan and every --variants plan forced, each through its own
+runtime), then the peer (uniform routing only: its harness draws its own),
+then kdispatch's default again (the A/A control); the SM clock is read
+(nvidia-smi) at each round's start. Medians over the rounds; the A/A spread
+(|A - A'| / A) is the margin a ratio must beat. Besides the graphs: the
+default cold (one call, L2 flushed; gpu_timing.Timer.cold) and, at M >= 256
+in bf16, torch._grouped_mm on the same tokens sorted by expert (the two
+GEMMs, as the peer's GEMM-only time).
+
   python3 bench/gpu/bench_moe.py --lib build/gpu/libkdispatch.so --peers DIR --out OUT
 """
-import argparse, json, os, statistics, sys, time
+import argparse, json, os, statistics, subprocess, sys, time
 
 import torch
 import torch.nn.functional as F
 
-CASES = [  # name, E, H, I, top_k
-    ("Qwen3-30B-A3B TP1 bf16", 128, 2048, 768, 8),
-    ("Qwen3-235B-A22B TP4 bf16", 128, 4096, 384, 8),
-    ("Mixtral-8x7B TP2 bf16", 8, 4096, 7168, 2),
+CASES = [  # name, E, H, I, top_k, fp8 (block-fp8 weights, 128x128 scales)
+    ("Qwen3-30B-A3B TP1 bf16", 128, 2048, 768, 8, False),
+    ("Qwen3-235B-A22B TP4 bf16", 128, 4096, 384, 8, False),
+    ("Mixtral-8x7B TP2 bf16", 8, 4096, 7168, 2, False),
+    ("DeepSeek-V3 TP8 fp8-block (shared expert fused: E=257, top-9)", 257, 7168, 256, 9, True),
+    ("Qwen3-30B-A3B TP1 fp8-block", 128, 2048, 768, 8, True),
+    ("Qwen3-235B-A22B TP4 fp8-block", 128, 4096, 384, 8, True),
 ]
+FP8 = torch.float8_e4m3fn
+
+
+def quant_groups(x, g=128):
+    """Per-token 1x128 groups to e4m3fn values times their scales (the op's rule), in fp32."""
+    T, K = x.shape
+    xv = x.float().view(T, K // g, g)
+    s = xv.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+    return ((xv / s).clamp(-448, 448).to(FP8).float() * s).view(T, K)
+
+
+def quant_weight(w):
+    """[E, N, K] bf16 -> e4m3fn [E, N, K] and fp32 scales [E, N/128, K/128] (128x128 blocks)."""
+    E, N, K = w.shape
+    wv = w.float().view(E, N // 128, 128, K // 128, 128)
+    s = wv.abs().amax(dim=(2, 4)).clamp(min=1e-10) / 448.0
+    q = (wv / s[:, :, None, :, None]).clamp(-448, 448).to(FP8).view(E, N, K)
+    return q, s.contiguous()
+
+
+def dequant_weight(q, s):
+    E, N, K = q.shape
+    return (q.float().view(E, N // 128, 128, K // 128, 128) * s[:, :, None, :, None]).view(E, N, K)
 
 
 def routings(M, E, H, top_k, R, dev, skew=False):
@@ -36,12 +72,16 @@ def routings(M, E, H, top_k, R, dev, skew=False):
     return sets
 
 
-def reference(x, w1, w2, tw, tid, I):
+def reference(x, w1, w2, tw, tid, I, fp8=False):
+    """fp32; fp8: w1, w2 dequantised, the activations quantised as the op quantises them."""
     ref = torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=torch.float32)
+    xr = quant_groups(x) if fp8 else x.float()
     for k in range(tid.shape[1]):
         e = tid[:, k].long()
-        h1 = torch.bmm(w1[e].float(), x.float()[:, :, None])[..., 0]
+        h1 = torch.bmm(w1[e].float(), xr[:, :, None])[..., 0]
         a = F.silu(h1[:, :I]) * h1[:, I:]
+        if fp8:
+            a = quant_groups(a)
         ref += tw[:, k:k + 1] * torch.bmm(w2[e].float(), a[:, :, None])[..., 0]
     return ref
 
@@ -86,6 +126,34 @@ def read_bw(dev):
     return x.numel() * 2 / (statistics.median(ts) * 1e-3) / 1e9
 
 
+def sm_clock_mhz():
+    """The SM clock now (nvidia-smi), None where it cannot be read."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i",
+                              str(torch.cuda.current_device())], capture_output=True, text=True, timeout=5).stdout
+        return int(out.split()[0])
+    except Exception:  # no nvidia-smi here: the rows say None
+        return None
+
+
+def grouped_mm_us(x, w1, w2, tid, I, reps=20):
+    """torch._grouped_mm's two GEMMs on x's (token, choice) pairs sorted by
+    expert (the sort outside the timing): graph time of one call."""
+    E, top_k = w1.shape[0], tid.shape[1]
+    order = tid.flatten().long().argsort(stable=True)
+    xs = x[order // top_k].contiguous()
+    offs = torch.cumsum(torch.bincount(tid.flatten().long(), minlength=E), 0).to(torch.int32)
+    b1, b2 = w1.transpose(1, 2), w2.transpose(1, 2)
+    h = torch._grouped_mm(xs, b1, offs=offs)
+    a = (F.silu(h[:, :I]) * h[:, I:]).contiguous()
+    return graph_us(lambda: (torch._grouped_mm(xs, b1, offs=offs), torch._grouped_mm(a, b2, offs=offs)), 1, reps)
+
+
+def med(v):
+    v = [x for x in v if x is not None]
+    return statistics.median(v) if v else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -93,15 +161,26 @@ def main():
     ap.add_argument("--configs", default="", help="SGLang's fused_moe_triton config folder for the peer")
     ap.add_argument("--out", default=".")
     ap.add_argument("--m", default="1,4,16,64")
-    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--sets", type=int, default=16, help="routings captured back to back in one graph")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per point (medians)")
+    ap.add_argument("--routing", default="uniform", help="uniform,skewed: the routings measured")
+    ap.add_argument("--variants", default="", help="comma list of fused_moe variants also timed, each forced")
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--cases", default="", help="comma list of substrings: only the cases whose name has one")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--force", default="", help="KDISPATCH_FORCE for this process (one variant serves every call)")
     args = ap.parse_args()
     t0 = time.time()
     os.environ.setdefault("KDISPATCH_LIBRARY", args.lib)
-    import kdispatch.torch_ops  # noqa: F401  registers torch.ops.kdispatch
+    if args.force:
+        os.environ["KDISPATCH_FORCE"] = args.force
+    import kdispatch
+    import kdispatch.torch_ops as kd_ops  # registers torch.ops.kdispatch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_timing import Timer
     peer = None
-    if args.peers and os.path.exists(os.path.join(args.peers, "peer_moe.py")):
+    if args.peers and not args.no_peer and os.path.exists(os.path.join(args.peers, "peer_moe.py")):
         if args.configs:
             os.environ["SGLANG_MOE_CONFIGS"] = args.configs
         os.environ["BUDGET_S"] = str(args.budget_s)
@@ -109,51 +188,109 @@ def main():
         import peer_moe as peer  # SGLang's kernel, launched as SGLang does
     dev = torch.device("cuda")
     bw = read_bw(dev)
+    timer = Timer(torch)
     info = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "read_bw_GBps": bw,
-            "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "peer": bool(peer)}
+            "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "peer": bool(peer), "force": args.force,
+            "rounds": args.rounds, "sets": args.sets, "variants": args.variants}
     print(json.dumps(info), flush=True)
+    # One runtime per forced variant (torch_ops.set_runtime switches between them).
+    runtimes = {"default": None}
+    for v in [v for v in args.variants.split(",") if v]:
+        runtimes[v] = kdispatch.Runtime(shipped_configs=False, log_level="error", force=[f"fused_moe={v}"])
     op = torch.ops.kdispatch.fused_moe
     rows = []
-    for name, E, H, I, top_k in CASES:
+    wanted = [c for c in args.cases.split(",") if c]
+    for name, E, H, I, top_k, fp8 in CASES:
+        if wanted and not any(c in name for c in wanted):
+            continue
         torch.manual_seed(0)
         w1 = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) * 0.02
         w2 = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) * 0.02
+        s1 = s2 = None
         per_expert = (2 * I * H + H * I) * 2
-        for M in [int(m) for m in args.m.split(",")]:
-            if time.time() - t0 > args.budget_s:
-                print(json.dumps({"case": name, "M": M, "skipped": "budget"}), flush=True)
-                continue
-            sets = routings(M, E, H, top_k, args.rounds, dev)
-            uniq = statistics.mean(len(torch.unique(s[2]).tolist()) for s in sets)
-            floor_us = (uniq * per_expert + 2 * M * H * 2) / (bw * 1e3)
-            row = {"case": name, "E": E, "H": H, "I": I, "top_k": top_k, "M": M, "experts_touched": uniq,
-                   "floor_us": floor_us, "flops": 2 * M * top_k * 3 * I * H}
-            x, tw, tid = sets[0]
-            y = op(x, w1, w2, tw, tid, None, None, 1.0, 0)
-            mm = min(M, 8)
-            ref = reference(x[:mm], w1, w2, tw[:mm], tid[:mm], I)
-            row["kd_rel_err"] = ((y[:mm].float() - ref).norm() / ref.norm()).item()
-            outs = [torch.empty(M, H, device=dev, dtype=torch.bfloat16) for _ in sets]
-            kd = lambda: [torch.ops.kdispatch.fused_moe_out(o, x, w1, w2, tw, tid, None, None, 1.0, 0)
-                          for (x, tw, tid), o in zip(sets, outs)]
-            row["kd_us"] = graph_us(kd, len(sets))
-            row["kd_floor_pct"] = 100 * floor_us / row["kd_us"]
-            if peer is not None:
-                try:
-                    pr = peer.run_case(name, E, H, I, top_k, None, False, [M], R=args.rounds)[0]
-                    row["peer_us_gemms"] = pr.get("tuned_us_gemms") or pr.get("default_us_gemms")
-                    row["peer_us_full"] = pr.get("tuned_us_full") or pr.get("default_us_full")
-                    row["peer_rel_err"] = pr.get("tuned_rel_err")
-                    if row["peer_us_gemms"]:
-                        row["speedup_vs_peer_gemms"] = row["peer_us_gemms"] / row["kd_us"]
-                except Exception as ex:  # the peer's failure is recorded, ours is not hidden
-                    row["peer_error"] = repr(ex)[-400:]
-                # A/A: kdispatch again after the peer (the spread a ratio must beat).
-                row["kd_us_aa"] = graph_us(kd, len(sets))
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        if fp8:  # the weights as the peer quantises them
+            (w1, s1), (w2, s2) = quant_weight(w1), quant_weight(w2)
+            per_expert = 3 * I * H + (s1[0].numel() + s2[0].numel()) * 4
+        w1r, w2r = (dequant_weight(w1, s1), dequant_weight(w2, s2)) if fp8 else (w1, w2)
+        for routing in [r for r in args.routing.split(",") if r]:
+            for M in [int(m) for m in args.m.split(",")]:
+                if time.time() - t0 > args.budget_s:
+                    print(json.dumps({"case": name, "M": M, "routing": routing, "skipped": "budget"}), flush=True)
+                    continue
+                rows.append(point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert,
+                                  bw, op, kd_ops, runtimes, peer, timer, dev))
+                print(json.dumps(rows[-1]), flush=True)
+        del w1, w2, w1r, w2r
+        torch.cuda.empty_cache()
+    kd_ops.set_runtime(None)
     with open(os.path.join(args.out, "moe_bench.json"), "w") as f:
         json.dump({"info": info, "rows": rows}, f, indent=1)
+
+
+def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert, bw, op, kd_ops,
+          runtimes, peer, timer, dev):
+    """One (case, routing, M): correctness, then the interleaved rounds."""
+    sets = routings(M, E, H, top_k, args.sets, dev, skew=routing == "skewed")
+    uniq = statistics.mean(len(torch.unique(s[2]).tolist()) for s in sets)
+    floor_us = (uniq * per_expert + 2 * M * H * 2) / (bw * 1e3)
+    flops = 2 * M * top_k * 3 * I * H
+    row = {"case": name, "E": E, "H": H, "I": I, "top_k": top_k, "M": M, "fp8": fp8, "routing": routing,
+           "experts_touched": uniq, "floor_us": floor_us, "flops": flops}
+    x, tw, tid = sets[0]
+    mm = min(M, 8)
+    ref = reference(x[:mm], w1r, w2r, tw[:mm], tid[:mm], I, fp8)
+    outs = [torch.empty(M, H, device=dev, dtype=torch.bfloat16) for _ in sets]
+
+    def kd(rt):
+        kd_ops.set_runtime(runtimes[rt])
+        return lambda: [torch.ops.kdispatch.fused_moe_out(o, x, w1, w2, tw, tid, s1, s2, 1.0, 0)
+                        for (x, tw, tid), o in zip(sets, outs)]
+
+    for rt in runtimes:
+        kd_ops.set_runtime(runtimes[rt])
+        y = op(x, w1, w2, tw, tid, s1, s2, 1.0, 0)
+        row[f"kd_rel_err[{rt}]"] = ((y[:mm].float() - ref).norm() / ref.norm()).item()
+    row["kd_rel_err"] = row["kd_rel_err[default]"]
+    times = {rt: [] for rt in runtimes}
+    aa, peer_us, peer_err, clocks = [], [], [], []
+    for _ in range(args.rounds):
+        clocks.append(sm_clock_mhz())
+        for rt in runtimes:
+            times[rt].append(graph_us(kd(rt), len(sets)))
+        if peer is not None and routing == "uniform":
+            try:
+                pr = peer.run_case(name, E, H, I, top_k, "fp8_w8a8" if fp8 else None, fp8, [M], R=args.sets)[0]
+                peer_us.append(pr.get("tuned_us_gemms") or pr.get("default_us_gemms"))
+                peer_err.append(pr.get("tuned_rel_err"))
+            except Exception as ex:  # the peer's failure is recorded, ours is not hidden
+                row["peer_error"] = repr(ex)[-400:]
+        aa.append(graph_us(kd("default"), len(sets)))
+    row["kd_us"] = med(times["default"])
+    row["kd_us_rounds"] = times["default"]
+    row["kd_us_aa"] = med(aa)
+    row["aa_spread"] = abs(row["kd_us"] - row["kd_us_aa"]) / row["kd_us"]
+    row["kd_floor_pct"] = 100 * floor_us / row["kd_us"]
+    row["kd_tflops"] = flops / row["kd_us"] / 1e6
+    for rt in runtimes:
+        if rt != "default":
+            row[f"kd_us[{rt}]"] = med(times[rt])
+    row["sm_clock_mhz"] = clocks
+    if peer_us:
+        row["peer_us_gemms"] = med(peer_us)
+        row["peer_us_rounds"] = peer_us
+        row["peer_rel_err"] = med(peer_err)
+        if row["peer_us_gemms"]:
+            row["peer_floor_pct"] = 100 * floor_us / row["peer_us_gemms"]
+            row["speedup_vs_peer_gemms"] = row["peer_us_gemms"] / row["kd_us"]
+    kd_ops.set_runtime(None)
+    row["kd_cold_us"] = timer.cold(lambda: torch.ops.kdispatch.fused_moe_out(outs[0], x, w1, w2, tw, tid, s1, s2,
+                                                                           1.0, 0))["us"]
+    if M >= 256 and not fp8 and hasattr(torch, "_grouped_mm"):
+        try:
+            row["grouped_mm_us"] = grouped_mm_us(x, w1, w2, tid, I)
+        except Exception as ex:  # torch's grouped GEMM refuses the layout: said, not hidden
+            row["grouped_mm_error"] = repr(ex)[-300:]
+    return row
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@
 #                 (KD_TEST_PARTS=gpu,host,torch: the parts to run)
 #   bench/gpu/run_h200.sh --sections fp8-test    # the fp8 GEMM and quantisation GPU tests (fp8_tests.log; ~400 s;
 #                 KD_FP8_TEST_CASES="gpu fp8 gemm: get_default*,gpu fp8 gemm fast_accum*": those cases only)
-#   bench/gpu/run_h200.sh --sections moe         # fused_moe beside SGLang's Triton MoE kernel (moe_bench.json)
+#   bench/gpu/run_h200.sh --sections moe         # fused_moe beside SGLang's Triton MoE kernel (moe_bench.json;
+#                 KD_MOE_CASES, KD_MOE_M, KD_MOE_ROUTING, KD_MOE_ROUNDS, KD_MOE_VARIANTS: see the section)
+#   KD_GPU_TEST_CASES='gpu fused_moe*' ... --sections build,test   # the GPU tests of those doctest cases only
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
@@ -238,7 +240,9 @@ fi
 if has test && part gpu; then
   stamp "test: GPU tests (every variant and point against float64, device compare, sync tuning; silu-test: the rest)"
   t=$(($(left) - 60)); [ $t -lt 60 ] && t=60  # timeout 0 would mean no limit, a negative one an error
-  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" -tce='gpu silu*,gpu fp8*' \
+  # KD_GPU_TEST_CASES: a doctest -tc filter instead (e.g. 'gpu fused_moe*')
+  if [ -n "${KD_GPU_TEST_CASES:-}" ]; then filter=(-tc="$KD_GPU_TEST_CASES"); else filter=(-tce='gpu silu*,gpu fp8*'); fi
+  KDISPATCH_CACHE_DIR=/tmp/kd-no-cache timeout $t "$BUILD/tests/gpu/kdispatch_gpu_tests" "${filter[@]}" \
     >"$OUT/gpu_tests.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   echo "kdispatch_gpu_tests rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)|skipped' "$OUT/gpu_tests.log" | tr '\n' ' ')"
@@ -301,13 +305,17 @@ if has moe; then
   MOE_CFG=$ROOT/../shared/data/sglang-configs/fused_moe_triton
   [ -f "$MOE_PEERS/peer_moe.py" ] || { MOE_PEERS=$ROOT/.deps/sglang_moe; MOE_CFG=$ROOT/.deps/sglang_moe/configs; }
   budget=$(($(left) - 20))
+  # KD_MOE_CASES: case-name substrings (comma list; e.g. fp8-block); KD_MOE_ROUTING: uniform,skewed;
+  # KD_MOE_ROUNDS (5); KD_MOE_VARIANTS: fused_moe variants also timed, each forced (e.g.
+  # fused_moe_bf16__split,fused_moe_bf16__experts).
   stamp "moe: bench_moe.py, M ${KD_MOE_M:-1,4,16,64} (${budget} s; peer from $MOE_PEERS)"
   PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
     timeout "$budget" "$PY" bench/gpu/bench_moe.py --lib "$LIB" --peers "$MOE_PEERS" --configs "$MOE_CFG" \
     --m "${KD_MOE_M:-1,4,16,64}" --budget-s $((budget - 30)) --out "$OUT" --commit "${KD_COMMIT:-unknown}" \
-    >"$OUT/bench_moe.log" 2>&1
+    --cases "${KD_MOE_CASES:-}" --routing "${KD_MOE_ROUTING:-uniform}" --rounds "${KD_MOE_ROUNDS:-5}" \
+    --variants "${KD_MOE_VARIANTS:-}" >"$OUT/bench_moe.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
-  grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -20
+  grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -40
   [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
 fi
 
