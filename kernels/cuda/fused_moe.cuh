@@ -7,6 +7,7 @@
 
 #include "cuda/fused_moe.hpp"
 #include "gpu/launch_util.hpp"
+#include "cuda/moe_mma.cuh"
 #include "gpu/moe_kernels.cuh"
 #include "ops/fused_moe.hpp"
 
@@ -119,6 +120,48 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
                     moe::moe_down_fp8_ref_kernel<X>, dim3(static_cast<unsigned>(down)), args_of(la, p));
 }
 
+/// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce.
+template <DType DT>
+Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  static_assert(moe_mma::kMmaPairs == kMoeMmaPairs, "the workspace's items");
+  if (p.m < 1) return Status();
+  if (Status s = workspace_ok(la, moe_mma_workspace_bytes(p), "the tensor-core kernels"); !s.ok()) return s;
+  const int64_t P = p.m * p.extra[1], items = moe_mma_max_items(p);
+  if (items > 65535) return core::needs_fallback("fused_moe tensor-core kernels: over 65535 work items");
+  char* ws = static_cast<char*>(la.workspace);
+  moe_mma::MmaArgs m{};
+  m.g = args_of(la, p);
+  m.n_items = reinterpret_cast<int32_t*>(ws);
+  ws += moe_round256(4);
+  m.sorted = reinterpret_cast<int32_t*>(ws);
+  ws += moe_round256(P * 4);
+  m.items = reinterpret_cast<int4*>(ws);
+  ws += moe_round256(items * 16);
+  m.a = ws;
+  ws += moe_round256(P * p.n * 2);
+  m.y = reinterpret_cast<float*>(ws);
+  m.max_items = static_cast<int32_t>(items);
+  const LaunchScope on(la, p);
+  const auto grid_y = static_cast<unsigned>(items);
+  port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<DT>, dim3(1), dim3(moe_mma::kSortThreads),
+                                    static_cast<size_t>(2 * p.extra[0] * 4), on.stream, on.pdl, m);
+  if (e != port::kSuccess) return port::status(e, "fused_moe sort kernel launch");
+  e = port::launch(moe_mma::moe_up_mma_kernel<DT>,
+                   dim3(static_cast<unsigned>((p.n + 16 * moe_mma::kMmaWarps - 1) / (16 * moe_mma::kMmaWarps)), grid_y),
+                   dim3(moe_mma::kMmaThreads), on.stream, on.pdl, m);
+  if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core up kernel launch");
+  constexpr int64_t down_rows = 16 * moe_mma::kMmaWarps * moe_mma::kDownRowTiles;
+  e = port::launch(moe_mma::moe_down_mma_kernel<DT>,
+                   dim3(static_cast<unsigned>((p.k + down_rows - 1) / down_rows), grid_y), dim3(moe_mma::kMmaThreads),
+                   on.stream, on.pdl, m);
+  if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core down kernel launch");
+  e = port::launch(moe_mma::moe_reduce_kernel<DT>,
+                   dim3(static_cast<unsigned>(p.m),
+                        static_cast<unsigned>((p.k + moe_mma::kReduceThreads - 1) / moe_mma::kReduceThreads)),
+                   dim3(moe_mma::kReduceThreads), on.stream, on.pdl, m);
+  return port::status(e, "fused_moe reduce kernel launch");
+}
+
 template <DType DT>
 void probe(KernelImage* out) noexcept {
   out[0] = image_of(moe::moe_up_kernel<DT, kUpRows, true>);
@@ -129,6 +172,10 @@ void probe(KernelImage* out) noexcept {
   out[5] = image_of(moe::moe_down_grouped_kernel<DT, kDownRows>);
   out[6] = image_of(moe::moe_up_split_kernel<DT, DT>);
   out[7] = image_of(moe::moe_down_split_kernel<DT, DT>);
+  out[8] = image_of(moe_mma::moe_sort_kernel<DT>);
+  out[9] = image_of(moe_mma::moe_up_mma_kernel<DT>);
+  out[10] = image_of(moe_mma::moe_down_mma_kernel<DT>);
+  out[11] = image_of(moe_mma::moe_reduce_kernel<DT>);
 }
 
 }  // namespace dispatch::cuda::moe_tu
@@ -143,6 +190,9 @@ void probe(KernelImage* out) noexcept {
   }                                                                                                        \
   Status launch_fused_moe_split_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {        \
     return moe_tu::launch_split<DType::dt, DType::dt>(la, p);                                              \
+  }                                                                                                        \
+  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {          \
+    return moe_tu::launch_mma<DType::dt>(la, p);                                                           \
   }                                                                                                        \
   void probe_fused_moe_##dt(KernelImage* out, const ProbeEnv&) noexcept { moe_tu::probe<DType::dt>(out); } \
   }

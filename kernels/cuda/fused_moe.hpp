@@ -19,9 +19,10 @@ namespace dispatch::cuda {
 inline constexpr int kMoeThreads = 256;
 /// Kernel images of the bf16/fp16 TUs: [0] up, [1] down (vector loads); [2]
 /// up, [3] down (one element at a time); [4] up, [5] down (grouped by
-/// expert); [6] up, [7] down (split over K). The fp8 TU: [0] up, [1] down
-/// (split over K); [2] up, [3] down (its reference).
-inline constexpr int kMoeImages = 8;
+/// expert); [6] up, [7] down (split over K); [8] sort, [9] up, [10] down,
+/// [11] reduce (tensor cores). The fp8 TU: [0] up, [1] down (split over
+/// K); [2] up, [3] down (its reference).
+inline constexpr int kMoeImages = 12;
 
 /// The workspace a launch needs: the activated intermediate [M * top_k, I] in fp32.
 constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept { return p.m * p.extra[1] * p.n * 4; }
@@ -37,6 +38,20 @@ constexpr int64_t moe_grouped_workspace_bytes(const core::Problem& p) noexcept {
 }
 /// Output rows per block of the split down kernel (H a multiple of it).
 inline constexpr int64_t kMoeSplitDownRows = 16;
+/// The tensor-core kernels (moe_mma.cuh): pairs per work item, the most
+/// items a call can have, and the workspace: the item count, the sorted
+/// pairs [P] (int32), the items (16 bytes each), a [P, I] in the dtype
+/// (2 bytes) and y [P, H] in fp32, each part 256-byte aligned.
+inline constexpr int64_t kMoeMmaPairs = 32;
+constexpr int64_t moe_mma_max_items(const core::Problem& p) noexcept {
+  const int64_t P = p.m * p.extra[1];
+  return P / kMoeMmaPairs + (P < p.extra[0] ? P : p.extra[0]) + 1;
+}
+constexpr int64_t moe_mma_workspace_bytes(const core::Problem& p) noexcept {
+  const int64_t P = p.m * p.extra[1];
+  return moe_round256(4) + moe_round256(P * 4) + moe_round256(moe_mma_max_items(p) * 16) + moe_round256(P * p.n * 2) +
+         moe_round256(P * p.k * 4);
+}
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;
 
@@ -52,6 +67,10 @@ Status launch_fused_moe_split_bf16(const core::LaunchArgs& la, const core::Probl
 Status launch_fused_moe_split_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_split_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+/// The tensor-core kernels (moe_mma.cuh; I and H multiples of 32, E <= 1024,
+/// 16-byte aligned rows).
+Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// The grouped kernels (16-byte loads only).
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;

@@ -14,6 +14,14 @@
 //                              (choice, I) for the down one): every warp
 //                              streams when the grid is short (M = 1)
 //                              (I a multiple of 8, H of 16)
+//   fused_moe_<dt>__mma        the pairs sorted by expert, each expert's rows
+//                              read once per 32 of its pairs, the multiply on
+//                              tensor cores (mma.sync, swap-AB; moe_mma.cuh):
+//                              four launches (sort, up, down, top-k sum); for
+//                              many pairs per expert (decode at M >= 16,
+//                              prefill); a candidate until measured (written
+//                              2026-12-04 with no device lent)
+//                              (H and I multiples of 32, E <= 1024)
 //   fused_moe_fp8_e4m3fn__split   the split kernels on block-fp8 weights
 //                              (e4m3fn, 128x128 block scales) with bf16
 //                              activations quantised per 1x128 group as
@@ -35,13 +43,14 @@ namespace {
 
 int64_t workspace_bytes(const core::Problem& p, const int64_t*) { return moe_decode_workspace_bytes(p); }
 int64_t grouped_workspace_bytes(const core::Problem& p, const int64_t*) { return moe_grouped_workspace_bytes(p); }
+int64_t mma_workspace_bytes(const core::Problem& p, const int64_t*) { return moe_mma_workspace_bytes(p); }
 
-enum class Kind { decode, ref, grouped, split };
+enum class Kind { decode, ref, grouped, split, mma };
 
 /// Where a variant's two kernels are among its TU's images (fused_moe.hpp).
 int first_image(const core::VariantDef& v, Kind k) {
   if (v.in_dtype == DType::fp8_e4m3fn) return k == Kind::split ? 0 : 2;
-  return k == Kind::decode ? 0 : k == Kind::ref ? 2 : k == Kind::grouped ? 4 : 6;
+  return k == Kind::decode ? 0 : k == Kind::ref ? 2 : k == Kind::grouped ? 4 : k == Kind::split ? 6 : 8;
 }
 
 KernelTu tu_of(DType dt) {
@@ -84,12 +93,16 @@ Status check(const core::VariantDef& v, const core::Problem& p, const DeviceInfo
     return core::decline(v, StatusCode::unsupported_problem,
                          "the grouped kernels take E <= " + std::to_string(kMoeMaxExperts) +
                              ", I >= 2 and H >= " + std::to_string(kMoeDownTile));
+  if (K == Kind::mma && (p.n % 32 != 0 || p.k % 32 != 0 || p.extra[0] > kMoeMaxExperts))
+    return core::decline(
+        v, StatusCode::unsupported_problem,
+        "the tensor-core kernels take H and I multiples of 32 and E <= " + std::to_string(kMoeMaxExperts));
   if (K == Kind::split && p.k % kMoeSplitDownRows != 0)
     return core::decline(v, StatusCode::unsupported_problem,
                          "the split kernels take H a multiple of " + std::to_string(kMoeSplitDownRows));
   if (const DeviceState* st = probed(dev, DeviceType::cuda)) {
     const int first = first_image(v, K);
-    for (int k = first; k < first + 2; ++k)
+    for (int k = first; k < first + (K == Kind::mma ? 4 : 2); ++k)
       if (Status s = image_fits(v, st->image(tu_of(v.in_dtype), k), *st, kMoeThreads); !s.ok()) return s;
   }
   return Status();
@@ -101,6 +114,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*
     return K == Kind::split ? launch_fused_moe_split_fp8(la, p) : launch_fused_moe_ref_fp8(la, p);
   if (K == Kind::split)
     return DT == DType::bf16 ? launch_fused_moe_split_bf16(la, p) : launch_fused_moe_split_fp16(la, p);
+  if (K == Kind::mma) return DT == DType::bf16 ? launch_fused_moe_mma_bf16(la, p) : launch_fused_moe_mma_fp16(la, p);
   if (K == Kind::grouped)
     return DT == DType::bf16 ? launch_fused_moe_grouped_bf16(la, p) : launch_fused_moe_grouped_fp16(la, p);
   return DT == DType::bf16 ? launch_fused_moe_bf16(la, p, K == Kind::decode)
@@ -131,6 +145,8 @@ KD_MOE_VARIANT(kMoeFp16Decode, "fused_moe_fp16__pairs", DType::fp16, Kind::decod
 KD_MOE_VARIANT(kMoeBf16Split, "fused_moe_bf16__split", DType::bf16, Kind::split, 0, workspace_bytes)
 KD_MOE_VARIANT(kMoeFp16Split, "fused_moe_fp16__split", DType::fp16, Kind::split, 0, workspace_bytes)
 KD_MOE_VARIANT(kMoeFp8Split, "fused_moe_fp8_e4m3fn__split", DType::fp8_e4m3fn, Kind::split, 0, workspace_bytes)
+KD_MOE_VARIANT(kMoeBf16Mma, "fused_moe_bf16__mma", DType::bf16, Kind::mma, 0, mma_workspace_bytes)
+KD_MOE_VARIANT(kMoeFp16Mma, "fused_moe_fp16__mma", DType::fp16, Kind::mma, 0, mma_workspace_bytes)
 KD_MOE_VARIANT(kMoeBf16Ref, "fused_moe_bf16__cuda_ref", DType::bf16, Kind::ref, core::kVariantReference,
                workspace_bytes)
 KD_MOE_VARIANT(kMoeFp16Ref, "fused_moe_fp16__cuda_ref", DType::fp16, Kind::ref, core::kVariantReference,
@@ -139,9 +155,9 @@ KD_MOE_VARIANT(kMoeFp8Ref, "fused_moe_fp8_e4m3fn__cuda_ref", DType::fp8_e4m3fn, 
                workspace_bytes)
 #undef KD_MOE_VARIANT
 
-constexpr const core::VariantDef* kRows[] = {&kMoeBf16Grouped, &kMoeFp16Grouped, &kMoeBf16Decode, &kMoeFp16Decode,
-                                             &kMoeBf16Split,   &kMoeFp16Split,   &kMoeFp8Split,   &kMoeBf16Ref,
-                                             &kMoeFp16Ref,     &kMoeFp8Ref};
+constexpr const core::VariantDef* kRows[] = {&kMoeBf16Grouped, &kMoeFp16Grouped, &kMoeBf16Mma,   &kMoeFp16Mma,
+                                             &kMoeBf16Decode,  &kMoeFp16Decode,  &kMoeBf16Split, &kMoeFp16Split,
+                                             &kMoeFp8Split,    &kMoeBf16Ref,     &kMoeFp16Ref,   &kMoeFp8Ref};
 
 }  // namespace
 

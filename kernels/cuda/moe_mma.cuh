@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — fused_moe's grouped tensor-core kernels (bf16 and
+// fp16; mma.sync m16n8k16, sm_80+): the (token, choice) pairs sorted by
+// expert, each expert's weight rows read once per tile of up to kMmaPairs of
+// its pairs instead of once per pair (the per-pair kernels' cost when many
+// tokens share an expert: decode at M >= 16, and prefill).
+//
+//   moe_sort_kernel    one block: the pairs per expert (ids outside [0, E)
+//                      left out), the pairs in expert order, and the work
+//                      list: one item (expert, first, count) per kMmaPairs
+//                      of an expert's pairs.
+//   moe_up_mma_kernel  grid (ceil(I / (kMmaWarps * 16)), max items): warp w
+//                      of block (slab, item) computes gate rows i0..i0+15 and
+//                      up rows I+i0.. of the item's expert against its pairs'
+//                      hidden rows, then a[p, i] = act(gate) * up, rounded to
+//                      the dtype, into the workspace [P, I].
+//   moe_down_mma_kernel grid (ceil(H / (kMmaWarps * 32)), max items): y[p, c]
+//                      = w2[e][c] · a[p] in fp32 into the workspace [P, H].
+//   moe_reduce_kernel  grid (M, ceil(H / 256)): out[t, c] = rsf * sum_j
+//                      topk_weights[t, j] * y[(t, j), c] over the token's
+//                      valid choices in order (deterministic).
+// The multiply is transposed (swap-AB): 16 weight rows are mma's A operand,
+// 8 pairs its B operand, so a tile of a few pairs still fills the
+// instruction. Fragments come straight from global memory: a lane loads 16
+// bytes (8 elements of K) of a weight row and of a token row per 32-element
+// step, and the mma's K order is permuted to match: for lane (g = lane / 4,
+// q = lane % 4) the logical k pair {2q, 2q+1} of step s is the physical pair
+// 8q + 4s + {0, 1} and {2q+8, 2q+9} is 8q + 4s + {2, 3} — one bijection of
+// the step's 32 elements used by A and B alike, so the sums are those of the
+// plain order. The pairs' order inside an item does not change any output:
+// each pair's result is one column of the mma, summed over K in a fixed order.
+#pragma once
+
+#include "cuda/gemm_skinny_mma.cuh"  // mma<DT>
+#include "gpu/elem.cuh"
+#include "gpu/moe_kernels.cuh"
+
+namespace dispatch::cuda::moe_mma {
+
+inline constexpr int kMmaWarps = 4;                 ///< warps per block of the GEMM kernels
+inline constexpr int kMmaThreads = kMmaWarps * 32;  ///< and their threads
+inline constexpr int kMmaTiles = 4;                 ///< 8-pair mma tiles per item
+inline constexpr int kMmaPairs = 8 * kMmaTiles;     ///< pairs per item
+inline constexpr int kDownRowTiles = 2;             ///< 16-row tiles per warp of the down kernel
+inline constexpr int kSortThreads = 1024;
+inline constexpr int kReduceThreads = 256;
+
+/// One call's arguments (moe::MoeArgs) and the workspace's parts.
+struct MmaArgs {
+  moe::MoeArgs g;
+  int32_t* n_items;   ///< [1]
+  int32_t* sorted;    ///< [P]: the pairs in expert order
+  int4* items;        ///< [max_items]: (expert, first in sorted, count, 0)
+  void* a;            ///< [P, I] in the dtype
+  float* y;           ///< [P, H]
+  int32_t max_items;  ///< the grid's items
+};
+
+KDISPATCH_DEVICE_INLINE uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+
+template <DType DT>  // (per dtype only so that each TU has its own copy)
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kSortThreads) moe_sort_kernel(MmaArgs m) {
+  port::grid_dependency_wait_and_release();
+  extern __shared__ int32_t sm[];  // count[E], cursor[E]
+  const moe::MoeArgs& g = m.g;
+  const int E = static_cast<int>(g.E), k = static_cast<int>(g.top_k), P = static_cast<int>(g.M * g.top_k);
+  int32_t* count = sm;
+  int32_t* cursor = sm + E;
+  for (int e = static_cast<int>(threadIdx.x); e < E; e += kSortThreads) count[e] = 0;
+  __syncthreads();
+  for (int q = static_cast<int>(threadIdx.x); q < P; q += kSortThreads) {
+    const int32_t e = g.ids[(q / k) * g.ldi + q % k];
+    if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // offsets and the work list (E <= 1024 experts, items <= P / 32 + E)
+    int32_t first = 0, n = 0;
+    for (int e = 0; e < E; ++e) {
+      cursor[e] = first;
+      for (int32_t s = 0; s < count[e]; s += kMmaPairs)
+        m.items[n++] = make_int4(e, first + s, count[e] - s < kMmaPairs ? count[e] - s : kMmaPairs, 0);
+      first += count[e];
+    }
+    *m.n_items = n;
+  }
+  __syncthreads();
+  for (int q = static_cast<int>(threadIdx.x); q < P; q += kSortThreads) {
+    const int32_t e = g.ids[(q / k) * g.ldi + q % k];
+    if (e >= 0 && e < E) m.sorted[atomicAdd(&cursor[e], 1)] = q;
+  }
+}
+
+/// The A fragment of step s (0, 1) from the 16-byte loads of rows g and g + 8.
+KDISPATCH_DEVICE_INLINE void frag_a(const uint4& r0, const uint4& r8, int s, uint32_t (&a)[4]) {
+  a[0] = s ? r0.z : r0.x;
+  a[1] = s ? r8.z : r8.x;
+  a[2] = s ? r0.w : r0.y;
+  a[3] = s ? r8.w : r8.y;
+}
+
+template <DType DT>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_kernel(MmaArgs m) {
+  port::grid_dependency_wait_and_release();
+  using S = typename Elem<DT>::S;
+  const moe::MoeArgs& g = m.g;
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;
+  const int4 it = m.items[blockIdx.y];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int gr = lane >> 2, q = lane & 3;
+  const int64_t i0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * 16;
+  if (i0 >= g.I) return;  // I a multiple of 16 (the list checks)
+  const S* wg = static_cast<const S*>(g.w1) + (int64_t{it.x} * 2 * g.I + i0 + gr) * g.ldw1 + 8 * q;
+  const int64_t r8 = 8 * g.ldw1, up = g.I * g.ldw1;
+  const S* xb[kMmaTiles];
+  int32_t pair[kMmaTiles];
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j) {
+    const int c = j * 8 + gr;
+    pair[j] = m.sorted[it.y + (c < it.z ? c : 0)];  // past the item's count: its first pair again (unused)
+    xb[j] = static_cast<const S*>(g.hidden) + (pair[j] / g.top_k) * g.ldh + 8 * q;
+  }
+  float acc[2][kMmaTiles][4] = {};
+  for (int64_t k0 = 0; k0 < g.H; k0 += 32) {  // H a multiple of 32
+    const uint4 a0 = ld16(wg + k0), a8 = ld16(wg + r8 + k0), u0 = ld16(wg + up + k0), u8 = ld16(wg + up + r8 + k0);
+    uint4 b[kMmaTiles];
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(xb[j] + k0);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      uint32_t fg[4], fu[4];
+      frag_a(a0, a8, s, fg);
+      frag_a(u0, u8, s, fu);
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j) {
+        const uint32_t b0 = s ? b[j].z : b[j].x, b1 = s ? b[j].w : b[j].y;
+        gemm_skinny_mma::mma<DT>(acc[0][j], fg, b0, b1);
+        gemm_skinny_mma::mma<DT>(acc[1][j], fu, b0, b1);
+      }
+    }
+  }
+  // C: c0, c1 = (row gr, columns 2q, 2q + 1), c2, c3 = row gr + 8.
+  S* a = static_cast<S*>(m.a);
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = j * 8 + 2 * q + (e & 1);
+      if (c >= it.z) continue;
+      const int64_t p = m.sorted[it.y + c];
+      Elem<DT>::store1(a + p * g.I + i0 + gr + (e >= 2 ? 8 : 0), moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
+    }
+}
+
+template <DType DT>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_kernel(MmaArgs m) {
+  port::grid_dependency_wait_and_release();
+  using S = typename Elem<DT>::S;
+  const moe::MoeArgs& g = m.g;
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;
+  const int4 it = m.items[blockIdx.y];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int gr = lane >> 2, q = lane & 3;
+  const int64_t c0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * 16 * kDownRowTiles;
+  if (c0 >= g.H) return;  // H a multiple of 32
+  const S* w = static_cast<const S*>(g.w2) + (int64_t{it.x} * g.H + c0 + gr) * g.ldw2 + 8 * q;
+  const int64_t r8 = 8 * g.ldw2;
+  const S* ab[kMmaTiles];
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j) {
+    const int c = j * 8 + gr;
+    ab[j] = static_cast<const S*>(m.a) + int64_t{m.sorted[it.y + (c < it.z ? c : 0)]} * g.I + 8 * q;
+  }
+  float acc[kDownRowTiles][kMmaTiles][4] = {};
+  for (int64_t k0 = 0; k0 < g.I; k0 += 32) {  // I a multiple of 32
+    uint4 r0[kDownRowTiles], rr8[kDownRowTiles], b[kMmaTiles];
+#pragma unroll
+    for (int t = 0; t < kDownRowTiles; ++t) {
+      r0[t] = ld16(w + t * 16 * g.ldw2 + k0);
+      rr8[t] = ld16(w + t * 16 * g.ldw2 + r8 + k0);
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(ab[j] + k0);
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int t = 0; t < kDownRowTiles; ++t) {
+        uint32_t fa[4];
+        frag_a(r0[t], rr8[t], s, fa);
+#pragma unroll
+        for (int j = 0; j < kMmaTiles; ++j)
+          gemm_skinny_mma::mma<DT>(acc[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
+      }
+  }
+#pragma unroll
+  for (int t = 0; t < kDownRowTiles; ++t)
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = j * 8 + 2 * q + (e & 1);
+        if (c >= it.z) continue;
+        const int64_t p = m.sorted[it.y + c];
+        m.y[p * g.H + c0 + t * 16 + gr + (e >= 2 ? 8 : 0)] = acc[t][j][e];
+      }
+}
+
+template <DType DT>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kReduceThreads) moe_reduce_kernel(MmaArgs m) {
+  port::grid_dependency_wait_and_release();
+  using S = typename Elem<DT>::S;
+  const moe::MoeArgs& g = m.g;
+  const int64_t t = blockIdx.x, c = int64_t{blockIdx.y} * kReduceThreads + threadIdx.x;
+  if (c >= g.H) return;
+  float acc = 0.f;
+  for (int64_t j = 0; j < g.top_k; ++j) {
+    const int32_t e = g.ids[t * g.ldi + j];
+    if (e < 0 || e >= g.E) continue;
+    acc = fmaf(g.tw[t * g.ldtw + j], m.y[(t * g.top_k + j) * g.H + c], acc);
+  }
+  Elem<DT>::store1(static_cast<S*>(g.out) + t * g.ldo + c, g.rsf * acc);
+}
+
+}  // namespace dispatch::cuda::moe_mma
