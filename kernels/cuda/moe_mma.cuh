@@ -98,27 +98,60 @@ KDISPATCH_DEVICE_INLINE void frag_a(const uint4& r0, const uint4& r8, int s, uin
   a[3] = s ? r8.w : r8.y;
 }
 
+/// Where a lane of the GEMM kernels works: the block's item (expert, first,
+/// count), its warp's first output row, the lane's mma coordinates (gr =
+/// lane / 4, q = lane % 4).
+struct Lane {
+  int4 it;
+  int64_t row0;
+  int gr, q;
+
+  /// The pair of B column j * 8 + gr (the item's first past its count: its
+  /// results are not written).
+  KDISPATCH_DEVICE_INLINE int64_t b_pair(const MmaArgs& m, int j) const {
+    const int c = j * 8 + gr;
+    return m.sorted[it.y + (c < it.z ? c : 0)];
+  }
+  /// f(j, e, pair, row) for each accumulator e of tile j that is one of the
+  /// item's pairs (C layout: c0, c1 = row gr, columns 2q, 2q + 1; c2, c3 =
+  /// row gr + 8); row relative to the tile's first.
+  template <class F>
+  KDISPATCH_DEVICE_INLINE void each_out(const MmaArgs& m, F f) const {
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = j * 8 + 2 * q + (e & 1);
+        if (c < it.z) f(j, e, int64_t{m.sorted[it.y + c]}, gr + (e >= 2 ? 8 : 0));
+      }
+  }
+};
+/// The lane's place, warps taking `rows` output rows each of `extent`;
+/// false when the block is past the call's items or the warp past extent.
+/// (Waits on the previous kernel first: the kernels' first statement.)
+KDISPATCH_DEVICE_INLINE bool lane_of(const MmaArgs& m, int rows, int64_t extent, Lane* l) {
+  port::grid_dependency_wait_and_release();
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return false;
+  l->it = m.items[blockIdx.y];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  l->row0 = (int64_t{blockIdx.x} * kMmaWarps + (static_cast<int>(threadIdx.x) >> 5)) * rows;
+  l->gr = lane >> 2, l->q = lane & 3;
+  return l->row0 < extent;
+}
+
 template <DType DT>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_kernel(MmaArgs m) {
-  port::grid_dependency_wait_and_release();
-  using S = typename Elem<DT>::S;
+  Lane l;
+  if (!lane_of(m, 16, m.g.I, &l)) return;  // I a multiple of 16 (the list checks)
+  const int64_t i0 = l.row0;
   const moe::MoeArgs& g = m.g;
-  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;
-  const int4 it = m.items[blockIdx.y];
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int gr = lane >> 2, q = lane & 3;
-  const int64_t i0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * 16;
-  if (i0 >= g.I) return;  // I a multiple of 16 (the list checks)
-  const S* wg = static_cast<const S*>(g.w1) + (int64_t{it.x} * 2 * g.I + i0 + gr) * g.ldw1 + 8 * q;
+  using S = typename Elem<DT>::S;
+  const S* wg = static_cast<const S*>(g.w1) + (int64_t{l.it.x} * 2 * g.I + i0 + l.gr) * g.ldw1 + 8 * l.q;
   const int64_t r8 = 8 * g.ldw1, up = g.I * g.ldw1;
   const S* xb[kMmaTiles];
-  int32_t pair[kMmaTiles];
 #pragma unroll
-  for (int j = 0; j < kMmaTiles; ++j) {
-    const int c = j * 8 + gr;
-    pair[j] = m.sorted[it.y + (c < it.z ? c : 0)];  // past the item's count: its first pair again (unused)
-    xb[j] = static_cast<const S*>(g.hidden) + (pair[j] / g.top_k) * g.ldh + 8 * q;
-  }
+  for (int j = 0; j < kMmaTiles; ++j)
+    xb[j] = static_cast<const S*>(g.hidden) + (l.b_pair(m, j) / g.top_k) * g.ldh + 8 * l.q;
   float acc[2][kMmaTiles][4] = {};
   for (int64_t k0 = 0; k0 < g.H; k0 += 32) {  // H a multiple of 32
     const uint4 a0 = ld16(wg + k0), a8 = ld16(wg + r8 + k0), u0 = ld16(wg + up + k0), u8 = ld16(wg + up + r8 + k0);
@@ -138,38 +171,24 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
       }
     }
   }
-  // C: c0, c1 = (row gr, columns 2q, 2q + 1), c2, c3 = row gr + 8.
   S* a = static_cast<S*>(m.a);
-#pragma unroll
-  for (int j = 0; j < kMmaTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = j * 8 + 2 * q + (e & 1);
-      if (c >= it.z) continue;
-      const int64_t p = m.sorted[it.y + c];
-      Elem<DT>::store1(a + p * g.I + i0 + gr + (e >= 2 ? 8 : 0), moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
-    }
+  l.each_out(m, [&](int j, int e, int64_t p, int r) {
+    Elem<DT>::store1(a + p * g.I + i0 + r, moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
+  });
 }
 
 template <DType DT>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_kernel(MmaArgs m) {
-  port::grid_dependency_wait_and_release();
+  Lane l;
+  if (!lane_of(m, 16 * kDownRowTiles, m.g.H, &l)) return;  // H a multiple of 32
   using S = typename Elem<DT>::S;
   const moe::MoeArgs& g = m.g;
-  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;
-  const int4 it = m.items[blockIdx.y];
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int gr = lane >> 2, q = lane & 3;
-  const int64_t c0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * 16 * kDownRowTiles;
-  if (c0 >= g.H) return;  // H a multiple of 32
-  const S* w = static_cast<const S*>(g.w2) + (int64_t{it.x} * g.H + c0 + gr) * g.ldw2 + 8 * q;
+  const int64_t c0 = l.row0;
+  const S* w = static_cast<const S*>(g.w2) + (int64_t{l.it.x} * g.H + c0 + l.gr) * g.ldw2 + 8 * l.q;
   const int64_t r8 = 8 * g.ldw2;
   const S* ab[kMmaTiles];
 #pragma unroll
-  for (int j = 0; j < kMmaTiles; ++j) {
-    const int c = j * 8 + gr;
-    ab[j] = static_cast<const S*>(m.a) + int64_t{m.sorted[it.y + (c < it.z ? c : 0)]} * g.I + 8 * q;
-  }
+  for (int j = 0; j < kMmaTiles; ++j) ab[j] = static_cast<const S*>(m.a) + l.b_pair(m, j) * g.I + 8 * l.q;
   float acc[kDownRowTiles][kMmaTiles][4] = {};
   for (int64_t k0 = 0; k0 < g.I; k0 += 32) {  // I a multiple of 32
     uint4 r0[kDownRowTiles], rr8[kDownRowTiles], b[kMmaTiles];
@@ -193,15 +212,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   }
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
-#pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = j * 8 + 2 * q + (e & 1);
-        if (c >= it.z) continue;
-        const int64_t p = m.sorted[it.y + c];
-        m.y[p * g.H + c0 + t * 16 + gr + (e >= 2 ? 8 : 0)] = acc[t][j][e];
-      }
+    l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
 }
 
 template <DType DT>
