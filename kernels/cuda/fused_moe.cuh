@@ -120,44 +120,67 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
                     moe::moe_down_fp8_ref_kernel<X>, dim3(static_cast<unsigned>(down)), args_of(la, p));
 }
 
-/// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce.
-template <DType DT>
+/// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce; block fp8
+/// (W = fp8_e4m3fn, X = bf16): sort, quantise hidden, up, quantise a, down,
+/// reduce. W = X = bf16 or fp16 otherwise.
+template <DType W, DType X>
 Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   static_assert(moe_mma::kMmaPairs == kMoeMmaPairs, "the workspace's items");
+  constexpr bool kFp8 = W == DType::fp8_e4m3fn;
   if (p.m < 1) return Status();
-  if (Status s = workspace_ok(la, moe_mma_workspace_bytes(p), "the tensor-core kernels"); !s.ok()) return s;
-  const int64_t P = p.m * p.extra[1], items = moe_mma_max_items(p);
+  const int64_t need = kFp8 ? moe_mma_fp8_workspace_bytes(p) : moe_mma_workspace_bytes(p);
+  if (Status s = workspace_ok(la, need, "the tensor-core kernels"); !s.ok()) return s;
+  const int64_t P = p.m * p.extra[1], items = moe_mma_max_items(p), H = p.k, I = p.n;
   if (items > 65535) return core::needs_fallback("fused_moe tensor-core kernels: over 65535 work items");
   char* ws = static_cast<char*>(la.workspace);
+  auto take = [&ws](int64_t bytes) {
+    char* at = ws;
+    ws += moe_round256(bytes);
+    return at;
+  };
   moe_mma::MmaArgs m{};
   m.g = args_of(la, p);
-  m.n_items = reinterpret_cast<int32_t*>(ws);
-  ws += moe_round256(4);
-  m.sorted = reinterpret_cast<int32_t*>(ws);
-  ws += moe_round256(P * 4);
-  m.items = reinterpret_cast<int4*>(ws);
-  ws += moe_round256(items * 16);
-  m.a = ws;
-  ws += moe_round256(P * p.n * 2);
-  m.y = reinterpret_cast<float*>(ws);
+  m.n_items = reinterpret_cast<int32_t*>(take(4));
+  m.sorted = reinterpret_cast<int32_t*>(take(P * 4));
+  m.items = reinterpret_cast<int4*>(take(items * 16));
+  if (kFp8) {
+    m.xq = reinterpret_cast<uint8_t*>(take(p.m * H));
+    m.xs = reinterpret_cast<float*>(take(p.m * (H / 128) * 4));
+  }
+  m.a = take(P * I * (kFp8 ? 4 : 2));
+  if (kFp8) {
+    m.aq = reinterpret_cast<uint8_t*>(take(P * I));
+    m.as = reinterpret_cast<float*>(take(P * (I / 128) * 4));
+  }
+  m.y = reinterpret_cast<float*>(take(P * H * 4));
   m.max_items = static_cast<int32_t>(items);
   const LaunchScope on(la, p);
   const auto grid_y = static_cast<unsigned>(items);
-  port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<DT>, dim3(1), dim3(moe_mma::kSortThreads),
+  constexpr int64_t up_rows = 16 * moe_mma::kMmaWarps, down_rows = up_rows * moe_mma::kDownRowTiles;
+  const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((I + up_rows - 1) / up_rows), grid_y),
+      gd(static_cast<unsigned>((H + down_rows - 1) / down_rows), grid_y);
+  port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<W>, dim3(1), dim3(moe_mma::kSortThreads),
                                     static_cast<size_t>(2 * p.extra[0] * 4), on.stream, on.pdl, m);
   if (e != port::kSuccess) return port::status(e, "fused_moe sort kernel launch");
-  e = port::launch(moe_mma::moe_up_mma_kernel<DT>,
-                   dim3(static_cast<unsigned>((p.n + 16 * moe_mma::kMmaWarps - 1) / (16 * moe_mma::kMmaWarps)), grid_y),
-                   dim3(moe_mma::kMmaThreads), on.stream, on.pdl, m);
-  if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core up kernel launch");
-  constexpr int64_t down_rows = 16 * moe_mma::kMmaWarps * moe_mma::kDownRowTiles;
-  e = port::launch(moe_mma::moe_down_mma_kernel<DT>,
-                   dim3(static_cast<unsigned>((p.k + down_rows - 1) / down_rows), grid_y), dim3(moe_mma::kMmaThreads),
-                   on.stream, on.pdl, m);
-  if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core down kernel launch");
-  e = port::launch(moe_mma::moe_reduce_kernel<DT>,
+  if constexpr (kFp8) {
+    e = port::launch(moe_mma::moe_quant_kernel<uint16_t>,
+                     dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((H / 128 + 7) / 8)), dim3(256), on.stream,
+                     on.pdl, static_cast<const uint16_t*>(m.g.hidden), m.g.ldh, H, m.xq, H, m.xs, H / 128);
+    if (e == port::kSuccess) e = port::launch(moe_mma::moe_up_mma_fp8_kernel<X>, gu, gemm_block, on.stream, on.pdl, m);
+    if (e == port::kSuccess)
+      e = port::launch(moe_mma::moe_quant_kernel<float>,
+                       dim3(static_cast<unsigned>(P), static_cast<unsigned>((I / 128 + 7) / 8)), dim3(256), on.stream,
+                       on.pdl, static_cast<const float*>(m.a), I, I, m.aq, I, m.as, I / 128);
+    if (e == port::kSuccess)
+      e = port::launch(moe_mma::moe_down_mma_fp8_kernel<X>, gd, gemm_block, on.stream, on.pdl, m);
+  } else {
+    e = port::launch(moe_mma::moe_up_mma_kernel<W>, gu, gemm_block, on.stream, on.pdl, m);
+    if (e == port::kSuccess) e = port::launch(moe_mma::moe_down_mma_kernel<W>, gd, gemm_block, on.stream, on.pdl, m);
+  }
+  if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core kernel launch");
+  e = port::launch(moe_mma::moe_reduce_kernel<X>,
                    dim3(static_cast<unsigned>(p.m),
-                        static_cast<unsigned>((p.k + moe_mma::kReduceThreads - 1) / moe_mma::kReduceThreads)),
+                        static_cast<unsigned>((H + moe_mma::kReduceThreads - 1) / moe_mma::kReduceThreads)),
                    dim3(moe_mma::kReduceThreads), on.stream, on.pdl, m);
   return port::status(e, "fused_moe reduce kernel launch");
 }
@@ -192,7 +215,7 @@ void probe(KernelImage* out) noexcept {
     return moe_tu::launch_split<DType::dt, DType::dt>(la, p);                                              \
   }                                                                                                        \
   Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {          \
-    return moe_tu::launch_mma<DType::dt>(la, p);                                                           \
+    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p);                                                \
   }                                                                                                        \
   void probe_fused_moe_##dt(KernelImage* out, const ProbeEnv&) noexcept { moe_tu::probe<DType::dt>(out); } \
   }

@@ -21,7 +21,8 @@ inline constexpr int kMoeThreads = 256;
 /// up, [3] down (one element at a time); [4] up, [5] down (grouped by
 /// expert); [6] up, [7] down (split over K); [8] sort, [9] up, [10] down,
 /// [11] reduce (tensor cores). The fp8 TU: [0] up, [1] down (split over
-/// K); [2] up, [3] down (its reference).
+/// K); [2] up, [3] down (its reference); [4] sort, [5] quantise hidden, [6]
+/// up, [7] quantise a, [8] down, [9] reduce (tensor cores).
 inline constexpr int kMoeImages = 12;
 
 /// The workspace a launch needs: the activated intermediate [M * top_k, I] in fp32.
@@ -52,6 +53,15 @@ constexpr int64_t moe_mma_workspace_bytes(const core::Problem& p) noexcept {
   return moe_round256(4) + moe_round256(P * 4) + moe_round256(moe_mma_max_items(p) * 16) + moe_round256(P * p.n * 2) +
          moe_round256(P * p.k * 4);
 }
+/// Block fp8's tensor-core kernels: the same parts, a [P, I] in fp32, plus
+/// the quantised activations: hidden's codes [M, H] and scales [M, H/128],
+/// a's codes [P, I] and scales [P, I/128] (H and I multiples of 128).
+constexpr int64_t moe_mma_fp8_workspace_bytes(const core::Problem& p) noexcept {
+  const int64_t P = p.m * p.extra[1];
+  return moe_round256(4) + moe_round256(P * 4) + moe_round256(moe_mma_max_items(p) * 16) + moe_round256(p.m * p.k) +
+         moe_round256(p.m * (p.k / 128) * 4) + moe_round256(P * p.n * 4) + moe_round256(P * p.n) +
+         moe_round256(P * (p.n / 128) * 4) + moe_round256(P * p.k * 4);
+}
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;
 
@@ -67,6 +77,8 @@ Status launch_fused_moe_split_bf16(const core::LaunchArgs& la, const core::Probl
 Status launch_fused_moe_split_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_split_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+/// Block fp8's tensor-core kernels (H and I multiples of 128, E <= 1024).
+Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// The tensor-core kernels (moe_mma.cuh; I and H multiples of 32, E <= 1024,
 /// 16-byte aligned rows).
 Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CUDA backend — fused_moe's block-fp8 kernels: e4m3fn weights with
-// 128x128 block scales, bf16 activations (the kernels are
-// kernels/gpu/moe_kernels.cuh: the split kernels and the reference).
+// 128x128 block scales, bf16 activations (the split kernels and the
+// reference: kernels/gpu/moe_kernels.cuh; the tensor-core ones:
+// kernels/cuda/moe_mma.cuh).
 #include "cuda/fused_moe.cuh"
 
 namespace dispatch::cuda {
@@ -12,11 +13,20 @@ Status launch_fused_moe_split_fp8(const core::LaunchArgs& la, const core::Proble
 Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   return moe_tu::launch_fp8_ref<DType::bf16>(la, p);
 }
+Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  return moe_tu::launch_mma<DType::fp8_e4m3fn, DType::bf16>(la, p);
+}
 void probe_fused_moe_fp8(KernelImage* out, const ProbeEnv&) noexcept {
   out[0] = image_of(moe::moe_up_split_kernel<DType::fp8_e4m3fn, DType::bf16>);
   out[1] = image_of(moe::moe_down_split_kernel<DType::fp8_e4m3fn, DType::bf16>);
   out[2] = image_of(moe::moe_up_fp8_ref_kernel<DType::bf16>);
   out[3] = image_of(moe::moe_down_fp8_ref_kernel<DType::bf16>);
+  out[4] = image_of(moe_mma::moe_sort_kernel<DType::fp8_e4m3fn>);
+  out[5] = image_of(moe_mma::moe_quant_kernel<uint16_t>);
+  out[6] = image_of(moe_mma::moe_up_mma_fp8_kernel<DType::bf16>);
+  out[7] = image_of(moe_mma::moe_quant_kernel<float>);
+  out[8] = image_of(moe_mma::moe_down_mma_fp8_kernel<DType::bf16>);
+  out[9] = image_of(moe_mma::moe_reduce_kernel<DType::bf16>);
 }
 
 }  // namespace dispatch::cuda

@@ -21,7 +21,10 @@
 //                              many pairs per expert (decode at M >= 16,
 //                              prefill); a candidate until measured (written
 //                              2026-12-04 with no device lent)
-//                              (H and I multiples of 32, E <= 1024)
+//                              (H and I multiples of 32, E <= 1024; block
+//                              fp8 too: fused_moe_fp8_e4m3fn__mma, the
+//                              activations quantised first, mma e4m3,
+//                              H and I multiples of 128)
 //   fused_moe_fp8_e4m3fn__split   the split kernels on block-fp8 weights
 //                              (e4m3fn, 128x128 block scales) with bf16
 //                              activations quantised per 1x128 group as
@@ -44,12 +47,13 @@ namespace {
 int64_t workspace_bytes(const core::Problem& p, const int64_t*) { return moe_decode_workspace_bytes(p); }
 int64_t grouped_workspace_bytes(const core::Problem& p, const int64_t*) { return moe_grouped_workspace_bytes(p); }
 int64_t mma_workspace_bytes(const core::Problem& p, const int64_t*) { return moe_mma_workspace_bytes(p); }
+int64_t mma_fp8_workspace_bytes(const core::Problem& p, const int64_t*) { return moe_mma_fp8_workspace_bytes(p); }
 
 enum class Kind { decode, ref, grouped, split, mma };
 
 /// Where a variant's two kernels are among its TU's images (fused_moe.hpp).
 int first_image(const core::VariantDef& v, Kind k) {
-  if (v.in_dtype == DType::fp8_e4m3fn) return k == Kind::split ? 0 : 2;
+  if (v.in_dtype == DType::fp8_e4m3fn) return k == Kind::split ? 0 : k == Kind::ref ? 2 : 4;
   return k == Kind::decode ? 0 : k == Kind::ref ? 2 : k == Kind::grouped ? 4 : k == Kind::split ? 6 : 8;
 }
 
@@ -93,16 +97,18 @@ Status check(const core::VariantDef& v, const core::Problem& p, const DeviceInfo
     return core::decline(v, StatusCode::unsupported_problem,
                          "the grouped kernels take E <= " + std::to_string(kMoeMaxExperts) +
                              ", I >= 2 and H >= " + std::to_string(kMoeDownTile));
-  if (K == Kind::mma && (p.n % 32 != 0 || p.k % 32 != 0 || p.extra[0] > kMoeMaxExperts))
-    return core::decline(
-        v, StatusCode::unsupported_problem,
-        "the tensor-core kernels take H and I multiples of 32 and E <= " + std::to_string(kMoeMaxExperts));
+  const int64_t mult = v.in_dtype == DType::fp8_e4m3fn ? 128 : 32;
+  if (K == Kind::mma && (p.n % mult != 0 || p.k % mult != 0 || p.extra[0] > kMoeMaxExperts))
+    return core::decline(v, StatusCode::unsupported_problem,
+                         "the tensor-core kernels take H and I multiples of " + std::to_string(mult) +
+                             " and E <= " + std::to_string(kMoeMaxExperts));
   if (K == Kind::split && p.k % kMoeSplitDownRows != 0)
     return core::decline(v, StatusCode::unsupported_problem,
                          "the split kernels take H a multiple of " + std::to_string(kMoeSplitDownRows));
   if (const DeviceState* st = probed(dev, DeviceType::cuda)) {
     const int first = first_image(v, K);
-    for (int k = first; k < first + (K == Kind::mma ? 4 : 2); ++k)
+    const int images = K != Kind::mma ? 2 : v.in_dtype == DType::fp8_e4m3fn ? 6 : 4;
+    for (int k = first; k < first + images; ++k)
       if (Status s = image_fits(v, st->image(tu_of(v.in_dtype), k), *st, kMoeThreads); !s.ok()) return s;
   }
   return Status();
@@ -111,7 +117,9 @@ Status check(const core::VariantDef& v, const core::Problem& p, const DeviceInfo
 template <DType DT, Kind K>
 Status launch(const core::LaunchArgs& la, const core::Problem& p, const int64_t*) {
   if constexpr (DT == DType::fp8_e4m3fn)
-    return K == Kind::split ? launch_fused_moe_split_fp8(la, p) : launch_fused_moe_ref_fp8(la, p);
+    return K == Kind::split ? launch_fused_moe_split_fp8(la, p)
+           : K == Kind::mma ? launch_fused_moe_mma_fp8(la, p)
+                            : launch_fused_moe_ref_fp8(la, p);
   if (K == Kind::split)
     return DT == DType::bf16 ? launch_fused_moe_split_bf16(la, p) : launch_fused_moe_split_fp16(la, p);
   if (K == Kind::mma) return DT == DType::bf16 ? launch_fused_moe_mma_bf16(la, p) : launch_fused_moe_mma_fp16(la, p);
@@ -147,6 +155,7 @@ KD_MOE_VARIANT(kMoeFp16Split, "fused_moe_fp16__split", DType::fp16, Kind::split,
 KD_MOE_VARIANT(kMoeFp8Split, "fused_moe_fp8_e4m3fn__split", DType::fp8_e4m3fn, Kind::split, 0, workspace_bytes)
 KD_MOE_VARIANT(kMoeBf16Mma, "fused_moe_bf16__mma", DType::bf16, Kind::mma, 0, mma_workspace_bytes)
 KD_MOE_VARIANT(kMoeFp16Mma, "fused_moe_fp16__mma", DType::fp16, Kind::mma, 0, mma_workspace_bytes)
+KD_MOE_VARIANT(kMoeFp8Mma, "fused_moe_fp8_e4m3fn__mma", DType::fp8_e4m3fn, Kind::mma, 0, mma_fp8_workspace_bytes)
 KD_MOE_VARIANT(kMoeBf16Ref, "fused_moe_bf16__cuda_ref", DType::bf16, Kind::ref, core::kVariantReference,
                workspace_bytes)
 KD_MOE_VARIANT(kMoeFp16Ref, "fused_moe_fp16__cuda_ref", DType::fp16, Kind::ref, core::kVariantReference,
@@ -155,9 +164,9 @@ KD_MOE_VARIANT(kMoeFp8Ref, "fused_moe_fp8_e4m3fn__cuda_ref", DType::fp8_e4m3fn, 
                workspace_bytes)
 #undef KD_MOE_VARIANT
 
-constexpr const core::VariantDef* kRows[] = {&kMoeBf16Grouped, &kMoeFp16Grouped, &kMoeBf16Mma,   &kMoeFp16Mma,
-                                             &kMoeBf16Decode,  &kMoeFp16Decode,  &kMoeBf16Split, &kMoeFp16Split,
-                                             &kMoeFp8Split,    &kMoeBf16Ref,     &kMoeFp16Ref,   &kMoeFp8Ref};
+constexpr const core::VariantDef* kRows[] = {
+    &kMoeBf16Grouped, &kMoeFp16Grouped, &kMoeBf16Mma,  &kMoeFp16Mma, &kMoeFp8Mma,  &kMoeBf16Decode, &kMoeFp16Decode,
+    &kMoeBf16Split,   &kMoeFp16Split,   &kMoeFp8Split, &kMoeBf16Ref, &kMoeFp16Ref, &kMoeFp8Ref};
 
 }  // namespace
 

@@ -51,9 +51,15 @@ struct MmaArgs {
   int32_t* n_items;   ///< [1]
   int32_t* sorted;    ///< [P]: the pairs in expert order
   int4* items;        ///< [max_items]: (expert, first in sorted, count, 0)
-  void* a;            ///< [P, I] in the dtype
+  void* a;            ///< [P, I] in the dtype (block fp8: fp32)
   float* y;           ///< [P, H]
   int32_t max_items;  ///< the grid's items
+  // Block fp8: the activations quantised (e4m3fn codes and their per-row
+  // 1x128-group scales): hidden [M, H] and a [P, I].
+  uint8_t* xq = nullptr;
+  float* xs = nullptr;
+  uint8_t* aq = nullptr;
+  float* as = nullptr;
 };
 
 KDISPATCH_DEVICE_INLINE uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -209,6 +215,174 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
         for (int j = 0; j < kMmaTiles; ++j)
           gemm_skinny_mma::mma<DT>(acc[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
       }
+  }
+#pragma unroll
+  for (int t = 0; t < kDownRowTiles; ++t)
+    l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
+}
+
+// ------------------------------------------------------------------ block fp8
+//
+// e4m3fn weights with 128x128 block scales (H and I multiples of 128): the
+// activations are quantised first, per row and 1x128 group (the op's rule:
+// scale = max(amax, 1e-10) / 448, e4m3fn round to nearest even), hidden by
+// moe_quant_kernel into xq/xs, the up kernel's fp32 a into aq/as; the GEMMs
+// run mma.sync m16n8k32 e4m3 (a 16-byte load is 16 elements of K, the same
+// permutation at 4-byte granularity), each 128-group's sums joining the
+// accumulators times w_scale (the tile's rows lie in one 128-row block) x
+// the column's activation scale. Launches: sort, quant, up, quant, down, sum.
+
+/// Row r of src [rows, cols] (ld elements; T bf16 or fp32) quantised per
+/// 1x128 group into q [rows, cols] (ldq bytes) and s [rows, cols / 128]
+/// (lds): grid (rows, ceil(cols / 128 / 8)), a warp per group, 4 values a lane.
+template <class T>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(256)
+    moe_quant_kernel(const T* src, int64_t ld, int64_t cols, uint8_t* q, int64_t ldq, float* s, int64_t lds) {
+  port::grid_dependency_wait_and_release();
+  const int64_t r = blockIdx.x, g0 = (int64_t{blockIdx.y} * 8 + (threadIdx.x >> 5)) * 128;
+  if (g0 >= cols) return;  // cols a multiple of 128
+  const int64_t c = g0 + (threadIdx.x & 31) * 4;
+  float v[4];
+  if constexpr (sizeof(T) == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(src + r * ld + c);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(src + r * ld + c);
+    const float2 lo = port::bf16x2_to_float2(u.x), hi = port::bf16x2_to_float2(u.y);
+    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+  }
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float scale = fmaxf(amax, 1e-10f) / 448.f, inv = 1.f / scale;
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint32_t*>(q + r * ldq + c) = lo | (hi << 16);
+  if ((threadIdx.x & 31) == 0) s[r * lds + g0 / 128] = scale;
+}
+
+/// acc += part * sw * (the activation scale of each accumulator's column):
+/// sa[j][0], sa[j][1] of columns 2q, 2q + 1 of tile j.
+template <int NT>
+KDISPATCH_DEVICE_INLINE void add_group(float (&acc)[NT][4], float (&part)[NT][4], const float (&sa)[NT][2], float sw) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[j][e] = fmaf(part[j][e], sw * sa[j][e & 1], acc[j][e]);
+      part[j][e] = 0.f;
+    }
+}
+
+/// The activation scales of this lane's accumulator columns for group gi:
+/// rows[j][parity] into s (lds per row).
+KDISPATCH_DEVICE_INLINE void group_scales(const float* s, int64_t lds, const int64_t (&rows)[kMmaTiles][2], int64_t gi,
+                                          float (&sa)[kMmaTiles][2]) {
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j) sa[j][0] = s[rows[j][0] * lds + gi], sa[j][1] = s[rows[j][1] * lds + gi];
+}
+
+/// The rows (of hidden: tokens; of a: pairs) of this lane's accumulator
+/// columns 2q, 2q + 1 of each tile (the item's first pair past its count).
+KDISPATCH_DEVICE_INLINE void column_rows(const MmaArgs& m, const Lane& l, bool tokens, int64_t (&rows)[kMmaTiles][2]) {
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = j * 8 + 2 * l.q + h;
+      const int64_t p = m.sorted[l.it.y + (c < l.it.z ? c : 0)];
+      rows[j][h] = tokens ? p / m.g.top_k : p;
+    }
+}
+
+template <DType X>  // the activations' dtype (bf16): templated only to stay out of the other TUs
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_fp8_kernel(MmaArgs m) {
+  Lane l;
+  if (!lane_of(m, 16, m.g.I, &l)) return;
+  const moe::MoeArgs& g = m.g;
+  const int64_t i0 = l.row0, H = g.H, blocks = (2 * g.I + 127) / 128;
+  const uint8_t* wg = static_cast<const uint8_t*>(g.w1) + (int64_t{l.it.x} * 2 * g.I + i0 + l.gr) * g.ldw1 + 16 * l.q;
+  const int64_t r8 = 8 * g.ldw1, up = g.I * g.ldw1;
+  const float* sg = g.s1 + (int64_t{l.it.x} * blocks + i0 / 128) * g.lds1;
+  const float* su = g.s1 + (int64_t{l.it.x} * blocks + (g.I + i0) / 128) * g.lds1;
+  const uint8_t* xb[kMmaTiles];
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j) xb[j] = m.xq + (l.b_pair(m, j) / g.top_k) * H + 16 * l.q;
+  int64_t rows[kMmaTiles][2];
+  column_rows(m, l, true, rows);
+  float acc[2][kMmaTiles][4] = {}, part[2][kMmaTiles][4] = {};
+  for (int64_t g0 = 0; g0 < H; g0 += 128) {
+#pragma unroll
+    for (int64_t k0 = g0; k0 < g0 + 128; k0 += 64) {
+      const uint4 a0 = ld16(wg + k0), a8 = ld16(wg + r8 + k0), u0 = ld16(wg + up + k0), u8 = ld16(wg + up + r8 + k0);
+      uint4 b[kMmaTiles];
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(xb[j] + k0);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        uint32_t fg[4], fu[4];
+        frag_a(a0, a8, s, fg);
+        frag_a(u0, u8, s, fu);
+#pragma unroll
+        for (int j = 0; j < kMmaTiles; ++j) {
+          const uint32_t b0 = s ? b[j].z : b[j].x, b1 = s ? b[j].w : b[j].y;
+          gemm_skinny_mma::mma<DType::fp8_e4m3fn>(part[0][j], fg, b0, b1);
+          gemm_skinny_mma::mma<DType::fp8_e4m3fn>(part[1][j], fu, b0, b1);
+        }
+      }
+    }
+    float sa[kMmaTiles][2];
+    group_scales(m.xs, H / 128, rows, g0 / 128, sa);
+    add_group(acc[0], part[0], sa, sg[g0 / 128]);
+    add_group(acc[1], part[1], sa, su[g0 / 128]);
+  }
+  float* a = static_cast<float*>(m.a);
+  l.each_out(m, [&](int j, int e, int64_t p, int r) {
+    a[p * g.I + i0 + r] = moe::act_of(acc[0][j][e], g.act) * acc[1][j][e];
+  });
+}
+
+template <DType X>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_fp8_kernel(MmaArgs m) {
+  Lane l;
+  if (!lane_of(m, 16 * kDownRowTiles, m.g.H, &l)) return;
+  const moe::MoeArgs& g = m.g;
+  const int64_t c0 = l.row0, I = g.I;
+  const uint8_t* w = static_cast<const uint8_t*>(g.w2) + (int64_t{l.it.x} * g.H + c0 + l.gr) * g.ldw2 + 16 * l.q;
+  const int64_t r8 = 8 * g.ldw2;
+  const float* sw = g.s2 + (int64_t{l.it.x} * ((g.H + 127) / 128) + c0 / 128) * g.lds2;
+  const uint8_t* ab[kMmaTiles];
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j) ab[j] = m.aq + l.b_pair(m, j) * I + 16 * l.q;
+  int64_t rows[kMmaTiles][2];
+  column_rows(m, l, false, rows);
+  float acc[kDownRowTiles][kMmaTiles][4] = {}, part[kDownRowTiles][kMmaTiles][4] = {};
+  for (int64_t g0 = 0; g0 < I; g0 += 128) {
+#pragma unroll
+    for (int64_t k0 = g0; k0 < g0 + 128; k0 += 64) {
+      uint4 r0[kDownRowTiles], rr8[kDownRowTiles], b[kMmaTiles];
+#pragma unroll
+      for (int t = 0; t < kDownRowTiles; ++t) {
+        r0[t] = ld16(w + t * 16 * g.ldw2 + k0);
+        rr8[t] = ld16(w + t * 16 * g.ldw2 + r8 + k0);
+      }
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(ab[j] + k0);
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int t = 0; t < kDownRowTiles; ++t) {
+          uint32_t fa[4];
+          frag_a(r0[t], rr8[t], s, fa);
+#pragma unroll
+          for (int j = 0; j < kMmaTiles; ++j)
+            gemm_skinny_mma::mma<DType::fp8_e4m3fn>(part[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
+        }
+    }
+    float sa[kMmaTiles][2];
+    group_scales(m.as, I / 128, rows, g0 / 128, sa);
+#pragma unroll
+    for (int t = 0; t < kDownRowTiles; ++t) add_group(acc[t], part[t], sa, sw[g0 / 128]);
   }
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)

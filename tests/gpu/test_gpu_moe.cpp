@@ -181,7 +181,7 @@ TEST_CASE("gpu fused_moe: every variant matches the spec's float64 reference, de
       for (const Shape& s :
            {Shape{1, 8, 256, 64, 2}, Shape{3, 16, 128, 96, 4}, Shape{5, 4, 72, 40, 2, true}, Shape{64, 8, 256, 128, 2},
             Shape{300, 4, 64, 32, 2, true}, Shape{2, 6, 3, 5, 3}, Shape{17, 128, 512, 64, 8, true},
-            Shape{4, 16, 1024, 256, 9}, Shape{9, 32, 640, 384, 4, true}})
+            Shape{4, 16, 1024, 256, 9}, Shape{9, 32, 640, 384, 4, true}, Shape{200, 4, 256, 128, 2, true}})
         runs += check_shape(bt, dt, s, rng);
     MESSAGE(dispatch::device_type_name(bt), " fused_moe: ", runs, " (variant, shape, dtype) runs checked");
     CHECK(runs > 0);
