@@ -104,6 +104,29 @@ KDISPATCH_DEVICE_INLINE void frag_a(const uint4& r0, const uint4& r8, int s, uin
   a[3] = s ? r8.w : r8.y;
 }
 
+/// One 16-byte step of K (32 bf16/fp16 or 64 fp8 elements) at k0 of RT
+/// 16-row tiles (rows w[t] and, 8 below, w[t] + r8) against the item's
+/// pairs' rows bp[j]: acc[t][j] += their products (two mma<DT>).
+template <DType DT, int RT, class S>
+KDISPATCH_DEVICE_INLINE void mma_step(const S* const (&w)[RT], int64_t r8, const S* const (&bp)[kMmaTiles], int64_t k0,
+                                      float (&acc)[RT][kMmaTiles][4]) {
+  uint4 r0[RT], rr8[RT], b[kMmaTiles];
+#pragma unroll
+  for (int t = 0; t < RT; ++t) r0[t] = ld16(w[t] + k0), rr8[t] = ld16(w[t] + r8 + k0);
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(bp[j] + k0);
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+#pragma unroll
+    for (int t = 0; t < RT; ++t) {
+      uint32_t fa[4];
+      frag_a(r0[t], rr8[t], s, fa);
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j)
+        gemm_skinny_mma::mma<DT>(acc[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
+    }
+}
+
 /// Where a lane of the GEMM kernels works: the block's item (expert, first,
 /// count), its warp's first output row, the lane's mma coordinates (gr =
 /// lane / 4, q = lane % 4).
@@ -158,25 +181,9 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
 #pragma unroll
   for (int j = 0; j < kMmaTiles; ++j)
     xb[j] = static_cast<const S*>(g.hidden) + (l.b_pair(m, j) / g.top_k) * g.ldh + 8 * l.q;
+  const S* const rows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {};
-  for (int64_t k0 = 0; k0 < g.H; k0 += 32) {  // H a multiple of 32
-    const uint4 a0 = ld16(wg + k0), a8 = ld16(wg + r8 + k0), u0 = ld16(wg + up + k0), u8 = ld16(wg + up + r8 + k0);
-    uint4 b[kMmaTiles];
-#pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(xb[j] + k0);
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      uint32_t fg[4], fu[4];
-      frag_a(a0, a8, s, fg);
-      frag_a(u0, u8, s, fu);
-#pragma unroll
-      for (int j = 0; j < kMmaTiles; ++j) {
-        const uint32_t b0 = s ? b[j].z : b[j].x, b1 = s ? b[j].w : b[j].y;
-        gemm_skinny_mma::mma<DT>(acc[0][j], fg, b0, b1);
-        gemm_skinny_mma::mma<DT>(acc[1][j], fu, b0, b1);
-      }
-    }
-  }
+  for (int64_t k0 = 0; k0 < g.H; k0 += 32) mma_step<DT>(rows, r8, xb, k0, acc);  // H a multiple of 32
   S* a = static_cast<S*>(m.a);
   l.each_out(m, [&](int j, int e, int64_t p, int r) {
     Elem<DT>::store1(a + p * g.I + i0 + r, moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
@@ -195,27 +202,9 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   const S* ab[kMmaTiles];
 #pragma unroll
   for (int j = 0; j < kMmaTiles; ++j) ab[j] = static_cast<const S*>(m.a) + l.b_pair(m, j) * g.I + 8 * l.q;
+  const S* const rows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {};
-  for (int64_t k0 = 0; k0 < g.I; k0 += 32) {  // I a multiple of 32
-    uint4 r0[kDownRowTiles], rr8[kDownRowTiles], b[kMmaTiles];
-#pragma unroll
-    for (int t = 0; t < kDownRowTiles; ++t) {
-      r0[t] = ld16(w + t * 16 * g.ldw2 + k0);
-      rr8[t] = ld16(w + t * 16 * g.ldw2 + r8 + k0);
-    }
-#pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(ab[j] + k0);
-#pragma unroll
-    for (int s = 0; s < 2; ++s)
-#pragma unroll
-      for (int t = 0; t < kDownRowTiles; ++t) {
-        uint32_t fa[4];
-        frag_a(r0[t], rr8[t], s, fa);
-#pragma unroll
-        for (int j = 0; j < kMmaTiles; ++j)
-          gemm_skinny_mma::mma<DT>(acc[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
-      }
-  }
+  for (int64_t k0 = 0; k0 < g.I; k0 += 32) mma_step<DT>(rows, r8, ab, k0, acc);  // I a multiple of 32
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
     l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
@@ -310,27 +299,11 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
   for (int j = 0; j < kMmaTiles; ++j) xb[j] = m.xq + (l.b_pair(m, j) / g.top_k) * H + 16 * l.q;
   int64_t rows[kMmaTiles][2];
   column_rows(m, l, true, rows);
+  const uint8_t* const wrows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {}, part[2][kMmaTiles][4] = {};
   for (int64_t g0 = 0; g0 < H; g0 += 128) {
-#pragma unroll
-    for (int64_t k0 = g0; k0 < g0 + 128; k0 += 64) {
-      const uint4 a0 = ld16(wg + k0), a8 = ld16(wg + r8 + k0), u0 = ld16(wg + up + k0), u8 = ld16(wg + up + r8 + k0);
-      uint4 b[kMmaTiles];
-#pragma unroll
-      for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(xb[j] + k0);
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        uint32_t fg[4], fu[4];
-        frag_a(a0, a8, s, fg);
-        frag_a(u0, u8, s, fu);
-#pragma unroll
-        for (int j = 0; j < kMmaTiles; ++j) {
-          const uint32_t b0 = s ? b[j].z : b[j].x, b1 = s ? b[j].w : b[j].y;
-          gemm_skinny_mma::mma<DType::fp8_e4m3fn>(part[0][j], fg, b0, b1);
-          gemm_skinny_mma::mma<DType::fp8_e4m3fn>(part[1][j], fu, b0, b1);
-        }
-      }
-    }
+    mma_step<DType::fp8_e4m3fn>(wrows, r8, xb, g0, part);
+    mma_step<DType::fp8_e4m3fn>(wrows, r8, xb, g0 + 64, part);
     float sa[kMmaTiles][2];
     group_scales(m.xs, H / 128, rows, g0 / 128, sa);
     add_group(acc[0], part[0], sa, sg[g0 / 128]);
@@ -356,29 +329,11 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   for (int j = 0; j < kMmaTiles; ++j) ab[j] = m.aq + l.b_pair(m, j) * I + 16 * l.q;
   int64_t rows[kMmaTiles][2];
   column_rows(m, l, false, rows);
+  const uint8_t* const wrows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {}, part[kDownRowTiles][kMmaTiles][4] = {};
   for (int64_t g0 = 0; g0 < I; g0 += 128) {
-#pragma unroll
-    for (int64_t k0 = g0; k0 < g0 + 128; k0 += 64) {
-      uint4 r0[kDownRowTiles], rr8[kDownRowTiles], b[kMmaTiles];
-#pragma unroll
-      for (int t = 0; t < kDownRowTiles; ++t) {
-        r0[t] = ld16(w + t * 16 * g.ldw2 + k0);
-        rr8[t] = ld16(w + t * 16 * g.ldw2 + r8 + k0);
-      }
-#pragma unroll
-      for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(ab[j] + k0);
-#pragma unroll
-      for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int t = 0; t < kDownRowTiles; ++t) {
-          uint32_t fa[4];
-          frag_a(r0[t], rr8[t], s, fa);
-#pragma unroll
-          for (int j = 0; j < kMmaTiles; ++j)
-            gemm_skinny_mma::mma<DType::fp8_e4m3fn>(part[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
-        }
-    }
+    mma_step<DType::fp8_e4m3fn>(wrows, r8, ab, g0, part);
+    mma_step<DType::fp8_e4m3fn>(wrows, r8, ab, g0 + 64, part);
     float sa[kMmaTiles][2];
     group_scales(m.as, I / 128, rows, g0 / 128, sa);
 #pragma unroll
