@@ -12,6 +12,8 @@
 #   bench/gpu/run_h200.sh --sections moe         # fused_moe beside SGLang's Triton MoE kernel (moe_bench.json;
 #                 KD_MOE_CASES, KD_MOE_M, KD_MOE_ROUTING, KD_MOE_ROUNDS, KD_MOE_VARIANTS: see the section)
 #   KD_GPU_TEST_CASES='gpu fused_moe*' ... --sections build,test   # the GPU tests of those doctest cases only
+#   bench/gpu/run_h200.sh --sections moe-model   # transformers' Qwen3-MoE, experts by kdispatch vs grouped_mm
+#                 (bench/gpu/e2e_moe.py; KD_MOE_LAYERS, default 16)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
@@ -156,7 +158,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,moe,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,moe,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -317,6 +319,22 @@ if has moe; then
   rc=$?; [ $rc -eq 0 ] || status=1
   grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -40
   [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
+fi
+
+# ================================================================ moe-model
+# Issue 35 item 8: transformers' Qwen3-MoE (Qwen3-30B-A3B dims, KD_MOE_LAYERS of its 48 layers,
+# random bf16 weights), its experts by grouped_mm / eager / kdispatch's fused_moe, decode in CUDA
+# graphs and eager at batch 1, 8, 64, and the logits of its first 4 layers against fp32 (e2e_moe.json).
+if has moe-model; then
+  ensure_torch || { echo "::: moe-model: FAILED to build (build.log)"; exit 1; }
+  budget=$(($(left) - 20))
+  stamp "moe-model: bench/gpu/e2e_moe.py, ${KD_MOE_LAYERS:-16} layers (${budget} s)"
+  PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+    timeout "$budget" "$PY" bench/gpu/e2e_moe.py --out "$OUT" --layers "${KD_MOE_LAYERS:-16}" \
+    --budget-s $((budget - 60)) >"$OUT/e2e_moe.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  tail -12 "$OUT/e2e_moe.log"
+  [ $rc -eq 0 ] && echo "::: moe-model: complete (e2e_moe.json)" || echo "::: moe-model: rc=$rc (e2e_moe.log)"
 fi
 
 # ================================================================ fp8-tune
