@@ -18,6 +18,7 @@
 #include "core/numeric.hpp"
 #include "core/routing.hpp"
 #include "dispatch/dispatch.hpp"
+#include "backends/registry.hpp"
 #include "store/filename.hpp"
 #include "test_util.hpp"
 
@@ -234,4 +235,25 @@ TEST_CASE("fused_moe: a call's key, its file name, and the stride field over all
   auto p3 = store::own_problem_from_fields(core::OpKind::fused_moe, *f3);
   REQUIRE_FALSE(p3.ok());
   CHECK(kdtest::contains(p3.status().message(), "is not 8 operands"));
+}
+
+TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the largest M; the host takes none") {
+  const std::string key = "E=8,K=64,N=32,dtype=bf16,top_k=2";
+  auto cpu = workspace_bytes("fused_moe", key, 16, DeviceType::cpu);
+  REQUIRE_MESSAGE(cpu.ok(), cpu.status().to_string());
+  CHECK(*cpu == 0);
+  auto cuda = workspace_bytes("fused_moe", key, 16, DeviceType::cuda);
+  REQUIRE_MESSAGE(cuda.ok(), cuda.status().to_string());
+  if (core::variants_for(core::OpKind::fused_moe, DeviceType::cuda).empty()) {
+    CHECK(*cuda == 0);  // no CUDA backend in this build
+  } else {
+    // M * top_k = 32 pairs: the expert-grouped kernels' a [32, 32] and y [32, 64]
+    // in fp32 (4096 + 8192 bytes, 256-byte parts) and 4 tile counters (16 bytes):
+    // more than the per-pair kernels' 4096 and the tensor-core ones' 11008.
+    CHECK(*cuda == 12304);
+  }
+  auto bad = workspace_bytes("fused_moe", "E=8,N=32,dtype=bf16,top_k=2", 16, DeviceType::cuda);
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().code() == StatusCode::invalid_argument);
+  CHECK(bad.status().message().find("K") != std::string::npos);
 }

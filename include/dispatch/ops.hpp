@@ -229,8 +229,10 @@ struct QuantFp8GroupArgs : QuantFp8Args {};
 /// - activation: 0 silu (default), 1 gelu (erf), SGLang's `activation`.
 /// The GPU path takes a 16-byte aligned workspace (CallOptions::workspace
 /// or Runtime::attach_stream) of at least M * top_k * I * 4 bytes for the
-/// largest M (the per-pair decode kernels, the default); a smaller one is
-/// refused, naming the bytes needed. The CPU needs none.
+/// largest M (the per-pair decode kernels, the default; a tuned plan of
+/// another family may need more: workspace_bytes("fused_moe", key, max_M,
+/// DeviceType::cuda) says how much covers every plan); a plan given less
+/// is refused, naming the bytes needed. The CPU needs none.
 struct FusedMoeArgs {
   TensorRef hidden;
   TensorRef w1;
@@ -399,6 +401,18 @@ struct KeyProblem {
 /// Errors: invalid_argument (unknown op or field, a missing or bad value,
 /// naming it).
 KDISPATCH_API Result<KeyProblem> describe_key(std::string_view op, std::string_view key_fields, int64_t m) noexcept;
+
+/// The workspace, in bytes, a call of `op` with this key at any batch up to
+/// `max_m` may ask of CallOptions::workspace on `backend`: the most that any
+/// of the backend's variants for the key's input dtype asks at max_m (their
+/// parameters' defaults). For an engine that captures a graph per batch
+/// size and gives every call one buffer sized for the largest (fused_moe's
+/// GPU variants: from M * top_k * I * 4 bytes for the per-pair kernels to
+/// the tensor-core ones' sorted pairs, intermediate and per-pair outputs).
+/// 0 where no variant takes one (the host; ops that use Runtime::
+/// attach_stream's). Thread-safe. Errors: as describe_key().
+KDISPATCH_API Result<int64_t> workspace_bytes(std::string_view op, std::string_view key_fields, int64_t max_m,
+                                              DeviceType backend) noexcept;
 
 /// A config query: which tuned config serves this kernel at this M?
 /// Serves kdispatch's own ops and kernels the engine owns (its Triton
