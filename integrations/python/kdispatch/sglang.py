@@ -782,9 +782,6 @@ def get_w8a8_block_fp8_configs(N, K, block_n, block_k, *, device_name=None, runt
 
 
 # ------------------------------------------------------------------ fused_experts
-_MOE_ACTIVATIONS = {"silu": 0, "gelu": 1}
-
-
 def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config=None, b1=None, b2=None,
                   use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False,
                   per_channel_quant=False, w1_scale=None, w2_scale=None, w1_zp=None, w2_zp=None, a1_scale=None,
@@ -811,41 +808,23 @@ def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config=None, b1
     points, static activation scales, ``apply_router_weight_on_input``,
     ``no_combine``), rather than computing something else.
     """
-    import torch
-    from . import torch_ops  # noqa: F401  registers torch.ops.kdispatch
+    from ._moe import experts
 
-    unsupported = {"b1": b1 is not None, "b2": b2 is not None, "use_int8_w8a8": use_int8_w8a8,
-                   "use_int8_w8a16": use_int8_w8a16, "use_int4_w4a16": use_int4_w4a16,
-                   "per_channel_quant": per_channel_quant, "w1_zp": w1_zp is not None, "w2_zp": w2_zp is not None,
-                   "a1_scale": a1_scale is not None, "a2_scale": a2_scale is not None}
     cfg = moe_runner_config
-    unsupported["apply_router_weight_on_input"] = bool(getattr(cfg, "apply_router_weight_on_input", False))
-    unsupported["no_combine"] = bool(getattr(cfg, "no_combine", False))
-    for name, given in unsupported.items():
-        if given:
-            raise NotImplementedError(f"kdispatch.sglang.fused_experts: {name} is not supported by kdispatch's "
-                                      "fused_moe (bf16/fp16 or block-fp8 128x128 experts)")
-    if use_fp8_w8a8 and [int(b) for b in (block_shape or [])] != [128, 128]:
-        raise NotImplementedError(f"kdispatch.sglang.fused_experts: use_fp8_w8a8 needs block_shape=[128, 128] "
-                                  f"(block fp8), got {block_shape!r}")
-    if not use_fp8_w8a8 and (w1_scale is not None or w2_scale is not None or block_shape is not None):
-        raise ValueError("kdispatch.sglang.fused_experts: w1_scale, w2_scale and block_shape come with "
-                         "use_fp8_w8a8=True")
     if hasattr(topk_output, "topk_ids"):
         topk_weights, topk_ids = topk_output.topk_weights, topk_output.topk_ids
     else:
         topk_weights, topk_ids = topk_output[0], topk_output[1]
-    activation = getattr(cfg, "activation", "silu")
-    if activation not in _MOE_ACTIVATIONS:
-        raise NotImplementedError(f"kdispatch.sglang.fused_experts: activation {activation!r} (kdispatch's "
-                                  f"fused_moe computes {', '.join(_MOE_ACTIVATIONS)})")
-    rsf = getattr(cfg, "routed_scaling_factor", None)
-    rsf = 1.0 if rsf is None else float(rsf)
-    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
-    weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
-    out = torch.ops.kdispatch.fused_moe(hidden_states, w1, w2, weights.contiguous(), ids.contiguous(), w1_scale,
-                                        w2_scale, rsf, _MOE_ACTIVATIONS[activation])
-    if getattr(cfg, "inplace", False):
-        hidden_states.copy_(out)
-        return hidden_states
-    return out
+    return experts("kdispatch.sglang.fused_experts", hidden_states, w1, w2, topk_weights, topk_ids,
+                   activation=getattr(cfg, "activation", "silu"),
+                   routed_scaling_factor=getattr(cfg, "routed_scaling_factor", None),
+                   inplace=bool(getattr(cfg, "inplace", False)), use_fp8_w8a8=use_fp8_w8a8, w1_scale=w1_scale,
+                   w2_scale=w2_scale, block_shape=block_shape,
+                   unsupported={"b1": b1 is not None, "b2": b2 is not None, "use_int8_w8a8": use_int8_w8a8,
+                                "use_int8_w8a16": use_int8_w8a16, "use_int4_w4a16": use_int4_w4a16,
+                                "per_channel_quant": per_channel_quant, "w1_zp": w1_zp is not None,
+                                "w2_zp": w2_zp is not None, "a1_scale": a1_scale is not None,
+                                "a2_scale": a2_scale is not None,
+                                "apply_router_weight_on_input":
+                                    bool(getattr(cfg, "apply_router_weight_on_input", False)),
+                                "no_combine": bool(getattr(cfg, "no_combine", False))})

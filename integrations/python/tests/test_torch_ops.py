@@ -132,6 +132,25 @@ class TorchOpsCpuTest(unittest.TestCase):
         with self.assertRaisesRegex(NotImplementedError, "activation 'relu'"):
             sglang.fused_experts(x, w1, w2, topk, types.SimpleNamespace(activation="relu"))
 
+        # vLLM's call: the same result; under expert parallelism its expert_map
+        # sends another rank's experts to -1 (they contribute nothing).
+        from kdispatch import vllm
+        self.assertTrue(torch.equal(vllm.fused_experts(x, w1, w2, tw, ids),
+                                    sglang.fused_experts(x, w1, w2, (tw, ids, None), None)))
+        local = torch.tensor([0, 1, -1, -1], dtype=torch.int32)  # this rank holds global experts 0 and 1
+        y = vllm.fused_experts(x, w1[:2].contiguous(), w2[:2].contiguous(), tw, ids, expert_map=local,
+                               global_num_experts=4)
+        part = torch.zeros(M, H)
+        for t in range(M):
+            for j in range(2):
+                e = int(ids[t, j])
+                if e < 2:
+                    h = w1[e].float() @ x[t].float()
+                    part[t] += float(tw[t, j]) * (w2[e].float() @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+        self.assertLessEqual(float((y.float() - part).abs().max()), 1.6e-2 * float(part.abs().max()))
+        with self.assertRaisesRegex(NotImplementedError, "kdispatch.vllm.fused_experts: apply_router_weight_on_input"):
+            vllm.fused_experts(x, w1, w2, tw, ids, apply_router_weight_on_input=True)
+
     def test_rmsnorm(self):
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
             with self.subTest(dtype=dtype):
