@@ -237,7 +237,7 @@ TEST_CASE("fused_moe: a call's key, its file name, and the stride field over all
   CHECK(kdtest::contains(p3.status().message(), "is not 8 operands"));
 }
 
-TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the largest M; the host takes none") {
+TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the largest M, and the host takes none") {
   const std::string key = "E=8,K=64,N=32,dtype=bf16,top_k=2";
   auto cpu = workspace_bytes("fused_moe", key, 16, DeviceType::cpu);
   REQUIRE_MESSAGE(cpu.ok(), cpu.status().to_string());
