@@ -117,27 +117,28 @@ elif [ "$MODE" = torchrun ]; then
   fi
   # Debian's torch 1.13 under Python 3.11 cannot parse torchrun's default
   # --redirects/--tee ("0" maps to None: Python 3.11 no longer iterates a
-  # Flag's zero member): name single-bit values, stdout tee'd (its lines
-  # get a "[defaultN]:" prefix), stderr left alone.
-  export KD_TUNE_DIR=$work/torchrun KD_NPROC=2 TORCHRUN="$PY -m torch.distributed.run --redirects 1 --tee 1"
+  # Flag's zero member): name single-bit values. Each rank's stdout (its
+  # --json summary) goes to its own file under --log_dir, whole: tee'd to
+  # the console instead, torchrun cuts a line at 4096 bytes and prefixes
+  # every piece, and two ranks finishing together interleaved their pieces
+  # (a summary lost: "the shards tuned 6 units", twice on 2026-12-05 with
+  # other tests running beside it).
+  # stderr is tee'd (the --shard auto lines below).
+  export KD_TUNE_DIR=$work/torchrun KD_NPROC=2
+  export TORCHRUN="$PY -m torch.distributed.run --redirects 1 --tee 2 --log_dir $work/torchrun-logs"
   bash "$EX/torchrun_tune.sh" >"$work/torchrun.out" 2>"$work/torchrun.err" ||
     { tail -20 "$work/torchrun.err" >&2; fail "torchrun_tune.sh"; }
   for r in 0 1; do
     grep -q "from torchrun (RANK=$r, WORLD_SIZE=2)" "$work/torchrun.err" || fail "rank $r: --shard auto did not say torchrun"
   done
-  # torchrun's tee cuts a line at 4096 bytes and prefixes every piece with
-  # "[defaultN]:": rejoin each rank's pieces, then read its JSON summaries.
+  # The ranks' JSON summaries, one stdout.log each.
   tuned=$("$PY" -c "
-import json, re, sys
-streams, last = {}, '_'
-for line in open(sys.argv[1]):
-    line = line.rstrip('\n')
-    m = re.match(r'\[(default[0-9]+)\]:(.*)', line)
-    if m:
-        last, line = m.group(1), m.group(2)
-    streams[last] = streams.get(last, '') + line
+import json, pathlib, sys
+logs = sorted(pathlib.Path(sys.argv[1]).rglob('stdout.log'))
+assert len(logs) == 2, f'{len(logs)} rank stdout logs under {sys.argv[1]}, want 2'
 n, dec = 0, json.JSONDecoder()
-for s in streams.values():
+for f in logs:
+    s = f.read_text()
     i = s.find('{')
     while i >= 0:
         try:
@@ -148,7 +149,7 @@ for s in streams.values():
         if isinstance(obj, dict) and 'tuned' in obj:
             n += obj['tuned']
         i = s.find('{', end)
-print(n)" "$work/torchrun.out")
+print(n)" "$work/torchrun-logs") || fail "torchrun: the ranks' stdout logs"
   # torchrun sets OMP_NUM_THREADS=1 in its processes, and the CPU backend's
   # tuning fingerprint holds it (the env axis): check under the same value.
   OMP_NUM_THREADS=1 check_merged torchrun "$KD_TUNE_DIR/merged" "$tuned"
