@@ -111,15 +111,7 @@ Result<int64_t> workspace_bytes(std::string_view op, std::string_view key_fields
     auto p = key_problem(op, key_fields, max_m);
     if (!p.ok()) return p.status();
     p->device = Device{backend, 0};
-    int64_t most = 0;
-    for (const core::VariantDef* v : core::variants_for(p->op, backend)) {
-      if (!v->workspace_bytes || v->in_dtype != p->in_dtype) continue;
-      int64_t params[core::kMaxParams] = {};
-      for (size_t i = 0; i < v->params.size() && i < static_cast<size_t>(core::kMaxParams); ++i)
-        params[i] = v->params[i].default_value;
-      most = std::max(most, v->workspace_bytes(*p, params));
-    }
-    return most;
+    return core::max_workspace_bytes(*p);
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "workspace_bytes");
   }

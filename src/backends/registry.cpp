@@ -135,6 +135,19 @@ std::vector<const VariantDef*> variants_for(OpKind op, DeviceType backend) {
   return out;
 }
 
+int64_t max_workspace_bytes(const Problem& p) noexcept {
+  int64_t most = 0;
+  for (const VariantDef* v : registry().all) {
+    if (v->op != p.op || v->backend != p.device.type || v->in_dtype != p.in_dtype || !v->workspace_bytes) continue;
+    int64_t params[kMaxParams] = {};
+    for (size_t i = 0; i < v->params.size() && i < static_cast<size_t>(kMaxParams); ++i)
+      params[i] = v->params[i].default_value;
+    const int64_t b = v->workspace_bytes(p, params);
+    if (b > most) most = b;
+  }
+  return most;
+}
+
 const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtype) noexcept {
   for (const VariantDef* v : registry().all)
     if (v->op == op && v->backend == backend && v->in_dtype == in_dtype && (v->flags & kVariantReference)) return v;

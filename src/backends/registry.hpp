@@ -86,6 +86,11 @@ std::vector<const VariantDef*> variants_for(OpKind op, DeviceType backend);
 /// The op's reference variant for (backend, input dtype), or nullptr.
 const VariantDef* reference_variant(OpKind op, DeviceType backend, DType in_dtype) noexcept;
 
+/// The most workspace any variant of p's op and in_dtype on p's backend asks
+/// for (VariantDef::workspace_bytes at its parameters' defaults); 0 when
+/// none takes one.
+int64_t max_workspace_bytes(const Problem& p) noexcept;
+
 /// The analytical default plan for a problem. Never fails for a problem
 /// that passed validation on a compiled backend: the reference variant is
 /// the last resort. Returns an invalid Plan only when the backend has no

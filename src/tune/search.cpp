@@ -93,22 +93,8 @@ DeviceMemory* memory_for(DeviceType backend) noexcept {
   return core::backend_memory(backend);
 }
 
-// The most workspace a variant of the problem's op, backend and dtype asks
-// for at its parameters' defaults (VariantDef::workspace_bytes), capped at
-// 8 GiB (a candidate asking more declines).
-namespace {
-int64_t workspace_need(const core::Problem& p) {
-  int64_t need = 0;
-  for (const core::VariantDef* v : core::variants_for(p.op, p.device.type)) {
-    if (!v->workspace_bytes || v->in_dtype != p.in_dtype) continue;
-    int64_t params[core::kMaxParams] = {};
-    for (size_t i = 0; i < v->params.size() && i < static_cast<size_t>(core::kMaxParams); ++i)
-      params[i] = v->params[i].default_value;
-    need = std::max(need, v->workspace_bytes(p, params));
-  }
-  return std::min(need, int64_t{8} << 30);
-}
-}  // namespace
+// At most 8 GiB of workspace (a candidate asking more declines).
+constexpr int64_t kMaxTunerWorkspace = int64_t{8} << 30;
 
 TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
   TuneTarget t;
@@ -152,7 +138,9 @@ TuneTarget make_target(const core::Problem& p, const core::LaunchArgs& la) {
     tla.stream = b->tuner_stream();
     // Candidates get the tuning thread's own workspace (the caller's would
     // be ordered on the caller's stream, not the tuner's).
-    if (spec.uses_workspace) tla.workspace = b->tuner_workspace(workspace_need(p), &tla.workspace_bytes);
+    if (spec.uses_workspace)
+      tla.workspace =
+          b->tuner_workspace(std::min(core::max_workspace_bytes(p), kMaxTunerWorkspace), &tla.workspace_bytes);
   } else {
     tla.workspace = la.workspace;  // the host: no stream to order against
     tla.workspace_bytes = la.workspace_bytes;
