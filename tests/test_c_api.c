@@ -1271,6 +1271,29 @@ static void test_last_error_is_per_thread_state(void) {
   CHECK(kdispatch_last_error_message()[0] == '\0');
 }
 
+/* kdispatch_op_workspace_bytes: a call's tensors (data may be NULL) -> the
+ * most workspace any variant of their backend asks; the host's take none. */
+static void test_op_workspace_bytes(void) {
+  float a[4 * 8], b[8 * 8], d[4 * 8];
+  tensor ta = f32_2d(a, 4, 8), tb = f32_2d(b, 8, 8), td = f32_2d(d, 4, 8);
+  const DLTensor* t[4] = {dl(&ta), dl(&tb), dl(&td), NULL};
+  int64_t bytes = -1;
+  EXPECT(KDISPATCH_OK, kdispatch_op_workspace_bytes("gemm", t, 4, NULL, 0, &bytes));
+  CHECK(bytes == 0);
+  bytes = -1;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_workspace_bytes("gemm", t, 3, NULL, 0, &bytes));
+  CHECK(strcmp(kdispatch_last_error_message(), "gemm takes 4 tensors, got 3") == 0);
+  CHECK(bytes == 0); /* cleared before any check that can fail */
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_workspace_bytes("gemmm", t, 4, NULL, 0, &bytes));
+  CHECK(strcmp(kdispatch_last_error_message(), "kdispatch_op_workspace_bytes: unknown op 'gemmm'") == 0);
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_workspace_bytes("gemm", t, 4, NULL, 0, NULL));
+  CONTAINS(kdispatch_last_error_message(), "bytes_out");
+  /* a shape the op refuses: the op's own sentence */
+  tensor tb_bad = f32_2d(b, 8, 7);
+  const DLTensor* t_bad[4] = {dl(&ta), dl(&tb_bad), dl(&td), NULL};
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_workspace_bytes("gemm", t_bad, 4, NULL, 0, &bytes));
+}
+
 int main(void) {
   snprintf(g_tmp, sizeof g_tmp, "/tmp/kdispatch-c-api-XXXXXX");
   if (!mkdtemp(g_tmp)) {
@@ -1298,6 +1321,7 @@ int main(void) {
   test_runtime_functions();
   test_ops();
   test_fp8_fast_accum();
+  test_op_workspace_bytes();
   test_hostile_tensors_and_flags();
   test_tuning();
   test_lookup();

@@ -252,6 +252,28 @@ TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the l
     // more than the per-pair kernels' 4096 and the tensor-core ones' 11008.
     CHECK(*cuda == 12304);
   }
+  // The same problem as a call's tensors (no data: descriptors only), as a
+  // binding sizes the workspace it allocates for one call: the same bytes.
+  const Device gpu{DeviceType::cuda, 0};
+  std::vector<TensorRef> t(8);
+  t[0] = make_tensor_2d(nullptr, DType::bf16, 16, 64, 64, gpu);  // hidden [M, H]
+  t[1] = kdtest::tensor_3d(nullptr, DType::bf16, 8, 64, 64);     // w1 [E, 2I, H]
+  t[2] = kdtest::tensor_3d(nullptr, DType::bf16, 8, 64, 32);     // w2 [E, H, I]
+  t[1].device = t[2].device = gpu;
+  t[3] = make_tensor_2d(nullptr, DType::fp32, 16, 2, 2, gpu);    // topk_weights
+  t[4] = make_tensor_2d(nullptr, DType::int32, 16, 2, 2, gpu);   // topk_ids
+  t[5] = make_tensor_2d(nullptr, DType::bf16, 16, 64, 64, gpu);  // out
+  auto of_call = workspace_bytes("fused_moe", t, std::vector<float>{1.f, 0.f});
+  REQUIRE_MESSAGE(of_call.ok(), of_call.status().to_string());
+  CHECK(*of_call == *cuda);
+  for (TensorRef& x : t) x.device = Device{};
+  auto host_call = workspace_bytes("fused_moe", t, std::vector<float>{1.f, 0.f});
+  REQUIRE_MESSAGE(host_call.ok(), host_call.status().to_string());
+  CHECK(*host_call == 0);
+  t[4].dtype = DType::fp32;  // ids must be int32: the op's own sentence
+  auto bad_ids = workspace_bytes("fused_moe", t, std::vector<float>{1.f, 0.f});
+  REQUIRE_FALSE(bad_ids.ok());
+  CHECK(kdtest::contains(bad_ids.status().message(), "topk_ids"));
   auto bad = workspace_bytes("fused_moe", "E=8,N=32,dtype=bf16,top_k=2", 16, DeviceType::cuda);
   REQUIRE(!bad.ok());
   CHECK(bad.status().code() == StatusCode::invalid_argument);

@@ -535,6 +535,20 @@ KDISPATCH_C_API kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, con
                                                       const DLTensor* const* tensors, int32_t n_tensors,
                                                       const float* scalars, int32_t n_scalars, char** json_out);
 
+/** The workspace, in bytes, that this call of `op` (its tensors and scalars
+ *  as kdispatch_op_call takes them; data may be NULL) may ask for: the most
+ *  that any variant of the tensors' backend asks for this problem, so the
+ *  plan served fits whatever the table holds. A binding that allocates
+ *  each call's workspace from its own allocator passes a buffer of this
+ *  size to kdispatch_op_call (fused_moe: from M * top_k * I * 4 bytes to
+ *  the tensor-core variants' sorted pairs and intermediates). *bytes_out:
+ *  0 where no variant takes one. Needs no runtime; thread-safe.
+ *  Errors: INVALID_ARGUMENT (op or bytes_out NULL, an unknown op, counts,
+ *  shapes or dtypes the op refuses, naming the argument). */
+KDISPATCH_C_API kdispatch_status kdispatch_op_workspace_bytes(const char* op, const DLTensor* const* tensors,
+                                                              int32_t n_tensors, const float* scalars,
+                                                              int32_t n_scalars, int64_t* bytes_out);
+
 /* ------------------------------------------------------------------ tuning */
 
 /** Tunes a problem ahead of traffic on scratch buffers of the same shapes,

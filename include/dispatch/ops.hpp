@@ -414,6 +414,19 @@ KDISPATCH_API Result<KeyProblem> describe_key(std::string_view op, std::string_v
 KDISPATCH_API Result<int64_t> workspace_bytes(std::string_view op, std::string_view key_fields, int64_t max_m,
                                               DeviceType backend) noexcept;
 
+/// The workspace, in bytes, that this call (`op`'s tensors and scalars as
+/// call_op takes them; tensor data may be null) may ask of
+/// CallOptions::workspace: the most that any variant of the tensors'
+/// backend for their dtype asks for this problem, so any plan a table,
+/// tuner or default serves fits. For a binding that allocates each call's
+/// workspace from its framework's allocator (the torch ops: fused_moe from
+/// torch's caching allocator, so a graph capture keeps it in the graph's
+/// pool). 0 where no variant takes one. Thread-safe, no runtime needed.
+/// Errors: as call_op's validation (unknown op, counts, shapes, dtypes,
+/// naming the argument).
+KDISPATCH_API Result<int64_t> workspace_bytes(std::string_view op, std::span<const TensorRef> tensors,
+                                              std::span<const float> scalars = {}) noexcept;
+
 /// A config query: which tuned config serves this kernel at this M?
 /// Serves kdispatch's own ops and kernels the engine owns (its Triton
 /// fused-MoE kernel, its block-fp8 GEMM) from the same table, so an engine

@@ -117,6 +117,35 @@ Result<int64_t> workspace_bytes(std::string_view op, std::string_view key_fields
   }
 }
 
+// The workspace of one call: its tensors validated as the op validates them
+// (data may be absent), then the most any of the backend's variants asks.
+Result<int64_t> workspace_bytes(std::string_view op, std::span<const TensorRef> tensors,
+                                std::span<const float> scalars) noexcept {
+  try {
+    const core::OpSpec* s = nullptr;
+    float full[core::kMaxScalars] = {};
+    if (Status st = api::named_op_args(op, tensors.size(), scalars, &s, full); !st.ok()) return st;
+    core::Problem p;
+    core::LaunchArgs la;
+    bool empty = false;
+    Status st = make_status(StatusCode::internal, "workspace_bytes: op without a validator");
+    switch (s->op) {
+#define KD_WS_OF_CALL(op, Args, tensors_, scalars_)                         \
+  case core::OpKind::op: {                                                  \
+    KD_ARGS_FROM_SPANS(Args, tensors_, scalars_)                            \
+    st = api::validate_##op(args, &p, &la, &empty, /*require_data=*/false); \
+    break;                                                                  \
+  }
+      KDISPATCH_OP_LIST(KD_WS_OF_CALL)
+#undef KD_WS_OF_CALL
+    }
+    if (!st.ok()) return st;
+    return empty ? int64_t{0} : core::max_workspace_bytes(p);
+  } catch (const std::bad_alloc&) {
+    return make_status(StatusCode::out_of_memory, "workspace_bytes");
+  }
+}
+
 Result<PretuneResult> pretune_key(Runtime& rt, std::string_view op, std::string_view key_fields, int64_t m,
                                   Device device) noexcept {
   try {

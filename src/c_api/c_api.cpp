@@ -784,6 +784,26 @@ kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, const char* op, con
   });
 }
 
+kdispatch_status kdispatch_op_workspace_bytes(const char* op, const DLTensor* const* tensors, int32_t n_tensors,
+                                              const float* scalars, int32_t n_scalars, int64_t* bytes_out) {
+  return guarded("kdispatch_op_workspace_bytes", [&]() -> kdispatch_status {
+    if (op == nullptr) return null_arg("kdispatch_op_workspace_bytes", "op");
+    if (bytes_out == nullptr) return null_arg("kdispatch_op_workspace_bytes", "bytes_out");
+    *bytes_out = 0;
+    const dispatch::OpInfo* o = op_named(op);
+    if (o == nullptr)
+      return fail(KDISPATCH_INVALID_ARGUMENT, std::string("kdispatch_op_workspace_bytes: unknown op '") + op + "'");
+    std::vector<dispatch::TensorRef> t;
+    std::vector<float> sc;
+    if (auto s = tensors_of(*o, tensors, n_tensors, true, &t); !s.ok()) return finish(s);
+    if (auto s = scalars_of(*o, scalars, n_scalars, 0, &sc); !s.ok()) return finish(s);
+    auto r = dispatch::workspace_bytes(op, t, sc);
+    if (!r.ok()) return finish(r.status());
+    *bytes_out = *r;
+    return ok();
+  });
+}
+
 // kdispatch_<op> and kdispatch_pretune_<op>, one pair per row of the op list
 // (core/op_list.hpp): the DLTensors and floats in argument order, then the
 // generic translation above. Switch scalars (KD_PP_IS_SWITCH: fast_accum)

@@ -37,10 +37,23 @@ struct Served {
 };
 
 /// kdispatch_op_call on the runtime `rt` (a kdispatch_runtime*; null: the
-/// default runtime). Returns the kdispatch status code (0 ok); on failure
-/// `error` holds "<code name>: <message>" (truncated to `error_size`).
+/// default runtime), with `workspace_bytes` at `workspace` for this call
+/// (null: the stream's attached one). Returns the kdispatch status code (0
+/// ok); on failure `error` holds "<code name>: <message>" (truncated to
+/// `error_size`).
 int call(void* rt, const char* op, const View* views, int32_t n_views, const float* scalars, int32_t n_scalars,
-         void* stream, bool capturing, Served* served, char* error, std::size_t error_size) noexcept;
+         void* stream, bool capturing, Served* served, char* error, std::size_t error_size, void* workspace = nullptr,
+         int64_t workspace_bytes = 0) noexcept;
+
+/// kdispatch_op_workspace_bytes: the bytes of workspace this call may ask
+/// for, or -1 when the library refuses the call (the call itself then
+/// names the error).
+int64_t workspace_bytes(const char* op, const View* views, int32_t n_views, const float* scalars,
+                        int32_t n_scalars) noexcept;
+
+/// The bytes of the workspace attach_stream gives a stream (torch's cuBLAS
+/// workspace on Hopper); a call that may ask for more gets its own.
+constexpr int64_t kStreamWorkspaceBytes = int64_t{32} << 20;
 
 /// Gives `stream` of GPU `device_id` a kdispatch-owned gemm workspace
 /// (kdispatch_runtime_attach_stream: device memory kdispatch allocates

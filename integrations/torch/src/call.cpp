@@ -22,17 +22,10 @@ void put_error(kdispatch_status s, char* error, std::size_t size) noexcept {
 
 std::atomic<const GpuHooks*> g_hooks{nullptr};
 
-}  // namespace
+constexpr int kMax = 8;
 
-int call(void* rt, const char* op, const View* views, int32_t n_views, const float* scalars, int32_t n_scalars,
-         void* stream, bool capturing, Served* served, char* error, std::size_t error_size) noexcept {
-  constexpr int kMax = 8;
-  if (n_views > kMax) {
-    std::snprintf(error, error_size, "invalid_argument: %d tensors (at most %d)", n_views, kMax);
-    return KDISPATCH_INVALID_ARGUMENT;
-  }
-  DLTensor t[kMax];
-  const DLTensor* p[kMax];
+// The views as DLTensors (`t`, pointed to by `p`; NULL for an absent one).
+void to_dl(const View* views, int32_t n_views, DLTensor* t, const DLTensor** p) noexcept {
   for (int32_t i = 0; i < n_views; ++i) {
     const View& v = views[i];
     if (v.data == nullptr) {
@@ -48,12 +41,26 @@ int call(void* rt, const char* op, const View* views, int32_t n_views, const flo
     t[i].byte_offset = 0;
     p[i] = &t[i];
   }
+}
+
+}  // namespace
+
+int call(void* rt, const char* op, const View* views, int32_t n_views, const float* scalars, int32_t n_scalars,
+         void* stream, bool capturing, Served* served, char* error, std::size_t error_size, void* workspace,
+         int64_t workspace_bytes) noexcept {
+  if (n_views > kMax) {
+    std::snprintf(error, error_size, "invalid_argument: %d tensors (at most %d)", n_views, kMax);
+    return KDISPATCH_INVALID_ARGUMENT;
+  }
+  DLTensor t[kMax];
+  const DLTensor* p[kMax];
+  to_dl(views, n_views, t, p);
   kdispatch_dispatch_info info;
   info.struct_size = sizeof(info);
   info.variant = nullptr;
   const kdispatch_status s =
-      kdispatch_op_call(static_cast<kdispatch_runtime*>(rt), op, p, n_views, scalars, n_scalars, nullptr, 0, stream,
-                        capturing ? KDISPATCH_CALL_CAPTURING : 0u, served ? &info : nullptr);
+      kdispatch_op_call(static_cast<kdispatch_runtime*>(rt), op, p, n_views, scalars, n_scalars, workspace,
+                        workspace_bytes, stream, capturing ? KDISPATCH_CALL_CAPTURING : 0u, served ? &info : nullptr);
   if (s != KDISPATCH_OK) {
     put_error(s, error, error_size);
     return s;
@@ -68,9 +75,19 @@ int call(void* rt, const char* op, const View* views, int32_t n_views, const flo
   return KDISPATCH_OK;
 }
 
+int64_t workspace_bytes(const char* op, const View* views, int32_t n_views, const float* scalars,
+                        int32_t n_scalars) noexcept {
+  if (n_views > kMax) return -1;
+  DLTensor t[kMax];
+  const DLTensor* p[kMax];
+  to_dl(views, n_views, t, p);
+  int64_t bytes = 0;
+  return kdispatch_op_workspace_bytes(op, p, n_views, scalars, n_scalars, &bytes) == KDISPATCH_OK ? bytes : -1;
+}
+
 int attach_stream(void* rt, int32_t device_type, int32_t device_id, void* stream) noexcept {
   return kdispatch_runtime_attach_stream(static_cast<kdispatch_runtime*>(rt), device_type, device_id, stream,
-                                         int64_t{32} << 20);
+                                         kStreamWorkspaceBytes);
 }
 
 void* default_runtime(char* error, std::size_t error_size) noexcept {

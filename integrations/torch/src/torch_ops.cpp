@@ -810,19 +810,66 @@ class Kernel final : public c10::OperatorKernel {
       return;
     }
     void* rt = runtime(b);
-    if (op.uses_workspace) ensure_workspace(rt, gpu->dl_device_type, device.index(), stream, capturing);
+    if (op.uses_workspace) {
+      // More than the stream's attached workspace (fused_moe's tensor-core
+      // plans, long prefills): this call's own, from torch's caching
+      // allocator on the current stream, so a graph capture takes it from
+      // the graph's private pool and keeps it for the graph's replays.
+      const int64_t need = call_workspace_bytes(views, scalars);
+      if (need > kStreamWorkspaceBytes) {
+        const at::Tensor ws = at::empty({need}, at::TensorOptions().dtype(at::kByte).device(device));
+        run(views, scalars, stream, capturing, rt, ws.data_ptr(), need);
+        return;
+      }
+      ensure_workspace(rt, gpu->dl_device_type, device.index(), stream, capturing);
+    }
     run(views, scalars, stream, capturing, rt);
   }
 
+  /// kdispatch_op_workspace_bytes of this call, memoised per thread by the
+  /// op, the views' shapes and dtypes and the scalars (a hit: a compare);
+  /// 0 when the library refuses the call (the call then says why).
+  int64_t call_workspace_bytes(const std::array<View, kMaxArgs>& views, const std::array<float, kMaxArgs>& scalars) {
+    struct Memo {
+      const Kernel* k = nullptr;
+      std::array<int64_t, kMaxArgs * 6> dims{};
+      std::array<float, kMaxArgs> scalars{};
+      int64_t bytes = 0;
+    };
+    thread_local std::array<Memo, 8> memo;
+    Memo key;
+    key.k = this;
+    for (size_t i = 0; i < kMaxArgs; ++i) {
+      const View& v = views[i];
+      const size_t o = i * 6;
+      key.dims[o] = v.data == nullptr ? -1 : v.ndim;
+      for (size_t d = 0; d < 4; ++d) key.dims[o + 1 + d] = v.shape[d];
+      key.dims[o + 5] = (int64_t{v.code} << 8) | v.bits;
+    }
+    key.scalars = scalars;
+    const uint64_t h = std::hash<std::string_view>{}(
+        std::string_view(reinterpret_cast<const char*>(key.dims.data()), sizeof key.dims));
+    Memo& slot = memo[(h ^ reinterpret_cast<uintptr_t>(this)) % memo.size()];
+    if (slot.k == this && slot.dims == key.dims && std::memcmp(&slot.scalars, &key.scalars, sizeof key.scalars) == 0)
+      return slot.bytes;
+    const Binding& b = *b_;
+    const int64_t bytes =
+        kdispatch_torch::workspace_bytes(name_.c_str(), views.data(), static_cast<int32_t>(b.op->args.size()),
+                                         scalars.data(), static_cast<int32_t>(b.op->scalars.size()));
+    key.bytes = bytes < 0 ? 0 : bytes;
+    slot = key;
+    return key.bytes;
+  }
+
   void run(const std::array<View, kMaxArgs>& views, const std::array<float, kMaxArgs>& scalars, void* stream,
-           bool capturing, void* rt = nullptr) {
+           bool capturing, void* rt = nullptr, void* workspace = nullptr, int64_t workspace_bytes = 0) {
     const Binding& b = *b_;
     if (b.floor) return;  // CPU: the binding's cost only
     if (rt == nullptr) rt = runtime(b);
     char error[1024];
     const int s = kdispatch_torch::call(rt, name_.c_str(), views.data(), static_cast<int32_t>(b.op->args.size()),
                                         scalars.data(), static_cast<int32_t>(b.op->scalars.size()), stream, capturing,
-                                        &t_served, error, sizeof error);
+                                        &t_served, error, sizeof error, workspace, workspace_bytes);
     if (s != 0) raise(b, s, error);
   }
 
