@@ -113,13 +113,14 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     // tiled, cuBLASLt, cuBLAS, reference) on CUDA, (skinny, hipBLASLt, reference) on HIP;
     // the fp8 ops on CUDA only: 3 GEMM layouts x (skinny_mma, cuBLASLt, reference) and 3
     // quantisation layouts x 3 input dtypes x (multiply, division); fused_moe on CUDA: 2
-    // dtypes x (pairs, experts, split, mma, reference) and block fp8 (split, mma, reference).
+    // dtypes x (pairs, experts, split, mma, reference) and block fp8 (split, mma, reference),
+    // on HIP: 2 dtypes x (hip_pairs, hip_split, hip_ref).
     // A build with KDISPATCH_TEST_OPS=ON adds the test-only family's
     // variants ("__test_" in the name, kernels/cuda/test/), not counted here.
     size_t product = 0;
     for (const VariantDef* v : b->variants())
       product += std::string_view(v->name).find("__test_") == std::string_view::npos;
-    CHECK(product == 24u + 9u + (t == DeviceType::cuda ? 12u + 9u + 18u + 13u : 6u));
+    CHECK(product == 24u + 9u + (t == DeviceType::cuda ? 12u + 9u + 18u + 13u : 6u + 6u));
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
         int refs = 0, n = 0;
@@ -154,6 +155,18 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
 #if KDISPATCH_HAVE_HIP
   CHECK(dispatch::core::find_variant("rmsnorm_bf16__hip_warp_vec8") != nullptr);
   CHECK(dispatch::core::find_variant("fused_add_rmsnorm_bf16__hip_ref") != nullptr);
+  // fused_moe's portable decode kernels, bf16 and fp16; no tensor-core or block-fp8 ones.
+  for (const char* n : {"fused_moe_bf16__hip_pairs", "fused_moe_fp16__hip_split", "fused_moe_bf16__hip_ref"}) {
+    const VariantDef* v = dispatch::core::find_variant(n);
+    REQUIRE_MESSAGE(v != nullptr, n);
+    CHECK(v->backend == DeviceType::hip);
+    CHECK(v->op == OpKind::fused_moe);
+  }
+  for (const VariantDef* v : dispatch::core::variants_for(OpKind::fused_moe, DeviceType::hip)) {
+    INFO(v->name);
+    CHECK(v->in_dtype != DType::fp8_e4m3fn);
+    CHECK(static_cast<bool>(v->workspace_bytes));
+  }
 #endif
 }
 

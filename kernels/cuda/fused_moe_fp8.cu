@@ -3,7 +3,7 @@
 // 128x128 block scales, bf16 activations (the split kernels and the
 // reference: kernels/gpu/moe_kernels.cuh; the tensor-core ones:
 // kernels/cuda/moe_mma.cuh).
-#include "cuda/fused_moe.cuh"
+#include "gpu/moe_tu.cuh"
 
 namespace dispatch::cuda {
 

@@ -27,7 +27,13 @@
 namespace dispatch::KDISPATCH_GPU_NS::moe {
 
 inline constexpr int kWarps = 8;  ///< warps per block of both kernels
-inline constexpr int kThreads = kWarps * 32;
+/// Lanes of a warp: 32 on NVIDIA, the wavefront (64 on CDNA) on HIP.
+inline constexpr int kLanes = port::kWarpSize;
+inline constexpr int kThreads = kWarps * kLanes;
+
+/// This thread's warp in its block and lane in its warp.
+KDISPATCH_DEVICE_INLINE int warp_id() { return static_cast<int>(threadIdx.x / unsigned{kLanes}); }
+KDISPATCH_DEVICE_INLINE int lane_id() { return static_cast<int>(threadIdx.x % unsigned{kLanes}); }
 
 KDISPATCH_DEVICE_INLINE float act_of(float g, int act) {
   return act == 1 ? 0.5f * g * (1.f + erff(g * 0.70710678118654752f)) : g / (1.f + expf(-g));
@@ -58,12 +64,12 @@ KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ld
   for (int r = 0; r < R; ++r) rp[r] = w + (HALF == 0 || r < HALF ? int64_t{r < last ? r : last} : gap + r - HALF) * ldw;
   auto row = [&](int r) { return rp[r]; };
   using E = Elem<DT>;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int lane = lane_id();
 #pragma unroll
   for (int r = 0; r < R; ++r) out[r] = 0.f;
   if constexpr (VEC) {
     constexpr int V = E::kVec;  // 8
-    for (int64_t c = int64_t{lane} * V; c < n; c += 32 * V) {
+    for (int64_t c = int64_t{lane} * V; c < n; c += kLanes * V) {
       uint4 chunk[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) chunk[r] = *reinterpret_cast<const uint4*>(row(r) + c);
@@ -78,7 +84,7 @@ KDISPATCH_DEVICE_INLINE void warp_dots(const typename Elem<DT>::S* w, int64_t ld
       }
     }
   } else {
-    for (int64_t c = lane; c < n; c += 32) {
+    for (int64_t c = lane; c < n; c += kLanes) {
       float xv;
       if constexpr (sizeof(X) == 4)
         xv = x[c];
@@ -119,7 +125,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_kerne
   port::grid_dependency_wait_and_release();
   using S = typename Elem<DT>::S;
   const int64_t p = blockIdx.x, t = p / g.top_k, j = p % g.top_k;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = warp_id(), lane = lane_id();
   const int64_t i0 = (int64_t{blockIdx.y} * kWarps + warp) * R;
   if (i0 >= g.I) return;
   const int32_t e = g.ids[t * g.ldi + j];
@@ -162,7 +168,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_ker
   using S = typename Elem<DT>::S;
   __shared__ float part[kWarps][R];
   const int64_t t = blockIdx.x;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = warp_id(), lane = lane_id();
   const int64_t c0 = int64_t{blockIdx.y} * R;
   const int64_t base = c0 + R <= g.H ? c0 : g.H >= R ? g.H - R : 0;
   const int last = static_cast<int>(g.H - 1 - base < R - 1 ? g.H - 1 - base : R - 1);  // H < R: rows repeat
@@ -200,7 +206,8 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_ker
 //
 //   moe_up_split    grid (P, I / kSplitRows): block (p, tile) computes the
 //                   tile's kSplitRows gate and up rows for pair p; its warps
-//                   take the 256-element steps of H in turn (step s to warp
+//                   take the kSplitStep-element steps of H (256 on NVIDIA)
+//                   in turn (step s to warp
 //                   s % kWarps, so that a short grid still has every warp
 //                   streaming), then add their sums in warp order and write
 //                   a[p, i] = act(gate) * up in fp32 to the workspace [P, I].
@@ -212,14 +219,14 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_ker
 // A lane reads 8 consecutive weights of each row per step (16 bytes, or 8
 // for fp8) and 8 activations, every row's load issued before the FMAs.
 //
-// Block fp8 (W = fp8_e4m3fn, X the activations' dtype): a step's 256
-// elements are two 128-groups (lanes 0-15 and 16-31); the activations are
-// quantised per group as the op does (amax over the half-warp, scale =
+// Block fp8 (W = fp8_e4m3fn, X the activations' dtype): a step's kLanes * 8
+// elements (256 on NVIDIA) are 128-groups of 16 lanes each; the activations
+// are quantised per group as the op does (amax over the 16 lanes, scale =
 // max(amax, 1e-10) / 448, e4m3fn round to nearest even) and each lane's
 // products, exact in fp32, join its sums times w_scale * scale (a tile's
 // rows lie in one 128-row block of the weight scales).
 
-inline constexpr int kSplitRows = 8, kSplitDownRows = 16, kSplitStep = 32 * 8;
+inline constexpr int kSplitRows = 8, kSplitDownRows = 16, kSplitStep = kLanes * 8;
 
 /// The weights of the split kernels: 8 consecutive elements of a row.
 template <DType W>
@@ -244,7 +251,7 @@ struct WeightRow<DType::fp8_e4m3fn> {
   }
 };
 
-/// Max over each half of a warp (lanes 0-15, 16-31).
+/// Max over each 16 lanes of a warp (a 128-group of 8 elements a lane).
 KDISPATCH_DEVICE_INLINE float half_warp_max(float v) {
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) {
@@ -288,7 +295,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_split
   using WR = WeightRow<W>;
   __shared__ float part[kWarps][2 * R];
   const int64_t p = blockIdx.x, t = p / g.top_k, j = p % g.top_k;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = warp_id(), lane = lane_id();
   const int64_t i0 = int64_t{blockIdx.y} * R;
   const int32_t e = g.ids[t * g.ldi + j];
   if (e < 0 || e >= g.E) return;  // the whole block: the down kernel skips the pair
@@ -356,7 +363,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_spl
   using WR = WeightRow<W>;
   __shared__ float part[kWarps][R];
   const int64_t t = blockIdx.x, c0 = int64_t{blockIdx.y} * R;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = warp_id(), lane = lane_id();
   const int64_t steps = (g.I + kSplitStep - 1) / kSplitStep;
   float acc[R];
 #pragma unroll
@@ -545,12 +552,12 @@ KDISPATCH_DEVICE_INLINE void warp_block_dots(const typename Elem<DT>::S* w, int6
                                              int n, int64_t len, float (&out)[R][kTokens]) {
   using E = Elem<DT>;
   constexpr int V = E::kVec;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int lane = lane_id();
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) out[r][t] = 0.f;
-  for (int64_t c = int64_t{lane} * V; c < len; c += 32 * V) {
+  for (int64_t c = int64_t{lane} * V; c < len; c += kLanes * V) {
     float wv[R][V];
 #pragma unroll
     for (int r = 0; r < R; ++r) E::unpack(*reinterpret_cast<const uint4*>(w + r * ldw + c), wv[r]);
@@ -583,7 +590,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_up_group
   const int32_t e = nth_expert(g.ids, g.M, g.top_k, g.ldi, g.E, &n_distinct);
   if (e < 0) return;
   __shared__ int32_t list[kChunk];
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = warp_id(), lane = lane_id();
   const int64_t i0 = (int64_t{blockIdx.y} * kWarps + warp) * R;
   const int64_t base = i0 + R <= g.I ? i0 : g.I - R;  // I >= R (supports): a partial group redoes rows
   const S* w = static_cast<const S*>(g.w1) + e * 2 * g.I * g.ldw1;
@@ -626,7 +633,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_gro
   if (e < 0) return;
   __shared__ int32_t list[kChunk];
   __shared__ bool last;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = warp_id(), lane = lane_id();
   const int64_t tile0 = int64_t{blockIdx.y} * kWarps * R;
   const int64_t c0 = tile0 + int64_t{warp} * R;
   const int64_t base = c0 + R <= g.H ? c0 : g.H - R;  // H >= R (supports)
@@ -664,7 +671,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_down_gro
     for (int64_t j = 0; j < g.top_k; ++j) {
       const int32_t ej = g.ids[t * g.ldi + j];
       if (ej < 0 || ej >= g.E) continue;
-      acc = fmaf(g.tw[t * g.ldtw + j], __ldcg(g.y + (t * g.top_k + j) * g.H + c), acc);
+      acc = fmaf(g.tw[t * g.ldtw + j], port::load_coherent(g.y + (t * g.top_k + j) * g.H + c), acc);
     }
     Elem<DT>::store1(static_cast<S*>(g.out) + t * g.ldo + c, g.rsf * acc);
   }

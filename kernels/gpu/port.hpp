@@ -404,6 +404,17 @@ KDISPATCH_DEVICE_INLINE float warp_sum(float v) {
   return v;
 }
 
+/// A load that another block's writes, made visible by its __threadfence()
+/// and an atomic this block observed, are sure to reach: past the SM's
+/// incoherent L1 (CUDA's ld.global.cg; HIP: a relaxed device-scope atomic load).
+KDISPATCH_DEVICE_INLINE float load_coherent(const float* p) {
+#if KDISPATCH_GPU_HIP
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  return __ldcg(p);
+#endif
+}
+
 KDISPATCH_DEVICE_INLINE float bits_to_float(uint32_t u) { return __uint_as_float(u); }
 KDISPATCH_DEVICE_INLINE uint32_t float_to_bits(float f) { return __float_as_uint(f); }
 

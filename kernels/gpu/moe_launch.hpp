@@ -1,26 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// kdispatch CUDA backend — fused_moe's decode family (kernels/gpu/moe_kernels.cuh):
-// the launchers its TUs (fused_moe_<dtype>.cu) define and its list
-// (fused_moe_list.cpp) calls. Plain C++.
+// kdispatch GPU backends — fused_moe's family (kernels/gpu/moe_kernels.cuh,
+// and on CUDA the tensor-core kernels/cuda/moe_mma.cuh): the workspace
+// sizes, and the launchers its TUs (kernels/<backend>/fused_moe_<dt>.{cu,hip}
+// through gpu/moe_tu.cuh) define and its list (gpu/fused_moe_variants.inc)
+// calls. Included with KDISPATCH_GPU_NS defined. Plain C++.
 #pragma once
-
-#ifndef KDISPATCH_GPU_NS
-#define KDISPATCH_GPU_NS cuda
-#endif
 
 #include <cstdint>
 
 #include "core/op.hpp"
 #include "gpu/backend_decls.hpp"
 
-namespace dispatch::cuda {
+namespace dispatch::KDISPATCH_GPU_NS {
 
-/// Threads per block of both kernels.
-inline constexpr int kMoeThreads = 256;
+/// Threads per block of the decode kernels: 8 warps (wave64 on HIP's
+/// CDNA devices).
+inline constexpr int kMoeThreads = KDISPATCH_GPU_HAS_TILED ? 8 * 32 : 8 * 64;
 /// Kernel images of the bf16/fp16 TUs: [0] up, [1] down (vector loads); [2]
 /// up, [3] down (one element at a time); [4] up, [5] down (grouped by
-/// expert); [6] up, [7] down (split over K); [8] sort, [9] up, [10] down,
-/// [11] reduce (tensor cores). The fp8 TU: [0] up, [1] down (split over
+/// expert); [6] up, [7] down (split over K); CUDA only: [8] sort, [9] up,
+/// [10] down, [11] reduce (tensor cores). The fp8 TU (CUDA only): [0] up, [1] down (split over
 /// K); [2] up, [3] down (its reference); [4] sort, [5] quantise hidden, [6]
 /// up, [7] quantise a, [8] down, [9] reduce (tensor cores).
 inline constexpr int kMoeImages = 12;
@@ -87,4 +86,4 @@ Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 
-}  // namespace dispatch::cuda
+}  // namespace dispatch::KDISPATCH_GPU_NS

@@ -1,17 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// kdispatch CUDA backend — fused_moe's launcher and image probe for one
-// dtype (KDISPATCH_MOE_TU(dt) in kernels/cuda/fused_moe_<dt>.cu).
+// kdispatch GPU backends — fused_moe's launchers and image probe for one
+// dtype (KDISPATCH_MOE_TU(dt) in kernels/<backend>/fused_moe_<dt>.{cu,hip};
+// block fp8 and the tensor-core kernels: CUDA only).
 #pragma once
 
 #include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
 
-#include "cuda/fused_moe.hpp"
 #include "gpu/launch_util.hpp"
-#include "cuda/moe_mma.cuh"
 #include "gpu/moe_kernels.cuh"
+#include "gpu/moe_launch.hpp"
 #include "ops/fused_moe.hpp"
+#if KDISPATCH_GPU_HAS_TILED
+#include "cuda/moe_mma.cuh"
+#endif
 
-namespace dispatch::cuda::moe_tu {
+namespace dispatch::KDISPATCH_GPU_NS::moe_tu {
 
 inline constexpr int kUpRows = 4, kDownRows = 2;
 /// Rows per block of the per-pair down kernel (every warp on all of them).
@@ -84,6 +87,7 @@ Status launch(const core::LaunchArgs& la, const core::Problem& p) noexcept {
                     args_of(la, p));
 }
 
+#if KDISPATCH_GPU_HAS_TILED
 template <DType DT>
 Status launch_grouped(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   if (p.m < 1) return Status();
@@ -96,6 +100,7 @@ Status launch_grouped(const core::LaunchArgs& la, const core::Problem& p) noexce
   return launch_two(la, p, moe::moe_up_grouped_kernel<DT, kUpRows>, gu, moe::moe_down_grouped_kernel<DT, kDownRows>, gd,
                     g);
 }
+#endif
 
 /// The split kernels (weights W, activations X; moe_kernels.cuh): I a
 /// multiple of kSplitRows, H of kSplitDownRows (the list checks).
@@ -120,6 +125,7 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
                     moe::moe_down_fp8_ref_kernel<X>, dim3(static_cast<unsigned>(down)), args_of(la, p));
 }
 
+#if KDISPATCH_GPU_HAS_TILED
 /// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce; block fp8
 /// (W = fp8_e4m3fn, X = bf16): sort, quantise hidden, up, quantise a, down,
 /// reduce. W = X = bf16 or fp16 otherwise.
@@ -184,6 +190,7 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
                    dim3(moe_mma::kReduceThreads), on.stream, on.pdl, m);
   return port::status(e, "fused_moe reduce kernel launch");
 }
+#endif
 
 template <DType DT>
 void probe(KernelImage* out) noexcept {
@@ -191,31 +198,44 @@ void probe(KernelImage* out) noexcept {
   out[1] = image_of(moe::moe_down_kernel<DT, kPairDownRows, true>);
   out[2] = image_of(moe::moe_up_kernel<DT, kUpRows, false>);
   out[3] = image_of(moe::moe_down_kernel<DT, kPairDownRows, false>);
+#if KDISPATCH_GPU_HAS_TILED
   out[4] = image_of(moe::moe_up_grouped_kernel<DT, kUpRows>);
   out[5] = image_of(moe::moe_down_grouped_kernel<DT, kDownRows>);
+#endif
   out[6] = image_of(moe::moe_up_split_kernel<DT, DT>);
   out[7] = image_of(moe::moe_down_split_kernel<DT, DT>);
+#if KDISPATCH_GPU_HAS_TILED
   out[8] = image_of(moe_mma::moe_sort_kernel<DT>);
   out[9] = image_of(moe_mma::moe_up_mma_kernel<DT>);
   out[10] = image_of(moe_mma::moe_down_mma_kernel<DT>);
   out[11] = image_of(moe_mma::moe_reduce_kernel<DT>);
+#endif
 }
 
-}  // namespace dispatch::cuda::moe_tu
+}  // namespace dispatch::KDISPATCH_GPU_NS::moe_tu
+
+// CUDA only: the tensor-core kernels, and the grouped ones (slower than the
+// per-pair kernels at every point measured on the H200, so not ported).
+#if KDISPATCH_GPU_HAS_TILED
+#define KDISPATCH_MOE_TU_MMA(dt)                                                                      \
+  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {     \
+    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p);                                           \
+  }                                                                                                   \
+  Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept { \
+    return moe_tu::launch_grouped<DType::dt>(la, p);                                                  \
+  }
+#else
+#define KDISPATCH_MOE_TU_MMA(dt)
+#endif
 
 #define KDISPATCH_MOE_TU(dt)                                                                               \
-  namespace dispatch::cuda {                                                                               \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                                   \
   Status launch_fused_moe_##dt(const core::LaunchArgs& la, const core::Problem& p, bool vec) noexcept {    \
     return vec ? moe_tu::launch<DType::dt, true>(la, p) : moe_tu::launch<DType::dt, false>(la, p);         \
-  }                                                                                                        \
-  Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {      \
-    return moe_tu::launch_grouped<DType::dt>(la, p);                                                       \
   }                                                                                                        \
   Status launch_fused_moe_split_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {        \
     return moe_tu::launch_split<DType::dt, DType::dt>(la, p);                                              \
   }                                                                                                        \
-  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {          \
-    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p);                                                \
-  }                                                                                                        \
+  KDISPATCH_MOE_TU_MMA(dt)                                                                                 \
   void probe_fused_moe_##dt(KernelImage* out, const ProbeEnv&) noexcept { moe_tu::probe<DType::dt>(out); } \
   }
