@@ -218,6 +218,26 @@ static void test_create_errors(void) {
   CHECK(rt == NULL);
   CONTAINS(kdispatch_last_error_message(), "struct_size");
 
+  /* tune_routing: a missing file fails creation, naming it; "skewed" serves;
+   * a caller built before the field passes the shorter struct_size and its
+   * (unread) tune_routing is never looked at. */
+  kdispatch_options_init(&o);
+  CHECK(o.tune_routing == NULL);
+  o.load_shipped_configs = 0;
+  o.tune_routing = missing;
+  EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_runtime_create(&o, &rt));
+  CHECK(rt == NULL);
+  CONTAINS(kdispatch_last_error_message(), "tune.routing: ");
+  CONTAINS(kdispatch_last_error_message(), "does-not-exist");
+  o.tune_routing = "skewed";
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_create(&o, &rt));
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
+  o.tune_routing = missing;
+  o.struct_size = (uint32_t)offsetof(kdispatch_options, tune_routing);
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_create(&o, &rt));
+  EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
+  rt = (kdispatch_runtime*)&o;
+
   const char* dirs[1] = {missing};
   kdispatch_options_init(&o);
   o.config_dirs = dirs;

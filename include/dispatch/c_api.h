@@ -193,6 +193,13 @@ typedef struct kdispatch_options {
   int32_t tune_validate;            /* 1 */
   int32_t tune_cold_cache;          /* 1 */
   int32_t tune_claim_shapes;        /* 1 */
+  /* Appended (a caller built against the struct without it passes the
+   * shorter struct_size, offsetof(kdispatch_options, tune_routing), and
+   * gets the default): the expert ids MoE ops (fused_moe) are tuned on:
+   * NULL or "uniform", "skewed", or the path of an .npy of int32
+   * [tokens, top_k] ids dumped from a server (TuneOptions::routing; a bad
+   * file fails kdispatch_runtime_create naming it). */
+  const char* tune_routing;
 } kdispatch_options;
 
 /** Fills `o` with the defaults of dispatch::RuntimeOptions and sets

@@ -176,11 +176,14 @@ Status to_options(const kdispatch_options* o, dispatch::RuntimeOptions* out) {
     *out = std::move(r);
     return Status();
   }
-  if (o->struct_size != sizeof(kdispatch_options))
+  // The size before tune_routing was appended is still known (its default).
+  constexpr uint32_t kV1 = offsetof(kdispatch_options, tune_routing);
+  if (o->struct_size != sizeof(kdispatch_options) && o->struct_size != kV1)
     return dispatch::make_status(StatusCode::invalid_argument, "options.struct_size is " +
                                                                    std::to_string(o->struct_size) + ", expected " +
                                                                    std::to_string(sizeof(kdispatch_options)) +
                                                                    " (fill the struct with kdispatch_options_init)");
+  if (o->struct_size == sizeof(kdispatch_options)) r.tune.routing = str(o->tune_routing);
   if (auto s = string_array(o->config_dirs, o->config_dirs_count, "config_dirs", &r.config_dirs); !s.ok()) return s;
   r.load_shipped_configs = o->load_shipped_configs != 0;
   r.shipped_configs_dir = str(o->shipped_configs_dir);

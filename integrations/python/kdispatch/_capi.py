@@ -90,6 +90,7 @@ class Options(Structure):
         ("tune_validate", c_int32),
         ("tune_cold_cache", c_int32),
         ("tune_claim_shapes", c_int32),
+        ("tune_routing", c_char_p),
     ]
 
 
@@ -273,7 +274,7 @@ _OPTION_KEYS = {
     "bounded_nearest", "bound_ratio", "log_level", "watch", "force", "deterministic", "tune_mode", "cache_dir",
     "tune_persist", "tune_load_cache", "tune_memory_budget_bytes", "tune_time_budget_ms", "tune_duty_cycle",
     "tune_reps", "tune_max_candidates", "tune_queue_capacity", "tune_validate", "tune_cold_cache",
-    "tune_claim_shapes"}
+    "tune_claim_shapes", "tune_routing"}
 
 
 def make_options(opts):
@@ -302,7 +303,7 @@ def make_options(opts):
             keep += [fa, ta]
             o.alias_from, o.alias_to, o.aliases_count = (ctypes.cast(fa, POINTER(c_char_p)),
                                                          ctypes.cast(ta, POINTER(c_char_p)), n)
-        elif k in ("shipped_configs_dir", "backend_version", "cache_dir"):
+        elif k in ("shipped_configs_dir", "backend_version", "cache_dir", "tune_routing"):
             b = _bytes(v, k)
             keep.append(b)
             setattr(o, k, b)

@@ -52,7 +52,7 @@ _warn_skipped_config_dirs()
 _TUNE_MODES = {"off": 0, "sync": 1, "background": 2}
 _LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "debug": 4}
 _TUNE_OPTION_KEYS = ("persist", "load_cache", "memory_budget_bytes", "time_budget_ms", "duty_cycle", "reps",
-                     "max_candidates", "queue_capacity", "validate", "cold_cache", "claim_shapes")
+                     "max_candidates", "queue_capacity", "validate", "cold_cache", "claim_shapes", "routing")
 _DEVICE_TYPES = {"cpu": 1, "cuda": 2, "hip": 10, "rocm": 10}
 
 
@@ -132,7 +132,9 @@ class Runtime:
     - device_aliases: {"reported or file name": "canonical name"}.
     - tune_options: {"time_budget_ms", "reps", "cold_cache", "validate",
       "persist", "load_cache", "memory_budget_bytes", "duty_cycle",
-      "max_candidates", "queue_capacity", "claim_shapes"}.
+      "max_candidates", "queue_capacity", "claim_shapes", "routing"} (routing:
+      the expert ids MoE ops are tuned on, "uniform", "skewed" or the path
+      of an .npy of int32 [tokens, top_k] ids dumped from a server).
 
     Errors raise kdispatch.Error (a config dir that does not exist:
     invalid_argument naming it). Thread-safe as the C++ runtime: ops, lookups

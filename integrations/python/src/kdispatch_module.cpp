@@ -305,7 +305,7 @@ struct Options {
   std::vector<std::string> strings;  // owns every string the struct points at
   std::vector<std::string> dirs, force, alias_from, alias_to;
   std::vector<const char*> dirs_p, force_p, from_p, to_p;
-  std::string shipped, backend_version, cache_dir;
+  std::string shipped, backend_version, cache_dir, routing;
 
   explicit Options(py::handle opts) {
     kdispatch_options_init(&o);
@@ -334,7 +334,8 @@ struct Options {
                                         "tune_queue_capacity",
                                         "tune_validate",
                                         "tune_cold_cache",
-                                        "tune_claim_shapes"};
+                                        "tune_claim_shapes",
+                                        "tune_routing"};
     for (auto item : d) {
       const std::string k = py::str(item.first);
       bool ok = false;
@@ -387,6 +388,8 @@ struct Options {
     o.tune_validate = get<bool>(d, "tune_validate", o.tune_validate != 0);
     o.tune_cold_cache = get<bool>(d, "tune_cold_cache", o.tune_cold_cache != 0);
     o.tune_claim_shapes = get<bool>(d, "tune_claim_shapes", o.tune_claim_shapes != 0);
+    routing = get<std::string>(d, "tune_routing", "");
+    o.tune_routing = routing.empty() ? nullptr : c_string(routing, "tune_routing");
   }
 };
 

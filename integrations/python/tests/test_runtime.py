@@ -217,6 +217,13 @@ class RuntimeTest(TempDirTest):
             kdispatch.Runtime(log_level="loud")
         with self.assertRaises(Error):
             kdispatch.Runtime(tune_options={"no_such_knob": 1})
+        # The routing MoE ops are tuned on: a missing .npy fails, naming it.
+        with self.assertRaises(Error) as c:
+            kdispatch.Runtime(tune_options={"routing": missing + ".npy"}, shipped_configs=False)
+        self.assertIs(c.exception.code, StatusCode.invalid_argument)
+        self.assertIn("tune.routing: ", c.exception.message)
+        self.assertIn(missing + ".npy", c.exception.message)
+        kdispatch.Runtime(tune_options={"routing": "skewed"}, shipped_configs=False).close()
         with self.assertRaises(Error) as c:
             kdispatch.Runtime(backend_version="three")
         self.assertIs(c.exception.code, StatusCode.invalid_argument)
