@@ -23,6 +23,18 @@ inline constexpr int kMoeThreads = KDISPATCH_GPU_HAS_TILED ? 8 * 32 : 8 * 64;
 /// K); [2] up, [3] down (its reference); [4] sort, [5] quantise hidden, [6]
 /// up, [7] quantise a, [8] down, [9] reduce (tensor cores).
 inline constexpr int kMoeImages = 12;
+/// Threads per block of the tensor-core kernels (moe_mma.cuh): the sort,
+/// the GEMMs, the quantisation and the top-k sum.
+inline constexpr int kMoeSortThreads = 1024, kMoeMmaThreads = 128, kMoeQuantThreads = 256, kMoeReduceThreads = 256;
+/// The threads a launch gives image `k` of a TU (fp8: the fp8 TU).
+constexpr int moe_image_threads(bool fp8, int k) noexcept {
+  const int first_mma = fp8 ? 4 : 8;
+  if (k < first_mma) return kMoeThreads;
+  const int i = k - first_mma;  // sort, [quant,] up, [quant,] down, reduce
+  if (i == 0) return kMoeSortThreads;
+  if (fp8) return i == 1 || i == 3 ? kMoeQuantThreads : i == 5 ? kMoeReduceThreads : kMoeMmaThreads;
+  return i == 3 ? kMoeReduceThreads : kMoeMmaThreads;
+}
 
 /// The workspace a launch needs: the activated intermediate [M * top_k, I] in fp32.
 constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept { return p.m * p.extra[1] * p.n * 4; }

@@ -132,6 +132,9 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
 template <DType W, DType X>
 Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   static_assert(moe_mma::kMmaPairs == kMoeMmaPairs, "the workspace's items");
+  static_assert(moe_mma::kMmaThreads == kMoeMmaThreads && moe_mma::kSortThreads == kMoeSortThreads &&
+                    moe_mma::kReduceThreads == kMoeReduceThreads,
+                "the list's image checks (moe_image_threads)");
   constexpr bool kFp8 = W == DType::fp8_e4m3fn;
   if (p.m < 1) return Status();
   const int64_t need = kFp8 ? moe_mma_fp8_workspace_bytes(p) : moe_mma_workspace_bytes(p);
@@ -170,13 +173,13 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   if (e != port::kSuccess) return port::status(e, "fused_moe sort kernel launch");
   if constexpr (kFp8) {
     e = port::launch(moe_mma::moe_quant_kernel<uint16_t>,
-                     dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((H / 128 + 7) / 8)), dim3(256), on.stream,
-                     on.pdl, static_cast<const uint16_t*>(m.g.hidden), m.g.ldh, H, m.xq, H, m.xs, H / 128);
+                     dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((H / 128 + 7) / 8)), dim3(kMoeQuantThreads),
+                     on.stream, on.pdl, static_cast<const uint16_t*>(m.g.hidden), m.g.ldh, H, m.xq, H, m.xs, H / 128);
     if (e == port::kSuccess) e = port::launch(moe_mma::moe_up_mma_fp8_kernel<X>, gu, gemm_block, on.stream, on.pdl, m);
     if (e == port::kSuccess)
       e = port::launch(moe_mma::moe_quant_kernel<float>,
-                       dim3(static_cast<unsigned>(P), static_cast<unsigned>((I / 128 + 7) / 8)), dim3(256), on.stream,
-                       on.pdl, static_cast<const float*>(m.a), I, I, m.aq, I, m.as, I / 128);
+                       dim3(static_cast<unsigned>(P), static_cast<unsigned>((I / 128 + 7) / 8)), dim3(kMoeQuantThreads),
+                       on.stream, on.pdl, static_cast<const float*>(m.a), I, I, m.aq, I, m.as, I / 128);
     if (e == port::kSuccess)
       e = port::launch(moe_mma::moe_down_mma_fp8_kernel<X>, gd, gemm_block, on.stream, on.pdl, m);
   } else {

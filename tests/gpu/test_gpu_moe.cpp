@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ using dispatch::core::VariantDef;
 namespace core = dispatch::core;
 
 constexpr const core::OpSpec& kSpec = core::OpSpecOf<OpKind::fused_moe>::value;
+/// Runs per variant name in this backend's pass (every variant must run).
+std::map<std::string, int> runs_of;
 
 struct Shape {
   int64_t M, E, H, I, top_k;
@@ -141,6 +144,7 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
     for (const Plan& plan : pts) {
       INFO(core::plan_to_string(plan), " ", dispatch::dtype_name(dt), " ", shape_text(s));
       ++runs;
+      ++runs_of[std::string(v->name)];
       const int64_t need = v->workspace_bytes ? v->workspace_bytes(p, plan.params) : 0;
       DeviceBuffer ws(mem, size_t(need > 0 ? need : 1));
       REQUIRE(ws.ok());
@@ -176,6 +180,7 @@ TEST_CASE("gpu fused_moe: every variant matches the spec's float64 reference, de
   std::mt19937 rng(35);
   for (DeviceType bt : usable_backends()) {
     if (core::variants_for(OpKind::fused_moe, bt).empty()) continue;
+    runs_of.clear();
     int runs = 0;
     for (DType dt : {DType::bf16, DType::fp16, DType::fp8_e4m3fn})
       for (const Shape& s :
@@ -185,5 +190,11 @@ TEST_CASE("gpu fused_moe: every variant matches the spec's float64 reference, de
         runs += check_shape(bt, dt, s, rng);
     MESSAGE(dispatch::device_type_name(bt), " fused_moe: ", runs, " (variant, shape, dtype) runs checked");
     CHECK(runs > 0);
+    // Every variant ran somewhere: one that declines every shape (a launch
+    // bound its check gets wrong) is a failure, not a silent skip.
+    for (const VariantDef* v : core::variants_for(OpKind::fused_moe, bt)) {
+      INFO(v->name);
+      CHECK(runs_of[std::string(v->name)] > 0);
+    }
   }
 }
