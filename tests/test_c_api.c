@@ -185,11 +185,30 @@ static void test_versions_and_status(void) {
   CHECK(kdispatch_last_error_message() != NULL);
   kdispatch_free(NULL); /* a no-op */
 
-  kdispatch_options_init(NULL); /* no-op */
+  kdispatch_options_init_sized(NULL, sizeof(kdispatch_options)); /* no-op */
+  (kdispatch_options_init)(NULL);                                /* the exported symbol too */
   kdispatch_options o;
   memset(&o, 0xff, sizeof o);
   kdispatch_options_init(&o);
   CHECK(o.struct_size == sizeof o);
+  CHECK(o.tune_routing == NULL);
+  /* A caller built before tune_routing links to the exported symbol: it
+   * fills that shorter struct and never writes past its end. */
+  {
+    struct {
+      kdispatch_options o;
+      unsigned char canary[16];
+    } old;
+    memset(&old, 0xab, sizeof old);
+    (kdispatch_options_init)(&old.o);
+    const size_t v1 = offsetof(kdispatch_options, tune_routing);
+    CHECK(old.o.struct_size == v1);
+    CHECK(old.o.tune_reps == 5 && old.o.tune_claim_shapes == 1);
+    const unsigned char* bytes = (const unsigned char*)&old;
+    int untouched = 1;
+    for (size_t i = v1; i < sizeof old; ++i) untouched = untouched && bytes[i] == 0xab;
+    CHECK(untouched);
+  }
   CHECK(o.config_dirs == NULL && o.config_dirs_count == 0);
   CHECK(o.load_shipped_configs == 1 && o.tune_mode == KDISPATCH_TUNE_OFF && o.log_level == KDISPATCH_LOG_WARN);
   CHECK(o.bound_ratio == 2.0 && o.tune_reps == 5 && o.tune_time_budget_ms == 2000.0);

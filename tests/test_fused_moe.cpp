@@ -274,6 +274,11 @@ TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the l
   auto bad_ids = workspace_bytes("fused_moe", t, std::vector<float>{1.f, 0.f});
   REQUIRE_FALSE(bad_ids.ok());
   CHECK(kdtest::contains(bad_ids.status().message(), "topk_ids"));
+  // A workspace int64 cannot hold saturates (it never wraps to a small number
+  // a short buffer would pass): 65536 tokens x top-32768 x I = 2^30.
+  auto huge = workspace_bytes("fused_moe", "E=1,K=8,N=1073741824,dtype=bf16,top_k=32768", 65536, DeviceType::cuda);
+  REQUIRE_MESSAGE(huge.ok(), huge.status().to_string());
+  CHECK(*huge == (core::variants_for(core::OpKind::fused_moe, DeviceType::cuda).empty() ? 0 : INT64_MAX));
   auto bad = workspace_bytes("fused_moe", "E=8,N=32,dtype=bf16,top_k=2", 16, DeviceType::cuda);
   REQUIRE(!bad.ok());
   CHECK(bad.status().code() == StatusCode::invalid_argument);

@@ -193,18 +193,30 @@ typedef struct kdispatch_options {
   int32_t tune_validate;            /* 1 */
   int32_t tune_cold_cache;          /* 1 */
   int32_t tune_claim_shapes;        /* 1 */
-  /* Appended (a caller built against the struct without it passes the
-   * shorter struct_size, offsetof(kdispatch_options, tune_routing), and
-   * gets the default): the expert ids MoE ops (fused_moe) are tuned on:
+  /* Appended (a caller built against the struct without it links to the
+   * kdispatch_options_init symbol, which fills that shorter struct with its
+   * struct_size, offsetof(kdispatch_options, tune_routing); it gets the
+   * default): the expert ids MoE ops (fused_moe) are tuned on:
    * NULL or "uniform", "skewed", or the path of an .npy of int32
    * [tokens, top_k] ids dumped from a server (TuneOptions::routing; a bad
    * file fails kdispatch_runtime_create naming it). */
   const char* tune_routing;
 } kdispatch_options;
 
-/** Fills `o` with the defaults of dispatch::RuntimeOptions and sets
- *  struct_size. NULL is a no-op. */
+/** Fills the first `size` bytes of `o` with the defaults of
+ *  dispatch::RuntimeOptions and sets struct_size = size: `size` is the
+ *  caller's sizeof(kdispatch_options), which the kdispatch_options_init
+ *  macro passes, so a caller built against an older, shorter struct is
+ *  never written past its end. A size that is no version of the struct is
+ *  written as far as both reach and refused by kdispatch_runtime_create.
+ *  NULL is a no-op. */
+KDISPATCH_C_API void kdispatch_options_init_sized(kdispatch_options* o, size_t size);
+/** The exported symbol callers built before tune_routing was appended link
+ *  to: fills that older, shorter struct (struct_size =
+ *  offsetof(kdispatch_options, tune_routing)). New code gets the macro
+ *  below, which passes its own sizeof. NULL is a no-op. */
 KDISPATCH_C_API void kdispatch_options_init(kdispatch_options* o);
+#define kdispatch_options_init(o) kdispatch_options_init_sized((o), sizeof *(o))
 
 /* ----------------------------------------------------------------- runtime */
 
@@ -549,7 +561,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_op_pretune(kdispatch_runtime* rt, con
  *  each call's workspace from its own allocator passes a buffer of this
  *  size to kdispatch_op_call (fused_moe: from M * top_k * I * 4 bytes to
  *  the tensor-core variants' sorted pairs and intermediates). *bytes_out:
- *  0 where no variant takes one. Needs no runtime; thread-safe.
+ *  0 where no variant takes one, and for the GEMMs (their cuBLASLt and
+ *  split-K plans use the stream's workspace, else fall back); INT64_MAX
+ *  where int64 cannot hold it. Needs no runtime; thread-safe.
  *  Errors: INVALID_ARGUMENT (op or bytes_out NULL, an unknown op, counts,
  *  shapes or dtypes the op refuses, naming the argument). */
 KDISPATCH_C_API kdispatch_status kdispatch_op_workspace_bytes(const char* op, const DLTensor* const* tensors,

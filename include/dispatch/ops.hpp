@@ -421,7 +421,11 @@ KDISPATCH_API Result<int64_t> workspace_bytes(std::string_view op, std::string_v
 /// tuner or default serves fits. For a binding that allocates each call's
 /// workspace from its framework's allocator (the torch ops: fused_moe from
 /// torch's caching allocator, so a graph capture keeps it in the graph's
-/// pool). 0 where no variant takes one. Thread-safe, no runtime needed.
+/// pool). 0 where no variant takes one, and for the GEMMs (gemm, the fp8
+/// GEMMs), whose cuBLASLt and split-K plans size their own use of the
+/// stream's workspace (Runtime::attach_stream) or of CallOptions::workspace
+/// and fall back to the default plan when it is short. Saturates at
+/// INT64_MAX. Thread-safe, no runtime needed.
 /// Errors: as call_op's validation (unknown op, counts, shapes, dtypes,
 /// naming the argument).
 KDISPATCH_API Result<int64_t> workspace_bytes(std::string_view op, std::span<const TensorRef> tensors,

@@ -36,8 +36,20 @@ constexpr int moe_image_threads(bool fp8, int k) noexcept {
   return i == 3 ? kMoeReduceThreads : kMoeMmaThreads;
 }
 
+// The workspace sizes are computed in 128 bits and saturate at INT64_MAX
+// (a shape whose workspace int64 cannot hold asks for more than any buffer:
+// the launch's check refuses it, workspace_bytes() says INT64_MAX).
+using MoeWide = __int128;
+constexpr int64_t moe_saturate(MoeWide b) noexcept {
+  return b < 0 || b > MoeWide{INT64_MAX} ? INT64_MAX : static_cast<int64_t>(b);
+}
+constexpr MoeWide moe_round256w(MoeWide b) noexcept { return (b + 255) / 256 * 256; }
+constexpr MoeWide moe_pairs(const core::Problem& p) noexcept { return MoeWide{p.m} * p.extra[1]; }
+
 /// The workspace a launch needs: the activated intermediate [M * top_k, I] in fp32.
-constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept { return p.m * p.extra[1] * p.n * 4; }
+constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept {
+  return moe_saturate(moe_pairs(p) * p.n * 4);
+}
 
 /// The grouped kernels' tile of output rows of the down projection, and
 /// their workspace: a [P, I] and y [P, H] in fp32, then one counter per
@@ -45,8 +57,9 @@ constexpr int64_t moe_decode_workspace_bytes(const core::Problem& p) noexcept { 
 inline constexpr int64_t kMoeDownTile = 8 * 2;
 constexpr int64_t moe_round256(int64_t b) noexcept { return (b + 255) / 256 * 256; }
 constexpr int64_t moe_grouped_workspace_bytes(const core::Problem& p) noexcept {
-  const int64_t P = p.m * p.extra[1];
-  return moe_round256(P * p.n * 4) + moe_round256(P * p.k * 4) + ((p.k + kMoeDownTile - 1) / kMoeDownTile) * 4;
+  const MoeWide P = moe_pairs(p);
+  return moe_saturate(moe_round256w(P * p.n * 4) + moe_round256w(P * p.k * 4) +
+                      MoeWide{(p.k + kMoeDownTile - 1) / kMoeDownTile} * 4);
 }
 /// Output rows per block of the split down kernel (H a multiple of it).
 inline constexpr int64_t kMoeSplitDownRows = 16;
@@ -56,22 +69,22 @@ inline constexpr int64_t kMoeSplitDownRows = 16;
 /// (2 bytes) and y [P, H] in fp32, each part 256-byte aligned.
 inline constexpr int64_t kMoeMmaPairs = 32;
 constexpr int64_t moe_mma_max_items(const core::Problem& p) noexcept {
-  const int64_t P = p.m * p.extra[1];
-  return P / kMoeMmaPairs + (P < p.extra[0] ? P : p.extra[0]) + 1;
+  const MoeWide P = moe_pairs(p);
+  return moe_saturate(P / kMoeMmaPairs + (P < p.extra[0] ? P : MoeWide{p.extra[0]}) + 1);
 }
 constexpr int64_t moe_mma_workspace_bytes(const core::Problem& p) noexcept {
-  const int64_t P = p.m * p.extra[1];
-  return moe_round256(4) + moe_round256(P * 4) + moe_round256(moe_mma_max_items(p) * 16) + moe_round256(P * p.n * 2) +
-         moe_round256(P * p.k * 4);
+  const MoeWide P = moe_pairs(p);
+  return moe_saturate(moe_round256w(4) + moe_round256w(P * 4) + moe_round256w(MoeWide{moe_mma_max_items(p)} * 16) +
+                      moe_round256w(P * p.n * 2) + moe_round256w(P * p.k * 4));
 }
 /// Block fp8's tensor-core kernels: the same parts, a [P, I] in fp32, plus
 /// the quantised activations: hidden's codes [M, H] and scales [M, H/128],
 /// a's codes [P, I] and scales [P, I/128] (H and I multiples of 128).
 constexpr int64_t moe_mma_fp8_workspace_bytes(const core::Problem& p) noexcept {
-  const int64_t P = p.m * p.extra[1];
-  return moe_round256(4) + moe_round256(P * 4) + moe_round256(moe_mma_max_items(p) * 16) + moe_round256(p.m * p.k) +
-         moe_round256(p.m * (p.k / 128) * 4) + moe_round256(P * p.n * 4) + moe_round256(P * p.n) +
-         moe_round256(P * (p.n / 128) * 4) + moe_round256(P * p.k * 4);
+  const MoeWide P = moe_pairs(p), M = p.m;
+  return moe_saturate(moe_round256w(4) + moe_round256w(P * 4) + moe_round256w(MoeWide{moe_mma_max_items(p)} * 16) +
+                      moe_round256w(M * p.k) + moe_round256w(M * (p.k / 128) * 4) + moe_round256w(P * p.n * 4) +
+                      moe_round256w(P * p.n) + moe_round256w(P * (p.n / 128) * 4) + moe_round256w(P * p.k * 4));
 }
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;

@@ -59,7 +59,8 @@ inline moe::MoeArgs args_of(const core::LaunchArgs& la, const core::Problem& p) 
 
 /// The workspace check of a launch needing `need` bytes.
 inline Status workspace_ok(const core::LaunchArgs& la, int64_t need, std::string_view what) noexcept {
-  if (la.workspace != nullptr && la.workspace_bytes >= need && (reinterpret_cast<uintptr_t>(la.workspace) & 15u) == 0)
+  if (need >= 0 && need < INT64_MAX && la.workspace != nullptr && la.workspace_bytes >= need &&
+      (reinterpret_cast<uintptr_t>(la.workspace) & 15u) == 0)
     return Status();
   return core::needs_fallback("fused_moe: the workspace holds " + std::to_string(la.workspace_bytes) + " bytes, " +
                               std::string(what) + " need " + std::to_string(need));
@@ -138,9 +139,15 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   constexpr bool kFp8 = W == DType::fp8_e4m3fn;
   if (p.m < 1) return Status();
   const int64_t need = kFp8 ? moe_mma_fp8_workspace_bytes(p) : moe_mma_workspace_bytes(p);
-  if (Status s = workspace_ok(la, need, "the tensor-core kernels"); !s.ok()) return s;
   const int64_t P = p.m * p.extra[1], items = moe_mma_max_items(p), H = p.k, I = p.n;
-  if (items > 65535) return core::needs_fallback("fused_moe tensor-core kernels: over 65535 work items");
+  // A workspace too small for these kernels, or more work items than a grid
+  // takes: the split kernels (their shapes are a subset of these kernels'),
+  // not the fallback's element-wise reference, when their workspace fits.
+  if (items > 65535 || !workspace_ok(la, need, "the tensor-core kernels").ok()) {
+    if (workspace_ok(la, moe_decode_workspace_bytes(p), "the split kernels").ok()) return launch_split<W, X>(la, p);
+    if (items > 65535) return core::needs_fallback("fused_moe tensor-core kernels: over 65535 work items");
+    return workspace_ok(la, need, "the tensor-core kernels");
+  }
   char* ws = static_cast<char*>(la.workspace);
   auto take = [&ws](int64_t bytes) {
     char* at = ws;
@@ -194,6 +201,8 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   return port::status(e, "fused_moe reduce kernel launch");
 }
 #endif
+
+static_assert(moe::kThreads == kMoeThreads, "the list's image checks assume 8 warps of 32 (CUDA) or 64 (HIP) lanes");
 
 template <DType DT>
 void probe(KernelImage* out) noexcept {

@@ -485,8 +485,9 @@ const char* kdispatch_version(void) { return dispatch::version(); }
 
 void kdispatch_free(void* p) { std::free(p); }
 
-void kdispatch_options_init(kdispatch_options* o) {
-  if (o == nullptr) return;
+// Every field of the current struct, at its default.
+namespace {
+void fill_default_options(kdispatch_options* o) {
   std::memset(o, 0, sizeof *o);
   const dispatch::RuntimeOptions d;
   o->struct_size = sizeof *o;
@@ -508,6 +509,22 @@ void kdispatch_options_init(kdispatch_options* o) {
   o->tune_validate = d.tune.validate ? 1 : 0;
   o->tune_cold_cache = d.tune.cold_cache ? 1 : 0;
   o->tune_claim_shapes = d.tune.claim_shapes ? 1 : 0;
+}
+}  // namespace
+
+void kdispatch_options_init_sized(kdispatch_options* o, size_t size) {
+  if (o == nullptr) return;
+  // The defaults in a full struct, then as many bytes as the caller's holds.
+  kdispatch_options f;
+  fill_default_options(&f);
+  const size_t n = size < sizeof f ? size : sizeof f;
+  std::memcpy(o, &f, n);
+  if (n >= sizeof o->struct_size) o->struct_size = static_cast<uint32_t>(size);
+}
+
+// The symbol of callers built before tune_routing: their struct ends there.
+void(kdispatch_options_init)(kdispatch_options* o) {
+  kdispatch_options_init_sized(o, offsetof(kdispatch_options, tune_routing));
 }
 
 void kdispatch_lookup_query_init(kdispatch_lookup_query* q) {

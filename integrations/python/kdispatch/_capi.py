@@ -126,7 +126,7 @@ _PROTOTYPES = {
     "kdispatch_abi_version": (c_int32, []),
     "kdispatch_version": (c_char_p, []),
     "kdispatch_free": (None, [c_void_p]),
-    "kdispatch_options_init": (None, [POINTER(Options)]),
+    "kdispatch_options_init_sized": (None, [POINTER(Options), c_size_t]),
     "kdispatch_lookup_query_init": (None, [POINTER(LookupQuery)]),
     "kdispatch_runtime_create": (_STATUS, [POINTER(Options), POINTER(c_void_p)]),
     "kdispatch_runtime_create_from_env": (_STATUS, [POINTER(Options), POINTER(c_void_p)]),
@@ -282,7 +282,7 @@ def make_options(opts):
     config_dirs/force lists, device_aliases a dict). Returns (struct, keep):
     `keep` holds the buffers the struct points at."""
     o = Options()
-    init().kdispatch_options_init(byref(o))
+    init().kdispatch_options_init_sized(byref(o), ctypes.sizeof(o))
     keep = []
     for k, v in (opts or {}).items():
         if k not in _OPTION_KEYS:

@@ -815,7 +815,9 @@ class Kernel final : public c10::OperatorKernel {
       // plans, long prefills): this call's own, from torch's caching
       // allocator on the current stream, so a graph capture takes it from
       // the graph's private pool and keeps it for the graph's replays.
-      const int64_t need = call_workspace_bytes(views, scalars);
+      // (The GEMMs' cuBLASLt and split-K plans take the stream's workspace,
+      // as torch's own cuBLAS calls do: no query, nothing per call.)
+      const int64_t need = op.name.starts_with("gemm") ? 0 : call_workspace_bytes(views, scalars);
       if (need > kStreamWorkspaceBytes) {
         const at::Tensor ws = at::empty({need}, at::TensorOptions().dtype(at::kByte).device(device));
         run(views, scalars, stream, capturing, rt, ws.data_ptr(), need);
