@@ -745,7 +745,8 @@ static void test_hostile_tensors_and_flags(void) {
                {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
                {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
                {"quant_fp8_group", 3, 0, {"q", "x", "scale"}},
-               {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}}};
+               {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}},
+               {"moe_sum", 2, 1, {"input", "out"}}};
     const int n_ops = (int)(sizeof ops / sizeof ops[0]);
     char* list = NULL;
     EXPECT(KDISPATCH_OK, kdispatch_op_list(&list));

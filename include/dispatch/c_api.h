@@ -513,6 +513,16 @@ KDISPATCH_C_API kdispatch_status kdispatch_fused_moe(kdispatch_runtime* rt, cons
                                                      float routed_scaling_factor, float activation, void* stream,
                                                      uint32_t flags, kdispatch_dispatch_info* info);
 
+/** The top-k reduction of a Mixture-of-Experts layer (dispatch::MoeSumArgs,
+ *  vLLM's moe_sum(input, output)): out[t, h] = routed_scaling_factor *
+ *  sum_j input[t, j, h], j ascending, fp32 accumulation. input [M, top_k,
+ *  hidden] (tokens stacked densely), out [M, hidden], one dtype (bf16, fp16,
+ *  fp32), unit stride along hidden, out not overlapping input;
+ *  routed_scaling_factor > 0 (1: vLLM's). Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_moe_sum(kdispatch_runtime* rt, const DLTensor* input, const DLTensor* out,
+                                                   float routed_scaling_factor, void* stream, uint32_t flags,
+                                                   kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
@@ -618,6 +628,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_moe(kdispatch_runtime* 
                                                              const DLTensor* out, const DLTensor* w1_scale,
                                                              const DLTensor* w2_scale, float routed_scaling_factor,
                                                              float activation, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_sum(kdispatch_runtime* rt, const DLTensor* input,
+                                                           const DLTensor* out, float routed_scaling_factor,
+                                                           char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

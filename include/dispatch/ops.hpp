@@ -246,6 +246,24 @@ struct FusedMoeArgs {
   int32_t activation = 0;  ///< 0 silu, 1 gelu
 };
 
+/// Arguments of moe_sum, the top-k reduction after a Mixture-of-Experts
+/// layer's down projection (vLLM's moe_sum(input, output), SGLang's
+/// moe_sum_reduce):
+///   out[t, h] = routed_scaling_factor * sum_{j = 0 .. top_k-1} input[t, j, h].
+/// - input: [M, top_k, hidden], unit stride along hidden, row stride >=
+///   hidden, the tokens stacked densely (token stride = top_k * row
+///   stride, as a contiguous tensor of that shape); bf16, fp16 or fp32.
+/// - out: [M, hidden], the dtype of input, unit stride, row stride >=
+///   hidden; written, overlapping no input.
+/// - routed_scaling_factor: > 0 (DeepSeek's; 1 for vLLM's moe_sum).
+/// Deterministic: j summed in ascending order in fp32, multiplied by the
+/// factor in fp32, rounded once to the out dtype. CPU: fp32 and bf16.
+struct MoeSumArgs {
+  TensorRef input;
+  TensorRef out;
+  float routed_scaling_factor = 1.f;
+};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -298,6 +316,15 @@ KDISPATCH_API Status quant_fp8_group(Runtime& rt, const QuantFp8GroupArgs& args,
 /// an activation outside {0, 1}, and a strided expert batch (naming it).
 KDISPATCH_API Status fused_moe(Runtime& rt, const FusedMoeArgs& args, Stream stream = {},
                                const CallOptions& opts = {}) noexcept;
+
+/// The top-k reduction of a Mixture-of-Experts layer (MoeSumArgs).
+/// Thread-safe. On the CPU the work is done on return; on a GPU it is
+/// queued on `stream`. Errors as gemm (invalid_argument naming input or
+/// out: rank, shapes, strides, overlap), plus invalid_argument for
+/// routed_scaling_factor <= 0 and unsupported_problem for input and out of
+/// different dtypes.
+KDISPATCH_API Status moe_sum(Runtime& rt, const MoeSumArgs& args, Stream stream = {},
+                             const CallOptions& opts = {}) noexcept;
 
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
@@ -565,6 +592,7 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TensorArg
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TokenArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8GroupArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeSumArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

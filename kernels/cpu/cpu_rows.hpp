@@ -30,6 +30,14 @@ inline constexpr int64_t kRowsVecValues[] = {4, 8, 16};
 /// The `unroll` param's space: vectors per loop step.
 inline constexpr int64_t kRowsUnrollValues[] = {1, 2, 4};
 
+/// The (vec, unroll) params of a row family whose point depends on the row
+/// length alone (silu_and_mul, moe_sum), in Plan::params order, with the
+/// defaults rows_default() picks on an AVX2 host's long rows.
+inline constexpr core::ParamDef kRowsParams[] = {
+    {"vec", core::ParamKind::integer, kRowsVecValues, {}, 8},
+    {"unroll", core::ParamKind::integer, kRowsUnrollValues, {}, 2},
+};
+
 /// Index of a vec / unroll value in kRowsVecValues / kRowsUnrollValues; -1 when outside.
 constexpr int vec_index(int64_t v) { return v == 4 ? 0 : v == 8 ? 1 : v == 16 ? 2 : -1; }
 constexpr int unroll_index(int64_t u) { return u == 1 ? 0 : u == 2 ? 1 : u == 4 ? 2 : -1; }
@@ -47,6 +55,26 @@ inline int64_t widest_vec(int64_t n) noexcept {
   int64_t vec = host_runs_vec(16) ? 16 : host_runs_vec(8) ? 8 : 4;
   while (vec > 4 && vec > n) vec /= 2;
   return vec;
+}
+
+/// The default plan of a row family whose vec point depends on the row
+/// length `n` alone (silu_and_mul's d, moe_sum's hidden): a streaming pass,
+/// so the widest vector the host runs, no wider than the row, unrolled 2
+/// while a step fits in the row (two independent chains); rows shorter than
+/// 4 elements take the reference. `list` is the op's row list
+/// (KDISPATCH_CPU_ROWS_LIST: fp32 vec, bf16 vec, fp32 ref, bf16 ref). An
+/// invalid Plan for another op, another dtype, or an output dtype of its own.
+inline core::Plan rows_default(const core::Problem& p, core::OpKind op, const core::VariantDef* const (&list)[4],
+                               int64_t n) noexcept {
+  core::Plan plan;
+  const bool bf16 = p.in_dtype == DType::bf16;
+  if (p.op != op || p.out_dtype != p.in_dtype || (!bf16 && p.in_dtype != DType::fp32)) return plan;
+  plan.variant = list[(n < 4 ? 2 : 0) + (bf16 ? 1 : 0)];
+  if (n >= 4) {
+    plan.params[kRowsVec] = widest_vec(n);
+    plan.params[kRowsUnroll] = plan.params[kRowsVec] * 2 <= n ? 2 : 1;
+  }
+  return plan;
 }
 
 /// One instance of a row body: every row of the call.
@@ -92,6 +120,19 @@ constexpr RowsTable make_rows_table() {
 
 /// A problem check of a row family (op, device, dtypes, sizes): the decline, or Ok.
 using RowsProblemCheck = Status (*)(const core::VariantDef& v, const core::Problem& p) noexcept;
+
+/// The checks a one-dtype row family's problem check starts with, in this
+/// order: the op (else `not_op`), the device, input and output of the
+/// variant's dtype (else `dtype_fp32` / `dtype_bf16`). Ok, or the decline.
+inline Status rows_check_op_and_dtype(const core::VariantDef& v, const core::Problem& p, const char* not_op,
+                                      const char* dtype_fp32, const char* dtype_bf16) noexcept {
+  if (p.op != v.op) return decline(v, StatusCode::unsupported_problem, not_op);
+  if (p.device.type != v.backend)
+    return decline(v, StatusCode::unsupported_device, "CPU variant, problem is on another device");
+  if (p.in_dtype != v.in_dtype || p.out_dtype != v.in_dtype)
+    return decline(v, StatusCode::unsupported_problem, v.in_dtype == DType::fp32 ? dtype_fp32 : dtype_bf16);
+  return Status::Ok();
+}
 
 /// supports() of the vec variant V: its problem check, every param in its
 /// space, and the vec width an ISA the host has.

@@ -122,18 +122,11 @@ constexpr RowsTable kBf16 = make_rows_table<SiluRows<Bf16>>();
 // ------------------------------------------------------------------ supports / launch
 
 static_assert(kSiluVec == kRowsVec && kSiluUnroll == kRowsUnroll, "the row families' param slots (cpu_rows.hpp)");
-constexpr ParamDef kVecParams[] = {
-    {"vec", ParamKind::integer, kRowsVecValues, {}, 8},
-    {"unroll", ParamKind::integer, kRowsUnrollValues, {}, 2},
-};
-
 Status check_problem(const VariantDef& v, const Problem& p) noexcept {
-  if (p.op != OpKind::silu_and_mul) return decline(v, StatusCode::unsupported_problem, "not a silu_and_mul problem");
-  if (p.device.type != v.backend)
-    return decline(v, StatusCode::unsupported_device, "CPU variant, problem is on another device");
-  if (p.in_dtype != v.in_dtype || p.out_dtype != v.in_dtype)
-    return decline(v, StatusCode::unsupported_problem,
-                   v.in_dtype == DType::fp32 ? "dtype must be fp32" : "dtype must be bf16");
+  if (Status s =
+          rows_check_op_and_dtype(v, p, "not a silu_and_mul problem", "dtype must be fp32", "dtype must be bf16");
+      !s.ok())
+    return s;
   if (p.n < 1) return decline(v, StatusCode::invalid_argument, "d must be >= 1");
   return Status::Ok();
 }
@@ -165,27 +158,14 @@ Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 // ------------------------------------------------------------------ the list
 
-KDISPATCH_CPU_ROWS_VARIANTS(Silu, "silu_and_mul", OpKind::silu_and_mul, check_problem, kVecParams, &vec_launch,
+KDISPATCH_CPU_ROWS_VARIANTS(Silu, "silu_and_mul", OpKind::silu_and_mul, check_problem, kRowsParams, &vec_launch,
                             &ref_launch)
 
 // The model: a streaming pass (reads 2d, writes d per token) whose exp is a
-// dozen vector instructions, so take the widest vector the host runs, no
-// wider than d, and unroll 2 (two independent chains) while a step fits in d.
+// dozen vector instructions: the row families' default over rows of d
+// (cpu_rows.hpp).
 core::Plan silu_default(const core::Problem& p, const DeviceInfo&) noexcept {
-  core::Plan plan;
-  if (p.op != OpKind::silu_and_mul || p.out_dtype != p.in_dtype) return plan;
-  const bool bf16 = p.in_dtype == DType::bf16;
-  if (p.in_dtype != DType::fp32 && !bf16) return plan;
-  if (p.n < 4) {
-    plan.variant = bf16 ? &kSiluBf16Ref : &kSiluFp32Ref;
-    return plan;
-  }
-  const int64_t vec = widest_vec(p.n);
-  const int64_t unroll = vec * 2 <= p.n ? 2 : 1;
-  plan.variant = bf16 ? &kSiluBf16Vec : &kSiluFp32Vec;
-  plan.params[kSiluVec] = vec;
-  plan.params[kSiluUnroll] = unroll;
-  return plan;
+  return rows_default(p, OpKind::silu_and_mul, kSiluAndMulVariants, p.n);
 }
 
 }  // namespace dispatch::cpu

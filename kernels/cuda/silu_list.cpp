@@ -4,7 +4,6 @@
 // backend-neutral: kernels/gpu/silu_variants.inc.
 #define KDISPATCH_GPU_NS cuda
 #define KDISPATCH_GPU_BACKEND DeviceType::cuda
-#define KDISPATCH_GPU_WARP 32
 #define KDISPATCH_GPU_NAME(how) how
 #define KDISPATCH_GPU_REF_NAME "cuda_ref"
 #include "gpu/silu_variants.inc"

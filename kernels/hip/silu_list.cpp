@@ -6,7 +6,6 @@
 // backends.
 #define KDISPATCH_GPU_NS hip
 #define KDISPATCH_GPU_BACKEND DeviceType::hip
-#define KDISPATCH_GPU_WARP 64  // CDNA (gfx90a, gfx940) wavefronts
 #define KDISPATCH_GPU_NAME(how) "hip_" how
 #define KDISPATCH_GPU_REF_NAME "hip_ref"
 #define KDISPATCH_GPU_HAS_TILED 0  // plain C++ (no __HIP__): say it, so DeviceState is hip_device.hip's

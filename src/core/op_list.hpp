@@ -34,7 +34,8 @@
   X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                                      \
   X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())                                      \
   X(fused_moe, FusedMoeArgs, (hidden, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale), \
-    (routed_scaling_factor, activation))
+    (routed_scaling_factor, activation))                                                        \
+  X(moe_sum, MoeSumArgs, (input, out), (routed_scaling_factor))
 
 // ---- preprocessor helpers for the rows' tuples (up to 12 elements: core::kMaxArgs)
 #define KD_PP_EXPAND(...) __VA_ARGS__

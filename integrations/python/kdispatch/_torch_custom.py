@@ -184,18 +184,23 @@ def _bind(op, given):
 
 def _outputs(op, inputs, alloc):
     """Allocates (alloc = torch.empty or new_empty) the op's pure outputs,
-    shaped [..., cols] with the leading dims of its first 2-D input."""
+    shaped [..., cols] with the leading dims of its first 2-D input (with
+    none, moe_sum's [M, top_k, hidden] input: [rows, cols] from the dims),
+    the dtype and device of its first input."""
     given = {a["name"]: inputs[a["name"]].reshape(-1, inputs[a["name"]].shape[-1])
              if a["rank"] == 2 and inputs.get(a["name"]) is not None else inputs.get(a["name"])
              for a in op["args"] if a["name"] in inputs}
     dims = _bind(op, given)
-    first = next(inputs[a["name"]] for a in op["args"] if a["name"] in inputs and a["rank"] == 2)
+    read = [inputs[a["name"]] for a in op["args"] if inputs.get(a["name"]) is not None]
+    first = next((inputs[a["name"]] for a in op["args"] if inputs.get(a["name"]) is not None and a["rank"] == 2),
+                 None)
     outs = {}
     for a in op["args"]:
         if a["written"] and not a["read"]:
             cols = _extent(a["cols"], dims)
-            lead = tuple(first.shape[:-1]) if a["rank"] == 2 else ()
-            outs[a["name"]] = alloc((*lead, cols), first)
+            lead = () if a["rank"] != 2 else tuple(first.shape[:-1]) if first is not None else \
+                (_extent(a["rows"], dims),)
+            outs[a["name"]] = alloc((*lead, cols), read[0])
     return outs
 
 
@@ -207,22 +212,27 @@ def _gemm_k0(inputs, outs):
         d += inputs["bias"]
 
 
-_EMPTY_REDUCTION = {"gemm": ("K", _gemm_k0)}
+def _moe_sum_k0(inputs, outs):
+    outs["out"].zero_()
+
+
+_EMPTY_REDUCTION = {"gemm": ("K", _gemm_k0), "moe_sum": ("top_k", _moe_sum_k0)}
 
 
 def _call(op, inputs, info=None):
     """Runs `op` on `inputs` (argument name -> tensor or None, plus the
     scalars by name); returns its outputs {name: tensor}."""
     outs = _outputs(op, inputs, lambda shape, like: torch.empty(shape, dtype=like.dtype, device=like.device))
-    tensors, any_empty = [], False
+    tensors, any_empty, empty_3d = [], False, False
     for a in op["args"]:
         t = outs[a["name"]] if a["name"] in outs else inputs.get(a["name"])
         if t is not None and a["rank"] == 2:
             any_empty = any_empty or t.numel() == 0
             t = _rows(t, a["name"], view=a["written"])
+        empty_3d = empty_3d or (t is not None and a["rank"] == 3 and t.numel() == 0)
         tensors.append(t)
-    if any_empty:
-        reduction = _EMPTY_REDUCTION.get(op["name"])
+    reduction = _EMPTY_REDUCTION.get(op["name"])
+    if any_empty or (empty_3d and reduction):  # moe_sum's top_k = 0: a 3-D input alone is empty
         dims = _bind(op, {a["name"]: t for a, t in zip(op["args"], tensors) if t is not None and not a["written"]})
         if reduction and dims.get(reduction[0]) == 0 and all(t.numel() for t in outs.values()):
             reduction[1](inputs, outs)

@@ -19,7 +19,8 @@ Two implementations, the same ops and semantics:
   with -DKDISPATCH_TORCH=ON for one torch; loaded only when its recorded
   version equals torch.__version__ (torch 1.13, Debian's, works: CPU ops).
   Adds the `<op>_out` variants and torch.ops.kdispatch_vllm (vLLM's
-  rms_norm, fused_add_rms_norm and silu_and_mul, argument order included).
+  rms_norm, fused_add_rms_norm, silu_and_mul and moe_sum, argument order
+  included).
   Errors are torch's: ValueError (invalid_argument), NotImplementedError
   (unsupported dtype or device), RuntimeError (the rest; a gradient
   asked of these inference-only ops), the message naming the op, the
@@ -35,7 +36,8 @@ $KDISPATCH_TORCH_OPS = auto (default) | native | python forces one
 
 Common to both: an op with outputs (arguments it only writes) is
 functional (allocates its outputs with torch, shaped from the inputs; the
-leading dims of the first 2-D input kept); an op that only modifies
+leading dims of the first 2-D input kept, or, with none, the op's dims:
+moe_sum's [M, top_k, hidden] input gives [M, hidden]); an op that only modifies
 arguments in place is `<name>_` and returns None. Inputs are [..., cols]
 with unit stride on the last dim; leading dims are flattened (views;
 in-place and output arguments must be viewable). The runtime:

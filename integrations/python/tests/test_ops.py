@@ -108,6 +108,22 @@ class EveryOp(TempDirTest):
                 self.assertEqual(info["source"], "table")
                 self.assertEqual(info["M"], 3)
 
+    def test_moe_sum_against_numpy(self):
+        """rt.moe_sum(input, out, routed_scaling_factor): out = factor * input.sum(1),
+        input [M, top_k, hidden], j summed in order in float32 (exact here: small
+        integers), top_k = 1 a scaled copy."""
+        rt = self.quiet_runtime()
+        rng = np.random.default_rng(3)
+        for top_k in (1, 3, 8):
+            with self.subTest(top_k=top_k):
+                x = rng.integers(-8, 8, size=(5, top_k, 37)).astype(np.float32)
+                out = np.full((5, 37), np.nan, np.float32)
+                rt.moe_sum(x, out, 2.5)
+                np.testing.assert_array_equal(out, 2.5 * x.sum(axis=1))
+        with self.assertRaises(kdispatch.Error) as c:
+            rt.moe_sum(np.ones((2, 3, 4), np.float32), np.empty((2, 5), np.float32), 1.0)
+        self.assertIn("out", str(c.exception))
+
     def test_wrong_argument_counts_are_type_errors(self):
         rt = self.quiet_runtime()
         for name in op_rows():

@@ -211,6 +211,28 @@ class TorchOpsCpuTest(unittest.TestCase):
         self.assertOpError(StatusCode.invalid_argument, torch.ops.kdispatch.silu_and_mul, torch.ones(2, 7),
                            text="x: size 7 is not 2*d")
 
+    def test_moe_sum(self):
+        # out[t] = routed_scaling_factor * input[t].sum(0) over top_k, a new [M, hidden] tensor
+        # (vLLM's moe_sum, SGLang's moe_sum_reduce); fp32 accumulation, one rounding
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            for top_k in (1, 2, 8):
+                with self.subTest(dtype=dtype, top_k=top_k):
+                    x = torch.randn(5, top_k, 40, dtype=dtype)
+                    out = torch.ops.kdispatch.moe_sum(x)
+                    self.assertEqual((out.shape, out.dtype), ((5, 40), dtype))
+                    torch.testing.assert_close(out.double(), x.double().sum(1), rtol=tol, atol=tol)
+                    scaled = torch.ops.kdispatch.moe_sum(x, 2.5)
+                    torch.testing.assert_close(scaled.double(), 2.5 * x.double().sum(1), rtol=tol, atol=tol)
+        # worked by hand: exact in fp32
+        x = torch.tensor([[[1.0, 2.0], [0.5, -1.0], [10.0, 0.25]]])
+        self.assertEqual(torch.ops.kdispatch.moe_sum(x, 2.0).tolist(), [[23.0, 2.5]])
+        self.assertEqual(torch.ops.kdispatch.moe_sum(torch.empty(0, 4, 16)).shape, (0, 16))
+        # input must be [M, top_k, hidden]; out of another dtype; the factor > 0
+        self.assertOpError(StatusCode.invalid_argument, torch.ops.kdispatch.moe_sum, torch.ones(4, 16),
+                           text="input: must be 3-D" if NATIVE else "input: must be rank 3")
+        self.assertOpError(StatusCode.invalid_argument, torch.ops.kdispatch.moe_sum, torch.ones(2, 3, 16), 0.0,
+                           text="routed_scaling_factor: must be > 0")
+
     def test_errors(self):
         r = torch.ops.kdispatch.rmsnorm
         self.assertOpError(StatusCode.unsupported_problem, r, torch.ones(2, 8, dtype=torch.int32),
@@ -231,6 +253,7 @@ class TorchOpsCpuTest(unittest.TestCase):
         opcheck(torch.ops.kdispatch.gemm.default, (torch.randn(4, 32), torch.randn(8, 32), torch.randn(8)))
         opcheck(torch.ops.kdispatch.gemm.default, (torch.randn(4, 32), torch.randn(8, 32)))
         opcheck(torch.ops.kdispatch.silu_and_mul.default, (torch.randn(4, 64),))
+        opcheck(torch.ops.kdispatch.moe_sum.default, (torch.randn(4, 3, 64), 2.5))
 
     @unittest.skipUnless(HAVE_COMPILE, NO_COMPILE)
     def test_torch_compile_traces_through_the_fakes(self):
@@ -282,6 +305,7 @@ class TorchOpsCpuTest(unittest.TestCase):
             self.assertEqual(torch.ops.kdispatch.rmsnorm(x, w, 1e-6).shape, (5, 3, 16))
             self.assertEqual(torch.ops.kdispatch.gemm(x, torch.empty(8, 16)).shape, (5, 3, 8))
             self.assertEqual(torch.ops.kdispatch.silu_and_mul(x).shape, (5, 3, 8))
+            self.assertEqual(torch.ops.kdispatch.moe_sum(torch.empty(7, 8, 16, dtype=torch.bfloat16)).shape, (7, 16))
 
 
 @unittest.skipUnless(NATIVE, "the native ops (libkdispatch_torch.so) are not loaded here: " + SKIP)
@@ -304,6 +328,8 @@ class TorchNativeTest(unittest.TestCase):
                                   "float eps=9.9999999999999995e-07) -> ()",
             "silu_and_mul": "kdispatch::silu_and_mul(Tensor x) -> Tensor",
             "silu_and_mul_out": "kdispatch::silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()",
+            "moe_sum": "kdispatch::moe_sum(Tensor input, float routed_scaling_factor=1.) -> Tensor",
+            "moe_sum_out": "kdispatch::moe_sum_out(Tensor(a!) out, Tensor input, float routed_scaling_factor=1.) -> ()",
             "_floor_gemm": "kdispatch::_floor_gemm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor",
             # The fp8 GEMMs' switch: a bool after bias, off by default (calls
             # written before it keep working).
@@ -319,6 +345,8 @@ class TorchNativeTest(unittest.TestCase):
             "fused_add_rms_norm": "kdispatch_vllm::fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, "
                                   "Tensor weight, float epsilon) -> ()",
             "silu_and_mul": "kdispatch_vllm::silu_and_mul(Tensor(a!) out, Tensor input) -> ()",
+            # csrc/moe/torch_bindings.cpp: moe_sum(Tensor input, Tensor! output) -> ()
+            "moe_sum": "kdispatch_vllm::moe_sum(Tensor input, Tensor(a!) output) -> ()",
         }
         for name, schema in vllm.items():
             self.assertEqual(str(getattr(torch.ops.kdispatch_vllm, name).default._schema), schema)
@@ -357,6 +385,19 @@ class TorchNativeTest(unittest.TestCase):
         o = torch.empty(3, 64)
         torch.ops.kdispatch_vllm.silu_and_mul(o, g)
         torch.testing.assert_close(o, torch.ops.kdispatch.silu_and_mul(g), rtol=0, atol=0)
+        # vLLM's moe_sum(input, output): input first, routed_scaling_factor 1, against a torch sum
+        for dtype in (torch.float32, torch.bfloat16):
+            e = torch.randn(4, 6, 96, dtype=dtype)
+            y = torch.full((4, 96), float("nan"), dtype=dtype)
+            self.assertIsNone(torch.ops.kdispatch_vllm.moe_sum(e, y))
+            torch.testing.assert_close(y, torch.ops.kdispatch.moe_sum(e), rtol=0, atol=0)
+            torch.testing.assert_close(y.double(), e.double().sum(1), rtol=1e-2, atol=1e-2)
+            y2 = torch.empty(4, 96, dtype=dtype)
+            torch.ops.kdispatch.moe_sum_out(y2, e, 1.0)
+            torch.testing.assert_close(y2, y, rtol=0, atol=0)
+        with self.assertRaises(ValueError) as c:  # output of another hidden: named by the op's argument, out
+            torch.ops.kdispatch_vllm.moe_sum(torch.randn(4, 6, 96), torch.empty(4, 95))
+        self.assertIn("out", str(c.exception))
 
     @unittest.skipUnless(HAVE_TORCH and hasattr(torch, "float8_e4m3fn"), "torch.float8_e4m3fn needs torch >= 2.1")
     def test_fp8_block_gemm_takes_torch_fp8_and_returns_bf16(self):
@@ -449,6 +490,9 @@ class TorchNativeTest(unittest.TestCase):
         self.assertEqual(torch.ops.kdispatch.gemm(m(4, 16), m(8, 16), m(8)).device.type, "meta")
         self.assertEqual(torch.ops.kdispatch.silu_and_mul(m(7, 64)).shape, (7, 32))
         self.assertEqual(torch.ops.kdispatch.silu_and_mul(m(7, 64).to(torch.bfloat16)).dtype, torch.bfloat16)
+        self.assertEqual(torch.ops.kdispatch.moe_sum(m(7, 8, 64).to(torch.bfloat16)).shape, (7, 64))
+        self.assertEqual(torch.ops.kdispatch.moe_sum(m(7, 8, 64).to(torch.bfloat16)).dtype, torch.bfloat16)
+        self.assertIsNone(torch.ops.kdispatch_vllm.moe_sum(m(7, 8, 64), m(7, 64)))
         self.assertIsNone(torch.ops.kdispatch.fused_add_rmsnorm_(m(4, 16), m(4, 16), m(16), 1e-6))
         with self.assertRaises(ValueError) as c:  # the same shape checks as the real kernels
             torch.ops.kdispatch.silu_and_mul(m(2, 7))
@@ -487,6 +531,8 @@ class TorchNativeTest(unittest.TestCase):
         torch.testing.assert_close(torch.ops.kdispatch.gemm(torch.ones(3, 0), torch.ones(4, 0), bias),
                                    bias.expand(3, 4))
         torch.testing.assert_close(torch.ops.kdispatch.gemm(torch.ones(3, 0), torch.ones(4, 0)), torch.zeros(3, 4))
+        # moe_sum with top_k = 0: the empty sum, zeros (as torch's sum over an empty dim)
+        torch.testing.assert_close(torch.ops.kdispatch.moe_sum(torch.ones(3, 0, 8)), torch.zeros(3, 8))
 
     def test_review_edges(self):
         """What an attack on the native ops found (each refused with the op
@@ -821,6 +867,20 @@ class TorchOpsCudaTest(unittest.TestCase):
                     torch.cuda.current_stream().wait_stream(s)
                     g, u = x.double()[:, :d], x.double()[:, d:]
                     torch.testing.assert_close(out.double(), F.silu(g) * u, rtol=tol, atol=tol)
+
+    def test_moe_sum_on_cuda(self):
+        # both names, against a torch sum in float64 (one rounding of an fp32 sum)
+        for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 4e-3), (torch.float32, 1e-5)):
+            for tokens, top_k, hidden in ((1, 8, 7168), (37, 6, 2048), (300, 2, 4096), (5, 3, 7)):
+                with self.subTest(dtype=dtype, tokens=tokens, top_k=top_k, hidden=hidden):
+                    x = torch.randn(tokens, top_k, hidden, dtype=dtype, device=self.dev)
+                    want = x.double().sum(1)
+                    torch.testing.assert_close(torch.ops.kdispatch.moe_sum(x, 2.5).double(), 2.5 * want,
+                                               rtol=tol, atol=tol)
+                    if NATIVE:
+                        out = torch.empty(tokens, hidden, dtype=dtype, device=self.dev)
+                        torch.ops.kdispatch_vllm.moe_sum(x, out)
+                        torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
 
     def test_cuda_graph_capture_and_replay(self):
         rt = kdispatch.Runtime(tune="sync", log_level="off",

@@ -8,8 +8,10 @@
 //   torch.ops.kdispatch.<op>_(Tensor(a!) x.., inputs.., scalars) -> ()       an op that only works in place
 //   torch.ops.kdispatch._floor_<name>(...)  the same schema and outputs; launches one empty kernel (the
 //                                           binding's own cost, for benchmarks)
-//   torch.ops.kdispatch_vllm.{rms_norm, fused_add_rms_norm, silu_and_mul}   vLLM's _C names and argument
-//                                           order (swap torch.ops._C for torch.ops.kdispatch_vllm)
+//   torch.ops.kdispatch_vllm.{rms_norm, fused_add_rms_norm, silu_and_mul, moe_sum}   vLLM's _C / _moe_C
+//                                           names and argument order (swap torch.ops._C for
+//                                           torch.ops.kdispatch_vllm); a scalar vLLM's schema lacks
+//                                           takes its default (moe_sum's routed_scaling_factor: 1)
 //
 // One boxed kernel serves every registration: it reads the tensors off the
 // dispatcher's stack (no DLPack capsule, no Python), allocates outputs with
@@ -79,7 +81,17 @@ struct Binding {
   };
   std::vector<Param> params;
   std::vector<int> outputs;  ///< functional: the op args allocated and returned, in order
+  /// The scalars a call starts from: each scalar's default, which a
+  /// parameter overrides (a vLLM schema may leave one out).
+  std::array<float, kMaxArgs> scalar_init{};
 };
+
+/// The defaults of `op`'s scalars, by index.
+std::array<float, kMaxArgs> scalar_defaults(const dispatch::OpInfo& op) {
+  std::array<float, kMaxArgs> d{};
+  for (size_t i = 0; i < op.scalars.size() && i < d.size(); ++i) d[i] = op.scalars[i].default_value;
+  return d;
+}
 
 // ---------------------------------------------------------------- the op list -> schemas
 
@@ -117,6 +129,7 @@ Binding make_binding(const dispatch::OpInfo& op, Kind kind, bool floor) {
   b.ns = "kdispatch";
   b.kind = kind;
   b.floor = floor;
+  b.scalar_init = scalar_defaults(op);
   const std::string base(op.name);
   b.name = (floor ? "_floor_" : "") + base + (kind == Kind::out ? "_out" : kind == Kind::inplace ? "_" : "");
   // Parameters: (out: the pure outputs first), then every argument the op
@@ -167,6 +180,8 @@ constexpr VllmOp kVllmOps[] = {
      "fused_add_rmsnorm",
      {{{"input", "x"}, {"residual", "residual"}, {"weight", "w"}, {"epsilon", "eps"}}}},
     {"silu_and_mul", "silu_and_mul", {{{"out", "out"}, {"input", "x"}}}},
+    // csrc/moe/torch_bindings.cpp: moe_sum(Tensor input, Tensor! output) -> ()
+    {"moe_sum", "moe_sum", {{{"input", "input"}, {"output", "out"}}}},
 };
 
 bool vllm_binding(const VllmOp& v, Binding* out) {
@@ -179,6 +194,7 @@ bool vllm_binding(const VllmOp& v, Binding* out) {
   b.ns = "kdispatch_vllm";
   b.name = v.name;
   b.kind = Kind::out;
+  b.scalar_init = scalar_defaults(*op);
   char alias = 'a';
   std::string s = b.name + "(";
   for (const auto& [theirs, ours] : v.params) {
@@ -192,7 +208,11 @@ bool vllm_binding(const VllmOp& v, Binding* out) {
     s += (b.params.empty() ? "" : ", ") + param_text(*op, p, theirs, &alias, false);
     b.params.push_back(p);
   }
-  if (b.params.size() != op->args.size() + op->scalars.size()) return false;  // the op changed: no binding
+  // Every tensor argument, and scalars where vLLM's schema has them (the
+  // others keep their defaults); else the op changed: no binding.
+  size_t tensors = 0;
+  for (const Binding::Param& p : b.params) tensors += p.tensor ? 1 : 0;
+  if (tensors != op->args.size()) return false;
   b.schema = s + ") -> ()";
   *out = std::move(b);
   return true;
@@ -542,7 +562,7 @@ class Kernel final : public c10::OperatorKernel {
                std::string(op.name) + " takes or returns float8 tensors");
 #endif
     Tensors t{};
-    std::array<float, kMaxArgs> scalars{};
+    std::array<float, kMaxArgs> scalars = b.scalar_init;
     auto in = torch::jit::last(*stack, nparams);
     for (size_t i = 0; i < nparams; ++i) {
       const Binding::Param& p = b.params[i];
@@ -581,14 +601,16 @@ class Kernel final : public c10::OperatorKernel {
       }
     }
     // Dims from the tensors the op reads; the first 2-D one gives an
-    // output's leading dims.
+    // output's leading dims, the first one its dtype and device.
     DimsT<I> dims;
     const at::Tensor* lead = nullptr;
+    const at::Tensor* like = nullptr;
     for (size_t i = 0; i < nargs; ++i) {
       const dispatch::OpArgInfo& a = op.args[i];
       const at::Tensor* x = t[i];
       if (x == nullptr || pure_output(a)) continue;
       if (x->dim() < 1) fail(b, 1, arg(i) + ": must have at least one dimension");
+      if (like == nullptr) like = x;
       if (a.rank == 3) {  // [batch, rows, cols] as it is (experts' weights [E, N, K])
         if (x->dim() != 3) fail(b, 1, arg(i) + ": must be 3-D, got " + std::to_string(x->dim()) + "-D");
         dims.bind(b, a, a.batch_dim, a.batch_mul, a.batch_div, size_at<I>(*x, 0));
@@ -602,14 +624,15 @@ class Kernel final : public c10::OperatorKernel {
     }
     std::array<at::Tensor, kMaxArgs> made;
     if (b.kind == Kind::functional) {
-      if (lead == nullptr) fail(b, 9, "no 2-D input gives the outputs' leading dims");
+      if (like == nullptr) fail(b, 9, "no input gives the outputs' dtype and device");
       for (int o : b.outputs) {
         const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(o)];
         c10::SmallVector<I, 6> shape;  // no heap allocation for up to 6 dims
         // Rows of M (y [M, N]): the lead input's leading dims, so [B, T, K]
         // in gives [B, T, N] out. Rows of another dim (quant_fp8_group's
-        // scale [ceil(K/128), M]): that dim's extent.
-        if (a.rank == 2 && a.rows_dim == op.m_name && a.rows_mul == 1 && a.rows_div == 1) {
+        // scale [ceil(K/128), M]), or of M read from a 3-D input only
+        // (moe_sum's input [M, top_k, hidden]): that dim's extent.
+        if (a.rank == 2 && lead != nullptr && a.rows_dim == op.m_name && a.rows_mul == 1 && a.rows_div == 1) {
           for (int64_t d = 0; d + 1 < lead->dim(); ++d) shape.push_back(size_at<I>(*lead, d));
         } else if (a.rank == 2) {
           const std::optional<I> rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
@@ -619,7 +642,7 @@ class Kernel final : public c10::OperatorKernel {
         const std::optional<I> cols = dims.extent(a.cols_dim, a.cols_mul, a.cols_div);
         if (!cols) fail(b, 9, "the size of dim " + std::string(a.cols_dim) + " is not given by any input");
         shape.push_back(*cols);
-        const at::TensorOptions opts = output_options(*lead, op, a);
+        const at::TensorOptions opts = output_options(*like, op, a);
         if constexpr (std::is_same_v<I, int64_t>)
           made[static_cast<size_t>(o)] = at::empty(shape, opts);
         else
