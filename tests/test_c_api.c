@@ -735,18 +735,20 @@ static void test_hostile_tensors_and_flags(void) {
       const char* name;
       int n_tensors, n_scalars;
       const char* args[8];
-    } ops[] = {{"gemm", 4, 0, {"a", "b", "d", "bias"}},
-               {"rmsnorm", 3, 1, {"y", "x", "w"}},
-               {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
-               {"silu_and_mul", 2, 0, {"out", "x"}},
-               {"gemm_fp8_tensor", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
-               {"gemm_fp8_rowwise", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
-               {"gemm_fp8_block", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
-               {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
-               {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
-               {"quant_fp8_group", 3, 0, {"q", "x", "scale"}},
-               {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}},
-               {"moe_sum", 2, 1, {"input", "out"}}};
+    } ops[] = {
+        {"gemm", 4, 0, {"a", "b", "d", "bias"}},
+        {"rmsnorm", 3, 1, {"y", "x", "w"}},
+        {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
+        {"silu_and_mul", 2, 0, {"out", "x"}},
+        {"gemm_fp8_tensor", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+        {"gemm_fp8_rowwise", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+        {"gemm_fp8_block", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+        {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
+        {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
+        {"quant_fp8_group", 3, 0, {"q", "x", "scale"}},
+        {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}},
+        {"moe_sum", 2, 1, {"input", "out"}},
+        {"moe_align", 5, 2, {"topk_ids", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "expert_map"}}};
     const int n_ops = (int)(sizeof ops / sizeof ops[0]);
     char* list = NULL;
     EXPECT(KDISPATCH_OK, kdispatch_op_list(&list));

@@ -44,7 +44,14 @@ using core::Role;
 bool uses_dim(const OpSpec& s, Dim d) {
   for (const ArgSlot& a : s.slots)
     if ((a.rank >= 2 && a.rows.dim == d) || (a.rank == 3 && a.batch.dim == d) || a.cols.dim == d) return true;
+  for (const core::ScalarSlot& x : s.scalars)  // a size no tensor carries (moe_align's block_size)
+    if (x.kind == core::ScalarKind::dim && x.dim == d) return true;
   return false;
+}
+
+// A scalar's value for problem p: a size's (moe_align's block_size) its dim, else the default.
+float scalar_of(const core::ScalarSlot& sc, const Problem& p) {
+  return sc.kind == core::ScalarKind::dim ? static_cast<float>(core::dim_value(p, sc.dim)) : sc.default_value;
 }
 
 bool has_optional(const OpSpec& s) {
@@ -109,6 +116,9 @@ void store(DType t, std::vector<char>& buf, size_t i, float v) {
     std::memcpy(buf.data() + i * 4, &v, 4);
   } else if (t == DType::fp8_e4m3fn) {
     buf[i] = static_cast<char>(core::float_to_fp8(v, core::kE4m3fn, true));
+  } else if (t == DType::int32) {  // an index tensor (moe_align's expert_map): whole values in [-4, 4]
+    const auto x = static_cast<int32_t>(std::lround(4.f * v));
+    std::memcpy(buf.data() + i * 4, &x, 4);
   } else {
     const uint16_t h = core::float_to_bf16(v);
     std::memcpy(buf.data() + i * 2, &h, 2);
@@ -120,7 +130,7 @@ void store(DType t, std::vector<char>& buf, size_t i, float v) {
 std::vector<std::pair<DType, DType>> cpu_dtype_pairs(const OpSpec& s) {
   std::vector<std::pair<DType, DType>> out;
   const DeviceInfo& dev = cpu_device_info();
-  for (DType in : {DType::fp32, DType::bf16, DType::fp8_e4m3fn}) {
+  for (DType in : {DType::fp32, DType::bf16, DType::fp8_e4m3fn, DType::int32}) {  // int32: moe_align's ids
     const core::VariantDef* ref = core::reference_variant(s.op, DeviceType::cpu, in);
     if (ref == nullptr) continue;
     for (DType o : {in, DType::fp32, DType::bf16, DType::fp8_e4m3fn}) {
@@ -220,7 +230,7 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
           std::vector<SlotBuf> inputs = make_buffers(*spec, p, 3, rng);
           core::RefArgs ra;
           for (int i = 0; i < spec->slot_count(); ++i) ra.ld[i] = inputs[static_cast<size_t>(i)].ld;
-          for (size_t j = 0; j < spec->scalars.size(); ++j) ra.scalar[j] = spec->scalars[j].default_value;
+          for (size_t j = 0; j < spec->scalars.size(); ++j) ra.scalar[j] = scalar_of(spec->scalars[j], p);
           std::vector<SlotBuf> want = inputs;
           for (int i = 0; i < spec->slot_count(); ++i) {
             SlotBuf& w = want[static_cast<size_t>(i)];
@@ -244,7 +254,7 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
                 la.data[i] = b.present ? b.bytes.data() : nullptr;
                 la.ld[i] = spec->slots[static_cast<size_t>(i)].rank >= 2 ? b.ld : 0;
               }
-              for (size_t j = 0; j < spec->scalars.size(); ++j) la.scalar[j] = spec->scalars[j].default_value;
+              for (size_t j = 0; j < spec->scalars.size(); ++j) la.scalar[j] = scalar_of(spec->scalars[j], p);
               REQUIRE(plan.variant->launch(la, p, plan.params).ok());
               for (int i = 0; i < spec->slot_count(); ++i) {
                 const ArgSlot& a = spec->slots[static_cast<size_t>(i)];
@@ -292,12 +302,17 @@ TEST_CASE("every op: every CPU variant and config point agrees with its spec's f
 TEST_CASE("every op: key text, file name and Problem round trip") {
   for (const OpSpec* spec : core::all_specs()) {
     CAPTURE(spec->name);
-    for (DType out : {DType::bf16, DType::fp32}) {
+    for (DType want_out : {DType::bf16, DType::fp32}) {
+      const core::ArgSlot& out_slot = spec->slots[static_cast<size_t>(spec->out_dtype_slot)];
+      const DType out = out_slot.dtype == core::SlotDType::fixed ? out_slot.fixed_dtype : want_out;
       bool has_out = false, has_accum = false;
       for (const core::KeyField& f : spec->fields) has_out = has_out || f.kind == core::FieldKind::out_dtype;
       for (const core::KeyField& f : spec->fields) has_accum = has_accum || f.kind == core::FieldKind::accum;
-      if (out == DType::fp32 && !has_out) continue;
-      const DType in = has_with_quantized(*spec) && out == DType::fp32 ? DType::fp8_e4m3fn : DType::bf16;
+      if (want_out == DType::fp32 && !has_out) continue;
+      const core::ArgSlot& in_slot = spec->slots[static_cast<size_t>(spec->in_dtype_slot)];
+      const DType in = in_slot.dtype == core::SlotDType::fixed           ? in_slot.fixed_dtype  // moe_align's int32 ids
+                       : has_with_quantized(*spec) && out == DType::fp32 ? DType::fp8_e4m3fn
+                                                                         : DType::bf16;
       Problem p =
           problem_of(*spec, in, 0, 896, 4864, has_with_quantized(*spec) ? core::is_quantized(in) : has_optional(*spec));
       p.out_dtype = out;
@@ -404,7 +419,7 @@ TEST_CASE("every op: pretune_key persists a row, and the same call then hits it"
                                       : make_tensor_1d(bufs.back().data(), e.dtype, e.cols));
     }
     std::vector<float> scalars;
-    for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(sc.default_value);
+    for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(scalar_of(sc, p));
     DispatchInfo info;
     std::string key;
     info.key = &key;
@@ -524,7 +539,7 @@ TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
     for (int i = 0; i < spec->slot_count(); ++i)
       ptrs.push_back(spec->slots[static_cast<size_t>(i)].optional ? nullptr : &dls[static_cast<size_t>(i)].t);
     std::vector<float> scalars;
-    for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(sc.default_value);
+    for (const core::ScalarSlot& sc : spec->scalars) scalars.push_back(scalar_of(sc, p));
     const int32_t nt = static_cast<int32_t>(ptrs.size()), ns = static_cast<int32_t>(scalars.size());
     auto call = [&](kdispatch_runtime* r, const DLTensor* const* t, int32_t n) {
       return kdispatch_op_call(r, name.c_str(), t, n, scalars.data(), ns, nullptr, 0, nullptr, 0, nullptr);

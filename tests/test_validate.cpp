@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/ops_impl.hpp"
 #include "api/validate.hpp"
 #include "core/op_list.hpp"
 #include "ops/specs.hpp"
@@ -83,7 +84,9 @@ class Maker {
     }
     if (rng_() % 8 == 0)  // one slot over another (M = 0 skips the overlap checks)
       c.t[rng_() % s_.slot_count()].data = data_of(static_cast<int>(rng_() % s_.slot_count())) + 4 * (rng_() % 16);
-    for (size_t j = 0; j < s_.scalars.size(); ++j) c.scalars[j] = s_.scalars[j].default_value;
+    for (size_t j = 0; j < s_.scalars.size(); ++j)  // a size scalar: its dim (moe_align's block_size)
+      c.scalars[j] = s_.scalars[j].kind == core::ScalarKind::dim ? static_cast<float>(c.dim[int(s_.scalars[j].dim)])
+                                                                 : s_.scalars[j].default_value;
     for (int n = static_cast<int>(rng_() % 4) - 1; n >= 0; --n) change(c);
     c.require_data = rng_() % 4 != 0;
     return c;
@@ -93,15 +96,14 @@ class Maker {
   const ArgSlot& slot(int i) const { return s_.slots[static_cast<size_t>(i)]; }
   unsigned char* data_of(int i) { return buf_.data() + kRegion * static_cast<size_t>(i); }
   int64_t pick(std::initializer_list<int64_t> v) { return *(v.begin() + rng_() % v.size()); }
-  static int64_t extent(const Call& c, const core::DimExpr& e) {
-    return core::scaled_extent(c.dim[static_cast<int>(e.dim)], e.mul, e.div);
-  }
+  static int64_t extent(const Call& c, const core::DimExpr& e) { return e.eval(c.dim); }
 
   TensorRef consistent(int i, const Call& c, DType in, DType out, Device dev) {
     const ArgSlot& a = slot(i);
     const DType dt = a.dtype == core::SlotDType::in ? in : a.dtype == core::SlotDType::out ? out : a.fixed_dtype;
     unsigned char* data = data_of(i) + 16 * (rng_() % 4);
-    if (a.rank == 1) return make_tensor_1d(data, dt, extent(c, a.cols), dev);
+    if (a.rank == 1)  // a buffer that may be longer: sometimes longer
+      return make_tensor_1d(data, dt, extent(c, a.cols) + (a.cols.at_least ? pick({0, 0, 3}) : 0), dev);
     if (a.rank == 3) {
       const int64_t b = extent(c, a.batch), r = extent(c, a.rows), cl = extent(c, a.cols);
       const int64_t ld = cl + pick({0, 0, 0, 1, 8});
@@ -165,7 +167,10 @@ void check_accepted(const OpSpec& s, const Call& c, const core::Problem& p, cons
     if (!present) continue;
     if (a.rank == 3) CHECK(c.t[i].shape[0] == a.batch.value(p));
     if (a.rank >= 2) CHECK(c.t[i].shape[a.rank - 2] == a.rows.value(p));
-    CHECK(c.t[i].shape[a.rank - 1] == a.cols.value(p));
+    if (a.cols.at_least)
+      CHECK(c.t[i].shape[0] >= a.cols.value(p));
+    else
+      CHECK(c.t[i].shape[a.rank - 1] == a.cols.value(p));
   }
   CHECK(p.has_bias == any_optional);
   for (size_t j = 0; j < s.scalars.size(); ++j) CHECK(la.scalar[j] == c.scalars[j]);
@@ -206,8 +211,9 @@ void fast_and_detailed_agree(ArgsPaths via_args) {
     for (size_t j = 0; j < S.scalars.size(); ++j)
       if (S.scalars[j].kind == core::ScalarKind::accum)
         bools = bools && (c.scalars[j] == 0.f || c.scalars[j] == 1.f);
-      else if (S.scalars[j].kind == core::ScalarKind::choice)  // an int member holds whole values only
-        bools = bools && c.scalars[j] >= 0.f && c.scalars[j] <= 255.f && c.scalars[j] == std::floor(c.scalars[j]);
+      else if (S.scalars[j].kind != core::ScalarKind::real)  // an int member holds whole values only
+        bools = bools && c.scalars[j] >= -core::kMaxDimScalar && c.scalars[j] <= core::kMaxDimScalar &&
+                c.scalars[j] == std::floor(c.scalars[j]);
     if (bools) REQUIRE(text(args_fast) == text(fast));
     if (fast.ok()) {
       ++accepted;
@@ -230,11 +236,15 @@ void fast_and_detailed_agree(ArgsPaths via_args) {
 }
 
 /// A scalar as its args member: a float as is, a switch's bool, a choice's
-/// int (a value no int holds: -1, as the generic entry points make it).
+/// or a size's int (a value no int holds: -1, as the generic entry points
+/// make it).
 template <class T>
 T scalar_as(float v) {
-  if constexpr (std::is_same_v<T, int32_t>)
-    return v >= 0.f && v <= 255.f && v == static_cast<float>(static_cast<int32_t>(v)) ? static_cast<int32_t>(v) : -1;
+  if constexpr (std::is_same_v<T, int32_t>) {
+    int32_t m = 0;
+    api::set_scalar(m, v);
+    return m;
+  }
   return static_cast<T>(v);
 }
 

@@ -523,6 +523,19 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_sum(kdispatch_runtime* rt, const 
                                                    float routed_scaling_factor, void* stream, uint32_t flags,
                                                    kdispatch_dispatch_info* info);
 
+/** A Mixture-of-Experts layer's (token, choice) pairs sorted by expert and
+ *  padded to blocks (dispatch::MoeAlignArgs; vLLM's moe_align_block_size).
+ *  topk_ids [M, top_k] int32; sorted_token_ids int32 of at least M*top_k +
+ *  min(num_experts, M*top_k)*(block_size - 1) elements; expert_ids int32 of
+ *  at least ceil(that / block_size); num_tokens_post_pad [1] int32;
+ *  expert_map [num_experts] int32 or NULL. num_experts and block_size:
+ *  whole numbers in [1, 2^24] passed as floats. Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_moe_align(kdispatch_runtime* rt, const DLTensor* topk_ids,
+                                                     const DLTensor* sorted_token_ids, const DLTensor* expert_ids,
+                                                     const DLTensor* num_tokens_post_pad, const DLTensor* expert_map,
+                                                     float num_experts, float block_size, void* stream, uint32_t flags,
+                                                     kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
@@ -542,8 +555,12 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_sum(kdispatch_runtime* rt, const 
  *  then the "float" scalars in this order (a "bool" one is a flag bit of
  *  its call: fast_accum, KDISPATCH_CALL_FAST_ACCUM); kdispatch_op_call and
  *  kdispatch_op_pretune take every scalar; bindings generate their methods
- *  from it. rows/cols: the extent as mul * dim / div (rounded up) of the
- *  op's named dims. Errors: INVALID_ARGUMENT (json_out NULL). */
+ *  from it; "int": a size (moe_align's num_experts, block_size), a whole
+ *  number in [1, 2^24] as a float. rows/cols: the extent as mul * dim / div
+ *  (rounded up) of the op's named dims; a rank-1 argument with "computed":
+ *  true has a formula as its cols "dim" (the caller allocates it) and
+ *  "at_least": true when it may be longer. Errors: INVALID_ARGUMENT
+ *  (json_out NULL). */
 KDISPATCH_C_API kdispatch_status kdispatch_op_list(char** json_out);
 
 /** Any op by name (kdispatch_op_list), its tensors and scalars in argument
@@ -631,6 +648,12 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_moe(kdispatch_runtime* 
 KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_sum(kdispatch_runtime* rt, const DLTensor* input,
                                                            const DLTensor* out, float routed_scaling_factor,
                                                            char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_align(kdispatch_runtime* rt, const DLTensor* topk_ids,
+                                                             const DLTensor* sorted_token_ids,
+                                                             const DLTensor* expert_ids,
+                                                             const DLTensor* num_tokens_post_pad,
+                                                             const DLTensor* expert_map, float num_experts,
+                                                             float block_size, char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

@@ -264,6 +264,37 @@ struct MoeSumArgs {
   float routed_scaling_factor = 1.f;
 };
 
+/// Arguments of moe_align, a Mixture-of-Experts layer's (token, choice)
+/// pairs sorted by expert and padded to blocks (vLLM's and SGLang's
+/// moe_align_block_size), what a grouped GEMM over experts walks. Pair
+/// i = t * top_k + j goes to expert e = topk_ids[t, j] (dropped when e is
+/// outside [0, num_experts)); each expert's pairs, i ascending, fill
+/// ceil(count / block_size) blocks, the experts in order, each expert's
+/// last block padded with M * top_k.
+/// - topk_ids: [M, top_k] int32, unit stride along top_k.
+/// - sorted_token_ids: rank 1, int32, contiguous, at least P = M*top_k +
+///   min(num_experts, M*top_k) * (block_size - 1) elements (vLLM's and
+///   SGLang's buffers are this or larger); written: the pairs, padded,
+///   then M * top_k up to P (elements past P are left as they are).
+/// - expert_ids: rank 1, int32, at least ceil(P / block_size) elements;
+///   written: the expert of each block (expert_map[e] when given), then -1.
+/// - num_tokens_post_pad: [1] int32; written: the padded pair count.
+/// - expert_map: [num_experts] int32 or absent: each global expert's local
+///   id, -1 for one not local (expert parallelism).
+/// - num_experts, block_size: whole numbers in [1, 2^24] (block_size: the
+///   grouped GEMM's BLOCK_SIZE_M).
+/// Deterministic (an expert's pairs in ascending order): every variant
+/// writes the same bits.
+struct MoeAlignArgs {
+  TensorRef topk_ids;
+  TensorRef sorted_token_ids;
+  TensorRef expert_ids;
+  TensorRef num_tokens_post_pad;
+  TensorRef expert_map;
+  int32_t num_experts = 0;
+  int32_t block_size = 64;
+};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -326,6 +357,15 @@ KDISPATCH_API Status fused_moe(Runtime& rt, const FusedMoeArgs& args, Stream str
 KDISPATCH_API Status moe_sum(Runtime& rt, const MoeSumArgs& args, Stream stream = {},
                              const CallOptions& opts = {}) noexcept;
 
+/// A Mixture-of-Experts layer's pairs sorted by expert (MoeAlignArgs).
+/// Thread-safe. On the CPU the work is done on return; on a GPU it is
+/// queued on `stream`. Errors: invalid_argument naming the argument (a rank,
+/// a buffer shorter than it must be, a non-contiguous one, num_experts or
+/// block_size not a whole number in [1, 2^24], expert_map not
+/// [num_experts]), unsupported_device, backend_error.
+KDISPATCH_API Status moe_align(Runtime& rt, const MoeAlignArgs& args, Stream stream = {},
+                               const CallOptions& opts = {}) noexcept;
+
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
 /// generated from these rows.
@@ -353,6 +393,12 @@ struct OpArgInfo {
   /// stride >= rows: a transposed view), e.g. gemm_fp8_block's scale_a
   /// K-major; the call converts it (see that op).
   bool col_major_ok = false;
+  /// Rank 1: cols is a formula of the dims no binding evaluates (cols_dim
+  /// holds its text, moe_align's "M*top_k + min(E, M*top_k)*(block_size -
+  /// 1)"); the caller allocates such an argument.
+  bool cols_computed = false;
+  /// Rank 1: the argument may be longer than cols; the op uses the first cols.
+  bool at_least = false;
 };
 struct OpScalarInfo {
   std::string_view name;  ///< "eps", "fast_accum"
@@ -361,11 +407,16 @@ struct OpScalarInfo {
   /// floats (call_op, the C ABI), a bool member of the args struct; a
   /// caller's scalar list may leave out the trailing switches (off). The
   /// C ABI's kdispatch_<op> takes no parameter for a switch: its flags do
-  /// (KDISPATCH_CALL_FAST_ACCUM for fast_accum).
+  /// (KDISPATCH_CALL_FAST_ACCUM for fast_accum); or "int": a size
+  /// (moe_align's num_experts, block_size), a whole number in [1, 2^24], an
+  /// int32 member of the args struct.
   std::string_view kind = "float";
   /// "choice" only: the names of its values, by index (an activation kind:
   /// "silu", "gelu"); the args struct's member is the int32 index.
   std::span<const std::string_view> labels;
+  /// "int" only: the dim it sets, as the args' extents name it ("E",
+  /// "block_size").
+  std::string_view dim;
 };
 /// A static key field of an op (the fields of its config file names).
 struct OpKeyFieldInfo {
@@ -593,6 +644,7 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8TokenArgs
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8GroupArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeSumArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeAlignArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

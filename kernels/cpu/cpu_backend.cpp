@@ -15,6 +15,7 @@
 #include "cpu/fused_moe_list.hpp"
 #include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
+#include "cpu/moe_align_list.hpp"
 #include "cpu/moe_sum_list.hpp"
 #include "cpu/norm_list.hpp"
 #include "cpu/quant_fp8_list.hpp"
@@ -34,7 +35,7 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
 constexpr auto kAllVariants =
     concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
            kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
-           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants);
+           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -56,6 +57,7 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::quant_fp8_group, kQuantFp8GroupVariants, &quant_fp8_default},
     {core::OpKind::fused_moe, kFusedMoeVariants, &fused_moe_default},
     {core::OpKind::moe_sum, kMoeSumVariants, &moe_sum_default},
+    {core::OpKind::moe_align, kMoeAlignVariants, &moe_align_default},
 };
 
 }  // namespace

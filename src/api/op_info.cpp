@@ -69,7 +69,10 @@ struct OpListStorage {
           i.rows_mul = slot.rows.mul;
           i.rows_div = slot.rows.div;
         }
-        i.cols_dim = dim_symbol(*s, slot.cols.dim);
+        // A computed extent (DimExpr::fn): its formula in place of a dim.
+        i.cols_dim = slot.cols.fn != nullptr ? slot.cols.text : dim_symbol(*s, slot.cols.dim);
+        i.cols_computed = slot.cols.fn != nullptr;
+        i.at_least = slot.cols.at_least;
         i.cols_mul = slot.cols.mul;
         i.cols_div = slot.cols.div;
         i.alias_of = slot.alias_of;
@@ -84,8 +87,9 @@ struct OpListStorage {
         sc.push_back({x.name, x.default_value,
                       x.kind == core::ScalarKind::accum    ? "bool"
                       : x.kind == core::ScalarKind::choice ? "choice"
+                      : x.kind == core::ScalarKind::dim    ? "int"
                                                            : "float",
-                      x.labels});
+                      x.labels, x.kind == core::ScalarKind::dim ? dim_symbol(*s, x.dim) : std::string_view()});
       std::vector<OpKeyFieldInfo> f;
       for (const core::KeyField& k : s->fields)
         f.push_back({k.name, field_kind_name(k.kind), k.csv_name.empty() ? k.name : k.csv_name, k.file_pos,

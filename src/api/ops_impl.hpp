@@ -78,11 +78,13 @@ inline Status named_op_args(std::string_view op, size_t n_tensors, std::span<con
 
 inline void set_scalar(float& member, float v) noexcept { member = v; }
 inline void set_scalar(bool& member, float v) noexcept { member = v != 0.f; }
-/// A choice scalar's index (validated against its labels later, by the op).
-/// A value that is not a whole number in range becomes -1 (refused, never
-/// truncated to a label).
+/// A choice scalar's index or a size (validated later, by the op). A value
+/// that is not a whole number in [-2^24, 2^24] becomes -1 (refused, never
+/// truncated to a label or a size).
 inline void set_scalar(int32_t& member, float v) noexcept {
-  member = v >= 0.f && v <= 255.f && v == static_cast<float>(static_cast<int32_t>(v)) ? static_cast<int32_t>(v) : -1;
+  member = v >= -core::kMaxDimScalar && v <= core::kMaxDimScalar && v == static_cast<float>(static_cast<int32_t>(v))
+               ? static_cast<int32_t>(v)
+               : -1;
 }
 
 }  // namespace dispatch::api

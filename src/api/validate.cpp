@@ -105,15 +105,20 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
   return Status();
 }
 
-[[gnu::always_inline]] inline bool ok_1d(const TensorRef& t, int64_t n, bool require_data) noexcept {
-  return t.rank == 1 && !(require_data && t.data == nullptr) && t.shape[0] == n && !(n > 1 && t.strides[0] != 1);
+// A rank-1 slot of n elements (at least n: DimExpr::at_least), contiguous.
+[[gnu::always_inline]] inline bool ok_1d(const TensorRef& t, int64_t n, bool require_data, bool at_least) noexcept {
+  return t.rank == 1 && !(require_data && t.data == nullptr) && n >= 0 &&
+         (at_least ? t.shape[0] >= n : t.shape[0] == n) && !(t.shape[0] > 1 && t.strides[0] != 1);
 }
-Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool require_data) noexcept {
+Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool require_data, const DimExpr& e) noexcept {
   if (t.rank != 1) return bad(name, "must be rank 1, got rank " + std::to_string(t.rank));
   if (require_data && t.data == nullptr) return bad(name, "data is null");
-  if (t.shape[0] != n)
-    return bad(name, "must have " + std::to_string(n) + " elements, has " + std::to_string(t.shape[0]));
-  if (n > 1 && t.strides[0] != 1)
+  if (n < 0) return bad(name, "its size, " + std::string(e.text) + ", is over the largest supported size, 2^40");
+  if (e.at_least ? t.shape[0] < n : t.shape[0] != n)
+    return bad(name, (e.at_least ? "must have at least " : "must have ") + std::to_string(n) + " elements" +
+                         (e.text.empty() ? "" : " (" + std::string(e.text) + ")") + ", has " +
+                         std::to_string(t.shape[0]));
+  if (t.shape[0] > 1 && t.strides[0] != 1)
     return bad(name, "must be contiguous (stride 1), got stride " + std::to_string(t.strides[0]));
   return Status();
 }
@@ -193,6 +198,10 @@ std::string switch_text(float v) {
 [[gnu::always_inline]] inline bool choice_ok(float v, size_t labels) noexcept {
   return v >= 0.f && v < static_cast<float>(labels) && v == static_cast<float>(static_cast<int>(v));
 }
+// A dim scalar (ScalarKind::dim) is a whole number in [1, 2^24].
+[[gnu::always_inline]] inline bool dim_scalar_ok(float v) noexcept {
+  return v >= 1.f && v <= core::kMaxDimScalar && v == static_cast<float>(static_cast<int32_t>(v));
+}
 std::string choice_text(const core::ScalarSlot& s, float v) {
   std::string all;
   for (size_t j = 0; j < s.labels.size(); ++j)
@@ -202,16 +211,18 @@ std::string choice_text(const core::ScalarSlot& s, float v) {
 
 // ------------------------------------------------------------------ the detailed path
 
+// Binding::binder of a dim a scalar sets: kScalarBinder + the scalar's index.
+constexpr int kScalarBinder = 64;
+
 struct Binding {
   int64_t value[core::kDimCount] = {1, 0, 0, 0, 0, 0};
   int8_t binder[core::kDimCount] = {-1, -1, -1, -1, -1, -1};  // the slot a dim took its value from
   bool bound(Dim d) const noexcept { return d == Dim::none || binder[static_cast<int>(d)] >= 0; }
-  int64_t eval(const DimExpr& e) const noexcept {
-    return core::scaled_extent(value[static_cast<int>(e.dim)], e.mul, e.div);
-  }
+  int64_t eval(const DimExpr& e) const noexcept { return e.eval(value); }
 };
 
 std::string expr_text(const OpSpec& s, const DimExpr& e) {
+  if (e.fn != nullptr) return std::string(e.text);
   std::string name(s.dim_names[static_cast<int>(e.dim)]);
   if (e.mul != 1) name = std::to_string(e.mul) + "*" + name;
   if (e.div != 1) name = "ceil(" + name + "/" + std::to_string(e.div) + ")";
@@ -266,7 +277,9 @@ Status bind_or_check(const OpSpec& s, int slot, const TensorRef* const* ts, Bind
       if (!binds[ax])
         with += (with.empty() ? "" : ", ") + expr_text(s, *axes[ax]) + " = " + std::to_string(trial.eval(*axes[ax]));
     const std::string from_text =
-        from >= 0 ? std::string(s.slots[static_cast<size_t>(from)].name) + " " + shape_text(*ts[from]) : "?";
+        from >= kScalarBinder ? std::string(s.scalars[static_cast<size_t>(from - kScalarBinder)].name)
+        : from >= 0           ? std::string(s.slots[static_cast<size_t>(from)].name) + " " + shape_text(*ts[from])
+                              : "?";
     return bad(name, "shape " + shape_text(t) + " does not match " + from_text + ": " + name + " must be " + names +
                          " with " + with);
   }
@@ -327,8 +340,16 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
       if (slot(i).rank == 3)
         if (Status st = check_3d(*t[i], slot(i).name, require_data); !st.ok()) return st;
     }
-    // 2. Shapes: bind the dims, check the rest; the sizes >= 1 once their slot bound them.
+    // 2. Shapes: bind the dims (a dim scalar's first), check the rest; the
+    // sizes >= 1 once their slot bound them.
     Binding b;
+    for (size_t j = 0; j < s.scalars.size(); ++j) {
+      if (s.scalars[j].kind != core::ScalarKind::dim) continue;
+      if (!dim_scalar_ok(scalars[j]))
+        return bad(s.scalars[j].name, "must be a whole number in [1, 16777216], got " + std::to_string(scalars[j]));
+      b.value[static_cast<int>(s.scalars[j].dim)] = static_cast<int64_t>(scalars[j]);
+      b.binder[static_cast<int>(s.scalars[j].dim)] = static_cast<int8_t>(kScalarBinder + j);
+    }
     auto positive = [&]() -> Status {
       for (int d = 1; d < core::kDimCount; ++d)
         if (((s.positive.dims >> d) & 1u) && b.value[d] < 1)
@@ -344,7 +365,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
     // 3. Required 1-D slots.
     for (int8_t i : s.order)
       if (!slot(i).optional && slot(i).rank == 1)
-        if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
+        if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data, slot(i).cols); !st.ok())
+          return st;
     // 4. Scalars.
     for (size_t j = 0; j < s.scalars.size(); ++j) {
       if (s.scalars[j].positive && !(scalars[j] > 0.f))
@@ -386,7 +408,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
     for (int i = 0; i < s.slot_count(); ++i) {
       if (!slot(i).optional || !slot_present(slot(i), *t[i], require_data)) continue;
       if (slot(i).rank == 1) {
-        if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data); !st.ok()) return st;
+        if (Status st = check_1d(*t[i], slot(i).name, b.eval(slot(i).cols), require_data, slot(i).cols); !st.ok())
+          return st;
       } else {
         if (Status st = slot(i).rank == 3
                             ? check_3d(*t[i], slot(i).name, require_data)
@@ -507,6 +530,9 @@ struct Binder {
 };
 constexpr Binder binders(const OpSpec& s) {
   Binder b;
+  bool from_scalar[core::kDimCount] = {};
+  for (const core::ScalarSlot& x : s.scalars)
+    if (x.kind == core::ScalarKind::dim) from_scalar[static_cast<int>(x.dim)] = true;
   for (int8_t i : s.order) {
     const ArgSlot& a = s.slots[static_cast<size_t>(i)];
     if (a.optional || a.rank < 2) continue;
@@ -514,7 +540,7 @@ constexpr Binder binders(const OpSpec& s) {
     const DimExpr* axes[3] = {n == 3 ? &a.batch : &a.rows, n == 3 ? &a.rows : &a.cols, &a.cols};
     for (int ax = 0; ax < n; ++ax) {
       const int d = static_cast<int>(axes[ax]->dim);
-      if (axes[ax]->plain() && b.slot[d] < 0) {
+      if (axes[ax]->plain() && b.slot[d] < 0 && !from_scalar[d]) {
         b.slot[d] = i;
         b.axis[d] = static_cast<int8_t>(ax);
       }
@@ -562,9 +588,14 @@ template <core::OpKind Op>
   int64_t dim[core::kDimCount] = {1, 0, 0, 0, 0, 0};
   for (int d = 1; d < core::kDimCount; ++d)
     if (B.slot[d] >= 0) dim[d] = t[B.slot[d]]->shape[B.axis[d]];
-  auto eval = [&](const DimExpr& e) { return core::scaled_extent(dim[static_cast<int>(e.dim)], e.mul, e.div); };
-  bool present[S.slots.size()];
   bool ok = true;
+  for (size_t j = 0; j < S.scalars.size(); ++j)
+    if (S.scalars[j].kind == core::ScalarKind::dim) {
+      ok = ok && dim_scalar_ok(scalars[j]);
+      dim[static_cast<int>(S.scalars[j].dim)] = ok ? static_cast<int64_t>(scalars[j]) : 0;
+    }
+  auto eval = [&](const DimExpr& e) { return e.eval(dim); };
+  bool present[S.slots.size()];
   const Device dev = t[S.order[0]]->device;
   each_slot<S>([&](auto ic) {
     constexpr int i = decltype(ic)::value;
@@ -581,7 +612,7 @@ template <core::OpKind Op>
                          int{x.shape[1] == eval(a.rows)} & int{x.shape[2] == eval(a.cols)}) != 0;
       ok = ok && (a.optional ? !present[i] || here : here);
     } else {
-      const bool here = ok_1d(x, eval(a.cols), require_data);
+      const bool here = ok_1d(x, eval(a.cols), require_data, a.cols.at_least);
       ok = ok && (a.optional ? !present[i] || here : here);
     }
     if constexpr (a.dtype_like >= 0) ok = ok && (!present[i] || x.dtype == t[a.dtype_like]->dtype);

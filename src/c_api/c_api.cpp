@@ -396,7 +396,8 @@ kdispatch_status pretune_by_slots(const char* fn, kdispatch_runtime* rt, std::st
 // The op list as JSON: [{"name", "doc", "args": [{"name", "read", "written", "rank",
 // "optional", "rows", "cols", "alias_of", "dtype", "col_major_ok"}], "scalars": [{"name", "default", "kind"}],
 // "key_fields": [{"name", "kind", "csv_name"}], "m_name", "workspace", "in_dtypes"}]. rows/cols: {"dim", "mul", "div"}
-// ("dim" "" for rank 1 rows).
+// ("dim" "" for rank 1 rows); a rank-1 argument whose size is a formula (moe_align's
+// sorted ids) also has "computed": true, "at_least", and the formula as cols' "dim".
 std::string op_list_json() {
   dispatch::core::JsonWriter w;
   auto extent = [&](const char* key, std::string_view dim, int32_t mul, int32_t div) {
@@ -413,7 +414,9 @@ std::string op_list_json() {
       extent("rows", a.rows_dim, a.rows_mul, a.rows_div);
       extent("cols", a.cols_dim, a.cols_mul, a.cols_div);
       w.field("alias_of", static_cast<int64_t>(a.alias_of)).field("dtype", a.dtype);
-      w.field("col_major_ok", a.col_major_ok).end_object();
+      w.field("col_major_ok", a.col_major_ok);
+      if (a.cols_computed) w.field("computed", true).field("at_least", a.at_least);
+      w.end_object();
     }
     w.end_array().key("scalars").begin_array();
     for (const dispatch::OpScalarInfo& x : o.scalars) {
@@ -421,6 +424,7 @@ std::string op_list_json() {
           .field("name", x.name)
           .field("default", static_cast<double>(x.default_value))
           .field("kind", x.kind);
+      if (x.kind == "int") w.field("dim", x.dim);
       if (x.kind == "choice") {
         w.key("labels").begin_array();
         for (std::string_view l : x.labels) w.value(l);

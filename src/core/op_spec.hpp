@@ -71,12 +71,29 @@ constexpr int64_t scaled_extent(int64_t v, int32_t mul, int32_t div) noexcept {
 /// One extent of a slot: ceil(dim * mul / div). A plain dim (mul = div =
 /// 1) met for the first time (in the spec's order) takes its value from the
 /// tensor: it *binds*; every other extent is checked against the bound dims.
+///
+/// An extent that is no such ratio (moe_align's sorted ids, M * top_k +
+/// min(E, M * top_k) * (block_size - 1)) is `fn` of the dims (indexed by
+/// Dim, each in [0, kMaxDim]; it returns -1 for a size past kMaxDim): it
+/// never binds. `at_least` (rank-1 slots only): the tensor may be longer,
+/// the op reads or writes its first value() elements (an engine allocates
+/// its own worst case: vLLM's and SGLang's sorted-id buffers differ).
 struct DimExpr {
   Dim dim = Dim::none;
   int32_t mul = 1;
   int32_t div = 1;
-  constexpr bool plain() const noexcept { return dim != Dim::none && mul == 1 && div == 1; }
-  constexpr int64_t value(const Problem& p) const noexcept { return scaled_extent(dim_value(p, dim), mul, div); }
+  int64_t (*fn)(const int64_t* dims) noexcept = nullptr;
+  bool at_least = false;
+  std::string_view text = {};  ///< fn's formula in messages ("M*top_k + ...")
+  constexpr bool plain() const noexcept { return dim != Dim::none && mul == 1 && div == 1 && fn == nullptr; }
+  /// The extent given the dims by Dim (dims[0] = 1, Dim::none).
+  constexpr int64_t eval(const int64_t* dims) const noexcept {
+    return fn != nullptr ? fn(dims) : scaled_extent(dims[static_cast<int>(dim)], mul, div);
+  }
+  constexpr int64_t value(const Problem& p) const noexcept {
+    const int64_t dims[kDimCount] = {1, p.m, p.n, p.k, p.extra[0], p.extra[1]};
+    return eval(dims);
+  }
 };
 
 /// What the op does with a slot.
@@ -154,6 +171,11 @@ enum class ScalarKind : uint8_t {
   /// the args struct (a float index in the C ABI's scalar arrays). Part of
   /// the problem: Problem::choice, written by a key field of kind choice.
   choice,
+  /// A size no tensor carries (moe_align's num_experts and block_size): a
+  /// whole number in [1, 2^24] (exact as the C ABI's float) that sets
+  /// Problem dim `dim` (an int32 member of the args struct). Part of the
+  /// problem: a key field of kind dim writes it; variants read the dim.
+  dim,
 };
 
 /// A scalar argument after the tensors (eps, fast_accum, activation).
@@ -163,7 +185,10 @@ struct ScalarSlot {
   bool positive = false;  ///< must be > 0
   ScalarKind kind = ScalarKind::real;
   std::span<const std::string_view> labels = {};  ///< choice only: the names, by index
+  Dim dim = Dim::none;                            ///< ScalarKind::dim only: the dim it sets
 };
+/// The largest value of a ScalarKind::dim scalar: 2^24, a float's exact integers.
+inline constexpr float kMaxDimScalar = 16777216.f;
 
 /// A static key field: how a Problem member is written in a key and in a
 /// file name, and parsed back.

@@ -10,6 +10,7 @@
 #include "ops/fused_moe.hpp"
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
+#include "ops/moe_align.hpp"
 #include "ops/moe_sum.hpp"
 #include "ops/quant_fp8.hpp"
 #include "ops/rmsnorm.hpp"

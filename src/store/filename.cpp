@@ -233,6 +233,14 @@ Result<core::Problem> own_problem_from_fields(core::OpKind op, const Fields& fie
     const core::OpSpec& spec = core::spec_of(op);
     core::Problem p;
     p.op = op;
+    // An op whose input and output dtypes are fixed (moe_align's int32 ids)
+    // has no dtype field: its slots' dtypes.
+    if (const core::ArgSlot& in = spec.slots[static_cast<size_t>(spec.in_dtype_slot)];
+        in.dtype == core::SlotDType::fixed)
+      p.in_dtype = in.fixed_dtype;
+    if (const core::ArgSlot& o = spec.slots[static_cast<size_t>(spec.out_dtype_slot)];
+        o.dtype == core::SlotDType::fixed)
+      p.out_dtype = o.fixed_dtype;
     uint32_t have = 0;  // bit per spec field
     for (const auto& [name, value] : fields) {
       size_t fi = 0;

@@ -164,6 +164,8 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
                             ? (ev.problem.accum == core::Accum::fast ? 1.f : 0.f)  // the problem's switch
                         : spec.scalars[j].kind == core::ScalarKind::choice
                             ? static_cast<float>(ev.problem.choice)  // and its choice (activation)
+                        : spec.scalars[j].kind == core::ScalarKind::dim
+                            ? static_cast<float>(core::dim_value(ev.problem, spec.scalars[j].dim))  // a size
                             : spec.scalars[j].default_value;
   return Status();
 }

@@ -373,7 +373,8 @@ def _parameters(o, keyword_tail):
 def _scalar_default(x):
     """A scalar's default as Python writes it: a switch (kind "bool", e.g.
     the fp8 GEMMs' fast_accum) as False/True, a float as itself."""
-    return bool(x["default"]) if x.get("kind") == "bool" else x["default"]
+    kind = x.get("kind")
+    return bool(x["default"]) if kind == "bool" else int(x["default"]) if kind == "int" else x["default"]
 
 
 def _doc(o):
@@ -390,6 +391,8 @@ def _doc(o):
         elif x.get("kind") == "choice":
             labels = ", ".join(f"{i} {n}" for i, n in enumerate(x.get("labels", [])))
             lines.append(f"  {x['name']}: int, one of {labels} (default {int(x['default'])})")
+        elif x.get("kind") == "int":
+            lines.append(f"  {x['name']}: int, the size {x.get('dim', '')} (default {int(x['default'])})")
         else:
             lines.append(f"  {x['name']}: float (default {x['default']:g})")
     lines += ["stream: a CUDA/HIP stream (int or an object with .cuda_stream) for GPU arrays; capturing: the "

@@ -177,6 +177,7 @@ else:
         readable = [a for a in op["args"] if a["read"] or not a["written"]]
         args += [None] * (len(readable) - len(args))
         args += [bool(scalars.get(s["name"], s["default"])) if s.get("kind") == "bool"
+                 else int(scalars.get(s["name"], s["default"])) if s.get("kind") == "int"
                  else float(scalars.get(s["name"], s["default"])) for s in op["scalars"]]
         out = getattr(torch.ops.kdispatch, _qual(op))(*args)
         source, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
@@ -191,8 +192,10 @@ else:
     __all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info", "NATIVE", "BUILT_FOR"]
     for _o in _OPS.values():
         _q = _qual(_o)
-        globals()[_q] = getattr(torch.ops.kdispatch, _q)
-        __all__.append(_q)
+        # An output whose size is a formula (moe_align's): out form only (the caller allocates).
+        if not any(a.get("computed") and a["written"] and not a["read"] for a in _o["args"]):
+            globals()[_q] = getattr(torch.ops.kdispatch, _q)
+            __all__.append(_q)
         if _q == _o["name"]:
             globals()[_q + "_out"] = getattr(torch.ops.kdispatch, _q + "_out")
             __all__.append(_q + "_out")

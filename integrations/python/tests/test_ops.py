@@ -5,6 +5,7 @@ one call (every output element written, finite, inputs untouched), the
 info dict, and pretune then a table hit. An op added to the library is
 tested here with no new test code."""
 
+import math
 import unittest
 
 import numpy as np
@@ -42,17 +43,23 @@ def arrays_for(op, m=3, other=8, seed=0):
     except an fp8 op's inputs (uint8 e4m3fn bits: wrap with args_of)."""
     rng = np.random.default_rng(seed)
     none = {"dim": "", "mul": 1, "div": 1}
-    names = {e["dim"] for a in op["args"] for e in (a.get("batch", none), a["rows"], a["cols"]) if e["dim"]}
+    names = {e["dim"] for a in op["args"] for e in (a.get("batch", none), a["rows"], a["cols"])
+             if e["dim"] and not a.get("computed")}
+    names |= {x["dim"] for x in op["scalars"] if x.get("kind") == "int"}  # sizes no array carries
     dims = {d: (m if d == op["m_name"] else other) for d in names}
     out = {}
     for a in op["args"]:
         if a["optional"]:
             continue
-        shape = tuple(x for x in (extent(a.get("batch", none), dims), extent(a["rows"], dims),
-                                  extent(a["cols"], dims)) if x is not None) or (1,)
-        if a["dtype"] == "int32":  # expert ids: in [0, E) ("E", the batch dim of the op's 3-D weights)
-            experts = next(dims[x["batch"]["dim"]] for x in op["args"] if x["rank"] == 3)
-            out[a["name"]] = rng.integers(0, experts, size=shape, dtype=np.int32)
+        if a.get("computed"):  # a size the op computes (moe_align's sorted ids): its formula
+            shape = (eval(a["cols"]["dim"], {"min": min, "ceil": math.ceil}, dict(dims)),)
+        else:
+            shape = tuple(x for x in (extent(a.get("batch", none), dims), extent(a["rows"], dims),
+                                      extent(a["cols"], dims)) if x is not None) or (1,)
+        if a["dtype"] == "int32" and a["written"]:  # moe_align's outputs: written over -7
+            out[a["name"]] = np.full(shape, -7, np.int32)
+        elif a["dtype"] == "int32":  # expert ids: in [0, E)
+            out[a["name"]] = rng.integers(0, dims["E"], size=shape, dtype=np.int32)
         elif a["written"] and not a["read"]:
             out[a["name"]] = np.full(shape, 0x7F, np.uint8) if fp8_arg(op, a) else np.full(shape, np.nan, np.float32)
         else:
@@ -88,7 +95,8 @@ class EveryOp(TempDirTest):
                 a = arrays_for(op)
                 before = {k: v.copy() for k, v in a.items()}
                 args = args_of(op, a)
-                info = getattr(rt, name)(*args, info=True)
+                kw = {x["name"]: 8 for x in op["scalars"] if x.get("kind") == "int"}  # arrays_for's other dims
+                info = getattr(rt, name)(*args, info=True, **kw)
                 self.assertEqual(info["source"], "default")
                 for x in op["args"]:
                     v = a.get(x["name"])
@@ -97,14 +105,15 @@ class EveryOp(TempDirTest):
                     if x["written"]:
                         got = kdispatch.from_fp8(v) if fp8_arg(op, x) else v  # fp8's poison 0x7f decodes to NaN
                         self.assertTrue(np.isfinite(got).all(), f"{name}: {x['name']} has unwritten or non-finite elements")
+                        self.assertFalse((got == -7).any() if got.dtype == np.int32 else False, f"{name}: {x['name']}")
                     else:
                         np.testing.assert_array_equal(v, before[x["name"]])
                 # pretune (scalars and optional args by keyword), then the same call hits.
-                r = rt.pretune(name, *args_of(op, a, optional=False))
+                r = rt.pretune(name, *args_of(op, a, optional=False), **kw)
                 self.assertTrue(r["persisted"])
                 self.assertTrue(r["key"].startswith(f"cpu/{name}|"))
                 fresh = arrays_for(op)
-                info = getattr(rt, name)(*args_of(op, fresh), info=True)
+                info = getattr(rt, name)(*args_of(op, fresh), info=True, **kw)
                 self.assertEqual(info["source"], "table")
                 self.assertEqual(info["M"], 3)
 

@@ -330,6 +330,10 @@ class TorchNativeTest(unittest.TestCase):
             "silu_and_mul_out": "kdispatch::silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()",
             "moe_sum": "kdispatch::moe_sum(Tensor input, float routed_scaling_factor=1.) -> Tensor",
             "moe_sum_out": "kdispatch::moe_sum_out(Tensor(a!) out, Tensor input, float routed_scaling_factor=1.) -> ()",
+            # moe_align's outputs are sized by a formula: the out form only.
+            "moe_align_out": "kdispatch::moe_align_out(Tensor(a!) sorted_token_ids, Tensor(b!) expert_ids, "
+                             "Tensor(c!) num_tokens_post_pad, Tensor topk_ids, Tensor? expert_map=None, "
+                             "int num_experts=1, int block_size=64) -> ()",
             "_floor_gemm": "kdispatch::_floor_gemm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor",
             # The fp8 GEMMs' switch: a bool after bias, off by default (calls
             # written before it keep working).
@@ -347,6 +351,11 @@ class TorchNativeTest(unittest.TestCase):
             "silu_and_mul": "kdispatch_vllm::silu_and_mul(Tensor(a!) out, Tensor input) -> ()",
             # csrc/moe/torch_bindings.cpp: moe_sum(Tensor input, Tensor! output) -> ()
             "moe_sum": "kdispatch_vllm::moe_sum(Tensor input, Tensor(a!) output) -> ()",
+            # moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, Tensor! sorted_token_ids,
+            # Tensor! experts_ids, Tensor! num_tokens_post_pad, Tensor? maybe_expert_map) -> ()
+            "moe_align_block_size": "kdispatch_vllm::moe_align_block_size(Tensor topk_ids, int num_experts, "
+                                    "int block_size, Tensor(a!) sorted_token_ids, Tensor(b!) experts_ids, "
+                                    "Tensor(c!) num_tokens_post_pad, Tensor? maybe_expert_map=None) -> ()",
         }
         for name, schema in vllm.items():
             self.assertEqual(str(getattr(torch.ops.kdispatch_vllm, name).default._schema), schema)
@@ -398,6 +407,33 @@ class TorchNativeTest(unittest.TestCase):
         with self.assertRaises(ValueError) as c:  # output of another hidden: named by the op's argument, out
             torch.ops.kdispatch_vllm.moe_sum(torch.randn(4, 6, 96), torch.empty(4, 95))
         self.assertIn("out", str(c.exception))
+
+    def test_vllm_moe_align_block_size(self):
+        # vLLM's moe_align_block_size as vLLM's Python wrapper allocates its
+        # buffers (numel + E * (block - 1); SGLang's (E + 1) * (block - 1) is
+        # larger: both taken). M = 3, top_k = 2, E = 4, block 4: pairs 0: e2,
+        # 1: e0, 2: e2, 3: e3, 4: -1 (dropped), 5: e2.
+        ids = torch.tensor([[2, 0], [2, 3], [-1, 2]], dtype=torch.int32)
+        for pad in (ids.numel() + 4 * 3, ids.numel() + 5 * 3):
+            sorted_ids = torch.full((pad,), 99, dtype=torch.int32)
+            experts = torch.full(((pad + 3) // 4,), 99, dtype=torch.int32)
+            total = torch.empty(1, dtype=torch.int32)
+            self.assertIsNone(torch.ops.kdispatch_vllm.moe_align_block_size(ids, 4, 4, sorted_ids, experts, total))
+            self.assertEqual(sorted_ids[:18].tolist(), [1, 6, 6, 6, 0, 2, 5, 6, 3, 6, 6, 6] + [6] * 6)
+            self.assertEqual(sorted_ids[18:].tolist(), [99] * (pad - 18))  # past the op's size: untouched
+            self.assertEqual(experts[:5].tolist(), [0, 2, 3, -1, -1])
+            self.assertEqual(total.tolist(), [12])
+        # vLLM's expert_map: local ids, -1 where not local.
+        torch.ops.kdispatch_vllm.moe_align_block_size(ids, 4, 4, sorted_ids, experts, total,
+                                                       torch.tensor([-1, 5, 0, 1], dtype=torch.int32))
+        self.assertEqual(experts[:5].tolist(), [-1, 0, 1, -1, -1])
+        # The out form, kdispatch's argument order.
+        s2, e2, t2 = torch.empty(18, dtype=torch.int32), torch.empty(5, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
+        torch.ops.kdispatch.moe_align_out(s2, e2, t2, ids, None, 4, 4)
+        self.assertEqual(s2.tolist(), sorted_ids[:18].tolist())
+        with self.assertRaises(ValueError) as c:  # a buffer shorter than the op's size: named
+            torch.ops.kdispatch_vllm.moe_align_block_size(ids, 4, 4, torch.empty(17, dtype=torch.int32), experts, total)
+        self.assertIn("sorted_token_ids: must have at least 18 elements", str(c.exception))
 
     @unittest.skipUnless(HAVE_TORCH and hasattr(torch, "float8_e4m3fn"), "torch.float8_e4m3fn needs torch >= 2.1")
     def test_fp8_block_gemm_takes_torch_fp8_and_returns_bf16(self):

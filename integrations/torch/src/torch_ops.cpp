@@ -115,11 +115,13 @@ std::string param_text(const dispatch::OpInfo& op, const Binding::Param& p, cons
     const dispatch::OpScalarInfo& s = op.scalars[static_cast<size_t>(p.index)];
     if (s.kind == "bool")
       return "bool " + name + (defaults ? std::string("=") + (s.default_value != 0.f ? "True" : "False") : "");
+    if (s.kind == "int")  // a size (moe_align's num_experts, block_size)
+      return "int " + name + (defaults ? "=" + std::to_string(static_cast<int64_t>(s.default_value)) : "");
     return "float " + name + (defaults ? "=" + float_text(s.default_value) : "");
   }
   const dispatch::OpArgInfo& a = op.args[static_cast<size_t>(p.index)];
   if (a.written) return std::string("Tensor(") + (*alias)++ + "!) " + name;
-  if (a.optional) return "Tensor? " + name + (defaults ? "=None" : "");
+  if (a.optional) return "Tensor? " + name + "=None";  // trailing in every schema
   return "Tensor " + name;
 }
 
@@ -172,7 +174,7 @@ Binding make_binding(const dispatch::OpInfo& op, Kind kind, bool floor) {
 struct VllmOp {
   const char* name;
   const char* op;
-  std::array<std::pair<const char*, const char*>, 5> params;  // (vLLM's name, the op's name)
+  std::array<std::pair<const char*, const char*>, 8> params;  // (vLLM's name, the op's name)
 };
 constexpr VllmOp kVllmOps[] = {
     {"rms_norm", "rmsnorm", {{{"out", "y"}, {"input", "x"}, {"weight", "w"}, {"epsilon", "eps"}}}},
@@ -182,6 +184,19 @@ constexpr VllmOp kVllmOps[] = {
     {"silu_and_mul", "silu_and_mul", {{{"out", "out"}, {"input", "x"}}}},
     // csrc/moe/torch_bindings.cpp: moe_sum(Tensor input, Tensor! output) -> ()
     {"moe_sum", "moe_sum", {{{"input", "input"}, {"output", "out"}}}},
+    // csrc/moe/torch_bindings.cpp: moe_align_block_size(Tensor topk_ids, int
+    // num_experts, int block_size, Tensor! sorted_token_ids, Tensor!
+    // experts_ids, Tensor! num_tokens_post_pad, Tensor? maybe_expert_map) -> ()
+    // (maybe_expert_map came later: None by default here, for both forms).
+    {"moe_align_block_size",
+     "moe_align",
+     {{{"topk_ids", "topk_ids"},
+       {"num_experts", "num_experts"},
+       {"block_size", "block_size"},
+       {"sorted_token_ids", "sorted_token_ids"},
+       {"experts_ids", "expert_ids"},
+       {"num_tokens_post_pad", "num_tokens_post_pad"},
+       {"maybe_expert_map", "expert_map"}}}},
 };
 
 bool vllm_binding(const VllmOp& v, Binding* out) {
@@ -222,11 +237,13 @@ const std::vector<Binding>& bindings() {
   static const std::vector<Binding> all = [] {
     std::vector<Binding> v;
     for (const dispatch::OpInfo& op : dispatch::op_list()) {
-      bool has_out = false;
+      bool has_out = false, computed = false;
       for (const dispatch::OpArgInfo& a : op.args) has_out = has_out || pure_output(a);
+      for (const dispatch::OpArgInfo& a : op.args) computed = computed || (pure_output(a) && a.cols_computed);
       for (bool floor : {false, true}) {
         if (has_out) {
-          v.push_back(make_binding(op, Kind::functional, floor));
+          // An output whose size is a formula (moe_align's): the caller allocates it.
+          if (!computed) v.push_back(make_binding(op, Kind::functional, floor));
           v.push_back(make_binding(op, Kind::out, floor));
         } else {
           v.push_back(make_binding(op, Kind::inplace, floor));
@@ -571,6 +588,11 @@ class Kernel final : public c10::OperatorKernel {
       if (!p.tensor) {
         if (v.isBool()) {  // a switch (fast_accum): 0 or 1 to kdispatch
           scalars[k] = v.toBool() ? 1.f : 0.f;
+          continue;
+        }
+        if (v.isInt()) {  // a size: exact in a float32 up to 2^24, else refused by the op as -1
+          const int64_t x = v.toInt();
+          scalars[k] = x >= -(int64_t{1} << 24) && x <= (int64_t{1} << 24) ? static_cast<float>(x) : -1.f;
           continue;
         }
         const double d = v.toDouble();
