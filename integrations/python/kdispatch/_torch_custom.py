@@ -41,6 +41,7 @@ nothing compiled for the running Python.
 
 import ctypes
 import json
+import struct
 import threading
 from typing import Optional  # noqa: F401  (the generated signatures use it)
 
@@ -173,6 +174,17 @@ def _call(op, inputs, info=None):
     return outs
 
 
+def _float32_text(v):
+    """The shortest float literal of float32 `v` ("1e-06", "1.0", as the
+    native schemas' defaults; not 9.999999974752427e-07, its float64 digits)."""
+    def f32(x):
+        return struct.unpack("f", struct.pack("f", x))[0]
+    t = next(t for t in (f"{f32(v):.{p}g}" for p in range(1, 10)) if f32(float(t)) == f32(v))
+    if t in ("inf", "-inf", "nan"):
+        return f"float('{t}')"
+    return t if any(c in t for c in ".e") else t + ".0"  # "1" -> "1.0"
+
+
 def _register(op):
     """torch.ops.kdispatch.<name> (functional) or <name>_ (in place)."""
     outputs = [a for a in op["args"] if a["written"] and not a["read"]]
@@ -185,10 +197,12 @@ def _register(op):
         if a in outputs:
             continue
         params.append(f"{a['name']}: Optional[torch.Tensor] = None" if i >= trailing else f"{a['name']}: torch.Tensor")
-    # A switch (kind "bool": fast_accum) defaults to off, so calls written
-    # before the op had it keep working.
-    params += [f"{s['name']}: bool = {bool(s['default'])}" if s.get("kind") == "bool" else f"{s['name']}: float"
-               for s in op["scalars"]]
+    # Every scalar has its default, as in the native schemas (rmsnorm's
+    # eps=1e-06): a scalar follows the optional tensors (fused_moe's
+    # w1_scale, w2_scale), and a switch (kind "bool": fast_accum) added later
+    # keeps older calls working.
+    params += [f"{s['name']}: bool = {bool(s['default'])}" if s.get("kind") == "bool"
+               else f"{s['name']}: float = {_float32_text(s['default'])}" for s in op["scalars"]]
     names = [a["name"] for a in op["args"] if a not in outputs] + [s["name"] for s in op["scalars"]]
     qual = op["name"] if outputs else op["name"] + "_"
     ret = "None" if not outputs else "torch.Tensor" if len(outputs) == 1 else \

@@ -10,6 +10,8 @@ included); skipped without torch."""
 
 import ctypes
 import json
+import subprocess
+import sys
 import unittest
 
 try:
@@ -161,6 +163,61 @@ class TorchLaunchCpuTest(unittest.TestCase):
         ref *= 2.5
         self.assertLessEqual(float((out.float() - ref).abs().max()), 1.6e-2 * float(ref.abs().max()))
         self.assertGreater(float(ref.abs().max()), 0.0)
+
+
+# The Python custom_op module itself, in a child process: under a torch
+# without torch.library.custom_op (< 2.4: Debian's 1.13) the two
+# registration functions are stand-ins that return the function as it is,
+# so the module's generated signatures and its calls run as written.
+_CHILD = r"""
+import json, torch
+if not hasattr(torch.library, "custom_op"):
+    torch.library.custom_op = lambda name, mutates_args=(): (lambda fn: fn)
+    torch.library.register_fake = lambda name: (lambda fn: fn)
+import kdispatch
+from kdispatch import _torch_custom as C
+C.set_runtime(kdispatch.Runtime(shipped_configs=False, log_level="off"))
+g = torch.Generator().manual_seed(2)
+E, H, I, M, top_k = 4, 64, 32, 3, 2
+x = torch.randn(M, H, generator=g).to(torch.bfloat16)
+w1 = (torch.randn(E, 2 * I, H, generator=g) * 0.1).to(torch.bfloat16)
+w2 = (torch.randn(E, H, I, generator=g) * 0.1).to(torch.bfloat16)
+ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
+tw = torch.rand(M, top_k, generator=g)
+ref = torch.zeros(M, H)
+for t in range(M):
+    for j in range(top_k):
+        e = int(ids[t, j])
+        h = w1[e].float() @ x[t].float()
+        ref[t] += float(tw[t, j]) * (w2[e].float() @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+y = C.fused_moe(x, w1, w2, tw, ids)  # the scalars' defaults: routed_scaling_factor 1, silu
+y2 = C.fused_moe(x, w1, w2, tw, ids, routed_scaling_factor=2.5)
+out, info = C.call_info("fused_moe", x, w1, w2, tw, ids)
+r = torch.randn(4, 64, generator=g)
+n = C.rmsnorm(r, torch.ones(64))  # eps=1e-06
+print(json.dumps({"moe": float((y.float() - ref).abs().max() / ref.abs().max()),
+                  "moe_scaled": float((y2.float() - 2.5 * ref).abs().max() / ref.abs().max()),
+                  "call_info_same": bool(torch.equal(out, y)), "variant": info["variant"],
+                  "rms": float((n - r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6)).abs().max())}))
+"""
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed for this interpreter")
+class TorchCustomModuleTest(unittest.TestCase):
+    def test_scalars_default_and_fused_moe_runs(self):
+        """kdispatch._torch_custom builds (fused_moe's float scalars follow its
+        optional scale tensors: they need defaults, as the native schemas
+        have) and its ops run on CPU tensors through _torch_launch: fused_moe
+        with the defaults and with routed_scaling_factor=2.5, rmsnorm with
+        eps=1e-06, against fp32 references."""
+        p = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        self.assertLessEqual(r["moe"], 1.6e-2)
+        self.assertLessEqual(r["moe_scaled"], 1.6e-2)
+        self.assertTrue(r["call_info_same"])
+        self.assertTrue(r["variant"].startswith("fused_moe_"), r["variant"])
+        self.assertLessEqual(r["rms"], 1e-5)
 
 
 if __name__ == "__main__":
