@@ -209,6 +209,38 @@ TEST_CASE("cli: lookup errors") {
   CHECK(req.err.find("--key") != std::string::npos);
 }
 
+TEST_CASE("cli: an unknown option is reported by name, before a missing required option, for every subcommand") {
+  const std::string hint = "Run with --help for more information.\n";
+  for (const char* sub : {"replay", "misses", "tune", "lookup", "validate", "merge", "verify", "report"}) {
+    CAPTURE(sub);
+    CliResult r = run_cli({sub, "--bogus"});
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err == "The following argument was not expected: --bogus\n" + hint);
+  }
+  // lookup lacks --key and --M (required), and --M 0 fails its check: the
+  // unknown flag is what is reported.
+  CliResult noreq = run_cli({"lookup", "--M", "0", "--bogus"});
+  CHECK(noreq.exit_code == 2);
+  CHECK(noreq.err == "The following argument was not expected: --bogus\n" + hint);
+  // Several, in the order typed, the subcommand's and the top level's.
+  CliResult two = run_cli({"lookup", "--bogus", "stray", "--key", "N=1,K=1", "--other"});
+  CHECK(two.exit_code == 2);
+  CHECK(two.err == "The following arguments were not expected: --bogus stray --other\n" + hint);
+  // No subcommand: the flag, not "A subcommand is required".
+  CliResult top = run_cli({"--bogus"});
+  CHECK(top.exit_code == 2);
+  CHECK(top.err == "The following argument was not expected: --bogus\n" + hint);
+  // Without an unknown argument, the missing required option as before.
+  CliResult req = run_cli({"lookup", "--M", "1"});
+  CHECK(req.exit_code == 2);
+  CHECK(req.err == "--key is required\n" + hint);
+  // --help still wins.
+  CliResult help = run_cli({"lookup", "--help", "--bogus"});
+  CHECK(help.exit_code == 0);
+  CHECK(help.out.find("kdispatch lookup") != std::string::npos);
+}
+
 TEST_CASE("cli: replay --json counts every call and finds configs given with --configs") {
   // Qwen2.5-0.5B (24 layers), decode trace, one pass: per step 1 rmsnorm,
   // 2 fused_add_rmsnorm, 4 gemm and 1 silu_and_mul calls per layer.

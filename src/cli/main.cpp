@@ -6,10 +6,12 @@
 // configs.cpp, merge.cpp, report.cpp); exit codes: 0 ok, 1 failure, 2 usage
 // error.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "cli/cli.hpp"
 #include "cli/op_util.hpp"
@@ -524,6 +526,30 @@ CLI::App* add_report(CLI::App& app, ReportOptions& po) {
   return report;
 }
 
+// A command line that failed to parse. CLI11 reports the arguments that no
+// option or subcommand takes last, after the required options and the
+// values' checks, so `kdispatch lookup --bogus` would say "--key is
+// required": an unknown argument is reported first, as CLI11 words it
+// ("The following argument was not expected: --bogus"; several: in the
+// order typed), whatever else the command line lacks. Returns the usage
+// exit code.
+int usage_error(CLI::App& app, const CLI::ParseError& e, int argc, const char* const* argv) {
+  std::vector<std::string> left = app.remaining(true), extras;  // the app's own first, then its subcommand's
+  if (left.empty()) {
+    app.exit(e);  // prints the message and a --help hint
+    return kExitUsage;
+  }
+  for (int i = 1; i < argc; ++i)  // in the order they were typed
+    if (auto it = std::find(left.begin(), left.end(), argv[i]); it != left.end()) {
+      extras.push_back(*it);
+      left.erase(it);
+    }
+  extras.insert(extras.end(), left.begin(), left.end());
+  std::reverse(extras.begin(), extras.end());  // ExtrasError joins them last to first
+  app.exit(CLI::ExtrasError(extras));
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -567,8 +593,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    app.exit(e);  // prints the message and a --help hint
-    return kExitUsage;
+    return usage_error(app, e, argc, argv);
   }
 
   try {

@@ -151,6 +151,8 @@ _PROTOTYPES = {
     "kdispatch_op_call": (_STATUS, [_RT, c_char_p, POINTER(_T), c_int32, POINTER(c_float), c_int32, c_void_p, c_int64,
                                     c_void_p, c_uint32, POINTER(DispatchInfo)]),
     "kdispatch_op_pretune": (_STATUS, [_RT, c_char_p, POINTER(_T), c_int32, POINTER(c_float), c_int32, _STR_OUT]),
+    "kdispatch_op_workspace_bytes": (_STATUS, [c_char_p, POINTER(_T), c_int32, POINTER(c_float), c_int32,
+                                               POINTER(c_int64)]),
     "kdispatch_lookup": (_STATUS, [_RT, POINTER(LookupQuery), _STR_OUT]),
     "kdispatch_lookup_table": (_STATUS, [_RT, POINTER(LookupQuery), _STR_OUT]),
 }

@@ -26,6 +26,10 @@ How an op becomes a torch op (from its row: argument names, roles, shapes):
   call passes KDISPATCH_CALL_CAPTURING: kdispatch then never allocates,
   synchronises or tunes. Outputs are always allocated by torch (its graph
   pool during capture), outside the kdispatch call.
+- Workspace (_torch_launch.py), as the native ops give it: on a GPU, the
+  stream's attached 32 MiB; a call of a non-GEMM op that may ask for more
+  (kdispatch_op_workspace_bytes: fused_moe at large M * top_k) gets its own
+  torch tensor of that size on the current stream.
 - The runtime: set_runtime(rt), else kdispatch.default_runtime() (the
   KDISPATCH_* environment; a KDISPATCH_CONFIG_DIRS dir that does not exist
   is skipped, with a RuntimeWarning at import).
@@ -37,13 +41,14 @@ nothing compiled for the running Python.
 
 import ctypes
 import json
+import struct
 import threading
 from typing import Optional  # noqa: F401  (the generated signatures use it)
 
 import torch
 
 from . import _backend  # noqa: F401  (loads the library the rest of the package uses)
-from . import _capi
+from . import _capi, _torch_launch
 from ._errors import Error, StatusCode
 from ._runtime import default_runtime
 
@@ -67,83 +72,11 @@ def get_runtime():
     return rt if rt is not None else default_runtime()
 
 
-_DTYPES = {torch.float32: (_capi.kDLFloat, 32), torch.float16: (_capi.kDLFloat, 16),
-           torch.bfloat16: (_capi.kDLBfloat, 16), torch.float64: (_capi.kDLFloat, 64)}
-
-
-def _dl(t, keep):
-    """A DLTensor viewing `t` (no copy); its buffers are appended to `keep`."""
-    if t.dtype in _DTYPES:
-        code, bits = _DTYPES[t.dtype]
-    elif t.dtype.is_complex:
-        code, bits = 5, t.element_size() * 8  # kDLComplex
-    else:
-        code, bits = (_capi.kDLInt if t.dtype.is_signed else _capi.kDLUInt), t.element_size() * 8
-    if t.device.type == "cpu":
-        dev = (_capi.kDLCPU, 0)
-    elif t.device.type == "cuda":
-        dev = (_capi.kDLROCM if torch.version.hip else _capi.kDLCUDA, t.device.index or 0)
-    else:
-        dev = (-1, 0)  # kdispatch answers unsupported_device
-    n = t.dim()
-    shape = (ctypes.c_int64 * max(1, n))(*t.shape)
-    strides = (ctypes.c_int64 * max(1, n))(*t.stride())
-    d = _capi.DLTensor()
-    d.data = t.data_ptr() or None
-    d.device = _capi.DLDevice(dev[0], dev[1])
-    d.ndim = n
-    d.dtype = _capi.DLDataType(code, bits, 1)
-    d.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-    d.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
-    d.byte_offset = 0
-    keep += [shape, strides, d]
-    return ctypes.pointer(d)
-
-
-# GEMM workspace per (runtime, device, stream): kdispatch's own device
-# memory (kdispatch_runtime_attach_stream), attached on a stream's first
-# call of an op that takes one, outside a graph capture. Never torch memory:
-# a tensor taken during a cudagraph-trees warm-up or capture would live in
-# a graph's private pool ("tensors in the cudagraph pool not tracked as
-# outputs"), and could be handed to other tensors when the pool is reused.
-_ATTACHED = set()
-
-
-def _attach_workspace(rt, device, stream, capturing):
-    """Attaches the stream's workspace once. A stream first seen while it is
-    being captured gets none (its split-K plans fall back to the default
-    plan inside the call)."""
-    key = (rt.handle, device.index or 0, stream)
-    if key in _ATTACHED or capturing:
-        return
-    _ATTACHED.add(key)  # a failure (64 streams) is not retried: no workspace
-    _capi.lib.kdispatch_runtime_attach_stream(ctypes.c_void_p(rt.handle),
-                                              _capi.kDLROCM if torch.version.hip else _capi.kDLCUDA,
-                                              device.index or 0, ctypes.c_void_p(stream or 0), 32 << 20)
-
-
 def _launch(op, tensors, scalars, info=None):
-    """Calls kdispatch op `op` (a row of the op list) on `tensors` (argument
-    order, None = absent) on torch's current stream, with the capture flag
-    when that stream is being captured, and the stream's workspace when the
-    op takes one. info: a _capi.DispatchInfo to fill (what served the call)."""
-    rt = get_runtime()
-    first = next(t for t in tensors if t is not None)
-    stream, flags = None, 0
-    if first.device.type == "cuda":
-        stream = torch.cuda.current_stream(first.device).cuda_stream
-        if torch.cuda.is_current_stream_capturing():
-            flags |= _capi.CALL_CAPTURING
-    keep = []
-    ptrs = (ctypes.POINTER(_capi.DLTensor) * max(1, len(tensors)))(
-        *[_dl(t, keep) if t is not None else None for t in tensors])
-    sc = (ctypes.c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
-    if op["workspace"] and first.device.type == "cuda":
-        _attach_workspace(rt, first.device, stream, bool(flags & _capi.CALL_CAPTURING))
-    _capi.check(_capi.lib.kdispatch_op_call(
-        ctypes.c_void_p(rt.handle), op["name"].encode(), ptrs, len(tensors), sc, len(scalars),
-        None, ctypes.c_int64(0),
-        ctypes.c_void_p(stream or 0), flags, ctypes.byref(info) if info is not None else None))
+    """Calls kdispatch op `op` on `tensors` with the runtime the ops use
+    (_torch_launch.launch: torch's current stream, the capture flag, the
+    stream's workspace and, where the op may ask for more, the call's own)."""
+    _torch_launch.launch(get_runtime(), op, tensors, scalars, info)
 
 
 def _rows(t, name, view):
@@ -241,6 +174,17 @@ def _call(op, inputs, info=None):
     return outs
 
 
+def _float32_text(v):
+    """The shortest float literal of float32 `v` ("1e-06", "1.0", as the
+    native schemas' defaults; not 9.999999974752427e-07, its float64 digits)."""
+    def f32(x):
+        return struct.unpack("f", struct.pack("f", x))[0]
+    t = next(t for t in (f"{f32(v):.{p}g}" for p in range(1, 10)) if f32(float(t)) == f32(v))
+    if t in ("inf", "-inf", "nan"):
+        return f"float('{t}')"
+    return t if any(c in t for c in ".e") else t + ".0"  # "1" -> "1.0"
+
+
 def _register(op):
     """torch.ops.kdispatch.<name> (functional) or <name>_ (in place)."""
     outputs = [a for a in op["args"] if a["written"] and not a["read"]]
@@ -253,10 +197,12 @@ def _register(op):
         if a in outputs:
             continue
         params.append(f"{a['name']}: Optional[torch.Tensor] = None" if i >= trailing else f"{a['name']}: torch.Tensor")
-    # A switch (kind "bool": fast_accum) defaults to off, so calls written
-    # before the op had it keep working.
-    params += [f"{s['name']}: bool = {bool(s['default'])}" if s.get("kind") == "bool" else f"{s['name']}: float"
-               for s in op["scalars"]]
+    # Every scalar has its default, as in the native schemas (rmsnorm's
+    # eps=1e-06): a scalar follows the optional tensors (fused_moe's
+    # w1_scale, w2_scale), and a switch (kind "bool": fast_accum) added later
+    # keeps older calls working.
+    params += [f"{s['name']}: bool = {bool(s['default'])}" if s.get("kind") == "bool"
+               else f"{s['name']}: float = {_float32_text(s['default'])}" for s in op["scalars"]]
     names = [a["name"] for a in op["args"] if a not in outputs] + [s["name"] for s in op["scalars"]]
     qual = op["name"] if outputs else op["name"] + "_"
     ret = "None" if not outputs else "torch.Tensor" if len(outputs) == 1 else \
