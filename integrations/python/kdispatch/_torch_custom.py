@@ -228,6 +228,10 @@ def _register(op):
 _OPS = {o["name"]: o for o in json.loads(_capi.op_list_json())}
 __all__ = ["set_runtime", "get_runtime", "call_info", "gemm_info"]
 for _o in _OPS.values():
+    # This path registers functional ops; an op whose outputs are sized by a
+    # formula (moe_align) has only the native library's out forms.
+    if any(a.get("computed") and a["written"] and not a["read"] for a in _o["args"]):
+        continue
     _qual, _fn = _register(_o)
     globals()[_qual] = _fn
     __all__.append(_qual)
