@@ -58,36 +58,28 @@ constexpr int64_t blocks_extent(const int64_t* d) noexcept {
   return p < 0 || d[int(Dim::n)] < 1 ? -1 : (p + d[int(Dim::n)] - 1) / d[int(Dim::n)];
 }
 
-constexpr ArgSlot out_slot(std::string_view name, DimExpr cols) {
-  return {.name = name,
-          .role = Role::write,
-          .rank = 1,
-          .cols = cols,
-          .dtype = SlotDType::fixed,
-          .fixed_dtype = DType::int32};
+/// An int32 slot of the op: topk_ids [M, top_k], a rank-1 output, expert_map.
+constexpr ArgSlot int_slot(std::string_view name, Role role, DimExpr cols, bool optional = false) {
+  ArgSlot a{.name = name, .role = role, .rank = 1, .optional = optional, .cols = cols};
+  a.dtype = SlotDType::fixed, a.fixed_dtype = DType::int32;
+  return a;
+}
+constexpr ArgSlot ids_slot() {
+  ArgSlot a = int_slot("topk_ids", Role::read, {Dim::extra1});
+  a.rank = 2, a.rows = {Dim::m}, a.fill = Fill::expert_ids;
+  return a;
 }
 
 inline constexpr ArgSlot kSlots[] = {
-    {.name = "topk_ids",
-     .role = Role::read,
-     .rows = {Dim::m},
-     .cols = {Dim::extra1},
-     .dtype = SlotDType::fixed,
-     .fixed_dtype = DType::int32,
-     .fill = Fill::expert_ids},
-    out_slot("sorted_token_ids",
+    ids_slot(),
+    int_slot("sorted_token_ids", Role::write,
              {.fn = &sorted_extent, .at_least = true, .text = "M*top_k + min(E, M*top_k)*(block_size - 1)"}),
-    out_slot("expert_ids", {.fn = &blocks_extent,
-                            .at_least = true,
-                            .text = "ceil((M*top_k + min(E, M*top_k)*(block_size - 1))/block_size)"}),
-    out_slot("num_tokens_post_pad", {}),
-    {.name = "expert_map",
-     .role = Role::read,
-     .rank = 1,
-     .optional = true,
-     .cols = {Dim::extra0},
-     .dtype = SlotDType::fixed,
-     .fixed_dtype = DType::int32},
+    int_slot("expert_ids", Role::write,
+             {.fn = &blocks_extent,
+              .at_least = true,
+              .text = "ceil((M*top_k + min(E, M*top_k)*(block_size - 1))/block_size)"}),
+    int_slot("num_tokens_post_pad", Role::write, {}),
+    int_slot("expert_map", Role::read, {Dim::extra0}, true),
 };
 inline constexpr ScalarSlot kScalars[] = {
     {.name = "num_experts", .default_value = 1.f, .kind = ScalarKind::dim, .dim = Dim::extra0},
@@ -145,20 +137,18 @@ inline void reference(const Problem& p, const RefArgs& r) {
 /// No arithmetic: the pairs it moves (what --max-flops compares).
 inline double flops(const Problem& p) { return static_cast<double>(p.m) * static_cast<double>(p.extra[1]); }
 
+inline constexpr std::string_view kSummary =
+    "sorted_token_ids, expert_ids, num_tokens_post_pad = the (token, choice) pairs of topk_ids sorted by expert and "
+    "padded to blocks of block_size (vLLM's and SGLang's moe_align_block_size).";
+inline constexpr std::string_view kDimNames[kDimCount] = {"", "M", "block_size", "", "E", "top_k"};
+
 constexpr OpSpec make_spec() {
-  OpSpec s{};
-  s.op = OpKind::moe_align, s.name = "moe_align";
-  s.summary =
-      "sorted_token_ids, expert_ids, num_tokens_post_pad = the (token, choice) pairs of topk_ids sorted by expert "
-      "and padded to blocks of block_size (vLLM's and SGLang's moe_align_block_size).";
-  s.slots = kSlots, s.scalars = kScalars, s.fields = kFields;
-  s.order = kOrder;
+  OpSpec s{.op = OpKind::moe_align, .name = "moe_align", .summary = kSummary};
+  s.slots = kSlots, s.scalars = kScalars, s.fields = kFields, s.order = kOrder;
   s.in_dtype_slot = kAlignArgTopkIds, s.out_dtype_slot = kAlignArgSorted;
   s.positive = {kAlignArgTopkIds, 1u << int(Dim::extra1), "top_k must be >= 1, got shape "};
-  s.dim_names[int(Dim::m)] = "M", s.dim_names[int(Dim::n)] = "block_size", s.dim_names[int(Dim::extra0)] = "E",
-  s.dim_names[int(Dim::extra1)] = "top_k";
-  // Exact: integers.
-  s.flops = &flops, s.reference = &reference;
+  std::copy(std::begin(kDimNames), std::end(kDimNames), s.dim_names);
+  s.flops = &flops, s.reference = &reference;  // integers: exact, every dtype's zero tolerance
   return s;
 }
 inline constexpr OpSpec kSpec = make_spec();
