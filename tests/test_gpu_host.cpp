@@ -115,13 +115,13 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     // quantisation layouts x 3 input dtypes x (multiply, division); fused_moe on CUDA: 2
     // dtypes x (pairs, experts, split, mma, reference) and block fp8 (split, mma, reference),
     // on HIP: 2 dtypes x (hip_pairs, hip_split, hip_ref); moe_sum: 3 dtypes x (vec,
-    // generic, reference).
+    // generic, reference); moe_align: int32 x (block, reference).
     // A build with KDISPATCH_TEST_OPS=ON adds the test-only family's
     // variants ("__test_" in the name, kernels/cuda/test/), not counted here.
     size_t product = 0;
     for (const VariantDef* v : b->variants())
       product += std::string_view(v->name).find("__test_") == std::string_view::npos;
-    CHECK(product == 24u + 9u + 9u + (t == DeviceType::cuda ? 12u + 9u + 18u + 13u : 6u + 6u));
+    CHECK(product == 24u + 9u + 9u + 2u + (t == DeviceType::cuda ? 12u + 9u + 18u + 13u : 6u + 6u));
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
         int refs = 0, n = 0;
@@ -243,5 +243,67 @@ TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a desc
     Problem mixed = norm_problem(t, OpKind::rmsnorm, DType::bf16, 4, 4096);
     mixed.out_dtype = DType::fp32;
     CHECK(!dispatch::core::get_default(mixed, dev).valid());
+  }
+}
+
+TEST_CASE("gpu host: moe_align's block kernel declines past 48 KiB of per-warp counts, get_default falls back") {
+  for (DeviceType t : kGpuTypes) {
+    if (!dispatch::backends::find(t)) continue;
+    const DeviceInfo dev = described(t);
+    const bool hip = t == DeviceType::hip;
+    const VariantDef* block =
+        dispatch::core::find_variant(hip ? "moe_align_int32__hip_block" : "moe_align_int32__block");
+    const VariantDef* ref =
+        dispatch::core::find_variant(hip ? "moe_align_int32__hip_ref" : "moe_align_int32__cuda_ref");
+    REQUIRE((block != nullptr && ref != nullptr));
+    CHECK((ref->flags & dispatch::core::kVariantReference) != 0);
+    CHECK(ref->params.empty());
+    CHECK(block->in_dtype == DType::int32);
+    auto problem = [&](int64_t tokens, int64_t top_k, int64_t experts, int64_t bs) {
+      Problem p;
+      p.op = OpKind::moe_align;
+      p.device = Device{t, 0};
+      p.in_dtype = p.out_dtype = DType::int32;
+      p.m = tokens, p.n = bs, p.extra[0] = experts, p.extra[1] = top_k;
+      return p;
+    };
+    // 4 * (E * (warps + 1) + warps + 1) bytes: 1024 threads hold E = 371
+    // (CUDA, 32 warps) or 721 (HIP, 16 wavefronts), 256 threads 1364 or 2456.
+    const int64_t most_1024 = hip ? 721 : 371, most_256 = hip ? 2456 : 1364;
+    const int64_t t1024[] = {1024}, t256[] = {256}, t128[] = {128};
+    CHECK(block->supports(problem(64, 8, most_1024, 64), t1024, dev).ok());
+    const dispatch::Status s = block->supports(problem(64, 8, most_1024 + 1, 64), t1024, dev);
+    CHECK(s.code() == dispatch::StatusCode::unsupported_problem);
+    CHECK(kdtest::contains(s.message(), "48 KiB"));
+    CHECK(block->supports(problem(64, 8, most_256, 64), t256, dev).ok());
+    CHECK(!block->supports(problem(64, 8, most_256 + 1, 64), t256, dev).ok());
+    CHECK(!block->supports(problem(64, 8, 8, 64), t128, dev).ok());  // not a point
+    CHECK(dispatch::core::config_space(*block, problem(64, 8, 256, 64), dev).size() == 3u);
+    CHECK(dispatch::core::config_space(*block, problem(64, 8, most_256 + 1, 64), dev).empty());
+    // int32 outputs: M*top_k + min(E, M*top_k)*(block_size - 1) must fit.
+    for (const VariantDef* v : {block, ref}) {
+      INFO(v->name);
+      CHECK(!v->supports(problem(int64_t{1} << 28, 8, 8, 64), t1024, dev).ok());
+      CHECK(!v->supports(problem(int64_t{1} << 24, 8, 256, 1 << 24), t1024, dev).ok());
+      CHECK(v->supports(problem(int64_t{1} << 20, 8, 8, 64), t1024, dev).ok());
+      Problem fp = problem(4, 2, 8, 16);
+      fp.in_dtype = DType::fp32;
+      CHECK(!v->supports(fp, t1024, dev).ok());
+      Problem cpu = problem(4, 2, 8, 16);
+      cpu.device = Device{};
+      CHECK(v->supports(cpu, t1024, dev).code() == dispatch::StatusCode::unsupported_device);
+    }
+    // get_default: the most threads that fit, else the reference.
+    const Plan p8 = dispatch::core::get_default(problem(1, 8, 256, 64), dev);
+    REQUIRE(p8.valid());
+    CHECK(p8.variant == block);
+    CHECK(p8.params[0] == 1024);
+    const Plan p512 = dispatch::core::get_default(problem(1, 8, most_1024 + 1, 64), dev);
+    REQUIRE(p512.valid());
+    CHECK(p512.variant == block);
+    CHECK(p512.params[0] == 512);
+    const Plan big = dispatch::core::get_default(problem(1, 8, most_256 + 1, 64), dev);
+    REQUIRE(big.valid());
+    CHECK(big.variant == ref);
   }
 }

@@ -16,6 +16,7 @@
 #include "core/numeric.hpp"
 #include "backends/registry.hpp"
 #include "dispatch/device.hpp"
+#include "dispatch/runtime.hpp"
 #include "backends/backend.hpp"
 #include "ops/specs.hpp"
 #include "tune/search.hpp"
@@ -33,6 +34,15 @@ inline std::vector<DeviceType> usable_backends() {
     if (b && b->status().available) out.push_back(t);
   }
   return out;
+}
+
+/// A Runtime for the calls through the public API: no shipped configs
+/// (get_default serves), no log.
+inline auto quiet_runtime() {
+  dispatch::RuntimeOptions o;
+  o.load_shipped_configs = false;
+  o.log_level = dispatch::LogLevel::off;
+  return dispatch::Runtime::create(o);
 }
 
 /// One line on why no GPU test can run (empty when one can).
