@@ -13,9 +13,10 @@ namespace dispatch {
 
 /// Element type of a tensor. The spelling used in config file names and
 /// in `--key` is `dtype_name()`: "fp32", "fp16", "bf16", ...
-/// The fp8 formats and int32 describe arguments of ops to come (an fp8
-/// GEMM's operands, a fused MoE's expert ids); no op of this version takes
-/// them, and a tensor of one is refused as an unsupported problem.
+/// The fp8 formats are the fp8 GEMMs' and fused_moe's weights and the
+/// quantisation ops' outputs; int32 is the MoE ops' expert ids and sorted
+/// ids (fused_moe, moe_align). An op refuses a dtype it does not take as an
+/// unsupported problem or an invalid argument naming the argument.
 enum class DType : uint8_t {
   fp32 = 0,          ///< IEEE binary32, 4 bytes.
   fp16 = 1,          ///< IEEE binary16, 2 bytes.

@@ -91,7 +91,8 @@ Status align_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
   if (p.n < 1 || p.extra[0] < 1 || p.extra[1] < 1)
     return decline(V, StatusCode::invalid_argument, "E, block_size and top_k must be >= 1");
   // int32 outputs: the padded count must fit.
-  if (core::moe_align_spec::padded_capacity(p.m, p.extra[1], p.extra[0], p.n) > INT32_MAX)
+  if (const int64_t cap = core::moe_align_spec::padded_capacity(p.m, p.extra[1], p.extra[0], p.n);
+      cap < 0 || cap > INT32_MAX)
     return decline(V, StatusCode::unsupported_problem, "M*top_k + min(E, M*top_k)*(block_size - 1) exceeds int32");
   return Status::Ok();
 }

@@ -82,7 +82,8 @@ inline constexpr ArgSlot kSlots[] = {
     int_slot("expert_map", Role::read, {Dim::extra0}, true),
 };
 inline constexpr ScalarSlot kScalars[] = {
-    {.name = "num_experts", .default_value = 1.f, .kind = ScalarKind::dim, .dim = Dim::extra0},
+    // No usable default: 0, so a call that leaves it out is refused by name.
+    {.name = "num_experts", .default_value = 0.f, .kind = ScalarKind::dim, .dim = Dim::extra0},
     {.name = "block_size", .default_value = 64.f, .kind = ScalarKind::dim, .dim = Dim::n},
 };
 inline constexpr KeyField kFields[] = {
@@ -143,7 +144,8 @@ inline constexpr std::string_view kSummary =
 inline constexpr std::string_view kDimNames[kDimCount] = {"", "M", "block_size", "", "E", "top_k"};
 
 constexpr OpSpec make_spec() {
-  OpSpec s{.op = OpKind::moe_align, .name = "moe_align", .summary = kSummary};
+  OpSpec s{};
+  s.op = OpKind::moe_align, s.name = "moe_align", s.summary = kSummary;
   s.slots = kSlots, s.scalars = kScalars, s.fields = kFields, s.order = kOrder;
   s.in_dtype_slot = kAlignArgTopkIds, s.out_dtype_slot = kAlignArgSorted;
   s.positive = {kAlignArgTopkIds, 1u << int(Dim::extra1), "top_k must be >= 1, got shape "};

@@ -333,7 +333,7 @@ class TorchNativeTest(unittest.TestCase):
             # moe_align's outputs are sized by a formula: the out form only.
             "moe_align_out": "kdispatch::moe_align_out(Tensor(a!) sorted_token_ids, Tensor(b!) expert_ids, "
                              "Tensor(c!) num_tokens_post_pad, Tensor topk_ids, Tensor? expert_map=None, "
-                             "int num_experts=1, int block_size=64) -> ()",
+                             "int num_experts=0, int block_size=64) -> ()",
             "_floor_gemm": "kdispatch::_floor_gemm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor",
             # The fp8 GEMMs' switch: a bool after bias, off by default (calls
             # written before it keep working).
