@@ -594,10 +594,14 @@ template <core::OpKind Op>
       ok = ok && dim_scalar_ok(scalars[j]);
       dim[static_cast<int>(S.scalars[j].dim)] = ok ? static_cast<int64_t>(scalars[j]) : 0;
     }
-  auto eval = [&](const DimExpr& e) { return e.eval(dim); };
+  // Inlined with the spec's constant extent, so a ratio folds and no call
+  // through DimExpr::fn is left where the spec has none (the hot path).
+  auto eval = [&](const DimExpr& e) __attribute__((always_inline)) {
+    return e.fn != nullptr ? e.fn(dim) : core::scaled_extent(dim[static_cast<int>(e.dim)], e.mul, e.div);
+  };
   bool present[S.slots.size()];
   const Device dev = t[S.order[0]]->device;
-  each_slot<S>([&](auto ic) {
+  each_slot<S>([&](auto ic) __attribute__((always_inline)) {
     constexpr int i = decltype(ic)::value;
     constexpr const ArgSlot& a = S.slots[i];
     const TensorRef& x = *t[i];
