@@ -227,3 +227,73 @@ TEST_CASE("moe_align: the C ABI's kdispatch_moe_align takes (topk_ids, outputs, 
         KDISPATCH_INVALID_ARGUMENT);
   kdispatch_runtime_destroy(rt);
 }
+
+TEST_CASE("moe_align: M = 0 launches and writes num_tokens_post_pad = 0, empty tensors may have null data") {
+  auto rt = quiet_runtime();
+  int32_t total = 99;
+  MoeAlignArgs a;
+  a.topk_ids = make_tensor_2d(nullptr, DType::int32, 0, 2, 2);
+  a.sorted_token_ids = make_tensor_1d(nullptr, DType::int32, 0);
+  a.expert_ids = make_tensor_1d(nullptr, DType::int32, 0);
+  a.num_tokens_post_pad = make_tensor_1d(&total, DType::int32, 1);
+  a.num_experts = 8;
+  a.block_size = 16;
+  DispatchInfo info;
+  CallOptions o;
+  o.info = &info;
+  REQUIRE(moe_align(*rt, a, {}, o).ok());
+  CHECK(total == 0);
+  CHECK(std::string(info.variant) == "moe_align_int32__count");
+  // vLLM's buffers at M = 0 are E * (block_size - 1) long: left alone.
+  std::vector<int32_t> sorted(8 * 15, 99), experts(8, 99);
+  a.sorted_token_ids = make_tensor_1d(sorted.data(), DType::int32, static_cast<int64_t>(sorted.size()));
+  a.expert_ids = make_tensor_1d(experts.data(), DType::int32, static_cast<int64_t>(experts.size()));
+  total = 99;
+  REQUIRE(moe_align(*rt, a).ok());
+  CHECK(total == 0);
+  CHECK(std::count(sorted.begin(), sorted.end(), 99) == 8 * 15);
+  // The one output it writes must still be there.
+  a.num_tokens_post_pad = make_tensor_1d(nullptr, DType::int32, 1);
+  CHECK(moe_align(*rt, a).message() == "num_tokens_post_pad: data is null");
+}
+
+TEST_CASE("moe_align: a size past 2^24 is refused, never rounded to a float's neighbour") {
+  auto rt = quiet_runtime();
+  Tiny t;
+  MoeAlignArgs a = t.args();
+  a.num_experts = (1 << 24) + 1;  // a float would hold 2^24
+  CHECK(moe_align(*rt, a).message() == "num_experts: must be a whole number in [1, 16777216], got -1.000000");
+  a = t.args();
+  a.block_size = 1 << 25;
+  CHECK(moe_align(*rt, a).message() == "block_size: must be a whole number in [1, 16777216], got -1.000000");
+}
+
+TEST_CASE("moe_align: two written buffers that overlap are named as both written") {
+  auto rt = quiet_runtime();
+  Tiny t;
+  MoeAlignArgs a = t.args();
+  a.expert_ids.data = t.sorted.data() + 10;
+  const Status s = moe_align(*rt, a);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message() == "sorted_token_ids: overlaps expert_ids (both are written)");
+}
+
+TEST_CASE("moe_align: a key's sizes past what a call takes: the CPU declines, describe_key's bytes saturate") {
+  core::Problem p;
+  p.op = core::OpKind::moe_align;
+  p.device = Device{DeviceType::cpu, 0};
+  p.in_dtype = p.out_dtype = DType::int32;
+  p.m = 4, p.n = 16, p.extra[0] = int64_t{1} << 25, p.extra[1] = 2;
+  for (const core::VariantDef* v : core::variants_for(core::OpKind::moe_align, DeviceType::cpu)) {
+    const Status s = v->supports(p, nullptr, cpu_device_info());
+    CHECK(s.code() == StatusCode::unsupported_problem);
+    CHECK(s.message().find("E and block_size must be <= 2^24") != std::string::npos);
+  }
+  // M * top_k + min(E, M * top_k) * (block_size - 1) = 2^30 + 2^30 * (2^20 - 1) > 2^40.
+  auto k = describe_key("moe_align", "E=1073741824,block_size=1048576,top_k=1", int64_t{1} << 30);
+  REQUIRE_MESSAGE(k.ok(), k.status().to_string());
+  CHECK(k->bytes == INT64_MAX);
+  k = describe_key("moe_align", "E=4,block_size=4,top_k=2", 3);
+  REQUIRE(k.ok());
+  CHECK(k->bytes == 4 * (6 + 18 + 5 + 1));
+}

@@ -284,7 +284,10 @@ struct MoeSumArgs {
 /// - num_experts, block_size: whole numbers in [1, 2^24] (block_size: the
 ///   grouped GEMM's BLOCK_SIZE_M).
 /// Deterministic (an expert's pairs in ascending order): every variant
-/// writes the same bits.
+/// writes the same bits. M = 0 still launches (get_default's plan, no table,
+/// no tuning) and writes num_tokens_post_pad = 0, as vLLM's kernel does; an
+/// empty tensor may then have null data. An int32 size past 2^24 is refused
+/// (the C ABI carries scalars as floats, exact up to 2^24).
 struct MoeAlignArgs {
   TensorRef topk_ids;
   TensorRef sorted_token_ids;

@@ -41,7 +41,15 @@ AlignCall call_of(const LaunchArgs& a, const Problem& p) noexcept {
           core::moe_align_spec::sorted_extent(dims),      core::moe_align_spec::blocks_extent(dims)};
 }
 
-/// m = 0: nothing to do; a null tensor: invalid_argument.
+/// m = 0: num_tokens_post_pad = 0 (vLLM's kernel writes it; the op launches
+/// when empty, OpSpec::launches_when_empty), nothing else.
+Status empty_call(const AlignCall& c) noexcept {
+  if (c.total == nullptr) return make_status(StatusCode::invalid_argument, "moe_align: num_tokens_post_pad is null");
+  c.total[0] = 0;
+  return Status::Ok();
+}
+
+/// A null tensor: invalid_argument.
 Status check_call(const AlignCall& c, const Problem& p) noexcept {
   if (c.ids == nullptr || c.sorted == nullptr || c.expert_ids == nullptr || c.total == nullptr)
     return make_status(StatusCode::invalid_argument, "moe_align: topk_ids and the outputs must not be null");
@@ -51,7 +59,7 @@ Status check_call(const AlignCall& c, const Problem& p) noexcept {
 
 Status count_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
   const AlignCall c = call_of(a, p);
-  if (p.m < 1) return Status::Ok();
+  if (p.m < 1) return empty_call(c);
   if (Status s = check_call(c, p); !s.ok()) return s;
   try {
     std::vector<int64_t> scratch(static_cast<size_t>(2 * p.extra[0]));
@@ -65,7 +73,7 @@ Status count_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
 
 Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
   const AlignCall c = call_of(a, p);
-  if (p.m < 1) return Status::Ok();
+  if (p.m < 1) return empty_call(c);
   if (Status s = check_call(c, p); !s.ok()) return s;
   const int64_t top_k = p.extra[1], pairs = p.m * top_k, block = p.n;
   int64_t at = 0;
@@ -90,6 +98,9 @@ Status align_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
   if (p.in_dtype != DType::int32) return decline(V, StatusCode::unsupported_problem, "topk_ids must be int32");
   if (p.n < 1 || p.extra[0] < 1 || p.extra[1] < 1)
     return decline(V, StatusCode::invalid_argument, "E, block_size and top_k must be >= 1");
+  // A key read from a file may name any size up to 2^40; a call's are at most 2^24 (ScalarKind::dim).
+  if (p.n > int64_t{1} << 24 || p.extra[0] > int64_t{1} << 24)
+    return decline(V, StatusCode::unsupported_problem, "E and block_size must be <= 2^24");
   // int32 outputs: the padded count must fit.
   if (const int64_t cap = core::moe_align_spec::padded_capacity(p.m, p.extra[1], p.extra[0], p.n);
       cap < 0 || cap > INT32_MAX)

@@ -274,7 +274,6 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(port::kWarpSize) refer
 /// Enqueues one launch on la.stream and checks the launch (not the
 /// kernel's completion).
 inline Status launch(const plan::Launch& l, const core::LaunchArgs& la, const core::Problem& p) noexcept {
-  if (p.m < 1) return Status();
   const int64_t dims[core::kDimCount] = {1, p.m, p.n, p.k, p.extra[0], p.extra[1]};
   const int64_t sorted_n = core::moe_align_spec::sorted_extent(dims);
   if (sorted_n < 0 || sorted_n > INT32_MAX || l.threads < 1)
@@ -291,7 +290,9 @@ inline Status launch(const plan::Launch& l, const core::LaunchArgs& la, const co
                static_cast<int32_t>(p.n),
                static_cast<int32_t>(sorted_n),
                static_cast<int32_t>(core::moe_align_spec::blocks_extent(dims))};
-  if (a.ids == nullptr || a.sorted == nullptr || a.expert_ids == nullptr || a.total == nullptr)
+  // M = 0 launches too (OpSpec::launches_when_empty): the kernels then write
+  // num_tokens_post_pad = 0 and read nothing else, so empty tensors may be null.
+  if (a.total == nullptr || (a.pairs > 0 && (a.ids == nullptr || a.sorted == nullptr || a.expert_ids == nullptr)))
     return make_status(StatusCode::invalid_argument, "moe_align: topk_ids and the outputs must not be null");
   const LaunchScope on(la, p);
   const port::Error e = l.family == plan::Family::reference

@@ -73,6 +73,7 @@ struct Launch {
 constexpr const char* resolve(Family f, int64_t m, int64_t top_k, int64_t experts, int64_t block, int warp,
                               const int64_t* prm, Launch* out) {
   if (experts < 1 || block < 1 || top_k < 1) return "E, block_size and top_k must be >= 1";
+  if (experts > int64_t{1} << 24 || block > int64_t{1} << 24) return "E and block_size must be <= 2^24";
   // int32 outputs: the pairs' indices and the padded count must fit.
   const int64_t p = core::moe_align_spec::padded_capacity(m, top_k, experts, block);
   if (p < 0 || p > INT32_MAX) return "M*top_k + min(E, M*top_k)*(block_size - 1) exceeds int32";

@@ -93,8 +93,8 @@ Result<KeyProblem> describe_key(std::string_view op, std::string_view key_fields
     out.flops = s.flops ? s.flops(*p) : 0.0;
     for (int i = 0; i < s.slot_count(); ++i) {
       const core::SlotExtent e = core::slot_extent(s, i, *p);
-      int64_t b = 0;  // saturates: dims up to 2^40 can multiply past int64
-      if (e.present && (__builtin_mul_overflow(e.rows, e.cols, &b) ||
+      int64_t b = 0;  // saturates: dims up to 2^40 can multiply past int64; a computed extent is -1 past 2^40
+      if (e.present && (e.rows < 0 || e.cols < 0 || __builtin_mul_overflow(e.rows, e.cols, &b) ||
                         __builtin_mul_overflow(b, static_cast<int64_t>(dtype_size(e.dtype)), &b) ||
                         __builtin_add_overflow(out.bytes, b, &out.bytes)))
         out.bytes = INT64_MAX;

@@ -381,6 +381,20 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   return launch(impl, call, c);
 }
 
+// A call with M = 0 of an op that still launches then
+// (OpSpec::launches_when_empty): get_default's plan, no table, no tuning.
+[[gnu::cold, gnu::noinline]] Status run_empty(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
+                                              const CallOptions& opts) noexcept {
+  Runtime::Impl& impl = rt.impl();
+  Call call{p, la, stream, opts};
+  call.dev = impl.device_for(p.device);
+  if (call.dev == nullptr) return make_status(StatusCode::unsupported_device, core::no_backend_message(p.device));
+  Choice c;
+  c.plan = default_plan(impl, p, *call.dev);
+  if (!c.plan.valid()) return core::no_variant_computes(p);
+  return launch(impl, call, c);
+}
+
 }  // namespace
 
 // choose_full's answers, word for word (api/ops_impl.hpp).
@@ -411,14 +425,16 @@ Status call_op(Runtime& rt, std::string_view op, std::span<const TensorRef> tens
 }
 
 // One entry point per row of core/op_list.hpp (its pretune: op_keys.cpp).
-#define KD_OP_ENTRY(op, Args, tensors, scalars)                                               \
-  Status op(Runtime& rt, const Args& args, Stream stream, const CallOptions& opts) noexcept { \
-    core::Problem p;                                                                          \
-    core::LaunchArgs la{core::LaunchArgs::Unset{}}; /* validate sets every slot and scalar */ \
-    bool empty = false;                                                                       \
-    if (Status s = api::validate_##op(args, &p, &la, &empty); !s.ok()) return s;              \
-    if (empty) return Status();                                                               \
-    return run(rt, p, la, stream, opts);                                                      \
+#define KD_OP_ENTRY(op, Args, tensors, scalars)                                                               \
+  Status op(Runtime& rt, const Args& args, Stream stream, const CallOptions& opts) noexcept {                 \
+    core::Problem p;                                                                                          \
+    core::LaunchArgs la{core::LaunchArgs::Unset{}}; /* validate sets every slot and scalar */                 \
+    bool empty = false;                                                                                       \
+    if (Status s = api::validate_##op(args, &p, &la, &empty); !s.ok()) return s;                              \
+    if (empty)                                                                                                \
+      return core::OpSpecOf<core::OpKind::op>::value.launches_when_empty ? run_empty(rt, p, la, stream, opts) \
+                                                                         : Status();                          \
+    return run(rt, p, la, stream, opts);                                                                      \
   }
 KDISPATCH_OP_LIST(KD_OP_ENTRY)
 #undef KD_OP_ENTRY

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "api/validate.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -105,14 +106,15 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
   return Status();
 }
 
-// A rank-1 slot of n elements (at least n: DimExpr::at_least), contiguous.
+// A rank-1 slot of n elements (at least n: DimExpr::at_least), contiguous;
+// an empty one may have null data (torch.empty(0)).
 [[gnu::always_inline]] inline bool ok_1d(const TensorRef& t, int64_t n, bool require_data, bool at_least) noexcept {
-  return t.rank == 1 && !(require_data && t.data == nullptr) && n >= 0 &&
+  return t.rank == 1 && !(require_data && t.data == nullptr && t.shape[0] > 0) && n >= 0 &&
          (at_least ? t.shape[0] >= n : t.shape[0] == n) && !(t.shape[0] > 1 && t.strides[0] != 1);
 }
 Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool require_data, const DimExpr& e) noexcept {
   if (t.rank != 1) return bad(name, "must be rank 1, got rank " + std::to_string(t.rank));
-  if (require_data && t.data == nullptr) return bad(name, "data is null");
+  if (require_data && t.data == nullptr && t.shape[0] > 0) return bad(name, "data is null");
   if (n < 0) return bad(name, "its size, " + std::string(e.text) + ", is over the largest supported size, 2^40");
   if (e.at_least ? t.shape[0] < n : t.shape[0] != n)
     return bad(name, (e.at_least ? "must have at least " : "must have ") + std::to_string(n) + " elements" +
@@ -461,6 +463,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
           if (w == i || !(is_written(slot(w)) || is_written(slot(i))) || !slot_present(slot(w), *t[w], require_data))
             continue;
           if (!overlaps(*t[w], *t[i])) continue;
+          if (is_written(slot(w)) && is_written(slot(i)))
+            return bad(slot(std::min(i, w)).name, "overlaps " + name(std::max(i, w)) + " (both are written)");
           if (is_written(slot(w))) return bad(slot(w).name, "overlaps an input (" + name(i) + ")");
           return bad(slot(i).name, "overlaps an input (" + name(w) + ")");
         }
@@ -740,7 +744,15 @@ Status validate_slots(const TensorRef* const* t, const float* scalars, core::Pro
 }
 
 #define KD_TENSOR_PTR(x) &args.x,
-#define KD_SCALAR_VAL(x) static_cast<float>(args.x), /* a switch's bool: 0 or 1 */
+// An args member as the scalar arrays' float: a switch's bool 0 or 1; an
+// int32 (a size, a choice) past 2^24, where floats skip integers, -1, which
+// validation refuses by name, never the rounded neighbour.
+constexpr float scalar_float(float v) noexcept { return v; }
+constexpr float scalar_float(bool v) noexcept { return v ? 1.f : 0.f; }
+constexpr float scalar_float(int32_t v) noexcept {
+  return v >= -(int32_t{1} << 24) && v <= (int32_t{1} << 24) ? static_cast<float>(v) : -1.f;
+}
+#define KD_SCALAR_VAL(x) scalar_float(args.x),
 #define KD_VALIDATE_DEF(op, Args, tensors, scalars)                                                       \
   template Status validate_slots<core::OpKind::op>(const TensorRef* const*, const float*, core::Problem*, \
                                                    core::LaunchArgs*, bool*, bool) noexcept;              \

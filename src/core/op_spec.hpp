@@ -264,6 +264,11 @@ struct OpSpec {
   uint32_t align_slots = 0;
   /// The op takes the call's GPU workspace (LaunchArgs::workspace).
   bool uses_workspace = false;
+  /// A call with M = 0 still launches (the default plan: no table, no
+  /// tuning): the op writes something sized by its scalars alone
+  /// (moe_align's num_tokens_post_pad = 0, as vLLM's kernel does). Other
+  /// ops return at once on M = 0.
+  bool launches_when_empty = false;
   /// The output dtype a binding allocates by default (a DType as int), or
   /// -1 for the input dtype: bf16 for the fp8 GEMMs, fp8_e4m3fn for the
   /// quantisation ops.

@@ -246,7 +246,8 @@ class Runtime:
             raise TypeError(f"pretune('{op}', {o['pretune_text']}): {e}") from None
         b.apply_defaults()
         text = self._h.pretune_op(op, [b.arguments[a["name"]] for a in o["args"]], o["meta"],
-                                  [float(b.arguments[x["name"]]) for x in o["scalars"]])
+                                  [_int_scalar(b.arguments[x["name"]]) if x["kind"] == "int"
+                                   else float(b.arguments[x["name"]]) for x in o["scalars"]])
         return json.loads(text)
 
     def tune_stats(self):
@@ -370,6 +371,14 @@ def _parameters(o, keyword_tail):
     return params
 
 
+def _int_scalar(v):
+    """An int scalar (a size, a choice) as the C ABI's float: exact up to
+    2^24; past it, or not a whole number, -1.0, which the library refuses by
+    name (never rounded to a neighbouring size)."""
+    f = float(v)
+    return f if f.is_integer() and abs(f) <= 16777216 else -1.0
+
+
 def _scalar_default(x):
     """A scalar's default as Python writes it: a switch (kind "bool", e.g.
     the fp8 GEMMs' fast_accum) as False/True, a float as itself."""
@@ -419,12 +428,13 @@ def _make_method(o):
     first_kw = next(i for i, p in enumerate(sig.parameters.values()) if p.kind == p.KEYWORD_ONLY)
     params.insert(first_kw, "*")
     tensors = ", ".join(a["name"] for a in o["args"])
-    scalars = ", ".join(f"float({x['name']})" for x in o["scalars"])
+    scalars = ", ".join(f"_int_scalar({x['name']})" if x["kind"] == "int" else f"float({x['name']})"
+                        for x in o["scalars"])
     src = (f"def {name}({', '.join(params)}):\n"
            f"    return self._h.op(_NAME, [{tensors}], _META, [{scalars}],\n"
            f"                      None if stream is None else _stream_handle(stream),\n"
            f"                      1 if capturing else 0, bool(info), 0, 0)\n")
-    scope = {"_NAME": name, "_META": o["meta"], "_stream_handle": _stream_handle}
+    scope = {"_NAME": name, "_META": o["meta"], "_stream_handle": _stream_handle, "_int_scalar": _int_scalar}
     exec(compile(src, f"<kdispatch.Runtime.{name}>", "exec"), scope)
     method = scope[name]
     method.__qualname__ = "Runtime." + name

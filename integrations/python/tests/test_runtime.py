@@ -128,6 +128,20 @@ class OpsTest(TempDirTest):
         with self.assertRaises((Error, BufferError)):  # numpy 1.x refuses to export it at all
             self.rt.rmsnorm(ro, x, w)
 
+    def test_moe_align_sizes_past_2_24_are_refused_not_rounded(self):
+        ids = np.array([[2, 0], [2, 3], [-1, 2]], np.int32)
+        out = dict(sorted_token_ids=np.full(18, 99, np.int32), expert_ids=np.full(5, 99, np.int32),
+                   num_tokens_post_pad=np.full(1, 99, np.int32))
+        self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=4, **out)
+        self.assertEqual(out["num_tokens_post_pad"].tolist(), [12])
+        for kw in ({"num_experts": 2**24 + 1, "block_size": 4}, {"num_experts": 4, "block_size": 2**25},
+                   {"num_experts": 4.5, "block_size": 4}):
+            with self.assertRaises(Error) as c:  # a float32 would round 2^24 + 1 to 2^24
+                self.rt.moe_align(topk_ids=ids, **kw, **out)
+            self.assertIs(c.exception.code, StatusCode.invalid_argument)
+            name = next(k for k, v in kw.items() if v != 4)
+            self.assertIn(f"{name}: must be a whole number in [1, 16777216], got -1", c.exception.message)
+
     def test_used_dlpack_protocol(self):
         """Each capsule is consumed: renamed "used_dltensor", its deleter run once."""
         capsules = []

@@ -434,6 +434,17 @@ class TorchNativeTest(unittest.TestCase):
         with self.assertRaises(ValueError) as c:  # a buffer shorter than the op's size: named
             torch.ops.kdispatch_vllm.moe_align_block_size(ids, 4, 4, torch.empty(17, dtype=torch.int32), experts, total)
         self.assertIn("sorted_token_ids: must have at least 18 elements", str(c.exception))
+        # M = 0 (an empty batch): vLLM's kernel writes num_tokens_post_pad = 0.
+        total.fill_(99)
+        torch.ops.kdispatch_vllm.moe_align_block_size(torch.empty(0, 2, dtype=torch.int32), 4, 4,
+                                                      torch.empty(0, dtype=torch.int32),
+                                                      torch.empty(0, dtype=torch.int32), total)
+        self.assertEqual(total.tolist(), [0])
+        # top_k = 0: refused by the library, not computed on a stand-in of top_k = 1.
+        with self.assertRaises(ValueError) as c:
+            torch.ops.kdispatch_vllm.moe_align_block_size(torch.empty(3, 0, dtype=torch.int32), 4, 4, sorted_ids,
+                                                          experts, total)
+        self.assertIn("top_k must be >= 1", str(c.exception))
 
     @unittest.skipUnless(HAVE_TORCH and hasattr(torch, "float8_e4m3fn"), "torch.float8_e4m3fn needs torch >= 2.1")
     def test_fp8_block_gemm_takes_torch_fp8_and_returns_bf16(self):

@@ -96,6 +96,14 @@ std::array<float, kMaxArgs> scalar_defaults(const dispatch::OpInfo& op) {
 // ---------------------------------------------------------------- the op list -> schemas
 
 bool pure_output(const dispatch::OpArgInfo& a) { return a.written && !a.read; }
+/// An op with an extent that is a formula of the dims (moe_align's sorted
+/// ids): a dim of 0 gets no stand-ins (the formula would see 1 and the op
+/// compute another routing); the library answers the real call.
+bool any_computed(const dispatch::OpInfo& op) {
+  for (const dispatch::OpArgInfo& a : op.args)
+    if (a.cols_computed) return true;
+  return false;
+}
 
 std::string float_text(float v) {
   char buf[32];
@@ -689,7 +697,7 @@ class Kernel final : public c10::OperatorKernel {
           if (t[i] != nullptr && pure_output(op.args[i]) == (pass == 1) && !dl_dtype(t[i]->scalar_type(), &v))
             dtype_error(i, *t[i]);
         }
-    } else if (dims.has_zero_except(op.m_name)) {
+    } else if (dims.has_zero_except(op.m_name) && !any_computed(op)) {
       empty_dim_call(t, scalars, dims);
     } else {
       launch(t, scalars);
