@@ -12,6 +12,8 @@
 #   bench/gpu/run_h200.sh --sections moe         # fused_moe beside SGLang's Triton MoE kernel (moe_bench.json;
 #                 KD_MOE_CASES, KD_MOE_M, KD_MOE_ROUTING, KD_MOE_ROUNDS, KD_MOE_VARIANTS: see the section)
 #   KD_GPU_TEST_CASES='gpu fused_moe*' ... --sections build,test   # the GPU tests of those doctest cases only
+#   bench/gpu/run_h200.sh --sections moe-profile # ncu on fused_moe's kernels at one bench_moe.py point
+#                 (KD_MOE_PROFILE_CASE, KD_MOE_PROFILE_M, KD_MOE_PROFILE_KERNELS; moe_ncu.txt)
 #   bench/gpu/run_h200.sh --sections moe-model   # transformers' Qwen3-MoE, experts by kdispatch vs grouped_mm
 #                 (bench/gpu/e2e_moe.py; KD_MOE_LAYERS, default 16)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
@@ -158,7 +160,7 @@ while [ $# -gt 0 ]; do
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
         libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,moe,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -319,6 +321,28 @@ if has moe; then
   rc=$?; [ $rc -eq 0 ] || status=1
   grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -40
   [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
+fi
+
+# ================================================================ moe-profile
+# ncu on fused_moe's GEMM kernels (moe_*mma*, moe_*split*) at one point of bench_moe.py:
+# KD_MOE_PROFILE_CASE (a case-name substring, default "Qwen3-30B-A3B TP1 bf16"), KD_MOE_PROFILE_M (16),
+# one routing set, no peer; SpeedOfLight, memory, occupancy and warp stalls into moe_ncu.txt.
+if has moe-profile; then
+  ensure_torch || { echo "::: moe-profile: FAILED to build (build.log)"; exit 1; }
+  if command -v ncu >/dev/null 2>&1; then
+    stamp "moe-profile: ncu at ${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}, M ${KD_MOE_PROFILE_M:-16}"
+    PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+      timeout $(($(left) - 5)) ncu --clock-control none --cache-control all -k "regex:${KD_MOE_PROFILE_KERNELS:-moe_.*(mma|split|sort|reduce|quant)}" \
+      --launch-count "${KD_MOE_PROFILE_LAUNCHES:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+      "$PY" bench/gpu/bench_moe.py --lib "$LIB" --no-peer --m "${KD_MOE_PROFILE_M:-16}" --sets 1 --rounds 1 \
+      --cases "${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}" --budget-s 200 --out /tmp >"$OUT/moe_ncu.txt" 2>&1
+    echo "ncu rc=$?"
+    grep -E "moe_.*kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|Issue Slots Busy|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/moe_ncu.txt" | head -120
+    echo "::: moe-profile: complete (moe_ncu.txt)"
+  else
+    echo "::: moe-profile: no ncu here"
+  fi
 fi
 
 # ================================================================ moe-model

@@ -21,9 +21,10 @@
 //                      valid choices in order (deterministic).
 // The multiply is transposed (swap-AB): 16 weight rows are mma's A operand,
 // 8 pairs its B operand, so a tile of a few pairs still fills the
-// instruction. Fragments come straight from global memory: a lane loads 16
-// bytes (8 elements of K) of a weight row and of a token row per 32-element
-// step, and the mma's K order is permuted to match: for lane (g = lane / 4,
+// instruction. A lane loads 16 bytes (8 elements of K) of a weight row and of
+// a token row per 32-element step, through its own shared-memory slots by
+// cp.async, kMmaStages - 1 steps ahead of the mma (mma_loop), and the mma's
+// K order is permuted to match: for lane (g = lane / 4,
 // q = lane % 4) the logical k pair {2q, 2q+1} of step s is the physical pair
 // 8q + 4s + {0, 1} and {2q+8, 2q+9} is 8q + 4s + {2, 3} — one bijection of
 // the step's 32 elements used by A and B alike, so the sums are those of the
@@ -42,6 +43,15 @@ inline constexpr int kMmaThreads = kMmaWarps * 32;  ///< and their threads
 inline constexpr int kMmaTiles = 4;                 ///< 8-pair mma tiles per item
 inline constexpr int kMmaPairs = 8 * kMmaTiles;     ///< pairs per item
 inline constexpr int kDownRowTiles = 2;             ///< 16-row tiles per warp of the down kernel
+inline constexpr int kMmaStages = 3;                ///< cp.async stages of the GEMM kernels' K loop
+/// The 16-byte loads of one lane per K step: two per 16-row tile (rows g,
+/// g + 8) of the 2 tiles every GEMM kernel has (up: gate and up; down:
+/// kDownRowTiles), one per 8-pair tile.
+inline constexpr int kMmaLoads = 2 * 2 + kMmaTiles;
+/// The GEMM kernels' dynamic shared memory: each lane's loads of kMmaStages
+/// steps (48 KiB: no opt-in needed).
+inline constexpr int kMmaSmemBytes = kMmaWarps * kMmaStages * kMmaLoads * 32 * 16;
+static_assert(kDownRowTiles == 2 && kMmaSmemBytes <= 48 * 1024, "kMmaLoads assumes 2 row tiles; 48 KiB at most");
 inline constexpr int kSortThreads = 1024;
 inline constexpr int kReduceThreads = 256;
 
@@ -61,8 +71,6 @@ struct MmaArgs {
   uint8_t* aq = nullptr;
   float* as = nullptr;
 };
-
-KDISPATCH_DEVICE_INLINE uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
 template <DType DT>  // (per dtype only so that each TU has its own copy)
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kSortThreads) moe_sort_kernel(MmaArgs m) {
@@ -104,27 +112,69 @@ KDISPATCH_DEVICE_INLINE void frag_a(const uint4& r0, const uint4& r8, int s, uin
   a[3] = s ? r8.w : r8.y;
 }
 
-/// One 16-byte step of K (32 bf16/fp16 or 64 fp8 elements) at k0 of RT
-/// 16-row tiles (rows w[t] and, 8 below, w[t] + r8) against the item's
-/// pairs' rows bp[j]: acc[t][j] += their products (two mma<DT>).
-template <DType DT, int RT, class S>
-KDISPATCH_DEVICE_INLINE void mma_step(const S* const (&w)[RT], int64_t r8, const S* const (&bp)[kMmaTiles], int64_t k0,
+/// The mma of one 16-byte step of K (32 bf16/fp16 or 64 fp8 elements): RT
+/// 16-row tiles (r0: the lane's 16 bytes of row g, r8: of row g + 8)
+/// against the first nt 8-pair tiles b: acc[t][j] += their products (two
+/// mma<DT> each; nt is the same in every lane).
+template <DType DT, int RT>
+KDISPATCH_DEVICE_INLINE void mma_regs(const uint4 (&r0)[RT], const uint4 (&r8)[RT], const uint4 (&b)[kMmaTiles], int nt,
                                       float (&acc)[RT][kMmaTiles][4]) {
-  uint4 r0[RT], rr8[RT], b[kMmaTiles];
-#pragma unroll
-  for (int t = 0; t < RT; ++t) r0[t] = ld16(w[t] + k0), rr8[t] = ld16(w[t] + r8 + k0);
-#pragma unroll
-  for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(bp[j] + k0);
 #pragma unroll
   for (int s = 0; s < 2; ++s)
 #pragma unroll
     for (int t = 0; t < RT; ++t) {
       uint32_t fa[4];
-      frag_a(r0[t], rr8[t], s, fa);
+      frag_a(r0[t], r8[t], s, fa);
 #pragma unroll
       for (int j = 0; j < kMmaTiles; ++j)
-        gemm_skinny_mma::mma<DT>(acc[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
+        if (j < nt) gemm_skinny_mma::mma<DT>(acc[t][j], fa, s ? b[j].z : b[j].x, s ? b[j].w : b[j].y);
     }
+}
+
+/// The K loop of the GEMM kernels: `steps` 16-byte steps (step s at element
+/// s * step_elems of every row) of RT = 2 16-row tiles (rows w[t] and, 8
+/// below, w[t] + r8) against the item's first nt 8-pair tiles (rows bp[j]):
+/// mma_regs, then after(s). The loads run kMmaStages - 1 steps ahead of the
+/// mma through the lane's own shared-memory slots (cp.async, 16 bytes each):
+/// a lane reads back only what it copied itself, so no barrier is needed,
+/// and it refills a stage only after the mma that consumed its registers.
+/// A decode item of one or two pairs loads and multiplies one 8-pair tile,
+/// not kMmaTiles.
+template <DType DT, class S, class After>
+KDISPATCH_DEVICE_INLINE void mma_loop(const S* const (&w)[2], int64_t r8, const S* const (&bp)[kMmaTiles], int nt,
+                                      int64_t steps, int64_t step_elems, float (&acc)[2][kMmaTiles][4], After after) {
+  extern __shared__ uint4 mma_slots[];  // [warp][stage][load][lane]
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  uint4* const mine = mma_slots + (static_cast<int>(threadIdx.x) >> 5) * (kMmaStages * kMmaLoads * 32) + lane;
+  auto issue = [&](int64_t s) {
+    if (s < steps) {
+      const uint32_t at = gemm_skinny_mma::smem_addr(mine + (s % kMmaStages) * (kMmaLoads * 32));
+      const int64_t k0 = s * step_elems;
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        gemm_skinny_mma::cp_async16(at + t * 512, w[t] + k0, 16);
+        gemm_skinny_mma::cp_async16(at + (2 + t) * 512, w[t] + r8 + k0, 16);
+      }
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j)
+        if (j < nt) gemm_skinny_mma::cp_async16(at + (4 + j) * 512, bp[j] + k0, 16);
+    }
+    gemm_skinny_mma::cp_commit();  // empty past the last step: the group count stays one per step
+  };
+#pragma unroll
+  for (int s = 0; s < kMmaStages - 1; ++s) issue(s);
+  for (int64_t s = 0; s < steps; ++s) {
+    gemm_skinny_mma::cp_wait<kMmaStages - 2>();  // step s's group has landed
+    const uint4* at = mine + (s % kMmaStages) * (kMmaLoads * 32);
+    uint4 r0[2], rr8[2], b[kMmaTiles];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) r0[t] = at[t * 32], rr8[t] = at[(2 + t) * 32];
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j) b[j] = j < nt ? at[(4 + j) * 32] : make_uint4(0, 0, 0, 0);
+    mma_regs<DT, 2>(r0, rr8, b, nt, acc);
+    issue(s + kMmaStages - 1);  // into the stage read at s - 1, its values consumed by the mma above
+    after(s);
+  }
 }
 
 /// Where a lane of the GEMM kernels works: the block's item (expert, first,
@@ -134,6 +184,9 @@ struct Lane {
   int4 it;
   int64_t row0;
   int gr, q;
+
+  /// The item's 8-pair tiles that hold a pair (1..kMmaTiles).
+  KDISPATCH_DEVICE_INLINE int nt() const { return (it.z + 7) / 8; }
 
   /// The pair of B column j * 8 + gr (the item's first past its count: its
   /// results are not written).
@@ -183,7 +236,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
     xb[j] = static_cast<const S*>(g.hidden) + (l.b_pair(m, j) / g.top_k) * g.ldh + 8 * l.q;
   const S* const rows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {};
-  for (int64_t k0 = 0; k0 < g.H; k0 += 32) mma_step<DT>(rows, r8, xb, k0, acc);  // H a multiple of 32
+  mma_loop<DT>(rows, r8, xb, l.nt(), g.H / 32, 32, acc, [](int64_t) {});  // H a multiple of 32
   S* a = static_cast<S*>(m.a);
   l.each_out(m, [&](int j, int e, int64_t p, int r) {
     Elem<DT>::store1(a + p * g.I + i0 + r, moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
@@ -204,7 +257,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   for (int j = 0; j < kMmaTiles; ++j) ab[j] = static_cast<const S*>(m.a) + l.b_pair(m, j) * g.I + 8 * l.q;
   const S* const rows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {};
-  for (int64_t k0 = 0; k0 < g.I; k0 += 32) mma_step<DT>(rows, r8, ab, k0, acc);  // I a multiple of 32
+  mma_loop<DT>(rows, r8, ab, l.nt(), g.I / 32, 32, acc, [](int64_t) {});  // I a multiple of 32
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
     l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
@@ -301,14 +354,15 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
   column_rows(m, l, true, rows);
   const uint8_t* const wrows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {}, part[2][kMmaTiles][4] = {};
-  for (int64_t g0 = 0; g0 < H; g0 += 128) {
-    mma_step<DType::fp8_e4m3fn>(wrows, r8, xb, g0, part);
-    mma_step<DType::fp8_e4m3fn>(wrows, r8, xb, g0 + 64, part);
+  // Two 64-element steps per 128-group; after the second, the group's sums join acc.
+  mma_loop<DType::fp8_e4m3fn>(wrows, r8, xb, l.nt(), H / 64, 64, part, [&](int64_t s) {
+    if ((s & 1) == 0) return;
+    const int64_t gi = s / 2;
     float sa[kMmaTiles][2];
-    group_scales(m.xs, H / 128, rows, g0 / 128, sa);
-    add_group(acc[0], part[0], sa, sg[g0 / 128]);
-    add_group(acc[1], part[1], sa, su[g0 / 128]);
-  }
+    group_scales(m.xs, H / 128, rows, gi, sa);
+    add_group(acc[0], part[0], sa, sg[gi]);
+    add_group(acc[1], part[1], sa, su[gi]);
+  });
   float* a = static_cast<float*>(m.a);
   l.each_out(m, [&](int j, int e, int64_t p, int r) {
     a[p * g.I + i0 + r] = moe::act_of(acc[0][j][e], g.act) * acc[1][j][e];
@@ -331,14 +385,14 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   column_rows(m, l, false, rows);
   const uint8_t* const wrows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {}, part[kDownRowTiles][kMmaTiles][4] = {};
-  for (int64_t g0 = 0; g0 < I; g0 += 128) {
-    mma_step<DType::fp8_e4m3fn>(wrows, r8, ab, g0, part);
-    mma_step<DType::fp8_e4m3fn>(wrows, r8, ab, g0 + 64, part);
+  mma_loop<DType::fp8_e4m3fn>(wrows, r8, ab, l.nt(), I / 64, 64, part, [&](int64_t s) {
+    if ((s & 1) == 0) return;
+    const int64_t gi = s / 2;
     float sa[kMmaTiles][2];
-    group_scales(m.as, I / 128, rows, g0 / 128, sa);
+    group_scales(m.as, I / 128, rows, gi, sa);
 #pragma unroll
-    for (int t = 0; t < kDownRowTiles; ++t) add_group(acc[t], part[t], sa, sw[g0 / 128]);
-  }
+    for (int t = 0; t < kDownRowTiles; ++t) add_group(acc[t], part[t], sa, sw[gi]);
+  });
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
     l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
