@@ -922,7 +922,7 @@ TEST_CASE("cpu get_default: a valid, supported plan across a spread of problems"
   CHECK(cpu::get_default(row, dev).variant == &cpu::kRmsnormBf16Vec);
 }
 
-TEST_CASE("cpu variants: launch with m = 0 is a no-op, null operands are invalid arguments") {
+TEST_CASE("cpu variants: launch with m = 0 is a no-op (moe_align: writes its count), null operands are refused") {
   const DeviceInfo dev = host_device();
   for (const VariantDef* v : cpu_variants()) {
     INFO(v->name);
@@ -935,7 +935,18 @@ TEST_CASE("cpu variants: launch with m = 0 is a no-op, null operands are invalid
     int64_t prm[core::kMaxParams] = {};
     for (std::size_t i = 0; i < v->params.size(); ++i) prm[i] = v->params[i].default_value;
     LaunchArgs none;
-    CHECK(v->launch(none, p, prm).ok());
+    if (core::spec_of(v->op).launches_when_empty) {
+      // M = 0 still writes num_tokens_post_pad = 0 (OpSpec::launches_when_empty): null is refused, given it is 0.
+      CHECK(v->launch(none, p, prm).code() == StatusCode::invalid_argument);
+      int32_t total = 99;
+      LaunchArgs only_total;
+      only_total.data[core::kAlignArgTotal] = &total;
+      p.extra[0] = 4, p.extra[1] = 2;
+      CHECK(v->launch(only_total, p, prm).ok());
+      CHECK(total == 0);
+    } else {
+      CHECK(v->launch(none, p, prm).ok());
+    }
     p.m = 2;
     const dispatch::Status st = v->launch(none, p, prm);
     CHECK(st.code() == StatusCode::invalid_argument);
