@@ -581,6 +581,12 @@ template <const OpSpec& S>
   return code == kDefaultCode ? 0 : code | core::kStrideNonDefault;
 }
 
+// An extent from the dims, inlined with the spec's constant extent: a ratio
+// folds and no call through DimExpr::fn is left where the spec has none.
+[[gnu::always_inline]] inline int64_t extent_of(const DimExpr& e, const int64_t* dim) noexcept {
+  return e.fn != nullptr ? e.fn(dim) : core::scaled_extent(dim[static_cast<int>(e.dim)], e.mul, e.div);
+}
+
 template <core::OpKind Op>
 [[gnu::always_inline]] inline Status validate_fast(const TensorRef* const* t, const float* scalars, core::Problem* p,
                                                    core::LaunchArgs* la, bool* empty, bool require_data) noexcept {
@@ -598,11 +604,7 @@ template <core::OpKind Op>
       ok = ok && dim_scalar_ok(scalars[j]);
       dim[static_cast<int>(S.scalars[j].dim)] = ok ? static_cast<int64_t>(scalars[j]) : 0;
     }
-  // Inlined with the spec's constant extent, so a ratio folds and no call
-  // through DimExpr::fn is left where the spec has none (the hot path).
-  auto eval = [&](const DimExpr& e) __attribute__((always_inline)) {
-    return e.fn != nullptr ? e.fn(dim) : core::scaled_extent(dim[static_cast<int>(e.dim)], e.mul, e.div);
-  };
+  auto eval = [&](const DimExpr& e) __attribute__((always_inline)) { return extent_of(e, dim); };
   bool present[S.slots.size()];
   const Device dev = t[S.order[0]]->device;
   each_slot<S>([&](auto ic) __attribute__((always_inline)) {

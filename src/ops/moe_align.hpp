@@ -150,7 +150,7 @@ constexpr OpSpec make_spec() {
   s.in_dtype_slot = kAlignArgTopkIds, s.out_dtype_slot = kAlignArgSorted;
   s.positive = {kAlignArgTopkIds, 1u << int(Dim::extra1), "top_k must be >= 1, got shape "};
   std::copy(std::begin(kDimNames), std::end(kDimNames), s.dim_names);
-  s.launches_when_empty = true;  // M = 0 writes num_tokens_post_pad = 0
+  s.launches_when_empty = true;                // M = 0 writes num_tokens_post_pad = 0
   s.flops = &flops, s.reference = &reference;  // integers: exact, every dtype's zero tolerance
   return s;
 }
