@@ -257,6 +257,34 @@ TEST_CASE("moe_align: M = 0 launches and writes num_tokens_post_pad = 0, empty t
   CHECK(moe_align(*rt, a).message() == "num_tokens_post_pad: data is null");
 }
 
+TEST_CASE("moe_align: M = 0 serves a forced variant, as every other call of the op") {
+  RuntimeOptions o = kdtest::options_for({});
+  o.tune.mode = TuneMode::off;
+  o.force = {"moe_align=moe_align_int32__ref"};
+  auto rt = kdtest::make_runtime(o);
+  int32_t total = 99;
+  MoeAlignArgs a;
+  a.topk_ids = make_tensor_2d(nullptr, DType::int32, 0, 2, 2);
+  a.sorted_token_ids = make_tensor_1d(nullptr, DType::int32, 0);
+  a.expert_ids = make_tensor_1d(nullptr, DType::int32, 0);
+  a.num_tokens_post_pad = make_tensor_1d(&total, DType::int32, 1);
+  a.num_experts = 8;
+  a.block_size = 16;
+  DispatchInfo info;
+  CallOptions co;
+  co.info = &info;
+  REQUIRE(moe_align(*rt, a, {}, co).ok());
+  CHECK(total == 0);
+  CHECK(std::string(info.variant) == "moe_align_int32__ref");
+  CHECK(info.source == PlanSource::forced);
+  // The same runtime at M = 3: the forced variant too.
+  Tiny t;
+  MoeAlignArgs b = t.args();
+  REQUIRE(moe_align(*rt, b, {}, co).ok());
+  CHECK(std::string(info.variant) == "moe_align_int32__ref");
+  CHECK(info.source == PlanSource::forced);
+}
+
 TEST_CASE("moe_align: a size past 2^24 is refused, never rounded to a float's neighbour") {
   auto rt = quiet_runtime();
   Tiny t;

@@ -268,6 +268,22 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   return memo[(h >> 40) % kMemoSlots];
 }
 
+// The op's forced plan for this call (RuntimeOptions::force) in *c, if one
+// computes its dtype; left invalid when none does.
+[[gnu::cold, gnu::noinline]] Status forced_choice(const Runtime::Impl& impl, const core::Problem& p,
+                                                  const DeviceInfo& dev, Choice* c) noexcept {
+  for (const core::Plan& f : impl.forced.of(p.op)) {
+    if (f.variant->backend != p.device.type || f.variant->in_dtype != p.in_dtype) continue;
+    if (Status s = f.variant->supports(p, f.params, dev); !s.ok())
+      return make_status(StatusCode::no_variant,
+                         "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
+    c->plan = f;
+    c->source = PlanSource::forced;
+    return Status();
+  }
+  return Status();
+}
+
 // Everything but a memo hit: the device, the binary key, a forced plan, the
 // table, get_default. Returns the choice in *c.
 [[gnu::noinline]] Status choose_full(Runtime::Impl& impl, Call& call, Choice* c) noexcept {
@@ -281,15 +297,7 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   call.key_hash = table::own_key_hash(okey);
 
   if (impl.forced.any()) {
-    for (const core::Plan& f : impl.forced.of(p.op)) {
-      if (f.variant->backend != p.device.type || f.variant->in_dtype != p.in_dtype) continue;
-      if (Status s = f.variant->supports(p, f.params, *dev); !s.ok())
-        return make_status(StatusCode::no_variant,
-                           "forced " + core::plan_to_string(f) + " declines this call: " + s.message());
-      c->plan = f;
-      c->source = PlanSource::forced;
-      return Status();
-    }
+    if (Status s = forced_choice(impl, p, *dev, c); !s.ok() || c->plan.valid()) return s;
   }
   {
     table::EpochDomain::Guard guard(table::EpochDomain::global());
@@ -382,7 +390,8 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
 }
 
 // A call with M = 0 of an op that still launches then
-// (OpSpec::launches_when_empty): get_default's plan, no table, no tuning.
+// (OpSpec::launches_when_empty): a forced plan, else get_default's; no
+// table, no tuning.
 [[gnu::cold, gnu::noinline]] Status run_empty(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream stream,
                                               const CallOptions& opts) noexcept {
   Runtime::Impl& impl = rt.impl();
@@ -390,7 +399,9 @@ Status run(Runtime& rt, const core::Problem& p, core::LaunchArgs& la, Stream str
   call.dev = impl.device_for(p.device);
   if (call.dev == nullptr) return make_status(StatusCode::unsupported_device, core::no_backend_message(p.device));
   Choice c;
-  c.plan = default_plan(impl, p, *call.dev);
+  if (impl.forced.any())
+    if (Status s = forced_choice(impl, p, *call.dev, &c); !s.ok()) return s;
+  if (!c.plan.valid()) c.plan = default_plan(impl, p, *call.dev);
   if (!c.plan.valid()) return core::no_variant_computes(p);
   return launch(impl, call, c);
 }

@@ -22,6 +22,7 @@ import ctypes
 import torch
 
 from . import _capi
+from ._runtime import _int_scalar
 
 _DTYPES = {torch.float32: (_capi.kDLFloat, 32), torch.float16: (_capi.kDLFloat, 16),
            torch.bfloat16: (_capi.kDLBfloat, 16), torch.float64: (_capi.kDLFloat, 64)}
@@ -68,8 +69,14 @@ def dl_array(tensors, keep):
         *[dl(t, keep) if t is not None else None for t in tensors])
 
 
-def scalar_array(scalars):
-    return (ctypes.c_float * max(1, len(scalars)))(*[float(v) for v in scalars])
+def scalar_array(scalars, kinds=()):
+    """The C ABI's float scalars; `kinds`: the op's scalar kinds in order. An
+    "int" one (a size) as Runtime's methods pass it (_runtime._int_scalar):
+    past 2^24, or not a whole number, -1, which the library refuses by name
+    (a float32 would round 2^24 + 1 to 2^24, a size a call takes)."""
+    kinds = list(kinds) + [None] * (len(scalars) - len(kinds))
+    return (ctypes.c_float * max(1, len(scalars)))(
+        *[_int_scalar(v) if k == "int" else float(v) for v, k in zip(scalars, kinds)])
 
 
 def workspace_bytes(name, ptrs, n_tensors, sc, n_scalars):
@@ -133,7 +140,7 @@ def launch(rt, op, tensors, scalars, info=None):
             flags |= _capi.CALL_CAPTURING
     keep = []
     ptrs = dl_array(tensors, keep)
-    sc = scalar_array(scalars)
+    sc = scalar_array(scalars, [s.get("kind") for s in op["scalars"]])
     ws = None
     if op["workspace"] and first.device.type == "cuda":
         ws = call_workspace(op, ptrs, len(tensors), sc, len(scalars), first.device)

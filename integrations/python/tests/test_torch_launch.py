@@ -164,6 +164,22 @@ class TorchLaunchCpuTest(unittest.TestCase):
         self.assertLessEqual(float((out.float() - ref).abs().max()), 1.6e-2 * float(ref.abs().max()))
         self.assertGreater(float(ref.abs().max()), 0.0)
 
+    def test_moe_align_size_past_2_24_is_refused_not_rounded(self):
+        """An "int" scalar (a size) past 2^24 reaches the C ABI as -1, as
+        Runtime's methods and the native ops pass it: refused by name, never
+        the float32 neighbour (2^24 + 1 rounds to 2^24, which a call takes)."""
+        self.assertEqual(list(_torch_launch.scalar_array([2**24 + 1, 2**24, 4.5], ["int", "int", "int"])),
+                         [-1.0, 16777216.0, -1.0])
+        self.assertEqual(list(_torch_launch.scalar_array([2.5, 0], ["float", "choice"])), [2.5, 0.0])
+        ids = torch.tensor([[2, 0], [2, 3], [-1, 2]], dtype=torch.int32)
+        out = [torch.full((18,), 99, dtype=torch.int32), torch.full((5,), 99, dtype=torch.int32),
+               torch.full((1,), 99, dtype=torch.int32)]
+        _torch_launch.launch(self.rt, OPS["moe_align"], [ids] + out + [None], [4, 4])
+        self.assertEqual(out[2].tolist(), [12])
+        with self.assertRaises(kdispatch.Error) as c:
+            _torch_launch.launch(self.rt, OPS["moe_align"], [ids] + out + [None], [2**24 + 1, 4])
+        self.assertIn("num_experts: must be a whole number in [1, 16777216], got -1", c.exception.message)
+
 
 # The Python custom_op module itself, in a child process: under a torch
 # without torch.library.custom_op (< 2.4: Debian's 1.13) the two
