@@ -137,7 +137,8 @@ KDISPATCH_DEVICE_INLINE void mma_regs(const uint4 (&r0)[RT], const uint4 (&r8)[R
 /// mma_regs, then after(s). The loads run kMmaStages - 1 steps ahead of the
 /// mma through the lane's own shared-memory slots (cp.async, 16 bytes each):
 /// a lane reads back only what it copied itself, so no barrier is needed,
-/// and it refills a stage only after the mma that consumed its registers.
+/// and it refills a stage only after the mma that consumed its registers
+/// (the previous step's), before this step's mma so the copy overlaps it.
 /// A decode item of one or two pairs loads and multiplies one 8-pair tile,
 /// not kMmaTiles.
 template <DType DT, class S, class After>
@@ -165,14 +166,15 @@ KDISPATCH_DEVICE_INLINE void mma_loop(const S* const (&w)[2], int64_t r8, const 
   for (int s = 0; s < kMmaStages - 1; ++s) issue(s);
   for (int64_t s = 0; s < steps; ++s) {
     gemm_skinny_mma::cp_wait<kMmaStages - 2>();  // step s's group has landed
+    asm volatile("" ::: "memory");               // and no read below moves above the wait
     const uint4* at = mine + (s % kMmaStages) * (kMmaLoads * 32);
     uint4 r0[2], rr8[2], b[kMmaTiles];
 #pragma unroll
     for (int t = 0; t < 2; ++t) r0[t] = at[t * 32], rr8[t] = at[(2 + t) * 32];
 #pragma unroll
     for (int j = 0; j < kMmaTiles; ++j) b[j] = j < nt ? at[(4 + j) * 32] : make_uint4(0, 0, 0, 0);
+    issue(s + kMmaStages - 1);  // into the stage read at s - 1, whose mma has consumed its registers
     mma_regs<DT, 2>(r0, rr8, b, nt, acc);
-    issue(s + kMmaStages - 1);  // into the stage read at s - 1, its values consumed by the mma above
     after(s);
   }
 }
