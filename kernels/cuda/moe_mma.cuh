@@ -131,7 +131,8 @@ KDISPATCH_DEVICE_INLINE void mma_regs(const uint4 (&r0)[RT], const uint4 (&r8)[R
     }
 }
 
-/// The K loop of the GEMM kernels: `steps` 16-byte steps (step s at element
+/// The K loop of the GEMM kernels (Staged: the kernels' template argument,
+/// the variants' param "staged"): `steps` 16-byte steps (step s at element
 /// s * step_elems of every row) of RT = 2 16-row tiles (rows w[t] and, 8
 /// below, w[t] + r8) against the item's first nt 8-pair tiles (rows bp[j]):
 /// mma_regs, then after(s). The loads run kMmaStages - 1 steps ahead of the
@@ -141,9 +142,24 @@ KDISPATCH_DEVICE_INLINE void mma_regs(const uint4 (&r0)[RT], const uint4 (&r8)[R
 /// (the previous step's), before this step's mma so the copy overlaps it.
 /// A decode item of one or two pairs loads and multiplies one 8-pair tile,
 /// not kMmaTiles.
-template <DType DT, class S, class After>
+KDISPATCH_DEVICE_INLINE uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+
+template <DType DT, bool Staged, class S, class After>
 KDISPATCH_DEVICE_INLINE void mma_loop(const S* const (&w)[2], int64_t r8, const S* const (&bp)[kMmaTiles], int nt,
                                       int64_t steps, int64_t step_elems, float (&acc)[2][kMmaTiles][4], After after) {
+  if constexpr (!Staged) {  // the loop as first measured: straight from global memory, every tile
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t k0 = s * step_elems;
+      uint4 r0[2], rr8[2], b[kMmaTiles];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) r0[t] = ld16(w[t] + k0), rr8[t] = ld16(w[t] + r8 + k0);
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(bp[j] + k0);
+      mma_regs<DT, 2>(r0, rr8, b, kMmaTiles, acc);
+      after(s);
+    }
+    return;
+  }
   extern __shared__ uint4 mma_slots[];  // [warp][stage][load][lane]
   const int lane = static_cast<int>(threadIdx.x) & 31;
   uint4* const mine = mma_slots + (static_cast<int>(threadIdx.x) >> 5) * (kMmaStages * kMmaLoads * 32) + lane;
@@ -223,7 +239,7 @@ KDISPATCH_DEVICE_INLINE bool lane_of(const MmaArgs& m, int rows, int64_t extent,
   return l->row0 < extent;
 }
 
-template <DType DT>
+template <DType DT, bool Staged = false>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16, m.g.I, &l)) return;  // I a multiple of 16 (the list checks)
@@ -238,14 +254,14 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
     xb[j] = static_cast<const S*>(g.hidden) + (l.b_pair(m, j) / g.top_k) * g.ldh + 8 * l.q;
   const S* const rows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {};
-  mma_loop<DT>(rows, r8, xb, l.nt(), g.H / 32, 32, acc, [](int64_t) {});  // H a multiple of 32
+  mma_loop<DT, Staged>(rows, r8, xb, l.nt(), g.H / 32, 32, acc, [](int64_t) {});  // H a multiple of 32
   S* a = static_cast<S*>(m.a);
   l.each_out(m, [&](int j, int e, int64_t p, int r) {
     Elem<DT>::store1(a + p * g.I + i0 + r, moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
   });
 }
 
-template <DType DT>
+template <DType DT, bool Staged = false>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16 * kDownRowTiles, m.g.H, &l)) return;  // H a multiple of 32
@@ -259,7 +275,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   for (int j = 0; j < kMmaTiles; ++j) ab[j] = static_cast<const S*>(m.a) + l.b_pair(m, j) * g.I + 8 * l.q;
   const S* const rows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {};
-  mma_loop<DT>(rows, r8, ab, l.nt(), g.I / 32, 32, acc, [](int64_t) {});  // I a multiple of 32
+  mma_loop<DT, Staged>(rows, r8, ab, l.nt(), g.I / 32, 32, acc, [](int64_t) {});  // I a multiple of 32
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
     l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
@@ -339,7 +355,7 @@ KDISPATCH_DEVICE_INLINE void column_rows(const MmaArgs& m, const Lane& l, bool t
     }
 }
 
-template <DType X>  // the activations' dtype (bf16): templated only to stay out of the other TUs
+template <DType X, bool Staged = false>  // X: the activations' dtype (bf16), a template to stay out of other TUs
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_fp8_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16, m.g.I, &l)) return;
@@ -357,7 +373,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
   const uint8_t* const wrows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {}, part[2][kMmaTiles][4] = {};
   // Two 64-element steps per 128-group; after the second, the group's sums join acc.
-  mma_loop<DType::fp8_e4m3fn>(wrows, r8, xb, l.nt(), H / 64, 64, part, [&](int64_t s) {
+  mma_loop<DType::fp8_e4m3fn, Staged>(wrows, r8, xb, l.nt(), H / 64, 64, part, [&](int64_t s) {
     if ((s & 1) == 0) return;
     const int64_t gi = s / 2;
     float sa[kMmaTiles][2];
@@ -371,7 +387,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
   });
 }
 
-template <DType X>
+template <DType X, bool Staged = false>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_fp8_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16 * kDownRowTiles, m.g.H, &l)) return;
@@ -387,7 +403,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   column_rows(m, l, false, rows);
   const uint8_t* const wrows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {}, part[kDownRowTiles][kMmaTiles][4] = {};
-  mma_loop<DType::fp8_e4m3fn>(wrows, r8, ab, l.nt(), I / 64, 64, part, [&](int64_t s) {
+  mma_loop<DType::fp8_e4m3fn, Staged>(wrows, r8, ab, l.nt(), I / 64, 64, part, [&](int64_t s) {
     if ((s & 1) == 0) return;
     const int64_t gi = s / 2;
     float sa[kMmaTiles][2];

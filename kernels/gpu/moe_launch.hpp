@@ -102,11 +102,12 @@ Status launch_fused_moe_split_fp16(const core::LaunchArgs& la, const core::Probl
 Status launch_fused_moe_split_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// Block fp8's tensor-core kernels (H and I multiples of 128, E <= 1024).
-Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+/// `staged`: the K loop through cp.async stages (moe_mma.cuh mma_loop).
+Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
 /// The tensor-core kernels (moe_mma.cuh; I and H multiples of 32, E <= 1024,
 /// 16-byte aligned rows).
-Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
-Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
+Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
 /// The grouped kernels (16-byte loads only).
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;

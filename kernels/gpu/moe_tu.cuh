@@ -131,7 +131,7 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
 /// (W = fp8_e4m3fn, X = bf16): sort, quantise hidden, up, quantise a, down,
 /// reduce. W = X = bf16 or fp16 otherwise.
 template <DType W, DType X>
-Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept {
   static_assert(moe_mma::kMmaPairs == kMoeMmaPairs, "the workspace's items");
   static_assert(moe_mma::kMmaThreads == kMoeMmaThreads && moe_mma::kSortThreads == kMoeSortThreads &&
                     moe_mma::kReduceThreads == kMoeReduceThreads,
@@ -173,7 +173,7 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   const LaunchScope on(la, p);
   const auto grid_y = static_cast<unsigned>(items);
   constexpr int64_t up_rows = 16 * moe_mma::kMmaWarps, down_rows = up_rows * moe_mma::kDownRowTiles;
-  constexpr size_t kSmem = moe_mma::kMmaSmemBytes;  // the K loop's cp.async stages
+  const size_t smem = staged ? moe_mma::kMmaSmemBytes : 0;  // the K loop's cp.async stages
   const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((I + up_rows - 1) / up_rows), grid_y),
       gd(static_cast<unsigned>((H + down_rows - 1) / down_rows), grid_y);
   port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<W>, dim3(1), dim3(moe_mma::kSortThreads),
@@ -184,17 +184,21 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p) noexcept {
                      dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((H / 128 + 7) / 8)), dim3(kMoeQuantThreads),
                      on.stream, on.pdl, static_cast<const uint16_t*>(m.g.hidden), m.g.ldh, H, m.xq, H, m.xs, H / 128);
     if (e == port::kSuccess)
-      e = port::launch_smem(moe_mma::moe_up_mma_fp8_kernel<X>, gu, gemm_block, kSmem, on.stream, on.pdl, m);
+      e = port::launch_smem(staged ? moe_mma::moe_up_mma_fp8_kernel<X, true> : moe_mma::moe_up_mma_fp8_kernel<X>, gu,
+                            gemm_block, smem, on.stream, on.pdl, m);
     if (e == port::kSuccess)
       e = port::launch(moe_mma::moe_quant_kernel<float>,
                        dim3(static_cast<unsigned>(P), static_cast<unsigned>((I / 128 + 7) / 8)), dim3(kMoeQuantThreads),
                        on.stream, on.pdl, static_cast<const float*>(m.a), I, I, m.aq, I, m.as, I / 128);
     if (e == port::kSuccess)
-      e = port::launch_smem(moe_mma::moe_down_mma_fp8_kernel<X>, gd, gemm_block, kSmem, on.stream, on.pdl, m);
+      e = port::launch_smem(staged ? moe_mma::moe_down_mma_fp8_kernel<X, true> : moe_mma::moe_down_mma_fp8_kernel<X>,
+                            gd, gemm_block, smem, on.stream, on.pdl, m);
   } else {
-    e = port::launch_smem(moe_mma::moe_up_mma_kernel<W>, gu, gemm_block, kSmem, on.stream, on.pdl, m);
+    e = port::launch_smem(staged ? moe_mma::moe_up_mma_kernel<W, true> : moe_mma::moe_up_mma_kernel<W>, gu, gemm_block,
+                          smem, on.stream, on.pdl, m);
     if (e == port::kSuccess)
-      e = port::launch_smem(moe_mma::moe_down_mma_kernel<W>, gd, gemm_block, kSmem, on.stream, on.pdl, m);
+      e = port::launch_smem(staged ? moe_mma::moe_down_mma_kernel<W, true> : moe_mma::moe_down_mma_kernel<W>, gd,
+                            gemm_block, smem, on.stream, on.pdl, m);
   }
   if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core kernel launch");
   e = port::launch(moe_mma::moe_reduce_kernel<X>,
@@ -232,12 +236,12 @@ void probe(KernelImage* out) noexcept {
 // CUDA only: the tensor-core kernels, and the grouped ones (slower than the
 // per-pair kernels at every point measured on the H200, so not ported).
 #if KDISPATCH_GPU_HAS_TILED
-#define KDISPATCH_MOE_TU_MMA(dt)                                                                      \
-  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {     \
-    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p);                                           \
-  }                                                                                                   \
-  Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept { \
-    return moe_tu::launch_grouped<DType::dt>(la, p);                                                  \
+#define KDISPATCH_MOE_TU_MMA(dt)                                                                               \
+  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept { \
+    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p, staged);                                            \
+  }                                                                                                            \
+  Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {          \
+    return moe_tu::launch_grouped<DType::dt>(la, p);                                                           \
   }
 #else
 #define KDISPATCH_MOE_TU_MMA(dt)
