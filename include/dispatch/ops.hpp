@@ -228,11 +228,13 @@ struct QuantFp8GroupArgs : QuantFp8Args {};
 /// - routed_scaling_factor: > 0 (DeepSeek's; 1 for most models).
 /// - activation: 0 silu (default), 1 gelu (erf), SGLang's `activation`.
 /// The GPU path takes a 16-byte aligned workspace (CallOptions::workspace
-/// or Runtime::attach_stream) of at least M * top_k * I * 4 bytes for the
-/// largest M (the per-pair decode kernels, the default; a tuned plan of
-/// another family may need more: workspace_bytes("fused_moe", key, max_M,
-/// DeviceType::cuda) says how much covers every plan); a plan given less
-/// is refused, naming the bytes needed. The CPU needs none.
+/// or Runtime::attach_stream): M * top_k * I * 4 bytes for the largest M
+/// serve the split and per-pair kernels (the default below 4 pairs per
+/// expert); the tensor-core kernels (the default from 4 pairs per expert)
+/// need more: workspace_bytes("fused_moe", key, max_M, DeviceType::cuda)
+/// covers the default and every tuned plan. A plan given less falls back to
+/// one that fits, else the call is refused, naming the bytes needed. The
+/// CPU needs none.
 struct FusedMoeArgs {
   TensorRef hidden;
   TensorRef w1;

@@ -315,7 +315,8 @@ class Runtime:
                memory_bytes=0, backend=None):
         """Which config serves this kernel at this M (dispatch::lookup).
 
-        op: "triton_fused_moe", "triton_gemm", "gemm", "rmsnorm", "fused_add_rmsnorm"
+        op: an engine table ("triton_fused_moe", "triton_gemm"), one of kdispatch's
+        own ops ("gemm", "rmsnorm", "fused_moe", "moe_align", ...: the library's op list)
         or None (inferred from the key); key: the config file name's fields
         other than device_name ("E=257,N=256,dtype=fp8_w8a8,block_shape=[128,128]");
         device: as torch reports it ("NVIDIA H200") or as files spell it
