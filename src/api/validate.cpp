@@ -650,7 +650,7 @@ template <core::OpKind Op>
   for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
   // Written 2-D slots against the other 2-D slots (the pairs are a
   // constant of the spec: each_pair visits only those that need a test).
-  if (require_data && dim[static_cast<int>(Dim::m)] > 0) {
+  if (ok && require_data && dim[static_cast<int>(Dim::m)] > 0) {  // ok: no span of a refused call (UB-free)
     each_pair<S>([&](auto ip) {
       constexpr int i = S.order[decltype(ip)::value / kMaxPairSide];
       constexpr int j = S.order[decltype(ip)::value % kMaxPairSide];
