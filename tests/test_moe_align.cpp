@@ -53,6 +53,18 @@ struct Tiny {
     return a;
   }
 };
+// M = 0 tokens of top_k 2 among 8 experts, blocks of 16: empty tensors with
+// null data, num_tokens_post_pad at *total.
+MoeAlignArgs empty_args(int32_t* total) {
+  MoeAlignArgs a;
+  a.topk_ids = make_tensor_2d(nullptr, DType::int32, 0, 2, 2);
+  a.sorted_token_ids = make_tensor_1d(nullptr, DType::int32, 0);
+  a.expert_ids = make_tensor_1d(nullptr, DType::int32, 0);
+  a.num_tokens_post_pad = make_tensor_1d(total, DType::int32, 1);
+  a.num_experts = 8;
+  a.block_size = 16;
+  return a;
+}
 const std::vector<int32_t> kSorted{1, 6, 6, 6, 0, 2, 5, 6, 3, 6, 6, 6, 6, 6, 6, 6, 6, 6};
 
 }  // namespace
@@ -231,13 +243,7 @@ TEST_CASE("moe_align: the C ABI's kdispatch_moe_align takes (topk_ids, outputs, 
 TEST_CASE("moe_align: M = 0 launches and writes num_tokens_post_pad = 0, empty tensors may have null data") {
   auto rt = quiet_runtime();
   int32_t total = 99;
-  MoeAlignArgs a;
-  a.topk_ids = make_tensor_2d(nullptr, DType::int32, 0, 2, 2);
-  a.sorted_token_ids = make_tensor_1d(nullptr, DType::int32, 0);
-  a.expert_ids = make_tensor_1d(nullptr, DType::int32, 0);
-  a.num_tokens_post_pad = make_tensor_1d(&total, DType::int32, 1);
-  a.num_experts = 8;
-  a.block_size = 16;
+  MoeAlignArgs a = empty_args(&total);
   DispatchInfo info;
   CallOptions o;
   o.info = &info;
@@ -263,13 +269,7 @@ TEST_CASE("moe_align: M = 0 serves a forced variant, as every other call of the 
   o.force = {"moe_align=moe_align_int32__ref"};
   auto rt = kdtest::make_runtime(o);
   int32_t total = 99;
-  MoeAlignArgs a;
-  a.topk_ids = make_tensor_2d(nullptr, DType::int32, 0, 2, 2);
-  a.sorted_token_ids = make_tensor_1d(nullptr, DType::int32, 0);
-  a.expert_ids = make_tensor_1d(nullptr, DType::int32, 0);
-  a.num_tokens_post_pad = make_tensor_1d(&total, DType::int32, 1);
-  a.num_experts = 8;
-  a.block_size = 16;
+  MoeAlignArgs a = empty_args(&total);
   DispatchInfo info;
   CallOptions co;
   co.info = &info;
