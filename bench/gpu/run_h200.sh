@@ -78,7 +78,9 @@
 #   .deps/   (git-ignored; carry it) the Debian 12 .debs of simdjson, xxHash,
 #            doctest, DLPack and CLI11 (`--fetch-deps` fills it where apt
 #            works), unpacked into /tmp/deps (never into /), plus the peers'
-#            Triton kernels h200_kernels.py (a copy of ../shared/peers/).
+#            Triton kernels h200_kernels.py (a copy of ../shared/peers/), and
+#            sglang_moe/ (../shared/peers/sglang_moe with SGLang's fused-MoE
+#            configs in configs/: the moe sections' peer).
 #   .h200/   (git-ignored; carry it when it exists) what earlier calls
 #            returned under $OUT, copied in as is: configs.tar (tuned files),
 #            bench_gpu.json and check.json (partial results). tune, bench and
@@ -158,7 +160,9 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --fetch-deps)
       mkdir -p .deps && (cd .deps && apt-get download libsimdjson-dev libsimdjson14 doctest-dev libcli11-dev \
-        libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/
+        libdlpack-dev libxxhash-dev libxxhash0) && cp ../shared/peers/h200_kernels.py ../shared/peers/h200_baseline.py .deps/ &&
+        rm -rf .deps/sglang_moe && cp -r ../shared/peers/sglang_moe .deps/sglang_moe &&
+        cp -r ../shared/data/sglang-configs/fused_moe_triton .deps/sglang_moe/configs
       exit $? ;;
     *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
