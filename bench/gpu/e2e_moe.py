@@ -145,6 +145,7 @@ def main():
     log(f"built: {a.layers} layers, {len(experts)} experts modules")
     result = {"info": info, "logits_rel_err_4_layers": logits_errors(model, ["grouped_mm", "kdispatch"]), "rows": []}
     log(f"logits (4 layers vs fp32): {result['logits_rel_err_4_layers']}")
+    write(a.out, result)
     for batch in [int(b) for b in a.batches.split(",")]:
         if time.time() - base.T0 > a.budget_s:
             result["rows"].append({"batch": batch, "skipped": "budget"})
@@ -183,11 +184,16 @@ def main():
                                               row["eager_tokens_per_s"]["grouped_mm"]["median"])
         log(json.dumps(row))
         result["rows"].append(row)
+        write(a.out, result)  # each row as it lands: a timeout keeps what ran
         del graphs
         torch.cuda.empty_cache()
-    with open(os.path.join(a.out, "e2e_moe.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    write(a.out, result)
     return 0
+
+
+def write(out, result):
+    with open(os.path.join(out, "e2e_moe.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
