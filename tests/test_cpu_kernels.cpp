@@ -922,7 +922,9 @@ TEST_CASE("cpu get_default: a valid, supported plan across a spread of problems"
   CHECK(cpu::get_default(row, dev).variant == &cpu::kRmsnormBf16Vec);
 }
 
-TEST_CASE("cpu variants: launch with m = 0 is a no-op (moe_align: writes its count), null operands are refused") {
+TEST_CASE(
+    "cpu variants: launch with m = 0 is a no-op (moe_align, quant_fp8_tensor: their one output), null operands are "
+    "refused") {
   const DeviceInfo dev = host_device();
   for (const VariantDef* v : cpu_variants()) {
     INFO(v->name);
@@ -935,7 +937,7 @@ TEST_CASE("cpu variants: launch with m = 0 is a no-op (moe_align: writes its cou
     int64_t prm[core::kMaxParams] = {};
     for (std::size_t i = 0; i < v->params.size(); ++i) prm[i] = v->params[i].default_value;
     LaunchArgs none;
-    if (core::spec_of(v->op).launches_when_empty) {
+    if (v->op == OpKind::moe_align) {
       // M = 0 still writes num_tokens_post_pad = 0 (OpSpec::launches_when_empty): null is refused, given it is 0.
       CHECK(v->launch(none, p, prm).code() == StatusCode::invalid_argument);
       int32_t total = 99;
@@ -944,7 +946,16 @@ TEST_CASE("cpu variants: launch with m = 0 is a no-op (moe_align: writes its cou
       p.extra[0] = 4, p.extra[1] = 2;
       CHECK(v->launch(only_total, p, prm).ok());
       CHECK(total == 0);
+    } else if (v->op == OpKind::quant_fp8_tensor) {
+      // And quant_fp8_tensor its scale, from an amax of 0.
+      CHECK(v->launch(none, p, prm).code() == StatusCode::invalid_argument);
+      float scale = 99.f;
+      LaunchArgs only_scale;
+      only_scale.data[core::kQuantArgScale] = &scale;
+      CHECK(v->launch(only_scale, p, prm).ok());
+      CHECK(scale == core::kQuantMinAmax / 448.f);
     } else {
+      CHECK_FALSE(core::spec_of(v->op).launches_when_empty);
       CHECK(v->launch(none, p, prm).ok());
     }
     p.m = 2;

@@ -360,6 +360,26 @@ TEST_CASE("quant_fp8_token: scales from each token's amax, values worked by hand
   for (int i = 4; i < 8; ++i) CHECK(q[i] == 0x00);
 }
 
+TEST_CASE("quant_fp8_tensor: M = 0 still writes the scale of an empty x, the other layouts write nothing") {
+  auto rt = quiet_runtime();
+  float scale[2] = {99.f, 99.f};
+  QuantFp8TensorArgs g;
+  g.q = make_tensor_2d(nullptr, DType::fp8_e4m3fn, 0, 4, 4);  // torch.empty(0, K) may have no storage
+  g.x = make_tensor_2d(nullptr, DType::bf16, 0, 4, 4);
+  g.scale = make_tensor_1d(scale, DType::fp32, 1);
+  DispatchInfo info;
+  REQUIRE(quant_fp8_tensor(*rt, g, {}, {.info = &info}).ok());
+  CHECK(scale[0] == core::kQuantMinAmax / 448.f);  // amax 0: SGLang's eps, as the reference
+  CHECK(scale[1] == 99.f);
+  CHECK(std::string(info.variant) == "quant_fp8_tensor_bf16__mul");
+  g.scale = make_tensor_1d(nullptr, DType::fp32, 1);  // the one output it writes must be there
+  CHECK(quant_fp8_tensor(*rt, g).message() == "scale: data is null");
+  // Per token: the scales are [0] too, nothing is written.
+  QuantFp8TokenArgs t;
+  t.q = g.q, t.x = g.x, t.scale = make_tensor_1d(nullptr, DType::fp32, 0);
+  CHECK(quant_fp8_token(*rt, t).ok());
+}
+
 TEST_CASE("quant_fp8_group then gemm_fp8_block: the engine's fp8 path stays within fp8's precision of fp32") {
   auto rt = quiet_runtime();
   std::mt19937 rng(11);

@@ -83,7 +83,13 @@ Status check_problem(const VariantDef& v, QuantScales L, const Problem& p) noexc
 
 template <QuantScales L, bool Mul>
 Status launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
-  if (p.m < 1) return Status::Ok();
+  if (p.m < 1) {  // the per-tensor scale is still written (OpSpec::launches_when_empty)
+    if (L != QuantScales::tensor) return Status::Ok();
+    if (a.data[core::kQuantArgScale] == nullptr)
+      return make_status(StatusCode::invalid_argument, "quant_fp8_tensor: scale must not be null");
+    *static_cast<float*>(a.data[core::kQuantArgScale]) = core::kQuantMinAmax / core::kE4m3fn.max_finite();
+    return Status::Ok();
+  }
   for (int i : {core::kQuantArgQ, core::kQuantArgX, core::kQuantArgScale})
     if (a.data[i] == nullptr)
       return make_status(StatusCode::invalid_argument, "quant_fp8: q, x and scale must not be null");

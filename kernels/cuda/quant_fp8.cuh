@@ -16,7 +16,9 @@
 //           joins scale[0] by an integer atomicMax, which orders
 //           non-negative floats), the quantisation pass reading that amax,
 //           and a one-thread pass turning it into the scale: four stream-
-//           ordered steps, graph-capturable
+//           ordered steps, graph-capturable; at M = 0 the zeroed scale
+//           and the finish pass alone (scale_of(0): the op's launch when
+//           empty)
 #pragma once
 
 #include <cuda_fp8.h>
@@ -163,8 +165,17 @@ inline Status fill_args(const core::LaunchArgs& la, const core::Problem& p, Args
 template <DType DT, bool Mul>
 Status launch(int layout, int warps, const core::LaunchArgs& la, const core::Problem& p) noexcept {
   Args g;
+  if (p.m < 1) {  // the per-tensor scale is still written (OpSpec::launches_when_empty): scale_of(0)
+    if (layout != 0) return Status();
+    float* scale = la.ptr<float>(core::kQuantArgScale);
+    if (scale == nullptr) return make_status(StatusCode::invalid_argument, "quant_fp8_tensor: scale must not be null");
+    const LaunchScope on(la, p);
+    port::Error e = cudaMemsetAsync(scale, 0, sizeof(float), on.stream);
+    if (e == port::kSuccess) e = port::launch(tensor_finish_kernel<DT>, dim3(1), dim3(1), on.stream, on.pdl, scale);
+    if (e != port::kSuccess) (void)cudaGetLastError();
+    return port::status(e, "quant_fp8 kernel launch");
+  }
   if (Status st = fill_args(la, p, &g); !st.ok()) return st;
-  if (p.m < 1) return Status();
   const LaunchScope on(la, p);
   const dim3 block(static_cast<unsigned>(32 * warps));
   port::Error e = port::kSuccess;

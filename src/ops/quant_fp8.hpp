@@ -5,7 +5,8 @@
 //   q = e4m3fn(clamp(x / scale, -448, 448)), round to nearest even,
 // as SGLang's per_token_group_quant_fp8 and vLLM's dynamic quantisation:
 //
-//   quant_fp8_tensor  one dynamic scale [1] for the whole of x
+//   quant_fp8_tensor  one dynamic scale [1] for the whole of x (written at
+//                     M = 0 too: an empty x's amax is 0, scale 1e-10 / 448)
 //   quant_fp8_token   a scale per token [M]
 //   quant_fp8_group   a scale per token and 128-wide group along K, written
 //                     M-major: [ceil(K/128), M] with a free row stride, the
@@ -130,11 +131,15 @@ constexpr OpSpec spec_of_layout(OpKind op, std::string_view name, std::string_vi
 namespace quant_fp8_tensor_spec {
 using namespace quant_fp8_common;
 inline constexpr ArgSlot kSlots[] = {q_slot(), x_slot(), scale_slot(1, {}, {Dim::none})};
-inline constexpr OpSpec kSpec =
-    spec_of_layout(OpKind::quant_fp8_tensor, "quant_fp8_tensor",
-                   "q[M,K] = e4m3fn(x / scale), scale[0] = max|x| / 448: dynamic per-tensor fp8 quantisation (vLLM's "
-                   "scaled_fp8_quant(out, input, scale)).",
-                   kSlots, &reference<QuantScales::tensor>);
+constexpr OpSpec make_spec() {
+  OpSpec s = spec_of_layout(OpKind::quant_fp8_tensor, "quant_fp8_tensor",
+                            "q[M,K] = e4m3fn(x / scale), scale[0] = max|x| / 448: dynamic per-tensor fp8 quantisation "
+                            "(vLLM's scaled_fp8_quant(out, input, scale)).",
+                            kSlots, &reference<QuantScales::tensor>);
+  s.launches_when_empty = true;  // M = 0 still writes scale[0] (an empty x's amax is 0: 1e-10 / 448)
+  return s;
+}
+inline constexpr OpSpec kSpec = make_spec();
 }  // namespace quant_fp8_tensor_spec
 
 namespace quant_fp8_token_spec {

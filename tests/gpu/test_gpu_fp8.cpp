@@ -711,3 +711,33 @@ TEST_CASE("gpu fp8 quantisation: every variant and point, bit for bit against th
     MESSAGE(runs, " quantisation runs checked bit for bit");
   }
 }
+
+TEST_CASE("gpu fp8 quantisation: quant_fp8_tensor at M = 0 writes the scale of an empty x, x and q null") {
+  for (DeviceType bt : usable_backends()) {
+    if (bt != DeviceType::cuda) continue;
+    HostTensor s(DType::fp32, 1, 1, 1);
+    DeviceBuffer ds(mem_of(bt), s.bytes());
+    Problem p;
+    p.op = OpKind::quant_fp8_tensor;
+    p.device = Device{bt, 0};
+    p.out_dtype = DType::fp8_e4m3fn;
+    p.k = 64;
+    LaunchArgs la;
+    la.data[core::kQuantArgScale] = ds.get();
+    int runs = 0;
+    for (const VariantDef* v : dispatch::core::variants_for(p.op, bt)) {
+      INFO(v->name);
+      p.in_dtype = v->in_dtype;
+      int64_t prm[core::kMaxParams] = {};
+      for (size_t i = 0; i < v->params.size(); ++i) prm[i] = v->params[i].default_value;
+      s.set(0, 0, 99.f);
+      REQUIRE(ds.upload(s).ok());
+      const Status st = v->launch(la, p, prm);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+      REQUIRE(ds.download(&s).ok());
+      CHECK(s.get(0, 0) == core::kQuantMinAmax / 448.f);
+      ++runs;
+    }
+    CHECK(runs > 0);
+  }
+}
