@@ -13,7 +13,8 @@
 #                 KD_MOE_CASES, KD_MOE_M, KD_MOE_ROUTING, KD_MOE_ROUNDS, KD_MOE_VARIANTS: see the section)
 #   KD_GPU_TEST_CASES='gpu fused_moe*' ... --sections build,test   # the GPU tests of those doctest cases only
 #   bench/gpu/run_h200.sh --sections moe-profile # ncu on fused_moe's kernels at one bench_moe.py point
-#                 (KD_MOE_PROFILE_CASE, KD_MOE_PROFILE_M, KD_MOE_PROFILE_KERNELS; moe_ncu.txt)
+#                 (KD_MOE_PROFILE_CASE, KD_MOE_PROFILE_M: a comma list, one ncu run each,
+#                 KD_MOE_PROFILE_KERNELS; moe_ncu.txt)
 #   bench/gpu/run_h200.sh --sections moe-model   # transformers' Qwen3-MoE, experts by kdispatch vs grouped_mm
 #                 (bench/gpu/e2e_moe.py; KD_MOE_LAYERS, default 16)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
@@ -334,15 +335,19 @@ fi
 if has moe-profile; then
   ensure_torch || { echo "::: moe-profile: FAILED to build (build.log)"; exit 1; }
   if command -v ncu >/dev/null 2>&1; then
-    stamp "moe-profile: ncu at ${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}, M ${KD_MOE_PROFILE_M:-16}"
-    PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
-      timeout $(($(left) - 5)) ncu --clock-control none --cache-control all -k "regex:${KD_MOE_PROFILE_KERNELS:-moe_.*(mma|split|sort|reduce|quant)}" \
-      --launch-count "${KD_MOE_PROFILE_LAUNCHES:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
-      "$PY" bench/gpu/bench_moe.py --lib "$LIB" --no-peer --m "${KD_MOE_PROFILE_M:-16}" --sets 1 --rounds 1 \
-      --cases "${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}" --budget-s 200 --out /tmp >"$OUT/moe_ncu.txt" 2>&1
-    echo "ncu rc=$?"
-    grep -E "moe_.*kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|Issue Slots Busy|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/moe_ncu.txt" | head -120
+    : >"$OUT/moe_ncu.txt"
+    for pm in $(echo "${KD_MOE_PROFILE_M:-16}" | tr ',' ' '); do  # a comma list: one ncu run per M
+      stamp "moe-profile: ncu at ${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}, M $pm"
+      echo "=== M $pm" >>"$OUT/moe_ncu.txt"
+      PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+        timeout $(($(left) - 5)) ncu --clock-control none --cache-control all -k "regex:${KD_MOE_PROFILE_KERNELS:-moe_.*(mma|split|sort|reduce|quant)}" \
+        --launch-count "${KD_MOE_PROFILE_LAUNCHES:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+        "$PY" bench/gpu/bench_moe.py --lib "$LIB" --no-peer --m "$pm" --sets 1 --rounds 1 \
+        --cases "${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}" --budget-s 200 --out /tmp >>"$OUT/moe_ncu.txt" 2>&1
+      echo "ncu rc=$?"
+    done
+    grep -E "^=== M|moe_.*kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|Issue Slots Busy|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/moe_ncu.txt" | head -200
     echo "::: moe-profile: complete (moe_ncu.txt)"
   else
     echo "::: moe-profile: no ncu here"
