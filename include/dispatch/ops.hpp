@@ -192,7 +192,9 @@ struct GemmFp8BlockArgs : GemmFp8Args {};
 /// - q: [M, K] fp8_e4m3fn, unit stride along K, row stride >= K.
 /// - x: [M, K] fp32 or bf16 (fp16 on GPUs), unit stride along K.
 /// - scale: fp32, written, by op:
-///     quant_fp8_tensor  [1]  (one dynamic scale for the whole of x);
+///     quant_fp8_tensor  [1]  (one dynamic scale for the whole of x; at
+///                       M = 0 too, where x and q may have null data:
+///                       1e-10 / 448);
 ///     quant_fp8_token   [M];
 ///     quant_fp8_group   [ceil(K/128), M] row-major (M-major, row stride
 ///                       >= M): gemm_fp8_block's scale_a as it reads it.
