@@ -53,6 +53,7 @@ inline constexpr int kMmaLoads = 2 * 2 + kMmaTiles;
 inline constexpr int kMmaSmemBytes = kMmaWarps * kMmaStages * kMmaLoads * 32 * 16;
 static_assert(kDownRowTiles == 2 && kMmaSmemBytes <= 48 * 1024, "kMmaLoads assumes 2 row tiles; 48 KiB at most");
 inline constexpr int kSortThreads = 1024;
+static_assert(kSortThreads == 32 * 32, "moe_sort_kernel scans the warps' totals in one warp");
 inline constexpr int kReduceThreads = 256;
 
 /// One call's arguments (moe::MoeArgs) and the workspace's parts.
@@ -87,15 +88,37 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kSortThreads) moe_sort
     if (e >= 0 && e < E) atomicAdd(&count[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // offsets and the work list (E <= 1024 experts, items <= P / 32 + E)
-    int32_t first = 0, n = 0;
-    for (int e = 0; e < E; ++e) {
-      cursor[e] = first;
-      for (int32_t s = 0; s < count[e]; s += kMmaPairs)
-        m.items[n++] = make_int4(e, first + s, count[e] - s < kMmaPairs ? count[e] - s : kMmaPairs, 0);
-      first += count[e];
+  {  // offsets and the work list: thread e takes expert e (E <= kSortThreads), a block scan of the counts
+     // and of the items per expert (one thread's serial walk over E experts measured 20 us on the H100)
+    __shared__ int32_t warp_pairs[kSortThreads / 32], warp_items[kSortThreads / 32];
+    const int e = static_cast<int>(threadIdx.x), lane = e & 31, wid = e >> 5;
+    const int32_t c = e < E ? count[e] : 0, n = (c + kMmaPairs - 1) / kMmaPairs;
+    int32_t sc = c, sn = n;  // inclusive scans within the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t a = __shfl_up_sync(0xffffffffu, sc, o), b = __shfl_up_sync(0xffffffffu, sn, o);
+      if (lane >= o) sc += a, sn += b;
     }
-    *m.n_items = n;
+    if (lane == 31) warp_pairs[wid] = sc, warp_items[wid] = sn;
+    __syncthreads();
+    if (wid == 0) {  // the warps' totals, scanned by warp 0 (kSortThreads / 32 == 32)
+      int32_t a = warp_pairs[lane], b = warp_items[lane];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t x = __shfl_up_sync(0xffffffffu, a, o), y = __shfl_up_sync(0xffffffffu, b, o);
+        if (lane >= o) a += x, b += y;
+      }
+      warp_pairs[lane] = a, warp_items[lane] = b;
+    }
+    __syncthreads();
+    const int32_t first = (wid > 0 ? warp_pairs[wid - 1] : 0) + sc - c;
+    const int32_t item0 = (wid > 0 ? warp_items[wid - 1] : 0) + sn - n;
+    if (e < E) {
+      cursor[e] = first;
+      for (int32_t s = 0, i = item0; s < c; s += kMmaPairs, ++i)
+        m.items[i] = make_int4(e, first + s, c - s < kMmaPairs ? c - s : kMmaPairs, 0);
+    }
+    if (e == kSortThreads - 1) *m.n_items = item0 + n;  // the last thread's inclusive sum: every item
   }
   __syncthreads();
   for (int q = static_cast<int>(threadIdx.x); q < P; q += kSortThreads) {
