@@ -886,6 +886,11 @@ static void test_hostile_tensors_and_flags(void) {
     s_token = f32_1d(own, M);
     EXPECT(KDISPATCH_OK, kdispatch_quant_fp8_tensor(rt, dl(&tq), dl(&tqx), dl(&s_tensor), NULL, 0, NULL));
     EXPECT(KDISPATCH_OK, kdispatch_quant_fp8_token(rt, dl(&tq), dl(&tqx), dl(&s_token), NULL, 0, NULL));
+    /* M = 0: _tensor still writes its scale, an empty x's (amax 0: 1e-10 / 448); x and q without data */
+    tensor eq = make(NULL, (DLDataTypeCode)10, 8, 2, 0, 128), ex = f32_2d(NULL, 0, 128);
+    own[0] = 99.f;
+    EXPECT(KDISPATCH_OK, kdispatch_quant_fp8_tensor(rt, dl(&eq), dl(&ex), dl(&s_tensor), NULL, 0, NULL));
+    CHECK(own[0] == 1e-10f / 448.f);
   }
   EXPECT(KDISPATCH_OK, kdispatch_runtime_destroy(rt));
 }

@@ -530,6 +530,18 @@ class TorchNativeTest(unittest.TestCase):
         mq, ms = torch.ops.kdispatch.quant_fp8_tensor(x.to("meta"))
         self.assertEqual((tuple(mq.shape), tuple(ms.shape)), ((3, 64), (1,)))
 
+    @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
+    def test_quant_fp8_tensor_writes_its_scale_at_m_0(self):
+        """An empty x (a rank with no tokens) still gets its scale, amax 0:
+        1e-10 / 448, never an uninitialised one."""
+        x = torch.empty(0, 64)
+        q, scale = torch.ops.kdispatch.quant_fp8_tensor(x)
+        self.assertEqual(tuple(q.shape), (0, 64))
+        self.assertEqual(scale.item(), torch.tensor(1e-10 / 448.0, dtype=torch.float32).item())
+        out = torch.full((1,), 99.0)
+        torch.ops.kdispatch.quant_fp8_tensor_out(q, out, x)  # outputs first (q, scale), then x
+        self.assertEqual(out.item(), scale.item())
+
     def test_meta_kernels(self):
         m = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
         self.assertEqual(torch.ops.kdispatch.rmsnorm(m(5, 3, 16), m(16), 1e-6).shape, (5, 3, 16))
