@@ -231,8 +231,8 @@ struct QuantFp8GroupArgs : QuantFp8Args {};
 /// - activation: 0 silu (default), 1 gelu (erf), SGLang's `activation`.
 /// The GPU path takes a 16-byte aligned workspace (CallOptions::workspace
 /// or Runtime::attach_stream): M * top_k * I * 4 bytes for the largest M
-/// serve the split and per-pair kernels (the default below 4 pairs per
-/// expert); the tensor-core kernels (the default from 4 pairs per expert)
+/// serve the split and per-pair kernels (the default below 2 pairs per
+/// expert); the tensor-core kernels (the default from 2 pairs per expert)
 /// need more: workspace_bytes("fused_moe", key, max_M, DeviceType::cuda)
 /// covers the default and every tuned plan. A plan given less falls back to
 /// one that fits, else the call is refused, naming the bytes needed. The
