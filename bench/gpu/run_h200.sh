@@ -337,10 +337,13 @@ if has moe-profile; then
   if command -v ncu >/dev/null 2>&1; then
     : >"$OUT/moe_ncu.txt"
     for pm in $(echo "${KD_MOE_PROFILE_M:-16}" | tr ',' ' '); do  # a comma list: one ncu run per M
+      # The time left, checked per M: `timeout 0` would run ncu unbounded, a negative one not at all.
+      t=$(($(left) - 5))
+      [ "$t" -gt 0 ] || { echo "::: moe-profile: no time left for M $pm (KD_SECTION_S)"; status=1; break; }
       stamp "moe-profile: ncu at ${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}, M $pm"
       echo "=== M $pm" >>"$OUT/moe_ncu.txt"
       PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
-        timeout $(($(left) - 5)) ncu --clock-control none --cache-control all -k "regex:${KD_MOE_PROFILE_KERNELS:-moe_.*(mma|split|sort|reduce|quant)}" \
+        timeout "$t" ncu --clock-control none --cache-control all -k "regex:${KD_MOE_PROFILE_KERNELS:-moe_.*(mma|split|sort|reduce|quant)}" \
         --launch-count "${KD_MOE_PROFILE_LAUNCHES:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
         "$PY" bench/gpu/bench_moe.py --lib "$LIB" --no-peer --m "$pm" --sets 1 --rounds 1 \
