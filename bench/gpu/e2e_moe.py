@@ -260,8 +260,12 @@ def main():
 
 
 def write(out, result):
-    with open(os.path.join(out, "e2e_moe.json"), "w") as f:
+    """e2e_moe.json, whole or not at all: a timeout's SIGTERM during the
+    dump must not leave the rows already written truncated."""
+    path = os.path.join(out, "e2e_moe.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
