@@ -4,6 +4,7 @@
 // side is tests/gpu (kdispatch_gpu_tests).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -243,6 +244,55 @@ TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a desc
     Problem mixed = norm_problem(t, OpKind::rmsnorm, DType::bf16, 4, 4096);
     mixed.out_dtype = DType::fp32;
     CHECK(!dispatch::core::get_default(mixed, dev).valid());
+    if (t != DeviceType::cuda) continue;
+    // fused_moe: the tensor-core default is staged up to 32 pairs per expert
+    // (bf16), direct from there; where __mma declines, the split plan has
+    // no params and equals its config row (no staged=1 left in params[0]).
+    auto moe = [&](DType dt, int64_t M, int64_t E, int64_t top_k, int64_t H, int64_t I) {
+      Problem p;
+      p.op = OpKind::fused_moe;
+      p.device = dispatch::Device{t, 0};
+      p.in_dtype = dt;
+      p.out_dtype = DType::bf16;
+      p.has_bias = dt == DType::fp8_e4m3fn;
+      p.m = M, p.k = H, p.n = I, p.extra[0] = E, p.extra[1] = top_k;
+      return p;
+    };
+    struct Want {
+      Problem p;
+      const char* plan;
+    };
+    const Want wants[] = {
+        {moe(DType::bf16, 16, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true}"},    // 4 pairs/expert
+        {moe(DType::bf16, 128, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=false}"},  // 32 pairs/expert
+        {moe(DType::bf16, 4, 8, 2, 2048, 768), "fused_moe_bf16__split{}"},              // 1 pair/expert
+        {moe(DType::bf16, 16, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},              // I % 32: no __mma
+        {moe(DType::bf16, 128, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},             // the same, past 32
+        {moe(DType::fp8_e4m3fn, 64, 256, 8, 7168, 256), "fused_moe_fp8_e4m3fn__mma{staged=true}"},
+        {moe(DType::fp8_e4m3fn, 4096, 2048, 1, 1024, 256), "fused_moe_fp8_e4m3fn__split{}"},  // E > 1024
+    };
+    for (const Want& w : wants) {
+      INFO(std::string(w.plan), " M=", w.p.m, " E=", w.p.extra[0], " I=", w.p.n);
+      const Plan plan = dispatch::core::get_default(w.p, dev);
+      REQUIRE(plan.valid());
+      CHECK(dispatch::core::plan_to_string(plan) == w.plan);
+      // The plan its config row resolves to (plan_to_config writes the
+      // variant's params alone) and the tuner's config space: the same plan.
+      const auto from_row =
+          dispatch::core::plan_from_config(dispatch::core::plan_to_config(plan), OpKind::fused_moe, t);
+      REQUIRE(from_row.ok());
+      CHECK(*from_row == plan);
+      const std::vector<Plan> space = dispatch::core::config_space(*plan.variant, w.p, dev);
+      CHECK(std::count(space.begin(), space.end(), plan) == 1);
+      for (int i = static_cast<int>(plan.variant->params.size()); i < dispatch::core::kMaxParams; ++i)
+        CHECK(plan.params[i] == 0);
+    }
+    // A row or a forced plan naming __mma without "staged": staged (its default).
+    dispatch::Config bare;
+    bare.emplace_back("variant", dispatch::ConfigValue::string("fused_moe_bf16__mma"));
+    const auto staged = dispatch::core::plan_from_config(bare, OpKind::fused_moe, t);
+    REQUIRE(staged.ok());
+    CHECK(dispatch::core::plan_to_string(*staged) == "fused_moe_bf16__mma{staged=true}");
   }
 }
 
