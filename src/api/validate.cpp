@@ -2,6 +2,7 @@
 #include "api/validate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -204,6 +205,15 @@ std::string switch_text(float v) {
 [[gnu::always_inline]] inline bool dim_scalar_ok(float v) noexcept {
   return v >= 1.f && v <= core::kMaxDimScalar && v == static_cast<float>(static_cast<int32_t>(v));
 }
+// Why a dim scalar is refused: the value as a whole number where it is one
+// ("got -4", not "got -4.000000"); -1 is also what an int32 size past 2^24
+// arrives as (scalar_float), so the message says so.
+std::string dim_scalar_text(float v) {
+  const bool whole = std::fabs(v) < 1e15f && v == std::trunc(v);
+  std::string got = whole ? std::to_string(static_cast<long long>(v)) : std::to_string(v);
+  return "must be a whole number in [1, 16777216], got " + got +
+         (v == -1.f ? " (an integer size past 2^24 arrives as -1)" : "");
+}
 std::string choice_text(const core::ScalarSlot& s, float v) {
   std::string all;
   for (size_t j = 0; j < s.labels.size(); ++j)
@@ -347,8 +357,7 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
     Binding b;
     for (size_t j = 0; j < s.scalars.size(); ++j) {
       if (s.scalars[j].kind != core::ScalarKind::dim) continue;
-      if (!dim_scalar_ok(scalars[j]))
-        return bad(s.scalars[j].name, "must be a whole number in [1, 16777216], got " + std::to_string(scalars[j]));
+      if (!dim_scalar_ok(scalars[j])) return bad(s.scalars[j].name, dim_scalar_text(scalars[j]));
       b.value[static_cast<int>(s.scalars[j].dim)] = static_cast<int64_t>(scalars[j]);
       b.binder[static_cast<int>(s.scalars[j].dim)] = static_cast<int8_t>(kScalarBinder + j);
     }
