@@ -27,6 +27,8 @@ void probe_fused_moe_fp8(KernelImage* out, const ProbeEnv&) noexcept {
   out[7] = image_of(moe_mma::moe_quant_kernel<float>);
   out[8] = image_of(moe_mma::moe_down_mma_fp8_kernel<DType::bf16>);
   out[9] = image_of(moe_mma::moe_reduce_kernel<DType::bf16>);
+  out[10] = moe_tu::ring_image(moe_mma::moe_ring_kernel<DType::fp8_e4m3fn, true>);
+  out[11] = moe_tu::ring_image(moe_mma::moe_ring_kernel<DType::fp8_e4m3fn, false>);
 }
 
 }  // namespace dispatch::cuda

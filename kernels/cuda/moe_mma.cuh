@@ -43,15 +43,18 @@ inline constexpr int kMmaThreads = kMmaWarps * 32;  ///< and their threads
 inline constexpr int kMmaTiles = 4;                 ///< 8-pair mma tiles per item
 inline constexpr int kMmaPairs = 8 * kMmaTiles;     ///< pairs per item
 inline constexpr int kDownRowTiles = 2;             ///< 16-row tiles per warp of the down kernel
-inline constexpr int kMmaStages = 3;                ///< cp.async stages of the GEMM kernels' K loop
-/// The 16-byte loads of one lane per K step: two per 16-row tile (rows g,
-/// g + 8) of the 2 tiles every GEMM kernel has (up: gate and up; down:
-/// kDownRowTiles), one per 8-pair tile.
-inline constexpr int kMmaLoads = 2 * 2 + kMmaTiles;
-/// The GEMM kernels' dynamic shared memory: each lane's loads of kMmaStages
-/// steps (48 KiB: no opt-in needed).
-inline constexpr int kMmaSmemBytes = kMmaWarps * kMmaStages * kMmaLoads * 32 * 16;
-static_assert(kDownRowTiles == 2 && kMmaSmemBytes <= 48 * 1024, "kMmaLoads assumes 2 row tiles; 48 KiB at most");
+// The ring kernels (moe_ring_kernel, the "staged" plans): a stage holds 128
+// bytes of K of each warp's 32 weight rows and of the item's kMmaPairs
+// activation rows, plus (block fp8) the stage's scales.
+inline constexpr int kRingStages = 3;
+inline constexpr int kRingRowBytes = 128;
+inline constexpr int kRingWeightRows = 32;  ///< per warp: up 16 gate + 16 up rows, down 2 tiles of 16
+inline constexpr int kRingStageBytes = (kMmaWarps * kRingWeightRows + kMmaPairs) * kRingRowBytes;
+inline constexpr int kRingScaleBytes = 256;  ///< a stage's scales: the pairs' [32], then the weights' [2]
+/// The ring kernels' dynamic shared memory (over 48 KiB: the probe raises
+/// their limit; 3 blocks fit an sm_90 SM).
+inline constexpr int kRingSmemBytes = kRingStages * (kRingStageBytes + kRingScaleBytes);
+static_assert(kDownRowTiles == 2 && kRingSmemBytes <= 75 * 1024, "3 blocks an sm_90 SM (228 KiB)");
 inline constexpr int kSortThreads = 1024;
 static_assert(kSortThreads == 32 * 32, "moe_sort_kernel scans the warps' totals in one warp");
 inline constexpr int kReduceThreads = 256;
@@ -154,66 +157,24 @@ KDISPATCH_DEVICE_INLINE void mma_regs(const uint4 (&r0)[RT], const uint4 (&r8)[R
     }
 }
 
-/// The K loop of the GEMM kernels (Staged: the kernels' template argument,
-/// the variants' param "staged"): `steps` 16-byte steps (step s at element
-/// s * step_elems of every row) of RT = 2 16-row tiles (rows w[t] and, 8
-/// below, w[t] + r8) against the item's first nt 8-pair tiles (rows bp[j]):
-/// mma_regs, then after(s). The loads run kMmaStages - 1 steps ahead of the
-/// mma through the lane's own shared-memory slots (cp.async, 16 bytes each):
-/// a lane reads back only what it copied itself, so no barrier is needed,
-/// and it refills a stage only after the mma that consumed its registers
-/// (the previous step's), before this step's mma so the copy overlaps it.
-/// A decode item of one or two pairs loads and multiplies one 8-pair tile,
-/// not kMmaTiles.
 KDISPATCH_DEVICE_INLINE uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
-template <DType DT, bool Staged, class S, class After>
-KDISPATCH_DEVICE_INLINE void mma_loop(const S* const (&w)[2], int64_t r8, const S* const (&bp)[kMmaTiles], int nt,
+/// The K loop of the direct kernels (the plans with staged = false):
+/// `steps` 16-byte steps (step s at element s * step_elems of every row) of
+/// 2 16-row tiles (rows w[t] and, 8 below, w[t] + r8) against the item's
+/// kMmaTiles 8-pair tiles (rows bp[j]), loaded straight from global memory
+/// into registers: mma_regs, then after(s).
+template <DType DT, class S, class After>
+KDISPATCH_DEVICE_INLINE void mma_loop(const S* const (&w)[2], int64_t r8, const S* const (&bp)[kMmaTiles],
                                       int64_t steps, int64_t step_elems, float (&acc)[2][kMmaTiles][4], After after) {
-  if constexpr (!Staged) {  // the loop as first measured: straight from global memory, every tile
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t k0 = s * step_elems;
-      uint4 r0[2], rr8[2], b[kMmaTiles];
-#pragma unroll
-      for (int t = 0; t < 2; ++t) r0[t] = ld16(w[t] + k0), rr8[t] = ld16(w[t] + r8 + k0);
-#pragma unroll
-      for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(bp[j] + k0);
-      mma_regs<DT, 2>(r0, rr8, b, kMmaTiles, acc);
-      after(s);
-    }
-    return;
-  }
-  extern __shared__ uint4 mma_slots[];  // [warp][stage][load][lane]
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  uint4* const mine = mma_slots + (static_cast<int>(threadIdx.x) >> 5) * (kMmaStages * kMmaLoads * 32) + lane;
-  auto issue = [&](int64_t s) {
-    if (s < steps) {
-      const uint32_t at = gemm_skinny_mma::smem_addr(mine + (s % kMmaStages) * (kMmaLoads * 32));
-      const int64_t k0 = s * step_elems;
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        gemm_skinny_mma::cp_async16(at + t * 512, w[t] + k0, 16);
-        gemm_skinny_mma::cp_async16(at + (2 + t) * 512, w[t] + r8 + k0, 16);
-      }
-#pragma unroll
-      for (int j = 0; j < kMmaTiles; ++j)
-        if (j < nt) gemm_skinny_mma::cp_async16(at + (4 + j) * 512, bp[j] + k0, 16);
-    }
-    gemm_skinny_mma::cp_commit();  // empty past the last step: the group count stays one per step
-  };
-#pragma unroll
-  for (int s = 0; s < kMmaStages - 1; ++s) issue(s);
   for (int64_t s = 0; s < steps; ++s) {
-    gemm_skinny_mma::cp_wait<kMmaStages - 2>();  // step s's group has landed
-    asm volatile("" ::: "memory");               // and no read below moves above the wait
-    const uint4* at = mine + (s % kMmaStages) * (kMmaLoads * 32);
+    const int64_t k0 = s * step_elems;
     uint4 r0[2], rr8[2], b[kMmaTiles];
 #pragma unroll
-    for (int t = 0; t < 2; ++t) r0[t] = at[t * 32], rr8[t] = at[(2 + t) * 32];
+    for (int t = 0; t < 2; ++t) r0[t] = ld16(w[t] + k0), rr8[t] = ld16(w[t] + r8 + k0);
 #pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j) b[j] = j < nt ? at[(4 + j) * 32] : make_uint4(0, 0, 0, 0);
-    issue(s + kMmaStages - 1);  // into the stage read at s - 1, whose mma has consumed its registers
-    mma_regs<DT, 2>(r0, rr8, b, nt, acc);
+    for (int j = 0; j < kMmaTiles; ++j) b[j] = ld16(bp[j] + k0);
+    mma_regs<DT, 2>(r0, rr8, b, kMmaTiles, acc);
     after(s);
   }
 }
@@ -262,7 +223,7 @@ KDISPATCH_DEVICE_INLINE bool lane_of(const MmaArgs& m, int rows, int64_t extent,
   return l->row0 < extent;
 }
 
-template <DType DT, bool Staged = false>
+template <DType DT>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16, m.g.I, &l)) return;  // I a multiple of 16 (the list checks)
@@ -277,14 +238,14 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
     xb[j] = static_cast<const S*>(g.hidden) + (l.b_pair(m, j) / g.top_k) * g.ldh + 8 * l.q;
   const S* const rows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {};
-  mma_loop<DT, Staged>(rows, r8, xb, l.nt(), g.H / 32, 32, acc, [](int64_t) {});  // H a multiple of 32
+  mma_loop<DT>(rows, r8, xb, g.H / 32, 32, acc, [](int64_t) {});  // H a multiple of 32
   S* a = static_cast<S*>(m.a);
   l.each_out(m, [&](int j, int e, int64_t p, int r) {
     Elem<DT>::store1(a + p * g.I + i0 + r, moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
   });
 }
 
-template <DType DT, bool Staged = false>
+template <DType DT>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16 * kDownRowTiles, m.g.H, &l)) return;  // H a multiple of 32
@@ -298,7 +259,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   for (int j = 0; j < kMmaTiles; ++j) ab[j] = static_cast<const S*>(m.a) + l.b_pair(m, j) * g.I + 8 * l.q;
   const S* const rows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {};
-  mma_loop<DT, Staged>(rows, r8, ab, l.nt(), g.I / 32, 32, acc, [](int64_t) {});  // I a multiple of 32
+  mma_loop<DT>(rows, r8, ab, g.I / 32, 32, acc, [](int64_t) {});  // I a multiple of 32
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
     l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
@@ -378,7 +339,7 @@ KDISPATCH_DEVICE_INLINE void column_rows(const MmaArgs& m, const Lane& l, bool t
     }
 }
 
-template <DType X, bool Staged = false>  // X: the activations' dtype (bf16), a template to stay out of other TUs
+template <DType X>  // X: the activations' dtype (bf16), a template to stay out of other TUs
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mma_fp8_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16, m.g.I, &l)) return;
@@ -396,7 +357,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
   const uint8_t* const wrows[2] = {wg, wg + up};  // gate, up
   float acc[2][kMmaTiles][4] = {}, part[2][kMmaTiles][4] = {};
   // Two 64-element steps per 128-group; after the second, the group's sums join acc.
-  mma_loop<DType::fp8_e4m3fn, Staged>(wrows, r8, xb, l.nt(), H / 64, 64, part, [&](int64_t s) {
+  mma_loop<DType::fp8_e4m3fn>(wrows, r8, xb, H / 64, 64, part, [&](int64_t s) {
     if ((s & 1) == 0) return;
     const int64_t gi = s / 2;
     float sa[kMmaTiles][2];
@@ -410,7 +371,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_up_mm
   });
 }
 
-template <DType X, bool Staged = false>
+template <DType X>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_mma_fp8_kernel(MmaArgs m) {
   Lane l;
   if (!lane_of(m, 16 * kDownRowTiles, m.g.H, &l)) return;
@@ -426,7 +387,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
   column_rows(m, l, false, rows);
   const uint8_t* const wrows[kDownRowTiles] = {w, w + 16 * g.ldw2};
   float acc[kDownRowTiles][kMmaTiles][4] = {}, part[kDownRowTiles][kMmaTiles][4] = {};
-  mma_loop<DType::fp8_e4m3fn, Staged>(wrows, r8, ab, l.nt(), I / 64, 64, part, [&](int64_t s) {
+  mma_loop<DType::fp8_e4m3fn>(wrows, r8, ab, I / 64, 64, part, [&](int64_t s) {
     if ((s & 1) == 0) return;
     const int64_t gi = s / 2;
     float sa[kMmaTiles][2];
@@ -437,6 +398,196 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
 #pragma unroll
   for (int t = 0; t < kDownRowTiles; ++t)
     l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + c0 + t * 16 + r] = acc[t][j][e]; });
+}
+
+// ------------------------------------------------------------------ the ring kernels
+//
+// moe_ring_kernel<DT, Up>: the up (Up) or down GEMM of the plans with
+// staged = true, the grid and the outputs of moe_up_mma_kernel /
+// moe_down_mma_kernel (block fp8: of their fp8 forms). The block streams K
+// through a ring of kRingStages stages in shared memory, each 128 bytes of K
+// (64 bf16/fp16 or 128 fp8 elements: block fp8's 128-group) of every warp's
+// 32 weight rows and of the item's pairs' activation rows (once per block,
+// not once per warp), loaded as the skinny_mma GEMM loads: cp.async.cg 16
+// bytes a lane, 8 lanes a 128-byte row line, chunk c of row r at c ^ (r & 7)
+// (gemm_skinny_mma::swz) so that the ldmatrix reads are free of bank
+// conflicts, the weights with an L2 evict-first policy (read once a call
+// per item). The loads of stage c + kRingStages - 1 are issued before stage
+// c is used, one barrier of the block per stage. Block fp8: the stage's
+// activation scales (one per pair) and weight scales (up: gate and up; a
+// block's rows lie in one 128-row block) ride the ring beside the data, and
+// each stage's sums join the accumulators times both. Bytes past K are
+// zero-filled (bf16/fp16 K a multiple of 32), pairs past the item's count
+// zero-filled and not written, the 8-pair tiles past them not multiplied.
+
+/// The B (activation) rows of a ring kernel: up: hidden (block fp8: its
+/// codes xq) by token, down: a (aq) by pair; `ld` in bytes.
+template <DType DT, bool Up>
+KDISPATCH_DEVICE_INLINE const unsigned char* ring_b_rows(const MmaArgs& m, int64_t* ld) {
+  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  const moe::MoeArgs& g = m.g;
+  if constexpr (kFp8) {
+    *ld = Up ? g.H : g.I;
+    return Up ? m.xq : m.aq;
+  }
+  *ld = Up ? g.ldh * 2 : g.I * 2;
+  return static_cast<const unsigned char*>(Up ? g.hidden : m.a);
+}
+
+template <DType DT, bool Up>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m) {
+  namespace sk = gemm_skinny_mma;
+  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  constexpr int kEB = kFp8 ? 1 : 2, S = kRingStages;
+  port::grid_dependency_wait_and_release();
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  const moe::MoeArgs& g = m.g;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  Lane l;
+  l.it = m.items[blockIdx.y];
+  l.gr = lane >> 2, l.q = lane & 3;
+  // This warp's rows: up 16 gate rows from row0 and their up rows, down 32
+  // rows of H from row0. A warp past the extent streams nothing of its own
+  // but loads its share of the pairs' rows and meets every barrier.
+  const int64_t extent = Up ? g.I : g.H, block_row0 = int64_t{blockIdx.x} * kMmaWarps * (Up ? 16 : 32);
+  l.row0 = block_row0 + warp * (Up ? 16 : 32);
+  const bool live = l.row0 < extent;  // I and H multiples of 32 (16 rows a live warp's tile at most)
+  const int64_t K = Up ? g.H : g.I, kbytes = K * kEB, ldw = (Up ? g.ldw1 : g.ldw2) * kEB;
+  const unsigned char* wexp =
+      static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + int64_t{l.it.x} * (Up ? 2 * g.I : g.H) * ldw;
+  const int prow = lane >> 3, pch = lane & 7;  // a lane copies chunk pch of rows prow + 4i
+  const unsigned char* wsrc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = prow + 4 * i;  // up: rows 0..15 gate, 16..31 up
+    const int64_t row = Up ? (r < 16 ? l.row0 + r : g.I + l.row0 + r - 16) : l.row0 + r;
+    wsrc[i] = wexp + (live ? row : 0) * ldw;
+  }
+  const int nt = l.nt(), brow = tid >> 3;  // a thread copies chunk pch of pair rows brow, brow + 16
+  int64_t ldb = 0;
+  const unsigned char* bbase = ring_b_rows<DT, Up>(m, &ldb);
+  const unsigned char* bsrc[2];
+  bool bok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int c = brow + 16 * h;
+    bok[h] = c < l.it.z;
+    const int64_t p = m.sorted[l.it.y + (bok[h] ? c : 0)];
+    bsrc[h] = bbase + (Up ? p / g.top_k : p) * ldb;
+  }
+  // Block fp8's scale sources: warp 0 lane c the activation scale row of
+  // pair c, warp 1 lanes 0 (and up: 1) the weight scales of the block's rows.
+  const float* ssrc = nullptr;
+  bool sok = false;
+  if constexpr (kFp8) {
+    if (warp == 0) {
+      sok = lane < l.it.z;
+      const int64_t p = m.sorted[l.it.y + (sok ? lane : 0)];
+      ssrc = Up ? m.xs + (p / g.top_k) * (g.H / 128) : m.as + p * (g.I / 128);
+    } else if (warp == 1 && lane < (Up ? 2 : 1)) {
+      sok = true;
+      const int64_t rb = ((Up && lane == 1 ? g.I : 0) + block_row0) / 128;
+      ssrc = Up ? g.s1 + (int64_t{l.it.x} * (2 * g.I / 128) + rb) * g.lds1
+                : g.s2 + (int64_t{l.it.x} * (g.H / 128) + rb) * g.lds2;
+    }
+  }
+  uint64_t evict_first = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
+#endif
+  const uint32_t ring = sk::smem_addr(ring_smem), scales = ring + S * kRingStageBytes;
+  const uint32_t w_off = static_cast<uint32_t>(warp * kRingWeightRows * kRingRowBytes),
+                 b_off = static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes);
+  auto issue = [&](int slot, int64_t chunk) {
+    const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
+    const int64_t kb = chunk * kRingRowBytes + pch * 16;
+    const int bytes = kb < kbytes ? static_cast<int>(kbytes - kb < 16 ? kbytes - kb : 16) : 0;
+    const int64_t off = bytes ? kb : 0;  // a valid address even when nothing is read
+    if (live)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        sk::cp_async16(st + w_off + sk::swz(prow + 4 * i, pch), wsrc[i] + off, bytes, evict_first);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (brow + 16 * h < 8 * nt)
+        sk::cp_async16(st + b_off + sk::swz(brow + 16 * h, pch), bsrc[h] + off, bok[h] ? bytes : 0);
+    if constexpr (kFp8)
+      if (ssrc != nullptr)
+        sk::cp_async4(scales + static_cast<uint32_t>(slot * kRingScaleBytes + (warp == 0 ? 4 * lane : 128 + 4 * lane)),
+                      ssrc + (sok ? chunk : 0), sok ? 4 : 0);
+  };
+  const int64_t chunks = (kbytes + kRingRowBytes - 1) / kRingRowBytes;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < chunks) issue(s, s);
+    sk::cp_commit();  // empty groups keep the wait_group count uniform
+  }
+  // ldmatrix.x4 lane addresses (as skinny_mma's): weight rows (mma A) lane & 15
+  // of a 16-row tile, chunk + (lane >> 4); pair rows (mma B) lane & 7, chunk + (lane >> 3).
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_ch = lane >> 4, b_row = lane & 7, b_ch = lane >> 3;
+  float acc[2][kMmaTiles][4] = {};
+  int slot = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    sk::cp_wait<S - 2>();  // stage c has landed (this thread's copies) ...
+    __syncthreads();       // ... and every thread's; the slot of c - 1 is free
+    {
+      const int next = slot + S - 1 >= S ? slot - 1 : slot + S - 1;
+      if (c + S - 1 < chunks) issue(next, c + S - 1);
+      sk::cp_commit();
+    }
+    if (live) {
+      const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
+      float part[2][kMmaTiles][4] = {};  // block fp8: the stage's sums, scaled below
+      float(&sum)[2][kMmaTiles][4] = kFp8 ? part : acc;
+#pragma unroll
+      for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps a pair-row load: chunks 4kp .. 4kp + 3
+        uint32_t b[kMmaTiles][4];
+#pragma unroll
+        for (int j = 0; j < kMmaTiles; ++j)
+          if (j < nt)
+            sk::ldsm_x4(st + b_off + sk::swz(j * 8 + b_row, 4 * kp + b_ch), b[j]);
+          else
+            b[j][0] = b[j][1] = b[j][2] = b[j][3] = 0u;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            uint32_t a[4];
+            sk::ldsm_x4(st + w_off + sk::swz(t * 16 + a_row, 4 * kp + 2 * h + a_ch), a);
+#pragma unroll
+            for (int j = 0; j < kMmaTiles; ++j)
+              if (j < nt) sk::mma<DT>(sum[t][j], a, b[j][2 * h], b[j][2 * h + 1]);
+          }
+      }
+      if constexpr (kFp8) {
+        const auto* ss = reinterpret_cast<const float*>(ring_smem + S * kRingStageBytes + slot * kRingScaleBytes);
+        float sa[kMmaTiles][2];
+#pragma unroll
+        for (int j = 0; j < kMmaTiles; ++j) sa[j][0] = ss[8 * j + 2 * l.q], sa[j][1] = ss[8 * j + 2 * l.q + 1];
+        add_group(acc[0], part[0], sa, ss[32]);
+        add_group(acc[1], part[1], sa, ss[Up ? 33 : 32]);
+      }
+    }
+    if (++slot == S) slot = 0;
+  }
+  sk::cp_wait<0>();
+  if (!live) return;
+  if constexpr (Up && kFp8) {
+    float* a = static_cast<float*>(m.a);
+    l.each_out(m, [&](int j, int e, int64_t p, int r) {
+      a[p * g.I + l.row0 + r] = moe::act_of(acc[0][j][e], g.act) * acc[1][j][e];
+    });
+  } else if constexpr (Up) {
+    auto* a = static_cast<typename Elem<DT>::S*>(m.a);
+    l.each_out(m, [&](int j, int e, int64_t p, int r) {
+      Elem<DT>::store1(a + p * g.I + l.row0 + r, moe::act_of(acc[0][j][e], g.act) * acc[1][j][e]);
+    });
+  } else {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+      l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + l.row0 + t * 16 + r] = acc[t][j][e]; });
+  }
 }
 
 template <DType DT>

@@ -19,10 +19,12 @@ inline constexpr int kMoeThreads = KDISPATCH_GPU_HAS_TILED ? 8 * 32 : 8 * 64;
 /// Kernel images of the bf16/fp16 TUs: [0] up, [1] down (vector loads); [2]
 /// up, [3] down (one element at a time); [4] up, [5] down (grouped by
 /// expert); [6] up, [7] down (split over K); CUDA only: [8] sort, [9] up,
-/// [10] down, [11] reduce (tensor cores). The fp8 TU (CUDA only): [0] up, [1] down (split over
-/// K); [2] up, [3] down (its reference); [4] sort, [5] quantise hidden, [6]
-/// up, [7] quantise a, [8] down, [9] reduce (tensor cores).
-inline constexpr int kMoeImages = 12;
+/// [10] down, [11] reduce, [12] up, [13] down (tensor cores: direct, then
+/// the ring kernels of staged plans). The fp8 TU (CUDA only): [0] up, [1]
+/// down (split over K); [2] up, [3] down (its reference); [4] sort, [5]
+/// quantise hidden, [6] up, [7] quantise a, [8] down, [9] reduce, [10] up,
+/// [11] down (tensor cores, as bf16's).
+inline constexpr int kMoeImages = 14;
 /// Threads per block of the tensor-core kernels (moe_mma.cuh): the sort,
 /// the GEMMs, the quantisation and the top-k sum.
 inline constexpr int kMoeSortThreads = 1024, kMoeMmaThreads = 128, kMoeQuantThreads = 256, kMoeReduceThreads = 256;
@@ -30,7 +32,7 @@ inline constexpr int kMoeSortThreads = 1024, kMoeMmaThreads = 128, kMoeQuantThre
 constexpr int moe_image_threads(bool fp8, int k) noexcept {
   const int first_mma = fp8 ? 4 : 8;
   if (k < first_mma) return kMoeThreads;
-  const int i = k - first_mma;  // sort, [quant,] up, [quant,] down, reduce
+  const int i = k - first_mma;  // sort, [quant,] up, [quant,] down, reduce, ring up, ring down
   if (i == 0) return kMoeSortThreads;
   if (fp8) return i == 1 || i == 3 ? kMoeQuantThreads : i == 5 ? kMoeReduceThreads : kMoeMmaThreads;
   return i == 3 ? kMoeReduceThreads : kMoeMmaThreads;
@@ -102,7 +104,7 @@ Status launch_fused_moe_split_fp16(const core::LaunchArgs& la, const core::Probl
 Status launch_fused_moe_split_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// Block fp8's tensor-core kernels (H and I multiples of 128, E <= 1024).
-/// `staged`: the K loop through cp.async stages (moe_mma.cuh mma_loop).
+/// `staged`: the ring kernels (moe_mma.cuh moe_ring_kernel), else the direct ones.
 Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
 /// The tensor-core kernels (moe_mma.cuh; I and H multiples of 32, E <= 1024,
 /// 16-byte aligned rows).

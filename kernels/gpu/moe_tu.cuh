@@ -127,6 +127,23 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
 }
 
 #if KDISPATCH_GPU_HAS_TILED
+/// The image of a ring kernel (moe_mma.cuh), its dynamic shared memory limit
+/// raised to kRingSmemBytes on the current device (not loadable where the
+/// device refuses).
+template <class... Params>
+KernelImage ring_image(void (*k)(Params...)) noexcept {
+  KernelImage im = image_of(k);
+  if (im.loadable) {
+    const port::Error e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, moe_mma::kRingSmemBytes);
+    if (e != port::kSuccess) {
+      (void)cudaGetLastError();
+      im.loadable = false;
+      im.error = static_cast<int32_t>(e);
+    }
+  }
+  return im;
+}
+
 /// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce; block fp8
 /// (W = fp8_e4m3fn, X = bf16): sort, quantise hidden, up, quantise a, down,
 /// reduce. W = X = bf16 or fp16 otherwise.
@@ -173,7 +190,7 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
   const LaunchScope on(la, p);
   const auto grid_y = static_cast<unsigned>(items);
   constexpr int64_t up_rows = 16 * moe_mma::kMmaWarps, down_rows = up_rows * moe_mma::kDownRowTiles;
-  const size_t smem = staged ? moe_mma::kMmaSmemBytes : 0;  // the K loop's cp.async stages
+  const size_t smem = staged ? moe_mma::kRingSmemBytes : 0;  // the ring kernels' stages
   const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((I + up_rows - 1) / up_rows), grid_y),
       gd(static_cast<unsigned>((H + down_rows - 1) / down_rows), grid_y);
   port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<W>, dim3(1), dim3(moe_mma::kSortThreads),
@@ -184,20 +201,20 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
                      dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((H / 128 + 7) / 8)), dim3(kMoeQuantThreads),
                      on.stream, on.pdl, static_cast<const uint16_t*>(m.g.hidden), m.g.ldh, H, m.xq, H, m.xs, H / 128);
     if (e == port::kSuccess)
-      e = port::launch_smem(staged ? moe_mma::moe_up_mma_fp8_kernel<X, true> : moe_mma::moe_up_mma_fp8_kernel<X>, gu,
+      e = port::launch_smem(staged ? moe_mma::moe_ring_kernel<W, true> : moe_mma::moe_up_mma_fp8_kernel<X>, gu,
                             gemm_block, smem, on.stream, on.pdl, m);
     if (e == port::kSuccess)
       e = port::launch(moe_mma::moe_quant_kernel<float>,
                        dim3(static_cast<unsigned>(P), static_cast<unsigned>((I / 128 + 7) / 8)), dim3(kMoeQuantThreads),
                        on.stream, on.pdl, static_cast<const float*>(m.a), I, I, m.aq, I, m.as, I / 128);
     if (e == port::kSuccess)
-      e = port::launch_smem(staged ? moe_mma::moe_down_mma_fp8_kernel<X, true> : moe_mma::moe_down_mma_fp8_kernel<X>,
-                            gd, gemm_block, smem, on.stream, on.pdl, m);
+      e = port::launch_smem(staged ? moe_mma::moe_ring_kernel<W, false> : moe_mma::moe_down_mma_fp8_kernel<X>, gd,
+                            gemm_block, smem, on.stream, on.pdl, m);
   } else {
-    e = port::launch_smem(staged ? moe_mma::moe_up_mma_kernel<W, true> : moe_mma::moe_up_mma_kernel<W>, gu, gemm_block,
+    e = port::launch_smem(staged ? moe_mma::moe_ring_kernel<W, true> : moe_mma::moe_up_mma_kernel<W>, gu, gemm_block,
                           smem, on.stream, on.pdl, m);
     if (e == port::kSuccess)
-      e = port::launch_smem(staged ? moe_mma::moe_down_mma_kernel<W, true> : moe_mma::moe_down_mma_kernel<W>, gd,
+      e = port::launch_smem(staged ? moe_mma::moe_ring_kernel<W, false> : moe_mma::moe_down_mma_kernel<W>, gd,
                             gemm_block, smem, on.stream, on.pdl, m);
   }
   if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core kernel launch");
@@ -228,6 +245,8 @@ void probe(KernelImage* out) noexcept {
   out[9] = image_of(moe_mma::moe_up_mma_kernel<DT>);
   out[10] = image_of(moe_mma::moe_down_mma_kernel<DT>);
   out[11] = image_of(moe_mma::moe_reduce_kernel<DT>);
+  out[12] = ring_image(moe_mma::moe_ring_kernel<DT, true>);
+  out[13] = ring_image(moe_mma::moe_ring_kernel<DT, false>);
 #endif
 }
 
