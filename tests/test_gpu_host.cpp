@@ -245,9 +245,9 @@ TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a desc
     mixed.out_dtype = DType::fp32;
     CHECK(!dispatch::core::get_default(mixed, dev).valid());
     if (t != DeviceType::cuda) continue;
-    // fused_moe: the tensor-core default is staged up to 32 pairs per expert
-    // (bf16), direct from there; where __mma declines, the split plan has
-    // no params and equals its config row (no staged=1 left in params[0]).
+    // fused_moe: the tensor-core default is staged (the ring kernels) at
+    // every pairs-per-expert count it serves; where __mma declines, the split
+    // plan has no params and equals its config row (no staged=1 left in params[0]).
     auto moe = [&](DType dt, int64_t M, int64_t E, int64_t top_k, int64_t H, int64_t I) {
       Problem p;
       p.op = OpKind::fused_moe;
@@ -263,11 +263,11 @@ TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a desc
       const char* plan;
     };
     const Want wants[] = {
-        {moe(DType::bf16, 16, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true}"},    // 4 pairs/expert
-        {moe(DType::bf16, 128, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=false}"},  // 32 pairs/expert
-        {moe(DType::bf16, 4, 8, 2, 2048, 768), "fused_moe_bf16__split{}"},              // 1 pair/expert
-        {moe(DType::bf16, 16, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},              // I % 32: no __mma
-        {moe(DType::bf16, 128, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},             // the same, past 32
+        {moe(DType::bf16, 16, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true}"},   // 4 pairs/expert
+        {moe(DType::bf16, 128, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true}"},  // 32 pairs/expert
+        {moe(DType::bf16, 4, 8, 2, 2048, 768), "fused_moe_bf16__split{}"},             // 1 pair/expert
+        {moe(DType::bf16, 16, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},             // I % 32: no __mma
+        {moe(DType::bf16, 128, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},            // the same, past 32
         {moe(DType::fp8_e4m3fn, 64, 256, 8, 7168, 256), "fused_moe_fp8_e4m3fn__mma{staged=true}"},
         {moe(DType::fp8_e4m3fn, 4096, 2048, 1, 1024, 256), "fused_moe_fp8_e4m3fn__split{}"},  // E > 1024
     };

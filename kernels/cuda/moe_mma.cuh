@@ -420,160 +420,155 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
 // zero-filled (bf16/fp16 K a multiple of 32), pairs past the item's count
 // zero-filled and not written, the 8-pair tiles past them not multiplied.
 
-/// The B (activation) rows of a ring kernel: up: hidden (block fp8: its
-/// codes xq) by token, down: a (aq) by pair; `ld` in bytes.
+/// The copies of a ring kernel's stages: operator()(slot, tile, chunk)
+/// issues this thread's cp.async copies of K chunk `chunk` (128 bytes of
+/// every row) of the block's row tile `tile` into ring slot `slot`: its
+/// warp's weight rows (8 a lane), its 2 of the pairs' rows, block fp8 the
+/// scales (warp 0: the pairs' activation scales; warp 1 lanes 0, 1: the
+/// tile's weight scales, gate and up).
 template <DType DT, bool Up>
-KDISPATCH_DEVICE_INLINE const unsigned char* ring_b_rows(const MmaArgs& m, int64_t* ld) {
-  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
-  const moe::MoeArgs& g = m.g;
-  if constexpr (kFp8) {
-    *ld = Up ? g.H : g.I;
-    return Up ? m.xq : m.aq;
-  }
-  *ld = Up ? g.ldh * 2 : g.I * 2;
-  return static_cast<const unsigned char*>(Up ? g.hidden : m.a);
-}
-
-template <DType DT, bool Up>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m) {
-  namespace sk = gemm_skinny_mma;
-  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
-  constexpr int kEB = kFp8 ? 1 : 2, S = kRingStages;
-  port::grid_dependency_wait_and_release();
-  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
-  extern __shared__ __align__(128) unsigned char ring_smem[];
-  const moe::MoeArgs& g = m.g;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  Lane l;
-  l.it = m.items[blockIdx.y];
-  l.gr = lane >> 2, l.q = lane & 3;
-  // This warp's rows: up 16 gate rows from row0 and their up rows, down 32
-  // rows of H from row0. A warp past the extent streams nothing of its own
-  // but loads its share of the pairs' rows and meets every barrier.
-  const int64_t extent = Up ? g.I : g.H, block_row0 = int64_t{blockIdx.x} * kMmaWarps * (Up ? 16 : 32);
-  l.row0 = block_row0 + warp * (Up ? 16 : 32);
-  const bool live = l.row0 < extent;  // I and H multiples of 32 (16 rows a live warp's tile at most)
-  const int64_t K = Up ? g.H : g.I, kbytes = K * kEB, ldw = (Up ? g.ldw1 : g.ldw2) * kEB;
-  const unsigned char* wexp =
-      static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + int64_t{l.it.x} * (Up ? 2 * g.I : g.H) * ldw;
-  const int prow = lane >> 3, pch = lane & 7;  // a lane copies chunk pch of rows prow + 4i
-  const unsigned char* wsrc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = prow + 4 * i;  // up: rows 0..15 gate, 16..31 up
-    const int64_t row = Up ? (r < 16 ? l.row0 + r : g.I + l.row0 + r - 16) : l.row0 + r;
-    wsrc[i] = wexp + (live ? row : 0) * ldw;
-  }
-  const int nt = l.nt(), brow = tid >> 3;  // a thread copies chunk pch of pair rows brow, brow + 16
-  int64_t ldb = 0;
-  const unsigned char* bbase = ring_b_rows<DT, Up>(m, &ldb);
-  const unsigned char* bsrc[2];
+struct RingLoads {
+  static constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  static constexpr int kEB = kFp8 ? 1 : 2;
+  static constexpr int64_t kTileRows = kMmaWarps * (Up ? 16 : 32);  ///< a block tile's rows (up: gate rows)
+  const MmaArgs* m;
+  int warp, lane, nt;
+  int64_t kbytes, ldw, tile0;  // tile0: the block's first row tile
+  uint32_t ring, scales;
+  uint64_t evict_first;
+  const unsigned char* wsrc[8];  // rows (lane >> 3) + 4i of the warp in the block's first tile
+  const unsigned char* bsrc[2];  // pair rows (tid >> 3) + 16h
   bool bok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int c = brow + 16 * h;
-    bok[h] = c < l.it.z;
-    const int64_t p = m.sorted[l.it.y + (bok[h] ? c : 0)];
-    bsrc[h] = bbase + (Up ? p / g.top_k : p) * ldb;
-  }
-  // Block fp8's scale sources: warp 0 lane c the activation scale row of
-  // pair c, warp 1 lanes 0 (and up: 1) the weight scales of the block's rows.
-  const float* ssrc = nullptr;
-  bool sok = false;
-  if constexpr (kFp8) {
-    if (warp == 0) {
-      sok = lane < l.it.z;
-      const int64_t p = m.sorted[l.it.y + (sok ? lane : 0)];
-      ssrc = Up ? m.xs + (p / g.top_k) * (g.H / 128) : m.as + p * (g.I / 128);
-    } else if (warp == 1 && lane < (Up ? 2 : 1)) {
-      sok = true;
-      const int64_t rb = ((Up && lane == 1 ? g.I : 0) + block_row0) / 128;
-      ssrc = Up ? g.s1 + (int64_t{l.it.x} * (2 * g.I / 128) + rb) * g.lds1
-                : g.s2 + (int64_t{l.it.x} * (g.H / 128) + rb) * g.lds2;
-    }
-  }
-  uint64_t evict_first = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
-#endif
-  const uint32_t ring = sk::smem_addr(ring_smem), scales = ring + S * kRingStageBytes;
-  const uint32_t w_off = static_cast<uint32_t>(warp * kRingWeightRows * kRingRowBytes),
-                 b_off = static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes);
-  auto issue = [&](int slot, int64_t chunk) {
+  const float* asrc;  // warp 0: lane's pair's activation scales (block fp8)
+  bool aok;
+
+  /// The first row of this warp's rows in row tile `tile` (up: gate rows).
+  KDISPATCH_DEVICE_INLINE int64_t warp_row(int64_t tile) const { return tile * kTileRows + warp * (Up ? 16 : 32); }
+
+  KDISPATCH_DEVICE_INLINE void operator()(int slot, int64_t tile, int64_t chunk) const {
+    namespace sk = gemm_skinny_mma;
+    const moe::MoeArgs& g = m->g;
     const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
+    const int pch = lane & 7;
     const int64_t kb = chunk * kRingRowBytes + pch * 16;
     const int bytes = kb < kbytes ? static_cast<int>(kbytes - kb < 16 ? kbytes - kb : 16) : 0;
     const int64_t off = bytes ? kb : 0;  // a valid address even when nothing is read
-    if (live)
+    if (warp_row(tile) < (Up ? g.I : g.H)) {
+      const int64_t shift = (tile - tile0) * kTileRows * ldw + off;
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        sk::cp_async16(st + w_off + sk::swz(prow + 4 * i, pch), wsrc[i] + off, bytes, evict_first);
+        sk::cp_async16(
+            st + static_cast<uint32_t>(warp * kRingWeightRows * kRingRowBytes) + sk::swz((lane >> 3) + 4 * i, pch),
+            wsrc[i] + shift, bytes, evict_first);
+    }
+    const int brow = warp * 4 + (lane >> 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (brow + 16 * h < 8 * nt)
-        sk::cp_async16(st + b_off + sk::swz(brow + 16 * h, pch), bsrc[h] + off, bok[h] ? bytes : 0);
-    if constexpr (kFp8)
-      if (ssrc != nullptr)
-        sk::cp_async4(scales + static_cast<uint32_t>(slot * kRingScaleBytes + (warp == 0 ? 4 * lane : 128 + 4 * lane)),
-                      ssrc + (sok ? chunk : 0), sok ? 4 : 0);
-  };
-  const int64_t chunks = (kbytes + kRingRowBytes - 1) / kRingRowBytes;
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    if (s < chunks) issue(s, s);
-    sk::cp_commit();  // empty groups keep the wait_group count uniform
+        sk::cp_async16(
+            st + static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes) + sk::swz(brow + 16 * h, pch),
+            bsrc[h] + off, bok[h] ? bytes : 0);
+    if constexpr (kFp8) {
+      const uint32_t ss = scales + static_cast<uint32_t>(slot * kRingScaleBytes);
+      if (warp == 0) {
+        sk::cp_async4(ss + 4u * static_cast<uint32_t>(lane), asrc + (aok ? chunk : 0), aok ? 4 : 0);
+      } else if (warp == 1 && lane < (Up ? 2 : 1)) {  // the tile's rows lie in one 128-row block
+        const int64_t rb = ((lane == 1 ? g.I : 0) + tile * kTileRows) / 128;
+        const float* ws = Up ? g.s1 + (int64_t{m->items[blockIdx.y].x} * (2 * g.I / 128) + rb) * g.lds1
+                             : g.s2 + (int64_t{m->items[blockIdx.y].x} * (g.H / 128) + rb) * g.lds2;
+        sk::cp_async4(ss + 128u + 4u * static_cast<uint32_t>(lane), ws + chunk, 4);
+      }
+    }
   }
+};
+
+/// The RingLoads of this thread: block (tile group blockIdx.x, item
+/// blockIdx.y), `tiles` row tiles a block.
+template <DType DT, bool Up>
+KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lane& l, int tiles, uint32_t ring) {
+  using R = RingLoads<DT, Up>;
+  const moe::MoeArgs& g = m.g;
+  R d;
+  d.m = &m;
+  d.lane = static_cast<int>(threadIdx.x) & 31, d.warp = static_cast<int>(threadIdx.x) >> 5, d.nt = l.nt();
+  d.kbytes = (Up ? g.H : g.I) * R::kEB, d.ldw = (Up ? g.ldw1 : g.ldw2) * R::kEB;
+  d.tile0 = int64_t{blockIdx.x} * tiles;
+  d.ring = ring, d.scales = ring + kRingStages * kRingStageBytes;
+  d.evict_first = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(d.evict_first));
+#endif
+  const unsigned char* wexp =
+      static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + int64_t{l.it.x} * (Up ? 2 * g.I : g.H) * d.ldw;
+  const int64_t row0 = d.warp_row(d.tile0);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = (d.lane >> 3) + 4 * i;  // up: rows 0..15 gate, 16..31 up
+    const int64_t row = Up ? (r < 16 ? row0 + r : g.I + row0 + r - 16) : row0 + r;
+    d.wsrc[i] = wexp + row * d.ldw;  // past the extent: never read
+  }
+  int64_t ldb;  // the pairs' rows: up hidden (block fp8: xq) by token, down a (aq) by pair
+  const unsigned char* bbase;
+  if constexpr (R::kFp8) {
+    ldb = Up ? g.H : g.I;
+    bbase = Up ? m.xq : m.aq;
+  } else {
+    ldb = Up ? g.ldh * 2 : g.I * 2;
+    bbase = static_cast<const unsigned char*>(Up ? g.hidden : m.a);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int c = d.warp * 4 + (d.lane >> 3) + 16 * h;
+    d.bok[h] = c < l.it.z;
+    const int64_t p = m.sorted[l.it.y + (d.bok[h] ? c : 0)];
+    d.bsrc[h] = bbase + (Up ? p / g.top_k : p) * ldb;
+  }
+  d.aok = d.lane < l.it.z;
+  d.asrc = nullptr;
+  if constexpr (R::kFp8) {
+    const int64_t p = m.sorted[l.it.y + (d.aok ? d.lane : 0)];
+    d.asrc = Up ? m.xs + (p / g.top_k) * (g.H / 128) : m.as + p * (g.I / 128);
+  }
+  return d;
+}
+
+/// One stage of a ring kernel: the warp's 2 16-row tiles against the item's
+/// first nt 8-pair tiles, 128 bytes of K (sum += the products).
+template <DType DT>
+KDISPATCH_DEVICE_INLINE void ring_stage(uint32_t st, int warp, int lane, int nt, float (&sum)[2][kMmaTiles][4]) {
+  namespace sk = gemm_skinny_mma;
   // ldmatrix.x4 lane addresses (as skinny_mma's): weight rows (mma A) lane & 15
   // of a 16-row tile, chunk + (lane >> 4); pair rows (mma B) lane & 7, chunk + (lane >> 3).
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_ch = lane >> 4, b_row = lane & 7, b_ch = lane >> 3;
-  float acc[2][kMmaTiles][4] = {};
-  int slot = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    sk::cp_wait<S - 2>();  // stage c has landed (this thread's copies) ...
-    __syncthreads();       // ... and every thread's; the slot of c - 1 is free
-    {
-      const int next = slot + S - 1 >= S ? slot - 1 : slot + S - 1;
-      if (c + S - 1 < chunks) issue(next, c + S - 1);
-      sk::cp_commit();
-    }
-    if (live) {
-      const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
-      float part[2][kMmaTiles][4] = {};  // block fp8: the stage's sums, scaled below
-      float(&sum)[2][kMmaTiles][4] = kFp8 ? part : acc;
+  const uint32_t w_at = st + static_cast<uint32_t>(warp * kRingWeightRows * kRingRowBytes),
+                 b_at = st + static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes);
 #pragma unroll
-      for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps a pair-row load: chunks 4kp .. 4kp + 3
-        uint32_t b[kMmaTiles][4];
+  for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps a pair-row load: chunks 4kp .. 4kp + 3
+    uint32_t b[kMmaTiles][4];
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j)
+      if (j < nt)
+        sk::ldsm_x4(b_at + sk::swz(j * 8 + b_row, 4 * kp + b_ch), b[j]);
+      else
+        b[j][0] = b[j][1] = b[j][2] = b[j][3] = 0u;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        uint32_t a[4];
+        sk::ldsm_x4(w_at + sk::swz(t * 16 + a_row, 4 * kp + 2 * h + a_ch), a);
 #pragma unroll
         for (int j = 0; j < kMmaTiles; ++j)
-          if (j < nt)
-            sk::ldsm_x4(st + b_off + sk::swz(j * 8 + b_row, 4 * kp + b_ch), b[j]);
-          else
-            b[j][0] = b[j][1] = b[j][2] = b[j][3] = 0u;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            uint32_t a[4];
-            sk::ldsm_x4(st + w_off + sk::swz(t * 16 + a_row, 4 * kp + 2 * h + a_ch), a);
-#pragma unroll
-            for (int j = 0; j < kMmaTiles; ++j)
-              if (j < nt) sk::mma<DT>(sum[t][j], a, b[j][2 * h], b[j][2 * h + 1]);
-          }
+          if (j < nt) sk::mma<DT>(sum[t][j], a, b[j][2 * h], b[j][2 * h + 1]);
       }
-      if constexpr (kFp8) {
-        const auto* ss = reinterpret_cast<const float*>(ring_smem + S * kRingStageBytes + slot * kRingScaleBytes);
-        float sa[kMmaTiles][2];
-#pragma unroll
-        for (int j = 0; j < kMmaTiles; ++j) sa[j][0] = ss[8 * j + 2 * l.q], sa[j][1] = ss[8 * j + 2 * l.q + 1];
-        add_group(acc[0], part[0], sa, ss[32]);
-        add_group(acc[1], part[1], sa, ss[Up ? 33 : 32]);
-      }
-    }
-    if (++slot == S) slot = 0;
   }
-  sk::cp_wait<0>();
-  if (!live) return;
-  if constexpr (Up && kFp8) {
+}
+
+/// A ring kernel's outputs of one row tile (l.row0: the warp's first row).
+template <DType DT, bool Up>
+KDISPATCH_DEVICE_INLINE void ring_out(const MmaArgs& m, const Lane& l, const float (&acc)[2][kMmaTiles][4]) {
+  const moe::MoeArgs& g = m.g;
+  if constexpr (Up && DT == DType::fp8_e4m3fn) {
     float* a = static_cast<float*>(m.a);
     l.each_out(m, [&](int j, int e, int64_t p, int r) {
       a[p * g.I + l.row0 + r] = moe::act_of(acc[0][j][e], g.act) * acc[1][j][e];
@@ -588,6 +583,79 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ri
     for (int t = 0; t < 2; ++t)
       l.each_out(m, [&](int j, int e, int64_t p, int r) { m.y[p * g.H + l.row0 + t * 16 + r] = acc[t][j][e]; });
   }
+}
+
+/// Grid (ceil(row tiles / tiles), max items); `tiles` row tiles of
+/// RingLoads::kTileRows a block, streamed as one run of stages (tile by
+/// tile, K chunk by chunk) so that a short K (DeepSeek-V3's down GEMM: 2
+/// chunks of fp8) still keeps kRingStages - 1 stages in flight past a
+/// tile's end.
+template <DType DT, bool Up>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m, int tiles) {
+  namespace sk = gemm_skinny_mma;
+  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  constexpr int S = kRingStages;
+  using R = RingLoads<DT, Up>;
+  port::grid_dependency_wait_and_release();
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  const moe::MoeArgs& g = m.g;
+  Lane l;
+  l.it = m.items[blockIdx.y];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  l.gr = lane >> 2, l.q = lane & 3;
+  const R ld = ring_loads<DT, Up>(m, l, tiles, sk::smem_addr(ring_smem));
+  const int64_t extent = Up ? g.I : g.H, row_tiles = (extent + R::kTileRows - 1) / R::kTileRows;
+  const int64_t chunks = (ld.kbytes + kRingRowBytes - 1) / kRingRowBytes;
+  const int64_t my_tiles = row_tiles - ld.tile0 < tiles ? row_tiles - ld.tile0 : tiles;
+  const int64_t steps = my_tiles * chunks;   // step u: tile tile0 + u / chunks, chunk u % chunks
+  int64_t it_tile = ld.tile0, it_chunk = 0;  // the next step to issue
+  auto issue_next = [&](int slot) {
+    ld(slot, it_tile, it_chunk);
+    if (++it_chunk == chunks) it_chunk = 0, ++it_tile;
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < steps) issue_next(s);
+    sk::cp_commit();  // empty groups keep the wait_group count uniform
+  }
+  float acc[2][kMmaTiles][4] = {};
+  int slot = 0;
+  int64_t tile = ld.tile0, chunk = 0;
+  for (int64_t u = 0; u < steps; ++u) {
+    sk::cp_wait<S - 2>();  // stage u has landed (this thread's copies) ...
+    __syncthreads();       // ... and every thread's; the slot of u - 1 is free
+    if (u + S - 1 < steps) issue_next(slot == 0 ? S - 1 : slot - 1);
+    sk::cp_commit();
+    l.row0 = ld.warp_row(tile);
+    const bool live = l.row0 < extent;  // I and H multiples of 32: a live warp's rows all exist
+    if (live) {
+      const uint32_t st = ld.ring + static_cast<uint32_t>(slot * kRingStageBytes);
+      float part[2][kMmaTiles][4] = {};  // block fp8: the stage's sums, scaled below
+      float(&sum)[2][kMmaTiles][4] = kFp8 ? part : acc;
+      ring_stage<DT>(st, ld.warp, lane, ld.nt, sum);
+      if constexpr (kFp8) {
+        const auto* ss = reinterpret_cast<const float*>(ring_smem + S * kRingStageBytes + slot * kRingScaleBytes);
+        float sa[kMmaTiles][2];
+#pragma unroll
+        for (int j = 0; j < kMmaTiles; ++j) sa[j][0] = ss[8 * j + 2 * l.q], sa[j][1] = ss[8 * j + 2 * l.q + 1];
+        add_group(acc[0], part[0], sa, ss[32]);
+        add_group(acc[1], part[1], sa, ss[Up ? 33 : 32]);
+      }
+    }
+    if (++slot == S) slot = 0;
+    if (++chunk == chunks) {  // the tile's last chunk: its outputs, then the next tile's sums from zero
+      if (live) ring_out<DT, Up>(m, l, acc);
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
+      chunk = 0, ++tile;
+    }
+  }
+  sk::cp_wait<0>();
 }
 
 template <DType DT>
