@@ -420,81 +420,46 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
 // zero-filled (bf16/fp16 K a multiple of 32), pairs past the item's count
 // zero-filled and not written, the 8-pair tiles past them not multiplied.
 
-/// The copies of a ring kernel's stages: operator()(slot, item, tile,
-/// chunk) issues this thread's cp.async copies of K chunk `chunk` (128
-/// bytes of every row) of work item `item`'s row tile `tile` into ring slot
-/// `slot`: its warp's weight rows (8 a lane), its 2 of the pairs' rows,
-/// block fp8 the scales (warp 0: the pairs' activation scales; warp 1 lanes
-/// 0, 1: the tile's weight scales, gate and up). The item's sources are
-/// looked up when the item changes.
+/// The copies of a ring kernel's stages: operator()(slot, tile, chunk)
+/// issues this thread's cp.async copies of K chunk `chunk` (128 bytes of
+/// every row) of the block's row tile `tile` into ring slot `slot`: its
+/// warp's weight rows (8 a lane), its 2 of the pairs' rows, block fp8 the
+/// scales (warp 0: the pairs' activation scales; warp 1 lanes 0, 1: the
+/// tile's weight scales, gate and up).
 template <DType DT, bool Up>
 struct RingLoads {
   static constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
   static constexpr int kEB = kFp8 ? 1 : 2;
-  static constexpr int64_t kTileRows = kMmaWarps * (Up ? 16 : 32);  ///< a row tile's rows (up: gate rows)
+  static constexpr int64_t kTileRows = kMmaWarps * (Up ? 16 : 32);  ///< a block tile's rows (up: gate rows)
   const MmaArgs* m;
-  int warp, lane;
-  int64_t kbytes, ldw;
+  int warp, lane, nt;
+  int64_t kbytes, ldw, tile0;  // tile0: the block's first row tile
   uint32_t ring, scales;
   uint64_t evict_first;
-  int64_t wrow[8];  // the lane's weight rows (lane >> 3) + 4i in row tile 0 of an expert
-  // The current item's: its (expert, first, count), 8-pair tiles, weights,
-  // pair rows (tid >> 3) + 16h and (block fp8, warp 0) lane's pair's scales.
-  int32_t item = -1;
-  int4 it;
-  int nt;
-  const unsigned char* wexp;
-  const unsigned char* bsrc[2];
+  const unsigned char* wsrc[8];  // rows (lane >> 3) + 4i of the warp in the block's first tile
+  const unsigned char* bsrc[2];  // pair rows (tid >> 3) + 16h
   bool bok[2];
-  const float* asrc;
+  const float* asrc;  // warp 0: lane's pair's activation scales (block fp8)
   bool aok;
 
   /// The first row of this warp's rows in row tile `tile` (up: gate rows).
   KDISPATCH_DEVICE_INLINE int64_t warp_row(int64_t tile) const { return tile * kTileRows + warp * (Up ? 16 : 32); }
 
-  KDISPATCH_DEVICE_INLINE void set_item(int32_t i) {
-    const moe::MoeArgs& g = m->g;
-    item = i, it = m->items[i], nt = (it.z + 7) / 8;
-    wexp = static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + int64_t{it.x} * (Up ? 2 * g.I : g.H) * ldw;
-    int64_t ldb;  // the pairs' rows: up hidden (block fp8: xq) by token, down a (aq) by pair
-    const unsigned char* bbase;
-    if constexpr (kFp8) {
-      ldb = Up ? g.H : g.I;
-      bbase = Up ? m->xq : m->aq;
-    } else {
-      ldb = Up ? g.ldh * 2 : g.I * 2;
-      bbase = static_cast<const unsigned char*>(Up ? g.hidden : m->a);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int c = warp * 4 + (lane >> 3) + 16 * h;
-      bok[h] = c < it.z;
-      const int64_t p = m->sorted[it.y + (bok[h] ? c : 0)];
-      bsrc[h] = bbase + (Up ? p / g.top_k : p) * ldb;
-    }
-    aok = lane < it.z;
-    if constexpr (kFp8) {
-      const int64_t p = m->sorted[it.y + (aok ? lane : 0)];
-      asrc = Up ? m->xs + (p / g.top_k) * (g.H / 128) : m->as + p * (g.I / 128);
-    }
-  }
-
-  KDISPATCH_DEVICE_INLINE void operator()(int slot, int32_t at_item, int64_t tile, int64_t chunk) {
+  KDISPATCH_DEVICE_INLINE void operator()(int slot, int64_t tile, int64_t chunk) const {
     namespace sk = gemm_skinny_mma;
     const moe::MoeArgs& g = m->g;
-    if (at_item != item) set_item(at_item);
     const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
     const int pch = lane & 7;
     const int64_t kb = chunk * kRingRowBytes + pch * 16;
     const int bytes = kb < kbytes ? static_cast<int>(kbytes - kb < 16 ? kbytes - kb : 16) : 0;
     const int64_t off = bytes ? kb : 0;  // a valid address even when nothing is read
     if (warp_row(tile) < (Up ? g.I : g.H)) {
-      const int64_t shift = tile * kTileRows;
+      const int64_t shift = (tile - tile0) * kTileRows * ldw + off;
 #pragma unroll
       for (int i = 0; i < 8; ++i)
         sk::cp_async16(
             st + static_cast<uint32_t>(warp * kRingWeightRows * kRingRowBytes) + sk::swz((lane >> 3) + 4 * i, pch),
-            wexp + (wrow[i] + shift) * ldw + off, bytes, evict_first);
+            wsrc[i] + shift, bytes, evict_first);
     }
     const int brow = warp * 4 + (lane >> 3);
 #pragma unroll
@@ -509,35 +474,61 @@ struct RingLoads {
         sk::cp_async4(ss + 4u * static_cast<uint32_t>(lane), asrc + (aok ? chunk : 0), aok ? 4 : 0);
       } else if (warp == 1 && lane < (Up ? 2 : 1)) {  // the tile's rows lie in one 128-row block
         const int64_t rb = ((lane == 1 ? g.I : 0) + tile * kTileRows) / 128;
-        const float* ws = Up ? g.s1 + (int64_t{it.x} * (2 * g.I / 128) + rb) * g.lds1
-                             : g.s2 + (int64_t{it.x} * (g.H / 128) + rb) * g.lds2;
+        const float* ws = Up ? g.s1 + (int64_t{m->items[blockIdx.y].x} * (2 * g.I / 128) + rb) * g.lds1
+                             : g.s2 + (int64_t{m->items[blockIdx.y].x} * (g.H / 128) + rb) * g.lds2;
         sk::cp_async4(ss + 128u + 4u * static_cast<uint32_t>(lane), ws + chunk, 4);
       }
     }
   }
 };
 
-/// The RingLoads of this thread (no item yet).
+/// The RingLoads of this thread: block (tile group blockIdx.x, item
+/// blockIdx.y), `tiles` row tiles a block.
 template <DType DT, bool Up>
-KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, uint32_t ring) {
+KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lane& l, int tiles, uint32_t ring) {
   using R = RingLoads<DT, Up>;
   const moe::MoeArgs& g = m.g;
   R d;
   d.m = &m;
-  d.lane = static_cast<int>(threadIdx.x) & 31, d.warp = static_cast<int>(threadIdx.x) >> 5;
+  d.lane = static_cast<int>(threadIdx.x) & 31, d.warp = static_cast<int>(threadIdx.x) >> 5, d.nt = l.nt();
   d.kbytes = (Up ? g.H : g.I) * R::kEB, d.ldw = (Up ? g.ldw1 : g.ldw2) * R::kEB;
+  d.tile0 = int64_t{blockIdx.x} * tiles;
   d.ring = ring, d.scales = ring + kRingStages * kRingStageBytes;
   d.evict_first = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(d.evict_first));
 #endif
-  const int64_t row0 = d.warp_row(0);
+  const unsigned char* wexp =
+      static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + int64_t{l.it.x} * (Up ? 2 * g.I : g.H) * d.ldw;
+  const int64_t row0 = d.warp_row(d.tile0);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = (d.lane >> 3) + 4 * i;  // up: rows 0..15 gate, 16..31 up
-    d.wrow[i] = Up ? (r < 16 ? row0 + r : g.I + row0 + r - 16) : row0 + r;
+    const int64_t row = Up ? (r < 16 ? row0 + r : g.I + row0 + r - 16) : row0 + r;
+    d.wsrc[i] = wexp + row * d.ldw;  // past the extent: never read
   }
-  d.asrc = nullptr, d.aok = false;
+  int64_t ldb;  // the pairs' rows: up hidden (block fp8: xq) by token, down a (aq) by pair
+  const unsigned char* bbase;
+  if constexpr (R::kFp8) {
+    ldb = Up ? g.H : g.I;
+    bbase = Up ? m.xq : m.aq;
+  } else {
+    ldb = Up ? g.ldh * 2 : g.I * 2;
+    bbase = static_cast<const unsigned char*>(Up ? g.hidden : m.a);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int c = d.warp * 4 + (d.lane >> 3) + 16 * h;
+    d.bok[h] = c < l.it.z;
+    const int64_t p = m.sorted[l.it.y + (d.bok[h] ? c : 0)];
+    d.bsrc[h] = bbase + (Up ? p / g.top_k : p) * ldb;
+  }
+  d.aok = d.lane < l.it.z;
+  d.asrc = nullptr;
+  if constexpr (R::kFp8) {
+    const int64_t p = m.sorted[l.it.y + (d.aok ? d.lane : 0)];
+    d.asrc = Up ? m.xs + (p / g.top_k) * (g.H / 128) : m.as + p * (g.I / 128);
+  }
   return d;
 }
 
@@ -594,59 +585,55 @@ KDISPATCH_DEVICE_INLINE void ring_out(const MmaArgs& m, const Lane& l, const flo
   }
 }
 
-/// A persistent grid (ring_blocks: 3 blocks an SM): the call's units (work
-/// item, row tile of RingLoads::kTileRows rows), item by item, are cut into
-/// gridDim.x contiguous ranges, one a block, each streamed as one run of
-/// stages (unit by unit, K chunk by chunk): kRingStages - 1 stages stay in
-/// flight across units (a short K: DeepSeek-V3's down GEMM is 2 chunks of
-/// fp8), and no block waits on a last partial wave.
+/// Grid (ceil(row tiles / tiles), max items); `tiles` row tiles of
+/// RingLoads::kTileRows a block, streamed as one run of stages (tile by
+/// tile, K chunk by chunk) so that a short K (DeepSeek-V3's down GEMM: 2
+/// chunks of fp8) still keeps kRingStages - 1 stages in flight past a
+/// tile's end.
 template <DType DT, bool Up>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m) {
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m, int tiles) {
   namespace sk = gemm_skinny_mma;
   constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
   constexpr int S = kRingStages;
   using R = RingLoads<DT, Up>;
   port::grid_dependency_wait_and_release();
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
   extern __shared__ __align__(128) unsigned char ring_smem[];
   const moe::MoeArgs& g = m.g;
+  Lane l;
+  l.it = m.items[blockIdx.y];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  l.gr = lane >> 2, l.q = lane & 3;
+  const R ld = ring_loads<DT, Up>(m, l, tiles, sk::smem_addr(ring_smem));
   const int64_t extent = Up ? g.I : g.H, row_tiles = (extent + R::kTileRows - 1) / R::kTileRows;
-  const int64_t units = int64_t{*m.n_items} * row_tiles;
-  const int64_t u0 = units * blockIdx.x / gridDim.x, u1 = units * (blockIdx.x + 1) / gridDim.x;
-  if (u0 >= u1) return;  // the whole block
-  R ld = ring_loads<DT, Up>(m, sk::smem_addr(ring_smem));
-  const int64_t chunks = (ld.kbytes + kRingRowBytes - 1) / kRingRowBytes, steps = (u1 - u0) * chunks;
-  // The next step to issue: (item, tile, chunk), and the step being computed.
-  auto pi = static_cast<int32_t>(u0 / row_tiles);
-  int64_t pt = u0 % row_tiles, pc = 0;
+  const int64_t chunks = (ld.kbytes + kRingRowBytes - 1) / kRingRowBytes;
+  const int64_t my_tiles = row_tiles - ld.tile0 < tiles ? row_tiles - ld.tile0 : tiles;
+  const int64_t steps = my_tiles * chunks;   // step u: tile tile0 + u / chunks, chunk u % chunks
+  int64_t it_tile = ld.tile0, it_chunk = 0;  // the next step to issue
   auto issue_next = [&](int slot) {
-    ld(slot, pi, pt, pc);
-    if (++pc == chunks) pc = 0, pt = pt + 1 == row_tiles ? (++pi, 0) : pt + 1;
+    ld(slot, it_tile, it_chunk);
+    if (++it_chunk == chunks) it_chunk = 0, ++it_tile;
   };
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < steps) issue_next(s);
     sk::cp_commit();  // empty groups keep the wait_group count uniform
   }
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  Lane l;
-  l.gr = lane >> 2, l.q = lane & 3;
-  auto ci = static_cast<int32_t>(u0 / row_tiles);
-  int64_t ct = u0 % row_tiles, cc = 0;
-  l.it = m.items[ci];
   float acc[2][kMmaTiles][4] = {};
   int slot = 0;
+  int64_t tile = ld.tile0, chunk = 0;
   for (int64_t u = 0; u < steps; ++u) {
     sk::cp_wait<S - 2>();  // stage u has landed (this thread's copies) ...
     __syncthreads();       // ... and every thread's; the slot of u - 1 is free
     if (u + S - 1 < steps) issue_next(slot == 0 ? S - 1 : slot - 1);
     sk::cp_commit();
-    l.row0 = ld.warp_row(ct);
+    l.row0 = ld.warp_row(tile);
     const bool live = l.row0 < extent;  // I and H multiples of 32: a live warp's rows all exist
     if (live) {
       const uint32_t st = ld.ring + static_cast<uint32_t>(slot * kRingStageBytes);
       float part[2][kMmaTiles][4] = {};  // block fp8: the stage's sums, scaled below
       float(&sum)[2][kMmaTiles][4] = kFp8 ? part : acc;
-      ring_stage<DT>(st, ld.warp, lane, l.nt(), sum);
+      ring_stage<DT>(st, ld.warp, lane, ld.nt, sum);
       if constexpr (kFp8) {
         const auto* ss = reinterpret_cast<const float*>(ring_smem + S * kRingStageBytes + slot * kRingScaleBytes);
         float sa[kMmaTiles][2];
@@ -657,7 +644,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ri
       }
     }
     if (++slot == S) slot = 0;
-    if (++cc == chunks) {  // the unit's last chunk: its outputs, then the next unit's sums from zero
+    if (++chunk == chunks) {  // the tile's last chunk: its outputs, then the next tile's sums from zero
       if (live) ring_out<DT, Up>(m, l, acc);
 #pragma unroll
       for (int t = 0; t < 2; ++t)
@@ -665,8 +652,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ri
         for (int j = 0; j < kMmaTiles; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
-      cc = 0;
-      if (++ct == row_tiles && u + 1 < steps) ct = 0, l.it = m.items[++ci];
+      chunk = 0, ++tile;
     }
   }
   sk::cp_wait<0>();

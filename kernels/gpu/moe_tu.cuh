@@ -11,8 +11,6 @@
 #include "gpu/moe_launch.hpp"
 #include "ops/fused_moe.hpp"
 #if KDISPATCH_GPU_HAS_TILED
-#include <atomic>
-
 #include "cuda/moe_mma.cuh"
 #endif
 
@@ -146,21 +144,14 @@ KernelImage ring_image(void (*k)(Params...)) noexcept {
   return im;
 }
 
-/// The ring kernels' persistent grid on the current device (3 blocks an
-/// SM: moe_ring_kernel's registers and kRingSmemBytes), its SM count read
-/// once per device ordinal.
-inline unsigned ring_blocks(int ordinal) noexcept {
-  static std::atomic<int> sms[64] = {};
-  const bool cached = ordinal >= 0 && ordinal < 64;
-  int n = cached ? sms[ordinal].load(std::memory_order_relaxed) : 0;
-  if (n <= 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, ordinal) != cudaSuccess || n <= 0) {
-      (void)cudaGetLastError();
-      n = 132;
-    }
-    if (cached) sms[ordinal].store(n, std::memory_order_relaxed);
-  }
-  return static_cast<unsigned>(3 * n);
+/// Row tiles a ring kernel's block streams (moe_ring_kernel): enough that a
+/// block runs kRingMinChunks 128-byte chunks of K or more (a row of
+/// `kbytes` bytes), at most the `row_tiles` there are.
+inline constexpr int64_t kRingMinChunks = 12;
+inline int ring_tiles(int64_t kbytes, int64_t row_tiles) noexcept {
+  const int64_t chunks = (kbytes + moe_mma::kRingRowBytes - 1) / moe_mma::kRingRowBytes;
+  const int64_t t = (kRingMinChunks + chunks - 1) / chunks;
+  return static_cast<int>(t < row_tiles ? t : row_tiles < 1 ? 1 : row_tiles);
 }
 
 /// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce; block fp8
@@ -210,8 +201,11 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
   const auto grid_y = static_cast<unsigned>(items);
   constexpr int64_t up_rows = 16 * moe_mma::kMmaWarps, down_rows = up_rows * moe_mma::kDownRowTiles;
   const size_t smem = staged ? moe_mma::kRingSmemBytes : 0;  // the ring kernels' stages
-  const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((I + up_rows - 1) / up_rows), grid_y),
-      gd(static_cast<unsigned>((H + down_rows - 1) / down_rows), grid_y), ring(ring_blocks(p.device.ordinal));
+  const int64_t up_tiles = (I + up_rows - 1) / up_rows, down_tiles = (H + down_rows - 1) / down_rows;
+  const int tu = staged ? ring_tiles(H * (kFp8 ? 1 : 2), up_tiles) : 1,
+            td = staged ? ring_tiles(I * (kFp8 ? 1 : 2), down_tiles) : 1;
+  const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((up_tiles + tu - 1) / tu), grid_y),
+      gd(static_cast<unsigned>((down_tiles + td - 1) / td), grid_y);
   port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<W>, dim3(1), dim3(moe_mma::kSortThreads),
                                     static_cast<size_t>(2 * p.extra[0] * 4), on.stream, on.pdl, m);
   if (e != port::kSuccess) return port::status(e, "fused_moe sort kernel launch");
@@ -220,20 +214,20 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
                      dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((H / 128 + 7) / 8)), dim3(kMoeQuantThreads),
                      on.stream, on.pdl, static_cast<const uint16_t*>(m.g.hidden), m.g.ldh, H, m.xq, H, m.xs, H / 128);
     if (e == port::kSuccess)
-      e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, true>, ring, gemm_block, smem, on.stream, on.pdl, m)
+      e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, true>, gu, gemm_block, smem, on.stream, on.pdl, m, tu)
                  : port::launch(moe_mma::moe_up_mma_fp8_kernel<X>, gu, gemm_block, on.stream, on.pdl, m);
     if (e == port::kSuccess)
       e = port::launch(moe_mma::moe_quant_kernel<float>,
                        dim3(static_cast<unsigned>(P), static_cast<unsigned>((I / 128 + 7) / 8)), dim3(kMoeQuantThreads),
                        on.stream, on.pdl, static_cast<const float*>(m.a), I, I, m.aq, I, m.as, I / 128);
     if (e == port::kSuccess)
-      e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, false>, ring, gemm_block, smem, on.stream, on.pdl, m)
+      e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, false>, gd, gemm_block, smem, on.stream, on.pdl, m, td)
                  : port::launch(moe_mma::moe_down_mma_fp8_kernel<X>, gd, gemm_block, on.stream, on.pdl, m);
   } else {
-    e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, true>, ring, gemm_block, smem, on.stream, on.pdl, m)
+    e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, true>, gu, gemm_block, smem, on.stream, on.pdl, m, tu)
                : port::launch(moe_mma::moe_up_mma_kernel<W>, gu, gemm_block, on.stream, on.pdl, m);
     if (e == port::kSuccess)
-      e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, false>, ring, gemm_block, smem, on.stream, on.pdl, m)
+      e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, false>, gd, gemm_block, smem, on.stream, on.pdl, m, td)
                  : port::launch(moe_mma::moe_down_mma_kernel<W>, gd, gemm_block, on.stream, on.pdl, m);
   }
   if (e != port::kSuccess) return port::status(e, "fused_moe tensor-core kernel launch");
