@@ -9,7 +9,13 @@
 //                      left out), the pairs in expert order, and the work
 //                      list: one item (expert, first, count) per kMmaPairs
 //                      of an expert's pairs.
-//   moe_up_mma_kernel  grid (ceil(I / (kMmaWarps * 16)), max items): warp w
+//   moe_ring_kernel<DT, Up>  the up (Up) or down GEMM of the staged plans
+//                      (the default), below: grid (row tile groups, max
+//                      items), a block's 4 warps on 128 weight rows of the
+//                      item's expert (up: 64 gate rows and their up rows),
+//                      through a ring of 128-byte K chunks in shared memory.
+//   moe_up_mma_kernel  (the direct plans) grid (ceil(I / (kMmaWarps * 16)),
+//                      max items): warp w
 //                      of block (slab, item) computes gate rows i0..i0+15 and
 //                      up rows I+i0.. of the item's expert against its pairs'
 //                      hidden rows, then a[p, i] = act(gate) * up, rounded to
@@ -21,14 +27,15 @@
 //                      valid choices in order (deterministic).
 // The multiply is transposed (swap-AB): 16 weight rows are mma's A operand,
 // 8 pairs its B operand, so a tile of a few pairs still fills the
-// instruction. A lane loads 16 bytes (8 elements of K) of a weight row and of
-// a token row per 32-element step, through its own shared-memory slots by
-// cp.async, kMmaStages - 1 steps ahead of the mma (mma_loop), and the mma's
+// instruction. The direct kernels: a lane loads 16 bytes (8 elements of K)
+// of a weight row and of a token row per 32-element step straight into
+// registers (mma_loop), and the mma's
 // K order is permuted to match: for lane (g = lane / 4,
 // q = lane % 4) the logical k pair {2q, 2q+1} of step s is the physical pair
 // 8q + 4s + {0, 1} and {2q+8, 2q+9} is 8q + 4s + {2, 3} — one bijection of
 // the step's 32 elements used by A and B alike, so the sums are those of the
-// plain order. The pairs' order inside an item does not change any output:
+// plain order. The ring kernels read plain-order fragments with ldmatrix.
+// The pairs' order inside an item does not change any output:
 // each pair's result is one column of the mma, summed over K in a fixed order.
 #pragma once
 
