@@ -12,8 +12,10 @@ experts x per-expert weight bytes) at the read bandwidth measured here.
 
 Per point (case, routing, M): --rounds rounds, each timing kdispatch (the
 default plan and every --variants plan forced, each through its own
-runtime), then the peer (uniform routing only: its harness draws its own),
-then kdispatch's default again (the A/A control); the SM clock is read
+runtime), then the peer (its harness draws its own routings: uniform, or
+under --routing skewed the same skew added to its logits through
+SkewedLogits, a stand-in for the harness's `torch` module name), then
+kdispatch's default again (the A/A control); the SM clock is read
 (nvidia-smi) at each round's start. Medians over the rounds; the A/A spread
 (|A - A'| / A) is the margin a ratio must beat. Besides the graphs: the
 default cold (one call, L2 flushed; gpu_timing.Timer.cold) and, at M >= 256
@@ -70,6 +72,38 @@ def routings(M, E, H, top_k, R, dev, skew=False):
         tw, tid = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
         sets.append((x, (tw / tw.sum(-1, keepdim=True)).contiguous(), tid.to(torch.int32).contiguous()))
     return sets
+
+
+class SkewedLogits:
+    """Stands in for the peer harness's module-level `torch` during one
+    run_case: its router logits (an fp32 randn of [M, E]) get routings()'s
+    skew, so the peer draws the same skewed distribution as kdispatch; every
+    other torch call passes through unchanged (the harness is imported from
+    where it lies, never copied or edited)."""
+
+    def __init__(self, M, E):
+        self.M, self.E = M, E
+
+    def randn(self, *shape, **kw):
+        t = torch.randn(*shape, **kw)
+        if tuple(shape) == (self.M, self.E) and kw.get("dtype") == torch.float32:
+            t += torch.linspace(3, 0, self.E, device=t.device)
+        return t
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def peer_run(peer, routing, name, E, H, I, top_k, fp8, M, R):
+    """The peer's GEMM timings at one point, on `routing`'s distribution."""
+    if routing != "skewed":
+        return peer.run_case(name, E, H, I, top_k, "fp8_w8a8" if fp8 else None, fp8, [M], R=R)[0]
+    saved = peer.torch
+    peer.torch = SkewedLogits(M, E)
+    try:
+        return peer.run_case(name, E, H, I, top_k, "fp8_w8a8" if fp8 else None, fp8, [M], R=R)[0]
+    finally:
+        peer.torch = saved
 
 
 def reference(x, w1, w2, tw, tid, I, fp8=False):
@@ -267,11 +301,12 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
         clocks.append(sm_clock_mhz())
         for rt in runtimes:
             times[rt].append(graph_us(kd(rt), len(sets)))
-        if peer is not None and routing == "uniform":
+        if peer is not None:
             try:
-                pr = peer.run_case(name, E, H, I, top_k, "fp8_w8a8" if fp8 else None, fp8, [M], R=args.sets)[0]
+                pr = peer_run(peer, routing, name, E, H, I, top_k, fp8, M, args.sets)
                 peer_us.append(pr.get("tuned_us_gemms") or pr.get("default_us_gemms"))
                 peer_err.append(pr.get("tuned_rel_err"))
+                row["peer_experts_touched"] = pr.get("experts_touched_mean")
             except Exception as ex:  # the peer's failure is recorded, ours is not hidden
                 row["peer_error"] = repr(ex)[-400:]
         aa.append(graph_us(kd("default"), len(sets)))
