@@ -88,6 +88,13 @@ constexpr int64_t moe_mma_fp8_workspace_bytes(const core::Problem& p) noexcept {
                       moe_round256w(M * p.k) + moe_round256w(M * (p.k / 128) * 4) + moe_round256w(P * p.n * 4) +
                       moe_round256w(P * p.n) + moe_round256w(P * (p.n / 128) * 4) + moe_round256w(P * p.k * 4));
 }
+/// The ring kernels' dynamic shared memory (moe_mma.cuh kRingSmemBytes: 3
+/// stages of 128 weight rows and 32 pair rows, 128 bytes each, and their
+/// scales), and the opt-in limit per block from which 2 of their blocks fit
+/// an SM (each block also takes 1 KiB the runtime reserves): sm_80 and
+/// sm_90 have it, sm_86 and sm_89 (99 KiB) do not.
+inline constexpr int64_t kMoeRingSmemBytes = 3 * (160 * 128 + 256);
+inline constexpr int64_t kMoeRingTwoBlocksOptin = 2 * (kMoeRingSmemBytes + 1024) - 1024;
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;
 

@@ -160,6 +160,7 @@ inline int ring_tiles(int64_t kbytes, int64_t row_tiles) noexcept {
 template <DType W, DType X>
 Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept {
   static_assert(moe_mma::kMmaPairs == kMoeMmaPairs, "the workspace's items");
+  static_assert(moe_mma::kRingSmemBytes == kMoeRingSmemBytes, "the list's rule (kMoeRingTwoBlocksOptin)");
   static_assert(moe_mma::kMmaThreads == kMoeMmaThreads && moe_mma::kSortThreads == kMoeSortThreads &&
                     moe_mma::kReduceThreads == kMoeReduceThreads,
                 "the list's image checks (moe_image_threads)");

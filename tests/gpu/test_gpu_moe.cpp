@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,11 +43,13 @@ std::map<std::string, int> runs_of;
 struct Shape {
   int64_t M, E, H, I, top_k;
   bool skewed = false;
+  int64_t pad = 0;  ///< extra elements past each row of hidden, w1, w2, out and (block fp8) the scales, poisoned
 };
 
 std::string shape_text(const Shape& s) {
   return "M=" + std::to_string(s.M) + " E=" + std::to_string(s.E) + " H=" + std::to_string(s.H) +
-         " I=" + std::to_string(s.I) + " top_k=" + std::to_string(s.top_k) + (s.skewed ? " skewed" : "");
+         " I=" + std::to_string(s.I) + " top_k=" + std::to_string(s.top_k) + (s.skewed ? " skewed" : "") +
+         (s.pad ? " pad=" + std::to_string(s.pad) : "");
 }
 
 /// Bytes of an int32 or fp32 host vector on the device.
@@ -55,11 +58,14 @@ bool upload(dispatch::tune::DeviceMemory* mem, void* dst, const std::vector<T>& 
   return mem->from_host(dst, v.data(), v.size() * sizeof(T)).ok();
 }
 
-/// Block fp8's weight scales [E * ceil(rows/128), ceil(cols/128)], random.
-std::vector<float> block_scales(int64_t E, int64_t rows, int64_t cols, std::mt19937& rng) {
+/// Block fp8's weight scales [E * ceil(rows/128), ceil(cols/128)] with row
+/// stride ld (>= ceil(cols/128); the padding NaN), random.
+std::vector<float> block_scales(int64_t E, int64_t rows, int64_t cols, int64_t ld, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(0.02f, 0.06f);
-  std::vector<float> v(size_t(E * ((rows + 127) / 128) * ((cols + 127) / 128)));
-  for (float& x : v) x = u(rng);
+  const int64_t n = (cols + 127) / 128;
+  std::vector<float> v(size_t(E * ((rows + 127) / 128) * ld), std::numeric_limits<float>::quiet_NaN());
+  for (size_t r = 0; r < v.size() / size_t(ld); ++r)
+    for (int64_t c = 0; c < n; ++c) v[r * size_t(ld) + size_t(c)] = u(rng);
   return v;
 }
 
@@ -69,14 +75,16 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   const DeviceInfo& dev = *dispatch::backends::find(bt)->device_info(0);
   const bool fp8 = dt == DType::fp8_e4m3fn;
   const DType xt = fp8 ? DType::bf16 : dt;
-  HostTensor hidden(xt, s.M, s.H, s.H), w1(dt, s.E * 2 * s.I, s.H, s.H), w2(dt, s.E * s.H, s.I, s.I),
-      out(xt, s.M, s.H, s.H);
+  const int64_t ldh = s.H + s.pad, ldw2 = s.I + s.pad;  // padded rows: the padding poisoned (NaN), never read
+  HostTensor hidden(xt, s.M, s.H, ldh), w1(dt, s.E * 2 * s.I, s.H, ldh), w2(dt, s.E * s.H, s.I, ldw2),
+      out(xt, s.M, s.H, ldh);
+  hidden.poison_all(), w1.poison_all(), w2.poison_all();
   hidden.fill_uniform(rng, -1.f, 1.f);
   w1.fill_uniform(rng, fp8 ? -4.f : -0.1f, fp8 ? 4.f : 0.1f);  // fp8: codes across the range, scaled below
   w2.fill_uniform(rng, fp8 ? -4.f : -0.1f, fp8 ? 4.f : 0.1f);
-  const std::vector<float> s1 = fp8 ? block_scales(s.E, 2 * s.I, s.H, rng) : std::vector<float>{},
-                           s2 = fp8 ? block_scales(s.E, s.H, s.I, rng) : std::vector<float>{};
-  const int64_t lds1 = (s.H + 127) / 128, lds2 = (s.I + 127) / 128;
+  const int64_t lds1 = (s.H + 127) / 128 + (s.pad ? 1 : 0), lds2 = (s.I + 127) / 128 + (s.pad ? 1 : 0);
+  const std::vector<float> s1 = fp8 ? block_scales(s.E, 2 * s.I, s.H, lds1, rng) : std::vector<float>{},
+                           s2 = fp8 ? block_scales(s.E, s.H, s.I, lds2, rng) : std::vector<float>{};
   std::vector<int32_t> ids(size_t(s.M * s.top_k));
   std::vector<float> tw(size_t(s.M * s.top_k));
   core::fill_expert_ids(ids.data(), s.M, s.top_k, s.top_k, s.E,
@@ -125,12 +133,12 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   for (double v : want) scale = std::max(scale, std::fabs(v));
   const core::Tolerance tol = core::tolerance_of(kSpec, p, dt);
   LaunchArgs la;
-  la.data[core::kMoeArgHidden] = dh.get(), la.ld[core::kMoeArgHidden] = s.H;
-  la.data[core::kMoeArgW1] = dw1.get(), la.ld[core::kMoeArgW1] = s.H;
-  la.data[core::kMoeArgW2] = dw2.get(), la.ld[core::kMoeArgW2] = s.I;
+  la.data[core::kMoeArgHidden] = dh.get(), la.ld[core::kMoeArgHidden] = ldh;
+  la.data[core::kMoeArgW1] = dw1.get(), la.ld[core::kMoeArgW1] = ldh;
+  la.data[core::kMoeArgW2] = dw2.get(), la.ld[core::kMoeArgW2] = ldw2;
   la.data[core::kMoeArgTopkIds] = dids.get(), la.ld[core::kMoeArgTopkIds] = s.top_k;
   la.data[core::kMoeArgTopkWeights] = dtw.get(), la.ld[core::kMoeArgTopkWeights] = s.top_k;
-  la.data[core::kMoeArgOut] = dout.get(), la.ld[core::kMoeArgOut] = s.H;
+  la.data[core::kMoeArgOut] = dout.get(), la.ld[core::kMoeArgOut] = ldh;
   if (fp8) {
     la.data[core::kMoeArgW1Scale] = ds1.get(), la.ld[core::kMoeArgW1Scale] = lds1;
     la.data[core::kMoeArgW2Scale] = ds2.get(), la.ld[core::kMoeArgW2Scale] = lds2;
@@ -174,6 +182,10 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
               first = "(" + std::to_string(t) + "," + std::to_string(c) + ") got " + std::to_string(g) + " want " +
                       std::to_string(w);
         }
+      for (int64_t t = 0; t < s.M; ++t)  // the rows' padding stays as poisoned
+        for (int64_t c = s.H; c < ldh; ++c)
+          if (!out.is_poison(t, c) && bad++ == 0)
+            first = "padding (" + std::to_string(t) + "," + std::to_string(c) + ") written";
       CHECK_MESSAGE(bad == 0, first, " (", bad, " elements off)");
     }
   }
@@ -192,7 +204,10 @@ TEST_CASE("gpu fused_moe: every variant matches the spec's float64 reference, de
       for (const Shape& s :
            {Shape{1, 8, 256, 64, 2}, Shape{3, 16, 128, 96, 4}, Shape{5, 4, 72, 40, 2, true}, Shape{64, 8, 256, 128, 2},
             Shape{300, 4, 64, 32, 2, true}, Shape{2, 6, 3, 5, 3}, Shape{17, 128, 512, 64, 8, true},
-            Shape{4, 16, 1024, 256, 9}, Shape{9, 32, 640, 384, 4, true}, Shape{200, 4, 256, 128, 2, true}})
+            Shape{4, 16, 1024, 256, 9}, Shape{9, 32, 640, 384, 4, true}, Shape{200, 4, 256, 128, 2, true},
+            // The ring kernels' edges: H = 32 (a down block of one live warp, an up K of half a chunk), I % 64 ==
+            // 32 in a block of 2 row tiles; padded rows (hidden, weights, out, scales) at a block-fp8 shape.
+            Shape{40, 4, 32, 96, 2, true}, Shape{33, 8, 384, 256, 4, false, 16}})
         runs += check_shape(bt, dt, s, rng);
     MESSAGE(dispatch::device_type_name(bt), " fused_moe: ", runs, " (variant, shape, dtype) runs checked");
     CHECK(runs > 0);
