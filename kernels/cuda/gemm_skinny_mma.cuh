@@ -613,19 +613,8 @@ Status launch(const gpu::gemm::SkinnyMma& sk, const core::LaunchArgs& la, const 
 template <DType DT, Scales SC = Scales::none>
 void probe(KernelImage* out, int64_t smem_optin) noexcept {
   const KernelFn* k = kernels<DT, SC>();
-  for (int i = 0; i < gpu::gemm::kSkinnyMmaKernels; ++i) {
-    KernelImage im = image_of(k[i]);
-    if (im.loadable && smem_optin > 48 * 1024) {
-      const port::Error e =
-          cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_optin));
-      if (e != port::kSuccess) {
-        (void)cudaGetLastError();
-        im.loadable = false;
-        im.error = static_cast<int32_t>(e);
-      }
-    }
-    out[i] = im;
-  }
+  for (int i = 0; i < gpu::gemm::kSkinnyMmaKernels; ++i)
+    out[i] = smem_optin > 48 * 1024 ? image_with_smem(k[i], smem_optin) : image_of(k[i]);
 }
 
 }  // namespace dispatch::cuda::gemm_skinny_mma

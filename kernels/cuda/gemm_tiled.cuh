@@ -644,18 +644,7 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
 template <DType DT>
 void probe(KernelImage* out) noexcept {
   const KernelFn* k = kernels<DT>();
-  for (int i = 0; i < gpu::gemm::kTiledKernels; ++i) {
-    KernelImage im = image_of(k[i]);
-    if (im.loadable) {
-      const port::Error e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem_of(i));
-      if (e != port::kSuccess) {
-        (void)cudaGetLastError();
-        im.loadable = false;
-        im.error = static_cast<int32_t>(e);
-      }
-    }
-    out[i] = im;
-  }
+  for (int i = 0; i < gpu::gemm::kTiledKernels; ++i) out[i] = image_with_smem(k[i], smem_of(i));
 }
 
 }  // namespace dispatch::KDISPATCH_GPU_NS::gemm_tiled

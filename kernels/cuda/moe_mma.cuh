@@ -448,6 +448,7 @@ struct RingLoads {
   bool bok[2];
   const float* asrc;  // warp 0: lane's pair's activation scales (block fp8)
   bool aok;
+  int64_t expert;  // the item's
 
   /// The first row of this warp's rows in row tile `tile` (up: gate rows).
   KDISPATCH_DEVICE_INLINE int64_t warp_row(int64_t tile) const { return tile * kTileRows + warp * (Up ? 16 : 32); }
@@ -481,8 +482,8 @@ struct RingLoads {
         sk::cp_async4(ss + 4u * static_cast<uint32_t>(lane), asrc + (aok ? chunk : 0), aok ? 4 : 0);
       } else if (warp == 1 && lane < (Up ? 2 : 1)) {  // the tile's rows lie in one 128-row block
         const int64_t rb = ((lane == 1 ? g.I : 0) + tile * kTileRows) / 128;
-        const float* ws = Up ? g.s1 + (int64_t{m->items[blockIdx.y].x} * (2 * g.I / 128) + rb) * g.lds1
-                             : g.s2 + (int64_t{m->items[blockIdx.y].x} * (g.H / 128) + rb) * g.lds2;
+        const float* ws =
+            Up ? g.s1 + (expert * (2 * g.I / 128) + rb) * g.lds1 : g.s2 + (expert * (g.H / 128) + rb) * g.lds2;
         sk::cp_async4(ss + 128u + 4u * static_cast<uint32_t>(lane), ws + chunk, 4);
       }
     }
@@ -500,13 +501,14 @@ KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lan
   d.lane = static_cast<int>(threadIdx.x) & 31, d.warp = static_cast<int>(threadIdx.x) >> 5, d.nt = l.nt();
   d.kbytes = (Up ? g.H : g.I) * R::kEB, d.ldw = (Up ? g.ldw1 : g.ldw2) * R::kEB;
   d.tile0 = int64_t{blockIdx.x} * tiles;
+  d.expert = l.it.x;
   d.ring = ring, d.scales = ring + kRingStages * kRingStageBytes;
   d.evict_first = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(d.evict_first));
 #endif
   const unsigned char* wexp =
-      static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + int64_t{l.it.x} * (Up ? 2 * g.I : g.H) * d.ldw;
+      static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + d.expert * (Up ? 2 * g.I : g.H) * d.ldw;
   const int64_t row0 = d.warp_row(d.tile0);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {

@@ -59,4 +59,23 @@ inline KernelImage image_of(K* kernel) noexcept {
   return k;
 }
 
+#if !KDISPATCH_GPU_HIP
+/// image_of, with the kernel's dynamic shared memory limit raised to
+/// `smem_bytes` on the current device (over 48 KiB needs the opt-in); not
+/// loadable, with the runtime's error, where the device refuses.
+template <class K>
+inline KernelImage image_with_smem(K* kernel, int64_t smem_bytes) noexcept {
+  KernelImage k = image_of(kernel);
+  if (!k.loadable) return k;
+  const port::Error e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+  if (e != port::kSuccess) {
+    (void)cudaGetLastError();
+    k.loadable = false;
+    k.error = static_cast<int32_t>(e);
+  }
+  return k;
+}
+#endif
+
 }  // namespace dispatch::KDISPATCH_GPU_NS

@@ -128,20 +128,10 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
 
 #if KDISPATCH_GPU_HAS_TILED
 /// The image of a ring kernel (moe_mma.cuh), its dynamic shared memory limit
-/// raised to kRingSmemBytes on the current device (not loadable where the
-/// device refuses).
-template <class... Params>
-KernelImage ring_image(void (*k)(Params...)) noexcept {
-  KernelImage im = image_of(k);
-  if (im.loadable) {
-    const port::Error e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, moe_mma::kRingSmemBytes);
-    if (e != port::kSuccess) {
-      (void)cudaGetLastError();
-      im.loadable = false;
-      im.error = static_cast<int32_t>(e);
-    }
-  }
-  return im;
+/// raised to kRingSmemBytes on the current device.
+template <class K>
+KernelImage ring_image(K* k) noexcept {
+  return image_with_smem(k, moe_mma::kRingSmemBytes);
 }
 
 /// Row tiles a ring kernel's block streams (moe_ring_kernel): enough that a
