@@ -735,20 +735,23 @@ static void test_hostile_tensors_and_flags(void) {
       const char* name;
       int n_tensors, n_scalars;
       const char* args[8];
-    } ops[] = {
-        {"gemm", 4, 0, {"a", "b", "d", "bias"}},
-        {"rmsnorm", 3, 1, {"y", "x", "w"}},
-        {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
-        {"silu_and_mul", 2, 0, {"out", "x"}},
-        {"gemm_fp8_tensor", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
-        {"gemm_fp8_rowwise", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
-        {"gemm_fp8_block", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
-        {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
-        {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
-        {"quant_fp8_group", 3, 0, {"q", "x", "scale"}},
-        {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}},
-        {"moe_sum", 2, 1, {"input", "out"}},
-        {"moe_align", 5, 2, {"topk_ids", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "expert_map"}}};
+    } ops[] = {{"gemm", 4, 0, {"a", "b", "d", "bias"}},
+               {"rmsnorm", 3, 1, {"y", "x", "w"}},
+               {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
+               {"silu_and_mul", 2, 0, {"out", "x"}},
+               {"gemm_fp8_tensor", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+               {"gemm_fp8_rowwise", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+               {"gemm_fp8_block", 6, 0, {"a", "b", "d", "scale_a", "scale_b", "bias"}},
+               {"quant_fp8_tensor", 3, 0, {"q", "x", "scale"}},
+               {"quant_fp8_token", 3, 0, {"q", "x", "scale"}},
+               {"quant_fp8_group", 3, 0, {"q", "x", "scale"}},
+               {"fused_moe", 8, 2, {"hidden", "w1", "w2", "topk_weights", "topk_ids", "out", "w1_scale", "w2_scale"}},
+               {"moe_sum", 2, 1, {"input", "out"}},
+               {"moe_align", 5, 2, {"topk_ids", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "expert_map"}},
+               {"moe_gemm",
+                8,
+                3,
+                {"a", "w", "out", "topk_weights", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "w_scale"}}};
     const int n_ops = (int)(sizeof ops / sizeof ops[0]);
     char* list = NULL;
     EXPECT(KDISPATCH_OK, kdispatch_op_list(&list));
@@ -761,7 +764,7 @@ static void test_hostile_tensors_and_flags(void) {
       CONTAINS(list, needle);
     }
     kdispatch_free(list);
-    const float scal[2] = {1e-6f, 0.f}; /* eps; or routed_scaling_factor and activation */
+    const float scal[3] = {1e-6f, 0.f, 0.f}; /* eps; or routed_scaling_factor and activation; or moe_gemm's three */
     for (int i = 0; i < n_ops; ++i)
       for (int j = 0; j < ops[i].n_tensors; ++j) {
         tensor t[8];

@@ -230,23 +230,24 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   std::getline(lines, header);
   CHECK(header ==
         "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,E,top_k,block_size,accum,bias,block_shape,expert_map,"
-        "activation,stride,count,key");
+        "activation,mul_routed_weight,stride,count,key");
   const std::string device = dispatch::cpu_device_info().device_name;
   std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, std::string>> got;
   for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
-    REQUIRE(f.size() >= 21);
+    REQUIRE(f.size() >= 22);
     CHECK(f[1] == "cpu");
     CHECK(f[2] == device);
     CHECK(f[3] == "bf16");
     CHECK(f[4] == "bf16");
     CHECK(f[13] == "precise");      // accum (the fp8 GEMMs' field) on every row
     CHECK(f[17].empty());           // activation: fused_moe's field, empty for the other ops
-    CHECK(std::stoll(f[19]) >= 1);  // count
+    CHECK(f[18].empty());           // mul_routed_weight: moe_gemm's
+    CHECK(std::stoll(f[20]) >= 1);  // count
     // The canonical key, quoted (it holds commas).
-    CHECK(f[20].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
+    CHECK(f[21].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
     CHECK(line.back() == '"');
     auto num = [](const std::string& v) { return v.empty() ? int64_t(0) : int64_t(std::stoll(v)); };
     got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), num(f[9]), f[14]});
@@ -1959,3 +1960,40 @@ TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the d
 }
 
 #endif  // KDISPATCH_CLI_PATH
+
+TEST_CASE("cli tune: --op moe_gemm on an M,E,N,K,top_k,block_size list: scratch holds one alignment, rows load") {
+  Scratch dir("moe_gemm");
+  const std::string cache = dir / "cache";
+  simdjson::dom::parser parser;
+  const std::string device = dispatch::cpu_device_info().device_name;
+  const std::string csv = dir / "moe_gemm.csv";
+  // The up call of a small MoE (top_k 2) and its down call (top_k 1, the routed weight), block fp8 and fp32.
+  std::ofstream(csv) << "M,E,N,K,top_k,block_size,dtype,out_dtype,mul_routed_weight,block_shape\n"
+                        "4,8,64,128,2,16,fp32,,,\n"
+                        "8,8,128,32,1,16,fp32,,true,\n"
+                        "4,8,128,256,2,16,fp8_e4m3fn,bf16,,true\n";
+  const std::string emit = dir / "emit";
+  CliRun t = run(
+      {"tune", "--shapes", csv, "--op", "moe_gemm", "--emit", emit, "--budget-ms", "50", "--no-cold-cache", "--json"},
+      cache);
+  REQUIRE_MESSAGE(t.exit_code == 0, t.err);
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(int64_t(doc["shapes"]) == 3);
+  CHECK(int64_t(doc["tuned"]) == 3);
+  CHECK(int64_t(doc["failed"]) == 0);
+  std::set<std::string> keys;
+  for (simdjson::dom::element res : doc["results"].get_array()) {
+    CHECK(s(res["status"]) == "tuned");
+    CHECK(s(res["variant"]).rfind("moe_gemm_", 0) == 0);
+    keys.insert(std::string(s(res["key"])));
+  }
+  CHECK(keys ==
+        std::set<std::string>{
+            "cpu/moe_gemm|" + device + "|E=8,K=128,N=64,block_size=16,dtype=fp32,top_k=2",
+            "cpu/moe_gemm|" + device + "|E=8,K=32,N=128,block_size=16,dtype=fp32,mul_routed_weight=true,top_k=1",
+            "cpu/moe_gemm|" + device +
+                "|E=8,K=256,N=128,block_shape=[128,128],block_size=16,dtype=fp8_e4m3fn,out_dtype=bf16,top_k=2"});
+  CliRun v = run({"validate", emit}, cache);
+  CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
+  CHECK(v.out.find("3 files: 3 loaded") != std::string::npos);
+}

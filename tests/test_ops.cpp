@@ -85,6 +85,7 @@ Problem problem_of(const OpSpec& s, DType dt, int64_t m, int64_t n, int64_t k, b
   // An MoE op's experts and top_k: 4 experts, 2 per token.
   p.extra[0] = uses_dim(s, Dim::extra0) ? 4 : 0;
   p.extra[1] = uses_dim(s, Dim::extra1) ? 2 : 0;
+  p.extra[2] = uses_dim(s, Dim::extra2) ? 4 : 0;  // moe_gemm's block_size
   p.has_bias = bias;
   return p;
 }
@@ -172,6 +173,21 @@ std::vector<SlotBuf> make_buffers(const OpSpec& s, const Problem& p, int pad, st
     for (size_t w = 0; w + 4 <= b.bytes.size(); w += 4) std::memcpy(b.bytes.data() + w, &kPoisonWord, 4);
     b.ref.assign(n, std::nan(""));
     if (a.role == Role::write) continue;  // pure outputs stay poisoned
+    if (a.fill == core::Fill::aligned_sorted || a.fill == core::Fill::aligned_experts ||
+        a.fill == core::Fill::aligned_total) {
+      // moe_align's outputs for one uniform routing of the M * top_k pairs
+      // (its own seed: the three slots hold one alignment).
+      std::mt19937 pairs_rng(7u + static_cast<uint32_t>(p.m));
+      std::vector<int32_t> ids(static_cast<size_t>(p.m * p.extra[1]));
+      core::fill_expert_ids(ids.data(), p.m, p.extra[1], p.extra[1], p.extra[0], core::Routing::uniform, pairs_rng);
+      std::vector<int32_t> v(static_cast<size_t>(b.cols));
+      core::moe_gemm_spec::fill_aligned(a.fill, ids.data(), p, v.data());
+      for (int64_t c = 0; c < b.cols; ++c) {
+        std::memcpy(b.bytes.data() + c * 4, &v[static_cast<size_t>(c)], 4);
+        b.ref[static_cast<size_t>(c)] = v[static_cast<size_t>(c)];
+      }
+      continue;
+    }
     if (a.fill == core::Fill::expert_ids || a.fill == core::Fill::routing_weights) {
       // Routing: top_k distinct experts per token; the last token's last
       // choice -1 (an expert not local under expert parallelism) when there

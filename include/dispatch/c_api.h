@@ -536,6 +536,23 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_align(kdispatch_runtime* rt, cons
                                                      float num_experts, float block_size, void* stream, uint32_t flags,
                                                      kdispatch_dispatch_info* info);
 
+/** One grouped GEMM of a Mixture-of-Experts layer over moe_align's sorted
+ *  pairs (dispatch::MoeGemmArgs; SGLang's and vLLM's fused_moe_kernel):
+ *  out[s] = (a[s / top_k] . w[e]^T) * (mul_routed_weight ? topk_weights[s]
+ *  : 1) for the pairs s of each block, e = expert_ids[block], 0 where e is
+ *  not local. a [M, K]; w [E, N, K] (the dtype of a, or fp8_e4m3fn with
+ *  w_scale [E, ceil(N/128), ceil(K/128)] fp32, else NULL); out [M, top_k,
+ *  N]; topk_weights [M, top_k] fp32; sorted_token_ids,
+ *  expert_ids, num_tokens_post_pad as kdispatch_moe_align writes them.
+ *  top_k, block_size: whole numbers in [1, 2^24]; mul_routed_weight 0 or
+ *  1; all passed as floats. Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w,
+                                                    const DLTensor* out, const DLTensor* topk_weights,
+                                                    const DLTensor* sorted_token_ids, const DLTensor* expert_ids,
+                                                    const DLTensor* num_tokens_post_pad, const DLTensor* w_scale,
+                                                    float top_k, float block_size, float mul_routed_weight,
+                                                    void* stream, uint32_t flags, kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
@@ -654,6 +671,10 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_align(kdispatch_runtime* 
                                                              const DLTensor* num_tokens_post_pad,
                                                              const DLTensor* expert_map, float num_experts,
                                                              float block_size, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_gemm(
+    kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
+    const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
+    const DLTensor* w_scale, float top_k, float block_size, float mul_routed_weight, char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

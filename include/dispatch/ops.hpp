@@ -302,6 +302,48 @@ struct MoeAlignArgs {
   int32_t block_size = 64;
 };
 
+/// Arguments of moe_gemm, one grouped GEMM of a Mixture-of-Experts layer
+/// over moe_align's sorted pairs (the contract of SGLang's and vLLM's
+/// fused_moe_kernel, called once for the up and once for the down
+/// projection). For each block b of the first ceil(total / block_size),
+/// total = num_tokens_post_pad[0] clamped to [0, P], e = expert_ids[b], and
+/// each sorted id s of the block with 0 <= s < M * top_k:
+///   out[s, :] = (a[s / top_k] · w[e]^T) * (mul_routed_weight ? topk_weights[s / top_k, s % top_k] : 1),
+/// or 0 when e is outside [0, E) (an expert that is not local). Rows of
+/// out no block lists are left as they are.
+/// - a: [M, K], bf16, fp16 or fp32 (the dtype of out), unit stride along K.
+/// - w: [E, N, K], the experts stacked densely, unit stride along K; the
+///   dtype of a, or fp8_e4m3fn with w_scale (block fp8: a is then quantised
+///   as the op runs, 1x128 groups along K per row, quant_fp8_group's rule).
+/// - out: [M, top_k, N], the dtype of a, unit stride along N and the
+///   tokens dense (pair s is row s of [M * top_k, N]); may not overlap an
+///   input.
+/// - topk_weights: [M, top_k] fp32, unit stride along top_k; read only when
+///   mul_routed_weight.
+/// - sorted_token_ids, expert_ids, num_tokens_post_pad: moe_align's outputs
+///   for M * top_k pairs, E experts and this block_size (their sizes: see
+///   MoeAlignArgs with num_experts = E).
+/// - w_scale: [E, ceil(N/128), ceil(K/128)] fp32, exactly when w is fp8.
+/// - top_k, block_size: whole numbers in [1, 2^24]. SGLang's up call: a =
+///   hidden, top_k = the router's; its down call: a = the activated
+///   intermediate [M * top_k, I], top_k = 1, out and topk_weights viewed as
+///   [M * top_k, 1, H] and [M * top_k, 1], mul_routed_weight = 1.
+/// - mul_routed_weight: 0 or 1.
+/// M = 0 does nothing.
+struct MoeGemmArgs {
+  TensorRef a;
+  TensorRef w;
+  TensorRef out;
+  TensorRef topk_weights;
+  TensorRef sorted_token_ids;
+  TensorRef expert_ids;
+  TensorRef num_tokens_post_pad;
+  TensorRef w_scale;
+  int32_t top_k = 0;
+  int32_t block_size = 64;
+  int32_t mul_routed_weight = 0;
+};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -372,6 +414,16 @@ KDISPATCH_API Status moe_sum(Runtime& rt, const MoeSumArgs& args, Stream stream 
 /// [num_experts]), unsupported_device, backend_error.
 KDISPATCH_API Status moe_align(Runtime& rt, const MoeAlignArgs& args, Stream stream = {},
                                const CallOptions& opts = {}) noexcept;
+
+/// One grouped GEMM of a Mixture-of-Experts layer over sorted pairs
+/// (MoeGemmArgs). Thread-safe. On the CPU the work is done on return; on a
+/// GPU it is queued on `stream`. Errors: invalid_argument naming the
+/// argument (shapes, a buffer shorter than moe_align's, top_k or block_size
+/// not a whole number in [1, 2^24], mul_routed_weight not 0 or 1, w_scale
+/// present without fp8 weights or absent with them), unsupported_device,
+/// backend_error.
+KDISPATCH_API Status moe_gemm(Runtime& rt, const MoeGemmArgs& args, Stream stream = {},
+                              const CallOptions& opts = {}) noexcept;
 
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
@@ -652,6 +704,7 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const QuantFp8GroupArgs
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeSumArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeAlignArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

@@ -16,6 +16,7 @@
 #include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/moe_align_list.hpp"
+#include "cpu/moe_gemm_list.hpp"
 #include "cpu/moe_sum_list.hpp"
 #include "cpu/norm_list.hpp"
 #include "cpu/quant_fp8_list.hpp"
@@ -35,7 +36,7 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
 constexpr auto kAllVariants =
     concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
            kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
-           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants);
+           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants, kMoeGemmVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -58,6 +59,7 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::fused_moe, kFusedMoeVariants, &fused_moe_default},
     {core::OpKind::moe_sum, kMoeSumVariants, &moe_sum_default},
     {core::OpKind::moe_align, kMoeAlignVariants, &moe_align_default},
+    {core::OpKind::moe_gemm, kMoeGemmVariants, &moe_gemm_default},
 };
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "cpu/cpu_common.hpp"
 #include "cpu/cpu_simd.hpp"
 #include "cpu/fused_moe_list.hpp"
+#include "cpu/moe_common.hpp"
 #include "ops/fused_moe.hpp"
 #include "ops/quant_fp8.hpp"
 
@@ -37,69 +38,10 @@ namespace {
 
 using namespace core::variant_names;
 using namespace simd;
-constexpr int G = core::kMoeBlock;
-
-constexpr std::array<float, 256> make_lut() {
-  std::array<float, 256> t{};
-  for (int b = 0; b < 256; ++b) t[static_cast<size_t>(b)] = core::fp8_to_float(static_cast<uint8_t>(b), core::kE4m3fn);
-  return t;
-}
-constexpr std::array<float, 256> kLut = make_lut();
-
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const Bf16* p, int64_t i) { return to_float(p[i]); }
-inline float load(const uint8_t* p, int64_t i) { return kLut[p[i]]; }
-
-/// `x` (n values) quantised in 128-wide groups as quant_fp8_group does,
-/// dequantised in place.
-void quantise_groups(float* x, int64_t n) {
-  for (int64_t g0 = 0; g0 < n; g0 += G) {
-    const int64_t g1 = g0 + G < n ? g0 + G : n;
-    float amax = 0.f;
-    for (int64_t i = g0; i < g1; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-    const float scale = std::fmax(amax, core::kQuantMinAmax) / 448.f;
-    for (int64_t i = g0; i < g1; ++i) x[i] = kLut[core::float_to_fp8(x[i] / scale, core::kE4m3fn, true)] * scale;
-  }
-}
+using namespace moe_cpu;
 
 float activate(float g, int act) {
   return act == core::kMoeActGelu ? 0.5f * g * (1.f + std::erf(g * 0.70710678f)) : g / (1.f + std::exp(-g));
-}
-
-/// One expert's weight [rows, cols] (row stride ld) and, for fp8, its block
-/// scales [ceil(rows/128), ceil(cols/128)] (row stride sld).
-template <class W>
-struct Weight {
-  const W* w = nullptr;
-  int64_t ld = 0;
-  const float* s = nullptr;
-  int64_t sld = 0;
-  /// row r of the weight dotted with `x` (cols values), each 128-wide group
-  /// scaled by its block scale (fp8) — in fp32.
-  float dot(int64_t r, const float* x, int64_t cols, float* row) const {
-    for (int64_t c = 0; c < cols; ++c) row[c] = load(w, r * ld + c);
-    float acc = 0.f;
-    for (int64_t g0 = 0; g0 < cols; g0 += G) {
-      const int64_t g1 = g0 + G < cols ? g0 + G : cols;
-      float part = 0.f;
-      for (int64_t c = g0; c < g1; ++c) part += row[c] * x[c];
-      acc += s ? part * s[(r / G) * sld + g0 / G] : part;
-    }
-    return acc;
-  }
-};
-
-template <class W>
-Weight<W> expert(const LaunchArgs& a, int slot, int scale_slot, int64_t e, int64_t rows, int64_t cols) {
-  Weight<W> w;
-  w.ld = a.ld[slot];
-  w.w = a.ptr<const W>(slot) + e * rows * w.ld;
-  if (a.data[scale_slot] != nullptr) {
-    w.sld = a.ld[scale_slot];
-    w.s = a.ptr<const float>(scale_slot) + e * ((rows + G - 1) / G) * w.sld;
-  }
-  (void)cols;
-  return w;
 }
 
 /// The whole op. BM = 0: the reference order (token by token); else the
@@ -195,15 +137,7 @@ Status run(const LaunchArgs& a, const Problem& p, int64_t bm) {
 }
 
 Status check_problem(const VariantDef& v, const Problem& p) noexcept {
-  if (p.op != OpKind::fused_moe) return decline(v, StatusCode::unsupported_problem, "not a fused_moe problem");
-  if (p.device.type != v.backend)
-    return decline(v, StatusCode::unsupported_device, "CPU variant, problem is on another device");
-  if (p.in_dtype != v.in_dtype)
-    return decline(v, StatusCode::unsupported_problem, "computes " + std::string(dtype_name(v.in_dtype)) + " weights");
-  const bool fp8 = v.in_dtype == DType::fp8_e4m3fn;
-  if (fp8 ? (p.out_dtype != DType::fp32 && p.out_dtype != DType::bf16) : p.out_dtype != p.in_dtype)
-    return decline(v, StatusCode::unsupported_problem,
-                   fp8 ? "hidden and out must be bf16 or fp32 on the CPU" : "hidden must have the weights' dtype");
+  if (Status s = check_moe_dtypes(v, p, "hidden"); !s.ok()) return s;
   if (p.n < 1 || p.k < 1 || p.extra[0] < 1) return decline(v, StatusCode::invalid_argument, "E, H and I must be >= 1");
   return Status::Ok();
 }
@@ -227,30 +161,30 @@ Status grouped_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm)
   return launch_as<W>(a, p, prm[kMoeBlockM]);
 }
 
-template <const VariantDef& V>
-Status ref_supports(const Problem& p, const int64_t*, const DeviceInfo&) {
-  return check_problem(V, p);
-}
-template <const VariantDef& V>
-Status grouped_supports(const Problem& p, const int64_t* prm, const DeviceInfo&) {
-  if (Status s = check_problem(V, p); !s.ok()) return s;
-  if (!params_in_space(V, prm))
-    return decline(V, StatusCode::invalid_argument, "a param value is outside its config space");
-  return Status::Ok();
-}
-
 constexpr int64_t kBlockMs[] = {1, 4, 16};
 constexpr ParamDef kGroupedParams[] = {{"BLOCK_M", ParamKind::integer, kBlockMs, {}, 4}};
 
 }  // namespace
 
-#define KD_MOE_PAIR(Grouped, Ref, w, DT, W)                                                           \
-  constinit const core::VariantDef Grouped{                                                           \
-      "fused_moe_" w "__grouped", OpKind::fused_moe, DeviceType::cpu, DT, kGroupedParams, 0, 1,       \
-      &grouped_supports<Grouped>, &grouped_launch<W>};                                                \
-  constinit const core::VariantDef Ref{                                                               \
-      "fused_moe_" w "__ref", OpKind::fused_moe, DeviceType::cpu, DT, {}, core::kVariantReference, 1, \
-      &ref_supports<Ref>,     &ref_launch<W>};
+#define KD_MOE_PAIR(Grouped, Ref, w, DT, W)                                       \
+  constinit const core::VariantDef Grouped{"fused_moe_" w "__grouped",            \
+                                           OpKind::fused_moe,                     \
+                                           DeviceType::cpu,                       \
+                                           DT,                                    \
+                                           kGroupedParams,                        \
+                                           0,                                     \
+                                           1,                                     \
+                                           &moe_supports<Grouped, check_problem>, \
+                                           &grouped_launch<W>};                   \
+  constinit const core::VariantDef Ref{"fused_moe_" w "__ref",                    \
+                                       OpKind::fused_moe,                         \
+                                       DeviceType::cpu,                           \
+                                       DT,                                        \
+                                       {},                                        \
+                                       core::kVariantReference,                   \
+                                       1,                                         \
+                                       &moe_supports<Ref, check_problem>,         \
+                                       &ref_launch<W>};
 KD_MOE_PAIR(kMoeFp32Grouped, kMoeFp32Ref, "fp32", DType::fp32, float)
 KD_MOE_PAIR(kMoeBf16Grouped, kMoeBf16Ref, "bf16", DType::bf16, Bf16)
 KD_MOE_PAIR(kMoeFp8Grouped, kMoeFp8Ref, "fp8_e4m3fn", DType::fp8_e4m3fn, uint8_t)

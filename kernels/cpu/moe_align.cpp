@@ -34,7 +34,8 @@ struct AlignCall {
   int64_t sorted_n, blocks_n;
 };
 AlignCall call_of(const LaunchArgs& a, const Problem& p) noexcept {
-  const int64_t dims[core::kDimCount] = {1, p.m, p.n, p.k, p.extra[0], p.extra[1]};
+  const core::Dims dims_all = core::dims_of(p);
+  const int64_t* dims = dims_all.data();
   return {a.ptr<const int32_t>(core::kAlignArgTopkIds),   a.ld[core::kAlignArgTopkIds],
           a.ptr<const int32_t>(core::kAlignArgExpertMap), a.ptr<int32_t>(core::kAlignArgSorted),
           a.ptr<int32_t>(core::kAlignArgExpertIds),       a.ptr<int32_t>(core::kAlignArgTotal),

@@ -274,7 +274,8 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(port::kWarpSize) refer
 /// Enqueues one launch on la.stream and checks the launch (not the
 /// kernel's completion).
 inline Status launch(const plan::Launch& l, const core::LaunchArgs& la, const core::Problem& p) noexcept {
-  const int64_t dims[core::kDimCount] = {1, p.m, p.n, p.k, p.extra[0], p.extra[1]};
+  const core::Dims dims_all = core::dims_of(p);
+  const int64_t* dims = dims_all.data();
   const int64_t sorted_n = core::moe_align_spec::sorted_extent(dims);
   if (sorted_n < 0 || sorted_n > INT32_MAX || l.threads < 1)
     return make_status(StatusCode::invalid_argument, "moe_align: the padded count exceeds int32");

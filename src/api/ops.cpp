@@ -222,12 +222,12 @@ Status launch(Runtime::Impl& impl, Call& call, const Choice& c) noexcept {
 // Every member of the Problem that the table key holds, plus M and the
 // device ordinal: equal call keys get equal answers.
 struct CallKey {
-  int64_t m, n, k, extra0, extra1;
+  int64_t m, n, k, extra0, extra1, extra2;
   uint64_t stride_code;
   int32_t ordinal;
   uint8_t op, device_type, in_dtype, out_dtype, has_bias, accum, choice, pad;
 };
-static_assert(sizeof(CallKey) == 64, "CallKey is compared as bytes: no implicit padding");
+static_assert(sizeof(CallKey) == 72, "CallKey is compared as bytes: no implicit padding");
 
 CallKey call_key(const core::Problem& p) noexcept {
   CallKey c;
@@ -237,6 +237,7 @@ CallKey call_key(const core::Problem& p) noexcept {
   c.k = p.k;
   c.extra0 = p.extra[0];
   c.extra1 = p.extra[1];
+  c.extra2 = p.extra[2];
   c.stride_code = p.stride_code;
   c.ordinal = p.device.ordinal;
   c.op = static_cast<uint8_t>(p.op);

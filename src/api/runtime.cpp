@@ -485,7 +485,14 @@ Status Runtime::export_misses(const std::string& path) const noexcept {
         const std::string text(f && p.has_bias ? f->flag_text : std::string_view("false"));
         csv += text.find(',') == std::string::npos ? "," + text : ",\"" + text + "\"";  // [128,128]: quoted
       }
-      for (size_t i = 0; i < choice_cols.size(); ++i) csv += "," + std::string(core::choice_label(spec, p.choice));
+      // A choice column: the op's label when the op has that field (its
+      // activation, its mul_routed_weight), else empty.
+      for (std::string_view name : choice_cols) {
+        const bool has = std::any_of(spec.fields.begin(), spec.fields.end(), [&](const core::KeyField& k) {
+          return k.kind == core::FieldKind::choice && k.name == name;
+        });
+        csv += "," + std::string(has ? core::choice_label(spec, p.choice) : std::string_view());
+      }
       csv += "," + std::string(stride.view()) + "," + std::to_string(count) + ",\"" + tune::Tuner::key_of(p, *dev) +
              "\"\n";
     }

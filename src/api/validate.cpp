@@ -227,8 +227,8 @@ std::string choice_text(const core::ScalarSlot& s, float v) {
 constexpr int kScalarBinder = 64;
 
 struct Binding {
-  int64_t value[core::kDimCount] = {1, 0, 0, 0, 0, 0};
-  int8_t binder[core::kDimCount] = {-1, -1, -1, -1, -1, -1};  // the slot a dim took its value from
+  int64_t value[core::kDimCount] = {1, 0, 0, 0, 0, 0, 0};
+  int8_t binder[core::kDimCount] = {-1, -1, -1, -1, -1, -1, -1};  // the slot a dim took its value from
   bool bound(Dim d) const noexcept { return d == Dim::none || binder[static_cast<int>(d)] >= 0; }
   int64_t eval(const DimExpr& e) const noexcept { return e.eval(value); }
 };
@@ -538,8 +538,8 @@ template <const OpSpec& S, class F>
 // Where each dim takes its value: (slot, axis) of its first plain mention
 // among the required 2-D and 3-D slots, in the spec's order.
 struct Binder {
-  int8_t slot[core::kDimCount] = {-1, -1, -1, -1, -1, -1};
-  int8_t axis[core::kDimCount] = {0, 0, 0, 0, 0, 0};
+  int8_t slot[core::kDimCount] = {-1, -1, -1, -1, -1, -1, -1};
+  int8_t axis[core::kDimCount] = {0, 0, 0, 0, 0, 0, 0};
 };
 constexpr Binder binders(const OpSpec& s) {
   Binder b;
@@ -604,7 +604,7 @@ template <core::OpKind Op>
   *empty = false;
   // The dims, from their binding slots (garbage when a rank is wrong: the
   // checks below then fail).
-  int64_t dim[core::kDimCount] = {1, 0, 0, 0, 0, 0};
+  int64_t dim[core::kDimCount] = {1, 0, 0, 0, 0, 0, 0};
   for (int d = 1; d < core::kDimCount; ++d)
     if (B.slot[d] >= 0) dim[d] = t[B.slot[d]]->shape[B.axis[d]];
   bool ok = true;
@@ -702,6 +702,7 @@ template <core::OpKind Op>
   p->k = dim[static_cast<int>(Dim::k)];
   p->extra[0] = dim[static_cast<int>(Dim::extra0)];
   p->extra[1] = dim[static_cast<int>(Dim::extra1)];
+  p->extra[2] = dim[static_cast<int>(Dim::extra2)];
   bool any_optional = false;
   uintptr_t bits = 0;
   each_slot<S>([&](auto ic) {

@@ -233,6 +233,30 @@ std::string_view field_value(const ShapeRow& r, const dsp::OpKeyFieldInfo& f) {
 struct RowKey {
   std::string fields, label, missing;
 };
+
+// A choice field's value (fused_moe's activation, moe_gemm's
+// mul_routed_weight): one of the choice scalar's labels, written to the key
+// unless it is the first (the default, left out of keys); "1" is the
+// second label of a two-label switch (mul_routed_weight). Anything else
+// makes the row fail, naming the labels.
+void add_choice(const dsp::OpInfo& op, const std::string& name, std::string_view v, RowKey* k, std::string* flags) {
+  for (const dsp::OpScalarInfo& sc : op.scalars) {
+    if (sc.kind != "choice") continue;
+    for (size_t i = 0; i < sc.labels.size(); ++i)
+      if (lower(v) == sc.labels[i] || (v == "1" && i == 1 && sc.labels.size() == 2)) {
+        if (i > 0) {
+          k->fields += "," + name + "=" + std::string(sc.labels[i]);
+          *flags += "," + name + "=" + std::string(sc.labels[i]);
+        }
+        return;
+      }
+    std::string labels;
+    for (std::string_view l : sc.labels) labels += (labels.empty() ? "" : ", ") + std::string(l);
+    if (k->missing.empty()) k->missing = "a " + std::string(op.name) + " row's " + name + " must be one of " + labels;
+    return;
+  }
+}
+
 RowKey row_key(const ShapeRow& r, const dsp::OpInfo& op, const std::vector<std::string_view>& dims, dsp::DType dt,
                dsp::DType out) {
   RowKey k;
@@ -264,6 +288,8 @@ RowKey row_key(const ShapeRow& r, const dsp::OpInfo& op, const std::vector<std::
     } else if (f.kind == "stride" && !v.empty()) {
       k.fields += "," + name + "=" + std::string(v);
       stride += "," + name + "=" + std::string(v);
+    } else if (f.kind == "choice" && !v.empty()) {  // a label of the op's choice scalar (its first: the default)
+      add_choice(op, name, v, &k, &flags);
     }
   }
   k.label += flags + stride;

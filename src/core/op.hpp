@@ -64,9 +64,9 @@ struct Problem {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
-  /// Further static dims an op's spec may name (Dim::extra0/extra1: a
-  /// fused MoE's experts and top-k); 0 otherwise.
-  int64_t extra[2] = {0, 0};
+  /// Further static dims an op's spec may name (Dim::extra0/1/2: a fused
+  /// MoE's experts and top-k, moe_gemm's block size); 0 otherwise.
+  int64_t extra[3] = {0, 0, 0};
   /// An optional argument slot is present (gemm's bias).
   bool has_bias = false;
   /// Stride classes of every operand (the spec's order), 4 bits each:

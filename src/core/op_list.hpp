@@ -22,22 +22,24 @@
 
 #define KD_SWITCH_fast_accum ~, 1
 
-#define KDISPATCH_OP_LIST(X)                                                                            \
-  X(gemm, GemmArgs, (a, b, d, bias), ())                                                                \
-  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                                                             \
-  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))                                    \
-  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                                                         \
-  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))                \
-  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))              \
-  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))                  \
-  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                                            \
-  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                                              \
-  X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())                                              \
-  X(fused_moe, FusedMoeArgs, (hidden, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale),         \
-    (routed_scaling_factor, activation))                                                                \
-  X(moe_sum, MoeSumArgs, (input, out), (routed_scaling_factor))                                         \
-  X(moe_align, MoeAlignArgs, (topk_ids, sorted_token_ids, expert_ids, num_tokens_post_pad, expert_map), \
-    (num_experts, block_size))
+#define KDISPATCH_OP_LIST(X)                                                                                      \
+  X(gemm, GemmArgs, (a, b, d, bias), ())                                                                          \
+  X(rmsnorm, RmsNormArgs, (y, x, w), (eps))                                                                       \
+  X(fused_add_rmsnorm, FusedAddRmsNormArgs, (x, residual, w), (eps))                                              \
+  X(silu_and_mul, SiluAndMulArgs, (out, x), ())                                                                   \
+  X(gemm_fp8_tensor, GemmFp8TensorArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))                          \
+  X(gemm_fp8_rowwise, GemmFp8RowwiseArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))                        \
+  X(gemm_fp8_block, GemmFp8BlockArgs, (a, b, d, scale_a, scale_b, bias), (fast_accum))                            \
+  X(quant_fp8_tensor, QuantFp8TensorArgs, (q, x, scale), ())                                                      \
+  X(quant_fp8_token, QuantFp8TokenArgs, (q, x, scale), ())                                                        \
+  X(quant_fp8_group, QuantFp8GroupArgs, (q, x, scale), ())                                                        \
+  X(fused_moe, FusedMoeArgs, (hidden, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale),                   \
+    (routed_scaling_factor, activation))                                                                          \
+  X(moe_sum, MoeSumArgs, (input, out), (routed_scaling_factor))                                                   \
+  X(moe_align, MoeAlignArgs, (topk_ids, sorted_token_ids, expert_ids, num_tokens_post_pad, expert_map),           \
+    (num_experts, block_size))                                                                                    \
+  X(moe_gemm, MoeGemmArgs, (a, w, out, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_pad, w_scale), \
+    (top_k, block_size, mul_routed_weight))
 
 // ---- preprocessor helpers for the rows' tuples (up to 12 elements: core::kMaxArgs)
 #define KD_PP_EXPAND(...) __VA_ARGS__

@@ -29,8 +29,8 @@
 namespace dispatch::core {
 
 /// A dimension of the Problem a shape or a key field refers to.
-enum class Dim : uint8_t { none = 0, m, n, k, extra0, extra1 };
-inline constexpr int kDimCount = 6;
+enum class Dim : uint8_t { none = 0, m, n, k, extra0, extra1, extra2 };
+inline constexpr int kDimCount = 7;
 
 /// The value of `d` in `p` (Dim::none: 1).
 constexpr int64_t dim_value(const Problem& p, Dim d) noexcept {
@@ -41,6 +41,7 @@ constexpr int64_t dim_value(const Problem& p, Dim d) noexcept {
     case Dim::k: return p.k;
     case Dim::extra0: return p.extra[0];
     case Dim::extra1: return p.extra[1];
+    case Dim::extra2: return p.extra[2];
   }
   return 0;
 }
@@ -52,8 +53,15 @@ constexpr void set_dim(Problem& p, Dim d, int64_t v) noexcept {
     case Dim::k: p.k = v; break;
     case Dim::extra0: p.extra[0] = v; break;
     case Dim::extra1: p.extra[1] = v; break;
+    case Dim::extra2: p.extra[2] = v; break;
   }
 }
+/// Every dim of `p` by Dim (dims[0] = 1, Dim::none): what DimExpr::eval takes.
+struct Dims {
+  int64_t v[kDimCount];
+  constexpr const int64_t* data() const noexcept { return v; }
+};
+constexpr Dims dims_of(const Problem& p) noexcept { return {{1, p.m, p.n, p.k, p.extra[0], p.extra[1], p.extra[2]}}; }
 
 /// The largest dim (M, N, K, hidden, d, ...) an op takes: 2^40. Larger
 /// ones are refused by validation and in file names, so that every extent
@@ -90,10 +98,7 @@ struct DimExpr {
   constexpr int64_t eval(const int64_t* dims) const noexcept {
     return fn != nullptr ? fn(dims) : scaled_extent(dims[static_cast<int>(dim)], mul, div);
   }
-  constexpr int64_t value(const Problem& p) const noexcept {
-    const int64_t dims[kDimCount] = {1, p.m, p.n, p.k, p.extra[0], p.extra[1]};
-    return eval(dims);
-  }
+  constexpr int64_t value(const Problem& p) const noexcept { return eval(dims_of(p).data()); }
 };
 
 /// What the op does with a slot.
@@ -123,6 +128,14 @@ enum class Fill : uint8_t {
   /// Router weights (an fp32 slot [tokens, top_k]): positive, each row
   /// summing to 1 (a softmax's top-k renormalised).
   routing_weights,
+  /// moe_align's outputs (int32, rank 1) for the problem's M * top_k pairs
+  /// among E experts in blocks of block_size (Dim::m, extra1, extra0,
+  /// extra2), from one routing drawn as expert_ids draws it: the sorted
+  /// pairs, each block's expert, and the padded count. The three slots of
+  /// an op hold one alignment.
+  aligned_sorted,
+  aligned_experts,
+  aligned_total,
 };
 
 /// One argument slot, in the op's slot order (the order of the args

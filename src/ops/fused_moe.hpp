@@ -73,10 +73,11 @@ constexpr ArgSlot routing_slot(std::string_view name, DType dt, Fill fill) {
           .fill = fill};
 }
 
-/// A token's activations [M, H] in the out dtype: hidden (read, like out) and out.
-constexpr ArgSlot token_slot(std::string_view name, Role role) {
+/// A token's activations [M, H] in the out dtype: hidden (read, like the
+/// op's out, slot `out`) and out.
+constexpr ArgSlot token_slot(std::string_view name, Role role, int8_t out = kMoeArgOut) {
   ArgSlot a{.name = name, .role = role, .rows = {Dim::m}, .cols = {Dim::k}, .dtype = SlotDType::out};
-  if (role == Role::read) a.dtype_like = kMoeArgOut;
+  if (role == Role::read) a.dtype_like = out;
   return a;
 }
 
@@ -95,16 +96,20 @@ inline constexpr ScalarSlot kScalars[] = {
     {.name = "routed_scaling_factor", .default_value = 1.f, .positive = true},
     {.name = "activation", .default_value = 0.f, .kind = ScalarKind::choice, .labels = kActivations},
 };
+/// The key fields the MoE GEMM ops share (SGLang's E, N, dtype and
+/// block_shape, with the K and top_k its files do not carry).
+inline constexpr KeyField kFieldE{.name = "E", .kind = FieldKind::dim, .dim = Dim::extra0, .file_pos = 0},
+    kFieldK{.name = "K", .kind = FieldKind::dim, .dim = Dim::k, .file_pos = 2},
+    kFieldN{.name = "N", .kind = FieldKind::dim, .dim = Dim::n, .file_pos = 1},
+    kFieldBlockShape{.name = "block_shape", .kind = FieldKind::flag, .flag_text = "[128,128]"},
+    kFieldDtype{.name = "dtype", .kind = FieldKind::in_dtype},
+    kFieldOutDtype{.name = "out_dtype", .kind = FieldKind::out_dtype},
+    kFieldStride{.name = "stride", .kind = FieldKind::stride},
+    kFieldTopK{.name = "top_k", .kind = FieldKind::dim, .dim = Dim::extra1, .file_pos = 3};
 inline constexpr KeyField kFields[] = {
-    {.name = "E", .kind = FieldKind::dim, .dim = Dim::extra0, .file_pos = 0},
-    {.name = "K", .kind = FieldKind::dim, .dim = Dim::k, .file_pos = 2},
-    {.name = "N", .kind = FieldKind::dim, .dim = Dim::n, .file_pos = 1},
-    {.name = "activation", .kind = FieldKind::choice},
-    {.name = "block_shape", .kind = FieldKind::flag, .flag_text = "[128,128]"},
-    {.name = "dtype", .kind = FieldKind::in_dtype},
-    {.name = "out_dtype", .kind = FieldKind::out_dtype},
-    {.name = "stride", .kind = FieldKind::stride},
-    {.name = "top_k", .kind = FieldKind::dim, .dim = Dim::extra1, .file_pos = 3},
+    kFieldE,          kFieldK,     kFieldN,        {.name = "activation", .kind = FieldKind::choice},
+    kFieldBlockShape, kFieldDtype, kFieldOutDtype, kFieldStride,
+    kFieldTopK,
 };
 // w2 before w1: w2's plain [E, H, I] binds E and I that w1's [E, 2I, H] is
 // checked against (and the stride field lists the operands in this order).

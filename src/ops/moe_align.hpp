@@ -127,7 +127,8 @@ void align(const In* ids, int64_t m, int64_t top_k, int64_t ld, int64_t experts,
 }
 
 inline void reference(const Problem& p, const RefArgs& r) {
-  const int64_t dims[kDimCount] = {1, p.m, p.n, p.k, p.extra[0], p.extra[1]};
+  const Dims dims_all = dims_of(p);
+  const int64_t* dims = dims_all.data();
   int64_t* scratch = new int64_t[static_cast<size_t>(2 * p.extra[0])];
   align(r.data[kAlignArgTopkIds], p.m, p.extra[1], r.ld[kAlignArgTopkIds], p.extra[0], p.n, r.data[kAlignArgExpertMap],
         r.data[kAlignArgSorted], sorted_extent(dims), r.data[kAlignArgExpertIds], blocks_extent(dims),

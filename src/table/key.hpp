@@ -77,7 +77,7 @@ struct OwnKey {
   uint64_t device_hash = 0;
   int64_t n = 0;
   int64_t k = 0;
-  int64_t extra[2] = {0, 0};
+  int64_t extra[3] = {0, 0, 0};
   uint64_t stride_code = 0;
   uint8_t backend = 0;
   uint8_t op = 0;
@@ -88,7 +88,7 @@ struct OwnKey {
   uint8_t choice = 0;
   uint8_t pad = 0;
 };
-static_assert(sizeof(OwnKey) == 56, "OwnKey is hashed and compared as 56 raw bytes");
+static_assert(sizeof(OwnKey) == 64, "OwnKey is hashed and compared as 64 raw bytes");
 
 /// The binary key of a problem on the device whose name hashes to
 /// `device_hash` (key_hash(device_name)).
@@ -99,6 +99,7 @@ inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcep
   k.k = p.k;
   k.extra[0] = p.extra[0];
   k.extra[1] = p.extra[1];
+  k.extra[2] = p.extra[2];
   k.stride_code = p.stride_code;
   k.backend = static_cast<uint8_t>(p.device.type);
   k.op = static_cast<uint8_t>(p.op);
@@ -110,7 +111,7 @@ inline OwnKey make_own_key(const core::Problem& p, uint64_t device_hash) noexcep
   return k;
 }
 
-/// XXH3-64 of the 56 bytes of an OwnKey.
+/// XXH3-64 of the 64 bytes of an OwnKey.
 uint64_t own_key_hash(const OwnKey& k) noexcept;
 
 /// Packs per-operand stride classes into Problem::stride_code (0 = every

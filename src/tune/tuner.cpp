@@ -100,6 +100,35 @@ void fill(void* ptr, const Slot& s, std::mt19937& rng, const Routing& routing) {
   }
 }
 
+bool is_aligned(core::Fill f) {
+  return f == core::Fill::aligned_sorted || f == core::Fill::aligned_experts || f == core::Fill::aligned_total;
+}
+
+// The expert of each of an aligned problem's M * top_k pairs (moe_gemm's
+// scratch; none for an op without aligned slots), drawn from `routing` with
+// its own seed so that every slot of the alignment sees the same pairs. A
+// recorded routing with another top_k (the down GEMM's top_k = 1) gives its
+// ids flat, token after token.
+Status aligned_pair_ids(const core::Problem& p, const Routing& routing, std::vector<int32_t>* ids) {
+  const core::OpSpec& spec = core::spec_of(p.op);
+  if (std::none_of(spec.slots.begin(), spec.slots.end(), [](const core::ArgSlot& a) { return is_aligned(a.fill); }))
+    return Status();
+  const int64_t pairs = p.m * p.extra[1], E = p.extra[0];
+  std::mt19937 rng(0x616c6e64u ^ static_cast<uint32_t>(p.m));
+  if (!routing.recorded() || routing.top_k == p.extra[1]) {
+    if (Status s = check_routing(routing, p.extra[1], E); !s.ok()) return s;
+    ids->assign(static_cast<size_t>(pairs), 0);
+    fill_routing(routing, ids->data(), p.m, p.extra[1], p.extra[1], E, rng);
+    return Status();
+  }
+  if (Status s = check_routing(routing, routing.top_k, E); !s.ok()) return s;
+  const int64_t tokens = (pairs + routing.top_k - 1) / routing.top_k;
+  ids->assign(static_cast<size_t>(tokens * routing.top_k), 0);
+  fill_routing(routing, ids->data(), tokens, routing.top_k, routing.top_k, E, rng);
+  ids->resize(static_cast<size_t>(pairs));
+  return Status();
+}
+
 std::string key_prefix(const std::string& key) { return key.substr(0, key.find('|')); }
 std::string key_fields(const std::string& key) {
   const size_t a = key.find('|');
@@ -144,6 +173,9 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
   std::mt19937 rng(0x6b646973u ^ static_cast<uint32_t>(ev.problem.m));
   std::vector<uint64_t> staging;
   const core::OpSpec& spec = core::spec_of(ev.problem.op);
+  std::vector<int32_t> pair_ids;  // the aligned slots' routing, one for all three
+  if (Status s = aligned_pair_ids(ev.problem, routing, &pair_ids); !s.ok())
+    return make_status(s.code(), key + ": " + s.message());
   for (size_t i = 0; i < slots.size(); ++i) {
     const size_t b = static_cast<size_t>(slot_bytes(slots[i]));
     if (b == 0) continue;
@@ -154,7 +186,11 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
     if (slots[i].fill == core::Fill::expert_ids)
       if (Status s = check_routing(routing, slots[i].cols, slots[i].experts); !s.ok())
         return make_status(s.code(), key + ": " + s.message());
-    fill(staging.data(), slots[i], rng, routing);
+    if (is_aligned(slots[i].fill))
+      core::moe_gemm_spec::fill_aligned(slots[i].fill, pair_ids.data(), ev.problem,
+                                        reinterpret_cast<int32_t*>(staging.data()));
+    else
+      fill(staging.data(), slots[i], rng, routing);
     if (Status s = mem->from_host(out->bufs[i].p, staging.data(), b); !s.ok()) return s;
     out->la.data[i] = out->bufs[i].p;
     out->la.ld[i] = spec.slots[i].rank >= 2 ? slots[i].ld : 0;

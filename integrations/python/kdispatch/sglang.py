@@ -828,3 +828,59 @@ def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config=None, b1
                                 "apply_router_weight_on_input":
                                     bool(getattr(cfg, "apply_router_weight_on_input", False)),
                                 "no_combine": bool(getattr(cfg, "no_combine", False))})
+
+
+def invoke_fused_moe_kernel(A, B, bias, C, A_scale, B_scale, B_zp, topk_weights, topk_ids, sorted_token_ids,
+                            expert_ids, num_tokens_post_padded, mul_routed_weight, top_k, config, compute_type=None,
+                            use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False,
+                            per_channel_quant=False, block_shape=None, **options):
+    """SGLang's ``invoke_fused_moe_kernel`` (one grouped GEMM over
+    ``moe_align_block_size``'s sorted ids, ``fused_moe_triton_kernels``)
+    served by ``torch.ops.kdispatch.moe_gemm_out``: same arguments, the
+    result written into ``C``.
+
+    - ``A`` [rows, K]: hidden (the up call, ``top_k`` the router's) or the
+      activated intermediate (the down call, ``top_k`` = 1); ``B`` [E, N, K];
+      ``C`` [rows * top_k, N] in any shape with those elements, contiguous
+      (SGLang's [M, top_k, N] caches).
+    - ``config["BLOCK_SIZE_M"]`` is the block size the sorted ids were
+      aligned with (the op's ``block_size``); the rest of SGLang's row
+      (BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages) is the Triton
+      kernel's tile and does not bind kdispatch's kernels, which choose
+      their own (the key's ``block_size`` and the table do).
+    - ``compute_type`` is ignored (C's dtype is the output's).
+    - Block fp8: ``use_fp8_w8a8=True``, ``block_shape=[128, 128]``,
+      ``B_scale`` [E, N/128, K/128] fp32, ``A`` in bf16 (quantised per
+      1x128 group inside the op; ``A_scale`` must be None).
+
+    What the op does not compute raises NotImplementedError naming the
+    argument (a bias, zero points, static activation scales, int8/int4,
+    per-channel fp8, SGLang's fused epilogue options such as ``c_sorted``,
+    ``fuse_sum_all_reduce``, ``fuse_add_to_output``, ``mask_output``).
+    """
+    import torch
+
+    who = "kdispatch.sglang.invoke_fused_moe_kernel"
+    flags = {"bias": bias is not None, "B_zp": B_zp is not None, "A_scale": A_scale is not None,
+             "use_int8_w8a8": use_int8_w8a8, "use_int8_w8a16": use_int8_w8a16, "use_int4_w4a16": use_int4_w4a16,
+             "per_channel_quant": per_channel_quant}
+    flags.update({k: bool(v) for k, v in options.items()
+                  if k not in ("no_combine", "a_use_tma", "b_use_tma", "filter_expert", "router_topk",
+                               "add_output_mask", "lora_preserve_base")})
+    for name, on in flags.items():
+        if on:
+            raise NotImplementedError(f"{who}: {name} is not supported by kdispatch's moe_gemm (bf16/fp16 or "
+                                      f"block-fp8 weights, the routed weight in the epilogue)")
+    if use_fp8_w8a8 and [int(b) for b in (block_shape or [])] != [128, 128]:
+        raise NotImplementedError(f"{who}: use_fp8_w8a8 needs block_shape=[128, 128] (block fp8), got "
+                                  f"{block_shape!r}")
+    if not use_fp8_w8a8 and B_scale is not None:
+        raise ValueError(f"{who}: B_scale comes with use_fp8_w8a8=True")
+    rows, k = A.shape[0], int(top_k)
+    out = C.view(rows, k, B.shape[1])
+    weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
+    weights = weights.reshape(rows, k)
+    torch.ops.kdispatch.moe_gemm_out(out, A, B, weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                                     B_scale if use_fp8_w8a8 else None, k, int(config["BLOCK_SIZE_M"]),
+                                     1 if mul_routed_weight else 0)
+    return None

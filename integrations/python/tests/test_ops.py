@@ -65,7 +65,27 @@ def arrays_for(op, m=3, other=8, seed=0):
         else:
             v = (rng.standard_normal(shape) * 0.5 + (1.0 if a["rank"] == 1 else 0.0)).astype(np.float32)
             out[a["name"]] = kdispatch.to_fp8(v) if fp8_arg(op, a) else v
+    if "sorted_token_ids" in out and out["sorted_token_ids"][0] != -7:  # moe_gemm reads moe_align's outputs
+        align_into(out, dims["M"], dims["top_k"], dims["E"], dims["block_size"], rng)
     return out
+
+
+def align_into(out, m, top_k, experts, block, rng):
+    """moe_align's outputs (sorted ids, each block's expert, the padded
+    count) for a routing of m tokens x top_k distinct experts, written into
+    out's arrays: what moe_gemm reads."""
+    ids = np.concatenate([rng.permutation(experts)[:top_k] for _ in range(m)])
+    sorted_ids, blocks = [], []
+    for e in range(experts):
+        mine = [i for i in range(len(ids)) if ids[i] == e]
+        mine += [m * top_k] * (-len(mine) % block)
+        sorted_ids += mine
+        blocks += [e] * (len(mine) // block)
+    out["sorted_token_ids"][:] = m * top_k
+    out["sorted_token_ids"][:len(sorted_ids)] = sorted_ids
+    out["expert_ids"][:] = -1
+    out["expert_ids"][:len(blocks)] = blocks
+    out["num_tokens_post_pad"][:] = len(sorted_ids)
 
 
 def args_of(op, arrays, optional=True):

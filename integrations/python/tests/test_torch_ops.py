@@ -151,6 +151,65 @@ class TorchOpsCpuTest(unittest.TestCase):
         with self.assertRaisesRegex(NotImplementedError, "kdispatch.vllm.fused_experts: apply_router_weight_on_input"):
             vllm.fused_experts(x, w1, w2, tw, ids, apply_router_weight_on_input=True)
 
+
+    def test_sglang_invoke_fused_moe_kernel(self):
+        """kdispatch.sglang.invoke_fused_moe_kernel: SGLang's two grouped
+        GEMM calls over its aligned ids (the up with top_k, the down with
+        top_k 1 and the routed weight) through moe_gemm_out, composed as
+        SGLang composes them, against an fp32 reference; a pair the sort
+        drops leaves its rows of C alone; the unsupported is refused by name."""
+        from kdispatch import sglang
+        E, H, I, M, k, bs = 4, 32, 16, 3, 2, 4
+        x = torch.randn(M, H).to(torch.bfloat16)
+        w1 = (torch.randn(E, 2 * I, H) * 0.1).to(torch.bfloat16)
+        w2 = (torch.randn(E, H, I) * 0.1).to(torch.bfloat16)
+        ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
+        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+        # moe_align_block_size's output, by hand: each expert's pairs ascending, padded with M * k.
+        pairs = ids.flatten().tolist()
+        sorted_ids, experts = [], []
+        for e in range(E):
+            mine = [i for i, x_e in enumerate(pairs) if x_e == e]
+            while len(mine) % bs:
+                mine.append(M * k)
+            sorted_ids += mine
+            experts += [e] * (len(mine) // bs)
+        total = torch.tensor([len(sorted_ids)], dtype=torch.int32)
+        cap = M * k + min(E, M * k) * (bs - 1)
+        sorted_t = torch.tensor(sorted_ids + [M * k] * (cap - len(sorted_ids)), dtype=torch.int32)
+        experts_t = torch.tensor(experts + [-1] * ((cap + bs - 1) // bs - len(experts)), dtype=torch.int32)
+        cfg = {"BLOCK_SIZE_M": bs, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+        c1 = torch.empty(M, k, 2 * I, dtype=torch.bfloat16)
+        sglang.invoke_fused_moe_kernel(x, w1, None, c1, None, None, None, tw, ids, sorted_t, experts_t, total, False,
+                                       k, cfg, None, False, False, False, False, False)
+        g = c1.view(-1, 2 * I).float()
+        c2 = (torch.nn.functional.silu(g[:, :I]) * g[:, I:]).to(torch.bfloat16)
+        c3 = torch.empty(M, k, H, dtype=torch.bfloat16)
+        sglang.invoke_fused_moe_kernel(c2, w2, None, c3, None, None, None, tw, ids, sorted_t, experts_t, total, True,
+                                       1, cfg, None, False, False, False, False, False)
+        out = c3.float().sum(1)
+        ref = torch.zeros(M, H)
+        for t in range(M):
+            for j in range(k):
+                e = int(ids[t, j])
+                h = w1[e].float() @ x[t].float()
+                a = torch.nn.functional.silu(h[:I]) * h[I:]
+                ref[t] += float(tw[t, j]) * (w2[e].float() @ a)
+        self.assertLessEqual(float((out - ref).abs().max()), 2e-2 * float(ref.abs().max()))
+        # A pair the sort drops (its id -1 under expert parallelism): its rows of C are left alone.
+        dropped = [M * k if i == 1 else i for i in sorted_ids]
+        c4 = torch.full((M, k, 2 * I), 7.0, dtype=torch.bfloat16)
+        sglang.invoke_fused_moe_kernel(x, w1, None, c4, None, None, None, tw, ids,
+                                       torch.tensor(dropped + [M * k] * (cap - len(dropped)), dtype=torch.int32),
+                                       experts_t, total, False, k, cfg, None, False, False, False, False, False)
+        self.assertTrue(bool((c4.view(-1, 2 * I)[1] == 7.0).all()))
+        self.assertTrue(torch.equal(c4.view(-1, 2 * I)[0], c1.view(-1, 2 * I)[0]))
+        with self.assertRaisesRegex(NotImplementedError, "bias is not supported"):
+            sglang.invoke_fused_moe_kernel(x, w1, torch.zeros(E, 2 * I), c1, None, None, None, tw, ids, sorted_t,
+                                           experts_t, total, False, k, cfg, None, False, False, False, False, False)
+        with self.assertRaisesRegex(NotImplementedError, "c_sorted is not supported"):
+            sglang.invoke_fused_moe_kernel(x, w1, None, c1, None, None, None, tw, ids, sorted_t, experts_t, total,
+                                           False, k, cfg, None, False, False, False, False, False, c_sorted=True)
     def test_rmsnorm(self):
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
             with self.subTest(dtype=dtype):
@@ -334,6 +393,10 @@ class TorchNativeTest(unittest.TestCase):
             "moe_align_out": "kdispatch::moe_align_out(Tensor(a!) sorted_token_ids, Tensor(b!) expert_ids, "
                              "Tensor(c!) num_tokens_post_pad, Tensor topk_ids, Tensor? expert_map=None, "
                              "int num_experts=0, int block_size=64) -> ()",
+            # SGLang's grouped GEMM: its outputs are plain [M, top_k, N], so both forms.
+            "moe_gemm_out": "kdispatch::moe_gemm_out(Tensor(a!) out, Tensor a, Tensor w, Tensor topk_weights, "
+                            "Tensor sorted_token_ids, Tensor expert_ids, Tensor num_tokens_post_pad, "
+                            "Tensor? w_scale=None, int top_k=0, int block_size=64, float mul_routed_weight=0.) -> ()",
             "_floor_gemm": "kdispatch::_floor_gemm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor",
             # The fp8 GEMMs' switch: a bool after bias, off by default (calls
             # written before it keep working).

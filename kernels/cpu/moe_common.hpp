@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CPU backend — what the MoE GEMM variants share (fused_moe.cpp,
+// moe_gemm.cpp): element loads of fp32, bf16 and e4m3fn weights, the
+// activations' 1x128 group quantisation and a block-scaled row dot.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/numeric.hpp"
+#include "cpu/cpu_common.hpp"
+#include "cpu/cpu_simd.hpp"
+#include "ops/fused_moe.hpp"
+#include "ops/quant_fp8.hpp"
+
+namespace dispatch::cpu::moe_cpu {
+
+using simd::Bf16;
+using simd::to_float;
+inline constexpr int G = core::kMoeBlock;
+
+constexpr std::array<float, 256> make_lut() {
+  std::array<float, 256> t{};
+  for (int b = 0; b < 256; ++b) t[static_cast<size_t>(b)] = core::fp8_to_float(static_cast<uint8_t>(b), core::kE4m3fn);
+  return t;
+}
+inline constexpr std::array<float, 256> kLut = make_lut();
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const Bf16* p, int64_t i) { return to_float(p[i]); }
+inline float load(const uint8_t* p, int64_t i) { return kLut[p[i]]; }
+
+/// `x` (n values) quantised in 128-wide groups as quant_fp8_group does,
+/// dequantised in place.
+inline void quantise_groups(float* x, int64_t n) {
+  for (int64_t g0 = 0; g0 < n; g0 += G) {
+    const int64_t g1 = g0 + G < n ? g0 + G : n;
+    float amax = 0.f;
+    for (int64_t i = g0; i < g1; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float scale = std::fmax(amax, core::kQuantMinAmax) / 448.f;
+    for (int64_t i = g0; i < g1; ++i) x[i] = kLut[core::float_to_fp8(x[i] / scale, core::kE4m3fn, true)] * scale;
+  }
+}
+
+/// One expert's weight [rows, cols] (row stride ld) and, for fp8, its block
+/// scales [ceil(rows/128), ceil(cols/128)] (row stride sld).
+template <class W>
+struct Weight {
+  const W* w = nullptr;
+  int64_t ld = 0;
+  const float* s = nullptr;
+  int64_t sld = 0;
+  /// row r of the weight dotted with `x` (cols values), each 128-wide group
+  /// scaled by its block scale (fp8) — in fp32.
+  float dot(int64_t r, const float* x, int64_t cols, float* row) const {
+    decode(r, cols, row);
+    return dot_decoded(r, row, x, cols);
+  }
+  /// Row r's cols values in fp32, and their dot with x once decoded.
+  void decode(int64_t r, int64_t cols, float* row) const {
+    for (int64_t c = 0; c < cols; ++c) row[c] = load(w, r * ld + c);
+  }
+  float dot_decoded(int64_t r, const float* row, const float* x, int64_t cols) const {
+    float acc = 0.f;
+    for (int64_t g0 = 0; g0 < cols; g0 += G) {
+      const int64_t g1 = g0 + G < cols ? g0 + G : cols;
+      float part = 0.f;
+      for (int64_t c = g0; c < g1; ++c) part += row[c] * x[c];
+      acc += s ? part * s[(r / G) * sld + g0 / G] : part;
+    }
+    return acc;
+  }
+};
+
+template <class W>
+Weight<W> expert(const core::LaunchArgs& a, int slot, int scale_slot, int64_t e, int64_t rows, int64_t cols) {
+  Weight<W> w;
+  w.ld = a.ld[slot];
+  w.w = a.ptr<const W>(slot) + e * rows * w.ld;
+  if (a.data[scale_slot] != nullptr) {
+    w.sld = a.ld[scale_slot];
+    w.s = a.ptr<const float>(scale_slot) + e * ((rows + G - 1) / G) * w.sld;
+  }
+  (void)cols;
+  return w;
+}
+
+/// The decline of a problem the CPU MoE GEMM variant `v` does not
+/// compute: another op, device or weight dtype, or activations (named
+/// `acts` in the message) in a dtype it does not take (the weights', or
+/// bf16 or fp32 under fp8 weights).
+inline Status check_moe_dtypes(const core::VariantDef& v, const core::Problem& p, std::string_view acts) {
+  if (p.op != v.op)
+    return decline(v, StatusCode::unsupported_problem, "not a " + std::string(core::op_name(v.op)) + " problem");
+  if (p.device.type != v.backend)
+    return decline(v, StatusCode::unsupported_device, "CPU variant, problem is on another device");
+  if (p.in_dtype != v.in_dtype)
+    return decline(v, StatusCode::unsupported_problem, "computes " + std::string(dtype_name(v.in_dtype)) + " weights");
+  const bool fp8 = v.in_dtype == DType::fp8_e4m3fn;
+  if (fp8 ? (p.out_dtype != DType::fp32 && p.out_dtype != DType::bf16) : p.out_dtype != p.in_dtype)
+    return decline(
+        v, StatusCode::unsupported_problem,
+        std::string(acts) + (fp8 ? " and out must be bf16 or fp32 on the CPU" : " must have the weights' dtype"));
+  return Status::Ok();
+}
+
+/// supports() of a CPU MoE variant: Check (its op's problem checks), then
+/// its params in their config space.
+template <const core::VariantDef& V, Status (*Check)(const core::VariantDef&, const core::Problem&) noexcept>
+Status moe_supports(const core::Problem& p, const int64_t* prm, const DeviceInfo&) {
+  if (Status s = Check(V, p); !s.ok()) return s;
+  if (!V.params.empty() && !params_in_space(V, prm))
+    return decline(V, StatusCode::invalid_argument, "a param value is outside its config space");
+  return Status::Ok();
+}
+
+}  // namespace dispatch::cpu::moe_cpu

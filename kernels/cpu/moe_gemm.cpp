@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CPU backend — moe_gemm (src/ops/moe_gemm.hpp):
+//
+//   moe_gemm_<w>__blocked   block by block of the sorted pairs: each weight
+//                           row of the block's expert decoded once, dotted
+//                           with PAIRS of the block's rows at a time.
+//     PAIRS {1, 8, 64}      rows of a held (quantised) at once
+//   moe_gemm_<w>__ref       pair by pair (the validation baseline)
+//
+// <w> is the weights' dtype: fp32 (a fp32), bf16 (a bf16) or fp8_e4m3fn
+// (block fp8: a and out bf16 or fp32, a quantised per row and 128-wide
+// group as quant_fp8_group does, each group's sum scaled by its block
+// scale). Both accumulate in fp32 and round out once; a pair's row is the
+// same sum in both, so they agree bit for bit.
+#include <cstdint>
+#include <vector>
+
+#include "cpu/cpu_common.hpp"
+#include "cpu/moe_common.hpp"
+#include "cpu/moe_gemm_list.hpp"
+#include "ops/moe_gemm.hpp"
+
+namespace dispatch::cpu {
+namespace {
+
+using namespace core::variant_names;
+using namespace simd;
+using namespace moe_cpu;
+
+/// The call's views: sizes, ids and the blocks it walks.
+struct GemmCall {
+  int64_t M, N, K, E, top_k, bs, pairs, cap, blocks;
+  const int32_t* sorted;
+  const int32_t* experts;
+  const float* tw;  ///< null unless mul_routed_weight
+  int64_t ldw;      ///< tw's row stride
+  float weight(int64_t s) const { return tw != nullptr ? tw[(s / top_k) * ldw + s % top_k] : 1.f; }
+};
+GemmCall call_of(const LaunchArgs& a, const Problem& p) {
+  GemmCall c{p.m,
+             p.n,
+             p.k,
+             p.extra[0],
+             p.extra[1],
+             p.extra[2],
+             p.m * p.extra[1],
+             0,
+             0,
+             nullptr,
+             nullptr,
+             nullptr,
+             a.ld[core::kMoeGemmArgTopkWeights]};
+  const core::Dims dims = core::dims_of(p);
+  c.cap = core::moe_gemm_spec::sorted_extent(dims.data());
+  c.sorted = a.ptr<const int32_t>(core::kMoeGemmArgSorted);
+  c.experts = a.ptr<const int32_t>(core::kMoeGemmArgExpertIds);
+  c.blocks = core::moe_gemm_spec::walked_blocks(a.ptr<const int32_t>(core::kMoeGemmArgTotal)[0], c.cap, c.bs);
+  if (a.scalar[2] != 0.f) c.tw = a.ptr<const float>(core::kMoeGemmArgTopkWeights);
+  return c;
+}
+
+/// The op; chunk = 0: pair by pair (the reference), else each decoded
+/// weight row dotted with `chunk` of a block's pairs at a time.
+template <class W, class X>
+Status run(const LaunchArgs& a, const Problem& p, int64_t chunk) {
+  const GemmCall c = call_of(a, p);
+  const X* ap = a.ptr<const X>(core::kMoeGemmArgA);
+  X* out = a.ptr<X>(core::kMoeGemmArgOut);
+  const int64_t lda = a.ld[core::kMoeGemmArgA], ldo = a.ld[core::kMoeGemmArgOut];
+  const bool fp8 = a.data[core::kMoeGemmArgWScale] != nullptr;
+  const int64_t hold = chunk < 1 ? 1 : chunk;
+  try {
+    std::vector<float> x(static_cast<size_t>(hold * c.K)), row(static_cast<size_t>(c.K));
+    std::vector<int64_t> rows;  // the chunk's pairs
+    for (int64_t b = 0; b < c.blocks; ++b) {
+      const int32_t e = c.experts[b];
+      const bool local = e >= 0 && e < c.E;
+      const Weight<W> w = expert<W>(a, core::kMoeGemmArgW, core::kMoeGemmArgWScale, local ? e : 0, c.N, c.K);
+      for (int64_t i0 = b * c.bs; i0 < (b + 1) * c.bs && i0 < c.cap; i0 += hold) {
+        rows.clear();
+        for (int64_t i = i0; i < i0 + hold && i < (b + 1) * c.bs && i < c.cap; ++i)
+          if (const int32_t s = c.sorted[i]; s >= 0 && s < c.pairs) rows.push_back(s);
+        const auto n = static_cast<int64_t>(rows.size());
+        if (n == 0) continue;
+        for (int64_t q = 0; q < n && local; ++q) {
+          float* xq = &x[static_cast<size_t>(q * c.K)];
+          const X* src = ap + (rows[static_cast<size_t>(q)] / c.top_k) * lda;
+          for (int64_t k = 0; k < c.K; ++k) xq[k] = load(src, k);
+          if (fp8) quantise_groups(xq, c.K);
+        }
+        for (int64_t r = 0; r < c.N; ++r) {
+          if (local) w.decode(r, c.K, row.data());
+          for (int64_t q = 0; q < n; ++q) {
+            const int64_t s = rows[static_cast<size_t>(q)];
+            const float v =
+                local ? w.dot_decoded(r, row.data(), &x[static_cast<size_t>(q * c.K)], c.K) * c.weight(s) : 0.f;
+            store_as(&out[s * ldo + r], v);
+          }
+        }
+      }
+    }
+  } catch (...) {
+    return make_status(StatusCode::out_of_memory, "moe_gemm: the CPU variant's buffers");
+  }
+  return Status::Ok();
+}
+
+Status check_problem(const VariantDef& v, const Problem& p) noexcept {
+  if (Status s = check_moe_dtypes(v, p, "a"); !s.ok()) return s;
+  if (p.n < 1 || p.k < 1 || p.extra[0] < 1 || p.extra[1] < 1 || p.extra[2] < 1)
+    return decline(v, StatusCode::invalid_argument, "E, N, K, top_k and block_size must be >= 1");
+  // int32 ids: the padded pair count must fit (a key from a file may name any size).
+  if (const core::Dims d = core::dims_of(p);
+      core::moe_gemm_spec::sorted_extent(d.data()) > INT32_MAX || core::moe_gemm_spec::sorted_extent(d.data()) < 0)
+    return decline(v, StatusCode::unsupported_problem, "M*top_k + min(E, M*top_k)*(block_size - 1) exceeds int32");
+  return Status::Ok();
+}
+
+template <class W>
+Status launch_as(const LaunchArgs& a, const Problem& p, int64_t chunk) {
+  if (p.m < 1) return Status::Ok();
+  for (int i : {core::kMoeGemmArgA, core::kMoeGemmArgW, core::kMoeGemmArgOut, core::kMoeGemmArgSorted,
+                core::kMoeGemmArgExpertIds, core::kMoeGemmArgTotal})
+    if (a.data[i] == nullptr) return make_status(StatusCode::invalid_argument, "moe_gemm: a tensor is null");
+  if (a.scalar[2] != 0.f && a.data[core::kMoeGemmArgTopkWeights] == nullptr)
+    return make_status(StatusCode::invalid_argument, "moe_gemm: mul_routed_weight without topk_weights");
+  return p.out_dtype == DType::fp32 ? run<W, float>(a, p, chunk) : run<W, Bf16>(a, p, chunk);
+}
+
+template <class W>
+Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
+  return launch_as<W>(a, p, 0);
+}
+template <class W>
+Status blocked_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
+  if (prm[kMoeGemmPairs] < 1) return make_status(StatusCode::invalid_argument, "moe_gemm: PAIRS must be >= 1");
+  return launch_as<W>(a, p, prm[kMoeGemmPairs]);
+}
+
+constexpr int64_t kPairs[] = {1, 8, 64};
+constexpr ParamDef kBlockedParams[] = {{"PAIRS", ParamKind::integer, kPairs, {}, 8}};
+
+}  // namespace
+
+#define KD_MOE_GEMM_PAIR(Blocked, Ref, w, DT, W)                                  \
+  constinit const core::VariantDef Blocked{"moe_gemm_" w "__blocked",             \
+                                           OpKind::moe_gemm,                      \
+                                           DeviceType::cpu,                       \
+                                           DT,                                    \
+                                           kBlockedParams,                        \
+                                           0,                                     \
+                                           1,                                     \
+                                           &moe_supports<Blocked, check_problem>, \
+                                           &blocked_launch<W>};                   \
+  constinit const core::VariantDef Ref{"moe_gemm_" w "__ref",                     \
+                                       OpKind::moe_gemm,                          \
+                                       DeviceType::cpu,                           \
+                                       DT,                                        \
+                                       {},                                        \
+                                       core::kVariantReference,                   \
+                                       1,                                         \
+                                       &moe_supports<Ref, check_problem>,         \
+                                       &ref_launch<W>};
+KD_MOE_GEMM_PAIR(kMoeGemmFp32Blocked, kMoeGemmFp32Ref, "fp32", DType::fp32, float)
+KD_MOE_GEMM_PAIR(kMoeGemmBf16Blocked, kMoeGemmBf16Ref, "bf16", DType::bf16, Bf16)
+KD_MOE_GEMM_PAIR(kMoeGemmFp8Blocked, kMoeGemmFp8Ref, "fp8_e4m3fn", DType::fp8_e4m3fn, uint8_t)
+#undef KD_MOE_GEMM_PAIR
+
+// A decoded weight row serves the pairs held: the block's pairs (block_size,
+// at most) bound how many are worth holding.
+core::Plan moe_gemm_default(const core::Problem& p, const DeviceInfo&) noexcept {
+  core::Plan plan;
+  switch (p.in_dtype) {
+    case DType::fp32: plan.variant = &kMoeGemmFp32Blocked; break;
+    case DType::bf16: plan.variant = &kMoeGemmBf16Blocked; break;
+    case DType::fp8_e4m3fn: plan.variant = &kMoeGemmFp8Blocked; break;
+    default: return plan;
+  }
+  const int64_t per_block = p.extra[2];
+  plan.params[kMoeGemmPairs] = per_block >= 64 ? 64 : per_block >= 8 ? 8 : 1;
+  if (!check_problem(*plan.variant, p).ok()) return {};
+  return plan;
+}
+
+}  // namespace dispatch::cpu
