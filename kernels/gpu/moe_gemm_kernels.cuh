@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — moe_gemm kernels (src/ops/moe_gemm.hpp), written
+// once for CUDA and HIP (gpu/port.hpp). Each kernels/<backend>/moe_gemm_<w>
+// translation unit instantiates them for one weight dtype with
+// KDISPATCH_MOE_GEMM_TU (3 kernels per TU: gpu/moe_gemm_launch.hpp).
+//
+//   out[s] = (a[s / top_k] · w[e]^T) * (mul_routed_weight ? topk_weights[s] : 1)
+//   for the pairs s of each block of moe_align's sorted ids, 0 where the
+//   block's expert is not local.
+//
+// The kernels:
+//  - split (vec and generic): grid (ceil(N / 16), blocks of the sort, at
+//    most 65535, grid-stride). A block of 4 warps takes 16 weight rows of
+//    the block's expert (4 a warp) and walks the block's pairs 4 at a time:
+//    each lane reads 8 consecutive elements of K of each of its warp's 4
+//    weight rows and of the 4 pairs' rows of a per step (16 bytes, or 8 for
+//    fp8 weights: vec; element by element where K or the rows do not allow
+//    it: generic), products summed in fp32 per lane, then over the warp.
+//    Block fp8: each step's 128-groups (16 lanes) quantise a's values as
+//    the op does (moe_kernels.cuh quantise8) and each lane's group sum is
+//    scaled by its weight block scale and the group's scale.
+//  - reference: one thread per (sorted position, output column), the same
+//    sums in K order (the validation baseline).
+// No workspace, no atomics: each output row is written by one block.
+#pragma once
+
+#include <climits>
+
+#include "gpu/port.hpp"  // first: defines KDISPATCH_GPU_NS
+
+#include "gpu/backend_decls.hpp"
+#include "gpu/elem.cuh"
+#include "gpu/launch_util.hpp"
+#include "gpu/moe_gemm_launch.hpp"
+#include "gpu/moe_kernels.cuh"
+#include "ops/moe_gemm.hpp"
+
+namespace dispatch::KDISPATCH_GPU_NS::moe_gemm {
+
+using moe::kLanes;
+using moe::lane_id;
+using moe::warp_id;
+inline constexpr int kWarps = 4, kRows = 4, kPairs = 4, kThreads = kWarps * kLanes;
+inline constexpr int kRefThreads = gpu::moe_gemm::kRefThreads;
+static_assert(kWarps * kRows == gpu::moe_gemm::kRowsPerBlock && kWarps == gpu::moe_gemm::kSplitWarps,
+              "the list's grid");
+
+/// Kernel parameters, by value.
+struct Args {
+  const void* a;
+  const void* w;
+  void* out;
+  const float* tw;  ///< null unless mul_routed_weight
+  const int32_t* sorted;
+  const int32_t* experts;
+  const int32_t* total;
+  const float* ws;  ///< block fp8's weight scales [E, ceil(N/128), ceil(K/128)]
+  int64_t lda, ldw, ldo, ldtw, ldws;
+  int64_t N, K, E, top_k, bs, pairs, cap;
+};
+
+/// The blocks a call walks (moe_gemm_spec::walked_blocks, on the device).
+KDISPATCH_DEVICE_INLINE int64_t walked(const Args& g) {
+  const int64_t total = *g.total, t = total < 0 ? 0 : total > g.cap ? g.cap : total;
+  return (t + g.bs - 1) / g.bs;
+}
+
+/// Lane `lane`'s 8 elements of row `p` at column c (zeros past K): a vector
+/// load (vec: K a multiple of 8, 16-byte rows) or one element at a time.
+template <DType DT, bool kVec>
+KDISPATCH_DEVICE_INLINE void load8(const typename moe::WeightRow<DT>::S* p, int64_t c, int64_t K, float (&f)[8]) {
+  if constexpr (DT == DType::fp8_e4m3fn) {
+    if (kVec && c < K) {
+      moe::WeightRow<DT>::widen(*reinterpret_cast<const uint2*>(p + c), f);
+      return;
+    }
+#pragma unroll
+    for (int v = 0; v < 8; ++v) f[v] = c + v < K ? e4m3_to_float(p[c + v]) : 0.f;
+  } else {
+    if (kVec && c < K) {
+      Elem<DT>::unpack(*reinterpret_cast<const uint4*>(p + c), f);
+      return;
+    }
+#pragma unroll
+    for (int v = 0; v < 8; ++v) f[v] = c + v < K ? Elem<DT>::load1(p + c + v) : 0.f;
+  }
+}
+
+/// W: the weights' dtype; X: a's and out's (W, or bf16 under fp8 weights).
+template <DType W, DType X, bool kVec>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kThreads) moe_gemm_split_kernel(Args g) {
+  port::grid_dependency_wait_and_release();
+  constexpr bool kFp8 = W == DType::fp8_e4m3fn;
+  using WS = typename moe::WeightRow<W>::S;
+  using XS = typename Elem<X>::S;
+  const int lane = lane_id();
+  const int64_t r0 = (int64_t{blockIdx.x} * kWarps + warp_id()) * kRows;
+  const int64_t blocks = walked(g), nb = (g.N + 127) / 128;
+  for (int64_t b = blockIdx.y; b < blocks; b += gridDim.y) {
+    const int32_t e = g.experts[b];
+    const bool local = e >= 0 && e < g.E;
+    const int64_t end = (b + 1) * g.bs < g.cap ? (b + 1) * g.bs : g.cap;
+    for (int64_t i0 = b * g.bs; i0 < end; i0 += kPairs) {
+      int64_t s[kPairs];
+      bool any = false;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        s[q] = i0 + q < end ? g.sorted[i0 + q] : -1;
+        if (s[q] < 0 || s[q] >= g.pairs) s[q] = -1;
+        any = any || s[q] >= 0;
+      }
+      if (!any) continue;  // the same for every thread of the block
+      float acc[kRows][kPairs] = {};
+      if (local) {
+        const WS* wr[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          wr[r] = static_cast<const WS*>(g.w) + (e * g.N + (r0 + r < g.N ? r0 + r : 0)) * g.ldw;
+        // Every lane steps to the same bound (fp8's group max takes all 16 lanes).
+        for (int64_t k0 = 0; k0 < g.K; k0 += int64_t{kLanes} * 8) {
+          const int64_t c = k0 + int64_t{lane} * 8;
+          float x[kPairs][8], scale[kPairs];
+#pragma unroll
+          for (int q = 0; q < kPairs; ++q) {
+            load8<X, kVec>(static_cast<const XS*>(g.a) + (s[q] >= 0 ? s[q] / g.top_k : 0) * g.lda, c, g.K, x[q]);
+            if constexpr (kFp8) scale[q] = moe::quantise8(x[q]);
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            float wv[8];
+            load8<W, kVec>(wr[r], c, g.K, wv);
+            float ws = 1.f;
+            if constexpr (kFp8)
+              ws = c < g.K ? g.ws[(e * nb + (r0 + r < g.N ? r0 + r : 0) / 128) * g.ldws + c / 128] : 0.f;
+#pragma unroll
+            for (int q = 0; q < kPairs; ++q) {
+              const float part = moe::dot8(wv, x[q]);
+              if constexpr (kFp8)
+                acc[r][q] = fmaf(part, ws * scale[q], acc[r][q]);
+              else
+                acc[r][q] += part;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int q = 0; q < kPairs; ++q) {
+          const float v = port::warp_sum(acc[r][q]);
+          if (lane == (r * kPairs + q) % kLanes && s[q] >= 0 && r0 + r < g.N) {
+            const float rw = g.tw != nullptr && local ? g.tw[(s[q] / g.top_k) * g.ldtw + s[q] % g.top_k] : 1.f;
+            Elem<X>::store1(static_cast<XS*>(g.out) + s[q] * g.ldo + r0 + r, v * rw);
+          }
+        }
+    }
+  }
+}
+
+/// One thread per (sorted position i, column n), grid-stride.
+template <DType W, DType X>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kRefThreads) moe_gemm_ref_kernel(Args g) {
+  port::grid_dependency_wait_and_release();
+  constexpr bool kFp8 = W == DType::fp8_e4m3fn;
+  using WS = typename moe::WeightRow<W>::S;
+  using XS = typename Elem<X>::S;
+  const int64_t rows = walked(g) * g.bs < g.cap ? walked(g) * g.bs : g.cap, nb = (g.N + 127) / 128;
+  for (int64_t q = int64_t{blockIdx.x} * kRefThreads + threadIdx.x; q < rows * g.N;
+       q += int64_t{gridDim.x} * kRefThreads) {
+    const int64_t i = q / g.N, n = q % g.N;
+    const int64_t s = g.sorted[i];
+    if (s < 0 || s >= g.pairs) continue;
+    const int32_t e = g.experts[i / g.bs];
+    float acc = 0.f;
+    if (e >= 0 && e < g.E) {
+      const XS* x = static_cast<const XS*>(g.a) + (s / g.top_k) * g.lda;
+      const WS* w = static_cast<const WS*>(g.w) + (e * g.N + n) * g.ldw;
+      for (int64_t k0 = 0; k0 < g.K; k0 += 128) {
+        const int64_t k1 = k0 + 128 < g.K ? k0 + 128 : g.K;
+        float scale = 1.f, part = 0.f;
+        if constexpr (kFp8) {
+          float amax = 0.f;
+          for (int64_t k = k0; k < k1; ++k) amax = fmaxf(amax, fabsf(Elem<X>::load1(x + k)));
+          scale = fmaxf(amax, 1e-10f) / 448.f;
+          for (int64_t k = k0; k < k1; ++k)
+            part = fmaf(e4m3_to_float(w[k]), e4m3_round2(Elem<X>::load1(x + k) / scale, 0.f).x, part);
+          acc = fmaf(part, g.ws[(e * nb + n / 128) * g.ldws + k0 / 128] * scale, acc);
+        } else {
+          for (int64_t k = k0; k < k1; ++k) part = fmaf(Elem<W>::load1(w + k), Elem<X>::load1(x + k), part);
+          acc += part;
+        }
+      }
+      if (g.tw != nullptr) acc *= g.tw[(s / g.top_k) * g.ldtw + s % g.top_k];
+    }
+    Elem<X>::store1(static_cast<XS*>(g.out) + s * g.ldo + n, acc);
+  }
+}
+
+inline Args args_of(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  const core::Dims d = core::dims_of(p);
+  Args g{};
+  g.a = la.data[core::kMoeGemmArgA];
+  g.w = la.data[core::kMoeGemmArgW];
+  g.out = la.data[core::kMoeGemmArgOut];
+  g.tw = la.scalar[2] != 0.f ? static_cast<const float*>(la.data[core::kMoeGemmArgTopkWeights]) : nullptr;
+  g.sorted = static_cast<const int32_t*>(la.data[core::kMoeGemmArgSorted]);
+  g.experts = static_cast<const int32_t*>(la.data[core::kMoeGemmArgExpertIds]);
+  g.total = static_cast<const int32_t*>(la.data[core::kMoeGemmArgTotal]);
+  g.ws = static_cast<const float*>(la.data[core::kMoeGemmArgWScale]);
+  g.lda = la.ld[core::kMoeGemmArgA], g.ldw = la.ld[core::kMoeGemmArgW], g.ldo = la.ld[core::kMoeGemmArgOut];
+  g.ldtw = la.ld[core::kMoeGemmArgTopkWeights], g.ldws = la.ld[core::kMoeGemmArgWScale];
+  g.N = p.n, g.K = p.k, g.E = p.extra[0], g.top_k = p.extra[1], g.bs = p.extra[2];
+  g.pairs = p.m * p.extra[1], g.cap = core::moe_gemm_spec::sorted_extent(d.data());
+  return g;
+}
+
+/// Whether the vec kernel's loads fit the call's tensors: K a multiple of
+/// 8 and every row of a and w 16-byte aligned (8 bytes for fp8 weights).
+template <DType W, DType X>
+bool vec_fits(const Args& g) noexcept {
+  const int64_t wb = sizeof(typename moe::WeightRow<W>::S) * 8, xb = sizeof(typename Elem<X>::S) * 8;
+  auto aligned = [](const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0; };
+  return g.K % 8 == 0 && aligned(g.w, wb) && aligned(g.a, xb) &&
+         (g.ldw * sizeof(typename moe::WeightRow<W>::S)) % wb == 0 && (g.lda * sizeof(typename Elem<X>::S)) % xb == 0;
+}
+
+/// Enqueues family `f` (gpu::moe_gemm::Family) on la.stream.
+template <DType W, DType X>
+Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  using gpu::moe_gemm::Family;
+  if (p.m < 1) return Status();
+  const Args g = args_of(la, p);
+  if (g.a == nullptr || g.w == nullptr || g.out == nullptr || g.sorted == nullptr || g.experts == nullptr ||
+      g.total == nullptr || (la.scalar[2] != 0.f && g.tw == nullptr))
+    return make_status(StatusCode::invalid_argument, "moe_gemm: a tensor is null");
+  if (W == DType::fp8_e4m3fn && g.ws == nullptr)
+    return make_status(StatusCode::invalid_argument, "moe_gemm: fp8 weights without w_scale");
+  if (g.cap < 0 || g.cap > INT_MAX) return make_status(StatusCode::invalid_argument, "moe_gemm: too many pairs");
+  if (f == Family::vec && !vec_fits<W, X>(g))
+    return core::needs_fallback("moe_gemm vec: K not a multiple of 8, or a or w rows not aligned for 8-element loads");
+  const core::Dims d = core::dims_of(p);
+  const int64_t blocks = core::moe_gemm_spec::blocks_extent(d.data());
+  const LaunchScope on(la, p);
+  port::Error e = port::kSuccess;
+  if (f == Family::reference) {
+    const int64_t n = (g.cap * g.N + kRefThreads - 1) / kRefThreads;
+    const dim3 grid(static_cast<unsigned>(n < (int64_t{1} << 20) ? n : int64_t{1} << 20));
+    e = port::launch(moe_gemm_ref_kernel<W, X>, grid, dim3(kRefThreads), on.stream, on.pdl, g);
+  } else {
+    const int64_t tiles = (g.N + gpu::moe_gemm::kRowsPerBlock - 1) / gpu::moe_gemm::kRowsPerBlock;
+    if (tiles > INT_MAX) return make_status(StatusCode::invalid_argument, "moe_gemm: N beyond one grid");
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
+    e = f == Family::vec ? port::launch(moe_gemm_split_kernel<W, X, true>, grid, dim3(kThreads), on.stream, on.pdl, g)
+                         : port::launch(moe_gemm_split_kernel<W, X, false>, grid, dim3(kThreads), on.stream, on.pdl, g);
+  }
+  return port::status(e, "moe_gemm kernel launch");
+}
+
+/// Fills out[kernel_index] for the kernels of (W, X) on the current device.
+template <DType W, DType X>
+void probe(KernelImage* out) noexcept {
+  out[0] = image_of(moe_gemm_split_kernel<W, X, true>);
+  out[1] = image_of(moe_gemm_split_kernel<W, X, false>);
+  out[2] = image_of(moe_gemm_ref_kernel<W, X>);
+}
+
+}  // namespace dispatch::KDISPATCH_GPU_NS::moe_gemm
+
+/// The body of kernels/<backend>/moe_gemm_<w>.{cu,hip}: instantiates the
+/// kernels of weights `w` and activations `x` and defines its launcher and
+/// image probe (gpu/moe_gemm_launch.hpp, gpu/backend_decls.hpp).
+#define KDISPATCH_MOE_GEMM_TU(w, x)                                                                 \
+  dispatch::Status dispatch::KDISPATCH_GPU_NS::launch_moe_gemm_##w(                                 \
+      gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::Problem& p) noexcept {       \
+    return moe_gemm::launch<DType::w, DType::x>(f, la, p);                                          \
+  }                                                                                                 \
+  void dispatch::KDISPATCH_GPU_NS::probe_moe_gemm_##w(KernelImage* out, const ProbeEnv&) noexcept { \
+    moe_gemm::probe<DType::w, DType::x>(out);                                                       \
+  }

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch GPU backends — moe_gemm's family (kernels/gpu/moe_gemm_kernels.cuh):
+// its kernels' indices and the launchers its TUs (kernels/<backend>/
+// moe_gemm_<w>.{cu,hip}) define and its list (gpu/moe_gemm_variants.inc)
+// calls. Included with KDISPATCH_GPU_NS defined. Plain C++.
+#pragma once
+
+#include <cstdint>
+
+#include "core/op.hpp"
+#include "gpu/backend_decls.hpp"
+
+namespace dispatch::gpu::moe_gemm {
+
+inline constexpr core::OpKind kOp = core::OpKind::moe_gemm;
+/// The kernels of a TU, by image index: split with vector loads, split
+/// one element at a time, the reference.
+enum class Family : uint8_t { vec = 0, generic = 1, reference = 2 };
+constexpr int kernel_index(Family f) { return static_cast<int>(f); }
+/// Weight rows per block of the split kernels (4 warps of 4 rows), their
+/// threads on a 32-wide warp, and the reference's threads.
+inline constexpr int64_t kRowsPerBlock = 16;
+inline constexpr int kSplitWarps = 4, kRefThreads = 256;
+
+}  // namespace dispatch::gpu::moe_gemm
+
+namespace dispatch::KDISPATCH_GPU_NS {
+
+/// Enqueues family `f` of moe_gemm on la.stream: bf16 or fp16 weights and
+/// activations, or (fp8, CUDA only) e4m3fn weights with block scales and
+/// bf16 activations.
+Status launch_moe_gemm_bf16(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_moe_gemm_fp16(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::Problem& p) noexcept;
+Status launch_moe_gemm_fp8_e4m3fn(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::Problem& p) noexcept;
+
+}  // namespace dispatch::KDISPATCH_GPU_NS
