@@ -1959,8 +1959,6 @@ TEST_CASE("cli validate --cache: a stale fragment is skipped and reported, the d
   CHECK(run({"validate"}, cache).exit_code == 2);
 }
 
-#endif  // KDISPATCH_CLI_PATH
-
 TEST_CASE("cli tune: --op moe_gemm on an M,E,N,K,top_k,block_size list: scratch holds one alignment, rows load") {
   Scratch dir("moe_gemm");
   const std::string cache = dir / "cache";
@@ -1997,3 +1995,26 @@ TEST_CASE("cli tune: --op moe_gemm on an M,E,N,K,top_k,block_size list: scratch 
   CHECK_MESSAGE(v.exit_code == 0, v.out << v.err);
   CHECK(v.out.find("3 files: 3 loaded") != std::string::npos);
 }
+
+// add_choice (src/cli/tune_shapes.cpp) takes "1" for a two-label switch's
+// second label (mul_routed_weight=true) but not "0" for its first: a shapes
+// file written with 0/1 fails every row that has the routed weight off.
+TEST_CASE("cli tune: --op moe_gemm takes mul_routed_weight as 0 and 1 as it takes false and true") {
+  Scratch dir("moe_gemm01");
+  const std::string cache = dir / "cache";
+  simdjson::dom::parser parser;
+  const std::string csv = dir / "moe_gemm.csv";
+  std::ofstream(csv) << "M,E,N,K,top_k,block_size,dtype,mul_routed_weight\n"
+                        "4,8,64,128,2,16,fp32,0\n"
+                        "8,8,128,32,1,16,fp32,1\n";
+  const std::string emit = dir / "emit";
+  CliRun t = run(
+      {"tune", "--shapes", csv, "--op", "moe_gemm", "--emit", emit, "--budget-ms", "50", "--no-cold-cache", "--json"},
+      cache);
+  INFO(t.out << t.err);
+  simdjson::dom::element doc = parser.parse(simdjson::padded_string(t.out));
+  CHECK(int64_t(doc["failed"]) == 0);
+  CHECK(int64_t(doc["tuned"]) == 2);
+}
+
+#endif  // KDISPATCH_CLI_PATH

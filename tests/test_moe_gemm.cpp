@@ -344,3 +344,73 @@ TEST_CASE("moe_gemm: pretune on the CPU fills one alignment and keeps a plan tha
   CHECK(res->rejected == 0);
   CHECK(res->persisted);  // into the test's own cache dir, never the user's
 }
+
+// vLLM's expert-parallel flow, which kdispatch's own moe_align supports
+// (expert_map): align over the E_global experts with the map, then the
+// grouped GEMM over the local weights [E_local, N, K]. The align's buffers
+// and its total are sized for E_global, past moe_gemm's P of E_local: the
+// op reads what the buffers hold (an attack found it clamped to P
+// and skipped the local experts' blocks past it).
+TEST_CASE("moe_gemm: under expert parallelism (align over the global experts) every local pair is computed") {
+  auto rt = quiet_runtime();
+  const int64_t M = 4, top_k = 2, Eg = 8, El = 2, bs = 4, N = 2, K = 2;
+  // Pair i = t * 2 + j goes to global expert i: every pair its own expert.
+  std::vector<int32_t> ids{0, 1, 2, 3, 4, 5, 6, 7};
+  // Global experts 6 and 7 are this rank's local experts 0 and 1.
+  std::vector<int32_t> map{-1, -1, -1, -1, -1, -1, 0, 1};
+  const int64_t P = M * top_k + std::min(Eg, M * top_k) * (bs - 1);  // 32: the align's buffers
+  std::vector<int32_t> sorted(P), experts((P + bs - 1) / bs), total(1);
+  MoeAlignArgs al;
+  al.topk_ids = make_tensor_2d(ids.data(), DType::int32, M, top_k, top_k);
+  al.sorted_token_ids = make_tensor_1d(sorted.data(), DType::int32, P);
+  al.expert_ids = make_tensor_1d(experts.data(), DType::int32, static_cast<int64_t>(experts.size()));
+  al.num_tokens_post_pad = make_tensor_1d(total.data(), DType::int32, 1);
+  al.expert_map = make_tensor_1d(map.data(), DType::int32, Eg);
+  al.num_experts = static_cast<int32_t>(Eg);
+  al.block_size = static_cast<int32_t>(bs);
+  REQUIRE(moe_align(*rt, al).ok());
+  REQUIRE(total[0] == 32);
+  REQUIRE(experts == std::vector<int32_t>{-1, -1, -1, -1, -1, -1, 0, 1});
+
+  std::vector<float> a{1, 2, 3, 4, 5, 6, 7, 8};  // [M, K]
+  std::vector<float> w{1, 0, 0, 1, 2, 0, 0, 1};  // local experts: [[e + 1, 0], [0, 1]]
+  std::vector<float> out(static_cast<size_t>(M * top_k * N), 99.f), tw(static_cast<size_t>(M * top_k), 1.f);
+  MoeGemmArgs g;
+  g.a = make_tensor_2d(a.data(), DType::fp32, M, K, K);
+  g.w = kdtest::tensor_3d(w.data(), DType::fp32, El, N, K);
+  g.out = kdtest::tensor_3d(out.data(), DType::fp32, M, top_k, N);
+  g.topk_weights = make_tensor_2d(tw.data(), DType::fp32, M, top_k, top_k);
+  g.sorted_token_ids = al.sorted_token_ids;
+  g.expert_ids = al.expert_ids;
+  g.num_tokens_post_pad = al.num_tokens_post_pad;
+  g.top_k = static_cast<int32_t>(top_k);
+  g.block_size = static_cast<int32_t>(bs);
+  REQUIRE(moe_gemm(*rt, g).ok());
+  // Pairs 0..5: non-local experts, zeros. Pair 6 (token 3, local expert 0):
+  // (1 * 7, 8); pair 7 (token 3, local expert 1): (2 * 7, 8).
+  CHECK(out == std::vector<float>{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 14, 8});
+}
+
+// No variant takes a workspace: OpSpec::uses_workspace stays off, so the
+// torch op attaches none and the tuner takes none.
+TEST_CASE("moe_gemm: op_list() says it takes no workspace (it uses none)") {
+  for (const OpInfo& op : op_list())
+    if (op.name == "moe_gemm") CHECK_FALSE(op.uses_workspace);
+}
+
+// The tuner poisons pure outputs and rejects a candidate that leaves an
+// element unwritten, while moe_gemm leaves a dropped pair's rows alone: the
+// tuner's alignment lists every pair (an id outside [0, E) becomes i mod E).
+TEST_CASE("moe_gemm: pretune where the routing would drop pairs (top_k > E) lists every pair and keeps a plan") {
+  kdtest::TempDir cache;
+  RuntimeOptions o = kdtest::options_for({});
+  o.tune.mode = TuneMode::off;
+  o.tune.cache_dir = cache.str();
+  auto rt = kdtest::make_runtime(o);
+  Random r(6, 16, 32, 2, 4, 4, DType::fp32, 7u);  // E = 2, top_k = 4: two of each token's pairs dropped
+  std::vector<float> out;
+  REQUIRE(moe_gemm(*rt, r.args(out, 0)).ok());  // the call itself is fine
+  auto res = pretune(*rt, r.args(out, 0));
+  REQUIRE_MESSAGE(res.ok(), res.status().to_string());
+  CHECK(res->rejected == 0);
+}

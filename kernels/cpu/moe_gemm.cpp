@@ -51,7 +51,7 @@ GemmCall call_of(const LaunchArgs& a, const Problem& p) {
              nullptr,
              a.ld[core::kMoeGemmArgTopkWeights]};
   const core::Dims dims = core::dims_of(p);
-  c.cap = core::moe_gemm_spec::sorted_extent(dims.data());
+  c.cap = core::moe_gemm_spec::readable(dims.data(), a.ld[core::kMoeGemmArgSorted], a.ld[core::kMoeGemmArgExpertIds]);
   c.sorted = a.ptr<const int32_t>(core::kMoeGemmArgSorted);
   c.experts = a.ptr<const int32_t>(core::kMoeGemmArgExpertIds);
   c.blocks = core::moe_gemm_spec::walked_blocks(a.ptr<const int32_t>(core::kMoeGemmArgTotal)[0], c.cap, c.bs);

@@ -210,7 +210,8 @@ inline Args args_of(const core::LaunchArgs& la, const core::Problem& p) noexcept
   g.lda = la.ld[core::kMoeGemmArgA], g.ldw = la.ld[core::kMoeGemmArgW], g.ldo = la.ld[core::kMoeGemmArgOut];
   g.ldtw = la.ld[core::kMoeGemmArgTopkWeights], g.ldws = la.ld[core::kMoeGemmArgWScale];
   g.N = p.n, g.K = p.k, g.E = p.extra[0], g.top_k = p.extra[1], g.bs = p.extra[2];
-  g.pairs = p.m * p.extra[1], g.cap = core::moe_gemm_spec::sorted_extent(d.data());
+  g.pairs = p.m * p.extra[1];
+  g.cap = core::moe_gemm_spec::readable(d.data(), la.ld[core::kMoeGemmArgSorted], la.ld[core::kMoeGemmArgExpertIds]);
   return g;
 }
 
@@ -238,8 +239,7 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
   if (g.cap < 0 || g.cap > INT_MAX) return make_status(StatusCode::invalid_argument, "moe_gemm: too many pairs");
   if (f == Family::vec && !vec_fits<W, X>(g))
     return core::needs_fallback("moe_gemm vec: K not a multiple of 8, or a or w rows not aligned for 8-element loads");
-  const core::Dims d = core::dims_of(p);
-  const int64_t blocks = core::moe_gemm_spec::blocks_extent(d.data());
+  const int64_t blocks = (g.cap + g.bs - 1) / g.bs;
   const LaunchScope on(la, p);
   port::Error e = port::kSuccess;
   if (f == Family::reference) {

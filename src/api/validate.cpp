@@ -717,6 +717,8 @@ template <core::OpKind Op>
       la->ld[i] = col_major(x) ? -x.strides[1] : x.shape[0] > 1 ? x.strides[0] : x.shape[1];
     else if constexpr (a.rank == 2)
       la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+    else if constexpr (a.cols.at_least)
+      la->ld[i] = x.shape[0];  // the length given (LaunchArgs::ld)
     else
       la->ld[i] = 0;
     if constexpr (((S.align_slots >> i) & 1u) != 0) {

@@ -236,14 +236,14 @@ struct RowKey {
 
 // A choice field's value (fused_moe's activation, moe_gemm's
 // mul_routed_weight): one of the choice scalar's labels, written to the key
-// unless it is the first (the default, left out of keys); "1" is the
-// second label of a two-label switch (mul_routed_weight). Anything else
-// makes the row fail, naming the labels.
+// unless it is the first (the default, left out of keys); "0" and "1" are
+// the labels of a two-label switch (mul_routed_weight). Anything else makes
+// the row fail, naming the labels.
 void add_choice(const dsp::OpInfo& op, const std::string& name, std::string_view v, RowKey* k, std::string* flags) {
   for (const dsp::OpScalarInfo& sc : op.scalars) {
     if (sc.kind != "choice") continue;
     for (size_t i = 0; i < sc.labels.size(); ++i)
-      if (lower(v) == sc.labels[i] || (v == "1" && i == 1 && sc.labels.size() == 2)) {
+      if (lower(v) == sc.labels[i] || (sc.labels.size() == 2 && v == std::string_view(i == 0 ? "0" : "1"))) {
         if (i > 0) {
           k->fields += "," + name + "=" + std::string(sc.labels[i]);
           *flags += "," + name + "=" + std::string(sc.labels[i]);

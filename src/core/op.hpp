@@ -106,8 +106,10 @@ inline constexpr int kMaxScalars = 4;
 
 /// Per-call arguments, by the op's argument slot (its spec's slot order:
 /// gemm a, b, d, bias; rmsnorm y, x, w; ...): raw pointers and row strides
-/// in elements. A rank-1 slot has ld 0; an absent optional slot (no bias)
-/// a null pointer. Scalars in the spec's order (eps).
+/// in elements. A rank-1 slot has ld 0, but one that may be longer than
+/// the op's size (DimExpr::at_least: moe_align's outputs, moe_gemm's
+/// sorted ids) its length as given; an absent optional slot (no bias) a
+/// null pointer. Scalars in the spec's order (eps).
 struct LaunchArgs {
   void* data[kMaxArgs];
   int64_t ld[kMaxArgs];

@@ -10,7 +10,8 @@
 //     out[s, :] = (a[s / top_k] · w[e]^T) * (mul_routed_weight ? topk_weights[s / top_k, s % top_k] : 1)
 //   and out[s, :] = 0 when e is outside [0, E) (-1: an expert that is not
 //   local under expert parallelism). total = num_tokens_post_pad[0],
-//   clamped to [0, P]. Rows of out no block lists are left as they are.
+//   clamped to what the buffers hold (readable()). Rows of out no block
+//   lists are left as they are.
 //
 // SGLang's two calls: the up projection, a = hidden [M, H], w = w1 [E, 2I,
 // H], top_k = the router's, out [M, top_k, 2I], mul_routed_weight false;
@@ -29,7 +30,10 @@
 // - topk_weights [M, top_k] fp32: the router's weights (SGLang indexes
 //   them flat by s); read only when mul_routed_weight.
 // - sorted_token_ids, expert_ids, num_tokens_post_pad: moe_align's outputs
-//   for block_size (int32; sizes as moe_align's, with M * top_k pairs).
+//   for block_size (int32; at least moe_align's sizes for M * top_k pairs
+//   among E, longer where the engine aligned over more experts: vLLM's
+//   expert parallelism aligns over the global experts, expert_ids then
+//   holding local ids or -1).
 // - out [M, top_k, N]: written, the dtype of a (pair s is row s of the
 //   dense [M * top_k, N]); it may not overlap an input.
 // - top_k, block_size: whole numbers in [1, 2^24]; block_size is the one
@@ -118,9 +122,20 @@ inline constexpr KeyField kFields[] = {
 inline constexpr int8_t kOrder[] = {kMoeGemmArgW,         kMoeGemmArgA,     kMoeGemmArgTopkWeights, kMoeGemmArgSorted,
                                     kMoeGemmArgExpertIds, kMoeGemmArgTotal, kMoeGemmArgOut,         kMoeGemmArgWScale};
 
+/// The sorted positions a call may read: what its buffers hold, the
+/// shorter of sorted_token_ids (its length as given, LaunchArgs::ld; 0:
+/// the op's size P) and expert_ids' blocks of block_size. An engine under
+/// expert parallelism aligns over its global experts (vLLM's expert_map):
+/// its buffers, and its total, are then longer than P of the local E.
+constexpr int64_t readable(const int64_t* d, int64_t sorted_len, int64_t blocks_len) noexcept {
+  const int64_t s = sorted_len > 0 ? sorted_len : sorted_extent(d);
+  const int64_t b = (blocks_len > 0 ? blocks_len : blocks_extent(d)) * d[int(Dim::extra2)];
+  return s < b ? s : b;
+}
+
 /// The blocks a call walks: ceil(total / block_size), total =
-/// num_tokens_post_pad[0] clamped to [0, P] (P: sorted_extent). What every
-/// variant reads; rows i of block b past P are not read.
+/// num_tokens_post_pad[0] clamped to [0, capacity] (readable()). What
+/// every variant reads; rows i of block b past the capacity are not read.
 constexpr int64_t walked_blocks(int64_t total, int64_t capacity, int64_t block) noexcept {
   const int64_t t = total < 0 ? 0 : total > capacity ? capacity : total;
   return (t + block - 1) / block;
@@ -147,7 +162,7 @@ inline void fill_aligned(Fill which, const int32_t* ids, const Problem& p, int32
 inline void reference(const Problem& p, const RefArgs& r) {
   const int64_t M = p.m, N = p.n, K = p.k, E = p.extra[0], top_k = p.extra[1], bs = p.extra[2];
   const Dims dims = dims_of(p);
-  const int64_t cap = sorted_extent(dims.data()), pairs = M * top_k;
+  const int64_t cap = readable(dims.data(), r.ld[kMoeGemmArgSorted], r.ld[kMoeGemmArgExpertIds]), pairs = M * top_k;
   const bool fp8 = r.data[kMoeGemmArgWScale] != nullptr, mul = r.scalar[2] != 0.f;
   const double* a = r.data[kMoeGemmArgA];
   const double* w = r.data[kMoeGemmArgW];
@@ -204,7 +219,6 @@ constexpr OpSpec make_spec() {
                 "E, N and K must be >= 1, got shape "};
   std::copy(std::begin(kDimNames), std::end(kDimNames), s.dim_names);
   s.align_slots = (1u << kMoeGemmArgA) | (1u << kMoeGemmArgW) | (1u << kMoeGemmArgOut);
-  s.uses_workspace = true;
   // One GEMM over K in fp32, rounded once to the out dtype (gemm's budget).
   s.tolerance[int(DType::fp32)] = {1e-5, 1e-4};
   s.tolerance[int(DType::fp16)] = {1e-3, 2e-3};

@@ -104,11 +104,18 @@ bool is_aligned(core::Fill f) {
   return f == core::Fill::aligned_sorted || f == core::Fill::aligned_experts || f == core::Fill::aligned_total;
 }
 
+void list_every_pair(std::vector<int32_t>* ids, int64_t experts) {
+  for (size_t i = 0; i < ids->size(); ++i)
+    if ((*ids)[i] < 0 || (*ids)[i] >= experts) (*ids)[i] = static_cast<int32_t>(static_cast<int64_t>(i) % experts);
+}
+
 // The expert of each of an aligned problem's M * top_k pairs (moe_gemm's
 // scratch; none for an op without aligned slots), drawn from `routing` with
 // its own seed so that every slot of the alignment sees the same pairs. A
 // recorded routing with another top_k (the down GEMM's top_k = 1) gives its
-// ids flat, token after token.
+// ids flat, token after token. Every pair is listed: an id outside [0, E)
+// (top_k > E, a recorded -1) becomes expert i mod E, since moe_gemm leaves
+// an unlisted pair's rows alone and the search checks every output element.
 Status aligned_pair_ids(const core::Problem& p, const Routing& routing, std::vector<int32_t>* ids) {
   const core::OpSpec& spec = core::spec_of(p.op);
   if (std::none_of(spec.slots.begin(), spec.slots.end(), [](const core::ArgSlot& a) { return is_aligned(a.fill); }))
@@ -119,6 +126,7 @@ Status aligned_pair_ids(const core::Problem& p, const Routing& routing, std::vec
     if (Status s = check_routing(routing, p.extra[1], E); !s.ok()) return s;
     ids->assign(static_cast<size_t>(pairs), 0);
     fill_routing(routing, ids->data(), p.m, p.extra[1], p.extra[1], E, rng);
+    list_every_pair(ids, E);
     return Status();
   }
   if (Status s = check_routing(routing, routing.top_k, E); !s.ok()) return s;
@@ -126,6 +134,7 @@ Status aligned_pair_ids(const core::Problem& p, const Routing& routing, std::vec
   ids->assign(static_cast<size_t>(tokens * routing.top_k), 0);
   fill_routing(routing, ids->data(), tokens, routing.top_k, routing.top_k, E, rng);
   ids->resize(static_cast<size_t>(pairs));
+  list_every_pair(ids, E);
   return Status();
 }
 
@@ -193,7 +202,7 @@ Status make_scratch(const MissEvent& ev, int64_t budget, const std::string& key,
       fill(staging.data(), slots[i], rng, routing);
     if (Status s = mem->from_host(out->bufs[i].p, staging.data(), b); !s.ok()) return s;
     out->la.data[i] = out->bufs[i].p;
-    out->la.ld[i] = spec.slots[i].rank >= 2 ? slots[i].ld : 0;
+    out->la.ld[i] = spec.slots[i].rank >= 2 ? slots[i].ld : spec.slots[i].cols.at_least ? slots[i].cols : 0;
   }
   for (size_t j = 0; j < spec.scalars.size(); ++j)
     out->la.scalar[j] = spec.scalars[j].kind == core::ScalarKind::accum
