@@ -131,7 +131,7 @@ from ._runtime import Runtime
 
 __all__ = ["configure", "get_runtime", "cache_clear", "get_config_file_name", "get_moe_configs",
            "get_default_config", "try_get_optimal_moe_config", "get_w8a8_block_fp8_configs",
-           "SHARED_MEMORY_PER_BLOCK_OPTIN"]
+           "SHARED_MEMORY_PER_BLOCK_OPTIN", "fused_experts", "invoke_fused_moe_kernel"]
 
 _lock = threading.Lock()
 _runtime = None
@@ -856,11 +856,18 @@ def invoke_fused_moe_kernel(A, B, bias, C, A_scale, B_scale, B_zp, topk_weights,
     What the op does not compute raises NotImplementedError naming the
     argument (a bias, zero points, static activation scales, int8/int4,
     per-channel fp8, SGLang's fused epilogue options such as ``c_sorted``,
-    ``fuse_sum_all_reduce``, ``fuse_add_to_output``, ``mask_output``).
+    ``fuse_sum_all_reduce``, ``fuse_add_to_output``, ``mask_output``). Needs
+    the native torch ops (``-DKDISPATCH_TORCH=ON``): the Python custom_op
+    fallback has no out forms.
     """
     import torch
+    from . import torch_ops  # noqa: F401  registers torch.ops.kdispatch
 
     who = "kdispatch.sglang.invoke_fused_moe_kernel"
+    if not hasattr(torch.ops.kdispatch, "moe_gemm_out"):
+        raise NotImplementedError(f"{who}: needs the native torch ops (libkdispatch_torch.so, configure with "
+                                  f"-DKDISPATCH_TORCH=ON): it writes into C through moe_gemm_out, which the "
+                                  f"Python custom_op fallback does not have")
     flags = {"bias": bias is not None, "B_zp": B_zp is not None, "A_scale": A_scale is not None,
              "use_int8_w8a8": use_int8_w8a8, "use_int8_w8a16": use_int8_w8a16, "use_int4_w4a16": use_int4_w4a16,
              "per_channel_quant": per_channel_quant}
