@@ -166,25 +166,8 @@ constexpr ParamDef kGroupedParams[] = {{"BLOCK_M", ParamKind::integer, kBlockMs,
 
 }  // namespace
 
-#define KD_MOE_PAIR(Grouped, Ref, w, DT, W)                                       \
-  constinit const core::VariantDef Grouped{"fused_moe_" w "__grouped",            \
-                                           OpKind::fused_moe,                     \
-                                           DeviceType::cpu,                       \
-                                           DT,                                    \
-                                           kGroupedParams,                        \
-                                           0,                                     \
-                                           1,                                     \
-                                           &moe_supports<Grouped, check_problem>, \
-                                           &grouped_launch<W>};                   \
-  constinit const core::VariantDef Ref{"fused_moe_" w "__ref",                    \
-                                       OpKind::fused_moe,                         \
-                                       DeviceType::cpu,                           \
-                                       DT,                                        \
-                                       {},                                        \
-                                       core::kVariantReference,                   \
-                                       1,                                         \
-                                       &moe_supports<Ref, check_problem>,         \
-                                       &ref_launch<W>};
+#define KD_MOE_PAIR(Grouped, Ref, w, DT, W) \
+  KD_CPU_MOE_VARIANTS(Grouped, Ref, fused_moe, "grouped", w, DT, kGroupedParams, grouped_launch<W>, ref_launch<W>)
 KD_MOE_PAIR(kMoeFp32Grouped, kMoeFp32Ref, "fp32", DType::fp32, float)
 KD_MOE_PAIR(kMoeBf16Grouped, kMoeBf16Ref, "bf16", DType::bf16, Bf16)
 KD_MOE_PAIR(kMoeFp8Grouped, kMoeFp8Ref, "fp8_e4m3fn", DType::fp8_e4m3fn, uint8_t)

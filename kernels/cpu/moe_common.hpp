@@ -118,3 +118,21 @@ Status moe_supports(const core::Problem& p, const int64_t* prm, const DeviceInfo
 }
 
 }  // namespace dispatch::cpu::moe_cpu
+
+/// The two CPU variants of MoE op `op` for weights `w` (DType DT): `Fast`,
+/// "<op>_<w>__<family>" with its params and launch, and `Ref`,
+/// "<op>_<w>__ref", the validation baseline; both check the problem with
+/// the including file's check_problem.
+#define KD_CPU_MOE_VARIANTS(Fast, Ref, op, family, w, DT, params, fast_launch, ref_launch)                      \
+  constinit const core::VariantDef Fast{                                                                        \
+      #op "_" w "__" family, OpKind::op, DeviceType::cpu, DT, params, 0, 1, &moe_supports<Fast, check_problem>, \
+      &fast_launch};                                                                                            \
+  constinit const core::VariantDef Ref{#op "_" w "__ref",                                                       \
+                                       OpKind::op,                                                              \
+                                       DeviceType::cpu,                                                         \
+                                       DT,                                                                      \
+                                       {},                                                                      \
+                                       core::kVariantReference,                                                 \
+                                       1,                                                                       \
+                                       &moe_supports<Ref, check_problem>,                                       \
+                                       &ref_launch};

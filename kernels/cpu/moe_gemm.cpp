@@ -110,8 +110,7 @@ Status check_problem(const VariantDef& v, const Problem& p) noexcept {
   if (p.n < 1 || p.k < 1 || p.extra[0] < 1 || p.extra[1] < 1 || p.extra[2] < 1)
     return decline(v, StatusCode::invalid_argument, "E, N, K, top_k and block_size must be >= 1");
   // int32 ids: the padded pair count must fit (a key from a file may name any size).
-  if (const core::Dims d = core::dims_of(p);
-      core::moe_gemm_spec::sorted_extent(d.data()) > INT32_MAX || core::moe_gemm_spec::sorted_extent(d.data()) < 0)
+  if (const int64_t cap = core::moe_gemm_spec::sorted_extent(core::dims_of(p).data()); cap > INT32_MAX || cap < 0)
     return decline(v, StatusCode::unsupported_problem, "M*top_k + min(E, M*top_k)*(block_size - 1) exceeds int32");
   return Status::Ok();
 }
@@ -142,25 +141,8 @@ constexpr ParamDef kBlockedParams[] = {{"PAIRS", ParamKind::integer, kPairs, {},
 
 }  // namespace
 
-#define KD_MOE_GEMM_PAIR(Blocked, Ref, w, DT, W)                                  \
-  constinit const core::VariantDef Blocked{"moe_gemm_" w "__blocked",             \
-                                           OpKind::moe_gemm,                      \
-                                           DeviceType::cpu,                       \
-                                           DT,                                    \
-                                           kBlockedParams,                        \
-                                           0,                                     \
-                                           1,                                     \
-                                           &moe_supports<Blocked, check_problem>, \
-                                           &blocked_launch<W>};                   \
-  constinit const core::VariantDef Ref{"moe_gemm_" w "__ref",                     \
-                                       OpKind::moe_gemm,                          \
-                                       DeviceType::cpu,                           \
-                                       DT,                                        \
-                                       {},                                        \
-                                       core::kVariantReference,                   \
-                                       1,                                         \
-                                       &moe_supports<Ref, check_problem>,         \
-                                       &ref_launch<W>};
+#define KD_MOE_GEMM_PAIR(Blocked, Ref, w, DT, W) \
+  KD_CPU_MOE_VARIANTS(Blocked, Ref, moe_gemm, "blocked", w, DT, kBlockedParams, blocked_launch<W>, ref_launch<W>)
 KD_MOE_GEMM_PAIR(kMoeGemmFp32Blocked, kMoeGemmFp32Ref, "fp32", DType::fp32, float)
 KD_MOE_GEMM_PAIR(kMoeGemmBf16Blocked, kMoeGemmBf16Ref, "bf16", DType::bf16, Bf16)
 KD_MOE_GEMM_PAIR(kMoeGemmFp8Blocked, kMoeGemmFp8Ref, "fp8_e4m3fn", DType::fp8_e4m3fn, uint8_t)

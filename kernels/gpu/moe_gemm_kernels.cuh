@@ -164,7 +164,8 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kRefThreads) moe_gemm_
   constexpr bool kFp8 = W == DType::fp8_e4m3fn;
   using WS = typename moe::WeightRow<W>::S;
   using XS = typename Elem<X>::S;
-  const int64_t rows = walked(g) * g.bs < g.cap ? walked(g) * g.bs : g.cap, nb = (g.N + 127) / 128;
+  const int64_t walked_rows = walked(g) * g.bs, rows = walked_rows < g.cap ? walked_rows : g.cap;
+  const int64_t nb = (g.N + 127) / 128;
   for (int64_t q = int64_t{blockIdx.x} * kRefThreads + threadIdx.x; q < rows * g.N;
        q += int64_t{gridDim.x} * kRefThreads) {
     const int64_t i = q / g.N, n = q % g.N;

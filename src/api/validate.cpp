@@ -596,6 +596,18 @@ template <const OpSpec& S>
   return e.fn != nullptr ? e.fn(dim) : core::scaled_extent(dim[static_cast<int>(e.dim)], e.mul, e.div);
 }
 
+/// LaunchArgs::ld of a slot of rank `Rank` given tensor x: the row stride
+/// (rank 3: of each matrix; a column-major view: minus its column stride),
+/// a rank-1 at_least slot's length as given, else 0.
+template <int Rank, bool ColMajorOk, bool AtLeast>
+[[gnu::always_inline]] inline int64_t ld_of(const TensorRef& x) noexcept {
+  if constexpr (Rank == 3) return row_stride_3d(x);
+  if constexpr (Rank == 2 && ColMajorOk)
+    return col_major(x) ? -x.strides[1] : x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+  if constexpr (Rank == 2) return x.shape[0] > 1 ? x.strides[0] : x.shape[1];
+  return AtLeast ? x.shape[0] : 0;
+}
+
 template <core::OpKind Op>
 [[gnu::always_inline]] inline Status validate_fast(const TensorRef* const* t, const float* scalars, core::Problem* p,
                                                    core::LaunchArgs* la, bool* empty, bool require_data) noexcept {
@@ -711,16 +723,7 @@ template <core::OpKind Op>
     const TensorRef& x = *t[i];
     if constexpr (a.optional) any_optional = any_optional || present[i];
     la->data[i] = present[i] ? x.data : nullptr;
-    if constexpr (a.rank == 3)
-      la->ld[i] = row_stride_3d(x);
-    else if constexpr (a.rank == 2 && a.col_major_ok)
-      la->ld[i] = col_major(x) ? -x.strides[1] : x.shape[0] > 1 ? x.strides[0] : x.shape[1];
-    else if constexpr (a.rank == 2)
-      la->ld[i] = x.shape[0] > 1 ? x.strides[0] : x.shape[1];
-    else if constexpr (a.cols.at_least)
-      la->ld[i] = x.shape[0];  // the length given (LaunchArgs::ld)
-    else
-      la->ld[i] = 0;
+    la->ld[i] = ld_of<a.rank, a.col_major_ok, a.cols.at_least>(x);
     if constexpr (((S.align_slots >> i) & 1u) != 0) {
       bits |= reinterpret_cast<uintptr_t>(x.data);
       if (x.shape[a.rank == 3 ? 1 : 0] > 1) bits |= static_cast<uintptr_t>(la->ld[i]) * core::dtype_bytes(x.dtype);
