@@ -204,6 +204,9 @@ def main():
     ap.add_argument("--cases", default="", help="comma list of substrings: only the cases whose name has one")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--force", default="", help="KDISPATCH_FORCE for this process (one variant serves every call)")
+    ap.add_argument("--mode", default="fused", choices=("fused", "gemm"),
+                    help="fused: the whole op vs the peer's GEMMs; gemm: moe_gemm's up and down calls vs the "
+                         "peer's invoke_fused_moe_kernel launches on the same aligned ids (gemm_point)")
     args = ap.parse_args()
     t0 = time.time()
     os.environ.setdefault("KDISPATCH_LIBRARY", args.lib)
@@ -251,13 +254,17 @@ def main():
                 if time.time() - t0 > args.budget_s:
                     print(json.dumps({"case": name, "M": M, "routing": routing, "skipped": "budget"}), flush=True)
                     continue
-                rows.append(point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert,
-                                  bw, op, kd_ops, runtimes, peer, timer, dev))
+                if args.mode == "gemm":
+                    rows.append(gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
+                                           per_expert, bw, peer, dev))
+                else:
+                    rows.append(point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
+                                      per_expert, bw, op, kd_ops, runtimes, peer, timer, dev))
                 print(json.dumps(rows[-1]), flush=True)
         del w1, w2, w1r, w2r
         torch.cuda.empty_cache()
     kd_ops.set_runtime(None)
-    with open(os.path.join(args.out, "moe_bench.json"), "w") as f:
+    with open(os.path.join(args.out, "moe_gemm_bench.json" if args.mode == "gemm" else "moe_bench.json"), "w") as f:
         json.dump({"info": info, "rows": rows}, f, indent=1)
 
 
@@ -335,6 +342,101 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
             row["grouped_mm_us"] = grouped_mm_us(x, w1, w2, tid, I)
         except Exception as ex:  # torch's grouped GEMM refuses the layout: said, not hidden
             row["grouped_mm_error"] = repr(ex)[-300:]
+    return row
+
+
+def peer_config(peer, E, I, fp8, M):
+    """The peer's row at M (SGLang's shipped file by SGLang's rule, else its
+    default): its BLOCK_SIZE_M is the align both sides use."""
+    dtype = "fp8_w8a8" if fp8 else None
+    folder, cfgs = peer.load_cfgs(E, I, dtype, fp8)
+    return (peer.pick(cfgs, M), folder) if cfgs else (peer.default_cfg(M, E, dtype, fp8), "default")
+
+
+def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert, bw, peer, dev):
+    """--mode gemm at one (case, routing, M): moe_gemm's two calls (up: x by
+    w1 into [M, top_k, 2I]; down: the activated [M*top_k, I] by w2 with the
+    routed weight, top_k 1) against the peer's two fused_moe_kernel launches
+    (peer_moe.launch, as invoke_fused_moe_kernel launches it) on the same
+    sorted ids, block size = the peer's BLOCK_SIZE_M at M. kdispatch takes
+    bf16 activations (block fp8: quantised inside its kernels); the peer
+    takes them quantised beforehand (outside its time, as the peer's own
+    GEMM-only numbers). Correctness: every written row of both calls against
+    fp32 on set 0."""
+    if peer is None:
+        return {"case": name, "M": M, "routing": routing, "error": "--mode gemm needs the peer's harness (--peers)"}
+    cfg, folder = peer_config(peer, E, I, fp8, M)
+    bm = int(cfg["BLOCK_SIZE_M"])
+    sets = routings(M, E, H, top_k, args.sets, dev, skew=routing == "skewed")
+    uniq = statistics.mean(len(torch.unique(s[2]).tolist()) for s in sets)
+    floor_us = (uniq * per_expert + 2 * M * H * 2 + 2 * M * top_k * (3 * I + H) * 2) / (bw * 1e3)
+    row = {"mode": "gemm", "case": name, "E": E, "H": H, "I": I, "top_k": top_k, "M": M, "fp8": fp8,
+           "routing": routing, "block_size": bm, "peer_cfg": cfg, "peer_cfg_folder": folder,
+           "experts_touched": uniq, "floor_us": floor_us, "flops": 2 * M * top_k * 3 * I * H}
+    bf = torch.bfloat16
+    prep = []
+    for x, tw, tid in sets:
+        sid, eid, ntpp = peer.align(tid, bm, E)
+        c1 = torch.empty(M, top_k, 2 * I, device=dev, dtype=bf)
+        h = torch.randn(M * top_k, 2 * I, device=dev, dtype=bf)
+        c2 = (F.silu(h[:, :I].float()) * h[:, I:].float()).to(bf) * 0.1
+        c3 = torch.empty(M, top_k, H, device=dev, dtype=bf)
+        xq, xs = peer.q_group(x) if fp8 else (x, None)
+        aq, as_ = peer.q_group(c2) if fp8 else (c2, None)
+        prep.append((x, tw, tid, sid, eid, ntpp, c1, c2, c3, xq, xs, aq, as_))
+    op = torch.ops.kdispatch.moe_gemm_out
+
+    def kd_up(p):
+        op(p[6], p[0], w1, p[1], p[3], p[4], p[5], s1, top_k, bm, 0)
+
+    def kd_down(p):
+        op(p[8].view(M * top_k, 1, H), p[7], w2, p[1].view(M * top_k, 1), p[3], p[4], p[5], s2, 1, bm, 1)
+
+    def peer_up(p):
+        peer.launch(p[9], w1, p[6], p[10], s1, p[1], p[3], p[4], p[5], M * top_k, False, top_k, cfg, fp8, fp8)
+
+    def peer_down(p):
+        peer.launch(p[11], w2, p[8], p[12], s2, p[1], p[3], p[4], p[5], M * top_k, True, 1, cfg, fp8, fp8)
+
+    # Correctness on set 0, both sides: fp32 on the dequantised weights (fp8: activations as each side quantises).
+    p = prep[0]
+    x, tw, tid, c2 = p[0], p[1], p[2], p[7]
+    e = tid.flatten().long()
+    xr = (quant_groups(x) if fp8 else x.float()).repeat_interleave(top_k, 0)
+    ar = quant_groups(c2) if fp8 else c2.float()
+    ref_up = torch.bmm(w1r[e].float(), xr[:, :, None])[..., 0]
+    ref_down = torch.bmm(w2r[e].float(), ar[:, :, None])[..., 0] * tw.flatten()[:, None]
+    for who, up, down in (("kd", kd_up, kd_down), ("peer", peer_up, peer_down)):
+        try:
+            up(p)
+            down(p)
+            torch.cuda.synchronize()
+        except Exception as ex:  # recorded with the row, never hidden
+            row[f"{who}_error"] = repr(ex)[-400:]
+            continue
+        got_up, got_down = p[6].view(-1, 2 * I).float(), p[8].view(-1, H).float()
+        row[f"{who}_rel_err_up"] = ((got_up - ref_up).norm() / ref_up.norm()).item()
+        row[f"{who}_rel_err_down"] = ((got_down - ref_down).norm() / ref_down.norm()).item()
+    if "kd_error" in row or "peer_error" in row:
+        return row
+    fns = {"kd_up": kd_up, "kd_down": kd_down, "peer_up": peer_up, "peer_down": peer_down}
+    times = {k: [] for k in list(fns) + ["kd_up_aa", "kd_down_aa"]}
+    clocks = []
+    for _ in range(args.rounds):
+        clocks.append(sm_clock_mhz())
+        for k in ("kd_up", "kd_down", "peer_up", "peer_down"):
+            times[k].append(graph_us(lambda f=fns[k]: [f(q) for q in prep], len(prep)))
+        for k in ("kd_up", "kd_down"):
+            times[k + "_aa"].append(graph_us(lambda f=fns[k]: [f(q) for q in prep], len(prep)))
+    for k, v in times.items():
+        row[f"{k}_us"] = med(v)
+    row["kd_us"] = row["kd_up_us"] + row["kd_down_us"]
+    row["peer_us"] = row["peer_up_us"] + row["peer_down_us"]
+    row["aa_spread"] = max(abs(row[f"{k}_us"] - row[f"{k}_aa_us"]) / row[f"{k}_us"] for k in ("kd_up", "kd_down"))
+    row["speedup_vs_peer"] = row["peer_us"] / row["kd_us"]
+    row["kd_floor_pct"] = 100 * floor_us / row["kd_us"]
+    row["peer_floor_pct"] = 100 * floor_us / row["peer_us"]
+    row["sm_clock_mhz"] = clocks
     return row
 
 

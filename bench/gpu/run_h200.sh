@@ -316,16 +316,17 @@ if has moe; then
   budget=$(($(left) - 20))
   # KD_MOE_CASES: case-name substrings (comma list; e.g. fp8-block); KD_MOE_ROUTING: uniform,skewed;
   # KD_MOE_ROUNDS (5); KD_MOE_VARIANTS: fused_moe variants also timed, each forced (e.g.
-  # fused_moe_bf16__split,fused_moe_bf16__experts).
+  # fused_moe_bf16__split,fused_moe_bf16__experts); KD_MOE_MODE=gemm: moe_gemm's two calls against the
+  # peer's two launches on the same aligned ids (moe_gemm_bench.json).
   stamp "moe: bench_moe.py, M ${KD_MOE_M:-1,4,16,64} (${budget} s; peer from $MOE_PEERS)"
   PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
     timeout "$budget" "$PY" bench/gpu/bench_moe.py --lib "$LIB" --peers "$MOE_PEERS" --configs "$MOE_CFG" \
     --m "${KD_MOE_M:-1,4,16,64}" --budget-s $((budget - 30)) --out "$OUT" --commit "${KD_COMMIT:-unknown}" \
     --cases "${KD_MOE_CASES:-}" --routing "${KD_MOE_ROUTING:-uniform}" --rounds "${KD_MOE_ROUNDS:-5}" \
-    --variants "${KD_MOE_VARIANTS:-}" >"$OUT/bench_moe.log" 2>&1
+    --variants "${KD_MOE_VARIANTS:-}" --mode "${KD_MOE_MODE:-fused}" >"$OUT/bench_moe.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -40
-  [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
+  [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json or moe_gemm_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
 fi
 
 # ================================================================ moe-profile
