@@ -438,9 +438,10 @@ struct RingLoads {
   static constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
   static constexpr int kEB = kFp8 ? 1 : 2;
   static constexpr int64_t kTileRows = kMmaWarps * (Up ? 16 : 32);  ///< a block tile's rows (up: gate rows)
-  const MmaArgs* m;
+  const MmaArgs* m;  // block fp8's scales (null in moe_gemm's kernel: no fp8)
   int warp, lane, nt;
   int64_t kbytes, ldw, tile0;  // tile0: the block's first row tile
+  int64_t extent;              // the weight rows there are (up: I gate rows, down: H; moe_gemm: N)
   uint32_t ring, scales;
   uint64_t evict_first;
   const unsigned char* wsrc[8];  // rows (lane >> 3) + 4i of the warp in the block's first tile
@@ -455,13 +456,12 @@ struct RingLoads {
 
   KDISPATCH_DEVICE_INLINE void operator()(int slot, int64_t tile, int64_t chunk) const {
     namespace sk = gemm_skinny_mma;
-    const moe::MoeArgs& g = m->g;
     const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
     const int pch = lane & 7;
     const int64_t kb = chunk * kRingRowBytes + pch * 16;
     const int bytes = kb < kbytes ? static_cast<int>(kbytes - kb < 16 ? kbytes - kb : 16) : 0;
     const int64_t off = bytes ? kb : 0;  // a valid address even when nothing is read
-    if (warp_row(tile) < (Up ? g.I : g.H)) {
+    if (warp_row(tile) < extent) {
       const int64_t shift = (tile - tile0) * kTileRows * ldw + off;
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -477,6 +477,7 @@ struct RingLoads {
             st + static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes) + sk::swz(brow + 16 * h, pch),
             bsrc[h] + off, bok[h] ? bytes : 0);
     if constexpr (kFp8) {
+      const moe::MoeArgs& g = m->g;
       const uint32_t ss = scales + static_cast<uint32_t>(slot * kRingScaleBytes);
       if (warp == 0) {
         sk::cp_async4(ss + 4u * static_cast<uint32_t>(lane), asrc + (aok ? chunk : 0), aok ? 4 : 0);
@@ -490,6 +491,15 @@ struct RingLoads {
   }
 };
 
+/// An L2 evict-first cache policy for the weight stream (0 before sm_80).
+KDISPATCH_DEVICE_INLINE uint64_t evict_first_policy() {
+  uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+#endif
+  return p;
+}
+
 /// The RingLoads of this thread: block (tile group blockIdx.x, item
 /// blockIdx.y), `tiles` row tiles a block.
 template <DType DT, bool Up>
@@ -502,11 +512,9 @@ KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lan
   d.kbytes = (Up ? g.H : g.I) * R::kEB, d.ldw = (Up ? g.ldw1 : g.ldw2) * R::kEB;
   d.tile0 = int64_t{blockIdx.x} * tiles;
   d.expert = l.it.x;
+  d.extent = Up ? g.I : g.H;
   d.ring = ring, d.scales = ring + kRingStages * kRingStageBytes;
-  d.evict_first = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(d.evict_first));
-#endif
+  d.evict_first = evict_first_policy();
   const unsigned char* wexp =
       static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + d.expert * (Up ? 2 * g.I : g.H) * d.ldw;
   const int64_t row0 = d.warp_row(d.tile0);
@@ -594,27 +602,21 @@ KDISPATCH_DEVICE_INLINE void ring_out(const MmaArgs& m, const Lane& l, const flo
   }
 }
 
-/// Grid (ceil(row tiles / tiles), max items); `tiles` row tiles of
-/// RingLoads::kTileRows a block, streamed as one run of stages (tile by
+/// A ring kernel's block: `tiles` row tiles of RingLoads::kTileRows from
+/// ld.tile0 (fewer past ld.extent), streamed as one run of stages (tile by
 /// tile, K chunk by chunk) so that a short K (DeepSeek-V3's down GEMM: 2
 /// chunks of fp8) still keeps kRingStages - 1 stages in flight past a
-/// tile's end.
-template <DType DT, bool Up>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m, int tiles) {
+/// tile's end; out(row0, acc) after each tile's last chunk in each warp
+/// whose rows exist (row0: the warp's first row; extent a multiple of 32).
+/// q: the lane's mma column quad (lane % 4; block fp8's scales).
+template <DType DT, bool Up, class Out>
+KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up>& ld, int q, int tiles, const unsigned char* smem,
+                                       Out out) {
   namespace sk = gemm_skinny_mma;
   constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
   constexpr int S = kRingStages;
   using R = RingLoads<DT, Up>;
-  port::grid_dependency_wait_and_release();
-  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
-  extern __shared__ __align__(128) unsigned char ring_smem[];
-  const moe::MoeArgs& g = m.g;
-  Lane l;
-  l.it = m.items[blockIdx.y];
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  l.gr = lane >> 2, l.q = lane & 3;
-  const R ld = ring_loads<DT, Up>(m, l, tiles, sk::smem_addr(ring_smem));
-  const int64_t extent = Up ? g.I : g.H, row_tiles = (extent + R::kTileRows - 1) / R::kTileRows;
+  const int64_t extent = ld.extent, row_tiles = (extent + R::kTileRows - 1) / R::kTileRows;
   const int64_t chunks = (ld.kbytes + kRingRowBytes - 1) / kRingRowBytes;
   const int64_t my_tiles = row_tiles - ld.tile0 < tiles ? row_tiles - ld.tile0 : tiles;
   const int64_t steps = my_tiles * chunks;   // step u: tile tile0 + u / chunks, chunk u % chunks
@@ -636,25 +638,25 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ri
     __syncthreads();       // ... and every thread's; the slot of u - 1 is free
     if (u + S - 1 < steps) issue_next(slot == 0 ? S - 1 : slot - 1);
     sk::cp_commit();
-    l.row0 = ld.warp_row(tile);
-    const bool live = l.row0 < extent;  // I and H multiples of 32: a live warp's rows all exist
+    const int64_t row0 = ld.warp_row(tile);
+    const bool live = row0 < extent;  // extent a multiple of 32: a live warp's rows all exist
     if (live) {
       const uint32_t st = ld.ring + static_cast<uint32_t>(slot * kRingStageBytes);
       float part[2][kMmaTiles][4] = {};  // block fp8: the stage's sums, scaled below
       float(&sum)[2][kMmaTiles][4] = kFp8 ? part : acc;
-      ring_stage<DT>(st, ld.warp, lane, ld.nt, sum);
+      ring_stage<DT>(st, ld.warp, ld.lane, ld.nt, sum);
       if constexpr (kFp8) {
-        const auto* ss = reinterpret_cast<const float*>(ring_smem + S * kRingStageBytes + slot * kRingScaleBytes);
+        const auto* ss = reinterpret_cast<const float*>(smem + S * kRingStageBytes + slot * kRingScaleBytes);
         float sa[kMmaTiles][2];
 #pragma unroll
-        for (int j = 0; j < kMmaTiles; ++j) sa[j][0] = ss[8 * j + 2 * l.q], sa[j][1] = ss[8 * j + 2 * l.q + 1];
+        for (int j = 0; j < kMmaTiles; ++j) sa[j][0] = ss[8 * j + 2 * q], sa[j][1] = ss[8 * j + 2 * q + 1];
         add_group(acc[0], part[0], sa, ss[32]);
         add_group(acc[1], part[1], sa, ss[Up ? 33 : 32]);
       }
     }
     if (++slot == S) slot = 0;
     if (++chunk == chunks) {  // the tile's last chunk: its outputs, then the next tile's sums from zero
-      if (live) ring_out<DT, Up>(m, l, acc);
+      if (live) out(row0, acc);
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -665,6 +667,35 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ri
     }
   }
   sk::cp_wait<0>();
+}
+
+/// Grid (ceil(row tiles / tiles), max items): the item blockIdx.y's pairs
+/// against `tiles` row tiles of its expert (ring_loop).
+template <DType DT, bool Up>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m, int tiles) {
+  namespace sk = gemm_skinny_mma;
+  port::grid_dependency_wait_and_release();
+  if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  Lane l;
+  l.it = m.items[blockIdx.y];
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  l.gr = lane >> 2, l.q = lane & 3;
+  const RingLoads<DT, Up> ld = ring_loads<DT, Up>(m, l, tiles, sk::smem_addr(ring_smem));
+  ring_loop<DT, Up>(ld, l.q, tiles, ring_smem, [&](int64_t row0, const float(&acc)[2][kMmaTiles][4]) {
+    l.row0 = row0;
+    ring_out<DT, Up>(m, l, acc);
+  });
+}
+
+/// Row tiles a ring kernel's block streams (ring_loop): enough that a block
+/// runs kRingMinChunks 128-byte chunks of K or more (a row of `kbytes`
+/// bytes), at most the `row_tiles` there are. (Host code.)
+inline constexpr int64_t kRingMinChunks = 12;
+inline int ring_tiles(int64_t kbytes, int64_t row_tiles) noexcept {
+  const int64_t chunks = (kbytes + kRingRowBytes - 1) / kRingRowBytes;
+  const int64_t t = (kRingMinChunks + chunks - 1) / chunks;
+  return static_cast<int>(t < row_tiles ? t : row_tiles < 1 ? 1 : row_tiles);
 }
 
 template <DType DT>

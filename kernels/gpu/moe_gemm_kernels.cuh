@@ -34,6 +34,9 @@
 #include "gpu/moe_gemm_launch.hpp"
 #include "gpu/moe_kernels.cuh"
 #include "ops/moe_gemm.hpp"
+#if KDISPATCH_GPU_HAS_TILED
+#include "cuda/moe_mma.cuh"
+#endif
 
 namespace dispatch::KDISPATCH_GPU_NS::moe_gemm {
 
@@ -197,6 +200,85 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kRefThreads) moe_gemm_
   }
 }
 
+#if KDISPATCH_GPU_HAS_TILED
+namespace mm = moe_mma;
+
+/// The tensor-core kernel (CUDA; bf16/fp16): fused_moe's down ring
+/// (moe_mma.cuh ring_loop: cp.async stages, ldmatrix, mma.sync swap-AB) on
+/// moe_align's blocks. Grid (ceil(N / 128 / tiles), walked blocks x
+/// `per_block` items): block (x, y) takes item y % per_block of aligned
+/// block y / per_block (kMmaPairs consecutive sorted positions) and `tiles`
+/// 128-row tiles of N of the block's expert; a position holding a padding
+/// id (outside [0, pairs)) reads zeros and writes nothing; a non-local
+/// expert's block writes zeros. N a multiple of 32, K of 8, rows 16-byte
+/// aligned (the variant's supports()).
+template <DType DT>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
+    moe_gemm_ring_kernel(Args g, int tiles, int per_block) {
+  namespace sk = gemm_skinny_mma;
+  using S = typename Elem<DT>::S;
+  using R = mm::RingLoads<DT, false>;
+  port::grid_dependency_wait_and_release();
+  const int64_t b = blockIdx.y / per_block;
+  const int64_t first = b * g.bs + int64_t{blockIdx.y % per_block} * mm::kMmaPairs;
+  const int64_t end = (b + 1) * g.bs < g.cap ? (b + 1) * g.bs : g.cap;
+  if (b >= walked(g) || first >= end) return;  // the whole block
+  const int count = static_cast<int>(end - first < mm::kMmaPairs ? end - first : mm::kMmaPairs);
+  const int lane = lane_id(), warp = warp_id(), gr = lane >> 2, q = lane & 3;
+  auto pair = [&](int c) -> int64_t {  // the id at the item's position c, -1 past it or for a padding id
+    const int64_t s = c < count ? g.sorted[first + c] : -1;
+    return s >= 0 && s < g.pairs ? s : -1;
+  };
+  const int32_t e = g.experts[b];
+  const int64_t tile0 = int64_t{blockIdx.x} * tiles;
+  if (e < 0 || e >= g.E) {  // not local: zeros in the block's rows
+    const int64_t r0 = tile0 * R::kTileRows, r1 = (tile0 + tiles) * R::kTileRows < g.N ? (tile0 + tiles) * R::kTileRows : g.N;
+    for (int c = 0; c < count; ++c)
+      if (const int64_t s = pair(c); s >= 0)
+        for (int64_t r = r0 + static_cast<int64_t>(threadIdx.x); r < r1; r += mm::kMmaThreads)
+          Elem<DT>::store1(static_cast<S*>(g.out) + s * g.ldo + r, 0.f);
+    return;
+  }
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  R ld;
+  ld.m = nullptr, ld.lane = lane, ld.warp = warp, ld.nt = (count + 7) / 8;
+  ld.kbytes = g.K * 2, ld.ldw = g.ldw * 2, ld.tile0 = tile0, ld.extent = g.N, ld.expert = e;
+  ld.ring = sk::smem_addr(ring_smem), ld.scales = ld.ring + mm::kRingStages * mm::kRingStageBytes;
+  ld.evict_first = mm::evict_first_policy();
+  const auto* wexp = static_cast<const unsigned char*>(g.w) + e * g.N * ld.ldw;
+  const int64_t row0 = ld.warp_row(tile0);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ld.wsrc[i] = wexp + (row0 + (lane >> 3) + 4 * i) * ld.ldw;  // past N: never read
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t s = pair(warp * 4 + (lane >> 3) + 16 * h);
+    ld.bok[h] = s >= 0;
+    ld.bsrc[h] = static_cast<const unsigned char*>(g.a) + (s >= 0 ? s / g.top_k : 0) * g.lda * 2;
+  }
+  ld.asrc = nullptr, ld.aok = false;
+  int64_t col[mm::kMmaTiles][2];  // the ids of the lane's C columns (2q, 2q + 1 of each 8-pair tile) and their weights
+  float rw[mm::kMmaTiles][2];
+#pragma unroll
+  for (int j = 0; j < mm::kMmaTiles; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      col[j][c] = pair(j * 8 + 2 * q + c);
+      rw[j][c] = g.tw != nullptr && col[j][c] >= 0 ? g.tw[(col[j][c] / g.top_k) * g.ldtw + col[j][c] % g.top_k] : 1.f;
+    }
+  mm::ring_loop<DT, false>(ld, q, tiles, ring_smem, [&](int64_t r, const float(&acc)[2][mm::kMmaTiles][4]) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < mm::kMmaTiles; ++j)
+#pragma unroll
+        for (int v = 0; v < 4; ++v)  // C layout: v = 0, 1 row gr, columns 2q, 2q + 1; v = 2, 3 row gr + 8
+          if (const int64_t s = col[j][v & 1]; s >= 0)
+            Elem<DT>::store1(static_cast<S*>(g.out) + s * g.ldo + r + t * 16 + gr + (v >= 2 ? 8 : 0),
+                             acc[t][j][v] * rw[j][v & 1]);
+  });
+}
+#endif
+
 inline Args args_of(const core::LaunchArgs& la, const core::Problem& p) noexcept {
   const core::Dims d = core::dims_of(p);
   Args g{};
@@ -226,6 +308,27 @@ bool vec_fits(const Args& g) noexcept {
          (g.ldw * sizeof(typename moe::WeightRow<W>::S)) % wb == 0 && (g.lda * sizeof(typename Elem<X>::S)) % xb == 0;
 }
 
+#if KDISPATCH_GPU_HAS_TILED
+/// The ring kernel's launch: (ceil(N / 128 / tiles), blocks x items a block).
+template <DType DT>
+Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
+  static_assert(mm::kRingSmemBytes == kMoeRingSmemBytes && mm::kMmaThreads == kMoeMmaThreads, "the list's image check");
+  if (g.N % 32 != 0 || g.K % 8 != 0 || reinterpret_cast<uintptr_t>(g.a) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(g.w) % 16 != 0 || (g.lda * 2) % 16 != 0 || (g.ldw * 2) % 16 != 0)
+    return core::needs_fallback("moe_gemm ring: N a multiple of 32, K of 8 and 16-byte aligned rows of a and w");
+  const int64_t per_block = (g.bs + mm::kMmaPairs - 1) / mm::kMmaPairs, items = blocks * per_block;
+  if (items > 65535) return core::needs_fallback("moe_gemm ring: more than 65535 items (blocks x block_size / 32)");
+  const int64_t row_tiles = (g.N + mm::RingLoads<DT, false>::kTileRows - 1) / mm::RingLoads<DT, false>::kTileRows;
+  const int tiles = mm::ring_tiles(g.K * 2, row_tiles);
+  if (items < 1) return Status();
+  const LaunchScope on(la, p);
+  const dim3 grid(static_cast<unsigned>((row_tiles + tiles - 1) / tiles), static_cast<unsigned>(items));
+  return port::status(port::launch_smem(moe_gemm_ring_kernel<DT>, grid, dim3(mm::kMmaThreads), mm::kRingSmemBytes,
+                                        on.stream, on.pdl, g, tiles, static_cast<int>(per_block)),
+                      "moe_gemm ring kernel launch");
+}
+#endif
+
 /// Enqueues family `f` (gpu::moe_gemm::Family) on la.stream.
 template <DType W, DType X>
 Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::Problem& p) noexcept {
@@ -241,6 +344,10 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
   if (f == Family::vec && !vec_fits<W, X>(g))
     return core::needs_fallback("moe_gemm vec: K not a multiple of 8, or a or w rows not aligned for 8-element loads");
   const int64_t blocks = (g.cap + g.bs - 1) / g.bs;
+#if KDISPATCH_GPU_HAS_TILED
+  if constexpr (W == X && W != DType::fp8_e4m3fn)
+    if (f == Family::ring) return launch_ring<W>(la, p, g, blocks);
+#endif
   const LaunchScope on(la, p);
   port::Error e = port::kSuccess;
   if (f == Family::reference) {
@@ -263,6 +370,10 @@ void probe(KernelImage* out) noexcept {
   out[0] = image_of(moe_gemm_split_kernel<W, X, true>);
   out[1] = image_of(moe_gemm_split_kernel<W, X, false>);
   out[2] = image_of(moe_gemm_ref_kernel<W, X>);
+#if KDISPATCH_GPU_HAS_TILED
+  if constexpr (W == X && W != DType::fp8_e4m3fn)
+    out[3] = image_with_smem(moe_gemm_ring_kernel<W>, mm::kRingSmemBytes);
+#endif
 }
 
 }  // namespace dispatch::KDISPATCH_GPU_NS::moe_gemm

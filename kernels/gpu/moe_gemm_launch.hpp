@@ -9,18 +9,23 @@
 
 #include "core/op.hpp"
 #include "gpu/backend_decls.hpp"
+#include "gpu/moe_launch.hpp"
 
 namespace dispatch::gpu::moe_gemm {
 
 inline constexpr core::OpKind kOp = core::OpKind::moe_gemm;
 /// The kernels of a TU, by image index: split with vector loads, split
-/// one element at a time, the reference.
-enum class Family : uint8_t { vec = 0, generic = 1, reference = 2 };
+/// one element at a time, the reference; ring (CUDA, bf16 and fp16 TUs):
+/// the tensor-core kernel.
+enum class Family : uint8_t { vec = 0, generic = 1, reference = 2, ring = 3 };
 constexpr int kernel_index(Family f) { return static_cast<int>(f); }
 /// Weight rows per block of the split kernels (4 warps of 4 rows), their
 /// threads on a 32-wide warp, and the reference's threads.
 inline constexpr int64_t kRowsPerBlock = 16;
 inline constexpr int kSplitWarps = 4, kRefThreads = 256;
+/// Kernel images a TU has (ring: CUDA's bf16 and fp16 only; its threads and
+/// shared memory are fused_moe's ring kernels', gpu/moe_launch.hpp).
+inline constexpr int kImages = 4;
 
 }  // namespace dispatch::gpu::moe_gemm
 

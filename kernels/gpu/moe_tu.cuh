@@ -134,16 +134,6 @@ KernelImage ring_image(K* k) noexcept {
   return image_with_smem(k, moe_mma::kRingSmemBytes);
 }
 
-/// Row tiles a ring kernel's block streams (moe_ring_kernel): enough that a
-/// block runs kRingMinChunks 128-byte chunks of K or more (a row of
-/// `kbytes` bytes), at most the `row_tiles` there are.
-inline constexpr int64_t kRingMinChunks = 12;
-inline int ring_tiles(int64_t kbytes, int64_t row_tiles) noexcept {
-  const int64_t chunks = (kbytes + moe_mma::kRingRowBytes - 1) / moe_mma::kRingRowBytes;
-  const int64_t t = (kRingMinChunks + chunks - 1) / chunks;
-  return static_cast<int>(t < row_tiles ? t : row_tiles < 1 ? 1 : row_tiles);
-}
-
 /// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce; block fp8
 /// (W = fp8_e4m3fn, X = bf16): sort, quantise hidden, up, quantise a, down,
 /// reduce. W = X = bf16 or fp16 otherwise.
@@ -193,8 +183,8 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
   constexpr int64_t up_rows = 16 * moe_mma::kMmaWarps, down_rows = up_rows * moe_mma::kDownRowTiles;
   const size_t smem = staged ? moe_mma::kRingSmemBytes : 0;  // the ring kernels' stages
   const int64_t up_tiles = (I + up_rows - 1) / up_rows, down_tiles = (H + down_rows - 1) / down_rows;
-  const int tu = staged ? ring_tiles(H * (kFp8 ? 1 : 2), up_tiles) : 1,
-            td = staged ? ring_tiles(I * (kFp8 ? 1 : 2), down_tiles) : 1;
+  const int tu = staged ? moe_mma::ring_tiles(H * (kFp8 ? 1 : 2), up_tiles) : 1,
+            td = staged ? moe_mma::ring_tiles(I * (kFp8 ? 1 : 2), down_tiles) : 1;
   const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((up_tiles + tu - 1) / tu), grid_y),
       gd(static_cast<unsigned>((down_tiles + td - 1) / td), grid_y);
   port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<W>, dim3(1), dim3(moe_mma::kSortThreads),
