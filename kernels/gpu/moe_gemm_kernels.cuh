@@ -232,7 +232,8 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
   const int32_t e = g.experts[b];
   const int64_t tile0 = int64_t{blockIdx.x} * tiles;
   if (e < 0 || e >= g.E) {  // not local: zeros in the block's rows
-    const int64_t r0 = tile0 * R::kTileRows, r1 = (tile0 + tiles) * R::kTileRows < g.N ? (tile0 + tiles) * R::kTileRows : g.N;
+    const int64_t r0 = tile0 * R::kTileRows,
+                  r1 = (tile0 + tiles) * R::kTileRows < g.N ? (tile0 + tiles) * R::kTileRows : g.N;
     for (int c = 0; c < count; ++c)
       if (const int64_t s = pair(c); s >= 0)
         for (int64_t r = r0 + static_cast<int64_t>(threadIdx.x); r < r1; r += mm::kMmaThreads)
@@ -371,8 +372,7 @@ void probe(KernelImage* out) noexcept {
   out[1] = image_of(moe_gemm_split_kernel<W, X, false>);
   out[2] = image_of(moe_gemm_ref_kernel<W, X>);
 #if KDISPATCH_GPU_HAS_TILED
-  if constexpr (W == X && W != DType::fp8_e4m3fn)
-    out[3] = image_with_smem(moe_gemm_ring_kernel<W>, mm::kRingSmemBytes);
+  if constexpr (W == X && W != DType::fp8_e4m3fn) out[3] = image_with_smem(moe_gemm_ring_kernel<W>, mm::kRingSmemBytes);
 #endif
 }
 
