@@ -56,12 +56,25 @@ inline constexpr int kDownRowTiles = 2;             ///< 16-row tiles per warp o
 inline constexpr int kRingStages = 3;
 inline constexpr int kRingRowBytes = 128;
 inline constexpr int kRingWeightRows = 32;  ///< per warp: up 16 gate + 16 up rows, down 2 tiles of 16
-inline constexpr int kRingStageBytes = (kMmaWarps * kRingWeightRows + kMmaPairs) * kRingRowBytes;
-inline constexpr int kRingScaleBytes = 256;  ///< a stage's scales: the pairs' [32], then the weights' [2]
-/// The ring kernels' dynamic shared memory (over 48 KiB: the probe raises
-/// their limit; 3 blocks fit an sm_90 SM).
-inline constexpr int kRingSmemBytes = kRingStages * (kRingStageBytes + kRingScaleBytes);
-static_assert(kDownRowTiles == 2 && kRingSmemBytes <= 75 * 1024, "3 blocks an sm_90 SM (228 KiB)");
+/// A stage of the ring kernels whose items hold up to PT 8-pair tiles, its
+/// scales (block fp8: the pairs' [8 PT], then the weights' [2]), and the
+/// kernels' dynamic shared memory (over 48 KiB: the probe raises their
+/// limit).
+template <int PT>
+inline constexpr int kRingStageBytesOf = (kMmaWarps * kRingWeightRows + 8 * PT) * kRingRowBytes;
+template <int PT>
+inline constexpr int kRingScaleBytesOf = PT <= 4 ? 256 : 512;
+template <int PT>
+inline constexpr int kRingSmemBytesOf = kRingStages*(kRingStageBytesOf<PT> + kRingScaleBytesOf<PT>);
+inline constexpr int kRingStageBytes = kRingStageBytesOf<kMmaTiles>;
+inline constexpr int kRingScaleBytes = kRingScaleBytesOf<kMmaTiles>;
+inline constexpr int kRingSmemBytes = kRingSmemBytesOf<kMmaTiles>;
+/// The wide items (bf16/fp16): 8 8-pair tiles, 64 pairs, each expert's rows
+/// read once per 64 of its pairs (the launchers' rules: moe_tu.cuh,
+/// moe_gemm_kernels.cuh).
+inline constexpr int kWideTiles = 8;
+static_assert(kDownRowTiles == 2 && kRingSmemBytes <= 75 * 1024 && kRingSmemBytesOf<kWideTiles> <= 75 * 1024,
+              "3 blocks an sm_90 SM (228 KiB), wide items too");
 inline constexpr int kSortThreads = 1024;
 static_assert(kSortThreads == 32 * 32, "moe_sort_kernel scans the warps' totals in one warp");
 inline constexpr int kReduceThreads = 256;
@@ -83,8 +96,9 @@ struct MmaArgs {
   float* as = nullptr;
 };
 
-template <DType DT>  // (per dtype only so that each TU has its own copy)
+template <DType DT, int PT = kMmaTiles>  // (per dtype only so that each TU has its own copy)
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kSortThreads) moe_sort_kernel(MmaArgs m) {
+  constexpr int kPairs = 8 * PT;  // an item's pairs at most
   port::grid_dependency_wait_and_release();
   extern __shared__ int32_t sm[];  // count[E], cursor[E]
   const moe::MoeArgs& g = m.g;
@@ -102,7 +116,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kSortThreads) moe_sort
      // and of the items per expert (one thread's serial walk over E experts measured 20 us on the H100)
     __shared__ int32_t warp_pairs[kSortThreads / 32], warp_items[kSortThreads / 32];
     const int e = static_cast<int>(threadIdx.x), lane = e & 31, wid = e >> 5;
-    const int32_t c = e < E ? count[e] : 0, n = (c + kMmaPairs - 1) / kMmaPairs;
+    const int32_t c = e < E ? count[e] : 0, n = (c + kPairs - 1) / kPairs;
     int32_t sc = c, sn = n;  // inclusive scans within the warp
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -125,8 +139,8 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kSortThreads) moe_sort
     const int32_t item0 = (wid > 0 ? warp_items[wid - 1] : 0) + sn - n;
     if (e < E) {
       cursor[e] = first;
-      for (int32_t s = 0, i = item0; s < c; s += kMmaPairs, ++i)
-        m.items[i] = make_int4(e, first + s, c - s < kMmaPairs ? c - s : kMmaPairs, 0);
+      for (int32_t s = 0, i = item0; s < c; s += kPairs, ++i)
+        m.items[i] = make_int4(e, first + s, c - s < kPairs ? c - s : kPairs, 0);
     }
     if (e == kSortThreads - 1) *m.n_items = item0 + n;  // the last thread's inclusive sum: every item
   }
@@ -188,13 +202,14 @@ KDISPATCH_DEVICE_INLINE void mma_loop(const S* const (&w)[2], int64_t r8, const 
 
 /// Where a lane of the GEMM kernels works: the block's item (expert, first,
 /// count), its warp's first output row, the lane's mma coordinates (gr =
-/// lane / 4, q = lane % 4).
-struct Lane {
+/// lane / 4, q = lane % 4); items of up to PT 8-pair tiles.
+template <int PT = kMmaTiles>
+struct LaneT {
   int4 it;
   int64_t row0;
   int gr, q;
 
-  /// The item's 8-pair tiles that hold a pair (1..kMmaTiles).
+  /// The item's 8-pair tiles that hold a pair (1..PT).
   KDISPATCH_DEVICE_INLINE int nt() const { return (it.z + 7) / 8; }
 
   /// The pair of B column j * 8 + gr (the item's first past its count: its
@@ -209,7 +224,7 @@ struct Lane {
   template <class F>
   KDISPATCH_DEVICE_INLINE void each_out(const MmaArgs& m, F f) const {
 #pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j)
+    for (int j = 0; j < PT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + 2 * q + (e & 1);
@@ -217,6 +232,7 @@ struct Lane {
       }
   }
 };
+using Lane = LaneT<>;
 /// The lane's place, warps taking `rows` output rows each of `extent`;
 /// false when the block is past the call's items or the warp past extent.
 /// (Waits on the previous kernel first: the kernels' first statement.)
@@ -433,9 +449,11 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads) moe_down_
 /// warp's weight rows (8 a lane), its 2 of the pairs' rows, block fp8 the
 /// scales (warp 0: the pairs' activation scales; warp 1 lanes 0, 1: the
 /// tile's weight scales, gate and up).
-template <DType DT, bool Up>
+template <DType DT, bool Up, int PT = kMmaTiles>
 struct RingLoads {
   static constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  static_assert(!kFp8 || PT == kMmaTiles, "block fp8's ring: 32-pair items (its scales, its registers)");
+  static constexpr int kBRows = PT / 2;  ///< pair rows a thread copies: (tid >> 3) + 16h
   static constexpr int kEB = kFp8 ? 1 : 2;
   static constexpr int64_t kTileRows = kMmaWarps * (Up ? 16 : 32);  ///< a block tile's rows (up: gate rows)
   const MmaArgs* m;  // block fp8's scales (null in moe_gemm's kernel: no fp8)
@@ -444,9 +462,9 @@ struct RingLoads {
   int64_t extent;              // the weight rows there are (up: I gate rows, down: H; moe_gemm: N)
   uint32_t ring, scales;
   uint64_t evict_first;
-  const unsigned char* wsrc[8];  // rows (lane >> 3) + 4i of the warp in the block's first tile
-  const unsigned char* bsrc[2];  // pair rows (tid >> 3) + 16h
-  bool bok[2];
+  const unsigned char* wsrc[8];       // rows (lane >> 3) + 4i of the warp in the block's first tile
+  const unsigned char* bsrc[kBRows];  // pair rows (tid >> 3) + 16h
+  bool bok[kBRows];
   const float* asrc;  // warp 0: lane's pair's activation scales (block fp8)
   bool aok;
   int64_t expert;  // the item's
@@ -456,7 +474,7 @@ struct RingLoads {
 
   KDISPATCH_DEVICE_INLINE void operator()(int slot, int64_t tile, int64_t chunk) const {
     namespace sk = gemm_skinny_mma;
-    const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytes);
+    const uint32_t st = ring + static_cast<uint32_t>(slot * kRingStageBytesOf<PT>);
     const int pch = lane & 7;
     const int64_t kb = chunk * kRingRowBytes + pch * 16;
     const int bytes = kb < kbytes ? static_cast<int>(kbytes - kb < 16 ? kbytes - kb : 16) : 0;
@@ -471,7 +489,7 @@ struct RingLoads {
     }
     const int brow = warp * 4 + (lane >> 3);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < kBRows; ++h)
       if (brow + 16 * h < 8 * nt)
         sk::cp_async16(
             st + static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes) + sk::swz(brow + 16 * h, pch),
@@ -502,9 +520,10 @@ KDISPATCH_DEVICE_INLINE uint64_t evict_first_policy() {
 
 /// The RingLoads of this thread: block (tile group blockIdx.x, item
 /// blockIdx.y), `tiles` row tiles a block.
-template <DType DT, bool Up>
-KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lane& l, int tiles, uint32_t ring) {
-  using R = RingLoads<DT, Up>;
+template <DType DT, bool Up, int PT>
+KDISPATCH_DEVICE_INLINE RingLoads<DT, Up, PT> ring_loads(const MmaArgs& m, const LaneT<PT>& l, int tiles,
+                                                         uint32_t ring) {
+  using R = RingLoads<DT, Up, PT>;
   const moe::MoeArgs& g = m.g;
   R d;
   d.m = &m;
@@ -513,7 +532,7 @@ KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lan
   d.tile0 = int64_t{blockIdx.x} * tiles;
   d.expert = l.it.x;
   d.extent = Up ? g.I : g.H;
-  d.ring = ring, d.scales = ring + kRingStages * kRingStageBytes;
+  d.ring = ring, d.scales = ring + kRingStages * kRingStageBytesOf<PT>;
   d.evict_first = evict_first_policy();
   const unsigned char* wexp =
       static_cast<const unsigned char*>(Up ? g.w1 : g.w2) + d.expert * (Up ? 2 * g.I : g.H) * d.ldw;
@@ -534,7 +553,7 @@ KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lan
     bbase = static_cast<const unsigned char*>(Up ? g.hidden : m.a);
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < R::kBRows; ++h) {
     const int c = d.warp * 4 + (d.lane >> 3) + 16 * h;
     d.bok[h] = c < l.it.z;
     const int64_t p = m.sorted[l.it.y + (d.bok[h] ? c : 0)];
@@ -551,8 +570,8 @@ KDISPATCH_DEVICE_INLINE RingLoads<DT, Up> ring_loads(const MmaArgs& m, const Lan
 
 /// One stage of a ring kernel: the warp's 2 16-row tiles against the item's
 /// first nt 8-pair tiles, 128 bytes of K (sum += the products).
-template <DType DT>
-KDISPATCH_DEVICE_INLINE void ring_stage(uint32_t st, int warp, int lane, int nt, float (&sum)[2][kMmaTiles][4]) {
+template <DType DT, int PT>
+KDISPATCH_DEVICE_INLINE void ring_stage(uint32_t st, int warp, int lane, int nt, float (&sum)[2][PT][4]) {
   namespace sk = gemm_skinny_mma;
   // ldmatrix.x4 lane addresses (as skinny_mma's): weight rows (mma A) lane & 15
   // of a 16-row tile, chunk + (lane >> 4); pair rows (mma B) lane & 7, chunk + (lane >> 3).
@@ -561,9 +580,9 @@ KDISPATCH_DEVICE_INLINE void ring_stage(uint32_t st, int warp, int lane, int nt,
                  b_at = st + static_cast<uint32_t>(kMmaWarps * kRingWeightRows * kRingRowBytes);
 #pragma unroll
   for (int kp = 0; kp < 2; ++kp) {  // two k16 (fp8: k32) steps a pair-row load: chunks 4kp .. 4kp + 3
-    uint32_t b[kMmaTiles][4];
+    uint32_t b[PT][4];
 #pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j)
+    for (int j = 0; j < PT; ++j)
       if (j < nt)
         sk::ldsm_x4(b_at + sk::swz(j * 8 + b_row, 4 * kp + b_ch), b[j]);
       else
@@ -575,15 +594,15 @@ KDISPATCH_DEVICE_INLINE void ring_stage(uint32_t st, int warp, int lane, int nt,
         uint32_t a[4];
         sk::ldsm_x4(w_at + sk::swz(t * 16 + a_row, 4 * kp + 2 * h + a_ch), a);
 #pragma unroll
-        for (int j = 0; j < kMmaTiles; ++j)
+        for (int j = 0; j < PT; ++j)
           if (j < nt) sk::mma<DT>(sum[t][j], a, b[j][2 * h], b[j][2 * h + 1]);
       }
   }
 }
 
 /// A ring kernel's outputs of one row tile (l.row0: the warp's first row).
-template <DType DT, bool Up>
-KDISPATCH_DEVICE_INLINE void ring_out(const MmaArgs& m, const Lane& l, const float (&acc)[2][kMmaTiles][4]) {
+template <DType DT, bool Up, int PT>
+KDISPATCH_DEVICE_INLINE void ring_out(const MmaArgs& m, const LaneT<PT>& l, const float (&acc)[2][PT][4]) {
   const moe::MoeArgs& g = m.g;
   if constexpr (Up && DT == DType::fp8_e4m3fn) {
     float* a = static_cast<float*>(m.a);
@@ -609,13 +628,13 @@ KDISPATCH_DEVICE_INLINE void ring_out(const MmaArgs& m, const Lane& l, const flo
 /// tile's end; out(row0, acc) after each tile's last chunk in each warp
 /// whose rows exist (row0: the warp's first row; extent a multiple of 32).
 /// q: the lane's mma column quad (lane % 4; block fp8's scales).
-template <DType DT, bool Up, class Out>
-KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up>& ld, int q, int tiles, const unsigned char* smem,
+template <DType DT, bool Up, int PT, class Out>
+KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up, PT>& ld, int q, int tiles, const unsigned char* smem,
                                        Out out) {
   namespace sk = gemm_skinny_mma;
   constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
   constexpr int S = kRingStages;
-  using R = RingLoads<DT, Up>;
+  using R = RingLoads<DT, Up, PT>;
   const int64_t extent = ld.extent, row_tiles = (extent + R::kTileRows - 1) / R::kTileRows;
   const int64_t chunks = (ld.kbytes + kRingRowBytes - 1) / kRingRowBytes;
   const int64_t my_tiles = row_tiles - ld.tile0 < tiles ? row_tiles - ld.tile0 : tiles;
@@ -630,7 +649,7 @@ KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up>& ld, int q, int t
     if (s < steps) issue_next(s);
     sk::cp_commit();  // empty groups keep the wait_group count uniform
   }
-  float acc[2][kMmaTiles][4] = {};
+  float acc[2][PT][4] = {};
   int slot = 0;
   int64_t tile = ld.tile0, chunk = 0;
   for (int64_t u = 0; u < steps; ++u) {
@@ -641,10 +660,10 @@ KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up>& ld, int q, int t
     const int64_t row0 = ld.warp_row(tile);
     const bool live = row0 < extent;  // extent a multiple of 32: a live warp's rows all exist
     if (live) {
-      const uint32_t st = ld.ring + static_cast<uint32_t>(slot * kRingStageBytes);
-      float part[2][kMmaTiles][4] = {};  // block fp8: the stage's sums, scaled below
-      float(&sum)[2][kMmaTiles][4] = kFp8 ? part : acc;
-      ring_stage<DT>(st, ld.warp, ld.lane, ld.nt, sum);
+      const uint32_t st = ld.ring + static_cast<uint32_t>(slot * kRingStageBytesOf<PT>);
+      float part[2][PT][4] = {};  // block fp8: the stage's sums, scaled below
+      float(&sum)[2][PT][4] = kFp8 ? part : acc;
+      ring_stage<DT, PT>(st, ld.warp, ld.lane, ld.nt, sum);
       if constexpr (kFp8) {
         const auto* ss = reinterpret_cast<const float*>(smem + S * kRingStageBytes + slot * kRingScaleBytes);
         float sa[kMmaTiles][2];
@@ -660,7 +679,7 @@ KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up>& ld, int q, int t
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int j = 0; j < kMmaTiles; ++j)
+        for (int j = 0; j < PT; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
       chunk = 0, ++tile;
@@ -671,20 +690,20 @@ KDISPATCH_DEVICE_INLINE void ring_loop(const RingLoads<DT, Up>& ld, int q, int t
 
 /// Grid (ceil(row tiles / tiles), max items): the item blockIdx.y's pairs
 /// against `tiles` row tiles of its expert (ring_loop).
-template <DType DT, bool Up>
+template <DType DT, bool Up, int PT = kMmaTiles>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kMmaThreads, 3) moe_ring_kernel(MmaArgs m, int tiles) {
   namespace sk = gemm_skinny_mma;
   port::grid_dependency_wait_and_release();
   if (static_cast<int32_t>(blockIdx.y) >= *m.n_items) return;  // the whole block
   extern __shared__ __align__(128) unsigned char ring_smem[];
-  Lane l;
+  LaneT<PT> l;
   l.it = m.items[blockIdx.y];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   l.gr = lane >> 2, l.q = lane & 3;
-  const RingLoads<DT, Up> ld = ring_loads<DT, Up>(m, l, tiles, sk::smem_addr(ring_smem));
-  ring_loop<DT, Up>(ld, l.q, tiles, ring_smem, [&](int64_t row0, const float(&acc)[2][kMmaTiles][4]) {
+  const RingLoads<DT, Up, PT> ld = ring_loads<DT, Up, PT>(m, l, tiles, sk::smem_addr(ring_smem));
+  ring_loop<DT, Up, PT>(ld, l.q, tiles, ring_smem, [&](int64_t row0, const float(&acc)[2][PT][4]) {
     l.row0 = row0;
-    ring_out<DT, Up>(m, l, acc);
+    ring_out<DT, Up, PT>(m, l, acc);
   });
 }
 

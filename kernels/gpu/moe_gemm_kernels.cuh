@@ -207,23 +207,24 @@ namespace mm = moe_mma;
 /// (moe_mma.cuh ring_loop: cp.async stages, ldmatrix, mma.sync swap-AB) on
 /// moe_align's blocks. Grid (ceil(N / 128 / tiles), walked blocks x
 /// `per_block` items): block (x, y) takes item y % per_block of aligned
-/// block y / per_block (kMmaPairs consecutive sorted positions) and `tiles`
+/// block y / per_block (8 PT consecutive sorted positions) and `tiles`
 /// 128-row tiles of N of the block's expert; a position holding a padding
 /// id (outside [0, pairs)) reads zeros and writes nothing; a non-local
 /// expert's block writes zeros. N a multiple of 32, K of 8, rows 16-byte
 /// aligned (the variant's supports()).
-template <DType DT>
+template <DType DT, int PT>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
     moe_gemm_ring_kernel(Args g, int tiles, int per_block) {
   namespace sk = gemm_skinny_mma;
   using S = typename Elem<DT>::S;
-  using R = mm::RingLoads<DT, false>;
+  using R = mm::RingLoads<DT, false, PT>;
+  constexpr int kPairs = 8 * PT;
   port::grid_dependency_wait_and_release();
   const int64_t b = blockIdx.y / per_block;
-  const int64_t first = b * g.bs + int64_t{blockIdx.y % per_block} * mm::kMmaPairs;
+  const int64_t first = b * g.bs + int64_t{blockIdx.y % per_block} * kPairs;
   const int64_t end = (b + 1) * g.bs < g.cap ? (b + 1) * g.bs : g.cap;
   if (b >= walked(g) || first >= end) return;  // the whole block
-  const int count = static_cast<int>(end - first < mm::kMmaPairs ? end - first : mm::kMmaPairs);
+  const int count = static_cast<int>(end - first < kPairs ? end - first : kPairs);
   const int lane = lane_id(), warp = warp_id(), gr = lane >> 2, q = lane & 3;
   auto pair = [&](int c) -> int64_t {  // the id at the item's position c, -1 past it or for a padding id
     const int64_t s = c < count ? g.sorted[first + c] : -1;
@@ -244,38 +245,35 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
   R ld;
   ld.m = nullptr, ld.lane = lane, ld.warp = warp, ld.nt = (count + 7) / 8;
   ld.kbytes = g.K * 2, ld.ldw = g.ldw * 2, ld.tile0 = tile0, ld.extent = g.N, ld.expert = e;
-  ld.ring = sk::smem_addr(ring_smem), ld.scales = ld.ring + mm::kRingStages * mm::kRingStageBytes;
+  ld.ring = sk::smem_addr(ring_smem), ld.scales = ld.ring + mm::kRingStages * mm::kRingStageBytesOf<PT>;
   ld.evict_first = mm::evict_first_policy();
   const auto* wexp = static_cast<const unsigned char*>(g.w) + e * g.N * ld.ldw;
   const int64_t row0 = ld.warp_row(tile0);
 #pragma unroll
   for (int i = 0; i < 8; ++i) ld.wsrc[i] = wexp + (row0 + (lane >> 3) + 4 * i) * ld.ldw;  // past N: never read
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < R::kBRows; ++h) {
     const int64_t s = pair(warp * 4 + (lane >> 3) + 16 * h);
     ld.bok[h] = s >= 0;
     ld.bsrc[h] = static_cast<const unsigned char*>(g.a) + (s >= 0 ? s / g.top_k : 0) * g.lda * 2;
   }
   ld.asrc = nullptr, ld.aok = false;
-  int64_t col[mm::kMmaTiles][2];  // the ids of the lane's C columns (2q, 2q + 1 of each 8-pair tile) and their weights
-  float rw[mm::kMmaTiles][2];
+  // The epilogue reads each C column's id and weight again (L1) rather than holding 2 PT of them in registers.
+  mm::ring_loop<DT, false, PT>(ld, q, tiles, ring_smem, [&](int64_t r, const float(&acc)[2][PT][4]) {
 #pragma unroll
-  for (int j = 0; j < mm::kMmaTiles; ++j)
+    for (int j = 0; j < PT; ++j)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      col[j][c] = pair(j * 8 + 2 * q + c);
-      rw[j][c] = g.tw != nullptr && col[j][c] >= 0 ? g.tw[(col[j][c] / g.top_k) * g.ldtw + col[j][c] % g.top_k] : 1.f;
-    }
-  mm::ring_loop<DT, false>(ld, q, tiles, ring_smem, [&](int64_t r, const float(&acc)[2][mm::kMmaTiles][4]) {
+      for (int c = 0; c < 2; ++c) {  // C layout: acc[.][j][c] row gr, column 2q + c; acc[.][j][c + 2] row gr + 8
+        const int64_t s = pair(j * 8 + 2 * q + c);
+        if (s < 0) continue;
+        const float w = g.tw != nullptr ? g.tw[(s / g.top_k) * g.ldtw + s % g.top_k] : 1.f;
+        S* o = static_cast<S*>(g.out) + s * g.ldo + r + gr;
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-      for (int j = 0; j < mm::kMmaTiles; ++j)
-#pragma unroll
-        for (int v = 0; v < 4; ++v)  // C layout: v = 0, 1 row gr, columns 2q, 2q + 1; v = 2, 3 row gr + 8
-          if (const int64_t s = col[j][v & 1]; s >= 0)
-            Elem<DT>::store1(static_cast<S*>(g.out) + s * g.ldo + r + t * 16 + gr + (v >= 2 ? 8 : 0),
-                             acc[t][j][v] * rw[j][v & 1]);
+        for (int t = 0; t < 2; ++t) {
+          Elem<DT>::store1(o + t * 16, acc[t][j][c] * w);
+          Elem<DT>::store1(o + t * 16 + 8, acc[t][j][c + 2] * w);
+        }
+      }
   });
 }
 #endif
@@ -310,23 +308,31 @@ bool vec_fits(const Args& g) noexcept {
 }
 
 #if KDISPATCH_GPU_HAS_TILED
-/// The ring kernel's launch: (ceil(N / 128 / tiles), blocks x items a block).
+/// The ring kernel's launch: (ceil(N / 128 / tiles), blocks x items a
+/// block); items of 64 positions (moe_mma::kWideTiles) where block_size is
+/// 64 or more, else of 32.
 template <DType DT>
 Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
   static_assert(mm::kRingSmemBytes == kMoeRingSmemBytes && mm::kMmaThreads == kMoeMmaThreads, "the list's image check");
   if (g.N % 32 != 0 || g.K % 8 != 0 || reinterpret_cast<uintptr_t>(g.a) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(g.w) % 16 != 0 || (g.lda * 2) % 16 != 0 || (g.ldw * 2) % 16 != 0)
     return core::needs_fallback("moe_gemm ring: N a multiple of 32, K of 8 and 16-byte aligned rows of a and w");
-  const int64_t per_block = (g.bs + mm::kMmaPairs - 1) / mm::kMmaPairs, items = blocks * per_block;
+  const bool wide = g.bs >= 8 * mm::kWideTiles;
+  const int64_t pairs = wide ? 8 * mm::kWideTiles : mm::kMmaPairs;
+  const int64_t per_block = (g.bs + pairs - 1) / pairs, items = blocks * per_block;
   if (items > 65535) return core::needs_fallback("moe_gemm ring: more than 65535 items (blocks x block_size / 32)");
   const int64_t row_tiles = (g.N + mm::RingLoads<DT, false>::kTileRows - 1) / mm::RingLoads<DT, false>::kTileRows;
   const int tiles = mm::ring_tiles(g.K * 2, row_tiles);
   if (items < 1) return Status();
   const LaunchScope on(la, p);
   const dim3 grid(static_cast<unsigned>((row_tiles + tiles - 1) / tiles), static_cast<unsigned>(items));
-  return port::status(port::launch_smem(moe_gemm_ring_kernel<DT>, grid, dim3(mm::kMmaThreads), mm::kRingSmemBytes,
-                                        on.stream, on.pdl, g, tiles, static_cast<int>(per_block)),
-                      "moe_gemm ring kernel launch");
+  const port::Error e =
+      wide ? port::launch_smem(moe_gemm_ring_kernel<DT, mm::kWideTiles>, grid, dim3(mm::kMmaThreads),
+                               mm::kRingSmemBytesOf<mm::kWideTiles>, on.stream, on.pdl, g, tiles,
+                               static_cast<int>(per_block))
+           : port::launch_smem(moe_gemm_ring_kernel<DT, mm::kMmaTiles>, grid, dim3(mm::kMmaThreads), mm::kRingSmemBytes,
+                               on.stream, on.pdl, g, tiles, static_cast<int>(per_block));
+  return port::status(e, "moe_gemm ring kernel launch");
 }
 #endif
 
@@ -372,7 +378,10 @@ void probe(KernelImage* out) noexcept {
   out[1] = image_of(moe_gemm_split_kernel<W, X, false>);
   out[2] = image_of(moe_gemm_ref_kernel<W, X>);
 #if KDISPATCH_GPU_HAS_TILED
-  if constexpr (W == X && W != DType::fp8_e4m3fn) out[3] = image_with_smem(moe_gemm_ring_kernel<W>, mm::kRingSmemBytes);
+  if constexpr (W == X && W != DType::fp8_e4m3fn) {
+    out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);
+    out[4] = image_with_smem(moe_gemm_ring_kernel<W, mm::kWideTiles>, mm::kRingSmemBytesOf<mm::kWideTiles>);
+  }
 #endif
 }
 

@@ -23,9 +23,11 @@ constexpr int kernel_index(Family f) { return static_cast<int>(f); }
 /// threads on a 32-wide warp, and the reference's threads.
 inline constexpr int64_t kRowsPerBlock = 16;
 inline constexpr int kSplitWarps = 4, kRefThreads = 256;
-/// Kernel images a TU has (ring: CUDA's bf16 and fp16 only; its threads and
-/// shared memory are fused_moe's ring kernels', gpu/moe_launch.hpp).
-inline constexpr int kImages = 4;
+/// Kernel images a TU has: the families', then [4] ring with 64-position
+/// items (ring: CUDA's bf16 and fp16 only; its threads and shared memory
+/// are fused_moe's ring kernels', gpu/moe_launch.hpp).
+inline constexpr int kImages = 5;
+inline constexpr int kWideRingImage = 4;
 
 }  // namespace dispatch::gpu::moe_gemm
 

@@ -23,8 +23,9 @@ inline constexpr int kMoeThreads = KDISPATCH_GPU_HAS_TILED ? 8 * 32 : 8 * 64;
 /// the ring kernels of staged plans). The fp8 TU (CUDA only): [0] up, [1]
 /// down (split over K); [2] up, [3] down (its reference); [4] sort, [5]
 /// quantise hidden, [6] up, [7] quantise a, [8] down, [9] reduce, [10] up,
-/// [11] down (tensor cores, as bf16's).
-inline constexpr int kMoeImages = 14;
+/// [11] down (tensor cores, as bf16's). bf16/fp16 also: [14] sort, [15] up,
+/// [16] down (the ring kernels' wide items, 64 pairs).
+inline constexpr int kMoeImages = 17;
 /// Threads per block of the tensor-core kernels (moe_mma.cuh): the sort,
 /// the GEMMs, the quantisation and the top-k sum.
 inline constexpr int kMoeSortThreads = 1024, kMoeMmaThreads = 128, kMoeQuantThreads = 256, kMoeReduceThreads = 256;
@@ -33,7 +34,7 @@ constexpr int moe_image_threads(bool fp8, int k) noexcept {
   const int first_mma = fp8 ? 4 : 8;
   if (k < first_mma) return kMoeThreads;
   const int i = k - first_mma;  // sort, [quant,] up, [quant,] down, reduce, ring up, ring down
-  if (i == 0) return kMoeSortThreads;
+  if (i == 0 || (!fp8 && i == 6)) return kMoeSortThreads;  // the sort kernels (bf16/fp16: [8], [14])
   if (fp8) return i == 1 || i == 3 ? kMoeQuantThreads : i == 5 ? kMoeReduceThreads : kMoeMmaThreads;
   return i == 3 ? kMoeReduceThreads : kMoeMmaThreads;
 }
@@ -95,6 +96,11 @@ constexpr int64_t moe_mma_fp8_workspace_bytes(const core::Problem& p) noexcept {
 /// sm_90 have it, sm_86 and sm_89 (99 KiB) do not.
 inline constexpr int64_t kMoeRingSmemBytes = 3 * (160 * 128 + 256);
 inline constexpr int64_t kMoeRingTwoBlocksOptin = 2 * (kMoeRingSmemBytes + 1024) - 1024;
+/// Pairs per expert (M * top_k / E) from which the bf16/fp16 ring kernels
+/// take items of 64 pairs (moe_mma.cuh kWideTiles) instead of 32: each
+/// expert's rows read once per 64 of its pairs (Mixtral-8x7B M = 256, 64
+/// per expert, and prefill). Not yet measured: a first guess.
+inline constexpr int64_t kMoeWidePairsPerExpert = 32;
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;
 

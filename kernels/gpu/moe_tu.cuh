@@ -128,10 +128,11 @@ Status launch_fp8_ref(const core::LaunchArgs& la, const core::Problem& p) noexce
 
 #if KDISPATCH_GPU_HAS_TILED
 /// The image of a ring kernel (moe_mma.cuh), its dynamic shared memory limit
-/// raised to kRingSmemBytes on the current device.
+/// raised to `smem` bytes (kRingSmemBytes: 32-pair items) on the current
+/// device.
 template <class K>
-KernelImage ring_image(K* k) noexcept {
-  return image_with_smem(k, moe_mma::kRingSmemBytes);
+KernelImage ring_image(K* k, int64_t smem = moe_mma::kRingSmemBytes) noexcept {
+  return image_with_smem(k, smem);
 }
 
 /// The tensor-core kernels (moe_mma.cuh): sort, up, down, reduce; block fp8
@@ -187,8 +188,14 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
             td = staged ? moe_mma::ring_tiles(I * (kFp8 ? 1 : 2), down_tiles) : 1;
   const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((up_tiles + tu - 1) / tu), grid_y),
       gd(static_cast<unsigned>((down_tiles + td - 1) / td), grid_y);
-  port::Error e = port::launch_smem(moe_mma::moe_sort_kernel<W>, dim3(1), dim3(moe_mma::kSortThreads),
-                                    static_cast<size_t>(2 * p.extra[0] * 4), on.stream, on.pdl, m);
+  // bf16/fp16 from kMoeWidePairsPerExpert pairs per expert: the wide items
+  // (64 pairs, moe_mma::kWideTiles), each expert's rows read once per 64.
+  const bool wide = !kFp8 && staged && P >= kMoeWidePairsPerExpert * p.extra[0];
+  auto sort = moe_mma::moe_sort_kernel<W>;
+  if constexpr (!kFp8)
+    if (wide) sort = moe_mma::moe_sort_kernel<W, moe_mma::kWideTiles>;
+  port::Error e = port::launch_smem(sort, dim3(1), dim3(moe_mma::kSortThreads), static_cast<size_t>(2 * p.extra[0] * 4),
+                                    on.stream, on.pdl, m);
   if (e != port::kSuccess) return port::status(e, "fused_moe sort kernel launch");
   if constexpr (kFp8) {
     e = port::launch(moe_mma::moe_quant_kernel<uint16_t>,
@@ -204,6 +211,13 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
     if (e == port::kSuccess)
       e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, false>, gd, gemm_block, smem, on.stream, on.pdl, m, td)
                  : port::launch(moe_mma::moe_down_mma_fp8_kernel<X>, gd, gemm_block, on.stream, on.pdl, m);
+  } else if (wide) {  // the sort above made items of up to 64 pairs
+    constexpr int kW = moe_mma::kWideTiles;
+    constexpr size_t kWideSmem = moe_mma::kRingSmemBytesOf<kW>;
+    e = port::launch_smem(moe_mma::moe_ring_kernel<W, true, kW>, gu, gemm_block, kWideSmem, on.stream, on.pdl, m, tu);
+    if (e == port::kSuccess)
+      e = port::launch_smem(moe_mma::moe_ring_kernel<W, false, kW>, gd, gemm_block, kWideSmem, on.stream, on.pdl, m,
+                            td);
   } else {
     e = staged ? port::launch_smem(moe_mma::moe_ring_kernel<W, true>, gu, gemm_block, smem, on.stream, on.pdl, m, tu)
                : port::launch(moe_mma::moe_up_mma_kernel<W>, gu, gemm_block, on.stream, on.pdl, m);
@@ -241,6 +255,11 @@ void probe(KernelImage* out) noexcept {
   out[11] = image_of(moe_mma::moe_reduce_kernel<DT>);
   out[12] = ring_image(moe_mma::moe_ring_kernel<DT, true>);
   out[13] = ring_image(moe_mma::moe_ring_kernel<DT, false>);
+  out[14] = image_of(moe_mma::moe_sort_kernel<DT, moe_mma::kWideTiles>);
+  out[15] = ring_image(moe_mma::moe_ring_kernel<DT, true, moe_mma::kWideTiles>,
+                       moe_mma::kRingSmemBytesOf<moe_mma::kWideTiles>);
+  out[16] = ring_image(moe_mma::moe_ring_kernel<DT, false, moe_mma::kWideTiles>,
+                       moe_mma::kRingSmemBytesOf<moe_mma::kWideTiles>);
 #endif
 }
 
