@@ -398,15 +398,23 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
     def peer_down(p):
         peer.launch(p[11], w2, p[8], p[12], s2, p[1], p[3], p[4], p[5], M * top_k, True, 1, cfg, fp8, fp8)
 
-    # Correctness on set 0, both sides: fp32 on the dequantised weights (fp8: activations as each side quantises).
+    # Correctness on set 0, both sides, on the pairs of its first min(M, 8) tokens: fp32 on the dequantised
+    # weights, one expert at a time (fp8: the activations as each side quantises them); out NaN before each side.
     p = prep[0]
     x, tw, tid, c2 = p[0], p[1], p[2], p[7]
-    e = tid.flatten().long()
-    xr = (quant_groups(x) if fp8 else x.float()).repeat_interleave(top_k, 0)
-    ar = quant_groups(c2) if fp8 else c2.float()
-    ref_up = torch.bmm(w1r[e].float(), xr[:, :, None])[..., 0]
-    ref_down = torch.bmm(w2r[e].float(), ar[:, :, None])[..., 0] * tw.flatten()[:, None]
+    mm = min(M, 8)
+    e = tid[:mm].flatten().long()
+    xr = (quant_groups(x[:mm]) if fp8 else x[:mm].float()).repeat_interleave(top_k, 0)
+    ar = quant_groups(c2[:mm * top_k]) if fp8 else c2[:mm * top_k].float()
+    ref_up = torch.empty(mm * top_k, 2 * I, device=dev)
+    ref_down = torch.empty(mm * top_k, H, device=dev)
+    for ex in torch.unique(e).tolist():
+        idx = (e == ex).nonzero().flatten()
+        ref_up[idx] = xr[idx] @ w1r[ex].float().T
+        ref_down[idx] = (ar[idx] @ w2r[ex].float().T) * tw[:mm].flatten()[idx, None]
     for who, up, down in (("kd", kd_up, kd_down), ("peer", peer_up, peer_down)):
+        p[6].fill_(float("nan"))
+        p[8].fill_(float("nan"))
         try:
             up(p)
             down(p)
@@ -414,7 +422,7 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
         except Exception as ex:  # recorded with the row, never hidden
             row[f"{who}_error"] = repr(ex)[-400:]
             continue
-        got_up, got_down = p[6].view(-1, 2 * I).float(), p[8].view(-1, H).float()
+        got_up, got_down = p[6].view(-1, 2 * I)[:mm * top_k].float(), p[8].view(-1, H)[:mm * top_k].float()
         row[f"{who}_rel_err_up"] = ((got_up - ref_up).norm() / ref_up.norm()).item()
         row[f"{who}_rel_err_down"] = ((got_down - ref_down).norm() / ref_down.norm()).item()
     if "kd_error" in row or "peer_error" in row:

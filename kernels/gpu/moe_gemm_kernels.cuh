@@ -205,31 +205,38 @@ namespace mm = moe_mma;
 
 /// The tensor-core kernel (CUDA; bf16/fp16): fused_moe's down ring
 /// (moe_mma.cuh ring_loop: cp.async stages, ldmatrix, mma.sync swap-AB) on
-/// moe_align's blocks. Grid (ceil(N / 128 / tiles), walked blocks x
-/// `per_block` items): block (x, y) takes item y % per_block of aligned
-/// block y / per_block (8 PT consecutive sorted positions) and `tiles`
+/// moe_align's blocks. Grid (ceil(N / 128 / tiles), min(items, 65535),
+/// grid-stride over the items): item y is item y % per_block of aligned
+/// block y / per_block (8 PT consecutive sorted positions), against `tiles`
 /// 128-row tiles of N of the block's expert; a position holding a padding
-/// id (outside [0, pairs)) reads zeros and writes nothing; a non-local
-/// expert's block writes zeros. N a multiple of 32, K of 8, rows 16-byte
-/// aligned (the variant's supports()).
+/// id (outside [0, pairs)) reads zeros and writes nothing, an item of
+/// padding only is skipped, a non-local expert's block writes zeros. N a
+/// multiple of 32, K of 8, rows 16-byte aligned (ring_fits).
 template <DType DT, int PT>
-__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
-    moe_gemm_ring_kernel(Args g, int tiles, int per_block) {
+KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, int tiles, int per_block, int64_t y, unsigned char* ring_smem,
+                                       int* last) {
   namespace sk = gemm_skinny_mma;
   using S = typename Elem<DT>::S;
   using R = mm::RingLoads<DT, false, PT>;
   constexpr int kPairs = 8 * PT;
-  port::grid_dependency_wait_and_release();
-  const int64_t b = blockIdx.y / per_block;
-  const int64_t first = b * g.bs + int64_t{blockIdx.y % per_block} * kPairs;
+  const int64_t b = y / per_block;
+  const int64_t first = b * g.bs + (y % per_block) * kPairs;
   const int64_t end = (b + 1) * g.bs < g.cap ? (b + 1) * g.bs : g.cap;
   if (b >= walked(g) || first >= end) return;  // the whole block
-  const int count = static_cast<int>(end - first < kPairs ? end - first : kPairs);
-  const int lane = lane_id(), warp = warp_id(), gr = lane >> 2, q = lane & 3;
+  int count = static_cast<int>(end - first < kPairs ? end - first : kPairs);
   auto pair = [&](int c) -> int64_t {  // the id at the item's position c, -1 past it or for a padding id
     const int64_t s = c < count ? g.sorted[first + c] : -1;
     return s >= 0 && s < g.pairs ? s : -1;
   };
+  // The item ends at its last real id (padding may lie anywhere); padding only: nothing to do.
+  if (threadIdx.x == 0) *last = 0;
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < count && pair(static_cast<int>(threadIdx.x)) >= 0)
+    atomicMax(last, static_cast<int>(threadIdx.x) + 1);
+  __syncthreads();
+  count = *last;
+  if (count == 0) return;  // the whole block
+  const int lane = lane_id(), warp = warp_id(), gr = lane >> 2, q = lane & 3;
   const int32_t e = g.experts[b];
   const int64_t tile0 = int64_t{blockIdx.x} * tiles;
   if (e < 0 || e >= g.E) {  // not local: zeros in the block's rows
@@ -241,7 +248,6 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
           Elem<DT>::store1(static_cast<S*>(g.out) + s * g.ldo + r, 0.f);
     return;
   }
-  extern __shared__ __align__(128) unsigned char ring_smem[];
   R ld;
   ld.m = nullptr, ld.lane = lane, ld.warp = warp, ld.nt = (count + 7) / 8;
   ld.kbytes = g.K * 2, ld.ldw = g.ldw * 2, ld.tile0 = tile0, ld.extent = g.N, ld.expert = e;
@@ -276,6 +282,18 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
       }
   });
 }
+
+template <DType DT, int PT>
+__global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
+    moe_gemm_ring_kernel(Args g, int tiles, int per_block, int64_t items) {
+  port::grid_dependency_wait_and_release();
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  __shared__ int last;
+  for (int64_t y = blockIdx.y; y < items; y += gridDim.y) {
+    ring_item<DT, PT>(g, tiles, per_block, y, ring_smem, &last);
+    __syncthreads();  // every warp past the item's ring and its `last` before the next item's
+  }
+}
 #endif
 
 inline Args args_of(const core::LaunchArgs& la, const core::Problem& p) noexcept {
@@ -308,30 +326,35 @@ bool vec_fits(const Args& g) noexcept {
 }
 
 #if KDISPATCH_GPU_HAS_TILED
-/// The ring kernel's launch: (ceil(N / 128 / tiles), blocks x items a
-/// block); items of 64 positions (moe_mma::kWideTiles) where block_size is
-/// 64 or more, else of 32.
+/// Whether the ring kernel takes the call: N a multiple of 32, K of 8, a
+/// and w 16-byte aligned with 16-byte rows (a's row stride unread at M = 1).
+inline bool ring_fits(const Args& g) noexcept {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return g.N % 32 == 0 && g.K % 8 == 0 && aligned(g.a) && aligned(g.w) && (g.ldw * 2) % 16 == 0 &&
+         (g.pairs == g.top_k || (g.lda * 2) % 16 == 0);
+}
+
+/// The ring kernel's launch: (ceil(N / 128 / tiles), min(items, 65535)),
+/// items of 64 positions (moe_mma::kWideTiles) where block_size is 64 or
+/// more, else of 32.
 template <DType DT>
 Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
   static_assert(mm::kRingSmemBytes == kMoeRingSmemBytes && mm::kMmaThreads == kMoeMmaThreads, "the list's image check");
-  if (g.N % 32 != 0 || g.K % 8 != 0 || reinterpret_cast<uintptr_t>(g.a) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(g.w) % 16 != 0 || (g.lda * 2) % 16 != 0 || (g.ldw * 2) % 16 != 0)
-    return core::needs_fallback("moe_gemm ring: N a multiple of 32, K of 8 and 16-byte aligned rows of a and w");
   const bool wide = g.bs >= 8 * mm::kWideTiles;
   const int64_t pairs = wide ? 8 * mm::kWideTiles : mm::kMmaPairs;
   const int64_t per_block = (g.bs + pairs - 1) / pairs, items = blocks * per_block;
-  if (items > 65535) return core::needs_fallback("moe_gemm ring: more than 65535 items (blocks x block_size / 32)");
   const int64_t row_tiles = (g.N + mm::RingLoads<DT, false>::kTileRows - 1) / mm::RingLoads<DT, false>::kTileRows;
   const int tiles = mm::ring_tiles(g.K * 2, row_tiles);
   if (items < 1) return Status();
   const LaunchScope on(la, p);
-  const dim3 grid(static_cast<unsigned>((row_tiles + tiles - 1) / tiles), static_cast<unsigned>(items));
+  const dim3 grid(static_cast<unsigned>((row_tiles + tiles - 1) / tiles),
+                  static_cast<unsigned>(items < 65535 ? items : 65535));
   const port::Error e =
       wide ? port::launch_smem(moe_gemm_ring_kernel<DT, mm::kWideTiles>, grid, dim3(mm::kMmaThreads),
                                mm::kRingSmemBytesOf<mm::kWideTiles>, on.stream, on.pdl, g, tiles,
-                               static_cast<int>(per_block))
+                               static_cast<int>(per_block), items)
            : port::launch_smem(moe_gemm_ring_kernel<DT, mm::kMmaTiles>, grid, dim3(mm::kMmaThreads), mm::kRingSmemBytes,
-                               on.stream, on.pdl, g, tiles, static_cast<int>(per_block));
+                               on.stream, on.pdl, g, tiles, static_cast<int>(per_block), items);
   return port::status(e, "moe_gemm ring kernel launch");
 }
 #endif
@@ -353,8 +376,9 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
   const int64_t blocks = (g.cap + g.bs - 1) / g.bs;
 #if KDISPATCH_GPU_HAS_TILED
   if constexpr (W == X && W != DType::fp8_e4m3fn)
-    if (f == Family::ring) return launch_ring<W>(la, p, g, blocks);
+    if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
 #endif
+  if (f == Family::ring) f = vec_fits<W, X>(g) ? Family::vec : Family::generic;  // what the tensors allow
   const LaunchScope on(la, p);
   port::Error e = port::kSuccess;
   if (f == Family::reference) {

@@ -191,9 +191,13 @@ std::vector<GemmShape> gemm_shapes() {
       {16, 2 * 96, 256, 8, 1, 64, true, true},                 // skewed, top_k 1 (SGLang's down call)
       {3, 40, 36, 4, 2, 1, false, false, 8, true},             // K % 8 != 0 (element-wise), padded a, a drop
       {33, 130, 384, 16, 4, 16, true, false, 0, false, true},  // N past a tile, a block not local
-      // ring: 2 items a block (bs 64, > 32 pairs an expert), row tiles 128 + 32, K 200 (a partial
-      // 128-byte chunk, 2 row tiles a block), a drop and a block not local
+      // ring: one 64-position item a block (bs 64), row tiles 128 + 32, K 200 (a partial 128-byte
+      // chunk, 2 row tiles a block), a drop and a block not local
       {48, 160, 200, 4, 4, 64, true, false, 8, true, true},
+      // ring: 2 wide items a block (bs 128), the second of padding only where an expert has <= 64 pairs
+      {40, 160, 200, 4, 4, 128, true},
+      // ring: 2 32-position items a block (bs 48), the second partial, skewed
+      {24, 96, 136, 6, 3, 48, false, true},
   };
 }
 
