@@ -23,6 +23,7 @@ in bf16, torch._grouped_mm on the same tokens sorted by expert (the two
 GEMMs, as the peer's GEMM-only time).
 
   python3 bench/gpu/bench_moe.py --lib build/gpu/libkdispatch.so --peers DIR --out OUT
+  python3 bench/gpu/bench_moe.py --render OUT/moe_bench.json   # a results file as a markdown table
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
@@ -37,7 +38,7 @@ CASES = [  # name, E, H, I, top_k, fp8 (block-fp8 weights, 128x128 scales)
     ("Qwen3-30B-A3B TP1 fp8-block", 128, 2048, 768, 8, True),
     ("Qwen3-235B-A22B TP4 fp8-block", 128, 4096, 384, 8, True),
 ]
-FP8 = torch.float8_e4m3fn
+FP8 = getattr(torch, "float8_e4m3fn", None)  # (None on an old torch: --render needs no fp8)
 
 
 def quant_groups(x, g=128):
@@ -188,7 +189,44 @@ def med(v):
     return statistics.median(v) if v else None
 
 
+def render(path):
+    """A results file (moe_bench.json or moe_gemm_bench.json) as a markdown table."""
+    doc = json.load(open(path))
+    info, rows = doc["info"], doc["rows"]
+    print(f"{info['device']}, torch {info['torch']}, read bandwidth {info['read_bw_GBps']:.0f} GB/s, commit "
+          f"{info['commit']}, {info['date']}, {info['rounds']} rounds of {info['sets']} routings\n")
+    gemm = any(r.get("mode") == "gemm" for r in rows)
+    if gemm:
+        print("| shape | routing | M | block_size | kd up / down µs | peer up / down µs | kd / peer speed | "
+              "% of read floor kd (peer) | A/A spread | rel. err kd up, down / peer up, down |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    else:
+        print("| shape | routing | M | kd µs (A/A) | cold µs | peer GEMMs µs | kd / peer speed | "
+              "% of read floor kd (peer) | TFLOP/s | rel. err kd / peer |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"
+    for r in rows:
+        if "kd_us" not in r:
+            why = r.get("error") or r.get("kd_error") or r.get("kd_error[default]") or r.get("skipped")
+            print(f"| {r['case']} | {r.get('routing', '')} | {r['M']} | {why} |")
+            continue
+        if gemm:
+            print(f"| {r['case']} | {r['routing']} | {r['M']} | {r['block_size']} | {f(r['kd_up_us'])} / "
+                  f"{f(r['kd_down_us'])} | {f(r['peer_up_us'])} / {f(r['peer_down_us'])} | "
+                  f"{f(r['speedup_vs_peer'], 2)}x | {f(r['kd_floor_pct'], 0)} % ({f(r['peer_floor_pct'], 0)} %) | "
+                  f"{100 * r['aa_spread']:.1f} % | {f(r.get('kd_rel_err_up'), 4)}, {f(r.get('kd_rel_err_down'), 4)} / "
+                  f"{f(r.get('peer_rel_err_up'), 4)}, {f(r.get('peer_rel_err_down'), 4)} |")
+        else:
+            sp = r.get("speedup_vs_peer_gemms")
+            print(f"| {r['case']} | {r['routing']} | {r['M']} | {f(r['kd_us'])} ({f(r['kd_us_aa'])}) | "
+                  f"{f(r.get('kd_cold_us'))} | {f(r.get('peer_us_gemms'))} | {f(sp, 2)}x | "
+                  f"{f(r['kd_floor_pct'], 0)} % ({f(r.get('peer_floor_pct'), 0)} %) | {f(r['kd_tflops'], 1)} | "
+                  f"{f(r['kd_rel_err'], 4)} / {f(r.get('peer_rel_err'), 4)} |")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":
+        return render(sys.argv[2])
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--peers", default="", help="folder with SGLang's peer_moe.py (the peer is skipped without it)")
