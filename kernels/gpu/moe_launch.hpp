@@ -101,6 +101,15 @@ inline constexpr int64_t kMoeRingTwoBlocksOptin = 2 * (kMoeRingSmemBytes + 1024)
 /// expert's rows read once per 64 of its pairs (Mixtral-8x7B M = 256, 64
 /// per expert, and prefill). Not yet measured: a first guess.
 inline constexpr int64_t kMoeWidePairsPerExpert = 32;
+/// Pairs (M * top_k) per expert from which the tensor-core kernels serve
+/// (fused_moe's __mma, moe_gemm's __ring: get_default of both lists).
+/// Measured with the ring kernels on an H100 (bench/results/h200_moe.md,
+/// 2026-12-05, commit 9017a82), each forced beside the default: they beat
+/// the split kernels from 2.24 pairs per expert (DeepSeek-V3 block fp8 M =
+/// 64: 556 vs 750 us; Qwen3-30B-A3B block fp8 M = 64, 4 per expert: 243 vs
+/// 576 us) and lose at one (Qwen3-30B-A3B bf16 M = 16: 285 vs 266 us; block
+/// fp8: 174 vs 168 us; Mixtral-8x7B bf16 M = 4: 369 vs 346 us).
+inline constexpr int64_t kMoeMmaPairsPerExpert = 2;
 /// Experts the grouped kernels take (a bitmap in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 1024;
 
