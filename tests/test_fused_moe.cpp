@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "api/engine_rows.hpp"
 #include "core/numeric.hpp"
 #include "core/routing.hpp"
 #include "dispatch/dispatch.hpp"
 #include "backends/registry.hpp"
+#include "ops/specs.hpp"
 #include "store/filename.hpp"
 #include "test_util.hpp"
 
@@ -283,4 +285,114 @@ TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the l
   REQUIRE(!bad.ok());
   CHECK(bad.status().code() == StatusCode::invalid_argument);
   CHECK(bad.status().message().find("K") != std::string::npos);
+}
+
+TEST_CASE("fused_moe: an SGLang row shapes the default where kdispatch has none, and says so (k_source)") {
+  kdtest::TempDir dir;
+  const std::string dev = cpu_device_info().device_name;
+  const std::string file = "E=2,N=1,device_name=" + dev + ".json";
+  kdtest::write_text(dir / file,
+                     R"({"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,)"
+                     R"( "num_warps": 4, "num_stages": 3},)"
+                     R"( "64": {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,)"
+                     R"( "num_warps": 4, "num_stages": 3}})");
+  RuntimeOptions opt = kdtest::options_for({dir.str()});
+  opt.tune.mode = TuneMode::off;
+  auto rt = kdtest::make_runtime(opt);
+  Tiny t;
+  DispatchInfo info;
+  CallOptions o;
+  o.info = &info;
+  REQUIRE(fused_moe(*rt, t.args(), {}, o).ok());
+  // Still get_default's variant (the CPU's have no block_m): a default that
+  // names the SGLang row (M = 1 of that file) and what it does not know.
+  CHECK(info.source == PlanSource::fallback);
+  CHECK(std::string(info.k_source) == "sglang file without K");
+  CHECK(info.table_m == 1);
+  CHECK(kdtest::contains(rt->source_path(info.source_id), file));
+  CHECK(t.out[1] == doctest::Approx(2.4133750054).epsilon(1e-6));  // the worked result above
+
+  LookupQuery q;
+  q.op = "fused_moe";
+  q.key = "E=2,K=2,N=1,dtype=fp32,top_k=2";
+  q.device = dev;
+  q.M = 40;
+  auto r = lookup(*rt, q);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  CHECK(r->match == LookupResult::Match::fallback);
+  CHECK(r->engine_key == "triton/triton_fused_moe|" + dev + "|E=2,N=1");
+  CHECK(r->engine_m == 64);  // nearest to 40
+  CHECK(r->k_source == "sglang file without K");
+  REQUIRE(config_find(r->engine_config, "BLOCK_SIZE_M") != nullptr);
+  CHECK(config_find(r->engine_config, "BLOCK_SIZE_M")->i == 64);
+  CHECK(kdtest::contains(r->why,
+                         "; BLOCK_SIZE_M = 64 maps to block_m, which " + r->variant + " does not have: not used"));
+  const std::string json = lookup_result_to_json(*r);
+  INFO(json);
+  CHECK(kdtest::contains(json, R"("engine_row": {"key": "triton/triton_fused_moe|)"));
+  CHECK(kdtest::contains(json, R"("k_source": "sglang file without K")"));
+
+  // Without the file: a plain default, no engine row named.
+  auto plain = kdtest::make_runtime([] {
+    RuntimeOptions p = kdtest::options_for({});
+    p.tune.mode = TuneMode::off;
+    return p;
+  }());
+  DispatchInfo info2;
+  o.info = &info2;
+  REQUIRE(fused_moe(*plain, t.args(), {}, o).ok());
+  CHECK(std::string(info2.k_source).empty());
+  CHECK(info2.table_m == -1);
+}
+
+TEST_CASE(
+    "fused_moe: SGLang's BLOCK_SIZE_M maps onto the CUDA tensor-core plans' block_m (the nearest; a decline keeps the "
+    "default)") {
+  const core::VariantDef* bf16 = core::find_variant("fused_moe_bf16__mma");
+  const core::VariantDef* fp8 = core::find_variant("fused_moe_fp8_e4m3fn__mma");
+  if (bf16 == nullptr || fp8 == nullptr) return;  // no CUDA backend in this build
+  const core::OpSpec& spec = core::spec_of(core::OpKind::fused_moe);
+  // SGLang's key of a call: E and N = I, block fp8 with its block_shape and dtype.
+  core::Problem p;
+  p.op = core::OpKind::fused_moe;
+  p.device = Device{DeviceType::cuda, 0};
+  p.in_dtype = p.out_dtype = DType::bf16;
+  p.m = 256, p.n = 768, p.k = 2048, p.extra[0] = 128, p.extra[1] = 8;
+  p.align_bytes = 16;
+  char buf[128];
+  size_t n = api::engine_key(spec, p, "NVIDIA_H200", buf, sizeof buf);
+  CHECK(std::string(buf, n) == "triton/triton_fused_moe|NVIDIA_H200|E=128,N=768");
+  core::Problem q = p;
+  q.in_dtype = DType::fp8_e4m3fn, q.has_bias = true, q.extra[0] = 257, q.n = 256, q.k = 7168;
+  n = api::engine_key(spec, q, "NVIDIA_H200", buf, sizeof buf);
+  CHECK(std::string(buf, n) == "triton/triton_fused_moe|NVIDIA_H200|E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8");
+  CHECK(api::engine_key(spec, q, "NVIDIA_H200", buf, 40) == 0);  // does not fit: no key
+
+  const DeviceInfo dev = cpu_device_info();  // not a probed GPU: supports() checks the problem alone
+  auto row = [](int64_t bm) {
+    return Config{{"BLOCK_SIZE_M", ConfigValue::integer(bm)}, {"num_warps", ConfigValue::integer(4)}};
+  };
+  const core::Plan narrow{bf16, {1, 32}};
+  std::string why;
+  core::Plan got = api::shape_by_engine_row(spec, narrow, row(128), p, dev, &why);
+  CHECK(got.params[0] == 1);
+  CHECK(got.params[1] == 64);
+  CHECK(why == "; BLOCK_SIZE_M = 128 -> block_m = 64 (the nearest compiled value)");
+  CHECK(api::shape_by_engine_row(spec, narrow, row(16), p, dev, nullptr).params[1] == 32);
+  CHECK(api::shape_by_engine_row(spec, narrow, row(48), p, dev, nullptr).params[1] == 32);  // a tie: the smaller
+  CHECK(api::shape_by_engine_row(spec, core::Plan{bf16, {1, 64}}, row(32), p, dev, nullptr).params[1] == 32);
+  // The direct kernels (staged = false) have no wide items: the default's plan serves.
+  why.clear();
+  got = api::shape_by_engine_row(spec, core::Plan{bf16, {0, 32}}, row(64), p, dev, &why);
+  CHECK(got.params[1] == 32);
+  CHECK(kdtest::contains(why, "; fused_moe_bf16__mma declines that: "));
+  CHECK(kdtest::contains(why, "block_m = 64 (items of 64 pairs) runs on the bf16/fp16 ring kernels only"));
+  CHECK(kdtest::contains(why, "; the default's plan serves"));
+  // Block fp8: 32-pair items only.
+  CHECK(api::shape_by_engine_row(spec, core::Plan{fp8, {1, 32}}, row(64), q, dev, nullptr).params[1] == 32);
+  // A row without the field: the default's value.
+  why.clear();
+  got = api::shape_by_engine_row(spec, narrow, Config{{"num_warps", ConfigValue::integer(4)}}, p, dev, &why);
+  CHECK(got.params[1] == 32);
+  CHECK(why == "; the row has no integer BLOCK_SIZE_M: block_m stays");
 }

@@ -37,13 +37,20 @@ struct DispatchInfo {
   PlanSource source = PlanSource::fallback;
   /// Stable variant name (static storage), e.g. "gemm_fp32__blocked".
   const char* variant = "";
-  /// The table's M key that served (nearest M), or -1 for a default plan.
+  /// The table's M key that served (nearest M), or -1 for a default plan
+  /// (an engine's row that shaped the default: its M, k_source not empty).
   int64_t table_m = -1;
   /// Config source of the row; Runtime::source_path(source_id) names the
   /// file. 0 for a default plan.
   uint32_t source_id = 0;
   /// The call searched configs itself (sync tuning) before running.
   bool tuned_now = false;
+  /// Non-empty when an engine's tuned row shaped the default plan (no row
+  /// of kdispatch's own key: fused_moe with SGLang's fused-MoE files; its
+  /// BLOCK_SIZE_M sets the plan's block_m): what that row does not know,
+  /// "sglang file without K" (SGLang's files are keyed without H). Then
+  /// table_m and source_id name the engine's row. Static storage.
+  const char* k_source = "";
   /// When non-null, receives the canonical static key the call looked up
   /// (allocates; for tools and tests).
   std::string* key = nullptr;
@@ -628,6 +635,15 @@ struct LookupResult {
   /// (the floor serves its M), or a CPU row tuned on another CPU vendor or
   /// family ("tuned on AuthenticAMD family 25; not yet verified here").
   std::string note;
+  /// A default shaped by an engine's row (an own op without a row of its
+  /// own key; DispatchInfo::k_source): that row's table key, M, config and
+  /// file, and what the row does not know ("sglang file without K");
+  /// engine_key empty otherwise. `config` is then the plan served.
+  std::string engine_key;
+  int64_t engine_m = -1;
+  Config engine_config;
+  std::string engine_source;
+  std::string k_source;
 };
 /// "exact" | "nearest" | "default" | "forced".
 KDISPATCH_API const char* match_name(LookupResult::Match m) noexcept;

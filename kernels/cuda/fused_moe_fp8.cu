@@ -14,7 +14,7 @@ Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem&
   return moe_tu::launch_fp8_ref<DType::bf16>(la, p);
 }
 Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept {
-  return moe_tu::launch_mma<DType::fp8_e4m3fn, DType::bf16>(la, p, staged);
+  return moe_tu::launch_mma<DType::fp8_e4m3fn, DType::bf16>(la, p, staged, false);
 }
 void probe_fused_moe_fp8(KernelImage* out, const ProbeEnv&) noexcept {
   out[0] = image_of(moe::moe_up_split_kernel<DType::fp8_e4m3fn, DType::bf16>);

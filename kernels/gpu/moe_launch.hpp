@@ -96,10 +96,11 @@ constexpr int64_t moe_mma_fp8_workspace_bytes(const core::Problem& p) noexcept {
 /// sm_90 have it, sm_86 and sm_89 (99 KiB) do not.
 inline constexpr int64_t kMoeRingSmemBytes = 3 * (160 * 128 + 256);
 inline constexpr int64_t kMoeRingTwoBlocksOptin = 2 * (kMoeRingSmemBytes + 1024) - 1024;
-/// Pairs per expert (M * top_k / E) from which the bf16/fp16 ring kernels
-/// take items of 64 pairs (moe_mma.cuh kWideTiles) instead of 32: each
-/// expert's rows read once per 64 of its pairs (Mixtral-8x7B M = 256, 64
-/// per expert, and prefill). Not yet measured: a first guess.
+/// Pairs per expert (M * top_k / E) from which get_default gives the
+/// bf16/fp16 tensor-core plans block_m = 64: the ring kernels take items of
+/// 64 pairs (moe_mma.cuh kWideTiles) instead of 32, each expert's rows read
+/// once per 64 of its pairs (Mixtral-8x7B M = 256, 64 per expert, and
+/// prefill). Not yet measured: a first guess (the tuner races both).
 inline constexpr int64_t kMoeWidePairsPerExpert = 32;
 /// Pairs (M * top_k) per expert from which the tensor-core kernels serve
 /// (fused_moe's __mma, moe_gemm's __ring: get_default of both lists).
@@ -129,9 +130,10 @@ Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem&
 /// `staged`: the ring kernels (moe_mma.cuh moe_ring_kernel), else the direct ones.
 Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
 /// The tensor-core kernels (moe_mma.cuh; I and H multiples of 32, E <= 1024,
-/// 16-byte aligned rows).
-Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
-Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept;
+/// 16-byte aligned rows). `wide` (the plan's block_m = 64, staged only):
+/// items of 64 pairs, else 32.
+Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p, bool staged, bool wide) noexcept;
+Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem& p, bool staged, bool wide) noexcept;
 /// The grouped kernels (16-byte loads only).
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;

@@ -139,7 +139,7 @@ KernelImage ring_image(K* k, int64_t smem = moe_mma::kRingSmemBytes) noexcept {
 /// (W = fp8_e4m3fn, X = bf16): sort, quantise hidden, up, quantise a, down,
 /// reduce. W = X = bf16 or fp16 otherwise.
 template <DType W, DType X>
-Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept {
+Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool staged, bool wide) noexcept {
   static_assert(moe_mma::kMmaPairs == kMoeMmaPairs, "the workspace's items");
   static_assert(moe_mma::kRingSmemBytes == kMoeRingSmemBytes, "the list's rule (kMoeRingTwoBlocksOptin)");
   static_assert(moe_mma::kMmaThreads == kMoeMmaThreads && moe_mma::kSortThreads == kMoeSortThreads &&
@@ -188,9 +188,10 @@ Status launch_mma(const core::LaunchArgs& la, const core::Problem& p, bool stage
             td = staged ? moe_mma::ring_tiles(I * (kFp8 ? 1 : 2), down_tiles) : 1;
   const dim3 gemm_block(moe_mma::kMmaThreads), gu(static_cast<unsigned>((up_tiles + tu - 1) / tu), grid_y),
       gd(static_cast<unsigned>((down_tiles + td - 1) / td), grid_y);
-  // bf16/fp16 from kMoeWidePairsPerExpert pairs per expert: the wide items
-  // (64 pairs, moe_mma::kWideTiles), each expert's rows read once per 64.
-  const bool wide = !kFp8 && staged && P >= kMoeWidePairsPerExpert * p.extra[0];
+  // The plan's block_m = 64 (bf16/fp16, staged; the variant declines it
+  // elsewhere): the wide items (64 pairs, moe_mma::kWideTiles), each
+  // expert's rows read once per 64 of its pairs.
+  wide = wide && !kFp8 && staged;
   auto sort = moe_mma::moe_sort_kernel<W>;
   if constexpr (!kFp8)
     if (wide) sort = moe_mma::moe_sort_kernel<W, moe_mma::kWideTiles>;
@@ -268,12 +269,13 @@ void probe(KernelImage* out) noexcept {
 // CUDA only: the tensor-core kernels, and the grouped ones (slower than the
 // per-pair kernels at every point measured on the H200, so not ported).
 #if KDISPATCH_GPU_HAS_TILED
-#define KDISPATCH_MOE_TU_MMA(dt)                                                                               \
-  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept { \
-    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p, staged);                                            \
-  }                                                                                                            \
-  Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept {          \
-    return moe_tu::launch_grouped<DType::dt>(la, p);                                                           \
+#define KDISPATCH_MOE_TU_MMA(dt)                                                                      \
+  Status launch_fused_moe_mma_##dt(const core::LaunchArgs& la, const core::Problem& p, bool staged,   \
+                                   bool wide) noexcept {                                              \
+    return moe_tu::launch_mma<DType::dt, DType::dt>(la, p, staged, wide);                             \
+  }                                                                                                   \
+  Status launch_fused_moe_grouped_##dt(const core::LaunchArgs& la, const core::Problem& p) noexcept { \
+    return moe_tu::launch_grouped<DType::dt>(la, p);                                                  \
   }
 #else
 #define KDISPATCH_MOE_TU_MMA(dt)

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "api/engine_rows.hpp"
 #include "api/json_out.hpp"
 #include "api/runtime_impl.hpp"
 #include "core/op_spec.hpp"
@@ -255,11 +256,41 @@ bool from_table(const Runtime::Impl& impl, const LookupQuery& q, bool own, const
   return false;
 }
 
+// An own op's default shaped by an engine's row (api/engine_rows.hpp), as
+// an op call does: the first device-name candidate whose engine table holds
+// the call's engine key; the row, the mapping and k_source into res.
+core::Plan shape_by_engine(const Runtime::Impl& impl, const core::Problem& prob, const core::Plan& plan,
+                           const DeviceInfo& local, const DeviceNameResolution& dev, std::string& why,
+                           LookupResult& res) {
+  const core::OpSpec& spec = core::spec_of(prob.op);
+  if (spec.engine_rows.fields == nullptr) return plan;
+  table::EpochDomain::Guard guard(table::EpochDomain::global());
+  const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
+  for (const auto& name : dev.candidates) {
+    api::EngineRowHit hit;
+    if (!api::find_engine_row(*snap, impl.policy, spec, prob, name, &hit)) continue;
+    res.engine_key = hit.bucket->key;
+    res.engine_m = hit.bucket->ms[hit.index];
+    res.engine_config = snap->config(*hit.row);
+    res.engine_source = impl.sources.get(hit.row->source_id).second;
+    res.k_source = spec.engine_rows.k_source;
+    why += "; the engine's row " + res.engine_key + " M=" + std::to_string(res.engine_m) + " (from " +
+           res.engine_source + "; " + res.k_source + ": it serves any K)";
+    const core::Plan shaped = api::shape_by_engine_row(spec, plan, res.engine_config, prob, local, &why);
+    why += " -> " + core::plan_to_string(shaped);
+    return shaped;
+  }
+  char buf[256];
+  const size_t n = api::engine_key(spec, prob, dev.candidates.empty() ? "" : dev.candidates.front(), buf, sizeof buf);
+  if (n > 0) why += "; no engine row either (" + std::string(buf, n) + ")";
+  return plan;
+}
+
 // No table row: the op's default (get_default for own ops, the engines'
 // documented defaults for theirs).
-Status from_default(const std::string& op, const std::optional<core::OpKind>& own, const core::Problem& prob,
-                    DeviceType backend, const store::Fields& fields, const DeviceNameResolution& dev,
-                    const LookupQuery& q, std::string& why, LookupResult& res) {
+Status from_default(const Runtime::Impl& impl, const std::string& op, const std::optional<core::OpKind>& own,
+                    const core::Problem& prob, DeviceType backend, const store::Fields& fields,
+                    const DeviceNameResolution& dev, const LookupQuery& q, std::string& why, LookupResult& res) {
   res.match = LookupResult::Match::fallback;
   res.source = "default";
   res.table_m = -1;
@@ -273,10 +304,11 @@ Status from_default(const std::string& op, const std::optional<core::OpKind>& ow
     core::Plan plan = core::get_default(prob, *local);
     if (!plan.valid())
       return make_status(StatusCode::not_found, "no table row for " + res.key + " and no variant computes it");
-    res.config = core::plan_to_config(plan);
-    res.variant = std::string(plan.variant->name);
     why += "; get_default -> " + core::plan_to_string(plan);
     if (local->device_name != dev.canonical) why += " (heuristic evaluated for the local " + local->device_name + ")";
+    plan = shape_by_engine(impl, prob, plan, *local, dev, why, res);
+    res.config = core::plan_to_config(plan);
+    res.variant = std::string(plan.variant->name);
   } else if (op == store::kTritonFusedMoe) {
     why += "; ";
     res.config = fused_moe_default(fields, q.M, core::is_hip_device_name(dev.canonical), &why);
@@ -373,7 +405,7 @@ Result<LookupResult> lookup(const Runtime& rt, const LookupQuery& q) noexcept {
       }
     }
     if (from_table(impl, q, own.has_value(), cands, why, res)) return res;
-    if (Status s = from_default(op, own, prob, backend, fields, dev, q, why, res); !s.ok()) return s;
+    if (Status s = from_default(impl, op, own, prob, backend, fields, dev, q, why, res); !s.ok()) return s;
     return res;
   } catch (const std::bad_alloc&) {
     return make_status(StatusCode::out_of_memory, "lookup");
@@ -398,6 +430,12 @@ std::string lookup_result_to_json(const LookupResult& r) {
     w.value(r.variant);
   w.field("key", r.key).field("why", r.why);
   if (!r.note.empty()) w.field("note", r.note);
+  if (!r.engine_key.empty()) {
+    w.key("engine_row").begin_object().field("key", r.engine_key).field("M", r.engine_m).key("config");
+    config_to_json(w, r.engine_config);
+    w.field("source", r.engine_source).end_object();
+    w.field("k_source", r.k_source);
+  }
   w.end_object();
   return w.take();
 }

@@ -27,6 +27,7 @@
 
 #include <cstring>
 
+#include "api/engine_rows.hpp"
 #include "api/ops_impl.hpp"
 #include "api/runtime_impl.hpp"
 #include "api/validate.hpp"
@@ -48,6 +49,7 @@ struct Choice {
   int64_t table_m = -1;
   uint32_t source_id = 0;
   bool tuned_now = false;
+  bool engine_row = false;  ///< a default shaped by an engine's row (api/engine_rows.hpp)
 
   Choice() = default;
   /// A table row's answer (the memo hit: built in place, no zeroing first).
@@ -105,6 +107,7 @@ void set_info(const CallOptions& opts, const Choice& c) noexcept {
   opts.info->table_m = c.table_m;
   opts.info->source_id = c.source_id;
   opts.info->tuned_now = c.tuned_now;
+  opts.info->k_source = c.engine_row ? core::spec_of(c.plan.variant->op).engine_rows.k_source : "";
 }
 
 [[gnu::cold, gnu::noinline]] void fill_info(Runtime::Impl& impl, Call& call, const Choice& c) noexcept {
@@ -151,6 +154,7 @@ void set_info(const CallOptions& opts, const Choice& c) noexcept {
     c.source = PlanSource::fallback;
     c.table_m = -1;
     c.source_id = 0;
+    c.engine_row = false;
     if (call.opts.info) set_info(call.opts, c);
     st = c.plan.variant->launch(call.la, call.p, c.plan.params);
   }
@@ -285,8 +289,24 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
   return Status();
 }
 
+// No row of the op's own key: an engine's row for the call shapes
+// get_default's plan (core::EngineRows; the op's spec has them). Still a
+// default: not memoised, and the tuner sees the miss.
+[[gnu::cold, gnu::noinline]] void shape_by_engine(Runtime::Impl& impl, const core::Problem& p, const DeviceInfo& dev,
+                                                  Choice* c) noexcept {
+  const core::OpSpec& spec = core::spec_of(p.op);
+  table::EpochDomain::Guard guard(table::EpochDomain::global());
+  const table::Snapshot* snap = impl.table.current.load(std::memory_order_seq_cst);
+  api::EngineRowHit hit;
+  if (!api::find_engine_row(*snap, impl.policy, spec, p, dev.device_name, &hit)) return;
+  c->plan = api::shape_by_engine_row(spec, c->plan, snap->config(*hit.row), p, dev, nullptr);
+  c->table_m = hit.bucket->ms[hit.index];
+  c->source_id = hit.row->source_id;
+  c->engine_row = true;
+}
+
 // Everything but a memo hit: the device, the binary key, a forced plan, the
-// table, get_default. Returns the choice in *c.
+// table, get_default (an engine's row may shape it). Returns the choice in *c.
 [[gnu::noinline]] Status choose_full(Runtime::Impl& impl, Call& call, Choice* c) noexcept {
   const core::Problem& p = call.p;
   const DeviceInfo* dev = impl.device_for(p.device);
@@ -320,6 +340,8 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
     *c = Choice{};
     c->plan = default_plan(impl, p, *dev);
     if (!c->plan.valid()) return core::no_variant_computes(p);
+    if (core::spec_of(p.op).engine_rows.fields != nullptr) [[unlikely]]
+      shape_by_engine(impl, p, *dev, c);
   }
   return Status();
 }

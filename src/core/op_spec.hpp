@@ -19,6 +19,7 @@
 // names an op.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -252,6 +253,33 @@ struct RefArgs {
   float scalar[kMaxScalars] = {};
 };
 
+/// An engine config field that maps onto a param of kdispatch's plan
+/// (EngineRows): SGLang's "BLOCK_SIZE_M" onto fused_moe's "block_m".
+struct EngineParam {
+  std::string_view field;  ///< the engine row's field (an integer)
+  std::string_view param;  ///< the plan variant's param: the nearest allowed value (ties: the smaller)
+};
+
+/// An engine's tuned rows that shape an op's default where kdispatch has no
+/// row of its own for the call (issue 35 item 4: SGLang's fused-MoE files
+/// drive fused_moe). The default plan (get_default) keeps its variant; each
+/// mapped param takes the nearest allowed value to the engine row's field,
+/// unless the variant then declines the call. A kdispatch row of the op's
+/// own key (tuned, or in configs/) always outranks the engine's row.
+struct EngineRows {
+  /// The engine table kind ("triton_fused_moe"); empty: none.
+  std::string_view table;
+  /// Writes the engine key's fields for `p` in canonical order ("E=128,
+  /// N=768" or "E=257,N=256,block_shape=[128,128],dtype=fp8_w8a8") into buf
+  /// (no terminator); returns the length, 0 when the engine has no key for
+  /// `p` or it does not fit cap.
+  size_t (*fields)(const Problem& p, char* buf, size_t cap) noexcept = nullptr;
+  std::span<const EngineParam> params;
+  /// What the engine's row does not know, said where it serves
+  /// (DispatchInfo::k_source, lookup --json): "sglang file without K".
+  const char* k_source = "";
+};
+
 struct OpSpec {
   OpKind op = OpKind::gemm;
   std::string_view name;
@@ -302,6 +330,8 @@ struct OpSpec {
   /// The float64 reference: computes the write and read_write slots of
   /// `a` from the read ones (read_write slots hold their inputs on entry).
   void (*reference)(const Problem& p, const RefArgs& a) = nullptr;
+  /// An engine's rows that shape the default where kdispatch has none.
+  EngineRows engine_rows{};
 
   constexpr int slot_count() const noexcept { return static_cast<int>(slots.size()); }
   constexpr uint32_t written_slots() const noexcept {

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/numeric.hpp"
 #include "core/op_spec.hpp"
@@ -186,6 +187,21 @@ inline void reference(const Problem& p, const RefArgs& r) {
 
 inline double flops(const Problem& p) { return 6.0 * p.m * p.extra[1] * p.n * p.k; }
 
+/// SGLang's fused-MoE file key of a problem (EngineRows::fields):
+/// E=<E>,N=<I>, and for block fp8 block_shape=[128,128],dtype=fp8_w8a8
+/// (SGLang's get_config_file_name; its bf16/fp16 files name no dtype), in
+/// the table's canonical order (byte order of the names).
+inline size_t sglang_fields(const Problem& p, char* buf, size_t cap) noexcept {
+  const bool block_fp8 = p.in_dtype == DType::fp8_e4m3fn && p.has_bias;
+  if (p.in_dtype == DType::fp8_e4m3fn && !block_fp8) return 0;
+  const int n = std::snprintf(buf, cap, "E=%lld,N=%lld%s", static_cast<long long>(p.extra[0]),
+                              static_cast<long long>(p.n), block_fp8 ? ",block_shape=[128,128],dtype=fp8_w8a8" : "");
+  return n > 0 && static_cast<size_t>(n) < cap ? static_cast<size_t>(n) : 0;
+}
+/// SGLang's BLOCK_SIZE_M is the tensor-core plans' block_m: the sorted pairs
+/// of a work item (docs/moe.md: the rule).
+inline constexpr EngineParam kSglangParams[] = {{"BLOCK_SIZE_M", "block_m"}};
+
 inline constexpr OpSpec kSpec{
     .op = OpKind::fused_moe,
     .name = "fused_moe",
@@ -218,6 +234,10 @@ inline constexpr OpSpec kSpec{
     .quantized_tolerance = {3e-2, 3e-2},
     .flops = &flops,
     .reference = &reference,
+    .engine_rows = {.table = "triton_fused_moe",
+                    .fields = &sglang_fields,
+                    .params = kSglangParams,
+                    .k_source = "sglang file without K"},
 };
 
 }  // namespace fused_moe_spec
