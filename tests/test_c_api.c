@@ -11,9 +11,9 @@
 #include <dispatch/c_api.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -450,6 +450,17 @@ static void test_runtime_functions(void) {
   ty = f32_2d(y, 5, 64);
   EXPECT(KDISPATCH_OK, kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), dl(&tw), 1e-6f, NULL, 0, &info));
   CHECK(info.source == 0 && info.table_m == 8 && strcmp(info.variant, "rmsnorm_fp32__vec") == 0);
+  CHECK(info.k_source != NULL && strcmp(info.k_source, "") == 0); /* no engine row shaped it */
+  { /* a caller built before k_source: its struct size is accepted, k_source left alone */
+    kdispatch_dispatch_info old;
+    memset(&old, 0, sizeof old);
+    old.struct_size = (uint32_t)offsetof(kdispatch_dispatch_info, k_source);
+    old.k_source = "untouched";
+    EXPECT(KDISPATCH_OK, kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), dl(&tw), 1e-6f, NULL, 0, &old));
+    CHECK(old.source == 0 && old.table_m == 8 && strcmp(old.k_source, "untouched") == 0);
+    old.struct_size = 12;
+    EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_rmsnorm(rt, dl(&ty), dl(&tx), dl(&tw), 1e-6f, NULL, 0, &old));
+  }
 
   char* path = NULL;
   char* sdir = NULL;

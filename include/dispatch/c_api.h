@@ -401,6 +401,12 @@ typedef struct kdispatch_dispatch_info {
   int64_t table_m;      /* the table's M key that served, -1 for a default plan */
   uint32_t source_id;   /* config source of the row (0 for a default); see kdispatch_runtime_source_path */
   int32_t tuned_now;    /* 1 when the call tuned the shape itself (sync tuning) */
+  /* Since 0.1 of 2026-12: non-empty when an engine's tuned row shaped the
+     default plan (fused_moe with SGLang's fused-MoE files and no kdispatch
+     row): "sglang file without K"; table_m and source_id then name that
+     row. Static storage. A caller built before it passes the struct's old
+     size (offsetof(kdispatch_dispatch_info, k_source)): accepted, not written. */
+  const char* k_source;
 } kdispatch_dispatch_info;
 
 /** The config file (relative to its dir) and its dir of a source id from

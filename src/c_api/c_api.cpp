@@ -9,9 +9,9 @@
 #include "dispatch/c_api.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -238,9 +238,12 @@ kdispatch_status make_handle(dispatch::Result<std::unique_ptr<dispatch::Runtime>
   return ok();
 }
 
+constexpr uint32_t kInfoSizeBeforeKSource = offsetof(kdispatch_dispatch_info, k_source);
+
 Status to_info(kdispatch_dispatch_info* info, dispatch::DispatchInfo* di, dispatch::CallOptions* co) noexcept {
   if (info == nullptr) return Status();
-  if (info->struct_size != sizeof(kdispatch_dispatch_info))
+  // The struct's size now, or before k_source was added (not written then).
+  if (info->struct_size != sizeof(kdispatch_dispatch_info) && info->struct_size != kInfoSizeBeforeKSource)
     return dispatch::make_status(StatusCode::invalid_argument, "info->struct_size is " +
                                                                    std::to_string(info->struct_size) + ", expected " +
                                                                    std::to_string(sizeof(kdispatch_dispatch_info)));
@@ -255,6 +258,7 @@ void from_info(const dispatch::DispatchInfo& di, kdispatch_dispatch_info* info) 
   info->table_m = di.table_m;
   info->source_id = di.source_id;
   info->tuned_now = di.tuned_now ? 1 : 0;
+  if (info->struct_size == sizeof(kdispatch_dispatch_info)) info->k_source = di.k_source ? di.k_source : "";
 }
 
 // DLTensors in argument order -> TensorRefs, by the op's row of op_list():

@@ -105,7 +105,7 @@ class TuneStats(Structure):
 class DispatchInfo(Structure):
     """kdispatch_dispatch_info."""
     _fields_ = [("struct_size", c_uint32), ("source", c_int32), ("variant", c_char_p), ("table_m", c_int64),
-                ("source_id", c_uint32), ("tuned_now", c_int32)]
+                ("source_id", c_uint32), ("tuned_now", c_int32), ("k_source", c_char_p)]
 
 
 class LookupQuery(Structure):
@@ -434,7 +434,7 @@ _SOURCES = ("table", "default", "forced")
 def info_dict(i):
     return {"source": _SOURCES[i.source] if 0 <= i.source <= 2 else "?",
             "variant": (i.variant or b"").decode(), "M": i.table_m if i.table_m >= 0 else None,
-            "source_id": i.source_id, "tuned_now": bool(i.tuned_now)}
+            "source_id": i.source_id, "tuned_now": bool(i.tuned_now), "k_source": (i.k_source or b"").decode()}
 
 
 class Handle:

@@ -407,7 +407,8 @@ def _doc(o):
             lines.append(f"  {x['name']}: float (default {x['default']:g})")
     lines += ["stream: a CUDA/HIP stream (int or an object with .cuda_stream) for GPU arrays; capturing: the "
               "stream is being captured into a graph. Returns None, or with info=True a dict: {\"source\": "
-              "\"table\"|\"default\"|\"forced\", \"variant\", \"M\", \"source_id\", \"tuned_now\"}."]
+              "\"table\"|\"default\"|\"forced\", \"variant\", \"M\", \"source_id\", \"tuned_now\", \"k_source\" "
+              "(non-empty where an engine's row shaped the default: fused_moe with SGLang's files)}."]
     return "\n".join(lines)
 
 

@@ -423,6 +423,7 @@ py::object info_dict(const kdispatch_dispatch_info& i) {
   d["M"] = i.table_m >= 0 ? py::object(py::int_(i.table_m)) : py::object(py::none());
   d["source_id"] = i.source_id;
   d["tuned_now"] = i.tuned_now != 0;
+  d["k_source"] = i.k_source ? i.k_source : "";
   return d;
 }
 
