@@ -332,6 +332,18 @@ TEST_CASE("fused_moe: an SGLang row shapes the default where kdispatch has none,
   CHECK(kdtest::contains(json, R"("engine_row": {"key": "triton/triton_fused_moe|)"));
   CHECK(kdtest::contains(json, R"("k_source": "sglang file without K")"));
 
+  // A row of fused_moe's own key (with K and top_k) beside SGLang's file outranks it.
+  kdtest::write_text(
+      dir / "cpu" / "fused_moe" / store::own_file_name(core::OpKind::fused_moe, "E=2,K=2,N=1,dtype=fp32,top_k=2", dev),
+      R"({"kdispatch": {"tool": "kdispatch 0.1.0"}, "1": {"variant": "fused_moe_fp32__ref"}})");
+  auto own = kdtest::make_runtime(opt);
+  DispatchInfo info3;
+  o.info = &info3;
+  REQUIRE(fused_moe(*own, t.args(), {}, o).ok());
+  CHECK(info3.source == PlanSource::table);
+  CHECK(std::string(info3.variant) == "fused_moe_fp32__ref");
+  CHECK(std::string(info3.k_source).empty());
+
   // Without the file: a plain default, no engine row named.
   auto plain = kdtest::make_runtime([] {
     RuntimeOptions p = kdtest::options_for({});
@@ -345,9 +357,7 @@ TEST_CASE("fused_moe: an SGLang row shapes the default where kdispatch has none,
   CHECK(info2.table_m == -1);
 }
 
-TEST_CASE(
-    "fused_moe: SGLang's BLOCK_SIZE_M maps onto the CUDA tensor-core plans' block_m (the nearest; a decline keeps the "
-    "default)") {
+TEST_CASE("fused_moe: SGLang's BLOCK_SIZE_M maps onto the CUDA tensor-core plans' block_m, the nearest value") {
   const core::VariantDef* bf16 = core::find_variant("fused_moe_bf16__mma");
   const core::VariantDef* fp8 = core::find_variant("fused_moe_fp8_e4m3fn__mma");
   if (bf16 == nullptr || fp8 == nullptr) return;  // no CUDA backend in this build

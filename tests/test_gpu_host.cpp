@@ -264,12 +264,13 @@ TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a desc
       const char* plan;
     };
     const Want wants[] = {
-        {moe(DType::bf16, 16, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true}"},   // 4 pairs/expert
-        {moe(DType::bf16, 128, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true}"},  // 32 pairs/expert
-        {moe(DType::bf16, 4, 8, 2, 2048, 768), "fused_moe_bf16__split{}"},             // 1 pair/expert
-        {moe(DType::bf16, 16, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},             // I % 32: no __mma
-        {moe(DType::bf16, 128, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},            // the same, past 32
-        {moe(DType::fp8_e4m3fn, 64, 256, 8, 7168, 256), "fused_moe_fp8_e4m3fn__mma{staged=true}"},
+        {moe(DType::bf16, 16, 8, 2, 2048, 768), "fused_moe_bf16__mma{staged=true,block_m=32}"},  // 4 pairs/expert
+        {moe(DType::bf16, 128, 8, 2, 2048, 768),
+         "fused_moe_bf16__mma{staged=true,block_m=64}"},                     // 32 pairs/expert: wide
+        {moe(DType::bf16, 4, 8, 2, 2048, 768), "fused_moe_bf16__split{}"},   // 1 pair/expert
+        {moe(DType::bf16, 16, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},   // I % 32: no __mma
+        {moe(DType::bf16, 128, 8, 2, 2048, 40), "fused_moe_bf16__split{}"},  // the same, past 32
+        {moe(DType::fp8_e4m3fn, 64, 256, 8, 7168, 256), "fused_moe_fp8_e4m3fn__mma{staged=true,block_m=32}"},
         {moe(DType::fp8_e4m3fn, 4096, 2048, 1, 1024, 256), "fused_moe_fp8_e4m3fn__split{}"},  // E > 1024
     };
     for (const Want& w : wants) {
@@ -288,12 +289,12 @@ TEST_CASE("gpu host: get_default gives a supported, non-reference plan on a desc
       for (int i = static_cast<int>(plan.variant->params.size()); i < dispatch::core::kMaxParams; ++i)
         CHECK(plan.params[i] == 0);
     }
-    // A row or a forced plan naming __mma without "staged": staged (its default).
+    // A row or a forced plan naming __mma without "staged" or "block_m": staged, 32-pair items (the defaults).
     dispatch::Config bare;
     bare.emplace_back("variant", dispatch::ConfigValue::string("fused_moe_bf16__mma"));
     const auto staged = dispatch::core::plan_from_config(bare, OpKind::fused_moe, t);
     REQUIRE(staged.ok());
-    CHECK(dispatch::core::plan_to_string(*staged) == "fused_moe_bf16__mma{staged=true}");
+    CHECK(dispatch::core::plan_to_string(*staged) == "fused_moe_bf16__mma{staged=true,block_m=32}");
   }
 }
 
