@@ -100,10 +100,13 @@ inline constexpr int64_t kMoeRingTwoBlocksOptin = 2 * (kMoeRingSmemBytes + 1024)
 /// bf16/fp16 tensor-core plans block_m = 64: the ring kernels take items of
 /// 64 pairs (moe_mma.cuh kWideTiles) instead of 32, each expert's rows read
 /// once per 64 of its pairs (Mixtral-8x7B M = 256, 64 per expert, and
-/// prefill). Not yet measured: a first guess (the tuner races both).
+/// prefill). A first guess, measured once: Qwen3-30B-A3B bf16 M = 1024 (64
+/// per expert) on an H200, 574 us wide vs 581 us with 32-pair items (an A/A
+/// spread of 1 %; bench/results/h200_moe.md, 2026-12-06); the tuner races
+/// both.
 inline constexpr int64_t kMoeWidePairsPerExpert = 32;
-/// Pairs (M * top_k) per expert from which the tensor-core kernels serve
-/// (fused_moe's __mma, moe_gemm's __ring: get_default of both lists).
+/// Pairs (M * top_k) per expert from which fused_moe's tensor-core kernels
+/// serve (its get_default; moe_gemm's takes its ring at every count).
 /// Measured with the ring kernels on an H100 (bench/results/h200_moe.md,
 /// 2026-12-05, commit 9017a82), each forced beside the default: they beat
 /// the split kernels from 2.24 pairs per expert (DeepSeek-V3 block fp8 M =
