@@ -391,11 +391,24 @@ TEST_CASE("moe_gemm: under expert parallelism (align over the global experts) ev
   CHECK(out == std::vector<float>{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 8, 14, 8});
 }
 
-// No variant takes a workspace: OpSpec::uses_workspace stays off, so the
-// torch op attaches none and the tuner takes none.
-TEST_CASE("moe_gemm: op_list() says it takes no workspace (it uses none)") {
+// Block fp8's ring (CUDA) quantises a once into the call's workspace: the
+// op takes one (the torch op attaches it, the tuner gives one), M * K bytes
+// of codes and M * K / 128 fp32 scales, each part 256-byte aligned; the CPU
+// and the bf16/fp16 variants take none.
+TEST_CASE("moe_gemm: op_list() says it takes a workspace, block fp8's ring's: a quantised once") {
   for (const OpInfo& op : op_list())
-    if (op.name == "moe_gemm") CHECK_FALSE(op.uses_workspace);
+    if (op.name == "moe_gemm") CHECK(op.uses_workspace);
+  const std::string fp8 = "E=257,K=7168,N=512,block_size=64,dtype=fp8_e4m3fn,block_shape=[128,128],top_k=9";
+  auto cpu = workspace_bytes("moe_gemm", fp8, 16, DeviceType::cpu);
+  REQUIRE_MESSAGE(cpu.ok(), cpu.status().to_string());
+  CHECK(*cpu == 0);
+  auto cuda = workspace_bytes("moe_gemm", fp8, 16, DeviceType::cuda);
+  REQUIRE_MESSAGE(cuda.ok(), cuda.status().to_string());
+  if (!core::variants_for(core::OpKind::moe_gemm, DeviceType::cuda).empty())
+    CHECK(*cuda == 16 * 7168 + 16 * 56 * 4);  // 114688 codes + 3584 bytes of scales, both multiples of 256
+  auto bf16 = workspace_bytes("moe_gemm", "E=128,K=2048,N=1536,block_size=16,dtype=bf16,top_k=8", 16, DeviceType::cuda);
+  REQUIRE_MESSAGE(bf16.ok(), bf16.status().to_string());
+  CHECK(*bf16 == 0);
 }
 
 // The tuner poisons pure outputs and rejects a candidate that leaves an

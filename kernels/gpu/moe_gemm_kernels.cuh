@@ -21,7 +21,9 @@
 //    scaled by its weight block scale and the group's scale.
 //  - reference: one thread per (sorted position, output column), the same
 //    sums in K order (the validation baseline).
-// No workspace, no atomics: each output row is written by one block.
+//  - ring (CUDA): tensor cores on fused_moe's ring (below); block fp8 takes
+//    a workspace for a quantised once (moe_gemm_fp8_ring_workspace_bytes).
+// No atomics: each output row is written by one block.
 #pragma once
 
 #include <climits>
@@ -212,12 +214,26 @@ namespace mm = moe_mma;
 /// id (outside [0, pairs)) reads zeros and writes nothing, an item of
 /// padding only is skipped, a non-local expert's block writes zeros. N a
 /// multiple of 32, K of 8, rows 16-byte aligned (ring_fits).
+// Block fp8 (DT fp8_e4m3fn, 32-position items): a quantised first into
+// the workspace (Quant: xq [M, K] e4m3fn codes, xs [M, K / 128] scales, the
+// op's 1x128-group rule, moe_mma::moe_quant_kernel), the ring's stages one
+// 128-group each with the pairs' and the row tile's scales beside the data
+// (fused_moe's down ring: `fp8` the MmaArgs it reads them from); out bf16.
+// N and K multiples of 128.
+struct Quant {
+  const uint8_t* xq = nullptr;
+  const float* xs = nullptr;
+};
+
 template <DType DT, int PT>
-KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, int tiles, int per_block, int64_t y, unsigned char* ring_smem,
-                                       int* last) {
+KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, const Quant& qa, const mm::MmaArgs* fp8, int tiles, int per_block,
+                                       int64_t y, unsigned char* ring_smem, int* last) {
   namespace sk = gemm_skinny_mma;
-  using S = typename Elem<DT>::S;
+  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  using O = Elem<kFp8 ? DType::bf16 : DT>;  // a's and out's
+  using S = typename O::S;
   using R = mm::RingLoads<DT, false, PT>;
+  constexpr int64_t kEB = kFp8 ? 1 : 2;  // bytes of a weight element (and of a quantised a element)
   constexpr int kPairs = 8 * PT;
   const int64_t b = y / per_block;
   const int64_t first = b * g.bs + (y % per_block) * kPairs;
@@ -245,12 +261,12 @@ KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, int tiles, int per_block, 
     for (int c = 0; c < count; ++c)
       if (const int64_t s = pair(c); s >= 0)
         for (int64_t r = r0 + static_cast<int64_t>(threadIdx.x); r < r1; r += mm::kMmaThreads)
-          Elem<DT>::store1(static_cast<S*>(g.out) + s * g.ldo + r, 0.f);
+          O::store1(static_cast<S*>(g.out) + s * g.ldo + r, 0.f);
     return;
   }
   R ld;
-  ld.m = nullptr, ld.lane = lane, ld.warp = warp, ld.nt = (count + 7) / 8;
-  ld.kbytes = g.K * 2, ld.ldw = g.ldw * 2, ld.tile0 = tile0, ld.extent = g.N, ld.expert = e;
+  ld.m = fp8, ld.lane = lane, ld.warp = warp, ld.nt = (count + 7) / 8;
+  ld.kbytes = g.K * kEB, ld.ldw = g.ldw * kEB, ld.tile0 = tile0, ld.extent = g.N, ld.expert = e;
   ld.ring = sk::smem_addr(ring_smem), ld.scales = ld.ring + mm::kRingStages * mm::kRingStageBytesOf<PT>;
   ld.evict_first = mm::evict_first_policy();
   const auto* wexp = static_cast<const unsigned char*>(g.w) + e * g.N * ld.ldw;
@@ -261,9 +277,15 @@ KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, int tiles, int per_block, 
   for (int h = 0; h < R::kBRows; ++h) {
     const int64_t s = pair(warp * 4 + (lane >> 3) + 16 * h);
     ld.bok[h] = s >= 0;
-    ld.bsrc[h] = static_cast<const unsigned char*>(g.a) + (s >= 0 ? s / g.top_k : 0) * g.lda * 2;
+    const int64_t t = s >= 0 ? s / g.top_k : 0;
+    ld.bsrc[h] = kFp8 ? qa.xq + t * g.K : static_cast<const unsigned char*>(g.a) + t * g.lda * 2;
   }
   ld.asrc = nullptr, ld.aok = false;
+  if constexpr (kFp8) {  // warp 0's lane c: the scales of position c's token
+    const int64_t s = pair(lane);
+    ld.aok = s >= 0;
+    ld.asrc = qa.xs + (s >= 0 ? s / g.top_k : 0) * (g.K / 128);
+  }
   // The epilogue reads each C column's id and weight again (L1) rather than holding 2 PT of them in registers.
   mm::ring_loop<DT, false, PT>(ld, q, tiles, ring_smem, [&](int64_t r, const float(&acc)[2][PT][4]) {
 #pragma unroll
@@ -276,8 +298,8 @@ KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, int tiles, int per_block, 
         S* o = static_cast<S*>(g.out) + s * g.ldo + r + gr;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-          Elem<DT>::store1(o + t * 16, acc[t][j][c] * w);
-          Elem<DT>::store1(o + t * 16 + 8, acc[t][j][c + 2] * w);
+          O::store1(o + t * 16, acc[t][j][c] * w);
+          O::store1(o + t * 16 + 8, acc[t][j][c + 2] * w);
         }
       }
   });
@@ -285,12 +307,15 @@ KDISPATCH_DEVICE_INLINE void ring_item(const Args& g, int tiles, int per_block, 
 
 template <DType DT, int PT>
 __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(mm::kMmaThreads, 3)
-    moe_gemm_ring_kernel(Args g, int tiles, int per_block, int64_t items) {
+    moe_gemm_ring_kernel(Args g, Quant qa, int tiles, int per_block, int64_t items) {
   port::grid_dependency_wait_and_release();
   extern __shared__ __align__(128) unsigned char ring_smem[];
   __shared__ int last;
+  mm::MmaArgs fp8{};  // block fp8: what fused_moe's down ring reads its weight scales from
+  if constexpr (DT == DType::fp8_e4m3fn)
+    fp8.g.s2 = g.ws, fp8.g.lds2 = g.ldws, fp8.g.H = g.N;  // the down ring's rows: N, its scales [E, N/128, ..]
   for (int64_t y = blockIdx.y; y < items; y += gridDim.y) {
-    ring_item<DT, PT>(g, tiles, per_block, y, ring_smem, &last);
+    ring_item<DT, PT>(g, qa, &fp8, tiles, per_block, y, ring_smem, &last);
     __syncthreads();  // every warp past the item's ring and its `last` before the next item's
   }
 }
@@ -333,6 +358,15 @@ inline bool ring_fits(const Args& g) noexcept {
   return g.N % 32 == 0 && g.K % 8 == 0 && aligned(g.a) && aligned(g.w) && (g.ldw * 2) % 16 == 0 &&
          (g.pairs == g.top_k || (g.lda * 2) % 16 == 0);
 }
+/// Block fp8's ring: N and K multiples of 128, w 16-byte aligned with
+/// 16-byte rows, a 8-byte aligned with 8-byte rows (the quantisation's
+/// loads), and a workspace of moe_gemm_fp8_ring_workspace_bytes.
+inline bool ring_fits_fp8(const core::LaunchArgs& la, const core::Problem& p, const Args& g) noexcept {
+  auto aligned = [](const void* q, uintptr_t b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
+  return g.N % 128 == 0 && g.K % 128 == 0 && aligned(g.w, 16) && g.ldw % 16 == 0 && aligned(g.a, 8) &&
+         (p.m == 1 || (g.lda * 2) % 8 == 0) && la.workspace != nullptr && aligned(la.workspace, 256) &&
+         la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p);
+}
 
 /// The ring kernel's launch: (ceil(N / 128 / tiles), min(items, 65535)),
 /// items of 64 positions (moe_mma::kWideTiles) where block_size is 64 or
@@ -340,21 +374,37 @@ inline bool ring_fits(const Args& g) noexcept {
 template <DType DT>
 Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
   static_assert(mm::kRingSmemBytes == kMoeRingSmemBytes && mm::kMmaThreads == kMoeMmaThreads, "the list's image check");
-  const bool wide = g.bs >= 8 * mm::kWideTiles;
+  constexpr bool kFp8 = DT == DType::fp8_e4m3fn;
+  const bool wide = !kFp8 && g.bs >= 8 * mm::kWideTiles;  // block fp8: 32-position items (its ring's scales)
   const int64_t pairs = wide ? 8 * mm::kWideTiles : mm::kMmaPairs;
   const int64_t per_block = (g.bs + pairs - 1) / pairs, items = blocks * per_block;
   const int64_t row_tiles = (g.N + mm::RingLoads<DT, false>::kTileRows - 1) / mm::RingLoads<DT, false>::kTileRows;
-  const int tiles = mm::ring_tiles(g.K * 2, row_tiles);
+  const int tiles = mm::ring_tiles(g.K * (kFp8 ? 1 : 2), row_tiles);
   if (items < 1) return Status();
   const LaunchScope on(la, p);
+  Quant qa;
+  port::Error e = port::kSuccess;
+  if constexpr (kFp8) {  // a quantised per 1x128 group: xq [M, K] codes, then xs [M, K / 128] (256-byte aligned)
+    auto* xq = static_cast<uint8_t*>(la.workspace);
+    auto* xs = reinterpret_cast<float*>(xq + moe_round256(p.m * g.K));
+    qa.xq = xq, qa.xs = xs;
+    e = port::launch(mm::moe_quant_kernel<uint16_t>,
+                     dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((g.K / 128 + 7) / 8)),
+                     dim3(kMoeQuantThreads), on.stream, on.pdl, static_cast<const uint16_t*>(g.a), g.lda, g.K, xq, g.K,
+                     xs, g.K / 128);
+    if (e != port::kSuccess) return port::status(e, "moe_gemm quantisation kernel launch");
+  }
   const dim3 grid(static_cast<unsigned>((row_tiles + tiles - 1) / tiles),
                   static_cast<unsigned>(items < 65535 ? items : 65535));
-  const port::Error e =
-      wide ? port::launch_smem(moe_gemm_ring_kernel<DT, mm::kWideTiles>, grid, dim3(mm::kMmaThreads),
-                               mm::kRingSmemBytesOf<mm::kWideTiles>, on.stream, on.pdl, g, tiles,
-                               static_cast<int>(per_block), items)
-           : port::launch_smem(moe_gemm_ring_kernel<DT, mm::kMmaTiles>, grid, dim3(mm::kMmaThreads), mm::kRingSmemBytes,
-                               on.stream, on.pdl, g, tiles, static_cast<int>(per_block), items);
+  if (wide) {
+    if constexpr (!kFp8)
+      e = port::launch_smem(moe_gemm_ring_kernel<DT, mm::kWideTiles>, grid, dim3(mm::kMmaThreads),
+                            mm::kRingSmemBytesOf<mm::kWideTiles>, on.stream, on.pdl, g, qa, tiles,
+                            static_cast<int>(per_block), items);
+  } else {
+    e = port::launch_smem(moe_gemm_ring_kernel<DT, mm::kMmaTiles>, grid, dim3(mm::kMmaThreads), mm::kRingSmemBytes,
+                          on.stream, on.pdl, g, qa, tiles, static_cast<int>(per_block), items);
+  }
   return port::status(e, "moe_gemm ring kernel launch");
 }
 #endif
@@ -377,6 +427,8 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
 #if KDISPATCH_GPU_HAS_TILED
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
+  if constexpr (W == DType::fp8_e4m3fn)
+    if (f == Family::ring && ring_fits_fp8(la, p, g)) return launch_ring<W>(la, p, g, blocks);
 #endif
   if (f == Family::ring) f = vec_fits<W, X>(g) ? Family::vec : Family::generic;  // what the tensors allow
   const LaunchScope on(la, p);
@@ -405,6 +457,10 @@ void probe(KernelImage* out) noexcept {
   if constexpr (W == X && W != DType::fp8_e4m3fn) {
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);
     out[4] = image_with_smem(moe_gemm_ring_kernel<W, mm::kWideTiles>, mm::kRingSmemBytesOf<mm::kWideTiles>);
+  }
+  if constexpr (W == DType::fp8_e4m3fn) {  // [4]: the quantisation kernel (no wide items in fp8)
+    out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);
+    out[4] = image_of(mm::moe_quant_kernel<uint16_t>);
   }
 #endif
 }

@@ -26,12 +26,22 @@ inline constexpr int kSplitWarps = 4, kRefThreads = 256;
 /// Kernel images a TU has: the families', then [4] ring with 64-position
 /// items (ring: CUDA's bf16 and fp16 only; its threads and shared memory
 /// are fused_moe's ring kernels', gpu/moe_launch.hpp).
+/// The fp8 TU's [4] is its quantisation kernel (block fp8's ring: no wide
+/// items).
 inline constexpr int kImages = 5;
-inline constexpr int kWideRingImage = 4;
+inline constexpr int kWideRingImage = 4, kFp8QuantImage = 4;
 
 }  // namespace dispatch::gpu::moe_gemm
 
 namespace dispatch::KDISPATCH_GPU_NS {
+
+/// Block fp8's ring workspace: a [M, K] quantised once, e4m3fn codes and
+/// their 1x128-group scales [M, K / 128] fp32, each part 256-byte aligned
+/// (kernels/gpu/moe_gemm_kernels.cuh launch_ring; saturates).
+constexpr int64_t moe_gemm_fp8_ring_workspace_bytes(const core::Problem& p) noexcept {
+  const MoeWide codes = MoeWide{p.m} * p.k, scales = MoeWide{p.m} * ((p.k + 127) / 128) * 4;
+  return moe_saturate(moe_round256w(codes) + moe_round256w(scales));
+}
 
 /// Enqueues family `f` of moe_gemm on la.stream: bf16 or fp16 weights and
 /// activations, or (fp8, CUDA only) e4m3fn weights with block scales and

@@ -219,6 +219,9 @@ constexpr OpSpec make_spec() {
                 "E, N and K must be >= 1, got shape "};
   std::copy(std::begin(kDimNames), std::end(kDimNames), s.dim_names);
   s.align_slots = (1u << kMoeGemmArgA) | (1u << kMoeGemmArgW) | (1u << kMoeGemmArgOut);
+  // Block fp8's ring quantises a once into the call's workspace (CUDA; a
+  // call given less runs the split kernels).
+  s.uses_workspace = true;
   // One GEMM over K in fp32, rounded once to the out dtype (gemm's budget).
   s.tolerance[int(DType::fp32)] = {1e-5, 1e-4};
   s.tolerance[int(DType::fp16)] = {1e-3, 2e-3};

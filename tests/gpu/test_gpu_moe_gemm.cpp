@@ -4,10 +4,11 @@
 // (moe_gemm_spec::reference, the tolerance of the op's spec) on uniform
 // and skewed routings aligned on the host (moe_align_spec::align), bf16,
 // fp16 and block fp8 (CUDA), the up call (top_k 8, no routed weight) and
-// the down call (top_k 1, routed weight), block sizes 1 .. 64, K not a
+// the down call (top_k 1, routed weight), block sizes 1 .. 128, K not a
 // multiple of 8 (the element-wise kernel only), an expert that is not
 // local (zeros), padded a rows; out poisoned before each run, the rows of
-// pairs the sort drops checked unwritten. Every variant must run.
+// pairs the sort drops checked unwritten; each call given the workspace its
+// variants take (block fp8's ring). Every variant must run.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.hpp"
 #include "core/routing.hpp"
 #include "dispatch/ops.hpp"
 #include "dispatch/runtime.hpp"
@@ -160,6 +162,10 @@ struct GemmCase {
     dispatch::DispatchInfo info;
     dispatch::CallOptions o;
     o.info = &info;
+    // What the op's variants take (block fp8's ring: a quantised once); 0 for the others.
+    const int64_t need = core::max_workspace_bytes(p);
+    DeviceBuffer dwork(mem, size_t(need > 0 ? need : 1));
+    o.workspace = dwork.get(), o.workspace_bytes = need;
     const Status st = dispatch::moe_gemm(**rt, g, dispatch::Stream{nullptr}, o);
     if (!st.ok()) return "call: " + st.to_string();
     *served = info.variant;
@@ -198,6 +204,10 @@ std::vector<GemmShape> gemm_shapes() {
       {40, 160, 200, 4, 4, 128, true},
       // ring: 2 32-position items a block (bs 48), the second partial, skewed
       {24, 96, 136, 6, 3, 48, false, true},
+      // block fp8's ring too (N and K multiples of 128): skewed with the routed weight; padded a
+      // rows, a drop and a block not local (every dtype runs them)
+      {64, 256, 384, 8, 4, 32, true, true},
+      {40, 384, 256, 4, 2, 16, false, false, 8, true, true},
   };
 }
 
