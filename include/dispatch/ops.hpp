@@ -45,11 +45,13 @@ struct DispatchInfo {
   uint32_t source_id = 0;
   /// The call searched configs itself (sync tuning) before running.
   bool tuned_now = false;
-  /// Non-empty when an engine's tuned row shaped the default plan (no row
-  /// of kdispatch's own key: fused_moe with SGLang's fused-MoE files; its
-  /// BLOCK_SIZE_M sets the plan's block_m): what that row does not know,
-  /// "sglang file without K" (SGLang's files are keyed without H). Then
-  /// table_m and source_id name the engine's row. Static storage.
+  /// Non-empty when the default plan was shaped by an engine's tuned row
+  /// (no row of kdispatch's own key, and the engine's table holds one for
+  /// the call: fused_moe with SGLang's fused-MoE files, whose BLOCK_SIZE_M
+  /// sets the plan's block_m where the variant has that param and takes
+  /// the value): what that row does not know, "sglang file without K"
+  /// (SGLang's files are keyed without H). Then table_m and source_id name
+  /// the engine's row. Static storage.
   const char* k_source = "";
   /// When non-null, receives the canonical static key the call looked up
   /// (allocates; for tools and tests).

@@ -21,11 +21,11 @@ bool put(char* buf, size_t cap, size_t* at, std::string_view s) noexcept {
 // a param without a value list.
 int64_t nearest_allowed(const core::ParamDef& d, int64_t v) noexcept {
   if (d.values.empty()) return v;
+  using Wide = __int128;  // |a - v| of any two int64 values (a row may hold INT64_MIN)
+  auto dist = [v](int64_t a) { return a > v ? Wide{a} - v : Wide{v} - a; };
   int64_t best = d.values[0];
-  for (const int64_t a : d.values) {
-    const int64_t da = a > v ? a - v : v - a, db = best > v ? best - v : v - best;
-    if (da < db || (da == db && a < best)) best = a;
-  }
+  for (const int64_t a : d.values)
+    if (dist(a) < dist(best) || (dist(a) == dist(best) && a < best)) best = a;
   return best;
 }
 
@@ -46,7 +46,7 @@ size_t engine_key(const core::OpSpec& spec, const core::Problem& p, std::string_
 
 bool find_engine_row(const table::Snapshot& snap, const table::NearestPolicy& policy, const core::OpSpec& spec,
                      const core::Problem& p, std::string_view device_name, EngineRowHit* hit) noexcept {
-  char buf[256];
+  char buf[kEngineKeyBytes];
   const size_t n = engine_key(spec, p, device_name, buf, sizeof buf);
   if (n == 0) return false;
   const std::string_view key(buf, n);

@@ -12,9 +12,13 @@
 // variant stays get_default's. The answer counts as a default (no memo, the
 // tuner still sees a miss), and says which row shaped it.
 //
-// Used by the op call's miss path (api/ops.cpp choose_full: no allocation,
-// the key in a stack buffer) and by lookup (api/lookup.cpp: the row and the
-// mapping in `why`).
+// Used by the op call's miss path (api/ops.cpp choose_full: the key in a
+// stack buffer, no allocation unless the variant declines the mapped plan,
+// whose message allocates) and by lookup (api/lookup.cpp: the row and the
+// mapping in `why`). The op call asks under the device's own name; lookup
+// also under the device-name candidates (aliases), as it does for own rows.
+// A key longer than kEngineKeyBytes (a device name of ~450 characters) has
+// no engine row; lookup says so.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +29,9 @@
 #include "table/snapshot.hpp"
 
 namespace dispatch::api {
+
+/// The longest engine key looked up (backend, table, device name, fields).
+inline constexpr size_t kEngineKeyBytes = 512;
 
 /// The engine row found for a call.
 struct EngineRowHit {

@@ -280,9 +280,13 @@ core::Plan shape_by_engine(const Runtime::Impl& impl, const core::Problem& prob,
     why += " -> " + core::plan_to_string(shaped);
     return shaped;
   }
-  char buf[256];
-  const size_t n = api::engine_key(spec, prob, dev.candidates.empty() ? "" : dev.candidates.front(), buf, sizeof buf);
-  if (n > 0) why += "; no engine row either (" + std::string(buf, n) + ")";
+  char buf[api::kEngineKeyBytes];
+  const std::string_view name = dev.candidates.empty() ? std::string_view() : std::string_view(dev.candidates.front());
+  const size_t n = api::engine_key(spec, prob, name, buf, sizeof buf);
+  if (n > 0)
+    why += "; no engine row either (" + std::string(buf, n) + ")";
+  else
+    why += "; no engine key: longer than " + std::to_string(api::kEngineKeyBytes) + " bytes with this device name";
   return plan;
 }
 

@@ -365,6 +365,7 @@ HitMemo& memo_slot(const CallKey& c) noexcept {
     c->table_m = p.m;
     c->source_id = now.source_id;
     c->tuned_now = true;
+    c->engine_row = false;  // its own row now, not the engine's
   }
   return Status();
 }
