@@ -406,3 +406,26 @@ TEST_CASE("fused_moe: SGLang's BLOCK_SIZE_M maps onto the CUDA tensor-core plans
   CHECK(got.params[1] == 32);
   CHECK(why == "; the row has no integer BLOCK_SIZE_M: block_m stays");
 }
+
+// A sync tune of such a call serves its own new row at once: no engine row
+// named then (the attack of 2026-12-06 found k_source kept).
+TEST_CASE("fused_moe: a sync tune beside an SGLang row serves its own row, k_source empty") {
+  kdtest::TempDir dir, cache;
+  const std::string dev = cpu_device_info().device_name;
+  kdtest::write_text(dir / ("E=2,N=1,device_name=" + dev + ".json"), R"({"1": {"BLOCK_SIZE_M": 64, "num_warps": 4}})");
+  RuntimeOptions opt = kdtest::options_for({dir.str()});
+  opt.tune.mode = TuneMode::sync;
+  opt.tune.cache_dir = cache.str();
+  opt.tune.time_budget_ms = 20;
+  opt.tune.cold_cache = false;
+  auto rt = kdtest::make_runtime(opt);
+  Tiny t;
+  DispatchInfo info;
+  CallOptions o;
+  o.info = &info;
+  REQUIRE(fused_moe(*rt, t.args(), {}, o).ok());
+  CHECK(info.tuned_now);
+  CHECK(info.source == PlanSource::table);
+  CHECK(std::string(info.k_source).empty());
+  CHECK(t.out[1] == doctest::Approx(2.4133750054).epsilon(1e-6));
+}
