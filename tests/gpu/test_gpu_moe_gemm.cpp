@@ -233,7 +233,9 @@ TEST_CASE("gpu moe_gemm: every variant and get_default against the float64 refer
           const bool element_only =
               s.K % 8 != 0 || (s.K * wb) % 16 != 0 || (c.a.ld * xb) % 16 != 0 || (s.N * xb) % 16 != 0;
           if (element_only && std::string(v->name).find("split_vec") != std::string::npos) continue;
-          if ((element_only || s.N % 32 != 0) && std::string(v->name).find("ring") != std::string::npos) continue;
+          const bool ring_declines =
+              element_only || s.N % 32 != 0 || (w == DType::fp8_e4m3fn && (s.N % 128 != 0 || s.K % 128 != 0));
+          if (ring_declines && std::string(v->name).find("ring") != std::string::npos) continue;
           std::string served;
           INFO(text(s), " ", dispatch::dtype_name(w), " ", v->name);
           CHECK(c.run(mem, std::string(v->name), &served) == "");
