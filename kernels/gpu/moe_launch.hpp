@@ -100,10 +100,10 @@ inline constexpr int64_t kMoeRingTwoBlocksOptin = 2 * (kMoeRingSmemBytes + 1024)
 /// bf16/fp16 tensor-core plans block_m = 64: the ring kernels take items of
 /// 64 pairs (moe_mma.cuh kWideTiles) instead of 32, each expert's rows read
 /// once per 64 of its pairs (Mixtral-8x7B M = 256, 64 per expert, and
-/// prefill). A first guess, measured once: Qwen3-30B-A3B bf16 M = 1024 (64
-/// per expert) on an H200, 574 us wide vs 581 us with 32-pair items (an A/A
-/// spread of 1 %; bench/results/h200_moe.md, 2026-12-06); the tuner races
-/// both.
+/// prefill). Measured with block_m forced (bench/results/h200_moe.md,
+/// 2026-12-06): Mixtral-8x7B M = 256 (64 per expert) on an H100 768 us wide
+/// vs 988 us with 32-pair items; Qwen3-30B-A3B M = 1024 (64 per expert) on
+/// an H200 574 vs 581 us (an A/A spread of 1 %). The tuner races both.
 inline constexpr int64_t kMoeWidePairsPerExpert = 32;
 /// Pairs (M * top_k) per expert from which fused_moe's tensor-core kernels
 /// serve (its get_default; moe_gemm's takes its ring at every count).
