@@ -306,9 +306,10 @@ KDISPATCH_C_API void kdispatch_park_calls_at_exit(void);
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_reload(kdispatch_runtime* rt);
 
 /** Gives `stream` of GPU device (device_type kDLCUDA = 2 or kDLROCM = 10,
- *  ordinal) a gemm workspace of `workspace_bytes` (allocated now, freed with
+ *  ordinal) a workspace of `workspace_bytes` (allocated now, freed with
  *  the runtime; 33554432 = 32 MiB is torch's cuBLAS size on Hopper): gemm
- *  calls on that stream can then run split-K plans. Call when the stream is
+ *  calls on that stream can then run split-K plans, fused_moe its
+ *  tensor-core plans and moe_gemm block fp8's ring where it fits. Call when the stream is
  *  set up, not while it is captured. Errors: INVALID_ARGUMENT (rt NULL, a
  *  non-GPU device_type, bytes < 0), UNSUPPORTED_DEVICE, OUT_OF_MEMORY. */
 KDISPATCH_C_API kdispatch_status kdispatch_runtime_attach_stream(kdispatch_runtime* rt, int32_t device_type,
@@ -551,7 +552,12 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_align(kdispatch_runtime* rt, cons
  *  N]; topk_weights [M, top_k] fp32; sorted_token_ids,
  *  expert_ids, num_tokens_post_pad as kdispatch_moe_align writes them.
  *  top_k, block_size: whole numbers in [1, 2^24]; mul_routed_weight 0 or
- *  1; all passed as floats. Errors: as kdispatch_gemm. */
+ *  1; all passed as floats. Block fp8's ring (moe_gemm_fp8_e4m3fn__ring)
+ *  quantises a into a workspace: this entry point passes none, so give the
+ *  stream one (kdispatch_runtime_attach_stream) or call through
+ *  kdispatch_op_call with one of kdispatch_op_workspace_bytes; without it
+ *  the split kernels run (correct, slower; info still names the plan).
+ *  Errors: as kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm(kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w,
                                                     const DLTensor* out, const DLTensor* topk_weights,
                                                     const DLTensor* sorted_token_ids, const DLTensor* expert_ids,

@@ -205,7 +205,7 @@ __global__ void KDISPATCH_KERNEL_HIDDEN __launch_bounds__(kRefThreads) moe_gemm_
 #if KDISPATCH_GPU_HAS_TILED
 namespace mm = moe_mma;
 
-/// The tensor-core kernel (CUDA; bf16/fp16): fused_moe's down ring
+/// The tensor-core kernel (CUDA; bf16/fp16, and block fp8 below): fused_moe's down ring
 /// (moe_mma.cuh ring_loop: cp.async stages, ldmatrix, mma.sync swap-AB) on
 /// moe_align's blocks. Grid (ceil(N / 128 / tiles), min(items, 65535),
 /// grid-stride over the items): item y is item y % per_block of aligned

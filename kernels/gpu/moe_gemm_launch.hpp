@@ -15,8 +15,8 @@ namespace dispatch::gpu::moe_gemm {
 
 inline constexpr core::OpKind kOp = core::OpKind::moe_gemm;
 /// The kernels of a TU, by image index: split with vector loads, split
-/// one element at a time, the reference; ring (CUDA, bf16 and fp16 TUs):
-/// the tensor-core kernel.
+/// one element at a time, the reference; ring (CUDA: the bf16, fp16 and
+/// fp8 TUs): the tensor-core kernel.
 enum class Family : uint8_t { vec = 0, generic = 1, reference = 2, ring = 3 };
 constexpr int kernel_index(Family f) { return static_cast<int>(f); }
 /// Weight rows per block of the split kernels (4 warps of 4 rows), their
