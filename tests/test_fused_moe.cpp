@@ -58,6 +58,15 @@ struct Tiny {
   }
 };
 
+/// Runs t's call on rt and returns what served it (the call must succeed).
+DispatchInfo served_info(Runtime& rt, Tiny& t) {
+  DispatchInfo info;
+  CallOptions o;
+  o.info = &info;
+  REQUIRE(fused_moe(rt, t.args(), {}, o).ok());
+  return info;
+}
+
 }  // namespace
 
 TEST_CASE("fused_moe: results worked by hand: silu, gelu, routed_scaling_factor, an expert not local") {
@@ -300,10 +309,7 @@ TEST_CASE("fused_moe: an SGLang row shapes the default where kdispatch has none,
   opt.tune.mode = TuneMode::off;
   auto rt = kdtest::make_runtime(opt);
   Tiny t;
-  DispatchInfo info;
-  CallOptions o;
-  o.info = &info;
-  REQUIRE(fused_moe(*rt, t.args(), {}, o).ok());
+  const DispatchInfo info = served_info(*rt, t);
   // Still get_default's variant (the CPU's have no block_m): a default that
   // names the SGLang row (M = 1 of that file) and what it does not know.
   CHECK(info.source == PlanSource::fallback);
@@ -337,9 +343,7 @@ TEST_CASE("fused_moe: an SGLang row shapes the default where kdispatch has none,
       dir / "cpu" / "fused_moe" / store::own_file_name(core::OpKind::fused_moe, "E=2,K=2,N=1,dtype=fp32,top_k=2", dev),
       R"({"kdispatch": {"tool": "kdispatch 0.1.0"}, "1": {"variant": "fused_moe_fp32__ref"}})");
   auto own = kdtest::make_runtime(opt);
-  DispatchInfo info3;
-  o.info = &info3;
-  REQUIRE(fused_moe(*own, t.args(), {}, o).ok());
+  const DispatchInfo info3 = served_info(*own, t);
   CHECK(info3.source == PlanSource::table);
   CHECK(std::string(info3.variant) == "fused_moe_fp32__ref");
   CHECK(std::string(info3.k_source).empty());
@@ -350,9 +354,7 @@ TEST_CASE("fused_moe: an SGLang row shapes the default where kdispatch has none,
     p.tune.mode = TuneMode::off;
     return p;
   }());
-  DispatchInfo info2;
-  o.info = &info2;
-  REQUIRE(fused_moe(*plain, t.args(), {}, o).ok());
+  const DispatchInfo info2 = served_info(*plain, t);
   CHECK(std::string(info2.k_source).empty());
   CHECK(info2.table_m == -1);
 }
@@ -420,10 +422,7 @@ TEST_CASE("fused_moe: a sync tune beside an SGLang row serves its own row, k_sou
   opt.tune.cold_cache = false;
   auto rt = kdtest::make_runtime(opt);
   Tiny t;
-  DispatchInfo info;
-  CallOptions o;
-  o.info = &info;
-  REQUIRE(fused_moe(*rt, t.args(), {}, o).ok());
+  const DispatchInfo info = served_info(*rt, t);
   CHECK(info.tuned_now);
   CHECK(info.source == PlanSource::table);
   CHECK(std::string(info.k_source).empty());
