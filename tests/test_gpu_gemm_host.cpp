@@ -104,8 +104,9 @@ TEST_CASE("gpu gemm host: each backend lists skinny (+ tiled, cuBLASLt on CUDA) 
       const std::string d(dispatch::dtype_name(dt));
       if (t == DeviceType::cuda) {
         CHECK(names == std::vector<std::string>{"gemm_" + d + "__skinny", "gemm_" + d + "__skinny_mma",
-                                                "gemm_" + d + "__tiled_mma", "gemm_" + d + "__cublaslt",
-                                                "gemm_" + d + "__cublas", "gemm_" + d + "__cuda_ref"});
+                                                "gemm_" + d + "__tiled_mma", "gemm_" + d + "__wgmma",
+                                                "gemm_" + d + "__cublaslt", "gemm_" + d + "__cublas",
+                                                "gemm_" + d + "__cuda_ref"});
         CHECK(dynamic == 1);
       } else {
         CHECK(names == std::vector<std::string>{"gemm_" + d + "__hip_skinny", "gemm_" + d + "__hipblaslt",
@@ -157,6 +158,18 @@ TEST_CASE("gpu gemm host: skinny and tiled spaces accept their compiled points a
   CHECK(dispatch::core::config_space(*tiled, p, dev).size() == 7u * 3u * 3u);
   const VariantDef* skinny = dispatch::core::find_variant("gemm_bf16__skinny");
   CHECK(dispatch::core::config_space(*skinny, p, dev).size() == 3u * 4u);
+
+  // wgmma: BLOCK_SIZE_N x the stage counts that fit 227 KiB (128: 3..6,
+  // 256: 3 and 4) x GROUP_SIZE_M; K a multiple of 8.
+  const VariantDef* wg = dispatch::core::find_variant("gemm_bf16__wgmma");
+  CHECK(dispatch::core::config_space(*wg, p, dev).size() == (4u + 2u) * 2u);
+  CHECK(why(plan_of("gemm_bf16__wgmma", {}), p).ok());  // 256, 4 stages, group 8
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__wgmma", {{"num_stages", 5}}), p).message(),
+                         "gemm_bf16__wgmma: the stages do not fit the device's shared memory"));
+  CHECK(why(plan_of("gemm_bf16__wgmma", {{"BLOCK_SIZE_N", 128}, {"num_stages", 6}}), p).ok());
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__wgmma", {}), odd_k).message(), "K must be a multiple of 8"));
+  CHECK(kdtest::contains(why(plan_of("gemm_bf16__wgmma", {}), unaligned).message(), "not 16-byte aligned"));
+  CHECK(dispatch::gpu::gemm::wgmma_smem_bytes(256, 4) == 1024 + 4 * (128 + 256) * 64 * 2 + 64);
 
   // skinny_mma: row_tiles x num_stages x cluster_k x the 9 (split_k,
   // warps_n) pairs with split_k * warps_n <= 8 (no probed device here: no

@@ -43,6 +43,14 @@ KDISPATCH_DECLARE_GEMM_TILED_LAUNCH(bf16)
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH(fp16)
 KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH(bf16)
 #undef KDISPATCH_DECLARE_GEMM_SKINNY_MMA_LAUNCH
+// The wgmma family (Hopper wgmma + TMA), CUDA only: kernels/cuda/
+// gemm_wgmma_<dt>.cu. Images: kWgmmaKernels (BLOCK_SIZE_N 128, 256),
+// loadable on an sm_90a device only.
+#define KDISPATCH_DECLARE_GEMM_WGMMA_LAUNCH(dt) \
+  Status launch_gemm_wgmma_##dt(const gpu::gemm::Wgmma& w, const core::LaunchArgs& la, const core::Problem& p) noexcept;
+KDISPATCH_DECLARE_GEMM_WGMMA_LAUNCH(fp16)
+KDISPATCH_DECLARE_GEMM_WGMMA_LAUNCH(bf16)
+#undef KDISPATCH_DECLARE_GEMM_WGMMA_LAUNCH
 #endif
 
 }  // namespace dispatch::KDISPATCH_GPU_NS

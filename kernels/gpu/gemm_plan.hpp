@@ -36,6 +36,18 @@
 //             BLOCK_SIZE_M {64, 128, 256}  BLOCK_SIZE_N {64, 128, 256}
 //             BLOCK_SIZE_K {32, 64}        num_warps {4, 8}
 //             num_stages {2, 3, 4}         split_k {1, 2, 4}
+//   wgmma   (CUDA, sm_90a only) Hopper's wgmma + TMA (kernels/cuda/
+//           wgmma_gemm.cuh): a persistent, warp-specialised kernel, one
+//           block of 3 warpgroups per SM (a TMA producer, two wgmma
+//           consumers of 64 rows each) over 128 x BLOCK_SIZE_N tiles in the
+//           GROUP_SIZE_M order, K-tiles of 64 through num_stages
+//           shared-memory stages on mbarriers; fp32 accumulation, the
+//           epilogue (bias, conversion) from registers. BLOCK_SIZE_N is
+//           compile time (two kernels per dtype); num_stages and
+//           GROUP_SIZE_M are runtime. Needs K % 8 == 0 and 16-byte aligned
+//           A and B rows (the TMA's row stride), an sm_90a device.
+//             BLOCK_SIZE_N {128, 256}  num_stages {3, 4, 5, 6} (what fits)
+//             GROUP_SIZE_M {8, 16}
 //   reference  one thread per output element, scalar fp32 accumulation in
 //           K order, any M/N/K, any alignment and row stride: the tuner's
 //           validation baseline (kVariantReference) and the last resort of
@@ -274,6 +286,47 @@ inline const char* resolve_tiled(int64_t n, int64_t k, const int64_t* params, in
 /// > 1 (split_k x M x N x 4), 0 without split-K.
 constexpr int64_t tiled_workspace_bytes(int64_t m, int64_t n, int split_k) {
   return split_k > 1 ? int64_t{split_k} * m * n * 4 : 0;
+}
+
+// ------------------------------------------------------------------ wgmma (CUDA, sm_90a)
+
+inline constexpr int64_t kWgmmaBlockNValues[] = {128, 256};
+inline constexpr int64_t kWgmmaStagesValues[] = {3, 4, 5, 6};
+inline constexpr int64_t kWgmmaGroupMValues[] = {8, 16};
+/// Param slots of the wgmma family.
+inline constexpr int kWgmmaBN = 0, kWgmmaStages = 1, kWgmmaGroupM = 2;
+/// Kernels per input dtype: BLOCK_SIZE_N 128 (index 0) and 256 (index 1).
+inline constexpr int kWgmmaKernels = 2;
+inline constexpr int kWgmmaBM = 128, kWgmmaBK = 64;
+
+/// Shared memory of one block (bytes): 1024 bytes of alignment slack, the A
+/// and B stages (2-byte elements), two mbarriers a stage.
+constexpr int64_t wgmma_smem_bytes(int64_t bn, int64_t stages) {
+  return 1024 + stages * (kWgmmaBM + bn) * kWgmmaBK * 2 + 16 * stages;
+}
+
+/// A wgmma launch, resolved.
+struct Wgmma {
+  int bn = 0, stages = 0, group_m = 0;
+  int kernel = 0;  ///< 0: BLOCK_SIZE_N 128, 1: 256
+};
+
+/// Resolves wgmma params for (N, K); nullptr when accepted, else why not.
+/// The smem limit as for resolve_tiled.
+inline const char* resolve_wgmma(int64_t n, int64_t k, const int64_t* params, int64_t smem_optin, Wgmma* out) {
+  const int64_t bn = params[kWgmmaBN], st = params[kWgmmaStages], g = params[kWgmmaGroupM];
+  if (bn != 128 && bn != 256) return "BLOCK_SIZE_N must be 128 or 256";
+  if (st < 3 || st > 6) return "num_stages must be 3, 4, 5 or 6";
+  if (g != 8 && g != 16) return "GROUP_SIZE_M must be 8 or 16";
+  if (n < 1 || k < 1) return "N and K must be >= 1";
+  if (k % 8 != 0) return "K must be a multiple of 8 (the TMA's 16-byte row stride)";
+  const int64_t limit = smem_optin > 0 ? smem_optin : 227 * 1024;
+  if (wgmma_smem_bytes(bn, st) > limit) return "the stages do not fit the device's shared memory";
+  out->bn = static_cast<int>(bn);
+  out->stages = static_cast<int>(st);
+  out->group_m = static_cast<int>(g);
+  out->kernel = bn == 256 ? 1 : 0;
+  return nullptr;
 }
 
 }  // namespace dispatch::gpu::gemm

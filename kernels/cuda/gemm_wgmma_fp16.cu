@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — the wgmma + TMA GEMM kernels for fp16 inputs (one
+// translation unit per input dtype). The kernel is in
+// kernels/cuda/wgmma_gemm.cuh, its launcher in kernels/cuda/gemm_wgmma.cuh.
+#include "gemm_wgmma.cuh"
+
+KDISPATCH_GEMM_WGMMA_TU(fp16)
