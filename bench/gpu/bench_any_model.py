@@ -32,13 +32,15 @@ are the ones it records for one torch call (names; the bias/copy kernels
 left out).
 
   python3 bench/gpu/bench_any_model.py --out DIR [--kinds bf16,tensor,rowwise,block]
-         [--grid bench|fit|committed] [--rounds 5] [--budget-s 500] [--resume FILE]
+         [--grid bench|fit|committed|large] [--kd-force SPEC] [--rounds 5] [--budget-s 500] [--resume FILE]
 writes DIR/any_model.json (resumable: points already there are skipped) and
 prints one line per point; --render FILE prints the markdown summary.
 --grid committed: the shapes configs/cuda has rows for (COMMITTED: the 8 bf16
 Llama pairs x the 14 Ms; COMMITTED_FP8 x M 1, 16, 64, 1024 per fp8 layout),
 kd served from those rows: committed.json.
---grid fit: the synthetic (N, K) grid get_default's decode tiers are fitted on
+--grid large: the dense 8192^3 GEMM and the committed bf16 shapes at M 1024..8192
+(issue 36's milestone); with --kd-force gemm=gemm_bf16__wgmma, kd is that family
+at its default point. --grid fit: the synthetic (N, K) grid get_default's decode tiers are fitted on
 (bench/gpu/fit_grid.csv; fp8: the pairs with N*K <= 2^27), M 1..16, cold and
 graph (--fit-modes; graph alone up to 2026-12-03), 3 rounds, kd (get_default's
 rule) vs the floor vs torch.
@@ -78,6 +80,10 @@ COMMITTED = [
     ("Llama-3-8B", "down", 4096, 14336), ("Llama-3-70B-TP8", "qkv", 1280, 8192), ("Llama-3-70B-TP8", "o", 8192, 1024),
     ("Llama-3-70B-TP8", "gate_up", 7168, 8192), ("Llama-3-70B-TP8", "down", 8192, 3584),
 ]
+# --grid large (issue 36's milestone): the dense 8192^3 GEMM and the committed
+# bf16 shapes at prefill M, for a family forced with --kd-force.
+LARGE = [("square", "8192", 8192, 8192)] + COMMITTED
+LARGE_MS = [1024, 2048, 4096, 8192]
 COMMITTED_FP8 = [("Llama-3-8B", "qkv", 6144, 4096), ("Llama-3-8B", "o", 4096, 4096),
                  ("Llama-3-8B", "gate_up", 28672, 4096), ("Llama-3-8B", "down", 4096, 14336),
                  ("DeepSeek-V3", "q_a/kv_a", 2112, 7168), ("DeepSeek-V3", "o", 7168, 16384)]
@@ -324,7 +330,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
     ap.add_argument("--kinds", default="bf16,tensor,rowwise,block")
-    ap.add_argument("--grid", default="bench", choices=("bench", "fit", "committed"))
+    ap.add_argument("--grid", default="bench", choices=("bench", "fit", "committed", "large"))
+    ap.add_argument("--kd-force", default=None,
+                    help="kd on a runtime forced to this spec (e.g. gemm=gemm_bf16__wgmma), no shipped configs")
     ap.add_argument("--rounds", type=int, default=None, help="5 (bench), 3 (fit)")
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--resume", default=None)
@@ -349,13 +357,14 @@ def main():
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, a.json_name or {"bench": "any_model.json", "fit": "fit.json",
-                                                "committed": "committed.json"}[a.grid])
+                                                "committed": "committed.json", "large": "large.json"}[a.grid])
     done = {"rows": []}
     if a.resume and os.path.exists(a.resume):
         done = json.load(open(a.resume))
     have = {(r["kind"], r["N"], r["K"], r["M"]) for r in done["rows"]}
     timer = Timer(torch)
-    rt_default = kdispatch.Runtime.from_env()
+    rt_default = kdispatch.Runtime.from_env() if not a.kd_force else \
+        kdispatch.Runtime(force=a.kd_force, shipped_configs=False)
     floors = {"bf16": "gemm=gemm_bf16__cublas"}
     for L in ("tensor", "rowwise", "block"):
         floors[L] = f"gemm_fp8_{L}=gemm_fp8_{L}_e4m3fn__cublaslt:algo_id=-2"
@@ -368,6 +377,8 @@ def main():
             projs = [(m, p, n, k) for (m, p, n, k) in fit_grid() if kind == "bf16" or n * k <= 2**27]
         elif a.grid == "committed":
             projs = COMMITTED if kind == "bf16" else COMMITTED_FP8
+        elif a.grid == "large":
+            projs = LARGE
         else:
             projs = PROJECTIONS if kind == "bf16" else \
                 [(m, p, n, k) for (m, p, n, k) in PROJECTIONS if (n, k) in FP8_PROJECTIONS]
@@ -377,6 +388,8 @@ def main():
             ms = [int(x) for x in a.ms.split(",")]
         elif a.grid == "fit":
             ms = [1, 2, 4, 8, 16] if kind == "bf16" else [1, 8, 16]
+        elif a.grid == "large":
+            ms = LARGE_MS
         else:
             ms = MS if kind == "bf16" else COMMITTED_FP8_MS if a.grid == "committed" else FP8_MS
         for model, proj, N, K in projs:

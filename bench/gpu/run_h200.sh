@@ -52,6 +52,9 @@
 #                 eager call against torch and the floor ops (bench/tools/torch_op_host.py)
 #   bench/gpu/run_h200.sh --sections anymodel    # issue 32: the floor's test, then kdispatch vs torch on 14
 #                 projections with no committed rows, bf16 + fp8, cold and graphs, A/A (resumes; any_model.json)
+#   bench/gpu/run_h200.sh --sections large       # issue 36's milestone: the any-model harness with kd forced to
+#                 KD_LARGE_FORCE (default gemm=gemm_bf16__wgmma) on 8192^3 and the committed bf16 shapes at M >= 1024
+#                 against torch and the floor, cold and graphs, A/A (resumes; large.json)
 #   bench/gpu/run_h200.sh --sections fit         # the synthetic decode grid get_default is fitted on (fit.json)
 #   bench/gpu/run_h200.sh --sections committed   # the any-model harness on the committed shapes (committed.json)
 #   bench/gpu/run_h200.sh --sections pip         # issue 33: pip install . (CUDA) into a venv, the GPU torch tests against it
@@ -165,7 +168,7 @@ while [ $# -gt 0 ]; do
         rm -rf .deps/sglang_moe && cp -r ../shared/peers/sglang_moe .deps/sglang_moe &&
         cp -r ../shared/data/sglang-configs/fused_moe_triton .deps/sglang_moe/configs
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,large,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -464,7 +467,7 @@ fi
 # .h200/fit.json (then `fit_defaults.py fit.json --apply
 # kernels/cuda/default_fit.hpp`). committed: the same harness on the shapes
 # configs/cuda has rows for, served from them (committed.json).
-for sec in anymodel fit committed; do
+for sec in anymodel fit committed large; do
   has $sec || continue
   ensure_torch || { echo "::: $sec: FAILED to build (build.log)"; exit 1; }
   if [ $sec = anymodel ] && [ "${KD_FLOOR_TEST:-1}" = 1 ]; then
@@ -480,9 +483,12 @@ for sec in anymodel fit committed; do
   stamp "$sec: ${budget} s"
   grid=bench; rule=; [ $sec = fit ] && { grid=fit; rule=everywhere; }  # fit: time the rule in every cell
   [ $sec = committed ] && grid=committed
+  kinds=${KD_ANY_KINDS:-bf16,tensor,rowwise,block}; flags=${KD_ANY_FLAGS:-}
+  # large: issue 36's milestone, the wgmma family forced (KD_LARGE_FORCE) on 8192^3 and the committed bf16 shapes
+  [ $sec = large ] && { grid=large; kinds=bf16; flags="--kd-force ${KD_LARGE_FORCE:-gemm=gemm_bf16__wgmma} $flags"; }
   KDISPATCH_TEST_DEFAULT_RULE=$rule PYTHONPATH="$BUILD/python" KDISPATCH_CACHE_DIR=/tmp/kd-no-cache KDISPATCH_TUNE=off "$PY" bench/gpu/bench_any_model.py \
-    --out "$OUT" --grid $grid --kinds "${KD_ANY_KINDS:-bf16,tensor,rowwise,block}" --budget-s "$budget" \
-    --resume "$RESUME/$f" ${KD_ANY_FLAGS:-} >"$OUT/$sec.log" 2>&1
+    --out "$OUT" --grid $grid --kinds "$kinds" --budget-s "$budget" \
+    --resume "$RESUME/$f" $flags >"$OUT/$sec.log" 2>&1
   rc=$?
   tail -2 "$OUT/$sec.log"
   [ $rc -eq 0 ] || { status=1; grep -E "Error|Traceback" "$OUT/$sec.log" | head; }
