@@ -616,18 +616,13 @@ void probe(KernelImage* out, int64_t smem_optin) noexcept {
   for (int i = 0; i < gpu::gemm::kSkinnyMmaKernels; ++i)
     out[i] = smem_optin > 48 * 1024 ? image_with_smem(k[i], smem_optin) : image_of(k[i]);
 }
+template <DType DT>
+void probe(KernelImage* out, const ProbeEnv& env) noexcept {
+  probe<DT, Scales::none>(out, env.smem_optin);
+}
 
 }  // namespace dispatch::cuda::gemm_skinny_mma
 
 /// The body of kernels/cuda/gemm_skinny_mma_<dtype>.cu.
-#define KDISPATCH_GEMM_SKINNY_MMA_TU(dt)                                                        \
-  namespace dispatch::cuda {                                                                    \
-  Status launch_gemm_skinny_mma_##dt(const gpu::gemm::SkinnyMma& s, const core::LaunchArgs& la, \
-                                     const core::Problem& p) noexcept {                         \
-    return gemm_skinny_mma::launch<DType::dt>(s, la, p);                                        \
-  }                                                                                             \
-  static_assert(gpu::gemm::kSkinnyMmaKernels <= kMaxImagesPerTu);                               \
-  void probe_gemm_skinny_mma_##dt(KernelImage* out, const ProbeEnv& env) noexcept {             \
-    gemm_skinny_mma::probe<DType::dt>(out, env.smem_optin);                                     \
-  }                                                                                             \
-  }
+#define KDISPATCH_GEMM_SKINNY_MMA_TU(dt) \
+  KDISPATCH_GEMM_FAMILY_TU(skinny_mma, SkinnyMma, gpu::gemm::kSkinnyMmaKernels, dt)

@@ -642,7 +642,7 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
 /// Fills out[tiled_kernel_index] for every kernel of DT on the current device
 /// and raises each one's dynamic shared memory limit to what it launches with.
 template <DType DT>
-void probe(KernelImage* out) noexcept {
+void probe(KernelImage* out, const ProbeEnv&) noexcept {
   const KernelFn* k = kernels<DT>();
   for (int i = 0; i < gpu::gemm::kTiledKernels; ++i) out[i] = image_with_smem(k[i], smem_of(i));
 }
@@ -651,12 +651,4 @@ void probe(KernelImage* out) noexcept {
 
 /// The body of kernels/cuda/gemm_tiled_<dt>.cu: instantiates the tiled kernels
 /// of one input dtype and defines its launcher and image probe.
-#define KDISPATCH_GEMM_TILED_TU(dt)                                                                             \
-  namespace dispatch::KDISPATCH_GPU_NS {                                                                        \
-  Status launch_gemm_tiled_##dt(const gpu::gemm::Tiled& t, const core::LaunchArgs& la,                          \
-                                const core::Problem& p) noexcept {                                              \
-    return gemm_tiled::launch<DType::dt>(t, la, p);                                                             \
-  }                                                                                                             \
-  static_assert(gpu::gemm::kTiledKernels <= kMaxImagesPerTu);                                                   \
-  void probe_gemm_tiled_##dt(KernelImage* out, const ProbeEnv&) noexcept { gemm_tiled::probe<DType::dt>(out); } \
-  }
+#define KDISPATCH_GEMM_TILED_TU(dt) KDISPATCH_GEMM_FAMILY_TU(tiled, Tiled, gpu::gemm::kTiledKernels, dt)

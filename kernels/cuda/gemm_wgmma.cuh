@@ -155,13 +155,4 @@ void probe(KernelImage* out, const ProbeEnv& env) noexcept {
 
 /// The body of kernels/cuda/gemm_wgmma_<dt>.cu: instantiates the wgmma
 /// kernels of one input dtype and defines its launcher and image probe.
-#define KDISPATCH_GEMM_WGMMA_TU(dt)                                                    \
-  namespace dispatch::KDISPATCH_GPU_NS {                                               \
-  Status launch_gemm_wgmma_##dt(const gpu::gemm::Wgmma& w, const core::LaunchArgs& la, \
-                                const core::Problem& p) noexcept {                     \
-    return gemm_wgmma::launch<DType::dt>(w, la, p);                                    \
-  }                                                                                    \
-  void probe_gemm_wgmma_##dt(KernelImage* out, const ProbeEnv& env) noexcept {         \
-    gemm_wgmma::probe<DType::dt>(out, env);                                            \
-  }                                                                                    \
-  }
+#define KDISPATCH_GEMM_WGMMA_TU(dt) KDISPATCH_GEMM_FAMILY_TU(wgmma, Wgmma, gpu::gemm::kWgmmaKernels, dt)

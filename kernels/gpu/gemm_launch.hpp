@@ -27,6 +27,22 @@ KDISPATCH_DECLARE_GEMM_SKINNY_LAUNCH(bf16)
 inline constexpr int kGemmRefImage = gpu::gemm::kSkinnyKernels;
 
 #if KDISPATCH_GPU_HAS_TILED
+/// The body of kernels/cuda/gemm_<fam>_<dt>.cu for the CUDA tensor-core
+/// families (tiled, skinny_mma, wgmma): launch_gemm_<fam>_<dt>, calling
+/// gemm_<fam>::launch<DT>(plan, la, p) with the family's resolved plan type
+/// gpu::gemm::<PlanT>, and the image probe probe_gemm_<fam>_<dt>, calling
+/// gemm_<fam>::probe<DT>(out, env) for its `images` kernels.
+#define KDISPATCH_GEMM_FAMILY_TU(fam, PlanT, images, dt)                                    \
+  namespace dispatch::KDISPATCH_GPU_NS {                                                    \
+  Status launch_gemm_##fam##_##dt(const gpu::gemm::PlanT& plan, const core::LaunchArgs& la, \
+                                  const core::Problem& p) noexcept {                        \
+    return gemm_##fam::launch<DType::dt>(plan, la, p);                                      \
+  }                                                                                         \
+  static_assert((images) <= kMaxImagesPerTu);                                               \
+  void probe_gemm_##fam##_##dt(KernelImage* out, const ProbeEnv& env) noexcept {            \
+    gemm_##fam::probe<DType::dt>(out, env);                                                 \
+  }                                                                                         \
+  }
 // The tiled (mma.sync) family, CUDA only: kernels/cuda/gemm_tiled_<dt>.cu.
 // Images: kTiledKernels, in tiled_kernel_index order; the probe also raises
 // each kernel's dynamic shared memory limit (cudaFuncSetAttribute) once.
