@@ -270,8 +270,9 @@ def main():
     print(json.dumps(info), flush=True)
     # One runtime per forced variant (torch_ops.set_runtime switches between them).
     runtimes = {"default": None}
-    for v in [v for v in args.variants.split(",") if v]:
-        runtimes[v] = kdispatch.Runtime(shipped_configs=False, log_level="error", force=[f"fused_moe={v}"])
+    for v in [v for v in args.variants.split(",") if v]:  # --mode gemm: moe_gemm variants
+        runtimes[v] = kdispatch.Runtime(shipped_configs=False, log_level="error",
+                                        force=[f"{'moe_gemm' if args.mode == 'gemm' else 'fused_moe'}={v}"])
     op = torch.ops.kdispatch.fused_moe
     rows = []
     wanted = [c for c in args.cases.split(",") if c]
@@ -294,7 +295,7 @@ def main():
                     continue
                 if args.mode == "gemm":
                     rows.append(gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
-                                           per_expert, bw, peer, dev))
+                                           per_expert, bw, peer, dev, runtimes, kd_ops))
                 else:
                     rows.append(point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
                                       per_expert, bw, op, kd_ops, runtimes, peer, timer, dev))
@@ -391,7 +392,8 @@ def peer_config(peer, E, I, fp8, M):
     return (peer.pick(cfgs, M), folder) if cfgs else (peer.default_cfg(M, E, dtype, fp8), "default")
 
 
-def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert, bw, peer, dev):
+def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert, bw, peer, dev,
+               runtimes=None, kd_ops=None):
     """--mode gemm at one (case, routing, M): moe_gemm's two calls (up: x by
     w1 into [M, top_k, 2I]; down: the activated [M*top_k, I] by w2 with the
     routed weight, top_k 1) against the peer's two fused_moe_kernel launches
@@ -400,7 +402,8 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
     bf16 activations (block fp8: quantised inside its kernels); the peer
     takes them quantised beforehand (outside its time, as the peer's own
     GEMM-only numbers). Correctness: every written row of both calls against
-    fp32 on set 0."""
+    fp32 on set 0. Each forced runtime of `runtimes` (--variants: moe_gemm
+    variants) is checked and timed the same way: kd_<variant>_{up,down}_us."""
     if peer is None:
         return {"case": name, "M": M, "routing": routing, "error": "--mode gemm needs the peer's harness (--peers)"}
     cfg, folder = peer_config(peer, E, I, fp8, M)
@@ -450,7 +453,19 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
         idx = (e == ex).nonzero().flatten()
         ref_up[idx] = xr[idx] @ w1r[ex].float().T
         ref_down[idx] = (ar[idx] @ w2r[ex].float().T) * tw[:mm].flatten()[idx, None]
-    for who, up, down in (("kd", kd_up, kd_down), ("peer", peer_up, peer_down)):
+    forced = {v: rt for v, rt in (runtimes or {}).items() if rt is not None}
+
+    def on(rt, fn):
+        def go(q):
+            kd_ops.set_runtime(rt)
+            try:
+                fn(q)
+            finally:
+                kd_ops.set_runtime(None)
+        return go
+    sides = [("kd", kd_up, kd_down), ("peer", peer_up, peer_down)]
+    sides += [(f"kd_{v.split('__')[-1]}", on(rt, kd_up), on(rt, kd_down)) for v, rt in forced.items()]
+    for who, up, down in sides:
         p[6].fill_(float("nan"))
         p[8].fill_(float("nan"))
         try:
@@ -466,11 +481,14 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
     if "kd_error" in row or "peer_error" in row:
         return row
     fns = {"kd_up": kd_up, "kd_down": kd_down, "peer_up": peer_up, "peer_down": peer_down}
+    for who, up, down in sides[2:]:
+        if f"{who}_error" not in row:
+            fns[f"{who}_up"], fns[f"{who}_down"] = up, down
     times = {k: [] for k in list(fns) + ["kd_up_aa", "kd_down_aa"]}
     clocks = []
     for _ in range(args.rounds):
         clocks.append(sm_clock_mhz())
-        for k in ("kd_up", "kd_down", "peer_up", "peer_down"):
+        for k in fns:
             times[k].append(graph_us(lambda f=fns[k]: [f(q) for q in prep], len(prep)))
         for k in ("kd_up", "kd_down"):
             times[k + "_aa"].append(graph_us(lambda f=fns[k]: [f(q) for q in prep], len(prep)))
@@ -480,6 +498,10 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
     row["peer_us"] = row["peer_up_us"] + row["peer_down_us"]
     row["aa_spread"] = max(abs(row[f"{k}_us"] - row[f"{k}_aa_us"]) / row[f"{k}_us"] for k in ("kd_up", "kd_down"))
     row["speedup_vs_peer"] = row["peer_us"] / row["kd_us"]
+    for who, _, _ in sides[2:]:
+        if f"{who}_up_us" in row:
+            row[f"{who}_us"] = row[f"{who}_up_us"] + row[f"{who}_down_us"]
+            row[f"{who}_speedup_vs_peer"] = row["peer_us"] / row[f"{who}_us"]
     row["kd_floor_pct"] = 100 * floor_us / row["kd_us"]
     row["peer_floor_pct"] = 100 * floor_us / row["peer_us"]
     row["sm_clock_mhz"] = clocks

@@ -46,21 +46,6 @@ inline const KernelFn* kernels() noexcept {
   return t;
 }
 
-/// The driver's cuTensorMapEncodeTiled, or null where the driver has none.
-inline kd_wgmma::EncodeTiledFn encode_fn() noexcept {
-  static const kd_wgmma::EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return kd_wgmma::EncodeTiledFn{nullptr};
-    }
-    return reinterpret_cast<kd_wgmma::EncodeTiledFn>(f);
-  }();
-  return fn;
-}
-
 using core::needs_fallback;
 
 inline bool aligned_to(const void* p, uintptr_t n) noexcept { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -88,7 +73,7 @@ Status launch(const gpu::gemm::Wgmma& w, const core::LaunchArgs& la, const core:
   const int64_t sa = p.m > 1 ? lda : p.k, sb = p.n > 1 ? ldb : p.k;
   if (sa % 8 != 0 || sb % 8 != 0 || sa < p.k || sb < p.k)
     return needs_fallback("gemm wgmma: lda and ldb must be multiples of 8 elements, at least K");
-  const kd_wgmma::EncodeTiledFn enc = encode_fn();
+  const kd_wgmma::EncodeTiledFn enc = kd_wgmma::encode_fn();
   if (enc == nullptr) return needs_fallback("gemm wgmma: the driver has no cuTensorMapEncodeTiled");
   const DeviceState* st = device_state(p.device.ordinal);
   const int sms = st != nullptr && st->info.compute_units > 0 ? st->info.compute_units : 132;
@@ -136,18 +121,11 @@ template <DType DT>
 void probe(KernelImage* out, const ProbeEnv& env) noexcept {
   const int64_t limit = env.smem_optin > 0 ? env.smem_optin : 227 * 1024;
   for (int i = 0; i < gpu::gemm::kWgmmaKernels; ++i) {
-    const KernelFn k = kernels<DT>()[i];
-    const port::FuncInfo fi = port::func_info(k);
-    if (fi.loadable && fi.binary_version != 90) {
-      out[i] = KernelImage{};
-      out[i].error = static_cast<int32_t>(cudaErrorNoKernelImageForDevice);
-      continue;
-    }
     const int64_t bn = gpu::gemm::kWgmmaBlockNValues[i];
     int64_t smem = 0;
     for (int64_t s : gpu::gemm::kWgmmaStagesValues)
       if (gpu::gemm::wgmma_smem_bytes(bn, s) <= limit) smem = gpu::gemm::wgmma_smem_bytes(bn, s);
-    out[i] = image_with_smem(k, smem);
+    out[i] = wgmma_image(kernels<DT>()[i], smem);
   }
 }
 

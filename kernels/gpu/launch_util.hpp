@@ -76,6 +76,21 @@ inline KernelImage image_with_smem(K* kernel, int64_t smem_bytes) noexcept {
   }
   return k;
 }
+
+/// image_with_smem for a kernel that runs on sm_90a alone (wgmma,
+/// setmaxnreg): not loadable (cudaErrorNoKernelImageForDevice) unless the
+/// device runs this build's sm_90a SASS (binary version 90); a newer device
+/// would run the compute_90 PTX, whose body of such a kernel is a trap.
+template <class K>
+inline KernelImage wgmma_image(K* kernel, int64_t smem_bytes) noexcept {
+  const port::FuncInfo fi = port::func_info(kernel);
+  if (fi.loadable && fi.binary_version != 90) {
+    KernelImage k;
+    k.error = static_cast<int32_t>(cudaErrorNoKernelImageForDevice);
+    return k;
+  }
+  return image_with_smem(kernel, smem_bytes);
+}
 #endif
 
 }  // namespace dispatch::KDISPATCH_GPU_NS

@@ -38,6 +38,7 @@
 #include "ops/moe_gemm.hpp"
 #if KDISPATCH_GPU_HAS_TILED
 #include "cuda/moe_mma.cuh"
+#include "cuda/wgmma_moe.cuh"
 #endif
 
 namespace dispatch::KDISPATCH_GPU_NS::moe_gemm {
@@ -407,6 +408,71 @@ Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Arg
   }
   return port::status(e, "moe_gemm ring kernel launch");
 }
+
+/// The wgmma kernel's pick of BLOCK_SIZE_N (image kWgmmaImage + 0: 128,
+/// + 1: 256) and its shared-memory stages: 256 wide where N has at least
+/// two such tiles, else 128.
+inline int wgmma_bn(int64_t n) noexcept { return n >= 512 ? 256 : 128; }
+inline int wgmma_stages(int bn) noexcept { return bn == 256 ? 4 : 6; }
+
+/// Whether the wgmma kernel (cuda/wgmma_moe.cuh) takes the call: 16-bit
+/// weights, the sort's block_size 128, K a multiple of 8, a and w 16-byte
+/// aligned with 16-byte rows, a's rows within int32 elements (the producer's
+/// offsets), E * N rows within int32 (the TMA's coordinate), the driver's
+/// tensor-map encoder present.
+inline bool wgmma_fits(const Args& g, const core::Problem& p) noexcept {
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const int64_t lda = p.m > 1 ? g.lda : g.K;
+  return g.bs == kd_wgmma_moe::kBlockSize && g.K % 8 == 0 && aligned(g.a) && aligned(g.w) && lda % 8 == 0 &&
+         g.ldw % 8 == 0 && g.ldw >= g.K && p.m * lda <= INT32_MAX && g.E * g.N + 256 <= INT32_MAX &&
+         g.ldtw <= INT32_MAX && kd_wgmma::encode_fn() != nullptr;
+}
+
+/// The wgmma kernel's launch: min(blocks * N tiles, SMs) persistent blocks;
+/// the blocks past the call's total exit on the device.
+template <DType DT>
+Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
+  static_assert(gpu::moe_gemm::kWgmmaThreads == kd_wgmma::kThreads, "the list's image check");
+  constexpr bool kBf16 = DT == DType::bf16;
+  const int bn = wgmma_bn(g.N), stages = wgmma_stages(bn);
+  CUtensorMap tw;
+  if (kd_wgmma::encode_operand(kd_wgmma::encode_fn(), &tw, g.w, g.E * g.N, g.K, g.ldw, bn, kBf16) != CUDA_SUCCESS)
+    return core::needs_fallback("moe_gemm wgmma: cuTensorMapEncodeTiled refused w");
+  kd_wgmma_moe::Args a{};
+  a.out = g.out;
+  a.a = g.a;
+  a.sorted_token_ids = g.sorted;
+  a.expert_ids = g.experts;
+  a.num_tokens_post_pad = g.total;
+  a.topk_weights = g.tw;
+  a.ldo = g.ldo;
+  a.lda = static_cast<int32_t>(p.m > 1 ? g.lda : g.K);
+  a.ldtw = static_cast<int32_t>(g.ldtw);
+  a.m = static_cast<int32_t>(p.m);
+  a.n = static_cast<int32_t>(g.N);
+  a.k = static_cast<int32_t>(g.K);
+  a.num_experts = static_cast<int32_t>(g.E);
+  a.top_k = static_cast<int32_t>(g.top_k);
+  a.mul_routed_weight = g.tw != nullptr ? 1 : 0;
+  a.max_blocks = static_cast<int32_t>(blocks);
+  a.tiles_n = static_cast<int32_t>((g.N + bn - 1) / bn);
+  a.k_tiles = static_cast<int32_t>((g.K + kd_wgmma::kBK - 1) / kd_wgmma::kBK);
+  a.stages = stages;
+  a.group_m = 8;
+  a.out_vec2 = g.ldo % 2 == 0 && reinterpret_cast<uintptr_t>(g.out) % 4 == 0 ? 1 : 0;
+  const DeviceState* st = device_state(p.device.ordinal);
+  const int64_t sms = st != nullptr && st->info.compute_units > 0 ? st->info.compute_units : 132;
+  const int64_t tiles = blocks * a.tiles_n;
+  if (tiles < 1) return Status();
+  const LaunchScope on(la, p);
+  const dim3 grid(static_cast<unsigned>(tiles < sms ? tiles : sms));
+  const size_t smem = static_cast<size_t>(kd_wgmma::smem_bytes(bn, stages));
+  const port::Error e = bn == 256 ? port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 256>, grid,
+                                                      dim3(kd_wgmma::kThreads), smem, on.stream, on.pdl, tw, a)
+                                  : port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 128>, grid,
+                                                      dim3(kd_wgmma::kThreads), smem, on.stream, on.pdl, tw, a);
+  return port::status(e, "moe_gemm wgmma kernel launch");
+}
 #endif
 
 /// Enqueues family `f` (gpu::moe_gemm::Family) on la.stream.
@@ -426,11 +492,14 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
   const int64_t blocks = (g.cap + g.bs - 1) / g.bs;
 #if KDISPATCH_GPU_HAS_TILED
   if constexpr (W == X && W != DType::fp8_e4m3fn)
+    if (f == Family::wgmma && wgmma_fits(g, p)) return launch_wgmma<W>(la, p, g, blocks);
+  if (f == Family::wgmma) f = Family::ring;  // what the call allows
+  if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits_fp8(la, p, g)) return launch_ring<W>(la, p, g, blocks);
 #endif
-  if (f == Family::ring) f = vec_fits<W, X>(g) ? Family::vec : Family::generic;  // what the tensors allow
+  if (f == Family::ring || f == Family::wgmma) f = vec_fits<W, X>(g) ? Family::vec : Family::generic;
   const LaunchScope on(la, p);
   port::Error e = port::kSuccess;
   if (f == Family::reference) {
@@ -457,6 +526,10 @@ void probe(KernelImage* out) noexcept {
   if constexpr (W == X && W != DType::fp8_e4m3fn) {
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);
     out[4] = image_with_smem(moe_gemm_ring_kernel<W, mm::kWideTiles>, mm::kRingSmemBytesOf<mm::kWideTiles>);
+    // [5], [6]: wgmma with BLOCK_SIZE_N 128 and 256 (sm_90a only: loadable
+    // where the device runs this build's sm_90a code).
+    out[5] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<W == DType::bf16, 128>, kd_wgmma::smem_bytes(128, 6));
+    out[6] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<W == DType::bf16, 256>, kd_wgmma::smem_bytes(256, 4));
   }
   if constexpr (W == DType::fp8_e4m3fn) {  // [4]: the quantisation kernel (no wide items in fp8)
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);

@@ -17,7 +17,7 @@ inline constexpr core::OpKind kOp = core::OpKind::moe_gemm;
 /// The kernels of a TU, by image index: split with vector loads, split
 /// one element at a time, the reference; ring (CUDA: the bf16, fp16 and
 /// fp8 TUs): the tensor-core kernel.
-enum class Family : uint8_t { vec = 0, generic = 1, reference = 2, ring = 3 };
+enum class Family : uint8_t { vec = 0, generic = 1, reference = 2, ring = 3, wgmma = 5 };
 constexpr int kernel_index(Family f) { return static_cast<int>(f); }
 /// Weight rows per block of the split kernels (4 warps of 4 rows), their
 /// threads on a 32-wide warp, and the reference's threads.
@@ -28,8 +28,11 @@ inline constexpr int kSplitWarps = 4, kRefThreads = 256;
 /// are fused_moe's ring kernels', gpu/moe_launch.hpp).
 /// The fp8 TU's [4] is its quantisation kernel (block fp8's ring: no wide
 /// items).
-inline constexpr int kImages = 5;
-inline constexpr int kWideRingImage = 4, kFp8QuantImage = 4;
+/// [5] and [6] (CUDA's bf16 and fp16 TUs, sm_90a): wgmma with BLOCK_SIZE_N
+/// 128 and 256 (cuda/wgmma_moe.cuh; the sort's block_size 128).
+inline constexpr int kImages = 7;
+inline constexpr int kWideRingImage = 4, kFp8QuantImage = 4, kWgmmaImage = 5;
+inline constexpr int kWgmmaThreads = 384;  ///< the wgmma kernel's block (3 warpgroups)
 
 }  // namespace dispatch::gpu::moe_gemm
 

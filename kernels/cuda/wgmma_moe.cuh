@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: Apache-2.0
+// kdispatch CUDA backend — the Hopper (sm_90a) prefill kernel of moe_gemm
+// (SGLang's fused_moe_kernel contract) on wgmma: for each processed sorted
+// block b (expert e = expert_ids[b]) and each sorted id s of the block with
+// 0 <= s < M * top_k,
+//   out[s, :] = (a[s / top_k, :] · w[e]^T) * (mul_routed_weight ? topk_weights[s] : 1)
+// a [M][K] (row stride lda), w [E][N][K] (K contiguous, row stride ldw,
+// expert stride N * ldw), out [M * top_k][N] (row stride ldo), all bf16 (or
+// all fp16), fp32 accumulation; topk_weights [M][top_k] (row stride ldtw). A block whose expert is not local (< 0 or >=
+// E) writes zeros to its valid rows. Only blocks b < ceil(total / 128) are processed, total = *num_tokens_post_pad
+// (read on the device). The sort's block_size must be 128 (kd_wgmma::kBM): one M tile = one sorted block = one expert.
+//
+// The structure is kd_wgmma::gemm_kernel's (cuda/wgmma_gemm.cuh, whose
+// primitives this header reuses): persistent, 384 threads, warpgroup 0 the
+// producer (setmaxnreg 40), warpgroups 1 and 2 the consumers (setmaxnreg 232,
+// rows [64 c, 64 c + 64) of the 128 x BN tile each), BK = 64, 128-byte
+// swizzled K-major stages, `full` / `empty` mbarriers, wgmma.m64n<BN>k16,
+// wait_group 1 pipelining, epilogue from registers. The differences:
+//
+//   B (the expert's weights) by TMA, as in the dense kernel, from one 2D
+//     tensor map over w viewed as [E * N][K]: the N tile n0 of expert e is
+//     the box at row e * N + n0. A tile that runs past N reads the next
+//     expert's rows (or the TMA's zero fill past E * N); those columns are
+//     never stored.
+//   A (the gathered token rows) by cp.async: the TMA cannot gather rows on
+//     Hopper, so all 128 producer threads copy the stage's 128 rows x 128
+//     bytes as 1024 16-byte chunks, 8 a thread: thread p owns chunk
+//     c = p % 8 of rows p / 8 + 16 i (i = 0..7; a warp reads 4 whole
+//     128-byte rows a step, coalesced). The chunk goes to byte
+//     r * 128 + ((c ^ (r % 8)) * 16) of the 1024-aligned stage: the layout
+//     CU_TENSOR_MAP_SWIZZLE_128B writes (PTX ISA, "Tensor ... swizzling
+//     modes": the 128B mode XORs address bits [4:6], the 16-byte chunk, with
+//     bits [7:9], the row mod 8 for 128-byte rows of a 1024-aligned base),
+//     hence the one the wgmma descriptors (swizzle mode 1) expect. Padding
+//     rows (s >= M * top_k) and chunks past K are zero-filled by cp.async
+//     with src-size 0 (no global read).
+//   Stage completion: `full` counts 128 + 1 arrivals: the 128 producer
+//     threads' cp.async.mbarrier.arrive.noinc (each fires when all of the
+//     thread's earlier cp.async have landed; .noinc: that asynchronous
+//     arrival is one of the init count, not an extra pending one) and the
+//     elected thread's mbarrier.arrive.expect_tx for the B box's bytes
+//     (whose TMA then completes the transaction count). `empty` counts 2,
+//     one per consumer warpgroup, as in the dense kernel.
+//   The proxy fence: see consume_fence() below.
+//   Tiles: (sorted block, N tile) in the dense kernel's GROUP_SIZE_M order:
+//     group_m consecutive sorted blocks (mostly one expert, or a few) walk
+//     their N tiles together, so a B tile is read from DRAM once per group
+//     and the group's gathered A rows stay in L2 across the N tiles.
+//   Dead halves: a consumer whose 64 rows are all padding (an expert's last
+//     block is padded at its end: with block_size 128 that is common) keeps
+//     the pipeline's phases (waits `full`, releases `empty`) but issues no
+//     wgmma and stores nothing. The decision is warpgroup-uniform (a
+//     bar.red.or over the warpgroup: wgmma is .aligned) and taken as the
+//     trip count of the wgmma K loop, not a branch around the wgmma (which
+//     ptxas would serialize, C7518).
+//   Non-local expert: producer and consumers both skip the tile's K loop
+//     (no stage used, phases stay in step); the consumers store zeros.
+//   Epilogue: row = the sorted id s, skipped for padding; times
+//     topk_weights[s] where mul_routed_weight.
+#pragma once
+
+#include "cuda/wgmma_gemm.cuh"
+
+namespace kd_wgmma_moe {
+
+using kd_wgmma::kBK;
+using kd_wgmma::kBM;
+using kd_wgmma::kStageBytesA;
+using kd_wgmma::kThreads;
+
+inline constexpr int kBlockSize = kBM;  ///< the sort's block_size this kernel requires
+
+/// Dynamic shared memory of a launch (bytes): the dense kernel's layout.
+__host__ __device__ constexpr int smem_bytes(int bn, int stages) { return kd_wgmma::smem_bytes(bn, stages); }
+
+/// Kernel parameters (besides B's tensor map), by value.
+struct Args {
+  void* out;                           ///< [M * top_k][N], the input dtype, row stride ldo
+  const void* a;                       ///< [M][K], row stride lda
+  const int32_t* sorted_token_ids;     ///< [max_blocks * 128]
+  const int32_t* expert_ids;           ///< [max_blocks]
+  const int32_t* num_tokens_post_pad;  ///< [1]: total (a multiple of 128)
+  const float* topk_weights;           ///< [M][top_k], row stride ldtw (read where mul_routed_weight)
+  int64_t ldo;
+  int32_t lda, ldtw;
+  int32_t m, n, k;
+  int32_t num_experts, top_k, mul_routed_weight;
+  int32_t max_blocks;  ///< the sorted arrays' blocks: bounds ceil(total / 128)
+  int32_t tiles_n, k_tiles;
+  int32_t stages;    ///< shared-memory pipeline depth
+  int32_t group_m;   ///< sorted blocks per group of the tile order
+  int32_t out_vec2;  ///< two consecutive output elements may be stored as one 4-byte access
+};
+
+// ------------------------------------------------------------------ device primitives
+
+/// 16-byte cp.async (L2 only: .cg) of global `src` to shared `dst`; src_bytes
+/// 0 writes 16 zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+#if KD_WGMMA_ENABLED
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+#else
+  (void)dst, (void)src, (void)src_bytes;
+#endif
+}
+
+/// An arrive-on `bar` that fires when all of this thread's earlier cp.async
+/// have completed; .noinc: the arrival is one of the barrier's init count.
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+#if KD_WGMMA_ENABLED
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if KD_WGMMA_ENABLED
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+/// The cross-proxy fence a consumer thread executes after observing a
+/// stage's `full` phase and before its wgmma read the stage.
+///
+/// Why: cp.async (the non-bulk copy) writes shared memory in the *generic*
+/// proxy; wgmma.mma_async reads its shared-memory operands in the *async*
+/// proxy (PTX ISA, wgmma "Async Proxy": "Accessing the same memory location
+/// across multiple proxies needs a cross-proxy fence. For the async proxy,
+/// fence.proxy.async should be used ..."; "An async proxy fence must be used
+/// to establish an ordering between prior writes to shared memory matrices
+/// and subsequent reads of the same matrices in a wgmma.mma_async
+/// instruction"). B's TMA writes are async-proxy writes and need no fence
+/// (same proxy, ordered by the mbarrier's complete_tx), but A's need one.
+///
+/// Where, and by whom: in the memory consistency model a write X in one
+/// proxy is ordered before a read Y in another when a proxy fence sits on
+/// the causality path from X to Y (causality order through "proxy-preserved
+/// base causality order"; Lustig, Cooksey, Giroux, "Mixed-proxy extensions
+/// for the NVIDIA PTX memory consistency model", ISCA 2022). The path here
+/// is: the producer thread's cp.async writes -> their completion triggers
+/// the thread's cp.async.mbarrier.arrive on `full` (release at CTA scope)
+/// -> the consumer thread's mbarrier.try_wait.parity that observes the
+/// phase (acquire at CTA scope, the default) -> program order in the
+/// consumer thread -> fence.proxy.async.shared::cta -> program order -> the
+/// consumer's wgmma.mma_async. So the fence belongs in the consumer, after
+/// the wait and before the wgmma, in the thread (and CTA) that performs the
+/// async-proxy access, which the paper names as the place for it. The
+/// producer cannot fence instead: its cp.async complete asynchronously, and
+/// a generic-to-async fence only orders writes that precede it, so the
+/// producer would first have to cp.async.wait_group each stage (a stall per
+/// K-tile). Every consumer thread executes it (each is one of the wgmma's
+/// issuing threads and did its own acquire); the cost is one fence per
+/// thread per K-tile.
+///
+/// The reverse direction (wgmma's reads of a stage, then the producer's
+/// cp.async overwriting it) needs no fence: "the completion of a
+/// wgmma.mma_async operation is followed by an implicit generic-async proxy
+/// fence", the consumer observes that completion with wgmma.wait_group
+/// before its release-arrive on `empty`, and the producer acquires `empty`
+/// before issuing the cp.async.
+__device__ __forceinline__ void consume_fence() {
+#if KD_WGMMA_ENABLED
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/// Whether any thread of the calling warpgroup passes a nonzero `v`
+/// (bar.red.or over the warpgroup's 128 threads on named barrier ID; an
+/// immediate, so that ptxas reserves only the barriers used).
+template <int ID>
+__device__ __forceinline__ bool warpgroup_any(bool v) {
+  uint32_t r = 0;
+#if KD_WGMMA_ENABLED
+  asm volatile("{\n.reg .pred q, p;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(r)
+               : "r"(static_cast<uint32_t>(v)), "n"(ID)
+               : "memory");
+#else
+  r = v;
+#endif
+  return r != 0;
+}
+
+/// Tile t of the GROUP_SIZE_M order over `tiles_m` sorted blocks: its sorted
+/// block and N tile.
+__device__ __forceinline__ void tile_of(int t, int tiles_m, const Args& a, int& blk, int& tn) {
+  const int per_group = a.group_m * a.tiles_n;
+  const int g = t / per_group;
+  const int first = g * a.group_m;
+  const int size = min(tiles_m - first, a.group_m);
+  const int r = t - g * per_group;
+  blk = first + r % size;
+  tn = r / size;
+}
+
+/// The sorted blocks to process: ceil(total / 128), at most max_blocks.
+__device__ __forceinline__ int tiles_m_of(const Args& a) {
+  const int total = __ldg(a.num_tokens_post_pad);
+  return max(0, min((total + kBM - 1) / kBM, a.max_blocks));
+}
+
+__device__ __forceinline__ bool expert_local(int e, const Args& a) { return e >= 0 && e < a.num_experts; }
+
+/// Stores one consumer's 64 x BN tile: thread rows s0 and s1 (sorted ids;
+/// >= M * top_k: padding, skipped), accumulators times the rows' routing
+/// weights, or zeros where `zero`.
+template <bool BF16, int BN>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Args& a, int s0, int s1, int col0,
+                                           bool zero) {
+  using T = typename kd_wgmma::Out<BF16>::T;
+  using T2 = typename kd_wgmma::Out<BF16>::T2;
+  const int lane = threadIdx.x % 32;
+  const int mk = a.m * a.top_k;
+  const int srow[2] = {s0, s1};
+  float scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    scale[h] = zero
+                   ? 0.f
+                   : (a.mul_routed_weight && srow[h] < mk
+                          ? __ldg(a.topk_weights + static_cast<int64_t>(srow[h] / a.top_k) * a.ldtw + srow[h] % a.top_k)
+                          : 1.f);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (srow[h] >= mk) continue;
+    T* const row = static_cast<T*>(a.out) + static_cast<int64_t>(srow[h]) * a.ldo;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = col0 + 8 * j + 2 * (lane % 4);
+      if (col >= a.n) continue;
+      // zero: write 0 * 0, not 0 * acc (acc may hold a previous tile's values, even NaN).
+      const float v0 = zero ? 0.f : acc[4 * j + 2 * h] * scale[h];
+      const float v1 = zero ? 0.f : acc[4 * j + 2 * h + 1] * scale[h];
+      if (col + 1 < a.n && a.out_vec2) {
+        T2 v;
+        v.x = static_cast<T>(v0);
+        v.y = static_cast<T>(v1);
+        *reinterpret_cast<T2*>(row + col) = v;
+      } else {
+        row[col] = static_cast<T>(v0);
+        if (col + 1 < a.n) row[col + 1] = static_cast<T>(v1);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the kernel
+
+template <bool BF16, int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_gemm_kernel(const __grid_constant__ CUtensorMap tma_w, const Args a) {
+#if KD_WGMMA_ENABLED
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* const smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
+  const int stages = a.stages;
+  uint8_t* const sa = smem;
+  uint8_t* const sb = smem + stages * kStageBytesA;
+  constexpr int kStageBytesB = BN * kBK * 2;
+  uint64_t* const full = reinterpret_cast<uint64_t*>(sb + stages * kStageBytesB);
+  uint64_t* const empty = full + stages;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 128 + 1);  // 128 cp.async arrivals (noinc) + the expect_tx arrive
+      cuda::ptx::mbarrier_init(&empty[s], 2);       // one per consumer warpgroup
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
+  const int tiles_m = tiles_m_of(a);
+  const int tiles = tiles_m * a.tiles_n;
+  const int mk = a.m * a.top_k;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    kd_wgmma::setmaxnreg_dec<40>();
+    const int p = threadIdx.x;
+    const int chunk = p % 8;  // this thread's 16-byte chunk of each 128-byte row
+    const int row0 = p / 8;   // and its rows: row0 + 16 i
+    // Swizzled offset of (row0 + 16 i, chunk): (row0 + 16 i) % 8 == row0 % 8.
+    const uint32_t dst0 =
+        static_cast<uint32_t>(__cvta_generic_to_shared(sa)) + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
+    const __nv_bfloat16* const abase = static_cast<const __nv_bfloat16*>(a.a);  // 16-bit elements
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int blk, tn;
+      tile_of(t, tiles_m, a, blk, tn);
+      const int e = __ldg(a.expert_ids + blk);
+      if (!expert_local(e, a)) continue;  // the consumers skip it too
+      // The rows' element offsets in a (token * K; M * K <= INT_MAX, checked
+      // by the launcher), -1 for padding: 32-bit, so that the producer fits
+      // its 40 registers without spilling.
+      int32_t off[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int sid = __ldg(a.sorted_token_ids + blk * kBM + row0 + 16 * i);
+        off[i] = sid >= 0 && sid < mk ? sid / a.top_k * a.lda : -1;
+      }
+      const int32_t wrow = e * a.n + tn * BN;
+      for (int kt = 0; kt < a.k_tiles; ++kt) {
+        kd_wgmma::mbar_wait(&empty[s], phase ^ 1);
+        if (p == 0) {
+          cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                               &full[s], static_cast<uint32_t>(kStageBytesB));
+          const int32_t cb[2] = {kt * kBK, wrow};
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sb + s * kStageBytesB,
+                                          &tma_w, cb, &full[s]);
+        }
+        const int kc = kt * kBK + chunk * 8;
+        const bool kin = kc < a.k;  // K % 8 == 0: a chunk is all in or all out
+        const uint32_t dst = dst0 + s * kStageBytesA;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const bool ok = kin && off[i] >= 0;
+          const void* src = ok ? static_cast<const void*>(abase + (static_cast<uint32_t>(off[i]) + kc)) : a.a;
+          cp_async16(dst + i * 16 * 128, src, ok ? 16u : 0u);
+        }
+        cp_async_arrive_noinc(&full[s]);
+        if (++s == stages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    cp_async_wait_all();  // no copy outlives its thread (the consumers wait for them anyway)
+  } else {
+    // ---------------------------------------------------------------- consumers
+    kd_wgmma::setmaxnreg_inc<232>();
+    const int c = wg - 1;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+    const bool lead = threadIdx.x % 128 == 0;
+    const int rloc = 64 * c + 16 * warp + lane / 4;  // the thread's rows rloc, rloc + 8 of the tile
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int blk, tn;
+      tile_of(t, tiles_m, a, blk, tn);
+      const int e = __ldg(a.expert_ids + blk);
+      int s0 = __ldg(a.sorted_token_ids + blk * kBM + rloc);
+      int s1 = __ldg(a.sorted_token_ids + blk * kBM + rloc + 8);
+      if (s0 < 0) s0 = mk;  // treat any out-of-range id as padding
+      if (s1 < 0) s1 = mk;
+      // The warpgroup's 128 threads cover its 64 rows (4 threads a row).
+      // Named barriers 1 and 2 (0 is __syncthreads').
+      const bool any_row = s0 < mk || s1 < mk;
+      const bool live = c == 0 ? warpgroup_any<1>(any_row) : warpgroup_any<2>(any_row);
+      if (!expert_local(e, a)) {
+        if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, true);
+        continue;
+      }
+      // A live warpgroup runs the K loop with its wgmma; a dead one (all its
+      // rows padding) the same waits and releases without them. Two loops,
+      // not an `if (live)` around the wgmma: ptxas serializes wgmma that sit
+      // in a branch it cannot prove warpgroup-uniform (C7518), but not a
+      // loop whose trip count differs.
+      int prev = -1;
+      const int kt_live = live ? a.k_tiles : 0;
+      for (int kt = 0; kt < kt_live; ++kt) {
+        kd_wgmma::mbar_wait(&full[s], phase);
+        consume_fence();
+        const uint8_t* ta = sa + s * kStageBytesA + c * (64 * 128);
+        const uint8_t* tb = sb + s * kStageBytesB;
+        kd_wgmma::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          kd_wgmma::wgmma_k16<BF16, BN>(acc, kd_wgmma::smem_desc(ta + 32 * kk), kd_wgmma::smem_desc(tb + 32 * kk),
+                                        (kt > 0 || kk > 0) ? 1 : 0);
+        kd_wgmma::wgmma_commit();
+        kd_wgmma::wgmma_wait<1>();
+        if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
+        prev = s;
+        if (++s == stages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+      kd_wgmma::wgmma_wait<0>();  // (none pending where dead)
+      for (int kt = kt_live; kt < a.k_tiles; ++kt) {
+        kd_wgmma::mbar_wait(&full[s], phase);
+        if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
+        prev = s;
+        if (++s == stages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+      if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
+      if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, false);
+    }
+  }
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+  (void)tma_w, (void)a;
+  __trap();
+#endif
+}
+
+}  // namespace kd_wgmma_moe
