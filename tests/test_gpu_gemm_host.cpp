@@ -375,3 +375,29 @@ TEST_CASE("gpu gemm host: a cuBLASLt row needs every algorithm param, as integer
   CHECK(s.status().code() == StatusCode::config_error);
   CHECK(kdtest::contains(s.status().message(), "'split_k'=3 is not a point of gemm_bf16__skinny's space"));
 }
+
+TEST_CASE("gpu gemm host: moe_gemm's default takes wgmma from 64 pairs an expert at the sort's block_size 128") {
+  if (!dispatch::backends::find(DeviceType::cuda)) return;
+  const DeviceInfo dev = h200();
+  // Qwen3-30B-A3B's up call: E 128, top_k 8, N 1536, K 2048.
+  auto moe = [](int64_t m, int64_t bs, int64_t k = 2048) {
+    Problem p;
+    p.op = OpKind::moe_gemm;
+    p.device = Device{DeviceType::cuda, 0};
+    p.in_dtype = p.out_dtype = DType::bf16;
+    p.m = m, p.n = 1536, p.k = k;
+    p.extra[0] = 128, p.extra[1] = 8, p.extra[2] = bs;
+    p.align_bytes = 16;
+    return p;
+  };
+  auto served = [&](const Problem& p) { return std::string(dispatch::core::get_default(p, dev).variant->name); };
+  CHECK(served(moe(1024, 128)) == "moe_gemm_bf16__wgmma");  // 64 pairs an expert
+  CHECK(served(moe(4096, 128)) == "moe_gemm_bf16__wgmma");
+  CHECK(served(moe(1023, 128)) == "moe_gemm_bf16__ring");  // under 64 pairs an expert
+  CHECK(served(moe(4096, 64)) == "moe_gemm_bf16__ring");   // another sort
+  const VariantDef* w = dispatch::core::find_variant("moe_gemm_bf16__wgmma");
+  REQUIRE(w != nullptr);
+  CHECK(kdtest::contains(w->supports(moe(4096, 64), {}, dev).message(),
+                         "moe_gemm_bf16__wgmma: the wgmma kernel takes the sort's block_size 128"));
+  CHECK(kdtest::contains(w->supports(moe(4096, 128, 2044), {}, dev).message(), "K a multiple of 8"));
+}
