@@ -114,18 +114,20 @@ Status launch(const gpu::gemm::Wgmma& w, const core::LaunchArgs& la, const core:
 }
 
 /// Fills out[kernel] for both kernels of DT: loadable only where the
-/// device runs this build's sm_90a code (binary version 90; a newer device
-/// would run the compute_90 PTX, whose body is a trap), with the dynamic
-/// shared memory limit raised to the largest stage count that fits.
+/// device runs this TU's sm_90a code (kd_wgmma::sm90a_code_runs: not the
+/// compute_90 PTX, whose body is a trap, on a newer device or under
+/// CUDA_FORCE_PTX_JIT=1) and the driver has the tensor-map encoder, with
+/// the dynamic shared memory limit raised to the largest stage count that fits.
 template <DType DT>
 void probe(KernelImage* out, const ProbeEnv& env) noexcept {
   const int64_t limit = env.smem_optin > 0 ? env.smem_optin : 227 * 1024;
+  const bool runs = kd_wgmma::sm90a_code_runs();
   for (int i = 0; i < gpu::gemm::kWgmmaKernels; ++i) {
     const int64_t bn = gpu::gemm::kWgmmaBlockNValues[i];
     int64_t smem = 0;
     for (int64_t s : gpu::gemm::kWgmmaStagesValues)
       if (gpu::gemm::wgmma_smem_bytes(bn, s) <= limit) smem = gpu::gemm::wgmma_smem_bytes(bn, s);
-    out[i] = wgmma_image(kernels<DT>()[i], smem);
+    out[i] = wgmma_image(kernels<DT>()[i], smem, runs);
   }
 }
 

@@ -65,6 +65,13 @@ inline constexpr int kThreads = 384;     ///< producer + 2 consumer warpgroups
 inline constexpr int kSmemSlack = 1024;  ///< alignment slack of the dynamic shared memory
 inline constexpr int kStageBytesA = kBM * kBK * 2;
 
+/// 1 in the sm_90a image, 0 in the compute_90 PTX (whose kernels trap): the
+/// probe reads it from the image the driver chose for the device, since
+/// binaryVersion is 90 for the sm_90a SASS and for the compute_90 PTX
+/// JIT-compiled on a CC 9.0 device alike (CUDA_FORCE_PTX_JIT=1, or an arch
+/// list without 90a). One copy per translation unit: each TU's own module.
+static __constant__ int kSm90aImage = KD_WGMMA_ENABLED;
+
 /// Dynamic shared memory of a launch (bytes).
 __host__ __device__ constexpr int smem_bytes(int bn, int stages) {
   return kSmemSlack + stages * (kStageBytesA + bn * kBK * 2) + 2 * stages * 8;
@@ -352,14 +359,30 @@ inline EncodeTiledFn encode_fn() noexcept {
   static const EncodeTiledFn fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else  // CUDA 12.0-12.4: the unversioned query (deprecated from 12.5)
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       return EncodeTiledFn{nullptr};
     }
     return reinterpret_cast<EncodeTiledFn>(f);
   }();
   return fn;
+}
+
+/// Whether this translation unit's wgmma kernels can run on the current
+/// device: its module's image is the sm_90a one (kSm90aImage) and the
+/// driver has the tensor-map encoder.
+inline bool sm90a_code_runs() noexcept {
+  int v = 0;
+  if (cudaMemcpyFromSymbol(&v, kSm90aImage, sizeof v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return v == 1 && encode_fn() != nullptr;
 }
 
 /// The tensor map of a row-major [rows][cols] 16-bit operand with row stride

@@ -246,6 +246,139 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Arg
   }
 }
 
+/// The producer warpgroup (all 128 threads, after setmaxnreg): the B boxes
+/// by TMA (thread 0) and a's gathered rows by cp.async, stage by stage.
+template <int BN>
+__device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a, uint8_t* const sa, uint8_t* const sb,
+                                        uint64_t* const full, uint64_t* const empty, const int tiles_m, const int tiles,
+                                        const int mk) {
+  const int stages = a.stages;
+  constexpr int kStageBytesB = BN * kBK * 2;
+  const int p = threadIdx.x;
+  const int chunk = p % 8;  // this thread's 16-byte chunk of each 128-byte row
+  const int row0 = p / 8;   // and its rows: row0 + 16 i
+  // Swizzled offset of (row0 + 16 i, chunk): (row0 + 16 i) % 8 == row0 % 8.
+  const uint32_t dst0 = static_cast<uint32_t>(__cvta_generic_to_shared(sa)) + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
+  const __nv_bfloat16* const abase = static_cast<const __nv_bfloat16*>(a.a);  // 16-bit elements
+  int s = 0;
+  uint32_t phase = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int blk, tn;
+    tile_of(t, tiles_m, a, blk, tn);
+    const int e = __ldg(a.expert_ids + blk);
+    if (!expert_local(e, a)) continue;  // the consumers skip it too
+    // The rows' element offsets in a (token * K; M * K <= INT_MAX, checked
+    // by the launcher), -1 for padding: 32-bit, so that the producer fits
+    // its 40 registers without spilling.
+    int32_t off[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int sid = __ldg(a.sorted_token_ids + blk * kBM + row0 + 16 * i);
+      off[i] = sid >= 0 && sid < mk ? sid / a.top_k * a.lda : -1;
+    }
+    const int32_t wrow = e * a.n + tn * BN;
+    for (int kt = 0; kt < a.k_tiles; ++kt) {
+      kd_wgmma::mbar_wait(&empty[s], phase ^ 1);
+      if (p == 0) {
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             &full[s], static_cast<uint32_t>(kStageBytesB));
+        const int32_t cb[2] = {kt * kBK, wrow};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sb + s * kStageBytesB,
+                                        &tma_w, cb, &full[s]);
+      }
+      const int kc = kt * kBK + chunk * 8;
+      const bool kin = kc < a.k;  // K % 8 == 0: a chunk is all in or all out
+      const uint32_t dst = dst0 + s * kStageBytesA;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool ok = kin && off[i] >= 0;
+        const void* src = ok ? static_cast<const void*>(abase + (static_cast<uint32_t>(off[i]) + kc)) : a.a;
+        cp_async16(dst + i * 16 * 128, src, ok ? 16u : 0u);
+      }
+      cp_async_arrive_noinc(&full[s]);
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  cp_async_wait_all();  // no copy outlives its thread (the consumers wait for them anyway)
+}
+
+/// A consumer warpgroup (after setmaxnreg): wgmma on each stage, then the
+/// tile's rows stored.
+template <bool BF16, int BN>
+__device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, const uint8_t* const sb,
+                                        uint64_t* const full, uint64_t* const empty, const int tiles_m, const int tiles,
+                                        const int mk, const int wg) {
+  const int stages = a.stages;
+  constexpr int kStageBytesB = BN * kBK * 2;
+  const int c = wg - 1;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  const bool lead = threadIdx.x % 128 == 0;
+  const int rloc = 64 * c + 16 * warp + lane / 4;  // the thread's rows rloc, rloc + 8 of the tile
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  int s = 0;
+  uint32_t phase = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int blk, tn;
+    tile_of(t, tiles_m, a, blk, tn);
+    const int e = __ldg(a.expert_ids + blk);
+    int s0 = __ldg(a.sorted_token_ids + blk * kBM + rloc);
+    int s1 = __ldg(a.sorted_token_ids + blk * kBM + rloc + 8);
+    if (s0 < 0) s0 = mk;  // treat any out-of-range id as padding
+    if (s1 < 0) s1 = mk;
+    // The warpgroup's 128 threads cover its 64 rows (4 threads a row).
+    // Named barriers 1 and 2 (0 is __syncthreads').
+    const bool any_row = s0 < mk || s1 < mk;
+    const bool live = c == 0 ? warpgroup_any<1>(any_row) : warpgroup_any<2>(any_row);
+    if (!expert_local(e, a)) {
+      if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, true);
+      continue;
+    }
+    // A live warpgroup runs the K loop with its wgmma; a dead one (all its
+    // rows padding) the same waits and releases without them. Two loops,
+    // not an `if (live)` around the wgmma: ptxas serializes wgmma that sit
+    // in a branch it cannot prove warpgroup-uniform (C7518), but not a
+    // loop whose trip count differs.
+    int prev = -1;
+    const int kt_live = live ? a.k_tiles : 0;
+    for (int kt = 0; kt < kt_live; ++kt) {
+      kd_wgmma::mbar_wait(&full[s], phase);
+      consume_fence();
+      const uint8_t* ta = sa + s * kStageBytesA + c * (64 * 128);
+      const uint8_t* tb = sb + s * kStageBytesB;
+      kd_wgmma::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        kd_wgmma::wgmma_k16<BF16, BN>(acc, kd_wgmma::smem_desc(ta + 32 * kk), kd_wgmma::smem_desc(tb + 32 * kk),
+                                      (kt > 0 || kk > 0) ? 1 : 0);
+      kd_wgmma::wgmma_commit();
+      kd_wgmma::wgmma_wait<1>();
+      if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
+      prev = s;
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    kd_wgmma::wgmma_wait<0>();  // (none pending where dead)
+    for (int kt = kt_live; kt < a.k_tiles; ++kt) {
+      kd_wgmma::mbar_wait(&full[s], phase);
+      if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
+      prev = s;
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
+    if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, false);
+  }
+}
+
 // ------------------------------------------------------------------ the kernel
 
 template <bool BF16, int BN>
@@ -279,123 +412,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     kd_wgmma::setmaxnreg_dec<40>();
-    const int p = threadIdx.x;
-    const int chunk = p % 8;  // this thread's 16-byte chunk of each 128-byte row
-    const int row0 = p / 8;   // and its rows: row0 + 16 i
-    // Swizzled offset of (row0 + 16 i, chunk): (row0 + 16 i) % 8 == row0 % 8.
-    const uint32_t dst0 =
-        static_cast<uint32_t>(__cvta_generic_to_shared(sa)) + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
-    const __nv_bfloat16* const abase = static_cast<const __nv_bfloat16*>(a.a);  // 16-bit elements
-    int s = 0;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int blk, tn;
-      tile_of(t, tiles_m, a, blk, tn);
-      const int e = __ldg(a.expert_ids + blk);
-      if (!expert_local(e, a)) continue;  // the consumers skip it too
-      // The rows' element offsets in a (token * K; M * K <= INT_MAX, checked
-      // by the launcher), -1 for padding: 32-bit, so that the producer fits
-      // its 40 registers without spilling.
-      int32_t off[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int sid = __ldg(a.sorted_token_ids + blk * kBM + row0 + 16 * i);
-        off[i] = sid >= 0 && sid < mk ? sid / a.top_k * a.lda : -1;
-      }
-      const int32_t wrow = e * a.n + tn * BN;
-      for (int kt = 0; kt < a.k_tiles; ++kt) {
-        kd_wgmma::mbar_wait(&empty[s], phase ^ 1);
-        if (p == 0) {
-          cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                               &full[s], static_cast<uint32_t>(kStageBytesB));
-          const int32_t cb[2] = {kt * kBK, wrow};
-          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sb + s * kStageBytesB,
-                                          &tma_w, cb, &full[s]);
-        }
-        const int kc = kt * kBK + chunk * 8;
-        const bool kin = kc < a.k;  // K % 8 == 0: a chunk is all in or all out
-        const uint32_t dst = dst0 + s * kStageBytesA;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const bool ok = kin && off[i] >= 0;
-          const void* src = ok ? static_cast<const void*>(abase + (static_cast<uint32_t>(off[i]) + kc)) : a.a;
-          cp_async16(dst + i * 16 * 128, src, ok ? 16u : 0u);
-        }
-        cp_async_arrive_noinc(&full[s]);
-        if (++s == stages) {
-          s = 0;
-          phase ^= 1;
-        }
-      }
-    }
-    cp_async_wait_all();  // no copy outlives its thread (the consumers wait for them anyway)
+    produce<BN>(tma_w, a, sa, sb, full, empty, tiles_m, tiles, mk);
   } else {
     // ---------------------------------------------------------------- consumers
     kd_wgmma::setmaxnreg_inc<232>();
-    const int c = wg - 1;
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const bool lead = threadIdx.x % 128 == 0;
-    const int rloc = 64 * c + 16 * warp + lane / 4;  // the thread's rows rloc, rloc + 8 of the tile
-    float acc[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-    int s = 0;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int blk, tn;
-      tile_of(t, tiles_m, a, blk, tn);
-      const int e = __ldg(a.expert_ids + blk);
-      int s0 = __ldg(a.sorted_token_ids + blk * kBM + rloc);
-      int s1 = __ldg(a.sorted_token_ids + blk * kBM + rloc + 8);
-      if (s0 < 0) s0 = mk;  // treat any out-of-range id as padding
-      if (s1 < 0) s1 = mk;
-      // The warpgroup's 128 threads cover its 64 rows (4 threads a row).
-      // Named barriers 1 and 2 (0 is __syncthreads').
-      const bool any_row = s0 < mk || s1 < mk;
-      const bool live = c == 0 ? warpgroup_any<1>(any_row) : warpgroup_any<2>(any_row);
-      if (!expert_local(e, a)) {
-        if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, true);
-        continue;
-      }
-      // A live warpgroup runs the K loop with its wgmma; a dead one (all its
-      // rows padding) the same waits and releases without them. Two loops,
-      // not an `if (live)` around the wgmma: ptxas serializes wgmma that sit
-      // in a branch it cannot prove warpgroup-uniform (C7518), but not a
-      // loop whose trip count differs.
-      int prev = -1;
-      const int kt_live = live ? a.k_tiles : 0;
-      for (int kt = 0; kt < kt_live; ++kt) {
-        kd_wgmma::mbar_wait(&full[s], phase);
-        consume_fence();
-        const uint8_t* ta = sa + s * kStageBytesA + c * (64 * 128);
-        const uint8_t* tb = sb + s * kStageBytesB;
-        kd_wgmma::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)
-          kd_wgmma::wgmma_k16<BF16, BN>(acc, kd_wgmma::smem_desc(ta + 32 * kk), kd_wgmma::smem_desc(tb + 32 * kk),
-                                        (kt > 0 || kk > 0) ? 1 : 0);
-        kd_wgmma::wgmma_commit();
-        kd_wgmma::wgmma_wait<1>();
-        if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
-        prev = s;
-        if (++s == stages) {
-          s = 0;
-          phase ^= 1;
-        }
-      }
-      kd_wgmma::wgmma_wait<0>();  // (none pending where dead)
-      for (int kt = kt_live; kt < a.k_tiles; ++kt) {
-        kd_wgmma::mbar_wait(&full[s], phase);
-        if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
-        prev = s;
-        if (++s == stages) {
-          s = 0;
-          phase ^= 1;
-        }
-      }
-      if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
-      if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, false);
-    }
+    consume<BF16, BN>(a, sa, sb, full, empty, tiles_m, tiles, mk, wg);
   }
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #else

@@ -78,13 +78,14 @@ inline KernelImage image_with_smem(K* kernel, int64_t smem_bytes) noexcept {
 }
 
 /// image_with_smem for a kernel that runs on sm_90a alone (wgmma,
-/// setmaxnreg): not loadable (cudaErrorNoKernelImageForDevice) unless the
-/// device runs this build's sm_90a SASS (binary version 90); a newer device
-/// would run the compute_90 PTX, whose body of such a kernel is a trap.
+/// setmaxnreg): not loadable (cudaErrorNoKernelImageForDevice) unless its
+/// TU's module runs the sm_90a SASS here (`runs`: kd_wgmma::sm90a_code_runs,
+/// read from the module itself) with binary version 90; elsewhere the
+/// compute_90 PTX's body of such a kernel is a trap.
 template <class K>
-inline KernelImage wgmma_image(K* kernel, int64_t smem_bytes) noexcept {
+inline KernelImage wgmma_image(K* kernel, int64_t smem_bytes, bool runs) noexcept {
   const port::FuncInfo fi = port::func_info(kernel);
-  if (fi.loadable && fi.binary_version != 90) {
+  if (fi.loadable && (fi.binary_version != 90 || !runs)) {
     KernelImage k;
     k.error = static_cast<int32_t>(cudaErrorNoKernelImageForDevice);
     return k;

@@ -526,7 +526,7 @@ void probe(KernelImage* out) noexcept {
     out[4] = image_with_smem(moe_gemm_ring_kernel<W, mm::kWideTiles>, mm::kRingSmemBytesOf<mm::kWideTiles>);
     // [5]: wgmma (sm_90a only: loadable where the device runs this build's sm_90a code).
     out[5] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<W == DType::bf16, kWgmmaBN>,
-                         kd_wgmma::smem_bytes(kWgmmaBN, kWgmmaStages));
+                         kd_wgmma::smem_bytes(kWgmmaBN, kWgmmaStages), kd_wgmma::sm90a_code_runs());
   }
   if constexpr (W == DType::fp8_e4m3fn) {  // [4]: the quantisation kernel (no wide items in fp8)
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);

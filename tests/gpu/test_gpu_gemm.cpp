@@ -179,6 +179,13 @@ const GemmShape kShapes[] = {
     {16, 1032, 4096, 8, 8, true},
     {12, 2056, 2048, 0, 0, false, DType::fp32},
     {9, 1280, 8192, 0, 0, true},
+    // The wgmma family's persistent loop: more 128 x BLOCK_SIZE_N tiles than
+    // SMs at both BLOCK_SIZE_N (18 x 9 = 162, 18 x 17 = 306 > 132), so a block
+    // walks several tiles and the mbarrier ring's phases carry across them;
+    // 18 M-tiles cross a GROUP_SIZE_M group of 8 and of 16 (a partial last
+    // group); K = 200 is no multiple of 64 (a zero-filled K-tile tail); an
+    // odd ldd (2057) takes the scalar store path (d_vec2 = 0).
+    {2200, 2056, 200, 8, 1, true},
 };
 
 }  // namespace
