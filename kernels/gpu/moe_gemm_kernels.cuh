@@ -409,11 +409,14 @@ Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Arg
   return port::status(e, "moe_gemm ring kernel launch");
 }
 
-/// The wgmma kernel's tile: 128 x 128 with 6 stages. The harness of
-/// 2026-12-06 (H100) timed BLOCK_SIZE_N 256 (4 stages) beside it: equal on
-/// Qwen3-30B-A3B's up call at M = 1024, 8% slower at M = 4096 and 3% on
-/// Mixtral's at M = 1024, so only 128 is compiled.
-inline constexpr int kWgmmaBN = 128, kWgmmaStages = 6;
+/// The wgmma kernel's tile: 128 sorted ids by 256 columns (4 stages) where
+/// N has two such tiles, else by 128 (6 stages); image kWgmmaImage + 0 is
+/// 128 wide, + 1 256. Measured on an H100 (2026-12-06, moe_gemm's two calls
+/// beside the peer in one process, bench/results/wgmma.md): this rule ran at
+/// 1.01/0.89/0.93/0.92x the peer on Qwen3-30B-A3B M 1024/4096 and Mixtral
+/// M 1024/4096, 128 wide everywhere at 1.04/0.84/0.84/0.79x.
+inline int wgmma_bn(int64_t n) noexcept { return n >= 512 ? 256 : 128; }
+inline int wgmma_stages(int bn) noexcept { return bn == 256 ? 4 : 6; }
 
 /// Whether the wgmma kernel (cuda/wgmma_moe.cuh) takes the call: 16-bit
 /// weights, the sort's block_size 128, K a multiple of 8, a and w 16-byte
@@ -434,7 +437,7 @@ template <DType DT>
 Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
   static_assert(gpu::moe_gemm::kWgmmaThreads == kd_wgmma::kThreads, "the list's image check");
   constexpr bool kBf16 = DT == DType::bf16;
-  constexpr int bn = kWgmmaBN, stages = kWgmmaStages;
+  const int bn = wgmma_bn(g.N), stages = wgmma_stages(bn);
   CUtensorMap tw;
   if (kd_wgmma::encode_operand(kd_wgmma::encode_fn(), &tw, g.w, g.E * g.N, g.K, g.ldw, bn, kBf16) != CUDA_SUCCESS)
     return core::needs_fallback("moe_gemm wgmma: cuTensorMapEncodeTiled refused w");
@@ -467,8 +470,10 @@ Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Ar
   const LaunchScope on(la, p);
   const dim3 grid(static_cast<unsigned>(tiles < sms ? tiles : sms));
   const size_t smem = static_cast<size_t>(kd_wgmma::smem_bytes(bn, stages));
-  const port::Error e = port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, bn>, grid, dim3(kd_wgmma::kThreads),
-                                          smem, on.stream, on.pdl, tw, a);
+  const port::Error e = bn == 256 ? port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 256>, grid,
+                                                      dim3(kd_wgmma::kThreads), smem, on.stream, on.pdl, tw, a)
+                                  : port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 128>, grid,
+                                                      dim3(kd_wgmma::kThreads), smem, on.stream, on.pdl, tw, a);
   return port::status(e, "moe_gemm wgmma kernel launch");
 }
 #endif
@@ -524,9 +529,10 @@ void probe(KernelImage* out) noexcept {
   if constexpr (W == X && W != DType::fp8_e4m3fn) {
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);
     out[4] = image_with_smem(moe_gemm_ring_kernel<W, mm::kWideTiles>, mm::kRingSmemBytesOf<mm::kWideTiles>);
-    // [5]: wgmma (sm_90a only: loadable where the device runs this build's sm_90a code).
-    out[5] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<W == DType::bf16, kWgmmaBN>,
-                         kd_wgmma::smem_bytes(kWgmmaBN, kWgmmaStages), kd_wgmma::sm90a_code_runs());
+    // [5], [6]: wgmma 128 and 256 wide (sm_90a only: loadable where the device runs this TU's sm_90a code).
+    const bool runs = kd_wgmma::sm90a_code_runs();
+    out[5] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<W == DType::bf16, 128>, kd_wgmma::smem_bytes(128, 6), runs);
+    out[6] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<W == DType::bf16, 256>, kd_wgmma::smem_bytes(256, 4), runs);
   }
   if constexpr (W == DType::fp8_e4m3fn) {  // [4]: the quantisation kernel (no wide items in fp8)
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);

@@ -28,9 +28,9 @@ inline constexpr int kSplitWarps = 4, kRefThreads = 256;
 /// are fused_moe's ring kernels', gpu/moe_launch.hpp).
 /// The fp8 TU's [4] is its quantisation kernel (block fp8's ring: no wide
 /// items).
-/// [5] (CUDA's bf16 and fp16 TUs, sm_90a): wgmma (cuda/wgmma_moe.cuh; the
-/// sort's block_size 128).
-inline constexpr int kImages = 6;
+/// [5] and [6] (CUDA's bf16 and fp16 TUs, sm_90a): wgmma 128 and 256
+/// columns wide (cuda/wgmma_moe.cuh; the sort's block_size 128).
+inline constexpr int kImages = 7;
 inline constexpr int kWideRingImage = 4, kFp8QuantImage = 4, kWgmmaImage = 5;
 inline constexpr int kWgmmaThreads = 384;  ///< the wgmma kernel's block (3 warpgroups)
 

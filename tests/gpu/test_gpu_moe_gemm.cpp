@@ -209,9 +209,9 @@ std::vector<GemmShape> gemm_shapes() {
       // rows, a drop and a block not local (every dtype runs them)
       {64, 256, 384, 8, 4, 32, true, true},
       {40, 384, 256, 4, 2, 16, false, false, 8, true, true},
-      // wgmma (the sort's block_size 128): N past a 128-column tile, K past a 64 K-tile, skewed,
-      // padded a rows, the routed weight, a drop and a block not local; then whole consumer
-      // halves of padding
+      // wgmma (the sort's block_size 128): N past a 256-column tile (256 wide), K past a 64 K-tile,
+      // skewed, padded a rows, the routed weight, a drop and a block not local; then 128 wide with
+      // whole consumer halves of padding
       {300, 640, 264, 8, 4, 128, true, true, 8, true, true},
       {130, 160, 512, 4, 2, 128},
   };
