@@ -251,6 +251,37 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const Args&
   }
 }
 
+/// The block's pipeline in its dynamic shared memory (1024-byte aligned).
+struct Stages {
+  uint8_t* a;       ///< `stages` A stages of kStageBytesA
+  uint8_t* b;       ///< `stages` B stages of BN * kBK * 2 bytes
+  uint64_t* full;   ///< a stage's loads landed
+  uint64_t* empty;  ///< a stage's wgmma done (one arrival per consumer)
+};
+
+/// Lays out the stages and their mbarriers and initialises the barriers
+/// (thread 0: `full` expecting `full_arrivals` arrivals, `empty` 2), then
+/// __syncthreads(). Called by every thread of the block.
+template <int BN>
+__device__ __forceinline__ Stages stages_of(uint8_t* smem_raw, int stages, uint32_t full_arrivals) {
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* const smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
+  Stages st;
+  st.a = smem;
+  st.b = smem + stages * kStageBytesA;
+  st.full = reinterpret_cast<uint64_t*>(st.b + stages * (BN * kBK * 2));
+  st.empty = st.full + stages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      cuda::ptx::mbarrier_init(&st.full[s], full_arrivals);
+      cuda::ptx::mbarrier_init(&st.empty[s], 2);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+  return st;
+}
+
 // ------------------------------------------------------------------ the kernel
 
 template <bool BF16, int BN>
@@ -258,23 +289,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, const Args a) {
 #if KD_WGMMA_ENABLED
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  uint8_t* const smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   const int stages = a.stages;
-  uint8_t* const sa = smem;
-  uint8_t* const sb = smem + stages * kStageBytesA;
   constexpr int kStageBytesB = BN * kBK * 2;
-  uint64_t* const full = reinterpret_cast<uint64_t*>(sb + stages * kStageBytesB);
-  uint64_t* const empty = full + stages;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);
-      cuda::ptx::mbarrier_init(&empty[s], 2);
-    }
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  }
-  __syncthreads();
+  const Stages st = stages_of<BN>(smem_raw, stages, 1);
+  uint8_t* const sa = st.a;
+  uint8_t* const sb = st.b;
+  uint64_t* const full = st.full;
+  uint64_t* const empty = st.empty;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   const int tiles = a.tiles_m * a.tiles_n;

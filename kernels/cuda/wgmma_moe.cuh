@@ -386,23 +386,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     moe_gemm_kernel(const __grid_constant__ CUtensorMap tma_w, const Args a) {
 #if KD_WGMMA_ENABLED
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  uint8_t* const smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
-  const int stages = a.stages;
-  uint8_t* const sa = smem;
-  uint8_t* const sb = smem + stages * kStageBytesA;
-  constexpr int kStageBytesB = BN * kBK * 2;
-  uint64_t* const full = reinterpret_cast<uint64_t*>(sb + stages * kStageBytesB);
-  uint64_t* const empty = full + stages;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 128 + 1);  // 128 cp.async arrivals (noinc) + the expect_tx arrive
-      cuda::ptx::mbarrier_init(&empty[s], 2);       // one per consumer warpgroup
-    }
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  }
-  __syncthreads();
+  // 128 cp.async arrivals (noinc) and the expect_tx arrive a stage
+  const kd_wgmma::Stages st = kd_wgmma::stages_of<BN>(smem_raw, a.stages, 128 + 1);
+  uint8_t* const sa = st.a;
+  uint8_t* const sb = st.b;
+  uint64_t* const full = st.full;
+  uint64_t* const empty = st.empty;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   const int tiles_m = tiles_m_of(a);
