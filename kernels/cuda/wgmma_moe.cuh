@@ -3,7 +3,7 @@
 // (SGLang's fused_moe_kernel contract) on wgmma: for each processed sorted
 // block b (expert e = expert_ids[b]) and each sorted id s of the block with
 // 0 <= s < M * top_k,
-//   out[s, :] = (a[s / top_k, :] · w[e]^T) * (mul_routed_weight ? topk_weights[s] : 1)
+//   out[s, :] = (a[s / top_k, :] · w[e]^T) * (mul_routed_weight ? topk_weights[s / top_k][s % top_k] : 1)
 // a [M][K] (row stride lda), w [E][N][K] (K contiguous, row stride ldw,
 // expert stride N * ldw), out [M * top_k][N] (row stride ldo), all bf16 (or
 // all fp16), fp32 accumulation; topk_weights [M][top_k] (row stride ldtw). A block whose expert is not local (< 0 or >=
@@ -56,7 +56,7 @@
 //   Non-local expert: producer and consumers both skip the tile's K loop
 //     (no stage used, phases stay in step); the consumers store zeros.
 //   Epilogue: row = the sorted id s, skipped for padding; times
-//     topk_weights[s] where mul_routed_weight.
+//     topk_weights[s / top_k][s % top_k] where mul_routed_weight.
 #pragma once
 
 #include "cuda/wgmma_gemm.cuh"
@@ -77,15 +77,16 @@ __host__ __device__ constexpr int smem_bytes(int bn, int stages) { return kd_wgm
 struct Args {
   void* out;                           ///< [M * top_k][N], the input dtype, row stride ldo
   const void* a;                       ///< [M][K], row stride lda
-  const int32_t* sorted_token_ids;     ///< [max_blocks * 128]
+  const int32_t* sorted_token_ids;     ///< [cap]: positions >= cap are never read (padding)
   const int32_t* expert_ids;           ///< [max_blocks]
-  const int32_t* num_tokens_post_pad;  ///< [1]: total (a multiple of 128)
+  const int32_t* num_tokens_post_pad;  ///< [1]: total, clamped to [0, cap] as the op's contract says
   const float* topk_weights;           ///< [M][top_k], row stride ldtw (read where mul_routed_weight)
   int64_t ldo;
   int32_t lda, ldtw;
   int32_t m, n, k;
   int32_t num_experts, top_k, mul_routed_weight;
-  int32_t max_blocks;  ///< the sorted arrays' blocks: bounds ceil(total / 128)
+  int32_t cap;         ///< the sorted positions the buffers hold (the op's readable extent)
+  int32_t max_blocks;  ///< ceil(cap / 128)
   int32_t tiles_n, k_tiles;
   int32_t stages;    ///< shared-memory pipeline depth
   int32_t group_m;   ///< sorted blocks per group of the tile order
@@ -195,10 +196,11 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, const Args& a, int& 
   tn = r / size;
 }
 
-/// The sorted blocks to process: ceil(total / 128), at most max_blocks.
+/// The sorted blocks to process: ceil(min(max(total, 0), cap) / 128)
+/// (clamped first: no int32 overflow whatever total holds).
 __device__ __forceinline__ int tiles_m_of(const Args& a) {
-  const int total = __ldg(a.num_tokens_post_pad);
-  return max(0, min((total + kBM - 1) / kBM, a.max_blocks));
+  const int total = min(max(__ldg(a.num_tokens_post_pad), 0), a.cap);
+  return total / kBM + (total % kBM != 0 ? 1 : 0);
 }
 
 __device__ __forceinline__ bool expert_local(int e, const Args& a) { return e >= 0 && e < a.num_experts; }
@@ -267,13 +269,14 @@ __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a,
     tile_of(t, tiles_m, a, blk, tn);
     const int e = __ldg(a.expert_ids + blk);
     if (!expert_local(e, a)) continue;  // the consumers skip it too
-    // The rows' element offsets in a (token * K; M * K <= INT_MAX, checked
+    // The rows' element offsets in a (token * lda; M * lda <= INT_MAX, checked
     // by the launcher), -1 for padding: 32-bit, so that the producer fits
     // its 40 registers without spilling.
     int32_t off[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int sid = __ldg(a.sorted_token_ids + blk * kBM + row0 + 16 * i);
+      const int pos = blk * kBM + row0 + 16 * i;  // past cap: padding, not read
+      const int sid = pos < a.cap ? __ldg(a.sorted_token_ids + pos) : -1;
       off[i] = sid >= 0 && sid < mk ? sid / a.top_k * a.lda : -1;
     }
     const int32_t wrow = e * a.n + tn * BN;
@@ -326,8 +329,9 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
     int blk, tn;
     tile_of(t, tiles_m, a, blk, tn);
     const int e = __ldg(a.expert_ids + blk);
-    int s0 = __ldg(a.sorted_token_ids + blk * kBM + rloc);
-    int s1 = __ldg(a.sorted_token_ids + blk * kBM + rloc + 8);
+    const int p0 = blk * kBM + rloc;  // positions past cap: padding, not read
+    int s0 = p0 < a.cap ? __ldg(a.sorted_token_ids + p0) : mk;
+    int s1 = p0 + 8 < a.cap ? __ldg(a.sorted_token_ids + p0 + 8) : mk;
     if (s0 < 0) s0 = mk;  // treat any out-of-range id as padding
     if (s1 < 0) s1 = mk;
     // The warpgroup's 128 threads cover its 64 rows (4 threads a row).

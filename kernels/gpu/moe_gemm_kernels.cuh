@@ -457,6 +457,7 @@ Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Ar
   a.num_experts = static_cast<int32_t>(g.E);
   a.top_k = static_cast<int32_t>(g.top_k);
   a.mul_routed_weight = g.tw != nullptr ? 1 : 0;
+  a.cap = static_cast<int32_t>(g.cap);
   a.max_blocks = static_cast<int32_t>(blocks);
   a.tiles_n = static_cast<int32_t>((g.N + bn - 1) / bn);
   a.k_tiles = static_cast<int32_t>((g.K + kd_wgmma::kBK - 1) / kd_wgmma::kBK);
@@ -495,8 +496,12 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
   const int64_t blocks = (g.cap + g.bs - 1) / g.bs;
 #if KDISPATCH_GPU_HAS_TILED
   if constexpr (W == X && W != DType::fp8_e4m3fn)
-    if (f == Family::wgmma && wgmma_fits(g, p)) return launch_wgmma<W>(la, p, g, blocks);
-  if (f == Family::wgmma) f = Family::ring;  // what the call allows
+    if (f == Family::wgmma) {
+      if (!wgmma_fits(g, p))  // get_default's plan runs the call: the info names what ran
+        return core::needs_fallback(
+            "moe_gemm wgmma: a or w rows not 16-byte aligned, strides past int32 or no tensor-map encoder");
+      return launch_wgmma<W>(la, p, g, blocks);
+    }
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
   if constexpr (W == DType::fp8_e4m3fn)

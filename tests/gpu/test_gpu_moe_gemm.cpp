@@ -214,6 +214,9 @@ std::vector<GemmShape> gemm_shapes() {
       // whole consumer halves of padding
       {300, 640, 264, 8, 4, 128, true, true, 8, true, true},
       {130, 160, 512, 4, 2, 128},
+      // wgmma's persistent loop: 264 sorted blocks x 2 tiles of 256 columns > 132 SMs, so a block
+      // walks several tiles (phases carried, live, dead-half and non-local tiles in a row), K 72
+      {4096, 512, 72, 8, 8, 128, true, false, 0, true, true},
   };
 }
 
