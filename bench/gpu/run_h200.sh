@@ -38,6 +38,8 @@
 #   bench/gpu/run_h200.sh --sections gemm-tune   # tune the bf16 GEMM grid into configs/cuda/gemm (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-bench  # GEMM beside torch (cuBLAS) and Triton (resumes)
 #   bench/gpu/run_h200.sh --sections gemm-test   # the GPU GEMM tests alone (gemm_tests.log)
+#   bench/gpu/run_h200.sh --sections wgmma-harness # the wgmma kernels alone against cuBLAS, with a barrier
+#                 watchdog (bench/gpu/wgmma_harness.cu; KD_WGMMA_HARNESS=dense|moe|all; wgmma_harness.log)
 #   bench/gpu/run_h200.sh --sections gemm-host   # dispatch::gemm host overhead; tiled family alone vs cuBLASLt
 #                 (KD_GEMM_SWEEP_M=1,8,16: then every skinny/skinny_mma point of the grid at those M;
 #                  KD_GEMM_SWEEP_ONLY=1: the sweep alone; KD_GEMM_SWEEP_NK=1280x8192,...: these shapes only)
@@ -168,7 +170,7 @@ while [ $# -gt 0 ]; do
         rm -rf .deps/sglang_moe && cp -r ../shared/peers/sglang_moe .deps/sglang_moe &&
         cp -r ../shared/data/sglang-configs/fused_moe_triton .deps/sglang_moe/configs
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,large,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,wgmma-harness,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,large,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -900,6 +902,26 @@ if has silu-test; then
   echo "kdispatch_gpu_tests -tc='gpu silu*' rc=$rc: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/silu_tests.log" | tr '\n' ' ')"
   if [ $rc -ne 0 ]; then grep -E "ERROR|FAILED|error" "$OUT/silu_tests.log" | head -20; echo "::: silu-test: FAILED"; status=1
   else echo "::: silu-test: complete"; fi
+fi
+
+# ================================================================ wgmma-harness
+# The wgmma kernels alone (bench/gpu/wgmma_harness.cu: dense beside cuBLAS,
+# moe_gemm's against a per-expert cuBLAS reference), built with a watchdog
+# (KD_WGMMA_WATCHDOG_NS, default 5 s: a barrier wait past it prints the block
+# and traps instead of hanging); unbuffered output in wgmma_harness.log.
+# KD_WGMMA_HARNESS=dense|moe|all (default all).
+if has wgmma-harness; then
+  stamp "wgmma-harness: nvcc (sm_90a, watchdog ${KD_WGMMA_WATCHDOG_NS:-5000000000} ns)"
+  nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -I kernels \
+    -DKD_WGMMA_WATCHDOG_NS="${KD_WGMMA_WATCHDOG_NS:-5000000000}" bench/gpu/wgmma_harness.cu -lcublas \
+    -o "$OUT/wgmma_harness.bin" >"$OUT/wgmma_harness_build.log" 2>&1 ||
+    { tail -20 "$OUT/wgmma_harness_build.log"; echo "::: wgmma-harness: FAILED to build"; exit 1; }
+  timeout $(($(left) - 5)) "$OUT/wgmma_harness.bin" "${KD_WGMMA_HARNESS:-all}" >"$OUT/wgmma_harness.log" 2>&1
+  rc=$?
+  rm -f "$OUT/wgmma_harness.bin"
+  grep -E "FAIL|watchdog|error" "$OUT/wgmma_harness.log" | head -20
+  tail -3 "$OUT/wgmma_harness.log"
+  if [ $rc -eq 0 ]; then echo "::: wgmma-harness: complete"; else echo "::: wgmma-harness: rc=$rc (124: the section's time ran out)"; status=1; fi
 fi
 
 # ================================================================ gemm-test

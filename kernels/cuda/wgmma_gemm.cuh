@@ -179,9 +179,26 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p) {
          (uint64_t{1} << 62);
 }
 
+/// Waits for the phase of `bar` with parity `parity` to complete. Built
+/// with -DKD_WGMMA_WATCHDOG_NS=<ns> (bench/gpu/wgmma_harness.cu), a wait
+/// longer than that prints the block, thread, barrier and parity and traps:
+/// a hang becomes a diagnosable error (never in the library's build).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#ifdef KD_WGMMA_WATCHDOG_NS
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > static_cast<uint64_t>(KD_WGMMA_WATCHDOG_NS)) {
+      printf("kd_wgmma watchdog: block %d thread %d waited %llu ns on mbarrier %p parity %u\n", blockIdx.x, threadIdx.x,
+             static_cast<unsigned long long>(t - t0), static_cast<void*>(bar), parity);
+      __trap();
+    }
+  }
+#else
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
+#endif
 }
 
 /// Tile t of the GROUP_SIZE_M order: its M-tile and N-tile.
