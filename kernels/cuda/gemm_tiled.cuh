@@ -569,16 +569,9 @@ Status launch(const gpu::gemm::Tiled& t, const core::LaunchArgs& la, const core:
     return make_status(StatusCode::invalid_argument, "gemm tiled: kernel index out of range");
   if (t.split_k != 1 && t.split_k != 2 && t.split_k != 4)
     return make_status(StatusCode::invalid_argument, "gemm tiled: split_k must be 1, 2 or 4");
-  if (p.out_dtype != DT && p.out_dtype != DType::fp32)
-    return make_status(StatusCode::unsupported_problem, "gemm tiled: D must be the input dtype or fp32");
-  if (p.m < 1 || p.n < 1) return Status();
-  if (p.k < 1 || p.k % 8 != 0)
-    return make_status(StatusCode::unsupported_problem, "gemm tiled: K must be a positive multiple of 8");
-  if (p.m > kMaxDim || p.n > kMaxDim || p.k > kMaxDim)
-    return make_status(StatusCode::unsupported_problem, "gemm tiled: M, N and K must be below 2^31 - 1024");
-  if (A == nullptr || B == nullptr || D == nullptr)
-    return make_status(StatusCode::invalid_argument, "gemm tiled: a, b and d must not be null");
-  if (!aligned16(A) || !aligned16(B)) return needs_fallback("gemm tiled: A and B must be 16-byte aligned");
+  static_assert(kMaxDim == int64_t{INT32_MAX} - 1024, "check_tile_gemm_call's limit");
+  bool nothing = false;
+  if (Status s = check_tile_gemm_call(la, p, DT, "gemm tiled", &nothing); !s.ok() || nothing) return s;
   if ((p.m > 1 && lda % 8 != 0) || (p.n > 1 && ldb % 8 != 0))
     return needs_fallback("gemm tiled: lda and ldb must be multiples of 8 elements");
 

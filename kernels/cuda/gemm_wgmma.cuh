@@ -59,16 +59,8 @@ Status launch(const gpu::gemm::Wgmma& w, const core::LaunchArgs& la, const core:
   const int64_t lda = la.ld[core::kGemmArgA], ldb = la.ld[core::kGemmArgB], ldd = la.ld[core::kGemmArgD];
   if (w.kernel < 0 || w.kernel >= gpu::gemm::kWgmmaKernels)
     return make_status(StatusCode::invalid_argument, "gemm wgmma: kernel index out of range");
-  if (p.out_dtype != DT && p.out_dtype != DType::fp32)
-    return make_status(StatusCode::unsupported_problem, "gemm wgmma: D must be the input dtype or fp32");
-  if (p.m < 1 || p.n < 1) return Status();
-  if (p.k < 1 || p.k % 8 != 0)
-    return make_status(StatusCode::unsupported_problem, "gemm wgmma: K must be a positive multiple of 8");
-  if (p.m > INT_MAX - 1024 || p.n > INT_MAX - 1024 || p.k > INT_MAX - 1024)
-    return make_status(StatusCode::unsupported_problem, "gemm wgmma: M, N and K must be below 2^31 - 1024");
-  if (A == nullptr || B == nullptr || D == nullptr)
-    return make_status(StatusCode::invalid_argument, "gemm wgmma: a, b and d must not be null");
-  if (!aligned16(A) || !aligned16(B)) return needs_fallback("gemm wgmma: A and B must be 16-byte aligned");
+  bool nothing = false;
+  if (Status s = check_tile_gemm_call(la, p, DT, "gemm wgmma", &nothing); !s.ok() || nothing) return s;
   // The TMA's row stride is a multiple of 16 bytes (one row: any stride).
   const int64_t sa = p.m > 1 ? lda : p.k, sb = p.n > 1 ? ldb : p.k;
   if (sa % 8 != 0 || sb % 8 != 0 || sa < p.k || sb < p.k)

@@ -5,9 +5,14 @@
 // defined. Plain C++.
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+
 #include "core/op.hpp"
 #include "gpu/backend_decls.hpp"
 #include "gpu/gemm_plan.hpp"
+#include "ops/gemm.hpp"
 
 namespace dispatch::KDISPATCH_GPU_NS {
 
@@ -27,6 +32,42 @@ KDISPATCH_DECLARE_GEMM_SKINNY_LAUNCH(bf16)
 inline constexpr int kGemmRefImage = gpu::gemm::kSkinnyKernels;
 
 #if KDISPATCH_GPU_HAS_TILED
+/// The checks the CUDA tensor-core tile launchers (tiled, wgmma) share, in
+/// order, each message prefixed with `who` ("gemm tiled"): D the input dtype
+/// `dt` or fp32; M or N of 0: `*nothing` set, ok (no launch); K a positive
+/// multiple of 8; M, N, K below 2^31 - 1024; a, b and d not null; A and B
+/// 16-byte aligned (else needs_fallback: get_default's plan runs the call).
+inline Status check_tile_gemm_call(const core::LaunchArgs& la, const core::Problem& p, DType dt, std::string_view who,
+                                   bool* nothing) noexcept {
+  *nothing = false;
+  auto fail = [&](StatusCode code, std::string_view what) {
+    try {
+      return make_status(code, std::string(who) + ": " + std::string(what));
+    } catch (...) {
+      return make_status(code, what);
+    }
+  };
+  if (p.out_dtype != dt && p.out_dtype != DType::fp32)
+    return fail(StatusCode::unsupported_problem, "D must be the input dtype or fp32");
+  if (p.m < 1 || p.n < 1) {
+    *nothing = true;
+    return Status();
+  }
+  if (p.k < 1 || p.k % 8 != 0) return fail(StatusCode::unsupported_problem, "K must be a positive multiple of 8");
+  constexpr int64_t kMax = int64_t{INT32_MAX} - 1024;
+  if (p.m > kMax || p.n > kMax || p.k > kMax)
+    return fail(StatusCode::unsupported_problem, "M, N and K must be below 2^31 - 1024");
+  const void* const a = la.data[core::kGemmArgA];
+  const void* const b = la.data[core::kGemmArgB];
+  if (a == nullptr || b == nullptr || la.data[core::kGemmArgD] == nullptr)
+    return fail(StatusCode::invalid_argument, "a, b and d must not be null");
+  if (((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15u) != 0) {
+    Status s = fail(StatusCode::unsupported_problem, "A and B must be 16-byte aligned");
+    return core::needs_fallback(s.message());
+  }
+  return Status();
+}
+
 /// The body of kernels/cuda/gemm_<fam>_<dt>.cu for the CUDA tensor-core
 /// families (tiled, skinny_mma, wgmma): launch_gemm_<fam>_<dt>, calling
 /// gemm_<fam>::launch<DT>(plan, la, p) with the family's resolved plan type
