@@ -163,7 +163,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
 /// before issuing the cp.async.
 __device__ __forceinline__ void consume_fence() {
 #if KD_WGMMA_ENABLED
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // fence.proxy.async.shared::cta
 #endif
 }
 
