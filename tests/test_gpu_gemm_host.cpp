@@ -376,7 +376,7 @@ TEST_CASE("gpu gemm host: a cuBLASLt row needs every algorithm param, as integer
   CHECK(kdtest::contains(s.status().message(), "'split_k'=3 is not a point of gemm_bf16__skinny's space"));
 }
 
-TEST_CASE("gpu gemm host: moe_gemm's wgmma variant takes the sort's block_size 128, the default stays the ring") {
+TEST_CASE("gpu gemm host: moe_gemm's default takes wgmma from 64 pairs an expert at the sort's block_size 128") {
   if (!dispatch::backends::find(DeviceType::cuda)) return;
   const DeviceInfo dev = h200();
   // Qwen3-30B-A3B's up call: E 128, top_k 8, N 1536, K 2048.
@@ -391,8 +391,11 @@ TEST_CASE("gpu gemm host: moe_gemm's wgmma variant takes the sort's block_size 1
     return p;
   };
   auto served = [&](const Problem& p) { return std::string(dispatch::core::get_default(p, dev).variant->name); };
-  // Not the default yet (kernels/gpu/moe_gemm_variants.inc says why).
-  CHECK(served(moe(4096, 128)) == "moe_gemm_bf16__ring");
+  CHECK(served(moe(1024, 128)) == "moe_gemm_bf16__wgmma");  // 64 pairs an expert
+  CHECK(served(moe(4096, 128)) == "moe_gemm_bf16__wgmma");
+  CHECK(served(moe(1023, 128)) == "moe_gemm_bf16__ring");  // under 64 pairs an expert
+  CHECK(served(moe(4096, 64)) == "moe_gemm_bf16__ring");   // another sort
+  CHECK(served(moe(4096, 128, 2044)) == "moe_gemm_bf16__split");  // K off 8: wgmma and ring decline
   const VariantDef* w = dispatch::core::find_variant("moe_gemm_bf16__wgmma");
   REQUIRE(w != nullptr);
   CHECK(w->supports(moe(4096, 128), {}, dev).ok());

@@ -65,7 +65,9 @@ struct GemmCase {
   HostTensor a, b, bias, d;
   std::vector<double> want, absdot;
   DeviceBuffer da, db, dbias, dd, ws;
-  static constexpr int64_t kWs = int64_t{32} << 20;
+  // The split-K families need split_k * M * N * 4 bytes (split_k <= 4 in the
+  // tiled family's space, 8 in skinny's); at least 32 MiB for cuBLASLt.
+  static int64_t ws_for(const GemmShape& sh) { return std::max<int64_t>(int64_t{32} << 20, 8 * sh.m * sh.n * 4); }
 
   GemmCase(DeviceType bt, const GemmShape& sh, std::mt19937& rng, size_t a_offset_bytes = 0)
       : s(sh),
@@ -77,7 +79,7 @@ struct GemmCase {
         db(mem_of(bt), b.bytes()),
         dbias(mem_of(bt), bias.bytes()),
         dd(mem_of(bt), d.bytes()),
-        ws(mem_of(bt), size_t(kWs)) {
+        ws(mem_of(bt), size_t(ws_for(sh))) {
     a.fill_uniform(rng, -1.f, 1.f);
     b.fill_uniform(rng, -0.5f, 0.5f);
     bias.fill_uniform(rng, -1.f, 1.f);
@@ -123,7 +125,7 @@ struct GemmCase {
     la.ld[kGemmArgD] = s.n + s.ldd_pad;
     la.data[kGemmArgBias] = s.bias ? dbias.get() : nullptr;
     la.workspace = with_ws ? ws.get() : nullptr;
-    la.workspace_bytes = with_ws ? kWs : 0;
+    la.workspace_bytes = with_ws ? ws_for(s) : 0;
     return la;
   }
   void poison() {
