@@ -393,8 +393,8 @@ TEST_CASE("gpu gemm host: moe_gemm's default takes wgmma from 64 pairs an expert
   auto served = [&](const Problem& p) { return std::string(dispatch::core::get_default(p, dev).variant->name); };
   CHECK(served(moe(1024, 128)) == "moe_gemm_bf16__wgmma");  // 64 pairs an expert
   CHECK(served(moe(4096, 128)) == "moe_gemm_bf16__wgmma");
-  CHECK(served(moe(1023, 128)) == "moe_gemm_bf16__ring");  // under 64 pairs an expert
-  CHECK(served(moe(4096, 64)) == "moe_gemm_bf16__ring");   // another sort
+  CHECK(served(moe(1023, 128)) == "moe_gemm_bf16__ring");         // under 64 pairs an expert
+  CHECK(served(moe(4096, 64)) == "moe_gemm_bf16__ring");          // another sort
   CHECK(served(moe(4096, 128, 2044)) == "moe_gemm_bf16__split");  // K off 8: wgmma and ring decline
   const VariantDef* w = dispatch::core::find_variant("moe_gemm_bf16__wgmma");
   REQUIRE(w != nullptr);

@@ -61,6 +61,7 @@ namespace kd_wgmma {
 
 inline constexpr int kBM = 128;          ///< rows of a block tile
 inline constexpr int kBK = 64;           ///< K of a stage (128 bytes of 16-bit elements)
+inline constexpr int kBK8 = 128;         ///< K of a stage of 1-byte (e4m3) elements: the same 128 bytes
 inline constexpr int kThreads = 384;     ///< producer + 2 consumer warpgroups
 inline constexpr int kSmemSlack = 1024;  ///< alignment slack of the dynamic shared memory
 inline constexpr int kStageBytesA = kBM * kBK * 2;
@@ -109,15 +110,17 @@ struct Args {
 #define KD_WGMMA_O64(b)                                                                              \
   KD_WGMMA_O8(b), KD_WGMMA_O8(b + 8), KD_WGMMA_O8(b + 16), KD_WGMMA_O8(b + 24), KD_WGMMA_O8(b + 32), \
       KD_WGMMA_O8(b + 40), KD_WGMMA_O8(b + 48), KD_WGMMA_O8(b + 56)
-// One wgmma.m64n<N>k16 with fp32 accumulators: NREG = N / 2 registers, the
-// descriptors and scale-d after them (operands NREG, NREG + 1, NREG + 2).
-#define KD_WGMMA_ASM(SHAPE, AB, REGS, I_DA, I_DB, I_SC, ...)                                            \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" I_SC                                                \
-               ", 0;\n"                                                                                 \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32." AB "." AB " {" REGS "}, %" I_DA ", %" I_DB \
-               ", p, 1, 1, 0, 0;\n}\n"                                                                  \
-               : __VA_ARGS__                                                                            \
+// One wgmma.m64n<N>k<16|32> with fp32 accumulators: NREG = N / 2 registers,
+// the descriptors and scale-d after them (operands NREG, NREG + 1, NREG +
+// 2); TAIL: imm-scale-a, imm-scale-b [, the 16-bit types' transposes].
+#define KD_WGMMA_ASM_TAIL(SHAPE, AB, TAIL, REGS, I_DA, I_DB, I_SC, ...)                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" I_SC                                                             \
+               ", 0;\n"                                                                                              \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." AB "." AB " {" REGS "}, %" I_DA ", %" I_DB ", p, " TAIL \
+               ";\n}\n"                                                                                              \
+               : __VA_ARGS__                                                                                         \
                : "l"(da), "l"(db), "r"(scale_d))
+#define KD_WGMMA_ASM(SHAPE, AB, ...) KD_WGMMA_ASM_TAIL(SHAPE, AB, "1, 1, 0, 0", __VA_ARGS__)
 
 /// d (+)= A · B^T of one k16 step: A 64 x 16 and B N x 16 from shared memory
 /// (descriptors), K-major; scale_d 0 overwrites d. BF16: bf16 inputs, else fp16.
@@ -140,7 +143,21 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], uint64_t da, uint64
   (void)d, (void)da, (void)db, (void)scale_d;
 #endif
 }
+
+/// d (+)= A · B^T of one k32 step of e4m3 (fp8) operands: A 64 x 32 and B
+/// N x 32 bytes from shared memory (descriptors), K-major; scale_d 0
+/// overwrites d. The same 32 bytes of K as a 16-bit k16 step.
+template <int N>
+__device__ __forceinline__ void wgmma_k32_e4m3(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+#if KD_WGMMA_ENABLED
+  static_assert(N == 128, "fp8 tiles are 128 wide (two accumulator sets)");
+  KD_WGMMA_ASM_TAIL("m64n128k32", "e4m3", "1, 1", KD_WGMMA_REGS64, "64", "65", "66", KD_WGMMA_O64(0));
+#else
+  (void)d, (void)da, (void)db, (void)scale_d;
+#endif
+}
 #undef KD_WGMMA_ASM
+#undef KD_WGMMA_ASM_TAIL
 
 __device__ __forceinline__ void wgmma_fence() {
 #if KD_WGMMA_ENABLED
@@ -423,18 +440,33 @@ inline bool sm90a_code_runs() noexcept {
   return v == 1 && encode_fn() != nullptr;
 }
 
+/// The tensor map of a row-major [rows][cols] operand of `type` with row
+/// stride `ld_bytes`, read in boxes of 128 bytes of columns (`box_cols`
+/// elements) by `box_rows` rows with the 128-byte swizzle; zeros past its
+/// edges.
+inline CUresult encode_2d(EncodeTiledFn encode, CUtensorMap* out, CUtensorMapDataType type, const void* base,
+                          int64_t rows, int64_t cols, int64_t ld_bytes, int box_cols, int box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(out, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 /// The tensor map of a row-major [rows][cols] 16-bit operand with row stride
-/// `ld` elements, read in boxes of kBK columns by `box_rows` rows with the
-/// 128-byte swizzle; zeros past its edges.
+/// `ld` elements, read in boxes of kBK columns by `box_rows` rows.
 inline CUresult encode_operand(EncodeTiledFn encode, CUtensorMap* out, const void* base, int64_t rows, int64_t cols,
                                int64_t ld, int box_rows, bool bf16) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t estr[2] = {1, 1};
-  return encode(out, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return encode_2d(encode, out, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, rows,
+                   cols, ld * 2, kBK, box_rows);
+}
+
+/// The same for a 1-byte (e4m3) operand, row stride `ld` bytes: boxes of
+/// 128 columns (kBK8).
+inline CUresult encode_operand_e4m3(EncodeTiledFn encode, CUtensorMap* out, const void* base, int64_t rows,
+                                    int64_t cols, int64_t ld, int box_rows) {
+  return encode_2d(encode, out, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, cols, ld, 128, box_rows);
 }
 
 }  // namespace kd_wgmma

@@ -57,6 +57,17 @@
 //     (no stage used, phases stay in step); the consumers store zeros.
 //   Epilogue: row = the sorted id s, skipped for padding; times
 //     topk_weights[s / top_k][s % top_k] where mul_routed_weight.
+//
+// Block fp8 (the FP8 instance, out bf16): a is the op's quantised copy (the
+// launcher's pass: e4m3 codes [M][K] and one scale per row and 128-wide K
+// group, quant_fp8_group's rule), w e4m3 [E][N][K] with one scale per
+// 128 x 128 block. A stage holds 128 bytes of K as before, now 128
+// elements: one scale group. Tiles are 128 x 128 (one weight block wide).
+// Each consumer sums a K-tile with four wgmma.m64n128k32.e4m3 into a second
+// accumulator set, waits for them (wait_group 0; its stage is released at
+// once) and adds it times a's scale of the row and w's of the block into
+// the first (the promotion DeepGEMM uses): fp32 throughout, as the
+// reference. K must be a multiple of 128.
 #pragma once
 
 #include "cuda/wgmma_gemm.cuh"
@@ -91,6 +102,13 @@ struct Args {
   int32_t stages;    ///< shared-memory pipeline depth
   int32_t group_m;   ///< sorted blocks per group of the tile order
   int32_t out_vec2;  ///< two consecutive output elements may be stored as one 4-byte access
+  // Block fp8 only (the kernel's FP8 instance; null otherwise): a is then the
+  // quantised codes [M][K] (e4m3, row stride lda bytes), a_scales their
+  // 1x128-group scales [M][k_tiles], w_scales the weights' 128x128 block
+  // scales [E][tiles_n][ldws] (the kernel's 128-wide N tile is one block).
+  const float* a_scales;
+  const float* w_scales;
+  int32_t ldws;
 };
 
 // ------------------------------------------------------------------ device primitives
@@ -250,18 +268,21 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Arg
 
 /// The producer warpgroup (all 128 threads, after setmaxnreg): the B boxes
 /// by TMA (thread 0) and a's gathered rows by cp.async, stage by stage.
-template <int BN>
+/// FP8: 1-byte elements, 128 of them a stage row (the same 128 bytes).
+template <int BN, bool FP8>
 __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a, uint8_t* const sa, uint8_t* const sb,
                                         uint64_t* const full, uint64_t* const empty, const int tiles_m, const int tiles,
                                         const int mk) {
+  using E = typename std::conditional<FP8, uint8_t, __nv_bfloat16>::type;  // a's element (16-bit: bf16 or fp16)
+  constexpr int kBKe = FP8 ? kd_wgmma::kBK8 : kBK, kChunkE = 16 / static_cast<int>(sizeof(E));
   const int stages = a.stages;
-  constexpr int kStageBytesB = BN * kBK * 2;
+  constexpr int kStageBytesB = BN * 128;
   const int p = threadIdx.x;
   const int chunk = p % 8;  // this thread's 16-byte chunk of each 128-byte row
   const int row0 = p / 8;   // and its rows: row0 + 16 i
   // Swizzled offset of (row0 + 16 i, chunk): (row0 + 16 i) % 8 == row0 % 8.
   const uint32_t dst0 = static_cast<uint32_t>(__cvta_generic_to_shared(sa)) + row0 * 128 + ((chunk ^ (row0 % 8)) * 16);
-  const __nv_bfloat16* const abase = static_cast<const __nv_bfloat16*>(a.a);  // 16-bit elements
+  const E* const abase = static_cast<const E*>(a.a);
   int s = 0;
   uint32_t phase = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -289,8 +310,8 @@ __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a,
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sb + s * kStageBytesB,
                                         &tma_w, cb, &full[s]);
       }
-      const int kc = kt * kBK + chunk * 8;
-      const bool kin = kc < a.k;  // K % 8 == 0: a chunk is all in or all out
+      const int kc = kt * kBKe + chunk * kChunkE;
+      const bool kin = kc < a.k;  // K % 8 == 0 (FP8: % 128): a chunk is all in or all out
       const uint32_t dst = dst0 + s * kStageBytesA;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -308,19 +329,45 @@ __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a,
   cp_async_wait_all();  // no copy outlives its thread (the consumers wait for them anyway)
 }
 
+/// One K-tile of block fp8 (FP8): 4 wgmma k32 into `part`, waited, the
+/// stage released, then promoted into acc with the K-group's scales, a's
+/// of the thread's two rows (f[h]) times w's of the tile.
+template <int BN>
+__device__ __forceinline__ void fp8_k_tile(float (&acc)[BN / 2], float (&part)[BN / 2], const uint8_t* ta,
+                                           const uint8_t* tb, uint64_t* empty_s, bool lead, float f0, float f1) {
+  kd_wgmma::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    kd_wgmma::wgmma_k32_e4m3<BN>(part, kd_wgmma::smem_desc(ta + 32 * kk), kd_wgmma::smem_desc(tb + 32 * kk),
+                                 kk > 0 ? 1 : 0);
+  kd_wgmma::wgmma_commit();
+  kd_wgmma::wgmma_wait<0>();
+  if (lead) cuda::ptx::mbarrier_arrive(empty_s);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    acc[4 * j] = fmaf(part[4 * j], f0, acc[4 * j]);
+    acc[4 * j + 1] = fmaf(part[4 * j + 1], f0, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(part[4 * j + 2], f1, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(part[4 * j + 3], f1, acc[4 * j + 3]);
+  }
+}
+
 /// A consumer warpgroup (after setmaxnreg): wgmma on each stage, then the
-/// tile's rows stored.
-template <bool BF16, int BN>
+/// tile's rows stored. FP8 (block fp8): each K-tile is one 128-wide scale
+/// group, summed apart and promoted (fp8_k_tile), its stage released at
+/// once (wait_group 0: the other consumer keeps the tensor cores busy).
+template <bool BF16, int BN, bool FP8>
 __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, const uint8_t* const sb,
                                         uint64_t* const full, uint64_t* const empty, const int tiles_m, const int tiles,
                                         const int mk, const int wg) {
   const int stages = a.stages;
-  constexpr int kStageBytesB = BN * kBK * 2;
+  constexpr int kStageBytesB = BN * 128;
   const int c = wg - 1;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   const bool lead = threadIdx.x % 128 == 0;
   const int rloc = 64 * c + 16 * warp + lane / 4;  // the thread's rows rloc, rloc + 8 of the tile
   float acc[BN / 2];
+  [[maybe_unused]] float part[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   int s = 0;
@@ -329,6 +376,10 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
     int blk, tn;
     tile_of(t, tiles_m, a, blk, tn);
     const int e = __ldg(a.expert_ids + blk);
+    if constexpr (FP8) {  // promoted K-tile by K-tile into zeros
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    }
     const int p0 = blk * kBM + rloc;  // positions past cap: padding, not read
     int s0 = p0 < a.cap ? __ldg(a.sorted_token_ids + p0) : mk;
     int s1 = p0 + 8 < a.cap ? __ldg(a.sorted_token_ids + p0 + 8) : mk;
@@ -349,11 +400,28 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
     // loop whose trip count differs.
     int prev = -1;
     const int kt_live = live ? a.k_tiles : 0;
+    // FP8: the scales of the rows' tokens (padding: token 0's, times zeros)
+    // and of the expert's tile.
+    [[maybe_unused]] const float *sa0 = nullptr, *sa1 = nullptr, *sw = nullptr;
+    if constexpr (FP8) {
+      sa0 = a.a_scales + static_cast<int64_t>(s0 < mk ? s0 / a.top_k : 0) * a.k_tiles;
+      sa1 = a.a_scales + static_cast<int64_t>(s1 < mk ? s1 / a.top_k : 0) * a.k_tiles;
+      sw = a.w_scales + (static_cast<int64_t>(e) * a.tiles_n + tn) * a.ldws;
+    }
     for (int kt = 0; kt < kt_live; ++kt) {
       kd_wgmma::mbar_wait(&full[s], phase);
       consume_fence();
       const uint8_t* ta = sa + s * kStageBytesA + c * (64 * 128);
       const uint8_t* tb = sb + s * kStageBytesB;
+      if constexpr (FP8) {
+        const float w = __ldg(sw + kt);
+        fp8_k_tile<BN>(acc, part, ta, tb, &empty[s], lead, w * __ldg(sa0 + kt), w * __ldg(sa1 + kt));
+        if (++s == stages) {
+          s = 0;
+          phase ^= 1;
+        }
+        continue;
+      }
       kd_wgmma::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
@@ -385,7 +453,7 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
 
 // ------------------------------------------------------------------ the kernel
 
-template <bool BF16, int BN>
+template <bool BF16, int BN, bool FP8 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_gemm_kernel(const __grid_constant__ CUtensorMap tma_w, const Args a) {
 #if KD_WGMMA_ENABLED
@@ -405,11 +473,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     kd_wgmma::setmaxnreg_dec<40>();
-    produce<BN>(tma_w, a, sa, sb, full, empty, tiles_m, tiles, mk);
+    produce<BN, FP8>(tma_w, a, sa, sb, full, empty, tiles_m, tiles, mk);
   } else {
     // ---------------------------------------------------------------- consumers
     kd_wgmma::setmaxnreg_inc<232>();
-    consume<BF16, BN>(a, sa, sb, full, empty, tiles_m, tiles, mk, wg);
+    consume<BF16, BN, FP8>(a, sa, sb, full, empty, tiles_m, tiles, mk, wg);
   }
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #else

@@ -369,6 +369,18 @@ inline bool ring_fits_fp8(const core::LaunchArgs& la, const core::Problem& p, co
          la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p);
 }
 
+/// Block fp8: a quantised per 1x128 group into the workspace (xq [M, K]
+/// codes, then xs [M, K / 128] scales, 256-byte aligned), on `on`'s stream.
+inline port::Error quantise(const core::LaunchArgs& la, const core::Problem& p, const Args& g, const LaunchScope& on,
+                            Quant* qa) noexcept {
+  auto* xq = static_cast<uint8_t*>(la.workspace);
+  auto* xs = reinterpret_cast<float*>(xq + moe_round256(p.m * g.K));
+  qa->xq = xq, qa->xs = xs;
+  return port::launch(
+      mm::moe_quant_kernel<uint16_t>, dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((g.K / 128 + 7) / 8)),
+      dim3(kMoeQuantThreads), on.stream, on.pdl, static_cast<const uint16_t*>(g.a), g.lda, g.K, xq, g.K, xs, g.K / 128);
+}
+
 /// The ring kernel's launch: (ceil(N / 128 / tiles), min(items, 65535)),
 /// items of 64 positions (moe_mma::kWideTiles) where block_size is 64 or
 /// more, else of 32.
@@ -385,16 +397,9 @@ Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Arg
   const LaunchScope on(la, p);
   Quant qa;
   port::Error e = port::kSuccess;
-  if constexpr (kFp8) {  // a quantised per 1x128 group: xq [M, K] codes, then xs [M, K / 128] (256-byte aligned)
-    auto* xq = static_cast<uint8_t*>(la.workspace);
-    auto* xs = reinterpret_cast<float*>(xq + moe_round256(p.m * g.K));
-    qa.xq = xq, qa.xs = xs;
-    e = port::launch(mm::moe_quant_kernel<uint16_t>,
-                     dim3(static_cast<unsigned>(p.m), static_cast<unsigned>((g.K / 128 + 7) / 8)),
-                     dim3(kMoeQuantThreads), on.stream, on.pdl, static_cast<const uint16_t*>(g.a), g.lda, g.K, xq, g.K,
-                     xs, g.K / 128);
-    if (e != port::kSuccess) return port::status(e, "moe_gemm quantisation kernel launch");
-  }
+  if constexpr (kFp8)
+    if (e = quantise(la, p, g, on, &qa); e != port::kSuccess)
+      return port::status(e, "moe_gemm quantisation kernel launch");
   const dim3 grid(static_cast<unsigned>((row_tiles + tiles - 1) / tiles),
                   static_cast<unsigned>(items < 65535 ? items : 65535));
   if (wide) {
@@ -431,16 +436,32 @@ inline bool wgmma_fits(const Args& g, const core::Problem& p) noexcept {
          g.ldtw <= INT32_MAX && kd_wgmma::encode_fn() != nullptr;
 }
 
+/// Block fp8's wgmma kernel: K a multiple of 128 (a K-tile is a scale
+/// group), w 16-byte aligned with 16-byte rows, a's rows 8-byte aligned (the
+/// quantisation's loads), M * K and E * N within int32, the workspace of
+/// moe_gemm_fp8_ring_workspace_bytes and the encoder.
+inline bool wgmma_fits_fp8(const core::LaunchArgs& la, const core::Problem& p, const Args& g) noexcept {
+  auto aligned = [](const void* q, uintptr_t b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
+  return g.bs == kd_wgmma_moe::kBlockSize && g.K % 128 == 0 && aligned(g.w, 16) && g.ldw % 16 == 0 && g.ldw >= g.K &&
+         aligned(g.a, 8) && (p.m == 1 || (g.lda * 2) % 8 == 0) && p.m * g.K <= INT32_MAX &&
+         g.E * g.N + 256 <= INT32_MAX && g.ldtw <= INT32_MAX && g.ldws <= INT32_MAX && la.workspace != nullptr &&
+         aligned(la.workspace, 256) && la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p) &&
+         kd_wgmma::encode_fn() != nullptr;
+}
+
 /// The wgmma kernel's launch: min(blocks * N tiles, SMs) persistent blocks;
-/// the blocks past the call's total exit on the device.
+/// the blocks past the call's total exit on the device. Block fp8: a
+/// quantised first (quantise), 128-wide tiles.
 template <DType DT>
 Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
   static_assert(gpu::moe_gemm::kWgmmaThreads == kd_wgmma::kThreads, "the list's image check");
-  constexpr bool kBf16 = DT == DType::bf16;
-  const int bn = wgmma_bn(g.N), stages = wgmma_stages(bn);
+  constexpr bool kBf16 = DT != DType::fp16, kFp8 = DT == DType::fp8_e4m3fn;
+  const int bn = kFp8 ? 128 : wgmma_bn(g.N), stages = wgmma_stages(bn);
   CUtensorMap tw;
-  if (kd_wgmma::encode_operand(kd_wgmma::encode_fn(), &tw, g.w, g.E * g.N, g.K, g.ldw, bn, kBf16) != CUDA_SUCCESS)
-    return core::needs_fallback("moe_gemm wgmma: cuTensorMapEncodeTiled refused w");
+  const CUresult enc =
+      kFp8 ? kd_wgmma::encode_operand_e4m3(kd_wgmma::encode_fn(), &tw, g.w, g.E * g.N, g.K, g.ldw, bn)
+           : kd_wgmma::encode_operand(kd_wgmma::encode_fn(), &tw, g.w, g.E * g.N, g.K, g.ldw, bn, kBf16);
+  if (enc != CUDA_SUCCESS) return core::needs_fallback("moe_gemm wgmma: cuTensorMapEncodeTiled refused w");
   kd_wgmma_moe::Args a{};
   a.out = g.out;
   a.a = g.a;
@@ -460,7 +481,7 @@ Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Ar
   a.cap = static_cast<int32_t>(g.cap);
   a.max_blocks = static_cast<int32_t>(blocks);
   a.tiles_n = static_cast<int32_t>((g.N + bn - 1) / bn);
-  a.k_tiles = static_cast<int32_t>((g.K + kd_wgmma::kBK - 1) / kd_wgmma::kBK);
+  a.k_tiles = static_cast<int32_t>(kFp8 ? g.K / kd_wgmma::kBK8 : (g.K + kd_wgmma::kBK - 1) / kd_wgmma::kBK);
   a.stages = stages;
   a.group_m = 8;
   a.out_vec2 = g.ldo % 2 == 0 && reinterpret_cast<uintptr_t>(g.out) % 4 == 0 ? 1 : 0;
@@ -471,10 +492,21 @@ Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Ar
   const LaunchScope on(la, p);
   const dim3 grid(static_cast<unsigned>(tiles < sms ? tiles : sms));
   const size_t smem = static_cast<size_t>(kd_wgmma::smem_bytes(bn, stages));
-  const port::Error e = bn == 256 ? port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 256>, grid,
-                                                      dim3(kd_wgmma::kThreads), smem, on.stream, on.pdl, tw, a)
-                                  : port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 128>, grid,
-                                                      dim3(kd_wgmma::kThreads), smem, on.stream, on.pdl, tw, a);
+  port::Error e = port::kSuccess;
+  if constexpr (kFp8) {  // the codes [M][K] (row stride K bytes) and their scales [M][K / 128]
+    Quant qa;
+    if (e = quantise(la, p, g, on, &qa); e != port::kSuccess)
+      return port::status(e, "moe_gemm quantisation kernel launch");
+    a.a = qa.xq, a.lda = static_cast<int32_t>(g.K), a.a_scales = qa.xs;
+    a.w_scales = g.ws, a.ldws = static_cast<int32_t>(g.ldws);
+    e = port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<true, 128, true>, grid, dim3(kd_wgmma::kThreads), smem,
+                          on.stream, on.pdl, tw, a);
+  } else {
+    e = bn == 256 ? port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 256>, grid, dim3(kd_wgmma::kThreads), smem,
+                                      on.stream, on.pdl, tw, a)
+                  : port::launch_smem(kd_wgmma_moe::moe_gemm_kernel<kBf16, 128>, grid, dim3(kd_wgmma::kThreads), smem,
+                                      on.stream, on.pdl, tw, a);
+  }
   return port::status(e, "moe_gemm wgmma kernel launch");
 }
 #endif
@@ -504,6 +536,14 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
     }
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
+  if constexpr (W == DType::fp8_e4m3fn)
+    if (f == Family::wgmma) {
+      if (!wgmma_fits_fp8(la, p, g))  // get_default's plan runs the call: the info names what ran
+        return core::needs_fallback(
+            "moe_gemm wgmma: w rows not 16-byte aligned, a's not 8, strides past int32, a workspace short of "
+            "moe_gemm_fp8_ring_workspace_bytes or no tensor-map encoder");
+      return launch_wgmma<W>(la, p, g, blocks);
+    }
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits_fp8(la, p, g)) return launch_ring<W>(la, p, g, blocks);
 #endif
@@ -542,6 +582,9 @@ void probe(KernelImage* out) noexcept {
   if constexpr (W == DType::fp8_e4m3fn) {  // [4]: the quantisation kernel (no wide items in fp8)
     out[3] = image_with_smem(moe_gemm_ring_kernel<W, mm::kMmaTiles>, mm::kRingSmemBytes);
     out[4] = image_of(mm::moe_quant_kernel<uint16_t>);
+    // [5]: wgmma, 128 wide (sm_90a only)
+    out[5] = wgmma_image(kd_wgmma_moe::moe_gemm_kernel<true, 128, true>, kd_wgmma::smem_bytes(128, wgmma_stages(128)),
+                         kd_wgmma::sm90a_code_runs());
   }
 #endif
 }

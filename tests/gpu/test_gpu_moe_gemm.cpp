@@ -217,6 +217,9 @@ std::vector<GemmShape> gemm_shapes() {
       // wgmma's persistent loop: 264 sorted blocks x 2 tiles of 256 columns > 132 SMs, so a block
       // walks several tiles (phases carried, live, dead-half and non-local tiles in a row), K 72
       {4096, 512, 72, 8, 8, 128, true, false, 0, true, true},
+      // block fp8's wgmma too (K a multiple of 128): 136 sorted blocks x 2 tiles of 128 columns >
+      // 132 SMs, two K-tiles (scale groups), the routed weight, a drop and a block not local
+      {2048, 256, 256, 8, 8, 128, true, false, 0, true, true},
   };
 }
 
