@@ -251,6 +251,7 @@ void moe(cublasHandle_t h, int sms, const MoeShape& sh) {
     args.num_tokens_post_pad = d_total, args.topk_weights = tw, args.ldo = N, args.lda = K, args.ldtw = TK;
     args.m = M, args.n = N, args.k = K, args.num_experts = E, args.top_k = TK, args.mul_routed_weight = 1;
     args.cap = cap, args.max_blocks = blocks, args.tiles_n = (N + bn - 1) / bn, args.k_tiles = (K + 63) / 64;
+    args.bs = B, args.b_boxes = 1;
     args.stages = stages, args.group_m = 8, args.out_vec2 = N % 2 == 0;
     const int grid = static_cast<int>(std::min<int64_t>(int64_t{blocks} * args.tiles_n, sms));
     auto kern = bn == 256 ? &kd_wgmma_moe::moe_gemm_kernel<true, 256> : &kd_wgmma_moe::moe_gemm_kernel<true, 128>;

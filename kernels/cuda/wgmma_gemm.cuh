@@ -73,9 +73,10 @@ inline constexpr int kStageBytesA = kBM * kBK * 2;
 /// list without 90a). One copy per translation unit: each TU's own module.
 static __constant__ int kSm90aImage = KD_WGMMA_ENABLED;
 
-/// Dynamic shared memory of a launch (bytes).
-__host__ __device__ constexpr int smem_bytes(int bn, int stages) {
-  return kSmemSlack + stages * (kStageBytesA + bn * kBK * 2) + 2 * stages * 8;
+/// Dynamic shared memory of a launch (bytes); b_boxes B boxes a stage
+/// (moe_gemm's two experts of a tile: 2).
+__host__ __device__ constexpr int smem_bytes(int bn, int stages, int b_boxes = 1) {
+  return kSmemSlack + stages * (kStageBytesA + b_boxes * bn * kBK * 2) + 2 * stages * 8;
 }
 
 /// Kernel parameters (besides the two tensor maps), by value.
@@ -288,22 +289,22 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const Args&
 /// The block's pipeline in its dynamic shared memory (1024-byte aligned).
 struct Stages {
   uint8_t* a;       ///< `stages` A stages of kStageBytesA
-  uint8_t* b;       ///< `stages` B stages of BN * kBK * 2 bytes
+  uint8_t* b;       ///< `stages` B stages of b_boxes * BN * kBK * 2 bytes
   uint64_t* full;   ///< a stage's loads landed
   uint64_t* empty;  ///< a stage's wgmma done (one arrival per consumer)
 };
 
-/// Lays out the stages and their mbarriers and initialises the barriers
-/// (thread 0: `full` expecting `full_arrivals` arrivals, `empty` 2), then
-/// __syncthreads(). Called by every thread of the block.
+/// Lays out the stages (b_boxes B boxes each) and their mbarriers and
+/// initialises the barriers (thread 0: `full` expecting `full_arrivals`
+/// arrivals, `empty` 2), then __syncthreads(). Called by every thread.
 template <int BN>
-__device__ __forceinline__ Stages stages_of(uint8_t* smem_raw, int stages, uint32_t full_arrivals) {
+__device__ __forceinline__ Stages stages_of(uint8_t* smem_raw, int stages, uint32_t full_arrivals, int b_boxes = 1) {
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* const smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   Stages st;
   st.a = smem;
   st.b = smem + stages * kStageBytesA;
-  st.full = reinterpret_cast<uint64_t*>(st.b + stages * (BN * kBK * 2));
+  st.full = reinterpret_cast<uint64_t*>(st.b + stages * (b_boxes * BN * kBK * 2));
   st.empty = st.full + stages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {

@@ -79,10 +79,14 @@ using kd_wgmma::kBM;
 using kd_wgmma::kStageBytesA;
 using kd_wgmma::kThreads;
 
-inline constexpr int kBlockSize = kBM;  ///< the sort's block_size this kernel requires
+/// The sort's block sizes this kernel takes: 128 (a tile is one sorted
+/// block) and 64 (a tile is two: each consumer half its own expert).
+inline constexpr int kBlockSize = kBM, kHalfBlockSize = kBM / 2;
 
-/// Dynamic shared memory of a launch (bytes): the dense kernel's layout.
-__host__ __device__ constexpr int smem_bytes(int bn, int stages) { return kd_wgmma::smem_bytes(bn, stages); }
+/// Dynamic shared memory of a launch (bytes): the dense kernel's layout, b_boxes B boxes a stage.
+__host__ __device__ constexpr int smem_bytes(int bn, int stages, int b_boxes) {
+  return kd_wgmma::smem_bytes(bn, stages, b_boxes);
+}
 
 /// Kernel parameters (besides B's tensor map), by value.
 struct Args {
@@ -97,7 +101,9 @@ struct Args {
   int32_t m, n, k;
   int32_t num_experts, top_k, mul_routed_weight;
   int32_t cap;         ///< the sorted positions the buffers hold (the op's readable extent)
-  int32_t max_blocks;  ///< ceil(cap / 128)
+  int32_t max_blocks;  ///< ceil(cap / bs)
+  int32_t bs;          ///< the sort's block_size: 128, or 64 (a tile's halves two sorted blocks)
+  int32_t b_boxes;     ///< B boxes a stage: 1 (bs 128), 2 (bs 64: each half's expert)
   int32_t tiles_n, k_tiles;
   int32_t stages;    ///< shared-memory pipeline depth
   int32_t group_m;   ///< sorted blocks per group of the tile order
@@ -214,14 +220,38 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, const Args& a, int& 
   tn = r / size;
 }
 
-/// The sorted blocks to process: ceil(min(max(total, 0), cap) / 128)
-/// (clamped first: no int32 overflow whatever total holds).
-__device__ __forceinline__ int tiles_m_of(const Args& a) {
+/// The sorted positions the call walks: those of its ceil(total / bs)
+/// blocks, total clamped to [0, cap] first (no int32 overflow whatever it
+/// holds), and none at or past cap.
+__device__ __forceinline__ int walked_end(const Args& a) {
   const int total = min(max(__ldg(a.num_tokens_post_pad), 0), a.cap);
-  return total / kBM + (total % kBM != 0 ? 1 : 0);
+  const int64_t end = (static_cast<int64_t>(total) + a.bs - 1) / a.bs * a.bs;
+  return static_cast<int>(min(end, static_cast<int64_t>(a.cap)));
 }
 
 __device__ __forceinline__ bool expert_local(int e, const Args& a) { return e >= 0 && e < a.num_experts; }
+
+/// The experts of M-tile blk's two 64-row halves (consumer h's rows): that
+/// of the sorted block holding position 128 blk + 64 h (the same block for
+/// both at block_size 128), -1 past `end`; whether each is local; whether
+/// the tile takes two B boxes (two different local experts). Box 0 holds
+/// the first local half's expert, box 1 the second's where they differ.
+struct Halves {
+  int e[2];
+  bool local[2];
+  bool two;
+};
+__device__ __forceinline__ Halves halves_of(const Args& a, int blk, int end) {
+  Halves h;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pos = blk * kBM + 64 * i;
+    h.e[i] = pos < end ? __ldg(a.expert_ids + pos / a.bs) : -1;
+    h.local[i] = expert_local(h.e[i], a);
+  }
+  h.two = h.local[0] && h.local[1] && h.e[0] != h.e[1];
+  return h;
+}
 
 /// Stores one consumer's 64 x BN tile: thread rows s0 and s1 (sorted ids;
 /// >= M * top_k: padding, skipped), accumulators times the rows' routing
@@ -272,7 +302,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Arg
 template <int BN, bool FP8>
 __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a, uint8_t* const sa, uint8_t* const sb,
                                         uint64_t* const full, uint64_t* const empty, const int tiles_m, const int tiles,
-                                        const int mk) {
+                                        const int mk, const int end) {
   using E = typename std::conditional<FP8, uint8_t, __nv_bfloat16>::type;  // a's element (16-bit: bf16 or fp16)
   constexpr int kBKe = FP8 ? kd_wgmma::kBK8 : kBK, kChunkE = 16 / static_cast<int>(sizeof(E));
   const int stages = a.stages;
@@ -288,27 +318,32 @@ __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a,
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     int blk, tn;
     tile_of(t, tiles_m, a, blk, tn);
-    const int e = __ldg(a.expert_ids + blk);
-    if (!expert_local(e, a)) continue;  // the consumers skip it too
+    const Halves hv = halves_of(a, blk, end);
+    if (!hv.local[0] && !hv.local[1]) continue;  // the consumers skip it too
     // The rows' element offsets in a (token * lda; M * lda <= INT_MAX, checked
     // by the launcher), -1 for padding: 32-bit, so that the producer fits
     // its 40 registers without spilling.
     int32_t off[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int pos = blk * kBM + row0 + 16 * i;  // past cap: padding, not read
-      const int sid = pos < a.cap ? __ldg(a.sorted_token_ids + pos) : -1;
+    for (int i = 0; i < 8; ++i) {  // rows 0-63 (i < 4) are half 0's; a non-local half's rows are not read
+      const int pos = blk * kBM + row0 + 16 * i;  // past the walked positions: padding, not read
+      const int sid = pos < end && hv.local[i / 4] ? __ldg(a.sorted_token_ids + pos) : -1;
       off[i] = sid >= 0 && sid < mk ? sid / a.top_k * a.lda : -1;
     }
-    const int32_t wrow = e * a.n + tn * BN;
+    const int32_t wrow0 = (hv.local[0] ? hv.e[0] : hv.e[1]) * a.n + tn * BN, wrow1 = hv.e[1] * a.n + tn * BN;
     for (int kt = 0; kt < a.k_tiles; ++kt) {
       kd_wgmma::mbar_wait(&empty[s], phase ^ 1);
       if (p == 0) {
+        uint8_t* const b = sb + s * (a.b_boxes * kStageBytesB);
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             &full[s], static_cast<uint32_t>(kStageBytesB));
-        const int32_t cb[2] = {kt * kBK, wrow};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sb + s * kStageBytesB,
-                                        &tma_w, cb, &full[s]);
+                                             &full[s], static_cast<uint32_t>((hv.two ? 2 : 1) * kStageBytesB));
+        const int32_t cb0[2] = {kt * kBKe, wrow0};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, b, &tma_w, cb0, &full[s]);
+        if (hv.two) {
+          const int32_t cb1[2] = {kt * kBKe, wrow1};
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, b + kStageBytesB, &tma_w,
+                                          cb1, &full[s]);
+        }
       }
       const int kc = kt * kBKe + chunk * kChunkE;
       const bool kin = kc < a.k;  // K % 8 == 0 (FP8: % 128): a chunk is all in or all out
@@ -359,7 +394,7 @@ __device__ __forceinline__ void fp8_k_tile(float (&acc)[BN / 2], float (&part)[B
 template <bool BF16, int BN, bool FP8>
 __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, const uint8_t* const sb,
                                         uint64_t* const full, uint64_t* const empty, const int tiles_m, const int tiles,
-                                        const int mk, const int wg) {
+                                        const int mk, const int end, const int wg) {
   const int stages = a.stages;
   constexpr int kStageBytesB = BN * 128;
   const int c = wg - 1;
@@ -375,31 +410,36 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     int blk, tn;
     tile_of(t, tiles_m, a, blk, tn);
-    const int e = __ldg(a.expert_ids + blk);
+    const Halves hv = halves_of(a, blk, end);
+    const int e = c == 0 ? hv.e[0] : hv.e[1];  // (not hv.e[c]: a dynamic index puts hv on the stack)
+    const bool local = c == 0 ? hv.local[0] : hv.local[1];
     if constexpr (FP8) {  // promoted K-tile by K-tile into zeros
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     }
-    const int p0 = blk * kBM + rloc;  // positions past cap: padding, not read
-    int s0 = p0 < a.cap ? __ldg(a.sorted_token_ids + p0) : mk;
-    int s1 = p0 + 8 < a.cap ? __ldg(a.sorted_token_ids + p0 + 8) : mk;
+    const int p0 = blk * kBM + rloc;  // positions past the walked ones: padding, not read
+    int s0 = p0 < end ? __ldg(a.sorted_token_ids + p0) : mk;
+    int s1 = p0 + 8 < end ? __ldg(a.sorted_token_ids + p0 + 8) : mk;
     if (s0 < 0) s0 = mk;  // treat any out-of-range id as padding
     if (s1 < 0) s1 = mk;
     // The warpgroup's 128 threads cover its 64 rows (4 threads a row).
     // Named barriers 1 and 2 (0 is __syncthreads').
     const bool any_row = s0 < mk || s1 < mk;
-    const bool live = c == 0 ? warpgroup_any<1>(any_row) : warpgroup_any<2>(any_row);
-    if (!expert_local(e, a)) {
-      if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, true);
+    const bool rows = c == 0 ? warpgroup_any<1>(any_row) : warpgroup_any<2>(any_row);
+    if (!hv.local[0] && !hv.local[1]) {  // the producer skips the tile: no stage
+      if (rows) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, true);
       continue;
     }
-    // A live warpgroup runs the K loop with its wgmma; a dead one (all its
-    // rows padding) the same waits and releases without them. Two loops,
-    // not an `if (live)` around the wgmma: ptxas serializes wgmma that sit
-    // in a branch it cannot prove warpgroup-uniform (C7518), but not a
-    // loop whose trip count differs.
+    // A live warpgroup (rows, a local expert) runs the K loop with its
+    // wgmma; a dead one (all its rows padding, or its half's expert not
+    // local) the same waits and releases without them. Two loops, not an
+    // `if (live)` around the wgmma: ptxas serializes wgmma that sit in a
+    // branch it cannot prove warpgroup-uniform (C7518), but not a loop
+    // whose trip count differs.
+    const bool live = rows && local;
     int prev = -1;
     const int kt_live = live ? a.k_tiles : 0;
+    const int box = c == 1 && hv.two ? kStageBytesB : 0;  // this half's B box in the stage
     // FP8: the scales of the rows' tokens (padding: token 0's, times zeros)
     // and of the expert's tile.
     [[maybe_unused]] const float *sa0 = nullptr, *sa1 = nullptr, *sw = nullptr;
@@ -412,7 +452,7 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
       kd_wgmma::mbar_wait(&full[s], phase);
       consume_fence();
       const uint8_t* ta = sa + s * kStageBytesA + c * (64 * 128);
-      const uint8_t* tb = sb + s * kStageBytesB;
+      const uint8_t* tb = sb + s * (a.b_boxes * kStageBytesB) + box;
       if constexpr (FP8) {
         const float w = __ldg(sw + kt);
         fp8_k_tile<BN>(acc, part, ta, tb, &empty[s], lead, w * __ldg(sa0 + kt), w * __ldg(sa1 + kt));
@@ -447,7 +487,7 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
       }
     }
     if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
-    if (live) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, false);
+    if (rows) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, !local);
   }
 }
 
@@ -459,25 +499,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if KD_WGMMA_ENABLED
   extern __shared__ uint8_t smem_raw[];
   // 128 cp.async arrivals (noinc) and the expect_tx arrive a stage
-  const kd_wgmma::Stages st = kd_wgmma::stages_of<BN>(smem_raw, a.stages, 128 + 1);
+  const kd_wgmma::Stages st = kd_wgmma::stages_of<BN>(smem_raw, a.stages, 128 + 1, a.b_boxes);
   uint8_t* const sa = st.a;
   uint8_t* const sb = st.b;
   uint64_t* const full = st.full;
   uint64_t* const empty = st.empty;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
-  const int tiles_m = tiles_m_of(a);
+  const int end = walked_end(a);
+  const int tiles_m = end / kBM + (end % kBM != 0 ? 1 : 0);
   const int tiles = tiles_m * a.tiles_n;
   const int mk = a.m * a.top_k;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     kd_wgmma::setmaxnreg_dec<40>();
-    produce<BN, FP8>(tma_w, a, sa, sb, full, empty, tiles_m, tiles, mk);
+    produce<BN, FP8>(tma_w, a, sa, sb, full, empty, tiles_m, tiles, mk, end);
   } else {
     // ---------------------------------------------------------------- consumers
     kd_wgmma::setmaxnreg_inc<232>();
-    consume<BF16, BN, FP8>(a, sa, sb, full, empty, tiles_m, tiles, mk, wg);
+    consume<BF16, BN, FP8>(a, sa, sb, full, empty, tiles_m, tiles, mk, end, wg);
   }
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #else

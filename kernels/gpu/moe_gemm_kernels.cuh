@@ -420,20 +420,26 @@ Status launch_ring(const core::LaunchArgs& la, const core::Problem& p, const Arg
 /// beside the peer in one process, bench/results/wgmma.md): this rule ran at
 /// 1.01/0.89/0.93/0.92x the peer on Qwen3-30B-A3B M 1024/4096 and Mixtral
 /// M 1024/4096, 128 wide everywhere at 1.04/0.84/0.84/0.79x.
-inline int wgmma_bn(int64_t n) noexcept { return n >= 512 ? 256 : 128; }
-inline int wgmma_stages(int bn) noexcept { return bn == 256 ? 4 : 6; }
+/// The sort's block_size 64 (two sorted blocks a tile, each consumer half
+/// its own expert: two B boxes a stage) takes 128 wide, 4 stages.
+inline int wgmma_bn(int64_t n, int64_t bs = 128) noexcept { return n >= 512 && bs == 128 ? 256 : 128; }
+inline int wgmma_stages(int bn, int b_boxes = 1) noexcept { return bn == 256 || b_boxes == 2 ? 4 : 6; }
+/// Whether the wgmma kernel takes the sort's block_size.
+inline bool wgmma_block_size(int64_t bs) noexcept {
+  return bs == kd_wgmma_moe::kBlockSize || bs == kd_wgmma_moe::kHalfBlockSize;
+}
 
 /// Whether the wgmma kernel (cuda/wgmma_moe.cuh) takes the call: 16-bit
-/// weights, the sort's block_size 128, K a multiple of 8, a and w 16-byte
+/// weights, the sort's block_size 128 or 64, K a multiple of 8, a and w 16-byte
 /// aligned with 16-byte rows, a's rows within int32 elements (the producer's
 /// offsets), E * N rows within int32 (the TMA's coordinate), the driver's
 /// tensor-map encoder present.
 inline bool wgmma_fits(const Args& g, const core::Problem& p) noexcept {
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const int64_t lda = p.m > 1 ? g.lda : g.K;
-  return g.bs == kd_wgmma_moe::kBlockSize && g.K % 8 == 0 && aligned(g.a) && aligned(g.w) && lda % 8 == 0 &&
-         g.ldw % 8 == 0 && g.ldw >= g.K && p.m * lda <= INT32_MAX && g.E * g.N + 256 <= INT32_MAX &&
-         g.ldtw <= INT32_MAX && kd_wgmma::encode_fn() != nullptr;
+  return wgmma_block_size(g.bs) && g.K % 8 == 0 && aligned(g.a) && aligned(g.w) && lda % 8 == 0 && g.ldw % 8 == 0 &&
+         g.ldw >= g.K && p.m * lda <= INT32_MAX && g.E * g.N + 256 <= INT32_MAX && g.ldtw <= INT32_MAX &&
+         kd_wgmma::encode_fn() != nullptr;
 }
 
 /// Block fp8's wgmma kernel: K a multiple of 128 (a K-tile is a scale
@@ -442,7 +448,7 @@ inline bool wgmma_fits(const Args& g, const core::Problem& p) noexcept {
 /// moe_gemm_fp8_ring_workspace_bytes and the encoder.
 inline bool wgmma_fits_fp8(const core::LaunchArgs& la, const core::Problem& p, const Args& g) noexcept {
   auto aligned = [](const void* q, uintptr_t b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
-  return g.bs == kd_wgmma_moe::kBlockSize && g.K % 128 == 0 && aligned(g.w, 16) && g.ldw % 16 == 0 && g.ldw >= g.K &&
+  return wgmma_block_size(g.bs) && g.K % 128 == 0 && aligned(g.w, 16) && g.ldw % 16 == 0 && g.ldw >= g.K &&
          aligned(g.a, 8) && (p.m == 1 || (g.lda * 2) % 8 == 0) && p.m * g.K <= INT32_MAX &&
          g.E * g.N + 256 <= INT32_MAX && g.ldtw <= INT32_MAX && g.ldws <= INT32_MAX && la.workspace != nullptr &&
          aligned(la.workspace, 256) && la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p) &&
@@ -456,7 +462,8 @@ template <DType DT>
 Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Args& g, int64_t blocks) noexcept {
   static_assert(gpu::moe_gemm::kWgmmaThreads == kd_wgmma::kThreads, "the list's image check");
   constexpr bool kBf16 = DT != DType::fp16, kFp8 = DT == DType::fp8_e4m3fn;
-  const int bn = kFp8 ? 128 : wgmma_bn(g.N), stages = wgmma_stages(bn);
+  const int bn = kFp8 ? 128 : wgmma_bn(g.N, g.bs), boxes = g.bs == kd_wgmma_moe::kBlockSize ? 1 : 2,
+            stages = wgmma_stages(bn, boxes);
   CUtensorMap tw;
   const CUresult enc =
       kFp8 ? kd_wgmma::encode_operand_e4m3(kd_wgmma::encode_fn(), &tw, g.w, g.E * g.N, g.K, g.ldw, bn)
@@ -480,6 +487,8 @@ Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Ar
   a.mul_routed_weight = g.tw != nullptr ? 1 : 0;
   a.cap = static_cast<int32_t>(g.cap);
   a.max_blocks = static_cast<int32_t>(blocks);
+  a.bs = static_cast<int32_t>(g.bs);
+  a.b_boxes = boxes;
   a.tiles_n = static_cast<int32_t>((g.N + bn - 1) / bn);
   a.k_tiles = static_cast<int32_t>(kFp8 ? g.K / kd_wgmma::kBK8 : (g.K + kd_wgmma::kBK - 1) / kd_wgmma::kBK);
   a.stages = stages;
@@ -487,11 +496,11 @@ Status launch_wgmma(const core::LaunchArgs& la, const core::Problem& p, const Ar
   a.out_vec2 = g.ldo % 2 == 0 && reinterpret_cast<uintptr_t>(g.out) % 4 == 0 ? 1 : 0;
   const DeviceState* st = device_state(p.device.ordinal);
   const int64_t sms = st != nullptr && st->info.compute_units > 0 ? st->info.compute_units : 132;
-  const int64_t tiles = blocks * a.tiles_n;
+  const int64_t tiles = (blocks * g.bs + kd_wgmma::kBM - 1) / kd_wgmma::kBM * a.tiles_n;
   if (tiles < 1) return Status();
   const LaunchScope on(la, p);
   const dim3 grid(static_cast<unsigned>(tiles < sms ? tiles : sms));
-  const size_t smem = static_cast<size_t>(kd_wgmma::smem_bytes(bn, stages));
+  const size_t smem = static_cast<size_t>(kd_wgmma::smem_bytes(bn, stages, boxes));
   port::Error e = port::kSuccess;
   if constexpr (kFp8) {  // the codes [M][K] (row stride K bytes) and their scales [M][K / 128]
     Quant qa;

@@ -220,6 +220,11 @@ std::vector<GemmShape> gemm_shapes() {
       // block fp8's wgmma too (K a multiple of 128): 136 sorted blocks x 2 tiles of 128 columns >
       // 132 SMs, two K-tiles (scale groups), the routed weight, a drop and a block not local
       {2048, 256, 256, 8, 8, 128, true, false, 0, true, true},
+      // wgmma at the sort's block_size 64 (a tile's halves two sorted blocks, often of two experts:
+      // two B boxes; a non-local half beside a local one): N 576 past a 128-column tile, skewed,
+      // padded a rows, a drop; then more tiles than SMs (68 x 2 > 132)
+      {300, 576, 384, 8, 4, 64, true, true, 8, true, true},
+      {1024, 256, 256, 8, 8, 64, true, false, 0, true, true},
   };
 }
 
