@@ -362,11 +362,14 @@ inline bool ring_fits(const Args& g) noexcept {
 /// Block fp8's ring: N and K multiples of 128, w 16-byte aligned with
 /// 16-byte rows, a 8-byte aligned with 8-byte rows (the quantisation's
 /// loads), and a workspace of moe_gemm_fp8_ring_workspace_bytes.
+inline bool fp8_workspace_fits(const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  return la.workspace != nullptr && reinterpret_cast<uintptr_t>(la.workspace) % 256 == 0 &&
+         la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p);
+}
 inline bool ring_fits_fp8(const core::LaunchArgs& la, const core::Problem& p, const Args& g) noexcept {
   auto aligned = [](const void* q, uintptr_t b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
   return g.N % 128 == 0 && g.K % 128 == 0 && aligned(g.w, 16) && g.ldw % 16 == 0 && aligned(g.a, 8) &&
-         (p.m == 1 || (g.lda * 2) % 8 == 0) && la.workspace != nullptr && aligned(la.workspace, 256) &&
-         la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p);
+         (p.m == 1 || (g.lda * 2) % 8 == 0) && fp8_workspace_fits(la, p);
 }
 
 /// Block fp8: a quantised per 1x128 group into the workspace (xq [M, K]
@@ -450,8 +453,7 @@ inline bool wgmma_fits_fp8(const core::LaunchArgs& la, const core::Problem& p, c
   auto aligned = [](const void* q, uintptr_t b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
   return wgmma_block_size(g.bs) && g.K % 128 == 0 && aligned(g.w, 16) && g.ldw % 16 == 0 && g.ldw >= g.K &&
          aligned(g.a, 8) && (p.m == 1 || (g.lda * 2) % 8 == 0) && p.m * g.K <= INT32_MAX &&
-         g.E * g.N + 256 <= INT32_MAX && g.ldtw <= INT32_MAX && g.ldws <= INT32_MAX && la.workspace != nullptr &&
-         aligned(la.workspace, 256) && la.workspace_bytes >= moe_gemm_fp8_ring_workspace_bytes(p) &&
+         g.E * g.N + 256 <= INT32_MAX && g.ldtw <= INT32_MAX && g.ldws <= INT32_MAX && fp8_workspace_fits(la, p) &&
          kd_wgmma::encode_fn() != nullptr;
 }
 
@@ -547,11 +549,12 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::wgmma) {
-      if (!wgmma_fits_fp8(la, p, g))  // get_default's plan runs the call: the info names what ran
+      if (wgmma_fits_fp8(la, p, g)) return launch_wgmma<W>(la, p, g, blocks);
+      // A workspace short of moe_gemm_fp8_ring_workspace_bytes: the split
+      // kernels below, as the ring (the op's contract); anything else: get_default's plan.
+      if (fp8_workspace_fits(la, p))
         return core::needs_fallback(
-            "moe_gemm wgmma: w rows not 16-byte aligned, a's not 8, strides past int32, a workspace short of "
-            "moe_gemm_fp8_ring_workspace_bytes or no tensor-map encoder");
-      return launch_wgmma<W>(la, p, g, blocks);
+            "moe_gemm wgmma: w rows not 16-byte aligned, a's not 8, strides past int32 or no tensor-map encoder");
     }
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits_fp8(la, p, g)) return launch_ring<W>(la, p, g, blocks);
