@@ -376,7 +376,8 @@ TEST_CASE("gpu gemm host: a cuBLASLt row needs every algorithm param, as integer
   CHECK(kdtest::contains(s.status().message(), "'split_k'=3 is not a point of gemm_bf16__skinny's space"));
 }
 
-TEST_CASE("gpu gemm host: moe_gemm's default takes wgmma from 64 pairs an expert at block_size 128, block fp8 from 32") {
+TEST_CASE(
+    "gpu gemm host: moe_gemm's default takes wgmma from 64 pairs an expert at block_size 128, block fp8 from 16") {
   if (!dispatch::backends::find(DeviceType::cuda)) return;
   const DeviceInfo dev = h200();
   // Qwen3-30B-A3B's up call: E 128, top_k 8, N 1536, K 2048.
@@ -396,12 +397,12 @@ TEST_CASE("gpu gemm host: moe_gemm's default takes wgmma from 64 pairs an expert
   CHECK(served(moe(1023, 128)) == "moe_gemm_bf16__ring");         // under 64 pairs an expert
   CHECK(served(moe(4096, 64)) == "moe_gemm_bf16__ring");          // another sort
   CHECK(served(moe(4096, 128, 2044)) == "moe_gemm_bf16__split");  // K off 8: wgmma and ring decline
-  // Block fp8: from 32 pairs an expert, at SGLang's block_size 64 too; K off 128: the ring and
+  // Block fp8: from 16 pairs an expert, at SGLang's block_size 64 too; K off 128: the ring and
   // wgmma decline.
   constexpr DType kFp8 = DType::fp8_e4m3fn;
-  CHECK(served(moe(512, 64, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__wgmma");  // 32 pairs an expert
+  CHECK(served(moe(256, 64, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__wgmma");  // 16 pairs an expert
   CHECK(served(moe(4096, 128, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__wgmma");
-  CHECK(served(moe(511, 64, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__ring");
+  CHECK(served(moe(255, 64, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__ring");
   CHECK(served(moe(4096, 32, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__ring");
   CHECK(served(moe(4096, 64, 2000, kFp8)) == "moe_gemm_fp8_e4m3fn__split_vec");
   CHECK(kdtest::contains(dispatch::core::find_variant("moe_gemm_fp8_e4m3fn__wgmma")

@@ -118,13 +118,13 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     // on HIP: 2 dtypes x (hip_pairs, hip_split, hip_ref); moe_sum: 3 dtypes x (vec,
     // generic, reference); moe_align: int32 x (block, reference); moe_gemm: 2 dtypes
     // x (split_vec, split, reference), and on CUDA block fp8, 3 dtypes x ring and
-    // 2 dtypes x wgmma.
+    // 3 dtypes x wgmma.
     // A build with KDISPATCH_TEST_OPS=ON adds the test-only family's
     // variants ("__test_" in the name, kernels/cuda/test/), not counted here.
     size_t product = 0;
     for (const VariantDef* v : b->variants())
       product += std::string_view(v->name).find("__test_") == std::string_view::npos;
-    CHECK(product == 24u + 9u + 9u + 2u + 6u + (t == DeviceType::cuda ? 14u + 9u + 18u + 13u + 3u + 3u + 2u : 6u + 6u));
+    CHECK(product == 24u + 9u + 9u + 2u + 6u + (t == DeviceType::cuda ? 14u + 9u + 18u + 13u + 3u + 3u + 3u : 6u + 6u));
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
         int refs = 0, n = 0;
