@@ -338,8 +338,17 @@ fi
 # ncu on fused_moe's GEMM kernels (moe_*mma*, moe_*split*) at one point of bench_moe.py:
 # KD_MOE_PROFILE_CASE (a case-name substring, default "Qwen3-30B-A3B TP1 bf16"), KD_MOE_PROFILE_M (16),
 # one routing set, no peer; SpeedOfLight, memory, occupancy and warp stalls into moe_ncu.txt.
+# KD_MOE_MODE=gemm: moe_gemm's two calls (bench_moe.py --mode gemm, which takes its sort's block
+# size from the peer's configs: the peer's harness loads, its kernels are not profiled unless
+# KD_MOE_PROFILE_KERNELS names them), e.g. KD_MOE_PROFILE_KERNELS='moe_gemm_kernel|moe_quant'.
 if has moe-profile; then
   ensure_torch || { echo "::: moe-profile: FAILED to build (build.log)"; exit 1; }
+  prof_peer=(--no-peer)
+  if [ "${KD_MOE_MODE:-fused}" = gemm ]; then
+    peers=$ROOT/../shared/peers/sglang_moe cfgs=$ROOT/../shared/data/sglang-configs/fused_moe_triton
+    [ -f "$peers/peer_moe.py" ] || { peers=$ROOT/.deps/sglang_moe; cfgs=$ROOT/.deps/sglang_moe/configs; }
+    prof_peer=(--peers "$peers" --configs "$cfgs" --mode gemm)
+  fi
   if command -v ncu >/dev/null 2>&1; then
     : >"$OUT/moe_ncu.txt"
     for pm in $(echo "${KD_MOE_PROFILE_M:-16}" | tr ',' ' '); do  # a comma list: one ncu run per M
@@ -352,7 +361,7 @@ if has moe-profile; then
         timeout "$t" ncu --clock-control none --cache-control all -k "regex:${KD_MOE_PROFILE_KERNELS:-moe_.*(mma|split|sort|reduce|quant)}" \
         --launch-count "${KD_MOE_PROFILE_LAUNCHES:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
-        "$PY" bench/gpu/bench_moe.py --lib "$LIB" --no-peer --m "$pm" --sets 1 --rounds 1 \
+        "$PY" bench/gpu/bench_moe.py --lib "$LIB" "${prof_peer[@]}" --m "$pm" --sets 1 --rounds 1 \
         --cases "${KD_MOE_PROFILE_CASE:-Qwen3-30B-A3B TP1 bf16}" --budget-s 200 --out /tmp >>"$OUT/moe_ncu.txt" 2>&1
       echo "ncu rc=$?"
     done
