@@ -6,9 +6,13 @@
 //   out[s, :] = (a[s / top_k, :] · w[e]^T) * (mul_routed_weight ? topk_weights[s / top_k][s % top_k] : 1)
 // a [M][K] (row stride lda), w [E][N][K] (K contiguous, row stride ldw,
 // expert stride N * ldw), out [M * top_k][N] (row stride ldo), all bf16 (or
-// all fp16), fp32 accumulation; topk_weights [M][top_k] (row stride ldtw). A block whose expert is not local (< 0 or >=
-// E) writes zeros to its valid rows. Only blocks b < ceil(total / 128) are processed, total = *num_tokens_post_pad
-// (read on the device). The sort's block_size must be 128 (kd_wgmma::kBM): one M tile = one sorted block = one expert.
+// all fp16), fp32 accumulation; topk_weights [M][top_k] (row stride ldtw).
+// A block whose expert is not local (< 0 or >= E) writes zeros to its valid
+// rows. Only blocks b < ceil(total / bs) are processed, total =
+// *num_tokens_post_pad (read on the device). The sort's block_size bs is 128
+// (kd_wgmma::kBM: one M tile = one sorted block = one expert) or 64 (one M
+// tile = two sorted blocks: each consumer half its block's expert, a stage
+// one B box per distinct local expert).
 //
 // The structure is kd_wgmma::gemm_kernel's (cuda/wgmma_gemm.cuh, whose
 // primitives this header reuses): persistent, 384 threads, warpgroup 0 the
@@ -330,7 +334,9 @@ __device__ __forceinline__ void produce(const CUtensorMap& tma_w, const Args& a,
       const int sid = pos < end && hv.local[i / 4] ? __ldg(a.sorted_token_ids + pos) : -1;
       off[i] = sid >= 0 && sid < mk ? sid / a.top_k * a.lda : -1;
     }
-    const int32_t wrow0 = (hv.local[0] ? hv.e[0] : hv.e[1]) * a.n + tn * BN, wrow1 = hv.e[1] * a.n + tn * BN;
+    // (only local experts' rows: an id past E would overflow the product)
+    const int32_t wrow0 = (hv.local[0] ? hv.e[0] : hv.e[1]) * a.n + tn * BN,
+                  wrow1 = hv.two ? hv.e[1] * a.n + tn * BN : 0;
     for (int kt = 0; kt < a.k_tiles; ++kt) {
       kd_wgmma::mbar_wait(&empty[s], phase ^ 1);
       if (p == 0) {
@@ -446,7 +452,7 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
     if constexpr (FP8) {
       sa0 = a.a_scales + static_cast<int64_t>(s0 < mk ? s0 / a.top_k : 0) * a.k_tiles;
       sa1 = a.a_scales + static_cast<int64_t>(s1 < mk ? s1 / a.top_k : 0) * a.k_tiles;
-      sw = a.w_scales + (static_cast<int64_t>(e) * a.tiles_n + tn) * a.ldws;
+      sw = a.w_scales + (static_cast<int64_t>(local ? e : 0) * a.tiles_n + tn) * a.ldws;
     }
     for (int kt = 0; kt < kt_live; ++kt) {
       kd_wgmma::mbar_wait(&full[s], phase);

@@ -538,23 +538,21 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
     return core::needs_fallback("moe_gemm vec: K not a multiple of 8, or a or w rows not aligned for 8-element loads");
   const int64_t blocks = (g.cap + g.bs - 1) / g.bs;
 #if KDISPATCH_GPU_HAS_TILED
+  // wgmma where it fits the call; else the ring's path below (and its
+  // split fallback), in this launch: wgmma is get_default's plan from 16 or
+  // 64 pairs an expert, and a needs_fallback from the default would run the
+  // reference kernel (api/ops.cpp).
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::wgmma) {
-      if (!wgmma_fits(g, p))  // get_default's plan runs the call: the info names what ran
-        return core::needs_fallback(
-            "moe_gemm wgmma: a or w rows not 16-byte aligned, strides past int32 or no tensor-map encoder");
-      return launch_wgmma<W>(la, p, g, blocks);
+      if (wgmma_fits(g, p)) return launch_wgmma<W>(la, p, g, blocks);
+      f = Family::ring;
     }
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::wgmma) {
       if (wgmma_fits_fp8(la, p, g)) return launch_wgmma<W>(la, p, g, blocks);
-      // A workspace short of moe_gemm_fp8_ring_workspace_bytes: the split
-      // kernels below, as the ring (the op's contract); anything else: get_default's plan.
-      if (fp8_workspace_fits(la, p))
-        return core::needs_fallback(
-            "moe_gemm wgmma: w rows not 16-byte aligned, a's not 8, strides past int32 or no tensor-map encoder");
+      f = Family::ring;
     }
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits_fp8(la, p, g)) return launch_ring<W>(la, p, g, blocks);

@@ -29,7 +29,8 @@ inline constexpr int kSplitWarps = 4, kRefThreads = 256;
 /// The fp8 TU's [4] is its quantisation kernel (block fp8's ring: no wide
 /// items).
 /// [5] and [6] (CUDA's bf16 and fp16 TUs, sm_90a): wgmma 128 and 256
-/// columns wide (cuda/wgmma_moe.cuh; the sort's block_size 128).
+/// columns wide (cuda/wgmma_moe.cuh; the sort's block_size 128 or 64); the
+/// fp8 TU's [5]: block fp8's wgmma, 128 wide.
 inline constexpr int kImages = 7;
 inline constexpr int kWideRingImage = 4, kFp8QuantImage = 4, kWgmmaImage = 5;
 inline constexpr int kWgmmaThreads = 384;  ///< the wgmma kernel's block (3 warpgroups)
