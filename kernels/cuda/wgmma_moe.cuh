@@ -455,13 +455,19 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
       sw = a.w_scales + (static_cast<int64_t>(local ? e : 0) * a.tiles_n + tn) * a.ldws;
     }
     for (int kt = 0; kt < kt_live; ++kt) {
+      // FP8: the K-group's scales, loaded before the stage's wait (in flight
+      // during it and the wgmma: ncu showed L1TEX scoreboard stalls).
+      [[maybe_unused]] float f0 = 0.f, f1 = 0.f;
+      if constexpr (FP8) {
+        const float w = __ldg(sw + kt);
+        f0 = w * __ldg(sa0 + kt), f1 = w * __ldg(sa1 + kt);
+      }
       kd_wgmma::mbar_wait(&full[s], phase);
       consume_fence();
       const uint8_t* ta = sa + s * kStageBytesA + c * (64 * 128);
       const uint8_t* tb = sb + s * (a.b_boxes * kStageBytesB) + box;
       if constexpr (FP8) {
-        const float w = __ldg(sw + kt);
-        fp8_k_tile<BN>(acc, part, ta, tb, &empty[s], lead, w * __ldg(sa0 + kt), w * __ldg(sa1 + kt));
+        fp8_k_tile<BN>(acc, part, ta, tb, &empty[s], lead, f0, f1);
         if (++s == stages) {
           s = 0;
           phase ^= 1;
