@@ -405,12 +405,16 @@ TEST_CASE(
   CHECK(served(moe(255, 64, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__ring");
   CHECK(served(moe(4096, 32, 2048, kFp8)) == "moe_gemm_fp8_e4m3fn__ring");
   CHECK(served(moe(4096, 64, 2000, kFp8)) == "moe_gemm_fp8_e4m3fn__split_vec");
-  CHECK(kdtest::contains(dispatch::core::find_variant("moe_gemm_fp8_e4m3fn__wgmma")
-                             ->supports(moe(4096, 64, 2000, kFp8), {}, dev)
-                             .message(),
+  const VariantDef* w8 = dispatch::core::find_variant("moe_gemm_fp8_e4m3fn__wgmma");
+  REQUIRE(w8 != nullptr);
+  CHECK(kdtest::contains(w8->supports(moe(4096, 64, 2000, kFp8), {}, dev).message(),
                          "block fp8's wgmma kernel takes K a multiple of 128"));
+  // Its workspace is the ring's: a's codes [M, K] and scales [M, K / 128], 256-byte parts
+  // (4096 * 2048 + 4096 * 16 * 4 bytes); the 16-bit variants take none.
+  CHECK(w8->workspace_bytes(moe(4096, 64, 2048, kFp8), nullptr) == 4096 * 2048 + 4096 * 16 * 4);
   const VariantDef* w = dispatch::core::find_variant("moe_gemm_bf16__wgmma");
   REQUIRE(w != nullptr);
+  CHECK(w->workspace_bytes(moe(4096, 128), nullptr) == 0);
   CHECK(w->supports(moe(4096, 128), {}, dev).ok());
   CHECK(w->supports(moe(4096, 64), {}, dev).ok());  // two sorted blocks a tile
   CHECK(kdtest::contains(w->supports(moe(4096, 32), {}, dev).message(),
