@@ -552,8 +552,9 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_align(kdispatch_runtime* rt, cons
  *  N]; topk_weights [M, top_k] fp32; sorted_token_ids,
  *  expert_ids, num_tokens_post_pad as kdispatch_moe_align writes them.
  *  top_k, block_size: whole numbers in [1, 2^24]; mul_routed_weight 0 or
- *  1; all passed as floats. Block fp8's ring (moe_gemm_fp8_e4m3fn__ring)
- *  quantises a into a workspace: this entry point passes none, so give the
+ *  1; all passed as floats. Block fp8's wgmma and ring kernels
+ *  (moe_gemm_fp8_e4m3fn__wgmma, __ring) quantise a into a workspace: this
+ *  entry point passes none, so give the
  *  stream one (kdispatch_runtime_attach_stream) or call through
  *  kdispatch_op_call with one of kdispatch_op_workspace_bytes; without it
  *  the split kernels run (correct, slower; info still names the plan).

@@ -219,7 +219,7 @@ constexpr OpSpec make_spec() {
                 "E, N and K must be >= 1, got shape "};
   std::copy(std::begin(kDimNames), std::end(kDimNames), s.dim_names);
   s.align_slots = (1u << kMoeGemmArgA) | (1u << kMoeGemmArgW) | (1u << kMoeGemmArgOut);
-  // Block fp8's ring quantises a once into the call's workspace (CUDA; a
+  // Block fp8's wgmma and ring kernels quantise a once into the call's workspace (CUDA; a
   // call given less runs the split kernels).
   s.uses_workspace = true;
   // One GEMM over K in fp32, rounded once to the out dtype (gemm's budget).
