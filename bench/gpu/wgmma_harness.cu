@@ -175,11 +175,12 @@ struct MoeShape {
   const char* name;
   int m, e, top_k, n, k;
   int nonlocal;  ///< an expert whose blocks get expert id -1, or -1
+  int bs = 128;  ///< the sort's block_size: 128, or 64 (a tile's halves two sorted blocks, two B boxes)
 };
 
 void moe(cublasHandle_t h, int sms, const MoeShape& sh) {
-  const int M = sh.m, E = sh.e, TK = sh.top_k, N = sh.n, K = sh.k, MK = M * TK, B = kd_wgmma_moe::kBlockSize;
-  std::printf("moe %s: M=%d E=%d top_k=%d N=%d K=%d\n", sh.name, M, E, TK, N, K);
+  const int M = sh.m, E = sh.e, TK = sh.top_k, N = sh.n, K = sh.k, MK = M * TK, B = sh.bs;
+  std::printf("moe %s: M=%d E=%d top_k=%d N=%d K=%d block_size %d\n", sh.name, M, E, TK, N, K, B);
   std::mt19937 rng(1234u + static_cast<uint32_t>(M * 7 + N));
   std::vector<int> ids(MK), perm(E);
   std::vector<float> weight(MK);
@@ -192,7 +193,7 @@ void moe(cublasHandle_t h, int sms, const MoeShape& sh) {
       weight[t * TK + j] = uw(rng);
     }
   }
-  // moe_align in blocks of 128 into the op's exact buffer (cap positions).
+  // moe_align in blocks of B into the op's exact buffer (cap positions).
   const int cap = MK + std::min(E, MK) * (B - 1), blocks = (cap + B - 1) / B;
   std::vector<int32_t> sorted(cap, MK), eids(blocks, -1);
   std::vector<std::vector<int32_t>> rows(E);
@@ -240,7 +241,9 @@ void moe(cublasHandle_t h, int sms, const MoeShape& sh) {
   std::printf("  %d sorted positions in %d blocks, total %d (%.0f%% padding)\n", cap, blocks, total,
               100.0 * (total - MK) / std::max(total, 1));
   for (int bn : {128, 256}) {
-    const int stages = bn == 128 ? 6 : 4, smem = kd_wgmma::smem_bytes(bn, stages);
+    if (B != 128 && bn != 128) continue;  // block_size 64: 128 wide, two B boxes a stage (the launcher's rule)
+    const int boxes = B == 128 ? 1 : 2, stages = bn == 128 && boxes == 1 ? 6 : 4,
+              smem = kd_wgmma::smem_bytes(bn, stages, boxes);
     CUtensorMap tmw;
     if (kd_wgmma::encode_operand(kd_wgmma::encode_fn(), &tmw, w, int64_t{E} * N, K, K, bn, true) != CUDA_SUCCESS) {
       std::printf("  cuTensorMapEncodeTiled failed\n");
@@ -251,9 +254,10 @@ void moe(cublasHandle_t h, int sms, const MoeShape& sh) {
     args.num_tokens_post_pad = d_total, args.topk_weights = tw, args.ldo = N, args.lda = K, args.ldtw = TK;
     args.m = M, args.n = N, args.k = K, args.num_experts = E, args.top_k = TK, args.mul_routed_weight = 1;
     args.cap = cap, args.max_blocks = blocks, args.tiles_n = (N + bn - 1) / bn, args.k_tiles = (K + 63) / 64;
-    args.bs = B, args.b_boxes = 1;
+    args.bs = B, args.b_boxes = boxes;
     args.stages = stages, args.group_m = 8, args.out_vec2 = N % 2 == 0;
-    const int grid = static_cast<int>(std::min<int64_t>(int64_t{blocks} * args.tiles_n, sms));
+    const int tiles_m = (blocks * B + 127) / 128;
+    const int grid = static_cast<int>(std::min<int64_t>(int64_t{tiles_m} * args.tiles_n, sms));
     auto kern = bn == 256 ? &kd_wgmma_moe::moe_gemm_kernel<true, 256> : &kd_wgmma_moe::moe_gemm_kernel<true, 128>;
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     auto run = [&] { kern<<<grid, kd_wgmma::kThreads, smem>>>(tmw, args); };
@@ -296,6 +300,10 @@ int main(int argc, char** argv) {
         {"Qwen3-30B-A3B up", 4096, 128, 8, 1536, 2048, -1},
         {"Mixtral-8x7B TP2 up", 4096, 8, 2, 14336, 4096, -1},
         {"many tiles", 4096, 8, 8, 512, 72, 3},
+        // block_size 64 (SGLang's block-fp8 rows use it; here in bf16): tiles of two experts, a
+        // non-local half beside a local one
+        {"Qwen3-30B-A3B up, block_size 64", 4096, 128, 8, 1536, 2048, -1, 64},
+        {"edge, block_size 64, expert 2 not local", 300, 8, 4, 576, 384, 2, 64},
     };
     for (const MoeShape& s : shapes) moe(h, sms, s);
   }
