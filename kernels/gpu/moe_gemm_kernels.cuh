@@ -544,14 +544,16 @@ Status launch(gpu::moe_gemm::Family f, const core::LaunchArgs& la, const core::P
   // reference kernel (api/ops.cpp).
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::wgmma) {
-      if (wgmma_fits(g, p)) return launch_wgmma<W>(la, p, g, blocks);
+      if (wgmma_fits(g, p))  // an encoder refusing the map: nothing enqueued yet, the ring's path
+        if (Status s = launch_wgmma<W>(la, p, g, blocks); s.code() != core::kNeedsFallbackCode) return s;
       f = Family::ring;
     }
   if constexpr (W == X && W != DType::fp8_e4m3fn)
     if (f == Family::ring && ring_fits(g)) return launch_ring<W>(la, p, g, blocks);
   if constexpr (W == DType::fp8_e4m3fn)
     if (f == Family::wgmma) {
-      if (wgmma_fits_fp8(la, p, g)) return launch_wgmma<W>(la, p, g, blocks);
+      if (wgmma_fits_fp8(la, p, g))  // as above
+        if (Status s = launch_wgmma<W>(la, p, g, blocks); s.code() != core::kNeedsFallbackCode) return s;
       f = Family::ring;
     }
   if constexpr (W == DType::fp8_e4m3fn)

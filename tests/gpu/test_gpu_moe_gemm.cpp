@@ -223,7 +223,7 @@ std::vector<GemmShape> gemm_shapes() {
       {2048, 256, 256, 8, 8, 128, true, false, 0, true, true},
       // wgmma at the sort's block_size 64 (a tile's halves two sorted blocks: of two experts where an
       // expert's block count is odd, two B boxes; a non-local half beside a local one): N 576 past a
-      // 128-column tile, skewed, padded a rows, a drop (24 blocks: 6 tiles of two experts); then
+      // 128-column tile, skewed, padded a rows, a drop; then
       // top_k < E with ~512 pairs an expert: ~140 blocks, ~70 tiles x 2 > 132 SMs (phases carried)
       {300, 576, 384, 8, 4, 64, true, true, 8, true, true},
       {2048, 256, 256, 16, 4, 64, true, false, 0, true, true},
