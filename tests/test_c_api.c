@@ -745,7 +745,7 @@ static void test_hostile_tensors_and_flags(void) {
     static const struct {
       const char* name;
       int n_tensors, n_scalars;
-      const char* args[8];
+      const char* args[9];
     } ops[] = {{"gemm", 4, 0, {"a", "b", "d", "bias"}},
                {"rmsnorm", 3, 1, {"y", "x", "w"}},
                {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
@@ -762,7 +762,17 @@ static void test_hostile_tensors_and_flags(void) {
                {"moe_gemm",
                 8,
                 3,
-                {"a", "w", "out", "topk_weights", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "w_scale"}}};
+                {"a", "w", "out", "topk_weights", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "w_scale"}},
+               {"moe_gemm_fp8_tensor",
+                9,
+                3,
+                {"a", "w", "out", "topk_weights", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "w_scale",
+                 "a_scale"}},
+               {"moe_gemm_fp8_channel",
+                9,
+                3,
+                {"a", "w", "out", "topk_weights", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "w_scale",
+                 "a_scale"}}};
     const int n_ops = (int)(sizeof ops / sizeof ops[0]);
     char* list = NULL;
     EXPECT(KDISPATCH_OK, kdispatch_op_list(&list));

@@ -235,7 +235,7 @@ std::vector<MissRow> miss_rows(const std::string& csv) {
   size_t line_start = csv.find('\n') + 1;  // after the header
   REQUIRE(csv.compare(0, line_start,
                       "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,E,top_k,block_size,accum,bias,block_shape,"
-                      "expert_map,activation,mul_routed_weight,stride,count,key\n") == 0);
+                      "expert_map,a_scale,activation,mul_routed_weight,stride,count,key\n") == 0);
   while (line_start < csv.size()) {
     const size_t e = csv.find('\n', line_start);
     const std::string line = csv.substr(line_start, e - line_start);
@@ -248,8 +248,8 @@ std::vector<MissRow> miss_rows(const std::string& csv) {
       cols.push_back(line.substr(a, c - a));
       a = c + 1;
     }
-    REQUIRE(cols.size() == 21);
-    out.emplace_back(cols[0], cols[5], cols[6] + "," + cols[7] + "," + cols[8] + "," + cols[9], std::stoll(cols[20]));
+    REQUIRE(cols.size() == 22);
+    out.emplace_back(cols[0], cols[5], cols[6] + "," + cols[7] + "," + cols[8] + "," + cols[9], std::stoll(cols[21]));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -287,7 +287,8 @@ TEST_CASE("cli: the misses export counts the workload's calls, the warm-up's lef
       a.out.find(
           "\nwrote " + csv1 +
           ": 7 shapes (op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,E,top_k,block_size,accum,bias,block_shape,"
-          "expert_map,activation,mul_routed_weight,stride,count,key); the warm-up's calls (one layer at M=1) left "
+          "expert_map,a_scale,activation,mul_routed_weight,stride,count,key); the warm-up's calls (one layer at M=1) "
+          "left "
           "out\n") != std::string::npos);
 
   // Two layers at M = 4: no row at the warm-up's M = 1.

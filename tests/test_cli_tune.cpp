@@ -230,24 +230,25 @@ TEST_CASE("cli tune: misses --export, tune --emit, validate, lookup, resume") {
   std::getline(lines, header);
   CHECK(header ==
         "op,backend,device_name,dtype,out_dtype,M,N,K,hidden,d,E,top_k,block_size,accum,bias,block_shape,expert_map,"
-        "activation,mul_routed_weight,stride,count,key");
+        "a_scale,activation,mul_routed_weight,stride,count,key");
   const std::string device = dispatch::cpu_device_info().device_name;
   std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, std::string>> got;
   for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
-    REQUIRE(f.size() >= 22);
+    REQUIRE(f.size() >= 23);
     CHECK(f[1] == "cpu");
     CHECK(f[2] == device);
     CHECK(f[3] == "bf16");
     CHECK(f[4] == "bf16");
     CHECK(f[13] == "precise");      // accum (the fp8 GEMMs' field) on every row
-    CHECK(f[17].empty());           // activation: fused_moe's field, empty for the other ops
-    CHECK(f[18].empty());           // mul_routed_weight: moe_gemm's
-    CHECK(std::stoll(f[20]) >= 1);  // count
+    CHECK(f[17] == "false");        // a_scale: the moe_gemm_fp8 ops' flag, false on every other row
+    CHECK(f[18].empty());           // activation: fused_moe's field, empty for the other ops
+    CHECK(f[19].empty());           // mul_routed_weight: moe_gemm's
+    CHECK(std::stoll(f[21]) >= 1);  // count
     // The canonical key, quoted (it holds commas).
-    CHECK(f[21].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
+    CHECK(f[22].rfind("\"cpu/" + f[0] + "|" + device + "|", 0) == 0);
     CHECK(line.back() == '"');
     auto num = [](const std::string& v) { return v.empty() ? int64_t(0) : int64_t(std::stoll(v)); };
     got.insert({f[0], num(f[5]), num(f[6]), num(f[7]), num(f[8]), num(f[9]), f[14]});

@@ -566,6 +566,22 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm(kdispatch_runtime* rt, const
                                                     float top_k, float block_size, float mul_routed_weight,
                                                     void* stream, uint32_t flags, kdispatch_dispatch_info* info);
 
+/** moe_gemm on fp8_e4m3fn weights with SGLang's per-tensor or per-channel
+ *  scales (dispatch::MoeGemmFp8Args): as kdispatch_moe_gemm, with w_scale
+ *  [E] (tensor) or [E, N] (channel) fp32 and a_scale [1] fp32 (static) or
+ *  NULL (dynamic: one scale for all of a, resp. one per row). a and out
+ *  bf16 or fp32. CPU only in this build. Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm_fp8_tensor(
+    kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
+    const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
+    const DLTensor* w_scale, const DLTensor* a_scale, float top_k, float block_size, float mul_routed_weight,
+    void* stream, uint32_t flags, kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm_fp8_channel(
+    kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
+    const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
+    const DLTensor* w_scale, const DLTensor* a_scale, float top_k, float block_size, float mul_routed_weight,
+    void* stream, uint32_t flags, kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
@@ -688,6 +704,16 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_gemm(
     kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
     const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
     const DLTensor* w_scale, float top_k, float block_size, float mul_routed_weight, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_gemm_fp8_tensor(
+    kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
+    const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
+    const DLTensor* w_scale, const DLTensor* a_scale, float top_k, float block_size, float mul_routed_weight,
+    char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_gemm_fp8_channel(
+    kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
+    const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
+    const DLTensor* w_scale, const DLTensor* a_scale, float top_k, float block_size, float mul_routed_weight,
+    char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

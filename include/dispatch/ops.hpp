@@ -353,6 +353,43 @@ struct MoeGemmArgs {
   int32_t mul_routed_weight = 0;
 };
 
+/// Arguments of moe_gemm_fp8_tensor and moe_gemm_fp8_channel: moe_gemm
+/// (MoeGemmArgs) on fp8 weights with SGLang's per-tensor or per-channel
+/// scales (its fused-MoE files' dtype=fp8_w8a8 without block_shape; with
+/// per_channel_quant=True):
+///   out[s, :] = (q(a[t]) · w[e]^T) * sa(t) * sw(e, :) * (mul_routed_weight ? topk_weights[t, s % top_k] : 1),
+///   t = s / top_k, for the pairs s of each processed block as moe_gemm.
+/// - a: [M, K] bf16 or fp32, unit stride along K; out [M, top_k, N] the
+///   dtype of a; topk_weights, sorted_token_ids, expert_ids,
+///   num_tokens_post_pad, top_k, block_size, mul_routed_weight: as
+///   MoeGemmArgs.
+/// - w: [E, N, K] fp8_e4m3fn, the experts stacked densely.
+/// - w_scale: fp32, moe_gemm_fp8_tensor: [E] (sw(e, :) = w_scale[e]);
+///   moe_gemm_fp8_channel: [E, N] (sw(e, n) = w_scale[e, n]; SGLang's
+///   [E, N, 1] viewed as [E, N]).
+/// - a_scale: [1] fp32 or absent. Given (static): q(a) = e4m3fn(clamp(a /
+///   a_scale, -448, 448)), sa = a_scale. Absent (dynamic): the tensor op one
+///   scale for all of a, the channel op one per row of a, each max(amax,
+///   1e-10) / 448 (quant_fp8_tensor's and quant_fp8_token's rules).
+/// fp32 accumulation, each sum scaled once and rounded once to out's dtype.
+/// CPU only in this build (a GPU call: unsupported_problem).
+struct MoeGemmFp8Args {
+  TensorRef a;
+  TensorRef w;
+  TensorRef out;
+  TensorRef topk_weights;
+  TensorRef sorted_token_ids;
+  TensorRef expert_ids;
+  TensorRef num_tokens_post_pad;
+  TensorRef w_scale;
+  TensorRef a_scale;
+  int32_t top_k = 0;
+  int32_t block_size = 64;
+  int32_t mul_routed_weight = 0;
+};
+struct MoeGemmFp8TensorArgs : MoeGemmFp8Args {};
+struct MoeGemmFp8ChannelArgs : MoeGemmFp8Args {};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -433,6 +470,15 @@ KDISPATCH_API Status moe_align(Runtime& rt, const MoeAlignArgs& args, Stream str
 /// backend_error.
 KDISPATCH_API Status moe_gemm(Runtime& rt, const MoeGemmArgs& args, Stream stream = {},
                               const CallOptions& opts = {}) noexcept;
+
+/// moe_gemm on fp8 weights with per-tensor or per-channel scales
+/// (MoeGemmFp8Args). Thread-safe; errors as moe_gemm (invalid_argument
+/// naming w_scale or a_scale when their shapes disagree; unsupported_problem
+/// for dtypes no variant computes).
+KDISPATCH_API Status moe_gemm_fp8_tensor(Runtime& rt, const MoeGemmFp8TensorArgs& args, Stream stream = {},
+                                         const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status moe_gemm_fp8_channel(Runtime& rt, const MoeGemmFp8ChannelArgs& args, Stream stream = {},
+                                          const CallOptions& opts = {}) noexcept;
 
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
@@ -723,6 +769,8 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeArgs& arg
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeSumArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeAlignArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmFp8TensorArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmFp8ChannelArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

@@ -16,6 +16,7 @@
 #include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/moe_align_list.hpp"
+#include "cpu/moe_gemm_fp8_list.hpp"
 #include "cpu/moe_gemm_list.hpp"
 #include "cpu/moe_sum_list.hpp"
 #include "cpu/norm_list.hpp"
@@ -36,7 +37,8 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
 constexpr auto kAllVariants =
     concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
            kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
-           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants, kMoeGemmVariants);
+           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants, kMoeGemmVariants,
+           kMoeGemmFp8TensorVariants, kMoeGemmFp8ChannelVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -60,6 +62,8 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::moe_sum, kMoeSumVariants, &moe_sum_default},
     {core::OpKind::moe_align, kMoeAlignVariants, &moe_align_default},
     {core::OpKind::moe_gemm, kMoeGemmVariants, &moe_gemm_default},
+    {core::OpKind::moe_gemm_fp8_tensor, kMoeGemmFp8TensorVariants, &moe_gemm_fp8_default},
+    {core::OpKind::moe_gemm_fp8_channel, kMoeGemmFp8ChannelVariants, &moe_gemm_fp8_default},
 };
 
 }  // namespace

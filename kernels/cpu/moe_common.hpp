@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdispatch CPU backend — what the MoE GEMM variants share (fused_moe.cpp,
-// moe_gemm.cpp): element loads of fp32, bf16 and e4m3fn weights, the
-// activations' 1x128 group quantisation and a block-scaled row dot.
+// moe_gemm.cpp, moe_gemm_fp8.cpp): element loads of fp32, bf16 and e4m3fn
+// weights, the activations' 1x128 group quantisation, a block-scaled row
+// dot and moe_gemm's view of a call.
 #pragma once
 
 #include <array>
@@ -14,6 +15,7 @@
 #include "cpu/cpu_common.hpp"
 #include "cpu/cpu_simd.hpp"
 #include "ops/fused_moe.hpp"
+#include "ops/moe_gemm.hpp"
 #include "ops/quant_fp8.hpp"
 
 namespace dispatch::cpu::moe_cpu {
@@ -86,6 +88,38 @@ Weight<W> expert(const core::LaunchArgs& a, int slot, int scale_slot, int64_t e,
   }
   (void)cols;
   return w;
+}
+
+/// moe_gemm's (and moe_gemm_fp8_*'s: the same slots 0-6) view of a call.
+struct GemmCall {
+  int64_t M, N, K, E, top_k, bs, pairs, cap, blocks;
+  const int32_t* sorted;
+  const int32_t* experts;
+  const float* tw;  ///< null unless mul_routed_weight
+  int64_t ldw;      ///< tw's row stride
+  float weight(int64_t s) const { return tw != nullptr ? tw[(s / top_k) * ldw + s % top_k] : 1.f; }
+};
+inline GemmCall call_of(const core::LaunchArgs& a, const core::Problem& p) {
+  GemmCall c{p.m,
+             p.n,
+             p.k,
+             p.extra[0],
+             p.extra[1],
+             p.extra[2],
+             p.m * p.extra[1],
+             0,
+             0,
+             nullptr,
+             nullptr,
+             nullptr,
+             a.ld[core::kMoeGemmArgTopkWeights]};
+  const core::Dims dims = core::dims_of(p);
+  c.cap = core::moe_gemm_spec::readable(dims.data(), a.ld[core::kMoeGemmArgSorted], a.ld[core::kMoeGemmArgExpertIds]);
+  c.sorted = a.ptr<const int32_t>(core::kMoeGemmArgSorted);
+  c.experts = a.ptr<const int32_t>(core::kMoeGemmArgExpertIds);
+  c.blocks = core::moe_gemm_spec::walked_blocks(a.ptr<const int32_t>(core::kMoeGemmArgTotal)[0], c.cap, c.bs);
+  if (a.scalar[2] != 0.f) c.tw = a.ptr<const float>(core::kMoeGemmArgTopkWeights);
+  return c;
 }
 
 /// The decline of a problem the CPU MoE GEMM variant `v` does not

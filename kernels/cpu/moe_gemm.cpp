@@ -27,38 +27,6 @@ using namespace core::variant_names;
 using namespace simd;
 using namespace moe_cpu;
 
-/// The call's views: sizes, ids and the blocks it walks.
-struct GemmCall {
-  int64_t M, N, K, E, top_k, bs, pairs, cap, blocks;
-  const int32_t* sorted;
-  const int32_t* experts;
-  const float* tw;  ///< null unless mul_routed_weight
-  int64_t ldw;      ///< tw's row stride
-  float weight(int64_t s) const { return tw != nullptr ? tw[(s / top_k) * ldw + s % top_k] : 1.f; }
-};
-GemmCall call_of(const LaunchArgs& a, const Problem& p) {
-  GemmCall c{p.m,
-             p.n,
-             p.k,
-             p.extra[0],
-             p.extra[1],
-             p.extra[2],
-             p.m * p.extra[1],
-             0,
-             0,
-             nullptr,
-             nullptr,
-             nullptr,
-             a.ld[core::kMoeGemmArgTopkWeights]};
-  const core::Dims dims = core::dims_of(p);
-  c.cap = core::moe_gemm_spec::readable(dims.data(), a.ld[core::kMoeGemmArgSorted], a.ld[core::kMoeGemmArgExpertIds]);
-  c.sorted = a.ptr<const int32_t>(core::kMoeGemmArgSorted);
-  c.experts = a.ptr<const int32_t>(core::kMoeGemmArgExpertIds);
-  c.blocks = core::moe_gemm_spec::walked_blocks(a.ptr<const int32_t>(core::kMoeGemmArgTotal)[0], c.cap, c.bs);
-  if (a.scalar[2] != 0.f) c.tw = a.ptr<const float>(core::kMoeGemmArgTopkWeights);
-  return c;
-}
-
 /// The op; chunk = 0: pair by pair (the reference), else each decoded
 /// weight row dotted with `chunk` of a block's pairs at a time.
 template <class W, class X>

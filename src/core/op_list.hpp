@@ -39,6 +39,12 @@
   X(moe_align, MoeAlignArgs, (topk_ids, sorted_token_ids, expert_ids, num_tokens_post_pad, expert_map),           \
     (num_experts, block_size))                                                                                    \
   X(moe_gemm, MoeGemmArgs, (a, w, out, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_pad, w_scale), \
+    (top_k, block_size, mul_routed_weight))                                                                       \
+  X(moe_gemm_fp8_tensor, MoeGemmFp8TensorArgs,                                                                    \
+    (a, w, out, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_pad, w_scale, a_scale),               \
+    (top_k, block_size, mul_routed_weight))                                                                       \
+  X(moe_gemm_fp8_channel, MoeGemmFp8ChannelArgs,                                                                  \
+    (a, w, out, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_pad, w_scale, a_scale),               \
     (top_k, block_size, mul_routed_weight))
 
 // ---- preprocessor helpers for the rows' tuples (up to 12 elements: core::kMaxArgs)

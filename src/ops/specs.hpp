@@ -12,6 +12,7 @@
 #include "ops/gemm_fp8.hpp"
 #include "ops/moe_align.hpp"
 #include "ops/moe_gemm.hpp"
+#include "ops/moe_gemm_fp8.hpp"
 #include "ops/moe_sum.hpp"
 #include "ops/quant_fp8.hpp"
 #include "ops/rmsnorm.hpp"

@@ -286,7 +286,7 @@ class Exported {
   int64_t strides_[kMaxDims] = {};
 };
 
-constexpr size_t kMaxOpTensors = 8;
+constexpr size_t kMaxOpTensors = 12;  // core::kMaxArgs
 
 std::optional<intptr_t> stream_of(py::handle s) {
   if (s.is_none()) return std::nullopt;
@@ -557,7 +557,8 @@ class Handle {
     kdispatch_runtime* r = rt();
     const auto st = stream_of(stream);
     const size_t n = py::len(tensors);
-    if (n > kMaxOpTensors) raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than 8 tensors");
+    if (n > kMaxOpTensors)
+      raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than " + std::to_string(kMaxOpTensors) + " tensors");
     Exported ex[kMaxOpTensors];
     const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {
@@ -587,7 +588,8 @@ class Handle {
   std::string pretune_op(const std::string& name, py::handle tensors, py::handle arg_meta, std::vector<float> scalars) {
     kdispatch_runtime* r = rt();
     const size_t n = py::len(tensors);
-    if (n > kMaxOpTensors) raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than 8 tensors");
+    if (n > kMaxOpTensors)
+      raise(KDISPATCH_INVALID_ARGUMENT, name + ": more than " + std::to_string(kMaxOpTensors) + " tensors");
     Exported ex[kMaxOpTensors];
     const DLTensor* ptrs[kMaxOpTensors] = {};
     for (size_t i = 0; i < n; ++i) {

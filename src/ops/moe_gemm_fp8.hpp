@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// moe_gemm on fp8 weights with SGLang's per-tensor and per-channel scales
+// (its fused-MoE files' dtype=fp8_w8a8 without block_shape, and with
+// per_channel_quant=True): moe_gemm (src/ops/moe_gemm.hpp) with
+//
+//   out[s, :] = (q(a[t]) · w[e]^T) * sa(t) * sw(e, :) * (mul_routed_weight ? topk_weights[t, s % top_k] : 1),
+//   t = s / top_k, and out[s, :] = 0 where e is not local,
+//
+//   moe_gemm_fp8_tensor   w_scale [E]: one scale per expert (SGLang's
+//                         per-tensor w13_weight_scale / w2_weight_scale)
+//   moe_gemm_fp8_channel  w_scale [E, N]: one per expert and output channel
+//                         (SGLang's [E, N, 1] viewed as [E, N])
+//
+// - w [E, N, K] fp8_e4m3fn; a [M, K] and out [M, top_k, N] bf16 or fp32
+//   (the same dtype); the other slots as moe_gemm's.
+// - a_scale [1] fp32, optional. Given (static, SGLang's a1_scale /
+//   a2_scale): q(a) = e4m3fn(clamp(a / a_scale, -448, 448)) and sa =
+//   a_scale. Absent (dynamic, computed as the op runs): the tensor op one
+//   scale for the whole of a (quant_fp8_tensor's rule, max(amax, 1e-10) /
+//   448), the channel op one per row of a (quant_fp8_token's): what
+//   SGLang's scaled_fp8_quant(A, None, use_per_token_if_dynamic =
+//   per_channel_quant) computes before its kernel.
+// - fp32 accumulation, the scales applied once to each sum, rounded once to
+//   out's dtype.
+//
+// Two ops, not a scale field on moe_gemm: each layout has its own w_scale
+// shape (gemm_fp8's reason). Key: E, N, K, block_size, dtype, [a_scale =
+// static], [mul_routed_weight], [out_dtype], [stride], top_k.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "core/numeric.hpp"
+#include "ops/moe_gemm.hpp"
+#include "ops/quant_fp8.hpp"
+
+namespace dispatch::core {
+
+inline constexpr int kMoeGemmArgAScale = 8;
+
+/// How a moe_gemm_fp8 op scales its weights.
+enum class MoeFp8Scales : uint8_t { tensor, channel };
+
+namespace moe_gemm_fp8_common {
+
+/// w_scale: [E] (tensor) or [E, N] (channel), fp32.
+constexpr ArgSlot w_scale_slot(MoeFp8Scales l) {
+  ArgSlot a{.name = "w_scale", .role = Role::read, .dtype = SlotDType::fixed, .fixed_dtype = DType::fp32};
+  a.fill = Fill::near_one;
+  if (l == MoeFp8Scales::tensor) {
+    a.rank = 1, a.cols = {Dim::extra0};
+  } else {
+    a.rows = {Dim::extra0}, a.cols = {Dim::n};
+  }
+  return a;
+}
+/// a_scale [1] fp32, optional: its presence (Problem::has_bias) is the key's a_scale=static.
+constexpr ArgSlot a_scale_slot() {
+  return {.name = "a_scale",
+          .role = Role::read,
+          .rank = 1,
+          .optional = true,
+          .dtype = SlotDType::fixed,
+          .fixed_dtype = DType::fp32,
+          .fill = Fill::near_one};
+}
+template <MoeFp8Scales L>
+constexpr auto slots() {
+  const ArgSlot* m = moe_gemm_spec::kSlots;
+  return std::array<ArgSlot, 9>{m[0], m[1], m[2], m[3], m[4], m[5], m[6], w_scale_slot(L), a_scale_slot()};
+}
+
+inline constexpr KeyField kFields[] = {
+    fused_moe_spec::kFieldE,
+    fused_moe_spec::kFieldK,
+    fused_moe_spec::kFieldN,
+    {.name = "a_scale", .kind = FieldKind::flag, .flag_text = "static"},
+    {.name = "block_size", .kind = FieldKind::dim, .dim = Dim::extra2, .file_pos = 4},
+    fused_moe_spec::kFieldDtype,
+    {.name = "mul_routed_weight", .kind = FieldKind::choice},
+    fused_moe_spec::kFieldOutDtype,
+    fused_moe_spec::kFieldStride,
+    fused_moe_spec::kFieldTopK,
+};
+inline constexpr int8_t kOrder[] = {kMoeGemmArgW,      kMoeGemmArgA,         kMoeGemmArgTopkWeights,
+                                    kMoeGemmArgSorted, kMoeGemmArgExpertIds, kMoeGemmArgTotal,
+                                    kMoeGemmArgOut,    kMoeGemmArgWScale,    kMoeGemmArgAScale};
+
+/// The activations' scales, one per row of a (sa(t)), and q(a) in place in
+/// `x` ([M, K], row stride K): static (a_scale given), or dynamic per
+/// tensor (the tensor op) or per token (the channel op).
+template <MoeFp8Scales L>
+void quantise_a(const Problem& p, const RefArgs& r, std::vector<double>* x, std::vector<double>* sa) {
+  const int64_t M = p.m, K = p.k, lda = r.ld[kMoeGemmArgA];
+  const double fmax = kE4m3fn.max_finite();
+  x->assign(static_cast<size_t>(M * K), 0.0);
+  sa->assign(static_cast<size_t>(M), 1.0);
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t c = 0; c < K; ++c) (*x)[t * K + c] = r.data[kMoeGemmArgA][t * lda + c];
+  auto amax_of = [&](int64_t t0, int64_t t1) {
+    double amax = 0;
+    for (int64_t i = t0 * K; i < t1 * K; ++i) amax = std::fmax(amax, std::fabs((*x)[i]));
+    return std::fmax(amax, double(kQuantMinAmax)) / fmax;
+  };
+  const bool dynamic = r.data[kMoeGemmArgAScale] == nullptr;
+  const double whole = !dynamic ? r.data[kMoeGemmArgAScale][0] : L == MoeFp8Scales::tensor ? amax_of(0, M) : 1.0;
+  for (int64_t t = 0; t < M; ++t) {
+    const double s = dynamic && L == MoeFp8Scales::channel ? amax_of(t, t + 1) : whole;
+    (*sa)[t] = s;
+    for (int64_t c = 0; c < K; ++c) {
+      const double v = std::fmin(std::fmax((*x)[t * K + c] / s, -fmax), fmax);
+      (*x)[t * K + c] = fp8_to_float(float_to_fp8(static_cast<float>(v), kE4m3fn, true), kE4m3fn);
+    }
+  }
+}
+
+/// The float64 reference: a quantised as the op's rule says, each pair's
+/// sum scaled by sa(t) * sw(e, n) (and its routing weight).
+template <MoeFp8Scales L>
+void reference(const Problem& p, const RefArgs& r) {
+  const int64_t M = p.m, N = p.n, K = p.k, E = p.extra[0], top_k = p.extra[1], bs = p.extra[2];
+  const Dims dims = dims_of(p);
+  const int64_t cap = moe_gemm_spec::readable(dims.data(), r.ld[kMoeGemmArgSorted], r.ld[kMoeGemmArgExpertIds]);
+  const bool mul = r.scalar[2] != 0.f;
+  std::vector<double> x, sa;
+  quantise_a<L>(p, r, &x, &sa);
+  const double* w = r.data[kMoeGemmArgW];
+  const double* ws = r.data[kMoeGemmArgWScale];
+  const int64_t ldw = r.ld[kMoeGemmArgW], ldo = r.ld[kMoeGemmArgOut], ldws = r.ld[kMoeGemmArgWScale];
+  const int64_t blocks = moe_gemm_spec::walked_blocks(static_cast<int64_t>(r.data[kMoeGemmArgTotal][0]), cap, bs);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double ed = r.data[kMoeGemmArgExpertIds][b];
+    const bool local = ed >= 0.0 && ed < static_cast<double>(E);
+    const auto e = static_cast<int64_t>(local ? ed : 0.0);
+    for (int64_t i = b * bs; i < (b + 1) * bs && i < cap; ++i) {
+      const double sd = r.data[kMoeGemmArgSorted][i];
+      if (!(sd >= 0.0 && sd < static_cast<double>(M * top_k))) continue;  // padding
+      const auto s = static_cast<int64_t>(sd);
+      const int64_t t = s / top_k;
+      double* o = r.data[kMoeGemmArgOut] + s * ldo;
+      const double rw = mul ? r.data[kMoeGemmArgTopkWeights][t * r.ld[kMoeGemmArgTopkWeights] + s % top_k] : 1.0;
+      for (int64_t n = 0; n < N; ++n) {
+        if (!local) {
+          o[n] = 0.0;
+          continue;
+        }
+        double acc = 0.0;
+        const double* wr = w + (e * N + n) * ldw;
+        for (int64_t c = 0; c < K; ++c) acc += wr[c] * x[t * K + c];
+        const double sw = L == MoeFp8Scales::tensor ? ws[e] : ws[e * ldws + n];
+        o[n] = acc * sa[t] * sw * rw;
+      }
+    }
+  }
+}
+
+template <MoeFp8Scales L>
+constexpr OpSpec make_spec(OpKind op, std::string_view name, std::string_view summary,
+                           std::span<const ArgSlot> slot_span) {
+  OpSpec s = moe_gemm_spec::make_spec();
+  s.op = op, s.name = name, s.summary = summary;
+  s.slots = slot_span, s.fields = kFields, s.order = kOrder;
+  s.reference = &reference<L>;
+  // Only the tensor op's dynamic scale reads all of a before any row; the
+  // quantised copy of a goes in the call's workspace on a GPU.
+  s.uses_workspace = true;
+  // fp32 sums of fp8 products: the quantised ops' budget (a quantised as the reference does).
+  s.tolerance[int(DType::bf16)] = {8e-3, 1.6e-2};
+  s.quantized_tolerance = {3e-2, 3e-2};
+  return s;
+}
+
+}  // namespace moe_gemm_fp8_common
+
+namespace moe_gemm_fp8_tensor_spec {
+inline constexpr auto kSlots = moe_gemm_fp8_common::slots<MoeFp8Scales::tensor>();
+inline constexpr OpSpec kSpec = moe_gemm_fp8_common::make_spec<MoeFp8Scales::tensor>(
+    OpKind::moe_gemm_fp8_tensor, "moe_gemm_fp8_tensor",
+    "moe_gemm on fp8 weights with one scale per expert (w_scale [E]) and a per-tensor activation scale, static "
+    "(a_scale [1]) or dynamic: SGLang's fp8_w8a8 fused_moe_kernel without block_shape.",
+    kSlots);
+}  // namespace moe_gemm_fp8_tensor_spec
+
+namespace moe_gemm_fp8_channel_spec {
+inline constexpr auto kSlots = moe_gemm_fp8_common::slots<MoeFp8Scales::channel>();
+inline constexpr OpSpec kSpec = moe_gemm_fp8_common::make_spec<MoeFp8Scales::channel>(
+    OpKind::moe_gemm_fp8_channel, "moe_gemm_fp8_channel",
+    "moe_gemm on fp8 weights with one scale per expert and output channel (w_scale [E, N]) and an activation scale "
+    "per token (dynamic) or per tensor (a_scale [1]): SGLang's fp8_w8a8 fused_moe_kernel with per_channel_quant.",
+    kSlots);
+}  // namespace moe_gemm_fp8_channel_spec
+
+}  // namespace dispatch::core
