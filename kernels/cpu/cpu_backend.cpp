@@ -16,7 +16,6 @@
 #include "cpu/gemm_fp8_list.hpp"
 #include "cpu/gemm_list.hpp"
 #include "cpu/moe_align_list.hpp"
-#include "cpu/moe_gemm_fp8_list.hpp"
 #include "cpu/moe_gemm_list.hpp"
 #include "cpu/moe_sum_list.hpp"
 #include "cpu/norm_list.hpp"
@@ -62,8 +61,8 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::moe_sum, kMoeSumVariants, &moe_sum_default},
     {core::OpKind::moe_align, kMoeAlignVariants, &moe_align_default},
     {core::OpKind::moe_gemm, kMoeGemmVariants, &moe_gemm_default},
-    {core::OpKind::moe_gemm_fp8_tensor, kMoeGemmFp8TensorVariants, &moe_gemm_fp8_default},
-    {core::OpKind::moe_gemm_fp8_channel, kMoeGemmFp8ChannelVariants, &moe_gemm_fp8_default},
+    {core::OpKind::moe_gemm_fp8_tensor, kMoeGemmFp8TensorVariants, &moe_gemm_default},
+    {core::OpKind::moe_gemm_fp8_channel, kMoeGemmFp8ChannelVariants, &moe_gemm_default},
 };
 
 }  // namespace

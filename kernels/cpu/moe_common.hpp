@@ -82,7 +82,7 @@ Weight<W> expert(const core::LaunchArgs& a, int slot, int scale_slot, int64_t e,
   Weight<W> w;
   w.ld = a.ld[slot];
   w.w = a.ptr<const W>(slot) + e * rows * w.ld;
-  if (a.data[scale_slot] != nullptr) {
+  if (scale_slot >= 0 && a.data[scale_slot] != nullptr) {  // -1: no block scales
     w.sld = a.ld[scale_slot];
     w.s = a.ptr<const float>(scale_slot) + e * ((rows + G - 1) / G) * w.sld;
   }

@@ -6,6 +6,11 @@
 //                           with PAIRS of the block's rows at a time.
 //     PAIRS {1, 8, 64}      rows of a held (quantised) at once
 //   moe_gemm_<w>__ref       pair by pair (the validation baseline)
+//   moe_gemm_fp8_tensor_fp8_e4m3fn__blocked/__ref, moe_gemm_fp8_channel_...:
+//                           the same loop for src/ops/moe_gemm_fp8.hpp: a
+//                           quantised first (static a_scale, or dynamic per
+//                           tensor / per token), each pair's sum times its
+//                           row's scale and the expert's (channel's) scale
 //
 // <w> is the weights' dtype: fp32 (a fp32), bf16 (a bf16) or fp8_e4m3fn
 // (block fp8: a and out bf16 or fp32, a quantised per row and 128-wide
@@ -19,6 +24,7 @@
 #include "cpu/moe_common.hpp"
 #include "cpu/moe_gemm_list.hpp"
 #include "ops/moe_gemm.hpp"
+#include "ops/moe_gemm_fp8.hpp"
 
 namespace dispatch::cpu {
 namespace {
@@ -26,24 +32,62 @@ namespace {
 using namespace core::variant_names;
 using namespace simd;
 using namespace moe_cpu;
+using core::MoeFp8Scales;
+
+/// Which op a launch computes: moe_gemm (block fp8 where w_scale is given),
+/// or a moe_gemm_fp8 op (MoeFp8Scales + 1).
+enum class Mode : int { plain = 0, tensor = 1, channel = 2 };
+constexpr MoeFp8Scales scales_of(Mode m) { return m == Mode::tensor ? MoeFp8Scales::tensor : MoeFp8Scales::channel; }
+
+/// The moe_gemm_fp8 ops' a: q(a) dequantised (x [M, K]) and each row's
+/// scale (sa [M]): static (a_scale), or dynamic per tensor or per token,
+/// quant_fp8's rule.
+template <MoeFp8Scales L, class X>
+void quantise_a(const LaunchArgs& a, const Problem& p, std::vector<float>* x, std::vector<float>* sa) {
+  const X* ap = a.ptr<const X>(core::kMoeGemmArgA);
+  const int64_t M = p.m, K = p.k, lda = a.ld[core::kMoeGemmArgA];
+  const float fmax = core::kE4m3fn.max_finite();
+  x->resize(static_cast<size_t>(M * K));
+  sa->resize(static_cast<size_t>(M));
+  auto amax_rows = [&](int64_t t0, int64_t t1) {
+    float amax = 0.f;
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(load(ap + t * lda, k)));
+    return std::fmax(amax, core::kQuantMinAmax) / fmax;
+  };
+  const auto* given = a.ptr<const float>(core::kMoeGemmArgAScale);
+  const float whole = given != nullptr ? given[0] : L == MoeFp8Scales::tensor ? amax_rows(0, M) : 1.f;
+  for (int64_t t = 0; t < M; ++t) {
+    const float sc = given == nullptr && L == MoeFp8Scales::channel ? amax_rows(t, t + 1) : whole;
+    (*sa)[static_cast<size_t>(t)] = sc;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = std::fmin(std::fmax(load(ap + t * lda, k) / sc, -fmax), fmax);
+      (*x)[static_cast<size_t>(t * K + k)] = kLut[core::float_to_fp8(v, core::kE4m3fn, true)];
+    }
+  }
+}
 
 /// The op; chunk = 0: pair by pair (the reference), else each decoded
 /// weight row dotted with `chunk` of a block's pairs at a time.
-template <class W, class X>
+template <class W, class X, Mode D = Mode::plain>
 Status run(const LaunchArgs& a, const Problem& p, int64_t chunk) {
   const GemmCall c = call_of(a, p);
   const X* ap = a.ptr<const X>(core::kMoeGemmArgA);
   X* out = a.ptr<X>(core::kMoeGemmArgOut);
   const int64_t lda = a.ld[core::kMoeGemmArgA], ldo = a.ld[core::kMoeGemmArgOut];
-  const bool fp8 = a.data[core::kMoeGemmArgWScale] != nullptr;
+  const bool fp8 = D == Mode::plain && a.data[core::kMoeGemmArgWScale] != nullptr;  // block fp8
+  const auto* ws = a.ptr<const float>(core::kMoeGemmArgWScale);
+  const int64_t ldws = a.ld[core::kMoeGemmArgWScale];
   const int64_t hold = chunk < 1 ? 1 : chunk;
   try {
-    std::vector<float> x(static_cast<size_t>(hold * c.K)), row(static_cast<size_t>(c.K));
+    std::vector<float> x(static_cast<size_t>(hold * c.K)), row(static_cast<size_t>(c.K)), xa, sa;
+    if constexpr (D != Mode::plain) quantise_a<scales_of(D), X>(a, p, &xa, &sa);
     std::vector<int64_t> rows;  // the chunk's pairs
     for (int64_t b = 0; b < c.blocks; ++b) {
       const int32_t e = c.experts[b];
       const bool local = e >= 0 && e < c.E;
-      const Weight<W> w = expert<W>(a, core::kMoeGemmArgW, core::kMoeGemmArgWScale, local ? e : 0, c.N, c.K);
+      const Weight<W> w =
+          expert<W>(a, core::kMoeGemmArgW, D == Mode::plain ? core::kMoeGemmArgWScale : -1, local ? e : 0, c.N, c.K);
       for (int64_t i0 = b * c.bs; i0 < (b + 1) * c.bs && i0 < c.cap; i0 += hold) {
         rows.clear();
         for (int64_t i = i0; i < i0 + hold && i < (b + 1) * c.bs && i < c.cap; ++i)
@@ -52,16 +96,21 @@ Status run(const LaunchArgs& a, const Problem& p, int64_t chunk) {
         if (n == 0) continue;
         for (int64_t q = 0; q < n && local; ++q) {
           float* xq = &x[static_cast<size_t>(q * c.K)];
-          const X* src = ap + (rows[static_cast<size_t>(q)] / c.top_k) * lda;
-          for (int64_t k = 0; k < c.K; ++k) xq[k] = load(src, k);
+          const int64_t t = rows[static_cast<size_t>(q)] / c.top_k;
+          if constexpr (D != Mode::plain)
+            std::copy_n(&xa[static_cast<size_t>(t * c.K)], c.K, xq);
+          else
+            for (int64_t k = 0; k < c.K; ++k) xq[k] = load(ap + t * lda, k);
           if (fp8) quantise_groups(xq, c.K);
         }
         for (int64_t r = 0; r < c.N; ++r) {
           if (local) w.decode(r, c.K, row.data());
+          // moe_gemm_fp8: the expert's (channel's) scale, times each row's below
+          const float sw = D == Mode::plain || !local ? 1.f : D == Mode::tensor ? ws[e] : ws[e * ldws + r];
           for (int64_t q = 0; q < n; ++q) {
             const int64_t s = rows[static_cast<size_t>(q)];
-            const float v =
-                local ? w.dot_decoded(r, row.data(), &x[static_cast<size_t>(q * c.K)], c.K) * c.weight(s) : 0.f;
+            float v = local ? w.dot_decoded(r, row.data(), &x[static_cast<size_t>(q * c.K)], c.K) * c.weight(s) : 0.f;
+            if constexpr (D != Mode::plain) v *= sa[static_cast<size_t>(s / c.top_k)] * sw;
             store_as(&out[s * ldo + r], v);
           }
         }
@@ -83,25 +132,27 @@ Status check_problem(const VariantDef& v, const Problem& p) noexcept {
   return Status::Ok();
 }
 
-template <class W>
+template <class W, Mode D = Mode::plain>
 Status launch_as(const LaunchArgs& a, const Problem& p, int64_t chunk) {
   if (p.m < 1) return Status::Ok();
   for (int i : {core::kMoeGemmArgA, core::kMoeGemmArgW, core::kMoeGemmArgOut, core::kMoeGemmArgSorted,
                 core::kMoeGemmArgExpertIds, core::kMoeGemmArgTotal})
     if (a.data[i] == nullptr) return make_status(StatusCode::invalid_argument, "moe_gemm: a tensor is null");
+  if (D != Mode::plain && a.data[core::kMoeGemmArgWScale] == nullptr)
+    return make_status(StatusCode::invalid_argument, "moe_gemm_fp8: w_scale is null");
   if (a.scalar[2] != 0.f && a.data[core::kMoeGemmArgTopkWeights] == nullptr)
     return make_status(StatusCode::invalid_argument, "moe_gemm: mul_routed_weight without topk_weights");
-  return p.out_dtype == DType::fp32 ? run<W, float>(a, p, chunk) : run<W, Bf16>(a, p, chunk);
+  return p.out_dtype == DType::fp32 ? run<W, float, D>(a, p, chunk) : run<W, Bf16, D>(a, p, chunk);
 }
 
-template <class W>
+template <class W, Mode D = Mode::plain>
 Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
-  return launch_as<W>(a, p, 0);
+  return launch_as<W, D>(a, p, 0);
 }
-template <class W>
+template <class W, Mode D = Mode::plain>
 Status blocked_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
   if (prm[kMoeGemmPairs] < 1) return make_status(StatusCode::invalid_argument, "moe_gemm: PAIRS must be >= 1");
-  return launch_as<W>(a, p, prm[kMoeGemmPairs]);
+  return launch_as<W, D>(a, p, prm[kMoeGemmPairs]);
 }
 
 constexpr int64_t kPairs[] = {1, 8, 64};
@@ -115,17 +166,26 @@ KD_MOE_GEMM_PAIR(kMoeGemmFp32Blocked, kMoeGemmFp32Ref, "fp32", DType::fp32, floa
 KD_MOE_GEMM_PAIR(kMoeGemmBf16Blocked, kMoeGemmBf16Ref, "bf16", DType::bf16, Bf16)
 KD_MOE_GEMM_PAIR(kMoeGemmFp8Blocked, kMoeGemmFp8Ref, "fp8_e4m3fn", DType::fp8_e4m3fn, uint8_t)
 #undef KD_MOE_GEMM_PAIR
+#define KD_MOE_GEMM_FP8(Blocked, Ref, op, D)                                                        \
+  KD_CPU_MOE_VARIANTS(Blocked, Ref, op, "blocked", "fp8_e4m3fn", DType::fp8_e4m3fn, kBlockedParams, \
+                      (blocked_launch<uint8_t, D>), (ref_launch<uint8_t, D>))
+KD_MOE_GEMM_FP8(kMoeGemmFp8TensorBlocked, kMoeGemmFp8TensorRef, moe_gemm_fp8_tensor, Mode::tensor)
+KD_MOE_GEMM_FP8(kMoeGemmFp8ChannelBlocked, kMoeGemmFp8ChannelRef, moe_gemm_fp8_channel, Mode::channel)
+#undef KD_MOE_GEMM_FP8
 
 // A decoded weight row serves the pairs held: the block's pairs (block_size,
 // at most) bound how many are worth holding.
 core::Plan moe_gemm_default(const core::Problem& p, const DeviceInfo&) noexcept {
   core::Plan plan;
-  switch (p.in_dtype) {
-    case DType::fp32: plan.variant = &kMoeGemmFp32Blocked; break;
-    case DType::bf16: plan.variant = &kMoeGemmBf16Blocked; break;
-    case DType::fp8_e4m3fn: plan.variant = &kMoeGemmFp8Blocked; break;
-    default: return plan;
-  }
+  if (p.op != OpKind::moe_gemm && p.in_dtype != DType::fp8_e4m3fn) return plan;
+  if (p.op == OpKind::moe_gemm_fp8_tensor) plan.variant = &kMoeGemmFp8TensorBlocked;
+  if (p.op == OpKind::moe_gemm_fp8_channel) plan.variant = &kMoeGemmFp8ChannelBlocked;
+  if (plan.variant == nullptr) switch (p.in_dtype) {
+      case DType::fp32: plan.variant = &kMoeGemmFp32Blocked; break;
+      case DType::bf16: plan.variant = &kMoeGemmBf16Blocked; break;
+      case DType::fp8_e4m3fn: plan.variant = &kMoeGemmFp8Blocked; break;
+      default: return plan;
+    }
   const int64_t per_block = p.extra[2];
   plan.params[kMoeGemmPairs] = per_block >= 64 ? 64 : per_block >= 8 ? 8 : 1;
   if (!check_problem(*plan.variant, p).ok()) return {};

@@ -28,7 +28,9 @@
 // static], [mul_routed_weight], [out_dtype], [stride], top_k.
 #pragma once
 
+#include <array>
 #include <cmath>
+#include <string_view>
 #include <vector>
 
 #include "core/numeric.hpp"
@@ -83,9 +85,14 @@ inline constexpr KeyField kFields[] = {
     fused_moe_spec::kFieldStride,
     fused_moe_spec::kFieldTopK,
 };
-inline constexpr int8_t kOrder[] = {kMoeGemmArgW,      kMoeGemmArgA,         kMoeGemmArgTopkWeights,
-                                    kMoeGemmArgSorted, kMoeGemmArgExpertIds, kMoeGemmArgTotal,
-                                    kMoeGemmArgOut,    kMoeGemmArgWScale,    kMoeGemmArgAScale};
+/// moe_gemm's binding order, then a_scale.
+constexpr std::array<int8_t, 9> order() {
+  std::array<int8_t, 9> o{};
+  for (size_t k = 0; k < 8; ++k) o[k] = moe_gemm_spec::kOrder[k];
+  o[8] = kMoeGemmArgAScale;
+  return o;
+}
+inline constexpr auto kOrder = order();
 
 /// The activations' scales, one per row of a (sa(t)), and q(a) in place in
 /// `x` ([M, K], row stride K): static (a_scale given), or dynamic per
@@ -155,40 +162,39 @@ void reference(const Problem& p, const RefArgs& r) {
   }
 }
 
+inline constexpr std::string_view kSummaries[] = {
+    "moe_gemm on fp8 weights with one scale per expert (w_scale [E]) and a per-tensor activation scale, static "
+    "(a_scale [1]) or dynamic: SGLang's fp8_w8a8 fused_moe_kernel without block_shape.",
+    "moe_gemm on fp8 weights with one scale per expert and output channel (w_scale [E, N]) and an activation scale "
+    "per token (dynamic) or per tensor (a_scale [1]): SGLang's fp8_w8a8 fused_moe_kernel with per_channel_quant."};
+
+/// The op of layout L: moe_gemm's spec with these slots, fields, order and reference.
 template <MoeFp8Scales L>
-constexpr OpSpec make_spec(OpKind op, std::string_view name, std::string_view summary,
-                           std::span<const ArgSlot> slot_span) {
-  OpSpec s = moe_gemm_spec::make_spec();
-  s.op = op, s.name = name, s.summary = summary;
-  s.slots = slot_span, s.fields = kFields, s.order = kOrder;
-  s.reference = &reference<L>;
-  // Only the tensor op's dynamic scale reads all of a before any row; the
-  // quantised copy of a goes in the call's workspace on a GPU.
-  s.uses_workspace = true;
-  // fp32 sums of fp8 products: the quantised ops' budget (a quantised as the reference does).
-  s.tolerance[int(DType::bf16)] = {8e-3, 1.6e-2};
-  s.quantized_tolerance = {3e-2, 3e-2};
-  return s;
-}
+struct Spec {
+  static constexpr auto kSlots = slots<L>();
+  static constexpr OpSpec make() {
+    OpSpec s = moe_gemm_spec::make_spec();
+    const bool tensor = L == MoeFp8Scales::tensor;
+    s.op = tensor ? OpKind::moe_gemm_fp8_tensor : OpKind::moe_gemm_fp8_channel;
+    s.name = tensor ? "moe_gemm_fp8_tensor" : "moe_gemm_fp8_channel";
+    s.summary = kSummaries[tensor ? 0 : 1];
+    s.slots = kSlots, s.fields = kFields, s.order = kOrder;
+    s.reference = &reference<L>;
+    // The quantised copy of a goes in the call's workspace on a GPU; the
+    // tolerances are moe_gemm's (a quantised as the reference does).
+    s.uses_workspace = true;
+    return s;
+  }
+  static constexpr OpSpec kSpec = make();
+};
 
 }  // namespace moe_gemm_fp8_common
 
 namespace moe_gemm_fp8_tensor_spec {
-inline constexpr auto kSlots = moe_gemm_fp8_common::slots<MoeFp8Scales::tensor>();
-inline constexpr OpSpec kSpec = moe_gemm_fp8_common::make_spec<MoeFp8Scales::tensor>(
-    OpKind::moe_gemm_fp8_tensor, "moe_gemm_fp8_tensor",
-    "moe_gemm on fp8 weights with one scale per expert (w_scale [E]) and a per-tensor activation scale, static "
-    "(a_scale [1]) or dynamic: SGLang's fp8_w8a8 fused_moe_kernel without block_shape.",
-    kSlots);
-}  // namespace moe_gemm_fp8_tensor_spec
-
+inline constexpr const OpSpec& kSpec = moe_gemm_fp8_common::Spec<MoeFp8Scales::tensor>::kSpec;
+}
 namespace moe_gemm_fp8_channel_spec {
-inline constexpr auto kSlots = moe_gemm_fp8_common::slots<MoeFp8Scales::channel>();
-inline constexpr OpSpec kSpec = moe_gemm_fp8_common::make_spec<MoeFp8Scales::channel>(
-    OpKind::moe_gemm_fp8_channel, "moe_gemm_fp8_channel",
-    "moe_gemm on fp8 weights with one scale per expert and output channel (w_scale [E, N]) and an activation scale "
-    "per token (dynamic) or per tensor (a_scale [1]): SGLang's fp8_w8a8 fused_moe_kernel with per_channel_quant.",
-    kSlots);
-}  // namespace moe_gemm_fp8_channel_spec
+inline constexpr const OpSpec& kSpec = moe_gemm_fp8_common::Spec<MoeFp8Scales::channel>::kSpec;
+}
 
 }  // namespace dispatch::core
