@@ -570,7 +570,7 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm(kdispatch_runtime* rt, const
  *  scales (dispatch::MoeGemmFp8Args): as kdispatch_moe_gemm, with w_scale
  *  [E] (tensor) or [E, N] (channel) fp32 and a_scale [1] fp32 (static) or
  *  NULL (dynamic: one scale for all of a, resp. one per row). a and out
- *  bf16 or fp32. CPU only in this build. Errors: as kdispatch_gemm. */
+ *  bf16 or fp32. CPU variants only so far (GPU tensors: refused). Errors: as kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm_fp8_tensor(
     kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
     const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,

@@ -372,7 +372,7 @@ struct MoeGemmArgs {
 ///   scale for all of a, the channel op one per row of a, each max(amax,
 ///   1e-10) / 448 (quant_fp8_tensor's and quant_fp8_token's rules).
 /// fp32 accumulation, each sum scaled once and rounded once to out's dtype.
-/// CPU only in this build (a GPU call: unsupported_problem).
+/// CPU variants only so far: a call on GPU tensors is refused (no variant of the backend computes it).
 struct MoeGemmFp8Args {
   TensorRef a;
   TensorRef w;
