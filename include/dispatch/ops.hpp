@@ -373,19 +373,9 @@ struct MoeGemmArgs {
 ///   1e-10) / 448 (quant_fp8_tensor's and quant_fp8_token's rules).
 /// fp32 accumulation, each sum scaled once and rounded once to out's dtype.
 /// CPU variants only so far: a call on GPU tensors is refused (no variant of the backend computes it).
-struct MoeGemmFp8Args {
-  TensorRef a;
-  TensorRef w;
-  TensorRef out;
-  TensorRef topk_weights;
-  TensorRef sorted_token_ids;
-  TensorRef expert_ids;
-  TensorRef num_tokens_post_pad;
-  TensorRef w_scale;
+/// (MoeGemmArgs' members, w_scale as above, then a_scale.)
+struct MoeGemmFp8Args : MoeGemmArgs {
   TensorRef a_scale;
-  int32_t top_k = 0;
-  int32_t block_size = 64;
-  int32_t mul_routed_weight = 0;
 };
 struct MoeGemmFp8TensorArgs : MoeGemmFp8Args {};
 struct MoeGemmFp8ChannelArgs : MoeGemmFp8Args {};

@@ -30,6 +30,7 @@
 
 #include <array>
 #include <cmath>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
@@ -73,18 +74,16 @@ constexpr auto slots() {
   return std::array<ArgSlot, 9>{m[0], m[1], m[2], m[3], m[4], m[5], m[6], w_scale_slot(L), a_scale_slot()};
 }
 
-inline constexpr KeyField kFields[] = {
-    fused_moe_spec::kFieldE,
-    fused_moe_spec::kFieldK,
-    fused_moe_spec::kFieldN,
-    {.name = "a_scale", .kind = FieldKind::flag, .flag_text = "static"},
-    {.name = "block_size", .kind = FieldKind::dim, .dim = Dim::extra2, .file_pos = 4},
-    fused_moe_spec::kFieldDtype,
-    {.name = "mul_routed_weight", .kind = FieldKind::choice},
-    fused_moe_spec::kFieldOutDtype,
-    fused_moe_spec::kFieldStride,
-    fused_moe_spec::kFieldTopK,
-};
+/// moe_gemm's key fields with a_scale=static in block_shape's place (the
+/// flag of its optional slot: here a_scale, there the block scales).
+constexpr std::array<KeyField, std::size(moe_gemm_spec::kFields)> fields() {
+  std::array<KeyField, std::size(moe_gemm_spec::kFields)> f{};
+  for (size_t k = 0; k < f.size(); ++k) f[k] = moe_gemm_spec::kFields[k];
+  for (KeyField& k : f)
+    if (k.kind == FieldKind::flag) k = {.name = "a_scale", .kind = FieldKind::flag, .flag_text = "static"};
+  return f;
+}
+inline constexpr auto kFields = fields();
 /// moe_gemm's binding order, then a_scale.
 constexpr std::array<int8_t, 9> order() {
   std::array<int8_t, 9> o{};
