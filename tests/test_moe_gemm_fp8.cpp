@@ -77,31 +77,46 @@ TEST_CASE("moe_gemm_fp8: per-tensor and per-channel scales, static and dynamic a
   {
     Tiny t;  // per tensor, static a_scale 1: q(a) = a; w_scale (3, 0.5)
     MoeGemmFp8TensorArgs g{t.args({3.f, 0.5f}, false, {1.f})};
-    REQUIRE(moe_gemm_fp8_tensor(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_tensor(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{6, -6, 0.5f, 0.75f}));
   }
   {
     Tiny t;  // per tensor, dynamic: one scale 2 / 448 for all of a; sa * q(a) = a
     MoeGemmFp8TensorArgs g{t.args({3.f, 0.5f}, false)};
-    REQUIRE(moe_gemm_fp8_tensor(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_tensor(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{6, -6, 0.5f, 0.75f}));
   }
   {
     Tiny t;  // per tensor, static a_scale 1/64: 2 * 64 = 128 and 1 * 64 fit; sa * q(a) = a again
     MoeGemmFp8TensorArgs g{t.args({1.f, 1.f}, false, {1.f / 64})};
-    REQUIRE(moe_gemm_fp8_tensor(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_tensor(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{2, -2, 1, 1.5f}));
   }
   {
     Tiny t;  // static a_scale 1/448: a * 448 saturates at 448 (clamp), so a reads as (1, -1), (1, 0.5)
     MoeGemmFp8TensorArgs g{t.args({1.f, 1.f}, false, {1.f / 448})};
-    REQUIRE(moe_gemm_fp8_tensor(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_tensor(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{1, -2, 1, 1.5f}));
   }
   {
     Tiny t;  // per channel [E, N] = (1, 10), (100, 1000); dynamic per token (2/448, 1/448)
     MoeGemmFp8ChannelArgs g{t.args({1.f, 10.f, 100.f, 1000.f}, true)};
-    REQUIRE(moe_gemm_fp8_channel(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_channel(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{2, -20, 100, 1500}));
   }
   {
@@ -109,10 +124,16 @@ TEST_CASE("moe_gemm_fp8: per-tensor and per-channel scales, static and dynamic a
     t.tw = {1, 0.5f};
     MoeGemmFp8ChannelArgs g{t.args({1.f, 10.f, 100.f, 1000.f}, true)};
     g.mul_routed_weight = 1;
-    REQUIRE(moe_gemm_fp8_channel(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_channel(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{2, -20, 50, 750}));
     t.experts = {0, -1};
-    REQUIRE(moe_gemm_fp8_channel(*rt, g).ok());
+    {
+      const Status st = moe_gemm_fp8_channel(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
     CHECK(near(t.out, std::vector<float>{2, -20, 0, 0}));
   }
 }
@@ -126,7 +147,10 @@ TEST_CASE("moe_gemm_fp8: the key says the layout by its op and a static scale by
   info.key = &key;
   CallOptions o;
   o.info = &info;
-  REQUIRE(moe_gemm_fp8_channel(*rt, g, {}, o).ok());
+  {
+    const Status st = moe_gemm_fp8_channel(*rt, g, {}, o);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+  }
   CHECK(std::string(info.variant) == "moe_gemm_fp8_channel_fp8_e4m3fn__blocked");
   CHECK(kdtest::contains(key, "moe_gemm_fp8_channel|"));
   CHECK(kdtest::contains(key, "a_scale=static"));

@@ -544,7 +544,7 @@ TEST_CASE("every op: the C ABI refuses misuse by the spec's roles") {
     const Problem p = problem_of(*spec, pairs[0].first, 4, 8, 8, false, pairs[0].second);
     std::vector<std::vector<float>> bufs;
     std::vector<Dl> dls;
-    dls.reserve(8);
+    dls.reserve(static_cast<size_t>(spec->slot_count()));  // no reallocation: a Dl points into itself
     for (int i = 0; i < spec->slot_count(); ++i) {
       const core::SlotExtent e = core::slot_extent(*spec, i, p);
       bufs.emplace_back(static_cast<size_t>(std::max<int64_t>(1, e.rows * e.cols)), 0.25f);
