@@ -745,7 +745,7 @@ static void test_hostile_tensors_and_flags(void) {
     static const struct {
       const char* name;
       int n_tensors, n_scalars;
-      const char* args[9];
+      const char* args[12]; /* core::kMaxArgs */
     } ops[] = {{"gemm", 4, 0, {"a", "b", "d", "bias"}},
                {"rmsnorm", 3, 1, {"y", "x", "w"}},
                {"fused_add_rmsnorm", 3, 1, {"x", "residual", "w"}},
@@ -788,8 +788,8 @@ static void test_hostile_tensors_and_flags(void) {
     const float scal[3] = {1e-6f, 0.f, 0.f}; /* eps; or routed_scaling_factor and activation; or moe_gemm's three */
     for (int i = 0; i < n_ops; ++i)
       for (int j = 0; j < ops[i].n_tensors; ++j) {
-        tensor t[8];
-        const DLTensor* p[8];
+        tensor t[12]; /* core::kMaxArgs */
+        const DLTensor* p[12];
         for (int k = 0; k < ops[i].n_tensors; ++k) {
           t[k] = f32_2d(x, 2, 16);
           p[k] = dl(&t[k]);
