@@ -74,8 +74,11 @@ class Maker {
     for (int i = 0; i < s_.slot_count(); ++i) {
       const ArgSlot& a = slot(i);
       // absent (block scales: absent with unquantised weights, mostly)
-      if (a.with_quantized ? (core::is_quantized(in) ? rng_() % 8 == 0 : rng_() % 8 != 0) : a.optional && rng_() % 2)
-        c.t[i] = TensorRef{};
+      // (a slot given with another: mostly as that one is, a1_scale's a2_scale)
+      const bool absent = a.given_with >= 0 && rng_() % 8 != 0 ? c.t[a.given_with].data == nullptr
+                          : a.with_quantized ? (core::is_quantized(in) ? rng_() % 8 == 0 : rng_() % 8 != 0)
+                                             : a.optional && rng_() % 2;
+      if (absent) c.t[i] = TensorRef{};
       if (a.alias_of >= 0 && rng_() % 3 == 0) {  // in place: exactly the read slot
         const DType own = c.t[i].dtype;
         c.t[i] = c.t[a.alias_of];

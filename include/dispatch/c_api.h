@@ -582,6 +582,23 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm_fp8_channel(
     const DLTensor* w_scale, const DLTensor* a_scale, float top_k, float block_size, float mul_routed_weight,
     void* stream, uint32_t flags, kdispatch_dispatch_info* info);
 
+/** fused_moe on fp8_e4m3fn weights with SGLang's per-tensor or per-channel
+ *  scales (dispatch::FusedMoeFp8Args): as kdispatch_fused_moe, with
+ *  w1_scale, w2_scale [E] (tensor) or [E, 2I], [E, H] (channel) fp32 and
+ *  a1_scale, a2_scale [1] fp32 (static) or both NULL (dynamic: per tensor,
+ *  resp. per token and per pair). hidden and out bf16 or fp32. CPU only in
+ *  this build. Errors: as kdispatch_gemm. */
+KDISPATCH_C_API kdispatch_status kdispatch_fused_moe_fp8_tensor(
+    kdispatch_runtime* rt, const DLTensor* hidden, const DLTensor* w1, const DLTensor* w2, const DLTensor* topk_weights,
+    const DLTensor* topk_ids, const DLTensor* out, const DLTensor* w1_scale, const DLTensor* w2_scale,
+    const DLTensor* a1_scale, const DLTensor* a2_scale, float routed_scaling_factor, float activation, void* stream,
+    uint32_t flags, kdispatch_dispatch_info* info);
+KDISPATCH_C_API kdispatch_status kdispatch_fused_moe_fp8_channel(
+    kdispatch_runtime* rt, const DLTensor* hidden, const DLTensor* w1, const DLTensor* w2, const DLTensor* topk_weights,
+    const DLTensor* topk_ids, const DLTensor* out, const DLTensor* w1_scale, const DLTensor* w2_scale,
+    const DLTensor* a1_scale, const DLTensor* a2_scale, float routed_scaling_factor, float activation, void* stream,
+    uint32_t flags, kdispatch_dispatch_info* info);
+
 /* ------------------------------------------------------------------ any op */
 
 /** The ops of this build and their arguments, as JSON (caller-owned):
@@ -714,6 +731,14 @@ KDISPATCH_C_API kdispatch_status kdispatch_pretune_moe_gemm_fp8_channel(
     const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
     const DLTensor* w_scale, const DLTensor* a_scale, float top_k, float block_size, float mul_routed_weight,
     char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_moe_fp8_tensor(
+    kdispatch_runtime* rt, const DLTensor* hidden, const DLTensor* w1, const DLTensor* w2, const DLTensor* topk_weights,
+    const DLTensor* topk_ids, const DLTensor* out, const DLTensor* w1_scale, const DLTensor* w2_scale,
+    const DLTensor* a1_scale, const DLTensor* a2_scale, float routed_scaling_factor, float activation, char** json_out);
+KDISPATCH_C_API kdispatch_status kdispatch_pretune_fused_moe_fp8_channel(
+    kdispatch_runtime* rt, const DLTensor* hidden, const DLTensor* w1, const DLTensor* w2, const DLTensor* topk_weights,
+    const DLTensor* topk_ids, const DLTensor* out, const DLTensor* w1_scale, const DLTensor* w2_scale,
+    const DLTensor* a1_scale, const DLTensor* a2_scale, float routed_scaling_factor, float activation, char** json_out);
 
 /* ------------------------------------------------------------------ lookup */
 

@@ -380,6 +380,34 @@ struct MoeGemmFp8Args : MoeGemmArgs {
 struct MoeGemmFp8TensorArgs : MoeGemmFp8Args {};
 struct MoeGemmFp8ChannelArgs : MoeGemmFp8Args {};
 
+/// Arguments of fused_moe_fp8_tensor and fused_moe_fp8_channel: fused_moe
+/// (FusedMoeArgs) on fp8 weights with SGLang's per-tensor or per-channel
+/// scales (its fused-MoE files' dtype=fp8_w8a8 without block_shape; with
+/// per_channel_quant=True), each GEMM as moe_gemm_fp8's:
+///   h = (w1[e] · q1(hidden[t])) * sa1 * sw1(e, :),  a = q2(act(h[0:I]) * h[I:2I]),
+///   out[t] = routed_scaling_factor * sum_j topk_weights[t, j] * (w2[e] · a) * sa2 * sw2(e, :).
+/// - hidden [M, H], out: bf16 or fp32 (one dtype); w1 [E, 2I, H], w2
+///   [E, H, I]: fp8_e4m3fn; topk_weights, topk_ids, routed_scaling_factor,
+///   activation: as FusedMoeArgs.
+/// - w1_scale, w2_scale fp32: fused_moe_fp8_tensor [E] each (one per
+///   expert); fused_moe_fp8_channel [E, 2I] and [E, H] (one per expert and
+///   output channel; SGLang's [E, N, 1] viewed as [E, N]).
+/// - a1_scale, a2_scale: [1] fp32 each, or both absent. Given (static):
+///   q(v) = e4m3fn(clamp(v / scale, -448, 448)), sa = scale. Absent
+///   (dynamic): the tensor op one scale for all of hidden and one for the
+///   whole intermediate, the channel op one per token and one per (token,
+///   choice), each max(amax, 1e-10) / 448, as SGLang's scaled_fp8_quant.
+/// fp32 accumulation; out rounded once. CPU variants only so far: a call on
+/// GPU tensors is refused (no variant of the backend computes it).
+/// (FusedMoeArgs' members, w1_scale and w2_scale as above, then a1_scale
+/// and a2_scale.)
+struct FusedMoeFp8Args : FusedMoeArgs {
+  TensorRef a1_scale;
+  TensorRef a2_scale;
+};
+struct FusedMoeFp8TensorArgs : FusedMoeFp8Args {};
+struct FusedMoeFp8ChannelArgs : FusedMoeFp8Args {};
+
 /// D = A·B^T (+bias). Thread-safe. On the CPU the work is done on return;
 /// on a GPU it is queued on `stream`.
 /// Errors: invalid_argument (null data, rank, shapes that disagree, strides,
@@ -469,6 +497,16 @@ KDISPATCH_API Status moe_gemm_fp8_tensor(Runtime& rt, const MoeGemmFp8TensorArgs
                                          const CallOptions& opts = {}) noexcept;
 KDISPATCH_API Status moe_gemm_fp8_channel(Runtime& rt, const MoeGemmFp8ChannelArgs& args, Stream stream = {},
                                           const CallOptions& opts = {}) noexcept;
+
+/// fused_moe on fp8 weights with per-tensor or per-channel scales
+/// (FusedMoeFp8Args). Thread-safe; errors as fused_moe (invalid_argument
+/// naming w1_scale, w2_scale, a1_scale or a2_scale when a shape disagrees
+/// or one of a1_scale and a2_scale comes alone; unsupported_problem for
+/// dtypes no variant computes).
+KDISPATCH_API Status fused_moe_fp8_tensor(Runtime& rt, const FusedMoeFp8TensorArgs& args, Stream stream = {},
+                                          const CallOptions& opts = {}) noexcept;
+KDISPATCH_API Status fused_moe_fp8_channel(Runtime& rt, const FusedMoeFp8ChannelArgs& args, Stream stream = {},
+                                           const CallOptions& opts = {}) noexcept;
 
 /// An op as the bindings see it (one row of the library's op list): the
 /// C ABI's kdispatch_<op>, the Python methods and the torch ops are
@@ -761,6 +799,8 @@ KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeAlignArgs& arg
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmFp8TensorArgs& args) noexcept;
 KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const MoeGemmFp8ChannelArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeFp8TensorArgs& args) noexcept;
+KDISPATCH_API Result<PretuneResult> pretune(Runtime& rt, const FusedMoeFp8ChannelArgs& args) noexcept;
 /// pretune() of the problem a key describes (see describe_key) at batch
 /// size m on `device`: scratch operands with contiguous rows (or the
 /// layout of the key's stride field), default scalars (eps). What

@@ -33,11 +33,11 @@ constexpr auto concat(const core::VariantDef* const (&... lists)[N]) {
   return all;
 }
 
-constexpr auto kAllVariants =
-    concat(kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
-           kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
-           kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants, kMoeGemmVariants,
-           kMoeGemmFp8TensorVariants, kMoeGemmFp8ChannelVariants);
+constexpr auto kAllVariants = concat(
+    kGemmVariants, kRmsnormVariants, kFusedAddRmsnormVariants, kSiluAndMulVariants, kGemmFp8TensorVariants,
+    kGemmFp8RowwiseVariants, kGemmFp8BlockVariants, kQuantFp8TensorVariants, kQuantFp8TokenVariants,
+    kQuantFp8GroupVariants, kFusedMoeVariants, kMoeSumVariants, kMoeAlignVariants, kMoeGemmVariants,
+    kMoeGemmFp8TensorVariants, kMoeGemmFp8ChannelVariants, kFusedMoeFp8TensorVariants, kFusedMoeFp8ChannelVariants);
 
 /// The backend's table of ops: each op's variant list and default rule.
 using DefaultFn = core::Plan (*)(const core::Problem&, const DeviceInfo&) noexcept;
@@ -63,6 +63,8 @@ constexpr OpEntry kOps[] = {
     {core::OpKind::moe_gemm, kMoeGemmVariants, &moe_gemm_default},
     {core::OpKind::moe_gemm_fp8_tensor, kMoeGemmFp8TensorVariants, &moe_gemm_default},
     {core::OpKind::moe_gemm_fp8_channel, kMoeGemmFp8ChannelVariants, &moe_gemm_default},
+    {core::OpKind::fused_moe_fp8_tensor, kFusedMoeFp8TensorVariants, &fused_moe_default},
+    {core::OpKind::fused_moe_fp8_channel, kFusedMoeFp8ChannelVariants, &fused_moe_default},
 };
 
 }  // namespace

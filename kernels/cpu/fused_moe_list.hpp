@@ -19,8 +19,14 @@ extern const core::VariantDef kMoeFp32Ref, kMoeBf16Ref, kMoeFp8Ref;
 inline constexpr const core::VariantDef* kFusedMoeVariants[] = {&kMoeFp32Grouped, &kMoeBf16Grouped, &kMoeFp8Grouped,
                                                                 &kMoeFp32Ref,     &kMoeBf16Ref,     &kMoeFp8Ref};
 
-/// Analytical default plan for a CPU fused_moe problem: the grouped variant
-/// of the weights' dtype, BLOCK_M from the tokens per expert; an invalid
+/// fused_moe_fp8_tensor and fused_moe_fp8_channel (fused_moe.cpp's passes; BLOCK_M as above).
+extern const core::VariantDef kMoeFp8TensorGrouped, kMoeFp8TensorRef;
+extern const core::VariantDef kMoeFp8ChannelGrouped, kMoeFp8ChannelRef;
+inline constexpr const core::VariantDef* kFusedMoeFp8TensorVariants[] = {&kMoeFp8TensorGrouped, &kMoeFp8TensorRef};
+inline constexpr const core::VariantDef* kFusedMoeFp8ChannelVariants[] = {&kMoeFp8ChannelGrouped, &kMoeFp8ChannelRef};
+
+/// Analytical default plan for a CPU fused_moe (or fused_moe_fp8_*) problem:
+/// the grouped variant of the weights' dtype (of the op), BLOCK_M from the tokens per expert; an invalid
 /// Plan for dtypes no CPU variant computes.
 core::Plan fused_moe_default(const core::Problem& p, const DeviceInfo& dev) noexcept;
 

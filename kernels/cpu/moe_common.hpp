@@ -16,6 +16,7 @@
 #include "cpu/cpu_simd.hpp"
 #include "ops/fused_moe.hpp"
 #include "ops/moe_gemm.hpp"
+#include "ops/moe_gemm_fp8.hpp"
 #include "ops/quant_fp8.hpp"
 
 namespace dispatch::cpu::moe_cpu {
@@ -44,6 +45,30 @@ inline void quantise_groups(float* x, int64_t n) {
     for (int64_t i = g0; i < g1; ++i) amax = std::fmax(amax, std::fabs(x[i]));
     const float scale = std::fmax(amax, core::kQuantMinAmax) / 448.f;
     for (int64_t i = g0; i < g1; ++i) x[i] = kLut[core::float_to_fp8(x[i] / scale, core::kE4m3fn, true)] * scale;
+  }
+}
+
+/// Rows of x ([rows, K], dense) quantised in place as the fp8_w8a8 ops do
+/// (core::moe_gemm_fp8_common::quantise_rows, in fp32): static (`given`),
+/// dynamic per tensor over the rows `use` marks (all when null), or per
+/// token; each value becomes its e4m3fn code's value, sa[row] its scale.
+inline void quantise_rows(float* x, int64_t rows, int64_t K, const float* given, bool per_token, const char* use,
+                          float* sa) {
+  const float fmax = core::kE4m3fn.max_finite();
+  auto amax_of = [&](int64_t r0, int64_t r1) {
+    float amax = 0.f;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < K && (use == nullptr || use[r] != 0); ++c)
+        amax = std::fmax(amax, std::fabs(x[r * K + c]));
+    return std::fmax(amax, core::kQuantMinAmax) / fmax;
+  };
+  const float whole = given != nullptr ? given[0] : per_token ? 1.f : amax_of(0, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float sc = given == nullptr && per_token ? amax_of(r, r + 1) : whole;
+    sa[r] = sc;
+    for (int64_t c = 0; c < K; ++c)
+      x[r * K + c] =
+          kLut[core::float_to_fp8(std::fmin(std::fmax(x[r * K + c] / sc, -fmax), fmax), core::kE4m3fn, true)];
   }
 }
 
@@ -141,6 +166,46 @@ inline Status check_moe_dtypes(const core::VariantDef& v, const core::Problem& p
   return Status::Ok();
 }
 
+/// Which op a MoE GEMM launch computes: the plain op (block fp8 where its
+/// block scales are given), or an fp8_w8a8 op (core::MoeFp8Scales + 1).
+enum class Mode : int { plain = 0, tensor = 1, channel = 2 };
+constexpr core::MoeFp8Scales scales_of(Mode m) {
+  return m == Mode::tensor ? core::MoeFp8Scales::tensor : core::MoeFp8Scales::channel;
+}
+
+/// The default's variant of a CPU MoE problem: the fp8_w8a8 op's own
+/// (`fp8_ops`: the tensor op, then the channel op, with their variants), or
+/// the plain op's of the weights' dtype (`by_dtype`: fp32, bf16, fp8);
+/// null where none computes it.
+inline const core::VariantDef* moe_variant(const core::Problem& p, const core::OpKind (&fp8_ops)[2],
+                                           const core::VariantDef* const (&fp8_variants)[2],
+                                           const core::VariantDef* const (&by_dtype)[3]) {
+  for (int i = 0; i < 2; ++i)
+    if (p.op == fp8_ops[i]) return p.in_dtype == DType::fp8_e4m3fn ? fp8_variants[i] : nullptr;
+  switch (p.in_dtype) {
+    case DType::fp32: return by_dtype[0];
+    case DType::bf16: return by_dtype[1];
+    case DType::fp8_e4m3fn: return by_dtype[2];
+    default: return nullptr;
+  }
+}
+
+/// A CPU MoE family's launches: Launch (its launch_as<W, D>) with the
+/// plan's param `P` (the fast variant: pairs held per decoded weight row,
+/// >= 1), or with 0 (the reference order).
+template <Status (*Launch)(const core::LaunchArgs&, const core::Problem&, int64_t), int P>
+Status param_launch(const core::LaunchArgs& a, const core::Problem& p, const int64_t* prm) {
+  if (prm[P] < 1)
+    return make_status(
+        StatusCode::invalid_argument,
+        std::string(core::op_name(p.op)) + ": the variant's param must be >= 1, got " + std::to_string(prm[P]));
+  return Launch(a, p, prm[P]);
+}
+template <Status (*Launch)(const core::LaunchArgs&, const core::Problem&, int64_t)>
+Status ref_order_launch(const core::LaunchArgs& a, const core::Problem& p, const int64_t*) {
+  return Launch(a, p, 0);
+}
+
 /// supports() of a CPU MoE variant: Check (its op's problem checks), then
 /// its params in their config space.
 template <const core::VariantDef& V, Status (*Check)(const core::VariantDef&, const core::Problem&) noexcept>
@@ -152,6 +217,16 @@ Status moe_supports(const core::Problem& p, const int64_t* prm, const DeviceInfo
 }
 
 }  // namespace dispatch::cpu::moe_cpu
+
+/// The two CPU variants of fp8_w8a8 op `op` (Mode D) of a MoE family.
+#define KD_CPU_MOE_FP8_VARIANTS(Fast, Ref, op, family, D, params, param) \
+  KD_CPU_MOE_PARAM_VARIANTS(Fast, Ref, op, family, "fp8_e4m3fn", DType::fp8_e4m3fn, params, param, uint8_t, D)
+/// The two CPU variants of op `op` for weights `w` (DType DT, element W)
+/// in Mode D: the including file's launch_as<W, D> with its param `param`,
+/// and in the reference order.
+#define KD_CPU_MOE_PARAM_VARIANTS(Fast, Ref, op, family, w, DT, params, param, W, D)                          \
+  KD_CPU_MOE_VARIANTS(Fast, Ref, op, family, w, DT, params, (moe_cpu::param_launch<&launch_as<W, D>, param>), \
+                      (moe_cpu::ref_order_launch<&launch_as<W, D>>))
 
 /// The two CPU variants of MoE op `op` for weights `w` (DType DT): `Fast`,
 /// "<op>_<w>__<family>" with its params and launch, and `Ref`,

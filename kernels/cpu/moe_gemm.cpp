@@ -34,37 +34,18 @@ using namespace simd;
 using namespace moe_cpu;
 using core::MoeFp8Scales;
 
-/// Which op a launch computes: moe_gemm (block fp8 where w_scale is given),
-/// or a moe_gemm_fp8 op (MoeFp8Scales + 1).
-enum class Mode : int { plain = 0, tensor = 1, channel = 2 };
-constexpr MoeFp8Scales scales_of(Mode m) { return m == Mode::tensor ? MoeFp8Scales::tensor : MoeFp8Scales::channel; }
-
 /// The moe_gemm_fp8 ops' a: q(a) dequantised (x [M, K]) and each row's
-/// scale (sa [M]): static (a_scale), or dynamic per tensor or per token,
-/// quant_fp8's rule.
+/// scale (sa [M]): static (a_scale), or dynamic per tensor or per token.
 template <MoeFp8Scales L, class X>
 void quantise_a(const LaunchArgs& a, const Problem& p, std::vector<float>* x, std::vector<float>* sa) {
   const X* ap = a.ptr<const X>(core::kMoeGemmArgA);
   const int64_t M = p.m, K = p.k, lda = a.ld[core::kMoeGemmArgA];
-  const float fmax = core::kE4m3fn.max_finite();
   x->resize(static_cast<size_t>(M * K));
   sa->resize(static_cast<size_t>(M));
-  auto amax_rows = [&](int64_t t0, int64_t t1) {
-    float amax = 0.f;
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(load(ap + t * lda, k)));
-    return std::fmax(amax, core::kQuantMinAmax) / fmax;
-  };
-  const auto* given = a.ptr<const float>(core::kMoeGemmArgAScale);
-  const float whole = given != nullptr ? given[0] : L == MoeFp8Scales::tensor ? amax_rows(0, M) : 1.f;
-  for (int64_t t = 0; t < M; ++t) {
-    const float sc = given == nullptr && L == MoeFp8Scales::channel ? amax_rows(t, t + 1) : whole;
-    (*sa)[static_cast<size_t>(t)] = sc;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = std::fmin(std::fmax(load(ap + t * lda, k) / sc, -fmax), fmax);
-      (*x)[static_cast<size_t>(t * K + k)] = kLut[core::float_to_fp8(v, core::kE4m3fn, true)];
-    }
-  }
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t k = 0; k < K; ++k) (*x)[static_cast<size_t>(t * K + k)] = load(ap + t * lda, k);
+  quantise_rows(x->data(), M, K, a.ptr<const float>(core::kMoeGemmArgAScale), L == MoeFp8Scales::channel, nullptr,
+                sa->data());
 }
 
 /// The op; chunk = 0: pair by pair (the reference), else each decoded
@@ -145,47 +126,30 @@ Status launch_as(const LaunchArgs& a, const Problem& p, int64_t chunk) {
   return p.out_dtype == DType::fp32 ? run<W, float, D>(a, p, chunk) : run<W, Bf16, D>(a, p, chunk);
 }
 
-template <class W, Mode D = Mode::plain>
-Status ref_launch(const LaunchArgs& a, const Problem& p, const int64_t*) {
-  return launch_as<W, D>(a, p, 0);
-}
-template <class W, Mode D = Mode::plain>
-Status blocked_launch(const LaunchArgs& a, const Problem& p, const int64_t* prm) {
-  if (prm[kMoeGemmPairs] < 1) return make_status(StatusCode::invalid_argument, "moe_gemm: PAIRS must be >= 1");
-  return launch_as<W, D>(a, p, prm[kMoeGemmPairs]);
-}
-
 constexpr int64_t kPairs[] = {1, 8, 64};
 constexpr ParamDef kBlockedParams[] = {{"PAIRS", ParamKind::integer, kPairs, {}, 8}};
 
 }  // namespace
 
 #define KD_MOE_GEMM_PAIR(Blocked, Ref, w, DT, W) \
-  KD_CPU_MOE_VARIANTS(Blocked, Ref, moe_gemm, "blocked", w, DT, kBlockedParams, blocked_launch<W>, ref_launch<W>)
+  KD_CPU_MOE_PARAM_VARIANTS(Blocked, Ref, moe_gemm, "blocked", w, DT, kBlockedParams, kMoeGemmPairs, W, Mode::plain)
 KD_MOE_GEMM_PAIR(kMoeGemmFp32Blocked, kMoeGemmFp32Ref, "fp32", DType::fp32, float)
 KD_MOE_GEMM_PAIR(kMoeGemmBf16Blocked, kMoeGemmBf16Ref, "bf16", DType::bf16, Bf16)
 KD_MOE_GEMM_PAIR(kMoeGemmFp8Blocked, kMoeGemmFp8Ref, "fp8_e4m3fn", DType::fp8_e4m3fn, uint8_t)
 #undef KD_MOE_GEMM_PAIR
-#define KD_MOE_GEMM_FP8(Blocked, Ref, op, D)                                                        \
-  KD_CPU_MOE_VARIANTS(Blocked, Ref, op, "blocked", "fp8_e4m3fn", DType::fp8_e4m3fn, kBlockedParams, \
-                      (blocked_launch<uint8_t, D>), (ref_launch<uint8_t, D>))
-KD_MOE_GEMM_FP8(kMoeGemmFp8TensorBlocked, kMoeGemmFp8TensorRef, moe_gemm_fp8_tensor, Mode::tensor)
-KD_MOE_GEMM_FP8(kMoeGemmFp8ChannelBlocked, kMoeGemmFp8ChannelRef, moe_gemm_fp8_channel, Mode::channel)
-#undef KD_MOE_GEMM_FP8
+KD_CPU_MOE_FP8_VARIANTS(kMoeGemmFp8TensorBlocked, kMoeGemmFp8TensorRef, moe_gemm_fp8_tensor, "blocked", Mode::tensor,
+                        kBlockedParams, kMoeGemmPairs)
+KD_CPU_MOE_FP8_VARIANTS(kMoeGemmFp8ChannelBlocked, kMoeGemmFp8ChannelRef, moe_gemm_fp8_channel, "blocked",
+                        Mode::channel, kBlockedParams, kMoeGemmPairs)
 
 // A decoded weight row serves the pairs held: the block's pairs (block_size,
 // at most) bound how many are worth holding.
 core::Plan moe_gemm_default(const core::Problem& p, const DeviceInfo&) noexcept {
   core::Plan plan;
-  if (p.op != OpKind::moe_gemm && p.in_dtype != DType::fp8_e4m3fn) return plan;
-  if (p.op == OpKind::moe_gemm_fp8_tensor) plan.variant = &kMoeGemmFp8TensorBlocked;
-  if (p.op == OpKind::moe_gemm_fp8_channel) plan.variant = &kMoeGemmFp8ChannelBlocked;
-  if (plan.variant == nullptr) switch (p.in_dtype) {
-      case DType::fp32: plan.variant = &kMoeGemmFp32Blocked; break;
-      case DType::bf16: plan.variant = &kMoeGemmBf16Blocked; break;
-      case DType::fp8_e4m3fn: plan.variant = &kMoeGemmFp8Blocked; break;
-      default: return plan;
-    }
+  plan.variant = moe_variant(p, {OpKind::moe_gemm_fp8_tensor, OpKind::moe_gemm_fp8_channel},
+                             {&kMoeGemmFp8TensorBlocked, &kMoeGemmFp8ChannelBlocked},
+                             {&kMoeGemmFp32Blocked, &kMoeGemmBf16Blocked, &kMoeGemmFp8Blocked});
+  if (plan.variant == nullptr) return plan;
   const int64_t per_block = p.extra[2];
   plan.params[kMoeGemmPairs] = per_block >= 64 ? 64 : per_block >= 8 ? 8 : 1;
   if (!check_problem(*plan.variant, p).ok()) return {};

@@ -328,6 +328,16 @@ Status check_dtype_links(const OpSpec& s, const TensorRef* const* t, bool requir
                                      : "missing: " + name(s.in_dtype_slot) + " is " + std::string(dtype_name(in)) +
                                            ", whose block scales it is");
   }
+  // 5e. A pair of optional slots that come together (a1_scale, a2_scale).
+  for (int i = 0; i < s.slot_count(); ++i) {
+    const int with = slot(i).given_with;
+    if (with < 0) continue;
+    const bool given = slot_present(slot(i), *t[i], require_data);
+    if (given != slot_present(slot(with), *t[with], require_data))
+      return bad(slot(i).name, given
+                                   ? "given without " + name(with) + ": the two come together (static scales)"
+                                   : "missing: " + name(with) + " is given, and the two come together (static scales)");
+  }
   return Status();
 }
 
@@ -649,6 +659,10 @@ template <core::OpKind Op>
     if constexpr (a.dtype_like >= 0) ok = ok && (!present[i] || x.dtype == t[a.dtype_like]->dtype);
     if constexpr (a.dtype == core::SlotDType::fixed) ok = ok && (!present[i] || x.dtype == a.fixed_dtype);
     if constexpr (a.with_quantized) ok = ok && present[i] == core::is_quantized(t[S.in_dtype_slot]->dtype);
+    if constexpr (a.given_with >= 0) {
+      static_assert(a.given_with < i && a.optional, "given_with: an optional slot after the one it goes with");
+      ok = ok && present[i] == present[a.given_with];
+    }
     ok = ok && (!present[i] || x.device == dev);
   });
   for (int d = 1; d < core::kDimCount; ++d) {

@@ -45,7 +45,13 @@
     (top_k, block_size, mul_routed_weight))                                                                       \
   X(moe_gemm_fp8_channel, MoeGemmFp8ChannelArgs,                                                                  \
     (a, w, out, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_pad, w_scale, a_scale),               \
-    (top_k, block_size, mul_routed_weight))
+    (top_k, block_size, mul_routed_weight))                                                                       \
+  X(fused_moe_fp8_tensor, FusedMoeFp8TensorArgs,                                                                  \
+    (hidden, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale, a1_scale, a2_scale),                        \
+    (routed_scaling_factor, activation))                                                                          \
+  X(fused_moe_fp8_channel, FusedMoeFp8ChannelArgs,                                                                \
+    (hidden, w1, w2, topk_weights, topk_ids, out, w1_scale, w2_scale, a1_scale, a2_scale),                        \
+    (routed_scaling_factor, activation))
 
 // ---- preprocessor helpers for the rows' tuples (up to 12 elements: core::kMaxArgs)
 #define KD_PP_EXPAND(...) __VA_ARGS__

@@ -170,6 +170,10 @@ struct ArgSlot {
   /// fp8 dtype): the block scales of fp8 weights. Validation refuses a
   /// quantised call without it and an unquantised one with it.
   bool with_quantized = false;
+  /// Optional, and given exactly when the optional slot `given_with` (an
+  /// earlier one) is: a pair that comes together (fused_moe_fp8's static
+  /// a1_scale and a2_scale). Validation names this slot when one comes alone.
+  int8_t given_with = -1;
 };
 
 /// What a scalar is.

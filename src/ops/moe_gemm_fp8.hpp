@@ -31,6 +31,7 @@
 #include <array>
 #include <cmath>
 #include <iterator>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -74,24 +75,66 @@ constexpr auto slots() {
   return std::array<ArgSlot, 9>{m[0], m[1], m[2], m[3], m[4], m[5], m[6], w_scale_slot(L), a_scale_slot()};
 }
 
-/// moe_gemm's key fields with a_scale=static in block_shape's place (the
-/// flag of its optional slot: here a_scale, there the block scales).
-constexpr std::array<KeyField, std::size(moe_gemm_spec::kFields)> fields() {
-  std::array<KeyField, std::size(moe_gemm_spec::kFields)> f{};
-  for (size_t k = 0; k < f.size(); ++k) f[k] = moe_gemm_spec::kFields[k];
+/// `base`'s key fields with a_scale=static in the flag's place (there the
+/// block scales' block_shape; here the optional activation scales').
+template <size_t N>
+constexpr std::array<KeyField, N> a_scale_fields(const KeyField (&base)[N]) {
+  std::array<KeyField, N> f{};
+  for (size_t k = 0; k < N; ++k) f[k] = base[k];
   for (KeyField& k : f)
     if (k.kind == FieldKind::flag) k = {.name = "a_scale", .kind = FieldKind::flag, .flag_text = "static"};
   return f;
 }
-inline constexpr auto kFields = fields();
-/// moe_gemm's binding order, then a_scale.
-constexpr std::array<int8_t, 9> order() {
-  std::array<int8_t, 9> o{};
-  for (size_t k = 0; k < 8; ++k) o[k] = moe_gemm_spec::kOrder[k];
-  o[8] = kMoeGemmArgAScale;
+/// `base`'s binding order, then the slots `then`.
+template <size_t N, size_t T>
+constexpr std::array<int8_t, N + T> order_then(const int8_t (&base)[N], const int8_t (&then)[T]) {
+  std::array<int8_t, N + T> o{};
+  for (size_t k = 0; k < N; ++k) o[k] = base[k];
+  for (size_t k = 0; k < T; ++k) o[N + k] = then[k];
   return o;
 }
-inline constexpr auto kOrder = order();
+/// An fp8_w8a8 op's spec: `s` (moe_gemm's or fused_moe's) as op `op`, with
+/// its own name, summary, slots, key fields, binding order and reference.
+constexpr OpSpec derived_spec(OpSpec s, OpKind op, std::string_view name, std::string_view summary,
+                              std::span<const ArgSlot> slots, std::span<const KeyField> fields,
+                              std::span<const int8_t> order, void (*ref)(const Problem&, const RefArgs&)) {
+  s.op = op, s.name = name, s.summary = summary;
+  s.slots = slots, s.fields = fields, s.order = order;
+  s.reference = ref;
+  return s;
+}
+
+inline constexpr auto kFields = a_scale_fields(moe_gemm_spec::kFields);
+inline constexpr int8_t kAScaleSlot[] = {kMoeGemmArgAScale};
+inline constexpr auto kOrder = order_then(moe_gemm_spec::kOrder, kAScaleSlot);
+
+/// Rows of x ([rows, K], dense) quantised as SGLang's scaled_fp8_quant
+/// quantises an fp8_w8a8 kernel's input, in place: static (`given`, a [1]
+/// scale: x / given clamped to +-448), dynamic per tensor (one scale,
+/// max(amax, 1e-10) / 448 over the rows `use` marks, all rows when null)
+/// or per token (`per_token`: one scale per row). Each value becomes its
+/// e4m3fn code's value; sa[row] gets the row's scale (q times sa: what
+/// the GEMM multiplies).
+inline void quantise_rows(double* x, int64_t rows, int64_t K, const double* given, bool per_token, const char* use,
+                          double* sa) {
+  const double fmax = kE4m3fn.max_finite();
+  auto amax_of = [&](int64_t r0, int64_t r1) {
+    double amax = 0;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < K && (use == nullptr || use[r] != 0); ++c)
+        amax = std::fmax(amax, std::fabs(x[r * K + c]));
+    return std::fmax(amax, double(kQuantMinAmax)) / fmax;
+  };
+  const double whole = given != nullptr ? given[0] : per_token ? 1.0 : amax_of(0, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double s = given == nullptr && per_token ? amax_of(r, r + 1) : whole;
+    sa[r] = s;
+    for (int64_t c = 0; c < K; ++c) {
+      const double v = std::fmin(std::fmax(x[r * K + c] / s, -fmax), fmax);
+      x[r * K + c] = fp8_to_float(float_to_fp8(static_cast<float>(v), kE4m3fn, true), kE4m3fn);
+    }
+  }
+}
 
 /// The activations' scales, one per row of a (sa(t)), and q(a) in place in
 /// `x` ([M, K], row stride K): static (a_scale given), or dynamic per
@@ -99,26 +142,11 @@ inline constexpr auto kOrder = order();
 template <MoeFp8Scales L>
 void quantise_a(const Problem& p, const RefArgs& r, std::vector<double>* x, std::vector<double>* sa) {
   const int64_t M = p.m, K = p.k, lda = r.ld[kMoeGemmArgA];
-  const double fmax = kE4m3fn.max_finite();
   x->assign(static_cast<size_t>(M * K), 0.0);
   sa->assign(static_cast<size_t>(M), 1.0);
   for (int64_t t = 0; t < M; ++t)
     for (int64_t c = 0; c < K; ++c) (*x)[t * K + c] = r.data[kMoeGemmArgA][t * lda + c];
-  auto amax_of = [&](int64_t t0, int64_t t1) {
-    double amax = 0;
-    for (int64_t i = t0 * K; i < t1 * K; ++i) amax = std::fmax(amax, std::fabs((*x)[i]));
-    return std::fmax(amax, double(kQuantMinAmax)) / fmax;
-  };
-  const bool dynamic = r.data[kMoeGemmArgAScale] == nullptr;
-  const double whole = !dynamic ? r.data[kMoeGemmArgAScale][0] : L == MoeFp8Scales::tensor ? amax_of(0, M) : 1.0;
-  for (int64_t t = 0; t < M; ++t) {
-    const double s = dynamic && L == MoeFp8Scales::channel ? amax_of(t, t + 1) : whole;
-    (*sa)[t] = s;
-    for (int64_t c = 0; c < K; ++c) {
-      const double v = std::fmin(std::fmax((*x)[t * K + c] / s, -fmax), fmax);
-      (*x)[t * K + c] = fp8_to_float(float_to_fp8(static_cast<float>(v), kE4m3fn, true), kE4m3fn);
-    }
-  }
+  quantise_rows(x->data(), M, K, r.data[kMoeGemmArgAScale], L == MoeFp8Scales::channel, nullptr, sa->data());
 }
 
 /// The float64 reference: a quantised as the op's rule says, each pair's
@@ -172,13 +200,11 @@ template <MoeFp8Scales L>
 struct Spec {
   static constexpr auto kSlots = slots<L>();
   static constexpr OpSpec make() {
-    OpSpec s = moe_gemm_spec::make_spec();
     const bool tensor = L == MoeFp8Scales::tensor;
-    s.op = tensor ? OpKind::moe_gemm_fp8_tensor : OpKind::moe_gemm_fp8_channel;
-    s.name = tensor ? "moe_gemm_fp8_tensor" : "moe_gemm_fp8_channel";
-    s.summary = kSummaries[tensor ? 0 : 1];
-    s.slots = kSlots, s.fields = kFields, s.order = kOrder;
-    s.reference = &reference<L>;
+    OpSpec s =
+        derived_spec(moe_gemm_spec::make_spec(), tensor ? OpKind::moe_gemm_fp8_tensor : OpKind::moe_gemm_fp8_channel,
+                     tensor ? "moe_gemm_fp8_tensor" : "moe_gemm_fp8_channel", kSummaries[tensor ? 0 : 1], kSlots,
+                     kFields, kOrder, &reference<L>);
     // The quantised copy of a goes in the call's workspace on a GPU; the
     // tolerances are moe_gemm's (a quantised as the reference does).
     s.uses_workspace = true;

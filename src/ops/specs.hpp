@@ -8,6 +8,7 @@
 #include "core/op_spec.hpp"
 #include "ops/fused_add_rmsnorm.hpp"
 #include "ops/fused_moe.hpp"
+#include "ops/fused_moe_fp8.hpp"
 #include "ops/gemm.hpp"
 #include "ops/gemm_fp8.hpp"
 #include "ops/moe_align.hpp"
