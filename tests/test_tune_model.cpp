@@ -294,10 +294,15 @@ TEST_CASE(
   CliResult bad_ep = run({"tune", "--model", cfg, "--emit", (dir / "emit").string(), "--ep", "3", "--list"});
   CHECK(bad_ep.exit_code == 2);
   CHECK(bad_ep.err.find("--ep 3 does not divide the routed experts (8)") != std::string::npos);
+  // --fp8 tensor / rowwise: the per-tensor and per-channel fused-MoE ops
+  // (dynamic scales: the checkpoint's static flag is not --fp8's).
   const Listed tensor = list_model(cfg, {"--fp8", "tensor"});
-  REQUIRE(tensor.not_tuned.size() == 1);
-  CHECK(tensor.not_tuned[0] ==
-        "experts (E=8, top 2, N=24, K=64): not tuned: fused_moe runs bf16/fp16 or block-fp8 experts, not --fp8 tensor");
+  CHECK(tensor.not_tuned.empty());
+  CHECK(std::find(tensor.units.begin(), tensor.units.end(),
+                  "experts: fused_moe_fp8_tensor E=8,N=24,K=64,top_k=2,fp8_e4m3fn->bf16") != tensor.units.end());
+  const Listed rowwise = list_model(cfg, {"--fp8", "rowwise"});
+  CHECK(std::find(rowwise.units.begin(), rowwise.units.end(),
+                  "experts: fused_moe_fp8_channel E=8,N=24,K=64,top_k=2,fp8_e4m3fn->bf16") != rowwise.units.end());
 
   // A real run of its norms and of its routed experts (fused_moe on the CPU, block fp8).
   TempDir emit;
@@ -311,6 +316,59 @@ TEST_CASE(
   CHECK_MESSAGE(m.out.find("2 fused_moe shapes: 2 tuned") != std::string::npos, m.out);
   CHECK(fs::exists(emit / "cpu" / "fused_moe"));
   CHECK(r.err.find("note: quantization_config: an fp8 checkpoint: --fp8 block") != std::string::npos);
+}
+
+// Mixtral with a per-tensor fp8 checkpoint whose activation scales are
+// static (quant_method fp8, no weight_block_size), and Qwen3-MoE from a
+// compressed-tensors FP8-dynamic checkpoint (weights per channel, tokens
+// dynamic): their experts are fused_moe_fp8_tensor with a_scale=static and
+// fused_moe_fp8_channel, and a real run tunes them on the CPU.
+TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpoints tune the fp8_w8a8 fused-MoE ops") {
+  TempDir dir;
+  const std::string mixtral = write(dir, "mixtral/config.json", R"({"architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+    "vocab_size": 256, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}})");
+  const Listed m = list_model(mixtral, {"--no-lm-head"});
+  CHECK(std::find(m.units.begin(), m.units.end(),
+                  "experts: fused_moe_fp8_tensor E=4,N=32,K=64,top_k=2,fp8_e4m3fn->bf16,a_scale") != m.units.end());
+  CHECK(std::find(m.units.begin(), m.units.end(), "qkv_proj: gemm_fp8_tensor N=128,K=64,fp8_e4m3fn->bf16") !=
+        m.units.end());
+  CHECK(m.not_tuned.empty());
+
+  const std::string qwen = write(dir, "qwen/config.json", R"({"architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
+    "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "rms_norm_eps": 1e-06,
+    "hidden_act": "silu", "quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"group_0": {"targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": false, "symmetric": true},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": true,
+                              "symmetric": true}}}}})");
+  const Listed q = list_model(qwen, {"--no-lm-head"});
+  CHECK(std::find(q.units.begin(), q.units.end(),
+                  "experts: fused_moe_fp8_channel E=8,N=16,K=64,top_k=2,fp8_e4m3fn->bf16") != q.units.end());
+  CHECK(std::find(q.units.begin(), q.units.end(), "o_proj: gemm_fp8_rowwise N=64,K=64,fp8_e4m3fn->bf16") !=
+        q.units.end());
+
+  // A real run of both experts units on the CPU: rows of each op's key.
+  TempDir emit;
+  for (const std::string& cfg : {mixtral, qwen}) {
+    CliResult r = run({"tune", "--model", cfg, "--emit", emit.str(), "--ms", "1,3", "--op",
+                       cfg == mixtral ? "fused_moe_fp8_tensor" : "fused_moe_fp8_channel", "--budget-ms", "20",
+                       "--no-cold-cache", "--reps", "1"});
+    CHECK_MESSAGE(r.exit_code == 0, r.out << r.err);
+    CHECK_MESSAGE(r.out.find(cfg == mixtral ? "2 fused_moe_fp8_tensor shapes: 2 tuned"
+                                            : "2 fused_moe_fp8_channel "
+                                              "shapes: 2 tuned") != std::string::npos,
+                  r.out);
+  }
+  bool static_row = false;
+  for (const auto& e : fs::directory_iterator(emit / "cpu" / "fused_moe_fp8_tensor"))
+    static_row = static_row || e.path().filename().string().find("a_scale=static") != std::string::npos;
+  CHECK(static_row);
+  CHECK(fs::exists(emit / "cpu" / "fused_moe_fp8_channel"));
 }
 
 TEST_CASE(

@@ -191,7 +191,8 @@ CLI::App* add_tune(CLI::App& app, TuneCmdOptions& to) {
               "); nothing is fetched. Llama, Mistral, Qwen2, Qwen3, "
               "Gemma, Gemma2, Gemma3, Phi-3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 configs; the units are its "
               "projections (fused qkv, o_proj, fused gate_up, down, lm_head; DeepSeek's MLA projections), norms, "
-              "silu_and_mul and, with --fp8, its quant ops; MoE experts are listed as not tuned")
+              "silu_and_mul, the routed experts (fused_moe; an fp8 checkpoint's per-tensor or per-channel "
+              "experts: fused_moe_fp8_tensor / _channel) and, with --fp8, its quant ops")
       ->type_name("CONFIG.json|DIR|NAME");
   tune->add_option("--tp", to.tp,
                    "--model: tensor-parallel degree the shapes are sharded for (default 1; a replay model: its own); "

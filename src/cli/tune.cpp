@@ -460,9 +460,13 @@ int run_tune(const TuneCmdOptions& opts) {
   using namespace tune_detail;
   const char* cmd = "kdispatch tune";
   TuneCmdOptions o = opts;
-  if (o.dtype.empty()) {  // no --dtype: bf16, else the op's only input dtype (the fp8 GEMMs: fp8_e4m3fn)
+  // No --dtype: bf16, else (--shapes) the op's only input dtype (the fp8
+  // GEMMs: fp8_e4m3fn). With --model, --dtype is the model's activations'
+  // and --op only filters the units (each fp8 unit names its own dtype).
+  if (o.dtype.empty()) {
     o.dtype = "bf16";
-    if (const dsp::OpInfo* info = find_op(o.op); info && info->in_dtypes.size() == 1 && info->in_dtypes[0] != "bf16")
+    if (const dsp::OpInfo* info = find_op(o.op);
+        o.model.empty() && info && info->in_dtypes.size() == 1 && info->in_dtypes[0] != "bf16")
       o.dtype = std::string(info->in_dtypes[0]);
   }
   if (o.emit.empty() && !o.list) {  // --list tunes nothing: no dir needed

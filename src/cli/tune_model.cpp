@@ -29,11 +29,14 @@
 // router (gate: N=n_routed_experts, unquantised), the shared experts (a
 // dense MLP of n_shared_experts x moe_intermediate_size) and the routed
 // experts: one fused_moe unit (E, K=hidden, N=moe_intermediate_size / tp,
-// top_k; --ep N: E/N whole experts per rank; block fp8 as the
-// checkpoint's). Mixtral and Qwen3-MoE: the router and the experts.
+// top_k; --ep N: E/N whole experts per rank; fp8 as the checkpoint's:
+// block fused_moe with block_shape, per tensor fused_moe_fp8_tensor, per
+// channel fused_moe_fp8_channel, a_scale=static for static activations).
+// Mixtral and Qwen3-MoE: the router and the experts.
 //
 // --fp8 tensor|rowwise|block (or an fp8 checkpoint's quantization_config:
-// weight_block_size [128, 128] is block, none is tensor): every projection
+// weight_block_size [128, 128] is block, none is tensor; compressed-tensors'
+// fp8 weights per channel rowwise, per tensor tensor): every projection
 // of the decoder (not the router, not lm_head) runs as the replay's fp8
 // models run it: the quant op of the layout on its input (dtype -> fp8),
 // then the fp8 GEMM of the layout (fp8 -> dtype):
@@ -119,8 +122,11 @@ struct Arch {
   // MoE
   int64_t experts = 0, top_k = 0, moe_intermediate = 0, shared_experts = 0, dense_layers = 0;
   bool has_dense = true, has_moe = false;
-  // An fp8 checkpoint (quantization_config): "block", "tensor" or "".
+  // An fp8 checkpoint (quantization_config): "block", "tensor", "rowwise"
+  // (per-channel weights, per-token activations) or ""; static: its
+  // activation scales are fixed (activation_scheme "static").
   std::string fp8;
+  bool fp8_static = false;
   int64_t block_n = 0, block_k = 0;
   std::vector<std::string> notes;
 };
@@ -181,18 +187,48 @@ struct ConfigReader {
   }
 };
 
+// compressed-tensors' fp8 scheme (RedHat's FP8-dynamic / FP8 checkpoints):
+// the first config group's weights (8-bit float, strategy "channel" or
+// "tensor") and input_activations (dynamic or not); another scheme is a note.
+void read_compressed_tensors(ConfigReader& qc, Arch* a) {
+  dom::object groups;
+  dom::object first;
+  if (qc.obj["config_groups"].get(groups) == simdjson::SUCCESS)
+    for (auto [name, group] : groups)
+      if (group.get(first) == simdjson::SUCCESS) break;
+  ConfigReader g{first, {}};
+  dom::object w, in;
+  const bool has_w = first["weights"].get(w) == simdjson::SUCCESS;
+  ConfigReader wr{w, {}};
+  const std::string strategy = has_w ? wr.str("strategy") : std::string();
+  if (!has_w || wr.str("type") != "float" || wr.opt_int("num_bits").value_or(0) != 8 ||
+      (strategy != "channel" && strategy != "tensor")) {
+    a->notes.push_back(
+        "quantization_config: a compressed-tensors scheme other than fp8 weights per channel or per tensor: its "
+        "GEMMs are tuned in --dtype (or --fp8)");
+    return;
+  }
+  a->fp8 = strategy == "channel" ? "rowwise" : "tensor";
+  if (first["input_activations"].get(in) == simdjson::SUCCESS)
+    a->fp8_static = !ConfigReader{in, {}}.flag("dynamic", true);
+}
+
 // quantization_config: an fp8 checkpoint's layout (block with its
-// weight_block_size, else per-tensor); another method is a note.
+// weight_block_size, else per-tensor; compressed-tensors' per channel or
+// per tensor) and whether its activation scales are static; another method
+// is a note.
 void read_quantization(ConfigReader& c, Arch* a) {
   dom::object q;
   if (c.obj["quantization_config"].get(q) != simdjson::SUCCESS) return;
   ConfigReader qc{q, {}};
   const std::string method = qc.str("quant_method");
+  if (method == "compressed-tensors") return read_compressed_tensors(qc, a);
   if (method != "fp8") {
     a->notes.push_back("quantization_config quant_method '" + method +
                        "' is not an fp8 scheme tune --model knows: its GEMMs are tuned in --dtype (or --fp8)");
     return;
   }
+  a->fp8_static = qc.str("activation_scheme") == "static";
   dom::array block;
   if (q["weight_block_size"].get(block) != simdjson::SUCCESS) {
     a->fp8 = "tensor";
@@ -434,7 +470,7 @@ class PlanBuilder {
   // The routed experts: one fused_moe unit (both GEMMs, the activation and
   // the top-k sum), sharded as SGLang shards them: --ep 1, each expert's
   // moe_intermediate_size split over --tp; --ep N, E/N whole experts a rank.
-  // bf16/fp16/fp32, or block fp8 (the checkpoint's or --fp8 block).
+  // bf16/fp16/fp32, or fp8 in the checkpoint's (or --fp8's) layout.
   void routed_experts() {
     int64_t experts = a_.experts, inter = a_.moe_intermediate;
     if (ep_ > 1) {
@@ -452,17 +488,23 @@ class PlanBuilder {
       why = "the config has no num_experts_per_tok";
     else if (a_.act != "silu" && a_.act != "swish")
       why = "fused_moe is tuned with silu (the config's activation: " + a_.act + ")";
-    else if (!fp8_.empty() && fp8_ != "block")
-      why = "fused_moe runs bf16/fp16 or block-fp8 experts, not --fp8 " + fp8_;
     if (!why.empty()) {
       plan_.not_tuned.push_back(what + ": not tuned: " + why);
       return;
     }
-    const bool block = fp8_ == "block";
-    add("experts", "fused_moe", {{"E", experts}, {"K", a_.hidden}, {"N", inter}, {"top_k", a_.top_k}}, false,
-        block ? "fp8_e4m3fn" : "", block ? "run" : "", 1,
-        block ? std::vector<std::pair<std::string, std::string>>{{"block_shape", "true"}}
-              : std::vector<std::pair<std::string, std::string>>{});
+    // fp8: block (fused_moe with block_shape), tensor (fused_moe_fp8_tensor)
+    // or rowwise (fused_moe_fp8_channel: SGLang's per_channel_quant), with
+    // a_scale=static where the checkpoint's activation scales are static.
+    const bool fp8 = !fp8_.empty(), block = fp8_ == "block";
+    std::vector<std::pair<std::string, std::string>> fields;
+    if (block) fields.emplace_back("block_shape", "true");
+    if (fp8 && !block && fp8_ == a_.fp8 && a_.fp8_static) fields.emplace_back("a_scale", "true");
+    add("experts",
+        !fp8 || block      ? "fused_moe"
+        : fp8_ == "tensor" ? "fused_moe_fp8_tensor"
+                           : "fused_moe_fp8_channel",
+        {{"E", experts}, {"K", a_.hidden}, {"N", inter}, {"top_k", a_.top_k}}, false, fp8 ? "fp8_e4m3fn" : "",
+        fp8 ? "run" : "", 1, std::move(fields));
   }
 
   // The decoder layer, in call order; then lm_head.
