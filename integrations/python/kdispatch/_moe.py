@@ -8,9 +8,14 @@ _ACTIVATIONS = {"silu": 0, "gelu": 1}
 
 def experts(who, hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu", routed_scaling_factor=None,
             inplace=False, use_fp8_w8a8=False, w1_scale=None, w2_scale=None, block_shape=None, expert_map=None,
-            unsupported=None):
-    """torch.ops.kdispatch.fused_moe of an engine's call. `unsupported`:
-    {argument name: given?}, the engine's arguments the op does not compute
+            per_channel_quant=False, a1_scale=None, a2_scale=None, unsupported=None):
+    """The engine's fused-experts call on kdispatch's ops: torch.ops.kdispatch.
+    fused_moe (bf16/fp16, block fp8 with ``block_shape=[128, 128]``), or
+    fp8_w8a8 without a block shape, fused_moe_fp8_tensor (w1_scale/w2_scale
+    [E]) or, with ``per_channel_quant``, fused_moe_fp8_channel
+    (w1_scale/w2_scale [E, N] or SGLang's [E, N, 1]); a1_scale and a2_scale
+    (static, one scale each) given together or not at all. `unsupported`:
+    {argument name: given?}, the engine's arguments the ops do not compute
     (NotImplementedError naming the first one given). `expert_map`: [global
     E] int tensor of local ids (-1: not local), applied to topk_ids first
     (vLLM's expert parallelism). Returns the output, or hidden_states
@@ -20,13 +25,22 @@ def experts(who, hidden_states, w1, w2, topk_weights, topk_ids, *, activation="s
 
     for name, given in (unsupported or {}).items():
         if given:
-            raise NotImplementedError(f"{who}: {name} is not supported by kdispatch's fused_moe (bf16/fp16 or "
-                                      "block-fp8 128x128 experts)")
-    if use_fp8_w8a8 and [int(b) for b in (block_shape or [])] != [128, 128]:
-        raise NotImplementedError(f"{who}: use_fp8_w8a8 needs block_shape=[128, 128] (block fp8), got "
+            raise NotImplementedError(f"{who}: {name} is not supported by kdispatch's fused_moe ops (bf16/fp16, "
+                                      "block-fp8 128x128, per-tensor or per-channel fp8 experts)")
+    scaled = use_fp8_w8a8 and block_shape is None  # SGLang's fp8_w8a8 without block_shape
+    if use_fp8_w8a8 and not scaled and [int(b) for b in block_shape] != [128, 128]:
+        raise NotImplementedError(f"{who}: use_fp8_w8a8 with a block_shape needs [128, 128] (block fp8), got "
                                   f"{block_shape!r}")
-    if not use_fp8_w8a8 and (w1_scale is not None or w2_scale is not None or block_shape is not None):
-        raise ValueError(f"{who}: w1_scale, w2_scale and block_shape come with use_fp8_w8a8=True")
+    if not use_fp8_w8a8 and (w1_scale is not None or w2_scale is not None or block_shape is not None or
+                             a1_scale is not None or a2_scale is not None or per_channel_quant):
+        raise ValueError(f"{who}: w1_scale, w2_scale, a1_scale, a2_scale, block_shape and per_channel_quant come "
+                         f"with use_fp8_w8a8=True")
+    if not scaled and (per_channel_quant or a1_scale is not None or a2_scale is not None):
+        raise NotImplementedError(f"{who}: per_channel_quant, a1_scale and a2_scale go with fp8_w8a8 without a "
+                                  f"block_shape (block fp8 quantises its activations per 1x128 group)")
+    if (a1_scale is None) != (a2_scale is None):
+        raise NotImplementedError(f"{who}: {'a2_scale' if a1_scale is not None else 'a1_scale'} is None while the "
+                                  f"other is given: kdispatch's fp8 ops take static activation scales as a pair")
     if activation not in _ACTIVATIONS:
         raise NotImplementedError(f"{who}: activation {activation!r} (kdispatch's fused_moe computes "
                                   f"{', '.join(_ACTIVATIONS)})")
@@ -36,8 +50,17 @@ def experts(who, hidden_states, w1, w2, topk_weights, topk_ids, *, activation="s
     ids = ids if ids.dtype == torch.int32 else ids.to(torch.int32)
     weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
     rsf = 1.0 if routed_scaling_factor is None else float(routed_scaling_factor)
-    out = torch.ops.kdispatch.fused_moe(hidden_states, w1, w2, weights.contiguous(), ids.contiguous(), w1_scale,
-                                        w2_scale, rsf, _ACTIVATIONS[activation])
+    if scaled:
+        def flat(s, rows):  # SGLang's [E, N, 1] per-channel scales as [E, N]; a 0-dim static scale as [1]
+            return None if s is None else s.reshape(rows) if rows else s.reshape(s.shape[0], -1)
+
+        op = torch.ops.kdispatch.fused_moe_fp8_channel if per_channel_quant else torch.ops.kdispatch.fused_moe_fp8_tensor
+        out = op(hidden_states, w1, w2, weights.contiguous(), ids.contiguous(),
+                 flat(w1_scale, None if per_channel_quant else -1), flat(w2_scale, None if per_channel_quant else -1),
+                 flat(a1_scale, 1), flat(a2_scale, 1), rsf, _ACTIVATIONS[activation])
+    else:
+        out = torch.ops.kdispatch.fused_moe(hidden_states, w1, w2, weights.contiguous(), ids.contiguous(), w1_scale,
+                                            w2_scale, rsf, _ACTIVATIONS[activation])
     if inplace:
         hidden_states.copy_(out)
         return hidden_states

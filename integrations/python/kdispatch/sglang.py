@@ -799,14 +799,19 @@ def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config=None, b1
       which is returned).
     - Weights: bf16/fp16 (``w1`` [E, 2I, H], ``w2`` [E, H, I]), or block fp8
       (``use_fp8_w8a8=True``, ``block_shape=[128, 128]``, e4m3fn weights with
-      ``w1_scale``/``w2_scale`` [E, N/128, K/128] fp32); the activations are
-      quantised per 1x128 group inside the op (``a1_scale``/``a2_scale``
-      must be None).
+      ``w1_scale``/``w2_scale`` [E, N/128, K/128] fp32; the activations
+      quantised per 1x128 group inside the op, ``a1_scale``/``a2_scale``
+      None), or fp8_w8a8 without a block shape: per tensor
+      (``fused_moe_fp8_tensor``, ``w1_scale``/``w2_scale`` [E]) or, with
+      ``per_channel_quant=True``, per channel (``fused_moe_fp8_channel``,
+      [E, N, 1]); ``a1_scale``/``a2_scale`` static (both given) or dynamic
+      (both None: per tensor, resp. per token), as SGLang quantises them.
 
-    What kdispatch's op does not compute raises NotImplementedError naming
-    the argument (biases, int8/int4, per-channel or per-tensor fp8, zero
-    points, static activation scales, ``apply_router_weight_on_input``,
-    ``no_combine``), rather than computing something else.
+    What kdispatch's ops do not compute raises NotImplementedError naming
+    the argument (biases, int8/int4, zero points, one static activation
+    scale without the other, ``apply_router_weight_on_input``,
+    ``no_combine``), rather than computing something else. The per-tensor
+    and per-channel ops run on the CPU so far (a GPU call is refused).
     """
     from ._moe import experts
 
@@ -819,12 +824,11 @@ def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config=None, b1
                    activation=getattr(cfg, "activation", "silu"),
                    routed_scaling_factor=getattr(cfg, "routed_scaling_factor", None),
                    inplace=bool(getattr(cfg, "inplace", False)), use_fp8_w8a8=use_fp8_w8a8, w1_scale=w1_scale,
-                   w2_scale=w2_scale, block_shape=block_shape,
+                   w2_scale=w2_scale, block_shape=block_shape, per_channel_quant=per_channel_quant,
+                   a1_scale=a1_scale, a2_scale=a2_scale,
                    unsupported={"b1": b1 is not None, "b2": b2 is not None, "use_int8_w8a8": use_int8_w8a8,
                                 "use_int8_w8a16": use_int8_w8a16, "use_int4_w4a16": use_int4_w4a16,
-                                "per_channel_quant": per_channel_quant, "w1_zp": w1_zp is not None,
-                                "w2_zp": w2_zp is not None, "a1_scale": a1_scale is not None,
-                                "a2_scale": a2_scale is not None,
+                                "w1_zp": w1_zp is not None, "w2_zp": w2_zp is not None,
                                 "apply_router_weight_on_input":
                                     bool(getattr(cfg, "apply_router_weight_on_input", False)),
                                 "no_combine": bool(getattr(cfg, "no_combine", False))})

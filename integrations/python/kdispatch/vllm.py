@@ -10,8 +10,10 @@ it: ``expert_map`` [global_num_experts] maps a global id to this rank's
 local one (-1: another rank's expert, which contributes nothing here).
 Block fp8: ``use_fp8_w8a8=True`` with ``block_shape=[128, 128]`` and the
 block scales ``w1_scale``/``w2_scale``; the activations are quantised
-inside the op per 1x128 group. What the op does not compute raises
-NotImplementedError naming the argument.
+inside the op per 1x128 group. fp8_w8a8 without a block shape (per tensor,
+or ``per_channel_quant=True``; ``a1_scale``/``a2_scale`` both or neither):
+``fused_moe_fp8_tensor`` / ``fused_moe_fp8_channel`` (CPU so far). What the
+ops do not compute raises NotImplementedError naming the argument.
 """
 
 
@@ -28,10 +30,9 @@ def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, 
     return experts("kdispatch.vllm.fused_experts", hidden_states, w1, w2, topk_weights, topk_ids,
                    activation=activation, inplace=inplace, use_fp8_w8a8=use_fp8_w8a8, w1_scale=w1_scale,
                    w2_scale=w2_scale, block_shape=block_shape, expert_map=expert_map,
+                   per_channel_quant=per_channel_quant, a1_scale=a1_scale, a2_scale=a2_scale,
                    unsupported={"apply_router_weight_on_input": apply_router_weight_on_input,
                                 "use_int8_w8a8": use_int8_w8a8, "use_int8_w8a16": use_int8_w8a16,
                                 "use_int4_w4a16": use_int4_w4a16, "use_mxfp4_w4a4": use_mxfp4_w4a4,
-                                "per_channel_quant": per_channel_quant, "w1_zp": w1_zp is not None,
-                                "w2_zp": w2_zp is not None, "a1_scale": a1_scale is not None,
-                                "a2_scale": a2_scale is not None, "w1_bias": w1_bias is not None,
+                                "w1_zp": w1_zp is not None, "w2_zp": w2_zp is not None, "w1_bias": w1_bias is not None,
                                 "w2_bias": w2_bias is not None})

@@ -127,8 +127,10 @@ class TorchOpsCpuTest(unittest.TestCase):
         self.assertTrue(torch.equal(y, out))
         with self.assertRaisesRegex(NotImplementedError, "b1 is not supported"):
             sglang.fused_experts(x, w1, w2, topk, None, b1=torch.zeros(E, 2 * I))
-        with self.assertRaisesRegex(NotImplementedError, r"block_shape=\[128, 128\]"):
-            sglang.fused_experts(x, w1, w2, topk, None, use_fp8_w8a8=True)
+        with self.assertRaisesRegex(NotImplementedError, r"needs \[128, 128\]"):
+            sglang.fused_experts(x, w1, w2, topk, None, use_fp8_w8a8=True, block_shape=[64, 64])
+        with self.assertRaisesRegex(ValueError, "come with use_fp8_w8a8=True"):
+            sglang.fused_experts(x, w1, w2, topk, None, per_channel_quant=True)
         with self.assertRaisesRegex(NotImplementedError, "activation 'relu'"):
             sglang.fused_experts(x, w1, w2, topk, types.SimpleNamespace(activation="relu"))
 
@@ -151,6 +153,60 @@ class TorchOpsCpuTest(unittest.TestCase):
         with self.assertRaisesRegex(NotImplementedError, "kdispatch.vllm.fused_experts: apply_router_weight_on_input"):
             vllm.fused_experts(x, w1, w2, tw, ids, apply_router_weight_on_input=True)
 
+
+    @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
+    def test_sglang_fused_experts_fp8_w8a8_per_tensor_and_per_channel(self):
+        """kdispatch.sglang.fused_experts on an fp8_w8a8 checkpoint without a
+        block shape: per tensor with static a1/a2 scales (0-dim, as SGLang's
+        loader leaves them) through fused_moe_fp8_tensor, per channel
+        (w scales [E, N, 1], dynamic per-token activations) through
+        fused_moe_fp8_channel, each against SGLang's math in fp32; one static
+        scale alone is refused by name."""
+        import types
+        from kdispatch import sglang
+        E, H, I, M = 4, 32, 16, 3
+        f8 = torch.float8_e4m3fn
+        x = torch.randn(M, H).to(torch.bfloat16)
+        w1 = (torch.randn(E, 2 * I, H) * 0.5).to(f8)
+        w2 = (torch.randn(E, H, I) * 0.5).to(f8)
+        ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
+        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+        topk = types.SimpleNamespace(topk_weights=tw, topk_ids=ids, router_logits=None)
+
+        def q(v, scale):  # e4m3fn(clamp(v / scale)) * scale
+            return (v / scale).clamp(-448.0, 448.0).to(f8).float() * scale
+
+        def reference(ws1, ws2, a1=None, a2=None):  # ws: [E] or [E, N]; a: static scales or None (per token)
+            out = torch.zeros(M, H)
+            for t in range(M):
+                xt = x[t].float()
+                xq = q(xt, a1 if a1 is not None else xt.abs().max().clamp(min=1e-10) / 448)
+                for j in range(2):
+                    e = int(ids[t, j])
+                    s1 = ws1[e] if ws1.dim() == 1 else ws1[e].reshape(-1, 1)
+                    s2 = ws2[e] if ws2.dim() == 1 else ws2[e].reshape(-1, 1)
+                    h = (w1[e].float() * s1) @ xq
+                    a = torch.nn.functional.silu(h[:I]) * h[I:]
+                    aq = q(a, a2 if a2 is not None else a.abs().max().clamp(min=1e-10) / 448)
+                    out[t] += float(tw[t, j]) * ((w2[e].float() * s2) @ aq)
+            return out
+
+        ws1, ws2 = torch.rand(E) + 0.5, torch.rand(E) + 0.5
+        a1, a2 = torch.tensor(0.01), torch.tensor(0.02)
+        got = sglang.fused_experts(x, w1, w2, topk, None, use_fp8_w8a8=True, w1_scale=ws1, w2_scale=ws2,
+                                   a1_scale=a1, a2_scale=a2)
+        ref = reference(ws1, ws2, a1, a2)
+        self.assertEqual(got.dtype, torch.bfloat16)
+        self.assertLessEqual(float((got.float() - ref).abs().max()), 3e-2 * float(ref.abs().max()))
+
+        wc1, wc2 = torch.rand(E, 2 * I, 1) + 0.5, torch.rand(E, H, 1) + 0.5
+        got = sglang.fused_experts(x, w1, w2, topk, None, use_fp8_w8a8=True, per_channel_quant=True,
+                                   w1_scale=wc1, w2_scale=wc2)
+        ref = reference(wc1.reshape(E, -1), wc2.reshape(E, -1))
+        self.assertLessEqual(float((got.float() - ref).abs().max()), 3e-2 * float(ref.abs().max()))
+
+        with self.assertRaisesRegex(NotImplementedError, "a2_scale is None while the other is given"):
+            sglang.fused_experts(x, w1, w2, topk, None, use_fp8_w8a8=True, w1_scale=ws1, w2_scale=ws2, a1_scale=a1)
 
     def test_sglang_invoke_fused_moe_kernel(self):
         """kdispatch.sglang.invoke_fused_moe_kernel: SGLang's two grouped
