@@ -111,6 +111,18 @@ TEST_CASE("moe_gemm_fp8: per-tensor and per-channel scales, static and dynamic a
     CHECK(near(t.out, std::vector<float>{1, -2, 1, 1.5f}));
   }
   {
+    // A NaN in a: the engines' clamp fmax(fmin(v, 448), -448) makes it +448 (SGLang's and vLLM's
+    // scaled_fp8_quant), so the row reads (448, -1): expert 0 gives (448, -2) times w_scale 3.
+    Tiny t;
+    t.a[0] = std::nanf("");
+    MoeGemmFp8TensorArgs g{t.args({3.f, 0.5f}, false, {1.f})};
+    {
+      const Status st = moe_gemm_fp8_tensor(*rt, g);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+    }
+    CHECK(near(t.out, std::vector<float>{1344, -6, 0.5f, 0.75f}));
+  }
+  {
     Tiny t;  // per channel [E, N] = (1, 10), (100, 1000); dynamic per token (2/448, 1/448)
     MoeGemmFp8ChannelArgs g{t.args({1.f, 10.f, 100.f, 1000.f}, true)};
     {

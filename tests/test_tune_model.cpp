@@ -364,6 +364,34 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
                                               "shapes: 2 tuned") != std::string::npos,
                   r.out);
   }
+  // A shapes CSV without out_dtype tunes the fp8 MoE ops into bf16 (what engines run), not fp8.
+  const std::string csv = write(dir, "moe.csv", "M,N,K,E,top_k\n1,8,16,2,2\n");
+  CliResult shapes = run({"tune", "--shapes", csv, "--op", "fused_moe_fp8_channel", "--emit", emit.str(), "--budget-ms",
+                          "20", "--no-cold-cache", "--reps", "1"});
+  CHECK_MESSAGE(shapes.exit_code == 0, shapes.out << shapes.err);
+  CHECK_MESSAGE(shapes.out.find("1 fused_moe_fp8_channel shapes: 1 tuned") != std::string::npos, shapes.out);
+
+  // compressed-tensors without a usable group (a sparse-only checkpoint: config_groups empty,
+  // missing or not objects) or with weight-only fp8: a note, the experts in --dtype (it crashed).
+  for (const char* groups : {R"("config_groups": {})", R"("config_groups": [1, 2])", R"("sparsity_config": {})",
+                             R"("config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float",
+                                "strategy": "channel"}, "input_activations": null}})"}) {
+    CAPTURE(groups);
+    const std::string cfg = write(dir, "ct/config.json",
+                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
+      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
+      "quantization_config": {"quant_method": "compressed-tensors", GROUPS}})"),
+                                                     std::regex("GROUPS"), groups));
+    TempDir e2;
+    CliResult r = run({"tune", "--model", cfg, "--emit", e2.str(), "--ms", "1", "--list"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
+    const Listed l = listed(r.out);
+    CHECK(std::find(l.units.begin(), l.units.end(), "experts: fused_moe E=8,N=16,K=64,top_k=2,bf16") != l.units.end());
+    CHECK((r.out + r.err).find("note: quantization_config: ") != std::string::npos);
+  }
+
   bool static_row = false;
   for (const auto& e : fs::directory_iterator(emit / "cpu" / "fused_moe_fp8_tensor"))
     static_row = static_row || e.path().filename().string().find("a_scale=static") != std::string::npos;

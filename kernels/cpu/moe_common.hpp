@@ -49,7 +49,8 @@ inline void quantise_groups(float* x, int64_t n) {
 }
 
 /// Rows of x ([rows, K], dense) quantised in place as the fp8_w8a8 ops do
-/// (core::moe_gemm_fp8_common::quantise_rows, in fp32): static (`given`),
+/// (core::moe_gemm_fp8_common::quantise_rows, the same fp32 arithmetic and
+/// the engines' clamp: a NaN gives +448): static (`given`),
 /// dynamic per tensor over the rows `use` marks (all when null), or per
 /// token; each value becomes its e4m3fn code's value, sa[row] its scale.
 inline void quantise_rows(float* x, int64_t rows, int64_t K, const float* given, bool per_token, const char* use,
@@ -68,7 +69,7 @@ inline void quantise_rows(float* x, int64_t rows, int64_t K, const float* given,
     sa[r] = sc;
     for (int64_t c = 0; c < K; ++c)
       x[r * K + c] =
-          kLut[core::float_to_fp8(std::fmin(std::fmax(x[r * K + c] / sc, -fmax), fmax), core::kE4m3fn, true)];
+          kLut[core::float_to_fp8(std::fmax(std::fmin(x[r * K + c] / sc, fmax), -fmax), core::kE4m3fn, true)];
   }
 }
 

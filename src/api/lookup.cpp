@@ -283,8 +283,13 @@ core::Plan shape_by_engine(const Runtime::Impl& impl, const core::Problem& prob,
   char buf[api::kEngineKeyBytes];
   const std::string_view name = dev.candidates.empty() ? std::string_view() : std::string_view(dev.candidates.front());
   const size_t n = api::engine_key(spec, prob, name, buf, sizeof buf);
+  char fields[api::kEngineKeyBytes];
   if (n > 0)
     why += "; no engine row either (" + std::string(buf, n) + ")";
+  else if (spec.engine_rows.fields(prob, fields, sizeof fields) == 0)  // the engine has no file for this form
+    why +=
+        "; no engine file names this problem (fused_moe's fp8 without block_shape: fused_moe_fp8_tensor / "
+        "_channel's files)";
   else
     why += "; no engine key: longer than " + std::to_string(api::kEngineKeyBytes) + " bytes with this device name";
   return plan;

@@ -193,12 +193,15 @@ struct ConfigReader {
 void read_compressed_tensors(ConfigReader& qc, Arch* a) {
   dom::object groups;
   dom::object first;
+  bool found = false;  // a group object (a sparse-only checkpoint has none)
   if (qc.obj["config_groups"].get(groups) == simdjson::SUCCESS)
     for (auto [name, group] : groups)
-      if (group.get(first) == simdjson::SUCCESS) break;
-  ConfigReader g{first, {}};
+      if (group.get(first) == simdjson::SUCCESS) {
+        found = true;
+        break;
+      }
   dom::object w, in;
-  const bool has_w = first["weights"].get(w) == simdjson::SUCCESS;
+  const bool has_w = found && first["weights"].get(w) == simdjson::SUCCESS;
   ConfigReader wr{w, {}};
   const std::string strategy = has_w ? wr.str("strategy") : std::string();
   if (!has_w || wr.str("type") != "float" || wr.opt_int("num_bits").value_or(0) != 8 ||
@@ -208,9 +211,14 @@ void read_compressed_tensors(ConfigReader& qc, Arch* a) {
         "GEMMs are tuned in --dtype (or --fp8)");
     return;
   }
+  if (first["input_activations"].get(in) != simdjson::SUCCESS) {  // weight-only fp8 (W8A16)
+    a->notes.push_back(
+        "quantization_config: compressed-tensors fp8 weights without input_activations (weight-only, W8A16): no "
+        "kdispatch op runs that scheme; its GEMMs are tuned in --dtype (or --fp8)");
+    return;
+  }
   a->fp8 = strategy == "channel" ? "rowwise" : "tensor";
-  if (first["input_activations"].get(in) == simdjson::SUCCESS)
-    a->fp8_static = !ConfigReader{in, {}}.flag("dynamic", true);
+  a->fp8_static = !ConfigReader{in, {}}.flag("dynamic", true);
 }
 
 // quantization_config: an fp8 checkpoint's layout (block with its

@@ -21,6 +21,7 @@
 #include "cli/op_util.hpp"
 #include "cli/shard.hpp"
 #include "cli/tune_impl.hpp"
+#include "core/op_spec.hpp"
 #include "store/bounded_read.hpp"
 
 namespace kdispatch_cli {
@@ -310,8 +311,13 @@ Outcome add_row(const ShapeRow& r, const std::string& file, const TuneCmdOptions
   for (const dsp::OpKeyFieldInfo* f : fields_of_kind(op, "out_dtype")) out_text = field_value(r, *f);
   const auto dt = dtype_text.empty() ? dtype_from_csv(o.dtype) : dtype_from_csv(dtype_text);
   // No out dtype in the row: the op's default (bf16 for the fp8 GEMMs, fp8
-  // for the quantisation ops), else the input dtype.
+  // for the quantisation ops), else bf16 for fp8 inputs of an op that runs
+  // them into its activations' dtype (the fp8 MoE ops: what engines run;
+  // their torch ops allocate out like hidden, so no default_out_dtype),
+  // else the input dtype.
   if (out_text.empty()) out_text = op.default_out_dtype;
+  if (out_text.empty() && dt && dispatch::core::is_quantized(*dt) && !fields_of_kind(op, "out_dtype").empty())
+    out_text = "bf16";
   const auto out = out_text.empty() ? dt : dtype_from_csv(out_text);
   if (!dt || !out) {
     bad.label = where;

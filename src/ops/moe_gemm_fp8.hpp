@@ -114,24 +114,27 @@ inline constexpr auto kOrder = order_then(moe_gemm_spec::kOrder, kAScaleSlot);
 /// max(amax, 1e-10) / 448 over the rows `use` marks, all rows when null)
 /// or per token (`per_token`: one scale per row). Each value becomes its
 /// e4m3fn code's value; sa[row] gets the row's scale (q times sa: what
-/// the GEMM multiplies).
+/// the GEMM multiplies). The scale and the quotient are fp32, as every
+/// kernel computes them (a quotient a double puts on an e4m3 tie would
+/// round apart), and the clamp is the engines' fmax(fmin(v, 448), -448)
+/// (a NaN gives +448, as theirs).
 inline void quantise_rows(double* x, int64_t rows, int64_t K, const double* given, bool per_token, const char* use,
                           double* sa) {
-  const double fmax = kE4m3fn.max_finite();
+  const float fmax = kE4m3fn.max_finite();
   auto amax_of = [&](int64_t r0, int64_t r1) {
-    double amax = 0;
+    float amax = 0.f;
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = 0; c < K && (use == nullptr || use[r] != 0); ++c)
-        amax = std::fmax(amax, std::fabs(x[r * K + c]));
-    return std::fmax(amax, double(kQuantMinAmax)) / fmax;
+        amax = std::fmax(amax, std::fabs(static_cast<float>(x[r * K + c])));
+    return std::fmax(amax, kQuantMinAmax) / fmax;
   };
-  const double whole = given != nullptr ? given[0] : per_token ? 1.0 : amax_of(0, rows);
+  const float whole = given != nullptr ? static_cast<float>(given[0]) : per_token ? 1.f : amax_of(0, rows);
   for (int64_t r = 0; r < rows; ++r) {
-    const double s = given == nullptr && per_token ? amax_of(r, r + 1) : whole;
+    const float s = given == nullptr && per_token ? amax_of(r, r + 1) : whole;
     sa[r] = s;
     for (int64_t c = 0; c < K; ++c) {
-      const double v = std::fmin(std::fmax(x[r * K + c] / s, -fmax), fmax);
-      x[r * K + c] = fp8_to_float(float_to_fp8(static_cast<float>(v), kE4m3fn, true), kE4m3fn);
+      const float v = std::fmax(std::fmin(static_cast<float>(x[r * K + c]) / s, fmax), -fmax);
+      x[r * K + c] = fp8_to_float(float_to_fp8(v, kE4m3fn, true), kE4m3fn);
     }
   }
 }
