@@ -392,6 +392,17 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
     CHECK((r.out + r.err).find("note: quantization_config: ") != std::string::npos);
   }
 
+  // A multimodal config: the decoder in text_config, quantization_config at the top (it was missed).
+  const std::string mm = write(dir, "mm/config.json", R"({"architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 64,
+      "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "vocab_size": 256, "num_hidden_layers": 2, "hidden_activation": "gelu_pytorch_tanh"},
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}})");
+  const Listed g = list_model(mm, {"--no-lm-head"});
+  CHECK(std::find_if(g.units.begin(), g.units.end(), [](const std::string& u) {
+          return u.find("qkv_proj: gemm_fp8_tensor N=128,K=64") != std::string::npos;
+        }) != g.units.end());
+
   bool static_row = false;
   for (const auto& e : fs::directory_iterator(emit / "cpu" / "fused_moe_fp8_tensor"))
     static_row = static_row || e.path().filename().string().find("a_scale=static") != std::string::npos;

@@ -286,7 +286,8 @@ std::optional<Arch> read_config(const std::string& path, std::string* error) {
     return std::nullopt;
   }
   // A multimodal config (Gemma3ForConditionalGeneration, ...) keeps the
-  // decoder's keys in text_config.
+  // decoder's keys in text_config, and its quantization_config at the top.
+  const dom::object top = c.obj;
   if (dom::object text_config; !c.present("hidden_size") && c.obj["text_config"].get(text_config) == simdjson::SUCCESS)
     c.obj = text_config;
   Arch a;
@@ -333,7 +334,9 @@ std::optional<Arch> read_config(const std::string& path, std::string* error) {
     a.v_head_dim = c.dim("v_head_dim");
   }
   read_moe(c, &a);
-  read_quantization(c, &a);
+  ConfigReader quant{c.present("quantization_config") ? c.obj : top, {}};
+  read_quantization(quant, &a);
+  if (!quant.error.empty()) c.fail(quant.error);
   if (!c.error.empty()) {
     *error = path + ": " + c.error;
     return std::nullopt;
