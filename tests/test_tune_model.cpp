@@ -392,6 +392,33 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
     CHECK((r.out + r.err).find("note: quantization_config: ") != std::string::npos);
   }
 
+  // compressed-tensors block fp8 (an FP8-block checkpoint): block fused_moe and gemm_fp8_block; a
+  // block_structure other than 128x128 refused as weight_block_size is.
+  for (const char* bs : {"[128, 128]", "[64, 64]"}) {
+    CAPTURE(bs);
+    const std::string cfg = write(dir, "ctb/config.json",
+                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 128,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
+      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
+      "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": BS},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128,
+                              "dynamic": true}}}}})"),
+                                                     std::regex("BS"), bs));
+    TempDir e3;
+    CliResult r = run({"tune", "--model", cfg, "--emit", e3.str(), "--ms", "1", "--list", "--no-lm-head"});
+    if (std::string(bs) == "[64, 64]") {
+      CHECK(r.exit_code == 2);
+      CHECK(r.err.find("gemm_fp8_block runs 128x128 blocks only") != std::string::npos);
+      continue;
+    }
+    REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
+    const Listed l = listed(r.out);
+    CHECK(std::find(l.units.begin(), l.units.end(),
+                    "experts: fused_moe E=8,N=128,K=128,top_k=2,fp8_e4m3fn->bf16,block_shape") != l.units.end());
+  }
+
   // A multimodal config: the decoder in text_config, quantization_config at the top (it was missed).
   const std::string mm = write(dir, "mm/config.json", R"({"architectures": ["Gemma3ForConditionalGeneration"],
     "model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 64,

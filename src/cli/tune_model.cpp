@@ -187,9 +187,10 @@ struct ConfigReader {
   }
 };
 
-// compressed-tensors' fp8 scheme (RedHat's FP8-dynamic / FP8 checkpoints):
-// the first config group's weights (8-bit float, strategy "channel" or
-// "tensor") and input_activations (dynamic or not); another scheme is a note.
+// compressed-tensors' fp8 scheme (RedHat's FP8-dynamic / FP8 / FP8-block
+// checkpoints): the first config group's weights (8-bit float, strategy
+// "channel", "tensor" or "block" with its block_structure) and
+// input_activations (dynamic or not); another scheme is a note.
 void read_compressed_tensors(ConfigReader& qc, Arch* a) {
   dom::object groups;
   dom::object first;
@@ -205,16 +206,25 @@ void read_compressed_tensors(ConfigReader& qc, Arch* a) {
   ConfigReader wr{w, {}};
   const std::string strategy = has_w ? wr.str("strategy") : std::string();
   if (!has_w || wr.str("type") != "float" || wr.opt_int("num_bits").value_or(0) != 8 ||
-      (strategy != "channel" && strategy != "tensor")) {
+      (strategy != "channel" && strategy != "tensor" && strategy != "block")) {
     a->notes.push_back(
-        "quantization_config: a compressed-tensors scheme other than fp8 weights per channel or per tensor: its "
-        "GEMMs are tuned in --dtype (or --fp8)");
+        "quantization_config: a compressed-tensors scheme other than fp8 weights per channel, per tensor or in "
+        "blocks: its GEMMs are tuned in --dtype (or --fp8)");
     return;
   }
   if (first["input_activations"].get(in) != simdjson::SUCCESS) {  // weight-only fp8 (W8A16)
     a->notes.push_back(
         "quantization_config: compressed-tensors fp8 weights without input_activations (weight-only, W8A16): no "
         "kdispatch op runs that scheme; its GEMMs are tuned in --dtype (or --fp8)");
+    return;
+  }
+  if (strategy == "block") {  // block_structure [n, k]: the caller refuses all but 128x128, as weight_block_size
+    dom::array bs;
+    int64_t n = 0, k = 0;
+    if (w["block_structure"].get(bs) != simdjson::SUCCESS || bs.size() != 2 || bs.at(0).get(n) != simdjson::SUCCESS ||
+        bs.at(1).get(k) != simdjson::SUCCESS)
+      return qc.fail("quantization_config: compressed-tensors block weights without a block_structure [n, k]");
+    a->fp8 = "block", a->block_n = n, a->block_k = k;
     return;
   }
   a->fp8 = strategy == "channel" ? "rowwise" : "tensor";
