@@ -45,6 +45,7 @@
 // [, mul_routed_weight] [, stride].
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "core/op_spec.hpp"
@@ -159,46 +160,54 @@ inline void fill_aligned(Fill which, const int32_t* ids, const Problem& p, int32
   if (which == Fill::aligned_total) out[0] = total;
 }
 
-inline void reference(const Problem& p, const RefArgs& r) {
-  const int64_t M = p.m, N = p.n, K = p.k, E = p.extra[0], top_k = p.extra[1], bs = p.extra[2];
+/// The float64 references' walk (this op's and the moe_gemm_fp8 ops'):
+/// fn(s, e) for each pair s a walked block lists (padding skipped), e the
+/// block's expert, -1 where it is not local.
+template <class Fn>
+void for_each_pair(const Problem& p, const RefArgs& r, Fn&& fn) {
+  const int64_t E = p.extra[0], bs = p.extra[2], pairs = p.m * p.extra[1];
   const Dims dims = dims_of(p);
-  const int64_t cap = readable(dims.data(), r.ld[kMoeGemmArgSorted], r.ld[kMoeGemmArgExpertIds]), pairs = M * top_k;
+  const int64_t cap = readable(dims.data(), r.ld[kMoeGemmArgSorted], r.ld[kMoeGemmArgExpertIds]);
+  const int64_t blocks = walked_blocks(static_cast<int64_t>(r.data[kMoeGemmArgTotal][0]), cap, bs);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double ed = r.data[kMoeGemmArgExpertIds][b];
+    const int64_t e = ed >= 0.0 && ed < static_cast<double>(E) ? static_cast<int64_t>(ed) : -1;
+    for (int64_t i = b * bs; i < (b + 1) * bs && i < cap; ++i) {
+      const double sd = r.data[kMoeGemmArgSorted][i];
+      if (sd >= 0.0 && sd < static_cast<double>(pairs)) fn(static_cast<int64_t>(sd), e);  // else padding
+    }
+  }
+}
+
+inline void reference(const Problem& p, const RefArgs& r) {
+  const int64_t N = p.n, K = p.k, top_k = p.extra[1];
   const bool fp8 = r.data[kMoeGemmArgWScale] != nullptr, mul = r.scalar[2] != 0.f;
   const double* a = r.data[kMoeGemmArgA];
   const double* w = r.data[kMoeGemmArgW];
   const int64_t lda = r.ld[kMoeGemmArgA], ldw = r.ld[kMoeGemmArgW], ldo = r.ld[kMoeGemmArgOut];
   const int64_t nb = (N + kMoeBlock - 1) / kMoeBlock;
   double* x = new double[static_cast<size_t>(K)];
-  const int64_t blocks = walked_blocks(static_cast<int64_t>(r.data[kMoeGemmArgTotal][0]), cap, bs);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const double ed = r.data[kMoeGemmArgExpertIds][b];
-    const bool local = ed >= 0.0 && ed < static_cast<double>(E);
-    const auto e = static_cast<int64_t>(local ? ed : 0.0);
-    for (int64_t i = b * bs; i < (b + 1) * bs && i < cap; ++i) {
-      const double sd = r.data[kMoeGemmArgSorted][i];
-      if (!(sd >= 0.0 && sd < static_cast<double>(pairs))) continue;  // padding
-      const auto s = static_cast<int64_t>(sd);
-      double* o = r.data[kMoeGemmArgOut] + s * ldo;
-      if (!local) {
-        std::fill(o, o + N, 0.0);
-        continue;
-      }
-      std::copy(a + (s / top_k) * lda, a + (s / top_k) * lda + K, x);
-      if (fp8) fused_moe_spec::quantise_groups(x, K);
-      const double rw =
-          mul ? r.data[kMoeGemmArgTopkWeights][(s / top_k) * r.ld[kMoeGemmArgTopkWeights] + s % top_k] : 1.0;
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = 0.0;
-        const double* wr = w + (e * N + n) * ldw;
-        for (int64_t c = 0; c < K; ++c) {
-          const double sc =
-              fp8 ? r.data[kMoeGemmArgWScale][(e * nb + n / kMoeBlock) * r.ld[kMoeGemmArgWScale] + c / kMoeBlock] : 1.0;
-          acc += wr[c] * sc * x[c];
-        }
-        o[n] = acc * rw;
-      }
+  for_each_pair(p, r, [&](int64_t s, int64_t e) {
+    double* o = r.data[kMoeGemmArgOut] + s * ldo;
+    if (e < 0) {
+      std::fill(o, o + N, 0.0);
+      return;
     }
-  }
+    std::copy(a + (s / top_k) * lda, a + (s / top_k) * lda + K, x);
+    if (fp8) fused_moe_spec::quantise_groups(x, K);
+    const double rw =
+        mul ? r.data[kMoeGemmArgTopkWeights][(s / top_k) * r.ld[kMoeGemmArgTopkWeights] + s % top_k] : 1.0;
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0.0;
+      const double* wr = w + (e * N + n) * ldw;
+      for (int64_t c = 0; c < K; ++c) {
+        const double sc =
+            fp8 ? r.data[kMoeGemmArgWScale][(e * nb + n / kMoeBlock) * r.ld[kMoeGemmArgWScale] + c / kMoeBlock] : 1.0;
+        acc += wr[c] * sc * x[c];
+      }
+      o[n] = acc * rw;
+    }
+  });
   delete[] x;
 }
 

@@ -28,6 +28,7 @@
 // static], [mul_routed_weight], [out_dtype], [stride], top_k.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <iterator>
@@ -156,40 +157,29 @@ void quantise_a(const Problem& p, const RefArgs& r, std::vector<double>* x, std:
 /// sum scaled by sa(t) * sw(e, n) (and its routing weight).
 template <MoeFp8Scales L>
 void reference(const Problem& p, const RefArgs& r) {
-  const int64_t M = p.m, N = p.n, K = p.k, E = p.extra[0], top_k = p.extra[1], bs = p.extra[2];
-  const Dims dims = dims_of(p);
-  const int64_t cap = moe_gemm_spec::readable(dims.data(), r.ld[kMoeGemmArgSorted], r.ld[kMoeGemmArgExpertIds]);
+  const int64_t N = p.n, K = p.k, top_k = p.extra[1];
   const bool mul = r.scalar[2] != 0.f;
   std::vector<double> x, sa;
   quantise_a<L>(p, r, &x, &sa);
   const double* w = r.data[kMoeGemmArgW];
   const double* ws = r.data[kMoeGemmArgWScale];
   const int64_t ldw = r.ld[kMoeGemmArgW], ldo = r.ld[kMoeGemmArgOut], ldws = r.ld[kMoeGemmArgWScale];
-  const int64_t blocks = moe_gemm_spec::walked_blocks(static_cast<int64_t>(r.data[kMoeGemmArgTotal][0]), cap, bs);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const double ed = r.data[kMoeGemmArgExpertIds][b];
-    const bool local = ed >= 0.0 && ed < static_cast<double>(E);
-    const auto e = static_cast<int64_t>(local ? ed : 0.0);
-    for (int64_t i = b * bs; i < (b + 1) * bs && i < cap; ++i) {
-      const double sd = r.data[kMoeGemmArgSorted][i];
-      if (!(sd >= 0.0 && sd < static_cast<double>(M * top_k))) continue;  // padding
-      const auto s = static_cast<int64_t>(sd);
-      const int64_t t = s / top_k;
-      double* o = r.data[kMoeGemmArgOut] + s * ldo;
-      const double rw = mul ? r.data[kMoeGemmArgTopkWeights][t * r.ld[kMoeGemmArgTopkWeights] + s % top_k] : 1.0;
-      for (int64_t n = 0; n < N; ++n) {
-        if (!local) {
-          o[n] = 0.0;
-          continue;
-        }
-        double acc = 0.0;
-        const double* wr = w + (e * N + n) * ldw;
-        for (int64_t c = 0; c < K; ++c) acc += wr[c] * x[t * K + c];
-        const double sw = L == MoeFp8Scales::tensor ? ws[e] : ws[e * ldws + n];
-        o[n] = acc * sa[t] * sw * rw;
-      }
+  moe_gemm_spec::for_each_pair(p, r, [&](int64_t s, int64_t e) {
+    const int64_t t = s / top_k;
+    double* o = r.data[kMoeGemmArgOut] + s * ldo;
+    if (e < 0) {
+      std::fill(o, o + N, 0.0);
+      return;
     }
-  }
+    const double rw = mul ? r.data[kMoeGemmArgTopkWeights][t * r.ld[kMoeGemmArgTopkWeights] + s % top_k] : 1.0;
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0.0;
+      const double* wr = w + (e * N + n) * ldw;
+      for (int64_t c = 0; c < K; ++c) acc += wr[c] * x[t * K + c];
+      const double sw = L == MoeFp8Scales::tensor ? ws[e] : ws[e * ldws + n];
+      o[n] = acc * sa[t] * sw * rw;
+    }
+  });
 }
 
 inline constexpr std::string_view kSummaries[] = {
