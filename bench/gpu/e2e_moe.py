@@ -25,12 +25,17 @@ three ways on the same weights, interleaved round by round in one process:
 
 Measured (tokens/s, median and p20-p80 over --rounds rounds): decode in a
 CUDA graph (one step captured on a StaticCache, e2e_model.GraphDecode) and
-eager decode on a DynamicCache, at each --batches. Correctness: the logits
-of a 4-layer copy (the model's first 4 layers, bf16) with each experts way
+eager decode on a DynamicCache, at each --batches; prefill (--prefill, 4 x
+512 by default: one forward of the prompts without a cache, eager as an
+engine runs prefill, the ways interleaved round by round with kdispatch
+timed twice per round as the A/A control). Correctness: the logits of a
+4-layer copy (the model's first 4 layers, bf16) with each experts way
 against the same 4 layers in fp32 with the eager experts (an fp32 copy of
-the whole model does not fit beside it). Targets (the issue): graph decode
->= 1.10x grouped_mm at batch 1 and 8; eager >= 1.0x; the block-fp8 model
->= 1.2x our bf16 one (graph_fp8_vs_bf16).
+the whole model does not fit beside it), on 64 tokens and on the prefill's
+shape. Targets (issue 35): graph decode >= 1.10x grouped_mm at batch 1 and
+8; eager >= 1.0x; the block-fp8 model >= 1.2x our bf16 one
+(graph_fp8_vs_bf16). Issue 36: prefill 4 x 512 >= 1.2x grouped_mm, bf16
+(prefill_speedup) and block fp8 (prefill_speedup_fp8).
 
     PYTHONPATH=build/gpu/python python3 bench/gpu/e2e_moe.py --out OUT [--layers 16]
 
@@ -149,14 +154,16 @@ def build(layers, seed=0):
     return model
 
 
-def logits_errors(model, experts_ways, tokens=64):
-    """Each way's logits of the model's first 4 layers (bf16) against them in fp32 (eager experts)."""
+def logits_errors(model, experts_ways, tokens=64, batch=1):
+    """Each way's logits of the model's first 4 layers (bf16) against them in fp32 (eager experts), on
+    `batch` prompts of `tokens` tokens."""
     import transformers
     cfg4 = transformers.Qwen3MoeConfig(**DIMS, num_hidden_layers=4, attn_implementation="sdpa")
     with torch.device("cuda"):
         small = transformers.Qwen3MoeForCausalLM(cfg4).to(torch.bfloat16).eval()
     small.load_state_dict(model.state_dict(), strict=False)  # layers 0-3, embeddings, norm, lm_head
-    ids = torch.randint(0, DIMS["vocab_size"], (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    ids = torch.randint(0, DIMS["vocab_size"], (batch, tokens), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(4))
     out = {}
     with torch.inference_mode():
         ref = copy_fp32(small)
@@ -176,6 +183,53 @@ def logits_errors(model, experts_ways, tokens=64):
     return out
 
 
+def prefill_tps(model, batch, seq, reps=3):
+    """Tokens/s of `reps` prefills of `batch` prompts of `seq` tokens (one
+    forward each, no cache; logits of the last position only where the
+    model takes logits_to_keep), after one untimed."""
+    ids = torch.randint(0, DIMS["vocab_size"], (batch, seq), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(2))
+    kw = {"use_cache": False}
+    try:
+        model(input_ids=ids[:, :8], logits_to_keep=1, **kw)
+        kw["logits_to_keep"] = 1  # an engine's prefill keeps the last position's logits
+    except TypeError:
+        pass
+    model(input_ids=ids, **kw)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        model(input_ids=ids, **kw)
+    torch.cuda.synchronize()
+    return batch * seq * reps / (time.perf_counter() - t)
+
+
+def prefill_row(model, experts, batch, seq, rounds):
+    """Prefill of batch x seq, each way per round (kdispatch twice: the A/A control)."""
+    ways = ("grouped_mm", "kdispatch", "kdispatch_fp8", "kdispatch_aa")
+    row = {"prefill": f"{batch}x{seq}"}
+    tps = {w: [] for w in ways}
+    for _ in range(rounds):
+        for w in ways:
+            if f"prefill_{w}_error" in row:
+                continue
+            set_way(model, experts, "kdispatch" if w == "kdispatch_aa" else w)
+            try:
+                with torch.inference_mode():
+                    tps[w].append(prefill_tps(model, batch, seq))
+            except Exception as ex:  # said in the row, the other ways go on
+                row[f"prefill_{w}_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+    row["prefill_tokens_per_s"] = {w: base.stats(v) for w, v in tps.items() if v}
+    med = {w: v["median"] for w, v in row["prefill_tokens_per_s"].items()}
+    if "kdispatch" in med and "kdispatch_aa" in med:
+        row["prefill_aa_spread"] = abs(med["kdispatch"] - med["kdispatch_aa"]) / med["kdispatch"]
+    if "grouped_mm" in med:
+        for w, key in (("kdispatch", "prefill_speedup"), ("kdispatch_fp8", "prefill_speedup_fp8")):
+            if w in med:
+                row[key] = med[w] / med["grouped_mm"]
+    return row
+
+
 def copy_fp32(model):
     import copy
     return copy.deepcopy(model).float()
@@ -189,6 +243,7 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=520)
+    ap.add_argument("--prefill", default="4x512", help="BATCHxSEQ of the prefill measurement ('' skips it)")
     a = ap.parse_args()
     import transformers
     import kdispatch.torch_ops as ops  # registers torch.ops.kdispatch
@@ -201,8 +256,16 @@ def main():
     result = {"info": info, "logits_rel_err_4_layers": logits_errors(model, ["grouped_mm", "kdispatch", "kdispatch_fp8", "kdispatch_all"]),
               "rows": []}
     log(f"logits (4 layers vs fp32): {result['logits_rel_err_4_layers']}")
+    if a.prefill:
+        pb, ps = (int(v) for v in a.prefill.lower().split("x"))
+        result["logits_rel_err_4_layers_prefill"] = logits_errors(model, ["grouped_mm", "kdispatch", "kdispatch_fp8"],
+                                                                  tokens=ps, batch=pb)
+        log(f"logits at the prefill's shape: {result['logits_rel_err_4_layers_prefill']}")
+        row = prefill_row(model, experts, pb, ps, a.rounds)
+        log(json.dumps(row))
+        result["prefill"] = row
     write(a.out, result)
-    for batch in [int(b) for b in a.batches.split(",")]:
+    for batch in [int(b) for b in a.batches.split(",") if b]:
         if time.time() - base.T0 > a.budget_s:
             result["rows"].append({"batch": batch, "skipped": "budget"})
             continue

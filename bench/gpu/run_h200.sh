@@ -16,7 +16,7 @@
 #                 (KD_MOE_PROFILE_CASE, KD_MOE_PROFILE_M: a comma list, one ncu run each,
 #                 KD_MOE_PROFILE_KERNELS; moe_ncu.txt)
 #   bench/gpu/run_h200.sh --sections moe-model   # transformers' Qwen3-MoE, experts by kdispatch vs grouped_mm
-#                 (bench/gpu/e2e_moe.py; KD_MOE_LAYERS, default 16)
+#                 (bench/gpu/e2e_moe.py; KD_MOE_LAYERS, default 16; KD_MOE_BATCHES; KD_MOE_PREFILL, 4x512)
 #   bench/gpu/run_h200.sh --sections fp8-tune    # fp8 GEMM rows at decode Ms into configs/cuda (resumes)
 #   bench/gpu/run_h200.sh --sections fp8-bench   # fp8 GEMMs beside torch._scaled_mm, bf16 and the read ceiling
 #   bench/gpu/run_h200.sh --sections fp8-model   # Llama-3-8B with fp8 block-scaled projections (e2e_model.py --fp8)
@@ -375,13 +375,15 @@ fi
 # ================================================================ moe-model
 # Issue 35 item 8: transformers' Qwen3-MoE (Qwen3-30B-A3B dims, KD_MOE_LAYERS of its 48 layers,
 # random bf16 weights), its experts by grouped_mm / eager / kdispatch's fused_moe, decode in CUDA
-# graphs and eager at batch 1, 8, 64, and the logits of its first 4 layers against fp32 (e2e_moe.json).
+# graphs and eager at batch 1, 8, 64 (KD_MOE_BATCHES; '' skips decode), prefill 4 x 512 (issue 36;
+# KD_MOE_PREFILL, '' skips it), and the logits of its first 4 layers against fp32 (e2e_moe.json).
 if has moe-model; then
   ensure_torch || { echo "::: moe-model: FAILED to build (build.log)"; exit 1; }
   budget=$(($(left) - 20))
   stamp "moe-model: bench/gpu/e2e_moe.py, ${KD_MOE_LAYERS:-16} layers (${budget} s)"
   PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
     timeout "$budget" "$PY" bench/gpu/e2e_moe.py --out "$OUT" --layers "${KD_MOE_LAYERS:-16}" \
+    --batches "${KD_MOE_BATCHES-1,8,64}" --prefill "${KD_MOE_PREFILL-4x512}" \
     --budget-s $((budget - 60)) >"$OUT/e2e_moe.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   tail -12 "$OUT/e2e_moe.log"
