@@ -392,6 +392,35 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
     CHECK((r.out + r.err).find("note: quantization_config: ") != std::string::npos);
   }
 
+  // Two groups of different schemes (a mixed-precision checkpoint): the first's taken, the other named
+  // in a note; two groups of one scheme say nothing.
+  for (const char* second : {R"("weights": {"num_bits": 4, "type": "int", "strategy": "group"})",
+                             R"("weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                                "input_activations": {"dynamic": true})"}) {
+    CAPTURE(second);
+    const std::string cfg = write(dir, "ct2/config.json",
+                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
+      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
+      "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                    "input_activations": {"dynamic": true}},
+        "group_1": {SECOND}}}})"),
+                                                     std::regex("SECOND"), second));
+    TempDir e2;
+    CliResult r = run({"tune", "--model", cfg, "--emit", e2.str(), "--ms", "1", "--list", "--no-lm-head"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
+    const Listed l = listed(r.out);
+    CHECK(std::find(l.units.begin(), l.units.end(),
+                    "experts: fused_moe_fp8_channel E=8,N=16,K=64,top_k=2,fp8_e4m3fn->bf16") != l.units.end());
+    const bool mixed = std::string(second).find("int") != std::string::npos;
+    CHECK(((r.out + r.err)
+               .find("note: quantization_config: compressed-tensors groups of other schemes: group_1 "
+                     "(int4 group, weight-only); every GEMM is tuned in the first group's, group_0 "
+                     "(float8 channel, dynamic inputs)") != std::string::npos) == mixed);
+  }
+
   // compressed-tensors block fp8 (an FP8-block checkpoint): block fused_moe and gemm_fp8_block; a
   // block_structure other than 128x128 refused as weight_block_size is.
   for (const char* bs : {"[128, 128]", "[64, 64]"}) {

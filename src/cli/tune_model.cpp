@@ -187,20 +187,43 @@ struct ConfigReader {
   }
 };
 
+/// A compressed-tensors group's scheme as text ("float8 channel, dynamic
+/// inputs"), to compare groups.
+std::string group_scheme(dom::object g) {
+  dom::object w, in;
+  std::string out = "no weights";
+  if (g["weights"].get(w) == simdjson::SUCCESS) {
+    ConfigReader wr{w, {}};
+    out = wr.str("type") + std::to_string(wr.opt_int("num_bits").value_or(0)) + " " + wr.str("strategy");
+  }
+  if (g["input_activations"].get(in) != simdjson::SUCCESS) return out + ", weight-only";
+  return out + (ConfigReader{in, {}}.flag("dynamic", true) ? ", dynamic inputs" : ", static inputs");
+}
+
 // compressed-tensors' fp8 scheme (RedHat's FP8-dynamic / FP8 / FP8-block
 // checkpoints): the first config group's weights (8-bit float, strategy
 // "channel", "tensor" or "block" with its block_structure) and
-// input_activations (dynamic or not); another scheme is a note.
+// input_activations (dynamic or not); another scheme is a note, and so are
+// later groups of another scheme (a mixed-precision checkpoint: every GEMM
+// is tuned in the first group's).
 void read_compressed_tensors(ConfigReader& qc, Arch* a) {
   dom::object groups;
   dom::object first;
   bool found = false;  // a group object (a sparse-only checkpoint has none)
+  std::string first_name, others;
   if (qc.obj["config_groups"].get(groups) == simdjson::SUCCESS)
-    for (auto [name, group] : groups)
-      if (group.get(first) == simdjson::SUCCESS) {
-        found = true;
-        break;
+    for (auto [name, group] : groups) {
+      dom::object g;
+      if (group.get(g) != simdjson::SUCCESS) continue;
+      if (!found) {
+        first = g, first_name = std::string(name), found = true;
+      } else if (group_scheme(g) != group_scheme(first)) {
+        others += (others.empty() ? "" : ", ") + std::string(name) + " (" + group_scheme(g) + ")";
       }
+    }
+  if (!others.empty())
+    a->notes.push_back("quantization_config: compressed-tensors groups of other schemes: " + others +
+                       "; every GEMM is tuned in the first group's, " + first_name + " (" + group_scheme(first) + ")");
   dom::object w, in;
   const bool has_w = found && first["weights"].get(w) == simdjson::SUCCESS;
   ConfigReader wr{w, {}};
