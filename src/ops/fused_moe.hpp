@@ -199,7 +199,8 @@ inline size_t sglang_fields(const Problem& p, char* buf, size_t cap) noexcept {
   return n > 0 && static_cast<size_t>(n) < cap ? static_cast<size_t>(n) : 0;
 }
 /// SGLang's BLOCK_SIZE_M is the tensor-core plans' block_m: the sorted pairs
-/// of a work item (docs/moe.md: the rule).
+/// of a work item (docs/architecture.md, "SGLang's fused-MoE files drive
+/// fused_moe": the rule).
 inline constexpr EngineParam kSglangParams[] = {{"BLOCK_SIZE_M", "block_m"}};
 
 inline constexpr OpSpec kSpec{
