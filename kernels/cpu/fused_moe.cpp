@@ -206,14 +206,17 @@ Status run_scaled(const LaunchArgs& a, const Problem& p, int64_t bm) {
         const float s1 = sw(core::kMoeArgW1Scale, e, r);
         for (int64_t b = 0; b < n; ++b) {
           const int64_t t = order[q0 + static_cast<size_t>(b)] / K;
-          h[static_cast<size_t>(b * 2 * I + r)] =
-              w1.dot_decoded(r, row.data(), &x[static_cast<size_t>(t * H)], H) * sa1[static_cast<size_t>(t)] * s1;
+          h[static_cast<size_t>(b * 2 * I + r)] = stored_value(
+              w1.dot_decoded(r, row.data(), &x[static_cast<size_t>(t * H)], H) * sa1[static_cast<size_t>(t)] * s1,
+              static_cast<X*>(nullptr));  // SGLang's intermediate_cache1: out's dtype
         }
       }
       for (int64_t b = 0; b < n; ++b) {
         const int64_t q = order[q0 + static_cast<size_t>(b)];
         const float* hb = &h[static_cast<size_t>(b * 2 * I)];
-        for (int64_t i = 0; i < I; ++i) inter[static_cast<size_t>(q * I + i)] = activate(hb[i], act) * hb[I + i];
+        for (int64_t i = 0; i < I; ++i)  // its intermediate_cache2: out's dtype
+          inter[static_cast<size_t>(q * I + i)] =
+              stored_value(activate(hb[i], act) * hb[I + i], static_cast<X*>(nullptr));
         done[static_cast<size_t>(q)] = 1;
       }
     });

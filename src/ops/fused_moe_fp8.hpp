@@ -29,9 +29,12 @@
 //   and one per pair (q2), each max(amax, 1e-10) / 448: what SGLang's
 //   scaled_fp8_quant(x, scale, use_per_token_if_dynamic=per_channel_quant)
 //   computes before each of its two kernels.
-// - fp32 accumulation; the intermediate kept unrounded by the reference (a
-//   variant that rounds it to bf16, as SGLang's caches do, stays within the
-//   op's quantised tolerance).
+// - fp32 accumulation. With bf16 out, h and act(h[0:I]) * h[I:2I] are
+//   rounded to bf16 before the next step, as SGLang stores them
+//   (intermediate_cache1 and _cache2, the hidden dtype): a variant that kept
+//   them in fp32 would flip about one e4m3 code of the intermediate in 64
+//   (bf16's step is 2^-9 of a value, e4m3's 2^-3), past the tolerance where
+//   I is small. With fp32 out nothing is rounded between the steps.
 //
 // Key: E, K, N, activation, [a_scale=static], dtype, [out_dtype], [stride],
 // top_k. SGLang's file of the tensor op: E=<E>,N=<I>,dtype=fp8_w8a8; of
@@ -94,7 +97,8 @@ inline constexpr auto kOrder = moe_gemm_fp8_common::order_then(fused_moe_spec::k
 
 /// The float64 reference: hidden quantised, the up GEMM scaled per token and
 /// channel, the activated intermediate of every local pair quantised (a
-/// per-tensor scale over all of them), the down GEMM, the top-k sum.
+/// per-tensor scale over all of them), the down GEMM, the top-k sum; the
+/// intermediates rounded to out's dtype as SGLang's caches (above).
 template <MoeFp8Scales L>
 void reference(const Problem& p, const RefArgs& r) {
   const int64_t M = p.m, H = p.k, I = p.n, E = p.extra[0], top_k = p.extra[1], P = M * top_k;
@@ -115,6 +119,9 @@ void reference(const Problem& p, const RefArgs& r) {
   };
   const double* w1 = r.data[kMoeArgW1];
   const double* w2 = r.data[kMoeArgW2];
+  auto stored = [&](double v) {  // an intermediate as SGLang's caches hold it: out's dtype
+    return p.out_dtype == DType::bf16 ? double(round_to_bf16(static_cast<float>(v))) : v;
+  };
   for (int64_t q = 0; q < P; ++q) {
     const int64_t e = expert(q), t = q / top_k;
     if (e < 0) continue;
@@ -122,9 +129,9 @@ void reference(const Problem& p, const RefArgs& r) {
     for (int64_t n = 0; n < 2 * I; ++n) {
       double acc = 0.0;
       for (int64_t c = 0; c < H; ++c) acc += w1[(e * 2 * I + n) * r.ld[kMoeArgW1] + c] * x[t * H + c];
-      h[n] = acc * sa1[t] * sw(kMoeArgW1Scale, e, n);
+      h[n] = stored(acc * sa1[t] * sw(kMoeArgW1Scale, e, n));
     }
-    for (int64_t i = 0; i < I; ++i) inter[q * I + i] = fused_moe_spec::activate(h[i], act) * h[I + i];
+    for (int64_t i = 0; i < I; ++i) inter[q * I + i] = stored(fused_moe_spec::activate(h[i], act) * h[I + i]);
   }
   moe_gemm_fp8_common::quantise_rows(inter.data(), P, I, r.data[kMoeArgA2Scale], channel, local.data(), sa2.data());
   for (int64_t t = 0; t < M; ++t) {
