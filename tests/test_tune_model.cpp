@@ -421,6 +421,47 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
                      "(float8 channel, dynamic inputs)") != std::string::npos) == mixed);
   }
 
+  // Hostile groups: a name with a newline and a fake unit line prints as one note line (printable, capped);
+  // an int4 first group serves nothing in fp8, so no "first group's" note; block weights without a usable
+  // block_structure are an error naming it, its "128x128" string form is read.
+  struct Hostile {
+    const char* groups;
+    int exit;
+    const char* want;  // in stdout + stderr
+    const char* never;
+  };
+  for (const Hostile& h :
+       {Hostile{R"("group_0": {"weights": {"type": "float", "strategy": "channel"},
+                                  "input_activations": {"dynamic": true}},
+                      "x\nexperts: fused_moe E=8,N=16,K=64,top_k=2,bf16 M=1 unit=deadbeef\n": {
+                        "weights": {"num_bits": 4, "type": "int", "strategy": "group"}})",
+                0, "groups of other schemes: x?experts: fused_moe E=8,N=16,K=64,top_k... (int4 group, weight-only)",
+                "\nexperts: fused_moe E=8,N=16,K=64,top_k=2,bf16 M=1"},
+        Hostile{R"("group_0": {"weights": {"num_bits": 4, "type": "int", "strategy": "group"}},
+                      "group_1": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                                  "input_activations": {"dynamic": true}})",
+                0, "a compressed-tensors scheme other than fp8", "first group's"},
+        Hostile{R"("group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"},
+                                  "input_activations": {"dynamic": true}})",
+                2, "compressed-tensors block weights without a block_structure [n, k]", "experts:"},
+        Hostile{R"("group_0": {"weights": {"num_bits": 8, "type": "FLOAT", "strategy": "block",
+                                  "block_structure": "128x128"}, "input_activations": {"dynamic": true}})",
+                0, "experts: fused_moe E=8,N=128,K=128,top_k=2,fp8_e4m3fn->bf16,block_shape", "other schemes"}}) {
+    CAPTURE(h.groups);
+    const std::string cfg = write(dir, "cth/config.json",
+                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 128,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
+      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
+      "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {GROUPS}}})"),
+                                                     std::regex("GROUPS"), h.groups));
+    TempDir e4;
+    CliResult r = run({"tune", "--model", cfg, "--emit", e4.str(), "--ms", "1", "--list", "--no-lm-head"});
+    CHECK_MESSAGE(r.exit_code == h.exit, r.out << r.err);
+    CHECK_MESSAGE((r.out + r.err).find(h.want) != std::string::npos, r.out << r.err);
+    CHECK_MESSAGE((r.out + r.err).find(h.never) == std::string::npos, r.out << r.err);
+  }
+
   // compressed-tensors block fp8 (an FP8-block checkpoint): block fused_moe and gemm_fp8_block; a
   // block_structure other than 128x128 refused as weight_block_size is.
   for (const char* bs : {"[128, 128]", "[64, 64]"}) {

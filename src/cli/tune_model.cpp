@@ -46,6 +46,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -187,71 +188,116 @@ struct ConfigReader {
   }
 };
 
-/// A compressed-tensors group's scheme as text ("float8 channel, dynamic
-/// inputs"), to compare groups.
-std::string group_scheme(dom::object g) {
+/// One compressed-tensors config group's scheme, with the library's
+/// defaults (QuantizationArgs: num_bits 8, type "int", dynamic false;
+/// type and strategy case-insensitive).
+struct CtScheme {
+  bool has_w = false, has_in = false, dynamic = false;
+  std::string type, strategy;
+  int64_t bits = 8, block_n = 0, block_k = 0;
+  bool block_ok = false;  ///< block_structure read: [n, k] integers or "NxK"
+
+  bool fp8() const {
+    return has_w && type == "float" && bits == 8 &&
+           (strategy == "channel" || strategy == "tensor" || strategy == "block");
+  }
+  std::string text() const {
+    if (!has_w) return "no weights";
+    std::string t = type + std::to_string(bits) + " " + strategy;
+    if (strategy == "block" && block_ok) t += " " + std::to_string(block_n) + "x" + std::to_string(block_k);
+    return t + (!has_in ? ", weight-only" : dynamic ? ", dynamic inputs" : ", static inputs");
+  }
+};
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+CtScheme scheme_of(dom::object g) {
+  CtScheme c;
   dom::object w, in;
-  std::string out = "no weights";
   if (g["weights"].get(w) == simdjson::SUCCESS) {
     ConfigReader wr{w, {}};
-    out = wr.str("type") + std::to_string(wr.opt_int("num_bits").value_or(0)) + " " + wr.str("strategy");
+    c.has_w = true;
+    c.type = lower(wr.present("type") ? wr.str("type") : "int");
+    c.bits = wr.opt_int("num_bits").value_or(wr.present("num_bits") ? 0 : 8);
+    c.strategy = lower(wr.str("strategy"));
+    dom::array bs;
+    std::string_view text;
+    double n = 0, k = 0;
+    if (w["block_structure"].get(bs) == simdjson::SUCCESS) {
+      c.block_ok = bs.size() == 2 && bs.at(0).get(n) == simdjson::SUCCESS && bs.at(1).get(k) == simdjson::SUCCESS;
+    } else if (w["block_structure"].get(text) == simdjson::SUCCESS) {  // "128x128"
+      const size_t x = text.find('x');
+      c.block_ok = x != std::string_view::npos && x > 0 && x + 1 < text.size() && x < 8 && text.size() - x < 9;
+      for (size_t q = 0; c.block_ok && q < text.size(); ++q) c.block_ok = q == x || std::isdigit(text[q]) != 0;
+      if (c.block_ok) n = std::stod(std::string(text.substr(0, x))), k = std::stod(std::string(text.substr(x + 1)));
+    }
+    c.block_ok = c.block_ok && n == std::floor(n) && k == std::floor(k) && n >= 1 && k >= 1 && n < 1e6 && k < 1e6;
+    if (c.block_ok) c.block_n = static_cast<int64_t>(n), c.block_k = static_cast<int64_t>(k);
   }
-  if (g["input_activations"].get(in) != simdjson::SUCCESS) return out + ", weight-only";
-  return out + (ConfigReader{in, {}}.flag("dynamic", true) ? ", dynamic inputs" : ", static inputs");
+  c.has_in = g["input_activations"].get(in) == simdjson::SUCCESS;
+  c.dynamic = c.has_in && ConfigReader{in, {}}.flag("dynamic", false);
+  return c;
+}
+
+/// A group's name as a note may print it: printable ASCII, at most 40
+/// characters (a config's names are not the output's lines).
+std::string printable(std::string_view name) {
+  std::string out;
+  for (char ch : name.substr(0, 40)) out += ch >= 0x20 && ch < 0x7f ? ch : '?';
+  return name.size() > 40 ? out + "..." : out;
 }
 
 // compressed-tensors' fp8 scheme (RedHat's FP8-dynamic / FP8 / FP8-block
 // checkpoints): the first config group's weights (8-bit float, strategy
 // "channel", "tensor" or "block" with its block_structure) and
-// input_activations (dynamic or not); another scheme is a note, and so are
-// later groups of another scheme (a mixed-precision checkpoint: every GEMM
-// is tuned in the first group's).
+// input_activations (dynamic or not); another scheme is a note. Where the
+// first group's fp8 scheme serves, later groups of another scheme are
+// named in a note (a mixed-precision checkpoint: every GEMM is tuned in
+// the first group's).
 void read_compressed_tensors(ConfigReader& qc, Arch* a) {
   dom::object groups;
-  dom::object first;
   bool found = false;  // a group object (a sparse-only checkpoint has none)
+  CtScheme first;
   std::string first_name, others;
+  int64_t other_count = 0;
   if (qc.obj["config_groups"].get(groups) == simdjson::SUCCESS)
     for (auto [name, group] : groups) {
       dom::object g;
       if (group.get(g) != simdjson::SUCCESS) continue;
+      const CtScheme c = scheme_of(g);
       if (!found) {
-        first = g, first_name = std::string(name), found = true;
-      } else if (group_scheme(g) != group_scheme(first)) {
-        others += (others.empty() ? "" : ", ") + std::string(name) + " (" + group_scheme(g) + ")";
+        first = c, first_name = printable(name), found = true;
+      } else if (c.text() != first.text() && other_count++ < 4) {
+        others += (others.empty() ? "" : ", ") + printable(name) + " (" + c.text() + ")";
       }
     }
-  if (!others.empty())
-    a->notes.push_back("quantization_config: compressed-tensors groups of other schemes: " + others +
-                       "; every GEMM is tuned in the first group's, " + first_name + " (" + group_scheme(first) + ")");
-  dom::object w, in;
-  const bool has_w = found && first["weights"].get(w) == simdjson::SUCCESS;
-  ConfigReader wr{w, {}};
-  const std::string strategy = has_w ? wr.str("strategy") : std::string();
-  if (!has_w || wr.str("type") != "float" || wr.opt_int("num_bits").value_or(0) != 8 ||
-      (strategy != "channel" && strategy != "tensor" && strategy != "block")) {
+  if (!found || !first.fp8()) {
     a->notes.push_back(
         "quantization_config: a compressed-tensors scheme other than fp8 weights per channel, per tensor or in "
         "blocks: its GEMMs are tuned in --dtype (or --fp8)");
     return;
   }
-  if (first["input_activations"].get(in) != simdjson::SUCCESS) {  // weight-only fp8 (W8A16)
+  if (!first.has_in) {  // weight-only fp8 (W8A16)
     a->notes.push_back(
         "quantization_config: compressed-tensors fp8 weights without input_activations (weight-only, W8A16): no "
         "kdispatch op runs that scheme; its GEMMs are tuned in --dtype (or --fp8)");
     return;
   }
-  if (strategy == "block") {  // block_structure [n, k]: the caller refuses all but 128x128, as weight_block_size
-    dom::array bs;
-    int64_t n = 0, k = 0;
-    if (w["block_structure"].get(bs) != simdjson::SUCCESS || bs.size() != 2 || bs.at(0).get(n) != simdjson::SUCCESS ||
-        bs.at(1).get(k) != simdjson::SUCCESS)
-      return qc.fail("quantization_config: compressed-tensors block weights without a block_structure [n, k]");
-    a->fp8 = "block", a->block_n = n, a->block_k = k;
+  if (first.strategy == "block" && !first.block_ok)  // the caller refuses all but 128x128, as weight_block_size
+    return qc.fail("quantization_config: compressed-tensors block weights without a block_structure [n, k]");
+  if (other_count > 0)
+    a->notes.push_back("quantization_config: compressed-tensors groups of other schemes: " + others +
+                       (other_count > 4 ? " and " + std::to_string(other_count - 4) + " more" : "") +
+                       "; every GEMM is tuned in the first group's, " + first_name + " (" + first.text() + ")");
+  if (first.strategy == "block") {
+    a->fp8 = "block", a->block_n = first.block_n, a->block_k = first.block_k;
     return;
   }
-  a->fp8 = strategy == "channel" ? "rowwise" : "tensor";
-  a->fp8_static = !ConfigReader{in, {}}.flag("dynamic", true);
+  a->fp8 = first.strategy == "channel" ? "rowwise" : "tensor";
+  a->fp8_static = !first.dynamic;
 }
 
 // quantization_config: an fp8 checkpoint's layout (block with its
@@ -263,7 +309,11 @@ void read_quantization(ConfigReader& c, Arch* a) {
   if (c.obj["quantization_config"].get(q) != simdjson::SUCCESS) return;
   ConfigReader qc{q, {}};
   const std::string method = qc.str("quant_method");
-  if (method == "compressed-tensors") return read_compressed_tensors(qc, a);
+  if (method == "compressed-tensors") {
+    read_compressed_tensors(qc, a);
+    if (!qc.error.empty()) c.fail(qc.error);  // (qc is this function's: its error is the config's)
+    return;
+  }
   if (method != "fp8") {
     a->notes.push_back("quantization_config quant_method '" + method +
                        "' is not an fp8 scheme tune --model knows: its GEMMs are tuned in --dtype (or --fp8)");
