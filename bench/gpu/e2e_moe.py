@@ -204,23 +204,29 @@ def prefill_tps(model, batch, seq, reps=3):
     return batch * seq * reps / (time.perf_counter() - t)
 
 
-def prefill_row(model, experts, batch, seq, rounds):
-    """Prefill of batch x seq, each way per round (kdispatch twice: the A/A control)."""
+def prefill_row(model, experts, batch, seq, rounds, deadline):
+    """Prefill of batch x seq, each way per round (kdispatch twice: the A/A control), until `deadline`
+    (time.time()); a way that fails is dropped from the comparison, its error in the row."""
     ways = ("grouped_mm", "kdispatch", "kdispatch_fp8", "kdispatch_aa")
     row = {"prefill": f"{batch}x{seq}"}
     tps = {w: [] for w in ways}
-    for _ in range(rounds):
+    for r in range(rounds):
+        if time.time() > deadline:
+            row["prefill_rounds_skipped"] = rounds - r
+            break
         for w in ways:
             if f"prefill_{w}_error" in row:
                 continue
-            set_way(model, experts, "kdispatch" if w == "kdispatch_aa" else w)
             try:
+                set_way(model, experts, "kdispatch" if w == "kdispatch_aa" else w)
                 with torch.inference_mode():
                     tps[w].append(prefill_tps(model, batch, seq))
             except Exception as ex:  # said in the row, the other ways go on
                 row[f"prefill_{w}_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
-    row["prefill_tokens_per_s"] = {w: base.stats(v) for w, v in tps.items() if v}
-    med = {w: v["median"] for w, v in row["prefill_tokens_per_s"].items()}
+                torch.cuda.empty_cache()
+    row["prefill_tokens_per_s"] = {w: base.stats(v) for w, v in tps.items()
+                                   if v and f"prefill_{w}_error" not in row}
+    med = {w: v["median"] for w, v in row["prefill_tokens_per_s"].items() if v["median"] > 0}
     if "kdispatch" in med and "kdispatch_aa" in med:
         row["prefill_aa_spread"] = abs(med["kdispatch"] - med["kdispatch_aa"]) / med["kdispatch"]
     if "grouped_mm" in med:
@@ -235,15 +241,37 @@ def copy_fp32(model):
     return copy.deepcopy(model).float()
 
 
+def batch_list(text):
+    """--batches: a comma list of positive integers ('' none)."""
+    out = [int(b) for b in text.split(",") if b.strip()]
+    if any(b < 1 for b in out):
+        raise argparse.ArgumentTypeError(f"batches must be >= 1: {text!r}")
+    return out
+
+
+def prefill_shape(text):
+    """--prefill: BATCHxSEQ, both >= 1 ('' none)."""
+    if not text.strip():
+        return None
+    try:
+        b, s = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prefill wants BATCHxSEQ, e.g. 4x512: {text!r}") from None
+    if b < 1 or s < 1:
+        raise argparse.ArgumentTypeError(f"--prefill's batch and sequence must be >= 1: {text!r}")
+    return b, s
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--batches", default="1,8,64", type=batch_list)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=520)
-    ap.add_argument("--prefill", default="4x512", help="BATCHxSEQ of the prefill measurement ('' skips it)")
+    ap.add_argument("--prefill", default="4x512", type=prefill_shape,
+                    help="BATCHxSEQ of the prefill measurement ('' skips it)")
     a = ap.parse_args()
     import transformers
     import kdispatch.torch_ops as ops  # registers torch.ops.kdispatch
@@ -256,16 +284,19 @@ def main():
     result = {"info": info, "logits_rel_err_4_layers": logits_errors(model, ["grouped_mm", "kdispatch", "kdispatch_fp8", "kdispatch_all"]),
               "rows": []}
     log(f"logits (4 layers vs fp32): {result['logits_rel_err_4_layers']}")
-    if a.prefill:
-        pb, ps = (int(v) for v in a.prefill.lower().split("x"))
-        result["logits_rel_err_4_layers_prefill"] = logits_errors(model, ["grouped_mm", "kdispatch", "kdispatch_fp8"],
-                                                                  tokens=ps, batch=pb)
-        log(f"logits at the prefill's shape: {result['logits_rel_err_4_layers_prefill']}")
-        row = prefill_row(model, experts, pb, ps, a.rounds)
-        log(json.dumps(row))
-        result["prefill"] = row
     write(a.out, result)
-    for batch in [int(b) for b in a.batches.split(",") if b]:
+    if a.prefill:
+        pb, ps = a.prefill
+        try:
+            result["logits_rel_err_4_layers_prefill"] = logits_errors(model, ["grouped_mm", "kdispatch",
+                                                                              "kdispatch_fp8"], tokens=ps, batch=pb)
+            log(f"logits at the prefill's shape: {result['logits_rel_err_4_layers_prefill']}")
+            result["prefill"] = prefill_row(model, experts, pb, ps, a.rounds, base.T0 + a.budget_s)
+        except Exception as ex:  # the decode rows still run; the error is the prefill's row
+            result["prefill"] = {"prefill": f"{pb}x{ps}", "error": f"{type(ex).__name__}: {str(ex)[:300]}"}
+        log(json.dumps(result["prefill"]))
+        write(a.out, result)
+    for batch in a.batches:
         if time.time() - base.T0 > a.budget_s:
             result["rows"].append({"batch": batch, "skipped": "budget"})
             continue
