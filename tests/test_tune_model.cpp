@@ -434,8 +434,10 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
        {Hostile{R"("group_0": {"weights": {"type": "float", "strategy": "channel"},
                                   "input_activations": {"dynamic": true}},
                       "x\nexperts: fused_moe E=8,N=16,K=64,top_k=2,bf16 M=1 unit=deadbeef\n": {
-                        "weights": {"num_bits": 4, "type": "int", "strategy": "group"}})",
-                0, "groups of other schemes: x?experts: fused_moe E=8,N=16,K=64,top_k... (int4 group, weight-only)",
+                        "weights": {"num_bits": 4, "type": "int", "strategy": "group\nexperts: fake"}})",
+                0,
+                "groups of other schemes: x?experts: fused_moe E=8,N=16,K=64,top_k... (int4 group?experts: f..., "
+                "weight-only)",
                 "\nexperts: fused_moe E=8,N=16,K=64,top_k=2,bf16 M=1"},
         Hostile{R"("group_0": {"weights": {"num_bits": 4, "type": "int", "strategy": "group"}},
                       "group_1": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"},

@@ -209,6 +209,14 @@ struct CtScheme {
   }
 };
 
+/// A config's text as a note may print it: printable ASCII, at most `cap`
+/// characters (a config's names and values are not the output's lines).
+std::string printable(std::string_view text, size_t cap = 40) {
+  std::string out;
+  for (char ch : text.substr(0, cap)) out += ch >= 0x20 && ch < 0x7f ? ch : '?';
+  return text.size() > cap ? out + "..." : out;
+}
+
 std::string lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
@@ -220,9 +228,9 @@ CtScheme scheme_of(dom::object g) {
   if (g["weights"].get(w) == simdjson::SUCCESS) {
     ConfigReader wr{w, {}};
     c.has_w = true;
-    c.type = lower(wr.present("type") ? wr.str("type") : "int");
+    c.type = printable(lower(wr.present("type") ? wr.str("type") : "int"), 16);
     c.bits = wr.opt_int("num_bits").value_or(wr.present("num_bits") ? 0 : 8);
-    c.strategy = lower(wr.str("strategy"));
+    c.strategy = printable(lower(wr.str("strategy")), 16);
     dom::array bs;
     std::string_view text;
     double n = 0, k = 0;
@@ -240,14 +248,6 @@ CtScheme scheme_of(dom::object g) {
   c.has_in = g["input_activations"].get(in) == simdjson::SUCCESS;
   c.dynamic = c.has_in && ConfigReader{in, {}}.flag("dynamic", false);
   return c;
-}
-
-/// A group's name as a note may print it: printable ASCII, at most 40
-/// characters (a config's names are not the output's lines).
-std::string printable(std::string_view name) {
-  std::string out;
-  for (char ch : name.substr(0, 40)) out += ch >= 0x20 && ch < 0x7f ? ch : '?';
-  return name.size() > 40 ? out + "..." : out;
 }
 
 // compressed-tensors' fp8 scheme (RedHat's FP8-dynamic / FP8 / FP8-block
