@@ -399,8 +399,9 @@ struct MoeGemmFp8ChannelArgs : MoeGemmFp8Args {};
 ///   choice), each max(amax, 1e-10) / 448, as SGLang's scaled_fp8_quant.
 /// fp32 accumulation; with bf16 out, h and act(h[0:I]) * h[I:2I] rounded to
 /// bf16 between the steps, as SGLang's intermediate_cache1 and _cache2 hold
-/// them (the top-k sum is exact, then out rounded once). CPU variants only so far: a call on GPU tensors is refused
-/// (no variant of the backend computes it).
+/// them (the top-k sum is exact, then out rounded once). CPU variants only
+/// so far: a call on GPU tensors is refused (no variant of the backend
+/// computes it).
 /// (FusedMoeArgs' members, w1_scale and w2_scale as above, then a1_scale
 /// and a2_scale.)
 struct FusedMoeFp8Args : FusedMoeArgs {
