@@ -99,6 +99,20 @@ Listed list_model(const std::string& config, const std::vector<std::string>& ext
   return listed(r.out);
 }
 
+/// A small Qwen3-MoE config.json (8 experts, top 2, 2 layers, 4 heads)
+/// whose quantization_config holds `quant` after its quant_method
+/// compressed-tensors: `big` hidden 128 and MoE intermediate 128 (block
+/// fp8's multiples), else hidden 64 and 16.
+std::string qwen_moe_ct(const std::string& quant, bool big) {
+  return std::string(R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", )") +
+         (big ? R"("hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 128, "head_dim": 32, )"
+              : R"("hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16, "head_dim": 16, )") +
+         R"("num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2,
+      "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
+      "quantization_config": {"quant_method": "compressed-tensors", )" +
+         quant + "}}";
+}
+
 }  // namespace
 
 TEST_CASE("cli tune --model: a Llama config.json's units, --tp 2 halving the sharded dims, --tp 3 refused") {
@@ -377,13 +391,7 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
                              R"("config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float",
                                 "strategy": "channel"}, "input_activations": null}})"}) {
     CAPTURE(groups);
-    const std::string cfg = write(dir, "ct/config.json",
-                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
-      "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
-      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
-      "quantization_config": {"quant_method": "compressed-tensors", GROUPS}})"),
-                                                     std::regex("GROUPS"), groups));
+    const std::string cfg = write(dir, "ct/config.json", qwen_moe_ct(std::string(groups), false));
     TempDir e2;
     CliResult r = run({"tune", "--model", cfg, "--emit", e2.str(), "--ms", "1", "--list"});
     REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
@@ -399,15 +407,11 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
                                 "input_activations": {"dynamic": true})"}) {
     CAPTURE(second);
     const std::string cfg = write(dir, "ct2/config.json",
-                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
-      "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 16,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
-      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
-      "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+                                  qwen_moe_ct(std::string(R"("config_groups": {
         "group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
                     "input_activations": {"dynamic": true}},
-        "group_1": {SECOND}}}})"),
-                                                     std::regex("SECOND"), second));
+        "group_1": {)") + second + R"(}})",
+                                              false));
     TempDir e2;
     CliResult r = run({"tune", "--model", cfg, "--emit", e2.str(), "--ms", "1", "--list", "--no-lm-head"});
     REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
@@ -450,13 +454,8 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
                                   "block_structure": "128x128"}, "input_activations": {"dynamic": true}})",
                 0, "experts: fused_moe E=8,N=128,K=128,top_k=2,fp8_e4m3fn->bf16,block_shape", "other schemes"}}) {
     CAPTURE(h.groups);
-    const std::string cfg = write(dir, "cth/config.json",
-                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
-      "model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 128,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
-      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
-      "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {GROUPS}}})"),
-                                                     std::regex("GROUPS"), h.groups));
+    const std::string cfg =
+        write(dir, "cth/config.json", qwen_moe_ct(std::string(R"("config_groups": {)") + h.groups + R"(})", true));
     TempDir e4;
     CliResult r = run({"tune", "--model", cfg, "--emit", e4.str(), "--ms", "1", "--list", "--no-lm-head"});
     CHECK_MESSAGE(r.exit_code == h.exit, r.out << r.err);
@@ -469,15 +468,12 @@ TEST_CASE("cli tune --model: per-tensor (static) and per-channel fp8 MoE checkpo
   for (const char* bs : {"[128, 128]", "[64, 64]"}) {
     CAPTURE(bs);
     const std::string cfg = write(dir, "ctb/config.json",
-                                  std::regex_replace(std::string(R"({"architectures": ["Qwen3MoeForCausalLM"],
-      "model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 128,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
-      "num_experts_per_tok": 2, "num_hidden_layers": 2, "vocab_size": 256, "hidden_act": "silu",
-      "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": BS},
+                                  qwen_moe_ct(std::string(R"("config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": )") +
+                                                  bs + R"(},
         "input_activations": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128,
-                              "dynamic": true}}}}})"),
-                                                     std::regex("BS"), bs));
+                              "dynamic": true}}})",
+                                              true));
     TempDir e3;
     CliResult r = run({"tune", "--model", cfg, "--emit", e3.str(), "--ms", "1", "--list", "--no-lm-head"});
     if (std::string(bs) == "[64, 64]") {
