@@ -580,6 +580,11 @@ struct OpKeyFieldInfo {
   /// (fused_moe's block_shape: "[128,128]"). Empty for other kinds.
   std::string_view flag_text;
 };
+/// Most tensor arguments an op of op_list() has (the fp8_w8a8 fused_moe
+/// ops: 10); its scalars number at most kMaxOpScalars. A binding that
+/// holds an op's tensors or scalars in fixed arrays sizes them by these.
+inline constexpr int kMaxOpArgs = 12;
+inline constexpr int kMaxOpScalars = 4;
 struct OpInfo {
   std::string_view name;  ///< "gemm", "rmsnorm", ...
   std::string_view doc;   ///< one line: what it computes

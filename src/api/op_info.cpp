@@ -13,6 +13,8 @@
 
 namespace dispatch {
 
+static_assert(kMaxOpArgs == core::kMaxArgs && kMaxOpScalars == core::kMaxScalars, "ops.hpp's bounds are the op specs'");
+
 const char* plan_source_name(PlanSource s) noexcept {
   switch (s) {
     case PlanSource::table: return "table";

@@ -58,7 +58,10 @@ namespace {
 
 using torch::jit::Stack;
 
-constexpr int kMaxArgs = 8;
+/// An op's tensors (and, within it, its scalars) in fixed arrays: the
+/// library's bound (an op of more is not registered: bindings()).
+constexpr int kMaxArgs = dispatch::kMaxOpArgs;
+static_assert(dispatch::kMaxOpScalars <= kMaxArgs, "scalars share the bound");
 
 enum class Kind : uint8_t {
   functional,  ///< reads inputs, returns newly allocated outputs
@@ -245,6 +248,11 @@ const std::vector<Binding>& bindings() {
   static const std::vector<Binding> all = [] {
     std::vector<Binding> v;
     for (const dispatch::OpInfo& op : dispatch::op_list()) {
+      if (op.args.size() > kMaxArgs || op.scalars.size() > kMaxArgs) {  // a library newer than this header
+        std::fprintf(stderr, "kdispatch torch ops: %.*s has more than %d tensors or scalars; not registered\n",
+                     static_cast<int>(op.name.size()), op.name.data(), kMaxArgs);
+        continue;
+      }
       bool has_out = false, computed = false;
       for (const dispatch::OpArgInfo& a : op.args) has_out = has_out || pure_output(a);
       for (const dispatch::OpArgInfo& a : op.args) computed = computed || (pure_output(a) && a.cols_computed);
