@@ -626,6 +626,12 @@ KDISPATCH_C_API kdispatch_status kdispatch_fused_moe_fp8_channel(
  *  (json_out NULL). */
 KDISPATCH_C_API kdispatch_status kdispatch_op_list(char** json_out);
 
+/** The most tensors (the fp8_w8a8 fused_moe ops: 10) and scalars an op of
+ *  kdispatch_op_list takes: a binding that holds a call's tensors in fixed
+ *  arrays sizes them by these (kdispatch_op_call refuses more). */
+#define KDISPATCH_MAX_OP_TENSORS 12
+#define KDISPATCH_MAX_OP_SCALARS 4
+
 /** Any op by name (kdispatch_op_list), its tensors and scalars in argument
  *  order (trailing "bool" scalars may be left out: off; `flags` as
  *  kdispatch_<op>'s, KDISPATCH_CALL_FAST_ACCUM turning fast_accum on): the

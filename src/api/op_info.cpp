@@ -9,11 +9,14 @@
 #include "backends/backend.hpp"
 #include "backends/registry.hpp"
 #include "core/op_spec.hpp"
+#include "dispatch/c_api.h"
 #include "dispatch/ops.hpp"
 
 namespace dispatch {
 
-static_assert(kMaxOpArgs == core::kMaxArgs && kMaxOpScalars == core::kMaxScalars, "ops.hpp's bounds are the op specs'");
+static_assert(kMaxOpArgs == core::kMaxArgs && kMaxOpScalars == core::kMaxScalars &&
+                  KDISPATCH_MAX_OP_TENSORS == kMaxOpArgs && KDISPATCH_MAX_OP_SCALARS == kMaxOpScalars,
+              "ops.hpp's and c_api.h's bounds are the op specs'");
 
 const char* plan_source_name(PlanSource s) noexcept {
   switch (s) {

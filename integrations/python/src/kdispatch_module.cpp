@@ -286,7 +286,7 @@ class Exported {
   int64_t strides_[kMaxDims] = {};
 };
 
-constexpr size_t kMaxOpTensors = 12;  // core::kMaxArgs
+constexpr size_t kMaxOpTensors = KDISPATCH_MAX_OP_TENSORS;
 
 std::optional<intptr_t> stream_of(py::handle s) {
   if (s.is_none()) return std::nullopt;

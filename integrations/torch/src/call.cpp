@@ -22,7 +22,7 @@ void put_error(kdispatch_status s, char* error, std::size_t size) noexcept {
 
 std::atomic<const GpuHooks*> g_hooks{nullptr};
 
-constexpr int kMax = 8;
+constexpr int kMax = KDISPATCH_MAX_OP_TENSORS;
 
 // The views as DLTensors (`t`, pointed to by `p`; NULL for an absent one).
 void to_dl(const View* views, int32_t n_views, DLTensor* t, const DLTensor** p) noexcept {
