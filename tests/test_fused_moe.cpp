@@ -258,10 +258,13 @@ TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the l
   if (core::variants_for(core::OpKind::fused_moe, DeviceType::cuda).empty()) {
     CHECK(*cuda == 0);  // no CUDA backend in this build
   } else {
-    // M * top_k = 32 pairs: the expert-grouped kernels' a [32, 32] and y [32, 64]
-    // in fp32 (4096 + 8192 bytes, 256-byte parts) and 4 tile counters (16 bytes):
-    // more than the per-pair kernels' 4096 and the tensor-core ones' 11008.
-    CHECK(*cuda == 12304);
+    // M * top_k = 32 pairs: the wgmma composition's (fused_moe_compose.hpp)
+    // moe_align buffers for blocks of 128 (1048 sorted ids: 4352 bytes, 9
+    // expert ids and the total: 256 each) and its bf16 intermediates c1 [32, 64],
+    // c2 [32, 32] and c3 [32, 64] (4096 + 2048 + 4096): 15104, more than the
+    // expert-grouped kernels' 12304, the per-pair kernels' 4096 and the
+    // tensor-core ones' 11008.
+    CHECK(*cuda == 15104);
   }
   // The same problem as a call's tensors (no data: descriptors only), as a
   // binding sizes the workspace it allocates for one call: the same bytes.
@@ -427,4 +430,46 @@ TEST_CASE("fused_moe: a sync tune beside an SGLang row serves its own row, k_sou
   CHECK(info.source == PlanSource::table);
   CHECK(std::string(info.k_source).empty());
   CHECK(t.out[1] == doctest::Approx(2.4133750054).epsilon(1e-6));
+}
+
+// The CUDA composition on moe_gemm's wgmma kernel (kernels/gpu/fused_moe_compose.hpp):
+// get_default takes it from 64 pairs an expert (block fp8 16), its checks name the
+// sub-op that declines, and its workspace is its parts.
+TEST_CASE("fused_moe: the wgmma composition serves prefill, declines gelu and odd K by the sub-op's name") {
+  const core::VariantDef* w = core::find_variant("fused_moe_bf16__wgmma");
+  const core::VariantDef* w8 = core::find_variant("fused_moe_fp8_e4m3fn__wgmma");
+  if (w == nullptr || w8 == nullptr) return;  // no CUDA backend in this build
+  const DeviceInfo dev = cpu_device_info();   // not a probed GPU: supports() checks the problem alone
+  // Qwen3-30B-A3B: E 128, top_k 8, H 2048, I 768.
+  auto moe = [](int64_t m, DType dt = DType::bf16, int64_t h = 2048) {
+    core::Problem p;
+    p.op = core::OpKind::fused_moe;
+    p.device = Device{DeviceType::cuda, 0};
+    p.in_dtype = dt, p.out_dtype = DType::bf16, p.has_bias = dt == DType::fp8_e4m3fn;
+    p.m = m, p.n = 768, p.k = h, p.extra[0] = 128, p.extra[1] = 8;
+    p.align_bytes = 16;
+    return p;
+  };
+  auto served = [&](const core::Problem& p) { return std::string(core::get_default(p, dev).variant->name); };
+  CHECK(served(moe(1024)) == "fused_moe_bf16__wgmma");  // 64 pairs an expert
+  CHECK(served(moe(1023)) == "fused_moe_bf16__mma");
+  CHECK(served(moe(256, DType::fp8_e4m3fn)) == "fused_moe_fp8_e4m3fn__wgmma");  // 16 pairs an expert
+  CHECK(served(moe(255, DType::fp8_e4m3fn)) == "fused_moe_fp8_e4m3fn__mma");
+  core::Problem gelu = moe(1024);
+  gelu.choice = 1;
+  CHECK(kdtest::contains(w->supports(gelu, nullptr, dev).message(), "silu only"));
+  CHECK(served(gelu) == "fused_moe_bf16__mma");
+  // H = 2000: the up call's K is no multiple of 128 for block fp8's wgmma.
+  CHECK(kdtest::contains(
+      w8->supports(moe(1024, DType::fp8_e4m3fn, 2000), nullptr, dev).message(),
+      "the up moe_gemm: moe_gemm_fp8_e4m3fn__wgmma: block fp8's wgmma kernel takes K a multiple of 128"));
+  // Its workspace at M 1024 (P = 8192 pairs), 256-byte parts: the sorted ids, 8192 + 128 * 127 = 24448
+  // of them (97792 bytes); 191 expert ids (768); the total (256); c1 [P, 1536], c2 [P, 768] and
+  // c3 [P, 2048] in bf16 (25165824 + 12582912 + 33554432).
+  CHECK(w->workspace_bytes(moe(1024), nullptr) == 97792 + 768 + 256 + 25165824 + 12582912 + 33554432);
+  // Block fp8 adds the larger of the two calls' quantised a: hidden's codes [1024, 2048] and
+  // scales [1024, 16] (2097152 + 65536 + 256) against c2's [8192, 768] and [8192, 6]
+  // (6291456 + 196608 + 256).
+  CHECK(w8->workspace_bytes(moe(1024, DType::fp8_e4m3fn), nullptr) ==
+        97792 + 768 + 256 + 25165824 + 12582912 + 33554432 + 6291456 + 196608 + 256);
 }

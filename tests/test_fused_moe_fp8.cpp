@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "api/engine_rows.hpp"
+#include "backends/registry.hpp"
 #include "core/numeric.hpp"
 #include "core/routing.hpp"
 #include "dispatch/dispatch.hpp"
@@ -310,4 +311,76 @@ TEST_CASE("fused_moe_fp8: an SGLang row shapes the default where kdispatch has n
   REQUIRE(fused_moe_fp8_tensor(*rt2, FusedMoeFp8TensorArgs{t.args({1.f, 1.f}, {1.f, 1.f}, false, false)}, {}, o).ok());
   CHECK(std::string(info.k_source).empty());
   CHECK(info.table_m == -1);
+}
+
+// The CUDA composition (kernels/gpu/fused_moe_compose.hpp): each GEMM on
+// moe_gemm_fp8_<layout>'s get_default, the sort in blocks of the plan's
+// block_m (16 at decode, 128 from 16 pairs an expert; SGLang's BLOCK_SIZE_M
+// maps onto it), c1 zeroed for the dynamic per-tensor scale; its declines
+// name the sub-op, and its workspace is its parts.
+TEST_CASE("fused_moe_fp8: the CUDA composition serves both layouts, its workspace is its parts") {
+  const core::VariantDef* t = core::find_variant("fused_moe_fp8_tensor_fp8_e4m3fn__compose");
+  const core::VariantDef* c = core::find_variant("fused_moe_fp8_channel_fp8_e4m3fn__compose");
+  if (t == nullptr || c == nullptr) return;  // no CUDA backend in this build
+  const DeviceInfo dev = cpu_device_info();  // not a probed GPU: supports() checks the problem alone
+  // Mixtral-8x7B TP2: E 8, top_k 2, H 4096, I 7168.
+  auto moe = [](int64_t m, core::OpKind op, bool stat = false) {
+    core::Problem p;
+    p.op = op;
+    p.device = Device{DeviceType::cuda, 0};
+    p.in_dtype = DType::fp8_e4m3fn, p.out_dtype = DType::bf16, p.has_bias = stat;
+    p.m = m, p.n = 7168, p.k = 4096, p.extra[0] = 8, p.extra[1] = 2;
+    p.align_bytes = 16;
+    return p;
+  };
+  constexpr core::OpKind kT = core::OpKind::fused_moe_fp8_tensor, kC = core::OpKind::fused_moe_fp8_channel;
+  auto served = [&](const core::Problem& p) {
+    const core::Plan plan = core::get_default(p, dev);
+    return plan.valid() ? std::string(plan.variant->name) : std::string("none");
+  };
+  CHECK(served(moe(1, kT)) == "fused_moe_fp8_tensor_fp8_e4m3fn__compose");
+  CHECK(served(moe(4096, kT, true)) == "fused_moe_fp8_tensor_fp8_e4m3fn__compose");
+  CHECK(served(moe(1, kC)) == "fused_moe_fp8_channel_fp8_e4m3fn__compose");
+  core::Problem gelu = moe(1, kT);
+  gelu.choice = 1;
+  CHECK(kdtest::contains(t->supports(gelu, nullptr, dev).message(), "silu only"));
+  core::Problem f32 = moe(1, kC);
+  f32.out_dtype = DType::fp32;
+  CHECK(kdtest::contains(c->supports(f32, nullptr, dev).message(), "hidden and out must be bf16 on a GPU"));
+  // M 1 (2 pairs, blocks of 16), 256-byte parts: 32 sorted ids, 2 expert ids, the total, then c1 [2, 14336],
+  // c2 [2, 7168] and c3 [2, 4096] in bf16 (57344 + 28672 + 16384), then the larger of the two calls'
+  // block-fp8 workspaces, each op's (the up call's: hidden's codes 4096, scales 128 -> 256, w_scale spread to
+  // [8, 112, 32] fp32 114688, the amax 256).
+  CHECK(c->workspace_bytes(moe(1, kC), nullptr) == 3 * 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256);
+  CHECK(t->workspace_bytes(moe(1, kT), nullptr) == 3 * 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256);
+  // M 64 (128 pairs = 16 an expert, blocks of 128): 128 + 8 * 127 = 1144 sorted ids (4608 bytes), 9 blocks;
+  // the down call's workspace is the larger: c2's codes [128, 7168], scales [128, 56], the spread
+  // [8, 32, 56], the amax (917504 + 28672 + 57344 + 256).
+  CHECK(t->workspace_bytes(moe(64, kT), nullptr) ==
+        4608 + 256 + 256 + 3670016 + 1835008 + 1048576 + 917504 + 28672 + 57344 + 256);
+  // The reference composition: moe_gemm_fp8's reference variants, the same parts.
+  const core::VariantDef* r = core::find_variant("fused_moe_fp8_tensor_fp8_e4m3fn__cuda_ref");
+  REQUIRE(r != nullptr);
+  CHECK((r->flags & core::kVariantReference) != 0);
+  CHECK(r->supports(moe(64, kT), nullptr, dev).ok());
+  CHECK(r->workspace_bytes(moe(64, kT), nullptr) == t->workspace_bytes(moe(64, kT), nullptr));
+
+  // The plan's block_m is the sort's block: get_default's 16 at M 1 and 128 from 16 pairs an expert;
+  // a given one sizes the sorted ids (M 1 in blocks of 128: 2 + 2 * 127 = 256 ids, 1024 bytes).
+  CHECK(core::get_default(moe(1, kT), dev).params[0] == 16);
+  CHECK(core::get_default(moe(64, kT), dev).params[0] == 128);
+  const int64_t b128[] = {128};
+  CHECK(t->workspace_bytes(moe(1, kT), b128) == 1024 + 256 + 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256);
+  // SGLang's BLOCK_SIZE_M (an fp8_w8a8 file's row) maps onto it, the nearest compiled value.
+  auto row = [](int64_t bm) { return Config{{"BLOCK_SIZE_M", ConfigValue::integer(bm)}}; };
+  const core::Plan dflt = core::get_default(moe(4096, kT), dev);
+  std::string why;
+  const core::Plan got = api::shape_by_engine_row(core::spec_of(kT), dflt, row(64), moe(4096, kT), dev, &why);
+  CHECK(got.variant == t);
+  CHECK(got.params[0] == 64);
+  CHECK(why == "; BLOCK_SIZE_M = 64 -> block_m = 64");
+  CHECK(api::shape_by_engine_row(core::spec_of(kT), dflt, row(48), moe(4096, kT), dev, nullptr).params[0] == 32);
+  CHECK(api::shape_by_engine_row(core::spec_of(kC), core::get_default(moe(1, kC), dev), row(256), moe(1, kC), dev,
+                                 nullptr)
+            .params[0] == 128);
 }

@@ -421,3 +421,60 @@ TEST_CASE(
                          "moe_gemm_bf16__wgmma: the wgmma kernel takes the sort's block_size 64 or 128"));
   CHECK(kdtest::contains(w->supports(moe(4096, 128, 2044), {}, dev).message(), "K a multiple of 8"));
 }
+
+TEST_CASE("gpu gemm host: moe_gemm_fp8's CUDA default: block fp8's wgmma from 16 pairs, the ring, else split") {
+  if (!dispatch::backends::find(DeviceType::cuda)) return;
+  const DeviceInfo dev = h200();
+  // Mixtral-8x7B TP2's up call (E 8, top_k 2, N 14336, K 4096) at the sort's block_size 64.
+  auto moe = [](OpKind op, int64_t m, int64_t k, bool stat) {
+    Problem p;
+    p.op = op;
+    p.device = Device{DeviceType::cuda, 0};
+    p.in_dtype = DType::fp8_e4m3fn, p.out_dtype = DType::bf16;
+    p.m = m, p.n = 14336, p.k = k;
+    p.extra[0] = 8, p.extra[1] = 2, p.extra[2] = 64;
+    p.has_bias = stat;
+    p.align_bytes = 16;
+    return p;
+  };
+  auto served = [&](const Problem& p) { return std::string(dispatch::core::get_default(p, dev).variant->name); };
+  // The tensor op: block fp8's rule (wgmma from 16 pairs an expert, else the ring), K off 8 split.
+  const OpKind t = OpKind::moe_gemm_fp8_tensor, c = OpKind::moe_gemm_fp8_channel;
+  CHECK(served(moe(t, 16, 4096, true)) == "moe_gemm_fp8_tensor_fp8_e4m3fn__ring");         // 4 pairs an expert
+  CHECK(served(moe(t, 64, 4096, false)) == "moe_gemm_fp8_tensor_fp8_e4m3fn__wgmma");       // 16 pairs an expert
+  CHECK(served(moe(t, 4096, 4000, true)) == "moe_gemm_fp8_tensor_fp8_e4m3fn__split_vec");  // K off 128
+  CHECK(served(moe(t, 16, 4092, false)) == "moe_gemm_fp8_tensor_fp8_e4m3fn__split");       // K off 8
+  // The channel op by the same rule (the columns' scales in the kernels' epilogues).
+  CHECK(served(moe(c, 16, 4096, true)) == "moe_gemm_fp8_channel_fp8_e4m3fn__ring");
+  CHECK(served(moe(c, 64, 4096, false)) == "moe_gemm_fp8_channel_fp8_e4m3fn__wgmma");
+  CHECK(served(moe(c, 4096, 4096, false)) == "moe_gemm_fp8_channel_fp8_e4m3fn__wgmma");
+  CHECK(served(moe(c, 4096, 4000, false)) == "moe_gemm_fp8_channel_fp8_e4m3fn__split_vec");  // K off 128
+  CHECK(served(moe(c, 16, 4092, false)) == "moe_gemm_fp8_channel_fp8_e4m3fn__split");
+  for (OpKind op : {t, c}) {
+    const std::string name(dispatch::core::op_name(op));
+    const VariantDef* ref = dispatch::core::find_variant(name + "_fp8_e4m3fn__cuda_ref");
+    REQUIRE(ref != nullptr);
+    CHECK((ref->flags & dispatch::core::kVariantReference) != 0);
+    Problem bf = moe(op, 16, 4096, true);  // bf16 weights are not this op's
+    bf.in_dtype = DType::bf16;
+    CHECK(!ref->supports(bf, {}, dev).ok());
+  }
+  const VariantDef* ring = dispatch::core::find_variant("moe_gemm_fp8_tensor_fp8_e4m3fn__ring");
+  REQUIRE(ring != nullptr);
+  CHECK(kdtest::contains(ring->supports(moe(t, 16, 4000, true), {}, dev).message(), "K a multiple of 128"));
+  // Workspace: the split kernels the dynamic per-tensor amax (256 bytes) or per-row scales; the ring and wgmma
+  // a's codes [M, K] and scales [M, K / 128], the spread scales [E, N / 128, K / 128] and the amax.
+  const VariantDef* tv = dispatch::core::find_variant("moe_gemm_fp8_tensor_fp8_e4m3fn__split_vec");
+  const VariantDef* cv = dispatch::core::find_variant("moe_gemm_fp8_channel_fp8_e4m3fn__split_vec");
+  REQUIRE(tv != nullptr);
+  REQUIRE(cv != nullptr);
+  CHECK(tv->workspace_bytes(moe(t, 16, 4096, false), nullptr) == 256);
+  CHECK(tv->workspace_bytes(moe(t, 16, 4096, true), nullptr) == 0);
+  CHECK(cv->workspace_bytes(moe(c, 16, 4096, false), nullptr) == 256);  // the row scales, 16 floats
+  CHECK(cv->workspace_bytes(moe(c, 16, 4096, true), nullptr) == 0);
+  CHECK(ring->workspace_bytes(moe(t, 16, 4096, true), nullptr) == 16 * 4096 + 16 * 32 * 4 + 8 * 112 * 32 * 4 + 256);
+  // The channel op's wgmma: the same parts (its block scales all 1).
+  const VariantDef* cw = dispatch::core::find_variant("moe_gemm_fp8_channel_fp8_e4m3fn__wgmma");
+  REQUIRE(cw != nullptr);
+  CHECK(cw->workspace_bytes(moe(c, 16, 4096, false), nullptr) == 16 * 4096 + 16 * 32 * 4 + 8 * 112 * 32 * 4 + 256);
+}

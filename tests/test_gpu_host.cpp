@@ -114,17 +114,20 @@ TEST_CASE("gpu host: the norm lists are well formed, named per STYLE.md and uniq
     // tiled, wgmma, cuBLASLt, cuBLAS, reference) on CUDA, (skinny, hipBLASLt, reference) on HIP;
     // the fp8 ops on CUDA only: 3 GEMM layouts x (skinny_mma, cuBLASLt, reference) and 3
     // quantisation layouts x 3 input dtypes x (multiply, division); fused_moe on CUDA: 2
-    // dtypes x (pairs, experts, split, mma, reference) and block fp8 (split, mma, reference),
+    // dtypes x (pairs, experts, split, mma, wgmma, reference) and block fp8 (split, mma, wgmma, reference),
     // on HIP: 2 dtypes x (hip_pairs, hip_split, hip_ref); moe_sum: 3 dtypes x (vec,
     // generic, reference); moe_align: int32 x (block, reference); moe_gemm: 2 dtypes
     // x (split_vec, split, reference), and on CUDA block fp8, 3 dtypes x ring and
-    // 3 dtypes x wgmma.
+    // 3 dtypes x wgmma; on CUDA moe_gemm_fp8_tensor (split_vec, split, reference,
+    // ring, wgmma) and moe_gemm_fp8_channel (the same five);
+    // fused_moe_fp8_tensor and _channel on CUDA: (compose, reference) each.
     // A build with KDISPATCH_TEST_OPS=ON adds the test-only family's
     // variants ("__test_" in the name, kernels/cuda/test/), not counted here.
     size_t product = 0;
     for (const VariantDef* v : b->variants())
       product += std::string_view(v->name).find("__test_") == std::string_view::npos;
-    CHECK(product == 24u + 9u + 9u + 2u + 6u + (t == DeviceType::cuda ? 14u + 9u + 18u + 13u + 3u + 3u + 3u : 6u + 6u));
+    CHECK(product == 24u + 9u + 9u + 2u + 6u +
+                         (t == DeviceType::cuda ? 14u + 9u + 18u + 16u + 3u + 3u + 3u + 5u + 5u + 2u + 2u : 6u + 6u));
     for (OpKind op : {OpKind::rmsnorm, OpKind::fused_add_rmsnorm}) {
       for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
         int refs = 0, n = 0;

@@ -570,7 +570,7 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm(kdispatch_runtime* rt, const
  *  scales (dispatch::MoeGemmFp8Args): as kdispatch_moe_gemm, with w_scale
  *  [E] (tensor) or [E, N] (channel) fp32 and a_scale [1] fp32 (static) or
  *  NULL (dynamic: one scale for all of a, resp. one per row). a and out
- *  bf16 or fp32. CPU variants only so far (GPU tensors: refused). Errors: as kdispatch_gemm. */
+ *  bf16 or fp32 (CUDA: bf16). Errors: as kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm_fp8_tensor(
     kdispatch_runtime* rt, const DLTensor* a, const DLTensor* w, const DLTensor* out, const DLTensor* topk_weights,
     const DLTensor* sorted_token_ids, const DLTensor* expert_ids, const DLTensor* num_tokens_post_pad,
@@ -586,8 +586,8 @@ KDISPATCH_C_API kdispatch_status kdispatch_moe_gemm_fp8_channel(
  *  scales (dispatch::FusedMoeFp8Args): as kdispatch_fused_moe, with
  *  w1_scale, w2_scale [E] (tensor) or [E, 2I], [E, H] (channel) fp32 and
  *  a1_scale, a2_scale [1] fp32 (static) or both NULL (dynamic: per tensor,
- *  resp. per token and per pair). hidden and out bf16 or fp32. CPU only in
- *  this build. Errors: as kdispatch_gemm. */
+ *  resp. per token and per pair). hidden and out bf16 or fp32 (CUDA:
+ *  bf16). Errors: as kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_fused_moe_fp8_tensor(
     kdispatch_runtime* rt, const DLTensor* hidden, const DLTensor* w1, const DLTensor* w2, const DLTensor* topk_weights,
     const DLTensor* topk_ids, const DLTensor* out, const DLTensor* w1_scale, const DLTensor* w2_scale,

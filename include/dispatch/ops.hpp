@@ -372,7 +372,8 @@ struct MoeGemmArgs {
 ///   scale for all of a, the channel op one per row of a, each max(amax,
 ///   1e-10) / 448 (quant_fp8_tensor's and quant_fp8_token's rules).
 /// fp32 accumulation, each sum scaled once and rounded once to out's dtype.
-/// CPU variants only so far: a call on GPU tensors is refused (no variant of the backend computes it).
+/// CPU, and CUDA with a and out bf16 (a dynamic per-tensor scale then takes
+/// the call's workspace: workspace_bytes).
 /// (MoeGemmArgs' members, w_scale as above, then a_scale.)
 struct MoeGemmFp8Args : MoeGemmArgs {
   TensorRef a_scale;
@@ -399,9 +400,10 @@ struct MoeGemmFp8ChannelArgs : MoeGemmFp8Args {};
 ///   choice), each max(amax, 1e-10) / 448, as SGLang's scaled_fp8_quant.
 /// fp32 accumulation; with bf16 out, h and act(h[0:I]) * h[I:2I] rounded to
 /// bf16 between the steps, as SGLang's intermediate_cache1 and _cache2 hold
-/// them (the top-k sum is exact, then out rounded once). CPU variants only
-/// so far: a call on GPU tensors is refused (no variant of the backend
-/// computes it).
+/// them (the top-k sum is exact, then out rounded once; CUDA's composition
+/// rounds each pair's down output to bf16 first, as SGLang's _cache3, within
+/// the tolerance). CPU, and CUDA with hidden and out bf16 (the call's
+/// workspace: workspace_bytes).
 /// (FusedMoeArgs' members, w1_scale and w2_scale as above, then a1_scale
 /// and a2_scale.)
 struct FusedMoeFp8Args : FusedMoeArgs {

@@ -16,6 +16,10 @@ Status launch_fused_moe_ref_fp8(const core::LaunchArgs& la, const core::Problem&
 Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem& p, bool staged) noexcept {
   return moe_tu::launch_mma<DType::fp8_e4m3fn, DType::bf16>(la, p, staged, false);
 }
+Status moe_zero_async(void* d, int64_t bytes, const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  const LaunchScope on(la, p);
+  return port::status(cudaMemsetAsync(d, 0, static_cast<size_t>(bytes), on.stream), "fused_moe: zeroing rows");
+}
 void probe_fused_moe_fp8(KernelImage* out, const ProbeEnv&) noexcept {
   out[0] = image_of(moe::moe_up_split_kernel<DType::fp8_e4m3fn, DType::bf16>);
   out[1] = image_of(moe::moe_down_split_kernel<DType::fp8_e4m3fn, DType::bf16>);

@@ -119,6 +119,11 @@ struct Args {
   const float* a_scales;
   const float* w_scales;
   int32_t ldws;
+  // fp8_w8a8 per channel (moe_gemm_fp8_channel; null otherwise): w's scales
+  // [E][N] (row stride ldcs), each output column's applied as it is stored
+  // (the block scales then all 1, a's per token).
+  const float* col_scales;
+  int64_t ldcs;
 };
 
 // ------------------------------------------------------------------ device primitives
@@ -259,10 +264,11 @@ __device__ __forceinline__ Halves halves_of(const Args& a, int blk, int end) {
 
 /// Stores one consumer's 64 x BN tile: thread rows s0 and s1 (sorted ids;
 /// >= M * top_k: padding, skipped), accumulators times the rows' routing
-/// weights, or zeros where `zero`.
+/// weights and, where `cs` (the expert's per-channel scales), the columns'
+/// scales, or zeros where `zero`.
 template <bool BF16, int BN>
 __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Args& a, int s0, int s1, int col0,
-                                           bool zero) {
+                                           bool zero, const float* cs = nullptr) {
   using T = typename kd_wgmma::Out<BF16>::T;
   using T2 = typename kd_wgmma::Out<BF16>::T2;
   const int lane = threadIdx.x % 32;
@@ -285,8 +291,12 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], const Arg
       const int col = col0 + 8 * j + 2 * (lane % 4);
       if (col >= a.n) continue;
       // zero: write 0 * 0, not 0 * acc (acc may hold a previous tile's values, even NaN).
-      const float v0 = zero ? 0.f : acc[4 * j + 2 * h] * scale[h];
-      const float v1 = zero ? 0.f : acc[4 * j + 2 * h + 1] * scale[h];
+      float v0 = zero ? 0.f : acc[4 * j + 2 * h] * scale[h];
+      float v1 = zero ? 0.f : acc[4 * j + 2 * h + 1] * scale[h];
+      if (cs != nullptr && !zero) {
+        v0 *= __ldg(cs + col);
+        if (col + 1 < a.n) v1 *= __ldg(cs + col + 1);
+      }
       if (col + 1 < a.n && a.out_vec2) {
         T2 v;
         v.x = static_cast<T>(v0);
@@ -499,7 +509,10 @@ __device__ __forceinline__ void consume(const Args& a, const uint8_t* const sa, 
       }
     }
     if (prev >= 0 && lead) cuda::ptx::mbarrier_arrive(&empty[prev]);
-    if (rows) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, !local);
+    // fp8_w8a8 per channel: the expert's column scales (FP8 only).
+    const float* cs =
+        FP8 && a.col_scales != nullptr && local ? a.col_scales + static_cast<int64_t>(e) * a.ldcs : nullptr;
+    if (rows) store_tile<BF16, BN>(acc, a, s0, s1, tn * BN, !local, cs);
   }
 }
 

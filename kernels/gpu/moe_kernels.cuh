@@ -251,10 +251,11 @@ struct WeightRow<DType::fp8_e4m3fn> {
   }
 };
 
-/// Max over each 16 lanes of a warp (a 128-group of 8 elements a lane).
-KDISPATCH_DEVICE_INLINE float half_warp_max(float v) {
+/// Max over each `Width` consecutive lanes of a warp (an xor butterfly).
+template <int Width>
+KDISPATCH_DEVICE_INLINE float lanes_max(float v) {
 #pragma unroll
-  for (int o = 8; o > 0; o >>= 1) {
+  for (int o = Width / 2; o > 0; o >>= 1) {
 #if KDISPATCH_GPU_HIP
     v = fmaxf(v, __shfl_xor(v, o));
 #else
@@ -263,6 +264,10 @@ KDISPATCH_DEVICE_INLINE float half_warp_max(float v) {
   }
   return v;
 }
+/// Max over each 16 lanes of a warp (a 128-group of 8 elements a lane).
+KDISPATCH_DEVICE_INLINE float half_warp_max(float v) { return lanes_max<16>(v); }
+/// Max over the whole warp (kLanes lanes).
+KDISPATCH_DEVICE_INLINE float warp_max(float v) { return lanes_max<kLanes>(v); }
 
 /// Block fp8: xv (this lane's 8 activations of a 128-group) quantised in
 /// place to e4m3fn values; returns the group's scale. Every lane of the

@@ -137,6 +137,9 @@ Status launch_fused_moe_mma_fp8(const core::LaunchArgs& la, const core::Problem&
 /// items of 64 pairs, else 32.
 Status launch_fused_moe_mma_bf16(const core::LaunchArgs& la, const core::Problem& p, bool staged, bool wide) noexcept;
 Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem& p, bool staged, bool wide) noexcept;
+/// Zeroes `bytes` at d on la.stream (CUDA: defined by the fp8 TU; the wgmma
+/// composition's rows of dropped pairs, gpu/fused_moe_compose.hpp).
+Status moe_zero_async(void* d, int64_t bytes, const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// The grouped kernels (16-byte loads only).
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;

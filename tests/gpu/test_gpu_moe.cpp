@@ -8,6 +8,8 @@
 // workspace too small falls back with the fallback code and writes nothing.
 // Block fp8: e4m3fn weights with random 128x128 block scales, bf16
 // activations, against the reference that quantises them as the op does.
+// SGLang's fp8_w8a8 (fused_moe_fp8_tensor / _channel): per-expert or
+// per-channel weight scales, static or dynamic activation scales.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "core/routing.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/fused_moe.hpp"
+#include "ops/fused_moe_fp8.hpp"
 
 namespace {
 
@@ -36,7 +39,6 @@ using dispatch::core::Problem;
 using dispatch::core::VariantDef;
 namespace core = dispatch::core;
 
-constexpr const core::OpSpec& kSpec = core::OpSpecOf<OpKind::fused_moe>::value;
 /// Runs per variant name in this backend's pass (every variant must run).
 std::map<std::string, int> runs_of;
 
@@ -69,11 +71,26 @@ std::vector<float> block_scales(int64_t E, int64_t rows, int64_t cols, int64_t l
   return v;
 }
 
-/// dt: the weights' dtype (bf16, fp16, or fp8_e4m3fn: block fp8 with bf16 activations).
-int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
+/// fp8_w8a8's weight scales [E] (tensor: ld E) or [E, rows] with row stride
+/// ld (>= rows; the padding NaN), random.
+std::vector<float> w8a8_scales(bool channel, int64_t E, int64_t rows, int64_t ld, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.02f, 0.06f);
+  std::vector<float> v(size_t(channel ? E * ld : E), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < (channel ? rows : 1); ++r) v[size_t(channel ? e * ld + r : e)] = u(rng);
+  return v;
+}
+
+/// dt: the weights' dtype (bf16, fp16, or fp8_e4m3fn: block fp8 with bf16
+/// activations, or with op fused_moe_fp8_tensor / _channel SGLang's
+/// fp8_w8a8, a1_scale and a2_scale given where `stat`).
+int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng, OpKind op = OpKind::fused_moe,
+                bool stat = false) {
   dispatch::tune::DeviceMemory* mem = core::backend_memory(bt);
   const DeviceInfo& dev = *dispatch::backends::find(bt)->device_info(0);
-  const bool fp8 = dt == DType::fp8_e4m3fn;
+  const bool fp8 = dt == DType::fp8_e4m3fn, w8a8 = op != OpKind::fused_moe,
+             channel = op == OpKind::fused_moe_fp8_channel;
+  const core::OpSpec& spec = core::spec_of(op);
   const DType xt = fp8 ? DType::bf16 : dt;
   const int64_t ldh = s.H + s.pad, ldw2 = s.I + s.pad;  // padded rows: the padding poisoned (NaN), never read
   HostTensor hidden(xt, s.M, s.H, ldh), w1(dt, s.E * 2 * s.I, s.H, ldh), w2(dt, s.E * s.H, s.I, ldw2),
@@ -82,9 +99,16 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   hidden.fill_uniform(rng, -1.f, 1.f);
   w1.fill_uniform(rng, fp8 ? -4.f : -0.1f, fp8 ? 4.f : 0.1f);  // fp8: codes across the range, scaled below
   w2.fill_uniform(rng, fp8 ? -4.f : -0.1f, fp8 ? 4.f : 0.1f);
-  const int64_t lds1 = (s.H + 127) / 128 + (s.pad ? 1 : 0), lds2 = (s.I + 127) / 128 + (s.pad ? 1 : 0);
-  const std::vector<float> s1 = fp8 ? block_scales(s.E, 2 * s.I, s.H, lds1, rng) : std::vector<float>{},
-                           s2 = fp8 ? block_scales(s.E, s.H, s.I, lds2, rng) : std::vector<float>{};
+  const int64_t lds1 = w8a8 ? (channel ? 2 * s.I + s.pad : s.E) : (s.H + 127) / 128 + (s.pad ? 1 : 0),
+                lds2 = w8a8 ? (channel ? s.H + s.pad : s.E) : (s.I + 127) / 128 + (s.pad ? 1 : 0);
+  const std::vector<float> s1 = w8a8  ? w8a8_scales(channel, s.E, 2 * s.I, lds1, rng)
+                                : fp8 ? block_scales(s.E, 2 * s.I, s.H, lds1, rng)
+                                      : std::vector<float>{},
+                           s2 = w8a8  ? w8a8_scales(channel, s.E, s.H, lds2, rng)
+                                : fp8 ? block_scales(s.E, s.H, s.I, lds2, rng)
+                                      : std::vector<float>{};
+  // Static activation scales: hidden in [-1, 1] unclamped; the intermediate clamped past 4.48.
+  const std::vector<float> as{1.2f / 448.f, 0.01f};
   std::vector<int32_t> ids(size_t(s.M * s.top_k));
   std::vector<float> tw(size_t(s.M * s.top_k));
   core::fill_expert_ids(ids.data(), s.M, s.top_k, s.top_k, s.E,
@@ -99,10 +123,12 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   DeviceBuffer ds1(mem, fp8 ? s1.size() * 4 : 4), ds2(mem, fp8 ? s2.size() * 4 : 4);
   REQUIRE((ds1.ok() && ds2.ok()));
   if (fp8) REQUIRE((upload(mem, ds1.get(), s1) && upload(mem, ds2.get(), s2)));
+  DeviceBuffer das(mem, as.size() * 4);
+  REQUIRE((das.ok() && upload(mem, das.get(), as)));
   // The float64 reference on the inputs as stored.
   std::vector<double> rh(size_t(s.M * s.H)), r1(size_t(s.E * 2 * s.I * s.H)), r2(size_t(s.E * s.H * s.I)),
       rids(ids.begin(), ids.end()), rtw(tw.begin(), tw.end()), want(size_t(s.M * s.H)), rs1(s1.begin(), s1.end()),
-      rs2(s2.begin(), s2.end());
+      rs2(s2.begin(), s2.end()), ras(as.begin(), as.end());
   for (int64_t r = 0; r < s.M; ++r)
     for (int64_t c = 0; c < s.H; ++c) rh[size_t(r * s.H + c)] = hidden.get(r, c);
   for (int64_t r = 0; r < s.E * 2 * s.I; ++r)
@@ -110,10 +136,10 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
   for (int64_t r = 0; r < s.E * s.H; ++r)
     for (int64_t c = 0; c < s.I; ++c) r2[size_t(r * s.I + c)] = w2.get(r, c);
   Problem p;
-  p.op = OpKind::fused_moe;
+  p.op = op;
   p.device = Device{bt, 0};
   p.in_dtype = dt, p.out_dtype = xt;
-  p.has_bias = fp8;  // the block scales
+  p.has_bias = w8a8 ? stat : fp8;  // a1_scale and a2_scale; the block scales
   p.m = s.M, p.n = s.I, p.k = s.H, p.extra[0] = s.E, p.extra[1] = s.top_k;
   p.align_bytes = (s.H % 8 == 0 && s.I % 8 == 0) ? 16 : 2;
   core::RefArgs ra;
@@ -127,11 +153,12 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
     ra.data[core::kMoeArgW1Scale] = rs1.data(), ra.ld[core::kMoeArgW1Scale] = lds1;
     ra.data[core::kMoeArgW2Scale] = rs2.data(), ra.ld[core::kMoeArgW2Scale] = lds2;
   }
+  if (w8a8 && stat) ra.data[core::kMoeArgA1Scale] = ras.data(), ra.data[core::kMoeArgA2Scale] = ras.data() + 1;
   ra.scalar[0] = 1.f;
-  kSpec.reference(p, ra);
+  spec.reference(p, ra);
   double scale = 0;
   for (double v : want) scale = std::max(scale, std::fabs(v));
-  const core::Tolerance tol = core::tolerance_of(kSpec, p, dt);
+  const core::Tolerance tol = core::tolerance_of(spec, p, dt);
   LaunchArgs la;
   la.data[core::kMoeArgHidden] = dh.get(), la.ld[core::kMoeArgHidden] = ldh;
   la.data[core::kMoeArgW1] = dw1.get(), la.ld[core::kMoeArgW1] = ldh;
@@ -143,20 +170,28 @@ int check_shape(DeviceType bt, DType dt, const Shape& s, std::mt19937& rng) {
     la.data[core::kMoeArgW1Scale] = ds1.get(), la.ld[core::kMoeArgW1Scale] = lds1;
     la.data[core::kMoeArgW2Scale] = ds2.get(), la.ld[core::kMoeArgW2Scale] = lds2;
   }
+  if (w8a8 && stat) {
+    la.data[core::kMoeArgA1Scale] = das.get(), la.ld[core::kMoeArgA1Scale] = 1;
+    la.data[core::kMoeArgA2Scale] = static_cast<char*>(das.get()) + 4, la.ld[core::kMoeArgA2Scale] = 1;
+  }
   la.scalar[0] = 1.f, la.scalar[1] = 0.f;
   int runs = 0;
-  for (const VariantDef* v : core::variants_for(OpKind::fused_moe, bt)) {
+  for (const VariantDef* v : core::variants_for(op, bt)) {
     if (v->in_dtype != dt) continue;
     const std::vector<Plan> pts = core::config_space(*v, p, dev);
     const bool vec = std::string_view(v->name).find("__cuda_ref") == std::string_view::npos;
     if (!vec) CHECK(!pts.empty());
     for (const Plan& plan : pts) {
-      INFO(core::plan_to_string(plan), " ", dispatch::dtype_name(dt), " ", shape_text(s));
+      INFO(core::plan_to_string(plan), " ", dispatch::dtype_name(dt), " ", shape_text(s), stat ? " static" : "");
       ++runs;
       ++runs_of[std::string(v->name)];
       const int64_t need = v->workspace_bytes ? v->workspace_bytes(p, plan.params) : 0;
       DeviceBuffer ws(mem, size_t(need > 0 ? need : 1));
       REQUIRE(ws.ok());
+      // The workspace poisoned (0x7f bytes: bf16 3.4e38, fp32 3.4e38): a composition's rows of dropped
+      // pairs must be zeroed before the per-tensor amax and the top-k sum read them.
+      const std::vector<unsigned char> junk(size_t(need > 0 ? need : 1), 0x7f);
+      REQUIRE(mem->from_host(ws.get(), junk.data(), junk.size()).ok());
       out.poison_all();
       REQUIRE(dout.upload(out).ok());
       // A workspace one byte short: the fallback code, nothing written. (The
@@ -217,5 +252,32 @@ TEST_CASE("gpu fused_moe: every variant matches the spec's float64 reference, de
       INFO(v->name);
       CHECK(runs_of[std::string(v->name)] > 0);
     }
+  }
+}
+
+// SGLang's fp8_w8a8 fused experts without block_shape (fused_moe_fp8_tensor /
+// _channel, CUDA: the composition on moe_gemm_fp8's get_default and on its
+// references), static and dynamic activation scales, on the shapes above
+// that reach the split kernels (decode), the tensor op's wgmma and ring
+// (from 16 pairs an expert), an expert not local (its c2 row zero before the
+// per-tensor amax), odd H and I, padded rows and scales.
+TEST_CASE("gpu fused_moe_fp8: per-tensor and per-channel, static and dynamic, every variant against the reference") {
+  std::mt19937 rng(37);
+  for (DeviceType bt : usable_backends()) {
+    if (core::variants_for(OpKind::fused_moe_fp8_tensor, bt).empty()) continue;
+    runs_of.clear();
+    int runs = 0;
+    for (OpKind op : {OpKind::fused_moe_fp8_tensor, OpKind::fused_moe_fp8_channel})
+      for (bool stat : {true, false})
+        for (const Shape& s : {Shape{1, 8, 256, 64, 2}, Shape{3, 16, 128, 96, 4}, Shape{5, 4, 72, 40, 2, true},
+                               Shape{64, 8, 256, 128, 2}, Shape{300, 4, 64, 32, 2, true}, Shape{2, 6, 3, 5, 3},
+                               Shape{200, 4, 256, 128, 2, true}, Shape{33, 8, 384, 256, 4, false, 16}})
+          runs += check_shape(bt, DType::fp8_e4m3fn, s, rng, op, stat);
+    MESSAGE(dispatch::device_type_name(bt), " fused_moe_fp8: ", runs, " (variant, shape, mode) runs checked");
+    for (OpKind op : {OpKind::fused_moe_fp8_tensor, OpKind::fused_moe_fp8_channel})
+      for (const VariantDef* v : core::variants_for(op, bt)) {
+        INFO(v->name);
+        CHECK(runs_of[std::string(v->name)] > 0);
+      }
   }
 }

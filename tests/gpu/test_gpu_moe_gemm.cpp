@@ -8,7 +8,8 @@
 // multiple of 8 (the element-wise kernel only), an expert that is not
 // local (zeros), padded a rows; out poisoned before each run, the rows of
 // pairs the sort drops checked unwritten; each call given the workspace its
-// variants take (block fp8's ring). Every variant must run.
+// variants take (block fp8's ring). Every variant must run. The per-tensor
+// and per-channel fp8 ops (moe_gemm_fp8_*) on the same shapes and checks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/registry.hpp"
@@ -25,6 +27,7 @@
 #include "dispatch/runtime.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/moe_gemm.hpp"
+#include "ops/moe_gemm_fp8.hpp"
 #include "ops/specs.hpp"
 
 namespace {
@@ -46,12 +49,12 @@ dispatch::TensorRef tensor_3d(void* data, DType dt, int64_t batch, int64_t rows,
   return t;
 }
 
-/// A runtime serving `variant` for moe_gemm ("" : get_default), no shipped configs.
-auto runtime_for(const std::string& variant) {
+/// A runtime serving `variant` for `op` ("" : get_default), no shipped configs.
+auto runtime_for(const std::string& variant, std::string_view op = "moe_gemm") {
   dispatch::RuntimeOptions o;
   o.load_shipped_configs = false;
   o.log_level = dispatch::LogLevel::off;
-  if (!variant.empty()) o.force = {"moe_gemm=" + variant};
+  if (!variant.empty()) o.force = {std::string(op) + "=" + variant};
   return dispatch::Runtime::create(o);
 }
 
@@ -71,26 +74,37 @@ std::string text(const GemmShape& s) {
          (s.not_local ? " not_local" : "");
 }
 
-/// One call's host and device tensors, the problem and the reference.
+/// One call's host and device tensors, the problem and the reference:
+/// moe_gemm, or (op) moe_gemm_fp8_tensor / _channel with a static a_scale
+/// (`stat`) or a dynamic one.
 struct GemmCase {
   GemmShape s;
   DType w, x;
+  core::OpKind op;
+  bool stat;
   core::Problem p;
-  HostTensor a, wt, out, tw, ws;
+  HostTensor a, wt, out, tw, ws, as;
   std::vector<int32_t> ids, sorted, experts, total{0};
   std::vector<double> want;  ///< [pairs * N]; NaN: a row left as it is
-  GemmCase(DeviceType bt, const GemmShape& shape, DType wd, std::mt19937& rng) : s(shape), w(wd) {
+  GemmCase(DeviceType bt, const GemmShape& shape, DType wd, std::mt19937& rng,
+           core::OpKind kind = core::OpKind::moe_gemm, bool static_scale = false)
+      : s(shape), w(wd), op(kind), stat(static_scale) {
     x = w == DType::fp8_e4m3fn ? DType::bf16 : w;
-    p.op = core::OpKind::moe_gemm, p.device = Device{bt, 0}, p.in_dtype = w, p.out_dtype = x;
+    p.op = op, p.device = Device{bt, 0}, p.in_dtype = w, p.out_dtype = x;
     p.m = s.M, p.n = s.N, p.k = s.K, p.extra[0] = s.E, p.extra[1] = s.top_k, p.extra[2] = s.bs;
-    p.has_bias = w == DType::fp8_e4m3fn;
+    p.has_bias = op == core::OpKind::moe_gemm ? w == DType::fp8_e4m3fn : stat;
     const int64_t P = s.M * s.top_k;
     a = HostTensor(x, s.M, s.K, s.K + s.lda_pad);
     a.fill_uniform(rng, -1.f, 1.f);
     wt = HostTensor(w, s.E * s.N, s.K, s.K);
     wt.fill_uniform(rng, w == DType::fp8_e4m3fn ? -400.f : -1.f, w == DType::fp8_e4m3fn ? 400.f : 1.f);
-    ws = HostTensor(DType::fp32, s.E * ((s.N + 127) / 128), (s.K + 127) / 128, (s.K + 127) / 128);
+    ws = op == core::OpKind::moe_gemm_fp8_tensor ? HostTensor(DType::fp32, 1, s.E, s.E)
+         : op == core::OpKind::moe_gemm_fp8_channel
+             ? HostTensor(DType::fp32, s.E, s.N, s.N)
+             : HostTensor(DType::fp32, s.E * ((s.N + 127) / 128), (s.K + 127) / 128, (s.K + 127) / 128);
     ws.fill_uniform(rng, 0.9f / 400.f, 1.1f / 400.f);
+    as = HostTensor(DType::fp32, 1, 1, 1);
+    as.set(0, 0, 1.2f / 448.f);  // a in [-1, 1]: codes up to 373, none clamped
     tw = HostTensor(DType::fp32, s.M, s.top_k, s.top_k);
     tw.fill_uniform(rng, 0.1f, 1.f);
     out = HostTensor(x, P, s.N, s.N);
@@ -127,19 +141,22 @@ struct GemmCase {
     r.data[core::kMoeGemmArgExpertIds] = de.data();
     r.data[core::kMoeGemmArgTotal] = dt.data();
     if (w == DType::fp8_e4m3fn) r.data[core::kMoeGemmArgWScale] = dws.data(), r.ld[core::kMoeGemmArgWScale] = ws.ld;
+    std::vector<double> das{double(as.get(0, 0))};
+    if (stat) r.data[core::kMoeGemmArgAScale] = das.data();
     r.scalar[0] = float(s.top_k), r.scalar[1] = float(s.bs), r.scalar[2] = s.mul ? 1.f : 0.f;
-    spec::reference(p, r);
+    core::spec_of(op).reference(p, r);
   }
   /// Runs `variant` ("" = get_default) through the Runtime; "" when out
   /// matches the reference within the spec's tolerance and unlisted rows
   /// stay poisoned, else the first mismatch.
   std::string run(dispatch::tune::DeviceMemory* mem, const std::string& variant, std::string* served,
                   bool no_workspace = false) {
-    auto rt = runtime_for(variant);
+    auto rt = runtime_for(variant, core::op_name(op));
     if (!rt.ok()) return "runtime: " + rt.status().to_string();
     const Device d = p.device;
     DeviceBuffer da(mem, a.bytes()), dw(mem, wt.bytes()), dout(mem, out.bytes()), dtw(mem, tw.bytes()),
-        dws(mem, ws.bytes()), dsorted(mem, sorted.size() * 4), dexp(mem, experts.size() * 4), dtot(mem, 4);
+        dws(mem, ws.bytes()), dsorted(mem, sorted.size() * 4), dexp(mem, experts.size() * 4), dtot(mem, 4), das(mem, 4);
+    REQUIRE(das.upload(as).ok());
     out.poison_all();
     REQUIRE(da.upload(a).ok());
     REQUIRE(dw.upload(wt).ok());
@@ -159,7 +176,13 @@ struct GemmCase {
     g.num_tokens_post_pad = dispatch::make_tensor_1d(dtot.get(), DType::int32, 1, d);
     if (w == DType::fp8_e4m3fn)
       g.w_scale = tensor_3d(dws.get(), DType::fp32, s.E, (s.N + 127) / 128, (s.K + 127) / 128, d);
+    if (op == core::OpKind::moe_gemm_fp8_tensor) g.w_scale = dispatch::make_tensor_1d(dws.get(), DType::fp32, s.E, d);
+    if (op == core::OpKind::moe_gemm_fp8_channel)
+      g.w_scale = dispatch::make_tensor_2d(dws.get(), DType::fp32, s.E, s.N, s.N, d);
     g.top_k = int32_t(s.top_k), g.block_size = int32_t(s.bs), g.mul_routed_weight = s.mul ? 1 : 0;
+    dispatch::MoeGemmFp8Args f8;
+    static_cast<dispatch::MoeGemmArgs&>(f8) = g;
+    if (stat) f8.a_scale = dispatch::make_tensor_1d(das.get(), DType::fp32, 1, d);
     dispatch::DispatchInfo info;
     dispatch::CallOptions o;
     o.info = &info;
@@ -167,14 +190,19 @@ struct GemmCase {
     const int64_t need = no_workspace ? 0 : core::max_workspace_bytes(p);
     DeviceBuffer dwork(mem, size_t(need > 0 ? need : 1));
     o.workspace = need > 0 ? dwork.get() : nullptr, o.workspace_bytes = need;
-    const Status st = dispatch::moe_gemm(**rt, g, dispatch::Stream{nullptr}, o);
+    const Status st =
+        op == core::OpKind::moe_gemm_fp8_tensor
+            ? dispatch::moe_gemm_fp8_tensor(**rt, dispatch::MoeGemmFp8TensorArgs{f8}, dispatch::Stream{nullptr}, o)
+        : op == core::OpKind::moe_gemm_fp8_channel
+            ? dispatch::moe_gemm_fp8_channel(**rt, dispatch::MoeGemmFp8ChannelArgs{f8}, dispatch::Stream{nullptr}, o)
+            : dispatch::moe_gemm(**rt, g, dispatch::Stream{nullptr}, o);
     if (!st.ok()) return "call: " + st.to_string();
     *served = info.variant;
     if (Status sd = dout.download(&out); !sd.ok()) return "download: " + sd.to_string();
     double ref_max = 0.0;
     for (double v : want)
       if (!std::isnan(v)) ref_max = std::max(ref_max, std::fabs(v));
-    const core::Tolerance tol = core::tolerance_of(core::spec_of(core::OpKind::moe_gemm), p, x);
+    const core::Tolerance tol = core::tolerance_of(core::spec_of(op), p, x);
     for (int64_t r = 0; r < out.rows; ++r)
       for (int64_t c = 0; c < s.N; ++c) {
         const double wv = want[size_t(r * s.N + c)];
@@ -278,4 +306,58 @@ TEST_CASE("gpu moe_gemm: every variant and get_default against the float64 refer
       CHECK(gemm_runs[std::string(v->name)] > 0);
     }
   }
+}
+
+// SGLang's per-tensor and per-channel fp8 (moe_gemm_fp8_tensor / _channel,
+// CUDA): every variant (forced) and get_default, static and dynamic
+// activation scales, on the shapes above (the up and down calls, K not a
+// multiple of 8, padded a rows, a drop, a block not local; the tensor op's
+// ring and wgmma: block fp8's kernels on the spread scales, their
+// persistent loops), each call given the workspace its variants take and,
+// for the dynamic per-tensor split, none (refused by name); the dynamic
+// per-channel default with none (the split kernels' in-kernel row scales).
+TEST_CASE("gpu moe_gemm_fp8: per-tensor and per-channel, static and dynamic, every variant against the reference") {
+  if (!why_no_gpu().empty()) return;
+  const std::vector<DeviceType> backends = usable_backends();
+  if (std::find(backends.begin(), backends.end(), DeviceType::cuda) == backends.end()) return;
+  dispatch::tune::DeviceMemory* mem = core::backend_memory(DeviceType::cuda);
+  REQUIRE(mem != nullptr);
+  std::mt19937 rng(36);
+  std::map<std::string, int> runs;
+  const std::vector<GemmShape> shapes = gemm_shapes();
+  for (core::OpKind op : {core::OpKind::moe_gemm_fp8_tensor, core::OpKind::moe_gemm_fp8_channel})
+    for (bool stat : {true, false})
+      for (const GemmShape& s : shapes) {
+        GemmCase c(DeviceType::cuda, s, DType::fp8_e4m3fn, rng, op, stat);
+        // (w's fp8 rows are K bytes: 16-byte rows need K a multiple of 16, else split_vec declines)
+        const bool element_only = s.K % 16 != 0 || (c.a.ld * 2) % 16 != 0 || (s.N * 2) % 16 != 0;
+        for (const core::VariantDef* v : dispatch::core::variants_for(op, DeviceType::cuda)) {
+          const std::string name(v->name);
+          if (element_only && name.find("split_vec") != std::string::npos) continue;
+          // The tensor op on block fp8's kernels: the ring N and K multiples of 128, wgmma K and
+          // the sort's block_size 64 or 128.
+          if ((element_only || s.N % 128 != 0 || s.K % 128 != 0) && name.find("ring") != std::string::npos) continue;
+          if ((element_only || s.K % 128 != 0 || (s.bs != 64 && s.bs != 128)) &&
+              name.find("wgmma") != std::string::npos)
+            continue;
+          std::string served;
+          INFO(text(s), " ", core::op_name(op), stat ? " static " : " dynamic ", v->name);
+          CHECK(c.run(mem, std::string(v->name), &served) == "");
+          CHECK(served == v->name);
+          ++runs[std::string(v->name)];
+        }
+        std::string served;
+        INFO(text(s), " ", core::op_name(op), stat ? " static" : " dynamic", " default");
+        CHECK(c.run(mem, "", &served) == "");
+        CHECK(served.find("_ref") == std::string::npos);
+        if (op == core::OpKind::moe_gemm_fp8_tensor && !stat)
+          CHECK(c.run(mem, "", &served, true).find("takes the call's workspace") != std::string::npos);
+        if (op == core::OpKind::moe_gemm_fp8_channel && !stat)  // no workspace: each row's scale in the kernel
+          CHECK(c.run(mem, "", &served, true) == "");
+      }
+  for (core::OpKind op : {core::OpKind::moe_gemm_fp8_tensor, core::OpKind::moe_gemm_fp8_channel})
+    for (const core::VariantDef* v : dispatch::core::variants_for(op, DeviceType::cuda)) {
+      INFO(v->name);
+      CHECK(runs[std::string(v->name)] > 0);
+    }
 }

@@ -12,7 +12,7 @@ Block fp8: ``use_fp8_w8a8=True`` with ``block_shape=[128, 128]`` and the
 block scales ``w1_scale``/``w2_scale``; the activations are quantised
 inside the op per 1x128 group. fp8_w8a8 without a block shape (per tensor,
 or ``per_channel_quant=True``; ``a1_scale``/``a2_scale`` both or neither):
-``fused_moe_fp8_tensor`` / ``fused_moe_fp8_channel`` (CPU so far). What the
+``fused_moe_fp8_tensor`` / ``fused_moe_fp8_channel``. What the
 ops do not compute raises NotImplementedError naming the argument.
 """
 
