@@ -24,19 +24,33 @@ GEMMs, as the peer's GEMM-only time).
 
   python3 bench/gpu/bench_moe.py --lib build/gpu/libkdispatch.so --peers DIR --out OUT
   python3 bench/gpu/bench_moe.py --render OUT/moe_bench.json   # a results file as a markdown table
+
+--mode gemm also takes SGLang's fp8_w8a8 without block_shape (the cases marked fp8-tensor and
+fp8-channel): moe_gemm_fp8_tensor (static a1/a2 scales) and moe_gemm_fp8_channel (per-token
+activations) beside the peer's kernel in those modes (per channel: its per_channel_quant=True
+launch through PerChannelKernel). The fused mode runs those cases as fused_moe_fp8_tensor (static
+scales) and fused_moe_fp8_channel, correctness and time without the peer (its harness's run_case
+runs block fp8 only).
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
 import torch
 import torch.nn.functional as F
 
-CASES = [  # name, E, H, I, top_k, fp8 (block-fp8 weights, 128x128 scales)
+CASES = [  # name, E, H, I, top_k, fp8: False, True (block fp8, 128x128 scales), "tensor" or "channel"
     ("Qwen3-30B-A3B TP1 bf16", 128, 2048, 768, 8, False),
     ("Qwen3-235B-A22B TP4 bf16", 128, 4096, 384, 8, False),
     ("Mixtral-8x7B TP2 bf16", 8, 4096, 7168, 2, False),
     ("DeepSeek-V3 TP8 fp8-block (shared expert fused: E=257, top-9)", 257, 7168, 256, 9, True),
     ("Qwen3-30B-A3B TP1 fp8-block", 128, 2048, 768, 8, True),
     ("Qwen3-235B-A22B TP4 fp8-block", 128, 4096, 384, 8, True),
+    # SGLang's fp8_w8a8 without block_shape (moe_gemm_fp8_tensor / _channel, fused_moe_fp8_tensor / _channel;
+    # the peer beside them in --mode gemm only: its harness's run_case is block fp8's):
+    # Mixtral-8x7B-Instruct-FP8 at TP2 (per tensor, static activation scales; SGLang ships
+    # E=8,N=7168,...,dtype=fp8_w8a8 rows), a Qwen3-30B-A3B FP8-dynamic checkpoint (per channel,
+    # per-token activations; SGLang's per_channel_quant=True files do not cover E=128: its default).
+    ("Mixtral-8x7B TP2 fp8-tensor", 8, 4096, 7168, 2, "tensor"),
+    ("Qwen3-30B-A3B TP1 fp8-channel", 128, 2048, 768, 8, "channel"),
 ]
 FP8 = getattr(torch, "float8_e4m3fn", None)  # (None on an old torch: --render needs no fp8)
 
@@ -60,7 +74,26 @@ def quant_weight(w):
 
 def dequant_weight(q, s):
     E, N, K = q.shape
+    if s.dim() == 1:  # per tensor [E]
+        return q.float() * s[:, None, None]
+    if s.dim() == 2 and s.shape[1] == N:  # per channel [E, N]
+        return q.float() * s[:, :, None]
     return (q.float().view(E, N // 128, 128, K // 128, 128) * s[:, :, None, :, None]).view(E, N, K)
+
+
+def quant_weight_scaled(w, channel):
+    """[E, N, K] bf16 -> e4m3fn and fp32 scales [E] (per tensor) or [E, N] (per channel)."""
+    amax = w.float().abs().amax(dim=2) if channel else w.float().abs().flatten(1).amax(dim=1)
+    s = amax.clamp(min=1e-10) / 448.0
+    q = (w.float() / (s[:, :, None] if channel else s[:, None, None])).clamp(-448, 448).to(FP8)
+    return q, s.contiguous()
+
+
+def quant_rows(x, scale=None):
+    """fp8_w8a8's activations: e4m3fn values and their scale, static (`scale`, [1]) or per token
+    ([rows, 1], max(amax, 1e-10) / 448), in fp32 (codes) and the scale tensor."""
+    s = scale if scale is not None else x.float().abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+    return (x.float() / s).clamp(-448, 448).to(FP8), s
 
 
 def routings(M, E, H, top_k, R, dev, skew=False):
@@ -107,18 +140,40 @@ def peer_run(peer, routing, name, E, H, I, top_k, fp8, M, R):
         peer.torch = saved
 
 
-def reference(x, w1, w2, tw, tid, I, fp8=False):
-    """fp32; fp8: w1, w2 dequantised, the activations quantised as the op quantises them."""
+def reference(x, w1, w2, tw, tid, I, fp8=False, a_scales=(None, None)):
+    """fp32; fp8: w1, w2 dequantised, the activations quantised as the op quantises them (block fp8 per
+    1x128 group; per tensor by the static a_scales; per channel per row)."""
+    def q(v, s):
+        if fp8 is True:
+            return quant_groups(v)
+        codes, scale = quant_rows(v, s)
+        return codes.float() * scale
     ref = torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=torch.float32)
-    xr = quant_groups(x) if fp8 else x.float()
+    xr = q(x, a_scales[0]) if fp8 else x.float()
     for k in range(tid.shape[1]):
         e = tid[:, k].long()
         h1 = torch.bmm(w1[e].float(), xr[:, :, None])[..., 0]
         a = F.silu(h1[:, :I]) * h1[:, I:]
         if fp8:
-            a = quant_groups(a)
+            a = q(a, a_scales[1])
         ref += tw[:, k:k + 1] * torch.bmm(w2[e].float(), a[:, :, None])[..., 0]
     return ref
+
+
+def static_scales(sets, w1r, I, top_k):
+    """Per tensor: static a1/a2 scales (an activation_scheme "static" checkpoint's): amax / 448 of hidden
+    over the sets and of the intermediate of set 0's first 8 tokens (quantised as the op does), with a
+    margin of 1.25 (values past it clamp on both sides alike)."""
+    a1 = (max(x.float().abs().max() for x, _, _ in sets) / 448.0).reshape(1).contiguous()
+    x, _, tid = sets[0]
+    mm = min(x.shape[0], 8)
+    codes, s = quant_rows(x[:mm], a1)
+    xr = codes.float() * s
+    amax = 0.0
+    for k in range(tid.shape[1]):
+        h1 = torch.bmm(w1r[tid[:mm, k].long()].float(), xr[:, :, None])[..., 0]
+        amax = max(amax, (F.silu(h1[:, :I]) * h1[:, I:]).abs().max().item())
+    return a1, torch.tensor([1.25 * amax / 448.0], device=x.device, dtype=torch.float32)
 
 
 def graph_us(fn, R, reps=20):
@@ -271,8 +326,9 @@ def main():
     # One runtime per forced variant (torch_ops.set_runtime switches between them).
     runtimes = {"default": None}
     for v in [v for v in args.variants.split(",") if v]:  # --mode gemm: moe_gemm variants
+        op_of = v.split("_fp8_e4m3fn__")[0] if "_fp8_e4m3fn__" in v else None  # moe_gemm_fp8_tensor_fp8_e4m3fn__ring
         runtimes[v] = kdispatch.Runtime(shipped_configs=False, log_level="error",
-                                        force=[f"{'moe_gemm' if args.mode == 'gemm' else 'fused_moe'}={v}"])
+                                        force=[f"{op_of or ('moe_gemm' if args.mode == 'gemm' else 'fused_moe')}={v}"])
     op = torch.ops.kdispatch.fused_moe
     rows = []
     wanted = [c for c in args.cases.split(",") if c]
@@ -284,8 +340,11 @@ def main():
         w2 = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) * 0.02
         s1 = s2 = None
         per_expert = (2 * I * H + H * I) * 2
-        if fp8:  # the weights as the peer quantises them
+        if fp8 is True:  # the weights as the peer quantises them
             (w1, s1), (w2, s2) = quant_weight(w1), quant_weight(w2)
+            per_expert = 3 * I * H + (s1[0].numel() + s2[0].numel()) * 4
+        elif fp8:  # per tensor or per channel
+            (w1, s1), (w2, s2) = quant_weight_scaled(w1, fp8 == "channel"), quant_weight_scaled(w2, fp8 == "channel")
             per_expert = 3 * I * H + (s1[0].numel() + s2[0].numel()) * 4
         w1r, w2r = (dequant_weight(w1, s1), dequant_weight(w2, s2)) if fp8 else (w1, w2)
         for routing in [r for r in args.routing.split(",") if r]:
@@ -318,13 +377,26 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
            "experts_touched": uniq, "floor_us": floor_us, "flops": flops}
     x, tw, tid = sets[0]
     mm = min(M, 8)
-    ref = reference(x[:mm], w1r, w2r, tw[:mm], tid[:mm], I, fp8)
+    # fp8_w8a8 (fused_moe_fp8_tensor with static a1/a2 scales, fused_moe_fp8_channel per token): the op and
+    # its extra arguments; the peer's harness runs block fp8 only (--mode gemm compares the GEMMs).
+    scaled = fp8 in ("tensor", "channel")
+    a_scales = static_scales(sets, w1r, I, top_k) if fp8 == "tensor" else (None, None)
+    if scaled:
+        row["a_scales"] = [None if v is None else v.item() for v in a_scales]
+        base = torch.ops.kdispatch.fused_moe_fp8_tensor if fp8 == "tensor" else torch.ops.kdispatch.fused_moe_fp8_channel
+        base_out = (torch.ops.kdispatch.fused_moe_fp8_tensor_out if fp8 == "tensor"
+                    else torch.ops.kdispatch.fused_moe_fp8_channel_out)
+        op = lambda x, w1, w2, tw, tid, s1, s2, rsf, act: base(x, w1, w2, tw, tid, s1, s2, *a_scales, rsf, act)
+        call_out = lambda o, x, tw, tid: base_out(o, x, w1, w2, tw, tid, s1, s2, *a_scales, 1.0, 0)
+        peer = None
+    else:
+        call_out = lambda o, x, tw, tid: torch.ops.kdispatch.fused_moe_out(o, x, w1, w2, tw, tid, s1, s2, 1.0, 0)
+    ref = reference(x[:mm], w1r, w2r, tw[:mm], tid[:mm], I, fp8, a_scales)
     outs = [torch.empty(M, H, device=dev, dtype=torch.bfloat16) for _ in sets]
 
     def kd(rt):
         kd_ops.set_runtime(runtimes[rt])
-        return lambda: [torch.ops.kdispatch.fused_moe_out(o, x, w1, w2, tw, tid, s1, s2, 1.0, 0)
-                        for (x, tw, tid), o in zip(sets, outs)]
+        return lambda: [call_out(o, x, tw, tid) for (x, tw, tid), o in zip(sets, outs)]
 
     usable = []  # the default, and each forced variant that computes this point (else its error is the row's)
     for rt in runtimes:
@@ -374,8 +446,7 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
             row["peer_floor_pct"] = 100 * floor_us / row["peer_us_gemms"]
             row["speedup_vs_peer_gemms"] = row["peer_us_gemms"] / row["kd_us"]
     kd_ops.set_runtime(None)
-    row["kd_cold_us"] = timer.cold(lambda: torch.ops.kdispatch.fused_moe_out(outs[0], x, w1, w2, tw, tid, s1, s2,
-                                                                           1.0, 0))["us"]
+    row["kd_cold_us"] = timer.cold(lambda: call_out(outs[0], x, tw, tid))["us"]
     if M >= 256 and not fp8 and hasattr(torch, "_grouped_mm"):
         try:
             row["grouped_mm_us"] = grouped_mm_us(x, w1, w2, tid, I)
@@ -386,10 +457,38 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
 
 def peer_config(peer, E, I, fp8, M):
     """The peer's row at M (SGLang's shipped file by SGLang's rule, else its
-    default): its BLOCK_SIZE_M is the align both sides use."""
-    dtype = "fp8_w8a8" if fp8 else None
-    folder, cfgs = peer.load_cfgs(E, I, dtype, fp8)
-    return (peer.pick(cfgs, M), folder) if cfgs else (peer.default_cfg(M, E, dtype, fp8), "default")
+    default): its BLOCK_SIZE_M is the align both sides use. Per tensor: the
+    dtype=fp8_w8a8 file; per channel: the harness reads no per_channel_quant
+    file, so SGLang's fp8 default."""
+    dtype, block = ("fp8_w8a8" if fp8 else None), fp8 is True
+    folder, cfgs = peer.load_cfgs(E, I, dtype, block) if fp8 != "channel" else (None, None)
+    return (peer.pick(cfgs, M), folder) if cfgs else (peer.default_cfg(M, E, dtype, block), "default")
+
+
+class PerChannelKernel:
+    """The peer's fused_moe_kernel with per_channel_quant=True: the shared
+    harness's launch passes False, so a per-channel launch goes through it
+    with the harness's module attribute swapped for this (the harness is
+    imported from where it lies, never copied or edited)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+        return lambda *a, **kw: run(*a, **{**kw, "per_channel_quant": True})
+
+
+def peer_launch(peer, fp8, *args):
+    """peer.launch, per channel through PerChannelKernel; block fp8 with its block_shape."""
+    if fp8 != "channel":
+        return peer.launch(*args, bool(fp8), fp8 is True)
+    saved = peer.fused_moe_kernel
+    peer.fused_moe_kernel = PerChannelKernel(saved)
+    try:
+        return peer.launch(*args, True, False)
+    finally:
+        peer.fused_moe_kernel = saved
 
 
 def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r, per_expert, bw, peer, dev,
@@ -415,6 +514,10 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
            "routing": routing, "block_size": bm, "peer_cfg": cfg, "peer_cfg_folder": folder,
            "experts_touched": uniq, "floor_us": floor_us, "flops": 2 * M * top_k * 3 * I * H}
     bf = torch.bfloat16
+    scaled = fp8 in ("tensor", "channel")
+    # Per tensor: static activation scales (an activation_scheme "static" checkpoint's), one for x and
+    # one for the intermediate, the same on both sides; per channel: per token, dynamic.
+    a1 = a2 = None
     prep = []
     for x, tw, tid in sets:
         sid, eid, ntpp = peer.align(tid, bm, E)
@@ -422,22 +525,33 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
         h = torch.randn(M * top_k, 2 * I, device=dev, dtype=bf)
         c2 = (F.silu(h[:, :I].float()) * h[:, I:].float()).to(bf) * 0.1
         c3 = torch.empty(M, top_k, H, device=dev, dtype=bf)
-        xq, xs = peer.q_group(x) if fp8 else (x, None)
-        aq, as_ = peer.q_group(c2) if fp8 else (c2, None)
+        if fp8 == "tensor" and a1 is None:
+            a1 = (x.float().abs().max() / 448.0).reshape(1).contiguous()
+            a2 = (c2.float().abs().max() / 448.0).reshape(1).contiguous()
+        if scaled:
+            (xq, xs), (aq, as_) = quant_rows(x, a1), quant_rows(c2, a2)
+        else:
+            xq, xs = peer.q_group(x) if fp8 else (x, None)
+            aq, as_ = peer.q_group(c2) if fp8 else (c2, None)
         prep.append((x, tw, tid, sid, eid, ntpp, c1, c2, c3, xq, xs, aq, as_))
-    op = torch.ops.kdispatch.moe_gemm_out
+    op = (torch.ops.kdispatch.moe_gemm_fp8_tensor_out if fp8 == "tensor" else
+          torch.ops.kdispatch.moe_gemm_fp8_channel_out if fp8 == "channel" else torch.ops.kdispatch.moe_gemm_out)
+    extra_up, extra_down = ((a1,), (a2,)) if scaled else ((), ())
 
     def kd_up(p):
-        op(p[6], p[0], w1, p[1], p[3], p[4], p[5], s1, top_k, bm, 0)
+        op(p[6], p[0], w1, p[1], p[3], p[4], p[5], s1, *extra_up, top_k, bm, 0)
 
     def kd_down(p):
-        op(p[8].view(M * top_k, 1, H), p[7], w2, p[1].view(M * top_k, 1), p[3], p[4], p[5], s2, 1, bm, 1)
+        op(p[8].view(M * top_k, 1, H), p[7], w2, p[1].view(M * top_k, 1), p[3], p[4], p[5], s2, *extra_down, 1, bm,
+           1)
 
     def peer_up(p):
-        peer.launch(p[9], w1, p[6], p[10], s1, p[1], p[3], p[4], p[5], M * top_k, False, top_k, cfg, fp8, fp8)
+        peer_launch(peer, fp8, p[9], w1, p[6], p[10], s1 if fp8 != "channel" else s1[:, :, None], p[1], p[3], p[4],
+                    p[5], M * top_k, False, top_k, cfg)
 
     def peer_down(p):
-        peer.launch(p[11], w2, p[8], p[12], s2, p[1], p[3], p[4], p[5], M * top_k, True, 1, cfg, fp8, fp8)
+        peer_launch(peer, fp8, p[11], w2, p[8], p[12], s2 if fp8 != "channel" else s2[:, :, None], p[1], p[3], p[4],
+                    p[5], M * top_k, True, 1, cfg)
 
     # Correctness on set 0, both sides, on the pairs of its first min(M, 8) tokens: fp32 on the dequantised
     # weights, one expert at a time (fp8: the activations as each side quantises them); out NaN before each side.
@@ -445,8 +559,13 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
     x, tw, tid, c2 = p[0], p[1], p[2], p[7]
     mm = min(M, 8)
     e = tid[:mm].flatten().long()
-    xr = (quant_groups(x[:mm]) if fp8 else x[:mm].float()).repeat_interleave(top_k, 0)
-    ar = quant_groups(c2[:mm * top_k]) if fp8 else c2[:mm * top_k].float()
+    if scaled:  # each side's rows as quant_rows quantises them (the same scales)
+        qx, sx = quant_rows(x[:mm], a1)
+        qa, sa = quant_rows(c2[:mm * top_k], a2)
+        xr, ar = (qx.float() * sx).repeat_interleave(top_k, 0), qa.float() * sa
+    else:
+        xr = (quant_groups(x[:mm]) if fp8 else x[:mm].float()).repeat_interleave(top_k, 0)
+        ar = quant_groups(c2[:mm * top_k]) if fp8 else c2[:mm * top_k].float()
     ref_up = torch.empty(mm * top_k, 2 * I, device=dev)
     ref_down = torch.empty(mm * top_k, H, device=dev)
     for ex in torch.unique(e).tolist():
