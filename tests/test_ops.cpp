@@ -394,6 +394,38 @@ TEST_CASE("op_list(): gemm's, silu_and_mul's and gemm_fp8_block's key fields, ex
         "N=4096,K=7168,device_name=NVIDIA_H200,dtype=bf16.json");
 }
 
+// Bindings hold a call's tensors in fixed arrays (libkdispatch_torch's were
+// 8 while the fp8_w8a8 ops take 9 and 10: a torch >= 2.1 call wrote past
+// them); the bounds they size them by cover every op, the largest exactly.
+TEST_CASE("op_list(): every op's tensors and scalars within the bindings' bounds, fused_moe_fp8's 10 the most") {
+  static_assert(kMaxOpArgs == KDISPATCH_MAX_OP_TENSORS && kMaxOpScalars == KDISPATCH_MAX_OP_SCALARS);
+  size_t most = 0, most_scalars = 0;
+  std::string widest;
+  for (const OpInfo& o : op_list()) {
+    CAPTURE(o.name);
+    CHECK(o.args.size() <= size_t{kMaxOpArgs});
+    CHECK(o.scalars.size() <= size_t{kMaxOpScalars});
+    most_scalars = std::max(most_scalars, o.scalars.size());
+    if (o.args.size() > most) most = o.args.size(), widest = std::string(o.name);
+  }
+  CHECK(most == 10);
+  CHECK(widest == "fused_moe_fp8_tensor");
+  CHECK(most_scalars == 3);
+  // More than the bound: refused by count, never read past.
+  std::vector<const DLTensor*> many(KDISPATCH_MAX_OP_TENSORS + 1, nullptr);
+  const float scalars[2] = {1.f, 0.f};
+  kdispatch_options opts;
+  kdispatch_options_init(&opts);
+  opts.load_shipped_configs = 0;
+  opts.log_level = KDISPATCH_LOG_OFF;
+  kdispatch_runtime* rt = nullptr;
+  REQUIRE(kdispatch_runtime_create(&opts, &rt) == KDISPATCH_OK);
+  CHECK(kdispatch_op_call(rt, "fused_moe_fp8_tensor", many.data(), static_cast<int32_t>(many.size()), scalars, 2,
+                          nullptr, 0, nullptr, 0, nullptr) == KDISPATCH_INVALID_ARGUMENT);
+  CHECK(std::string(kdispatch_last_error_message()).find("takes 10 tensors") != std::string::npos);
+  kdispatch_runtime_destroy(rt);
+}
+
 TEST_CASE("every op: pretune_key persists a row, and the same call then hits it") {
   kdtest::TempDir cache;
   RuntimeOptions o;
