@@ -601,6 +601,44 @@ class TorchNativeTest(unittest.TestCase):
         self.assertTrue(torch.equal(fast2, d))
         self.assertEqual(info["variant"], "gemm_fp8_block_e4m3fn__tiled")
 
+    @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
+    def test_moe_gemm_fp8_ops_take_their_nine_tensors(self):
+        """moe_gemm_fp8_tensor_out (static a_scale) and moe_gemm_fp8_channel_out
+        (per-token a, the routed weight) take 9 tensors: until 37de793 the
+        binding held 8 and a call on torch >= 2.1 wrote past them. Each pair's
+        row against SGLang's math in fp32 (q(a) . w[e] * scales)."""
+        E, K, N, M, top_k, bs = 4, 32, 16, 3, 2, 4
+        f8 = torch.float8_e4m3fn
+        g = torch.Generator().manual_seed(1)
+        a = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        w = (torch.randn(E, N, K, generator=g) * 0.5).to(f8)
+        ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
+        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+        cap = M * top_k + min(E, M * top_k) * (bs - 1)
+        sid, eid = torch.empty(cap, dtype=torch.int32), torch.empty(-(-cap // bs), dtype=torch.int32)
+        ntpp = torch.empty(1, dtype=torch.int32)
+        torch.ops.kdispatch.moe_align_out(sid, eid, ntpp, ids, None, E, bs)
+
+        def q(v, s):  # e4m3fn(clamp(v / s)) * s
+            return (v / s).clamp(-448.0, 448.0).to(f8).float() * s
+
+        ws, wc, a_s = torch.rand(E) + 0.5, torch.rand(E, N) + 0.5, torch.tensor([0.01])
+        got_t = torch.full((M, top_k, N), float("nan"), dtype=torch.bfloat16)
+        got_c = torch.full((M, top_k, N), float("nan"), dtype=torch.bfloat16)
+        torch.ops.kdispatch.moe_gemm_fp8_tensor_out(got_t, a, w, tw, sid, eid, ntpp, ws, a_s, top_k, bs, 0)
+        torch.ops.kdispatch.moe_gemm_fp8_channel_out(got_c, a, w, tw, sid, eid, ntpp, wc, None, top_k, bs, 1)
+        want_t, want_c = torch.zeros(M, top_k, N), torch.zeros(M, top_k, N)
+        for t in range(M):
+            row = a[t].float()
+            per_token = row.abs().max().clamp(min=1e-10) / 448
+            for j in range(top_k):
+                e = int(ids[t, j])
+                want_t[t, j] = (w[e].float() @ q(row, a_s)) * ws[e]
+                want_c[t, j] = (w[e].float() @ q(row, per_token)) * wc[e] * tw[t, j]
+        for got, want in ((got_t, want_t), (got_c, want_c)):
+            self.assertEqual(got.dtype, torch.bfloat16)
+            torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
     def test_fp8_fast_accum_reaches_kdispatch(self):
         """The bool switch is read off the stack on any torch: fp32 tensors
         with fast_accum=True get kdispatch's own refusal (no fp8; on a torch
