@@ -260,11 +260,12 @@ TEST_CASE("fused_moe: workspace_bytes covers every variant of a backend at the l
   } else {
     // M * top_k = 32 pairs: the wgmma composition's (fused_moe_compose.hpp)
     // moe_align buffers for blocks of 128 (1048 sorted ids: 4352 bytes, 9
-    // expert ids and the total: 256 each) and its bf16 intermediates c1 [32, 64],
-    // c2 [32, 32] and c3 [32, 64] (4096 + 2048 + 4096): 15104, more than the
+    // expert ids and the total: 256 each), dense topk_weights (128 -> 256) and its
+    // bf16 intermediates c1 [32, 64], c2 [32, 32] and c3 [32, 64] (4096 + 2048 +
+    // 4096): 15360, more than the
     // expert-grouped kernels' 12304, the per-pair kernels' 4096 and the
     // tensor-core ones' 11008.
-    CHECK(*cuda == 15104);
+    CHECK(*cuda == 15360);
   }
   // The same problem as a call's tensors (no data: descriptors only), as a
   // binding sizes the workspace it allocates for one call: the same bytes.
@@ -464,12 +465,13 @@ TEST_CASE("fused_moe: the wgmma composition serves prefill, declines gelu and od
       w8->supports(moe(1024, DType::fp8_e4m3fn, 2000), nullptr, dev).message(),
       "the up moe_gemm: moe_gemm_fp8_e4m3fn__wgmma: block fp8's wgmma kernel takes K a multiple of 128"));
   // Its workspace at M 1024 (P = 8192 pairs), 256-byte parts: the sorted ids, 8192 + 128 * 127 = 24448
-  // of them (97792 bytes); 191 expert ids (768); the total (256); c1 [P, 1536], c2 [P, 768] and
-  // c3 [P, 2048] in bf16 (25165824 + 12582912 + 33554432).
-  CHECK(w->workspace_bytes(moe(1024), nullptr) == 97792 + 768 + 256 + 25165824 + 12582912 + 33554432);
+  // of them (97792 bytes); 191 expert ids (768); the total (256); P dense topk_weights (32768, used where
+  // the caller's rows are strided); c1 [P, 1536], c2 [P, 768] and c3 [P, 2048] in bf16 (25165824 +
+  // 12582912 + 33554432).
+  CHECK(w->workspace_bytes(moe(1024), nullptr) == 97792 + 768 + 256 + 32768 + 25165824 + 12582912 + 33554432);
   // Block fp8 adds the larger of the two calls' quantised a: hidden's codes [1024, 2048] and
   // scales [1024, 16] (2097152 + 65536 + 256) against c2's [8192, 768] and [8192, 6]
   // (6291456 + 196608 + 256).
   CHECK(w8->workspace_bytes(moe(1024, DType::fp8_e4m3fn), nullptr) ==
-        97792 + 768 + 256 + 25165824 + 12582912 + 33554432 + 6291456 + 196608 + 256);
+        97792 + 768 + 256 + 32768 + 25165824 + 12582912 + 33554432 + 6291456 + 196608 + 256);
 }

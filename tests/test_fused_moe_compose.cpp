@@ -89,6 +89,13 @@ Status moe_zero_async(void* d, int64_t bytes, const core::LaunchArgs&, const cor
   std::memset(d, 0, static_cast<size_t>(bytes));
   return Status();
 }
+Status moe_copy_rows_async(void* dst, const void* src, int64_t rows, int64_t row_bytes, int64_t src_pitch,
+                           const core::LaunchArgs&, const core::Problem&) noexcept {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<uint8_t*>(dst) + r * row_bytes, static_cast<const uint8_t*>(src) + r * src_pitch,
+                static_cast<size_t>(row_bytes));
+  return Status();
+}
 }  // namespace dispatch::compose_on_cpu
 
 namespace {
@@ -100,6 +107,7 @@ struct Case {
   core::OpKind op;
   bool stat;
   int64_t M, E, H, I, top_k;
+  int64_t tw_pad = 0;  ///< topk_weights' rows this much longer than top_k (NaN there)
 };
 
 /// Runs the composition (`how`, block `block`: 0 its own rule) on one case;
@@ -137,7 +145,10 @@ std::string run_case(const Case& c, compose::Gemms how, int64_t block, std::mt19
   la.data[core::kMoeArgHidden] = hidden.data(), la.ld[core::kMoeArgHidden] = c.H;
   la.data[core::kMoeArgW1] = w1.data(), la.ld[core::kMoeArgW1] = c.H;
   la.data[core::kMoeArgW2] = w2.data(), la.ld[core::kMoeArgW2] = c.I;
-  la.data[core::kMoeArgTopkWeights] = tw.data(), la.ld[core::kMoeArgTopkWeights] = c.top_k;
+  const int64_t ldtw = c.top_k + c.tw_pad;  // strided rows: copied dense into the workspace first
+  std::vector<float> tws(size_t(c.M * ldtw), std::nanf(""));
+  for (int64_t q = 0; q < P; ++q) tws[size_t(q / c.top_k * ldtw + q % c.top_k)] = tw[size_t(q)];
+  la.data[core::kMoeArgTopkWeights] = tws.data(), la.ld[core::kMoeArgTopkWeights] = ldtw;
   la.data[core::kMoeArgTopkIds] = ids.data(), la.ld[core::kMoeArgTopkIds] = c.top_k;
   la.data[core::kMoeArgOut] = out.data(), la.ld[core::kMoeArgOut] = c.H;
   la.data[core::kMoeArgW1Scale] = s1.data(), la.ld[core::kMoeArgW1Scale] = channel ? 2 * c.I : 0;
@@ -198,21 +209,21 @@ TEST_CASE("fused_moe composition: the fp8_w8a8 wiring on the CPU's sub-ops match
   int runs = 0;
   for (core::OpKind op : {core::OpKind::fused_moe_fp8_tensor, core::OpKind::fused_moe_fp8_channel})
     for (bool stat : {true, false})
-      for (const Case& c :
-           {Case{op, stat, 1, 4, 64, 32, 2}, Case{op, stat, 7, 8, 128, 64, 3}, Case{op, stat, 40, 4, 64, 40, 2}})
+      for (const Case& c : {Case{op, stat, 1, 4, 64, 32, 2}, Case{op, stat, 7, 8, 128, 64, 3},
+                            Case{op, stat, 40, 4, 64, 40, 2}, Case{op, stat, 9, 4, 64, 32, 2, 3}})
         for (compose::Gemms how : {compose::Gemms::scaled, compose::Gemms::scaled_reference})
           for (int64_t block : {int64_t{0}, int64_t{16}, int64_t{128}}) {
             if (how == compose::Gemms::scaled_reference && block != 0) continue;  // the reference has no block_m
             const std::string label =
                 std::string(core::op_name(op)) + (stat ? " static" : " dynamic") + " M=" + std::to_string(c.M) +
                 " E=" + std::to_string(c.E) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
-                " top_k=" + std::to_string(c.top_k) + (how == compose::Gemms::scaled ? " compose" : " reference") +
-                " block=" + std::to_string(block);
+                " top_k=" + std::to_string(c.top_k) + " tw_pad=" + std::to_string(c.tw_pad) +
+                (how == compose::Gemms::scaled ? " compose" : " reference") + " block=" + std::to_string(block);
             INFO(label);
             CHECK(run_case(c, how, block, rng) == "");
             ++runs;
           }
-  CHECK(runs == 2 * 2 * 3 * 4);
+  CHECK(runs == 2 * 2 * 4 * 4);
 }
 
 // fused_moe's composition on moe_gemm's "wgmma" variant (here the CPU's

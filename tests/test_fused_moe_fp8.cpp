@@ -347,17 +347,21 @@ TEST_CASE("fused_moe_fp8: the CUDA composition serves both layouts, its workspac
   core::Problem f32 = moe(1, kC);
   f32.out_dtype = DType::fp32;
   CHECK(kdtest::contains(c->supports(f32, nullptr, dev).message(), "hidden and out must be bf16 on a GPU"));
-  // M 1 (2 pairs, blocks of 16), 256-byte parts: 32 sorted ids, 2 expert ids, the total, then c1 [2, 14336],
+  // M 1 (2 pairs), 256-byte parts, sized for every block_m (a binding sizes the call's workspace by the
+  // default params; an engine row or a tuned row may take another): the largest, 128's, 2 + 2 * 127 = 256
+  // sorted ids (1024 bytes), 2 expert ids, the total, dense topk_weights (256), then c1 [2, 14336],
   // c2 [2, 7168] and c3 [2, 4096] in bf16 (57344 + 28672 + 16384), then the larger of the two calls'
   // block-fp8 workspaces, each op's (the up call's: hidden's codes 4096, scales 128 -> 256, w_scale spread to
   // [8, 112, 32] fp32 114688, the amax 256).
-  CHECK(c->workspace_bytes(moe(1, kC), nullptr) == 3 * 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256);
-  CHECK(t->workspace_bytes(moe(1, kT), nullptr) == 3 * 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256);
-  // M 64 (128 pairs = 16 an expert, blocks of 128): 128 + 8 * 127 = 1144 sorted ids (4608 bytes), 9 blocks;
+  constexpr int64_t kM1 = 1024 + 3 * 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256;
+  CHECK(c->workspace_bytes(moe(1, kC), nullptr) == kM1);
+  CHECK(t->workspace_bytes(moe(1, kT), nullptr) == kM1);
+  // M 64 (128 pairs = 16 an expert, blocks of 128): 128 + 8 * 127 = 1144 sorted ids (4608 bytes), 9 blocks,
+  // dense topk_weights (512);
   // the down call's workspace is the larger: c2's codes [128, 7168], scales [128, 56], the spread
   // [8, 32, 56], the amax (917504 + 28672 + 57344 + 256).
   CHECK(t->workspace_bytes(moe(64, kT), nullptr) ==
-        4608 + 256 + 256 + 3670016 + 1835008 + 1048576 + 917504 + 28672 + 57344 + 256);
+        4608 + 256 + 256 + 512 + 3670016 + 1835008 + 1048576 + 917504 + 28672 + 57344 + 256);
   // The reference composition: moe_gemm_fp8's reference variants, the same parts.
   const core::VariantDef* r = core::find_variant("fused_moe_fp8_tensor_fp8_e4m3fn__cuda_ref");
   REQUIRE(r != nullptr);
@@ -366,11 +370,11 @@ TEST_CASE("fused_moe_fp8: the CUDA composition serves both layouts, its workspac
   CHECK(r->workspace_bytes(moe(64, kT), nullptr) == t->workspace_bytes(moe(64, kT), nullptr));
 
   // The plan's block_m is the sort's block: get_default's 16 at M 1 and 128 from 16 pairs an expert;
-  // a given one sizes the sorted ids (M 1 in blocks of 128: 2 + 2 * 127 = 256 ids, 1024 bytes).
+  // the workspace does not depend on it (sized for every block_m, above).
   CHECK(core::get_default(moe(1, kT), dev).params[0] == 16);
   CHECK(core::get_default(moe(64, kT), dev).params[0] == 128);
   const int64_t b128[] = {128};
-  CHECK(t->workspace_bytes(moe(1, kT), b128) == 1024 + 256 + 256 + 57344 + 28672 + 16384 + 4096 + 256 + 114688 + 256);
+  CHECK(t->workspace_bytes(moe(1, kT), b128) == kM1);
   // SGLang's BLOCK_SIZE_M (an fp8_w8a8 file's row) maps onto it, the nearest compiled value.
   auto row = [](int64_t bm) { return Config{{"BLOCK_SIZE_M", ConfigValue::integer(bm)}}; };
   const core::Plan dflt = core::get_default(moe(4096, kT), dev);

@@ -20,6 +20,14 @@ Status moe_zero_async(void* d, int64_t bytes, const core::LaunchArgs& la, const 
   const LaunchScope on(la, p);
   return port::status(cudaMemsetAsync(d, 0, static_cast<size_t>(bytes), on.stream), "fused_moe: zeroing rows");
 }
+Status moe_copy_rows_async(void* dst, const void* src, int64_t rows, int64_t row_bytes, int64_t src_pitch,
+                           const core::LaunchArgs& la, const core::Problem& p) noexcept {
+  const LaunchScope on(la, p);
+  return port::status(
+      cudaMemcpy2DAsync(dst, static_cast<size_t>(row_bytes), src, static_cast<size_t>(src_pitch),
+                        static_cast<size_t>(row_bytes), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, on.stream),
+      "fused_moe: topk_weights rows");
+}
 void probe_fused_moe_fp8(KernelImage* out, const ProbeEnv&) noexcept {
   out[0] = image_of(moe::moe_up_split_kernel<DType::fp8_e4m3fn, DType::bf16>);
   out[1] = image_of(moe::moe_down_split_kernel<DType::fp8_e4m3fn, DType::bf16>);

@@ -123,7 +123,7 @@ constexpr bool zero_c1(const core::Problem& p) noexcept {
 
 /// The workspace's parts (byte offsets, each 256-byte aligned) for problem p.
 struct Parts {
-  int64_t sorted = 0, experts = 0, total = 0, c1 = 0, c2 = 0, c3 = 0, gemm = 0, bytes = 0;
+  int64_t sorted = 0, experts = 0, total = 0, tw = 0, c1 = 0, c2 = 0, c3 = 0, gemm = 0, bytes = 0;
   int64_t block = 0, cap = 0, blocks = 0;  ///< the sort's block, sorted positions and blocks of moe_align's buffers
 };
 constexpr Parts parts_of(const core::Problem& p, Gemms how, const int64_t* prm = nullptr) noexcept {
@@ -139,6 +139,7 @@ constexpr Parts parts_of(const core::Problem& p, Gemms how, const int64_t* prm =
     return moe_saturate(here);
   };
   w.sorted = take(cap * 4), w.experts = take(MoeWide{w.blocks} * 4), w.total = take(4);
+  w.tw = take(P * 4);  // topk_weights with dense rows, where the caller's are strided
   w.c1 = take(P * 2 * p.n * eb), w.c2 = take(P * p.n * eb), w.c3 = take(P * p.k * eb);
   // One moe_gemm call's workspace at a time (the up call's, then the down call's).
   MoeWide gemm = 0;
@@ -226,9 +227,6 @@ inline Status launch(const core::LaunchArgs& la, const core::Problem& p, Gemms h
   if (la.workspace == nullptr || reinterpret_cast<uintptr_t>(la.workspace) % 256 != 0 || la.workspace_bytes < w.bytes)
     return core::needs_fallback("fused_moe composition: a 256-byte aligned workspace of " + std::to_string(w.bytes) +
                                 " bytes");
-  // The down call views topk_weights [M, top_k] as [P, 1]: dense rows only.
-  if (la.ld[core::kMoeArgTopkWeights] != p.extra[1])
-    return core::needs_fallback("fused_moe composition: topk_weights with dense rows (row stride top_k)");
   const DeviceState* st = device_state(p.device.ordinal);
   if (st == nullptr) return make_status(StatusCode::backend_error, "fused_moe composition: the device is not probed");
   const DeviceInfo& dev = st->info;
@@ -240,6 +238,13 @@ inline Status launch(const core::LaunchArgs& la, const core::Problem& p, Gemms h
   void* const c2 = base + w.c2;
   void* const c3 = base + w.c3;
   const int64_t P = p.m * p.extra[1];
+  // The down call views topk_weights [M, top_k] as [P, 1]: rows of a larger
+  // stride are copied dense into the workspace first.
+  void* tw = la.data[core::kMoeArgTopkWeights];
+  if (const int64_t ld = la.ld[core::kMoeArgTopkWeights]; ld != p.extra[1] && p.m > 1) {
+    if (Status s = moe_copy_rows_async(base + w.tw, tw, p.m, p.extra[1] * 4, ld * 4, la, p); !s.ok()) return s;
+    tw = base + w.tw;
+  }
   core::LaunchArgs sla = la;  // the stream and its flags
   auto reset = [&] {
     sla = la;
@@ -273,7 +278,7 @@ inline Status launch(const core::LaunchArgs& la, const core::Problem& p, Gemms h
     sla.data[core::kMoeGemmArgOut] = up ? c1 : c3;
     sla.ld[core::kMoeGemmArgOut] = up ? 2 * p.n : p.k;
     // down: topk_weights [M, top_k] viewed as [P, 1] (dense: row stride 1)
-    sla.data[core::kMoeGemmArgTopkWeights] = la.data[core::kMoeArgTopkWeights];
+    sla.data[core::kMoeGemmArgTopkWeights] = up ? la.data[core::kMoeArgTopkWeights] : tw;
     sla.ld[core::kMoeGemmArgTopkWeights] = up ? la.ld[core::kMoeArgTopkWeights] : 1;
     sla.data[core::kMoeGemmArgSorted] = sorted, sla.ld[core::kMoeGemmArgSorted] = w.cap;
     sla.data[core::kMoeGemmArgExpertIds] = experts, sla.ld[core::kMoeGemmArgExpertIds] = w.blocks;

@@ -140,6 +140,11 @@ Status launch_fused_moe_mma_fp16(const core::LaunchArgs& la, const core::Problem
 /// Zeroes `bytes` at d on la.stream (CUDA: defined by the fp8 TU; the wgmma
 /// composition's rows of dropped pairs, gpu/fused_moe_compose.hpp).
 Status moe_zero_async(void* d, int64_t bytes, const core::LaunchArgs& la, const core::Problem& p) noexcept;
+/// Copies `rows` rows of `row_bytes` from src (rows `src_pitch` bytes apart)
+/// to dense rows at dst on la.stream (CUDA: the fp8 TU; the composition's
+/// strided topk_weights).
+Status moe_copy_rows_async(void* dst, const void* src, int64_t rows, int64_t row_bytes, int64_t src_pitch,
+                           const core::LaunchArgs& la, const core::Problem& p) noexcept;
 /// The grouped kernels (16-byte loads only).
 Status launch_fused_moe_grouped_bf16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
 Status launch_fused_moe_grouped_fp16(const core::LaunchArgs& la, const core::Problem& p) noexcept;
