@@ -176,6 +176,16 @@ def static_scales(sets, w1r, I, top_k):
     return a1, torch.tensor([1.25 * amax / 448.0], device=x.device, dtype=torch.float32)
 
 
+def served():
+    """The variant the thread's last kdispatch call ran (the native ops), else None. A variant forced
+    on another op's or dtype's call is skipped by the runtime, which serves its default: compared, so
+    such a time is never recorded under the forced name."""
+    try:
+        return torch.ops.kdispatch._last_info()[1]
+    except Exception:
+        return None
+
+
 def graph_us(fn, R, reps=20):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -403,6 +413,8 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
         kd_ops.set_runtime(runtimes[rt])
         try:
             y = op(x, w1, w2, tw, tid, s1, s2, 1.0, 0)
+            if rt != "default" and served() not in (None, rt):
+                raise RuntimeError(f"forced {rt}, served {served()} (a variant of another op or dtype)")
         except Exception as ex:  # e.g. a bf16 variant forced on an fp8 case: said, not fatal
             row[f"kd_error[{rt}]"] = repr(ex)[-300:]
             continue
@@ -584,12 +596,16 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
         return go
     sides = [("kd", kd_up, kd_down), ("peer", peer_up, peer_down)]
     sides += [(f"kd_{v.split('__')[-1]}", on(rt, kd_up), on(rt, kd_down)) for v, rt in forced.items()]
+    forced_of = {f"kd_{v.split('__')[-1]}": v for v in forced}
     for who, up, down in sides:
         p[6].fill_(float("nan"))
         p[8].fill_(float("nan"))
         try:
             up(p)
+            got = served()
             down(p)
+            if who in forced_of and got is not None and {got, served()} != {forced_of[who]}:
+                raise RuntimeError(f"forced {forced_of[who]}, served {got} / {served()} (another op's or dtype's)")
             torch.cuda.synchronize()
         except Exception as ex:  # recorded with the row, never hidden
             row[f"{who}_error"] = repr(ex)[-400:]

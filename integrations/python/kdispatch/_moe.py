@@ -51,13 +51,17 @@ def experts(who, hidden_states, w1, w2, topk_weights, topk_ids, *, activation="s
     weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
     rsf = 1.0 if routed_scaling_factor is None else float(routed_scaling_factor)
     if scaled:
-        def flat(s, rows):  # SGLang's [E, N, 1] per-channel scales as [E, N]; a 0-dim static scale as [1]
+        def flat(s, rows, name):  # SGLang's [E, N, 1] per-channel scales as [E, N]; a 0-dim static scale as [1]
+            if s is not None and rows == 1 and s.numel() != 1:
+                raise NotImplementedError(f"{who}: {name}: one static scale (a tensor of 1 element), got shape "
+                                          f"{tuple(s.shape)}: per-expert activation scales are not computed")
             return None if s is None else s.reshape(rows) if rows else s.reshape(s.shape[0], -1)
 
         op = torch.ops.kdispatch.fused_moe_fp8_channel if per_channel_quant else torch.ops.kdispatch.fused_moe_fp8_tensor
         out = op(hidden_states, w1, w2, weights.contiguous(), ids.contiguous(),
-                 flat(w1_scale, None if per_channel_quant else -1), flat(w2_scale, None if per_channel_quant else -1),
-                 flat(a1_scale, 1), flat(a2_scale, 1), rsf, _ACTIVATIONS[activation])
+                 flat(w1_scale, None if per_channel_quant else -1, "w1_scale"),
+                 flat(w2_scale, None if per_channel_quant else -1, "w2_scale"),
+                 flat(a1_scale, 1, "a1_scale"), flat(a2_scale, 1, "a2_scale"), rsf, _ACTIVATIONS[activation])
     else:
         out = torch.ops.kdispatch.fused_moe(hidden_states, w1, w2, weights.contiguous(), ids.contiguous(), w1_scale,
                                             w2_scale, rsf, _ACTIVATIONS[activation])

@@ -811,7 +811,7 @@ def fused_experts(hidden_states, w1, w2, topk_output, moe_runner_config=None, b1
     the argument (biases, int8/int4, zero points, one static activation
     scale without the other, ``apply_router_weight_on_input``,
     ``no_combine``), rather than computing something else. The per-tensor
-    and per-channel ops run on the CPU so far (a GPU call is refused).
+    and per-channel ops run on the CPU and on CUDA.
     """
     from ._moe import experts
 
