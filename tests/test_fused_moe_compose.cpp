@@ -18,6 +18,8 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backends/registry.hpp"
@@ -110,6 +112,27 @@ struct Case {
   int64_t tw_pad = 0;  ///< topk_weights' rows this much longer than top_k (NaN there)
 };
 
+/// A pointer of Args' slots: void* (a call's LaunchArgs), double* (RefArgs).
+template <class Args>
+using Slot = std::remove_reference_t<decltype(std::declval<Args&>().data[0])>;
+
+/// fused_moe's slots of a call or of its reference, the same strides either
+/// way (the scales' rows: ld1, ld2; topk_weights' row stride: ldtw), then
+/// routed_scaling_factor 1 and silu.
+template <class Args>
+void wire(Args& a, const Case& c, Slot<Args> hidden, Slot<Args> w1, Slot<Args> w2, Slot<Args> tw, int64_t ldtw,
+          Slot<Args> ids, Slot<Args> out, Slot<Args> s1, int64_t ld1, Slot<Args> s2, int64_t ld2) {
+  a.data[core::kMoeArgHidden] = hidden, a.ld[core::kMoeArgHidden] = c.H;
+  a.data[core::kMoeArgW1] = w1, a.ld[core::kMoeArgW1] = c.H;
+  a.data[core::kMoeArgW2] = w2, a.ld[core::kMoeArgW2] = c.I;
+  a.data[core::kMoeArgTopkWeights] = tw, a.ld[core::kMoeArgTopkWeights] = ldtw;
+  a.data[core::kMoeArgTopkIds] = ids, a.ld[core::kMoeArgTopkIds] = c.top_k;
+  a.data[core::kMoeArgOut] = out, a.ld[core::kMoeArgOut] = c.H;
+  a.data[core::kMoeArgW1Scale] = s1, a.ld[core::kMoeArgW1Scale] = ld1;
+  a.data[core::kMoeArgW2Scale] = s2, a.ld[core::kMoeArgW2Scale] = ld2;
+  a.scalar[0] = 1.f, a.scalar[1] = 0.f;
+}
+
 /// Runs the composition (`how`, block `block`: 0 its own rule) on one case;
 /// "" when out matches the float64 reference, else the first mismatch.
 std::string run_case(const Case& c, compose::Gemms how, int64_t block, std::mt19937& rng) {
@@ -142,19 +165,13 @@ std::string run_case(const Case& c, compose::Gemms how, int64_t block, std::mt19
   void* const base = ws.data() + (256 - reinterpret_cast<uintptr_t>(ws.data()) % 256) % 256;
 
   core::LaunchArgs la;
-  la.data[core::kMoeArgHidden] = hidden.data(), la.ld[core::kMoeArgHidden] = c.H;
-  la.data[core::kMoeArgW1] = w1.data(), la.ld[core::kMoeArgW1] = c.H;
-  la.data[core::kMoeArgW2] = w2.data(), la.ld[core::kMoeArgW2] = c.I;
   const int64_t ldtw = c.top_k + c.tw_pad;  // strided rows: copied dense into the workspace first
   std::vector<float> tws(size_t(c.M * ldtw), std::nanf(""));
   for (int64_t q = 0; q < P; ++q) tws[size_t(q / c.top_k * ldtw + q % c.top_k)] = tw[size_t(q)];
-  la.data[core::kMoeArgTopkWeights] = tws.data(), la.ld[core::kMoeArgTopkWeights] = ldtw;
-  la.data[core::kMoeArgTopkIds] = ids.data(), la.ld[core::kMoeArgTopkIds] = c.top_k;
-  la.data[core::kMoeArgOut] = out.data(), la.ld[core::kMoeArgOut] = c.H;
-  la.data[core::kMoeArgW1Scale] = s1.data(), la.ld[core::kMoeArgW1Scale] = channel ? 2 * c.I : 0;
-  la.data[core::kMoeArgW2Scale] = s2.data(), la.ld[core::kMoeArgW2Scale] = channel ? c.H : 0;
+  const int64_t ld1 = channel ? 2 * c.I : 0, ld2 = channel ? c.H : 0;
+  wire(la, c, hidden.data(), w1.data(), w2.data(), tws.data(), ldtw, ids.data(), out.data(), s1.data(), ld1, s2.data(),
+       ld2);
   if (c.stat) la.data[core::kMoeArgA1Scale] = as.data(), la.data[core::kMoeArgA2Scale] = as.data() + 1;
-  la.scalar[0] = 1.f, la.scalar[1] = 0.f;  // routed_scaling_factor, silu
   la.workspace = base, la.workspace_bytes = parts.bytes;
   const Status st = compose::launch(la, p, how, block > 0 ? prm : nullptr);
   if (!st.ok()) return "launch: " + st.to_string();
@@ -174,16 +191,9 @@ std::string run_case(const Case& c, compose::Gemms how, int64_t block, std::mt19
                       rids = dbl(ids, [](int32_t i) { return double(i); }),
                       ras = dbl(as, [](float f) { return double(f); }), want(size_t(c.M * c.H));
   core::RefArgs ra;
-  ra.data[core::kMoeArgHidden] = rh.data(), ra.ld[core::kMoeArgHidden] = c.H;
-  ra.data[core::kMoeArgW1] = r1.data(), ra.ld[core::kMoeArgW1] = c.H;
-  ra.data[core::kMoeArgW2] = r2.data(), ra.ld[core::kMoeArgW2] = c.I;
-  ra.data[core::kMoeArgTopkWeights] = rtw.data(), ra.ld[core::kMoeArgTopkWeights] = c.top_k;
-  ra.data[core::kMoeArgTopkIds] = rids.data(), ra.ld[core::kMoeArgTopkIds] = c.top_k;
-  ra.data[core::kMoeArgOut] = want.data(), ra.ld[core::kMoeArgOut] = c.H;
-  ra.data[core::kMoeArgW1Scale] = rs1.data(), ra.ld[core::kMoeArgW1Scale] = channel ? 2 * c.I : 0;
-  ra.data[core::kMoeArgW2Scale] = rs2.data(), ra.ld[core::kMoeArgW2Scale] = channel ? c.H : 0;
+  wire(ra, c, rh.data(), r1.data(), r2.data(), rtw.data(), c.top_k, rids.data(), want.data(), rs1.data(), ld1,
+       rs2.data(), ld2);
   if (c.stat) ra.data[core::kMoeArgA1Scale] = ras.data(), ra.data[core::kMoeArgA2Scale] = ras.data() + 1;
-  ra.scalar[0] = 1.f, ra.scalar[1] = 0.f;
   const core::OpSpec& spec = core::spec_of(c.op);
   spec.reference(p, ra);
   double scale = 0;
@@ -263,17 +273,9 @@ TEST_CASE("fused_moe composition: the wgmma path's wiring on the CPU's sub-ops m
       std::vector<unsigned char> ws(size_t(parts.bytes + 256), 0x7f);
       void* const base = ws.data() + (256 - reinterpret_cast<uintptr_t>(ws.data()) % 256) % 256;
       core::LaunchArgs la;
-      la.data[core::kMoeArgHidden] = hidden.data(), la.ld[core::kMoeArgHidden] = c.H;
-      la.data[core::kMoeArgW1] = fp8 ? static_cast<void*>(w1q.data()) : w1b.data(), la.ld[core::kMoeArgW1] = c.H;
-      la.data[core::kMoeArgW2] = fp8 ? static_cast<void*>(w2q.data()) : w2b.data(), la.ld[core::kMoeArgW2] = c.I;
-      la.data[core::kMoeArgTopkWeights] = tw.data(), la.ld[core::kMoeArgTopkWeights] = c.top_k;
-      la.data[core::kMoeArgTopkIds] = ids.data(), la.ld[core::kMoeArgTopkIds] = c.top_k;
-      la.data[core::kMoeArgOut] = out.data(), la.ld[core::kMoeArgOut] = c.H;
-      if (fp8) {
-        la.data[core::kMoeArgW1Scale] = s1.data(), la.ld[core::kMoeArgW1Scale] = kb1;
-        la.data[core::kMoeArgW2Scale] = s2.data(), la.ld[core::kMoeArgW2Scale] = kb2;
-      }
-      la.scalar[0] = 1.f, la.scalar[1] = 0.f;
+      wire(la, c, hidden.data(), fp8 ? static_cast<void*>(w1q.data()) : w1b.data(),
+           fp8 ? static_cast<void*>(w2q.data()) : w2b.data(), tw.data(), c.top_k, ids.data(), out.data(),
+           fp8 ? s1.data() : nullptr, fp8 ? kb1 : 0, fp8 ? s2.data() : nullptr, fp8 ? kb2 : 0);
       la.workspace = base, la.workspace_bytes = parts.bytes;
       INFO(dtype_name(w), " M=", c.M, " E=", c.E, " H=", c.H, " I=", c.I);
       const Status st = compose::launch(la, p, compose::Gemms::wgmma);
@@ -291,17 +293,8 @@ TEST_CASE("fused_moe composition: the wgmma path's wiring on the CPU's sub-ops m
                           rtw = dbl(tw, fl), rids = dbl(ids, [](int32_t i) { return double(i); }),
                           want(size_t(c.M * c.H));
       core::RefArgs ra;
-      ra.data[core::kMoeArgHidden] = rh.data(), ra.ld[core::kMoeArgHidden] = c.H;
-      ra.data[core::kMoeArgW1] = r1.data(), ra.ld[core::kMoeArgW1] = c.H;
-      ra.data[core::kMoeArgW2] = r2.data(), ra.ld[core::kMoeArgW2] = c.I;
-      ra.data[core::kMoeArgTopkWeights] = rtw.data(), ra.ld[core::kMoeArgTopkWeights] = c.top_k;
-      ra.data[core::kMoeArgTopkIds] = rids.data(), ra.ld[core::kMoeArgTopkIds] = c.top_k;
-      ra.data[core::kMoeArgOut] = want.data(), ra.ld[core::kMoeArgOut] = c.H;
-      if (fp8) {
-        ra.data[core::kMoeArgW1Scale] = rs1.data(), ra.ld[core::kMoeArgW1Scale] = kb1;
-        ra.data[core::kMoeArgW2Scale] = rs2.data(), ra.ld[core::kMoeArgW2Scale] = kb2;
-      }
-      ra.scalar[0] = 1.f, ra.scalar[1] = 0.f;
+      wire(ra, c, rh.data(), r1.data(), r2.data(), rtw.data(), c.top_k, rids.data(), want.data(),
+           fp8 ? rs1.data() : nullptr, fp8 ? kb1 : 0, fp8 ? rs2.data() : nullptr, fp8 ? kb2 : 0);
       const core::OpSpec& spec = core::spec_of(core::OpKind::fused_moe);
       spec.reference(p, ra);
       double scale = 0;
