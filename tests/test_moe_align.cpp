@@ -298,6 +298,25 @@ TEST_CASE("moe_align: a size past 2^24 is refused, never rounded to a float's ne
         "block_size: must be a whole number in [1, 16777216], got -1 (an integer size past 2^24 arrives as -1)");
 }
 
+TEST_CASE("moe_align: by name, a fraction for an integer scalar is refused with the value given") {
+  auto rt = quiet_runtime();
+  Tiny t;
+  const MoeAlignArgs a = t.args(true);
+  const TensorRef ts[] = {a.topk_ids, a.sorted_token_ids, a.expert_ids, a.num_tokens_post_pad, a.expert_map};
+  const float half[] = {4.f, 0.5f};
+  CHECK(call_op(*rt, "moe_align", ts, half).message() ==
+        "block_size: must be a whole number in [1, 16777216], got 0.500000");
+  const float frac[] = {3.75f, 4.f};
+  CHECK(call_op(*rt, "moe_align", ts, frac).message() ==
+        "num_experts: must be a whole number in [1, 16777216], got 3.750000");
+  // Whole numbers pass on to the op: the call sorts as the args call does.
+  const float whole[] = {4.f, 4.f};
+  REQUIRE(call_op(*rt, "moe_align", ts, whole).ok());
+  CHECK(t.sorted == kSorted);
+  CHECK(t.experts == std::vector<int32_t>{-1, 0, 1, -1, -1});
+  CHECK(t.total == std::vector<int32_t>{12});
+}
+
 TEST_CASE("moe_align: two written buffers that overlap are named as both written") {
   auto rt = quiet_runtime();
   Tiny t;

@@ -9,11 +9,13 @@
 // Header-only helpers are inline: call_op is a binding's hot path.
 #pragma once
 
+#include <cmath>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "api/runtime_impl.hpp"
+#include "api/validate.hpp"
 #include "core/op_spec.hpp"
 #include "dispatch/ops.hpp"
 
@@ -59,6 +61,12 @@ inline Status full_scalars(const core::OpSpec& s, std::span<const float> given,
                          std::string(s.scalars[j].name) +
                              ": must be 0 or 1 (false or true: 1 asks for fast accumulation), got " +
                              std::to_string(out[j]));
+    // An integer member (a choice's index, a size) given a fraction is
+    // refused here, with the value as given (set_scalar would make it -1).
+    const bool integer = s.scalars[j].kind == core::ScalarKind::choice || s.scalars[j].kind == core::ScalarKind::dim;
+    if (integer && std::isfinite(out[j]) && out[j] != std::trunc(out[j]))
+      return make_status(StatusCode::invalid_argument,
+                         std::string(s.scalars[j].name) + ": " + integer_scalar_text(s.scalars[j], out[j]));
   }
   return Status();
 }

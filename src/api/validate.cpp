@@ -803,4 +803,8 @@ KDISPATCH_OP_LIST(KD_VALIDATE_DEF)
 #undef KD_SCALAR_VAL
 #undef KD_TENSOR_PTR
 
+std::string integer_scalar_text(const core::ScalarSlot& s, float v) {
+  return s.kind == core::ScalarKind::choice ? choice_text(s, v) : dim_scalar_text(v);
+}
+
 }  // namespace dispatch::api

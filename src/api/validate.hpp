@@ -10,6 +10,8 @@
 // does check_detailed run the same checks one by one, each with its message.
 #pragma once
 
+#include <string>
+
 #include "core/op.hpp"
 #include "core/op_spec.hpp"
 #include "dispatch/ops.hpp"
@@ -41,6 +43,11 @@ Status validate_slots(const TensorRef* const* t, const float* scalars, core::Pro
   Status check_##op##_detailed(const Args& args, bool require_data = true) noexcept;
 KDISPATCH_OP_LIST(KD_VALIDATE_DECL)
 #undef KD_VALIDATE_DECL
+
+/// Why `v` is refused for an integer scalar `s` (ScalarKind::dim or choice):
+/// "must be a whole number in [1, 16777216], got 0.500000" / "must be one of
+/// 0 (silu), 1 (gelu), got 0.500000", the messages of the op's own checks.
+std::string integer_scalar_text(const core::ScalarSlot& s, float v);
 
 /// Stride class of dimension `dim` of a rank-2 tensor (see StrideClass).
 StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept;
