@@ -604,6 +604,8 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
             up(p)
             got = served()
             down(p)
+            if who == "kd":  # what the default served (the native ops say; else None)
+                row["kd_served_up"], row["kd_served_down"] = got, served()
             if who in forced_of and got is not None and {got, served()} != {forced_of[who]}:
                 raise RuntimeError(f"forced {forced_of[who]}, served {got} / {served()} (another op's or dtype's)")
             torch.cuda.synchronize()
