@@ -305,10 +305,24 @@ TEST_CASE("moe_align: by name, a fraction for an integer scalar is refused with 
   const TensorRef ts[] = {a.topk_ids, a.sorted_token_ids, a.expert_ids, a.num_tokens_post_pad, a.expert_map};
   const float half[] = {4.f, 0.5f};
   CHECK(call_op(*rt, "moe_align", ts, half).message() ==
-        "block_size: must be a whole number in [1, 16777216], got 0.500000");
+        "block_size: must be a whole number in [1, 16777216], got 0.5");
   const float frac[] = {3.75f, 4.f};
   CHECK(call_op(*rt, "moe_align", ts, frac).message() ==
-        "num_experts: must be a whole number in [1, 16777216], got 3.750000");
+        "num_experts: must be a whole number in [1, 16777216], got 3.75");
+  // NaN, an infinity and a size past 2^24 are named with the value given
+  // (the args struct's int32 past 2^24 arrives as -1, said as such above).
+  const float nan_sz[] = {std::nanf(""), 4.f};
+  CHECK(call_op(*rt, "moe_align", ts, nan_sz).message() == "num_experts: must be a whole number in [1, 16777216], got nan");
+  const float inf_sz[] = {4.f, -INFINITY};
+  CHECK(call_op(*rt, "moe_align", ts, inf_sz).message() == "block_size: must be a whole number in [1, 16777216], got -inf");
+  const float big[] = {33554432.f, 4.f};
+  CHECK(call_op(*rt, "moe_align", ts, big).message() ==
+        "num_experts: must be a whole number in [1, 16777216], got 33554432");
+  // A fraction a float32 holds next to a whole number is said in full.
+  const float near[] = {4.f, 4.00000048f};
+  CHECK(call_op(*rt, "moe_align", ts, near).message() ==
+        "block_size: must be a whole number in [1, 16777216], got 4.00000048");
+  CHECK(t.total == std::vector<int32_t>{99});  // nothing ran
   // Whole numbers pass on to the op: the call sorts as the args call does.
   const float whole[] = {4.f, 4.f};
   REQUIRE(call_op(*rt, "moe_align", ts, whole).ok());

@@ -556,7 +556,10 @@ struct OpScalarInfo {
   /// C ABI's kdispatch_<op> takes no parameter for a switch: its flags do
   /// (KDISPATCH_CALL_FAST_ACCUM for fast_accum); or "int": a size
   /// (moe_align's num_experts, block_size), a whole number in [1, 2^24], an
-  /// int32 member of the args struct.
+  /// int32 member of the args struct; or "choice": the index of one of
+  /// `labels`, an int32 member. By name (call_op, the C ABI) an "int" or
+  /// "choice" scalar that is not a whole number in [-2^24, 2^24] (a
+  /// fraction, NaN, an infinity) is refused naming it and the value.
   std::string_view kind = "float";
   /// "choice" only: the names of its values, by index (an activation kind:
   /// "silu", "gelu"); the args struct's member is the int32 index.

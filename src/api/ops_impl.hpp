@@ -61,10 +61,11 @@ inline Status full_scalars(const core::OpSpec& s, std::span<const float> given,
                          std::string(s.scalars[j].name) +
                              ": must be 0 or 1 (false or true: 1 asks for fast accumulation), got " +
                              std::to_string(out[j]));
-    // An integer member (a choice's index, a size) given a fraction is
-    // refused here, with the value as given (set_scalar would make it -1).
+    // An integer member (a choice's index, a size) given a fraction, NaN,
+    // an infinity or a whole number past 2^24 is refused here, with the
+    // value as given (set_scalar would make it -1).
     const bool integer = s.scalars[j].kind == core::ScalarKind::choice || s.scalars[j].kind == core::ScalarKind::dim;
-    if (integer && std::isfinite(out[j]) && out[j] != std::trunc(out[j]))
+    if (integer && !(out[j] == std::trunc(out[j]) && std::fabs(out[j]) <= core::kMaxDimScalar))
       return make_status(StatusCode::invalid_argument,
                          std::string(s.scalars[j].name) + ": " + integer_scalar_text(s.scalars[j], out[j]));
   }

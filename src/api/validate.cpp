@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -205,20 +206,27 @@ std::string switch_text(float v) {
 [[gnu::always_inline]] inline bool dim_scalar_ok(float v) noexcept {
   return v >= 1.f && v <= core::kMaxDimScalar && v == static_cast<float>(static_cast<int32_t>(v));
 }
-// Why a dim scalar is refused: the value as a whole number where it is one
-// ("got -4", not "got -4.000000"); -1 is also what an int32 size past 2^24
+// A scalar's value in a message: a whole number as one ("got -4", not
+// "got -4.000000"), else the shortest text that reads back as the float
+// ("got 0.5", "got 1.00000012", "got nan"): never rounded to a value a call
+// would take.
+std::string scalar_value_text(float v) {
+  if (std::fabs(v) < 1e15f && v == std::trunc(v)) return std::to_string(static_cast<long long>(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+// Why a dim scalar is refused; -1 is also what an int32 size past 2^24
 // arrives as (scalar_float), so the message says so.
 std::string dim_scalar_text(float v) {
-  const bool whole = std::fabs(v) < 1e15f && v == std::trunc(v);
-  std::string got = whole ? std::to_string(static_cast<long long>(v)) : std::to_string(v);
-  return "must be a whole number in [1, 16777216], got " + got +
+  return "must be a whole number in [1, 16777216], got " + scalar_value_text(v) +
          (v == -1.f ? " (an integer size past 2^24 arrives as -1)" : "");
 }
 std::string choice_text(const core::ScalarSlot& s, float v) {
   std::string all;
   for (size_t j = 0; j < s.labels.size(); ++j)
     all += (j ? ", " : "") + std::to_string(j) + " (" + std::string(s.labels[j]) + ")";
-  return "must be one of " + all + ", got " + std::to_string(v);
+  return "must be one of " + all + ", got " + scalar_value_text(v);
 }
 
 // ------------------------------------------------------------------ the detailed path

@@ -45,8 +45,9 @@ KDISPATCH_OP_LIST(KD_VALIDATE_DECL)
 #undef KD_VALIDATE_DECL
 
 /// Why `v` is refused for an integer scalar `s` (ScalarKind::dim or choice):
-/// "must be a whole number in [1, 16777216], got 0.500000" / "must be one of
-/// 0 (silu), 1 (gelu), got 0.500000", the messages of the op's own checks.
+/// "must be a whole number in [1, 16777216], got 0.5" / "must be one of
+/// 0 (silu), 1 (gelu), got nan", the messages of the op's own checks (the
+/// value in its shortest exact text).
 std::string integer_scalar_text(const core::ScalarSlot& s, float v);
 
 /// Stride class of dimension `dim` of a rank-2 tensor (see StrideClass).

@@ -4,6 +4,7 @@
 import inspect
 import json
 import os
+import struct
 import sys
 import threading
 import warnings
@@ -246,8 +247,7 @@ class Runtime:
             raise TypeError(f"pretune('{op}', {o['pretune_text']}): {e}") from None
         b.apply_defaults()
         text = self._h.pretune_op(op, [b.arguments[a["name"]] for a in o["args"]], o["meta"],
-                                  [_int_scalar(b.arguments[x["name"]]) if x["kind"] == "int"
-                                   else float(b.arguments[x["name"]]) for x in o["scalars"]])
+                                  [_scalar(b.arguments[x["name"]], x["kind"], x["name"]) for x in o["scalars"]])
         return json.loads(text)
 
     def tune_stats(self):
@@ -372,12 +372,29 @@ def _parameters(o, keyword_tail):
     return params
 
 
-def _int_scalar(v):
-    """An int scalar (a size, a choice) as the C ABI's float: exact up to
-    2^24; past it, or not a whole number, -1.0, which the library refuses by
-    name (never rounded to a neighbouring size)."""
+def _int_scalar(v, name="value"):
+    """An integer scalar (a size, a choice's index: kinds "int" and "choice")
+    as the C ABI's float. A whole number: exact up to 2^24; past it, -1.0,
+    which the library refuses by name (never rounded to a neighbouring size).
+    Not a whole number: as given where a float32 holds it exactly (0.5, nan:
+    the library refuses it with the value), else refused here, naming it
+    (0.999999999 would round to the label 1 and run)."""
     f = float(v)
-    return f if f.is_integer() and abs(f) <= 16777216 else -1.0
+    if f.is_integer():
+        return f if abs(f) <= 16777216 else -1.0
+    if f != f or _f32(f) == f:
+        return f
+    raise Error(StatusCode.invalid_argument, f"{name}: must be a whole number, got {v!r}")
+
+
+def _f32(f):
+    """f (not a whole number: below 2^52 or infinite) rounded to a float32."""
+    return struct.unpack("f", struct.pack("f", f))[0]
+
+
+def _scalar(v, kind, name):
+    """One scalar of a call as the C ABI's float (see _int_scalar)."""
+    return _int_scalar(v, name) if kind in ("int", "choice") else float(v)
 
 
 def _scalar_default(x):
@@ -430,8 +447,8 @@ def _make_method(o):
     first_kw = next(i for i, p in enumerate(sig.parameters.values()) if p.kind == p.KEYWORD_ONLY)
     params.insert(first_kw, "*")
     tensors = ", ".join(a["name"] for a in o["args"])
-    scalars = ", ".join(f"_int_scalar({x['name']})" if x["kind"] == "int" else f"float({x['name']})"
-                        for x in o["scalars"])
+    scalars = ", ".join(f"_int_scalar({x['name']}, {x['name']!r})" if x["kind"] in ("int", "choice")
+                        else f"float({x['name']})" for x in o["scalars"])
     src = (f"def {name}({', '.join(params)}):\n"
            f"    return self._h.op(_NAME, [{tensors}], _META, [{scalars}],\n"
            f"                      None if stream is None else _stream_handle(stream),\n"

@@ -22,7 +22,7 @@ import ctypes
 import torch
 
 from . import _capi
-from ._runtime import _int_scalar
+from ._runtime import _scalar
 
 _DTYPES = {torch.float32: (_capi.kDLFloat, 32), torch.float16: (_capi.kDLFloat, 16),
            torch.bfloat16: (_capi.kDLBfloat, 16), torch.float64: (_capi.kDLFloat, 64)}
@@ -69,14 +69,16 @@ def dl_array(tensors, keep):
         *[dl(t, keep) if t is not None else None for t in tensors])
 
 
-def scalar_array(scalars, kinds=()):
-    """The C ABI's float scalars; `kinds`: the op's scalar kinds in order. An
-    "int" one (a size) as Runtime's methods pass it (_runtime._int_scalar):
-    past 2^24, or not a whole number, -1, which the library refuses by name
-    (a float32 would round 2^24 + 1 to 2^24, a size a call takes)."""
+def scalar_array(scalars, kinds=(), names=()):
+    """The C ABI's float scalars; `kinds`, `names`: the op's scalar kinds and
+    names in order. An integer one (kind "int": a size; "choice": a label's
+    index) as Runtime's methods pass it (_runtime._int_scalar): past 2^24,
+    -1, which the library refuses by name (a float32 would round 2^24 + 1 to
+    2^24, a size a call takes); a fraction a float32 would round to a whole
+    number (0.999999999) refused here, naming it."""
     kinds = list(kinds) + [None] * (len(scalars) - len(kinds))
-    return (ctypes.c_float * max(1, len(scalars)))(
-        *[_int_scalar(v) if k == "int" else float(v) for v, k in zip(scalars, kinds)])
+    names = list(names) + ["value"] * (len(scalars) - len(names))
+    return (ctypes.c_float * max(1, len(scalars)))(*[_scalar(v, k, n) for v, k, n in zip(scalars, kinds, names)])
 
 
 def workspace_bytes(name, ptrs, n_tensors, sc, n_scalars):
@@ -140,7 +142,7 @@ def launch(rt, op, tensors, scalars, info=None):
             flags |= _capi.CALL_CAPTURING
     keep = []
     ptrs = dl_array(tensors, keep)
-    sc = scalar_array(scalars, [s.get("kind") for s in op["scalars"]])
+    sc = scalar_array(scalars, [s.get("kind") for s in op["scalars"]], [s["name"] for s in op["scalars"]])
     ws = None
     if op["workspace"] and first.device.type == "cuda":
         ws = call_workspace(op, ptrs, len(tensors), sc, len(scalars), first.device)

@@ -134,13 +134,22 @@ class OpsTest(TempDirTest):
                    num_tokens_post_pad=np.full(1, 99, np.int32))
         self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=4, **out)
         self.assertEqual(out["num_tokens_post_pad"].tolist(), [12])
-        for kw in ({"num_experts": 2**24 + 1, "block_size": 4}, {"num_experts": 4, "block_size": 2**25},
-                   {"num_experts": 4.5, "block_size": 4}):
+        for kw, got in (({"num_experts": 2**24 + 1, "block_size": 4}, "-1"),
+                        ({"num_experts": 4, "block_size": 2**25}, "-1"),
+                        ({"num_experts": 4.5, "block_size": 4}, "4.5"),
+                        ({"num_experts": float("nan"), "block_size": 4}, "nan"),
+                        ({"num_experts": 4, "block_size": float("-inf")}, "-inf")):
             with self.assertRaises(Error) as c:  # a float32 would round 2^24 + 1 to 2^24
                 self.rt.moe_align(topk_ids=ids, **kw, **out)
             self.assertIs(c.exception.code, StatusCode.invalid_argument)
             name = next(k for k, v in kw.items() if v != 4)
-            self.assertIn(f"{name}: must be a whole number in [1, 16777216], got -1", c.exception.message)
+            self.assertIn(f"{name}: must be a whole number in [1, 16777216], got {got}", c.exception.message)
+        # A fraction a float32 would round to a whole size is refused before the
+        # C ABI (it would run on 4), naming it and the value as given.
+        with self.assertRaises(Error) as c:
+            self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=3.9999999999, **out)
+        self.assertEqual(c.exception.message, "block_size: must be a whole number, got 3.9999999999")
+        self.assertEqual(out["num_tokens_post_pad"].tolist(), [12])
 
     def test_used_dlpack_protocol(self):
         """Each capsule is consumed: renamed "used_dltensor", its deleter run once."""

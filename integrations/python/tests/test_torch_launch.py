@@ -169,8 +169,14 @@ class TorchLaunchCpuTest(unittest.TestCase):
         Runtime's methods and the native ops pass it: refused by name, never
         the float32 neighbour (2^24 + 1 rounds to 2^24, which a call takes)."""
         self.assertEqual(list(_torch_launch.scalar_array([2**24 + 1, 2**24, 4.5], ["int", "int", "int"])),
-                         [-1.0, 16777216.0, -1.0])
+                         [-1.0, 16777216.0, 4.5])
         self.assertEqual(list(_torch_launch.scalar_array([2.5, 0], ["float", "choice"])), [2.5, 0.0])
+        # A choice's index a float32 would round to a label (0.999999999 to 1,
+        # gelu) is refused naming it; one it holds (0.5) goes on, refused there.
+        with self.assertRaises(kdispatch.Error) as c:
+            _torch_launch.scalar_array([1.0, 0.999999999], ["float", "choice"], ["routed_scaling_factor", "activation"])
+        self.assertEqual(c.exception.message, "activation: must be a whole number, got 0.999999999")
+        self.assertEqual(list(_torch_launch.scalar_array([0.5], ["choice"])), [0.5])
         ids = torch.tensor([[2, 0], [2, 3], [-1, 2]], dtype=torch.int32)
         out = [torch.full((18,), 99, dtype=torch.int32), torch.full((5,), 99, dtype=torch.int32),
                torch.full((1,), 99, dtype=torch.int32)]

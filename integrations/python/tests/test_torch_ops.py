@@ -358,6 +358,16 @@ class TorchOpsCpuTest(unittest.TestCase):
         x = torch.ones(2, 8)
         self.assertOpError(StatusCode.invalid_argument, torch.ops.kdispatch.fused_add_rmsnorm_, x, x, torch.ones(8),
                            1e-6, text="overlap")
+        # A choice (fused_moe's activation, a float in the schema) that is not
+        # a whole number is refused naming the value, never run as the label a
+        # float32 would round it to (0.999999999: gelu).
+        h, w1, w2 = torch.ones(1, 4), torch.ones(2, 8, 4), torch.ones(2, 4, 4)
+        tw, ids = torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32)
+        for act, text in ((0.999999999, "activation: must be a whole number, got 0.999999999"),
+                          (0.5, "activation: must be one of 0 (silu), 1 (gelu), got 0.5"),
+                          (float("nan"), "activation: must be one of 0 (silu), 1 (gelu), got nan")):
+            self.assertOpError(StatusCode.invalid_argument, torch.ops.kdispatch.fused_moe, h, w1, w2, tw, ids, None,
+                               None, 1.0, act, text=text)
 
     @unittest.skipUnless(HAVE_COMPILE, NO_COMPILE)
     def test_opcheck(self):

@@ -617,6 +617,10 @@ class Kernel final : public c10::OperatorKernel {
           fail(b, 1,
                std::string(op.scalars[k].name) + ": " + double_text(d) +
                    " is not representable as a float32 (kdispatch's scalars are float32)");
+        // A choice's index (schema float) a float32 would round to a label
+        // (0.999999999 to 1): refused here; one it holds goes on (named there).
+        if (op.scalars[k].kind == "choice" && d != std::trunc(d) && f == std::trunc(f))
+          fail(b, 1, std::string(op.scalars[k].name) + ": must be a whole number, got " + double_text(d));
         scalars[k] = f;
       } else if (v.isTensor() && v.toTensor().defined()) {
         t[k] = &v.toTensor();
