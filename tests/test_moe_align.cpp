@@ -312,9 +312,11 @@ TEST_CASE("moe_align: by name, a fraction for an integer scalar is refused with 
   // NaN, an infinity and a size past 2^24 are named with the value given
   // (the args struct's int32 past 2^24 arrives as -1, said as such above).
   const float nan_sz[] = {std::nanf(""), 4.f};
-  CHECK(call_op(*rt, "moe_align", ts, nan_sz).message() == "num_experts: must be a whole number in [1, 16777216], got nan");
+  CHECK(call_op(*rt, "moe_align", ts, nan_sz).message() ==
+        "num_experts: must be a whole number in [1, 16777216], got nan");
   const float inf_sz[] = {4.f, -INFINITY};
-  CHECK(call_op(*rt, "moe_align", ts, inf_sz).message() == "block_size: must be a whole number in [1, 16777216], got -inf");
+  CHECK(call_op(*rt, "moe_align", ts, inf_sz).message() ==
+        "block_size: must be a whole number in [1, 16777216], got -inf");
   const float big[] = {33554432.f, 4.f};
   CHECK(call_op(*rt, "moe_align", ts, big).message() ==
         "num_experts: must be a whole number in [1, 16777216], got 33554432");
