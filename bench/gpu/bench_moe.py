@@ -186,6 +186,16 @@ def served():
         return None
 
 
+def served_from():
+    """What the thread's last kdispatch call ran and why: "<variant> (table|default|forced)" (the
+    native ops), else None: the default runtime may serve a shipped row or get_default."""
+    try:
+        src, variant = torch.ops.kdispatch._last_info()[:2]
+        return f"{variant} ({('table', 'default', 'forced')[src] if 0 <= src < 3 else src})"
+    except Exception:
+        return None
+
+
 def graph_us(fn, R, reps=20):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -413,6 +423,7 @@ def point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r, w2r,
         kd_ops.set_runtime(runtimes[rt])
         try:
             y = op(x, w1, w2, tw, tid, s1, s2, 1.0, 0)
+            row[f"kd_served[{rt}]"] = served_from()
             if rt != "default" and served() not in (None, rt):
                 raise RuntimeError(f"forced {rt}, served {served()} (a variant of another op or dtype)")
         except Exception as ex:  # e.g. a bf16 variant forced on an fp8 case: said, not fatal
@@ -602,10 +613,10 @@ def gemm_point(args, name, E, H, I, top_k, fp8, M, routing, w1, w2, s1, s2, w1r,
         p[8].fill_(float("nan"))
         try:
             up(p)
-            got = served()
+            got, got_from = served(), served_from()
             down(p)
-            if who == "kd":  # what the default served (the native ops say; else None)
-                row["kd_served_up"], row["kd_served_down"] = got, served()
+            if who == "kd":  # what the default runtime served and why (a shipped row or get_default)
+                row["kd_served_up"], row["kd_served_down"] = got_from, served_from()
             if who in forced_of and got is not None and {got, served()} != {forced_of[who]}:
                 raise RuntimeError(f"forced {forced_of[who]}, served {got} / {served()} (another op's or dtype's)")
             torch.cuda.synchronize()
