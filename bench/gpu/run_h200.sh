@@ -12,6 +12,8 @@
 #   bench/gpu/run_h200.sh --sections moe         # fused_moe beside SGLang's Triton MoE kernel (moe_bench.json;
 #                 KD_MOE_CASES, KD_MOE_M, KD_MOE_ROUTING, KD_MOE_ROUNDS, KD_MOE_VARIANTS: see the section)
 #   KD_GPU_TEST_CASES='gpu fused_moe*' ... --sections build,test   # the GPU tests of those doctest cases only
+#   bench/gpu/run_h200.sh --sections moe-w8a8    # fp8_w8a8 (per-tensor, per-channel) moe_gemm decode and
+#                 prefill and fused_moe beside the peer, in one call (moe_w8a8_{decode,prefill,fused}.json)
 #   bench/gpu/run_h200.sh --sections moe-profile # ncu on fused_moe's kernels at one bench_moe.py point
 #                 (KD_MOE_PROFILE_CASE, KD_MOE_PROFILE_M: a comma list, one ncu run each,
 #                 KD_MOE_PROFILE_KERNELS; moe_ncu.txt)
@@ -115,6 +117,7 @@
 #   gemm-bench  build.log bench_gemm.json bench_gemm.log h200_gemm.md
 #   e2e         build.log e2e.json e2e.md e2e.log e2e_tune.log e2e_qwen_configs.tar
 #   silu        build.log bench_silu.json bench_silu.log h200_silu.md
+#   moe-w8a8    build.log moe_w8a8_decode.json moe_w8a8_prefill.json moe_w8a8_fused.json moe_w8a8.log
 #   torch       build.log torch_native.log torch_op_host.json torch_op_host.md torch_host.log
 #   model       build.log e2e_model.json e2e_model.md e2e_model.log
 #   shards      build.log shards.json shards.log shards_dirs.tar
@@ -170,7 +173,7 @@ while [ $# -gt 0 ]; do
         rm -rf .deps/sglang_moe && cp -r ../shared/peers/sglang_moe .deps/sglang_moe &&
         cp -r ../shared/data/sglang-configs/fused_moe_triton .deps/sglang_moe/configs
       exit $? ;;
-    *) echo "usage: $0 [--sections build,test,moe,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,wgmma-harness,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,large,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
+    *) echo "usage: $0 [--sections build,test,moe,moe-w8a8,moe-profile,moe-model,fp8-test,shards,fp8-tune,fp8-bench,fp8-profile,fp8-model,silu-test,tune,bench,check,norm-peers,gemm-tune,gemm-bench,gemm-test,wgmma-harness,gemm-host,gemm-probe,e2e,silu,torch,anymodel,fit,committed,large,pip,nvml,graph,tunemodel,compile,model] [--out DIR] | --fetch-deps" >&2
        exit 2 ;;
   esac
 done
@@ -313,11 +316,14 @@ ensure_torch() {
 # moe_bench.json). The peer's harness and configs: ../shared/peers/sglang_moe
 # and ../shared/data/sglang-configs/fused_moe_triton, or copies carried in
 # .deps/sglang_moe (its configs/ beside it).
-if has moe; then
-  ensure_torch || { echo "::: moe: FAILED to build (build.log)"; exit 1; }
+moe_peers() {
   MOE_PEERS=$ROOT/../shared/peers/sglang_moe
   MOE_CFG=$ROOT/../shared/data/sglang-configs/fused_moe_triton
   [ -f "$MOE_PEERS/peer_moe.py" ] || { MOE_PEERS=$ROOT/.deps/sglang_moe; MOE_CFG=$ROOT/.deps/sglang_moe/configs; }
+}
+if has moe; then
+  ensure_torch || { echo "::: moe: FAILED to build (build.log)"; exit 1; }
+  moe_peers
   budget=$(($(left) - 20))
   # KD_MOE_CASES: case-name substrings (comma list; e.g. fp8-block); KD_MOE_ROUTING: uniform,skewed;
   # KD_MOE_ROUNDS (5); KD_MOE_VARIANTS: fused_moe variants also timed, each forced (e.g.
@@ -332,6 +338,37 @@ if has moe; then
   rc=$?; [ $rc -eq 0 ] || status=1
   grep -E '"case"|Error|error' "$OUT/bench_moe.log" | tail -40
   [ $rc -eq 0 ] && echo "::: moe: complete (moe_bench.json or moe_gemm_bench.json)" || echo "::: moe: rc=$rc (bench_moe.log)"
+fi
+
+# ================================================================ moe-w8a8
+# Issue 36's per-tensor and per-channel fp8 (fp8_w8a8) readings in one section, each part in
+# its share of the budget: moe_gemm at decode M (KD_W8A8_DECODE_M, 1,4,16,64,256; 45 %), at
+# prefill M (KD_W8A8_PREFILL_M, 1024,4096; 35 %), and fused_moe (KD_W8A8_FUSED_M, 1,16,64).
+# Cases fp8-tensor,fp8-channel (KD_MOE_CASES), KD_MOE_ROUNDS (5). Writes
+# moe_w8a8_{decode,prefill,fused}.json and moe_w8a8.log.
+if has moe-w8a8; then
+  ensure_torch || { echo "::: moe-w8a8: FAILED to build (build.log)"; exit 1; }
+  moe_peers
+  total=$(($(left) - 20)) w8a8_ok=1
+  for part in decode:45:gemm:"${KD_W8A8_DECODE_M:-1,4,16,64,256}" prefill:35:gemm:"${KD_W8A8_PREFILL_M:-1024,4096}" \
+              fused:100:fused:"${KD_W8A8_FUSED_M:-1,16,64}"; do
+    IFS=: read -r name pct mode ms <<<"$part"
+    budget=$((total * pct / 100)); [ "$budget" -gt $(($(left) - 10)) ] && budget=$(($(left) - 10))
+    [ "$budget" -lt 40 ] && { echo "::: moe-w8a8: no time left for $name"; w8a8_ok=0; continue; }
+    stamp "moe-w8a8: $name, moe mode $mode, M $ms (${budget} s)"
+    rm -rf "/tmp/kd-w8a8-$name" && mkdir -p "/tmp/kd-w8a8-$name"
+    PYTHONPATH="$BUILD/python" KDISPATCH_TORCH_OPS=native KDISPATCH_CACHE_DIR=/tmp/kd-no-cache \
+      timeout "$budget" "$PY" bench/gpu/bench_moe.py --lib "$LIB" --peers "$MOE_PEERS" --configs "$MOE_CFG" \
+      --m "$ms" --budget-s $((budget - 25)) --out "/tmp/kd-w8a8-$name" --commit "${KD_COMMIT:-unknown}" \
+      --cases "${KD_MOE_CASES:-fp8-tensor,fp8-channel}" --rounds "${KD_MOE_ROUNDS:-5}" --mode "$mode" \
+      >>"$OUT/moe_w8a8.log" 2>&1 || w8a8_ok=0
+    for f in /tmp/kd-w8a8-$name/moe_gemm_bench.json /tmp/kd-w8a8-$name/moe_bench.json; do
+      [ -f "$f" ] && cp "$f" "$OUT/moe_w8a8_$name.json"
+    done
+    grep -E '"case"|Error' "$OUT/moe_w8a8.log" | tail -12
+  done
+  [ $w8a8_ok -eq 1 ] && echo "::: moe-w8a8: complete (moe_w8a8_*.json)" ||
+    { status=1; echo "::: moe-w8a8: INCOMPLETE (moe_w8a8.log)"; }
 fi
 
 # ================================================================ moe-profile
