@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
     std::error_code ec;
     std::string dir = (std::filesystem::temp_directory_path(ec) / "kdispatch-test-cache-XXXXXX").string();
     if (ec || mkdtemp(dir.data()) == nullptr) {
-      std::fprintf(stderr, "kdispatch_tests: cannot make a cache dir under the temp dir (%s); set KDISPATCH_CACHE_DIR\n",
+      std::fprintf(stderr,
+                   "kdispatch_tests: cannot make a cache dir under the temp dir (%s); set KDISPATCH_CACHE_DIR\n",
                    dir.c_str());
       return 2;
     }
