@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -213,7 +214,10 @@ std::string switch_text(float v) {
 std::string scalar_value_text(float v) {
   if (std::fabs(v) < 1e15f && v == std::trunc(v)) return std::to_string(static_cast<long long>(v));
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  for (int digits = 6; digits <= 9; ++digits) {  // 9 always reads back as the float
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
   return buf;
 }
 // Why a dim scalar is refused; -1 is also what an int32 size past 2^24
@@ -226,7 +230,8 @@ std::string choice_text(const core::ScalarSlot& s, float v) {
   std::string all;
   for (size_t j = 0; j < s.labels.size(); ++j)
     all += (j ? ", " : "") + std::to_string(j) + " (" + std::string(s.labels[j]) + ")";
-  return "must be one of " + all + ", got " + scalar_value_text(v);
+  return "must be one of " + all + ", got " + scalar_value_text(v) +
+         (v == -1.f ? " (an integer past 2^24 arrives as -1)" : "");
 }
 
 // ------------------------------------------------------------------ the detailed path

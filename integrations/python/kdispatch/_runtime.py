@@ -380,9 +380,15 @@ def _int_scalar(v, name="value"):
     the library refuses it with the value), else refused here, naming it
     (0.999999999 would round to the label 1 and run)."""
     f = float(v)
-    if f.is_integer():
+    if f != f:
+        return f  # NaN: the library names it
+    try:
+        exact = bool(v == f)  # Decimal, Fraction, longdouble: float() may round them to a whole number
+    except Exception:
+        exact = False
+    if exact and f.is_integer():
         return f if abs(f) <= 16777216 else -1.0
-    if f != f or _f32(f) == f:
+    if exact and _f32(f) == f:
         return f
     raise Error(StatusCode.invalid_argument, f"{name}: must be a whole number, got {v!r}")
 

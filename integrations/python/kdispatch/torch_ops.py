@@ -177,13 +177,27 @@ else:
         readable = [a for a in op["args"] if a["read"] or not a["written"]]
         args += [None] * (len(readable) - len(args))
         args += [bool(scalars.get(s["name"], s["default"])) if s.get("kind") == "bool"
-                 else int(scalars.get(s["name"], s["default"])) if s.get("kind") == "int"
+                 else _whole(scalars.get(s["name"], s["default"]), s["name"]) if s.get("kind") == "int"
                  else float(scalars.get(s["name"], s["default"])) for s in op["scalars"]]
         out = getattr(torch.ops.kdispatch, _qual(op))(*args)
         source, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
         served = {"source": _SOURCES[source] if 0 <= source <= 2 else None, "variant": variant,
                   "M": m if m >= 0 else None, "source_id": source_id, "tuned_now": tuned}
         return out, served
+
+    def _whole(v, name):
+        """An "int" scalar for the op's int schema argument: a whole number as
+        it is (4.9 is never truncated to 4), else refused naming it."""
+        if isinstance(v, int):
+            return v
+        try:
+            f = float(v)
+            ok = f == f and f.is_integer() and bool(v == f)
+        except Exception:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name}: must be a whole number, got {v!r}")
+        return int(f)
 
     def gemm_info(a, b, bias=None):
         """call_info("gemm", a, b, bias): (d, info)."""

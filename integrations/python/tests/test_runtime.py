@@ -149,6 +149,14 @@ class OpsTest(TempDirTest):
         with self.assertRaises(Error) as c:
             self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=3.9999999999, **out)
         self.assertEqual(c.exception.message, "block_size: must be a whole number, got 3.9999999999")
+        # One that a float64 would round to a whole size (Decimal, Fraction) or a string: the same.
+        from decimal import Decimal
+        from fractions import Fraction
+        for v in (Decimal("3.99999999999999999999"), Fraction(4 * 10**20 + 1, 10**20), "4"):
+            with self.assertRaises(Error) as c:
+                self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
+            self.assertEqual(c.exception.message, f"block_size: must be a whole number, got {v!r}")
+        self.rt.moe_align(topk_ids=ids, num_experts=Fraction(8, 2), block_size=Decimal(4), **out)  # exactly 4
         self.assertEqual(out["num_tokens_post_pad"].tolist(), [12])
 
     def test_used_dlpack_protocol(self):

@@ -364,6 +364,7 @@ class TorchOpsCpuTest(unittest.TestCase):
         h, w1, w2 = torch.ones(1, 4), torch.ones(2, 8, 4), torch.ones(2, 4, 4)
         tw, ids = torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32)
         for act, text in ((0.999999999, "activation: must be a whole number, got 0.999999999"),
+                          (0.99999999999, "activation: must be a whole number, got 0.99999999999"),
                           (0.5, "activation: must be one of 0 (silu), 1 (gelu), got 0.5"),
                           (float("nan"), "activation: must be one of 0 (silu), 1 (gelu), got nan")):
             self.assertOpError(StatusCode.invalid_argument, torch.ops.kdispatch.fused_moe, h, w1, w2, tw, ids, None,
@@ -819,6 +820,11 @@ class TorchNativeTest(unittest.TestCase):
             OPS.set_runtime(type("Fake", (), {"handle": 12345})())
         with self.assertRaises(TypeError):
             OPS.call_info("rmsnorm", x, w, epz=0.1)
+        # an "int" scalar is never truncated (4.9 is not 4) nor a bare int() error (NaN)
+        ids = torch.zeros(1, 1, dtype=torch.int32)
+        for v in (4.9, float("nan")):
+            with self.assertRaisesRegex(ValueError, f"block_size: must be a whole number, got {v!r}"):
+                OPS.call_info("moe_align", ids, num_experts=4, block_size=v)
         self.assertFalse(hasattr(torch.ops.kdispatch, "_set_runtime"))
 
     def test_floor_ops(self):

@@ -39,6 +39,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -486,9 +487,13 @@ bool rows_view(const at::Tensor& t, View* v) {
   return true;
 }
 
+// The shortest text that reads back as d (0.99999999999 is not "1").
 std::string double_text(double d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", d);
+  char buf[40];
+  for (int digits = 9; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, d);
+    if (std::strtod(buf, nullptr) == d) break;
+  }
   return buf;
 }
 
