@@ -10,11 +10,12 @@
 #include <system_error>
 
 // Tests never read or write the user's tuning cache. Unless the caller set
-// KDISPATCH_CACHE_DIR (an empty value is unset, as the library reads it), each run of this binary (ctest runs one test case a
-// process) gets a fresh, empty 0700 dir under the temp dir as the default
-// cache dir of every runtime a test builds without an explicit one, removed
-// when the run ends. (A property list given to doctest_discover_tests loses
-// all but its first variable, so the binary does it itself.)
+// KDISPATCH_CACHE_DIR (an empty value is unset, as the library reads it),
+// each run of this binary (ctest runs one test case a process) gets a fresh,
+// empty 0700 dir under the temp dir as the default cache dir of every runtime
+// a test builds without an explicit one, removed when the run ends. (A
+// property list given to doctest_discover_tests loses all but its first
+// variable, so the binary does it itself.)
 int main(int argc, char** argv) {
   std::string made;
   if (const char* set = std::getenv("KDISPATCH_CACHE_DIR"); set == nullptr || *set == '\0') {  // empty: unset
