@@ -209,7 +209,7 @@ std::string switch_text(float v) {
 }
 // A scalar's value in a message: a whole number as one ("got -4", not
 // "got -4.000000"), else the shortest text that reads back as the float
-// ("got 0.5", "got 1.00000012", "got nan"): never rounded to a value a call
+// ("got 0.5", "got 1.0000001", "got nan"): never rounded to a value a call
 // would take.
 std::string scalar_value_text(float v) {
   if (std::fabs(v) < 1e15f && v == std::trunc(v)) return std::to_string(static_cast<long long>(v));

@@ -378,7 +378,8 @@ def _int_scalar(v, name="value"):
     which the library refuses by name (never rounded to a neighbouring size).
     Not a whole number: as given where a float32 holds it exactly (0.5, nan:
     the library refuses it with the value), else refused here, naming it
-    (0.999999999 would round to the label 1 and run)."""
+    (0.999999999 would round to the label 1 and run), as is a value float()
+    rounds (Decimal, Fraction) or changes ("4")."""
     f = float(v)
     if f != f:
         return f  # NaN: the library names it
