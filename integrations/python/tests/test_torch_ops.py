@@ -612,6 +612,32 @@ class TorchNativeTest(unittest.TestCase):
         self.assertTrue(torch.equal(fast2, d))
         self.assertEqual(info["variant"], "gemm_fp8_block_e4m3fn__tiled")
 
+    def test_moe_gemm_functional_allocates_its_rank3_out(self):
+        """The functional moe_gemm allocates out [M, top_k, N] (until this
+        test it allocated [N] and refused its own output: "out: must be rank
+        3, got rank 1"); its values are moe_gemm_out's, bit for bit, and a
+        meta call gives the shape."""
+        E, K, N, M, top_k, bs = 4, 32, 16, 3, 2, 4
+        g = torch.Generator().manual_seed(2)
+        a = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        w = (torch.randn(E, N, K, generator=g) * 0.5).to(torch.bfloat16)
+        ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
+        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+        cap = M * top_k + min(E, M * top_k) * (bs - 1)
+        sid, eid = torch.empty(cap, dtype=torch.int32), torch.empty(-(-cap // bs), dtype=torch.int32)
+        ntpp = torch.empty(1, dtype=torch.int32)
+        torch.ops.kdispatch.moe_align_out(sid, eid, ntpp, ids, None, E, bs)
+        got = torch.ops.kdispatch.moe_gemm(a, w, tw, sid, eid, ntpp, None, top_k, bs, 1)
+        self.assertEqual((got.dtype, tuple(got.shape)), (torch.bfloat16, (M, top_k, N)))
+        want = torch.full((M, top_k, N), float("nan"), dtype=torch.bfloat16)
+        torch.ops.kdispatch.moe_gemm_out(want, a, w, tw, sid, eid, ntpp, None, top_k, bs, 1)
+        self.assertTrue(torch.equal(got, want))
+        ref = torch.stack([torch.stack([(w[int(ids[t, j])].float() @ a[t].float()) * tw[t, j]
+                                        for j in range(top_k)]) for t in range(M)])
+        torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+        meta = torch.ops.kdispatch.moe_gemm(*(x.to("meta") for x in (a, w, tw, sid, eid, ntpp)), None, top_k, bs, 1)
+        self.assertEqual(tuple(meta.shape), (M, top_k, N))
+
     @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
     def test_moe_gemm_fp8_ops_take_their_nine_tensors(self):
         """moe_gemm_fp8_tensor_out (static a_scale) and moe_gemm_fp8_channel_out

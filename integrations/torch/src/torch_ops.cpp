@@ -678,10 +678,16 @@ class Kernel final : public c10::OperatorKernel {
         // Rows of M (y [M, N]): the lead input's leading dims, so [B, T, K]
         // in gives [B, T, N] out. Rows of another dim (quant_fp8_group's
         // scale [ceil(K/128), M]), or of M read from a 3-D input only
-        // (moe_sum's input [M, top_k, hidden]): that dim's extent.
+        // (moe_sum's input [M, top_k, hidden]): that dim's extent. Rank 3
+        // (moe_gemm's out [M, top_k, N]): its batch and rows extents.
+        if (a.rank == 3) {
+          const std::optional<I> batch = dims.extent(a.batch_dim, a.batch_mul, a.batch_div);
+          if (!batch) fail(b, 9, "the size of dim " + std::string(a.batch_dim) + " is not given by any input");
+          shape.push_back(*batch);
+        }
         if (a.rank == 2 && lead != nullptr && a.rows_dim == op.m_name && a.rows_mul == 1 && a.rows_div == 1) {
           for (int64_t d = 0; d + 1 < lead->dim(); ++d) shape.push_back(size_at<I>(*lead, d));
-        } else if (a.rank == 2) {
+        } else if (a.rank >= 2) {
           const std::optional<I> rows = dims.extent(a.rows_dim, a.rows_mul, a.rows_div);
           if (!rows) fail(b, 9, "the size of dim " + std::string(a.rows_dim) + " is not given by any input");
           shape.push_back(*rows);
