@@ -379,8 +379,11 @@ def _int_scalar(v, name="value"):
     Not a whole number: as given where a float32 holds it exactly (0.5, nan:
     the library refuses it with the value), else refused here, naming it
     (0.999999999 would round to the label 1 and run), as is a value float()
-    rounds (Decimal, Fraction) or changes ("4")."""
-    f = float(v)
+    rounds (Decimal, Fraction) or changes ("4"), or one float() refuses
+    (None; an int past a double's range is past 2^24: -1.0)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 16777216:
+        return -1.0  # 10**400 too, which float() would refuse
+    f = _float(v, name)
     if f != f:
         return f  # NaN: the library names it
     try:
@@ -394,6 +397,15 @@ def _int_scalar(v, name="value"):
     raise Error(StatusCode.invalid_argument, f"{name}: must be a whole number, got {v!r}")
 
 
+def _float(v, name):
+    """float(v), or an Error naming the argument where float() refuses it
+    (None, a string that is not a number, an int past a double's range)."""
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Error(StatusCode.invalid_argument, f"{name}: must be a number, got {v!r} ({e})") from None
+
+
 def _f32(f):
     """f (not a whole number: below 2^52 or infinite) rounded to a float32."""
     return struct.unpack("f", struct.pack("f", f))[0]
@@ -401,7 +413,7 @@ def _f32(f):
 
 def _scalar(v, kind, name):
     """One scalar of a call as the C ABI's float (see _int_scalar)."""
-    return _int_scalar(v, name) if kind in ("int", "choice") else float(v)
+    return _int_scalar(v, name) if kind in ("int", "choice") else _float(v, name)
 
 
 def _scalar_default(x):

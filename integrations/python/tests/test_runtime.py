@@ -136,6 +136,7 @@ class OpsTest(TempDirTest):
         self.assertEqual(out["num_tokens_post_pad"].tolist(), [12])
         for kw, got in (({"num_experts": 2**24 + 1, "block_size": 4}, "-1"),
                         ({"num_experts": 4, "block_size": 2**25}, "-1"),
+                        ({"num_experts": 10**400, "block_size": 4}, "-1"),  # past a double too
                         ({"num_experts": 4.5, "block_size": 4}, "4.5"),
                         ({"num_experts": float("nan"), "block_size": 4}, "nan"),
                         ({"num_experts": 4, "block_size": float("-inf")}, "-inf")):
@@ -157,6 +158,11 @@ class OpsTest(TempDirTest):
                 self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
             self.assertEqual(c.exception.message, f"block_size: must be a whole number, got {v!r}")
         self.rt.moe_align(topk_ids=ids, num_experts=Fraction(8, 2), block_size=Decimal(4), **out)  # exactly 4
+        # Not a number at all: refused by name, not Python's bare TypeError / ValueError.
+        for v, why in ((None, "float() argument must be"), ("four", "could not convert")):
+            with self.assertRaises(Error) as c:
+                self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
+            self.assertIn(f"block_size: must be a number, got {v!r} ({why}", c.exception.message)
         self.assertEqual(out["num_tokens_post_pad"].tolist(), [12])
 
     def test_used_dlpack_protocol(self):
