@@ -771,13 +771,15 @@ TEST_CASE("gemm_fp8 fast_accum: call_op takes the switch as 0 or 1 or leaves it 
   CHECK(key.find("|K=264,N=136,dtype=fp8_e4m3fn,out_dtype=fp32") != std::string::npos);
   Status s = call_op(*rt, "gemm_fp8_block", tensors, half);
   CHECK(s.code() == StatusCode::invalid_argument);
-  CHECK(s.message() == "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000");
+  CHECK(s.message() == "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.5");
+  const float near_one[] = {1.00000012f};  // printed so it is not read as 1
+  CHECK(call_op(*rt, "gemm_fp8_block", tensors, near_one).message() ==
+        "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 1.0000001");
   s = call_op(*rt, "gemm_fp8_block", tensors, two);
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK(s.message() == "gemm_fp8_block takes 6 tensors and 0 to 1 scalars, got 6 and 2");
   auto pr = pretune_op(*rt, "gemm_fp8_block", tensors, half);
-  CHECK(pr.status().message() ==
-        "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.500000");
+  CHECK(pr.status().message() == "fast_accum: must be 0 or 1 (false or true: 1 asks for fast accumulation), got 0.5");
   // The op list says what it is.
   for (const OpInfo& op : op_list())
     if (op.name.rfind("gemm_fp8_", 0) == 0) {

@@ -57,10 +57,7 @@ inline Status full_scalars(const core::OpSpec& s, std::span<const float> given,
   for (size_t j = 0; j < s.scalars.size(); ++j) {
     out[j] = j < given.size() ? given[j] : s.scalars[j].default_value;
     if (s.scalars[j].kind == core::ScalarKind::accum && out[j] != 0.f && out[j] != 1.f)
-      return make_status(StatusCode::invalid_argument,
-                         std::string(s.scalars[j].name) +
-                             ": must be 0 or 1 (false or true: 1 asks for fast accumulation), got " +
-                             std::to_string(out[j]));
+      return make_status(StatusCode::invalid_argument, std::string(s.scalars[j].name) + ": " + switch_text(out[j]));
     // An integer member (a choice's index, a size) given a fraction, NaN,
     // an infinity or a whole number past 2^24 is refused here, with the
     // value as given (set_scalar would make it -1).

@@ -196,9 +196,6 @@ constexpr bool is_written(const ArgSlot& s) noexcept { return s.role != Role::re
 
 // A switch scalar (ScalarKind::accum) is 0 or 1.
 [[gnu::always_inline]] inline bool switch_ok(float v) noexcept { return v == 0.f || v == 1.f; }
-std::string switch_text(float v) {
-  return "must be 0 or 1 (false or true: 1 asks for fast accumulation), got " + std::to_string(v);
-}
 // A choice scalar (ScalarKind::choice) is the index of one of its labels.
 [[gnu::always_inline]] inline bool choice_ok(float v, size_t labels) noexcept {
   return v >= 0.f && v < static_cast<float>(labels) && v == static_cast<float>(static_cast<int>(v));
@@ -815,6 +812,10 @@ KDISPATCH_OP_LIST(KD_VALIDATE_DEF)
 #undef KD_VALIDATE_DEF
 #undef KD_SCALAR_VAL
 #undef KD_TENSOR_PTR
+
+std::string switch_text(float v) {
+  return "must be 0 or 1 (false or true: 1 asks for fast accumulation), got " + scalar_value_text(v);
+}
 
 std::string integer_scalar_text(const core::ScalarSlot& s, float v) {
   return s.kind == core::ScalarKind::choice ? choice_text(s, v) : dim_scalar_text(v);

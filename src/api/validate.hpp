@@ -50,6 +50,11 @@ KDISPATCH_OP_LIST(KD_VALIDATE_DECL)
 /// value in its shortest exact text).
 std::string integer_scalar_text(const core::ScalarSlot& s, float v);
 
+/// Why `v` is refused for a switch scalar (ScalarKind::accum, fp8's
+/// fast_accum): "must be 0 or 1 (false or true: 1 asks for fast
+/// accumulation), got 0.5" (the value in its shortest exact text).
+std::string switch_text(float v);
+
 /// Stride class of dimension `dim` of a rank-2 tensor (see StrideClass).
 StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept;
 
