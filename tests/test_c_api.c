@@ -1380,6 +1380,13 @@ int main(void) {
     perror("mkdtemp");
     return 2;
   }
+  /* never the user's tuning cache: run by hand (ctest sets its own), a dir under g_tmp */
+  const char* cache = getenv("KDISPATCH_CACHE_DIR");
+  if (cache == NULL || *cache == '\0') {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/cache", g_tmp);
+    setenv("KDISPATCH_CACHE_DIR", dir, 1);
+  }
   {
     kdispatch_runtime* rt = NULL;
     kdispatch_options o;

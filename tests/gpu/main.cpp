@@ -7,6 +7,7 @@
 
 #include <cstdio>
 
+#include "../test_cache_dir.hpp"
 #include "gpu_test_util.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,11 @@ int main(int argc, char** argv) {
   if (!why.empty()) {
     std::printf("kdispatch_gpu_tests: skipped, no usable GPU: %s\n", why.c_str());
     return 0;
+  }
+  const kdtest::TestCacheDir cache;  // never the user's tuning cache
+  if (!cache.ok()) {
+    std::fprintf(stderr, "kdispatch_gpu_tests: %s; set KDISPATCH_CACHE_DIR\n", cache.why().c_str());
+    return 2;
   }
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
