@@ -1374,12 +1374,21 @@ static void test_op_workspace_bytes(void) {
   EXPECT(KDISPATCH_INVALID_ARGUMENT, kdispatch_op_workspace_bytes("gemm", t_bad, 4, NULL, 0, &bytes));
 }
 
+/* g_tmp (and the cache dir in it) removed at exit, an early exit(1) or
+   exit(2) too. */
+static void remove_tmp(void) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+}
+
 int main(void) {
   snprintf(g_tmp, sizeof g_tmp, "/tmp/kdispatch-c-api-XXXXXX");
   if (!mkdtemp(g_tmp)) {
     perror("mkdtemp");
     return 2;
   }
+  atexit(remove_tmp);
   /* never the user's tuning cache: run by hand (ctest sets its own), a dir under g_tmp */
   const char* cache = getenv("KDISPATCH_CACHE_DIR");
   if (cache == NULL || *cache == '\0') {
@@ -1415,9 +1424,6 @@ int main(void) {
   test_env_and_default();
   test_last_error_is_per_thread_state();
 
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
   printf("test_c_api: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
 }

@@ -491,26 +491,31 @@ static void test_park_calls_at_exit(void) {
          WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
+/* The cache dir of a run by hand (ctest sets its own), removed at exit
+   (make_rt's exit(2) too; fork children leave by _exit). */
+static char g_cache[] = "/tmp/kdispatch-c-api-close-XXXXXX";
+static void remove_cache(void) {
+  char cmd[100];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_cache);
+}
+
 int main(void) {
-  /* never the user's tuning cache: run by hand (ctest sets its own), a temp dir */
-  char tmp[] = "/tmp/kdispatch-c-api-close-XXXXXX";
+  /* never the user's tuning cache */
   const char* cache = getenv("KDISPATCH_CACHE_DIR");
-  const int own = cache == NULL || *cache == '\0';
-  if (own && mkdtemp(tmp) == NULL) {
-    perror("mkdtemp");
-    return 2;
+  if (cache == NULL || *cache == '\0') {
+    if (mkdtemp(g_cache) == NULL) {
+      perror("mkdtemp");
+      return 2;
+    }
+    setenv("KDISPATCH_CACHE_DIR", g_cache, 1);
+    atexit(remove_cache);
   }
-  if (own) setenv("KDISPATCH_CACHE_DIR", tmp, 1);
   test_closed_runtime_refuses_everything();
   test_close_in_a_fork_child_while_the_parent_calls();
   test_park_calls_at_exit();
   test_close_timeout_leaves_the_runtime_alive();
   test_close_while_four_threads_call();
-  if (own) {
-    char cmd[100];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
-  }
   printf("test_c_api_close: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
 }

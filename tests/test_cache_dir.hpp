@@ -3,49 +3,61 @@
 // user's. Used by tests/main.cpp and tests/gpu/main.cpp.
 #pragma once
 
-#include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <system_error>
 
 namespace kdtest {
 
-/// A fresh, empty 0700 dir "kdispatch-test-cache-<pid>-XXXXXX" under the temp
-/// dir, set as KDISPATCH_CACHE_DIR (the default cache dir of every runtime a
-/// test builds without an explicit one), unless the caller set
-/// KDISPATCH_CACHE_DIR (an empty value is unset, as the library reads it).
-/// The destructor removes it. First, dirs of that name that this user owns
-/// and whose process is gone (a run killed by a timeout or a signal never
-/// reaches its destructor) are removed. ok() is false when no dir could be
-/// made; the caller exits with a message (why()).
+/// A fresh, empty 0700 dir "kdispatch-test-run-XXXXXX" under the temp dir
+/// ($TMPDIR; an empty value is unset for the run: /tmp), set as KDISPATCH_CACHE_DIR (the
+/// default cache dir of every runtime a test builds without an explicit one),
+/// unless the caller set KDISPATCH_CACHE_DIR (an empty value is unset, as the
+/// library reads it). The run holds an exclusive flock on the dir while it
+/// lives; the destructor removes it. First, dirs of that name that this user
+/// owns, older than a minute and locked by no one (their run was killed by a
+/// timeout or a signal and never reached its destructor) are removed: a lock,
+/// not a pid, tells a live run (a pid says nothing across PID namespaces
+/// sharing the temp dir). ok() is false when no dir could be made; the
+/// caller exits with why().
 class TestCacheDir {
  public:
   TestCacheDir() {
+    // An empty TMPDIR is unset for the whole run (the tests' own temp files too).
+    if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t == '\0') unsetenv("TMPDIR");
     if (const char* set = std::getenv("KDISPATCH_CACHE_DIR"); set != nullptr && *set != '\0') return;
     std::error_code ec;
     const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
     if (ec) {
-      why_ = "no temp dir: " + ec.message();
+      why_ = "no temp dir ($TMPDIR): " + ec.message();
       return;
     }
     sweep(tmp);
-    std::string dir = (tmp / ("kdispatch-test-cache-" + std::to_string(getpid()) + "-XXXXXX")).string();
+    std::string dir = (tmp / (std::string(kPrefix) + "XXXXXX")).string();
     if (mkdtemp(dir.data()) == nullptr) {
       why_ = "cannot make " + dir;
       return;
     }
     made_ = dir;
+    fd_ = open(made_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0 || flock(fd_, LOCK_EX) != 0) {
+      why_ = "cannot lock " + made_;
+      return;
+    }
     setenv("KDISPATCH_CACHE_DIR", made_.c_str(), 1);
   }
   ~TestCacheDir() {
     std::error_code ec;
     if (!made_.empty()) std::filesystem::remove_all(made_, ec);
+    if (fd_ >= 0) close(fd_);
   }
   TestCacheDir(const TestCacheDir&) = delete;
   TestCacheDir& operator=(const TestCacheDir&) = delete;
@@ -54,24 +66,31 @@ class TestCacheDir {
   const std::string& why() const { return why_; }
 
  private:
-  // Dirs left by killed runs of this user: the pid in the name is not a live
-  // process (kill(pid, 0) answers ESRCH). Another user's, or a live run's,
-  // are left alone.
+  static constexpr const char* kPrefix = "kdispatch-test-run-";
+
+  // Dirs left by killed runs of this user: a real dir (not a link), older
+  // than a minute (a run between mkdtemp and flock is not taken for dead),
+  // whose lock is free. Another user's, or a live run's, are left alone.
   static void sweep(const std::filesystem::path& tmp) {
     std::error_code ec;
-    const std::string prefix = "kdispatch-test-cache-";
+    const std::string prefix = kPrefix;
     for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.compare(0, prefix.size(), prefix) != 0) continue;
-      const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+      if (e.path().filename().string().compare(0, prefix.size(), prefix) != 0) continue;
       struct stat st {};
-      if (pid <= 0 || lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) continue;
-      if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-      std::error_code rm;
-      std::filesystem::remove_all(e.path(), rm);
+      if (lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+          std::time(nullptr) - st.st_mtime < 60)
+        continue;
+      const int fd = open(e.path().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) continue;
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        std::error_code rm;
+        std::filesystem::remove_all(e.path(), rm);
+      }
+      close(fd);
     }
   }
   std::string made_, why_;
+  int fd_ = -1;
 };
 
 }  // namespace kdtest

@@ -3,6 +3,7 @@
 
 import inspect
 import json
+import math
 import os
 import struct
 import sys
@@ -374,46 +375,83 @@ def _parameters(o, keyword_tail):
 
 def _int_scalar(v, name="value"):
     """An integer scalar (a size, a choice's index: kinds "int" and "choice")
-    as the C ABI's float. A whole number: exact up to 2^24; past it, -1.0,
-    which the library refuses by name (never rounded to a neighbouring size).
-    Not a whole number: as given where a float32 holds it exactly (0.5, nan:
-    the library refuses it with the value), else refused here, naming it
-    (0.999999999 would round to the label 1 and run), as is a value float()
-    rounds (Decimal, Fraction) or changes ("4"), or one float() refuses
-    (None; an int past a double's range is past 2^24: -1.0)."""
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 16777216:
-        return -1.0  # 10**400 too, which float() would refuse
+    as the C ABI's float. A whole number (int, numpy, Decimal, Fraction,
+    compared exactly, never through a rounding float()): exact up to 2^24;
+    past it, -1.0, which the library refuses by name (never rounded to a
+    neighbouring size). Not a whole number: as given where a float32 holds it
+    exactly (0.5, nan, inf: the library refuses it with the value), else
+    refused here, naming it (0.999999999 would round to the label 1 and run),
+    as is a value float() would round (Decimal, Fraction) or one that is not
+    a number (None, a string: _float)."""
+    if not isinstance(v, (str, bytes)):
+        try:
+            i = int(v)
+            whole = bool(i == v)
+        except (TypeError, ValueError, OverflowError):  # None, complex, nan, inf
+            whole = False
+        if whole:
+            return float(i) if abs(i) <= 16777216 else -1.0
     f = _float(v, name)
     if f != f:
         return f  # NaN: the library names it
     try:
-        exact = bool(v == f)  # Decimal, Fraction, longdouble: float() may round them to a whole number
+        exact = bool(v == f)  # Decimal, Fraction, longdouble: float() may round them
     except Exception:
         exact = False
-    if exact and f.is_integer():
-        return f if abs(f) <= 16777216 else -1.0
     if exact and _f32(f) == f:
         return f
     raise Error(StatusCode.invalid_argument, f"{name}: must be a whole number, got {v!r}")
 
 
 def _float(v, name):
-    """float(v), or an Error naming the argument where float() refuses it
-    (None, a string that is not a number, an int past a double's range)."""
+    """float(v), or an Error naming the argument where v is not a number
+    (None, a string, even "4": never parsed) or float() refuses it (an int
+    past a double's range)."""
     try:
+        if isinstance(v, (str, bytes)):
+            raise TypeError("a string")
         return float(v)
     except (TypeError, ValueError, OverflowError) as e:
         raise Error(StatusCode.invalid_argument, f"{name}: must be a number, got {v!r} ({e})") from None
 
 
 def _f32(f):
-    """f (not a whole number: below 2^52 or infinite) rounded to a float32."""
-    return struct.unpack("f", struct.pack("f", f))[0]
+    """f rounded to a float32 (inf where it is past a float32's range)."""
+    try:
+        return struct.unpack("f", struct.pack("f", f))[0]
+    except OverflowError:
+        return math.copysign(math.inf, f)
+
+
+def _real(v, name):
+    """A "float" scalar (eps, routed_scaling_factor) as the C ABI's float:
+    any number; one past a float32's range (1e300, which a float32 makes
+    inf) refused naming it, as the torch binding does."""
+    f = _float(v, name)
+    if math.isfinite(f) and math.isinf(_f32(f)):
+        raise Error(StatusCode.invalid_argument, f"{name}: {v!r} is not representable as a float32")
+    return f
+
+
+def _switch(v, name):
+    """A switch (kind "bool", fp8's fast_accum) as the C ABI's 0.0 or 1.0:
+    False/True or a number exactly 0 or 1; anything else (0.99999999, "1",
+    None) refused naming it, never rounded to a side."""
+    if not isinstance(v, (str, bytes)):
+        try:
+            if v == 0 or v == 1:
+                return 1.0 if v == 1 else 0.0
+        except Exception:  # an array of several values
+            pass
+    raise Error(StatusCode.invalid_argument, f"{name}: must be 0 or 1 (false or true), got {v!r}")
 
 
 def _scalar(v, kind, name):
-    """One scalar of a call as the C ABI's float (see _int_scalar)."""
-    return _int_scalar(v, name) if kind in ("int", "choice") else _float(v, name)
+    """One scalar of a call as the C ABI's float, by its kind ("int",
+    "choice", "bool" or "float"; see _int_scalar, _switch, _real)."""
+    if kind in ("int", "choice"):
+        return _int_scalar(v, name)
+    return _switch(v, name) if kind == "bool" else _real(v, name)
 
 
 def _scalar_default(x):
@@ -466,13 +504,12 @@ def _make_method(o):
     first_kw = next(i for i, p in enumerate(sig.parameters.values()) if p.kind == p.KEYWORD_ONLY)
     params.insert(first_kw, "*")
     tensors = ", ".join(a["name"] for a in o["args"])
-    scalars = ", ".join(f"_int_scalar({x['name']}, {x['name']!r})" if x["kind"] in ("int", "choice")
-                        else f"float({x['name']})" for x in o["scalars"])
+    scalars = ", ".join(f"_scalar({x['name']}, {x['kind']!r}, {x['name']!r})" for x in o["scalars"])
     src = (f"def {name}({', '.join(params)}):\n"
            f"    return self._h.op(_NAME, [{tensors}], _META, [{scalars}],\n"
            f"                      None if stream is None else _stream_handle(stream),\n"
            f"                      1 if capturing else 0, bool(info), 0, 0)\n")
-    scope = {"_NAME": name, "_META": o["meta"], "_stream_handle": _stream_handle, "_int_scalar": _int_scalar}
+    scope = {"_NAME": name, "_META": o["meta"], "_stream_handle": _stream_handle, "_scalar": _scalar}
     exec(compile(src, f"<kdispatch.Runtime.{name}>", "exec"), scope)
     method = scope[name]
     method.__qualname__ = "Runtime." + name

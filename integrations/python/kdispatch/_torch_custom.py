@@ -118,8 +118,9 @@ def _bind(op, given):
 def _outputs(op, inputs, alloc):
     """Allocates (alloc = torch.empty or new_empty) the op's pure outputs,
     shaped [..., cols] with the leading dims of its first 2-D input (with
-    none, moe_sum's [M, top_k, hidden] input: [rows, cols] from the dims),
-    the dtype and device of its first input."""
+    none, moe_sum's [M, top_k, hidden] input: [rows, cols] from the dims;
+    rank 3, moe_gemm's out: [batch, rows, cols] from the dims), the dtype
+    and device of its first input."""
     given = {a["name"]: inputs[a["name"]].reshape(-1, inputs[a["name"]].shape[-1])
              if a["rank"] == 2 and inputs.get(a["name"]) is not None else inputs.get(a["name"])
              for a in op["args"] if a["name"] in inputs}
@@ -131,8 +132,11 @@ def _outputs(op, inputs, alloc):
     for a in op["args"]:
         if a["written"] and not a["read"]:
             cols = _extent(a["cols"], dims)
-            lead = () if a["rank"] != 2 else tuple(first.shape[:-1]) if first is not None else \
-                (_extent(a["rows"], dims),)
+            if a["rank"] == 3:  # moe_gemm's out [M, top_k, N]
+                lead = (_extent(a["batch"], dims), _extent(a["rows"], dims))
+            else:
+                lead = () if a["rank"] != 2 else tuple(first.shape[:-1]) if first is not None else \
+                    (_extent(a["rows"], dims),)
             outs[a["name"]] = alloc((*lead, cols), read[0])
     return outs
 

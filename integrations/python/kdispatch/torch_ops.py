@@ -55,7 +55,7 @@ import torch
 
 from . import _backend  # noqa: F401  (loads the library the rest of the package uses)
 from . import _capi
-from ._runtime import Runtime, default_runtime
+from ._runtime import Runtime, _scalar, default_runtime
 
 _mode = os.environ.get("KDISPATCH_TORCH_OPS", "auto").strip().lower() or "auto"
 if _mode not in ("auto", "native", "python"):
@@ -176,28 +176,33 @@ else:
         args = list(tensors)
         readable = [a for a in op["args"] if a["read"] or not a["written"]]
         args += [None] * (len(readable) - len(args))
-        args += [bool(scalars.get(s["name"], s["default"])) if s.get("kind") == "bool"
-                 else _whole(scalars.get(s["name"], s["default"]), s["name"]) if s.get("kind") == "int"
-                 else float(scalars.get(s["name"], s["default"])) for s in op["scalars"]]
+        args += [_schema_scalar(scalars.get(s["name"], s["default"]), s) for s in op["scalars"]]
         out = getattr(torch.ops.kdispatch, _qual(op))(*args)
         source, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
         served = {"source": _SOURCES[source] if 0 <= source <= 2 else None, "variant": variant,
                   "M": m if m >= 0 else None, "source_id": source_id, "tuned_now": tuned}
         return out, served
 
-    def _whole(v, name):
-        """An "int" scalar for the op's int schema argument: a whole number as
-        it is (4.9 is never truncated to 4), else refused naming it."""
-        if isinstance(v, int):
-            return v
-        try:
-            f = float(v)
-            ok = f == f and f.is_integer() and bool(v == f)
-        except Exception:
-            ok = False
-        if not ok:
-            raise ValueError(f"{name}: must be a whole number, got {v!r}")
-        return int(f)
+    def _schema_scalar(v, s):
+        """A scalar for the op's schema argument, checked as Runtime's
+        methods check it (_runtime._scalar, which names a refused one): a
+        switch a bool (0.99999999 is refused, never True), an "int" a whole
+        number as an int (4.9 is never truncated to 4: ValueError naming
+        it), a choice or a float as a float (1e300 refused: no float32)."""
+        kind, name = s.get("kind"), s["name"]
+        if kind == "int":
+            if isinstance(v, int):
+                return v
+            try:
+                f = float(v)
+                ok = f == f and f.is_integer() and bool(v == f)
+            except Exception:
+                ok = False
+            if not ok:
+                raise ValueError(f"{name}: must be a whole number, got {v!r}")
+            return int(f)
+        f = _scalar(v, kind, name)
+        return f == 1.0 if kind == "bool" else f
 
     def gemm_info(a, b, bias=None):
         """call_info("gemm", a, b, bias): (d, info)."""

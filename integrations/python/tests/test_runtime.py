@@ -107,6 +107,30 @@ class OpsTest(TempDirTest):
             self.rt.rmsnorm(y, x, w, 0.0)
         self.assertIs(c.exception.code, StatusCode.invalid_argument)
         self.assertIn("eps", c.exception.message)
+        # A float scalar that is not a number, or past a float32 (1e300 would
+        # run as inf): refused by name before the op, never parsed or rounded.
+        for v, want in ((None, "eps: must be a number, got None (float() argument must be"),
+                        ("1e-6", "eps: must be a number, got '1e-6' (a string)"),
+                        (b"1e-6", "eps: must be a number, got b'1e-6' (a string)"),
+                        (1e300, "eps: 1e+300 is not representable as a float32"),
+                        (10**400, "eps: must be a number, got 1000")):
+            with self.assertRaises(Error) as c:
+                self.rt.rmsnorm(y, x, w, v)
+            self.assertIs(c.exception.code, StatusCode.invalid_argument)
+            self.assertTrue(c.exception.message.startswith(want), c.exception.message)
+        # A switch (fp8's fast_accum) is False/True or exactly 0 or 1: 0.99999999
+        # ran as fast, 1e-50 as not, "1" was taken; now each is refused by name,
+        # through the method and pretune alike (before any tensor is looked at).
+        a8, s1 = np.zeros((2, 16), np.uint8), np.ones(1, np.float32)
+        for v in (0.99999999, 1.00000001, 1e-50, 2**24 + 1, "1", None):
+            for call in (lambda: self.rt.gemm_fp8_tensor(a8, a8, y, s1, s1, fast_accum=v),
+                         lambda: self.rt.pretune("gemm_fp8_tensor", a8, a8, y, s1, s1, fast_accum=v)):
+                with self.assertRaises(Error) as c:
+                    call()
+                self.assertEqual(c.exception.message, f"fast_accum: must be 0 or 1 (false or true), got {v!r}")
+        with self.assertRaises(Error) as c:  # True passes the switch; the uint8 tensors are refused
+            self.rt.gemm_fp8_tensor(a8, a8, y, s1, s1, fast_accum=True)
+        self.assertNotIn("fast_accum", c.exception.message)
         with self.assertRaises(Error) as c:
             self.rt.rmsnorm(y, [[1.0] * 32] * 2, w)
         self.assertIs(c.exception.code, StatusCode.invalid_argument)
@@ -153,13 +177,13 @@ class OpsTest(TempDirTest):
         # One that a float64 would round to a whole size (Decimal, Fraction) or a string: the same.
         from decimal import Decimal
         from fractions import Fraction
-        for v in (Decimal("3.99999999999999999999"), Fraction(4 * 10**20 + 1, 10**20), "4"):
+        for v in (Decimal("3.99999999999999999999"), Fraction(4 * 10**20 + 1, 10**20)):
             with self.assertRaises(Error) as c:
                 self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
             self.assertEqual(c.exception.message, f"block_size: must be a whole number, got {v!r}")
         self.rt.moe_align(topk_ids=ids, num_experts=Fraction(8, 2), block_size=Decimal(4), **out)  # exactly 4
         # Not a number at all: refused by name, not Python's bare TypeError / ValueError.
-        for v, why in ((None, "float() argument must be"), ("four", "could not convert")):
+        for v, why in ((None, "float() argument must be"), ("four", "a string"), ("4", "a string")):
             with self.assertRaises(Error) as c:
                 self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
             self.assertIn(f"block_size: must be a number, got {v!r} ({why}", c.exception.message)

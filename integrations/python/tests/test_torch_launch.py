@@ -217,9 +217,19 @@ y2 = C.fused_moe(x, w1, w2, tw, ids, routed_scaling_factor=2.5)
 out, info = C.call_info("fused_moe", x, w1, w2, tw, ids)
 r = torch.randn(4, 64, generator=g)
 n = C.rmsnorm(r, torch.ones(64))  # eps=1e-06
+# moe_gemm allocates its rank-3 out [M, top_k, N] (it allocated [N] before)
+bs, cap = 4, M * top_k + min(E, M * top_k) * 3
+sid, eid = torch.empty(cap, dtype=torch.int32), torch.empty(-(-cap // bs), dtype=torch.int32)
+ntpp = torch.empty(1, dtype=torch.int32)
+C.get_runtime().moe_align(sorted_token_ids=sid, expert_ids=eid, num_tokens_post_pad=ntpp, topk_ids=ids,
+                          num_experts=E, block_size=bs)  # an op with no custom_op form
+up = C.moe_gemm(x, w1, tw, sid, eid, ntpp, None, top_k, bs, 0)
+up_ref = torch.stack([torch.stack([w1[int(ids[t, j])].float() @ x[t].float() for j in range(top_k)]) for t in range(M)])
 print(json.dumps({"moe": float((y.float() - ref).abs().max() / ref.abs().max()),
                   "moe_scaled": float((y2.float() - 2.5 * ref).abs().max() / ref.abs().max()),
                   "call_info_same": bool(torch.equal(out, y)), "variant": info["variant"],
+                  "moe_gemm_shape": list(up.shape),
+                  "moe_gemm": float((up.float() - up_ref).abs().max() / up_ref.abs().max()),
                   "rms": float((n - r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6)).abs().max())}))
 """
 
@@ -240,6 +250,8 @@ class TorchCustomModuleTest(unittest.TestCase):
         self.assertTrue(r["call_info_same"])
         self.assertTrue(r["variant"].startswith("fused_moe_"), r["variant"])
         self.assertLessEqual(r["rms"], 1e-5)
+        self.assertEqual(r["moe_gemm_shape"], [3, 2, 64])
+        self.assertLessEqual(r["moe_gemm"], 1e-2)
 
 
 if __name__ == "__main__":
