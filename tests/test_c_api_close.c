@@ -491,10 +491,12 @@ static void test_park_calls_at_exit(void) {
          WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
-/* The cache dir of a run by hand (ctest sets its own), removed at exit
-   (make_rt's exit(2) too; fork children leave by _exit). */
+/* The cache dir of a run by hand (ctest sets its own), removed when the
+   process that made it exits (make_rt's exit(2) too). */
 static char g_cache[] = "/tmp/kdispatch-c-api-close-XXXXXX";
+static pid_t g_cache_owner; /* a fork child's exit(2) leaves the parent's dir alone */
 static void remove_cache(void) {
+  if (getpid() != g_cache_owner) return;
   char cmd[100];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_cache);
@@ -509,6 +511,7 @@ int main(void) {
       return 2;
     }
     setenv("KDISPATCH_CACHE_DIR", g_cache, 1);
+    g_cache_owner = getpid();
     atexit(remove_cache);
   }
   test_closed_runtime_refuses_everything();

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -186,13 +187,15 @@ TEST_CASE("moe_sum: errors name the argument: rank, dtypes, shapes, top_k, route
   s = moe_sum(*rt, a);
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK(kdtest::contains(s.message(), "overlap"));
-  // routed_scaling_factor must be > 0.
-  for (float rsf : {0.f, -1.f, std::nanf("")}) {
+  // routed_scaling_factor must be > 0 and finite (inf made the sum inf).
+  for (float rsf : {0.f, -1.f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
     CAPTURE(rsf);
     s = moe_sum(*rt, t.args(rsf));
     CHECK(s.code() == StatusCode::invalid_argument);
     CHECK(s.message().rfind("routed_scaling_factor: must be > 0", 0) == 0);
   }
+  CHECK(moe_sum(*rt, t.args(std::numeric_limits<float>::infinity())).message() ==
+        "routed_scaling_factor: must be > 0 and finite, got inf");
   CHECK(std::isnan(t.out[0]));  // nothing refused ever wrote
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -194,6 +195,11 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
 
 constexpr bool is_written(const ArgSlot& s) noexcept { return s.role != Role::read; }
 
+// A positive scalar (eps, routed_scaling_factor) is > 0 and finite (an inf
+// eps zeroes rmsnorm's output; an inf scaling factor makes the MoE's inf).
+[[gnu::always_inline]] inline bool positive_ok(float v) noexcept {
+  return v > 0.f && v <= std::numeric_limits<float>::max();
+}
 // A switch scalar (ScalarKind::accum) is 0 or 1.
 [[gnu::always_inline]] inline bool switch_ok(float v) noexcept { return v == 0.f || v == 1.f; }
 // A choice scalar (ScalarKind::choice) is the index of one of its labels.
@@ -400,8 +406,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
           return st;
     // 4. Scalars.
     for (size_t j = 0; j < s.scalars.size(); ++j) {
-      if (s.scalars[j].positive && !(scalars[j] > 0.f))
-        return bad(s.scalars[j].name, "must be > 0, got " + std::to_string(scalars[j]));
+      if (s.scalars[j].positive && !positive_ok(scalars[j]))
+        return bad(s.scalars[j].name, "must be > 0 and finite, got " + scalar_value_text(scalars[j]));
       if (s.scalars[j].kind == core::ScalarKind::accum && !switch_ok(scalars[j]))
         return bad(s.scalars[j].name, switch_text(scalars[j]));
       if (s.scalars[j].kind == core::ScalarKind::choice && !choice_ok(scalars[j], s.scalars[j].labels.size()))
@@ -682,7 +688,7 @@ template <core::OpKind Op>
   core::Accum accum = core::Accum::precise;
   uint8_t choice = 0;
   for (size_t j = 0; j < S.scalars.size(); ++j) {
-    if (S.scalars[j].positive) ok = ok && scalars[j] > 0.f;
+    if (S.scalars[j].positive) ok = ok && positive_ok(scalars[j]);
     if (S.scalars[j].kind == core::ScalarKind::accum) {
       ok = ok && switch_ok(scalars[j]);
       if (scalars[j] != 0.f) accum = core::Accum::fast;

@@ -200,7 +200,7 @@ enum class ScalarKind : uint8_t {
 struct ScalarSlot {
   std::string_view name;
   float default_value = 0.f;
-  bool positive = false;  ///< must be > 0
+  bool positive = false;  ///< must be > 0 and finite
   ScalarKind kind = ScalarKind::real;
   std::span<const std::string_view> labels = {};  ///< choice only: the names, by index
   Dim dim = Dim::none;                            ///< ScalarKind::dim only: the dim it sets

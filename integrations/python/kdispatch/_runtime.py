@@ -383,11 +383,13 @@ def _int_scalar(v, name="value"):
     refused here, naming it (0.999999999 would round to the label 1 and run),
     as is a value float() would round (Decimal, Fraction) or one that is not
     a number (None, a string: _float)."""
+    if type(v) is int:  # the common case
+        return float(v) if -16777216 <= v <= 16777216 else -1.0
     if not isinstance(v, (str, bytes)):
         try:
             i = int(v)
             whole = bool(i == v)
-        except (TypeError, ValueError, OverflowError):  # None, complex, nan, inf
+        except Exception:  # None, complex, nan, inf; a tensor past int64 (RuntimeError)
             whole = False
         if whole:
             return float(i) if abs(i) <= 16777216 else -1.0
@@ -425,10 +427,19 @@ def _f32(f):
 
 def _real(v, name):
     """A "float" scalar (eps, routed_scaling_factor) as the C ABI's float:
-    any number; one past a float32's range (1e300, which a float32 makes
-    inf) refused naming it, as the torch binding does."""
+    any number a float32 holds, to its precision (1e-6); one a float32
+    would make inf or 0 (1e300, Decimal('1e400'), 1e-50) refused naming
+    it, as the torch binding does. inf, nan and 0 as given (the op names
+    what it refuses)."""
+    if type(v) is float and 1.1754943508222875e-38 <= abs(v) <= 3.4028234663852886e+38:
+        return v  # the common case: a normal float32 magnitude
     f = _float(v, name)
-    if math.isfinite(f) and math.isinf(_f32(f)):
+    g = _f32(f)
+    try:
+        changed = (math.isinf(g) or g == 0) and not bool(v == g)
+    except Exception:
+        changed = True
+    if changed:
         raise Error(StatusCode.invalid_argument, f"{name}: {v!r} is not representable as a float32")
     return f
 
@@ -437,7 +448,7 @@ def _switch(v, name):
     """A switch (kind "bool", fp8's fast_accum) as the C ABI's 0.0 or 1.0:
     False/True or a number exactly 0 or 1; anything else (0.99999999, "1",
     None) refused naming it, never rounded to a side."""
-    if not isinstance(v, (str, bytes)):
+    if not isinstance(v, (str, bytes, complex)):
         try:
             if v == 0 or v == 1:
                 return 1.0 if v == 1 else 0.0

@@ -47,6 +47,7 @@ with a RuntimeWarning at import, and the ops serve from the other dirs
 instead of raising at the first call).
 """
 
+import operator
 import os
 import sys
 import threading
@@ -167,7 +168,9 @@ else:
         """Runs op `name` exactly as its torch op does and returns (outputs,
         info): outputs as the op returns them, info what served the call
         ({"source", "variant", "M", "source_id", "tuned_now"}). For
-        benchmarks and debugging; not a registered op."""
+        benchmarks and debugging; not a registered op. An op whose output
+        size is a formula (moe_align) has only its out form: pass its outputs
+        first, as to torch.ops.kdispatch.<op>_out."""
         op = _OPS[name]
         unknown = set(scalars) - {s["name"] for s in op["scalars"]}
         if unknown:
@@ -175,9 +178,11 @@ else:
                             f"{name} takes {[s['name'] for s in op['scalars']]}")
         args = list(tensors)
         readable = [a for a in op["args"] if a["read"] or not a["written"]]
-        args += [None] * (len(readable) - len(args))
+        outs = [a for a in op["args"] if a["written"] and not a["read"]]
+        out_form = any(a.get("computed") for a in outs)
+        args += [None] * (len(readable) + (len(outs) if out_form else 0) - len(args))
         args += [_schema_scalar(scalars.get(s["name"], s["default"]), s) for s in op["scalars"]]
-        out = getattr(torch.ops.kdispatch, _qual(op))(*args)
+        out = getattr(torch.ops.kdispatch, name + "_out" if out_form else _qual(op))(*args)
         source, variant, m, source_id, tuned = torch.ops.kdispatch._last_info()
         served = {"source": _SOURCES[source] if 0 <= source <= 2 else None, "variant": variant,
                   "M": m if m >= 0 else None, "source_id": source_id, "tuned_now": tuned}
@@ -191,8 +196,10 @@ else:
         it), a choice or a float as a float (1e300 refused: no float32)."""
         kind, name = s.get("kind"), s["name"]
         if kind == "int":
-            if isinstance(v, int):
-                return v
+            try:
+                return operator.index(v)  # np.int64(2**53 + 1) as it is, not through a float
+            except TypeError:
+                pass
             try:
                 f = float(v)
                 ok = f == f and f.is_integer() and bool(v == f)

@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import unittest
+from decimal import Decimal
 
 import numpy as np
 
@@ -113,6 +114,9 @@ class OpsTest(TempDirTest):
                         ("1e-6", "eps: must be a number, got '1e-6' (a string)"),
                         (b"1e-6", "eps: must be a number, got b'1e-6' (a string)"),
                         (1e300, "eps: 1e+300 is not representable as a float32"),
+                        (1e-50, "eps: 1e-50 is not representable as a float32"),  # would run as 0
+                        (Decimal("1e400"), "eps: Decimal('1E+400') is not representable as a float32"),
+                        (np.longdouble("1e4000") if np.finfo(np.longdouble).max > 1e4000 else 1e300, "eps: "),
                         (10**400, "eps: must be a number, got 1000")):
             with self.assertRaises(Error) as c:
                 self.rt.rmsnorm(y, x, w, v)
@@ -122,7 +126,7 @@ class OpsTest(TempDirTest):
         # ran as fast, 1e-50 as not, "1" was taken; now each is refused by name,
         # through the method and pretune alike (before any tensor is looked at).
         a8, s1 = np.zeros((2, 16), np.uint8), np.ones(1, np.float32)
-        for v in (0.99999999, 1.00000001, 1e-50, 2**24 + 1, "1", None):
+        for v in (0.99999999, 1.00000001, 1e-50, 2**24 + 1, "1", None, 1 + 0j):
             for call in (lambda: self.rt.gemm_fp8_tensor(a8, a8, y, s1, s1, fast_accum=v),
                          lambda: self.rt.pretune("gemm_fp8_tensor", a8, a8, y, s1, s1, fast_accum=v)):
                 with self.assertRaises(Error) as c:
@@ -182,6 +186,18 @@ class OpsTest(TempDirTest):
                 self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
             self.assertEqual(c.exception.message, f"block_size: must be a whole number, got {v!r}")
         self.rt.moe_align(topk_ids=ids, num_experts=Fraction(8, 2), block_size=Decimal(4), **out)  # exactly 4
+        # A number whose int() raises something else (a float tensor past int64
+        # raises RuntimeError): refused by name, not a raw exception.
+        class Huge:
+            def __int__(self):
+                raise RuntimeError("Overflow when unpacking long")
+
+            def __float__(self):
+                return 1e20
+
+        with self.assertRaises(Error) as c:
+            self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=Huge(), **out)
+        self.assertTrue(c.exception.message.startswith("block_size: must be a whole number, got <"), c.exception.message)
         # Not a number at all: refused by name, not Python's bare TypeError / ValueError.
         for v, why in ((None, "float() argument must be"), ("four", "a string"), ("4", "a string")):
             with self.assertRaises(Error) as c:

@@ -637,6 +637,12 @@ class TorchNativeTest(unittest.TestCase):
         torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
         meta = torch.ops.kdispatch.moe_gemm(*(x.to("meta") for x in (a, w, tw, sid, eid, ntpp)), None, top_k, bs, 1)
         self.assertEqual(tuple(meta.shape), (M, top_k, N))
+        # call_info on an op with only an out form (moe_align): its outputs first, as
+        # to moe_align_out (it looked up a functional moe_align_ and raised AttributeError).
+        sid2, eid2, ntpp2 = torch.full_like(sid, -7), torch.full_like(eid, -7), torch.full_like(ntpp, -7)
+        _, info = OPS.call_info("moe_align", sid2, eid2, ntpp2, ids, num_experts=E, block_size=bs)
+        self.assertTrue(torch.equal(sid2, sid) and torch.equal(eid2, eid) and torch.equal(ntpp2, ntpp))
+        self.assertTrue(info["variant"].startswith("moe_align"), info)
 
     @unittest.skipUnless(HAVE_FP8, "torch.float8_e4m3fn needs torch >= 2.1")
     def test_moe_gemm_fp8_ops_take_their_nine_tensors(self):
