@@ -525,7 +525,7 @@ KDISPATCH_C_API kdispatch_status kdispatch_fused_moe(kdispatch_runtime* rt, cons
  *  sum_j input[t, j, h], j ascending, fp32 accumulation. input [M, top_k,
  *  hidden] (tokens stacked densely), out [M, hidden], one dtype (bf16, fp16,
  *  fp32), unit stride along hidden, out not overlapping input;
- *  routed_scaling_factor > 0 (1: vLLM's). Errors: as kdispatch_gemm. */
+ *  routed_scaling_factor > 0 and finite (1: vLLM's). Errors: as kdispatch_gemm. */
 KDISPATCH_C_API kdispatch_status kdispatch_moe_sum(kdispatch_runtime* rt, const DLTensor* input, const DLTensor* out,
                                                    float routed_scaling_factor, void* stream, uint32_t flags,
                                                    kdispatch_dispatch_info* info);

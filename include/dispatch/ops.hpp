@@ -99,7 +99,7 @@ struct GemmArgs {
 ///   when both have the same row stride.
 /// - w: [hidden], contiguous.
 /// dtypes: x, y and w the same (fp32, bf16; fp16 where the backend has it).
-/// Sum of squares in fp32. eps > 0 (typically 1e-5 or 1e-6).
+/// Sum of squares in fp32. eps > 0 and finite (typically 1e-5 or 1e-6).
 struct RmsNormArgs {
   TensorRef y;
   TensorRef x;
@@ -236,7 +236,7 @@ struct QuantFp8GroupArgs : QuantFp8Args {};
 ///   scale per 128x128 block (DeepSeek-V3's block fp8 in SGLang's layout).
 ///   The activations are then quantised inside the op per token and
 ///   128-wide group (quant_fp8_group's rule) before each GEMM.
-/// - routed_scaling_factor: > 0 (DeepSeek's; 1 for most models).
+/// - routed_scaling_factor: > 0 and finite (DeepSeek's; 1 for most models).
 /// - activation: 0 silu (default), 1 gelu (erf), SGLang's `activation`.
 /// The GPU path takes a 16-byte aligned workspace (CallOptions::workspace
 /// or Runtime::attach_stream): M * top_k * I * 4 bytes for the largest M
@@ -268,7 +268,7 @@ struct FusedMoeArgs {
 ///   stride, as a contiguous tensor of that shape); bf16, fp16 or fp32.
 /// - out: [M, hidden], the dtype of input, unit stride, row stride >=
 ///   hidden; written, overlapping no input.
-/// - routed_scaling_factor: > 0 (DeepSeek's; 1 for vLLM's moe_sum).
+/// - routed_scaling_factor: > 0 and finite (DeepSeek's; 1 for vLLM's moe_sum).
 /// Deterministic: j summed in ascending order in fp32, multiplied by the
 /// factor in fp32, rounded once to the out dtype. CPU: fp32 and bf16.
 struct MoeSumArgs {
