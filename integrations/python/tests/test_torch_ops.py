@@ -62,6 +62,19 @@ def cuda_backend_available():
 
 
 @unittest.skipUnless(OPS is not None, SKIP)
+
+def _routed_3x2(E, bs):
+    """Three tokens' top-2 routing over E >= 4 experts and moe_align's
+    buffers for it in blocks of bs: (topk_ids, topk_weights,
+    sorted_token_ids, expert_ids, num_tokens_post_pad)."""
+    ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
+    tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
+    cap = 6 + min(E, 6) * (bs - 1)
+    sid, eid = torch.empty(cap, dtype=torch.int32), torch.empty(-(-cap // bs), dtype=torch.int32)
+    ntpp = torch.empty(1, dtype=torch.int32)
+    torch.ops.kdispatch.moe_align_out(sid, eid, ntpp, ids, None, E, bs)
+    return ids, tw, sid, eid, ntpp
+
 class TorchOpsCpuTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -621,12 +634,7 @@ class TorchNativeTest(unittest.TestCase):
         g = torch.Generator().manual_seed(2)
         a = torch.randn(M, K, generator=g).to(torch.bfloat16)
         w = (torch.randn(E, N, K, generator=g) * 0.5).to(torch.bfloat16)
-        ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
-        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
-        cap = M * top_k + min(E, M * top_k) * (bs - 1)
-        sid, eid = torch.empty(cap, dtype=torch.int32), torch.empty(-(-cap // bs), dtype=torch.int32)
-        ntpp = torch.empty(1, dtype=torch.int32)
-        torch.ops.kdispatch.moe_align_out(sid, eid, ntpp, ids, None, E, bs)
+        ids, tw, sid, eid, ntpp = _routed_3x2(E, bs)
         got = torch.ops.kdispatch.moe_gemm(a, w, tw, sid, eid, ntpp, None, top_k, bs, 1)
         self.assertEqual((got.dtype, tuple(got.shape)), (torch.bfloat16, (M, top_k, N)))
         want = torch.full((M, top_k, N), float("nan"), dtype=torch.bfloat16)
@@ -655,12 +663,7 @@ class TorchNativeTest(unittest.TestCase):
         g = torch.Generator().manual_seed(1)
         a = torch.randn(M, K, generator=g).to(torch.bfloat16)
         w = (torch.randn(E, N, K, generator=g) * 0.5).to(f8)
-        ids = torch.tensor([[0, 2], [3, 1], [1, 0]], dtype=torch.int32)
-        tw = torch.tensor([[0.7, 0.3], [0.5, 0.5], [0.9, 0.1]])
-        cap = M * top_k + min(E, M * top_k) * (bs - 1)
-        sid, eid = torch.empty(cap, dtype=torch.int32), torch.empty(-(-cap // bs), dtype=torch.int32)
-        ntpp = torch.empty(1, dtype=torch.int32)
-        torch.ops.kdispatch.moe_align_out(sid, eid, ntpp, ids, None, E, bs)
+        ids, tw, sid, eid, ntpp = _routed_3x2(E, bs)
 
         def q(v, s):  # e4m3fn(clamp(v / s)) * s
             return (v / s).clamp(-448.0, 448.0).to(f8).float() * s
