@@ -61,8 +61,6 @@ def cuda_backend_available():
         return False, f"this libkdispatch has no usable GPU backend ({e})"
 
 
-@unittest.skipUnless(OPS is not None, SKIP)
-
 def _routed_3x2(E, bs):
     """Three tokens' top-2 routing over E >= 4 experts and moe_align's
     buffers for it in blocks of bs: (topk_ids, topk_weights,
@@ -75,6 +73,8 @@ def _routed_3x2(E, bs):
     torch.ops.kdispatch.moe_align_out(sid, eid, ntpp, ids, None, E, bs)
     return ids, tw, sid, eid, ntpp
 
+
+@unittest.skipUnless(OPS is not None, SKIP)
 class TorchOpsCpuTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
