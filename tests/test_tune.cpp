@@ -756,9 +756,12 @@ TEST_CASE("tuning: the miss queue is bounded and drops when full, claims make ra
 
   TempDir cache;
   CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));
-  CHECK_FALSE(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));            // held (by us, alive)
-  CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 32));                  // another M: free
-  CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16, /*ttl_s=*/-1.0));  // expired: taken over
+  CHECK_FALSE(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));  // held (by us, alive)
+  CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 32));        // another M: free
+  // Expired: taken over. A TTL of -5 s, not -1: the claim's mtime (the file
+  // system's coarse clock) can be a second ahead of time(), an age of -1 s
+  // (this check failed about 1 run in 65 with -1).
+  CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16, /*ttl_s=*/-5.0));
   store::release_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16);
   CHECK(store::try_claim(cache.str(), "cpu/gemm|X|K=1,N=1,dtype=fp32", 16));
 }
