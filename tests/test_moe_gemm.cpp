@@ -267,6 +267,13 @@ TEST_CASE("moe_gemm: errors name the argument: a short buffer, top_k, mul_routed
   g = t.args();
   g.w_scale = g.topk_weights;
   CHECK(moe_gemm(*rt, g).message().find("w_scale") != std::string::npos);
+  // An empty w as torch makes it ([4, 0, 2]: batch stride 2, not 0) is
+  // refused by its shape, not by strides that say nothing (it was "w: batch
+  // stride 2 must be rows * row stride = 0 ...").
+  g = t.args();
+  g.w.shape[1] = 0, g.w.strides[0] = 2, g.w.strides[1] = 2;
+  g.out.shape[2] = 0, g.out.strides[0] = 2, g.out.strides[1] = 1;
+  CHECK(moe_gemm(*rt, g).message() == "w: E, N and K must be >= 1, got shape [4, 0, 2]");
 }
 
 TEST_CASE("moe_gemm: a call's key and file name: block_size, top_k and the routed weight are fields") {

@@ -139,6 +139,7 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
 [[gnu::always_inline]] inline bool ok_3d(const TensorRef& t, bool require_data) noexcept {
   if (t.rank != 3 || t.shape[0] < 0 || t.shape[1] < 0 || t.shape[2] < 0) return false;
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0 && t.shape[2] > 0) return false;
+  if (t.shape[0] == 0 || t.shape[1] == 0 || t.shape[2] == 0) return true;  // empty: any strides (check_3d)
   if (t.shape[2] > 1 && t.strides[2] != 1) return false;
   const int64_t ld = row_stride_3d(t);
   if (t.shape[1] > 1 && ld < t.shape[2]) return false;
@@ -149,6 +150,10 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
   if (t.shape[0] < 0 || t.shape[1] < 0 || t.shape[2] < 0) return bad(name, "negative shape " + shape_text(t));
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0 && t.shape[2] > 0)
     return bad(name, "data is null");
+  // Empty: it spans no memory, so its strides say nothing (torch gives a
+  // contiguous [E, 0, K] batch stride K, not 0); the op's shape rule then
+  // answers ("E, N and K must be >= 1, got shape [4, 0, 32]").
+  if (t.shape[0] == 0 || t.shape[1] == 0 || t.shape[2] == 0) return Status();
   if (t.shape[2] > 1 && t.strides[2] != 1)
     return bad(name, "needs unit stride along its last dimension, got stride " + std::to_string(t.strides[2]));
   const int64_t ld = row_stride_3d(t);
