@@ -92,11 +92,19 @@ def _extent(e, dims):
     return v if e["div"] == 1 else -(-v // e["div"])
 
 
-def _bind(op, given):
+def _bind(op, given, scalars=None):
     """The op's dims from the tensors it reads ({"M": .., "K": ..}), by its
     row: a plain extent binds its dim, a multiple (2*d) binds dim = extent /
-    mul. `given`: argument name -> tensor (as [rows, cols] or [cols])."""
+    mul. `given`: argument name -> tensor (as [rows, cols] or [cols]).
+    `scalars` (name -> value): the dims an "int" scalar sets (moe_gemm's
+    top_k) bind first, as kdispatch binds them, so outputs take them and a
+    tensor that disagrees is refused by kdispatch naming that tensor."""
     dims = {}
+    for s in op["scalars"] if scalars else ():
+        v = scalars.get(s["name"])
+        if s.get("kind") == "int" and s.get("dim") and isinstance(v, (int, float)) and 1 <= v <= 1 << 24 \
+                and v == int(v):  # another value: kdispatch refuses it naming the scalar
+            dims[s["dim"]] = int(v)
     for a in op["args"]:
         t = given.get(a["name"])
         if t is None:
@@ -124,7 +132,7 @@ def _outputs(op, inputs, alloc):
     given = {a["name"]: inputs[a["name"]].reshape(-1, inputs[a["name"]].shape[-1])
              if a["rank"] == 2 and inputs.get(a["name"]) is not None else inputs.get(a["name"])
              for a in op["args"] if a["name"] in inputs}
-    dims = _bind(op, given)
+    dims = _bind(op, given, inputs)
     read = [inputs[a["name"]] for a in op["args"] if inputs.get(a["name"]) is not None]
     first = next((inputs[a["name"]] for a in op["args"] if inputs.get(a["name"]) is not None and a["rank"] == 2),
                  None)

@@ -224,11 +224,22 @@ ntpp = torch.empty(1, dtype=torch.int32)
 C.get_runtime().moe_align(sorted_token_ids=sid, expert_ids=eid, num_tokens_post_pad=ntpp, topk_ids=ids,
                           num_experts=E, block_size=bs)  # an op with no custom_op form
 up = C.moe_gemm(x, w1, tw, sid, eid, ntpp, None, top_k, bs, 0)
+# the fake (meta) allocation takes top_k from its scalar, as kdispatch binds
+# it; the real call refuses the topk_weights that disagrees, naming it
+fake = C._outputs(C._OPS["moe_gemm"], {"a": x, "w": w1, "topk_weights": tw, "sorted_token_ids": sid,
+                                       "expert_ids": eid, "num_tokens_post_pad": ntpp, "w_scale": None,
+                                       "top_k": 3, "block_size": bs, "mul_routed_weight": 0},
+                  lambda shape, like: like.new_empty(shape))["out"]
+try:
+    C.moe_gemm(x, w1, tw, sid, eid, ntpp, None, 3, bs, 0)
+    refused = ""
+except kdispatch.Error as e:
+    refused = e.message
 up_ref = torch.stack([torch.stack([w1[int(ids[t, j])].float() @ x[t].float() for j in range(top_k)]) for t in range(M)])
 print(json.dumps({"moe": float((y.float() - ref).abs().max() / ref.abs().max()),
                   "moe_scaled": float((y2.float() - 2.5 * ref).abs().max() / ref.abs().max()),
                   "call_info_same": bool(torch.equal(out, y)), "variant": info["variant"],
-                  "moe_gemm_shape": list(up.shape),
+                  "moe_gemm_shape": list(up.shape), "fake_top_k_3": list(fake.shape), "top_k_3": refused,
                   "moe_gemm": float((up.float() - up_ref).abs().max() / up_ref.abs().max()),
                   "rms": float((n - r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6)).abs().max())}))
 """
@@ -251,6 +262,8 @@ class TorchCustomModuleTest(unittest.TestCase):
         self.assertTrue(r["variant"].startswith("fused_moe_"), r["variant"])
         self.assertLessEqual(r["rms"], 1e-5)
         self.assertEqual(r["moe_gemm_shape"], [3, 2, 64])
+        self.assertEqual(r["fake_top_k_3"], [3, 3, 64])
+        self.assertEqual(r["top_k_3"], "topk_weights: shape [3, 2] must be [M, top_k] = [3, 3]")
         self.assertLessEqual(r["moe_gemm"], 1e-2)
 
 

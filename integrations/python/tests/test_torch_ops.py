@@ -643,8 +643,21 @@ class TorchNativeTest(unittest.TestCase):
         ref = torch.stack([torch.stack([(w[int(ids[t, j])].float() @ a[t].float()) * tw[t, j]
                                         for j in range(top_k)]) for t in range(M)])
         torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
-        meta = torch.ops.kdispatch.moe_gemm(*(x.to("meta") for x in (a, w, tw, sid, eid, ntpp)), None, top_k, bs, 1)
+        metas = [x.to("meta") for x in (a, w, tw, sid, eid, ntpp)]
+        meta = torch.ops.kdispatch.moe_gemm(*metas, None, top_k, bs, 1)
         self.assertEqual(tuple(meta.shape), (M, top_k, N))
+        # top_k binds its dim before the tensors, as kdispatch binds it: a meta
+        # call checks topk_weights against it (it gave [3, 2, 16] for any
+        # top_k), and refuses a top_k kdispatch refuses, in its words.
+        for k, want in ((3, "topk_weights: sizes [3, 2] are not [3 rows, 3] (M, top_k)"),
+                        (0, "top_k: must be a whole number in [1, 16777216], got 0"),
+                        (2**30, "top_k: must be a whole number in [1, 16777216], got -1 (an integer size past 2^24")):
+            with self.subTest(top_k=k):
+                with self.assertRaises(ValueError) as cm:
+                    torch.ops.kdispatch.moe_gemm(*metas, None, k, bs, 1)
+                self.assertIn(want, str(cm.exception))
+        with self.assertRaisesRegex(ValueError, r"topk_weights: shape \[3, 2\] must be \[M, top_k\] = \[3, 3\]"):
+            torch.ops.kdispatch.moe_gemm(a, w, tw, sid, eid, ntpp, None, 3, bs, 1)
         # call_info on an op with only an out form (moe_align): its outputs first, as
         # to moe_align_out (it looked up a functional moe_align_ and raised AttributeError).
         sid2, eid2, ntpp2 = torch.full_like(sid, -7), torch.full_like(eid, -7), torch.full_like(ntpp, -7)

@@ -528,6 +528,13 @@ struct DimsT {
     from[static_cast<size_t>(n)] = a.name.data();
     value[static_cast<size_t>(n++)] = mul == 1 ? size : size / I(mul);
   }
+  /// A dim a scalar gives (top_k), before any tensor binds it.
+  void seed(std::string_view dim, const I& v, const char* scalar) {
+    if (find(dim) != nullptr || n == 16) return;
+    name[static_cast<size_t>(n)] = dim;
+    from[static_cast<size_t>(n)] = scalar;
+    value[static_cast<size_t>(n++)] = v;
+  }
   /// The extent `mul * dim / div` (rounded up); none when the dim is
   /// unbound. No dim ("": quant_fp8_tensor's scale [1]) is 1.
   std::optional<I> extent(std::string_view dim, int32_t mul, int32_t div) const {
@@ -650,6 +657,7 @@ class Kernel final : public c10::OperatorKernel {
     // Dims from the tensors the op reads; the first 2-D one gives an
     // output's leading dims, the first one its dtype and device.
     DimsT<I> dims;
+    seed_dim_scalars(scalars, &dims);
     const at::Tensor* lead = nullptr;
     const at::Tensor* like = nullptr;
     for (size_t i = 0; i < nargs; ++i) {
@@ -730,6 +738,27 @@ class Kernel final : public c10::OperatorKernel {
         t[i]->unsafeGetTensorImpl()->bump_version();
     torch::jit::drop(*stack, nparams);
     for (int o : b.outputs) torch::jit::push(*stack, std::move(made[static_cast<size_t>(o)]));
+  }
+
+  /// The dims an "int" scalar sets (moe_gemm's top_k, block_size), bound
+  /// before any tensor's, as kdispatch binds them: a meta call then checks
+  /// the tensors against them (topk_weights [M, 2] with top_k 3 refused
+  /// naming topk_weights), and a functional call's outputs take them. A
+  /// value kdispatch would refuse is refused here in its words (a meta call
+  /// reaches no kdispatch check).
+  template <class I>
+  void seed_dim_scalars(const std::array<float, kMaxArgs>& scalars, DimsT<I>* dims) const {
+    const dispatch::OpInfo& op = *b_->op;
+    for (size_t k = 0; k < op.scalars.size(); ++k) {
+      const dispatch::OpScalarInfo& s = op.scalars[k];
+      if (s.kind != "int" || s.dim.empty()) continue;
+      const float v = scalars[k];
+      if (!(v >= 1.f && v <= 16777216.f && v == std::trunc(v)))
+        fail(*b_, 1,
+             std::string(s.name) + ": must be a whole number in [1, 16777216], got " + double_text(v) +
+                 (v == -1.f ? " (an integer size past 2^24 arrives as -1)" : ""));
+      dims->seed(s.dim, I(static_cast<int64_t>(v)), s.name.data());
+    }
   }
 
   [[noreturn]] void dtype_error(size_t i, const at::Tensor& x) const {
