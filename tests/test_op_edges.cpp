@@ -202,3 +202,42 @@ TEST_CASE("op edges: the C ABI names a NULL tensor or scalar array") {
   CHECK(std::string(kdispatch_last_error_message()) == "scalars is NULL (rmsnorm takes 1)");
   kdispatch_runtime_destroy(rt);
 }
+
+TEST_CASE("op edges: an empty tensor's strides say nothing; strides past int64 are refused, never wrapped") {
+  auto rt = kdtest::make_runtime(std::vector<std::string>{});
+  // An empty output with row stride 0 (numpy's zeros((3, 0))): the shape
+  // rule answers, as for a contiguous one (it was "y: an output cannot have
+  // row stride 0").
+  float x[12] = {}, y[12] = {}, w[4] = {1, 1, 1, 1};
+  RmsNormArgs a;
+  a.x = make_tensor_2d(x, DType::fp32, 3, 0, 0);
+  a.y = make_tensor_2d(y, DType::fp32, 3, 0, 0);
+  a.w = make_tensor_1d(w, DType::fp32, 0);
+  const std::string contiguous = rmsnorm(*rt, a).message();
+  CHECK(contiguous.find("stride") == std::string::npos);
+  a.y.strides[0] = 0;
+  CHECK(rmsnorm(*rt, a).message() == contiguous);
+  // An empty weight stack as torch makes it ([2, 0, 4]: batch stride 4).
+  std::vector<float> big(64, 0.f);
+  MoeSumArgs m;
+  m.input = kdtest::tensor_3d(big.data(), DType::fp32, 2, 0, 4);
+  m.input.strides[0] = 4;
+  m.out = make_tensor_2d(big.data() + 32, DType::fp32, 2, 4, 4);
+  CHECK(moe_sum(*rt, m).message() == "input: hidden and top_k must be >= 1, got shape [2, 0, 4]");
+  // A row stride whose span is past int64: rows * row stride wrapped to 0
+  // (2 * 2^63 / ...) and passed the dense-batch check (UBSan: signed
+  // overflow); now refused by name.
+  m.input = kdtest::tensor_3d(big.data(), DType::fp32, 2, 16, 4);
+  m.input.strides[1] = int64_t{1} << 60, m.input.strides[0] = 0;
+  CHECK(moe_sum(*rt, m).message() ==
+        "input: row stride 1152921504606846976 times 16 rows is past int64 (no tensor spans that)");
+  // In the overlap check a 2-D operand whose span is past int64 (3 rows, row
+  // stride 2^62) spans to the end of the address space (saturated): y, above
+  // x, is inside it. Wrapped, its span ended below its start and y passed.
+  std::vector<float> buf(24, 1.f);
+  a.x = make_tensor_2d(buf.data(), DType::fp32, 3, 4, int64_t{1} << 62);
+  a.y = make_tensor_2d(buf.data() + 8, DType::fp32, 3, 4, 4);
+  a.w = make_tensor_1d(w, DType::fp32, 4);
+  CHECK(rmsnorm(*rt, a).message() ==
+        "y: partially overlaps x (in place is allowed only with y == x and equal row strides)");
+}

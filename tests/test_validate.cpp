@@ -137,7 +137,9 @@ class Maker {
     switch (rng_() % 8) {
       case 0: t.rank = static_cast<int32_t>(pick({0, 1, 2, 3})); break;
       case 1: t.shape[rng_() % 2] = pick({-1, 0, 1, 2, 7, 8, 16, 128, 129, int64_t{1} << 41}); break;
-      case 2: t.strides[rng_() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32, 300}); break;
+      case 2:  // 2^60: a stride whose span is past int64 (refused, never wrapped)
+        t.strides[rng_() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32, 300, int64_t{1} << 60});
+        break;
       case 3: t.data = rng_() % 2 ? nullptr : data_of(static_cast<int>(rng_() % s_.slot_count())) + rng_() % 256; break;
       case 4: t.dtype = static_cast<DType>(rng_() % kDTypeCount); break;
       case 5:

@@ -76,6 +76,7 @@ std::string shape_text(const TensorRef& t) {
                                          bool col_major_ok = false) noexcept {
   if (t.rank != 2 || t.shape[0] < 0 || t.shape[1] < 0) return false;
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return false;
+  if (t.shape[0] == 0 || t.shape[1] == 0) return true;  // empty: any strides (check_2d)
   if (col_major_ok && col_major(t)) return ok_col_major(t);
   if (t.shape[1] > 1 && t.strides[1] != 1) return false;
   if (t.shape[0] > 1) {
@@ -90,6 +91,9 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
   if (t.rank != 2) return bad(name, "must be rank 2, got rank " + std::to_string(t.rank));
   if (t.shape[0] < 0 || t.shape[1] < 0) return bad(name, "negative shape " + shape_text(t));
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return bad(name, "data is null");
+  // Empty: it spans no memory, so its strides say nothing (numpy's
+  // zeros((3, 0)) has row stride 0); the op's shape rule answers.
+  if (t.shape[0] == 0 || t.shape[1] == 0) return Status();
   if (col_major_ok && col_major(t)) {
     if (ok_col_major(t)) return Status();
     if (t.shape[0] > 1 && t.strides[0] != 1)
@@ -143,7 +147,8 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   if (t.shape[2] > 1 && t.strides[2] != 1) return false;
   const int64_t ld = row_stride_3d(t);
   if (t.shape[1] > 1 && ld < t.shape[2]) return false;
-  return t.shape[0] <= 1 || t.strides[0] == t.shape[1] * ld;
+  int64_t dense = 0;  // rows * row stride; past int64: no memory has such strides (check_3d)
+  return t.shape[0] <= 1 || (!__builtin_mul_overflow(t.shape[1], ld, &dense) && t.strides[0] == dense);
 }
 Status check_3d(const TensorRef& t, std::string_view name, bool require_data) noexcept {
   if (t.rank != 3) return bad(name, "must be rank 3, got rank " + std::to_string(t.rank));
@@ -160,30 +165,43 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
   if (t.shape[1] > 1 && ld < t.shape[2])
     return bad(name, "row stride " + std::to_string(ld) + " is smaller than its row length " +
                          std::to_string(t.shape[2]) + " (rows overlap)");
-  if (t.shape[0] > 1 && t.strides[0] != t.shape[1] * ld)
+  int64_t dense = 0;
+  if (t.shape[0] > 1 && __builtin_mul_overflow(t.shape[1], ld, &dense))
+    return bad(name, "row stride " + std::to_string(ld) + " times " + std::to_string(t.shape[1]) +
+                         " rows is past int64 (no tensor spans that)");
+  if (t.shape[0] > 1 && t.strides[0] != dense)
     return bad(name, "batch stride " + std::to_string(t.strides[0]) +
-                         " must be rows * row stride = " + std::to_string(t.shape[1] * ld) +
+                         " must be rows * row stride = " + std::to_string(dense) +
                          " (the matrices stacked densely, as a contiguous [E, N, K] weight); a strided batch is "
                          "not supported: pass a contiguous copy");
   return Status();
 }
-// Byte ranges of two strided 2-D tensors overlap (conservative: bounding spans).
+// a * b + c (each >= 0), saturated at INT64_MAX: strides no memory can have
+// span to the end of the address space, never wrap to a small span.
+[[gnu::always_inline]] inline int64_t mul_add_sat(int64_t a, int64_t b, int64_t c) noexcept {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) || __builtin_add_overflow(r, c, &r) ? INT64_MAX : r;
+}
+// Byte ranges of two strided 2-D tensors overlap (conservative: bounding
+// spans). An empty tensor spans nothing, so it overlaps nothing.
 [[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
   auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
-    const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
     // A rank-3 tensor (dense batch, checked first) spans its [batch * rows, cols] matrix.
-    const int64_t rows = t.rank == 3 ? t.shape[0] * t.shape[1] : t.rank == 2 ? t.shape[0] : 1;
+    const int64_t rows = t.rank == 3 ? mul_add_sat(t.shape[0], t.shape[1], 0) : t.rank == 2 ? t.shape[0] : 1;
     const int64_t cols = t.rank == 3 ? t.shape[2] : t.rank == 2 ? t.shape[1] : t.shape[0];
+    if (rows <= 0 || cols <= 0) return false;
     const int64_t rs = t.rank == 3 ? row_stride_3d(t) : t.rank == 2 ? t.strides[0] : 0;
     const int64_t cs = t.rank == 2 && cols > 1 ? t.strides[1] : 1;  // != 1: a column-major view
-    const int64_t last = (rows > 0 ? (rows - 1) * rs : 0) + (cols > 0 ? (cols - 1) * cs : 0);
-    *lo = base;
-    *hi = base + static_cast<uintptr_t>(last + 1) * core::dtype_bytes(t.dtype);
+    const int64_t last = mul_add_sat(rows - 1, rs, mul_add_sat(cols - 1, cs, 0));
+    *lo = reinterpret_cast<uintptr_t>(t.data);
+    uintptr_t bytes = 0;
+    if (__builtin_mul_overflow(static_cast<uintptr_t>(last) + 1, core::dtype_bytes(t.dtype), &bytes) ||
+        __builtin_add_overflow(*lo, bytes, hi))
+      *hi = UINTPTR_MAX;
+    return true;
   };
   uintptr_t alo, ahi, blo, bhi;
-  span(a, &alo, &ahi);
-  span(b, &blo, &bhi);
-  return alo < bhi && blo < ahi;
+  return span(a, &alo, &ahi) && span(b, &blo, &bhi) && alo < bhi && blo < ahi;
 }
 
 // A write slot may be exactly its alias_of slot (in place): same data, and
