@@ -182,10 +182,10 @@ def _call(op, inputs, info=None):
         if reduction and dims.get(reduction[0]) == 0 and all(t.numel() for t in outs.values()):
             reduction[1](inputs, outs)
             return outs
-        # M = 0 alone with an output that is not empty (quant_fp8_tensor's
-        # scale [1]): kdispatch writes it, as the native ops' call does.
-        only_m = all(v for d, v in dims.items() if d != op["m_name"])
-        if not (only_m and any(t.numel() for t in outs.values())):
+        # M = 0 alone: kdispatch checks the call (a K that disagrees, a top_k
+        # its topk_weights do not have) and writes what is not empty
+        # (quant_fp8_tensor's scale [1]), as the native ops' call does.
+        if not all(v for d, v in dims.items() if d != op["m_name"]):
             return outs
     _launch(op, tensors, [inputs[s["name"]] for s in op["scalars"]], info)
     return outs

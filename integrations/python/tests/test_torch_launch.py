@@ -235,11 +235,18 @@ try:
     refused = ""
 except kdispatch.Error as e:
     refused = e.message
+# M = 0: kdispatch still checks the call (it returned [0, 7] unchecked)
+try:
+    C.gemm(torch.randn(0, 5), torch.randn(7, 6))
+    m0 = ""
+except kdispatch.Error as e:
+    m0 = e.message
 up_ref = torch.stack([torch.stack([w1[int(ids[t, j])].float() @ x[t].float() for j in range(top_k)]) for t in range(M)])
 print(json.dumps({"moe": float((y.float() - ref).abs().max() / ref.abs().max()),
                   "moe_scaled": float((y2.float() - 2.5 * ref).abs().max() / ref.abs().max()),
                   "call_info_same": bool(torch.equal(out, y)), "variant": info["variant"],
-                  "moe_gemm_shape": list(up.shape), "fake_top_k_3": list(fake.shape), "top_k_3": refused,
+                  "moe_gemm_shape": list(up.shape), "fake_top_k_3": list(fake.shape), "top_k_3": refused, "m0": m0,
+                  "m0_ok": list(C.gemm(torch.randn(0, 6), torch.randn(7, 6)).shape),
                   "moe_gemm": float((up.float() - up_ref).abs().max() / up_ref.abs().max()),
                   "rms": float((n - r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6)).abs().max())}))
 """
@@ -264,6 +271,8 @@ class TorchCustomModuleTest(unittest.TestCase):
         self.assertEqual(r["moe_gemm_shape"], [3, 2, 64])
         self.assertEqual(r["fake_top_k_3"], [3, 3, 64])
         self.assertEqual(r["top_k_3"], "topk_weights: shape [3, 2] must be [M, top_k] = [3, 3]")
+        self.assertEqual(r["m0"], "b: shape [7, 6] does not match a [0, 5]: b must be [N, K] with K = 5")
+        self.assertEqual(r["m0_ok"], [0, 7])
         self.assertLessEqual(r["moe_gemm"], 1e-2)
 
 
