@@ -203,7 +203,7 @@ TEST_CASE("op edges: the C ABI names a NULL tensor or scalar array") {
   kdispatch_runtime_destroy(rt);
 }
 
-TEST_CASE("op edges: an empty tensor's strides say nothing; strides past int64 are refused, never wrapped") {
+TEST_CASE("op edges: an empty tensor's strides say nothing, and strides past int64 are refused, never wrapped") {
   auto rt = kdtest::make_runtime(std::vector<std::string>{});
   // An empty output with row stride 0 (numpy's zeros((3, 0))): the shape
   // rule answers, as for a contiguous one (it was "y: an output cannot have
