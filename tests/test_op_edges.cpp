@@ -213,10 +213,9 @@ TEST_CASE("op edges: an empty tensor's strides say nothing, and strides past int
   a.x = make_tensor_2d(x, DType::fp32, 3, 0, 0);
   a.y = make_tensor_2d(y, DType::fp32, 3, 0, 0);
   a.w = make_tensor_1d(w, DType::fp32, 0);
-  const std::string contiguous = rmsnorm(*rt, a).message();
-  CHECK(contiguous.find("stride") == std::string::npos);
+  CHECK(rmsnorm(*rt, a).message() == "x: hidden must be >= 1, got shape [3, 0]");
   a.y.strides[0] = 0;
-  CHECK(rmsnorm(*rt, a).message() == contiguous);
+  CHECK(rmsnorm(*rt, a).message() == "x: hidden must be >= 1, got shape [3, 0]");
   // An empty weight stack as torch makes it ([2, 0, 4]: batch stride 4).
   std::vector<float> big(64, 0.f);
   MoeSumArgs m;
