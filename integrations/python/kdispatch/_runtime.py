@@ -385,7 +385,7 @@ def _int_scalar(v, name="value"):
     a number (None, a string: _float)."""
     if type(v) is int:  # the common case
         return float(v) if -16777216 <= v <= 16777216 else -1.0
-    if not isinstance(v, (str, bytes)):
+    if not isinstance(v, (str, bytes)) and not _time_like(v):
         try:
             i = int(v)
             whole = bool(i == v)
@@ -405,13 +405,21 @@ def _int_scalar(v, name="value"):
     raise Error(StatusCode.invalid_argument, f"{name}: must be a whole number, got {v!r}")
 
 
+def _time_like(v):
+    """numpy's timedelta64 / datetime64 (a scalar or an array): int() and
+    float() take np.timedelta64(1) as 1, but a time is not a size or a scale."""
+    return getattr(getattr(v, "dtype", None), "kind", None) in ("m", "M")
+
+
 def _float(v, name):
     """float(v), or an Error naming the argument where v is not a number
-    (None, a string, even "4": never parsed) or float() refuses it (an int
-    past a double's range)."""
+    (None, a string, even "4": never parsed; a numpy time) or float()
+    refuses it (an int past a double's range)."""
     try:
         if isinstance(v, (str, bytes)):
             raise TypeError("a string")
+        if _time_like(v):
+            raise TypeError("a time, not a number")
         return float(v)
     except (TypeError, ValueError, OverflowError) as e:
         raise Error(StatusCode.invalid_argument, f"{name}: must be a number, got {v!r} ({e})") from None
@@ -448,7 +456,7 @@ def _switch(v, name):
     """A switch (kind "bool", fp8's fast_accum) as the C ABI's 0.0 or 1.0:
     False/True or a number exactly 0 or 1; anything else (0.99999999, "1",
     None) refused naming it, never rounded to a side."""
-    if not isinstance(v, (str, bytes, complex)):
+    if not isinstance(v, (str, bytes, complex)) and not _time_like(v):
         try:
             if v == 0 or v == 1:
                 return 1.0 if v == 1 else 0.0

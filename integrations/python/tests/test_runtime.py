@@ -117,7 +117,8 @@ class OpsTest(TempDirTest):
                         (1e-50, "eps: 1e-50 is not representable as a float32"),  # would run as 0
                         (Decimal("1e400"), "eps: Decimal('1E+400') is not representable as a float32"),
                         (np.longdouble("1e4000") if np.finfo(np.longdouble).max > 1e4000 else 1e300, "eps: "),
-                        (10**400, "eps: must be a number, got 1000")):
+                        (10**400, "eps: must be a number, got 1000"),
+                        (np.timedelta64(1, "ns"), "eps: must be a number, got numpy.timedelta64(1,'ns') (a time")):
             with self.assertRaises(Error) as c:
                 self.rt.rmsnorm(y, x, w, v)
             self.assertIs(c.exception.code, StatusCode.invalid_argument)
@@ -126,7 +127,7 @@ class OpsTest(TempDirTest):
         # ran as fast, 1e-50 as not, "1" was taken; now each is refused by name,
         # through the method and pretune alike (before any tensor is looked at).
         a8, s1 = np.zeros((2, 16), np.uint8), np.ones(1, np.float32)
-        for v in (0.99999999, 1.00000001, 1e-50, 2**24 + 1, "1", None, 1 + 0j):
+        for v in (0.99999999, 1.00000001, 1e-50, 2**24 + 1, "1", None, 1 + 0j, np.timedelta64(1)):
             for call in (lambda: self.rt.gemm_fp8_tensor(a8, a8, y, s1, s1, fast_accum=v),
                          lambda: self.rt.pretune("gemm_fp8_tensor", a8, a8, y, s1, s1, fast_accum=v)):
                 with self.assertRaises(Error) as c:
@@ -199,7 +200,8 @@ class OpsTest(TempDirTest):
             self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=Huge(), **out)
         self.assertTrue(c.exception.message.startswith("block_size: must be a whole number, got <"), c.exception.message)
         # Not a number at all: refused by name, not Python's bare TypeError / ValueError.
-        for v, why in ((None, "float() argument must be"), ("four", "a string"), ("4", "a string")):
+        for v, why in ((None, "float() argument must be"), ("four", "a string"), ("4", "a string"),
+                       (np.timedelta64(4), "a time, not a number")):  # int() took it as 4
             with self.assertRaises(Error) as c:
                 self.rt.moe_align(topk_ids=ids, num_experts=4, block_size=v, **out)
             self.assertIn(f"block_size: must be a number, got {v!r} ({why}", c.exception.message)
