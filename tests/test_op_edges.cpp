@@ -223,20 +223,27 @@ TEST_CASE("op edges: an empty tensor's strides say nothing, and strides past int
   m.input.strides[0] = 4;
   m.out = make_tensor_2d(big.data() + 32, DType::fp32, 2, 4, 4);
   CHECK(moe_sum(*rt, m).message() == "input: hidden and top_k must be >= 1, got shape [2, 0, 4]");
-  // A row stride whose span is past int64: rows * row stride wrapped to 0
-  // (2 * 2^63 / ...) and passed the dense-batch check (UBSan: signed
-  // overflow); now refused by name.
+  // Strides whose span is past 2^60 elements are refused by name: rows *
+  // row stride wrapped to 0 (16 * 2^60) and passed the dense-batch check
+  // (UBSan: signed overflow); a batch of 4 matrices of 2 rows of stride 2^61
+  // (2^64 elements) was accepted and the kernel's index wrapped.
   m.input = kdtest::tensor_3d(big.data(), DType::fp32, 2, 16, 4);
   m.input.strides[1] = int64_t{1} << 60, m.input.strides[0] = 0;
   CHECK(moe_sum(*rt, m).message() ==
-        "input: row stride 1152921504606846976 times 16 rows is past int64 (no tensor spans that)");
-  // In the overlap check a 2-D operand whose span is past int64 (3 rows, row
-  // stride 2^62) spans to the end of the address space (saturated): y, above
-  // x, is inside it. Wrapped, its span ended below its start and y passed.
+        "input: row stride 1152921504606846976 over 16 rows of 2 matrices spans past 2^60 elements (no tensor spans "
+        "that)");
+  m.input = kdtest::tensor_3d(big.data() + 16, DType::fp32, 4, 2, 4);
+  m.input.strides[1] = int64_t{1} << 61, m.input.strides[0] = int64_t{1} << 62;
+  m.out = make_tensor_2d(big.data(), DType::fp32, 4, 4, 4);
+  CHECK(moe_sum(*rt, m).message() ==
+        "input: row stride 2305843009213693952 over 2 rows of 4 matrices spans past 2^60 elements (no tensor spans "
+        "that)");
+  // The same for 2-D operands: 3 rows of stride 2^62 were accepted where no
+  // output sat above them in memory (the overlap check's span, saturated).
   std::vector<float> buf(24, 1.f);
-  a.x = make_tensor_2d(buf.data(), DType::fp32, 3, 4, int64_t{1} << 62);
-  a.y = make_tensor_2d(buf.data() + 8, DType::fp32, 3, 4, 4);
+  a.x = make_tensor_2d(buf.data() + 8, DType::fp32, 3, 4, int64_t{1} << 62);
+  a.y = make_tensor_2d(buf.data(), DType::fp32, 3, 4, 4);
   a.w = make_tensor_1d(w, DType::fp32, 4);
   CHECK(rmsnorm(*rt, a).message() ==
-        "y: partially overlaps x (in place is allowed only with y == x and equal row strides)");
+        "x: row stride 4611686018427387904 over 3 rows spans past 2^60 elements (no tensor spans that)");
 }

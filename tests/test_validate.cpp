@@ -136,9 +136,10 @@ class Maker {
     TensorRef& t = c.t[rng_() % s_.slot_count()];
     switch (rng_() % 8) {
       case 0: t.rank = static_cast<int32_t>(pick({0, 1, 2, 3})); break;
-      case 1: t.shape[rng_() % 2] = pick({-1, 0, 1, 2, 7, 8, 16, 128, 129, int64_t{1} << 41}); break;
-      case 2:  // 2^60: a stride whose span is past int64 (refused, never wrapped)
-        t.strides[rng_() % 2] = pick({-8, 0, 1, 2, 4, 8, 16, 32, 300, int64_t{1} << 60});
+      case 1: t.shape[rng_() % 3] = pick({-1, 0, 1, 2, 7, 8, 16, 128, 129, int64_t{1} << 41}); break;
+      case 2:  // 2^60 and up: strides whose span is past 2^60 elements (refused, never wrapped)
+        t.strides[rng_() % 3] = pick({-8, 0, 1, 2, 4, 8, 16, 32, 300, int64_t{1} << 60, int64_t{1} << 62,
+                                      std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()});
         break;
       case 3: t.data = rng_() % 2 ? nullptr : data_of(static_cast<int>(rng_() % s_.slot_count())) + rng_() % 256; break;
       case 4: t.dtype = static_cast<DType>(rng_() % kDTypeCount); break;

@@ -66,6 +66,25 @@ std::string shape_text(const TensorRef& t) {
 // (the hot path); check_2d, the one that names what failed: keep them equal.
 // A column-major view (ArgSlot::col_major_ok): more than one column, a
 // non-unit column stride, unit row stride (or one row).
+// An operand spans at most 2^60 elements, so its bytes (up to 8 an element)
+// stay within int64 and no index or pointer computed from its strides wraps
+// (strides no memory can have are refused, never wrapped).
+inline constexpr int64_t kMaxSpanElems = int64_t{1} << 60;
+// (n - 1) * stride + tail, for n >= 1 and stride, tail >= 0, within
+// kMaxSpanElems.
+[[gnu::always_inline]] inline bool span_fits(int64_t n, int64_t stride, int64_t tail) noexcept {
+  int64_t r = 0;
+  return !__builtin_mul_overflow(n - 1, stride, &r) && !__builtin_add_overflow(r, tail, &r) && r <= kMaxSpanElems;
+}
+// A size past kMaxDim (2^40): its span is not checked here; the dims' rule
+// refuses it naming the dim (every accepted operand's sizes are within it).
+[[gnu::always_inline]] inline bool huge_2d(const TensorRef& t) noexcept {
+  return t.shape[0] > core::kMaxDim || t.shape[1] > core::kMaxDim;
+}
+std::string span_text(std::string_view stride, int64_t s, int64_t n, std::string_view of) {
+  return std::string(stride) + " " + std::to_string(s) + " over " + std::to_string(n) + " " + std::string(of) +
+         " spans past 2^60 elements (no tensor spans that)";
+}
 [[gnu::always_inline]] inline bool col_major(const TensorRef& t) noexcept {
   return t.rank == 2 && t.shape[1] > 1 && t.strides[1] != 1;
 }
@@ -77,12 +96,14 @@ std::string shape_text(const TensorRef& t) {
   if (t.rank != 2 || t.shape[0] < 0 || t.shape[1] < 0) return false;
   if (require_data && t.data == nullptr && t.shape[0] > 0 && t.shape[1] > 0) return false;
   if (t.shape[0] == 0 || t.shape[1] == 0) return true;  // empty: any strides (check_2d)
-  if (col_major_ok && col_major(t)) return ok_col_major(t);
+  if (col_major_ok && col_major(t))
+    return ok_col_major(t) && (huge_2d(t) || span_fits(t.shape[1], t.strides[1], t.shape[0]));
   if (t.shape[1] > 1 && t.strides[1] != 1) return false;
   if (t.shape[0] > 1) {
     if (t.strides[0] < 0) return false;
     if (t.strides[0] == 0 && output) return false;
     if (t.strides[0] != 0 && t.strides[0] < t.shape[1]) return false;
+    if (!huge_2d(t) && !span_fits(t.shape[0], t.strides[0], t.shape[1])) return false;
   }
   return true;
 }
@@ -95,7 +116,10 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
   // zeros((3, 0)) has row stride 0); the op's shape rule answers.
   if (t.shape[0] == 0 || t.shape[1] == 0) return Status();
   if (col_major_ok && col_major(t)) {
-    if (ok_col_major(t)) return Status();
+    if (ok_col_major(t))
+      return huge_2d(t) || span_fits(t.shape[1], t.strides[1], t.shape[0])
+                 ? Status()
+                 : bad(name, span_text("column stride", t.strides[1], t.shape[1], "columns"));
     if (t.shape[0] > 1 && t.strides[0] != 1)
       return bad(name, "column-major (column stride " + std::to_string(t.strides[1]) +
                            ") needs unit row stride, got row stride " + std::to_string(t.strides[0]));
@@ -110,6 +134,8 @@ Status check_2d(const TensorRef& t, std::string_view name, bool output, bool req
     if (t.strides[0] != 0 && t.strides[0] < t.shape[1])
       return bad(name, "row stride " + std::to_string(t.strides[0]) + " is smaller than its row length " +
                            std::to_string(t.shape[1]) + " (rows overlap)");
+    if (!huge_2d(t) && !span_fits(t.shape[0], t.strides[0], t.shape[1]))
+      return bad(name, span_text("row stride", t.strides[0], t.shape[0], "rows"));
   }
   return Status();
 }
@@ -147,8 +173,10 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   if (t.shape[2] > 1 && t.strides[2] != 1) return false;
   const int64_t ld = row_stride_3d(t);
   if (t.shape[1] > 1 && ld < t.shape[2]) return false;
-  int64_t dense = 0;  // rows * row stride; past int64: no memory has such strides (check_3d)
-  return t.shape[0] <= 1 || (!__builtin_mul_overflow(t.shape[1], ld, &dense) && t.strides[0] == dense);
+  if (huge_2d(t) || t.shape[2] > core::kMaxDim) return true;  // the dims' rule names it
+  int64_t dense = 0;  // rows * row stride: each matrix's extent, the batch stride
+  if (__builtin_mul_overflow(t.shape[1], ld, &dense) || !span_fits(t.shape[0], dense, dense)) return false;
+  return t.shape[0] <= 1 || t.strides[0] == dense;
 }
 Status check_3d(const TensorRef& t, std::string_view name, bool require_data) noexcept {
   if (t.rank != 3) return bad(name, "must be rank 3, got rank " + std::to_string(t.rank));
@@ -165,10 +193,11 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
   if (t.shape[1] > 1 && ld < t.shape[2])
     return bad(name, "row stride " + std::to_string(ld) + " is smaller than its row length " +
                          std::to_string(t.shape[2]) + " (rows overlap)");
+  // A size past 2^40: the dims' rule refuses it naming the dim.
+  if (huge_2d(t) || t.shape[2] > core::kMaxDim) return Status();
   int64_t dense = 0;
-  if (t.shape[0] > 1 && __builtin_mul_overflow(t.shape[1], ld, &dense))
-    return bad(name, "row stride " + std::to_string(ld) + " times " + std::to_string(t.shape[1]) +
-                         " rows is past int64 (no tensor spans that)");
+  if (__builtin_mul_overflow(t.shape[1], ld, &dense) || !span_fits(t.shape[0], dense, dense))
+    return bad(name, span_text("row stride", ld, t.shape[1], "rows of " + std::to_string(t.shape[0]) + " matrices"));
   if (t.shape[0] > 1 && t.strides[0] != dense)
     return bad(name, "batch stride " + std::to_string(t.strides[0]) +
                          " must be rows * row stride = " + std::to_string(dense) +
