@@ -88,8 +88,24 @@ def _rows(t, name, view):
 
 
 def _extent(e, dims):
-    v = dims[e["dim"]] * e["mul"]
+    """The extent mul * dim / div (rounded up); no dim ("": quant_fp8_tensor's
+    scale [1]) is 1."""
+    v = (dims[e["dim"]] if e["dim"] else 1) * e["mul"]
     return v if e["div"] == 1 else -(-v // e["div"])
+
+
+# The library's dtype names, as torch's (fp8 where this torch has it).
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+           "fp8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
+
+
+def _out_dtype(op, a, like):
+    """An output's dtype, as the native ops choose it: a fixed fp32 slot
+    (quant_fp8_*'s scale) fp32; an "out" slot the op's default output dtype
+    (fp8 for the quant ops, bf16 for the fp8 GEMMs) where it has one; else
+    the first input's."""
+    name = "fp32" if a.get("dtype") == "fp32" else op.get("default_out_dtype", "") if a.get("dtype") == "out" else ""
+    return _DTYPES.get(name) or like.dtype
 
 
 def _bind(op, given, scalars=None):
@@ -124,11 +140,13 @@ def _bind(op, given, scalars=None):
 
 
 def _outputs(op, inputs, alloc):
-    """Allocates (alloc = torch.empty or new_empty) the op's pure outputs,
-    shaped [..., cols] with the leading dims of its first 2-D input (with
-    none, moe_sum's [M, top_k, hidden] input: [rows, cols] from the dims;
-    rank 3, moe_gemm's out: [batch, rows, cols] from the dims), the dtype
-    and device of its first input."""
+    """Allocates (alloc(shape, like, dtype): torch.empty or new_empty) the
+    op's pure outputs as the native ops do: rows of M ([M, N]) take the
+    leading dims of its first 2-D input ([B, T, K] in, [B, T, N] out); rows
+    of another dim (quant_fp8_group's scale [ceil(K/128), M]) or with no 2-D
+    input (moe_sum's [M, top_k, hidden]) come from the dims, as does rank 3
+    (moe_gemm's out [M, top_k, N]); the dtype by _out_dtype, the device of
+    its first input."""
     given = {a["name"]: inputs[a["name"]].reshape(-1, inputs[a["name"]].shape[-1])
              if a["rank"] == 2 and inputs.get(a["name"]) is not None else inputs.get(a["name"])
              for a in op["args"] if a["name"] in inputs}
@@ -140,12 +158,16 @@ def _outputs(op, inputs, alloc):
     for a in op["args"]:
         if a["written"] and not a["read"]:
             cols = _extent(a["cols"], dims)
+            rows = a["rows"]
             if a["rank"] == 3:  # moe_gemm's out [M, top_k, N]
-                lead = (_extent(a["batch"], dims), _extent(a["rows"], dims))
+                lead = (_extent(a["batch"], dims), _extent(rows, dims))
+            elif a["rank"] != 2:
+                lead = ()
+            elif first is not None and rows["dim"] == op["m_name"] and rows["mul"] == 1 and rows["div"] == 1:
+                lead = tuple(first.shape[:-1])
             else:
-                lead = () if a["rank"] != 2 else tuple(first.shape[:-1]) if first is not None else \
-                    (_extent(a["rows"], dims),)
-            outs[a["name"]] = alloc((*lead, cols), read[0])
+                lead = (_extent(rows, dims),)
+            outs[a["name"]] = alloc((*lead, cols), read[0], _out_dtype(op, a, read[0]))
     return outs
 
 
@@ -167,7 +189,7 @@ _EMPTY_REDUCTION = {"gemm": ("K", _gemm_k0), "moe_sum": ("top_k", _moe_sum_k0)}
 def _call(op, inputs, info=None):
     """Runs `op` on `inputs` (argument name -> tensor or None, plus the
     scalars by name); returns its outputs {name: tensor}."""
-    outs = _outputs(op, inputs, lambda shape, like: torch.empty(shape, dtype=like.dtype, device=like.device))
+    outs = _outputs(op, inputs, lambda shape, like, dtype: torch.empty(shape, dtype=dtype, device=like.device))
     tensors, any_empty, empty_3d = [], False, False
     for a in op["args"]:
         t = outs[a["name"]] if a["name"] in outs else inputs.get(a["name"])
@@ -231,7 +253,7 @@ def _register(op):
            f"    return {pick}\n"
            f"def fake({', '.join(params)}):\n"
            f"    outs = _outputs(_OP, {{{', '.join(repr(n) + ': ' + n for n in names)}}}, "
-           f"lambda shape, like: like.new_empty(shape))\n"
+           f"lambda shape, like, dtype: like.new_empty(shape, dtype=dtype))\n"
            f"    return {pick}\n")
     scope = {"torch": torch, "Optional": Optional, "_call": _call, "_outputs": _outputs, "_OP": op}
     exec(compile(src, f"<kdispatch.torch_ops:{qual}>", "exec"), scope)

@@ -229,12 +229,23 @@ up = C.moe_gemm(x, w1, tw, sid, eid, ntpp, None, top_k, bs, 0)
 fake = C._outputs(C._OPS["moe_gemm"], {"a": x, "w": w1, "topk_weights": tw, "sorted_token_ids": sid,
                                        "expert_ids": eid, "num_tokens_post_pad": ntpp, "w_scale": None,
                                        "top_k": 3, "block_size": bs, "mul_routed_weight": 0},
-                  lambda shape, like: like.new_empty(shape))["out"]
+                  lambda shape, like, dtype: like.new_empty(shape, dtype=dtype))["out"]
 try:
     C.moe_gemm(x, w1, tw, sid, eid, ntpp, None, 3, bs, 0)
     refused = ""
 except kdispatch.Error as e:
     refused = e.message
+# outputs as the native ops make them: the quant ops' q fp8 (where torch has
+# it), scale fp32 [ceil(K/128), M] (group) or [1] (tensor); an fp8 GEMM's d
+# bf16 (each was the first input's dtype, the group scale [M, ceil(K/128)],
+# the tensor scale a KeyError)
+alloc = lambda shape, like, dtype: torch.empty(shape, dtype=dtype)  # noqa: E731
+qx = torch.randn(2, 3, 256).to(torch.bfloat16)
+made = {n: C._outputs(C._OPS[n], {"x": qx}, alloc) for n in ("quant_fp8_group", "quant_fp8_tensor", "quant_fp8_token")}
+made["gemm_fp8_block"] = C._outputs(C._OPS["gemm_fp8_block"], {"a": torch.empty(5, 256, dtype=torch.uint8),
+                                    "b": torch.empty(7, 256, dtype=torch.uint8), "scale_a": torch.empty(2, 5),
+                                    "scale_b": torch.empty(1, 2)}, alloc)
+outs_made = {f"{n}.{k}": [list(t.shape), str(t.dtype)] for n, o in made.items() for k, t in o.items()}
 # M = 0: kdispatch still checks the call (it returned [0, 7] unchecked)
 try:
     C.gemm(torch.randn(0, 5), torch.randn(7, 6))
@@ -245,7 +256,7 @@ up_ref = torch.stack([torch.stack([w1[int(ids[t, j])].float() @ x[t].float() for
 print(json.dumps({"moe": float((y.float() - ref).abs().max() / ref.abs().max()),
                   "moe_scaled": float((y2.float() - 2.5 * ref).abs().max() / ref.abs().max()),
                   "call_info_same": bool(torch.equal(out, y)), "variant": info["variant"],
-                  "moe_gemm_shape": list(up.shape), "fake_top_k_3": list(fake.shape), "top_k_3": refused, "m0": m0,
+                  "moe_gemm_shape": list(up.shape), "fake_top_k_3": list(fake.shape), "top_k_3": refused, "m0": m0, "outs_made": outs_made,
                   "m0_ok": list(C.gemm(torch.randn(0, 6), torch.randn(7, 6)).shape),
                   "moe_gemm": float((up.float() - up_ref).abs().max() / up_ref.abs().max()),
                   "rms": float((n - r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6)).abs().max())}))
@@ -273,6 +284,12 @@ class TorchCustomModuleTest(unittest.TestCase):
         self.assertEqual(r["top_k_3"], "topk_weights: shape [3, 2] must be [M, top_k] = [3, 3]")
         self.assertEqual(r["m0"], "b: shape [7, 6] does not match a [0, 5]: b must be [N, K] with K = 5")
         self.assertEqual(r["m0_ok"], [0, 7])
+        q8 = "torch.float8_e4m3fn" if hasattr(torch, "float8_e4m3fn") else "torch.bfloat16"  # 1.13: x's, named then
+        self.assertEqual(r["outs_made"], {
+            "quant_fp8_group.q": [[2, 3, 256], q8], "quant_fp8_group.scale": [[2, 6], "torch.float32"],
+            "quant_fp8_tensor.q": [[2, 3, 256], q8], "quant_fp8_tensor.scale": [[1], "torch.float32"],
+            "quant_fp8_token.q": [[2, 3, 256], q8], "quant_fp8_token.scale": [[6], "torch.float32"],
+            "gemm_fp8_block.d": [[5, 7], "torch.bfloat16"]})
         self.assertLessEqual(r["moe_gemm"], 1e-2)
 
 
