@@ -68,7 +68,10 @@ inline constexpr int kMaxRank = 4;
 ///
 /// - `data` points at element [0,...,0] (byte offsets already applied).
 /// - `shape[i]` and `strides[i]` for i < rank; strides are in *elements*,
-///   not bytes (as torch and DLPack), and may be 0 (broadcast).
+///   not bytes (as torch and DLPack), and may be 0 (broadcast). A tensor
+///   with a dim of 0 spans no memory: its strides are not checked. One
+///   whose strides span more than 2^60 elements is refused
+///   (invalid_argument naming it), never wrapped.
 /// - The tensor is not owned; it must stay valid for the duration of the
 ///   call (for GPU backends: until the work queued on the stream is done).
 ///
