@@ -214,7 +214,7 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding
 // spans). An empty tensor spans nothing, so it overlaps nothing.
 [[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
-  auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
+  auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) __attribute__((always_inline)) {
     // A rank-3 tensor (dense batch, checked first) spans its [batch * rows, cols] matrix.
     const int64_t rows = t.rank == 3 ? mul_add_sat(t.shape[0], t.shape[1], 0) : t.rank == 2 ? t.shape[0] : 1;
     const int64_t cols = t.rank == 3 ? t.shape[2] : t.rank == 2 ? t.shape[1] : t.shape[0];
