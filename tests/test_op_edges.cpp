@@ -247,3 +247,105 @@ TEST_CASE("op edges: an empty tensor's strides say nothing, and strides past int
   CHECK(rmsnorm(*rt, a).message() ==
         "x: row stride 4611686018427387904 over 3 rows spans past 2^60 elements (no tensor spans that)");
 }
+
+TEST_CASE("op edges: a size past 2^40 from a doubled dim keeps its span and batch checks") {
+  auto rt = kdtest::make_runtime(std::vector<std::string>{});
+  // silu_and_mul's x is [M, 2*d]: d = 2^40 is allowed, so x [3, 2^41] is
+  // within the dims' rule; its span was not checked (a size past 2^40 was
+  // left to that rule) and a row stride of 2^62 reached the kernel's ld.
+  // Validation refuses it before any launch: the buffers are never read.
+  std::vector<uint16_t> buf(64, 0);
+  const int64_t d = int64_t{1} << 40;
+  SiluAndMulArgs s;
+  s.out = make_tensor_2d(buf.data(), DType::bf16, 3, d, d);
+  s.x = make_tensor_2d(buf.data() + 32, DType::bf16, 3, 2 * d, int64_t{1} << 62);
+  CHECK(silu_and_mul(*rt, s).message() ==
+        "x: row stride 4611686018427387904 over 3 rows spans past 2^60 elements (no tensor spans that)");
+  // fused_moe's w1 is [E, 2*I, H]: I = 2^39 + 1 (from w2) makes w1's rows
+  // 2^40 + 2; its batch stride of -5 (expert 1 below w1's data, where the
+  // overlap check does not look) was accepted.
+  const int64_t I = (int64_t{1} << 39) + 1;
+  FusedMoeArgs f;
+  f.hidden = make_tensor_2d(buf.data(), DType::bf16, 1, 1, 1);
+  f.out = make_tensor_2d(buf.data() + 8, DType::bf16, 1, 1, 1);
+  float tw = 1.f;
+  int32_t ids = 0;
+  f.topk_weights = make_tensor_2d(&tw, DType::fp32, 1, 1, 1);
+  f.topk_ids = make_tensor_2d(&ids, DType::int32, 1, 1, 1);
+  f.w2 = kdtest::tensor_3d(buf.data() + 40, DType::bf16, 2, 1, I);
+  f.w1 = kdtest::tensor_3d(buf.data() + 24, DType::bf16, 2, 2 * I, 1);
+  f.w1.strides[0] = -5;
+  CHECK(fused_moe(*rt, f).message() ==
+        "w1: batch stride -5 must be rows * row stride = 1099511627778 (the matrices stacked densely, as a contiguous "
+        "[E, N, K] weight); a strided batch is not supported: pass a contiguous copy");
+  // A size past 2^60 is still left to the dims' rule, which names the dim.
+  s.out = make_tensor_2d(buf.data(), DType::bf16, 1, int64_t{1} << 61, int64_t{1} << 61);
+  s.x = make_tensor_2d(buf.data() + 32, DType::bf16, 1, int64_t{1} << 62, int64_t{1} << 62);
+  CHECK(silu_and_mul(*rt, s).message() ==
+        "out: shape [1, 2305843009213693952]: d = 2305843009213693952 is over the largest supported size, 2^40");
+}
+
+TEST_CASE("op edges: moe_align at M = 0 still writes, so its buffers' overlaps are still checked") {
+  // moe_align launches at M = 0 (num_tokens_post_pad = 0); the overlap
+  // checks were skipped at M = 0, so a num_tokens_post_pad inside the
+  // read-only expert_map was accepted and expert_map[2] set to 0.
+  auto rt = kdtest::make_runtime(std::vector<std::string>{});
+  int32_t ids[1] = {0}, sorted[8] = {}, experts[8] = {}, expert_map[4] = {10, 11, 12, 13};
+  MoeAlignArgs a;
+  a.topk_ids = make_tensor_2d(ids, DType::int32, 0, 1, 1);
+  a.sorted_token_ids = make_tensor_1d(sorted, DType::int32, 8);
+  a.expert_ids = make_tensor_1d(experts, DType::int32, 8);
+  a.num_tokens_post_pad = make_tensor_1d(expert_map + 2, DType::int32, 1);
+  a.expert_map = make_tensor_1d(expert_map, DType::int32, 4);
+  a.num_experts = 4;
+  a.block_size = 2;
+  CHECK(moe_align(*rt, a).message() == "num_tokens_post_pad: overlaps an input (expert_map)");
+  CHECK(expert_map[2] == 12);
+  a.expert_map = TensorRef{};
+  a.num_tokens_post_pad = make_tensor_1d(sorted + 3, DType::int32, 1);  // inside sorted_token_ids
+  CHECK(moe_align(*rt, a).message() == "sorted_token_ids: overlaps num_tokens_post_pad (both are written)");
+  // Apart, M = 0 runs as before: num_tokens_post_pad = 0.
+  int32_t post = 7;
+  a.num_tokens_post_pad = make_tensor_1d(&post, DType::int32, 1);
+  REQUIRE(moe_align(*rt, a).ok());
+  CHECK(post == 0);
+}
+
+TEST_CASE("op edges: the column halves of one buffer do not overlap, one column more does") {
+  // x = t[:, :4] and y = t[:, 4:] of one [3, 8] buffer (row stride 8): their
+  // bounding spans cross, their bytes do not; this was refused as "y:
+  // partially overlaps x".
+  auto rt = kdtest::make_runtime(std::vector<std::string>{});
+  float t[24], w[4] = {1, 1, 1, 1};
+  for (int i = 0; i < 24; ++i) t[i] = static_cast<float>(i % 8 < 4 ? 2 : -1);
+  RmsNormArgs a;
+  a.x = make_tensor_2d(t, DType::fp32, 3, 4, 8);
+  a.y = make_tensor_2d(t + 4, DType::fp32, 3, 4, 8);
+  a.w = make_tensor_1d(w, DType::fp32, 4);
+  REQUIRE(rmsnorm(*rt, a).ok());
+  for (int r = 0; r < 3; ++r) {
+    CHECK(t[8 * r] == 2.f);                                     // x is as it was
+    CHECK(t[8 * r + 4] == doctest::Approx(1.f).epsilon(1e-5));  // y = 2 / rms(2) = 1
+  }
+  // y below x (t[:, 4:] read, t[:, :4] written) as well.
+  a.x = make_tensor_2d(t + 4, DType::fp32, 3, 4, 8);
+  a.y = make_tensor_2d(t, DType::fp32, 3, 4, 8);
+  CHECK(rmsnorm(*rt, a).ok());
+  // One column into x's rows: refused, nothing written.
+  for (int i = 0; i < 24; ++i) t[i] = 5.f;
+  a.x = make_tensor_2d(t, DType::fp32, 3, 4, 8);
+  a.y = make_tensor_2d(t + 3, DType::fp32, 3, 4, 8);
+  CHECK(rmsnorm(*rt, a).message() ==
+        "y: partially overlaps x (in place is allowed only with y == x and equal row strides)");
+  // y's last column past the stride (it wraps into x's next row): refused.
+  a.y = make_tensor_2d(t + 5, DType::fp32, 3, 4, 8);
+  CHECK(rmsnorm(*rt, a).message() ==
+        "y: partially overlaps x (in place is allowed only with y == x and equal row strides)");
+  CHECK(t[5] == 5.f);
+  // Row strides that differ: the bounding spans decide (conservative).
+  float u[40];
+  a.x = make_tensor_2d(u, DType::fp32, 3, 4, 8);
+  a.y = make_tensor_2d(u + 4, DType::fp32, 3, 4, 12);
+  CHECK(rmsnorm(*rt, a).message() ==
+        "y: partially overlaps x (in place is allowed only with y == x and equal row strides)");
+}

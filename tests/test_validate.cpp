@@ -4,11 +4,15 @@
 // detailed one (check_detailed: the checks one by one, each with its
 // message) agree on random arguments around valid ones, built from the op's
 // spec: the same acceptance, and for a refusal the same code and message.
+// An accepted call's written slots share no byte with another slot (an
+// exact check, row by row), in place aside: the overlap check may be
+// conservative, never wrong.
 // The arguments come from the spec's slots (ranks, shape expressions, dtype
 // rules, optional and in-place slots, scalars), so an op added to the list,
 // with however many slots, is covered without a line here.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -87,6 +91,7 @@ class Maker {
     }
     if (rng_() % 8 == 0)  // one slot over another (M = 0 skips the overlap checks)
       c.t[rng_() % s_.slot_count()].data = data_of(static_cast<int>(rng_() % s_.slot_count())) + 4 * (rng_() % 16);
+    if (rng_() % 8 == 0) side_by_side(c);
     for (size_t j = 0; j < s_.scalars.size(); ++j)  // a size scalar: its dim (moe_align's block_size)
       c.scalars[j] = s_.scalars[j].kind == core::ScalarKind::dim ? static_cast<float>(c.dim[int(s_.scalars[j].dim)])
                                                                  : s_.scalars[j].default_value;
@@ -126,6 +131,19 @@ class Maker {
     return t;
   }
 
+  // Two 2-D slots in one row stride, slot i at a column offset from slot j:
+  // the column halves of one buffer, and near misses by an element or a byte.
+  void side_by_side(Call& c) {
+    const int i = static_cast<int>(rng_() % s_.slot_count()), j = static_cast<int>(rng_() % s_.slot_count());
+    TensorRef &a = c.t[i], &b = c.t[j];
+    if (i == j || a.rank != 2 || b.rank != 2 || a.data == nullptr || b.data == nullptr) return;
+    const int64_t l = a.shape[1] + b.shape[1] + pick({0, 0, 0, -1, 1});
+    if (l < 1) return;
+    a.strides[0] = b.strides[0] = l, a.strides[1] = b.strides[1] = 1;
+    const int64_t off = (b.shape[1] + pick({0, 0, 0, -1, 1})) * static_cast<int64_t>(core::dtype_bytes(b.dtype));
+    a.data = static_cast<unsigned char*>(b.data) + off + pick({0, 0, 0, 1});
+  }
+
   void change(Call& c) {
     c.changed = true;
     if (!s_.scalars.empty() && rng_() % 6 == 0) {
@@ -156,8 +174,66 @@ class Maker {
   std::vector<unsigned char> buf_;
 };
 
+/// The byte ranges [lo, hi) a tensor's elements cover: one per row (a
+/// column-major view: per column; rank 1: one), none when empty.
+std::vector<std::pair<uintptr_t, uintptr_t>> byte_ranges(const TensorRef& t) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  const auto e = static_cast<uintptr_t>(core::dtype_bytes(t.dtype));
+  if (t.rank == 1) {
+    if (t.shape[0] > 0) out.emplace_back(base, base + static_cast<uintptr_t>(t.shape[0]) * e);
+    return out;
+  }
+  const int64_t batch = t.rank == 3 ? t.shape[0] : 1, rows = t.shape[t.rank - 2], cols = t.shape[t.rank - 1];
+  const bool col_major = t.rank == 2 && cols > 1 && t.strides[1] != 1;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < (col_major ? cols : rows); ++r) {
+      const int64_t first = (t.rank == 3 ? b * t.strides[0] : 0) + r * t.strides[col_major ? 1 : t.rank - 2];
+      const int64_t n = col_major ? rows : cols;
+      if (n > 0)
+        out.emplace_back(base + static_cast<uintptr_t>(first) * e, base + static_cast<uintptr_t>(first + n) * e);
+    }
+  return out;
+}
+
+/// Two tensors share a byte (exactly: their rows' ranges, sorted and swept).
+bool share_bytes(const TensorRef& a, const TensorRef& b) {
+  auto ra = byte_ranges(a), rb = byte_ranges(b);
+  std::sort(ra.begin(), ra.end());
+  std::sort(rb.begin(), rb.end());
+  size_t i = 0, j = 0;
+  while (i < ra.size() && j < rb.size()) {
+    if (ra[i].first < rb[j].second && rb[j].first < ra[i].second) return true;
+    if (ra[i].second < rb[j].second)
+      ++i;
+    else
+      ++j;
+  }
+  return false;
+}
+
+/// An accepted call that writes never writes bytes another slot holds, but
+/// in place exactly as its spec allows (alias_of: the same data and row
+/// stride).
+void check_no_shared_bytes(const OpSpec& s, const Call& c, const core::Problem& p) {
+  if (!c.require_data || (p.m == 0 && !s.launches_when_empty)) return;
+  for (int i = 0; i < s.slot_count(); ++i) {
+    const ArgSlot& a = s.slots[static_cast<size_t>(i)];
+    if (c.t[i].data == nullptr || !(a.role == core::Role::write || a.role == core::Role::read_write)) continue;
+    for (int j = 0; j < s.slot_count(); ++j) {
+      if (j == i || c.t[j].data == nullptr || c.t[j].rank < 1) continue;
+      const bool in_place = a.alias_of == j && c.t[i].data == c.t[j].data &&
+                            (c.t[j].shape[0] == 1 || c.t[i].strides[0] == c.t[j].strides[0]);
+      if (in_place) continue;
+      INFO(std::string(s.name), ": ", std::string(a.name), " and ", std::string(s.slots[static_cast<size_t>(j)].name));
+      CHECK_FALSE(share_bytes(c.t[i], c.t[j]));
+    }
+  }
+}
+
 /// An accepted call's Problem and LaunchArgs say what the arguments do.
 void check_accepted(const OpSpec& s, const Call& c, const core::Problem& p, const core::LaunchArgs& la, bool empty) {
+  check_no_shared_bytes(s, c, p);
   CHECK(p.op == s.op);
   CHECK(p.in_dtype == c.t[s.in_dtype_slot].dtype);
   CHECK(p.out_dtype == c.t[s.out_dtype_slot].dtype);

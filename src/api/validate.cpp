@@ -76,10 +76,13 @@ inline constexpr int64_t kMaxSpanElems = int64_t{1} << 60;
   int64_t r = 0;
   return !__builtin_mul_overflow(n - 1, stride, &r) && !__builtin_add_overflow(r, tail, &r) && r <= kMaxSpanElems;
 }
-// A size past kMaxDim (2^40): its span is not checked here; the dims' rule
-// refuses it naming the dim (every accepted operand's sizes are within it).
+// A size past kMaxSpanElems (2^60): its span is not checked here; the dims'
+// rule refuses it naming the dim (no extent of a slot, mul * dim / div with
+// mul <= 2 or a formula of dims <= 2^40, comes near it). A size past 2^40
+// alone is not exempt: x [M, 2*d] of silu_and_mul is 2^41 at d = 2^40.
+[[gnu::always_inline]] inline bool huge_size(int64_t n) noexcept { return n > kMaxSpanElems; }
 [[gnu::always_inline]] inline bool huge_2d(const TensorRef& t) noexcept {
-  return t.shape[0] > core::kMaxDim || t.shape[1] > core::kMaxDim;
+  return huge_size(t.shape[0]) || huge_size(t.shape[1]);
 }
 std::string span_text(std::string_view stride, int64_t s, int64_t n, std::string_view of) {
   return std::string(stride) + " " + std::to_string(s) + " over " + std::to_string(n) + " " + std::string(of) +
@@ -173,8 +176,8 @@ Status check_1d(const TensorRef& t, std::string_view name, int64_t n, bool requi
   if (t.shape[2] > 1 && t.strides[2] != 1) return false;
   const int64_t ld = row_stride_3d(t);
   if (t.shape[1] > 1 && ld < t.shape[2]) return false;
-  if (huge_2d(t) || t.shape[2] > core::kMaxDim) return true;  // the dims' rule names it
-  int64_t dense = 0;  // rows * row stride: each matrix's extent, the batch stride
+  if (huge_2d(t) || huge_size(t.shape[2])) return true;  // the dims' rule names it
+  int64_t dense = 0;                                     // rows * row stride: each matrix's extent, the batch stride
   if (__builtin_mul_overflow(t.shape[1], ld, &dense) || !span_fits(t.shape[0], dense, dense)) return false;
   return t.shape[0] <= 1 || t.strides[0] == dense;
 }
@@ -193,8 +196,8 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
   if (t.shape[1] > 1 && ld < t.shape[2])
     return bad(name, "row stride " + std::to_string(ld) + " is smaller than its row length " +
                          std::to_string(t.shape[2]) + " (rows overlap)");
-  // A size past 2^40: the dims' rule refuses it naming the dim.
-  if (huge_2d(t) || t.shape[2] > core::kMaxDim) return Status();
+  // A size past 2^60: the dims' rule refuses it naming the dim.
+  if (huge_2d(t) || huge_size(t.shape[2])) return Status();
   int64_t dense = 0;
   if (__builtin_mul_overflow(t.shape[1], ld, &dense) || !span_fits(t.shape[0], dense, dense))
     return bad(name, span_text("row stride", ld, t.shape[1], "rows of " + std::to_string(t.shape[0]) + " matrices"));
@@ -211,8 +214,33 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
   int64_t r = 0;
   return __builtin_mul_overflow(a, b, &r) || __builtin_add_overflow(r, c, &r) ? INT64_MAX : r;
 }
+// Two row-major 2-D tensors of more than one row, one row stride L and one
+// element size, whose rows sit side by side in each stride (the column
+// halves of one [M, 2H] buffer): every byte of a lies at an offset in
+// [0, wa) mod L from a's data, every byte of b in [r, r + wb), r = (b's
+// data - a's data) mod L (wa, wb: the row widths in bytes); disjoint when
+// r >= wa and r + wb <= L, for any number of rows. Anything else: false
+// (the bounding spans decide). Out of line: only crossing spans reach it,
+// and inlined it pushed the fast path's pair checks out of line (+126
+// instructions a table hit, bench/results/op_spec_hot_path.md).
+[[gnu::noinline]] bool rows_side_by_side(const TensorRef& a, const TensorRef& b) noexcept {
+  if (a.rank != 2 || b.rank != 2 || a.shape[0] <= 1 || b.shape[0] <= 1 || a.strides[0] != b.strides[0]) return false;
+  if ((a.shape[1] > 1 && a.strides[1] != 1) || (b.shape[1] > 1 && b.strides[1] != 1)) return false;
+  const int64_t e = static_cast<int64_t>(core::dtype_bytes(a.dtype));
+  int64_t l = 0, wa = 0, wb = 0;
+  if (e != static_cast<int64_t>(core::dtype_bytes(b.dtype)) || __builtin_mul_overflow(a.strides[0], e, &l) ||
+      __builtin_mul_overflow(a.shape[1], e, &wa) || __builtin_mul_overflow(b.shape[1], e, &wb) || l <= 0)
+    return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data);
+  const uintptr_t gap = pb >= pa ? pb - pa : pa - pb;  // the distance, exact as an int64 or no proof
+  if (gap > static_cast<uintptr_t>(INT64_MAX)) return false;
+  int64_t r = static_cast<int64_t>(gap) % l;
+  if (pb < pa && r != 0) r = l - r;  // (b - a) mod L for b below a
+  return r >= wa && wb <= l - r;
+}
 // Byte ranges of two strided 2-D tensors overlap (conservative: bounding
-// spans). An empty tensor spans nothing, so it overlaps nothing.
+// spans, unless rows_side_by_side proves them apart). An empty tensor spans
+// nothing, so it overlaps nothing.
 [[gnu::always_inline]] inline bool overlaps(const TensorRef& a, const TensorRef& b) noexcept {
   auto span = [](const TensorRef& t, uintptr_t* lo, uintptr_t* hi) __attribute__((always_inline)) {
     // A rank-3 tensor (dense batch, checked first) spans its [batch * rows, cols] matrix.
@@ -230,7 +258,7 @@ Status check_3d(const TensorRef& t, std::string_view name, bool require_data) no
     return true;
   };
   uintptr_t alo, ahi, blo, bhi;
-  return span(a, &alo, &ahi) && span(b, &blo, &bhi) && alo < bhi && blo < ahi;
+  return span(a, &alo, &ahi) && span(b, &blo, &bhi) && alo < bhi && blo < ahi && !rows_side_by_side(a, b);
 }
 
 // A write slot may be exactly its alias_of slot (in place): same data, and
@@ -523,7 +551,9 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
                           std::to_string(t[first]->device.ordinal));
     }
     // 8. Written 2-D slots overlap nothing else 2-D (in place only as the spec allows).
-    if (require_data && b.value[static_cast<int>(Dim::m)] > 0) {
+    // At M = 0 only an op that still launches (moe_align writes
+    // num_tokens_post_pad) can write; an empty tensor overlaps nothing.
+    if (require_data && (b.value[static_cast<int>(Dim::m)] > 0 || s.launches_when_empty)) {
       for (size_t oi = 0; oi < s.order.size(); ++oi)
         for (size_t oj = 0; oj < oi; ++oj) {
           const int i = s.order[oi], j = s.order[oj];
@@ -753,7 +783,8 @@ template <core::OpKind Op>
   for (int8_t i : S.same_dtype) ok = ok && t[i]->dtype == t[S.same_dtype[0]]->dtype;
   // Written 2-D slots against the other 2-D slots (the pairs are a
   // constant of the spec: each_pair visits only those that need a test).
-  if (ok && require_data && dim[static_cast<int>(Dim::m)] > 0) {  // ok: no span of a refused call (UB-free)
+  // ok: no span of a refused call (UB-free); M = 0: as check_detailed's step 8.
+  if (ok && require_data && (dim[static_cast<int>(Dim::m)] > 0 || S.launches_when_empty)) {
     each_pair<S>([&](auto ip) {
       constexpr int i = S.order[decltype(ip)::value / kMaxPairSide];
       constexpr int j = S.order[decltype(ip)::value % kMaxPairSide];

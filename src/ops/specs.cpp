@@ -39,6 +39,21 @@ constexpr bool names_match(const OpSpec& s, std::initializer_list<std::string_vi
 }
 KDISPATCH_OP_LIST(KD_ROW_NAMES)
 #undef KD_ROW_NAMES
+
+// Every 2-D and 3-D slot's extent stays below 2^60 for dims <= 2^40 (a
+// plain mul <= 2^19, no formula): api/validate.cpp leaves a size past 2^60
+// to the dims' rule, which then must refuse it.
+constexpr bool extents_small(const OpSpec& s) {
+  for (const ArgSlot& a : s.slots)
+    for (const DimExpr* e : {&a.batch, &a.rows, &a.cols})
+      if (a.rank >= 2 && (e->fn != nullptr || e->mul > (1 << 19))) return false;
+  return true;
+}
+#define KD_SMALL_EXTENTS(kd_op, args, tensors, scalars)        \
+  static_assert(extents_small(OpSpecOf<OpKind::kd_op>::value), \
+                "the spec of " #kd_op ": a 2-D or 3-D extent can pass 2^60 (api/validate.cpp's huge_size)");
+KDISPATCH_OP_LIST(KD_SMALL_EXTENTS)
+#undef KD_SMALL_EXTENTS
 #undef KD_SWITCH_BIT
 #undef KD_STR
 
