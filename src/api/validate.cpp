@@ -77,9 +77,9 @@ inline constexpr int64_t kMaxSpanElems = int64_t{1} << 60;
   return !__builtin_mul_overflow(n - 1, stride, &r) && !__builtin_add_overflow(r, tail, &r) && r <= kMaxSpanElems;
 }
 // A size past kMaxSpanElems (2^60): its span is not checked here; the dims'
-// rule refuses it naming the dim (no extent of a slot, mul * dim / div with
-// mul <= 2 or a formula of dims <= 2^40, comes near it). A size past 2^40
-// alone is not exempt: x [M, 2*d] of silu_and_mul is 2^41 at d = 2^40.
+// rule refuses it naming the dim (ops/specs.cpp asserts that no 2-D or 3-D
+// extent, mul * dim / div of dims <= 2^40, comes near it). A size past
+// 2^40 alone is not exempt: an extent 2 * d is 2^41 at d = 2^40.
 [[gnu::always_inline]] inline bool huge_size(int64_t n) noexcept { return n > kMaxSpanElems; }
 [[gnu::always_inline]] inline bool huge_2d(const TensorRef& t) noexcept {
   return huge_size(t.shape[0]) || huge_size(t.shape[1]);
@@ -551,8 +551,8 @@ StrideClass stride_class_2d(const TensorRef& t, int dim) noexcept { return strid
                           std::to_string(t[first]->device.ordinal));
     }
     // 8. Written 2-D slots overlap nothing else 2-D (in place only as the spec allows).
-    // At M = 0 only an op that still launches (moe_align writes
-    // num_tokens_post_pad) can write; an empty tensor overlaps nothing.
+    // At M = 0 only an op that still launches (launches_when_empty: it
+    // writes a count or a scale) can write; an empty tensor overlaps nothing.
     if (require_data && (b.value[static_cast<int>(Dim::m)] > 0 || s.launches_when_empty)) {
       for (size_t oi = 0; oi < s.order.size(); ++oi)
         for (size_t oj = 0; oj < oi; ++oj) {
