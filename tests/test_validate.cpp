@@ -185,6 +185,7 @@ std::vector<std::pair<uintptr_t, uintptr_t>> byte_ranges(const TensorRef& t) {
     return out;
   }
   const int64_t batch = t.rank == 3 ? t.shape[0] : 1, rows = t.shape[t.rank - 2], cols = t.shape[t.rank - 1];
+  if (batch <= 0 || rows <= 0 || cols <= 0) return out;  // empty: its strides are any (never multiplied)
   const bool col_major = t.rank == 2 && cols > 1 && t.strides[1] != 1;
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t r = 0; r < (col_major ? cols : rows); ++r) {
